@@ -1,0 +1,86 @@
+/*
+ * sl.c — clocks, checked allocation and small byte helpers shared by every
+ * module (see sl.h for the conventions).
+ */
+#include "common/sl.h"
+
+#include <openssl/crypto.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+int64_t sl_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+int64_t sl_now_ms(void)
+{
+    return sl_now_ns() / 1000000;
+}
+
+int64_t sl_wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int64_t sl_wall_s(void)
+{
+    return (int64_t)time(NULL);
+}
+
+static void sl_oom(size_t n)
+{
+    fprintf(stderr, "sluice: out of memory allocating %zu bytes\n", n);
+    abort();
+}
+
+void *sl_xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p)
+        sl_oom(n);
+    return p;
+}
+
+void *sl_xcalloc(size_t n, size_t m)
+{
+    void *p = calloc(n ? n : 1, m ? m : 1);
+    if (!p)
+        sl_oom(n * m);
+    return p;
+}
+
+char *sl_xstrdup(const char *s)
+{
+    char *p = strdup(s);
+    if (!p)
+        sl_oom(strlen(s) + 1);
+    return p;
+}
+
+int sl_ct_equal(const void *a, size_t alen, const void *b, size_t blen)
+{
+    /* Compare against a, whatever blen is, so time depends on alen only;
+     * a length mismatch still fails. */
+    if (alen != blen) {
+        (void)CRYPTO_memcmp(a, a, alen);
+        return 0;
+    }
+    return CRYPTO_memcmp(a, b, alen) == 0;
+}
+
+void sl_hex(const unsigned char *in, size_t n, char *out)
+{
+    static const char digits[] = "0123456789abcdef";
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = digits[in[i] >> 4];
+        out[2 * i + 1] = digits[in[i] & 15];
+    }
+    out[2 * n] = '\0';
+}

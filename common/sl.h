@@ -1,0 +1,58 @@
+/*
+ * sl.h — the few things every sluice module shares.
+ *
+ * Return convention (all modules): 0 is success, -1 is an error. Where a
+ * caller must tell "not yet" from "failed" a function returns a small enum
+ * instead, documented at its declaration. Functions whose result must be
+ * checked are marked SL_WUR.
+ *
+ * Ownership: a pointer parameter is borrowed for the duration of the call
+ * unless the declaration says "takes ownership". A returned pointer is owned
+ * by the caller when the function is a *_new / *_dup, borrowed otherwise.
+ * Every *_free() accepts NULL.
+ */
+#ifndef SL_H
+#define SL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define SL_OK 0
+#define SL_ERR (-1)
+
+#define SL_WUR __attribute__((warn_unused_result))
+#define SL_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#define SL_UNUSED __attribute__((unused))
+#define SL_LIKELY(x) __builtin_expect(!!(x), 1)
+#define SL_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define SL_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+#define SL_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define SL_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* Free and NULL the caller's pointer (Tor's habit). */
+#define SL_FREE(p)                                                                                 \
+    do {                                                                                           \
+        free(p);                                                                                   \
+        (p) = NULL;                                                                                \
+    } while (0)
+
+/* Monotonic clock in milliseconds / nanoseconds, and wall clock in seconds. */
+int64_t sl_now_ms(void);
+int64_t sl_now_ns(void);
+int64_t sl_wall_s(void);
+int64_t sl_wall_ms(void);
+
+/* Allocation that aborts on failure: for startup and config paths only.
+ * Request paths use plain malloc and handle NULL. */
+void *sl_xmalloc(size_t n);
+void *sl_xcalloc(size_t n, size_t m);
+char *sl_xstrdup(const char *s);
+
+/* Constant-time comparison of two byte strings of possibly different length;
+ * returns 1 when equal. Time depends only on the lengths. */
+int sl_ct_equal(const void *a, size_t alen, const void *b, size_t blen);
+
+/* Lowercase hex of n bytes into out (2n+1 bytes, NUL-terminated). */
+void sl_hex(const unsigned char *in, size_t n, char *out);
+
+#endif

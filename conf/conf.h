@@ -1,0 +1,159 @@
+/*
+ * conf.h — sluice's configuration: the typed tree every module reads, and
+ * the one table of keys (conf_keys.c) that drives parsing, defaults, bounds,
+ * `sluice -t`, the README's reference and reload.
+ *
+ * conf/ is the bottom layer: it includes nothing from the other modules.
+ * Each module reads its own section (a `const conf_xxx_t *`); the structs
+ * below are plain data, immutable once conf_load() returns. A reload builds
+ * a whole new conf_t; the old one is freed when the last request holding it
+ * ends (refcounting is the gateway's business, not conf's).
+ *
+ * Units: every duration is in milliseconds (*_ms), every size in bytes.
+ * YAML accepts "250ms", "10s", "5m", "1h", "1d" and "16k", "1m", "1g"
+ * (binary multiples), plus plain integers (ms / bytes).
+ */
+#ifndef SL_CONF_H
+#define SL_CONF_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "common/sl.h"
+
+/* ---- listeners ---------------------------------------------------------- */
+
+typedef struct conf_listen {
+    char *address;  /* "127.0.0.1:8080", "[::1]:8080", "0.0.0.0:8443" */
+    char *tls_cert; /* tls: { cert, key } — both or neither */
+    char *tls_key;
+    int line; /* line of this item in the file, for later errors */
+} conf_listen_t;
+
+typedef struct conf_admin {
+    char *address; /* default 127.0.0.1:9090; "off" disables */
+} conf_admin_t;
+
+/* ---- client-side limits ------------------------------------------------- */
+
+typedef struct conf_limits {
+    int64_t request_line_bytes;   /* 8k    -> 414 */
+    int64_t header_bytes;         /* 16k   -> 431 */
+    int64_t header_lines;         /* 100   -> 431 */
+    int64_t max_body_bytes;       /* 1m    -> 413 */
+    int64_t header_timeout_ms;    /* 10s   -> 408 */
+    int64_t body_timeout_ms;      /* 30s   -> 408 */
+    int64_t keepalive_timeout_ms; /* 60s idle between requests */
+    int64_t send_timeout_ms;      /* 60s: a client that reads nothing for this long is cut */
+    int64_t max_connections;      /* per worker; over it accept pauses */
+    int64_t keepalive_requests;   /* requests per client connection, then close */
+} conf_limits_t;
+
+/* ---- upstreams ---------------------------------------------------------- */
+
+typedef enum conf_balance {
+    CONF_BALANCE_ROUND_ROBIN = 0,
+    CONF_BALANCE_LEAST_CONN,
+} conf_balance_t;
+
+typedef struct conf_server {
+    char *url;      /* http://host:port or https://host:port, no path */
+    int64_t weight; /* 1..1000, default 1 */
+    int line;
+} conf_server_t;
+
+typedef struct conf_upstream {
+    char *name; /* the map key under upstreams: */
+    int line;
+    conf_server_t *servers;
+    size_t nservers;
+    int balance;              /* conf_balance_t */
+    char *api_key_env;        /* env var holding the upstream API key; NULL = none */
+    char *tls_ca_file;        /* tls: { ca_file } for https:// servers */
+    int64_t keepalive;        /* idle keep-alive connections per server per worker, 64 */
+    int64_t connect_timeout_ms;    /* timeouts: { connect: 2s, */
+    int64_t first_byte_timeout_ms; /*             first_byte: 15s, */
+    int64_t total_timeout_ms;      /*             total: 60s } */
+    int64_t max_fails;        /* eject after this many consecutive failures, 3 */
+    int64_t eject_ms;         /* ... for this long, 10s */
+} conf_upstream_t;
+
+/* ---- models (routing) --------------------------------------------------- */
+
+typedef struct conf_model {
+    char *name; /* the map key: the name clients send */
+    int line;
+    char *upstream; /* must name an upstream */
+    char *served;   /* the upstream's served name (alias target); NULL = same as name */
+} conf_model_t;
+
+/* ---- SSE relay ---------------------------------------------------------- */
+
+typedef struct conf_sse {
+    int64_t ping_interval_ms; /* 0 = off; ": ping" before the first event */
+    int64_t max_event_bytes;  /* an event larger than this fails the stream, 1m */
+    int64_t buffer_bytes;     /* per-stream high watermark toward the client, 256k */
+} conf_sse_t;
+
+/* ---- logging ------------------------------------------------------------ */
+
+typedef struct conf_log {
+    char *access; /* "stdout", "off", or a file path */
+    char *level;  /* debug | info | warn | error */
+} conf_log_t;
+
+/* ---- the whole file ----------------------------------------------------- */
+
+typedef struct conf {
+    char *path; /* the file it came from */
+
+    conf_listen_t *listen;
+    size_t nlisten;
+    conf_admin_t admin;
+    int64_t workers;             /* "auto" = 0 = number of cores */
+    int64_t shutdown_timeout_ms; /* SIGTERM drain deadline, 30s */
+    conf_limits_t limits;
+    conf_upstream_t *upstreams;
+    size_t nupstreams;
+    conf_model_t *models;
+    size_t nmodels;
+    conf_sse_t sse;
+    conf_log_t log;
+} conf_t;
+
+/* ---- API ------------------------------------------------------------------ */
+
+/* Loads and checks `path`. On error returns NULL and writes one line to err:
+ * "FILE:LINE: KEY.PATH: what is wrong" (e.g. "conf/sluice.yaml:12:
+ * upstreams.main.timeouts.connect: expected a duration, got \"2x\""). Unknown
+ * keys, wrong types, values out of bounds, missing required keys and broken
+ * references (a model naming an unknown upstream) are all errors. */
+conf_t *conf_load(const char *path, char *err, size_t errlen) SL_WUR;
+
+/* The same from a string; `name` stands in for the file name in errors. */
+conf_t *conf_load_string(const char *yaml, size_t len, const char *name, char *err,
+                         size_t errlen) SL_WUR;
+
+void conf_free(conf_t *c);
+
+/* Lookup helpers; NULL when absent. */
+const conf_upstream_t *conf_upstream_find(const conf_t *c, const char *name);
+const conf_model_t *conf_model_find(const conf_t *c, const char *name);
+
+/* Reload check: 0 when every key that is not reloadable has the same value
+ * in both; otherwise -1 and err names the first key that differs
+ * ("listen: changed; needs a restart"). */
+int conf_reload_check(const conf_t *old, const conf_t *neu, char *err, size_t errlen) SL_WUR;
+
+/* Prints the reference of every key (Markdown table: key, type, default,
+ * bounds, reloadable, meaning), generated from the table. */
+void conf_reference_print(FILE *out);
+
+/* Value parsers, exposed for tests and for the few callers that parse
+ * durations/sizes from elsewhere (command-line flags). 0 ok, -1 bad. */
+int conf_parse_duration_ms(const char *s, int64_t *out) SL_WUR;
+int conf_parse_size(const char *s, int64_t *out) SL_WUR;
+
+#endif
