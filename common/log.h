@@ -17,8 +17,8 @@ int sl_log_level_parse(const char *s);
 void sl_log(sl_log_level_t lvl, const char *fmt, ...) SL_PRINTF(2, 3);
 
 #define sl_debug(...) sl_log(SL_LOG_DEBUG, __VA_ARGS__)
-#define sl_info(...) sl_log(SL_LOG_INFO, __VA_ARGS__)
-#define sl_warn(...) sl_log(SL_LOG_WARN, __VA_ARGS__)
+#define sl_info(...)  sl_log(SL_LOG_INFO, __VA_ARGS__)
+#define sl_warn(...)  sl_log(SL_LOG_WARN, __VA_ARGS__)
 #define sl_error(...) sl_log(SL_LOG_ERROR, __VA_ARGS__)
 
 #endif

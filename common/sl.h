@@ -17,17 +17,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SL_OK 0
+#define SL_OK  0
 #define SL_ERR (-1)
 
-#define SL_WUR __attribute__((warn_unused_result))
+#define SL_WUR          __attribute__((warn_unused_result))
 #define SL_PRINTF(f, a) __attribute__((format(printf, f, a)))
-#define SL_UNUSED __attribute__((unused))
-#define SL_LIKELY(x) __builtin_expect(!!(x), 1)
-#define SL_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define SL_UNUSED       __attribute__((unused))
+#define SL_LIKELY(x)    __builtin_expect(!!(x), 1)
+#define SL_UNLIKELY(x)  __builtin_expect(!!(x), 0)
 #define SL_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
-#define SL_MIN(a, b) ((a) < (b) ? (a) : (b))
-#define SL_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define SL_MIN(a, b)    ((a) < (b) ? (a) : (b))
+#define SL_MAX(a, b)    ((a) > (b) ? (a) : (b))
 
 /* Free and NULL the caller's pointer (Tor's habit). */
 #define SL_FREE(p)                                                                                 \

@@ -1,0 +1,65 @@
+/*
+ * metrics.h — a process-wide Prometheus registry: counters, gauges and
+ * histograms with a fixed set of label names and a bounded number of label
+ * value sets per metric.
+ *
+ * Usage: register a metric once (at startup or config time; registering the
+ * same name again returns the same metric, so reloads do not duplicate it),
+ * look up a series for a label-value tuple and keep the pointer (lookups
+ * take a lock; updates are lock-free atomics, safe from any thread).
+ * Series live as long as the process. Each metric holds at most
+ * SL_METRIC_MAX_SERIES series; beyond that every lookup of a new tuple gets
+ * one shared series whose label values are all "_overflow", so a bug or a
+ * hostile input can never grow memory without bound.
+ */
+#ifndef SL_METRICS_H
+#define SL_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/sl.h"
+
+#define SL_METRIC_MAX_SERIES  512
+#define SL_METRIC_MAX_LABELS  4
+#define SL_METRIC_MAX_BUCKETS 24
+
+typedef enum sl_metric_type {
+    SL_METRIC_COUNTER = 0,
+    SL_METRIC_GAUGE,
+    SL_METRIC_HISTOGRAM,
+} sl_metric_type_t;
+
+typedef struct sl_metric sl_metric_t;
+typedef struct sl_mseries sl_mseries_t;
+
+/* name: full metric name ("sluice_requests_total"); labels: comma-separated
+ * label names ("route,code") or NULL; buckets: histogram upper bounds in
+ * ascending order (NULL = a default latency set in seconds). Never NULL:
+ * a bad definition is a programming bug and aborts. */
+sl_metric_t *sl_metric_register(const char *name, const char *help, sl_metric_type_t type,
+                                const char *labels, const double *buckets, size_t nbuckets);
+
+/* The series for these label values (as many as the metric has label names;
+ * NULL for a metric without labels). Never NULL. */
+sl_mseries_t *sl_metric_series(sl_metric_t *m, const char *const *values);
+
+/* Shorthands for metrics without labels or with one label. */
+sl_mseries_t *sl_metric_series0(sl_metric_t *m);
+sl_mseries_t *sl_metric_series1(sl_metric_t *m, const char *value);
+
+void sl_counter_add(sl_mseries_t *s, uint64_t n);
+void sl_gauge_add(sl_mseries_t *s, int64_t delta);
+void sl_gauge_set(sl_mseries_t *s, int64_t v);
+void sl_histogram_observe(sl_mseries_t *s, double v);
+
+/* Current values, for tests and for /readyz-style decisions. */
+uint64_t sl_counter_value(const sl_mseries_t *s);
+int64_t sl_gauge_value(const sl_mseries_t *s);
+uint64_t sl_histogram_count(const sl_mseries_t *s);
+
+/* The whole registry in Prometheus text format 0.0.4. Returns a malloc'd
+ * NUL-terminated string (caller frees) and its length in *len; NULL on OOM. */
+char *sl_metrics_render(size_t *len);
+
+#endif

@@ -1,0 +1,137 @@
+/*
+ * http1.h — strict HTTP/1.1 message framing: a small adapter over Debian's
+ * http-parser (strict mode) for client requests and upstream responses.
+ *
+ * The adapter is pure: it is fed bytes and reports what it parsed. It never
+ * touches sockets. The proxy forwards what the adapter parsed (method, target,
+ * the header list), re-serialised — never raw header bytes.
+ *
+ * On top of http-parser it enforces (requests and responses alike unless
+ * said):
+ *   - the request line within limits.request_line_bytes   -> 414
+ *   - the header section within header_bytes and header_lines -> 431
+ *   - the body within max_body_bytes (Content-Length checked up front,
+ *     chunked counted as it comes)                           -> 413
+ *   - every line ends in CRLF: a bare CR or bare LF in the head -> 400
+ *   - no obs-fold (a header line starting with SP or HTAB)  -> 400
+ *   - Content-Length with Transfer-Encoding, two Content-Lengths, a
+ *     Content-Length that is not 1*DIGIT, a Transfer-Encoding other than
+ *     exactly "chunked"                                     -> 400 (501 for an
+ *     unknown coding)
+ *   - bad chunk sizes (0x5, +5, spaces, overflow)           -> 400
+ *   - requests: HTTP/1.1 needs exactly one Host; a second Host -> 400;
+ *     origin-form target ("/..."), else 400; CONNECT, Upgrade -> 400/501;
+ *     only HTTP/1.0 and HTTP/1.1 (others -> 505)
+ *   - "Expect: 100-continue" is reported (expect_continue); any other
+ *     expectation -> 417
+ * Every error leaves the parser in GW_HTTP_ERROR with a status and a short
+ * machine-readable reason; the caller answers and closes the connection.
+ */
+#ifndef GW_HTTP1_H
+#define GW_HTTP1_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/sl.h"
+
+typedef enum gw_http_kind {
+    GW_HTTP_REQUEST = 0,
+    GW_HTTP_RESPONSE,
+} gw_http_kind_t;
+
+typedef struct gw_http_limits {
+    size_t request_line_bytes; /* requests only; responses use header_bytes */
+    size_t header_bytes;       /* the whole head, request/status line included */
+    size_t header_lines;
+    size_t max_body_bytes; /* 0 = unlimited (responses stream through) */
+} gw_http_limits_t;
+
+typedef struct gw_http_header {
+    const char *name; /* NUL-terminated, as sent (case kept) */
+    const char *value; /* NUL-terminated, leading/trailing OWS stripped */
+    size_t name_len;
+    size_t value_len;
+} gw_http_header_t;
+
+/* The parsed head. Strings point into the parser's own storage and stay
+ * valid until gw_http_parser_reset() or _free(). */
+typedef struct gw_http_msg {
+    /* request */
+    const char *method; /* "GET", "POST", ... */
+    const char *target; /* origin-form, "/v1/chat/completions?x=1" */
+    size_t target_len;
+    size_t path_len; /* length of target up to '?' */
+    /* response */
+    int status;
+    /* both */
+    int http_major, http_minor;
+    gw_http_header_t *headers;
+    size_t nheaders;
+    int64_t content_length; /* -1 when absent */
+    bool chunked;
+    bool keep_alive;      /* http_should_keep_alive() after the head */
+    bool expect_continue; /* requests */
+    const char *host;     /* requests: the Host value (NULL for HTTP/1.0 without one) */
+} gw_http_msg_t;
+
+typedef enum gw_http_state {
+    GW_HTTP_NEED_MORE = 0, /* all input consumed, message not complete */
+    GW_HTTP_HEAD,          /* head complete: gw_http_msg() is valid; feed again for the body */
+    GW_HTTP_DONE,          /* message complete; input after it was not consumed */
+    GW_HTTP_ERROR,         /* see gw_http_error_status/_reason */
+} gw_http_state_t;
+
+/* Body bytes, already de-chunked; `p` points into the fed input (borrowed
+ * for the callback). Return 0 to go on, -1 to stop with an error (500). */
+typedef int (*gw_http_body_cb)(void *arg, const char *p, size_t n);
+
+typedef struct gw_http_parser gw_http_parser_t;
+
+gw_http_parser_t *gw_http_parser_new(gw_http_kind_t kind, const gw_http_limits_t *limits);
+void gw_http_parser_free(gw_http_parser_t *p);
+/* Ready for the next message on the same connection (keep-alive). */
+void gw_http_parser_reset(gw_http_parser_t *p);
+/* Responses: the request was HEAD (no body follows, whatever the headers say). */
+void gw_http_parser_set_head_request(gw_http_parser_t *p, bool head);
+
+/* Feeds up to n bytes. *consumed tells how many were used. Parsing stops
+ * (and returns) after the head is complete (GW_HTTP_HEAD) and after the
+ * message is complete (GW_HTTP_DONE), so the caller can act on the head
+ * before any body byte, and so pipelined bytes after a message are left
+ * alone. Body bytes go to body_cb (may be NULL to discard). Once it has
+ * returned GW_HTTP_HEAD, feeding goes on in the body. */
+gw_http_state_t gw_http_feed(gw_http_parser_t *p, const char *data, size_t n, size_t *consumed,
+                             gw_http_body_cb body_cb, void *arg) SL_WUR;
+
+/* The peer closed: for a response delimited by close, this completes it
+ * (GW_HTTP_DONE); otherwise an incomplete message is GW_HTTP_ERROR. */
+gw_http_state_t gw_http_feed_eof(gw_http_parser_t *p, gw_http_body_cb body_cb, void *arg) SL_WUR;
+
+gw_http_state_t gw_http_state(const gw_http_parser_t *p);
+const gw_http_msg_t *gw_http_msg(const gw_http_parser_t *p);
+/* Bytes of body delivered so far. */
+uint64_t gw_http_body_bytes(const gw_http_parser_t *p);
+/* Any byte of a message seen since the last reset (idle vs mid-request). */
+bool gw_http_started(const gw_http_parser_t *p);
+
+int gw_http_error_status(const gw_http_parser_t *p); /* 400, 413, 414, 417, 431, 501, 505 */
+/* Short reason for logs and error bodies: "bare_lf", "obs_fold", "cl_and_te",
+ * "duplicate_content_length", "bad_chunk_size", "header_too_large",
+ * "too_many_headers", "uri_too_long", "body_too_large", "missing_host",
+ * "duplicate_host", ... */
+const char *gw_http_error_reason(const gw_http_parser_t *p);
+
+/* Case-insensitive header lookup; the first match or NULL. */
+const gw_http_header_t *gw_http_header_find(const gw_http_msg_t *m, const char *name);
+
+/* True for hop-by-hop headers a proxy must not forward (Connection,
+ * Keep-Alive, Proxy-*, TE, Trailer, Transfer-Encoding, Upgrade) and for any
+ * header named in the message's Connection header. */
+bool gw_http_header_is_hop(const gw_http_msg_t *m, const char *name, size_t name_len);
+
+/* Reason phrase for a status code ("Not Found"); "Unknown" when none. */
+const char *gw_http_status_text(int status);
+
+#endif

@@ -1,0 +1,56 @@
+/*
+ * sse.h — an incremental Server-Sent Events splitter (WHATWG "event stream"
+ * framing): fed the upstream's body bytes in any pieces, it finds where each
+ * event ends and tells whether the stream's `data: [DONE]` sentinel passed.
+ *
+ * Two ways to use it:
+ *   - scan (cb == NULL): no copy at all. It only tracks line state, so the
+ *     relay can move bytes straight to the client and still know when an
+ *     event boundary or [DONE] went by. Used when no hook wants events.
+ *   - split (cb != NULL): each complete event (its raw bytes, terminating
+ *     blank line included) is handed to cb. When an event lies wholly in
+ *     one fed piece it is passed in place; otherwise it is assembled in an
+ *     internal buffer bounded by max_event_bytes.
+ *
+ * Lines end in CRLF, LF or CR (a CR at the end of a piece followed by LF at
+ * the start of the next is one line end). An event ends at an empty line.
+ * Comment lines (starting ':') belong to the event they sit in; an event
+ * made only of comments is flagged comment_only.
+ */
+#ifndef GW_SSE_H
+#define GW_SSE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "common/sl.h"
+
+typedef struct gw_sse_event {
+    const char *raw; /* the event's bytes, blank line included (borrowed) */
+    size_t raw_len;
+    bool done;         /* the event's data is exactly "[DONE]" */
+    bool comment_only; /* only ':' lines (keep-alive pings) */
+} gw_sse_event_t;
+
+/* Return 0 to go on, -1 to stop (gw_sse_feed then returns -1). */
+typedef int (*gw_sse_event_cb)(void *arg, const gw_sse_event_t *ev);
+
+typedef struct gw_sse gw_sse_t;
+
+gw_sse_t *gw_sse_new(size_t max_event_bytes);
+void gw_sse_free(gw_sse_t *s);
+void gw_sse_reset(gw_sse_t *s);
+
+/* 0 ok; -1 when an event exceeds max_event_bytes or cb returned -1. */
+int gw_sse_feed(gw_sse_t *s, const char *p, size_t n, gw_sse_event_cb cb, void *arg) SL_WUR;
+
+bool gw_sse_done_seen(const gw_sse_t *s);   /* a [DONE] event completed */
+bool gw_sse_mid_event(const gw_sse_t *s);   /* bytes of an unfinished event were fed */
+size_t gw_sse_events(const gw_sse_t *s);    /* complete events so far (comments excluded) */
+
+/* Concatenates the event's data fields (joined with '\n', one leading space
+ * after "data:" dropped) into out (cap bytes, NUL-terminated). Returns the
+ * data length, or -1 when it does not fit; 0 with out[0]=0 when none. */
+long gw_sse_event_data(const gw_sse_event_t *ev, char *out, size_t cap);
+
+#endif
