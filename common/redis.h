@@ -1,0 +1,72 @@
+/*
+ * redis.h — a Redis client for sluice's worker threads: hiredis async on the
+ * worker's libevent base, with what Debian's hiredis 0.14 lacks — a deadline
+ * on every call, reconnection with backoff, and cancellation.
+ *
+ * One sl_redis_t per event_base (per worker thread); it is not thread-safe.
+ * Callbacks always run later on that base's thread, never inside the call
+ * that queued them. A call ends exactly once: with a reply, an error, a
+ * timeout, DOWN (not connected / connection lost), or silently when
+ * cancelled. Every status other than OK is counted in
+ * sluice_redis_errors_total{kind}.
+ */
+#ifndef SL_REDIS_H
+#define SL_REDIS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/sl.h"
+
+struct event_base;
+struct redisReply;
+
+typedef struct sl_redis_opts {
+    const char *url;            /* redis://[:password@]host[:port][/db] */
+    int64_t timeout_ms;         /* per-call deadline, default 50 */
+    int64_t reconnect_min_ms;   /* backoff start, default 100 */
+    int64_t reconnect_max_ms;   /* backoff cap, default 5000 */
+} sl_redis_opts_t;
+
+typedef enum sl_redis_status {
+    SL_REDIS_OK = 0,  /* reply is valid (may be a Redis error reply: check its type) */
+    SL_REDIS_DOWN,    /* not connected, or the connection dropped before the reply */
+    SL_REDIS_TIMEOUT, /* no reply within the deadline (a late reply is dropped) */
+} sl_redis_status_t;
+
+/* reply: borrowed, valid only during the callback; NULL unless status is OK. */
+typedef void (*sl_redis_cb)(void *arg, sl_redis_status_t status, struct redisReply *reply);
+
+typedef struct sl_redis sl_redis_t;
+typedef struct sl_redis_call sl_redis_call_t;
+typedef struct sl_redis_script sl_redis_script_t;
+
+/* Connects in the background; calls made before the connection is up wait
+ * for it within their deadline. NULL on a bad URL (err says why). */
+sl_redis_t *sl_redis_new(struct event_base *base, const sl_redis_opts_t *opts, char *err,
+                         size_t errlen) SL_WUR;
+/* Drops every pending call WITHOUT running its callback: call it only when
+ * the owners of pending calls are gone (worker shutdown). */
+void sl_redis_free(sl_redis_t *r);
+
+bool sl_redis_connected(const sl_redis_t *r);
+
+/* Queues a command given as argv. The returned handle is valid until the
+ * callback runs or sl_redis_call_cancel() is called; NULL only on OOM. */
+sl_redis_call_t *sl_redis_command(sl_redis_t *r, int argc, const char **argv,
+                                  const size_t *argvlen, sl_redis_cb cb, void *arg) SL_WUR;
+/* The callback will not run. Safe to call once per handle, before the callback. */
+void sl_redis_call_cancel(sl_redis_call_t *c);
+
+/* Lua scripts: loaded once per connection, called by SHA; a NOSCRIPT reply
+ * (after a Redis restart or SCRIPT FLUSH) reloads and retries once, inside
+ * the same deadline. The script object is immutable and may be shared by
+ * all threads. */
+sl_redis_script_t *sl_redis_script_new(const char *lua);
+void sl_redis_script_free(sl_redis_script_t *s);
+sl_redis_call_t *sl_redis_evalsha(sl_redis_t *r, const sl_redis_script_t *s, int nkeys, int argc,
+                                  const char **argv, const size_t *argvlen, sl_redis_cb cb,
+                                  void *arg) SL_WUR;
+
+#endif
