@@ -8,7 +8,18 @@
  * that queued them. A call ends exactly once: with a reply, an error, a
  * timeout, DOWN (not connected / connection lost), or silently when
  * cancelled. Every status other than OK is counted in
- * sluice_redis_errors_total{kind}.
+ * sluice_redis_errors_total{kind} (kind: down, timeout, overload, plus the
+ * connection's own troubles: connect, auth, stall, noscript, and "reply" for
+ * Redis error replies handed back with OK); sluice_redis_connected is a
+ * gauge of the clients whose connection is up (one per worker thread).
+ *
+ * Connection: the host is resolved by hiredis with a blocking getaddrinfo()
+ * at each (re)connect, so prefer an address or an /etc/hosts name. hiredis
+ * writes with write(2): the process must ignore SIGPIPE (the gateway does).
+ * While disconnected (between backoff attempts) calls end with DOWN at once
+ * rather than waiting out their deadline, so a dead Redis costs no latency.
+ * A connection that answers nothing for max(1 s, 10 x timeout) while calls
+ * are outstanding is dropped and re-made (a silent network partition).
  */
 #ifndef SL_REDIS_H
 #define SL_REDIS_H
@@ -27,6 +38,7 @@ typedef struct sl_redis_opts {
     int64_t timeout_ms;         /* per-call deadline, default 50 */
     int64_t reconnect_min_ms;   /* backoff start, default 100 */
     int64_t reconnect_max_ms;   /* backoff cap, default 5000 */
+    int64_t connect_timeout_ms; /* TCP connect + AUTH/SELECT, default 1000 */
 } sl_redis_opts_t;
 
 typedef enum sl_redis_status {
@@ -47,15 +59,22 @@ typedef struct sl_redis_script sl_redis_script_t;
 sl_redis_t *sl_redis_new(struct event_base *base, const sl_redis_opts_t *opts, char *err,
                          size_t errlen) SL_WUR;
 /* Drops every pending call WITHOUT running its callback: call it only when
- * the owners of pending calls are gone (worker shutdown). */
+ * the owners of pending calls are gone (worker shutdown), and never from
+ * inside one of this client's callbacks (that is a bug: it aborts). */
 void sl_redis_free(sl_redis_t *r);
 
 bool sl_redis_connected(const sl_redis_t *r);
 
+/* Commands hiredis still holds on the current connection, including those
+ * whose caller is gone (timed out or cancelled) and whose late reply will
+ * be dropped. Bounded: past SL_REDIS_MAX_INFLIGHT new calls end with DOWN. */
+#define SL_REDIS_MAX_INFLIGHT 8192
+size_t sl_redis_inflight(const sl_redis_t *r);
+
 /* Queues a command given as argv. The returned handle is valid until the
  * callback runs or sl_redis_call_cancel() is called; NULL only on OOM. */
-sl_redis_call_t *sl_redis_command(sl_redis_t *r, int argc, const char **argv,
-                                  const size_t *argvlen, sl_redis_cb cb, void *arg) SL_WUR;
+sl_redis_call_t *sl_redis_command(sl_redis_t *r, int argc, const char **argv, const size_t *argvlen,
+                                  sl_redis_cb cb, void *arg) SL_WUR;
 /* The callback will not run. Safe to call once per handle, before the callback. */
 void sl_redis_call_cancel(sl_redis_call_t *c);
 
@@ -65,6 +84,11 @@ void sl_redis_call_cancel(sl_redis_call_t *c);
  * all threads. */
 sl_redis_script_t *sl_redis_script_new(const char *lua);
 void sl_redis_script_free(sl_redis_script_t *s);
+/* The script's SHA1 in hex (40 chars). */
+const char *sl_redis_script_sha(const sl_redis_script_t *s);
+/* EVALSHA sha nkeys argv[0..argc-1]: argv holds the nkeys keys first, then
+ * the script's arguments (argc counts both). s is borrowed and must outlive
+ * the call. */
 sl_redis_call_t *sl_redis_evalsha(sl_redis_t *r, const sl_redis_script_t *s, int nkeys, int argc,
                                   const char **argv, const size_t *argvlen, sl_redis_cb cb,
                                   void *arg) SL_WUR;

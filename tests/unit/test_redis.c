@@ -1,0 +1,540 @@
+/*
+ * Unit tests of common/redis.c against a real redis-server started by the
+ * test on its own port: replies, deadlines (DEBUG SLEEP, CLIENT PAUSE),
+ * DOWN on a dropped connection, reconnection with backoff, AUTH/SELECT,
+ * cancellation, EVALSHA with NOSCRIPT reload after SCRIPT FLUSH and after a
+ * restart, and the stall detector. Waits run the event loop until a
+ * condition holds or a deadline passes; timing bounds are asserted.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/log.h"
+#include "common/metrics.h"
+#include "common/redis.h"
+#include "tests/unit/redis_server.h"
+
+static rs_server_t srv;
+
+typedef struct res {
+    int calls;
+    sl_redis_status_t status;
+    int type;
+    char str[128];
+    long long integer;
+    int64_t at_ms;
+} res_t;
+
+static void res_cb(void *arg, sl_redis_status_t st, struct redisReply *reply)
+{
+    res_t *r = arg;
+    r->calls++;
+    r->status = st;
+    r->at_ms = sl_now_ms();
+    r->type = reply ? reply->type : -1;
+    r->str[0] = '\0';
+    if (reply && reply->str)
+        snprintf(r->str, sizeof(r->str), "%s", reply->str);
+    r->integer = reply ? reply->integer : 0;
+}
+
+static bool res_done(void *arg)
+{
+    return ((res_t *)arg)->calls > 0;
+}
+
+static bool connected(void *arg)
+{
+    return sl_redis_connected(arg);
+}
+
+static bool disconnected(void *arg)
+{
+    return !sl_redis_connected(arg);
+}
+
+static bool no_inflight(void *arg)
+{
+    return sl_redis_inflight(arg) == 0;
+}
+
+static uint64_t errs(const char *kind)
+{
+    sl_metric_t *m =
+        sl_metric_register("sluice_redis_errors_total", "", SL_METRIC_COUNTER, "kind", NULL, 0);
+    return sl_counter_value(sl_metric_series1(m, kind));
+}
+
+static sl_redis_t *client(struct event_base *base, int64_t timeout_ms, const char *suffix)
+{
+    char url[256], err[256] = "";
+    if (srv.password[0])
+        snprintf(url, sizeof(url), "redis://:%s@127.0.0.1:%d%s", srv.password, srv.port,
+                 suffix ? suffix : "");
+    else
+        snprintf(url, sizeof(url), "redis://127.0.0.1:%d%s", srv.port, suffix ? suffix : "");
+    sl_redis_opts_t o = {.url = url, .timeout_ms = timeout_ms, .reconnect_max_ms = 400};
+    sl_redis_t *r = sl_redis_new(base, &o, err, sizeof(err));
+    assert_non_null(r);
+    assert_true(rs_run_until(base, connected, r, 2000));
+    return r;
+}
+
+static sl_redis_call_t *cmd(sl_redis_t *r, res_t *res, int argc, const char **argv)
+{
+    memset(res, 0, sizeof(*res));
+    sl_redis_call_t *c = sl_redis_command(r, argc, argv, NULL, res_cb, res);
+    assert_non_null(c);
+    assert_int_equal(res->calls, 0); /* never inside the call that queued it */
+    return c;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    signal(SIGPIPE, SIG_IGN);
+    sl_log_set_level(SL_LOG_ERROR);
+    memset(&srv, 0, sizeof(srv));
+    rs_start(&srv);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    rs_cleanup(&srv);
+    return 0;
+}
+
+static void test_url(void **state)
+{
+    (void)state;
+    struct event_base *base = event_base_new();
+    const char *bad[] = {"http://x",        "redis://",      "redis://:6379", "redis://h:0",
+                         "redis://h:70000", "redis://h:12x", "redis://h/abc", "redis://pw@h",
+                         "redis://[::1",    "redis://:@h:1", "rediss://h:1",  "redis://h:1/2/3"};
+    for (size_t i = 0; i < SL_ARRAY_LEN(bad); i++) {
+        char err[128] = "";
+        sl_redis_opts_t o = {.url = bad[i]};
+        sl_redis_t *r = sl_redis_new(base, &o, err, sizeof(err));
+        if (r)
+            fail_msg("accepted %s", bad[i]);
+        assert_true(err[0] != '\0');
+    }
+    const char *good[] = {"redis://127.0.0.1", "redis://:p%40ss@127.0.0.1:1/2",
+                          "redis://user:pw@[::1]:6380/0", "redis://localhost:6379/"};
+    for (size_t i = 0; i < SL_ARRAY_LEN(good); i++) {
+        char err[128] = "";
+        sl_redis_opts_t o = {.url = good[i]};
+        sl_redis_t *r = sl_redis_new(base, &o, err, sizeof(err));
+        if (!r)
+            fail_msg("refused %s: %s", good[i], err);
+        sl_redis_free(r);
+    }
+    event_base_free(base);
+}
+
+static void test_roundtrip_and_select(void **state)
+{
+    (void)state;
+    struct event_base *base = event_base_new();
+    sl_redis_t *r = client(base, 200, "/3");
+    res_t res;
+    const char *set[] = {"SET", "sl:k", "v1"};
+    cmd(r, &res, 3, set);
+    assert_true(rs_run_until(base, res_done, &res, 1000));
+    assert_int_equal(res.status, SL_REDIS_OK);
+    assert_string_equal(res.str, "OK");
+    const char *get[] = {"GET", "sl:k"};
+    cmd(r, &res, 2, get);
+    assert_true(rs_run_until(base, res_done, &res, 1000));
+    assert_int_equal(res.type, REDIS_REPLY_STRING);
+    assert_string_equal(res.str, "v1");
+    /* it went to database 3 */
+    redisReply *rep = rs_cmd(&srv, "GET sl:k");
+    assert_int_equal(rep->type, REDIS_REPLY_NIL);
+    freeReplyObject(rep);
+    redisContext *c = rs_connect(&srv);
+    freeReplyObject(redisCommand(c, "SELECT 3"));
+    rep = redisCommand(c, "GET sl:k");
+    assert_string_equal(rep->str, "v1");
+    freeReplyObject(rep);
+    redisFree(c);
+    /* a Redis error reply comes back as OK with an error reply, counted */
+    uint64_t e0 = errs("reply");
+    const char *bad[] = {"INCR", "sl:k"};
+    cmd(r, &res, 2, bad);
+    assert_true(rs_run_until(base, res_done, &res, 1000));
+    assert_int_equal(res.status, SL_REDIS_OK);
+    assert_int_equal(res.type, REDIS_REPLY_ERROR);
+    assert_int_equal(errs("reply"), e0 + 1);
+    assert_int_equal(sl_redis_inflight(r), 0);
+    sl_redis_free(r);
+    event_base_free(base);
+}
+
+/* Calls queued before the connection is up wait for it. */
+static void test_queued_before_connect(void **state)
+{
+    (void)state;
+    struct event_base *base = event_base_new();
+    char url[64], err[128];
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d", srv.port);
+    sl_redis_opts_t o = {.url = url, .timeout_ms = 500};
+    sl_redis_t *r = sl_redis_new(base, &o, err, sizeof(err));
+    assert_non_null(r);
+    assert_false(sl_redis_connected(r));
+    res_t res[3];
+    const char *ping[] = {"PING"};
+    for (int i = 0; i < 3; i++)
+        cmd(r, &res[i], 1, ping);
+    assert_true(rs_run_until(base, res_done, &res[2], 1000));
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(res[i].calls, 1);
+        assert_int_equal(res[i].status, SL_REDIS_OK);
+        assert_string_equal(res[i].str, "PONG");
+    }
+    sl_redis_free(r);
+    event_base_free(base);
+}
+
+/* DEBUG SLEEP / CLIENT PAUSE: the call times out at its deadline, the late
+ * reply is dropped, and the next call works. */
+static void deadline_case(const char *blocker)
+{
+    struct event_base *base = event_base_new();
+    sl_redis_t *r = client(base, 50, NULL);
+    redisContext *blk = rs_send_nowait(&srv, blocker);
+    assert_non_null(blk);
+    rs_run_for(base, 20); /* let the blocker reach the server first */
+    uint64_t t0 = errs("timeout");
+    res_t res;
+    const char *ping[] = {"PING"};
+    int64_t start = sl_now_ms();
+    cmd(r, &res, 1, ping);
+    assert_true(rs_run_until(base, res_done, &res, 1000));
+    int64_t took = res.at_ms - start;
+    assert_int_equal(res.status, SL_REDIS_TIMEOUT);
+    assert_true(took >= 49 && took < 120);
+    assert_int_equal(errs("timeout"), t0 + 1);
+    assert_int_equal(sl_redis_inflight(r), 1); /* the late reply is still due */
+    rs_run_for(base, 30);
+    assert_int_equal(res.calls, 1); /* exactly once */
+    /* the server wakes: the late reply is dropped, nothing runs twice */
+    assert_true(rs_run_until(base, no_inflight, r, 1000));
+    assert_int_equal(res.calls, 1);
+    assert_true(sl_redis_connected(r));
+    cmd(r, &res, 1, ping);
+    assert_true(rs_run_until(base, res_done, &res, 1000));
+    assert_int_equal(res.status, SL_REDIS_OK);
+    redisFree(blk);
+    sl_redis_free(r);
+    event_base_free(base);
+}
+
+static void test_deadline_debug_sleep(void **state)
+{
+    (void)state;
+    deadline_case("DEBUG SLEEP 0.3");
+}
+
+static void test_deadline_client_pause(void **state)
+{
+    (void)state;
+    deadline_case("CLIENT PAUSE 300");
+}
+
+static void test_cancel(void **state)
+{
+    (void)state;
+    struct event_base *base = event_base_new();
+    sl_redis_t *r = client(base, 200, NULL);
+    res_t a, b;
+    const char *ping[] = {"PING"};
+    sl_redis_call_t *ca = cmd(r, &a, 1, ping);
+    cmd(r, &b, 1, ping);
+    sl_redis_call_cancel(ca);
+    assert_true(rs_run_until(base, res_done, &b, 1000));
+    assert_true(rs_run_until(base, no_inflight, r, 1000));
+    rs_run_for(base, 250); /* past a's deadline too */
+    assert_int_equal(a.calls, 0);
+    assert_int_equal(b.calls, 1);
+    sl_redis_free(r);
+
+    /* cancelling a call whose DOWN is already decided: nothing runs */
+    char url[64], err[128];
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d", rs_free_port());
+    sl_redis_opts_t o = {.url = url, .timeout_ms = 50};
+    r = sl_redis_new(base, &o, err, sizeof(err));
+    assert_true(rs_run_until(base, disconnected, r, 1000));
+    rs_run_for(base, 20);
+    ca = cmd(r, &a, 1, ping);
+    sl_redis_call_cancel(ca);
+    rs_run_for(base, 80);
+    assert_int_equal(a.calls, 0);
+    sl_redis_free(r);
+    event_base_free(base);
+}
+
+/* Kill the server under a pending call: DOWN at once (not at the deadline);
+ * calls while it is down end with DOWN fast; it comes back on its own. */
+static void test_down_and_reconnect(void **state)
+{
+    (void)state;
+    struct event_base *base = event_base_new();
+    sl_redis_t *r = client(base, 2000, NULL);
+    redisContext *blk = rs_send_nowait(&srv, "DEBUG SLEEP 5");
+    rs_run_for(base, 20);
+    res_t res;
+    const char *ping[] = {"PING"};
+    cmd(r, &res, 1, ping);
+    rs_run_for(base, 20);
+    assert_int_equal(res.calls, 0);
+    uint64_t d0 = errs("down");
+    int64_t start = sl_now_ms();
+    rs_kill(&srv);
+    redisFree(blk);
+    assert_true(rs_run_until(base, res_done, &res, 1000));
+    assert_int_equal(res.status, SL_REDIS_DOWN);
+    assert_true(res.at_ms - start < 200);
+    assert_int_equal(errs("down"), d0 + 1);
+    assert_false(sl_redis_connected(r));
+
+    /* while down: DOWN without waiting out the 2 s deadline */
+    for (int i = 0; i < 3; i++) {
+        start = sl_now_ms();
+        cmd(r, &res, 1, ping);
+        assert_true(rs_run_until(base, res_done, &res, 1000));
+        assert_int_equal(res.status, SL_REDIS_DOWN);
+        assert_true(res.at_ms - start < 100);
+        rs_run_for(base, 150);
+    }
+    /* backoff grows 100, 200, 400 (cap 400 + 25% jitter): attempts are
+     * counted; over ~1 s down we expect a handful, not hundreds */
+    uint64_t c0 = errs("connect");
+    rs_run_for(base, 1000);
+    uint64_t attempts = errs("connect") - c0;
+    assert_true(attempts >= 2 && attempts <= 5);
+
+    start = sl_now_ms();
+    rs_start(&srv);
+    assert_true(rs_run_until(base, connected, r, 2000));
+    assert_true(sl_now_ms() - start < 600); /* within the backoff cap (+jitter) */
+    cmd(r, &res, 1, ping);
+    assert_true(rs_run_until(base, res_done, &res, 1000));
+    assert_int_equal(res.status, SL_REDIS_OK);
+    sl_redis_free(r);
+    event_base_free(base);
+}
+
+static const char *lua_echo = "return {KEYS[1], ARGV[1], redis.call('INCR', KEYS[1])}";
+
+typedef struct sres {
+    int calls;
+    sl_redis_status_t st;
+    long long n;
+    char k[32], a[32];
+} sres_t;
+
+static void sres_cb(void *arg, sl_redis_status_t st, struct redisReply *reply)
+{
+    sres_t *o = arg;
+    o->calls++;
+    o->st = st;
+    if (reply && reply->type == REDIS_REPLY_ARRAY && reply->elements == 3) {
+        snprintf(o->k, sizeof(o->k), "%s", reply->element[0]->str);
+        snprintf(o->a, sizeof(o->a), "%s", reply->element[1]->str);
+        o->n = reply->element[2]->integer;
+    } else if (reply) {
+        snprintf(o->k, sizeof(o->k), "type %d %s", reply->type, reply->str ? reply->str : "");
+    }
+}
+
+static bool sres_done(void *arg)
+{
+    return ((sres_t *)arg)->calls > 0;
+}
+
+static long long evalsha_once(struct event_base *base, sl_redis_t *r, const sl_redis_script_t *s)
+{
+    sres_t o = {0};
+    const char *argv[] = {"sl:counter", "hello"};
+    assert_non_null(sl_redis_evalsha(r, s, 1, 2, argv, NULL, sres_cb, &o));
+    assert_int_equal(o.calls, 0);
+    assert_true(rs_run_until(base, sres_done, &o, 1000));
+    if (o.st != SL_REDIS_OK || strcmp(o.a, "hello") != 0)
+        fail_msg("evalsha: status %d, %s", o.st, o.k);
+    assert_string_equal(o.k, "sl:counter");
+    return o.n;
+}
+
+static void test_evalsha_noscript(void **state)
+{
+    (void)state;
+    struct event_base *base = event_base_new();
+    sl_redis_script_t *s = sl_redis_script_new(lua_echo);
+    assert_non_null(s);
+    assert_int_equal(strlen(sl_redis_script_sha(s)), 40);
+    redisReply *rep = rs_cmd(&srv, "SCRIPT LOAD %s", lua_echo);
+    assert_string_equal(rep->str, sl_redis_script_sha(s)); /* our SHA is Redis's */
+    freeReplyObject(rep);
+    freeReplyObject(rs_cmd(&srv, "SCRIPT FLUSH"));
+    freeReplyObject(rs_cmd(&srv, "DEL sl:counter"));
+
+    sl_redis_t *r = client(base, 200, NULL);
+    uint64_t n0 = errs("noscript");
+    assert_int_equal(evalsha_once(base, r, s), 1); /* NOSCRIPT, loaded, retried */
+    assert_int_equal(errs("noscript"), n0 + 1);
+    assert_int_equal(evalsha_once(base, r, s), 2); /* by SHA now */
+    assert_int_equal(errs("noscript"), n0 + 1);
+    freeReplyObject(rs_cmd(&srv, "SCRIPT FLUSH"));
+    assert_int_equal(evalsha_once(base, r, s), 3);
+    assert_int_equal(errs("noscript"), n0 + 2);
+
+    /* after a restart the script cache is empty (and the data gone) */
+    rs_kill(&srv);
+    assert_true(rs_run_until(base, disconnected, r, 1000));
+    rs_start(&srv);
+    assert_true(rs_run_until(base, connected, r, 2000));
+    assert_int_equal(evalsha_once(base, r, s), 1);
+    assert_int_equal(errs("noscript"), n0 + 3);
+    assert_int_equal(sl_redis_inflight(r), 0);
+
+    /* several pipelined calls hitting NOSCRIPT at once all succeed */
+    freeReplyObject(rs_cmd(&srv, "SCRIPT FLUSH"));
+    sres_t o[4] = {0};
+    const char *argv[] = {"sl:counter", "hello"};
+    for (int i = 0; i < 4; i++)
+        assert_non_null(sl_redis_evalsha(r, s, 1, 2, argv, NULL, sres_cb, &o[i]));
+    assert_true(rs_run_until(base, sres_done, &o[3], 1000));
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(o[i].st, SL_REDIS_OK);
+        assert_string_equal(o[i].a, "hello");
+    }
+    sl_redis_free(r);
+    sl_redis_script_free(s);
+    event_base_free(base);
+}
+
+static void test_auth(void **state)
+{
+    (void)state;
+    rs_kill(&srv);
+    snprintf(srv.password, sizeof(srv.password), "s3cret@:x");
+    rs_start(&srv);
+    struct event_base *base = event_base_new();
+    char url[128], err[128];
+    /* the right password (percent-encoded in the URL) */
+    snprintf(url, sizeof(url), "redis://:s3cret%%40%%3Ax@127.0.0.1:%d/1", srv.port);
+    sl_redis_opts_t o = {.url = url, .timeout_ms = 200};
+    sl_redis_t *r = sl_redis_new(base, &o, err, sizeof(err));
+    assert_true(rs_run_until(base, connected, r, 2000));
+    res_t res;
+    const char *ping[] = {"PING"};
+    cmd(r, &res, 1, ping);
+    assert_true(rs_run_until(base, res_done, &res, 1000));
+    assert_string_equal(res.str, "PONG");
+    sl_redis_free(r);
+
+    /* a wrong one: never ready, calls end DOWN, counted as auth */
+    uint64_t a0 = errs("auth");
+    snprintf(url, sizeof(url), "redis://:wrong@127.0.0.1:%d", srv.port);
+    o.url = url;
+    r = sl_redis_new(base, &o, err, sizeof(err));
+    cmd(r, &res, 1, ping);
+    assert_true(rs_run_until(base, res_done, &res, 1000));
+    assert_int_equal(res.status, SL_REDIS_DOWN);
+    assert_false(sl_redis_connected(r));
+    assert_true(errs("auth") >= a0 + 1);
+    sl_redis_free(r);
+    event_base_free(base);
+
+    rs_kill(&srv);
+    srv.password[0] = '\0';
+    rs_start(&srv);
+}
+
+/* A server that answers nothing for longer than the stall limit (1 s at a
+ * 50 ms deadline): the connection is dropped and made again. */
+static void test_stall(void **state)
+{
+    (void)state;
+    struct event_base *base = event_base_new();
+    sl_redis_t *r = client(base, 50, NULL);
+    redisContext *blk = rs_send_nowait(&srv, "CLIENT PAUSE 1500");
+    rs_run_for(base, 20);
+    uint64_t s0 = errs("stall");
+    const char *ping[] = {"PING"};
+    int64_t start = sl_now_ms();
+    while (errs("stall") == s0 && sl_now_ms() - start < 1400) {
+        res_t res;
+        cmd(r, &res, 1, ping);
+        assert_true(rs_run_until(base, res_done, &res, 1000));
+        assert_int_not_equal(res.status, SL_REDIS_OK);
+    }
+    int64_t at = sl_now_ms() - start;
+    assert_int_equal(errs("stall"), s0 + 1);
+    assert_true(at >= 1000 && at < 1300);
+    assert_int_equal(sl_redis_inflight(r), 0); /* abandoned with the connection */
+    /* a new connection is made (the server accepts while paused) and
+     * commands work again once the pause is over */
+    assert_true(rs_run_until(base, connected, r, 2000));
+    res_t res = {0};
+    while (res.status != SL_REDIS_OK || res.calls == 0) {
+        assert_true(sl_now_ms() - start < 3000);
+        cmd(r, &res, 1, ping);
+        assert_true(rs_run_until(base, res_done, &res, 1000));
+    }
+    assert_true(sl_now_ms() - start >= 1450);
+    redisFree(blk);
+    sl_redis_free(r);
+    event_base_free(base);
+}
+
+/* Freeing with calls in every state runs no callback and leaks nothing
+ * (the sanitizer build checks the latter). */
+static void test_free_pending(void **state)
+{
+    (void)state;
+    struct event_base *base = event_base_new();
+    sl_redis_t *r = client(base, 500, NULL);
+    redisContext *blk = rs_send_nowait(&srv, "DEBUG SLEEP 0.2");
+    rs_run_for(base, 20);
+    res_t res[4];
+    const char *ping[] = {"PING"};
+    for (int i = 0; i < 4; i++)
+        cmd(r, &res[i], 1, ping);
+    rs_run_for(base, 10);
+    sl_redis_free(r);
+    rs_run_for(base, 30);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(res[i].calls, 0);
+    redisFree(blk);
+    event_base_free(base);
+    /* make sure the server is awake for whoever comes next */
+    assert_true(rs_ping(&srv));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_url),
+        cmocka_unit_test(test_roundtrip_and_select),
+        cmocka_unit_test(test_queued_before_connect),
+        cmocka_unit_test(test_deadline_debug_sleep),
+        cmocka_unit_test(test_deadline_client_pause),
+        cmocka_unit_test(test_cancel),
+        cmocka_unit_test(test_evalsha_noscript),
+        cmocka_unit_test(test_down_and_reconnect),
+        cmocka_unit_test(test_auth),
+        cmocka_unit_test(test_stall),
+        cmocka_unit_test(test_free_pending),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
