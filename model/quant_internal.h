@@ -1,0 +1,99 @@
+/*
+ * quant_internal.h — weight block formats and the row kernels of the
+ * engine: fp16 conversion, dequantisation of every supported type, the
+ * per-32 int8 quantisation of activations, and row dot products in a
+ * portable scalar version plus AVX2 and AVX-512(-VNNI) versions chosen at
+ * run time (kernels_avx2.c, kernels_avx512.c; no global -m flags).
+ *
+ * Two numeric paths exist for quantized weights:
+ *  - fast (default): the activation vector is quantized to int8 per block
+ *    of 32 (d = max|x| / 127, q = round-half-even(x / d), float32 maths) and
+ *    dotted with the weight blocks in integer arithmetic, as llama.cpp does;
+ *  - precise: each weight block is dequantized to float and dotted with the
+ *    float activations. The tests compare it with a float64 reference.
+ * F32 and F16 weights always use float activations.
+ *
+ * Block layouts are ggml's (little-endian, fp16 = IEEE binary16); see
+ * ../shared/local-model-notes.md §4.3 for the formulas.
+ */
+#ifndef MDL_QUANT_INTERNAL_H
+#define MDL_QUANT_INTERNAL_H
+
+#include "common/sl.h"
+#include "model/gguf_internal.h"
+
+#include <stdint.h>
+
+/* Elements per activation quantization block. */
+#define MDL_QK 32
+
+/* A vector of activations in both forms. x is always set; q/d/qsum only
+ * when the fast path quantized it (n must then be a multiple of 32). All
+ * pointers are borrowed from the caller's scratch space. */
+typedef struct {
+    int n;
+    const float *x;
+    int8_t *q;     /* n int8 */
+    float *d;      /* n/32 block scales */
+    int32_t *qsum; /* n/32 sums of q per block (for formats with a min) */
+} mdl_act_t;
+
+/* Dot product of one weight row (n = a->n elements, type implied by the
+ * table slot) with an activation vector. */
+typedef float (*mdl_dot_fn)(const uint8_t *row, const mdl_act_t *a);
+
+typedef enum { MDL_KL_SCALAR = 0, MDL_KL_AVX2 = 1, MDL_KL_AVX512 = 2 } mdl_klevel_t;
+
+typedef struct {
+    const char *name;
+    int level;
+    /* Quantizes n floats (n % 32 == 0) into q/d/qsum. Bit-identical across
+     * levels (same float32 operations, round half to even). */
+    void (*quantize)(const float *x, int n, int8_t *q, float *d, int32_t *qsum);
+    mdl_dot_fn dot[MDL_T_MAX];   /* fast path; NULL when the type is unsupported */
+    mdl_dot_fn dot_f[MDL_T_MAX]; /* precise path (float activations) */
+    /* Float helpers for attention. */
+    float (*vdot)(const float *a, const float *b, int n);
+    void (*vaxpy)(float *y, float a, const float *x, int n); /* y += a*x */
+} mdl_kernels_t;
+
+/* The best kernel set this CPU runs, capped at max_level. The environment
+ * variable SLUICE_MDL_KERNELS=scalar|avx2|avx512 lowers the cap further
+ * (so a whole process can be forced onto the scalar path). Never NULL. */
+const mdl_kernels_t *mdl_kernels_select(int max_level);
+/* The highest level this CPU supports (ignoring the environment). */
+int mdl_kernels_cpu_level(void);
+/* Parses "scalar", "avx2", "avx512", "auto" (= 2); -1 when unknown. */
+int mdl_klevel_parse(const char *s);
+
+/* Types the engine computes with (F32, F16, Q8_0, Q4_0, Q5_0, Q4_K, Q6_K). */
+int mdl_ttype_supported(uint32_t t);
+
+float mdl_fp16_to_f32(uint16_t h);
+uint16_t mdl_f32_to_fp16(float f); /* round to nearest even; for tests/tools */
+
+/* Dequantizes n elements (a multiple of the type's block) of type t.
+ * Returns -1 for unsupported types. */
+SL_WUR int mdl_dequant_row(uint32_t t, const void *src, float *dst, int64_t n);
+
+/* The scalar pieces, exported so the SIMD files can fall back to them and
+ * the unit tests can compare against them. */
+void mdl_quantize_scalar(const float *x, int n, int8_t *q, float *d, int32_t *qsum);
+extern const mdl_kernels_t mdl_kernels_scalar;
+
+/* Filled by kernels_avx2.c / kernels_avx512.c from the table below them;
+ * each returns 0 and fills *k, or -1 when compiled without support. */
+int mdl_kernels_init_avx2(mdl_kernels_t *k);
+int mdl_kernels_init_avx512(mdl_kernels_t *k);
+
+/* Software prefetch distance for streaming weight rows, in bytes. Weights
+ * are read once per token from DRAM; prefetching this far ahead lets the
+ * loads overlap the arithmetic (see the notes, §2.3). */
+#define MDL_PREFETCH_BYTES 2048
+
+static inline uint16_t mdl_rd16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | p[1] << 8);
+}
+
+#endif

@@ -1,0 +1,399 @@
+/*
+ * test_model_quant.c — the block formats and row kernels: fp16 edge cases,
+ * one hand-built block of every type with values worked out by hand from
+ * the format description (so the engine and the NumPy reference cannot
+ * share a misreading), activation quantization bit-identical across kernel
+ * levels, and every dot kernel (fast and precise, every level this CPU
+ * has) against a float64 computation on random rows.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "model/quant_internal.h"
+
+static uint64_t rng_state = 88172645463325252ULL;
+
+static uint32_t rnd32(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+
+static float rndf(void) /* uniform in [-1, 1) */
+{
+    return (float)((double)rnd32() / 2147483648.0 - 1.0);
+}
+
+static void wr16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+static void test_fp16(void **state)
+{
+    (void)state;
+    assert_true(mdl_fp16_to_f32(0x3C00) == 1.0f);
+    assert_true(mdl_fp16_to_f32(0xC000) == -2.0f);
+    assert_true(mdl_fp16_to_f32(0x3800) == 0.5f);
+    assert_true(mdl_fp16_to_f32(0x7BFF) == 65504.0f);
+    assert_true(mdl_fp16_to_f32(0x0001) == ldexpf(1.0f, -24)); /* smallest subnormal */
+    assert_true(mdl_fp16_to_f32(0x03FF) == 1023.0f * ldexpf(1.0f, -24));
+    assert_true(mdl_fp16_to_f32(0x0400) == ldexpf(1.0f, -14)); /* smallest normal */
+    assert_true(isinf(mdl_fp16_to_f32(0x7C00)) && mdl_fp16_to_f32(0x7C00) > 0);
+    assert_true(isinf(mdl_fp16_to_f32(0xFC00)) && mdl_fp16_to_f32(0xFC00) < 0);
+    assert_true(isnan(mdl_fp16_to_f32(0x7E00)));
+    float nz = mdl_fp16_to_f32(0x8000);
+    assert_true(nz == 0.0f && signbit(nz));
+    /* Every finite half survives a round trip through float. */
+    for (uint32_t h = 0; h < 65536; h++) {
+        if ((h & 0x7C00) == 0x7C00 && (h & 0x3FF))
+            continue; /* NaN payloads */
+        assert_int_equal(mdl_f32_to_fp16(mdl_fp16_to_f32((uint16_t)h)), h);
+    }
+    /* Rounding: halfway cases go to even, overflow to inf, tiny to zero. */
+    assert_int_equal(mdl_f32_to_fp16(1.0f + ldexpf(1.0f, -11)), 0x3C00);     /* tie, even down */
+    assert_int_equal(mdl_f32_to_fp16(1.0f + 3 * ldexpf(1.0f, -11)), 0x3C02); /* tie, even up */
+    assert_int_equal(mdl_f32_to_fp16(65520.0f), 0x7C00);
+    assert_int_equal(mdl_f32_to_fp16(65519.0f), 0x7BFF);
+    assert_int_equal(mdl_f32_to_fp16(ldexpf(1.0f, -26)), 0x0000);
+    assert_int_equal(mdl_f32_to_fp16(3 * ldexpf(1.0f, -25)), 0x0002); /* 1.5 ulp -> 2 (even) */
+}
+
+static void test_block_q8_0(void **state)
+{
+    (void)state;
+    uint8_t b[34];
+    wr16(b, 0x3800); /* d = 0.5 */
+    for (int j = 0; j < 32; j++)
+        b[2 + j] = (uint8_t)(int8_t)(j * 8 - 128); /* -128, -120, ..., 120 */
+    float y[32];
+    assert_int_equal(mdl_dequant_row(MDL_T_Q8_0, b, y, 32), 0);
+    assert_true(y[0] == -64.0f);
+    assert_true(y[16] == 0.0f);
+    assert_true(y[31] == 60.0f);
+}
+
+static void test_block_q4_0(void **state)
+{
+    (void)state;
+    uint8_t b[18];
+    wr16(b, 0x4000); /* d = 2 */
+    for (int j = 0; j < 16; j++)
+        b[2 + j] = (uint8_t)(j | (15 - j) << 4);
+    float y[32];
+    assert_int_equal(mdl_dequant_row(MDL_T_Q4_0, b, y, 32), 0);
+    /* element j = low nibble of byte j, element j+16 = its high nibble */
+    assert_true(y[0] == -16.0f);  /* 2 * (0 - 8) */
+    assert_true(y[15] == 14.0f);  /* 2 * (15 - 8) */
+    assert_true(y[16] == 14.0f);  /* 2 * (15 - 8) */
+    assert_true(y[31] == -16.0f); /* 2 * (0 - 8) */
+    assert_true(y[5] == -6.0f);
+    assert_true(y[21] == 4.0f); /* byte 5 high nibble = 10 */
+}
+
+static void test_block_q5_0(void **state)
+{
+    (void)state;
+    uint8_t b[22] = {0};
+    wr16(b, 0x3C00); /* d = 1 */
+    uint32_t qh = 1u | 1u << 17 | 1u << 31;
+    memcpy(b + 2, &qh, 4); /* little-endian host */
+    b[6 + 1] = 0x3A;       /* byte 1: low 0xA, high 0x3 */
+    b[6 + 15] = 0xF0;      /* byte 15: low 0, high 0xF */
+    float y[32];
+    assert_int_equal(mdl_dequant_row(MDL_T_Q5_0, b, y, 32), 0);
+    assert_true(y[0] == 0.0f);   /* 0 | 16 - 16 */
+    assert_true(y[1] == -6.0f);  /* 0xA - 16 */
+    assert_true(y[2] == -16.0f); /* 0 - 16 */
+    assert_true(y[17] == 3.0f);  /* 0x3 | 16 - 16 */
+    assert_true(y[31] == 15.0f); /* 0xF | 16 - 16 */
+    assert_true(y[15] == -16.0f);
+}
+
+static void test_block_q4_k(void **state)
+{
+    (void)state;
+    uint8_t b[144] = {0};
+    wr16(b, 0x3C00);     /* d = 1 */
+    wr16(b + 2, 0x3800); /* dmin = 0.5 */
+    uint8_t *sc = b + 4;
+    /* sub-block 0: scale 5, min 3; sub-block 1: scale 63, min 0 */
+    sc[0] = 5;
+    sc[4] = 3;
+    sc[1] = 63;
+    /* sub-block 4: scale = (sc[8] & 15) | (sc[0] >> 6) << 4 = 2 | 1<<4 = 18,
+     *              min   = (sc[8] >> 4) | (sc[4] >> 6) << 4 = 7 | 2<<4 = 39 */
+    sc[0] |= 1 << 6;
+    sc[4] |= 2 << 6;
+    sc[8] = 2 | 7 << 4;
+    /* sub-block 7: scale = (sc[11] & 15) | (sc[3] >> 6) << 4 = 1 | 3<<4 = 49,
+     *              min   = (sc[11] >> 4) | (sc[7] >> 6) << 4 = 0 */
+    sc[3] = 3 << 6;
+    sc[11] = 1;
+    uint8_t *qs = b + 16;
+    qs[0] = 0x9 | 0x4 << 4; /* chunk 0: element 0 (sb0) = 9, element 32 (sb1) = 4 */
+    qs[64 + 3] = 0x7;       /* chunk 2: element 128+3 (sb4) = 7 */
+    qs[96 + 31] = 0xF << 4; /* chunk 3: element 192+32+31 = 255 (sb7) = 15 */
+    float y[256];
+    assert_int_equal(mdl_dequant_row(MDL_T_Q4_K, b, y, 256), 0);
+    assert_true(y[0] == 5.0f * 9 - 0.5f * 3);
+    assert_true(y[1] == -0.5f * 3);
+    assert_true(y[32] == 63.0f * 4);
+    assert_true(y[128 + 3] == 18.0f * 7 - 0.5f * 39);
+    assert_true(y[128] == -0.5f * 39);
+    assert_true(y[255] == 49.0f * 15);
+    assert_true(y[224] == 0.0f);
+}
+
+static void test_block_q6_k(void **state)
+{
+    (void)state;
+    uint8_t b[210] = {0};
+    uint8_t *ql = b, *qh = b + 128;
+    int8_t *sc = (int8_t *)b + 192;
+    wr16(b + 208, 0x3400); /* d = 0.25 */
+    for (int k = 0; k < 16; k++)
+        sc[k] = (int8_t)(k + 1) * (k % 2 ? -1 : 1); /* 1, -2, 3, -4, ... */
+    /* first half, l = 0: y[0] low nibble of ql[0] + qh bits 0-1,
+     * y[64] high nibble of ql[0] + qh bits 4-5 */
+    ql[0] = 0x5 | 0xC << 4;
+    qh[0] = 2 | 1 << 4;
+    /* first half, l = 20 (second 16-group): y[52] = ql[52] low + qh[20] bits 2-3 */
+    ql[52] = 0xF;
+    qh[20] = 3 << 2;
+    /* second half, l = 31: y[128+127] = ql[64+63] high + qh[32+31] bits 6-7 */
+    ql[127] = 0xA << 4;
+    qh[63] = 1 << 6;
+    float y[256];
+    assert_int_equal(mdl_dequant_row(MDL_T_Q6_K, b, y, 256), 0);
+    /* y[0]: q = 5 | 2<<4 = 37 -> 5; scale index 0 (1) */
+    assert_true(y[0] == 0.25f * 1 * 5);
+    /* y[64]: q = 0xC | 1<<4 = 28 -> -4; scale index l/16 + 4 = 4 (5) */
+    assert_true(y[64] == 0.25f * 5 * -4);
+    /* y[52]: l = 20 -> group 1 (scale index 1 + 2 = 3, value -4); q = 15 | 3<<4 = 63 -> 31 */
+    assert_true(y[52] == 0.25f * -4 * 31);
+    /* y[255]: second half, l = 31: scale index 8 + 1 + 6 = 15 (-16); q = 10 | 1<<4 = 26 -> -6 */
+    assert_true(y[255] == 0.25f * -16 * -6);
+    /* an untouched element: q = 0 - 32 = -32 */
+    assert_true(y[1] == 0.25f * 1 * -32);
+    assert_int_equal(mdl_dequant_row(MDL_T_Q4_1, b, y, 32), -1);
+}
+
+static const mdl_kernels_t *levels[3];
+static int n_levels;
+
+static int setup(void **state)
+{
+    (void)state;
+    n_levels = 0;
+    for (int l = MDL_KL_SCALAR; l <= mdl_kernels_cpu_level(); l++)
+        levels[n_levels++] = mdl_kernels_select(l);
+    return 0;
+}
+
+static void test_levels_distinct(void **state)
+{
+    (void)state;
+    assert_string_equal(levels[0]->name, "scalar");
+    for (int i = 1; i < n_levels; i++)
+        assert_int_equal(levels[i]->level, i);
+    print_message("kernel levels on this CPU: %d (best %s)\n", n_levels,
+                  levels[n_levels - 1]->name);
+}
+
+static void test_quantize_identical(void **state)
+{
+    (void)state;
+    enum { N = 32 * 64 };
+    float x[N];
+    for (int i = 0; i < N; i++)
+        x[i] = rndf() * (float)(1 + i % 7);
+    for (int j = 0; j < 32; j++)
+        x[j] = 0.0f; /* an all-zero block */
+    /* a block of exact ties: max 127 -> d = 1, so x*id = k + 0.5 */
+    for (int j = 0; j < 32; j++)
+        x[32 + j] = j == 0 ? 127.0f : (float)(j - 16) + 0.5f;
+    int8_t q0[N], q1[N];
+    float d0[N / 32], d1[N / 32];
+    int32_t s0[N / 32], s1[N / 32];
+    mdl_quantize_scalar(x, N, q0, d0, s0);
+    assert_int_equal(q0[32 + 1], -14); /* -14.5 -> -14 (even) */
+    assert_int_equal(q0[32 + 2], -14); /* -13.5 -> -14 */
+    assert_int_equal(d0[0], 0);
+    for (int l = 1; l < n_levels; l++) {
+        levels[l]->quantize(x, N, q1, d1, s1);
+        assert_memory_equal(q0, q1, sizeof(q0));
+        assert_memory_equal(d0, d1, sizeof(d0));
+        assert_memory_equal(s0, s1, sizeof(s0));
+    }
+    for (int b = 0; b < N / 32; b++) {
+        int32_t s = 0;
+        for (int j = 0; j < 32; j++)
+            s += q0[32 * b + j];
+        assert_int_equal(s, s0[b]);
+    }
+}
+
+/* A random row of type t with n elements and sane fp16 scales. */
+static uint8_t *random_row(uint32_t t, int n)
+{
+    uint32_t blk = mdl_ttype_block(t), bs = mdl_ttype_bytes(t);
+    size_t bytes = (size_t)n / blk * bs;
+    uint8_t *r = malloc(bytes);
+    for (size_t i = 0; i < bytes; i++)
+        r[i] = (uint8_t)rnd32();
+    for (int b = 0; b < (int)(n / blk); b++) {
+        uint8_t *p = r + (size_t)b * bs;
+        switch (t) {
+        case MDL_T_F32:
+            for (uint32_t i = 0; i < bs; i += 4) {
+                float f = rndf();
+                memcpy(p, &f, 4);
+            }
+            break;
+        case MDL_T_F16:
+            wr16(p, mdl_f32_to_fp16(rndf()));
+            break;
+        case MDL_T_Q8_0:
+        case MDL_T_Q4_0:
+        case MDL_T_Q5_0:
+            wr16(p, mdl_f32_to_fp16(0.001f + 0.02f * fabsf(rndf())));
+            break;
+        case MDL_T_Q4_K:
+            wr16(p, mdl_f32_to_fp16(0.001f + 0.01f * fabsf(rndf())));
+            wr16(p + 2, mdl_f32_to_fp16(0.001f + 0.01f * fabsf(rndf())));
+            break;
+        case MDL_T_Q6_K:
+            wr16(p + 208, mdl_f32_to_fp16(0.0005f + 0.002f * fabsf(rndf())));
+            break;
+        }
+    }
+    return r;
+}
+
+static void check_close(double got, double want, double scale, const char *what, uint32_t t,
+                        const char *lvl)
+{
+    double tol = 1e-5 * scale + 1e-6;
+    if (fabs(got - want) > tol) {
+        print_error("%s %s (%s): got %.9g want %.9g (tol %.3g)\n", what, mdl_ttype_name(t), lvl,
+                    got, want, tol);
+        fail();
+    }
+}
+
+static void test_dots(void **state)
+{
+    (void)state;
+    const uint32_t types[] = {MDL_T_F32,  MDL_T_F16,  MDL_T_Q8_0, MDL_T_Q4_0,
+                              MDL_T_Q5_0, MDL_T_Q4_K, MDL_T_Q6_K};
+    const int sizes[] = {256, 512, 768, 32 * 29};
+    for (size_t ti = 0; ti < SL_ARRAY_LEN(types); ti++) {
+        for (size_t si = 0; si < SL_ARRAY_LEN(sizes); si++) {
+            uint32_t t = types[ti];
+            int n = sizes[si];
+            if (n % (int)mdl_ttype_block(t))
+                continue;
+            for (int rep = 0; rep < 4; rep++) {
+                uint8_t *row = random_row(t, n);
+                float *x = malloc(sizeof(float) * n), *w = malloc(sizeof(float) * n);
+                int8_t *q = malloc(n);
+                float *d = malloc(sizeof(float) * n / 32);
+                int32_t *qs = malloc(sizeof(int32_t) * n / 32);
+                for (int i = 0; i < n; i++)
+                    x[i] = rndf() * (rep == 3 ? 100.0f : 1.0f);
+                mdl_quantize_scalar(x, n, q, d, qs);
+                mdl_act_t a = {n, x, q, d, qs};
+                assert_int_equal(mdl_dequant_row(t, row, w, n), 0);
+                /* float64 references: exact weights times float and
+                 * quantized activations; scale = sum |w x| */
+                double ref_f = 0, ref_q = 0, scale = 0;
+                for (int i = 0; i < n; i++) {
+                    double xq = (double)d[i / 32] * q[i];
+                    ref_f += (double)w[i] * x[i];
+                    ref_q += (double)w[i] * xq;
+                    scale += fabs((double)w[i] * x[i]);
+                }
+                int float_act = t == MDL_T_F32 || t == MDL_T_F16;
+                for (int l = 0; l < n_levels; l++) {
+                    const mdl_kernels_t *k = levels[l];
+                    assert_non_null(k->dot[t]);
+                    assert_non_null(k->dot_f[t]);
+                    check_close(k->dot[t](row, &a), float_act ? ref_f : ref_q, scale, "fast", t,
+                                k->name);
+                    check_close(k->dot_f[t](row, &a), ref_f, scale, "precise", t, k->name);
+                }
+                free(row);
+                free(x);
+                free(w);
+                free(q);
+                free(d);
+                free(qs);
+            }
+        }
+    }
+}
+
+static void test_vector_helpers(void **state)
+{
+    (void)state;
+    enum { N = 77 };
+    float a[N], b[N], y0[N], y1[N];
+    for (int i = 0; i < N; i++) {
+        a[i] = rndf();
+        b[i] = rndf();
+        y0[i] = y1[i] = rndf();
+    }
+    double ref = 0;
+    for (int i = 0; i < N; i++)
+        ref += (double)a[i] * b[i];
+    for (int l = 0; l < n_levels; l++) {
+        assert_true(fabs(levels[l]->vdot(a, b, N) - ref) < 1e-5);
+        memcpy(y1, y0, sizeof(y0));
+        levels[l]->vaxpy(y1, 0.5f, a, N);
+        for (int i = 0; i < N; i++)
+            assert_true(fabsf(y1[i] - (y0[i] + 0.5f * a[i])) < 1e-6f);
+    }
+}
+
+static void test_env_forces_scalar(void **state)
+{
+    (void)state;
+    setenv("SLUICE_MDL_KERNELS", "scalar", 1);
+    assert_ptr_equal(mdl_kernels_select(MDL_KL_AVX512), &mdl_kernels_scalar);
+    unsetenv("SLUICE_MDL_KERNELS");
+    assert_int_equal(mdl_kernels_select(MDL_KL_AVX512)->level, mdl_kernels_cpu_level());
+    assert_int_equal(mdl_klevel_parse("AVX2"), MDL_KL_AVX2);
+    assert_int_equal(mdl_klevel_parse("sse"), -1);
+    assert_true(mdl_ttype_supported(MDL_T_Q6_K));
+    assert_false(mdl_ttype_supported(MDL_T_Q4_1));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fp16),
+        cmocka_unit_test(test_block_q8_0),
+        cmocka_unit_test(test_block_q4_0),
+        cmocka_unit_test(test_block_q5_0),
+        cmocka_unit_test(test_block_q4_k),
+        cmocka_unit_test(test_block_q6_k),
+        cmocka_unit_test(test_levels_distinct),
+        cmocka_unit_test(test_quantize_identical),
+        cmocka_unit_test(test_dots),
+        cmocka_unit_test(test_vector_helpers),
+        cmocka_unit_test(test_env_forces_scalar),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}
