@@ -25,15 +25,24 @@
 
 /* ---- listeners ---------------------------------------------------------- */
 
+/* Longest host kept from an address or URL (a DNS name is at most 253). */
+#define CONF_HOST_MAX 256
+
 typedef struct conf_listen {
     char *address;  /* "127.0.0.1:8080", "[::1]:8080", "0.0.0.0:8443" */
-    char *tls_cert; /* tls: { cert, key } — both or neither */
-    char *tls_key;
-    int line; /* line of this item in the file, for later errors */
+    char *tls_cert; /* tls: { cert, key } — both or neither; relative paths */
+    char *tls_key;  /* are relative to sluice's working directory */
+    int line;       /* line of this item in the file, for later errors */
+    /* Derived from address by the loader (not keys of their own): */
+    char host[CONF_HOST_MAX]; /* "127.0.0.1", "::1" (brackets removed) */
+    int port;                 /* 1..65535 */
 } conf_listen_t;
 
 typedef struct conf_admin {
     char *address; /* default 127.0.0.1:9090; "off" disables */
+    /* Derived from address: host "" and port 0 when "off". */
+    char host[CONF_HOST_MAX];
+    int port;
 } conf_admin_t;
 
 /* ---- client-side limits ------------------------------------------------- */
@@ -62,6 +71,10 @@ typedef struct conf_server {
     char *url;      /* http://host:port or https://host:port, no path */
     int64_t weight; /* 1..1000, default 1 */
     int line;
+    /* Derived from url by the loader: */
+    bool https;
+    char host[CONF_HOST_MAX]; /* brackets removed from an IPv6 literal */
+    int port;                 /* explicit, or 80 / 443 */
 } conf_server_t;
 
 typedef struct conf_upstream {
@@ -69,15 +82,16 @@ typedef struct conf_upstream {
     int line;
     conf_server_t *servers;
     size_t nservers;
-    int balance;              /* conf_balance_t */
-    char *api_key_env;        /* env var holding the upstream API key; NULL = none */
-    char *tls_ca_file;        /* tls: { ca_file } for https:// servers */
-    int64_t keepalive;        /* idle keep-alive connections per server per worker, 64 */
+    int balance;                   /* conf_balance_t */
+    char *api_key_env;             /* env var holding the upstream API key; NULL = none */
+    char *tls_ca_file;             /* tls: { ca_file } for https:// servers; NULL = the
+                                      system's default store; relative to the cwd */
+    int64_t keepalive;             /* idle keep-alive connections per server per worker, 64 */
     int64_t connect_timeout_ms;    /* timeouts: { connect: 2s, */
     int64_t first_byte_timeout_ms; /*             first_byte: 15s, */
     int64_t total_timeout_ms;      /*             total: 60s } */
-    int64_t max_fails;        /* eject after this many consecutive failures, 3 */
-    int64_t eject_ms;         /* ... for this long, 10s */
+    int64_t max_fails;             /* eject after this many consecutive failures, 3 */
+    int64_t eject_ms;              /* ... for this long, 10s */
 } conf_upstream_t;
 
 /* ---- models (routing) --------------------------------------------------- */
@@ -103,6 +117,16 @@ typedef struct conf_log {
     char *access; /* "stdout", "off", or a file path */
     char *level;  /* debug | info | warn | error */
 } conf_log_t;
+
+/* ---- generic shapes for later sections ---------------------------------- */
+
+/* A string -> string map (YAML mapping of scalars), kept in file order, as
+ * `conf_kv_t *x; size_t nx;`. A list of strings is `char **x; size_t nx;`. */
+typedef struct conf_kv {
+    char *key;
+    char *value;
+    int line;
+} conf_kv_t;
 
 /* ---- the whole file ----------------------------------------------------- */
 

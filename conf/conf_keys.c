@@ -1,0 +1,643 @@
+/*
+ * conf_keys.c — THE table of configuration keys: one row per YAML key
+ * (name, type, offsetof target, default, bounds, reloadable, doc), plus the
+ * few checks that relate a value to its neighbours. conf.c walks these rows
+ * for parsing, defaults, bounds, errors, free, reload and the reference;
+ * nothing else in sluice lists keys.
+ *
+ * Recipe: adding a section (auth, ratelimit, filters, fallback, redis,
+ * fault, ...) is
+ *   1. conf.h: a `conf_foo_t` struct with the fields (int64_t for integers,
+ *      sizes (bytes) and durations (ms); bool; char * for strings; int for
+ *      enums; `char **x; size_t nx;` for a list of strings; `conf_kv_t *x;
+ *      size_t nx;` for a string map; `T *x; size_t nx;` for a list or a
+ *      named map of sections, with `int line;` and, for a map, `char *name;`
+ *      in T), and a `conf_foo_t foo;` field in conf_t;
+ *   2. here: a `foo_keys[]` array of rows, its `foo_table`, and one row in
+ *      root_keys[] pointing at it; optional checks beside them;
+ *   3. then the tests say what is left: tests/unit/test_conf checks the table
+ *      (offsets, bounds, defaults, reload flags), that conf/sluice.yaml
+ *      mentions every key, and that docs/conf-reference.md matches the
+ *      table — regenerate it with
+ *        SLUICE_CONF_REFERENCE_UPDATE=1 build/tests/test_conf
+ *      and document the keys in conf/sluice.yaml.
+ * Nothing in conf.c changes. Mark a row CONF_RELOAD only if the code that
+ * reads it picks up a new conf_t on SIGHUP.
+ */
+#include "conf/conf.h"
+#include "conf/conf_internal.h"
+
+#include <arpa/inet.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/log.h"
+
+#define MS(x)      ((int64_t)(x))
+#define SEC(x)     ((int64_t)(x)*1000)
+#define MINUTES(x) ((int64_t)(x)*60000)
+#define HOUR(x)    ((int64_t)(x)*3600000)
+#define DAY(x)     ((int64_t)(x)*86400000)
+#define KIB(x)     ((int64_t)(x) << 10)
+#define MIB(x)     ((int64_t)(x) << 20)
+#define GIB(x)     ((int64_t)(x) << 30)
+
+#define R                   CONF_RELOAD
+#define TABLE(keys_, type_) .keys = (keys_), .nkeys = SL_ARRAY_LEN(keys_), .size = sizeof(type_)
+
+/* ---- checks ------------------------------------------------------------------ */
+
+/* A DNS name or an IPv4 literal: letters, digits, '-', '.', '_'. */
+static bool conf_host_ok(const char *h, size_t n)
+{
+    if (n == 0 || n > 253)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = h[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '-' || c == '.' || c == '_'))
+            return false;
+    }
+    return true;
+}
+
+/* "HOST", "[V6]", then optional ":PORT" (required when dflt_port is 0),
+ * with nothing after. Fills host (brackets removed) and port. */
+static int conf_parse_hostport(const char *s, int dflt_port, char *host, int *port, char *msg,
+                               size_t msglen)
+{
+    const char *hs = s, *he, *rest;
+    if (*s == '[') {
+        he = strchr(s, ']');
+        if (!he) {
+            snprintf(msg, msglen, "unclosed '[' in \"%.80s\"", s);
+            return -1;
+        }
+        hs = s + 1;
+        rest = he + 1;
+        char v6[CONF_HOST_MAX];
+        struct in6_addr a;
+        size_t n = (size_t)(he - hs);
+        if (n == 0 || n >= sizeof(v6)) {
+            snprintf(msg, msglen, "bad IPv6 address in \"%.80s\"", s);
+            return -1;
+        }
+        memcpy(v6, hs, n);
+        v6[n] = '\0';
+        if (inet_pton(AF_INET6, v6, &a) != 1) {
+            snprintf(msg, msglen, "bad IPv6 address \"%.80s\"", v6);
+            return -1;
+        }
+    } else {
+        he = strchr(s, ':');
+        if (he && strchr(he + 1, ':')) {
+            snprintf(msg, msglen, "an IPv6 address needs brackets: \"[::1]:8080\"");
+            return -1;
+        }
+        if (!he)
+            he = s + strlen(s);
+        rest = he;
+        if (!conf_host_ok(hs, (size_t)(he - hs))) {
+            snprintf(msg, msglen, "bad host in \"%.80s\"", s);
+            return -1;
+        }
+    }
+    size_t hn = (size_t)(he - hs);
+    memcpy(host, hs, hn);
+    host[hn] = '\0';
+
+    if (*rest == '\0' && dflt_port) {
+        *port = dflt_port;
+        return 0;
+    }
+    if (*rest != ':') {
+        snprintf(msg, msglen, "expected HOST:PORT, got \"%.80s\"", s);
+        return -1;
+    }
+    const char *p = rest + 1;
+    long v = 0;
+    if (!*p || strlen(p) > 5)
+        v = -1;
+    for (const char *q = p; *q && v >= 0; q++)
+        v = (*q >= '0' && *q <= '9') ? v * 10 + (*q - '0') : -1;
+    if (v < 1 || v > 65535) {
+        snprintf(msg, msglen, "bad port \"%.20s\" (1..65535)", p);
+        return -1;
+    }
+    *port = (int)v;
+    return 0;
+}
+
+static int listen_address_check(void *obj, char *msg, size_t msglen)
+{
+    conf_listen_t *l = obj;
+    return conf_parse_hostport(l->address, 0, l->host, &l->port, msg, msglen);
+}
+
+static int listen_tls_check(conf_ctx_t *ctx, void *obj, int line)
+{
+    const conf_listen_t *l = obj;
+    if (!l->tls_cert != !l->tls_key)
+        return conf_errorf(ctx, line, NULL, "needs both cert and key (or neither)");
+    return 0;
+}
+
+static int admin_address_check(void *obj, char *msg, size_t msglen)
+{
+    conf_admin_t *a = obj;
+    if (strcmp(a->address, "off") == 0) {
+        a->host[0] = '\0';
+        a->port = 0;
+        return 0;
+    }
+    return conf_parse_hostport(a->address, 0, a->host, &a->port, msg, msglen);
+}
+
+static int server_url_check(void *obj, char *msg, size_t msglen)
+{
+    conf_server_t *s = obj;
+    const char *u = s->url;
+    if (strncmp(u, "http://", 7) == 0) {
+        s->https = false;
+        u += 7;
+    } else if (strncmp(u, "https://", 8) == 0) {
+        s->https = true;
+        u += 8;
+    } else {
+        snprintf(msg, msglen, "expected http://HOST[:PORT] or https://HOST[:PORT]");
+        return -1;
+    }
+    char auth[CONF_HOST_MAX + 16];
+    size_t n = strcspn(u, "/?#");
+    const char *tail = u + n;
+    /* A lone trailing "/" is an empty path; anything more would be dropped
+     * silently, since sluice sends the client's path (/v1/...) as is. */
+    if (strcmp(tail, "/") != 0 && *tail) {
+        snprintf(msg, msglen,
+                 "must not have a path, query or fragment (\"%.40s\"); sluice forwards the "
+                 "client's path, e.g. /v1/chat/completions",
+                 tail);
+        return -1;
+    }
+    if (memchr(u, '@', n)) {
+        snprintf(msg, msglen, "must not have user info (use api_key_env for credentials)");
+        return -1;
+    }
+    if (n == 0 || n >= sizeof(auth)) {
+        snprintf(msg, msglen, "bad host in \"%.80s\"", s->url);
+        return -1;
+    }
+    memcpy(auth, u, n);
+    auth[n] = '\0';
+    return conf_parse_hostport(auth, s->https ? 443 : 80, s->host, &s->port, msg, msglen);
+}
+
+static int api_key_env_check(void *obj, char *msg, size_t msglen)
+{
+    const char *v = ((const conf_upstream_t *)obj)->api_key_env;
+    for (const char *p = v; *p; p++) {
+        char c = *p;
+        bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_' ||
+                  (p != v && c >= '0' && c <= '9');
+        if (!ok) {
+            snprintf(msg, msglen, "expected an environment variable name ([A-Za-z_][A-Za-z0-9_]*)");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int upstream_timeouts_check(conf_ctx_t *ctx, void *obj, int line)
+{
+    const conf_upstream_t *u = obj;
+    char a[32], b[32];
+    conf_format_duration(u->total_timeout_ms, b, sizeof(b));
+    if (u->first_byte_timeout_ms > u->total_timeout_ms) {
+        conf_format_duration(u->first_byte_timeout_ms, a, sizeof(a));
+        return conf_errorf(ctx, line, "first_byte", "longer than total (%s > %s)", a, b);
+    }
+    if (u->connect_timeout_ms > u->total_timeout_ms) {
+        conf_format_duration(u->connect_timeout_ms, a, sizeof(a));
+        return conf_errorf(ctx, line, "connect", "longer than total (%s > %s)", a, b);
+    }
+    return 0;
+}
+
+static int log_level_check(void *obj, char *msg, size_t msglen)
+{
+    if (sl_log_level_parse(((const conf_log_t *)obj)->level) < 0) {
+        snprintf(msg, msglen, "expected one of debug, info, warn, error");
+        return -1;
+    }
+    return 0;
+}
+
+/* Rules across sections, once everything is parsed. */
+static int root_check(conf_ctx_t *ctx, void *obj, int line)
+{
+    const conf_t *c = obj;
+    for (size_t i = 0; i < c->nmodels; i++) {
+        const conf_model_t *m = &c->models[i];
+        if (!conf_upstream_find(c, m->upstream)) {
+            char sub[CONF_PATH_MAX];
+            snprintf(sub, sizeof(sub), "models.%s.upstream", m->name);
+            return conf_errorf(ctx, m->line, sub, "no upstream named \"%s\" under upstreams",
+                               m->upstream);
+        }
+    }
+    return 0;
+}
+
+/* ---- listen ---------------------------------------------------------------- */
+
+static const conf_key_t listen_tls_keys[] = {
+    {.name = "cert",
+     .type = CONF_STRING,
+     .off = offsetof(conf_listen_t, tls_cert),
+     .doc = "PEM certificate chain file; with key, makes this a TLS (1.2+) listener"},
+    {.name = "key",
+     .type = CONF_STRING,
+     .off = offsetof(conf_listen_t, tls_key),
+     .doc = "PEM private key file of cert"},
+};
+/* A YAML-only grouping: its fields live in conf_listen_t itself. */
+static const conf_table_t listen_tls_table = {TABLE(listen_tls_keys, conf_listen_t),
+                                              .check = listen_tls_check};
+
+static const conf_key_t listen_keys[] = {
+    {.name = "address",
+     .type = CONF_STRING,
+     .off = offsetof(conf_listen_t, address),
+     .check = listen_address_check,
+     .flags = CONF_REQUIRED,
+     .doc = "HOST:PORT or [IPV6]:PORT to accept clients on"},
+    {.name = "tls",
+     .type = CONF_STRUCT,
+     .off = 0,
+     .sub = &listen_tls_table,
+     .doc = "TLS termination: cert and key, both or neither"},
+};
+static const conf_table_t listen_table = {TABLE(listen_keys, conf_listen_t), .has_line = true,
+                                          .line_off = offsetof(conf_listen_t, line)};
+
+/* ---- admin ------------------------------------------------------------------- */
+
+static const conf_key_t admin_keys[] = {
+    {.name = "address",
+     .type = CONF_STRING,
+     .off = offsetof(conf_admin_t, address),
+     .def = "127.0.0.1:9090",
+     .check = admin_address_check,
+     .doc = "HOST:PORT of the admin listener (/metrics, /healthz, /readyz), or off"},
+};
+static const conf_table_t admin_table = {TABLE(admin_keys, conf_admin_t)};
+
+/* ---- limits ------------------------------------------------------------------ */
+
+static const conf_key_t limits_keys[] = {
+    {.name = "request_line_bytes",
+     .type = CONF_SIZE,
+     .off = offsetof(conf_limits_t, request_line_bytes),
+     .def = "8k",
+     .min = 256,
+     .max = MIB(1),
+     .flags = R,
+     .doc = "longest request line; longer gets 414"},
+    {.name = "header_bytes",
+     .type = CONF_SIZE,
+     .off = offsetof(conf_limits_t, header_bytes),
+     .def = "16k",
+     .min = KIB(1),
+     .max = MIB(1),
+     .flags = R,
+     .doc = "largest request header block; larger gets 431"},
+    {.name = "header_lines",
+     .type = CONF_INT,
+     .off = offsetof(conf_limits_t, header_lines),
+     .def = "100",
+     .min = 1,
+     .max = 10000,
+     .flags = R,
+     .doc = "most request header lines; more gets 431"},
+    {.name = "max_body_bytes",
+     .type = CONF_SIZE,
+     .off = offsetof(conf_limits_t, max_body_bytes),
+     .def = "1m",
+     .min = KIB(1),
+     .max = GIB(1),
+     .flags = R,
+     .doc = "largest request body; larger gets 413"},
+    {.name = "header_timeout",
+     .type = CONF_DURATION,
+     .off = offsetof(conf_limits_t, header_timeout_ms),
+     .def = "10s",
+     .min = MS(100),
+     .max = HOUR(1),
+     .flags = R,
+     .doc = "deadline for a request's line and headers; then 408"},
+    {.name = "body_timeout",
+     .type = CONF_DURATION,
+     .off = offsetof(conf_limits_t, body_timeout_ms),
+     .def = "30s",
+     .min = MS(100),
+     .max = HOUR(1),
+     .flags = R,
+     .doc = "deadline for a request's body; then 408"},
+    {.name = "keepalive_timeout",
+     .type = CONF_DURATION,
+     .off = offsetof(conf_limits_t, keepalive_timeout_ms),
+     .def = "60s",
+     .min = MS(100),
+     .max = HOUR(1),
+     .flags = R,
+     .doc = "idle time allowed between requests on a connection"},
+    {.name = "send_timeout",
+     .type = CONF_DURATION,
+     .off = offsetof(conf_limits_t, send_timeout_ms),
+     .def = "60s",
+     .min = MS(100),
+     .max = HOUR(1),
+     .flags = R,
+     .doc = "a client that reads nothing for this long is disconnected"},
+    {.name = "max_connections",
+     .type = CONF_INT,
+     .off = offsetof(conf_limits_t, max_connections),
+     .def = "10000",
+     .min = 1,
+     .max = 1000000,
+     .flags = R,
+     .doc = "client connections per worker; above it accepting pauses"},
+    {.name = "keepalive_requests",
+     .type = CONF_INT,
+     .off = offsetof(conf_limits_t, keepalive_requests),
+     .def = "1000",
+     .min = 1,
+     .max = 1000000,
+     .flags = R,
+     .doc = "requests served on one client connection, then close"},
+};
+static const conf_table_t limits_table = {TABLE(limits_keys, conf_limits_t)};
+
+/* ---- upstreams ---------------------------------------------------------------- */
+
+static const char *const balance_names[] = {"round_robin", "least_conn", NULL};
+
+static const conf_key_t server_keys[] = {
+    {.name = "url",
+     .type = CONF_STRING,
+     .off = offsetof(conf_server_t, url),
+     .check = server_url_check,
+     .flags = CONF_REQUIRED | R,
+     .doc = "http://HOST[:PORT] or https://HOST[:PORT] (port 80 / 443), no path"},
+    {.name = "weight",
+     .type = CONF_INT,
+     .off = offsetof(conf_server_t, weight),
+     .def = "1",
+     .min = 1,
+     .max = 1000,
+     .flags = R,
+     .doc = "share of requests for round_robin"},
+};
+static const conf_table_t server_table = {TABLE(server_keys, conf_server_t), .has_line = true,
+                                          .line_off = offsetof(conf_server_t, line)};
+
+static const conf_key_t upstream_tls_keys[] = {
+    {.name = "ca_file",
+     .type = CONF_STRING,
+     .off = offsetof(conf_upstream_t, tls_ca_file),
+     .flags = R,
+     .doc = "PEM CA bundle verifying https:// servers (default: the system's store)"},
+};
+static const conf_table_t upstream_tls_table = {TABLE(upstream_tls_keys, conf_upstream_t)};
+
+static const conf_key_t upstream_timeout_keys[] = {
+    {.name = "connect",
+     .type = CONF_DURATION,
+     .off = offsetof(conf_upstream_t, connect_timeout_ms),
+     .def = "2s",
+     .min = MS(10),
+     .max = MINUTES(10),
+     .flags = R,
+     .doc = "deadline to connect (and finish TLS) to a server"},
+    {.name = "first_byte",
+     .type = CONF_DURATION,
+     .off = offsetof(conf_upstream_t, first_byte_timeout_ms),
+     .def = "15s",
+     .min = MS(10),
+     .max = HOUR(1),
+     .flags = R,
+     .doc = "deadline from sending the request to the first byte"},
+    {.name = "total",
+     .type = CONF_DURATION,
+     .off = offsetof(conf_upstream_t, total_timeout_ms),
+     .def = "60s",
+     .min = MS(10),
+     .max = DAY(1),
+     .flags = R,
+     .doc = "deadline for the whole upstream exchange, streams included"},
+};
+static const conf_table_t upstream_timeout_table = {TABLE(upstream_timeout_keys, conf_upstream_t),
+                                                    .check = upstream_timeouts_check};
+
+static const conf_key_t upstream_keys[] = {
+    {.name = "servers",
+     .type = CONF_LIST,
+     .off = offsetof(conf_upstream_t, servers),
+     .count_off = offsetof(conf_upstream_t, nservers),
+     .min = 1,
+     .max = 256,
+     .sub = &server_table,
+     .flags = CONF_REQUIRED | R,
+     .doc = "the servers of this pool"},
+    {.name = "balance",
+     .type = CONF_ENUM,
+     .off = offsetof(conf_upstream_t, balance),
+     .def = "round_robin",
+     .enums = balance_names,
+     .flags = R,
+     .doc = "round_robin (weighted) or least_conn"},
+    {.name = "api_key_env",
+     .type = CONF_STRING,
+     .off = offsetof(conf_upstream_t, api_key_env),
+     .check = api_key_env_check,
+     .flags = R,
+     .doc = "environment variable whose value sluice sends as `Authorization: Bearer`"},
+    {.name = "tls",
+     .type = CONF_STRUCT,
+     .off = 0,
+     .sub = &upstream_tls_table,
+     .flags = R,
+     .doc = "TLS toward https:// servers"},
+    {.name = "keepalive",
+     .type = CONF_INT,
+     .off = offsetof(conf_upstream_t, keepalive),
+     .def = "64",
+     .min = 0,
+     .max = 10000,
+     .flags = R,
+     .doc = "idle keep-alive connections kept per server per worker; 0 = none"},
+    {.name = "timeouts",
+     .type = CONF_STRUCT,
+     .off = 0,
+     .sub = &upstream_timeout_table,
+     .flags = R,
+     .doc = "upstream deadlines"},
+    {.name = "max_fails",
+     .type = CONF_INT,
+     .off = offsetof(conf_upstream_t, max_fails),
+     .def = "3",
+     .min = 1,
+     .max = 1000,
+     .flags = R,
+     .doc = "consecutive failures (connect error, 5xx) that eject a server"},
+    {.name = "eject",
+     .type = CONF_DURATION,
+     .off = offsetof(conf_upstream_t, eject_ms),
+     .def = "10s",
+     .min = MS(100),
+     .max = HOUR(1),
+     .flags = R,
+     .doc = "how long an ejected server gets no requests"},
+};
+static const conf_table_t upstream_table = {TABLE(upstream_keys, conf_upstream_t), .has_line = true,
+                                            .line_off = offsetof(conf_upstream_t, line),
+                                            .has_name = true,
+                                            .name_off = offsetof(conf_upstream_t, name)};
+
+/* ---- models --------------------------------------------------------------------- */
+
+static const conf_key_t model_keys[] = {
+    {.name = "upstream",
+     .type = CONF_STRING,
+     .off = offsetof(conf_model_t, upstream),
+     .flags = CONF_REQUIRED | R,
+     .doc = "the upstream (a key under upstreams) serving it"},
+    {.name = "name",
+     .type = CONF_STRING,
+     .off = offsetof(conf_model_t, served),
+     .flags = R,
+     .doc = "the upstream's name for the model (alias target); default: the same name"},
+};
+static const conf_table_t model_table = {TABLE(model_keys, conf_model_t), .has_line = true,
+                                         .line_off = offsetof(conf_model_t, line), .has_name = true,
+                                         .name_off = offsetof(conf_model_t, name)};
+
+/* ---- sse / log ------------------------------------------------------------------- */
+
+static const conf_key_t sse_keys[] = {
+    {.name = "ping_interval",
+     .type = CONF_DURATION,
+     .off = offsetof(conf_sse_t, ping_interval_ms),
+     .def = "15s",
+     .min = 0,
+     .max = HOUR(1),
+     .flags = R,
+     .doc = "`: ping` comment this often until the first event; 0 = off"},
+    {.name = "max_event_bytes",
+     .type = CONF_SIZE,
+     .off = offsetof(conf_sse_t, max_event_bytes),
+     .def = "1m",
+     .min = KIB(1),
+     .max = MIB(64),
+     .flags = R,
+     .doc = "an upstream event larger than this fails the stream"},
+    {.name = "buffer_bytes",
+     .type = CONF_SIZE,
+     .off = offsetof(conf_sse_t, buffer_bytes),
+     .def = "256k",
+     .min = KIB(4),
+     .max = MIB(64),
+     .flags = R,
+     .doc = "per-stream bytes queued toward a slow client before upstream reads pause"},
+};
+static const conf_table_t sse_table = {TABLE(sse_keys, conf_sse_t)};
+
+static const conf_key_t log_keys[] = {
+    {.name = "access",
+     .type = CONF_STRING,
+     .off = offsetof(conf_log_t, access),
+     .def = "stdout",
+     .flags = R,
+     .doc = "access log (JSON lines): stdout, off, or a file path"},
+    {.name = "level",
+     .type = CONF_STRING,
+     .off = offsetof(conf_log_t, level),
+     .def = "info",
+     .check = log_level_check,
+     .flags = R,
+     .doc = "error log level: debug, info, warn, error"},
+};
+static const conf_table_t log_table = {TABLE(log_keys, conf_log_t)};
+
+/* ---- the root ----------------------------------------------------------------------- */
+
+static const conf_key_t root_keys[] = {
+    {.name = "listen",
+     .type = CONF_LIST,
+     .off = offsetof(conf_t, listen),
+     .count_off = offsetof(conf_t, nlisten),
+     .min = 1,
+     .max = 64,
+     .sub = &listen_table,
+     .flags = CONF_REQUIRED,
+     .doc = "client listeners (at least one)"},
+    {.name = "admin",
+     .type = CONF_STRUCT,
+     .off = offsetof(conf_t, admin),
+     .sub = &admin_table,
+     .doc = "the admin listener"},
+    {.name = "workers",
+     .type = CONF_INT,
+     .off = offsetof(conf_t, workers),
+     .def = "auto",
+     .min = 1,
+     .max = 256,
+     .flags = CONF_AUTO,
+     .doc = "worker threads, each with its own event loop; auto = one per core"},
+    {.name = "shutdown_timeout",
+     .type = CONF_DURATION,
+     .off = offsetof(conf_t, shutdown_timeout_ms),
+     .def = "30s",
+     .min = 0,
+     .max = HOUR(1),
+     .flags = R,
+     .doc = "on SIGTERM, how long open requests and streams may drain"},
+    {.name = "limits",
+     .type = CONF_STRUCT,
+     .off = offsetof(conf_t, limits),
+     .sub = &limits_table,
+     .flags = R,
+     .doc = "client-side limits"},
+    {.name = "upstreams",
+     .type = CONF_MAP,
+     .off = offsetof(conf_t, upstreams),
+     .count_off = offsetof(conf_t, nupstreams),
+     .min = 0,
+     .max = 256,
+     .sub = &upstream_table,
+     .flags = R,
+     .doc = "named pools of model servers"},
+    {.name = "models",
+     .type = CONF_MAP,
+     .off = offsetof(conf_t, models),
+     .count_off = offsetof(conf_t, nmodels),
+     .min = 0,
+     .max = 4096,
+     .sub = &model_table,
+     .flags = R,
+     .doc = "the model names clients may ask for, and where they go"},
+    {.name = "sse",
+     .type = CONF_STRUCT,
+     .off = offsetof(conf_t, sse),
+     .sub = &sse_table,
+     .flags = R,
+     .doc = "server-sent events relay"},
+    {.name = "log",
+     .type = CONF_STRUCT,
+     .off = offsetof(conf_t, log),
+     .sub = &log_table,
+     .flags = R,
+     .doc = "logging"},
+};
+
+const conf_table_t conf_root_table = {TABLE(root_keys, conf_t), .check = root_check};
