@@ -1,13 +1,90 @@
 /*
- * main.c — command line: `sluice -c FILE` runs, `sluice -t -c FILE` checks.
- * (placeholder while the gateway is assembled)
+ * main.c — the command line. Kept thin: everything it runs lives in the
+ * library (server.c and the modules' own entry points).
+ *
+ *   sluice -c FILE            run
+ *   sluice -t -c FILE         check FILE (and the TLS files, env vars and
+ *                             names it refers to) and exit 0 or 1
+ *   sluice --conf-reference   print the reference of every conf key
  */
+#include <getopt.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "gateway/gw_internal.h"
+
+#define SLUICE_VERSION "0.1.0"
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: sluice [-t] -c FILE\n"
+               "       sluice --conf-reference\n"
+               "       sluice --version\n"
+               "  -c FILE   configuration file (YAML)\n"
+               "  -t        check the configuration and exit (0 ok, 1 not)\n");
+}
+
+static int sluice_check(const char *path)
+{
+    char err[1024];
+    gw_metrics_init();
+    conf_t *c = conf_load(path, err, sizeof(err));
+    if (!c) {
+        fprintf(stderr, "sluice: %s\n", err);
+        fprintf(stderr, "sluice: configuration %s test failed\n", path);
+        return 1;
+    }
+    gw_rt_t *rt = gw_rt_new(c, err, sizeof(err));
+    if (!rt) {
+        fprintf(stderr, "sluice: %s\n", err);
+        fprintf(stderr, "sluice: configuration %s test failed\n", path);
+        return 1;
+    }
+    gw_rt_unref(rt);
+    fprintf(stderr, "sluice: configuration %s is ok\n", path);
+    return 0;
+}
 
 int main(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "sluice: not yet\n");
-    return 1;
+    static const struct option longopts[] = {
+        {"conf-reference", no_argument, NULL, 'R'},
+        {"version", no_argument, NULL, 'V'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *conf = NULL;
+    bool test = false;
+    int opt;
+    while ((opt = getopt_long(argc, argv, "c:thV", longopts, NULL)) != -1) {
+        switch (opt) {
+        case 'c':
+            conf = optarg;
+            break;
+        case 't':
+            test = true;
+            break;
+        case 'R':
+            conf_reference_print(stdout);
+            return 0;
+        case 'V':
+            printf("sluice %s\n", SLUICE_VERSION);
+            return 0;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!conf || optind != argc) {
+        usage(stderr);
+        return 2;
+    }
+    if (test)
+        return sluice_check(conf);
+    return gw_server_run(conf);
 }

@@ -1,0 +1,88 @@
+/*
+ * accesslog.c — one JSON line per request, to stdout or a file, written
+ * with a single write(2) so lines from workers never interleave. Never
+ * holds tokens, keys, query strings or bodies: only the path, the
+ * client-facing model name and figures.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "gateway/gw_internal.h"
+
+static _Atomic int gw_accesslog_fd = -1;
+
+int gw_accesslog_open(const char *target, char *err, size_t errlen)
+{
+    int fd;
+    if (!target || strcmp(target, "off") == 0) {
+        fd = -1;
+    } else if (strcmp(target, "stdout") == 0) {
+        fd = STDOUT_FILENO;
+    } else {
+        fd = open(target, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+        if (fd < 0) {
+            snprintf(err, errlen, "log.access %s: %s", target, strerror(errno));
+            return -1;
+        }
+    }
+    int old = atomic_exchange(&gw_accesslog_fd, fd);
+    if (old > STDERR_FILENO)
+        close(old);
+    return 0;
+}
+
+void gw_accesslog_write(const gw_req_t *r)
+{
+    int fd = atomic_load_explicit(&gw_accesslog_fd, memory_order_relaxed);
+    if (fd < 0)
+        return;
+    const gw_http_msg_t *m = r->c->parser ? gw_http_msg(r->c->parser) : NULL;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    char when[64];
+    snprintf(when, sizeof(when), "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900,
+             tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
+    double dur = (double)(sl_now_ns() - r->start_ns) / 1e9;
+    double ttfb = r->t_first_byte_ns ? (double)(r->t_first_byte_ns - r->t_sent_ns) / 1e9 : -1;
+    json_t *o = json_object();
+    json_object_set_new(o, "time", json_string(when));
+    json_object_set_new(o, "id", json_string(r->id));
+    json_object_set_new(o, "client", json_string(r->c->peer));
+    if (m && m->method) {
+        json_object_set_new(o, "method", json_string(m->method));
+        json_object_set_new(o, "path", json_stringn(m->target, m->path_len));
+    }
+    json_object_set_new(o, "status", json_integer(r->status));
+    json_object_set_new(o, "route", json_string(gw_route_name(r->route)));
+    if (r->model)
+        json_object_set_new(o, "model", json_string(r->model->name));
+    if (r->pool)
+        json_object_set_new(o, "upstream", json_string(r->pool->name));
+    if (r->server)
+        json_object_set_new(o, "server", json_string(r->server->url));
+    if (r->upstatus)
+        json_object_set_new(o, "upstream_status", json_integer(r->upstatus));
+    json_object_set_new(o, "stream", json_boolean(r->resp_sse));
+    json_object_set_new(o, "bytes_in", json_integer((json_int_t)r->bytes_in));
+    json_object_set_new(o, "bytes_out", json_integer((json_int_t)r->bytes_out));
+    json_object_set_new(o, "duration", json_real(dur));
+    if (ttfb >= 0)
+        json_object_set_new(o, "ttfb", json_real(ttfb));
+    if (r->error_kind)
+        json_object_set_new(o, "error", json_string(r->error_kind));
+    char buf[2048];
+    size_t n = json_dumpb(o, buf, sizeof(buf) - 1, JSON_COMPACT | JSON_REAL_PRECISION(6));
+    json_decref(o);
+    if (n == 0 || n >= sizeof(buf) - 1)
+        return;
+    buf[n++] = '\n';
+    ssize_t w = write(fd, buf, n);
+    (void)w;
+}

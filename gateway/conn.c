@@ -1,0 +1,387 @@
+/*
+ * conn.c — one client connection: read and frame requests with the strict
+ * HTTP/1.1 adapter, enforce the deadlines (header, body, keep-alive idle),
+ * hand each complete request to the router, and after the response either
+ * wait for the next request (keep-alive, pipelined bytes kept) or flush and
+ * close.
+ *
+ * One request at a time per connection. While a request is being served the
+ * connection still reads, so a client that goes away is noticed at once
+ * (and its upstream request cancelled); bytes it pipelines meanwhile wait in
+ * the input buffer, bounded by the read high-watermark.
+ */
+#include <arpa/inet.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <event2/bufferevent_ssl.h>
+
+#include "common/log.h"
+#include "gateway/gw_internal.h"
+
+#define GW_CONN_READ_HWM (64 * 1024)
+
+static void gw_conn_readcb(struct bufferevent *bev, void *arg);
+static void gw_conn_writecb(struct bufferevent *bev, void *arg);
+static void gw_conn_eventcb(struct bufferevent *bev, short what, void *arg);
+static void gw_conn_timer_cb(evutil_socket_t fd, short what, void *arg);
+
+static void gw_conn_arm(gw_conn_t *c, int64_t ms)
+{
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    evtimer_add(c->timer, &tv);
+}
+
+static gw_http_parser_t *gw_conn_parser_new(const conf_limits_t *l)
+{
+    gw_http_limits_t lim = {
+        .request_line_bytes = (size_t)l->request_line_bytes,
+        .header_bytes = (size_t)l->header_bytes,
+        .header_lines = (size_t)l->header_lines,
+        .max_body_bytes = (size_t)l->max_body_bytes,
+    };
+    return gw_http_parser_new(GW_HTTP_REQUEST, &lim);
+}
+
+void gw_conn_accept(gw_worker_t *w, int fd, const struct sockaddr *sa, int salen, gw_listen_rt_t *l)
+{
+    (void)salen;
+    gw_conn_t *c = calloc(1, sizeof(*c));
+    if (!c) {
+        close(fd);
+        return;
+    }
+    c->w = w;
+    c->admin = l->admin;
+    if (sa->sa_family == AF_INET)
+        inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, c->peer, sizeof(c->peer));
+    else if (sa->sa_family == AF_INET6)
+        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, c->peer,
+                  sizeof(c->peer));
+    SSL_CTX *ctx = l->admin ? NULL : w->rt->listen_ssl[l->index];
+    int opts = BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS;
+    if (ctx) {
+        SSL *ssl = SSL_new(ctx);
+        if (ssl)
+            c->bev =
+                bufferevent_openssl_socket_new(w->base, fd, ssl, BUFFEREVENT_SSL_ACCEPTING, opts);
+        if (c->bev)
+            bufferevent_openssl_set_allow_dirty_shutdown(c->bev, 1);
+        else if (ssl)
+            SSL_free(ssl);
+        c->tls = true;
+    } else {
+        c->bev = bufferevent_socket_new(w->base, fd, opts);
+    }
+    c->parser = gw_conn_parser_new(&w->rt->conf->limits);
+    c->timer = evtimer_new(w->base, gw_conn_timer_cb, c);
+    if (!c->bev || !c->parser || !c->timer) {
+        if (c->bev)
+            bufferevent_free(c->bev);
+        else
+            close(fd);
+        gw_http_parser_free(c->parser);
+        if (c->timer)
+            event_free(c->timer);
+        free(c);
+        return;
+    }
+    bufferevent_setcb(c->bev, gw_conn_readcb, gw_conn_writecb, gw_conn_eventcb, c);
+    bufferevent_setwatermark(c->bev, EV_READ, 0, GW_CONN_READ_HWM);
+    int64_t st = w->rt->conf->limits.send_timeout_ms;
+    struct timeval wtv = {st / 1000, (st % 1000) * 1000};
+    bufferevent_set_timeouts(c->bev, NULL, &wtv);
+    bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+    TAILQ_INSERT_TAIL(&w->conns, c, link);
+    w->nconns++;
+    sl_gauge_add(gw_m.conns_active, 1);
+    c->phase = GW_PHASE_IDLE;
+    /* The first request must arrive within the header deadline. */
+    gw_conn_arm(c, w->rt->conf->limits.header_timeout_ms);
+}
+
+static void gw_req_count(const gw_req_t *r);
+
+static void gw_conn_free_cb(void *arg)
+{
+    gw_conn_t *c = arg;
+    free(c);
+}
+
+static void gw_req_free(gw_req_t *r)
+{
+    if (!r)
+        return;
+    if (r->body)
+        evbuffer_free(r->body);
+    if (r->json)
+        json_decref(r->json);
+    gw_rt_unref(r->rt);
+    free(r);
+}
+
+void gw_conn_close(gw_conn_t *c)
+{
+    if (c->closed)
+        return;
+    c->closed = true;
+    if (c->req) {
+        gw_req_t *r = c->req;
+        gw_proxy_abort(r);
+        if (c->phase == GW_PHASE_BUSY) { /* a dispatched request the client left */
+            r->status = 499;             /* as nginx logs a client that left early */
+            if (!r->error_kind)
+                r->error_kind = "client_closed";
+            gw_req_count(r);
+            gw_accesslog_write(r);
+        }
+        gw_req_free(r);
+        c->req = NULL;
+    }
+    gw_worker_t *w = c->w;
+    TAILQ_REMOVE(&w->conns, c, link);
+    w->nconns--;
+    sl_gauge_add(gw_m.conns_active, -1);
+    event_free(c->timer);
+    c->timer = NULL;
+    bufferevent_free(c->bev); /* libevent defers it if a callback is running */
+    c->bev = NULL;
+    gw_http_parser_free(c->parser);
+    c->parser = NULL;
+    gw_worker_defer_free(w, gw_conn_free_cb, c);
+    gw_worker_conn_closed(w);
+}
+
+/* Closes once everything written has left. */
+static void gw_conn_close_after_flush(gw_conn_t *c)
+{
+    c->phase = GW_PHASE_CLOSING;
+    evtimer_del(c->timer);
+    bufferevent_disable(c->bev, EV_READ);
+    if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0) {
+        gw_conn_close(c);
+        return;
+    }
+    bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
+    /* Don't let a client that stops reading hold us: the send timeout
+     * (bufferevent write timeout) still applies. */
+}
+
+void gw_conn_drain(gw_conn_t *c)
+{
+    if (c->phase == GW_PHASE_IDLE)
+        gw_conn_close(c);
+    else
+        c->close_after = true;
+}
+
+static gw_req_t *gw_req_new(gw_conn_t *c)
+{
+    gw_req_t *r = calloc(1, sizeof(*r));
+    if (!r)
+        return NULL;
+    r->c = c;
+    r->rt = gw_rt_ref(c->w->rt);
+    r->start_ns = sl_now_ns();
+    r->route = GW_ROUTE_OTHER;
+    r->body = evbuffer_new();
+    if (!r->body) {
+        gw_req_free(r);
+        return NULL;
+    }
+    return r;
+}
+
+/* The request id: the client's X-Request-Id when it is short and plain,
+ * else 16 random hex digits. */
+static void gw_req_set_id(gw_req_t *r)
+{
+    const gw_http_header_t *h = gw_http_header_find(gw_http_msg(r->c->parser), "X-Request-Id");
+    if (h && h->value_len >= 8 && h->value_len < sizeof(r->id) &&
+        strspn(h->value, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.") ==
+            h->value_len) {
+        memcpy(r->id, h->value, h->value_len + 1);
+        return;
+    }
+    snprintf(r->id, sizeof(r->id), "%016llx", (unsigned long long)gw_worker_rand(r->c->w));
+}
+
+static int gw_conn_body_cb(void *arg, const char *p, size_t n)
+{
+    gw_conn_t *c = arg;
+    return evbuffer_add(c->req->body, p, n);
+}
+
+static const char *gw_parse_code(int status)
+{
+    switch (status) {
+    case 413:
+        return "request_too_large";
+    case 414:
+        return "uri_too_long";
+    case 417:
+        return "expectation_failed";
+    case 431:
+        return "headers_too_large";
+    case 501:
+        return "not_implemented";
+    case 505:
+        return "http_version_not_supported";
+    default:
+        return "bad_request";
+    }
+}
+
+static void gw_conn_parse(gw_conn_t *c)
+{
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    const conf_limits_t *lim = &c->w->rt->conf->limits;
+    while (!c->closed &&
+           (c->phase == GW_PHASE_IDLE || c->phase == GW_PHASE_HEAD || c->phase == GW_PHASE_BODY)) {
+        struct evbuffer_iovec v;
+        if (evbuffer_peek(in, -1, NULL, &v, 1) < 1 || v.iov_len == 0)
+            return;
+        if (c->phase == GW_PHASE_IDLE) {
+            c->req = gw_req_new(c);
+            if (!c->req) {
+                gw_conn_close(c);
+                return;
+            }
+            c->phase = GW_PHASE_HEAD;
+            if (c->nrequests > 0) /* the first request's deadline runs from accept */
+                gw_conn_arm(c, lim->header_timeout_ms);
+        }
+        size_t used = 0;
+        gw_http_state_t st =
+            gw_http_feed(c->parser, v.iov_base, v.iov_len, &used, gw_conn_body_cb, c);
+        evbuffer_drain(in, used);
+        c->req->bytes_in += used;
+        sl_counter_add(gw_m.bytes_client_in, used);
+        switch (st) {
+        case GW_HTTP_NEED_MORE:
+            break;
+        case GW_HTTP_HEAD: {
+            const gw_http_msg_t *m = gw_http_msg(c->parser);
+            c->phase = GW_PHASE_BODY;
+            gw_conn_arm(c, lim->body_timeout_ms);
+            if (m->expect_continue && (m->chunked || m->content_length > 0))
+                bufferevent_write(c->bev, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+            break;
+        }
+        case GW_HTTP_DONE: {
+            const gw_http_msg_t *m = gw_http_msg(c->parser);
+            evtimer_del(c->timer);
+            c->phase = GW_PHASE_BUSY;
+            c->nrequests++;
+            if (!m->keep_alive || (int64_t)c->nrequests >= lim->keepalive_requests)
+                c->close_after = true;
+            gw_req_set_id(c->req);
+            gw_route_dispatch(c->req);
+            return;
+        }
+        case GW_HTTP_ERROR: {
+            int status = gw_http_error_status(c->parser);
+            const char *reason = gw_http_error_reason(c->parser);
+            sl_counter_add(sl_metric_series1(gw_m.parse_errors, reason), 1);
+            char msg[160];
+            snprintf(msg, sizeof(msg), "malformed request: %s", reason);
+            c->phase = GW_PHASE_BUSY;
+            c->close_after = true;
+            c->req->error_kind = "bad_request";
+            snprintf(c->req->id, sizeof(c->req->id), "%016llx",
+                     (unsigned long long)gw_worker_rand(c->w));
+            gw_respond_error(c->req, status,
+                             status >= 500 ? "server_error" : "invalid_request_error",
+                             gw_parse_code(status), msg);
+            return;
+        }
+        }
+    }
+}
+
+static void gw_conn_readcb(struct bufferevent *bev, void *arg)
+{
+    (void)bev;
+    gw_conn_t *c = arg;
+    gw_conn_parse(c);
+}
+
+static void gw_conn_writecb(struct bufferevent *bev, void *arg)
+{
+    gw_conn_t *c = arg;
+    if (c->closed)
+        return;
+    if (c->phase == GW_PHASE_CLOSING) {
+        if (evbuffer_get_length(bufferevent_get_output(bev)) == 0)
+            gw_conn_close(c);
+        return;
+    }
+    if (c->phase == GW_PHASE_BUSY && c->req)
+        gw_proxy_client_drained(c->req);
+}
+
+static void gw_conn_eventcb(struct bufferevent *bev, short what, void *arg)
+{
+    (void)bev;
+    gw_conn_t *c = arg;
+    if (c->closed)
+        return;
+    if (what & BEV_EVENT_CONNECTED)
+        return;
+    if (c->req && !c->req->error_kind)
+        c->req->error_kind = (what & BEV_EVENT_TIMEOUT) ? "client_send_timeout" : "client_closed";
+    gw_conn_close(c);
+}
+
+static void gw_conn_timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    gw_conn_t *c = arg;
+    if (c->closed)
+        return;
+    if (c->phase == GW_PHASE_IDLE || (c->phase == GW_PHASE_HEAD && !gw_http_started(c->parser))) {
+        gw_conn_close(c); /* idle keep-alive, or never sent a byte */
+        return;
+    }
+    if (c->phase == GW_PHASE_HEAD || c->phase == GW_PHASE_BODY) {
+        c->phase = GW_PHASE_BUSY;
+        c->close_after = true;
+        c->req->error_kind = "request_timeout";
+        snprintf(c->req->id, sizeof(c->req->id), "%016llx",
+                 (unsigned long long)gw_worker_rand(c->w));
+        gw_respond_error(c->req, 408, "invalid_request_error", "request_timeout",
+                         c->phase == GW_PHASE_HEAD ? "request headers not received in time"
+                                                   : "request not received in time");
+        return;
+    }
+}
+
+static void gw_req_count(const gw_req_t *r)
+{
+    int cls = r->status >= 100 && r->status < 600 ? r->status / 100 : 0;
+    sl_counter_add(gw_m.requests[r->route][cls], 1);
+    sl_histogram_observe(gw_m.duration[r->route], (double)(sl_now_ns() - r->start_ns) / 1e9);
+}
+
+void gw_conn_req_done(gw_conn_t *c)
+{
+    gw_req_t *r = c->req;
+    gw_req_count(r);
+    gw_accesslog_write(r);
+    gw_req_free(r);
+    c->req = NULL;
+    if (c->close_after || c->w->draining) {
+        gw_conn_close_after_flush(c);
+        return;
+    }
+    c->phase = GW_PHASE_IDLE;
+    gw_http_parser_reset(c->parser);
+    bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
+    gw_conn_arm(c, c->w->rt->conf->limits.keepalive_timeout_ms);
+    /* Pipelined bytes already here: parse them on the next loop turn (not
+     * now: we may be deep in an upstream callback). */
+    if (evbuffer_get_length(bufferevent_get_input(c->bev)) > 0)
+        bufferevent_trigger(c->bev, EV_READ, BEV_OPT_DEFER_CALLBACKS);
+}

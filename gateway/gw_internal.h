@@ -1,0 +1,366 @@
+/*
+ * gw_internal.h — the gateway's own structures, shared by the gateway sources only.
+ * Nothing outside gateway/ includes this file.
+ *
+ * The shape of a running sluice:
+ *
+ *   gw_server_t (process)  ── holds the current gw_rt_t (runtime built from one
+ *        │                    conf_t: upstream pools, models, TLS contexts)
+ *        ├─ main thread: signals, admin listener, reload, drain
+ *        └─ gw_worker_t × N: one event_base each; accept on the shared
+ *             listening sockets; owns its client connections (gw_conn_t),
+ *             its idle upstream connections (gw_upconn_t) per server, and
+ *             the requests (gw_req_t) in flight on them.
+ *
+ * A request holds a reference to the runtime it started with, so a reload
+ * never changes a request half-way. Objects are freed at a safe point
+ * (gw_worker_defer_free), never inside their own callbacks.
+ */
+#ifndef GW_INTERNAL_H
+#define GW_INTERNAL_H
+
+#include <netinet/in.h>
+#include <openssl/ssl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/queue.h>
+#include <sys/socket.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/listener.h>
+#include <jansson.h>
+
+#include "common/metrics.h"
+#include "common/sl.h"
+#include "conf/conf.h"
+#include "gateway/http1.h"
+#include "gateway/sse.h"
+
+typedef struct gw_server gw_server_t;
+typedef struct gw_worker gw_worker_t;
+typedef struct gw_rt gw_rt_t;
+typedef struct gw_conn gw_conn_t;
+typedef struct gw_req gw_req_t;
+typedef struct gw_upconn gw_upconn_t;
+typedef struct gw_pool_rt gw_pool_rt_t;
+typedef struct gw_srv_rt gw_srv_rt_t;
+
+/* ---- runtime (immutable once built, refcounted) ------------------------- */
+
+/* One upstream server. The mutable part (failures, ejection, active count)
+ * is shared by all workers through atomics. */
+struct gw_srv_rt {
+    gw_pool_rt_t *pool;
+    size_t index; /* 0..rt->nservers-1, indexes per-worker arrays */
+    char *url;
+    char *host;        /* for SNI, certificate checks */
+    char *host_header; /* "host" or "host:port" */
+    int port;
+    bool https;
+    struct sockaddr_storage addr;
+    socklen_t addrlen;
+    int weight;
+    _Atomic int fails;             /* consecutive failures */
+    _Atomic int64_t ejected_until; /* monotonic ms; 0 = in service */
+    _Atomic int active;            /* requests in flight, all workers */
+    sl_mseries_t *m_conn_new, *m_conn_reused;
+};
+
+struct gw_pool_rt {
+    const conf_upstream_t *conf;
+    const char *name;
+    gw_srv_rt_t **servers;
+    size_t nservers;
+    char *auth_header; /* "Authorization: Bearer ...\r\n" or NULL */
+    size_t auth_header_len;
+    SSL_CTX *ssl_ctx; /* for https:// servers */
+    sl_mseries_t *m_ttfb;
+};
+
+typedef struct gw_model_rt {
+    const char *name;   /* client-facing */
+    const char *served; /* upstream's name */
+    bool alias;         /* served differs from name: the body is rewritten */
+    gw_pool_rt_t *pool;
+} gw_model_rt_t;
+
+typedef struct gw_listen_rt gw_listen_rt_t;
+struct gw_listen_rt {
+    size_t index;  /* conf->listen[index]; TLS context in rt->listen_ssl[index] */
+    char *address; /* a copy: listeners outlive the conf they came from */
+    int fd;        /* shared by every worker */
+    bool admin;    /* the admin listener */
+};
+
+struct gw_rt {
+    _Atomic int refs;
+    uint64_t generation;
+    conf_t *conf;
+    gw_pool_rt_t *pools;
+    size_t npools;
+    gw_srv_rt_t *servers; /* all servers of all pools */
+    size_t nservers;
+    gw_model_rt_t *models;
+    size_t nmodels;
+    char *models_json; /* the GET /v1/models body */
+    size_t models_json_len;
+    SSL_CTX **listen_ssl; /* per conf listen item (NULL when plain) */
+};
+
+/* Builds the runtime for c (takes ownership of c): resolves server names,
+ * reads API keys from the environment, loads TLS material. NULL with err
+ * filled on failure (c is freed then). */
+gw_rt_t *gw_rt_new(conf_t *c, char *err, size_t errlen) SL_WUR;
+gw_rt_t *gw_rt_ref(gw_rt_t *rt);
+void gw_rt_unref(gw_rt_t *rt);
+const gw_model_rt_t *gw_rt_model(const gw_rt_t *rt, const char *name, size_t len);
+
+/* ---- per-worker upstream state ------------------------------------------ */
+
+TAILQ_HEAD(gw_upconn_list, gw_upconn);
+TAILQ_HEAD(gw_conn_list, gw_conn);
+
+typedef struct gw_wsrv {
+    struct gw_upconn_list idle; /* keep-alive connections ready for reuse */
+    size_t nidle;
+    int rr_current; /* smooth weighted round-robin state */
+} gw_wsrv_t;
+
+/* ---- the worker -------------------------------------------------------- */
+
+typedef struct gw_lslot {
+    gw_worker_t *w;
+    struct gw_listen_rt *l;
+} gw_lslot_t;
+
+struct gw_worker {
+    gw_server_t *srv;
+    int id;
+    bool is_main; /* the main thread's pseudo-worker (admin listener) */
+    pthread_t thread;
+    struct event_base *base;
+    gw_rt_t *rt;     /* current runtime (reference held) */
+    gw_wsrv_t *wsrv; /* [rt->nservers] */
+    size_t nwsrv;
+    struct evconnlistener **listeners;
+    gw_lslot_t *lslots;
+    size_t nlisteners;
+    struct event *notify_ev; /* another thread asks: reload / drain / stop */
+    struct event *accept_ev; /* re-enable accepting after EMFILE */
+    struct event *reap_ev;   /* deferred frees */
+    struct gw_conn_list conns;
+    size_t nconns;
+    bool accept_paused;
+    bool draining;
+    uint64_t rng;
+    /* deferred frees */
+    void **reap;
+    size_t nreap, capreap;
+    void (**reap_fn)(void *);
+};
+
+void gw_worker_defer_free(gw_worker_t *w, void (*fn)(void *), void *obj);
+uint64_t gw_worker_rand(gw_worker_t *w);
+/* A connection closed: accepting may resume. */
+void gw_worker_conn_closed(gw_worker_t *w);
+
+/* ---- client connection and request -------------------------------------- */
+
+typedef enum gw_conn_phase {
+    GW_PHASE_IDLE = 0, /* keep-alive wait for the next request */
+    GW_PHASE_HEAD,     /* reading a request head */
+    GW_PHASE_BODY,     /* reading a request body */
+    GW_PHASE_BUSY,     /* a request is being served */
+    GW_PHASE_CLOSING,  /* flushing the last response, then close */
+} gw_conn_phase_t;
+
+struct gw_conn {
+    gw_worker_t *w;
+    struct bufferevent *bev;
+    bool tls;
+    bool admin;
+    bool closed; /* freed at the next safe point */
+    char peer[64];
+    gw_conn_phase_t phase;
+    gw_http_parser_t *parser;
+    gw_req_t *req;
+    struct event *timer;
+    unsigned nrequests;
+    bool close_after; /* Connection: close after this response */
+    TAILQ_ENTRY(gw_conn) link;
+};
+
+typedef enum gw_route {
+    GW_ROUTE_CHAT = 0,
+    GW_ROUTE_COMPLETIONS,
+    GW_ROUTE_EMBEDDINGS,
+    GW_ROUTE_MODELS,
+    GW_ROUTE_HEALTH,
+    GW_ROUTE_ADMIN,
+    GW_ROUTE_OTHER,
+    GW_ROUTE_COUNT
+} gw_route_t;
+
+struct gw_req {
+    gw_conn_t *c;
+    gw_rt_t *rt;
+    char id[40];
+    int64_t start_ns;
+    gw_route_t route;
+    struct evbuffer *body; /* the client's body; reused for retries */
+    json_t *json;          /* parsed body (proxied routes) */
+    const gw_model_rt_t *model;
+    bool stream; /* client asked "stream": true */
+
+    /* upstream side */
+    gw_pool_rt_t *pool;
+    gw_srv_rt_t *server;
+    gw_upconn_t *up;
+    int attempts;
+    struct event *up_timer;
+    int64_t t_sent_ns, t_first_byte_ns;
+    int64_t deadline_total_ms, deadline_fb_ms;
+    int upstatus;
+    bool resp_sse;      /* upstream answered text/event-stream */
+    bool head_sent;     /* our response head is out */
+    bool chunked_out;   /* our response body uses chunked */
+    bool upstream_done; /* upstream response complete */
+    gw_sse_t *sse;
+    bool pinged;
+    bool got_event;
+    struct event *ping_ev;
+    bool paused_upstream; /* backpressure: upstream reads off */
+
+    /* result */
+    int status;
+    uint64_t bytes_in, bytes_out;
+    const char *error_kind; /* for logs/metrics, static string */
+};
+
+/* conn.c */
+void gw_conn_accept(gw_worker_t *w, int fd, const struct sockaddr *sa, int salen,
+                    gw_listen_rt_t *l);
+void gw_conn_close(gw_conn_t *c);
+/* The current request is finished: log, count, then keep-alive or close. */
+void gw_conn_req_done(gw_conn_t *c);
+/* Drain: close if idle, else close after the current response. */
+void gw_conn_drain(gw_conn_t *c);
+
+/* respond.c: local answers */
+void gw_respond_json(gw_req_t *r, int status, const char *body, size_t len,
+                     const char *extra_headers);
+void gw_respond_error(gw_req_t *r, int status, const char *type, const char *code,
+                      const char *message);
+/* An error before a request object exists (parse errors): answer and close. */
+void gw_conn_respond_error(gw_conn_t *c, int status, const char *code, const char *message);
+/* Serialises {"error":{...}} into a malloc'd string. */
+char *gw_error_json(const char *type, const char *code, const char *message, size_t *len);
+
+/* "Date: ...\r\n" for this second (thread-local cache). */
+const char *gw_date_header(size_t *len);
+
+/* route.c */
+void gw_route_dispatch(gw_req_t *r);
+gw_route_t gw_route_of(const char *path, size_t len);
+const char *gw_route_name(gw_route_t r);
+
+/* proxy.c */
+void gw_proxy_start(gw_req_t *r);
+/* Client went away or conn is closing: stop everything upstream. */
+void gw_proxy_abort(gw_req_t *r);
+/* Client output drained below the low watermark. */
+void gw_proxy_client_drained(gw_req_t *r);
+
+/* upstream.c */
+struct gw_upconn {
+    gw_worker_t *w;
+    gw_srv_rt_t *srv;
+    uint64_t generation; /* runtime generation it belongs to */
+    struct bufferevent *bev;
+    gw_http_parser_t *parser;
+    gw_req_t *req; /* NULL while idle */
+    bool connected;
+    bool reused;
+    bool closed;
+    unsigned nreq;
+    int64_t idle_since_ms;
+    struct event *idle_timer;
+    TAILQ_ENTRY(gw_upconn) link;
+};
+
+/* Picks a server of pool (balancer + ejection); NULL when none is in
+ * service. */
+gw_srv_rt_t *gw_upstream_pick(gw_worker_t *w, gw_pool_rt_t *pool, int64_t now_ms);
+/* An idle connection to srv (when allow_reuse), or a new one (connecting).
+ * NULL on error. */
+gw_upconn_t *gw_upstream_get(gw_worker_t *w, gw_srv_rt_t *srv, bool allow_reuse);
+/* Done with u: back to the idle pool when reusable, else closed. */
+void gw_upstream_release(gw_upconn_t *u, bool reusable);
+void gw_upstream_close(gw_upconn_t *u);
+void gw_upstream_report(gw_srv_rt_t *srv, bool ok, int64_t now_ms);
+/* Worker's runtime changed: close idle connections of the old one. */
+void gw_upstream_worker_reset(gw_worker_t *w);
+void gw_upstream_worker_free(gw_worker_t *w);
+
+/* balance.c — pure: smooth weighted round-robin and least-connections. */
+typedef struct gw_balance_item {
+    int weight;
+    int active;    /* least_conn */
+    bool eligible; /* not ejected */
+    int *current;  /* rr state, per worker */
+} gw_balance_item_t;
+/* Index of the chosen item, or -1 when none is eligible. */
+int gw_balance_pick(gw_balance_item_t *items, size_t n, int balance, uint64_t tiebreak);
+
+/* tls.c */
+SSL_CTX *gw_tls_server_ctx(const char *cert, const char *key, char *err, size_t errlen);
+SSL_CTX *gw_tls_client_ctx(const char *ca_file, char *err, size_t errlen);
+/* One-line description of the last OpenSSL error (for logs). */
+const char *gw_tls_last_error(char *buf, size_t len);
+
+/* metrics (gw_metrics.c) */
+typedef struct gw_metrics {
+    sl_mseries_t *requests[GW_ROUTE_COUNT][6]; /* code class 1..5, [0] other */
+    sl_mseries_t *duration[GW_ROUTE_COUNT];
+    sl_mseries_t *conns_active, *streams_active;
+    sl_mseries_t *bytes_client_in, *bytes_client_out, *bytes_up_in, *bytes_up_out;
+    sl_metric_t *up_errors;    /* {upstream,kind} */
+    sl_metric_t *up_conns;     /* {upstream,reused} */
+    sl_metric_t *up_ttfb;      /* {upstream} */
+    sl_metric_t *parse_errors; /* {reason} */
+    sl_metric_t *reloads;      /* {result} */
+} gw_metrics_t;
+extern gw_metrics_t gw_m;
+void gw_metrics_init(void);
+void gw_metrics_upstream_error(const gw_pool_rt_t *p, const char *kind);
+
+/* accesslog.c */
+int gw_accesslog_open(const char *target, char *err, size_t errlen);
+void gw_accesslog_write(const gw_req_t *r);
+
+/* server.c */
+struct gw_server {
+    gw_rt_t *_Atomic rt; /* current runtime */
+    pthread_mutex_t rt_lock;
+    gw_worker_t *workers;
+    int nworkers;
+    gw_worker_t main;
+    gw_listen_rt_t *listens;
+    size_t nlistens;
+    _Atomic bool draining;
+    _Atomic bool ready;
+    int64_t drain_deadline_ms;
+    char *conf_path;
+    struct event *sig_hup, *sig_term, *sig_int, *drain_timer, *drain_poll;
+};
+/* For /readyz: started and not draining. */
+bool gw_server_ready(void);
+/* A new reference to the current runtime. */
+gw_rt_t *gw_server_rt(gw_server_t *s);
+int gw_server_run(const char *conf_path);
+
+#endif

@@ -1,0 +1,63 @@
+/*
+ * gw_metrics.c — the gateway's metrics, registered once at startup. Hot
+ * series (requests by route and status class, durations, byte counters)
+ * are looked up here and cached, so the request path only does atomic adds.
+ * Every label has a bounded set of values: routes and classes are enums,
+ * upstream names come from the conf, error kinds and parse-error reasons
+ * are static strings.
+ */
+#include "gateway/gw_internal.h"
+
+gw_metrics_t gw_m;
+
+void gw_metrics_init(void)
+{
+    static const char *const classes[] = {"other", "1xx", "2xx", "3xx", "4xx", "5xx"};
+    sl_metric_t *req =
+        sl_metric_register("sluice_requests_total", "Client requests by route and status class.",
+                           SL_METRIC_COUNTER, "route,code", NULL, 0);
+    sl_metric_t *dur =
+        sl_metric_register("sluice_request_duration_seconds",
+                           "Time from the first byte of a request to the end of its response.",
+                           SL_METRIC_HISTOGRAM, "route", NULL, 0);
+    for (int r = 0; r < GW_ROUTE_COUNT; r++) {
+        for (int k = 0; k < 6; k++) {
+            const char *v[2] = {gw_route_name((gw_route_t)r), classes[k]};
+            gw_m.requests[r][k] = sl_metric_series(req, v);
+        }
+        gw_m.duration[r] = sl_metric_series1(dur, gw_route_name((gw_route_t)r));
+    }
+    gw_m.conns_active = sl_metric_series0(sl_metric_register(
+        "sluice_connections_active", "Open client connections.", SL_METRIC_GAUGE, NULL, NULL, 0));
+    gw_m.streams_active = sl_metric_series0(sl_metric_register(
+        "sluice_streams_active", "SSE streams being relayed.", SL_METRIC_GAUGE, NULL, NULL, 0));
+    sl_metric_t *bytes = sl_metric_register("sluice_bytes_total", "Bytes moved, by direction.",
+                                            SL_METRIC_COUNTER, "direction", NULL, 0);
+    gw_m.bytes_client_in = sl_metric_series1(bytes, "client_in");
+    gw_m.bytes_client_out = sl_metric_series1(bytes, "client_out");
+    gw_m.bytes_up_in = sl_metric_series1(bytes, "upstream_in");
+    gw_m.bytes_up_out = sl_metric_series1(bytes, "upstream_out");
+    gw_m.up_errors = sl_metric_register("sluice_upstream_errors_total",
+                                        "Upstream failures by upstream and kind.",
+                                        SL_METRIC_COUNTER, "upstream,kind", NULL, 0);
+    gw_m.up_conns = sl_metric_register(
+        "sluice_upstream_connections_total",
+        "Upstream connections used for a request, new or reused from the keep-alive pool.",
+        SL_METRIC_COUNTER, "upstream,reused", NULL, 0);
+    gw_m.up_ttfb = sl_metric_register(
+        "sluice_upstream_ttfb_seconds",
+        "Time from sending a request upstream to the first byte of its response.",
+        SL_METRIC_HISTOGRAM, "upstream", NULL, 0);
+    gw_m.parse_errors = sl_metric_register("sluice_http_parse_errors_total",
+                                           "Client requests rejected by the HTTP parser.",
+                                           SL_METRIC_COUNTER, "reason", NULL, 0);
+    gw_m.reloads =
+        sl_metric_register("sluice_config_reloads_total", "Configuration reloads by result.",
+                           SL_METRIC_COUNTER, "result", NULL, 0);
+}
+
+void gw_metrics_upstream_error(const gw_pool_rt_t *p, const char *kind)
+{
+    const char *v[2] = {p->name, kind};
+    sl_counter_add(sl_metric_series(gw_m.up_errors, v), 1);
+}

@@ -1,0 +1,559 @@
+/*
+ * proxy.c — one proxied request: read the JSON body enough to route it,
+ * send it upstream re-serialised (our own head, the client's end-to-end
+ * headers, the API key added, the client's Authorization dropped), and
+ * relay the answer.
+ *
+ * Answers that are Server-Sent Events get their head at once and each byte
+ * as it arrives: upstream body bytes (de-chunked by the parser) go straight
+ * into the client's output buffer, re-chunked, while the SSE splitter scans
+ * them in place to know where events end and whether `data: [DONE]` came.
+ * A stream that ends or breaks without [DONE] leaves the client an SSE error
+ * event and no [DONE], and counts as an upstream failure.
+ *
+ * Backpressure: when the client's output buffer passes sse.buffer_bytes,
+ * upstream reads stop until it drains below half of that, so a slow client
+ * holds a bounded amount of memory and slows the model server's socket.
+ *
+ * Deadlines (per request, one timer): connect, then first byte, then the
+ * total; each ends in 504 when nothing was sent yet.
+ */
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "common/log.h"
+#include "gateway/gw_internal.h"
+
+void gw_proxy_up_read(gw_req_t *r);
+void gw_proxy_up_event(gw_req_t *r, short what);
+static void gw_proxy_attempt(gw_req_t *r, bool allow_reuse);
+static void gw_proxy_fail(gw_req_t *r, const char *kind, int status, const char *code,
+                          const char *msg);
+
+/* ---- helpers ------------------------------------------------------------- */
+
+static bool gw_name_in(const char *name, size_t len, const char *const *list)
+{
+    for (; *list; list++)
+        if (strlen(*list) == len && strncasecmp(name, *list, len) == 0)
+            return true;
+    return false;
+}
+
+/* Client headers we never forward: framing and hop-by-hop (rewritten by
+ * us), credentials meant for sluice, and what we set ourselves. */
+static const char *const gw_req_drop[] = {
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "upgrade",
+    "expect",
+    "authorization",
+    "accept-encoding",
+    "content-type",
+    "x-forwarded-for",
+    "x-forwarded-proto",
+    "x-forwarded-host",
+    "forwarded",
+    "x-real-ip",
+    "x-request-id",
+    NULL,
+};
+
+/* Upstream headers we never pass back: framing, and what we set. */
+static const char *const gw_resp_drop[] = {
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "te",
+    "trailer",
+    "upgrade",
+    "proxy-authenticate",
+    "proxy-connection",
+    "content-type",
+    "x-request-id",
+    "server",
+    "date",
+    "cache-control",
+    "x-accel-buffering",
+    NULL,
+};
+
+static void gw_proxy_arm(gw_req_t *r, int64_t deadline_ms)
+{
+    int64_t now = sl_now_ms();
+    if (deadline_ms > r->deadline_total_ms)
+        deadline_ms = r->deadline_total_ms;
+    int64_t ms = deadline_ms > now ? deadline_ms - now : 0;
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    evtimer_add(r->up_timer, &tv);
+}
+
+static void gw_proxy_write(gw_req_t *r, const void *p, size_t n)
+{
+    struct evbuffer *out = bufferevent_get_output(r->c->bev);
+    if (r->chunked_out) {
+        char hdr[24];
+        int k = snprintf(hdr, sizeof(hdr), "%zx\r\n", n);
+        evbuffer_add(out, hdr, (size_t)k);
+        evbuffer_add(out, p, n);
+        evbuffer_add(out, "\r\n", 2);
+        n += (size_t)k + 2;
+    } else {
+        evbuffer_add(out, p, n);
+    }
+    r->bytes_out += n;
+    sl_counter_add(gw_m.bytes_client_out, n);
+}
+
+static void gw_proxy_write_end(gw_req_t *r)
+{
+    if (!r->chunked_out)
+        return;
+    evbuffer_add(bufferevent_get_output(r->c->bev), "0\r\n\r\n", 5);
+    r->bytes_out += 5;
+    sl_counter_add(gw_m.bytes_client_out, 5);
+}
+
+/* An SSE event carrying an OpenAI error: what a client gets when a stream
+ * breaks after it started (it then gets no [DONE]). */
+static void gw_proxy_sse_error(gw_req_t *r, const char *code, const char *msg)
+{
+    size_t len = 0;
+    char *j = gw_error_json("server_error", code, msg, &len);
+    if (!j)
+        return;
+    struct evbuffer *tmp = evbuffer_new();
+    if (tmp) {
+        /* A comment line first closes nothing, so end any half-sent event
+         * with a blank line before ours. */
+        if (r->sse && gw_sse_mid_event(r->sse))
+            evbuffer_add(tmp, "\n\n", 2);
+        evbuffer_add_printf(tmp, "data: %s\n\n", j);
+        size_t n = evbuffer_get_length(tmp);
+        gw_proxy_write(r, evbuffer_pullup(tmp, -1), n);
+        evbuffer_free(tmp);
+    }
+    free(j);
+}
+
+/* Releases everything upstream-side; the client side is the caller's. */
+static void gw_proxy_finish(gw_req_t *r, bool reusable)
+{
+    if (r->up_timer) {
+        event_free(r->up_timer);
+        r->up_timer = NULL;
+    }
+    if (r->ping_ev) {
+        event_free(r->ping_ev);
+        r->ping_ev = NULL;
+    }
+    if (r->sse) {
+        gw_sse_free(r->sse);
+        r->sse = NULL;
+        sl_gauge_add(gw_m.streams_active, -1);
+    }
+    if (r->up) {
+        gw_upconn_t *u = r->up;
+        r->up = NULL;
+        atomic_fetch_sub_explicit(&r->server->active, 1, memory_order_relaxed);
+        gw_upstream_release(u, reusable);
+    }
+}
+
+void gw_proxy_abort(gw_req_t *r)
+{
+    gw_proxy_finish(r, false);
+}
+
+/* ---- request side ------------------------------------------------------------ */
+
+static void gw_proxy_timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    gw_req_t *r = arg;
+    if (!r->up)
+        return;
+    if (!r->up->connected)
+        gw_proxy_fail(r, "connect_timeout", 504, "upstream_timeout",
+                      "The model server did not accept the connection in time.");
+    else if (!r->t_first_byte_ns)
+        gw_proxy_fail(r, "first_byte_timeout", 504, "upstream_timeout",
+                      "The model server did not answer in time.");
+    else
+        gw_proxy_fail(r, "total_timeout", 504, "upstream_timeout",
+                      "The model server did not finish in time.");
+}
+
+static void gw_proxy_write_request(gw_req_t *r, gw_upconn_t *u)
+{
+    const gw_http_msg_t *m = gw_http_msg(r->c->parser);
+    struct evbuffer *out = bufferevent_get_output(u->bev);
+    size_t blen = evbuffer_get_length(r->body);
+    size_t before = evbuffer_get_length(out);
+    evbuffer_add_printf(out,
+                        "POST %.*s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                        "Content-Length: %zu\r\nX-Request-Id: %s\r\nX-Forwarded-For: %s\r\n"
+                        "X-Forwarded-Proto: %s\r\n",
+                        (int)m->target_len, m->target, r->server->host_header, blen, r->id,
+                        r->c->peer, r->c->tls ? "https" : "http");
+    if (r->pool->auth_header)
+        evbuffer_add(out, r->pool->auth_header, r->pool->auth_header_len);
+    for (size_t i = 0; i < m->nheaders; i++) {
+        const gw_http_header_t *h = &m->headers[i];
+        if (gw_name_in(h->name, h->name_len, gw_req_drop) ||
+            (h->name_len > 9 && strncasecmp(h->name, "x-sluice-", 9) == 0) ||
+            gw_http_header_is_hop(m, h->name, h->name_len))
+            continue;
+        evbuffer_add(out, h->name, h->name_len);
+        evbuffer_add(out, ": ", 2);
+        evbuffer_add(out, h->value, h->value_len);
+        evbuffer_add(out, "\r\n", 2);
+    }
+    evbuffer_add(out, "\r\n", 2);
+    if (blen)
+        evbuffer_add(out, evbuffer_pullup(r->body, -1), blen);
+    sl_counter_add(gw_m.bytes_up_out, evbuffer_get_length(out) - before);
+}
+
+static void gw_proxy_attempt(gw_req_t *r, bool allow_reuse)
+{
+    gw_worker_t *w = r->c->w;
+    int64_t now = sl_now_ms();
+    gw_srv_rt_t *srv = gw_upstream_pick(w, r->pool, now);
+    if (!srv) {
+        gw_metrics_upstream_error(r->pool, "unavailable");
+        r->error_kind = "upstream_unavailable";
+        gw_respond_error(r, 503, "server_error", "upstream_unavailable",
+                         "No model server is available right now.");
+        return;
+    }
+    gw_upconn_t *u = gw_upstream_get(w, srv, allow_reuse);
+    if (!u) {
+        gw_metrics_upstream_error(r->pool, "internal");
+        gw_respond_error(r, 502, "server_error", "upstream_error",
+                         "Could not open a connection to the model server.");
+        return;
+    }
+    r->server = srv;
+    r->up = u;
+    u->req = r;
+    r->attempts++;
+    atomic_fetch_add_explicit(&srv->active, 1, memory_order_relaxed);
+    if (!r->up_timer)
+        r->up_timer = evtimer_new(w->base, gw_proxy_timer_cb, r);
+    gw_proxy_write_request(r, u);
+    r->t_sent_ns = sl_now_ns();
+    const conf_upstream_t *cu = r->pool->conf;
+    gw_proxy_arm(r, now + (u->connected ? cu->first_byte_timeout_ms : cu->connect_timeout_ms));
+    bufferevent_enable(u->bev, EV_READ | EV_WRITE);
+}
+
+void gw_proxy_start(gw_req_t *r)
+{
+    size_t len = evbuffer_get_length(r->body);
+    if (len == 0) {
+        gw_respond_error(r, 400, "invalid_request_error", "invalid_json",
+                         "The request body must be a JSON object.");
+        return;
+    }
+    json_error_t je;
+    r->json =
+        json_loadb((const char *)evbuffer_pullup(r->body, -1), len, JSON_REJECT_DUPLICATES, &je);
+    if (!r->json || !json_is_object(r->json)) {
+        char msg[256];
+        if (r->json)
+            snprintf(msg, sizeof(msg), "The request body must be a JSON object.");
+        else
+            snprintf(msg, sizeof(msg), "The request body is not valid JSON: %s (at %d:%d).",
+                     je.text, je.line, je.column);
+        gw_respond_error(r, 400, "invalid_request_error", "invalid_json", msg);
+        return;
+    }
+    json_t *jm = json_object_get(r->json, "model");
+    if (!json_is_string(jm)) {
+        gw_respond_error(r, 400, "invalid_request_error", "missing_model",
+                         "The request must name a model (a string).");
+        return;
+    }
+    r->model = gw_rt_model(r->rt, json_string_value(jm), json_string_length(jm));
+    if (!r->model) {
+        char msg[200];
+        snprintf(msg, sizeof(msg), "The model `%.100s` does not exist.", json_string_value(jm));
+        gw_respond_error(r, 404, "invalid_request_error", "model_not_found", msg);
+        return;
+    }
+    r->stream = json_is_true(json_object_get(r->json, "stream"));
+    r->pool = r->model->pool;
+    if (r->model->alias) {
+        json_object_set_new(r->json, "model", json_string(r->model->served));
+        char *s = json_dumps(r->json, JSON_COMPACT);
+        if (!s) {
+            gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+            return;
+        }
+        evbuffer_drain(r->body, len);
+        evbuffer_add(r->body, s, strlen(s));
+        free(s);
+    }
+    r->deadline_total_ms = sl_now_ms() + r->pool->conf->total_timeout_ms;
+    gw_proxy_attempt(r, true);
+}
+
+/* ---- response side ------------------------------------------------------------ */
+
+static void gw_proxy_ping_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    gw_req_t *r = arg;
+    if (!r->sse || gw_sse_events(r->sse) > 0) {
+        event_del(r->ping_ev);
+        return;
+    }
+    if (gw_sse_mid_event(r->sse))
+        return; /* a comment inside an event would change the event */
+    gw_proxy_write(r, ": ping\n\n", 8);
+}
+
+static bool gw_ct_is_sse(const gw_http_header_t *h)
+{
+    return h && h->value_len >= 17 && strncasecmp(h->value, "text/event-stream", 17) == 0;
+}
+
+static void gw_proxy_on_head(gw_req_t *r)
+{
+    const gw_http_msg_t *m = gw_http_msg(r->up->parser);
+    const gw_http_msg_t *cm = gw_http_msg(r->c->parser);
+    int64_t now = sl_now_ms();
+    r->upstatus = m->status;
+    r->status = m->status;
+    gw_upstream_report(r->server, m->status < 500, now);
+    if (m->status >= 500)
+        gw_metrics_upstream_error(r->pool, "status_5xx");
+    const gw_http_header_t *ct = gw_http_header_find(m, "Content-Type");
+    r->resp_sse = gw_ct_is_sse(ct);
+    bool nobody = m->status == 204 || m->status == 304;
+    bool http11 = cm->http_minor >= 1;
+    bool length_known = !r->resp_sse && !m->chunked && m->content_length >= 0;
+    if (r->c->w->draining)
+        r->c->close_after = true;
+
+    struct evbuffer *out = bufferevent_get_output(r->c->bev);
+    size_t before = evbuffer_get_length(out);
+    evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\n", m->status, gw_http_status_text(m->status));
+    if (r->resp_sse) {
+        evbuffer_add_printf(out,
+                            "Content-Type: %s\r\nCache-Control: no-cache\r\n"
+                            "X-Accel-Buffering: no\r\n",
+                            ct->value);
+    } else if (ct) {
+        evbuffer_add_printf(out, "Content-Type: %s\r\n", ct->value);
+    }
+    if (nobody) {
+        /* no body, no framing headers */
+    } else if (length_known) {
+        evbuffer_add_printf(out, "Content-Length: %lld\r\n", (long long)m->content_length);
+    } else if (http11) {
+        evbuffer_add(out, "Transfer-Encoding: chunked\r\n", 28);
+        r->chunked_out = true;
+    } else {
+        r->c->close_after = true; /* HTTP/1.0: the close ends the body */
+    }
+    evbuffer_add_printf(out, "X-Request-Id: %s\r\n", r->id);
+    if (r->c->close_after)
+        evbuffer_add(out, "Connection: close\r\n", 19);
+    for (size_t i = 0; i < m->nheaders; i++) {
+        const gw_http_header_t *h = &m->headers[i];
+        if (gw_name_in(h->name, h->name_len, gw_resp_drop) ||
+            gw_http_header_is_hop(m, h->name, h->name_len))
+            continue;
+        evbuffer_add(out, h->name, h->name_len);
+        evbuffer_add(out, ": ", 2);
+        evbuffer_add(out, h->value, h->value_len);
+        evbuffer_add(out, "\r\n", 2);
+    }
+    size_t dl;
+    const char *date = gw_date_header(&dl);
+    evbuffer_add(out, date, dl);
+    evbuffer_add(out, "\r\n", 2);
+    size_t n = evbuffer_get_length(out) - before;
+    r->bytes_out += n;
+    sl_counter_add(gw_m.bytes_client_out, n);
+    r->head_sent = true;
+    if (r->resp_sse) {
+        const conf_t *conf = r->rt->conf;
+        r->sse = gw_sse_new((size_t)conf->sse.max_event_bytes);
+        sl_gauge_add(gw_m.streams_active, 1);
+        if (conf->sse.ping_interval_ms > 0) {
+            r->ping_ev = event_new(r->c->w->base, -1, EV_PERSIST, gw_proxy_ping_cb, r);
+            int64_t ms = conf->sse.ping_interval_ms;
+            struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+            event_add(r->ping_ev, &tv);
+        }
+    }
+    /* From here on only the total deadline applies. */
+    gw_proxy_arm(r, r->deadline_total_ms);
+}
+
+static int gw_proxy_body_cb(void *arg, const char *p, size_t n)
+{
+    gw_req_t *r = arg;
+    if (r->sse && gw_sse_feed(r->sse, p, n, NULL, NULL) != 0)
+        return -1;
+    gw_proxy_write(r, p, n);
+    return 0;
+}
+
+static void gw_proxy_on_done(gw_req_t *r)
+{
+    bool reusable = gw_http_msg(r->up->parser)->keep_alive;
+    if (r->resp_sse && !gw_sse_done_seen(r->sse)) {
+        r->error_kind = "upstream_truncated";
+        gw_metrics_upstream_error(r->pool, "truncated");
+        gw_upstream_report(r->server, false, sl_now_ms());
+        gw_proxy_sse_error(r, "upstream_truncated",
+                           "The model server ended the stream before it was complete.");
+    }
+    gw_proxy_write_end(r);
+    gw_proxy_finish(r, reusable);
+    gw_conn_req_done(r->c);
+}
+
+static void gw_proxy_fail(gw_req_t *r, const char *kind, int status, const char *code,
+                          const char *msg)
+{
+    gw_upconn_t *u = r->up;
+    bool stale =
+        u && u->reused && !r->t_first_byte_ns && !r->head_sent && (strcmp(kind, "reset") == 0);
+    if (stale && r->attempts < 3) {
+        /* The server closed a pooled connection just as we reused it:
+         * nothing was processed, so resend on a fresh connection. */
+        gw_proxy_finish(r, false);
+        gw_proxy_attempt(r, false);
+        return;
+    }
+    gw_metrics_upstream_error(r->pool, kind);
+    if (strcmp(kind, "total_timeout") != 0 || !r->head_sent)
+        gw_upstream_report(r->server, false, sl_now_ms());
+    r->error_kind = kind;
+    if (!r->head_sent) {
+        gw_proxy_finish(r, false);
+        gw_respond_error(r, status, "server_error", code, msg);
+        return;
+    }
+    /* The answer already started: say so in-band when we can. */
+    if (r->resp_sse) {
+        gw_proxy_sse_error(r, strcmp(code, "upstream_timeout") == 0 ? code : "upstream_truncated",
+                           msg);
+        gw_proxy_write_end(r);
+    } else {
+        r->c->close_after = true; /* a short body + close is the only signal */
+    }
+    gw_proxy_finish(r, false);
+    gw_conn_req_done(r->c);
+}
+
+void gw_proxy_up_read(gw_req_t *r)
+{
+    gw_upconn_t *u = r->up;
+    struct evbuffer *in = bufferevent_get_input(u->bev);
+    size_t total = evbuffer_get_length(in);
+    if (total == 0)
+        return;
+    sl_counter_add(gw_m.bytes_up_in, total);
+    if (!r->t_first_byte_ns) {
+        r->t_first_byte_ns = sl_now_ns();
+        sl_histogram_observe(r->pool->m_ttfb, (double)(r->t_first_byte_ns - r->t_sent_ns) / 1e9);
+    }
+    while (r->up == u && evbuffer_get_length(in) > 0) {
+        struct evbuffer_iovec v;
+        if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
+            break;
+        size_t used = 0;
+        gw_http_state_t st =
+            gw_http_feed(u->parser, v.iov_base, v.iov_len, &used, gw_proxy_body_cb, r);
+        evbuffer_drain(in, used);
+        switch (st) {
+        case GW_HTTP_NEED_MORE:
+            break;
+        case GW_HTTP_HEAD:
+            gw_proxy_on_head(r);
+            break;
+        case GW_HTTP_DONE:
+            gw_proxy_on_done(r);
+            return;
+        case GW_HTTP_ERROR:
+            sl_warn("upstream %s: bad response: %s", r->server->url,
+                    gw_http_error_reason(u->parser));
+            gw_proxy_fail(r, "bad_response", 502, "upstream_error",
+                          "The model server sent an invalid response.");
+            return;
+        }
+    }
+    if (r->up != u)
+        return;
+    /* Backpressure toward a slow client. */
+    size_t hwm = (size_t)r->rt->conf->sse.buffer_bytes;
+    if (!r->paused_upstream && evbuffer_get_length(bufferevent_get_output(r->c->bev)) > hwm) {
+        bufferevent_disable(u->bev, EV_READ);
+        r->paused_upstream = true;
+        bufferevent_setwatermark(r->c->bev, EV_WRITE, hwm / 2, 0);
+    }
+}
+
+void gw_proxy_client_drained(gw_req_t *r)
+{
+    if (!r->paused_upstream || !r->up)
+        return;
+    size_t hwm = (size_t)r->rt->conf->sse.buffer_bytes;
+    if (evbuffer_get_length(bufferevent_get_output(r->c->bev)) > hwm / 2)
+        return;
+    r->paused_upstream = false;
+    bufferevent_setwatermark(r->c->bev, EV_WRITE, 0, 0);
+    bufferevent_enable(r->up->bev, EV_READ);
+}
+
+void gw_proxy_up_event(gw_req_t *r, short what)
+{
+    gw_upconn_t *u = r->up;
+    if (what & BEV_EVENT_CONNECTED) {
+        gw_proxy_arm(r, sl_now_ms() + r->pool->conf->first_byte_timeout_ms);
+        return;
+    }
+    if (what & BEV_EVENT_EOF) {
+        /* Drain what is buffered first, then let the parser judge the end:
+         * a close-delimited body ends here; a framed one is truncated. */
+        gw_proxy_up_read(r);
+        if (r->up != u)
+            return;
+    }
+    if ((what & BEV_EVENT_EOF) && r->head_sent) {
+        gw_http_state_t st = gw_http_feed_eof(u->parser, gw_proxy_body_cb, r);
+        if (st == GW_HTTP_DONE) {
+            gw_proxy_on_done(r);
+            return;
+        }
+    }
+    if (!u->connected) {
+        gw_proxy_fail(r, u->srv->https ? "connect_tls" : "connect", 502, "upstream_error",
+                      "Could not connect to the model server.");
+        return;
+    }
+    if (!r->t_first_byte_ns) {
+        gw_proxy_fail(r, "reset", 502, "upstream_error",
+                      "The model server closed the connection without answering.");
+        return;
+    }
+    gw_proxy_fail(r, "truncated", 502, "upstream_error",
+                  "The model server closed the connection mid-answer.");
+}

@@ -1,0 +1,92 @@
+/*
+ * respond.c — answers sluice makes itself: health, models, and every error,
+ * always as OpenAI-style JSON {"error":{"message","type","code"}} so mobile
+ * clients and the official SDKs surface them properly.
+ */
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "gateway/gw_internal.h"
+
+/* "Date: Sun, 29 Nov 2026 17:23:41 GMT\r\n", formatted once per second per
+ * thread. */
+const char *gw_date_header(size_t *len)
+{
+    static _Thread_local time_t last;
+    static _Thread_local char buf[48];
+    static _Thread_local size_t n;
+    time_t now = time(NULL);
+    if (now != last) {
+        struct tm tm;
+        gmtime_r(&now, &tm);
+        n = strftime(buf, sizeof(buf), "Date: %a, %d %b %Y %H:%M:%S GMT\r\n", &tm);
+        last = now;
+    }
+    *len = n;
+    return buf;
+}
+
+char *gw_error_json(const char *type, const char *code, const char *message, size_t *len)
+{
+    json_t *o =
+        json_pack("{s:{s:s,s:s,s:s}}", "error", "message", message, "type", type, "code", code);
+    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    if (s && len)
+        *len = strlen(s);
+    return s;
+}
+
+void gw_respond_json(gw_req_t *r, int status, const char *body, size_t len,
+                     const char *extra_headers)
+{
+    gw_conn_t *c = r->c;
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    const gw_http_msg_t *m = gw_http_msg(c->parser);
+    bool head = m && m->method && strcmp(m->method, "HEAD") == 0;
+    if (c->w->draining)
+        c->close_after = true;
+    size_t dl;
+    const char *date = gw_date_header(&dl);
+    size_t before = evbuffer_get_length(out);
+    evbuffer_add_printf(out,
+                        "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
+                        "Content-Length: %zu\r\nX-Request-Id: %s\r\n%s%s",
+                        status, gw_http_status_text(status), len, r->id,
+                        c->close_after ? "Connection: close\r\n" : "",
+                        extra_headers ? extra_headers : "");
+    evbuffer_add(out, date, dl);
+    evbuffer_add(out, "\r\n", 2);
+    if (!head)
+        evbuffer_add(out, body, len);
+    size_t n = evbuffer_get_length(out) - before;
+    r->bytes_out += n;
+    sl_counter_add(gw_m.bytes_client_out, n);
+    r->status = status;
+    gw_conn_req_done(c);
+}
+
+void gw_respond_error(gw_req_t *r, int status, const char *type, const char *code,
+                      const char *message)
+{
+    size_t len = 0;
+    char *body = gw_error_json(type, code, message, &len);
+    if (!body) {
+        static const char oom[] =
+            "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
+            "\"code\":\"internal_error\"}}";
+        r->c->close_after = true;
+        gw_respond_json(r, 500, oom, sizeof(oom) - 1, NULL);
+        return;
+    }
+    if (!r->error_kind)
+        r->error_kind = code;
+    const char *extra = NULL;
+    if (status == 405)
+        extra = (r->route == GW_ROUTE_MODELS || r->route == GW_ROUTE_HEALTH)
+                    ? "Allow: GET, HEAD\r\n"
+                    : "Allow: POST\r\n";
+    gw_respond_json(r, status, body, len, extra);
+    free(body);
+}

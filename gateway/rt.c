@@ -1,0 +1,252 @@
+/*
+ * rt.c — the runtime: everything the request path needs that is derived
+ * from one conf_t (parsed server URLs and resolved addresses, API key
+ * headers, TLS contexts, the model table, the /v1/models body). Built on
+ * the main thread at start and on reload — name resolution and file reads
+ * happen here, never on a worker — then shared read-only by all workers
+ * and freed when its last reference goes.
+ */
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "gateway/gw_internal.h"
+
+static _Atomic uint64_t gw_rt_generations;
+
+/* "http://host[:port]" / "https://[v6]:port" -> parts. The conf loader has
+ * already checked the shape; this only splits it. */
+static int gw_url_split(const char *url, bool *https, char **host, int *port)
+{
+    const char *p;
+    if (strncmp(url, "http://", 7) == 0) {
+        *https = false;
+        p = url + 7;
+    } else if (strncmp(url, "https://", 8) == 0) {
+        *https = true;
+        p = url + 8;
+    } else {
+        return -1;
+    }
+    const char *hs = p, *he;
+    if (*p == '[') {
+        hs = p + 1;
+        he = strchr(hs, ']');
+        if (!he)
+            return -1;
+        p = he + 1;
+    } else {
+        he = p + strcspn(p, ":/");
+        p = he;
+    }
+    if (he == hs)
+        return -1;
+    *port = *https ? 443 : 80;
+    if (*p == ':') {
+        char *end;
+        long v = strtol(p + 1, &end, 10);
+        if (end == p + 1 || v < 1 || v > 65535)
+            return -1;
+        *port = (int)v;
+        p = end;
+    }
+    if (*p != '\0' && strcmp(p, "/") != 0)
+        return -1;
+    *host = strndup(hs, (size_t)(he - hs));
+    return *host ? 0 : -1;
+}
+
+static int gw_srv_build(gw_srv_rt_t *s, const conf_server_t *cs, const char *path, char *err,
+                        size_t errlen)
+{
+    s->url = sl_xstrdup(cs->url);
+    s->weight = (int)cs->weight;
+    if (gw_url_split(cs->url, &s->https, &s->host, &s->port) != 0) {
+        snprintf(err, errlen, "%s:%d: bad server url \"%s\"", path, cs->line, cs->url);
+        return -1;
+    }
+    char portbuf[8];
+    snprintf(portbuf, sizeof(portbuf), "%d", s->port);
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_family = AF_UNSPEC};
+    struct addrinfo *ai = NULL;
+    int rc = getaddrinfo(s->host, portbuf, &hints, &ai);
+    if (rc != 0 || !ai) {
+        snprintf(err, errlen, "%s:%d: cannot resolve %s: %s", path, cs->line, s->host,
+                 gai_strerror(rc));
+        return -1;
+    }
+    memcpy(&s->addr, ai->ai_addr, ai->ai_addrlen);
+    s->addrlen = ai->ai_addrlen;
+    freeaddrinfo(ai);
+    bool v6 = strchr(s->host, ':') != NULL;
+    bool dflt = s->port == (s->https ? 443 : 80);
+    size_t n = strlen(s->host) + 16;
+    s->host_header = sl_xmalloc(n);
+    if (dflt)
+        snprintf(s->host_header, n, v6 ? "[%s]" : "%s", s->host);
+    else
+        snprintf(s->host_header, n, v6 ? "[%s]:%d" : "%s:%d", s->host, s->port);
+    return 0;
+}
+
+static int gw_pool_build(gw_rt_t *rt, gw_pool_rt_t *p, const conf_upstream_t *cu, size_t *next_srv,
+                         char *err, size_t errlen)
+{
+    const char *path = rt->conf->path ? rt->conf->path : "conf";
+    p->conf = cu;
+    p->name = cu->name;
+    p->nservers = cu->nservers;
+    p->servers = sl_xcalloc(cu->nservers, sizeof(*p->servers));
+    bool any_https = false;
+    for (size_t i = 0; i < cu->nservers; i++) {
+        gw_srv_rt_t *s = &rt->servers[*next_srv];
+        s->index = (*next_srv)++;
+        s->pool = p;
+        p->servers[i] = s;
+        if (gw_srv_build(s, &cu->servers[i], path, err, errlen) != 0)
+            return -1;
+        any_https |= s->https;
+        const char *vn[2] = {cu->name, "false"}, *vr[2] = {cu->name, "true"};
+        s->m_conn_new = sl_metric_series(gw_m.up_conns, vn);
+        s->m_conn_reused = sl_metric_series(gw_m.up_conns, vr);
+    }
+    if (cu->api_key_env) {
+        const char *key = getenv(cu->api_key_env);
+        if (!key || !*key) {
+            snprintf(err, errlen,
+                     "%s:%d: upstreams.%s.api_key_env: environment variable %s is not set", path,
+                     cu->line, cu->name, cu->api_key_env);
+            return -1;
+        }
+        if (strpbrk(key, "\r\n")) {
+            snprintf(err, errlen, "%s:%d: upstreams.%s.api_key_env: %s holds a line break", path,
+                     cu->line, cu->name, cu->api_key_env);
+            return -1;
+        }
+        size_t n = strlen(key) + 32;
+        p->auth_header = sl_xmalloc(n);
+        p->auth_header_len =
+            (size_t)snprintf(p->auth_header, n, "Authorization: Bearer %s\r\n", key);
+    }
+    if (any_https) {
+        char e[256];
+        p->ssl_ctx = gw_tls_client_ctx(cu->tls_ca_file, e, sizeof(e));
+        if (!p->ssl_ctx) {
+            snprintf(err, errlen, "%s:%d: upstreams.%s.tls: %s", path, cu->line, cu->name, e);
+            return -1;
+        }
+    }
+    p->m_ttfb = sl_metric_series1(gw_m.up_ttfb, cu->name);
+    return 0;
+}
+
+static void gw_models_json_build(gw_rt_t *rt)
+{
+    json_t *data = json_array();
+    for (size_t i = 0; i < rt->nmodels; i++)
+        json_array_append_new(data,
+                              json_pack("{s:s,s:s,s:i,s:s}", "id", rt->models[i].name, "object",
+                                        "model", "created", 0, "owned_by", "sluice"));
+    json_t *o = json_pack("{s:s,s:o}", "object", "list", "data", data);
+    rt->models_json = json_dumps(o, JSON_COMPACT);
+    rt->models_json_len = strlen(rt->models_json);
+    json_decref(o);
+}
+
+static void gw_rt_destroy(gw_rt_t *rt)
+{
+    for (size_t i = 0; i < rt->npools; i++) {
+        free(rt->pools[i].servers);
+        free(rt->pools[i].auth_header);
+        SSL_CTX_free(rt->pools[i].ssl_ctx);
+    }
+    for (size_t i = 0; i < rt->nservers; i++) {
+        free(rt->servers[i].url);
+        free(rt->servers[i].host);
+        free(rt->servers[i].host_header);
+    }
+    if (rt->listen_ssl)
+        for (size_t i = 0; i < rt->conf->nlisten; i++)
+            SSL_CTX_free(rt->listen_ssl[i]);
+    free(rt->listen_ssl);
+    free(rt->pools);
+    free(rt->servers);
+    free(rt->models);
+    free(rt->models_json);
+    conf_free(rt->conf);
+    free(rt);
+}
+
+gw_rt_t *gw_rt_new(conf_t *c, char *err, size_t errlen)
+{
+    gw_rt_t *rt = sl_xcalloc(1, sizeof(*rt));
+    atomic_init(&rt->refs, 1);
+    rt->generation = atomic_fetch_add(&gw_rt_generations, 1) + 1;
+    rt->conf = c;
+    rt->npools = c->nupstreams;
+    rt->pools = sl_xcalloc(c->nupstreams, sizeof(*rt->pools));
+    for (size_t i = 0; i < c->nupstreams; i++)
+        rt->nservers += c->upstreams[i].nservers;
+    rt->servers = sl_xcalloc(rt->nservers, sizeof(*rt->servers));
+    size_t next = 0;
+    for (size_t i = 0; i < c->nupstreams; i++)
+        if (gw_pool_build(rt, &rt->pools[i], &c->upstreams[i], &next, err, errlen) != 0)
+            goto fail;
+    rt->nmodels = c->nmodels;
+    rt->models = sl_xcalloc(c->nmodels, sizeof(*rt->models));
+    for (size_t i = 0; i < c->nmodels; i++) {
+        const conf_model_t *cm = &c->models[i];
+        gw_model_rt_t *m = &rt->models[i];
+        m->name = cm->name;
+        m->served = cm->served ? cm->served : cm->name;
+        m->alias = strcmp(m->served, m->name) != 0;
+        for (size_t k = 0; k < rt->npools; k++)
+            if (strcmp(rt->pools[k].name, cm->upstream) == 0)
+                m->pool = &rt->pools[k];
+        if (!m->pool) {
+            snprintf(err, errlen, "%s:%d: models.%s.upstream: no upstream named \"%s\"",
+                     c->path ? c->path : "conf", cm->line, cm->name, cm->upstream);
+            goto fail;
+        }
+    }
+    rt->listen_ssl = sl_xcalloc(c->nlisten, sizeof(*rt->listen_ssl));
+    for (size_t i = 0; i < c->nlisten; i++) {
+        const conf_listen_t *l = &c->listen[i];
+        if (!l->tls_cert)
+            continue;
+        char e[512];
+        rt->listen_ssl[i] = gw_tls_server_ctx(l->tls_cert, l->tls_key, e, sizeof(e));
+        if (!rt->listen_ssl[i]) {
+            snprintf(err, errlen, "%s:%d: listen %s: %s", c->path ? c->path : "conf", l->line,
+                     l->address, e);
+            goto fail;
+        }
+    }
+    gw_models_json_build(rt);
+    return rt;
+fail:
+    gw_rt_destroy(rt);
+    return NULL;
+}
+
+gw_rt_t *gw_rt_ref(gw_rt_t *rt)
+{
+    atomic_fetch_add_explicit(&rt->refs, 1, memory_order_relaxed);
+    return rt;
+}
+
+void gw_rt_unref(gw_rt_t *rt)
+{
+    if (rt && atomic_fetch_sub_explicit(&rt->refs, 1, memory_order_acq_rel) == 1)
+        gw_rt_destroy(rt);
+}
+
+const gw_model_rt_t *gw_rt_model(const gw_rt_t *rt, const char *name, size_t len)
+{
+    for (size_t i = 0; i < rt->nmodels; i++)
+        if (strlen(rt->models[i].name) == len && memcmp(rt->models[i].name, name, len) == 0)
+            return &rt->models[i];
+    return NULL;
+}

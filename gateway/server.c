@@ -1,0 +1,603 @@
+/*
+ * server.c — the process: load the conf, build the runtime, open the
+ * listening sockets, start the workers, and handle signals.
+ *
+ *   SIGHUP   reload: a new conf_t and runtime are built on the main thread;
+ *            if that fails (or a key that needs a restart changed) the old
+ *            one keeps serving. Workers pick up the new runtime at once for
+ *            new requests; requests in flight finish on the one they began.
+ *   SIGTERM  drain: stop accepting (new connections are refused), close idle
+ *            keep-alive connections, let requests and streams in flight
+ *            finish, and exit 0 when all are done or when shutdown_timeout
+ *            passes (then the rest are cut).
+ *
+ * Each worker thread has its own event_base and accepts on the shared
+ * listening sockets; the main thread's base serves the admin listener.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <event2/thread.h>
+
+#include "common/log.h"
+#include "gateway/gw_internal.h"
+
+static gw_server_t gw_srv;
+
+gw_rt_t *gw_server_rt(gw_server_t *s)
+{
+    pthread_mutex_lock(&s->rt_lock);
+    gw_rt_t *rt = gw_rt_ref(atomic_load(&s->rt));
+    pthread_mutex_unlock(&s->rt_lock);
+    return rt;
+}
+
+/* ---- deferred frees, randomness ----------------------------------------- */
+
+static void gw_worker_reap_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    gw_worker_t *w = arg;
+    /* Frees may queue more frees: loop until the list stays empty. */
+    while (w->nreap) {
+        size_t n = w->nreap;
+        void **objs = w->reap;
+        void (**fns)(void *) = w->reap_fn;
+        w->reap = NULL;
+        w->reap_fn = NULL;
+        w->nreap = w->capreap = 0;
+        for (size_t i = 0; i < n; i++)
+            fns[i](objs[i]);
+        free(objs);
+        free(fns);
+    }
+}
+
+void gw_worker_defer_free(gw_worker_t *w, void (*fn)(void *), void *obj)
+{
+    if (w->nreap == w->capreap) {
+        size_t cap = w->capreap ? w->capreap * 2 : 16;
+        void **o = realloc(w->reap, cap * sizeof(*o));
+        void (**f)(void *) = realloc(w->reap_fn, cap * sizeof(*f));
+        if (!o || !f) {
+            /* Out of memory: leaking beats freeing inside a callback. */
+            if (o)
+                w->reap = o;
+            if (f)
+                w->reap_fn = f;
+            sl_error("out of memory queueing a deferred free");
+            return;
+        }
+        w->reap = o;
+        w->reap_fn = f;
+        w->capreap = cap;
+    }
+    w->reap[w->nreap] = obj;
+    w->reap_fn[w->nreap] = fn;
+    w->nreap++;
+    event_active(w->reap_ev, EV_TIMEOUT, 0);
+}
+
+uint64_t gw_worker_rand(gw_worker_t *w)
+{
+    /* xorshift64*: request ids and tie-breaks, not secrets */
+    uint64_t x = w->rng;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    w->rng = x;
+    return x * 0x2545F4914F6CDD1DULL;
+}
+
+/* ---- accepting ---------------------------------------------------------- */
+
+static void gw_worker_accept_enable(gw_worker_t *w, bool on)
+{
+    for (size_t i = 0; i < w->nlisteners; i++) {
+        if (!w->listeners[i])
+            continue;
+        if (on)
+            evconnlistener_enable(w->listeners[i]);
+        else
+            evconnlistener_disable(w->listeners[i]);
+    }
+    w->accept_paused = !on;
+}
+
+void gw_worker_conn_closed(gw_worker_t *w)
+{
+    if (w->accept_paused && !w->draining &&
+        (int64_t)w->nconns < w->rt->conf->limits.max_connections)
+        gw_worker_accept_enable(w, true);
+    if (w->draining && w->nconns == 0 && !w->is_main)
+        event_base_loopexit(w->base, NULL);
+}
+
+static void gw_accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa,
+                         int salen, void *arg)
+{
+    (void)l;
+    gw_lslot_t *slot = arg;
+    gw_worker_t *w = slot->w;
+    if (w->draining) {
+        close(fd);
+        return;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    gw_conn_accept(w, fd, sa, salen, slot->l);
+    if (!w->is_main && (int64_t)w->nconns >= w->rt->conf->limits.max_connections)
+        gw_worker_accept_enable(w, false);
+}
+
+static void gw_accept_retry_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    gw_worker_t *w = arg;
+    if (w->accept_paused && !w->draining)
+        gw_worker_accept_enable(w, true);
+}
+
+static void gw_accept_error_cb(struct evconnlistener *l, void *arg)
+{
+    (void)l;
+    int err = EVUTIL_SOCKET_ERROR();
+    gw_worker_t *w = ((gw_lslot_t *)arg)->w;
+    if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+        /* Out of descriptors: stop accepting until a connection closes (or
+         * a second passes, for closes in other workers). */
+        sl_warn("worker %d: accept: %s; pausing accepts", w->id, strerror(err));
+        gw_worker_accept_enable(w, false);
+        struct timeval tv = {1, 0};
+        event_add(w->accept_ev, &tv);
+        return;
+    }
+    sl_warn("worker %d: accept: %s", w->id, strerror(err));
+}
+
+static int gw_worker_listen(gw_worker_t *w)
+{
+    w->listeners = sl_xcalloc(gw_srv.nlistens, sizeof(*w->listeners));
+    w->lslots = sl_xcalloc(gw_srv.nlistens, sizeof(*w->lslots));
+    w->nlisteners = gw_srv.nlistens;
+    for (size_t i = 0; i < gw_srv.nlistens; i++) {
+        gw_listen_rt_t *lr = &gw_srv.listens[i];
+        if (lr->admin != w->is_main)
+            continue;
+        w->lslots[i].w = w;
+        w->lslots[i].l = lr;
+        w->listeners[i] = evconnlistener_new(w->base, gw_accept_cb, &w->lslots[i],
+                                             LEV_OPT_CLOSE_ON_EXEC, 0, lr->fd);
+        if (!w->listeners[i]) {
+            sl_error("worker %d: cannot listen on %s", w->id, lr->address);
+            return -1;
+        }
+        evconnlistener_set_error_cb(w->listeners[i], gw_accept_error_cb);
+    }
+    return 0;
+}
+
+static void gw_worker_unlisten(gw_worker_t *w)
+{
+    for (size_t i = 0; i < w->nlisteners; i++) {
+        if (w->listeners[i])
+            evconnlistener_free(w->listeners[i]);
+        w->listeners[i] = NULL;
+    }
+}
+
+/* ---- worker lifecycle ------------------------------------------------------ */
+
+static _Atomic int gw_unlistened;
+
+static void gw_worker_update_rt(gw_worker_t *w)
+{
+    gw_rt_t *rt = gw_server_rt(&gw_srv);
+    if (w->rt && rt->generation == w->rt->generation) {
+        gw_rt_unref(rt);
+        return;
+    }
+    gw_upstream_worker_reset(w);
+    gw_rt_unref(w->rt);
+    w->rt = rt;
+    free(w->wsrv);
+    w->nwsrv = rt->nservers;
+    w->wsrv = sl_xcalloc(rt->nservers ? rt->nservers : 1, sizeof(*w->wsrv));
+    for (size_t i = 0; i < rt->nservers; i++)
+        TAILQ_INIT(&w->wsrv[i].idle);
+}
+
+static void gw_worker_start_drain(gw_worker_t *w)
+{
+    if (w->draining)
+        return;
+    w->draining = true;
+    gw_worker_unlisten(w);
+    if (!w->is_main && atomic_fetch_add(&gw_unlistened, 1) + 1 == gw_srv.nworkers) {
+        /* Every worker has stopped watching the shared sockets: close them
+         * so new connections are refused, not left in the backlog. */
+        for (size_t i = 0; i < gw_srv.nlistens; i++) {
+            if (!gw_srv.listens[i].admin && gw_srv.listens[i].fd >= 0) {
+                close(gw_srv.listens[i].fd);
+                gw_srv.listens[i].fd = -1;
+            }
+        }
+    }
+    gw_upstream_worker_reset(w);
+    gw_conn_t *c, *next;
+    for (c = TAILQ_FIRST(&w->conns); c; c = next) {
+        next = TAILQ_NEXT(c, link);
+        gw_conn_drain(c);
+    }
+    if (w->nconns == 0 && !w->is_main)
+        event_base_loopexit(w->base, NULL);
+}
+
+static void gw_worker_stop_now(gw_worker_t *w)
+{
+    gw_conn_t *c, *next;
+    for (c = TAILQ_FIRST(&w->conns); c; c = next) {
+        next = TAILQ_NEXT(c, link);
+        gw_conn_close(c);
+    }
+    if (!w->is_main)
+        event_base_loopexit(w->base, NULL);
+}
+
+static _Atomic bool gw_stop_now;
+
+static void gw_worker_notify_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    gw_worker_t *w = arg;
+    gw_worker_update_rt(w);
+    if (atomic_load(&gw_srv.draining))
+        gw_worker_start_drain(w);
+    if (atomic_load(&gw_stop_now))
+        gw_worker_stop_now(w);
+}
+
+static int gw_worker_init(gw_worker_t *w, int id, bool is_main)
+{
+    w->srv = &gw_srv;
+    w->id = id;
+    w->is_main = is_main;
+    TAILQ_INIT(&w->conns);
+    uint64_t seed = 0;
+    if (getrandom(&seed, sizeof(seed), 0) != sizeof(seed))
+        seed = (uint64_t)sl_now_ns();
+    w->rng = seed | 1;
+    if (!w->base) {
+        struct event_config *cfg = event_config_new();
+        event_config_set_flag(cfg, EVENT_BASE_FLAG_PRECISE_TIMER);
+        w->base = event_base_new_with_config(cfg);
+        event_config_free(cfg);
+    }
+    if (!w->base)
+        return -1;
+    w->notify_ev = event_new(w->base, -1, 0, gw_worker_notify_cb, w);
+    w->accept_ev = evtimer_new(w->base, gw_accept_retry_cb, w);
+    w->reap_ev = event_new(w->base, -1, 0, gw_worker_reap_cb, w);
+    if (!w->notify_ev || !w->accept_ev || !w->reap_ev)
+        return -1;
+    gw_worker_update_rt(w);
+    return gw_worker_listen(w);
+}
+
+static void gw_worker_fini(gw_worker_t *w)
+{
+    gw_worker_unlisten(w);
+    gw_worker_stop_now(w);
+    gw_worker_reap_cb(-1, 0, w);
+    gw_upstream_worker_free(w);
+    gw_worker_reap_cb(-1, 0, w);
+    free(w->listeners);
+    free(w->lslots);
+    free(w->wsrv);
+    event_free(w->notify_ev);
+    event_free(w->accept_ev);
+    event_free(w->reap_ev);
+    gw_rt_unref(w->rt);
+    w->rt = NULL;
+    event_base_free(w->base);
+    w->base = NULL;
+}
+
+static void *gw_worker_main(void *arg)
+{
+    gw_worker_t *w = arg;
+    event_base_dispatch(w->base);
+    return NULL;
+}
+
+static void gw_notify_all(void)
+{
+    for (int i = 0; i < gw_srv.nworkers; i++)
+        event_active(gw_srv.workers[i].notify_ev, EV_READ, 0);
+    event_active(gw_srv.main.notify_ev, EV_READ, 0);
+}
+
+/* ---- listening sockets ---------------------------------------------------- */
+
+/* "host:port" or "[v6]:port" -> a bound, listening, non-blocking socket. */
+static int gw_listen_open(const char *address, char *err, size_t errlen)
+{
+    char host[256];
+    const char *colon = strrchr(address, ':');
+    if (!colon || colon == address) {
+        snprintf(err, errlen, "bad address %s", address);
+        return -1;
+    }
+    size_t hl = (size_t)(colon - address);
+    if (address[0] == '[' && hl >= 2 && address[hl - 1] == ']') {
+        memcpy(host, address + 1, hl - 2);
+        host[hl - 2] = '\0';
+    } else {
+        if (hl >= sizeof(host))
+            hl = sizeof(host) - 1;
+        memcpy(host, address, hl);
+        host[hl] = '\0';
+    }
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
+    struct addrinfo *ai = NULL;
+    int rc = getaddrinfo(host, colon + 1, &hints, &ai);
+    if (rc != 0 || !ai) {
+        snprintf(err, errlen, "%s: %s", address, gai_strerror(rc));
+        return -1;
+    }
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        snprintf(err, errlen, "%s: socket: %s", address, strerror(errno));
+        freeaddrinfo(ai);
+        return -1;
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (ai->ai_family == AF_INET6)
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 511) != 0) {
+        snprintf(err, errlen, "%s: %s", address, strerror(errno));
+        close(fd);
+        freeaddrinfo(ai);
+        return -1;
+    }
+    freeaddrinfo(ai);
+    return fd;
+}
+
+static int gw_listens_open(const conf_t *c, char *err, size_t errlen)
+{
+    bool admin = c->admin.address && strcmp(c->admin.address, "off") != 0;
+    gw_srv.nlistens = c->nlisten + (admin ? 1 : 0);
+    gw_srv.listens = sl_xcalloc(gw_srv.nlistens, sizeof(*gw_srv.listens));
+    for (size_t i = 0; i < gw_srv.nlistens; i++)
+        gw_srv.listens[i].fd = -1;
+    for (size_t i = 0; i < c->nlisten; i++) {
+        gw_srv.listens[i].index = i;
+        gw_srv.listens[i].address = sl_xstrdup(c->listen[i].address);
+        char e[256];
+        gw_srv.listens[i].fd = gw_listen_open(c->listen[i].address, e, sizeof(e));
+        if (gw_srv.listens[i].fd < 0) {
+            snprintf(err, errlen, "%s:%d: listen: %s", c->path, c->listen[i].line, e);
+            return -1;
+        }
+    }
+    if (admin) {
+        gw_listen_rt_t *l = &gw_srv.listens[c->nlisten];
+        l->admin = true;
+        l->address = sl_xstrdup(c->admin.address);
+        char e[256];
+        l->fd = gw_listen_open(c->admin.address, e, sizeof(e));
+        if (l->fd < 0) {
+            snprintf(err, errlen, "%s: admin.address: %s", c->path, e);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* ---- signals ----------------------------------------------------------- */
+
+static void gw_count_reload(const char *result)
+{
+    sl_counter_add(sl_metric_series1(gw_m.reloads, result), 1);
+}
+
+static void gw_reload(void)
+{
+    char err[1024];
+    conf_t *c = conf_load(gw_srv.conf_path, err, sizeof(err));
+    if (!c) {
+        sl_error("reload refused: %s", err);
+        gw_count_reload("error");
+        return;
+    }
+    gw_rt_t *old = gw_server_rt(&gw_srv);
+    if (conf_reload_check(old->conf, c, err, sizeof(err)) != 0) {
+        sl_error("reload refused: %s", err);
+        gw_rt_unref(old);
+        conf_free(c);
+        gw_count_reload("error");
+        return;
+    }
+    gw_rt_unref(old);
+    gw_rt_t *rt = gw_rt_new(c, err, sizeof(err));
+    if (!rt) {
+        sl_error("reload refused: %s", err);
+        gw_count_reload("error");
+        return;
+    }
+    if (gw_accesslog_open(rt->conf->log.access, err, sizeof(err)) != 0) {
+        sl_error("reload: %s (access log unchanged)", err);
+    }
+    int lvl = sl_log_level_parse(rt->conf->log.level);
+    if (lvl >= 0)
+        sl_log_set_level((sl_log_level_t)lvl);
+    pthread_mutex_lock(&gw_srv.rt_lock);
+    gw_rt_t *prev = atomic_exchange(&gw_srv.rt, rt);
+    pthread_mutex_unlock(&gw_srv.rt_lock);
+    gw_rt_unref(prev);
+    gw_notify_all();
+    gw_count_reload("ok");
+    sl_info("reloaded %s (generation %llu)", gw_srv.conf_path, (unsigned long long)rt->generation);
+}
+
+static void gw_drain_timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    (void)arg;
+    sl_warn("shutdown_timeout passed: closing the remaining connections");
+    atomic_store(&gw_stop_now, true);
+    gw_notify_all();
+}
+
+static void gw_drain_poll_cb(evutil_socket_t fd, short what, void *arg);
+
+static void gw_signal_cb(evutil_socket_t sig, short what, void *arg)
+{
+    (void)what;
+    (void)arg;
+    if (sig == SIGHUP) {
+        gw_reload();
+        return;
+    }
+    if (atomic_exchange(&gw_srv.draining, true)) {
+        /* A second SIGTERM/SIGINT: stop now. */
+        gw_drain_timeout_cb(-1, 0, NULL);
+        return;
+    }
+    gw_rt_t *rt = gw_server_rt(&gw_srv);
+    int64_t ms = rt->conf->shutdown_timeout_ms;
+    gw_rt_unref(rt);
+    sl_info("draining (up to %lld ms)", (long long)ms);
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    gw_srv.drain_timer = evtimer_new(gw_srv.main.base, gw_drain_timeout_cb, NULL);
+    evtimer_add(gw_srv.drain_timer, &tv);
+    gw_notify_all();
+    /* The main loop ends when every worker thread has ended. */
+    gw_srv.drain_poll = event_new(gw_srv.main.base, -1, EV_PERSIST, gw_drain_poll_cb, NULL);
+    struct timeval ptv = {0, 20000};
+    event_add(gw_srv.drain_poll, &ptv);
+}
+
+static _Atomic int gw_workers_running;
+
+static void gw_drain_poll_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    (void)arg;
+    if (atomic_load(&gw_workers_running) == 0)
+        event_base_loopexit(gw_srv.main.base, NULL);
+}
+
+static void *gw_worker_thread(void *arg)
+{
+    gw_worker_main(arg);
+    atomic_fetch_sub(&gw_workers_running, 1);
+    return NULL;
+}
+
+/* ---- run ----------------------------------------------------------------- */
+
+static int gw_cores(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+int gw_server_run(const char *conf_path)
+{
+    char err[1024];
+    signal(SIGPIPE, SIG_IGN);
+    evthread_use_pthreads();
+    gw_metrics_init();
+    conf_t *c = conf_load(conf_path, err, sizeof(err));
+    if (!c) {
+        sl_error("%s", err);
+        return 1;
+    }
+    int lvl = sl_log_level_parse(c->log.level);
+    if (lvl >= 0)
+        sl_log_set_level((sl_log_level_t)lvl);
+    gw_srv.conf_path = sl_xstrdup(conf_path);
+    pthread_mutex_init(&gw_srv.rt_lock, NULL);
+    gw_rt_t *rt = gw_rt_new(c, err, sizeof(err));
+    if (!rt) {
+        sl_error("%s", err);
+        return 1;
+    }
+    atomic_store(&gw_srv.rt, rt);
+    if (gw_accesslog_open(rt->conf->log.access, err, sizeof(err)) != 0 ||
+        gw_listens_open(rt->conf, err, sizeof(err)) != 0) {
+        sl_error("%s", err);
+        return 1;
+    }
+    gw_srv.nworkers = rt->conf->workers > 0 ? (int)rt->conf->workers : gw_cores();
+    gw_srv.workers = sl_xcalloc((size_t)gw_srv.nworkers, sizeof(*gw_srv.workers));
+    if (gw_worker_init(&gw_srv.main, -1, true) != 0)
+        return 1;
+    for (int i = 0; i < gw_srv.nworkers; i++)
+        if (gw_worker_init(&gw_srv.workers[i], i, false) != 0)
+            return 1;
+    struct event_base *mb = gw_srv.main.base;
+    gw_srv.sig_hup = evsignal_new(mb, SIGHUP, gw_signal_cb, NULL);
+    gw_srv.sig_term = evsignal_new(mb, SIGTERM, gw_signal_cb, NULL);
+    gw_srv.sig_int = evsignal_new(mb, SIGINT, gw_signal_cb, NULL);
+    evsignal_add(gw_srv.sig_hup, NULL);
+    evsignal_add(gw_srv.sig_term, NULL);
+    evsignal_add(gw_srv.sig_int, NULL);
+    atomic_store(&gw_workers_running, gw_srv.nworkers);
+    for (int i = 0; i < gw_srv.nworkers; i++) {
+        if (pthread_create(&gw_srv.workers[i].thread, NULL, gw_worker_thread, &gw_srv.workers[i]) !=
+            0) {
+            sl_error("cannot start worker %d", i);
+            return 1;
+        }
+    }
+    atomic_store(&gw_srv.ready, true);
+    sl_info("sluice started: %d worker(s), %zu listener(s), conf %s", gw_srv.nworkers,
+            rt->conf->nlisten, conf_path);
+    event_base_dispatch(mb);
+    for (int i = 0; i < gw_srv.nworkers; i++)
+        pthread_join(gw_srv.workers[i].thread, NULL);
+    for (int i = 0; i < gw_srv.nworkers; i++)
+        gw_worker_fini(&gw_srv.workers[i]);
+    gw_worker_fini(&gw_srv.main);
+    for (size_t i = 0; i < gw_srv.nlistens; i++) {
+        if (gw_srv.listens[i].fd >= 0)
+            close(gw_srv.listens[i].fd);
+        free(gw_srv.listens[i].address);
+    }
+    event_free(gw_srv.sig_hup);
+    event_free(gw_srv.sig_term);
+    event_free(gw_srv.sig_int);
+    if (gw_srv.drain_timer)
+        event_free(gw_srv.drain_timer);
+    if (gw_srv.drain_poll)
+        event_free(gw_srv.drain_poll);
+    free(gw_srv.workers);
+    free(gw_srv.listens);
+    gw_rt_unref(atomic_load(&gw_srv.rt));
+    free(gw_srv.conf_path);
+    sl_info("sluice stopped");
+    return 0;
+}
+
+bool gw_server_ready(void)
+{
+    return atomic_load(&gw_srv.ready) && !atomic_load(&gw_srv.draining);
+}

@@ -1,0 +1,73 @@
+/*
+ * tls.c — OpenSSL contexts: one per TLS listener (termination, TLS 1.2+),
+ * one per upstream pool with https:// servers (peer verification against a
+ * CA file is always on; the host check and SNI are set per connection in
+ * upstream.c). There is deliberately no switch to trust any certificate.
+ */
+#include <openssl/err.h>
+#include <stdio.h>
+
+#include "gateway/gw_internal.h"
+
+const char *gw_tls_last_error(char *buf, size_t len)
+{
+    unsigned long e = ERR_get_error();
+    if (!e) {
+        snprintf(buf, len, "unknown TLS error");
+        return buf;
+    }
+    ERR_error_string_n(e, buf, len);
+    ERR_clear_error();
+    return buf;
+}
+
+SSL_CTX *gw_tls_server_ctx(const char *cert, const char *key, char *err, size_t errlen)
+{
+    char eb[256];
+    SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
+    if (!ctx) {
+        snprintf(err, errlen, "TLS: %s", gw_tls_last_error(eb, sizeof(eb)));
+        return NULL;
+    }
+    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+    SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE);
+    SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
+    if (SSL_CTX_use_certificate_chain_file(ctx, cert) != 1) {
+        snprintf(err, errlen, "TLS certificate %s: %s", cert, gw_tls_last_error(eb, sizeof(eb)));
+        goto fail;
+    }
+    if (SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) != 1) {
+        snprintf(err, errlen, "TLS key %s: %s", key, gw_tls_last_error(eb, sizeof(eb)));
+        goto fail;
+    }
+    if (SSL_CTX_check_private_key(ctx) != 1) {
+        snprintf(err, errlen, "TLS key %s does not match certificate %s", key, cert);
+        goto fail;
+    }
+    return ctx;
+fail:
+    SSL_CTX_free(ctx);
+    return NULL;
+}
+
+SSL_CTX *gw_tls_client_ctx(const char *ca_file, char *err, size_t errlen)
+{
+    char eb[256];
+    SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+    if (!ctx) {
+        snprintf(err, errlen, "TLS: %s", gw_tls_last_error(eb, sizeof(eb)));
+        return NULL;
+    }
+    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+    SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+    int ok = ca_file ? SSL_CTX_load_verify_locations(ctx, ca_file, NULL)
+                     : SSL_CTX_set_default_verify_paths(ctx);
+    if (ok != 1) {
+        snprintf(err, errlen, "TLS CA file %s: %s", ca_file ? ca_file : "(system default)",
+                 gw_tls_last_error(eb, sizeof(eb)));
+        SSL_CTX_free(ctx);
+        return NULL;
+    }
+    return ctx;
+}

@@ -1,0 +1,253 @@
+/*
+ * upstream.c — connections to model servers: picking a server (balancer +
+ * ejection), a keep-alive pool per server per worker, connecting over plain
+ * TCP or TLS (certificate and host verified, SNI), and returning or closing
+ * connections when a request is done.
+ *
+ * An idle pooled connection keeps reading, so a server that closes it is
+ * noticed and the connection dropped before anyone tries to reuse it; the
+ * race where the server closes just as a request goes out is handled by
+ * the proxy retrying once on a fresh connection (proxy.c).
+ */
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include <arpa/inet.h>
+#include <event2/bufferevent_ssl.h>
+#include <openssl/x509v3.h>
+
+#include "common/log.h"
+#include "gateway/gw_internal.h"
+
+/* Idle pooled connections are closed after this long: below the usual
+ * keep-alive timeout of model servers (uvicorn, which serves vLLM, closes
+ * after 5 s), so we rarely race the server's own close. */
+#define GW_UPSTREAM_IDLE_MS 4000
+
+static void gw_up_readcb(struct bufferevent *bev, void *arg);
+static void gw_up_eventcb(struct bufferevent *bev, short what, void *arg);
+
+/* The proxy's handlers; set by proxy.c. */
+void gw_proxy_up_read(gw_req_t *r);
+void gw_proxy_up_event(gw_req_t *r, short what);
+
+gw_srv_rt_t *gw_upstream_pick(gw_worker_t *w, gw_pool_rt_t *pool, int64_t now_ms)
+{
+    gw_balance_item_t items[64];
+    size_t n = SL_MIN(pool->nservers, SL_ARRAY_LEN(items));
+    for (size_t i = 0; i < n; i++) {
+        gw_srv_rt_t *s = pool->servers[i];
+        items[i].weight = s->weight;
+        items[i].active = atomic_load_explicit(&s->active, memory_order_relaxed);
+        items[i].eligible = atomic_load_explicit(&s->ejected_until, memory_order_relaxed) <= now_ms;
+        items[i].current = &w->wsrv[s->index].rr_current;
+    }
+    int k = gw_balance_pick(items, n, pool->conf->balance, gw_worker_rand(w));
+    return k < 0 ? NULL : pool->servers[k];
+}
+
+void gw_upstream_report(gw_srv_rt_t *srv, bool ok, int64_t now_ms)
+{
+    if (ok) {
+        if (atomic_load_explicit(&srv->fails, memory_order_relaxed) != 0)
+            atomic_store(&srv->fails, 0);
+        return;
+    }
+    int f = atomic_fetch_add(&srv->fails, 1) + 1;
+    const conf_upstream_t *cu = srv->pool->conf;
+    if (cu->max_fails > 0 && f >= cu->max_fails) {
+        atomic_store(&srv->ejected_until, now_ms + cu->eject_ms);
+        atomic_store(&srv->fails, 0);
+        sl_warn("upstream %s: %s ejected for %lld ms after %d failures", srv->pool->name, srv->url,
+                (long long)cu->eject_ms, f);
+    }
+}
+
+static void gw_upconn_free_cb(void *arg)
+{
+    gw_upconn_t *u = arg;
+    free(u);
+}
+
+static void gw_up_idle_timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    gw_upstream_close(arg);
+}
+
+void gw_upstream_close(gw_upconn_t *u)
+{
+    if (u->closed)
+        return;
+    u->closed = true;
+    gw_worker_t *w = u->w;
+    if (!u->req && u->idle_since_ms) {
+        /* It is in an idle list (unless the runtime moved on and the lists
+         * were dropped: then generation differs and it was unlinked). */
+        if (u->generation == w->rt->generation && u->srv->index < w->nwsrv) {
+            TAILQ_REMOVE(&w->wsrv[u->srv->index].idle, u, link);
+            w->wsrv[u->srv->index].nidle--;
+        }
+    }
+    if (u->idle_timer)
+        event_free(u->idle_timer);
+    u->idle_timer = NULL;
+    if (u->bev)
+        bufferevent_free(u->bev);
+    u->bev = NULL;
+    gw_http_parser_free(u->parser);
+    u->parser = NULL;
+    u->req = NULL;
+    gw_worker_defer_free(w, gw_upconn_free_cb, u);
+}
+
+static int gw_up_tls_setup(SSL *ssl, const gw_srv_rt_t *s)
+{
+    struct in6_addr a6;
+    struct in_addr a4;
+    bool ip = inet_pton(AF_INET, s->host, &a4) == 1 || inet_pton(AF_INET6, s->host, &a6) == 1;
+    if (ip)
+        return X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), s->host) == 1 ? 0 : -1;
+    if (SSL_set_tlsext_host_name(ssl, s->host) != 1)
+        return -1;
+    return SSL_set1_host(ssl, s->host) == 1 ? 0 : -1;
+}
+
+gw_upconn_t *gw_upstream_get(gw_worker_t *w, gw_srv_rt_t *srv, bool allow_reuse)
+{
+    if (allow_reuse && srv->index < w->nwsrv && srv->pool->conf && w->rt->generation) {
+        gw_wsrv_t *ws = &w->wsrv[srv->index];
+        gw_upconn_t *u = TAILQ_FIRST(&ws->idle);
+        if (u && u->generation == w->rt->generation && u->srv == srv) {
+            TAILQ_REMOVE(&ws->idle, u, link);
+            ws->nidle--;
+            u->idle_since_ms = 0;
+            evtimer_del(u->idle_timer);
+            u->reused = true;
+            u->nreq++;
+            sl_counter_add(srv->m_conn_reused, 1);
+            return u;
+        }
+    }
+    gw_upconn_t *u = calloc(1, sizeof(*u));
+    if (!u)
+        return NULL;
+    u->w = w;
+    u->srv = srv;
+    u->generation = w->rt->generation;
+    u->nreq = 1;
+    const conf_limits_t *lim = &w->rt->conf->limits;
+    gw_http_limits_t hl = {
+        .request_line_bytes = (size_t)lim->header_bytes,
+        .header_bytes = (size_t)lim->header_bytes,
+        .header_lines = (size_t)lim->header_lines,
+        .max_body_bytes = 0,
+    };
+    u->parser = gw_http_parser_new(GW_HTTP_RESPONSE, &hl);
+    u->idle_timer = evtimer_new(w->base, gw_up_idle_timer_cb, u);
+    int opts = BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS;
+    if (srv->https) {
+        SSL *ssl = SSL_new(srv->pool->ssl_ctx);
+        if (ssl && gw_up_tls_setup(ssl, srv) == 0)
+            u->bev =
+                bufferevent_openssl_socket_new(w->base, -1, ssl, BUFFEREVENT_SSL_CONNECTING, opts);
+        if (!u->bev && ssl)
+            SSL_free(ssl);
+    } else {
+        u->bev = bufferevent_socket_new(w->base, -1, opts);
+    }
+    if (!u->parser || !u->idle_timer || !u->bev) {
+        gw_upstream_close(u);
+        return NULL;
+    }
+    bufferevent_setcb(u->bev, gw_up_readcb, NULL, gw_up_eventcb, u);
+    bufferevent_setwatermark(u->bev, EV_READ, 0, 64 * 1024);
+    if (bufferevent_socket_connect(u->bev, (struct sockaddr *)&srv->addr, (int)srv->addrlen) != 0) {
+        /* Immediate failure (no route, fd limit): report through the
+         * proxy's normal path on the next loop turn. */
+        u->connected = false;
+        bufferevent_trigger_event(u->bev, BEV_EVENT_ERROR, BEV_OPT_DEFER_CALLBACKS);
+    }
+    bufferevent_enable(u->bev, EV_READ | EV_WRITE);
+    sl_counter_add(srv->m_conn_new, 1);
+    return u;
+}
+
+void gw_upstream_release(gw_upconn_t *u, bool reusable)
+{
+    gw_worker_t *w = u->w;
+    u->req = NULL;
+    gw_srv_rt_t *srv = u->srv;
+    if (!reusable || u->closed || w->draining || u->generation != w->rt->generation ||
+        srv->index >= w->nwsrv || w->wsrv[srv->index].nidle >= (size_t)srv->pool->conf->keepalive ||
+        evbuffer_get_length(bufferevent_get_input(u->bev)) > 0) {
+        gw_upstream_close(u);
+        return;
+    }
+    gw_http_parser_reset(u->parser);
+    u->idle_since_ms = sl_now_ms();
+    gw_wsrv_t *ws = &w->wsrv[srv->index];
+    TAILQ_INSERT_HEAD(&ws->idle, u, link); /* LIFO: the warmest connection first */
+    ws->nidle++;
+    bufferevent_enable(u->bev, EV_READ);
+    struct timeval tv = {GW_UPSTREAM_IDLE_MS / 1000, (GW_UPSTREAM_IDLE_MS % 1000) * 1000};
+    evtimer_add(u->idle_timer, &tv);
+}
+
+static void gw_up_readcb(struct bufferevent *bev, void *arg)
+{
+    gw_upconn_t *u = arg;
+    if (u->closed)
+        return;
+    if (!u->req) {
+        /* Bytes on an idle connection: the server is not speaking HTTP to
+         * us any more (or sent garbage). Drop the connection. */
+        (void)bev;
+        gw_upstream_close(u);
+        return;
+    }
+    gw_proxy_up_read(u->req);
+}
+
+static void gw_up_eventcb(struct bufferevent *bev, short what, void *arg)
+{
+    gw_upconn_t *u = arg;
+    if (u->closed)
+        return;
+    if (what & BEV_EVENT_CONNECTED) {
+        int fd = bufferevent_getfd(bev);
+        int one = 1;
+        if (fd >= 0)
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        u->connected = true;
+        if (u->req)
+            gw_proxy_up_event(u->req, what);
+        return;
+    }
+    if (!u->req) {
+        gw_upstream_close(u);
+        return;
+    }
+    gw_proxy_up_event(u->req, what);
+}
+
+void gw_upstream_worker_reset(gw_worker_t *w)
+{
+    for (size_t i = 0; i < w->nwsrv; i++) {
+        gw_upconn_t *u;
+        while ((u = TAILQ_FIRST(&w->wsrv[i].idle)) != NULL) {
+            TAILQ_REMOVE(&w->wsrv[i].idle, u, link);
+            w->wsrv[i].nidle--;
+            u->idle_since_ms = 0; /* unlinked: close must not touch the list */
+            gw_upstream_close(u);
+        }
+    }
+}
+
+void gw_upstream_worker_free(gw_worker_t *w)
+{
+    gw_upstream_worker_reset(w);
+}
