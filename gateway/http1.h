@@ -20,12 +20,24 @@
  *     unknown coding)
  *   - bad chunk sizes (0x5, +5, spaces, overflow)           -> 400
  *   - requests: HTTP/1.1 needs exactly one Host; a second Host -> 400;
- *     origin-form target ("/..."), else 400; CONNECT, Upgrade -> 400/501;
- *     only HTTP/1.0 and HTTP/1.1 (others -> 505)
+ *     origin-form target ("/..."), else 400; CONNECT -> 501; only
+ *     HTTP/1.0 and HTTP/1.1 (others -> 505). An Upgrade header is not an
+ *     error: it is hop-by-hop, so it is dropped and the request served as
+ *     plain HTTP/1.1 (RFC 9110 7.8; `curl --http2 http://` sends h2c)
  *   - "Expect: 100-continue" is reported (expect_continue); any other
  *     expectation -> 417
+ *   - the request line must be exactly token SP target SP HTTP/d.d, header
+ *     names tokens, no control bytes in the head                -> 400
+ * Debian's http-parser is built non-strict (HTTP_PARSER_STRICT=0), so these
+ * syntax checks are the adapter's own (see http1.c).
  * Every error leaves the parser in GW_HTTP_ERROR with a status and a short
  * machine-readable reason; the caller answers and closes the connection.
+ * Errors in a response (the upstream's fault) all have status 502, except a
+ * body callback's failure (500).
+ *
+ * Responses: 1xx interim responses are skipped (the caller sees the final
+ * head only; a 101 is an error since Upgrade is never forwarded); 204, 304
+ * and the answer to a HEAD request have no body whatever their headers say.
  */
 #ifndef GW_HTTP1_H
 #define GW_HTTP1_H
@@ -41,6 +53,9 @@ typedef enum gw_http_kind {
     GW_HTTP_RESPONSE,
 } gw_http_kind_t;
 
+/* Copied by gw_http_parser_new(); NULL, or a zero field but max_body_bytes,
+ * means the defaults (8 KiB, 16 KiB, 100 lines, 1 MiB). http-parser has its
+ * own 80 KiB ceiling on a head (431 beyond it whatever header_bytes says). */
 typedef struct gw_http_limits {
     size_t request_line_bytes; /* requests only; responses use header_bytes */
     size_t header_bytes;       /* the whole head, request/status line included */
@@ -49,7 +64,7 @@ typedef struct gw_http_limits {
 } gw_http_limits_t;
 
 typedef struct gw_http_header {
-    const char *name; /* NUL-terminated, as sent (case kept) */
+    const char *name;  /* NUL-terminated, as sent (case kept) */
     const char *value; /* NUL-terminated, leading/trailing OWS stripped */
     size_t name_len;
     size_t value_len;
@@ -93,7 +108,8 @@ gw_http_parser_t *gw_http_parser_new(gw_http_kind_t kind, const gw_http_limits_t
 void gw_http_parser_free(gw_http_parser_t *p);
 /* Ready for the next message on the same connection (keep-alive). */
 void gw_http_parser_reset(gw_http_parser_t *p);
-/* Responses: the request was HEAD (no body follows, whatever the headers say). */
+/* Responses: the request was HEAD (no body follows, whatever the headers say).
+ * Call it after _new/_reset, before feeding; reset clears it. */
 void gw_http_parser_set_head_request(gw_http_parser_t *p, bool head);
 
 /* Feeds up to n bytes. *consumed tells how many were used. Parsing stops
@@ -101,26 +117,33 @@ void gw_http_parser_set_head_request(gw_http_parser_t *p, bool head);
  * message is complete (GW_HTTP_DONE), so the caller can act on the head
  * before any body byte, and so pipelined bytes after a message are left
  * alone. Body bytes go to body_cb (may be NULL to discard). Once it has
- * returned GW_HTTP_HEAD, feeding goes on in the body. */
+ * returned GW_HTTP_HEAD, feeding goes on in the body: call it again even
+ * with n == 0, since a message without a body then returns GW_HTTP_DONE
+ * (consumed 0). After DONE or ERROR it returns the same, consuming nothing,
+ * until reset. */
 gw_http_state_t gw_http_feed(gw_http_parser_t *p, const char *data, size_t n, size_t *consumed,
                              gw_http_body_cb body_cb, void *arg) SL_WUR;
 
 /* The peer closed: for a response delimited by close, this completes it
- * (GW_HTTP_DONE); otherwise an incomplete message is GW_HTTP_ERROR. */
+ * (GW_HTTP_DONE); otherwise an incomplete message is GW_HTTP_ERROR
+ * ("truncated"). With no byte fed since reset it returns GW_HTTP_NEED_MORE
+ * (an idle keep-alive connection closing is not an error). */
 gw_http_state_t gw_http_feed_eof(gw_http_parser_t *p, gw_http_body_cb body_cb, void *arg) SL_WUR;
 
 gw_http_state_t gw_http_state(const gw_http_parser_t *p);
+/* The parsed head once GW_HTTP_HEAD was returned (also in DONE); NULL before. */
 const gw_http_msg_t *gw_http_msg(const gw_http_parser_t *p);
 /* Bytes of body delivered so far. */
 uint64_t gw_http_body_bytes(const gw_http_parser_t *p);
 /* Any byte of a message seen since the last reset (idle vs mid-request). */
 bool gw_http_started(const gw_http_parser_t *p);
 
-int gw_http_error_status(const gw_http_parser_t *p); /* 400, 413, 414, 417, 431, 501, 505 */
+/* 400, 413, 414, 417, 431, 500, 501, 505 (502 for responses); 0 when none. */
+int gw_http_error_status(const gw_http_parser_t *p);
 /* Short reason for logs and error bodies: "bare_lf", "obs_fold", "cl_and_te",
  * "duplicate_content_length", "bad_chunk_size", "header_too_large",
  * "too_many_headers", "uri_too_long", "body_too_large", "missing_host",
- * "duplicate_host", ... */
+ * "duplicate_host", ... ("" when none). The full list is in test_http1.c. */
 const char *gw_http_error_reason(const gw_http_parser_t *p);
 
 /* Case-insensitive header lookup; the first match or NULL. */

@@ -1,0 +1,1156 @@
+/*
+ * http1.c — the strict HTTP/1.1 framing adapter over Debian's http-parser.
+ *
+ * Debian builds libhttp_parser with HTTP_PARSER_STRICT=0 (checked by
+ * tests/unit/test_http1.c: it accepts "Ho st: a", "Host : a", a TAB in the
+ * target, two spaces in the request line), and in any mode it accepts bare
+ * LF line ends and obs-fold and reads a 304's Content-Length as a body. So
+ * the adapter does the head's syntax itself and lets http-parser do what it
+ * is good at (method table, version, Content-Length and chunk arithmetic,
+ * keep-alive flags, body delivery):
+ *
+ *   - head_scan() walks every head byte once: CRLF-only line ends, no
+ *     obs-fold, no control bytes, a strict request line (token SP target SP
+ *     HTTP/d.d), token header names, the size and line limits. It copies
+ *     method, target and header names/values (OWS trimmed) into a per-parser
+ *     arena sized from the limits, so nothing is allocated per message and
+ *     values may span fed pieces.
+ *   - http-parser gets the same head bytes but the final LF; head_check()
+ *     then applies the semantic rules (CL/TE, Host, Expect, version, target)
+ *     on the copied headers before the LF goes in. That way our reasons win
+ *     over http-parser's generic errors (its CL+TE check runs at that LF).
+ *   - chunk_scan() validates chunked framing byte by byte (1*HEXDIG, no
+ *     whitespace, CRLF everywhere, bounded extensions and trailers) and only
+ *     the valid prefix is handed to http-parser, which de-chunks it.
+ *
+ * Both parsers see the same bytes, so they agree on where a head or message
+ * ends; a disagreement is reported as an error, never trusted. Feeding
+ * stops at the head (the last byte given to http-parser is the head's LF)
+ * and at message end (on_message_complete pauses http-parser), so pipelined
+ * bytes stay with the caller.
+ */
+#include "gateway/http1.h"
+
+#include <http_parser.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#define GW_HTTP_MAX_INTERIM   16   /* 1xx responses skipped before the final one */
+#define GW_HTTP_MAX_CHUNK_EXT 1024 /* bytes of chunk extensions on one size line */
+
+/* ---- character classes (RFC 9110/9112) ---- */
+
+enum {
+    C_TCHAR = 1 << 0, /* token */
+    C_VAL = 1 << 1,   /* field-value byte: HTAB SP VCHAR obs-text */
+    C_TGT = 1 << 2,   /* request-target byte: VCHAR but '#' */
+    C_HEX = 1 << 3,
+    C_HOST = 1 << 4, /* Host value: reg-name / IP-literal / port */
+};
+
+/* GNU range initialisers keep the table readable; gcc and clang both have
+ * them. Every byte appears once (-Woverride-init). */
+#define VT   (C_VAL | C_TGT)           /* VCHAR, not a token char */
+#define VTT  (C_VAL | C_TGT | C_TCHAR) /* token char, not in a host */
+#define VTTH (VTT | C_HOST)            /* token char, also in a host */
+#define VTH  (C_VAL | C_TGT | C_HOST)  /* sub-delim or ':' '[' ']' */
+static const uint8_t gw_http_cls[256] = {
+    ['\t'] = C_VAL,
+    [' '] = C_VAL,
+    ['!'] = VTTH,
+    ['"'] = VT,
+    ['#'] = C_VAL | C_TCHAR,
+    ['$'] = VTTH,
+    ['%'] = VTTH,
+    ['&'] = VTTH,
+    ['\''] = VTTH,
+    ['('] = VTH,
+    [')'] = VTH,
+    ['*'] = VTTH,
+    ['+'] = VTTH,
+    [','] = VTH,
+    ['-'] = VTTH,
+    ['.'] = VTTH,
+    ['/'] = VT,
+    ['0' ... '9'] = VTTH | C_HEX,
+    [':'] = VTH,
+    [';'] = VTH,
+    ['<'] = VT,
+    ['='] = VTH,
+    ['>'] = VT,
+    ['?'] = VT,
+    ['@'] = VT,
+    ['A' ... 'F'] = VTTH | C_HEX,
+    ['G' ... 'Z'] = VTTH,
+    ['['] = VTH,
+    ['\\'] = VT,
+    [']'] = VTH,
+    ['^'] = VTT,
+    ['_'] = VTTH,
+    ['`'] = VTT,
+    ['a' ... 'f'] = VTTH | C_HEX,
+    ['g' ... 'z'] = VTTH,
+    ['{'] = VT,
+    ['|'] = VTT,
+    ['}'] = VT,
+    ['~'] = VTTH,
+    [0x80 ... 0xff] = C_VAL,
+};
+
+#define IS(c, k) (gw_http_cls[(unsigned char)(c)] & (k))
+
+/* ---- parser state ---- */
+
+enum {
+    PH_HEAD = 0, /* scanning a head */
+    PH_BODY,     /* head returned; body (or pending completion) */
+};
+
+/* head_scan() states */
+enum {
+    HS_LEAD = 0, /* request: before the method (empty CRLF lines allowed) */
+    HS_LEAD_LF,
+    HS_METHOD,
+    HS_TARGET,
+    HS_VERSION,
+    HS_STATUS, /* response: the status line (http-parser checks its shape) */
+    HS_LINE0_LF,
+    HS_LINE_START,
+    HS_NAME,
+    HS_OWS,
+    HS_VALUE,
+    HS_LINE_LF,
+    HS_END_LF,
+};
+
+/* chunk_scan() states */
+enum {
+    CS_SIZE0 = 0,
+    CS_SIZE,
+    CS_EXT,
+    CS_SIZE_LF,
+    CS_DATA,
+    CS_DATA_CR,
+    CS_DATA_LF,
+    CS_TR_START,
+    CS_TR_LINE,
+    CS_TR_LF,
+    CS_END_LF,
+    CS_END,
+};
+
+struct gw_http_parser {
+    http_parser hp;
+    gw_http_kind_t kind;
+    gw_http_limits_t lim;
+    gw_http_state_t state; /* what the last feed returned */
+    int phase;
+    bool head_request;
+    bool started;
+    bool headers_done; /* on_headers_complete ran for the current head */
+    bool complete;     /* on_message_complete ran (http-parser paused) */
+    bool interim;      /* the current head is a 1xx */
+    bool skip_body;
+    unsigned ninterim;
+    int err_status;
+    const char *err_reason;
+
+    /* head_scan */
+    int hs;
+    size_t head_bytes;
+    size_t line0_len;
+    size_t nlines;
+    size_t method_off, target_off, value_start, value_end;
+    unsigned ver_len;
+    char ver[8];
+
+    /* chunk_scan */
+    int cs;
+    unsigned chunk_digits;
+    size_t chunk_ext;
+    uint64_t chunk_size;
+    uint64_t chunk_left;
+    uint64_t declared;
+    size_t trailer_bytes;
+
+    uint64_t body_bytes;
+    gw_http_body_cb cb;
+    void *cb_arg;
+
+    gw_http_msg_t msg;
+    gw_http_header_t *hdrs; /* lim.header_lines entries */
+    char *arena;            /* names, values, method, target; NUL-terminated */
+    size_t arena_len, arena_cap;
+};
+
+static const char ver_tmpl[8] = "HTTP/0.0";
+
+/* Records the first error; later ones do not overwrite it. Response errors
+ * are the upstream's fault, so they all answer 502 (500 stays: our hook). */
+static void fail(gw_http_parser_t *p, int status, const char *reason)
+{
+    if (p->err_reason)
+        return;
+    if (p->kind == GW_HTTP_RESPONSE && status != 500)
+        status = 502;
+    p->err_status = status;
+    p->err_reason = reason;
+    p->state = GW_HTTP_ERROR;
+}
+
+/* An error a scanner just recorded, taken back until http-parser has been
+ * given the bytes before the offending one: an earlier error of its own
+ * then wins, so the reason reported does not depend on how input is split. */
+typedef struct gw_http_err {
+    int status;
+    const char *reason;
+} gw_http_err_t;
+
+static gw_http_err_t err_take(gw_http_parser_t *p, gw_http_state_t prev)
+{
+    gw_http_err_t e = {p->err_status, p->err_reason};
+    p->err_status = 0;
+    p->err_reason = NULL;
+    p->state = prev;
+    return e;
+}
+
+static void err_put(gw_http_parser_t *p, gw_http_err_t e)
+{
+    if (e.reason)
+        fail(p, e.status, e.reason);
+}
+
+/* ---- http-parser callbacks ---- */
+
+static int on_headers_complete(http_parser *hp)
+{
+    gw_http_parser_t *p = hp->data;
+    gw_http_msg_t *m = &p->msg;
+    p->headers_done = true;
+    m->http_major = hp->http_major;
+    m->http_minor = hp->http_minor;
+    m->status = p->kind == GW_HTTP_RESPONSE ? (int)hp->status_code : 0;
+    bool conn_ok = (hp->http_major == 1 && hp->http_minor >= 1)
+                       ? !(hp->flags & F_CONNECTION_CLOSE)
+                       : (hp->flags & F_CONNECTION_KEEP_ALIVE) != 0;
+    if (p->kind == GW_HTTP_RESPONSE) {
+        int st = m->status;
+        p->interim = st >= 100 && st < 200;
+        p->skip_body = p->interim || st == 204 || st == 304 || p->head_request;
+    }
+    /* A response delimited by close cannot leave the connection reusable. */
+    m->keep_alive = conn_ok && (p->kind == GW_HTTP_REQUEST || p->skip_body || m->chunked ||
+                                m->content_length >= 0);
+    return p->skip_body ? 1 : 0;
+}
+
+static int on_body(http_parser *hp, const char *at, size_t n)
+{
+    gw_http_parser_t *p = hp->data;
+    if (p->lim.max_body_bytes && p->body_bytes + n > p->lim.max_body_bytes) {
+        fail(p, 413, "body_too_large");
+        return -1;
+    }
+    p->body_bytes += n;
+    if (p->cb && p->cb(p->cb_arg, at, n) != 0) {
+        fail(p, 500, "body_callback");
+        return -1;
+    }
+    return 0;
+}
+
+static int on_message_complete(http_parser *hp)
+{
+    gw_http_parser_t *p = hp->data;
+    if (p->interim)
+        return 0; /* the final response follows; head_restart() re-arms */
+    p->complete = true;
+    http_parser_pause(hp, 1); /* leave pipelined bytes unconsumed */
+    return 0;
+}
+
+static const http_parser_settings gw_http_settings = {
+    .on_headers_complete = on_headers_complete,
+    .on_body = on_body,
+    .on_message_complete = on_message_complete,
+};
+
+/* Maps an http-parser error to ours (ours, if set first, wins in fail()). */
+static void fail_hp(gw_http_parser_t *p)
+{
+    enum http_errno e = HTTP_PARSER_ERRNO(&p->hp);
+    switch (e) {
+    case HPE_INVALID_METHOD:
+        fail(p, 501, "unknown_method");
+        break;
+    case HPE_INVALID_VERSION:
+        fail(p, 400, "bad_version");
+        break;
+    case HPE_INVALID_STATUS:
+        fail(p, 502, "bad_status");
+        break;
+    case HPE_INVALID_URL:
+    case HPE_INVALID_HOST:
+    case HPE_INVALID_PORT:
+    case HPE_INVALID_PATH:
+    case HPE_INVALID_QUERY_STRING:
+    case HPE_INVALID_FRAGMENT:
+        fail(p, 400, "bad_target");
+        break;
+    case HPE_INVALID_HEADER_TOKEN:
+        fail(p, 400, "bad_header");
+        break;
+    case HPE_INVALID_CONTENT_LENGTH:
+        fail(p, 400, "bad_content_length");
+        break;
+    case HPE_UNEXPECTED_CONTENT_LENGTH:
+        /* Before the head's last LF it can only be a second Content-Length;
+         * CL+TE is caught by head_check() before http-parser's own check. */
+        fail(p, 400, p->phase == PH_HEAD ? "duplicate_content_length" : "cl_and_te");
+        break;
+    case HPE_INVALID_CHUNK_SIZE:
+        fail(p, 400, "bad_chunk_size");
+        break;
+    case HPE_INVALID_TRANSFER_ENCODING:
+        fail(p, 400, "bad_transfer_encoding");
+        break;
+    case HPE_HEADER_OVERFLOW: /* http-parser's own 80 KiB ceiling */
+        fail(p, 431, "header_too_large");
+        break;
+    case HPE_LF_EXPECTED:
+        fail(p, 400, "bare_cr");
+        break;
+    case HPE_CLOSED_CONNECTION:
+        fail(p, 400, "data_after_close");
+        break;
+    case HPE_INVALID_EOF_STATE:
+        fail(p, 400, "truncated");
+        break;
+    default:
+        fail(p, 400, "bad_message");
+        break;
+    }
+}
+
+/* Runs http-parser over n > 0 bytes (n == 0 would mean EOF to it). Returns
+ * the bytes it took, or sets the error. A pause is completion, not error. */
+static size_t hp_exec(gw_http_parser_t *p, const char *d, size_t n)
+{
+    if (n == 0)
+        return 0;
+    size_t r = http_parser_execute(&p->hp, &gw_http_settings, d, n);
+    enum http_errno e = HTTP_PARSER_ERRNO(&p->hp);
+    if (e == HPE_PAUSED && p->complete)
+        return r;
+    if (e != HPE_OK) {
+        fail_hp(p);
+        return r;
+    }
+    if (r != n)
+        fail(p, 400, "bad_message"); /* http-parser stopped without a reason */
+    return r;
+}
+
+/* ---- the head ---- */
+
+static void head_restart(gw_http_parser_t *p)
+{
+    p->hs = p->kind == GW_HTTP_REQUEST ? HS_LEAD : HS_STATUS;
+    p->head_bytes = 0;
+    p->line0_len = 0;
+    p->nlines = 0;
+    p->ver_len = 0;
+    p->arena_len = 0;
+    p->headers_done = false;
+    p->interim = false;
+    p->skip_body = false;
+    memset(&p->msg, 0, sizeof(p->msg));
+    p->msg.headers = p->hdrs;
+    p->msg.content_length = -1;
+}
+
+/* Scans n head bytes. Returns how many were valid: up to and including the
+ * head's final LF (*end set), all n, or up to the offending byte (error
+ * set through fail()). */
+static size_t head_scan(gw_http_parser_t *p, const char *d, size_t n, bool *end)
+{
+    /* Locals, not p->...: the arena stores are char stores, which may alias
+     * anything, so fields kept in *p would be reloaded after every byte. */
+    const size_t hmax = p->lim.header_bytes;
+    const size_t lmax = p->kind == GW_HTTP_REQUEST ? p->lim.request_line_bytes : hmax;
+    char *ar = p->arena;
+    size_t al = p->arena_len;
+    size_t hb = p->head_bytes;
+    size_t l0 = p->line0_len;
+    int hs = p->hs;
+    size_t i;
+    *end = false;
+    for (i = 0; i < n; i++) {
+        char c = d[i];
+        /* Runs of plain bytes in the long parts of a head (target, names,
+         * values) are taken in one go; the switch below sees the rest. */
+        if (hs == HS_VALUE || hs == HS_NAME || hs == HS_TARGET) {
+            int k = hs == HS_VALUE ? C_VAL : hs == HS_NAME ? C_TCHAR : C_TGT;
+            size_t lim = SL_MIN(n - i, hmax - SL_MIN(hb, hmax));
+            if (hs == HS_TARGET)
+                lim = SL_MIN(lim, lmax - SL_MIN(l0, lmax));
+            size_t j = i;
+            while (j < lim + i && IS(d[j], k))
+                j++;
+            if (j > i) {
+                size_t run = al;
+                memcpy(ar + al, d + i, j - i);
+                al += j - i;
+                hb += j - i;
+                if (hs == HS_TARGET)
+                    l0 += j - i;
+                if (hs == HS_VALUE) {
+                    /* trailing OWS is trimmed at the CR: remember where the
+                     * last non-OWS byte of this run ends */
+                    size_t e = al;
+                    while (e > run && (ar[e - 1] == ' ' || ar[e - 1] == '\t'))
+                        e--;
+                    if (e > run)
+                        p->value_end = e;
+                }
+                i = j;
+                if (i == n)
+                    break;
+                c = d[i];
+            }
+        }
+        if (++hb > hmax) {
+            fail(p, 431, "header_too_large");
+            break;
+        }
+        switch (hs) {
+        case HS_LEAD:
+            if (c == '\r') {
+                hs = HS_LEAD_LF;
+            } else if (IS(c, C_TCHAR)) {
+                p->method_off = al;
+                ar[al++] = c;
+                l0 = 1;
+                hs = HS_METHOD;
+            } else {
+                fail(p, 400, c == '\n' ? "bare_lf" : "bad_request_line");
+            }
+            break;
+        case HS_LEAD_LF:
+            if (c == '\n')
+                hs = HS_LEAD;
+            else
+                fail(p, 400, "bare_cr");
+            break;
+        case HS_METHOD:
+        case HS_TARGET:
+        case HS_VERSION:
+            if (c == '\n') {
+                fail(p, 400, "bare_lf");
+                break;
+            }
+            if (c != '\r' && ++l0 > lmax) {
+                fail(p, 414, "uri_too_long");
+                break;
+            }
+            if (hs == HS_METHOD) {
+                if (IS(c, C_TCHAR)) {
+                    ar[al++] = c;
+                } else if (c == ' ') {
+                    ar[al++] = '\0';
+                    p->target_off = al;
+                    hs = HS_TARGET;
+                } else {
+                    fail(p, 400, "bad_request_line");
+                }
+            } else if (hs == HS_TARGET) {
+                /* a target byte would have been taken by the run above */
+                if (c == ' ' && al > p->target_off) {
+                    p->msg.target_len = al - p->target_off;
+                    ar[al++] = '\0';
+                    hs = HS_VERSION;
+                } else {
+                    fail(p, 400, c == ' ' || c == '\r' ? "bad_request_line" : "bad_target");
+                }
+            } else if (c == '\r') {
+                if (p->ver_len == sizeof(p->ver))
+                    hs = HS_LINE0_LF;
+                else
+                    fail(p, 400, "bad_version");
+            } else {
+                /* "HTTP/" DIGIT "." DIGIT, compared with a template */
+                unsigned k = p->ver_len;
+                bool ok = k < sizeof(p->ver) &&
+                          (ver_tmpl[k] == '0' ? (c >= '0' && c <= '9') : c == ver_tmpl[k]);
+                if (ok)
+                    p->ver[p->ver_len++] = c;
+                else
+                    fail(p, 400, c == ' ' ? "bad_request_line" : "bad_version");
+            }
+            break;
+        case HS_STATUS:
+            /* HTTP-version SP 3DIGIT [SP reason]: non-strict http-parser
+             * takes "HTTQ/1.1", so the shape is ours to check. The reason
+             * phrase is optional in practice (RFC 9112 wants the SP). */
+            if (c == '\n') {
+                fail(p, 400, "bare_lf");
+            } else if (l0 < sizeof(p->ver)) {
+                if (ver_tmpl[l0] == '0' ? (c >= '0' && c <= '9') : c == ver_tmpl[l0])
+                    l0++;
+                else
+                    fail(p, 400, "bad_status_line");
+            } else if (l0 == sizeof(p->ver) || l0 == sizeof(p->ver) + 4) {
+                if (c == ' ')
+                    l0++;
+                else if (c == '\r' && l0 > sizeof(p->ver))
+                    hs = HS_LINE0_LF;
+                else
+                    fail(p, 400, "bad_status_line");
+            } else if (l0 < sizeof(p->ver) + 4) {
+                if (c >= '0' && c <= '9')
+                    l0++;
+                else
+                    fail(p, 400, "bad_status_line");
+            } else if (c == '\r') {
+                hs = HS_LINE0_LF;
+            } else if (!IS(c, C_VAL)) {
+                fail(p, 400, "bad_status_line");
+            } else {
+                l0++;
+            }
+            break;
+        case HS_LINE0_LF:
+        case HS_LINE_LF:
+            if (c == '\n')
+                hs = HS_LINE_START;
+            else
+                fail(p, 400, "bare_cr");
+            break;
+        case HS_LINE_START:
+            if (c == '\r') {
+                hs = HS_END_LF;
+            } else if (IS(c, C_TCHAR)) {
+                if (++p->nlines > p->lim.header_lines) {
+                    fail(p, 431, "too_many_headers");
+                    break;
+                }
+                gw_http_header_t *h = &p->hdrs[p->nlines - 1];
+                h->name = ar + al;
+                ar[al++] = c;
+                hs = HS_NAME;
+            } else if (c == ' ' || c == '\t') {
+                fail(p, 400, "obs_fold");
+            } else {
+                fail(p, 400, c == '\n' ? "bare_lf" : "bad_header");
+            }
+            break;
+        case HS_NAME:
+            /* a token byte would have been taken by the run above */
+            if (c == ':') {
+                gw_http_header_t *h = &p->hdrs[p->nlines - 1];
+                h->name_len = (size_t)(ar + al - h->name);
+                ar[al++] = '\0';
+                p->value_start = p->value_end = al;
+                hs = HS_OWS;
+            } else {
+                fail(p, 400, c == '\n' ? "bare_lf" : "bad_header");
+            }
+            break;
+        case HS_OWS:
+        case HS_VALUE:
+            if (c == '\r') {
+                gw_http_header_t *h = &p->hdrs[p->nlines - 1];
+                h->value = ar + p->value_start;
+                h->value_len = p->value_end - p->value_start;
+                al = p->value_end; /* drop trailing OWS */
+                ar[al++] = '\0';
+                hs = HS_LINE_LF;
+            } else if (c == '\n') {
+                fail(p, 400, "bare_lf");
+            } else if (!IS(c, C_VAL)) {
+                fail(p, 400, "bad_header_value");
+            } else if (c != ' ' && c != '\t') {
+                ar[al++] = c;
+                p->value_end = al;
+                hs = HS_VALUE;
+            } /* else leading OWS: dropped */
+            break;
+        case HS_END_LF:
+            if (c == '\n') {
+                hs = HS_LINE_START;
+                *end = true;
+                i++;
+                goto out;
+            }
+            fail(p, 400, "bare_cr");
+            break;
+        }
+        if (p->err_reason)
+            break;
+    }
+out:
+    p->hs = hs;
+    p->arena_len = al;
+    p->head_bytes = hb;
+    p->line0_len = l0;
+    return i;
+}
+
+static bool ieq(const char *a, size_t alen, const char *lit)
+{
+    size_t n = strlen(lit);
+    return alen == n && strncasecmp(a, lit, n) == 0;
+}
+
+/* Transfer-Encoding: 0 = exactly "chunked"; otherwise fails. A list with
+ * codings we do not implement is 501; a malformed one (chunked not last,
+ * twice, empty elements, parameters) is 400. */
+static int te_check(gw_http_parser_t *p, const char *v, size_t n)
+{
+    size_t i = 0, nchunked = 0, nother = 0;
+    bool chunked_last = false;
+    for (;;) {
+        while (i < n && (v[i] == ' ' || v[i] == '\t'))
+            i++;
+        size_t s = i;
+        while (i < n && IS(v[i], C_TCHAR))
+            i++;
+        size_t e = i;
+        while (i < n && (v[i] == ' ' || v[i] == '\t'))
+            i++;
+        if (e == s || (i < n && v[i] != ',')) {
+            fail(p, 400, "bad_transfer_encoding");
+            return -1;
+        }
+        chunked_last = ieq(v + s, e - s, "chunked");
+        if (chunked_last)
+            nchunked++;
+        else
+            nother++;
+        if (i >= n)
+            break;
+        i++; /* ',' */
+    }
+    if (nchunked == 1 && chunked_last && nother == 0)
+        return 0;
+    if (nchunked == 0 || (nchunked == 1 && chunked_last))
+        fail(p, 501, "unsupported_transfer_encoding");
+    else
+        fail(p, 400, "bad_transfer_encoding");
+    return -1;
+}
+
+/* Semantic rules on the complete head, before http-parser sees its last LF. */
+static int head_check(gw_http_parser_t *p)
+{
+    gw_http_msg_t *m = &p->msg;
+    http_parser *hp = &p->hp;
+    bool req = p->kind == GW_HTTP_REQUEST;
+    const gw_http_header_t *cl = NULL, *te = NULL, *host = NULL;
+
+    m->nheaders = p->nlines;
+    if (!(hp->http_major == 1 && hp->http_minor <= 1)) {
+        fail(p, 505, "http_version");
+        return -1;
+    }
+    if (req) {
+        m->method = p->arena + p->method_off;
+        m->target = p->arena + p->target_off;
+        const char *q = memchr(m->target, '?', m->target_len);
+        m->path_len = q ? (size_t)(q - m->target) : m->target_len;
+        if (hp->method == HTTP_CONNECT) {
+            fail(p, 501, "connect");
+            return -1;
+        }
+        if (m->target[0] != '/') { /* absolute-, authority- or asterisk-form */
+            fail(p, 400, "bad_target");
+            return -1;
+        }
+    } else {
+        if (hp->status_code < 100 || hp->status_code > 599) {
+            fail(p, 502, "bad_status");
+            return -1;
+        }
+        if (hp->status_code == 101) { /* we never forward Upgrade */
+            fail(p, 502, "unexpected_101");
+            return -1;
+        }
+    }
+    for (size_t i = 0; i < m->nheaders; i++) {
+        const gw_http_header_t *h = &p->hdrs[i];
+        if (ieq(h->name, h->name_len, "content-length")) {
+            if (cl) {
+                fail(p, 400, "duplicate_content_length");
+                return -1;
+            }
+            cl = h;
+        } else if (ieq(h->name, h->name_len, "transfer-encoding")) {
+            if (te) {
+                fail(p, 400, "bad_transfer_encoding");
+                return -1;
+            }
+            te = h;
+        } else if (req && ieq(h->name, h->name_len, "host")) {
+            if (host) {
+                fail(p, 400, "duplicate_host");
+                return -1;
+            }
+            host = h;
+        } else if (req && ieq(h->name, h->name_len, "expect")) {
+            if (!ieq(h->value, h->value_len, "100-continue")) {
+                fail(p, 417, "expectation_failed");
+                return -1;
+            }
+            /* HTTP/1.0 clients cannot know 100 Continue (RFC 9110 10.1.1) */
+            m->expect_continue = hp->http_minor == 1;
+        }
+    }
+    if (cl && te) {
+        fail(p, 400, "cl_and_te");
+        return -1;
+    }
+    if (te) {
+        if (req && hp->http_minor == 0) { /* RFC 9112 6.1: faulty framing */
+            fail(p, 400, "bad_transfer_encoding");
+            return -1;
+        }
+        if (te_check(p, te->value, te->value_len) != 0)
+            return -1;
+        m->chunked = true;
+    }
+    if (cl) {
+        int64_t v = 0;
+        if (cl->value_len == 0 || cl->value_len > 18) {
+            fail(p, 400, "bad_content_length");
+            return -1;
+        }
+        for (size_t i = 0; i < cl->value_len; i++) {
+            char c = cl->value[i];
+            if (c < '0' || c > '9') {
+                fail(p, 400, "bad_content_length");
+                return -1;
+            }
+            v = v * 10 + (c - '0');
+        }
+        m->content_length = v;
+        /* Checked up front so no byte of an oversized body is read; not for
+         * bodiless responses, whose Content-Length describes another message. */
+        bool bodiless = !req && (p->head_request || hp->status_code < 200 ||
+                                 hp->status_code == 204 || hp->status_code == 304);
+        if (!bodiless && p->lim.max_body_bytes && (uint64_t)v > p->lim.max_body_bytes) {
+            fail(p, 413, "body_too_large");
+            return -1;
+        }
+    }
+    if (req) {
+        if (!host && hp->http_minor == 1) {
+            fail(p, 400, "missing_host");
+            return -1;
+        }
+        if (host) {
+            for (size_t i = 0; i < host->value_len; i++) {
+                if (!IS(host->value[i], C_HOST)) {
+                    fail(p, 400, "bad_host");
+                    return -1;
+                }
+            }
+            m->host = host->value;
+        }
+    }
+    return 0;
+}
+
+/* Feeds the head phase: one or more heads (1xx interims are skipped). */
+static gw_http_state_t feed_head(gw_http_parser_t *p, const char *d, size_t n, size_t *used)
+{
+    size_t off = 0;
+    for (;;) {
+        bool end;
+        gw_http_state_t prev = p->state;
+        size_t v = head_scan(p, d + off, n - off, &end);
+        gw_http_err_t e = err_take(p, prev);
+        size_t pre = end ? v - 1 : v;
+        size_t r = hp_exec(p, d + off, pre);
+        err_put(p, e);
+        if (p->err_reason) {
+            *used = off + r;
+            return GW_HTTP_ERROR;
+        }
+        if (!end) {
+            *used = n;
+            return p->state = GW_HTTP_NEED_MORE;
+        }
+        if (head_check(p) != 0) {
+            *used = off + pre;
+            return GW_HTTP_ERROR;
+        }
+        hp_exec(p, d + off + pre, 1);
+        if (!p->err_reason && !p->headers_done)
+            fail(p, 400, "bad_message"); /* the two parsers disagree */
+        if (p->err_reason) {
+            *used = off + pre;
+            return GW_HTTP_ERROR;
+        }
+        off += v;
+        if (p->interim) {
+            if (++p->ninterim > GW_HTTP_MAX_INTERIM) {
+                fail(p, 502, "too_many_interim");
+                *used = off;
+                return GW_HTTP_ERROR;
+            }
+            head_restart(p);
+            continue;
+        }
+        p->phase = PH_BODY;
+        p->cs = CS_SIZE0;
+        *used = off;
+        return p->state = GW_HTTP_HEAD;
+    }
+}
+
+/* ---- chunked framing ---- */
+
+/* Validates chunked framing over n bytes; returns the valid prefix: all n,
+ * up to and including the message's last LF (*end), or up to the bad byte. */
+static size_t chunk_scan(gw_http_parser_t *p, const char *d, size_t n, bool *end)
+{
+    size_t i = 0;
+    *end = false;
+    while (i < n && !p->err_reason) {
+        char c = d[i];
+        switch (p->cs) {
+        case CS_SIZE0:
+        case CS_SIZE:
+            if (IS(c, C_HEX)) {
+                unsigned x = c <= '9' ? (unsigned)(c - '0') : (unsigned)((c | 0x20) - 'a' + 10);
+                if (++p->chunk_digits > 16 || p->chunk_size > (uint64_t)INT64_MAX >> 4) {
+                    fail(p, 400, "bad_chunk_size");
+                    break;
+                }
+                p->chunk_size = p->chunk_size << 4 | x;
+                p->cs = CS_SIZE;
+            } else if (p->cs == CS_SIZE && (c == ';' || c == '\r')) {
+                p->declared += p->chunk_size;
+                if (p->lim.max_body_bytes && p->declared > p->lim.max_body_bytes) {
+                    fail(p, 413, "body_too_large");
+                    break;
+                }
+                p->chunk_ext = 0;
+                p->cs = c == ';' ? CS_EXT : CS_SIZE_LF;
+            } else {
+                fail(p, 400, c == '\n' ? "bare_lf" : "bad_chunk_size");
+                break;
+            }
+            i++;
+            break;
+        case CS_EXT:
+            if (c == '\r') {
+                p->cs = CS_SIZE_LF;
+            } else if (c == '\n') {
+                fail(p, 400, "bare_lf");
+                break;
+            } else if (!IS(c, C_VAL) || ++p->chunk_ext > GW_HTTP_MAX_CHUNK_EXT) {
+                fail(p, 400, "bad_chunk_ext");
+                break;
+            }
+            i++;
+            break;
+        case CS_SIZE_LF:
+            if (c != '\n') {
+                fail(p, 400, "bare_cr");
+                break;
+            }
+            p->chunk_left = p->chunk_size;
+            p->cs = p->chunk_size ? CS_DATA : CS_TR_START;
+            p->chunk_size = 0;
+            p->chunk_digits = 0;
+            i++;
+            break;
+        case CS_DATA: {
+            uint64_t k = SL_MIN(p->chunk_left, (uint64_t)(n - i));
+            i += (size_t)k;
+            p->chunk_left -= k;
+            if (p->chunk_left == 0)
+                p->cs = CS_DATA_CR;
+            break;
+        }
+        case CS_DATA_CR:
+            if (c != '\r') {
+                fail(p, 400, c == '\n' ? "bare_lf" : "bad_chunk");
+                break;
+            }
+            p->cs = CS_DATA_LF;
+            i++;
+            break;
+        case CS_DATA_LF:
+            if (c != '\n') {
+                fail(p, 400, "bare_cr");
+                break;
+            }
+            p->cs = CS_SIZE0;
+            i++;
+            break;
+        case CS_TR_START:
+        case CS_TR_LINE:
+            if (++p->trailer_bytes > p->lim.header_bytes) {
+                fail(p, 431, "header_too_large");
+                break;
+            }
+            if (c == '\r') {
+                p->cs = p->cs == CS_TR_START ? CS_END_LF : CS_TR_LF;
+            } else if (c == '\n') {
+                fail(p, 400, "bare_lf");
+                break;
+            } else if (p->cs == CS_TR_START && (c == ' ' || c == '\t')) {
+                fail(p, 400, "obs_fold");
+                break;
+            } else if (!IS(c, C_VAL)) {
+                fail(p, 400, "bad_char");
+                break;
+            } else {
+                p->cs = CS_TR_LINE;
+            }
+            i++;
+            break;
+        case CS_TR_LF:
+        case CS_END_LF:
+            if (c != '\n') {
+                fail(p, 400, "bare_cr");
+                break;
+            }
+            i++;
+            if (p->cs == CS_END_LF) {
+                p->cs = CS_END;
+                *end = true;
+                return i;
+            }
+            p->trailer_bytes++;
+            p->cs = CS_TR_START;
+            break;
+        default:
+            *end = true;
+            return 0;
+        }
+    }
+    return i;
+}
+
+static gw_http_state_t feed_body(gw_http_parser_t *p, const char *d, size_t n, size_t *used)
+{
+    if (p->complete) {
+        *used = 0;
+        return p->state = GW_HTTP_DONE;
+    }
+    bool end = false;
+    gw_http_state_t prev = p->state;
+    size_t v = p->msg.chunked ? chunk_scan(p, d, n, &end) : n;
+    gw_http_err_t e = err_take(p, prev);
+    size_t r = hp_exec(p, d, v); /* the valid bytes' data reaches the callback */
+    err_put(p, e);
+    if (!p->err_reason && end && !p->complete)
+        fail(p, 400, "bad_message"); /* the two parsers disagree */
+    *used = r;
+    if (p->err_reason)
+        return GW_HTTP_ERROR;
+    return p->state = p->complete ? GW_HTTP_DONE : GW_HTTP_NEED_MORE;
+}
+
+/* ---- public API ---- */
+
+gw_http_parser_t *gw_http_parser_new(gw_http_kind_t kind, const gw_http_limits_t *limits)
+{
+    static const gw_http_limits_t defaults = {
+        .request_line_bytes = 8192,
+        .header_bytes = 16384,
+        .header_lines = 100,
+        .max_body_bytes = 1 << 20,
+    };
+    gw_http_parser_t *p = calloc(1, sizeof(*p));
+    if (!p)
+        return NULL;
+    p->kind = kind;
+    p->lim = limits ? *limits : defaults;
+    if (!p->lim.request_line_bytes)
+        p->lim.request_line_bytes = defaults.request_line_bytes;
+    if (!p->lim.header_bytes)
+        p->lim.header_bytes = defaults.header_bytes;
+    if (!p->lim.header_lines)
+        p->lim.header_lines = defaults.header_lines;
+    /* every stored byte is a head byte; plus a NUL after each name, value,
+     * the method and the target */
+    p->arena_cap = p->lim.header_bytes + 2 * p->lim.header_lines + 2;
+    p->arena = malloc(p->arena_cap);
+    p->hdrs = calloc(p->lim.header_lines, sizeof(*p->hdrs));
+    if (!p->arena || !p->hdrs) {
+        gw_http_parser_free(p);
+        return NULL;
+    }
+    gw_http_parser_reset(p);
+    return p;
+}
+
+void gw_http_parser_free(gw_http_parser_t *p)
+{
+    if (!p)
+        return;
+    free(p->arena);
+    free(p->hdrs);
+    free(p);
+}
+
+void gw_http_parser_reset(gw_http_parser_t *p)
+{
+    http_parser_init(&p->hp, p->kind == GW_HTTP_REQUEST ? HTTP_REQUEST : HTTP_RESPONSE);
+    p->hp.data = p;
+    p->state = GW_HTTP_NEED_MORE;
+    p->phase = PH_HEAD;
+    p->head_request = false;
+    p->started = false;
+    p->complete = false;
+    p->ninterim = 0;
+    p->err_status = 0;
+    p->err_reason = NULL;
+    p->cs = CS_SIZE0;
+    p->chunk_digits = 0;
+    p->chunk_ext = 0;
+    p->chunk_size = 0;
+    p->chunk_left = 0;
+    p->declared = 0;
+    p->trailer_bytes = 0;
+    p->body_bytes = 0;
+    p->cb = NULL;
+    p->cb_arg = NULL;
+    head_restart(p);
+}
+
+void gw_http_parser_set_head_request(gw_http_parser_t *p, bool head)
+{
+    p->head_request = head;
+}
+
+gw_http_state_t gw_http_feed(gw_http_parser_t *p, const char *data, size_t n, size_t *consumed,
+                             gw_http_body_cb body_cb, void *arg)
+{
+    *consumed = 0;
+    if (p->state == GW_HTTP_ERROR || p->state == GW_HTTP_DONE)
+        return p->state;
+    if (n)
+        p->started = true;
+    p->cb = body_cb;
+    p->cb_arg = arg;
+    gw_http_state_t st =
+        p->phase == PH_HEAD ? feed_head(p, data, n, consumed) : feed_body(p, data, n, consumed);
+    p->cb = NULL;
+    p->cb_arg = NULL;
+    return st;
+}
+
+gw_http_state_t gw_http_feed_eof(gw_http_parser_t *p, gw_http_body_cb body_cb, void *arg)
+{
+    if (p->state == GW_HTTP_ERROR || p->state == GW_HTTP_DONE)
+        return p->state;
+    if (p->phase == PH_HEAD) {
+        if (!p->started)
+            return p->state; /* idle connection closed: nothing lost */
+        fail(p, 400, "truncated");
+        return GW_HTTP_ERROR;
+    }
+    if (p->complete)
+        return p->state = GW_HTTP_DONE;
+    /* Only a response without Content-Length or chunking ends at close. */
+    if (p->kind == GW_HTTP_RESPONSE && !p->msg.chunked && p->msg.content_length < 0) {
+        p->cb = body_cb;
+        p->cb_arg = arg;
+        http_parser_execute(&p->hp, &gw_http_settings, NULL, 0);
+        p->cb = NULL;
+        p->cb_arg = NULL;
+        if (p->complete)
+            return p->state = GW_HTTP_DONE;
+    }
+    fail(p, 400, "truncated");
+    return GW_HTTP_ERROR;
+}
+
+gw_http_state_t gw_http_state(const gw_http_parser_t *p)
+{
+    return p->state;
+}
+
+const gw_http_msg_t *gw_http_msg(const gw_http_parser_t *p)
+{
+    return p->phase == PH_BODY ? &p->msg : NULL;
+}
+
+uint64_t gw_http_body_bytes(const gw_http_parser_t *p)
+{
+    return p->body_bytes;
+}
+
+bool gw_http_started(const gw_http_parser_t *p)
+{
+    return p->started;
+}
+
+int gw_http_error_status(const gw_http_parser_t *p)
+{
+    return p->err_status;
+}
+
+const char *gw_http_error_reason(const gw_http_parser_t *p)
+{
+    return p->err_reason ? p->err_reason : "";
+}
+
+const gw_http_header_t *gw_http_header_find(const gw_http_msg_t *m, const char *name)
+{
+    size_t n = strlen(name);
+    for (size_t i = 0; i < m->nheaders; i++)
+        if (m->headers[i].name_len == n && strcasecmp(m->headers[i].name, name) == 0)
+            return &m->headers[i];
+    return NULL;
+}
+
+/* Is `name` one of the comma-separated tokens of value v? */
+static bool token_listed(const char *v, size_t vn, const char *name, size_t name_len)
+{
+    size_t i = 0;
+    while (i < vn) {
+        while (i < vn && (v[i] == ' ' || v[i] == '\t' || v[i] == ','))
+            i++;
+        size_t s = i;
+        while (i < vn && v[i] != ',' && v[i] != ' ' && v[i] != '\t')
+            i++;
+        if (i > s && i - s == name_len && strncasecmp(v + s, name, name_len) == 0)
+            return true;
+    }
+    return false;
+}
+
+bool gw_http_header_is_hop(const gw_http_msg_t *m, const char *name, size_t name_len)
+{
+    static const char *const hop[] = {
+        "connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade",
+    };
+    for (size_t i = 0; i < SL_ARRAY_LEN(hop); i++)
+        if (name_len == strlen(hop[i]) && strncasecmp(name, hop[i], name_len) == 0)
+            return true;
+    if (name_len >= 6 && strncasecmp(name, "proxy-", 6) == 0)
+        return true;
+    if (!m)
+        return false;
+    for (size_t i = 0; i < m->nheaders; i++) {
+        const gw_http_header_t *h = &m->headers[i];
+        if (h->name_len == 10 && strcasecmp(h->name, "connection") == 0 &&
+            token_listed(h->value, h->value_len, name, name_len))
+            return true;
+    }
+    return false;
+}
+
+const char *gw_http_status_text(int status)
+{
+    const char *s = http_status_str((enum http_status)status);
+    return strcmp(s, "<unknown>") == 0 ? "Unknown" : s;
+}
