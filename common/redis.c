@@ -668,6 +668,15 @@ void sl_redis_free(sl_redis_t *r)
     free(r);
 }
 
+int sl_redis_url_check(const char *url, char *err, size_t errlen)
+{
+    sl_redis_t tmp = {0};
+    int rc = sl_redis_parse_url(&tmp, url, err, errlen);
+    free(tmp.user);
+    free(tmp.password);
+    return rc;
+}
+
 bool sl_redis_connected(const sl_redis_t *r)
 {
     return r && r->state == CONN_READY;

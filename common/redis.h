@@ -63,6 +63,10 @@ sl_redis_t *sl_redis_new(struct event_base *base, const sl_redis_opts_t *opts, c
  * inside one of this client's callbacks (that is a bug: it aborts). */
 void sl_redis_free(sl_redis_t *r);
 
+/* Checks a redis:// URL without connecting (for the conf loader): 0 ok,
+ * -1 with the reason in err. */
+int sl_redis_url_check(const char *url, char *err, size_t errlen) SL_WUR;
+
 bool sl_redis_connected(const sl_redis_t *r);
 
 /* Commands hiredis still holds on the current connection, including those

@@ -118,6 +118,48 @@ typedef struct conf_log {
     char *level;  /* debug | info | warn | error */
 } conf_log_t;
 
+/* ---- rate limits and token budgets (ratelimit/) -------------------------- */
+
+/* One set of limits; 0 = no limit. In an override, -1 = not set there (the
+ * per_user value applies). */
+typedef struct conf_rl_limits {
+    int64_t requests_per_minute;
+    int64_t concurrent; /* requests in flight at once */
+    int64_t tokens_per_minute;
+    int64_t tokens_per_day;
+} conf_rl_limits_t;
+
+typedef struct conf_rl_override {
+    char *name; /* the map key: a user (the token's sub), or "client:ID" */
+    int line;
+    conf_rl_limits_t limits;
+} conf_rl_override_t;
+
+typedef enum conf_store_error {
+    CONF_STORE_ERROR_ALLOW = 0, /* Redis down or late: let the request through (counted) */
+    CONF_STORE_ERROR_DENY,      /* refuse it */
+    CONF_STORE_ERROR_LOCAL,     /* decide with this instance's in-process limits */
+} conf_store_error_t;
+
+typedef struct conf_ratelimit {
+    conf_rl_limits_t per_user;
+    conf_rl_limits_t per_ip; /* only requests_per_minute is a key here */
+    int64_t max_tokens;      /* the max_tokens clamp, 2048 */
+    int on_store_error;      /* conf_store_error_t */
+    conf_rl_override_t *overrides;
+    size_t noverrides;
+    char **trusted_proxies; /* CIDRs whose X-Forwarded-For is believed */
+    size_t ntrusted_proxies;
+    int64_t max_keys; /* in-process table size cap (users + IPs), 100000 */
+} conf_ratelimit_t;
+
+/* ---- redis (shared state across instances) ------------------------------ */
+
+typedef struct conf_redis {
+    char *url;          /* redis://[:password@]host[:port][/db]; NULL = no Redis */
+    int64_t timeout_ms; /* per-call deadline, 50ms */
+} conf_redis_t;
+
 /* ---- generic shapes for later sections ---------------------------------- */
 
 /* A string -> string map (YAML mapping of scalars), kept in file order, as
@@ -145,6 +187,8 @@ typedef struct conf {
     size_t nmodels;
     conf_sse_t sse;
     conf_log_t log;
+    conf_ratelimit_t ratelimit;
+    conf_redis_t redis;
 } conf_t;
 
 /* ---- API ------------------------------------------------------------------ */

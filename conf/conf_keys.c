@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "common/redis.h"
 
 #define MS(x)      ((int64_t)(x))
 #define SEC(x)     ((int64_t)(x)*1000)
@@ -569,6 +570,208 @@ static const conf_key_t log_keys[] = {
 };
 static const conf_table_t log_table = {TABLE(log_keys, conf_log_t)};
 
+/* ---- ratelimit / redis ------------------------------------------------------------ */
+
+/* "ADDR/BITS" or a bare address (a single host), IPv4 or IPv6. */
+static bool conf_cidr_ok(const char *s)
+{
+    char a[64];
+    const char *slash = strchr(s, '/');
+    size_t n = slash ? (size_t)(slash - s) : strlen(s);
+    if (n == 0 || n >= sizeof(a))
+        return false;
+    memcpy(a, s, n);
+    a[n] = '\0';
+    unsigned char buf[16];
+    int maxbits = inet_pton(AF_INET, a, buf) == 1    ? 32
+                  : inet_pton(AF_INET6, a, buf) == 1 ? 128
+                                                     : -1;
+    if (maxbits < 0)
+        return false;
+    if (!slash)
+        return true;
+    long bits = 0;
+    const char *p = slash + 1;
+    if (!*p || strlen(p) > 3)
+        return false;
+    for (; *p; p++) {
+        if (*p < '0' || *p > '9')
+            return false;
+        bits = bits * 10 + (*p - '0');
+    }
+    return bits <= maxbits;
+}
+
+static int ratelimit_check(conf_ctx_t *ctx, void *obj, int line)
+{
+    const conf_ratelimit_t *r = obj;
+    for (size_t i = 0; i < r->ntrusted_proxies; i++)
+        if (!conf_cidr_ok(r->trusted_proxies[i]))
+            return conf_errorf(ctx, line, "trusted_proxies",
+                               "expected an address or CIDR (10.0.0.0/8, fd00::/8), got \"%.60s\"",
+                               r->trusted_proxies[i]);
+    return 0;
+}
+
+static int redis_url_check(void *obj, char *msg, size_t msglen)
+{
+    return sl_redis_url_check(((const conf_redis_t *)obj)->url, msg, msglen);
+}
+
+/* per_user; an override has the same keys, where -1 (the default) means
+ * "not set here: per_user's value". 0 = no limit. */
+static const conf_key_t rl_user_keys[] = {
+    {.name = "requests_per_minute",
+     .type = CONF_INT,
+     .off = offsetof(conf_rl_limits_t, requests_per_minute),
+     .def = "0",
+     .min = 0,
+     .max = 1000000,
+     .doc = "requests a minute per user; 0 = none (smooth: no double burst at a minute's edge)"},
+    {.name = "concurrent",
+     .type = CONF_INT,
+     .off = offsetof(conf_rl_limits_t, concurrent),
+     .def = "0",
+     .min = 0,
+     .max = 100000,
+     .doc = "requests in flight at once per user; 0 = none"},
+    {.name = "tokens_per_minute",
+     .type = CONF_INT,
+     .off = offsetof(conf_rl_limits_t, tokens_per_minute),
+     .def = "0",
+     .min = 0,
+     .max = 1000000000,
+     .doc = "token budget a minute per user; 0 = none (reserved before, settled after)"},
+    {.name = "tokens_per_day",
+     .type = CONF_INT,
+     .off = offsetof(conf_rl_limits_t, tokens_per_day),
+     .def = "0",
+     .min = 0,
+     .max = 1000000000000LL,
+     .doc = "token budget a rolling day per user; 0 = none"},
+};
+static const conf_table_t rl_user_table = {TABLE(rl_user_keys, conf_rl_limits_t)};
+
+static const conf_key_t rl_ip_keys[] = {
+    {.name = "requests_per_minute",
+     .type = CONF_INT,
+     .off = offsetof(conf_rl_limits_t, requests_per_minute),
+     .def = "0",
+     .min = 0,
+     .max = 1000000,
+     .doc = "requests a minute per client address, for endpoints without a user; 0 = none"},
+};
+static const conf_table_t rl_ip_table = {TABLE(rl_ip_keys, conf_rl_limits_t)};
+
+static const conf_key_t rl_override_keys[] = {
+    {.name = "requests_per_minute",
+     .type = CONF_INT,
+     .off = offsetof(conf_rl_override_t, limits.requests_per_minute),
+     .def = "-1",
+     .min = -1,
+     .max = 1000000,
+     .doc = "requests a minute for this user or client; -1 = per_user's (smooth: no double burst "
+            "at a minute's edge)"},
+    {.name = "concurrent",
+     .type = CONF_INT,
+     .off = offsetof(conf_rl_override_t, limits.concurrent),
+     .def = "-1",
+     .min = -1,
+     .max = 100000,
+     .doc = "requests in flight at once for this user or client; -1 = per_user's"},
+    {.name = "tokens_per_minute",
+     .type = CONF_INT,
+     .off = offsetof(conf_rl_override_t, limits.tokens_per_minute),
+     .def = "-1",
+     .min = -1,
+     .max = 1000000000,
+     .doc = "token budget a minute for this user or client; -1 = per_user's (reserved before, "
+            "settled after)"},
+    {.name = "tokens_per_day",
+     .type = CONF_INT,
+     .off = offsetof(conf_rl_override_t, limits.tokens_per_day),
+     .def = "-1",
+     .min = -1,
+     .max = 1000000000000LL,
+     .doc = "token budget a rolling day for this user or client; -1 = per_user's"},
+};
+static const conf_table_t rl_override_table = {
+    TABLE(rl_override_keys, conf_rl_override_t), .has_line = true,
+    .line_off = offsetof(conf_rl_override_t, line), .has_name = true,
+    .name_off = offsetof(conf_rl_override_t, name)};
+
+static const char *const store_error_names[] = {"allow", "deny", "local", NULL};
+
+static const conf_key_t ratelimit_keys[] = {
+    {.name = "per_user",
+     .type = CONF_STRUCT,
+     .off = offsetof(conf_ratelimit_t, per_user),
+     .sub = &rl_user_table,
+     .doc = "limits for each user (the token's sub)"},
+    {.name = "per_ip",
+     .type = CONF_STRUCT,
+     .off = offsetof(conf_ratelimit_t, per_ip),
+     .sub = &rl_ip_table,
+     .doc = "limits for each client address on endpoints without a user (token issuance)"},
+    {.name = "max_tokens",
+     .type = CONF_INT,
+     .off = offsetof(conf_ratelimit_t, max_tokens),
+     .def = "2048",
+     .min = 1,
+     .max = 10000000,
+     .doc = "the upstream gets min(client's max_tokens or max_completion_tokens, this); none "
+            "sent = this"},
+    {.name = "on_store_error",
+     .type = CONF_ENUM,
+     .off = offsetof(conf_ratelimit_t, on_store_error),
+     .def = "allow",
+     .enums = store_error_names,
+     .doc = "Redis down or past its deadline: allow (counted), deny, or local (this "
+            "instance's in-process limits)"},
+    {.name = "overrides",
+     .type = CONF_MAP,
+     .off = offsetof(conf_ratelimit_t, overrides),
+     .count_off = offsetof(conf_ratelimit_t, noverrides),
+     .sub = &rl_override_table,
+     .min = 0,
+     .max = 100000,
+     .doc = "per_user limits for one user (key: the sub) or client (key: client:ID)"},
+    {.name = "trusted_proxies",
+     .type = CONF_STRLIST,
+     .off = offsetof(conf_ratelimit_t, trusted_proxies),
+     .count_off = offsetof(conf_ratelimit_t, ntrusted_proxies),
+     .min = 0,
+     .max = 1000,
+     .doc = "CIDRs of proxies whose X-Forwarded-For is believed (the right-most address not in "
+            "them is the client)"},
+    {.name = "max_keys",
+     .type = CONF_INT,
+     .off = offsetof(conf_ratelimit_t, max_keys),
+     .def = "100000",
+     .min = 64,
+     .max = 100000000,
+     .doc = "users and addresses the in-process store tracks at once (idle ones expire; past "
+            "this the least recent is dropped)"},
+};
+static const conf_table_t ratelimit_table = {TABLE(ratelimit_keys, conf_ratelimit_t),
+                                             .check = ratelimit_check};
+
+static const conf_key_t redis_keys[] = {
+    {.name = "url",
+     .type = CONF_STRING,
+     .off = offsetof(conf_redis_t, url),
+     .check = redis_url_check,
+     .doc = "redis://[:password@]host[:port][/db]; unset = no Redis (limits per instance)"},
+    {.name = "timeout",
+     .type = CONF_DURATION,
+     .off = offsetof(conf_redis_t, timeout_ms),
+     .def = "50ms",
+     .min = MS(1),
+     .max = SEC(10),
+     .doc = "deadline of each Redis call; past it on_store_error decides"},
+};
+static const conf_table_t redis_table = {TABLE(redis_keys, conf_redis_t)};
+
 /* ---- the root ----------------------------------------------------------------------- */
 
 static const conf_key_t root_keys[] = {
@@ -638,6 +841,16 @@ static const conf_key_t root_keys[] = {
      .sub = &log_table,
      .flags = R,
      .doc = "logging"},
+    {.name = "ratelimit",
+     .type = CONF_STRUCT,
+     .off = offsetof(conf_t, ratelimit),
+     .sub = &ratelimit_table,
+     .doc = "request limits and token budgets per user and per address"},
+    {.name = "redis",
+     .type = CONF_STRUCT,
+     .off = offsetof(conf_t, redis),
+     .sub = &redis_table,
+     .doc = "Redis shared by sluice instances (rate limits, nonces); unset url = none"},
 };
 
 const conf_table_t conf_root_table = {TABLE(root_keys, conf_t), .check = root_check};

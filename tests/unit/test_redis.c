@@ -126,6 +126,7 @@ static void test_url(void **state)
         if (r)
             fail_msg("accepted %s", bad[i]);
         assert_true(err[0] != '\0');
+        assert_int_equal(sl_redis_url_check(bad[i], err, sizeof(err)), -1);
     }
     const char *good[] = {"redis://127.0.0.1", "redis://:p%40ss@127.0.0.1:1/2",
                           "redis://user:pw@[::1]:6380/0", "redis://localhost:6379/"};
@@ -135,6 +136,7 @@ static void test_url(void **state)
         sl_redis_t *r = sl_redis_new(base, &o, err, sizeof(err));
         if (!r)
             fail_msg("refused %s: %s", good[i], err);
+        assert_int_equal(sl_redis_url_check(good[i], err, sizeof(err)), 0);
         sl_redis_free(r);
     }
     event_base_free(base);
