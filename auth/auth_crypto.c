@@ -1,0 +1,215 @@
+/*
+ * auth_crypto.c — the thin layer over OpenSSL that the rest of auth/ uses:
+ * HMAC-SHA256 and SHA-256 with algorithms fetched once per process,
+ * strict base64url on top of EVP_EncodeBlock/EVP_DecodeBlock, and PEM key
+ * loading with the size/curve checks each JWS alg needs. Nothing here is
+ * hand-written crypto: we only translate the base64 alphabet and refuse
+ * the inputs OpenSSL's decoder is lenient about.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <openssl/core_names.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+
+#include "auth/auth_internal.h"
+
+/* Fetching an algorithm is a locked lookup in OpenSSL 3; doing it once
+ * keeps it off the per-request path. The fetched objects are immutable
+ * and shared by all threads. */
+static pthread_once_t crypto_once = PTHREAD_ONCE_INIT;
+static EVP_MAC *g_hmac;
+static EVP_MD *g_sha256;
+
+static void crypto_init(void)
+{
+    g_hmac = EVP_MAC_fetch(NULL, "HMAC", NULL);
+    g_sha256 = EVP_MD_fetch(NULL, "SHA256", NULL);
+}
+
+int auth_hmac_sha256(const void *key, size_t klen, const void *const *parts, const size_t *lens,
+                     size_t n, unsigned char out[32])
+{
+    pthread_once(&crypto_once, crypto_init);
+    if (!g_hmac)
+        return -1;
+    EVP_MAC_CTX *ctx = EVP_MAC_CTX_new(g_hmac);
+    if (!ctx)
+        return -1;
+    OSSL_PARAM params[] = {
+        OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, (char *)"SHA256", 0),
+        OSSL_PARAM_construct_end(),
+    };
+    /* OpenSSL refuses a NULL key even of length 0; an empty key never
+     * occurs here (secrets have minimum lengths) but stay defined. */
+    static const unsigned char empty[1];
+    int ok = EVP_MAC_init(ctx, klen ? key : empty, klen, params);
+    for (size_t i = 0; ok && i < n; i++)
+        ok = EVP_MAC_update(ctx, parts[i], lens[i]);
+    size_t outl = 0;
+    if (ok)
+        ok = EVP_MAC_final(ctx, out, &outl, 32);
+    EVP_MAC_CTX_free(ctx);
+    return ok && outl == 32 ? 0 : -1;
+}
+
+int auth_sha256(const void *data, size_t len, unsigned char out[32])
+{
+    pthread_once(&crypto_once, crypto_init);
+    unsigned int outl = 0;
+    if (!g_sha256 || !EVP_Digest(data, len, out, &outl, g_sha256, NULL) || outl != 32)
+        return -1;
+    return 0;
+}
+
+size_t auth_b64url_encode(const unsigned char *in, size_t n, char *out)
+{
+    int m = EVP_EncodeBlock((unsigned char *)out, in, (int)n);
+    size_t k = (size_t)m;
+    while (k > 0 && out[k - 1] == '=')
+        k--;
+    for (size_t i = 0; i < k; i++) {
+        if (out[i] == '+')
+            out[i] = '-';
+        else if (out[i] == '/')
+            out[i] = '_';
+    }
+    out[k] = '\0';
+    return k;
+}
+
+static int b64url_char_ok(char c)
+{
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' ||
+           c == '_';
+}
+
+long auth_b64url_decode(const char *in, size_t n, unsigned char *out, size_t outcap)
+{
+    /* A remainder of 1 character cannot encode a whole byte. */
+    if (n % 4 == 1 || n > AUTH_TOKEN_MAX)
+        return -1;
+    if (n == 0)
+        return 0;
+    size_t dlen = n / 4 * 3 + (n % 4 ? n % 4 - 1 : 0);
+    if (dlen > outcap)
+        return -1;
+    size_t padded = (n + 3) / 4 * 4;
+    char *buf = malloc(padded + 1);
+    unsigned char *tmp = malloc(padded / 4 * 3 + 1);
+    char *check = malloc(padded + 1);
+    long rc = -1;
+    if (!buf || !tmp || !check)
+        goto out;
+    for (size_t i = 0; i < n; i++) {
+        char c = in[i];
+        if (!b64url_char_ok(c))
+            goto out;
+        buf[i] = c == '-' ? '+' : c == '_' ? '/' : c;
+    }
+    for (size_t i = n; i < padded; i++)
+        buf[i] = '=';
+    if (EVP_DecodeBlock(tmp, (const unsigned char *)buf, (int)padded) != (int)(padded / 4 * 3))
+        goto out;
+    /* EVP_DecodeBlock ignores the unused low bits of the last character
+     * ("QR" and "QQ" both give "A"); a token must have one spelling, so
+     * re-encode and demand the same text. */
+    if (auth_b64url_encode(tmp, dlen, check) != n || memcmp(check, in, n) != 0)
+        goto out;
+    if (dlen > 0)
+        memcpy(out, tmp, dlen);
+    rc = (long)dlen;
+out:
+    free(buf);
+    free(tmp);
+    free(check);
+    return rc;
+}
+
+int auth_pkey_check(EVP_PKEY *k, auth_alg_t alg, char *err, size_t errlen)
+{
+    if (alg == AUTH_ALG_RS256) {
+        if (!EVP_PKEY_is_a(k, "RSA")) {
+            snprintf(err, errlen, "not an RSA key (alg RS256)");
+            return -1;
+        }
+        if (EVP_PKEY_get_bits(k) < 2048) {
+            snprintf(err, errlen, "RSA key of %d bits, RS256 needs at least 2048",
+                     EVP_PKEY_get_bits(k));
+            return -1;
+        }
+        return 0;
+    }
+    if (alg == AUTH_ALG_ES256) {
+        char group[64] = "";
+        size_t glen = 0;
+        if (!EVP_PKEY_is_a(k, "EC") || !EVP_PKEY_get_group_name(k, group, sizeof(group), &glen) ||
+            (strcmp(group, "prime256v1") != 0 && strcmp(group, "P-256") != 0)) {
+            snprintf(err, errlen, "not an EC P-256 key (alg ES256)");
+            return -1;
+        }
+        return 0;
+    }
+    snprintf(err, errlen, "alg %s takes a secret, not a key file", auth_alg_name(alg));
+    return -1;
+}
+
+EVP_PKEY *auth_pem_load(const char *path, auth_alg_t alg, bool want_private, char *err,
+                        size_t errlen)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        snprintf(err, errlen, "cannot read %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    EVP_PKEY *k = want_private ? PEM_read_PrivateKey(f, NULL, NULL, NULL)
+                               : PEM_read_PUBKEY(f, NULL, NULL, NULL);
+    fclose(f);
+    if (!k) {
+        unsigned long e = ERR_get_error();
+        char ebuf[128];
+        ERR_error_string_n(e, ebuf, sizeof(ebuf));
+        ERR_clear_error();
+        snprintf(err, errlen, "%s: not a PEM %s key (%s)", path,
+                 want_private ? "private" : "public", ebuf);
+        return NULL;
+    }
+    char why[128];
+    if (auth_pkey_check(k, alg, why, sizeof(why)) != 0) {
+        snprintf(err, errlen, "%s: %s", path, why);
+        EVP_PKEY_free(k);
+        return NULL;
+    }
+    return k;
+}
+
+int auth_alg_parse(const char *s)
+{
+    if (!s)
+        return -1;
+    if (strcmp(s, "HS256") == 0)
+        return AUTH_ALG_HS256;
+    if (strcmp(s, "RS256") == 0)
+        return AUTH_ALG_RS256;
+    if (strcmp(s, "ES256") == 0)
+        return AUTH_ALG_ES256;
+    return -1;
+}
+
+const char *auth_alg_name(auth_alg_t alg)
+{
+    switch (alg) {
+    case AUTH_ALG_HS256:
+        return "HS256";
+    case AUTH_ALG_RS256:
+        return "RS256";
+    case AUTH_ALG_ES256:
+        return "ES256";
+    }
+    return "?";
+}

@@ -1,0 +1,216 @@
+/*
+ * auth_internal.h — what the auth/ sources share with each other and with
+ * their tests and fuzz target: the auth_t layout, the JWS codec, the pure
+ * signature check and the in-process stores. Not for other modules.
+ */
+#ifndef AUTH_INTERNAL_H
+#define AUTH_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+#include <openssl/evp.h>
+
+#include "auth/auth.h"
+#include "common/metrics.h"
+
+/* ---- keys ------------------------------------------------------------------ */
+
+typedef enum auth_alg {
+    AUTH_ALG_HS256 = 0,
+    AUTH_ALG_RS256,
+    AUTH_ALG_ES256,
+} auth_alg_t;
+
+/* "HS256" -> AUTH_ALG_HS256 (exact, case-sensitive as RFC 7515 says); -1 when unknown. */
+int auth_alg_parse(const char *s);
+const char *auth_alg_name(auth_alg_t alg);
+
+typedef struct auth_key {
+    char kid[AUTH_KID_MAX + 1];
+    auth_alg_t alg;
+    unsigned char *secret; /* HS256, owned, cleansed on free */
+    size_t secret_len;
+    EVP_PKEY *pkey; /* RS256/ES256, owned; public for verifying, private for signing */
+} auth_key_t;
+
+/* Loads a PEM public key (or private key when want_private) and checks it
+ * fits alg: RSA of at least 2048 bits for RS256, EC P-256 for ES256. */
+EVP_PKEY *auth_pem_load(const char *path, auth_alg_t alg, bool want_private, char *err,
+                        size_t errlen);
+/* The same check for a key already in memory; 0 ok, -1 (err says why). */
+int auth_pkey_check(EVP_PKEY *k, auth_alg_t alg, char *err, size_t errlen);
+
+/* ---- the built config -------------------------------------------------------- */
+
+typedef struct auth_client {
+    char *id;
+    unsigned char *secret;
+    size_t secret_len;
+} auth_client_t;
+
+struct auth {
+    auth_stores_t *stores; /* borrowed */
+    bool required;
+    bool sign_required;
+    char *issuer;   /* NULL = not checked */
+    char *audience; /* NULL = not checked */
+    int64_t ttl_s, max_lifetime_s, leeway_s, window_s;
+    auth_key_t *keys;
+    size_t nkeys;
+    const auth_key_t *mint_key; /* first HS256 key, or NULL */
+    auth_client_t *clients;
+    size_t nclients;
+    unsigned char *signing_secret; /* NULL = signatures cannot be checked */
+    size_t signing_secret_len;
+    unsigned char *admin_key; /* NULL = revoke API refuses everything */
+    size_t admin_key_len;
+    int nonces_on_error;      /* conf_store_error_t */
+    int revocations_on_error; /* conf_store_error_t */
+};
+
+/* How long a revocation must be remembered: every token valid at `now`
+ * expires (with leeway) before this. */
+int64_t auth_revocation_until(const auth_t *a, int64_t now);
+
+/* ---- crypto helpers (OpenSSL) -------------------------------------------------- */
+
+/* HMAC-SHA256 over the concatenation of n pieces. 0 ok, -1 OpenSSL error. */
+int auth_hmac_sha256(const void *key, size_t klen, const void *const *parts, const size_t *lens,
+                     size_t n, unsigned char out[32]) SL_WUR;
+int auth_sha256(const void *data, size_t len, unsigned char out[32]) SL_WUR;
+
+/* base64url without padding (RFC 7515 §2). encode: out must hold
+ * 4*ceil(n/3)+1 bytes; returns the length written (NUL-terminated).
+ * decode: strict — only [A-Za-z0-9_-], no padding, canonical trailing bits;
+ * returns the decoded length, or -1 (also when it exceeds outcap). */
+size_t auth_b64url_encode(const unsigned char *in, size_t n, char *out);
+long auth_b64url_decode(const char *in, size_t n, unsigned char *out, size_t outcap);
+
+/* ---- JWS codec ------------------------------------------------------------------- */
+
+#define AUTH_TOKEN_MAX 8192 /* longer tokens are malformed */
+#define AUTH_SIG_MAX   512  /* RSA-4096 */
+
+typedef struct auth_jwt {
+    size_t signing_input_len; /* "header.payload": the token's first bytes */
+    unsigned char sig[AUTH_SIG_MAX];
+    size_t sig_len;
+    json_t *header;  /* owned */
+    json_t *payload; /* owned */
+    const char *alg; /* borrowed from header */
+    const char *kid; /* borrowed from header; NULL when absent */
+} auth_jwt_t;
+
+/* Splits and decodes a compact JWS; no key, no clock. On AUTH_OK the caller
+ * must auth_jwt_clear(); on failure nothing is held. */
+auth_reason_t auth_jwt_parse(const char *token, size_t len, auth_jwt_t *out);
+void auth_jwt_clear(auth_jwt_t *j);
+
+/* Picks the key for a parsed token and enforces the pinned alg. */
+auth_reason_t auth_jwt_key(const auth_t *a, const auth_jwt_t *j, const auth_key_t **key);
+/* Verifies the signature over token[0..signing_input_len). */
+auth_reason_t auth_jwt_verify_sig(const auth_key_t *k, const char *token, const auth_jwt_t *j);
+/* The claim rules (exp, nbf, iat, lifetime, iss, aud, types) at `now`. */
+auth_reason_t auth_jwt_check_claims(const auth_t *a, const json_t *payload, int64_t now,
+                                    auth_claims_t *out);
+
+/* Builds a compact JWS from the two JSON texts, signed with k (HS256
+ * secret, or an RS256/ES256 private key). malloc'd; NULL on error. */
+char *auth_jwt_encode(const char *header_json, const char *payload_json, const auth_key_t *k);
+
+/* ---- request signatures (pure) ----------------------------------------------------- */
+
+#define AUTH_NONCE_MIN 16
+#define AUTH_NONCE_MAX 64
+
+/* Syntax checks; the reason, or AUTH_OK. */
+auth_reason_t auth_sig_parse_timestamp(const char *s, size_t n, int64_t *out);
+auth_reason_t auth_sig_check_nonce(const char *s, size_t n);
+
+/* Everything but the replay check: headers present, timestamp inside
+ * now +- window_s, nonce syntax, HMAC-SHA256(key, canonical) equal to the
+ * signature (constant time). signing_key is the 64-char hex string. */
+auth_reason_t auth_sig_verify(const char signing_key[64], const auth_request_t *req, int64_t now,
+                              int64_t window_s, int64_t *ts_out);
+
+/* The canonical string's HMAC as lowercase hex (the CLI's `sign`). */
+int auth_sig_compute(const char *signing_key, size_t key_len, const char *method, size_t method_len,
+                     const char *path, size_t path_len, const char *ts, size_t ts_len,
+                     const char *nonce, size_t nonce_len, const unsigned char body_sha256[32],
+                     char out[65]) SL_WUR;
+
+/* The replay key of (jti, nonce): SHA-256(jti 0x00 nonce), first 16 bytes. */
+#define AUTH_NONCE_KEY_LEN 16
+int auth_nonce_key(const char *jti, size_t jti_len, const char *nonce, size_t nonce_len,
+                   unsigned char out[AUTH_NONCE_KEY_LEN]) SL_WUR;
+
+/* ---- in-process stores ------------------------------------------------------------- */
+
+typedef enum auth_store_rc {
+    AUTH_STORE_NEW = 0,  /* inserted: first sight */
+    AUTH_STORE_SEEN = 1, /* already there and not expired */
+    AUTH_STORE_FULL = -1 /* at capacity after sweeping, or OOM */
+} auth_store_rc_t;
+
+/* Atomically: present and unexpired -> SEEN, else insert -> NEW. */
+auth_store_rc_t auth_nonce_insert(auth_stores_t *s, const unsigned char key[AUTH_NONCE_KEY_LEN],
+                                  int64_t expires, int64_t now);
+
+typedef enum auth_rev_kind {
+    AUTH_REV_JTI = 'j',
+    AUTH_REV_SUB = 's',
+} auth_rev_kind_t;
+
+/* jti: revoked until `expires`. sub: tokens with iat <= revoked_at are
+ * revoked (a later revocation of the same sub raises revoked_at), entry kept
+ * until `expires`. 0 ok, -1 full or OOM. */
+int auth_rev_add(auth_stores_t *s, auth_rev_kind_t kind, const char *id, size_t len,
+                 int64_t revoked_at, int64_t expires, int64_t now);
+/* true when the token (jti, sub, iat) is revoked at now. */
+bool auth_rev_check(auth_stores_t *s, const auth_claims_t *c, int64_t now);
+
+/* Sets res->reason and counts a rejection. */
+void auth_finish(auth_result_t *res, auth_reason_t r);
+
+/* ---- metrics ------------------------------------------------------------------------ */
+
+void auth_metrics_init(void);
+void auth_metric_reject(auth_reason_t r);
+/* check: "nonces" | "revocations"; allowed: the fallback's outcome. */
+void auth_metric_fallback(const char *check, bool allowed);
+
+/* ---- redis (auth_redis.c) ------------------------------------------------------------ */
+
+typedef struct auth_redis_job {
+    bool check_rev;   /* look up jti/sub revocations */
+    bool check_nonce; /* SET NX the nonce */
+    auth_claims_t claims;
+    unsigned char nonce_key[AUTH_NONCE_KEY_LEN];
+    int64_t nonce_expires; /* unix s */
+} auth_redis_job_t;
+
+/* Queues the job's EVALSHA; *res holds the result so far (the token's).
+ * AUTH_PENDING with *pending, or AUTH_DONE when the call could not be
+ * queued (the store-error policy already applied to *res). */
+auth_status_t auth_redis_check(const auth_t *a, sl_redis_t *redis, const auth_redis_job_t *job,
+                               int64_t now, auth_result_t *res, auth_check_cb cb, void *arg,
+                               auth_pending_t **pending);
+/* Applies on_store_error to a job whose store failed: decides *res using
+ * the in-process stores for the checks whose policy is allow. */
+void auth_store_fallback(const auth_t *a, const auth_redis_job_t *job, int64_t now,
+                         auth_result_t *res);
+
+auth_status_t auth_redis_revoke(const auth_t *a, sl_redis_t *redis, const char *jti,
+                                const char *sub, int64_t now, int64_t until, auth_reply_cb cb,
+                                void *arg, auth_pending_t **pending, auth_http_reply_t *out);
+/* Builds the admin 200 body. -1 on OOM. */
+int auth_revoke_reply(auth_http_reply_t *out, const char *jti, const char *sub, int64_t until,
+                      const char *store);
+/* Builds {"error":{...}} replies. -1 on OOM. */
+int auth_error_reply(auth_http_reply_t *out, int status, const char *type, const char *code,
+                     const char *message);
+
+#endif

@@ -1,0 +1,110 @@
+/*
+ * auth_sig.c — request signatures, the pure part: header syntax, the
+ * timestamp window and the HMAC over the canonical request
+ *
+ *   METHOD \n PATH_WITH_QUERY \n TIMESTAMP \n NONCE \n hex(SHA-256(body))
+ *
+ * keyed with the token's signing key (the 64 hex characters as ASCII bytes,
+ * exactly as the app received them). The replay check that follows a good
+ * signature is in auth.c (in-process) and auth_redis.c (SET NX).
+ */
+#include <string.h>
+
+#include "auth/auth_internal.h"
+
+/* 12 digits reach the year 33658; more is an attempt to overflow. */
+#define TS_DIGITS_MAX 12
+
+auth_reason_t auth_sig_parse_timestamp(const char *s, size_t n, int64_t *out)
+{
+    if (!s || n == 0 || n > TS_DIGITS_MAX)
+        return AUTH_R_SIG_TIMESTAMP;
+    int64_t v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return AUTH_R_SIG_TIMESTAMP;
+        v = v * 10 + (s[i] - '0');
+    }
+    *out = v;
+    return AUTH_OK;
+}
+
+auth_reason_t auth_sig_check_nonce(const char *s, size_t n)
+{
+    if (!s || n < AUTH_NONCE_MIN || n > AUTH_NONCE_MAX)
+        return AUTH_R_SIG_NONCE;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+              c == '-' || c == '_'))
+            return AUTH_R_SIG_NONCE;
+    }
+    return AUTH_OK;
+}
+
+int auth_sig_compute(const char *signing_key, size_t key_len, const char *method, size_t method_len,
+                     const char *path, size_t path_len, const char *ts, size_t ts_len,
+                     const char *nonce, size_t nonce_len, const unsigned char body_sha256[32],
+                     char out[65])
+{
+    char body_hex[65];
+    sl_hex(body_sha256, 32, body_hex);
+    /* Fed to the MAC piece by piece: the canonical string is never built. */
+    const void *parts[] = {method, "\n", path, "\n", ts, "\n", nonce, "\n", body_hex};
+    const size_t lens[] = {method_len, 1, path_len, 1, ts_len, 1, nonce_len, 1, 64};
+    unsigned char mac[32];
+    if (auth_hmac_sha256(signing_key, key_len, parts, lens, SL_ARRAY_LEN(parts), mac) != 0)
+        return -1;
+    sl_hex(mac, sizeof(mac), out);
+    return 0;
+}
+
+auth_reason_t auth_sig_verify(const char signing_key[64], const auth_request_t *req, int64_t now,
+                              int64_t window_s, int64_t *ts_out)
+{
+    if (!req->timestamp || !req->nonce || !req->signature)
+        return AUTH_R_SIG_MISSING;
+    int64_t ts = 0;
+    auth_reason_t r = auth_sig_parse_timestamp(req->timestamp, req->timestamp_len, &ts);
+    if (r != AUTH_OK)
+        return r;
+    if (ts < now - window_s || ts > now + window_s)
+        return AUTH_R_SIG_TIMESTAMP;
+    r = auth_sig_check_nonce(req->nonce, req->nonce_len);
+    if (r != AUTH_OK)
+        return r;
+    unsigned char body_sha[32];
+    const unsigned char *bs = req->body_sha256;
+    if (!bs) {
+        if (auth_sha256(req->body ? req->body : "", req->body ? req->body_len : 0, body_sha) != 0)
+            return AUTH_R_SIG_MISMATCH;
+        bs = body_sha;
+    }
+    char want[65];
+    if (auth_sig_compute(signing_key, 64, req->method ? req->method : "",
+                         req->method ? req->method_len : 0, req->path ? req->path : "",
+                         req->path ? req->path_len : 0, req->timestamp, req->timestamp_len,
+                         req->nonce, req->nonce_len, bs, want) != 0)
+        return AUTH_R_SIG_MISMATCH;
+    if (!sl_ct_equal(want, 64, req->signature, req->signature_len))
+        return AUTH_R_SIG_MISMATCH;
+    if (ts_out)
+        *ts_out = ts;
+    return AUTH_OK;
+}
+
+int auth_nonce_key(const char *jti, size_t jti_len, const char *nonce, size_t nonce_len,
+                   unsigned char out[AUTH_NONCE_KEY_LEN])
+{
+    unsigned char buf[AUTH_JTI_MAX + 1 + AUTH_NONCE_MAX];
+    unsigned char d[32];
+    if (jti_len > AUTH_JTI_MAX || nonce_len > AUTH_NONCE_MAX)
+        return -1;
+    memcpy(buf, jti, jti_len);
+    buf[jti_len] = 0;
+    memcpy(buf + jti_len + 1, nonce, nonce_len);
+    if (auth_sha256(buf, jti_len + 1 + nonce_len, d) != 0)
+        return -1;
+    memcpy(out, d, AUTH_NONCE_KEY_LEN);
+    return 0;
+}
