@@ -1,0 +1,275 @@
+/*
+ * ac.c — the Aho-Corasick automaton over folded word bytes.
+ *
+ * Built in three passes so that 100,000 words load in milliseconds:
+ * sort the words, insert them into a trie in sorted order (each node's
+ * children then arrive in increasing byte order, so appending keeps them
+ * sorted), and renumber the nodes in breadth-first order. After renumbering
+ * the children of a node are consecutive ids, so a node needs no edge array:
+ * its children are ids first[n]..first[n+1]-1, each carrying its label. The
+ * root gets a dense 256-entry table because nearly every step starts there.
+ * Failure links are computed in the same BFS order (parents before
+ * children). Matching is the textbook walk: follow failure links until an
+ * edge exists; the words ending at a state are the node's own word and the
+ * chain of "dictionary suffix" links.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "filters/flt_internal.h"
+
+struct flt_ac {
+    size_t n;          /* nodes; id 0 is the root */
+    size_t nwords;     /* distinct words */
+    uint32_t *first;   /* n+1: children of i are first[i]..first[i+1]-1 */
+    uint32_t *fail;    /* failure link */
+    int32_t *out_rule; /* rule of the word ending exactly here, or -1 */
+    int32_t *out_link; /* next node on the failure chain with a word, or -1 */
+    uint16_t *depth;   /* bytes from the root = length of a word ending here */
+    uint16_t *hold;    /* depth of the first node on the failure chain (itself
+                          included) that has children: the live partial match */
+    unsigned char *label;
+    uint32_t root_next[256];
+};
+
+static int ac_word_cmp(const void *pa, const void *pb)
+{
+    const flt_ac_word_t *a = pa, *b = pb;
+    size_t n = a->len < b->len ? a->len : b->len;
+    int c = memcmp(a->s, b->s, n);
+    if (c)
+        return c;
+    if (a->len != b->len)
+        return a->len < b->len ? -1 : 1;
+    return a->action - b->action; /* strongest first among duplicates */
+}
+
+/* The child of s labelled c, or 0. */
+static inline uint32_t ac_child(const flt_ac_t *ac, uint32_t s, unsigned char c)
+{
+    uint32_t lo = ac->first[s], hi = ac->first[s + 1];
+    if (hi - lo <= 8) {
+        for (uint32_t i = lo; i < hi; i++)
+            if (ac->label[i] == c)
+                return i;
+        return 0;
+    }
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (ac->label[mid] < c)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return (lo < ac->first[s + 1] && ac->label[lo] == c) ? lo : 0;
+}
+
+uint32_t flt_ac_step(const flt_ac_t *ac, uint32_t s, unsigned char c)
+{
+    c = flt_lower[c];
+    for (;;) {
+        if (s == FLT_AC_ROOT)
+            return ac->root_next[c];
+        uint32_t t = ac_child(ac, s, c);
+        if (t)
+            return t;
+        s = ac->fail[s];
+    }
+}
+
+unsigned flt_ac_depth(const flt_ac_t *ac, uint32_t state)
+{
+    return ac->hold[state];
+}
+
+int32_t flt_ac_out_first(const flt_ac_t *ac, uint32_t state)
+{
+    return ac->out_rule[state] >= 0 ? (int32_t)state : ac->out_link[state];
+}
+
+int32_t flt_ac_out_next(const flt_ac_t *ac, int32_t node)
+{
+    return ac->out_link[node];
+}
+
+unsigned flt_ac_out_len(const flt_ac_t *ac, int32_t node)
+{
+    return ac->depth[node];
+}
+
+int flt_ac_out_rule(const flt_ac_t *ac, int32_t node)
+{
+    return ac->out_rule[node];
+}
+
+size_t flt_ac_nodes(const flt_ac_t *ac)
+{
+    return ac->n;
+}
+
+size_t flt_ac_words(const flt_ac_t *ac)
+{
+    return ac->nwords;
+}
+
+void flt_ac_free(flt_ac_t *ac)
+{
+    if (!ac)
+        return;
+    free(ac->first);
+    free(ac->fail);
+    free(ac->out_rule);
+    free(ac->out_link);
+    free(ac->depth);
+    free(ac->hold);
+    free(ac->label);
+    free(ac);
+}
+
+/* The trie as first built, in insertion (DFS) order. */
+typedef struct ac_trie {
+    int32_t *child, *sib, *last; /* first child, next sibling, last child */
+    int32_t *rule;
+    int8_t *action;
+    uint16_t *depth;
+    unsigned char *label;
+    size_t n;
+} ac_trie_t;
+
+static void ac_trie_free(ac_trie_t *t)
+{
+    free(t->child);
+    free(t->sib);
+    free(t->last);
+    free(t->rule);
+    free(t->action);
+    free(t->depth);
+    free(t->label);
+}
+
+static int ac_trie_build(ac_trie_t *t, flt_ac_word_t *w, size_t n, size_t cap, size_t *nwords)
+{
+    t->child = malloc(cap * sizeof *t->child);
+    t->sib = malloc(cap * sizeof *t->sib);
+    t->last = malloc(cap * sizeof *t->last);
+    t->rule = malloc(cap * sizeof *t->rule);
+    t->action = malloc(cap * sizeof *t->action);
+    t->depth = malloc(cap * sizeof *t->depth);
+    t->label = malloc(cap);
+    if (!t->child || !t->sib || !t->last || !t->rule || !t->action || !t->depth || !t->label)
+        return -1;
+    t->n = 1;
+    t->child[0] = t->sib[0] = t->last[0] = t->rule[0] = -1;
+    t->action[0] = 0;
+    t->depth[0] = 0;
+    t->label[0] = 0;
+    int32_t path[FLT_MAX_WORD_BYTES + 1];
+    path[0] = 0;
+    const flt_ac_word_t *prev = NULL;
+    *nwords = 0;
+    for (size_t i = 0; i < n; i++) {
+        const flt_ac_word_t *cur = &w[i];
+        size_t lcp = 0;
+        if (prev) {
+            size_t m = prev->len < cur->len ? prev->len : cur->len;
+            while (lcp < m && prev->s[lcp] == cur->s[lcp])
+                lcp++;
+        }
+        for (size_t j = lcp; j < cur->len; j++) {
+            int32_t p = path[j], v = (int32_t)t->n++;
+            t->child[v] = t->sib[v] = t->last[v] = t->rule[v] = -1;
+            t->action[v] = 0;
+            t->depth[v] = (uint16_t)(j + 1);
+            t->label[v] = (unsigned char)cur->s[j];
+            /* sorted input: the new label is larger than any existing child */
+            if (t->last[p] < 0)
+                t->child[p] = v;
+            else
+                t->sib[t->last[p]] = v;
+            t->last[p] = v;
+            path[j + 1] = v;
+        }
+        int32_t end = path[cur->len];
+        if (t->rule[end] < 0) {
+            t->rule[end] = cur->rule;
+            t->action[end] = (int8_t)cur->action;
+            (*nwords)++;
+        } /* else a duplicate: the sort put the strongest action first */
+        prev = cur;
+    }
+    return 0;
+}
+
+flt_ac_t *flt_ac_new(flt_ac_word_t *words, size_t n)
+{
+    size_t cap = 1;
+    for (size_t i = 0; i < n; i++) {
+        if (words[i].len == 0 || words[i].len > FLT_MAX_WORD_BYTES)
+            return NULL;
+        cap += words[i].len;
+    }
+    if (cap > UINT32_MAX - 2)
+        return NULL;
+    qsort(words, n, sizeof *words, ac_word_cmp);
+
+    flt_ac_t *ac = calloc(1, sizeof *ac);
+    ac_trie_t t = {0};
+    uint32_t *queue = NULL;
+    if (!ac || ac_trie_build(&t, words, n, cap, &ac->nwords) != 0)
+        goto fail;
+    size_t N = t.n;
+    ac->n = N;
+    queue = malloc(N * sizeof *queue);
+    ac->first = malloc((N + 1) * sizeof *ac->first);
+    ac->fail = calloc(N, sizeof *ac->fail);
+    ac->out_rule = malloc(N * sizeof *ac->out_rule);
+    ac->out_link = malloc(N * sizeof *ac->out_link);
+    ac->depth = malloc(N * sizeof *ac->depth);
+    ac->hold = malloc(N * sizeof *ac->hold);
+    ac->label = malloc(N);
+    if (!queue || !ac->first || !ac->fail || !ac->out_rule || !ac->out_link || !ac->depth ||
+        !ac->hold || !ac->label)
+        goto fail;
+
+    /* Renumber breadth-first: queue position = new id. */
+    size_t head = 0, tail = 1;
+    queue[0] = 0;
+    while (head < tail) {
+        uint32_t u = queue[head];
+        ac->first[head] = (uint32_t)tail;
+        ac->label[head] = t.label[u];
+        ac->depth[head] = t.depth[u];
+        ac->out_rule[head] = t.rule[u];
+        head++;
+        for (int32_t c = t.child[u]; c >= 0; c = t.sib[c])
+            queue[tail++] = (uint32_t)c;
+    }
+    ac->first[N] = (uint32_t)N;
+    ac_trie_free(&t);
+    memset(&t, 0, sizeof t);
+    free(queue);
+    queue = NULL;
+
+    for (unsigned c = 0; c < 256; c++)
+        ac->root_next[c] = 0;
+    for (uint32_t v = ac->first[0]; v < ac->first[1]; v++)
+        ac->root_next[ac->label[v]] = v;
+    ac->out_link[0] = -1;
+    ac->hold[0] = 0;
+    for (uint32_t u = 0; u < N; u++) {
+        /* fail[u] is shallower, so its hold is already known */
+        ac->hold[u] = ac->first[u + 1] > ac->first[u] ? ac->depth[u] : ac->hold[ac->fail[u]];
+        for (uint32_t v = ac->first[u]; v < ac->first[u + 1]; v++) {
+            uint32_t f = u == 0 ? 0 : flt_ac_step(ac, ac->fail[u], ac->label[v]);
+            ac->fail[v] = f;
+            ac->out_link[v] = ac->out_rule[f] >= 0 ? (int32_t)f : ac->out_link[f];
+        }
+    }
+    return ac;
+
+fail:
+    ac_trie_free(&t);
+    free(queue);
+    flt_ac_free(ac);
+    return NULL;
+}

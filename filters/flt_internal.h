@@ -1,0 +1,177 @@
+/*
+ * flt_internal.h — the pure cores of filters/, shared by its .c files and
+ * its unit tests, never by other modules: UTF-8 and width folding, the
+ * Aho-Corasick word automaton, and the text channel (one choice's answer
+ * text, filtered with hold-back). Nothing here does I/O or reads a clock.
+ */
+#ifndef SL_FLT_INTERNAL_H
+#define SL_FLT_INTERNAL_H
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/metrics.h"
+#include "filters/filters.h"
+
+/* ---- growable byte buffer ----------------------------------------------- */
+
+typedef struct flt_buf {
+    char *p;
+    size_t len, cap;
+} flt_buf_t;
+
+int flt_buf_add(flt_buf_t *b, const void *s, size_t n) SL_WUR;
+void flt_buf_free(flt_buf_t *b);
+
+/* ---- UTF-8 and folding (fold.c) ------------------------------------------ */
+
+/* 1 when s[0..n) is valid UTF-8 (no overlongs, no surrogates). */
+int flt_utf8_valid(const char *s, size_t n);
+/* Length of the character starting at s (1..4), assuming valid UTF-8;
+ * a stray byte counts as 1. */
+size_t flt_utf8_len(unsigned char lead);
+/* Number of code points in valid UTF-8. */
+size_t flt_utf8_count(const char *s, size_t n);
+/* Bytes of the first max_cp code points of s (at most n). */
+size_t flt_utf8_prefix(const char *s, size_t n, size_t max_cp);
+
+/* Width folding of one character: fullwidth ASCII forms U+FF01..U+FF5E to
+ * U+0021..U+007E and the ideographic space U+3000 to a space; every other
+ * character is copied. Writes 1..4 bytes to out, returns the count, sets
+ * *used to the input bytes consumed. */
+size_t flt_fold_char(const unsigned char *s, size_t n, unsigned char out[4], size_t *used);
+
+/* A word as the automaton stores it: width-folded and ASCII-lowercased.
+ * Writes into out (capacity cap); returns the length, or SIZE_MAX if it
+ * does not fit. */
+size_t flt_fold_word(const char *s, size_t n, char *out, size_t cap);
+
+/* ASCII lowercase table used by the automaton at match time. */
+extern const unsigned char flt_lower[256];
+
+/* ---- Aho-Corasick automaton (ac.c) -------------------------------------- */
+
+typedef struct flt_ac flt_ac_t;
+
+typedef struct flt_ac_word {
+    const char *s; /* folded bytes (flt_fold_word), not NUL-terminated */
+    size_t len;    /* 1..FLT_MAX_WORD_BYTES */
+    int rule;      /* index into the ruleset's rules */
+    int action;    /* flt_action_t: a duplicate keeps the strongest */
+} flt_ac_word_t;
+
+/* Builds the automaton; the words array is sorted in place, its strings are
+ * only borrowed during the call. n may be 0. NULL on OOM. */
+flt_ac_t *flt_ac_new(flt_ac_word_t *words, size_t n);
+void flt_ac_free(flt_ac_t *ac);
+
+#define FLT_AC_ROOT 0u
+
+/* One step on a byte of folded text (ASCII case is folded here). */
+uint32_t flt_ac_step(const flt_ac_t *ac, uint32_t state, unsigned char c);
+/* Length of the longest suffix of the text so far that is a proper prefix
+ * of some word (a match that needs more text): no match still to come can
+ * start earlier than this many bytes back. */
+unsigned flt_ac_depth(const flt_ac_t *ac, uint32_t state);
+/* The words ending at `state`: out_first gives a node or -1, out_next the
+ * next one (shorter), each with its length and rule. */
+int32_t flt_ac_out_first(const flt_ac_t *ac, uint32_t state);
+int32_t flt_ac_out_next(const flt_ac_t *ac, int32_t node);
+unsigned flt_ac_out_len(const flt_ac_t *ac, int32_t node);
+int flt_ac_out_rule(const flt_ac_t *ac, int32_t node);
+size_t flt_ac_nodes(const flt_ac_t *ac);
+size_t flt_ac_words(const flt_ac_t *ac);
+
+/* ---- ruleset internals (ruleset.c) --------------------------------------- */
+
+typedef struct flt_rule {
+    char *name;
+    int action;               /* flt_action_t */
+    bool is_regex;            /* else a word list */
+    sl_mseries_t *hits;       /* sluice_filter_hits_total{rule,action} */
+    sl_mseries_t *limit_hits; /* sluice_filter_regex_limit_hits_total{rule} */
+    pcre2_code *code;         /* regex only */
+    uint32_t lookbehind;      /* regex only: max lookbehind, characters */
+} flt_rule_t;
+
+struct flt_ruleset {
+    atomic_int refs;
+    flt_rule_t *rules; /* word lists first, then regexes */
+    size_t nrules;
+    size_t first_regex; /* index of the first regex rule */
+    size_t nwords;      /* distinct words loaded */
+    flt_ac_t *ac;       /* NULL when there are no words */
+    pcre2_match_context *mctx;
+    char *mask;
+    size_t mask_len;
+    flt_conf_input_t input; /* system_prompt copied below */
+    char *system_prompt;
+    bool output;
+    int on_limit;
+    size_t holdback_max;
+    size_t history; /* folded bytes kept before a regex's scan point (lookbehind) */
+    sl_mseries_t *event_seconds;
+    sl_mseries_t *holdback_forced;
+};
+
+/* ---- text channel (scan.c) ----------------------------------------------- */
+
+/* A match waiting to be applied, in original-text byte offsets. */
+typedef struct flt_range {
+    size_t os, oe;
+} flt_range_t;
+
+/* One text stream (one choice of an answer, or one prompt message) filtered
+ * with hold-back. Offsets named f* are in the folded text, o* in the
+ * original text, all absolute from the start of the stream. */
+typedef struct flt_chan {
+    const flt_ruleset_t *rs; /* borrowed */
+    pcre2_match_data *md;
+    uint32_t ac; /* automaton state after the last folded byte */
+    /* folded window: fb[i] is folded byte fstart+i; fmap[i] its original offset */
+    unsigned char *fb;
+    size_t *fmap;
+    size_t flen, fcap, fstart;
+    size_t femit; /* folded offset released so far */
+    /* original text not yet released: ob[i] is original byte ostart+i */
+    char *ob;
+    size_t olen, ocap, ostart;
+    size_t *rstart;  /* per regex: folded offset where its next search starts */
+    flt_range_t *rg; /* pending masks */
+    size_t nrg, rgcap;
+    size_t mask_until; /* original offset up to which released text is masked */
+    int block_rule;    /* rule index that blocked, or -1 */
+    bool finished;
+    bool unbounded; /* whole text at once: no holdback_max */
+    /* counts, for results and tests */
+    unsigned nmask, nlog, nlimit, nforced;
+} flt_chan_t;
+
+int flt_chan_init(flt_chan_t *c, const flt_ruleset_t *rs) SL_WUR;
+void flt_chan_fini(flt_chan_t *c);
+
+typedef enum flt_chan_rc {
+    FLT_CHAN_ERR = -1,
+    FLT_CHAN_OK = 0,
+    FLT_CHAN_BLOCK = 1,
+} flt_chan_rc_t;
+
+/* Feeds valid UTF-8 text and appends the text released by it (masks
+ * applied) to out. BLOCK: a block rule matched; nothing is appended and the
+ * channel takes no more text. */
+flt_chan_rc_t flt_chan_feed(flt_chan_t *c, const char *s, size_t n, flt_buf_t *out) SL_WUR;
+/* End of text: releases everything held back (final, non-partial regex pass). */
+flt_chan_rc_t flt_chan_finish(flt_chan_t *c, flt_buf_t *out) SL_WUR;
+/* Original bytes held back now. */
+size_t flt_chan_held(const flt_chan_t *c);
+
+/* Whole text at once: out gets the filtered text (masks applied). Same rules
+ * and result as feeding it in pieces. */
+flt_chan_rc_t flt_text_filter(const flt_ruleset_t *rs, const char *s, size_t n,
+                              flt_buf_t *out) SL_WUR;
+
+#endif

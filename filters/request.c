@@ -1,0 +1,350 @@
+/*
+ * request.c — the prompt side (shape, keep_turns, max_chars, rules, system
+ * prompt) over the parsed request body, and the same rules over a whole
+ * non-streamed answer. Both edit the jansson tree in place; the caller
+ * serialises it again when told it changed.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "filters/flt_internal.h"
+
+static const char *const flt_roles[] = {"system",    "developer", "user",
+                                        "assistant", "tool",      "function"};
+
+static flt_req_verdict_t reject(flt_req_result_t *res, const char *code, const char *param,
+                                const char *fmt, ...) SL_PRINTF(4, 5);
+
+#include <stdarg.h>
+static flt_req_verdict_t reject(flt_req_result_t *res, const char *code, const char *param,
+                                const char *fmt, ...)
+{
+    res->status = 400;
+    res->code = code;
+    snprintf(res->param_buf, sizeof res->param_buf, "%s", param);
+    res->param = res->param_buf;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(res->message, sizeof res->message, fmt, ap);
+    va_end(ap);
+    return FLT_REQ_REJECT;
+}
+
+static const char *role_of(json_t *m)
+{
+    return json_string_value(json_object_get(m, "role"));
+}
+
+static bool is_system(const char *role)
+{
+    return role && (strcmp(role, "system") == 0 || strcmp(role, "developer") == 0);
+}
+
+static flt_req_verdict_t check_shape(json_t *body, flt_req_result_t *res)
+{
+    if (!json_is_object(body))
+        return reject(res, FLT_CODE_INVALID_BODY, "body", "the request body must be a JSON object");
+    json_t *msgs = json_object_get(body, "messages");
+    if (!json_is_array(msgs))
+        return reject(res, FLT_CODE_INVALID_MESSAGES, "messages", "'messages' must be an array");
+    if (json_array_size(msgs) == 0)
+        return reject(res, FLT_CODE_INVALID_MESSAGES, "messages", "'messages' must not be empty");
+    size_t i;
+    json_t *m;
+    char p[64];
+    json_array_foreach(msgs, i, m)
+    {
+        snprintf(p, sizeof p, "messages[%zu]", i);
+        if (!json_is_object(m))
+            return reject(res, FLT_CODE_INVALID_MESSAGE, p, "%s must be an object", p);
+        const char *role = role_of(m);
+        bool known = false;
+        for (size_t r = 0; role && r < SL_ARRAY_LEN(flt_roles); r++)
+            known = known || strcmp(role, flt_roles[r]) == 0;
+        snprintf(p, sizeof p, "messages[%zu].role", i);
+        if (!known)
+            return reject(res, FLT_CODE_INVALID_MESSAGE, p,
+                          "%s must be one of system, developer, "
+                          "user, assistant, tool, function",
+                          p);
+        json_t *c = json_object_get(m, "content");
+        snprintf(p, sizeof p, "messages[%zu].content", i);
+        if (!c || json_is_null(c)) {
+            /* an assistant turn that only calls tools has no content */
+            if (strcmp(role, "assistant") != 0)
+                return reject(res, FLT_CODE_INVALID_MESSAGE, p, "%s is required", p);
+            continue;
+        }
+        if (json_is_string(c))
+            continue;
+        if (!json_is_array(c))
+            return reject(res, FLT_CODE_INVALID_MESSAGE, p,
+                          "%s must be a string or an array of parts", p);
+        size_t j;
+        json_t *part;
+        json_array_foreach(c, j, part)
+        {
+            snprintf(p, sizeof p, "messages[%zu].content[%zu]", i, j);
+            const char *type = json_string_value(json_object_get(part, "type"));
+            if (!json_is_object(part) || !type)
+                return reject(res, FLT_CODE_INVALID_MESSAGE, p, "%s must be an object with a type",
+                              p);
+            if (strcmp(type, "text") == 0 && !json_is_string(json_object_get(part, "text")))
+                return reject(res, FLT_CODE_INVALID_MESSAGE, p, "%s: text must be a string", p);
+        }
+    }
+    return FLT_REQ_OK;
+}
+
+/* Keeps the last keep_turns user turns (a turn is a user message and what
+ * follows it), and every system/developer message. */
+static void keep_turns(json_t *msgs, size_t keep, flt_req_result_t *res)
+{
+    size_t nuser = 0, i;
+    json_t *m;
+    json_array_foreach(msgs, i, m) nuser += role_of(m) && strcmp(role_of(m), "user") == 0;
+    if (keep == 0 || nuser <= keep)
+        return;
+    size_t skip = nuser - keep, seen = 0, first = 0;
+    json_array_foreach(msgs, i, m)
+    {
+        if (strcmp(role_of(m), "user") == 0 && seen++ == skip) {
+            first = i;
+            break;
+        }
+    }
+    for (size_t k = first; k-- > 0;) {
+        if (!is_system(role_of(json_array_get(msgs, k)))) {
+            json_array_remove(msgs, k);
+            res->dropped++;
+        }
+    }
+    res->modified = res->modified || res->dropped > 0;
+}
+
+static size_t content_chars(json_t *c)
+{
+    if (json_is_string(c))
+        return flt_utf8_count(json_string_value(c), json_string_length(c));
+    size_t n = 0, j;
+    json_t *part;
+    json_array_foreach(c, j, part)
+    {
+        json_t *t = json_object_get(part, "text");
+        if (json_is_string(t) &&
+            strcmp(json_string_value(json_object_get(part, "type")), "text") == 0)
+            n += flt_utf8_count(json_string_value(t), json_string_length(t));
+    }
+    return n;
+}
+
+/* Cuts a text json string to its first `left` code points; returns what is left. */
+static size_t truncate_text(json_t *s, size_t left)
+{
+    const char *v = json_string_value(s);
+    size_t n = json_string_length(s);
+    size_t cut = flt_utf8_prefix(v, n, left);
+    size_t used = flt_utf8_count(v, cut);
+    if (cut < n)
+        json_string_setn(s, v, cut); /* jansson copies before freeing the old value */
+    return left - used;
+}
+
+static void truncate_content(json_t *c, size_t max)
+{
+    if (json_is_string(c)) {
+        truncate_text(c, max);
+        return;
+    }
+    size_t j, left = max;
+    json_t *part;
+    json_array_foreach(c, j, part)
+    {
+        json_t *t = json_object_get(part, "text");
+        if (json_is_string(t) &&
+            strcmp(json_string_value(json_object_get(part, "type")), "text") == 0)
+            left = truncate_text(t, left);
+    }
+}
+
+/* Word and regex rules over one message's text; text parts are one text. */
+static flt_req_verdict_t check_rules(const flt_ruleset_t *rs, json_t *m, size_t i,
+                                     flt_req_result_t *res)
+{
+    json_t *c = json_object_get(m, "content");
+    json_t *one[1];
+    json_t **texts = one;
+    size_t ntexts = 0;
+    if (json_is_string(c)) {
+        one[0] = c;
+        ntexts = 1;
+    } else if (json_is_array(c) && json_array_size(c) > 0) {
+        texts = malloc(json_array_size(c) * sizeof *texts);
+        if (!texts)
+            return FLT_REQ_ERROR;
+        size_t j;
+        json_t *part;
+        json_array_foreach(c, j, part)
+        {
+            json_t *t = json_object_get(part, "text");
+            if (json_is_string(t) &&
+                strcmp(json_string_value(json_object_get(part, "type")), "text") == 0)
+                texts[ntexts++] = t;
+        }
+    }
+    flt_req_verdict_t v = FLT_REQ_OK;
+    flt_chan_t ch;
+    flt_buf_t *outs = ntexts ? calloc(ntexts, sizeof *outs) : NULL;
+    if (ntexts && (!outs || flt_chan_init(&ch, rs) != 0)) {
+        free(outs);
+        if (texts != one)
+            free(texts);
+        return FLT_REQ_ERROR;
+    }
+    if (!ntexts)
+        goto done;
+    ch.unbounded = true;
+    flt_chan_rc_t rc = FLT_CHAN_OK;
+    for (size_t k = 0; k < ntexts && rc == FLT_CHAN_OK; k++)
+        rc =
+            flt_chan_feed(&ch, json_string_value(texts[k]), json_string_length(texts[k]), &outs[k]);
+    if (rc == FLT_CHAN_OK)
+        rc = flt_chan_finish(&ch, &outs[ntexts - 1]);
+    res->logged += ch.nlog;
+    if (rc == FLT_CHAN_BLOCK) {
+        char p[64];
+        snprintf(p, sizeof p, "messages[%zu].content", i);
+        res->rule = ch.block_rule >= 0 ? rs->rules[ch.block_rule].name : NULL;
+        v = reject(res, FLT_CODE_CONTENT_FILTER, p,
+                   "the prompt was rejected by the content filter");
+    } else if (rc != FLT_CHAN_OK) {
+        v = FLT_REQ_ERROR;
+    } else if (ch.nmask) {
+        res->masked += ch.nmask;
+        res->modified = true;
+        for (size_t k = 0; k < ntexts; k++)
+            if (json_string_setn(texts[k], outs[k].p ? outs[k].p : "", outs[k].len) != 0)
+                v = FLT_REQ_ERROR;
+    }
+    flt_chan_fini(&ch);
+done:
+    for (size_t k = 0; k < ntexts; k++)
+        flt_buf_free(&outs[k]);
+    free(outs);
+    if (texts != one)
+        free(texts);
+    return v;
+}
+
+flt_req_verdict_t flt_request_check(const flt_ruleset_t *rs, json_t *body, flt_req_result_t *res)
+{
+    memset(res, 0, sizeof *res);
+    flt_req_verdict_t v = check_shape(body, res);
+    if (v != FLT_REQ_OK || !rs)
+        return v;
+    json_t *msgs = json_object_get(body, "messages");
+    keep_turns(msgs, (size_t)rs->input.keep_turns, res);
+
+    size_t i;
+    json_t *m;
+    size_t max = (size_t)rs->input.max_chars;
+    json_array_foreach(msgs, i, m)
+    {
+        if (!max || strcmp(role_of(m), "user") != 0)
+            continue;
+        json_t *c = json_object_get(m, "content");
+        size_t n = content_chars(c);
+        if (n <= max)
+            continue;
+        if (rs->input.on_overflow == FLT_OVERFLOW_REJECT) {
+            char p[64];
+            snprintf(p, sizeof p, "messages[%zu].content", i);
+            return reject(res, FLT_CODE_PROMPT_TOO_LONG, p,
+                          "%s has %zu characters; the limit is %zu", p, n, max);
+        }
+        truncate_content(c, max);
+        res->truncated++;
+        res->modified = true;
+    }
+
+    if (rs->nrules) {
+        json_array_foreach(msgs, i, m)
+        {
+            v = check_rules(rs, m, i, res);
+            if (v != FLT_REQ_OK)
+                return v;
+        }
+    }
+
+    if (rs->system_prompt) {
+        if (rs->input.system_prompt_mode == FLT_SYSPROMPT_REPLACE) {
+            for (size_t k = json_array_size(msgs); k-- > 0;)
+                if (is_system(role_of(json_array_get(msgs, k))))
+                    json_array_remove(msgs, k);
+        }
+        json_t *sys = json_pack("{s:s, s:s}", "role", "system", "content", rs->system_prompt);
+        if (!sys || json_array_insert_new(msgs, 0, sys) != 0)
+            return FLT_REQ_ERROR;
+        res->modified = true;
+    }
+    return FLT_REQ_OK;
+}
+
+char *flt_error_body(const flt_req_result_t *res, size_t *len)
+{
+    json_t *e = json_object(), *o = json_object();
+    if (!e || !o) {
+        json_decref(e), json_decref(o);
+        return NULL;
+    }
+    json_object_set_new(e, "message", json_string(res->message));
+    json_object_set_new(e, "type", json_string("invalid_request_error"));
+    json_object_set_new(e, "param", res->param ? json_string(res->param) : json_null());
+    json_object_set_new(e, "code", res->code ? json_string(res->code) : json_null());
+    json_object_set_new(o, "error", e);
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    if (s && len)
+        *len = strlen(s);
+    return s;
+}
+
+int flt_response_filter(flt_ruleset_t *rs, json_t *body, bool *modified)
+{
+    *modified = false;
+    if (!flt_ruleset_filters_output(rs))
+        return 0;
+    json_t *choices = json_object_get(body, "choices");
+    size_t i;
+    json_t *choice;
+    flt_buf_t b = {0};
+    json_array_foreach(choices, i, choice)
+    {
+        json_t *msg = json_object_get(choice, "message");
+        json_t *c = json_object_get(msg, "content");
+        if (!json_is_string(c))
+            continue;
+        b.len = 0;
+        flt_chan_rc_t rc = flt_text_filter(rs, json_string_value(c), json_string_length(c), &b);
+        if (rc == FLT_CHAN_ERR) {
+            flt_buf_free(&b);
+            return -1;
+        }
+        if (rc == FLT_CHAN_BLOCK) {
+            json_object_set_new(msg, "content", json_string(""));
+            json_object_set_new(choice, "finish_reason", json_string("content_filter"));
+        } else if (b.len == json_string_length(c) &&
+                   memcmp(b.p ? b.p : "", json_string_value(c), b.len) == 0) {
+            continue;
+        } else if (json_string_setn(c, b.p ? b.p : "", b.len) != 0) {
+            flt_buf_free(&b);
+            return -1;
+        }
+        if (json_object_get(choice, "logprobs"))
+            json_object_set_new(choice, "logprobs", json_null());
+        *modified = true;
+    }
+    flt_buf_free(&b);
+    return 0;
+}

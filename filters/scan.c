@@ -1,0 +1,376 @@
+/*
+ * scan.c — the text channel: one stream of text (a choice of a streamed
+ * answer, or one prompt message) run through the word automaton and the
+ * regexes, releasing text as soon as it can no longer be part of a match.
+ *
+ * Text arrives in pieces. Each piece is appended to two buffers: the
+ * original bytes not yet released (ob) and a width-folded copy (fb) with a
+ * map from every folded byte back to its original offset (fmap). Then:
+ *  - the automaton steps over the new folded bytes; each word ending there
+ *    is a hit (block: stop; mask: remember the range; log: count);
+ *  - each regex searches from where its last search stopped (rstart) with
+ *    PCRE2_PARTIAL_HARD: a complete match found that way cannot change when
+ *    more text comes; a partial match leaves rstart at its start; no match
+ *    moves rstart to the end;
+ *  - the release point R is the smallest of (end - automaton depth) and
+ *    every rstart: no future match can start before R, so everything before
+ *    it is final and goes out, masks applied. R is a character boundary
+ *    because matches start on one. Overlapping matches merge into one mask.
+ * At the end of the text the regexes run once more without partial
+ * matching and everything is released. Feeding the same text in any split
+ * gives the same output (the fuzz target checks it).
+ *
+ * Bounded: at most rs->holdback_max original bytes stay held; past that the
+ * oldest text is released anyway and the regexes restart after it (counted
+ * in sluice_filter_holdback_forced_total). The folded window keeps only what
+ * the regexes still need (their scan point minus the longest lookbehind).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "filters/flt_internal.h"
+
+static size_t chan_nregex(const flt_chan_t *c)
+{
+    return c->rs->nrules - c->rs->first_regex;
+}
+
+int flt_chan_init(flt_chan_t *c, const flt_ruleset_t *rs)
+{
+    memset(c, 0, sizeof *c);
+    c->rs = rs;
+    c->block_rule = -1;
+    size_t nre = chan_nregex(c);
+    if (nre) {
+        c->md = pcre2_match_data_create(1, NULL);
+        c->rstart = calloc(nre, sizeof *c->rstart);
+        if (!c->md || !c->rstart) {
+            flt_chan_fini(c);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+void flt_chan_fini(flt_chan_t *c)
+{
+    pcre2_match_data_free(c->md);
+    free(c->rstart);
+    free(c->fb);
+    free(c->fmap);
+    free(c->ob);
+    free(c->rg);
+    memset(c, 0, sizeof *c);
+    c->block_rule = -1;
+}
+
+size_t flt_chan_held(const flt_chan_t *c)
+{
+    return c->olen;
+}
+
+static inline size_t chan_fend(const flt_chan_t *c)
+{
+    return c->fstart + c->flen;
+}
+
+/* Original offset of folded offset f (f in [fstart, fend]). */
+static inline size_t chan_map(const flt_chan_t *c, size_t f)
+{
+    return f >= chan_fend(c) ? c->ostart + c->olen : c->fmap[f - c->fstart];
+}
+
+static int chan_append(flt_chan_t *c, const char *s, size_t n)
+{
+    if (c->olen + n > c->ocap) {
+        size_t cap = c->ocap ? c->ocap : 256;
+        while (cap < c->olen + n)
+            cap *= 2;
+        char *p = realloc(c->ob, cap);
+        if (!p)
+            return -1;
+        c->ob = p;
+        c->ocap = cap;
+    }
+    if (c->flen + n > c->fcap) { /* folding never makes text longer */
+        size_t cap = c->fcap ? c->fcap : 256;
+        while (cap < c->flen + n)
+            cap *= 2;
+        unsigned char *p = realloc(c->fb, cap);
+        if (!p)
+            return -1;
+        c->fb = p;
+        size_t *m = realloc(c->fmap, cap * sizeof *m);
+        if (!m)
+            return -1;
+        c->fmap = m;
+        c->fcap = cap;
+    }
+    size_t o = c->ostart + c->olen;
+    memcpy(c->ob + c->olen, s, n);
+    c->olen += n;
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < n) {
+        unsigned char tmp[4];
+        size_t used, k = flt_fold_char(u + i, n - i, tmp, &used);
+        for (size_t j = 0; j < k; j++) {
+            c->fb[c->flen] = tmp[j];
+            c->fmap[c->flen] = o + i;
+            c->flen++;
+        }
+        i += used;
+    }
+    return 0;
+}
+
+/* A rule matched folded [fs, fe). */
+static flt_chan_rc_t chan_hit(flt_chan_t *c, size_t rule, size_t fs, size_t fe)
+{
+    const flt_rule_t *r = &c->rs->rules[rule];
+    if (r->hits)
+        sl_counter_add(r->hits, 1);
+    switch (r->action) {
+    case FLT_ACTION_BLOCK:
+        c->block_rule = (int)rule;
+        return FLT_CHAN_BLOCK;
+    case FLT_ACTION_LOG:
+        c->nlog++;
+        return FLT_CHAN_OK;
+    default:
+        break;
+    }
+    c->nmask++;
+    if (fs < c->femit) /* only after a forced release: mask what is left */
+        fs = c->femit;
+    if (fe <= fs)
+        return FLT_CHAN_OK;
+    if (c->nrg == c->rgcap) {
+        size_t cap = c->rgcap ? c->rgcap * 2 : 8;
+        flt_range_t *p = realloc(c->rg, cap * sizeof *p);
+        if (!p)
+            return FLT_CHAN_ERR;
+        c->rg = p;
+        c->rgcap = cap;
+    }
+    c->rg[c->nrg].os = chan_map(c, fs);
+    c->rg[c->nrg].oe = chan_map(c, fe);
+    c->nrg++;
+    return FLT_CHAN_OK;
+}
+
+static flt_chan_rc_t chan_words(flt_chan_t *c, size_t from)
+{
+    const flt_ac_t *ac = c->rs->ac;
+    if (!ac)
+        return FLT_CHAN_OK;
+    uint32_t st = c->ac;
+    size_t fend = chan_fend(c);
+    for (size_t p = from; p < fend; p++) {
+        st = flt_ac_step(ac, st, c->fb[p - c->fstart]);
+        for (int32_t o = flt_ac_out_first(ac, st); o >= 0; o = flt_ac_out_next(ac, o)) {
+            size_t len = flt_ac_out_len(ac, o);
+            flt_chan_rc_t rc = chan_hit(c, (size_t)flt_ac_out_rule(ac, o), p + 1 - len, p + 1);
+            if (rc != FLT_CHAN_OK) {
+                c->ac = st;
+                return rc;
+            }
+        }
+    }
+    c->ac = st;
+    return FLT_CHAN_OK;
+}
+
+static flt_chan_rc_t chan_regex(flt_chan_t *c, bool final)
+{
+    const flt_ruleset_t *rs = c->rs;
+    size_t nre = chan_nregex(c), fend = chan_fend(c);
+    uint32_t opts = final ? 0 : PCRE2_PARTIAL_HARD;
+    for (size_t k = 0; k < nre; k++) {
+        size_t rule = rs->first_regex + k;
+        const flt_rule_t *r = &rs->rules[rule];
+        while (c->rstart[k] < fend) {
+            size_t off = c->rstart[k] - c->fstart;
+            int rc = pcre2_match(r->code, c->fb, c->flen, off, opts, c->md, rs->mctx);
+            PCRE2_SIZE *ov = pcre2_get_ovector_pointer(c->md);
+            if (rc >= 0) {
+                size_t s = ov[0] + c->fstart, e = ov[1] + c->fstart;
+                if (e > s) {
+                    flt_chan_rc_t h = chan_hit(c, rule, s, e);
+                    if (h != FLT_CHAN_OK)
+                        return h;
+                }
+                /* \K or a lookahead can end a match at or before its
+                 * search start; always make progress by a character */
+                size_t next = e > c->rstart[k] ? e : c->rstart[k] + flt_utf8_len(c->fb[off]);
+                c->rstart[k] = next;
+            } else if (rc == PCRE2_ERROR_PARTIAL) {
+                size_t p = ov[0] + c->fstart;
+                if (p > c->rstart[k])
+                    c->rstart[k] = p;
+                break;
+            } else if (rc == PCRE2_ERROR_NOMATCH) {
+                c->rstart[k] = fend;
+                break;
+            } else {
+                /* match/depth/heap/JIT-stack limit (or another match-time
+                 * error): the configured verdict for the text searched */
+                c->nlimit++;
+                if (r->limit_hits)
+                    sl_counter_add(r->limit_hits, 1);
+                if (rs->on_limit == FLT_ON_LIMIT_MATCH) {
+                    flt_chan_rc_t h = chan_hit(c, rule, c->rstart[k], fend);
+                    if (h != FLT_CHAN_OK)
+                        return h;
+                }
+                c->rstart[k] = fend;
+                break;
+            }
+        }
+    }
+    return FLT_CHAN_OK;
+}
+
+static int range_cmp(const void *pa, const void *pb)
+{
+    const flt_range_t *a = pa, *b = pb;
+    return a->os < b->os ? -1 : a->os > b->os;
+}
+
+/* Releases original text up to ro, masks applied. */
+static int chan_emit(flt_chan_t *c, size_t ro, flt_buf_t *out)
+{
+    const flt_ruleset_t *rs = c->rs;
+    if (c->nrg > 1)
+        qsort(c->rg, c->nrg, sizeof *c->rg, range_cmp);
+    size_t pos = c->ostart, used = 0;
+    for (; used < c->nrg && c->rg[used].os < ro; used++) {
+        const flt_range_t *r = &c->rg[used];
+        if (r->os < c->mask_until) { /* overlaps the open mask: one mask for both */
+            if (r->oe > c->mask_until)
+                c->mask_until = r->oe;
+            continue;
+        }
+        size_t start = SL_MAX(pos, c->mask_until);
+        if (flt_buf_add(out, c->ob + (start - c->ostart), r->os - start) != 0 ||
+            flt_buf_add(out, rs->mask, rs->mask_len) != 0)
+            return -1;
+        c->mask_until = r->oe;
+        pos = r->os;
+    }
+    size_t start = SL_MAX(pos, c->mask_until);
+    if (start < ro && flt_buf_add(out, c->ob + (start - c->ostart), ro - start) != 0)
+        return -1;
+    if (used) {
+        memmove(c->rg, c->rg + used, (c->nrg - used) * sizeof *c->rg);
+        c->nrg -= used;
+    }
+    size_t d = ro - c->ostart;
+    if (d) {
+        memmove(c->ob, c->ob + d, c->olen - d);
+        c->olen -= d;
+        c->ostart = ro;
+    }
+    return 0;
+}
+
+/* Drops folded bytes no longer needed: before the release point and before
+ * every regex's scan point minus the lookbehind history. */
+static void chan_trim(flt_chan_t *c)
+{
+    size_t keep = c->femit, nre = chan_nregex(c), h = c->rs->history;
+    for (size_t k = 0; k < nre; k++) {
+        size_t f = c->rstart[k] > h ? c->rstart[k] - h : 0;
+        if (f < keep)
+            keep = f;
+    }
+    if (keep <= c->fstart)
+        return;
+    while (keep > c->fstart && (c->fb[keep - c->fstart] & 0xC0) == 0x80)
+        keep--;
+    size_t d = keep - c->fstart;
+    if (!d)
+        return;
+    memmove(c->fb, c->fb + d, c->flen - d);
+    memmove(c->fmap, c->fmap + d, (c->flen - d) * sizeof *c->fmap);
+    c->flen -= d;
+    c->fstart = keep;
+}
+
+static int chan_release(flt_chan_t *c, bool final, flt_buf_t *out)
+{
+    size_t fend = chan_fend(c), nre = chan_nregex(c);
+    size_t R = fend;
+    if (!final) {
+        if (c->rs->ac)
+            R = fend - flt_ac_depth(c->rs->ac, c->ac);
+        for (size_t k = 0; k < nre; k++)
+            if (c->rstart[k] < R)
+                R = c->rstart[k];
+        if (R < c->femit)
+            R = c->femit;
+        size_t oend = c->ostart + c->olen, cap = c->rs->holdback_max;
+        if (!c->unbounded && oend - chan_map(c, R) > cap) {
+            while (R < fend && oend - chan_map(c, R) > cap)
+                R += flt_utf8_len(c->fb[R - c->fstart]);
+            c->nforced++;
+            if (c->rs->holdback_forced)
+                sl_counter_add(c->rs->holdback_forced, 1);
+            for (size_t k = 0; k < nre; k++)
+                if (c->rstart[k] < R)
+                    c->rstart[k] = R;
+        }
+    }
+    if (chan_emit(c, chan_map(c, R), out) != 0)
+        return -1;
+    c->femit = R;
+    chan_trim(c);
+    return 0;
+}
+
+flt_chan_rc_t flt_chan_feed(flt_chan_t *c, const char *s, size_t n, flt_buf_t *out)
+{
+    if (c->block_rule >= 0)
+        return FLT_CHAN_BLOCK;
+    if (c->finished)
+        return FLT_CHAN_ERR;
+    if (n == 0)
+        return FLT_CHAN_OK;
+    size_t from = chan_fend(c);
+    if (chan_append(c, s, n) != 0)
+        return FLT_CHAN_ERR;
+    flt_chan_rc_t rc = chan_words(c, from);
+    if (rc == FLT_CHAN_OK)
+        rc = chan_regex(c, false);
+    if (rc != FLT_CHAN_OK)
+        return rc;
+    return chan_release(c, false, out) == 0 ? FLT_CHAN_OK : FLT_CHAN_ERR;
+}
+
+flt_chan_rc_t flt_chan_finish(flt_chan_t *c, flt_buf_t *out)
+{
+    if (c->block_rule >= 0)
+        return FLT_CHAN_BLOCK;
+    if (c->finished)
+        return FLT_CHAN_OK;
+    flt_chan_rc_t rc = chan_regex(c, true);
+    if (rc != FLT_CHAN_OK)
+        return rc;
+    if (chan_release(c, true, out) != 0)
+        return FLT_CHAN_ERR;
+    c->finished = true;
+    return FLT_CHAN_OK;
+}
+
+flt_chan_rc_t flt_text_filter(const flt_ruleset_t *rs, const char *s, size_t n, flt_buf_t *out)
+{
+    flt_chan_t c;
+    if (flt_chan_init(&c, rs) != 0)
+        return FLT_CHAN_ERR;
+    c.unbounded = true;
+    flt_chan_rc_t rc = flt_chan_feed(&c, s, n, out);
+    if (rc == FLT_CHAN_OK)
+        rc = flt_chan_finish(&c, out);
+    flt_chan_fini(&c);
+    return rc;
+}

@@ -1,0 +1,605 @@
+/* Unit tests of the text channel (hold-back filtering) and of the SSE layer
+ * over it: words and regexes split across events at every byte offset,
+ * Chinese and fullwidth text, overlapping masks, the hold-back bound, the
+ * catastrophic-regex limit, and the chunk JSON going in and out. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/metrics.h"
+#include "filters/flt_internal.h"
+#include "test_filters_util.h"
+
+static flt_ruleset_t *rs_words(const char *mask_words, const char *block_words)
+{
+    tf_list_t l[2] = {{mask_words, FLT_ACTION_MASK, "masked"},
+                      {block_words, FLT_ACTION_BLOCK, "blocked"}};
+    char err[256] = "";
+    flt_ruleset_t *rs = tf_build(l, block_words ? 2 : 1, NULL, 0, NULL, err, sizeof err);
+    if (!rs)
+        fail_msg("build: %s", err);
+    return rs;
+}
+
+/* Feeds text cut at the given offsets (sorted, may repeat), then finishes;
+ * returns the concatenated output (malloc'd) and the result code. */
+static char *feed_split(const flt_ruleset_t *rs, const char *text, const size_t *cuts, size_t ncuts,
+                        flt_chan_rc_t *rc_out)
+{
+    flt_chan_t c;
+    assert_int_equal(flt_chan_init(&c, rs), 0);
+    flt_buf_t out = {0};
+    size_t n = strlen(text), pos = 0;
+    flt_chan_rc_t rc = FLT_CHAN_OK;
+    for (size_t i = 0; i <= ncuts && rc == FLT_CHAN_OK; i++) {
+        size_t end = i < ncuts ? cuts[i] : n;
+        rc = flt_chan_feed(&c, text + pos, end - pos, &out);
+        pos = end;
+    }
+    if (rc == FLT_CHAN_OK)
+        rc = flt_chan_finish(&c, &out);
+    *rc_out = rc;
+    flt_chan_fini(&c);
+    char *s = strndup(out.p ? out.p : "", out.len);
+    flt_buf_free(&out);
+    return s;
+}
+
+static int is_boundary(const char *s, size_t i)
+{
+    return ((unsigned char)s[i] & 0xC0) != 0x80;
+}
+
+/* Every split into two and three pieces (at character boundaries, as JSON
+ * strings always are) gives `want`. */
+static void check_all_splits(const flt_ruleset_t *rs, const char *text, const char *want,
+                             flt_chan_rc_t want_rc)
+{
+    size_t n = strlen(text);
+    flt_chan_rc_t rc;
+    char *got = feed_split(rs, text, NULL, 0, &rc);
+    assert_int_equal(rc, want_rc);
+    if (want_rc == FLT_CHAN_OK)
+        assert_string_equal(got, want);
+    free(got);
+    for (size_t a = 0; a <= n; a++) {
+        if (!is_boundary(text, a) && a < n)
+            continue;
+        size_t c1[1] = {a};
+        got = feed_split(rs, text, c1, 1, &rc);
+        assert_int_equal(rc, want_rc);
+        if (want_rc == FLT_CHAN_OK)
+            assert_string_equal(got, want);
+        free(got);
+        for (size_t b = a; b <= n; b++) {
+            if (!is_boundary(text, b) && b < n)
+                continue;
+            size_t c2[2] = {a, b};
+            got = feed_split(rs, text, c2, 2, &rc);
+            assert_int_equal(rc, want_rc);
+            if (want_rc == FLT_CHAN_OK)
+                assert_string_equal(got, want);
+            free(got);
+        }
+    }
+}
+
+static void test_split_latin(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_words("badword\n", "evil\n");
+    check_all_splits(rs, "a badword here", "a *** here", FLT_CHAN_OK);
+    check_all_splits(rs, "BadWord at start", "*** at start", FLT_CHAN_OK);
+    check_all_splits(rs, "ends with badword", "ends with ***", FLT_CHAN_OK);
+    check_all_splits(rs, "badwor d is not it", "badwor d is not it", FLT_CHAN_OK);
+    check_all_splits(rs, "this is EVIL stuff", NULL, FLT_CHAN_BLOCK);
+    flt_ruleset_unref(rs);
+}
+
+static void test_split_chinese(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_words("# comment line\n敏感词\n测试\n", "禁止内容\n");
+    check_all_splits(rs, "这是敏感词吗", "这是***吗", FLT_CHAN_OK);
+    check_all_splits(rs, "测试测试", "******", FLT_CHAN_OK);
+    check_all_splits(rs, "敏感 词", "敏感 词", FLT_CHAN_OK);
+    check_all_splits(rs, "有禁止内容", NULL, FLT_CHAN_BLOCK);
+    flt_ruleset_unref(rs);
+}
+
+static void test_fullwidth(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_words("badword\nｅｖｉｌ\n", NULL);
+    /* fullwidth text folds to the halfwidth word, and a fullwidth word in the
+     * list matches halfwidth text; the mask replaces the original bytes */
+    check_all_splits(rs, "x ＢＡＤｗｏｒｄ y", "x *** y", FLT_CHAN_OK);
+    check_all_splits(rs, "so EVIL.", "so ***.", FLT_CHAN_OK);
+    check_all_splits(rs, "ｂａｄ　ｗｏｒｄ", "ｂａｄ　ｗｏｒｄ", FLT_CHAN_OK);
+    flt_ruleset_unref(rs);
+}
+
+static void test_overlapping(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_words("abc\nbcd\nhe\nshe\nhers\n", NULL);
+    /* overlapping matches merge into one mask; adjacent ones stay apart */
+    check_all_splits(rs, "xabcdx", "x***x", FLT_CHAN_OK);
+    check_all_splits(rs, "ushers", "u***", FLT_CHAN_OK);
+    check_all_splits(rs, "abcabc", "******", FLT_CHAN_OK);
+    flt_ruleset_unref(rs);
+}
+
+/* A mask inside a word whose text spans events: the mask goes out once. */
+static void test_mask_inside_spanning_word(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_words("secret\n", NULL);
+    flt_chan_t c;
+    assert_int_equal(flt_chan_init(&c, rs), 0);
+    flt_buf_t out = {0};
+    assert_int_equal(flt_chan_feed(&c, "topsec", 6, &out), FLT_CHAN_OK);
+    assert_int_equal(out.len, 3); /* "top" released, "sec" held */
+    assert_memory_equal(out.p, "top", 3);
+    assert_int_equal(flt_chan_held(&c), 3);
+    assert_int_equal(flt_chan_feed(&c, "retary", 6, &out), FLT_CHAN_OK);
+    assert_int_equal(flt_chan_held(&c), 0);
+    assert_int_equal(flt_chan_finish(&c, &out), FLT_CHAN_OK);
+    assert_string_equal(out.p, "top***ary");
+    assert_int_equal(c.nmask, 1);
+    flt_chan_fini(&c);
+    flt_buf_free(&out);
+    flt_ruleset_unref(rs);
+}
+
+/* Longest suffix of text[0..n) that is a prefix of a word (folded, ASCII). */
+static size_t naive_live(const char *const *words, size_t nw, const char *text, size_t n)
+{
+    size_t best = 0;
+    for (size_t w = 0; w < nw; w++) {
+        size_t wl = strlen(words[w]);
+        for (size_t k = 1; k < wl && k <= n; k++)
+            if (strncasecmp(text + n - k, words[w], k) == 0 && k > best)
+                best = k;
+    }
+    return best;
+}
+
+static void test_holdback_bound(void **state)
+{
+    (void)state;
+    const char *words[] = {"abcab", "abd", "bcx", "cc"};
+    flt_ruleset_t *rs = rs_words("abcab\nabd\nbcx\ncc\n", NULL);
+    const char *texts[] = {"abcabcabdabcx", "zzabcabzz", "aaaaabccab", "xbcbcbcx abca"};
+    for (size_t t = 0; t < SL_ARRAY_LEN(texts); t++) {
+        const char *s = texts[t];
+        for (size_t step = 1; step <= 3; step++) {
+            flt_chan_t c;
+            assert_int_equal(flt_chan_init(&c, rs), 0);
+            flt_buf_t out = {0};
+            size_t n = strlen(s);
+            for (size_t pos = 0; pos < n; pos += step) {
+                size_t k = SL_MIN(step, n - pos);
+                assert_int_equal(flt_chan_feed(&c, s + pos, k, &out), FLT_CHAN_OK);
+                size_t live = naive_live(words, 4, s, pos + k);
+                /* never longer than the longest live partial match; with
+                 * words only it is exactly that */
+                assert_true(flt_chan_held(&c) <= live);
+                assert_int_equal(flt_chan_held(&c), live);
+            }
+            flt_chan_fini(&c);
+            flt_buf_free(&out);
+        }
+    }
+    flt_ruleset_unref(rs);
+}
+
+static void test_no_partial_released_at_once(void **state)
+{
+    (void)state;
+    flt_conf_regex_t re[] = {{"phone", "1[3-9]\\d{9}", FLT_ACTION_MASK}};
+    tf_list_t l[] = {{"badword\n", FLT_ACTION_MASK, "w"}};
+    char err[256] = "";
+    flt_ruleset_t *rs = tf_build(l, 1, re, 1, NULL, err, sizeof err);
+    assert_non_null(rs);
+    flt_chan_t c;
+    assert_int_equal(flt_chan_init(&c, rs), 0);
+    flt_buf_t out = {0};
+    assert_int_equal(flt_chan_feed(&c, "Hello there, ", 13, &out), FLT_CHAN_OK);
+    assert_int_equal(out.len, 13);
+    assert_int_equal(flt_chan_held(&c), 0);
+    /* "1" could start a phone number: held; "x" ends it */
+    assert_int_equal(flt_chan_feed(&c, "call 1", 6, &out), FLT_CHAN_OK);
+    assert_int_equal(flt_chan_held(&c), 1);
+    assert_int_equal(flt_chan_feed(&c, "x", 1, &out), FLT_CHAN_OK);
+    assert_int_equal(flt_chan_held(&c), 0);
+    assert_string_equal(out.p, "Hello there, call 1x");
+    /* a phone number split over three events is masked */
+    assert_int_equal(flt_chan_feed(&c, " 1381", 5, &out), FLT_CHAN_OK);
+    assert_int_equal(flt_chan_held(&c), 4);
+    assert_int_equal(flt_chan_feed(&c, "23456", 5, &out), FLT_CHAN_OK);
+    assert_int_equal(flt_chan_feed(&c, "78 ok", 5, &out), FLT_CHAN_OK);
+    assert_int_equal(flt_chan_held(&c), 0);
+    assert_string_equal(out.p, "Hello there, call 1x *** ok");
+    flt_chan_fini(&c);
+    flt_buf_free(&out);
+    flt_ruleset_unref(rs);
+}
+
+static void test_regex_splits(void **state)
+{
+    (void)state;
+    flt_conf_regex_t re[] = {
+        {"phone", "1[3-9]\\d{9}", FLT_ACTION_MASK}, {"cat", "\\bcat\\b", FLT_ACTION_MASK},
+        {"lb", "(?<=key=)[a-z]+", FLT_ACTION_MASK}, {"start", "^hello", FLT_ACTION_MASK},
+        {"end", "bye$", FLT_ACTION_MASK},
+    };
+    char err[256] = "";
+    flt_ruleset_t *rs = tf_build(NULL, 0, re, SL_ARRAY_LEN(re), NULL, err, sizeof err);
+    assert_non_null(rs);
+    check_all_splits(rs, "tel 13812345678.", "tel ***.", FLT_CHAN_OK);
+    check_all_splits(rs, "cat concat cat", "*** concat ***", FLT_CHAN_OK);
+    check_all_splits(rs, "key=abc, key=9", "key=***, key=9", FLT_CHAN_OK);
+    check_all_splits(rs, "hello, hello", "***, hello", FLT_CHAN_OK);
+    check_all_splits(rs, "bye bye", "bye ***", FLT_CHAN_OK);
+    check_all_splits(rs, "电话：１３８１２３４５６７８", "电话：***", FLT_CHAN_OK);
+    flt_ruleset_unref(rs);
+}
+
+static int limit_mode;
+static void tweak_limits(flt_conf_t *c)
+{
+    c->regex_limits.match = 10000;
+    c->regex_limits.on_limit = limit_mode;
+}
+
+static void test_catastrophic_regex(void **state)
+{
+    (void)state;
+    char text[64];
+    memset(text, 'a', 40);
+    strcpy(text + 40, "!");
+    for (int mode = 0; mode < 2; mode++) {
+        limit_mode = mode ? FLT_ON_LIMIT_NOMATCH : FLT_ON_LIMIT_MATCH;
+        flt_conf_regex_t re[] = {{"evil", "(a+)+$", FLT_ACTION_BLOCK}};
+        char err[256] = "";
+        flt_ruleset_t *rs = tf_build(NULL, 0, re, 1, tweak_limits, err, sizeof err);
+        assert_non_null(rs);
+        int64_t t0 = sl_now_ns();
+        flt_buf_t out = {0};
+        flt_chan_rc_t rc = flt_text_filter(rs, text, strlen(text), &out);
+        int64_t dt = sl_now_ns() - t0;
+        /* 2^40 steps without the limit; with it, well under 100 ms */
+        assert_true(dt < 100 * 1000000LL);
+        if (mode == 0) {
+            assert_int_equal(rc, FLT_CHAN_BLOCK);
+        } else {
+            assert_int_equal(rc, FLT_CHAN_OK);
+            assert_string_equal(out.p, text);
+        }
+        flt_buf_free(&out);
+        /* streamed: the same verdict */
+        flt_chan_t c;
+        assert_int_equal(flt_chan_init(&c, rs), 0);
+        rc = flt_chan_feed(&c, text, 20, &out);
+        if (rc == FLT_CHAN_OK)
+            rc = flt_chan_feed(&c, text + 20, strlen(text) - 20, &out);
+        if (rc == FLT_CHAN_OK)
+            rc = flt_chan_finish(&c, &out);
+        assert_int_equal(rc, mode == 0 ? FLT_CHAN_BLOCK : FLT_CHAN_OK);
+        assert_true(c.nlimit >= 1);
+        flt_chan_fini(&c);
+        flt_buf_free(&out);
+        flt_ruleset_unref(rs);
+    }
+}
+
+static void tweak_holdback(flt_conf_t *c)
+{
+    c->holdback_max = FLT_HOLDBACK_MIN;
+}
+
+/* A regex that could match forever ("a.*z") cannot hold more than
+ * holdback_max: the oldest text is released. */
+static void test_holdback_cap(void **state)
+{
+    (void)state;
+    flt_conf_regex_t re[] = {{"az", "a[^z]*z", FLT_ACTION_MASK}};
+    char err[256] = "";
+    flt_ruleset_t *rs = tf_build(NULL, 0, re, 1, tweak_holdback, err, sizeof err);
+    assert_non_null(rs);
+    flt_chan_t c;
+    assert_int_equal(flt_chan_init(&c, rs), 0);
+    flt_buf_t out = {0};
+    char piece[100];
+    memset(piece, 'b', sizeof piece);
+    assert_int_equal(flt_chan_feed(&c, "a", 1, &out), FLT_CHAN_OK);
+    for (int i = 0; i < 50; i++) {
+        assert_int_equal(flt_chan_feed(&c, piece, sizeof piece, &out), FLT_CHAN_OK);
+        assert_true(flt_chan_held(&c) <= FLT_HOLDBACK_MIN);
+    }
+    assert_true(c.nforced > 0);
+    assert_true(out.len >= 5001 - FLT_HOLDBACK_MIN);
+    flt_chan_fini(&c);
+    flt_buf_free(&out);
+    flt_ruleset_unref(rs);
+}
+
+/* ---- the SSE / JSON layer ------------------------------------------------ */
+
+static char *chunk(const char *content, const char *finish)
+{
+    json_t *o =
+        json_pack("{s:s, s:s, s:i, s:s, s:[{s:i, s:{s:s?}, s:n, s:s?}]}", "id", "c1", "object",
+                  "chat.completion.chunk", "created", 7, "model", "m", "choices", "index", 0,
+                  "delta", "content", content, "logprobs", "finish_reason", finish);
+    assert_non_null(o);
+    if (!content)
+        json_object_del(json_object_get(json_array_get(json_object_get(o, "choices"), 0), "delta"),
+                        "content");
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    return s;
+}
+
+/* Content of an emitted payload (NULL for none), and its finish_reason. */
+static char *payload_content(const char *data, char *finish, size_t flen)
+{
+    json_t *o = json_loads(data, 0, NULL);
+    assert_non_null(o);
+    json_t *ch = json_array_get(json_object_get(o, "choices"), 0);
+    const char *c = json_string_value(json_object_get(json_object_get(ch, "delta"), "content"));
+    const char *f = json_string_value(json_object_get(ch, "finish_reason"));
+    snprintf(finish, flen, "%s", f ? f : "");
+    char *r = c ? strdup(c) : NULL;
+    json_decref(o);
+    return r;
+}
+
+typedef struct run {
+    char text[512];
+    char finish[64];
+    int done;
+    int verdict_block;
+    int events_out;
+} run_t;
+
+static void run_event(flt_stream_t *st, const char *data, run_t *r)
+{
+    flt_out_t out = {0};
+    flt_ev_verdict_t v = flt_stream_event(st, data, strlen(data), &out);
+    assert_true(v != FLT_EV_ERROR);
+    if (v == FLT_EV_PASS) {
+        assert_int_equal(out.n, 0);
+        if (strcmp(data, "[DONE]") == 0) {
+            r->done++;
+        } else {
+            char f[32];
+            char *c = payload_content(data, f, sizeof f);
+            if (c)
+                strcat(r->text, c);
+            if (f[0])
+                snprintf(r->finish, sizeof r->finish, "%s", f);
+            free(c);
+        }
+        r->events_out++;
+    }
+    for (size_t i = 0; i < out.n; i++) {
+        assert_int_equal(strlen(out.v[i].data), out.v[i].len);
+        r->events_out++;
+        if (strcmp(out.v[i].data, "[DONE]") == 0) {
+            assert_int_equal(i, out.n - 1);
+            r->done++;
+            continue;
+        }
+        char f[32];
+        char *c = payload_content(out.v[i].data, f, sizeof f);
+        if (c)
+            strcat(r->text, c);
+        if (f[0])
+            snprintf(r->finish, sizeof r->finish, "%s", f);
+        free(c);
+    }
+    if (v == FLT_EV_BLOCK)
+        r->verdict_block = 1;
+    flt_out_release(&out);
+}
+
+static void run_pieces(flt_ruleset_t *rs, const char *const *pieces, size_t n, run_t *r)
+{
+    memset(r, 0, sizeof *r);
+    flt_stream_t *st = flt_stream_new(rs);
+    assert_non_null(st);
+    for (size_t i = 0; i < n && !r->verdict_block; i++) {
+        char *d = chunk(pieces[i], NULL);
+        run_event(st, d, r);
+        free(d);
+    }
+    if (!r->verdict_block) {
+        char *d = chunk(NULL, "stop");
+        run_event(st, d, r);
+        free(d);
+    }
+    if (!r->verdict_block)
+        run_event(st, "[DONE]", r);
+    flt_stream_free(st);
+}
+
+static void test_sse_mask_and_block(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_words("badword\n敏感\n", "evil\n");
+    const char *p1[] = {"Hello ", "a bad", "wo", "rd! 敏", "感 end"};
+    run_t r;
+    run_pieces(rs, p1, SL_ARRAY_LEN(p1), &r);
+    assert_string_equal(r.text, "Hello a ***! *** end");
+    assert_string_equal(r.finish, "stop");
+    assert_int_equal(r.done, 1);
+    assert_int_equal(r.verdict_block, 0);
+
+    /* held text at the end of the stream goes out before the finish chunk */
+    const char *p2[] = {"ends in bad"};
+    run_pieces(rs, p2, 1, &r);
+    assert_string_equal(r.text, "ends in bad");
+    assert_string_equal(r.finish, "stop");
+
+    const char *p3[] = {"This is ", "ev", "il indeed"};
+    run_pieces(rs, p3, SL_ARRAY_LEN(p3), &r);
+    assert_int_equal(r.verdict_block, 1);
+    assert_string_equal(r.text, "This is "); /* "ev" never left */
+    assert_string_equal(r.finish, "content_filter");
+    assert_int_equal(r.done, 0); /* the caller sends [DONE] */
+    flt_ruleset_unref(rs);
+}
+
+static void test_sse_passthrough_and_edges(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_words("badword\n", NULL);
+    flt_stream_t *st = flt_stream_new(rs);
+    flt_out_t out = {0};
+    /* unchanged text: the very same bytes go on */
+    const char *ev = "{\"id\":\"x\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\","
+                     "\"content\":\"\"},\"finish_reason\":null}]}";
+    assert_int_equal(flt_stream_event(st, ev, strlen(ev), &out), FLT_EV_PASS);
+    char *d = chunk("plain words ", NULL);
+    assert_int_equal(flt_stream_event(st, d, strlen(d), &out), FLT_EV_PASS);
+    free(d);
+    /* a usage-only chunk passes */
+    const char *usage = "{\"id\":\"x\",\"choices\":[],\"usage\":{\"total_tokens\":3}}";
+    assert_int_equal(flt_stream_event(st, usage, strlen(usage), &out), FLT_EV_PASS);
+    /* all of it held back: the event is dropped (REPLACE with nothing) */
+    d = chunk("bad", NULL);
+    assert_int_equal(flt_stream_event(st, d, strlen(d), &out), FLT_EV_REPLACE);
+    assert_int_equal(out.n, 0);
+    free(d);
+    assert_int_equal(flt_stream_held(st, 0), 3);
+    /* logprobs would leak the held tokens: nulled */
+    const char *lp = "{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"ly\"},"
+                     "\"logprobs\":{\"content\":[{\"token\":\"ly\"}]},\"finish_reason\":null}]}";
+    assert_int_equal(flt_stream_event(st, lp, strlen(lp), &out), FLT_EV_REPLACE);
+    assert_int_equal(out.n, 1);
+    assert_non_null(strstr(out.v[0].data, "\"logprobs\":null"));
+    assert_non_null(strstr(out.v[0].data, "\"content\":\"badly\""));
+    flt_out_reset(&out);
+    /* [DONE] with nothing held */
+    assert_int_equal(flt_stream_event(st, "[DONE]", 6, &out), FLT_EV_REPLACE);
+    assert_int_equal(out.n, 1);
+    assert_string_equal(out.v[0].data, "[DONE]");
+    flt_out_release(&out);
+    flt_stream_free(st);
+
+    /* garbage from the upstream fails closed */
+    st = flt_stream_new(rs);
+    assert_int_equal(flt_stream_event(st, "{not json", 9, &out), FLT_EV_BLOCK);
+    assert_int_equal(out.n, 1);
+    assert_non_null(strstr(out.v[0].data, "\"finish_reason\":\"content_filter\""));
+    assert_null(flt_stream_block_rule(st));
+    flt_out_release(&out);
+    flt_stream_free(st);
+
+    /* two choices are filtered apart */
+    st = flt_stream_new(rs);
+    const char *two = "{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a bad\"}},"
+                      "{\"index\":1,\"delta\":{\"content\":\"a badword\"}}]}";
+    assert_int_equal(flt_stream_event(st, two, strlen(two), &out), FLT_EV_REPLACE);
+    assert_int_equal(out.n, 1);
+    assert_non_null(strstr(out.v[0].data, "\"content\":\"a \""));
+    assert_non_null(strstr(out.v[0].data, "\"content\":\"a ***\""));
+    assert_int_equal(flt_stream_held(st, 0), 3);
+    assert_int_equal(flt_stream_held(st, 1), 0);
+    flt_out_reset(&out);
+    assert_int_equal(flt_stream_end(st, &out), FLT_EV_REPLACE);
+    assert_int_equal(out.n, 1); /* choice 0's "bad" */
+    assert_non_null(strstr(out.v[0].data, "\"content\":\"bad\""));
+    flt_out_release(&out);
+    flt_stream_free(st);
+    flt_ruleset_unref(rs);
+}
+
+static void test_sse_block_metrics(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_words("x1\n", "forbidden\n");
+    flt_stream_t *st = flt_stream_new(rs);
+    flt_out_t out = {0};
+    char *d = chunk("so forbid", NULL);
+    assert_int_equal(flt_stream_event(st, d, strlen(d), &out), FLT_EV_REPLACE);
+    free(d);
+    flt_out_reset(&out);
+    d = chunk("den fruit", NULL);
+    assert_int_equal(flt_stream_event(st, d, strlen(d), &out), FLT_EV_BLOCK);
+    free(d);
+    assert_string_equal(flt_stream_block_rule(st), "blocked");
+    assert_int_equal(out.n, 1);
+    json_t *o = json_loads(out.v[0].data, 0, NULL);
+    json_t *ch = json_array_get(json_object_get(o, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(ch, "finish_reason")), "content_filter");
+    assert_string_equal(json_string_value(json_object_get(o, "id")), "c1");
+    assert_string_equal(json_string_value(json_object_get(o, "model")), "m");
+    json_decref(o);
+    flt_out_release(&out);
+    flt_stream_free(st);
+    char *text = sl_metrics_render(NULL);
+    assert_non_null(strstr(text, "sluice_filter_hits_total{rule=\"blocked\",action=\"block\"}"));
+    assert_non_null(strstr(text, "sluice_filter_event_seconds_count"));
+    free(text);
+    flt_ruleset_unref(rs);
+}
+
+static void test_response_whole(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_words("badword\n", "evil\n");
+    json_t *b = json_loads("{\"object\":\"chat.completion\",\"choices\":["
+                           "{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"a "
+                           "BADWORD b\"},\"finish_reason\":\"stop\"},"
+                           "{\"index\":1,\"message\":{\"role\":\"assistant\",\"content\":\"so "
+                           "evil\"},\"finish_reason\":\"stop\"},"
+                           "{\"index\":2,\"message\":{\"role\":\"assistant\",\"content\":\"fine\"},"
+                           "\"finish_reason\":\"stop\"}]}",
+                           0, NULL);
+    bool mod = false;
+    assert_int_equal(flt_response_filter(rs, b, &mod), 0);
+    assert_true(mod);
+    json_t *ch = json_object_get(b, "choices");
+    assert_string_equal(json_string_value(json_object_get(
+                            json_object_get(json_array_get(ch, 0), "message"), "content")),
+                        "a *** b");
+    assert_string_equal(json_string_value(json_object_get(
+                            json_object_get(json_array_get(ch, 1), "message"), "content")),
+                        "");
+    assert_string_equal(json_string_value(json_object_get(json_array_get(ch, 1), "finish_reason")),
+                        "content_filter");
+    assert_string_equal(json_string_value(json_object_get(
+                            json_object_get(json_array_get(ch, 2), "message"), "content")),
+                        "fine");
+    json_decref(b);
+    flt_ruleset_unref(rs);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_split_latin),
+        cmocka_unit_test(test_split_chinese),
+        cmocka_unit_test(test_fullwidth),
+        cmocka_unit_test(test_overlapping),
+        cmocka_unit_test(test_mask_inside_spanning_word),
+        cmocka_unit_test(test_holdback_bound),
+        cmocka_unit_test(test_no_partial_released_at_once),
+        cmocka_unit_test(test_regex_splits),
+        cmocka_unit_test(test_catastrophic_regex),
+        cmocka_unit_test(test_holdback_cap),
+        cmocka_unit_test(test_sse_mask_and_block),
+        cmocka_unit_test(test_sse_passthrough_and_edges),
+        cmocka_unit_test(test_sse_block_metrics),
+        cmocka_unit_test(test_response_whole),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
