@@ -16,6 +16,17 @@
  * the start of the next is one line end). An event ends at an empty line.
  * Comment lines (starting ':') belong to the event they sit in; an event
  * made only of comments is flagged comment_only.
+ *
+ * So that events are the same however the input is cut, and no event waits
+ * for a byte that may come much later: an event whose blank line ends in CR
+ * ends at that CR, and an LF right after it is handed on alone as a
+ * comment_only event with raw "\n". A blank line outside any event is a
+ * comment_only event of its own too. In split mode the events' raw bytes,
+ * concatenated, are exactly the input. One mode per stream (until reset):
+ * an event begun in scan mode cannot be finished in split mode (-1).
+ * max_event_bytes (0 = 1 MiB) bounds an event in both modes, raw bytes and
+ * blank line included; the limit is hit as soon as the event's bytes pass
+ * it, not at its end. After -1 every feed returns -1 until reset.
  */
 #ifndef GW_SSE_H
 #define GW_SSE_H
@@ -44,9 +55,12 @@ void gw_sse_reset(gw_sse_t *s);
 /* 0 ok; -1 when an event exceeds max_event_bytes or cb returned -1. */
 int gw_sse_feed(gw_sse_t *s, const char *p, size_t n, gw_sse_event_cb cb, void *arg) SL_WUR;
 
-bool gw_sse_done_seen(const gw_sse_t *s);   /* a [DONE] event completed */
-bool gw_sse_mid_event(const gw_sse_t *s);   /* bytes of an unfinished event were fed */
-size_t gw_sse_events(const gw_sse_t *s);    /* complete events so far (comments excluded) */
+bool gw_sse_done_seen(const gw_sse_t *s); /* a [DONE] event completed */
+/* Bytes of an unfinished event were fed. After gw_sse_feed returned -1: as
+ * it was before that call (in scan mode, what the caller had forwarded). */
+bool gw_sse_mid_event(const gw_sse_t *s);
+/* Complete events so far (comment_only ones excluded). */
+size_t gw_sse_events(const gw_sse_t *s);
 
 /* Concatenates the event's data fields (joined with '\n', one leading space
  * after "data:" dropped) into out (cap bytes, NUL-terminated). Returns the
