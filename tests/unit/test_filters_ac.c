@@ -1,0 +1,212 @@
+/* Unit tests of the pure cores under the filters: UTF-8 helpers, width and
+ * case folding, and the Aho-Corasick automaton (every match against a naive
+ * search on random text, overlapping and duplicate words, the live-partial
+ * depth), plus the load time of 100,000 words through a real ruleset. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "filters/flt_internal.h"
+#include "test_filters_util.h"
+
+static void test_utf8_and_fold(void **state)
+{
+    (void)state;
+    for (int c = 0; c < 256; c++)
+        assert_int_equal(flt_lower[c], (c >= 'A' && c <= 'Z') ? c + 32 : c);
+    assert_true(flt_utf8_valid("a中\xF0\x9F\x98\x80", 8));
+    assert_false(flt_utf8_valid("\xC0\xAF", 2));         /* overlong */
+    assert_false(flt_utf8_valid("\xED\xA0\x80", 3));     /* surrogate */
+    assert_false(flt_utf8_valid("\xE4\xB8", 2));         /* cut short */
+    assert_false(flt_utf8_valid("\xF4\x90\x80\x80", 4)); /* > U+10FFFF */
+    assert_int_equal(flt_utf8_count("a中\xF0\x9F\x98\x80", 8), 3);
+    assert_int_equal(flt_utf8_prefix("a中b", 5, 2), 4);
+    assert_int_equal(flt_utf8_prefix("a中b", 5, 9), 5);
+    assert_int_equal(flt_utf8_prefix("a中b", 5, 0), 0);
+    char out[64];
+    /* fullwidth letters, digits, punctuation and the ideographic space fold;
+     * other characters stay */
+    size_t n = flt_fold_word("ＡＢｃ１！　中Ｚ～", strlen("ＡＢｃ１！　中Ｚ～"), out, sizeof out);
+    assert_int_equal(n, strlen("abc1! 中z~"));
+    assert_memory_equal(out, "abc1! 中z~", n);
+    assert_int_equal(flt_fold_word("abcdef", 6, out, 3), SIZE_MAX);
+}
+
+typedef struct found {
+    size_t end, len;
+    int rule;
+} found_t;
+
+static int found_cmp(const void *a, const void *b)
+{
+    const found_t *x = a, *y = b;
+    if (x->end != y->end)
+        return x->end < y->end ? -1 : 1;
+    return x->len < y->len ? -1 : x->len > y->len;
+}
+
+static void test_ac_against_naive(void **state)
+{
+    (void)state;
+    srand(7);
+    for (int round = 0; round < 200; round++) {
+        char store[40][8];
+        flt_ac_word_t w[40];
+        size_t nw = 1 + (size_t)(rand() % 40);
+        for (size_t i = 0; i < nw; i++) {
+            size_t len = 1 + (size_t)(rand() % 5);
+            for (size_t k = 0; k < len; k++)
+                store[i][k] = (char)('a' + rand() % 3);
+            w[i] = (flt_ac_word_t){store[i], len, (int)i, rand() % 3};
+        }
+        flt_ac_word_t copy[40];
+        memcpy(copy, w, nw * sizeof *w);
+        flt_ac_t *ac = flt_ac_new(copy, nw);
+        assert_non_null(ac);
+        char text[200];
+        size_t tn = (size_t)(rand() % 200);
+        for (size_t i = 0; i < tn; i++)
+            text[i] = (char)((rand() % 2 ? 'a' : 'A') + rand() % 3);
+        found_t got[4000], want[4000];
+        size_t ng = 0, nwant = 0;
+        uint32_t s = FLT_AC_ROOT;
+        for (size_t p = 0; p < tn; p++) {
+            s = flt_ac_step(ac, s, (unsigned char)text[p]);
+            for (int32_t o = flt_ac_out_first(ac, s); o >= 0; o = flt_ac_out_next(ac, o))
+                got[ng++] = (found_t){p + 1, flt_ac_out_len(ac, o), flt_ac_out_rule(ac, o)};
+            /* the depth is the longest suffix that is a proper prefix of a word */
+            size_t live = 0;
+            for (size_t i = 0; i < nw; i++)
+                for (size_t k = 1; k < w[i].len && k <= p + 1; k++)
+                    if (strncasecmp(text + p + 1 - k, w[i].s, k) == 0 && k > live)
+                        live = k;
+            assert_int_equal(flt_ac_depth(ac, s), live);
+        }
+        /* naive: each distinct word at each end; duplicates report the
+         * strongest action's rule */
+        for (size_t i = 0; i < nw; i++) {
+            int dup = 0;
+            for (size_t j = 0; j < nw; j++) {
+                if (j == i || w[j].len != w[i].len || memcmp(w[j].s, w[i].s, w[i].len) != 0)
+                    continue;
+                if (w[j].action < w[i].action || (w[j].action == w[i].action && j < i))
+                    dup = 1;
+            }
+            if (dup)
+                continue;
+            for (size_t p = w[i].len; p <= tn; p++)
+                if (strncasecmp(text + p - w[i].len, w[i].s, w[i].len) == 0)
+                    want[nwant++] = (found_t){p, w[i].len, w[i].rule};
+        }
+        qsort(got, ng, sizeof *got, found_cmp);
+        qsort(want, nwant, sizeof *want, found_cmp);
+        assert_int_equal(ng, nwant);
+        for (size_t i = 0; i < ng; i++) {
+            assert_int_equal(got[i].end, want[i].end);
+            assert_int_equal(got[i].len, want[i].len);
+            /* the same word in two lists: the stronger action's rule */
+            int action_got = -1, action_want = -1;
+            for (size_t j = 0; j < nw; j++) {
+                if (w[j].rule == got[i].rule)
+                    action_got = w[j].action;
+                if (w[j].rule == want[i].rule)
+                    action_want = w[j].action;
+            }
+            assert_int_equal(action_got, action_want);
+        }
+        flt_ac_free(ac);
+    }
+}
+
+static void test_ac_overlap_chinese(void **state)
+{
+    (void)state;
+    char f[4][32];
+    const char *src[] = {"he", "she", "hers", "敏感"};
+    flt_ac_word_t w[4];
+    for (int i = 0; i < 4; i++) {
+        size_t n = flt_fold_word(src[i], strlen(src[i]), f[i], sizeof f[i]);
+        w[i] = (flt_ac_word_t){f[i], n, i, FLT_ACTION_MASK};
+    }
+    flt_ac_t *ac = flt_ac_new(w, 4);
+    assert_non_null(ac);
+    assert_int_equal(flt_ac_words(ac), 4);
+    const char *text = "USHERS 很敏感";
+    int hits[4] = {0};
+    uint32_t s = FLT_AC_ROOT;
+    for (size_t p = 0; text[p]; p++) {
+        s = flt_ac_step(ac, s, (unsigned char)text[p]);
+        for (int32_t o = flt_ac_out_first(ac, s); o >= 0; o = flt_ac_out_next(ac, o))
+            hits[flt_ac_out_rule(ac, o)]++;
+    }
+    assert_int_equal(hits[0], 1); /* uSHErs: he, she and hers overlap */
+    assert_int_equal(hits[1], 1);
+    assert_int_equal(hits[2], 1);
+    assert_int_equal(hits[3], 1);
+    /* an empty automaton never matches */
+    flt_ac_free(ac);
+    ac = flt_ac_new(NULL, 0);
+    assert_non_null(ac);
+    assert_int_equal(flt_ac_step(ac, FLT_AC_ROOT, 'a'), FLT_AC_ROOT);
+    flt_ac_free(ac);
+}
+
+/* 100,000 words (half Latin, half Chinese) through the real loader. */
+static void test_load_100k_words(void **state)
+{
+    (void)state;
+    size_t cap = 100000 * 16, len = 0;
+    char *buf = malloc(cap);
+    assert_non_null(buf);
+    len += (size_t)snprintf(buf, cap, "# generated\n");
+    uint32_t x = 12345;
+    for (int i = 0; i < 100000; i++) {
+        x = x * 1103515245u + 12345u;
+        if (i % 2) {
+            int nl = 4 + (int)((x >> 16) % 8);
+            for (int k = 0; k < nl; k++) {
+                x = x * 1103515245u + 12345u;
+                buf[len++] = (char)('a' + (x >> 16) % 26);
+            }
+        } else {
+            int nc = 2 + (int)((x >> 16) % 3);
+            for (int k = 0; k < nc; k++) {
+                x = x * 1103515245u + 12345u;
+                unsigned cp = 0x4E00 + (x >> 16) % 0x5000;
+                buf[len++] = (char)(0xE0 | (cp >> 12));
+                buf[len++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+                buf[len++] = (char)(0x80 | (cp & 0x3F));
+            }
+        }
+        buf[len++] = '\n';
+    }
+    buf[len] = '\0';
+    tf_list_t l[] = {{buf, FLT_ACTION_MASK, "big"}};
+    char err[256] = "";
+    int64_t t0 = sl_now_ns();
+    flt_ruleset_t *rs = tf_build(l, 1, NULL, 0, NULL, err, sizeof err);
+    double ms = (double)(sl_now_ns() - t0) / 1e6;
+    assert_non_null(rs);
+    assert_true(flt_ruleset_word_count(rs) > 99000); /* a few random duplicates */
+    printf("  100,000 words (%zu bytes) loaded in %.1f ms, %zu nodes\n", len, ms,
+           flt_ac_nodes(rs->ac));
+    assert_true(ms < 1000.0); /* generous for sanitizer builds; ~50 ms at -O2 */
+    flt_ruleset_unref(rs);
+    free(buf);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_utf8_and_fold),
+        cmocka_unit_test(test_ac_against_naive),
+        cmocka_unit_test(test_ac_overlap_chinese),
+        cmocka_unit_test(test_load_100k_words),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
