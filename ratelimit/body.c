@@ -1,0 +1,305 @@
+/*
+ * body.c — what the limiter needs from chat-completions JSON: the
+ * max_tokens clamp (and include_usage for streams), a prompt token
+ * estimate, the upstream's usage from a response or from SSE chunks, and
+ * removal of the usage-only chunk that sluice asked for and the client did
+ * not. Pure functions over jansson values and bytes.
+ */
+#include "ratelimit/rl_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- estimates ------------------------------------------------------------------ */
+
+int64_t rl_estimate_text_tokens(const char *s, size_t n)
+{
+    int64_t ascii = 0, other = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c < 0x80)
+            ascii++;
+        else if ((c & 0xc0) != 0x80) /* a UTF-8 lead byte: one character */
+            other++;
+    }
+    return (ascii + 3) / 4 + other;
+}
+
+static int64_t rl_json_text_tokens(const json_t *v)
+{
+    if (json_is_string(v))
+        return rl_estimate_text_tokens(json_string_value(v), json_string_length(v));
+    return 0;
+}
+
+/* Message content: a string, or an array of parts ({"type": "text",
+ * "text": ...}; an image part counts a flat 85, OpenAI's low-detail
+ * figure). */
+static int64_t rl_content_tokens(const json_t *content)
+{
+    if (json_is_string(content))
+        return rl_json_text_tokens(content);
+    int64_t n = 0;
+    size_t i;
+    json_t *part;
+    if (json_is_array(content)) {
+        json_array_foreach(content, i, part)
+        {
+            const json_t *text = json_object_get(part, "text");
+            if (text)
+                n += rl_json_text_tokens(text);
+            else if (json_object_get(part, "image_url"))
+                n += 85;
+        }
+    }
+    return n;
+}
+
+int64_t rl_body_prompt_tokens(const json_t *body)
+{
+    int64_t n = 3; /* the reply's priming */
+    size_t i;
+    json_t *m;
+    json_array_foreach(json_object_get(body, "messages"), i, m)
+    {
+        n += 4; /* role and separators */
+        n += rl_content_tokens(json_object_get(m, "content"));
+        n += rl_json_text_tokens(json_object_get(m, "name"));
+        const json_t *calls = json_object_get(m, "tool_calls");
+        if (calls) {
+            char *t = json_dumps(calls, JSON_COMPACT);
+            if (t) {
+                n += rl_estimate_text_tokens(t, strlen(t));
+                free(t);
+            }
+        }
+    }
+    const json_t *tools = json_object_get(body, "tools");
+    if (tools) {
+        char *t = json_dumps(tools, JSON_COMPACT);
+        if (t) {
+            n += rl_estimate_text_tokens(t, strlen(t));
+            free(t);
+        }
+    }
+    return n;
+}
+
+/* ---- clamp ---------------------------------------------------------------------- */
+
+static int rl_clamp_field(json_t *body, const char *name, int64_t max, bool *seen, int64_t *value,
+                          char *err, size_t errlen)
+{
+    json_t *v = json_object_get(body, name);
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_integer(v) || json_integer_value(v) < 1) {
+        snprintf(err, errlen, "%s must be a positive integer", name);
+        return -1;
+    }
+    int64_t x = json_integer_value(v);
+    if (x > max) {
+        x = max;
+        if (json_object_set_new(body, name, json_integer(x)) != 0) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+    }
+    *value = *seen ? SL_MIN(*value, x) : x;
+    *seen = true;
+    return 0;
+}
+
+int rl_body_clamp(json_t *body, int64_t policy_max, rl_clamp_t *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof(*out));
+    if (!json_is_object(body)) {
+        snprintf(err, errlen, "the request body must be a JSON object");
+        return -1;
+    }
+    bool seen = false;
+    int64_t v = policy_max;
+    if (rl_clamp_field(body, "max_tokens", policy_max, &seen, &v, err, errlen) != 0 ||
+        rl_clamp_field(body, "max_completion_tokens", policy_max, &seen, &v, err, errlen) != 0)
+        return -1;
+    if (!seen) {
+        /* max_tokens: what vLLM, Ollama, llama.cpp and SGLang all read */
+        if (json_object_set_new(body, "max_tokens", json_integer(policy_max)) != 0) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+        v = policy_max;
+    }
+    out->max_tokens = v;
+
+    json_t *stream = json_object_get(body, "stream");
+    if (stream && !json_is_boolean(stream) && !json_is_null(stream)) {
+        snprintf(err, errlen, "stream must be a boolean");
+        return -1;
+    }
+    out->stream = json_is_true(stream);
+    if (!out->stream)
+        return 0;
+    json_t *so = json_object_get(body, "stream_options");
+    if (so && !json_is_object(so) && !json_is_null(so)) {
+        snprintf(err, errlen, "stream_options must be an object");
+        return -1;
+    }
+    if (so && json_is_object(so) && json_is_true(json_object_get(so, "include_usage")))
+        return 0; /* the client asked for usage: it sees the chunk */
+    if (!so || !json_is_object(so)) {
+        so = json_object();
+        if (!so || json_object_set_new(body, "stream_options", so) != 0) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+    }
+    if (json_object_set_new(so, "include_usage", json_true()) != 0) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    out->injected_usage = true;
+    return 0;
+}
+
+/* ---- usage ------------------------------------------------------------------------ */
+
+static int rl_usage_parse(const json_t *usage, rl_usage_t *u)
+{
+    if (!json_is_object(usage))
+        return -1;
+    const json_t *p = json_object_get(usage, "prompt_tokens");
+    const json_t *c = json_object_get(usage, "completion_tokens");
+    const json_t *t = json_object_get(usage, "total_tokens");
+    if (!json_is_integer(c) && !json_is_integer(t))
+        return -1;
+    u->prompt_tokens = json_is_integer(p) ? SL_MAX(json_integer_value(p), 0) : 0;
+    u->completion_tokens = json_is_integer(c) ? SL_MAX(json_integer_value(c), 0) : 0;
+    u->total_tokens = json_is_integer(t) ? SL_MAX(json_integer_value(t), 0)
+                                         : u->prompt_tokens + u->completion_tokens;
+    return 0;
+}
+
+int rl_usage_from_body(const json_t *body, rl_usage_t *u)
+{
+    memset(u, 0, sizeof(*u));
+    return rl_usage_parse(json_object_get(body, "usage"), u);
+}
+
+/* ---- streams ------------------------------------------------------------------------- */
+
+struct rl_stream {
+    bool strip;
+    bool got_usage;
+    rl_usage_t usage;
+    int64_t ascii, other; /* streamed text, for the estimate */
+};
+
+rl_stream_t *rl_stream_new(bool strip)
+{
+    rl_stream_t *s = calloc(1, sizeof(*s));
+    if (s)
+        s->strip = strip;
+    return s;
+}
+
+void rl_stream_free(rl_stream_t *s)
+{
+    free(s);
+}
+
+static void rl_stream_count(rl_stream_t *s, const json_t *v)
+{
+    if (!json_is_string(v))
+        return;
+    const char *t = json_string_value(v);
+    size_t n = json_string_length(v);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)t[i];
+        if (c < 0x80)
+            s->ascii++;
+        else if ((c & 0xc0) != 0x80)
+            s->other++;
+    }
+}
+
+static void rl_stream_count_choices(rl_stream_t *s, const json_t *choices)
+{
+    size_t i, j;
+    json_t *ch, *tc;
+    json_array_foreach(choices, i, ch)
+    {
+        const json_t *delta = json_object_get(ch, "delta");
+        if (!delta)
+            delta = json_object_get(ch, "message");
+        rl_stream_count(s, json_object_get(delta, "content"));
+        rl_stream_count(s, json_object_get(delta, "reasoning_content"));
+        rl_stream_count(s, json_object_get(ch, "text")); /* legacy completions */
+        json_array_foreach(json_object_get(delta, "tool_calls"), j, tc)
+        {
+            const json_t *fn = json_object_get(tc, "function");
+            rl_stream_count(s, json_object_get(fn, "name"));
+            rl_stream_count(s, json_object_get(fn, "arguments"));
+        }
+    }
+}
+
+rl_chunk_action_t rl_stream_feed(rl_stream_t *s, const char *data, size_t len, char **out,
+                                 size_t *outlen)
+{
+    *out = NULL;
+    *outlen = 0;
+    while (len && (*data == ' ' || *data == '\t')) {
+        data++;
+        len--;
+    }
+    if (len == 0 || *data != '{')
+        return RL_CHUNK_FORWARD; /* "[DONE]", or not ours to judge */
+    json_t *j = json_loadb(data, len, 0, NULL);
+    if (!j)
+        return RL_CHUNK_FORWARD;
+    rl_chunk_action_t act = RL_CHUNK_FORWARD;
+    const json_t *choices = json_object_get(j, "choices");
+    rl_stream_count_choices(s, choices);
+    json_t *usage = json_object_get(j, "usage");
+    rl_usage_t u;
+    if (usage && rl_usage_parse(usage, &u) == 0) {
+        s->usage = u; /* the last one wins: some servers send running totals */
+        s->got_usage = true;
+        if (s->strip) {
+            if (json_is_array(choices) && json_array_size(choices) == 0) {
+                act = RL_CHUNK_DROP;
+            } else if (json_object_del(j, "usage") == 0) {
+                char *t = json_dumps(j, JSON_COMPACT);
+                if (t) {
+                    *out = t;
+                    *outlen = strlen(t);
+                    act = RL_CHUNK_REWRITE;
+                }
+            }
+        }
+    }
+    json_decref(j);
+    return act;
+}
+
+int rl_stream_usage(const rl_stream_t *s, rl_usage_t *u)
+{
+    if (!s->got_usage)
+        return -1;
+    *u = s->usage;
+    return 0;
+}
+
+int64_t rl_stream_estimate(const rl_stream_t *s)
+{
+    return (s->ascii + 3) / 4 + s->other;
+}
+
+int64_t rl_stream_settle_tokens(const rl_stream_t *s, int64_t prompt_estimate)
+{
+    if (s->got_usage)
+        return s->usage.total_tokens;
+    return prompt_estimate + rl_stream_estimate(s);
+}

@@ -1,0 +1,642 @@
+/*
+ * rl.c — the limiter: conf -> resolved limits (overrides), the choice of
+ * store (in-process, or Redis with on_store_error), tickets that give back
+ * what a request took, the metrics, and the 429's headers and body.
+ *
+ * A Redis check is one EVALSHA of rl_redis.lua.h through common/redis.h.
+ * Its callback runs on the worker's loop; a cancelled check still waits
+ * for its reply so that whatever the script took is given back. While the
+ * worker's Redis client is not connected, checks do not wait for it:
+ * on_store_error decides at once (so "local" serves from the in-process
+ * store with no added latency) and Redis is used again as soon as the
+ * client has reconnected on its own.
+ */
+#include "ratelimit/rl_internal.h"
+
+#include <arpa/inet.h>
+#include <event2/event.h>
+#include <hiredis/hiredis.h>
+#include <openssl/rand.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uthash.h>
+#include <utlist.h>
+
+#include "common/log.h"
+#include "common/metrics.h"
+#include "common/redis.h"
+#include "conf/conf.h"
+#include "ratelimit/rl_redis.lua.h"
+
+typedef struct rl_override {
+    UT_hash_handle hh;
+    rl_limits_t limits;
+    char name[];
+} rl_override_t;
+
+enum { MODE_REDIS = 0, MODE_DEGRADED, MODE_N };
+
+struct rl {
+    rl_limits_t per_user, per_ip;
+    int on_store_error;
+    rl_override_t *overrides;
+    rl_proxies_t *proxies;
+    rl_mem_t *mem;
+    int64_t (*now_ns)(void *);
+    void *now_arg;
+    char *redis_url;
+    int64_t redis_timeout_ms;
+    sl_redis_script_t *script;
+    char instance[17]; /* random: makes lease ids unique across instances */
+    _Atomic uint64_t lease_seq;
+    sl_mseries_t *limited[RL_LIMIT_COUNT];
+    sl_mseries_t *store_err[3]; /* by on_store_error action */
+    sl_mseries_t *mode[MODE_N];
+};
+
+typedef enum { RL_BACKEND_NONE = 0, RL_BACKEND_MEM, RL_BACKEND_REDIS } rl_backend_t;
+
+struct rl_ticket {
+    rl_t *rl;
+    rl_worker_t *w;
+    rl_backend_t backend;
+    rl_limits_t lim;
+    int64_t reserved;
+    bool slot;
+    bool ip;
+    char lease[48];
+    size_t klen;
+    char key[RL_KEY_MAX + 1];
+};
+
+struct rl_pending {
+    rl_pending_t *prev, *next; /* in w->pending */
+    rl_worker_t *w;
+    rl_check_cb cb;
+    void *arg;
+    rl_ticket_t *ticket; /* prepared: key, limits, lease */
+    int64_t tokens;
+    bool cancelled;
+};
+
+struct rl_worker {
+    rl_t *rl;
+    sl_redis_t *redis;
+    rl_pending_t *pending;
+    struct event *mode_ev;
+    int mode; /* MODE_*, -1 before the first look */
+};
+
+static const char *const rl_limit_names[RL_LIMIT_COUNT] = {
+    "none",           "requests_per_minute",    "concurrent",       "tokens_per_minute",
+    "tokens_per_day", "ip_requests_per_minute", "store_unavailable"};
+static const char *const rl_action_names[3] = {"allow", "deny", "local"};
+
+const char *rl_limit_name(rl_limit_t l)
+{
+    return (unsigned)l < RL_LIMIT_COUNT ? rl_limit_names[l] : "unknown";
+}
+
+static int64_t rl_default_clock(void *arg)
+{
+    (void)arg;
+    return sl_now_ns();
+}
+
+static void rl_limits_from_conf(const conf_rl_limits_t *c, rl_limits_t *l)
+{
+    l->requests_per_minute = c->requests_per_minute;
+    l->concurrent = c->concurrent;
+    l->tokens_per_minute = c->tokens_per_minute;
+    l->tokens_per_day = c->tokens_per_day;
+}
+
+/* ---- construction ------------------------------------------------------------- */
+
+rl_t *rl_new(const struct conf_ratelimit *c, const struct conf_redis *redis, char *err,
+             size_t errlen)
+{
+    rl_t *rl = sl_xcalloc(1, sizeof(*rl));
+    rl_limits_from_conf(&c->per_user, &rl->per_user);
+    rl->per_ip.requests_per_minute = c->per_ip.requests_per_minute;
+    rl->on_store_error = c->on_store_error;
+    rl->now_ns = rl_default_clock;
+    for (size_t i = 0; i < c->noverrides; i++) {
+        const conf_rl_override_t *o = &c->overrides[i];
+        size_t n = strlen(o->name);
+        rl_override_t *e = sl_xcalloc(1, sizeof(*e) + n + 1);
+        memcpy(e->name, o->name, n + 1);
+        /* -1 = not set in the override: per_user's value */
+        const int64_t *src = &o->limits.requests_per_minute;
+        const int64_t *dflt = &rl->per_user.requests_per_minute;
+        int64_t *dst = &e->limits.requests_per_minute;
+        for (int k = 0; k < 4; k++)
+            dst[k] = src[k] >= 0 ? src[k] : dflt[k];
+        rl_override_t *dup = NULL;
+        HASH_FIND(hh, rl->overrides, e->name, n, dup);
+        if (dup) {
+            snprintf(err, errlen, "ratelimit.overrides: \"%s\" twice", o->name);
+            free(e);
+            rl_free(rl);
+            return NULL;
+        }
+        HASH_ADD_KEYPTR(hh, rl->overrides, e->name, n, e);
+    }
+    rl->proxies =
+        rl_proxies_new((const char *const *)c->trusted_proxies, c->ntrusted_proxies, err, errlen);
+    rl->mem = rl_mem_new(c->max_keys > 0 ? (size_t)c->max_keys : 100000);
+    if (!rl->proxies || !rl->mem) {
+        if (rl->proxies)
+            snprintf(err, errlen, "out of memory");
+        rl_free(rl);
+        return NULL;
+    }
+    if (redis && redis->url) {
+        if (sl_redis_url_check(redis->url, err, errlen) != 0) {
+            rl_free(rl);
+            return NULL;
+        }
+        rl->redis_url = sl_xstrdup(redis->url);
+        rl->redis_timeout_ms = redis->timeout_ms > 0 ? redis->timeout_ms : 50;
+        rl->script = sl_redis_script_new(rl_redis_lua);
+        if (!rl->script) {
+            snprintf(err, errlen, "out of memory");
+            rl_free(rl);
+            return NULL;
+        }
+    }
+    unsigned char rnd[8];
+    if (RAND_bytes(rnd, sizeof(rnd)) != 1) {
+        uint64_t x = (uint64_t)sl_now_ns() ^ (uint64_t)(uintptr_t)rl;
+        memcpy(rnd, &x, sizeof(rnd));
+    }
+    sl_hex(rnd, sizeof(rnd), rl->instance);
+
+    sl_metric_t *m = sl_metric_register("sluice_ratelimited_total",
+                                        "Requests refused by a rate limit, by the limit hit.",
+                                        SL_METRIC_COUNTER, "limit", NULL, 0);
+    for (int i = 1; i < RL_LIMIT_COUNT; i++)
+        rl->limited[i] = sl_metric_series1(m, rl_limit_names[i]);
+    m = sl_metric_register("sluice_ratelimit_store_errors_total",
+                           "Rate-limit decisions made without Redis (down or past its "
+                           "deadline), by the on_store_error action taken.",
+                           SL_METRIC_COUNTER, "action", NULL, 0);
+    for (int i = 0; i < 3; i++)
+        rl->store_err[i] = sl_metric_series1(m, rl_action_names[i]);
+    m = sl_metric_register("sluice_ratelimit_redis_mode",
+                           "Worker threads whose rate limits use Redis (redis) or, with Redis "
+                           "unreachable, on_store_error (degraded).",
+                           SL_METRIC_GAUGE, "mode", NULL, 0);
+    rl->mode[MODE_REDIS] = sl_metric_series1(m, "redis");
+    rl->mode[MODE_DEGRADED] = sl_metric_series1(m, "degraded");
+    return rl;
+}
+
+void rl_free(rl_t *rl)
+{
+    if (!rl)
+        return;
+    rl_override_t *o, *tmp;
+    HASH_ITER(hh, rl->overrides, o, tmp)
+    {
+        HASH_DEL(rl->overrides, o);
+        free(o);
+    }
+    rl_proxies_free(rl->proxies);
+    rl_mem_free(rl->mem);
+    sl_redis_script_free(rl->script);
+    free(rl->redis_url);
+    free(rl);
+}
+
+void rl_set_clock(rl_t *rl, int64_t (*now_ns)(void *arg), void *arg)
+{
+    rl->now_ns = now_ns ? now_ns : rl_default_clock;
+    rl->now_arg = arg;
+}
+
+const rl_proxies_t *rl_trusted_proxies(const rl_t *rl)
+{
+    return rl->proxies;
+}
+
+size_t rl_mem_keys(const rl_t *rl)
+{
+    return rl_mem_count(rl->mem);
+}
+
+void rl_limits_for(const rl_t *rl, const char *user, const char *client, rl_limits_t *out)
+{
+    if (!user) {
+        *out = rl->per_ip;
+        return;
+    }
+    rl_override_t *o = NULL;
+    HASH_FIND_STR(rl->overrides, user, o);
+    if (!o && client) {
+        char k[RL_KEY_MAX + 8];
+        int n = snprintf(k, sizeof(k), "client:%s", client);
+        if (n > 0 && (size_t)n < sizeof(k))
+            HASH_FIND(hh, rl->overrides, k, (size_t)n, o);
+    }
+    *out = o ? o->limits : rl->per_user;
+}
+
+/* ---- workers -------------------------------------------------------------------- */
+
+static void rl_worker_mode(rl_worker_t *w)
+{
+    if (!w->redis)
+        return;
+    int mode = sl_redis_connected(w->redis) ? MODE_REDIS : MODE_DEGRADED;
+    if (mode == w->mode)
+        return;
+    if (w->mode >= 0)
+        sl_gauge_add(w->rl->mode[w->mode], -1);
+    sl_gauge_add(w->rl->mode[mode], 1);
+    w->mode = mode;
+}
+
+static void rl_mode_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    rl_worker_mode(arg);
+}
+
+rl_worker_t *rl_worker_new(rl_t *rl, struct event_base *base, char *err, size_t errlen)
+{
+    rl_worker_t *w = calloc(1, sizeof(*w));
+    if (!w) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    w->rl = rl;
+    w->mode = -1;
+    if (rl->redis_url) {
+        sl_redis_opts_t o = {.url = rl->redis_url, .timeout_ms = rl->redis_timeout_ms};
+        w->redis = sl_redis_new(base, &o, err, errlen);
+        /* the mode gauge follows reconnects even without traffic */
+        w->mode_ev = event_new(base, -1, EV_PERSIST, rl_mode_cb, w);
+        struct timeval tv = {1, 0};
+        if (!w->redis || !w->mode_ev || event_add(w->mode_ev, &tv) != 0) {
+            rl_worker_free(w);
+            return NULL;
+        }
+        rl_worker_mode(w);
+    }
+    return w;
+}
+
+void rl_worker_free(rl_worker_t *w)
+{
+    if (!w)
+        return;
+    sl_redis_free(w->redis); /* drops pending calls without callbacks */
+    rl_pending_t *p, *tmp;
+    DL_FOREACH_SAFE(w->pending, p, tmp)
+    {
+        DL_DELETE(w->pending, p);
+        free(p->ticket);
+        free(p);
+    }
+    if (w->mode_ev)
+        event_free(w->mode_ev);
+    if (w->mode >= 0)
+        sl_gauge_add(w->rl->mode[w->mode], -1);
+    free(w);
+}
+
+/* ---- checks ----------------------------------------------------------------------- */
+
+static bool rl_limits_any(const rl_limits_t *l, int64_t tokens)
+{
+    return l->requests_per_minute > 0 || l->concurrent > 0 ||
+           (tokens > 0 && (l->tokens_per_minute > 0 || l->tokens_per_day > 0));
+}
+
+static void rl_count_refusal(rl_t *rl, const rl_decision_t *d)
+{
+    if (!d->allowed && d->limit > RL_LIMIT_NONE && d->limit < RL_LIMIT_COUNT)
+        sl_counter_add(rl->limited[d->limit], 1);
+}
+
+static void rl_check_mem(rl_t *rl, rl_ticket_t *t, int64_t tokens, rl_decision_t *d)
+{
+    rl_mem_check(rl->mem, t->key, t->klen, &t->lim, t->ip, tokens, rl->now_ns(rl->now_arg), d,
+                 &t->slot);
+    t->backend = RL_BACKEND_MEM;
+    t->reserved = d->allowed ? tokens : 0;
+}
+
+/* Redis could not answer: on_store_error decides. */
+static void rl_store_error(rl_t *rl, rl_ticket_t *t, int64_t tokens, rl_decision_t *d)
+{
+    sl_counter_add(rl->store_err[rl->on_store_error], 1);
+    memset(d, 0, sizeof(*d));
+    switch (rl->on_store_error) {
+    case CONF_STORE_ERROR_LOCAL:
+        rl_check_mem(rl, t, tokens, d);
+        break;
+    case CONF_STORE_ERROR_DENY:
+        d->allowed = false;
+        d->limit = RL_LIMIT_STORE;
+        d->retry_after_ms = 1000;
+        t->backend = RL_BACKEND_NONE;
+        break;
+    default:
+        d->allowed = true;
+        t->backend = RL_BACKEND_NONE;
+        break;
+    }
+    d->store_error = true;
+}
+
+static void rl_redis_settle_cb(void *arg, sl_redis_status_t st, struct redisReply *reply)
+{
+    (void)arg;
+    if (st != SL_REDIS_OK || !reply || reply->type == REDIS_REPLY_ERROR)
+        sl_debug("ratelimit: a Redis settle was lost (%s)",
+                 st == SL_REDIS_OK && reply && reply->str ? reply->str : "down or late");
+}
+
+/* Sends op ("c"/"s") for the ticket; n = tokens (check) or refund (settle). */
+static sl_redis_call_t *rl_redis_send(rl_worker_t *w, const rl_ticket_t *t, const char *op,
+                                      int64_t n, sl_redis_cb cb, void *arg)
+{
+    char k1[RL_KEY_MAX + 16], k2[RL_KEY_MAX + 16];
+    snprintf(k1, sizeof(k1), "sl:rl:{%s}", t->key);
+    snprintf(k2, sizeof(k2), "sl:rl:{%s}:c", t->key);
+    char a[6][24];
+    snprintf(a[0], sizeof(a[0]), "%lld", (long long)t->lim.requests_per_minute);
+    snprintf(a[1], sizeof(a[1]), "%lld", (long long)t->lim.concurrent);
+    snprintf(a[2], sizeof(a[2]), "%lld", (long long)t->lim.tokens_per_minute);
+    snprintf(a[3], sizeof(a[3]), "%lld", (long long)t->lim.tokens_per_day);
+    snprintf(a[4], sizeof(a[4]), "%lld", (long long)n);
+    snprintf(a[5], sizeof(a[5]), "%d", RL_LEASE_MS);
+    const char *argv[10] = {k1, k2, op, a[0], a[1], a[2], a[3], a[4], t->lease, a[5]};
+    return sl_redis_evalsha(w->redis, w->rl->script, 2, 10, argv, NULL, cb, arg);
+}
+
+static int rl_reply_decision(const redisReply *r, rl_ticket_t *t, rl_decision_t *d)
+{
+    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 6)
+        return -1;
+    for (size_t i = 0; i < 6; i++)
+        if (r->element[i]->type != REDIS_REPLY_INTEGER)
+            return -1;
+    static const rl_limit_t which[5] = {RL_LIMIT_NONE, RL_LIMIT_REQUESTS, RL_LIMIT_TOKENS_MINUTE,
+                                        RL_LIMIT_TOKENS_DAY, RL_LIMIT_CONCURRENT};
+    long long w = r->element[1]->integer;
+    if (w < 0 || w > 4)
+        return -1;
+    memset(d, 0, sizeof(*d));
+    d->allowed = r->element[0]->integer == 1;
+    d->limit = which[w];
+    if (d->limit == RL_LIMIT_REQUESTS && t->ip)
+        d->limit = RL_LIMIT_IP_REQUESTS;
+    d->retry_after_ms = r->element[2]->integer;
+    d->limit_value = r->element[3]->integer;
+    d->remaining = r->element[4]->integer;
+    d->reset_ms = r->element[5]->integer;
+    t->slot = d->allowed && t->lim.concurrent > 0;
+    return 0;
+}
+
+static void rl_redis_check_cb(void *arg, sl_redis_status_t st, struct redisReply *reply)
+{
+    rl_pending_t *p = arg;
+    rl_worker_t *w = p->w;
+    rl_t *rl = w->rl;
+    rl_ticket_t *t = p->ticket;
+    DL_DELETE(w->pending, p);
+    rl_decision_t d;
+    bool ok = st == SL_REDIS_OK && rl_reply_decision(reply, t, &d) == 0;
+    if (st == SL_REDIS_OK && !ok)
+        sl_warn("ratelimit: unexpected Redis reply (%s)",
+                reply && reply->type == REDIS_REPLY_ERROR ? reply->str : "shape");
+    if (ok) {
+        t->backend = RL_BACKEND_REDIS;
+        t->reserved = d.allowed ? p->tokens : 0;
+    }
+    if (p->cancelled) {
+        if (ok && d.allowed) /* give back what the script took */
+            rl_ticket_release(t);
+        else
+            free(t);
+        free(p);
+        return;
+    }
+    if (!ok)
+        rl_store_error(rl, t, p->tokens, &d);
+    rl_count_refusal(rl, &d);
+    if (!d.allowed) {
+        free(t);
+        t = NULL;
+    }
+    rl_check_cb cb = p->cb;
+    void *cbarg = p->arg;
+    free(p);
+    cb(cbarg, &d, t);
+}
+
+rl_check_rc_t rl_check(rl_worker_t *w, const rl_request_t *req, rl_decision_t *d,
+                       rl_ticket_t **ticket, rl_check_cb cb, void *arg, rl_pending_t **pending)
+{
+    rl_t *rl = w->rl;
+    *ticket = NULL;
+    if (pending)
+        *pending = NULL;
+    memset(d, 0, sizeof(*d));
+    rl_ticket_t *t = calloc(1, sizeof(*t));
+    if (!t)
+        return RL_ERROR;
+    t->rl = rl;
+    t->w = w;
+    int64_t tokens = req->tokens > 0 ? req->tokens : 0;
+    if (req->user) {
+        rl_limits_for(rl, req->user, req->client, &t->lim);
+        t->klen = rl_key_make('u', req->user, t->key);
+    } else if (req->ip) {
+        rl_limits_for(rl, NULL, NULL, &t->lim);
+        t->ip = true;
+        tokens = 0; /* no budgets without a user */
+        /* an IPv6 client owns a whole /64: limit the prefix, not the address */
+        char ip[INET6_ADDRSTRLEN + 4];
+        unsigned char a6[16];
+        snprintf(ip, sizeof(ip), "%s", req->ip);
+        if (strchr(ip, ':') && inet_pton(AF_INET6, ip, a6) == 1) {
+            memset(a6 + 8, 0, 8);
+            if (inet_ntop(AF_INET6, a6, ip, INET6_ADDRSTRLEN))
+                strcat(ip, "/64");
+        }
+        t->klen = rl_key_make('i', ip, t->key);
+    }
+    if (!t->klen || !rl_limits_any(&t->lim, tokens)) {
+        d->allowed = true;
+        *ticket = t; /* nothing to give back, but one flow for the caller */
+        return RL_DONE;
+    }
+    if (!w->redis) {
+        rl_check_mem(rl, t, tokens, d);
+        goto done;
+    }
+    rl_worker_mode(w);
+    if (t->lim.concurrent > 0)
+        snprintf(t->lease, sizeof(t->lease), "%s:%llu", rl->instance,
+                 (unsigned long long)atomic_fetch_add(&rl->lease_seq, 1));
+    if (!sl_redis_connected(w->redis)) {
+        rl_store_error(rl, t, tokens, d);
+        goto done;
+    }
+    rl_pending_t *p = calloc(1, sizeof(*p));
+    if (!p) {
+        free(t);
+        return RL_ERROR;
+    }
+    p->w = w;
+    p->cb = cb;
+    p->arg = arg;
+    p->ticket = t;
+    p->tokens = tokens;
+    if (!rl_redis_send(w, t, "c", tokens, rl_redis_check_cb, p)) {
+        free(p);
+        rl_store_error(rl, t, tokens, d);
+        goto done;
+    }
+    DL_APPEND(w->pending, p);
+    if (pending)
+        *pending = p;
+    return RL_PENDING;
+done:
+    rl_count_refusal(rl, d);
+    if (d->allowed)
+        *ticket = t;
+    else
+        free(t);
+    return RL_DONE;
+}
+
+void rl_pending_cancel(rl_pending_t *p)
+{
+    if (p)
+        p->cancelled = true;
+}
+
+/* ---- tickets ------------------------------------------------------------------------- */
+
+static void rl_ticket_finish(rl_ticket_t *t, int64_t refund)
+{
+    switch (t->backend) {
+    case RL_BACKEND_MEM:
+        rl_mem_settle(t->rl->mem, t->key, t->klen, &t->lim, refund, t->slot,
+                      t->rl->now_ns(t->rl->now_arg));
+        break;
+    case RL_BACKEND_REDIS:
+        if ((refund != 0 && (t->lim.tokens_per_minute > 0 || t->lim.tokens_per_day > 0)) ||
+            t->slot) {
+            if (!t->slot)
+                t->lease[0] = '\0';
+            if (!rl_redis_send(t->w, t, "s", refund, rl_redis_settle_cb, NULL))
+                sl_debug("ratelimit: cannot queue a Redis settle");
+        }
+        break;
+    default:
+        break;
+    }
+    free(t);
+}
+
+void rl_ticket_settle(rl_ticket_t *t, int64_t used_tokens)
+{
+    if (!t)
+        return;
+    if (used_tokens < 0)
+        used_tokens = 0;
+    rl_ticket_finish(t, t->reserved - used_tokens);
+}
+
+void rl_ticket_release(rl_ticket_t *t)
+{
+    if (t)
+        rl_ticket_finish(t, t->reserved);
+}
+
+int64_t rl_ticket_reserved(const rl_ticket_t *t)
+{
+    return t ? t->reserved : 0;
+}
+
+/* ---- answers ----------------------------------------------------------------------------- */
+
+int64_t rl_ms_to_s_ceil(int64_t ms)
+{
+    return ms <= 0 ? 0 : (ms + 999) / 1000;
+}
+
+int rl_decision_status(const rl_decision_t *d)
+{
+    return d->limit == RL_LIMIT_STORE ? 503 : 429;
+}
+
+int rl_format_headers(const rl_decision_t *d, char *buf, size_t n)
+{
+    size_t len = 0;
+    int w;
+    if (n == 0)
+        return -1;
+    buf[0] = '\0';
+    if (d->limit != RL_LIMIT_NONE && d->limit != RL_LIMIT_STORE) {
+        w = snprintf(buf, n,
+                     "X-RateLimit-Limit: %lld\r\nX-RateLimit-Remaining: %lld\r\n"
+                     "X-RateLimit-Reset: %lld\r\n",
+                     (long long)d->limit_value, (long long)SL_MAX(d->remaining, 0),
+                     (long long)rl_ms_to_s_ceil(d->reset_ms));
+        if (w < 0 || (size_t)w >= n)
+            return -1;
+        len = (size_t)w;
+    }
+    if (!d->allowed && d->retry_after_ms >= 0) {
+        w = snprintf(buf + len, n - len, "Retry-After: %lld\r\n",
+                     (long long)SL_MAX(rl_ms_to_s_ceil(d->retry_after_ms), 1));
+        if (w < 0 || (size_t)w >= n - len)
+            return -1;
+        len += (size_t)w;
+    }
+    return (int)len;
+}
+
+char *rl_error_body(const rl_decision_t *d, size_t *len)
+{
+    char msg[256];
+    const char *name = rl_limit_name(d->limit);
+    if (d->limit == RL_LIMIT_STORE)
+        snprintf(msg, sizeof(msg),
+                 "Rate limits cannot be checked right now (store unavailable); retry shortly.");
+    else if (d->retry_after_ms < 0)
+        snprintf(msg, sizeof(msg),
+                 "Request too large for %s (limit %lld): it can never fit; lower max_tokens or "
+                 "shorten the prompt.",
+                 name, (long long)d->limit_value);
+    else if (d->limit == RL_LIMIT_CONCURRENT)
+        snprintf(msg, sizeof(msg),
+                 "Rate limit reached for concurrent requests (limit %lld); retry after one "
+                 "finishes.",
+                 (long long)d->limit_value);
+    else
+        snprintf(msg, sizeof(msg), "Rate limit reached for %s (limit %lld); retry in %llds.", name,
+                 (long long)d->limit_value,
+                 (long long)SL_MAX(rl_ms_to_s_ceil(d->retry_after_ms), 1));
+    json_t *j =
+        json_pack("{s:{s:s, s:s, s:n, s:s, s:s}}", "error", "message", msg, "type",
+                  "rate_limit_error", "param", "code", "rate_limit_exceeded", "limit", name);
+    if (!j)
+        return NULL;
+    char *s = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    if (s && len)
+        *len = strlen(s);
+    return s;
+}

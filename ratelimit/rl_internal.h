@@ -1,0 +1,53 @@
+/*
+ * rl_internal.h — what the files of ratelimit/ share and nothing else sees:
+ * the in-process store (mem.c) and the way a decision is put together from
+ * per-limit results (the same rules the Redis script follows).
+ */
+#ifndef SL_RL_INTERNAL_H
+#define SL_RL_INTERNAL_H
+
+#include "ratelimit/ratelimit.h"
+
+/* Longest key kept as is ("u:" + sub, "i:" + address); longer ones are
+ * replaced by "h:" + their SHA-256 in hex, so a huge sub cannot blow up
+ * memory or Redis keys. */
+#define RL_KEY_MAX 256
+
+/* Refusal for concurrency: no clock says when a slot frees; ask to retry in
+ * a second. */
+#define RL_CONCURRENT_RETRY_MS 1000
+
+/* A Redis concurrency lease lives this long unless released: it bounds the
+ * damage of an instance that dies holding slots. Longer than any upstream
+ * total timeout should be. */
+#define RL_LEASE_MS (15 * 60 * 1000)
+
+/* A charge (usage above the reservation) never puts a key more than this
+ * many whole periods into debt, so one bogus usage figure cannot lock a
+ * user out for years. */
+#define RL_MAX_DEBT_PERIODS 4
+
+typedef struct rl_mem rl_mem_t;
+
+rl_mem_t *rl_mem_new(size_t max_keys);
+void rl_mem_free(rl_mem_t *m);
+size_t rl_mem_count(const rl_mem_t *m);
+/* Evictions of live keys because the table was full, since start. */
+uint64_t rl_mem_evictions(const rl_mem_t *m);
+
+/* All or nothing: one request (if lim->requests_per_minute), a concurrency
+ * slot (if lim->concurrent), `tokens` from each token budget. ip: name the
+ * request limit RL_LIMIT_IP_REQUESTS. *slot tells whether a slot was taken
+ * (to give back at settle). */
+void rl_mem_check(rl_mem_t *m, const char *key, size_t klen, const rl_limits_t *lim, bool ip,
+                  int64_t tokens, int64_t now, rl_decision_t *d, bool *slot);
+/* refund = reserved - used (> 0 gives back, < 0 charges); slot: give the
+ * concurrency slot back. */
+void rl_mem_settle(rl_mem_t *m, const char *key, size_t klen, const rl_limits_t *lim,
+                   int64_t refund, bool slot, int64_t now);
+
+/* Builds "u:<user>" / "i:<ip>" (or the hashed form) into out[RL_KEY_MAX+1];
+ * returns its length. */
+size_t rl_key_make(char prefix, const char *s, char *out);
+
+#endif
