@@ -164,6 +164,9 @@ void rl_limits_for(const rl_t *rl, const char *user, const char *client, rl_limi
 rl_worker_t *rl_worker_new(rl_t *rl, struct event_base *base, char *err, size_t errlen) SL_WUR;
 /* Drops pending checks without calling back (worker shutdown). */
 void rl_worker_free(rl_worker_t *w);
+/* True when the worker's limits go to Redis now (configured and connected);
+ * false with no Redis or while on_store_error decides (for /readyz). */
+bool rl_worker_redis_up(const rl_worker_t *w);
 
 typedef enum rl_check_rc {
     RL_ERROR = -1,  /* out of memory: treat as a store error */

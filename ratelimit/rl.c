@@ -309,6 +309,11 @@ void rl_worker_free(rl_worker_t *w)
     free(w);
 }
 
+bool rl_worker_redis_up(const rl_worker_t *w)
+{
+    return w && w->redis && sl_redis_connected(w->redis);
+}
+
 /* ---- checks ----------------------------------------------------------------------- */
 
 static bool rl_limits_any(const rl_limits_t *l, int64_t tokens)

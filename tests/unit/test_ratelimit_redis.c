@@ -1,0 +1,346 @@
+/*
+ * The Redis backend against a real redis-server on its own port: two
+ * limiters (two sluice instances) sharing one limit, concurrency and token
+ * budgets across them, NOSCRIPT, cancellation giving back what was taken,
+ * and Redis killed and restarted under each on_store_error (allow, deny,
+ * local), including the return to Redis on its own. Waits run the event
+ * loop until a condition or a deadline.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/log.h"
+#include "common/metrics.h"
+#include "conf/conf.h"
+#include "ratelimit/ratelimit.h"
+#include "tests/unit/redis_server.h"
+
+static rs_server_t srv;
+static struct event_base *base;
+static char url[128];
+
+typedef struct inst {
+    rl_t *rl;
+    rl_worker_t *w;
+} inst_t;
+
+static void inst_new(inst_t *in, const conf_ratelimit_t *c)
+{
+    char err[256];
+    conf_redis_t r = {.url = url, .timeout_ms = 50};
+    in->rl = rl_new(c, &r, err, sizeof(err));
+    assert_non_null(in->rl);
+    in->w = rl_worker_new(in->rl, base, err, sizeof(err));
+    assert_non_null(in->w);
+}
+
+static void inst_free(inst_t *in)
+{
+    rl_worker_free(in->w);
+    rl_free(in->rl);
+}
+
+static bool up(void *arg)
+{
+    return rl_worker_redis_up(arg);
+}
+
+static bool down(void *arg)
+{
+    return !rl_worker_redis_up(arg);
+}
+
+typedef struct answer {
+    int calls;
+    rl_decision_t d;
+    rl_ticket_t *t;
+} answer_t;
+
+static void answer_cb(void *arg, const rl_decision_t *d, rl_ticket_t *t)
+{
+    answer_t *a = arg;
+    a->calls++;
+    a->d = *d;
+    a->t = t;
+}
+
+static bool answered(void *arg)
+{
+    return ((answer_t *)arg)->calls > 0;
+}
+
+/* One check, waited for. *pending_seen tells whether it went to Redis. */
+static bool check(inst_t *in, const char *user, int64_t tokens, rl_decision_t *d, rl_ticket_t **t,
+                  bool *async)
+{
+    rl_request_t req = {.user = user, .tokens = tokens};
+    answer_t a = {0};
+    rl_pending_t *p = NULL;
+    rl_ticket_t *tk = NULL;
+    rl_check_rc_t rc = rl_check(in->w, &req, &a.d, &tk, answer_cb, &a, &p);
+    assert_int_not_equal(rc, RL_ERROR);
+    if (async)
+        *async = rc == RL_PENDING;
+    if (rc == RL_PENDING) {
+        assert_non_null(p);
+        assert_int_equal(a.calls, 0); /* never inside rl_check */
+        assert_true(rs_run_until(base, answered, &a, 2000));
+        assert_int_equal(a.calls, 1);
+        tk = a.t;
+    }
+    *d = a.d;
+    if (d->allowed)
+        assert_non_null(tk);
+    else
+        assert_null(tk);
+    if (t)
+        *t = tk;
+    else
+        rl_ticket_settle(tk, tokens);
+    return d->allowed;
+}
+
+static uint64_t store_errors(const char *action)
+{
+    sl_metric_t *m = sl_metric_register("sluice_ratelimit_store_errors_total", "",
+                                        SL_METRIC_COUNTER, "action", NULL, 0);
+    return sl_counter_value(sl_metric_series1(m, action));
+}
+
+static int64_t mode(const char *name)
+{
+    sl_metric_t *m =
+        sl_metric_register("sluice_ratelimit_redis_mode", "", SL_METRIC_GAUGE, "mode", NULL, 0);
+    return sl_gauge_value(sl_metric_series1(m, name));
+}
+
+static conf_ratelimit_t conf0(void)
+{
+    conf_ratelimit_t c;
+    memset(&c, 0, sizeof(c));
+    c.max_tokens = 2048;
+    c.max_keys = 10000;
+    return c;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    signal(SIGPIPE, SIG_IGN);
+    sl_log_set_level(SL_LOG_ERROR);
+    memset(&srv, 0, sizeof(srv));
+    rs_start(&srv);
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d/2", srv.port);
+    base = event_base_new();
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    event_base_free(base);
+    rs_cleanup(&srv);
+    return 0;
+}
+
+static void test_shared_limit(void **state)
+{
+    (void)state;
+    conf_ratelimit_t c = conf0();
+    c.per_user.requests_per_minute = 10;
+    inst_t a, b;
+    inst_new(&a, &c);
+    inst_new(&b, &c);
+    assert_true(rs_run_until(base, up, a.w, 2000));
+    assert_true(rs_run_until(base, up, b.w, 2000));
+    rl_decision_t d;
+    int ok = 0;
+    bool async;
+    for (int i = 0; i < 20; i++) {
+        ok += check(i % 2 ? &b : &a, "shared", 0, &d, NULL, &async);
+        assert_true(async);
+        assert_false(d.store_error);
+    }
+    assert_int_equal(ok, 10);
+    assert_true(mode("redis") >= 2);
+    assert_int_equal(d.limit, RL_LIMIT_REQUESTS);
+    assert_int_equal(d.limit_value, 10);
+    assert_int_equal(d.remaining, 0);
+    assert_true(d.retry_after_ms > 5000 && d.retry_after_ms <= 6000);
+    /* another user is served */
+    assert_true(check(&a, "other", 0, &d, NULL, NULL));
+    assert_int_equal(d.remaining, 9);
+    /* the script cache flushed under us: NOSCRIPT is handled */
+    freeReplyObject(rs_cmd(&srv, "SCRIPT FLUSH"));
+    assert_true(check(&b, "third", 0, &d, NULL, NULL));
+    inst_free(&a);
+    inst_free(&b);
+}
+
+static void test_concurrency_and_tokens(void **state)
+{
+    (void)state;
+    conf_ratelimit_t c = conf0();
+    c.per_user.concurrent = 2;
+    c.per_user.tokens_per_minute = 1000;
+    inst_t a, b;
+    inst_new(&a, &c);
+    inst_new(&b, &c);
+    assert_true(rs_run_until(base, up, a.w, 2000));
+    assert_true(rs_run_until(base, up, b.w, 2000));
+    rl_decision_t d;
+    rl_ticket_t *t1, *t2, *t3;
+    assert_true(check(&a, "cc", 600, &d, &t1, NULL));
+    assert_int_equal(d.limit, RL_LIMIT_TOKENS_MINUTE);
+    assert_int_equal(d.remaining, 400);
+    /* tokens refused on the other instance, before the request starts */
+    assert_false(check(&b, "cc", 600, &d, &t3, NULL));
+    assert_int_equal(d.limit, RL_LIMIT_TOKENS_MINUTE);
+    assert_true(d.retry_after_ms > 11000 && d.retry_after_ms <= 12000);
+    assert_true(check(&b, "cc", 100, &d, &t2, NULL));
+    /* two in flight: the third is refused whichever instance it hits */
+    assert_false(check(&b, "cc", 1, &d, &t3, NULL));
+    assert_int_equal(d.limit, RL_LIMIT_CONCURRENT);
+    assert_int_equal(d.retry_after_ms, 1000);
+    /* more than the whole budget: never */
+    rl_ticket_settle(t2, 100); /* same connection as the next checks: ordered */
+    assert_false(check(&b, "cc", 5000, &d, &t3, NULL));
+    assert_int_equal(d.retry_after_ms, -1);
+    /* settle the 600 with 100 used: 500 back, slot back */
+    rl_ticket_settle(t1, 100);
+    assert_true(check(&a, "cc", 600, &d, &t1, NULL));
+    /* release gives back all of it */
+    rl_ticket_release(t1);
+    assert_true(check(&a, "cc", 600, &d, &t1, NULL));
+    assert_true(check(&a, "cc", 100, &d, &t2, NULL));
+    rl_ticket_settle(t1, 600);
+    rl_ticket_settle(t2, 100);
+    inst_free(&a);
+    inst_free(&b);
+}
+
+static void test_cancel(void **state)
+{
+    (void)state;
+    conf_ratelimit_t c = conf0();
+    c.per_user.concurrent = 1;
+    inst_t a;
+    inst_new(&a, &c);
+    assert_true(rs_run_until(base, up, a.w, 2000));
+    rl_request_t req = {.user = "canceller"};
+    answer_t ans = {0};
+    rl_decision_t d;
+    rl_ticket_t *t = NULL;
+    rl_pending_t *p = NULL;
+    assert_int_equal(rl_check(a.w, &req, &d, &t, answer_cb, &ans, &p), RL_PENDING);
+    rl_pending_cancel(p);
+    rs_run_for(base, 100);
+    assert_int_equal(ans.calls, 0);
+    /* the slot the script took for it was given back */
+    assert_true(check(&a, "canceller", 0, &d, &t, NULL));
+    rl_ticket_settle(t, 0);
+    inst_free(&a);
+}
+
+/* Redis dies and comes back, under one on_store_error mode. */
+static void store_error_case(int on_err, const char *action)
+{
+    conf_ratelimit_t c = conf0();
+    c.per_user.requests_per_minute = 3;
+    c.on_store_error = on_err;
+    inst_t a;
+    inst_new(&a, &c);
+    assert_true(rs_run_until(base, up, a.w, 2000));
+    rl_decision_t d;
+    char user[32];
+    snprintf(user, sizeof(user), "se-%s", action);
+    assert_true(check(&a, user, 0, &d, NULL, NULL));
+    assert_false(d.store_error);
+
+    /* a check in flight when Redis dies (sleeping, then killed) */
+    redisContext *blk = rs_send_nowait(&srv, "DEBUG SLEEP 2");
+    rs_run_for(base, 20);
+    uint64_t e0 = store_errors(action);
+    rl_request_t req = {.user = user};
+    answer_t ans = {0};
+    rl_ticket_t *t = NULL;
+    rl_pending_t *p = NULL;
+    int64_t start = sl_now_ms();
+    assert_int_equal(rl_check(a.w, &req, &d, &t, answer_cb, &ans, &p), RL_PENDING);
+    assert_true(rs_run_until(base, answered, &ans, 1000));
+    int64_t took = sl_now_ms() - start;
+    assert_true(took >= 45 && took < 200); /* the 50 ms deadline */
+    assert_true(ans.d.store_error);
+    assert_int_equal(store_errors(action), e0 + 1);
+    rl_ticket_settle(ans.t, 0);
+    rs_kill(&srv);
+    redisFree(blk);
+    assert_true(rs_run_until(base, down, a.w, 2000));
+
+    /* while down: decided at once, without waiting for Redis */
+    int ok = 0;
+    for (int i = 0; i < 6; i++) {
+        bool async = true;
+        ok += check(&a, user, 0, &d, NULL, &async);
+        assert_false(async);
+        assert_true(d.store_error);
+    }
+    assert_int_equal(store_errors(action), e0 + 7);
+    assert_true(mode("degraded") >= 1);
+    if (on_err == CONF_STORE_ERROR_ALLOW) {
+        assert_int_equal(ok, 6);
+    } else if (on_err == CONF_STORE_ERROR_DENY) {
+        assert_int_equal(ok, 0);
+        assert_int_equal(d.limit, RL_LIMIT_STORE);
+        assert_int_equal(rl_decision_status(&d), 503);
+    } else {
+        /* this instance's own limit of 3, one of which the timed-out
+         * check above took locally */
+        assert_int_equal(ok, 2);
+        assert_int_equal(d.limit, RL_LIMIT_REQUESTS);
+    }
+
+    /* Redis comes back (empty): the limiter returns to it on its own */
+    rs_start(&srv);
+    assert_true(rs_run_until(base, up, a.w, 7000));
+    bool async = false;
+    assert_true(check(&a, user, 0, &d, NULL, &async));
+    assert_true(async);
+    assert_false(d.store_error);
+    assert_int_equal(d.remaining, 2);
+    inst_free(&a);
+}
+
+static void test_store_error_allow(void **state)
+{
+    (void)state;
+    store_error_case(CONF_STORE_ERROR_ALLOW, "allow");
+}
+
+static void test_store_error_deny(void **state)
+{
+    (void)state;
+    store_error_case(CONF_STORE_ERROR_DENY, "deny");
+}
+
+static void test_store_error_local(void **state)
+{
+    (void)state;
+    store_error_case(CONF_STORE_ERROR_LOCAL, "local");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_shared_limit),     cmocka_unit_test(test_concurrency_and_tokens),
+        cmocka_unit_test(test_cancel),           cmocka_unit_test(test_store_error_allow),
+        cmocka_unit_test(test_store_error_deny), cmocka_unit_test(test_store_error_local),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
