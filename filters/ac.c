@@ -210,7 +210,8 @@ flt_ac_t *flt_ac_new(flt_ac_word_t *words, size_t n)
     }
     if (cap > UINT32_MAX - 2)
         return NULL;
-    qsort(words, n, sizeof *words, ac_word_cmp);
+    if (n)
+        qsort(words, n, sizeof *words, ac_word_cmp);
 
     flt_ac_t *ac = calloc(1, sizeof *ac);
     ac_trie_t t = {0};

@@ -195,7 +195,13 @@ static void test_load_100k_words(void **state)
     assert_true(flt_ruleset_word_count(rs) > 99000); /* a few random duplicates */
     printf("  100,000 words (%zu bytes) loaded in %.1f ms, %zu nodes\n", len, ms,
            flt_ac_nodes(rs->ac));
-    assert_true(ms < 1000.0); /* generous for sanitizer builds; ~50 ms at -O2 */
+    /* the requirement is "well under a second" (about 0.12 s at -O2); a
+     * sanitizer build is several times slower, so it gets more room */
+#if defined(__SANITIZE_ADDRESS__)
+    assert_true(ms < 5000.0);
+#else
+    assert_true(ms < 1000.0);
+#endif
     flt_ruleset_unref(rs);
     free(buf);
 }
