@@ -1,0 +1,825 @@
+/*
+ * cli.c — `sluice model ...`: operator tools over a GGUF file (info,
+ * generate) and the diagnostic subcommands the tests and the benchmark
+ * drive (logits, tokenize, detokenize, chat-tokens, bench, membw). All of
+ * them work on the same internals the engine uses.
+ */
+#include "model/model.h"
+
+#include "model/chat_internal.h"
+#include "model/gguf_internal.h"
+#include "model/qwen2_internal.h"
+#include "model/tok_internal.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/sl.h"
+
+static const char *usage_text =
+    "usage: model <command> [options]\n"
+    "  info FILE                          metadata and tensor table\n"
+    "  generate --model FILE --prompt TEXT [--max-tokens N] [--temperature T]\n"
+    "           [--top-p P] [--top-k K] [--repeat-penalty R] [--seed S] [--threads N]\n"
+    "           [--system TEXT] [--raw]   chat (or raw with --raw) completion + tokens/s\n"
+    "diagnostics (tests, benchmarks):\n"
+    "  logits --model FILE --tokens 1,2,.. [--gen N] [--mode batch|incremental|recompute]\n"
+    "         [--out FILE] [common]       greedy continuation and float32 logits\n"
+    "  tokenize --model FILE --text TEXT  token ids (--hex: TEXT is hex bytes)\n"
+    "  detokenize --model FILE --tokens 1,2,..   streamed text, as hex per token\n"
+    "  chat-tokens --model FILE --messages ROLE=TEXT ...   ChatML prompt ids\n"
+    "  bench --model FILE [--prompt-tokens N] [--gen N] [common]   prefill/decode speed\n"
+    "  membw [--mib N] [--threads N]      memory read bandwidth (GB/s)\n"
+    "common: --threads N --kernels scalar|avx2|avx512|auto --precise --batch N --ctx N\n";
+
+typedef struct {
+    const char *model, *prompt, *tokens, *mode, *out, *text, *system;
+    int max_tokens, gen, threads, batch, ctx, precise, raw, hex, prompt_tokens, mib, top_k;
+    int kernel_level;
+    double temperature, top_p, repeat_penalty;
+    uint64_t seed;
+    int has_seed;
+    const char **messages;
+    int n_messages;
+} cli_opts_t;
+
+static int parse_int(const char *s, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || end == s || v < -1000000000L || v > 1000000000L)
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_double(const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || end == s || !isfinite(v))
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_opts(int argc, char **argv, int start, cli_opts_t *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->max_tokens = 128;
+    o->gen = 8;
+    o->threads = 1;
+    o->temperature = 0.0;
+    o->top_p = 1.0;
+    o->repeat_penalty = 1.0;
+    o->kernel_level = MDL_KL_AVX512;
+    o->prompt_tokens = 200;
+    o->mib = 512;
+    o->messages = calloc((size_t)argc + 1, sizeof(char *));
+    if (!o->messages)
+        return -1;
+    for (int i = start; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int need = 1, bad = 0;
+        if (!strcmp(a, "--model"))
+            o->model = v;
+        else if (!strcmp(a, "--prompt"))
+            o->prompt = v;
+        else if (!strcmp(a, "--tokens"))
+            o->tokens = v;
+        else if (!strcmp(a, "--mode"))
+            o->mode = v;
+        else if (!strcmp(a, "--out"))
+            o->out = v;
+        else if (!strcmp(a, "--text"))
+            o->text = v;
+        else if (!strcmp(a, "--system"))
+            o->system = v;
+        else if (!strcmp(a, "--max-tokens"))
+            bad = !v || parse_int(v, &o->max_tokens);
+        else if (!strcmp(a, "--gen"))
+            bad = !v || parse_int(v, &o->gen);
+        else if (!strcmp(a, "--threads"))
+            bad = !v || parse_int(v, &o->threads) || o->threads < 1 || o->threads > 64;
+        else if (!strcmp(a, "--batch"))
+            bad = !v || parse_int(v, &o->batch);
+        else if (!strcmp(a, "--ctx"))
+            bad = !v || parse_int(v, &o->ctx);
+        else if (!strcmp(a, "--prompt-tokens"))
+            bad = !v || parse_int(v, &o->prompt_tokens);
+        else if (!strcmp(a, "--mib"))
+            bad = !v || parse_int(v, &o->mib) || o->mib < 1;
+        else if (!strcmp(a, "--top-k"))
+            bad = !v || parse_int(v, &o->top_k);
+        else if (!strcmp(a, "--temperature"))
+            bad = !v || parse_double(v, &o->temperature);
+        else if (!strcmp(a, "--top-p"))
+            bad = !v || parse_double(v, &o->top_p);
+        else if (!strcmp(a, "--repeat-penalty"))
+            bad = !v || parse_double(v, &o->repeat_penalty);
+        else if (!strcmp(a, "--seed")) {
+            bad = !v || !*v;
+            if (!bad) {
+                char *end;
+                o->seed = strtoull(v, &end, 10);
+                bad = *end != '\0';
+                o->has_seed = 1;
+            }
+        } else if (!strcmp(a, "--kernels")) {
+            bad = !v || (o->kernel_level = mdl_klevel_parse(v)) < 0;
+        } else if (!strcmp(a, "--messages")) {
+            need = 0;
+            while (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0)
+                o->messages[o->n_messages++] = argv[++i];
+        } else {
+            need = 0;
+            if (!strcmp(a, "--precise"))
+                o->precise = 1;
+            else if (!strcmp(a, "--raw"))
+                o->raw = 1;
+            else if (!strcmp(a, "--hex"))
+                o->hex = 1;
+            else {
+                fprintf(stderr, "model: unknown option %s\n", a);
+                return -1;
+            }
+        }
+        if (need) {
+            if (!v || bad) {
+                fprintf(stderr, "model: option %s needs a valid value\n", a);
+                return -1;
+            }
+            i++;
+        }
+    }
+    return 0;
+}
+
+/* "1,2,3" -> ids (caller frees). */
+static int32_t *parse_ids(const char *s, int *n)
+{
+    size_t cap = strlen(s) / 2 + 2;
+    int32_t *ids = malloc(sizeof(int32_t) * cap);
+    if (!ids)
+        return NULL;
+    *n = 0;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 0 || v > INT32_MAX) {
+            free(ids);
+            return NULL;
+        }
+        ids[(*n)++] = (int32_t)v;
+        p = end;
+        if (*p == ',')
+            p++;
+        else if (*p) {
+            free(ids);
+            return NULL;
+        }
+    }
+    return ids;
+}
+
+/* ---- info ----------------------------------------------------------- */
+
+static void print_str(FILE *f, mdl_str_t s, size_t max)
+{
+    fputc('"', f);
+    for (uint64_t i = 0; i < s.len && i < max; i++) {
+        unsigned char c = (unsigned char)s.ptr[i];
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c < 0x20)
+            fprintf(f, "\\x%02x", c);
+        else
+            fputc(c, f);
+    }
+    fputc('"', f);
+    if (s.len > max)
+        fprintf(f, "...(%" PRIu64 " bytes)", s.len);
+}
+
+static void print_value(FILE *f, const mdl_gguf_kv_t *kv)
+{
+    const uint8_t *p = kv->data;
+    switch (kv->type) {
+    case MDL_GV_STRING: {
+        mdl_str_t s;
+        uint64_t len;
+        memcpy(&len, p, 8);
+        s.len = len;
+        s.ptr = (const char *)p + 8;
+        print_str(f, s, 120);
+        break;
+    }
+    case MDL_GV_F32: {
+        float v;
+        memcpy(&v, p, 4);
+        fprintf(f, "%g", v);
+        break;
+    }
+    case MDL_GV_F64: {
+        double v;
+        memcpy(&v, p, 8);
+        fprintf(f, "%g", v);
+        break;
+    }
+    case MDL_GV_BOOL:
+        fprintf(f, "%s", p[0] ? "true" : "false");
+        break;
+    case MDL_GV_ARRAY: {
+        fprintf(f, "[%s x %" PRIu64 "]", mdl_gv_type_name(kv->arr_type), kv->arr_count);
+        if (kv->arr_type == MDL_GV_STRING) {
+            uint64_t pos = 0;
+            mdl_str_t s;
+            for (int i = 0; i < 4 && mdl_gguf_arr_next_str(kv, &pos, &s) == 0; i++) {
+                fputc(' ', f);
+                print_str(f, s, 24);
+            }
+        } else if (kv->arr_type != MDL_GV_F32 && kv->arr_type != MDL_GV_F64) {
+            for (uint64_t i = 0; i < kv->arr_count && i < 8; i++)
+                fprintf(f, " %" PRId64, mdl_gguf_arr_int(kv, i));
+        }
+        if (kv->arr_count > 4)
+            fprintf(f, " ...");
+        break;
+    }
+    default: {
+        int64_t v = 0;
+        mdl_gguf_kv_t tmp = *kv;
+        tmp.arr_type = kv->type;
+        tmp.arr_count = 1;
+        tmp.type = MDL_GV_ARRAY;
+        v = mdl_gguf_arr_int(&tmp, 0);
+        fprintf(f, "%" PRId64, v);
+    }
+    }
+}
+
+static int cmd_info(const char *path)
+{
+    char err[256];
+    mdl_gguf_t *g = mdl_gguf_open(path, err, sizeof(err));
+    if (!g) {
+        fprintf(stderr, "model info: %s\n", err);
+        return 1;
+    }
+    printf("file: %s\nGGUF version %u, %" PRIu64 " bytes, alignment %" PRIu64 ", data at %" PRIu64
+           "\n",
+           path, mdl_gguf_version(g), mdl_gguf_file_size(g), mdl_gguf_alignment(g),
+           mdl_gguf_data_offset(g));
+    printf("\nmetadata (%zu keys):\n", mdl_gguf_kv_count(g));
+    for (size_t i = 0; i < mdl_gguf_kv_count(g); i++) {
+        const mdl_gguf_kv_t *kv = mdl_gguf_kv_at(g, i);
+        printf("  %-44.*s ", (int)kv->key.len, kv->key.ptr);
+        print_value(stdout, kv);
+        putchar('\n');
+    }
+    uint64_t total = 0;
+    printf("\ntensors (%zu):\n  %-36s %-6s %-28s %12s %12s\n", mdl_gguf_tensor_count(g), "name",
+           "type", "shape", "offset", "bytes");
+    for (size_t i = 0; i < mdl_gguf_tensor_count(g); i++) {
+        const mdl_gguf_tensor_t *t = mdl_gguf_tensor_at(g, i);
+        char shape[64];
+        int n = snprintf(shape, sizeof(shape), "[");
+        for (uint32_t d = 0; d < t->n_dims && n < (int)sizeof(shape); d++)
+            n += snprintf(shape + n, sizeof(shape) - (size_t)n, "%s%" PRIu64, d ? ", " : "",
+                          t->ne[d]);
+        if (n < (int)sizeof(shape))
+            snprintf(shape + n, sizeof(shape) - (size_t)n, "]");
+        printf("  %-36.*s %-6s %-28s %12" PRIu64 " %12" PRIu64 "\n", (int)t->name.len, t->name.ptr,
+               mdl_ttype_name(t->type), shape, t->offset, t->nbytes);
+        total += t->nbytes;
+    }
+    printf("  total tensor bytes: %" PRIu64 "\n", total);
+    /* Whether the engine can run it, and if not why. */
+    mdl_model_t *m = mdl_model_from_gguf(g, err, sizeof(err));
+    if (!m) {
+        printf("\nengine: cannot run this file: %s\n", err);
+        return 1;
+    }
+    printf("\nengine: qwen2 n_embd=%d n_layer=%d n_head=%d n_kv=%d head_dim=%d n_ff=%d "
+           "n_vocab=%d rope_base=%g eps=%g %s head; %.1f MB of weights read per token\n",
+           m->n_embd, m->n_layer, m->n_head, m->n_kv, m->head_dim, m->n_ff, m->n_vocab,
+           m->rope_base, m->eps, m->tied ? "tied" : "separate", m->bytes_per_token / 1e6);
+    mdl_model_free(m);
+    return 0;
+}
+
+/* ---- shared setup ------------------------------------------------------ */
+
+typedef struct {
+    mdl_model_t *m;
+    mdl_tok_t *tok;
+    mdl_pool_t *pool;
+    mdl_state_t *st;
+} cli_ctx_t;
+
+static void ctx_free(cli_ctx_t *c)
+{
+    mdl_state_free(c->st);
+    mdl_pool_free(c->pool);
+    mdl_tok_free(c->tok);
+    mdl_model_free(c->m);
+}
+
+/* Loads model (+ tokenizer when want_tok, + state of n_ctx when > 0). */
+static int ctx_open(cli_ctx_t *c, const cli_opts_t *o, int want_tok, int n_ctx)
+{
+    char err[256];
+    memset(c, 0, sizeof(*c));
+    if (!o->model) {
+        fprintf(stderr, "model: --model FILE is required\n");
+        return -1;
+    }
+    c->m = mdl_model_load(o->model, err, sizeof(err));
+    if (!c->m) {
+        fprintf(stderr, "model: %s\n", err);
+        return -1;
+    }
+    if (want_tok) {
+        c->tok = mdl_tok_from_gguf(c->m->gguf, c->m->n_vocab, err, sizeof(err));
+        if (!c->tok) {
+            fprintf(stderr, "model: %s\n", err);
+            ctx_free(c);
+            return -1;
+        }
+    }
+    if (n_ctx > 0) {
+        c->pool = mdl_pool_new(o->threads);
+        mdl_state_opts_t so = {.n_ctx = n_ctx,
+                               .batch = o->batch,
+                               .kernel_level = o->kernel_level,
+                               .precise = o->precise};
+        c->st = c->pool ? mdl_state_new(c->m, &so, c->pool, err, sizeof(err)) : NULL;
+        if (!c->st) {
+            fprintf(stderr, "model: %s\n", c->pool ? err : "cannot start threads");
+            ctx_free(c);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int32_t argmax(const float *v, int n)
+{
+    int32_t b = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[b])
+            b = i;
+    return b;
+}
+
+/* ---- logits ------------------------------------------------------------ */
+
+static int cmd_logits(const cli_opts_t *o)
+{
+    int np = 0, rc = 1;
+    int32_t *prompt = o->tokens ? parse_ids(o->tokens, &np) : NULL;
+    if (!prompt || np == 0) {
+        fprintf(stderr, "model logits: --tokens 1,2,... is required\n");
+        free(prompt);
+        return 1;
+    }
+    const char *mode = o->mode ? o->mode : "batch";
+    int gen = o->gen < 0 ? 0 : o->gen, total = np + gen;
+    cli_ctx_t c;
+    if (ctx_open(&c, o, 0, o->ctx > 0 ? o->ctx : total + 1) != 0) {
+        free(prompt);
+        return 1;
+    }
+    int V = c.m->n_vocab, rows = gen > 0 ? total - 1 : np;
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)total);
+    float *all = malloc(sizeof(float) * (size_t)rows * V);
+    if (!toks || !all)
+        goto out;
+    memcpy(toks, prompt, sizeof(int32_t) * (size_t)np);
+    int recompute = !strcmp(mode, "recompute"), incremental = !strcmp(mode, "incremental");
+    if (!recompute && !incremental && strcmp(mode, "batch")) {
+        fprintf(stderr, "model logits: unknown mode %s\n", mode);
+        goto out;
+    }
+    /* position i's logits go to row i; recompute re-runs the prefix each time */
+    for (int i = 0; i < rows; i++) {
+        int ok;
+        if (i >= np) /* greedy continuation from the previous row */
+            toks[i] = argmax(all + (size_t)(i - 1) * V, V);
+        if (recompute) {
+            mdl_state_truncate(c.st, 0);
+            ok = mdl_state_eval(c.st, toks, i + 1, all + (size_t)i * V, 0) == 0;
+        } else if (incremental || i >= np) {
+            ok = mdl_state_eval(c.st, toks + i, 1, all + (size_t)i * V, 0) == 0;
+        } else {
+            ok = mdl_state_eval(c.st, toks, np, all, 1) == 0;
+            i = np - 1;
+        }
+        if (!ok) {
+            fprintf(stderr, "model logits: evaluation failed (token id out of range?)\n");
+            goto out;
+        }
+    }
+    if (gen > 0)
+        toks[total - 1] = argmax(all + (size_t)(rows - 1) * V, V);
+    printf("kernels %s%s\ngenerated:", mdl_state_kernels(c.st), o->precise ? " precise" : "");
+    for (int i = np; i < total; i++)
+        printf(" %d", toks[i]);
+    printf("\n");
+    if (o->out) {
+        FILE *f = fopen(o->out, "wb");
+        if (!f || fwrite(all, sizeof(float) * V, (size_t)rows, f) != (size_t)rows) {
+            fprintf(stderr, "model logits: cannot write %s\n", o->out);
+            if (f)
+                fclose(f);
+            goto out;
+        }
+        fclose(f);
+    }
+    rc = 0;
+out:
+    free(prompt);
+    free(toks);
+    free(all);
+    ctx_free(&c);
+    return rc;
+}
+
+/* ---- tokenizer tools ---------------------------------------------------- */
+
+static int hexval(char c)
+{
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+}
+
+static void print_ids(const mdl_ids_t *ids)
+{
+    for (int i = 0; i < ids->n; i++)
+        printf("%s%d", i ? "," : "", ids->v[i]);
+    printf("\n");
+}
+
+static int cmd_tokenize(const cli_opts_t *o)
+{
+    if (!o->text) {
+        fprintf(stderr, "model tokenize: --text is required\n");
+        return 1;
+    }
+    cli_ctx_t c;
+    if (ctx_open(&c, o, 1, 0) != 0)
+        return 1;
+    size_t len = strlen(o->text);
+    char *buf = malloc(len + 1);
+    int rc = 1;
+    mdl_ids_t ids = {0};
+    if (!buf)
+        goto out;
+    if (o->hex) {
+        if (len % 2) {
+            fprintf(stderr, "model tokenize: odd hex length\n");
+            goto out;
+        }
+        for (size_t i = 0; i < len / 2; i++) {
+            int h = hexval(o->text[2 * i]), l = hexval(o->text[2 * i + 1]);
+            if (h < 0 || l < 0) {
+                fprintf(stderr, "model tokenize: bad hex\n");
+                goto out;
+            }
+            buf[i] = (char)(h << 4 | l);
+        }
+        len /= 2;
+    } else {
+        memcpy(buf, o->text, len);
+    }
+    if (mdl_tok_encode(c.tok, buf, len, !o->raw, &ids) != 0) {
+        fprintf(stderr, "model tokenize: encoding failed\n");
+        goto out;
+    }
+    print_ids(&ids);
+    rc = 0;
+out:
+    free(buf);
+    free(ids.v);
+    ctx_free(&c);
+    return rc;
+}
+
+static int cmd_detokenize(const cli_opts_t *o)
+{
+    int n = 0;
+    int32_t *ids = o->tokens ? parse_ids(o->tokens, &n) : NULL;
+    if (!ids) {
+        fprintf(stderr, "model detokenize: --tokens is required\n");
+        return 1;
+    }
+    cli_ctx_t c;
+    if (ctx_open(&c, o, 1, 0) != 0) {
+        free(ids);
+        return 1;
+    }
+    mdl_utf8_t u = {0};
+    for (int i = 0; i <= n; i++) {
+        size_t len = 0, w;
+        const uint8_t *b = i < n ? mdl_tok_bytes(c.tok, ids[i], o->raw, &len) : NULL;
+        uint8_t *out = malloc(MDL_UTF8_OUT_MAX(len));
+        if (!out)
+            break;
+        w = i < n ? mdl_utf8_feed(&u, b, len, out) : mdl_utf8_flush(&u, out);
+        for (size_t k = 0; k < w; k++)
+            printf("%02x", out[k]);
+        printf("\n");
+        free(out);
+    }
+    free(ids);
+    ctx_free(&c);
+    return 0;
+}
+
+static int cmd_chat_tokens(const cli_opts_t *o)
+{
+    cli_ctx_t c;
+    if (ctx_open(&c, o, 1, 0) != 0)
+        return 1;
+    mdl_message_t *msgs = calloc((size_t)o->n_messages + 1, sizeof(*msgs));
+    char **copies = calloc((size_t)o->n_messages + 1, sizeof(char *));
+    mdl_ids_t ids = {0};
+    int rc = 1;
+    if (!msgs || !copies)
+        goto out;
+    for (int i = 0; i < o->n_messages; i++) {
+        copies[i] = strdup(o->messages[i]);
+        char *eq = copies[i] ? strchr(copies[i], '=') : NULL;
+        if (!eq) {
+            fprintf(stderr, "model chat-tokens: messages are ROLE=TEXT\n");
+            goto out;
+        }
+        *eq = '\0';
+        msgs[i].role = copies[i];
+        msgs[i].content = eq + 1;
+    }
+    const char *sys = o->system ? (o->system[0] ? o->system : NULL) : mdl_qwen_default_system;
+    if (mdl_chat_tokens(c.tok, msgs, (size_t)o->n_messages, sys, &ids) != 0) {
+        fprintf(stderr, "model chat-tokens: failed (no ChatML tokens in the vocabulary?)\n");
+        goto out;
+    }
+    print_ids(&ids);
+    rc = 0;
+out:
+    for (int i = 0; copies && i < o->n_messages; i++)
+        free(copies[i]);
+    free(copies);
+    free(msgs);
+    free(ids.v);
+    ctx_free(&c);
+    return rc;
+}
+
+/* ---- generate (through the engine, as the gateway will) ------------------ */
+
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done;
+    mdl_finish_t why;
+    mdl_usage_t usage;
+    char error[160];
+} gen_wait_t;
+
+static void gen_on_text(void *ud, const char *text, size_t len)
+{
+    (void)ud;
+    fwrite(text, 1, len, stdout);
+    fflush(stdout);
+}
+
+static void gen_on_done(void *ud, mdl_finish_t why, const mdl_usage_t *u, const char *error)
+{
+    gen_wait_t *w = ud;
+    pthread_mutex_lock(&w->mu);
+    w->done = 1;
+    w->why = why;
+    w->usage = *u;
+    if (error)
+        snprintf(w->error, sizeof(w->error), "%s", error);
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static int cmd_generate(const cli_opts_t *o)
+{
+    if (!o->model || !o->prompt) {
+        fprintf(stderr, "model generate: --model FILE and --prompt TEXT are required\n");
+        return 1;
+    }
+    mdl_engine_opts_t eo;
+    mdl_engine_opts_default(&eo);
+    eo.threads = o->threads;
+    if (o->ctx > 0)
+        eo.context = o->ctx;
+    eo.system_prompt = o->system;
+    eo.precise = o->precise;
+    eo.kernels = o->kernel_level == MDL_KL_SCALAR ? "scalar"
+                 : o->kernel_level == MDL_KL_AVX2 ? "avx2"
+                                                  : "auto";
+    char err[256];
+    int64_t t0 = sl_now_ns();
+    mdl_engine_t *e = mdl_engine_new(o->model, &eo, err, sizeof(err));
+    if (!e) {
+        fprintf(stderr, "model generate: %s\n", err);
+        return 1;
+    }
+    mdl_sampling_t sp;
+    mdl_sampling_default(&sp);
+    sp.temperature = (float)o->temperature;
+    sp.top_p = (float)o->top_p;
+    sp.top_k = o->top_k;
+    sp.repetition_penalty = (float)o->repeat_penalty;
+    sp.max_tokens = o->max_tokens;
+    sp.seed = o->seed;
+    sp.has_seed = o->has_seed;
+    gen_wait_t w = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    mdl_message_t msg = {"user", o->prompt};
+    mdl_callbacks_t cb = {gen_on_text, gen_on_done};
+    int rc = mdl_engine_submit(e, &msg, 1, &sp, &cb, &w, NULL);
+    if (rc != MDL_SUBMIT_OK) {
+        fprintf(stderr, "model generate: submit failed (%d)\n", rc);
+        mdl_engine_free(e);
+        return 1;
+    }
+    pthread_mutex_lock(&w.mu);
+    while (!w.done)
+        pthread_cond_wait(&w.cv, &w.mu);
+    pthread_mutex_unlock(&w.mu);
+    mdl_engine_info_t info;
+    mdl_engine_info(e, &info);
+    double dec_s = w.usage.decode_ms / 1e3;
+    printf("\n");
+    fprintf(stderr,
+            "[%s] finish=%s prompt_tokens=%d (cached %d) completion_tokens=%d "
+            "prefill %.0f ms, %.2f tokens/s decode, %s x%d, load+total %.2f s%s%s\n",
+            info.model_name, mdl_finish_name(w.why), w.usage.prompt_tokens, w.usage.cached_tokens,
+            w.usage.completion_tokens, w.usage.prefill_ms,
+            dec_s > 0 ? w.usage.completion_tokens / dec_s : 0.0, info.kernels, info.threads,
+            (double)(sl_now_ns() - t0) / 1e9, w.error[0] ? " error: " : "", w.error);
+    mdl_engine_free(e);
+    return w.why == MDL_FINISH_ERROR ? 1 : 0;
+}
+
+/* ---- bench ------------------------------------------------------------------ */
+
+static int cmd_bench(const cli_opts_t *o)
+{
+    int P = o->prompt_tokens > 0 ? o->prompt_tokens : 1, G = o->gen > 0 ? o->gen : 32;
+    cli_ctx_t c;
+    if (ctx_open(&c, o, 0, P + G + 1) != 0)
+        return 1;
+    int V = c.m->n_vocab;
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)(P + G));
+    float *lg = malloc(sizeof(float) * (size_t)V);
+    if (!toks || !lg) {
+        free(toks);
+        free(lg);
+        ctx_free(&c);
+        return 1;
+    }
+    uint64_t x = 12345;
+    for (int i = 0; i < P; i++) {
+        x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+        toks[i] = (int32_t)((x >> 33) % (uint64_t)V);
+    }
+    /* one warm-up token pulls the mapping into the page cache and memory */
+    if (mdl_state_eval(c.st, toks, 1, lg, 0) != 0)
+        goto fail;
+    mdl_state_truncate(c.st, 0);
+    int64_t t0 = sl_now_ns();
+    if (mdl_state_eval(c.st, toks, P, lg, 0) != 0)
+        goto fail;
+    int64_t t1 = sl_now_ns();
+    for (int i = 0; i < G; i++) {
+        toks[P + i] = argmax(lg, V);
+        if (mdl_state_eval(c.st, toks + P + i, 1, lg, 0) != 0)
+            goto fail;
+    }
+    int64_t t2 = sl_now_ns();
+    double pre_s = (double)(t1 - t0) / 1e9, dec_s = (double)(t2 - t1) / 1e9;
+    double tps = G / dec_s, gbs = tps * (double)c.m->bytes_per_token / 1e9;
+    printf("model=%s kernels=%s%s threads=%d bytes_per_token=%.1fMB prefill_tokens=%d "
+           "prefill_s=%.3f prefill_tps=%.2f ttft_ms=%.1f decode_tokens=%d decode_s=%.3f "
+           "decode_tps=%.2f effective_GBps=%.2f\n",
+           c.m->name, mdl_state_kernels(c.st), o->precise ? "+precise" : "", o->threads,
+           c.m->bytes_per_token / 1e6, P, pre_s, P / pre_s, pre_s * 1e3, G, dec_s, tps, gbs);
+    free(toks);
+    free(lg);
+    ctx_free(&c);
+    return 0;
+fail:
+    fprintf(stderr, "model bench: evaluation failed\n");
+    free(toks);
+    free(lg);
+    ctx_free(&c);
+    return 1;
+}
+
+/* ---- membw: STREAM-style read bandwidth ------------------------------------------ */
+
+typedef struct {
+    const float *buf;
+    size_t n;
+    const mdl_kernels_t *k;
+    double sums[64];
+} bw_task_t;
+
+static void bw_worker(void *arg, int ith, int nth)
+{
+    bw_task_t *t = arg;
+    size_t per = t->n / (size_t)nth, a = per * (size_t)ith;
+    double s = 0;
+    const size_t chunk = 1 << 20;
+    for (size_t i = a; i < a + per; i += chunk) {
+        size_t m = SL_MIN(chunk, a + per - i);
+        s += t->k->vdot(t->buf + i, t->buf + i, (int)m);
+    }
+    t->sums[ith] = s;
+}
+
+static int cmd_membw(const cli_opts_t *o)
+{
+    size_t bytes = (size_t)o->mib << 20, n = bytes / sizeof(float);
+    float *buf = malloc(bytes);
+    mdl_pool_t *pool = mdl_pool_new(o->threads);
+    if (!buf || !pool || o->threads > 64) {
+        free(buf);
+        mdl_pool_free(pool);
+        return 1;
+    }
+    for (size_t i = 0; i < n; i++)
+        buf[i] = (float)(i & 7) * 0.125f;
+    bw_task_t t = {.buf = buf, .n = n, .k = mdl_kernels_select(o->kernel_level)};
+    double best = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        int64_t t0 = sl_now_ns();
+        mdl_pool_run(pool, bw_worker, &t);
+        double s = (double)(sl_now_ns() - t0) / 1e9, gbs = (double)bytes / s / 1e9;
+        best = gbs > best ? gbs : best;
+    }
+    printf("membw threads=%d MiB=%d read_GBps=%.2f (check %g)\n", o->threads, o->mib, best,
+           t.sums[0]);
+    free(buf);
+    mdl_pool_free(pool);
+    return 0;
+}
+
+/* ---- entry ------------------------------------------------------------------------ */
+
+int mdl_cli_main(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "help") || !strcmp(argv[1], "--help")) {
+        fputs(usage_text, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "info")) {
+        if (argc != 3) {
+            fputs("usage: model info FILE\n", stderr);
+            return 2;
+        }
+        return cmd_info(argv[2]);
+    }
+    cli_opts_t o;
+    if (parse_opts(argc, argv, 2, &o) != 0) {
+        free(o.messages);
+        return 2;
+    }
+    int rc;
+    if (!strcmp(cmd, "generate"))
+        rc = cmd_generate(&o);
+    else if (!strcmp(cmd, "logits"))
+        rc = cmd_logits(&o);
+    else if (!strcmp(cmd, "tokenize"))
+        rc = cmd_tokenize(&o);
+    else if (!strcmp(cmd, "detokenize"))
+        rc = cmd_detokenize(&o);
+    else if (!strcmp(cmd, "chat-tokens"))
+        rc = cmd_chat_tokens(&o);
+    else if (!strcmp(cmd, "bench"))
+        rc = cmd_bench(&o);
+    else if (!strcmp(cmd, "membw"))
+        rc = cmd_membw(&o);
+    else {
+        fprintf(stderr, "model: unknown command %s\n%s", cmd, usage_text);
+        rc = 2;
+    }
+    free(o.messages);
+    return rc;
+}
