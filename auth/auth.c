@@ -199,8 +199,9 @@ static int build_keys(auth_t *a, const conf_auth_tokens_t *t, char *err, size_t 
                 return -1;
             }
         }
-        int alg = auth_alg_parse(ck->alg);
-        if (alg < 0) {
+        /* conf_auth_alg_t and auth_alg_t list the algorithms in one order. */
+        int alg = ck->alg;
+        if (alg < CONF_AUTH_HS256 || alg > CONF_AUTH_ES256) {
             snprintf(err, errlen, "%s: alg must be HS256, RS256 or ES256", what);
             return -1;
         }
@@ -220,7 +221,7 @@ static int build_keys(auth_t *a, const conf_auth_tokens_t *t, char *err, size_t 
         } else {
             if (ck->secret_env || !ck->public_key) {
                 snprintf(err, errlen, "%s: %s takes public_key (a PEM file), not secret_env", what,
-                         ck->alg);
+                         auth_alg_name(k->alg));
                 return -1;
             }
             char why[256];

@@ -31,14 +31,20 @@
 #include <stdint.h>
 
 #include "common/sl.h"
-#include "auth/auth_conf.h" /* conf_auth_t; moves into conf/conf.h */
+#include "conf/conf.h"
 
 typedef struct sl_redis sl_redis_t;
 
 /* ---- config ---------------------------------------------------------------
- * The `auth:` section is conf_auth_t in conf/conf.h (its YAML shape is in
- * docs/auth.md). auth_new() reads secrets from the environment variables it
- * names, once; a missing or too short secret is a config error. */
+ * The `auth:` section is conf_auth_t in conf/conf.h (rows in conf_keys.c;
+ * docs/auth.md shows it). Auth is on when auth.tokens.keys is non-empty
+ * (auth_conf_enabled); the gateway builds an auth_t only then. auth_new()
+ * reads the secrets from the environment variables the section names, once;
+ * a missing or too short secret is a config error. */
+static inline bool auth_conf_enabled(const conf_auth_t *c)
+{
+    return c->tokens.nkeys > 0;
+}
 
 /* ---- reasons -------------------------------------------------------------- */
 

@@ -160,6 +160,59 @@ typedef struct conf_redis {
     int64_t timeout_ms; /* per-call deadline, 50ms */
 } conf_redis_t;
 
+/* ---- tokens and request signatures (auth/) ------------------------------- */
+
+typedef enum conf_auth_alg {
+    CONF_AUTH_HS256 = 0,
+    CONF_AUTH_RS256,
+    CONF_AUTH_ES256,
+} conf_auth_alg_t;
+
+typedef struct conf_auth_key {
+    char *kid;        /* unique among keys */
+    int alg;          /* conf_auth_alg_t, pinned: a token's header must name it */
+    char *secret_env; /* HS256: env var of the secret (>= 32 bytes; "base64url:..." decoded) */
+    char *public_key; /* RS256/ES256: PEM public key file */
+    int line;
+} conf_auth_key_t;
+
+typedef struct conf_auth_client {
+    char *id;
+    char *secret_env; /* env var of the client secret (>= 16 bytes) */
+    int line;
+} conf_auth_client_t;
+
+typedef struct conf_auth_tokens {
+    char *issuer;            /* NULL = iss not checked; minted tokens carry it */
+    char *audience;          /* NULL = aud not checked */
+    int64_t ttl_ms;          /* minted tokens, 15m */
+    int64_t max_lifetime_ms; /* cap on exp - iat, 1h */
+    int64_t leeway_ms;       /* clock skew on exp/nbf/iat, 30s, at most 60s */
+    conf_auth_key_t *keys;   /* none = auth is off */
+    size_t nkeys;
+} conf_auth_tokens_t;
+
+typedef struct conf_auth_signing {
+    bool required;     /* true */
+    char *secret_env;  /* env var of the signing secret (>= 32 bytes) */
+    int64_t window_ms; /* +- on X-Sluice-Timestamp, 300s */
+} conf_auth_signing_t;
+
+typedef struct conf_auth_store_error {
+    int nonces;      /* conf_store_error_t (allow | deny), deny */
+    int revocations; /* conf_store_error_t (allow | deny), deny */
+} conf_auth_store_error_t;
+
+typedef struct conf_auth {
+    bool required; /* a token is needed on the guarded routes, true */
+    conf_auth_tokens_t tokens;
+    conf_auth_client_t *clients;
+    size_t nclients;
+    conf_auth_signing_t signing;
+    char *admin_key_env; /* env var of the admin bearer key; NULL = revoke API off */
+    conf_auth_store_error_t on_store_error;
+} conf_auth_t;
+
 /* ---- generic shapes for later sections ---------------------------------- */
 
 /* A string -> string map (YAML mapping of scalars), kept in file order, as
@@ -189,6 +242,7 @@ typedef struct conf {
     conf_log_t log;
     conf_ratelimit_t ratelimit;
     conf_redis_t redis;
+    conf_auth_t auth;
 } conf_t;
 
 /* ---- API ------------------------------------------------------------------ */

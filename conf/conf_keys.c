@@ -772,6 +772,211 @@ static const conf_key_t redis_keys[] = {
 };
 static const conf_table_t redis_table = {TABLE(redis_keys, conf_redis_t)};
 
+/* ---- auth: tokens and request signatures (auth/) ------------------------------------ */
+
+static const char *const auth_alg_names[] = {"HS256", "RS256", "ES256", NULL};
+/* Index = conf_store_error_t (allow 0, deny 1); auth has no "local". */
+static const char *const auth_store_error_names[] = {"allow", "deny", NULL};
+
+/* HS256 takes a secret, RS256/ES256 a public key file: never both. */
+static int conf_auth_key_check(conf_ctx_t *ctx, void *obj, int line)
+{
+    const conf_auth_key_t *k = obj;
+    if (k->alg == CONF_AUTH_HS256 && (!k->secret_env || k->public_key))
+        return conf_errorf(ctx, line, NULL, "HS256 takes secret_env (and no public_key)");
+    if (k->alg != CONF_AUTH_HS256 && (!k->public_key || k->secret_env))
+        return conf_errorf(ctx, line, NULL, "%s takes public_key (and no secret_env)",
+                           auth_alg_names[k->alg]);
+    return 0;
+}
+
+static int conf_auth_check(conf_ctx_t *ctx, void *obj, int line)
+{
+    const conf_auth_t *a = obj;
+    const conf_auth_tokens_t *t = &a->tokens;
+    if (t->ttl_ms > t->max_lifetime_ms)
+        return conf_errorf(ctx, line, "tokens.ttl", "longer than tokens.max_lifetime");
+    for (size_t i = 0; i < t->nkeys; i++)
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(t->keys[i].kid, t->keys[j].kid) == 0)
+                return conf_errorf(ctx, t->keys[i].line, "tokens.keys", "duplicate kid \"%.64s\"",
+                                   t->keys[i].kid);
+    for (size_t i = 0; i < a->nclients; i++)
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(a->clients[i].id, a->clients[j].id) == 0)
+                return conf_errorf(ctx, a->clients[i].line, "clients", "duplicate id \"%.64s\"",
+                                   a->clients[i].id);
+    /* No keys = auth off; anything else set then is a half-written section. */
+    if (t->nkeys == 0 && (a->nclients || a->admin_key_env || a->signing.secret_env))
+        return conf_errorf(ctx, line, "tokens.keys",
+                           "at least one key is needed once auth is "
+                           "configured (clients, signing or admin key)");
+    if (t->nkeys > 0 && a->signing.required && !a->required)
+        return conf_errorf(ctx, line, "signing.required",
+                           "signatures need tokens: set "
+                           "auth.required too");
+    if (t->nkeys > 0 && a->signing.required && !a->signing.secret_env)
+        return conf_errorf(ctx, line, "signing.secret_env", "required when signing.required");
+    return 0;
+}
+
+static const conf_key_t auth_key_keys[] = {
+    {.name = "kid",
+     .type = CONF_STRING,
+     .off = offsetof(conf_auth_key_t, kid),
+     .flags = CONF_REQUIRED,
+     .doc = "key id: a token's `kid` header picks this key"},
+    {.name = "alg",
+     .type = CONF_ENUM,
+     .off = offsetof(conf_auth_key_t, alg),
+     .enums = auth_alg_names,
+     .flags = CONF_REQUIRED,
+     .doc = "the one algorithm this key verifies (HS256, RS256, ES256); `none` never"},
+    {.name = "secret_env",
+     .type = CONF_STRING,
+     .off = offsetof(conf_auth_key_t, secret_env),
+     .doc = "HS256: environment variable holding the secret (>= 32 bytes; base64url:... decoded)"},
+    {.name = "public_key",
+     .type = CONF_STRING,
+     .off = offsetof(conf_auth_key_t, public_key),
+     .doc = "RS256/ES256: PEM public key file (RSA >= 2048 bits, EC P-256)"},
+};
+static const conf_table_t auth_key_table = {TABLE(auth_key_keys, conf_auth_key_t), .has_line = true,
+                                            .line_off = offsetof(conf_auth_key_t, line),
+                                            .check = conf_auth_key_check};
+
+static const conf_key_t auth_tokens_keys[] = {
+    {.name = "issuer",
+     .type = CONF_STRING,
+     .off = offsetof(conf_auth_tokens_t, issuer),
+     .doc = "required `iss` of tokens (and the one sluice mints); unset = not checked"},
+    {.name = "audience",
+     .type = CONF_STRING,
+     .off = offsetof(conf_auth_tokens_t, audience),
+     .doc = "required `aud` of tokens (and the one sluice mints); unset = not checked"},
+    {.name = "ttl",
+     .type = CONF_DURATION,
+     .off = offsetof(conf_auth_tokens_t, ttl_ms),
+     .def = "15m",
+     .min = SEC(1),
+     .max = DAY(1),
+     .doc = "lifetime of tokens minted by POST /v1/auth/token and `sluice token`"},
+    {.name = "max_lifetime",
+     .type = CONF_DURATION,
+     .off = offsetof(conf_auth_tokens_t, max_lifetime_ms),
+     .def = "1h",
+     .min = SEC(1),
+     .max = DAY(1),
+     .doc = "tokens with exp - iat above this are refused; revocations are kept this long"},
+    {.name = "leeway",
+     .type = CONF_DURATION,
+     .off = offsetof(conf_auth_tokens_t, leeway_ms),
+     .def = "30s",
+     .min = 0,
+     .max = SEC(60),
+     .doc = "clock skew allowed on exp, nbf and iat"},
+    {.name = "keys",
+     .type = CONF_LIST,
+     .off = offsetof(conf_auth_tokens_t, keys),
+     .count_off = offsetof(conf_auth_tokens_t, nkeys),
+     .min = 0,
+     .max = 64,
+     .sub = &auth_key_table,
+     .doc = "verification keys, each with a kid and a pinned alg; none = auth off"},
+};
+static const conf_table_t auth_tokens_table = {TABLE(auth_tokens_keys, conf_auth_tokens_t)};
+
+static const conf_key_t auth_client_keys[] = {
+    {.name = "id",
+     .type = CONF_STRING,
+     .off = offsetof(conf_auth_client_t, id),
+     .flags = CONF_REQUIRED,
+     .doc = "client_id an app backend sends to POST /v1/auth/token"},
+    {.name = "secret_env",
+     .type = CONF_STRING,
+     .off = offsetof(conf_auth_client_t, secret_env),
+     .flags = CONF_REQUIRED,
+     .doc = "environment variable holding its client_secret (>= 16 bytes)"},
+};
+static const conf_table_t auth_client_table = {TABLE(auth_client_keys, conf_auth_client_t),
+                                               .has_line = true,
+                                               .line_off = offsetof(conf_auth_client_t, line)};
+
+static const conf_key_t auth_signing_keys[] = {
+    {.name = "required",
+     .type = CONF_BOOL,
+     .off = offsetof(conf_auth_signing_t, required),
+     .def = "true",
+     .doc = "requests must carry X-Sluice-Timestamp, -Nonce and -Signature"},
+    {.name = "secret_env",
+     .type = CONF_STRING,
+     .off = offsetof(conf_auth_signing_t, secret_env),
+     .doc = "environment variable of the secret signing keys derive from (>= 32 bytes)"},
+    {.name = "window",
+     .type = CONF_DURATION,
+     .off = offsetof(conf_auth_signing_t, window_ms),
+     .def = "300s",
+     .min = SEC(1),
+     .max = HOUR(1),
+     .doc = "X-Sluice-Timestamp may differ from now by this much; nonces are kept as long"},
+};
+static const conf_table_t auth_signing_table = {TABLE(auth_signing_keys, conf_auth_signing_t)};
+
+static const conf_key_t auth_store_error_keys[] = {
+    {.name = "nonces",
+     .type = CONF_ENUM,
+     .off = offsetof(conf_auth_store_error_t, nonces),
+     .def = "deny",
+     .enums = auth_store_error_names,
+     .doc = "Redis down or late on the replay check: deny (503), or allow (this instance's "
+            "own nonce store still checks)"},
+    {.name = "revocations",
+     .type = CONF_ENUM,
+     .off = offsetof(conf_auth_store_error_t, revocations),
+     .def = "deny",
+     .enums = auth_store_error_names,
+     .doc = "Redis down or late on the revocation lookup: deny (503), or allow (this "
+            "instance's own revocations still apply)"},
+};
+static const conf_table_t auth_store_error_table = {
+    TABLE(auth_store_error_keys, conf_auth_store_error_t)};
+
+static const conf_key_t auth_keys[] = {
+    {.name = "required",
+     .type = CONF_BOOL,
+     .off = offsetof(conf_auth_t, required),
+     .def = "true",
+     .doc = "a valid token is needed on /v1/* (when keys are configured)"},
+    {.name = "tokens",
+     .type = CONF_STRUCT,
+     .off = offsetof(conf_auth_t, tokens),
+     .sub = &auth_tokens_table,
+     .doc = "JWT verification and issuance"},
+    {.name = "clients",
+     .type = CONF_LIST,
+     .off = offsetof(conf_auth_t, clients),
+     .count_off = offsetof(conf_auth_t, nclients),
+     .min = 0,
+     .max = 1000,
+     .sub = &auth_client_table,
+     .doc = "app backends allowed to mint tokens at POST /v1/auth/token"},
+    {.name = "signing",
+     .type = CONF_STRUCT,
+     .off = offsetof(conf_auth_t, signing),
+     .sub = &auth_signing_table,
+     .doc = "request signatures (HMAC with the token's signing key)"},
+    {.name = "admin_key_env",
+     .type = CONF_STRING,
+     .off = offsetof(conf_auth_t, admin_key_env),
+     .doc = "environment variable of the bearer key for POST /admin/revoke; unset = off"},
+    {.name = "on_store_error",
+     .type = CONF_STRUCT,
+     .off = offsetof(conf_auth_t, on_store_error),
+     .sub = &auth_store_error_table,
+     .doc = "what a failing Redis means for each check"},
+};
+static const conf_table_t auth_table = {TABLE(auth_keys, conf_auth_t), .check = conf_auth_check};
+
 /* ---- the root ----------------------------------------------------------------------- */
 
 static const conf_key_t root_keys[] = {
@@ -851,6 +1056,11 @@ static const conf_key_t root_keys[] = {
      .off = offsetof(conf_t, redis),
      .sub = &redis_table,
      .doc = "Redis shared by sluice instances (rate limits, nonces); unset url = none"},
+    {.name = "auth",
+     .type = CONF_STRUCT,
+     .off = offsetof(conf_t, auth),
+     .sub = &auth_table,
+     .doc = "tokens, request signatures and revocation (docs/auth.md)"},
 };
 
 const conf_table_t conf_root_table = {TABLE(root_keys, conf_t), .check = root_check};

@@ -42,9 +42,10 @@ static void init(void)
     EVP_PKEY *rsa = EVP_PKEY_Q_keygen(NULL, NULL, "RSA", (size_t)2048);
     char *ec_path = write_pub(ec), *rsa_path = write_pub(rsa);
     static conf_auth_key_t keys[3];
-    keys[0] = (conf_auth_key_t){.kid = "k1", .alg = "HS256", .secret_env = "FUZZ_TOKEN_SECRET"};
-    keys[1] = (conf_auth_key_t){.kid = "e1", .alg = "ES256", .public_key = ec_path};
-    keys[2] = (conf_auth_key_t){.kid = "r1", .alg = "RS256", .public_key = rsa_path};
+    keys[0] =
+        (conf_auth_key_t){.kid = "k1", .alg = CONF_AUTH_HS256, .secret_env = "FUZZ_TOKEN_SECRET"};
+    keys[1] = (conf_auth_key_t){.kid = "e1", .alg = CONF_AUTH_ES256, .public_key = ec_path};
+    keys[2] = (conf_auth_key_t){.kid = "r1", .alg = CONF_AUTH_RS256, .public_key = rsa_path};
     conf_auth_t c = {
         .required = true,
         .tokens = {.issuer = "sluice",

@@ -163,7 +163,7 @@ static void test_mint_without_hs256(void **state)
     char *path = t_write_pub(ec);
     tconf_t t;
     tconf_default(&t);
-    t.keys[0] = (conf_auth_key_t){.kid = "e1", .alg = "ES256", .public_key = path};
+    t.keys[0] = (conf_auth_key_t){.kid = "e1", .alg = CONF_AUTH_ES256, .public_key = path};
     auth_stores_t *st = auth_stores_new(0, 0);
     auth_t *a = t_auth(&t, st);
     assert_non_null(a);

@@ -32,8 +32,8 @@ static int group_setup(void **state)
     F.ec_path = t_write_pub(F.ec);
     F.rsa_path = t_write_pub(F.rsa);
     tconf_default(&F.t);
-    F.t.keys[1] = (conf_auth_key_t){.kid = "e1", .alg = "ES256", .public_key = F.ec_path};
-    F.t.keys[2] = (conf_auth_key_t){.kid = "r1", .alg = "RS256", .public_key = F.rsa_path};
+    F.t.keys[1] = (conf_auth_key_t){.kid = "e1", .alg = CONF_AUTH_ES256, .public_key = F.ec_path};
+    F.t.keys[2] = (conf_auth_key_t){.kid = "r1", .alg = CONF_AUTH_RS256, .public_key = F.rsa_path};
     F.t.c.tokens.nkeys = 3;
     F.st = auth_stores_new(0, 0);
     F.a = t_auth(&F.t, F.st);
@@ -100,7 +100,7 @@ static void test_rfc7515_a1(void **state)
     tconf_t t;
     tconf_default(&t);
     /* A.1 has no kid, no iss we name, no aud: one key, no iss/aud checks. */
-    t.keys[0] = (conf_auth_key_t){.kid = "a1", .alg = "HS256", .secret_env = "T_A1_KEY"};
+    t.keys[0] = (conf_auth_key_t){.kid = "a1", .alg = CONF_AUTH_HS256, .secret_env = "T_A1_KEY"};
     t.c.tokens.issuer = t.c.tokens.audience = NULL;
     auth_t *a = t_auth(&t, F.st);
     assert_non_null(a);
@@ -479,7 +479,7 @@ static void test_key_loading(void **state)
     tconf_t t;
     tconf_default(&t);
     /* An RSA key given as ES256, a P-384 key as ES256, RSA-1024. */
-    t.keys[1] = (conf_auth_key_t){.kid = "x", .alg = "ES256", .public_key = F.rsa_path};
+    t.keys[1] = (conf_auth_key_t){.kid = "x", .alg = CONF_AUTH_ES256, .public_key = F.rsa_path};
     t.c.tokens.nkeys = 2;
     assert_null(auth_new(&t.c, F.st, err, sizeof(err)));
     assert_non_null(strstr(err, "P-256"));
@@ -489,18 +489,18 @@ static void test_key_loading(void **state)
     assert_null(auth_new(&t.c, F.st, err, sizeof(err)));
     EVP_PKEY *r1024 = EVP_PKEY_Q_keygen(NULL, NULL, "RSA", (size_t)1024);
     char *r1024_path = t_write_pub(r1024);
-    t.keys[1] = (conf_auth_key_t){.kid = "x", .alg = "RS256", .public_key = r1024_path};
+    t.keys[1] = (conf_auth_key_t){.kid = "x", .alg = CONF_AUTH_RS256, .public_key = r1024_path};
     assert_null(auth_new(&t.c, F.st, err, sizeof(err)));
     assert_non_null(strstr(err, "2048"));
     t.keys[1].public_key = "/nonexistent/key.pub";
     assert_null(auth_new(&t.c, F.st, err, sizeof(err)));
     assert_non_null(strstr(err, "cannot read"));
-    t.keys[1] = (conf_auth_key_t){.kid = "k1", .alg = "ES256", .public_key = F.ec_path};
+    t.keys[1] = (conf_auth_key_t){.kid = "k1", .alg = CONF_AUTH_ES256, .public_key = F.ec_path};
     assert_null(auth_new(&t.c, F.st, err, sizeof(err)));
     assert_non_null(strstr(err, "duplicate kid"));
-    t.keys[1] = (conf_auth_key_t){.kid = "x", .alg = "PS256", .public_key = F.ec_path};
+    t.keys[1] = (conf_auth_key_t){.kid = "x", .alg = 7, .public_key = F.ec_path};
     assert_null(auth_new(&t.c, F.st, err, sizeof(err)));
-    t.keys[1] = (conf_auth_key_t){.kid = "x", .alg = "HS256", .public_key = F.ec_path};
+    t.keys[1] = (conf_auth_key_t){.kid = "x", .alg = CONF_AUTH_HS256, .public_key = F.ec_path};
     assert_null(auth_new(&t.c, F.st, err, sizeof(err)));
     unlink(p384_path);
     unlink(r1024_path);

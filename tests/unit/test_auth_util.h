@@ -43,7 +43,8 @@ static inline void tconf_default(tconf_t *t)
 {
     t_env();
     memset(t, 0, sizeof(*t));
-    t->keys[0] = (conf_auth_key_t){.kid = "k1", .alg = "HS256", .secret_env = "T_TOKEN_SECRET"};
+    t->keys[0] =
+        (conf_auth_key_t){.kid = "k1", .alg = CONF_AUTH_HS256, .secret_env = "T_TOKEN_SECRET"};
     t->clients[0] = (conf_auth_client_t){.id = "harmony-app", .secret_env = "T_CLIENT"};
     t->c.required = true;
     t->c.tokens = (conf_auth_tokens_t){.issuer = "sluice",
@@ -58,6 +59,8 @@ static inline void tconf_default(tconf_t *t)
     t->c.signing =
         (conf_auth_signing_t){.required = true, .secret_env = "T_SIGN_SECRET", .window_ms = 300000};
     t->c.admin_key_env = "T_ADMIN";
+    t->c.on_store_error.nonces = CONF_STORE_ERROR_DENY;
+    t->c.on_store_error.revocations = CONF_STORE_ERROR_DENY;
 }
 
 static inline auth_t *t_auth(const tconf_t *t, auth_stores_t *st)
