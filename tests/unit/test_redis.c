@@ -223,7 +223,7 @@ static void deadline_case(const char *blocker)
     assert_true(rs_run_until(base, res_done, &res, 1000));
     int64_t took = res.at_ms - start;
     assert_int_equal(res.status, SL_REDIS_TIMEOUT);
-    assert_true(took >= 49 && took < 120);
+    assert_true(took >= 49 && took < 200); /* well before the 300 ms block */
     assert_int_equal(errs("timeout"), t0 + 1);
     assert_int_equal(sl_redis_inflight(r), 1); /* the late reply is still due */
     rs_run_for(base, 30);
@@ -324,10 +324,10 @@ static void test_down_and_reconnect(void **state)
     uint64_t attempts = errs("connect") - c0;
     assert_true(attempts >= 2 && attempts <= 5);
 
-    start = sl_now_ms();
     rs_start(&srv);
+    start = sl_now_ms();
     assert_true(rs_run_until(base, connected, r, 2000));
-    assert_true(sl_now_ms() - start < 600); /* within the backoff cap (+jitter) */
+    assert_true(sl_now_ms() - start < 700); /* within the backoff cap (400 + 25%) */
     cmd(r, &res, 1, ping);
     assert_true(rs_run_until(base, res_done, &res, 1000));
     assert_int_equal(res.status, SL_REDIS_OK);
@@ -482,7 +482,7 @@ static void test_stall(void **state)
     }
     int64_t at = sl_now_ms() - start;
     assert_int_equal(errs("stall"), s0 + 1);
-    assert_true(at >= 1000 && at < 1300);
+    assert_true(at >= 1000 && at < 1450);      /* before the pause ends */
     assert_int_equal(sl_redis_inflight(r), 0); /* abandoned with the connection */
     /* a new connection is made (the server accepts while paused) and
      * commands work again once the pause is over */
