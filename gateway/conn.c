@@ -237,11 +237,13 @@ static void gw_conn_parse(gw_conn_t *c)
 {
     struct evbuffer *in = bufferevent_get_input(c->bev);
     const conf_limits_t *lim = &c->w->rt->conf->limits;
+    bool again = false; /* after a head: a body-less message completes with 0 more bytes */
     while (!c->closed &&
            (c->phase == GW_PHASE_IDLE || c->phase == GW_PHASE_HEAD || c->phase == GW_PHASE_BODY)) {
-        struct evbuffer_iovec v;
-        if (evbuffer_peek(in, -1, NULL, &v, 1) < 1 || v.iov_len == 0)
+        struct evbuffer_iovec v = {.iov_base = "", .iov_len = 0};
+        if ((evbuffer_peek(in, -1, NULL, &v, 1) < 1 || v.iov_len == 0) && !again)
             return;
+        again = false;
         if (c->phase == GW_PHASE_IDLE) {
             c->req = gw_req_new(c);
             if (!c->req) {
@@ -267,6 +269,7 @@ static void gw_conn_parse(gw_conn_t *c)
             gw_conn_arm(c, lim->body_timeout_ms);
             if (m->expect_continue && (m->chunked || m->content_length > 0))
                 bufferevent_write(c->bev, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+            again = true;
             break;
         }
         case GW_HTTP_DONE: {
@@ -360,7 +363,7 @@ static void gw_conn_timer_cb(evutil_socket_t fd, short what, void *arg)
 
 static void gw_req_count(const gw_req_t *r)
 {
-    int cls = r->status >= 100 && r->status < 600 ? r->status / 100 : 0;
+    int cls = r->status >= 100 && r->status < 600 ? r->status / 100 : 5;
     sl_counter_add(gw_m.requests[r->route][cls], 1);
     sl_histogram_observe(gw_m.duration[r->route], (double)(sl_now_ns() - r->start_ns) / 1e9);
 }

@@ -21,7 +21,7 @@ void gw_metrics_init(void)
                            "Time from the first byte of a request to the end of its response.",
                            SL_METRIC_HISTOGRAM, "route", NULL, 0);
     for (int r = 0; r < GW_ROUTE_COUNT; r++) {
-        for (int k = 0; k < 6; k++) {
+        for (int k = 1; k < 6; k++) {
             const char *v[2] = {gw_route_name((gw_route_t)r), classes[k]};
             gw_m.requests[r][k] = sl_metric_series(req, v);
         }

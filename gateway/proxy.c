@@ -133,10 +133,6 @@ static void gw_proxy_sse_error(gw_req_t *r, const char *code, const char *msg)
         return;
     struct evbuffer *tmp = evbuffer_new();
     if (tmp) {
-        /* A comment line first closes nothing, so end any half-sent event
-         * with a blank line before ours. */
-        if (r->sse && gw_sse_mid_event(r->sse))
-            evbuffer_add(tmp, "\n\n", 2);
         evbuffer_add_printf(tmp, "data: %s\n\n", j);
         size_t n = evbuffer_get_length(tmp);
         gw_proxy_write(r, evbuffer_pullup(tmp, -1), n);
@@ -280,7 +276,7 @@ void gw_proxy_start(gw_req_t *r)
         return;
     }
     json_t *jm = json_object_get(r->json, "model");
-    if (!json_is_string(jm)) {
+    if (!json_is_string(jm) || json_string_length(jm) == 0) {
         gw_respond_error(r, 400, "invalid_request_error", "missing_model",
                          "The request must name a model (a string).");
         return;
@@ -320,8 +316,6 @@ static void gw_proxy_ping_cb(evutil_socket_t fd, short what, void *arg)
         event_del(r->ping_ev);
         return;
     }
-    if (gw_sse_mid_event(r->sse))
-        return; /* a comment inside an event would change the event */
     gw_proxy_write(r, ": ping\n\n", 8);
 }
 
@@ -405,11 +399,23 @@ static void gw_proxy_on_head(gw_req_t *r)
     gw_proxy_arm(r, r->deadline_total_ms);
 }
 
+/* One complete event: out to the client as one chunk. Events that arrive
+ * whole in one read are written from the read buffer itself; only an event
+ * split across reads is assembled (by the splitter) first. A partial event
+ * is never forwarded, so a stream cut mid-event cannot hand the client half
+ * a JSON document. */
+static int gw_proxy_event_cb(void *arg, const gw_sse_event_t *ev)
+{
+    gw_req_t *r = arg;
+    gw_proxy_write(r, ev->raw, ev->raw_len);
+    return 0;
+}
+
 static int gw_proxy_body_cb(void *arg, const char *p, size_t n)
 {
     gw_req_t *r = arg;
-    if (r->sse && gw_sse_feed(r->sse, p, n, NULL, NULL) != 0)
-        return -1;
+    if (r->sse)
+        return gw_sse_feed(r->sse, p, n, gw_proxy_event_cb, r);
     gw_proxy_write(r, p, n);
     return 0;
 }
@@ -475,10 +481,12 @@ void gw_proxy_up_read(gw_req_t *r)
         r->t_first_byte_ns = sl_now_ns();
         sl_histogram_observe(r->pool->m_ttfb, (double)(r->t_first_byte_ns - r->t_sent_ns) / 1e9);
     }
-    while (r->up == u && evbuffer_get_length(in) > 0) {
-        struct evbuffer_iovec v;
-        if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
+    bool again = false; /* after the head: a body-less answer completes with 0 bytes */
+    while (r->up == u && (evbuffer_get_length(in) > 0 || again)) {
+        struct evbuffer_iovec v = {.iov_base = "", .iov_len = 0};
+        if (evbuffer_peek(in, -1, NULL, &v, 1) < 1 && !again)
             break;
+        again = false;
         size_t used = 0;
         gw_http_state_t st =
             gw_http_feed(u->parser, v.iov_base, v.iov_len, &used, gw_proxy_body_cb, r);
@@ -488,6 +496,7 @@ void gw_proxy_up_read(gw_req_t *r)
             break;
         case GW_HTTP_HEAD:
             gw_proxy_on_head(r);
+            again = true;
             break;
         case GW_HTTP_DONE:
             gw_proxy_on_done(r);
