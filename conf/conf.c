@@ -10,7 +10,8 @@
  *
  * Errors: the first one wins and is a single line "FILE:LINE: key.path:
  * message". Aliases are refused (a node reached twice) so a hostile file
- * can neither loop nor blow up exponentially; files are capped in size.
+ * can neither loop nor blow up exponentially; size, nesting depth and node
+ * count are capped before the document is built.
  */
 #include "conf/conf.h"
 #include "conf/conf_internal.h"
@@ -24,6 +25,11 @@
 
 /* A conf file larger than this is refused before parsing. */
 #define CONF_FILE_MAX (4 * 1024 * 1024)
+/* Deepest nesting of mappings and lists, and most nodes, accepted. libyaml
+ * rescans its whole stack of open flow collections on every token, so
+ * nesting is quadratic (200,000 '[' take minutes); no conf needs either. */
+#define CONF_DEPTH_MAX 32
+#define CONF_NODES_MAX 200000
 
 struct conf_ctx {
     const char *name; /* the file name, for messages */
@@ -704,6 +710,55 @@ static void conf_yaml_error(const yaml_parser_t *p, const char *name, const char
             *c = '?';
 }
 
+/* A first pass over libyaml's events, which stops as soon as the input is
+ * nested too deep or has too many nodes — before the document loader
+ * spends quadratic time on it. Syntax errors are reported here too. */
+static int conf_yaml_precheck(const char *name, const char *yaml, size_t len, char *err,
+                              size_t errlen)
+{
+    yaml_parser_t parser;
+    yaml_event_t ev;
+    int depth = 0, rc = -1;
+    size_t nodes = 0;
+
+    if (!yaml_parser_initialize(&parser)) {
+        snprintf(err, errlen, "%s: cannot initialise the YAML parser", name);
+        return -1;
+    }
+    yaml_parser_set_input_string(&parser, (const unsigned char *)yaml, len);
+    for (;;) {
+        if (!yaml_parser_parse(&parser, &ev)) {
+            conf_yaml_error(&parser, name, yaml, len, err, errlen);
+            break;
+        }
+        yaml_event_type_t type = ev.type;
+        int line = (int)ev.start_mark.line + 1;
+        yaml_event_delete(&ev);
+        if (type == YAML_STREAM_END_EVENT) {
+            rc = 0;
+            break;
+        }
+        if (type == YAML_SCALAR_EVENT || type == YAML_ALIAS_EVENT ||
+            type == YAML_SEQUENCE_START_EVENT || type == YAML_MAPPING_START_EVENT)
+            nodes++;
+        if (type == YAML_SEQUENCE_START_EVENT || type == YAML_MAPPING_START_EVENT)
+            depth++;
+        else if (type == YAML_SEQUENCE_END_EVENT || type == YAML_MAPPING_END_EVENT)
+            depth--;
+        if (depth > CONF_DEPTH_MAX) {
+            snprintf(err, errlen, "%s:%d: nested deeper than %d levels", name, line,
+                     CONF_DEPTH_MAX);
+            break;
+        }
+        if (nodes > CONF_NODES_MAX) {
+            snprintf(err, errlen, "%s:%d: more than %d YAML nodes", name, line, CONF_NODES_MAX);
+            break;
+        }
+    }
+    yaml_parser_delete(&parser);
+    return rc;
+}
+
 int conf_tree_load(const conf_table_t *root, void *obj, const char *yaml, size_t len,
                    const char *name, char *err, size_t errlen)
 {
@@ -718,6 +773,8 @@ int conf_tree_load(const conf_table_t *root, void *obj, const char *yaml, size_t
         snprintf(err, errlen, "%s: too large (%zu bytes, at most %d)", name, len, CONF_FILE_MAX);
         return -1;
     }
+    if (conf_yaml_precheck(name, yaml, len, err, errlen) != 0)
+        return -1;
     if (!yaml_parser_initialize(&parser)) {
         snprintf(err, errlen, "%s: cannot initialise the YAML parser", name);
         return -1;

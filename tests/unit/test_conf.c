@@ -1002,6 +1002,35 @@ static void test_load_file_errors(void **state)
     memset(huge, '#', big);
     assert_null(conf_load_string(huge, big, "big.yaml", err, sizeof(err)));
     assert_string_equal(err, "big.yaml: too large (4194305 bytes, at most 4194304)");
+
+    /* Deep nesting is refused early (libyaml is quadratic in it): this
+     * took minutes before the depth cap. */
+    size_t depth = 200000, n = 0;
+    n += (size_t)sprintf(huge, "listen:\n  - ");
+    memset(huge + n, '[', depth);
+    memset(huge + n + depth, ']', depth);
+    n += 2 * depth;
+    huge[n] = '\0';
+    int64_t t0 = sl_now_ms();
+    assert_null(conf_load_string(huge, n, "deep.yaml", err, sizeof(err)));
+    assert_string_equal(err, "deep.yaml:2: nested deeper than 32 levels");
+    assert_true(sl_now_ms() - t0 < 2000);
+
+    /* 32 levels are fine as YAML (then refused by the table, not the cap). */
+    n = (size_t)sprintf(huge, "listen: ");
+    memset(huge + n, '[', 31);
+    memset(huge + n + 31, ']', 31);
+    huge[n + 62] = '\0';
+    assert_null(conf_load_string(huge, n + 62, "ok.yaml", err, sizeof(err)));
+    assert_string_equal(err, "ok.yaml:1: listen[0]: expected a mapping, got a list");
+
+    /* Too many nodes. */
+    n = (size_t)sprintf(huge, "listen: [");
+    for (int i = 0; i < 200001; i++)
+        n += (size_t)sprintf(huge + n, "1,");
+    n += (size_t)sprintf(huge + n, "1]\n");
+    assert_null(conf_load_string(huge, n, "many.yaml", err, sizeof(err)));
+    assert_string_equal(err, "many.yaml:1: more than 200000 YAML nodes");
     free(huge);
 }
 
