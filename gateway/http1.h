@@ -2,6 +2,7 @@
  * http1.h — strict HTTP/1.1 message framing: a small adapter over Debian's
  * http-parser (built non-strict by Debian: the adapter adds the checks) for
  * client requests and upstream responses.
+ *
  * The adapter is pure: it is fed bytes and reports what it parsed. It never
  * touches sockets. The proxy forwards what the adapter parsed (method, target,
  * the header list), re-serialised — never raw header bytes.
