@@ -25,30 +25,39 @@
 static pthread_once_t crypto_once = PTHREAD_ONCE_INIT;
 static EVP_MAC *g_hmac;
 static EVP_MD *g_sha256;
+/* An HMAC context with its digest already set: duplicating it is cheaper
+ * than setting the digest by name on every call (that is a fetch). Never
+ * used itself, only read by EVP_MAC_CTX_dup, so threads may share it. */
+static EVP_MAC_CTX *g_hmac_tmpl;
 
 static void crypto_init(void)
 {
     g_hmac = EVP_MAC_fetch(NULL, "HMAC", NULL);
     g_sha256 = EVP_MD_fetch(NULL, "SHA256", NULL);
+    OSSL_PARAM params[] = {
+        OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, (char *)"SHA256", 0),
+        OSSL_PARAM_construct_end(),
+    };
+    g_hmac_tmpl = g_hmac ? EVP_MAC_CTX_new(g_hmac) : NULL;
+    if (g_hmac_tmpl && !EVP_MAC_CTX_set_params(g_hmac_tmpl, params)) {
+        EVP_MAC_CTX_free(g_hmac_tmpl);
+        g_hmac_tmpl = NULL;
+    }
 }
 
 int auth_hmac_sha256(const void *key, size_t klen, const void *const *parts, const size_t *lens,
                      size_t n, unsigned char out[32])
 {
     pthread_once(&crypto_once, crypto_init);
-    if (!g_hmac)
+    if (!g_hmac_tmpl)
         return -1;
-    EVP_MAC_CTX *ctx = EVP_MAC_CTX_new(g_hmac);
+    EVP_MAC_CTX *ctx = EVP_MAC_CTX_dup(g_hmac_tmpl);
     if (!ctx)
         return -1;
-    OSSL_PARAM params[] = {
-        OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, (char *)"SHA256", 0),
-        OSSL_PARAM_construct_end(),
-    };
     /* OpenSSL refuses a NULL key even of length 0; an empty key never
      * occurs here (secrets have minimum lengths) but stay defined. */
     static const unsigned char empty[1];
-    int ok = EVP_MAC_init(ctx, klen ? key : empty, klen, params);
+    int ok = EVP_MAC_init(ctx, klen ? key : empty, klen, NULL);
     for (size_t i = 0; ok && i < n; i++)
         ok = EVP_MAC_update(ctx, parts[i], lens[i]);
     size_t outl = 0;
@@ -100,9 +109,13 @@ long auth_b64url_decode(const char *in, size_t n, unsigned char *out, size_t out
     if (dlen > outcap)
         return -1;
     size_t padded = (n + 3) / 4 * 4;
-    char *buf = malloc(padded + 1);
-    unsigned char *tmp = malloc(padded / 4 * 3 + 1);
-    char *check = malloc(padded + 1);
+    /* Token parts are small: stack buffers keep malloc off the hot path. */
+    char sbuf[1024], scheck[1024];
+    unsigned char stmp[768];
+    bool small = padded + 1 <= sizeof(sbuf);
+    char *buf = small ? sbuf : malloc(padded + 1);
+    unsigned char *tmp = small ? stmp : malloc(padded / 4 * 3 + 1);
+    char *check = small ? scheck : malloc(padded + 1);
     long rc = -1;
     if (!buf || !tmp || !check)
         goto out;
@@ -125,9 +138,11 @@ long auth_b64url_decode(const char *in, size_t n, unsigned char *out, size_t out
         memcpy(out, tmp, dlen);
     rc = (long)dlen;
 out:
-    free(buf);
-    free(tmp);
-    free(check);
+    if (!small) {
+        free(buf);
+        free(tmp);
+        free(check);
+    }
     return rc;
 }
 

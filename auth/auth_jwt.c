@@ -28,19 +28,14 @@
 
 static auth_reason_t decode_json(const char *p, size_t n, json_t **out)
 {
-    unsigned char *buf = malloc(AUTH_PART_MAX);
-    if (!buf)
+    unsigned char buf[AUTH_PART_MAX];
+    long m = auth_b64url_decode(p, n, buf, sizeof(buf));
+    if (m <= 0)
         return AUTH_R_TOKEN_MALFORMED;
-    long m = auth_b64url_decode(p, n, buf, AUTH_PART_MAX);
-    if (m <= 0) {
-        free(buf);
-        return AUTH_R_TOKEN_MALFORMED;
-    }
     json_error_t e;
     /* Duplicate members are refused: two parsers that pick different
      * copies of "sub" or "alg" are how confusion attacks start. */
     json_t *j = json_loadb((const char *)buf, (size_t)m, JSON_REJECT_DUPLICATES, &e);
-    free(buf);
     if (!j || !json_is_object(j)) {
         json_decref(j);
         return AUTH_R_TOKEN_MALFORMED;
