@@ -1,13 +1,14 @@
 /*
  * ac.c — the Aho-Corasick automaton over folded word bytes.
  *
- * Built in three passes so that 100,000 words load in milliseconds:
+ * Built in three passes so that 100,000 words load in a fraction of a second:
  * sort the words, insert them into a trie in sorted order (each node's
  * children then arrive in increasing byte order, so appending keeps them
  * sorted), and renumber the nodes in breadth-first order. After renumbering
  * the children of a node are consecutive ids, so a node needs no edge array:
  * its children are ids first[n]..first[n+1]-1, each carrying its label. The
- * root gets a dense 256-entry table because nearly every step starts there.
+ * shallowest nodes (the root and its near descendants, where text spends
+ * most steps) get complete 256-entry transition rows.
  * Failure links are computed in the same BFS order (parents before
  * children). Matching is the textbook walk: follow failure links until an
  * edge exists; the words ending at a state are the node's own word and the
@@ -29,8 +30,15 @@ struct flt_ac {
     uint16_t *hold;    /* depth of the first node on the failure chain (itself
                           included) that has children: the live partial match */
     unsigned char *label;
-    uint32_t root_next[256];
+    uint32_t *dense; /* ndense rows of 256: complete transitions (failure
+                        links folded in) of the shallowest nodes */
+    size_t ndense;
 };
+
+/* Nodes 0..FLT_AC_DENSE-1 (the shallowest, as ids are breadth-first) get a
+ * full transition row: that is where text spends most steps, and a row
+ * replaces a child search plus failure-link hops with one load. 1 MiB at most. */
+#define FLT_AC_DENSE 1024
 
 static int ac_word_cmp(const void *pa, const void *pb)
 {
@@ -68,11 +76,13 @@ uint32_t flt_ac_step(const flt_ac_t *ac, uint32_t s, unsigned char c)
 {
     c = flt_lower[c];
     for (;;) {
-        if (s == FLT_AC_ROOT)
-            return ac->root_next[c];
+        if (s < ac->ndense)
+            return ac->dense[(size_t)s << 8 | c];
         uint32_t t = ac_child(ac, s, c);
         if (t)
             return t;
+        if (s == FLT_AC_ROOT)
+            return FLT_AC_ROOT;
         s = ac->fail[s];
     }
 }
@@ -123,6 +133,7 @@ void flt_ac_free(flt_ac_t *ac)
     free(ac->depth);
     free(ac->hold);
     free(ac->label);
+    free(ac->dense);
     free(ac);
 }
 
@@ -251,10 +262,6 @@ flt_ac_t *flt_ac_new(flt_ac_word_t *words, size_t n)
     free(queue);
     queue = NULL;
 
-    for (unsigned c = 0; c < 256; c++)
-        ac->root_next[c] = 0;
-    for (uint32_t v = ac->first[0]; v < ac->first[1]; v++)
-        ac->root_next[ac->label[v]] = v;
     ac->out_link[0] = -1;
     ac->hold[0] = 0;
     for (uint32_t u = 0; u < N; u++) {
@@ -266,6 +273,20 @@ flt_ac_t *flt_ac_new(flt_ac_word_t *words, size_t n)
             ac->out_link[v] = ac->out_rule[f] >= 0 ? (int32_t)f : ac->out_link[f];
         }
     }
+    /* dense rows last: flt_ac_step above ran without them */
+    size_t nd = N < FLT_AC_DENSE ? N : FLT_AC_DENSE;
+    ac->dense = malloc(nd * 256 * sizeof *ac->dense);
+    if (!ac->dense)
+        goto fail;
+    for (size_t u = 0; u < nd; u++) {
+        for (unsigned c = 0; c < 256; c++) {
+            uint32_t next = ac_child(ac, (uint32_t)u, (unsigned char)c);
+            if (!next && u)
+                next = ac->dense[(size_t)ac->fail[u] << 8 | c]; /* fail[u] < u */
+            ac->dense[u << 8 | c] = next;
+        }
+    }
+    ac->ndense = nd;
     return ac;
 
 fail:

@@ -98,6 +98,12 @@ typedef struct flt_rule {
     uint32_t lookbehind;      /* regex only: max lookbehind, characters */
 } flt_rule_t;
 
+/* Per byte, the regexes a match may start with that byte (from PCRE2's own
+ * start-of-match analysis); regexes without such an analysis have their
+ * bit set for every byte. Lets a regex with nothing pending skip text that
+ * cannot start a match without a pcre2_match() call. */
+#define FLT_RE_WORDS ((FLT_MAX_RULES + 63) / 64)
+
 struct flt_ruleset {
     atomic_int refs;
     flt_rule_t *rules; /* word lists first, then regexes */
@@ -114,6 +120,7 @@ struct flt_ruleset {
     int on_limit;
     size_t holdback_max;
     size_t history; /* folded bytes kept before a regex's scan point (lookbehind) */
+    uint64_t re_start[256][FLT_RE_WORDS]; /* bit k: regex k may start with this byte */
     sl_mseries_t *event_seconds;
     sl_mseries_t *holdback_forced;
 };
@@ -160,7 +167,8 @@ typedef enum flt_chan_rc {
     FLT_CHAN_BLOCK = 1,
 } flt_chan_rc_t;
 
-/* Feeds valid UTF-8 text and appends the text released by it (masks
+/* Feeds text (valid UTF-8 of whole characters, as a JSON string always is;
+ * anything else is an error) and appends the text released by it (masks
  * applied) to out. BLOCK: a block rule matched; nothing is appended and the
  * channel takes no more text. */
 flt_chan_rc_t flt_chan_feed(flt_chan_t *c, const char *s, size_t n, flt_buf_t *out) SL_WUR;

@@ -246,6 +246,33 @@ static int rule_metrics(flt_rule_t *r, sl_metric_t *hits, sl_metric_t *limits)
     return 0;
 }
 
+/* Which bytes can start a match of regex k, from PCRE2's start analysis:
+ * a fixed first code unit (both ASCII cases, as (?i) may apply) or the
+ * start bitmap; anything else (^ in multiline mode, no analysis) may start
+ * anywhere. */
+static void regex_start_set(flt_ruleset_t *rs, const pcre2_code *code, size_t k)
+{
+    uint64_t bit = 1ull << (k % 64);
+    size_t w = k / 64;
+    uint32_t type = 0, cu = 0;
+    const uint8_t *bitmap = NULL;
+    if (pcre2_pattern_info(code, PCRE2_INFO_FIRSTCODETYPE, &type) == 0 && type == 1 &&
+        pcre2_pattern_info(code, PCRE2_INFO_FIRSTCODEUNIT, &cu) == 0 && cu < 256) {
+        rs->re_start[cu][w] |= bit;
+        if ((cu | 0x20) >= 'a' && (cu | 0x20) <= 'z')
+            rs->re_start[cu ^ 0x20][w] |= bit;
+        return;
+    }
+    if (pcre2_pattern_info(code, PCRE2_INFO_FIRSTBITMAP, &bitmap) == 0 && bitmap) {
+        for (unsigned c = 0; c < 256; c++)
+            if (bitmap[c / 8] & (1u << (c % 8)))
+                rs->re_start[c][w] |= bit;
+        return;
+    }
+    for (unsigned c = 0; c < 256; c++)
+        rs->re_start[c][w] |= bit;
+}
+
 static int compile_regex(flt_ruleset_t *rs, flt_rule_t *r, const char *pattern, const char *where,
                          char *err, size_t errlen)
 {
@@ -271,6 +298,7 @@ static int compile_regex(flt_ruleset_t *rs, flt_rule_t *r, const char *pattern, 
     /* JIT is an optimisation: without it (no JIT on this CPU) the interpreter
      * runs the same pattern under the depth and heap limits as well. */
     (void)pcre2_jit_compile(r->code, PCRE2_JIT_COMPLETE | PCRE2_JIT_PARTIAL_HARD);
+    regex_start_set(rs, r->code, (size_t)(r - rs->rules) - rs->first_regex);
     size_t h = ((size_t)lb + 1) * 4; /* characters to bytes, at most 4 each */
     if (h > rs->history)
         rs->history = h;

@@ -181,14 +181,31 @@ static flt_chan_rc_t chan_words(flt_chan_t *c, size_t from)
     return FLT_CHAN_OK;
 }
 
-static flt_chan_rc_t chan_regex(flt_chan_t *c, bool final)
+/* from: folded offset where the new text starts (ignored when final). */
+static flt_chan_rc_t chan_regex(flt_chan_t *c, bool final, size_t from)
 {
     const flt_ruleset_t *rs = c->rs;
     size_t nre = chan_nregex(c), fend = chan_fend(c);
-    uint32_t opts = final ? 0 : PCRE2_PARTIAL_HARD;
+    /* the regexes some byte of the new text may start */
+    uint64_t may[FLT_RE_WORDS] = {0};
+    size_t nw = (nre + 63) / 64;
+    for (size_t p = from; !final && p < fend; p++) {
+        const uint64_t *m = rs->re_start[c->fb[p - c->fstart]];
+        for (size_t w = 0; w < nw; w++)
+            may[w] |= m[w];
+    }
+    /* the text was checked once on the way in (flt_chan_feed); PCRE2 would
+     * check the whole rest of the subject on every call otherwise */
+    uint32_t opts = PCRE2_NO_UTF_CHECK | (final ? 0 : PCRE2_PARTIAL_HARD);
     for (size_t k = 0; k < nre; k++) {
         size_t rule = rs->first_regex + k;
         const flt_rule_t *r = &rs->rules[rule];
+        if (!final && c->rstart[k] >= from && !(may[k / 64] & (1ull << (k % 64)))) {
+            /* nothing pending and no byte can start a match: what PCRE2's
+             * own start optimisation would find, without the call */
+            c->rstart[k] = fend;
+            continue;
+        }
         while (c->rstart[k] < fend) {
             size_t off = c->rstart[k] - c->fstart;
             int rc = pcre2_match(r->code, c->fb, c->flen, off, opts, c->md, rs->mctx);
@@ -336,12 +353,14 @@ flt_chan_rc_t flt_chan_feed(flt_chan_t *c, const char *s, size_t n, flt_buf_t *o
         return FLT_CHAN_ERR;
     if (n == 0)
         return FLT_CHAN_OK;
+    if (!flt_utf8_valid(s, n))
+        return FLT_CHAN_ERR;
     size_t from = chan_fend(c);
     if (chan_append(c, s, n) != 0)
         return FLT_CHAN_ERR;
     flt_chan_rc_t rc = chan_words(c, from);
     if (rc == FLT_CHAN_OK)
-        rc = chan_regex(c, false);
+        rc = chan_regex(c, false, from);
     if (rc != FLT_CHAN_OK)
         return rc;
     return chan_release(c, false, out) == 0 ? FLT_CHAN_OK : FLT_CHAN_ERR;
@@ -353,7 +372,7 @@ flt_chan_rc_t flt_chan_finish(flt_chan_t *c, flt_buf_t *out)
         return FLT_CHAN_BLOCK;
     if (c->finished)
         return FLT_CHAN_OK;
-    flt_chan_rc_t rc = chan_regex(c, true);
+    flt_chan_rc_t rc = chan_regex(c, true, 0);
     if (rc != FLT_CHAN_OK)
         return rc;
     if (chan_release(c, true, out) != 0)
