@@ -213,6 +213,56 @@ typedef struct conf_auth {
     conf_auth_store_error_t on_store_error;
 } conf_auth_t;
 
+/* ---- content filters (filters/) ----------------------------------------- */
+
+/* Enum orders match filters/filters.h (flt_action_t and friends). */
+typedef enum conf_filter_action {
+    CONF_FILTER_BLOCK = 0, /* prompt: 400 content_filter; answer: stop the stream */
+    CONF_FILTER_MASK,      /* replace the match with filters.mask */
+    CONF_FILTER_LOG,       /* count it only */
+} conf_filter_action_t;
+
+typedef struct conf_filter_words {
+    char *file; /* UTF-8 word list, one per line, `#` comments; relative to the cwd */
+    int action; /* conf_filter_action_t */
+    char *name; /* rule name in metrics; NULL = the file's base name */
+    int line;
+} conf_filter_words_t;
+
+typedef struct conf_filter_regex {
+    char *name;    /* rule name in metrics, unique */
+    char *pattern; /* PCRE2, UTF mode, must not match the empty string */
+    int action;    /* conf_filter_action_t */
+    int line;
+} conf_filter_regex_t;
+
+typedef struct conf_filters_input {
+    int64_t max_chars;      /* per user message, code points; 8000; 0 = no limit */
+    int on_overflow;        /* 0 reject, 1 truncate */
+    int64_t keep_turns;     /* last N user turns; 10; 0 = all */
+    char *system_prompt;    /* NULL = none */
+    int system_prompt_mode; /* 0 prepend, 1 replace */
+} conf_filters_input_t;
+
+typedef struct conf_filters_regex_limits {
+    int64_t match;      /* pcre2 match limit, 1000000 */
+    int64_t depth;      /* pcre2 depth limit, 10000 */
+    int64_t heap_bytes; /* pcre2 heap limit, 4m */
+    int on_limit;       /* 0 match (the rule's action), 1 nomatch */
+} conf_filters_regex_limits_t;
+
+typedef struct conf_filters {
+    conf_filters_input_t input;
+    conf_filter_words_t *words;
+    size_t nwords;
+    conf_filter_regex_t *regex;
+    size_t nregex;
+    char *mask;  /* "***" */
+    bool output; /* filter answers too, true */
+    conf_filters_regex_limits_t regex_limits;
+    int64_t holdback_max; /* bytes of answer text held per choice at most, 4k */
+} conf_filters_t;
+
 /* ---- generic shapes for later sections ---------------------------------- */
 
 /* A string -> string map (YAML mapping of scalars), kept in file order, as
@@ -243,6 +293,7 @@ typedef struct conf {
     conf_ratelimit_t ratelimit;
     conf_redis_t redis;
     conf_auth_t auth;
+    conf_filters_t filters;
 } conf_t;
 
 /* ---- API ------------------------------------------------------------------ */

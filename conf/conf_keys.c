@@ -977,6 +977,220 @@ static const conf_key_t auth_keys[] = {
 };
 static const conf_table_t auth_table = {TABLE(auth_keys, conf_auth_t), .check = conf_auth_check};
 
+/* ---- filters: content filtering (filters/) ----------------------------------------- */
+
+/* Index = conf_filter_action_t = flt_action_t. */
+static const char *const filter_action_names[] = {"block", "mask", "log", NULL};
+static const char *const filter_overflow_names[] = {"reject", "truncate", NULL};
+static const char *const filter_sysprompt_names[] = {"prepend", "replace", NULL};
+static const char *const filter_on_limit_names[] = {"match", "nomatch", NULL};
+
+/* Rule names label sluice_filter_hits_total: unique, as far as the file
+ * says (a word list without a name is named after its file by filters/). */
+static int conf_filters_check(conf_ctx_t *ctx, void *obj, int line)
+{
+    const conf_filters_t *f = obj;
+    for (size_t i = 0; i < f->nregex; i++) {
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(f->regex[i].name, f->regex[j].name) == 0)
+                return conf_errorf(ctx, f->regex[i].line, "regex", "duplicate name \"%.64s\"",
+                                   f->regex[i].name);
+        for (size_t j = 0; j < f->nwords; j++)
+            if (f->words[j].name && strcmp(f->regex[i].name, f->words[j].name) == 0)
+                return conf_errorf(ctx, f->regex[i].line, "regex",
+                                   "name \"%.64s\" is also a word list's", f->regex[i].name);
+    }
+    for (size_t i = 0; i < f->nwords; i++)
+        for (size_t j = 0; j < i; j++)
+            if (f->words[i].name && f->words[j].name &&
+                strcmp(f->words[i].name, f->words[j].name) == 0)
+                return conf_errorf(ctx, f->words[i].line, "words", "duplicate name \"%.64s\"",
+                                   f->words[i].name);
+    return 0;
+}
+
+static const conf_key_t filter_words_keys[] = {
+    {.name = "file",
+     .type = CONF_STRING,
+     .off = offsetof(conf_filter_words_t, file),
+     .flags = CONF_REQUIRED | R,
+     .doc = "UTF-8 word list: one word or phrase per line, `#` comment lines; matched "
+            "ignoring ASCII case and fullwidth forms"},
+    {.name = "action",
+     .type = CONF_ENUM,
+     .off = offsetof(conf_filter_words_t, action),
+     .def = "mask",
+     .enums = filter_action_names,
+     .flags = R,
+     .doc = "block (prompt: 400 content_filter; answer: stop with finish_reason "
+            "content_filter), mask, or log"},
+    {.name = "name",
+     .type = CONF_STRING,
+     .off = offsetof(conf_filter_words_t, name),
+     .flags = R,
+     .doc = "rule name in sluice_filter_hits_total; unset = the file's base name"},
+};
+static const conf_table_t filter_words_table = {TABLE(filter_words_keys, conf_filter_words_t),
+                                                .has_line = true,
+                                                .line_off = offsetof(conf_filter_words_t, line)};
+
+static const conf_key_t filter_regex_keys[] = {
+    {.name = "name",
+     .type = CONF_STRING,
+     .off = offsetof(conf_filter_regex_t, name),
+     .flags = CONF_REQUIRED | R,
+     .doc = "rule name in sluice_filter_hits_total, unique"},
+    {.name = "pattern",
+     .type = CONF_STRING,
+     .off = offsetof(conf_filter_regex_t, pattern),
+     .flags = CONF_REQUIRED | R,
+     .doc = "PCRE2 pattern (UTF mode, JIT) over the decoded text; must not match the empty "
+            "string"},
+    {.name = "action",
+     .type = CONF_ENUM,
+     .off = offsetof(conf_filter_regex_t, action),
+     .def = "mask",
+     .enums = filter_action_names,
+     .flags = R,
+     .doc = "block, mask or log"},
+};
+static const conf_table_t filter_regex_table = {TABLE(filter_regex_keys, conf_filter_regex_t),
+                                                .has_line = true,
+                                                .line_off = offsetof(conf_filter_regex_t, line)};
+
+static const conf_key_t filter_input_keys[] = {
+    {.name = "max_chars",
+     .type = CONF_INT,
+     .off = offsetof(conf_filters_input_t, max_chars),
+     .def = "8000",
+     .min = 0,
+     .max = 10000000,
+     .flags = R,
+     .doc = "longest user message in Unicode code points; 0 = no limit"},
+    {.name = "on_overflow",
+     .type = CONF_ENUM,
+     .off = offsetof(conf_filters_input_t, on_overflow),
+     .def = "reject",
+     .enums = filter_overflow_names,
+     .flags = R,
+     .doc = "a longer message: reject (400 prompt_too_long) or truncate to max_chars"},
+    {.name = "keep_turns",
+     .type = CONF_INT,
+     .off = offsetof(conf_filters_input_t, keep_turns),
+     .def = "10",
+     .min = 0,
+     .max = 10000,
+     .flags = R,
+     .doc = "keep the last N turns (a user message and what follows it); system and "
+            "developer messages always stay; 0 = all"},
+    {.name = "system_prompt",
+     .type = CONF_STRING,
+     .off = offsetof(conf_filters_input_t, system_prompt),
+     .flags = R,
+     .doc = "system message added to every request; unset = none"},
+    {.name = "system_prompt_mode",
+     .type = CONF_ENUM,
+     .off = offsetof(conf_filters_input_t, system_prompt_mode),
+     .def = "prepend",
+     .enums = filter_sysprompt_names,
+     .flags = R,
+     .doc = "prepend it, or replace the client's system and developer messages with it"},
+};
+static const conf_table_t filter_input_table = {TABLE(filter_input_keys, conf_filters_input_t)};
+
+static const conf_key_t filter_limits_keys[] = {
+    {.name = "match",
+     .type = CONF_INT,
+     .off = offsetof(conf_filters_regex_limits_t, match),
+     .def = "1000000",
+     .min = 1,
+     .max = 1000000000,
+     .flags = R,
+     .doc = "PCRE2 match limit per search (bounds backtracking, JIT included)"},
+    {.name = "depth",
+     .type = CONF_INT,
+     .off = offsetof(conf_filters_regex_limits_t, depth),
+     .def = "10000",
+     .min = 1,
+     .max = 100000000,
+     .flags = R,
+     .doc = "PCRE2 depth limit (interpreter; patterns JIT cannot compile)"},
+    {.name = "heap",
+     .type = CONF_SIZE,
+     .off = offsetof(conf_filters_regex_limits_t, heap_bytes),
+     .def = "4m",
+     .min = KIB(64),
+     .max = GIB(1),
+     .flags = R,
+     .doc = "PCRE2 heap limit (interpreter)"},
+    {.name = "on_limit",
+     .type = CONF_ENUM,
+     .off = offsetof(conf_filters_regex_limits_t, on_limit),
+     .def = "match",
+     .enums = filter_on_limit_names,
+     .flags = R,
+     .doc = "a search stopped by a limit counts as a match (the rule's action applies) or "
+            "as none; counted in sluice_filter_regex_limit_hits_total"},
+};
+static const conf_table_t filter_limits_table = {
+    TABLE(filter_limits_keys, conf_filters_regex_limits_t)};
+
+static const conf_key_t filters_keys[] = {
+    {.name = "input",
+     .type = CONF_STRUCT,
+     .off = offsetof(conf_filters_t, input),
+     .sub = &filter_input_table,
+     .flags = R,
+     .doc = "request checks before anything is forwarded"},
+    {.name = "words",
+     .type = CONF_LIST,
+     .off = offsetof(conf_filters_t, words),
+     .count_off = offsetof(conf_filters_t, nwords),
+     .min = 0,
+     .max = 64,
+     .sub = &filter_words_table,
+     .flags = R,
+     .doc = "sensitive-word lists (Aho-Corasick), reloaded on SIGHUP"},
+    {.name = "regex",
+     .type = CONF_LIST,
+     .off = offsetof(conf_filters_t, regex),
+     .count_off = offsetof(conf_filters_t, nregex),
+     .min = 0,
+     .max = 192,
+     .sub = &filter_regex_table,
+     .flags = R,
+     .doc = "regex rules"},
+    {.name = "mask",
+     .type = CONF_STRING,
+     .off = offsetof(conf_filters_t, mask),
+     .def = "***",
+     .flags = R,
+     .doc = "what a mask rule puts in place of the matched text"},
+    {.name = "output",
+     .type = CONF_BOOL,
+     .off = offsetof(conf_filters_t, output),
+     .def = "true",
+     .flags = R,
+     .doc = "apply the rules to answers too (streamed with hold-back, docs/filters.md)"},
+    {.name = "regex_limits",
+     .type = CONF_STRUCT,
+     .off = offsetof(conf_filters_t, regex_limits),
+     .sub = &filter_limits_table,
+     .flags = R,
+     .doc = "bounds on every regex search, so no pattern can stall a worker"},
+    {.name = "holdback_max",
+     .type = CONF_SIZE,
+     .off = offsetof(conf_filters_t, holdback_max),
+     .def = "4k",
+     .min = KIB(1),
+     .max = MIB(16),
+     .flags = R,
+     .doc = "most answer text held back per choice while a match may still complete; past "
+            "it the oldest text is released (counted)"},
+};
+static const conf_table_t filters_table = {TABLE(filters_keys, conf_filters_t),
+                                           .check = conf_filters_check};
+
 /* ---- the root ----------------------------------------------------------------------- */
 
 static const conf_key_t root_keys[] = {
@@ -1061,6 +1275,12 @@ static const conf_key_t root_keys[] = {
      .off = offsetof(conf_t, auth),
      .sub = &auth_table,
      .doc = "tokens, request signatures and revocation (docs/auth.md)"},
+    {.name = "filters",
+     .type = CONF_STRUCT,
+     .off = offsetof(conf_t, filters),
+     .sub = &filters_table,
+     .flags = R,
+     .doc = "content filtering of prompts and answers (docs/filters.md)"},
 };
 
 const conf_table_t conf_root_table = {TABLE(root_keys, conf_t), .check = root_check};

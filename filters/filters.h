@@ -35,6 +35,7 @@
 #include <jansson.h>
 
 #include "common/sl.h"
+#include "conf/conf.h"
 
 /* ---- configuration ------------------------------------------------------ */
 
@@ -74,7 +75,9 @@ typedef enum flt_on_limit {
  *     regex_limits: { match: 1000000, depth: 10000, heap: 4m, on_limit: match }
  *     holdback_max: 4k
  *
- * Strings are borrowed by flt_ruleset_new() (it copies what it keeps). */
+ * conf/conf.h's conf_filters_t carries the same from the config file;
+ * this plain mirror lets tests and tools build a ruleset without YAML.
+ * Strings are borrowed by flt_ruleset_build() (it copies what it keeps). */
 typedef struct flt_conf_input {
     int64_t max_chars;         /* per message, Unicode code points; 8000; 0 = no limit */
     int on_overflow;           /* flt_overflow_t, reject */
@@ -118,7 +121,7 @@ typedef struct flt_conf {
 /* Fills the defaults above (no rules, output on). */
 void flt_conf_defaults(flt_conf_t *c);
 
-/* Bounds checked by flt_ruleset_new(). */
+/* Bounds checked by flt_ruleset_build(). */
 #define FLT_MAX_RULES      256  /* word lists + regexes: bounds the metric series */
 #define FLT_MAX_WORD_BYTES 255  /* longest word after folding */
 #define FLT_MAX_CHOICES    16   /* choices[].index values a stream may use */
@@ -128,10 +131,14 @@ void flt_conf_defaults(flt_conf_t *c);
 
 typedef struct flt_ruleset flt_ruleset_t;
 
-/* Reads the word files, builds the automaton, compiles the regexes, registers
- * the metrics. NULL on error with one line in err ("filters.words[0]:
- * conf/words/x.txt:12: invalid UTF-8"). The result has one reference. */
-flt_ruleset_t *flt_ruleset_new(const flt_conf_t *conf, char *err, size_t errlen) SL_WUR;
+/* Builds the ruleset of the `filters:` section: reads the word files,
+ * builds the automaton, compiles the regexes, registers the metrics. NULL on
+ * error with one line in err ("filters.words[0]: conf/words/x.txt:12:
+ * invalid UTF-8"). The result has one reference. */
+flt_ruleset_t *flt_ruleset_new(const conf_filters_t *conf, char *err, size_t errlen) SL_WUR;
+
+/* The same from the plain struct above (tests, tools). */
+flt_ruleset_t *flt_ruleset_build(const flt_conf_t *conf, char *err, size_t errlen) SL_WUR;
 
 /* Takes one more reference; returns rs. Thread-safe. */
 flt_ruleset_t *flt_ruleset_ref(flt_ruleset_t *rs);

@@ -19,6 +19,12 @@
 
 static const char *const flt_action_names[] = {"block", "mask", "log"};
 
+/* conf.h's enums are stored as these, value for value. */
+_Static_assert((int)CONF_FILTER_BLOCK == (int)FLT_ACTION_BLOCK &&
+                   (int)CONF_FILTER_MASK == (int)FLT_ACTION_MASK &&
+                   (int)CONF_FILTER_LOG == (int)FLT_ACTION_LOG,
+               "conf_filter_action_t and flt_action_t differ");
+
 void flt_conf_defaults(flt_conf_t *c)
 {
     memset(c, 0, sizeof *c);
@@ -305,7 +311,7 @@ static int compile_regex(flt_ruleset_t *rs, flt_rule_t *r, const char *pattern, 
     return 0;
 }
 
-flt_ruleset_t *flt_ruleset_new(const flt_conf_t *conf, char *err, size_t errlen)
+flt_ruleset_t *flt_ruleset_build(const flt_conf_t *conf, char *err, size_t errlen)
 {
     const flt_conf_input_t *in = &conf->input;
     const flt_conf_regex_limits_t *lim = &conf->regex_limits;
@@ -439,6 +445,44 @@ fail:
     word_vec_free(&wv);
     ruleset_free(rs);
     return NULL;
+}
+
+flt_ruleset_t *flt_ruleset_new(const conf_filters_t *cf, char *err, size_t errlen)
+{
+    flt_conf_t c;
+    flt_conf_defaults(&c);
+    c.input.max_chars = cf->input.max_chars;
+    c.input.on_overflow = cf->input.on_overflow;
+    c.input.keep_turns = cf->input.keep_turns;
+    c.input.system_prompt = cf->input.system_prompt;
+    c.input.system_prompt_mode = cf->input.system_prompt_mode;
+    c.mask = cf->mask;
+    c.output = cf->output;
+    c.regex_limits.match = cf->regex_limits.match;
+    c.regex_limits.depth = cf->regex_limits.depth;
+    c.regex_limits.heap_kib = (cf->regex_limits.heap_bytes + 1023) / 1024;
+    c.regex_limits.on_limit = cf->regex_limits.on_limit;
+    c.holdback_max = cf->holdback_max;
+    flt_conf_words_t *w = calloc(cf->nwords + 1, sizeof *w);
+    flt_conf_regex_t *r = calloc(cf->nregex + 1, sizeof *r);
+    if (!w || !r) {
+        free(w);
+        free(r);
+        flt_err(err, errlen, "filters: out of memory");
+        return NULL;
+    }
+    for (size_t i = 0; i < cf->nwords; i++)
+        w[i] = (flt_conf_words_t){cf->words[i].file, cf->words[i].action, cf->words[i].name};
+    for (size_t i = 0; i < cf->nregex; i++)
+        r[i] = (flt_conf_regex_t){cf->regex[i].name, cf->regex[i].pattern, cf->regex[i].action};
+    c.words = w;
+    c.nwords = cf->nwords;
+    c.regex = r;
+    c.nregex = cf->nregex;
+    flt_ruleset_t *rs = flt_ruleset_build(&c, err, errlen);
+    free(w);
+    free(r);
+    return rs;
 }
 
 /* ---- the reload slot ---------------------------------------------------- */

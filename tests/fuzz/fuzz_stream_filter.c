@@ -70,7 +70,7 @@ static flt_ruleset_t *fz_build(int with_regex, int with_block)
     c.nregex = with_regex ? SL_ARRAY_LEN(re) : 0;
     c.holdback_max = 1 << 20; /* never forced: equality must hold exactly */
     char err[256];
-    flt_ruleset_t *rs = flt_ruleset_new(&c, err, sizeof err);
+    flt_ruleset_t *rs = flt_ruleset_build(&c, err, sizeof err);
     if (!rs) {
         fprintf(stderr, "fuzz ruleset: %s\n", err);
         abort();

@@ -108,7 +108,7 @@ static flt_ruleset_t *build(size_t nwords, size_t nregex, double *ms)
     c.nregex = nregex;
     char err[256];
     int64_t t0 = sl_now_ns();
-    flt_ruleset_t *rs = flt_ruleset_new(&c, err, sizeof err);
+    flt_ruleset_t *rs = flt_ruleset_build(&c, err, sizeof err);
     if (ms)
         *ms = (double)(sl_now_ns() - t0) / 1e6;
     if (path) {

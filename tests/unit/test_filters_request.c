@@ -307,7 +307,7 @@ static void test_config_errors(void **state)
     flt_conf_words_t w = {"/nonexistent/words.txt", FLT_ACTION_MASK, NULL};
     c.words = &w;
     c.nwords = 1;
-    assert_null(flt_ruleset_new(&c, err, sizeof err));
+    assert_null(flt_ruleset_build(&c, err, sizeof err));
     assert_non_null(strstr(err, "filters.words[0]: /nonexistent/words.txt:"));
 }
 

@@ -53,7 +53,7 @@ static inline flt_ruleset_t *tf_build(const tf_list_t *lists, size_t nl, const f
     c.nregex = nr;
     if (tweak)
         tweak(&c);
-    flt_ruleset_t *rs = flt_ruleset_new(&c, err, errlen);
+    flt_ruleset_t *rs = flt_ruleset_build(&c, err, errlen);
     for (size_t i = 0; i < nl && i < 16; i++) {
         unlink(paths[i]);
         free(paths[i]);
