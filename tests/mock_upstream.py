@@ -15,7 +15,7 @@ Model routes (answers echo what was asked: the reply text is built from the
 prompt and the `model` field is the one the request named):
     POST /v1/chat/completions   stream or not (SSE chunks, `data: [DONE]`)
     POST /v1/completions        stream or not
-    POST /v1/embeddings         deterministic 8-dim vectors
+    POST /v1/embeddings         deterministic 8-dim vectors (floats or base64)
     GET  /v1/models             the --models list
 
 Control API on the same port (JSON in and out; not recorded as requests):
@@ -62,6 +62,7 @@ string is short for {that: true} ("gate", "no_done", "normal").
     split_delay: S     ... with S seconds between them
     coalesce: bool     write all events as one HTTP chunk in one write
     close: bool        answer with Connection: close and close afterwards
+    raw_response: str  send these bytes (latin-1) as the whole answer, close
     demo: bool         the friendly `make run` reply: one word per event,
                        50 ms apart (what --demo makes the default)
 
@@ -80,6 +81,7 @@ It prints one JSON line {"listening": PORT, ...} on stdout once it accepts.
 
 import argparse
 import asyncio
+import base64
 import hashlib
 import json
 import re
@@ -168,7 +170,11 @@ def demo_pieces(prompt):
 
 def embedding_of(s, dim=8):
     h = hashlib.sha256(s.encode("utf-8", "replace")).digest()
-    return [round((b - 128) / 128.0, 6) for b in h[:dim]]
+    return [(b - 128) / 128.0 for b in h[:dim]]  # exact in float32 too
+
+
+def embedding_b64(vec):
+    return base64.b64encode(struct.pack("<%df" % len(vec), *vec)).decode()
 
 
 # ---- state shared by all connections ------------------------------------------
@@ -688,6 +694,13 @@ class Conn:
         if stall:
             await asyncio.sleep(1e9 if stall is True else float(stall))
 
+        if beh.get("raw_response") is not None:
+            # Exact bytes (broken framing on purpose), then close.
+            await self.write(beh["raw_response"].encode("latin-1"))
+            req["status"], req["outcome"] = 0, "cut"
+            await self.close(by="mock_cut")
+            return False
+
         if "status" in beh:
             status = int(beh["status"])
             body = beh.get("body")
@@ -724,8 +737,15 @@ class Conn:
         if path == "/v1/embeddings":
             inp = body.get("input", "")
             items = inp if isinstance(inp, list) else [inp]
+            b64 = body.get("encoding_format") == "base64"  # what the openai npm client asks
             data = [
-                {"object": "embedding", "index": i, "embedding": embedding_of(json.dumps(x))}
+                {
+                    "object": "embedding",
+                    "index": i,
+                    "embedding": embedding_b64(embedding_of(json.dumps(x)))
+                    if b64
+                    else embedding_of(json.dumps(x)),
+                }
                 for i, x in enumerate(items)
             ]
             ntok = sum(len(str(x).split()) for x in items)

@@ -522,9 +522,9 @@ class Sluice:
 
     # -- requests --
 
-    def client(self, timeout=10, tls=None, server_hostname=None, listener=0):
+    def client(self, timeout=10, tls=None, server_hostname=None, listener=0, rcvbuf=None):
         host, port = self.listener(listener)
-        return HTTPClient(host, port, timeout=timeout, tls=tls, server_hostname=server_hostname)
+        return HTTPClient(host, port, timeout=timeout, tls=tls, server_hostname=server_hostname, rcvbuf=rcvbuf)
 
     def request(self, method, path, body=None, headers=None, timeout=10, **kw):
         return request(self.host, self.port, method, path, body, headers, timeout=timeout, **kw)
@@ -838,9 +838,15 @@ class HTTPClient:
     or a request, read a response strictly (Content-Length, chunked or
     close-delimited), or read a streamed body as timestamped SSE events."""
 
-    def __init__(self, host, port, timeout=10, tls=None, server_hostname=None):
+    def __init__(self, host, port, timeout=10, tls=None, server_hostname=None, rcvbuf=None):
         self.host, self.port, self.timeout = host, port, timeout
-        raw = socket.create_connection((host, port), timeout=timeout)
+        if rcvbuf:  # a small receive window: set before connect to stick
+            raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+            raw.settimeout(timeout)
+            raw.connect((host, port))
+        else:
+            raw = socket.create_connection((host, port), timeout=timeout)
         raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if tls is not None:
             raw = tls.wrap_socket(raw, server_hostname=server_hostname or host)

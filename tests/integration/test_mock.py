@@ -5,8 +5,10 @@ parser, TLS material, redis fixture). None of these need sluice, so they
 pass or fail on the harness alone.
 """
 
+import base64
 import json
 import socket
+import struct
 import ssl
 import subprocess
 import time
@@ -100,6 +102,9 @@ def test_completions_embeddings_models(mock):
     e = post(mock, "/v1/embeddings", {"model": "E", "input": ["a", "b"]}).json()
     assert e["model"] == "E" and [d["index"] for d in e["data"]] == [0, 1]
     assert len(e["data"][0]["embedding"]) == 8 and e["data"][0]["embedding"] != e["data"][1]["embedding"]
+    e64 = post(mock, "/v1/embeddings", {"model": "E", "input": ["a", "b"], "encoding_format": "base64"}).json()
+    raw = base64.b64decode(e64["data"][0]["embedding"])
+    assert list(struct.unpack("<8f", raw)) == e["data"][0]["embedding"]
     with client(mock) as c:
         m = c.request("GET", "/v1/models").json()
     assert m["object"] == "list" and [x["id"] for x in m["data"]] == ["Qwen2.5-7B-Instruct", "mock-embed"]
@@ -273,6 +278,13 @@ def test_split_coalesce_raw_eol_pad(mock):
     with client(mock) as c:
         events = list(c.stream("POST", "/v1/chat/completions", chat_body(stream=True))[1])
     assert len(events[0].json()["mock_pad"]) == 1000
+
+
+def test_raw_response(mock):
+    mock.script({"raw_response": "HTTP/1.1 200 OK\nContent-Length: 2\r\n\r\nhi"})
+    res = raw_exchange("127.0.0.1", mock.port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: m\r\nContent-Length: 2\r\n\r\n{}")
+    assert res.closed and res.data == b"HTTP/1.1 200 OK\nContent-Length: 2\r\n\r\nhi"
+    assert mock.requests()[0]["outcome"] == "cut"
 
 
 def test_close_behaviour(mock):
