@@ -178,6 +178,7 @@ void auth_free(auth_t *a)
     secret_free(a->admin_key, a->admin_key_len);
     free(a->issuer);
     free(a->audience);
+    auth_tcache_free(a->tcache);
     free(a);
 }
 
@@ -250,9 +251,10 @@ auth_t *auth_new(const conf_auth_t *c, auth_stores_t *stores, char *err, size_t 
     a->window_s = c->signing.window_ms / 1000;
     a->nonces_on_error = c->on_store_error.nonces;
     a->revocations_on_error = c->on_store_error.revocations;
+    a->tcache = auth_tcache_new(AUTH_TCACHE_DEFAULT);
 
-    if (!stores) {
-        snprintf(err, errlen, "auth: no stores given");
+    if (!stores || !a->tcache) {
+        snprintf(err, errlen, "auth: no stores given, or out of memory");
         goto fail;
     }
     if (c->tokens.leeway_ms < 0 || c->tokens.leeway_ms > LEEWAY_MAX_MS) {
@@ -406,11 +408,32 @@ auth_status_t auth_check(const auth_t *a, sl_redis_t *redis, const auth_request_
         auth_finish(res, req->authorization || a->required ? AUTH_R_TOKEN_MISSING : AUTH_OK);
         return AUTH_DONE;
     }
-    auth_reason_t r = auth_token_verify(a, tok, tok_len, now, &res->claims);
-    /* On the request path a token must name its user, be revocable by
-     * itself (jti) and say when it was issued (revocation by sub). */
-    if (r == AUTH_OK && (!res->claims.sub[0] || !res->claims.jti[0] || !res->claims.has_iat))
-        r = AUTH_R_TOKEN_CLAIMS;
+    /* A token seen before skips parsing and its signature check: only the
+     * clock-dependent rules are re-run. */
+    unsigned char th[32];
+    auth_tcache_val_t v;
+    bool hashed = tok_len <= AUTH_TOKEN_MAX && auth_sha256(tok, tok_len, th) == 0;
+    bool cached = hashed && auth_tcache_get(a->tcache, th, now, &v);
+    auth_reason_t r;
+    if (cached) {
+        res->claims = v.claims;
+        r = auth_claims_check_time(a, &res->claims, now);
+    } else {
+        r = auth_token_verify(a, tok, tok_len, now, &res->claims);
+        /* On the request path a token must name its user, be revocable by
+         * itself (jti) and say when it was issued (revocation by sub). */
+        if (r == AUTH_OK && (!res->claims.sub[0] || !res->claims.jti[0] || !res->claims.has_iat))
+            r = AUTH_R_TOKEN_CLAIMS;
+        if (r == AUTH_OK) {
+            v.claims = res->claims;
+            v.signing_key[0] = '\0';
+            if (a->signing_secret &&
+                auth_signing_key(a, v.claims.jti, strlen(v.claims.jti), v.signing_key) != 0)
+                r = AUTH_R_SIG_MISMATCH;
+            else if (hashed)
+                auth_tcache_put(a->tcache, th, &v, res->claims.exp + a->leeway_s, now);
+        }
+    }
     if (r != AUTH_OK) {
         memset(&res->claims, 0, sizeof(res->claims));
         auth_finish(res, r);
@@ -422,14 +445,9 @@ auth_status_t auth_check(const auth_t *a, sl_redis_t *redis, const auth_request_
 
     bool sig_present = req->timestamp || req->nonce || req->signature;
     if (a->signing_secret && (a->sign_required || sig_present)) {
-        char key[65];
         int64_t ts = 0;
-        if (auth_signing_key(a, res->claims.jti, strlen(res->claims.jti), key) != 0) {
-            auth_finish(res, AUTH_R_SIG_MISMATCH);
-            return AUTH_DONE;
-        }
-        r = auth_sig_verify(key, req, now, a->window_s, &ts);
-        OPENSSL_cleanse(key, sizeof(key));
+        r = auth_sig_verify(v.signing_key, req, now, a->window_s, &ts);
+        OPENSSL_cleanse(v.signing_key, sizeof(v.signing_key));
         if (r == AUTH_OK && auth_nonce_key(res->claims.jti, strlen(res->claims.jti), req->nonce,
                                            req->nonce_len, job.nonce_key) != 0)
             r = AUTH_R_SIG_MISMATCH;

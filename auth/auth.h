@@ -115,7 +115,9 @@ typedef struct auth_claims {
     char kid[AUTH_KID_MAX + 1]; /* the key that verified it */
     int64_t exp;
     int64_t iat; /* valid when has_iat */
+    int64_t nbf; /* valid when has_nbf */
     bool has_iat;
+    bool has_nbf;
 } auth_claims_t;
 
 /* Verifies a compact JWS (RFC 7515/7519): structure, alg pinned by the key
@@ -169,7 +171,9 @@ typedef void (*auth_check_cb)(void *arg, const auth_result_t *res);
 
 /* Checks a request: token (when present or required), revocation, then the
  * signature (when present or required) and its nonce. Counts every
- * rejection in sluice_auth_rejected_total{reason}.
+ * rejection in sluice_auth_rejected_total{reason}. Tokens that verified
+ * are cached in the auth_t (bounded; the clock rules are re-run on a hit,
+ * revocation is never cached).
  *   redis == NULL: the in-process stores answer; always AUTH_DONE.
  *   redis != NULL: the revocation lookups and the nonce SET NX go to Redis
  *   in one EVALSHA and the answer is AUTH_PENDING (*pending set), unless the

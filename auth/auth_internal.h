@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include <jansson.h>
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
 
 #include "auth/auth.h"
@@ -43,6 +44,26 @@ EVP_PKEY *auth_pem_load(const char *path, auth_alg_t alg, bool want_private, cha
 /* The same check for a key already in memory; 0 ok, -1 (err says why). */
 int auth_pkey_check(EVP_PKEY *k, auth_alg_t alg, char *err, size_t errlen);
 
+/* ---- verified-token cache (auth_tcache.c) ------------------------------------- */
+
+typedef struct auth_tcache auth_tcache_t;
+
+typedef struct auth_tcache_val {
+    auth_claims_t claims;
+    char signing_key[65]; /* "" when no signing secret */
+} auth_tcache_val_t;
+
+#define AUTH_TCACHE_DEFAULT 8192 /* entries, ~650 bytes each */
+
+auth_tcache_t *auth_tcache_new(size_t cap);
+void auth_tcache_free(auth_tcache_t *c);
+/* A copy of the value when key is cached and now < its expiry. */
+bool auth_tcache_get(auth_tcache_t *c, const unsigned char key[32], int64_t now,
+                     auth_tcache_val_t *out);
+void auth_tcache_put(auth_tcache_t *c, const unsigned char key[32], const auth_tcache_val_t *v,
+                     int64_t expires, int64_t now);
+size_t auth_tcache_count(auth_tcache_t *c);
+
 /* ---- the built config -------------------------------------------------------- */
 
 typedef struct auth_client {
@@ -69,6 +90,7 @@ struct auth {
     size_t admin_key_len;
     int nonces_on_error;      /* conf_store_error_t */
     int revocations_on_error; /* conf_store_error_t */
+    auth_tcache_t *tcache;    /* owned; mutable inside (locked), so const auth_t is fine */
 };
 
 /* How long a revocation must be remembered: every token valid at `now`
@@ -116,6 +138,10 @@ auth_reason_t auth_jwt_verify_sig(const auth_key_t *k, const char *token, const 
 /* The claim rules (exp, nbf, iat, lifetime, iss, aud, types) at `now`. */
 auth_reason_t auth_jwt_check_claims(const auth_t *a, const json_t *payload, int64_t now,
                                     auth_claims_t *out);
+
+/* The rules that depend on `now` (exp, nbf, iat, and the remaining-life
+ * cap of a token without iat): re-run on every use of a cached token. */
+auth_reason_t auth_claims_check_time(const auth_t *a, const auth_claims_t *c, int64_t now);
 
 /* Builds a compact JWS from the two JSON texts, signed with k (HS256
  * secret, or an RS256/ES256 private key). malloc'd; NULL on error. */

@@ -229,6 +229,20 @@ static bool audience_ok(const json_t *aud, const char *want)
     return false;
 }
 
+auth_reason_t auth_claims_check_time(const auth_t *a, const auth_claims_t *c, int64_t now)
+{
+    int64_t L = a->leeway_s;
+    if (now >= c->exp + L)
+        return AUTH_R_TOKEN_EXPIRED;
+    if ((c->has_nbf && c->nbf > now + L) || (c->has_iat && c->iat > now + L))
+        return AUTH_R_TOKEN_NOT_YET_VALID;
+    /* Without iat the lifetime cannot be measured from issue; bound what is
+     * left of it instead, so a token can never outlive the cap from now. */
+    if (!c->has_iat && c->exp - now > a->max_lifetime_s + L)
+        return AUTH_R_TOKEN_LIFETIME;
+    return AUTH_OK;
+}
+
 auth_reason_t auth_jwt_check_claims(const auth_t *a, const json_t *p, int64_t now,
                                     auth_claims_t *out)
 {
@@ -251,19 +265,17 @@ auth_reason_t auth_jwt_check_claims(const auth_t *a, const json_t *p, int64_t no
     if (a->audience && !audience_ok(json_object_get(p, "aud"), a->audience))
         return AUTH_R_TOKEN_AUDIENCE;
 
-    int64_t L = a->leeway_s;
-    if (now >= exp + L)
-        return AUTH_R_TOKEN_EXPIRED;
-    if ((has_nbf && nbf > now + L) || (has_iat && iat > now + L))
-        return AUTH_R_TOKEN_NOT_YET_VALID;
-    /* Without iat the lifetime cannot be measured from issue; bound what is
-     * left of it instead, so a token can never outlive the cap from now. */
-    if (has_iat ? exp - iat > a->max_lifetime_s : exp - now > a->max_lifetime_s + L)
-        return AUTH_R_TOKEN_LIFETIME;
-
     c.exp = exp;
     c.iat = iat;
+    c.nbf = nbf;
     c.has_iat = has_iat == 1;
+    c.has_nbf = has_nbf == 1;
+    auth_reason_t r = auth_claims_check_time(a, &c, now);
+    if (r != AUTH_OK)
+        return r;
+    if (c.has_iat && exp - iat > a->max_lifetime_s)
+        return AUTH_R_TOKEN_LIFETIME;
+
     if (out)
         *out = c;
     return AUTH_OK;

@@ -1,7 +1,8 @@
 /* Unit tests of the in-process stores: nonces seen until they expire,
  * capacity is a hard bound (a full store refuses, never evicts), expired
  * entries are reclaimed, revocations widen and expire; and what
- * on_store_error makes of a full store on the request path. */
+ * on_store_error makes of a full store on the request path; and the
+ * verified-token cache (bounded, clock re-checked, revocation not cached). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -188,12 +189,79 @@ static void test_full_store_policy(void **state)
     auth_http_reply_clear(&rep);
 }
 
+static void test_token_cache(void **state)
+{
+    (void)state;
+    /* The cache on its own: bounded, oldest out first, expiry honoured. */
+    auth_tcache_t *c = auth_tcache_new(16); /* 2 per shard */
+    auth_tcache_val_t v, out;
+    memset(&v, 0, sizeof(v));
+    unsigned char k[32];
+    memset(k, 0, sizeof(k));
+    for (int i = 0; i < 5; i++) {
+        k[0] = (unsigned char)i; /* all in shard 0 (k[31] picks it) */
+        snprintf(v.claims.sub, sizeof(v.claims.sub), "u%d", i);
+        auth_tcache_put(c, k, &v, 1000, 10);
+    }
+    assert_int_equal(auth_tcache_count(c), 2);
+    k[0] = 0;
+    assert_false(auth_tcache_get(c, k, 10, &out)); /* evicted */
+    k[0] = 4;
+    assert_true(auth_tcache_get(c, k, 10, &out));
+    assert_string_equal(out.claims.sub, "u4");
+    assert_false(auth_tcache_get(c, k, 1000, &out)); /* expired, and dropped */
+    assert_int_equal(auth_tcache_count(c), 1);
+    auth_tcache_free(c);
+    auth_tcache_free(NULL);
+
+    /* Through the request path. */
+    tconf_t t;
+    tconf_default(&t);
+    auth_stores_t *st = auth_stores_new(0, 0);
+    auth_t *a = t_auth(&t, st);
+    char *tok = t_good_token("gus", "jti-gus");
+    treq_t q;
+    treq_make(&q, a, tok, T_NOW, "tcache-nonce-000001");
+    assert_int_equal(auth_tcache_count(a->tcache), 0);
+    assert_int_equal(t_check(a, &q.r, T_NOW), AUTH_OK);
+    assert_int_equal(auth_tcache_count(a->tcache), 1);
+    /* A hit gives the same claims, signing key and answers. */
+    treq_make(&q, a, tok, T_NOW + 1, "tcache-nonce-000002");
+    auth_result_t res;
+    assert_int_equal(auth_check(a, NULL, &q.r, T_NOW + 1, &res, NULL, NULL, NULL), AUTH_DONE);
+    assert_int_equal(res.reason, AUTH_OK);
+    assert_string_equal(res.claims.sub, "gus");
+    assert_string_equal(res.claims.jti, "jti-gus");
+    assert_string_equal(res.claims.kid, "k1");
+    assert_int_equal(auth_tcache_count(a->tcache), 1);
+    q.sig[3] = q.sig[3] == 'a' ? 'b' : 'a';
+    assert_int_equal(t_check(a, &q.r, T_NOW + 1), AUTH_R_SIG_MISMATCH);
+    /* The clock still rules a cached token, and revocation is not cached. */
+    treq_make(&q, a, tok, T_NOW + 930, "tcache-nonce-000003");
+    assert_int_equal(t_check(a, &q.r, T_NOW + 930), AUTH_R_TOKEN_EXPIRED);
+    treq_make(&q, a, tok, T_NOW + 2, "tcache-nonce-000004");
+    assert_int_equal(auth_revoke_jti(a, "jti-gus", T_NOW + 2), 0);
+    assert_int_equal(t_check(a, &q.r, T_NOW + 2), AUTH_R_TOKEN_REVOKED);
+    /* Other bytes are another token: a changed signature is checked. */
+    char *bad = strdup(tok);
+    char *s = strrchr(bad, '.') + 5;
+    *s = *s == 'A' ? 'B' : 'A';
+    treq_make(&q, a, bad, T_NOW + 3, "tcache-nonce-000005");
+    assert_int_equal(t_check(a, &q.r, T_NOW + 3), AUTH_R_TOKEN_SIGNATURE);
+    /* Refused tokens are not cached. */
+    assert_int_equal(auth_tcache_count(a->tcache), 1);
+    free(bad);
+    free(tok);
+    auth_free(a);
+    auth_stores_free(st);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_nonce_seen_until_expiry),   cmocka_unit_test(test_nonce_bounded),
         cmocka_unit_test(test_nonce_out_of_order_expiry), cmocka_unit_test(test_revocations),
-        cmocka_unit_test(test_full_store_policy),
+        cmocka_unit_test(test_full_store_policy),         cmocka_unit_test(test_token_cache),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
