@@ -319,6 +319,7 @@ static int cmd_info(const char *path)
 /* ---- shared setup ------------------------------------------------------ */
 
 typedef struct {
+    mdl_gguf_t *g; /* tokenizer-only use: the file without a model */
     mdl_model_t *m;
     mdl_tok_t *tok;
     mdl_pool_t *pool;
@@ -331,9 +332,11 @@ static void ctx_free(cli_ctx_t *c)
     mdl_pool_free(c->pool);
     mdl_tok_free(c->tok);
     mdl_model_free(c->m);
+    mdl_gguf_free(c->g);
 }
 
-/* Loads model (+ tokenizer when want_tok, + state of n_ctx when > 0). */
+/* Loads the tokenizer only (any GGUF with tokenizer metadata, weights or
+ * not) when n_ctx is 0; otherwise the model and a state of n_ctx tokens. */
 static int ctx_open(cli_ctx_t *c, const cli_opts_t *o, int want_tok, int n_ctx)
 {
     char err[256];
@@ -342,31 +345,33 @@ static int ctx_open(cli_ctx_t *c, const cli_opts_t *o, int want_tok, int n_ctx)
         fprintf(stderr, "model: --model FILE is required\n");
         return -1;
     }
+    if (n_ctx == 0) {
+        c->g = mdl_gguf_open(o->model, err, sizeof(err));
+        const mdl_gguf_tensor_t *emb =
+            c->g ? mdl_gguf_tensor_find(c->g, "token_embd.weight") : NULL;
+        int n_vocab = emb && emb->ne[1] < (1u << 30) ? (int)emb->ne[1] : 1 << 30;
+        if (c->g && want_tok)
+            c->tok = mdl_tok_from_gguf(c->g, n_vocab, err, sizeof(err));
+        if (!c->g || (want_tok && !c->tok)) {
+            fprintf(stderr, "model: %s\n", err);
+            ctx_free(c);
+            return -1;
+        }
+        return 0;
+    }
     c->m = mdl_model_load(o->model, err, sizeof(err));
     if (!c->m) {
         fprintf(stderr, "model: %s\n", err);
         return -1;
     }
-    if (want_tok) {
-        c->tok = mdl_tok_from_gguf(c->m->gguf, c->m->n_vocab, err, sizeof(err));
-        if (!c->tok) {
-            fprintf(stderr, "model: %s\n", err);
-            ctx_free(c);
-            return -1;
-        }
-    }
-    if (n_ctx > 0) {
-        c->pool = mdl_pool_new(o->threads);
-        mdl_state_opts_t so = {.n_ctx = n_ctx,
-                               .batch = o->batch,
-                               .kernel_level = o->kernel_level,
-                               .precise = o->precise};
-        c->st = c->pool ? mdl_state_new(c->m, &so, c->pool, err, sizeof(err)) : NULL;
-        if (!c->st) {
-            fprintf(stderr, "model: %s\n", c->pool ? err : "cannot start threads");
-            ctx_free(c);
-            return -1;
-        }
+    c->pool = mdl_pool_new(o->threads);
+    mdl_state_opts_t so = {
+        .n_ctx = n_ctx, .batch = o->batch, .kernel_level = o->kernel_level, .precise = o->precise};
+    c->st = c->pool ? mdl_state_new(c->m, &so, c->pool, err, sizeof(err)) : NULL;
+    if (!c->st) {
+        fprintf(stderr, "model: %s\n", c->pool ? err : "cannot start threads");
+        ctx_free(c);
+        return -1;
     }
     return 0;
 }

@@ -59,7 +59,9 @@ static void *helper_main(void *v)
     helper_arg_t ha = *(helper_arg_t *)v;
     free(v);
     mdl_pool_t *p = ha.p;
-    uint32_t seen = atomic_load(&p->gen);
+    /* gen was 0 when the pool was made; a job may already be posted by the
+     * time this thread runs, so do not read the current value */
+    uint32_t seen = 0;
     for (;;) {
         uint32_t g;
         int spins = 0;
