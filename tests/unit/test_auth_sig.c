@@ -163,9 +163,10 @@ static void test_nonce_syntax(void **state)
 {
     fx_t *f = *state;
     treq_t q;
+    /* 15 characters, 65 characters, then characters outside the set. */
     static const char *bad[] = {"short-nonce-15c",
-                                "x234567890123456789012345678901234567890123456789012345678901234"
-                                "5",
+                                ("x23456789012345678901234567890123456789012345678901234567890123"
+                                 "45"),
                                 "has.a.dot.in.it.xxxxx",
                                 "has=padding=aaaaaaaaa",
                                 "has space aaaaaaaaaaa",
