@@ -94,13 +94,34 @@ typedef struct conf_upstream {
     int64_t eject_ms;              /* ... for this long, 10s */
 } conf_upstream_t;
 
+/* ---- fault injection (fallback/), global and per model ----------------- */
+
+/* Envoy-style drills. At the root every field has a value; under a model
+ * -1 (delay: 0) means "not set here: the root's value". */
+typedef struct conf_fault {
+    int64_t abort_percent; /* requests answered abort_status instead of forwarded, 0..100 */
+    int64_t abort_status;  /* 503 */
+    int64_t delay_percent; /* requests held for delay before forwarding, 0..100 */
+    int64_t delay_ms;      /* 0 */
+    bool header;           /* root only: honour X-Sluice-Fault with the admin key, true */
+} conf_fault_t;
+
+/* models.<name>.queue: whether template-answered requests are queued. */
+typedef enum conf_queue_mode {
+    CONF_QUEUE_INHERIT = 0, /* fallback.queue.enabled decides */
+    CONF_QUEUE_ON,
+    CONF_QUEUE_OFF,
+} conf_queue_mode_t;
+
 /* ---- models (routing) --------------------------------------------------- */
 
 typedef struct conf_model {
     char *name; /* the map key: the name clients send */
     int line;
-    char *upstream; /* must name an upstream */
-    char *served;   /* the upstream's served name (alias target); NULL = same as name */
+    char *upstream;     /* must name an upstream */
+    char *served;       /* the upstream's served name (alias target); NULL = same as name */
+    conf_fault_t fault; /* per-model drill; -1 fields = the root fault's */
+    int queue;          /* conf_queue_mode_t */
 } conf_model_t;
 
 /* ---- SSE relay ---------------------------------------------------------- */
@@ -273,6 +294,73 @@ typedef struct conf_kv {
     int line;
 } conf_kv_t;
 
+/* ---- the fallback chain (fallback/) ------------------------------------- */
+
+typedef struct conf_fb_retry {
+    int64_t attempts;         /* retries after the first try, 1; 0 = none */
+    int64_t backoff_ms;       /* first retry's delay, doubled per retry, jittered; 100ms */
+    int64_t backoff_max_ms;   /* cap on a delay, Retry-After included; 2s */
+    int64_t budget_percent;   /* retries <= this % of requests in the window; 20 */
+    int64_t budget_window_ms; /* the sliding window; 10s */
+    int64_t budget_min;       /* retries a window always allows (quiet hours); 0 */
+} conf_fb_retry_t;
+
+typedef struct conf_fb_circuit {
+    int64_t failures;        /* consecutive failures that open it; 5; 0 = off */
+    int64_t failure_percent; /* failure ratio over the window that opens it; 50; 0 = off */
+    int64_t min_requests;    /* ... once the window holds this many results; 20 */
+    int64_t window_ms;       /* 10s */
+    int64_t cooldown_ms;     /* open this long, then half-open; 30s */
+    int64_t probes;          /* half-open: requests let through; all must succeed; 1 */
+} conf_fb_circuit_t;
+
+typedef struct conf_fb_local {
+    char *upstream; /* pool standing in for the on-device model; NULL = no local tier */
+} conf_fb_local_t;
+
+typedef struct conf_fb_template {
+    bool enabled;     /* true */
+    char *text;       /* the default text */
+    conf_kv_t *texts; /* language tag ("en", "en-GB") -> text, chosen by Accept-Language */
+    size_t ntexts;
+} conf_fb_template_t;
+
+typedef enum conf_queue_store {
+    CONF_QUEUE_STORE_AUTO = 0, /* redis when redis.url is set, else journal */
+    CONF_QUEUE_STORE_JOURNAL,
+    CONF_QUEUE_STORE_REDIS,
+} conf_queue_store_t;
+
+typedef struct conf_fb_queue {
+    bool enabled;           /* false */
+    int store;              /* conf_queue_store_t */
+    char *dir;              /* journal directory, "var/queue" */
+    int64_t max_attempts;   /* resends, then dead letter; 20 */
+    int64_t max_age_ms;     /* a request not delivered by then is dead-lettered; 24h */
+    int64_t backoff_ms;     /* first resend's delay, doubled per attempt; 1s */
+    int64_t backoff_max_ms; /* 5m */
+    int64_t lease_ms;       /* a taken item is another worker's again after this; 2m */
+    int64_t keep_ms;        /* results (and dead letters) kept after they end; 24h */
+    int64_t max_pending;    /* accepts beyond this are refused; 100000 */
+} conf_fb_queue_t;
+
+typedef struct conf_fb_idem {
+    bool enabled;               /* true */
+    int64_t ttl_ms;             /* a completed key is replayed this long; 24h */
+    int64_t inflight_ttl_ms;    /* an in-flight mark is forgotten after this; 5m */
+    int64_t max_entries;        /* in-process table cap; 100000 */
+    int64_t max_response_bytes; /* larger answers are not kept for replay; 1m */
+} conf_fb_idem_t;
+
+typedef struct conf_fallback {
+    conf_fb_retry_t retry;
+    conf_fb_circuit_t circuit;
+    conf_fb_local_t local;
+    conf_fb_template_t tmpl; /* the YAML key `template` */
+    conf_fb_queue_t queue;
+    conf_fb_idem_t idempotency;
+} conf_fallback_t;
+
 /* ---- the whole file ----------------------------------------------------- */
 
 typedef struct conf {
@@ -294,6 +382,8 @@ typedef struct conf {
     conf_redis_t redis;
     conf_auth_t auth;
     conf_filters_t filters;
+    conf_fallback_t fallback;
+    conf_fault_t fault;
 } conf_t;
 
 /* ---- API ------------------------------------------------------------------ */

@@ -246,6 +246,12 @@ static int root_check(conf_ctx_t *ctx, void *obj, int line)
                                m->upstream);
         }
     }
+    const conf_fallback_t *fb = &c->fallback;
+    if (fb->local.upstream && !conf_upstream_find(c, fb->local.upstream))
+        return conf_errorf(ctx, line, "fallback.local.upstream",
+                           "no upstream named \"%s\" under upstreams", fb->local.upstream);
+    if (fb->queue.store == CONF_QUEUE_STORE_REDIS && !c->redis.url)
+        return conf_errorf(ctx, line, "fallback.queue.store", "redis needs redis.url");
     return 0;
 }
 
@@ -505,6 +511,99 @@ static const conf_table_t upstream_table = {TABLE(upstream_keys, conf_upstream_t
                                             .has_name = true,
                                             .name_off = offsetof(conf_upstream_t, name)};
 
+/* ---- fault injection (fallback/) ------------------------------------------------- */
+
+static const char *const queue_mode_names[] = {"inherit", "on", "off", NULL};
+
+static const conf_key_t fault_keys[] = {
+    {.name = "abort_percent",
+     .type = CONF_INT,
+     .off = offsetof(conf_fault_t, abort_percent),
+     .def = "0",
+     .min = 0,
+     .max = 100,
+     .flags = R,
+     .doc = "percent of requests answered abort_status at once instead of being forwarded"},
+    {.name = "abort_status",
+     .type = CONF_INT,
+     .off = offsetof(conf_fault_t, abort_status),
+     .def = "503",
+     .min = 400,
+     .max = 599,
+     .flags = R,
+     .doc = "the status of an injected abort (it goes through the fallback chain like a real one)"},
+    {.name = "delay_percent",
+     .type = CONF_INT,
+     .off = offsetof(conf_fault_t, delay_percent),
+     .def = "0",
+     .min = 0,
+     .max = 100,
+     .flags = R,
+     .doc = "percent of requests held for delay before they are forwarded"},
+    {.name = "delay",
+     .type = CONF_DURATION,
+     .off = offsetof(conf_fault_t, delay_ms),
+     .def = "0s",
+     .min = 0,
+     .max = MINUTES(10),
+     .flags = R,
+     .doc = "how long an injected delay lasts"},
+    {.name = "header",
+     .type = CONF_BOOL,
+     .off = offsetof(conf_fault_t, header),
+     .def = "true",
+     .flags = R,
+     .doc = "honour a per-request X-Sluice-Fault header carrying X-Sluice-Admin-Key (needs "
+            "auth.admin_key_env)"},
+};
+static const conf_table_t fault_table = {TABLE(fault_keys, conf_fault_t)};
+
+/* Under a model: the same keys, -1 (delay: 0) = the root's value, no header
+ * switch. */
+static const conf_key_t model_fault_keys[] = {
+    {.name = "abort_percent",
+     .type = CONF_INT,
+     .off = offsetof(conf_fault_t, abort_percent),
+     .def = "-1",
+     .min = -1,
+     .max = 100,
+     .flags = R,
+     .doc = "percent of this model's requests aborted; -1 = fault.abort_percent"},
+    {.name = "abort_status",
+     .type = CONF_INT,
+     .off = offsetof(conf_fault_t, abort_status),
+     .def = "-1",
+     .min = -1,
+     .max = 599,
+     .flags = R,
+     .doc = "status of this model's injected aborts (400..599); -1 = fault.abort_status"},
+    {.name = "delay_percent",
+     .type = CONF_INT,
+     .off = offsetof(conf_fault_t, delay_percent),
+     .def = "-1",
+     .min = -1,
+     .max = 100,
+     .flags = R,
+     .doc = "percent of this model's requests delayed; -1 = fault.delay_percent"},
+    {.name = "delay",
+     .type = CONF_DURATION,
+     .off = offsetof(conf_fault_t, delay_ms),
+     .def = "0s",
+     .min = 0,
+     .max = MINUTES(10),
+     .flags = R,
+     .doc = "this model's injected delay; 0 = fault.delay"},
+};
+static int model_fault_check(conf_ctx_t *ctx, void *obj, int line)
+{
+    const conf_fault_t *f = obj;
+    if (f->abort_status != -1 && f->abort_status < 400)
+        return conf_errorf(ctx, line, "abort_status", "expected 400..599 (or -1)");
+    return 0;
+}
+static const conf_table_t model_fault_table = {TABLE(model_fault_keys, conf_fault_t),
+                                               .check = model_fault_check};
+
 /* ---- models --------------------------------------------------------------------- */
 
 static const conf_key_t model_keys[] = {
@@ -518,6 +617,20 @@ static const conf_key_t model_keys[] = {
      .off = offsetof(conf_model_t, served),
      .flags = R,
      .doc = "the upstream's name for the model (alias target); default: the same name"},
+    {.name = "fault",
+     .type = CONF_STRUCT,
+     .off = offsetof(conf_model_t, fault),
+     .sub = &model_fault_table,
+     .flags = R,
+     .doc = "fault injection for this model; unset keys = the root fault's (docs/fallback.md)"},
+    {.name = "queue",
+     .type = CONF_ENUM,
+     .off = offsetof(conf_model_t, queue),
+     .def = "inherit",
+     .enums = queue_mode_names,
+     .flags = R,
+     .doc = "queue requests that got the template for resending: inherit "
+            "(fallback.queue.enabled), on, off"},
 };
 static const conf_table_t model_table = {TABLE(model_keys, conf_model_t), .has_line = true,
                                          .line_off = offsetof(conf_model_t, line), .has_name = true,
@@ -1191,6 +1304,318 @@ static const conf_key_t filters_keys[] = {
 static const conf_table_t filters_table = {TABLE(filters_keys, conf_filters_t),
                                            .check = conf_filters_check};
 
+/* ---- fallback: retry, circuit, local, template, queue, idempotency (fallback/) ------- */
+
+static const char *const queue_store_names[] = {"auto", "journal", "redis", NULL};
+
+static int fb_retry_check(conf_ctx_t *ctx, void *obj, int line)
+{
+    const conf_fb_retry_t *r = obj;
+    if (r->backoff_ms > r->backoff_max_ms)
+        return conf_errorf(ctx, line, "backoff", "longer than backoff_max");
+    return 0;
+}
+
+static int fb_queue_check(conf_ctx_t *ctx, void *obj, int line)
+{
+    const conf_fb_queue_t *q = obj;
+    if (q->backoff_ms > q->backoff_max_ms)
+        return conf_errorf(ctx, line, "backoff", "longer than backoff_max");
+    return 0;
+}
+
+static const conf_key_t fb_retry_keys[] = {
+    {.name = "attempts",
+     .type = CONF_INT,
+     .off = offsetof(conf_fb_retry_t, attempts),
+     .def = "1",
+     .min = 0,
+     .max = 10,
+     .flags = R,
+     .doc = "retries after the first try (connect failure, 5xx, first-byte timeout; only "
+            "before anything reached the client); 0 = none"},
+    {.name = "backoff",
+     .type = CONF_DURATION,
+     .off = offsetof(conf_fb_retry_t, backoff_ms),
+     .def = "100ms",
+     .min = 0,
+     .max = MINUTES(1),
+     .flags = R,
+     .doc = "delay before the first retry, doubled for each next one, jittered (half to full)"},
+    {.name = "backoff_max",
+     .type = CONF_DURATION,
+     .off = offsetof(conf_fb_retry_t, backoff_max_ms),
+     .def = "2s",
+     .min = 0,
+     .max = MINUTES(10),
+     .flags = R,
+     .doc = "cap on a retry's delay; a Retry-After longer than this skips the retry on that "
+            "server"},
+    {.name = "budget_percent",
+     .type = CONF_INT,
+     .off = offsetof(conf_fb_retry_t, budget_percent),
+     .def = "20",
+     .min = 0,
+     .max = 100,
+     .flags = R,
+     .doc = "retries are at most this percent of a pool's requests over budget_window"},
+    {.name = "budget_window",
+     .type = CONF_DURATION,
+     .off = offsetof(conf_fb_retry_t, budget_window_ms),
+     .def = "10s",
+     .min = SEC(1),
+     .max = HOUR(1),
+     .flags = R,
+     .doc = "the retry budget's sliding window"},
+    {.name = "budget_min",
+     .type = CONF_INT,
+     .off = offsetof(conf_fb_retry_t, budget_min),
+     .def = "0",
+     .min = 0,
+     .max = 1000000,
+     .flags = R,
+     .doc = "retries a window allows whatever the percent (for quiet pools); adds to the "
+            "amplification bound"},
+};
+static const conf_table_t fb_retry_table = {TABLE(fb_retry_keys, conf_fb_retry_t),
+                                            .check = fb_retry_check};
+
+static const conf_key_t fb_circuit_keys[] = {
+    {.name = "failures",
+     .type = CONF_INT,
+     .off = offsetof(conf_fb_circuit_t, failures),
+     .def = "5",
+     .min = 0,
+     .max = 100000,
+     .flags = R,
+     .doc = "consecutive failures of a server that open its circuit; 0 = off"},
+    {.name = "failure_percent",
+     .type = CONF_INT,
+     .off = offsetof(conf_fb_circuit_t, failure_percent),
+     .def = "50",
+     .min = 0,
+     .max = 100,
+     .flags = R,
+     .doc = "failure percent over window (once min_requests results are in) that opens it; "
+            "0 = off"},
+    {.name = "min_requests",
+     .type = CONF_INT,
+     .off = offsetof(conf_fb_circuit_t, min_requests),
+     .def = "20",
+     .min = 1,
+     .max = 1000000,
+     .flags = R,
+     .doc = "results the window must hold before failure_percent applies"},
+    {.name = "window",
+     .type = CONF_DURATION,
+     .off = offsetof(conf_fb_circuit_t, window_ms),
+     .def = "10s",
+     .min = SEC(1),
+     .max = HOUR(1),
+     .flags = R,
+     .doc = "sliding window of failure_percent"},
+    {.name = "cooldown",
+     .type = CONF_DURATION,
+     .off = offsetof(conf_fb_circuit_t, cooldown_ms),
+     .def = "30s",
+     .min = MS(100),
+     .max = HOUR(1),
+     .flags = R,
+     .doc = "an open circuit gets no requests this long, then lets probes through (half-open)"},
+    {.name = "probes",
+     .type = CONF_INT,
+     .off = offsetof(conf_fb_circuit_t, probes),
+     .def = "1",
+     .min = 1,
+     .max = 100,
+     .flags = R,
+     .doc = "half-open: requests let through; all succeeding closes it, one failing reopens it"},
+};
+static const conf_table_t fb_circuit_table = {TABLE(fb_circuit_keys, conf_fb_circuit_t)};
+
+static const conf_key_t fb_local_keys[] = {
+    {.name = "upstream",
+     .type = CONF_STRING,
+     .off = offsetof(conf_fb_local_t, upstream),
+     .flags = R,
+     .doc = "pool (a key under upstreams) tried when the model's own is unavailable; unset = "
+            "no local tier"},
+};
+static const conf_table_t fb_local_table = {TABLE(fb_local_keys, conf_fb_local_t)};
+
+static const conf_key_t fb_template_keys[] = {
+    {.name = "enabled",
+     .type = CONF_BOOL,
+     .off = offsetof(conf_fb_template_t, enabled),
+     .def = "true",
+     .flags = R,
+     .doc = "answer with the template (status 200, the shape asked for) when no model can"},
+    {.name = "text",
+     .type = CONF_STRING,
+     .off = offsetof(conf_fb_template_t, text),
+     .def = "我现在网络不太顺畅，稍后再试试吧。",
+     .flags = R,
+     .doc = "the template's text when no entry of texts matches Accept-Language"},
+    {.name = "texts",
+     .type = CONF_STRMAP,
+     .off = offsetof(conf_fb_template_t, texts),
+     .count_off = offsetof(conf_fb_template_t, ntexts),
+     .min = 0,
+     .max = 256,
+     .flags = R,
+     .doc = "language tag -> text, chosen by Accept-Language (q-values; en-US falls back to "
+            "en)"},
+};
+static const conf_table_t fb_template_table = {TABLE(fb_template_keys, conf_fb_template_t)};
+
+static const conf_key_t fb_queue_keys[] = {
+    {.name = "enabled",
+     .type = CONF_BOOL,
+     .off = offsetof(conf_fb_queue_t, enabled),
+     .def = "false",
+     .doc = "store requests that got the template and resend them (models.<name>.queue "
+            "overrides)"},
+    {.name = "store",
+     .type = CONF_ENUM,
+     .off = offsetof(conf_fb_queue_t, store),
+     .def = "auto",
+     .enums = queue_store_names,
+     .doc = "journal (fsynced file in dir), redis (a stream; needs redis.url), or auto "
+            "(redis when redis.url is set)"},
+    {.name = "dir",
+     .type = CONF_STRING,
+     .off = offsetof(conf_fb_queue_t, dir),
+     .def = "var/queue",
+     .doc = "directory of the journal (created if missing)"},
+    {.name = "max_attempts",
+     .type = CONF_INT,
+     .off = offsetof(conf_fb_queue_t, max_attempts),
+     .def = "20",
+     .min = 1,
+     .max = 10000,
+     .doc = "resends of one request, then it is dead-lettered"},
+    {.name = "max_age",
+     .type = CONF_DURATION,
+     .off = offsetof(conf_fb_queue_t, max_age_ms),
+     .def = "24h",
+     .min = SEC(1),
+     .max = DAY(30),
+     .doc = "a request not delivered this long after it was accepted is dead-lettered"},
+    {.name = "backoff",
+     .type = CONF_DURATION,
+     .off = offsetof(conf_fb_queue_t, backoff_ms),
+     .def = "1s",
+     .min = MS(10),
+     .max = HOUR(1),
+     .doc = "delay before the first resend, doubled per attempt, jittered"},
+    {.name = "backoff_max",
+     .type = CONF_DURATION,
+     .off = offsetof(conf_fb_queue_t, backoff_max_ms),
+     .def = "5m",
+     .min = MS(10),
+     .max = DAY(1),
+     .doc = "cap on the delay between resends"},
+    {.name = "lease",
+     .type = CONF_DURATION,
+     .off = offsetof(conf_fb_queue_t, lease_ms),
+     .def = "2m",
+     .min = SEC(1),
+     .max = HOUR(1),
+     .doc = "a request taken for a resend that reports nothing this long is due again"},
+    {.name = "keep",
+     .type = CONF_DURATION,
+     .off = offsetof(conf_fb_queue_t, keep_ms),
+     .def = "24h",
+     .min = SEC(1),
+     .max = DAY(30),
+     .doc = "results and dead letters stay readable at GET /v1/requests/{id} this long"},
+    {.name = "max_pending",
+     .type = CONF_INT,
+     .off = offsetof(conf_fb_queue_t, max_pending),
+     .def = "100000",
+     .min = 1,
+     .max = 100000000,
+     .doc = "requests waiting at once; beyond it a request gets the template only (counted)"},
+};
+static const conf_table_t fb_queue_table = {TABLE(fb_queue_keys, conf_fb_queue_t),
+                                            .check = fb_queue_check};
+
+static const conf_key_t fb_idem_keys[] = {
+    {.name = "enabled",
+     .type = CONF_BOOL,
+     .off = offsetof(conf_fb_idem_t, enabled),
+     .def = "true",
+     .doc = "honour Idempotency-Key (per user): 409 while in flight, replay after, 422 on a "
+            "new body"},
+    {.name = "ttl",
+     .type = CONF_DURATION,
+     .off = offsetof(conf_fb_idem_t, ttl_ms),
+     .def = "24h",
+     .min = SEC(1),
+     .max = DAY(30),
+     .doc = "a completed key's answer is replayed this long"},
+    {.name = "inflight_ttl",
+     .type = CONF_DURATION,
+     .off = offsetof(conf_fb_idem_t, inflight_ttl_ms),
+     .def = "5m",
+     .min = SEC(1),
+     .max = DAY(1),
+     .doc = "an in-flight mark nobody completes (a crash) is dropped after this"},
+    {.name = "max_entries",
+     .type = CONF_INT,
+     .off = offsetof(conf_fb_idem_t, max_entries),
+     .def = "100000",
+     .min = 16,
+     .max = 100000000,
+     .doc = "keys the in-process store holds; past it the oldest is dropped (counted)"},
+    {.name = "max_response_bytes",
+     .type = CONF_SIZE,
+     .off = offsetof(conf_fb_idem_t, max_response_bytes),
+     .def = "1m",
+     .min = KIB(1),
+     .max = MIB(64),
+     .doc = "larger answers are not kept: a replay of such a key gets 409"},
+};
+static const conf_table_t fb_idem_table = {TABLE(fb_idem_keys, conf_fb_idem_t)};
+
+static const conf_key_t fallback_keys[] = {
+    {.name = "retry",
+     .type = CONF_STRUCT,
+     .off = offsetof(conf_fallback_t, retry),
+     .sub = &fb_retry_table,
+     .flags = R,
+     .doc = "retries of a failed upstream attempt, bounded by a budget"},
+    {.name = "circuit",
+     .type = CONF_STRUCT,
+     .off = offsetof(conf_fallback_t, circuit),
+     .sub = &fb_circuit_table,
+     .flags = R,
+     .doc = "circuit breaker per upstream server"},
+    {.name = "local",
+     .type = CONF_STRUCT,
+     .off = offsetof(conf_fallback_t, local),
+     .sub = &fb_local_table,
+     .flags = R,
+     .doc = "the local small-model tier"},
+    {.name = "template",
+     .type = CONF_STRUCT,
+     .off = offsetof(conf_fallback_t, tmpl),
+     .sub = &fb_template_table,
+     .flags = R,
+     .doc = "the template reply tier"},
+    {.name = "queue",
+     .type = CONF_STRUCT,
+     .off = offsetof(conf_fallback_t, queue),
+     .sub = &fb_queue_table,
+     .doc = "durable queue of template-answered requests, resent later"},
+    {.name = "idempotency",
+     .type = CONF_STRUCT,
+     .off = offsetof(conf_fallback_t, idempotency),
+     .sub = &fb_idem_table,
+     .doc = "Idempotency-Key handling"},
+};
+static const conf_table_t fallback_table = {TABLE(fallback_keys, conf_fallback_t)};
+
 /* ---- the root ----------------------------------------------------------------------- */
 
 static const conf_key_t root_keys[] = {
@@ -1281,6 +1706,20 @@ static const conf_key_t root_keys[] = {
      .sub = &filters_table,
      .flags = R,
      .doc = "content filtering of prompts and answers (docs/filters.md)"},
+    {.name = "fallback",
+     .type = CONF_STRUCT,
+     .off = offsetof(conf_t, fallback),
+     .sub = &fallback_table,
+     .flags = R,
+     .doc = "the fallback chain: retry, circuit, local model, template, queue "
+            "(docs/fallback.md)"},
+    {.name = "fault",
+     .type = CONF_STRUCT,
+     .off = offsetof(conf_t, fault),
+     .sub = &fault_table,
+     .flags = R,
+     .doc = "fault injection for drills, in front of the upstream; per model under models "
+            "(docs/fallback.md)"},
 };
 
 const conf_table_t conf_root_table = {TABLE(root_keys, conf_t), .check = root_check};
