@@ -266,7 +266,7 @@ typedef struct conf_filters_input {
 } conf_filters_input_t;
 
 typedef struct conf_filters_regex_limits {
-    int64_t match;      /* pcre2 match limit, 1000000 */
+    int64_t match;      /* pcre2 match limit, 100000 */
     int64_t depth;      /* pcre2 depth limit, 10000 */
     int64_t heap_bytes; /* pcre2 heap limit, 4m */
     int on_limit;       /* 0 match (the rule's action), 1 nomatch */

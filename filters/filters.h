@@ -72,7 +72,7 @@ typedef enum flt_on_limit {
  *     regex: [ { name: cn_mobile, pattern: '1[3-9]\d{9}', action: mask } ]
  *     mask: "***"
  *     output: true
- *     regex_limits: { match: 1000000, depth: 10000, heap: 4m, on_limit: match }
+ *     regex_limits: { match: 100000, depth: 10000, heap: 4m, on_limit: match }
  *     holdback_max: 4k
  *
  * conf/conf.h's conf_filters_t carries the same from the config file;
@@ -99,7 +99,7 @@ typedef struct flt_conf_regex {
 } flt_conf_regex_t;
 
 typedef struct flt_conf_regex_limits {
-    int64_t match;    /* pcre2 match limit, 1000000 (applies to JIT too) */
+    int64_t match;    /* pcre2 match limit, 100000 (applies to JIT too) */
     int64_t depth;    /* pcre2 depth limit, 10000 (interpreter only) */
     int64_t heap_kib; /* pcre2 heap limit in KiB, 4096 (interpreter only) */
     int on_limit;     /* flt_on_limit_t, match */

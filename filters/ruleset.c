@@ -34,7 +34,7 @@ void flt_conf_defaults(flt_conf_t *c)
     c->input.system_prompt_mode = FLT_SYSPROMPT_PREPEND;
     c->mask = "***";
     c->output = true;
-    c->regex_limits.match = 1000000;
+    c->regex_limits.match = 100000;
     c->regex_limits.depth = 10000;
     c->regex_limits.heap_kib = 4096;
     c->regex_limits.on_limit = FLT_ON_LIMIT_MATCH;
