@@ -130,11 +130,12 @@ static void finish(mdl_engine_t *e, mdl_request_t *r, mdl_finish_t why, const md
                    const char *error)
 {
     mdl_usage_t zero = {0};
-    r->done = 1;
-    r->cb.on_done(r->ud, why, u ? u : &zero, why == MDL_FINISH_ERROR ? error : NULL);
+    /* stats first: whoever on_done wakes sees them up to date */
     pthread_mutex_lock(&e->mu);
     e->requests_done++;
     pthread_mutex_unlock(&e->mu);
+    r->done = 1;
+    r->cb.on_done(r->ud, why, u ? u : &zero, why == MDL_FINISH_ERROR ? error : NULL);
     req_unref(r);
 }
 
