@@ -309,7 +309,8 @@ static flt_ev_verdict_t stream_event(flt_stream_t *st, const char *data, size_t 
     }
     if (n == 0)
         return FLT_EV_PASS;
-    json_t *root = json_loadb(data, n, 0, NULL);
+    /* a model may well emit U+0000; it is text, not a reason to block */
+    json_t *root = json_loadb(data, n, JSON_ALLOW_NUL, NULL);
     if (!json_is_object(root)) {
         /* text we cannot read is text we cannot check: fail closed */
         json_decref(root);

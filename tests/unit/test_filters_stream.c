@@ -470,6 +470,9 @@ static void test_sse_passthrough_and_edges(void **state)
     char *d = chunk("plain words ", NULL);
     assert_int_equal(flt_stream_event(st, d, strlen(d), &out), FLT_EV_PASS);
     free(d);
+    /* U+0000 in the text is just text */
+    const char *nul = "{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\\u0000b \"}}]}";
+    assert_int_equal(flt_stream_event(st, nul, strlen(nul), &out), FLT_EV_PASS);
     /* a usage-only chunk passes */
     const char *usage = "{\"id\":\"x\",\"choices\":[],\"usage\":{\"total_tokens\":3}}";
     assert_int_equal(flt_stream_event(st, usage, strlen(usage), &out), FLT_EV_PASS);
