@@ -460,8 +460,15 @@ auth_status_t auth_check(const auth_t *a, sl_redis_t *redis, const auth_request_
         job.nonce_expires = ts + a->window_s;
     }
 
-    if (redis && cb)
+    if (redis && cb) {
+        /* Revocations made through this instance are always here too (even
+         * one whose Redis write failed), and looking costs no round trip. */
+        if (auth_rev_check(a->stores, &job.claims, now)) {
+            auth_finish(res, AUTH_R_TOKEN_REVOKED);
+            return AUTH_DONE;
+        }
         return auth_redis_check(a, redis, &job, now, res, cb, arg, pending);
+    }
     r = local_checks(a, &job, now);
     if (r != AUTH_OK)
         auth_finish(res, r);

@@ -393,11 +393,14 @@ static void test_redis_down_then_back(void **state)
             assert_int_equal(rcheck(&in, &q.r, T_NOW + 1), AUTH_R_TOKEN_REVOKED);
         }
         /* A revocation with Redis down: 503, yet kept on this instance. */
-        auth_http_reply_t r = rrevoke(&in, "{\"jti\":\"jti-down\"}", T_NOW);
+        auth_http_reply_t r = rrevoke(&in, "{\"jti\":\"jti-f-1\"}", T_NOW);
         assert_int_equal(r.status, 503);
         assert_non_null(strstr(r.body, "store_unavailable"));
         auth_http_reply_clear(&r);
         assert_true(auth_stores_revocation_count(in.st) >= 1);
+        /* ... where it is enforced at once, whatever the policy. */
+        treq_make(&q, in.a, tok, T_NOW + 2, "redis-down-nonce-rev");
+        assert_int_equal(rcheck(&in, &q.r, T_NOW + 2), AUTH_R_TOKEN_REVOKED);
         inst_close(&in);
     }
 
