@@ -460,7 +460,7 @@ auth_status_t auth_check(const auth_t *a, sl_redis_t *redis, const auth_request_
         job.nonce_expires = ts + a->window_s;
     }
 
-    if (redis && cb) {
+    if (redis && cb && pending) {
         /* Revocations made through this instance are always here too (even
          * one whose Redis write failed), and looking costs no round trip. */
         if (auth_rev_check(a->stores, &job.claims, now)) {
@@ -745,7 +745,7 @@ auth_status_t auth_admin_revoke(const auth_t *a, sl_redis_t *redis, const char *
     sl_info("auth: revoked%s%s%s%s until %lld", jti ? " jti=" : "", jti ? jti : "",
             sub ? " sub=" : "", sub ? sub : "", (long long)until);
     auth_status_t st = AUTH_DONE;
-    if (redis && cb)
+    if (redis && cb && pending)
         st = auth_redis_revoke(a, redis, jti, sub, now, until, cb, arg, pending, out);
     else if (auth_revoke_reply(out, jti, sub, until, "local") != 0)
         out->status = 500;

@@ -186,6 +186,9 @@ auth_status_t auth_check(const auth_t *a, sl_redis_t *redis, const auth_request_
                          auth_result_t *res, auth_check_cb cb, void *arg,
                          auth_pending_t **pending) SL_WUR;
 
+/* (auth_check and auth_admin_revoke use Redis only when redis, cb and
+ * pending are all non-NULL; otherwise they answer in-process, AUTH_DONE.) */
+
 /* The callback will not run; frees the handle. Only before the callback. */
 void auth_pending_cancel(auth_pending_t *p);
 
