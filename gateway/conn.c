@@ -117,6 +117,8 @@ static void gw_req_free(gw_req_t *r)
         evbuffer_free(r->body);
     if (r->json)
         json_decref(r->json);
+    if (r->resp_body)
+        evbuffer_free(r->resp_body);
     gw_rt_unref(r->rt);
     free(r);
 }
@@ -129,6 +131,7 @@ void gw_conn_close(gw_conn_t *c)
     if (c->req) {
         gw_req_t *r = c->req;
         gw_proxy_abort(r);
+        gw_hooks_end(r, GW_END_ABORTED);
         if (c->phase == GW_PHASE_BUSY) { /* a dispatched request the client left */
             r->status = 499;             /* as nginx logs a client that left early */
             if (!r->error_kind)
@@ -185,6 +188,7 @@ static gw_req_t *gw_req_new(gw_conn_t *c)
     r->rt = gw_rt_ref(c->w->rt);
     r->start_ns = sl_now_ns();
     r->route = GW_ROUTE_OTHER;
+    r->hooks.pending = -1;
     r->body = evbuffer_new();
     if (!r->body) {
         gw_req_free(r);
@@ -371,6 +375,7 @@ static void gw_req_count(const gw_req_t *r)
 void gw_conn_req_done(gw_conn_t *c)
 {
     gw_req_t *r = c->req;
+    gw_hooks_end(r, GW_END_DONE);
     gw_req_count(r);
     gw_accesslog_write(r);
     gw_req_free(r);

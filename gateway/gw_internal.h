@@ -37,6 +37,7 @@
 #include "common/metrics.h"
 #include "common/sl.h"
 #include "conf/conf.h"
+#include "gateway/gw_hook.h"
 #include "gateway/http1.h"
 #include "gateway/sse.h"
 
@@ -154,6 +155,7 @@ struct gw_worker {
     struct event *reap_ev;   /* deferred frees */
     struct gw_conn_list conns;
     size_t nconns;
+    struct rl_worker *rlw; /* rate limits: this thread's handle (NULL = none) */
     bool accept_paused;
     bool draining;
     uint64_t rng;
@@ -235,6 +237,17 @@ struct gw_req {
     struct event *ping_ev;
     bool paused_upstream; /* backpressure: upstream reads off */
 
+    /* hooks and what they learned */
+    gw_hooks_req_t hooks;
+    char user[256];     /* the token's sub, "" without auth */
+    char client_id[64]; /* the token's client, "" when unknown */
+    char client_ip[48]; /* the client's address (X-Forwarded-For from trusted proxies) */
+    bool body_dirty;    /* json was edited: serialise it again before sending */
+    bool ev_hooks;      /* SSE events go through the hook chain */
+    bool buffer_body;   /* a whole JSON answer is gathered for on_body hooks */
+    bool stop_stream;   /* a hook ended the stream (finish after the parser returns) */
+    struct evbuffer *resp_body;
+
     /* result */
     int status;
     uint64_t bytes_in, bytes_out;
@@ -272,6 +285,8 @@ const char *gw_route_name(gw_route_t r);
 void gw_proxy_start(gw_req_t *r);
 /* Client went away or conn is closing: stop everything upstream. */
 void gw_proxy_abort(gw_req_t *r);
+/* A pending hook finished: go on with the request. */
+void gw_proxy_resume(gw_req_t *r);
 /* Client output drained below the low watermark. */
 void gw_proxy_client_drained(gw_req_t *r);
 
@@ -355,6 +370,7 @@ struct gw_server {
     _Atomic bool ready;
     int64_t drain_deadline_ms;
     char *conf_path;
+    struct rl *rl; /* rate limiter: lives across reloads (its state must) */
     struct event *sig_hup, *sig_term, *sig_int, *drain_timer, *drain_poll;
 };
 /* For /readyz: started and not draining. */

@@ -254,7 +254,28 @@ static void gw_proxy_attempt(gw_req_t *r, bool allow_reuse)
     bufferevent_enable(u->bev, EV_READ | EV_WRITE);
 }
 
-void gw_proxy_start(gw_req_t *r)
+/* The request is through every hook: serialise the body again if a hook
+ * (or the alias) changed it, and send it. */
+static void gw_proxy_send(gw_req_t *r)
+{
+    if (r->body_dirty) {
+        char *s = json_dumps(r->json, JSON_COMPACT);
+        if (!s) {
+            gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+            return;
+        }
+        evbuffer_drain(r->body, evbuffer_get_length(r->body));
+        evbuffer_add(r->body, s, strlen(s));
+        free(s);
+        r->body_dirty = false;
+    }
+    r->deadline_total_ms = sl_now_ms() + r->pool->conf->total_timeout_ms;
+    gw_proxy_attempt(r, true);
+}
+
+/* Parses the body, picks the model's upstream, then runs the post-route
+ * hooks. */
+static void gw_proxy_route(gw_req_t *r)
 {
     size_t len = evbuffer_get_length(r->body);
     if (len == 0) {
@@ -292,17 +313,28 @@ void gw_proxy_start(gw_req_t *r)
     r->pool = r->model->pool;
     if (r->model->alias) {
         json_object_set_new(r->json, "model", json_string(r->model->served));
-        char *s = json_dumps(r->json, JSON_COMPACT);
-        if (!s) {
-            gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
-            return;
-        }
-        evbuffer_drain(r->body, len);
-        evbuffer_add(r->body, s, strlen(s));
-        free(s);
+        r->body_dirty = true;
     }
-    r->deadline_total_ms = sl_now_ms() + r->pool->conf->total_timeout_ms;
-    gw_proxy_attempt(r, true);
+    if (gw_hooks_run(r, false) == GW_HOOK_NEXT)
+        gw_proxy_send(r);
+}
+
+void gw_proxy_start(gw_req_t *r)
+{
+    r->hooks.pending = -1;
+    if (gw_hooks_run(r, true) == GW_HOOK_NEXT)
+        gw_proxy_route(r);
+}
+
+void gw_proxy_resume(gw_req_t *r)
+{
+    if (!r->hooks.pre_done) {
+        if (gw_hooks_run(r, true) == GW_HOOK_NEXT)
+            gw_proxy_route(r);
+        return;
+    }
+    if (gw_hooks_run(r, false) == GW_HOOK_NEXT)
+        gw_proxy_send(r);
 }
 
 /* ---- response side ------------------------------------------------------------ */
@@ -324,44 +356,34 @@ static bool gw_ct_is_sse(const gw_http_header_t *h)
     return h && h->value_len >= 17 && strncasecmp(h->value, "text/event-stream", 17) == 0;
 }
 
-static void gw_proxy_on_head(gw_req_t *r)
+/* Our response head, from the upstream's. length: the body's length when
+ * known (Content-Length), -1 for a body of unknown length (chunked, or
+ * close-delimited for HTTP/1.0), -2 for no body at all. */
+static void gw_proxy_write_head(gw_req_t *r, const gw_http_msg_t *m, int64_t length)
 {
-    const gw_http_msg_t *m = gw_http_msg(r->up->parser);
     const gw_http_msg_t *cm = gw_http_msg(r->c->parser);
-    int64_t now = sl_now_ms();
-    r->upstatus = m->status;
-    r->status = m->status;
-    gw_upstream_report(r->server, m->status < 500, now);
-    if (m->status >= 500)
-        gw_metrics_upstream_error(r->pool, "status_5xx");
     const gw_http_header_t *ct = gw_http_header_find(m, "Content-Type");
-    r->resp_sse = gw_ct_is_sse(ct);
-    bool nobody = m->status == 204 || m->status == 304;
-    bool http11 = cm->http_minor >= 1;
-    bool length_known = !r->resp_sse && !m->chunked && m->content_length >= 0;
     if (r->c->w->draining)
         r->c->close_after = true;
-
     struct evbuffer *out = bufferevent_get_output(r->c->bev);
     size_t before = evbuffer_get_length(out);
     evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\n", m->status, gw_http_status_text(m->status));
-    if (r->resp_sse) {
+    if (r->resp_sse)
         evbuffer_add_printf(out,
                             "Content-Type: %s\r\nCache-Control: no-cache\r\n"
                             "X-Accel-Buffering: no\r\n",
                             ct->value);
-    } else if (ct) {
+    else if (ct)
         evbuffer_add_printf(out, "Content-Type: %s\r\n", ct->value);
-    }
-    if (nobody) {
-        /* no body, no framing headers */
-    } else if (length_known) {
-        evbuffer_add_printf(out, "Content-Length: %lld\r\n", (long long)m->content_length);
-    } else if (http11) {
-        evbuffer_add(out, "Transfer-Encoding: chunked\r\n", 28);
-        r->chunked_out = true;
-    } else {
-        r->c->close_after = true; /* HTTP/1.0: the close ends the body */
+    if (length >= 0) {
+        evbuffer_add_printf(out, "Content-Length: %lld\r\n", (long long)length);
+    } else if (length == -1) {
+        if (cm->http_minor >= 1) {
+            evbuffer_add(out, "Transfer-Encoding: chunked\r\n", 28);
+            r->chunked_out = true;
+        } else {
+            r->c->close_after = true; /* HTTP/1.0: the close ends the body */
+        }
     }
     evbuffer_add_printf(out, "X-Request-Id: %s\r\n", r->id);
     if (r->c->close_after)
@@ -376,6 +398,7 @@ static void gw_proxy_on_head(gw_req_t *r)
         evbuffer_add(out, h->value, h->value_len);
         evbuffer_add(out, "\r\n", 2);
     }
+    gw_hooks_headers(r, out);
     size_t dl;
     const char *date = gw_date_header(&dl);
     evbuffer_add(out, date, dl);
@@ -384,8 +407,38 @@ static void gw_proxy_on_head(gw_req_t *r)
     r->bytes_out += n;
     sl_counter_add(gw_m.bytes_client_out, n);
     r->head_sent = true;
+}
+
+static bool gw_ct_is_json(const gw_http_header_t *h)
+{
+    return h && h->value_len >= 16 && strncasecmp(h->value, "application/json", 16) == 0;
+}
+
+static void gw_proxy_on_head(gw_req_t *r)
+{
+    const gw_http_msg_t *m = gw_http_msg(r->up->parser);
+    int64_t now = sl_now_ms();
+    r->upstatus = m->status;
+    r->status = m->status;
+    gw_upstream_report(r->server, m->status < 500, now);
+    if (m->status >= 500)
+        gw_metrics_upstream_error(r->pool, "status_5xx");
+    const gw_http_header_t *ct = gw_http_header_find(m, "Content-Type");
+    r->resp_sse = gw_ct_is_sse(ct);
+    bool nobody = m->status == 204 || m->status == 304;
+    if (!r->resp_sse && !nobody && m->status >= 200 && m->status < 300 && gw_ct_is_json(ct) &&
+        gw_hooks_want_body(r)) {
+        /* Hooks read (or edit) the whole answer: its head goes out with it. */
+        r->resp_body = evbuffer_new();
+        r->buffer_body = r->resp_body != NULL;
+    }
+    if (!r->buffer_body) {
+        bool length_known = !r->resp_sse && !m->chunked && m->content_length >= 0;
+        gw_proxy_write_head(r, m, nobody ? -2 : length_known ? m->content_length : -1);
+    }
     if (r->resp_sse) {
         const conf_t *conf = r->rt->conf;
+        r->ev_hooks = gw_hooks_want_events(r);
         r->sse = gw_sse_new((size_t)conf->sse.max_event_bytes);
         sl_gauge_add(gw_m.streams_active, 1);
         if (conf->sse.ping_interval_ms > 0) {
@@ -407,22 +460,107 @@ static void gw_proxy_on_head(gw_req_t *r)
 static int gw_proxy_event_cb(void *arg, const gw_sse_event_t *ev)
 {
     gw_req_t *r = arg;
-    gw_proxy_write(r, ev->raw, ev->raw_len);
+    if (!r->ev_hooks || ev->comment_only) {
+        gw_proxy_write(r, ev->raw, ev->raw_len);
+        return 0;
+    }
+    char stack[2048], *data = stack;
+    long dl = gw_sse_event_data(ev, stack, sizeof(stack));
+    if (dl < 0) {
+        data = malloc(ev->raw_len + 1);
+        if (!data)
+            return -1;
+        dl = gw_sse_event_data(ev, data, ev->raw_len + 1);
+    }
+    if (dl <= 0) { /* no data field: nothing for the hooks */
+        if (data != stack)
+            free(data);
+        gw_proxy_write(r, ev->raw, ev->raw_len);
+        return 0;
+    }
+    gw_payloads_t out = {0};
+    gw_ev_rc_t rc = gw_hooks_event(r, data, (size_t)dl, &out);
+    if (data != stack)
+        free(data);
+    if (rc == GW_EV_PASS) {
+        gw_proxy_write(r, ev->raw, ev->raw_len);
+        return 0;
+    }
+    struct evbuffer *tmp = evbuffer_new();
+    for (size_t i = 0; tmp && i < out.n; i++) {
+        evbuffer_add(tmp, "data: ", 6);
+        evbuffer_add(tmp, out.data[i], out.len[i]);
+        evbuffer_add(tmp, "\n\n", 2);
+    }
+    if (tmp && evbuffer_get_length(tmp))
+        gw_proxy_write(r, evbuffer_pullup(tmp, -1), evbuffer_get_length(tmp));
+    if (tmp)
+        evbuffer_free(tmp);
+    gw_payloads_clear(&out);
+    if (rc == GW_EV_STOP) {
+        /* Finish after the parser returns: we are inside its callback. */
+        r->stop_stream = true;
+        return -1;
+    }
     return 0;
 }
+
+/* Whole JSON answers gathered for on_body hooks are bounded. */
+#define GW_PROXY_MAX_BUFFERED (8u << 20)
 
 static int gw_proxy_body_cb(void *arg, const char *p, size_t n)
 {
     gw_req_t *r = arg;
     if (r->sse)
         return gw_sse_feed(r->sse, p, n, gw_proxy_event_cb, r);
+    if (r->buffer_body) {
+        if (evbuffer_get_length(r->resp_body) + n > GW_PROXY_MAX_BUFFERED)
+            return -1;
+        return evbuffer_add(r->resp_body, p, n);
+    }
     gw_proxy_write(r, p, n);
+    return 0;
+}
+
+/* A gathered JSON answer: through the on_body hooks, then out with its
+ * head. -1 when the hooks refuse it. */
+static int gw_proxy_flush_buffered(gw_req_t *r)
+{
+    const gw_http_msg_t *m = gw_http_msg(r->up->parser);
+    size_t len = evbuffer_get_length(r->resp_body);
+    json_t *j = json_loadb((const char *)evbuffer_pullup(r->resp_body, -1), len, 0, NULL);
+    char *edited = NULL;
+    if (j) {
+        bool modified = false;
+        if (gw_hooks_body(r, j, &modified) != 0) {
+            json_decref(j);
+            return -1;
+        }
+        if (modified)
+            edited = json_dumps(j, JSON_COMPACT);
+        json_decref(j);
+    }
+    r->buffer_body = false;
+    if (edited) {
+        gw_proxy_write_head(r, m, (int64_t)strlen(edited));
+        gw_proxy_write(r, edited, strlen(edited));
+        free(edited);
+    } else {
+        gw_proxy_write_head(r, m, (int64_t)len);
+        gw_proxy_write(r, evbuffer_pullup(r->resp_body, -1), len);
+    }
     return 0;
 }
 
 static void gw_proxy_on_done(gw_req_t *r)
 {
     bool reusable = gw_http_msg(r->up->parser)->keep_alive;
+    if (r->buffer_body && gw_proxy_flush_buffered(r) != 0) {
+        gw_proxy_finish(r, reusable);
+        gw_respond_error(r, 502, "server_error", "upstream_error",
+                         "The model server's answer was refused.");
+        return;
+    }
     if (r->resp_sse && !gw_sse_done_seen(r->sse)) {
         r->error_kind = "upstream_truncated";
         gw_metrics_upstream_error(r->pool, "truncated");
@@ -432,6 +570,16 @@ static void gw_proxy_on_done(gw_req_t *r)
     }
     gw_proxy_write_end(r);
     gw_proxy_finish(r, reusable);
+    gw_conn_req_done(r->c);
+}
+
+/* A hook ended the stream (filters: blocked). The upstream is cut. */
+static void gw_proxy_on_stopped(gw_req_t *r)
+{
+    r->stop_stream = false;
+    r->error_kind = "stopped_by_hook";
+    gw_proxy_write_end(r);
+    gw_proxy_finish(r, false);
     gw_conn_req_done(r->c);
 }
 
@@ -491,6 +639,10 @@ void gw_proxy_up_read(gw_req_t *r)
         gw_http_state_t st =
             gw_http_feed(u->parser, v.iov_base, v.iov_len, &used, gw_proxy_body_cb, r);
         evbuffer_drain(in, used);
+        if (r->stop_stream) {
+            gw_proxy_on_stopped(r);
+            return;
+        }
         switch (st) {
         case GW_HTTP_NEED_MORE:
             break;

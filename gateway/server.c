@@ -30,6 +30,7 @@
 
 #include "common/log.h"
 #include "gateway/gw_internal.h"
+#include "ratelimit/ratelimit.h"
 
 static gw_server_t gw_srv;
 
@@ -293,6 +294,14 @@ static int gw_worker_init(gw_worker_t *w, int id, bool is_main)
     if (!w->notify_ev || !w->accept_ev || !w->reap_ev)
         return -1;
     gw_worker_update_rt(w);
+    if (!is_main && gw_srv.rl) {
+        char err[256];
+        w->rlw = rl_worker_new(gw_srv.rl, w->base, err, sizeof(err));
+        if (!w->rlw) {
+            sl_error("worker %d: rate limits: %s", id, err);
+            return -1;
+        }
+    }
     return gw_worker_listen(w);
 }
 
@@ -303,6 +312,8 @@ static void gw_worker_fini(gw_worker_t *w)
     gw_worker_reap_cb(-1, 0, w);
     gw_upstream_worker_free(w);
     gw_worker_reap_cb(-1, 0, w);
+    rl_worker_free(w->rlw);
+    w->rlw = NULL;
     free(w->listeners);
     free(w->lslots);
     free(w->wsrv);
@@ -546,6 +557,11 @@ int gw_server_run(const char *conf_path)
         sl_error("%s", err);
         return 1;
     }
+    gw_srv.rl = rl_new(&rt->conf->ratelimit, &rt->conf->redis, err, sizeof(err));
+    if (!gw_srv.rl) {
+        sl_error("ratelimit: %s", err);
+        return 1;
+    }
     gw_srv.nworkers = rt->conf->workers > 0 ? (int)rt->conf->workers : gw_cores();
     gw_srv.workers = sl_xcalloc((size_t)gw_srv.nworkers, sizeof(*gw_srv.workers));
     if (gw_worker_init(&gw_srv.main, -1, true) != 0)
@@ -591,6 +607,7 @@ int gw_server_run(const char *conf_path)
         event_free(gw_srv.drain_poll);
     free(gw_srv.workers);
     free(gw_srv.listens);
+    rl_free(gw_srv.rl);
     gw_rt_unref(atomic_load(&gw_srv.rt));
     free(gw_srv.conf_path);
     sl_info("sluice stopped");

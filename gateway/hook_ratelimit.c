@@ -1,0 +1,233 @@
+/*
+ * hook_ratelimit.c — the rate-limit adapter: clamps max_tokens, reserves
+ * the request's token cost and takes a request and a concurrency slot
+ * (ratelimit/ decides, in-process or through Redis), answers 429 with
+ * Retry-After and X-RateLimit-*, strips the usage chunk it asked the
+ * upstream for, and settles the reservation with the real usage at the end.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "gateway/gw_hook.h"
+#include "gateway/gw_internal.h"
+#include "ratelimit/ratelimit.h"
+
+typedef struct gw_rl {
+    gw_req_t *r;
+    rl_ticket_t *ticket;
+    rl_pending_t *pending;
+    rl_decision_t d;
+    rl_clamp_t clamp;
+    int64_t prompt_est;
+    rl_stream_t *stream;
+    rl_usage_t usage;
+    bool have_usage;
+} gw_rl_t;
+
+static bool gw_rl_any_limit(const conf_ratelimit_t *c)
+{
+    return c->per_user.requests_per_minute || c->per_user.concurrent ||
+           c->per_user.tokens_per_minute || c->per_user.tokens_per_day ||
+           c->per_ip.requests_per_minute || c->noverrides;
+}
+
+static void gw_rl_refuse(gw_req_t *r, gw_rl_t *s)
+{
+    char hdrs[256];
+    if (rl_format_headers(&s->d, hdrs, sizeof(hdrs)) < 0)
+        hdrs[0] = '\0';
+    size_t len = 0;
+    char *body = rl_error_body(&s->d, &len);
+    if (!body) {
+        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        return;
+    }
+    r->error_kind = s->d.limit == RL_LIMIT_STORE ? "ratelimit_store" : "rate_limited";
+    gw_respond_json(r, rl_decision_status(&s->d), body, len, hdrs);
+    free(body);
+}
+
+static void gw_rl_checked(void *arg, const rl_decision_t *d, rl_ticket_t *ticket)
+{
+    gw_rl_t *s = arg;
+    s->pending = NULL;
+    s->d = *d;
+    s->ticket = ticket;
+    if (!d->allowed) {
+        gw_rl_refuse(s->r, s);
+        gw_hook_resume(s->r, GW_HOOK_DONE);
+        return;
+    }
+    gw_hook_resume(s->r, GW_HOOK_NEXT);
+}
+
+/* All X-Forwarded-For lines joined with ",", into buf; NULL when none. */
+static const char *gw_rl_xff(const gw_http_msg_t *m, char *buf, size_t cap)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < m->nheaders; i++) {
+        const gw_http_header_t *h = &m->headers[i];
+        if (h->name_len != 15 || strncasecmp(h->name, "X-Forwarded-For", 15) != 0)
+            continue;
+        if (n + h->value_len + 2 >= cap)
+            break;
+        if (n)
+            buf[n++] = ',';
+        memcpy(buf + n, h->value, h->value_len);
+        n += h->value_len;
+    }
+    buf[n] = '\0';
+    return n ? buf : NULL;
+}
+
+static gw_hook_rc_t gw_rl_on_request(gw_req_t *r, void **state)
+{
+    gw_worker_t *w = r->c->w;
+    const conf_ratelimit_t *c = &r->rt->conf->ratelimit;
+    if (!w->rlw)
+        return GW_HOOK_NEXT;
+    gw_rl_t *s = calloc(1, sizeof(*s));
+    if (!s) {
+        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        return GW_HOOK_DONE;
+    }
+    s->r = r;
+    *state = s;
+    if (r->route == GW_ROUTE_CHAT || r->route == GW_ROUTE_COMPLETIONS) {
+        char err[160];
+        if (rl_body_clamp(r->json, c->max_tokens, &s->clamp, err, sizeof(err)) != 0) {
+            gw_respond_error(r, 400, "invalid_request_error", "invalid_parameter", err);
+            return GW_HOOK_DONE;
+        }
+        r->body_dirty = true;
+        s->prompt_est = rl_body_prompt_tokens(r->json);
+        if (s->clamp.stream) {
+            s->stream = rl_stream_new(s->clamp.injected_usage);
+            if (!s->stream) {
+                gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+                return GW_HOOK_DONE;
+            }
+        }
+    }
+    if (!gw_rl_any_limit(c)) {
+        if (!s->stream) { /* nothing to count, nothing to strip */
+            free(s);
+            *state = NULL;
+        }
+        return GW_HOOK_NEXT;
+    }
+    char xff[1024];
+    const gw_http_msg_t *m = gw_http_msg(r->c->parser);
+    if (rl_client_ip(rl_trusted_proxies(w->srv->rl), r->c->peer, gw_rl_xff(m, xff, sizeof(xff)),
+                     r->client_ip, sizeof(r->client_ip)) != 0)
+        snprintf(r->client_ip, sizeof(r->client_ip), "%.47s", r->c->peer);
+    rl_request_t q = {
+        .user = r->user[0] ? r->user : NULL,
+        .client = r->client_id[0] ? r->client_id : NULL,
+        .ip = r->client_ip,
+        .tokens = s->prompt_est + s->clamp.max_tokens,
+    };
+    switch (rl_check(w->rlw, &q, &s->d, &s->ticket, gw_rl_checked, s, &s->pending)) {
+    case RL_PENDING:
+        return GW_HOOK_PENDING;
+    case RL_DONE:
+        if (!s->d.allowed) {
+            gw_rl_refuse(r, s);
+            return GW_HOOK_DONE;
+        }
+        return GW_HOOK_NEXT;
+    default:
+        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        return GW_HOOK_DONE;
+    }
+}
+
+static void gw_rl_on_cancel(gw_req_t *r, void *state)
+{
+    (void)r;
+    gw_rl_t *s = state;
+    if (s && s->pending) {
+        rl_pending_cancel(s->pending);
+        s->pending = NULL;
+    }
+}
+
+static void gw_rl_on_headers(gw_req_t *r, void *state, struct evbuffer *out)
+{
+    (void)r;
+    gw_rl_t *s = state;
+    char hdrs[256];
+    if (s && s->d.limit != RL_LIMIT_NONE && rl_format_headers(&s->d, hdrs, sizeof(hdrs)) > 0)
+        evbuffer_add(out, hdrs, strlen(hdrs));
+}
+
+static gw_ev_rc_t gw_rl_on_event(gw_req_t *r, void *state, const char *data, size_t len,
+                                 gw_payloads_t *out)
+{
+    (void)r;
+    gw_rl_t *s = state;
+    if (!s->stream)
+        return GW_EV_PASS;
+    char *rw = NULL;
+    size_t rwlen = 0;
+    switch (rl_stream_feed(s->stream, data, len, &rw, &rwlen)) {
+    case RL_CHUNK_DROP:
+        return GW_EV_REPLACE; /* nothing pushed: the event is dropped */
+    case RL_CHUNK_REWRITE:
+        if (gw_payloads_push(out, rw, rwlen) != 0)
+            return GW_EV_STOP;
+        return GW_EV_REPLACE;
+    default:
+        return GW_EV_PASS;
+    }
+}
+
+static int gw_rl_on_body(gw_req_t *r, void *state, json_t *body, bool *modified)
+{
+    (void)r;
+    (void)modified;
+    gw_rl_t *s = state;
+    s->have_usage = rl_usage_from_body(body, &s->usage) == 0;
+    return 0;
+}
+
+static void gw_rl_on_end(gw_req_t *r, void *state, gw_end_t how)
+{
+    (void)how;
+    gw_rl_t *s = state;
+    if (!s)
+        return;
+    if (s->pending)
+        rl_pending_cancel(s->pending);
+    if (s->ticket) {
+        /* Settle when the upstream produced an answer (even a cut one: the
+         * tokens were spent); give everything back when it never did. */
+        bool produced = r->t_first_byte_ns && r->upstatus >= 200 && r->upstatus < 300;
+        if (!produced) {
+            rl_ticket_release(s->ticket);
+        } else {
+            int64_t used;
+            if (s->stream)
+                used = rl_stream_settle_tokens(s->stream, s->prompt_est);
+            else if (s->have_usage)
+                used = s->usage.total_tokens;
+            else
+                used = rl_ticket_reserved(s->ticket);
+            rl_ticket_settle(s->ticket, used);
+        }
+    }
+    rl_stream_free(s->stream);
+    free(s);
+}
+
+const gw_hook_t gw_hook_ratelimit = {
+    .name = "ratelimit",
+    .pre_route = false,
+    .on_request = gw_rl_on_request,
+    .on_cancel = gw_rl_on_cancel,
+    .on_headers = gw_rl_on_headers,
+    .on_event = gw_rl_on_event,
+    .on_body = gw_rl_on_body,
+    .on_end = gw_rl_on_end,
+};
