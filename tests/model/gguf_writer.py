@@ -298,6 +298,10 @@ def make_model(path, wtype="Q8_0", embd=64, layers=2, heads=4, kv_heads=2, ff=16
         w.add_tensor(name, [n_in, n_out], t, random_blocks(rng, t, n_out, n_in, sigma))
 
     def vec(name, n, mean, sigma):
+        for suffix, tn in (mix or {}).items():
+            if name.endswith(suffix):  # only for tests of files the engine must refuse
+                w.add_tensor(name, [n], TYPES[tn], random_blocks(rng, TYPES[tn], 1, n, sigma))
+                return
         w.add_tensor(name, [n], 0, (mean + rng.normal(0, sigma, n)).astype("<f4").tobytes())
 
     mat("token_embd.weight", embd, vocab, et, 0.5)
