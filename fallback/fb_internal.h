@@ -1,0 +1,70 @@
+/*
+ * fb_internal.h — what the fallback/ sources share and nothing else sees:
+ * the sliding-window counter (retry budget, breaker ratio), the metric
+ * handles, digests and the small Redis call wrapper.
+ */
+#ifndef SL_FB_INTERNAL_H
+#define SL_FB_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/metrics.h"
+#include "common/redis.h"
+#include "fallback/fallback.h"
+
+/* ---- sliding window: FB_WIN_BUCKETS buckets of two counters ------------ */
+
+#define FB_WIN_BUCKETS 10
+
+/* Not thread-safe: its owner's lock protects it. */
+typedef struct fb_window {
+    int64_t width_ms; /* window / FB_WIN_BUCKETS, >= 1 */
+    int64_t epoch[FB_WIN_BUCKETS];
+    int64_t a[FB_WIN_BUCKETS], b[FB_WIN_BUCKETS];
+} fb_window_t;
+
+void fb_window_init(fb_window_t *w, int64_t window_ms);
+/* Changes the width; counts are kept (they age out at the new pace). */
+void fb_window_resize(fb_window_t *w, int64_t window_ms);
+void fb_window_add(fb_window_t *w, int64_t now_ms, int64_t da, int64_t db);
+/* Sums over the buckets still inside the window at now. */
+void fb_window_sum(fb_window_t *w, int64_t now_ms, int64_t *a, int64_t *b);
+void fb_window_clear(fb_window_t *w);
+
+/* ---- metrics -------------------------------------------------------------- */
+
+typedef struct fb_metrics {
+    sl_metric_t *fallback;       /* {tier} */
+    sl_metric_t *retries;        /* {upstream} */
+    sl_metric_t *budget_out;     /* {upstream} */
+    sl_metric_t *circuit_state;  /* {upstream,server} */
+    sl_metric_t *circuit_opened; /* {upstream,server} */
+    sl_mseries_t *q_depth, *q_oldest, *q_accepted, *q_delivered, *q_dead, *q_full, *q_store_errors,
+        *q_fsync;
+    sl_mseries_t *idem_replays, *idem_in_flight, *idem_mismatch, *idem_evicted, *idem_store_errors;
+    sl_metric_t *faults; /* {kind,source} */
+    sl_mseries_t *tier[FB_TIER_COUNT];
+} fb_metrics_t;
+extern fb_metrics_t fb_m;
+
+/* ---- helpers -------------------------------------------------------------- */
+
+/* SHA-256 of the parts (NULL-terminated list of (ptr, len) pairs is
+ * overkill here: up to three parts, unused ones NULL). out: 32 bytes. */
+void fb_sha256(const void *a, size_t alen, const void *b, size_t blen, const void *c, size_t clen,
+               unsigned char out[32]);
+
+/* A process-wide fast random (xorshift per thread, seeded from OpenSSL). */
+uint64_t fb_rand64(void);
+
+/* A Redis call of ours: the first member of each call's context, so that
+ * cancelling it cancels the client call and frees the whole context. */
+struct fb_call {
+    sl_redis_call_t *rc;
+    void (*free_ctx)(void *ctx);
+};
+
+#endif
