@@ -250,6 +250,8 @@ int32_t mdl_sampler_sample(mdl_sampler_t *s, float *logits, const int32_t *hist,
     for (int i = 0; i < n; i++)
         if (logits[i] >= floor)
             s->cand[c++] = (mdl_cand_t){logits[i], i};
+    if (c == 0)
+        return best; /* NaN logits (a broken model): nothing to sample from */
     qsort(s->cand, (size_t)c, sizeof(mdl_cand_t), cand_cmp);
     if (s->p.top_k > 0 && c > s->p.top_k)
         c = s->p.top_k;

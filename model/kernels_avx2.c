@@ -16,6 +16,8 @@
 #include <string.h>
 
 #define AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
+/* round to nearest even, like rintf (a macro: clang wants a literal) */
+#define RND (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 
 AVX2_TARGET static inline float hsum256(__m256 v)
 {
@@ -58,11 +60,10 @@ AVX2_TARGET static void quantize_avx2(const float *x, int n, int8_t *q, float *d
         float db = amax / 127.0f;
         float id = db != 0.0f ? 1.0f / db : 0.0f;
         __m256 mul = _mm256_set1_ps(id);
-        const int rnd = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-        __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, mul), rnd));
-        __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, mul), rnd));
-        __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, mul), rnd));
-        __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, mul), rnd));
+        __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, mul), RND));
+        __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, mul), RND));
+        __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, mul), RND));
+        __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, mul), RND));
         const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
         i0 = _mm256_max_epi32(_mm256_min_epi32(i0, lim), nlim);
         i1 = _mm256_max_epi32(_mm256_min_epi32(i1, lim), nlim);

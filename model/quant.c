@@ -201,8 +201,12 @@ void mdl_quantize_scalar(const float *x, int n, int8_t *q, float *d, int32_t *qs
         float id = db != 0.0f ? 1.0f / db : 0.0f;
         int32_t s = 0;
         for (int j = 0; j < MDL_QK; j++) {
-            int v = (int)rintf(xb[j] * id);
-            v = v > 127 ? 127 : v < -127 ? -127 : v;
+            /* clamp in float: converting NaN or a huge value to int is
+             * undefined (a hostile file can hold NaN weights). NaN goes to
+             * -127, which is what the SIMD conversion's INT_MIN clamps to. */
+            float r = rintf(xb[j] * id);
+            r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
+            int v = r == r ? (int)r : -127;
             q[MDL_QK * b + j] = (int8_t)v;
             s += v;
         }

@@ -1,8 +1,10 @@
 /*
- * fuzz_gguf.c — libFuzzer target for the GGUF reader: any input either fails
- * to open with an error message or opens and then survives every accessor
- * (all keys by index and by name, every array walked, every tensor's first
- * and last data byte touched).
+ * fuzz_gguf.c — libFuzzer target for the GGUF reader and what is built on
+ * it: any input either fails to open with an error message or opens and
+ * then survives every accessor (all keys by index and by name, every array
+ * walked, every tensor's first and last data byte touched); the tokenizer
+ * built from it encodes and decodes a fixed text; and a model the loader
+ * accepts evaluates two tokens.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -10,6 +12,8 @@
 #include <string.h>
 
 #include "model/gguf_internal.h"
+#include "model/qwen2_internal.h"
+#include "model/tok_internal.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -67,5 +71,36 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
     }
     mdl_gguf_free(g);
+    /* the layers above, on a second handle (the model takes ownership) */
+    g = mdl_gguf_open_mem(data, size, err, sizeof(err));
+    if (!g)
+        abort(); /* opened once, must open again */
+    mdl_tok_t *tok = mdl_tok_from_gguf(g, 1 << 20, err, sizeof(err));
+    if (tok) {
+        static const char text[] =
+            "Hello <|im_end|> world's 123 \xe6\x97\xa5\xe6\x9c\xac \xff\xfe  \n";
+        mdl_ids_t ids = {0};
+        if (mdl_tok_encode(tok, text, sizeof(text) - 1, 1, &ids) == 0)
+            for (int i = 0; i < ids.n; i++) {
+                size_t len;
+                const uint8_t *b = mdl_tok_bytes(tok, ids.v[i], 1, &len);
+                if (len)
+                    sink += b[len - 1];
+            }
+        free(ids.v);
+        mdl_tok_free(tok);
+    }
+    mdl_model_t *m = mdl_model_from_gguf(g, err, sizeof(err));
+    if (m) {
+        mdl_state_opts_t so = {.n_ctx = 4, .batch = 2};
+        mdl_state_t *st = mdl_state_new(m, &so, NULL, err, sizeof(err));
+        float *logits = malloc(sizeof(float) * (size_t)m->n_vocab);
+        int32_t toks[2] = {0, m->n_vocab - 1};
+        if (st && logits && mdl_state_eval(st, toks, 2, logits, 0) != 0)
+            abort(); /* valid ids in a fresh state must evaluate */
+        free(logits);
+        mdl_state_free(st);
+        mdl_model_free(m);
+    }
     return 0;
 }
