@@ -41,6 +41,15 @@
 #include "gateway/http1.h"
 #include "gateway/sse.h"
 
+struct auth;
+struct auth_stores;
+struct auth_pending;
+struct flt_ruleset;
+struct rl;
+struct rl_worker;
+struct rl_pending;
+struct sl_redis;
+
 typedef struct gw_server gw_server_t;
 typedef struct gw_worker gw_worker_t;
 typedef struct gw_rt gw_rt_t;
@@ -109,13 +118,16 @@ struct gw_rt {
     size_t nmodels;
     char *models_json; /* the GET /v1/models body */
     size_t models_json_len;
-    SSL_CTX **listen_ssl; /* per conf listen item (NULL when plain) */
+    SSL_CTX **listen_ssl;        /* per conf listen item (NULL when plain) */
+    struct auth *auth;           /* NULL when auth is off */
+    struct flt_ruleset *filters; /* content filters (reference held) */
 };
 
 /* Builds the runtime for c (takes ownership of c): resolves server names,
- * reads API keys from the environment, loads TLS material. NULL with err
- * filled on failure (c is freed then). */
-gw_rt_t *gw_rt_new(conf_t *c, char *err, size_t errlen) SL_WUR;
+ * reads API keys from the environment, loads TLS material, builds the auth
+ * verifier (on the process-wide stores, borrowed) and the filter rules.
+ * NULL with err filled on failure (c is freed then). */
+gw_rt_t *gw_rt_new(conf_t *c, struct auth_stores *stores, char *err, size_t errlen) SL_WUR;
 gw_rt_t *gw_rt_ref(gw_rt_t *rt);
 void gw_rt_unref(gw_rt_t *rt);
 const gw_model_rt_t *gw_rt_model(const gw_rt_t *rt, const char *name, size_t len);
@@ -155,7 +167,8 @@ struct gw_worker {
     struct event *reap_ev;   /* deferred frees */
     struct gw_conn_list conns;
     size_t nconns;
-    struct rl_worker *rlw; /* rate limits: this thread's handle (NULL = none) */
+    struct rl_worker *rlw;  /* rate limits: this thread's handle (NULL = none) */
+    struct sl_redis *redis; /* this thread's Redis client for auth (NULL = none) */
     bool accept_paused;
     bool draining;
     uint64_t rng;
@@ -202,6 +215,7 @@ typedef enum gw_route {
     GW_ROUTE_EMBEDDINGS,
     GW_ROUTE_MODELS,
     GW_ROUTE_HEALTH,
+    GW_ROUTE_AUTH_TOKEN,
     GW_ROUTE_ADMIN,
     GW_ROUTE_OTHER,
     GW_ROUTE_COUNT
@@ -247,6 +261,8 @@ struct gw_req {
     bool buffer_body;   /* a whole JSON answer is gathered for on_body hooks */
     bool stop_stream;   /* a hook ended the stream (finish after the parser returns) */
     struct evbuffer *resp_body;
+    struct rl_pending *token_pending;    /* /v1/auth/token waiting for its limit */
+    struct auth_pending *revoke_pending; /* /admin/revoke waiting for Redis */
 
     /* result */
     int status;
@@ -353,6 +369,16 @@ extern gw_metrics_t gw_m;
 void gw_metrics_init(void);
 void gw_metrics_upstream_error(const gw_pool_rt_t *p, const char *kind);
 
+/* hook_ratelimit.c: fills r->client_ip (X-Forwarded-For from trusted proxies). */
+void gw_rl_client_ip(gw_req_t *r);
+/* hook_auth.c: the token endpoint and the admin revoke endpoint. */
+void gw_auth_token_route(gw_req_t *r);
+void gw_auth_token_cancel(gw_req_t *r);
+void gw_auth_revoke_route(gw_req_t *r);
+void gw_auth_revoke_cancel(gw_req_t *r);
+/* route.c: GET /v1/models[/id] once the pre-route hooks passed. */
+void gw_route_models(gw_req_t *r);
+
 /* accesslog.c */
 int gw_accesslog_open(const char *target, char *err, size_t errlen);
 void gw_accesslog_write(const gw_req_t *r);
@@ -370,7 +396,8 @@ struct gw_server {
     _Atomic bool ready;
     int64_t drain_deadline_ms;
     char *conf_path;
-    struct rl *rl; /* rate limiter: lives across reloads (its state must) */
+    struct rl *rl;                   /* rate limiter: lives across reloads (its state must) */
+    struct auth_stores *auth_stores; /* nonces, revocations: across reloads too */
     struct event *sig_hup, *sig_term, *sig_int, *drain_timer, *drain_poll;
 };
 /* For /readyz: started and not draining. */

@@ -1,11 +1,267 @@
 /*
- * hook_auth.c — the auth adapter (tokens and request signatures), first in
- * the chain. (being wired)
+ * hook_auth.c — the auth adapter: first in the chain, before the body is
+ * even parsed. Checks the bearer token and the request signature (auth/
+ * decides; the nonce and revocation checks may go to Redis), sets the
+ * request's user for rate limits and logs, and answers 401 (or 503 when
+ * the stores are down and conf says deny) with WWW-Authenticate. Also
+ * serves POST /v1/auth/token (rate-limited per client address) and the
+ * admin listener's POST /admin/revoke.
  */
+#include <stdio.h>
+#include <string.h>
+
+#include "auth/auth.h"
+#include "common/log.h"
 #include "gateway/gw_hook.h"
 #include "gateway/gw_internal.h"
+#include "ratelimit/ratelimit.h"
+
+typedef struct gw_auth {
+    gw_req_t *r;
+    auth_pending_t *pending;
+    rl_pending_t *rl_pending;
+    rl_ticket_t *rl_ticket;
+} gw_auth_t;
+
+static void gw_auth_reply(gw_req_t *r, auth_http_reply_t *reply, const char *extra)
+{
+    char hdrs[512];
+    size_t n = 0;
+    if (reply->www_authenticate[0])
+        n += (size_t)snprintf(hdrs, sizeof(hdrs), "WWW-Authenticate: %s\r\n",
+                              reply->www_authenticate);
+    snprintf(hdrs + n, sizeof(hdrs) - n, "%s", extra ? extra : "");
+    gw_respond_json(r, reply->status, reply->body ? reply->body : "{}",
+                    reply->body ? reply->body_len : 2, hdrs);
+    auth_http_reply_clear(reply);
+}
+
+static void gw_auth_reject(gw_req_t *r, auth_reason_t reason)
+{
+    auth_http_reply_t reply;
+    memset(&reply, 0, sizeof(reply));
+    r->error_kind = auth_reason_str(reason);
+    if (auth_reject_reply(reason, &reply) != 0) {
+        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        return;
+    }
+    gw_auth_reply(r, &reply, NULL);
+}
+
+static bool gw_auth_result(gw_req_t *r, const auth_result_t *res)
+{
+    if (res->reason != AUTH_OK) {
+        gw_auth_reject(r, res->reason);
+        return false;
+    }
+    if (res->authenticated)
+        snprintf(r->user, sizeof(r->user), "%s", res->claims.sub);
+    return true;
+}
+
+static void gw_auth_checked(void *arg, const auth_result_t *res)
+{
+    gw_auth_t *s = arg;
+    s->pending = NULL;
+    gw_hook_resume(s->r, gw_auth_result(s->r, res) ? GW_HOOK_NEXT : GW_HOOK_DONE);
+}
+
+static void gw_auth_hdr(const gw_http_msg_t *m, const char *name, const char **v, size_t *len)
+{
+    const gw_http_header_t *h = gw_http_header_find(m, name);
+    *v = h ? h->value : NULL;
+    *len = h ? h->value_len : 0;
+}
+
+static gw_hook_rc_t gw_auth_on_request(gw_req_t *r, void **state)
+{
+    const auth_t *a = r->rt->auth;
+    if (!a)
+        return GW_HOOK_NEXT; /* auth is off (no keys configured) */
+    gw_auth_t *s = calloc(1, sizeof(*s));
+    if (!s) {
+        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        return GW_HOOK_DONE;
+    }
+    s->r = r;
+    *state = s;
+    const gw_http_msg_t *m = gw_http_msg(r->c->parser);
+    auth_request_t q;
+    memset(&q, 0, sizeof(q));
+    gw_auth_hdr(m, "Authorization", &q.authorization, &q.authorization_len);
+    gw_auth_hdr(m, "X-Sluice-Timestamp", &q.timestamp, &q.timestamp_len);
+    gw_auth_hdr(m, "X-Sluice-Nonce", &q.nonce, &q.nonce_len);
+    gw_auth_hdr(m, "X-Sluice-Signature", &q.signature, &q.signature_len);
+    q.method = m->method;
+    q.method_len = strlen(m->method);
+    q.path = m->target;
+    q.path_len = m->target_len;
+    q.body_len = evbuffer_get_length(r->body);
+    q.body = q.body_len ? (const void *)evbuffer_pullup(r->body, -1) : (const void *)"";
+    auth_result_t res;
+    switch (auth_check(a, r->c->w->redis, &q, sl_wall_s(), &res, gw_auth_checked, s, &s->pending)) {
+    case AUTH_PENDING:
+        return GW_HOOK_PENDING;
+    default:
+        return gw_auth_result(r, &res) ? GW_HOOK_NEXT : GW_HOOK_DONE;
+    }
+}
+
+static void gw_auth_on_cancel(gw_req_t *r, void *state)
+{
+    (void)r;
+    gw_auth_t *s = state;
+    if (s && s->pending) {
+        auth_pending_cancel(s->pending);
+        s->pending = NULL;
+    }
+}
+
+static void gw_auth_on_end(gw_req_t *r, void *state, gw_end_t how)
+{
+    (void)r;
+    (void)how;
+    gw_auth_t *s = state;
+    if (!s)
+        return;
+    if (s->pending)
+        auth_pending_cancel(s->pending);
+    free(s);
+}
 
 const gw_hook_t gw_hook_auth = {
     .name = "auth",
     .pre_route = true,
+    .on_request = gw_auth_on_request,
+    .on_cancel = gw_auth_on_cancel,
+    .on_end = gw_auth_on_end,
 };
+
+/* ---- POST /v1/auth/token -------------------------------------------------- */
+
+/* Requests to the token endpoint keep their state here (not a hook: the
+ * chain does not run for it). */
+typedef struct gw_token_req {
+    gw_req_t *r;
+    rl_pending_t *pending;
+} gw_token_req_t;
+
+static void gw_token_issue(gw_req_t *r)
+{
+    auth_http_reply_t reply;
+    memset(&reply, 0, sizeof(reply));
+    size_t len = evbuffer_get_length(r->body);
+    const char *body = len ? (const char *)evbuffer_pullup(r->body, -1) : "";
+    if (auth_token_endpoint(r->rt->auth, body, len, sl_wall_s(), &reply) != 0) {
+        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        return;
+    }
+    gw_auth_reply(r, &reply, "Cache-Control: no-store\r\nPragma: no-cache\r\n");
+}
+
+static void gw_token_limit_answer(gw_req_t *r, const rl_decision_t *d, rl_ticket_t *ticket)
+{
+    /* The request itself is what is limited: nothing to settle later. */
+    rl_ticket_release(ticket);
+    if (d->allowed) {
+        gw_token_issue(r);
+        return;
+    }
+    char hdrs[256];
+    if (rl_format_headers(d, hdrs, sizeof(hdrs)) < 0)
+        hdrs[0] = '\0';
+    size_t len = 0;
+    char *body = rl_error_body(d, &len);
+    r->error_kind = "rate_limited";
+    if (body)
+        gw_respond_json(r, rl_decision_status(d), body, len, hdrs);
+    else
+        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+    free(body);
+}
+
+static void gw_token_limited(void *arg, const rl_decision_t *d, rl_ticket_t *ticket)
+{
+    gw_req_t *r = arg;
+    r->token_pending = NULL;
+    gw_token_limit_answer(r, d, ticket);
+}
+
+void gw_auth_token_route(gw_req_t *r)
+{
+    if (!r->rt->auth) {
+        gw_respond_error(r, 404, "invalid_request_error", "not_found",
+                         "Token issuance is not configured.");
+        return;
+    }
+    gw_worker_t *w = r->c->w;
+    if (!w->rlw || !r->rt->conf->ratelimit.per_ip.requests_per_minute) {
+        gw_token_issue(r);
+        return;
+    }
+    gw_rl_client_ip(r);
+    rl_request_t q = {.user = NULL, .client = NULL, .ip = r->client_ip, .tokens = 0};
+    rl_decision_t d;
+    rl_ticket_t *ticket = NULL;
+    rl_pending_t *pending = NULL;
+    switch (rl_check(w->rlw, &q, &d, &ticket, gw_token_limited, r, &pending)) {
+    case RL_PENDING:
+        r->token_pending = pending;
+        return;
+    case RL_DONE:
+        gw_token_limit_answer(r, &d, ticket);
+        return;
+    default:
+        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        return;
+    }
+}
+
+void gw_auth_token_cancel(gw_req_t *r)
+{
+    if (r->token_pending) {
+        rl_pending_cancel(r->token_pending);
+        r->token_pending = NULL;
+    }
+}
+
+/* ---- POST /admin/revoke ---------------------------------------------------- */
+
+static void gw_revoke_done(void *arg, auth_http_reply_t *reply)
+{
+    gw_req_t *r = arg;
+    r->revoke_pending = NULL;
+    gw_auth_reply(r, reply, "Cache-Control: no-store\r\n");
+}
+
+void gw_auth_revoke_route(gw_req_t *r)
+{
+    if (!r->rt->auth) {
+        gw_respond_error(r, 404, "invalid_request_error", "not_found",
+                         "Revocation is not configured.");
+        return;
+    }
+    const gw_http_msg_t *m = gw_http_msg(r->c->parser);
+    const gw_http_header_t *az = gw_http_header_find(m, "Authorization");
+    size_t len = evbuffer_get_length(r->body);
+    const char *body = len ? (const char *)evbuffer_pullup(r->body, -1) : "";
+    auth_http_reply_t reply;
+    memset(&reply, 0, sizeof(reply));
+    auth_pending_t *pending = NULL;
+    auth_status_t st = auth_admin_revoke(r->rt->auth, r->c->w->redis, az ? az->value : NULL,
+                                         az ? az->value_len : 0, body, len, sl_wall_s(), &reply,
+                                         gw_revoke_done, r, &pending);
+    if (st == AUTH_PENDING) {
+        r->revoke_pending = pending;
+        return;
+    }
+    gw_auth_reply(r, &reply, "Cache-Control: no-store\r\n");
+}
+
+void gw_auth_revoke_cancel(gw_req_t *r)
+{
+    if (r->revoke_pending) {
+        auth_pending_cancel(r->revoke_pending);
+        r->revoke_pending = NULL;
+    }
+}

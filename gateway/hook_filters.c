@@ -1,10 +1,135 @@
 /*
- * hook_filters.c — the content-filter adapter. (being wired)
+ * hook_filters.c — the content-filter adapter: request checks on the
+ * chat-completions body (shape, length, turns, system prompt, word lists
+ * and regexes; 400 content_filter when a block rule matches, and the
+ * upstream gets nothing), and the answer filtered as it streams — only the
+ * tail that could still become a match is held back (filters/ decides) —
+ * or as a whole for non-streamed answers.
  */
+#include <string.h>
+
+#include "filters/filters.h"
 #include "gateway/gw_hook.h"
 #include "gateway/gw_internal.h"
+
+typedef struct gw_flt {
+    flt_stream_t *stream; /* answer filtering of a streamed request */
+    bool body;            /* a non-streamed answer is filtered whole */
+} gw_flt_t;
+
+static gw_hook_rc_t gw_flt_on_request(gw_req_t *r, void **state)
+{
+    flt_ruleset_t *rs = r->rt->filters;
+    if (!rs || r->route != GW_ROUTE_CHAT)
+        return GW_HOOK_NEXT;
+    flt_req_result_t res;
+    switch (flt_request_check(rs, r->json, &res)) {
+    case FLT_REQ_OK:
+        break;
+    case FLT_REQ_REJECT: {
+        size_t len = 0;
+        char *body = flt_error_body(&res, &len);
+        r->error_kind = res.code;
+        if (body)
+            gw_respond_json(r, res.status, body, len, NULL);
+        else
+            gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        free(body);
+        return GW_HOOK_DONE;
+    }
+    default:
+        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        return GW_HOOK_DONE;
+    }
+    if (res.modified)
+        r->body_dirty = true;
+    if (!flt_ruleset_filters_output(rs))
+        return GW_HOOK_NEXT;
+    gw_flt_t *s = calloc(1, sizeof(*s));
+    if (!s) {
+        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        return GW_HOOK_DONE;
+    }
+    *state = s;
+    if (r->stream) {
+        s->stream = flt_stream_new(rs);
+        if (!s->stream) {
+            gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+            return GW_HOOK_DONE;
+        }
+    } else {
+        s->body = true;
+    }
+    return GW_HOOK_NEXT;
+}
+
+/* Moves flt's payloads into the chain's list. */
+static int gw_flt_move(flt_out_t *o, gw_payloads_t *out)
+{
+    int rc = 0;
+    for (size_t i = 0; i < o->n; i++) {
+        if (rc == 0 && gw_payloads_push(out, o->v[i].data, o->v[i].len) != 0)
+            rc = -1;
+        else if (rc != 0)
+            free(o->v[i].data);
+        o->v[i].data = NULL;
+    }
+    o->n = 0;
+    return rc;
+}
+
+static gw_ev_rc_t gw_flt_on_event(gw_req_t *r, void *state, const char *data, size_t len,
+                                  gw_payloads_t *out)
+{
+    gw_flt_t *s = state;
+    if (!s->stream)
+        return GW_EV_PASS;
+    flt_out_t o;
+    memset(&o, 0, sizeof(o));
+    flt_ev_verdict_t v = flt_stream_event(s->stream, data, len, &o);
+    int moved = gw_flt_move(&o, out);
+    flt_out_release(&o);
+    switch (v) {
+    case FLT_EV_PASS:
+        return GW_EV_PASS;
+    case FLT_EV_REPLACE:
+        return moved == 0 ? GW_EV_REPLACE : GW_EV_STOP;
+    default: /* BLOCK, or out of memory: end the stream, [DONE] last */
+        r->error_kind = "content_filter";
+        gw_payloads_push_copy(out, "[DONE]", 6);
+        return GW_EV_STOP;
+    }
+}
+
+static int gw_flt_on_body(gw_req_t *r, void *state, json_t *body, bool *modified)
+{
+    gw_flt_t *s = state;
+    if (!s->body)
+        return 0;
+    bool m = false;
+    if (flt_response_filter(r->rt->filters, body, &m) != 0)
+        return -1;
+    if (m)
+        *modified = true;
+    return 0;
+}
+
+static void gw_flt_on_end(gw_req_t *r, void *state, gw_end_t how)
+{
+    (void)r;
+    (void)how;
+    gw_flt_t *s = state;
+    if (!s)
+        return;
+    flt_stream_free(s->stream);
+    free(s);
+}
 
 const gw_hook_t gw_hook_filters = {
     .name = "filters",
     .pre_route = false,
+    .on_request = gw_flt_on_request,
+    .on_event = gw_flt_on_event,
+    .on_body = gw_flt_on_body,
+    .on_end = gw_flt_on_end,
 };

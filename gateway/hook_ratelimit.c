@@ -81,6 +81,15 @@ static const char *gw_rl_xff(const gw_http_msg_t *m, char *buf, size_t cap)
     return n ? buf : NULL;
 }
 
+void gw_rl_client_ip(gw_req_t *r)
+{
+    char xff[1024];
+    const gw_http_msg_t *m = gw_http_msg(r->c->parser);
+    if (rl_client_ip(rl_trusted_proxies(r->c->w->srv->rl), r->c->peer,
+                     gw_rl_xff(m, xff, sizeof(xff)), r->client_ip, sizeof(r->client_ip)) != 0)
+        snprintf(r->client_ip, sizeof(r->client_ip), "%.47s", r->c->peer);
+}
+
 static gw_hook_rc_t gw_rl_on_request(gw_req_t *r, void **state)
 {
     gw_worker_t *w = r->c->w;
@@ -117,11 +126,7 @@ static gw_hook_rc_t gw_rl_on_request(gw_req_t *r, void **state)
         }
         return GW_HOOK_NEXT;
     }
-    char xff[1024];
-    const gw_http_msg_t *m = gw_http_msg(r->c->parser);
-    if (rl_client_ip(rl_trusted_proxies(w->srv->rl), r->c->peer, gw_rl_xff(m, xff, sizeof(xff)),
-                     r->client_ip, sizeof(r->client_ip)) != 0)
-        snprintf(r->client_ip, sizeof(r->client_ip), "%.47s", r->c->peer);
+    gw_rl_client_ip(r);
     rl_request_t q = {
         .user = r->user[0] ? r->user : NULL,
         .client = r->client_id[0] ? r->client_id : NULL,

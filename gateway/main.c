@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "auth/auth.h"
 #include "common/log.h"
 #include "gateway/gw_internal.h"
 
@@ -36,13 +37,15 @@ static int sluice_check(const char *path)
         fprintf(stderr, "sluice: configuration %s test failed\n", path);
         return 1;
     }
-    gw_rt_t *rt = gw_rt_new(c, err, sizeof(err));
+    auth_stores_t *stores = auth_stores_new(0, 0);
+    gw_rt_t *rt = stores ? gw_rt_new(c, stores, err, sizeof(err)) : NULL;
     if (!rt) {
         fprintf(stderr, "sluice: %s\n", err);
         fprintf(stderr, "sluice: configuration %s test failed\n", path);
         return 1;
     }
     gw_rt_unref(rt);
+    auth_stores_free(stores);
     fprintf(stderr, "sluice: configuration %s is ok\n", path);
     return 0;
 }

@@ -167,6 +167,9 @@ static void gw_proxy_finish(gw_req_t *r, bool reusable)
 
 void gw_proxy_abort(gw_req_t *r)
 {
+    gw_hooks_cancel(r);
+    gw_auth_token_cancel(r);
+    gw_auth_revoke_cancel(r);
     gw_proxy_finish(r, false);
 }
 
@@ -319,18 +322,28 @@ static void gw_proxy_route(gw_req_t *r)
         gw_proxy_send(r);
 }
 
+/* The pre-route hooks passed: answer the models list ourselves, or route
+ * the body to an upstream. */
+static void gw_proxy_after_pre(gw_req_t *r)
+{
+    if (r->route == GW_ROUTE_MODELS)
+        gw_route_models(r);
+    else
+        gw_proxy_route(r);
+}
+
 void gw_proxy_start(gw_req_t *r)
 {
     r->hooks.pending = -1;
     if (gw_hooks_run(r, true) == GW_HOOK_NEXT)
-        gw_proxy_route(r);
+        gw_proxy_after_pre(r);
 }
 
 void gw_proxy_resume(gw_req_t *r)
 {
     if (!r->hooks.pre_done) {
         if (gw_hooks_run(r, true) == GW_HOOK_NEXT)
-            gw_proxy_route(r);
+            gw_proxy_after_pre(r);
         return;
     }
     if (gw_hooks_run(r, false) == GW_HOOK_NEXT)

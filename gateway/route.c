@@ -10,7 +10,8 @@
 #include "gateway/gw_internal.h"
 
 static const char *const gw_route_names[GW_ROUTE_COUNT] = {
-    "chat_completions", "completions", "embeddings", "models", "health", "admin", "other",
+    "chat_completions", "completions", "embeddings", "models",
+    "health",           "auth_token",  "admin",      "other",
 };
 
 const char *gw_route_name(gw_route_t r)
@@ -36,6 +37,8 @@ gw_route_t gw_route_of(const char *p, size_t n)
         return GW_ROUTE_MODELS;
     if (gw_path_is(p, n, "/healthz") || gw_path_is(p, n, "/readyz"))
         return GW_ROUTE_HEALTH;
+    if (gw_path_is(p, n, "/v1/auth/token"))
+        return GW_ROUTE_AUTH_TOKEN;
     return GW_ROUTE_OTHER;
 }
 
@@ -84,8 +87,11 @@ static void gw_route_health(gw_req_t *r, const char *path, size_t n)
     gw_respond_json(r, 200, ok, sizeof(ok) - 1, "Cache-Control: no-store\r\n");
 }
 
-static void gw_route_models(gw_req_t *r, const char *path, size_t n)
+void gw_route_models(gw_req_t *r)
 {
+    const gw_http_msg_t *msg = gw_http_msg(r->c->parser);
+    const char *path = msg->target;
+    size_t n = msg->path_len;
     if (n == 10) { /* /v1/models */
         gw_respond_json(r, 200, r->rt->models_json, r->rt->models_json_len, NULL);
         return;
@@ -145,6 +151,15 @@ static void gw_route_admin(gw_req_t *r, const gw_http_msg_t *m, const char *path
         gw_route_health(r, path, n);
         return;
     }
+    if (gw_path_is(path, n, "/admin/revoke")) {
+        if (!gw_method_is(m, "POST")) {
+            gw_respond_error(r, 405, "invalid_request_error", "method_not_allowed",
+                             "Use POST for /admin/revoke.");
+            return;
+        }
+        gw_auth_revoke_route(r);
+        return;
+    }
     gw_respond_error(r, 404, "invalid_request_error", "not_found", "Unknown admin path.");
 }
 
@@ -169,6 +184,14 @@ void gw_route_dispatch(gw_req_t *r)
         }
         gw_proxy_start(r);
         return;
+    case GW_ROUTE_AUTH_TOKEN:
+        if (!gw_method_is(m, "POST")) {
+            gw_respond_error(r, 405, "invalid_request_error", "method_not_allowed",
+                             "Use POST for this endpoint.");
+            return;
+        }
+        gw_auth_token_route(r);
+        return;
     case GW_ROUTE_MODELS:
     case GW_ROUTE_HEALTH:
         if (!gw_method_get(m)) {
@@ -177,7 +200,7 @@ void gw_route_dispatch(gw_req_t *r)
             return;
         }
         if (r->route == GW_ROUTE_MODELS)
-            gw_route_models(r, path, n);
+            gw_proxy_start(r); /* the pre-route hooks (auth) guard it too */
         else
             gw_route_health(r, path, n);
         return;

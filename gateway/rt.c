@@ -11,7 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "auth/auth.h"
 #include "common/log.h"
+#include "filters/filters.h"
 #include "gateway/gw_internal.h"
 
 static _Atomic uint64_t gw_rt_generations;
@@ -171,6 +173,8 @@ static void gw_rt_destroy(gw_rt_t *rt)
         for (size_t i = 0; i < rt->conf->nlisten; i++)
             SSL_CTX_free(rt->listen_ssl[i]);
     free(rt->listen_ssl);
+    auth_free(rt->auth);
+    flt_ruleset_unref(rt->filters);
     free(rt->pools);
     free(rt->servers);
     free(rt->models);
@@ -179,7 +183,7 @@ static void gw_rt_destroy(gw_rt_t *rt)
     free(rt);
 }
 
-gw_rt_t *gw_rt_new(conf_t *c, char *err, size_t errlen)
+gw_rt_t *gw_rt_new(conf_t *c, struct auth_stores *stores, char *err, size_t errlen)
 {
     gw_rt_t *rt = sl_xcalloc(1, sizeof(*rt));
     atomic_init(&rt->refs, 1);
@@ -221,6 +225,22 @@ gw_rt_t *gw_rt_new(conf_t *c, char *err, size_t errlen)
         if (!rt->listen_ssl[i]) {
             snprintf(err, errlen, "%s:%d: listen %s: %s", c->path ? c->path : "conf", l->line,
                      l->address, e);
+            goto fail;
+        }
+    }
+    if (auth_conf_enabled(&c->auth)) {
+        char e[512];
+        rt->auth = auth_new(&c->auth, stores, e, sizeof(e));
+        if (!rt->auth) {
+            snprintf(err, errlen, "%s: auth: %s", c->path ? c->path : "conf", e);
+            goto fail;
+        }
+    }
+    {
+        char e[512];
+        rt->filters = flt_ruleset_new(&c->filters, e, sizeof(e));
+        if (!rt->filters) {
+            snprintf(err, errlen, "%s: filters: %s", c->path ? c->path : "conf", e);
             goto fail;
         }
     }

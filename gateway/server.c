@@ -30,6 +30,8 @@
 
 #include "common/log.h"
 #include "gateway/gw_internal.h"
+#include "auth/auth.h"
+#include "common/redis.h"
 #include "ratelimit/ratelimit.h"
 
 static gw_server_t gw_srv;
@@ -294,6 +296,16 @@ static int gw_worker_init(gw_worker_t *w, int id, bool is_main)
     if (!w->notify_ev || !w->accept_ev || !w->reap_ev)
         return -1;
     gw_worker_update_rt(w);
+    const conf_redis_t *rc = &w->rt->conf->redis;
+    if (rc->url && w->rt->auth) {
+        char err[256];
+        sl_redis_opts_t o = {.url = rc->url, .timeout_ms = rc->timeout_ms};
+        w->redis = sl_redis_new(w->base, &o, err, sizeof(err));
+        if (!w->redis) {
+            sl_error("worker %d: redis: %s", id, err);
+            return -1;
+        }
+    }
     if (!is_main && gw_srv.rl) {
         char err[256];
         w->rlw = rl_worker_new(gw_srv.rl, w->base, err, sizeof(err));
@@ -314,6 +326,8 @@ static void gw_worker_fini(gw_worker_t *w)
     gw_worker_reap_cb(-1, 0, w);
     rl_worker_free(w->rlw);
     w->rlw = NULL;
+    sl_redis_free(w->redis);
+    w->redis = NULL;
     free(w->listeners);
     free(w->lslots);
     free(w->wsrv);
@@ -444,7 +458,7 @@ static void gw_reload(void)
         return;
     }
     gw_rt_unref(old);
-    gw_rt_t *rt = gw_rt_new(c, err, sizeof(err));
+    gw_rt_t *rt = gw_rt_new(c, gw_srv.auth_stores, err, sizeof(err));
     if (!rt) {
         sl_error("reload refused: %s", err);
         gw_count_reload("error");
@@ -546,7 +560,12 @@ int gw_server_run(const char *conf_path)
         sl_log_set_level((sl_log_level_t)lvl);
     gw_srv.conf_path = sl_xstrdup(conf_path);
     pthread_mutex_init(&gw_srv.rt_lock, NULL);
-    gw_rt_t *rt = gw_rt_new(c, err, sizeof(err));
+    gw_srv.auth_stores = auth_stores_new(0, 0);
+    if (!gw_srv.auth_stores) {
+        sl_error("out of memory");
+        return 1;
+    }
+    gw_rt_t *rt = gw_rt_new(c, gw_srv.auth_stores, err, sizeof(err));
     if (!rt) {
         sl_error("%s", err);
         return 1;
@@ -608,6 +627,7 @@ int gw_server_run(const char *conf_path)
     free(gw_srv.workers);
     free(gw_srv.listens);
     rl_free(gw_srv.rl);
+    auth_stores_free(gw_srv.auth_stores);
     gw_rt_unref(atomic_load(&gw_srv.rt));
     free(gw_srv.conf_path);
     sl_info("sluice stopped");

@@ -98,7 +98,9 @@ def test_hop_by_hop_headers_not_forwarded(sluice, mock):
     assert "secret-hop" not in json.dumps(req["headers"])
 
 
-def test_large_body_forwarded_intact(sluice, mock):
+def test_large_body_forwarded_intact(sluice_factory, mock):
+    # no per-message limit here (filters.input.max_chars is 8000 by default)
+    sluice = sluice_factory({"filters": {"input": {"max_chars": 0}}}, upstream=mock)
     prompt = "".join("word%d " % i for i in range(60000))  # ~530 KB, under the 1 MiB default
     r = sluice.chat(prompt)
     assert r.status == 200
