@@ -1,4 +1,3 @@
-import json
 """
 test_core_stream.py — SSE relay without buffering (issue 2, part 5): the
 client's stream headers, every event passing through unchanged and reaching
@@ -8,6 +7,7 @@ away, truncation turned into an error event, pings before the first event,
 and backpressure toward a client that does not read.
 """
 
+import json
 import time
 
 import pytest
