@@ -6,6 +6,8 @@
  *   sluice -t -c FILE         check FILE (and the TLS files, env vars and
  *                             names it refers to) and exit 0 or 1
  *   sluice --conf-reference   print the reference of every conf key
+ *   sluice token|sign ...     auth tools (auth/auth.h)
+ *   sluice model ...          the local model engine's tools (model/model.h)
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -14,6 +16,7 @@
 
 #include "auth/auth.h"
 #include "common/log.h"
+#include "model/model.h"
 #include "gateway/gw_internal.h"
 
 #define SLUICE_VERSION "0.1.0"
@@ -21,6 +24,9 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: sluice [-t] -c FILE\n"
+               "       sluice token --sub USER [--ttl 15m] -c FILE\n"
+               "       sluice sign --key K --method M --path P --body FILE\n"
+               "       sluice model info FILE | model generate --model FILE --prompt TEXT\n"
                "       sluice --conf-reference\n"
                "       sluice --version\n"
                "  -c FILE   configuration file (YAML)\n"
@@ -52,6 +58,11 @@ static int sluice_check(const char *path)
 
 int main(int argc, char **argv)
 {
+    /* Tools: sluice token|sign|model ... (their own flags). */
+    if (argc >= 2 && (strcmp(argv[1], "token") == 0 || strcmp(argv[1], "sign") == 0))
+        return auth_cli_main(argc - 1, argv + 1);
+    if (argc >= 2 && strcmp(argv[1], "model") == 0)
+        return mdl_cli_main(argc - 1, argv + 1);
     static const struct option longopts[] = {
         {"conf-reference", no_argument, NULL, 'R'},
         {"version", no_argument, NULL, 'V'},
