@@ -68,3 +68,37 @@ struct fb_call {
 };
 
 #endif
+
+/* ---- the queue's Redis store (queue_redis.c), behind fb_queue_* ------------ */
+
+typedef struct fb_qredis fb_qredis_t;
+
+/* A queue worker: the journal needs only q; the Redis store also has the
+ * worker thread's client and its consumer name in the group. */
+struct fb_qworker {
+    fb_queue_t *q;
+    fb_qredis_t *r;
+    sl_redis_t *redis;
+    char consumer[96];
+};
+fb_qredis_t *fb_qr_new(fb_queue_t *q, const conf_fb_queue_t *c, const conf_redis_t *redis,
+                       char *err, size_t errlen);
+void fb_qr_free(fb_qredis_t *r);
+fb_qworker_t *fb_qr_worker_new(fb_queue_t *q, fb_qredis_t *r, struct event_base *base, char *err,
+                               size_t errlen);
+void fb_qr_worker_free(fb_qworker_t *w);
+fb_rc_t fb_qr_accept(fb_qworker_t *w, const char *id, const fb_qaccept_t *in, int64_t now,
+                     fb_qres_t *res, fb_queue_cb cb, void *arg, fb_call_t **call);
+fb_rc_t fb_qr_next(fb_qworker_t *w, int64_t now, fb_qres_t *res, fb_queue_cb cb, void *arg,
+                   fb_call_t **call);
+fb_rc_t fb_qr_report(fb_qworker_t *w, const char *id, fb_qoutcome_t o, const void *result,
+                     size_t len, int64_t now, uint64_t rnd, fb_qres_t *res, fb_queue_cb cb,
+                     void *arg, fb_call_t **call);
+fb_rc_t fb_qr_lookup(fb_qworker_t *w, const char *id, const char *user, int64_t now, fb_qres_t *res,
+                     fb_queue_cb cb, void *arg, fb_call_t **call);
+void fb_qr_maintain(fb_qworker_t *w);
+void fb_qr_stats(fb_qredis_t *r, fb_qstats_t *st);
+
+/* What queue.c lends the Redis store: the clock, ids and the backoff. */
+int64_t fb_queue_now(fb_queue_t *q);
+uint64_t fb_queue_rand(fb_queue_t *q);
