@@ -1308,7 +1308,7 @@ static const conf_table_t filters_table = {TABLE(filters_keys, conf_filters_t),
 
 static const char *const queue_store_names[] = {"auto", "journal", "redis", NULL};
 
-static int fb_retry_check(conf_ctx_t *ctx, void *obj, int line)
+static int fallback_retry_check(conf_ctx_t *ctx, void *obj, int line)
 {
     const conf_fb_retry_t *r = obj;
     if (r->backoff_ms > r->backoff_max_ms)
@@ -1316,7 +1316,7 @@ static int fb_retry_check(conf_ctx_t *ctx, void *obj, int line)
     return 0;
 }
 
-static int fb_queue_check(conf_ctx_t *ctx, void *obj, int line)
+static int fallback_queue_check(conf_ctx_t *ctx, void *obj, int line)
 {
     const conf_fb_queue_t *q = obj;
     if (q->backoff_ms > q->backoff_max_ms)
@@ -1324,7 +1324,7 @@ static int fb_queue_check(conf_ctx_t *ctx, void *obj, int line)
     return 0;
 }
 
-static const conf_key_t fb_retry_keys[] = {
+static const conf_key_t fallback_retry_keys[] = {
     {.name = "attempts",
      .type = CONF_INT,
      .off = offsetof(conf_fb_retry_t, attempts),
@@ -1377,10 +1377,10 @@ static const conf_key_t fb_retry_keys[] = {
      .doc = "retries a window allows whatever the percent (for quiet pools); adds to the "
             "amplification bound"},
 };
-static const conf_table_t fb_retry_table = {TABLE(fb_retry_keys, conf_fb_retry_t),
-                                            .check = fb_retry_check};
+static const conf_table_t fallback_retry_table = {TABLE(fallback_retry_keys, conf_fb_retry_t),
+                                                  .check = fallback_retry_check};
 
-static const conf_key_t fb_circuit_keys[] = {
+static const conf_key_t fallback_circuit_keys[] = {
     {.name = "failures",
      .type = CONF_INT,
      .off = offsetof(conf_fb_circuit_t, failures),
@@ -1431,9 +1431,10 @@ static const conf_key_t fb_circuit_keys[] = {
      .flags = R,
      .doc = "half-open: requests let through; all succeeding closes it, one failing reopens it"},
 };
-static const conf_table_t fb_circuit_table = {TABLE(fb_circuit_keys, conf_fb_circuit_t)};
+static const conf_table_t fallback_circuit_table = {
+    TABLE(fallback_circuit_keys, conf_fb_circuit_t)};
 
-static const conf_key_t fb_local_keys[] = {
+static const conf_key_t fallback_local_keys[] = {
     {.name = "upstream",
      .type = CONF_STRING,
      .off = offsetof(conf_fb_local_t, upstream),
@@ -1441,9 +1442,9 @@ static const conf_key_t fb_local_keys[] = {
      .doc = "pool (a key under upstreams) tried when the model's own is unavailable; unset = "
             "no local tier"},
 };
-static const conf_table_t fb_local_table = {TABLE(fb_local_keys, conf_fb_local_t)};
+static const conf_table_t fallback_local_table = {TABLE(fallback_local_keys, conf_fb_local_t)};
 
-static const conf_key_t fb_template_keys[] = {
+static const conf_key_t fallback_template_keys[] = {
     {.name = "enabled",
      .type = CONF_BOOL,
      .off = offsetof(conf_fb_template_t, enabled),
@@ -1466,9 +1467,10 @@ static const conf_key_t fb_template_keys[] = {
      .doc = "language tag -> text, chosen by Accept-Language (q-values; en-US falls back to "
             "en)"},
 };
-static const conf_table_t fb_template_table = {TABLE(fb_template_keys, conf_fb_template_t)};
+static const conf_table_t fallback_template_table = {
+    TABLE(fallback_template_keys, conf_fb_template_t)};
 
-static const conf_key_t fb_queue_keys[] = {
+static const conf_key_t fallback_queue_keys[] = {
     {.name = "enabled",
      .type = CONF_BOOL,
      .off = offsetof(conf_fb_queue_t, enabled),
@@ -1537,10 +1539,10 @@ static const conf_key_t fb_queue_keys[] = {
      .max = 100000000,
      .doc = "requests waiting at once; beyond it a request gets the template only (counted)"},
 };
-static const conf_table_t fb_queue_table = {TABLE(fb_queue_keys, conf_fb_queue_t),
-                                            .check = fb_queue_check};
+static const conf_table_t fallback_queue_table = {TABLE(fallback_queue_keys, conf_fb_queue_t),
+                                                  .check = fallback_queue_check};
 
-static const conf_key_t fb_idem_keys[] = {
+static const conf_key_t fallback_idem_keys[] = {
     {.name = "enabled",
      .type = CONF_BOOL,
      .off = offsetof(conf_fb_idem_t, enabled),
@@ -1576,42 +1578,42 @@ static const conf_key_t fb_idem_keys[] = {
      .max = MIB(64),
      .doc = "larger answers are not kept: a replay of such a key gets 409"},
 };
-static const conf_table_t fb_idem_table = {TABLE(fb_idem_keys, conf_fb_idem_t)};
+static const conf_table_t fallback_idem_table = {TABLE(fallback_idem_keys, conf_fb_idem_t)};
 
 static const conf_key_t fallback_keys[] = {
     {.name = "retry",
      .type = CONF_STRUCT,
      .off = offsetof(conf_fallback_t, retry),
-     .sub = &fb_retry_table,
+     .sub = &fallback_retry_table,
      .flags = R,
      .doc = "retries of a failed upstream attempt, bounded by a budget"},
     {.name = "circuit",
      .type = CONF_STRUCT,
      .off = offsetof(conf_fallback_t, circuit),
-     .sub = &fb_circuit_table,
+     .sub = &fallback_circuit_table,
      .flags = R,
      .doc = "circuit breaker per upstream server"},
     {.name = "local",
      .type = CONF_STRUCT,
      .off = offsetof(conf_fallback_t, local),
-     .sub = &fb_local_table,
+     .sub = &fallback_local_table,
      .flags = R,
      .doc = "the local small-model tier"},
     {.name = "template",
      .type = CONF_STRUCT,
      .off = offsetof(conf_fallback_t, tmpl),
-     .sub = &fb_template_table,
+     .sub = &fallback_template_table,
      .flags = R,
      .doc = "the template reply tier"},
     {.name = "queue",
      .type = CONF_STRUCT,
      .off = offsetof(conf_fallback_t, queue),
-     .sub = &fb_queue_table,
+     .sub = &fallback_queue_table,
      .doc = "durable queue of template-answered requests, resent later"},
     {.name = "idempotency",
      .type = CONF_STRUCT,
      .off = offsetof(conf_fallback_t, idempotency),
-     .sub = &fb_idem_table,
+     .sub = &fallback_idem_table,
      .doc = "Idempotency-Key handling"},
 };
 static const conf_table_t fallback_table = {TABLE(fallback_keys, conf_fallback_t)};
