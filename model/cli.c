@@ -36,12 +36,13 @@ static const char *usage_text =
     "  chat-tokens --model FILE --messages ROLE=TEXT ...   ChatML prompt ids\n"
     "  bench --model FILE [--prompt-tokens N] [--gen N] [common]   prefill/decode speed\n"
     "  membw [--mib N] [--threads N]      memory read bandwidth (GB/s)\n"
-    "common: --threads N --kernels scalar|avx2|avx512|auto --precise --batch N --ctx N\n";
+    "common: --threads N --kernels scalar|avx2|avx512|auto --precise --batch N --ctx N\n"
+    "        --mmap (map the file instead of copying it into huge pages)\n";
 
 typedef struct {
     const char *model, *prompt, *tokens, *mode, *out, *text, *system, *lines;
     int max_tokens, gen, threads, batch, ctx, precise, raw, hex, prompt_tokens, mib, top_k;
-    int kernel_level;
+    int kernel_level, mmap_file;
     double temperature, top_p, repeat_penalty;
     uint64_t seed;
     int has_seed;
@@ -149,6 +150,8 @@ static int parse_opts(int argc, char **argv, int start, cli_opts_t *o)
                 o->raw = 1;
             else if (!strcmp(a, "--hex"))
                 o->hex = 1;
+            else if (!strcmp(a, "--mmap"))
+                o->mmap_file = 1;
             else {
                 fprintf(stderr, "model: unknown option %s\n", a);
                 return -1;
@@ -362,7 +365,7 @@ static int ctx_open(cli_ctx_t *c, const cli_opts_t *o, int want_tok, int n_ctx)
         }
         return 0;
     }
-    c->m = mdl_model_load(o->model, err, sizeof(err));
+    c->m = mdl_model_load(o->model, !o->mmap_file, err, sizeof(err));
     if (!c->m) {
         fprintf(stderr, "model: %s\n", err);
         return -1;
@@ -671,6 +674,7 @@ static int cmd_generate(const cli_opts_t *o)
         eo.context = o->ctx;
     eo.system_prompt = o->system;
     eo.precise = o->precise;
+    eo.mmap_file = o->mmap_file;
     eo.kernels = o->kernel_level == MDL_KL_SCALAR ? "scalar"
                  : o->kernel_level == MDL_KL_AVX2 ? "avx2"
                                                   : "auto";

@@ -495,7 +495,7 @@ mdl_engine_t *mdl_engine_new(const char *path, const mdl_engine_opts_t *opts, ch
     pthread_cond_init(&e->cv, NULL);
     e->threads = o.threads;
     e->max_queue = o.max_queue;
-    e->model = mdl_model_load(path, err, errlen);
+    e->model = mdl_model_load(path, !o.mmap_file, err, errlen);
     if (!e->model)
         goto fail;
     e->tok = mdl_tok_from_gguf(e->model->gguf, e->model->n_vocab, err, errlen);

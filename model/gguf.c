@@ -38,7 +38,9 @@ typedef struct {
 struct mdl_gguf {
     const uint8_t *base;
     size_t len;
-    int mapped;
+    int mapped; /* munmap(map, map_len) on free */
+    void *map;
+    size_t map_len;
     uint32_t version;
     uint64_t alignment;
     uint64_t data_off;
@@ -516,41 +518,94 @@ mdl_gguf_t *mdl_gguf_open_mem(const void *buf, size_t len, char *err, size_t err
     return open_common(g, err, errlen);
 }
 
-mdl_gguf_t *mdl_gguf_open(const char *path, char *err, size_t errlen)
+static int open_file(const char *path, int *fd, size_t *size, char *err, size_t errlen)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
+    *fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (*fd < 0) {
         set_err(err, errlen, "%s: %s", path, strerror(errno));
-        return NULL;
+        return -1;
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(*fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         set_err(err, errlen, "%s: not a regular file", path);
-        close(fd);
-        return NULL;
+        close(*fd);
+        return -1;
     }
     if (st.st_size < 4) {
         set_err(err, errlen, "%s: file too short (%lld bytes) to be GGUF", path,
                 (long long)st.st_size);
-        close(fd);
+        close(*fd);
+        return -1;
+    }
+    *size = (size_t)st.st_size;
+    return 0;
+}
+
+static mdl_gguf_t *wrap_mapping(void *map, size_t map_len, const uint8_t *base, size_t len,
+                                char *err, size_t errlen)
+{
+    mdl_gguf_t *g = calloc(1, sizeof(*g));
+    if (!g) {
+        munmap(map, map_len);
+        set_err(err, errlen, "out of memory");
         return NULL;
     }
-    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    g->base = base;
+    g->len = len;
+    g->mapped = 1;
+    g->map = map;
+    g->map_len = map_len;
+    return open_common(g, err, errlen);
+}
+
+mdl_gguf_t *mdl_gguf_open(const char *path, char *err, size_t errlen)
+{
+    int fd;
+    size_t size;
+    if (open_file(path, &fd, &size, err, errlen) != 0)
+        return NULL;
+    void *m = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (m == MAP_FAILED) {
         set_err(err, errlen, "%s: mmap: %s", path, strerror(errno));
         return NULL;
     }
-    mdl_gguf_t *g = calloc(1, sizeof(*g));
-    if (!g) {
-        munmap(m, (size_t)st.st_size);
-        set_err(err, errlen, "out of memory");
+    return wrap_mapping(m, size, m, size, err, errlen);
+}
+
+mdl_gguf_t *mdl_gguf_open_copy(const char *path, char *err, size_t errlen)
+{
+    const size_t huge = (size_t)2 << 20;
+    int fd;
+    size_t size;
+    if (open_file(path, &fd, &size, err, errlen) != 0)
+        return NULL;
+    /* over-allocate so the copy can start on a 2 MiB boundary */
+    size_t map_len = (size + huge - 1) / huge * huge + huge;
+    void *m = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) {
+        set_err(err, errlen, "%s: cannot allocate %zu bytes: %s", path, size, strerror(errno));
+        close(fd);
         return NULL;
     }
-    g->base = m;
-    g->len = (size_t)st.st_size;
-    g->mapped = 1;
-    return open_common(g, err, errlen);
+    uint8_t *base = (uint8_t *)(((uintptr_t)m + huge - 1) & ~(uintptr_t)(huge - 1));
+    (void)madvise(base, map_len - (size_t)(base - (uint8_t *)m), MADV_HUGEPAGE);
+    for (size_t off = 0; off < size;) {
+        ssize_t n = read(fd, base + off, SL_MIN(size - off, (size_t)64 << 20));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            set_err(err, errlen, "%s: read: %s", path, n < 0 ? strerror(errno) : "file shrank");
+            close(fd);
+            munmap(m, map_len);
+            return NULL;
+        }
+        off += (size_t)n;
+    }
+    close(fd);
+    /* read-only from here: a stray write is a crash, not a corrupt model */
+    (void)mprotect(m, map_len, PROT_READ);
+    return wrap_mapping(m, map_len, base, size, err, errlen);
 }
 
 void mdl_gguf_free(mdl_gguf_t *g)
@@ -562,7 +617,7 @@ void mdl_gguf_free(mdl_gguf_t *g)
     free(g->kvs);
     free(g->tensors);
     if (g->mapped)
-        munmap((void *)g->base, g->len);
+        munmap(g->map, g->map_len);
     free(g);
 }
 

@@ -1,10 +1,12 @@
 /*
  * kernels_avx512.c — AVX-512 (F, BW, VL, VNNI) row kernels, chosen at run
- * time like the AVX2 ones. The integer kernels take two 32-element blocks
- * per 512-bit vpdpbusd: lanes 0-7 hold the first block's partial sums,
- * lanes 8-15 the second's, and a two-valued scale vector weights them.
- * AVX-512 has no vpsignb, so x*sign(w) is a masked negate on w's sign bits.
- * Types without a kernel here keep the AVX2 (or scalar) entry.
+ * time like the AVX2 ones. The integer kernels feed several 32-element
+ * blocks to one 512-bit vpdpbusd (unsigned x signed bytes) and weight each
+ * block's lanes with its own scale. vpdpbusd wants one operand unsigned,
+ * so weights are made unsigned (Q8_0: +128; Q4_0: raw nibbles) and the
+ * offset is removed by starting the sum at -offset * sum(x), which prep
+ * computes once per activation vector (mdl_act_t c128, c8). Types without
+ * a kernel here keep the AVX2 (or scalar) entry.
  */
 #include "model/quant_internal.h"
 
@@ -20,27 +22,51 @@ AVX512_TARGET static inline float fp16(const uint8_t *p)
     return _cvtsh_ss(mdl_rd16(p));
 }
 
-/* |w| . (x * sign(w)) summed in groups of 4 bytes: 16 int32 lanes */
-AVX512_TARGET static inline __m512 dot_i8_64(__m512i w, __m512i x)
-{
-    __mmask64 neg = _mm512_movepi8_mask(w);
-    __m512i sx = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
-    __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(w), sx);
-    return _mm512_cvtepi32_ps(p);
-}
-
-AVX512_TARGET static inline __m512 scale2(float s0, float s1)
-{
-    return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(s0), _mm512_set1_ps(s1));
-}
-
 AVX512_TARGET static inline __m512i join256(__m256i lo, __m256i hi)
 {
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
+/* Four fp16 weight scales at stride `stride`, times the four activation
+ * scales: one float per block. */
+AVX512_TARGET static inline __m128 scales4(const uint8_t *row, int stride, const float *dx)
+{
+    __m128i h = _mm_setr_epi16((short)mdl_rd16(row), (short)mdl_rd16(row + stride),
+                               (short)mdl_rd16(row + 2 * stride), (short)mdl_rd16(row + 3 * stride),
+                               0, 0, 0, 0);
+    return _mm_mul_ps(_mm_cvtph_ps(h), _mm_loadu_ps(dx));
+}
+
+/* The activation forms the kernels below read (see mdl_act_t). */
+static void prep_avx512(mdl_act_t *a)
+{
+    const int8_t *q = a->q;
+    int n = a->n;
+    for (int i = 0; i < n / 4; i++)
+        a->c128[i] = -128 * (q[4 * i] + q[4 * i + 1] + q[4 * i + 2] + q[4 * i + 3]);
+    for (int g = 0; g < n / 128; g++) {
+        const int8_t *src = q + 128 * g;
+        int8_t *dst = a->qp + 128 * g;
+        for (int k = 0; k < 4; k++) {
+            memcpy(dst + 16 * k, src + 32 * k, 16);
+            memcpy(dst + 64 + 16 * k, src + 32 * k + 16, 16);
+        }
+        for (int i = 0; i < 16; i++) {
+            const int8_t *lo = src + 32 * (i / 4) + 4 * (i % 4), *hi = lo + 16;
+            a->c8[16 * g + i] =
+                -8 * (lo[0] + lo[1] + lo[2] + lo[3] + hi[0] + hi[1] + hi[2] + hi[3]);
+        }
+    }
+}
+
+/* Q8_0 as unsigned: sum (w + 128) x = sum w x + 128 sum x, so starting
+ * vpdpbusd from -128 sum x (c128) leaves sum w x, with one XOR per 64
+ * weights instead of a sign fix-up. Two blocks per vector, four per step. */
 AVX512_TARGET static float dot_q8_0_avx512(const uint8_t *row, const mdl_act_t *a)
 {
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const __m512i i01 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512i i23 = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     int nb = a->n / 32, b = 0;
     for (; b + 3 < nb; b += 4, row += 136) {
@@ -51,56 +77,54 @@ AVX512_TARGET static float dot_q8_0_avx512(const uint8_t *row, const mdl_act_t *
                              _mm256_loadu_si256((const __m256i *)(row + 36)));
         __m512i w1 = join256(_mm256_loadu_si256((const __m256i *)(row + 70)),
                              _mm256_loadu_si256((const __m256i *)(row + 104)));
-        __m512i x0 = _mm512_loadu_si512((const void *)(a->q + 32 * b));
-        __m512i x1 = _mm512_loadu_si512((const void *)(a->q + 32 * b + 64));
-        acc0 = _mm512_fmadd_ps(scale2(fp16(row) * a->d[b], fp16(row + 34) * a->d[b + 1]),
-                               dot_i8_64(w0, x0), acc0);
-        acc1 = _mm512_fmadd_ps(scale2(fp16(row + 68) * a->d[b + 2], fp16(row + 102) * a->d[b + 3]),
-                               dot_i8_64(w1, x1), acc1);
+        __m512i p0 = _mm512_dpbusd_epi32(_mm512_loadu_si512((const void *)(a->c128 + 8 * b)),
+                                         _mm512_xor_si512(w0, flip),
+                                         _mm512_loadu_si512((const void *)(a->q + 32 * b)));
+        __m512i p1 = _mm512_dpbusd_epi32(_mm512_loadu_si512((const void *)(a->c128 + 8 * b + 16)),
+                                         _mm512_xor_si512(w1, flip),
+                                         _mm512_loadu_si512((const void *)(a->q + 32 * b + 64)));
+        __m512 sc = _mm512_castps128_ps512(scales4(row, 34, a->d + b));
+        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_permutexvar_ps(i01, sc), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(i23, sc), acc1);
     }
     float s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
     for (; b < nb; b++, row += 34) {
         const int8_t *w = (const int8_t *)row + 2, *x = a->q + 32 * b;
-        __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(),
-                                        _mm256_abs_epi8(_mm256_loadu_si256((const __m256i *)w)),
-                                        _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)x),
-                                                         _mm256_loadu_si256((const __m256i *)w)));
-        __m128i h = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
-        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(1, 0, 3, 2)));
-        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(2, 3, 0, 1)));
-        s += fp16(row) * a->d[b] * (float)_mm_cvtsi128_si32(h);
+        int32_t si = 0;
+        for (int j = 0; j < 32; j++)
+            si += w[j] * x[j];
+        s += fp16(row) * a->d[b] * (float)si;
     }
     return s;
 }
 
-/* Two Q4_0 blocks (at p and p+18) -> 64 signed levels in element order */
-AVX512_TARGET static inline __m512i unpack_q4x2(const uint8_t *p)
-{
-    __m256i raw =
-        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p + 2))),
-                                _mm_loadu_si128((const __m128i *)(p + 20)), 1);
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-    /* [lo0 lo1 hi0 hi1] -> [lo0 hi0 lo1 hi1] */
-    __m512i z = join256(lo, hi);
-    z = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));
-    return _mm512_sub_epi8(z, _mm512_set1_epi8(8));
-}
-
+/* Q4_0: four blocks per vector. The nibbles are used in the order they
+ * lie in (all low halves, then all high halves) and the activations were
+ * regrouped to match (qp); nibbles are unsigned 0..15, the -8 comes from
+ * starting vpdpbusd at -8 sum x (c8). */
 AVX512_TARGET static float dot_q4_0_avx512(const uint8_t *row, const mdl_act_t *a)
 {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     int nb = a->n / 32, b = 0;
     for (; b + 3 < nb; b += 4, row += 72) {
         _mm_prefetch((const char *)row + MDL_PREFETCH_BYTES, _MM_HINT_T0);
         _mm_prefetch((const char *)row + MDL_PREFETCH_BYTES + 64, _MM_HINT_T0);
-        __m512i w0 = unpack_q4x2(row), w1 = unpack_q4x2(row + 36);
-        __m512i x0 = _mm512_loadu_si512((const void *)(a->q + 32 * b));
-        __m512i x1 = _mm512_loadu_si512((const void *)(a->q + 32 * b + 64));
-        acc0 = _mm512_fmadd_ps(scale2(fp16(row) * a->d[b], fp16(row + 18) * a->d[b + 1]),
-                               dot_i8_64(w0, x0), acc0);
-        acc1 = _mm512_fmadd_ps(scale2(fp16(row + 36) * a->d[b + 2], fp16(row + 54) * a->d[b + 3]),
-                               dot_i8_64(w1, x1), acc1);
+        __m512i r = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(row + 2)));
+        r = _mm512_inserti32x4(r, _mm_loadu_si128((const __m128i *)(row + 20)), 1);
+        r = _mm512_inserti32x4(r, _mm_loadu_si128((const __m128i *)(row + 38)), 2);
+        r = _mm512_inserti32x4(r, _mm_loadu_si128((const __m128i *)(row + 56)), 3);
+        __m512i lo = _mm512_and_si512(r, m4), hi = _mm512_and_si512(_mm512_srli_epi16(r, 4), m4);
+        const int8_t *xp = a->qp + 32 * b;
+        __m512i p = _mm512_dpbusd_epi32(_mm512_loadu_si512((const void *)(a->c8 + 4 * b)), lo,
+                                        _mm512_loadu_si512((const void *)xp));
+        p = _mm512_dpbusd_epi32(p, hi, _mm512_loadu_si512((const void *)(xp + 64)));
+        __m512 sc = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(scales4(row, 18, a->d + b)));
+        if (b & 4)
+            acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc1);
+        else
+            acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc0);
     }
     float s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
     for (; b < nb; b++, row += 18) {
@@ -156,6 +180,7 @@ int mdl_kernels_init_avx512(mdl_kernels_t *k)
 {
     k->name = "avx512";
     k->level = MDL_KL_AVX512;
+    k->prep = prep_avx512;
     k->dot[MDL_T_Q8_0] = dot_q8_0_avx512;
     k->dot[MDL_T_Q4_0] = dot_q4_0_avx512;
     k->dot[MDL_T_F16] = dot_f16_avx512;

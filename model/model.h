@@ -45,6 +45,9 @@ typedef struct {
      * environment can lower it further. */
     const char *kernels;
     int precise; /* float activations for quantized weights (slower; tests) */
+    /* 0 (default): read the weights into huge-page memory at load (faster
+     * decoding, a private copy of the file in RAM); 1: map the file. */
+    int mmap_file;
 } mdl_engine_opts_t;
 
 void mdl_engine_opts_default(mdl_engine_opts_t *o);

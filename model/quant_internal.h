@@ -36,7 +36,15 @@ typedef struct {
     int8_t *q;     /* n int8 */
     float *d;      /* n/32 block scales */
     int32_t *qsum; /* n/32 sums of q per block (for formats with a min) */
+    /* Extra forms the AVX-512 kernels read, filled by the kernel set's prep
+     * (see MDL_ACT_EXTRA_BYTES); NULL when the set has no prep. */
+    int32_t *c128; /* n/4: -128 * sum of each group of 4 q (Q8_0 as unsigned) */
+    int8_t *qp;    /* n: q per 4 blocks, the 4 low halves then the 4 high halves */
+    int32_t *c8;   /* n/8: -8 * the sums dpbusd lanes see in the qp order (Q4_0) */
 } mdl_act_t;
+
+/* Scratch bytes per activation element for c128, qp and c8 together. */
+#define MDL_ACT_EXTRA_BYTES(n) ((size_t)(n)*2 + (size_t)(n) / 2 + 64)
 
 /* Dot product of one weight row (n = a->n elements, type implied by the
  * table slot) with an activation vector. */
@@ -50,6 +58,8 @@ typedef struct {
     /* Quantizes n floats (n % 32 == 0) into q/d/qsum. Bit-identical across
      * levels (same float32 operations, round half to even). */
     void (*quantize)(const float *x, int n, int8_t *q, float *d, int32_t *qsum);
+    /* Derives the extra forms from q (NULL: the set needs none). */
+    void (*prep)(mdl_act_t *a);
     mdl_dot_fn dot[MDL_T_MAX];   /* fast path; NULL when the type is unsupported */
     mdl_dot_fn dot_f[MDL_T_MAX]; /* precise path (float activations) */
     /* Float helpers for attention. */
@@ -89,7 +99,9 @@ int mdl_kernels_init_avx512(mdl_kernels_t *k);
 /* Software prefetch distance for streaming weight rows, in bytes. Weights
  * are read once per token from DRAM; prefetching this far ahead lets the
  * loads overlap the arithmetic (see the notes, §2.3). */
-#define MDL_PREFETCH_BYTES 2048
+#ifndef MDL_PREFETCH_BYTES
+#define MDL_PREFETCH_BYTES 4096
+#endif
 
 static inline uint16_t mdl_rd16(const uint8_t *p)
 {

@@ -138,9 +138,9 @@ void mdl_model_free(mdl_model_t *m)
     free(m);
 }
 
-mdl_model_t *mdl_model_load(const char *path, char *err, size_t errlen)
+mdl_model_t *mdl_model_load(const char *path, int copy, char *err, size_t errlen)
 {
-    mdl_gguf_t *g = mdl_gguf_open(path, err, errlen);
+    mdl_gguf_t *g = copy ? mdl_gguf_open_copy(path, err, errlen) : mdl_gguf_open(path, err, errlen);
     if (!g)
         return NULL;
     return mdl_model_from_gguf(g, err, errlen);
@@ -333,6 +333,7 @@ struct mdl_state {
     int8_t *aq;
     float *ad;
     int32_t *as;
+    uint8_t *ax; /* the kernels' extra activation forms (prep) */
     mdl_act_t *acts;
 };
 
@@ -354,6 +355,7 @@ void mdl_state_free(mdl_state_t *s)
     free(s->aq);
     free(s->ad);
     free(s->as);
+    free(s->ax);
     free(s->acts);
     free(s);
 }
@@ -406,7 +408,9 @@ mdl_state_t *mdl_state_new(const mdl_model_t *m, const mdl_state_opts_t *o, mdl_
     s->ad = fbuf(B * s->max_in / MDL_QK + 1, &ok);
     s->as = calloc(B * s->max_in / MDL_QK + 1, sizeof(int32_t));
     s->acts = calloc(B, sizeof(mdl_act_t));
-    if (!ok || !s->aq || !s->as || !s->acts) {
+    s->ax =
+        s->k->prep ? aligned_alloc(64, (B * MDL_ACT_EXTRA_BYTES(s->max_in) + 63) / 64 * 64) : NULL;
+    if (!ok || !s->aq || !s->as || !s->acts || (s->k->prep && !s->ax)) {
         set_err(err, errlen, "out of memory for a %d-token context", s->n_ctx);
         mdl_state_free(s);
         return NULL;
@@ -505,8 +509,17 @@ static void prep_acts(mdl_state_t *s, const float *x, int nb, int n)
         a->q = s->aq + (size_t)b * n;
         a->d = s->ad + (size_t)b * n / MDL_QK;
         a->qsum = s->as + (size_t)b * n / MDL_QK;
-        if (quant)
-            s->k->quantize(a->x, n, a->q, a->d, a->qsum);
+        if (!quant)
+            continue;
+        s->k->quantize(a->x, n, a->q, a->d, a->qsum);
+        if (s->k->prep) {
+            /* c128 (n/4 int32), c8 (n/8 int32), qp (n bytes), 64-aligned */
+            uint8_t *base = s->ax + (size_t)b * MDL_ACT_EXTRA_BYTES(s->max_in);
+            a->c128 = (int32_t *)(void *)base;
+            a->c8 = (int32_t *)(void *)(base + (size_t)n);
+            a->qp = (int8_t *)(base + (size_t)n + ((size_t)n / 2 + 63) / 64 * 64);
+            s->k->prep(a);
+        }
     }
 }
 

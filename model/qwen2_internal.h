@@ -45,8 +45,10 @@ typedef struct {
 } mdl_model_t;
 
 /* Loads and checks every tensor shape and type; the error names the first
- * problem. mdl_model_from_gguf takes ownership of g, also on failure. */
-SL_WUR mdl_model_t *mdl_model_load(const char *path, char *err, size_t errlen);
+ * problem. copy: read the file into huge-page memory (mdl_gguf_open_copy,
+ * faster decoding) instead of mapping it. mdl_model_from_gguf takes
+ * ownership of g, also on failure. */
+SL_WUR mdl_model_t *mdl_model_load(const char *path, int copy, char *err, size_t errlen);
 SL_WUR mdl_model_t *mdl_model_from_gguf(mdl_gguf_t *g, char *err, size_t errlen);
 void mdl_model_free(mdl_model_t *m);
 

@@ -314,7 +314,11 @@ static void test_dots(void **state)
                 for (int i = 0; i < n; i++)
                     x[i] = rndf() * (rep == 3 ? 100.0f : 1.0f);
                 mdl_quantize_scalar(x, n, q, d, qs);
-                mdl_act_t a = {n, x, q, d, qs};
+                uint8_t *extra = malloc(MDL_ACT_EXTRA_BYTES(n));
+                mdl_act_t a = {.n = n, .x = x, .q = q, .d = d, .qsum = qs};
+                a.c128 = (int32_t *)(void *)extra;
+                a.c8 = (int32_t *)(void *)(extra + n);
+                a.qp = (int8_t *)(extra + n + n / 2);
                 assert_int_equal(mdl_dequant_row(t, row, w, n), 0);
                 /* float64 references: exact weights times float and
                  * quantized activations; scale = sum |w x| */
@@ -328,6 +332,8 @@ static void test_dots(void **state)
                 int float_act = t == MDL_T_F32 || t == MDL_T_F16;
                 for (int l = 0; l < n_levels; l++) {
                     const mdl_kernels_t *k = levels[l];
+                    if (k->prep)
+                        k->prep(&a);
                     assert_non_null(k->dot[t]);
                     assert_non_null(k->dot_f[t]);
                     check_close(k->dot[t](row, &a), float_act ? ref_f : ref_q, scale, "fast", t,
@@ -340,6 +346,7 @@ static void test_dots(void **state)
                 free(q);
                 free(d);
                 free(qs);
+                free(extra);
             }
         }
     }
