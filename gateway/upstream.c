@@ -33,16 +33,27 @@ static void gw_up_eventcb(struct bufferevent *bev, short what, void *arg);
 void gw_proxy_up_read(gw_req_t *r);
 void gw_proxy_up_event(gw_req_t *r, short what);
 
+/* The worker's state for srv, or NULL when srv belongs to an older runtime
+ * than the worker's (a request that began before a reload). */
+static gw_wsrv_t *gw_wsrv_of(gw_worker_t *w, const gw_srv_rt_t *srv)
+{
+    if (srv->index < w->nwsrv && &w->rt->servers[srv->index] == srv)
+        return &w->wsrv[srv->index];
+    return NULL;
+}
+
 gw_srv_rt_t *gw_upstream_pick(gw_worker_t *w, gw_pool_rt_t *pool, int64_t now_ms)
 {
     gw_balance_item_t items[64];
+    int scratch[64] = {0}; /* round-robin state for a runtime the worker left behind */
     size_t n = SL_MIN(pool->nservers, SL_ARRAY_LEN(items));
     for (size_t i = 0; i < n; i++) {
         gw_srv_rt_t *s = pool->servers[i];
         items[i].weight = s->weight;
         items[i].active = atomic_load_explicit(&s->active, memory_order_relaxed);
         items[i].eligible = atomic_load_explicit(&s->ejected_until, memory_order_relaxed) <= now_ms;
-        items[i].current = &w->wsrv[s->index].rr_current;
+        gw_wsrv_t *ws = gw_wsrv_of(w, s);
+        items[i].current = ws ? &ws->rr_current : &scratch[i];
     }
     int k = gw_balance_pick(items, n, pool->conf->balance, gw_worker_rand(w));
     return k < 0 ? NULL : pool->servers[k];
@@ -85,11 +96,12 @@ void gw_upstream_close(gw_upconn_t *u)
     u->closed = true;
     gw_worker_t *w = u->w;
     if (!u->req && u->idle_since_ms) {
-        /* It is in an idle list (unless the runtime moved on and the lists
-         * were dropped: then generation differs and it was unlinked). */
-        if (u->generation == w->rt->generation && u->srv->index < w->nwsrv) {
-            TAILQ_REMOVE(&w->wsrv[u->srv->index].idle, u, link);
-            w->wsrv[u->srv->index].nidle--;
+        /* In an idle list (a runtime change unlinks them all first and
+         * clears idle_since_ms). */
+        gw_wsrv_t *ws = gw_wsrv_of(w, u->srv);
+        if (ws) {
+            TAILQ_REMOVE(&ws->idle, u, link);
+            ws->nidle--;
         }
     }
     if (u->idle_timer)
@@ -118,8 +130,8 @@ static int gw_up_tls_setup(SSL *ssl, const gw_srv_rt_t *s)
 
 gw_upconn_t *gw_upstream_get(gw_worker_t *w, gw_srv_rt_t *srv, bool allow_reuse)
 {
-    if (allow_reuse && srv->index < w->nwsrv && srv->pool->conf && w->rt->generation) {
-        gw_wsrv_t *ws = &w->wsrv[srv->index];
+    gw_wsrv_t *ws = gw_wsrv_of(w, srv);
+    if (allow_reuse && ws) {
         gw_upconn_t *u = TAILQ_FIRST(&ws->idle);
         if (u && u->generation == w->rt->generation && u->srv == srv) {
             TAILQ_REMOVE(&ws->idle, u, link);
@@ -181,15 +193,15 @@ void gw_upstream_release(gw_upconn_t *u, bool reusable)
     gw_worker_t *w = u->w;
     u->req = NULL;
     gw_srv_rt_t *srv = u->srv;
-    if (!reusable || u->closed || w->draining || u->generation != w->rt->generation ||
-        srv->index >= w->nwsrv || w->wsrv[srv->index].nidle >= (size_t)srv->pool->conf->keepalive ||
+    gw_wsrv_t *ws = gw_wsrv_of(w, srv);
+    if (!reusable || u->closed || w->draining || !ws ||
+        ws->nidle >= (size_t)srv->pool->conf->keepalive ||
         evbuffer_get_length(bufferevent_get_input(u->bev)) > 0) {
         gw_upstream_close(u);
         return;
     }
     gw_http_parser_reset(u->parser);
     u->idle_since_ms = sl_now_ms();
-    gw_wsrv_t *ws = &w->wsrv[srv->index];
     TAILQ_INSERT_HEAD(&ws->idle, u, link); /* LIFO: the warmest connection first */
     ws->nidle++;
     bufferevent_enable(u->bev, EV_READ);
