@@ -109,8 +109,11 @@ def test_openai_node_stream(sluice, mock, openai_node):
     assert r["text"] == mock_upstream.reply_text("node streams", 5)
     assert r["chunks"] == 5 + 1 + 1  # content, finish, usage
     assert r["usage"]["completion_tokens"] == 5
-    gaps = [b - a for a, b in zip(r["times"], r["times"][1:5])]
-    assert min(gaps) >= 60, gaps  # chunks arrived as sent, ~100 ms apart
+    # chunks arrived as sent, ~100 ms apart, not in one batch at the end (the
+    # span is robust to one late chunk under load; a single gap is not)
+    t = r["times"][:5]
+    gaps = [b - a for a, b in zip(t, t[1:])]
+    assert t[-1] - t[0] >= 300 and min(gaps) >= 20, r["times"]
 
 
 def test_openai_node_truncated_stream_is_an_error(sluice, mock, openai_node):

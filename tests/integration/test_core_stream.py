@@ -105,7 +105,9 @@ def test_events_are_not_batched(sluice, mock):
         r, evs = c.stream("POST", "/v1/chat/completions", chat_body(stream=True))
         events = data_events(list(evs))
     gaps = [b.t - a.t for a, b in zip(events, events[1:])]
-    assert len(gaps) == 4 and min(gaps) >= 0.2, gaps
+    # 4 gaps of 0.3 s: one late event shortens the next gap, so check the span
+    # and that no two events came together
+    assert len(gaps) == 4 and sum(gaps) >= 1.0 and min(gaps) >= 0.05, gaps
 
 
 @pytest.mark.parametrize("how", ["close", "reset"])
@@ -196,7 +198,7 @@ def test_pings_before_first_event(sluice_factory, mock):
     assert 3 <= len(pings) <= 7, ([(round(e.t - t0, 2), e.raw) for e in events], mock.connections(), mock.requests())
     assert all(e.comments == ["ping"] and e.data is None for e in pings), pings
     gaps = [b.t - a.t for a, b in zip(pings, pings[1:])]
-    assert all(g >= 0.1 for g in gaps), gaps
+    assert all(g >= 0.08 for g in gaps), gaps
     # after the first event, no more pings (the stream is alive by itself)
     assert all(e.data is not None for e in events[first_data:]), events[first_data:]
     assert events[-1].is_done
