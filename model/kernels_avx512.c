@@ -137,6 +137,107 @@ AVX512_TARGET static float dot_q4_0_avx512(const uint8_t *row, const mdl_act_t *
     return s;
 }
 
+/* dot_q8_0_avx512 for four token vectors: same operations per token, in
+ * the same order, with the weight decoding shared. */
+AVX512_TARGET static void dot4_q8_0_avx512(const uint8_t *row, const mdl_act_t *a, float *out)
+{
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const __m512i i01 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512i i23 = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    __m512 acc0[4], acc1[4];
+    for (int t = 0; t < 4; t++)
+        acc0[t] = acc1[t] = _mm512_setzero_ps();
+    const uint8_t *r = row;
+    int nb = a[0].n / 32, b = 0;
+    for (; b + 3 < nb; b += 4, r += 136) {
+        _mm_prefetch((const char *)r + MDL_PREFETCH_BYTES, _MM_HINT_T0);
+        _mm_prefetch((const char *)r + MDL_PREFETCH_BYTES + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)r + MDL_PREFETCH_BYTES + 128, _MM_HINT_T0);
+        __m512i w0 = _mm512_xor_si512(join256(_mm256_loadu_si256((const __m256i *)(r + 2)),
+                                              _mm256_loadu_si256((const __m256i *)(r + 36))),
+                                      flip);
+        __m512i w1 = _mm512_xor_si512(join256(_mm256_loadu_si256((const __m256i *)(r + 70)),
+                                              _mm256_loadu_si256((const __m256i *)(r + 104))),
+                                      flip);
+        __m128i h = _mm_setr_epi16((short)mdl_rd16(r), (short)mdl_rd16(r + 34),
+                                   (short)mdl_rd16(r + 68), (short)mdl_rd16(r + 102), 0, 0, 0, 0);
+        __m128 ws = _mm_cvtph_ps(h);
+        for (int t = 0; t < 4; t++) {
+            const mdl_act_t *x = &a[t];
+            __m512i p0 = _mm512_dpbusd_epi32(_mm512_loadu_si512((const void *)(x->c128 + 8 * b)),
+                                             w0, _mm512_loadu_si512((const void *)(x->q + 32 * b)));
+            __m512i p1 =
+                _mm512_dpbusd_epi32(_mm512_loadu_si512((const void *)(x->c128 + 8 * b + 16)), w1,
+                                    _mm512_loadu_si512((const void *)(x->q + 32 * b + 64)));
+            __m512 sc = _mm512_castps128_ps512(_mm_mul_ps(ws, _mm_loadu_ps(x->d + b)));
+            acc0[t] =
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_permutexvar_ps(i01, sc), acc0[t]);
+            acc1[t] =
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(i23, sc), acc1[t]);
+        }
+    }
+    for (int t = 0; t < 4; t++) {
+        float s = _mm512_reduce_add_ps(_mm512_add_ps(acc0[t], acc1[t]));
+        const uint8_t *rr = r;
+        for (int bb = b; bb < nb; bb++, rr += 34) {
+            const int8_t *w = (const int8_t *)rr + 2, *x = a[t].q + 32 * bb;
+            int32_t si = 0;
+            for (int j = 0; j < 32; j++)
+                si += w[j] * x[j];
+            s += fp16(rr) * a[t].d[bb] * (float)si;
+        }
+        out[t] = s;
+    }
+}
+
+/* dot_q4_0_avx512 for four token vectors (see dot4_q8_0_avx512). */
+AVX512_TARGET static void dot4_q4_0_avx512(const uint8_t *row, const mdl_act_t *a, float *out)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    __m512 acc0[4], acc1[4];
+    for (int t = 0; t < 4; t++)
+        acc0[t] = acc1[t] = _mm512_setzero_ps();
+    const uint8_t *r = row;
+    int nb = a[0].n / 32, b = 0;
+    for (; b + 3 < nb; b += 4, r += 72) {
+        _mm_prefetch((const char *)r + MDL_PREFETCH_BYTES, _MM_HINT_T0);
+        _mm_prefetch((const char *)r + MDL_PREFETCH_BYTES + 64, _MM_HINT_T0);
+        __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(r + 2)));
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(r + 20)), 1);
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(r + 38)), 2);
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(r + 56)), 3);
+        __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        __m128i h = _mm_setr_epi16((short)mdl_rd16(r), (short)mdl_rd16(r + 18),
+                                   (short)mdl_rd16(r + 36), (short)mdl_rd16(r + 54), 0, 0, 0, 0);
+        __m128 ws = _mm_cvtph_ps(h);
+        for (int t = 0; t < 4; t++) {
+            const int8_t *xp = a[t].qp + 32 * b;
+            __m512i p = _mm512_dpbusd_epi32(_mm512_loadu_si512((const void *)(a[t].c8 + 4 * b)), lo,
+                                            _mm512_loadu_si512((const void *)xp));
+            p = _mm512_dpbusd_epi32(p, hi, _mm512_loadu_si512((const void *)(xp + 64)));
+            __m512 sc = _mm512_permutexvar_ps(
+                idx, _mm512_castps128_ps512(_mm_mul_ps(ws, _mm_loadu_ps(a[t].d + b))));
+            if (b & 4)
+                acc1[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc1[t]);
+            else
+                acc0[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc0[t]);
+        }
+    }
+    for (int t = 0; t < 4; t++) {
+        float s = _mm512_reduce_add_ps(_mm512_add_ps(acc0[t], acc1[t]));
+        const uint8_t *rr = r;
+        for (int bb = b; bb < nb; bb++, rr += 18) {
+            const int8_t *x = a[t].q + 32 * bb;
+            int32_t si = 0;
+            for (int j = 0; j < 16; j++)
+                si += ((rr[2 + j] & 0xF) - 8) * x[j] + ((rr[2 + j] >> 4) - 8) * x[j + 16];
+            s += fp16(rr) * a[t].d[bb] * (float)si;
+        }
+        out[t] = s;
+    }
+}
+
 AVX512_TARGET static float dot_f16_avx512(const uint8_t *row, const mdl_act_t *a)
 {
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
@@ -183,6 +284,8 @@ int mdl_kernels_init_avx512(mdl_kernels_t *k)
     k->prep = prep_avx512;
     k->dot[MDL_T_Q8_0] = dot_q8_0_avx512;
     k->dot[MDL_T_Q4_0] = dot_q4_0_avx512;
+    k->dot4[MDL_T_Q8_0] = dot4_q8_0_avx512;
+    k->dot4[MDL_T_Q4_0] = dot4_q4_0_avx512;
     k->dot[MDL_T_F16] = dot_f16_avx512;
     k->dot[MDL_T_F32] = dot_f32_avx512;
     k->dot_f[MDL_T_F16] = dot_f16_avx512;

@@ -49,6 +49,10 @@ typedef struct {
 /* Dot product of one weight row (n = a->n elements, type implied by the
  * table slot) with an activation vector. */
 typedef float (*mdl_dot_fn)(const uint8_t *row, const mdl_act_t *a);
+/* The same for four activation vectors a[0..3] at once (batched prefill:
+ * the weight blocks are decoded once for four tokens). Each out[t] must be
+ * bit-identical to dot(row, &a[t]), so batching never changes results. */
+typedef void (*mdl_dot4_fn)(const uint8_t *row, const mdl_act_t *a, float *out);
 
 typedef enum { MDL_KL_SCALAR = 0, MDL_KL_AVX2 = 1, MDL_KL_AVX512 = 2 } mdl_klevel_t;
 
@@ -61,6 +65,7 @@ typedef struct {
     /* Derives the extra forms from q (NULL: the set needs none). */
     void (*prep)(mdl_act_t *a);
     mdl_dot_fn dot[MDL_T_MAX];   /* fast path; NULL when the type is unsupported */
+    mdl_dot4_fn dot4[MDL_T_MAX]; /* optional batched form of dot */
     mdl_dot_fn dot_f[MDL_T_MAX]; /* precise path (float activations) */
     /* Float helpers for attention. */
     float (*vdot)(const float *a, const float *b, int n);

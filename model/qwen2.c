@@ -485,10 +485,20 @@ static void mm_worker(void *arg, int ith, int nth)
          * cache lines of the output */
         int per = ((w->n_out + nth - 1) / nth + 7) & ~7;
         int r0 = ith * per, r1 = SL_MIN(w->n_out, r0 + per);
+        mdl_dot4_fn dot4 = use_float ? NULL : t->s->k->dot4[w->type];
         for (int r = r0; r < r1; r++) {
             const uint8_t *row = w->data + (size_t)r * w->row_bytes;
             float bias = jb->bias ? jb->bias[r] : 0.0f;
-            for (int b = 0; b < t->nb; b++) {
+            int b = 0;
+            float v4[4];
+            for (; dot4 && b + 4 <= t->nb; b += 4) {
+                dot4(row, &t->acts[b], v4);
+                for (int k = 0; k < 4; k++) {
+                    float *o = jb->out + (size_t)(b + k) * w->n_out + r;
+                    *o = jb->accumulate ? *o + (v4[k] + bias) : v4[k] + bias;
+                }
+            }
+            for (; b < t->nb; b++) {
                 float v = dot(row, &t->acts[b]) + bias;
                 float *o = jb->out + (size_t)b * w->n_out + r;
                 *o = jb->accumulate ? *o + v : v;
