@@ -38,13 +38,23 @@ wait_http() {
     return 1
 }
 
+# The mock prints {"listening": PORT} once it accepts; wait for that line
+# from this very process (another server on the port must not fool us).
+mock_out=$(mktemp)
 "$PY" tests/mock_upstream.py --demo --host 127.0.0.1 --port "$UP_PORT" --name demo \
-    --models demo-model >/dev/null &
+    --models demo-model >"$mock_out" &
 mock_pid=$!
-if ! wait_http "http://127.0.0.1:$UP_PORT/_mock/health" "$mock_pid" 50; then
-    echo "run-demo: the demo upstream did not start on 127.0.0.1:$UP_PORT (port in use?)" >&2
-    exit 1
-fi
+tries=50
+until grep -q '"listening"' "$mock_out" 2>/dev/null; do
+    tries=$((tries - 1))
+    if [ "$tries" -le 0 ] || ! kill -0 "$mock_pid" 2>/dev/null; then
+        rm -f "$mock_out"
+        echo "run-demo: the demo upstream did not start on 127.0.0.1:$UP_PORT (port in use?)" >&2
+        exit 1
+    fi
+    sleep 0.1
+done
+rm -f "$mock_out"
 
 "$BIN" -c conf/sluice.yaml &
 sluice_pid=$!
