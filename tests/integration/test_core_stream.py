@@ -303,7 +303,7 @@ def test_slow_client_backpressure(sluice, mock):
         (conn,) = mock.connections()
         sent = mock.requests()[0]["events_sent"]
         assert sent < n, "the whole stream went out while the client read nothing"
-        assert conn["bytes_out"] < 40 * 1024 * 1024, conn["bytes_out"]
+        assert conn["bytes_out"] < 24 * 1024 * 1024, conn["bytes_out"]  # ~7 MB seen here
         events = data_events(list(c.events(r)))
     finally:
         c.close()
