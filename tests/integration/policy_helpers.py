@@ -422,3 +422,46 @@ def connect_refused(port):
         return False
     except ConnectionRefusedError:
         return True
+
+
+# ---- rate-limit setups ------------------------------------------------------------------
+
+
+def rl_start(sluice_factory, upstream, ratelimit, redis=None, name=None, extra=None):
+    """sluice with tokens on (signatures optional: the limit tests send
+    bearer tokens only) and this `ratelimit:` section; redis: a RedisServer
+    (or a URL) shared by the instances that name it."""
+    over = {"auth": {"signing": {"required": False}}, "ratelimit": ratelimit}
+    if redis is not None:
+        over["redis"] = {"url": redis if isinstance(redis, str) else redis_url(redis)}
+        # auth's own Redis checks must not decide these tests (test_auth_redis does that)
+        over["auth"]["on_store_error"] = {"nonces": "allow", "revocations": "allow"}
+    if extra:
+        over = helpers.deep_merge(over, extra)
+    return start(sluice_factory, upstream, over, name=name)
+
+
+def as_user(s, tok, body=None, headers=None, timeout=10):
+    """A request carrying tok's bearer token (no signature)."""
+    h = {"Authorization": tok.bearer}
+    if headers:
+        h.update(headers)
+    return s.request("POST", CHAT_PATH, body if body is not None else helpers.chat_body(), h,
+                     timeout=timeout)
+
+
+def user_burst(instances, tok, n, body=None):
+    """n copies of one bearer-token request arriving at once, spread
+    round-robin over the instances."""
+    b = body_bytes(body if body is not None else helpers.chat_body("burst"))
+    h = {"Authorization": tok.bearer}
+    return burst([(s.host, s.port, request_bytes(s.host, s.port, "POST", CHAT_PATH, b, h))
+                  for s in (instances[i % len(instances)] for i in range(n))])
+
+
+def rl_headers(r):
+    """(limit, remaining, reset) from X-RateLimit-* as ints (None if absent)."""
+    def num(name):
+        v = r.header(name)
+        return int(v) if v is not None else None
+    return num("X-RateLimit-Limit"), num("X-RateLimit-Remaining"), num("X-RateLimit-Reset")

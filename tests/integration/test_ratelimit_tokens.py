@@ -1,0 +1,215 @@
+"""
+test_ratelimit_tokens.py — token budgets and the max_tokens clamp through
+the real binary (issue 4, parts 2 and 3): the upstream sees min(client,
+policy) and the policy maximum when the client sent none; a streamed request
+whose max_tokens cannot fit the budget is refused before it starts (the
+upstream gets nothing); usage settles with the upstream's usage and, when
+none comes, with the streamed text's estimate (read back from the budget's
+X-RateLimit-Remaining on the next request); the usage chunk sluice asks for
+is never shown to a client that did not ask for it, and is shown to one
+that did; a failed upstream gives the reservation back.
+
+Budgets are read through a per-day budget (headers describe it when it is
+the only limit): it refills one token every 0.864 s at 100000 a day, so
+readings a moment apart differ only by what was charged.
+"""
+
+import json
+import math
+
+import pytest
+
+import helpers
+import policy_helpers as ph
+from helpers import assert_error, chat_body, mock_upstream
+from policy_helpers import _known_crash_guard  # noqa: F401
+
+DAY = 100000
+PROMPT = "one two three"
+REPLY = mock_upstream.reply_text(PROMPT, 4)  # "echo: one two three"
+MOCK_USAGE = len(PROMPT.split()) + 4  # the mock's total_tokens: prompt words + events
+
+
+def _remaining(r):
+    lim, left, _ = ph.rl_headers(r)
+    assert lim == DAY and left is not None, r.headers
+    return left
+
+
+def _data(events):
+    return [e for e in events if e.data is not None]
+
+
+def _stream(s, tok, body):
+    with s.client(timeout=helpers.bound(10)) as c:
+        r, evs = c.stream("POST", ph.CHAT_PATH, body, {"Authorization": tok.bearer})
+        evs = _data(list(evs))
+    return r, evs
+
+
+def _content(events):
+    out = ""
+    for e in events:
+        if e.is_done:
+            continue
+        for ch in e.json().get("choices", []):
+            out += (ch.get("delta") or {}).get("content") or ""
+    return out
+
+
+# ---- the clamp -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sent,field,seen", [
+    ({"max_tokens": 100}, "max_tokens", 100),
+    ({"max_tokens": 1000}, "max_tokens", 256),
+    ({"max_tokens": 256}, "max_tokens", 256),
+    ({}, "max_tokens", 256),
+    ({"max_completion_tokens": 1000}, "max_completion_tokens", 256),
+    ({"max_completion_tokens": 7}, "max_completion_tokens", 7),
+])
+def test_max_tokens_clamp(sluice_factory, mock, sent, field, seen):
+    s = ph.rl_start(sluice_factory, mock, {"max_tokens": 256})
+    r = ph.as_user(s, ph.mint("alice"), chat_body("clamp", **sent))
+    assert r.status == 200, r
+    (q,) = mock.requests()
+    assert q["json"][field] == seen, q["json"]
+    if field == "max_completion_tokens":
+        assert "max_tokens" not in q["json"]  # one limit field, not two
+
+
+def test_clamp_default_and_bad_values(sluice_factory, mock):
+    s = ph.start(sluice_factory, mock, auth=False)  # no ratelimit section: the default policy, 2048
+    assert s.chat("x").status == 200
+    assert s.chat("x", max_tokens=99999).status == 200
+    assert [q["json"]["max_tokens"] for q in mock.requests()] == [2048, 2048]
+    for bad in (0, -5, "12", 1.5):
+        assert_error(s.chat("x", max_tokens=bad), 400, "invalid_parameter")
+    assert len(mock.requests()) == 2
+
+
+# ---- budgets ---------------------------------------------------------------------------
+
+
+def test_stream_that_cannot_fit_the_budget_is_refused_before_it_starts(sluice_factory, mock):
+    s = ph.rl_start(sluice_factory, mock, {"per_user": {"tokens_per_minute": 1000}, "max_tokens": 4096})
+    alice = ph.mint("alice")
+    # more than the whole budget: never fits, no Retry-After
+    r = ph.as_user(s, alice, chat_body(PROMPT, stream=True, max_tokens=2000))
+    e = assert_error(r, 429, "rate_limit_exceeded", "rate_limit_error")
+    assert e["limit"] == "tokens_per_minute" and "max_tokens" in e["message"]
+    assert r.header("Retry-After") is None
+    assert (r.header("Content-Type") or "").startswith("application/json")  # not a stream
+    ph.assert_upstream_untouched(mock)
+    # one that fits is served and settles at what it used (the mock's
+    # usage: 3 prompt words + 300 events)
+    mock.script({"events": 300})
+    r, evs = _stream(s, alice, chat_body(PROMPT, stream=True, max_tokens=500))
+    assert r.status == 200 and evs[-1].is_done
+    # what is left (~700) cannot take 900 more now: refused, and it says
+    # when it would fit (1000 a minute refill 16.7 a second)
+    r = ph.as_user(s, alice, chat_body(PROMPT, stream=True, max_tokens=900))
+    e = assert_error(r, 429, "rate_limit_exceeded", "rate_limit_error")
+    assert e["limit"] == "tokens_per_minute"
+    assert 8 <= int(r.header("Retry-After")) <= 16, r.header("Retry-After")
+    assert len(mock.requests()) == 1
+    assert ph.metric(s, "sluice_ratelimited_total", limit="tokens_per_minute") == 2
+
+
+def _budget_setup(sluice_factory, mock):
+    s = ph.rl_start(sluice_factory, mock, {"per_user": {"tokens_per_day": DAY}, "max_tokens": 4096})
+    return s, ph.mint("alice")
+
+
+def _reservation(first_remaining, max_tokens):
+    """(reservation, prompt estimate) from the first request's Remaining."""
+    res = DAY - first_remaining
+    return res, res - max_tokens
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_usage_settles_with_upstream_usage(sluice_factory, mock, stream):
+    s, alice = _budget_setup(sluice_factory, mock)
+    body = chat_body(PROMPT, stream=stream, max_tokens=100)
+    rems = []
+    for _ in range(3):
+        if stream:
+            r, evs = _stream(s, alice, body)
+            assert _content(evs) == REPLY
+        else:
+            r = ph.as_user(s, alice, body)
+            assert r.json()["usage"]["total_tokens"] == MOCK_USAGE
+        assert r.status == 200
+        rems.append(_remaining(r))
+    res, prompt_est = _reservation(rems[0], 100)
+    assert prompt_est > 0
+    # each reading = full - what earlier requests used - this one's reservation
+    for a, b in zip(rems, rems[1:]):
+        assert MOCK_USAGE - 1 <= a - b <= MOCK_USAGE, (rems, MOCK_USAGE)
+
+
+def test_stream_without_upstream_usage_settles_on_the_text(sluice_factory, mock):
+    s, alice = _budget_setup(sluice_factory, mock)
+    mock.set_default({"usage": False})  # an upstream that ignores include_usage
+    body = chat_body(PROMPT, stream=True, max_tokens=100)
+    rems = []
+    for _ in range(3):
+        r, evs = _stream(s, alice, body)
+        assert r.status == 200 and _content(evs) == REPLY
+        assert not any("usage" in e.json() for e in evs if not e.is_done)
+        rems.append(_remaining(r))
+    _, prompt_est = _reservation(rems[0], 100)
+    used = prompt_est + math.ceil(len(REPLY.encode()) / 4)  # ASCII: 4 bytes a token
+    for a, b in zip(rems, rems[1:]):
+        assert used - 1 <= a - b <= used, (rems, used, prompt_est)
+
+
+def test_plain_answer_without_usage_keeps_the_reservation(sluice_factory, mock):
+    s, alice = _budget_setup(sluice_factory, mock)
+    mock.set_default({"usage": False})
+    body = chat_body(PROMPT, max_tokens=100)
+    rems = [_remaining(ph.as_user(s, alice, body)) for _ in range(3)]
+    res, _ = _reservation(rems[0], 100)
+    for a, b in zip(rems, rems[1:]):
+        assert res - 1 <= a - b <= res, (rems, res)
+
+
+def test_failed_upstream_gives_the_reservation_back(sluice_factory, mock):
+    s, alice = _budget_setup(sluice_factory, mock)
+    body = chat_body(PROMPT, max_tokens=1000)
+    r0 = _remaining(ph.as_user(s, alice, body))  # settles at MOCK_USAGE
+    mock.script({"status": 500}, {"status": 503})
+    for _ in range(2):
+        r = ph.as_user(s, alice, body)
+        assert r.status >= 500, r
+    r3 = _remaining(ph.as_user(s, alice, body))
+    # only the first answer's usage is charged before the last reading
+    assert MOCK_USAGE - 2 <= r0 - r3 <= MOCK_USAGE, (r0, r3)
+
+
+# ---- the usage chunk -------------------------------------------------------------------
+
+
+def test_injected_usage_chunk_is_not_shown(sluice_factory, mock):
+    s, alice = _budget_setup(sluice_factory, mock)
+    r, evs = _stream(s, alice, chat_body(PROMPT, stream=True))
+    assert r.status == 200
+    (q,) = mock.requests()
+    assert q["json"]["stream_options"] == {"include_usage": True}  # sluice asked for it
+    chunks = [e.json() for e in evs if not e.is_done]
+    assert evs[-1].is_done
+    assert all(c["choices"] for c in chunks), "a usage-only chunk reached the client"
+    assert not any("usage" in c for c in chunks)
+    assert _content(evs) == REPLY
+    assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == "stop"
+
+
+def test_usage_chunk_shown_when_the_client_asked(sluice_factory, mock):
+    s, alice = _budget_setup(sluice_factory, mock)
+    r, evs = _stream(s, alice, chat_body(PROMPT, stream=True, stream_options={"include_usage": True}))
+    assert r.status == 200 and evs[-1].is_done
+    chunks = [e.json() for e in evs if not e.is_done]
+    usage = [c for c in chunks if not c["choices"]]
+    assert len(usage) == 1 and chunks[-1] is usage[0], [json.dumps(c)[:80] for c in chunks]
+    assert usage[0]["usage"]["total_tokens"] == MOCK_USAGE
+    assert _content(evs) == REPLY
