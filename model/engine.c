@@ -62,7 +62,7 @@ struct mdl_engine {
     int queued;
     int running;
     mdl_request_t *cur; /* the request being generated, for shutdown */
-    int stop;
+    _Atomic int stop;
     _Atomic int ready;
     uint64_t seed_counter;
     uint64_t requests_done, tokens_generated;
@@ -277,13 +277,14 @@ static int cached_append(mdl_engine_t *e, const int32_t *t, int n)
     return 0;
 }
 
-/* Evaluates tokens, chunk by chunk so cancellation is seen during a long
- * prefill; logits of the last one land in e->logits. 1 when cancelled. */
+/* Evaluates tokens, chunk by chunk so that cancellation (or shutdown) is
+ * seen during a long prefill too, within one chunk; logits of the last one
+ * land in e->logits. 1 when cancelled. */
 static int eval_tokens(mdl_engine_t *e, mdl_request_t *r, const int32_t *t, int n)
 {
-    enum { CHUNK = 64 };
+    enum { CHUNK = 32 }; /* the state's batch: each chunk reads the weights once */
     for (int c = 0; c < n; c += CHUNK) {
-        if (r && atomic_load(&r->cancel))
+        if ((r && atomic_load(&r->cancel)) || atomic_load(&e->stop))
             return 1;
         int nb = SL_MIN(CHUNK, n - c);
         if (mdl_state_eval(e->state, t + c, nb, c + nb == n ? e->logits : NULL, 0) != 0)

@@ -52,11 +52,13 @@ typedef struct {
 
 void mdl_engine_opts_default(mdl_engine_opts_t *o);
 
-/* Loads and validates the model file (mmap), builds the tokenizer and
- * starts the engine threads. The system prompt's state is computed on the
- * engine thread afterwards; mdl_engine_ready() turns 1 when it is done
- * (requests submitted before then simply queue). NULL on failure, with a
- * one-line reason in err. */
+/* Loads and validates the model file, builds the tokenizer and starts the
+ * engine threads. Blocks while it reads the weights (about 0.2 s per
+ * 0.5 GB from the page cache, longer from disk): for a reload, call it off
+ * the event loop and swap engines when the new one is ready. The system
+ * prompt's state is computed on the engine thread afterwards;
+ * mdl_engine_ready() turns 1 when it is done (requests submitted before
+ * then simply queue). NULL on failure, with a one-line reason in err. */
 SL_WUR mdl_engine_t *mdl_engine_new(const char *path, const mdl_engine_opts_t *opts, char *err,
                                     size_t errlen);
 /* Cancels every queued and running request (their on_done runs with
@@ -138,8 +140,10 @@ SL_WUR int mdl_engine_submit(mdl_engine_t *e, const mdl_message_t *msgs, size_t 
 
 /* Asks the request to stop; safe from any thread, at any time before the
  * handle is released, also after on_done (then it does nothing). A running
- * generation stops before its next token; a queued one is dropped with
- * MDL_FINISH_CANCELLED without waiting for its turn. */
+ * generation stops before its next token (while the prompt is still being
+ * processed: within 32 prompt tokens); a queued one is dropped with
+ * MDL_FINISH_CANCELLED at the running request's next token, without
+ * waiting for its turn. */
 void mdl_request_cancel(mdl_request_t *r);
 /* Gives back the caller's reference. Does not cancel. NULL is fine. */
 void mdl_request_release(mdl_request_t *r);
