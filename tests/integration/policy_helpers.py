@@ -465,3 +465,56 @@ def rl_headers(r):
         v = r.header(name)
         return int(v) if v is not None else None
     return num("X-RateLimit-Limit"), num("X-RateLimit-Remaining"), num("X-RateLimit-Reset")
+
+
+# ---- filter setups ------------------------------------------------------------------------
+
+
+def word_file(path, words):
+    """Writes a word list (one a line, with a comment line) atomically."""
+    path = str(path)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write("# test words\n" + "".join(w + "\n" for w in words))
+    os.replace(tmp, path)
+    return path
+
+
+def chunk_event(text=None, finish=None, index=0, raw_delta=None):
+    """One chat.completion.chunk SSE event (what the mock's `raw` sends)."""
+    delta = raw_delta if raw_delta is not None else ({} if text is None else {"content": text})
+    c = {"id": "chatcmpl-raw", "object": "chat.completion.chunk", "created": 0, "model": "m",
+         "choices": [{"index": index, "delta": delta, "finish_reason": finish}]}
+    return "data: " + json.dumps(c) + "\n\n"
+
+
+def raw_stream(*texts, finish="stop", done=True):
+    """The mock's `raw` list: one content event per text, a finish chunk,
+    then [DONE]."""
+    evs = [chunk_event(t) for t in texts]
+    if finish:
+        evs.append(chunk_event(None, finish))
+    if done:
+        evs.append("data: [DONE]\n\n")
+    return evs
+
+
+def event_text(ev):
+    """The delta content of one received event ('' for none)."""
+    if ev.data is None or ev.is_done:
+        return ""
+    out = ""
+    for ch in ev.json().get("choices", []):
+        out += (ch.get("delta") or {}).get("content") or ""
+    return out
+
+
+def finish_reasons(events):
+    out = []
+    for e in events:
+        if e.data is None or e.is_done:
+            continue
+        for ch in e.json().get("choices", []):
+            if ch.get("finish_reason"):
+                out.append(ch["finish_reason"])
+    return out

@@ -1,0 +1,181 @@
+"""
+test_filters_stream.py — filtering streamed (and whole) answers through the
+real binary (issue 5, part 5), with the mock sending exact event texts (its
+`raw` behaviour) so that a banned word is split across events:
+
+- mask: the word becomes the mask whatever the split (Latin, Chinese, a
+  regex), `[DONE]` last, finish_reason untouched;
+- block: nothing of the word leaves sluice, a final chunk with
+  finish_reason "content_filter", then `[DONE]`, and the upstream
+  connection is closed (the mock stops being read: it never sends the rest);
+- no delay: with the mock's gate, each event's safe text reaches the client
+  before the mock is allowed to send the next event — only the tail that
+  may still become a word is held;
+- non-streamed answers get the same rules.
+"""
+
+import pytest
+
+import helpers
+import policy_helpers as ph
+from helpers import chat_body, wait_until
+from policy_helpers import _known_crash_guard  # noqa: F401
+
+WORDS = ["badword", "敏感词", "forbidden phrase"]
+
+
+def _start(sluice_factory, mock, tmp_path, action="mask", extra=None):
+    wf = ph.word_file(tmp_path / "words.txt", WORDS)
+    f = {"words": [{"file": wf, "action": action}], "output": True}
+    if extra:
+        f = helpers.deep_merge(f, extra)
+    return ph.start(sluice_factory, mock, {"filters": f}, auth=False)
+
+
+def _stream(s, prompt="tell me"):
+    with s.client(timeout=helpers.bound(10)) as c:
+        r, evs = c.stream("POST", ph.CHAT_PATH, chat_body(prompt, stream=True))
+        evs = [e for e in evs if e.data is not None]
+    assert r.status == 200, r
+    return evs
+
+
+def _text(evs):
+    return "".join(ph.event_text(e) for e in evs)
+
+
+@pytest.mark.parametrize("pieces,want", [
+    (["hello ba", "dwo", "rd and more"], "hello *** and more"),
+    (["b", "a", "d", "w", "o", "r", "d"], "***"),
+    (["x BAD", "WORD y"], "x *** y"),  # ASCII case folded
+    (["fullwidth ｂａｄ", "ｗｏｒｄ!"], "fullwidth ***!"),
+    (["这是敏", "感", "词吗"], "这是***吗"),
+    (["a forbidden", " phrase here"], "a *** here"),
+    (["a forbidden", " phrasebook"], "a ***book"),
+    (["badwor", "k is fine"], "badwork is fine"),  # a prefix that did not complete
+    (["no match at all"], "no match at all"),
+])
+def test_mask_word_split_across_events(sluice_factory, mock, tmp_path, pieces, want):
+    s = _start(sluice_factory, mock, tmp_path)
+    mock.script({"raw": ph.raw_stream(*pieces)})
+    evs = _stream(s)
+    assert _text(evs) == want
+    assert evs[-1].is_done and sum(e.is_done for e in evs) == 1
+    assert ph.finish_reasons(evs) == ["stop"]
+    hits = ph.metric(s, "sluice_filter_hits_total", rule="words", action="mask")
+    assert hits == (0 if want.count("***") == 0 else want.count("***"))
+
+
+def test_regex_mask_across_events(sluice_factory, mock, tmp_path):
+    s = _start(sluice_factory, mock, tmp_path,
+               extra={"regex": [{"name": "cn_mobile", "pattern": r"1[3-9]\d{9}", "action": "mask"}]})
+    mock.script({"raw": ph.raw_stream("call 138", "0013", "8000 now, not 12345678901")})
+    evs = _stream(s)
+    assert _text(evs) == "call *** now, not 12345678901"
+    assert ph.metric(s, "sluice_filter_hits_total", rule="cn_mobile", action="mask") == 1
+
+
+def test_block_split_word_ends_the_stream_and_closes_upstream(sluice_factory, mock, tmp_path):
+    s = _start(sluice_factory, mock, tmp_path, action="block")
+    mock.script({"gate": True, "raw": ph.raw_stream("safe text ", "then ba", "dword here", "never sent",
+                                                    "nor this")})
+    with s.client(timeout=helpers.bound(10)) as c:
+        r, it = c.stream("POST", ph.CHAT_PATH, chat_body("x", stream=True))
+        assert r.status == 200
+        it = (e for e in it if e.data is not None)
+        e1 = next(it)
+        assert ph.event_text(e1) == "safe text "
+        (q,) = mock.requests()
+        mock.release(request=q["id"])
+        e2 = next(it)
+        assert ph.event_text(e2) == "then "  # "ba" held: it may become the word
+        mock.release(request=q["id"])  # "dword here": the word completes
+        rest = list(it)
+        assert r.complete
+    evs = [e1, e2] + rest
+    text = _text(evs)
+    assert text == "safe text then ", text
+    assert "ba" not in text.replace("safe text then ", "")
+    assert evs[-1].is_done and sum(e.is_done for e in evs) == 1
+    assert ph.finish_reasons(evs) == ["content_filter"]
+    final = [e.json() for e in rest if not e.is_done]
+    assert final and final[-1]["choices"][0]["delta"] in ({}, {"content": ""})
+    # the upstream is cancelled: its connection closed by sluice, and it
+    # never got to send the events after the match
+    def closed():
+        conns = [cn for cn in mock.connections() if cn["requests"]]
+        return conns and all(cn["closed"] is not None for cn in conns) and conns
+    conns = wait_until(closed, helpers.bound(1), what="the upstream connection closed")
+    assert conns[0]["closed_by"] == "peer", conns
+    q = mock.requests()[0]
+    assert q["events_sent"] == 3 and q["outcome"] == "peer_closed", q
+    assert ph.metric(s, "sluice_filter_hits_total", rule="words", action="block") == 1
+    # the next request is served normally on a new upstream connection
+    mock.script({"raw": ph.raw_stream("all ", "good")})
+    assert _text(_stream(s)) == "all good"
+
+
+def test_safe_text_is_never_delayed(sluice_factory, mock, tmp_path):
+    """Each event's text that cannot be part of a word reaches the client
+    while the mock still holds the next event (the gate proves the order,
+    no timing involved)."""
+    s = _start(sluice_factory, mock, tmp_path,
+               extra={"regex": [{"name": "cn_mobile", "pattern": r"1[3-9]\d{9}", "action": "mask"}]})
+    pieces = ["The quick brown ", "fox and ba", "dword! call 13", "900001111 ok", " tail"]
+    want_each = ["The quick brown ", "fox and ", "***! call ", "*** ok", " tail"]
+    mock.script({"gate": True, "raw": ph.raw_stream(*pieces)})
+    with s.client(timeout=helpers.bound(10)) as c:
+        r, it = c.stream("POST", ph.CHAT_PATH, chat_body("x", stream=True))
+        it = (e for e in it if e.data is not None)
+        got = []
+        qid = None
+        for i, want in enumerate(want_each):
+            if i:
+                mock.release(request=qid)
+            e = next(it)
+            if qid is None:
+                qid = mock.requests()[0]["id"]
+            # the mock has sent exactly i+1 events: this text came out before the next
+            assert mock.requests()[0]["events_sent"] == i + 1
+            assert ph.event_text(e) == want, (i, ph.event_text(e), want)
+            got.append(e)
+        mock.release(n=10, request=qid)
+        rest = list(it)
+    assert rest[-1].is_done and ph.finish_reasons(rest) == ["stop"]
+    assert _text(got + rest) == "".join(want_each)
+
+
+def test_held_tail_released_at_the_end(sluice_factory, mock, tmp_path):
+    # a stream that ends on a possible prefix: the held text goes out
+    # before the finish chunk, nothing is lost
+    s = _start(sluice_factory, mock, tmp_path)
+    mock.script({"raw": ph.raw_stream("ends with bad", "wor")})
+    evs = _stream(s)
+    assert _text(evs) == "ends with badwor"
+    reasons = [(ph.event_text(e), ph.finish_reasons([e])) for e in evs if not e.is_done]
+    assert reasons[-1][1] == ["stop"] and "".join(t for t, _ in reasons[:-1]).endswith("badwor")
+
+
+def test_output_filtering_off(sluice_factory, mock, tmp_path):
+    s = _start(sluice_factory, mock, tmp_path, extra={"output": False})
+    raw = ph.raw_stream("hello ba", "dword")
+    mock.script({"raw": raw})
+    with s.client() as c:
+        c.send_request("POST", ph.CHAT_PATH, chat_body("x", stream=True))
+        r = c.read_head()
+        body = b"".join(c.iter_body(r))
+    assert body == "".join(raw).encode()  # byte for byte
+
+
+@pytest.mark.parametrize("action,content,finish", [
+    ("mask", "this has *** inside, ***", "stop"),
+    ("block", "", "content_filter"),
+])
+def test_whole_answer_filtered(sluice_factory, mock, tmp_path, action, content, finish):
+    s = _start(sluice_factory, mock, tmp_path, action=action)
+    mock.script({"text": "this has BadWord inside, 敏感词"})
+    r = s.chat("x")
+    assert r.status == 200, r
+    ch = r.json()["choices"][0]
+    assert ch["message"]["content"] == content and ch["finish_reason"] == finish
+    assert "BadWord" not in r.body.decode() and "敏感词" not in r.body.decode("utf-8")
