@@ -167,6 +167,100 @@ AVX2_TARGET static float dot_q5_0_avx2(const uint8_t *row, const mdl_act_t *a)
     return hsum256(acc);
 }
 
+/* Q4_K: per 32-element sub-block, x = d*sc*q - dmin*m. The q.x part goes
+ * through maddubs (q unsigned 0..15); the min part needs only the
+ * activation block sums (qsum), so it is a scalar term per sub-block. */
+AVX2_TARGET static float dot_q4_k_avx2(const uint8_t *row, const mdl_act_t *a)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps();
+    float mins = 0.0f;
+    for (int b = 0; b < a->n / 256; b++, row += 144) {
+        _mm_prefetch((const char *)row + MDL_PREFETCH_BYTES, _MM_HINT_T0);
+        _mm_prefetch((const char *)row + MDL_PREFETCH_BYTES + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)row + MDL_PREFETCH_BYTES + 128, _MM_HINT_T0);
+        float d = fp16(row), dmin = fp16(row + 2);
+        const uint8_t *sc = row + 4, *qs = row + 16;
+        for (int c = 0; c < 4; c++) {
+            int j0 = 2 * c, j1 = j0 + 1, s0 = 8 * b + j0, s1 = s0 + 1;
+            /* six-bit scales and mins (notes §4.3) */
+            int sc0, m0, sc1, m1;
+            if (j0 < 4) {
+                sc0 = sc[j0] & 63, m0 = sc[j0 + 4] & 63, sc1 = sc[j1] & 63, m1 = sc[j1 + 4] & 63;
+            } else {
+                sc0 = (sc[j0 + 4] & 0xF) | ((sc[j0 - 4] >> 6) << 4);
+                m0 = (sc[j0 + 4] >> 4) | ((sc[j0] >> 6) << 4);
+                sc1 = (sc[j1 + 4] & 0xF) | ((sc[j1 - 4] >> 6) << 4);
+                m1 = (sc[j1 + 4] >> 4) | ((sc[j1] >> 6) << 4);
+            }
+            __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+            __m256i lo = _mm256_and_si256(raw, m4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+            __m256i p0 = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(a->q + 32 * s0))),
+                ones);
+            __m256i p1 = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(a->q + 32 * s1))),
+                ones);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)sc0 * a->d[s0]), _mm256_cvtepi32_ps(p0),
+                                  acc);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)sc1 * a->d[s1]), _mm256_cvtepi32_ps(p1),
+                                  acc);
+            mins += dmin * ((float)m0 * a->d[s0] * (float)a->qsum[s0] +
+                            (float)m1 * a->d[s1] * (float)a->qsum[s1]);
+        }
+    }
+    return hsum256(acc) - mins;
+}
+
+/* Q6_K: the 6-bit levels of one 128-element half rebuilt 32 at a time from
+ * ql (low 4 bits) and qh (2 bits), made signed (-32..31), then the sign
+ * trick; each 32 spans two 16-element scales: lanes 0-3 and 4-7. */
+AVX2_TARGET static float dot_q6_k_avx2(const uint8_t *row, const mdl_act_t *a)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+    const __m256i off = _mm256_set1_epi8(32), ones = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps();
+    for (int b = 0; b < a->n / 256; b++, row += 210) {
+        _mm_prefetch((const char *)row + MDL_PREFETCH_BYTES, _MM_HINT_T0);
+        _mm_prefetch((const char *)row + MDL_PREFETCH_BYTES + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)row + MDL_PREFETCH_BYTES + 128, _MM_HINT_T0);
+        _mm_prefetch((const char *)row + MDL_PREFETCH_BYTES + 192, _MM_HINT_T0);
+        float d = fp16(row + 208);
+        const int8_t *sc = (const int8_t *)row + 192;
+        for (int h = 0; h < 2; h++) {
+            __m256i l0 = _mm256_loadu_si256((const __m256i *)(row + 64 * h));
+            __m256i l1 = _mm256_loadu_si256((const __m256i *)(row + 64 * h + 32));
+            __m256i hb = _mm256_loadu_si256((const __m256i *)(row + 128 + 32 * h));
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
+            q[1] = _mm256_or_si256(
+                _mm256_and_si256(l1, m4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4));
+            q[2] = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
+            q[3] = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
+            for (int g = 0; g < 4; g++) {
+                int s = 8 * b + 4 * h + g, k = 8 * h + 2 * g;
+                __m256i v = _mm256_sub_epi8(q[g], off);
+                __m256i x = _mm256_loadu_si256((const __m256i *)(a->q + 32 * s));
+                __m256i p = _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(x, v)), ones);
+                __m256 scv = _mm256_setr_ps((float)sc[k], (float)sc[k], (float)sc[k], (float)sc[k],
+                                            (float)sc[k + 1], (float)sc[k + 1], (float)sc[k + 1],
+                                            (float)sc[k + 1]);
+                acc = _mm256_fmadd_ps(_mm256_mul_ps(scv, _mm256_set1_ps(d * a->d[s])),
+                                      _mm256_cvtepi32_ps(p), acc);
+            }
+        }
+    }
+    return hsum256(acc);
+}
+
 AVX2_TARGET static float dot_f16_avx2(const uint8_t *row, const mdl_act_t *a)
 {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
@@ -243,6 +337,8 @@ int mdl_kernels_init_avx2(mdl_kernels_t *k)
     k->dot[MDL_T_Q8_0] = dot_q8_0_avx2;
     k->dot[MDL_T_Q4_0] = dot_q4_0_avx2;
     k->dot[MDL_T_Q5_0] = dot_q5_0_avx2;
+    k->dot[MDL_T_Q4_K] = dot_q4_k_avx2;
+    k->dot[MDL_T_Q6_K] = dot_q6_k_avx2;
     k->dot[MDL_T_F16] = dot_f16_avx2;
     k->dot[MDL_T_F32] = dot_f32_avx2;
     k->dot_f[MDL_T_F16] = dot_f16_avx2;

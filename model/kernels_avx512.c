@@ -44,6 +44,10 @@ static void prep_avx512(mdl_act_t *a)
     int n = a->n;
     for (int i = 0; i < n / 4; i++)
         a->c128[i] = -128 * (q[4 * i] + q[4 * i + 1] + q[4 * i + 2] + q[4 * i + 3]);
+    static const int korder[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+    for (int g = 0; g < n / 256; g++)
+        for (int k = 0; k < 8; k++)
+            memcpy(a->qk + 256 * g + 32 * k, q + 256 * g + 32 * korder[k], 32);
     for (int g = 0; g < n / 128; g++) {
         const int8_t *src = q + 128 * g;
         int8_t *dst = a->qp + 128 * g;
@@ -135,6 +139,113 @@ AVX512_TARGET static float dot_q4_0_avx512(const uint8_t *row, const mdl_act_t *
         s += fp16(row) * a->d[b] * (float)si;
     }
     return s;
+}
+
+/* Q5_0: as Q4_0, plus the fifth bits added as 0x10 under a byte mask
+ * built from the four qh words (low halves of qh go with the low nibbles,
+ * high halves with the high nibbles); levels 0..31, offset -16 = 2 * c8. */
+AVX512_TARGET static float dot_q5_0_avx512(const uint8_t *row, const mdl_act_t *a)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0F), bit5 = _mm512_set1_epi8(0x10);
+    const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int nb = a->n / 32, b = 0;
+    for (; b + 3 < nb; b += 4, row += 88) {
+        _mm_prefetch((const char *)row + MDL_PREFETCH_BYTES, _MM_HINT_T0);
+        _mm_prefetch((const char *)row + MDL_PREFETCH_BYTES + 64, _MM_HINT_T0);
+        __m512i r = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(row + 6)));
+        r = _mm512_inserti32x4(r, _mm_loadu_si128((const __m128i *)(row + 28)), 1);
+        r = _mm512_inserti32x4(r, _mm_loadu_si128((const __m128i *)(row + 50)), 2);
+        r = _mm512_inserti32x4(r, _mm_loadu_si128((const __m128i *)(row + 72)), 3);
+        uint32_t h[4];
+        for (int k = 0; k < 4; k++)
+            memcpy(&h[k], row + 2 + 22 * k, 4);
+        uint64_t mlo = (uint64_t)(h[0] & 0xFFFF) | (uint64_t)(h[1] & 0xFFFF) << 16 |
+                       (uint64_t)(h[2] & 0xFFFF) << 32 | (uint64_t)(h[3] & 0xFFFF) << 48;
+        uint64_t mhi = (uint64_t)(h[0] >> 16) | (uint64_t)(h[1] >> 16) << 16 |
+                       (uint64_t)(h[2] >> 16) << 32 | (uint64_t)(h[3] >> 16) << 48;
+        __m512i lo = _mm512_and_si512(r, m4), hi = _mm512_and_si512(_mm512_srli_epi16(r, 4), m4);
+        lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(mlo), lo, bit5);
+        hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(mhi), hi, bit5);
+        const int8_t *xp = a->qp + 32 * b;
+        __m512i c = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(a->c8 + 4 * b)), 1);
+        __m512i p = _mm512_dpbusd_epi32(c, lo, _mm512_loadu_si512((const void *)xp));
+        p = _mm512_dpbusd_epi32(p, hi, _mm512_loadu_si512((const void *)(xp + 64)));
+        __m512 sc = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(scales4(row, 22, a->d + b)));
+        if (b & 4)
+            acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc1);
+        else
+            acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc0);
+    }
+    float s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+    for (; b < nb; b++, row += 22) {
+        uint32_t qh;
+        memcpy(&qh, row + 2, 4);
+        const int8_t *x = a->q + 32 * b;
+        int32_t si = 0;
+        for (int j = 0; j < 16; j++)
+            si += (((row[6 + j] & 0xF) | ((qh >> j) & 1) << 4) - 16) * x[j] +
+                  (((row[6 + j] >> 4) | ((qh >> (j + 16)) & 1) << 4) - 16) * x[j + 16];
+        s += fp16(row) * a->d[b] * (float)si;
+    }
+    return s;
+}
+
+/* Q4_K: a 256-element superblock is two 64-byte loads whose low and high
+ * nibbles are sub-blocks (0,2) (1,3) (4,6) (5,7) in 256-bit halves; the
+ * activations were regrouped to match (qk). Scale of sub-block j is
+ * d*sc_j*dx_j; the mins contribute dmin*m_j*dx_j*sum(x_j), kept apart. */
+AVX512_TARGET static float dot_q4_k_avx512(const uint8_t *row, const mdl_act_t *a)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i i02 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
+    const __m512i i13 = _mm512_setr_epi32(1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m512i i46 = _mm512_setr_epi32(4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6);
+    const __m512i i57 = _mm512_setr_epi32(5, 5, 5, 5, 5, 5, 5, 5, 7, 7, 7, 7, 7, 7, 7, 7);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    __m256 mins = _mm256_setzero_ps();
+    for (int b = 0; b < a->n / 256; b++, row += 144) {
+        _mm_prefetch((const char *)row + MDL_PREFETCH_BYTES, _MM_HINT_T0);
+        _mm_prefetch((const char *)row + MDL_PREFETCH_BYTES + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)row + MDL_PREFETCH_BYTES + 128, _MM_HINT_T0);
+        /* the 8 six-bit scales and mins, four bytes at a time (notes §4.3) */
+        uint32_t w0, w1, w2;
+        memcpy(&w0, row + 4, 4);
+        memcpy(&w1, row + 8, 4);
+        memcpy(&w2, row + 12, 4);
+        uint64_t sc = (uint64_t)(w0 & 0x3F3F3F3F) |
+                      (uint64_t)((w2 & 0x0F0F0F0F) | ((w0 >> 6) & 0x03030303) << 4) << 32;
+        uint64_t mn = (uint64_t)(w1 & 0x3F3F3F3F) |
+                      (uint64_t)(((w2 >> 4) & 0x0F0F0F0F) | ((w1 >> 6) & 0x03030303) << 4) << 32;
+        __m256 dx = _mm256_loadu_ps(a->d + 8 * b);
+        __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc)));
+        __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn)));
+        __m256 s8 = _mm256_mul_ps(scf, _mm256_mul_ps(_mm256_set1_ps(fp16(row)), dx));
+        mins = _mm256_fmadd_ps(
+            _mm256_mul_ps(mnf, _mm256_mul_ps(_mm256_set1_ps(fp16(row + 2)), dx)),
+            _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(a->qsum + 8 * b))), mins);
+        __m512 S = _mm512_castps256_ps512(s8);
+        __m512i v0 = _mm512_loadu_si512((const void *)(row + 16));
+        __m512i v1 = _mm512_loadu_si512((const void *)(row + 80));
+        const int8_t *x = a->qk + 256 * b;
+        __m512i z = _mm512_setzero_si512();
+        __m512i p0 =
+            _mm512_dpbusd_epi32(z, _mm512_and_si512(v0, m4), _mm512_loadu_si512((const void *)x));
+        __m512i p1 = _mm512_dpbusd_epi32(z, _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4),
+                                         _mm512_loadu_si512((const void *)(x + 64)));
+        __m512i p2 = _mm512_dpbusd_epi32(z, _mm512_and_si512(v1, m4),
+                                         _mm512_loadu_si512((const void *)(x + 128)));
+        __m512i p3 = _mm512_dpbusd_epi32(z, _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4),
+                                         _mm512_loadu_si512((const void *)(x + 192)));
+        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_permutexvar_ps(i02, S), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(i13, S), acc1);
+        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p2), _mm512_permutexvar_ps(i46, S), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p3), _mm512_permutexvar_ps(i57, S), acc1);
+    }
+    __m128 m = _mm_add_ps(_mm256_castps256_ps128(mins), _mm256_extractf128_ps(mins, 1));
+    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) - _mm_cvtss_f32(m);
 }
 
 /* dot_q8_0_avx512 for four token vectors: same operations per token, in
@@ -284,6 +395,8 @@ int mdl_kernels_init_avx512(mdl_kernels_t *k)
     k->prep = prep_avx512;
     k->dot[MDL_T_Q8_0] = dot_q8_0_avx512;
     k->dot[MDL_T_Q4_0] = dot_q4_0_avx512;
+    k->dot[MDL_T_Q5_0] = dot_q5_0_avx512;
+    k->dot[MDL_T_Q4_K] = dot_q4_k_avx512;
     k->dot4[MDL_T_Q8_0] = dot4_q8_0_avx512;
     k->dot4[MDL_T_Q4_0] = dot4_q4_0_avx512;
     k->dot[MDL_T_F16] = dot_f16_avx512;

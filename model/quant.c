@@ -215,6 +215,15 @@ void mdl_quantize_scalar(const float *x, int n, int8_t *q, float *d, int32_t *qs
     }
 }
 
+void mdl_act_bind_extra(mdl_act_t *a, uint8_t *buf)
+{
+    size_t n = (size_t)a->n, r = (n + 63) / 64 * 64;
+    a->c128 = (int32_t *)(void *)buf;         /* n/4 int32 = n bytes */
+    a->qp = (int8_t *)(buf + r);              /* n bytes */
+    a->qk = (int8_t *)(buf + 2 * r);          /* n bytes */
+    a->c8 = (int32_t *)(void *)(buf + 3 * r); /* n/8 int32 = n/2 bytes */
+}
+
 /* ---- scalar row kernels --------------------------------------------- */
 
 static float dot_f32_f32(const uint8_t *row, const mdl_act_t *a)

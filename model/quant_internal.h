@@ -41,10 +41,13 @@ typedef struct {
     int32_t *c128; /* n/4: -128 * sum of each group of 4 q (Q8_0 as unsigned) */
     int8_t *qp;    /* n: q per 4 blocks, the 4 low halves then the 4 high halves */
     int32_t *c8;   /* n/8: -8 * the sums dpbusd lanes see in the qp order (Q4_0) */
+    int8_t *qk;    /* n: q per 8 blocks in the order 0 2 1 3 4 6 5 7 (Q4_K nibbles) */
 } mdl_act_t;
 
-/* Scratch bytes per activation element for c128, qp and c8 together. */
-#define MDL_ACT_EXTRA_BYTES(n) ((size_t)(n)*2 + (size_t)(n) / 2 + 64)
+/* Scratch bytes for the extra forms of an n-element vector, and how they
+ * are laid out in it (buf 64-byte aligned for the fastest loads). */
+#define MDL_ACT_EXTRA_BYTES(n) ((size_t)(n)*3 + (size_t)(n) / 2 + 256)
+void mdl_act_bind_extra(mdl_act_t *a, uint8_t *buf);
 
 /* Dot product of one weight row (n = a->n elements, type implied by the
  * table slot) with an activation vector. */

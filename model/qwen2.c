@@ -408,8 +408,8 @@ mdl_state_t *mdl_state_new(const mdl_model_t *m, const mdl_state_opts_t *o, mdl_
     s->ad = fbuf(B * s->max_in / MDL_QK + 1, &ok);
     s->as = calloc(B * s->max_in / MDL_QK + 1, sizeof(int32_t));
     s->acts = calloc(B, sizeof(mdl_act_t));
-    s->ax =
-        s->k->prep ? aligned_alloc(64, (B * MDL_ACT_EXTRA_BYTES(s->max_in) + 63) / 64 * 64) : NULL;
+    s->ax = s->k->prep ? aligned_alloc(64, B * ((MDL_ACT_EXTRA_BYTES(s->max_in) + 63) / 64 * 64))
+                       : NULL;
     if (!ok || !s->aq || !s->as || !s->acts || (s->k->prep && !s->ax)) {
         set_err(err, errlen, "out of memory for a %d-token context", s->n_ctx);
         mdl_state_free(s);
@@ -523,11 +523,8 @@ static void prep_acts(mdl_state_t *s, const float *x, int nb, int n)
             continue;
         s->k->quantize(a->x, n, a->q, a->d, a->qsum);
         if (s->k->prep) {
-            /* c128 (n/4 int32), c8 (n/8 int32), qp (n bytes), 64-aligned */
-            uint8_t *base = s->ax + (size_t)b * MDL_ACT_EXTRA_BYTES(s->max_in);
-            a->c128 = (int32_t *)(void *)base;
-            a->c8 = (int32_t *)(void *)(base + (size_t)n);
-            a->qp = (int8_t *)(base + (size_t)n + ((size_t)n / 2 + 63) / 64 * 64);
+            size_t stride = (MDL_ACT_EXTRA_BYTES(s->max_in) + 63) / 64 * 64;
+            mdl_act_bind_extra(a, s->ax + (size_t)b * stride);
             s->k->prep(a);
         }
     }

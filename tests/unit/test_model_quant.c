@@ -316,9 +316,7 @@ static void test_dots(void **state)
                 mdl_quantize_scalar(x, n, q, d, qs);
                 uint8_t *extra = malloc(MDL_ACT_EXTRA_BYTES(n));
                 mdl_act_t a = {.n = n, .x = x, .q = q, .d = d, .qsum = qs};
-                a.c128 = (int32_t *)(void *)extra;
-                a.c8 = (int32_t *)(void *)(extra + n);
-                a.qp = (int8_t *)(extra + n + n / 2);
+                mdl_act_bind_extra(&a, extra);
                 assert_int_equal(mdl_dequant_row(t, row, w, n), 0);
                 /* float64 references: exact weights times float and
                  * quantized activations; scale = sum |w x| */
@@ -378,9 +376,7 @@ static void test_dot4_identical(void **state)
                                    .d = d + t * n / 32,
                                    .qsum = qs + t * n / 32};
                 uint8_t *e = extra + t * MDL_ACT_EXTRA_BYTES(n);
-                a[t].c128 = (int32_t *)(void *)e;
-                a[t].c8 = (int32_t *)(void *)(e + n);
-                a[t].qp = (int8_t *)(e + n + n / 2);
+                mdl_act_bind_extra(&a[t], e);
                 k->quantize(a[t].x, n, a[t].q, a[t].d, a[t].qsum);
                 if (k->prep)
                     k->prep(&a[t]);
