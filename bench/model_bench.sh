@@ -14,7 +14,7 @@
 # env:   MODEL_DIR  where the generated files go (default /tmp/sluice-model-bench;
 #                   0.53 + 0.36 GB, kept between runs, never committed)
 #        GEN=32 PROMPT=200 SCALAR_PROMPT=16 THREADS="1 2" KERNELS="avx512 avx2 scalar"
-#        TYPES="q8_0 q4_0"
+#        TYPES="q8_0 q4_0" (also q4_k_m: a Q4_K_M-like mix)
 # Needs /usr/bin/python3 with python3-numpy (the generator).
 set -eu
 BUILD=${1:-build}
@@ -37,6 +37,9 @@ for t in $TYPES; do
     case $t in
     q8_0) args="wtype='Q8_0'" ;;
     q4_0) args="wtype='Q4_0', untied=True, head_type='Q8_0'" ;;
+    # what a Q4_K_M file of the 0.5B holds: mostly Q5_0 (896-wide rows are not
+    # a multiple of 256), Q8_0 embeddings and attn_v, K-quant ffn_down
+    q4_k_m) args="wtype='Q5_0', embd_type='Q8_0', mix={'ffn_down.weight': 'Q4_K', 'attn_v.weight': 'Q8_0'}" ;;
     *) echo "unknown type $t" >&2; exit 1 ;;
     esac
     (cd "$HERE/tests/model" && /usr/bin/python3 -c "
