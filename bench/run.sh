@@ -31,7 +31,7 @@
 # BENCH_ROUNDS (>= 3), BENCH_CONNS (wrk connections), BENCH_TTFE_N
 # (requests per target per round), BENCH_STREAMS (idle streams),
 # BENCH_PORT_BASE, SLUICE_BIN, BENCH_TOOLS (dir of bench_upstream and
-# bench_ttfe), BENCH_KEEP=1 keeps the work directory, BENCH_PERF=1 adds a
+# bench_ttfe), BENCH_COMMIT (label when $ROOT is no git checkout), BENCH_KEEP=1 keeps the work directory, BENCH_PERF=1 adds a
 # perf profile of sluice on the json workload at the end.
 set -euo pipefail
 
@@ -275,7 +275,8 @@ run_wrk() {
 
 echo "sluice bench: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores," \
     "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
-echo "commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')," \
+COMMIT=${BENCH_COMMIT:-$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')}
+echo "commit $COMMIT," \
     "sluice $SLUICE_BIN, $($NGINX_BIN -v 2>&1 | sed 's/.*: //'), wrk -t1 -c$CONNS" \
     "${DURATION}s x $ROUNDS rounds; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 check_clock
@@ -354,5 +355,6 @@ done
 stop_proxies
 stop "$UP_PID"
 
+echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
 python3 "$ROOT/bench/report.py" "$RES"
