@@ -90,8 +90,8 @@ typedef struct conf_upstream {
     int64_t connect_timeout_ms;    /* timeouts: { connect: 2s, */
     int64_t first_byte_timeout_ms; /*             first_byte: 15s, */
     int64_t total_timeout_ms;      /*             total: 60s } */
-    int64_t max_fails;             /* eject after this many consecutive failures, 3 */
-    int64_t eject_ms;              /* ... for this long, 10s */
+    int64_t max_fails; /* breaker: consecutive failures; 0 = fallback.circuit.failures */
+    int64_t eject_ms;  /* breaker: open this long; 0 = fallback.circuit.cooldown */
 } conf_upstream_t;
 
 /* ---- fault injection (fallback/), global and per model ----------------- */

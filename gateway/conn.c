@@ -119,6 +119,10 @@ static void gw_req_free(gw_req_t *r)
         json_decref(r->json);
     if (r->resp_body)
         evbuffer_free(r->resp_body);
+    if (r->capture)
+        evbuffer_free(r->capture);
+    if (r->retry_ev)
+        event_free(r->retry_ev);
     gw_rt_unref(r->rt);
     free(r);
 }

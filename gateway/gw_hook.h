@@ -115,5 +115,6 @@ void gw_hooks_end(gw_req_t *r, gw_end_t how);
 extern const gw_hook_t gw_hook_auth;
 extern const gw_hook_t gw_hook_filters;
 extern const gw_hook_t gw_hook_ratelimit;
+extern const gw_hook_t gw_hook_fallback;
 
 #endif

@@ -49,7 +49,16 @@ struct rl;
 struct rl_worker;
 struct rl_pending;
 struct sl_redis;
-
+struct fb_breaker;
+struct fb_breakers;
+struct fb_budget;
+struct fb_tmpl;
+struct fb_queue;
+struct fb_qworker;
+struct fb_idem;
+struct fb_idem_worker;
+struct fb_call;
+struct gw_resender;
 typedef struct gw_server gw_server_t;
 typedef struct gw_worker gw_worker_t;
 typedef struct gw_rt gw_rt_t;
@@ -74,9 +83,8 @@ struct gw_srv_rt {
     struct sockaddr_storage addr;
     socklen_t addrlen;
     int weight;
-    _Atomic int fails;             /* consecutive failures */
-    _Atomic int64_t ejected_until; /* monotonic ms; 0 = in service */
-    _Atomic int active;            /* requests in flight, all workers */
+    struct fb_breaker *breaker; /* circuit breaker (kept across reloads) */
+    _Atomic int active;         /* requests in flight, all workers */
     sl_mseries_t *m_conn_new, *m_conn_reused;
 };
 
@@ -89,6 +97,8 @@ struct gw_pool_rt {
     size_t auth_header_len;
     SSL_CTX *ssl_ctx; /* for https:// servers */
     sl_mseries_t *m_ttfb;
+    conf_fb_circuit_t circuit; /* fallback.circuit with this pool's max_fails/eject */
+    struct fb_budget *budget;  /* retry budget (kept across reloads) */
 };
 
 typedef struct gw_model_rt {
@@ -96,6 +106,7 @@ typedef struct gw_model_rt {
     const char *served; /* upstream's name */
     bool alias;         /* served differs from name: the body is rewritten */
     gw_pool_rt_t *pool;
+    const conf_model_t *conf; /* fault:, queue: */
 } gw_model_rt_t;
 
 typedef struct gw_listen_rt gw_listen_rt_t;
@@ -121,13 +132,32 @@ struct gw_rt {
     SSL_CTX **listen_ssl;        /* per conf listen item (NULL when plain) */
     struct auth *auth;           /* NULL when auth is off */
     struct flt_ruleset *filters; /* content filters (reference held) */
+    struct fb_tmpl *tmpl;        /* template replies (NULL when off) */
+    gw_pool_rt_t *local;         /* fallback.local: the local tier's pool, or NULL */
+    char *admin_key;             /* auth.admin_key_env's value (fault header), or NULL */
 };
+
+/* What outlives a reload and the runtimes built on it: the auth stores, the
+ * breakers and the retry budgets (per upstream name). Main thread only
+ * while building; the objects themselves are thread-safe. */
+typedef struct gw_shared {
+    struct auth_stores *auth_stores;
+    struct fb_breakers *breakers;
+    struct gw_budget_slot {
+        char *name;
+        struct fb_budget *budget;
+    } * budgets;
+    size_t nbudgets;
+} gw_shared_t;
+
+gw_shared_t *gw_shared_new(void);
+void gw_shared_free(gw_shared_t *sh);
 
 /* Builds the runtime for c (takes ownership of c): resolves server names,
  * reads API keys from the environment, loads TLS material, builds the auth
  * verifier (on the process-wide stores, borrowed) and the filter rules.
  * NULL with err filled on failure (c is freed then). */
-gw_rt_t *gw_rt_new(conf_t *c, struct auth_stores *stores, char *err, size_t errlen) SL_WUR;
+gw_rt_t *gw_rt_new(conf_t *c, gw_shared_t *sh, char *err, size_t errlen) SL_WUR;
 gw_rt_t *gw_rt_ref(gw_rt_t *rt);
 void gw_rt_unref(gw_rt_t *rt);
 const gw_model_rt_t *gw_rt_model(const gw_rt_t *rt, const char *name, size_t len);
@@ -167,8 +197,11 @@ struct gw_worker {
     struct event *reap_ev;   /* deferred frees */
     struct gw_conn_list conns;
     size_t nconns;
-    struct rl_worker *rlw;  /* rate limits: this thread's handle (NULL = none) */
-    struct sl_redis *redis; /* this thread's Redis client for auth (NULL = none) */
+    struct rl_worker *rlw;        /* rate limits: this thread's handle (NULL = none) */
+    struct sl_redis *redis;       /* this thread's Redis client for auth (NULL = none) */
+    struct fb_qworker *qw;        /* the durable queue, this thread's handle */
+    struct fb_idem_worker *iw;    /* idempotency store, this thread's handle */
+    struct gw_resender *resender; /* worker 0: resends queued requests */
     bool accept_paused;
     bool draining;
     uint64_t rng;
@@ -216,6 +249,7 @@ typedef enum gw_route {
     GW_ROUTE_MODELS,
     GW_ROUTE_HEALTH,
     GW_ROUTE_AUTH_TOKEN,
+    GW_ROUTE_REQUESTS,
     GW_ROUTE_ADMIN,
     GW_ROUTE_OTHER,
     GW_ROUTE_COUNT
@@ -261,7 +295,22 @@ struct gw_req {
     bool buffer_body;   /* a whole JSON answer is gathered for on_body hooks */
     bool stop_stream;   /* a hook ended the stream (finish after the parser returns) */
     struct evbuffer *resp_body;
-    struct rl_pending *token_pending;    /* /v1/auth/token waiting for its limit */
+    struct rl_pending *token_pending; /* /v1/auth/token waiting for its limit */
+    struct fb_call *fb_call;          /* a queue accept / lookup waiting for Redis */
+
+    /* the fallback chain */
+    int admit;                /* fb_admit_t of the current attempt */
+    int retries;              /* retries made on the current pool */
+    int fault_status;         /* injected abort: the model's pool "answers" this */
+    gw_srv_rt_t *avoid;       /* retry elsewhere than this server when possible */
+    struct event *retry_ev;   /* backoff before the next attempt */
+    char retry_after[40];     /* the failed answer's Retry-After */
+    struct evbuffer *capture; /* the answer's body, for the idempotency store */
+    size_t capture_max;
+    const char *fallback; /* "local" / "template": X-Sluice-Fallback */
+    const char *ctype;    /* the answer's content type (static), for the idempotency store */
+    bool client_usage;    /* the client itself asked for stream usage */
+    char queued_id[40];   /* X-Sluice-Request-Id */
     struct auth_pending *revoke_pending; /* /admin/revoke waiting for Redis */
 
     /* result */
@@ -301,6 +350,33 @@ const char *gw_route_name(gw_route_t r);
 void gw_proxy_start(gw_req_t *r);
 /* Client went away or conn is closing: stop everything upstream. */
 void gw_proxy_abort(gw_req_t *r);
+/* hook_fallback.c: the chain after an attempt failed with nothing sent to
+ * the client. failure: fb_failure_t; status: the upstream's (or injected)
+ * status for FB_FAIL_STATUS. Returns true when the chain took the request
+ * over (a retry, the local tier, a template); false: the caller answers
+ * with its error (or relays the upstream's 5xx). */
+bool gw_fb_after_failure(gw_req_t *r, int failure, int status);
+/* Whether the chain could still answer for r (so a 5xx is not relayed). */
+bool gw_fb_would_handle(gw_req_t *r);
+/* proxy.c: the next attempt (now, or after delay_ms) on r->pool. */
+void gw_proxy_next_attempt(gw_req_t *r, int64_t delay_ms);
+/* The attempt's end for its breaker: 1 ok, 0 failed, -1 cancelled. */
+void gw_fb_attempt_end(gw_req_t *r, int outcome);
+/* GET /v1/requests/{id}, after the pre-route hooks. */
+void gw_fb_requests_route(gw_req_t *r);
+/* Per worker: queue and idempotency handles, and worker 0's resender. */
+int gw_fb_worker_init(gw_worker_t *w);
+void gw_fb_worker_fini(gw_worker_t *w);
+/* Process: the queue and idempotency stores (NULL-safe when off). */
+int gw_fb_server_init(gw_server_t *s, const conf_t *c, char *err, size_t errlen);
+void gw_fb_server_fini(gw_server_t *s);
+/* Once a second on the main thread: queue maintenance. */
+void gw_fb_maintain(gw_server_t *s);
+/* Before rendering /metrics: refresh breaker gauges. */
+void gw_fb_metrics_refresh(gw_server_t *s);
+/* Local answers with any content type. */
+void gw_respond_body(gw_req_t *r, int status, const char *ctype, const char *body, size_t len,
+                     const char *extra_headers);
 /* A pending hook finished: go on with the request. */
 void gw_proxy_resume(gw_req_t *r);
 /* Client output drained below the low watermark. */
@@ -313,7 +389,10 @@ struct gw_upconn {
     uint64_t generation; /* runtime generation it belongs to */
     struct bufferevent *bev;
     gw_http_parser_t *parser;
-    gw_req_t *req; /* NULL while idle */
+    /* Who uses it now (NULL while idle), and where its events go. */
+    void *owner;
+    void (*on_read)(void *owner);
+    void (*on_event)(void *owner, short what);
     bool connected;
     bool reused;
     bool closed;
@@ -323,16 +402,21 @@ struct gw_upconn {
     TAILQ_ENTRY(gw_upconn) link;
 };
 
-/* Picks a server of pool (balancer + ejection); NULL when none is in
- * service. */
-gw_srv_rt_t *gw_upstream_pick(gw_worker_t *w, gw_pool_rt_t *pool, int64_t now_ms);
+/* Picks a server of pool (balancer + circuit breakers), avoiding `avoid`
+ * when another is eligible, and takes the breaker's admission (*admit,
+ * fb_admit_t). NULL when none is in service. */
+gw_srv_rt_t *gw_upstream_pick(gw_worker_t *w, gw_pool_rt_t *pool, const gw_srv_rt_t *avoid,
+                              int64_t now_ms, int *admit);
+/* A server of pool other than `not` is eligible now. */
+bool gw_upstream_other_eligible(const gw_pool_rt_t *pool, const gw_srv_rt_t * not, int64_t now_ms);
+/* A server of pool is eligible now. */
+bool gw_upstream_any_eligible(const gw_pool_rt_t *pool, int64_t now_ms);
 /* An idle connection to srv (when allow_reuse), or a new one (connecting).
  * NULL on error. */
 gw_upconn_t *gw_upstream_get(gw_worker_t *w, gw_srv_rt_t *srv, bool allow_reuse);
 /* Done with u: back to the idle pool when reusable, else closed. */
 void gw_upstream_release(gw_upconn_t *u, bool reusable);
 void gw_upstream_close(gw_upconn_t *u);
-void gw_upstream_report(gw_srv_rt_t *srv, bool ok, int64_t now_ms);
 /* Worker's runtime changed: close idle connections of the old one. */
 void gw_upstream_worker_reset(gw_worker_t *w);
 void gw_upstream_worker_free(gw_worker_t *w);
@@ -396,8 +480,11 @@ struct gw_server {
     _Atomic bool ready;
     int64_t drain_deadline_ms;
     char *conf_path;
-    struct rl *rl;                   /* rate limiter: lives across reloads (its state must) */
-    struct auth_stores *auth_stores; /* nonces, revocations: across reloads too */
+    struct rl *rl;          /* rate limiter: lives across reloads (its state must) */
+    gw_shared_t *shared;    /* auth stores, breakers, budgets: across reloads too */
+    struct fb_queue *queue; /* durable queue (NULL when no model queues) */
+    struct fb_idem *idem;   /* idempotency store (NULL when off) */
+    struct event *maint_ev; /* queue maintenance, once a second */
     struct event *sig_hup, *sig_term, *sig_int, *drain_timer, *drain_poll;
 };
 /* For /readyz: started and not draining. */

@@ -13,6 +13,7 @@ const gw_hook_t *const gw_hooks[] = {
     &gw_hook_auth,
     &gw_hook_filters,
     &gw_hook_ratelimit,
+    &gw_hook_fallback,
 };
 const size_t gw_nhooks = sizeof(gw_hooks) / sizeof(gw_hooks[0]);
 

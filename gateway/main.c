@@ -43,15 +43,15 @@ static int sluice_check(const char *path)
         fprintf(stderr, "sluice: configuration %s test failed\n", path);
         return 1;
     }
-    auth_stores_t *stores = auth_stores_new(0, 0);
-    gw_rt_t *rt = stores ? gw_rt_new(c, stores, err, sizeof(err)) : NULL;
+    gw_shared_t *shared = gw_shared_new();
+    gw_rt_t *rt = shared ? gw_rt_new(c, shared, err, sizeof(err)) : NULL;
     if (!rt) {
         fprintf(stderr, "sluice: %s\n", err);
         fprintf(stderr, "sluice: configuration %s test failed\n", path);
         return 1;
     }
     gw_rt_unref(rt);
-    auth_stores_free(stores);
+    gw_shared_free(shared);
     fprintf(stderr, "sluice: configuration %s is ok\n", path);
     return 0;
 }

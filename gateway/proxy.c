@@ -23,10 +23,11 @@
 #include <strings.h>
 
 #include "common/log.h"
+#include "fallback/fallback.h"
 #include "gateway/gw_internal.h"
 
-void gw_proxy_up_read(gw_req_t *r);
-void gw_proxy_up_event(gw_req_t *r, short what);
+static void gw_proxy_up_read(gw_req_t *r);
+static void gw_proxy_up_event(gw_req_t *r, short what);
 static void gw_proxy_attempt(gw_req_t *r, bool allow_reuse);
 static void gw_proxy_fail(gw_req_t *r, const char *kind, int status, const char *code,
                           const char *msg);
@@ -100,6 +101,8 @@ static void gw_proxy_arm(gw_req_t *r, int64_t deadline_ms)
 static void gw_proxy_write(gw_req_t *r, const void *p, size_t n)
 {
     struct evbuffer *out = bufferevent_get_output(r->c->bev);
+    if (r->capture && evbuffer_get_length(r->capture) <= r->capture_max)
+        evbuffer_add(r->capture, p, SL_MIN(n, r->capture_max + 1)); /* past max: not kept */
     if (r->chunked_out) {
         char hdr[24];
         int k = snprintf(hdr, sizeof(hdr), "%zx\r\n", n);
@@ -141,9 +144,14 @@ static void gw_proxy_sse_error(gw_req_t *r, const char *code, const char *msg)
     free(j);
 }
 
-/* Releases everything upstream-side; the client side is the caller's. */
-static void gw_proxy_finish(gw_req_t *r, bool reusable)
+/* Releases everything upstream-side; the client side is the caller's.
+ * outcome is the attempt's, for its server's breaker: 1 ok, 0 failed, -1
+ * neither (cancelled). */
+static void gw_proxy_finish(gw_req_t *r, bool reusable, int outcome)
 {
+    gw_fb_attempt_end(r, outcome);
+    if (r->retry_ev)
+        evtimer_del(r->retry_ev);
     if (r->up_timer) {
         event_free(r->up_timer);
         r->up_timer = NULL;
@@ -170,10 +178,28 @@ void gw_proxy_abort(gw_req_t *r)
     gw_hooks_cancel(r);
     gw_auth_token_cancel(r);
     gw_auth_revoke_cancel(r);
-    gw_proxy_finish(r, false);
+    if (r->fb_call) {
+        fb_call_cancel(r->fb_call);
+        r->fb_call = NULL;
+    }
+    gw_proxy_finish(r, false, -1);
+    if (r->retry_ev) {
+        event_free(r->retry_ev);
+        r->retry_ev = NULL;
+    }
 }
 
 /* ---- request side ------------------------------------------------------------ */
+
+static void gw_proxy_on_up_read(void *owner)
+{
+    gw_proxy_up_read(owner);
+}
+
+static void gw_proxy_on_up_event(void *owner, short what)
+{
+    gw_proxy_up_event(owner, what);
+}
 
 static void gw_proxy_timer_cb(evutil_socket_t fd, short what, void *arg)
 {
@@ -228,24 +254,42 @@ static void gw_proxy_attempt(gw_req_t *r, bool allow_reuse)
 {
     gw_worker_t *w = r->c->w;
     int64_t now = sl_now_ms();
-    gw_srv_rt_t *srv = gw_upstream_pick(w, r->pool, now);
+    if (r->fault_status && r->pool == r->model->pool) {
+        /* A drill: the model's servers "answer" the injected status, so the
+         * whole chain (retry, local, template) is exercised. */
+        r->attempts++;
+        r->error_kind = "fault_injected";
+        if (gw_fb_after_failure(r, FB_FAIL_STATUS, r->fault_status))
+            return;
+        gw_respond_error(r, r->fault_status, "server_error", "upstream_error",
+                         "The model server failed (an injected fault).");
+        return;
+    }
+    int admit = FB_ADMIT_NO;
+    gw_srv_rt_t *srv = gw_upstream_pick(w, r->pool, r->avoid, now, &admit);
     if (!srv) {
         gw_metrics_upstream_error(r->pool, "unavailable");
         r->error_kind = "upstream_unavailable";
+        if (gw_fb_after_failure(r, FB_FAIL_CONNECT, 0))
+            return;
         gw_respond_error(r, 503, "server_error", "upstream_unavailable",
                          "No model server is available right now.");
         return;
     }
     gw_upconn_t *u = gw_upstream_get(w, srv, allow_reuse);
     if (!u) {
+        fb_breaker_cancel(srv->breaker, (fb_admit_t)admit);
         gw_metrics_upstream_error(r->pool, "internal");
         gw_respond_error(r, 502, "server_error", "upstream_error",
                          "Could not open a connection to the model server.");
         return;
     }
+    r->admit = admit;
     r->server = srv;
     r->up = u;
-    u->req = r;
+    u->owner = r;
+    u->on_read = gw_proxy_on_up_read;
+    u->on_event = gw_proxy_on_up_event;
     r->attempts++;
     atomic_fetch_add_explicit(&srv->active, 1, memory_order_relaxed);
     if (!r->up_timer)
@@ -273,7 +317,27 @@ static void gw_proxy_send(gw_req_t *r)
         r->body_dirty = false;
     }
     r->deadline_total_ms = sl_now_ms() + r->pool->conf->total_timeout_ms;
+    fb_budget_on_request(r->pool->budget, sl_now_ms());
     gw_proxy_attempt(r, true);
+}
+
+static void gw_proxy_retry_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    gw_proxy_attempt(arg, true);
+}
+
+void gw_proxy_next_attempt(gw_req_t *r, int64_t delay_ms)
+{
+    if (delay_ms <= 0) {
+        gw_proxy_attempt(r, true);
+        return;
+    }
+    if (!r->retry_ev)
+        r->retry_ev = evtimer_new(r->c->w->base, gw_proxy_retry_cb, r);
+    struct timeval tv = {delay_ms / 1000, (delay_ms % 1000) * 1000};
+    evtimer_add(r->retry_ev, &tv);
 }
 
 /* Parses the body, picks the model's upstream, then runs the post-route
@@ -313,6 +377,8 @@ static void gw_proxy_route(gw_req_t *r)
         return;
     }
     r->stream = json_is_true(json_object_get(r->json, "stream"));
+    r->client_usage =
+        json_is_true(json_object_get(json_object_get(r->json, "stream_options"), "include_usage"));
     r->pool = r->model->pool;
     if (r->model->alias) {
         json_object_set_new(r->json, "model", json_string(r->model->served));
@@ -328,6 +394,8 @@ static void gw_proxy_after_pre(gw_req_t *r)
 {
     if (r->route == GW_ROUTE_MODELS)
         gw_route_models(r);
+    else if (r->route == GW_ROUTE_REQUESTS)
+        gw_fb_requests_route(r);
     else
         gw_proxy_route(r);
 }
@@ -399,6 +467,8 @@ static void gw_proxy_write_head(gw_req_t *r, const gw_http_msg_t *m, int64_t len
         }
     }
     evbuffer_add_printf(out, "X-Request-Id: %s\r\n", r->id);
+    if (r->fallback)
+        evbuffer_add_printf(out, "X-Sluice-Fallback: %s\r\n", r->fallback);
     if (r->c->close_after)
         evbuffer_add(out, "Connection: close\r\n", 19);
     for (size_t i = 0; i < m->nheaders; i++) {
@@ -420,6 +490,7 @@ static void gw_proxy_write_head(gw_req_t *r, const gw_http_msg_t *m, int64_t len
     r->bytes_out += n;
     sl_counter_add(gw_m.bytes_client_out, n);
     r->head_sent = true;
+    r->ctype = r->resp_sse ? "text/event-stream" : "application/json";
 }
 
 static bool gw_ct_is_json(const gw_http_header_t *h)
@@ -433,9 +504,18 @@ static void gw_proxy_on_head(gw_req_t *r)
     int64_t now = sl_now_ms();
     r->upstatus = m->status;
     r->status = m->status;
-    gw_upstream_report(r->server, m->status < 500, now);
-    if (m->status >= 500)
+    (void)now;
+    if (m->status >= 500) {
+        const gw_http_header_t *ra = gw_http_header_find(m, "Retry-After");
+        snprintf(r->retry_after, sizeof(r->retry_after), "%s", ra ? ra->value : "");
+        if (gw_fb_would_handle(r)) {
+            /* Nothing reached the client: the fallback chain answers
+             * instead (retry, local model, template). */
+            gw_proxy_fail(r, "status_5xx", m->status, "upstream_error", "The model server failed.");
+            return;
+        }
         gw_metrics_upstream_error(r->pool, "status_5xx");
+    }
     const gw_http_header_t *ct = gw_http_header_find(m, "Content-Type");
     r->resp_sse = gw_ct_is_sse(ct);
     bool nobody = m->status == 204 || m->status == 304;
@@ -568,8 +648,9 @@ static int gw_proxy_flush_buffered(gw_req_t *r)
 static void gw_proxy_on_done(gw_req_t *r)
 {
     bool reusable = gw_http_msg(r->up->parser)->keep_alive;
+    int outcome = r->upstatus >= 500 ? 0 : 1;
     if (r->buffer_body && gw_proxy_flush_buffered(r) != 0) {
-        gw_proxy_finish(r, reusable);
+        gw_proxy_finish(r, reusable, outcome);
         gw_respond_error(r, 502, "server_error", "upstream_error",
                          "The model server's answer was refused.");
         return;
@@ -577,12 +658,12 @@ static void gw_proxy_on_done(gw_req_t *r)
     if (r->resp_sse && !gw_sse_done_seen(r->sse)) {
         r->error_kind = "upstream_truncated";
         gw_metrics_upstream_error(r->pool, "truncated");
-        gw_upstream_report(r->server, false, sl_now_ms());
+        outcome = 0;
         gw_proxy_sse_error(r, "upstream_truncated",
                            "The model server ended the stream before it was complete.");
     }
     gw_proxy_write_end(r);
-    gw_proxy_finish(r, reusable);
+    gw_proxy_finish(r, reusable, outcome);
     gw_conn_req_done(r->c);
 }
 
@@ -592,8 +673,22 @@ static void gw_proxy_on_stopped(gw_req_t *r)
     r->stop_stream = false;
     r->error_kind = "stopped_by_hook";
     gw_proxy_write_end(r);
-    gw_proxy_finish(r, false);
+    gw_proxy_finish(r, false, -1);
     gw_conn_req_done(r->c);
+}
+
+/* Our failure kinds, as the retry policy classifies them. */
+static int gw_proxy_failure_of(const char *kind)
+{
+    if (strncmp(kind, "connect", 7) == 0)
+        return FB_FAIL_CONNECT; /* connect, connect_tls, connect_timeout */
+    if (strcmp(kind, "status_5xx") == 0)
+        return FB_FAIL_STATUS;
+    if (strcmp(kind, "first_byte_timeout") == 0)
+        return FB_FAIL_FIRST_BYTE;
+    if (strcmp(kind, "reset") == 0)
+        return FB_FAIL_RESET;
+    return FB_FAIL_OTHER;
 }
 
 static void gw_proxy_fail(gw_req_t *r, const char *kind, int status, const char *code,
@@ -602,19 +697,18 @@ static void gw_proxy_fail(gw_req_t *r, const char *kind, int status, const char 
     gw_upconn_t *u = r->up;
     bool stale =
         u && u->reused && !r->t_first_byte_ns && !r->head_sent && (strcmp(kind, "reset") == 0);
-    if (stale && r->attempts < 3) {
-        /* The server closed a pooled connection just as we reused it:
-         * nothing was processed, so resend on a fresh connection. */
-        gw_proxy_finish(r, false);
+    if (stale && r->attempts < 3) { /* The server closed a pooled connection just as we reused it:
+                                     * nothing was processed, so resend on a fresh connection. */
+        gw_proxy_finish(r, false, -1);
         gw_proxy_attempt(r, false);
         return;
     }
     gw_metrics_upstream_error(r->pool, kind);
-    if (strcmp(kind, "total_timeout") != 0 || !r->head_sent)
-        gw_upstream_report(r->server, false, sl_now_ms());
     r->error_kind = kind;
     if (!r->head_sent) {
-        gw_proxy_finish(r, false);
+        gw_proxy_finish(r, false, 0);
+        if (gw_fb_after_failure(r, gw_proxy_failure_of(kind), status))
+            return;
         gw_respond_error(r, status, "server_error", code, msg);
         return;
     }
@@ -626,11 +720,11 @@ static void gw_proxy_fail(gw_req_t *r, const char *kind, int status, const char 
     } else {
         r->c->close_after = true; /* a short body + close is the only signal */
     }
-    gw_proxy_finish(r, false);
+    gw_proxy_finish(r, false, 0);
     gw_conn_req_done(r->c);
 }
 
-void gw_proxy_up_read(gw_req_t *r)
+static void gw_proxy_up_read(gw_req_t *r)
 {
     gw_upconn_t *u = r->up;
     struct evbuffer *in = bufferevent_get_input(u->bev);
@@ -697,7 +791,7 @@ void gw_proxy_client_drained(gw_req_t *r)
     bufferevent_enable(r->up->bev, EV_READ);
 }
 
-void gw_proxy_up_event(gw_req_t *r, short what)
+static void gw_proxy_up_event(gw_req_t *r, short what)
 {
     gw_upconn_t *u = r->up;
     if (what & BEV_EVENT_CONNECTED) {

@@ -41,6 +41,12 @@ char *gw_error_json(const char *type, const char *code, const char *message, siz
 void gw_respond_json(gw_req_t *r, int status, const char *body, size_t len,
                      const char *extra_headers)
 {
+    gw_respond_body(r, status, "application/json", body, len, extra_headers);
+}
+
+void gw_respond_body(gw_req_t *r, int status, const char *ctype, const char *body, size_t len,
+                     const char *extra_headers)
+{
     gw_conn_t *c = r->c;
     struct evbuffer *out = bufferevent_get_output(c->bev);
     const gw_http_msg_t *m = gw_http_msg(c->parser);
@@ -51,15 +57,18 @@ void gw_respond_json(gw_req_t *r, int status, const char *body, size_t len,
     const char *date = gw_date_header(&dl);
     size_t before = evbuffer_get_length(out);
     evbuffer_add_printf(out,
-                        "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
+                        "HTTP/1.1 %d %s\r\nContent-Type: %s\r\n"
                         "Content-Length: %zu\r\nX-Request-Id: %s\r\n%s%s",
-                        status, gw_http_status_text(status), len, r->id,
+                        status, gw_http_status_text(status), ctype, len, r->id,
                         c->close_after ? "Connection: close\r\n" : "",
                         extra_headers ? extra_headers : "");
     evbuffer_add(out, date, dl);
     evbuffer_add(out, "\r\n", 2);
     if (!head)
         evbuffer_add(out, body, len);
+    if (r->capture) /* past capture_max: the store sees it is too large to keep */
+        evbuffer_add(r->capture, body, SL_MIN(len, r->capture_max + 1));
+    r->ctype = strcmp(ctype, "text/event-stream") == 0 ? "text/event-stream" : "application/json";
     size_t n = evbuffer_get_length(out) - before;
     r->bytes_out += n;
     sl_counter_add(gw_m.bytes_client_out, n);
@@ -84,7 +93,8 @@ void gw_respond_error(gw_req_t *r, int status, const char *type, const char *cod
         r->error_kind = code;
     const char *extra = NULL;
     if (status == 405)
-        extra = (r->route == GW_ROUTE_MODELS || r->route == GW_ROUTE_HEALTH)
+        extra = (r->route == GW_ROUTE_MODELS || r->route == GW_ROUTE_HEALTH ||
+                 r->route == GW_ROUTE_REQUESTS)
                     ? "Allow: GET, HEAD\r\n"
                     : "Allow: POST\r\n";
     gw_respond_json(r, status, body, len, extra);

@@ -7,11 +7,12 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "fallback/fallback.h"
 #include "gateway/gw_internal.h"
 
 static const char *const gw_route_names[GW_ROUTE_COUNT] = {
-    "chat_completions", "completions", "embeddings", "models",
-    "health",           "auth_token",  "admin",      "other",
+    "chat_completions", "completions", "embeddings", "models", "health",
+    "auth_token",       "requests",    "admin",      "other",
 };
 
 const char *gw_route_name(gw_route_t r)
@@ -39,6 +40,8 @@ gw_route_t gw_route_of(const char *p, size_t n)
         return GW_ROUTE_HEALTH;
     if (gw_path_is(p, n, "/v1/auth/token"))
         return GW_ROUTE_AUTH_TOKEN;
+    if (n > 13 && memcmp(p, "/v1/requests/", 13) == 0)
+        return GW_ROUTE_REQUESTS;
     return GW_ROUTE_OTHER;
 }
 
@@ -62,7 +65,7 @@ static void gw_route_readyz(gw_req_t *r)
         const gw_pool_rt_t *p = &r->rt->pools[i];
         int in_service = 0;
         for (size_t k = 0; k < p->nservers; k++)
-            if (atomic_load(&p->servers[k]->ejected_until) <= now)
+            if (fb_breaker_state(p->servers[k]->breaker, now) != FB_CIRCUIT_OPEN)
                 in_service++;
         json_object_set_new(
             ups, p->name,
@@ -119,6 +122,7 @@ static void gw_route_admin(gw_req_t *r, const gw_http_msg_t *m, const char *path
                              "Use GET for /metrics.");
             return;
         }
+        gw_fb_metrics_refresh(r->c->w->srv);
         size_t len = 0;
         char *text = sl_metrics_render(&len);
         if (!text) {
@@ -183,6 +187,14 @@ void gw_route_dispatch(gw_req_t *r)
             return;
         }
         gw_proxy_start(r);
+        return;
+    case GW_ROUTE_REQUESTS:
+        if (!gw_method_get(m)) {
+            gw_respond_error(r, 405, "invalid_request_error", "method_not_allowed",
+                             "Use GET for this endpoint.");
+            return;
+        }
+        gw_proxy_start(r); /* auth first: a queued answer is only its user's */
         return;
     case GW_ROUTE_AUTH_TOKEN:
         if (!gw_method_is(m, "POST")) {

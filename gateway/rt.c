@@ -13,6 +13,7 @@
 
 #include "auth/auth.h"
 #include "common/log.h"
+#include "fallback/fallback.h"
 #include "filters/filters.h"
 #include "gateway/gw_internal.h"
 
@@ -93,12 +94,69 @@ static int gw_srv_build(gw_srv_rt_t *s, const conf_server_t *cs, const char *pat
     return 0;
 }
 
-static int gw_pool_build(gw_rt_t *rt, gw_pool_rt_t *p, const conf_upstream_t *cu, size_t *next_srv,
-                         char *err, size_t errlen)
+/* The retry budget of an upstream, by name, kept across reloads. */
+static struct fb_budget *gw_shared_budget(gw_shared_t *sh, const char *name,
+                                          const conf_fb_retry_t *c)
+{
+    for (size_t i = 0; i < sh->nbudgets; i++) {
+        if (strcmp(sh->budgets[i].name, name) == 0) {
+            fb_budget_configure(sh->budgets[i].budget, c);
+            return sh->budgets[i].budget;
+        }
+    }
+    struct gw_budget_slot *b = realloc(sh->budgets, (sh->nbudgets + 1) * sizeof(*b));
+    if (!b)
+        return NULL;
+    sh->budgets = b;
+    b[sh->nbudgets].name = sl_xstrdup(name);
+    b[sh->nbudgets].budget = fb_budget_new(c, name);
+    return b[sh->nbudgets++].budget;
+}
+
+gw_shared_t *gw_shared_new(void)
+{
+    gw_shared_t *sh = sl_xcalloc(1, sizeof(*sh));
+    sh->auth_stores = auth_stores_new(0, 0);
+    sh->breakers = fb_breakers_new();
+    if (!sh->auth_stores || !sh->breakers) {
+        gw_shared_free(sh);
+        return NULL;
+    }
+    return sh;
+}
+
+void gw_shared_free(gw_shared_t *sh)
+{
+    if (!sh)
+        return;
+    auth_stores_free(sh->auth_stores);
+    fb_breakers_free(sh->breakers);
+    for (size_t i = 0; i < sh->nbudgets; i++) {
+        free(sh->budgets[i].name);
+        fb_budget_free(sh->budgets[i].budget);
+    }
+    free(sh->budgets);
+    free(sh);
+}
+
+static int gw_pool_build(gw_rt_t *rt, gw_shared_t *sh, gw_pool_rt_t *p, const conf_upstream_t *cu,
+                         size_t *next_srv, char *err, size_t errlen)
 {
     const char *path = rt->conf->path ? rt->conf->path : "conf";
     p->conf = cu;
     p->name = cu->name;
+    /* The pool's breakers: fallback.circuit, with this upstream's own
+     * max_fails / eject when it sets them. */
+    p->circuit = rt->conf->fallback.circuit;
+    if (cu->max_fails > 0)
+        p->circuit.failures = cu->max_fails;
+    if (cu->eject_ms > 0)
+        p->circuit.cooldown_ms = cu->eject_ms;
+    p->budget = gw_shared_budget(sh, cu->name, &rt->conf->fallback.retry);
+    if (!p->budget) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
     p->nservers = cu->nservers;
     p->servers = sl_xcalloc(cu->nservers, sizeof(*p->servers));
     bool any_https = false;
@@ -109,6 +167,7 @@ static int gw_pool_build(gw_rt_t *rt, gw_pool_rt_t *p, const conf_upstream_t *cu
         p->servers[i] = s;
         if (gw_srv_build(s, &cu->servers[i], path, err, errlen) != 0)
             return -1;
+        s->breaker = fb_breakers_get(sh->breakers, &p->circuit, cu->name, s->url);
         any_https |= s->https;
         const char *vn[2] = {cu->name, "false"}, *vr[2] = {cu->name, "true"};
         s->m_conn_new = sl_metric_series(gw_m.up_conns, vn);
@@ -175,6 +234,8 @@ static void gw_rt_destroy(gw_rt_t *rt)
     free(rt->listen_ssl);
     auth_free(rt->auth);
     flt_ruleset_unref(rt->filters);
+    fb_tmpl_free(rt->tmpl);
+    free(rt->admin_key);
     free(rt->pools);
     free(rt->servers);
     free(rt->models);
@@ -183,7 +244,7 @@ static void gw_rt_destroy(gw_rt_t *rt)
     free(rt);
 }
 
-gw_rt_t *gw_rt_new(conf_t *c, struct auth_stores *stores, char *err, size_t errlen)
+gw_rt_t *gw_rt_new(conf_t *c, gw_shared_t *sh, char *err, size_t errlen)
 {
     gw_rt_t *rt = sl_xcalloc(1, sizeof(*rt));
     atomic_init(&rt->refs, 1);
@@ -196,7 +257,7 @@ gw_rt_t *gw_rt_new(conf_t *c, struct auth_stores *stores, char *err, size_t errl
     rt->servers = sl_xcalloc(rt->nservers, sizeof(*rt->servers));
     size_t next = 0;
     for (size_t i = 0; i < c->nupstreams; i++)
-        if (gw_pool_build(rt, &rt->pools[i], &c->upstreams[i], &next, err, errlen) != 0)
+        if (gw_pool_build(rt, sh, &rt->pools[i], &c->upstreams[i], &next, err, errlen) != 0)
             goto fail;
     rt->nmodels = c->nmodels;
     rt->models = sl_xcalloc(c->nmodels, sizeof(*rt->models));
@@ -204,6 +265,7 @@ gw_rt_t *gw_rt_new(conf_t *c, struct auth_stores *stores, char *err, size_t errl
         const conf_model_t *cm = &c->models[i];
         gw_model_rt_t *m = &rt->models[i];
         m->name = cm->name;
+        m->conf = cm;
         m->served = cm->served ? cm->served : cm->name;
         m->alias = strcmp(m->served, m->name) != 0;
         for (size_t k = 0; k < rt->npools; k++)
@@ -230,7 +292,7 @@ gw_rt_t *gw_rt_new(conf_t *c, struct auth_stores *stores, char *err, size_t errl
     }
     if (auth_conf_enabled(&c->auth)) {
         char e[512];
-        rt->auth = auth_new(&c->auth, stores, e, sizeof(e));
+        rt->auth = auth_new(&c->auth, sh->auth_stores, e, sizeof(e));
         if (!rt->auth) {
             snprintf(err, errlen, "%s: auth: %s", c->path ? c->path : "conf", e);
             goto fail;
@@ -244,6 +306,26 @@ gw_rt_t *gw_rt_new(conf_t *c, struct auth_stores *stores, char *err, size_t errl
             goto fail;
         }
     }
+    if (c->fallback.tmpl.enabled) {
+        rt->tmpl = fb_tmpl_new(&c->fallback.tmpl);
+        if (!rt->tmpl) {
+            snprintf(err, errlen, "%s: fallback.template: cannot build",
+                     c->path ? c->path : "conf");
+            goto fail;
+        }
+    }
+    if (c->fallback.local.upstream) {
+        for (size_t k = 0; k < rt->npools; k++)
+            if (strcmp(rt->pools[k].name, c->fallback.local.upstream) == 0)
+                rt->local = &rt->pools[k];
+        if (!rt->local) {
+            snprintf(err, errlen, "%s: fallback.local.upstream: no upstream named \"%s\"",
+                     c->path ? c->path : "conf", c->fallback.local.upstream);
+            goto fail;
+        }
+    }
+    if (c->auth.admin_key_env && getenv(c->auth.admin_key_env))
+        rt->admin_key = sl_xstrdup(getenv(c->auth.admin_key_env));
     gw_models_json_build(rt);
     return rt;
 fail:

@@ -306,6 +306,8 @@ static int gw_worker_init(gw_worker_t *w, int id, bool is_main)
             return -1;
         }
     }
+    if (gw_fb_worker_init(w) != 0)
+        return -1;
     if (!is_main && gw_srv.rl) {
         char err[256];
         w->rlw = rl_worker_new(gw_srv.rl, w->base, err, sizeof(err));
@@ -328,6 +330,7 @@ static void gw_worker_fini(gw_worker_t *w)
     w->rlw = NULL;
     sl_redis_free(w->redis);
     w->redis = NULL;
+    gw_fb_worker_fini(w);
     free(w->listeners);
     free(w->lslots);
     free(w->wsrv);
@@ -458,7 +461,7 @@ static void gw_reload(void)
         return;
     }
     gw_rt_unref(old);
-    gw_rt_t *rt = gw_rt_new(c, gw_srv.auth_stores, err, sizeof(err));
+    gw_rt_t *rt = gw_rt_new(c, gw_srv.shared, err, sizeof(err));
     if (!rt) {
         sl_error("reload refused: %s", err);
         gw_count_reload("error");
@@ -538,6 +541,14 @@ static void *gw_worker_thread(void *arg)
 
 /* ---- run ----------------------------------------------------------------- */
 
+static void gw_maint_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    (void)arg;
+    gw_fb_maintain(&gw_srv);
+}
+
 static int gw_cores(void)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -560,12 +571,12 @@ int gw_server_run(const char *conf_path)
         sl_log_set_level((sl_log_level_t)lvl);
     gw_srv.conf_path = sl_xstrdup(conf_path);
     pthread_mutex_init(&gw_srv.rt_lock, NULL);
-    gw_srv.auth_stores = auth_stores_new(0, 0);
-    if (!gw_srv.auth_stores) {
+    gw_srv.shared = gw_shared_new();
+    if (!gw_srv.shared) {
         sl_error("out of memory");
         return 1;
     }
-    gw_rt_t *rt = gw_rt_new(c, gw_srv.auth_stores, err, sizeof(err));
+    gw_rt_t *rt = gw_rt_new(c, gw_srv.shared, err, sizeof(err));
     if (!rt) {
         sl_error("%s", err);
         return 1;
@@ -579,6 +590,10 @@ int gw_server_run(const char *conf_path)
     gw_srv.rl = rl_new(&rt->conf->ratelimit, &rt->conf->redis, err, sizeof(err));
     if (!gw_srv.rl) {
         sl_error("ratelimit: %s", err);
+        return 1;
+    }
+    if (gw_fb_server_init(&gw_srv, rt->conf, err, sizeof(err)) != 0) {
+        sl_error("fallback: %s", err);
         return 1;
     }
     gw_srv.nworkers = rt->conf->workers > 0 ? (int)rt->conf->workers : gw_cores();
@@ -595,6 +610,9 @@ int gw_server_run(const char *conf_path)
     evsignal_add(gw_srv.sig_hup, NULL);
     evsignal_add(gw_srv.sig_term, NULL);
     evsignal_add(gw_srv.sig_int, NULL);
+    gw_srv.maint_ev = event_new(mb, -1, EV_PERSIST, gw_maint_cb, NULL);
+    struct timeval one = {1, 0};
+    event_add(gw_srv.maint_ev, &one);
     atomic_store(&gw_workers_running, gw_srv.nworkers);
     for (int i = 0; i < gw_srv.nworkers; i++) {
         if (pthread_create(&gw_srv.workers[i].thread, NULL, gw_worker_thread, &gw_srv.workers[i]) !=
@@ -624,10 +642,12 @@ int gw_server_run(const char *conf_path)
         event_free(gw_srv.drain_timer);
     if (gw_srv.drain_poll)
         event_free(gw_srv.drain_poll);
+    event_free(gw_srv.maint_ev);
     free(gw_srv.workers);
     free(gw_srv.listens);
     rl_free(gw_srv.rl);
-    auth_stores_free(gw_srv.auth_stores);
+    gw_fb_server_fini(&gw_srv);
+    gw_shared_free(gw_srv.shared);
     gw_rt_unref(atomic_load(&gw_srv.rt));
     free(gw_srv.conf_path);
     sl_info("sluice stopped");

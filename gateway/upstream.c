@@ -19,6 +19,7 @@
 #include <openssl/x509v3.h>
 
 #include "common/log.h"
+#include "fallback/fallback.h"
 #include "gateway/gw_internal.h"
 
 /* Idle pooled connections are closed after this long: below the usual
@@ -29,10 +30,6 @@
 static void gw_up_readcb(struct bufferevent *bev, void *arg);
 static void gw_up_eventcb(struct bufferevent *bev, short what, void *arg);
 
-/* The proxy's handlers; set by proxy.c. */
-void gw_proxy_up_read(gw_req_t *r);
-void gw_proxy_up_event(gw_req_t *r, short what);
-
 /* The worker's state for srv, or NULL when srv belongs to an older runtime
  * than the worker's (a request that began before a reload). */
 static gw_wsrv_t *gw_wsrv_of(gw_worker_t *w, const gw_srv_rt_t *srv)
@@ -42,38 +39,56 @@ static gw_wsrv_t *gw_wsrv_of(gw_worker_t *w, const gw_srv_rt_t *srv)
     return NULL;
 }
 
-gw_srv_rt_t *gw_upstream_pick(gw_worker_t *w, gw_pool_rt_t *pool, int64_t now_ms)
+bool gw_upstream_other_eligible(const gw_pool_rt_t *pool, const gw_srv_rt_t * not, int64_t now_ms)
+{
+    for (size_t i = 0; i < pool->nservers; i++)
+        if (pool->servers[i] != not &&fb_breaker_eligible(pool->servers[i]->breaker, now_ms))
+            return true;
+    return false;
+}
+
+bool gw_upstream_any_eligible(const gw_pool_rt_t *pool, int64_t now_ms)
+{
+    return gw_upstream_other_eligible(pool, NULL, now_ms);
+}
+
+gw_srv_rt_t *gw_upstream_pick(gw_worker_t *w, gw_pool_rt_t *pool, const gw_srv_rt_t *avoid,
+                              int64_t now_ms, int *admit)
 {
     gw_balance_item_t items[64];
     int scratch[64] = {0}; /* round-robin state for a runtime the worker left behind */
     size_t n = SL_MIN(pool->nservers, SL_ARRAY_LEN(items));
+    size_t eligible = 0;
     for (size_t i = 0; i < n; i++) {
         gw_srv_rt_t *s = pool->servers[i];
         items[i].weight = s->weight;
         items[i].active = atomic_load_explicit(&s->active, memory_order_relaxed);
-        items[i].eligible = atomic_load_explicit(&s->ejected_until, memory_order_relaxed) <= now_ms;
+        items[i].eligible = fb_breaker_eligible(s->breaker, now_ms);
+        eligible += items[i].eligible;
         gw_wsrv_t *ws = gw_wsrv_of(w, s);
         items[i].current = ws ? &ws->rr_current : &scratch[i];
     }
-    int k = gw_balance_pick(items, n, pool->conf->balance, gw_worker_rand(w));
-    return k < 0 ? NULL : pool->servers[k];
-}
-
-void gw_upstream_report(gw_srv_rt_t *srv, bool ok, int64_t now_ms)
-{
-    if (ok) {
-        if (atomic_load_explicit(&srv->fails, memory_order_relaxed) != 0)
-            atomic_store(&srv->fails, 0);
-        return;
+    /* A retry goes elsewhere when somewhere else is possible. */
+    for (size_t i = 0; avoid && eligible > 1 && i < n; i++)
+        if (pool->servers[i] == avoid && items[i].eligible) {
+            items[i].eligible = false;
+            eligible--;
+        }
+    /* The breaker may refuse the one picked (a half-open breaker's probe
+     * slots are taken): then the next best. */
+    while (eligible > 0) {
+        int k = gw_balance_pick(items, n, pool->conf->balance, gw_worker_rand(w));
+        if (k < 0)
+            return NULL;
+        fb_admit_t a = fb_breaker_acquire(pool->servers[k]->breaker, now_ms);
+        if (a != FB_ADMIT_NO) {
+            *admit = (int)a;
+            return pool->servers[k];
+        }
+        items[k].eligible = false;
+        eligible--;
     }
-    int f = atomic_fetch_add(&srv->fails, 1) + 1;
-    const conf_upstream_t *cu = srv->pool->conf;
-    if (cu->max_fails > 0 && f >= cu->max_fails) {
-        atomic_store(&srv->ejected_until, now_ms + cu->eject_ms);
-        atomic_store(&srv->fails, 0);
-        sl_warn("upstream %s: %s ejected for %lld ms after %d failures", srv->pool->name, srv->url,
-                (long long)cu->eject_ms, f);
-    }
+    return NULL;
 }
 
 static void gw_upconn_free_cb(void *arg)
@@ -95,7 +110,7 @@ void gw_upstream_close(gw_upconn_t *u)
         return;
     u->closed = true;
     gw_worker_t *w = u->w;
-    if (!u->req && u->idle_since_ms) {
+    if (!u->owner && u->idle_since_ms) {
         /* In an idle list (a runtime change unlinks them all first and
          * clears idle_since_ms). */
         gw_wsrv_t *ws = gw_wsrv_of(w, u->srv);
@@ -112,7 +127,7 @@ void gw_upstream_close(gw_upconn_t *u)
     u->bev = NULL;
     gw_http_parser_free(u->parser);
     u->parser = NULL;
-    u->req = NULL;
+    u->owner = NULL;
     gw_worker_defer_free(w, gw_upconn_free_cb, u);
 }
 
@@ -191,7 +206,7 @@ gw_upconn_t *gw_upstream_get(gw_worker_t *w, gw_srv_rt_t *srv, bool allow_reuse)
 void gw_upstream_release(gw_upconn_t *u, bool reusable)
 {
     gw_worker_t *w = u->w;
-    u->req = NULL;
+    u->owner = NULL;
     gw_srv_rt_t *srv = u->srv;
     gw_wsrv_t *ws = gw_wsrv_of(w, srv);
     if (!reusable || u->closed || w->draining || !ws ||
@@ -214,14 +229,14 @@ static void gw_up_readcb(struct bufferevent *bev, void *arg)
     gw_upconn_t *u = arg;
     if (u->closed)
         return;
-    if (!u->req) {
+    if (!u->owner) {
         /* Bytes on an idle connection: the server is not speaking HTTP to
          * us any more (or sent garbage). Drop the connection. */
         (void)bev;
         gw_upstream_close(u);
         return;
     }
-    gw_proxy_up_read(u->req);
+    u->on_read(u->owner);
 }
 
 static void gw_up_eventcb(struct bufferevent *bev, short what, void *arg)
@@ -235,15 +250,15 @@ static void gw_up_eventcb(struct bufferevent *bev, short what, void *arg)
         if (fd >= 0)
             setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         u->connected = true;
-        if (u->req)
-            gw_proxy_up_event(u->req, what);
+        if (u->owner)
+            u->on_event(u->owner, what);
         return;
     }
-    if (!u->req) {
+    if (!u->owner) {
         gw_upstream_close(u);
         return;
     }
-    gw_proxy_up_event(u->req, what);
+    u->on_event(u->owner, what);
 }
 
 void gw_upstream_worker_reset(gw_worker_t *w)

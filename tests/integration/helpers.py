@@ -582,6 +582,9 @@ def base_conf(port, admin_port, upstream_url, **over):
             "embed-model": {"upstream": "main", "name": "mock-embed"},
         },
         "log": {"access": "stdout", "level": "info"},
+        # The core tests watch the proxy's own answers to upstream failures;
+        # the fallback chain (retry, local, template) has its own tests.
+        "fallback": {"retry": {"attempts": 0}, "template": {"enabled": False}},
     }
     return deep_merge(conf, over)
 

@@ -178,7 +178,7 @@ def test_label_cardinality_is_bounded(sluice, mock):
     text = sluice.metrics_text()
     assert "/random/" not in text and "model-" not in text
     routes = {l.get("route") for _, l, _ in helpers.parse_prometheus(text).find("sluice_requests_total")}
-    assert len(routes) <= 8, routes
+    assert len(routes) <= 12, routes  # a fixed set of route names
 
 
 def test_access_log_json_lines_without_secrets(sluice, mock):

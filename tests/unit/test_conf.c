@@ -784,8 +784,8 @@ static void test_issue_shape(void **state)
     assert_int_equal(s->connect_timeout_ms, 2000);
     assert_int_equal(s->first_byte_timeout_ms, 15000);
     assert_int_equal(s->total_timeout_ms, 60000);
-    assert_int_equal(s->max_fails, 3);
-    assert_int_equal(s->eject_ms, 10000);
+    assert_int_equal(s->max_fails, 0); /* 0: fallback.circuit decides */
+    assert_int_equal(s->eject_ms, 0);
     assert_null(conf_upstream_find(c, "nope"));
     assert_null(conf_upstream_find(c, NULL));
 

@@ -1,0 +1,486 @@
+/*
+ * hook_fallback.c — the fallback adapter: how the degradation chain of
+ * fallback/ is driven from the request path.
+ *
+ *   before forwarding   fault injection (drills: abort / delay, from conf or
+ *                       an admin's X-Sluice-Fault header) and idempotency
+ *                       (Idempotency-Key: 409 in flight, replay, 422) — the
+ *                       hook, last in the chain;
+ *   an attempt failed   with nothing sent to the client yet: retry (backoff,
+ *                       budget, another server), then the local pool, then
+ *                       the template reply in the shape the client asked
+ *                       for, stored in the durable queue when the model
+ *                       queues — gw_fb_after_failure();
+ *   later               worker 0 resends queued requests when their model's
+ *                       servers are back; GET /v1/requests/{id} answers
+ *                       202 / 200 / 404.
+ *
+ * A failure after the first byte reached the client is never retried (the
+ * proxy ends the stream with an error event instead).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "fallback/fallback.h"
+#include "gateway/gw_hook.h"
+#include "gateway/gw_internal.h"
+
+/* ---- the hook: faults and idempotency ---------------------------------- */
+
+typedef struct gw_fbh {
+    gw_req_t *r;
+    struct event *delay_ev;
+    int64_t delay_ms;
+    fb_call_t *call;
+    bool idem; /* this request owns an idempotency key */
+    uint64_t token;
+    char key[FB_IDEM_KEY_MAX + 1];
+} gw_fbh_t;
+
+static const char *gw_fb_user(const gw_req_t *r)
+{
+    return r->user;
+}
+
+static void gw_fbh_delay_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    gw_fbh_t *s = arg;
+    gw_hook_resume(s->r, GW_HOOK_NEXT);
+}
+
+/* The last step before forwarding: an injected delay, if any. */
+static gw_hook_rc_t gw_fbh_delay(gw_fbh_t *s)
+{
+    if (s->delay_ms <= 0)
+        return GW_HOOK_NEXT;
+    s->delay_ev = evtimer_new(s->r->c->w->base, gw_fbh_delay_cb, s);
+    if (!s->delay_ev)
+        return GW_HOOK_NEXT;
+    struct timeval tv = {s->delay_ms / 1000, (s->delay_ms % 1000) * 1000};
+    evtimer_add(s->delay_ev, &tv);
+    return GW_HOOK_PENDING;
+}
+
+/* What fb_idem_begin() said; NEXT to go on. */
+static gw_hook_rc_t gw_fbh_idem_verdict(gw_fbh_t *s, fb_idem_result_t *res)
+{
+    gw_req_t *r = s->r;
+    gw_hook_rc_t rc = GW_HOOK_DONE;
+    switch (res->verdict) {
+    case FB_IDEM_PROCEED:
+        s->idem = true;
+        s->token = res->token;
+        r->capture = evbuffer_new();
+        r->capture_max = (size_t)r->rt->conf->fallback.idempotency.max_response_bytes;
+        rc = GW_HOOK_NEXT;
+        break;
+    case FB_IDEM_REPLAY:
+        r->error_kind = "idempotent_replay";
+        gw_respond_body(r, res->status, res->content_type ? res->content_type : "application/json",
+                        res->body ? res->body : "", res->body_len, "Idempotent-Replayed: true\r\n");
+        break;
+    case FB_IDEM_IN_FLIGHT:
+        gw_respond_error(r, 409, "invalid_request_error", "idempotency_key_in_use",
+                         "A request with this Idempotency-Key is being served now.");
+        break;
+    case FB_IDEM_NOT_KEPT:
+        gw_respond_error(r, 409, "invalid_request_error", "idempotency_key_used",
+                         "This Idempotency-Key was used; its answer was too large to keep.");
+        break;
+    case FB_IDEM_MISMATCH:
+        gw_respond_error(r, 422, "invalid_request_error", "idempotency_key_reused",
+                         "This Idempotency-Key was used with a different request body.");
+        break;
+    default:
+        gw_respond_error(r, 503, "server_error", "store_unavailable",
+                         "The idempotency store is unavailable.");
+        break;
+    }
+    fb_idem_result_clear(res);
+    if (rc == GW_HOOK_NEXT)
+        rc = gw_fbh_delay(s);
+    return rc;
+}
+
+static void gw_fbh_idem_cb(void *arg, fb_idem_result_t *res)
+{
+    gw_fbh_t *s = arg;
+    s->call = NULL;
+    gw_hook_rc_t rc = gw_fbh_idem_verdict(s, res);
+    if (rc != GW_HOOK_PENDING)
+        gw_hook_resume(s->r, rc);
+}
+
+static gw_hook_rc_t gw_fbh_on_request(gw_req_t *r, void **state)
+{
+    if (r->route != GW_ROUTE_CHAT && r->route != GW_ROUTE_COMPLETIONS &&
+        r->route != GW_ROUTE_EMBEDDINGS)
+        return GW_HOOK_NEXT;
+    const conf_t *conf = r->rt->conf;
+    const gw_http_msg_t *m = gw_http_msg(r->c->parser);
+    const gw_http_header_t *fh = gw_http_header_find(m, FB_FAULT_HEADER);
+    const gw_http_header_t *ak = gw_http_header_find(m, FB_FAULT_ADMIN_HEADER);
+    bool admin_ok =
+        ak && r->rt->admin_key &&
+        sl_ct_equal(ak->value, ak->value_len, r->rt->admin_key, strlen(r->rt->admin_key));
+    fb_fault_action_t fa;
+    char err[160];
+    switch (fb_fault_for_request(&conf->fault, &r->model->conf->fault, fh ? fh->value : NULL,
+                                 fh ? fh->value_len : 0, admin_ok, gw_worker_rand(r->c->w), &fa,
+                                 err, sizeof(err))) {
+    case FB_FAULT_BAD_HEADER:
+        gw_respond_error(r, 400, "invalid_request_error", "invalid_fault_header", err);
+        return GW_HOOK_DONE;
+    case FB_FAULT_FORBIDDEN:
+        gw_respond_error(r, 403, "permission_error", "forbidden",
+                         "X-Sluice-Fault needs a valid X-Sluice-Admin-Key.");
+        return GW_HOOK_DONE;
+    default:
+        break;
+    }
+    if (fa.abort)
+        r->fault_status = fa.status;
+    const gw_http_header_t *ik = gw_http_header_find(m, "Idempotency-Key");
+    bool idem = ik && r->c->w->iw;
+    if (!idem && fa.delay_ms <= 0)
+        return GW_HOOK_NEXT;
+    gw_fbh_t *s = calloc(1, sizeof(*s));
+    if (!s) {
+        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        return GW_HOOK_DONE;
+    }
+    s->r = r;
+    s->delay_ms = fa.delay_ms;
+    *state = s;
+    if (!idem)
+        return gw_fbh_delay(s);
+    if (!fb_idem_key_valid(ik->value, ik->value_len)) {
+        gw_respond_error(r, 400, "invalid_request_error", "invalid_idempotency_key",
+                         "Idempotency-Key must be 1 to 255 visible ASCII characters.");
+        return GW_HOOK_DONE;
+    }
+    memcpy(s->key, ik->value, ik->value_len);
+    s->key[ik->value_len] = '\0';
+    /* The body as the client sent it: the same key with another body is 422. */
+    size_t blen = evbuffer_get_length(r->body);
+    fb_idem_result_t res;
+    memset(&res, 0, sizeof(res));
+    switch (fb_idem_begin(r->c->w->iw, gw_fb_user(r), s->key, evbuffer_pullup(r->body, -1), blen,
+                          &res, gw_fbh_idem_cb, s, &s->call)) {
+    case FB_PENDING:
+        return GW_HOOK_PENDING;
+    case FB_DONE:
+        return gw_fbh_idem_verdict(s, &res);
+    default:
+        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        return GW_HOOK_DONE;
+    }
+}
+
+static void gw_fbh_on_cancel(gw_req_t *r, void *state)
+{
+    (void)r;
+    gw_fbh_t *s = state;
+    if (!s)
+        return;
+    if (s->call) {
+        fb_call_cancel(s->call);
+        s->call = NULL;
+    }
+    if (s->delay_ev)
+        evtimer_del(s->delay_ev);
+}
+
+/* The answer is worth keeping for a replay: the request ended with a real
+ * answer (or a queued template, whose id the replay hands out again). */
+static bool gw_fbh_keep(const gw_req_t *r, gw_end_t how)
+{
+    if (how != GW_END_DONE || r->status >= 500 || r->status == 0)
+        return false;
+    if (r->fallback && strcmp(r->fallback, "template") == 0)
+        return r->queued_id[0] != '\0';
+    if (r->error_kind && strcmp(r->error_kind, "idempotent_replay") != 0)
+        return r->upstatus >= 400 && r->upstatus < 500; /* the upstream's own 4xx */
+    return true;
+}
+
+static void gw_fbh_on_end(gw_req_t *r, void *state, gw_end_t how)
+{
+    gw_fbh_t *s = state;
+    if (!s)
+        return;
+    gw_fbh_on_cancel(r, s);
+    if (s->delay_ev)
+        event_free(s->delay_ev);
+    if (s->idem && r->c->w->iw) {
+        if (gw_fbh_keep(r, how) && r->capture) {
+            size_t len = evbuffer_get_length(r->capture);
+            fb_idem_complete(r->c->w->iw, gw_fb_user(r), s->key, s->token, r->status,
+                             r->ctype ? r->ctype : "application/json",
+                             len ? evbuffer_pullup(r->capture, -1) : (const void *)"", len);
+        } else {
+            fb_idem_abort(r->c->w->iw, gw_fb_user(r), s->key, s->token);
+        }
+    }
+    free(s);
+}
+
+const gw_hook_t gw_hook_fallback = {
+    .name = "fallback",
+    .pre_route = false,
+    .on_request = gw_fbh_on_request,
+    .on_cancel = gw_fbh_on_cancel,
+    .on_end = gw_fbh_on_end,
+};
+
+/* ---- the chain after a failed attempt ------------------------------------- */
+
+static bool gw_fb_template_route(const gw_req_t *r)
+{
+    return r->route == GW_ROUTE_CHAT || r->route == GW_ROUTE_COMPLETIONS;
+}
+
+bool gw_fb_would_handle(gw_req_t *r)
+{
+    if (r->rt->conf->fallback.retry.attempts > r->retries)
+        return true;
+    if (r->rt->local && r->pool != r->rt->local)
+        return true;
+    return r->rt->tmpl && gw_fb_template_route(r);
+}
+
+void gw_fb_attempt_end(gw_req_t *r, int outcome)
+{
+    if (r->admit == FB_ADMIT_NO || !r->server)
+        return;
+    fb_admit_t how = (fb_admit_t)r->admit;
+    r->admit = FB_ADMIT_NO;
+    if (outcome < 0)
+        fb_breaker_cancel(r->server->breaker, how);
+    else
+        fb_breaker_report(r->server->breaker, how, outcome > 0, sl_now_ms());
+}
+
+static bool gw_fb_model_queues(const gw_req_t *r)
+{
+    if (!r->c->w->qw || r->route != GW_ROUTE_CHAT)
+        return false;
+    switch (r->model->conf->queue) {
+    case CONF_QUEUE_ON:
+        return true;
+    case CONF_QUEUE_OFF:
+        return false;
+    default:
+        return r->rt->conf->fallback.queue.enabled;
+    }
+}
+
+/* The template in the shape the client asked for. */
+static void gw_fb_template_respond(gw_req_t *r)
+{
+    fb_reply_req_t q;
+    memset(&q, 0, sizeof(q));
+    fb_reply_req_from_json(r->json, &q);
+    q.api = r->route == GW_ROUTE_CHAT ? FB_API_CHAT : FB_API_COMPLETIONS;
+    q.include_usage = r->client_usage; /* not what a hook asked the upstream for */
+    q.model = r->model->name;
+    q.id = r->id;
+    q.created = sl_wall_s();
+    const gw_http_header_t *al = gw_http_header_find(gw_http_msg(r->c->parser), "Accept-Language");
+    size_t len = 0;
+    char *body =
+        fb_tmpl_render(r->rt->tmpl, &q, al ? al->value : NULL, al ? al->value_len : 0, &len);
+    if (!body) {
+        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        return;
+    }
+    char extra[200];
+    int n = snprintf(extra, sizeof(extra), "X-Sluice-Fallback: template\r\n%s",
+                     q.stream ? "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n" : "");
+    if (r->queued_id[0])
+        snprintf(extra + n, sizeof(extra) - (size_t)n, "X-Sluice-Request-Id: %s\r\n", r->queued_id);
+    r->fallback = "template";
+    gw_respond_body(r, 200, fb_reply_content_type(&q), body, len, extra);
+    free(body);
+}
+
+static void gw_fb_queued(void *arg, fb_qres_t *res)
+{
+    gw_req_t *r = arg;
+    r->fb_call = NULL;
+    if (res->status == FB_Q_OK)
+        snprintf(r->queued_id, sizeof(r->queued_id), "%s", res->id);
+    else
+        sl_warn("queue: request %s not stored: %s", r->id, fb_qstatus_name(res->status));
+    fb_qres_clear(res);
+    gw_fb_template_respond(r);
+}
+
+/* Stores the request for a later resend (non-streamed: the stored answer
+ * is a chat.completion), then answers with the template. */
+static void gw_fb_template(gw_req_t *r)
+{
+    if (!gw_fb_model_queues(r)) {
+        gw_fb_template_respond(r);
+        return;
+    }
+    json_t *copy = json_deep_copy(r->json);
+    char *body = NULL;
+    if (copy) {
+        json_object_set_new(copy, "stream", json_false());
+        json_object_del(copy, "stream_options");
+        body = json_dumps(copy, JSON_COMPACT);
+        json_decref(copy);
+    }
+    if (!body) {
+        gw_fb_template_respond(r);
+        return;
+    }
+    const gw_http_header_t *ik = gw_http_header_find(gw_http_msg(r->c->parser), "Idempotency-Key");
+    char key[FB_IDEM_KEY_MAX + 1] = "";
+    if (ik && fb_idem_key_valid(ik->value, ik->value_len)) {
+        memcpy(key, ik->value, ik->value_len);
+        key[ik->value_len] = '\0';
+    }
+    fb_qaccept_t in = {
+        .user = gw_fb_user(r),
+        .idem_key = key[0] ? key : NULL,
+        .route = r->model->name, /* the resend routes by the client-facing model */
+        .body = body,
+        .body_len = strlen(body),
+    };
+    fb_qres_t res;
+    memset(&res, 0, sizeof(res));
+    fb_rc_t rc = fb_queue_accept(r->c->w->qw, &in, &res, gw_fb_queued, r, &r->fb_call);
+    free(body);
+    if (rc == FB_PENDING)
+        return;
+    if (rc == FB_DONE) {
+        gw_fb_queued(r, &res);
+        return;
+    }
+    gw_fb_template_respond(r);
+}
+
+bool gw_fb_after_failure(gw_req_t *r, int failure, int status)
+{
+    const conf_t *conf = r->rt->conf;
+    int64_t now = sl_now_ms();
+    fb_attempt_t a = {
+        .failure = (fb_failure_t)failure,
+        .status = status,
+        .client_started = r->head_sent,
+        .retries_done = r->retries,
+        .retry_after = r->retry_after[0] ? r->retry_after : NULL,
+        .other_server = gw_upstream_other_eligible(r->pool, r->server, now),
+        .deadline_ms = r->deadline_total_ms,
+    };
+    fb_retry_decision_t d;
+    fb_retry_decide(&conf->fallback.retry, r->pool->budget, &a, now, sl_wall_ms(),
+                    gw_worker_rand(r->c->w), &d);
+    r->retry_after[0] = '\0';
+    if (d.verdict == FB_RETRY) {
+        r->retries++;
+        r->avoid = d.prefer_other ? r->server : NULL;
+        gw_proxy_next_attempt(r, d.delay_ms);
+        return true;
+    }
+    if (r->head_sent)
+        return false;
+    if (r->rt->local && r->pool != r->rt->local) {
+        r->pool = r->rt->local;
+        r->retries = 0;
+        r->avoid = NULL;
+        r->fallback = "local";
+        r->deadline_total_ms = now + r->pool->conf->total_timeout_ms;
+        fb_budget_on_request(r->pool->budget, now);
+        fb_count_tier(FB_TIER_LOCAL);
+        gw_proxy_next_attempt(r, 0);
+        return true;
+    }
+    if (r->rt->tmpl && gw_fb_template_route(r)) {
+        gw_fb_template(r);
+        return true;
+    }
+    return false;
+}
+
+/* ---- GET /v1/requests/{id} ------------------------------------------------- */
+
+static void gw_fb_lookup_answer(gw_req_t *r, fb_qres_t *res)
+{
+    const char *id = gw_http_msg(r->c->parser)->target + 13;
+    switch (res->status) {
+    case FB_Q_DELIVERED:
+        gw_respond_body(r, 200, "application/json", res->result ? res->result : "{}",
+                        res->result ? res->result_len : 2, NULL);
+        break;
+    case FB_Q_PENDING: {
+        int64_t wait_s = (res->next_ms - sl_wall_ms() + 999) / 1000;
+        char extra[64], body[160];
+        snprintf(extra, sizeof(extra), "Retry-After: %lld\r\n",
+                 (long long)(wait_s > 0 ? wait_s : 1));
+        int n = snprintf(body, sizeof(body),
+                         "{\"id\":\"%.40s\",\"object\":\"request\","
+                         "\"status\":\"pending\"}",
+                         res->id[0] ? res->id : "");
+        (void)id;
+        gw_respond_body(r, 202, "application/json", body, (size_t)n, extra);
+        break;
+    }
+    case FB_Q_DEAD:
+        gw_respond_error(r, 404, "invalid_request_error", "request_failed",
+                         "The request could not be delivered and was given up.");
+        break;
+    case FB_Q_STORE_ERROR:
+        gw_respond_error(r, 503, "server_error", "store_unavailable",
+                         "The request store is unavailable.");
+        break;
+    default:
+        gw_respond_error(r, 404, "invalid_request_error", "not_found",
+                         "No such request (or it expired).");
+        break;
+    }
+    fb_qres_clear(res);
+}
+
+static void gw_fb_lookup_cb(void *arg, fb_qres_t *res)
+{
+    gw_req_t *r = arg;
+    r->fb_call = NULL;
+    gw_fb_lookup_answer(r, res);
+}
+
+void gw_fb_requests_route(gw_req_t *r)
+{
+    const gw_http_msg_t *m = gw_http_msg(r->c->parser);
+    if (!r->c->w->qw) {
+        gw_respond_error(r, 404, "invalid_request_error", "not_found",
+                         "No request queue is configured.");
+        return;
+    }
+    char id[64];
+    size_t n = m->path_len - 13; /* after "/v1/requests/" */
+    if (n == 0 || n >= sizeof(id)) {
+        gw_respond_error(r, 404, "invalid_request_error", "not_found", "No such request.");
+        return;
+    }
+    memcpy(id, m->target + 13, n);
+    id[n] = '\0';
+    fb_qres_t res;
+    memset(&res, 0, sizeof(res));
+    fb_rc_t rc =
+        fb_queue_lookup(r->c->w->qw, id, gw_fb_user(r), &res, gw_fb_lookup_cb, r, &r->fb_call);
+    if (rc == FB_PENDING)
+        return;
+    if (rc == FB_DONE) {
+        if (!res.id[0])
+            snprintf(res.id, sizeof(res.id), "%.33s", id);
+        gw_fb_lookup_answer(r, &res);
+        return;
+    }
+    gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+}
