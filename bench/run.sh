@@ -31,8 +31,9 @@
 # BENCH_ROUNDS (>= 3), BENCH_CONNS (wrk connections), BENCH_TTFE_N
 # (requests per target per round), BENCH_STREAMS (idle streams),
 # BENCH_PORT_BASE, SLUICE_BIN, BENCH_TOOLS (dir of bench_upstream and
-# bench_ttfe), BENCH_COMMIT (label when $ROOT is no git checkout), BENCH_KEEP=1 keeps the work directory, BENCH_PERF=1 adds a
-# perf profile of sluice on the json workload at the end.
+# bench_ttfe), BENCH_COMMIT (label when $ROOT is no git checkout),
+# BENCH_KEEP=1 keeps the work directory, BENCH_PERF=1 adds a perf profile
+# of sluice on the json workload at the end.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
