@@ -107,34 +107,44 @@ AVX2_TARGET static float dot_q8_0_avx2(const uint8_t *row, const mdl_act_t *a)
     return hsum256(_mm256_add_ps(acc0, acc1));
 }
 
-/* 16 packed nibbles -> 32 signed levels (low nibbles first), minus 8 */
+/* 16 packed nibbles -> 32 unsigned levels 0..15, low nibbles first */
 AVX2_TARGET static inline __m256i unpack_q4(const uint8_t *qs)
 {
     const __m128i m4 = _mm_set1_epi8(0x0F);
     __m128i raw = _mm_loadu_si128((const __m128i *)qs);
     __m128i lo = _mm_and_si128(raw, m4), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m4);
-    return _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
+    return _mm256_set_m128i(hi, lo);
 }
 
+/* unsigned levels times signed activations, 8 int32 lanes as float */
+AVX2_TARGET static inline __m256 dot_u8_32(__m256i w, __m256i x)
+{
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
+}
+
+/* Q4_0: the levels are nibble - 8; maddubs takes the nibbles as they are
+ * (unsigned) and the -8 * sum(x) of each block (qsum) is one scalar term. */
 AVX2_TARGET static float dot_q4_0_avx2(const uint8_t *row, const mdl_act_t *a)
 {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float corr = 0.0f;
     int nb = a->n / 32, b = 0;
     for (; b + 1 < nb; b += 2, row += 36) {
         _mm_prefetch((const char *)row + MDL_PREFETCH_BYTES, _MM_HINT_T0);
-        __m256i w0 = unpack_q4(row + 2), w1 = unpack_q4(row + 20);
+        float s0 = fp16(row) * a->d[b], s1 = fp16(row + 18) * a->d[b + 1];
         __m256i x0 = _mm256_loadu_si256((const __m256i *)(a->q + 32 * b));
         __m256i x1 = _mm256_loadu_si256((const __m256i *)(a->q + 32 * b + 32));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(fp16(row) * a->d[b]), dot_i8_32(w0, x0), acc0);
-        acc1 =
-            _mm256_fmadd_ps(_mm256_set1_ps(fp16(row + 18) * a->d[b + 1]), dot_i8_32(w1, x1), acc1);
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(s0), dot_u8_32(unpack_q4(row + 2), x0), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(s1), dot_u8_32(unpack_q4(row + 20), x1), acc1);
+        corr += s0 * (float)a->qsum[b] + s1 * (float)a->qsum[b + 1];
     }
     for (; b < nb; b++, row += 18) {
-        __m256i w0 = unpack_q4(row + 2);
+        float s0 = fp16(row) * a->d[b];
         __m256i x0 = _mm256_loadu_si256((const __m256i *)(a->q + 32 * b));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(fp16(row) * a->d[b]), dot_i8_32(w0, x0), acc0);
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(s0), dot_u8_32(unpack_q4(row + 2), x0), acc0);
+        corr += s0 * (float)a->qsum[b];
     }
-    return hsum256(_mm256_add_ps(acc0, acc1));
+    return hsum256(_mm256_add_ps(acc0, acc1)) - 8.0f * corr;
 }
 
 /* Q5_0: the 32 fifth bits spread to bytes (0x10 where set) */
