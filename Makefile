@@ -10,6 +10,7 @@
 #   tests/fuzz/fuzz_*.c   -> one corpus-replay binary each (libFuzzer: make fuzz)
 
 CC      ?= cc
+NPROC   := $(shell nproc 2>/dev/null || echo 2)
 PKG     ?= pkg-config
 PYTHON  ?= /usr/bin/python3
 
@@ -95,7 +96,7 @@ $(BUILD)/tools/%: tests/tools/%.c $(LIB)
 # then re-enter make so pkg-config sees them.
 test:
 	@./scripts/deps.sh --if-missing
-	@$(MAKE) --no-print-directory test-all
+	@$(MAKE) --no-print-directory -j$(NPROC) test-all
 
 test-all: all unit fuzz-replay integration
 
@@ -124,11 +125,11 @@ fuzz:
 	        $$s build-fuzz/libsluice.a $(LDLIBS); done
 
 check-san:
-	$(MAKE) SANITIZE=1 test-all
+	$(MAKE) -j$(NPROC) SANITIZE=1 test-all
 
 run:
 	@./scripts/deps.sh --if-missing
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory -j$(NPROC) all
 	./scripts/run-demo.sh $(abspath $(BIN))
 
 bench: $(BIN)
