@@ -27,7 +27,9 @@ Control API on the same port (JSON in and out; not recorded as requests):
     POST /_mock/release   {"n": 1, "request": ID?}: let gated streams go on by
                           n events (without "request": every gated stream;
                           with none gated, the credit waits for the next one)
-    POST /_mock/reset     forget requests, closed connections, script, gates
+    POST /_mock/reset     forget requests, closed connections, script, gates;
+                          the RNG of `percent` starts again from --seed
+    POST /_mock/seed      {"seed": N}: restart the RNG of `percent` from N
     POST /_mock/drop      close every open non-control connection now
     GET  /_mock/requests  every model request (see REQUEST RECORD)
     GET  /_mock/connections   every connection that sent a model request or
@@ -65,6 +67,12 @@ string is short for {that: true} ("gate", "no_done", "normal").
     raw_response: str  send these bytes (latin-1) as the whole answer, close
     demo: bool         the friendly `make run` reply: one word per event,
                        50 ms apart (what --demo makes the default)
+    percent: P         apply the rest of this behaviour to P% of the requests
+                       that take it (drawn from the mock's seeded RNG); the
+                       others get `otherwise` (default: a normal answer).
+                       {"status": 503, "percent": 30} as the default is a
+                       30% 503 storm, reproducible with the same seed
+    otherwise: {...}   the behaviour used when `percent` did not draw it
 
 REQUEST RECORD: {id, conn, t, t_end, method, target, path, version,
 headers: [[name, value], ...] as received, body (text), json (parsed or
@@ -75,7 +83,7 @@ bytes_in, bytes_out, requests, control, tls_error}. Times are
 time.monotonic() seconds (CLOCK_MONOTONIC, the same clock the tests read).
 
 Run: mock_upstream.py [--host H] [--port P|0] [--tls-cert F --tls-key F]
-     [--name NAME] [--models a,b] [--demo]
+     [--name NAME] [--models a,b] [--demo] [--seed N]
 It prints one JSON line {"listening": PORT, ...} on stdout once it accepts.
 """
 
@@ -84,6 +92,7 @@ import asyncio
 import base64
 import hashlib
 import json
+import random
 import re
 import signal
 import socket
@@ -207,11 +216,19 @@ class State:
         self.next_req = 1
         self.gates = {}  # request id -> Gate (streams waiting on release)
         self.pending_credits = 0
+        self.rng = random.Random(args.seed)
 
     def next_behaviour(self):
-        if self.script:
-            return self.script.pop(0)
-        return dict(self.default)
+        b = self.script.pop(0) if self.script else dict(self.default)
+        if "percent" in b:
+            # One draw per request that takes this behaviour, so a run with
+            # the same seed and the same order of requests is the same storm.
+            drawn = self.rng.random() * 100.0 < float(b["percent"])
+            if drawn:
+                b = {k: v for k, v in b.items() if k not in ("percent", "otherwise")}
+            else:
+                b = normalise_behaviour(b.get("otherwise") or {})
+        return b
 
     def gate_for(self, rid):
         g = Gate()
@@ -236,6 +253,7 @@ class State:
         return len(self.gates)
 
     def reset(self):
+        self.rng = random.Random(self.args.seed)
         self.script = []
         self.default = {"demo": True} if self.args.demo else {}
         self.requests = []
@@ -635,6 +653,9 @@ class Conn:
                 body = body or {}
                 n = int(body.get("n", 1))
                 out = {"released": st.release(n, body.get("request"))}
+            elif path == "/_mock/seed" and m == "POST":
+                self.st.rng = random.Random(int((body or {}).get("seed", 0)))
+                out = {"ok": True}
             elif path == "/_mock/reset" and m == "POST":
                 st.reset()
                 out = {"ok": True}
@@ -1003,6 +1024,7 @@ def main(argv=None):
         type=lambda s: [x for x in s.split(",") if x],
     )
     ap.add_argument("--demo", action="store_true", help="friendly streamed replies for make run")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the RNG behind `percent`")
     args = ap.parse_args(argv)
     if bool(args.tls_cert) != bool(args.tls_key):
         ap.error("--tls-cert and --tls-key go together")
