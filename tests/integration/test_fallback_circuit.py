@@ -161,3 +161,30 @@ def test_local_tier_counts_only_what_it_served(sluice_factory, mock_factory):
     m = s.metrics()
     assert m.value("sluice_fallback_total", tier="template") == 1
     assert m.value("sluice_fallback_total", tier="local") == 1
+
+
+OPEN_RETRY_BUG = (
+    "gateway bug: gateway/proxy.c gw_proxy_attempt, when gw_upstream_pick() finds no eligible "
+    "server (every circuit open), calls gw_fb_after_failure(r, FB_FAIL_CONNECT, 0), and "
+    "fb_retry_decide schedules a retry of a pool that has no server to retry on: the request "
+    "waits the backoff before the next tier answers (a full outage serves every template "
+    "backoff late), the retry budget is spent on nothing (real retries are then refused) and "
+    "sluice_retries_total counts retries that never reached a server"
+)
+
+
+@pytest.mark.xfail(reason=OPEN_RETRY_BUG, strict=True)
+def test_open_circuit_goes_to_the_next_tier_at_once(sluice_factory, mock):
+    over = fh.chain(retry={"attempts": 1, "backoff": "1s", "backoff_max": "2s"},
+                    circuit={"failures": 1, "cooldown": "1h"})
+    s = sluice_factory(overrides=over, upstream=mock)
+    mock.set_default({"status": 503})
+    fh.assert_template_json(s.chat("opens it"))
+    assert state(s, mock) == 2
+    m0 = fh.Metrics(s)
+    t0 = time.monotonic()
+    fh.assert_template_json(s.chat("circuit open"))
+    took = time.monotonic() - t0
+    assert len(mock.requests()) == 1
+    assert m0.delta("sluice_retries_total", upstream="main") == 0
+    assert took < bound(0.3), "the template came %.2fs late: a retry of an open pool was waited for" % took
