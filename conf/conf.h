@@ -77,6 +77,15 @@ typedef struct conf_server {
     int port;                 /* explicit, or 80 / 443 */
 } conf_server_t;
 
+/* An upstream of kind engine: the in-process GGUF model (model/). */
+typedef struct conf_engine {
+    char *model;         /* GGUF file; NULL = not an engine (servers: instead) */
+    int64_t threads;     /* compute threads, 1 (the proxy keeps a core) */
+    int64_t context;     /* tokens per sequence, 4096 */
+    int64_t max_queue;   /* requests waiting behind the running one, 8; over it: next tier */
+    char *system_prompt; /* default system message (cached state); NULL = Qwen's own */
+} conf_engine_t;
+
 typedef struct conf_upstream {
     char *name; /* the map key under upstreams: */
     int line;
@@ -90,9 +99,20 @@ typedef struct conf_upstream {
     int64_t connect_timeout_ms;    /* timeouts: { connect: 2s, */
     int64_t first_byte_timeout_ms; /*             first_byte: 15s, */
     int64_t total_timeout_ms;      /*             total: 60s } */
-    int64_t max_fails; /* breaker: consecutive failures; 0 = fallback.circuit.failures */
-    int64_t eject_ms;  /* breaker: open this long; 0 = fallback.circuit.cooldown */
+    int64_t max_fails;    /* breaker: consecutive failures; 0 = fallback.circuit.failures */
+    int64_t eject_ms;     /* breaker: open this long; 0 = fallback.circuit.cooldown */
+    conf_engine_t engine; /* engine: { model, ... } instead of servers */
 } conf_upstream_t;
+
+/* ---- routing simple requests to the local model ------------------------- */
+
+typedef struct conf_routing {
+    bool local_first;         /* requests matching the rules go to fallback.local first */
+    int64_t max_prompt_chars; /* ... when the prompt has at most this many code points, 400 */
+    int64_t max_turns;        /* ... and at most this many user turns, 2 */
+    char *intent;             /* ... or the last user message matches this PCRE2; NULL = none */
+    char *auto_model;         /* model "auto": local when the rules match, else this model */
+} conf_routing_t;
 
 /* ---- fault injection (fallback/), global and per model ----------------- */
 
@@ -384,6 +404,7 @@ typedef struct conf {
     conf_filters_t filters;
     conf_fallback_t fallback;
     conf_fault_t fault;
+    conf_routing_t routing;
 } conf_t;
 
 /* ---- API ------------------------------------------------------------------ */

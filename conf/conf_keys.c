@@ -252,6 +252,13 @@ static int root_check(conf_ctx_t *ctx, void *obj, int line)
                            "no upstream named \"%s\" under upstreams", fb->local.upstream);
     if (fb->queue.store == CONF_QUEUE_STORE_REDIS && !c->redis.url)
         return conf_errorf(ctx, line, "fallback.queue.store", "redis needs redis.url");
+    if (c->routing.local_first && !fb->local.upstream)
+        return conf_errorf(ctx, line, "routing.local_first", "needs fallback.local.upstream");
+    if (c->routing.auto_model && !conf_model_find(c, c->routing.auto_model))
+        return conf_errorf(ctx, line, "routing.auto_model", "no model named \"%s\" under models",
+                           c->routing.auto_model);
+    if (c->routing.auto_model && strcmp(c->routing.auto_model, "auto") == 0)
+        return conf_errorf(ctx, line, "routing.auto_model", "must name a real model");
     return 0;
 }
 
@@ -446,16 +453,73 @@ static const conf_key_t upstream_timeout_keys[] = {
 static const conf_table_t upstream_timeout_table = {TABLE(upstream_timeout_keys, conf_upstream_t),
                                                     .check = upstream_timeouts_check};
 
+static const conf_key_t engine_keys[] = {
+    {.name = "model",
+     .type = CONF_STRING,
+     .off = offsetof(conf_engine_t, model),
+     .flags = R,
+     .doc = "GGUF file of the in-process model (qwen2 architecture); loaded at start and on "
+            "reload"},
+    {.name = "threads",
+     .type = CONF_INT,
+     .off = offsetof(conf_engine_t, threads),
+     .def = "1",
+     .min = 1,
+     .max = 256,
+     .flags = R,
+     .doc = "compute threads of the engine (generation never runs on an event-loop thread)"},
+    {.name = "context",
+     .type = CONF_INT,
+     .off = offsetof(conf_engine_t, context),
+     .def = "4096",
+     .min = 64,
+     .max = 131072,
+     .flags = R,
+     .doc = "tokens per sequence, prompt and answer"},
+    {.name = "max_queue",
+     .type = CONF_INT,
+     .off = offsetof(conf_engine_t, max_queue),
+     .def = "8",
+     .min = 0,
+     .max = 10000,
+     .flags = R,
+     .doc = "requests waiting behind the running one; beyond it the next tier answers"},
+    {.name = "system_prompt",
+     .type = CONF_STRING,
+     .off = offsetof(conf_engine_t, system_prompt),
+     .flags = R,
+     .doc = "system message for conversations without one (its state is computed once); "
+            "default Qwen's own"},
+};
+static const conf_table_t engine_table = {TABLE(engine_keys, conf_engine_t)};
+
+/* An upstream is model servers, or the in-process engine: one of the two. */
+static int upstream_kind_check(conf_ctx_t *ctx, void *obj, int line)
+{
+    const conf_upstream_t *u = obj;
+    if (u->engine.model && u->nservers)
+        return conf_errorf(ctx, line, "engine", "an upstream has servers or an engine, not both");
+    if (!u->engine.model && !u->nservers)
+        return conf_errorf(ctx, line, "servers", "required (or engine: { model })");
+    return 0;
+}
+
 static const conf_key_t upstream_keys[] = {
     {.name = "servers",
      .type = CONF_LIST,
      .off = offsetof(conf_upstream_t, servers),
      .count_off = offsetof(conf_upstream_t, nservers),
-     .min = 1,
+     .min = 0,
      .max = 256,
      .sub = &server_table,
-     .flags = CONF_REQUIRED | R,
-     .doc = "the servers of this pool"},
+     .flags = R,
+     .doc = "the servers of this pool (required unless engine is set)"},
+    {.name = "engine",
+     .type = CONF_STRUCT,
+     .off = offsetof(conf_upstream_t, engine),
+     .sub = &engine_table,
+     .flags = R,
+     .doc = "instead of servers: sluice's own in-process model (model/)"},
     {.name = "balance",
      .type = CONF_ENUM,
      .off = offsetof(conf_upstream_t, balance),
@@ -508,10 +572,10 @@ static const conf_key_t upstream_keys[] = {
      .doc = "how long an open breaker keeps a server out before a probe; "
             "0 = fallback.circuit.cooldown"},
 };
-static const conf_table_t upstream_table = {TABLE(upstream_keys, conf_upstream_t), .has_line = true,
-                                            .line_off = offsetof(conf_upstream_t, line),
-                                            .has_name = true,
-                                            .name_off = offsetof(conf_upstream_t, name)};
+static const conf_table_t upstream_table = {
+    TABLE(upstream_keys, conf_upstream_t),       .has_line = true,
+    .line_off = offsetof(conf_upstream_t, line), .has_name = true,
+    .name_off = offsetof(conf_upstream_t, name), .check = upstream_kind_check};
 
 /* ---- fault injection (fallback/) ------------------------------------------------- */
 
@@ -1622,6 +1686,44 @@ static const conf_table_t fallback_table = {TABLE(fallback_keys, conf_fallback_t
 
 /* ---- the root ----------------------------------------------------------------------- */
 
+static const conf_key_t routing_keys[] = {
+    {.name = "local_first",
+     .type = CONF_BOOL,
+     .off = offsetof(conf_routing_t, local_first),
+     .def = "false",
+     .flags = R,
+     .doc = "requests matching the rules below go to fallback.local first, the model's own "
+            "upstream being their fallback"},
+    {.name = "max_prompt_chars",
+     .type = CONF_INT,
+     .off = offsetof(conf_routing_t, max_prompt_chars),
+     .def = "400",
+     .min = 0,
+     .max = 1000000,
+     .flags = R,
+     .doc = "a request is simple when its messages hold at most this many code points ..."},
+    {.name = "max_turns",
+     .type = CONF_INT,
+     .off = offsetof(conf_routing_t, max_turns),
+     .def = "2",
+     .min = 0,
+     .max = 1000,
+     .flags = R,
+     .doc = "... and at most this many user turns ..."},
+    {.name = "intent",
+     .type = CONF_STRING,
+     .off = offsetof(conf_routing_t, intent),
+     .flags = R,
+     .doc = "... or its last user message matches this PCRE2 pattern (UTF mode)"},
+    {.name = "auto_model",
+     .type = CONF_STRING,
+     .off = offsetof(conf_routing_t, auto_model),
+     .flags = R,
+     .doc = "what model `auto` means when the rules do not pick the local model (a key under "
+            "models)"},
+};
+static const conf_table_t routing_table = {TABLE(routing_keys, conf_routing_t)};
+
 static const conf_key_t root_keys[] = {
     {.name = "listen",
      .type = CONF_LIST,
@@ -1724,6 +1826,12 @@ static const conf_key_t root_keys[] = {
      .flags = R,
      .doc = "fault injection for drills, in front of the upstream; per model under models "
             "(docs/fallback.md)"},
+    {.name = "routing",
+     .type = CONF_STRUCT,
+     .off = offsetof(conf_t, routing),
+     .sub = &routing_table,
+     .flags = R,
+     .doc = "send requests the small model can serve to fallback.local first (docs/model.md)"},
 };
 
 const conf_table_t conf_root_table = {TABLE(root_keys, conf_t), .check = root_check};

@@ -59,7 +59,10 @@ struct fb_idem;
 struct fb_idem_worker;
 struct fb_call;
 struct gw_resender;
+struct gw_ejob;
+struct mdl_engine;
 typedef struct gw_server gw_server_t;
+typedef struct gw_shared gw_shared_t;
 typedef struct gw_worker gw_worker_t;
 typedef struct gw_rt gw_rt_t;
 typedef struct gw_conn gw_conn_t;
@@ -99,6 +102,7 @@ struct gw_pool_rt {
     sl_mseries_t *m_ttfb;
     conf_fb_circuit_t circuit; /* fallback.circuit with this pool's max_fails/eject */
     struct fb_budget *budget;  /* retry budget (kept across reloads) */
+    struct mdl_engine *engine; /* kind engine: the in-process model (no servers) */
 };
 
 typedef struct gw_model_rt {
@@ -129,18 +133,21 @@ struct gw_rt {
     size_t nmodels;
     char *models_json; /* the GET /v1/models body */
     size_t models_json_len;
-    SSL_CTX **listen_ssl;        /* per conf listen item (NULL when plain) */
-    struct auth *auth;           /* NULL when auth is off */
-    struct flt_ruleset *filters; /* content filters (reference held) */
-    struct fb_tmpl *tmpl;        /* template replies (NULL when off) */
-    gw_pool_rt_t *local;         /* fallback.local: the local tier's pool, or NULL */
-    char *admin_key;             /* auth.admin_key_env's value (fault header), or NULL */
+    SSL_CTX **listen_ssl;             /* per conf listen item (NULL when plain) */
+    struct auth *auth;                /* NULL when auth is off */
+    struct flt_ruleset *filters;      /* content filters (reference held) */
+    struct fb_tmpl *tmpl;             /* template replies (NULL when off) */
+    gw_pool_rt_t *local;              /* fallback.local: the local tier's pool, or NULL */
+    const gw_model_rt_t *auto_model;  /* routing.auto_model */
+    struct pcre2_real_code_8 *intent; /* routing.intent, compiled */
+    gw_shared_t *shared;              /* what this runtime borrowed engines from */
+    char *admin_key;                  /* auth.admin_key_env's value (fault header), or NULL */
 };
 
 /* What outlives a reload and the runtimes built on it: the auth stores, the
  * breakers and the retry budgets (per upstream name). Main thread only
  * while building; the objects themselves are thread-safe. */
-typedef struct gw_shared {
+struct gw_shared {
     struct auth_stores *auth_stores;
     struct fb_breakers *breakers;
     struct gw_budget_slot {
@@ -148,7 +155,8 @@ typedef struct gw_shared {
         struct fb_budget *budget;
     } * budgets;
     size_t nbudgets;
-} gw_shared_t;
+    struct gw_engine_slot *engines; /* engine_gw.c */
+};
 
 gw_shared_t *gw_shared_new(void);
 void gw_shared_free(gw_shared_t *sh);
@@ -309,6 +317,10 @@ struct gw_req {
     size_t capture_max;
     const char *fallback; /* "local" / "template": X-Sluice-Fallback */
     const char *ctype;    /* the answer's content type (static), for the idempotency store */
+    bool routed_local;    /* routing sent it to the local pool first (X-Sluice-Route) */
+    bool tried_local;     /* the local pool had its turn (routing or the local tier) */
+    bool local_stream;    /* an in-process stream is open (streams_active) */
+    struct gw_ejob *ejob; /* the engine's work for this request */
     bool client_usage;    /* the client itself asked for stream usage */
     char queued_id[40];   /* X-Sluice-Request-Id */
     struct auth_pending *revoke_pending; /* /admin/revoke waiting for Redis */
@@ -374,6 +386,21 @@ void gw_fb_server_fini(gw_server_t *s);
 void gw_fb_maintain(gw_server_t *s);
 /* Before rendering /metrics: refresh breaker gauges. */
 void gw_fb_metrics_refresh(gw_server_t *s);
+/* proxy.c: answers made in-process (the engine), through the same hooks. */
+void gw_proxy_local_stream_begin(gw_req_t *r);
+/* -1: a hook ended the stream (stop generating, then _end). */
+int gw_proxy_local_stream_event(gw_req_t *r, const char *data, size_t len);
+/* error_code NULL: a clean end (the caller sent [DONE] as an event). */
+void gw_proxy_local_stream_end(gw_req_t *r, const char *error_code, const char *error_msg);
+void gw_proxy_local_body(gw_req_t *r, json_t *body);
+/* engine_gw.c: an attempt on a pool of kind engine. */
+void gw_engine_attempt(gw_req_t *r);
+void gw_engine_abort(gw_req_t *r);
+/* The process-wide engines, by upstream (kept across reloads when
+ * unchanged). */
+struct mdl_engine *gw_engine_get(gw_shared_t *sh, const conf_upstream_t *cu, char *err,
+                                 size_t errlen);
+void gw_engine_put(gw_shared_t *sh, struct mdl_engine *e);
 /* Local answers with any content type. */
 void gw_respond_body(gw_req_t *r, int status, const char *ctype, const char *body, size_t len,
                      const char *extra_headers);
@@ -443,11 +470,12 @@ typedef struct gw_metrics {
     sl_mseries_t *duration[GW_ROUTE_COUNT];
     sl_mseries_t *conns_active, *streams_active;
     sl_mseries_t *bytes_client_in, *bytes_client_out, *bytes_up_in, *bytes_up_out;
-    sl_metric_t *up_errors;    /* {upstream,kind} */
-    sl_metric_t *up_conns;     /* {upstream,reused} */
-    sl_metric_t *up_ttfb;      /* {upstream} */
-    sl_metric_t *parse_errors; /* {reason} */
-    sl_metric_t *reloads;      /* {result} */
+    sl_metric_t *up_errors;                 /* {upstream,kind} */
+    sl_metric_t *up_conns;                  /* {upstream,reused} */
+    sl_metric_t *up_ttfb;                   /* {upstream} */
+    sl_metric_t *parse_errors;              /* {reason} */
+    sl_metric_t *reloads;                   /* {result} */
+    sl_mseries_t *route_local, *route_main; /* sluice_route_total{target} */
 } gw_metrics_t;
 extern gw_metrics_t gw_m;
 void gw_metrics_init(void);

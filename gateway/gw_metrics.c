@@ -51,6 +51,12 @@ void gw_metrics_init(void)
     gw_m.parse_errors = sl_metric_register("sluice_http_parse_errors_total",
                                            "Client requests rejected by the HTTP parser.",
                                            SL_METRIC_COUNTER, "reason", NULL, 0);
+    sl_metric_t *rt = sl_metric_register("sluice_route_total",
+                                         "Proxied chat requests by where routing sent them "
+                                         "first (local: the small model).",
+                                         SL_METRIC_COUNTER, "target", NULL, 0);
+    gw_m.route_local = sl_metric_series1(rt, "local");
+    gw_m.route_main = sl_metric_series1(rt, "main");
     gw_m.reloads =
         sl_metric_register("sluice_config_reloads_total", "Configuration reloads by result.",
                            SL_METRIC_COUNTER, "result", NULL, 0);

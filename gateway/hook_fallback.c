@@ -247,7 +247,9 @@ bool gw_fb_would_handle(gw_req_t *r)
 {
     if (r->rt->conf->fallback.retry.attempts > r->retries)
         return true;
-    if (r->rt->local && r->pool != r->rt->local)
+    if (r->routed_local && r->pool != r->model->pool)
+        return true; /* the model's own upstream is next */
+    if (r->rt->local && !r->tried_local)
         return true;
     return r->rt->tmpl && gw_fb_template_route(r);
 }
@@ -390,7 +392,20 @@ bool gw_fb_after_failure(gw_req_t *r, int failure, int status)
     }
     if (r->head_sent)
         return false;
-    if (r->rt->local && r->pool != r->rt->local) {
+    if (r->routed_local && r->pool != r->model->pool) {
+        /* Routed to the small model first: the model's own upstream is its
+         * fallback. */
+        r->routed_local = false;
+        r->pool = r->model->pool;
+        r->retries = 0;
+        r->avoid = NULL;
+        r->deadline_total_ms = now + r->pool->conf->total_timeout_ms;
+        fb_budget_on_request(r->pool->budget, now);
+        gw_proxy_next_attempt(r, 0);
+        return true;
+    }
+    if (r->rt->local && !r->tried_local) {
+        r->tried_local = true;
         r->pool = r->rt->local;
         r->retries = 0;
         r->avoid = NULL;

@@ -23,6 +23,9 @@
 #include <strings.h>
 
 #include "common/log.h"
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
 #include "fallback/fallback.h"
 #include "gateway/gw_internal.h"
 
@@ -183,6 +186,11 @@ void gw_proxy_abort(gw_req_t *r)
         r->fb_call = NULL;
     }
     gw_proxy_finish(r, false, -1);
+    gw_engine_abort(r);
+    if (r->local_stream) {
+        sl_gauge_add(gw_m.streams_active, -1);
+        r->local_stream = false;
+    }
     if (r->retry_ev) {
         event_free(r->retry_ev);
         r->retry_ev = NULL;
@@ -265,6 +273,11 @@ static void gw_proxy_attempt(gw_req_t *r, bool allow_reuse)
                          "The model server failed (an injected fault).");
         return;
     }
+    if (r->pool->engine) {
+        r->attempts++;
+        gw_engine_attempt(r);
+        return;
+    }
     int admit = FB_ADMIT_NO;
     gw_srv_rt_t *srv = gw_upstream_pick(w, r->pool, r->avoid, now, &admit);
     if (!srv) {
@@ -340,6 +353,46 @@ void gw_proxy_next_attempt(gw_req_t *r, int64_t delay_ms)
     evtimer_add(r->retry_ev, &tv);
 }
 
+/* routing.local_first: a request the small model can serve — few turns and
+ * a short prompt, or a last user message matching routing.intent. */
+static bool gw_route_simple(const gw_req_t *r)
+{
+    const conf_routing_t *c = &r->rt->conf->routing;
+    if (!c->local_first)
+        return false;
+    json_t *msgs = json_object_get(r->json, "messages");
+    if (!json_is_array(msgs))
+        return false;
+    int64_t chars = 0, turns = 0;
+    const char *last = NULL;
+    size_t last_len = 0, i;
+    json_t *m;
+    json_array_foreach(msgs, i, m)
+    {
+        json_t *content = json_object_get(m, "content");
+        const char *role = json_string_value(json_object_get(m, "role"));
+        if (!json_is_string(content))
+            return false; /* parts (images, ...) are not for the small model */
+        const char *s = json_string_value(content);
+        size_t n = json_string_length(content);
+        for (size_t k = 0; k < n; k++)
+            chars += ((unsigned char)s[k] & 0xC0) != 0x80; /* code points */
+        if (role && strcmp(role, "user") == 0) {
+            turns++;
+            last = s;
+            last_len = n;
+        }
+    }
+    if (r->rt->intent && last) {
+        pcre2_match_data *md = pcre2_match_data_create_from_pattern(r->rt->intent, NULL);
+        int rc = md ? pcre2_match(r->rt->intent, (PCRE2_SPTR)last, last_len, 0, 0, md, NULL) : -1;
+        pcre2_match_data_free(md);
+        if (rc >= 0)
+            return true;
+    }
+    return chars <= c->max_prompt_chars && turns <= c->max_turns;
+}
+
 /* Parses the body, picks the model's upstream, then runs the post-route
  * hooks. */
 static void gw_proxy_route(gw_req_t *r)
@@ -370,6 +423,11 @@ static void gw_proxy_route(gw_req_t *r)
         return;
     }
     r->model = gw_rt_model(r->rt, json_string_value(jm), json_string_length(jm));
+    bool asked_auto = false;
+    if (!r->model && r->rt->auto_model && strcmp(json_string_value(jm), "auto") == 0) {
+        r->model = r->rt->auto_model; /* "auto": local first when it can, else this */
+        asked_auto = true;
+    }
     if (!r->model) {
         char msg[200];
         snprintf(msg, sizeof(msg), "The model `%.100s` does not exist.", json_string_value(jm));
@@ -380,7 +438,16 @@ static void gw_proxy_route(gw_req_t *r)
     r->client_usage =
         json_is_true(json_object_get(json_object_get(r->json, "stream_options"), "include_usage"));
     r->pool = r->model->pool;
-    if (r->model->alias) {
+    if (r->rt->local && r->pool != r->rt->local && r->route == GW_ROUTE_CHAT &&
+        (asked_auto || gw_route_simple(r))) {
+        r->pool = r->rt->local; /* the model's own upstream is its fallback */
+        r->routed_local = true;
+        r->tried_local = true;
+    }
+    if (r->pool == r->rt->local)
+        r->tried_local = true;
+    sl_counter_add(r->pool == r->rt->local ? gw_m.route_local : gw_m.route_main, 1);
+    if (asked_auto || r->model->alias) {
         json_object_set_new(r->json, "model", json_string(r->model->served));
         r->body_dirty = true;
     }
@@ -469,6 +536,8 @@ static void gw_proxy_write_head(gw_req_t *r, const gw_http_msg_t *m, int64_t len
     evbuffer_add_printf(out, "X-Request-Id: %s\r\n", r->id);
     if (r->fallback)
         evbuffer_add_printf(out, "X-Sluice-Fallback: %s\r\n", r->fallback);
+    if (r->routed_local)
+        evbuffer_add(out, "X-Sluice-Route: local\r\n", 24);
     if (r->c->close_after)
         evbuffer_add(out, "Connection: close\r\n", 19);
     for (size_t i = 0; i < m->nheaders; i++) {
@@ -550,6 +619,38 @@ static void gw_proxy_on_head(gw_req_t *r)
  * split across reads is assembled (by the splitter) first. A partial event
  * is never forwarded, so a stream cut mid-event cannot hand the client half
  * a JSON document. */
+/* One event's data payload through the hook chain and out; raw (may be
+ * NULL) is the event as it came, sent when every hook passes. Returns -1
+ * when a hook ended the stream (r->stop_stream is set). */
+static int gw_proxy_emit(gw_req_t *r, const char *data, size_t len, const char *raw, size_t raw_len)
+{
+    gw_payloads_t out = {0};
+    gw_ev_rc_t rc = r->ev_hooks ? gw_hooks_event(r, data, len, &out) : GW_EV_PASS;
+    if (rc == GW_EV_PASS) {
+        if (raw) {
+            gw_proxy_write(r, raw, raw_len);
+        } else if (gw_payloads_push_copy(&out, data, len) != 0) {
+            return -1;
+        }
+    }
+    struct evbuffer *tmp = out.n ? evbuffer_new() : NULL;
+    for (size_t i = 0; tmp && i < out.n; i++) {
+        evbuffer_add(tmp, "data: ", 6);
+        evbuffer_add(tmp, out.data[i], out.len[i]);
+        evbuffer_add(tmp, "\n\n", 2);
+    }
+    if (tmp && evbuffer_get_length(tmp))
+        gw_proxy_write(r, evbuffer_pullup(tmp, -1), evbuffer_get_length(tmp));
+    if (tmp)
+        evbuffer_free(tmp);
+    gw_payloads_clear(&out);
+    if (rc == GW_EV_STOP) {
+        r->stop_stream = true;
+        return -1;
+    }
+    return 0;
+}
+
 static int gw_proxy_event_cb(void *arg, const gw_sse_event_t *ev)
 {
     gw_req_t *r = arg;
@@ -565,37 +666,106 @@ static int gw_proxy_event_cb(void *arg, const gw_sse_event_t *ev)
             return -1;
         dl = gw_sse_event_data(ev, data, ev->raw_len + 1);
     }
-    if (dl <= 0) { /* no data field: nothing for the hooks */
-        if (data != stack)
-            free(data);
+    int rc = 0;
+    if (dl <= 0) /* no data field: nothing for the hooks */
         gw_proxy_write(r, ev->raw, ev->raw_len);
-        return 0;
-    }
-    gw_payloads_t out = {0};
-    gw_ev_rc_t rc = gw_hooks_event(r, data, (size_t)dl, &out);
+    else /* a hook that ends the stream: finish after the parser returns */
+        rc = gw_proxy_emit(r, data, (size_t)dl, ev->raw, ev->raw_len);
     if (data != stack)
         free(data);
-    if (rc == GW_EV_PASS) {
-        gw_proxy_write(r, ev->raw, ev->raw_len);
-        return 0;
+    return rc;
+}
+
+/* ---- answers made in-process (the engine) --------------------------------- */
+
+void gw_proxy_local_stream_begin(gw_req_t *r)
+{
+    r->upstatus = 200;
+    r->status = 200;
+    r->resp_sse = true;
+    r->ev_hooks = gw_hooks_want_events(r);
+    if (r->c->w->draining)
+        r->c->close_after = true;
+    struct evbuffer *out = bufferevent_get_output(r->c->bev);
+    size_t before = evbuffer_get_length(out);
+    bool http11 = gw_http_msg(r->c->parser)->http_minor >= 1;
+    evbuffer_add_printf(out,
+                        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                        "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n%s"
+                        "X-Request-Id: %s\r\n",
+                        http11 ? "Transfer-Encoding: chunked\r\n" : "", r->id);
+    r->chunked_out = http11;
+    if (!http11)
+        r->c->close_after = true;
+    if (r->fallback)
+        evbuffer_add_printf(out, "X-Sluice-Fallback: %s\r\n", r->fallback);
+    if (r->routed_local)
+        evbuffer_add(out, "X-Sluice-Route: local\r\n", 24);
+    if (r->c->close_after)
+        evbuffer_add(out, "Connection: close\r\n", 19);
+    gw_hooks_headers(r, out);
+    size_t dl;
+    const char *date = gw_date_header(&dl);
+    evbuffer_add(out, date, dl);
+    evbuffer_add(out, "\r\n", 2);
+    size_t n = evbuffer_get_length(out) - before;
+    r->bytes_out += n;
+    sl_counter_add(gw_m.bytes_client_out, n);
+    r->head_sent = true;
+    r->ctype = "text/event-stream";
+    sl_gauge_add(gw_m.streams_active, 1);
+    r->local_stream = true;
+}
+
+int gw_proxy_local_stream_event(gw_req_t *r, const char *data, size_t len)
+{
+    return gw_proxy_emit(r, data, len, NULL, 0);
+}
+
+void gw_proxy_local_stream_end(gw_req_t *r, const char *error_code, const char *error_msg)
+{
+    if (error_code) {
+        r->error_kind = error_code;
+        gw_proxy_sse_error(r, error_code, error_msg);
     }
-    struct evbuffer *tmp = evbuffer_new();
-    for (size_t i = 0; tmp && i < out.n; i++) {
-        evbuffer_add(tmp, "data: ", 6);
-        evbuffer_add(tmp, out.data[i], out.len[i]);
-        evbuffer_add(tmp, "\n\n", 2);
+    r->stop_stream = false;
+    gw_proxy_write_end(r);
+    if (r->local_stream) {
+        sl_gauge_add(gw_m.streams_active, -1);
+        r->local_stream = false;
     }
-    if (tmp && evbuffer_get_length(tmp))
-        gw_proxy_write(r, evbuffer_pullup(tmp, -1), evbuffer_get_length(tmp));
-    if (tmp)
-        evbuffer_free(tmp);
-    gw_payloads_clear(&out);
-    if (rc == GW_EV_STOP) {
-        /* Finish after the parser returns: we are inside its callback. */
-        r->stop_stream = true;
-        return -1;
+    gw_conn_req_done(r->c);
+}
+
+void gw_proxy_local_body(gw_req_t *r, json_t *body)
+{
+    r->upstatus = 200;
+    bool modified = false;
+    if (gw_hooks_want_body(r) && gw_hooks_body(r, body, &modified) != 0) {
+        gw_respond_error(r, 502, "server_error", "upstream_error", "The answer was refused.");
+        return;
     }
-    return 0;
+    char *s = json_dumps(body, JSON_COMPACT);
+    if (!s) {
+        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        return;
+    }
+    char extra[96] = "";
+    if (r->fallback)
+        snprintf(extra, sizeof(extra), "X-Sluice-Fallback: %s\r\n", r->fallback);
+    else if (r->routed_local)
+        snprintf(extra, sizeof(extra), "X-Sluice-Route: local\r\n");
+    struct evbuffer *hdrs = evbuffer_new();
+    if (hdrs) {
+        evbuffer_add(hdrs, extra, strlen(extra));
+        gw_hooks_headers(r, hdrs);
+        evbuffer_add(hdrs, "", 1);
+    }
+    gw_respond_body(r, 200, "application/json", s, strlen(s),
+                    hdrs ? (const char *)evbuffer_pullup(hdrs, -1) : extra);
+    if (hdrs)
+        evbuffer_free(hdrs);
+    free(s);
 }
 
 /* Whole JSON answers gathered for on_body hooks are bounded. */

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "fallback/fallback.h"
+#include "model/model.h"
 #include "gateway/gw_internal.h"
 
 static const char *const gw_route_names[GW_ROUTE_COUNT] = {
@@ -67,6 +68,8 @@ static void gw_route_readyz(gw_req_t *r)
         for (size_t k = 0; k < p->nservers; k++)
             if (fb_breaker_state(p->servers[k]->breaker, now) != FB_CIRCUIT_OPEN)
                 in_service++;
+        if (p->engine) /* the in-process model: loaded and warmed up */
+            in_service = mdl_engine_ready(p->engine);
         json_object_set_new(
             ups, p->name,
             json_pack("{s:i,s:i}", "servers", (int)p->nservers, "in_service", in_service));

@@ -11,6 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
 #include "auth/auth.h"
 #include "common/log.h"
 #include "fallback/fallback.h"
@@ -157,6 +160,11 @@ static int gw_pool_build(gw_rt_t *rt, gw_shared_t *sh, gw_pool_rt_t *p, const co
         snprintf(err, errlen, "out of memory");
         return -1;
     }
+    if (cu->engine.model) {
+        p->engine = gw_engine_get(sh, cu, err, errlen);
+        if (!p->engine)
+            return -1;
+    }
     p->nservers = cu->nservers;
     p->servers = sl_xcalloc(cu->nservers, sizeof(*p->servers));
     bool any_https = false;
@@ -219,6 +227,7 @@ static void gw_models_json_build(gw_rt_t *rt)
 static void gw_rt_destroy(gw_rt_t *rt)
 {
     for (size_t i = 0; i < rt->npools; i++) {
+        gw_engine_put(rt->shared, rt->pools[i].engine);
         free(rt->pools[i].servers);
         free(rt->pools[i].auth_header);
         SSL_CTX_free(rt->pools[i].ssl_ctx);
@@ -235,6 +244,8 @@ static void gw_rt_destroy(gw_rt_t *rt)
     auth_free(rt->auth);
     flt_ruleset_unref(rt->filters);
     fb_tmpl_free(rt->tmpl);
+    if (rt->intent)
+        pcre2_code_free(rt->intent);
     free(rt->admin_key);
     free(rt->pools);
     free(rt->servers);
@@ -250,6 +261,7 @@ gw_rt_t *gw_rt_new(conf_t *c, gw_shared_t *sh, char *err, size_t errlen)
     atomic_init(&rt->refs, 1);
     rt->generation = atomic_fetch_add(&gw_rt_generations, 1) + 1;
     rt->conf = c;
+    rt->shared = sh;
     rt->npools = c->nupstreams;
     rt->pools = sl_xcalloc(c->nupstreams, sizeof(*rt->pools));
     for (size_t i = 0; i < c->nupstreams; i++)
@@ -323,6 +335,22 @@ gw_rt_t *gw_rt_new(conf_t *c, gw_shared_t *sh, char *err, size_t errlen)
                      c->path ? c->path : "conf", c->fallback.local.upstream);
             goto fail;
         }
+    }
+    if (c->routing.auto_model)
+        rt->auto_model = gw_rt_model(rt, c->routing.auto_model, strlen(c->routing.auto_model));
+    if (c->routing.intent) {
+        int ec;
+        PCRE2_SIZE off;
+        rt->intent = pcre2_compile((PCRE2_SPTR)c->routing.intent, PCRE2_ZERO_TERMINATED,
+                                   PCRE2_UTF | PCRE2_UCP, &ec, &off, NULL);
+        if (!rt->intent) {
+            PCRE2_UCHAR msg[160];
+            pcre2_get_error_message(ec, msg, sizeof(msg));
+            snprintf(err, errlen, "%s: routing.intent: %s at offset %zu",
+                     c->path ? c->path : "conf", (const char *)msg, (size_t)off);
+            goto fail;
+        }
+        pcre2_jit_compile(rt->intent, PCRE2_JIT_COMPLETE);
     }
     if (c->auth.admin_key_env && getenv(c->auth.admin_key_env))
         rt->admin_key = sl_xstrdup(getenv(c->auth.admin_key_env));
