@@ -65,6 +65,7 @@ string is short for {that: true} ("gate", "no_done", "normal").
     coalesce: bool     write all events as one HTTP chunk in one write
     close: bool        answer with Connection: close and close afterwards
     raw_response: str  send these bytes (latin-1) as the whole answer, close
+                       (with cut_rst: with a TCP RST; "" = close at once)
     demo: bool         the friendly `make run` reply: one word per event,
                        50 ms apart (what --demo makes the default)
     percent: P         apply the rest of this behaviour to P% of the requests
@@ -719,7 +720,7 @@ class Conn:
             # Exact bytes (broken framing on purpose), then close.
             await self.write(beh["raw_response"].encode("latin-1"))
             req["status"], req["outcome"] = 0, "cut"
-            await self.close(by="mock_cut")
+            await self.close(rst=bool(beh.get("cut_rst")), by="mock_cut")
             return False
 
         if "status" in beh:
