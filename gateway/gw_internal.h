@@ -368,8 +368,19 @@ void gw_proxy_abort(gw_req_t *r);
  * over (a retry, the local tier, a template); false: the caller answers
  * with its error (or relays the upstream's 5xx). */
 bool gw_fb_after_failure(gw_req_t *r, int failure, int status);
-/* Whether the chain could still answer for r (so a 5xx is not relayed). */
-bool gw_fb_would_handle(gw_req_t *r);
+/* The same in two steps, for a 5xx answer that is relayed when the chain
+ * has nothing better: what the chain would do (GW_FB_NONE: nothing; a
+ * retry takes its budget here), then do it. */
+enum {
+    GW_FB_NONE = 0,
+    GW_FB_RETRY,
+    GW_FB_RETRY_ELSEWHERE,
+    GW_FB_MAIN,
+    GW_FB_LOCAL,
+    GW_FB_TEMPLATE
+};
+int gw_fb_decide(gw_req_t *r, int failure, int status, int64_t *delay_ms);
+void gw_fb_apply(gw_req_t *r, int action, int64_t delay_ms);
 /* proxy.c: the next attempt (now, or after delay_ms) on r->pool. */
 void gw_proxy_next_attempt(gw_req_t *r, int64_t delay_ms);
 /* The attempt's end for its breaker: 1 ok, 0 failed, -1 cancelled. */

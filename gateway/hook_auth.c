@@ -62,8 +62,16 @@ static bool gw_auth_result(gw_req_t *r, const auth_result_t *res)
 static void gw_auth_checked(void *arg, const auth_result_t *res)
 {
     gw_auth_t *s = arg;
+    gw_req_t *r = s->r;
     s->pending = NULL;
-    gw_hook_resume(s->r, gw_auth_result(s->r, res) ? GW_HOOK_NEXT : GW_HOOK_DONE);
+    if (res->reason != AUTH_OK) {
+        /* Answering ends the request and frees s: leave the chain first. */
+        gw_hook_resume(r, GW_HOOK_DONE);
+        gw_auth_reject(r, res->reason);
+        return;
+    }
+    gw_auth_result(r, res);
+    gw_hook_resume(r, GW_HOOK_NEXT);
 }
 
 static void gw_auth_hdr(const gw_http_msg_t *m, const char *name, const char **v, size_t *len)

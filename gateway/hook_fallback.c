@@ -108,10 +108,17 @@ static gw_hook_rc_t gw_fbh_idem_verdict(gw_fbh_t *s, fb_idem_result_t *res)
 static void gw_fbh_idem_cb(void *arg, fb_idem_result_t *res)
 {
     gw_fbh_t *s = arg;
+    gw_req_t *r = s->r;
     s->call = NULL;
+    if (res->verdict != FB_IDEM_PROCEED) {
+        /* Answering ends the request (and frees s): leave the chain first. */
+        gw_hook_resume(r, GW_HOOK_DONE);
+        gw_fbh_idem_verdict(s, res);
+        return;
+    }
     gw_hook_rc_t rc = gw_fbh_idem_verdict(s, res);
     if (rc != GW_HOOK_PENDING)
-        gw_hook_resume(s->r, rc);
+        gw_hook_resume(r, rc);
 }
 
 static gw_hook_rc_t gw_fbh_on_request(gw_req_t *r, void **state)
@@ -210,6 +217,10 @@ static bool gw_fbh_keep(const gw_req_t *r, gw_end_t how)
 static void gw_fbh_on_end(gw_req_t *r, void *state, gw_end_t how)
 {
     gw_fbh_t *s = state;
+    /* The local tier is counted when it served the answer. */
+    if (how == GW_END_DONE && r->fallback && strcmp(r->fallback, "local") == 0 &&
+        r->status >= 200 && r->status < 500)
+        fb_count_tier(FB_TIER_LOCAL);
     if (!s)
         return;
     gw_fbh_on_cancel(r, s);
@@ -241,17 +252,6 @@ const gw_hook_t gw_hook_fallback = {
 static bool gw_fb_template_route(const gw_req_t *r)
 {
     return r->route == GW_ROUTE_CHAT || r->route == GW_ROUTE_COMPLETIONS;
-}
-
-bool gw_fb_would_handle(gw_req_t *r)
-{
-    if (r->rt->conf->fallback.retry.attempts > r->retries)
-        return true;
-    if (r->routed_local && r->pool != r->model->pool)
-        return true; /* the model's own upstream is next */
-    if (r->rt->local && !r->tried_local)
-        return true;
-    return r->rt->tmpl && gw_fb_template_route(r);
 }
 
 void gw_fb_attempt_end(gw_req_t *r, int outcome)
@@ -367,60 +367,93 @@ static void gw_fb_template(gw_req_t *r)
     gw_fb_template_respond(r);
 }
 
-bool gw_fb_after_failure(gw_req_t *r, int failure, int status)
+int gw_fb_decide(gw_req_t *r, int failure, int status, int64_t *delay_ms)
 {
     const conf_t *conf = r->rt->conf;
     int64_t now = sl_now_ms();
-    fb_attempt_t a = {
-        .failure = (fb_failure_t)failure,
-        .status = status,
-        .client_started = r->head_sent,
-        .retries_done = r->retries,
-        .retry_after = r->retry_after[0] ? r->retry_after : NULL,
-        .other_server = gw_upstream_other_eligible(r->pool, r->server, now),
-        .deadline_ms = r->deadline_total_ms,
-    };
-    fb_retry_decision_t d;
-    fb_retry_decide(&conf->fallback.retry, r->pool->budget, &a, now, sl_wall_ms(),
-                    gw_worker_rand(r->c->w), &d);
-    r->retry_after[0] = '\0';
-    if (d.verdict == FB_RETRY) {
-        r->retries++;
-        r->avoid = d.prefer_other ? r->server : NULL;
-        gw_proxy_next_attempt(r, d.delay_ms);
-        return true;
+    *delay_ms = 0;
+    /* A retry needs a server to go to: with every breaker of the pool open
+     * the next tier answers at once, and the budget is not spent. */
+    if (!r->pool->engine && gw_upstream_any_eligible(r->pool, now)) {
+        fb_attempt_t a = {
+            .failure = (fb_failure_t)failure,
+            .status = status,
+            .client_started = r->head_sent,
+            .retries_done = r->retries,
+            .retry_after = r->retry_after[0] ? r->retry_after : NULL,
+            .other_server = gw_upstream_other_eligible(r->pool, r->server, now),
+            .deadline_ms = r->deadline_total_ms,
+        };
+        fb_retry_decision_t d;
+        fb_retry_decide(&conf->fallback.retry, r->pool->budget, &a, now, sl_wall_ms(),
+                        gw_worker_rand(r->c->w), &d);
+        if (d.verdict == FB_RETRY) {
+            *delay_ms = d.delay_ms;
+            return d.prefer_other ? GW_FB_RETRY_ELSEWHERE : GW_FB_RETRY;
+        }
     }
     if (r->head_sent)
-        return false;
-    if (r->routed_local && r->pool != r->model->pool) {
+        return GW_FB_NONE;
+    if (r->routed_local && r->pool != r->model->pool)
+        return GW_FB_MAIN;
+    if (r->rt->local && !r->tried_local)
+        return GW_FB_LOCAL;
+    if (r->rt->tmpl && gw_fb_template_route(r))
+        return GW_FB_TEMPLATE;
+    return GW_FB_NONE;
+}
+
+/* Moves r to another pool for its next attempt. */
+static void gw_fb_switch_pool(gw_req_t *r, gw_pool_rt_t *pool)
+{
+    int64_t now = sl_now_ms();
+    r->pool = pool;
+    r->retries = 0;
+    r->avoid = NULL;
+    r->deadline_total_ms = now + pool->conf->total_timeout_ms;
+    fb_budget_on_request(pool->budget, now);
+    gw_proxy_next_attempt(r, 0);
+}
+
+void gw_fb_apply(gw_req_t *r, int action, int64_t delay_ms)
+{
+    r->retry_after[0] = '\0';
+    switch (action) {
+    case GW_FB_RETRY:
+    case GW_FB_RETRY_ELSEWHERE:
+        r->retries++;
+        r->avoid = action == GW_FB_RETRY_ELSEWHERE ? r->server : NULL;
+        gw_proxy_next_attempt(r, delay_ms);
+        return;
+    case GW_FB_MAIN:
         /* Routed to the small model first: the model's own upstream is its
          * fallback. */
         r->routed_local = false;
-        r->pool = r->model->pool;
-        r->retries = 0;
-        r->avoid = NULL;
-        r->deadline_total_ms = now + r->pool->conf->total_timeout_ms;
-        fb_budget_on_request(r->pool->budget, now);
-        gw_proxy_next_attempt(r, 0);
-        return true;
-    }
-    if (r->rt->local && !r->tried_local) {
+        gw_fb_switch_pool(r, r->model->pool);
+        return;
+    case GW_FB_LOCAL:
         r->tried_local = true;
-        r->pool = r->rt->local;
-        r->retries = 0;
-        r->avoid = NULL;
         r->fallback = "local";
-        r->deadline_total_ms = now + r->pool->conf->total_timeout_ms;
-        fb_budget_on_request(r->pool->budget, now);
-        fb_count_tier(FB_TIER_LOCAL);
-        gw_proxy_next_attempt(r, 0);
-        return true;
-    }
-    if (r->rt->tmpl && gw_fb_template_route(r)) {
+        gw_fb_switch_pool(r, r->rt->local);
+        return;
+    case GW_FB_TEMPLATE:
         gw_fb_template(r);
-        return true;
+        return;
+    default:
+        return;
     }
-    return false;
+}
+
+bool gw_fb_after_failure(gw_req_t *r, int failure, int status)
+{
+    int64_t delay = 0;
+    int action = gw_fb_decide(r, failure, status, &delay);
+    if (action == GW_FB_NONE) {
+        r->retry_after[0] = '\0';
+        return false;
+    }
+    gw_fb_apply(r, action, delay);
+    return true;
 }
 
 /* ---- GET /v1/requests/{id} ------------------------------------------------- */

@@ -54,12 +54,14 @@ static void gw_rl_checked(void *arg, const rl_decision_t *d, rl_ticket_t *ticket
     s->pending = NULL;
     s->d = *d;
     s->ticket = ticket;
+    gw_req_t *r = s->r;
     if (!d->allowed) {
-        gw_rl_refuse(s->r, s);
-        gw_hook_resume(s->r, GW_HOOK_DONE);
+        /* Answering ends the request and frees s: leave the chain first. */
+        gw_hook_resume(r, GW_HOOK_DONE);
+        gw_rl_refuse(r, s);
         return;
     }
-    gw_hook_resume(s->r, GW_HOOK_NEXT);
+    gw_hook_resume(r, GW_HOOK_NEXT);
 }
 
 /* All X-Forwarded-For lines joined with ",", into buf; NULL when none. */

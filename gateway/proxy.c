@@ -577,13 +577,19 @@ static void gw_proxy_on_head(gw_req_t *r)
     if (m->status >= 500) {
         const gw_http_header_t *ra = gw_http_header_find(m, "Retry-After");
         snprintf(r->retry_after, sizeof(r->retry_after), "%s", ra ? ra->value : "");
-        if (gw_fb_would_handle(r)) {
+        gw_metrics_upstream_error(r->pool, "status_5xx");
+        int64_t delay = 0;
+        int action = gw_fb_decide(r, FB_FAIL_STATUS, m->status, &delay);
+        if (action != GW_FB_NONE) {
             /* Nothing reached the client: the fallback chain answers
-             * instead (retry, local model, template). */
-            gw_proxy_fail(r, "status_5xx", m->status, "upstream_error", "The model server failed.");
+             * instead (retry, local model, template). Otherwise the
+             * upstream's own answer (body, Retry-After) is relayed. */
+            r->error_kind = "status_5xx";
+            gw_proxy_finish(r, false, 0);
+            gw_fb_apply(r, action, delay);
             return;
         }
-        gw_metrics_upstream_error(r->pool, "status_5xx");
+        r->retry_after[0] = '\0';
     }
     const gw_http_header_t *ct = gw_http_header_find(m, "Content-Type");
     r->resp_sse = gw_ct_is_sse(ct);

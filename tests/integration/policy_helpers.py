@@ -31,7 +31,7 @@ from helpers import bound, wait_until
 # with async_refusal_crash must then pass (strict xfail turns an unexpected
 # pass into a failure, so the marks cannot be forgotten). The environment
 # variable runs the suite against a build with the fix before that.
-GW_ASYNC_REFUSAL_FIXED = os.environ.get("SLUICE_TEST_ASYNC_REFUSAL_FIXED") == "1"
+GW_ASYNC_REFUSAL_FIXED = os.environ.get("SLUICE_TEST_ASYNC_REFUSAL_FIXED", "1") == "1"
 ASYNC_REFUSAL_BUG = (
     "gateway bug: a refusal decided in an async callback (auth's Redis check: replay, revoked, "
     "store_unavailable; a Redis rate-limit 429/503) answers the client, which ends the request "

@@ -148,7 +148,6 @@ LOCAL_COUNT_BUG = (
 )
 
 
-@pytest.mark.xfail(reason=LOCAL_COUNT_BUG, strict=True)
 def test_local_tier_counts_only_what_it_served(sluice_factory, mock_factory):
     a = mock_factory(name="main")
     b = mock_factory(name="local")
@@ -173,7 +172,6 @@ OPEN_RETRY_BUG = (
 )
 
 
-@pytest.mark.xfail(reason=OPEN_RETRY_BUG, strict=True)
 def test_open_circuit_goes_to_the_next_tier_at_once(sluice_factory, mock):
     over = fh.chain(retry={"attempts": 1, "backoff": "1s", "backoff_max": "2s"},
                     circuit={"failures": 1, "cooldown": "1h"})

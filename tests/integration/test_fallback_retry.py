@@ -167,7 +167,6 @@ RELAY_BUG = (
 )
 
 
-@pytest.mark.xfail(reason=RELAY_BUG, strict=True)
 def test_declined_retry_relays_the_upstream_answer(sluice_factory, mock):
     """When no tier answers, the client should get what the upstream said
     (its Retry-After above all), as it does with the chain off."""
