@@ -634,9 +634,12 @@ char *rl_error_body(const rl_decision_t *d, size_t *len)
         snprintf(msg, sizeof(msg), "Rate limit reached for %s (limit %lld); retry in %llds.", name,
                  (long long)d->limit_value,
                  (long long)SL_MAX(rl_ms_to_s_ceil(d->retry_after_ms), 1));
-    json_t *j =
-        json_pack("{s:{s:s, s:s, s:n, s:s, s:s}}", "error", "message", msg, "type",
-                  "rate_limit_error", "param", "code", "rate_limit_exceeded", "limit", name);
+    /* A store that cannot answer is the server's trouble, not a limit the
+     * client exceeded: the same type and code as auth's store_unavailable. */
+    bool store = d->limit == RL_LIMIT_STORE;
+    json_t *j = json_pack("{s:{s:s, s:s, s:n, s:s, s:s}}", "error", "message", msg, "type",
+                          store ? "server_error" : "rate_limit_error", "param", "code",
+                          store ? "store_unavailable" : "rate_limit_exceeded", "limit", name);
     if (!j)
         return NULL;
     char *s = json_dumps(j, JSON_COMPACT);

@@ -255,7 +255,13 @@ static void test_error_body(void **state)
     d.limit = RL_LIMIT_STORE;
     assert_int_equal(rl_decision_status(&d), 503);
     b = rl_error_body(&d, NULL);
-    assert_non_null(strstr(b, "store_unavailable"));
+    j = json_loads(b, 0, NULL);
+    assert_non_null(j);
+    e = json_object_get(j, "error");
+    assert_string_equal(json_string_value(json_object_get(e, "type")), "server_error");
+    assert_string_equal(json_string_value(json_object_get(e, "code")), "store_unavailable");
+    assert_string_equal(json_string_value(json_object_get(e, "limit")), "store_unavailable");
+    json_decref(j);
     free(b);
 }
 
