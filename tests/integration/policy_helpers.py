@@ -16,48 +16,11 @@ import hmac
 import json
 import os
 import secrets
-import socket
 import subprocess
 import time
 
-import pytest
-
 import helpers
 from helpers import bound, wait_until
-
-# ---- a known gateway bug ------------------------------------------------------------
-
-# Reported to the lead; flip to True once gateway/ is fixed: every test marked
-# with async_refusal_crash must then pass (strict xfail turns an unexpected
-# pass into a failure, so the marks cannot be forgotten). The environment
-# variable runs the suite against a build with the fix before that.
-GW_ASYNC_REFUSAL_FIXED = os.environ.get("SLUICE_TEST_ASYNC_REFUSAL_FIXED", "1") == "1"
-ASYNC_REFUSAL_BUG = (
-    "gateway bug: a refusal decided in an async callback (auth's Redis check: replay, revoked, "
-    "store_unavailable; a Redis rate-limit 429/503) answers the client, which ends the request "
-    "and frees it and the hook state, then gw_hook_resume(s->r, GW_HOOK_DONE) writes through "
-    "them: SIGSEGV (gateway/hook_auth.c gw_auth_checked, gateway/hook_ratelimit.c gw_rl_checked)"
-)
-async_refusal_crash = pytest.mark.xfail(not GW_ASYNC_REFUSAL_FIXED, reason=ASYNC_REFUSAL_BUG, strict=True)
-
-_started = []  # Sluice instances start() made in the current test
-
-
-@pytest.fixture(autouse=True)
-def _known_crash_guard(request, sluice_factory):
-    """In a test marked async_refusal_crash (while the bug stands), a
-    sluice killed by SIGSEGV is the documented bug: the xfail records it,
-    and the teardown does not report it a second time as an error. Any
-    other test keeps the strict teardown. (Import this into a test module.)"""
-    del _started[:]
-    yield
-    m = request.node.get_closest_marker("xfail")
-    if GW_ASYNC_REFUSAL_FIXED or not m or m.kwargs.get("reason") != ASYNC_REFUSAL_BUG:
-        return
-    for s in _started:
-        if s.p is not None and not s.p.alive() and s.p.proc.returncode in (-11, -6):
-            s.p.close_logs()
-            s.p = None
 
 # ---- secrets (env vars named by the conf) ---------------------------------------
 
@@ -113,9 +76,7 @@ def start(sluice_factory, upstream, overrides=None, auth=True, env=None, name=No
     e = dict(AUTH_ENV)
     if env:
         e.update(env)
-    s = sluice_factory(overrides=over, upstream=upstream, env=e, name=name)
-    _started.append(s)
-    return s
+    return sluice_factory(overrides=over, upstream=upstream, env=e, name=name)
 
 
 def redis_url(r):
@@ -399,29 +360,6 @@ def redis_restart(r):
     assert not r.p.alive()
     r.p = helpers.Proc("redis", r.p.argv, r.dir)
     wait_until(lambda: r._ping(), bound(10), what="redis-server PING after restart")
-
-
-def redis_down_port():
-    """A port nothing listens on (for a sluice started with Redis down)."""
-    return helpers.free_port()
-
-
-def wait_redis_clients(r, n, timeout=None):
-    """Polls CLIENT LIST until at least n clients (sluice's workers)
-    are connected."""
-    def probe():
-        lst = r.cmd("CLIENT", "LIST")
-        return len([ln for ln in lst.splitlines() if ln.strip()]) - 1 >= n  # minus our own
-
-    return wait_until(probe, timeout or bound(10), what="%d sluice connections at redis" % n)
-
-
-def connect_refused(port):
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return False
-    except ConnectionRefusedError:
-        return True
 
 
 # ---- rate-limit setups ------------------------------------------------------------------

@@ -17,7 +17,6 @@ import pytest
 import helpers
 import policy_helpers as ph
 from helpers import chat_body, wait_until
-from policy_helpers import _known_crash_guard, async_refusal_crash  # noqa: F401
 
 P = ph.CHAT_PATH
 ADMIN = {"Authorization": "Bearer " + ph.ADMIN_KEY}
@@ -35,7 +34,6 @@ def _wait_served(s, tok, what):
     wait_until(ok, helpers.bound(8), interval=0.05, what=what)
 
 
-@async_refusal_crash
 @pytest.mark.parametrize("nonces,revocations", [("deny", "deny"), ("allow", "deny"), ("deny", "allow")])
 def test_redis_down_denies(sluice_factory, mock, redis_server, nonces, revocations):
     s = ph.start(sluice_factory, mock, {
@@ -71,7 +69,6 @@ def test_redis_down_denies(sluice_factory, mock, redis_server, nonces, revocatio
     ph.assert_auth_error(s.request("POST", P, body, h), "signature_replay")
 
 
-@async_refusal_crash
 def test_redis_down_allow_keeps_local_checks(sluice_factory, mock, redis_server):
     over = {
         "redis": {"url": ph.redis_url(redis_server)},

@@ -11,7 +11,6 @@ import time
 import helpers
 import policy_helpers as ph
 from helpers import assert_error, chat_body
-from policy_helpers import _known_crash_guard, async_refusal_crash  # noqa: F401
 
 ADMIN = {"Authorization": "Bearer " + ph.ADMIN_KEY}
 
@@ -96,7 +95,6 @@ def _wait_refused(s, tok, deadline):
         assert time.monotonic() < deadline, "revocation not effective within the deadline"
 
 
-@async_refusal_crash
 def test_revocation_reaches_the_other_instance_within_1s(sluice_factory, mock, redis_server):
     over = {"redis": {"url": ph.redis_url(redis_server)}}
     a = ph.start(sluice_factory, mock, over, name="a")

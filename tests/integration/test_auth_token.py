@@ -8,6 +8,7 @@ model server never seeing the app's token or signature headers.
 
 import hashlib
 import hmac
+import subprocess
 import time
 
 import helpers
@@ -165,7 +166,6 @@ def test_cli_token_output_verifies(sluice_factory, mock):
     assert p.returncode != 0 and b"access_token" not in p.stdout
     env = dict(s.env)
     env.pop(ph.TOKEN_SECRET_ENV)
-    import subprocess
     q = subprocess.run([s.bin, "token", "--sub", "x", "-c", str(s.conf_path)], capture_output=True,
                        env=env, timeout=10)
     assert q.returncode != 0 and b"access_token" not in q.stdout

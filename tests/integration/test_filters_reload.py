@@ -10,7 +10,6 @@ import os
 import helpers
 import policy_helpers as ph
 from helpers import chat_body, wait_until
-from policy_helpers import _known_crash_guard  # noqa: F401
 
 
 def _last_prompt(mock):

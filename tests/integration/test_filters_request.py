@@ -10,10 +10,8 @@ shapes refused before anything is forwarded.
 
 import pytest
 
-import helpers
 import policy_helpers as ph
 from helpers import assert_error
-from policy_helpers import _known_crash_guard  # noqa: F401
 
 P = ph.CHAT_PATH
 

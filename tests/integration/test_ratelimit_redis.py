@@ -13,13 +13,11 @@ import pytest
 import helpers
 import policy_helpers as ph
 from helpers import assert_error, chat_body, wait_until
-from policy_helpers import _known_crash_guard, async_refusal_crash  # noqa: F401
 
 RPM = {"per_user": {"requests_per_minute": 10}}
 KEY = "sl:rl:{u:%s}"
 
 
-@async_refusal_crash
 @pytest.mark.timeout(60)
 def test_two_instances_enforce_one_limit(sluice_factory, mock, redis_server):
     a = ph.rl_start(sluice_factory, mock, RPM, redis=redis_server, name="a")
@@ -93,11 +91,8 @@ def test_redis_down_deny(sluice_factory, mock, redis_server):
     n = len(mock.requests())
     for i in range(3):
         r = ph.as_user(s, alice, chat_body("down %d" % i))
-        assert r.status == 503, r
-        e = r.json()["error"]
-        # (the body says code rate_limit_exceeded; the limit names the cause)
-        assert e["limit"] == "store_unavailable" and "unavailable" in e["message"], e
-        assert e["type"] in ("rate_limit_error", "server_error"), e
+        e = assert_error(r, 503, "store_unavailable", "server_error")
+        assert e["limit"] == "store_unavailable", e
     assert len(mock.requests()) == n  # nothing went upstream
     assert ph.metric(s, "sluice_ratelimit_store_errors_total", action="deny") == 3
     assert ph.metric(s, "sluice_ratelimited_total", limit="store_unavailable") == 3

@@ -16,7 +16,6 @@ import pytest
 import helpers
 import policy_helpers as ph
 from helpers import assert_error, chat_body, wait_until
-from policy_helpers import _known_crash_guard  # noqa: F401
 
 
 def _refusal(r, limit):

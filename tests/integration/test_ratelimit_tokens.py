@@ -22,7 +22,6 @@ import pytest
 import helpers
 import policy_helpers as ph
 from helpers import assert_error, chat_body, mock_upstream
-from policy_helpers import _known_crash_guard  # noqa: F401
 
 DAY = 100000
 PROMPT = "one two three"
