@@ -1,0 +1,269 @@
+#!/usr/bin/env bash
+# bench/policy.sh — what tokens, signatures and the Redis rate limiter cost
+# in requests/s through sluice (issues 3 and 4), every configuration
+# measured in the same run, in interleaved rounds so that machine noise hits
+# all of them alike.
+#
+# Configurations (one sluice each, all started at once, same upstream):
+#   open       no auth, no limits                          (the baseline)
+#   auth       tokens + signatures, in-process nonce store   target >= 0.9 x open
+#   rl_redis   no auth; the Redis limiter (per address, limit never reached)
+#                                                          target >= 0.7 x open
+#   auth_redis tokens + signatures, nonces and revocations in Redis
+#   full       auth_redis + the Redis limiter per user (every per-user limit
+#              set, never reached: requests, in-flight, tokens/min, tokens/day)
+# Every request of every configuration is built by the same wrk script
+# (bench/signed.lua: a token from a pool of 64 users minted with
+# `sluice token`, and a fresh signature computed through OpenSSL via
+# LuaJIT's FFI), so the load generator costs the same everywhere; a sluice
+# without auth ignores the headers.
+#
+# Layout (2 cores): sluice (workers: 1) alone on core 1; the upstream
+# (nginx answering a fixed chat.completion), redis-server and wrk -t1 on
+# core 0. Per run: requests/s, p50/p99, and sluice's CPU time per request
+# (utime+stime from /proc), which is the steadier figure on a shared
+# machine. A run with any error or non-2xx answer fails the bench.
+#
+# Knobs: BENCH_CONFIGS (a subset, in this order), BENCH_DURATION (s per run, default 5), BENCH_ROUNDS (default 3),
+# BENCH_CONNS (default 32), BENCH_PORT_BASE (default 28600), SLUICE_BIN,
+# BENCH_PROXY_CPU / BENCH_LOAD_CPU, BENCH_KEEP=1 keeps the work directory.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+SLUICE_BIN=${SLUICE_BIN:-$ROOT/build/sluice}
+NGINX_BIN=${NGINX_BIN:-$(command -v nginx || echo /usr/sbin/nginx)}
+REDIS_BIN=${REDIS_BIN:-$(command -v redis-server || echo /usr/bin/redis-server)}
+PROXY_CPU=${BENCH_PROXY_CPU:-1}
+LOAD_CPU=${BENCH_LOAD_CPU:-0}
+DURATION=${BENCH_DURATION:-5}
+ROUNDS=${BENCH_ROUNDS:-3}
+CONNS=${BENCH_CONNS:-32}
+PORT_BASE=${BENCH_PORT_BASE:-28600}
+CONFIGS=${BENCH_CONFIGS:-"open auth rl_redis auth_redis full"}
+
+UP_PORT=$((PORT_BASE + 1))
+REDIS_PORT=$((PORT_BASE + 2))
+
+for c in wrk taskset python3 "$NGINX_BIN" "$REDIS_BIN" "$SLUICE_BIN"; do
+    command -v "$c" >/dev/null || { echo "bench: $c not found" >&2; exit 1; }
+done
+
+WORK=$(mktemp -d /tmp/sluice-policy-bench.XXXXXX)
+RES=$WORK/results.tsv
+# A private copy: a rebuild of build/sluice during the run must not touch
+# the processes being measured.
+cp "$SLUICE_BIN" "$WORK/sluice"
+SLUICE_LABEL=$SLUICE_BIN
+SLUICE_BIN=$WORK/sluice
+PIDS=()
+cleanup() {
+    local p
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+    if [ "${BENCH_KEEP:-0}" = 1 ]; then echo "bench: kept $WORK"; else rm -rf "$WORK"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+spawn() {
+    "$@" &
+    LAST=$!
+    PIDS+=("$LAST")
+}
+
+wait_port() { # $1 port, $2 pid
+    local i
+    for i in $(seq 200); do
+        kill -0 "$2" 2>/dev/null || { echo "bench: process $2 died (port $1)" >&2; exit 1; }
+        if (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null; then return 0; fi
+        sleep 0.05
+    done
+    echo "bench: nothing listens on port $1" >&2
+    exit 1
+}
+
+cpu_ticks() { awk '{ sub(/^.*\) /, ""); printf "%d\n", $12 + $13 }' "/proc/$1/stat"; }
+
+port_of() {
+    local i=0 c
+    for c in $CONFIGS; do
+        [ "$c" = "$1" ] && { echo $((PORT_BASE + 10 + i)); return; }
+        i=$((i + 1))
+    done
+    echo $((PORT_BASE + 9)) # a conf only `sluice token` reads
+}
+
+for c in $CONFIGS; do
+    p=$(port_of "$c")
+    for q in $p $UP_PORT $REDIS_PORT; do
+        if (exec 3<>/dev/tcp/127.0.0.1/"$q") 2>/dev/null; then
+            echo "bench: port $q is in use (set BENCH_PORT_BASE)" >&2
+            exit 1
+        fi
+    done
+done
+
+# ---- the upstream: nginx answering every POST with one fixed chat.completion
+mkdir -p "$WORK/nginx/tmp"
+cat >"$WORK/nginx/nginx.conf" <<EOF
+worker_processes 1;
+daemon off;
+master_process on;
+pid $WORK/nginx/nginx.pid;
+error_log $WORK/nginx/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    keepalive_requests 1000000;
+    client_body_temp_path $WORK/nginx/tmp/body;
+    proxy_temp_path $WORK/nginx/tmp/proxy;
+    fastcgi_temp_path $WORK/nginx/tmp/fastcgi;
+    uwsgi_temp_path $WORK/nginx/tmp/uwsgi;
+    scgi_temp_path $WORK/nginx/tmp/scgi;
+    server {
+        listen 127.0.0.1:$UP_PORT;
+        location / {
+            default_type application/json;
+            return 200 '{"id":"chatcmpl-bench","object":"chat.completion","created":0,"model":"bench-model","choices":[{"index":0,"message":{"role":"assistant","content":"Hello! How can I help?"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":7,"total_tokens":16}}';
+        }
+    }
+}
+EOF
+spawn taskset -c "$LOAD_CPU" "$NGINX_BIN" -p "$WORK/nginx/" -e "$WORK/nginx/error.log" \
+    -c "$WORK/nginx/nginx.conf"
+wait_port "$UP_PORT" "$LAST"
+
+spawn taskset -c "$LOAD_CPU" "$REDIS_BIN" --port "$REDIS_PORT" --bind 127.0.0.1 --save "" \
+    --appendonly no --dir "$WORK" --daemonize no --loglevel warning --logfile "$WORK/redis.log"
+wait_port "$REDIS_PORT" "$LAST"
+
+# ---- secrets, confs, tokens
+export SLUICE_BENCH_TOKEN_SECRET=bench-token-secret-0123456789abcdefghij
+export SLUICE_BENCH_SIGNING_SECRET=bench-signing-secret-0123456789abcdefgh
+export SLUICE_BENCH_ADMIN_KEY=bench-admin-key-0123456789
+
+write_conf() { # $1 config
+    local c=$1 f=$WORK/$1.yaml
+    cat >"$f" <<EOF
+listen:
+  - address: 127.0.0.1:$(port_of "$c")
+admin:
+  address: "off"
+workers: 1
+upstreams:
+  main:
+    servers:
+      - url: "http://127.0.0.1:$UP_PORT"
+    keepalive: 64
+models:
+  bench-model: { upstream: main }
+log:
+  access: "off"
+  level: warn
+EOF
+    case $c in auth | auth_redis | full)
+        cat >>"$f" <<EOF
+auth:
+  tokens:
+    issuer: sluice
+    audience: chat
+    keys:
+      - { kid: k1, alg: HS256, secret_env: SLUICE_BENCH_TOKEN_SECRET }
+  signing: { required: true, secret_env: SLUICE_BENCH_SIGNING_SECRET, window: 300s }
+  admin_key_env: SLUICE_BENCH_ADMIN_KEY
+EOF
+        ;;
+    esac
+    case $c in rl_redis | auth_redis | full)
+        printf 'redis: { url: "redis://127.0.0.1:%s/0", timeout: 50ms }\n' "$REDIS_PORT" >>"$f"
+        ;;
+    esac
+    case $c in
+    rl_redis)
+        printf 'ratelimit:\n  per_ip: { requests_per_minute: 1000000 }\n' >>"$f"
+        ;;
+    full)
+        cat >>"$f" <<EOF
+ratelimit:
+  per_user: { requests_per_minute: 1000000, concurrent: 10000, tokens_per_minute: 1000000000, tokens_per_day: 1000000000000 }
+EOF
+        ;;
+    esac
+    "$SLUICE_BIN" -t -c "$f" >/dev/null 2>&1 || { "$SLUICE_BIN" -t -c "$f"; exit 1; }
+}
+
+for c in $CONFIGS; do write_conf "$c"; done
+case " $CONFIGS " in *" auth "*) ;; *) write_conf auth ;; esac # for `sluice token`
+
+TOKENS=$WORK/tokens.txt
+for i in $(seq 64); do
+    "$SLUICE_BIN" token --sub "bench-user-$i" --ttl 1h -c "$WORK/auth.yaml" |
+        awk '/^access_token:/ { t = $2 } /^signing_key:/ { k = $2 } END { print t, k }'
+done >"$TOKENS"
+[ "$(awk 'NF == 2' "$TOKENS" | wc -l)" = 64 ] || { echo "bench: sluice token failed" >&2; exit 1; }
+
+declare -A SPID
+for c in $CONFIGS; do
+    spawn taskset -c "$PROXY_CPU" "$SLUICE_BIN" -c "$WORK/$c.yaml" 2>"$WORK/$c.err"
+    SPID[$c]=$LAST
+    wait_port "$(port_of "$c")" "$LAST"
+done
+
+run() { # $1 config, $2 round ("warm" = not recorded)
+    local port pid t0 t1 out line
+    port=$(port_of "$1")
+    pid=${SPID[$1]}
+    t0=$(cpu_ticks "$pid")
+    out=$(BENCH_TOKENS=$TOKENS BENCH_SIGN=1 taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNS" \
+        -d"$DURATION"s --latency -s "$ROOT/bench/signed.lua" "http://127.0.0.1:$port/v1/chat/completions")
+    t1=$(cpu_ticks "$pid")
+    line=$(grep '^BENCH ' <<<"$out") || { echo "$out" >&2; exit 1; }
+    if ! grep -q 'errors=0 non2xx=0' <<<"$line"; then
+        echo "bench: $1 had errors or non-2xx answers: $line" >&2
+        exit 1
+    fi
+    [ "$2" = warm ] && return 0
+    echo "$1 $2 $line ticks=$((t1 - t0))" >>"$RES"
+    echo "  round $2 $1: ${line#BENCH } cpu_ticks=$((t1 - t0))"
+}
+
+echo "sluice policy bench: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores," \
+    "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
+echo "commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?'), $SLUICE_LABEL," \
+    "wrk -t1 -c$CONNS, ${DURATION}s runs, $ROUNDS rounds, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+for c in $CONFIGS; do run "$c" warm; done
+for r in $(seq "$ROUNDS"); do
+    for c in $CONFIGS; do run "$c" "$r"; done
+done
+
+python3 - "$RES" "$(getconf CLK_TCK)" <<'EOF'
+import statistics, sys
+rows, tck = {}, int(sys.argv[2])
+for ln in open(sys.argv[1]):
+    f = ln.split()
+    kv = dict(x.split("=") for x in f[3:])
+    n, us = int(kv["requests"]), int(kv["duration_us"])
+    rows.setdefault(f[0], []).append({
+        "rps": n / (us / 1e6), "p50": int(kv["p50_us"]), "p99": int(kv["p99_us"]),
+        "cpu_us": int(kv["ticks"]) / tck * 1e6 / n})
+med = lambda c, k: statistics.median(r[k] for r in rows[c])  # noqa: E731
+print("\n| configuration | requests/s (median) | per round | p50 / p99 ms | sluice CPU µs/request |")
+print("| --- | --- | --- | --- | --- |")
+for c in rows:
+    print("| %s | %.0f | %s | %.2f / %.2f | %.1f |" % (
+        c, med(c, "rps"), ", ".join("%.0f" % r["rps"] for r in rows[c]),
+        med(c, "p50") / 1e3, med(c, "p99") / 1e3, med(c, "cpu_us")))
+def ratio(a, b):
+    # per round (same moment of the machine), then the median of those
+    rs = [x["rps"] / y["rps"] for x, y in zip(rows[a], rows[b])]
+    cs = [y["cpu_us"] / x["cpu_us"] for x, y in zip(rows[a], rows[b])]
+    return statistics.median(rs), min(rs), max(rs), statistics.median(cs)
+print("\n| ratio | requests/s (median of rounds, min–max) | by CPU per request | target |")
+print("| --- | --- | --- | --- |")
+for a, b, t in (("auth", "open", "≥ 0.9"), ("rl_redis", "open", "≥ 0.7"),
+                ("auth_redis", "open", ""), ("full", "auth_redis", "")):
+    if a not in rows or b not in rows:
+        continue
+    m, lo, hi, c = ratio(a, b)
+    print("| %s / %s | %.2f (%.2f–%.2f) | %.2f | %s |" % (a, b, m, lo, hi, c, t))
+EOF
