@@ -6,9 +6,11 @@
 # head, like the official q4_0 file).
 #
 # For each file x threads (1, 2) x kernels (avx512, avx2, scalar): decode
-# tokens/s, prefill tokens/s of a PROMPT-token prompt, time to first token,
-# and decode as a fraction of this machine's read bandwidth measured in the
-# same run (bytes of weights per token / STREAM-style read rate).
+# tokens/s (mean over GEN tokens, and the best window of 8 tokens, which
+# shows the engine's speed when other processes leave it the core), prefill
+# tokens/s of a PROMPT-token prompt, time to first token, and decode as a
+# fraction of this machine's read bandwidth measured in the same run (bytes
+# of weights per token / STREAM-style read rate, best of 5).
 #
 # usage: bench/model_bench.sh [BUILD_DIR]          (default: build)
 # env:   MODEL_DIR  where the generated files go (default /tmp/sluice-model-bench;
@@ -54,11 +56,18 @@ field() { # field NAME LINE
 }
 
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) vCPU, load $(cut -d' ' -f1-3 /proc/loadavg)"
-bw1=$(field read_GBps "$("$TOOL" membw --threads 1 --mib 1024)")
-bw2=$(field read_GBps "$("$TOOL" membw --threads 2 --mib 1024)")
-echo "# read bandwidth: $bw1 GB/s (1 thread), $bw2 GB/s (2 threads)"
+# best of two measurements (before and after the runs would be better, but
+# the table is printed as it goes): the machine may be shared
+membw() {
+    a=$(field read_GBps "$("$TOOL" membw --threads "$1" --mib 1024)")
+    b=$(field read_GBps "$("$TOOL" membw --threads "$1" --mib 1024)")
+    echo "$a $b" | awk '{ print ($1 > $2 ? $1 : $2) }'
+}
+bw1=$(membw 1)
+bw2=$(membw 2)
+echo "# read bandwidth (best of 20 passes over 1 GiB): $bw1 GB/s (1 thread), $bw2 GB/s (2 threads)"
 echo
-echo "| file | threads | kernels | decode tok/s | ceiling tok/s | % of ceiling | prefill tok/s (prompt) | TTFT ms |"
+echo "| file | threads | kernels | decode tok/s (best 8) | ceiling tok/s | % of ceiling (best 8) | prefill tok/s (prompt) | TTFT ms |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
 for t in $TYPES; do
     f="$DIR/qwen2.5-0.5b-shape-$t.gguf"
@@ -71,13 +80,14 @@ for t in $TYPES; do
             line=$("$TOOL" bench --model "$f" --threads "$th" --kernels "$k" \
                 --prompt-tokens "$p" --gen "$GEN")
             dec=$(field decode_tps "$line")
+            best=$(field decode_best8_tps "$line")
             pre=$(field prefill_tps "$line")
             ttft=$(field ttft_ms "$line")
             mb=$(field bytes_per_token "$line" | sed 's/MB$//')
-            echo "$t $th $k $dec $pre $ttft $mb $bw" | awk '{
+            echo "$t $th $k $dec $pre $ttft $mb $bw $best" | awk '{
                 ceil = $8 * 1000 / $7;
-                printf "| %s | %s | %s | %.1f | %.1f | %.0f%% | %.1f (%s) | %.0f |\n",
-                    $1, $2, $3, $4, ceil, 100 * $4 / ceil, $5, "'"$p"'", $6 }'
+                printf "| %s | %s | %s | %.1f (%.1f) | %.1f | %.0f%% (%.0f%%) | %.1f (%s) | %.0f |\n",
+                    $1, $2, $3, $4, $9, ceil, 100 * $4 / ceil, 100 * $9 / ceil, $5, "'"$p"'", $6 }'
         done
     done
 done

@@ -752,19 +752,36 @@ static int cmd_bench(const cli_opts_t *o)
     if (mdl_state_eval(c.st, toks, P, lg, 0) != 0)
         goto fail;
     int64_t t1 = sl_now_ns();
+    int64_t *at = malloc(sizeof(int64_t) * (size_t)(G + 1));
+    if (!at)
+        goto fail;
+    at[0] = t1;
     for (int i = 0; i < G; i++) {
         toks[P + i] = argmax(lg, V);
-        if (mdl_state_eval(c.st, toks + P + i, 1, lg, 0) != 0)
+        if (mdl_state_eval(c.st, toks + P + i, 1, lg, 0) != 0) {
+            free(at);
             goto fail;
+        }
+        at[i + 1] = sl_now_ns();
     }
-    int64_t t2 = sl_now_ns();
+    int64_t t2 = at[G];
+    /* On a shared machine other processes steal time now and then; the best
+     * window of 8 consecutive tokens shows what the engine does when it has
+     * the core (as STREAM reports its best run). */
+    int win = SL_MIN(8, G);
+    int64_t best = INT64_MAX;
+    for (int i = 0; i + win <= G; i++)
+        best = SL_MIN(best, at[i + win] - at[i]);
+    free(at);
     double pre_s = (double)(t1 - t0) / 1e9, dec_s = (double)(t2 - t1) / 1e9;
     double tps = G / dec_s, gbs = tps * (double)c.m->bytes_per_token / 1e9;
+    double best_tps = win / ((double)best / 1e9);
     printf("model=%s kernels=%s%s threads=%d bytes_per_token=%.1fMB prefill_tokens=%d "
            "prefill_s=%.3f prefill_tps=%.2f ttft_ms=%.1f decode_tokens=%d decode_s=%.3f "
-           "decode_tps=%.2f effective_GBps=%.2f\n",
+           "decode_tps=%.2f decode_best8_tps=%.2f effective_GBps=%.2f\n",
            c.m->name, mdl_state_kernels(c.st), o->precise ? "+precise" : "", o->threads,
-           c.m->bytes_per_token / 1e6, P, pre_s, P / pre_s, pre_s * 1e3, G, dec_s, tps, gbs);
+           c.m->bytes_per_token / 1e6, P, pre_s, P / pre_s, pre_s * 1e3, G, dec_s, tps, best_tps,
+           gbs);
     free(toks);
     free(lg);
     ctx_free(&c);
@@ -813,7 +830,7 @@ static int cmd_membw(const cli_opts_t *o)
         buf[i] = (float)(i & 7) * 0.125f;
     bw_task_t t = {.buf = buf, .n = n, .k = mdl_kernels_select(o->kernel_level)};
     double best = 0;
-    for (int rep = 0; rep < 5; rep++) {
+    for (int rep = 0; rep < 10; rep++) { /* best of 10: the machine may be shared */
         int64_t t0 = sl_now_ns();
         mdl_pool_run(pool, bw_worker, &t);
         double s = (double)(sl_now_ns() - t0) / 1e9, gbs = (double)bytes / s / 1e9;
