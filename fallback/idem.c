@@ -58,7 +58,7 @@ struct fb_idem {
     /* Redis */
     char *url;
     int64_t timeout_ms;
-    sl_redis_script_t *s_begin, *s_complete, *s_abort;
+    sl_redis_script_t *script; /* begin, complete and abort: see fb_idem_lua */
 };
 
 struct fb_idem_worker {
@@ -99,30 +99,38 @@ static int64_t fb_idem_default_now(void *arg)
     return sl_now_ms();
 }
 
-static const char fb_idem_begin_lua[] =
-    "local v = redis.call('HMGET', KEYS[1], 'h', 'st', 'status', 'ct', 'body')\n"
-    "if not v[1] then\n"
-    "  redis.call('HSET', KEYS[1], 'h', ARGV[1], 'st', 'i', 'tok', ARGV[2])\n"
-    "  redis.call('PEXPIRE', KEYS[1], ARGV[3])\n"
-    "  return {'P'}\n"
+/* One script for begin ('b'), complete ('c') and abort ('a'), on purpose:
+ * complete and abort are fired and forgotten, and the client's next request
+ * with the key may be queued right behind on the same connection. Redis
+ * keeps one connection's order, but a script Redis does not know yet
+ * (fresh or restarted Redis) answers NOSCRIPT and is sent again after that
+ * reply; with separate scripts a later begin (already loaded) would
+ * overtake the complete and see the key still in flight. With one script
+ * every call after a NOSCRIPT is refused too and resent in the same order. */
+static const char fb_idem_lua[] =
+    "local op = ARGV[1]\n"
+    "if op == 'b' then\n"
+    "  local v = redis.call('HMGET', KEYS[1], 'h', 'st', 'status', 'ct', 'body')\n"
+    "  if not v[1] then\n"
+    "    redis.call('HSET', KEYS[1], 'h', ARGV[2], 'st', 'i', 'tok', ARGV[3])\n"
+    "    redis.call('PEXPIRE', KEYS[1], ARGV[4])\n"
+    "    return {'P'}\n"
+    "  end\n"
+    "  if v[1] ~= ARGV[2] then return {'M'} end\n"
+    "  if v[2] == 'i' then return {'I'} end\n"
+    "  if v[2] == 'n' then return {'N'} end\n"
+    "  return {'R', v[3], v[4], v[5]}\n"
     "end\n"
-    "if v[1] ~= ARGV[1] then return {'M'} end\n"
-    "if v[2] == 'i' then return {'I'} end\n"
-    "if v[2] == 'n' then return {'N'} end\n"
-    "return {'R', v[3], v[4], v[5]}\n";
-
-static const char fb_idem_complete_lua[] =
     "local v = redis.call('HMGET', KEYS[1], 'tok', 'st')\n"
-    "if v[1] ~= ARGV[1] or v[2] ~= 'i' then return 0 end\n"
-    "redis.call('HSET', KEYS[1], 'st', ARGV[2], 'status', ARGV[3], 'ct', ARGV[4], 'body', "
-    "ARGV[5])\n"
-    "redis.call('PEXPIRE', KEYS[1], ARGV[6])\n"
+    "if v[1] ~= ARGV[2] or v[2] ~= 'i' then return 0 end\n"
+    "if op == 'a' then\n"
+    "  redis.call('DEL', KEYS[1])\n"
+    "  return 1\n"
+    "end\n"
+    "redis.call('HSET', KEYS[1], 'st', ARGV[3], 'status', ARGV[4], 'ct', ARGV[5], 'body', "
+    "ARGV[6])\n"
+    "redis.call('PEXPIRE', KEYS[1], ARGV[7])\n"
     "return 1\n";
-
-static const char fb_idem_abort_lua[] = "local v = redis.call('HMGET', KEYS[1], 'tok', 'st')\n"
-                                        "if v[1] ~= ARGV[1] or v[2] ~= 'i' then return 0 end\n"
-                                        "redis.call('DEL', KEYS[1])\n"
-                                        "return 1\n";
 
 fb_idem_t *fb_idem_new(const conf_fb_idem_t *c, const conf_redis_t *redis, char *err, size_t errlen)
 {
@@ -143,10 +151,8 @@ fb_idem_t *fb_idem_new(const conf_fb_idem_t *c, const conf_redis_t *redis, char 
         }
         s->url = strdup(redis->url);
         s->timeout_ms = redis->timeout_ms > 0 ? redis->timeout_ms : 50;
-        s->s_begin = sl_redis_script_new(fb_idem_begin_lua);
-        s->s_complete = sl_redis_script_new(fb_idem_complete_lua);
-        s->s_abort = sl_redis_script_new(fb_idem_abort_lua);
-        if (!s->url || !s->s_begin || !s->s_complete || !s->s_abort) {
+        s->script = sl_redis_script_new(fb_idem_lua);
+        if (!s->url || !s->script) {
             snprintf(err, errlen, "out of memory");
             fb_idem_free(s);
             return NULL;
@@ -178,9 +184,7 @@ void fb_idem_free(fb_idem_t *s)
     fb_ientry_t *e;
     while ((e = TAILQ_FIRST(&s->order)))
         fb_ientry_drop(s, e);
-    sl_redis_script_free(s->s_begin);
-    sl_redis_script_free(s->s_complete);
-    sl_redis_script_free(s->s_abort);
+    sl_redis_script_free(s->script);
     pthread_mutex_destroy(&s->lock);
     free(s->url);
     free(s);
@@ -495,10 +499,10 @@ fb_rc_t fb_idem_begin(fb_idem_worker_t *w, const char *user, const char *key, co
     sl_hex(h, 32, hh);
     snprintf(tok, sizeof(tok), "%llu", (unsigned long long)x->token);
     snprintf(ttl, sizeof(ttl), "%lld", (long long)s->c.inflight_ttl_ms);
-    const char *argv[] = {rkey, hh, tok, ttl};
-    size_t lens[] = {strlen(rkey), 64, strlen(tok), strlen(ttl)};
+    const char *argv[] = {rkey, "b", hh, tok, ttl};
+    size_t lens[] = {strlen(rkey), 1, 64, strlen(tok), strlen(ttl)};
     sl_redis_call_t *rc =
-        sl_redis_evalsha(w->redis, s->s_begin, 1, 4, argv, lens, fb_idem_begin_cb, x);
+        sl_redis_evalsha(w->redis, s->script, 1, 5, argv, lens, fb_idem_begin_cb, x);
     if (!rc) {
         free(x);
         return FB_ERROR;
@@ -528,13 +532,13 @@ void fb_idem_complete(fb_idem_worker_t *w, const char *user, const char *key, ui
     snprintf(st, sizeof(st), "%d", status);
     snprintf(ttl, sizeof(ttl), "%lld", (long long)s->c.ttl_ms);
     const char *ct = content_type ? content_type : "";
-    const char *argv[] = {rkey, tok, keep ? "d" : "n", st, ct, keep ? body : "", ttl};
-    size_t lens[] = {strlen(rkey), strlen(tok),    1,          strlen(st),
-                     strlen(ct),   keep ? len : 0, strlen(ttl)};
-    if (!argv[5])
-        argv[5] = "";
+    const char *argv[] = {rkey, "c", tok, keep ? "d" : "n", st, ct, keep ? body : "", ttl};
+    size_t lens[] = {strlen(rkey), 1,          strlen(tok),    1,
+                     strlen(st),   strlen(ct), keep ? len : 0, strlen(ttl)};
+    if (!argv[6])
+        argv[6] = "";
     /* Fire and forget: the callback's argument is nothing that can go away. */
-    if (!sl_redis_evalsha(w->redis, s->s_complete, 1, 7, argv, lens, fb_idem_ff_cb, NULL))
+    if (!sl_redis_evalsha(w->redis, s->script, 1, 8, argv, lens, fb_idem_ff_cb, NULL))
         sl_counter_add(fb_m.idem_store_errors, 1);
 }
 
@@ -551,8 +555,8 @@ void fb_idem_abort(fb_idem_worker_t *w, const char *user, const char *key, uint6
     char rkey[sizeof(FB_IDEM_PREFIX) + 64], tok[24];
     fb_idem_rkey(k, rkey);
     snprintf(tok, sizeof(tok), "%llu", (unsigned long long)token);
-    const char *argv[] = {rkey, tok};
-    size_t lens[] = {strlen(rkey), strlen(tok)};
-    if (!sl_redis_evalsha(w->redis, w->s->s_abort, 1, 2, argv, lens, fb_idem_ff_cb, NULL))
+    const char *argv[] = {rkey, "a", tok};
+    size_t lens[] = {strlen(rkey), 1, strlen(tok)};
+    if (!sl_redis_evalsha(w->redis, w->s->script, 1, 3, argv, lens, fb_idem_ff_cb, NULL))
         sl_counter_add(fb_m.idem_store_errors, 1);
 }

@@ -472,6 +472,38 @@ static void test_idem_redis(void **state)
     iinst_close(&b);
 }
 
+/* A complete or an abort is fired and forgotten; the client's next request
+ * with the key may come on the same worker right after. Redis runs one
+ * connection's commands in order, so the next begin must see the complete
+ * (or the abort) — also when the script cache is empty (a fresh or
+ * restarted Redis: the first call of a script is NOSCRIPT and is sent
+ * again after its reply, which must not let a later call overtake it). */
+static void test_idem_redis_next_begin_sees_the_end(void **state)
+{
+    (void)state;
+    flush();
+    iinst_t a;
+    iinst_open(&a);
+    for (int round = 0; round < 2; round++) {
+        redisReply *fr = rs_cmd(&srv, "SCRIPT FLUSH");
+        assert_non_null(fr);
+        freeReplyObject(fr);
+        char k[32];
+        snprintf(k, sizeof(k), "order-%d", round);
+        fb_idem_result_t r = i_begin(&a, "dana", k, "{}");
+        assert_int_equal(r.verdict, FB_IDEM_PROCEED);
+        if (round == 0)
+            fb_idem_complete(a.w, "dana", k, r.token, 200, "application/json", "{\"ok\":1}", 8);
+        else
+            fb_idem_abort(a.w, "dana", k, r.token);
+        /* no loop turn in between: the next begin is queued right behind */
+        fb_idem_result_t r2 = i_begin(&a, "dana", k, "{}");
+        assert_int_equal(r2.verdict, round == 0 ? FB_IDEM_REPLAY : FB_IDEM_PROCEED);
+        fb_idem_result_clear(&r2);
+    }
+    iinst_close(&a);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -498,6 +530,7 @@ int main(void)
         cmocka_unit_test(test_queue_takeover_and_exactly_once),
         cmocka_unit_test(test_queue_redis_down),
         cmocka_unit_test(test_idem_redis),
+        cmocka_unit_test(test_idem_redis_next_begin_sees_the_end),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
