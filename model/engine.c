@@ -130,9 +130,14 @@ static void finish(mdl_engine_t *e, mdl_request_t *r, mdl_finish_t why, const md
                    const char *error)
 {
     mdl_usage_t zero = {0};
-    /* stats first: whoever on_done wakes sees them up to date */
+    /* bookkeeping first: whoever on_done wakes sees the stats up to date
+     * and may submit again at once without being told the engine is busy */
     pthread_mutex_lock(&e->mu);
     e->requests_done++;
+    if (e->cur == r) {
+        e->running = 0;
+        e->cur = NULL;
+    }
     pthread_mutex_unlock(&e->mu);
     r->done = 1;
     r->cb.on_done(r->ud, why, u ? u : &zero, why == MDL_FINISH_ERROR ? error : NULL);
@@ -221,7 +226,10 @@ int mdl_engine_submit(mdl_engine_t *e, const mdl_message_t *msgs, size_t n_msgs,
     r->ud = ud;
     atomic_init(&r->refs, out ? 2 : 1);
     pthread_mutex_lock(&e->mu);
-    if (e->stop || e->queued >= e->max_queue) {
+    /* max_queue counts requests waiting behind a running one; when the
+     * engine is idle the first queued request is about to run */
+    int waiting = e->queued - (e->running ? 0 : 1);
+    if (e->stop || waiting >= e->max_queue) {
         int rc = e->stop ? MDL_SUBMIT_ERROR : MDL_SUBMIT_FULL;
         pthread_mutex_unlock(&e->mu);
         free(r->msgs);

@@ -504,6 +504,20 @@ static void test_queue_full_and_queued_cancel(void **state)
     mdl_request_release(ra);
     mdl_request_release(rb);
     mdl_engine_free(e);
+    /* max_queue 0: one request at a time, nothing waits */
+    e = engine(path, 512, 0, 1);
+    coll_t f, g;
+    coll_init(&f);
+    coll_init(&g);
+    f.gate_closed = 1;
+    assert_int_equal(mdl_engine_submit(e, hi, 1, &p, &cbs, &f, NULL), MDL_SUBMIT_OK);
+    coll_wait_texts(&f, 1);
+    assert_int_equal(mdl_engine_submit(e, hi, 1, &p, &cbs, &g, NULL), MDL_SUBMIT_FULL);
+    coll_open_gate(&f);
+    coll_wait(&f);
+    assert_int_equal(run_one(e, &p, &g), MDL_SUBMIT_OK);
+    assert_int_equal(g.why, MDL_FINISH_LENGTH);
+    mdl_engine_free(e);
     unlink(path);
     free(path);
 }
