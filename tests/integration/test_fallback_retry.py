@@ -11,8 +11,6 @@ and in /metrics.
 
 import time
 
-import pytest
-
 import fallback_helpers as fh
 import helpers
 from helpers import bound, mock_upstream
@@ -155,16 +153,6 @@ def test_retry_after_is_honoured_and_bounded(sluice_factory, mock):
     fh.assert_template_json(s.chat("after thirty seconds"))
     assert time.monotonic() - t0 < bound(0.5)
     assert len(mock.requests()) == 1
-
-
-RELAY_BUG = (
-    "gateway bug: gateway/proxy.c gw_proxy_on_head intercepts an upstream 5xx whenever "
-    "gw_fb_would_handle() says a tier *might* answer (retry.attempts > retries); when "
-    "gw_fb_after_failure() then declines (Retry-After above backoff_max, budget spent, 501/505, "
-    "no local/template), gw_proxy_fail answers a generic {'message': 'The model server failed.'} "
-    "with no Retry-After: the upstream's own body and Retry-After are lost (with retries off "
-    "they are relayed)"
-)
 
 
 def test_declined_retry_relays_the_upstream_answer(sluice_factory, mock):
