@@ -38,6 +38,10 @@ typedef struct gw_fbh {
     char key[FB_IDEM_KEY_MAX + 1];
 } gw_fbh_t;
 
+/* Stored with a kept answer's content type when it was a queued template:
+ * the id its replay hands out again. Never sent to a client. */
+#define GW_FB_QID_PARAM ";sluice-request-id="
+
 static const char *gw_fb_user(const gw_req_t *r)
 {
     return r->user;
@@ -77,11 +81,26 @@ static gw_hook_rc_t gw_fbh_idem_verdict(gw_fbh_t *s, fb_idem_result_t *res)
         r->capture_max = (size_t)r->rt->conf->fallback.idempotency.max_response_bytes;
         rc = GW_HOOK_NEXT;
         break;
-    case FB_IDEM_REPLAY:
+    case FB_IDEM_REPLAY: {
         r->error_kind = "idempotent_replay";
-        gw_respond_body(r, res->status, res->content_type ? res->content_type : "application/json",
-                        res->body ? res->body : "", res->body_len, "Idempotent-Replayed: true\r\n");
+        /* A queued template's id rides in the stored content type (see
+         * gw_fbh_on_end): the replay hands it out again. */
+        char ctype[64] = "application/json", extra[128];
+        const char *qid = NULL;
+        if (res->content_type) {
+            snprintf(ctype, sizeof(ctype), "%s", res->content_type);
+            char *semi = strstr(ctype, GW_FB_QID_PARAM);
+            if (semi) {
+                *semi = '\0';
+                qid = res->content_type + (semi - ctype) + strlen(GW_FB_QID_PARAM);
+            }
+        }
+        int n = snprintf(extra, sizeof(extra), "Idempotent-Replayed: true\r\n");
+        if (qid && *qid)
+            snprintf(extra + n, sizeof(extra) - (size_t)n, "X-Sluice-Request-Id: %.40s\r\n", qid);
+        gw_respond_body(r, res->status, ctype, res->body ? res->body : "", res->body_len, extra);
         break;
+    }
     case FB_IDEM_IN_FLIGHT:
         gw_respond_error(r, 409, "invalid_request_error", "idempotency_key_in_use",
                          "A request with this Idempotency-Key is being served now.");
@@ -229,8 +248,10 @@ static void gw_fbh_on_end(gw_req_t *r, void *state, gw_end_t how)
     if (s->idem && r->c->w->iw) {
         if (gw_fbh_keep(r, how) && r->capture) {
             size_t len = evbuffer_get_length(r->capture);
-            fb_idem_complete(r->c->w->iw, gw_fb_user(r), s->key, s->token, r->status,
-                             r->ctype ? r->ctype : "application/json",
+            char ctype[128];
+            snprintf(ctype, sizeof(ctype), "%s%s%s", r->ctype ? r->ctype : "application/json",
+                     r->queued_id[0] ? GW_FB_QID_PARAM : "", r->queued_id);
+            fb_idem_complete(r->c->w->iw, gw_fb_user(r), s->key, s->token, r->status, ctype,
                              len ? evbuffer_pullup(r->capture, -1) : (const void *)"", len);
         } else {
             fb_idem_abort(r->c->w->iw, gw_fb_user(r), s->key, s->token);
@@ -467,15 +488,16 @@ static void gw_fb_lookup_answer(gw_req_t *r, fb_qres_t *res)
                         res->result ? res->result_len : 2, NULL);
         break;
     case FB_Q_PENDING: {
+        /* The id asked for (ids are [a-z0-9], checked by the lookup). */
+        int idlen = (int)SL_MIN(gw_http_msg(r->c->parser)->path_len - 13, 40);
         int64_t wait_s = (res->next_ms - sl_wall_ms() + 999) / 1000;
         char extra[64], body[160];
         snprintf(extra, sizeof(extra), "Retry-After: %lld\r\n",
                  (long long)(wait_s > 0 ? wait_s : 1));
         int n = snprintf(body, sizeof(body),
-                         "{\"id\":\"%.40s\",\"object\":\"request\","
+                         "{\"id\":\"%.*s\",\"object\":\"request\","
                          "\"status\":\"pending\"}",
-                         res->id[0] ? res->id : "");
-        (void)id;
+                         idlen, id);
         gw_respond_body(r, 202, "application/json", body, (size_t)n, extra);
         break;
     }
@@ -525,8 +547,6 @@ void gw_fb_requests_route(gw_req_t *r)
     if (rc == FB_PENDING)
         return;
     if (rc == FB_DONE) {
-        if (!res.id[0])
-            snprintf(res.id, sizeof(res.id), "%.33s", id);
         gw_fb_lookup_answer(r, &res);
         return;
     }

@@ -257,7 +257,6 @@ REPLAY_ID_BUG = (
 )
 
 
-@pytest.mark.xfail(reason=REPLAY_ID_BUG, strict=True)
 def test_keyed_resend_of_a_queued_request_gets_its_id(sluice_factory, tmp_path):
     s = sluice_factory(overrides=queue_over(tmp_path), upstream=fh.dead_url())
     h = {"Idempotency-Key": "net-drop-1"}
@@ -277,7 +276,6 @@ PENDING_ID_BUG = (
 )
 
 
-@pytest.mark.xfail(reason=PENDING_ID_BUG, strict=True)
 def test_pending_body_names_the_id_redis(sluice_factory, tmp_path, redis_server):
     s = sluice_factory(overrides=queue_over(tmp_path, "redis", redis_server), upstream=fh.dead_url())
     q = s.chat("pending").header("X-Sluice-Request-Id")
