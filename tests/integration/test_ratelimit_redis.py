@@ -60,7 +60,7 @@ def _back_on_redis(redis_server, s, tok):
         r = ph.as_user(s, tok, chat_body("probe"))
         return r.status == 200 and redis_server.cmd("EXISTS", KEY % tok.sub) == 1
     wait_until(probe, helpers.bound(8), interval=0.05, what="checks going through Redis again")
-    wait_until(lambda: _mode(s, "redis") == 2 and _mode(s, "degraded") == 0, helpers.bound(3),
+    wait_until(lambda: _mode(s, "redis") == 2 and _mode(s, "degraded") == 0, helpers.bound(8),
                what="sluice_ratelimit_redis_mode back to redis")
 
 
