@@ -44,7 +44,7 @@ PROXY_CPU=${BENCH_PROXY_CPU:-1}
 LOAD_CPU=${BENCH_LOAD_CPU:-0}
 PORT_BASE=${BENCH_PORT_BASE:-28400}
 if [ "${BENCH_QUICK:-0}" = 1 ]; then
-    DURATION=${BENCH_DURATION:-3}
+    DURATION=${BENCH_DURATION:-2}
     TTFE_N=${BENCH_TTFE_N:-200}
 else
     DURATION=${BENCH_DURATION:-10}
@@ -302,8 +302,10 @@ if [ "${BENCH_PERF:-0}" = 1 ] && command -v perf >/dev/null; then
     PERF=$!
     run_wrk json 0 sluice "$DURATION" warm
     wait "$PERF" || true
-    perf report -i "$WORK/perf.data" --no-children --percent-limit 1.5 --stdio \
-        --sort symbol -g none 2>/dev/null | grep -v '^#' | grep -v '^$' | head -40
+    perf report -i "$WORK/perf.data" --no-children --stdio --sort dso -g none 2>/dev/null |
+        grep -v '^#' | grep -v '^$' | head -8
+    perf report -i "$WORK/perf.data" --no-children --percent-limit 1 --stdio \
+        --sort dso,symbol -g none 2>/dev/null | grep -v '^#' | grep -v '^$' | head -40
 fi
 stop_proxies
 stop "$UP_PID"
