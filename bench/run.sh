@@ -68,7 +68,7 @@ for c in wrk taskset python3 "$NGINX_BIN"; do
     command -v "$c" >/dev/null || { echo "bench: $c not installed" >&2; exit 1; }
 done
 for p in $UP_PORT $TTFE_PORT $HOLD_PORT $NGINX_PORT $SLUICE_PORT; do
-    if (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null; then
+    if (exec 3<>/dev/tcp/127.0.0.1/"$p") 2>/dev/null; then
         echo "bench: port $p is in use (set BENCH_PORT_BASE)" >&2
         exit 1
     fi
@@ -93,10 +93,10 @@ CLK_TCK=$(getconf CLK_TCK)
 
 # Waits (bounded) until something accepts on 127.0.0.1:$1 and $2 is alive.
 wait_port() {
-    local i
-    for i in $(seq 200); do
+    local _
+    for _ in $(seq 200); do
         kill -0 "$2" 2>/dev/null || { echo "bench: process $2 died (port $1)" >&2; exit 1; }
-        if (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null; then return 0; fi
+        if (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null; then return 0; fi
         sleep 0.05
     done
     echo "bench: nothing listens on port $1" >&2
@@ -344,7 +344,7 @@ for t in nginx sluice; do
     before=$(rss_kib "$pid")
     coproc HOLD { exec taskset -c "$LOAD_CPU" "$TOOLS/bench_ttfe" -c "127.0.0.1:$port" \
         -H "$STREAMS" -t 120; }
-    HOLD_PID_=$HOLD_PID
+    HOLD_PID_=$HOLD_PID # set by coproc
     PIDS+=("$HOLD_PID_")
     if ! read -r -t 60 ready <&"${HOLD[0]}" || [ "$ready" != "ready $STREAMS" ]; then
         echo "bench: holding $STREAMS streams through $t failed" >&2
