@@ -344,7 +344,8 @@ for t in nginx sluice; do
     before=$(rss_kib "$pid")
     coproc HOLD { exec taskset -c "$LOAD_CPU" "$TOOLS/bench_ttfe" -c "127.0.0.1:$port" \
         -H "$STREAMS" -t 120; }
-    HOLD_PID_=$HOLD_PID # set by coproc
+    # shellcheck disable=SC2153 # HOLD_PID is set by coproc
+    HOLD_PID_=$HOLD_PID
     PIDS+=("$HOLD_PID_")
     if ! read -r -t 60 ready <&"${HOLD[0]}" || [ "$ready" != "ready $STREAMS" ]; then
         echo "bench: holding $STREAMS streams through $t failed" >&2
