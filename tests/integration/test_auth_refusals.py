@@ -180,8 +180,10 @@ def signature_cases():
 
 def _wait_second_start():
     # "+301 s" must still be 301 s ahead when sluice reads its clock: start
-    # early in a second (pacing, not synchronisation).
-    wait_until(lambda: time.time() % 1.0 < 0.6, 2, interval=0.01, what="early in a second")
+    # early in a second (pacing, not synchronisation) - but not in its first
+    # 50 ms, where sluice's time(2) (the kernel's coarse clock, up to a tick
+    # behind) may still read the second before and take "-301 s" for -300.
+    wait_until(lambda: 0.05 < time.time() % 1.0 < 0.6, 2, interval=0.01, what="early in a second")
 
 
 def _run_table(s, mock, cases):
