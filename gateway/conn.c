@@ -24,6 +24,8 @@
 
 static void gw_conn_readcb(struct bufferevent *bev, void *arg);
 static void gw_conn_writecb(struct bufferevent *bev, void *arg);
+static void gw_conn_drained(void *arg);
+static void gw_conn_failed(void *arg, short what);
 static void gw_conn_eventcb(struct bufferevent *bev, short what, void *arg);
 static void gw_conn_timer_cb(evutil_socket_t fd, short what, void *arg);
 
@@ -60,7 +62,9 @@ void gw_conn_accept(gw_worker_t *w, int fd, const struct sockaddr *sa, int salen
         inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, c->peer,
                   sizeof(c->peer));
     SSL_CTX *ctx = l->admin ? NULL : w->rt->listen_ssl[l->index];
-    int opts = BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS;
+    /* Deferred callbacks only where OpenSSL may call back from inside a
+     * write; plain sockets call back from the loop alone. */
+    int opts = BEV_OPT_CLOSE_ON_FREE | (ctx ? BEV_OPT_DEFER_CALLBACKS : 0);
     if (ctx) {
         SSL *ssl = SSL_new(ctx);
         if (ssl)
@@ -93,6 +97,7 @@ void gw_conn_accept(gw_worker_t *w, int fd, const struct sockaddr *sa, int salen
     struct timeval wtv = {st / 1000, (st % 1000) * 1000};
     bufferevent_set_timeouts(c->bev, NULL, &wtv);
     bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+    gw_wio_init(&c->wio, w, c->bev, !ctx, gw_conn_drained, gw_conn_failed, c);
     TAILQ_INSERT_TAIL(&w->conns, c, link);
     w->nconns++;
     sl_gauge_add(gw_m.conns_active, 1);
@@ -152,6 +157,7 @@ void gw_conn_close(gw_conn_t *c)
     sl_gauge_add(gw_m.conns_active, -1);
     event_free(c->timer);
     c->timer = NULL;
+    gw_wio_fini(&c->wio);
     bufferevent_free(c->bev); /* libevent defers it if a callback is running */
     c->bev = NULL;
     gw_http_parser_free(c->parser);
@@ -318,18 +324,35 @@ static void gw_conn_readcb(struct bufferevent *bev, void *arg)
     gw_conn_parse(c);
 }
 
-static void gw_conn_writecb(struct bufferevent *bev, void *arg)
+/* Output went out (down to the low watermark, or all of it). */
+static void gw_conn_drained(void *arg)
 {
     gw_conn_t *c = arg;
     if (c->closed)
         return;
     if (c->phase == GW_PHASE_CLOSING) {
-        if (evbuffer_get_length(bufferevent_get_output(bev)) == 0)
+        if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
             gw_conn_close(c);
         return;
     }
     if (c->phase == GW_PHASE_BUSY && c->req)
         gw_proxy_client_drained(c->req);
+}
+
+static void gw_conn_writecb(struct bufferevent *bev, void *arg)
+{
+    (void)bev;
+    gw_conn_t *c = arg;
+    if (c->closed)
+        return;
+    gw_wio_written(&c->wio);
+    gw_conn_drained(c);
+}
+
+static void gw_conn_failed(void *arg, short what)
+{
+    gw_conn_t *c = arg;
+    gw_conn_eventcb(c->bev, what, c);
 }
 
 static void gw_conn_eventcb(struct bufferevent *bev, short what, void *arg)

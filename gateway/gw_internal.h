@@ -175,6 +175,29 @@ const gw_model_rt_t *gw_rt_model(const gw_rt_t *rt, const char *name, size_t len
 TAILQ_HEAD(gw_upconn_list, gw_upconn);
 TAILQ_HEAD(gw_conn_list, gw_conn);
 
+/* wio.c: direct writes for a plain-socket bufferevent (see there). */
+typedef struct gw_wio {
+    gw_worker_t *w;
+    struct bufferevent *bev;
+    struct evbuffer_cb_entry *cb;
+    bool direct;                  /* we write; EV_WRITE armed only while the kernel is full */
+    bool armed;                   /* EV_WRITE is armed (libevent writes) */
+    bool queued;                  /* on the worker's flush list */
+    void (*drained)(void *owner); /* everything was written */
+    void (*failed)(void *owner, short what); /* a write failed */
+    void *owner;
+    TAILQ_ENTRY(gw_wio) link;
+} gw_wio_t;
+TAILQ_HEAD(gw_wio_list, gw_wio);
+
+void gw_wio_init(gw_wio_t *io, gw_worker_t *w, struct bufferevent *bev, bool direct,
+                 void (*drained)(void *), void (*failed)(void *, short), void *owner);
+void gw_wio_set_direct(gw_wio_t *io, bool direct);
+void gw_wio_fini(gw_wio_t *io);
+/* From the bufferevent's write callback: libevent wrote. */
+void gw_wio_written(gw_wio_t *io);
+void gw_wio_flush_cb(evutil_socket_t fd, short what, void *arg);
+
 typedef struct gw_wsrv {
     struct gw_upconn_list idle; /* keep-alive connections ready for reuse */
     size_t nidle;
@@ -203,6 +226,8 @@ struct gw_worker {
     struct event *notify_ev; /* another thread asks: reload / drain / stop */
     struct event *accept_ev; /* re-enable accepting after EMFILE */
     struct event *reap_ev;   /* deferred frees */
+    struct event *flush_ev;  /* direct writes (wio.c) */
+    struct gw_wio_list flushq;
     struct gw_conn_list conns;
     size_t nconns;
     struct rl_worker *rlw;        /* rate limits: this thread's handle (NULL = none) */
@@ -237,6 +262,7 @@ typedef enum gw_conn_phase {
 struct gw_conn {
     gw_worker_t *w;
     struct bufferevent *bev;
+    gw_wio_t wio;
     bool tls;
     bool admin;
     bool closed; /* freed at the next safe point */
@@ -295,13 +321,15 @@ struct gw_req {
 
     /* hooks and what they learned */
     gw_hooks_req_t hooks;
-    char user[256];     /* the token's sub, "" without auth */
-    char client_id[64]; /* the token's client, "" when unknown */
-    char client_ip[48]; /* the client's address (X-Forwarded-For from trusted proxies) */
-    bool body_dirty;    /* json was edited: serialise it again before sending */
-    bool ev_hooks;      /* SSE events go through the hook chain */
-    bool buffer_body;   /* a whole JSON answer is gathered for on_body hooks */
-    bool stop_stream;   /* a hook ended the stream (finish after the parser returns) */
+    char user[256];      /* the token's sub, "" without auth */
+    char client_id[64];  /* the token's client, "" when unknown */
+    char client_ip[48];  /* the client's address (X-Forwarded-For from trusted proxies) */
+    bool body_dirty;     /* json was edited: serialise it again before sending */
+    char body_add[48];   /* else: a member to add to the client's bytes ("k":v) */
+    bool body_add_first; /* ... into an object that had no member */
+    bool ev_hooks;       /* SSE events go through the hook chain */
+    bool buffer_body;    /* a whole JSON answer is gathered for on_body hooks */
+    bool stop_stream;    /* a hook ended the stream (finish after the parser returns) */
     struct evbuffer *resp_body;
     struct rl_pending *token_pending; /* /v1/auth/token waiting for its limit */
     struct fb_call *fb_call;          /* a queue accept / lookup waiting for Redis */
@@ -424,6 +452,7 @@ void gw_proxy_client_drained(gw_req_t *r);
 struct gw_upconn {
     gw_worker_t *w;
     gw_srv_rt_t *srv;
+    gw_wio_t wio;
     uint64_t generation; /* runtime generation it belongs to */
     struct bufferevent *bev;
     gw_http_parser_t *parser;
@@ -454,6 +483,8 @@ bool gw_upstream_any_eligible(const gw_pool_rt_t *pool, int64_t now_ms);
 gw_upconn_t *gw_upstream_get(gw_worker_t *w, gw_srv_rt_t *srv, bool allow_reuse);
 /* Done with u: back to the idle pool when reusable, else closed. */
 void gw_upstream_release(gw_upconn_t *u, bool reusable);
+/* Start reading (and writing, while connecting) for a request. */
+void gw_upstream_arm(gw_upconn_t *u);
 void gw_upstream_close(gw_upconn_t *u);
 /* Worker's runtime changed: close idle connections of the old one. */
 void gw_upstream_worker_reset(gw_worker_t *w);

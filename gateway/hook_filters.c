@@ -43,8 +43,9 @@ static gw_hook_rc_t gw_flt_on_request(gw_req_t *r, void **state)
     }
     if (res.modified)
         r->body_dirty = true;
-    if (!flt_ruleset_filters_output(rs))
-        return GW_HOOK_NEXT;
+    if (!flt_ruleset_filters_output(rs) ||
+        flt_ruleset_word_count(rs) + flt_ruleset_regex_count(rs) == 0)
+        return GW_HOOK_NEXT; /* nothing could match an answer: relay it untouched */
     gw_flt_t *s = calloc(1, sizeof(*s));
     if (!s) {
         gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");

@@ -32,6 +32,17 @@ static bool gw_rl_any_limit(const conf_ratelimit_t *c)
            c->per_ip.requests_per_minute || c->noverrides;
 }
 
+/* Token budgets need the upstream's usage; plain request limits do not. */
+static bool gw_rl_budgets(const conf_ratelimit_t *c)
+{
+    if (c->per_user.tokens_per_minute || c->per_user.tokens_per_day)
+        return true;
+    for (size_t i = 0; i < c->noverrides; i++)
+        if (c->overrides[i].limits.tokens_per_minute || c->overrides[i].limits.tokens_per_day)
+            return true;
+    return false;
+}
+
 static void gw_rl_refuse(gw_req_t *r, gw_rl_t *s)
 {
     char hdrs[256];
@@ -105,15 +116,25 @@ static gw_hook_rc_t gw_rl_on_request(gw_req_t *r, void **state)
     }
     s->r = r;
     *state = s;
+    bool budgets = gw_rl_budgets(c);
     if (r->route == GW_ROUTE_CHAT || r->route == GW_ROUTE_COMPLETIONS) {
         char err[160];
-        if (rl_body_clamp(r->json, c->max_tokens, &s->clamp, err, sizeof(err)) != 0) {
+        if (rl_body_clamp_ex(r->json, c->max_tokens, budgets, &s->clamp, err, sizeof(err)) != 0) {
             gw_respond_error(r, 400, "invalid_request_error", "invalid_parameter", err);
             return GW_HOOK_DONE;
         }
-        r->body_dirty = true;
-        s->prompt_est = rl_body_prompt_tokens(r->json);
-        if (s->clamp.stream) {
+        if (s->clamp.modified) {
+            r->body_dirty = true;
+        } else if (s->clamp.added_max_tokens) {
+            /* Only a key was added: append it to the client's bytes rather
+             * than serialise the whole body again. */
+            snprintf(r->body_add, sizeof(r->body_add), "\"max_tokens\":%lld",
+                     (long long)s->clamp.max_tokens);
+            r->body_add_first = json_object_size(r->json) == 1;
+        }
+        if (budgets)
+            s->prompt_est = rl_body_prompt_tokens(r->json);
+        if (s->clamp.stream && budgets) {
             s->stream = rl_stream_new(s->clamp.injected_usage);
             if (!s->stream) {
                 gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");

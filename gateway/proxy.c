@@ -28,6 +28,7 @@
 
 #include "fallback/fallback.h"
 #include "gateway/gw_internal.h"
+#include "gateway/sb.h"
 
 static void gw_proxy_up_read(gw_req_t *r);
 static void gw_proxy_up_event(gw_req_t *r, short what);
@@ -107,12 +108,22 @@ static void gw_proxy_write(gw_req_t *r, const void *p, size_t n)
     if (r->capture && evbuffer_get_length(r->capture) <= r->capture_max)
         evbuffer_add(r->capture, p, SL_MIN(n, r->capture_max + 1)); /* past max: not kept */
     if (r->chunked_out) {
-        char hdr[24];
-        int k = snprintf(hdr, sizeof(hdr), "%zx\r\n", n);
-        evbuffer_add(out, hdr, (size_t)k);
-        evbuffer_add(out, p, n);
-        evbuffer_add(out, "\r\n", 2);
-        n += (size_t)k + 2;
+        /* An event is typically a few hundred bytes: frame it in one piece. */
+        char stack[4096];
+        gw_sb_t b;
+        gw_sb_init(&b, stack, sizeof(stack));
+        gw_sb_hex(&b, n);
+        gw_sb_lit(&b, "\r\n");
+        if (n <= sizeof(stack) - 32) {
+            gw_sb_add(&b, p, n);
+            gw_sb_lit(&b, "\r\n");
+            n = gw_sb_flush(&b, out);
+        } else {
+            size_t k = gw_sb_flush(&b, out);
+            evbuffer_add(out, p, n);
+            evbuffer_add(out, "\r\n", 2);
+            n += k + 2;
+        }
     } else {
         evbuffer_add(out, p, n);
     }
@@ -232,30 +243,37 @@ static void gw_proxy_write_request(gw_req_t *r, gw_upconn_t *u)
     const gw_http_msg_t *m = gw_http_msg(r->c->parser);
     struct evbuffer *out = bufferevent_get_output(u->bev);
     size_t blen = evbuffer_get_length(r->body);
-    size_t before = evbuffer_get_length(out);
-    evbuffer_add_printf(out,
-                        "POST %.*s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-                        "Content-Length: %zu\r\nX-Request-Id: %s\r\nX-Forwarded-For: %s\r\n"
-                        "X-Forwarded-Proto: %s\r\n",
-                        (int)m->target_len, m->target, r->server->host_header, blen, r->id,
-                        r->c->peer, r->c->tls ? "https" : "http");
+    char stack[4096];
+    gw_sb_t b;
+    gw_sb_init(&b, stack, sizeof(stack));
+    gw_sb_lit(&b, "POST ");
+    gw_sb_add(&b, m->target, m->target_len);
+    gw_sb_lit(&b, " HTTP/1.1\r\nHost: ");
+    gw_sb_str(&b, r->server->host_header);
+    gw_sb_lit(&b, "\r\nContent-Type: application/json\r\nContent-Length: ");
+    gw_sb_u64(&b, blen);
+    gw_sb_lit(&b, "\r\nX-Request-Id: ");
+    gw_sb_str(&b, r->id);
+    gw_sb_lit(&b, "\r\nX-Forwarded-For: ");
+    gw_sb_str(&b, r->c->peer);
+    if (r->c->tls)
+        gw_sb_lit(&b, "\r\nX-Forwarded-Proto: https\r\n");
+    else
+        gw_sb_lit(&b, "\r\nX-Forwarded-Proto: http\r\n");
     if (r->pool->auth_header)
-        evbuffer_add(out, r->pool->auth_header, r->pool->auth_header_len);
+        gw_sb_add(&b, r->pool->auth_header, r->pool->auth_header_len);
     for (size_t i = 0; i < m->nheaders; i++) {
         const gw_http_header_t *h = &m->headers[i];
         if (gw_name_in(h->name, h->name_len, gw_req_drop) ||
             (h->name_len > 9 && strncasecmp(h->name, "x-sluice-", 9) == 0) ||
             gw_http_header_is_hop(m, h->name, h->name_len))
             continue;
-        evbuffer_add(out, h->name, h->name_len);
-        evbuffer_add(out, ": ", 2);
-        evbuffer_add(out, h->value, h->value_len);
-        evbuffer_add(out, "\r\n", 2);
+        gw_sb_header(&b, h->name, h->name_len, h->value, h->value_len);
     }
-    evbuffer_add(out, "\r\n", 2);
+    gw_sb_lit(&b, "\r\n");
     if (blen)
-        evbuffer_add(out, evbuffer_pullup(r->body, -1), blen);
-    sl_counter_add(gw_m.bytes_up_out, evbuffer_get_length(out) - before);
+        gw_sb_add(&b, evbuffer_pullup(r->body, -1), blen);
+    sl_counter_add(gw_m.bytes_up_out, gw_sb_flush(&b, out));
 }
 
 static void gw_proxy_attempt(gw_req_t *r, bool allow_reuse)
@@ -311,7 +329,31 @@ static void gw_proxy_attempt(gw_req_t *r, bool allow_reuse)
     r->t_sent_ns = sl_now_ns();
     const conf_upstream_t *cu = r->pool->conf;
     gw_proxy_arm(r, now + (u->connected ? cu->first_byte_timeout_ms : cu->connect_timeout_ms));
-    bufferevent_enable(u->bev, EV_READ | EV_WRITE);
+    gw_upstream_arm(u);
+}
+
+/* Inserts r->body_add before the closing brace of the client's body (which
+ * parsed as an object, so its last non-space byte is that brace). */
+static void gw_proxy_body_add(gw_req_t *r)
+{
+    size_t len = evbuffer_get_length(r->body);
+    const char *b = (const char *)evbuffer_pullup(r->body, -1);
+    size_t end = len;
+    while (end > 0 && b[end - 1] != '}')
+        end--;
+    if (end == 0)
+        return;
+    struct evbuffer *nb = evbuffer_new();
+    if (!nb)
+        return;
+    evbuffer_add(nb, b, end - 1);
+    if (!r->body_add_first)
+        evbuffer_add(nb, ",", 1);
+    evbuffer_add(nb, r->body_add, strlen(r->body_add));
+    evbuffer_add(nb, b + end - 1, len - (end - 1));
+    evbuffer_free(r->body);
+    r->body = nb;
+    r->body_add[0] = '\0';
 }
 
 /* The request is through every hook: serialise the body again if a hook
@@ -328,6 +370,8 @@ static void gw_proxy_send(gw_req_t *r)
         evbuffer_add(r->body, s, strlen(s));
         free(s);
         r->body_dirty = false;
+    } else if (r->body_add[0]) {
+        gw_proxy_body_add(r);
     }
     r->deadline_total_ms = sl_now_ms() + r->pool->conf->total_timeout_ms;
     fb_budget_on_request(r->pool->budget, sl_now_ms());
@@ -514,48 +558,61 @@ static void gw_proxy_write_head(gw_req_t *r, const gw_http_msg_t *m, int64_t len
     if (r->c->w->draining)
         r->c->close_after = true;
     struct evbuffer *out = bufferevent_get_output(r->c->bev);
-    size_t before = evbuffer_get_length(out);
-    evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\n", m->status, gw_http_status_text(m->status));
-    if (r->resp_sse)
-        evbuffer_add_printf(out,
-                            "Content-Type: %s\r\nCache-Control: no-cache\r\n"
-                            "X-Accel-Buffering: no\r\n",
-                            ct->value);
-    else if (ct)
-        evbuffer_add_printf(out, "Content-Type: %s\r\n", ct->value);
+    char stack[4096];
+    gw_sb_t b;
+    gw_sb_init(&b, stack, sizeof(stack));
+    gw_sb_lit(&b, "HTTP/1.1 ");
+    gw_sb_u64(&b, (uint64_t)m->status);
+    gw_sb_lit(&b, " ");
+    gw_sb_str(&b, gw_http_status_text(m->status));
+    gw_sb_lit(&b, "\r\n");
+    if (r->resp_sse) {
+        gw_sb_header(&b, "Content-Type", 12, ct->value, ct->value_len);
+        gw_sb_lit(&b, "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n");
+    } else if (ct) {
+        gw_sb_header(&b, "Content-Type", 12, ct->value, ct->value_len);
+    }
     if (length >= 0) {
-        evbuffer_add_printf(out, "Content-Length: %lld\r\n", (long long)length);
+        gw_sb_lit(&b, "Content-Length: ");
+        gw_sb_u64(&b, (uint64_t)length);
+        gw_sb_lit(&b, "\r\n");
     } else if (length == -1) {
         if (cm->http_minor >= 1) {
-            evbuffer_add(out, "Transfer-Encoding: chunked\r\n", 28);
+            gw_sb_lit(&b, "Transfer-Encoding: chunked\r\n");
             r->chunked_out = true;
         } else {
             r->c->close_after = true; /* HTTP/1.0: the close ends the body */
         }
     }
-    evbuffer_add_printf(out, "X-Request-Id: %s\r\n", r->id);
-    if (r->fallback)
-        evbuffer_add_printf(out, "X-Sluice-Fallback: %s\r\n", r->fallback);
+    gw_sb_lit(&b, "X-Request-Id: ");
+    gw_sb_str(&b, r->id);
+    gw_sb_lit(&b, "\r\n");
+    if (r->fallback) {
+        gw_sb_lit(&b, "X-Sluice-Fallback: ");
+        gw_sb_str(&b, r->fallback);
+        gw_sb_lit(&b, "\r\n");
+    }
     if (r->routed_local)
-        evbuffer_add(out, "X-Sluice-Route: local\r\n", 24);
+        gw_sb_lit(&b, "X-Sluice-Route: local\r\n");
     if (r->c->close_after)
-        evbuffer_add(out, "Connection: close\r\n", 19);
+        gw_sb_lit(&b, "Connection: close\r\n");
     for (size_t i = 0; i < m->nheaders; i++) {
         const gw_http_header_t *h = &m->headers[i];
         if (gw_name_in(h->name, h->name_len, gw_resp_drop) ||
             gw_http_header_is_hop(m, h->name, h->name_len))
             continue;
-        evbuffer_add(out, h->name, h->name_len);
-        evbuffer_add(out, ": ", 2);
-        evbuffer_add(out, h->value, h->value_len);
-        evbuffer_add(out, "\r\n", 2);
+        gw_sb_header(&b, h->name, h->name_len, h->value, h->value_len);
     }
+    size_t n = gw_sb_flush(&b, out);
+    size_t before = evbuffer_get_length(out);
     gw_hooks_headers(r, out);
     size_t dl;
     const char *date = gw_date_header(&dl);
-    evbuffer_add(out, date, dl);
-    evbuffer_add(out, "\r\n", 2);
-    size_t n = evbuffer_get_length(out) - before;
+    char tail[64];
+    memcpy(tail, date, dl);
+    memcpy(tail + dl, "\r\n", 2);
+    evbuffer_add(out, tail, dl + 2);
+    n += evbuffer_get_length(out) - before;
     r->bytes_out += n;
     sl_counter_add(gw_m.bytes_client_out, n);
     r->head_sent = true;

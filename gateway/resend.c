@@ -228,7 +228,7 @@ static void gw_resend_start(gw_resender_t *rs, fb_qitem_t *item)
     int64_t ms = m->pool->conf->total_timeout_ms;
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
     evtimer_add(j->timer, &tv);
-    bufferevent_enable(j->up->bev, EV_READ | EV_WRITE);
+    gw_upstream_arm(j->up);
 }
 
 /* Some model that queues has a server in service now. */

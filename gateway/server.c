@@ -283,17 +283,19 @@ static int gw_worker_init(gw_worker_t *w, int id, bool is_main)
         seed = (uint64_t)sl_now_ns();
     w->rng = seed | 1;
     if (!w->base) {
-        struct event_config *cfg = event_config_new();
-        event_config_set_flag(cfg, EVENT_BASE_FLAG_PRECISE_TIMER);
-        w->base = event_base_new_with_config(cfg);
-        event_config_free(cfg);
+        /* Millisecond timers through epoll_wait's timeout: a precise timer
+         * (timerfd) costs a syscall per loop turn, and every deadline here
+         * is in milliseconds anyway. */
+        w->base = event_base_new();
     }
     if (!w->base)
         return -1;
     w->notify_ev = event_new(w->base, -1, 0, gw_worker_notify_cb, w);
     w->accept_ev = evtimer_new(w->base, gw_accept_retry_cb, w);
     w->reap_ev = event_new(w->base, -1, 0, gw_worker_reap_cb, w);
-    if (!w->notify_ev || !w->accept_ev || !w->reap_ev)
+    w->flush_ev = event_new(w->base, -1, 0, gw_wio_flush_cb, w);
+    TAILQ_INIT(&w->flushq);
+    if (!w->notify_ev || !w->accept_ev || !w->reap_ev || !w->flush_ev)
         return -1;
     gw_worker_update_rt(w);
     const conf_redis_t *rc = &w->rt->conf->redis;
@@ -337,6 +339,7 @@ static void gw_worker_fini(gw_worker_t *w)
     event_free(w->notify_ev);
     event_free(w->accept_ev);
     event_free(w->reap_ev);
+    event_free(w->flush_ev);
     gw_rt_unref(w->rt);
     w->rt = NULL;
     event_base_free(w->base);

@@ -30,6 +30,24 @@
 static void gw_up_readcb(struct bufferevent *bev, void *arg);
 static void gw_up_eventcb(struct bufferevent *bev, short what, void *arg);
 
+static void gw_up_writecb(struct bufferevent *bev, void *arg)
+{
+    (void)bev;
+    gw_upconn_t *u = arg;
+    if (!u->closed)
+        gw_wio_written(&u->wio);
+}
+
+static void gw_up_drained(void *arg)
+{
+    (void)arg; /* the request is out; the answer comes through readcb */
+}
+
+static void gw_up_failed(void *arg, short what)
+{
+    gw_up_eventcb(((gw_upconn_t *)arg)->bev, what, arg);
+}
+
 /* The worker's state for srv, or NULL when srv belongs to an older runtime
  * than the worker's (a request that began before a reload). */
 static gw_wsrv_t *gw_wsrv_of(gw_worker_t *w, const gw_srv_rt_t *srv)
@@ -91,6 +109,11 @@ gw_srv_rt_t *gw_upstream_pick(gw_worker_t *w, gw_pool_rt_t *pool, const gw_srv_r
     return NULL;
 }
 
+static bool srv_https(const gw_upconn_t *u)
+{
+    return u->srv->https;
+}
+
 static void gw_upconn_free_cb(void *arg)
 {
     gw_upconn_t *u = arg;
@@ -122,8 +145,10 @@ void gw_upstream_close(gw_upconn_t *u)
     if (u->idle_timer)
         event_free(u->idle_timer);
     u->idle_timer = NULL;
-    if (u->bev)
+    if (u->bev) {
+        gw_wio_fini(&u->wio);
         bufferevent_free(u->bev);
+    }
     u->bev = NULL;
     gw_http_parser_free(u->parser);
     u->parser = NULL;
@@ -175,7 +200,7 @@ gw_upconn_t *gw_upstream_get(gw_worker_t *w, gw_srv_rt_t *srv, bool allow_reuse)
     };
     u->parser = gw_http_parser_new(GW_HTTP_RESPONSE, &hl);
     u->idle_timer = evtimer_new(w->base, gw_up_idle_timer_cb, u);
-    int opts = BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS;
+    int opts = BEV_OPT_CLOSE_ON_FREE | (srv->https ? BEV_OPT_DEFER_CALLBACKS : 0);
     if (srv->https) {
         SSL *ssl = SSL_new(srv->pool->ssl_ctx);
         if (ssl && gw_up_tls_setup(ssl, srv) == 0)
@@ -190,7 +215,8 @@ gw_upconn_t *gw_upstream_get(gw_worker_t *w, gw_srv_rt_t *srv, bool allow_reuse)
         gw_upstream_close(u);
         return NULL;
     }
-    bufferevent_setcb(u->bev, gw_up_readcb, NULL, gw_up_eventcb, u);
+    bufferevent_setcb(u->bev, gw_up_readcb, gw_up_writecb, gw_up_eventcb, u);
+    gw_wio_init(&u->wio, w, u->bev, false, gw_up_drained, gw_up_failed, u);
     bufferevent_setwatermark(u->bev, EV_READ, 0, 64 * 1024);
     if (bufferevent_socket_connect(u->bev, (struct sockaddr *)&srv->addr, (int)srv->addrlen) != 0) {
         /* Immediate failure (no route, fd limit): report through the
@@ -201,6 +227,12 @@ gw_upconn_t *gw_upstream_get(gw_worker_t *w, gw_srv_rt_t *srv, bool allow_reuse)
     bufferevent_enable(u->bev, EV_READ | EV_WRITE);
     sl_counter_add(srv->m_conn_new, 1);
     return u;
+}
+
+void gw_upstream_arm(gw_upconn_t *u)
+{
+    /* A direct writer needs no EV_WRITE (arming it costs an epoll_ctl). */
+    bufferevent_enable(u->bev, u->wio.direct ? EV_READ : EV_READ | EV_WRITE);
 }
 
 void gw_upstream_release(gw_upconn_t *u, bool reusable)
@@ -250,6 +282,8 @@ static void gw_up_eventcb(struct bufferevent *bev, short what, void *arg)
         if (fd >= 0)
             setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         u->connected = true;
+        if (!srv_https(u))
+            gw_wio_set_direct(&u->wio, true); /* connected: write directly from now on */
         if (u->owner)
             u->on_event(u->owner, what);
         return;

@@ -113,11 +113,26 @@ static int rl_clamp_field(json_t *body, const char *name, int64_t max, bool *see
 
 int rl_body_clamp(json_t *body, int64_t policy_max, rl_clamp_t *out, char *err, size_t errlen)
 {
+    return rl_body_clamp_ex(body, policy_max, true, out, err, errlen);
+}
+
+/* The integer value of key, or -1 when absent or not an integer. */
+static json_int_t rl_int_or(const json_t *body, const char *key)
+{
+    const json_t *v = json_object_get(body, key);
+    return json_is_integer(v) ? json_integer_value(v) : -1;
+}
+
+int rl_body_clamp_ex(json_t *body, int64_t policy_max, bool want_usage, rl_clamp_t *out, char *err,
+                     size_t errlen)
+{
     memset(out, 0, sizeof(*out));
     if (!json_is_object(body)) {
         snprintf(err, errlen, "the request body must be a JSON object");
         return -1;
     }
+    json_int_t mt0 = rl_int_or(body, "max_tokens");
+    json_int_t mct0 = rl_int_or(body, "max_completion_tokens");
     bool seen = false;
     int64_t v = policy_max;
     if (rl_clamp_field(body, "max_tokens", policy_max, &seen, &v, err, errlen) != 0 ||
@@ -130,6 +145,10 @@ int rl_body_clamp(json_t *body, int64_t policy_max, rl_clamp_t *out, char *err, 
             return -1;
         }
         v = policy_max;
+        out->added_max_tokens = true;
+    } else if (rl_int_or(body, "max_tokens") != mt0 ||
+               rl_int_or(body, "max_completion_tokens") != mct0) {
+        out->modified = true;
     }
     out->max_tokens = v;
 
@@ -139,7 +158,7 @@ int rl_body_clamp(json_t *body, int64_t policy_max, rl_clamp_t *out, char *err, 
         return -1;
     }
     out->stream = json_is_true(stream);
-    if (!out->stream)
+    if (!out->stream || !want_usage)
         return 0;
     json_t *so = json_object_get(body, "stream_options");
     if (so && !json_is_object(so) && !json_is_null(so)) {
@@ -160,6 +179,7 @@ int rl_body_clamp(json_t *body, int64_t policy_max, rl_clamp_t *out, char *err, 
         return -1;
     }
     out->injected_usage = true;
+    out->modified = true;
     return 0;
 }
 

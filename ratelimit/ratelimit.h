@@ -227,10 +227,13 @@ int rl_client_ip(const rl_proxies_t *p, const char *peer, const char *xff, char 
 /* ---- request and response bodies ------------------------------------------------- */
 
 typedef struct rl_clamp {
-    int64_t max_tokens;  /* what the upstream will get */
-    bool stream;         /* "stream": true */
-    bool injected_usage; /* stream_options.include_usage was added (or turned on) by us:
-                            the usage-only chunk must not reach the client */
+    int64_t max_tokens;    /* what the upstream will get */
+    bool stream;           /* "stream": true */
+    bool injected_usage;   /* stream_options.include_usage was added (or turned on) by us:
+                              the usage-only chunk must not reach the client */
+    bool added_max_tokens; /* max_tokens was absent and was added (nothing else changed
+                              unless `modified`) */
+    bool modified;         /* an existing value was changed, or usage injected */
 } rl_clamp_t;
 
 /* Clamps a chat-completions body in place: max_tokens and/or
@@ -241,6 +244,10 @@ typedef struct rl_clamp {
  * wrong type. */
 int rl_body_clamp(json_t *body, int64_t policy_max, rl_clamp_t *out, char *err,
                   size_t errlen) SL_WUR;
+/* The same; want_usage false leaves stream_options alone (nothing needs the
+ * usage: no token budget is configured). */
+int rl_body_clamp_ex(json_t *body, int64_t policy_max, bool want_usage, rl_clamp_t *out, char *err,
+                     size_t errlen) SL_WUR;
 
 /* Estimated prompt tokens of a chat-completions body (messages' text, names,
  * tools); see rl_estimate_text_tokens(). */
