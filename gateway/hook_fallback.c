@@ -33,6 +33,8 @@ typedef struct gw_fbh {
     struct event *delay_ev;
     int64_t delay_ms;
     fb_call_t *call;
+    struct event *again_ev; /* asks again while the key is in flight */
+    int inflight_tries;
     bool idem; /* this request owns an idempotency key */
     uint64_t token;
     char key[FB_IDEM_KEY_MAX + 1];
@@ -68,19 +70,69 @@ static gw_hook_rc_t gw_fbh_delay(gw_fbh_t *s)
     return GW_HOOK_PENDING;
 }
 
-/* What fb_idem_begin() said; NEXT to go on. */
-static gw_hook_rc_t gw_fbh_idem_verdict(gw_fbh_t *s, fb_idem_result_t *res)
+static gw_hook_rc_t gw_fbh_idem_verdict(gw_fbh_t *s, fb_idem_result_t *res, bool async);
+static void gw_fbh_idem_cb(void *arg, fb_idem_result_t *res);
+
+/* Claims the key (maybe through Redis). */
+static gw_hook_rc_t gw_fbh_begin(gw_fbh_t *s, bool async)
 {
     gw_req_t *r = s->r;
-    gw_hook_rc_t rc = GW_HOOK_DONE;
-    switch (res->verdict) {
-    case FB_IDEM_PROCEED:
+    fb_idem_result_t res;
+    memset(&res, 0, sizeof(res));
+    /* The body as the client sent it: the same key with another body is 422. */
+    size_t blen = evbuffer_get_length(r->body);
+    switch (fb_idem_begin(r->c->w->iw, gw_fb_user(r), s->key, evbuffer_pullup(r->body, -1), blen,
+                          &res, gw_fbh_idem_cb, s, &s->call)) {
+    case FB_PENDING:
+        return GW_HOOK_PENDING;
+    case FB_DONE:
+        return gw_fbh_idem_verdict(s, &res, async);
+    default:
+        if (async)
+            gw_hook_resume(r, GW_HOOK_DONE);
+        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        return GW_HOOK_DONE;
+    }
+}
+
+static void gw_fbh_again_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    gw_fbh_begin(arg, true);
+}
+
+/* What fb_idem_begin() said. async: we are in a callback and the chain
+ * waits for gw_hook_resume(). Returns NEXT to go on, DONE when answered,
+ * PENDING when something more runs first. */
+static gw_hook_rc_t gw_fbh_idem_verdict(gw_fbh_t *s, fb_idem_result_t *res, bool async)
+{
+    gw_req_t *r = s->r;
+    if (res->verdict == FB_IDEM_IN_FLIGHT && s->inflight_tries < 4 && s->again_ev) {
+        /* The first request with this key may have just ended, its answer
+         * still on its way into the store (another worker, another Redis
+         * connection): ask again shortly before answering 409. */
+        s->inflight_tries++;
+        fb_idem_result_clear(res);
+        struct timeval tv = {0, 50000};
+        evtimer_add(s->again_ev, &tv);
+        return GW_HOOK_PENDING;
+    }
+    if (res->verdict == FB_IDEM_PROCEED) {
         s->idem = true;
         s->token = res->token;
         r->capture = evbuffer_new();
         r->capture_max = (size_t)r->rt->conf->fallback.idempotency.max_response_bytes;
-        rc = GW_HOOK_NEXT;
-        break;
+        fb_idem_result_clear(res);
+        gw_hook_rc_t rc = gw_fbh_delay(s);
+        if (async && rc == GW_HOOK_NEXT)
+            gw_hook_resume(r, GW_HOOK_NEXT);
+        return rc;
+    }
+    /* Answering ends the request (and frees s): leave the chain first. */
+    if (async)
+        gw_hook_resume(r, GW_HOOK_DONE);
+    switch (res->verdict) {
     case FB_IDEM_REPLAY: {
         r->error_kind = "idempotent_replay";
         /* A queued template's id rides in the stored content type (see
@@ -119,25 +171,14 @@ static gw_hook_rc_t gw_fbh_idem_verdict(gw_fbh_t *s, fb_idem_result_t *res)
         break;
     }
     fb_idem_result_clear(res);
-    if (rc == GW_HOOK_NEXT)
-        rc = gw_fbh_delay(s);
-    return rc;
+    return GW_HOOK_DONE;
 }
 
 static void gw_fbh_idem_cb(void *arg, fb_idem_result_t *res)
 {
     gw_fbh_t *s = arg;
-    gw_req_t *r = s->r;
     s->call = NULL;
-    if (res->verdict != FB_IDEM_PROCEED) {
-        /* Answering ends the request (and frees s): leave the chain first. */
-        gw_hook_resume(r, GW_HOOK_DONE);
-        gw_fbh_idem_verdict(s, res);
-        return;
-    }
-    gw_hook_rc_t rc = gw_fbh_idem_verdict(s, res);
-    if (rc != GW_HOOK_PENDING)
-        gw_hook_resume(r, rc);
+    gw_fbh_idem_verdict(s, res, true);
 }
 
 static gw_hook_rc_t gw_fbh_on_request(gw_req_t *r, void **state)
@@ -190,20 +231,8 @@ static gw_hook_rc_t gw_fbh_on_request(gw_req_t *r, void **state)
     }
     memcpy(s->key, ik->value, ik->value_len);
     s->key[ik->value_len] = '\0';
-    /* The body as the client sent it: the same key with another body is 422. */
-    size_t blen = evbuffer_get_length(r->body);
-    fb_idem_result_t res;
-    memset(&res, 0, sizeof(res));
-    switch (fb_idem_begin(r->c->w->iw, gw_fb_user(r), s->key, evbuffer_pullup(r->body, -1), blen,
-                          &res, gw_fbh_idem_cb, s, &s->call)) {
-    case FB_PENDING:
-        return GW_HOOK_PENDING;
-    case FB_DONE:
-        return gw_fbh_idem_verdict(s, &res);
-    default:
-        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
-        return GW_HOOK_DONE;
-    }
+    s->again_ev = evtimer_new(r->c->w->base, gw_fbh_again_cb, s);
+    return gw_fbh_begin(s, false);
 }
 
 static void gw_fbh_on_cancel(gw_req_t *r, void *state)
@@ -218,6 +247,8 @@ static void gw_fbh_on_cancel(gw_req_t *r, void *state)
     }
     if (s->delay_ev)
         evtimer_del(s->delay_ev);
+    if (s->again_ev)
+        evtimer_del(s->again_ev);
 }
 
 /* The answer is worth keeping for a replay: the request ended with a real
@@ -245,6 +276,8 @@ static void gw_fbh_on_end(gw_req_t *r, void *state, gw_end_t how)
     gw_fbh_on_cancel(r, s);
     if (s->delay_ev)
         event_free(s->delay_ev);
+    if (s->again_ev)
+        event_free(s->again_ev);
     if (s->idem && r->c->w->iw) {
         if (gw_fbh_keep(r, how) && r->capture) {
             size_t len = evbuffer_get_length(r->capture);

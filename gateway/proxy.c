@@ -30,7 +30,7 @@
 #include "gateway/gw_internal.h"
 #include "gateway/sb.h"
 
-static void gw_proxy_up_read(gw_req_t *r);
+static bool gw_proxy_up_read(gw_req_t *r);
 static void gw_proxy_up_event(gw_req_t *r, short what);
 static void gw_proxy_attempt(gw_req_t *r, bool allow_reuse);
 static void gw_proxy_fail(gw_req_t *r, const char *kind, int status, const char *code,
@@ -212,7 +212,7 @@ void gw_proxy_abort(gw_req_t *r)
 
 static void gw_proxy_on_up_read(void *owner)
 {
-    gw_proxy_up_read(owner);
+    (void)gw_proxy_up_read(owner);
 }
 
 static void gw_proxy_on_up_event(void *owner, short what)
@@ -624,7 +624,9 @@ static bool gw_ct_is_json(const gw_http_header_t *h)
     return h && h->value_len >= 16 && strncasecmp(h->value, "application/json", 16) == 0;
 }
 
-static void gw_proxy_on_head(gw_req_t *r)
+/* Returns false when the request was handed to the fallback chain (it may
+ * be answered, and freed, already): the caller must not touch r again. */
+static bool gw_proxy_on_head(gw_req_t *r)
 {
     const gw_http_msg_t *m = gw_http_msg(r->up->parser);
     int64_t now = sl_now_ms();
@@ -644,7 +646,7 @@ static void gw_proxy_on_head(gw_req_t *r)
             r->error_kind = "status_5xx";
             gw_proxy_finish(r, false, 0);
             gw_fb_apply(r, action, delay);
-            return;
+            return false;
         }
         r->retry_after[0] = '\0';
     }
@@ -675,6 +677,7 @@ static void gw_proxy_on_head(gw_req_t *r)
     }
     /* From here on only the total deadline applies. */
     gw_proxy_arm(r, r->deadline_total_ms);
+    return true;
 }
 
 /* One complete event: out to the client as one chunk. Events that arrive
@@ -957,13 +960,15 @@ static void gw_proxy_fail(gw_req_t *r, const char *kind, int status, const char 
     gw_conn_req_done(r->c);
 }
 
-static void gw_proxy_up_read(gw_req_t *r)
+/* Returns true while r is still reading from the same upstream connection;
+ * false when the request ended (and may be freed) or moved on. */
+static bool gw_proxy_up_read(gw_req_t *r)
 {
     gw_upconn_t *u = r->up;
     struct evbuffer *in = bufferevent_get_input(u->bev);
     size_t total = evbuffer_get_length(in);
     if (total == 0)
-        return;
+        return true;
     sl_counter_add(gw_m.bytes_up_in, total);
     if (!r->t_first_byte_ns) {
         r->t_first_byte_ns = sl_now_ns();
@@ -981,28 +986,29 @@ static void gw_proxy_up_read(gw_req_t *r)
         evbuffer_drain(in, used);
         if (r->stop_stream) {
             gw_proxy_on_stopped(r);
-            return;
+            return false;
         }
         switch (st) {
         case GW_HTTP_NEED_MORE:
             break;
         case GW_HTTP_HEAD:
-            gw_proxy_on_head(r);
+            if (!gw_proxy_on_head(r))
+                return false;
             again = true;
             break;
         case GW_HTTP_DONE:
             gw_proxy_on_done(r);
-            return;
+            return false;
         case GW_HTTP_ERROR:
             sl_warn("upstream %s: bad response: %s", r->server->url,
                     gw_http_error_reason(u->parser));
             gw_proxy_fail(r, "bad_response", 502, "upstream_error",
                           "The model server sent an invalid response.");
-            return;
+            return false;
         }
     }
     if (r->up != u)
-        return;
+        return false;
     /* Backpressure toward a slow client. */
     size_t hwm = (size_t)r->rt->conf->sse.buffer_bytes;
     if (!r->paused_upstream && evbuffer_get_length(bufferevent_get_output(r->c->bev)) > hwm) {
@@ -1010,6 +1016,7 @@ static void gw_proxy_up_read(gw_req_t *r)
         r->paused_upstream = true;
         bufferevent_setwatermark(r->c->bev, EV_WRITE, hwm / 2, 0);
     }
+    return true;
 }
 
 void gw_proxy_client_drained(gw_req_t *r)
@@ -1034,8 +1041,7 @@ static void gw_proxy_up_event(gw_req_t *r, short what)
     if (what & BEV_EVENT_EOF) {
         /* Drain what is buffered first, then let the parser judge the end:
          * a close-delimited body ends here; a framed one is truncated. */
-        gw_proxy_up_read(r);
-        if (r->up != u)
+        if (!gw_proxy_up_read(r))
             return;
     }
     if ((what & BEV_EVENT_EOF) && r->head_sent) {

@@ -36,7 +36,9 @@ def test_concurrent_same_key_one_proceeds(sluice_factory, mock):
         if r.status == 409:
             helpers.assert_error(r, 409, "idempotency_key_in_use")
     assert len(mock.requests()) == 1
-    assert fh.metric(s, "sluice_idempotency_in_flight_total") == 7
+    # each copy asks again a few times (50 ms apart) before its 409, in case
+    # the winner's answer was still on its way into the store
+    assert fh.metric(s, "sluice_idempotency_in_flight_total") >= 7
     # Afterwards every copy gets the winner's answer, without generating.
     winner = next(r for r in rs if r.status == 200)
     for _ in range(3):

@@ -17,7 +17,7 @@
 
 #define NUSERS 1000
 
-static char users[NUSERS][16];
+static char users[NUSERS][24];
 
 typedef struct job {
     rl_worker_t *w;
