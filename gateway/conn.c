@@ -29,10 +29,24 @@ static void gw_conn_failed(void *arg, short what);
 static void gw_conn_eventcb(struct bufferevent *bev, short what, void *arg);
 static void gw_conn_timer_cb(evutil_socket_t fd, short what, void *arg);
 
+/* The connection's one deadline (header, body or idle), kept lazily: the
+ * timer is re-armed only when a deadline comes earlier than the one it is
+ * set for; when it fires early it re-arms for what is left. A request on a
+ * keep-alive connection so costs no timer operation at all. */
 static void gw_conn_arm(gw_conn_t *c, int64_t ms)
 {
+    int64_t now = sl_now_ms();
+    c->deadline_ms = now + ms;
+    if (c->armed_ms && c->armed_ms <= c->deadline_ms)
+        return;
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
     evtimer_add(c->timer, &tv);
+    c->armed_ms = c->deadline_ms;
+}
+
+static void gw_conn_disarm(gw_conn_t *c)
+{
+    c->deadline_ms = 0; /* the timer may still fire: it finds nothing due */
 }
 
 static gw_http_parser_t *gw_conn_parser_new(const conf_limits_t *l)
@@ -170,7 +184,7 @@ void gw_conn_close(gw_conn_t *c)
 static void gw_conn_close_after_flush(gw_conn_t *c)
 {
     c->phase = GW_PHASE_CLOSING;
-    evtimer_del(c->timer);
+    gw_conn_disarm(c);
     bufferevent_disable(c->bev, EV_READ);
     if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0) {
         gw_conn_close(c);
@@ -218,7 +232,11 @@ static void gw_req_set_id(gw_req_t *r)
         memcpy(r->id, h->value, h->value_len + 1);
         return;
     }
-    snprintf(r->id, sizeof(r->id), "%016llx", (unsigned long long)gw_worker_rand(r->c->w));
+    static const char hex[] = "0123456789abcdef";
+    uint64_t v = gw_worker_rand(r->c->w);
+    for (int i = 15; i >= 0; i--, v >>= 4)
+        r->id[i] = hex[v & 15];
+    r->id[16] = '\0';
 }
 
 static int gw_conn_body_cb(void *arg, const char *p, size_t n)
@@ -288,7 +306,7 @@ static void gw_conn_parse(gw_conn_t *c)
         }
         case GW_HTTP_DONE: {
             const gw_http_msg_t *m = gw_http_msg(c->parser);
-            evtimer_del(c->timer);
+            gw_conn_disarm(c);
             c->phase = GW_PHASE_BUSY;
             c->nrequests++;
             if (!m->keep_alive || (int64_t)c->nrequests >= lim->keepalive_requests)
@@ -373,6 +391,14 @@ static void gw_conn_timer_cb(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     gw_conn_t *c = arg;
+    c->armed_ms = 0;
+    if (c->closed || c->deadline_ms == 0)
+        return;
+    int64_t left = c->deadline_ms - sl_now_ms();
+    if (left > 0) {
+        gw_conn_arm(c, left);
+        return;
+    }
     if (c->closed)
         return;
     if (c->phase == GW_PHASE_IDLE || (c->phase == GW_PHASE_HEAD && !gw_http_started(c->parser))) {

@@ -116,6 +116,31 @@ void gw_engine_put(gw_shared_t *sh, mdl_engine_t *e)
     pthread_mutex_unlock(&gw_engines_lock);
 }
 
+void gw_engines_stop(gw_shared_t *sh)
+{
+    pthread_mutex_lock(&gw_engines_lock);
+    for (gw_engine_slot_t *s = sh->engines; s; s = s->next) {
+        mdl_engine_free(s->engine); /* cancels, and runs every last on_done */
+        s->engine = NULL;           /* gw_engine_put() will not find it again */
+    }
+    pthread_mutex_unlock(&gw_engines_lock);
+}
+
+void gw_engines_free(gw_shared_t *sh)
+{
+    gw_engines_stop(sh);
+    gw_engine_slot_t *s = sh->engines;
+    while (s) {
+        gw_engine_slot_t *next = s->next;
+        free(s->upstream);
+        free(s->model);
+        free(s->system_prompt);
+        free(s);
+        s = next;
+    }
+    sh->engines = NULL;
+}
+
 /* ---- one request ---------------------------------------------------------------- */
 
 typedef struct gw_ejob {
@@ -125,7 +150,8 @@ typedef struct gw_ejob {
     mdl_finish_t why;
     mdl_usage_t usage;
     char error[160];
-    struct event *ev; /* activated by the engine side */
+    gw_worker_t *w; /* the request's worker: the engine side posts to it */
+    bool posted;    /* a run is posted and has not started (under lock) */
     /* loop side */
     gw_req_t *r; /* NULL once the request is gone */
     mdl_request_t *h;
@@ -138,8 +164,6 @@ typedef struct gw_ejob {
 
 static void gw_ejob_free(gw_ejob_t *j)
 {
-    if (j->ev)
-        event_free(j->ev);
     if (j->pending)
         evbuffer_free(j->pending);
     if (j->all)
@@ -150,13 +174,24 @@ static void gw_ejob_free(gw_ejob_t *j)
 }
 
 /* Engine thread. */
+static void gw_ejob_run(void *arg);
+
+/* Engine thread, under j->lock: make sure a run is coming. */
+static void gw_ejob_post_locked(gw_ejob_t *j)
+{
+    if (j->posted)
+        return;
+    if (gw_worker_post(j->w, gw_ejob_run, j) == 0)
+        j->posted = true;
+}
+
 static void gw_ejob_on_text(void *ud, const char *text, size_t len)
 {
     gw_ejob_t *j = ud;
     pthread_mutex_lock(&j->lock);
     evbuffer_add(j->pending, text, len);
+    gw_ejob_post_locked(j);
     pthread_mutex_unlock(&j->lock);
-    event_active(j->ev, EV_READ, 0);
 }
 
 /* Engine thread: the last touch of j from this side. */
@@ -170,8 +205,8 @@ static void gw_ejob_on_done(void *ud, mdl_finish_t why, const mdl_usage_t *usage
         j->usage = *usage;
     if (error)
         snprintf(j->error, sizeof(j->error), "%s", error);
+    gw_ejob_post_locked(j);
     pthread_mutex_unlock(&j->lock);
-    event_active(j->ev, EV_READ, 0);
 }
 
 static json_t *gw_ejob_chunk(const gw_ejob_t *j, const gw_req_t *r, json_t *delta,
@@ -246,13 +281,12 @@ static void gw_ejob_body_done(gw_ejob_t *j, gw_req_t *r)
 }
 
 /* The request's worker: text and the end, from the engine. */
-static void gw_ejob_cb(evutil_socket_t fd, short what, void *arg)
+static void gw_ejob_run(void *arg)
 {
-    (void)fd;
-    (void)what;
     gw_ejob_t *j = arg;
     struct evbuffer *text = evbuffer_new();
     pthread_mutex_lock(&j->lock);
+    j->posted = false;
     if (text)
         evbuffer_add_buffer(text, j->pending);
     bool done = j->done;
@@ -417,12 +451,12 @@ void gw_engine_attempt(gw_req_t *r)
     pthread_mutex_init(&j->lock, NULL);
     j->pending = evbuffer_new();
     j->all = evbuffer_new();
-    j->ev = event_new(r->c->w->base, -1, 0, gw_ejob_cb, j);
+    j->w = r->c->w;
     j->r = r;
     j->created = sl_wall_s();
     snprintf(j->id, sizeof(j->id), "chatcmpl-%s", r->id);
     mdl_callbacks_t cb = {.on_text = gw_ejob_on_text, .on_done = gw_ejob_on_done};
-    int rc = j->pending && j->all && j->ev
+    int rc = j->pending && j->all
                  ? mdl_engine_submit(r->pool->engine, msgs, (size_t)n, &params, &cb, j, &j->h)
                  : MDL_SUBMIT_ERROR;
     free(msgs);

@@ -60,6 +60,7 @@ struct fb_idem_worker;
 struct fb_call;
 struct gw_resender;
 struct gw_ejob;
+struct gw_mail;
 struct mdl_engine;
 typedef struct gw_server gw_server_t;
 typedef struct gw_shared gw_shared_t;
@@ -223,7 +224,11 @@ struct gw_worker {
     struct evconnlistener **listeners;
     gw_lslot_t *lslots;
     size_t nlisteners;
-    struct event *notify_ev; /* another thread asks: reload / drain / stop */
+    struct event *notify_ev; /* another thread asks (an eventfd): reload / drain / stop,
+                                and the mailbox below */
+    int notify_fd;
+    pthread_mutex_t mail_lock;
+    struct gw_mail *mail_head, **mail_tail;
     struct event *accept_ev; /* re-enable accepting after EMFILE */
     struct event *reap_ev;   /* deferred frees */
     struct event *flush_ev;  /* direct writes (wio.c) */
@@ -245,6 +250,10 @@ struct gw_worker {
 };
 
 void gw_worker_defer_free(gw_worker_t *w, void (*fn)(void *), void *obj);
+/* Runs fn(arg) on w's thread, soon; callable from any thread. libevent runs
+ * without its own locks (each base belongs to one thread), so this is the
+ * only way in from outside. -1 on OOM. */
+int gw_worker_post(gw_worker_t *w, void (*fn)(void *), void *arg);
 uint64_t gw_worker_rand(gw_worker_t *w);
 /* A connection closed: accepting may resume. */
 void gw_worker_conn_closed(gw_worker_t *w);
@@ -271,6 +280,8 @@ struct gw_conn {
     gw_http_parser_t *parser;
     gw_req_t *req;
     struct event *timer;
+    int64_t deadline_ms; /* the current deadline (monotonic), 0 = none */
+    int64_t armed_ms;    /* when the timer is set to fire, 0 = not armed */
     unsigned nrequests;
     bool close_after; /* Connection: close after this response */
     TAILQ_ENTRY(gw_conn) link;
@@ -440,6 +451,10 @@ void gw_engine_abort(gw_req_t *r);
 struct mdl_engine *gw_engine_get(gw_shared_t *sh, const conf_upstream_t *cu, char *err,
                                  size_t errlen);
 void gw_engine_put(gw_shared_t *sh, struct mdl_engine *e);
+/* Shutdown: stop every engine (their last callbacks reach the mailboxes);
+ * then free the registry. */
+void gw_engines_stop(gw_shared_t *sh);
+void gw_engines_free(gw_shared_t *sh);
 /* Local answers with any content type. */
 void gw_respond_body(gw_req_t *r, int status, const char *ctype, const char *body, size_t len,
                      const char *extra_headers);

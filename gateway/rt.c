@@ -132,6 +132,7 @@ void gw_shared_free(gw_shared_t *sh)
 {
     if (!sh)
         return;
+    gw_engines_free(sh);
     auth_stores_free(sh->auth_stores);
     fb_breakers_free(sh->breakers);
     for (size_t i = 0; i < sh->nbudgets; i++) {

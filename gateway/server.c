@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -260,11 +261,58 @@ static void gw_worker_stop_now(gw_worker_t *w)
 
 static _Atomic bool gw_stop_now;
 
+struct gw_mail {
+    struct gw_mail *next;
+    void (*fn)(void *);
+    void *arg;
+};
+
+static void gw_worker_wake(gw_worker_t *w)
+{
+    uint64_t one = 1;
+    ssize_t n = write(w->notify_fd, &one, sizeof(one));
+    (void)n; /* a full counter already means "wake up" */
+}
+
+int gw_worker_post(gw_worker_t *w, void (*fn)(void *), void *arg)
+{
+    struct gw_mail *m = malloc(sizeof(*m));
+    if (!m)
+        return -1;
+    m->next = NULL;
+    m->fn = fn;
+    m->arg = arg;
+    pthread_mutex_lock(&w->mail_lock);
+    *w->mail_tail = m;
+    w->mail_tail = &m->next;
+    pthread_mutex_unlock(&w->mail_lock);
+    gw_worker_wake(w);
+    return 0;
+}
+
+static void gw_worker_run_mail(gw_worker_t *w)
+{
+    pthread_mutex_lock(&w->mail_lock);
+    struct gw_mail *m = w->mail_head;
+    w->mail_head = NULL;
+    w->mail_tail = &w->mail_head;
+    pthread_mutex_unlock(&w->mail_lock);
+    while (m) {
+        struct gw_mail *next = m->next;
+        m->fn(m->arg);
+        free(m);
+        m = next;
+    }
+}
+
 static void gw_worker_notify_cb(evutil_socket_t fd, short what, void *arg)
 {
-    (void)fd;
     (void)what;
     gw_worker_t *w = arg;
+    uint64_t n;
+    ssize_t r = read(fd, &n, sizeof(n)); /* clears the eventfd */
+    (void)r;
+    gw_worker_run_mail(w);
     gw_worker_update_rt(w);
     if (atomic_load(&gw_srv.draining))
         gw_worker_start_drain(w);
@@ -290,7 +338,15 @@ static int gw_worker_init(gw_worker_t *w, int id, bool is_main)
     }
     if (!w->base)
         return -1;
-    w->notify_ev = event_new(w->base, -1, 0, gw_worker_notify_cb, w);
+    w->notify_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    pthread_mutex_init(&w->mail_lock, NULL);
+    w->mail_head = NULL;
+    w->mail_tail = &w->mail_head;
+    if (w->notify_fd < 0)
+        return -1;
+    w->notify_ev = event_new(w->base, w->notify_fd, EV_READ | EV_PERSIST, gw_worker_notify_cb, w);
+    if (w->notify_ev)
+        event_add(w->notify_ev, NULL);
     w->accept_ev = evtimer_new(w->base, gw_accept_retry_cb, w);
     w->reap_ev = event_new(w->base, -1, 0, gw_worker_reap_cb, w);
     w->flush_ev = event_new(w->base, -1, 0, gw_wio_flush_cb, w);
@@ -337,6 +393,9 @@ static void gw_worker_fini(gw_worker_t *w)
     free(w->lslots);
     free(w->wsrv);
     event_free(w->notify_ev);
+    gw_worker_run_mail(w); /* what was posted last (frees, mostly) */
+    close(w->notify_fd);
+    pthread_mutex_destroy(&w->mail_lock);
     event_free(w->accept_ev);
     event_free(w->reap_ev);
     event_free(w->flush_ev);
@@ -356,8 +415,8 @@ static void *gw_worker_main(void *arg)
 static void gw_notify_all(void)
 {
     for (int i = 0; i < gw_srv.nworkers; i++)
-        event_active(gw_srv.workers[i].notify_ev, EV_READ, 0);
-    event_active(gw_srv.main.notify_ev, EV_READ, 0);
+        gw_worker_wake(&gw_srv.workers[i]);
+    gw_worker_wake(&gw_srv.main);
 }
 
 /* ---- listening sockets ---------------------------------------------------- */
@@ -562,7 +621,9 @@ int gw_server_run(const char *conf_path)
 {
     char err[1024];
     signal(SIGPIPE, SIG_IGN);
-    evthread_use_pthreads();
+    /* No evthread_use_pthreads(): every event_base belongs to one thread,
+     * and the few cross-thread messages go through gw_worker_post (an
+     * eventfd), so libevent's locks would only cost. */
     gw_metrics_init();
     conf_t *c = conf_load(conf_path, err, sizeof(err));
     if (!c) {
@@ -630,6 +691,12 @@ int gw_server_run(const char *conf_path)
     event_base_dispatch(mb);
     for (int i = 0; i < gw_srv.nworkers; i++)
         pthread_join(gw_srv.workers[i].thread, NULL);
+    /* Close every connection (cancelling engine work), then stop the
+     * engines, which delivers their last callbacks into the mailboxes that
+     * gw_worker_fini() still runs. */
+    for (int i = 0; i < gw_srv.nworkers; i++)
+        gw_worker_stop_now(&gw_srv.workers[i]);
+    gw_engines_stop(gw_srv.shared);
     for (int i = 0; i < gw_srv.nworkers; i++)
         gw_worker_fini(&gw_srv.workers[i]);
     gw_worker_fini(&gw_srv.main);
