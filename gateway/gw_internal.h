@@ -61,6 +61,7 @@ struct fb_call;
 struct gw_resender;
 struct gw_ejob;
 struct gw_mail;
+typedef struct gw_qjob gw_qjob_t;
 struct mdl_engine;
 typedef struct gw_server gw_server_t;
 typedef struct gw_shared gw_shared_t;
@@ -344,6 +345,7 @@ struct gw_req {
     struct evbuffer *resp_body;
     struct rl_pending *token_pending; /* /v1/auth/token waiting for its limit */
     struct fb_call *fb_call;          /* a queue accept / lookup waiting for Redis */
+    gw_qjob_t *qjob;                  /* a journal accept on the queue thread */
 
     /* the fallback chain */
     int admit;                /* fb_admit_t of the current attempt */
@@ -432,6 +434,10 @@ void gw_fb_worker_fini(gw_worker_t *w);
 /* Process: the queue and idempotency stores (NULL-safe when off). */
 int gw_fb_server_init(gw_server_t *s, const conf_t *c, char *err, size_t errlen);
 void gw_fb_server_fini(gw_server_t *s);
+/* The journal accept thread: the client left (the accept completes anyway);
+ * shutdown (after the workers stopped, before their mailboxes close). */
+void gw_fb_queue_abort(gw_req_t *r);
+void gw_fb_queue_thread_stop(void);
 /* Once a second on the main thread: queue maintenance. */
 void gw_fb_maintain(gw_server_t *s);
 /* Before rendering /metrics: refresh breaker gauges. */

@@ -18,6 +18,7 @@
  * A failure after the first byte reached the client is never retried (the
  * proxy ends the stream with an error event instead).
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -375,6 +376,146 @@ static void gw_fb_queued(void *arg, fb_qres_t *res)
     gw_fb_template_respond(r);
 }
 
+/* ---- journal accepts off the event loop ---------------------------------------
+ *
+ * The journal writes and fdatasyncs before an accept returns (milliseconds
+ * on a slow disk). One thread does that for every worker; the answer comes
+ * back through the worker's mailbox. A client that leaves meanwhile only
+ * unhooks itself: its request is stored all the same (and delivered). */
+
+struct gw_qjob {
+    struct gw_qjob *next;
+    gw_worker_t *w;
+    gw_req_t *r; /* NULL once the request left (worker thread only) */
+    char *user, *key, *route, *body;
+    fb_qres_t res;
+};
+
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    pthread_t thread;
+    bool running, stop;
+    gw_qjob_t *head, **tail;
+} gw_qthread = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+
+static void gw_qjob_free(gw_qjob_t *j)
+{
+    if (!j)
+        return;
+    fb_qres_clear(&j->res);
+    free(j->user);
+    free(j->key);
+    free(j->route);
+    free(j->body);
+    free(j);
+}
+
+/* Takes ownership of body. */
+static gw_qjob_t *gw_qjob_new(gw_req_t *r, const char *key, char *body)
+{
+    gw_qjob_t *j = calloc(1, sizeof(*j));
+    if (!j) {
+        free(body);
+        return NULL;
+    }
+    j->w = r->c->w;
+    j->r = r;
+    j->body = body;
+    j->user = strdup(gw_fb_user(r));
+    j->key = key[0] ? strdup(key) : NULL;
+    j->route = strdup(r->model->name);
+    if (!j->user || !j->route || (key[0] && !j->key)) {
+        gw_qjob_free(j);
+        return NULL;
+    }
+    return j;
+}
+
+/* The worker: the accept is done. */
+static void gw_qjob_done(void *arg)
+{
+    gw_qjob_t *j = arg;
+    gw_req_t *r = j->r;
+    if (r) {
+        r->qjob = NULL;
+        gw_fb_queued(r, &j->res);
+    }
+    gw_qjob_free(j);
+}
+
+static void *gw_qthread_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&gw_qthread.lock);
+    for (;;) {
+        while (!gw_qthread.head && !gw_qthread.stop)
+            pthread_cond_wait(&gw_qthread.cond, &gw_qthread.lock);
+        gw_qjob_t *j = gw_qthread.head;
+        if (!j)
+            break; /* stopping, and nothing left */
+        gw_qthread.head = j->next;
+        if (!gw_qthread.head)
+            gw_qthread.tail = &gw_qthread.head;
+        pthread_mutex_unlock(&gw_qthread.lock);
+        fb_qaccept_t in = {
+            .user = j->user,
+            .idem_key = j->key,
+            .route = j->route,
+            .body = j->body,
+            .body_len = strlen(j->body),
+        };
+        /* The journal store answers at once (FB_DONE); only the queue is
+         * touched, under its own lock. */
+        if (fb_queue_accept(j->w->qw, &in, &j->res, NULL, NULL, NULL) != FB_DONE)
+            j->res.status = FB_Q_STORE_ERROR;
+        if (gw_worker_post(j->w, gw_qjob_done, j) != 0)
+            gw_qjob_free(j); /* out of memory: the request keeps waiting; nothing leaks */
+        pthread_mutex_lock(&gw_qthread.lock);
+    }
+    pthread_mutex_unlock(&gw_qthread.lock);
+    return NULL;
+}
+
+static int gw_qthread_push(gw_qjob_t *j)
+{
+    pthread_mutex_lock(&gw_qthread.lock);
+    if (!gw_qthread.running) {
+        gw_qthread.tail = &gw_qthread.head;
+        gw_qthread.stop = false;
+        if (pthread_create(&gw_qthread.thread, NULL, gw_qthread_main, NULL) != 0) {
+            pthread_mutex_unlock(&gw_qthread.lock);
+            return -1;
+        }
+        gw_qthread.running = true;
+    }
+    *gw_qthread.tail = j;
+    gw_qthread.tail = &j->next;
+    pthread_cond_signal(&gw_qthread.cond);
+    pthread_mutex_unlock(&gw_qthread.lock);
+    return 0;
+}
+
+void gw_fb_queue_thread_stop(void)
+{
+    pthread_mutex_lock(&gw_qthread.lock);
+    bool running = gw_qthread.running;
+    gw_qthread.stop = true;
+    pthread_cond_signal(&gw_qthread.cond);
+    pthread_mutex_unlock(&gw_qthread.lock);
+    if (running)
+        pthread_join(gw_qthread.thread, NULL); /* finishes what was queued */
+    gw_qthread.running = false;
+}
+
+void gw_fb_queue_abort(gw_req_t *r)
+{
+    if (r->qjob) {
+        r->qjob->r = NULL;
+        r->qjob = NULL;
+    }
+}
+
 /* Stores the request for a later resend (non-streamed: the stored answer
  * is a chat.completion), then answers with the template. */
 static void gw_fb_template(gw_req_t *r)
@@ -400,6 +541,18 @@ static void gw_fb_template(gw_req_t *r)
     if (ik && fb_idem_key_valid(ik->value, ik->value_len)) {
         memcpy(key, ik->value, ik->value_len);
         key[ik->value_len] = '\0';
+    }
+    if (!fb_queue_is_redis(r->c->w->srv->queue)) {
+        /* The journal fsyncs before it answers: off the event loop. */
+        gw_qjob_t *j = gw_qjob_new(r, key, body); /* takes body */
+        if (j && gw_qthread_push(j) == 0) {
+            r->qjob = j;
+            return;
+        }
+        gw_qjob_free(j);
+        sl_warn("queue: request %s not stored: out of memory", r->id);
+        gw_fb_template_respond(r);
+        return;
     }
     fb_qaccept_t in = {
         .user = gw_fb_user(r),

@@ -196,6 +196,7 @@ void gw_proxy_abort(gw_req_t *r)
         fb_call_cancel(r->fb_call);
         r->fb_call = NULL;
     }
+    gw_fb_queue_abort(r);
     gw_proxy_finish(r, false, -1);
     gw_engine_abort(r);
     if (r->local_stream) {

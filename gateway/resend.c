@@ -25,6 +25,7 @@ typedef struct gw_resender {
     struct event *tick;
     int inflight;
     fb_call_t *next_call; /* a queue_next waiting for Redis */
+    bool draining_tick;   /* inside gw_resend_tick (no recursion through reports) */
     gw_resend_t *list;    /* in flight, for shutdown */
 } gw_resender_t;
 
@@ -65,14 +66,21 @@ static void gw_resend_free(gw_resend_t *j)
     free(j);
 }
 
+static void gw_resend_tick(evutil_socket_t fd, short what, void *arg);
+
 static void gw_resend_reported(void *arg, fb_qres_t *res)
 {
     gw_resend_t *j = arg;
+    gw_resender_t *rs = j->rs;
     j->call = NULL;
-    if (res->status != FB_Q_OK && res->status != FB_Q_STALE)
+    bool ok = res->status == FB_Q_OK || res->status == FB_Q_STALE;
+    if (!ok)
         sl_warn("resend %s: report: %s", j->item->id, fb_qstatus_name(res->status));
     fb_qres_clear(res);
     gw_resend_free(j);
+    /* A slot is free: the next due item goes now, not at the next tick. */
+    if (ok && !rs->draining_tick)
+        gw_resend_tick(-1, 0, rs);
 }
 
 /* The attempt's end: tell the breaker and the queue. */
@@ -243,8 +251,6 @@ static bool gw_resend_worthwhile(const gw_worker_t *w)
     return false;
 }
 
-static void gw_resend_tick(evutil_socket_t fd, short what, void *arg);
-
 static void gw_resend_next_cb(void *arg, fb_qres_t *res)
 {
     gw_resender_t *rs = arg;
@@ -270,9 +276,11 @@ static void gw_resend_tick(evutil_socket_t fd, short what, void *arg)
         return;
     fb_qres_t res;
     memset(&res, 0, sizeof(res));
+    rs->draining_tick = true;
     fb_rc_t rc = fb_queue_next(w->qw, &res, gw_resend_next_cb, rs, &rs->next_call);
     if (rc == FB_DONE)
         gw_resend_next_cb(rs, &res);
+    rs->draining_tick = false;
 }
 
 int gw_fb_worker_init(gw_worker_t *w)

@@ -697,6 +697,7 @@ int gw_server_run(const char *conf_path)
     for (int i = 0; i < gw_srv.nworkers; i++)
         gw_worker_stop_now(&gw_srv.workers[i]);
     gw_engines_stop(gw_srv.shared);
+    gw_fb_queue_thread_stop();
     for (int i = 0; i < gw_srv.nworkers; i++)
         gw_worker_fini(&gw_srv.workers[i]);
     gw_worker_fini(&gw_srv.main);
