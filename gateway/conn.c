@@ -128,12 +128,14 @@ static void gw_conn_free_cb(void *arg)
     free(c);
 }
 
+/* A request's resources; the struct and its body buffer are kept as the
+ * connection's spare for its next request (keep-alive requests then cost
+ * no allocation for them). */
 static void gw_req_free(gw_req_t *r)
 {
     if (!r)
         return;
-    if (r->body)
-        evbuffer_free(r->body);
+    gw_conn_t *c = r->c;
     if (r->json)
         json_decref(r->json);
     if (r->resp_body)
@@ -143,7 +145,24 @@ static void gw_req_free(gw_req_t *r)
     if (r->retry_ev)
         event_free(r->retry_ev);
     gw_rt_unref(r->rt);
+    if (c && !c->closed && !c->spare && r->body) {
+        evbuffer_drain(r->body, evbuffer_get_length(r->body));
+        c->spare = r;
+        return;
+    }
+    if (r->body)
+        evbuffer_free(r->body);
     free(r);
+}
+
+static void gw_req_free_spare(gw_conn_t *c)
+{
+    gw_req_t *r = c->spare;
+    c->spare = NULL;
+    if (r) {
+        evbuffer_free(r->body);
+        free(r);
+    }
 }
 
 void gw_conn_close(gw_conn_t *c)
@@ -165,6 +184,7 @@ void gw_conn_close(gw_conn_t *c)
         gw_req_free(r);
         c->req = NULL;
     }
+    gw_req_free_spare(c);
     gw_worker_t *w = c->w;
     TAILQ_REMOVE(&w->conns, c, link);
     w->nconns--;
@@ -205,15 +225,23 @@ void gw_conn_drain(gw_conn_t *c)
 
 static gw_req_t *gw_req_new(gw_conn_t *c)
 {
-    gw_req_t *r = calloc(1, sizeof(*r));
-    if (!r)
-        return NULL;
+    gw_req_t *r = c->spare;
+    struct evbuffer *body = NULL;
+    if (r) {
+        c->spare = NULL;
+        body = r->body;
+        memset(r, 0, sizeof(*r));
+    } else {
+        r = calloc(1, sizeof(*r));
+        if (!r)
+            return NULL;
+    }
     r->c = c;
     r->rt = gw_rt_ref(c->w->rt);
     r->start_ns = sl_now_ns();
     r->route = GW_ROUTE_OTHER;
     r->hooks.pending = -1;
-    r->body = evbuffer_new();
+    r->body = body ? body : evbuffer_new();
     if (!r->body) {
         gw_req_free(r);
         return NULL;

@@ -280,6 +280,7 @@ struct gw_conn {
     gw_conn_phase_t phase;
     gw_http_parser_t *parser;
     gw_req_t *req;
+    gw_req_t *spare; /* the last request's struct, kept for the next one */
     struct event *timer;
     int64_t deadline_ms; /* the current deadline (monotonic), 0 = none */
     int64_t armed_ms;    /* when the timer is set to fire, 0 = not armed */

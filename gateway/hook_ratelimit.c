@@ -128,8 +128,18 @@ static gw_hook_rc_t gw_rl_on_request(gw_req_t *r, void **state)
         } else if (s->clamp.added_max_tokens) {
             /* Only a key was added: append it to the client's bytes rather
              * than serialise the whole body again. */
-            snprintf(r->body_add, sizeof(r->body_add), "\"max_tokens\":%lld",
-                     (long long)s->clamp.max_tokens);
+            static const char key[] = "\"max_tokens\":";
+            char digits[24];
+            size_t n = 0;
+            uint64_t v = (uint64_t)s->clamp.max_tokens;
+            do {
+                digits[n++] = (char)('0' + v % 10);
+                v /= 10;
+            } while (v);
+            memcpy(r->body_add, key, sizeof(key) - 1);
+            for (size_t k = 0; k < n; k++)
+                r->body_add[sizeof(key) - 1 + k] = digits[n - 1 - k];
+            r->body_add[sizeof(key) - 1 + n] = '\0';
             r->body_add_first = json_object_size(r->json) == 1;
         }
         if (budgets)
