@@ -22,7 +22,7 @@
  */
 #include "common/redis.h"
 
-#include <hiredis/adapters/libevent.h>
+#include <event2/event_struct.h>
 #include <hiredis/async.h>
 #include <hiredis/hiredis.h>
 
@@ -46,8 +46,8 @@ struct sl_redis_call {
     sl_redis_t *r;
     sl_redis_cb cb;
     void *arg;
-    struct event *timer;
-    char *cmd; /* formatted command; kept to the end for a script (NOSCRIPT retry) */
+    struct event timer; /* the deadline (embedded: no allocation per call) */
+    char *cmd;          /* formatted command; kept to the end for a script (NOSCRIPT retry) */
     int cmdlen;
     const sl_redis_script_t *script; /* borrowed; NULL for a plain command */
     sl_redis_stage_t stage;
@@ -146,7 +146,7 @@ static void sl_redis_call_release(sl_redis_call_t *c)
 {
     if (!c->user_done || c->in_hiredis)
         return;
-    event_free(c->timer);
+    event_del(&c->timer);
     if (c->cmd)
         redisFreeCommand(c->cmd);
     free(c);
@@ -158,7 +158,7 @@ static void sl_redis_call_finish(sl_redis_call_t *c, sl_redis_status_t st, redis
     sl_redis_t *r = c->r;
     sl_redis_call_move(c, CALL_NONE);
     c->user_done = true;
-    event_del(c->timer);
+    event_del(&c->timer);
     if (st == SL_REDIS_DOWN)
         sl_redis_count(r, ERR_DOWN);
     else if (st == SL_REDIS_TIMEOUT)
@@ -457,6 +457,129 @@ static void sl_redis_on_disconnect(const redisAsyncContext *cac, int status)
     sl_redis_conn_down(r, cac->errstr[0] ? cac->errstr : "closed");
 }
 
+/* ---- the event-loop adapter ------------------------------------------------
+ *
+ * hiredis's own libevent adapter arms EV_WRITE for every command and disarms
+ * it once written: two epoll_ctl and a loop turn per call. Once connected,
+ * this one writes on the next activation of a plain event (no syscall but
+ * the write); only a write the kernel does not take whole, or the connect
+ * itself, waits for EV_WRITE. */
+
+typedef struct sl_redis_ev {
+    redisAsyncContext *ac;
+    struct event *rev, *wev; /* read (persistent), write (while the kernel is full) */
+    struct event *kick;      /* "write now", once the current callbacks are done */
+    bool want_write;
+    bool in_flush;
+    bool rearm; /* hiredis asked to write again during a flush: the kernel is full */
+} sl_redis_ev_t;
+
+static void sl_rev_read(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    sl_redis_ev_t *e = arg;
+    redisAsyncHandleRead(e->ac);
+}
+
+static void sl_rev_write(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    sl_redis_ev_t *e = arg;
+    redisAsyncHandleWrite(e->ac);
+}
+
+static void sl_rev_kick(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    sl_redis_ev_t *e = arg;
+    if (!e->want_write)
+        return;
+    e->in_flush = true;
+    e->rearm = false;
+    redisAsyncHandleWrite(e->ac); /* calls delWrite when all is out, addWrite if not */
+    e->in_flush = false;
+    if (e->rearm)
+        event_add(e->wev, NULL);
+}
+
+static void sl_rev_add_read(void *p)
+{
+    sl_redis_ev_t *e = p;
+    event_add(e->rev, NULL);
+}
+
+static void sl_rev_del_read(void *p)
+{
+    sl_redis_ev_t *e = p;
+    event_del(e->rev);
+}
+
+static void sl_rev_add_write(void *p)
+{
+    sl_redis_ev_t *e = p;
+    e->want_write = true;
+    if (!(e->ac->c.flags & REDIS_CONNECTED)) {
+        event_add(e->wev, NULL); /* the connect completes on writability */
+        return;
+    }
+    if (e->in_flush) {
+        e->rearm = true;
+        return;
+    }
+    event_active(e->kick, EV_TIMEOUT, 0);
+}
+
+static void sl_rev_del_write(void *p)
+{
+    sl_redis_ev_t *e = p;
+    e->want_write = false;
+    e->rearm = false;
+    event_del(e->wev);
+}
+
+static void sl_rev_cleanup(void *p)
+{
+    sl_redis_ev_t *e = p;
+    event_free(e->rev);
+    event_free(e->wev);
+    event_free(e->kick);
+    free(e);
+}
+
+static int sl_redis_attach(redisAsyncContext *ac, struct event_base *base)
+{
+    if (ac->ev.data)
+        return -1;
+    sl_redis_ev_t *e = calloc(1, sizeof(*e));
+    if (!e)
+        return -1;
+    e->ac = ac;
+    int fd = ac->c.fd;
+    e->rev = event_new(base, fd, EV_READ | EV_PERSIST, sl_rev_read, e);
+    e->wev = event_new(base, fd, EV_WRITE, sl_rev_write, e);
+    e->kick = event_new(base, -1, 0, sl_rev_kick, e);
+    if (!e->rev || !e->wev || !e->kick) {
+        if (e->rev)
+            event_free(e->rev);
+        if (e->wev)
+            event_free(e->wev);
+        if (e->kick)
+            event_free(e->kick);
+        free(e);
+        return -1;
+    }
+    ac->ev.addRead = sl_rev_add_read;
+    ac->ev.delRead = sl_rev_del_read;
+    ac->ev.addWrite = sl_rev_add_write;
+    ac->ev.delWrite = sl_rev_del_write;
+    ac->ev.cleanup = sl_rev_cleanup;
+    ac->ev.data = e;
+    return 0;
+}
+
 static void sl_redis_conn_start(sl_redis_t *r)
 {
     r->state = CONN_CONNECTING;
@@ -471,7 +594,7 @@ static void sl_redis_conn_start(sl_redis_t *r)
         return;
     }
     ac->data = r;
-    if (redisLibeventAttach(ac, r->base) != REDIS_OK) {
+    if (sl_redis_attach(ac, r->base) != 0) {
         redisAsyncFree(ac);
         sl_redis_count(r, ERR_CONNECT);
         sl_redis_conn_down(r, "cannot attach to the event loop");
@@ -701,13 +824,8 @@ static sl_redis_call_t *sl_redis_call_new(sl_redis_t *r, char *cmd, int cmdlen,
     c->cmd = cmd;
     c->cmdlen = cmdlen;
     c->script = s;
-    c->timer = evtimer_new(r->base, sl_redis_timer_cb, c);
-    if (!c->timer) {
-        redisFreeCommand(cmd);
-        free(c);
-        return NULL;
-    }
-    evtimer_add(c->timer, r->call_tv);
+    evtimer_assign(&c->timer, r->base, sl_redis_timer_cb, c);
+    evtimer_add(&c->timer, r->call_tv);
     if (r->inflight >= SL_REDIS_MAX_INFLIGHT) {
         sl_redis_count(r, ERR_OVERLOAD);
         sl_redis_call_fail_later(c, SL_REDIS_DOWN);
@@ -737,7 +855,7 @@ void sl_redis_call_cancel(sl_redis_call_t *c)
         return;
     sl_redis_call_move(c, CALL_NONE);
     c->user_done = true;
-    event_del(c->timer);
+    event_del(&c->timer);
     sl_redis_call_release(c);
 }
 

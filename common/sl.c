@@ -75,6 +75,24 @@ int sl_ct_equal(const void *a, size_t alen, const void *b, size_t blen)
     return CRYPTO_memcmp(a, b, alen) == 0;
 }
 
+size_t sl_i64toa(int64_t v, char *out)
+{
+    char d[24];
+    size_t n = 0;
+    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    do {
+        d[n++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    size_t len = 0;
+    if (v < 0)
+        out[len++] = '-';
+    while (n)
+        out[len++] = d[--n];
+    out[len] = '\0';
+    return len;
+}
+
 void sl_hex(const unsigned char *in, size_t n, char *out)
 {
     static const char digits[] = "0123456789abcdef";

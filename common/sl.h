@@ -52,6 +52,10 @@ char *sl_xstrdup(const char *s);
  * returns 1 when equal. Time depends only on the lengths. */
 int sl_ct_equal(const void *a, size_t alen, const void *b, size_t blen);
 
+/* Decimal of v into out (at least 21 bytes), NUL-terminated; returns the
+ * length. For hot paths where snprintf's format pass shows. */
+size_t sl_i64toa(int64_t v, char *out);
+
 /* Lowercase hex of n bytes into out (2n+1 bytes, NUL-terminated). */
 void sl_hex(const unsigned char *in, size_t n, char *out);
 

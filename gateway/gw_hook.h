@@ -76,6 +76,9 @@ typedef struct gw_hook {
     /* A whole JSON answer (2xx, application/json). May edit it and set
      * *modified. Non-zero = fail the request (502). */
     int (*on_body)(gw_req_t *r, void *state, json_t *body, bool *modified);
+    /* Whether on_body is needed for this request (NULL: whenever there is
+     * state). Gathering and parsing an answer is not free. */
+    bool (*wants_body)(const gw_req_t *r, void *state);
     void (*on_end)(gw_req_t *r, void *state, gw_end_t how);
 } gw_hook_t;
 

@@ -23,6 +23,7 @@ typedef struct gw_rl {
     rl_stream_t *stream;
     rl_usage_t usage;
     bool have_usage;
+    bool budgets; /* token budgets: the answer's usage settles the reservation */
 } gw_rl_t;
 
 static bool gw_rl_any_limit(const conf_ratelimit_t *c)
@@ -117,6 +118,7 @@ static gw_hook_rc_t gw_rl_on_request(gw_req_t *r, void **state)
     s->r = r;
     *state = s;
     bool budgets = gw_rl_budgets(c);
+    s->budgets = budgets;
     if (r->route == GW_ROUTE_CHAT || r->route == GW_ROUTE_COMPLETIONS) {
         char err[160];
         if (rl_body_clamp_ex(r->json, c->max_tokens, budgets, &s->clamp, err, sizeof(err)) != 0) {
@@ -230,6 +232,12 @@ static int gw_rl_on_body(gw_req_t *r, void *state, json_t *body, bool *modified)
     return 0;
 }
 
+static bool gw_rl_wants_body(const gw_req_t *r, void *state)
+{
+    (void)r;
+    return ((const gw_rl_t *)state)->budgets;
+}
+
 static void gw_rl_on_end(gw_req_t *r, void *state, gw_end_t how)
 {
     (void)how;
@@ -267,5 +275,6 @@ const gw_hook_t gw_hook_ratelimit = {
     .on_headers = gw_rl_on_headers,
     .on_event = gw_rl_on_event,
     .on_body = gw_rl_on_body,
+    .wants_body = gw_rl_wants_body,
     .on_end = gw_rl_on_end,
 };

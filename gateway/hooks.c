@@ -129,9 +129,12 @@ bool gw_hooks_want_events(const gw_req_t *r)
 
 bool gw_hooks_want_body(const gw_req_t *r)
 {
-    for (size_t i = 0; i < gw_nhooks; i++)
-        if ((r->hooks.ran & (1u << i)) && gw_hooks[i]->on_body && r->hooks.state[i])
+    for (size_t i = 0; i < gw_nhooks; i++) {
+        const gw_hook_t *hk = gw_hooks[i];
+        if ((r->hooks.ran & (1u << i)) && hk->on_body && r->hooks.state[i] &&
+            (!hk->wants_body || hk->wants_body(r, r->hooks.state[i])))
             return true;
+    }
     return false;
 }
 
