@@ -718,8 +718,8 @@ int gw_server_run(const char *conf_path)
     free(gw_srv.listens);
     rl_free(gw_srv.rl);
     gw_fb_server_fini(&gw_srv);
+    gw_rt_unref(atomic_load(&gw_srv.rt)); /* gives its engines back to the registry */
     gw_shared_free(gw_srv.shared);
-    gw_rt_unref(atomic_load(&gw_srv.rt));
     free(gw_srv.conf_path);
     sl_info("sluice stopped");
     return 0;
