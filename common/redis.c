@@ -577,6 +577,11 @@ static int sl_redis_attach(redisAsyncContext *ac, struct event_base *base)
     ac->ev.delWrite = sl_rev_del_write;
     ac->ev.cleanup = sl_rev_cleanup;
     ac->ev.data = e;
+    /* The connect completes on writability (as hiredis's own adapter does,
+     * watch both from the start). */
+    e->want_write = true;
+    event_add(e->rev, NULL);
+    event_add(e->wev, NULL);
     return 0;
 }
 
