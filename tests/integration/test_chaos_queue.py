@@ -243,6 +243,10 @@ def test_redis_down_on_the_queue_path(sluice_factory, tmp_path, redis_server):
     ph.redis_restart(redis_server)  # empty (no persistence in this one): q is gone with it
     wait_until(lambda: s.chat("after").header("X-Sluice-Request-Id"), bound(10),
                what="queued again once Redis is back")
+    # each worker has its own Redis connection, back within its reconnect
+    # backoff (at most 5 s): until then a lookup on another worker may be 503
+    wait_until(lambda: s.request("GET", "/v1/requests/" + q).status != 503, bound(10),
+               what="every worker reconnected")
     helpers.assert_error(s.request("GET", "/v1/requests/" + q), 404, "not_found")
 
 
