@@ -132,7 +132,7 @@ run:
 	@$(MAKE) --no-print-directory -j$(NPROC) all
 	./scripts/run-demo.sh $(abspath $(BIN))
 
-bench: $(BIN)
+bench: $(BIN) $(TOOL_BINS)
 	./bench/run.sh
 
 deps:

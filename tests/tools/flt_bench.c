@@ -4,7 +4,7 @@
  * Prints: the load time of 10,000 and 100,000 words; MB/s filtering a text
  * whole and streamed in delta-sized pieces; and the time flt_stream_event()
  * adds per typical delta event (a real chat.completion.chunk JSON of one or
- * two tokens), mean and p50/p99. Results go to bench/RESULTS-filters.md.
+ * two tokens), mean and p50/p99. Results go to bench/RESULTS.md.
  *
  *   build/tools/flt_bench [MB of text, default 8]
  */
