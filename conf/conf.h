@@ -102,6 +102,8 @@ typedef struct conf_upstream {
     int64_t max_fails;    /* breaker: consecutive failures; 0 = fallback.circuit.failures */
     int64_t eject_ms;     /* breaker: open this long; 0 = fallback.circuit.cooldown */
     conf_engine_t engine; /* engine: { model, ... } instead of servers */
+    char **command;       /* a model server sluice starts and supervises; NULL = none */
+    size_t ncommand;
 } conf_upstream_t;
 
 /* ---- routing simple requests to the local model ------------------------- */

@@ -497,6 +497,8 @@ static const conf_table_t engine_table = {TABLE(engine_keys, conf_engine_t)};
 static int upstream_kind_check(conf_ctx_t *ctx, void *obj, int line)
 {
     const conf_upstream_t *u = obj;
+    if (u->ncommand && !u->nservers)
+        return conf_errorf(ctx, line, "command", "needs servers (where the command listens)");
     if (u->engine.model && u->nservers)
         return conf_errorf(ctx, line, "engine", "an upstream has servers or an engine, not both");
     if (!u->engine.model && !u->nservers)
@@ -520,6 +522,16 @@ static const conf_key_t upstream_keys[] = {
      .sub = &engine_table,
      .flags = R,
      .doc = "instead of servers: sluice's own in-process model (model/)"},
+    {.name = "command",
+     .type = CONF_STRLIST,
+     .off = offsetof(conf_upstream_t, command),
+     .count_off = offsetof(conf_upstream_t, ncommand),
+     .min = 0,
+     .max = 256,
+     .flags = R,
+     .doc = "a model server for this pool that sluice starts, health-checks (GET /v1/models "
+            "on the first server) before use, and restarts with backoff: program and arguments "
+            "(a reload that changes it is refused: restart)"},
     {.name = "balance",
      .type = CONF_ENUM,
      .off = offsetof(conf_upstream_t, balance),

@@ -65,6 +65,7 @@ typedef struct gw_qjob gw_qjob_t;
 struct mdl_engine;
 typedef struct gw_server gw_server_t;
 typedef struct gw_shared gw_shared_t;
+typedef struct gw_sup gw_sup_t;
 typedef struct gw_worker gw_worker_t;
 typedef struct gw_rt gw_rt_t;
 typedef struct gw_conn gw_conn_t;
@@ -105,6 +106,7 @@ struct gw_pool_rt {
     conf_fb_circuit_t circuit; /* fallback.circuit with this pool's max_fails/eject */
     struct fb_budget *budget;  /* retry budget (kept across reloads) */
     struct mdl_engine *engine; /* kind engine: the in-process model (no servers) */
+    gw_sup_t *sup;             /* a supervised command (supervise.c), or NULL */
 };
 
 typedef struct gw_model_rt {
@@ -462,6 +464,12 @@ void gw_engine_put(gw_shared_t *sh, struct mdl_engine *e);
  * then free the registry. */
 void gw_engines_stop(gw_shared_t *sh);
 void gw_engines_free(gw_shared_t *sh);
+/* supervise.c: model servers sluice starts (upstreams.<name>.command). */
+int gw_sup_init(struct event_base *base, const gw_rt_t *rt, char *err, size_t errlen);
+void gw_sup_shutdown(void);
+gw_sup_t *gw_sup_find(const char *upstream);
+/* True when s is NULL (nothing supervised) or its server answers. */
+bool gw_sup_healthy(const gw_sup_t *s);
 /* Local answers with any content type. */
 void gw_respond_body(gw_req_t *r, int status, const char *ctype, const char *body, size_t len,
                      const char *extra_headers);
@@ -496,8 +504,9 @@ struct gw_upconn {
  * fb_admit_t). NULL when none is in service. */
 gw_srv_rt_t *gw_upstream_pick(gw_worker_t *w, gw_pool_rt_t *pool, const gw_srv_rt_t *avoid,
                               int64_t now_ms, int *admit);
-/* A server of pool other than `not` is eligible now. */
-bool gw_upstream_other_eligible(const gw_pool_rt_t *pool, const gw_srv_rt_t * not, int64_t now_ms);
+/* A server of pool other than `except` is eligible now. */
+bool gw_upstream_other_eligible(const gw_pool_rt_t *pool, const gw_srv_rt_t *except,
+                                int64_t now_ms);
 /* A server of pool is eligible now. */
 bool gw_upstream_any_eligible(const gw_pool_rt_t *pool, int64_t now_ms);
 /* An idle connection to srv (when allow_reuse), or a new one (connecting).

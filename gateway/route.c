@@ -70,6 +70,8 @@ static void gw_route_readyz(gw_req_t *r)
                 in_service++;
         if (p->engine) /* the in-process model: loaded and warmed up */
             in_service = mdl_engine_ready(p->engine);
+        if (!gw_sup_healthy(p->sup)) /* a supervised server still starting */
+            in_service = 0;
         json_object_set_new(
             ups, p->name,
             json_pack("{s:i,s:i}", "servers", (int)p->nservers, "in_service", in_service));

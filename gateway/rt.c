@@ -166,6 +166,7 @@ static int gw_pool_build(gw_rt_t *rt, gw_shared_t *sh, gw_pool_rt_t *p, const co
         if (!p->engine)
             return -1;
     }
+    p->sup = cu->ncommand ? gw_sup_find(cu->name) : NULL;
     p->nservers = cu->nservers;
     p->servers = sl_xcalloc(cu->nservers, sizeof(*p->servers));
     bool any_https = false;

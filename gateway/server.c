@@ -505,6 +505,30 @@ static void gw_count_reload(const char *result)
     sl_counter_add(sl_metric_series1(gw_m.reloads, result), 1);
 }
 
+/* Supervised commands are started once: a reload may not change them. */
+static int gw_reload_commands_same(const conf_t *a, const conf_t *b, char *err, size_t errlen)
+{
+    for (size_t i = 0; i < b->nupstreams; i++) {
+        const conf_upstream_t *nu = &b->upstreams[i];
+        const conf_upstream_t *ou = conf_upstream_find(a, nu->name);
+        size_t on = ou ? ou->ncommand : 0;
+        bool same = on == nu->ncommand;
+        for (size_t k = 0; same && k < on; k++)
+            same = strcmp(ou->command[k], nu->command[k]) == 0;
+        if (!same) {
+            snprintf(err, errlen, "upstreams.%s.command: changed; needs a restart", nu->name);
+            return -1;
+        }
+    }
+    for (size_t i = 0; i < a->nupstreams; i++)
+        if (a->upstreams[i].ncommand && !conf_upstream_find(b, a->upstreams[i].name)) {
+            snprintf(err, errlen, "upstreams.%s: has a command; removing it needs a restart",
+                     a->upstreams[i].name);
+            return -1;
+        }
+    return 0;
+}
+
 static void gw_reload(void)
 {
     char err[1024];
@@ -515,7 +539,8 @@ static void gw_reload(void)
         return;
     }
     gw_rt_t *old = gw_server_rt(&gw_srv);
-    if (conf_reload_check(old->conf, c, err, sizeof(err)) != 0) {
+    if (conf_reload_check(old->conf, c, err, sizeof(err)) != 0 ||
+        gw_reload_commands_same(old->conf, c, err, sizeof(err)) != 0) {
         sl_error("reload refused: %s", err);
         gw_rt_unref(old);
         conf_free(c);
@@ -674,6 +699,13 @@ int gw_server_run(const char *conf_path)
     evsignal_add(gw_srv.sig_hup, NULL);
     evsignal_add(gw_srv.sig_term, NULL);
     evsignal_add(gw_srv.sig_int, NULL);
+    if (gw_sup_init(mb, rt, err, sizeof(err)) != 0) {
+        sl_error("supervise: %s", err);
+        return 1;
+    }
+    for (size_t i = 0; i < rt->npools; i++) /* built before the supervisors */
+        if (rt->pools[i].conf->ncommand)
+            rt->pools[i].sup = gw_sup_find(rt->pools[i].name);
     gw_srv.maint_ev = event_new(mb, -1, EV_PERSIST, gw_maint_cb, NULL);
     struct timeval one = {1, 0};
     event_add(gw_srv.maint_ev, &one);
@@ -698,6 +730,7 @@ int gw_server_run(const char *conf_path)
         gw_worker_stop_now(&gw_srv.workers[i]);
     gw_engines_stop(gw_srv.shared);
     gw_fb_queue_thread_stop();
+    gw_sup_shutdown();
     for (int i = 0; i < gw_srv.nworkers; i++)
         gw_worker_fini(&gw_srv.workers[i]);
     gw_worker_fini(&gw_srv.main);

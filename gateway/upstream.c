@@ -57,10 +57,12 @@ static gw_wsrv_t *gw_wsrv_of(gw_worker_t *w, const gw_srv_rt_t *srv)
     return NULL;
 }
 
-bool gw_upstream_other_eligible(const gw_pool_rt_t *pool, const gw_srv_rt_t * not, int64_t now_ms)
+bool gw_upstream_other_eligible(const gw_pool_rt_t *pool, const gw_srv_rt_t *except, int64_t now_ms)
 {
+    if (!gw_sup_healthy(pool->sup))
+        return false;
     for (size_t i = 0; i < pool->nservers; i++)
-        if (pool->servers[i] != not &&fb_breaker_eligible(pool->servers[i]->breaker, now_ms))
+        if (pool->servers[i] != except && fb_breaker_eligible(pool->servers[i]->breaker, now_ms))
             return true;
     return false;
 }
@@ -77,6 +79,8 @@ gw_srv_rt_t *gw_upstream_pick(gw_worker_t *w, gw_pool_rt_t *pool, const gw_srv_r
     int scratch[64] = {0}; /* round-robin state for a runtime the worker left behind */
     size_t n = SL_MIN(pool->nservers, SL_ARRAY_LEN(items));
     size_t eligible = 0;
+    if (!gw_sup_healthy(pool->sup))
+        return NULL; /* its supervised server is (re)starting */
     for (size_t i = 0; i < n; i++) {
         gw_srv_rt_t *s = pool->servers[i];
         items[i].weight = s->weight;
