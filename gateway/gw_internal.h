@@ -519,7 +519,6 @@ void gw_upstream_arm(gw_upconn_t *u);
 void gw_upstream_close(gw_upconn_t *u);
 /* Worker's runtime changed: close idle connections of the old one. */
 void gw_upstream_worker_reset(gw_worker_t *w);
-void gw_upstream_worker_free(gw_worker_t *w);
 
 /* balance.c — pure: smooth weighted round-robin and least-connections. */
 typedef struct gw_balance_item {

@@ -630,10 +630,8 @@ static bool gw_ct_is_json(const gw_http_header_t *h)
 static bool gw_proxy_on_head(gw_req_t *r)
 {
     const gw_http_msg_t *m = gw_http_msg(r->up->parser);
-    int64_t now = sl_now_ms();
     r->upstatus = m->status;
     r->status = m->status;
-    (void)now;
     if (m->status >= 500) {
         const gw_http_header_t *ra = gw_http_header_find(m, "Retry-After");
         snprintf(r->retry_after, sizeof(r->retry_after), "%s", ra ? ra->value : "");

@@ -382,7 +382,7 @@ static void gw_worker_fini(gw_worker_t *w)
     gw_worker_unlisten(w);
     gw_worker_stop_now(w);
     gw_worker_reap_cb(-1, 0, w);
-    gw_upstream_worker_free(w);
+    gw_upstream_worker_reset(w);
     gw_worker_reap_cb(-1, 0, w);
     rl_worker_free(w->rlw);
     w->rlw = NULL;

@@ -311,8 +311,3 @@ void gw_upstream_worker_reset(gw_worker_t *w)
         }
     }
 }
-
-void gw_upstream_worker_free(gw_worker_t *w)
-{
-    gw_upstream_worker_reset(w);
-}
