@@ -55,34 +55,7 @@ RES=$WORK/results.tsv
 cp "$SLUICE_BIN" "$WORK/sluice"
 SLUICE_LABEL=$SLUICE_BIN
 SLUICE_BIN=$WORK/sluice
-PIDS=()
-cleanup() {
-    local p
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-    if [ "${BENCH_KEEP:-0}" = 1 ]; then echo "bench: kept $WORK"; else rm -rf "$WORK"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-spawn() {
-    "$@" &
-    LAST=$!
-    PIDS+=("$LAST")
-}
-
-wait_port() { # $1 port, $2 pid
-    local i
-    for i in $(seq 200); do
-        kill -0 "$2" 2>/dev/null || { echo "bench: process $2 died (port $1)" >&2; exit 1; }
-        if (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null; then return 0; fi
-        sleep 0.05
-    done
-    echo "bench: nothing listens on port $1" >&2
-    exit 1
-}
-
-cpu_ticks() { awk '{ sub(/^.*\) /, ""); printf "%d\n", $12 + $13 }' "/proc/$1/stat"; }
+. "$ROOT/bench/lib.sh"
 
 port_of() {
     local i=0 c
