@@ -48,6 +48,7 @@ struct flt_ruleset;
 struct rl;
 struct rl_worker;
 struct rl_pending;
+struct rl_decision;
 struct sl_redis;
 struct fb_breaker;
 struct fb_breakers;
@@ -555,6 +556,9 @@ void gw_metrics_upstream_error(const gw_pool_rt_t *p, const char *kind);
 
 /* hook_ratelimit.c: fills r->client_ip (X-Forwarded-For from trusted proxies). */
 void gw_rl_client_ip(gw_req_t *r);
+/* hook_ratelimit.c: the 429 (or 503 when the store is down) for a refused
+ * decision, with Retry-After and X-RateLimit-*. */
+void gw_rl_respond_refusal(gw_req_t *r, const struct rl_decision *d);
 /* hook_auth.c: the token endpoint and the admin revoke endpoint. */
 void gw_auth_token_route(gw_req_t *r);
 void gw_auth_token_cancel(gw_req_t *r);

@@ -175,17 +175,7 @@ static void gw_token_limit_answer(gw_req_t *r, const rl_decision_t *d, rl_ticket
         gw_token_issue(r);
         return;
     }
-    char hdrs[256];
-    if (rl_format_headers(d, hdrs, sizeof(hdrs)) < 0)
-        hdrs[0] = '\0';
-    size_t len = 0;
-    char *body = rl_error_body(d, &len);
-    r->error_kind = "rate_limited";
-    if (body)
-        gw_respond_json(r, rl_decision_status(d), body, len, hdrs);
-    else
-        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
-    free(body);
+    gw_rl_respond_refusal(r, d);
 }
 
 static void gw_token_limited(void *arg, const rl_decision_t *d, rl_ticket_t *ticket)

@@ -44,19 +44,19 @@ static bool gw_rl_budgets(const conf_ratelimit_t *c)
     return false;
 }
 
-static void gw_rl_refuse(gw_req_t *r, gw_rl_t *s)
+void gw_rl_respond_refusal(gw_req_t *r, const struct rl_decision *d)
 {
     char hdrs[256];
-    if (rl_format_headers(&s->d, hdrs, sizeof(hdrs)) < 0)
+    if (rl_format_headers(d, hdrs, sizeof(hdrs)) < 0)
         hdrs[0] = '\0';
     size_t len = 0;
-    char *body = rl_error_body(&s->d, &len);
+    char *body = rl_error_body(d, &len);
     if (!body) {
         gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
         return;
     }
-    r->error_kind = s->d.limit == RL_LIMIT_STORE ? "ratelimit_store" : "rate_limited";
-    gw_respond_json(r, rl_decision_status(&s->d), body, len, hdrs);
+    r->error_kind = d->limit == RL_LIMIT_STORE ? "ratelimit_store" : "rate_limited";
+    gw_respond_json(r, rl_decision_status(d), body, len, hdrs);
     free(body);
 }
 
@@ -70,7 +70,7 @@ static void gw_rl_checked(void *arg, const rl_decision_t *d, rl_ticket_t *ticket
     if (!d->allowed) {
         /* Answering ends the request and frees s: leave the chain first. */
         gw_hook_resume(r, GW_HOOK_DONE);
-        gw_rl_refuse(r, s);
+        gw_rl_respond_refusal(r, &s->d);
         return;
     }
     gw_hook_resume(r, GW_HOOK_NEXT);
@@ -173,7 +173,7 @@ static gw_hook_rc_t gw_rl_on_request(gw_req_t *r, void **state)
         return GW_HOOK_PENDING;
     case RL_DONE:
         if (!s->d.allowed) {
-            gw_rl_refuse(r, s);
+            gw_rl_respond_refusal(r, &s->d);
             return GW_HOOK_DONE;
         }
         return GW_HOOK_NEXT;
