@@ -555,7 +555,11 @@ static bool gw_ct_is_sse(const gw_http_header_t *h)
 static void gw_proxy_write_head(gw_req_t *r, const gw_http_msg_t *m, int64_t length)
 {
     const gw_http_msg_t *cm = gw_http_msg(r->c->parser);
-    const gw_http_header_t *ct = gw_http_header_find(m, "Content-Type");
+    /* m NULL: an answer made in-process (the engine's stream), 200 SSE. */
+    static const gw_http_header_t sse_ct = {
+        .name = "Content-Type", .value = "text/event-stream", .name_len = 12, .value_len = 17};
+    const gw_http_header_t *ct = m ? gw_http_header_find(m, "Content-Type") : &sse_ct;
+    int status = m ? m->status : 200;
     if (r->c->w->draining)
         r->c->close_after = true;
     struct evbuffer *out = bufferevent_get_output(r->c->bev);
@@ -563,9 +567,9 @@ static void gw_proxy_write_head(gw_req_t *r, const gw_http_msg_t *m, int64_t len
     gw_sb_t b;
     gw_sb_init(&b, stack, sizeof(stack));
     gw_sb_lit(&b, "HTTP/1.1 ");
-    gw_sb_u64(&b, (uint64_t)m->status);
+    gw_sb_u64(&b, (uint64_t)status);
     gw_sb_lit(&b, " ");
-    gw_sb_str(&b, gw_http_status_text(m->status));
+    gw_sb_str(&b, gw_http_status_text(status));
     gw_sb_lit(&b, "\r\n");
     if (r->resp_sse) {
         gw_sb_header(&b, "Content-Type", 12, ct->value, ct->value_len);
@@ -597,7 +601,7 @@ static void gw_proxy_write_head(gw_req_t *r, const gw_http_msg_t *m, int64_t len
         gw_sb_lit(&b, "X-Sluice-Route: local\r\n");
     if (r->c->close_after)
         gw_sb_lit(&b, "Connection: close\r\n");
-    for (size_t i = 0; i < m->nheaders; i++) {
+    for (size_t i = 0; m && i < m->nheaders; i++) {
         const gw_http_header_t *h = &m->headers[i];
         if (gw_name_in(h->name, h->name_len, gw_resp_drop) ||
             gw_http_header_is_hop(m, h->name, h->name_len))
@@ -749,35 +753,7 @@ void gw_proxy_local_stream_begin(gw_req_t *r)
     r->status = 200;
     r->resp_sse = true;
     r->ev_hooks = gw_hooks_want_events(r);
-    if (r->c->w->draining)
-        r->c->close_after = true;
-    struct evbuffer *out = bufferevent_get_output(r->c->bev);
-    size_t before = evbuffer_get_length(out);
-    bool http11 = gw_http_msg(r->c->parser)->http_minor >= 1;
-    evbuffer_add_printf(out,
-                        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                        "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n%s"
-                        "X-Request-Id: %s\r\n",
-                        http11 ? "Transfer-Encoding: chunked\r\n" : "", r->id);
-    r->chunked_out = http11;
-    if (!http11)
-        r->c->close_after = true;
-    if (r->fallback)
-        evbuffer_add_printf(out, "X-Sluice-Fallback: %s\r\n", r->fallback);
-    if (r->routed_local)
-        evbuffer_add(out, "X-Sluice-Route: local\r\n", 24);
-    if (r->c->close_after)
-        evbuffer_add(out, "Connection: close\r\n", 19);
-    gw_hooks_headers(r, out);
-    size_t dl;
-    const char *date = gw_date_header(&dl);
-    evbuffer_add(out, date, dl);
-    evbuffer_add(out, "\r\n", 2);
-    size_t n = evbuffer_get_length(out) - before;
-    r->bytes_out += n;
-    sl_counter_add(gw_m.bytes_client_out, n);
-    r->head_sent = true;
-    r->ctype = "text/event-stream";
+    gw_proxy_write_head(r, NULL, -1);
     sl_gauge_add(gw_m.streams_active, 1);
     r->local_stream = true;
 }
