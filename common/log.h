@@ -21,4 +21,39 @@ void sl_log(sl_log_level_t lvl, const char *fmt, ...) SL_PRINTF(2, 3);
 #define sl_warn(...)  sl_log(SL_LOG_WARN, __VA_ARGS__)
 #define sl_error(...) sl_log(SL_LOG_ERROR, __VA_ARGS__)
 
+/*
+ * Rate-limited messages, for failures that repeat during an outage (an
+ * upstream refusing connections, a certificate that will not verify, Redis
+ * down). Each message has a key naming its source and cause, e.g.
+ * "up http://10.0.0.1:8000 connect". The first message of a key is written at
+ * once; the ones after it inside the interval are counted, not written; the
+ * first one after the interval is written with "(N more like this in the last
+ * Ts)", and sl_log_limited_flush() writes the counts of keys that went quiet.
+ * So an outage costs one line per key per interval, whatever the request rate.
+ */
+typedef struct sl_logrl sl_logrl_t;
+
+/* At most max_keys keys are tracked (the least recently written is dropped
+ * past that); interval_ns between two lines of one key. */
+sl_logrl_t *sl_logrl_new(size_t max_keys, int64_t interval_ns) SL_WUR;
+void sl_logrl_free(sl_logrl_t *rl);
+
+/* The pure decision, with the clock passed in. Returns 1 when a line is due
+ * now and sets *held to the number of messages held back since the key's last
+ * line; 0 when this message is only counted. Thread-safe. */
+int sl_logrl_check(sl_logrl_t *rl, const char *key, int64_t now_ns, uint64_t *held);
+
+/* Calls emit(key, held, arg) for every key with held-back messages whose
+ * interval has passed, and resets them. Returns how many it reported. */
+size_t sl_logrl_flush(sl_logrl_t *rl, int64_t now_ns,
+                      void (*emit)(const char *key, uint64_t held, int64_t interval_ns, void *arg),
+                      void *arg);
+
+/* The process-wide limiter behind sl_log_limited (10 s by default). */
+void sl_log_limited_set_interval(int64_t interval_ns);
+void sl_log_limited(sl_log_level_t lvl, const char *key, const char *fmt, ...) SL_PRINTF(3, 4);
+/* Writes "<key>: N more like this in the last Ts" for quiet keys; call it
+ * from a periodic timer (the server's main loop does, once a second). */
+void sl_log_limited_flush(void);
+
 #endif

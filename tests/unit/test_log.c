@@ -1,0 +1,118 @@
+/* Unit tests of the rate-limited error log: one line per key per interval,
+ * the held-back count carried on the next line or flushed when the key goes
+ * quiet, keys independent, the key table bounded. The clock is passed in. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/log.h"
+
+#define S (1000000000LL)
+
+static void test_first_at_once_then_counted(void **state)
+{
+    (void)state;
+    sl_logrl_t *rl = sl_logrl_new(16, 10 * S);
+    assert_non_null(rl);
+    uint64_t held = 99;
+    assert_int_equal(sl_logrl_check(rl, "up a connect", 0, &held), 1);
+    assert_int_equal(held, 0);
+    /* 1,000 failures inside one interval: none is written */
+    int written = 0;
+    for (int i = 1; i <= 1000; i++)
+        written += sl_logrl_check(rl, "up a connect", i * (S / 1000), &held);
+    assert_int_equal(written, 0);
+    /* the first one after the interval is written and carries the count */
+    assert_int_equal(sl_logrl_check(rl, "up a connect", 10 * S + 1, &held), 1);
+    assert_int_equal(held, 1000);
+    /* and the count starts again */
+    assert_int_equal(sl_logrl_check(rl, "up a connect", 10 * S + 2, &held), 0);
+    assert_int_equal(sl_logrl_check(rl, "up a connect", 20 * S + 1, &held), 1);
+    assert_int_equal(held, 1);
+    sl_logrl_free(rl);
+}
+
+static void test_keys_are_independent(void **state)
+{
+    (void)state;
+    sl_logrl_t *rl = sl_logrl_new(16, 10 * S);
+    uint64_t held;
+    assert_int_equal(sl_logrl_check(rl, "up a connect", 0, &held), 1);
+    assert_int_equal(sl_logrl_check(rl, "up a tls", 1, &held), 1);
+    assert_int_equal(sl_logrl_check(rl, "up b connect", 2, &held), 1);
+    assert_int_equal(sl_logrl_check(rl, "up a connect", 3, &held), 0);
+    assert_int_equal(sl_logrl_check(rl, "up a tls", 4, &held), 0);
+    sl_logrl_free(rl);
+}
+
+struct flushed {
+    int n;
+    char key[64];
+    uint64_t held;
+};
+
+static void on_flush(const char *key, uint64_t held, int64_t span, void *arg)
+{
+    struct flushed *f = arg;
+    f->n++;
+    snprintf(f->key, sizeof(f->key), "%s", key);
+    f->held = held;
+    assert_true(span >= 10 * S);
+}
+
+static void test_flush_reports_quiet_keys_once(void **state)
+{
+    (void)state;
+    sl_logrl_t *rl = sl_logrl_new(16, 10 * S);
+    uint64_t held;
+    sl_logrl_check(rl, "quiet", 0, &held);
+    sl_logrl_check(rl, "quiet", 1, &held);
+    sl_logrl_check(rl, "quiet", 2, &held);
+    sl_logrl_check(rl, "nothing held", 0, &held);
+    struct flushed f = {0};
+    /* before the interval ends: nothing */
+    assert_int_equal(sl_logrl_flush(rl, 5 * S, on_flush, &f), 0);
+    assert_int_equal(f.n, 0);
+    /* after: the key with held messages, once, with its count */
+    assert_int_equal(sl_logrl_flush(rl, 11 * S, on_flush, &f), 1);
+    assert_int_equal(f.n, 1);
+    assert_string_equal(f.key, "quiet");
+    assert_int_equal(f.held, 2);
+    assert_int_equal(sl_logrl_flush(rl, 30 * S, on_flush, &f), 0);
+    assert_int_equal(f.n, 1);
+    sl_logrl_free(rl);
+}
+
+static void test_table_is_bounded(void **state)
+{
+    (void)state;
+    sl_logrl_t *rl = sl_logrl_new(4, 10 * S);
+    uint64_t held;
+    char key[32];
+    for (int i = 0; i < 100; i++) {
+        snprintf(key, sizeof(key), "k%d", i);
+        /* every new key is written at once even past the cap */
+        assert_int_equal(sl_logrl_check(rl, key, i, &held), 1);
+    }
+    /* the newest keys are still tracked, the oldest were dropped */
+    assert_int_equal(sl_logrl_check(rl, "k99", 200, &held), 0);
+    assert_int_equal(sl_logrl_check(rl, "k0", 201, &held), 1);
+    sl_logrl_free(rl);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_first_at_once_then_counted),
+        cmocka_unit_test(test_keys_are_independent),
+        cmocka_unit_test(test_flush_reports_quiet_keys_once),
+        cmocka_unit_test(test_table_is_bounded),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
