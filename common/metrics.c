@@ -41,8 +41,15 @@ struct sl_metric {
 static pthread_mutex_t sl_metrics_lock = PTHREAD_MUTEX_INITIALIZER;
 static sl_metric_t *sl_metrics_head, **sl_metrics_tail = &sl_metrics_head;
 
-static const double sl_default_buckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                                            0.5,   1,      2.5,   5,    10,    30,   60,  120};
+const double sl_metrics_default_buckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                             0.5,   1,      2.5,   5,    10,    30,   60,  120};
+const size_t sl_metrics_default_nbuckets = SL_ARRAY_LEN(sl_metrics_default_buckets);
+const double sl_metrics_ttft_buckets[] = {0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1,  1.5, 2,
+                                          3,    5,   7.5, 10,  15,  20,   30, 60};
+const size_t sl_metrics_ttft_nbuckets = SL_ARRAY_LEN(sl_metrics_ttft_buckets);
+const double sl_metrics_itl_buckets[] = {0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1,
+                                         0.15,  0.2,  0.3,  0.5,  1,    2,     5};
+const size_t sl_metrics_itl_nbuckets = SL_ARRAY_LEN(sl_metrics_itl_buckets);
 
 static void sl_metric_die(const char *name, const char *why)
 {
@@ -78,8 +85,8 @@ sl_metric_t *sl_metric_register(const char *name, const char *help, sl_metric_ty
     }
     if (type == SL_METRIC_HISTOGRAM) {
         if (!buckets) {
-            buckets = sl_default_buckets;
-            nbuckets = SL_ARRAY_LEN(sl_default_buckets);
+            buckets = sl_metrics_default_buckets;
+            nbuckets = sl_metrics_default_nbuckets;
         }
         if (nbuckets == 0 || nbuckets > SL_METRIC_MAX_BUCKETS)
             sl_metric_die(name, "bad bucket count");
@@ -224,12 +231,43 @@ static void sl_put_escaped(FILE *f, const char *v, bool help)
     }
 }
 
+/* The shortest %g form that reads back as the same double: 0.05, not
+ * 0.050000000000000003. An `le` label is matched as a string by PromQL
+ * ({le="0.05"}), so the exact digits a person would write are the contract;
+ * 17 significant digits are always enough to round-trip. */
+void sl_metrics_format_double(char *buf, size_t size, double d)
+{
+    if (isnan(d)) {
+        snprintf(buf, size, "NaN");
+        return;
+    }
+    if (isinf(d)) {
+        snprintf(buf, size, "%s", d > 0 ? "+Inf" : "-Inf");
+        return;
+    }
+    int prec = 1;
+    for (; prec < 17; prec++) {
+        snprintf(buf, size, "%.*g", prec, d);
+        if (strtod(buf, NULL) == d)
+            break;
+    }
+    /* %g switches to an exponent once the exponent reaches the precision
+     * ("1.2e+02" for 120): widen the precision to the integer digits so
+     * whole numbers stay plain, as people write them. */
+    char e[40];
+    snprintf(e, sizeof(e), "%.*e", prec - 1, d);
+    const char *x = strchr(e, 'e');
+    long exp10 = x ? strtol(x + 1, NULL, 10) : 0;
+    if (exp10 >= prec && exp10 < 17)
+        prec = (int)exp10 + 1;
+    snprintf(buf, size, "%.*g", prec, d);
+}
+
 static void sl_put_double(FILE *f, double d)
 {
-    if (isinf(d))
-        fputs(d > 0 ? "+Inf" : "-Inf", f);
-    else
-        fprintf(f, "%.17g", d);
+    char b[40];
+    sl_metrics_format_double(b, sizeof(b), d);
+    fputs(b, f);
 }
 
 /* Writes {a="x",b="y"[,le="..."]} — or nothing when there are no labels. */
@@ -276,8 +314,8 @@ static void sl_render_metric(FILE *f, const sl_metric_t *m)
                 cum += atomic_load_explicit(&w->buckets[i], memory_order_relaxed);
                 if (cum > total)
                     cum = total;
-                char le[32];
-                snprintf(le, sizeof(le), "%.17g", m->buckets[i]);
+                char le[40];
+                sl_metrics_format_double(le, sizeof(le), m->buckets[i]);
                 fprintf(f, "%s_bucket", m->name);
                 sl_put_labels(f, m, s, le);
                 fprintf(f, " %llu\n", (unsigned long long)cum);
