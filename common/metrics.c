@@ -337,6 +337,23 @@ static void sl_render_metric(FILE *f, const sl_metric_t *m)
     }
 }
 
+static sl_metrics_collector_fn sl_collectors[SL_METRIC_MAX_COLLECTORS];
+static size_t sl_ncollectors;
+
+void sl_metrics_add_collector(sl_metrics_collector_fn fn)
+{
+    pthread_mutex_lock(&sl_metrics_lock);
+    size_t i;
+    for (i = 0; i < sl_ncollectors && sl_collectors[i] != fn; i++)
+        ;
+    if (i == sl_ncollectors) {
+        if (sl_ncollectors == SL_METRIC_MAX_COLLECTORS)
+            sl_metric_die("(collector)", "too many collectors");
+        sl_collectors[sl_ncollectors++] = fn;
+    }
+    pthread_mutex_unlock(&sl_metrics_lock);
+}
+
 char *sl_metrics_render(size_t *len)
 {
     char *buf = NULL;
@@ -347,6 +364,8 @@ char *sl_metrics_render(size_t *len)
     pthread_mutex_lock(&sl_metrics_lock);
     for (const sl_metric_t *m = sl_metrics_head; m; m = m->next)
         sl_render_metric(f, m);
+    for (size_t i = 0; i < sl_ncollectors; i++)
+        sl_collectors[i](f);
     pthread_mutex_unlock(&sl_metrics_lock);
     if (fclose(f) != 0) {
         free(buf);

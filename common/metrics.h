@@ -17,6 +17,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "common/sl.h"
 
@@ -74,6 +75,15 @@ uint64_t sl_histogram_count(const sl_mseries_t *s);
  * "1", "2.5e-05", "+Inf"), as histogram `le` labels and sums are written.
  * size >= 32 always suffices. */
 void sl_metrics_format_double(char *buf, size_t size, double d);
+
+/* A collector writes metrics computed at scrape time (e.g. read from /proc)
+ * in text format after the registry's own. Registering the same function
+ * twice is a no-op; at most SL_METRIC_MAX_COLLECTORS (a programming bug
+ * beyond: aborts). It runs under the registry lock: it must not call back
+ * into the registry. */
+#define SL_METRIC_MAX_COLLECTORS 8
+typedef void (*sl_metrics_collector_fn)(FILE *f);
+void sl_metrics_add_collector(sl_metrics_collector_fn fn);
 
 /* The whole registry in Prometheus text format 0.0.4. Returns a malloc'd
  * NUL-terminated string (caller frees) and its length in *len; NULL on OOM. */
