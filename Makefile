@@ -57,7 +57,7 @@ LIB        := $(BUILD)/libsluice.a
 BIN        := $(BUILD)/sluice
 
 .PHONY: all test test-all unit fuzz-replay integration fuzz run deps clean format \
-        format-check check-san bench conf-reference
+        format-check check-san bench conf-reference promtool-test
 
 all: $(BIN) $(TOOL_BINS)
 
@@ -98,7 +98,7 @@ test:
 	@./scripts/deps.sh --if-missing
 	@$(MAKE) --no-print-directory -j$(NPROC) test-all
 
-test-all: all unit fuzz-replay integration
+test-all: all unit fuzz-replay integration promtool-test
 
 unit: $(UNIT_BINS)
 	@set -e; for t in $(UNIT_BINS); do \
@@ -112,6 +112,11 @@ fuzz-replay: $(FUZZ_BINS)
 integration: $(BIN) $(TOOL_BINS)
 	SLUICE_BIN=$(abspath $(BIN)) SLUICE_BUILD=$(abspath $(BUILD)) \
 	    $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration $(PYTEST_ARGS)
+
+# The alert rules (contrib/prometheus) checked and unit-tested by promtool.
+promtool-test:
+	promtool check rules contrib/prometheus/alerts.yml
+	promtool test rules tests/prometheus/alerts_test.yml
 
 # libFuzzer builds (clang): build/fuzz-lf/fuzz_x; run e.g.
 #   build/fuzz-lf/fuzz_http_request tests/fuzz/corpus/fuzz_http_request -max_total_time=60
