@@ -70,6 +70,21 @@ $(LIB): $(LIB_OBJS)
 	@[ -n "$(Q)" ] && echo "  AR    $@" || true
 	$(Q)rm -f $@ && ar rcs $@ $^
 
+# Generated sources: files embedded as C arrays (the status page), in the
+# build dir, linked into the library like any module source.
+GEN_OBJS   := $(BUILD)/obj/gen/status_page.o
+$(LIB): $(GEN_OBJS)
+
+$(BUILD)/gen/status_page.c: gateway/www/status.html scripts/embed.py
+	@mkdir -p $(dir $@)
+	@[ -n "$(Q)" ] && echo "  EMBED $<" || true
+	$(Q)$(PYTHON) scripts/embed.py --include common/status_page.h sl_status_page $< $@
+
+$(BUILD)/obj/gen/%.o: $(BUILD)/gen/%.c
+	@mkdir -p $(dir $@)
+	@[ -n "$(Q)" ] && echo "  CC    $<" || true
+	$(Q)$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
 $(BIN): $(MAIN_OBJ) $(LIB)
 	@[ -n "$(Q)" ] && echo "  LD    $@" || true
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
@@ -155,4 +170,4 @@ format-check:
 clean:
 	rm -rf build build-san build-fuzz
 
--include $(LIB_OBJS:.o=.d) $(MAIN_OBJ:.o=.d)
+-include $(LIB_OBJS:.o=.d) $(MAIN_OBJ:.o=.d) $(GEN_OBJS:.o=.d)

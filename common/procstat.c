@@ -187,8 +187,7 @@ int sl_procstat_read(sl_procstat_t *out)
                                  sysconf(_SC_PAGESIZE), out);
 }
 
-static void sl_procstat_one(FILE *f, const char *name, const char *type, const char *help,
-                            double v)
+static void sl_procstat_one(FILE *f, const char *name, const char *type, const char *help, double v)
 {
     char num[40];
     sl_metrics_format_double(num, sizeof(num), v);
@@ -204,14 +203,14 @@ void sl_procstat_write(FILE *f, const sl_procstat_t *st)
         sl_procstat_one(f, "process_resident_memory_bytes", "gauge",
                         "Resident memory size in bytes.", (double)st->resident_bytes);
     if (st->virtual_bytes >= 0)
-        sl_procstat_one(f, "process_virtual_memory_bytes", "gauge",
-                        "Virtual memory size in bytes.", (double)st->virtual_bytes);
+        sl_procstat_one(f, "process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.",
+                        (double)st->virtual_bytes);
     if (st->open_fds >= 0)
         sl_procstat_one(f, "process_open_fds", "gauge", "Number of open file descriptors.",
                         (double)st->open_fds);
     if (st->max_fds >= 0)
-        sl_procstat_one(f, "process_max_fds", "gauge",
-                        "Maximum number of open file descriptors.", (double)st->max_fds);
+        sl_procstat_one(f, "process_max_fds", "gauge", "Maximum number of open file descriptors.",
+                        (double)st->max_fds);
     if (st->start_time_seconds >= 0)
         sl_procstat_one(f, "process_start_time_seconds", "gauge",
                         "Start time of the process since unix epoch in seconds.",
