@@ -33,6 +33,7 @@ struct sl_metric {
     char *labels[SL_METRIC_MAX_LABELS];
     size_t nbuckets;
     double buckets[SL_METRIC_MAX_BUCKETS];
+    char le[SL_METRIC_MAX_BUCKETS][32]; /* the bounds as printed, formatted once */
     size_t nseries;
     sl_mseries_t *series, **series_tail;
     sl_mseries_t *overflow;
@@ -94,6 +95,7 @@ sl_metric_t *sl_metric_register(const char *name, const char *help, sl_metric_ty
             if (i > 0 && !(buckets[i] > buckets[i - 1]))
                 sl_metric_die(name, "buckets not ascending");
             m->buckets[i] = buckets[i];
+            sl_metrics_format_double(m->le[i], sizeof(m->le[i]), buckets[i]);
         }
         m->nbuckets = nbuckets;
     }
@@ -245,12 +247,19 @@ void sl_metrics_format_double(char *buf, size_t size, double d)
         snprintf(buf, size, "%s", d > 0 ? "+Inf" : "-Inf");
         return;
     }
-    int prec = 1;
-    for (; prec < 17; prec++) {
-        snprintf(buf, size, "%.*g", prec, d);
+    /* Round-tripping is monotonic in the precision (more digits are never
+     * farther from d), so the least precision that reads back is found by
+     * bisection: 4 or 5 tries instead of up to 17. */
+    int lo = 1, hi = 17;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        snprintf(buf, size, "%.*g", mid, d);
         if (strtod(buf, NULL) == d)
-            break;
+            hi = mid;
+        else
+            lo = mid + 1;
     }
+    int prec = lo;
     /* %g switches to an exponent once the exponent reaches the precision
      * ("1.2e+02" for 120): widen the precision to the integer digits so
      * whole numbers stay plain, as people write them. */
@@ -314,10 +323,8 @@ static void sl_render_metric(FILE *f, const sl_metric_t *m)
                 cum += atomic_load_explicit(&w->buckets[i], memory_order_relaxed);
                 if (cum > total)
                     cum = total;
-                char le[40];
-                sl_metrics_format_double(le, sizeof(le), m->buckets[i]);
                 fprintf(f, "%s_bucket", m->name);
-                sl_put_labels(f, m, s, le);
+                sl_put_labels(f, m, s, m->le[i]);
                 fprintf(f, " %llu\n", (unsigned long long)cum);
             }
             fprintf(f, "%s_bucket", m->name);

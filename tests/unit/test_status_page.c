@@ -38,9 +38,9 @@ static void test_self_contained(void **state)
     const char *p = (const char *)sl_status_page;
     assert_int_equal(strlen(p), sl_status_page_len); /* no NUL inside */
     assert_true(strncmp(p, "<!DOCTYPE html>", 15) == 0);
-    static const char *const banned[] = {"src=\"http", "href=\"http", "src=\"//", "href=\"//",
-                                         "url(http",   "url(//",     "@import",  "<script src",
-                                         "<link rel=\"stylesheet"};
+    static const char *const banned[] = {"src=\"http", "href=\"http", "src=\"//",
+                                         "href=\"//",  "url(http",    "url(//",
+                                         "@import",    "<script src", "<link rel=\"stylesheet"};
     for (size_t i = 0; i < sizeof(banned) / sizeof(banned[0]); i++)
         if (strstr(p, banned[i]))
             fail_msg("the page refers to an external asset: %s", banned[i]);
