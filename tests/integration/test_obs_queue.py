@@ -40,7 +40,8 @@ def store(request):
 
 @pytest.mark.timeout(60)
 def test_queue_metrics_while_waiting_and_after_delivery(sluice_factory, mock_factory, tmp_path,
-                                                        store, redis_server):
+                                                        store, request):
+    redis_server = request.getfixturevalue("redis_server") if store == "redis" else None
     port = helpers.free_port()  # the model server: down until the end
     s = sluice_factory(overrides=queue_conf(tmp_path, store, redis_server),
                        upstream="http://127.0.0.1:%d" % port)
