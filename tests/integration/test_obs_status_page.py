@@ -120,8 +120,9 @@ class Stub:
     """A stand-in admin listener: the page at /, the scripted state and
     metrics, a 404 for anything else; every path asked for is recorded."""
 
-    def __init__(self, page):
+    def __init__(self, page, fail_state_after=None):
         self.page = page
+        self.fail_state_after = fail_state_after  # /admin/state answers 503 after this many
         self.paths = []
         self.scrapes = 0
         self.lock = threading.Lock()
@@ -138,7 +139,13 @@ class Stub:
                 if path == "/":
                     self.reply(200, "text/html; charset=utf-8", stub.page)
                 elif path == "/admin/state":
-                    self.reply(200, "application/json", json.dumps(STATE).encode())
+                    with stub.lock:
+                        k = stub.paths.count("/admin/state")
+                    if stub.fail_state_after is not None and k > stub.fail_state_after:
+                        self.reply(503, "application/json", b'{"error":{"message":"down",'
+                                   b'"type":"server_error","code":"upstream_unavailable"}}')
+                    else:
+                        self.reply(200, "application/json", json.dumps(STATE).encode())
                 elif path == "/metrics":
                     self.reply(200, "text/plain; version=0.0.4", metrics_text(n).encode())
                 else:
@@ -262,6 +269,8 @@ def test_status_page_renders_state_and_metrics(stub, tmp_path):
     assert "failed: conf.yaml:12" in dom.one(id="reload-result")["text"]
     assert dom.one(id="version")["text"] == "0.9.0-test"
     assert dom.one(id="uptime")["text"] == "26.1 h"
+    assert dom.one(id="rl-keys")["text"] == "17"
+    assert dom.one(id="rl-mode")["text"] == "memory, redis"
 
     # from /metrics: quantiles from bucket increases, the 5xx share, a rate
     row = dom.one(data_ttft_model="chat-model")
@@ -296,3 +305,22 @@ def test_status_page_screenshot(stub, tmp_path):
     assert (width, height) == (1280, 1000), (width, height)
     assert len(data) > 20000, len(data)  # a drawn page, not a blank one
     assert stub.paths.count("/admin/state") >= 2
+
+
+@pytest.mark.timeout(60)
+def test_status_page_keeps_the_last_state_when_a_poll_fails(tmp_path):
+    """/admin/state answers 503 after two polls: the page says it is stale,
+    with the error, and keeps drawing the last state it got."""
+    s = Stub(embedded_page(), fail_state_after=2)
+    try:
+        url = "http://127.0.0.1:%d/?interval=250" % s.port
+        dom = DOM(chromium(url, tmp_path, "--dump-dom"))
+    finally:
+        s.close()
+    ps = dom.one(id="poll-status")
+    assert ps["text"].startswith("stale: /admin/state: HTTP 503"), ps
+    assert ps["attrs"]["class"] == "stale"
+    assert ps["attrs"]["data-polls"] == "2", ps  # the two good ones
+    assert dom.one(data_server="http://10.0.0.6:8000")["attrs"]["data-breaker"] == "open"
+    assert dom.one(id="queue-depth")["text"] == "3"
+    assert s.paths.count("/admin/state") > 3  # it kept polling
