@@ -57,7 +57,7 @@ LIB        := $(BUILD)/libsluice.a
 BIN        := $(BUILD)/sluice
 
 .PHONY: all test test-all unit fuzz-replay integration fuzz run deps clean format \
-        format-check check-san bench conf-reference
+        format-check check-san bench conf-reference promtool-test
 
 all: $(BIN) $(TOOL_BINS)
 
@@ -69,6 +69,21 @@ $(BUILD)/obj/%.o: %.c
 $(LIB): $(LIB_OBJS)
 	@[ -n "$(Q)" ] && echo "  AR    $@" || true
 	$(Q)rm -f $@ && ar rcs $@ $^
+
+# Generated sources: files embedded as C arrays (the status page), in the
+# build dir, linked into the library like any module source.
+GEN_OBJS   := $(BUILD)/obj/gen/status_page.o
+$(LIB): $(GEN_OBJS)
+
+$(BUILD)/gen/status_page.c: gateway/www/status.html scripts/embed.py
+	@mkdir -p $(dir $@)
+	@[ -n "$(Q)" ] && echo "  EMBED $<" || true
+	$(Q)$(PYTHON) scripts/embed.py --include common/status_page.h sl_status_page $< $@
+
+$(BUILD)/obj/gen/%.o: $(BUILD)/gen/%.c
+	@mkdir -p $(dir $@)
+	@[ -n "$(Q)" ] && echo "  CC    $<" || true
+	$(Q)$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
 $(BIN): $(MAIN_OBJ) $(LIB)
 	@[ -n "$(Q)" ] && echo "  LD    $@" || true
@@ -98,7 +113,7 @@ test:
 	@./scripts/deps.sh --if-missing
 	@$(MAKE) --no-print-directory -j$(NPROC) test-all
 
-test-all: all unit fuzz-replay integration
+test-all: all unit fuzz-replay integration promtool-test
 
 unit: $(UNIT_BINS)
 	@set -e; for t in $(UNIT_BINS); do \
@@ -112,6 +127,11 @@ fuzz-replay: $(FUZZ_BINS)
 integration: $(BIN) $(TOOL_BINS)
 	SLUICE_BIN=$(abspath $(BIN)) SLUICE_BUILD=$(abspath $(BUILD)) \
 	    $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration $(PYTEST_ARGS)
+
+# The alert rules (contrib/prometheus) checked and unit-tested by promtool.
+promtool-test:
+	promtool check rules contrib/prometheus/alerts.yml
+	promtool test rules tests/prometheus/alerts_test.yml
 
 # libFuzzer builds (clang): build/fuzz-lf/fuzz_x; run e.g.
 #   build/fuzz-lf/fuzz_http_request tests/fuzz/corpus/fuzz_http_request -max_total_time=60
@@ -150,4 +170,4 @@ format-check:
 clean:
 	rm -rf build build-san build-fuzz
 
--include $(LIB_OBJS:.o=.d) $(MAIN_OBJ:.o=.d)
+-include $(LIB_OBJS:.o=.d) $(MAIN_OBJ:.o=.d) $(GEN_OBJS:.o=.d)

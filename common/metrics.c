@@ -33,6 +33,7 @@ struct sl_metric {
     char *labels[SL_METRIC_MAX_LABELS];
     size_t nbuckets;
     double buckets[SL_METRIC_MAX_BUCKETS];
+    char le[SL_METRIC_MAX_BUCKETS][32]; /* the bounds as printed, formatted once */
     size_t nseries;
     sl_mseries_t *series, **series_tail;
     sl_mseries_t *overflow;
@@ -41,8 +42,15 @@ struct sl_metric {
 static pthread_mutex_t sl_metrics_lock = PTHREAD_MUTEX_INITIALIZER;
 static sl_metric_t *sl_metrics_head, **sl_metrics_tail = &sl_metrics_head;
 
-static const double sl_default_buckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                                            0.5,   1,      2.5,   5,    10,    30,   60,  120};
+const double sl_metrics_default_buckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                             0.5,   1,      2.5,   5,    10,    30,   60,  120};
+const size_t sl_metrics_default_nbuckets = SL_ARRAY_LEN(sl_metrics_default_buckets);
+const double sl_metrics_ttft_buckets[] = {0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1,  1.5, 2,
+                                          3,    5,   7.5, 10,  15,  20,   30, 60};
+const size_t sl_metrics_ttft_nbuckets = SL_ARRAY_LEN(sl_metrics_ttft_buckets);
+const double sl_metrics_itl_buckets[] = {0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1,
+                                         0.15,  0.2,  0.3,  0.5,  1,    2,     5};
+const size_t sl_metrics_itl_nbuckets = SL_ARRAY_LEN(sl_metrics_itl_buckets);
 
 static void sl_metric_die(const char *name, const char *why)
 {
@@ -78,8 +86,8 @@ sl_metric_t *sl_metric_register(const char *name, const char *help, sl_metric_ty
     }
     if (type == SL_METRIC_HISTOGRAM) {
         if (!buckets) {
-            buckets = sl_default_buckets;
-            nbuckets = SL_ARRAY_LEN(sl_default_buckets);
+            buckets = sl_metrics_default_buckets;
+            nbuckets = sl_metrics_default_nbuckets;
         }
         if (nbuckets == 0 || nbuckets > SL_METRIC_MAX_BUCKETS)
             sl_metric_die(name, "bad bucket count");
@@ -87,6 +95,7 @@ sl_metric_t *sl_metric_register(const char *name, const char *help, sl_metric_ty
             if (i > 0 && !(buckets[i] > buckets[i - 1]))
                 sl_metric_die(name, "buckets not ascending");
             m->buckets[i] = buckets[i];
+            sl_metrics_format_double(m->le[i], sizeof(m->le[i]), buckets[i]);
         }
         m->nbuckets = nbuckets;
     }
@@ -224,12 +233,50 @@ static void sl_put_escaped(FILE *f, const char *v, bool help)
     }
 }
 
+/* The shortest %g form that reads back as the same double: 0.05, not
+ * 0.050000000000000003. An `le` label is matched as a string by PromQL
+ * ({le="0.05"}), so the exact digits a person would write are the contract;
+ * 17 significant digits are always enough to round-trip. */
+void sl_metrics_format_double(char *buf, size_t size, double d)
+{
+    if (isnan(d)) {
+        snprintf(buf, size, "NaN");
+        return;
+    }
+    if (isinf(d)) {
+        snprintf(buf, size, "%s", d > 0 ? "+Inf" : "-Inf");
+        return;
+    }
+    /* Round-tripping is monotonic in the precision (more digits are never
+     * farther from d), so the least precision that reads back is found by
+     * bisection: 4 or 5 tries instead of up to 17. */
+    int lo = 1, hi = 17;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        snprintf(buf, size, "%.*g", mid, d);
+        if (strtod(buf, NULL) == d)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    int prec = lo;
+    /* %g switches to an exponent once the exponent reaches the precision
+     * ("1.2e+02" for 120): widen the precision to the integer digits so
+     * whole numbers stay plain, as people write them. */
+    char e[40];
+    snprintf(e, sizeof(e), "%.*e", prec - 1, d);
+    const char *x = strchr(e, 'e');
+    long exp10 = x ? strtol(x + 1, NULL, 10) : 0;
+    if (exp10 >= prec && exp10 < 17)
+        prec = (int)exp10 + 1;
+    snprintf(buf, size, "%.*g", prec, d);
+}
+
 static void sl_put_double(FILE *f, double d)
 {
-    if (isinf(d))
-        fputs(d > 0 ? "+Inf" : "-Inf", f);
-    else
-        fprintf(f, "%.17g", d);
+    char b[40];
+    sl_metrics_format_double(b, sizeof(b), d);
+    fputs(b, f);
 }
 
 /* Writes {a="x",b="y"[,le="..."]} — or nothing when there are no labels. */
@@ -276,10 +323,8 @@ static void sl_render_metric(FILE *f, const sl_metric_t *m)
                 cum += atomic_load_explicit(&w->buckets[i], memory_order_relaxed);
                 if (cum > total)
                     cum = total;
-                char le[32];
-                snprintf(le, sizeof(le), "%.17g", m->buckets[i]);
                 fprintf(f, "%s_bucket", m->name);
-                sl_put_labels(f, m, s, le);
+                sl_put_labels(f, m, s, m->le[i]);
                 fprintf(f, " %llu\n", (unsigned long long)cum);
             }
             fprintf(f, "%s_bucket", m->name);
@@ -299,6 +344,23 @@ static void sl_render_metric(FILE *f, const sl_metric_t *m)
     }
 }
 
+static sl_metrics_collector_fn sl_collectors[SL_METRIC_MAX_COLLECTORS];
+static size_t sl_ncollectors;
+
+void sl_metrics_add_collector(sl_metrics_collector_fn fn)
+{
+    pthread_mutex_lock(&sl_metrics_lock);
+    size_t i;
+    for (i = 0; i < sl_ncollectors && sl_collectors[i] != fn; i++)
+        ;
+    if (i == sl_ncollectors) {
+        if (sl_ncollectors == SL_METRIC_MAX_COLLECTORS)
+            sl_metric_die("(collector)", "too many collectors");
+        sl_collectors[sl_ncollectors++] = fn;
+    }
+    pthread_mutex_unlock(&sl_metrics_lock);
+}
+
 char *sl_metrics_render(size_t *len)
 {
     char *buf = NULL;
@@ -309,6 +371,8 @@ char *sl_metrics_render(size_t *len)
     pthread_mutex_lock(&sl_metrics_lock);
     for (const sl_metric_t *m = sl_metrics_head; m; m = m->next)
         sl_render_metric(f, m);
+    for (size_t i = 0; i < sl_ncollectors; i++)
+        sl_collectors[i](f);
     pthread_mutex_unlock(&sl_metrics_lock);
     if (fclose(f) != 0) {
         free(buf);

@@ -17,6 +17,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "common/sl.h"
 
@@ -32,6 +33,18 @@ typedef enum sl_metric_type {
 
 typedef struct sl_metric sl_metric_t;
 typedef struct sl_mseries sl_mseries_t;
+
+/* Bucket bounds (seconds) chosen for LLM latencies, the contract of
+ * docs/metrics.md: time to first token spans a cached short prompt (50 ms)
+ * to a long prefill on a busy GPU (a minute); inter-token gaps span a fast
+ * decoder (5 ms/token) to a stalled stream (5 s). */
+extern const double sl_metrics_ttft_buckets[];
+extern const size_t sl_metrics_ttft_nbuckets;
+extern const double sl_metrics_itl_buckets[];
+extern const size_t sl_metrics_itl_nbuckets;
+/* The default set (NULL buckets at registration): HTTP latencies. */
+extern const double sl_metrics_default_buckets[];
+extern const size_t sl_metrics_default_nbuckets;
 
 /* name: full metric name ("sluice_requests_total"); labels: comma-separated
  * label names ("route,code") or NULL; buckets: histogram upper bounds in
@@ -57,6 +70,20 @@ void sl_histogram_observe(sl_mseries_t *s, double v);
 uint64_t sl_counter_value(const sl_mseries_t *s);
 int64_t sl_gauge_value(const sl_mseries_t *s);
 uint64_t sl_histogram_count(const sl_mseries_t *s);
+
+/* d in the shortest form that parses back to the same double ("0.05",
+ * "1", "2.5e-05", "+Inf"), as histogram `le` labels and sums are written.
+ * size >= 32 always suffices. */
+void sl_metrics_format_double(char *buf, size_t size, double d);
+
+/* A collector writes metrics computed at scrape time (e.g. read from /proc)
+ * in text format after the registry's own. Registering the same function
+ * twice is a no-op; at most SL_METRIC_MAX_COLLECTORS (a programming bug
+ * beyond: aborts). It runs under the registry lock: it must not call back
+ * into the registry. */
+#define SL_METRIC_MAX_COLLECTORS 8
+typedef void (*sl_metrics_collector_fn)(FILE *f);
+void sl_metrics_add_collector(sl_metrics_collector_fn fn);
 
 /* The whole registry in Prometheus text format 0.0.4. Returns a malloc'd
  * NUL-terminated string (caller frees) and its length in *len; NULL on OOM. */

@@ -74,11 +74,15 @@ struct fb_call {
 typedef struct fb_qredis fb_qredis_t;
 
 /* A queue worker: the journal needs only q; the Redis store also has the
- * worker thread's client and its consumer name in the group. */
+ * worker thread's client and its consumer name in the group. The first
+ * Redis worker of a store also refreshes the queue gauges every second
+ * (stats_tick): the gateway's maintenance runs on a thread without a
+ * worker, so fb_queue_maintain(q, NULL) cannot ask Redis itself. */
 struct fb_qworker {
     fb_queue_t *q;
     fb_qredis_t *r;
     sl_redis_t *redis;
+    struct event *stats_tick;
     char consumer[96];
 };
 fb_qredis_t *fb_qr_new(fb_queue_t *q, const conf_fb_queue_t *c, const conf_redis_t *redis,

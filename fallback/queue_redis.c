@@ -18,6 +18,12 @@
  * Every change is one Lua script (atomic in Redis). The durability promise
  * of an accept holds only as far as Redis's own: appendonly yes with
  * appendfsync always (docs/fallback.md).
+ *
+ * The gauges (depth, oldest pending) come from sluice:q:stats and the
+ * stream, read by the stats script: after each accept or report that
+ * changed them (at most every FB_QR_REFRESH_MS) and every second from the
+ * store's first worker, so they move while requests only wait and follow
+ * the other instances sharing the queue.
  */
 #include <event2/event.h>
 #include <hiredis/hiredis.h>
@@ -37,6 +43,9 @@
 #define FB_QR_CURSOR FB_QR_PREFIX "cursor"
 #define FB_QR_ITEM   FB_QR_PREFIX "item:"
 #define FB_QR_GROUP  "sluice"
+
+#define FB_QR_REFRESH_MS 100  /* least time between refreshes after changes */
+#define FB_QR_TICK_MS    1000 /* the first worker's periodic refresh */
 
 static const char fb_qr_accept_lua[] =
     "local acc = tonumber(redis.call('HGET', KEYS[3], 'acc') or '0')\n"
@@ -151,7 +160,15 @@ struct fb_qredis {
     pthread_mutex_t lock; /* stats */
     fb_qstats_t stats;
     _Atomic unsigned nworkers;
+    _Atomic int64_t refreshed_ms; /* monotonic ms of the last refresh asked for */
 };
+
+static void fb_qr_stats_tick(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    fb_qr_maintain(arg);
+}
 
 fb_qredis_t *fb_qr_new(fb_queue_t *q, const conf_fb_queue_t *c, const conf_redis_t *redis,
                        char *err, size_t errlen)
@@ -215,8 +232,17 @@ fb_qworker_t *fb_qr_worker_new(fb_queue_t *q, fb_qredis_t *r, struct event_base 
     char host[64] = "host";
     (void)gethostname(host, sizeof(host) - 1);
     host[sizeof(host) - 1] = '\0';
-    snprintf(w->consumer, sizeof(w->consumer), "%.60s-%d-%u", host, (int)getpid(),
-             atomic_fetch_add(&r->nworkers, 1));
+    unsigned idx = atomic_fetch_add(&r->nworkers, 1);
+    snprintf(w->consumer, sizeof(w->consumer), "%.60s-%d-%u", host, (int)getpid(), idx);
+    if (idx == 0 && base) {
+        w->stats_tick = event_new(base, -1, EV_PERSIST, fb_qr_stats_tick, w);
+        struct timeval tv = {FB_QR_TICK_MS / 1000, (FB_QR_TICK_MS % 1000) * 1000};
+        if (!w->stats_tick || event_add(w->stats_tick, &tv) != 0) {
+            snprintf(err, errlen, "out of memory");
+            fb_qr_worker_free(w);
+            return NULL;
+        }
+    }
     return w;
 }
 
@@ -224,6 +250,8 @@ void fb_qr_worker_free(fb_qworker_t *w)
 {
     if (!w)
         return;
+    if (w->stats_tick)
+        event_free(w->stats_tick);
     sl_redis_free(w->redis);
     free(w);
 }
@@ -241,6 +269,7 @@ typedef struct fb_qr_ctx {
     char id[FB_QUEUE_ID_LEN + 1];
     char *user;
     int64_t now;
+    fb_qoutcome_t outcome; /* report */
 } fb_qr_ctx_t;
 
 static void fb_qr_ctx_free(void *p)
@@ -343,6 +372,15 @@ static void fb_qr_lookup_reply(fb_qr_ctx_t *x, redisReply *rep, fb_qres_t *res)
     }
 }
 
+static void fb_qr_refresh(fb_qworker_t *w)
+{
+    int64_t now = sl_now_ms(), last = atomic_load(&w->r->refreshed_ms);
+    if (now - last < FB_QR_REFRESH_MS ||
+        !atomic_compare_exchange_strong(&w->r->refreshed_ms, &last, now))
+        return;
+    fb_qr_maintain(w);
+}
+
 static void fb_qr_cb(void *arg, sl_redis_status_t status, redisReply *rep)
 {
     fb_qr_ctx_t *x = arg;
@@ -371,6 +409,8 @@ static void fb_qr_cb(void *arg, sl_redis_status_t status, redisReply *rep)
                                                                           : FB_Q_STORE_ERROR;
             if (fb_str_eq(rep, "DEAD"))
                 sl_counter_add(fb_m.q_dead, 1);
+            else if (fb_str_eq(rep, "OK") && x->outcome == FB_QO_DELIVERED)
+                sl_counter_add(fb_m.q_delivered, 1);
             break;
         case FB_QR_LOOKUP:
             fb_qr_lookup_reply(x, rep, &res);
@@ -384,6 +424,9 @@ static void fb_qr_cb(void *arg, sl_redis_status_t status, redisReply *rep)
         fb_count_tier(FB_TIER_QUEUE);
     } else if (x->op == FB_QR_ACCEPT && res.status == FB_Q_FULL)
         sl_counter_add(fb_m.q_full, 1);
+    /* The depth just changed: show it now rather than at the next tick. */
+    if (res.status == FB_Q_OK && (x->op == FB_QR_ACCEPT || x->op == FB_QR_REPORT))
+        fb_qr_refresh(x->w);
     fb_queue_cb cb = x->cb;
     void *carg = x->arg;
     fb_qr_ctx_free(x);
@@ -488,6 +531,7 @@ fb_rc_t fb_qr_report(fb_qworker_t *w, const char *id, fb_qoutcome_t o, const voi
     snprintf(base, sizeof(base), "%lld", (long long)c->backoff_ms);
     snprintf(mx, sizeof(mx), "%lld", (long long)c->backoff_max_ms);
     snprintf(rn, sizeof(rn), "%llu", (unsigned long long)(rnd % 1000000007ULL));
+    x->outcome = o;
     const char *oc = o == FB_QO_DELIVERED ? "d" : o == FB_QO_RETRY ? "r" : "x";
     const char *argv[] = {FB_QR_STREAM, FB_QR_STATS, item, FB_QR_GROUP, oc, "",
                           nows,         keep,        maxa, base,        mx, rn};
