@@ -385,8 +385,13 @@ typedef struct conf_fallback {
 
 /* ---- the whole file ----------------------------------------------------- */
 
+struct conf_index; /* where each key was set (conf.c), for conf_locate() */
+
 typedef struct conf {
     char *path; /* the file it came from */
+    struct conf_index *index;
+    char **include; /* include: patterns of the main file (conf.d/NAME.yaml) */
+    size_t ninclude;
 
     conf_listen_t *listen;
     size_t nlisten;
@@ -423,6 +428,22 @@ conf_t *conf_load_string(const char *yaml, size_t len, const char *name, char *e
                          size_t errlen) SL_WUR;
 
 void conf_free(conf_t *c);
+
+/* Where sluice looks for its conf when no -c is given. */
+#define CONF_DEFAULT_PATH "/etc/sluice/sluice.yaml"
+
+/* Like conf_load(), for `sluice -t`: on error err receives every error in
+ * the file and the files it includes, one "FILE:LINE: KEY: message" per
+ * line ('\n' between lines, up to errlen), and *nerrors their count. */
+conf_t *conf_load_all(const char *path, char *err, size_t errlen, size_t *nerrors) SL_WUR;
+
+/* For errors found after loading by other modules ("FILE: auth:
+ * auth.signing.secret_env: environment variable X is not set"): writes msg
+ * to out as "FILE:LINE: ..." where LINE is where its deepest key path (or
+ * the nearest enclosing section, item or entry) was set in `path` or a file
+ * it includes, so such errors carry a line like the loader's own. Reloads
+ * `path` to find it (the conf given to the runtime is gone by then). */
+void conf_locate(const char *path, const char *msg, char *out, size_t outlen);
 
 /* Lookup helpers; NULL when absent. */
 const conf_upstream_t *conf_upstream_find(const conf_t *c, const char *name);

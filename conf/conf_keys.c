@@ -242,8 +242,8 @@ static int root_check(conf_ctx_t *ctx, void *obj, int line)
         if (!conf_upstream_find(c, m->upstream)) {
             char sub[CONF_PATH_MAX];
             snprintf(sub, sizeof(sub), "models.%s.upstream", m->name);
-            return conf_errorf(ctx, m->line, sub, "no upstream named \"%s\" under upstreams",
-                               m->upstream);
+            return conf_errorf_key(ctx, m->line, sub, "no upstream named \"%s\" under upstreams",
+                                   m->upstream);
         }
     }
     const conf_fallback_t *fb = &c->fallback;
@@ -1737,6 +1737,15 @@ static const conf_key_t routing_keys[] = {
 static const conf_table_t routing_table = {TABLE(routing_keys, conf_routing_t)};
 
 static const conf_key_t root_keys[] = {
+    {.name = "include",
+     .type = CONF_STRLIST,
+     .off = offsetof(conf_t, include),
+     .count_off = offsetof(conf_t, ninclude),
+     .max = 64,
+     .flags = R | CONF_INCLUDE,
+     .doc = "files whose upstreams, models (and other top-level lists and maps) are added to "
+            "this file's: a path or glob (conf.d/*.yaml) relative to this file, or a list of "
+            "them; included files may include others (8 deep, 256 files)"},
     {.name = "listen",
      .type = CONF_LIST,
      .off = offsetof(conf_t, listen),
