@@ -41,6 +41,8 @@
 #define CONF_INCLUDE_BYTES_MAX (16 * 1024 * 1024)
 /* Most error lines kept for conf_load_all(); the rest are only counted. */
 #define CONF_ERRORS_MAX 100
+/* Room kept at the end of the list for "... and N more errors". */
+#define CONF_ERRORS_NOTE 48
 
 /* One YAML file (the main one or an included one) being walked. */
 typedef struct conf_src {
@@ -86,9 +88,11 @@ struct conf_ctx {
     size_t errlen;
     bool failed;
     size_t nerrors;
-    char *all; /* every error, one per line; NULL = not wanted */
+    size_t nkept; /* lines in all */
+    char *all;    /* every error, one per line; NULL = not wanted */
     size_t alllen, allused;
     struct conf_index *index; /* NULL = not wanted */
+    bool files;               /* include: may read files (not for strings) */
     char path[CONF_PATH_MAX]; /* key path of what is being walked */
     size_t plen;
 };
@@ -224,11 +228,14 @@ static void conf_error_add(conf_ctx_t *ctx, char *text)
             *p = '?';
     if (ctx->nerrors == 1 && ctx->err && ctx->errlen)
         snprintf(ctx->err, ctx->errlen, "%s", text);
-    if (ctx->all && ctx->nerrors <= CONF_ERRORS_MAX && ctx->allused + 1 < ctx->alllen) {
+    /* Whole lines only, with room kept for the "... and N more" line. */
+    size_t need = strlen(text) + 1 + CONF_ERRORS_NOTE;
+    if (ctx->all && ctx->nkept < CONF_ERRORS_MAX && ctx->allused + need < ctx->alllen) {
         int r = snprintf(ctx->all + ctx->allused, ctx->alllen - ctx->allused, "%s%s",
                          ctx->allused ? "\n" : "", text);
         if (r > 0)
-            ctx->allused = SL_MIN(ctx->allused + (size_t)r, ctx->alllen - 1);
+            ctx->allused += (size_t)r;
+        ctx->nkept++;
     }
 }
 
@@ -1056,6 +1063,12 @@ static void conf_include_patterns(conf_ctx_t *ctx, const conf_table_t *t, const 
 {
     yaml_node_t *items[64];
     size_t nitems = 0;
+    /* A conf given as a string (tests, the fuzzer) has no directory, and
+     * must not make the loader read whatever files it names. */
+    if (!ctx->files) {
+        conf_errorf(ctx, kline, NULL, "only a conf file may include others");
+        return;
+    }
     if (vn->type == YAML_SEQUENCE_NODE) {
         size_t c = (size_t)(vn->data.sequence.items.top - vn->data.sequence.items.start);
         if (conf_count_bounds(ctx, k, c, kline) != 0)
@@ -1179,6 +1192,11 @@ static void conf_include_file(conf_ctx_t *ctx, const conf_table_t *t, const char
     if (prc != 0)
         return;
     conf_src_t *prev = conf_src_enter(ctx, src);
+    /* Key paths in an included file start at the root again. */
+    char saved_path[CONF_PATH_MAX];
+    size_t saved_plen = ctx->plen;
+    memcpy(saved_path, ctx->path, sizeof(saved_path));
+    conf_path_pop(ctx, 0);
     yaml_node_t *top = yaml_document_get_root_node(&src->doc);
     if (top && !conf_is_null(top) && top->type != YAML_MAPPING_NODE) {
         char got2[80];
@@ -1227,6 +1245,8 @@ static void conf_include_file(conf_ctx_t *ctx, const conf_table_t *t, const char
             conf_path_pop(ctx, old);
         }
     }
+    memcpy(ctx->path, saved_path, sizeof(saved_path));
+    ctx->plen = saved_plen;
     conf_src_enter(ctx, prev);
 }
 
@@ -1464,10 +1484,11 @@ done:
  * receives every error, one per line; `index` (may be NULL) where each key
  * was set. */
 static int conf_tree_load_ex(const conf_table_t *root, void *obj, const char *yaml, size_t len,
-                             const char *name, char *err, size_t errlen, char *all, size_t alllen,
-                             size_t *nerrors, struct conf_index **index)
+                             const char *name, bool files, char *err, size_t errlen, char *all,
+                             size_t alllen, size_t *nerrors, struct conf_index **index)
 {
-    conf_ctx_t ctx = {.name = name, .err = err, .errlen = errlen, .all = all, .alllen = alllen};
+    conf_ctx_t ctx = {
+        .name = name, .err = err, .errlen = errlen, .all = all, .alllen = alllen, .files = files};
     int rc = -1;
 
     if (errlen)
@@ -1498,9 +1519,9 @@ out:
     free(ctx.segs);
     if (nerrors)
         *nerrors = ctx.nerrors;
-    if (all && ctx.nerrors > CONF_ERRORS_MAX && ctx.allused + 1 < alllen)
-        snprintf(all + ctx.allused, alllen - ctx.allused, "\n... and %zu more errors",
-                 ctx.nerrors - CONF_ERRORS_MAX);
+    if (all && ctx.nerrors > ctx.nkept && ctx.allused + 1 < alllen)
+        snprintf(all + ctx.allused, alllen - ctx.allused, "%s... and %zu more errors",
+                 ctx.allused ? "\n" : "", ctx.nerrors - ctx.nkept);
     if (index && rc == 0)
         *index = ctx.index;
     else
@@ -1511,7 +1532,7 @@ out:
 int conf_tree_load(const conf_table_t *root, void *obj, const char *yaml, size_t len,
                    const char *name, char *err, size_t errlen)
 {
-    return conf_tree_load_ex(root, obj, yaml, len, name, err, errlen, NULL, 0, NULL, NULL);
+    return conf_tree_load_ex(root, obj, yaml, len, name, false, err, errlen, NULL, 0, NULL, NULL);
 }
 
 /* ---- free ---------------------------------------------------------------- */
@@ -1915,12 +1936,12 @@ static char *conf_read_file(const char *path, size_t *lenp, char *err, size_t er
     return buf;
 }
 
-static conf_t *conf_load_text(const char *yaml, size_t len, const char *name, char *err,
+static conf_t *conf_load_text(const char *yaml, size_t len, const char *name, bool files, char *err,
                               size_t errlen, char *all, size_t alllen, size_t *nerrors)
 {
     conf_t *c = sl_xcalloc(1, sizeof(*c));
     c->path = sl_xstrdup(name ? name : "(string)");
-    if (conf_tree_load_ex(&conf_root_table, c, yaml, len, c->path, err, errlen, all, alllen,
+    if (conf_tree_load_ex(&conf_root_table, c, yaml, len, c->path, files, err, errlen, all, alllen,
                           nerrors, &c->index) != 0) {
         conf_free(c);
         return NULL;
@@ -1930,7 +1951,7 @@ static conf_t *conf_load_text(const char *yaml, size_t len, const char *name, ch
 
 conf_t *conf_load_string(const char *yaml, size_t len, const char *name, char *err, size_t errlen)
 {
-    return conf_load_text(yaml, len, name, err, errlen, NULL, 0, NULL);
+    return conf_load_text(yaml, len, name, false, err, errlen, NULL, 0, NULL);
 }
 
 conf_t *conf_load(const char *path, char *err, size_t errlen)
@@ -1939,7 +1960,7 @@ conf_t *conf_load(const char *path, char *err, size_t errlen)
     char *buf = conf_read_file(path, &len, err, errlen);
     if (!buf)
         return NULL;
-    conf_t *c = conf_load_string(buf, len, path, err, errlen);
+    conf_t *c = conf_load_text(buf, len, path, true, err, errlen, NULL, 0, NULL);
     free(buf);
     return c;
 }
@@ -1957,7 +1978,7 @@ conf_t *conf_load_all(const char *path, char *err, size_t errlen, size_t *nerror
     }
     /* The first error is also where the list starts: err holds them all. */
     char first[1024];
-    conf_t *c = conf_load_text(buf, len, path, first, sizeof(first), err, errlen, &n);
+    conf_t *c = conf_load_text(buf, len, path, true, first, sizeof(first), err, errlen, &n);
     free(buf);
     if (nerrors)
         *nerrors = n;

@@ -67,14 +67,21 @@ typedef enum conf_balance {
     CONF_BALANCE_LEAST_CONN,
 } conf_balance_t;
 
+/* Longest base path kept from a server URL ("/openai/v1"). */
+#define CONF_BASE_PATH_MAX 256
+
 typedef struct conf_server {
-    char *url;      /* http://host:port or https://host:port, no path */
+    char *url;      /* http[s]://host[:port][/base/path] */
     int64_t weight; /* 1..1000, default 1 */
     int line;
     /* Derived from url by the loader: */
     bool https;
     char host[CONF_HOST_MAX]; /* brackets removed from an IPv6 literal */
     int port;                 /* explicit, or 80 / 443 */
+    /* The URL's path, normalised: starts with '/', no trailing '/', no
+     * query or fragment; "/v1" when the URL has none. The client's path
+     * /v1/REST goes upstream as base_path + /REST (docs/conf-reference.md). */
+    char base_path[CONF_BASE_PATH_MAX];
 } conf_server_t;
 
 /* An upstream of kind engine: the in-process GGUF model (model/). */
@@ -423,7 +430,9 @@ typedef struct conf {
  * references (a model naming an unknown upstream) are all errors. */
 conf_t *conf_load(const char *path, char *err, size_t errlen) SL_WUR;
 
-/* The same from a string; `name` stands in for the file name in errors. */
+/* The same from a string; `name` stands in for the file name in errors.
+ * include: is refused here (a string has no directory, and a fuzzer must
+ * not make the loader read files). */
 conf_t *conf_load_string(const char *yaml, size_t len, const char *name, char *err,
                          size_t errlen) SL_WUR;
 
