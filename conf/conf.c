@@ -52,6 +52,7 @@ typedef struct conf_src {
     bool loaded;
     unsigned char *taken; /* per document node: already walked (alias) */
     size_t nnodes;
+    size_t idx; /* in ctx->srcs[], = in conf_index.files[] */
 } conf_src_t;
 
 /* A collection's value in an included file, merged after the main file's. */
@@ -707,12 +708,8 @@ static void conf_index_add(conf_ctx_t *ctx, int line)
         ix->w = w;
         ix->cap = cap;
     }
-    ix->w[ix->n++] = (conf_where_t){sl_xstrdup(ctx->path), ix->nfiles - 1, line};
-    /* The file is the current one: files[] grows in step with srcs[], and
-     * the current src's slot is found below. */
-    for (size_t i = 0; i < ctx->nsrcs; i++)
-        if (ctx->srcs[i] == ctx->src)
-            ix->w[ix->n - 1].file = i;
+    /* files[] grows in step with srcs[]: the current file's slot is its. */
+    ix->w[ix->n++] = (conf_where_t){sl_xstrdup(ctx->path), ctx->src->idx, line};
 }
 
 static const conf_where_t *conf_index_find(const struct conf_index *ix, const char *path)
@@ -1027,6 +1024,7 @@ static conf_src_t *conf_src_add(conf_ctx_t *ctx, const char *name)
         return NULL;
     conf_src_t *src = sl_xcalloc(1, sizeof(*src));
     src->name = sl_xstrdup(name);
+    src->idx = ctx->nsrcs;
     ctx->srcs[ctx->nsrcs++] = src;
     struct conf_index *ix = ctx->index;
     if (ix) {
