@@ -8,10 +8,22 @@
  * nothing here knows what a listener or an upstream is. Section-specific
  * rules live next to their rows in conf_keys.c as check functions.
  *
- * Errors: the first one wins and is a single line "FILE:LINE: key.path:
- * message". Aliases are refused (a node reached twice) so a hostile file
- * can neither loop nor blow up exponentially; size, nesting depth and node
- * count are capped before the document is built.
+ * Errors are single lines "FILE:LINE: key.path: message". The walk does
+ * not stop at the first: it goes on with the next key, list item or map
+ * entry, so `sluice -t` can list every mistake (conf_load_all); conf_load()
+ * still reports the first. A table's cross-key check runs only when
+ * nothing under it failed, so one mistake does not cascade. Aliases are
+ * refused (a node reached twice) so a hostile file can neither loop nor
+ * blow up exponentially; size, nesting depth and node count are capped
+ * before the document is built.
+ *
+ * Values pass through ${VAR} substitution (conf_expand) before they are
+ * parsed. `include:` (a row flagged CONF_INCLUDE) loads more files, each
+ * its own libyaml document (conf_src_t), whose lists and maps are walked
+ * after the main file's as one collection (conf_seg_t), so errors there
+ * name that file and line. Where every key was set is kept (conf_index)
+ * for conf_locate(), which gives errors found later by other modules
+ * (secrets read from the environment) their line.
  */
 #include "conf/conf.h"
 #include "conf/conf_internal.h"
