@@ -35,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <uthash.h>
 #include <yaml.h>
 
 /* A conf file larger than this is refused before parsing. */
@@ -862,6 +863,14 @@ static int conf_walk_list(conf_ctx_t *ctx, const conf_key_t *k, void *obj, conf_
     return ctx->nerrors == errs0 ? 0 : -1;
 }
 
+/* A map entry's name, for finding duplicates (uthash, keyed by the
+ * element's own copy of the name). */
+typedef struct conf_name {
+    const char *name;
+    size_t j;
+    UT_hash_handle hh;
+} conf_name_t;
+
 static int conf_walk_map(conf_ctx_t *ctx, const conf_key_t *k, void *obj, conf_seg_t *segs,
                          size_t nsegs)
 {
@@ -877,6 +886,9 @@ static int conf_walk_map(conf_ctx_t *ctx, const conf_key_t *k, void *obj, conf_s
     /* Per element: the file and line it came from, for duplicate messages. */
     conf_src_t **from = count ? sl_xcalloc(count, sizeof(*from)) : NULL;
     int *lines = count ? sl_xcalloc(count, sizeof(*lines)) : NULL;
+    /* Names seen so far, hashed: a map may have 100000 entries
+     * (ratelimit.overrides), too many to compare each with every other. */
+    conf_name_t *names = count ? sl_xcalloc(count, sizeof(*names)) : NULL, *seen = NULL;
     *(void **)conf_field(obj, k->off) = arr;
     *(size_t *)conf_field(obj, k->count_off) = count;
     size_t j = 0;
@@ -898,12 +910,9 @@ static int conf_walk_map(conf_ctx_t *ctx, const conf_key_t *k, void *obj, conf_s
             from[j] = ctx->src;
             lines[j] = line;
             size_t old = conf_path_push_key(ctx, name);
-            size_t dup = j;
-            for (size_t q = 0; q < j && dup == j; q++) {
-                const char *pn = *(char *const *)conf_cfield(arr + q * sub->size, sub->name_off);
-                if (pn && strcmp(pn, name) == 0)
-                    dup = q;
-            }
+            conf_name_t *hit = NULL;
+            HASH_FIND_STR(seen, name, hit);
+            size_t dup = hit ? hit->j : j;
             if (dup != j) {
                 if (from[dup] == ctx->src)
                     conf_errorf(ctx, line, NULL, "duplicate key (first at line %d)", lines[dup]);
@@ -914,7 +923,10 @@ static int conf_walk_map(conf_ctx_t *ctx, const conf_key_t *k, void *obj, conf_s
                 continue;
             }
             conf_index_add(ctx, line);
-            *(char **)conf_field(elem, sub->name_off) = sl_xstrdup(name);
+            char *owned = sl_xstrdup(name);
+            *(char **)conf_field(elem, sub->name_off) = owned;
+            names[j] = (conf_name_t){.name = owned, .j = j};
+            HASH_ADD_KEYPTR(hh, seen, owned, strlen(owned), &names[j]);
             if (sub->has_line)
                 *(int *)conf_field(elem, sub->line_off) = line;
             yaml_node_t *vn = conf_take(ctx, p->value, line);
@@ -924,6 +936,8 @@ static int conf_walk_map(conf_ctx_t *ctx, const conf_key_t *k, void *obj, conf_s
         }
         conf_src_enter(ctx, prev);
     }
+    HASH_CLEAR(hh, seen);
+    free(names);
     free(from);
     free(lines);
     return ctx->nerrors == errs0 ? 0 : -1;
