@@ -1656,6 +1656,33 @@ static void test_locate(void **state)
     assert_string_equal(out, want);
 }
 
+/* A large map: every entry kept in order, a duplicate found with its first
+ * line (names are hashed, not compared pairwise). */
+static void test_big_map(void **state)
+{
+    (void)state;
+    size_t cap = 5000 * 48 + 256, o = 0;
+    char *text = malloc(cap), err[512];
+    assert_non_null(text);
+    o += (size_t)snprintf(text + o, cap - o, LISTEN "ratelimit:\n  overrides:\n");
+    for (int i = 0; i < 5000; i++)
+        o += (size_t)snprintf(text + o, cap - o, "    user%d: { requests_per_minute: %d }\n", i,
+                              i % 100 + 1);
+    conf_t *c = load(text, err, sizeof(err));
+    if (!c)
+        fail_msg("%s", err);
+    assert_int_equal(c->ratelimit.noverrides, 5000);
+    assert_string_equal(c->ratelimit.overrides[4321].name, "user4321");
+    assert_int_equal(c->ratelimit.overrides[4321].line, 4321 + 5);
+    assert_int_equal(c->ratelimit.overrides[4321].limits.requests_per_minute, 22);
+    conf_free(c);
+    snprintf(text + o, cap - o, "    user1234: { requests_per_minute: 1 }\n");
+    assert_null(load(text, err, sizeof(err)));
+    assert_string_equal(err, "t.yaml:5005: ratelimit.overrides.user1234: duplicate key (first at "
+                             "line 1239)");
+    free(text);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1681,6 +1708,7 @@ int main(void)
         cmocka_unit_test(test_env_subst),
         cmocka_unit_test(test_include),
         cmocka_unit_test(test_locate),
+        cmocka_unit_test(test_big_map),
     };
     return cmocka_run_group_tests(tests, tmpdir_setup, tmpdir_teardown);
 }
