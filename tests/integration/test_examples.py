@@ -153,7 +153,9 @@ def test_example_streams_a_signed_request(name, sluice_factory, mock, tiny_gguf,
     assert p.returncode == 0, p.stderr.decode()
     tok = ph.Token(out["access_token"], out["signing_key"])
 
-    body = helpers.chat_body("hello there", model="chat-model", stream=True, max_tokens=5000)
+    # Greedy, so the engine's random-weights answer is the same every run.
+    body = helpers.chat_body("hello there", model="chat-model", stream=True, max_tokens=5000,
+                             temperature=0)
     raw = ph.body_bytes(body)
     r = s.request("POST", ph.CHAT_PATH, raw, {"Authorization": "Bearer " + tok.access_token})
     assert r.status == 401, "unsigned request: %d %r" % (r.status, r.body[:200])
