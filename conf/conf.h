@@ -67,14 +67,21 @@ typedef enum conf_balance {
     CONF_BALANCE_LEAST_CONN,
 } conf_balance_t;
 
+/* Longest base path kept from a server URL ("/openai/v1"). */
+#define CONF_BASE_PATH_MAX 256
+
 typedef struct conf_server {
-    char *url;      /* http://host:port or https://host:port, no path */
+    char *url;      /* http[s]://host[:port][/base/path] */
     int64_t weight; /* 1..1000, default 1 */
     int line;
     /* Derived from url by the loader: */
     bool https;
     char host[CONF_HOST_MAX]; /* brackets removed from an IPv6 literal */
     int port;                 /* explicit, or 80 / 443 */
+    /* The URL's path, normalised: starts with '/', no trailing '/', no
+     * query or fragment; "/v1" when the URL has none. The client's path
+     * /v1/REST goes upstream as base_path + /REST (docs/conf-reference.md). */
+    char base_path[CONF_BASE_PATH_MAX];
 } conf_server_t;
 
 /* An upstream of kind engine: the in-process GGUF model (model/). */
@@ -385,8 +392,13 @@ typedef struct conf_fallback {
 
 /* ---- the whole file ----------------------------------------------------- */
 
+struct conf_index; /* where each key was set (conf.c), for conf_locate() */
+
 typedef struct conf {
     char *path; /* the file it came from */
+    struct conf_index *index;
+    char **include; /* include: patterns of the main file (conf.d/NAME.yaml) */
+    size_t ninclude;
 
     conf_listen_t *listen;
     size_t nlisten;
@@ -418,11 +430,29 @@ typedef struct conf {
  * references (a model naming an unknown upstream) are all errors. */
 conf_t *conf_load(const char *path, char *err, size_t errlen) SL_WUR;
 
-/* The same from a string; `name` stands in for the file name in errors. */
+/* The same from a string; `name` stands in for the file name in errors.
+ * include: is refused here (a string has no directory, and a fuzzer must
+ * not make the loader read files). */
 conf_t *conf_load_string(const char *yaml, size_t len, const char *name, char *err,
                          size_t errlen) SL_WUR;
 
 void conf_free(conf_t *c);
+
+/* Where sluice looks for its conf when no -c is given. */
+#define CONF_DEFAULT_PATH "/etc/sluice/sluice.yaml"
+
+/* Like conf_load(), for `sluice -t`: on error err receives every error in
+ * the file and the files it includes, one "FILE:LINE: KEY: message" per
+ * line ('\n' between lines, up to errlen), and *nerrors their count. */
+conf_t *conf_load_all(const char *path, char *err, size_t errlen, size_t *nerrors) SL_WUR;
+
+/* For errors found after loading by other modules ("FILE: auth:
+ * auth.signing.secret_env: environment variable X is not set"): writes msg
+ * to out as "FILE:LINE: ..." where LINE is where its deepest key path (or
+ * the nearest enclosing section, item or entry) was set in `path` or a file
+ * it includes, so such errors carry a line like the loader's own. Reloads
+ * `path` to find it (the conf given to the runtime is gone by then). */
+void conf_locate(const char *path, const char *msg, char *out, size_t outlen);
 
 /* Lookup helpers; NULL when absent. */
 const conf_upstream_t *conf_upstream_find(const conf_t *c, const char *name);

@@ -46,6 +46,9 @@ enum {
     CONF_RELOAD = 1u << 0,   /* a SIGHUP reload may change it */
     CONF_REQUIRED = 1u << 1, /* must appear in the file (then no default) */
     CONF_AUTO = 1u << 2,     /* CONF_INT: the word "auto" is accepted and stored as 0 */
+    /* CONF_STRLIST of the root: file globs whose lists and maps are merged
+     * into this table's (a single string is accepted too). */
+    CONF_INCLUDE = 1u << 3,
 };
 
 /* The most rows one table may have (duplicate detection is a bitmap). */
@@ -128,6 +131,12 @@ int conf_table_validate(const conf_table_t *t, char *err, size_t errlen) SL_WUR;
  * the key path of the mapping being checked; `sub` may be NULL. Returns -1
  * so a check can `return conf_errorf(...)`. */
 int conf_errorf(conf_ctx_t *ctx, int line, const char *sub, const char *fmt, ...) SL_PRINTF(4, 5);
+
+/* The same, but the file and line are where PATH[.sub] was set when the
+ * walk met it (it may be in an included file); `line` otherwise. For root
+ * checks about elements of lists and maps. */
+int conf_errorf_key(conf_ctx_t *ctx, int line, const char *sub, const char *fmt, ...)
+    SL_PRINTF(4, 5);
 
 /* Formats a duration (ms) or a size (bytes) in the largest exact unit:
  * 90000 -> "90s", 16384 -> "16k". */

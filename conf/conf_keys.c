@@ -28,6 +28,7 @@
 #include "conf/conf_internal.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -154,6 +155,64 @@ static int admin_address_check(void *obj, char *msg, size_t msglen)
     return conf_parse_hostport(a->address, 0, a->host, &a->port, msg, msglen);
 }
 
+/* A URL path as a base path: RFC 3986 path characters only (percent
+ * escapes well formed), no "." or ".." segment, no empty segment, no
+ * query or fragment; the trailing '/' dropped. "" and "/" mean "/v1", the
+ * OpenAI API's own root, so the mapping is the same rule for every URL. */
+static int conf_base_path(const char *p, char *out, size_t outlen, char *msg, size_t msglen)
+{
+    size_t n = strlen(p);
+    while (n > 0 && p[n - 1] == '/')
+        n--;
+    if (n == 0) {
+        snprintf(out, outlen, "/v1");
+        return 0;
+    }
+    if (n >= outlen) {
+        snprintf(msg, msglen, "base path longer than %zu bytes", outlen - 1);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)p[i];
+        if (c == '?' || c == '#') {
+            snprintf(msg, msglen,
+                     "must not have a query or fragment; the path is a base path: /v1/... of a "
+                     "request goes to BASE/...");
+            return -1;
+        }
+        if (c == '%') {
+            if (i + 2 >= n || !isxdigit((unsigned char)p[i + 1]) ||
+                !isxdigit((unsigned char)p[i + 2])) {
+                snprintf(msg, msglen, "bad percent escape in the path");
+                return -1;
+            }
+            continue;
+        }
+        if (!(isalnum(c) || strchr("-._~!$&'()*+,;=:@/", c))) {
+            snprintf(msg, msglen, "character 0x%02x not allowed in the path", c);
+            return -1;
+        }
+    }
+    /* Segment by segment: "//", "/./" and "/../" would be read differently
+     * by different servers. */
+    for (size_t i = 0; i < n;) {
+        size_t j = i + 1;
+        while (j < n && p[j] != '/')
+            j++;
+        size_t seg = j - i - 1;
+        if (seg == 0 || (seg == 1 && p[i + 1] == '.') ||
+            (seg == 2 && p[i + 1] == '.' && p[i + 2] == '.')) {
+            snprintf(msg, msglen, "empty, \".\" or \"..\" segment in the path \"%.*s\"",
+                     (int)SL_MIN(n, (size_t)80), p);
+            return -1;
+        }
+        i = j;
+    }
+    memcpy(out, p, n);
+    out[n] = '\0';
+    return 0;
+}
+
 static int server_url_check(void *obj, char *msg, size_t msglen)
 {
     conf_server_t *s = obj;
@@ -165,19 +224,14 @@ static int server_url_check(void *obj, char *msg, size_t msglen)
         s->https = true;
         u += 8;
     } else {
-        snprintf(msg, msglen, "expected http://HOST[:PORT] or https://HOST[:PORT]");
+        snprintf(msg, msglen, "expected http://HOST[:PORT][/PATH] or https://HOST[:PORT][/PATH]");
         return -1;
     }
     char auth[CONF_HOST_MAX + 16];
     size_t n = strcspn(u, "/?#");
     const char *tail = u + n;
-    /* A lone trailing "/" is an empty path; anything more would be dropped
-     * silently, since sluice sends the client's path (/v1/...) as is. */
-    if (strcmp(tail, "/") != 0 && *tail) {
-        snprintf(msg, msglen,
-                 "must not have a path, query or fragment (\"%.40s\"); sluice forwards the "
-                 "client's path, e.g. /v1/chat/completions",
-                 tail);
+    if (*tail == '?' || *tail == '#') {
+        snprintf(msg, msglen, "must not have a query or fragment (\"%.40s\")", tail);
         return -1;
     }
     if (memchr(u, '@', n)) {
@@ -190,7 +244,9 @@ static int server_url_check(void *obj, char *msg, size_t msglen)
     }
     memcpy(auth, u, n);
     auth[n] = '\0';
-    return conf_parse_hostport(auth, s->https ? 443 : 80, s->host, &s->port, msg, msglen);
+    if (conf_parse_hostport(auth, s->https ? 443 : 80, s->host, &s->port, msg, msglen) != 0)
+        return -1;
+    return conf_base_path(tail, s->base_path, sizeof(s->base_path), msg, msglen);
 }
 
 static int api_key_env_check(void *obj, char *msg, size_t msglen)
@@ -242,8 +298,8 @@ static int root_check(conf_ctx_t *ctx, void *obj, int line)
         if (!conf_upstream_find(c, m->upstream)) {
             char sub[CONF_PATH_MAX];
             snprintf(sub, sizeof(sub), "models.%s.upstream", m->name);
-            return conf_errorf(ctx, m->line, sub, "no upstream named \"%s\" under upstreams",
-                               m->upstream);
+            return conf_errorf_key(ctx, m->line, sub, "no upstream named \"%s\" under upstreams",
+                                   m->upstream);
         }
     }
     const conf_fallback_t *fb = &c->fallback;
@@ -402,7 +458,8 @@ static const conf_key_t server_keys[] = {
      .off = offsetof(conf_server_t, url),
      .check = server_url_check,
      .flags = CONF_REQUIRED | R,
-     .doc = "http://HOST[:PORT] or https://HOST[:PORT] (port 80 / 443), no path"},
+     .doc = "http[s]://HOST[:PORT][/BASE] (port 80 / 443): a request for /v1/REST goes to "
+            "BASE/REST (https://api.groq.com/openai/v1); no path = /v1"},
     {.name = "weight",
      .type = CONF_INT,
      .off = offsetof(conf_server_t, weight),
@@ -1737,6 +1794,15 @@ static const conf_key_t routing_keys[] = {
 static const conf_table_t routing_table = {TABLE(routing_keys, conf_routing_t)};
 
 static const conf_key_t root_keys[] = {
+    {.name = "include",
+     .type = CONF_STRLIST,
+     .off = offsetof(conf_t, include),
+     .count_off = offsetof(conf_t, ninclude),
+     .max = 64,
+     .flags = R | CONF_INCLUDE,
+     .doc = "files whose upstreams, models (and other top-level lists and maps) are added to "
+            "this file's: a path or glob (conf.d/*.yaml) relative to this file, or a list of "
+            "them; included files may include others (8 deep, 256 files)"},
     {.name = "listen",
      .type = CONF_LIST,
      .off = offsetof(conf_t, listen),

@@ -2,7 +2,7 @@
  * main.c — the command line. Kept thin: everything it runs lives in the
  * library (server.c and the modules' own entry points).
  *
- *   sluice -c FILE            run
+ *   sluice [-c FILE]          run (default /etc/sluice/sluice.yaml)
  *   sluice -t -c FILE         check FILE (and the TLS files, env vars and
  *                             names it refers to) and exit 0 or 1
  *   sluice --conf-reference   print the reference of every conf key
@@ -23,30 +23,34 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: sluice [-t] -c FILE\n"
+    fprintf(f, "usage: sluice [-t] [-c FILE]\n"
                "       sluice token --sub USER [--ttl 15m] -c FILE\n"
                "       sluice sign --key K --method M --path P --body FILE\n"
                "       sluice model info FILE | model generate --model FILE --prompt TEXT\n"
                "       sluice --conf-reference\n"
                "       sluice --version\n"
-               "  -c FILE   configuration file (YAML)\n"
+               "  -c FILE   configuration file (YAML), default " CONF_DEFAULT_PATH "\n"
                "  -t        check the configuration and exit (0 ok, 1 not)\n");
 }
 
 static int sluice_check(const char *path)
 {
-    char err[1024];
+    char err[8192], where[1200];
+    size_t nerr = 0;
     gw_metrics_init();
-    conf_t *c = conf_load(path, err, sizeof(err));
+    conf_t *c = conf_load_all(path, err, sizeof(err), &nerr);
     if (!c) {
-        fprintf(stderr, "sluice: %s\n", err);
-        fprintf(stderr, "sluice: configuration %s test failed\n", path);
+        for (char *line = strtok(err, "\n"); line; line = strtok(NULL, "\n"))
+            fprintf(stderr, "sluice: %s\n", line);
+        fprintf(stderr, "sluice: configuration %s test failed (%zu error%s)\n", path, nerr,
+                nerr == 1 ? "" : "s");
         return 1;
     }
     gw_shared_t *shared = gw_shared_new();
     gw_rt_t *rt = shared ? gw_rt_new(c, shared, err, sizeof(err)) : NULL;
     if (!rt) {
-        fprintf(stderr, "sluice: %s\n", err);
+        conf_locate(path, err, where, sizeof(where));
+        fprintf(stderr, "sluice: %s\n", where);
         fprintf(stderr, "sluice: configuration %s test failed\n", path);
         return 1;
     }
@@ -69,7 +73,7 @@ int main(int argc, char **argv)
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    const char *conf = NULL;
+    const char *conf = CONF_DEFAULT_PATH;
     bool test = false;
     int opt;
     while ((opt = getopt_long(argc, argv, "c:thV", longopts, NULL)) != -1) {
@@ -94,7 +98,7 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (!conf || optind != argc) {
+    if (optind != argc) {
         usage(stderr);
         return 2;
     }

@@ -892,14 +892,13 @@ static void test_errors(void **state)
         {LISTEN "upstreams:\n  u:\n    servers:\n      - url: http://a\n    balance: random\n",
          "t.yaml:7: upstreams.u.balance: expected one of round_robin, least_conn, got \"random\""},
         {LISTEN "upstreams:\n  u:\n    servers:\n      - url: ftp://a\n",
-         "t.yaml:6: upstreams.u.servers[0].url: expected http://HOST[:PORT] or "
-         "https://HOST[:PORT]"},
-        {LISTEN "upstreams:\n  u:\n    servers:\n      - url: http://a:8000/v1\n",
-         "t.yaml:6: upstreams.u.servers[0].url: must not have a path, query or fragment "
-         "(\"/v1\"); sluice forwards the client's path, e.g. /v1/chat/completions"},
+         "t.yaml:6: upstreams.u.servers[0].url: expected http://HOST[:PORT][/PATH] or "
+         "https://HOST[:PORT][/PATH]"},
+        {LISTEN "upstreams:\n  u:\n    servers:\n      - url: http://a:8000/v1?x=1\n",
+         "t.yaml:6: upstreams.u.servers[0].url: must not have a query or fragment; the path is a "
+         "base path: /v1/... of a request goes to BASE/..."},
         {LISTEN "upstreams:\n  u:\n    servers:\n      - url: http://a?x=1\n",
-         "t.yaml:6: upstreams.u.servers[0].url: must not have a path, query or fragment "
-         "(\"?x=1\"); sluice forwards the client's path, e.g. /v1/chat/completions"},
+         "t.yaml:6: upstreams.u.servers[0].url: must not have a query or fragment (\"?x=1\")"},
         {LISTEN "upstreams:\n  u:\n    servers:\n      - url: http://user:pw@a\n",
          "t.yaml:6: upstreams.u.servers[0].url: must not have user info (use api_key_env for "
          "credentials)"},
@@ -910,8 +909,8 @@ static void test_errors(void **state)
         {LISTEN "upstreams:\n  u:\n    servers:\n      - url: http://\n",
          "t.yaml:6: upstreams.u.servers[0].url: bad host in \"http://\""},
         {LISTEN "upstreams:\n  u:\n    servers:\n      - url: HTTP://a\n",
-         "t.yaml:6: upstreams.u.servers[0].url: expected http://HOST[:PORT] or "
-         "https://HOST[:PORT]"},
+         "t.yaml:6: upstreams.u.servers[0].url: expected http://HOST[:PORT][/PATH] or "
+         "https://HOST[:PORT][/PATH]"},
         {LISTEN "upstreams:\n  u:\n    servers:\n      - url: http://a\n        weight: 0\n",
          "t.yaml:7: upstreams.u.servers[0].weight: 0 is out of bounds (1..1000)"},
         {LISTEN "upstreams:\n  u:\n    servers:\n      - url: http://a\n        weight: 1001\n",
@@ -1243,6 +1242,447 @@ static void test_reference(void **state)
     free(ref);
 }
 
+/* ---- base paths (issue 12) ------------------------------------------------------ */
+
+#define UP_URL(u) LISTEN "upstreams:\n  u:\n    servers:\n      - url: " u "\n"
+
+static void test_base_path(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *url, *base;
+    } ok[] = {
+        {"http://a:8000", "/v1"},
+        {"http://a:8000/", "/v1"},
+        {"https://api.groq.com/openai/v1", "/openai/v1"},
+        {"https://api.groq.com/openai/v1/", "/openai/v1"},
+        {"https://api.groq.com/openai/v1//", "/openai/v1"},
+        {"http://[::1]:11434/v1", "/v1"},
+        {"http://h/api/%7Euser/v2", "/api/%7Euser/v2"},
+        {"http://h/a-b_c.d~e/f:g@h", "/a-b_c.d~e/f:g@h"},
+    };
+    for (size_t i = 0; i < SL_ARRAY_LEN(ok); i++) {
+        char yaml[512], err[512] = "";
+        snprintf(yaml, sizeof(yaml), UP_URL("%s"), ok[i].url);
+        conf_t *c = load(yaml, err, sizeof(err));
+        if (!c)
+            fail_msg("%s: %s", ok[i].url, err);
+        assert_string_equal(c->upstreams[0].servers[0].base_path, ok[i].base);
+        assert_string_equal(c->upstreams[0].servers[0].url, ok[i].url);
+        conf_free(c);
+    }
+    char longp[400] = "http://h/";
+    memset(longp + 9, 'a', 300);
+    longp[309] = '\0';
+    const struct {
+        const char *url, *err;
+    } bad[] = {
+        {"http://h/a//b", "empty, \".\" or \"..\" segment in the path \"/a//b\""},
+        {"http://h/a/../b", "empty, \".\" or \"..\" segment in the path \"/a/../b\""},
+        {"http://h/./b", "empty, \".\" or \"..\" segment in the path \"/./b\""},
+        {"http://h/a%zz", "bad percent escape in the path"},
+        {"http://h/a%2", "bad percent escape in the path"},
+        {"'http://h/a b'", "character 0x20 not allowed in the path"},
+        {"http://h/v1#frag", "must not have a query or fragment; the path is a base path: /v1/... "
+                             "of a request goes to BASE/..."},
+        {longp, "base path longer than 255 bytes"},
+    };
+    for (size_t i = 0; i < SL_ARRAY_LEN(bad); i++) {
+        char yaml[1024], err[512] = "", want[512];
+        snprintf(yaml, sizeof(yaml), UP_URL("%s"), bad[i].url);
+        snprintf(want, sizeof(want), "t.yaml:6: upstreams.u.servers[0].url: %s", bad[i].err);
+        conf_t *c = load(yaml, err, sizeof(err));
+        if (c || strcmp(err, want) != 0)
+            fail_msg("%s:\n  want: %s\n  got:  %s", bad[i].url, want, c ? "(loaded)" : err);
+    }
+}
+
+/* ---- every error, did you mean (issue 13 item 5) -------------------------------- */
+
+/* Writes text to dir/name (dir created if missing); returns the path. */
+static const char *write_file(const char *dir, const char *name, const char *text)
+{
+    static char path[512];
+    char cmd[600];
+    snprintf(cmd, sizeof(cmd), "mkdir -p '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    char *slash = strrchr(path, '/');
+    if (slash && slash > path + strlen(dir)) {
+        *slash = '\0';
+        snprintf(cmd, sizeof(cmd), "mkdir -p '%s'", path);
+        assert_int_equal(system(cmd), 0);
+        *slash = '/';
+    }
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+static char tmpdir[64];
+
+static int tmpdir_setup(void **state)
+{
+    (void)state;
+    snprintf(tmpdir, sizeof(tmpdir), "/tmp/sluice-test-conf-XXXXXX");
+    return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int tmpdir_teardown(void **state)
+{
+    (void)state;
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static void test_all_errors(void **state)
+{
+    (void)state;
+    char dir[128];
+    snprintf(dir, sizeof(dir), "%s/all", tmpdir);
+    const char *p = write_file(dir, "three.yaml",
+                               LISTEN                           /* 1-2 */
+                               "shutdown_timout: 5s\n"          /* 3 */
+                               "workers: many\n"                /* 4 */
+                               "upstreams:\n"                   /* 5 */
+                               "  u:\n"                         /* 6 */
+                               "    servers:\n"                 /* 7 */
+                               "      - url: http://a\n"        /* 8 */
+                               "        wieght: 2\n"            /* 9 */
+                               "      - url: http://b\n"        /* 10 */
+                               "    timeouts: { conect: 1s }\n" /* 11 */
+                               "models:\n"                      /* 12 */
+                               "  m: { upstream: nowhere }\n"); /* 13 */
+    char err[4096], want[2048];
+    size_t n = 0;
+    assert_null(conf_load_all(p, err, sizeof(err), &n));
+    /* Four mistakes, four lines, in file order; the model's dangling
+     * upstream is a cross-section check, skipped while anything else is
+     * wrong (it could be a consequence). */
+    snprintf(want, sizeof(want),
+             "%s:3: shutdown_timout: unknown key; did you mean `shutdown_timeout`?\n"
+             "%s:4: workers: expected an integer or auto, got \"many\"\n"
+             "%s:9: upstreams.u.servers[0].wieght: unknown key; did you mean `weight`?\n"
+             "%s:11: upstreams.u.timeouts.conect: unknown key; did you mean `connect`?",
+             p, p, p, p);
+    assert_string_equal(err, want);
+    assert_int_equal(n, 4);
+
+    /* conf_load() keeps its one-line contract: the first error. */
+    char one[512];
+    assert_null(conf_load(p, one, sizeof(one)));
+    snprintf(want, sizeof(want),
+             "%s:3: shutdown_timout: unknown key; did you mean `shutdown_timeout`?", p);
+    assert_string_equal(one, want);
+
+    /* Alone, the cross-section error is reported. */
+    p = write_file(dir, "dangling.yaml",
+                   LISTEN "upstreams:\n  u: { servers: [{url: http://a}] }\n"
+                          "models:\n  m: { upstream: nowhere }\n");
+    assert_null(conf_load_all(p, err, sizeof(err), &n));
+    snprintf(want, sizeof(want),
+             "%s:6: models.m.upstream: no upstream named \"nowhere\" under upstreams", p);
+    assert_string_equal(err, want);
+    assert_int_equal(n, 1);
+
+    /* Far from every key: no suggestion. */
+    char e2[512];
+    assert_null(load(LISTEN "zzzzzzzz: 1\nlimits: { max_body_byte: 1m }\n", e2, sizeof(e2)));
+    assert_string_equal(e2, "t.yaml:3: zzzzzzzz: unknown key");
+    assert_null(load(LISTEN "limits: { max_body_byte: 1m }\n", e2, sizeof(e2)));
+    assert_string_equal(
+        e2, "t.yaml:3: limits.max_body_byte: unknown key; did you mean `max_body_bytes`?");
+
+    /* Many errors: the list is bounded, the count is not. */
+    size_t big = 300 * 16 + 64;
+    char *text = malloc(big);
+    assert_non_null(text);
+    size_t o = (size_t)snprintf(text, big, LISTEN);
+    for (int i = 0; i < 300; i++)
+        o += (size_t)snprintf(text + o, big - o, "bogus%03d: 1\n", i);
+    p = write_file(dir, "many.yaml", text);
+    free(text);
+    assert_null(conf_load_all(p, err, sizeof(err), &n));
+    assert_int_equal(n, 300);
+    assert_non_null(strstr(err, "bogus000: unknown key"));
+    assert_null(strstr(err, "bogus299"));
+    size_t lines = 1;
+    for (const char *q = err; *q; q++)
+        lines += *q == '\n';
+    assert_true(lines <= 101);
+    assert_non_null(strstr(err, "more errors"));
+
+    /* A missing file is one error. */
+    assert_null(conf_load_all("tests/unit/no-such.yaml", err, sizeof(err), &n));
+    assert_int_equal(n, 1);
+    assert_string_equal(err, "tests/unit/no-such.yaml: cannot open: No such file or directory");
+}
+
+/* ---- ${VAR} (issue 13 item 6) ------------------------------------------------------- */
+
+static void test_env_subst(void **state)
+{
+    (void)state;
+    setenv("SLT_PORT", "18081", 1);
+    setenv("SLT_HOST", "10.0.0.7", 1);
+    setenv("SLT_EMPTY", "", 1);
+    unsetenv("SLT_UNSET");
+    char err[512] = "";
+    conf_t *c = load("listen:\n  - address: 127.0.0.1:${SLT_PORT}\n"
+                     "workers: ${SLT_UNSET:-3}\n"
+                     "upstreams:\n  u:\n    servers:\n"
+                     "      - url: http://${SLT_HOST}:${SLT_UNSET:-8000}/x\n"
+                     "models:\n  m: { upstream: u, name: '${SLT_EMPTY:-served}' }\n"
+                     "fallback:\n  template:\n    text: 'cost $5, $${literal} ${SLT_EMPTY}!'\n"
+                     "    texts: { en: 'port ${SLT_PORT}' }\n"
+                     "ratelimit: { trusted_proxies: ['${SLT_HOST}/32'] }\n",
+                     err, sizeof(err));
+    if (!c)
+        fail_msg("%s", err);
+    assert_int_equal(c->listen[0].port, 18081);
+    assert_int_equal(c->workers, 3);
+    assert_string_equal(c->upstreams[0].servers[0].url, "http://10.0.0.7:8000/x");
+    assert_string_equal(c->upstreams[0].servers[0].host, "10.0.0.7");
+    assert_string_equal(c->upstreams[0].servers[0].base_path, "/x");
+    assert_string_equal(c->models[0].served, "served");
+    assert_string_equal(c->fallback.tmpl.text, "cost $5, ${literal} !");
+    assert_string_equal(c->fallback.tmpl.texts[0].value, "port 18081");
+    assert_string_equal(c->ratelimit.trusted_proxies[0], "10.0.0.7/32");
+    conf_free(c);
+
+    static const struct {
+        const char *yaml, *err;
+    } bad[] = {
+        {"listen:\n  - address: 127.0.0.1:${SLT_UNSET}\n",
+         "t.yaml:2: listen[0].address: environment variable SLT_UNSET is not set "
+         "(${SLT_UNSET:-default} gives a default)"},
+        {LISTEN "workers: ${SLT_UNSET\n",
+         "t.yaml:3: workers: bad variable reference: expected ${NAME} or ${NAME:-default} "
+         "(NAME: [A-Za-z_][A-Za-z0-9_]*), or $${ for a literal ${"},
+        {LISTEN "workers: ${1X}\n",
+         "t.yaml:3: workers: bad variable reference: expected ${NAME} or ${NAME:-default} "
+         "(NAME: [A-Za-z_][A-Za-z0-9_]*), or $${ for a literal ${"},
+        {LISTEN "workers: ${}\n",
+         "t.yaml:3: workers: bad variable reference: expected ${NAME} or ${NAME:-default} "
+         "(NAME: [A-Za-z_][A-Za-z0-9_]*), or $${ for a literal ${"},
+        /* Substitution happens before the value is checked. */
+        {LISTEN "workers: ${SLT_HOST}\n",
+         "t.yaml:3: workers: expected an integer or auto, got \"10.0.0.7\""},
+        {LISTEN "log: { access: '${SLT_EMPTY}' }\n", "t.yaml:3: log.access: must not be empty"},
+    };
+    for (size_t i = 0; i < SL_ARRAY_LEN(bad); i++) {
+        c = load(bad[i].yaml, err, sizeof(err));
+        if (c || strcmp(err, bad[i].err) != 0)
+            fail_msg("case %zu:\n  want: %s\n  got:  %s", i, bad[i].err, c ? "(loaded)" : err);
+    }
+
+    /* A value that grows past the scalar bound once substituted. */
+    char *big = malloc(3000);
+    assert_non_null(big);
+    memset(big, 'x', 2999);
+    big[2999] = '\0';
+    setenv("SLT_BIG", big, 1);
+    free(big);
+    c = load(LISTEN "fallback: { template: { text: '${SLT_BIG}${SLT_BIG}' } }\n", err, sizeof(err));
+    assert_null(c);
+    assert_string_equal(err, "t.yaml:3: fallback.template.text: value longer than 4096 bytes "
+                             "once ${...} are set");
+    unsetenv("SLT_BIG");
+}
+
+/* ---- include: (issue 13 item 6) -------------------------------------------------------- */
+
+static void test_include(void **state)
+{
+    (void)state;
+    char dir[128], err[4096], want[4096];
+    size_t n;
+    snprintf(dir, sizeof(dir), "%s/inc", tmpdir);
+    write_file(dir, "conf.d/10-a.yaml",
+               "upstreams:\n  a:\n    servers: [{url: http://a}]\n"
+               "models:\n  ma: { upstream: a }\n");
+    write_file(dir, "conf.d/20-b.yaml",
+               "include: ../more/*.yaml\n"
+               "models:\n  mb: { upstream: b }\n");
+    write_file(dir, "more/b.yaml", "upstreams:\n  b:\n    servers: [{url: http://b/v2}]\n");
+    write_file(dir, "conf.d/notes.txt", "not yaml: [\n");
+    const char *p = write_file(dir, "main.yaml",
+                               LISTEN "upstreams:\n  main:\n    servers: [{url: http://m}]\n"
+                                      "models:\n  m: { upstream: main }\n"
+                                      "include: conf.d/*.yaml\n");
+    char mainp[256];
+    snprintf(mainp, sizeof(mainp), "%s", p);
+    conf_t *c = conf_load_all(mainp, err, sizeof(err), &n);
+    if (!c)
+        fail_msg("%s", err);
+    /* The main file's entries first, then each file in glob order. */
+    assert_int_equal(c->nupstreams, 3);
+    assert_string_equal(c->upstreams[0].name, "main");
+    assert_string_equal(c->upstreams[1].name, "a");
+    assert_string_equal(c->upstreams[2].name, "b");
+    assert_string_equal(c->upstreams[2].servers[0].base_path, "/v2");
+    assert_int_equal(c->nmodels, 3);
+    assert_string_equal(c->models[1].name, "ma");
+    assert_string_equal(c->models[2].name, "mb");
+    assert_int_equal(c->ninclude, 1);
+    assert_string_equal(c->include[0], "conf.d/*.yaml");
+    conf_free(c);
+
+    /* Errors name the included file and its line; all of them are listed. */
+    write_file(dir, "conf.d/30-bad.yaml",
+               "models:\n"                                          /* 1 */
+               "  mc: { upstream: a, nam: x }\n"                    /* 2 */
+               "  m: { upstream: a }\n"                             /* 3 */
+               "workers: 2\n"                                       /* 4 */
+               "upstreams:\n  c: { servers: [{url: ftp://c}] }\n"); /* 5-6 */
+    assert_null(conf_load_all(mainp, err, sizeof(err), &n));
+    char bad[256];
+    snprintf(bad, sizeof(bad), "%s/conf.d/30-bad.yaml", dir);
+    snprintf(want, sizeof(want),
+             "%s:4: workers: an included file may only hold lists and maps (upstreams, models, "
+             "...); set this in the main file\n"
+             "%s:6: upstreams.c.servers[0].url: expected http://HOST[:PORT][/PATH] or "
+             "https://HOST[:PORT][/PATH]\n"
+             "%s:2: models.mc.nam: unknown key; did you mean `name`?\n"
+             "%s:3: models.m: duplicate key (first at %s:7)",
+             bad, bad, bad, bad, mainp);
+    assert_string_equal(err, want);
+    assert_int_equal(n, 4);
+
+    /* A model in an included file naming an unknown upstream: its file. */
+    write_file(dir, "conf.d/30-bad.yaml", "models:\n  mc: { upstream: nowhere }\n");
+    assert_null(conf_load_all(mainp, err, sizeof(err), &n));
+    snprintf(want, sizeof(want),
+             "%s:2: models.mc.upstream: no upstream named \"nowhere\" under upstreams", bad);
+    assert_string_equal(err, want);
+
+    /* A syntax error in an included file. */
+    write_file(dir, "conf.d/30-bad.yaml", "models:\n  mc: [\n");
+    assert_null(conf_load_all(mainp, err, sizeof(err), &n));
+    snprintf(want, sizeof(want), "%s:3: syntax error: ", bad);
+    assert_int_equal(strncmp(err, want, strlen(want)), 0);
+    assert_int_equal(n, 1);
+
+    /* A cycle: b includes the conf.d files again. */
+    write_file(dir, "conf.d/30-bad.yaml", "include: 10-a.yaml\n");
+    assert_null(conf_load_all(mainp, err, sizeof(err), &n));
+    snprintf(want, sizeof(want),
+             "%s:1: include: %s/conf.d/10-a.yaml is included twice (an include cycle?)", bad, dir);
+    assert_string_equal(err, want);
+
+    /* A file including itself, and depth: each file includes the next. */
+    write_file(dir, "conf.d/30-bad.yaml", "include: 30-bad.yaml\n");
+    assert_null(conf_load_all(mainp, err, sizeof(err), &n));
+    assert_non_null(strstr(err, "30-bad.yaml is included twice (an include cycle?)"));
+    for (int i = 0; i < 12; i++) {
+        char name[64], text[64];
+        snprintf(name, sizeof(name), "deep/d%02d.yaml", i);
+        snprintf(text, sizeof(text), "include: d%02d.yaml\n", i + 1);
+        write_file(dir, name, text);
+    }
+    write_file(dir, "conf.d/30-bad.yaml", "include: ../deep/d00.yaml\n");
+    assert_null(conf_load_all(mainp, err, sizeof(err), &n));
+    assert_non_null(strstr(err, "includes nested deeper than 8"));
+    assert_int_equal(n, 1);
+
+    /* A plain name that is missing is an error; a glob matching nothing
+     * is an empty directory. */
+    write_file(dir, "conf.d/30-bad.yaml", "include: [nothing-*.yaml, missing.yaml]\n");
+    assert_null(conf_load_all(mainp, err, sizeof(err), &n));
+    snprintf(want, sizeof(want), "%s:1: include: %s/conf.d/missing.yaml: no such file", bad, dir);
+    assert_string_equal(err, want);
+    assert_int_equal(n, 1);
+    char rm[600];
+    snprintf(rm, sizeof(rm), "rm -f '%s'", bad);
+    assert_int_equal(system(rm), 0);
+
+    /* A conf from a string (tests, the fuzzer) reads no other file. */
+    snprintf(want, sizeof(want), LISTEN "include: '%s/more/*.yaml'\n", dir);
+    c = load(want, err, sizeof(err));
+    assert_null(c);
+    assert_string_equal(err, "t.yaml:3: include: only a conf file may include others");
+}
+
+/* ---- errors found later, located (secrets keep their line) ------------------------ */
+
+static void test_locate(void **state)
+{
+    (void)state;
+    char dir[128], out[1024], want[1024];
+    snprintf(dir, sizeof(dir), "%s/loc", tmpdir);
+    write_file(dir, "conf.d/u.yaml", "upstreams:\n  x:\n    servers: [{url: http://x}]\n");
+    const char *p0 = write_file(dir, "main.yaml",
+                                LISTEN "include: conf.d/*.yaml\n" /* 3 */
+                                       "auth:\n"                  /* 4 */
+                                       "  tokens:\n"              /* 5 */
+                                       "    keys:\n"              /* 6 */
+                                       "      - kid: k1\n"        /* 7 */
+                                       "        alg: HS256\n"     /* 8 */
+                                       "        secret_env: K1\n" /* 9 */
+                                       "  signing:\n"             /* 10 */
+                                       "    secret_env: SIGN\n"); /* 11 */
+    char p[512];
+    snprintf(p, sizeof(p), "%s", p0);
+    char msg[600];
+    snprintf(msg, sizeof(msg), "%s: auth: auth.signing.secret_env: the secret in SIGN is 1 bytes",
+             p);
+    conf_locate(p, msg, out, sizeof(out));
+    snprintf(want, sizeof(want),
+             "%s:11: auth: auth.signing.secret_env: the secret in SIGN is 1 bytes", p);
+    assert_string_equal(out, want);
+    /* A list item with a detail after it: the item's line. */
+    conf_locate(p, "auth: auth.tokens.keys[0] (k1): environment variable K1 is not set", out,
+                sizeof(out));
+    snprintf(want, sizeof(want),
+             "%s:7: auth: auth.tokens.keys[0] (k1): environment variable K1 is not set", p);
+    assert_string_equal(out, want);
+    /* A key not in the file: the nearest section that is. */
+    conf_locate(p, "auth.tokens.ttl: must be 1s..max_lifetime", out, sizeof(out));
+    snprintf(want, sizeof(want), "%s:5: auth.tokens.ttl: must be 1s..max_lifetime", p);
+    assert_string_equal(out, want);
+    /* In an included file. */
+    conf_locate(p, "upstreams.x.servers[0]: cannot resolve", out, sizeof(out));
+    snprintf(want, sizeof(want), "%s/conf.d/u.yaml:3: upstreams.x.servers[0]: cannot resolve", dir);
+    assert_string_equal(out, want);
+    /* Already located, or naming nothing in the file. */
+    snprintf(msg, sizeof(msg), "%s:2: listen: x", p);
+    conf_locate(p, msg, out, sizeof(out));
+    assert_string_equal(out, msg);
+    conf_locate(p, "redis: down", out, sizeof(out));
+    snprintf(want, sizeof(want), "%s: redis: down", p);
+    assert_string_equal(out, want);
+}
+
+/* A large map: every entry kept in order, a duplicate found with its first
+ * line (names are hashed, not compared pairwise). */
+static void test_big_map(void **state)
+{
+    (void)state;
+    size_t cap = 5000 * 48 + 256, o = 0;
+    char *text = malloc(cap), err[512];
+    assert_non_null(text);
+    o += (size_t)snprintf(text + o, cap - o, LISTEN "ratelimit:\n  overrides:\n");
+    for (int i = 0; i < 5000; i++)
+        o += (size_t)snprintf(text + o, cap - o, "    user%d: { requests_per_minute: %d }\n", i,
+                              i % 100 + 1);
+    conf_t *c = load(text, err, sizeof(err));
+    if (!c)
+        fail_msg("%s", err);
+    assert_int_equal(c->ratelimit.noverrides, 5000);
+    assert_string_equal(c->ratelimit.overrides[4321].name, "user4321");
+    assert_int_equal(c->ratelimit.overrides[4321].line, 4321 + 5);
+    assert_int_equal(c->ratelimit.overrides[4321].limits.requests_per_minute, 22);
+    conf_free(c);
+    snprintf(text + o, cap - o, "    user1234: { requests_per_minute: 1 }\n");
+    assert_null(load(text, err, sizeof(err)));
+    assert_string_equal(err, "t.yaml:5005: ratelimit.overrides.user1234: duplicate key (first at "
+                             "line 1239)");
+    free(text);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1263,6 +1703,12 @@ int main(void)
         cmocka_unit_test(test_reload_check),
         cmocka_unit_test(test_example_conf),
         cmocka_unit_test(test_reference),
+        cmocka_unit_test(test_base_path),
+        cmocka_unit_test(test_all_errors),
+        cmocka_unit_test(test_env_subst),
+        cmocka_unit_test(test_include),
+        cmocka_unit_test(test_locate),
+        cmocka_unit_test(test_big_map),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests(tests, tmpdir_setup, tmpdir_teardown);
 }
