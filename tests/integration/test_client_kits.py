@@ -268,3 +268,254 @@ def test_without_the_kit_the_sdk_retry_is_a_replay(sluice_factory, mock, kit_nod
     assert out["error"]["status"] == 401 and out["error"]["code"] == "signature_replay", out
     assert [r["status"] for r in mock.requests(path=P)] == [429]  # the retry never got upstream
     assert rejected(s, "signature_replay") == 1
+
+
+# ---- Kotlin: the signer compiled with Debian's kotlinc and run ----------------------------
+
+KOTLIN = CLIENTS / "kotlin" / "src"
+KT_SIGNER = KOTLIN / "main" / "kotlin" / "dev" / "sluice" / "client" / "SluiceSigner.kt"
+KT_INTERCEPTOR = KOTLIN / "main" / "kotlin" / "dev" / "sluice" / "client" / "SluiceSigningInterceptor.kt"
+KT_HARNESS = KOTLIN / "test" / "kotlin" / "dev" / "sluice" / "client" / "VectorCheck.kt"
+
+
+@pytest.mark.timeout(240)
+def test_kotlin_signer_reproduces_the_vectors(tmp_path):
+    kotlinc, java = shutil.which("kotlinc"), shutil.which("java")
+    if not kotlinc or not java:
+        pytest.skip("kotlinc/java not installed (Debian package kotlin; scripts/deps.sh installs it)")
+    jar = tmp_path / "vectors.jar"
+    p = subprocess.run([kotlinc, str(KT_SIGNER), str(KT_HARNESS), "-include-runtime", "-d", str(jar)],
+                       capture_output=True, timeout=bound(200))
+    assert p.returncode == 0 and jar.is_file(), "kotlinc failed:\n%s" % (p.stdout + p.stderr).decode()[-3000:]
+    doc = load_vectors()
+    b64 = lambda s: base64.b64encode(s.encode()).decode()  # noqa: E731
+    lines = [" ".join([b64(v["key"]), b64(v["method"]), b64(v["path"]), b64(v["timestamp"]),
+                       b64(v["nonce"]), v["body_b64"]]) for v in doc["vectors"]]
+    inp = tmp_path / "in.txt"
+    inp.write_text("\n".join(lines) + "\n")
+    p = subprocess.run([java, "-cp", str(jar), "dev.sluice.client.VectorCheckKt", str(inp)],
+                       capture_output=True, timeout=bound(60))
+    assert p.returncode == 0, p.stderr.decode()[-3000:]
+    out = p.stdout.decode().splitlines()
+    assert len(out) == len(doc["vectors"]) + 1, out
+    for v, ln in zip(doc["vectors"], out):
+        canon_b64, sig = ln.split(" ")
+        assert base64.b64decode(canon_b64).decode() == v["canonical"], v["name"]
+        assert sig == v["signature"], v["name"]
+    fresh = out[-1].split(" ")
+    assert fresh[0] == "fresh" and abs(int(fresh[1]) - time.time()) < 30
+    assert re.fullmatch(r"[0-9a-f]{32}", fresh[2]), fresh
+
+
+# ---- source checks for what cannot run here -------------------------------------------------
+#
+# Each checker returns a list of problems; each is also run on a broken copy
+# of its file and must find the break (a checker that passes anything proves
+# nothing).
+
+HEADERS = ("X-Sluice-Timestamp", "X-Sluice-Nonce", "X-Sluice-Signature")
+
+
+def _func_body(src, start_pat):
+    """The text of the brace block that follows the first match of start_pat."""
+    m = re.search(start_pat, src)
+    if not m:
+        return None
+    i = src.index("{", m.end() - 1 if src[m.end() - 1] == "{" else m.end())
+    depth = 0
+    for j in range(i, len(src)):
+        if src[j] == "{":
+            depth += 1
+        elif src[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return src[i:j + 1]
+    return None
+
+
+def swift_signer_problems(src):
+    probs = []
+    m = re.search(r"func canonical\(method: String, pathWithQuery: String, timestamp: String, "
+                  r"nonce: String, bodySha256Hex: String\) -> String \{\s*return \[([^\]]*)\]"
+                  r"\.joined\(separator: \"([^\"]*)\"\)", src)
+    if not m:
+        probs.append("canonical(): not the five parameters joined by a separator")
+    else:
+        if [x.strip() for x in m.group(1).split(",")] != \
+                ["method", "pathWithQuery", "timestamp", "nonce", "bodySha256Hex"]:
+            probs.append("canonical(): field order %r" % m.group(1))
+        if m.group(2) != "\\n":
+            probs.append("canonical(): separator %r is not \\n" % m.group(2))
+    if 'hexDigits = Array("0123456789abcdef".utf8)' not in src:
+        probs.append("hex is not lowercase")
+    if "hex(SHA256.hash(data: body))" not in src:
+        probs.append("the body hash is not hex(SHA-256(body))")
+    if "SymmetricKey(data: Data(signingKey.utf8))" not in src:
+        probs.append("the HMAC key is not the signing key's UTF-8 text")
+    if "HMAC<SHA256>.authenticationCode(for: Data(c.utf8), using: key)" not in src:
+        probs.append("the HMAC is not HMAC-SHA256 over the canonical string's UTF-8")
+    if not re.search(r"hex\(\(0\.\.<16\)\.map \{ _ in UInt8\.random", src):
+        probs.append("the nonce is not 16 random bytes in hex")
+    for name, h in zip(("headerTimestamp", "headerNonce", "headerSignature"), HEADERS):
+        if 'public static let %s = "%s"' % (name, h) not in src:
+            probs.append("header %s is not %s" % (name, h))
+    return probs
+
+
+def swift_session_problems(src):
+    probs = []
+    for fn in ("public func data(for request: URLRequest)", "public func bytes(for request: URLRequest)"):
+        body = _func_body(src, re.escape(fn))
+        loop = body and _func_body(body, r"while true")
+        if not loop or "SluiceSigner.signed(request, credentials: try await tokens.credentials())" not in loop:
+            probs.append("%s: does not sign inside its retry loop" % fn)
+        elif "retryDelay(" not in loop:
+            probs.append("%s: no retry in the loop" % fn)
+    signed = _func_body(src, r"public static func signed\(")
+    if not signed or "httpBodyStream" not in signed:
+        probs.append("signed(): a streamed body is not refused")
+    for h in ("headerTimestamp", "headerNonce", "headerSignature"):
+        if not signed or "forHTTPHeaderField: %s)" % h not in signed:
+            probs.append("signed(): does not set %s" % h)
+    return probs
+
+
+def kotlin_interceptor_problems(src):
+    probs = []
+    body = _func_body(src, r"override fun intercept\(chain: Interceptor\.Chain\): Response \{")
+    if not body or "sign(request, creds)" not in body or "chain.proceed(signed)" not in body:
+        probs.append("intercept(): does not sign the request it proceeds with")
+    sign = _func_body(src, r"private fun sign\(request: Request, creds: SluiceCredentials\): Request \{")
+    if not sign or "SluiceSigner.sign(creds.signingKey, request.method, pathWithQuery, bytes, clock())" not in sign:
+        probs.append("sign(): not a fresh SluiceSigner.sign per attempt")
+    if not sign or 'url.encodedPath + (url.encodedQuery?.let { "?$it" } ?: "")' not in sign:
+        probs.append("sign(): the path is not OkHttp's encoded path + query")
+    if not sign or "bytes.toRequestBody(body.contentType())" not in sign:
+        probs.append("sign(): the bytes sent are not the bytes hashed")
+    for h in ("HEADER_TIMESTAMP", "HEADER_NONCE", "HEADER_SIGNATURE"):
+        if not sign or ".header(SluiceSigner.%s, sig." % h not in sign:
+            probs.append("sign(): does not set %s" % h)
+    return probs
+
+
+def arkts_http_problems(src):
+    probs = []
+    if "from '@kit.NetworkKit'" not in src:
+        probs.append("does not use @ohos.net.http (NetworkKit)")
+    req = _func_body(src, r"async request\(method: string, pathWithQuery: string, body: string\)")
+    loop = req and _func_body(req, r"for \(let attempt = 0; ; attempt\+\+\)")
+    if not loop or "await this.signedHeaders(method, pathWithQuery, bytes)" not in loop:
+        probs.append("request(): does not sign inside its retry loop")
+    if not req or "const bytes = this.crypto.utf8(body);" not in req or "extraData: method === 'GET' ? undefined : payload" not in req:
+        probs.append("request(): the bytes sent are not the bytes hashed")
+    sh = _func_body(src, r"async signedHeaders\(")
+    for h in ("SLUICE_HEADER_TIMESTAMP", "SLUICE_HEADER_NONCE", "SLUICE_HEADER_SIGNATURE"):
+        if not sh or "h[%s] = sig." % h not in sh:
+            probs.append("signedHeaders(): does not set %s" % h)
+    if not sh or "sluiceSign(this.crypto, tok.signingKey" not in sh:
+        probs.append("signedHeaders(): not a fresh sluiceSign")
+    return probs
+
+
+def _read(p):
+    return p.read_text(encoding="utf-8")
+
+
+SWIFT = CLIENTS / "swift" / "Sources" / "SluiceKit"
+
+CHECKS = [
+    # (file, checker, breakages: (old, new) replacements a checker must catch)
+    (SWIFT / "SluiceSigner.swift", swift_signer_problems, [
+        ("[method, pathWithQuery, timestamp, nonce, bodySha256Hex]",
+         "[method, pathWithQuery, nonce, timestamp, bodySha256Hex]"),
+        ('.joined(separator: "\\n")', '.joined(separator: "\\r\\n")'),
+        ("SymmetricKey(data: Data(signingKey.utf8))", "SymmetricKey(data: hexDecode(signingKey))"),
+        ('"0123456789abcdef"', '"0123456789ABCDEF"'),
+        ('"X-Sluice-Nonce"', '"X-Sluice-Nonce-Id"'),
+    ]),
+    (SWIFT / "SluiceURLSession.swift", swift_session_problems, [
+        ("        var attempt = 0\n        while true {\n            let signed = try SluiceSigner.signed(request, credentials: try await tokens.credentials())\n            let (data,",
+         "        var attempt = 0\n        let signed = try SluiceSigner.signed(request, credentials: try await tokens.credentials())\n        while true {\n            let (data,"),
+    ]),
+    (KT_INTERCEPTOR, kotlin_interceptor_problems, [
+        ("chain.proceed(signed)", "chain.proceed(request)"),
+        ('url.encodedPath + (url.encodedQuery?.let { "?$it" } ?: "")', "url.encodedPath"),
+    ]),
+    (CLIENTS / "arkts" / "SluiceHttp.ets", arkts_http_problems, [
+        ("      const header = await this.signedHeaders(method, pathWithQuery, bytes); // fresh each attempt\n",
+         ""),
+    ]),
+]
+
+
+@pytest.mark.parametrize("path,checker,breaks", CHECKS, ids=[c[0].name for c in CHECKS])
+def test_source_of_kits_that_cannot_run_here(path, checker, breaks):
+    src = _read(path)
+    assert checker(src) == [], "%s: %s" % (path.name, checker(src))
+    for old, new in breaks:
+        assert old in src, "%s: the breakage %r no longer applies: update the test" % (path.name, old)
+        if path.name == "SluiceHttp.ets" and new == "":
+            broken = src.replace(old, "").replace(
+                "    const out = new SluiceResponse();\n",
+                "    const out = new SluiceResponse();\n" + old)  # signed once, before the loop
+        else:
+            broken = src.replace(old, new, 1)
+        assert checker(broken), "%s: the checker missed %r -> %r" % (path.name, old, new)
+
+
+# ---- ArkTS: the core is the TypeScript core; the retry rule runs under Node ----------------
+
+
+def _code_after_header(text):
+    """A file without its leading comment block."""
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines) and (lines[i].startswith("//") or not lines[i].strip()):
+        i += 1
+    return "\n".join(lines[i:])
+
+
+def test_arkts_core_is_the_tested_typescript_core():
+    ts = _code_after_header(_read(CLIENTS / "typescript" / "src" / "sluice-sign.ts"))
+    ets = _code_after_header(_read(CLIENTS / "arkts" / "SluiceSign.ets"))
+    assert ts.startswith("export const SLUICE_HEADER_TIMESTAMP")
+    assert ets == ts, "clients/arkts/SluiceSign.ets differs from clients/typescript/src/sluice-sign.ts"
+    # within ArkTS's rules: no any/unknown, no destructuring, no var
+    assert not re.search(r"\b(any|unknown|var)\b|const \{|const \[|let \{|let \[", ets), \
+        "SluiceSign.ets uses something ArkTS forbids"
+
+
+def test_arkts_retry_rule_compiled_and_run(kit_node, tmp_path):
+    src = tmp_path / "SluiceRetry.ts"
+    shutil.copyfile(CLIENTS / "arkts" / "SluiceRetry.ets", src)
+    tsc = NODE_DIR / "node_modules" / "typescript" / "bin" / "tsc"
+    p = subprocess.run([kit_node, str(tsc), "--strict", "--target", "ES2022", "--module", "ES2022",
+                        "--outDir", str(tmp_path / "out"), str(src)], capture_output=True, timeout=bound(120))
+    assert p.returncode == 0, "tsc failed:\n%s" % (p.stdout + p.stderr).decode()[-3000:]
+    (tmp_path / "out" / "package.json").write_text('{"type": "module"}\n')
+    cases = [
+        [429, {"Retry-After": "0"}, 0],
+        [429, {"retry-after": "2"}, 0],
+        [429, {"Retry-After-Ms": "250", "Retry-After": "9"}, 0],
+        [503, {}, 2],
+        [400, {}, 0],
+        [401, {}, 0],
+        [503, {"x-should-retry": "false"}, 0],
+        [400, {"X-Should-Retry": "true", "retry-after": "1"}, 0],
+        [429, {"Retry-After": "120"}, 0],
+        [500, {}, 10],
+    ]
+    script = ("import { sluiceRetryDelayMs } from %s;\n"
+              "const cases = %s;\n"
+              "console.log(JSON.stringify(cases.map(([s, h, a]) => sluiceRetryDelayMs(s, h, a))));\n"
+              % (json.dumps((tmp_path / "out" / "SluiceRetry.js").as_uri()), json.dumps(cases)))
+    p = subprocess.run([kit_node, "--input-type=module", "-e", script], capture_output=True,
+                       timeout=bound(30))
+    assert p.returncode == 0, p.stderr.decode()[-3000:]
+    got = json.loads(p.stdout)
+    assert got[0] == 0 and got[1] == 2000 and got[2] == 250
+    assert 1500 <= got[3] <= 2000  # 0.5 s doubled twice, jittered down by at most 25 %
+    assert got[4] == -1 and got[5] == -1 and got[6] == -1
+    assert got[7] == 1000
+    assert 375 <= got[8] <= 500  # a Retry-After past 60 s: the default backoff instead
+    assert 6000 <= got[9] <= 8000  # capped at 8 s
