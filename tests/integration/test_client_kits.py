@@ -168,6 +168,50 @@ def test_typescript_core_reproduces_the_vectors(kit_node, kit_dist):
     assert paths["http://h/v1/a b?q=é"] == "/v1/a%20b?q=%C3%A9"
 
 
+def test_typescript_fetch_signs_every_body_shape_and_caches_tokens(kit_node, kit_dist):
+    """signingFetch against a recording server: for strings, bytes, views,
+    Blob, FormData, URLSearchParams, streams, Request objects and GETs, the
+    bytes that arrived are the bytes signed (checked here with Python's
+    HMAC), with the Content-Type the body implies; one mint serves parallel
+    calls, a 401 invalid_token and the approach of expiry mint again."""
+    key = load_vectors()["vectors"][0]["key"]
+    out = run_kit(kit_node, kit_dist, "http://unused", "shapes", key)
+    assert out["names"] == ["string", "bytes", "dataview", "blob", "form", "params", "stream", "request", "get"]
+    seen = out["seen"]
+    assert len(seen) == 9 + 5 + 1 + 1 + 1 + 1
+    nonces = set()
+    for r in seen:
+        h = r["headers"]
+        body = base64.b64decode(r["body_b64"])
+        canon = "\n".join([r["method"], r["target"], h["x-sluice-timestamp"], h["x-sluice-nonce"],
+                           hashlib.sha256(body).hexdigest()])
+        want = hmac.new(key.encode(), canon.encode(), hashlib.sha256).hexdigest()
+        assert h["x-sluice-signature"] == want, (r["method"], r["target"])
+        assert abs(int(h["x-sluice-timestamp"]) - time.time()) < 30
+        nonces.add(h["x-sluice-nonce"])
+    assert len(nonces) == len(seen)
+    by = dict(zip(out["names"], seen))
+    assert base64.b64decode(by["string"]["body_b64"]) == '{"a":"é"}'.encode()
+    assert by["bytes"]["target"] == "/v1/embeddings?x=1&y=%20"
+    assert base64.b64decode(by["bytes"]["body_b64"]) == bytes([0, 1, 2, 255])
+    assert base64.b64decode(by["dataview"]["body_b64"]) == bytes([8, 7, 6])
+    assert by["blob"]["headers"]["content-type"] == "text/plain"
+    ctype = by["form"]["headers"]["content-type"]
+    boundary = ctype.split("boundary=")[1]
+    form = base64.b64decode(by["form"]["body_b64"])
+    assert ctype.startswith("multipart/form-data; boundary=") and boundary.encode() in form
+    assert b"line one\nline two\n" in form and b'filename="data.jsonl"' in form
+    assert by["params"]["headers"]["content-type"].startswith("application/x-www-form-urlencoded")
+    assert base64.b64decode(by["params"]["body_b64"]) == b"a=1&b=x+y"
+    assert base64.b64decode(by["stream"]["body_b64"]) == b'{"streamed":true}'
+    assert by["request"]["target"] == "/v1/chat/completions?q=1"
+    assert base64.b64decode(by["request"]["body_b64"]) == b'{"r":1}'
+    assert by["get"]["method"] == "GET" and by["get"]["body_b64"] == ""
+    # mints: after the shapes, after 5 parallel calls, after a 401, 30 s on, 50 s on
+    assert out["mints"] == [1, 1, 2, 2, 3], out["mints"]
+    assert [r["headers"]["authorization"] for r in seen[-3:]] == ["Bearer tok-2", "Bearer tok-2", "Bearer tok-3"]
+
+
 # ---- TypeScript under the SDKs, against the real binary ---------------------------------
 
 

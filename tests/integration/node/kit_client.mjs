@@ -163,6 +163,78 @@ async function main() {
         ),
       };
     }
+    case "shapes": {
+      // signingFetch over every body and input shape, against a local server
+      // that records what arrived (the test checks each signature in Python),
+      // and the token cache: one mint for parallel calls, a new one after a
+      // 401 invalid_token and near expiry.
+      const http = await import("node:http");
+      const seen = [];
+      const server = http.createServer((req, res) => {
+        const parts = [];
+        req.on("data", (c) => parts.push(c));
+        req.on("end", () => {
+          seen.push({ method: req.method, target: req.url, headers: req.headers, body_b64: Buffer.concat(parts).toString("base64") });
+          if (req.url.startsWith("/v1/expired")) {
+            res.writeHead(401, { "WWW-Authenticate": 'Bearer realm="sluice", error="invalid_token", error_description="token_expired"' });
+            res.end("{}");
+          } else {
+            res.writeHead(200, { "Content-Type": "application/json" });
+            res.end("{}");
+          }
+        });
+      });
+      await new Promise((r) => server.listen(0, "127.0.0.1", r));
+      const base = `http://127.0.0.1:${server.address().port}`;
+      const key = arg;
+      let mints = 0;
+      let clock = 1_000_000_000_000;
+      const tokens = kit.cachedTokenSource(async () => {
+        mints += 1;
+        await new Promise((r) => setTimeout(r, 20)); // parallel callers must share this one
+        return { access_token: "tok-" + mints, signing_key: key, expires_in: 100 };
+      }, { now: () => clock });
+      const f = kit.signingFetch({ tokens });
+      const form = new FormData();
+      form.append("purpose", "fine-tune");
+      form.append("file", new Blob(["line one\nline two\n"], { type: "text/plain" }), "data.jsonl");
+      const stream = new ReadableStream({
+        start(c) {
+          c.enqueue(new TextEncoder().encode('{"streamed":'));
+          c.enqueue(new TextEncoder().encode("true}"));
+          c.close();
+        },
+      });
+      const shapes = [
+        ["string", () => f(base + "/v1/chat/completions", { method: "POST", headers: { "Content-Type": "application/json" }, body: '{"a":"é"}' })],
+        ["bytes", () => f(new URL(base + "/v1/embeddings?x=1&y=%20"), { method: "post", body: new Uint8Array([0, 1, 2, 255]) })],
+        ["dataview", () => f(base + "/v1/embeddings", { method: "POST", body: new DataView(new Uint8Array([9, 8, 7, 6, 5]).buffer, 1, 3) })],
+        ["blob", () => f(base + "/v1/files", { method: "POST", body: new Blob(["blob body"], { type: "text/plain" }) })],
+        ["form", () => f(base + "/v1/files", { method: "POST", body: form })],
+        ["params", () => f(base + "/v1/form", { method: "POST", body: new URLSearchParams({ a: "1", b: "x y" }) })],
+        ["stream", () => f(base + "/v1/stream", { method: "POST", body: stream, duplex: "half" })],
+        ["request", () => f(new Request(base + "/v1/chat/completions?q=1", { method: "POST", body: '{"r":1}', headers: { "Content-Type": "application/json" } }))],
+        ["get", () => f(base + "/v1/models")],
+      ];
+      const names = [];
+      for (const [name, call] of shapes) {
+        await (await call()).text();
+        names.push(name);
+      }
+      const mintsAfterShapes = mints;
+      await Promise.all([1, 2, 3, 4, 5].map(() => f(base + "/v1/models").then((r) => r.text())));
+      const mintsAfterParallel = mints;
+      await (await f(base + "/v1/expired")).text(); // 401 invalid_token: the token is dropped
+      await (await f(base + "/v1/models")).text();
+      const mintsAfter401 = mints;
+      clock += 30_000; // 70 s left: still fresh
+      await (await f(base + "/v1/models")).text();
+      const mintsAt30s = mints;
+      clock += 20_000; // 50 s left, under the 60 s margin: minted again
+      await (await f(base + "/v1/models")).text();
+      server.close();
+      return { names, seen, mints: [mintsAfterShapes, mintsAfterParallel, mintsAfter401, mintsAt30s, mints] };
+    }
     default:
       throw new Error("unknown mode " + mode);
   }
