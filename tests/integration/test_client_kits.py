@@ -411,7 +411,8 @@ def swift_session_problems(src):
     for fn in ("public func data(for request: URLRequest)", "public func bytes(for request: URLRequest)"):
         body = _func_body(src, re.escape(fn))
         loop = body and _func_body(body, r"while true")
-        if not loop or "SluiceSigner.signed(request, credentials: try await tokens.credentials())" not in loop:
+        if not loop or "let signed = try SluiceSigner.signed(request, credentials: creds)" not in loop \
+                or "let creds = try await tokens.credentials()" not in loop:
             probs.append("%s: does not sign inside its retry loop" % fn)
         elif "retryDelay(" not in loop:
             probs.append("%s: no retry in the loop" % fn)
@@ -478,8 +479,12 @@ CHECKS = [
         ('"X-Sluice-Nonce"', '"X-Sluice-Nonce-Id"'),
     ]),
     (SWIFT / "SluiceURLSession.swift", swift_session_problems, [
-        ("        var attempt = 0\n        while true {\n            let signed = try SluiceSigner.signed(request, credentials: try await tokens.credentials())\n            let (data,",
-         "        var attempt = 0\n        let signed = try SluiceSigner.signed(request, credentials: try await tokens.credentials())\n        while true {\n            let (data,"),
+        ("        var attempt = 0\n        while true {\n            let creds = try await tokens.credentials()\n"
+         "            let signed = try SluiceSigner.signed(request, credentials: creds) // fresh per attempt\n"
+         "            let (data,",
+         "        var attempt = 0\n        let creds = try await tokens.credentials()\n"
+         "        let signed = try SluiceSigner.signed(request, credentials: creds)\n"
+         "        while true {\n            let (data,"),
     ]),
     (KT_INTERCEPTOR, kotlin_interceptor_problems, [
         ("chain.proceed(signed)", "chain.proceed(request)"),

@@ -72,6 +72,9 @@ export function sluiceDefaultCrypto(): Promise<SluiceCrypto> {
         throw new Error('sluice: no WebCrypto here; pass `crypto` to signingFetch');
       return new WebSluiceCrypto(m.webcrypto);
     })();
+    defaultCrypto.catch(() => {
+      defaultCrypto = null; // not remembered: a later call may pass `crypto`
+    });
   }
   return defaultCrypto;
 }

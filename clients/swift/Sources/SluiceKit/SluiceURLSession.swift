@@ -68,7 +68,8 @@ public final class SluiceClient {
     public func data(for request: URLRequest) async throws -> (Data, HTTPURLResponse) {
         var attempt = 0
         while true {
-            let signed = try SluiceSigner.signed(request, credentials: try await tokens.credentials())
+            let creds = try await tokens.credentials()
+            let signed = try SluiceSigner.signed(request, credentials: creds) // fresh per attempt
             let (data, response) = try await session.data(for: signed)
             guard let http = response as? HTTPURLResponse else { throw SluiceError.notHTTP }
             await noteRefusal(http)
@@ -86,7 +87,8 @@ public final class SluiceClient {
     public func bytes(for request: URLRequest) async throws -> (URLSession.AsyncBytes, HTTPURLResponse) {
         var attempt = 0
         while true {
-            let signed = try SluiceSigner.signed(request, credentials: try await tokens.credentials())
+            let creds = try await tokens.credentials()
+            let signed = try SluiceSigner.signed(request, credentials: creds) // fresh per attempt
             let (bytes, response) = try await session.bytes(for: signed)
             guard let http = response as? HTTPURLResponse else { throw SluiceError.notHTTP }
             await noteRefusal(http)
