@@ -17,6 +17,8 @@ required:
 - Shared vectors: clients/vectors.json is what clients/gen_vectors.py makes
   with this `sluice sign`; the TypeScript/ArkTS core and the Kotlin signer
   (compiled with Debian's kotlinc and run) reproduce every signature.
+- ArkTS: SluiceHttpClient compiled with tsc over a stand-in `http` (Node's
+  fetch) and run against the real binary: a 429, then a re-signed retry.
 - Swift (no compiler on Debian 12) and the transport layers that need a
   platform SDK (OkHttp, @ohos.net.http): their source is checked for the
   canonical string's order and separator, the key used as text, lowercase
@@ -568,3 +570,65 @@ def test_arkts_retry_rule_compiled_and_run(kit_node, tmp_path):
     assert got[7] == 1000
     assert 375 <= got[8] <= 500  # a Retry-After past 60 s: the default backoff instead
     assert 6000 <= got[9] <= 8000  # capped at 8 s
+
+
+@pytest.fixture(scope="session")
+def ark_dist(kit_node, tmp_path_factory):
+    """clients/arkts's SluiceSign, SluiceRetry and SluiceHttp compiled as
+    TypeScript, the platform imports pointed at Node stand-ins
+    (node/ark_stub_network.ts: `http` over fetch; node/ark_stub_crypto.ts:
+    never constructed, the test passes WebCrypto)."""
+    d = tmp_path_factory.mktemp("ark")
+    src = d / "src"
+    src.mkdir()
+    rewrites = [("from '@kit.NetworkKit'", "from './ark_stub_network.js'"),
+                ("from './SluiceCryptoArk'", "from './ark_stub_crypto.js'"),
+                ("from './SluiceSign'", "from './SluiceSign.js'"),
+                ("from './SluiceRetry'", "from './SluiceRetry.js'")]
+    for name in ("SluiceSign", "SluiceRetry", "SluiceHttp"):
+        text = _read(CLIENTS / "arkts" / (name + ".ets"))
+        for old, new in rewrites:
+            text = text.replace(old, new)
+        (src / (name + ".ts")).write_text(text, encoding="utf-8")
+    for stub in ("ark_stub_network.ts", "ark_stub_crypto.ts"):
+        shutil.copyfile(NODE_DIR / stub, src / stub)
+    out = d / "out"
+    tsc = NODE_DIR / "node_modules" / "typescript" / "bin" / "tsc"
+    p = subprocess.run([kit_node, str(tsc), "--strict", "--target", "ES2022", "--module", "ES2022",
+                        "--moduleResolution", "bundler", "--lib", "ES2022,DOM", "--outDir", str(out)]
+                       + sorted(str(f) for f in src.glob("*.ts")),
+                       capture_output=True, timeout=bound(120))
+    assert p.returncode == 0, "tsc failed on the ArkTS kit:\n%s" % (p.stdout + p.stderr).decode()[-3000:]
+    (out / "package.json").write_text('{"type": "module"}\n')
+    return out
+
+
+def run_ark(node, ark, kit, s, prompt, env=None):
+    argv = [node, str(NODE_DIR / "ark_client.mjs"), str(ark), str(kit), base_url(s), prompt]
+    p = subprocess.run(argv, capture_output=True, timeout=bound(60), cwd=NODE_DIR, env=kit_env(env))
+    assert p.returncode == 0, p.stderr.decode()[-3000:]
+    return json.loads(p.stdout.decode().strip().splitlines()[-1])
+
+
+def test_arkts_http_client_retries_a_429_signed_again(sluice_factory, mock, kit_node, kit_dist, ark_dist):
+    """SluiceHttpClient itself (over the stand-in `http`) against the real
+    binary: a plain call, then an upstream 429 and its own retry — two
+    attempts, two nonces, both reaching the upstream, no replay."""
+    s = ph.start(sluice_factory, mock)
+    out = run_ark(kit_node, ark_dist, kit_dist, s, "ark plain")
+    assert out["status"] == 200 and out["attempts"] == 1, out
+    assert json.loads(out["body"])["choices"][0]["message"]["content"] == "echo: ark plain"
+    mock.script(UPSTREAM_429, "normal")
+    out = run_ark(kit_node, ark_dist, kit_dist, s, "ark retry")
+    assert out["status"] == 200 and out["attempts"] == 2, out
+    assert [a["status"] for a in out["seen"]] == [429, 200]
+    assert_each_attempt_signed_afresh(out["seen"])
+    assert out["seen"][0]["body_bytes"] == out["seen"][1]["body_bytes"] > 0
+    assert out["mints"] == 1
+    assert [r["status"] for r in mock.requests(path=P)] == [200, 429, 200]
+    assert rejected(s, "signature_replay") == 0
+    # the retry stops at maxRetries: three 429s with maxRetries 2 end in the third
+    mock.script(UPSTREAM_429, UPSTREAM_429, UPSTREAM_429, "normal")
+    out = run_ark(kit_node, ark_dist, kit_dist, s, "ark gives up")
+    assert out["status"] == 429 and out["attempts"] == 3, out
+    assert rejected(s, "signature_replay") == 0
