@@ -19,6 +19,9 @@ required:
   (compiled with Debian's kotlinc and run) reproduce every signature.
 - ArkTS: SluiceHttpClient compiled with tsc over a stand-in `http` (Node's
   fetch) and run against the real binary: a 429, then a re-signed retry.
+- Kotlin: the OkHttp 4 interceptor respelled for Debian's OkHttp 3, compiled
+  and run as a network interceptor in a real OkHttp client against the real
+  binary: 429s, each retry re-signed.
 - Swift (no compiler on Debian 12) and the transport layers that need a
   platform SDK (OkHttp, @ohos.net.http): their source is checked for the
   canonical string's order and separator, the key used as text, lowercase
@@ -632,3 +635,64 @@ def test_arkts_http_client_retries_a_429_signed_again(sluice_factory, mock, kit_
     out = run_ark(kit_node, ark_dist, kit_dist, s, "ark gives up")
     assert out["status"] == 429 and out["attempts"] == 3, out
     assert rejected(s, "signature_replay") == 0
+
+
+# ---- Kotlin: the interceptor in a real OkHttp against the real binary ------------------------
+
+OKHTTP_JARS = ("/usr/share/java/okhttp.jar", "/usr/share/java/okio.jar")
+KT_CHECK = KOTLIN / "test" / "kotlin" / "dev" / "sluice" / "client" / "InterceptorCheck.kt"
+
+# The kit is written for OkHttp 4 (Kotlin properties); Debian 12 has OkHttp 3
+# (Java getters). These spell the same calls the OkHttp 3 way; nothing else
+# in the interceptor changes.
+OKHTTP3_SPELLING = [
+    (r"\brequest\.body\b(?!\()", "request.body()"),
+    (r"\brequest\.url\b(?!\()", "request.url()"),
+    (r"\brequest\.method\b(?!\()", "request.method()"),
+    (r"\burl\.encodedPath\b(?!\()", "url.encodedPath()"),
+    (r"\burl\.encodedQuery\b(?!\()", "url.encodedQuery()"),
+    (r"\bresponse\.code\b(?!\()", "response.code()"),
+    (r"import okhttp3\.RequestBody\.Companion\.toRequestBody", "import okhttp3.RequestBody"),
+    (r"bytes\.toRequestBody\(body\.contentType\(\)\)", "RequestBody.create(body.contentType(), bytes)"),
+]
+
+
+@pytest.fixture(scope="session")
+def kotlin_okhttp_jar(tmp_path_factory):
+    kotlinc, java = shutil.which("kotlinc"), shutil.which("java")
+    if not kotlinc or not java or not all(os.path.isfile(j) for j in OKHTTP_JARS):
+        pytest.skip("kotlinc/java/OkHttp not installed (Debian packages kotlin, libokhttp-java; "
+                    "scripts/deps.sh installs them)")
+    d = tmp_path_factory.mktemp("kt-okhttp")
+    src = _read(KT_INTERCEPTOR)
+    for pat, rep in OKHTTP3_SPELLING:
+        src, n = re.subn(pat, rep, src)
+        assert n >= 1, "the OkHttp 3 spelling %r no longer applies: update the test" % pat
+    (d / "SluiceSigningInterceptor.kt").write_text(src, encoding="utf-8")
+    jar = d / "check.jar"
+    p = subprocess.run([kotlinc, "-cp", ":".join(OKHTTP_JARS), str(KT_SIGNER),
+                        str(d / "SluiceSigningInterceptor.kt"), str(KT_CHECK),
+                        "-include-runtime", "-d", str(jar)], capture_output=True, timeout=bound(200))
+    assert p.returncode == 0 and jar.is_file(), "kotlinc failed:\n%s" % (p.stdout + p.stderr).decode()[-3000:]
+    return java, ":".join((str(jar),) + OKHTTP_JARS)
+
+
+@pytest.mark.timeout(120)
+def test_kotlin_interceptor_in_okhttp_retries_a_429_signed_again(sluice_factory, mock, kotlin_okhttp_jar):
+    java, cp = kotlin_okhttp_jar
+    s = ph.start(sluice_factory, mock)
+    mock.script(UPSTREAM_429, UPSTREAM_429, "normal")
+    p = subprocess.run([java, "-cp", cp, "dev.sluice.client.InterceptorCheckKt", base_url(s), ph.CLIENT_ID,
+                        ph.CLIENT_SECRET, "alice", "from okhttp", "3"],
+                       capture_output=True, timeout=bound(60))
+    assert p.returncode == 0, (p.stdout + p.stderr).decode()[-3000:]
+    lines = p.stdout.decode().splitlines()
+    attempts = [ln.split(" ") for ln in lines if ln.startswith("attempt ")]
+    final = [ln for ln in lines if ln.startswith("final ")]
+    assert [a[1] for a in attempts] == ["429", "429", "200"], lines
+    assert_each_attempt_signed_afresh([{"nonce": a[2]} for a in attempts])
+    assert final and final[0].startswith("final 200 ") and "echo: from okhttp" in final[0], lines
+    assert "mints 1" in lines
+    assert [r["status"] for r in mock.requests(path=P)] == [429, 429, 200]
+    assert rejected(s, "signature_replay") == 0
+    assert ph.metric(s, "sluice_requests_total", code="4xx") == 2
