@@ -215,9 +215,9 @@ static void test_abstract_socket(void **state)
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     size_t n = strlen(name);
     memcpy(sa.sun_path + 1, name, n); /* sun_path[0] = 0: abstract */
-    assert_int_equal(
-        bind(fd, (struct sockaddr *)&sa, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n)),
-        0);
+    assert_int_equal(bind(fd, (struct sockaddr *)&sa,
+                          (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n)),
+                     0);
     char env[80];
     snprintf(env, sizeof(env), "@%s", name);
     setenv("NOTIFY_SOCKET", env, 1);
@@ -274,10 +274,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_mainpid, nsock_setup, nsock_teardown),
         cmocka_unit_test_setup_teardown(test_reloading_carries_monotonic_usec, nsock_setup,
                                         nsock_teardown),
-        cmocka_unit_test_setup_teardown(test_reload_sequence_in_order, nsock_setup,
-                                        nsock_teardown),
-        cmocka_unit_test_setup_teardown(test_status_one_bounded_line, nsock_setup,
-                                        nsock_teardown),
+        cmocka_unit_test_setup_teardown(test_reload_sequence_in_order, nsock_setup, nsock_teardown),
+        cmocka_unit_test_setup_teardown(test_status_one_bounded_line, nsock_setup, nsock_teardown),
         cmocka_unit_test_setup_teardown(test_abstract_socket, nsock_setup, nsock_teardown),
         cmocka_unit_test_setup_teardown(test_missing_socket_is_an_error, nsock_setup,
                                         nsock_teardown),
