@@ -188,10 +188,11 @@ INSTALL        ?= install
 install: $(SL_INSTALL_BIN)
 	$(INSTALL) -d $(DESTDIR)$(SBINDIR) $(DESTDIR)$(MANDIR)/man8 $(DESTDIR)$(UNITDIR) \
 	    $(DESTDIR)$(SYSCONFDIR)/sluice $(DESTDIR)$(SYSCONFDIR)/logrotate.d \
+	    $(DESTDIR)$(SYSCONFDIR)/default \
 	    $(DESTDIR)$(LOCALSTATEDIR)/lib/sluice $(DESTDIR)$(LOCALSTATEDIR)/log/sluice
 	$(INSTALL) -m 0755 $(SL_INSTALL_BIN) $(DESTDIR)$(SBINDIR)/sluice
 	$(INSTALL) -m 0644 docs/sluice.8 $(DESTDIR)$(MANDIR)/man8/sluice.8
-	sed 's|/usr/sbin/sluice|$(SBINDIR)/sluice|g; s|/etc/sluice/|$(SYSCONFDIR)/sluice/|g' \
+	sed 's|/usr/sbin/sluice|$(SBINDIR)/sluice|g; s|/etc/|$(SYSCONFDIR)/|g' \
 	    contrib/systemd/sluice.service > $(DESTDIR)$(UNITDIR)/sluice.service.tmp
 	mv $(DESTDIR)$(UNITDIR)/sluice.service.tmp $(DESTDIR)$(UNITDIR)/sluice.service
 	chmod 0644 $(DESTDIR)$(UNITDIR)/sluice.service
@@ -199,5 +200,8 @@ install: $(SL_INSTALL_BIN)
 	@if [ -e $(DESTDIR)$(SYSCONFDIR)/sluice/sluice.yaml ]; then \
 	    echo "  kept $(DESTDIR)$(SYSCONFDIR)/sluice/sluice.yaml"; \
 	else $(INSTALL) -m 0644 conf/sluice.yaml $(DESTDIR)$(SYSCONFDIR)/sluice/sluice.yaml; fi
+	@if [ -e $(DESTDIR)$(SYSCONFDIR)/default/sluice ]; then \
+	    echo "  kept $(DESTDIR)$(SYSCONFDIR)/default/sluice"; \
+	else $(INSTALL) -m 0600 contrib/systemd/sluice.default $(DESTDIR)$(SYSCONFDIR)/default/sluice; fi
 
 -include $(LIB_OBJS:.o=.d) $(MAIN_OBJ:.o=.d)
