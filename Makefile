@@ -155,10 +155,12 @@ clean:
 # `sluice -V` reports VERSION (keep debian/changelog's in step: a test checks),
 # the commit and the build flags, compiled into common/version.o only. The
 # stamp changes when one of them does, so a new commit relinks the binary.
-# SLUICE_COMMIT may come from the environment (a tree without .git).
+# SLUICE_COMMIT may come from the environment (a tree without .git: only this
+# tree's own repository counts, not one it happens to be unpacked in).
 VERSION        := 0.1.0
-SLUICE_COMMIT  ?= $(shell c=$$(git rev-parse --short=12 HEAD 2>/dev/null) && \
-                    { git diff --quiet HEAD -- 2>/dev/null || c="$$c-dirty"; }; echo $${c:-unknown})
+SLUICE_COMMIT  ?= $(shell [ "$$(git rev-parse --show-toplevel 2>/dev/null)" = "$(CURDIR)" ] && \
+                    c=$$(git rev-parse --short=12 HEAD) && \
+                    { git diff --quiet HEAD -- || c="$$c-dirty"; }; echo $${c:-unknown})
 # Path-mapping flags name the build directory: left out, so the string (and
 # a package) is the same wherever it is built.
 SL_FLAGS_SHOWN  = $(subst ",,$(subst ',,$(strip $(filter-out -ffile-prefix-map=% \

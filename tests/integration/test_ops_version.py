@@ -69,6 +69,8 @@ def test_version_matches_makefile_and_changelog(report):
     m = re.match(r"^sluice \(([^)]+)\) ", top)
     assert m, top
     assert m.group(1) == mk.group(1), "debian/changelog and Makefile VERSION differ"
+    th = [ln for ln in (ROOT / "docs" / "sluice.8").read_text().splitlines() if ln.startswith(".TH ")]
+    assert len(th) == 1 and '"sluice %s"' % mk.group(1) in th[0], th
 
 
 def test_long_option_prints_the_same(sluice_bin, report):
