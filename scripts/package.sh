@@ -8,7 +8,6 @@
 # Prints how long each step took. OUT=DIR keeps the packages there.
 set -eu
 cd "$(dirname "$0")/.."
-ROOT=$(pwd)
 WORK=$(mktemp -d /tmp/sluice-pkg.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 fail() {
