@@ -102,6 +102,41 @@ else
     step "lintian not installed: skipped"
 fi
 
+# Install, reinstall and purge in a throwaway copy of this machine's root
+# (overlayfs in a private mount namespace: nothing reaches the real /), to
+# run the maintainer scripts for real. Skipped where mount namespaces are
+# not allowed.
+OVL="$WORK/ovl"
+mkdir -p "$OVL/u" "$OVL/w" "$OVL/m"
+cp "$DEB" "$OVL/sluice.deb"
+cat >"$OVL/inside.sh" <<'INSIDE'
+set -eu
+export DEBIAN_FRONTEND=noninteractive
+bad() { echo "install: $*" >&2; exit 1; }
+dpkg -i /pkg/sluice.deb >/pkg/dpkg.log 2>&1 || { cat /pkg/dpkg.log >&2; bad "dpkg -i"; }
+getent passwd sluice | grep -q ':/var/lib/sluice:/usr/sbin/nologin$' || bad "no sluice user"
+[ "$(stat -c '%U:%G %a' /var/lib/sluice)" = "sluice:sluice 750" ] || bad "/var/lib/sluice"
+[ "$(stat -c '%U:%G %a' /var/log/sluice)" = "sluice:adm 2750" ] || bad "/var/log/sluice"
+[ "$(stat -c '%U:%G %a' /etc/default/sluice)" = "root:root 600" ] || bad "/etc/default/sluice"
+[ -L /etc/systemd/system/multi-user.target.wants/sluice.service ] || bad "unit not enabled"
+runuser -u sluice -- /usr/sbin/sluice -t -c /etc/sluice/sluice.yaml >/dev/null 2>&1 ||
+    bad "the shipped conf does not check as the sluice user"
+echo "# the operator's" >>/etc/sluice/sluice.yaml
+dpkg -i --force-confold /pkg/sluice.deb >/pkg/dpkg.log 2>&1 || bad "reinstall"
+[ "$(tail -1 /etc/sluice/sluice.yaml)" = "# the operator's" ] || bad "conffile replaced"
+dpkg --purge sluice >/pkg/dpkg.log 2>&1 || bad "purge"
+[ ! -e /var/lib/sluice ] && [ ! -e /etc/sluice ] && [ ! -e /usr/sbin/sluice ] || bad "purge left files"
+INSIDE
+if unshare -m true 2>/dev/null; then
+    unshare -m sh -c "mount -t overlay overlay -o lowerdir=/,upperdir=$OVL/u,workdir=$OVL/w $OVL/m &&
+        mount --bind /proc $OVL/m/proc && mount --bind /dev $OVL/m/dev &&
+        mkdir -p $OVL/m/pkg && mount --bind $OVL $OVL/m/pkg &&
+        chroot $OVL/m sh /pkg/inside.sh" || fail "install/purge in an overlay root"
+    step "dpkg -i, reinstall (conffile kept), purge: ok (in an overlay root)"
+else
+    step "no mount namespaces here: install test skipped"
+fi
+
 if [ -n "${OUT:-}" ]; then
     mkdir -p "$OUT"
     cp "$WORK"/*.deb "$OUT"/
