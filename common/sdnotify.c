@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -80,4 +81,19 @@ int64_t sl_notify_watchdog_usec(void)
     if (sd_watchdog_enabled(0, &usec) <= 0)
         return 0;
     return usec > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)usec;
+}
+
+int sl_notify_watchdog_adopt(void)
+{
+    const char *v = getenv("WATCHDOG_PID");
+    if (!v || !getenv("WATCHDOG_USEC"))
+        return 0;
+    char *end = NULL;
+    errno = 0;
+    long pid = strtol(v, &end, 10);
+    if (errno != 0 || end == v || *end != '\0' || pid <= 1 || pid != (long)getppid())
+        return 0;
+    char own[24];
+    snprintf(own, sizeof(own), "%ld", (long)getpid());
+    return setenv("WATCHDOG_PID", own, 1) == 0 ? 1 : 0;
 }

@@ -11,7 +11,8 @@
  *   sl_notify_stopping()   when a SIGTERM drain starts (never for the drain of
  *                          a SIGUSR2 upgrade: systemd would stop the unit)
  *   sl_notify_mainpid()    the new binary of a SIGUSR2 upgrade, once ready:
- *                          systemd then follows the new process
+ *                          systemd then follows the new process (which
+ *                          calls sl_notify_watchdog_adopt() at start)
  *   sl_notify_watchdog()   from the main loop, every sl_notify_watchdog_usec()/2
  *
  * Return convention: 1 sent, 0 not under systemd (nothing sent), -1 the send
@@ -51,5 +52,13 @@ int sl_notify_status(const char *text);
  * half of it. Only honoured when WATCHDOG_PID, if set, names this process,
  * as sd_watchdog_enabled(3) does. */
 int64_t sl_notify_watchdog_usec(void);
+
+/* For the new process of a SIGUSR2 upgrade, at start while it is still
+ * single-threaded (it calls setenv): systemd set WATCHDOG_PID to the old
+ * process, this one's parent, so sd_watchdog_enabled() would say "not for
+ * you". When WATCHDOG_PID names the parent, it is rewritten to this process.
+ * Returns 1 adopted, 0 nothing to adopt (no watchdog, or meant for another
+ * process). */
+int sl_notify_watchdog_adopt(void);
 
 #endif

@@ -263,6 +263,31 @@ static void test_watchdog_usec(void **state)
     assert_int_equal(sl_notify_watchdog_usec(), 0);
 }
 
+/* The new process of an upgrade inherits WATCHDOG_PID naming its parent
+ * (the old process): adopting makes the watchdog its own; a WATCHDOG_PID
+ * naming anyone else is left alone. */
+static void test_watchdog_adopt(void **state)
+{
+    (void)state;
+    char pid[32];
+    assert_int_equal(sl_notify_watchdog_adopt(), 0); /* no watchdog at all */
+    setenv("WATCHDOG_USEC", "2000000", 1);
+    snprintf(pid, sizeof(pid), "%ld", (long)getppid());
+    setenv("WATCHDOG_PID", pid, 1);
+    assert_int_equal(sl_notify_watchdog_usec(), 0); /* the parent's, not ours */
+    assert_int_equal(sl_notify_watchdog_adopt(), 1);
+    snprintf(pid, sizeof(pid), "%ld", (long)getpid());
+    assert_string_equal(getenv("WATCHDOG_PID"), pid);
+    assert_int_equal(sl_notify_watchdog_usec(), 2000000);
+    assert_int_equal(sl_notify_watchdog_adopt(), 0); /* already ours */
+    snprintf(pid, sizeof(pid), "%ld", (long)getppid() + 7);
+    setenv("WATCHDOG_PID", pid, 1);
+    assert_int_equal(sl_notify_watchdog_adopt(), 0);
+    assert_string_equal(getenv("WATCHDOG_PID"), pid);
+    setenv("WATCHDOG_PID", "12x", 1);
+    assert_int_equal(sl_notify_watchdog_adopt(), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -280,6 +305,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_missing_socket_is_an_error, nsock_setup,
                                         nsock_teardown),
         cmocka_unit_test_setup_teardown(test_watchdog_usec, nsock_setup, nsock_teardown),
+        cmocka_unit_test_setup_teardown(test_watchdog_adopt, nsock_setup, nsock_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
