@@ -147,7 +147,8 @@ def test_unit_has_what_the_issue_asks(installed):
     assert s["ProtectSystem"] == "strict"
     assert s["NoNewPrivileges"] == "yes"
     assert s["CapabilityBoundingSet"] == "CAP_NET_BIND_SERVICE"
-    assert "/var/lib/sluice" in s["ReadWritePaths"].split()
+    assert s["ReadWritePaths"].split() == ["/var/lib/sluice", "-/var/log/sluice"]
+    assert s["StateDirectory"] == "sluice" and s["StateDirectoryMode"] == "0750"
     assert int(s["LimitNOFILE"]) >= 65536
     assert s["KillMode"] == "mixed"
     assert s["User"] == "sluice"
