@@ -28,11 +28,14 @@ MAN = ROOT / "docs" / "sluice.8"
 
 
 def make_install(sluice_bin, destdir, *args):
+    # Not the variables of a make that runs this suite (PREFIX=..., SANITIZE=1).
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     p = subprocess.run(
         ["make", "-s", "-C", str(ROOT), "install", "DESTDIR=%s" % destdir,
          "SL_INSTALL_BIN=%s" % sluice_bin] + list(args),
         capture_output=True,
         timeout=60,
+        env=env,
     )
     assert p.returncode == 0, p.stdout.decode() + p.stderr.decode()
     return p.stdout.decode()
