@@ -15,6 +15,10 @@
  *                          calls sl_notify_watchdog_adopt() at start)
  *   sl_notify_watchdog()   from the main loop, every sl_notify_watchdog_usec()/2
  *
+ * Call them from the main thread: they read the environment (getenv), and
+ * sl_notify_watchdog_adopt() writes it. Each is one sendmsg() on a unix
+ * datagram socket, cheap enough for a main-loop timer.
+ *
  * Return convention: 1 sent, 0 not under systemd (nothing sent), -1 the send
  * failed (errno set). The results are advisory: the gateway runs the same
  * either way, so callers may log a -1 and go on.
