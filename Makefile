@@ -15,7 +15,7 @@ PKG     ?= pkg-config
 PYTHON  ?= /usr/bin/python3
 
 PKGS    := libevent libevent_pthreads libevent_openssl openssl jansson \
-           libpcre2-8 hiredis yaml-0.1
+           libpcre2-8 hiredis yaml-0.1 libsystemd
 MODULES := common conf gateway auth ratelimit filters fallback model
 
 ifeq ($(SANITIZE),1)
@@ -32,6 +32,7 @@ endif
 WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
            -Wmissing-prototypes -Wno-unused-parameter
 CFLAGS  ?= $(OPT) -g
+SL_BUILD_CFLAGS := $(CFLAGS) $(SANFLAGS)
 CFLAGS  += -std=c11 -D_GNU_SOURCE -pthread $(WARN) $(SANFLAGS) -I. \
            $(shell $(PKG) --cflags $(PKGS))
 LDFLAGS += -pthread $(SANFLAGS)
@@ -57,7 +58,7 @@ LIB        := $(BUILD)/libsluice.a
 BIN        := $(BUILD)/sluice
 
 .PHONY: all test test-all unit fuzz-replay integration fuzz run deps clean format \
-        format-check check-san bench conf-reference promtool-test
+        format-check check-san bench conf-reference promtool-test install FORCE
 
 all: $(BIN) $(TOOL_BINS)
 
@@ -169,5 +170,60 @@ format-check:
 
 clean:
 	rm -rf build build-san build-fuzz
+
+# ---- version and install (docs/ops.md) --------------------------------------
+# `sluice -V` reports VERSION (keep debian/changelog's in step: a test checks),
+# the commit and the build flags, compiled into common/version.o only. The
+# stamp changes when one of them does, so a new commit relinks the binary.
+# SLUICE_COMMIT may come from the environment (a tree without .git: only this
+# tree's own repository counts, not one it happens to be unpacked in).
+VERSION        := 0.1.0
+SLUICE_COMMIT  ?= $(shell [ "$$(git rev-parse --show-toplevel 2>/dev/null)" = "$(CURDIR)" ] && \
+                    c=$$(git rev-parse --short=12 HEAD) && \
+                    { git diff --quiet HEAD -- || c="$$c-dirty"; }; echo $${c:-unknown})
+# Path-mapping flags name the build directory: left out, so the string (and
+# a package) is the same wherever it is built.
+SL_FLAGS_SHOWN  = $(subst ",,$(subst ',,$(strip $(filter-out -ffile-prefix-map=% \
+                    -fdebug-prefix-map=% -fmacro-prefix-map=%,$(SL_BUILD_CFLAGS)))))
+SL_VERSION_DEFS = -DSL_VERSION_STR='"$(VERSION)"' -DSL_COMMIT_STR='"$(SLUICE_COMMIT)"' \
+                  -DSL_BUILD_FLAGS_STR='"$(SL_FLAGS_SHOWN)"'
+$(BUILD)/obj/common/version.o: CFLAGS += $(SL_VERSION_DEFS)
+$(BUILD)/obj/common/version.o: $(BUILD)/version.stamp
+$(BUILD)/version.stamp: FORCE
+	@mkdir -p $(dir $@)
+	@printf '%s\n' "$(VERSION)" "$(SLUICE_COMMIT)" "$(SL_FLAGS_SHOWN)" > $@.tmp
+	@if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
+FORCE:
+
+# make install [PREFIX=/usr] [DESTDIR=...]: the binary, the man page, the
+# systemd unit and logrotate file, the example conf (kept if one is there:
+# it is the operator's), and the state directory of the queue journal.
+# SL_INSTALL_BIN installs an already built binary (the tests, a san build).
+PREFIX         ?= /usr
+SBINDIR        ?= $(PREFIX)/sbin
+MANDIR         ?= $(PREFIX)/share/man
+SYSCONFDIR     ?= /etc
+LOCALSTATEDIR  ?= /var
+UNITDIR        ?= /lib/systemd/system
+SL_INSTALL_BIN ?= $(BIN)
+INSTALL        ?= install
+install: $(SL_INSTALL_BIN)
+	$(INSTALL) -d $(DESTDIR)$(SBINDIR) $(DESTDIR)$(MANDIR)/man8 $(DESTDIR)$(UNITDIR) \
+	    $(DESTDIR)$(SYSCONFDIR)/sluice $(DESTDIR)$(SYSCONFDIR)/logrotate.d \
+	    $(DESTDIR)$(SYSCONFDIR)/default \
+	    $(DESTDIR)$(LOCALSTATEDIR)/lib/sluice $(DESTDIR)$(LOCALSTATEDIR)/log/sluice
+	$(INSTALL) -m 0755 $(SL_INSTALL_BIN) $(DESTDIR)$(SBINDIR)/sluice
+	$(INSTALL) -m 0644 docs/sluice.8 $(DESTDIR)$(MANDIR)/man8/sluice.8
+	sed 's|/usr/sbin/sluice|$(SBINDIR)/sluice|g; s|/etc/|$(SYSCONFDIR)/|g' \
+	    contrib/systemd/sluice.service > $(DESTDIR)$(UNITDIR)/sluice.service.tmp
+	mv $(DESTDIR)$(UNITDIR)/sluice.service.tmp $(DESTDIR)$(UNITDIR)/sluice.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/sluice.service
+	$(INSTALL) -m 0644 contrib/logrotate/sluice $(DESTDIR)$(SYSCONFDIR)/logrotate.d/sluice
+	@if [ -e $(DESTDIR)$(SYSCONFDIR)/sluice/sluice.yaml ]; then \
+	    echo "  kept $(DESTDIR)$(SYSCONFDIR)/sluice/sluice.yaml"; \
+	else $(INSTALL) -m 0644 conf/sluice.yaml $(DESTDIR)$(SYSCONFDIR)/sluice/sluice.yaml; fi
+	@if [ -e $(DESTDIR)$(SYSCONFDIR)/default/sluice ]; then \
+	    echo "  kept $(DESTDIR)$(SYSCONFDIR)/default/sluice"; \
+	else $(INSTALL) -m 0600 contrib/systemd/sluice.default $(DESTDIR)$(SYSCONFDIR)/default/sluice; fi
 
 -include $(LIB_OBJS:.o=.d) $(MAIN_OBJ:.o=.d) $(GEN_OBJS:.o=.d)

@@ -16,10 +16,9 @@
 
 #include "auth/auth.h"
 #include "common/log.h"
+#include "common/version.h"
 #include "model/model.h"
 #include "gateway/gw_internal.h"
-
-#define SLUICE_VERSION "0.1.0"
 
 static void usage(FILE *f)
 {
@@ -88,8 +87,7 @@ int main(int argc, char **argv)
             conf_reference_print(stdout);
             return 0;
         case 'V':
-            printf("sluice %s\n", SLUICE_VERSION);
-            return 0;
+            return sl_version_print(stdout) == 0 ? 0 : 1; /* common/version.c */
         case 'h':
             usage(stdout);
             return 0;

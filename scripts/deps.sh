@@ -9,7 +9,8 @@ libcmocka-dev libhttp-parser-dev libyaml-dev uthash-dev
 redis-server nginx-light wrk prometheus curl ca-certificates
 python3 python3-pytest python3-numpy python3-regex procps iproute2
 chromium
-kotlin default-jre-headless libokhttp-java"
+kotlin default-jre-headless libokhttp-java
+libsystemd-dev systemd debhelper dpkg-dev lintian man-db logrotate"
 
 if [ "${1:-}" = "--if-missing" ]; then
     missing=""
