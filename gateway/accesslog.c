@@ -10,9 +10,15 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <stdatomic.h>
 
 #include "common/log.h"
-#include "gateway/gw_internal.h"
+#include "gateway/gw_conn.h"
+#include "gateway/gw_req.h"
+#include "gateway/gw_route.h"
+#include "gateway/gw_rt.h"
+#include "gateway/gw_types.h"
+#include "gateway/http1.h"
 
 static _Atomic int gw_accesslog_fd = -1;
 

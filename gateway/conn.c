@@ -18,7 +18,17 @@
 #include <event2/bufferevent_ssl.h>
 
 #include "common/log.h"
-#include "gateway/gw_internal.h"
+#include "gateway/gw_conn.h"
+#include "gateway/gw_hook.h"
+#include "gateway/gw_metrics.h"
+#include "gateway/gw_proxy.h"
+#include "gateway/gw_req.h"
+#include "gateway/gw_route.h"
+#include "gateway/gw_rt.h"
+#include "gateway/gw_types.h"
+#include "gateway/gw_wio.h"
+#include "gateway/gw_worker.h"
+#include "gateway/http1.h"
 
 #define GW_CONN_READ_HWM (64 * 1024)
 

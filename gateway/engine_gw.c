@@ -21,7 +21,12 @@
 
 #include "common/log.h"
 #include "fallback/fallback.h"
-#include "gateway/gw_internal.h"
+#include "gateway/gw_fallback.h"
+#include "gateway/gw_proxy.h"
+#include "gateway/gw_req.h"
+#include "gateway/gw_rt.h"
+#include "gateway/gw_types.h"
+#include "gateway/gw_worker.h"
 #include "model/model.h"
 
 /* ---- the registry ------------------------------------------------------------ */

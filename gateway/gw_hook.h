@@ -120,4 +120,18 @@ extern const gw_hook_t gw_hook_filters;
 extern const gw_hook_t gw_hook_ratelimit;
 extern const gw_hook_t gw_hook_fallback;
 
+/* What the adapters offer besides their hooks: handlers the route table
+ * points at, and helpers other adapters share. */
+struct rl_decision;
+/* hook_ratelimit.c: fills r->client_ip (X-Forwarded-For from trusted proxies). */
+void gw_rl_client_ip(gw_req_t *r);
+/* hook_ratelimit.c: the 429 (or 503 when the store is down) for a refused
+ * decision, with Retry-After and X-RateLimit-*. */
+void gw_rl_respond_refusal(gw_req_t *r, const struct rl_decision *d);
+/* hook_auth.c: the token endpoint and the admin revoke endpoint. */
+void gw_auth_token_route(gw_req_t *r);
+void gw_auth_token_cancel(gw_req_t *r);
+void gw_auth_revoke_route(gw_req_t *r);
+void gw_auth_revoke_cancel(gw_req_t *r);
+
 #endif

@@ -12,8 +12,13 @@
 
 #include "auth/auth.h"
 #include "common/log.h"
+#include "gateway/gw_conn.h"
 #include "gateway/gw_hook.h"
-#include "gateway/gw_internal.h"
+#include "gateway/gw_req.h"
+#include "gateway/gw_rt.h"
+#include "gateway/gw_types.h"
+#include "gateway/gw_worker.h"
+#include "gateway/http1.h"
 #include "ratelimit/ratelimit.h"
 
 typedef struct gw_auth {

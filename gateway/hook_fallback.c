@@ -24,8 +24,16 @@
 
 #include "common/log.h"
 #include "fallback/fallback.h"
+#include "gateway/gw_fallback.h"
 #include "gateway/gw_hook.h"
-#include "gateway/gw_internal.h"
+#include "gateway/gw_proxy.h"
+#include "gateway/gw_req.h"
+#include "gateway/gw_rt.h"
+#include "gateway/gw_server.h"
+#include "gateway/gw_types.h"
+#include "gateway/gw_upstream.h"
+#include "gateway/gw_worker.h"
+#include "gateway/http1.h"
 
 /* ---- the hook: faults and idempotency ---------------------------------- */
 

@@ -10,7 +10,9 @@
 
 #include "filters/filters.h"
 #include "gateway/gw_hook.h"
-#include "gateway/gw_internal.h"
+#include "gateway/gw_req.h"
+#include "gateway/gw_rt.h"
+#include "gateway/gw_types.h"
 
 typedef struct gw_flt {
     flt_stream_t *stream; /* answer filtering of a streamed request */

@@ -9,8 +9,15 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "conf/conf.h"
+#include "gateway/gw_conn.h"
 #include "gateway/gw_hook.h"
-#include "gateway/gw_internal.h"
+#include "gateway/gw_req.h"
+#include "gateway/gw_rt.h"
+#include "gateway/gw_server.h"
+#include "gateway/gw_types.h"
+#include "gateway/gw_worker.h"
+#include "gateway/http1.h"
 #include "ratelimit/ratelimit.h"
 
 typedef struct gw_rl {

@@ -7,7 +7,9 @@
 #include <string.h>
 
 #include "gateway/gw_hook.h"
-#include "gateway/gw_internal.h"
+#include "gateway/gw_proxy.h"
+#include "gateway/gw_req.h"
+#include "gateway/gw_types.h"
 
 const gw_hook_t *const gw_hooks[] = {
     &gw_hook_auth,

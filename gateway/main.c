@@ -16,8 +16,12 @@
 
 #include "auth/auth.h"
 #include "common/log.h"
+#include "gateway/gw_metrics.h"
+#include "gateway/gw_route.h"
+#include "gateway/gw_rt.h"
+#include "gateway/gw_server.h"
+#include "gateway/gw_types.h"
 #include "model/model.h"
-#include "gateway/gw_internal.h"
 
 #define SLUICE_VERSION "0.1.0"
 
@@ -36,7 +40,7 @@ static void usage(FILE *f)
 static int sluice_check(const char *path)
 {
     char err[1024];
-    gw_metrics_init();
+    gw_metrics_init(gw_route_name);
     conf_t *c = conf_load(path, err, sizeof(err));
     if (!c) {
         fprintf(stderr, "sluice: %s\n", err);

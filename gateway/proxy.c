@@ -27,8 +27,20 @@
 #include <pcre2.h>
 
 #include "fallback/fallback.h"
-#include "gateway/gw_internal.h"
+#include "gateway/gw_conn.h"
+#include "gateway/gw_fallback.h"
+#include "gateway/gw_hook.h"
+#include "gateway/gw_metrics.h"
+#include "gateway/gw_proxy.h"
+#include "gateway/gw_req.h"
+#include "gateway/gw_route.h"
+#include "gateway/gw_rt.h"
+#include "gateway/gw_types.h"
+#include "gateway/gw_upstream.h"
+#include "gateway/gw_worker.h"
+#include "gateway/http1.h"
 #include "gateway/sb.h"
+#include "gateway/sse.h"
 
 static bool gw_proxy_up_read(gw_req_t *r);
 static void gw_proxy_up_event(gw_req_t *r, short what);

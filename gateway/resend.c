@@ -9,10 +9,17 @@
  */
 #include <stdio.h>
 #include <string.h>
+#include <event2/buffer.h>
 
 #include "common/log.h"
 #include "fallback/fallback.h"
-#include "gateway/gw_internal.h"
+#include "gateway/gw_fallback.h"
+#include "gateway/gw_rt.h"
+#include "gateway/gw_server.h"
+#include "gateway/gw_types.h"
+#include "gateway/gw_upstream.h"
+#include "gateway/gw_worker.h"
+#include "gateway/http1.h"
 
 #define GW_RESEND_TICK_MS    250
 #define GW_RESEND_PARALLEL   8

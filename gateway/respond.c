@@ -7,7 +7,12 @@
 #include <string.h>
 #include <time.h>
 
-#include "gateway/gw_internal.h"
+#include "gateway/gw_conn.h"
+#include "gateway/gw_metrics.h"
+#include "gateway/gw_req.h"
+#include "gateway/gw_types.h"
+#include "gateway/gw_worker.h"
+#include "gateway/http1.h"
 
 /* "Date: Sun, 29 Nov 2026 17:23:41 GMT\r\n", formatted once per second per
  * thread. */

@@ -8,8 +8,18 @@
 #include <string.h>
 
 #include "fallback/fallback.h"
+#include "gateway/gw_conn.h"
+#include "gateway/gw_fallback.h"
+#include "gateway/gw_hook.h"
+#include "gateway/gw_proxy.h"
+#include "gateway/gw_req.h"
+#include "gateway/gw_route.h"
+#include "gateway/gw_rt.h"
+#include "gateway/gw_server.h"
+#include "gateway/gw_sup.h"
+#include "gateway/gw_types.h"
+#include "gateway/http1.h"
 #include "model/model.h"
-#include "gateway/gw_internal.h"
 
 static const char *const gw_route_names[GW_ROUTE_COUNT] = {
     "chat_completions", "completions", "embeddings", "models", "health",

@@ -18,7 +18,11 @@
 #include "common/log.h"
 #include "fallback/fallback.h"
 #include "filters/filters.h"
-#include "gateway/gw_internal.h"
+#include "gateway/gw_metrics.h"
+#include "gateway/gw_rt.h"
+#include "gateway/gw_sup.h"
+#include "gateway/gw_tls.h"
+#include "gateway/gw_types.h"
 
 static _Atomic uint64_t gw_rt_generations;
 

@@ -29,10 +29,21 @@
 
 #include <event2/thread.h>
 
-#include "common/log.h"
-#include "gateway/gw_internal.h"
 #include "auth/auth.h"
+#include "common/log.h"
 #include "common/redis.h"
+#include "gateway/gw_conn.h"
+#include "gateway/gw_fallback.h"
+#include "gateway/gw_metrics.h"
+#include "gateway/gw_req.h"
+#include "gateway/gw_route.h"
+#include "gateway/gw_rt.h"
+#include "gateway/gw_server.h"
+#include "gateway/gw_sup.h"
+#include "gateway/gw_types.h"
+#include "gateway/gw_upstream.h"
+#include "gateway/gw_wio.h"
+#include "gateway/gw_worker.h"
 #include "ratelimit/ratelimit.h"
 
 static gw_server_t gw_srv;
@@ -649,7 +660,7 @@ int gw_server_run(const char *conf_path)
     /* No evthread_use_pthreads(): every event_base belongs to one thread,
      * and the few cross-thread messages go through gw_worker_post (an
      * eventfd), so libevent's locks would only cost. */
-    gw_metrics_init();
+    gw_metrics_init(gw_route_name);
     conf_t *c = conf_load(conf_path, err, sizeof(err));
     if (!c) {
         sl_error("%s", err);

@@ -22,9 +22,17 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <stdatomic.h>
 
 #include "common/log.h"
-#include "gateway/gw_internal.h"
+#include "common/metrics.h"
+#include "common/sl.h"
+#include "conf/conf.h"
+#include "gateway/gw_rt.h"
+#include "gateway/gw_sup.h"
+#include "gateway/gw_types.h"
 
 extern char **environ;
 

@@ -1,0 +1,37 @@
+/*
+ * gw_proxy.h — the proxied routes (proxy.c): the request flow (start → hooks
+ * → model route → send), an attempt on an upstream, the SSE relay, abort and
+ * finish; and in-process answers (engine_gw.c) through the same hooks.
+ */
+#ifndef GW_PROXY_H
+#define GW_PROXY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "gateway/gw_types.h"
+
+/* proxy.c */
+void gw_proxy_start(gw_req_t *r);
+/* Client went away or conn is closing: stop everything upstream. */
+void gw_proxy_abort(gw_req_t *r);
+/* proxy.c: the next attempt (now, or after delay_ms) on r->pool. */
+void gw_proxy_next_attempt(gw_req_t *r, int64_t delay_ms);
+/* proxy.c: answers made in-process (the engine), through the same hooks. */
+void gw_proxy_local_stream_begin(gw_req_t *r);
+/* -1: a hook ended the stream (stop generating, then _end). */
+int gw_proxy_local_stream_event(gw_req_t *r, const char *data, size_t len);
+/* error_code NULL: a clean end (the caller sent [DONE] as an event). */
+void gw_proxy_local_stream_end(gw_req_t *r, const char *error_code, const char *error_msg);
+void gw_proxy_local_body(gw_req_t *r, json_t *body);
+/* engine_gw.c: an attempt on a pool of kind engine. */
+void gw_engine_attempt(gw_req_t *r);
+void gw_engine_abort(gw_req_t *r);
+/* A pending hook finished: go on with the request. */
+void gw_proxy_resume(gw_req_t *r);
+/* Client output drained below the low watermark. */
+void gw_proxy_client_drained(gw_req_t *r);
+
+#endif
