@@ -307,14 +307,11 @@ static void gw_conn_parse(gw_conn_t *c)
 {
     struct evbuffer *in = bufferevent_get_input(c->bev);
     const conf_limits_t *lim = &c->w->rt->conf->limits;
-    bool again = false; /* after a head: a body-less message completes with 0 more bytes */
     while (!c->closed &&
            (c->phase == GW_PHASE_IDLE || c->phase == GW_PHASE_HEAD || c->phase == GW_PHASE_BODY)) {
-        struct evbuffer_iovec v = {.iov_base = "", .iov_len = 0};
-        if ((evbuffer_peek(in, -1, NULL, &v, 1) < 1 || v.iov_len == 0) && !again)
-            return;
-        again = false;
         if (c->phase == GW_PHASE_IDLE) {
+            if (evbuffer_get_length(in) == 0)
+                return; /* a request begins with its first byte */
             c->req = gw_req_new(c);
             if (!c->req) {
                 gw_conn_close(c);
@@ -325,21 +322,18 @@ static void gw_conn_parse(gw_conn_t *c)
                 gw_conn_arm(c, lim->header_timeout_ms);
         }
         size_t used = 0;
-        gw_http_state_t st =
-            gw_http_feed(c->parser, v.iov_base, v.iov_len, &used, gw_conn_body_cb, c);
-        evbuffer_drain(in, used);
+        gw_http_state_t st = gw_http_feed_evbuffer(c->parser, in, &used, gw_conn_body_cb, c);
         c->req->bytes_in += used;
         sl_counter_add(gw_m.bytes_client_in, used);
         switch (st) {
         case GW_HTTP_NEED_MORE:
-            break;
+            return; /* the input is used up */
         case GW_HTTP_HEAD: {
             const gw_http_msg_t *m = gw_http_msg(c->parser);
             c->phase = GW_PHASE_BODY;
             gw_conn_arm(c, lim->body_timeout_ms);
             if (m->expect_continue && (m->chunked || m->content_length > 0))
-                bufferevent_write(c->bev, "HTTP/1.1 100 Continue\r\n\r\n", 25);
-            again = true;
+                bufferevent_write(c->bev, GW_LIT("HTTP/1.1 100 Continue\r\n\r\n"));
             break;
         }
         case GW_HTTP_DONE: {

@@ -278,7 +278,7 @@ static void gw_ejob_body_done(gw_ejob_t *j, gw_req_t *r)
                              r->model->name, "choices", "index", 0, "message", msg, "logprobs",
                              "finish_reason", gw_ejob_finish(j->why), "usage", gw_ejob_usage(j));
     if (!body) {
-        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        gw_respond_oom(r);
         return;
     }
     gw_proxy_local_body(r, body);
@@ -450,7 +450,7 @@ void gw_engine_attempt(gw_req_t *r)
     if (!j) {
         free(msgs);
         json_decref(arena);
-        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        gw_respond_oom(r);
         return;
     }
     pthread_mutex_init(&j->lock, NULL);

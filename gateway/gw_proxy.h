@@ -34,4 +34,30 @@ void gw_proxy_resume(gw_req_t *r);
 /* Client output drained below the low watermark. */
 void gw_proxy_client_drained(gw_req_t *r);
 
+/* How an upstream attempt failed; one row each in gw_upfails[] (proxy.c). */
+typedef enum gw_upfail {
+    GW_UPFAIL_CONNECT = 0,
+    GW_UPFAIL_CONNECT_TLS,
+    GW_UPFAIL_CONNECT_TIMEOUT,
+    GW_UPFAIL_FIRST_BYTE_TIMEOUT,
+    GW_UPFAIL_TOTAL_TIMEOUT,
+    GW_UPFAIL_RESET,
+    GW_UPFAIL_TRUNCATED,
+    GW_UPFAIL_BAD_RESPONSE,
+    GW_UPFAIL_STATUS_5XX,
+    GW_UPFAIL_UNAVAILABLE,
+    GW_UPFAIL_INTERNAL,
+    GW_UPFAIL_COUNT
+} gw_upfail_t;
+
+typedef struct gw_upfail_row {
+    const char *label;   /* sluice_upstream_errors_total{kind}, r->error_kind (static) */
+    int fb_class;        /* fb_failure_t: how the retry policy classes it */
+    int status;          /* our answer when the chain has nothing better (0: upstream's) */
+    const char *code;    /* error.code of that answer */
+    const char *message; /* error.message of that answer */
+} gw_upfail_row_t;
+
+extern const gw_upfail_row_t gw_upfails[GW_UPFAIL_COUNT];
+
 #endif

@@ -94,6 +94,8 @@ void gw_respond_json(gw_req_t *r, int status, const char *body, size_t len,
                      const char *extra_headers);
 void gw_respond_error(gw_req_t *r, int status, const char *type, const char *code,
                       const char *message);
+/* 500 internal_error "out of memory", without allocating. */
+void gw_respond_oom(gw_req_t *r);
 /* Local answers with any content type. */
 void gw_respond_body(gw_req_t *r, int status, const char *ctype, const char *body, size_t len,
                      const char *extra_headers);

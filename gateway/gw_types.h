@@ -87,4 +87,11 @@ typedef enum gw_route {
     GW_ROUTE_COUNT
 } gw_route_t;
 
+/* A string literal and its length, for (pointer, length) calls, and prefix
+ * tests on counted strings: lengths of literals are never counted by hand. */
+#define GW_LIT(s)            (s), (sizeof(s) - 1)
+#define GW_PREFIX(p, n, lit) ((n) >= sizeof(lit) - 1 && memcmp((p), (lit), sizeof(lit) - 1) == 0)
+#define GW_PREFIX_CI(p, n, lit)                                                                    \
+    ((n) >= sizeof(lit) - 1 && strncasecmp((p), (lit), sizeof(lit) - 1) == 0)
+
 #endif

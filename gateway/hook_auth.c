@@ -47,7 +47,7 @@ static void gw_auth_reject(gw_req_t *r, auth_reason_t reason)
     memset(&reply, 0, sizeof(reply));
     r->error_kind = auth_reason_str(reason);
     if (auth_reject_reply(reason, &reply) != 0) {
-        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        gw_respond_oom(r);
         return;
     }
     gw_auth_reply(r, &reply, NULL);
@@ -93,7 +93,7 @@ static gw_hook_rc_t gw_auth_on_request(gw_req_t *r, void **state)
         return GW_HOOK_NEXT; /* auth is off (no keys configured) */
     gw_auth_t *s = calloc(1, sizeof(*s));
     if (!s) {
-        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        gw_respond_oom(r);
         return GW_HOOK_DONE;
     }
     s->r = r;
@@ -166,7 +166,7 @@ static void gw_token_issue(gw_req_t *r)
     size_t len = evbuffer_get_length(r->body);
     const char *body = len ? (const char *)evbuffer_pullup(r->body, -1) : "";
     if (auth_token_endpoint(r->rt->auth, body, len, sl_wall_s(), &reply) != 0) {
-        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        gw_respond_oom(r);
         return;
     }
     gw_auth_reply(r, &reply, "Cache-Control: no-store\r\nPragma: no-cache\r\n");
@@ -215,7 +215,7 @@ void gw_auth_token_route(gw_req_t *r)
         gw_token_limit_answer(r, &d, ticket);
         return;
     default:
-        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        gw_respond_oom(r);
         return;
     }
 }

@@ -99,7 +99,7 @@ static gw_hook_rc_t gw_fbh_begin(gw_fbh_t *s, bool async)
     default:
         if (async)
             gw_hook_resume(r, GW_HOOK_DONE);
-        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        gw_respond_oom(r);
         return GW_HOOK_DONE;
     }
 }
@@ -225,7 +225,7 @@ static gw_hook_rc_t gw_fbh_on_request(gw_req_t *r, void **state)
         return GW_HOOK_NEXT;
     gw_fbh_t *s = calloc(1, sizeof(*s));
     if (!s) {
-        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        gw_respond_oom(r);
         return GW_HOOK_DONE;
     }
     s->r = r;
@@ -359,7 +359,7 @@ static void gw_fb_template_respond(gw_req_t *r)
     char *body =
         fb_tmpl_render(r->rt->tmpl, &q, al ? al->value : NULL, al ? al->value_len : 0, &len);
     if (!body) {
-        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        gw_respond_oom(r);
         return;
     }
     char extra[200];
@@ -744,5 +744,5 @@ void gw_fb_requests_route(gw_req_t *r)
         gw_fb_lookup_answer(r, &res);
         return;
     }
-    gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+    gw_respond_oom(r);
 }

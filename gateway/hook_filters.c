@@ -35,12 +35,12 @@ static gw_hook_rc_t gw_flt_on_request(gw_req_t *r, void **state)
         if (body)
             gw_respond_json(r, res.status, body, len, NULL);
         else
-            gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+            gw_respond_oom(r);
         free(body);
         return GW_HOOK_DONE;
     }
     default:
-        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        gw_respond_oom(r);
         return GW_HOOK_DONE;
     }
     if (res.modified)
@@ -50,14 +50,14 @@ static gw_hook_rc_t gw_flt_on_request(gw_req_t *r, void **state)
         return GW_HOOK_NEXT; /* nothing could match an answer: relay it untouched */
     gw_flt_t *s = calloc(1, sizeof(*s));
     if (!s) {
-        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        gw_respond_oom(r);
         return GW_HOOK_DONE;
     }
     *state = s;
     if (r->stream) {
         s->stream = flt_stream_new(rs);
         if (!s->stream) {
-            gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+            gw_respond_oom(r);
             return GW_HOOK_DONE;
         }
     } else {

@@ -59,7 +59,7 @@ void gw_rl_respond_refusal(gw_req_t *r, const struct rl_decision *d)
     size_t len = 0;
     char *body = rl_error_body(d, &len);
     if (!body) {
-        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        gw_respond_oom(r);
         return;
     }
     r->error_kind = d->limit == RL_LIMIT_STORE ? "ratelimit_store" : "rate_limited";
@@ -89,7 +89,8 @@ static const char *gw_rl_xff(const gw_http_msg_t *m, char *buf, size_t cap)
     size_t n = 0;
     for (size_t i = 0; i < m->nheaders; i++) {
         const gw_http_header_t *h = &m->headers[i];
-        if (h->name_len != 15 || strncasecmp(h->name, "X-Forwarded-For", 15) != 0)
+        if (h->name_len != sizeof("X-Forwarded-For") - 1 ||
+            strncasecmp(h->name, GW_LIT("X-Forwarded-For")) != 0)
             continue;
         if (n + h->value_len + 2 >= cap)
             break;
@@ -119,7 +120,7 @@ static gw_hook_rc_t gw_rl_on_request(gw_req_t *r, void **state)
         return GW_HOOK_NEXT;
     gw_rl_t *s = calloc(1, sizeof(*s));
     if (!s) {
-        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        gw_respond_oom(r);
         return GW_HOOK_DONE;
     }
     s->r = r;
@@ -156,7 +157,7 @@ static gw_hook_rc_t gw_rl_on_request(gw_req_t *r, void **state)
         if (s->clamp.stream && budgets) {
             s->stream = rl_stream_new(s->clamp.injected_usage);
             if (!s->stream) {
-                gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+                gw_respond_oom(r);
                 return GW_HOOK_DONE;
             }
         }
@@ -185,7 +186,7 @@ static gw_hook_rc_t gw_rl_on_request(gw_req_t *r, void **state)
         }
         return GW_HOOK_NEXT;
     default:
-        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        gw_respond_oom(r);
         return GW_HOOK_DONE;
     }
 }

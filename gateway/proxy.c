@@ -45,8 +45,7 @@
 static bool gw_proxy_up_read(gw_req_t *r);
 static void gw_proxy_up_event(gw_req_t *r, short what);
 static void gw_proxy_attempt(gw_req_t *r, bool allow_reuse);
-static void gw_proxy_fail(gw_req_t *r, const char *kind, int status, const char *code,
-                          const char *msg);
+static void gw_proxy_fail(gw_req_t *r, gw_upfail_t kind);
 
 /* ---- helpers ------------------------------------------------------------- */
 
@@ -133,7 +132,7 @@ static void gw_proxy_write(gw_req_t *r, const void *p, size_t n)
         } else {
             size_t k = gw_sb_flush(&b, out);
             evbuffer_add(out, p, n);
-            evbuffer_add(out, "\r\n", 2);
+            evbuffer_add(out, GW_LIT("\r\n"));
             n += k + 2;
         }
     } else {
@@ -147,7 +146,7 @@ static void gw_proxy_write_end(gw_req_t *r)
 {
     if (!r->chunked_out)
         return;
-    evbuffer_add(bufferevent_get_output(r->c->bev), "0\r\n\r\n", 5);
+    evbuffer_add(bufferevent_get_output(r->c->bev), GW_LIT("0\r\n\r\n"));
     r->bytes_out += 5;
     sl_counter_add(gw_m.bytes_client_out, 5);
 }
@@ -241,14 +240,11 @@ static void gw_proxy_timer_cb(evutil_socket_t fd, short what, void *arg)
     if (!r->up)
         return;
     if (!r->up->connected)
-        gw_proxy_fail(r, "connect_timeout", 504, "upstream_timeout",
-                      "The model server did not accept the connection in time.");
+        gw_proxy_fail(r, GW_UPFAIL_CONNECT_TIMEOUT);
     else if (!r->t_first_byte_ns)
-        gw_proxy_fail(r, "first_byte_timeout", 504, "upstream_timeout",
-                      "The model server did not answer in time.");
+        gw_proxy_fail(r, GW_UPFAIL_FIRST_BYTE_TIMEOUT);
     else
-        gw_proxy_fail(r, "total_timeout", 504, "upstream_timeout",
-                      "The model server did not finish in time.");
+        gw_proxy_fail(r, GW_UPFAIL_TOTAL_TIMEOUT);
 }
 
 static void gw_proxy_write_request(gw_req_t *r, gw_upconn_t *u)
@@ -278,7 +274,7 @@ static void gw_proxy_write_request(gw_req_t *r, gw_upconn_t *u)
     for (size_t i = 0; i < m->nheaders; i++) {
         const gw_http_header_t *h = &m->headers[i];
         if (gw_name_in(h->name, h->name_len, gw_req_drop) ||
-            (h->name_len > 9 && strncasecmp(h->name, "x-sluice-", 9) == 0) ||
+            GW_PREFIX_CI(h->name, h->name_len, "x-sluice-") ||
             gw_http_header_is_hop(m, h->name, h->name_len))
             continue;
         gw_sb_header(&b, h->name, h->name_len, h->value, h->value_len);
@@ -312,20 +308,22 @@ static void gw_proxy_attempt(gw_req_t *r, bool allow_reuse)
     int admit = FB_ADMIT_NO;
     gw_srv_rt_t *srv = gw_upstream_pick(w, r->pool, r->avoid, now, &admit);
     if (!srv) {
-        gw_metrics_upstream_error(r->pool, "unavailable");
+        gw_metrics_upstream_error(r->pool, gw_upfails[GW_UPFAIL_UNAVAILABLE].label);
         r->error_kind = "upstream_unavailable";
-        if (gw_fb_after_failure(r, FB_FAIL_CONNECT, 0))
+        if (gw_fb_after_failure(r, gw_upfails[GW_UPFAIL_UNAVAILABLE].fb_class, 0))
             return;
-        gw_respond_error(r, 503, "server_error", "upstream_unavailable",
-                         "No model server is available right now.");
+        gw_respond_error(r, gw_upfails[GW_UPFAIL_UNAVAILABLE].status, "server_error",
+                         gw_upfails[GW_UPFAIL_UNAVAILABLE].code,
+                         gw_upfails[GW_UPFAIL_UNAVAILABLE].message);
         return;
     }
     gw_upconn_t *u = gw_upstream_get(w, srv, allow_reuse);
     if (!u) {
         fb_breaker_cancel(srv->breaker, (fb_admit_t)admit);
-        gw_metrics_upstream_error(r->pool, "internal");
-        gw_respond_error(r, 502, "server_error", "upstream_error",
-                         "Could not open a connection to the model server.");
+        gw_metrics_upstream_error(r->pool, gw_upfails[GW_UPFAIL_INTERNAL].label);
+        gw_respond_error(r, gw_upfails[GW_UPFAIL_INTERNAL].status, "server_error",
+                         gw_upfails[GW_UPFAIL_INTERNAL].code,
+                         gw_upfails[GW_UPFAIL_INTERNAL].message);
         return;
     }
     r->admit = admit;
@@ -361,7 +359,7 @@ static void gw_proxy_body_add(gw_req_t *r)
         return;
     evbuffer_add(nb, b, end - 1);
     if (!r->body_add_first)
-        evbuffer_add(nb, ",", 1);
+        evbuffer_add(nb, GW_LIT(","));
     evbuffer_add(nb, r->body_add, strlen(r->body_add));
     evbuffer_add(nb, b + end - 1, len - (end - 1));
     evbuffer_free(r->body);
@@ -376,7 +374,7 @@ static void gw_proxy_send(gw_req_t *r)
     if (r->body_dirty) {
         char *s = json_dumps(r->json, JSON_COMPACT);
         if (!s) {
-            gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+            gw_respond_oom(r);
             return;
         }
         evbuffer_drain(r->body, evbuffer_get_length(r->body));
@@ -558,7 +556,7 @@ static void gw_proxy_ping_cb(evutil_socket_t fd, short what, void *arg)
 
 static bool gw_ct_is_sse(const gw_http_header_t *h)
 {
-    return h && h->value_len >= 17 && strncasecmp(h->value, "text/event-stream", 17) == 0;
+    return h && GW_PREFIX_CI(h->value, h->value_len, "text/event-stream");
 }
 
 /* Our response head, from the upstream's. length: the body's length when
@@ -638,7 +636,7 @@ static void gw_proxy_write_head(gw_req_t *r, const gw_http_msg_t *m, int64_t len
 
 static bool gw_ct_is_json(const gw_http_header_t *h)
 {
-    return h && h->value_len >= 16 && strncasecmp(h->value, "application/json", 16) == 0;
+    return h && GW_PREFIX_CI(h->value, h->value_len, "application/json");
 }
 
 /* Returns false when the request was handed to the fallback chain (it may
@@ -651,14 +649,14 @@ static bool gw_proxy_on_head(gw_req_t *r)
     if (m->status >= 500) {
         const gw_http_header_t *ra = gw_http_header_find(m, "Retry-After");
         snprintf(r->retry_after, sizeof(r->retry_after), "%s", ra ? ra->value : "");
-        gw_metrics_upstream_error(r->pool, "status_5xx");
+        gw_metrics_upstream_error(r->pool, gw_upfails[GW_UPFAIL_STATUS_5XX].label);
         int64_t delay = 0;
-        int action = gw_fb_decide(r, FB_FAIL_STATUS, m->status, &delay);
+        int action = gw_fb_decide(r, gw_upfails[GW_UPFAIL_STATUS_5XX].fb_class, m->status, &delay);
         if (action != GW_FB_NONE) {
             /* Nothing reached the client: the fallback chain answers
              * instead (retry, local model, template). Otherwise the
              * upstream's own answer (body, Retry-After) is relayed. */
-            r->error_kind = "status_5xx";
+            r->error_kind = gw_upfails[GW_UPFAIL_STATUS_5XX].label;
             gw_proxy_finish(r, false, 0);
             gw_fb_apply(r, action, delay);
             return false;
@@ -716,9 +714,9 @@ static int gw_proxy_emit(gw_req_t *r, const char *data, size_t len, const char *
     }
     struct evbuffer *tmp = out.n ? evbuffer_new() : NULL;
     for (size_t i = 0; tmp && i < out.n; i++) {
-        evbuffer_add(tmp, "data: ", 6);
+        evbuffer_add(tmp, GW_LIT("data: "));
         evbuffer_add(tmp, out.data[i], out.len[i]);
-        evbuffer_add(tmp, "\n\n", 2);
+        evbuffer_add(tmp, GW_LIT("\n\n"));
     }
     if (tmp && evbuffer_get_length(tmp))
         gw_proxy_write(r, evbuffer_pullup(tmp, -1), evbuffer_get_length(tmp));
@@ -800,7 +798,7 @@ void gw_proxy_local_body(gw_req_t *r, json_t *body)
     }
     char *s = json_dumps(body, JSON_COMPACT);
     if (!s) {
-        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        gw_respond_oom(r);
         return;
     }
     char extra[96] = "";
@@ -880,7 +878,7 @@ static void gw_proxy_on_done(gw_req_t *r)
     }
     if (r->resp_sse && !gw_sse_done_seen(r->sse)) {
         r->error_kind = "upstream_truncated";
-        gw_metrics_upstream_error(r->pool, "truncated");
+        gw_metrics_upstream_error(r->pool, gw_upfails[GW_UPFAIL_TRUNCATED].label);
         outcome = 0;
         gw_proxy_sse_error(r, "upstream_truncated",
                            "The model server ended the stream before it was complete.");
@@ -900,45 +898,61 @@ static void gw_proxy_on_stopped(gw_req_t *r)
     gw_conn_req_done(r->c);
 }
 
-/* Our failure kinds, as the retry policy classifies them. */
-static int gw_proxy_failure_of(const char *kind)
-{
-    if (strncmp(kind, "connect", 7) == 0)
-        return FB_FAIL_CONNECT; /* connect, connect_tls, connect_timeout */
-    if (strcmp(kind, "status_5xx") == 0)
-        return FB_FAIL_STATUS;
-    if (strcmp(kind, "first_byte_timeout") == 0)
-        return FB_FAIL_FIRST_BYTE;
-    if (strcmp(kind, "reset") == 0)
-        return FB_FAIL_RESET;
-    return FB_FAIL_OTHER;
-}
+/* Every way an upstream attempt fails, one row each: the label (metric
+ * kind and r->error_kind), how the retry policy classes it, and the answer
+ * when the fallback chain has nothing better. Indexed by gw_upfail_t. */
+const gw_upfail_row_t gw_upfails[GW_UPFAIL_COUNT] = {
+    [GW_UPFAIL_CONNECT] = {"connect", FB_FAIL_CONNECT, 502, "upstream_error",
+                           "Could not connect to the model server."},
+    [GW_UPFAIL_CONNECT_TLS] = {"connect_tls", FB_FAIL_CONNECT, 502, "upstream_error",
+                               "Could not connect to the model server."},
+    [GW_UPFAIL_CONNECT_TIMEOUT] = {"connect_timeout", FB_FAIL_CONNECT, 504, "upstream_timeout",
+                                   "The model server did not accept the connection in time."},
+    [GW_UPFAIL_FIRST_BYTE_TIMEOUT] = {"first_byte_timeout", FB_FAIL_FIRST_BYTE, 504,
+                                      "upstream_timeout",
+                                      "The model server did not answer in time."},
+    [GW_UPFAIL_TOTAL_TIMEOUT] = {"total_timeout", FB_FAIL_OTHER, 504, "upstream_timeout",
+                                 "The model server did not finish in time."},
+    [GW_UPFAIL_RESET] = {"reset", FB_FAIL_RESET, 502, "upstream_error",
+                         "The model server closed the connection without answering."},
+    [GW_UPFAIL_TRUNCATED] = {"truncated", FB_FAIL_OTHER, 502, "upstream_error",
+                             "The model server closed the connection mid-answer."},
+    [GW_UPFAIL_BAD_RESPONSE] = {"bad_response", FB_FAIL_OTHER, 502, "upstream_error",
+                                "The model server sent an invalid response."},
+    /* status 0: the upstream's own status is relayed or passed on. */
+    [GW_UPFAIL_STATUS_5XX] = {"status_5xx", FB_FAIL_STATUS, 0, "upstream_error",
+                              "The model server failed."},
+    [GW_UPFAIL_UNAVAILABLE] = {"unavailable", FB_FAIL_CONNECT, 503, "upstream_unavailable",
+                               "No model server is available right now."},
+    [GW_UPFAIL_INTERNAL] = {"internal", FB_FAIL_OTHER, 502, "upstream_error",
+                            "Could not open a connection to the model server."},
+};
 
-static void gw_proxy_fail(gw_req_t *r, const char *kind, int status, const char *code,
-                          const char *msg)
+static void gw_proxy_fail(gw_req_t *r, gw_upfail_t kind)
 {
+    const gw_upfail_row_t *f = &gw_upfails[kind];
     gw_upconn_t *u = r->up;
-    bool stale =
-        u && u->reused && !r->t_first_byte_ns && !r->head_sent && (strcmp(kind, "reset") == 0);
+    bool stale = u && u->reused && !r->t_first_byte_ns && !r->head_sent && kind == GW_UPFAIL_RESET;
     if (stale && r->attempts < 3) { /* The server closed a pooled connection just as we reused it:
                                      * nothing was processed, so resend on a fresh connection. */
         gw_proxy_finish(r, false, -1);
         gw_proxy_attempt(r, false);
         return;
     }
-    gw_metrics_upstream_error(r->pool, kind);
-    r->error_kind = kind;
+    gw_metrics_upstream_error(r->pool, f->label);
+    r->error_kind = f->label;
     if (!r->head_sent) {
         gw_proxy_finish(r, false, 0);
-        if (gw_fb_after_failure(r, gw_proxy_failure_of(kind), status))
+        if (gw_fb_after_failure(r, f->fb_class, f->status))
             return;
-        gw_respond_error(r, status, "server_error", code, msg);
+        gw_respond_error(r, f->status, "server_error", f->code, f->message);
         return;
     }
     /* The answer already started: say so in-band when we can. */
     if (r->resp_sse) {
-        gw_proxy_sse_error(r, strcmp(code, "upstream_timeout") == 0 ? code : "upstream_truncated",
-                           msg);
+        gw_proxy_sse_error(
+            r, strcmp(f->code, "upstream_timeout") == 0 ? f->code : "upstream_truncated",
+            f->message);
         gw_proxy_write_end(r);
     } else {
         r->c->close_after = true; /* a short body + close is the only signal */
@@ -961,27 +975,20 @@ static bool gw_proxy_up_read(gw_req_t *r)
         r->t_first_byte_ns = sl_now_ns();
         sl_histogram_observe(r->pool->m_ttfb, (double)(r->t_first_byte_ns - r->t_sent_ns) / 1e9);
     }
-    bool again = false; /* after the head: a body-less answer completes with 0 bytes */
-    while (r->up == u && (evbuffer_get_length(in) > 0 || again)) {
-        struct evbuffer_iovec v = {.iov_base = "", .iov_len = 0};
-        if (evbuffer_peek(in, -1, NULL, &v, 1) < 1 && !again)
-            break;
-        again = false;
-        size_t used = 0;
-        gw_http_state_t st =
-            gw_http_feed(u->parser, v.iov_base, v.iov_len, &used, gw_proxy_body_cb, r);
-        evbuffer_drain(in, used);
+    bool more = true; /* until the input is used up, or the answer ended */
+    while (more && r->up == u) {
+        gw_http_state_t st = gw_http_feed_evbuffer(u->parser, in, NULL, gw_proxy_body_cb, r);
         if (r->stop_stream) {
             gw_proxy_on_stopped(r);
             return false;
         }
         switch (st) {
         case GW_HTTP_NEED_MORE:
+            more = false;
             break;
         case GW_HTTP_HEAD:
             if (!gw_proxy_on_head(r))
                 return false;
-            again = true;
             break;
         case GW_HTTP_DONE:
             gw_proxy_on_done(r);
@@ -989,8 +996,7 @@ static bool gw_proxy_up_read(gw_req_t *r)
         case GW_HTTP_ERROR:
             sl_warn("upstream %s: bad response: %s", r->server->url,
                     gw_http_error_reason(u->parser));
-            gw_proxy_fail(r, "bad_response", 502, "upstream_error",
-                          "The model server sent an invalid response.");
+            gw_proxy_fail(r, GW_UPFAIL_BAD_RESPONSE);
             return false;
         }
     }
@@ -1039,15 +1045,12 @@ static void gw_proxy_up_event(gw_req_t *r, short what)
         }
     }
     if (!u->connected) {
-        gw_proxy_fail(r, u->srv->https ? "connect_tls" : "connect", 502, "upstream_error",
-                      "Could not connect to the model server.");
+        gw_proxy_fail(r, u->srv->https ? GW_UPFAIL_CONNECT_TLS : GW_UPFAIL_CONNECT);
         return;
     }
     if (!r->t_first_byte_ns) {
-        gw_proxy_fail(r, "reset", 502, "upstream_error",
-                      "The model server closed the connection without answering.");
+        gw_proxy_fail(r, GW_UPFAIL_RESET);
         return;
     }
-    gw_proxy_fail(r, "truncated", 502, "upstream_error",
-                  "The model server closed the connection mid-answer.");
+    gw_proxy_fail(r, GW_UPFAIL_TRUNCATED);
 }

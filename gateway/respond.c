@@ -68,7 +68,7 @@ void gw_respond_body(gw_req_t *r, int status, const char *ctype, const char *bod
                         c->close_after ? "Connection: close\r\n" : "",
                         extra_headers ? extra_headers : "");
     evbuffer_add(out, date, dl);
-    evbuffer_add(out, "\r\n", 2);
+    evbuffer_add(out, GW_LIT("\r\n"));
     if (!head)
         evbuffer_add(out, body, len);
     if (r->capture) /* past capture_max: the store sees it is too large to keep */
@@ -81,17 +81,28 @@ void gw_respond_body(gw_req_t *r, int status, const char *ctype, const char *bod
     gw_conn_req_done(c);
 }
 
+/* The same bytes gw_error_json() makes for it, fixed, so that answering an
+ * allocation failure needs no allocation. */
+static const char gw_oom_body[] = "{\"error\":{\"message\":\"out of memory\",\"type\":"
+                                  "\"server_error\",\"code\":\"internal_error\"}}";
+
+void gw_respond_oom(gw_req_t *r)
+{
+    if (!r->error_kind)
+        r->error_kind = "internal_error";
+    gw_respond_json(r, 500, gw_oom_body, sizeof(gw_oom_body) - 1, NULL);
+}
+
 void gw_respond_error(gw_req_t *r, int status, const char *type, const char *code,
                       const char *message)
 {
     size_t len = 0;
     char *body = gw_error_json(type, code, message, &len);
     if (!body) {
-        static const char oom[] =
-            "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
-            "\"code\":\"internal_error\"}}";
+        /* Out of memory while answering: the fixed answer, and close, since
+         * the next request on this connection would likely fail the same way. */
         r->c->close_after = true;
-        gw_respond_json(r, 500, oom, sizeof(oom) - 1, NULL);
+        gw_respond_oom(r);
         return;
     }
     if (!r->error_kind)

@@ -141,7 +141,7 @@ static void gw_route_admin(gw_req_t *r, const gw_http_msg_t *m, const char *path
         size_t len = 0;
         char *text = sl_metrics_render(&len);
         if (!text) {
-            gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+            gw_respond_oom(r);
             return;
         }
         /* Reuse the JSON writer with another content type. */

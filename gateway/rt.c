@@ -31,12 +31,12 @@ static _Atomic uint64_t gw_rt_generations;
 static int gw_url_split(const char *url, bool *https, char **host, int *port)
 {
     const char *p;
-    if (strncmp(url, "http://", 7) == 0) {
+    if (strncmp(url, GW_LIT("http://")) == 0) {
         *https = false;
-        p = url + 7;
-    } else if (strncmp(url, "https://", 8) == 0) {
+        p = url + sizeof("http://") - 1;
+    } else if (strncmp(url, GW_LIT("https://")) == 0) {
         *https = true;
-        p = url + 8;
+        p = url + sizeof("https://") - 1;
     } else {
         return -1;
     }

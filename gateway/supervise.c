@@ -176,8 +176,8 @@ static void gw_sup_probe_read(struct bufferevent *bev, void *arg)
         return;
     evbuffer_copyout(in, line, SL_MIN(n, sizeof(line) - 1));
     line[SL_MIN(n, sizeof(line) - 1)] = '\0';
-    gw_sup_probe_done(s, strncmp(line, "HTTP/1.1 200", 12) == 0 ||
-                             strncmp(line, "HTTP/1.0 200", 12) == 0);
+    gw_sup_probe_done(s, strncmp(line, GW_LIT("HTTP/1.1 200")) == 0 ||
+                             strncmp(line, GW_LIT("HTTP/1.0 200")) == 0);
 }
 
 static void gw_sup_probe_event(struct bufferevent *bev, short what, void *arg)
