@@ -12,6 +12,7 @@
 
 #include "auth/auth.h"
 #include "common/log.h"
+#include "common/redis.h"
 #include "gateway/gw_conn.h"
 #include "gateway/gw_hook.h"
 #include "gateway/gw_req.h"
@@ -142,9 +143,62 @@ static void gw_auth_on_end(gw_req_t *r, void *state, gw_end_t how)
     free(s);
 }
 
+/* ---- lifecycle ------------------------------------------------------------ */
+
+static const char *gw_conf_path(const conf_t *c)
+{
+    return c->path ? c->path : "conf";
+}
+
+/* The verifier, per runtime, on the process-wide stores (borrowed). */
+static int gw_auth_rt_build(gw_rt_t *rt, gw_shared_t *sh, char *err, size_t errlen)
+{
+    const conf_t *c = rt->conf;
+    if (!auth_conf_enabled(&c->auth))
+        return 0;
+    char e[512];
+    rt->auth = auth_new(&c->auth, sh->auth_stores, e, sizeof(e));
+    if (!rt->auth) {
+        snprintf(err, errlen, "%s: auth: %s", gw_conf_path(c), e);
+        return -1;
+    }
+    return 0;
+}
+
+static void gw_auth_rt_free(gw_rt_t *rt)
+{
+    auth_free(rt->auth);
+    rt->auth = NULL;
+}
+
+/* Each thread's own Redis client for the nonce and revocation stores. */
+static int gw_auth_worker_init(gw_worker_t *w)
+{
+    const conf_redis_t *rc = &w->rt->conf->redis;
+    if (!rc->url || !w->rt->auth)
+        return 0;
+    char err[256];
+    sl_redis_opts_t o = {.url = rc->url, .timeout_ms = rc->timeout_ms};
+    w->redis = sl_redis_new(w->base, &o, err, sizeof(err));
+    if (!w->redis) {
+        sl_error("worker %d: redis: %s", w->id, err);
+        return -1;
+    }
+    return 0;
+}
+
+static void gw_auth_worker_fini(gw_worker_t *w)
+{
+    sl_redis_free(w->redis);
+    w->redis = NULL;
+}
+
 const gw_hook_t gw_hook_auth = {
     .name = "auth",
-    .pre_route = true,
+    .rt_build = gw_auth_rt_build,
+    .rt_free = gw_auth_rt_free,
+    .worker_init = gw_auth_worker_init,
+    .worker_fini = gw_auth_worker_fini,
     .on_request = gw_auth_on_request,
     .on_cancel = gw_auth_on_cancel,
     .on_end = gw_auth_on_end,

@@ -302,9 +302,69 @@ static void gw_fbh_on_end(gw_req_t *r, void *state, gw_end_t how)
     free(s);
 }
 
+/* ---- lifecycle ------------------------------------------------------------ */
+
+static const char *gw_fbh_path(const conf_t *c)
+{
+    return c->path ? c->path : "conf";
+}
+
+static int gw_fbh_check(const conf_t *c, char *err, size_t errlen)
+{
+    const char *local = c->fallback.local.upstream;
+    if (!local)
+        return 0;
+    for (size_t k = 0; k < c->nupstreams; k++)
+        if (strcmp(c->upstreams[k].name, local) == 0)
+            return 0;
+    snprintf(err, errlen, "%s: fallback.local.upstream: no upstream named \"%s\"", gw_fbh_path(c),
+             local);
+    return -1;
+}
+
+/* Templates, and the local tier's pool (check made sure it exists). */
+static int gw_fbh_rt_build(gw_rt_t *rt, gw_shared_t *sh, char *err, size_t errlen)
+{
+    (void)sh;
+    const conf_t *c = rt->conf;
+    if (c->fallback.tmpl.enabled) {
+        rt->tmpl = fb_tmpl_new(&c->fallback.tmpl);
+        if (!rt->tmpl) {
+            snprintf(err, errlen, "%s: fallback.template: cannot build", gw_fbh_path(c));
+            return -1;
+        }
+    }
+    if (c->fallback.local.upstream)
+        for (size_t k = 0; k < rt->npools; k++)
+            if (strcmp(rt->pools[k].name, c->fallback.local.upstream) == 0)
+                rt->local = &rt->pools[k];
+    return 0;
+}
+
+static void gw_fbh_rt_free(gw_rt_t *rt)
+{
+    fb_tmpl_free(rt->tmpl);
+    rt->tmpl = NULL;
+}
+
+static void gw_fbh_process_stop(gw_server_t *s)
+{
+    (void)s;
+    gw_fb_queue_thread_stop();
+}
+
 const gw_hook_t gw_hook_fallback = {
     .name = "fallback",
-    .pre_route = false,
+    .check = gw_fbh_check,
+    .rt_build = gw_fbh_rt_build,
+    .rt_free = gw_fbh_rt_free,
+    .process_init = gw_fb_server_init,
+    .process_stop = gw_fbh_process_stop,
+    .process_fini = gw_fb_server_fini,
+    .tick = gw_fb_maintain,
+    .metrics = gw_fb_metrics_refresh,
+    .worker_init = gw_fb_worker_init,
+    .worker_fini = gw_fb_worker_fini,
     .on_request = gw_fbh_on_request,
     .on_cancel = gw_fbh_on_cancel,
     .on_end = gw_fbh_on_end,

@@ -6,6 +6,7 @@
  * tail that could still become a match is held back (filters/ decides) —
  * or as a whole for non-streamed answers.
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "filters/filters.h"
@@ -128,9 +129,30 @@ static void gw_flt_on_end(gw_req_t *r, void *state, gw_end_t how)
     free(s);
 }
 
+/* ---- lifecycle ------------------------------------------------------------ */
+
+static int gw_flt_rt_build(gw_rt_t *rt, gw_shared_t *sh, char *err, size_t errlen)
+{
+    (void)sh;
+    char e[512];
+    rt->filters = flt_ruleset_new(&rt->conf->filters, e, sizeof(e));
+    if (!rt->filters) {
+        snprintf(err, errlen, "%s: filters: %s", rt->conf->path ? rt->conf->path : "conf", e);
+        return -1;
+    }
+    return 0;
+}
+
+static void gw_flt_rt_free(gw_rt_t *rt)
+{
+    flt_ruleset_unref(rt->filters);
+    rt->filters = NULL;
+}
+
 const gw_hook_t gw_hook_filters = {
     .name = "filters",
-    .pre_route = false,
+    .rt_build = gw_flt_rt_build,
+    .rt_free = gw_flt_rt_free,
     .on_request = gw_flt_on_request,
     .on_event = gw_flt_on_event,
     .on_body = gw_flt_on_body,

@@ -275,9 +275,48 @@ static void gw_rl_on_end(gw_req_t *r, void *state, gw_end_t how)
     free(s);
 }
 
+/* ---- lifecycle ------------------------------------------------------------ */
+
+/* The limiter lives across reloads: its state (buckets, concurrency) must. */
+static int gw_rl_process_init(gw_server_t *s, const conf_t *c, char *err, size_t errlen)
+{
+    s->rl = rl_new(&c->ratelimit, &c->redis, err, errlen);
+    return s->rl ? 0 : -1;
+}
+
+static void gw_rl_process_fini(gw_server_t *s)
+{
+    rl_free(s->rl);
+    s->rl = NULL;
+}
+
+/* The request workers' handles (the main thread's admin listener serves no
+ * limited route). */
+static int gw_rl_worker_init(gw_worker_t *w)
+{
+    if (w->is_main || !w->srv->rl)
+        return 0;
+    char err[256];
+    w->rlw = rl_worker_new(w->srv->rl, w->base, err, sizeof(err));
+    if (!w->rlw) {
+        sl_error("worker %d: rate limits: %s", w->id, err);
+        return -1;
+    }
+    return 0;
+}
+
+static void gw_rl_worker_fini(gw_worker_t *w)
+{
+    rl_worker_free(w->rlw);
+    w->rlw = NULL;
+}
+
 const gw_hook_t gw_hook_ratelimit = {
     .name = "ratelimit",
-    .pre_route = false,
+    .process_init = gw_rl_process_init,
+    .process_fini = gw_rl_process_fini,
+    .worker_init = gw_rl_worker_init,
+    .worker_fini = gw_rl_worker_fini,
     .on_request = gw_rl_on_request,
     .on_cancel = gw_rl_on_cancel,
     .on_headers = gw_rl_on_headers,

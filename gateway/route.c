@@ -137,7 +137,7 @@ static void gw_route_admin(gw_req_t *r, const gw_http_msg_t *m, const char *path
                              "Use GET for /metrics.");
             return;
         }
-        gw_fb_metrics_refresh(r->c->w->srv);
+        gw_hooks_metrics(r->c->w->srv);
         size_t len = 0;
         char *text = sl_metrics_render(&len);
         if (!text) {

@@ -29,11 +29,9 @@
 
 #include <event2/thread.h>
 
-#include "auth/auth.h"
 #include "common/log.h"
-#include "common/redis.h"
 #include "gateway/gw_conn.h"
-#include "gateway/gw_fallback.h"
+#include "gateway/gw_hook.h"
 #include "gateway/gw_metrics.h"
 #include "gateway/gw_req.h"
 #include "gateway/gw_route.h"
@@ -44,7 +42,6 @@
 #include "gateway/gw_upstream.h"
 #include "gateway/gw_wio.h"
 #include "gateway/gw_worker.h"
-#include "ratelimit/ratelimit.h"
 
 static gw_server_t gw_srv;
 
@@ -365,26 +362,8 @@ static int gw_worker_init(gw_worker_t *w, int id, bool is_main)
     if (!w->notify_ev || !w->accept_ev || !w->reap_ev || !w->flush_ev)
         return -1;
     gw_worker_update_rt(w);
-    const conf_redis_t *rc = &w->rt->conf->redis;
-    if (rc->url && w->rt->auth) {
-        char err[256];
-        sl_redis_opts_t o = {.url = rc->url, .timeout_ms = rc->timeout_ms};
-        w->redis = sl_redis_new(w->base, &o, err, sizeof(err));
-        if (!w->redis) {
-            sl_error("worker %d: redis: %s", id, err);
-            return -1;
-        }
-    }
-    if (gw_fb_worker_init(w) != 0)
+    if (gw_hooks_worker_init(w) != 0) /* the policy modules' per-thread handles */
         return -1;
-    if (!is_main && gw_srv.rl) {
-        char err[256];
-        w->rlw = rl_worker_new(gw_srv.rl, w->base, err, sizeof(err));
-        if (!w->rlw) {
-            sl_error("worker %d: rate limits: %s", id, err);
-            return -1;
-        }
-    }
     return gw_worker_listen(w);
 }
 
@@ -395,11 +374,7 @@ static void gw_worker_fini(gw_worker_t *w)
     gw_worker_reap_cb(-1, 0, w);
     gw_upstream_worker_reset(w);
     gw_worker_reap_cb(-1, 0, w);
-    rl_worker_free(w->rlw);
-    w->rlw = NULL;
-    sl_redis_free(w->redis);
-    w->redis = NULL;
-    gw_fb_worker_fini(w);
+    gw_hooks_worker_fini(w);
     free(w->listeners);
     free(w->lslots);
     free(w->wsrv);
@@ -644,7 +619,7 @@ static void gw_maint_cb(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     (void)arg;
-    gw_fb_maintain(&gw_srv);
+    gw_hooks_tick(&gw_srv);
 }
 
 static int gw_cores(void)
@@ -687,13 +662,8 @@ int gw_server_run(const char *conf_path)
         sl_error("%s", err);
         return 1;
     }
-    gw_srv.rl = rl_new(&rt->conf->ratelimit, &rt->conf->redis, err, sizeof(err));
-    if (!gw_srv.rl) {
-        sl_error("ratelimit: %s", err);
-        return 1;
-    }
-    if (gw_fb_server_init(&gw_srv, rt->conf, err, sizeof(err)) != 0) {
-        sl_error("fallback: %s", err);
+    if (gw_hooks_process_init(&gw_srv, rt->conf, err, sizeof(err)) != 0) {
+        sl_error("%s", err);
         return 1;
     }
     gw_srv.nworkers = rt->conf->workers > 0 ? (int)rt->conf->workers : gw_cores();
@@ -740,7 +710,7 @@ int gw_server_run(const char *conf_path)
     for (int i = 0; i < gw_srv.nworkers; i++)
         gw_worker_stop_now(&gw_srv.workers[i]);
     gw_engines_stop(gw_srv.shared);
-    gw_fb_queue_thread_stop();
+    gw_hooks_process_stop(&gw_srv);
     gw_sup_shutdown();
     for (int i = 0; i < gw_srv.nworkers; i++)
         gw_worker_fini(&gw_srv.workers[i]);
@@ -760,8 +730,7 @@ int gw_server_run(const char *conf_path)
     event_free(gw_srv.maint_ev);
     free(gw_srv.workers);
     free(gw_srv.listens);
-    rl_free(gw_srv.rl);
-    gw_fb_server_fini(&gw_srv);
+    gw_hooks_process_fini(&gw_srv);
     gw_rt_unref(atomic_load(&gw_srv.rt)); /* gives its engines back to the registry */
     gw_shared_free(gw_srv.shared);
     free(gw_srv.conf_path);
