@@ -14,7 +14,11 @@
 #include "gateway/gw_types.h"
 
 /* proxy.c */
+/* Runs the pre-route hooks, then r->handler (the route's). */
 void gw_proxy_start(gw_req_t *r);
+/* The handler of the proxied routes: the body parsed, the model routed to
+ * its pool, the post-route hooks, then the upstream attempt. */
+void gw_proxy_route(gw_req_t *r);
 /* Client went away or conn is closing: stop everything upstream. */
 void gw_proxy_abort(gw_req_t *r);
 /* proxy.c: the next attempt (now, or after delay_ms) on r->pool. */

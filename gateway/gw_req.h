@@ -24,8 +24,9 @@ struct gw_req {
     char id[40];
     int64_t start_ns;
     gw_route_t route;
-    struct evbuffer *body; /* the client's body; reused for retries */
-    json_t *json;          /* parsed body (proxied routes) */
+    void (*handler)(gw_req_t *r); /* the route's, after the pre-route hooks */
+    struct evbuffer *body;        /* the client's body; reused for retries */
+    json_t *json;                 /* parsed body (proxied routes) */
     const gw_model_rt_t *model;
     bool stream; /* client asked "stream": true */
 
@@ -94,6 +95,9 @@ void gw_respond_json(gw_req_t *r, int status, const char *body, size_t len,
                      const char *extra_headers);
 void gw_respond_error(gw_req_t *r, int status, const char *type, const char *code,
                       const char *message);
+/* The same with extra header lines ("Name: value\r\n"...), e.g. a 405's Allow. */
+void gw_respond_error_h(gw_req_t *r, int status, const char *type, const char *code,
+                        const char *message, const char *extra_headers);
 /* 500 internal_error "out of memory", without allocating. */
 void gw_respond_oom(gw_req_t *r);
 /* Local answers with any content type. */

@@ -8,11 +8,11 @@
 
 #include "gateway/gw_types.h"
 
-/* route.c */
+/* Finds the request's row in the route table (method, listener, path),
+ * answers 404/405 itself, else calls the row's handler, through the
+ * pre-route hooks first when the row says so. */
 void gw_route_dispatch(gw_req_t *r);
-gw_route_t gw_route_of(const char *path, size_t len);
+/* The metric label of a route. */
 const char *gw_route_name(gw_route_t r);
-/* route.c: GET /v1/models[/id] once the pre-route hooks passed. */
-void gw_route_models(gw_req_t *r);
 
 #endif

@@ -450,7 +450,7 @@ static bool gw_route_simple(const gw_req_t *r)
 
 /* Parses the body, picks the model's upstream, then runs the post-route
  * hooks. */
-static void gw_proxy_route(gw_req_t *r)
+void gw_proxy_route(gw_req_t *r)
 {
     size_t len = evbuffer_get_length(r->body);
     if (len == 0) {
@@ -514,12 +514,7 @@ static void gw_proxy_route(gw_req_t *r)
  * the body to an upstream. */
 static void gw_proxy_after_pre(gw_req_t *r)
 {
-    if (r->route == GW_ROUTE_MODELS)
-        gw_route_models(r);
-    else if (r->route == GW_ROUTE_REQUESTS)
-        gw_fb_requests_route(r);
-    else
-        gw_proxy_route(r);
+    r->handler(r); /* the route's (route.c), stored by gw_route_dispatch */
 }
 
 void gw_proxy_start(gw_req_t *r)

@@ -96,6 +96,12 @@ void gw_respond_oom(gw_req_t *r)
 void gw_respond_error(gw_req_t *r, int status, const char *type, const char *code,
                       const char *message)
 {
+    gw_respond_error_h(r, status, type, code, message, NULL);
+}
+
+void gw_respond_error_h(gw_req_t *r, int status, const char *type, const char *code,
+                        const char *message, const char *extra_headers)
+{
     size_t len = 0;
     char *body = gw_error_json(type, code, message, &len);
     if (!body) {
@@ -107,12 +113,6 @@ void gw_respond_error(gw_req_t *r, int status, const char *type, const char *cod
     }
     if (!r->error_kind)
         r->error_kind = code;
-    const char *extra = NULL;
-    if (status == 405)
-        extra = (r->route == GW_ROUTE_MODELS || r->route == GW_ROUTE_HEALTH ||
-                 r->route == GW_ROUTE_REQUESTS)
-                    ? "Allow: GET, HEAD\r\n"
-                    : "Allow: POST\r\n";
-    gw_respond_json(r, status, body, len, extra);
+    gw_respond_json(r, status, body, len, extra_headers);
     free(body);
 }
