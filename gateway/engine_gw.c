@@ -336,7 +336,7 @@ static void gw_ejob_run(void *arg)
         return;
     /* The generation ended: answer, then the job is ours alone to free. */
     j->r = NULL;
-    r->ejob = NULL;
+    gw_req_wait_done(r);
     if (j->stopped) {
         gw_proxy_local_stream_end(r, NULL, NULL);
     } else if (j->why == MDL_FINISH_ERROR && !j->began) {
@@ -429,6 +429,16 @@ static void gw_engine_sampling(json_t *body, mdl_sampling_t *p)
         p->max_tokens = (int)SL_MIN(json_integer_value(mt), 1 << 30);
 }
 
+/* The client left: the job is freed on the loop when the engine's on_done
+ * arrives. */
+static void gw_engine_wait_cancel(gw_req_t *r, void *job)
+{
+    (void)r;
+    gw_ejob_t *j = job;
+    j->r = NULL;
+    mdl_request_cancel(j->h);
+}
+
 void gw_engine_attempt(gw_req_t *r)
 {
     if (r->route != GW_ROUTE_CHAT) {
@@ -467,7 +477,7 @@ void gw_engine_attempt(gw_req_t *r)
     free(msgs);
     json_decref(arena);
     if (rc == MDL_SUBMIT_OK) {
-        r->ejob = j;
+        gw_req_wait(r, gw_engine_wait_cancel, j);
         r->t_sent_ns = sl_now_ns();
         return;
     }
@@ -483,15 +493,4 @@ void gw_engine_attempt(gw_req_t *r)
         return;
     gw_respond_error(r, 503, "server_error", "upstream_unavailable",
                      "The local model is busy right now.");
-}
-
-void gw_engine_abort(gw_req_t *r)
-{
-    gw_ejob_t *j = r->ejob;
-    if (!j)
-        return;
-    r->ejob = NULL;
-    j->r = NULL;
-    /* The job is freed on the loop when the engine's on_done arrives. */
-    mdl_request_cancel(j->h);
 }

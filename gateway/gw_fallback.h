@@ -44,7 +44,6 @@ int gw_fb_server_init(gw_server_t *s, const conf_t *c, char *err, size_t errlen)
 void gw_fb_server_fini(gw_server_t *s);
 /* The journal accept thread: the client left (the accept completes anyway);
  * shutdown (after the workers stopped, before their mailboxes close). */
-void gw_fb_queue_abort(gw_req_t *r);
 void gw_fb_queue_thread_stop(void);
 /* Once a second on the main thread: queue maintenance. */
 void gw_fb_maintain(gw_server_t *s);

@@ -178,8 +178,6 @@ void gw_rl_client_ip(gw_req_t *r);
 void gw_rl_respond_refusal(gw_req_t *r, const struct rl_decision *d);
 /* hook_auth.c: the token endpoint and the admin revoke endpoint. */
 void gw_auth_token_route(gw_req_t *r);
-void gw_auth_token_cancel(gw_req_t *r);
 void gw_auth_revoke_route(gw_req_t *r);
-void gw_auth_revoke_cancel(gw_req_t *r);
 
 #endif

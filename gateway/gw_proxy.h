@@ -32,7 +32,6 @@ void gw_proxy_local_stream_end(gw_req_t *r, const char *error_code, const char *
 void gw_proxy_local_body(gw_req_t *r, json_t *body);
 /* engine_gw.c: an attempt on a pool of kind engine. */
 void gw_engine_attempt(gw_req_t *r);
-void gw_engine_abort(gw_req_t *r);
 /* A pending hook finished: go on with the request. */
 void gw_proxy_resume(gw_req_t *r);
 /* Client output drained below the low watermark. */

@@ -6,6 +6,7 @@
 #ifndef GW_REQ_H
 #define GW_REQ_H
 
+#include <assert.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -18,6 +19,14 @@
 #include "gateway/gw_types.h"
 #include "gateway/sse.h"
 
+/* What a request is waiting on, whatever it is (a pending hook, a Redis
+ * call, the engine, the queue thread, a backoff timer): at most one thing
+ * at a time, so aborting a request is one call, gw_req_wait_cancel(). */
+typedef struct gw_wait {
+    void (*cancel)(gw_req_t *r, void *arg); /* NULL: not waiting */
+    void *arg;
+} gw_wait_t;
+
 struct gw_req {
     gw_conn_t *c;
     gw_rt_t *rt;
@@ -25,8 +34,9 @@ struct gw_req {
     int64_t start_ns;
     gw_route_t route;
     void (*handler)(gw_req_t *r); /* the route's, after the pre-route hooks */
-    struct evbuffer *body;        /* the client's body; reused for retries */
-    json_t *json;                 /* parsed body (proxied routes) */
+    gw_wait_t wait;
+    struct evbuffer *body; /* the client's body; reused for retries */
+    json_t *json;          /* parsed body (proxied routes) */
     const gw_model_rt_t *model;
     bool stream; /* client asked "stream": true */
 
@@ -37,15 +47,12 @@ struct gw_req {
     int attempts;
     struct event *up_timer;
     int64_t t_sent_ns, t_first_byte_ns;
-    int64_t deadline_total_ms, deadline_fb_ms;
+    int64_t deadline_total_ms;
     int upstatus;
-    bool resp_sse;      /* upstream answered text/event-stream */
-    bool head_sent;     /* our response head is out */
-    bool chunked_out;   /* our response body uses chunked */
-    bool upstream_done; /* upstream response complete */
+    bool resp_sse;    /* upstream answered text/event-stream */
+    bool head_sent;   /* our response head is out */
+    bool chunked_out; /* our response body uses chunked */
     gw_sse_t *sse;
-    bool pinged;
-    bool got_event;
     struct event *ping_ev;
     bool paused_upstream; /* backpressure: upstream reads off */
 
@@ -61,9 +68,6 @@ struct gw_req {
     bool buffer_body;    /* a whole JSON answer is gathered for on_body hooks */
     bool stop_stream;    /* a hook ended the stream (finish after the parser returns) */
     struct evbuffer *resp_body;
-    struct rl_pending *token_pending; /* /v1/auth/token waiting for its limit */
-    struct fb_call *fb_call;          /* a queue accept / lookup waiting for Redis */
-    gw_qjob_t *qjob;                  /* a journal accept on the queue thread */
 
     /* the fallback chain */
     int admit;                /* fb_admit_t of the current attempt */
@@ -79,10 +83,8 @@ struct gw_req {
     bool routed_local;    /* routing sent it to the local pool first (X-Sluice-Route) */
     bool tried_local;     /* the local pool had its turn (routing or the local tier) */
     bool local_stream;    /* an in-process stream is open (streams_active) */
-    struct gw_ejob *ejob; /* the engine's work for this request */
     bool client_usage;    /* the client itself asked for stream usage */
     char queued_id[40];   /* X-Sluice-Request-Id */
-    struct auth_pending *revoke_pending; /* /admin/revoke waiting for Redis */
 
     /* result */
     int status;
@@ -98,6 +100,31 @@ void gw_respond_error(gw_req_t *r, int status, const char *type, const char *cod
 /* The same with extra header lines ("Name: value\r\n"...), e.g. a 405's Allow. */
 void gw_respond_error_h(gw_req_t *r, int status, const char *type, const char *code,
                         const char *message, const char *extra_headers);
+/* The request now waits on arg; cancel(r, arg) undoes it if the request
+ * is aborted first. Waiting on two things at once is a bug. */
+static inline void gw_req_wait(gw_req_t *r, void (*cancel)(gw_req_t *r, void *arg), void *arg)
+{
+    assert(!r->wait.cancel);
+    r->wait.cancel = cancel;
+    r->wait.arg = arg;
+}
+
+/* What it waited on arrived (its callback runs): nothing left to cancel. */
+static inline void gw_req_wait_done(gw_req_t *r)
+{
+    r->wait.cancel = NULL;
+    r->wait.arg = NULL;
+}
+
+/* Abort: cancel whatever the request waits on, if anything. */
+static inline void gw_req_wait_cancel(gw_req_t *r)
+{
+    gw_wait_t w = r->wait;
+    gw_req_wait_done(r);
+    if (w.cancel)
+        w.cancel(r, w.arg);
+}
+
 /* 500 internal_error "out of memory", without allocating. */
 void gw_respond_oom(gw_req_t *r);
 /* Local answers with any content type. */

@@ -240,8 +240,14 @@ static void gw_token_limit_answer(gw_req_t *r, const rl_decision_t *d, rl_ticket
 static void gw_token_limited(void *arg, const rl_decision_t *d, rl_ticket_t *ticket)
 {
     gw_req_t *r = arg;
-    r->token_pending = NULL;
+    gw_req_wait_done(r);
     gw_token_limit_answer(r, d, ticket);
+}
+
+static void gw_token_wait_cancel(gw_req_t *r, void *pending)
+{
+    (void)r;
+    rl_pending_cancel(pending);
 }
 
 void gw_auth_token_route(gw_req_t *r)
@@ -263,7 +269,7 @@ void gw_auth_token_route(gw_req_t *r)
     rl_pending_t *pending = NULL;
     switch (rl_check(w->rlw, &q, &d, &ticket, gw_token_limited, r, &pending)) {
     case RL_PENDING:
-        r->token_pending = pending;
+        gw_req_wait(r, gw_token_wait_cancel, pending);
         return;
     case RL_DONE:
         gw_token_limit_answer(r, &d, ticket);
@@ -274,21 +280,19 @@ void gw_auth_token_route(gw_req_t *r)
     }
 }
 
-void gw_auth_token_cancel(gw_req_t *r)
-{
-    if (r->token_pending) {
-        rl_pending_cancel(r->token_pending);
-        r->token_pending = NULL;
-    }
-}
-
 /* ---- POST /admin/revoke ---------------------------------------------------- */
 
 static void gw_revoke_done(void *arg, auth_http_reply_t *reply)
 {
     gw_req_t *r = arg;
-    r->revoke_pending = NULL;
+    gw_req_wait_done(r);
     gw_auth_reply(r, reply, "Cache-Control: no-store\r\n");
+}
+
+static void gw_revoke_wait_cancel(gw_req_t *r, void *pending)
+{
+    (void)r;
+    auth_pending_cancel(pending);
 }
 
 void gw_auth_revoke_route(gw_req_t *r)
@@ -309,16 +313,8 @@ void gw_auth_revoke_route(gw_req_t *r)
                                          az ? az->value_len : 0, body, len, sl_wall_s(), &reply,
                                          gw_revoke_done, r, &pending);
     if (st == AUTH_PENDING) {
-        r->revoke_pending = pending;
+        gw_req_wait(r, gw_revoke_wait_cancel, pending);
         return;
     }
     gw_auth_reply(r, &reply, "Cache-Control: no-store\r\n");
-}
-
-void gw_auth_revoke_cancel(gw_req_t *r)
-{
-    if (r->revoke_pending) {
-        auth_pending_cancel(r->revoke_pending);
-        r->revoke_pending = NULL;
-    }
 }

@@ -432,10 +432,16 @@ static void gw_fb_template_respond(gw_req_t *r)
     free(body);
 }
 
+static void gw_fb_call_cancel(gw_req_t *r, void *call)
+{
+    (void)r;
+    fb_call_cancel(call);
+}
+
 static void gw_fb_queued(void *arg, fb_qres_t *res)
 {
     gw_req_t *r = arg;
-    r->fb_call = NULL;
+    gw_req_wait_done(r);
     if (res->status == FB_Q_OK)
         snprintf(r->queued_id, sizeof(r->queued_id), "%s", res->id);
     else
@@ -505,10 +511,8 @@ static void gw_qjob_done(void *arg)
 {
     gw_qjob_t *j = arg;
     gw_req_t *r = j->r;
-    if (r) {
-        r->qjob = NULL;
-        gw_fb_queued(r, &j->res);
-    }
+    if (r)
+        gw_fb_queued(r, &j->res); /* clears r's wait */
     gw_qjob_free(j);
 }
 
@@ -576,12 +580,11 @@ void gw_fb_queue_thread_stop(void)
     gw_qthread.running = false;
 }
 
-void gw_fb_queue_abort(gw_req_t *r)
+/* The client left: the accept completes anyway, and nobody is told. */
+static void gw_qjob_wait_cancel(gw_req_t *r, void *job)
 {
-    if (r->qjob) {
-        r->qjob->r = NULL;
-        r->qjob = NULL;
-    }
+    (void)r;
+    ((gw_qjob_t *)job)->r = NULL;
 }
 
 /* Stores the request for a later resend (non-streamed: the stored answer
@@ -613,10 +616,11 @@ static void gw_fb_template(gw_req_t *r)
     if (!fb_queue_is_redis(r->c->w->srv->queue)) {
         /* The journal fsyncs before it answers: off the event loop. */
         gw_qjob_t *j = gw_qjob_new(r, key, body); /* takes body */
-        if (j && gw_qthread_push(j) == 0) {
-            r->qjob = j;
+        if (j) /* before the push: the thread may be done at once */
+            gw_req_wait(r, gw_qjob_wait_cancel, j);
+        if (j && gw_qthread_push(j) == 0)
             return;
-        }
+        gw_req_wait_done(r);
         gw_qjob_free(j);
         sl_warn("queue: request %s not stored: out of memory", r->id);
         gw_fb_template_respond(r);
@@ -631,10 +635,13 @@ static void gw_fb_template(gw_req_t *r)
     };
     fb_qres_t res;
     memset(&res, 0, sizeof(res));
-    fb_rc_t rc = fb_queue_accept(r->c->w->qw, &in, &res, gw_fb_queued, r, &r->fb_call);
+    fb_call_t *call = NULL;
+    fb_rc_t rc = fb_queue_accept(r->c->w->qw, &in, &res, gw_fb_queued, r, &call);
     free(body);
-    if (rc == FB_PENDING)
+    if (rc == FB_PENDING) {
+        gw_req_wait(r, gw_fb_call_cancel, call);
         return;
+    }
     if (rc == FB_DONE) {
         gw_fb_queued(r, &res);
         return;
@@ -774,7 +781,7 @@ static void gw_fb_lookup_answer(gw_req_t *r, fb_qres_t *res)
 static void gw_fb_lookup_cb(void *arg, fb_qres_t *res)
 {
     gw_req_t *r = arg;
-    r->fb_call = NULL;
+    gw_req_wait_done(r);
     gw_fb_lookup_answer(r, res);
 }
 
@@ -787,19 +794,22 @@ void gw_fb_requests_route(gw_req_t *r)
         return;
     }
     char id[64];
-    size_t n = m->path_len - 13; /* after "/v1/requests/" */
+    static const char prefix[] = "/v1/requests/"; /* the route's prefix */
+    size_t n = m->path_len - (sizeof(prefix) - 1);
     if (n == 0 || n >= sizeof(id)) {
         gw_respond_error(r, 404, "invalid_request_error", "not_found", "No such request.");
         return;
     }
-    memcpy(id, m->target + 13, n);
+    memcpy(id, m->target + sizeof(prefix) - 1, n);
     id[n] = '\0';
     fb_qres_t res;
     memset(&res, 0, sizeof(res));
-    fb_rc_t rc =
-        fb_queue_lookup(r->c->w->qw, id, gw_fb_user(r), &res, gw_fb_lookup_cb, r, &r->fb_call);
-    if (rc == FB_PENDING)
+    fb_call_t *call = NULL;
+    fb_rc_t rc = fb_queue_lookup(r->c->w->qw, id, gw_fb_user(r), &res, gw_fb_lookup_cb, r, &call);
+    if (rc == FB_PENDING) {
+        gw_req_wait(r, gw_fb_call_cancel, call);
         return;
+    }
     if (rc == FB_DONE) {
         gw_fb_lookup_answer(r, &res);
         return;

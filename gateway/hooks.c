@@ -157,6 +157,13 @@ void gw_payloads_clear(gw_payloads_t *p)
     memset(p, 0, sizeof(*p));
 }
 
+/* The request's wait slot while a hook is pending. */
+static void gw_hooks_wait_cancel(gw_req_t *r, void *arg)
+{
+    (void)arg;
+    gw_hooks_cancel(r);
+}
+
 gw_hook_rc_t gw_hooks_run(gw_req_t *r, bool pre_route)
 {
     gw_hooks_req_t *h = &r->hooks;
@@ -176,6 +183,7 @@ gw_hook_rc_t gw_hooks_run(gw_req_t *r, bool pre_route)
         gw_hook_rc_t rc = hk->on_request(r, &h->state[i]);
         if (rc == GW_HOOK_PENDING) {
             h->pending = (int)i;
+            gw_req_wait(r, gw_hooks_wait_cancel, NULL);
             return rc;
         }
         if (rc == GW_HOOK_DONE)
@@ -194,6 +202,7 @@ gw_hook_rc_t gw_hooks_run(gw_req_t *r, bool pre_route)
 void gw_hook_resume(gw_req_t *r, gw_hook_rc_t rc)
 {
     r->hooks.pending = -1;
+    gw_req_wait_done(r);
     if (rc == GW_HOOK_DONE)
         return;
     gw_proxy_resume(r);
@@ -205,6 +214,8 @@ void gw_hooks_cancel(gw_req_t *r)
     if (i < 0)
         return;
     r->hooks.pending = -1;
+    if (r->wait.cancel == gw_hooks_wait_cancel)
+        gw_req_wait_done(r);
     if (gw_hooks[i]->on_cancel)
         gw_hooks[i]->on_cancel(r, r->hooks.state[i]);
 }

@@ -200,23 +200,11 @@ static void gw_proxy_finish(gw_req_t *r, bool reusable, int outcome)
 
 void gw_proxy_abort(gw_req_t *r)
 {
-    gw_hooks_cancel(r);
-    gw_auth_token_cancel(r);
-    gw_auth_revoke_cancel(r);
-    if (r->fb_call) {
-        fb_call_cancel(r->fb_call);
-        r->fb_call = NULL;
-    }
-    gw_fb_queue_abort(r);
+    gw_req_wait_cancel(r); /* a hook, Redis, the engine, the queue, a backoff */
     gw_proxy_finish(r, false, -1);
-    gw_engine_abort(r);
     if (r->local_stream) {
         sl_gauge_add(gw_m.streams_active, -1);
         r->local_stream = false;
-    }
-    if (r->retry_ev) {
-        event_free(r->retry_ev);
-        r->retry_ev = NULL;
     }
 }
 
@@ -393,7 +381,14 @@ static void gw_proxy_retry_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
+    gw_req_wait_done(arg);
     gw_proxy_attempt(arg, true);
+}
+
+static void gw_proxy_retry_cancel(gw_req_t *r, void *arg)
+{
+    (void)arg;
+    evtimer_del(r->retry_ev); /* freed with the request */
 }
 
 void gw_proxy_next_attempt(gw_req_t *r, int64_t delay_ms)
@@ -404,7 +399,12 @@ void gw_proxy_next_attempt(gw_req_t *r, int64_t delay_ms)
     }
     if (!r->retry_ev)
         r->retry_ev = evtimer_new(r->c->w->base, gw_proxy_retry_cb, r);
+    if (!r->retry_ev) {
+        gw_respond_oom(r);
+        return;
+    }
     struct timeval tv = {delay_ms / 1000, (delay_ms % 1000) * 1000};
+    gw_req_wait(r, gw_proxy_retry_cancel, NULL);
     evtimer_add(r->retry_ev, &tv);
 }
 
