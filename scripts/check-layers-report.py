@@ -9,14 +9,14 @@ note of a restructure and for anyone who wants to watch them drift:
   - fields of the request struct (struct gw_req);
   - the files each docs/gateway.md recipe touches (counted from the doc).
 
-Usage: scripts/check-layers-report.py [BUILD_DIR]   (default: build)
+Usage: scripts/check-layers-report.py [BUILD_DIR [SOURCE_ROOT]]   (default: build, this tree)
 """
 import os
 import re
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = sys.argv[2] if len(sys.argv) > 2 else os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build")
 GW = os.path.join(ROOT, "gateway")
 
@@ -26,7 +26,7 @@ def symbols(obj):
     defined, used = set(), set()
     for line in out.splitlines():
         parts = line.split()
-        if len(parts) == 3 and parts[1] in "TD":
+        if len(parts) == 3 and parts[1] in "TDBR":  # functions and data
             defined.add(parts[2])
         elif len(parts) == 2 and parts[0] == "U":
             used.add(parts[1])
@@ -98,8 +98,8 @@ def main():
                 decl = decl.strip()
                 if not decl:
                     continue
-                # "int a, b" declares two fields; function pointers count once.
-                nfields += 1 + decl.count(",") - decl.count("(") * 0 if "(" not in decl else 1
+                # "int a, b" declares two fields; a function pointer counts once.
+                nfields += 1 if "(" in decl else 1 + decl.count(",")
             nbool = len(re.findall(r"^\s*bool\b[^;]*", body, re.M))
             print(f"fields of struct gw_req ({h}): {nfields} (bool declarations: {nbool})")
 
