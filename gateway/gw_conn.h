@@ -41,6 +41,9 @@ TAILQ_HEAD(gw_conn_list, gw_conn);
 /* conn.c */
 void gw_conn_accept(gw_worker_t *w, int fd, const struct sockaddr *sa, int salen,
                     gw_listen_rt_t *l);
+/* A connection on an existing bufferevent (takes it; freed on failure):
+ * one end of a bufferevent_pair in the socketless tests. NULL on OOM. */
+gw_conn_t *gw_conn_new_bev(gw_worker_t *w, struct bufferevent *bev, bool admin, const char *peer);
 void gw_conn_close(gw_conn_t *c);
 /* The current request is finished: log, count, then keep-alive or close. */
 void gw_conn_req_done(gw_conn_t *c);

@@ -61,6 +61,12 @@ struct gw_worker {
     void (**reap_fn)(void *);
 };
 
+/* The worker's event-loop services on base (deferred frees, direct-write
+ * flushes, its connection list): all that hosting connections needs, without
+ * threads, listeners or a mailbox (gw_worker_init in server.c adds those;
+ * the socketless tests use this alone). fini runs what is still deferred. */
+int gw_worker_init_loop(gw_worker_t *w, struct event_base *base);
+void gw_worker_fini_loop(gw_worker_t *w);
 void gw_worker_defer_free(gw_worker_t *w, void (*fn)(void *), void *obj);
 /* Runs fn(arg) on w's thread, soon; callable from any thread. libevent runs
  * without its own locks (each base belongs to one thread), so this is the

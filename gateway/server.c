@@ -328,23 +328,40 @@ static void gw_worker_notify_cb(evutil_socket_t fd, short what, void *arg)
         gw_worker_stop_now(w);
 }
 
+int gw_worker_init_loop(gw_worker_t *w, struct event_base *base)
+{
+    TAILQ_INIT(&w->conns);
+    TAILQ_INIT(&w->flushq);
+    uint64_t seed = 0;
+    if (getrandom(&seed, sizeof(seed), 0) != sizeof(seed))
+        seed = (uint64_t)sl_now_ns();
+    w->rng = seed | 1;
+    w->base = base;
+    w->reap_ev = event_new(w->base, -1, 0, gw_worker_reap_cb, w);
+    w->flush_ev = event_new(w->base, -1, 0, gw_wio_flush_cb, w);
+    return w->reap_ev && w->flush_ev ? 0 : -1;
+}
+
+void gw_worker_fini_loop(gw_worker_t *w)
+{
+    gw_worker_reap_cb(-1, 0, w);
+    if (w->reap_ev)
+        event_free(w->reap_ev);
+    if (w->flush_ev)
+        event_free(w->flush_ev);
+    w->reap_ev = w->flush_ev = NULL;
+}
+
 static int gw_worker_init(gw_worker_t *w, int id, bool is_main)
 {
     w->srv = &gw_srv;
     w->id = id;
     w->is_main = is_main;
-    TAILQ_INIT(&w->conns);
-    uint64_t seed = 0;
-    if (getrandom(&seed, sizeof(seed), 0) != sizeof(seed))
-        seed = (uint64_t)sl_now_ns();
-    w->rng = seed | 1;
-    if (!w->base) {
-        /* Millisecond timers through epoll_wait's timeout: a precise timer
-         * (timerfd) costs a syscall per loop turn, and every deadline here
-         * is in milliseconds anyway. */
-        w->base = event_base_new();
-    }
-    if (!w->base)
+    /* Millisecond timers through epoll_wait's timeout: a precise timer
+     * (timerfd) costs a syscall per loop turn, and every deadline here
+     * is in milliseconds anyway. */
+    struct event_base *base = w->base ? w->base : event_base_new();
+    if (!base || gw_worker_init_loop(w, base) != 0)
         return -1;
     w->notify_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     pthread_mutex_init(&w->mail_lock, NULL);
@@ -356,10 +373,7 @@ static int gw_worker_init(gw_worker_t *w, int id, bool is_main)
     if (w->notify_ev)
         event_add(w->notify_ev, NULL);
     w->accept_ev = evtimer_new(w->base, gw_accept_retry_cb, w);
-    w->reap_ev = event_new(w->base, -1, 0, gw_worker_reap_cb, w);
-    w->flush_ev = event_new(w->base, -1, 0, gw_wio_flush_cb, w);
-    TAILQ_INIT(&w->flushq);
-    if (!w->notify_ev || !w->accept_ev || !w->reap_ev || !w->flush_ev)
+    if (!w->notify_ev || !w->accept_ev)
         return -1;
     gw_worker_update_rt(w);
     if (gw_hooks_worker_init(w) != 0) /* the policy modules' per-thread handles */
@@ -383,8 +397,7 @@ static void gw_worker_fini(gw_worker_t *w)
     close(w->notify_fd);
     pthread_mutex_destroy(&w->mail_lock);
     event_free(w->accept_ev);
-    event_free(w->reap_ev);
-    event_free(w->flush_ev);
+    gw_worker_fini_loop(w);
     gw_rt_unref(w->rt);
     w->rt = NULL;
     event_base_free(w->base);
