@@ -108,8 +108,6 @@ typedef struct gw_hook {
     void (*on_end)(gw_req_t *r, void *state, gw_end_t how);
 } gw_hook_t;
 
-#define GW_MAX_HOOKS 8
-
 /* The hook table: one line per policy module, in chain order, the
  * pre-route hooks first (hooks.c checks both at compile time). Each names
  * the gw_hook_<name> its adapter (hook_<name>.c) defines. */
@@ -139,6 +137,10 @@ typedef struct gw_hooks_req {
 extern const gw_hook_t *const gw_hooks[];
 extern const bool gw_hook_pre_route[];
 extern const size_t gw_nhooks;
+
+/* h's place in the table: its slot in rt->hook_state[] and w->hook_state[]
+ * (a new module keeps its state there, not in new fields). -1: not in it. */
+int gw_hook_index(const gw_hook_t *h);
 
 /* The lifecycle, over the table (forward; _fini/_free in reverse order). */
 int gw_hooks_check(const conf_t *c, char *err, size_t errlen);

@@ -93,6 +93,9 @@ struct gw_rt {
     struct pcre2_real_code_8 *intent; /* routing.intent, compiled */
     gw_shared_t *shared;              /* what this runtime borrowed engines from */
     char *admin_key;                  /* auth.admin_key_env's value (fault header), or NULL */
+    /* What a policy module compiles per runtime, one slot per hook
+     * (gw_hook_index); built by its rt_build, freed by its rt_free. */
+    void *hook_state[GW_MAX_HOOKS];
 };
 
 /* What outlives a reload and the runtimes built on it: the auth stores, the

@@ -87,6 +87,10 @@ typedef enum gw_route {
     GW_ROUTE_COUNT
 } gw_route_t;
 
+/* Hooks compiled in, at most (gw_hook.h); runtimes and workers keep a state
+ * slot per hook. */
+#define GW_MAX_HOOKS 8
+
 /* A string literal and its length, for (pointer, length) calls, and prefix
  * tests on counted strings: lengths of literals are never counted by hand. */
 #define GW_LIT(s)            (s), (sizeof(s) - 1)

@@ -47,11 +47,12 @@ struct gw_worker {
     struct gw_wio_list flushq;
     struct gw_conn_list conns;
     size_t nconns;
-    struct rl_worker *rlw;        /* rate limits: this thread's handle (NULL = none) */
-    struct sl_redis *redis;       /* this thread's Redis client for auth (NULL = none) */
-    struct fb_qworker *qw;        /* the durable queue, this thread's handle */
-    struct fb_idem_worker *iw;    /* idempotency store, this thread's handle */
-    struct gw_resender *resender; /* worker 0: resends queued requests */
+    struct rl_worker *rlw;          /* rate limits: this thread's handle (NULL = none) */
+    struct sl_redis *redis;         /* this thread's Redis client for auth (NULL = none) */
+    struct fb_qworker *qw;          /* the durable queue, this thread's handle */
+    struct fb_idem_worker *iw;      /* idempotency store, this thread's handle */
+    struct gw_resender *resender;   /* worker 0: resends queued requests */
+    void *hook_state[GW_MAX_HOOKS]; /* a policy module's per-thread handle (gw_hook_index) */
     bool accept_paused;
     bool draining;
     uint64_t rng;

@@ -30,6 +30,14 @@ const bool gw_hook_pre_route[] = {GW_HOOK_TABLE(GW_HOOK_PRE)};
 const size_t gw_nhooks = GW_HOOK_COUNT;
 _Static_assert(sizeof(gw_hooks) / sizeof(gw_hooks[0]) == GW_HOOK_COUNT, "hook table size");
 
+int gw_hook_index(const gw_hook_t *h)
+{
+    for (size_t i = 0; i < gw_nhooks; i++)
+        if (gw_hooks[i] == h)
+            return (int)i;
+    return -1;
+}
+
 /* ---- lifecycle ------------------------------------------------------------ */
 
 int gw_hooks_check(const conf_t *c, char *err, size_t errlen)

@@ -38,6 +38,14 @@ MODULE_DEPS = {
     "fallback": {"common", "conf", "fallback"},
     "model": {"common", "conf", "model"},
 }
+# A new top-level folder of C sources is a policy module: the same rule as
+# auth/ and the others, with no edit here.
+NOT_MODULES = {"gateway", "tests", "scripts", "bench", "docs"}
+for _d in sorted(os.listdir(ROOT)):
+    _p = os.path.join(ROOT, _d)
+    if (_d not in MODULE_DEPS and _d not in NOT_MODULES and not _d.startswith((".", "build"))
+            and os.path.isdir(_p) and any(f.endswith((".c", ".h")) for f in os.listdir(_p))):
+        MODULE_DEPS[_d] = {"common", "conf", _d}
 ALL_MODULES = set(MODULE_DEPS) | {"gateway"}
 
 LAYER_NAMES = ["runtime/leaf", "upstream", "proxy", "request", "route", "conn", "worker",
