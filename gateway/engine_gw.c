@@ -305,8 +305,8 @@ static void gw_ejob_run(void *arg)
         return;
     }
     size_t n = evbuffer_get_length(text);
-    if (n && !r->t_first_byte_ns)
-        r->t_first_byte_ns = sl_now_ns();
+    if (n && !r->att.t_first_byte_ns)
+        r->att.t_first_byte_ns = sl_now_ns();
     if (r->stream) {
         if (!j->began && (n || (done && j->why != MDL_FINISH_ERROR))) {
             j->began = true;
@@ -340,7 +340,7 @@ static void gw_ejob_run(void *arg)
     if (j->stopped) {
         gw_proxy_local_stream_end(r, NULL, NULL);
     } else if (j->why == MDL_FINISH_ERROR && !j->began) {
-        sl_warn("engine %s: %s", r->pool->name, j->error);
+        sl_warn("engine %s: %s", r->att.pool->name, j->error);
         r->error_kind = "engine_error";
         if (!gw_fb_after_failure(r, FB_FAIL_OTHER, 0))
             gw_respond_error(r, 502, "server_error", "upstream_error", "The local model failed.");
@@ -472,13 +472,13 @@ void gw_engine_attempt(gw_req_t *r)
     snprintf(j->id, sizeof(j->id), "chatcmpl-%s", r->id);
     mdl_callbacks_t cb = {.on_text = gw_ejob_on_text, .on_done = gw_ejob_on_done};
     int rc = j->pending && j->all
-                 ? mdl_engine_submit(r->pool->engine, msgs, (size_t)n, &params, &cb, j, &j->h)
+                 ? mdl_engine_submit(r->att.pool->engine, msgs, (size_t)n, &params, &cb, j, &j->h)
                  : MDL_SUBMIT_ERROR;
     free(msgs);
     json_decref(arena);
     if (rc == MDL_SUBMIT_OK) {
         gw_req_wait(r, gw_engine_wait_cancel, j);
-        r->t_sent_ns = sl_now_ns();
+        r->att.t_sent_ns = sl_now_ns();
         return;
     }
     gw_ejob_free(j);

@@ -12,6 +12,7 @@
 #include <jansson.h>
 
 #include "gateway/gw_types.h"
+#include "gateway/sse.h"
 
 /* proxy.c */
 /* Runs the pre-route hooks, then r->handler (the route's). */
@@ -36,6 +37,24 @@ void gw_engine_attempt(gw_req_t *r);
 void gw_proxy_resume(gw_req_t *r);
 /* Client output drained below the low watermark. */
 void gw_proxy_client_drained(gw_req_t *r);
+
+/* One attempt on an upstream: the pool and server it went to, its
+ * connection, timers and deadlines, the status it got and the state of the
+ * relay of its answer. Embedded in the request (r->att). */
+struct gw_attempt {
+    gw_pool_rt_t *pool;  /* the pool tried (the model's, or the local tier's) */
+    gw_srv_rt_t *server; /* the server picked */
+    gw_upconn_t *up;     /* its connection, NULL when none */
+    int admit;           /* fb_admit_t: the breaker's admission taken */
+    struct event *up_timer;
+    int64_t t_sent_ns, t_first_byte_ns;
+    int64_t deadline_total_ms;
+    int upstatus;  /* the upstream's status */
+    bool resp_sse; /* it answered text/event-stream */
+    gw_sse_t *sse; /* the SSE splitter of the relay */
+    struct event *ping_ev;
+    bool paused_upstream; /* backpressure: upstream reads off */
+};
 
 /* How an upstream attempt failed; one row each in gw_upfails[] (proxy.c). */
 typedef enum gw_upfail {

@@ -16,6 +16,7 @@
 #include <jansson.h>
 
 #include "gateway/gw_hook.h"
+#include "gateway/gw_proxy.h"
 #include "gateway/gw_types.h"
 #include "gateway/sse.h"
 
@@ -41,20 +42,10 @@ struct gw_req {
     bool stream; /* client asked "stream": true */
 
     /* upstream side */
-    gw_pool_rt_t *pool;
-    gw_srv_rt_t *server;
-    gw_upconn_t *up;
-    int attempts;
-    struct event *up_timer;
-    int64_t t_sent_ns, t_first_byte_ns;
-    int64_t deadline_total_ms;
-    int upstatus;
-    bool resp_sse;    /* upstream answered text/event-stream */
+    gw_attempt_t att; /* the current upstream attempt (gw_proxy.h) */
+    int attempts;     /* attempts made, all pools */
     bool head_sent;   /* our response head is out */
     bool chunked_out; /* our response body uses chunked */
-    gw_sse_t *sse;
-    struct event *ping_ev;
-    bool paused_upstream; /* backpressure: upstream reads off */
 
     /* hooks and what they learned */
     gw_hooks_req_t hooks;
@@ -70,7 +61,6 @@ struct gw_req {
     struct evbuffer *resp_body;
 
     /* the fallback chain */
-    int admit;                /* fb_admit_t of the current attempt */
     int retries;              /* retries made on the current pool */
     int fault_status;         /* injected abort: the model's pool "answers" this */
     gw_srv_rt_t *avoid;       /* retry elsewhere than this server when possible */

@@ -65,6 +65,7 @@ typedef struct gw_srv_rt gw_srv_rt_t;
 typedef struct gw_listen_rt gw_listen_rt_t;
 typedef struct gw_model_rt gw_model_rt_t;
 typedef struct gw_wio gw_wio_t;
+typedef struct gw_attempt gw_attempt_t;
 
 typedef enum gw_conn_phase {
     GW_PHASE_IDLE = 0, /* keep-alive wait for the next request */

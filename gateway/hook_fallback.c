@@ -269,7 +269,7 @@ static bool gw_fbh_keep(const gw_req_t *r, gw_end_t how)
     if (r->fallback && strcmp(r->fallback, "template") == 0)
         return r->queued_id[0] != '\0';
     if (r->error_kind && strcmp(r->error_kind, "idempotent_replay") != 0)
-        return r->upstatus >= 400 && r->upstatus < 500; /* the upstream's own 4xx */
+        return r->att.upstatus >= 400 && r->att.upstatus < 500; /* the upstream's own 4xx */
     return true;
 }
 
@@ -379,14 +379,14 @@ static bool gw_fb_template_route(const gw_req_t *r)
 
 void gw_fb_attempt_end(gw_req_t *r, int outcome)
 {
-    if (r->admit == FB_ADMIT_NO || !r->server)
+    if (r->att.admit == FB_ADMIT_NO || !r->att.server)
         return;
-    fb_admit_t how = (fb_admit_t)r->admit;
-    r->admit = FB_ADMIT_NO;
+    fb_admit_t how = (fb_admit_t)r->att.admit;
+    r->att.admit = FB_ADMIT_NO;
     if (outcome < 0)
-        fb_breaker_cancel(r->server->breaker, how);
+        fb_breaker_cancel(r->att.server->breaker, how);
     else
-        fb_breaker_report(r->server->breaker, how, outcome > 0, sl_now_ms());
+        fb_breaker_report(r->att.server->breaker, how, outcome > 0, sl_now_ms());
 }
 
 static bool gw_fb_model_queues(const gw_req_t *r)
@@ -656,18 +656,18 @@ int gw_fb_decide(gw_req_t *r, int failure, int status, int64_t *delay_ms)
     *delay_ms = 0;
     /* A retry needs a server to go to: with every breaker of the pool open
      * the next tier answers at once, and the budget is not spent. */
-    if (!r->pool->engine && gw_upstream_any_eligible(r->pool, now)) {
+    if (!r->att.pool->engine && gw_upstream_any_eligible(r->att.pool, now)) {
         fb_attempt_t a = {
             .failure = (fb_failure_t)failure,
             .status = status,
             .client_started = r->head_sent,
             .retries_done = r->retries,
             .retry_after = r->retry_after[0] ? r->retry_after : NULL,
-            .other_server = gw_upstream_other_eligible(r->pool, r->server, now),
-            .deadline_ms = r->deadline_total_ms,
+            .other_server = gw_upstream_other_eligible(r->att.pool, r->att.server, now),
+            .deadline_ms = r->att.deadline_total_ms,
         };
         fb_retry_decision_t d;
-        fb_retry_decide(&conf->fallback.retry, r->pool->budget, &a, now, sl_wall_ms(),
+        fb_retry_decide(&conf->fallback.retry, r->att.pool->budget, &a, now, sl_wall_ms(),
                         gw_worker_rand(r->c->w), &d);
         if (d.verdict == FB_RETRY) {
             *delay_ms = d.delay_ms;
@@ -676,7 +676,7 @@ int gw_fb_decide(gw_req_t *r, int failure, int status, int64_t *delay_ms)
     }
     if (r->head_sent)
         return GW_FB_NONE;
-    if (r->routed_local && r->pool != r->model->pool)
+    if (r->routed_local && r->att.pool != r->model->pool)
         return GW_FB_MAIN;
     if (r->rt->local && !r->tried_local)
         return GW_FB_LOCAL;
@@ -689,10 +689,10 @@ int gw_fb_decide(gw_req_t *r, int failure, int status, int64_t *delay_ms)
 static void gw_fb_switch_pool(gw_req_t *r, gw_pool_rt_t *pool)
 {
     int64_t now = sl_now_ms();
-    r->pool = pool;
+    r->att.pool = pool;
     r->retries = 0;
     r->avoid = NULL;
-    r->deadline_total_ms = now + pool->conf->total_timeout_ms;
+    r->att.deadline_total_ms = now + pool->conf->total_timeout_ms;
     fb_budget_on_request(pool->budget, now);
     gw_proxy_next_attempt(r, 0);
 }
@@ -704,7 +704,7 @@ void gw_fb_apply(gw_req_t *r, int action, int64_t delay_ms)
     case GW_FB_RETRY:
     case GW_FB_RETRY_ELSEWHERE:
         r->retries++;
-        r->avoid = action == GW_FB_RETRY_ELSEWHERE ? r->server : NULL;
+        r->avoid = action == GW_FB_RETRY_ELSEWHERE ? r->att.server : NULL;
         gw_proxy_next_attempt(r, delay_ms);
         return;
     case GW_FB_MAIN:

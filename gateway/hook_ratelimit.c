@@ -257,7 +257,7 @@ static void gw_rl_on_end(gw_req_t *r, void *state, gw_end_t how)
     if (s->ticket) {
         /* Settle when the upstream produced an answer (even a cut one: the
          * tokens were spent); give everything back when it never did. */
-        bool produced = r->t_first_byte_ns && r->upstatus >= 200 && r->upstatus < 300;
+        bool produced = r->att.t_first_byte_ns && r->att.upstatus >= 200 && r->att.upstatus < 300;
         if (!produced) {
             rl_ticket_release(s->ticket);
         } else {

@@ -106,11 +106,11 @@ static const char *const gw_resp_drop[] = {
 static void gw_proxy_arm(gw_req_t *r, int64_t deadline_ms)
 {
     int64_t now = sl_now_ms();
-    if (deadline_ms > r->deadline_total_ms)
-        deadline_ms = r->deadline_total_ms;
+    if (deadline_ms > r->att.deadline_total_ms)
+        deadline_ms = r->att.deadline_total_ms;
     int64_t ms = deadline_ms > now ? deadline_ms - now : 0;
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
-    evtimer_add(r->up_timer, &tv);
+    evtimer_add(r->att.up_timer, &tv);
 }
 
 static void gw_proxy_write(gw_req_t *r, const void *p, size_t n)
@@ -177,23 +177,23 @@ static void gw_proxy_finish(gw_req_t *r, bool reusable, int outcome)
     gw_fb_attempt_end(r, outcome);
     if (r->retry_ev)
         evtimer_del(r->retry_ev);
-    if (r->up_timer) {
-        event_free(r->up_timer);
-        r->up_timer = NULL;
+    if (r->att.up_timer) {
+        event_free(r->att.up_timer);
+        r->att.up_timer = NULL;
     }
-    if (r->ping_ev) {
-        event_free(r->ping_ev);
-        r->ping_ev = NULL;
+    if (r->att.ping_ev) {
+        event_free(r->att.ping_ev);
+        r->att.ping_ev = NULL;
     }
-    if (r->sse) {
-        gw_sse_free(r->sse);
-        r->sse = NULL;
+    if (r->att.sse) {
+        gw_sse_free(r->att.sse);
+        r->att.sse = NULL;
         sl_gauge_add(gw_m.streams_active, -1);
     }
-    if (r->up) {
-        gw_upconn_t *u = r->up;
-        r->up = NULL;
-        atomic_fetch_sub_explicit(&r->server->active, 1, memory_order_relaxed);
+    if (r->att.up) {
+        gw_upconn_t *u = r->att.up;
+        r->att.up = NULL;
+        atomic_fetch_sub_explicit(&r->att.server->active, 1, memory_order_relaxed);
         gw_upstream_release(u, reusable);
     }
 }
@@ -225,11 +225,11 @@ static void gw_proxy_timer_cb(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     gw_req_t *r = arg;
-    if (!r->up)
+    if (!r->att.up)
         return;
-    if (!r->up->connected)
+    if (!r->att.up->connected)
         gw_proxy_fail(r, GW_UPFAIL_CONNECT_TIMEOUT);
-    else if (!r->t_first_byte_ns)
+    else if (!r->att.t_first_byte_ns)
         gw_proxy_fail(r, GW_UPFAIL_FIRST_BYTE_TIMEOUT);
     else
         gw_proxy_fail(r, GW_UPFAIL_TOTAL_TIMEOUT);
@@ -246,7 +246,7 @@ static void gw_proxy_write_request(gw_req_t *r, gw_upconn_t *u)
     gw_sb_lit(&b, "POST ");
     gw_sb_add(&b, m->target, m->target_len);
     gw_sb_lit(&b, " HTTP/1.1\r\nHost: ");
-    gw_sb_str(&b, r->server->host_header);
+    gw_sb_str(&b, r->att.server->host_header);
     gw_sb_lit(&b, "\r\nContent-Type: application/json\r\nContent-Length: ");
     gw_sb_u64(&b, blen);
     gw_sb_lit(&b, "\r\nX-Request-Id: ");
@@ -257,8 +257,8 @@ static void gw_proxy_write_request(gw_req_t *r, gw_upconn_t *u)
         gw_sb_lit(&b, "\r\nX-Forwarded-Proto: https\r\n");
     else
         gw_sb_lit(&b, "\r\nX-Forwarded-Proto: http\r\n");
-    if (r->pool->auth_header)
-        gw_sb_add(&b, r->pool->auth_header, r->pool->auth_header_len);
+    if (r->att.pool->auth_header)
+        gw_sb_add(&b, r->att.pool->auth_header, r->att.pool->auth_header_len);
     for (size_t i = 0; i < m->nheaders; i++) {
         const gw_http_header_t *h = &m->headers[i];
         if (gw_name_in(h->name, h->name_len, gw_req_drop) ||
@@ -277,7 +277,7 @@ static void gw_proxy_attempt(gw_req_t *r, bool allow_reuse)
 {
     gw_worker_t *w = r->c->w;
     int64_t now = sl_now_ms();
-    if (r->fault_status && r->pool == r->model->pool) {
+    if (r->fault_status && r->att.pool == r->model->pool) {
         /* A drill: the model's servers "answer" the injected status, so the
          * whole chain (retry, local, template) is exercised. */
         r->attempts++;
@@ -288,15 +288,15 @@ static void gw_proxy_attempt(gw_req_t *r, bool allow_reuse)
                          "The model server failed (an injected fault).");
         return;
     }
-    if (r->pool->engine) {
+    if (r->att.pool->engine) {
         r->attempts++;
         gw_engine_attempt(r);
         return;
     }
     int admit = FB_ADMIT_NO;
-    gw_srv_rt_t *srv = gw_upstream_pick(w, r->pool, r->avoid, now, &admit);
+    gw_srv_rt_t *srv = gw_upstream_pick(w, r->att.pool, r->avoid, now, &admit);
     if (!srv) {
-        gw_metrics_upstream_error(r->pool, gw_upfails[GW_UPFAIL_UNAVAILABLE].label);
+        gw_metrics_upstream_error(r->att.pool, gw_upfails[GW_UPFAIL_UNAVAILABLE].label);
         r->error_kind = "upstream_unavailable";
         if (gw_fb_after_failure(r, gw_upfails[GW_UPFAIL_UNAVAILABLE].fb_class, 0))
             return;
@@ -308,25 +308,25 @@ static void gw_proxy_attempt(gw_req_t *r, bool allow_reuse)
     gw_upconn_t *u = gw_upstream_get(w, srv, allow_reuse);
     if (!u) {
         fb_breaker_cancel(srv->breaker, (fb_admit_t)admit);
-        gw_metrics_upstream_error(r->pool, gw_upfails[GW_UPFAIL_INTERNAL].label);
+        gw_metrics_upstream_error(r->att.pool, gw_upfails[GW_UPFAIL_INTERNAL].label);
         gw_respond_error(r, gw_upfails[GW_UPFAIL_INTERNAL].status, "server_error",
                          gw_upfails[GW_UPFAIL_INTERNAL].code,
                          gw_upfails[GW_UPFAIL_INTERNAL].message);
         return;
     }
-    r->admit = admit;
-    r->server = srv;
-    r->up = u;
+    r->att.admit = admit;
+    r->att.server = srv;
+    r->att.up = u;
     u->owner = r;
     u->on_read = gw_proxy_on_up_read;
     u->on_event = gw_proxy_on_up_event;
     r->attempts++;
     atomic_fetch_add_explicit(&srv->active, 1, memory_order_relaxed);
-    if (!r->up_timer)
-        r->up_timer = evtimer_new(w->base, gw_proxy_timer_cb, r);
+    if (!r->att.up_timer)
+        r->att.up_timer = evtimer_new(w->base, gw_proxy_timer_cb, r);
     gw_proxy_write_request(r, u);
-    r->t_sent_ns = sl_now_ns();
-    const conf_upstream_t *cu = r->pool->conf;
+    r->att.t_sent_ns = sl_now_ns();
+    const conf_upstream_t *cu = r->att.pool->conf;
     gw_proxy_arm(r, now + (u->connected ? cu->first_byte_timeout_ms : cu->connect_timeout_ms));
     gw_upstream_arm(u);
 }
@@ -372,8 +372,8 @@ static void gw_proxy_send(gw_req_t *r)
     } else if (r->body_add[0]) {
         gw_proxy_body_add(r);
     }
-    r->deadline_total_ms = sl_now_ms() + r->pool->conf->total_timeout_ms;
-    fb_budget_on_request(r->pool->budget, sl_now_ms());
+    r->att.deadline_total_ms = sl_now_ms() + r->att.pool->conf->total_timeout_ms;
+    fb_budget_on_request(r->att.pool->budget, sl_now_ms());
     gw_proxy_attempt(r, true);
 }
 
@@ -492,16 +492,16 @@ void gw_proxy_route(gw_req_t *r)
     r->stream = json_is_true(json_object_get(r->json, "stream"));
     r->client_usage =
         json_is_true(json_object_get(json_object_get(r->json, "stream_options"), "include_usage"));
-    r->pool = r->model->pool;
-    if (r->rt->local && r->pool != r->rt->local && r->route == GW_ROUTE_CHAT &&
+    r->att.pool = r->model->pool;
+    if (r->rt->local && r->att.pool != r->rt->local && r->route == GW_ROUTE_CHAT &&
         (asked_auto || gw_route_simple(r))) {
-        r->pool = r->rt->local; /* the model's own upstream is its fallback */
+        r->att.pool = r->rt->local; /* the model's own upstream is its fallback */
         r->routed_local = true;
         r->tried_local = true;
     }
-    if (r->pool == r->rt->local)
+    if (r->att.pool == r->rt->local)
         r->tried_local = true;
-    sl_counter_add(r->pool == r->rt->local ? gw_m.route_local : gw_m.route_main, 1);
+    sl_counter_add(r->att.pool == r->rt->local ? gw_m.route_local : gw_m.route_main, 1);
     if (asked_auto || r->model->alias) {
         json_object_set_new(r->json, "model", json_string(r->model->served));
         r->body_dirty = true;
@@ -542,8 +542,8 @@ static void gw_proxy_ping_cb(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     gw_req_t *r = arg;
-    if (!r->sse || gw_sse_events(r->sse) > 0) {
-        event_del(r->ping_ev);
+    if (!r->att.sse || gw_sse_events(r->att.sse) > 0) {
+        event_del(r->att.ping_ev);
         return;
     }
     gw_proxy_write(r, ": ping\n\n", 8);
@@ -576,7 +576,7 @@ static void gw_proxy_write_head(gw_req_t *r, const gw_http_msg_t *m, int64_t len
     gw_sb_lit(&b, " ");
     gw_sb_str(&b, gw_http_status_text(status));
     gw_sb_lit(&b, "\r\n");
-    if (r->resp_sse) {
+    if (r->att.resp_sse) {
         gw_sb_header(&b, "Content-Type", 12, ct->value, ct->value_len);
         gw_sb_lit(&b, "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n");
     } else if (ct) {
@@ -626,7 +626,7 @@ static void gw_proxy_write_head(gw_req_t *r, const gw_http_msg_t *m, int64_t len
     r->bytes_out += n;
     sl_counter_add(gw_m.bytes_client_out, n);
     r->head_sent = true;
-    r->ctype = r->resp_sse ? "text/event-stream" : "application/json";
+    r->ctype = r->att.resp_sse ? "text/event-stream" : "application/json";
 }
 
 static bool gw_ct_is_json(const gw_http_header_t *h)
@@ -638,13 +638,13 @@ static bool gw_ct_is_json(const gw_http_header_t *h)
  * be answered, and freed, already): the caller must not touch r again. */
 static bool gw_proxy_on_head(gw_req_t *r)
 {
-    const gw_http_msg_t *m = gw_http_msg(r->up->parser);
-    r->upstatus = m->status;
+    const gw_http_msg_t *m = gw_http_msg(r->att.up->parser);
+    r->att.upstatus = m->status;
     r->status = m->status;
     if (m->status >= 500) {
         const gw_http_header_t *ra = gw_http_header_find(m, "Retry-After");
         snprintf(r->retry_after, sizeof(r->retry_after), "%s", ra ? ra->value : "");
-        gw_metrics_upstream_error(r->pool, gw_upfails[GW_UPFAIL_STATUS_5XX].label);
+        gw_metrics_upstream_error(r->att.pool, gw_upfails[GW_UPFAIL_STATUS_5XX].label);
         int64_t delay = 0;
         int action = gw_fb_decide(r, gw_upfails[GW_UPFAIL_STATUS_5XX].fb_class, m->status, &delay);
         if (action != GW_FB_NONE) {
@@ -659,32 +659,32 @@ static bool gw_proxy_on_head(gw_req_t *r)
         r->retry_after[0] = '\0';
     }
     const gw_http_header_t *ct = gw_http_header_find(m, "Content-Type");
-    r->resp_sse = gw_ct_is_sse(ct);
+    r->att.resp_sse = gw_ct_is_sse(ct);
     bool nobody = m->status == 204 || m->status == 304;
-    if (!r->resp_sse && !nobody && m->status >= 200 && m->status < 300 && gw_ct_is_json(ct) &&
+    if (!r->att.resp_sse && !nobody && m->status >= 200 && m->status < 300 && gw_ct_is_json(ct) &&
         gw_hooks_want_body(r)) {
         /* Hooks read (or edit) the whole answer: its head goes out with it. */
         r->resp_body = evbuffer_new();
         r->buffer_body = r->resp_body != NULL;
     }
     if (!r->buffer_body) {
-        bool length_known = !r->resp_sse && !m->chunked && m->content_length >= 0;
+        bool length_known = !r->att.resp_sse && !m->chunked && m->content_length >= 0;
         gw_proxy_write_head(r, m, nobody ? -2 : length_known ? m->content_length : -1);
     }
-    if (r->resp_sse) {
+    if (r->att.resp_sse) {
         const conf_t *conf = r->rt->conf;
         r->ev_hooks = gw_hooks_want_events(r);
-        r->sse = gw_sse_new((size_t)conf->sse.max_event_bytes);
+        r->att.sse = gw_sse_new((size_t)conf->sse.max_event_bytes);
         sl_gauge_add(gw_m.streams_active, 1);
         if (conf->sse.ping_interval_ms > 0) {
-            r->ping_ev = event_new(r->c->w->base, -1, EV_PERSIST, gw_proxy_ping_cb, r);
+            r->att.ping_ev = event_new(r->c->w->base, -1, EV_PERSIST, gw_proxy_ping_cb, r);
             int64_t ms = conf->sse.ping_interval_ms;
             struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
-            event_add(r->ping_ev, &tv);
+            event_add(r->att.ping_ev, &tv);
         }
     }
     /* From here on only the total deadline applies. */
-    gw_proxy_arm(r, r->deadline_total_ms);
+    gw_proxy_arm(r, r->att.deadline_total_ms);
     return true;
 }
 
@@ -754,9 +754,9 @@ static int gw_proxy_event_cb(void *arg, const gw_sse_event_t *ev)
 
 void gw_proxy_local_stream_begin(gw_req_t *r)
 {
-    r->upstatus = 200;
+    r->att.upstatus = 200;
     r->status = 200;
-    r->resp_sse = true;
+    r->att.resp_sse = true;
     r->ev_hooks = gw_hooks_want_events(r);
     gw_proxy_write_head(r, NULL, -1);
     sl_gauge_add(gw_m.streams_active, 1);
@@ -785,7 +785,7 @@ void gw_proxy_local_stream_end(gw_req_t *r, const char *error_code, const char *
 
 void gw_proxy_local_body(gw_req_t *r, json_t *body)
 {
-    r->upstatus = 200;
+    r->att.upstatus = 200;
     bool modified = false;
     if (gw_hooks_want_body(r) && gw_hooks_body(r, body, &modified) != 0) {
         gw_respond_error(r, 502, "server_error", "upstream_error", "The answer was refused.");
@@ -820,8 +820,8 @@ void gw_proxy_local_body(gw_req_t *r, json_t *body)
 static int gw_proxy_body_cb(void *arg, const char *p, size_t n)
 {
     gw_req_t *r = arg;
-    if (r->sse)
-        return gw_sse_feed(r->sse, p, n, gw_proxy_event_cb, r);
+    if (r->att.sse)
+        return gw_sse_feed(r->att.sse, p, n, gw_proxy_event_cb, r);
     if (r->buffer_body) {
         if (evbuffer_get_length(r->resp_body) + n > GW_PROXY_MAX_BUFFERED)
             return -1;
@@ -835,7 +835,7 @@ static int gw_proxy_body_cb(void *arg, const char *p, size_t n)
  * head. -1 when the hooks refuse it. */
 static int gw_proxy_flush_buffered(gw_req_t *r)
 {
-    const gw_http_msg_t *m = gw_http_msg(r->up->parser);
+    const gw_http_msg_t *m = gw_http_msg(r->att.up->parser);
     size_t len = evbuffer_get_length(r->resp_body);
     json_t *j = json_loadb((const char *)evbuffer_pullup(r->resp_body, -1), len, 0, NULL);
     char *edited = NULL;
@@ -863,17 +863,17 @@ static int gw_proxy_flush_buffered(gw_req_t *r)
 
 static void gw_proxy_on_done(gw_req_t *r)
 {
-    bool reusable = gw_http_msg(r->up->parser)->keep_alive;
-    int outcome = r->upstatus >= 500 ? 0 : 1;
+    bool reusable = gw_http_msg(r->att.up->parser)->keep_alive;
+    int outcome = r->att.upstatus >= 500 ? 0 : 1;
     if (r->buffer_body && gw_proxy_flush_buffered(r) != 0) {
         gw_proxy_finish(r, reusable, outcome);
         gw_respond_error(r, 502, "server_error", "upstream_error",
                          "The model server's answer was refused.");
         return;
     }
-    if (r->resp_sse && !gw_sse_done_seen(r->sse)) {
+    if (r->att.resp_sse && !gw_sse_done_seen(r->att.sse)) {
         r->error_kind = "upstream_truncated";
-        gw_metrics_upstream_error(r->pool, gw_upfails[GW_UPFAIL_TRUNCATED].label);
+        gw_metrics_upstream_error(r->att.pool, gw_upfails[GW_UPFAIL_TRUNCATED].label);
         outcome = 0;
         gw_proxy_sse_error(r, "upstream_truncated",
                            "The model server ended the stream before it was complete.");
@@ -926,15 +926,16 @@ const gw_upfail_row_t gw_upfails[GW_UPFAIL_COUNT] = {
 static void gw_proxy_fail(gw_req_t *r, gw_upfail_t kind)
 {
     const gw_upfail_row_t *f = &gw_upfails[kind];
-    gw_upconn_t *u = r->up;
-    bool stale = u && u->reused && !r->t_first_byte_ns && !r->head_sent && kind == GW_UPFAIL_RESET;
+    gw_upconn_t *u = r->att.up;
+    bool stale =
+        u && u->reused && !r->att.t_first_byte_ns && !r->head_sent && kind == GW_UPFAIL_RESET;
     if (stale && r->attempts < 3) { /* The server closed a pooled connection just as we reused it:
                                      * nothing was processed, so resend on a fresh connection. */
         gw_proxy_finish(r, false, -1);
         gw_proxy_attempt(r, false);
         return;
     }
-    gw_metrics_upstream_error(r->pool, f->label);
+    gw_metrics_upstream_error(r->att.pool, f->label);
     r->error_kind = f->label;
     if (!r->head_sent) {
         gw_proxy_finish(r, false, 0);
@@ -944,7 +945,7 @@ static void gw_proxy_fail(gw_req_t *r, gw_upfail_t kind)
         return;
     }
     /* The answer already started: say so in-band when we can. */
-    if (r->resp_sse) {
+    if (r->att.resp_sse) {
         gw_proxy_sse_error(
             r, strcmp(f->code, "upstream_timeout") == 0 ? f->code : "upstream_truncated",
             f->message);
@@ -960,18 +961,19 @@ static void gw_proxy_fail(gw_req_t *r, gw_upfail_t kind)
  * false when the request ended (and may be freed) or moved on. */
 static bool gw_proxy_up_read(gw_req_t *r)
 {
-    gw_upconn_t *u = r->up;
+    gw_upconn_t *u = r->att.up;
     struct evbuffer *in = bufferevent_get_input(u->bev);
     size_t total = evbuffer_get_length(in);
     if (total == 0)
         return true;
     sl_counter_add(gw_m.bytes_up_in, total);
-    if (!r->t_first_byte_ns) {
-        r->t_first_byte_ns = sl_now_ns();
-        sl_histogram_observe(r->pool->m_ttfb, (double)(r->t_first_byte_ns - r->t_sent_ns) / 1e9);
+    if (!r->att.t_first_byte_ns) {
+        r->att.t_first_byte_ns = sl_now_ns();
+        sl_histogram_observe(r->att.pool->m_ttfb,
+                             (double)(r->att.t_first_byte_ns - r->att.t_sent_ns) / 1e9);
     }
     bool more = true; /* until the input is used up, or the answer ended */
-    while (more && r->up == u) {
+    while (more && r->att.up == u) {
         gw_http_state_t st = gw_http_feed_evbuffer(u->parser, in, NULL, gw_proxy_body_cb, r);
         if (r->stop_stream) {
             gw_proxy_on_stopped(r);
@@ -989,19 +991,19 @@ static bool gw_proxy_up_read(gw_req_t *r)
             gw_proxy_on_done(r);
             return false;
         case GW_HTTP_ERROR:
-            sl_warn("upstream %s: bad response: %s", r->server->url,
+            sl_warn("upstream %s: bad response: %s", r->att.server->url,
                     gw_http_error_reason(u->parser));
             gw_proxy_fail(r, GW_UPFAIL_BAD_RESPONSE);
             return false;
         }
     }
-    if (r->up != u)
+    if (r->att.up != u)
         return false;
     /* Backpressure toward a slow client. */
     size_t hwm = (size_t)r->rt->conf->sse.buffer_bytes;
-    if (!r->paused_upstream && evbuffer_get_length(bufferevent_get_output(r->c->bev)) > hwm) {
+    if (!r->att.paused_upstream && evbuffer_get_length(bufferevent_get_output(r->c->bev)) > hwm) {
         bufferevent_disable(u->bev, EV_READ);
-        r->paused_upstream = true;
+        r->att.paused_upstream = true;
         bufferevent_setwatermark(r->c->bev, EV_WRITE, hwm / 2, 0);
     }
     return true;
@@ -1009,21 +1011,21 @@ static bool gw_proxy_up_read(gw_req_t *r)
 
 void gw_proxy_client_drained(gw_req_t *r)
 {
-    if (!r->paused_upstream || !r->up)
+    if (!r->att.paused_upstream || !r->att.up)
         return;
     size_t hwm = (size_t)r->rt->conf->sse.buffer_bytes;
     if (evbuffer_get_length(bufferevent_get_output(r->c->bev)) > hwm / 2)
         return;
-    r->paused_upstream = false;
+    r->att.paused_upstream = false;
     bufferevent_setwatermark(r->c->bev, EV_WRITE, 0, 0);
-    bufferevent_enable(r->up->bev, EV_READ);
+    bufferevent_enable(r->att.up->bev, EV_READ);
 }
 
 static void gw_proxy_up_event(gw_req_t *r, short what)
 {
-    gw_upconn_t *u = r->up;
+    gw_upconn_t *u = r->att.up;
     if (what & BEV_EVENT_CONNECTED) {
-        gw_proxy_arm(r, sl_now_ms() + r->pool->conf->first_byte_timeout_ms);
+        gw_proxy_arm(r, sl_now_ms() + r->att.pool->conf->first_byte_timeout_ms);
         return;
     }
     if (what & BEV_EVENT_EOF) {
@@ -1043,7 +1045,7 @@ static void gw_proxy_up_event(gw_req_t *r, short what)
         gw_proxy_fail(r, u->srv->https ? GW_UPFAIL_CONNECT_TLS : GW_UPFAIL_CONNECT);
         return;
     }
-    if (!r->t_first_byte_ns) {
+    if (!r->att.t_first_byte_ns) {
         gw_proxy_fail(r, GW_UPFAIL_RESET);
         return;
     }
