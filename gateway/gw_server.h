@@ -25,6 +25,7 @@ struct gw_server {
     size_t nlistens;
     _Atomic bool draining;
     _Atomic bool ready;
+    _Atomic bool stop_now; /* shutdown_timeout passed: workers close everything */
     int64_t drain_deadline_ms;
     char *conf_path;
     struct rl *rl;          /* rate limiter: lives across reloads (its state must) */

@@ -62,6 +62,18 @@ struct gw_worker {
     void (**reap_fn)(void *);
 };
 
+/* A worker of process s (id -1 and is_main: the main thread's pseudo-worker
+ * for the admin listener): its loop, mailbox, runtime, the hooks'
+ * per-thread handles, its listeners. */
+int gw_worker_init(gw_worker_t *w, gw_server_t *s, int id, bool is_main);
+void gw_worker_fini(gw_worker_t *w);
+/* Runs its loop until it ends (drained, stopped). */
+void gw_worker_run(gw_worker_t *w);
+/* Closes every connection now, and ends the loop. */
+void gw_worker_stop_now(gw_worker_t *w);
+/* Makes it look at its mailbox, the runtime and the drain/stop flags. */
+void gw_worker_wake(gw_worker_t *w);
+
 /* The worker's event-loop services on base (deferred frees, direct-write
  * flushes, its connection list): all that hosting connections needs, without
  * threads, listeners or a mailbox (gw_worker_init in server.c adds those;

@@ -67,7 +67,7 @@ SOURCE_LAYER = {
     "hook_ratelimit.c": 3, "hook_fallback.c": 3,
     "resend.c": 3, "engine_gw.c": 2, "proxy.c": 2,
     "upstream.c": 1, "balance.c": 0,
-    "route.c": 4, "conn.c": 5, "server.c": 7, "main.c": 7,
+    "route.c": 4, "conn.c": 5, "worker.c": 6, "server.c": 7, "main.c": 7,
     "rt.c": 0, "tls.c": 0, "gw_metrics.c": 0, "wio.c": 0, "http1.c": 0, "sse.c": 0,
     "supervise.c": 0,
 }
