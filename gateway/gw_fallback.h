@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "conf/conf.h"
+#include "fallback/fallback.h"
 #include "gateway/gw_types.h"
 
 /* hook_fallback.c: the chain after an attempt failed with nothing sent to
@@ -49,5 +50,11 @@ void gw_fb_queue_thread_stop(void);
 void gw_fb_maintain(gw_server_t *s);
 /* Before rendering /metrics: refresh breaker gauges. */
 void gw_fb_metrics_refresh(gw_server_t *s);
+
+/* fallback_journal.c: stores r (body: its re-serialised request, taken) in
+ * the journal on the journal thread; r waits (its wait slot) until done(r,
+ * res) runs on its worker. -1: not queued (body freed, r not waiting). */
+int gw_fb_journal_accept(gw_req_t *r, const char *key, char *body,
+                         void (*done)(void *r, fb_qres_t *res));
 
 #endif

@@ -382,4 +382,3 @@ void gw_worker_run(gw_worker_t *w)
 {
     event_base_dispatch(w->base);
 }
-
