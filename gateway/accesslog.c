@@ -10,9 +10,15 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <stdatomic.h>
 
 #include "common/log.h"
-#include "gateway/gw_internal.h"
+#include "gateway/gw_conn.h"
+#include "gateway/gw_req.h"
+#include "gateway/gw_route.h"
+#include "gateway/gw_rt.h"
+#include "gateway/gw_types.h"
+#include "gateway/http1.h"
 
 static _Atomic int gw_accesslog_fd = -1;
 
@@ -50,7 +56,8 @@ void gw_accesslog_write(const gw_req_t *r)
     snprintf(when, sizeof(when), "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900,
              tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
     double dur = (double)(sl_now_ns() - r->start_ns) / 1e9;
-    double ttfb = r->t_first_byte_ns ? (double)(r->t_first_byte_ns - r->t_sent_ns) / 1e9 : -1;
+    double ttfb =
+        r->att.t_first_byte_ns ? (double)(r->att.t_first_byte_ns - r->att.t_sent_ns) / 1e9 : -1;
     json_t *o = json_object();
     json_object_set_new(o, "time", json_string(when));
     json_object_set_new(o, "id", json_string(r->id));
@@ -63,13 +70,13 @@ void gw_accesslog_write(const gw_req_t *r)
     json_object_set_new(o, "route", json_string(gw_route_name(r->route)));
     if (r->model)
         json_object_set_new(o, "model", json_string(r->model->name));
-    if (r->pool)
-        json_object_set_new(o, "upstream", json_string(r->pool->name));
-    if (r->server)
-        json_object_set_new(o, "server", json_string(r->server->url));
-    if (r->upstatus)
-        json_object_set_new(o, "upstream_status", json_integer(r->upstatus));
-    json_object_set_new(o, "stream", json_boolean(r->resp_sse));
+    if (r->att.pool)
+        json_object_set_new(o, "upstream", json_string(r->att.pool->name));
+    if (r->att.server)
+        json_object_set_new(o, "server", json_string(r->att.server->url));
+    if (r->att.upstatus)
+        json_object_set_new(o, "upstream_status", json_integer(r->att.upstatus));
+    json_object_set_new(o, "stream", json_boolean(r->att.resp_sse));
     json_object_set_new(o, "bytes_in", json_integer((json_int_t)r->bytes_in));
     json_object_set_new(o, "bytes_out", json_integer((json_int_t)r->bytes_out));
     json_object_set_new(o, "duration", json_real(dur));

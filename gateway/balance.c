@@ -10,7 +10,9 @@
  * cross-multiplying (no division); ties are broken by a rotating start so
  * equal servers share the load.
  */
-#include "gateway/gw_internal.h"
+#include "conf/conf.h"
+#include "gateway/gw_balance.h"
+#include "gateway/gw_types.h"
 
 static int gw_balance_rr(gw_balance_item_t *items, size_t n)
 {

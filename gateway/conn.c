@@ -18,7 +18,17 @@
 #include <event2/bufferevent_ssl.h>
 
 #include "common/log.h"
-#include "gateway/gw_internal.h"
+#include "gateway/gw_conn.h"
+#include "gateway/gw_hook.h"
+#include "gateway/gw_metrics.h"
+#include "gateway/gw_proxy.h"
+#include "gateway/gw_req.h"
+#include "gateway/gw_route.h"
+#include "gateway/gw_rt.h"
+#include "gateway/gw_types.h"
+#include "gateway/gw_wio.h"
+#include "gateway/gw_worker.h"
+#include "gateway/http1.h"
 
 #define GW_CONN_READ_HWM (64 * 1024)
 
@@ -28,6 +38,8 @@ static void gw_conn_drained(void *arg);
 static void gw_conn_failed(void *arg, short what);
 static void gw_conn_eventcb(struct bufferevent *bev, short what, void *arg);
 static void gw_conn_timer_cb(evutil_socket_t fd, short what, void *arg);
+static gw_conn_t *gw_conn_attach(gw_worker_t *w, gw_conn_t *c, struct bufferevent *bev,
+                                 bool direct);
 
 /* The connection's one deadline (header, body or idle), kept lazily: the
  * timer is re-armed only when a deadline comes earlier than the one it is
@@ -79,31 +91,54 @@ void gw_conn_accept(gw_worker_t *w, int fd, const struct sockaddr *sa, int salen
     /* Deferred callbacks only where OpenSSL may call back from inside a
      * write; plain sockets call back from the loop alone. */
     int opts = BEV_OPT_CLOSE_ON_FREE | (ctx ? BEV_OPT_DEFER_CALLBACKS : 0);
+    struct bufferevent *bev = NULL;
     if (ctx) {
         SSL *ssl = SSL_new(ctx);
         if (ssl)
-            c->bev =
-                bufferevent_openssl_socket_new(w->base, fd, ssl, BUFFEREVENT_SSL_ACCEPTING, opts);
-        if (c->bev)
-            bufferevent_openssl_set_allow_dirty_shutdown(c->bev, 1);
+            bev = bufferevent_openssl_socket_new(w->base, fd, ssl, BUFFEREVENT_SSL_ACCEPTING, opts);
+        if (bev)
+            bufferevent_openssl_set_allow_dirty_shutdown(bev, 1);
         else if (ssl)
             SSL_free(ssl);
         c->tls = true;
     } else {
-        c->bev = bufferevent_socket_new(w->base, fd, opts);
+        bev = bufferevent_socket_new(w->base, fd, opts);
     }
+    if (!bev) {
+        close(fd);
+        free(c);
+        return;
+    }
+    /* Direct writes only on plain sockets (wio.c). */
+    gw_conn_attach(w, c, bev, !ctx);
+}
+
+gw_conn_t *gw_conn_new_bev(gw_worker_t *w, struct bufferevent *bev, bool admin, const char *peer)
+{
+    gw_conn_t *c = calloc(1, sizeof(*c));
+    if (!c) {
+        bufferevent_free(bev);
+        return NULL;
+    }
+    c->w = w;
+    c->admin = admin;
+    snprintf(c->peer, sizeof(c->peer), "%s", peer ? peer : "");
+    return gw_conn_attach(w, c, bev, false);
+}
+
+/* Takes bev (freed on failure, with c). */
+static gw_conn_t *gw_conn_attach(gw_worker_t *w, gw_conn_t *c, struct bufferevent *bev, bool direct)
+{
+    c->bev = bev;
     c->parser = gw_conn_parser_new(&w->rt->conf->limits);
     c->timer = evtimer_new(w->base, gw_conn_timer_cb, c);
-    if (!c->bev || !c->parser || !c->timer) {
-        if (c->bev)
-            bufferevent_free(c->bev);
-        else
-            close(fd);
+    if (!c->parser || !c->timer) {
+        bufferevent_free(c->bev);
         gw_http_parser_free(c->parser);
         if (c->timer)
             event_free(c->timer);
         free(c);
-        return;
+        return NULL;
     }
     bufferevent_setcb(c->bev, gw_conn_readcb, gw_conn_writecb, gw_conn_eventcb, c);
     bufferevent_setwatermark(c->bev, EV_READ, 0, GW_CONN_READ_HWM);
@@ -111,13 +146,14 @@ void gw_conn_accept(gw_worker_t *w, int fd, const struct sockaddr *sa, int salen
     struct timeval wtv = {st / 1000, (st % 1000) * 1000};
     bufferevent_set_timeouts(c->bev, NULL, &wtv);
     bufferevent_enable(c->bev, EV_READ | EV_WRITE);
-    gw_wio_init(&c->wio, w, c->bev, !ctx, gw_conn_drained, gw_conn_failed, c);
+    gw_wio_init(&c->wio, w, c->bev, direct, gw_conn_drained, gw_conn_failed, c);
     TAILQ_INSERT_TAIL(&w->conns, c, link);
     w->nconns++;
     sl_gauge_add(gw_m.conns_active, 1);
     c->phase = GW_PHASE_IDLE;
     /* The first request must arrive within the header deadline. */
     gw_conn_arm(c, w->rt->conf->limits.header_timeout_ms);
+    return c;
 }
 
 static void gw_req_count(const gw_req_t *r);
@@ -297,14 +333,11 @@ static void gw_conn_parse(gw_conn_t *c)
 {
     struct evbuffer *in = bufferevent_get_input(c->bev);
     const conf_limits_t *lim = &c->w->rt->conf->limits;
-    bool again = false; /* after a head: a body-less message completes with 0 more bytes */
     while (!c->closed &&
            (c->phase == GW_PHASE_IDLE || c->phase == GW_PHASE_HEAD || c->phase == GW_PHASE_BODY)) {
-        struct evbuffer_iovec v = {.iov_base = "", .iov_len = 0};
-        if ((evbuffer_peek(in, -1, NULL, &v, 1) < 1 || v.iov_len == 0) && !again)
-            return;
-        again = false;
         if (c->phase == GW_PHASE_IDLE) {
+            if (evbuffer_get_length(in) == 0)
+                return; /* a request begins with its first byte */
             c->req = gw_req_new(c);
             if (!c->req) {
                 gw_conn_close(c);
@@ -315,21 +348,18 @@ static void gw_conn_parse(gw_conn_t *c)
                 gw_conn_arm(c, lim->header_timeout_ms);
         }
         size_t used = 0;
-        gw_http_state_t st =
-            gw_http_feed(c->parser, v.iov_base, v.iov_len, &used, gw_conn_body_cb, c);
-        evbuffer_drain(in, used);
+        gw_http_state_t st = gw_http_feed_evbuffer(c->parser, in, &used, gw_conn_body_cb, c);
         c->req->bytes_in += used;
         sl_counter_add(gw_m.bytes_client_in, used);
         switch (st) {
         case GW_HTTP_NEED_MORE:
-            break;
+            return; /* the input is used up */
         case GW_HTTP_HEAD: {
             const gw_http_msg_t *m = gw_http_msg(c->parser);
             c->phase = GW_PHASE_BODY;
             gw_conn_arm(c, lim->body_timeout_ms);
             if (m->expect_continue && (m->chunked || m->content_length > 0))
-                bufferevent_write(c->bev, "HTTP/1.1 100 Continue\r\n\r\n", 25);
-            again = true;
+                bufferevent_write(c->bev, GW_LIT("HTTP/1.1 100 Continue\r\n\r\n"));
             break;
         }
         case GW_HTTP_DONE: {

@@ -21,7 +21,12 @@
 
 #include "common/log.h"
 #include "fallback/fallback.h"
-#include "gateway/gw_internal.h"
+#include "gateway/gw_fallback.h"
+#include "gateway/gw_proxy.h"
+#include "gateway/gw_req.h"
+#include "gateway/gw_rt.h"
+#include "gateway/gw_types.h"
+#include "gateway/gw_worker.h"
 #include "model/model.h"
 
 /* ---- the registry ------------------------------------------------------------ */
@@ -273,7 +278,7 @@ static void gw_ejob_body_done(gw_ejob_t *j, gw_req_t *r)
                              r->model->name, "choices", "index", 0, "message", msg, "logprobs",
                              "finish_reason", gw_ejob_finish(j->why), "usage", gw_ejob_usage(j));
     if (!body) {
-        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        gw_respond_oom(r);
         return;
     }
     gw_proxy_local_body(r, body);
@@ -300,8 +305,8 @@ static void gw_ejob_run(void *arg)
         return;
     }
     size_t n = evbuffer_get_length(text);
-    if (n && !r->t_first_byte_ns)
-        r->t_first_byte_ns = sl_now_ns();
+    if (n && !r->att.t_first_byte_ns)
+        r->att.t_first_byte_ns = sl_now_ns();
     if (r->stream) {
         if (!j->began && (n || (done && j->why != MDL_FINISH_ERROR))) {
             j->began = true;
@@ -331,11 +336,11 @@ static void gw_ejob_run(void *arg)
         return;
     /* The generation ended: answer, then the job is ours alone to free. */
     j->r = NULL;
-    r->ejob = NULL;
+    gw_req_wait_done(r);
     if (j->stopped) {
         gw_proxy_local_stream_end(r, NULL, NULL);
     } else if (j->why == MDL_FINISH_ERROR && !j->began) {
-        sl_warn("engine %s: %s", r->pool->name, j->error);
+        sl_warn("engine %s: %s", r->att.pool->name, j->error);
         r->error_kind = "engine_error";
         if (!gw_fb_after_failure(r, FB_FAIL_OTHER, 0))
             gw_respond_error(r, 502, "server_error", "upstream_error", "The local model failed.");
@@ -424,6 +429,16 @@ static void gw_engine_sampling(json_t *body, mdl_sampling_t *p)
         p->max_tokens = (int)SL_MIN(json_integer_value(mt), 1 << 30);
 }
 
+/* The client left: the job is freed on the loop when the engine's on_done
+ * arrives. */
+static void gw_engine_wait_cancel(gw_req_t *r, void *job)
+{
+    (void)r;
+    gw_ejob_t *j = job;
+    j->r = NULL;
+    mdl_request_cancel(j->h);
+}
+
 void gw_engine_attempt(gw_req_t *r)
 {
     if (r->route != GW_ROUTE_CHAT) {
@@ -445,7 +460,7 @@ void gw_engine_attempt(gw_req_t *r)
     if (!j) {
         free(msgs);
         json_decref(arena);
-        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        gw_respond_oom(r);
         return;
     }
     pthread_mutex_init(&j->lock, NULL);
@@ -457,13 +472,13 @@ void gw_engine_attempt(gw_req_t *r)
     snprintf(j->id, sizeof(j->id), "chatcmpl-%s", r->id);
     mdl_callbacks_t cb = {.on_text = gw_ejob_on_text, .on_done = gw_ejob_on_done};
     int rc = j->pending && j->all
-                 ? mdl_engine_submit(r->pool->engine, msgs, (size_t)n, &params, &cb, j, &j->h)
+                 ? mdl_engine_submit(r->att.pool->engine, msgs, (size_t)n, &params, &cb, j, &j->h)
                  : MDL_SUBMIT_ERROR;
     free(msgs);
     json_decref(arena);
     if (rc == MDL_SUBMIT_OK) {
-        r->ejob = j;
-        r->t_sent_ns = sl_now_ns();
+        gw_req_wait(r, gw_engine_wait_cancel, j);
+        r->att.t_sent_ns = sl_now_ns();
         return;
     }
     gw_ejob_free(j);
@@ -478,15 +493,4 @@ void gw_engine_attempt(gw_req_t *r)
         return;
     gw_respond_error(r, 503, "server_error", "upstream_unavailable",
                      "The local model is busy right now.");
-}
-
-void gw_engine_abort(gw_req_t *r)
-{
-    gw_ejob_t *j = r->ejob;
-    if (!j)
-        return;
-    r->ejob = NULL;
-    j->r = NULL;
-    /* The job is freed on the loop when the engine's on_done arrives. */
-    mdl_request_cancel(j->h);
 }

@@ -18,6 +18,19 @@
  * the same worker thread; if the client leaves meanwhile, on_cancel runs
  * instead and the resume must not happen).
  *
+ * Besides the request, a hook has a whole lifecycle (all optional, HAProxy's
+ * flt_ops is the model), so that the process, the worker and the runtime
+ * loop over the table instead of naming modules:
+ *   check          the conf, before a runtime is built (start, -t, reload)
+ *   rt_build/rt_free      its compiled state in each runtime (gw_rt_t)
+ *   process_init/_fini    process-wide state that outlives reloads
+ *   worker_init/_fini     per-thread handles, on every worker thread
+ *   process_stop   the workers stopped; end the hook's own threads
+ *   tick           once a second on the main thread
+ *   metrics        before /metrics is rendered (refresh gauges)
+ * A failing _init or _build fills err and returns -1; _fini and _free are
+ * called for every hook, built or not, so they must be NULL-safe.
+ *
  * Events: a hook sees an event's data payload (the JSON after "data: ", or
  * "[DONE]") and answers PASS (unchanged), REPLACE (the payloads it pushed
  * go out instead; none = drop it) or STOP (the payloads it pushed go out,
@@ -33,7 +46,8 @@
 #include <event2/buffer.h>
 #include <jansson.h>
 
-typedef struct gw_req gw_req_t;
+#include "conf/conf.h"
+#include "gateway/gw_types.h"
 
 typedef enum gw_hook_rc {
     GW_HOOK_NEXT = 0, /* go on with the next hook */
@@ -66,8 +80,20 @@ typedef enum gw_end {
 } gw_end_t;
 
 typedef struct gw_hook {
-    const char *name;
-    bool pre_route;
+    const char *name; /* also the prefix of its lifecycle errors */
+    /* lifecycle */
+    int (*check)(const conf_t *c, char *err, size_t errlen);
+    int (*rt_build)(gw_rt_t *rt, gw_shared_t *sh, char *err, size_t errlen);
+    void (*rt_free)(gw_rt_t *rt);
+    int (*process_init)(gw_server_t *s, const conf_t *c, char *err, size_t errlen);
+    void (*process_stop)(gw_server_t *s);
+    void (*process_fini)(gw_server_t *s);
+    void (*tick)(gw_server_t *s);
+    void (*metrics)(gw_server_t *s);
+    /* The thread's own errors are logged by the hook; -1 stops the start. */
+    int (*worker_init)(gw_worker_t *w);
+    void (*worker_fini)(gw_worker_t *w);
+    /* the request */
     gw_hook_rc_t (*on_request)(gw_req_t *r, void **state);
     void (*on_cancel)(gw_req_t *r, void *state);
     void (*on_headers)(gw_req_t *r, void *state, struct evbuffer *out);
@@ -82,7 +108,20 @@ typedef struct gw_hook {
     void (*on_end)(gw_req_t *r, void *state, gw_end_t how);
 } gw_hook_t;
 
-#define GW_MAX_HOOKS 8
+/* The hook table: one line per policy module, in chain order, the
+ * pre-route hooks first (hooks.c checks both at compile time). Each names
+ * the gw_hook_<name> its adapter (hook_<name>.c) defines. */
+#define GW_HOOK_PRE_ROUTE  1 /* before the body is parsed and routed */
+#define GW_HOOK_POST_ROUTE 0
+#define GW_HOOK_TABLE(X)                                                                           \
+    X(auth, GW_HOOK_PRE_ROUTE)                                                                     \
+    X(filters, GW_HOOK_POST_ROUTE)                                                                 \
+    X(ratelimit, GW_HOOK_POST_ROUTE)                                                               \
+    X(fallback, GW_HOOK_POST_ROUTE)
+
+#define GW_HOOK_EXTERN(name, when) extern const gw_hook_t gw_hook_##name;
+GW_HOOK_TABLE(GW_HOOK_EXTERN)
+#undef GW_HOOK_EXTERN
 
 /* Per-request hook bookkeeping (embedded in gw_req_t). */
 typedef struct gw_hooks_req {
@@ -94,9 +133,26 @@ typedef struct gw_hooks_req {
     bool ended;    /* on_end ran */
 } gw_hooks_req_t;
 
-/* The hooks compiled in, in order. */
+/* The hooks compiled in, in order, and which of them run before routing. */
 extern const gw_hook_t *const gw_hooks[];
+extern const bool gw_hook_pre_route[];
 extern const size_t gw_nhooks;
+
+/* h's place in the table: its slot in rt->hook_state[] and w->hook_state[]
+ * (a new module keeps its state there, not in new fields). -1: not in it. */
+int gw_hook_index(const gw_hook_t *h);
+
+/* The lifecycle, over the table (forward; _fini/_free in reverse order). */
+int gw_hooks_check(const conf_t *c, char *err, size_t errlen);
+int gw_hooks_rt_build(gw_rt_t *rt, gw_shared_t *sh, char *err, size_t errlen);
+void gw_hooks_rt_free(gw_rt_t *rt);
+int gw_hooks_process_init(gw_server_t *s, const conf_t *c, char *err, size_t errlen);
+void gw_hooks_process_stop(gw_server_t *s);
+void gw_hooks_process_fini(gw_server_t *s);
+void gw_hooks_tick(gw_server_t *s);
+void gw_hooks_metrics(gw_server_t *s);
+int gw_hooks_worker_init(gw_worker_t *w);
+void gw_hooks_worker_fini(gw_worker_t *w);
 
 /* Runs the pre- or post-route hooks from where the chain stands. Returns
  * NEXT when all passed, DONE when one answered, PENDING when one waits. */
@@ -114,10 +170,16 @@ gw_ev_rc_t gw_hooks_event(gw_req_t *r, const char *data, size_t len, gw_payloads
 int gw_hooks_body(gw_req_t *r, json_t *body, bool *modified);
 void gw_hooks_end(gw_req_t *r, gw_end_t how);
 
-/* The adapters. */
-extern const gw_hook_t gw_hook_auth;
-extern const gw_hook_t gw_hook_filters;
-extern const gw_hook_t gw_hook_ratelimit;
-extern const gw_hook_t gw_hook_fallback;
+/* What the adapters offer besides their hooks: handlers the route table
+ * points at, and helpers other adapters share. */
+struct rl_decision;
+/* hook_ratelimit.c: fills r->client_ip (X-Forwarded-For from trusted proxies). */
+void gw_rl_client_ip(gw_req_t *r);
+/* hook_ratelimit.c: the 429 (or 503 when the store is down) for a refused
+ * decision, with Retry-After and X-RateLimit-*. */
+void gw_rl_respond_refusal(gw_req_t *r, const struct rl_decision *d);
+/* hook_auth.c: the token endpoint and the admin revoke endpoint. */
+void gw_auth_token_route(gw_req_t *r);
+void gw_auth_revoke_route(gw_req_t *r);
 
 #endif

@@ -6,11 +6,13 @@
  * upstream names come from the conf, error kinds and parse-error reasons
  * are static strings.
  */
-#include "gateway/gw_internal.h"
+#include "gateway/gw_metrics.h"
+#include "gateway/gw_rt.h"
+#include "gateway/gw_types.h"
 
 gw_metrics_t gw_m;
 
-void gw_metrics_init(void)
+void gw_metrics_init(const char *(*route_name)(gw_route_t r))
 {
     static const char *const classes[] = {"other", "1xx", "2xx", "3xx", "4xx", "5xx"};
     sl_metric_t *req =
@@ -22,10 +24,10 @@ void gw_metrics_init(void)
                            SL_METRIC_HISTOGRAM, "route", NULL, 0);
     for (int r = 0; r < GW_ROUTE_COUNT; r++) {
         for (int k = 1; k < 6; k++) {
-            const char *v[2] = {gw_route_name((gw_route_t)r), classes[k]};
+            const char *v[2] = {route_name((gw_route_t)r), classes[k]};
             gw_m.requests[r][k] = sl_metric_series(req, v);
         }
-        gw_m.duration[r] = sl_metric_series1(dur, gw_route_name((gw_route_t)r));
+        gw_m.duration[r] = sl_metric_series1(dur, route_name((gw_route_t)r));
     }
     gw_m.conns_active = sl_metric_series0(sl_metric_register(
         "sluice_connections_active", "Open client connections.", SL_METRIC_GAUGE, NULL, NULL, 0));

@@ -12,8 +12,14 @@
 
 #include "auth/auth.h"
 #include "common/log.h"
+#include "common/redis.h"
+#include "gateway/gw_conn.h"
 #include "gateway/gw_hook.h"
-#include "gateway/gw_internal.h"
+#include "gateway/gw_req.h"
+#include "gateway/gw_rt.h"
+#include "gateway/gw_types.h"
+#include "gateway/gw_worker.h"
+#include "gateway/http1.h"
 #include "ratelimit/ratelimit.h"
 
 typedef struct gw_auth {
@@ -42,7 +48,7 @@ static void gw_auth_reject(gw_req_t *r, auth_reason_t reason)
     memset(&reply, 0, sizeof(reply));
     r->error_kind = auth_reason_str(reason);
     if (auth_reject_reply(reason, &reply) != 0) {
-        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        gw_respond_oom(r);
         return;
     }
     gw_auth_reply(r, &reply, NULL);
@@ -88,7 +94,7 @@ static gw_hook_rc_t gw_auth_on_request(gw_req_t *r, void **state)
         return GW_HOOK_NEXT; /* auth is off (no keys configured) */
     gw_auth_t *s = calloc(1, sizeof(*s));
     if (!s) {
-        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        gw_respond_oom(r);
         return GW_HOOK_DONE;
     }
     s->r = r;
@@ -137,9 +143,62 @@ static void gw_auth_on_end(gw_req_t *r, void *state, gw_end_t how)
     free(s);
 }
 
+/* ---- lifecycle ------------------------------------------------------------ */
+
+static const char *gw_conf_path(const conf_t *c)
+{
+    return c->path ? c->path : "conf";
+}
+
+/* The verifier, per runtime, on the process-wide stores (borrowed). */
+static int gw_auth_rt_build(gw_rt_t *rt, gw_shared_t *sh, char *err, size_t errlen)
+{
+    const conf_t *c = rt->conf;
+    if (!auth_conf_enabled(&c->auth))
+        return 0;
+    char e[512];
+    rt->auth = auth_new(&c->auth, sh->auth_stores, e, sizeof(e));
+    if (!rt->auth) {
+        snprintf(err, errlen, "%s: auth: %s", gw_conf_path(c), e);
+        return -1;
+    }
+    return 0;
+}
+
+static void gw_auth_rt_free(gw_rt_t *rt)
+{
+    auth_free(rt->auth);
+    rt->auth = NULL;
+}
+
+/* Each thread's own Redis client for the nonce and revocation stores. */
+static int gw_auth_worker_init(gw_worker_t *w)
+{
+    const conf_redis_t *rc = &w->rt->conf->redis;
+    if (!rc->url || !w->rt->auth)
+        return 0;
+    char err[256];
+    sl_redis_opts_t o = {.url = rc->url, .timeout_ms = rc->timeout_ms};
+    w->redis = sl_redis_new(w->base, &o, err, sizeof(err));
+    if (!w->redis) {
+        sl_error("worker %d: redis: %s", w->id, err);
+        return -1;
+    }
+    return 0;
+}
+
+static void gw_auth_worker_fini(gw_worker_t *w)
+{
+    sl_redis_free(w->redis);
+    w->redis = NULL;
+}
+
 const gw_hook_t gw_hook_auth = {
     .name = "auth",
-    .pre_route = true,
+    .rt_build = gw_auth_rt_build,
+    .rt_free = gw_auth_rt_free,
+    .worker_init = gw_auth_worker_init,
+    .worker_fini = gw_auth_worker_fini,
     .on_request = gw_auth_on_request,
     .on_cancel = gw_auth_on_cancel,
     .on_end = gw_auth_on_end,
@@ -161,7 +220,7 @@ static void gw_token_issue(gw_req_t *r)
     size_t len = evbuffer_get_length(r->body);
     const char *body = len ? (const char *)evbuffer_pullup(r->body, -1) : "";
     if (auth_token_endpoint(r->rt->auth, body, len, sl_wall_s(), &reply) != 0) {
-        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        gw_respond_oom(r);
         return;
     }
     gw_auth_reply(r, &reply, "Cache-Control: no-store\r\nPragma: no-cache\r\n");
@@ -181,8 +240,14 @@ static void gw_token_limit_answer(gw_req_t *r, const rl_decision_t *d, rl_ticket
 static void gw_token_limited(void *arg, const rl_decision_t *d, rl_ticket_t *ticket)
 {
     gw_req_t *r = arg;
-    r->token_pending = NULL;
+    gw_req_wait_done(r);
     gw_token_limit_answer(r, d, ticket);
+}
+
+static void gw_token_wait_cancel(gw_req_t *r, void *pending)
+{
+    (void)r;
+    rl_pending_cancel(pending);
 }
 
 void gw_auth_token_route(gw_req_t *r)
@@ -204,22 +269,14 @@ void gw_auth_token_route(gw_req_t *r)
     rl_pending_t *pending = NULL;
     switch (rl_check(w->rlw, &q, &d, &ticket, gw_token_limited, r, &pending)) {
     case RL_PENDING:
-        r->token_pending = pending;
+        gw_req_wait(r, gw_token_wait_cancel, pending);
         return;
     case RL_DONE:
         gw_token_limit_answer(r, &d, ticket);
         return;
     default:
-        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        gw_respond_oom(r);
         return;
-    }
-}
-
-void gw_auth_token_cancel(gw_req_t *r)
-{
-    if (r->token_pending) {
-        rl_pending_cancel(r->token_pending);
-        r->token_pending = NULL;
     }
 }
 
@@ -228,8 +285,14 @@ void gw_auth_token_cancel(gw_req_t *r)
 static void gw_revoke_done(void *arg, auth_http_reply_t *reply)
 {
     gw_req_t *r = arg;
-    r->revoke_pending = NULL;
+    gw_req_wait_done(r);
     gw_auth_reply(r, reply, "Cache-Control: no-store\r\n");
+}
+
+static void gw_revoke_wait_cancel(gw_req_t *r, void *pending)
+{
+    (void)r;
+    auth_pending_cancel(pending);
 }
 
 void gw_auth_revoke_route(gw_req_t *r)
@@ -250,16 +313,8 @@ void gw_auth_revoke_route(gw_req_t *r)
                                          az ? az->value_len : 0, body, len, sl_wall_s(), &reply,
                                          gw_revoke_done, r, &pending);
     if (st == AUTH_PENDING) {
-        r->revoke_pending = pending;
+        gw_req_wait(r, gw_revoke_wait_cancel, pending);
         return;
     }
     gw_auth_reply(r, &reply, "Cache-Control: no-store\r\n");
-}
-
-void gw_auth_revoke_cancel(gw_req_t *r)
-{
-    if (r->revoke_pending) {
-        auth_pending_cancel(r->revoke_pending);
-        r->revoke_pending = NULL;
-    }
 }

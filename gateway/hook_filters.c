@@ -6,11 +6,14 @@
  * tail that could still become a match is held back (filters/ decides) —
  * or as a whole for non-streamed answers.
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "filters/filters.h"
 #include "gateway/gw_hook.h"
-#include "gateway/gw_internal.h"
+#include "gateway/gw_req.h"
+#include "gateway/gw_rt.h"
+#include "gateway/gw_types.h"
 
 typedef struct gw_flt {
     flt_stream_t *stream; /* answer filtering of a streamed request */
@@ -33,12 +36,12 @@ static gw_hook_rc_t gw_flt_on_request(gw_req_t *r, void **state)
         if (body)
             gw_respond_json(r, res.status, body, len, NULL);
         else
-            gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+            gw_respond_oom(r);
         free(body);
         return GW_HOOK_DONE;
     }
     default:
-        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        gw_respond_oom(r);
         return GW_HOOK_DONE;
     }
     if (res.modified)
@@ -48,14 +51,14 @@ static gw_hook_rc_t gw_flt_on_request(gw_req_t *r, void **state)
         return GW_HOOK_NEXT; /* nothing could match an answer: relay it untouched */
     gw_flt_t *s = calloc(1, sizeof(*s));
     if (!s) {
-        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        gw_respond_oom(r);
         return GW_HOOK_DONE;
     }
     *state = s;
     if (r->stream) {
         s->stream = flt_stream_new(rs);
         if (!s->stream) {
-            gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+            gw_respond_oom(r);
             return GW_HOOK_DONE;
         }
     } else {
@@ -126,9 +129,30 @@ static void gw_flt_on_end(gw_req_t *r, void *state, gw_end_t how)
     free(s);
 }
 
+/* ---- lifecycle ------------------------------------------------------------ */
+
+static int gw_flt_rt_build(gw_rt_t *rt, gw_shared_t *sh, char *err, size_t errlen)
+{
+    (void)sh;
+    char e[512];
+    rt->filters = flt_ruleset_new(&rt->conf->filters, e, sizeof(e));
+    if (!rt->filters) {
+        snprintf(err, errlen, "%s: filters: %s", rt->conf->path ? rt->conf->path : "conf", e);
+        return -1;
+    }
+    return 0;
+}
+
+static void gw_flt_rt_free(gw_rt_t *rt)
+{
+    flt_ruleset_unref(rt->filters);
+    rt->filters = NULL;
+}
+
 const gw_hook_t gw_hook_filters = {
     .name = "filters",
-    .pre_route = false,
+    .rt_build = gw_flt_rt_build,
+    .rt_free = gw_flt_rt_free,
     .on_request = gw_flt_on_request,
     .on_event = gw_flt_on_event,
     .on_body = gw_flt_on_body,

@@ -9,8 +9,15 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "conf/conf.h"
+#include "gateway/gw_conn.h"
 #include "gateway/gw_hook.h"
-#include "gateway/gw_internal.h"
+#include "gateway/gw_req.h"
+#include "gateway/gw_rt.h"
+#include "gateway/gw_server.h"
+#include "gateway/gw_types.h"
+#include "gateway/gw_worker.h"
+#include "gateway/http1.h"
 #include "ratelimit/ratelimit.h"
 
 typedef struct gw_rl {
@@ -52,7 +59,7 @@ void gw_rl_respond_refusal(gw_req_t *r, const struct rl_decision *d)
     size_t len = 0;
     char *body = rl_error_body(d, &len);
     if (!body) {
-        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        gw_respond_oom(r);
         return;
     }
     r->error_kind = d->limit == RL_LIMIT_STORE ? "ratelimit_store" : "rate_limited";
@@ -82,7 +89,8 @@ static const char *gw_rl_xff(const gw_http_msg_t *m, char *buf, size_t cap)
     size_t n = 0;
     for (size_t i = 0; i < m->nheaders; i++) {
         const gw_http_header_t *h = &m->headers[i];
-        if (h->name_len != 15 || strncasecmp(h->name, "X-Forwarded-For", 15) != 0)
+        if (h->name_len != sizeof("X-Forwarded-For") - 1 ||
+            strncasecmp(h->name, GW_LIT("X-Forwarded-For")) != 0)
             continue;
         if (n + h->value_len + 2 >= cap)
             break;
@@ -112,7 +120,7 @@ static gw_hook_rc_t gw_rl_on_request(gw_req_t *r, void **state)
         return GW_HOOK_NEXT;
     gw_rl_t *s = calloc(1, sizeof(*s));
     if (!s) {
-        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        gw_respond_oom(r);
         return GW_HOOK_DONE;
     }
     s->r = r;
@@ -149,7 +157,7 @@ static gw_hook_rc_t gw_rl_on_request(gw_req_t *r, void **state)
         if (s->clamp.stream && budgets) {
             s->stream = rl_stream_new(s->clamp.injected_usage);
             if (!s->stream) {
-                gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+                gw_respond_oom(r);
                 return GW_HOOK_DONE;
             }
         }
@@ -178,7 +186,7 @@ static gw_hook_rc_t gw_rl_on_request(gw_req_t *r, void **state)
         }
         return GW_HOOK_NEXT;
     default:
-        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        gw_respond_oom(r);
         return GW_HOOK_DONE;
     }
 }
@@ -249,7 +257,7 @@ static void gw_rl_on_end(gw_req_t *r, void *state, gw_end_t how)
     if (s->ticket) {
         /* Settle when the upstream produced an answer (even a cut one: the
          * tokens were spent); give everything back when it never did. */
-        bool produced = r->t_first_byte_ns && r->upstatus >= 200 && r->upstatus < 300;
+        bool produced = r->att.t_first_byte_ns && r->att.upstatus >= 200 && r->att.upstatus < 300;
         if (!produced) {
             rl_ticket_release(s->ticket);
         } else {
@@ -267,9 +275,48 @@ static void gw_rl_on_end(gw_req_t *r, void *state, gw_end_t how)
     free(s);
 }
 
+/* ---- lifecycle ------------------------------------------------------------ */
+
+/* The limiter lives across reloads: its state (buckets, concurrency) must. */
+static int gw_rl_process_init(gw_server_t *s, const conf_t *c, char *err, size_t errlen)
+{
+    s->rl = rl_new(&c->ratelimit, &c->redis, err, errlen);
+    return s->rl ? 0 : -1;
+}
+
+static void gw_rl_process_fini(gw_server_t *s)
+{
+    rl_free(s->rl);
+    s->rl = NULL;
+}
+
+/* The request workers' handles (the main thread's admin listener serves no
+ * limited route). */
+static int gw_rl_worker_init(gw_worker_t *w)
+{
+    if (w->is_main || !w->srv->rl)
+        return 0;
+    char err[256];
+    w->rlw = rl_worker_new(w->srv->rl, w->base, err, sizeof(err));
+    if (!w->rlw) {
+        sl_error("worker %d: rate limits: %s", w->id, err);
+        return -1;
+    }
+    return 0;
+}
+
+static void gw_rl_worker_fini(gw_worker_t *w)
+{
+    rl_worker_free(w->rlw);
+    w->rlw = NULL;
+}
+
 const gw_hook_t gw_hook_ratelimit = {
     .name = "ratelimit",
-    .pre_route = false,
+    .process_init = gw_rl_process_init,
+    .process_fini = gw_rl_process_fini,
+    .worker_init = gw_rl_worker_init,
+    .worker_fini = gw_rl_worker_fini,
     .on_request = gw_rl_on_request,
     .on_cancel = gw_rl_on_cancel,
     .on_headers = gw_rl_on_headers,

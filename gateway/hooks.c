@@ -3,19 +3,124 @@
  * callbacks in order, keeps each one's per-request state, and guarantees
  * on_end exactly once for every hook whose on_request ran.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "gateway/gw_hook.h"
-#include "gateway/gw_internal.h"
+#include "gateway/gw_proxy.h"
+#include "gateway/gw_req.h"
+#include "gateway/gw_types.h"
 
-const gw_hook_t *const gw_hooks[] = {
-    &gw_hook_auth,
-    &gw_hook_filters,
-    &gw_hook_ratelimit,
-    &gw_hook_fallback,
-};
-const size_t gw_nhooks = sizeof(gw_hooks) / sizeof(gw_hooks[0]);
+#define GW_HOOK_INDEX(name, when) GW_HOOK_I_##name,
+enum { GW_HOOK_TABLE(GW_HOOK_INDEX) GW_HOOK_COUNT };
+/* Bit i set: hook i runs before routing. The pre-route hooks come first
+ * when the set bits are the low ones, i.e. the mask is 2^k - 1. */
+#define GW_HOOK_PRE_BIT(name, when) | ((when) << GW_HOOK_I_##name)
+enum { GW_HOOK_PRE_MASK = 0 GW_HOOK_TABLE(GW_HOOK_PRE_BIT) };
+_Static_assert(GW_HOOK_COUNT <= GW_MAX_HOOKS, "more hooks than GW_MAX_HOOKS");
+_Static_assert(GW_MAX_HOOKS <= sizeof(unsigned) * 8, "gw_hooks_req_t.ran is a bit per hook");
+_Static_assert((GW_HOOK_PRE_MASK & (GW_HOOK_PRE_MASK + 1)) == 0,
+               "pre-route hooks must come first in GW_HOOK_TABLE");
+
+#define GW_HOOK_PTR(name, when) &gw_hook_##name,
+const gw_hook_t *const gw_hooks[] = {GW_HOOK_TABLE(GW_HOOK_PTR)};
+#define GW_HOOK_PRE(name, when) (when) == GW_HOOK_PRE_ROUTE,
+const bool gw_hook_pre_route[] = {GW_HOOK_TABLE(GW_HOOK_PRE)};
+const size_t gw_nhooks = GW_HOOK_COUNT;
+_Static_assert(sizeof(gw_hooks) / sizeof(gw_hooks[0]) == GW_HOOK_COUNT, "hook table size");
+
+int gw_hook_index(const gw_hook_t *h)
+{
+    for (size_t i = 0; i < gw_nhooks; i++)
+        if (gw_hooks[i] == h)
+            return (int)i;
+    return -1;
+}
+
+/* ---- lifecycle ------------------------------------------------------------ */
+
+int gw_hooks_check(const conf_t *c, char *err, size_t errlen)
+{
+    for (size_t i = 0; i < gw_nhooks; i++)
+        if (gw_hooks[i]->check && gw_hooks[i]->check(c, err, errlen) != 0)
+            return -1;
+    return 0;
+}
+
+int gw_hooks_rt_build(gw_rt_t *rt, gw_shared_t *sh, char *err, size_t errlen)
+{
+    for (size_t i = 0; i < gw_nhooks; i++)
+        if (gw_hooks[i]->rt_build && gw_hooks[i]->rt_build(rt, sh, err, errlen) != 0)
+            return -1; /* the caller frees rt: every rt_free runs */
+    return 0;
+}
+
+void gw_hooks_rt_free(gw_rt_t *rt)
+{
+    for (size_t i = gw_nhooks; i-- > 0;)
+        if (gw_hooks[i]->rt_free)
+            gw_hooks[i]->rt_free(rt);
+}
+
+int gw_hooks_process_init(gw_server_t *s, const conf_t *c, char *err, size_t errlen)
+{
+    for (size_t i = 0; i < gw_nhooks; i++) {
+        if (!gw_hooks[i]->process_init)
+            continue;
+        char e[768];
+        if (gw_hooks[i]->process_init(s, c, e, sizeof(e)) != 0) {
+            snprintf(err, errlen, "%s: %s", gw_hooks[i]->name, e);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+void gw_hooks_process_stop(gw_server_t *s)
+{
+    for (size_t i = gw_nhooks; i-- > 0;)
+        if (gw_hooks[i]->process_stop)
+            gw_hooks[i]->process_stop(s);
+}
+
+void gw_hooks_process_fini(gw_server_t *s)
+{
+    for (size_t i = gw_nhooks; i-- > 0;)
+        if (gw_hooks[i]->process_fini)
+            gw_hooks[i]->process_fini(s);
+}
+
+void gw_hooks_tick(gw_server_t *s)
+{
+    for (size_t i = 0; i < gw_nhooks; i++)
+        if (gw_hooks[i]->tick)
+            gw_hooks[i]->tick(s);
+}
+
+void gw_hooks_metrics(gw_server_t *s)
+{
+    for (size_t i = 0; i < gw_nhooks; i++)
+        if (gw_hooks[i]->metrics)
+            gw_hooks[i]->metrics(s);
+}
+
+int gw_hooks_worker_init(gw_worker_t *w)
+{
+    for (size_t i = 0; i < gw_nhooks; i++)
+        if (gw_hooks[i]->worker_init && gw_hooks[i]->worker_init(w) != 0)
+            return -1;
+    return 0;
+}
+
+void gw_hooks_worker_fini(gw_worker_t *w)
+{
+    for (size_t i = gw_nhooks; i-- > 0;)
+        if (gw_hooks[i]->worker_fini)
+            gw_hooks[i]->worker_fini(w);
+}
+
+/* ---- the request ---------------------------------------------------------- */
 
 int gw_payloads_push(gw_payloads_t *p, char *data, size_t len)
 {
@@ -60,13 +165,20 @@ void gw_payloads_clear(gw_payloads_t *p)
     memset(p, 0, sizeof(*p));
 }
 
+/* The request's wait slot while a hook is pending. */
+static void gw_hooks_wait_cancel(gw_req_t *r, void *arg)
+{
+    (void)arg;
+    gw_hooks_cancel(r);
+}
+
 gw_hook_rc_t gw_hooks_run(gw_req_t *r, bool pre_route)
 {
     gw_hooks_req_t *h = &r->hooks;
     while (h->next < gw_nhooks) {
         size_t i = h->next;
         const gw_hook_t *hk = gw_hooks[i];
-        if (hk->pre_route != pre_route) {
+        if (gw_hook_pre_route[i] != pre_route) {
             if (pre_route)
                 break; /* the pre-route hooks come first in the table */
             h->next++;
@@ -79,6 +191,7 @@ gw_hook_rc_t gw_hooks_run(gw_req_t *r, bool pre_route)
         gw_hook_rc_t rc = hk->on_request(r, &h->state[i]);
         if (rc == GW_HOOK_PENDING) {
             h->pending = (int)i;
+            gw_req_wait(r, gw_hooks_wait_cancel, NULL);
             return rc;
         }
         if (rc == GW_HOOK_DONE)
@@ -88,7 +201,7 @@ gw_hook_rc_t gw_hooks_run(gw_req_t *r, bool pre_route)
         h->pre_done = true;
         /* skip to the first post-route hook */
         h->next = 0;
-        while (h->next < gw_nhooks && gw_hooks[h->next]->pre_route)
+        while (h->next < gw_nhooks && gw_hook_pre_route[h->next])
             h->next++;
     }
     return GW_HOOK_NEXT;
@@ -97,6 +210,7 @@ gw_hook_rc_t gw_hooks_run(gw_req_t *r, bool pre_route)
 void gw_hook_resume(gw_req_t *r, gw_hook_rc_t rc)
 {
     r->hooks.pending = -1;
+    gw_req_wait_done(r);
     if (rc == GW_HOOK_DONE)
         return;
     gw_proxy_resume(r);
@@ -108,6 +222,8 @@ void gw_hooks_cancel(gw_req_t *r)
     if (i < 0)
         return;
     r->hooks.pending = -1;
+    if (r->wait.cancel == gw_hooks_wait_cancel)
+        gw_req_wait_done(r);
     if (gw_hooks[i]->on_cancel)
         gw_hooks[i]->on_cancel(r, r->hooks.state[i]);
 }

@@ -31,6 +31,7 @@
  */
 #include "gateway/http1.h"
 
+#include <event2/buffer.h>
 #include <http_parser.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1047,6 +1048,33 @@ gw_http_state_t gw_http_feed(gw_http_parser_t *p, const char *data, size_t n, si
     return st;
 }
 
+gw_http_state_t gw_http_feed_evbuffer(gw_http_parser_t *p, struct evbuffer *in, size_t *fed,
+                                      gw_http_body_cb body_cb, void *arg)
+{
+    size_t total = 0;
+    gw_http_state_t st;
+    for (;;) {
+        struct evbuffer_iovec v = {.iov_base = "", .iov_len = 0};
+        if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
+            v.iov_len = 0;
+        if (v.iov_len == 0 && p->phase == PH_HEAD && p->state != GW_HTTP_ERROR) {
+            /* Nothing to feed, and no head just passed that a 0-byte feed
+             * could complete. */
+            st = GW_HTTP_NEED_MORE;
+            break;
+        }
+        size_t used = 0;
+        st = gw_http_feed(p, v.iov_base, v.iov_len, &used, body_cb, arg);
+        evbuffer_drain(in, used);
+        total += used;
+        if (st != GW_HTTP_NEED_MORE || used == 0 || evbuffer_get_length(in) == 0)
+            break;
+    }
+    if (fed)
+        *fed = total;
+    return st;
+}
+
 gw_http_state_t gw_http_feed_eof(gw_http_parser_t *p, gw_http_body_cb body_cb, void *arg)
 {
     if (p->state == GW_HTTP_ERROR || p->state == GW_HTTP_DONE)
@@ -1136,7 +1164,7 @@ bool gw_http_header_is_hop(const gw_http_msg_t *m, const char *name, size_t name
     for (size_t i = 0; i < SL_ARRAY_LEN(hop); i++)
         if (name_len == strlen(hop[i]) && strncasecmp(name, hop[i], name_len) == 0)
             return true;
-    if (name_len >= 6 && strncasecmp(name, "proxy-", 6) == 0)
+    if (name_len >= sizeof("proxy-") - 1 && strncasecmp(name, "proxy-", sizeof("proxy-") - 1) == 0)
         return true;
     if (!m)
         return false;

@@ -49,6 +49,8 @@
 
 #include "common/sl.h"
 
+struct evbuffer;
+
 typedef enum gw_http_kind {
     GW_HTTP_REQUEST = 0,
     GW_HTTP_RESPONSE,
@@ -124,6 +126,14 @@ void gw_http_parser_set_head_request(gw_http_parser_t *p, bool head);
  * until reset. */
 gw_http_state_t gw_http_feed(gw_http_parser_t *p, const char *data, size_t n, size_t *consumed,
                              gw_http_body_cb body_cb, void *arg) SL_WUR;
+
+/* gw_http_feed over what `in` holds, draining what the parser used: returns
+ * at HEAD, DONE or ERROR as gw_http_feed does, or NEED_MORE once `in` is used
+ * up. Right after HEAD it feeds even an empty `in`, so a body-less message
+ * completes (DONE). *fed (may be NULL) gets the bytes drained. The one feed
+ * loop of the client side, the proxy and the resender. */
+gw_http_state_t gw_http_feed_evbuffer(gw_http_parser_t *p, struct evbuffer *in, size_t *fed,
+                                      gw_http_body_cb body_cb, void *arg) SL_WUR;
 
 /* The peer closed: for a response delimited by close, this completes it
  * (GW_HTTP_DONE); otherwise an incomplete message is GW_HTTP_ERROR

@@ -17,8 +17,12 @@
 #include "auth/auth.h"
 #include "common/log.h"
 #include "common/version.h"
+#include "gateway/gw_metrics.h"
+#include "gateway/gw_route.h"
+#include "gateway/gw_rt.h"
+#include "gateway/gw_server.h"
+#include "gateway/gw_types.h"
 #include "model/model.h"
-#include "gateway/gw_internal.h"
 
 static void usage(FILE *f)
 {
@@ -36,7 +40,7 @@ static int sluice_check(const char *path)
 {
     char err[8192], where[1200];
     size_t nerr = 0;
-    gw_metrics_init();
+    gw_metrics_init(gw_route_name);
     conf_t *c = conf_load_all(path, err, sizeof(err), &nerr);
     if (!c) {
         for (char *line = strtok(err, "\n"); line; line = strtok(NULL, "\n"))

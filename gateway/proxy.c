@@ -27,14 +27,25 @@
 #include <pcre2.h>
 
 #include "fallback/fallback.h"
-#include "gateway/gw_internal.h"
+#include "gateway/gw_conn.h"
+#include "gateway/gw_fallback.h"
+#include "gateway/gw_hook.h"
+#include "gateway/gw_metrics.h"
+#include "gateway/gw_proxy.h"
+#include "gateway/gw_req.h"
+#include "gateway/gw_route.h"
+#include "gateway/gw_rt.h"
+#include "gateway/gw_types.h"
+#include "gateway/gw_upstream.h"
+#include "gateway/gw_worker.h"
+#include "gateway/http1.h"
 #include "gateway/sb.h"
+#include "gateway/sse.h"
 
 static bool gw_proxy_up_read(gw_req_t *r);
 static void gw_proxy_up_event(gw_req_t *r, short what);
 static void gw_proxy_attempt(gw_req_t *r, bool allow_reuse);
-static void gw_proxy_fail(gw_req_t *r, const char *kind, int status, const char *code,
-                          const char *msg);
+static void gw_proxy_fail(gw_req_t *r, gw_upfail_t kind);
 
 /* ---- helpers ------------------------------------------------------------- */
 
@@ -95,11 +106,11 @@ static const char *const gw_resp_drop[] = {
 static void gw_proxy_arm(gw_req_t *r, int64_t deadline_ms)
 {
     int64_t now = sl_now_ms();
-    if (deadline_ms > r->deadline_total_ms)
-        deadline_ms = r->deadline_total_ms;
+    if (deadline_ms > r->att.deadline_total_ms)
+        deadline_ms = r->att.deadline_total_ms;
     int64_t ms = deadline_ms > now ? deadline_ms - now : 0;
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
-    evtimer_add(r->up_timer, &tv);
+    evtimer_add(r->att.up_timer, &tv);
 }
 
 static void gw_proxy_write(gw_req_t *r, const void *p, size_t n)
@@ -121,7 +132,7 @@ static void gw_proxy_write(gw_req_t *r, const void *p, size_t n)
         } else {
             size_t k = gw_sb_flush(&b, out);
             evbuffer_add(out, p, n);
-            evbuffer_add(out, "\r\n", 2);
+            evbuffer_add(out, GW_LIT("\r\n"));
             n += k + 2;
         }
     } else {
@@ -135,7 +146,7 @@ static void gw_proxy_write_end(gw_req_t *r)
 {
     if (!r->chunked_out)
         return;
-    evbuffer_add(bufferevent_get_output(r->c->bev), "0\r\n\r\n", 5);
+    evbuffer_add(bufferevent_get_output(r->c->bev), GW_LIT("0\r\n\r\n"));
     r->bytes_out += 5;
     sl_counter_add(gw_m.bytes_client_out, 5);
 }
@@ -166,46 +177,34 @@ static void gw_proxy_finish(gw_req_t *r, bool reusable, int outcome)
     gw_fb_attempt_end(r, outcome);
     if (r->retry_ev)
         evtimer_del(r->retry_ev);
-    if (r->up_timer) {
-        event_free(r->up_timer);
-        r->up_timer = NULL;
+    if (r->att.up_timer) {
+        event_free(r->att.up_timer);
+        r->att.up_timer = NULL;
     }
-    if (r->ping_ev) {
-        event_free(r->ping_ev);
-        r->ping_ev = NULL;
+    if (r->att.ping_ev) {
+        event_free(r->att.ping_ev);
+        r->att.ping_ev = NULL;
     }
-    if (r->sse) {
-        gw_sse_free(r->sse);
-        r->sse = NULL;
+    if (r->att.sse) {
+        gw_sse_free(r->att.sse);
+        r->att.sse = NULL;
         sl_gauge_add(gw_m.streams_active, -1);
     }
-    if (r->up) {
-        gw_upconn_t *u = r->up;
-        r->up = NULL;
-        atomic_fetch_sub_explicit(&r->server->active, 1, memory_order_relaxed);
+    if (r->att.up) {
+        gw_upconn_t *u = r->att.up;
+        r->att.up = NULL;
+        atomic_fetch_sub_explicit(&r->att.server->active, 1, memory_order_relaxed);
         gw_upstream_release(u, reusable);
     }
 }
 
 void gw_proxy_abort(gw_req_t *r)
 {
-    gw_hooks_cancel(r);
-    gw_auth_token_cancel(r);
-    gw_auth_revoke_cancel(r);
-    if (r->fb_call) {
-        fb_call_cancel(r->fb_call);
-        r->fb_call = NULL;
-    }
-    gw_fb_queue_abort(r);
+    gw_req_wait_cancel(r); /* a hook, Redis, the engine, the queue, a backoff */
     gw_proxy_finish(r, false, -1);
-    gw_engine_abort(r);
     if (r->local_stream) {
         sl_gauge_add(gw_m.streams_active, -1);
         r->local_stream = false;
-    }
-    if (r->retry_ev) {
-        event_free(r->retry_ev);
-        r->retry_ev = NULL;
     }
 }
 
@@ -226,17 +225,14 @@ static void gw_proxy_timer_cb(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     gw_req_t *r = arg;
-    if (!r->up)
+    if (!r->att.up)
         return;
-    if (!r->up->connected)
-        gw_proxy_fail(r, "connect_timeout", 504, "upstream_timeout",
-                      "The model server did not accept the connection in time.");
-    else if (!r->t_first_byte_ns)
-        gw_proxy_fail(r, "first_byte_timeout", 504, "upstream_timeout",
-                      "The model server did not answer in time.");
+    if (!r->att.up->connected)
+        gw_proxy_fail(r, GW_UPFAIL_CONNECT_TIMEOUT);
+    else if (!r->att.t_first_byte_ns)
+        gw_proxy_fail(r, GW_UPFAIL_FIRST_BYTE_TIMEOUT);
     else
-        gw_proxy_fail(r, "total_timeout", 504, "upstream_timeout",
-                      "The model server did not finish in time.");
+        gw_proxy_fail(r, GW_UPFAIL_TOTAL_TIMEOUT);
 }
 
 static void gw_proxy_write_request(gw_req_t *r, gw_upconn_t *u)
@@ -250,7 +246,7 @@ static void gw_proxy_write_request(gw_req_t *r, gw_upconn_t *u)
     gw_sb_lit(&b, "POST ");
     gw_sb_add(&b, m->target, m->target_len);
     gw_sb_lit(&b, " HTTP/1.1\r\nHost: ");
-    gw_sb_str(&b, r->server->host_header);
+    gw_sb_str(&b, r->att.server->host_header);
     gw_sb_lit(&b, "\r\nContent-Type: application/json\r\nContent-Length: ");
     gw_sb_u64(&b, blen);
     gw_sb_lit(&b, "\r\nX-Request-Id: ");
@@ -261,12 +257,12 @@ static void gw_proxy_write_request(gw_req_t *r, gw_upconn_t *u)
         gw_sb_lit(&b, "\r\nX-Forwarded-Proto: https\r\n");
     else
         gw_sb_lit(&b, "\r\nX-Forwarded-Proto: http\r\n");
-    if (r->pool->auth_header)
-        gw_sb_add(&b, r->pool->auth_header, r->pool->auth_header_len);
+    if (r->att.pool->auth_header)
+        gw_sb_add(&b, r->att.pool->auth_header, r->att.pool->auth_header_len);
     for (size_t i = 0; i < m->nheaders; i++) {
         const gw_http_header_t *h = &m->headers[i];
         if (gw_name_in(h->name, h->name_len, gw_req_drop) ||
-            (h->name_len > 9 && strncasecmp(h->name, "x-sluice-", 9) == 0) ||
+            GW_PREFIX_CI(h->name, h->name_len, "x-sluice-") ||
             gw_http_header_is_hop(m, h->name, h->name_len))
             continue;
         gw_sb_header(&b, h->name, h->name_len, h->value, h->value_len);
@@ -281,7 +277,7 @@ static void gw_proxy_attempt(gw_req_t *r, bool allow_reuse)
 {
     gw_worker_t *w = r->c->w;
     int64_t now = sl_now_ms();
-    if (r->fault_status && r->pool == r->model->pool) {
+    if (r->fault_status && r->att.pool == r->model->pool) {
         /* A drill: the model's servers "answer" the injected status, so the
          * whole chain (retry, local, template) is exercised. */
         r->attempts++;
@@ -292,43 +288,45 @@ static void gw_proxy_attempt(gw_req_t *r, bool allow_reuse)
                          "The model server failed (an injected fault).");
         return;
     }
-    if (r->pool->engine) {
+    if (r->att.pool->engine) {
         r->attempts++;
         gw_engine_attempt(r);
         return;
     }
     int admit = FB_ADMIT_NO;
-    gw_srv_rt_t *srv = gw_upstream_pick(w, r->pool, r->avoid, now, &admit);
+    gw_srv_rt_t *srv = gw_upstream_pick(w, r->att.pool, r->avoid, now, &admit);
     if (!srv) {
-        gw_metrics_upstream_error(r->pool, "unavailable");
+        gw_metrics_upstream_error(r->att.pool, gw_upfails[GW_UPFAIL_UNAVAILABLE].label);
         r->error_kind = "upstream_unavailable";
-        if (gw_fb_after_failure(r, FB_FAIL_CONNECT, 0))
+        if (gw_fb_after_failure(r, gw_upfails[GW_UPFAIL_UNAVAILABLE].fb_class, 0))
             return;
-        gw_respond_error(r, 503, "server_error", "upstream_unavailable",
-                         "No model server is available right now.");
+        gw_respond_error(r, gw_upfails[GW_UPFAIL_UNAVAILABLE].status, "server_error",
+                         gw_upfails[GW_UPFAIL_UNAVAILABLE].code,
+                         gw_upfails[GW_UPFAIL_UNAVAILABLE].message);
         return;
     }
     gw_upconn_t *u = gw_upstream_get(w, srv, allow_reuse);
     if (!u) {
         fb_breaker_cancel(srv->breaker, (fb_admit_t)admit);
-        gw_metrics_upstream_error(r->pool, "internal");
-        gw_respond_error(r, 502, "server_error", "upstream_error",
-                         "Could not open a connection to the model server.");
+        gw_metrics_upstream_error(r->att.pool, gw_upfails[GW_UPFAIL_INTERNAL].label);
+        gw_respond_error(r, gw_upfails[GW_UPFAIL_INTERNAL].status, "server_error",
+                         gw_upfails[GW_UPFAIL_INTERNAL].code,
+                         gw_upfails[GW_UPFAIL_INTERNAL].message);
         return;
     }
-    r->admit = admit;
-    r->server = srv;
-    r->up = u;
+    r->att.admit = admit;
+    r->att.server = srv;
+    r->att.up = u;
     u->owner = r;
     u->on_read = gw_proxy_on_up_read;
     u->on_event = gw_proxy_on_up_event;
     r->attempts++;
     atomic_fetch_add_explicit(&srv->active, 1, memory_order_relaxed);
-    if (!r->up_timer)
-        r->up_timer = evtimer_new(w->base, gw_proxy_timer_cb, r);
+    if (!r->att.up_timer)
+        r->att.up_timer = evtimer_new(w->base, gw_proxy_timer_cb, r);
     gw_proxy_write_request(r, u);
-    r->t_sent_ns = sl_now_ns();
-    const conf_upstream_t *cu = r->pool->conf;
+    r->att.t_sent_ns = sl_now_ns();
+    const conf_upstream_t *cu = r->att.pool->conf;
     gw_proxy_arm(r, now + (u->connected ? cu->first_byte_timeout_ms : cu->connect_timeout_ms));
     gw_upstream_arm(u);
 }
@@ -349,7 +347,7 @@ static void gw_proxy_body_add(gw_req_t *r)
         return;
     evbuffer_add(nb, b, end - 1);
     if (!r->body_add_first)
-        evbuffer_add(nb, ",", 1);
+        evbuffer_add(nb, GW_LIT(","));
     evbuffer_add(nb, r->body_add, strlen(r->body_add));
     evbuffer_add(nb, b + end - 1, len - (end - 1));
     evbuffer_free(r->body);
@@ -364,7 +362,7 @@ static void gw_proxy_send(gw_req_t *r)
     if (r->body_dirty) {
         char *s = json_dumps(r->json, JSON_COMPACT);
         if (!s) {
-            gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+            gw_respond_oom(r);
             return;
         }
         evbuffer_drain(r->body, evbuffer_get_length(r->body));
@@ -374,8 +372,8 @@ static void gw_proxy_send(gw_req_t *r)
     } else if (r->body_add[0]) {
         gw_proxy_body_add(r);
     }
-    r->deadline_total_ms = sl_now_ms() + r->pool->conf->total_timeout_ms;
-    fb_budget_on_request(r->pool->budget, sl_now_ms());
+    r->att.deadline_total_ms = sl_now_ms() + r->att.pool->conf->total_timeout_ms;
+    fb_budget_on_request(r->att.pool->budget, sl_now_ms());
     gw_proxy_attempt(r, true);
 }
 
@@ -383,7 +381,14 @@ static void gw_proxy_retry_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
+    gw_req_wait_done(arg);
     gw_proxy_attempt(arg, true);
+}
+
+static void gw_proxy_retry_cancel(gw_req_t *r, void *arg)
+{
+    (void)arg;
+    evtimer_del(r->retry_ev); /* freed with the request */
 }
 
 void gw_proxy_next_attempt(gw_req_t *r, int64_t delay_ms)
@@ -394,7 +399,12 @@ void gw_proxy_next_attempt(gw_req_t *r, int64_t delay_ms)
     }
     if (!r->retry_ev)
         r->retry_ev = evtimer_new(r->c->w->base, gw_proxy_retry_cb, r);
+    if (!r->retry_ev) {
+        gw_respond_oom(r);
+        return;
+    }
     struct timeval tv = {delay_ms / 1000, (delay_ms % 1000) * 1000};
+    gw_req_wait(r, gw_proxy_retry_cancel, NULL);
     evtimer_add(r->retry_ev, &tv);
 }
 
@@ -440,7 +450,7 @@ static bool gw_route_simple(const gw_req_t *r)
 
 /* Parses the body, picks the model's upstream, then runs the post-route
  * hooks. */
-static void gw_proxy_route(gw_req_t *r)
+void gw_proxy_route(gw_req_t *r)
 {
     size_t len = evbuffer_get_length(r->body);
     if (len == 0) {
@@ -482,16 +492,16 @@ static void gw_proxy_route(gw_req_t *r)
     r->stream = json_is_true(json_object_get(r->json, "stream"));
     r->client_usage =
         json_is_true(json_object_get(json_object_get(r->json, "stream_options"), "include_usage"));
-    r->pool = r->model->pool;
-    if (r->rt->local && r->pool != r->rt->local && r->route == GW_ROUTE_CHAT &&
+    r->att.pool = r->model->pool;
+    if (r->rt->local && r->att.pool != r->rt->local && r->route == GW_ROUTE_CHAT &&
         (asked_auto || gw_route_simple(r))) {
-        r->pool = r->rt->local; /* the model's own upstream is its fallback */
+        r->att.pool = r->rt->local; /* the model's own upstream is its fallback */
         r->routed_local = true;
         r->tried_local = true;
     }
-    if (r->pool == r->rt->local)
+    if (r->att.pool == r->rt->local)
         r->tried_local = true;
-    sl_counter_add(r->pool == r->rt->local ? gw_m.route_local : gw_m.route_main, 1);
+    sl_counter_add(r->att.pool == r->rt->local ? gw_m.route_local : gw_m.route_main, 1);
     if (asked_auto || r->model->alias) {
         json_object_set_new(r->json, "model", json_string(r->model->served));
         r->body_dirty = true;
@@ -504,12 +514,7 @@ static void gw_proxy_route(gw_req_t *r)
  * the body to an upstream. */
 static void gw_proxy_after_pre(gw_req_t *r)
 {
-    if (r->route == GW_ROUTE_MODELS)
-        gw_route_models(r);
-    else if (r->route == GW_ROUTE_REQUESTS)
-        gw_fb_requests_route(r);
-    else
-        gw_proxy_route(r);
+    r->handler(r); /* the route's (route.c), stored by gw_route_dispatch */
 }
 
 void gw_proxy_start(gw_req_t *r)
@@ -537,8 +542,8 @@ static void gw_proxy_ping_cb(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     gw_req_t *r = arg;
-    if (!r->sse || gw_sse_events(r->sse) > 0) {
-        event_del(r->ping_ev);
+    if (!r->att.sse || gw_sse_events(r->att.sse) > 0) {
+        event_del(r->att.ping_ev);
         return;
     }
     gw_proxy_write(r, ": ping\n\n", 8);
@@ -546,7 +551,7 @@ static void gw_proxy_ping_cb(evutil_socket_t fd, short what, void *arg)
 
 static bool gw_ct_is_sse(const gw_http_header_t *h)
 {
-    return h && h->value_len >= 17 && strncasecmp(h->value, "text/event-stream", 17) == 0;
+    return h && GW_PREFIX_CI(h->value, h->value_len, "text/event-stream");
 }
 
 /* Our response head, from the upstream's. length: the body's length when
@@ -571,7 +576,7 @@ static void gw_proxy_write_head(gw_req_t *r, const gw_http_msg_t *m, int64_t len
     gw_sb_lit(&b, " ");
     gw_sb_str(&b, gw_http_status_text(status));
     gw_sb_lit(&b, "\r\n");
-    if (r->resp_sse) {
+    if (r->att.resp_sse) {
         gw_sb_header(&b, "Content-Type", 12, ct->value, ct->value_len);
         gw_sb_lit(&b, "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n");
     } else if (ct) {
@@ -621,32 +626,32 @@ static void gw_proxy_write_head(gw_req_t *r, const gw_http_msg_t *m, int64_t len
     r->bytes_out += n;
     sl_counter_add(gw_m.bytes_client_out, n);
     r->head_sent = true;
-    r->ctype = r->resp_sse ? "text/event-stream" : "application/json";
+    r->ctype = r->att.resp_sse ? "text/event-stream" : "application/json";
 }
 
 static bool gw_ct_is_json(const gw_http_header_t *h)
 {
-    return h && h->value_len >= 16 && strncasecmp(h->value, "application/json", 16) == 0;
+    return h && GW_PREFIX_CI(h->value, h->value_len, "application/json");
 }
 
 /* Returns false when the request was handed to the fallback chain (it may
  * be answered, and freed, already): the caller must not touch r again. */
 static bool gw_proxy_on_head(gw_req_t *r)
 {
-    const gw_http_msg_t *m = gw_http_msg(r->up->parser);
-    r->upstatus = m->status;
+    const gw_http_msg_t *m = gw_http_msg(r->att.up->parser);
+    r->att.upstatus = m->status;
     r->status = m->status;
     if (m->status >= 500) {
         const gw_http_header_t *ra = gw_http_header_find(m, "Retry-After");
         snprintf(r->retry_after, sizeof(r->retry_after), "%s", ra ? ra->value : "");
-        gw_metrics_upstream_error(r->pool, "status_5xx");
+        gw_metrics_upstream_error(r->att.pool, gw_upfails[GW_UPFAIL_STATUS_5XX].label);
         int64_t delay = 0;
-        int action = gw_fb_decide(r, FB_FAIL_STATUS, m->status, &delay);
+        int action = gw_fb_decide(r, gw_upfails[GW_UPFAIL_STATUS_5XX].fb_class, m->status, &delay);
         if (action != GW_FB_NONE) {
             /* Nothing reached the client: the fallback chain answers
              * instead (retry, local model, template). Otherwise the
              * upstream's own answer (body, Retry-After) is relayed. */
-            r->error_kind = "status_5xx";
+            r->error_kind = gw_upfails[GW_UPFAIL_STATUS_5XX].label;
             gw_proxy_finish(r, false, 0);
             gw_fb_apply(r, action, delay);
             return false;
@@ -654,32 +659,32 @@ static bool gw_proxy_on_head(gw_req_t *r)
         r->retry_after[0] = '\0';
     }
     const gw_http_header_t *ct = gw_http_header_find(m, "Content-Type");
-    r->resp_sse = gw_ct_is_sse(ct);
+    r->att.resp_sse = gw_ct_is_sse(ct);
     bool nobody = m->status == 204 || m->status == 304;
-    if (!r->resp_sse && !nobody && m->status >= 200 && m->status < 300 && gw_ct_is_json(ct) &&
+    if (!r->att.resp_sse && !nobody && m->status >= 200 && m->status < 300 && gw_ct_is_json(ct) &&
         gw_hooks_want_body(r)) {
         /* Hooks read (or edit) the whole answer: its head goes out with it. */
         r->resp_body = evbuffer_new();
         r->buffer_body = r->resp_body != NULL;
     }
     if (!r->buffer_body) {
-        bool length_known = !r->resp_sse && !m->chunked && m->content_length >= 0;
+        bool length_known = !r->att.resp_sse && !m->chunked && m->content_length >= 0;
         gw_proxy_write_head(r, m, nobody ? -2 : length_known ? m->content_length : -1);
     }
-    if (r->resp_sse) {
+    if (r->att.resp_sse) {
         const conf_t *conf = r->rt->conf;
         r->ev_hooks = gw_hooks_want_events(r);
-        r->sse = gw_sse_new((size_t)conf->sse.max_event_bytes);
+        r->att.sse = gw_sse_new((size_t)conf->sse.max_event_bytes);
         sl_gauge_add(gw_m.streams_active, 1);
         if (conf->sse.ping_interval_ms > 0) {
-            r->ping_ev = event_new(r->c->w->base, -1, EV_PERSIST, gw_proxy_ping_cb, r);
+            r->att.ping_ev = event_new(r->c->w->base, -1, EV_PERSIST, gw_proxy_ping_cb, r);
             int64_t ms = conf->sse.ping_interval_ms;
             struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
-            event_add(r->ping_ev, &tv);
+            event_add(r->att.ping_ev, &tv);
         }
     }
     /* From here on only the total deadline applies. */
-    gw_proxy_arm(r, r->deadline_total_ms);
+    gw_proxy_arm(r, r->att.deadline_total_ms);
     return true;
 }
 
@@ -704,9 +709,9 @@ static int gw_proxy_emit(gw_req_t *r, const char *data, size_t len, const char *
     }
     struct evbuffer *tmp = out.n ? evbuffer_new() : NULL;
     for (size_t i = 0; tmp && i < out.n; i++) {
-        evbuffer_add(tmp, "data: ", 6);
+        evbuffer_add(tmp, GW_LIT("data: "));
         evbuffer_add(tmp, out.data[i], out.len[i]);
-        evbuffer_add(tmp, "\n\n", 2);
+        evbuffer_add(tmp, GW_LIT("\n\n"));
     }
     if (tmp && evbuffer_get_length(tmp))
         gw_proxy_write(r, evbuffer_pullup(tmp, -1), evbuffer_get_length(tmp));
@@ -749,9 +754,9 @@ static int gw_proxy_event_cb(void *arg, const gw_sse_event_t *ev)
 
 void gw_proxy_local_stream_begin(gw_req_t *r)
 {
-    r->upstatus = 200;
+    r->att.upstatus = 200;
     r->status = 200;
-    r->resp_sse = true;
+    r->att.resp_sse = true;
     r->ev_hooks = gw_hooks_want_events(r);
     gw_proxy_write_head(r, NULL, -1);
     sl_gauge_add(gw_m.streams_active, 1);
@@ -780,7 +785,7 @@ void gw_proxy_local_stream_end(gw_req_t *r, const char *error_code, const char *
 
 void gw_proxy_local_body(gw_req_t *r, json_t *body)
 {
-    r->upstatus = 200;
+    r->att.upstatus = 200;
     bool modified = false;
     if (gw_hooks_want_body(r) && gw_hooks_body(r, body, &modified) != 0) {
         gw_respond_error(r, 502, "server_error", "upstream_error", "The answer was refused.");
@@ -788,7 +793,7 @@ void gw_proxy_local_body(gw_req_t *r, json_t *body)
     }
     char *s = json_dumps(body, JSON_COMPACT);
     if (!s) {
-        gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
+        gw_respond_oom(r);
         return;
     }
     char extra[96] = "";
@@ -815,8 +820,8 @@ void gw_proxy_local_body(gw_req_t *r, json_t *body)
 static int gw_proxy_body_cb(void *arg, const char *p, size_t n)
 {
     gw_req_t *r = arg;
-    if (r->sse)
-        return gw_sse_feed(r->sse, p, n, gw_proxy_event_cb, r);
+    if (r->att.sse)
+        return gw_sse_feed(r->att.sse, p, n, gw_proxy_event_cb, r);
     if (r->buffer_body) {
         if (evbuffer_get_length(r->resp_body) + n > GW_PROXY_MAX_BUFFERED)
             return -1;
@@ -830,7 +835,7 @@ static int gw_proxy_body_cb(void *arg, const char *p, size_t n)
  * head. -1 when the hooks refuse it. */
 static int gw_proxy_flush_buffered(gw_req_t *r)
 {
-    const gw_http_msg_t *m = gw_http_msg(r->up->parser);
+    const gw_http_msg_t *m = gw_http_msg(r->att.up->parser);
     size_t len = evbuffer_get_length(r->resp_body);
     json_t *j = json_loadb((const char *)evbuffer_pullup(r->resp_body, -1), len, 0, NULL);
     char *edited = NULL;
@@ -858,17 +863,17 @@ static int gw_proxy_flush_buffered(gw_req_t *r)
 
 static void gw_proxy_on_done(gw_req_t *r)
 {
-    bool reusable = gw_http_msg(r->up->parser)->keep_alive;
-    int outcome = r->upstatus >= 500 ? 0 : 1;
+    bool reusable = gw_http_msg(r->att.up->parser)->keep_alive;
+    int outcome = r->att.upstatus >= 500 ? 0 : 1;
     if (r->buffer_body && gw_proxy_flush_buffered(r) != 0) {
         gw_proxy_finish(r, reusable, outcome);
         gw_respond_error(r, 502, "server_error", "upstream_error",
                          "The model server's answer was refused.");
         return;
     }
-    if (r->resp_sse && !gw_sse_done_seen(r->sse)) {
+    if (r->att.resp_sse && !gw_sse_done_seen(r->att.sse)) {
         r->error_kind = "upstream_truncated";
-        gw_metrics_upstream_error(r->pool, "truncated");
+        gw_metrics_upstream_error(r->att.pool, gw_upfails[GW_UPFAIL_TRUNCATED].label);
         outcome = 0;
         gw_proxy_sse_error(r, "upstream_truncated",
                            "The model server ended the stream before it was complete.");
@@ -888,45 +893,62 @@ static void gw_proxy_on_stopped(gw_req_t *r)
     gw_conn_req_done(r->c);
 }
 
-/* Our failure kinds, as the retry policy classifies them. */
-static int gw_proxy_failure_of(const char *kind)
-{
-    if (strncmp(kind, "connect", 7) == 0)
-        return FB_FAIL_CONNECT; /* connect, connect_tls, connect_timeout */
-    if (strcmp(kind, "status_5xx") == 0)
-        return FB_FAIL_STATUS;
-    if (strcmp(kind, "first_byte_timeout") == 0)
-        return FB_FAIL_FIRST_BYTE;
-    if (strcmp(kind, "reset") == 0)
-        return FB_FAIL_RESET;
-    return FB_FAIL_OTHER;
-}
+/* Every way an upstream attempt fails, one row each: the label (metric
+ * kind and r->error_kind), how the retry policy classes it, and the answer
+ * when the fallback chain has nothing better. Indexed by gw_upfail_t. */
+const gw_upfail_row_t gw_upfails[GW_UPFAIL_COUNT] = {
+    [GW_UPFAIL_CONNECT] = {"connect", FB_FAIL_CONNECT, 502, "upstream_error",
+                           "Could not connect to the model server."},
+    [GW_UPFAIL_CONNECT_TLS] = {"connect_tls", FB_FAIL_CONNECT, 502, "upstream_error",
+                               "Could not connect to the model server."},
+    [GW_UPFAIL_CONNECT_TIMEOUT] = {"connect_timeout", FB_FAIL_CONNECT, 504, "upstream_timeout",
+                                   "The model server did not accept the connection in time."},
+    [GW_UPFAIL_FIRST_BYTE_TIMEOUT] = {"first_byte_timeout", FB_FAIL_FIRST_BYTE, 504,
+                                      "upstream_timeout",
+                                      "The model server did not answer in time."},
+    [GW_UPFAIL_TOTAL_TIMEOUT] = {"total_timeout", FB_FAIL_OTHER, 504, "upstream_timeout",
+                                 "The model server did not finish in time."},
+    [GW_UPFAIL_RESET] = {"reset", FB_FAIL_RESET, 502, "upstream_error",
+                         "The model server closed the connection without answering."},
+    [GW_UPFAIL_TRUNCATED] = {"truncated", FB_FAIL_OTHER, 502, "upstream_error",
+                             "The model server closed the connection mid-answer."},
+    [GW_UPFAIL_BAD_RESPONSE] = {"bad_response", FB_FAIL_OTHER, 502, "upstream_error",
+                                "The model server sent an invalid response."},
+    /* status 0: the upstream's own status is relayed or passed on. */
+    [GW_UPFAIL_STATUS_5XX] = {"status_5xx", FB_FAIL_STATUS, 0, "upstream_error",
+                              "The model server failed."},
+    [GW_UPFAIL_UNAVAILABLE] = {"unavailable", FB_FAIL_CONNECT, 503, "upstream_unavailable",
+                               "No model server is available right now."},
+    [GW_UPFAIL_INTERNAL] = {"internal", FB_FAIL_OTHER, 502, "upstream_error",
+                            "Could not open a connection to the model server."},
+};
 
-static void gw_proxy_fail(gw_req_t *r, const char *kind, int status, const char *code,
-                          const char *msg)
+static void gw_proxy_fail(gw_req_t *r, gw_upfail_t kind)
 {
-    gw_upconn_t *u = r->up;
+    const gw_upfail_row_t *f = &gw_upfails[kind];
+    gw_upconn_t *u = r->att.up;
     bool stale =
-        u && u->reused && !r->t_first_byte_ns && !r->head_sent && (strcmp(kind, "reset") == 0);
+        u && u->reused && !r->att.t_first_byte_ns && !r->head_sent && kind == GW_UPFAIL_RESET;
     if (stale && r->attempts < 3) { /* The server closed a pooled connection just as we reused it:
                                      * nothing was processed, so resend on a fresh connection. */
         gw_proxy_finish(r, false, -1);
         gw_proxy_attempt(r, false);
         return;
     }
-    gw_metrics_upstream_error(r->pool, kind);
-    r->error_kind = kind;
+    gw_metrics_upstream_error(r->att.pool, f->label);
+    r->error_kind = f->label;
     if (!r->head_sent) {
         gw_proxy_finish(r, false, 0);
-        if (gw_fb_after_failure(r, gw_proxy_failure_of(kind), status))
+        if (gw_fb_after_failure(r, f->fb_class, f->status))
             return;
-        gw_respond_error(r, status, "server_error", code, msg);
+        gw_respond_error(r, f->status, "server_error", f->code, f->message);
         return;
     }
     /* The answer already started: say so in-band when we can. */
-    if (r->resp_sse) {
-        gw_proxy_sse_error(r, strcmp(code, "upstream_timeout") == 0 ? code : "upstream_truncated",
-                           msg);
+    if (r->att.resp_sse) {
+        gw_proxy_sse_error(
+            r, strcmp(f->code, "upstream_timeout") == 0 ? f->code : "upstream_truncated",
+            f->message);
         gw_proxy_write_end(r);
     } else {
         r->c->close_after = true; /* a short body + close is the only signal */
@@ -939,56 +961,49 @@ static void gw_proxy_fail(gw_req_t *r, const char *kind, int status, const char 
  * false when the request ended (and may be freed) or moved on. */
 static bool gw_proxy_up_read(gw_req_t *r)
 {
-    gw_upconn_t *u = r->up;
+    gw_upconn_t *u = r->att.up;
     struct evbuffer *in = bufferevent_get_input(u->bev);
     size_t total = evbuffer_get_length(in);
     if (total == 0)
         return true;
     sl_counter_add(gw_m.bytes_up_in, total);
-    if (!r->t_first_byte_ns) {
-        r->t_first_byte_ns = sl_now_ns();
-        sl_histogram_observe(r->pool->m_ttfb, (double)(r->t_first_byte_ns - r->t_sent_ns) / 1e9);
+    if (!r->att.t_first_byte_ns) {
+        r->att.t_first_byte_ns = sl_now_ns();
+        sl_histogram_observe(r->att.pool->m_ttfb,
+                             (double)(r->att.t_first_byte_ns - r->att.t_sent_ns) / 1e9);
     }
-    bool again = false; /* after the head: a body-less answer completes with 0 bytes */
-    while (r->up == u && (evbuffer_get_length(in) > 0 || again)) {
-        struct evbuffer_iovec v = {.iov_base = "", .iov_len = 0};
-        if (evbuffer_peek(in, -1, NULL, &v, 1) < 1 && !again)
-            break;
-        again = false;
-        size_t used = 0;
-        gw_http_state_t st =
-            gw_http_feed(u->parser, v.iov_base, v.iov_len, &used, gw_proxy_body_cb, r);
-        evbuffer_drain(in, used);
+    bool more = true; /* until the input is used up, or the answer ended */
+    while (more && r->att.up == u) {
+        gw_http_state_t st = gw_http_feed_evbuffer(u->parser, in, NULL, gw_proxy_body_cb, r);
         if (r->stop_stream) {
             gw_proxy_on_stopped(r);
             return false;
         }
         switch (st) {
         case GW_HTTP_NEED_MORE:
+            more = false;
             break;
         case GW_HTTP_HEAD:
             if (!gw_proxy_on_head(r))
                 return false;
-            again = true;
             break;
         case GW_HTTP_DONE:
             gw_proxy_on_done(r);
             return false;
         case GW_HTTP_ERROR:
-            sl_warn("upstream %s: bad response: %s", r->server->url,
+            sl_warn("upstream %s: bad response: %s", r->att.server->url,
                     gw_http_error_reason(u->parser));
-            gw_proxy_fail(r, "bad_response", 502, "upstream_error",
-                          "The model server sent an invalid response.");
+            gw_proxy_fail(r, GW_UPFAIL_BAD_RESPONSE);
             return false;
         }
     }
-    if (r->up != u)
+    if (r->att.up != u)
         return false;
     /* Backpressure toward a slow client. */
     size_t hwm = (size_t)r->rt->conf->sse.buffer_bytes;
-    if (!r->paused_upstream && evbuffer_get_length(bufferevent_get_output(r->c->bev)) > hwm) {
+    if (!r->att.paused_upstream && evbuffer_get_length(bufferevent_get_output(r->c->bev)) > hwm) {
         bufferevent_disable(u->bev, EV_READ);
-        r->paused_upstream = true;
+        r->att.paused_upstream = true;
         bufferevent_setwatermark(r->c->bev, EV_WRITE, hwm / 2, 0);
     }
     return true;
@@ -996,21 +1011,21 @@ static bool gw_proxy_up_read(gw_req_t *r)
 
 void gw_proxy_client_drained(gw_req_t *r)
 {
-    if (!r->paused_upstream || !r->up)
+    if (!r->att.paused_upstream || !r->att.up)
         return;
     size_t hwm = (size_t)r->rt->conf->sse.buffer_bytes;
     if (evbuffer_get_length(bufferevent_get_output(r->c->bev)) > hwm / 2)
         return;
-    r->paused_upstream = false;
+    r->att.paused_upstream = false;
     bufferevent_setwatermark(r->c->bev, EV_WRITE, 0, 0);
-    bufferevent_enable(r->up->bev, EV_READ);
+    bufferevent_enable(r->att.up->bev, EV_READ);
 }
 
 static void gw_proxy_up_event(gw_req_t *r, short what)
 {
-    gw_upconn_t *u = r->up;
+    gw_upconn_t *u = r->att.up;
     if (what & BEV_EVENT_CONNECTED) {
-        gw_proxy_arm(r, sl_now_ms() + r->pool->conf->first_byte_timeout_ms);
+        gw_proxy_arm(r, sl_now_ms() + r->att.pool->conf->first_byte_timeout_ms);
         return;
     }
     if (what & BEV_EVENT_EOF) {
@@ -1027,15 +1042,12 @@ static void gw_proxy_up_event(gw_req_t *r, short what)
         }
     }
     if (!u->connected) {
-        gw_proxy_fail(r, u->srv->https ? "connect_tls" : "connect", 502, "upstream_error",
-                      "Could not connect to the model server.");
+        gw_proxy_fail(r, u->srv->https ? GW_UPFAIL_CONNECT_TLS : GW_UPFAIL_CONNECT);
         return;
     }
-    if (!r->t_first_byte_ns) {
-        gw_proxy_fail(r, "reset", 502, "upstream_error",
-                      "The model server closed the connection without answering.");
+    if (!r->att.t_first_byte_ns) {
+        gw_proxy_fail(r, GW_UPFAIL_RESET);
         return;
     }
-    gw_proxy_fail(r, "truncated", 502, "upstream_error",
-                  "The model server closed the connection mid-answer.");
+    gw_proxy_fail(r, GW_UPFAIL_TRUNCATED);
 }

@@ -9,10 +9,17 @@
  */
 #include <stdio.h>
 #include <string.h>
+#include <event2/buffer.h>
 
 #include "common/log.h"
 #include "fallback/fallback.h"
-#include "gateway/gw_internal.h"
+#include "gateway/gw_fallback.h"
+#include "gateway/gw_rt.h"
+#include "gateway/gw_server.h"
+#include "gateway/gw_types.h"
+#include "gateway/gw_upstream.h"
+#include "gateway/gw_worker.h"
+#include "gateway/http1.h"
 
 #define GW_RESEND_TICK_MS    250
 #define GW_RESEND_PARALLEL   8
@@ -125,18 +132,12 @@ static void gw_resend_on_read(void *owner)
     gw_resend_t *j = owner;
     gw_upconn_t *u = j->up;
     struct evbuffer *in = bufferevent_get_input(u->bev);
-    bool again = false;
-    while (j->up == u && (evbuffer_get_length(in) > 0 || again)) {
-        struct evbuffer_iovec v = {.iov_base = "", .iov_len = 0};
-        if (evbuffer_peek(in, -1, NULL, &v, 1) < 1 && !again)
-            break;
-        again = false;
-        size_t used = 0;
-        gw_http_state_t st =
-            gw_http_feed(u->parser, v.iov_base, v.iov_len, &used, gw_resend_body_cb, j);
-        evbuffer_drain(in, used);
-        if (st == GW_HTTP_HEAD) {
-            again = true;
+    while (j->up == u) {
+        gw_http_state_t st = gw_http_feed_evbuffer(u->parser, in, NULL, gw_resend_body_cb, j);
+        if (st == GW_HTTP_NEED_MORE) {
+            return;
+        } else if (st == GW_HTTP_HEAD) {
+            continue; /* nothing to do with the head: on to the body */
         } else if (st == GW_HTTP_DONE) {
             const gw_http_msg_t *m = gw_http_msg(u->parser);
             int s = m->status;
@@ -231,7 +232,7 @@ static void gw_resend_start(gw_resender_t *rs, fb_qitem_t *item)
         evbuffer_add(out, m->pool->auth_header, m->pool->auth_header_len);
     if (item->idem_key)
         evbuffer_add_printf(out, "Idempotency-Key: %s\r\n", item->idem_key);
-    evbuffer_add(out, "\r\n", 2);
+    evbuffer_add(out, GW_LIT("\r\n"));
     evbuffer_add(out, item->body, item->body_len);
     int64_t ms = m->pool->conf->total_timeout_ms;
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};

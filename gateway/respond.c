@@ -7,7 +7,12 @@
 #include <string.h>
 #include <time.h>
 
-#include "gateway/gw_internal.h"
+#include "gateway/gw_conn.h"
+#include "gateway/gw_metrics.h"
+#include "gateway/gw_req.h"
+#include "gateway/gw_types.h"
+#include "gateway/gw_worker.h"
+#include "gateway/http1.h"
 
 /* "Date: Sun, 29 Nov 2026 17:23:41 GMT\r\n", formatted once per second per
  * thread. */
@@ -63,7 +68,7 @@ void gw_respond_body(gw_req_t *r, int status, const char *ctype, const char *bod
                         c->close_after ? "Connection: close\r\n" : "",
                         extra_headers ? extra_headers : "");
     evbuffer_add(out, date, dl);
-    evbuffer_add(out, "\r\n", 2);
+    evbuffer_add(out, GW_LIT("\r\n"));
     if (!head)
         evbuffer_add(out, body, len);
     if (r->capture) /* past capture_max: the store sees it is too large to keep */
@@ -76,27 +81,38 @@ void gw_respond_body(gw_req_t *r, int status, const char *ctype, const char *bod
     gw_conn_req_done(c);
 }
 
+/* The same bytes gw_error_json() makes for it, fixed, so that answering an
+ * allocation failure needs no allocation. */
+static const char gw_oom_body[] = "{\"error\":{\"message\":\"out of memory\",\"type\":"
+                                  "\"server_error\",\"code\":\"internal_error\"}}";
+
+void gw_respond_oom(gw_req_t *r)
+{
+    if (!r->error_kind)
+        r->error_kind = "internal_error";
+    gw_respond_json(r, 500, gw_oom_body, sizeof(gw_oom_body) - 1, NULL);
+}
+
 void gw_respond_error(gw_req_t *r, int status, const char *type, const char *code,
                       const char *message)
+{
+    gw_respond_error_h(r, status, type, code, message, NULL);
+}
+
+void gw_respond_error_h(gw_req_t *r, int status, const char *type, const char *code,
+                        const char *message, const char *extra_headers)
 {
     size_t len = 0;
     char *body = gw_error_json(type, code, message, &len);
     if (!body) {
-        static const char oom[] =
-            "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
-            "\"code\":\"internal_error\"}}";
+        /* Out of memory while answering: the fixed answer, and close, since
+         * the next request on this connection would likely fail the same way. */
         r->c->close_after = true;
-        gw_respond_json(r, 500, oom, sizeof(oom) - 1, NULL);
+        gw_respond_oom(r);
         return;
     }
     if (!r->error_kind)
         r->error_kind = code;
-    const char *extra = NULL;
-    if (status == 405)
-        extra = (r->route == GW_ROUTE_MODELS || r->route == GW_ROUTE_HEALTH ||
-                 r->route == GW_ROUTE_REQUESTS)
-                    ? "Allow: GET, HEAD\r\n"
-                    : "Allow: POST\r\n";
-    gw_respond_json(r, status, body, len, extra);
+    gw_respond_json(r, status, body, len, extra_headers);
     free(body);
 }

@@ -5,11 +5,22 @@
  * wrong method 405 (with Allow), all as JSON errors.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "fallback/fallback.h"
+#include "gateway/gw_conn.h"
+#include "gateway/gw_fallback.h"
+#include "gateway/gw_hook.h"
+#include "gateway/gw_proxy.h"
+#include "gateway/gw_req.h"
+#include "gateway/gw_route.h"
+#include "gateway/gw_rt.h"
+#include "gateway/gw_server.h"
+#include "gateway/gw_sup.h"
+#include "gateway/gw_types.h"
+#include "gateway/http1.h"
 #include "model/model.h"
-#include "gateway/gw_internal.h"
 
 static const char *const gw_route_names[GW_ROUTE_COUNT] = {
     "chat_completions", "completions", "embeddings", "models", "health",
@@ -21,31 +32,6 @@ const char *gw_route_name(gw_route_t r)
     return gw_route_names[r];
 }
 
-static bool gw_path_is(const char *p, size_t n, const char *lit)
-{
-    size_t l = strlen(lit);
-    return n == l && memcmp(p, lit, l) == 0;
-}
-
-gw_route_t gw_route_of(const char *p, size_t n)
-{
-    if (gw_path_is(p, n, "/v1/chat/completions"))
-        return GW_ROUTE_CHAT;
-    if (gw_path_is(p, n, "/v1/completions"))
-        return GW_ROUTE_COMPLETIONS;
-    if (gw_path_is(p, n, "/v1/embeddings"))
-        return GW_ROUTE_EMBEDDINGS;
-    if (gw_path_is(p, n, "/v1/models") || (n > 11 && memcmp(p, "/v1/models/", 11) == 0))
-        return GW_ROUTE_MODELS;
-    if (gw_path_is(p, n, "/healthz") || gw_path_is(p, n, "/readyz"))
-        return GW_ROUTE_HEALTH;
-    if (gw_path_is(p, n, "/v1/auth/token"))
-        return GW_ROUTE_AUTH_TOKEN;
-    if (n > 13 && memcmp(p, "/v1/requests/", 13) == 0)
-        return GW_ROUTE_REQUESTS;
-    return GW_ROUTE_OTHER;
-}
-
 static bool gw_method_is(const gw_http_msg_t *m, const char *meth)
 {
     return strcmp(m->method, meth) == 0;
@@ -55,6 +41,8 @@ static bool gw_method_get(const gw_http_msg_t *m)
 {
     return gw_method_is(m, "GET") || gw_method_is(m, "HEAD");
 }
+
+/* ---- handlers --------------------------------------------------------------- */
 
 /* /readyz: 200 when serving and every upstream has a server in service. */
 static void gw_route_readyz(gw_req_t *r)
@@ -85,26 +73,23 @@ static void gw_route_readyz(gw_req_t *r)
     free(s);
 }
 
-static void gw_route_health(gw_req_t *r, const char *path, size_t n)
+static void gw_route_healthz(gw_req_t *r)
 {
-    if (gw_path_is(path, n, "/readyz")) {
-        gw_route_readyz(r);
-        return;
-    }
     static const char ok[] = "{\"status\":\"ok\"}";
     gw_respond_json(r, 200, ok, sizeof(ok) - 1, "Cache-Control: no-store\r\n");
 }
 
-void gw_route_models(gw_req_t *r)
+static void gw_route_models_list(gw_req_t *r)
+{
+    gw_respond_json(r, 200, r->rt->models_json, r->rt->models_json_len, NULL);
+}
+
+static void gw_route_model_one(gw_req_t *r)
 {
     const gw_http_msg_t *msg = gw_http_msg(r->c->parser);
-    const char *path = msg->target;
-    size_t n = msg->path_len;
-    if (n == 10) { /* /v1/models */
-        gw_respond_json(r, 200, r->rt->models_json, r->rt->models_json_len, NULL);
-        return;
-    }
-    const gw_model_rt_t *m = gw_rt_model(r->rt, path + 11, n - 11);
+    static const char prefix[] = "/v1/models/"; /* the row's prefix */
+    const gw_model_rt_t *m =
+        gw_rt_model(r->rt, msg->target + sizeof(prefix) - 1, msg->path_len - (sizeof(prefix) - 1));
     if (!m) {
         gw_respond_error(r, 404, "invalid_request_error", "model_not_found",
                          "The model does not exist.");
@@ -118,58 +103,99 @@ void gw_route_models(gw_req_t *r)
     free(s);
 }
 
-static void gw_route_admin(gw_req_t *r, const gw_http_msg_t *m, const char *path, size_t n)
+static void gw_route_metrics(gw_req_t *r)
 {
-    r->route = GW_ROUTE_ADMIN;
-    if (gw_path_is(path, n, "/metrics")) {
-        if (!gw_method_get(m)) {
-            gw_respond_error(r, 405, "invalid_request_error", "method_not_allowed",
-                             "Use GET for /metrics.");
-            return;
-        }
-        gw_fb_metrics_refresh(r->c->w->srv);
-        size_t len = 0;
-        char *text = sl_metrics_render(&len);
-        if (!text) {
-            gw_respond_error(r, 500, "server_error", "internal_error", "out of memory");
-            return;
-        }
-        /* Reuse the JSON writer with another content type. */
-        gw_conn_t *c = r->c;
-        struct evbuffer *out = bufferevent_get_output(c->bev);
-        if (c->w->draining)
-            c->close_after = true;
-        evbuffer_add_printf(out,
-                            "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; "
-                            "charset=utf-8\r\nContent-Length: %zu\r\nCache-Control: no-store\r\n"
-                            "%s\r\n",
-                            len, c->close_after ? "Connection: close\r\n" : "");
-        if (!gw_method_is(m, "HEAD"))
-            evbuffer_add(out, text, len);
-        free(text);
-        r->status = 200;
-        gw_conn_req_done(c);
+    const gw_http_msg_t *m = gw_http_msg(r->c->parser);
+    gw_hooks_metrics(r->c->w->srv);
+    size_t len = 0;
+    char *text = sl_metrics_render(&len);
+    if (!text) {
+        gw_respond_oom(r);
         return;
     }
-    if (gw_route_of(path, n) == GW_ROUTE_HEALTH) {
-        r->route = GW_ROUTE_HEALTH;
-        if (!gw_method_get(m)) {
-            gw_respond_error(r, 405, "invalid_request_error", "method_not_allowed", "Use GET.");
-            return;
-        }
-        gw_route_health(r, path, n);
-        return;
+    /* Reuse the JSON writer with another content type. */
+    gw_conn_t *c = r->c;
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    if (c->w->draining)
+        c->close_after = true;
+    evbuffer_add_printf(out,
+                        "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; "
+                        "charset=utf-8\r\nContent-Length: %zu\r\nCache-Control: no-store\r\n"
+                        "%s\r\n",
+                        len, c->close_after ? "Connection: close\r\n" : "");
+    if (!gw_method_is(m, "HEAD"))
+        evbuffer_add(out, text, len);
+    free(text);
+    r->status = 200;
+    gw_conn_req_done(c);
+}
+
+/* ---- the route table -------------------------------------------------------- */
+
+enum {
+    GW_ON_MAIN = 1 << 0,  /* the main listener */
+    GW_ON_ADMIN = 1 << 1, /* the admin listener */
+};
+enum {
+    GW_M_GET = 1 << 0, /* GET and HEAD */
+    GW_M_POST = 1 << 1,
+};
+
+typedef struct gw_route_row {
+    const char *path;
+    size_t path_len;
+    bool prefix;        /* path is a prefix, followed by a non-empty id */
+    gw_route_t id;      /* metrics label, and what the hooks and the proxy look at */
+    unsigned listeners; /* GW_ON_* */
+    unsigned methods;   /* GW_M_*: the 405's Allow header too */
+    bool hooks;         /* the pre-route hooks (auth) run first */
+    void (*handler)(gw_req_t *r);
+    const char *wrong_method; /* the 405's message */
+} gw_route_row_t;
+
+#define GW_ROUTE_EXACT(p)  (p), sizeof(p) - 1, false
+#define GW_ROUTE_PREFIX(p) (p), sizeof(p) - 1, true
+
+/* One row per route; the first match wins. Adding a route is a row here
+ * (and, for a new label, a gw_route_t and its name above). */
+static const gw_route_row_t gw_routes[] = {
+    {GW_ROUTE_EXACT("/v1/chat/completions"), GW_ROUTE_CHAT, GW_ON_MAIN, GW_M_POST, true,
+     gw_proxy_route, "Use POST for this endpoint."},
+    {GW_ROUTE_EXACT("/v1/completions"), GW_ROUTE_COMPLETIONS, GW_ON_MAIN, GW_M_POST, true,
+     gw_proxy_route, "Use POST for this endpoint."},
+    {GW_ROUTE_EXACT("/v1/embeddings"), GW_ROUTE_EMBEDDINGS, GW_ON_MAIN, GW_M_POST, true,
+     gw_proxy_route, "Use POST for this endpoint."},
+    {GW_ROUTE_EXACT("/v1/models"), GW_ROUTE_MODELS, GW_ON_MAIN, GW_M_GET, true,
+     gw_route_models_list, "Use GET for this endpoint."},
+    {GW_ROUTE_PREFIX("/v1/models/"), GW_ROUTE_MODELS, GW_ON_MAIN, GW_M_GET, true,
+     gw_route_model_one, "Use GET for this endpoint."},
+    {GW_ROUTE_EXACT("/healthz"), GW_ROUTE_HEALTH, GW_ON_MAIN | GW_ON_ADMIN, GW_M_GET, false,
+     gw_route_healthz, "Use GET for this endpoint."},
+    {GW_ROUTE_EXACT("/readyz"), GW_ROUTE_HEALTH, GW_ON_MAIN | GW_ON_ADMIN, GW_M_GET, false,
+     gw_route_readyz, "Use GET for this endpoint."},
+    /* the token endpoint applies its own limit and checks (not the hooks) */
+    {GW_ROUTE_EXACT("/v1/auth/token"), GW_ROUTE_AUTH_TOKEN, GW_ON_MAIN, GW_M_POST, false,
+     gw_auth_token_route, "Use POST for this endpoint."},
+    /* auth first: a queued answer is only its user's */
+    {GW_ROUTE_PREFIX("/v1/requests/"), GW_ROUTE_REQUESTS, GW_ON_MAIN, GW_M_GET, true,
+     gw_fb_requests_route, "Use GET for this endpoint."},
+    {GW_ROUTE_EXACT("/metrics"), GW_ROUTE_ADMIN, GW_ON_ADMIN, GW_M_GET, false, gw_route_metrics,
+     "Use GET for /metrics."},
+    {GW_ROUTE_EXACT("/admin/revoke"), GW_ROUTE_ADMIN, GW_ON_ADMIN, GW_M_POST, false,
+     gw_auth_revoke_route, "Use POST for /admin/revoke."},
+};
+
+static const gw_route_row_t *gw_route_find(const char *p, size_t n, unsigned listener)
+{
+    for (size_t i = 0; i < SL_ARRAY_LEN(gw_routes); i++) {
+        const gw_route_row_t *row = &gw_routes[i];
+        if (!(row->listeners & listener))
+            continue;
+        if (row->prefix ? n > row->path_len && memcmp(p, row->path, row->path_len) == 0
+                        : n == row->path_len && memcmp(p, row->path, n) == 0)
+            return row;
     }
-    if (gw_path_is(path, n, "/admin/revoke")) {
-        if (!gw_method_is(m, "POST")) {
-            gw_respond_error(r, 405, "invalid_request_error", "method_not_allowed",
-                             "Use POST for /admin/revoke.");
-            return;
-        }
-        gw_auth_revoke_route(r);
-        return;
-    }
-    gw_respond_error(r, 404, "invalid_request_error", "not_found", "Unknown admin path.");
+    return NULL;
 }
 
 void gw_route_dispatch(gw_req_t *r)
@@ -177,54 +203,36 @@ void gw_route_dispatch(gw_req_t *r)
     const gw_http_msg_t *m = gw_http_msg(r->c->parser);
     const char *path = m->target;
     size_t n = m->path_len;
-    if (r->c->admin) {
-        gw_route_admin(r, m, path, n);
-        return;
-    }
-    r->route = gw_route_of(path, n);
-    switch (r->route) {
-    case GW_ROUTE_CHAT:
-    case GW_ROUTE_COMPLETIONS:
-    case GW_ROUTE_EMBEDDINGS:
-        if (!gw_method_is(m, "POST")) {
-            gw_respond_error(r, 405, "invalid_request_error", "method_not_allowed",
-                             "Use POST for this endpoint.");
+    bool admin = r->c->admin;
+    const gw_route_row_t *row = gw_route_find(path, n, admin ? GW_ON_ADMIN : GW_ON_MAIN);
+    if (!row) {
+        r->route = admin ? GW_ROUTE_ADMIN : GW_ROUTE_OTHER;
+        if (admin) {
+            gw_respond_error(r, 404, "invalid_request_error", "not_found", "Unknown admin path.");
             return;
         }
+        char msg[160];
+        snprintf(msg, sizeof(msg), "Unknown path: %.*s", (int)SL_MIN(n, 100), path);
+        gw_respond_error(r, 404, "invalid_request_error", "not_found", msg);
+        return;
+    }
+    r->route = row->id;
+    bool ok = ((row->methods & GW_M_GET) && gw_method_get(m)) ||
+              ((row->methods & GW_M_POST) && gw_method_is(m, "POST"));
+    if (!ok) {
+        char allow[48];
+        snprintf(allow, sizeof(allow), "Allow: %s%s%s\r\n",
+                 (row->methods & GW_M_GET) ? "GET, HEAD" : "",
+                 (row->methods & GW_M_GET) && (row->methods & GW_M_POST) ? ", " : "",
+                 (row->methods & GW_M_POST) ? "POST" : "");
+        gw_respond_error_h(r, 405, "invalid_request_error", "method_not_allowed", row->wrong_method,
+                           allow);
+        return;
+    }
+    if (row->hooks) {
+        r->handler = row->handler; /* called once the pre-route hooks passed */
         gw_proxy_start(r);
         return;
-    case GW_ROUTE_REQUESTS:
-        if (!gw_method_get(m)) {
-            gw_respond_error(r, 405, "invalid_request_error", "method_not_allowed",
-                             "Use GET for this endpoint.");
-            return;
-        }
-        gw_proxy_start(r); /* auth first: a queued answer is only its user's */
-        return;
-    case GW_ROUTE_AUTH_TOKEN:
-        if (!gw_method_is(m, "POST")) {
-            gw_respond_error(r, 405, "invalid_request_error", "method_not_allowed",
-                             "Use POST for this endpoint.");
-            return;
-        }
-        gw_auth_token_route(r);
-        return;
-    case GW_ROUTE_MODELS:
-    case GW_ROUTE_HEALTH:
-        if (!gw_method_get(m)) {
-            gw_respond_error(r, 405, "invalid_request_error", "method_not_allowed",
-                             "Use GET for this endpoint.");
-            return;
-        }
-        if (r->route == GW_ROUTE_MODELS)
-            gw_proxy_start(r); /* the pre-route hooks (auth) guard it too */
-        else
-            gw_route_health(r, path, n);
-        return;
-    default:
-        break;
     }
-    char msg[160];
-    snprintf(msg, sizeof(msg), "Unknown path: %.*s", (int)SL_MIN(n, 100), path);
-    gw_respond_error(r, 404, "invalid_request_error", "not_found", msg);
+    row->handler(r);
 }

@@ -17,8 +17,12 @@
 #include "auth/auth.h"
 #include "common/log.h"
 #include "fallback/fallback.h"
-#include "filters/filters.h"
-#include "gateway/gw_internal.h"
+#include "gateway/gw_hook.h"
+#include "gateway/gw_metrics.h"
+#include "gateway/gw_rt.h"
+#include "gateway/gw_sup.h"
+#include "gateway/gw_tls.h"
+#include "gateway/gw_types.h"
 
 static _Atomic uint64_t gw_rt_generations;
 
@@ -27,12 +31,12 @@ static _Atomic uint64_t gw_rt_generations;
 static int gw_url_split(const char *url, bool *https, char **host, int *port)
 {
     const char *p;
-    if (strncmp(url, "http://", 7) == 0) {
+    if (strncmp(url, GW_LIT("http://")) == 0) {
         *https = false;
-        p = url + 7;
-    } else if (strncmp(url, "https://", 8) == 0) {
+        p = url + sizeof("http://") - 1;
+    } else if (strncmp(url, GW_LIT("https://")) == 0) {
         *https = true;
-        p = url + 8;
+        p = url + sizeof("https://") - 1;
     } else {
         return -1;
     }
@@ -243,9 +247,7 @@ static void gw_rt_destroy(gw_rt_t *rt)
         for (size_t i = 0; i < rt->conf->nlisten; i++)
             SSL_CTX_free(rt->listen_ssl[i]);
     free(rt->listen_ssl);
-    auth_free(rt->auth);
-    flt_ruleset_unref(rt->filters);
-    fb_tmpl_free(rt->tmpl);
+    gw_hooks_rt_free(rt);
     if (rt->intent)
         pcre2_code_free(rt->intent);
     free(rt->admin_key);
@@ -304,40 +306,10 @@ gw_rt_t *gw_rt_new(conf_t *c, gw_shared_t *sh, char *err, size_t errlen)
             goto fail;
         }
     }
-    if (auth_conf_enabled(&c->auth)) {
-        char e[512];
-        rt->auth = auth_new(&c->auth, sh->auth_stores, e, sizeof(e));
-        if (!rt->auth) {
-            snprintf(err, errlen, "%s: auth: %s", c->path ? c->path : "conf", e);
-            goto fail;
-        }
-    }
-    {
-        char e[512];
-        rt->filters = flt_ruleset_new(&c->filters, e, sizeof(e));
-        if (!rt->filters) {
-            snprintf(err, errlen, "%s: filters: %s", c->path ? c->path : "conf", e);
-            goto fail;
-        }
-    }
-    if (c->fallback.tmpl.enabled) {
-        rt->tmpl = fb_tmpl_new(&c->fallback.tmpl);
-        if (!rt->tmpl) {
-            snprintf(err, errlen, "%s: fallback.template: cannot build",
-                     c->path ? c->path : "conf");
-            goto fail;
-        }
-    }
-    if (c->fallback.local.upstream) {
-        for (size_t k = 0; k < rt->npools; k++)
-            if (strcmp(rt->pools[k].name, c->fallback.local.upstream) == 0)
-                rt->local = &rt->pools[k];
-        if (!rt->local) {
-            snprintf(err, errlen, "%s: fallback.local.upstream: no upstream named \"%s\"",
-                     c->path ? c->path : "conf", c->fallback.local.upstream);
-            goto fail;
-        }
-    }
+    /* The policy modules' compiled state (auth verifier, filter rules,
+     * templates, ...): each hook checks the conf, then builds its part. */
+    if (gw_hooks_check(c, err, errlen) != 0 || gw_hooks_rt_build(rt, sh, err, errlen) != 0)
+        goto fail;
     if (c->routing.auto_model)
         rt->auto_model = gw_rt_model(rt, c->routing.auto_model, strlen(c->routing.auto_model));
     if (c->routing.intent) {

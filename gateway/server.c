@@ -11,29 +11,35 @@
  *            finish, and exit 0 when all are done or when shutdown_timeout
  *            passes (then the rest are cut).
  *
- * Each worker thread has its own event_base and accepts on the shared
- * listening sockets; the main thread's base serves the admin listener.
+ * Each worker thread (worker.c) has its own event_base and accepts on the
+ * shared listening sockets; the main thread's base serves the admin
+ * listener.
  */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
-#include <netinet/tcp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
-#include <sys/random.h>
 #include <unistd.h>
 
 #include <event2/thread.h>
 
 #include "common/log.h"
-#include "gateway/gw_internal.h"
-#include "auth/auth.h"
-#include "common/redis.h"
-#include "ratelimit/ratelimit.h"
+#include "gateway/gw_conn.h"
+#include "gateway/gw_hook.h"
+#include "gateway/gw_metrics.h"
+#include "gateway/gw_req.h"
+#include "gateway/gw_route.h"
+#include "gateway/gw_rt.h"
+#include "gateway/gw_server.h"
+#include "gateway/gw_sup.h"
+#include "gateway/gw_types.h"
+#include "gateway/gw_upstream.h"
+#include "gateway/gw_wio.h"
+#include "gateway/gw_worker.h"
 
 static gw_server_t gw_srv;
 
@@ -43,373 +49,6 @@ gw_rt_t *gw_server_rt(gw_server_t *s)
     gw_rt_t *rt = gw_rt_ref(atomic_load(&s->rt));
     pthread_mutex_unlock(&s->rt_lock);
     return rt;
-}
-
-/* ---- deferred frees, randomness ----------------------------------------- */
-
-static void gw_worker_reap_cb(evutil_socket_t fd, short what, void *arg)
-{
-    (void)fd;
-    (void)what;
-    gw_worker_t *w = arg;
-    /* Frees may queue more frees: loop until the list stays empty. */
-    while (w->nreap) {
-        size_t n = w->nreap;
-        void **objs = w->reap;
-        void (**fns)(void *) = w->reap_fn;
-        w->reap = NULL;
-        w->reap_fn = NULL;
-        w->nreap = w->capreap = 0;
-        for (size_t i = 0; i < n; i++)
-            fns[i](objs[i]);
-        free(objs);
-        free(fns);
-    }
-}
-
-void gw_worker_defer_free(gw_worker_t *w, void (*fn)(void *), void *obj)
-{
-    if (w->nreap == w->capreap) {
-        size_t cap = w->capreap ? w->capreap * 2 : 16;
-        void **o = realloc(w->reap, cap * sizeof(*o));
-        void (**f)(void *) = realloc(w->reap_fn, cap * sizeof(*f));
-        if (!o || !f) {
-            /* Out of memory: leaking beats freeing inside a callback. */
-            if (o)
-                w->reap = o;
-            if (f)
-                w->reap_fn = f;
-            sl_error("out of memory queueing a deferred free");
-            return;
-        }
-        w->reap = o;
-        w->reap_fn = f;
-        w->capreap = cap;
-    }
-    w->reap[w->nreap] = obj;
-    w->reap_fn[w->nreap] = fn;
-    w->nreap++;
-    event_active(w->reap_ev, EV_TIMEOUT, 0);
-}
-
-uint64_t gw_worker_rand(gw_worker_t *w)
-{
-    /* xorshift64*: request ids and tie-breaks, not secrets */
-    uint64_t x = w->rng;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    w->rng = x;
-    return x * 0x2545F4914F6CDD1DULL;
-}
-
-/* ---- accepting ---------------------------------------------------------- */
-
-static void gw_worker_accept_enable(gw_worker_t *w, bool on)
-{
-    for (size_t i = 0; i < w->nlisteners; i++) {
-        if (!w->listeners[i])
-            continue;
-        if (on)
-            evconnlistener_enable(w->listeners[i]);
-        else
-            evconnlistener_disable(w->listeners[i]);
-    }
-    w->accept_paused = !on;
-}
-
-void gw_worker_conn_closed(gw_worker_t *w)
-{
-    if (w->accept_paused && !w->draining &&
-        (int64_t)w->nconns < w->rt->conf->limits.max_connections)
-        gw_worker_accept_enable(w, true);
-    if (w->draining && w->nconns == 0 && !w->is_main)
-        event_base_loopexit(w->base, NULL);
-}
-
-static void gw_accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa,
-                         int salen, void *arg)
-{
-    (void)l;
-    gw_lslot_t *slot = arg;
-    gw_worker_t *w = slot->w;
-    if (w->draining) {
-        close(fd);
-        return;
-    }
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    gw_conn_accept(w, fd, sa, salen, slot->l);
-    if (!w->is_main && (int64_t)w->nconns >= w->rt->conf->limits.max_connections)
-        gw_worker_accept_enable(w, false);
-}
-
-static void gw_accept_retry_cb(evutil_socket_t fd, short what, void *arg)
-{
-    (void)fd;
-    (void)what;
-    gw_worker_t *w = arg;
-    if (w->accept_paused && !w->draining)
-        gw_worker_accept_enable(w, true);
-}
-
-static void gw_accept_error_cb(struct evconnlistener *l, void *arg)
-{
-    (void)l;
-    int err = EVUTIL_SOCKET_ERROR();
-    gw_worker_t *w = ((gw_lslot_t *)arg)->w;
-    if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
-        /* Out of descriptors: stop accepting until a connection closes (or
-         * a second passes, for closes in other workers). */
-        sl_warn("worker %d: accept: %s; pausing accepts", w->id, strerror(err));
-        gw_worker_accept_enable(w, false);
-        struct timeval tv = {1, 0};
-        event_add(w->accept_ev, &tv);
-        return;
-    }
-    sl_warn("worker %d: accept: %s", w->id, strerror(err));
-}
-
-static int gw_worker_listen(gw_worker_t *w)
-{
-    w->listeners = sl_xcalloc(gw_srv.nlistens, sizeof(*w->listeners));
-    w->lslots = sl_xcalloc(gw_srv.nlistens, sizeof(*w->lslots));
-    w->nlisteners = gw_srv.nlistens;
-    for (size_t i = 0; i < gw_srv.nlistens; i++) {
-        gw_listen_rt_t *lr = &gw_srv.listens[i];
-        if (lr->admin != w->is_main)
-            continue;
-        w->lslots[i].w = w;
-        w->lslots[i].l = lr;
-        w->listeners[i] = evconnlistener_new(w->base, gw_accept_cb, &w->lslots[i],
-                                             LEV_OPT_CLOSE_ON_EXEC, 0, lr->fd);
-        if (!w->listeners[i]) {
-            sl_error("worker %d: cannot listen on %s", w->id, lr->address);
-            return -1;
-        }
-        evconnlistener_set_error_cb(w->listeners[i], gw_accept_error_cb);
-    }
-    return 0;
-}
-
-static void gw_worker_unlisten(gw_worker_t *w)
-{
-    for (size_t i = 0; i < w->nlisteners; i++) {
-        if (w->listeners[i])
-            evconnlistener_free(w->listeners[i]);
-        w->listeners[i] = NULL;
-    }
-}
-
-/* ---- worker lifecycle ------------------------------------------------------ */
-
-static _Atomic int gw_unlistened;
-
-static void gw_worker_update_rt(gw_worker_t *w)
-{
-    gw_rt_t *rt = gw_server_rt(&gw_srv);
-    if (w->rt && rt->generation == w->rt->generation) {
-        gw_rt_unref(rt);
-        return;
-    }
-    gw_upstream_worker_reset(w);
-    gw_rt_unref(w->rt);
-    w->rt = rt;
-    free(w->wsrv);
-    w->nwsrv = rt->nservers;
-    w->wsrv = sl_xcalloc(rt->nservers ? rt->nservers : 1, sizeof(*w->wsrv));
-    for (size_t i = 0; i < rt->nservers; i++)
-        TAILQ_INIT(&w->wsrv[i].idle);
-}
-
-static void gw_worker_start_drain(gw_worker_t *w)
-{
-    if (w->draining)
-        return;
-    w->draining = true;
-    gw_worker_unlisten(w);
-    if (!w->is_main && atomic_fetch_add(&gw_unlistened, 1) + 1 == gw_srv.nworkers) {
-        /* Every worker has stopped watching the shared sockets: close them
-         * so new connections are refused, not left in the backlog. */
-        for (size_t i = 0; i < gw_srv.nlistens; i++) {
-            if (!gw_srv.listens[i].admin && gw_srv.listens[i].fd >= 0) {
-                close(gw_srv.listens[i].fd);
-                gw_srv.listens[i].fd = -1;
-            }
-        }
-    }
-    gw_upstream_worker_reset(w);
-    gw_conn_t *c, *next;
-    for (c = TAILQ_FIRST(&w->conns); c; c = next) {
-        next = TAILQ_NEXT(c, link);
-        gw_conn_drain(c);
-    }
-    if (w->nconns == 0 && !w->is_main)
-        event_base_loopexit(w->base, NULL);
-}
-
-static void gw_worker_stop_now(gw_worker_t *w)
-{
-    gw_conn_t *c, *next;
-    for (c = TAILQ_FIRST(&w->conns); c; c = next) {
-        next = TAILQ_NEXT(c, link);
-        gw_conn_close(c);
-    }
-    if (!w->is_main)
-        event_base_loopexit(w->base, NULL);
-}
-
-static _Atomic bool gw_stop_now;
-
-struct gw_mail {
-    struct gw_mail *next;
-    void (*fn)(void *);
-    void *arg;
-};
-
-static void gw_worker_wake(gw_worker_t *w)
-{
-    uint64_t one = 1;
-    ssize_t n = write(w->notify_fd, &one, sizeof(one));
-    (void)n; /* a full counter already means "wake up" */
-}
-
-int gw_worker_post(gw_worker_t *w, void (*fn)(void *), void *arg)
-{
-    struct gw_mail *m = malloc(sizeof(*m));
-    if (!m)
-        return -1;
-    m->next = NULL;
-    m->fn = fn;
-    m->arg = arg;
-    pthread_mutex_lock(&w->mail_lock);
-    *w->mail_tail = m;
-    w->mail_tail = &m->next;
-    pthread_mutex_unlock(&w->mail_lock);
-    gw_worker_wake(w);
-    return 0;
-}
-
-static void gw_worker_run_mail(gw_worker_t *w)
-{
-    pthread_mutex_lock(&w->mail_lock);
-    struct gw_mail *m = w->mail_head;
-    w->mail_head = NULL;
-    w->mail_tail = &w->mail_head;
-    pthread_mutex_unlock(&w->mail_lock);
-    while (m) {
-        struct gw_mail *next = m->next;
-        m->fn(m->arg);
-        free(m);
-        m = next;
-    }
-}
-
-static void gw_worker_notify_cb(evutil_socket_t fd, short what, void *arg)
-{
-    (void)what;
-    gw_worker_t *w = arg;
-    uint64_t n;
-    ssize_t r = read(fd, &n, sizeof(n)); /* clears the eventfd */
-    (void)r;
-    gw_worker_run_mail(w);
-    gw_worker_update_rt(w);
-    if (atomic_load(&gw_srv.draining))
-        gw_worker_start_drain(w);
-    if (atomic_load(&gw_stop_now))
-        gw_worker_stop_now(w);
-}
-
-static int gw_worker_init(gw_worker_t *w, int id, bool is_main)
-{
-    w->srv = &gw_srv;
-    w->id = id;
-    w->is_main = is_main;
-    TAILQ_INIT(&w->conns);
-    uint64_t seed = 0;
-    if (getrandom(&seed, sizeof(seed), 0) != sizeof(seed))
-        seed = (uint64_t)sl_now_ns();
-    w->rng = seed | 1;
-    if (!w->base) {
-        /* Millisecond timers through epoll_wait's timeout: a precise timer
-         * (timerfd) costs a syscall per loop turn, and every deadline here
-         * is in milliseconds anyway. */
-        w->base = event_base_new();
-    }
-    if (!w->base)
-        return -1;
-    w->notify_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    pthread_mutex_init(&w->mail_lock, NULL);
-    w->mail_head = NULL;
-    w->mail_tail = &w->mail_head;
-    if (w->notify_fd < 0)
-        return -1;
-    w->notify_ev = event_new(w->base, w->notify_fd, EV_READ | EV_PERSIST, gw_worker_notify_cb, w);
-    if (w->notify_ev)
-        event_add(w->notify_ev, NULL);
-    w->accept_ev = evtimer_new(w->base, gw_accept_retry_cb, w);
-    w->reap_ev = event_new(w->base, -1, 0, gw_worker_reap_cb, w);
-    w->flush_ev = event_new(w->base, -1, 0, gw_wio_flush_cb, w);
-    TAILQ_INIT(&w->flushq);
-    if (!w->notify_ev || !w->accept_ev || !w->reap_ev || !w->flush_ev)
-        return -1;
-    gw_worker_update_rt(w);
-    const conf_redis_t *rc = &w->rt->conf->redis;
-    if (rc->url && w->rt->auth) {
-        char err[256];
-        sl_redis_opts_t o = {.url = rc->url, .timeout_ms = rc->timeout_ms};
-        w->redis = sl_redis_new(w->base, &o, err, sizeof(err));
-        if (!w->redis) {
-            sl_error("worker %d: redis: %s", id, err);
-            return -1;
-        }
-    }
-    if (gw_fb_worker_init(w) != 0)
-        return -1;
-    if (!is_main && gw_srv.rl) {
-        char err[256];
-        w->rlw = rl_worker_new(gw_srv.rl, w->base, err, sizeof(err));
-        if (!w->rlw) {
-            sl_error("worker %d: rate limits: %s", id, err);
-            return -1;
-        }
-    }
-    return gw_worker_listen(w);
-}
-
-static void gw_worker_fini(gw_worker_t *w)
-{
-    gw_worker_unlisten(w);
-    gw_worker_stop_now(w);
-    gw_worker_reap_cb(-1, 0, w);
-    gw_upstream_worker_reset(w);
-    gw_worker_reap_cb(-1, 0, w);
-    rl_worker_free(w->rlw);
-    w->rlw = NULL;
-    sl_redis_free(w->redis);
-    w->redis = NULL;
-    gw_fb_worker_fini(w);
-    free(w->listeners);
-    free(w->lslots);
-    free(w->wsrv);
-    event_free(w->notify_ev);
-    gw_worker_run_mail(w); /* what was posted last (frees, mostly) */
-    close(w->notify_fd);
-    pthread_mutex_destroy(&w->mail_lock);
-    event_free(w->accept_ev);
-    event_free(w->reap_ev);
-    event_free(w->flush_ev);
-    gw_rt_unref(w->rt);
-    w->rt = NULL;
-    event_base_free(w->base);
-    w->base = NULL;
-}
-
-static void *gw_worker_main(void *arg)
-{
-    gw_worker_t *w = arg;
-    event_base_dispatch(w->base);
-    return NULL;
 }
 
 static void gw_notify_all(void)
@@ -575,7 +214,7 @@ static void gw_drain_timeout_cb(evutil_socket_t fd, short what, void *arg)
     (void)what;
     (void)arg;
     sl_warn("shutdown_timeout passed: closing the remaining connections");
-    atomic_store(&gw_stop_now, true);
+    atomic_store(&gw_srv.stop_now, true);
     gw_notify_all();
 }
 
@@ -621,7 +260,7 @@ static void gw_drain_poll_cb(evutil_socket_t fd, short what, void *arg)
 
 static void *gw_worker_thread(void *arg)
 {
-    gw_worker_main(arg);
+    gw_worker_run(arg);
     atomic_fetch_sub(&gw_workers_running, 1);
     return NULL;
 }
@@ -633,7 +272,7 @@ static void gw_maint_cb(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     (void)arg;
-    gw_fb_maintain(&gw_srv);
+    gw_hooks_tick(&gw_srv);
 }
 
 static int gw_cores(void)
@@ -649,7 +288,7 @@ int gw_server_run(const char *conf_path)
     /* No evthread_use_pthreads(): every event_base belongs to one thread,
      * and the few cross-thread messages go through gw_worker_post (an
      * eventfd), so libevent's locks would only cost. */
-    gw_metrics_init();
+    gw_metrics_init(gw_route_name);
     conf_t *c = conf_load(conf_path, err, sizeof(err));
     if (!c) {
         sl_error("%s", err);
@@ -676,21 +315,16 @@ int gw_server_run(const char *conf_path)
         sl_error("%s", err);
         return 1;
     }
-    gw_srv.rl = rl_new(&rt->conf->ratelimit, &rt->conf->redis, err, sizeof(err));
-    if (!gw_srv.rl) {
-        sl_error("ratelimit: %s", err);
-        return 1;
-    }
-    if (gw_fb_server_init(&gw_srv, rt->conf, err, sizeof(err)) != 0) {
-        sl_error("fallback: %s", err);
+    if (gw_hooks_process_init(&gw_srv, rt->conf, err, sizeof(err)) != 0) {
+        sl_error("%s", err);
         return 1;
     }
     gw_srv.nworkers = rt->conf->workers > 0 ? (int)rt->conf->workers : gw_cores();
     gw_srv.workers = sl_xcalloc((size_t)gw_srv.nworkers, sizeof(*gw_srv.workers));
-    if (gw_worker_init(&gw_srv.main, -1, true) != 0)
+    if (gw_worker_init(&gw_srv.main, &gw_srv, -1, true) != 0)
         return 1;
     for (int i = 0; i < gw_srv.nworkers; i++)
-        if (gw_worker_init(&gw_srv.workers[i], i, false) != 0)
+        if (gw_worker_init(&gw_srv.workers[i], &gw_srv, i, false) != 0)
             return 1;
     struct event_base *mb = gw_srv.main.base;
     gw_srv.sig_hup = evsignal_new(mb, SIGHUP, gw_signal_cb, NULL);
@@ -729,7 +363,7 @@ int gw_server_run(const char *conf_path)
     for (int i = 0; i < gw_srv.nworkers; i++)
         gw_worker_stop_now(&gw_srv.workers[i]);
     gw_engines_stop(gw_srv.shared);
-    gw_fb_queue_thread_stop();
+    gw_hooks_process_stop(&gw_srv);
     gw_sup_shutdown();
     for (int i = 0; i < gw_srv.nworkers; i++)
         gw_worker_fini(&gw_srv.workers[i]);
@@ -749,8 +383,7 @@ int gw_server_run(const char *conf_path)
     event_free(gw_srv.maint_ev);
     free(gw_srv.workers);
     free(gw_srv.listens);
-    rl_free(gw_srv.rl);
-    gw_fb_server_fini(&gw_srv);
+    gw_hooks_process_fini(&gw_srv);
     gw_rt_unref(atomic_load(&gw_srv.rt)); /* gives its engines back to the registry */
     gw_shared_free(gw_srv.shared);
     free(gw_srv.conf_path);

@@ -289,7 +289,7 @@ long gw_sse_event_data(const gw_sse_event_t *ev, char *out, size_t cap)
             break; /* the blank line */
         const char *colon = memchr(q, ':', ll);
         size_t nl = colon ? (size_t)(colon - q) : ll;
-        if (nl == 4 && memcmp(q, "data", 4) == 0) {
+        if (nl == sizeof("data") - 1 && memcmp(q, "data", sizeof("data") - 1) == 0) {
             const char *v = colon ? colon + 1 : le;
             if (v < le && *v == ' ')
                 v++;

@@ -22,9 +22,17 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <stdatomic.h>
 
 #include "common/log.h"
-#include "gateway/gw_internal.h"
+#include "common/metrics.h"
+#include "common/sl.h"
+#include "conf/conf.h"
+#include "gateway/gw_rt.h"
+#include "gateway/gw_sup.h"
+#include "gateway/gw_types.h"
 
 extern char **environ;
 
@@ -168,8 +176,8 @@ static void gw_sup_probe_read(struct bufferevent *bev, void *arg)
         return;
     evbuffer_copyout(in, line, SL_MIN(n, sizeof(line) - 1));
     line[SL_MIN(n, sizeof(line) - 1)] = '\0';
-    gw_sup_probe_done(s, strncmp(line, "HTTP/1.1 200", 12) == 0 ||
-                             strncmp(line, "HTTP/1.0 200", 12) == 0);
+    gw_sup_probe_done(s, strncmp(line, GW_LIT("HTTP/1.1 200")) == 0 ||
+                             strncmp(line, GW_LIT("HTTP/1.0 200")) == 0);
 }
 
 static void gw_sup_probe_event(struct bufferevent *bev, short what, void *arg)

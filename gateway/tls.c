@@ -7,7 +7,8 @@
 #include <openssl/err.h>
 #include <stdio.h>
 
-#include "gateway/gw_internal.h"
+#include "gateway/gw_tls.h"
+#include "gateway/gw_types.h"
 
 const char *gw_tls_last_error(char *buf, size_t len)
 {

@@ -17,10 +17,21 @@
 #include <arpa/inet.h>
 #include <event2/bufferevent_ssl.h>
 #include <openssl/x509v3.h>
+#include <event2/buffer.h>
+#include <openssl/ssl.h>
+#include <stdatomic.h>
 
 #include "common/log.h"
+#include "common/sl.h"
 #include "fallback/fallback.h"
-#include "gateway/gw_internal.h"
+#include "gateway/gw_balance.h"
+#include "gateway/gw_rt.h"
+#include "gateway/gw_sup.h"
+#include "gateway/gw_types.h"
+#include "gateway/gw_upstream.h"
+#include "gateway/gw_wio.h"
+#include "gateway/gw_worker.h"
+#include "gateway/http1.h"
 
 /* Idle pooled connections are closed after this long: below the usual
  * keep-alive timeout of model servers (uvicorn, which serves vLLM, closes

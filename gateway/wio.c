@@ -16,8 +16,11 @@
  */
 #include <errno.h>
 #include <string.h>
+#include <event2/buffer.h>
 
-#include "gateway/gw_internal.h"
+#include "gateway/gw_types.h"
+#include "gateway/gw_wio.h"
+#include "gateway/gw_worker.h"
 
 static void gw_wio_outcb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
 {

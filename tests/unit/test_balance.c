@@ -8,7 +8,8 @@
 
 #include <cmocka.h>
 
-#include "gateway/gw_internal.h"
+#include "conf/conf.h"
+#include "gateway/gw_balance.h"
 
 static void setup_items(gw_balance_item_t *it, int *cur, const int *w, size_t n)
 {

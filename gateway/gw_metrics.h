@@ -1,0 +1,29 @@
+/*
+ * gw_metrics.h — the gateway's own metric series (gw_metrics.c), registered
+ * once per process; the policy modules register theirs in their folders.
+ */
+#ifndef GW_METRICS_H
+#define GW_METRICS_H
+
+#include "common/metrics.h"
+#include "gateway/gw_types.h"
+
+typedef struct gw_metrics {
+    sl_mseries_t *requests[GW_ROUTE_COUNT][6]; /* code class 1..5, [0] other */
+    sl_mseries_t *duration[GW_ROUTE_COUNT];
+    sl_mseries_t *conns_active, *streams_active;
+    sl_mseries_t *bytes_client_in, *bytes_client_out, *bytes_up_in, *bytes_up_out;
+    sl_metric_t *up_errors;                 /* {upstream,kind} */
+    sl_metric_t *up_conns;                  /* {upstream,reused} */
+    sl_metric_t *up_ttfb;                   /* {upstream} */
+    sl_metric_t *parse_errors;              /* {reason} */
+    sl_metric_t *reloads;                   /* {result} */
+    sl_mseries_t *route_local, *route_main; /* sluice_route_total{target} */
+} gw_metrics_t;
+extern gw_metrics_t gw_m;
+/* Registers the series; route_name labels the per-route ones (the route
+ * table is a layer above, so it is passed in rather than called). */
+void gw_metrics_init(const char *(*route_name)(gw_route_t r));
+void gw_metrics_upstream_error(const gw_pool_rt_t *p, const char *kind);
+
+#endif

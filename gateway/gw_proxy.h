@@ -1,0 +1,85 @@
+/*
+ * gw_proxy.h — the proxied routes (proxy.c): the request flow (start → hooks
+ * → model route → send), an attempt on an upstream, the SSE relay, abort and
+ * finish; and in-process answers (engine_gw.c) through the same hooks.
+ */
+#ifndef GW_PROXY_H
+#define GW_PROXY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "gateway/gw_types.h"
+#include "gateway/sse.h"
+
+/* proxy.c */
+/* Runs the pre-route hooks, then r->handler (the route's). */
+void gw_proxy_start(gw_req_t *r);
+/* The handler of the proxied routes: the body parsed, the model routed to
+ * its pool, the post-route hooks, then the upstream attempt. */
+void gw_proxy_route(gw_req_t *r);
+/* Client went away or conn is closing: stop everything upstream. */
+void gw_proxy_abort(gw_req_t *r);
+/* proxy.c: the next attempt (now, or after delay_ms) on r->pool. */
+void gw_proxy_next_attempt(gw_req_t *r, int64_t delay_ms);
+/* proxy.c: answers made in-process (the engine), through the same hooks. */
+void gw_proxy_local_stream_begin(gw_req_t *r);
+/* -1: a hook ended the stream (stop generating, then _end). */
+int gw_proxy_local_stream_event(gw_req_t *r, const char *data, size_t len);
+/* error_code NULL: a clean end (the caller sent [DONE] as an event). */
+void gw_proxy_local_stream_end(gw_req_t *r, const char *error_code, const char *error_msg);
+void gw_proxy_local_body(gw_req_t *r, json_t *body);
+/* engine_gw.c: an attempt on a pool of kind engine. */
+void gw_engine_attempt(gw_req_t *r);
+/* A pending hook finished: go on with the request. */
+void gw_proxy_resume(gw_req_t *r);
+/* Client output drained below the low watermark. */
+void gw_proxy_client_drained(gw_req_t *r);
+
+/* One attempt on an upstream: the pool and server it went to, its
+ * connection, timers and deadlines, the status it got and the state of the
+ * relay of its answer. Embedded in the request (r->att). */
+struct gw_attempt {
+    gw_pool_rt_t *pool;  /* the pool tried (the model's, or the local tier's) */
+    gw_srv_rt_t *server; /* the server picked */
+    gw_upconn_t *up;     /* its connection, NULL when none */
+    int admit;           /* fb_admit_t: the breaker's admission taken */
+    struct event *up_timer;
+    int64_t t_sent_ns, t_first_byte_ns;
+    int64_t deadline_total_ms;
+    int upstatus;  /* the upstream's status */
+    bool resp_sse; /* it answered text/event-stream */
+    gw_sse_t *sse; /* the SSE splitter of the relay */
+    struct event *ping_ev;
+    bool paused_upstream; /* backpressure: upstream reads off */
+};
+
+/* How an upstream attempt failed; one row each in gw_upfails[] (proxy.c). */
+typedef enum gw_upfail {
+    GW_UPFAIL_CONNECT = 0,
+    GW_UPFAIL_CONNECT_TLS,
+    GW_UPFAIL_CONNECT_TIMEOUT,
+    GW_UPFAIL_FIRST_BYTE_TIMEOUT,
+    GW_UPFAIL_TOTAL_TIMEOUT,
+    GW_UPFAIL_RESET,
+    GW_UPFAIL_TRUNCATED,
+    GW_UPFAIL_BAD_RESPONSE,
+    GW_UPFAIL_STATUS_5XX,
+    GW_UPFAIL_UNAVAILABLE,
+    GW_UPFAIL_INTERNAL,
+    GW_UPFAIL_COUNT
+} gw_upfail_t;
+
+typedef struct gw_upfail_row {
+    const char *label;   /* sluice_upstream_errors_total{kind}, r->error_kind (static) */
+    int fb_class;        /* fb_failure_t: how the retry policy classes it */
+    int status;          /* our answer when the chain has nothing better (0: upstream's) */
+    const char *code;    /* error.code of that answer */
+    const char *message; /* error.message of that answer */
+} gw_upfail_row_t;
+
+extern const gw_upfail_row_t gw_upfails[GW_UPFAIL_COUNT];
+
+#endif

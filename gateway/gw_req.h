@@ -1,0 +1,129 @@
+/*
+ * gw_req.h — a client request: what it asked, what the hooks learned, its
+ * upstream attempt, its answer; plus the local answers (respond.c). The connection owns the struct
+ * and reuses it for the next request on a keep-alive connection.
+ */
+#ifndef GW_REQ_H
+#define GW_REQ_H
+
+#include <assert.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <jansson.h>
+
+#include "gateway/gw_hook.h"
+#include "gateway/gw_proxy.h"
+#include "gateway/gw_types.h"
+#include "gateway/sse.h"
+
+/* What a request is waiting on, whatever it is (a pending hook, a Redis
+ * call, the engine, the queue thread, a backoff timer): at most one thing
+ * at a time, so aborting a request is one call, gw_req_wait_cancel(). */
+typedef struct gw_wait {
+    void (*cancel)(gw_req_t *r, void *arg); /* NULL: not waiting */
+    void *arg;
+} gw_wait_t;
+
+struct gw_req {
+    gw_conn_t *c;
+    gw_rt_t *rt;
+    char id[40];
+    int64_t start_ns;
+    gw_route_t route;
+    void (*handler)(gw_req_t *r); /* the route's, after the pre-route hooks */
+    gw_wait_t wait;
+    struct evbuffer *body; /* the client's body; reused for retries */
+    json_t *json;          /* parsed body (proxied routes) */
+    const gw_model_rt_t *model;
+    bool stream; /* client asked "stream": true */
+
+    /* upstream side */
+    gw_attempt_t att; /* the current upstream attempt (gw_proxy.h) */
+    int attempts;     /* attempts made, all pools */
+    bool head_sent;   /* our response head is out */
+    bool chunked_out; /* our response body uses chunked */
+
+    /* hooks and what they learned */
+    gw_hooks_req_t hooks;
+    char user[256];      /* the token's sub, "" without auth */
+    char client_id[64];  /* the token's client, "" when unknown */
+    char client_ip[48];  /* the client's address (X-Forwarded-For from trusted proxies) */
+    bool body_dirty;     /* json was edited: serialise it again before sending */
+    char body_add[48];   /* else: a member to add to the client's bytes ("k":v) */
+    bool body_add_first; /* ... into an object that had no member */
+    bool ev_hooks;       /* SSE events go through the hook chain */
+    bool buffer_body;    /* a whole JSON answer is gathered for on_body hooks */
+    bool stop_stream;    /* a hook ended the stream (finish after the parser returns) */
+    struct evbuffer *resp_body;
+
+    /* the fallback chain */
+    int retries;              /* retries made on the current pool */
+    int fault_status;         /* injected abort: the model's pool "answers" this */
+    gw_srv_rt_t *avoid;       /* retry elsewhere than this server when possible */
+    struct event *retry_ev;   /* backoff before the next attempt */
+    char retry_after[40];     /* the failed answer's Retry-After */
+    struct evbuffer *capture; /* the answer's body, for the idempotency store */
+    size_t capture_max;
+    const char *fallback; /* "local" / "template": X-Sluice-Fallback */
+    const char *ctype;    /* the answer's content type (static), for the idempotency store */
+    bool routed_local;    /* routing sent it to the local pool first (X-Sluice-Route) */
+    bool tried_local;     /* the local pool had its turn (routing or the local tier) */
+    bool local_stream;    /* an in-process stream is open (streams_active) */
+    bool client_usage;    /* the client itself asked for stream usage */
+    char queued_id[40];   /* X-Sluice-Request-Id */
+
+    /* result */
+    int status;
+    uint64_t bytes_in, bytes_out;
+    const char *error_kind; /* for logs/metrics, static string */
+};
+
+/* respond.c: local answers */
+void gw_respond_json(gw_req_t *r, int status, const char *body, size_t len,
+                     const char *extra_headers);
+void gw_respond_error(gw_req_t *r, int status, const char *type, const char *code,
+                      const char *message);
+/* The same with extra header lines ("Name: value\r\n"...), e.g. a 405's Allow. */
+void gw_respond_error_h(gw_req_t *r, int status, const char *type, const char *code,
+                        const char *message, const char *extra_headers);
+/* The request now waits on arg; cancel(r, arg) undoes it if the request
+ * is aborted first. Waiting on two things at once is a bug. */
+static inline void gw_req_wait(gw_req_t *r, void (*cancel)(gw_req_t *r, void *arg), void *arg)
+{
+    assert(!r->wait.cancel);
+    r->wait.cancel = cancel;
+    r->wait.arg = arg;
+}
+
+/* What it waited on arrived (its callback runs): nothing left to cancel. */
+static inline void gw_req_wait_done(gw_req_t *r)
+{
+    r->wait.cancel = NULL;
+    r->wait.arg = NULL;
+}
+
+/* Abort: cancel whatever the request waits on, if anything. */
+static inline void gw_req_wait_cancel(gw_req_t *r)
+{
+    gw_wait_t w = r->wait;
+    gw_req_wait_done(r);
+    if (w.cancel)
+        w.cancel(r, w.arg);
+}
+
+/* 500 internal_error "out of memory", without allocating. */
+void gw_respond_oom(gw_req_t *r);
+/* Local answers with any content type. */
+void gw_respond_body(gw_req_t *r, int status, const char *ctype, const char *body, size_t len,
+                     const char *extra_headers);
+/* Serialises {"error":{...}} into a malloc'd string. */
+char *gw_error_json(const char *type, const char *code, const char *message, size_t *len);
+
+/* "Date: ...\r\n" for this second (thread-local cache). */
+const char *gw_date_header(size_t *len);
+
+#endif

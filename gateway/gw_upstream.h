@@ -1,0 +1,73 @@
+/*
+ * gw_upstream.h — connections to upstream servers (upstream.c): choosing a
+ * server of a pool (balancer + circuit breakers), the per-worker idle
+ * keep-alive pools, connect/TLS, and handing a connection's events to its
+ * current user through stored callbacks (the proxy's attempt), so this layer
+ * never calls up into the request.
+ */
+#ifndef GW_UPSTREAM_H
+#define GW_UPSTREAM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/queue.h>
+
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+
+#include "gateway/gw_types.h"
+#include "gateway/gw_wio.h"
+#include "gateway/http1.h"
+
+TAILQ_HEAD(gw_upconn_list, gw_upconn);
+
+/* Per worker, per upstream server. */
+typedef struct gw_wsrv {
+    struct gw_upconn_list idle; /* keep-alive connections ready for reuse */
+    size_t nidle;
+    int rr_current; /* smooth weighted round-robin state */
+} gw_wsrv_t;
+
+struct gw_upconn {
+    gw_worker_t *w;
+    gw_srv_rt_t *srv;
+    gw_wio_t wio;
+    uint64_t generation; /* runtime generation it belongs to */
+    struct bufferevent *bev;
+    gw_http_parser_t *parser;
+    /* Who uses it now (NULL while idle), and where its events go. */
+    void *owner;
+    void (*on_read)(void *owner);
+    void (*on_event)(void *owner, short what);
+    bool connected;
+    bool reused;
+    bool closed;
+    unsigned nreq;
+    int64_t idle_since_ms;
+    struct event *idle_timer;
+    TAILQ_ENTRY(gw_upconn) link;
+};
+
+/* Picks a server of pool (balancer + circuit breakers), avoiding `avoid`
+ * when another is eligible, and takes the breaker's admission (*admit,
+ * fb_admit_t). NULL when none is in service. */
+gw_srv_rt_t *gw_upstream_pick(gw_worker_t *w, gw_pool_rt_t *pool, const gw_srv_rt_t *avoid,
+                              int64_t now_ms, int *admit);
+/* A server of pool other than `except` is eligible now. */
+bool gw_upstream_other_eligible(const gw_pool_rt_t *pool, const gw_srv_rt_t *except,
+                                int64_t now_ms);
+/* A server of pool is eligible now. */
+bool gw_upstream_any_eligible(const gw_pool_rt_t *pool, int64_t now_ms);
+/* An idle connection to srv (when allow_reuse), or a new one (connecting).
+ * NULL on error. */
+gw_upconn_t *gw_upstream_get(gw_worker_t *w, gw_srv_rt_t *srv, bool allow_reuse);
+/* Done with u: back to the idle pool when reusable, else closed. */
+void gw_upstream_release(gw_upconn_t *u, bool reusable);
+/* Start reading (and writing, while connecting) for a request. */
+void gw_upstream_arm(gw_upconn_t *u);
+void gw_upstream_close(gw_upconn_t *u);
+/* Worker's runtime changed: close idle connections of the old one. */
+void gw_upstream_worker_reset(gw_worker_t *w);
+
+#endif

@@ -1,0 +1,38 @@
+/*
+ * gw_wio.h — direct writes for a plain-socket bufferevent (wio.c says why):
+ * the client connection and the upstream connection both write through it.
+ */
+#ifndef GW_WIO_H
+#define GW_WIO_H
+
+#include <stdbool.h>
+#include <sys/queue.h>
+
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+
+#include "gateway/gw_types.h"
+
+struct gw_wio {
+    gw_worker_t *w;
+    struct bufferevent *bev;
+    struct evbuffer_cb_entry *cb;
+    bool direct;                  /* we write; EV_WRITE armed only while the kernel is full */
+    bool armed;                   /* EV_WRITE is armed (libevent writes) */
+    bool queued;                  /* on the worker's flush list */
+    void (*drained)(void *owner); /* everything was written */
+    void (*failed)(void *owner, short what); /* a write failed */
+    void *owner;
+    TAILQ_ENTRY(gw_wio) link;
+};
+TAILQ_HEAD(gw_wio_list, gw_wio);
+
+void gw_wio_init(gw_wio_t *io, gw_worker_t *w, struct bufferevent *bev, bool direct,
+                 void (*drained)(void *), void (*failed)(void *, short), void *owner);
+void gw_wio_set_direct(gw_wio_t *io, bool direct);
+void gw_wio_fini(gw_wio_t *io);
+/* From the bufferevent's write callback: libevent wrote. */
+void gw_wio_written(gw_wio_t *io);
+void gw_wio_flush_cb(evutil_socket_t fd, short what, void *arg);
+
+#endif

@@ -1,0 +1,92 @@
+/*
+ * gw_worker.h — one worker thread (server.c): an event_base, the client
+ * connections accepted on it, its idle upstream connections, the policy
+ * modules' per-thread handles, deferred frees and a mailbox for other threads.
+ */
+#ifndef GW_WORKER_H
+#define GW_WORKER_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <event2/event.h>
+#include <event2/listener.h>
+
+#include "gateway/gw_conn.h"
+#include "gateway/gw_types.h"
+#include "gateway/gw_upstream.h"
+#include "gateway/gw_wio.h"
+
+typedef struct gw_lslot {
+    gw_worker_t *w;
+    struct gw_listen_rt *l;
+} gw_lslot_t;
+
+struct gw_worker {
+    gw_server_t *srv;
+    int id;
+    bool is_main; /* the main thread's pseudo-worker (admin listener) */
+    pthread_t thread;
+    struct event_base *base;
+    gw_rt_t *rt;     /* current runtime (reference held) */
+    gw_wsrv_t *wsrv; /* [rt->nservers] */
+    size_t nwsrv;
+    struct evconnlistener **listeners;
+    gw_lslot_t *lslots;
+    size_t nlisteners;
+    struct event *notify_ev; /* another thread asks (an eventfd): reload / drain / stop,
+                                and the mailbox below */
+    int notify_fd;
+    pthread_mutex_t mail_lock;
+    struct gw_mail *mail_head, **mail_tail;
+    struct event *accept_ev; /* re-enable accepting after EMFILE */
+    struct event *reap_ev;   /* deferred frees */
+    struct event *flush_ev;  /* direct writes (wio.c) */
+    struct gw_wio_list flushq;
+    struct gw_conn_list conns;
+    size_t nconns;
+    struct rl_worker *rlw;          /* rate limits: this thread's handle (NULL = none) */
+    struct sl_redis *redis;         /* this thread's Redis client for auth (NULL = none) */
+    struct fb_qworker *qw;          /* the durable queue, this thread's handle */
+    struct fb_idem_worker *iw;      /* idempotency store, this thread's handle */
+    struct gw_resender *resender;   /* worker 0: resends queued requests */
+    void *hook_state[GW_MAX_HOOKS]; /* a policy module's per-thread handle (gw_hook_index) */
+    bool accept_paused;
+    bool draining;
+    uint64_t rng;
+    /* deferred frees */
+    void **reap;
+    size_t nreap, capreap;
+    void (**reap_fn)(void *);
+};
+
+/* A worker of process s (id -1 and is_main: the main thread's pseudo-worker
+ * for the admin listener): its loop, mailbox, runtime, the hooks'
+ * per-thread handles, its listeners. */
+int gw_worker_init(gw_worker_t *w, gw_server_t *s, int id, bool is_main);
+void gw_worker_fini(gw_worker_t *w);
+/* Runs its loop until it ends (drained, stopped). */
+void gw_worker_run(gw_worker_t *w);
+/* Closes every connection now, and ends the loop. */
+void gw_worker_stop_now(gw_worker_t *w);
+/* Makes it look at its mailbox, the runtime and the drain/stop flags. */
+void gw_worker_wake(gw_worker_t *w);
+
+/* The worker's event-loop services on base (deferred frees, direct-write
+ * flushes, its connection list): all that hosting connections needs, without
+ * threads, listeners or a mailbox (gw_worker_init in server.c adds those;
+ * the socketless tests use this alone). fini runs what is still deferred. */
+int gw_worker_init_loop(gw_worker_t *w, struct event_base *base);
+void gw_worker_fini_loop(gw_worker_t *w);
+void gw_worker_defer_free(gw_worker_t *w, void (*fn)(void *), void *obj);
+/* Runs fn(arg) on w's thread, soon; callable from any thread. libevent runs
+ * without its own locks (each base belongs to one thread), so this is the
+ * only way in from outside. -1 on OOM. */
+int gw_worker_post(gw_worker_t *w, void (*fn)(void *), void *arg);
+uint64_t gw_worker_rand(gw_worker_t *w);
+/* A connection closed: accepting may resume. */
+void gw_worker_conn_closed(gw_worker_t *w);
+
+#endif

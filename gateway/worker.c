@@ -1,0 +1,384 @@
+/*
+ * worker.c — one worker thread: its event_base, accepting on the shared
+ * listening sockets (pausing at max_connections or when out of
+ * descriptors), its connections, the runtime it serves new requests with,
+ * drain and stop, deferred frees, and the mailbox through which other
+ * threads reach it (an eventfd: libevent runs without locks here, so this
+ * is the only way in). The process (server.c) starts and stops workers.
+ */
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+#include <event2/listener.h>
+
+#include "common/log.h"
+#include "gateway/gw_conn.h"
+#include "gateway/gw_hook.h"
+#include "gateway/gw_rt.h"
+#include "gateway/gw_server.h"
+#include "gateway/gw_types.h"
+#include "gateway/gw_upstream.h"
+#include "gateway/gw_wio.h"
+#include "gateway/gw_worker.h"
+
+/* ---- deferred frees, randomness ----------------------------------------- */
+
+static void gw_worker_reap_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    gw_worker_t *w = arg;
+    /* Frees may queue more frees: loop until the list stays empty. */
+    while (w->nreap) {
+        size_t n = w->nreap;
+        void **objs = w->reap;
+        void (**fns)(void *) = w->reap_fn;
+        w->reap = NULL;
+        w->reap_fn = NULL;
+        w->nreap = w->capreap = 0;
+        for (size_t i = 0; i < n; i++)
+            fns[i](objs[i]);
+        free(objs);
+        free(fns);
+    }
+}
+
+void gw_worker_defer_free(gw_worker_t *w, void (*fn)(void *), void *obj)
+{
+    if (w->nreap == w->capreap) {
+        size_t cap = w->capreap ? w->capreap * 2 : 16;
+        void **o = realloc(w->reap, cap * sizeof(*o));
+        void (**f)(void *) = realloc(w->reap_fn, cap * sizeof(*f));
+        if (!o || !f) {
+            /* Out of memory: leaking beats freeing inside a callback. */
+            if (o)
+                w->reap = o;
+            if (f)
+                w->reap_fn = f;
+            sl_error("out of memory queueing a deferred free");
+            return;
+        }
+        w->reap = o;
+        w->reap_fn = f;
+        w->capreap = cap;
+    }
+    w->reap[w->nreap] = obj;
+    w->reap_fn[w->nreap] = fn;
+    w->nreap++;
+    event_active(w->reap_ev, EV_TIMEOUT, 0);
+}
+
+uint64_t gw_worker_rand(gw_worker_t *w)
+{
+    /* xorshift64*: request ids and tie-breaks, not secrets */
+    uint64_t x = w->rng;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    w->rng = x;
+    return x * 0x2545F4914F6CDD1DULL;
+}
+
+/* ---- accepting ---------------------------------------------------------- */
+
+static void gw_worker_accept_enable(gw_worker_t *w, bool on)
+{
+    for (size_t i = 0; i < w->nlisteners; i++) {
+        if (!w->listeners[i])
+            continue;
+        if (on)
+            evconnlistener_enable(w->listeners[i]);
+        else
+            evconnlistener_disable(w->listeners[i]);
+    }
+    w->accept_paused = !on;
+}
+
+void gw_worker_conn_closed(gw_worker_t *w)
+{
+    if (w->accept_paused && !w->draining &&
+        (int64_t)w->nconns < w->rt->conf->limits.max_connections)
+        gw_worker_accept_enable(w, true);
+    if (w->draining && w->nconns == 0 && !w->is_main)
+        event_base_loopexit(w->base, NULL);
+}
+
+static void gw_accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa,
+                         int salen, void *arg)
+{
+    (void)l;
+    gw_lslot_t *slot = arg;
+    gw_worker_t *w = slot->w;
+    if (w->draining) {
+        close(fd);
+        return;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    gw_conn_accept(w, fd, sa, salen, slot->l);
+    if (!w->is_main && (int64_t)w->nconns >= w->rt->conf->limits.max_connections)
+        gw_worker_accept_enable(w, false);
+}
+
+static void gw_accept_retry_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    gw_worker_t *w = arg;
+    if (w->accept_paused && !w->draining)
+        gw_worker_accept_enable(w, true);
+}
+
+static void gw_accept_error_cb(struct evconnlistener *l, void *arg)
+{
+    (void)l;
+    int err = EVUTIL_SOCKET_ERROR();
+    gw_worker_t *w = ((gw_lslot_t *)arg)->w;
+    if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+        /* Out of descriptors: stop accepting until a connection closes (or
+         * a second passes, for closes in other workers). */
+        sl_warn("worker %d: accept: %s; pausing accepts", w->id, strerror(err));
+        gw_worker_accept_enable(w, false);
+        struct timeval tv = {1, 0};
+        event_add(w->accept_ev, &tv);
+        return;
+    }
+    sl_warn("worker %d: accept: %s", w->id, strerror(err));
+}
+
+static int gw_worker_listen(gw_worker_t *w)
+{
+    w->listeners = sl_xcalloc(w->srv->nlistens, sizeof(*w->listeners));
+    w->lslots = sl_xcalloc(w->srv->nlistens, sizeof(*w->lslots));
+    w->nlisteners = w->srv->nlistens;
+    for (size_t i = 0; i < w->srv->nlistens; i++) {
+        gw_listen_rt_t *lr = &w->srv->listens[i];
+        if (lr->admin != w->is_main)
+            continue;
+        w->lslots[i].w = w;
+        w->lslots[i].l = lr;
+        w->listeners[i] = evconnlistener_new(w->base, gw_accept_cb, &w->lslots[i],
+                                             LEV_OPT_CLOSE_ON_EXEC, 0, lr->fd);
+        if (!w->listeners[i]) {
+            sl_error("worker %d: cannot listen on %s", w->id, lr->address);
+            return -1;
+        }
+        evconnlistener_set_error_cb(w->listeners[i], gw_accept_error_cb);
+    }
+    return 0;
+}
+
+static void gw_worker_unlisten(gw_worker_t *w)
+{
+    for (size_t i = 0; i < w->nlisteners; i++) {
+        if (w->listeners[i])
+            evconnlistener_free(w->listeners[i]);
+        w->listeners[i] = NULL;
+    }
+}
+
+/* ---- worker lifecycle ------------------------------------------------------ */
+
+static _Atomic int gw_unlistened;
+
+static void gw_worker_update_rt(gw_worker_t *w)
+{
+    gw_rt_t *rt = gw_server_rt(w->srv);
+    if (w->rt && rt->generation == w->rt->generation) {
+        gw_rt_unref(rt);
+        return;
+    }
+    gw_upstream_worker_reset(w);
+    gw_rt_unref(w->rt);
+    w->rt = rt;
+    free(w->wsrv);
+    w->nwsrv = rt->nservers;
+    w->wsrv = sl_xcalloc(rt->nservers ? rt->nservers : 1, sizeof(*w->wsrv));
+    for (size_t i = 0; i < rt->nservers; i++)
+        TAILQ_INIT(&w->wsrv[i].idle);
+}
+
+static void gw_worker_start_drain(gw_worker_t *w)
+{
+    if (w->draining)
+        return;
+    w->draining = true;
+    gw_worker_unlisten(w);
+    if (!w->is_main && atomic_fetch_add(&gw_unlistened, 1) + 1 == w->srv->nworkers) {
+        /* Every worker has stopped watching the shared sockets: close them
+         * so new connections are refused, not left in the backlog. */
+        for (size_t i = 0; i < w->srv->nlistens; i++) {
+            if (!w->srv->listens[i].admin && w->srv->listens[i].fd >= 0) {
+                close(w->srv->listens[i].fd);
+                w->srv->listens[i].fd = -1;
+            }
+        }
+    }
+    gw_upstream_worker_reset(w);
+    gw_conn_t *c, *next;
+    for (c = TAILQ_FIRST(&w->conns); c; c = next) {
+        next = TAILQ_NEXT(c, link);
+        gw_conn_drain(c);
+    }
+    if (w->nconns == 0 && !w->is_main)
+        event_base_loopexit(w->base, NULL);
+}
+
+void gw_worker_stop_now(gw_worker_t *w)
+{
+    gw_conn_t *c, *next;
+    for (c = TAILQ_FIRST(&w->conns); c; c = next) {
+        next = TAILQ_NEXT(c, link);
+        gw_conn_close(c);
+    }
+    if (!w->is_main)
+        event_base_loopexit(w->base, NULL);
+}
+
+struct gw_mail {
+    struct gw_mail *next;
+    void (*fn)(void *);
+    void *arg;
+};
+
+void gw_worker_wake(gw_worker_t *w)
+{
+    uint64_t one = 1;
+    ssize_t n = write(w->notify_fd, &one, sizeof(one));
+    (void)n; /* a full counter already means "wake up" */
+}
+
+int gw_worker_post(gw_worker_t *w, void (*fn)(void *), void *arg)
+{
+    struct gw_mail *m = malloc(sizeof(*m));
+    if (!m)
+        return -1;
+    m->next = NULL;
+    m->fn = fn;
+    m->arg = arg;
+    pthread_mutex_lock(&w->mail_lock);
+    *w->mail_tail = m;
+    w->mail_tail = &m->next;
+    pthread_mutex_unlock(&w->mail_lock);
+    gw_worker_wake(w);
+    return 0;
+}
+
+static void gw_worker_run_mail(gw_worker_t *w)
+{
+    pthread_mutex_lock(&w->mail_lock);
+    struct gw_mail *m = w->mail_head;
+    w->mail_head = NULL;
+    w->mail_tail = &w->mail_head;
+    pthread_mutex_unlock(&w->mail_lock);
+    while (m) {
+        struct gw_mail *next = m->next;
+        m->fn(m->arg);
+        free(m);
+        m = next;
+    }
+}
+
+static void gw_worker_notify_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)what;
+    gw_worker_t *w = arg;
+    uint64_t n;
+    ssize_t r = read(fd, &n, sizeof(n)); /* clears the eventfd */
+    (void)r;
+    gw_worker_run_mail(w);
+    gw_worker_update_rt(w);
+    if (atomic_load(&w->srv->draining))
+        gw_worker_start_drain(w);
+    if (atomic_load(&w->srv->stop_now))
+        gw_worker_stop_now(w);
+}
+
+int gw_worker_init_loop(gw_worker_t *w, struct event_base *base)
+{
+    TAILQ_INIT(&w->conns);
+    TAILQ_INIT(&w->flushq);
+    uint64_t seed = 0;
+    if (getrandom(&seed, sizeof(seed), 0) != sizeof(seed))
+        seed = (uint64_t)sl_now_ns();
+    w->rng = seed | 1;
+    w->base = base;
+    w->reap_ev = event_new(w->base, -1, 0, gw_worker_reap_cb, w);
+    w->flush_ev = event_new(w->base, -1, 0, gw_wio_flush_cb, w);
+    return w->reap_ev && w->flush_ev ? 0 : -1;
+}
+
+void gw_worker_fini_loop(gw_worker_t *w)
+{
+    gw_worker_reap_cb(-1, 0, w);
+    if (w->reap_ev)
+        event_free(w->reap_ev);
+    if (w->flush_ev)
+        event_free(w->flush_ev);
+    w->reap_ev = w->flush_ev = NULL;
+}
+
+int gw_worker_init(gw_worker_t *w, gw_server_t *s, int id, bool is_main)
+{
+    w->srv = s;
+    w->id = id;
+    w->is_main = is_main;
+    /* Millisecond timers through epoll_wait's timeout: a precise timer
+     * (timerfd) costs a syscall per loop turn, and every deadline here
+     * is in milliseconds anyway. */
+    struct event_base *base = w->base ? w->base : event_base_new();
+    if (!base || gw_worker_init_loop(w, base) != 0)
+        return -1;
+    w->notify_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    pthread_mutex_init(&w->mail_lock, NULL);
+    w->mail_head = NULL;
+    w->mail_tail = &w->mail_head;
+    if (w->notify_fd < 0)
+        return -1;
+    w->notify_ev = event_new(w->base, w->notify_fd, EV_READ | EV_PERSIST, gw_worker_notify_cb, w);
+    if (w->notify_ev)
+        event_add(w->notify_ev, NULL);
+    w->accept_ev = evtimer_new(w->base, gw_accept_retry_cb, w);
+    if (!w->notify_ev || !w->accept_ev)
+        return -1;
+    gw_worker_update_rt(w);
+    if (gw_hooks_worker_init(w) != 0) /* the policy modules' per-thread handles */
+        return -1;
+    return gw_worker_listen(w);
+}
+
+void gw_worker_fini(gw_worker_t *w)
+{
+    gw_worker_unlisten(w);
+    gw_worker_stop_now(w);
+    gw_worker_reap_cb(-1, 0, w);
+    gw_upstream_worker_reset(w);
+    gw_worker_reap_cb(-1, 0, w);
+    gw_hooks_worker_fini(w);
+    free(w->listeners);
+    free(w->lslots);
+    free(w->wsrv);
+    event_free(w->notify_ev);
+    gw_worker_run_mail(w); /* what was posted last (frees, mostly) */
+    close(w->notify_fd);
+    pthread_mutex_destroy(&w->mail_lock);
+    event_free(w->accept_ev);
+    gw_worker_fini_loop(w);
+    gw_rt_unref(w->rt);
+    w->rt = NULL;
+    event_base_free(w->base);
+    w->base = NULL;
+}
+
+void gw_worker_run(gw_worker_t *w)
+{
+    event_base_dispatch(w->base);
+}

@@ -1,0 +1,166 @@
+/*
+ * gw_http_feed_evbuffer(), the one parser feed loop of the client side, the
+ * proxy and the resender: a message cut across many evbuffer chains (so the
+ * loop must walk them), pipelined messages left alone after DONE, a
+ * body-less message completing right after HEAD with nothing more to feed,
+ * an empty buffer in the head phase consuming nothing (an idle keep-alive
+ * close stays a non-error), and an error stopping the loop.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <event2/buffer.h>
+
+#include "gateway/http1.h"
+
+typedef struct sink {
+    char body[256];
+    size_t n;
+} sink_t;
+
+static int body_cb(void *arg, const char *p, size_t n)
+{
+    sink_t *s = arg;
+    if (s->n + n > sizeof(s->body))
+        return -1;
+    memcpy(s->body + s->n, p, n);
+    s->n += n;
+    return 0;
+}
+
+static void noop_free(const void *data, size_t len, void *arg)
+{
+    (void)data;
+    (void)len;
+    (void)arg;
+}
+
+/* Adds s in pieces of k bytes, each its own chain (evbuffer_add_reference). */
+static void add_pieces(struct evbuffer *in, const char *s, size_t k)
+{
+    size_t n = strlen(s);
+    for (size_t off = 0; off < n; off += k) {
+        size_t len = n - off < k ? n - off : k;
+        assert_int_equal(evbuffer_add_reference(in, s + off, len, noop_free, NULL), 0);
+    }
+}
+
+static void test_message_across_chains(void **state)
+{
+    (void)state;
+    static const char req[] = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                              "Content-Length: 11\r\n\r\nhello world";
+    struct evbuffer *in = evbuffer_new();
+    add_pieces(in, req, 3);
+    assert_true(evbuffer_peek(in, -1, NULL, NULL, 0) > 10); /* many chains */
+    gw_http_parser_t *p = gw_http_parser_new(GW_HTTP_REQUEST, NULL);
+    sink_t s = {0};
+    size_t fed = 0, total = 0;
+    assert_int_equal(gw_http_feed_evbuffer(p, in, &fed, body_cb, &s), GW_HTTP_HEAD);
+    total += fed;
+    assert_string_equal(gw_http_msg(p)->method, "POST");
+    assert_int_equal(s.n, 0); /* the caller acts on the head before any body byte */
+    assert_int_equal(gw_http_feed_evbuffer(p, in, &fed, body_cb, &s), GW_HTTP_DONE);
+    total += fed;
+    assert_int_equal(total, sizeof(req) - 1);
+    assert_int_equal(evbuffer_get_length(in), 0);
+    assert_int_equal(s.n, 11);
+    assert_memory_equal(s.body, "hello world", 11);
+    gw_http_parser_free(p);
+    evbuffer_free(in);
+}
+
+static void test_pipelined_left_alone(void **state)
+{
+    (void)state;
+#define SECOND "GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n"
+    static const char two[] = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" SECOND;
+    struct evbuffer *in = evbuffer_new();
+    add_pieces(in, two, 5);
+    gw_http_parser_t *p = gw_http_parser_new(GW_HTTP_REQUEST, NULL);
+    size_t fed = 0;
+    assert_int_equal(gw_http_feed_evbuffer(p, in, &fed, NULL, NULL), GW_HTTP_HEAD);
+    /* Body-less: DONE at once, even though nothing of it is left to feed
+     * beyond the next message's bytes, which stay in the buffer. */
+    assert_int_equal(gw_http_feed_evbuffer(p, in, &fed, NULL, NULL), GW_HTTP_DONE);
+    assert_int_equal(fed, 0);
+    assert_int_equal(evbuffer_get_length(in), sizeof(SECOND) - 1);
+    gw_http_parser_reset(p);
+    assert_int_equal(gw_http_feed_evbuffer(p, in, &fed, NULL, NULL), GW_HTTP_HEAD);
+    assert_int_equal(gw_http_msg(p)->path_len, strlen("/readyz"));
+    assert_int_equal(gw_http_feed_evbuffer(p, in, &fed, NULL, NULL), GW_HTTP_DONE);
+    assert_int_equal(evbuffer_get_length(in), 0);
+    gw_http_parser_free(p);
+    evbuffer_free(in);
+}
+
+static void test_empty_buffer_is_not_a_start(void **state)
+{
+    (void)state;
+    struct evbuffer *in = evbuffer_new();
+    gw_http_parser_t *p = gw_http_parser_new(GW_HTTP_REQUEST, NULL);
+    size_t fed = 99;
+    assert_int_equal(gw_http_feed_evbuffer(p, in, &fed, NULL, NULL), GW_HTTP_NEED_MORE);
+    assert_int_equal(fed, 0);
+    assert_false(gw_http_started(p));
+    /* An idle keep-alive connection closing: nothing lost, not an error. */
+    assert_int_equal(gw_http_feed_eof(p, NULL, NULL), GW_HTTP_NEED_MORE);
+    gw_http_parser_free(p);
+    evbuffer_free(in);
+}
+
+static void test_error_stops_the_loop(void **state)
+{
+    (void)state;
+    struct evbuffer *in = evbuffer_new();
+    add_pieces(in, "GET / HTTP/1.1\r\nBad Header\r\n\r\nGET / HTTP/1.1\r\n\r\n", 4);
+    gw_http_parser_t *p = gw_http_parser_new(GW_HTTP_REQUEST, NULL);
+    size_t before = evbuffer_get_length(in), fed = 0;
+    assert_int_equal(gw_http_feed_evbuffer(p, in, &fed, NULL, NULL), GW_HTTP_ERROR);
+    assert_int_equal(gw_http_error_status(p), 400);
+    assert_true(evbuffer_get_length(in) > 0); /* what follows was not eaten */
+    assert_int_equal(before - evbuffer_get_length(in), fed);
+    /* Sticky: feeding again consumes nothing. */
+    assert_int_equal(gw_http_feed_evbuffer(p, in, &fed, NULL, NULL), GW_HTTP_ERROR);
+    assert_int_equal(fed, 0);
+    gw_http_parser_free(p);
+    evbuffer_free(in);
+}
+
+static void test_body_callback_refusal(void **state)
+{
+    (void)state;
+    /* A body larger than the sink: the callback refuses, the loop stops. */
+    char req[1024];
+    char body[400];
+    memset(body, 'x', sizeof(body));
+    int n =
+        snprintf(req, sizeof(req), "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%.*s",
+                 sizeof(body), (int)sizeof(body), body);
+    assert_true(n > 0 && (size_t)n < sizeof(req));
+    struct evbuffer *in = evbuffer_new();
+    add_pieces(in, req, 64);
+    gw_http_parser_t *p = gw_http_parser_new(GW_HTTP_REQUEST, NULL);
+    sink_t s = {0};
+    assert_int_equal(gw_http_feed_evbuffer(p, in, NULL, body_cb, &s), GW_HTTP_HEAD);
+    assert_int_equal(gw_http_feed_evbuffer(p, in, NULL, body_cb, &s), GW_HTTP_ERROR);
+    assert_true(s.n <= sizeof(s.body));
+    gw_http_parser_free(p);
+    evbuffer_free(in);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_message_across_chains),
+        cmocka_unit_test(test_pipelined_left_alone),
+        cmocka_unit_test(test_empty_buffer_is_not_a_start),
+        cmocka_unit_test(test_error_stops_the_loop),
+        cmocka_unit_test(test_body_callback_refusal),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
