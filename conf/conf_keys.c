@@ -1110,6 +1110,15 @@ static const conf_key_t auth_signing_keys[] = {
      .min = SEC(1),
      .max = HOUR(1),
      .doc = "X-Sluice-Timestamp may differ from now by this much; nonces are kept as long"},
+    {.name = "nonce_memory",
+     .type = CONF_SIZE,
+     .off = offsetof(conf_auth_signing_t, nonce_memory),
+     .def = "128m",
+     .min = KIB(64),
+     .max = GIB(64),
+     .doc = "memory for the in-process nonce store (128 bytes a nonce); full, signed requests "
+            "get 503 nonce_store_full: it sustains nonce_memory / 128 / (window + 8s) "
+            "requests/s (128m, 300s: 3404/s)"},
 };
 static const conf_table_t auth_signing_table = {TABLE(auth_signing_keys, conf_auth_signing_t)};
 
