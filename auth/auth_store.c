@@ -87,6 +87,7 @@ struct auth_stores {
     nonce_shard_t shards[NONCE_SHARDS];
     _Atomic size_t nonce_live; /* entries not yet moved to a dead list */
     _Atomic size_t nonce_cap;
+    _Atomic int64_t nonce_looked; /* when a full store last looked at every shard */
     pthread_rwlock_t rev_mu;
     rev_ent_t *rev_table;
     rev_ent_t *rev_list;
@@ -277,15 +278,22 @@ auth_store_rc_t auth_nonce_insert(auth_stores_t *s, const unsigned char key[AUTH
     if (!nonce_reserve(s)) {
         /* Buckets of quiet shards may be over without anyone having looked:
          * look (trylock, so two full shards never wait on each other),
-         * then ask again. At most NONCE_SHARDS - 1 short looks. */
-        for (size_t i = 0; i < NONCE_SHARDS; i++) {
-            nonce_shard_t *o = &s->shards[i];
-            if (o == sh || pthread_mutex_trylock(&o->mu) != 0)
-                continue;
-            nonce_expire(s, o, now);
-            pthread_mutex_unlock(&o->mu);
+         * then ask again. At most NONCE_SHARDS - 1 short looks, and once a
+         * second at most (buckets end on whole seconds): under a flood the
+         * refusal itself stays cheap. */
+        int64_t looked = atomic_load(&s->nonce_looked);
+        bool room = false;
+        if (looked != now && atomic_compare_exchange_strong(&s->nonce_looked, &looked, now)) {
+            for (size_t i = 0; i < NONCE_SHARDS; i++) {
+                nonce_shard_t *o = &s->shards[i];
+                if (o == sh || pthread_mutex_trylock(&o->mu) != 0)
+                    continue;
+                nonce_expire(s, o, now);
+                pthread_mutex_unlock(&o->mu);
+            }
+            room = nonce_reserve(s);
         }
-        if (!nonce_reserve(s)) {
+        if (!room) {
             rc = AUTH_STORE_FULL;
             goto out;
         }
