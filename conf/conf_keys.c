@@ -942,7 +942,7 @@ static const conf_key_t ratelimit_keys[] = {
      .min = 64,
      .max = 100000000,
      .doc = "users and addresses the in-process store tracks at once (idle ones expire; past "
-            "this the least recent is dropped)"},
+            "this a new one gets 429 max_keys: live ones are never dropped)"},
 };
 static const conf_table_t ratelimit_table = {TABLE(ratelimit_keys, conf_ratelimit_t),
                                              .check = ratelimit_check};
