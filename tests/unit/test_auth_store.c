@@ -184,10 +184,14 @@ static void test_nonce_memory_per_entry(void **state)
     struct mallinfo2 m1 = mallinfo2();
     size_t used = (m1.uordblks + m1.hblkhd) - (m0.uordblks + m0.hblkhd);
     double per = (double)used / 200000.0;
+    auth_stores_free(s);
+#if defined(__SANITIZE_ADDRESS__)
+    (void)per; /* ASan's allocator: mallinfo2 does not see it, and it pads */
+#else
     print_message("nonce store: %.1f bytes per nonce (budget %d)\n", per, AUTH_NONCE_ENTRY_BYTES);
     assert_true(per <= AUTH_NONCE_ENTRY_BYTES);
     assert_true(per >= 80); /* the measure measured something */
-    auth_stores_free(s);
+#endif
 }
 
 static void test_revocations(void **state)
