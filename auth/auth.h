@@ -86,7 +86,7 @@ int auth_reason_http_status(auth_reason_t r);
 
 typedef struct auth_stores auth_stores_t;
 
-/* What one remembered nonce costs (entry, allocator overhead, its share
+/* What one remembered nonce costs (entry, its share of a slab and
  * of the hash table): auth.signing.nonce_memory / this = the capacity. */
 #define AUTH_NONCE_ENTRY_BYTES    128
 #define AUTH_NONCE_MEMORY_DEFAULT (128LL << 20) /* 1 Mi nonces */
