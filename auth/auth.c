@@ -70,6 +70,7 @@ int auth_reason_http_status(auth_reason_t r)
 static pthread_once_t metrics_once = PTHREAD_ONCE_INIT;
 static sl_mseries_t *m_rejected[AUTH_R__COUNT];
 static sl_mseries_t *m_fallback[2][2]; /* [nonces|revocations][deny|allow] */
+static sl_mseries_t *m_nonces[2];      /* [live|capacity] */
 
 static void metrics_init(void)
 {
@@ -87,6 +88,13 @@ static void metrics_init(void)
     for (int c = 0; c < 2; c++)
         for (int a = 0; a < 2; a++)
             m_fallback[c][a] = sl_metric_series(fb, (const char *[]){checks[c], actions[a]});
+    sl_metric_t *nn = sl_metric_register(
+        "sluice_auth_nonces",
+        "Nonces the in-process store holds against its capacity (auth.signing.nonce_memory / "
+        "128); at capacity signed requests get 503 nonce_store_full.",
+        SL_METRIC_GAUGE, "state", NULL, 0);
+    m_nonces[0] = sl_metric_series1(nn, "live");
+    m_nonces[1] = sl_metric_series1(nn, "capacity");
 }
 
 void auth_metrics_init(void)
@@ -316,6 +324,7 @@ auth_t *auth_new(const conf_auth_t *c, auth_stores_t *stores, char *err, size_t 
          * store keeps the capacity it was made with. */
         size_t cap = (size_t)(c->signing.nonce_memory / AUTH_NONCE_ENTRY_BYTES);
         auth_stores_set_nonce_capacity(stores, cap);
+        sl_gauge_set(m_nonces[1], (int64_t)cap);
         sl_info("auth: the nonce store holds %zu nonces (nonce_memory %lld bytes): %lld signed "
                 "requests/s sustained with a %llds window",
                 cap, (long long)c->signing.nonce_memory,
@@ -374,6 +383,8 @@ static auth_reason_t local_checks(const auth_t *a, const auth_redis_job_t *job, 
         return AUTH_R_TOKEN_REVOKED;
     if (job->check_nonce) {
         auth_store_rc_t rc = auth_nonce_insert(a->stores, job->nonce_key, job->nonce_expires, now);
+        if (m_nonces[0]) /* a plain store of one atomic: the gauge follows the fill */
+            sl_gauge_set(m_nonces[0], (int64_t)auth_stores_nonce_live(a->stores));
         if (rc == AUTH_STORE_SEEN)
             return AUTH_R_SIG_REPLAY;
         /* Full: refused whatever on_store_error says (that is about

@@ -4,10 +4,11 @@
  *
  * Nonces: a uthash table per shard (16 shards, one mutex each, keyed by a
  * hash prefix so they fill evenly), plus a ring of time buckets per shard:
- * every entry sits in the bucket of its expiry second / NONCE_BUCKET_S.
+ * every entry sits in the bucket of its expiry second / AUTH_NONCE_BUCKET_S.
  * Expiry never scans: when a bucket's last second has passed, its whole
  * list is moved (one O(1) splice) to the shard's dead list, and each call
- * frees a few dead entries. The capacity (nonce_memory / the bytes an
+ * gives a few dead entries back to the shard's slabs (entries are carved
+ * from per-shard slabs, not malloc'd one by one). The capacity (nonce_memory / the bytes an
  * entry costs) holds for the whole store through one atomic count of live
  * entries, not a share per shard, so no shard can fill while others have
  * room. A full store therefore refuses in O(1) — a hash lookup (a replay

@@ -151,6 +151,9 @@ def test_full_store_refuses_in_constant_time(sluice_factory, mock):
     m = full.metrics()
     assert m.value("sluice_auth_rejected_total", reason="nonce_store_full") == 1000 + n
     assert m.value("sluice_auth_store_fallback_total") == 0
+    assert m.value("sluice_auth_nonces", state="live") == CAPACITY
+    assert m.value("sluice_auth_nonces", state="capacity") == CAPACITY
+    assert room.metrics().value("sluice_auth_nonces", state="live") == n + 1000
     assert room.metrics().value("sluice_auth_rejected_total", reason="nonce_store_full") == 0
     assert mock.requests() == []
 
