@@ -48,6 +48,9 @@ static const struct {
     [AUTH_R_SIG_REPLAY] = {"signature_replay", "this request was already received (replay)"},
     [AUTH_R_STORE_UNAVAILABLE] = {"store_unavailable",
                                   "authentication state is unavailable; retry later"},
+    [AUTH_R_NONCE_STORE_FULL] = {"nonce_store_full",
+                                 "more signed requests than this server can remember within "
+                                 "the signature window; retry later"},
 };
 
 const char *auth_reason_str(auth_reason_t r)
@@ -59,7 +62,7 @@ int auth_reason_http_status(auth_reason_t r)
 {
     if (r == AUTH_OK)
         return 200;
-    return r == AUTH_R_STORE_UNAVAILABLE ? 503 : 401;
+    return r == AUTH_R_STORE_UNAVAILABLE || r == AUTH_R_NONCE_STORE_FULL ? 503 : 401;
 }
 
 /* ---- metrics --------------------------------------------------------------------- */
@@ -67,6 +70,7 @@ int auth_reason_http_status(auth_reason_t r)
 static pthread_once_t metrics_once = PTHREAD_ONCE_INIT;
 static sl_mseries_t *m_rejected[AUTH_R__COUNT];
 static sl_mseries_t *m_fallback[2][2]; /* [nonces|revocations][deny|allow] */
+static sl_mseries_t *m_nonces[2];      /* [live|capacity] */
 
 static void metrics_init(void)
 {
@@ -77,13 +81,20 @@ static void metrics_init(void)
         m_rejected[r] = sl_metric_series1(rej, reasons[r].code);
     sl_metric_t *fb = sl_metric_register(
         "sluice_auth_store_fallback_total",
-        "Nonce/revocation store errors (Redis down, late, or a full in-process store) and "
-        "what on_store_error made of them.",
+        "Nonce/revocation store errors (Redis down or late) and what on_store_error made of "
+        "them.",
         SL_METRIC_COUNTER, "check,action", NULL, 0);
     static const char *checks[] = {"nonces", "revocations"}, *actions[] = {"deny", "allow"};
     for (int c = 0; c < 2; c++)
         for (int a = 0; a < 2; a++)
             m_fallback[c][a] = sl_metric_series(fb, (const char *[]){checks[c], actions[a]});
+    sl_metric_t *nn = sl_metric_register(
+        "sluice_auth_nonces",
+        "Nonces the in-process store holds against its capacity (auth.signing.nonce_memory / "
+        "128); at capacity signed requests get 503 nonce_store_full.",
+        SL_METRIC_GAUGE, "state", NULL, 0);
+    m_nonces[0] = sl_metric_series1(nn, "live");
+    m_nonces[1] = sl_metric_series1(nn, "capacity");
 }
 
 void auth_metrics_init(void)
@@ -308,10 +319,28 @@ auth_t *auth_new(const conf_auth_t *c, auth_stores_t *stores, char *err, size_t 
     if (c->admin_key_env && env_secret(c->admin_key_env, ADMIN_KEY_MIN, &a->admin_key,
                                        &a->admin_key_len, "auth.admin_key_env", err, errlen) != 0)
         goto fail;
+    if (a->signing_secret && c->signing.nonce_memory > 0) {
+        /* 0 = not from a conf file (tests build conf_auth_t by hand): the
+         * store keeps the capacity it was made with. */
+        size_t cap = (size_t)(c->signing.nonce_memory / AUTH_NONCE_ENTRY_BYTES);
+        auth_stores_set_nonce_capacity(stores, cap);
+        sl_gauge_set(m_nonces[1], (int64_t)cap);
+        sl_info("auth: the nonce store holds %zu nonces (nonce_memory %lld bytes): %lld signed "
+                "requests/s sustained with a %llds window",
+                cap, (long long)c->signing.nonce_memory,
+                (long long)auth_nonce_rate(cap, a->window_s), (long long)a->window_s);
+    }
     return a;
 fail:
     auth_free(a);
     return NULL;
+}
+
+int64_t auth_nonce_rate(size_t capacity, int64_t window_s)
+{
+    /* An honest client's nonce is kept for its window (its timestamp is
+     * now) plus up to one bucket before its bucket is freed. */
+    return (int64_t)capacity / (window_s + AUTH_NONCE_BUCKET_S);
 }
 
 int64_t auth_revocation_until(const auth_t *a, int64_t now)
@@ -347,21 +376,22 @@ void auth_finish(auth_result_t *res, auth_reason_t r)
 }
 
 /* The in-process answer to a job: revocation first (it does not consume
- * the nonce), then the nonce. Full stores follow on_store_error. */
+ * the nonce), then the nonce. A full nonce store refuses. */
 static auth_reason_t local_checks(const auth_t *a, const auth_redis_job_t *job, int64_t now)
 {
     if (job->check_rev && auth_rev_check(a->stores, &job->claims, now))
         return AUTH_R_TOKEN_REVOKED;
     if (job->check_nonce) {
         auth_store_rc_t rc = auth_nonce_insert(a->stores, job->nonce_key, job->nonce_expires, now);
+        if (m_nonces[0]) /* a plain store of one atomic: the gauge follows the fill */
+            sl_gauge_set(m_nonces[0], (int64_t)auth_stores_nonce_live(a->stores));
         if (rc == AUTH_STORE_SEEN)
             return AUTH_R_SIG_REPLAY;
-        if (rc == AUTH_STORE_FULL) {
-            bool allow = a->nonces_on_error == CONF_STORE_ERROR_ALLOW;
-            auth_metric_fallback("nonces", allow);
-            if (!allow)
-                return AUTH_R_STORE_UNAVAILABLE;
-        }
+        /* Full: refused whatever on_store_error says (that is about
+         * Redis): letting it through unremembered would let it be replayed,
+         * and a full store is what a flood of signed requests makes. */
+        if (rc == AUTH_STORE_FULL)
+            return AUTH_R_NONCE_STORE_FULL;
     }
     return AUTH_OK;
 }
@@ -514,6 +544,10 @@ int auth_reject_reply(auth_reason_t r, auth_http_reply_t *out)
     if (auth_error_reply(out, status, status == 503 ? "server_error" : "authentication_error",
                          reasons[r].code, reasons[r].message) != 0)
         return -1;
+    if (status == 503)
+        /* the store frees room a bucket at a time; Redis comes back soon */
+        snprintf(out->headers, sizeof(out->headers), "Retry-After: %d\r\n",
+                 r == AUTH_R_NONCE_STORE_FULL ? AUTH_NONCE_BUCKET_S : 1);
     if (status == 401) {
         if (r == AUTH_R_TOKEN_MISSING)
             snprintf(out->www_authenticate, sizeof(out->www_authenticate),

@@ -69,28 +69,52 @@ typedef enum auth_reason {
     AUTH_R_SIG_NONCE,           /* not 16..64 characters of [A-Za-z0-9_-] */
     AUTH_R_SIG_MISMATCH,        /* the HMAC does not match the canonical request */
     AUTH_R_SIG_REPLAY,          /* this nonce was already used inside the window */
-    AUTH_R_STORE_UNAVAILABLE,   /* nonce/revocation store down, late or full, and
+    AUTH_R_STORE_UNAVAILABLE,   /* nonce/revocation store down or late, and
                                    on_store_error is deny */
+    AUTH_R_NONCE_STORE_FULL,    /* the in-process nonce store holds as many nonces as
+                                   auth.signing.nonce_memory allows (503, Retry-After) */
     AUTH_R__COUNT
 } auth_reason_t;
 
 /* "ok", "token_missing", "token_malformed", ... (stable; never NULL). */
 const char *auth_reason_str(auth_reason_t r);
-/* 401 for every reason except AUTH_R_STORE_UNAVAILABLE (503); 200 for OK. */
+/* 401 for every reason except AUTH_R_STORE_UNAVAILABLE and
+ * AUTH_R_NONCE_STORE_FULL (503); 200 for OK. */
 int auth_reason_http_status(auth_reason_t r);
 
 /* ---- stores (in-process) --------------------------------------------------- */
 
 typedef struct auth_stores auth_stores_t;
 
-/* Capacities: nonce entries (each ~120 bytes; 0 = default 1048576) and
+/* What one remembered nonce costs (entry, its share of a slab and
+ * of the hash table): auth.signing.nonce_memory / this = the capacity. */
+#define AUTH_NONCE_ENTRY_BYTES    128
+#define AUTH_NONCE_MEMORY_DEFAULT (128LL << 20) /* 1 Mi nonces */
+/* Nonces expire in buckets this many seconds wide: one is remembered up to
+ * this much longer than its window, and a full store frees room every
+ * bucket (its Retry-After). */
+#define AUTH_NONCE_BUCKET_S 8
+
+/* Capacities: nonce entries (0 = AUTH_NONCE_MEMORY_DEFAULT's) and
  * revocation entries (jti and sub together; 0 = default 65536). A full
- * store is a store error (see on_store_error), never an eviction. */
+ * store refuses (nonces: AUTH_R_NONCE_STORE_FULL; revocations: 503 on the
+ * admin API), never evicts. */
 auth_stores_t *auth_stores_new(size_t nonce_capacity, size_t revocation_capacity) SL_WUR;
 void auth_stores_free(auth_stores_t *s);
-/* Current entry counts (expired entries not yet swept included). */
+/* The nonce capacity of the whole store, in entries (auth_new sets it from
+ * auth.signing.nonce_memory). Lowering it below what is held refuses new
+ * nonces until enough expire; nothing is dropped. */
+void auth_stores_set_nonce_capacity(auth_stores_t *s, size_t entries);
+size_t auth_stores_nonce_capacity(const auth_stores_t *s);
+/* Nonce entries held (expired ones not freed yet included), and live:
+ * those counted against the capacity. */
 size_t auth_stores_nonce_count(const auth_stores_t *s);
+size_t auth_stores_nonce_live(const auth_stores_t *s);
 size_t auth_stores_revocation_count(const auth_stores_t *s);
+/* Signed requests per second a store of `capacity` nonces sustains with a
+ * signature window of window_s: capacity / (window_s + AUTH_NONCE_BUCKET_S)
+ * (a nonce is kept its window, plus up to a bucket). */
+int64_t auth_nonce_rate(size_t capacity, int64_t window_s);
 
 /* ---- building ------------------------------------------------------------- */
 
@@ -199,13 +223,15 @@ typedef struct auth_http_reply {
     char *body; /* malloc'd JSON, NUL-terminated; owned by the receiver */
     size_t body_len;
     char www_authenticate[160]; /* header value for 401, else "" */
+    char headers[64];           /* more header lines for the reply, each ending in CRLF
+                                   ("Retry-After: 8\r\n" with a 503), else "" */
 } auth_http_reply_t;
 
 /* Frees body and zeroes the reply. NULL-safe. */
 void auth_http_reply_clear(auth_http_reply_t *r);
 
-/* The reply for a rejected request: 401 (503 for the store) with
- * WWW-Authenticate and an OpenAI-style error body
+/* The reply for a rejected request: 401 with WWW-Authenticate, or 503
+ * with Retry-After (in headers) for the stores, and an OpenAI-style error body
  * {"error":{"message":..,"type":"authentication_error","param":null,"code":"<reason>"}}.
  * -1 only on OOM. */
 int auth_reject_reply(auth_reason_t r, auth_http_reply_t *out) SL_WUR;

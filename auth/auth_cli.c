@@ -93,7 +93,13 @@ static int cli_token(int argc, char **argv)
         fprintf(stderr, "sluice token: %s has no auth.tokens.keys\n", conf_path);
         goto out;
     }
+    /* auth_new's start-up line (the nonce store's size) is for the server's
+     * log, not for a tool whose output is a token */
+    sl_log_level_t lvl = sl_log_get_level();
+    if (lvl < SL_LOG_WARN)
+        sl_log_set_level(SL_LOG_WARN);
     a = st ? auth_new(&conf->auth, st, err, sizeof(err)) : NULL;
+    sl_log_set_level(lvl);
     if (!a) {
         fprintf(stderr, "sluice token: %s\n", st ? err : "out of memory");
         goto out;

@@ -1,6 +1,7 @@
 /*
  * auth_crypto.c — the thin layer over OpenSSL that the rest of auth/ uses:
- * HMAC-SHA256 and SHA-256 with algorithms fetched once per process,
+ * HMAC-SHA256 and SHA-256 with algorithms fetched once per process and
+ * contexts kept per thread (no allocation or key setup per call),
  * strict base64url on top of EVP_EncodeBlock/EVP_DecodeBlock, and PEM key
  * loading with the size/curve checks each JWS alg needs. Nothing here is
  * hand-written crypto: we only translate the base64 alphabet and refuse
@@ -30,6 +31,9 @@ static EVP_MD *g_sha256;
  * used itself, only read by EVP_MAC_CTX_dup, so threads may share it. */
 static EVP_MAC_CTX *g_hmac_tmpl;
 
+static pthread_key_t tl_key;
+static void auth_tl_free(void *p);
+
 static void crypto_init(void)
 {
     g_hmac = EVP_MAC_fetch(NULL, "HMAC", NULL);
@@ -38,6 +42,7 @@ static void crypto_init(void)
         OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, (char *)"SHA256", 0),
         OSSL_PARAM_construct_end(),
     };
+    (void)pthread_key_create(&tl_key, auth_tl_free);
     g_hmac_tmpl = g_hmac ? EVP_MAC_CTX_new(g_hmac) : NULL;
     if (g_hmac_tmpl && !EVP_MAC_CTX_set_params(g_hmac_tmpl, params)) {
         EVP_MAC_CTX_free(g_hmac_tmpl);
@@ -45,33 +50,89 @@ static void crypto_init(void)
     }
 }
 
+/* Per-thread contexts, reused call after call: an EVP_MD_CTX initialised
+ * again for each digest (no allocation once it exists), and an HMAC context
+ * keyed with the last key this thread used, so that requests signed with
+ * the same key skip the key setup. Creating either is a fetch-free dup of
+ * the process-wide prepared template; a thread's contexts are freed when
+ * it exits. */
+#define AUTH_TL_KEY_MAX 128 /* longer keys are not kept for reuse */
+
+typedef struct auth_tl {
+    EVP_MD_CTX *md;
+    EVP_MAC_CTX *mac;
+    size_t klen; /* 0 = mac not keyed */
+    unsigned char key[AUTH_TL_KEY_MAX];
+} auth_tl_t;
+
+static _Thread_local auth_tl_t *tl;
+
+static void auth_tl_free(void *p)
+{
+    auth_tl_t *t = p;
+    if (!t)
+        return;
+    EVP_MD_CTX_free(t->md);
+    EVP_MAC_CTX_free(t->mac);
+    OPENSSL_cleanse(t, sizeof(*t));
+    free(t);
+    tl = NULL;
+}
+
+static auth_tl_t *auth_tl_get(void)
+{
+    if (tl)
+        return tl;
+    auth_tl_t *t = calloc(1, sizeof(*t));
+    if (!t)
+        return NULL;
+    t->md = EVP_MD_CTX_new();
+    t->mac = g_hmac_tmpl ? EVP_MAC_CTX_dup(g_hmac_tmpl) : NULL;
+    if (!t->md || !t->mac || pthread_setspecific(tl_key, t) != 0) {
+        auth_tl_free(t);
+        return NULL;
+    }
+    return tl = t;
+}
+
 int auth_hmac_sha256(const void *key, size_t klen, const void *const *parts, const size_t *lens,
                      size_t n, unsigned char out[32])
 {
     pthread_once(&crypto_once, crypto_init);
-    if (!g_hmac_tmpl)
-        return -1;
-    EVP_MAC_CTX *ctx = EVP_MAC_CTX_dup(g_hmac_tmpl);
-    if (!ctx)
+    auth_tl_t *t = auth_tl_get();
+    if (!t)
         return -1;
     /* OpenSSL refuses a NULL key even of length 0; an empty key never
      * occurs here (secrets have minimum lengths) but stay defined. */
     static const unsigned char empty[1];
-    int ok = EVP_MAC_init(ctx, klen ? key : empty, klen, NULL);
+    int ok;
+    if (klen && klen == t->klen && CRYPTO_memcmp(key, t->key, klen) == 0) {
+        ok = EVP_MAC_init(t->mac, NULL, 0, NULL); /* same key: restart, keep its setup */
+    } else {
+        t->klen = 0;
+        ok = EVP_MAC_init(t->mac, klen ? key : empty, klen, NULL);
+        if (ok && klen && klen <= sizeof(t->key)) {
+            memcpy(t->key, key, klen);
+            t->klen = klen;
+        }
+    }
     for (size_t i = 0; ok && i < n; i++)
-        ok = EVP_MAC_update(ctx, parts[i], lens[i]);
+        ok = EVP_MAC_update(t->mac, parts[i], lens[i]);
     size_t outl = 0;
     if (ok)
-        ok = EVP_MAC_final(ctx, out, &outl, 32);
-    EVP_MAC_CTX_free(ctx);
+        ok = EVP_MAC_final(t->mac, out, &outl, 32);
+    if (!ok)
+        t->klen = 0;
     return ok && outl == 32 ? 0 : -1;
 }
 
 int auth_sha256(const void *data, size_t len, unsigned char out[32])
 {
     pthread_once(&crypto_once, crypto_init);
+    auth_tl_t *t = g_sha256 ? auth_tl_get() : NULL;
     unsigned int outl = 0;
-    if (!g_sha256 || !EVP_Digest(data, len, out, &outl, g_sha256, NULL) || outl != 32)
+    if (!t || !EVP_DigestInit_ex2(t->md, g_sha256, NULL) || !EVP_DigestUpdate(t->md, data, len) ||
+        !EVP_DigestFinal_ex(t->md, out, &outl) || outl != 32)
         return -1;
     return 0;
 }

@@ -127,6 +127,24 @@ auth_reason_t auth_jwt_key(const auth_t *a, const auth_jwt_t *j, const auth_key_
     return AUTH_OK;
 }
 
+/* The order n of P-256 and n / 2 (rounded down), big-endian. */
+static const unsigned char p256_n[32] = {
+    0xff, 0xff, 0xff, 0xff, 0x00, 0x00, 0x00, 0x00, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+    0xbc, 0xe6, 0xfa, 0xad, 0xa7, 0x17, 0x9e, 0x84, 0xf3, 0xb9, 0xca, 0xc2, 0xfc, 0x63, 0x25, 0x51};
+static const unsigned char p256_half_n[32] = {
+    0x7f, 0xff, 0xff, 0xff, 0x80, 0x00, 0x00, 0x00, 0x7f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+    0xde, 0x73, 0x7d, 0x56, 0xd3, 0x8b, 0xcf, 0x42, 0x79, 0xdc, 0xe5, 0x61, 0x7e, 0x31, 0x92, 0xa8};
+
+/* ECDSA signatures are malleable: if (r, s) verifies, so does (r, n - s),
+ * a different token string for the same claims. Only the low half is
+ * accepted (s <= n/2, as Bitcoin's BIP 62 and libsecp256k1 do), so each
+ * signed token has one encoding. The signature is public: no need for a
+ * constant-time compare. */
+static bool es256_high_s(const unsigned char s[32])
+{
+    return memcmp(s, p256_half_n, 32) > 0;
+}
+
 /* JWS ES256 signatures are R || S, 32 bytes each (RFC 7518 §3.4); EVP
  * wants the DER ECDSA-Sig-Value. */
 static unsigned char *es256_raw_to_der(const unsigned char *raw, int *der_len)
@@ -160,7 +178,8 @@ auth_reason_t auth_jwt_verify_sig(const auth_key_t *k, const char *token, const 
     unsigned char *der = NULL;
     if (k->alg == AUTH_ALG_ES256) {
         int der_len = 0;
-        if (j->sig_len != 64 || !(der = es256_raw_to_der(j->sig, &der_len)))
+        if (j->sig_len != 64 || es256_high_s(j->sig + 32) ||
+            !(der = es256_raw_to_der(j->sig, &der_len)))
             return AUTH_R_TOKEN_SIGNATURE;
         sig = der;
         sig_len = (size_t)der_len;
@@ -321,14 +340,22 @@ static int sign_pkey(const auth_key_t *k, const unsigned char *in, size_t n, uns
         const unsigned char *p = der;
         ECDSA_SIG *es = d2i_ECDSA_SIG(NULL, &p, (long)dlen);
         const BIGNUM *r = NULL, *s = NULL;
-        if (es) {
+        BIGNUM *order = BN_bin2bn(p256_n, 32, NULL), *low = BN_new();
+        if (es && order && low) {
             ECDSA_SIG_get0(es, &r, &s);
             if (BN_bn2binpad(r, sig, 32) == 32 && BN_bn2binpad(s, sig + 32, 32) == 32) {
                 *sig_len = 64;
                 rc = 0;
             }
-            ECDSA_SIG_free(es);
+            /* half of what OpenSSL makes has a high s: give n - s, the
+             * encoding verifiers accept (es256_high_s) */
+            if (rc == 0 && es256_high_s(sig + 32) &&
+                (BN_sub(low, order, s) != 1 || BN_bn2binpad(low, sig + 32, 32) != 32))
+                rc = -1;
         }
+        BN_free(order);
+        BN_free(low);
+        ECDSA_SIG_free(es);
     }
 out:
     OPENSSL_free(der);

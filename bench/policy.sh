@@ -12,6 +12,10 @@
 #   auth_redis tokens + signatures, nonces and revocations in Redis
 #   full       auth_redis + the Redis limiter per user (every per-user limit
 #              set, never reached: requests, in-flight, tokens/min, tokens/day)
+#   full_local tokens (no signatures: wrk sends none) + the in-process limiter
+#              per user, every limit set as in full       (issue 16's "full")
+#   full_sig   full_local + HMAC signatures + nonces in the in-process store
+#                                                     target >= 0.95 x full_local
 # Every request of every configuration is built by the same wrk script
 # (bench/signed.lua: a token from a pool of 64 users minted with
 # `sluice token`, and a fresh signature computed through OpenSSL via
@@ -24,7 +28,8 @@
 # (utime+stime from /proc), which is the steadier figure on a shared
 # machine. A run with any error or non-2xx answer fails the bench.
 #
-# Knobs: BENCH_CONFIGS (a subset, in this order), BENCH_DURATION (s per run, default 5), BENCH_ROUNDS (default 3),
+# Knobs: BENCH_CONFIGS (a subset, in this order; full_local and full_sig run
+# only when named: BENCH_CONFIGS="full_local full_sig"), BENCH_DURATION (s per run, default 5), BENCH_ROUNDS (default 3),
 # BENCH_CONNS (default 32), BENCH_PORT_BASE (default 28600), SLUICE_BIN,
 # BENCH_PROXY_CPU / BENCH_LOAD_CPU, BENCH_KEEP=1 keeps the work directory.
 set -euo pipefail
@@ -134,7 +139,19 @@ log:
   access: "off"
   level: warn
 EOF
-    case $c in auth | auth_redis | full)
+    case $c in full_local)
+        cat >>"$f" <<EOF
+auth:
+  tokens:
+    issuer: sluice
+    audience: chat
+    keys:
+      - { kid: k1, alg: HS256, secret_env: SLUICE_BENCH_TOKEN_SECRET }
+  signing: { required: false, secret_env: SLUICE_BENCH_SIGNING_SECRET, window: 300s }
+EOF
+        ;;
+    esac
+    case $c in auth | auth_redis | full | full_sig)
         cat >>"$f" <<EOF
 auth:
   tokens:
@@ -158,7 +175,7 @@ EOF
     rl_redis)
         printf 'ratelimit:\n  per_ip: { requests_per_minute: 1000000 }\n' >>"$f"
         ;;
-    full)
+    full | full_local | full_sig)
         cat >>"$f" <<EOF
 ratelimit:
   per_user: { requests_per_minute: 1000000, concurrent: 10000, tokens_per_minute: 1000000000, tokens_per_day: 1000000000000 }
@@ -190,7 +207,9 @@ run() { # $1 config, $2 round ("warm" = not recorded)
     port=$(port_of "$1")
     pid=${SPID[$1]}
     t0=$(cpu_ticks "$pid")
-    out=$(BENCH_TOKENS=$TOKENS BENCH_SIGN=1 taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNS" \
+    local sign=1
+    [ "$1" = full_local ] && sign=0 # tokens only: a signature sent is checked
+    out=$(BENCH_TOKENS=$TOKENS BENCH_SIGN=$sign taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNS" \
         -d"$DURATION"s --latency -s "$ROOT/bench/signed.lua" "http://127.0.0.1:$port/v1/chat/completions")
     t1=$(cpu_ticks "$pid")
     line=$(grep '^BENCH ' <<<"$out") || { echo "$out" >&2; exit 1; }
@@ -237,7 +256,8 @@ def ratio(a, b):
 print("\n| ratio | requests/s (median of rounds, min–max) | by CPU per request | target |")
 print("| --- | --- | --- | --- |")
 for a, b, t in (("auth", "open", "≥ 0.9"), ("rl_redis", "open", "≥ 0.7"),
-                ("auth_redis", "open", ""), ("full", "auth_redis", "")):
+                ("auth_redis", "open", ""), ("full", "auth_redis", ""),
+                ("full_sig", "full_local", "≥ 0.95")):
     if a not in rows or b not in rows:
         continue
     m, lo, hi, c = ratio(a, b)

@@ -999,7 +999,7 @@ static const conf_key_t ratelimit_keys[] = {
      .min = 64,
      .max = 100000000,
      .doc = "users and addresses the in-process store tracks at once (idle ones expire; past "
-            "this the least recent is dropped)"},
+            "this a new one gets 429 max_keys: live ones are never dropped)"},
 };
 static const conf_table_t ratelimit_table = {TABLE(ratelimit_keys, conf_ratelimit_t),
                                              .check = ratelimit_check};
@@ -1167,6 +1167,15 @@ static const conf_key_t auth_signing_keys[] = {
      .min = SEC(1),
      .max = HOUR(1),
      .doc = "X-Sluice-Timestamp may differ from now by this much; nonces are kept as long"},
+    {.name = "nonce_memory",
+     .type = CONF_SIZE,
+     .off = offsetof(conf_auth_signing_t, nonce_memory),
+     .def = "128m",
+     .min = KIB(64),
+     .max = GIB(64),
+     .doc = "memory for the in-process nonce store (128 bytes a nonce); full, signed requests "
+            "get 503 nonce_store_full: it sustains nonce_memory / 128 / (window + 8s) "
+            "requests/s (128m, 300s: 3404/s)"},
 };
 static const conf_table_t auth_signing_table = {TABLE(auth_signing_keys, conf_auth_signing_t)};
 

@@ -36,7 +36,7 @@ static void gw_auth_reply(gw_req_t *r, auth_http_reply_t *reply, const char *ext
     if (reply->www_authenticate[0])
         n += (size_t)snprintf(hdrs, sizeof(hdrs), "WWW-Authenticate: %s\r\n",
                               reply->www_authenticate);
-    snprintf(hdrs + n, sizeof(hdrs) - n, "%s", extra ? extra : "");
+    snprintf(hdrs + n, sizeof(hdrs) - n, "%s%s", reply->headers, extra ? extra : "");
     gw_respond_json(r, reply->status, reply->body ? reply->body : "{}",
                     reply->body ? reply->body_len : 2, hdrs);
     auth_http_reply_clear(reply);

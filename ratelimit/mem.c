@@ -5,11 +5,17 @@
  * is what makes it exact under concurrency (200 racing threads against a
  * limit of 10 let exactly 10 through).
  *
- * Memory is bounded: each stripe holds at most max_keys / RL_STRIPES keys
- * in LRU order. Keys whose buckets are full again and that hold no slot
- * are idle (indistinguishable from a fresh key) and are dropped as the LRU
- * end is passed over; a full stripe drops its least recently used key
- * (counted: that key forgets its usage).
+ * Memory is bounded by max_keys for the whole table (one atomic count, not
+ * a share per stripe, so the cap is reached only when the table really
+ * holds max_keys). Only idle keys are ever dropped: a key whose buckets are
+ * full again and that holds no slot is indistinguishable from a fresh key,
+ * so forgetting it costs nothing. Each stripe keeps its keys in LRU order
+ * and drops idle ones as the LRU end is passed over. A live key is never
+ * evicted: an evicted user would come back with a fresh burst, so anyone
+ * with more identities than max_keys could switch the limits off. When the
+ * table is full of live keys a new key is refused (RL_LIMIT_KEYS, a 429
+ * with Retry-After and a metric) until some key goes idle; keys already
+ * tracked are not affected.
  */
 #include "ratelimit/rl_internal.h"
 
@@ -43,8 +49,10 @@ typedef struct rl_stripe {
 
 struct rl_mem {
     rl_stripe_t stripes[RL_STRIPES];
-    size_t cap; /* per stripe */
-    _Atomic uint64_t evictions;
+    size_t cap;             /* keys in the whole table */
+    _Atomic size_t count;   /* keys in the whole table now */
+    _Atomic unsigned probe; /* next stripe a full table looks at for idle keys */
+    _Atomic uint64_t refused;
 };
 
 rl_mem_t *rl_mem_new(size_t max_keys)
@@ -55,9 +63,7 @@ rl_mem_t *rl_mem_new(size_t max_keys)
     memset(m, 0, sizeof(*m));
     for (int i = 0; i < RL_STRIPES; i++)
         pthread_mutex_init(&m->stripes[i].mu, NULL);
-    m->cap = max_keys / RL_STRIPES;
-    if (m->cap < 1)
-        m->cap = 1;
+    m->cap = max_keys > 0 ? max_keys : 1;
     return m;
 }
 
@@ -80,19 +86,12 @@ void rl_mem_free(rl_mem_t *m)
 
 size_t rl_mem_count(const rl_mem_t *m)
 {
-    size_t n = 0;
-    for (int i = 0; i < RL_STRIPES; i++) {
-        rl_stripe_t *s = (rl_stripe_t *)&m->stripes[i];
-        pthread_mutex_lock(&s->mu);
-        n += s->n;
-        pthread_mutex_unlock(&s->mu);
-    }
-    return n;
+    return atomic_load(&((rl_mem_t *)m)->count);
 }
 
-uint64_t rl_mem_evictions(const rl_mem_t *m)
+uint64_t rl_mem_refused(const rl_mem_t *m)
 {
-    return atomic_load(&((rl_mem_t *)m)->evictions);
+    return atomic_load(&((rl_mem_t *)m)->refused);
 }
 
 size_t rl_key_make(char prefix, const char *s, char *out)
@@ -125,23 +124,64 @@ static bool rl_entry_idle(const rl_entry_t *e, int64_t now)
     return true;
 }
 
-static void rl_stripe_drop(rl_stripe_t *s, rl_entry_t *e)
+static void rl_stripe_drop(rl_mem_t *m, rl_stripe_t *s, rl_entry_t *e)
 {
     HASH_DELETE(hh, s->table, e);
     DL_DELETE2(s->lru, e, lru_prev, lru_next);
     s->n--;
+    atomic_fetch_sub(&m->count, 1);
     free(e);
 }
 
-/* The stripe's entry for key, created (and made most recent) as needed;
- * NULL only when a new one cannot be allocated. */
-static rl_entry_t *rl_stripe_get(rl_mem_t *m, rl_stripe_t *s, const char *key, size_t klen,
-                                 unsigned hv, int64_t now)
+/* Drops up to max idle keys from the stripe's LRU end; how many went. */
+static int rl_stripe_reclaim(rl_mem_t *m, rl_stripe_t *s, int max, int64_t now)
 {
+    int n = 0;
+    while (n < max && s->lru && rl_entry_idle(s->lru, now)) {
+        rl_stripe_drop(m, s, s->lru);
+        n++;
+    }
+    return n;
+}
+
+/* The table is full: looks at the other stripes' LRU ends for idle keys,
+ * starting at a rotating stripe, until one gives some back. trylock only
+ * (the caller holds its own stripe), so two full checks can never wait on
+ * each other. At most RL_STRIPES - 1 looks: constant work, and only for a
+ * new key while the table is full. */
+static void rl_mem_reclaim_elsewhere(rl_mem_t *m, const rl_stripe_t *own, int64_t now)
+{
+    unsigned start = atomic_fetch_add(&m->probe, 1);
+    for (unsigned i = 0; i < RL_STRIPES; i++) {
+        rl_stripe_t *o = &m->stripes[(start + i) % RL_STRIPES];
+        if (o == own || pthread_mutex_trylock(&o->mu) != 0)
+            continue;
+        int n = rl_stripe_reclaim(m, o, RL_RECLAIM_PER_STRIPE, now);
+        pthread_mutex_unlock(&o->mu);
+        if (n > 0)
+            return;
+    }
+}
+
+/* Reserves room for one more key in the whole table. */
+static bool rl_mem_reserve(rl_mem_t *m)
+{
+    if (atomic_fetch_add(&m->count, 1) < m->cap)
+        return true;
+    atomic_fetch_sub(&m->count, 1);
+    return false;
+}
+
+/* The stripe's entry for key, created (and made most recent) as needed.
+ * NULL when it cannot be created: *full tells a table full of live keys
+ * from an allocation failure. */
+static rl_entry_t *rl_stripe_get(rl_mem_t *m, rl_stripe_t *s, const char *key, size_t klen,
+                                 unsigned hv, int64_t now, bool *full)
+{
+    *full = false;
     /* Passing over the LRU end: drop up to two idle keys per call, so idle
-     * keys go away at the rate new ones come. */
-    for (int i = 0; i < 2 && s->lru && rl_entry_idle(s->lru, now); i++)
-        rl_stripe_drop(s, s->lru);
+     * keys go away faster than new ones come. */
+    rl_stripe_reclaim(m, s, 2, now);
     rl_entry_t *e = NULL;
     HASH_FIND_BYHASHVALUE(hh, s->table, key, klen, hv, e);
     if (e) {
@@ -151,20 +191,36 @@ static rl_entry_t *rl_stripe_get(rl_mem_t *m, rl_stripe_t *s, const char *key, s
         }
         return e;
     }
-    if (s->n >= m->cap && s->lru) {
-        if (!rl_entry_idle(s->lru, now))
-            atomic_fetch_add(&m->evictions, 1); /* that key forgets its usage */
-        rl_stripe_drop(s, s->lru);
+    if (!rl_mem_reserve(m)) {
+        rl_mem_reclaim_elsewhere(m, s, now);
+        if (!rl_mem_reserve(m)) {
+            *full = true;
+            return NULL;
+        }
     }
     e = calloc(1, sizeof(*e) + klen + 1);
-    if (!e)
+    if (!e) {
+        atomic_fetch_sub(&m->count, 1);
         return NULL;
+    }
     memcpy(e->key, key, klen);
     e->klen = klen;
     HASH_ADD_KEYPTR_BYHASHVALUE(hh, s->table, e->key, klen, hv, e);
     DL_APPEND2(s->lru, e, lru_prev, lru_next);
     s->n++;
     return e;
+}
+
+/* When a table full of live keys may have room: the moment this stripe's
+ * least recently used key goes idle (a guess: another key may go first),
+ * at least a second away. */
+static int64_t rl_stripe_retry_ms(const rl_stripe_t *s, int64_t now)
+{
+    int64_t until = 0;
+    if (s->lru)
+        for (int i = 0; i < TAT_N; i++)
+            until = SL_MAX(until, s->lru->tat[i] - now);
+    return SL_MAX((until + 999999) / 1000000, RL_KEYS_RETRY_MS);
 }
 
 static rl_stripe_t *rl_mem_stripe(rl_mem_t *m, const char *key, size_t klen, unsigned *hv)
@@ -206,7 +262,19 @@ void rl_mem_check(rl_mem_t *m, const char *key, size_t klen, const rl_limits_t *
     unsigned hv;
     rl_stripe_t *s = rl_mem_stripe(m, key, klen, &hv);
     pthread_mutex_lock(&s->mu);
-    rl_entry_t *e = rl_stripe_get(m, s, key, klen, hv, now);
+    bool full = false;
+    rl_entry_t *e = rl_stripe_get(m, s, key, klen, hv, now, &full);
+    if (!e && full) {
+        /* Every key is live: a new one must not get a free burst. */
+        d->allowed = false;
+        d->limit = RL_LIMIT_KEYS;
+        d->limit_value = (int64_t)m->cap;
+        d->retry_after_ms = rl_stripe_retry_ms(s, now);
+        d->reset_ms = d->retry_after_ms;
+        pthread_mutex_unlock(&s->mu);
+        atomic_fetch_add(&m->refused, 1);
+        return;
+    }
     if (!e) { /* out of memory: let it through rather than fail the request */
         pthread_mutex_unlock(&s->mu);
         return;
@@ -267,6 +335,11 @@ void rl_mem_settle(rl_mem_t *m, const char *key, size_t klen, const rl_limits_t 
             rl_gcra_adjust(&e->tat[TAT_TPM], now, lim->tokens_per_minute, RL_MINUTE_NS, refund);
         if (refund != 0 && lim->tokens_per_day > 0)
             rl_gcra_adjust(&e->tat[TAT_TPD], now, lim->tokens_per_day, RL_DAY_NS, refund);
+        /* Idle now (its last slot back, its buckets full): first to go. */
+        if (rl_entry_idle(e, now) && s->lru != e) {
+            DL_DELETE2(s->lru, e, lru_prev, lru_next);
+            DL_PREPEND2(s->lru, e, lru_prev, lru_next);
+        }
     }
     pthread_mutex_unlock(&s->mu);
 }

@@ -82,12 +82,14 @@ typedef enum rl_limit {
     RL_LIMIT_TOKENS_DAY,    /* per_user.tokens_per_day */
     RL_LIMIT_IP_REQUESTS,   /* per_ip.requests_per_minute */
     RL_LIMIT_STORE,         /* Redis unavailable and on_store_error: deny */
+    RL_LIMIT_KEYS,          /* a new key, and the in-process table holds max_keys live
+                               keys (limit_value = max_keys) */
     RL_LIMIT_COUNT
 } rl_limit_t;
 
 /* "requests_per_minute", "concurrent", "tokens_per_minute", "tokens_per_day",
- * "ip_requests_per_minute", "store_unavailable" (the metric label and the
- * name the error body gives). */
+ * "ip_requests_per_minute", "store_unavailable", "max_keys" (the metric
+ * label and the name the error body gives). */
 const char *rl_limit_name(rl_limit_t l);
 
 /* Resolved limits for one key (a user's after overrides, or an address's);
@@ -202,6 +204,9 @@ int64_t rl_ticket_reserved(const rl_ticket_t *t);
 
 /* Keys the in-process store holds now (for tests and /metrics). */
 size_t rl_mem_keys(const rl_t *rl);
+/* New keys the in-process store refused since start, every key it held
+ * being live (also sluice_ratelimited_total{limit="max_keys"}). */
+uint64_t rl_mem_keys_refused(const rl_t *rl);
 
 /* ---- client address ------------------------------------------------------------ */
 

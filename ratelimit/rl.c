@@ -90,8 +90,8 @@ struct rl_worker {
 };
 
 static const char *const rl_limit_names[RL_LIMIT_COUNT] = {
-    "none",           "requests_per_minute",    "concurrent",       "tokens_per_minute",
-    "tokens_per_day", "ip_requests_per_minute", "store_unavailable"};
+    "none",           "requests_per_minute",    "concurrent",        "tokens_per_minute",
+    "tokens_per_day", "ip_requests_per_minute", "store_unavailable", "max_keys"};
 static const char *const rl_action_names[3] = {"allow", "deny", "local"};
 
 const char *rl_limit_name(rl_limit_t l)
@@ -225,6 +225,11 @@ const rl_proxies_t *rl_trusted_proxies(const rl_t *rl)
 size_t rl_mem_keys(const rl_t *rl)
 {
     return rl_mem_count(rl->mem);
+}
+
+uint64_t rl_mem_keys_refused(const rl_t *rl)
+{
+    return rl_mem_refused(rl->mem);
 }
 
 void rl_limits_for(const rl_t *rl, const char *user, const char *client, rl_limits_t *out)
@@ -593,7 +598,7 @@ int rl_format_headers(const rl_decision_t *d, char *buf, size_t n)
     if (n == 0)
         return -1;
     buf[0] = '\0';
-    if (d->limit != RL_LIMIT_NONE && d->limit != RL_LIMIT_STORE) {
+    if (d->limit != RL_LIMIT_NONE && d->limit != RL_LIMIT_STORE && d->limit != RL_LIMIT_KEYS) {
         /* Per answer: built without snprintf (three numbers, fixed names). */
         static const char *const names[3] = {
             "X-RateLimit-Limit: ", "X-RateLimit-Remaining: ", "X-RateLimit-Reset: "};
@@ -632,6 +637,12 @@ char *rl_error_body(const rl_decision_t *d, size_t *len)
                  "Request too large for %s (limit %lld): it can never fit; lower max_tokens or "
                  "shorten the prompt.",
                  name, (long long)d->limit_value);
+    else if (d->limit == RL_LIMIT_KEYS)
+        snprintf(msg, sizeof(msg),
+                 "Rate limits are tracking as many active users as they can (max_keys %lld); "
+                 "retry in %llds.",
+                 (long long)d->limit_value,
+                 (long long)SL_MAX(rl_ms_to_s_ceil(d->retry_after_ms), 1));
     else if (d->limit == RL_LIMIT_CONCURRENT)
         snprintf(msg, sizeof(msg),
                  "Rate limit reached for concurrent requests (limit %lld); retry after one "

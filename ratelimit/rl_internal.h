@@ -17,6 +17,13 @@
  * a second. */
 #define RL_CONCURRENT_RETRY_MS 1000
 
+/* A table full of live keys refuses a new key with at least this
+ * Retry-After. Before refusing, it looks at the LRU end of every other
+ * stripe (trylock: a busy one is skipped) and drops up to this many idle
+ * keys from the first that has some. */
+#define RL_KEYS_RETRY_MS      1000
+#define RL_RECLAIM_PER_STRIPE 4
+
 /* A Redis concurrency lease lives this long unless released: it bounds the
  * damage of an instance that dies holding slots. Longer than any upstream
  * total timeout should be. */
@@ -31,14 +38,16 @@ typedef struct rl_mem rl_mem_t;
 
 rl_mem_t *rl_mem_new(size_t max_keys);
 void rl_mem_free(rl_mem_t *m);
+/* Keys held now, in the whole table. */
 size_t rl_mem_count(const rl_mem_t *m);
-/* Evictions of live keys because the table was full, since start. */
-uint64_t rl_mem_evictions(const rl_mem_t *m);
+/* New keys refused because every key the table holds was live, since start. */
+uint64_t rl_mem_refused(const rl_mem_t *m);
 
 /* All or nothing: one request (if lim->requests_per_minute), a concurrency
  * slot (if lim->concurrent), `tokens` from each token budget. ip: name the
- * request limit RL_LIMIT_IP_REQUESTS. *slot tells whether a slot was taken
- * (to give back at settle). */
+ * request limit RL_LIMIT_IP_REQUESTS. A key the table does not hold yet,
+ * with max_keys live keys in it, is refused with RL_LIMIT_KEYS. *slot tells whether a slot was
+ * taken (to give back at settle). */
 void rl_mem_check(rl_mem_t *m, const char *key, size_t klen, const rl_limits_t *lim, bool ip,
                   int64_t tokens, int64_t now, rl_decision_t *d, bool *slot);
 /* refund = reserved - used (> 0 gives back, < 0 charges); slot: give the

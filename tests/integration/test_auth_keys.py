@@ -53,13 +53,25 @@ def _der_to_raw(der):
     return out
 
 
-def _mint(priv, alg, kid, sub="alice", raw_sig=True):
+P256_N = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551
+
+
+def _s_high(raw, high):
+    """raw r || s with s in the high half (n - s) or the low half (what
+    sluice accepts: docs/auth.md), whichever OpenSSL gave."""
+    s = int.from_bytes(raw[32:], "big")
+    if (s > P256_N // 2) != high:
+        s = P256_N - s
+    return raw[:32] + s.to_bytes(32, "big")
+
+
+def _mint(priv, alg, kid, sub="alice", raw_sig=True, high_s=False):
     tok = ph.mint(sub, kid=kid, alg=alg)  # claims and jti as usual; the MAC is replaced
     head, body, _ = tok.access_token.split(".")
     signing_input = ("%s.%s" % (head, body)).encode()
     sig = _openssl("dgst", "-sha256", "-sign", priv, data=signing_input)
     if alg == "ES256" and raw_sig:
-        sig = _der_to_raw(sig)
+        sig = _s_high(_der_to_raw(sig), high_s)
     return ph.Token("%s.%s.%s" % (head, body, ph.b64url(sig)), tok.signing_key)
 
 
@@ -79,6 +91,12 @@ def test_es256_and_rs256_tokens_from_a_login_service(sluice_factory, mock, keys)
         r = ph.signed(s, tok)
         assert r.status == 200, (alg, r)
     assert ph.signed(s, ph.mint("hs-user")).status == 200
+    assert len(mock.requests()) == 3
+    # the high-S twin of a valid ES256 signature (it verifies too: ECDSA is
+    # malleable) is refused: one signed token, one spelling
+    for _ in range(2):
+        r = ph.signed(s, _mint(keys["ec"][0], "ES256", "k2", sub="twin", high_s=True))
+        ph.assert_auth_error(r, "token_signature")
     assert len(mock.requests()) == 3
 
 

@@ -8,6 +8,9 @@
 
 #include <cmocka.h>
 
+#include <openssl/ec.h>
+#include <openssl/ecdsa.h>
+
 #include "test_auth_util.h"
 
 #define HDR_K1 "{\"alg\":\"HS256\",\"typ\":\"JWT\",\"kid\":\"k1\"}"
@@ -472,6 +475,67 @@ static void test_es256_rs256(void **state)
     free(pay);
 }
 
+/* ES256 is malleable: (r, n - s) verifies wherever (r, s) does. The high-S
+ * twin is refused (one encoding per signed token), and the tokens sluice
+ * signs itself always carry the low S. */
+static void test_es256_high_s(void **state)
+{
+    (void)state;
+    static const char hdr[] = "{\"alg\":\"ES256\",\"kid\":\"e1\"}";
+    EC_GROUP *g = EC_GROUP_new_by_curve_name(NID_X9_62_prime256v1);
+    assert_non_null(g);
+    const BIGNUM *n = EC_GROUP_get0_order(g);
+    int mauled_refused = 0;
+    /* OpenSSL's s is high about half of the time: 16 tokens give both */
+    for (int i = 0; i < 16; i++) {
+        char jti[32];
+        snprintf(jti, sizeof(jti), "j-es-%d", i);
+        char *pay = t_claims("bob", jti, T_NOW, T_NOW + 600);
+        char *tok = t_token_pk(AUTH_ALG_ES256, F.ec, hdr, pay);
+        assert_non_null(tok);
+        assert_int_equal(verify(tok, T_NOW), AUTH_OK);
+        char *dot = strrchr(tok, '.');
+        unsigned char rs[64];
+        assert_int_equal(auth_b64url_decode(dot + 1, strlen(dot + 1), rs, sizeof(rs)), 64);
+        /* the twin: (r, n - s) */
+        BIGNUM *sb = BN_bin2bn(rs + 32, 32, NULL), *tw = BN_new();
+        assert_int_equal(BN_sub(tw, n, sb), 1);
+        unsigned char twin[64];
+        memcpy(twin, rs, 32);
+        assert_int_equal(BN_bn2binpad(tw, twin + 32, 32), 32);
+        /* OpenSSL on its own accepts the twin: the test can fail */
+        ECDSA_SIG *es = ECDSA_SIG_new();
+        BIGNUM *r2 = BN_bin2bn(twin, 32, NULL), *s2 = BN_bin2bn(twin + 32, 32, NULL);
+        assert_int_equal(ECDSA_SIG_set0(es, r2, s2), 1);
+        unsigned char *der = NULL;
+        int dlen = i2d_ECDSA_SIG(es, &der);
+        assert_true(dlen > 0);
+        EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+        assert_int_equal(EVP_DigestVerifyInit(ctx, NULL, EVP_sha256(), NULL, F.ec), 1);
+        assert_int_equal(EVP_DigestVerify(ctx, der, (size_t)dlen, (const unsigned char *)tok,
+                                          (size_t)(dot - tok)),
+                         1);
+        EVP_MD_CTX_free(ctx);
+        OPENSSL_free(der);
+        ECDSA_SIG_free(es);
+        /* sluice refuses it */
+        char tw64[128], *mauled = malloc(strlen(tok) + 8);
+        auth_b64url_encode(twin, 64, tw64);
+        memcpy(mauled, tok, (size_t)(dot - tok) + 1);
+        strcpy(mauled + (dot - tok) + 1, tw64);
+        assert_string_not_equal(mauled, tok);
+        assert_int_equal(verify(mauled, T_NOW), AUTH_R_TOKEN_SIGNATURE);
+        mauled_refused++;
+        BN_free(sb);
+        BN_free(tw);
+        free(mauled);
+        free(tok);
+        free(pay);
+    }
+    assert_int_equal(mauled_refused, 16);
+    EC_GROUP_free(g);
+}
+
 static void test_key_loading(void **state)
 {
     (void)state;
@@ -526,6 +590,7 @@ int main(void)
         cmocka_unit_test(test_kid),
         cmocka_unit_test(test_duplicate_members),
         cmocka_unit_test(test_es256_rs256),
+        cmocka_unit_test(test_es256_high_s),
         cmocka_unit_test(test_key_loading),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -379,6 +379,64 @@ static void test_reject_metric(void **state)
     free(txt);
 }
 
+/* The HMAC and SHA-256 helpers reuse per-thread contexts (the HMAC one
+ * keyed with the thread's last key): every answer must still equal
+ * OpenSSL's one-shot result, whatever the order of keys, data and threads. */
+static void mac_check(const char *key, const char *data)
+{
+    unsigned char got[32], want[32];
+    size_t wl = 0;
+    const void *parts[] = {data, data + strlen(data) / 2};
+    size_t lens[] = {strlen(data) / 2, strlen(data) - strlen(data) / 2};
+    assert_int_equal(auth_hmac_sha256(key, strlen(key), parts, lens, 2, got), 0);
+    assert_non_null(EVP_Q_mac(NULL, "HMAC", NULL, "SHA256", NULL, key, strlen(key),
+                              (const unsigned char *)data, strlen(data), want, sizeof(want), &wl));
+    assert_int_equal(wl, 32);
+    assert_memory_equal(got, want, 32);
+    unsigned char d1[32], d2[32];
+    unsigned int dl = 0;
+    assert_int_equal(auth_sha256(data, strlen(data), d1), 0);
+    assert_int_equal(EVP_Digest(data, strlen(data), d2, &dl, EVP_sha256(), NULL), 1);
+    assert_memory_equal(d1, d2, 32);
+}
+
+static void *mac_thread(void *arg)
+{
+    int id = *(int *)arg;
+    char key[64], data[64];
+    for (int i = 0; i < 2000; i++) {
+        /* runs of the same key, then a change; keys shared across threads */
+        snprintf(key, sizeof(key), "key-%d-0123456789abcdef0123456789", (i / 3 + id) % 5);
+        snprintf(data, sizeof(data), "data %d of thread %d", i, id);
+        mac_check(key, data);
+    }
+    return NULL;
+}
+
+static void test_hmac_contexts_reused(void **state)
+{
+    (void)state;
+    mac_check("key-a-0123456789abcdef0123456789ab", "one");
+    mac_check("key-a-0123456789abcdef0123456789ab", "one");   /* same key again */
+    mac_check("key-b-0123456789abcdef0123456789ab", "two");   /* another */
+    mac_check("key-a-0123456789abcdef0123456789ab", "three"); /* back */
+    mac_check("key-a-0123456789abcdef0123456789abc", "four"); /* a prefix of it was last */
+    char big[300];
+    memset(big, 'k', sizeof(big) - 1);
+    big[sizeof(big) - 1] = '\0';
+    mac_check(big, "a key over the kept length");
+    mac_check(big, "twice");
+    mac_check("", "empty key");
+    pthread_t th[4];
+    int ids[4];
+    for (int i = 0; i < 4; i++) {
+        ids[i] = i;
+        assert_int_equal(pthread_create(&th[i], NULL, mac_thread, &ids[i]), 0);
+    }
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -391,6 +449,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_revocation, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_replays, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reject_metric, setup, teardown),
+        cmocka_unit_test(test_hmac_contexts_reused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

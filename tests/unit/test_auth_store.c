@@ -5,6 +5,7 @@
  * verified-token cache (bounded, clock re-checked, revocation not cached). */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <malloc.h>
 #include <stddef.h>
 
 #include <cmocka.h>
@@ -36,59 +37,161 @@ static void test_nonce_seen_until_expiry(void **state)
 static void test_nonce_bounded(void **state)
 {
     (void)state;
-    /* 32 entries over 16 shards: 2 per shard. */
+    /* 32 entries for the whole store, whatever shard keys fall in: a skewed
+     * key (a client grinding nonces onto one shard) cannot fill a shard
+     * while the others have room. */
     auth_stores_t *s = auth_stores_new(32, 0);
     unsigned char k[AUTH_NONCE_KEY_LEN];
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 32; i++) {
         key_for(k, i, 3);
         assert_int_equal(auth_nonce_insert(s, k, 100, 10), AUTH_STORE_NEW);
     }
-    key_for(k, 2, 3);
+    key_for(k, 32, 3);
     assert_int_equal(auth_nonce_insert(s, k, 100, 10), AUTH_STORE_FULL);
-    /* Full means refused, not evicted: the first two are still seen. */
+    key_for(k, 32, 4); /* full is full in every shard */
+    assert_int_equal(auth_nonce_insert(s, k, 100, 10), AUTH_STORE_FULL);
+    /* Full means refused, not evicted: the first ones are still seen, and
+     * a replay is still told apart from a full store. */
     key_for(k, 0, 3);
     assert_int_equal(auth_nonce_insert(s, k, 100, 50), AUTH_STORE_SEEN);
-    /* Other shards are unaffected. */
-    key_for(k, 2, 4);
-    assert_int_equal(auth_nonce_insert(s, k, 100, 10), AUTH_STORE_NEW);
-    /* Once they expire, room again, and the count shows the sweep. */
-    key_for(k, 2, 3);
-    assert_int_equal(auth_nonce_insert(s, k, 300, 101), AUTH_STORE_NEW);
-    assert_int_equal(auth_stores_nonce_count(s), 2); /* one per shard 3 and 4 */
-    /* Fill the whole store; every shard refuses its third. */
-    auth_stores_t *t = auth_stores_new(32, 0);
-    int news = 0, fulls = 0;
+    assert_int_equal(auth_stores_nonce_live(s), 32);
+    /* Expiry 100 is in the bucket [96, 104): room again from 104 on, all
+     * at once, and the dead entries are freed a few per call. */
+    key_for(k, 40, 4);
+    assert_int_equal(auth_nonce_insert(s, k, 300, 103), AUTH_STORE_FULL);
+    assert_int_equal(auth_nonce_insert(s, k, 300, 104), AUTH_STORE_NEW);
+    assert_int_equal(auth_stores_nonce_live(s), 1);
+    for (int i = 0; i < 8; i++) {
+        key_for(k, 100 + i, 3);
+        assert_int_equal(auth_nonce_insert(s, k, 300, 104), AUTH_STORE_NEW);
+    }
+    assert_int_equal(auth_stores_nonce_count(s), 9); /* the 32 dead ones freed */
+    assert_int_equal(auth_stores_nonce_live(s), 9);
+    auth_stores_free(s);
+
+    /* The capacity can change (a reload): lower refuses until enough
+     * expire, nothing is dropped. */
+    auth_stores_t *t = auth_stores_new(64, 0);
     for (int i = 0; i < 48; i++) {
         key_for(k, i, i % 16);
-        auth_store_rc_t rc = auth_nonce_insert(t, k, 100, 10);
-        news += rc == AUTH_STORE_NEW;
-        fulls += rc == AUTH_STORE_FULL;
+        assert_int_equal(auth_nonce_insert(t, k, 1000, 10), AUTH_STORE_NEW);
     }
-    assert_int_equal(news, 32);
-    assert_int_equal(fulls, 16);
-    assert_int_equal(auth_stores_nonce_count(t), 32);
+    auth_stores_set_nonce_capacity(t, 16);
+    assert_int_equal(auth_stores_nonce_capacity(t), 16);
+    key_for(k, 99, 0);
+    assert_int_equal(auth_nonce_insert(t, k, 1000, 10), AUTH_STORE_FULL);
+    key_for(k, 5, 5);
+    assert_int_equal(auth_nonce_insert(t, k, 1000, 10), AUTH_STORE_SEEN);
     auth_stores_free(t);
-    auth_stores_free(s);
 }
 
 static void test_nonce_out_of_order_expiry(void **state)
 {
     (void)state;
     /* Expiries follow request timestamps, so they arrive out of order: a
-     * long-lived head must not keep a full shard from reclaiming the
-     * expired entries behind it. */
-    auth_stores_t *s = auth_stores_new(32, 0);
+     * long-lived entry inserted first must not keep the expired ones
+     * behind it from being reclaimed. */
+    auth_stores_t *s = auth_stores_new(2, 0);
     unsigned char k[AUTH_NONCE_KEY_LEN];
     key_for(k, 0, 5);
     assert_int_equal(auth_nonce_insert(s, k, 1000, 10), AUTH_STORE_NEW);
-    key_for(k, 1, 5);
+    key_for(k, 1, 9);
     assert_int_equal(auth_nonce_insert(s, k, 50, 10), AUTH_STORE_NEW);
     key_for(k, 2, 5);
     assert_int_equal(auth_nonce_insert(s, k, 1000, 40), AUTH_STORE_FULL);
-    assert_int_equal(auth_nonce_insert(s, k, 1000, 60), AUTH_STORE_NEW);
+    /* 50 is in [48, 56): reclaimed at 56 */
+    assert_int_equal(auth_nonce_insert(s, k, 1000, 55), AUTH_STORE_FULL);
+    assert_int_equal(auth_nonce_insert(s, k, 1000, 56), AUTH_STORE_NEW);
     key_for(k, 0, 5);
     assert_int_equal(auth_nonce_insert(s, k, 1000, 60), AUTH_STORE_SEEN);
+    /* An entry found expired (its bucket not over yet) is absent. */
+    key_for(k, 1, 9);
+    assert_int_equal(auth_nonce_insert(s, k, 1000, 60), AUTH_STORE_FULL);
     auth_stores_free(s);
+}
+
+/* Long idle spells, a wall clock that steps back, expiries beyond what the
+ * ring can hold: the accounting stays exact. */
+static void test_nonce_clock_edges(void **state)
+{
+    (void)state;
+    auth_stores_t *s = auth_stores_new(100, 0);
+    unsigned char k[AUTH_NONCE_KEY_LEN];
+    int64_t now = T_NOW;
+    for (int i = 0; i < 50; i++) {
+        key_for(k, i, i % 16);
+        assert_int_equal(auth_nonce_insert(s, k, now + 600, now), AUTH_STORE_NEW);
+    }
+    /* a day later: every bucket over, whatever turn of the ring; shards
+     * nobody touched are looked at when the store seems full */
+    now += 86400;
+    for (int i = 0; i < 100; i++) {
+        key_for(k, 1000 + i, 1);
+        assert_int_equal(auth_nonce_insert(s, k, now + 600, now), AUTH_STORE_NEW);
+    }
+    key_for(k, 1100, 7);
+    assert_int_equal(auth_nonce_insert(s, k, now + 600, now), AUTH_STORE_FULL);
+    assert_int_equal(auth_stores_nonce_live(s), 100);
+    auth_stores_set_nonce_capacity(s, 200);
+    for (int i = 0; i < 99; i++) {
+        key_for(k, 1000 + i, 1);
+        assert_int_equal(auth_nonce_insert(s, k, now + 600, now + 600), AUTH_STORE_SEEN);
+    }
+    key_for(k, 1099, 1); /* one expired by lookup: out of its bucket */
+    assert_int_equal(auth_nonce_insert(s, k, now + 1200, now + 601), AUTH_STORE_NEW);
+    assert_int_equal(auth_stores_nonce_live(s), 100);
+    now += 1300; /* all of them over */
+    key_for(k, 1000, 1);
+    assert_int_equal(auth_nonce_insert(s, k, now + 600, now), AUTH_STORE_NEW);
+    assert_int_equal(auth_stores_nonce_live(s), 1);
+    /* the clock steps back 20 minutes; entries go in buckets the cursor has
+     * passed, expired ones found by lookup come out of the right list */
+    int64_t back = now - 1200;
+    for (int i = 0; i < 40; i++) {
+        key_for(k, 2000 + i, 1);
+        assert_int_equal(auth_nonce_insert(s, k, back + 30, back), AUTH_STORE_NEW);
+    }
+    for (int i = 0; i < 40; i++) {
+        key_for(k, 2000 + i, 1);
+        assert_int_equal(auth_nonce_insert(s, k, back + 100, back + 40), AUTH_STORE_NEW);
+    }
+    assert_int_equal(auth_stores_nonce_live(s), 41);
+    assert_true(auth_stores_nonce_count(s) <= 41 + 150);
+    /* 2 hours ahead cannot be kept (a window is at most 1 h) */
+    key_for(k, 3000, 2);
+    assert_int_equal(auth_nonce_insert(s, k, now + 4 * 3600, now), AUTH_STORE_FULL);
+    /* already expired: nothing to remember */
+    key_for(k, 3001, 2);
+    assert_int_equal(auth_nonce_insert(s, k, now - 1, now), AUTH_STORE_NEW);
+    assert_int_equal(auth_nonce_insert(s, k, now - 1, now), AUTH_STORE_NEW);
+    auth_stores_free(s);
+}
+
+/* What a nonce costs: the capacity is nonce_memory / AUTH_NONCE_ENTRY_BYTES,
+ * so that must cover the entry, the allocator's overhead and the table. */
+static void test_nonce_memory_per_entry(void **state)
+{
+    (void)state;
+    struct mallinfo2 m0 = mallinfo2();
+    auth_stores_t *s = auth_stores_new(200000, 0);
+    unsigned char k[AUTH_NONCE_KEY_LEN];
+    for (int i = 0; i < 200000; i++) {
+        unsigned char d[32];
+        assert_int_equal(auth_sha256(&i, sizeof(i), d), 0);
+        memcpy(k, d, sizeof(k));
+        assert_int_equal(auth_nonce_insert(s, k, T_NOW + 300, T_NOW), AUTH_STORE_NEW);
+    }
+    struct mallinfo2 m1 = mallinfo2();
+    size_t used = (m1.uordblks + m1.hblkhd) - (m0.uordblks + m0.hblkhd);
+    double per = (double)used / 200000.0;
+    auth_stores_free(s);
+#if defined(__SANITIZE_ADDRESS__)
+    (void)per; /* ASan's allocator: mallinfo2 does not see it, and it pads */
+#else
+    print_message("nonce store: %.1f bytes per nonce (budget %d)\n", per, AUTH_NONCE_ENTRY_BYTES);
+    assert_true(per <= AUTH_NONCE_ENTRY_BYTES);
+    assert_true(per >= 80); /* the measure measured something */
+#endif
 }
 
 static void test_revocations(void **state)
@@ -132,6 +235,18 @@ static void test_revocations(void **state)
     auth_stores_free(s);
 }
 
+static uint64_t reject_count(const char *reason)
+{
+    size_t n;
+    char *txt = sl_metrics_render(&n);
+    char pat[128];
+    snprintf(pat, sizeof(pat), "sluice_auth_rejected_total{reason=\"%s\"} ", reason);
+    const char *p = strstr(txt, pat);
+    uint64_t v = p ? strtoull(p + strlen(pat), NULL, 10) : 0;
+    free(txt);
+    return v;
+}
+
 static uint64_t fallback_count(const char *check, const char *action)
 {
     size_t n;
@@ -145,6 +260,9 @@ static uint64_t fallback_count(const char *check, const char *action)
     return v;
 }
 
+/* A full nonce store refuses with nonce_store_full (503, Retry-After),
+ * whatever on_store_error says (that is about Redis): letting the request
+ * through unremembered would let it be replayed. */
 static void test_full_store_policy(void **state)
 {
     (void)state;
@@ -153,12 +271,12 @@ static void test_full_store_policy(void **state)
         tconf_t t;
         tconf_default(&t);
         t.c.on_store_error.nonces = allow ? CONF_STORE_ERROR_ALLOW : CONF_STORE_ERROR_DENY;
-        auth_stores_t *st = auth_stores_new(16, 0); /* one nonce per shard */
+        auth_stores_t *st = auth_stores_new(16, 0);
         auth_t *a = t_auth(&t, st);
         assert_non_null(a);
-        uint64_t before = fallback_count("nonces", allow ? "allow" : "deny");
-        /* Enough distinct nonces that some shard must overflow. */
-        int ok = 0, unavailable = 0;
+        uint64_t fb0 = fallback_count("nonces", allow ? "allow" : "deny");
+        uint64_t rej0 = reject_count("nonce_store_full");
+        int ok = 0, full = 0;
         for (int i = 0; i < 40; i++) {
             treq_t q;
             char nonce[40];
@@ -166,27 +284,51 @@ static void test_full_store_policy(void **state)
             treq_make(&q, a, tok, T_NOW, nonce);
             auth_reason_t r = t_check(a, &q.r, T_NOW);
             ok += r == AUTH_OK;
-            unavailable += r == AUTH_R_STORE_UNAVAILABLE;
+            full += r == AUTH_R_NONCE_STORE_FULL;
         }
-        assert_true(auth_stores_nonce_count(st) <= 16);
-        if (allow) {
-            assert_int_equal(ok, 40);
-        } else {
-            assert_int_equal(ok + unavailable, 40);
-            assert_true(unavailable >= 24);
-        }
-        uint64_t after = fallback_count("nonces", allow ? "allow" : "deny");
-        assert_int_equal(after - before, (uint64_t)(40 - (int)auth_stores_nonce_count(st)));
+        assert_int_equal(ok, 16);
+        assert_int_equal(full, 24);
+        assert_int_equal(auth_stores_nonce_count(st), 16);
+        assert_int_equal(fallback_count("nonces", allow ? "allow" : "deny"), fb0);
+        assert_int_equal(reject_count("nonce_store_full"), rej0 + 24);
         auth_free(a);
         auth_stores_free(st);
     }
     free(tok);
-    /* The 503 reply for it. */
+    /* The 503 replies: Retry-After, no WWW-Authenticate. */
     auth_http_reply_t rep;
-    assert_int_equal(auth_reject_reply(AUTH_R_STORE_UNAVAILABLE, &rep), 0);
+    assert_int_equal(auth_reject_reply(AUTH_R_NONCE_STORE_FULL, &rep), 0);
     assert_int_equal(rep.status, 503);
     assert_string_equal(rep.www_authenticate, "");
+    assert_string_equal(rep.headers, "Retry-After: 8\r\n");
+    assert_non_null(strstr(rep.body, "\"code\":\"nonce_store_full\""));
+    assert_non_null(strstr(rep.body, "\"type\":\"server_error\""));
     auth_http_reply_clear(&rep);
+    assert_int_equal(auth_reject_reply(AUTH_R_STORE_UNAVAILABLE, &rep), 0);
+    assert_int_equal(rep.status, 503);
+    assert_string_equal(rep.headers, "Retry-After: 1\r\n");
+    auth_http_reply_clear(&rep);
+    assert_int_equal(auth_reject_reply(AUTH_R_SIG_REPLAY, &rep), 0);
+    assert_int_equal(rep.status, 401);
+    assert_string_equal(rep.headers, "");
+    auth_http_reply_clear(&rep);
+}
+
+/* nonce_memory from conf sets the capacity; the rate it sustains. */
+static void test_nonce_memory_conf(void **state)
+{
+    (void)state;
+    tconf_t t;
+    tconf_default(&t);
+    t.c.signing.nonce_memory = 1 << 20;
+    auth_stores_t *st = auth_stores_new(16, 0);
+    auth_t *a = t_auth(&t, st);
+    assert_non_null(a);
+    assert_int_equal(auth_stores_nonce_capacity(st), (1 << 20) / AUTH_NONCE_ENTRY_BYTES);
+    assert_int_equal(auth_nonce_rate(8192, 300), 8192 / 308);
+    assert_int_equal(auth_nonce_rate((128 << 20) / AUTH_NONCE_ENTRY_BYTES, 300), 3404);
+    auth_free(a);
+    auth_stores_free(st);
 }
 
 static void test_token_cache(void **state)
@@ -259,9 +401,15 @@ static void test_token_cache(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_nonce_seen_until_expiry),   cmocka_unit_test(test_nonce_bounded),
-        cmocka_unit_test(test_nonce_out_of_order_expiry), cmocka_unit_test(test_revocations),
-        cmocka_unit_test(test_full_store_policy),         cmocka_unit_test(test_token_cache),
+        cmocka_unit_test(test_nonce_seen_until_expiry),
+        cmocka_unit_test(test_nonce_bounded),
+        cmocka_unit_test(test_nonce_out_of_order_expiry),
+        cmocka_unit_test(test_revocations),
+        cmocka_unit_test(test_full_store_policy),
+        cmocka_unit_test(test_token_cache),
+        cmocka_unit_test(test_nonce_clock_edges),
+        cmocka_unit_test(test_nonce_memory_per_entry),
+        cmocka_unit_test(test_nonce_memory_conf),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
