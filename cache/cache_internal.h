@@ -48,8 +48,14 @@ const char *cache_taint_name(unsigned taint);
  * CPU, for loops that should not pay the once-check per call. */
 typedef int32_t (*cache_dot_fn)(const int8_t *, const int8_t *, size_t);
 cache_dot_fn cache_dot_get(void);
+/* out[i] = dot(q, rows + i * dim) for n rows, with the chosen kernel. */
+void cache_dot_i8_rows(const int8_t *q, const int8_t *rows, size_t dim, size_t n, int32_t *out);
 int32_t cache_dot_i8_avx2(const int8_t *a, const int8_t *b, size_t n);
 int32_t cache_dot_i8_avx512(const int8_t *a, const int8_t *b, size_t n);
+
+/* Bench and test hook: partitions up to n entries are scanned flat at full
+ * dimension (default 2048); SIZE_MAX = always flat, 0 = always two-pass. */
+void cache_sem_set_flat_max(cache_sem_t *s, size_t n);
 
 /* Quantises v (dim floats) to unit length, then int8 with one scale: out
  * gets dim bytes, *scale the factor back to unit-length floats. -1 when the

@@ -594,6 +594,20 @@ static void test_dot(void **state)
         assert_int_equal(cache_dot_i8_avx2(a, b, lens[i]), r);
         assert_int_equal(cache_dot_i8_avx512(a, b, lens[i]), r);
     }
+    /* many rows against one query: 64-byte rows (the sketches, 16 at a
+     * time plus a tail), 384-byte rows and an odd width */
+    size_t widths[] = {64, 384, 100};
+    for (size_t w = 0; w < SL_ARRAY_LEN(widths); w++) {
+        size_t d = widths[w], n = 37;
+        int8_t *rows = malloc(n * d);
+        for (size_t i = 0; i < n * d; i++)
+            rows[i] = (int8_t)(rnd() * 127);
+        int32_t out[37];
+        cache_dot_i8_rows(a, rows, d, n, out);
+        for (size_t i = 0; i < n; i++)
+            assert_int_equal(out[i], cache_dot_i8_ref(a, rows + i * d, d));
+        free(rows);
+    }
     const char *k = cache_dot_kernel();
     assert_true(strcmp(k, "avx512vnni") == 0 || strcmp(k, "avx2") == 0 || strcmp(k, "scalar") == 0);
 }
