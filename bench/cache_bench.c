@@ -53,7 +53,6 @@ static void make_vec(float *v, const float *center, size_t d, double noise)
         v[i] = (float)(center[i] + noise * rnd());
 }
 
-
 static void unit(float *v, size_t d)
 {
     double ss = 0;
@@ -165,7 +164,8 @@ static void bench_semantic(size_t n, size_t d, int queries)
     double a50, a99, f50, f99;
     pct(lat2, queries, &a50, &a99);
     pct(latf, queries, &f50, &f99);
-    printf("semantic n=%zu dim=%-4zu interleaved: two-pass p50 %.3f ms p99 %.3f ms | flat p50 %.3f ms p99 "
+    printf("semantic n=%zu dim=%-4zu interleaved: two-pass p50 %.3f ms p99 %.3f ms | flat p50 %.3f "
+           "ms p99 "
            "%.3f ms | two-pass/flat p99 %.2f | paraphrases (cos 0.951-0.99) hit %d/%d, right %d; "
            "fresh false hits %d; agrees with flat %d/%d\n",
            n, d, a50, a99, f50, f99, a99 / f99, hits, dups, right, false_hits, agree, queries);

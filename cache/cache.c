@@ -19,10 +19,10 @@
 #include "common/log.h"
 #include "common/redis.h"
 
-#define CACHE_REDIS_PREFIX  "sluice:cache:"
-#define CACHE_SEM_STREAM    "sluice:cache:sem"
-#define CACHE_TAIL_BATCH    "512"
-#define CACHE_TAIL_IDLE_MS  250
+#define CACHE_REDIS_PREFIX   "sluice:cache:"
+#define CACHE_SEM_STREAM     "sluice:cache:sem"
+#define CACHE_TAIL_BATCH     "512"
+#define CACHE_TAIL_IDLE_MS   250
 #define CACHE_SEM_STREAM_MAX 1000000
 
 cache_metrics_t cache_m;
@@ -54,14 +54,14 @@ static void cache_metrics_register(void)
                                             "Redis failures of the cache (each a miss or a skip).",
                                             SL_METRIC_COUNTER, "op", NULL, 0);
     cache_m.sem_lookups = sl_metric_register("sluice_cache_semantic_lookups_total",
-                                             "Semantic index lookups by result.",
-                                             SL_METRIC_COUNTER, "model,result", NULL, 0);
+                                             "Semantic index lookups by result.", SL_METRIC_COUNTER,
+                                             "model,result", NULL, 0);
     cache_m.sem_seconds = sl_metric_register(
         "sluice_cache_semantic_lookup_seconds", "Time of a semantic index lookup.",
         SL_METRIC_HISTOGRAM, "model", sem_buckets, SL_ARRAY_LEN(sem_buckets));
-    cache_m.sem_entries = sl_metric_register("sluice_cache_semantic_entries",
-                                             "Vectors in the semantic index.", SL_METRIC_GAUGE,
-                                             NULL, NULL, 0);
+    cache_m.sem_entries =
+        sl_metric_register("sluice_cache_semantic_entries", "Vectors in the semantic index.",
+                           SL_METRIC_GAUGE, NULL, NULL, 0);
 }
 
 void cache_metrics_init(void)
@@ -169,9 +169,8 @@ static void cache_tail_cb(void *arg, sl_redis_status_t st, struct redisReply *re
         sl_counter_add(sl_metric_series1(cache_m.store_errs, "sem_tail"), 1);
     } else if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 1) {
         redisReply *stream = rep->element[0];
-        redisReply *items = stream->type == REDIS_REPLY_ARRAY && stream->elements == 2
-                                ? stream->element[1]
-                                : NULL;
+        redisReply *items =
+            stream->type == REDIS_REPLY_ARRAY && stream->elements == 2 ? stream->element[1] : NULL;
         for (size_t i = 0; items && items->type == REDIS_REPLY_ARRAY && i < items->elements; i++) {
             redisReply *it = items->element[i];
             if (it->type != REDIS_REPLY_ARRAY || it->elements != 2 ||
@@ -181,8 +180,7 @@ static void cache_tail_cb(void *arg, sl_redis_status_t st, struct redisReply *re
             redisReply *f = it->element[1];
             for (size_t k = 0; f->type == REDIS_REPLY_ARRAY && k + 1 < f->elements; k += 2)
                 if (f->element[k + 1]->type == REDIS_REPLY_STRING &&
-                    cache_sem_apply(w->c->sem, f->element[k + 1]->str,
-                                    f->element[k + 1]->len) != 0)
+                    cache_sem_apply(w->c->sem, f->element[k + 1]->str, f->element[k + 1]->len) != 0)
                     sl_counter_add(sl_metric_series1(cache_m.store_errs, "sem_record"), 1);
             got++;
         }
@@ -197,8 +195,8 @@ static void cache_tail_timer(evutil_socket_t fd, short what, void *arg)
     cache_worker_t *w = arg;
     if (w->tail_call)
         return;
-    const char *argv[] = {"XREAD", "COUNT", CACHE_TAIL_BATCH, "STREAMS", CACHE_SEM_STREAM,
-                          w->last_id};
+    const char *argv[] = {"XREAD",   "COUNT",          CACHE_TAIL_BATCH,
+                          "STREAMS", CACHE_SEM_STREAM, w->last_id};
     w->tail_call = sl_redis_command(w->redis, 6, argv, NULL, cache_tail_cb, w);
     if (!w->tail_call)
         cache_tail_schedule(w, CACHE_TAIL_IDLE_MS);
@@ -297,11 +295,10 @@ cache_req_t *cache_req_new(cache_t *c, const cache_req_in_t *in)
     const json_t *b = in->body;
     q->stream = json_is_true(json_object_get(b, "stream"));
     q->include_usage =
-        q->stream && json_is_true(json_object_get(json_object_get(b, "stream_options"),
-                                                  "include_usage"));
-    unsigned cc = in->cache_control ? cache_control_parse(in->cache_control,
-                                                          strlen(in->cache_control))
-                                    : 0;
+        q->stream &&
+        json_is_true(json_object_get(json_object_get(b, "stream_options"), "include_usage"));
+    unsigned cc =
+        in->cache_control ? cache_control_parse(in->cache_control, strlen(in->cache_control)) : 0;
     q->state = CACHE_BYPASS;
     const json_t *t = json_object_get(b, "temperature");
     double temp = json_is_number(t) ? json_number_value(t) : 1.0;
@@ -320,8 +317,8 @@ cache_req_t *cache_req_new(cache_t *c, const cache_req_in_t *in)
         q->bypass = CACHE_BYPASS_UNSUPPORTED;
     } else if (q->pol.scope == CACHE_SCOPE_USER && (!in->sub || !*in->sub)) {
         q->bypass = CACHE_BYPASS_NO_USER;
-    } else if (cache_key(b, in->key_model ? in->key_model : in->model, sub, q->key,
-                         &q->bypass) != 0) {
+    } else if (cache_key(b, in->key_model ? in->key_model : in->model, sub, q->key, &q->bypass) !=
+               0) {
         /* q->bypass says why */
     } else {
         q->key_ok = true;
@@ -516,8 +513,8 @@ cache_rc_t cache_lookup(cache_worker_t *w, cache_req_t *q, int64_t now_ms, cache
     unsigned char key[CACHE_KEY_LEN];
     double sim = 0;
     int64_t t0 = sl_now_ns();
-    int found = cache_sem_lookup(q->c->sem, q->part, q->vec, q->dim,
-                                 q->cc->semantic.threshold_v, now_ms, key, &sim);
+    int found = cache_sem_lookup(q->c->sem, q->part, q->vec, q->dim, q->cc->semantic.threshold_v,
+                                 now_ms, key, &sim);
     sl_histogram_observe(sl_metric_series1(cache_m.sem_seconds, q->model),
                          (double)(sl_now_ns() - t0) / 1e9);
     cache_count2(cache_m.sem_lookups, q->model, found ? "hit" : "miss");

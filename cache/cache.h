@@ -224,8 +224,8 @@ int cache_sem_add(cache_sem_t *s, const unsigned char part[CACHE_KEY_LEN], const
 /* The best entry of the partition with cosine >= threshold, not expired at
  * now_ms: 1 and key / *sim filled, 0 when none. */
 int cache_sem_lookup(cache_sem_t *s, const unsigned char part[CACHE_KEY_LEN], const float *vec,
-                     size_t dim, double threshold, int64_t now_ms,
-                     unsigned char key[CACHE_KEY_LEN], double *sim);
+                     size_t dim, double threshold, int64_t now_ms, unsigned char key[CACHE_KEY_LEN],
+                     double *sim);
 size_t cache_sem_count(cache_sem_t *s);
 
 /* The persisted form of one entry (Redis stream field "e"): part, key,
@@ -275,11 +275,11 @@ cache_worker_t *cache_worker_new(cache_t *c, struct event_base *base, char *err,
 void cache_worker_free(cache_worker_t *w);
 
 typedef struct cache_req_in {
-    const conf_t *conf;       /* the request's conf (borrowed, outlives the request) */
-    const json_t *body;       /* the request as forwarded (after filters and clamps) */
-    const char *model;        /* the client's model name: picks the policy (conf models) */
-    const char *key_model;    /* after aliasing (upstream/served); NULL = model */
-    const char *sub;          /* the token's sub; NULL = anonymous */
+    const conf_t *conf;        /* the request's conf (borrowed, outlives the request) */
+    const json_t *body;        /* the request as forwarded (after filters and clamps) */
+    const char *model;         /* the client's model name: picks the policy (conf models) */
+    const char *key_model;     /* after aliasing (upstream/served); NULL = model */
+    const char *sub;           /* the token's sub; NULL = anonymous */
     const char *cache_control; /* the header's value; NULL = none */
 } cache_req_in_t;
 
@@ -326,8 +326,7 @@ typedef void (*cache_cb)(void *arg, cache_req_t *q);
 
 /* The exact lookup, or (after cache_req_embed_answer) the semantic one.
  * Counted in the metrics (hits, misses, semantic lookups and latency). */
-cache_rc_t cache_lookup(cache_worker_t *w, cache_req_t *q, int64_t now_ms, cache_cb cb,
-                        void *arg);
+cache_rc_t cache_lookup(cache_worker_t *w, cache_req_t *q, int64_t now_ms, cache_cb cb, void *arg);
 /* The client left while a lookup was pending: the callback will not run. */
 void cache_lookup_cancel(cache_req_t *q);
 

@@ -54,9 +54,8 @@ char *cache_entry_encode(const cache_entry_t *e, size_t *len)
 static bool cache_entry_valid(const json_t *o)
 {
     const json_t *ch = json_object_get(o, "choices");
-    if (!json_is_array(ch) || json_array_size(ch) == 0 ||
-        json_array_size(ch) > CACHE_MAX_CHOICES || !json_is_string(json_object_get(o, "model")) ||
-        !json_is_string(json_object_get(o, "id")) ||
+    if (!json_is_array(ch) || json_array_size(ch) == 0 || json_array_size(ch) > CACHE_MAX_CHOICES ||
+        !json_is_string(json_object_get(o, "model")) || !json_is_string(json_object_get(o, "id")) ||
         !json_is_integer(json_object_get(o, "created")))
         return false;
     for (size_t i = 0; i < json_array_size(ch); i++) {
@@ -103,8 +102,8 @@ static const json_t *cache_entry_choice(const cache_entry_t *e, size_t i)
 
 const char *cache_entry_content(const cache_entry_t *e, size_t i)
 {
-    return json_string_value(json_object_get(json_object_get(cache_entry_choice(e, i), "message"),
-                                             "content"));
+    return json_string_value(
+        json_object_get(json_object_get(cache_entry_choice(e, i), "message"), "content"));
 }
 
 const char *cache_entry_finish(const cache_entry_t *e, size_t i)
@@ -289,12 +288,14 @@ static int cache_rec_tools(cache_rec_t *r, cache_rchoice_t *c, const json_t *del
             json_object_set(call, "type", json_object_get(d, "type"));
         if (dfn && !json_is_object(dfn))
             return -1;
-        const json_t *name = json_object_get(dfn, "name"), *args = json_object_get(dfn, "arguments");
+        const json_t *name = json_object_get(dfn, "name"),
+                     *args = json_object_get(dfn, "arguments");
         size_t n = (json_is_string(name) ? json_string_length(name) : 0) +
                    (json_is_string(args) ? json_string_length(args) : 0);
         if (!cache_rec_spend(r, n))
             return 0;
-        if (cache_append_field(fn, dfn, "name") != 0 || cache_append_field(fn, dfn, "arguments") != 0)
+        if (cache_append_field(fn, dfn, "name") != 0 ||
+            cache_append_field(fn, dfn, "arguments") != 0)
             return -1;
     }
     return 0;
@@ -486,9 +487,9 @@ cache_entry_t *cache_rec_finish(cache_rec_t *r, unsigned *taint)
             }
         for (size_t i = 0; i < n; i++) {
             cache_rchoice_t *c = &r->ch[i];
-            json_t *content = c->has_content ? json_stringn(c->content.p ? c->content.p : "",
-                                                            c->content.len)
-                                             : json_null();
+            json_t *content = c->has_content
+                                  ? json_stringn(c->content.p ? c->content.p : "", c->content.len)
+                                  : json_null();
             json_t *ch = cache_choice_build(i, c->role, content, c->tool_calls, c->finish, taint);
             json_decref(content);
             if (!ch)
@@ -520,11 +521,10 @@ cache_entry_t *cache_rec_finish(cache_rec_t *r, unsigned *taint)
             }
             const json_t *content = json_object_get(m, "content");
             json_t *tc = json_object_get(m, "tool_calls");
-            json_t *ch = cache_choice_build(i, json_string_value(json_object_get(m, "role")),
-                                            content ? content : json_null(),
-                                            json_is_array(tc) ? tc : NULL,
-                                            json_string_value(json_object_get(c, "finish_reason")),
-                                            taint);
+            json_t *ch =
+                cache_choice_build(i, json_string_value(json_object_get(m, "role")),
+                                   content ? content : json_null(), json_is_array(tc) ? tc : NULL,
+                                   json_string_value(json_object_get(c, "finish_reason")), taint);
             if (!ch)
                 goto bad;
             json_array_append_new(choices, ch);
@@ -594,12 +594,12 @@ static json_t *cache_chunk(const json_t *eo, const cache_replay_opts_t *o, json_
         json_decref(choice);
         return NULL;
     }
-    json_object_set_new(c, "id", o && o->id ? json_string(o->id)
-                                             : json_incref(json_object_get(eo, "id")));
+    json_object_set_new(c, "id",
+                        o && o->id ? json_string(o->id) : json_incref(json_object_get(eo, "id")));
     json_object_set_new(c, "object", json_string("chat.completion.chunk"));
-    json_object_set_new(c, "created", o && o->created
-                                          ? json_integer(o->created)
-                                          : json_incref(json_object_get(eo, "created")));
+    json_object_set_new(c, "created",
+                        o && o->created ? json_integer(o->created)
+                                        : json_incref(json_object_get(eo, "created")));
     json_object_set(c, "model", json_object_get(eo, "model"));
     json_t *fp = json_object_get(eo, "system_fingerprint");
     if (fp)
@@ -647,15 +647,15 @@ int cache_entry_sse(const cache_entry_t *e, const cache_replay_opts_t *o, cache_
         json_t *d = json_object();
         if (d) {
             json_object_set(d, "role", json_object_get(m, "role"));
-            json_object_set_new(d, "content", json_is_string(content) ? json_string("") : json_null());
+            json_object_set_new(d, "content",
+                                json_is_string(content) ? json_string("") : json_null());
         }
         if (cache_emit_json(cache_chunk(eo, o, cache_delta(i, d, NULL)), emit, arg) != 0)
             return -1;
         if (json_is_string(content) && json_string_length(content) &&
-            cache_emit_json(cache_chunk(eo, o,
-                                        cache_delta(i, json_pack("{s:O}", "content", content),
-                                                    NULL)),
-                            emit, arg) != 0)
+            cache_emit_json(
+                cache_chunk(eo, o, cache_delta(i, json_pack("{s:O}", "content", content), NULL)),
+                emit, arg) != 0)
             return -1;
         if (json_array_size(tc)) {
             json_t *calls = json_array();
@@ -665,17 +665,17 @@ int cache_entry_sse(const cache_entry_t *e, const cache_replay_opts_t *o, cache_
                     json_object_set_new(call, "index", json_integer((json_int_t)k));
                 json_array_append_new(calls, call);
             }
-            if (cache_emit_json(cache_chunk(eo, o,
-                                            cache_delta(i, json_pack("{s:o}", "tool_calls", calls),
-                                                        NULL)),
-                                emit, arg) != 0)
+            if (cache_emit_json(
+                    cache_chunk(eo, o,
+                                cache_delta(i, json_pack("{s:o}", "tool_calls", calls), NULL)),
+                    emit, arg) != 0)
                 return -1;
         }
-        if (cache_emit_json(cache_chunk(eo, o,
-                                        cache_delta(i, json_object(),
-                                                    json_string_value(
-                                                        json_object_get(c, "finish_reason")))),
-                            emit, arg) != 0)
+        if (cache_emit_json(
+                cache_chunk(eo, o,
+                            cache_delta(i, json_object(),
+                                        json_string_value(json_object_get(c, "finish_reason")))),
+                emit, arg) != 0)
             return -1;
     }
     if (o && o->include_usage) {

@@ -219,8 +219,8 @@ static int cache_norm_content(json_t *msg)
 }
 
 /* Top-level parameters that never change the answer. */
-static const char *const cache_ignored[] = {"stream", "stream_options", "user", "metadata",
-                                            "store", "service_tier", "messages", "model"};
+static const char *const cache_ignored[] = {"stream", "stream_options", "user",     "metadata",
+                                            "store",  "service_tier",   "messages", "model"};
 
 static bool cache_is_ignored(const char *k)
 {

@@ -56,7 +56,7 @@ TAILQ_HEAD(cache_plist, cache_part);
 
 struct cache_sem {
     pthread_rwlock_t lock;
-    size_t dim;  /* 0 until the first vector */
+    size_t dim;   /* 0 until the first vector */
     int8_t *proj; /* CACHE_SK_DIM x dim of +-1, fixed seed */
     size_t max_per_part, max_parts, nparts, count;
     size_t flat_max; /* partitions up to this size are scanned flat */
@@ -214,9 +214,9 @@ static int cache_sketch(const cache_sem_t *s, const int8_t *q, int8_t *out)
 }
 
 /* Adds a quantised vector (dim already checked). */
-static int cache_sem_add_q(cache_sem_t *s, const unsigned char part[CACHE_KEY_LEN],
-                           const int8_t *q, float scale, size_t dim,
-                           const unsigned char key[CACHE_KEY_LEN], int64_t expires_ms)
+static int cache_sem_add_q(cache_sem_t *s, const unsigned char part[CACHE_KEY_LEN], const int8_t *q,
+                           float scale, size_t dim, const unsigned char key[CACHE_KEY_LEN],
+                           int64_t expires_ms)
 {
     int rc = -1;
     pthread_rwlock_wrlock(&s->lock);
@@ -363,8 +363,8 @@ void cache_sem_set_flat_max(cache_sem_t *s, size_t n)
 }
 
 int cache_sem_lookup(cache_sem_t *s, const unsigned char part[CACHE_KEY_LEN], const float *vec,
-                     size_t dim, double threshold, int64_t now_ms,
-                     unsigned char key[CACHE_KEY_LEN], double *sim)
+                     size_t dim, double threshold, int64_t now_ms, unsigned char key[CACHE_KEY_LEN],
+                     double *sim)
 {
     if (dim == 0 || dim > CACHE_SEM_MAX_DIM)
         return 0;
@@ -468,8 +468,8 @@ int cache_sem_apply(cache_sem_t *s, const char *rec, size_t len)
 
 char *cache_embed_body(const char *model, const char *text, size_t len, size_t *outlen)
 {
-    json_t *o = json_pack("{s:s, s:s#, s:s}", "model", model, "input", text, len,
-                          "encoding_format", "float");
+    json_t *o = json_pack("{s:s, s:s#, s:s}", "model", model, "input", text, len, "encoding_format",
+                          "float");
     char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     if (s && outlen)
@@ -480,8 +480,7 @@ char *cache_embed_body(const char *model, const char *text, size_t len, size_t *
 float *cache_embed_parse(const char *body, size_t len, size_t *dim)
 {
     json_t *o = json_loadb(body, len, 0, NULL);
-    const json_t *e =
-        json_object_get(json_array_get(json_object_get(o, "data"), 0), "embedding");
+    const json_t *e = json_object_get(json_array_get(json_object_get(o, "data"), 0), "embedding");
     float *v = NULL;
     size_t n = json_array_size(e);
     if (!json_is_array(e) || n == 0 || n > CACHE_SEM_MAX_DIM)

@@ -151,24 +151,24 @@ typedef enum conf_cache_scope {
 
 /* models.<name>.cache: unset (inherit / 0 / NULL) = the cache: value. */
 typedef struct conf_model_cache {
-    int enabled;             /* conf_cache_mode_t */
-    int semantic;            /* conf_cache_mode_t */
-    int scope;               /* conf_cache_scope_t */
-    int64_t ttl_ms;          /* 0 = cache.ttl */
-    int64_t max_entry_bytes; /* 0 = cache.max_entry_bytes */
-    char *max_temperature;   /* NULL = cache.max_temperature */
+    int enabled;              /* conf_cache_mode_t */
+    int semantic;             /* conf_cache_mode_t */
+    int scope;                /* conf_cache_scope_t */
+    int64_t ttl_ms;           /* 0 = cache.ttl */
+    int64_t max_entry_bytes;  /* 0 = cache.max_entry_bytes */
+    char *max_temperature;    /* NULL = cache.max_temperature */
     double max_temperature_v; /* derived from max_temperature when set */
 } conf_model_cache_t;
 
 typedef struct conf_cache_semantic {
-    bool enabled;             /* default for models, false */
-    char *embed_model;        /* a key under models serving /v1/embeddings; NULL = off */
-    char *threshold;          /* cosine bound, "0.95" */
-    double threshold_v;       /* derived */
-    int64_t deadline_ms;      /* the embedding call's deadline, 50ms */
-    int64_t max_entries;      /* per partition, 10000 */
-    int64_t max_partitions;   /* 1024 */
-    bool multi_turn;          /* embed requests with several user turns too, false */
+    bool enabled;           /* default for models, false */
+    char *embed_model;      /* a key under models serving /v1/embeddings; NULL = off */
+    char *threshold;        /* cosine bound, "0.95" */
+    double threshold_v;     /* derived */
+    int64_t deadline_ms;    /* the embedding call's deadline, 50ms */
+    int64_t max_entries;    /* per partition, 10000 */
+    int64_t max_partitions; /* 1024 */
+    bool multi_turn;        /* embed requests with several user turns too, false */
 } conf_cache_semantic_t;
 
 typedef struct conf_cache {

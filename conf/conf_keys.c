@@ -691,8 +691,7 @@ static const char *const cache_root_scope_names[] = {"user", "global", NULL};
 
 /* A decimal in [lo, hi] (temperatures, cosine bounds): the YAML scalar is
  * kept as written, its value in the derived double. */
-static int cache_decimal(const char *s, double lo, double hi, double *out, char *msg,
-                         size_t msglen)
+static int cache_decimal(const char *s, double lo, double hi, double *out, char *msg, size_t msglen)
 {
     char *end = NULL;
     double v = s ? strtod(s, &end) : 0;

@@ -322,9 +322,8 @@ static void test_round_trip(void **state)
     json_decref(c0);
     json_t *u = J(p.p[3]);
     assert_int_equal(json_array_size(json_object_get(u, "choices")), 0);
-    assert_int_equal(json_integer_value(json_object_get(json_object_get(u, "usage"),
-                                                        "total_tokens")),
-                     8);
+    assert_int_equal(
+        json_integer_value(json_object_get(json_object_get(u, "usage"), "total_tokens")), 8);
     json_decref(u);
 
     /* SSE -> entry -> JSON equals the original (id/created aside) */
@@ -333,11 +332,11 @@ static void test_round_trip(void **state)
     assert_int_equal(taint, 0);
     cache_replay_opts_t keep = {0};
     json_t *orig = J(answer_json);
-    json_t *back = cache_entry_json(e2, &(cache_replay_opts_t){.id = "chatcmpl-1",
-                                                                .created = 1700000000});
-    json_object_set_new(json_object_get(json_array_get(json_object_get(orig, "choices"), 0),
-                                        "message"),
-                        "refusal", json_null());
+    json_t *back =
+        cache_entry_json(e2, &(cache_replay_opts_t){.id = "chatcmpl-1", .created = 1700000000});
+    json_object_set_new(
+        json_object_get(json_array_get(json_object_get(orig, "choices"), 0), "message"), "refusal",
+        json_null());
     if (!json_equal(orig, back)) {
         char *a = json_dumps(orig, JSON_SORT_KEYS), *b = json_dumps(back, JSON_SORT_KEYS);
         fail_msg("round trip differs:\n%s\n%s", a, b);
@@ -406,7 +405,8 @@ static void test_stream_tools(void **state)
     assert_string_equal(json_string_value(json_object_get(call, "id")), "call_1");
     json_t *fn = json_object_get(call, "function");
     assert_string_equal(json_string_value(json_object_get(fn, "name")), "get_weather");
-    assert_string_equal(json_string_value(json_object_get(fn, "arguments")), "{\"city\":\"Paris\"}");
+    assert_string_equal(json_string_value(json_object_get(fn, "arguments")),
+                        "{\"city\":\"Paris\"}");
     assert_string_equal(cache_entry_finish(e, 0), "tool_calls");
     /* and back to a stream: role, tool_calls, finish, [DONE] */
     payloads_t r = {0};
@@ -443,8 +443,8 @@ static void test_taints(void **state)
         "\"content_filter\"}]}";
     assert_null(record_json(cf_answer, &taint));
     assert_int_equal(taint, CACHE_TAINT_FILTERED);
-    assert_null(record_json("{\"error\":{\"message\":\"x\",\"type\":\"t\",\"code\":\"c\"}}",
-                            &taint));
+    assert_null(
+        record_json("{\"error\":{\"message\":\"x\",\"type\":\"t\",\"code\":\"c\"}}", &taint));
     assert_int_equal(taint, CACHE_TAINT_ERROR);
 
     /* a stream without [DONE] */
@@ -735,16 +735,22 @@ static void test_embed(void **state)
     assert_int_equal(dim, 3);
     assert_true(v[0] == 0.5f && v[1] == -1.0f && fabsf(v[2] - 0.2f) < 1e-6);
     free(v);
-    const char *bad[] = {"{}", "{\"data\":[]}", "{\"data\":[{\"embedding\":[]}]}",
-                         "{\"data\":[{\"embedding\":[1,\"x\"]}]}", "nope", "[1,2]"};
+    const char *bad[] = {"{}",
+                         "{\"data\":[]}",
+                         "{\"data\":[{\"embedding\":[]}]}",
+                         "{\"data\":[{\"embedding\":[1,\"x\"]}]}",
+                         "nope",
+                         "[1,2]"};
     for (size_t i = 0; i < SL_ARRAY_LEN(bad); i++)
         assert_null(cache_embed_parse(bad[i], strlen(bad[i]), &dim));
 
     unsigned char p1[32], p2[32], p3[32];
-    json_t *r1 = J("{\"messages\":[{\"role\":\"system\",\"content\":\"be nice\"},{\"role\":\"user\","
-                   "\"content\":\" What is  sluice? \"}]}");
-    json_t *r2 = J("{\"messages\":[{\"role\":\"system\",\"content\":\"be rude\"},{\"role\":\"user\","
-                   "\"content\":\"What is sluice?\"}]}");
+    json_t *r1 =
+        J("{\"messages\":[{\"role\":\"system\",\"content\":\"be nice\"},{\"role\":\"user\","
+          "\"content\":\" What is  sluice? \"}]}");
+    json_t *r2 =
+        J("{\"messages\":[{\"role\":\"system\",\"content\":\"be rude\"},{\"role\":\"user\","
+          "\"content\":\"What is sluice?\"}]}");
     json_t *r3 = J("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\","
                    "\"content\":\"b\"},{\"role\":\"user\",\"content\":\"c\"}]}");
     size_t l;
@@ -779,8 +785,7 @@ static cache_req_t *req(cache_t *c, const conf_t *conf, const char *body, const 
                         const char *sub, const char *ccv)
 {
     json_t *j = J(body);
-    cache_req_in_t in = {.conf = conf, .body = j, .model = model, .sub = sub,
-                         .cache_control = ccv};
+    cache_req_in_t in = {.conf = conf, .body = j, .model = model, .sub = sub, .cache_control = ccv};
     cache_req_t *q = cache_req_new(c, &in);
     json_decref(j);
     assert_non_null(q);
@@ -970,12 +975,18 @@ int main(void)
 {
     sl_log_set_level(SL_LOG_ERROR);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_cache_control), cmocka_unit_test(test_policy),
-        cmocka_unit_test(test_key_equal),     cmocka_unit_test(test_key_unequal),
-        cmocka_unit_test(test_key_scope_and_model), cmocka_unit_test(test_round_trip),
-        cmocka_unit_test(test_stream_tools),  cmocka_unit_test(test_taints),
-        cmocka_unit_test(test_lru),           cmocka_unit_test(test_dot),
-        cmocka_unit_test(test_semantic),      cmocka_unit_test(test_embed),
+        cmocka_unit_test(test_cache_control),
+        cmocka_unit_test(test_policy),
+        cmocka_unit_test(test_key_equal),
+        cmocka_unit_test(test_key_unequal),
+        cmocka_unit_test(test_key_scope_and_model),
+        cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_stream_tools),
+        cmocka_unit_test(test_taints),
+        cmocka_unit_test(test_lru),
+        cmocka_unit_test(test_dot),
+        cmocka_unit_test(test_semantic),
+        cmocka_unit_test(test_embed),
         cmocka_unit_test(test_flow),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
