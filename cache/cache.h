@@ -184,6 +184,12 @@ int cache_entry_sse(const cache_entry_t *e, const cache_replay_opts_t *o, cache_
                     void *arg);
 /* The same framed as a text/event-stream body ("data: ...\n\n"). Malloc'd. */
 char *cache_entry_sse_body(const cache_entry_t *e, const cache_replay_opts_t *o, size_t *len);
+/* The fast path of a hit: the replay pre-rendered at store time (stored id
+ * and created), for a decoded entry (a lookup's): the JSON body, or the
+ * SSE body with or without the usage chunk. Borrowed, valid while e lives;
+ * NULL for an entry not from a store (then render with the above). */
+const char *cache_entry_rendered(const cache_entry_t *e, bool stream, bool include_usage,
+                                 size_t *len);
 
 /* ==== 5. the stores ============================================================= */
 

@@ -19,11 +19,22 @@
 
 /* An entry is its canonical chat.completion JSON (choices with message and
  * finish_reason; usage; id; created; model; system_fingerprint) plus the
- * wall ms it was stored, kept as "stored_ms" in the encoded form. */
+ * wall ms it was stored. Its encoded form (what the stores keep) also
+ * carries the three replays pre-rendered — the JSON body, the SSE body and
+ * the SSE body with the usage chunk — so a hit is sent without parsing or
+ * rendering anything (the replay keeps the stored id and created; Age
+ * says how old it is). A decoded entry parses its JSON only when an
+ * accessor needs it (obj NULL until then). */
 struct cache_entry {
     json_t *obj;
     int64_t stored_ms;
+    char *raw; /* the encoded form, owning the slices below; NULL when built here */
+    const char *ejson, *body, *sse, *sseu;
+    size_t ejson_len, body_len, sse_len, sseu_len;
 };
+
+/* The entry's JSON, parsed on first use (NULL when it does not parse). */
+json_t *cache_entry_obj(const cache_entry_t *e);
 
 /* Metrics (registered once, process-wide). */
 typedef struct cache_metrics {

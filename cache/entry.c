@@ -33,24 +33,61 @@ void cache_entry_free(cache_entry_t *e)
     if (!e)
         return;
     json_decref(e->obj);
+    free(e->raw);
     free(e);
 }
 
+/* The encoded form: one header line "SC2 <stored_ms> <entry> <json> <sse>
+ * <sse+usage>\n" (decimal lengths), then the four texts back to back. */
+#define CACHE_ENC_MAGIC "SC2 "
+
 char *cache_entry_encode(const cache_entry_t *e, size_t *len)
 {
-    json_t *o = json_copy(e->obj);
-    if (!o)
+    json_t *obj = cache_entry_obj(e);
+    if (!obj)
         return NULL;
-    json_object_set_new(o, "stored_ms", json_integer(e->stored_ms));
-    char *s = json_dumps(o, JSON_COMPACT);
-    json_decref(o);
-    if (s && len)
-        *len = strlen(s);
-    return s;
+    cache_replay_opts_t plain = {0}, usage = {.include_usage = true};
+    json_t *bj = cache_entry_json(e, &plain);
+    char *ej = json_dumps(obj, JSON_COMPACT);
+    char *body = bj ? json_dumps(bj, JSON_COMPACT) : NULL;
+    size_t sl = 0, sul = 0;
+    char *sse = cache_entry_sse_body(e, &plain, &sl);
+    char *sseu = cache_entry_sse_body(e, &usage, &sul);
+    json_decref(bj);
+    char *out = NULL;
+    if (ej && body && sse && sseu) {
+        size_t el = strlen(ej), bl = strlen(body);
+        char hdr[128];
+        int hl = snprintf(hdr, sizeof(hdr), CACHE_ENC_MAGIC "%lld %zu %zu %zu %zu\n",
+                          (long long)e->stored_ms, el, bl, sl, sul);
+        size_t total = (size_t)hl + el + bl + sl + sul;
+        out = malloc(total + 1);
+        if (out) {
+            char *p = out;
+            memcpy(p, hdr, (size_t)hl);
+            p += hl;
+            memcpy(p, ej, el);
+            p += el;
+            memcpy(p, body, bl);
+            p += bl;
+            memcpy(p, sse, sl);
+            p += sl;
+            memcpy(p, sseu, sul);
+            p += sul;
+            *p = '\0';
+            if (len)
+                *len = total;
+        }
+    }
+    free(ej);
+    free(body);
+    free(sse);
+    free(sseu);
+    return out;
 }
 
-/* The entry's invariants, checked on decode (the store is outside the
- * process: never trust it to be well formed). */
+/* The entry's invariants, checked when its JSON is parsed (the store is
+ * outside the process: never trust it to be well formed). */
 static bool cache_entry_valid(const json_t *o)
 {
     const json_t *ch = json_object_get(o, "choices");
@@ -72,32 +109,99 @@ static bool cache_entry_valid(const json_t *o)
     return !u || json_is_object(u);
 }
 
+json_t *cache_entry_obj(const cache_entry_t *e)
+{
+    if (!e)
+        return NULL;
+    if (!e->obj && e->ejson) {
+        json_t *o = json_loadb(e->ejson, e->ejson_len, JSON_REJECT_DUPLICATES, NULL);
+        if (!json_is_object(o) || !cache_entry_valid(o)) {
+            json_decref(o);
+            return NULL;
+        }
+        ((cache_entry_t *)e)->obj = o; /* a cache of the parse: entries are per request */
+    }
+    return e->obj;
+}
+
+static bool cache_ends_with(const char *s, size_t n, const char *tail)
+{
+    size_t tn = strlen(tail);
+    return n >= tn && memcmp(s + n - tn, tail, tn) == 0;
+}
+
 cache_entry_t *cache_entry_decode(const char *s, size_t len)
 {
-    json_t *o = json_loadb(s, len, JSON_REJECT_DUPLICATES, NULL);
-    if (!json_is_object(o) || !cache_entry_valid(o)) {
-        json_decref(o);
+    /* Only the framing is checked here (cheap, on every hit); the JSON is
+     * parsed and validated when an accessor needs it. */
+    if (!s || len < 4 || memcmp(s, CACHE_ENC_MAGIC, 4) != 0)
         return NULL;
-    }
+    const char *nl = memchr(s, '\n', SL_MIN(len, (size_t)128));
+    if (!nl)
+        return NULL;
+    char hdr[128];
+    memcpy(hdr, s, (size_t)(nl - s));
+    hdr[nl - s] = '\0';
+    long long stored;
+    size_t el, bl, sl, sul;
+    int used = 0;
+    if (sscanf(hdr, CACHE_ENC_MAGIC "%lld %zu %zu %zu %zu%n", &stored, &el, &bl, &sl, &sul,
+               &used) != 5 ||
+        (size_t)used != (size_t)(nl - s))
+        return NULL;
+    size_t off = (size_t)(nl - s) + 1;
+    if (el > len || bl > len || sl > len || sul > len || off + el + bl + sl + sul != len ||
+        el == 0 || bl == 0)
+        return NULL;
     cache_entry_t *e = calloc(1, sizeof(*e));
-    if (!e) {
-        json_decref(o);
+    char *raw = malloc(len + 1);
+    if (!e || !raw) {
+        free(e);
+        free(raw);
         return NULL;
     }
-    e->stored_ms = json_integer_value(json_object_get(o, "stored_ms"));
-    json_object_del(o, "stored_ms");
-    e->obj = o;
+    memcpy(raw, s, len);
+    raw[len] = '\0';
+    e->raw = raw;
+    e->stored_ms = stored;
+    e->ejson = raw + off;
+    e->ejson_len = el;
+    e->body = e->ejson + el;
+    e->body_len = bl;
+    e->sse = e->body + bl;
+    e->sse_len = sl;
+    e->sseu = e->sse + sl;
+    e->sseu_len = sul;
+    if (e->ejson[0] != '{' || e->body[0] != '{' || e->body[bl - 1] != '}' ||
+        !cache_ends_with(e->sse, sl, "data: [DONE]\n\n") ||
+        !cache_ends_with(e->sseu, sul, "data: [DONE]\n\n")) {
+        cache_entry_free(e);
+        return NULL;
+    }
     return e;
+}
+
+const char *cache_entry_rendered(const cache_entry_t *e, bool stream, bool include_usage,
+                                 size_t *len)
+{
+    if (!e || !e->raw)
+        return NULL;
+    if (!stream) {
+        *len = e->body_len;
+        return e->body;
+    }
+    *len = include_usage ? e->sseu_len : e->sse_len;
+    return include_usage ? e->sseu : e->sse;
 }
 
 size_t cache_entry_nchoices(const cache_entry_t *e)
 {
-    return e ? json_array_size(json_object_get(e->obj, "choices")) : 0;
+    return json_array_size(json_object_get(cache_entry_obj(e), "choices"));
 }
 
 static const json_t *cache_entry_choice(const cache_entry_t *e, size_t i)
 {
-    return json_array_get(json_object_get(e->obj, "choices"), i);
+    return json_array_get(json_object_get(cache_entry_obj(e), "choices"), i);
 }
 
 const char *cache_entry_content(const cache_entry_t *e, size_t i)
@@ -118,7 +222,7 @@ int64_t cache_entry_stored_ms(const cache_entry_t *e)
 
 const json_t *cache_entry_usage(const cache_entry_t *e)
 {
-    return e ? json_object_get(e->obj, "usage") : NULL;
+    return json_object_get(cache_entry_obj(e), "usage");
 }
 
 /* ---- the recorder ----------------------------------------------------------- */
@@ -567,7 +671,7 @@ bad:
 
 json_t *cache_entry_json(const cache_entry_t *e, const cache_replay_opts_t *o)
 {
-    json_t *j = json_deep_copy(e->obj);
+    json_t *j = json_deep_copy(cache_entry_obj(e));
     if (!j)
         return NULL;
     json_object_set_new(j, "object", json_string("chat.completion"));
@@ -635,7 +739,9 @@ static int cache_emit_json(json_t *chunk, cache_emit_fn emit, void *arg)
 int cache_entry_sse(const cache_entry_t *e, const cache_replay_opts_t *o, cache_emit_fn emit,
                     void *arg)
 {
-    const json_t *eo = e->obj;
+    const json_t *eo = cache_entry_obj(e);
+    if (!eo)
+        return -1;
     const json_t *choices = json_object_get(eo, "choices");
     for (size_t i = 0; i < json_array_size(choices); i++) {
         const json_t *c = json_array_get(choices, i);

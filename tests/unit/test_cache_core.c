@@ -352,8 +352,42 @@ static void test_round_trip(void **state)
     assert_non_null(e3);
     json_t *j1 = cache_entry_json(e, &keep), *j3 = cache_entry_json(e3, &keep);
     assert_true(json_equal(j1, j3));
+    /* the pre-rendered replays are exactly what the renderers make */
+    size_t rl;
+    assert_null(cache_entry_rendered(e, false, false, &rl)); /* not from a store */
+    const char *rj = cache_entry_rendered(e3, false, false, &rl);
+    char *dj = json_dumps(j1, JSON_COMPACT);
+    assert_int_equal(rl, strlen(dj));
+    assert_memory_equal(rj, dj, rl);
+    free(dj);
+    cache_replay_opts_t wu = {.include_usage = true};
+    size_t sl1, sl2;
+    char *s1 = cache_entry_sse_body(e, &keep, &sl1), *s2 = cache_entry_sse_body(e, &wu, &sl2);
+    const char *r1 = cache_entry_rendered(e3, true, false, &rl);
+    assert_int_equal(rl, sl1);
+    assert_memory_equal(r1, s1, sl1);
+    const char *r2 = cache_entry_rendered(e3, true, true, &rl);
+    assert_int_equal(rl, sl2);
+    assert_memory_equal(r2, s2, sl2);
+    assert_non_null(strstr(r2, "\"total_tokens\":8"));
+    free(s1);
+    free(s2);
     json_decref(j1);
     json_decref(j3);
+    /* broken framing: every truncation, a wrong length, a bad magic */
+    for (size_t cut = 0; cut < len; cut += 7)
+        assert_null(cache_entry_decode(enc, cut));
+    enc[len - 1] = 'x'; /* the stream no longer ends in [DONE] */
+    assert_null(cache_entry_decode(enc, len));
+    enc[len - 1] = '\n';
+    cache_entry_t *ok = cache_entry_decode(enc, len);
+    assert_non_null(ok);
+    cache_entry_free(ok);
+    char *nl = strchr(enc, '\n');
+    nl[-1] = (char)(nl[-1] == '9' ? '8' : nl[-1] + 1); /* a length that does not add up */
+    assert_null(cache_entry_decode(enc, len));
+    enc[0] = 'X';
+    assert_null(cache_entry_decode(enc, len));
     free(enc);
 
     /* without include_usage: no usage chunk, no usage field */
