@@ -36,7 +36,7 @@ static const char *base_yaml = "listen: [{address: \"127.0.0.1:1\"}]\n"
 
 static conf_t *load_with(const char *extra)
 {
-    char buf[4096];
+    char buf[16384];
     snprintf(buf, sizeof(buf), "%s%s", base_yaml, extra);
     return load(buf);
 }
@@ -806,6 +806,85 @@ static void test_embed(void **state)
     json_decref(r3);
 }
 
+/* ---- garbage never crashes --------------------------------------------------------- */
+
+/* Deterministic mutations (flip, cut, duplicate) of valid inputs to every
+ * parser of outside data: stored values, SSE payloads, JSON answers, semantic
+ * records, embeddings answers. Under ASan this is the fuzz corpus's job. */
+static void test_garbage(void **state)
+{
+    (void)state;
+    unsigned taint;
+    cache_entry_t *e = record_json(answer_json, &taint);
+    size_t elen;
+    char *enc = cache_entry_encode(e, &elen);
+    payloads_t p = {0};
+    cache_replay_opts_t wu = {.include_usage = true};
+    assert_int_equal(cache_entry_sse(e, &wu, collect, &p), 0);
+    unsigned char part[32] = {3}, key[32] = {4};
+    float vec[16];
+    for (size_t i = 0; i < 16; i++)
+        vec[i] = (float)rnd();
+    size_t rlen;
+    char *rec = cache_sem_encode(part, vec, 16, key, 1000, &rlen);
+    const char *emb = "{\"data\":[{\"embedding\":[0.1,-0.2,0.3,1e3]}]}";
+    const char *inputs[] = {enc, rec, emb, answer_json, p.p[0], p.p[1], p.p[2], p.p[3]};
+    size_t lens[] = {elen,           rlen,           strlen(emb),    strlen(answer_json),
+                     strlen(p.p[0]), strlen(p.p[1]), strlen(p.p[2]), strlen(p.p[3])};
+    cache_sem_t *s = cache_sem_new(8, 2);
+    char buf[16384];
+    for (int it = 0; it < 3000; it++) {
+        size_t which = (size_t)it % SL_ARRAY_LEN(inputs);
+        size_t n = lens[which];
+        assert_true(n < sizeof(buf) / 2);
+        memcpy(buf, inputs[which], n);
+        int flips = 1 + it % 4;
+        for (int f = 0; f < flips; f++)
+            buf[(size_t)((rnd() + 1) / 2 * (double)n) % n] = (char)(rnd() * 128);
+        if (it % 5 == 0)
+            n = (size_t)((rnd() + 1) / 2 * (double)n);
+        if (it % 7 == 0 && n) { /* duplicate a slice */
+            size_t a = (size_t)((rnd() + 1) / 2 * (double)n) % n;
+            memcpy(buf + n, buf + a, n - a);
+            n += n - a;
+        }
+        cache_entry_t *d = cache_entry_decode(buf, n);
+        if (d) { /* framing survived: the accessors still must not crash */
+            (void)cache_entry_nchoices(d);
+            (void)cache_entry_content(d, 0);
+            (void)cache_entry_usage(d);
+            json_t *j = cache_entry_json(d, NULL);
+            json_decref(j);
+            size_t bl;
+            char *b = cache_entry_sse_body(d, NULL, &bl);
+            free(b);
+            cache_entry_free(d);
+        }
+        (void)cache_sem_apply(s, buf, n);
+        size_t dim;
+        float *v = cache_embed_parse(buf, n, &dim);
+        free(v);
+        cache_rec_t *r = cache_rec_new(1 << 16);
+        cache_rec_event(r, buf, n);
+        json_t *j = json_loadb(buf, n, 0, NULL);
+        cache_rec_body(r, j);
+        json_decref(j);
+        cache_entry_t *x = cache_rec_finish(r, &taint);
+        cache_entry_free(x);
+        cache_rec_free(r);
+        (void)cache_control_parse(buf, n);
+        size_t nl;
+        char *t = cache_text_normalise(buf, n, &nl);
+        assert_true(nl <= n);
+        free(t);
+    }
+    cache_sem_free(s);
+    payloads_free(&p);
+    free(rec);
+    free(enc);
+    cache_entry_free(e);
+}
+
 /* ---- the request flow against the in-process store ------------------------------------ */
 
 static const char *flow_yaml = "models:\n"
@@ -1021,6 +1100,7 @@ int main(void)
         cmocka_unit_test(test_dot),
         cmocka_unit_test(test_semantic),
         cmocka_unit_test(test_embed),
+        cmocka_unit_test(test_garbage),
         cmocka_unit_test(test_flow),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
