@@ -59,6 +59,9 @@ const char *cache_taint_name(unsigned taint);
  * CPU, for loops that should not pay the once-check per call. */
 typedef int32_t (*cache_dot_fn)(const int8_t *, const int8_t *, size_t);
 cache_dot_fn cache_dot_get(void);
+/* Test hook: use this kernel ("scalar", "avx2", "avx512vnni"); -1 when the
+ * CPU lacks it. Not for use while other threads search. */
+int cache_dot_force(const char *name);
 /* out[i] = dot(q, rows + i * dim) for n rows, with the chosen kernel. */
 void cache_dot_i8_rows(const int8_t *q, const int8_t *rows, size_t dim, size_t n, int32_t *out);
 int32_t cache_dot_i8_avx2(const int8_t *a, const int8_t *b, size_t n);

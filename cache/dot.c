@@ -11,6 +11,7 @@
  * can overflow a byte.
  */
 #include <pthread.h>
+#include <string.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -203,4 +204,24 @@ void cache_dot_i8_rows(const int8_t *q, const int8_t *rows, size_t dim, size_t n
     cache_dot_fn dot = cache_dot_impl;
     for (size_t i = 0; i < n; i++)
         out[i] = dot(q, rows + i * dim, dim);
+}
+
+int cache_dot_force(const char *name)
+{
+    pthread_once(&cache_dot_once, cache_dot_pick);
+    /* the name kept is our literal, never the caller's buffer */
+    if (strcmp(name, "scalar") == 0) {
+        cache_dot_impl = cache_dot_i8_ref;
+        cache_dot_name = "scalar";
+    } else if (strcmp(name, "avx2") == 0 && __builtin_cpu_supports("avx2")) {
+        cache_dot_impl = cache_dot_i8_avx2;
+        cache_dot_name = "avx2";
+    } else if (strcmp(name, "avx512vnni") == 0 && __builtin_cpu_supports("avx512vnni") &&
+               __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")) {
+        cache_dot_impl = cache_dot_i8_avx512;
+        cache_dot_name = "avx512vnni";
+    } else {
+        return -1;
+    }
+    return 0;
 }

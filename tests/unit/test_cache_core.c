@@ -644,6 +644,26 @@ static void test_dot(void **state)
     }
     const char *k = cache_dot_kernel();
     assert_true(strcmp(k, "avx512vnni") == 0 || strcmp(k, "avx2") == 0 || strcmp(k, "scalar") == 0);
+    /* every kernel this CPU has, through the rows entry point */
+    const char *names[] = {"scalar", "avx2", "avx512vnni"};
+    char chosen[16];
+    snprintf(chosen, sizeof(chosen), "%s", k);
+    for (size_t j = 0; j < SL_ARRAY_LEN(names); j++) {
+        if (cache_dot_force(names[j]) != 0)
+            continue;
+        for (size_t w = 0; w < SL_ARRAY_LEN(widths); w++) {
+            size_t d = widths[w], n = 37;
+            int8_t *rows = malloc(n * d);
+            for (size_t i = 0; i < n * d; i++)
+                rows[i] = (int8_t)(rnd() * 127);
+            int32_t out[37];
+            cache_dot_i8_rows(a, rows, d, n, out);
+            for (size_t i = 0; i < n; i++)
+                assert_int_equal(out[i], cache_dot_i8_ref(a, rows + i * d, d));
+            free(rows);
+        }
+    }
+    assert_int_equal(cache_dot_force(chosen), 0);
 }
 
 /* A unit vector at exactly cosine c from unit vector a (with b orthogonal). */
@@ -749,6 +769,77 @@ static void test_semantic(void **state)
     cache_sem_free(s2);
     cache_sem_free(s);
     cache_sem_free(NULL);
+}
+
+/* The two-pass search (sketch, then exact) finds what the flat scan finds,
+ * under every kernel this CPU has: 3000 clustered vectors, queries at
+ * cosine 0.951..0.99 of stored ones (hits) and fresh ones (misses). */
+static void test_semantic_two_pass(void **state)
+{
+    (void)state;
+    enum { D = 128, N = 3000 };
+    float *data = malloc(sizeof(float) * D * N), center[D], q[D], o[D];
+    for (size_t i = 0; i < D; i++)
+        center[i] = (float)rnd();
+    cache_sem_t *s = cache_sem_new(N, 1);
+    unsigned char part[32] = {9};
+    for (size_t k = 0; k < N; k++) {
+        for (size_t i = 0; i < D; i++)
+            data[k * D + i] = (float)(center[i] + rnd());
+        unit(data + k * D, D);
+        unsigned char key[32] = {0};
+        memcpy(key, &k, sizeof(k));
+        assert_int_equal(cache_sem_add(s, part, data + k * D, D, key, 1000), 0);
+    }
+    const char *names[] = {"scalar", "avx2", "avx512vnni"};
+    char chosen[16];
+    snprintf(chosen, sizeof(chosen), "%s", cache_dot_kernel());
+    for (size_t kn = 0; kn < SL_ARRAY_LEN(names); kn++) {
+        if (cache_dot_force(names[kn]) != 0)
+            continue;
+        int hits = 0;
+        for (int t = 0; t < 40; t++) {
+            size_t target = (size_t)t * 71 % N;
+            bool dup = t % 2 == 0;
+            if (dup) {
+                const float *a = data + target * D;
+                for (size_t i = 0; i < D; i++)
+                    o[i] = (float)rnd();
+                double dp = 0;
+                for (size_t i = 0; i < D; i++)
+                    dp += (double)a[i] * o[i];
+                for (size_t i = 0; i < D; i++)
+                    o[i] = (float)(o[i] - dp * a[i]);
+                unit(o, D);
+                at_cos(a, o, 0.951 + 0.039 * (rnd() + 1) / 2, q, D);
+            } else {
+                for (size_t i = 0; i < D; i++)
+                    q[i] = (float)(center[i] + rnd());
+            }
+            unsigned char g1[32], g2[32];
+            double s1 = 0, s2 = 0;
+            cache_sem_set_flat_max(s, 0);
+            int h1 = cache_sem_lookup(s, part, q, D, 0.95, 0, g1, &s1);
+            cache_sem_set_flat_max(s, SIZE_MAX);
+            int h2 = cache_sem_lookup(s, part, q, D, 0.95, 0, g2, &s2);
+            assert_int_equal(h1, h2);
+            assert_int_equal(h1, dup);
+            if (h1) {
+                assert_memory_equal(g1, g2, 32);
+                size_t k;
+                memcpy(&k, g1, sizeof(k));
+                assert_int_equal(k, target);
+                hits++;
+            }
+            /* expired entries are never returned, by either pass */
+            cache_sem_set_flat_max(s, 0);
+            assert_int_equal(cache_sem_lookup(s, part, q, D, 0.95, 1000, g1, &s1), 0);
+        }
+        assert_int_equal(hits, 20);
+    }
+    assert_int_equal(cache_dot_force(chosen), 0);
+    cache_sem_free(s);
+    free(data);
 }
 
 static void test_embed(void **state)
@@ -1099,6 +1190,7 @@ int main(void)
         cmocka_unit_test(test_lru),
         cmocka_unit_test(test_dot),
         cmocka_unit_test(test_semantic),
+        cmocka_unit_test(test_semantic_two_pass),
         cmocka_unit_test(test_embed),
         cmocka_unit_test(test_garbage),
         cmocka_unit_test(test_flow),
