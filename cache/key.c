@@ -142,80 +142,191 @@ char *cache_text_normalise(const char *s, size_t len, size_t *outlen)
     return out;
 }
 
-/* ---- canonical JSON ------------------------------------------------------- */
+/* ---- canonical form -------------------------------------------------------- */
 
-/* Numbers that are integral reals become integers, recursively, so 0 and
- * 0.0 (or 1 and 1.0) key alike. Works on a private copy. */
-static void cache_canon_numbers(json_t *v)
+/* The key hashes a canonical byte form written straight from the parsed
+ * request, with no copy of it: every value is typed and length-prefixed
+ * (so no escaping is needed and no two values share a form), object keys
+ * are sorted, integral numbers are integers (0 = 0.0), and message text is
+ * whitespace-normalised. */
+typedef struct cache_cbuf {
+    char *p;
+    size_t len, cap;
+    bool heap, oom;
+    char stack[2048];
+} cache_cbuf_t;
+
+static void cache_cput(cache_cbuf_t *b, const void *s, size_t n)
 {
-    if (json_is_object(v)) {
-        const char *k;
-        json_t *x;
-        void *tmp;
-        json_object_foreach_safe(v, tmp, k, x)
-        {
-            if (json_is_real(x)) {
-                double d = json_real_value(x);
-                if (d == (double)(json_int_t)d && d > -9e15 && d < 9e15)
-                    json_object_set_new(v, k, json_integer((json_int_t)d));
-            } else {
-                cache_canon_numbers(x);
-            }
+    if (b->oom)
+        return;
+    if (b->len + n > b->cap) {
+        size_t cap = b->cap * 2;
+        while (cap < b->len + n)
+            cap *= 2;
+        char *p = b->heap ? realloc(b->p, cap) : malloc(cap);
+        if (!p) {
+            b->oom = true;
+            return;
         }
-    } else if (json_is_array(v)) {
-        for (size_t i = 0; i < json_array_size(v); i++) {
-            json_t *x = json_array_get(v, i);
-            if (json_is_real(x)) {
-                double d = json_real_value(x);
-                if (d == (double)(json_int_t)d && d > -9e15 && d < 9e15)
-                    json_array_set_new(v, i, json_integer((json_int_t)d));
-            } else {
-                cache_canon_numbers(x);
-            }
-        }
+        if (!b->heap)
+            memcpy(p, b->p, b->len);
+        b->p = p;
+        b->cap = cap;
+        b->heap = true;
     }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
 }
 
-static json_t *cache_norm_string(const char *s, size_t n)
+static void cache_cstr(cache_cbuf_t *b, const char *s, size_t n)
+{
+    char hdr[24];
+    int hl = snprintf(hdr, sizeof(hdr), "s%zu:", n);
+    cache_cput(b, hdr, (size_t)hl);
+    cache_cput(b, s, n);
+}
+
+/* A text, whitespace-normalised. */
+static void cache_ctext(cache_cbuf_t *b, const char *s, size_t n)
 {
     size_t on;
     char *t = cache_text_normalise(s, n, &on);
-    if (!t)
-        return NULL;
-    json_t *j = json_stringn(t, on);
+    if (!t) {
+        b->oom = true;
+        return;
+    }
+    cache_cstr(b, t, on);
     free(t);
-    return j;
 }
 
-/* A message's content with its text whitespace-normalised: a string, or
- * the text parts of an array of parts (other parts as they are). */
-static int cache_norm_content(json_t *msg)
+static int cache_keycmp(const void *a, const void *b)
 {
-    json_t *c = json_object_get(msg, "content");
-    if (json_is_string(c)) {
-        json_t *n = cache_norm_string(json_string_value(c), json_string_length(c));
-        return n ? json_object_set_new(msg, "content", n) : -1;
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* The keys of an object, sorted (malloc'd array; NULL with n = 0 when
+ * empty; NULL with n > 0 on OOM). */
+static const char **cache_sorted_keys(const json_t *o, size_t *n)
+{
+    *n = json_object_size(o);
+    if (*n == 0)
+        return NULL;
+    const char **k = malloc(*n * sizeof(*k));
+    if (!k)
+        return NULL;
+    size_t i = 0;
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)o, key, v) k[i++] = key;
+    qsort(k, *n, sizeof(*k), cache_keycmp);
+    return k;
+}
+
+static void cache_cvalue(cache_cbuf_t *b, const json_t *v, int depth);
+
+static void cache_cnumber(cache_cbuf_t *b, double d, json_int_t i, bool is_int)
+{
+    char t[40];
+    int n;
+    if (is_int)
+        n = snprintf(t, sizeof(t), "i%lld;", (long long)i);
+    else if (d == (double)(json_int_t)d && d > -9e15 && d < 9e15)
+        n = snprintf(t, sizeof(t), "i%lld;", (long long)(json_int_t)d);
+    else
+        n = snprintf(t, sizeof(t), "r%.17g;", d);
+    cache_cput(b, t, (size_t)n);
+}
+
+/* Depth is bounded by jansson's parser already; the guard keeps a caller's
+ * hand-built cycle from recursing forever. */
+#define CACHE_CANON_DEPTH 64
+
+/* What an object is: plain, a message (its content is text), or a content
+ * part (its "text" is text). */
+enum { CACHE_OBJ_PLAIN = 0, CACHE_OBJ_MESSAGE, CACHE_OBJ_PART };
+
+static void cache_cobject(cache_cbuf_t *b, const json_t *o, int depth, int kind)
+{
+    bool message = kind == CACHE_OBJ_MESSAGE;
+    size_t n;
+    const char **keys = cache_sorted_keys(o, &n);
+    if (n && !keys) {
+        b->oom = true;
+        return;
     }
-    if (json_is_array(c)) {
-        for (size_t i = 0; i < json_array_size(c); i++) {
-            json_t *part = json_array_get(c, i);
-            json_t *t = json_object_get(part, "text");
-            if (json_is_string(t)) {
-                json_t *n = cache_norm_string(json_string_value(t), json_string_length(t));
-                if (!n || json_object_set_new(part, "text", n) != 0)
-                    return -1;
+    cache_cput(b, "{", 1);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *v = json_object_get(o, keys[i]);
+        cache_cstr(b, keys[i], strlen(keys[i]));
+        if (message && strcmp(keys[i], "content") == 0) {
+            /* a single text part is what a plain string means */
+            const json_t *p0 = json_array_get(v, 0);
+            const json_t *ty = json_object_get(p0, "type"), *tx = json_object_get(p0, "text");
+            if (json_array_size(v) == 1 && json_is_string(ty) &&
+                strcmp(json_string_value(ty), "text") == 0 && json_is_string(tx) &&
+                json_object_size(p0) == 2)
+                v = tx;
+            if (json_is_string(v)) {
+                cache_ctext(b, json_string_value(v), json_string_length(v));
+            } else if (json_is_array(v)) {
+                cache_cput(b, "[", 1);
+                for (size_t k = 0; k < json_array_size(v); k++) {
+                    const json_t *part = json_array_get(v, k);
+                    if (json_is_object(part))
+                        cache_cobject(b, part, depth + 1, CACHE_OBJ_PART);
+                    else
+                        cache_cvalue(b, part, depth + 1);
+                }
+                cache_cput(b, "]", 1);
+            } else {
+                cache_cvalue(b, v, depth + 1);
             }
-        }
-        /* A single text part is what a plain string means. */
-        if (json_array_size(c) == 1) {
-            json_t *p = json_array_get(c, 0);
-            json_t *ty = json_object_get(p, "type"), *t = json_object_get(p, "text");
-            if (json_is_string(ty) && strcmp(json_string_value(ty), "text") == 0 &&
-                json_is_string(t) && json_object_size(p) == 2)
-                return json_object_set(msg, "content", t);
+        } else if (kind == CACHE_OBJ_PART && strcmp(keys[i], "text") == 0 && json_is_string(v)) {
+            cache_ctext(b, json_string_value(v), json_string_length(v)); /* a content part */
+        } else {
+            cache_cvalue(b, v, depth + 1);
         }
     }
-    return 0;
+    cache_cput(b, "}", 1);
+    free(keys);
+}
+
+static void cache_cvalue(cache_cbuf_t *b, const json_t *v, int depth)
+{
+    if (depth > CACHE_CANON_DEPTH) {
+        b->oom = true;
+        return;
+    }
+    switch (json_typeof(v)) {
+    case JSON_OBJECT:
+        cache_cobject(b, v, depth, CACHE_OBJ_PLAIN);
+        break;
+    case JSON_ARRAY:
+        cache_cput(b, "[", 1);
+        for (size_t i = 0; i < json_array_size(v); i++)
+            cache_cvalue(b, json_array_get(v, i), depth + 1);
+        cache_cput(b, "]", 1);
+        break;
+    case JSON_STRING:
+        cache_cstr(b, json_string_value(v), json_string_length(v));
+        break;
+    case JSON_INTEGER:
+        cache_cnumber(b, 0, json_integer_value(v), true);
+        break;
+    case JSON_REAL:
+        cache_cnumber(b, json_real_value(v), 0, false);
+        break;
+    case JSON_TRUE:
+        cache_cput(b, "t", 1);
+        break;
+    case JSON_FALSE:
+        cache_cput(b, "f", 1);
+        break;
+    default:
+        cache_cput(b, "n", 1);
+        break;
+    }
 }
 
 /* Top-level parameters that never change the answer. */
@@ -240,44 +351,46 @@ int cache_key(const json_t *body, const char *model, const char *sub,
     const json_t *msgs = json_object_get(body, "messages");
     if (!json_is_object(body) || !json_is_array(msgs) || !model)
         return -1;
-    json_t *canon = json_object(), *params = json_object(), *list = json_array();
+    cache_cbuf_t b;
+    b.p = b.stack;
+    b.len = 0;
+    b.cap = sizeof(b.stack);
+    b.heap = b.oom = false;
+    cache_cput(&b, "k1", 2);
+    cache_cstr(&b, model, strlen(model));
+    cache_cput(&b, "[", 1);
     int rc = -1;
-    if (!canon || !params || !list)
-        goto out;
     for (size_t i = 0; i < json_array_size(msgs); i++) {
-        json_t *m = json_deep_copy(json_array_get(msgs, i));
-        if (!json_is_object(m) || cache_norm_content(m) != 0) {
-            json_decref(m);
+        const json_t *m = json_array_get(msgs, i);
+        if (!json_is_object(m))
             goto out;
-        }
-        cache_canon_numbers(m);
-        json_array_append_new(list, m);
+        cache_cobject(&b, m, 1, CACHE_OBJ_MESSAGE);
     }
-    const char *k;
-    json_t *v;
-    json_object_foreach((json_t *)body, k, v)
-    {
-        if (cache_is_ignored(k))
-            continue;
-        json_object_set_new(params, k, json_deep_copy(v));
-    }
-    cache_canon_numbers(params);
-    json_object_set_new(canon, "v", json_integer(1));
-    json_object_set_new(canon, "model", json_string(model));
-    json_object_set(canon, "messages", list);
-    json_object_set(canon, "params", params);
-    json_object_set_new(canon, "sub", sub ? json_string(sub) : json_null());
-    char *text = json_dumps(canon, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENSURE_ASCII);
-    if (!text)
+    cache_cput(&b, "]{", 2);
+    size_t n;
+    const char **keys = cache_sorted_keys(body, &n);
+    if (n && !keys)
         goto out;
-    SHA256((const unsigned char *)text, strlen(text), key);
-    free(text);
+    for (size_t i = 0; i < n; i++) {
+        if (cache_is_ignored(keys[i]))
+            continue;
+        cache_cstr(&b, keys[i], strlen(keys[i]));
+        cache_cvalue(&b, json_object_get(body, keys[i]), 1);
+    }
+    free(keys);
+    cache_cput(&b, "}", 1);
+    if (sub)
+        cache_cstr(&b, sub, strlen(sub));
+    else
+        cache_cput(&b, "n", 1);
+    if (b.oom)
+        goto out;
+    SHA256((const unsigned char *)b.p, b.len, key);
     *why = CACHE_BYPASS_NONE;
     rc = 0;
 out:
-    json_decref(canon);
-    json_decref(params);
-    json_decref(list);
+    if (b.heap)
+        free(b.p);
     return rc;
 }
 

@@ -205,10 +205,24 @@ static void test_key_unequal(void **state)
         ",{\"role\":\"user\",\"content\":\"world\"}]}",
         "{\"model\":\"m\",\"temperature\":0,\"top_p\":0.5,\"messages\":[{\"role\":\"user\","
         "\"content\":\"hello world\"}]}",
+        /* an image part makes another question */
+        "{\"model\":\"m\",\"temperature\":0,\"messages\":[{\"role\":\"user\",\"content\":[{"
+        "\"type\":\"text\",\"text\":\"hello world\"},{\"type\":\"image_url\",\"image_url\":{"
+        "\"url\":\"https://x/y.png\"}}]}]}",
     };
     for (size_t i = 0; i < SL_ARRAY_LEN(ne); i++)
         if (same_key(base, ne[i]))
             fail_msg("expected another key: %s", ne[i]);
+    /* whitespace counts outside message text (a parameter's strings) */
+    if (same_key("{\"temperature\":0,\"stop\":[\"a  b\"],\"messages\":[]}",
+                 "{\"temperature\":0,\"stop\":[\"a b\"],\"messages\":[]}"))
+        fail_msg("a parameter's whitespace was normalised");
+    /* ... and message text is, in each text part of a content of several */
+    if (!same_key("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":"
+                  "\" a  b\"},{\"type\":\"image_url\",\"image_url\":{\"url\":\"u\"}}]}]}",
+                  "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":"
+                  "\"a b\"},{\"image_url\":{\"url\":\"u\"},\"type\":\"image_url\"}]}]}"))
+        fail_msg("text parts were not normalised");
 }
 
 static void test_key_scope_and_model(void **state)
