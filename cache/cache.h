@@ -278,6 +278,8 @@ bool cache_uses_redis(const cache_t *c);
  * tailing the semantic stream when the semantic cache is on. */
 cache_worker_t *cache_worker_new(cache_t *c, struct event_base *base, char *err,
                                  size_t errlen) SL_WUR;
+/* Free every cache_req_t of this worker first (a pending lookup holds a
+ * call of its Redis client). */
 void cache_worker_free(cache_worker_t *w);
 
 typedef struct cache_req_in {
