@@ -93,7 +93,7 @@ static void pct(int64_t *lat, int n, double *p50, double *p99)
  * for recall: both must name the same entry). */
 static void bench_semantic(size_t n, size_t d, int queries)
 {
-    cache_sem_t *s = cache_sem_new(n, 4);
+    cache_sem_t *s = cache_sem_new(n, 4, 0);
     unsigned char part[32] = {1};
     float *center = malloc(d * sizeof(float));
     float *stored = malloc((size_t)1000 * d * sizeof(float)); /* the first 1000, for queries */

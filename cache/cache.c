@@ -107,7 +107,8 @@ cache_t *cache_new(const conf_t *conf, char *err, size_t errlen)
     } else {
         c->lru = cache_lru_new(cc->max_bytes);
     }
-    c->sem = cache_sem_new((size_t)cc->semantic.max_entries, (size_t)cc->semantic.max_partitions);
+    c->sem = cache_sem_new((size_t)cc->semantic.max_entries, (size_t)cc->semantic.max_partitions,
+                           (size_t)cc->semantic.max_bytes);
     if ((conf->redis.url && !c->redis_url) || (!conf->redis.url && !c->lru) || !c->sem) {
         snprintf(err, errlen, "out of memory");
         cache_free(c);

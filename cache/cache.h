@@ -221,7 +221,12 @@ uint64_t cache_lru_evictions(cache_lru_t *l);
  * names the exact key of the answer it stands for. Thread-safe (a rwlock:
  * lookups share it). */
 #define CACHE_SEM_MAX_DIM 8192
-cache_sem_t *cache_sem_new(size_t max_per_partition, size_t max_partitions);
+/* max_bytes bounds the whole index (vectors, sketches, keys, as allocated):
+ * past it the least recently added partitions go, and a partition that
+ * alone reaches it stops growing (its oldest entries are overwritten). */
+cache_sem_t *cache_sem_new(size_t max_per_partition, size_t max_partitions, size_t max_bytes);
+/* Bytes the index holds now. */
+size_t cache_sem_bytes(cache_sem_t *s);
 void cache_sem_free(cache_sem_t *s);
 /* Adds (or refreshes) a vector. The first vector fixes the dimension; a
  * vector of another dimension is refused (-1). */

@@ -10,8 +10,8 @@
  *
  * Quantisation: v is scaled to unit length u, then q = round(u * 127 /
  * max|u|) with scale = max|u| / 127, so cos(a, b) ~ dot(qa, qb) * sa * sb.
- * The error is below 1e-3 for the dimensions embedding models use, far
- * inside the gap a 0.95 threshold leaves.
+ * The error's spread is ~1e-3 at 128 dimensions and shrinks as 1/sqrt(dim):
+ * only a cosine within ~0.002 of the threshold can fall either side.
  *
  * Large partitions are searched in two passes, because a flat scan of
  * 100k x 384 bytes is bound by memory bandwidth (~2.5 ms on one core):
@@ -59,12 +59,19 @@ struct cache_sem {
     size_t dim;   /* 0 until the first vector */
     int8_t *proj; /* CACHE_SK_DIM x dim of +-1, fixed seed */
     size_t max_per_part, max_parts, nparts, count;
-    size_t flat_max; /* partitions up to this size are scanned flat */
+    size_t max_bytes, bytes; /* as allocated: cap x cache_slot_bytes() per partition */
+    size_t flat_max;         /* partitions up to this size are scanned flat */
     cache_part_t *by_id;
     struct cache_plist order;
 };
 
-cache_sem_t *cache_sem_new(size_t max_per_partition, size_t max_partitions)
+/* What one slot of a partition costs: vector, sketch, key, scale, expiry. */
+static size_t cache_slot_bytes(size_t dim)
+{
+    return dim + CACHE_SK_DIM + CACHE_KEY_LEN + sizeof(float) + sizeof(int64_t);
+}
+
+cache_sem_t *cache_sem_new(size_t max_per_partition, size_t max_partitions, size_t max_bytes)
 {
     cache_metrics_init();
     cache_sem_t *s = calloc(1, sizeof(*s));
@@ -74,6 +81,7 @@ cache_sem_t *cache_sem_new(size_t max_per_partition, size_t max_partitions)
     s->max_per_part = max_per_partition ? max_per_partition : 1;
     s->max_parts = max_partitions ? max_partitions : 1;
     s->flat_max = CACHE_SK_FROM;
+    s->max_bytes = max_bytes ? max_bytes : SIZE_MAX;
     TAILQ_INIT(&s->order);
     return s;
 }
@@ -95,6 +103,7 @@ static void cache_part_drop(cache_sem_t *s, cache_part_t *p)
     TAILQ_REMOVE(&s->order, p, link);
     s->nparts--;
     s->count -= p->n;
+    s->bytes -= p->cap * cache_slot_bytes(s->dim);
     sl_gauge_add(sl_metric_series0(cache_m.sem_entries), -(int64_t)p->n);
     cache_part_free(p);
 }
@@ -109,6 +118,14 @@ void cache_sem_free(cache_sem_t *s)
     pthread_rwlock_destroy(&s->lock);
     free(s->proj);
     free(s);
+}
+
+size_t cache_sem_bytes(cache_sem_t *s)
+{
+    pthread_rwlock_rdlock(&s->lock);
+    size_t n = s->bytes;
+    pthread_rwlock_unlock(&s->lock);
+    return n;
 }
 
 size_t cache_sem_count(cache_sem_t *s)
@@ -138,12 +155,30 @@ int cache_quantise(const float *v, size_t dim, int8_t *out, float *scale)
     return 0;
 }
 
-/* Grows a partition's arrays to hold one more (up to max_per_part). */
+/* Grows a partition's arrays to hold one more (up to max_per_part), making
+ * room under max_bytes by dropping the least recently added other
+ * partitions; -1 when even that leaves no room (then the partition keeps
+ * its size and overwrites its oldest). */
 static int cache_part_grow(cache_sem_t *s, cache_part_t *p)
 {
     size_t cap = p->cap ? p->cap * 2 : 64;
     if (cap > s->max_per_part)
         cap = s->max_per_part;
+    size_t slot = cache_slot_bytes(s->dim), more = (cap - p->cap) * slot;
+    while (s->bytes + more > s->max_bytes) {
+        cache_part_t *old = TAILQ_LAST(&s->order, cache_plist);
+        if (!old || old == p)
+            break;
+        cache_part_drop(s, old);
+    }
+    if (s->bytes + more > s->max_bytes) {
+        /* alone over the bound: grow only as far as it allows */
+        size_t fit = (s->max_bytes - s->bytes) / slot;
+        if (fit == 0)
+            return -1;
+        cap = p->cap + fit;
+        more = fit * slot;
+    }
     int8_t *v = realloc(p->vecs, cap * s->dim);
     if (!v)
         return -1;
@@ -165,6 +200,7 @@ static int cache_part_grow(cache_sem_t *s, cache_part_t *p)
         return -1;
     p->sk = sk;
     p->cap = cap;
+    s->bytes += more;
     return 0;
 }
 
@@ -254,8 +290,8 @@ static int cache_sem_add_q(cache_sem_t *s, const unsigned char part[CACHE_KEY_LE
             break;
         }
     if (slot == SIZE_MAX) {
-        if (p->n == p->cap && p->cap < s->max_per_part && cache_part_grow(s, p) != 0)
-            goto out;
+        if (p->n == p->cap && p->cap < s->max_per_part && cache_part_grow(s, p) != 0 && p->cap == 0)
+            goto out; /* no room at all */
         if (p->n < p->cap) {
             slot = p->n++;
             s->count++;

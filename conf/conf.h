@@ -168,6 +168,7 @@ typedef struct conf_cache_semantic {
     int64_t deadline_ms;    /* the embedding call's deadline, 50ms */
     int64_t max_entries;    /* per partition, 10000 */
     int64_t max_partitions; /* 1024 */
+    int64_t max_bytes;      /* memory of the whole index, 256m */
     bool multi_turn;        /* embed requests with several user turns too, false */
 } conf_cache_semantic_t;
 

@@ -761,6 +761,14 @@ static const conf_key_t cache_semantic_keys[] = {
      .max = 1000000,
      .doc = "partitions (system prompt x model x user in user scope) kept; past it the "
             "least recently used goes"},
+    {.name = "max_bytes",
+     .type = CONF_SIZE,
+     .off = offsetof(conf_cache_semantic_t, max_bytes),
+     .def = "256m",
+     .min = MIB(1),
+     .max = GIB(64),
+     .doc = "memory of the whole index (vectors, sketches, keys); past it the least recently "
+            "added partitions go"},
     {.name = "multi_turn",
      .type = CONF_BOOL,
      .off = offsetof(conf_cache_semantic_t, multi_turn),
