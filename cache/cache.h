@@ -13,8 +13,10 @@
  *       q = cache_req_new(c, &in)          policy, Cache-Control, the key;
  *       cache_req_state(q) == CACHE_BYPASS  -> forward, header "bypass";
  *       cache_lookup(w, q, now, cb, arg)   DONE or PENDING (Redis);
- *       hit: cache_req_entry(q) rendered by cache_entry_json() or
- *            cache_entry_sse() in the shape asked (cache_req_stream()),
+ *       hit: e = cache_req_entry(q) sent as cache_entry_rendered(e,
+ *            cache_req_stream(q), cache_req_include_usage(q), &len) (the
+ *            body as stored: no parse, no render), or with output filters
+ *            on, through them by cache_entry_sse() / cache_entry_json();
  *            header X-Sluice-Cache: hit and Age: cache_req_age_s();
  *       miss, and cache_req_semantic(q): cache_req_embed_body() is
  *            POSTed to /v1/embeddings of cache_req_embed_model() within
@@ -279,8 +281,8 @@ cache_lru_t *cache_lru(cache_t *c);
 cache_sem_t *cache_semantic(cache_t *c);
 bool cache_uses_redis(const cache_t *c);
 
-/* A worker's Redis client (none when the cache has no Redis). Also starts
- * tailing the semantic stream when the semantic cache is on. */
+/* A worker's Redis client (none when the cache has no Redis: base may then
+ * be NULL). The first worker of a cache also tails the semantic stream. */
 cache_worker_t *cache_worker_new(cache_t *c, struct event_base *base, char *err,
                                  size_t errlen) SL_WUR;
 /* Free every cache_req_t of this worker first (a pending lookup holds a
