@@ -220,9 +220,11 @@ cache_worker_t *cache_worker_new(cache_t *c, struct event_base *base, char *err,
         free(w);
         return NULL;
     }
-    /* One tailer per process: the index is shared by the workers. */
+    /* One tailer per process (the index is shared by the workers), and
+     * none when no semantic cache is configured. */
     bool expected = false;
-    if (atomic_compare_exchange_strong(&c->tailer_taken, &expected, true)) {
+    if (c->conf->cache.semantic.embed_model &&
+        atomic_compare_exchange_strong(&c->tailer_taken, &expected, true)) {
         w->tailer = true;
         w->tail_ev = evtimer_new(base, cache_tail_timer, w);
         if (!w->tail_ev) {

@@ -282,7 +282,8 @@ cache_sem_t *cache_semantic(cache_t *c);
 bool cache_uses_redis(const cache_t *c);
 
 /* A worker's Redis client (none when the cache has no Redis: base may then
- * be NULL). The first worker of a cache also tails the semantic stream. */
+ * be NULL). With a semantic cache configured, the first worker also tails
+ * the semantic stream. */
 cache_worker_t *cache_worker_new(cache_t *c, struct event_base *base, char *err,
                                  size_t errlen) SL_WUR;
 /* Free every cache_req_t of this worker first (a pending lookup holds a
