@@ -78,7 +78,9 @@ static void cache_count2(sl_metric_t *m, const char *a, const char *b)
 /* ---- the shared cache ----------------------------------------------------------- */
 
 struct cache {
-    const conf_t *conf; /* the start conf: sizes and the Redis URL */
+    const conf_t *conf; /* the start conf: only for a cache_req_in_t without one
+                           (tests); the gateway passes each request's */
+    bool sem_tail;      /* a semantic cache is configured: tail its stream */
     cache_lru_t *lru;   /* NULL with Redis */
     cache_sem_t *sem;
     char *redis_url;
@@ -101,6 +103,7 @@ cache_t *cache_new(const conf_t *conf, char *err, size_t errlen)
         return NULL;
     }
     c->conf = conf;
+    c->sem_tail = cc->semantic.embed_model != NULL;
     if (conf->redis.url) {
         c->redis_url = strdup(conf->redis.url);
         c->redis_timeout_ms = conf->redis.timeout_ms;
@@ -223,8 +226,7 @@ cache_worker_t *cache_worker_new(cache_t *c, struct event_base *base, char *err,
     /* One tailer per process (the index is shared by the workers), and
      * none when no semantic cache is configured. */
     bool expected = false;
-    if (c->conf->cache.semantic.embed_model &&
-        atomic_compare_exchange_strong(&c->tailer_taken, &expected, true)) {
+    if (c->sem_tail && atomic_compare_exchange_strong(&c->tailer_taken, &expected, true)) {
         w->tailer = true;
         w->tail_ev = evtimer_new(base, cache_tail_timer, w);
         if (!w->tail_ev) {

@@ -291,7 +291,8 @@ cache_worker_t *cache_worker_new(cache_t *c, struct event_base *base, char *err,
 void cache_worker_free(cache_worker_t *w);
 
 typedef struct cache_req_in {
-    const conf_t *conf;        /* the request's conf (borrowed, outlives the request) */
+    const conf_t *conf;        /* the request's conf (borrowed, outlives the request);
+                                  NULL = cache_new's, which must then still be alive */
     const json_t *body;        /* the request as forwarded (after filters and clamps) */
     const char *model;         /* the client's model name: picks the policy (conf models) */
     const char *key_model;     /* after aliasing (upstream/served); NULL = model */
