@@ -142,6 +142,55 @@ typedef enum conf_queue_mode {
     CONF_QUEUE_OFF,
 } conf_queue_mode_t;
 
+/* ---- response cache (cache/), global and per model ---------------------- */
+
+typedef enum conf_cache_mode {
+    CONF_CACHE_INHERIT = 0, /* cache: decides */
+    CONF_CACHE_ON,
+    CONF_CACHE_OFF,
+} conf_cache_mode_t;
+
+typedef enum conf_cache_scope {
+    CONF_CACHE_SCOPE_INHERIT = 0, /* models only: cache.scope */
+    CONF_CACHE_SCOPE_USER,        /* the token's sub is part of the key */
+    CONF_CACHE_SCOPE_GLOBAL,
+} conf_cache_scope_t;
+
+/* models.<name>.cache: unset (inherit / 0 / NULL) = the cache: value. */
+typedef struct conf_model_cache {
+    int enabled;              /* conf_cache_mode_t */
+    int semantic;             /* conf_cache_mode_t */
+    int scope;                /* conf_cache_scope_t */
+    int64_t ttl_ms;           /* 0 = cache.ttl */
+    int64_t max_entry_bytes;  /* 0 = cache.max_entry_bytes */
+    char *max_temperature;    /* NULL = cache.max_temperature */
+    double max_temperature_v; /* derived from max_temperature when set */
+} conf_model_cache_t;
+
+typedef struct conf_cache_semantic {
+    bool enabled;           /* default for models, false */
+    char *embed_model;      /* a key under models serving /v1/embeddings; NULL = off */
+    char *threshold;        /* cosine bound, "0.95" */
+    double threshold_v;     /* derived */
+    int64_t deadline_ms;    /* the embedding call's deadline, 50ms */
+    int64_t max_entries;    /* per partition, 10000 */
+    int64_t max_partitions; /* 1024 */
+    int64_t max_bytes;      /* memory of the whole index, 256m */
+    bool multi_turn;        /* embed requests with several user turns too, false */
+} conf_cache_semantic_t;
+
+typedef struct conf_cache {
+    bool enabled;             /* default for models, false */
+    int64_t ttl_ms;           /* 1h */
+    int scope;                /* 0 user, 1 global (no inherit here), user */
+    char *max_temperature;    /* "0" */
+    double max_temperature_v; /* derived */
+    int64_t max_entry_bytes;  /* 256k */
+    int64_t max_bytes;        /* in-process store, 64m */
+    bool charge_tokens;       /* a hit charges the token budget its usage, true */
+    conf_cache_semantic_t semantic;
+} conf_cache_t;
+
 /* ---- models (routing) --------------------------------------------------- */
 
 typedef struct conf_model {
@@ -151,6 +200,7 @@ typedef struct conf_model {
     char *served;       /* the upstream's served name (alias target); NULL = same as name */
     conf_fault_t fault; /* per-model drill; -1 fields = the root fault's */
     int queue;          /* conf_queue_mode_t */
+    conf_model_cache_t cache;
 } conf_model_t;
 
 /* ---- SSE relay ---------------------------------------------------------- */
@@ -420,6 +470,7 @@ typedef struct conf {
     conf_fallback_t fallback;
     conf_fault_t fault;
     conf_routing_t routing;
+    conf_cache_t cache;
 } conf_t;
 
 /* ---- API ------------------------------------------------------------------ */

@@ -30,6 +30,7 @@
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
@@ -739,6 +740,207 @@ static int model_fault_check(conf_ctx_t *ctx, void *obj, int line)
 static const conf_table_t model_fault_table = {TABLE(model_fault_keys, conf_fault_t),
                                                .check = model_fault_check};
 
+/* ---- response cache (cache/) --------------------------------------------------- */
+
+static const char *const cache_mode_names[] = {"inherit", "on", "off", NULL};
+static const char *const cache_scope_names[] = {"inherit", "user", "global", NULL};
+static const char *const cache_root_scope_names[] = {"user", "global", NULL};
+
+/* A decimal in [lo, hi] (temperatures, cosine bounds): the YAML scalar is
+ * kept as written, its value in the derived double. */
+static int cache_decimal(const char *s, double lo, double hi, double *out, char *msg, size_t msglen)
+{
+    char *end = NULL;
+    double v = s ? strtod(s, &end) : 0;
+    if (!s || end == s || *end || !(v >= lo && v <= hi)) {
+        snprintf(msg, msglen, "expected a number in %g..%g", lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+static int cache_temp_check(void *obj, char *msg, size_t msglen)
+{
+    conf_cache_t *c = obj;
+    return cache_decimal(c->max_temperature, 0, 2, &c->max_temperature_v, msg, msglen);
+}
+static int model_cache_temp_check(void *obj, char *msg, size_t msglen)
+{
+    conf_model_cache_t *c = obj;
+    return cache_decimal(c->max_temperature, 0, 2, &c->max_temperature_v, msg, msglen);
+}
+static int cache_threshold_check(void *obj, char *msg, size_t msglen)
+{
+    conf_cache_semantic_t *c = obj;
+    return cache_decimal(c->threshold, 0.5, 1, &c->threshold_v, msg, msglen);
+}
+
+static const conf_key_t cache_semantic_keys[] = {
+    {.name = "enabled",
+     .type = CONF_BOOL,
+     .off = offsetof(conf_cache_semantic_t, enabled),
+     .def = "false",
+     .flags = R,
+     .doc = "semantic lookups for models with cache on (models.<name>.cache.semantic overrides)"},
+    {.name = "embed_model",
+     .type = CONF_STRING,
+     .off = offsetof(conf_cache_semantic_t, embed_model),
+     .flags = R,
+     .doc = "the model (a key under models) whose /v1/embeddings embeds the last user "
+            "message; unset = no semantic cache"},
+    {.name = "threshold",
+     .type = CONF_STRING,
+     .off = offsetof(conf_cache_semantic_t, threshold),
+     .def = "0.95",
+     .check = cache_threshold_check,
+     .flags = R,
+     .doc = "cosine similarity (0.5..1) at or above which a stored answer is returned"},
+    {.name = "deadline",
+     .type = CONF_DURATION,
+     .off = offsetof(conf_cache_semantic_t, deadline_ms),
+     .def = "50ms",
+     .min = MS(1),
+     .max = SEC(10),
+     .flags = R,
+     .doc = "deadline of the embedding call; past it the request simply goes upstream"},
+    {.name = "max_entries",
+     .type = CONF_INT,
+     .off = offsetof(conf_cache_semantic_t, max_entries),
+     .def = "10000",
+     .min = 16,
+     .max = 10000000,
+     .doc = "vectors kept per partition (system prompt); past it the oldest goes"},
+    {.name = "max_partitions",
+     .type = CONF_INT,
+     .off = offsetof(conf_cache_semantic_t, max_partitions),
+     .def = "1024",
+     .min = 1,
+     .max = 1000000,
+     .doc = "partitions (system prompt x model x user in user scope) kept; past it the "
+            "least recently used goes"},
+    {.name = "max_bytes",
+     .type = CONF_SIZE,
+     .off = offsetof(conf_cache_semantic_t, max_bytes),
+     .def = "256m",
+     .min = MIB(1),
+     .max = GIB(64),
+     .doc = "memory of the whole index (vectors, sketches, keys); past it the least recently "
+            "added partitions go"},
+    {.name = "multi_turn",
+     .type = CONF_BOOL,
+     .off = offsetof(conf_cache_semantic_t, multi_turn),
+     .def = "false",
+     .flags = R,
+     .doc = "also look up requests with more than one user turn (by the last one)"},
+};
+static const conf_table_t cache_semantic_table = {
+    TABLE(cache_semantic_keys, conf_cache_semantic_t)};
+
+static const conf_key_t cache_keys[] = {
+    {.name = "enabled",
+     .type = CONF_BOOL,
+     .off = offsetof(conf_cache_t, enabled),
+     .def = "false",
+     .flags = R,
+     .doc = "cache answers of every model (models.<name>.cache.enabled overrides)"},
+    {.name = "ttl",
+     .type = CONF_DURATION,
+     .off = offsetof(conf_cache_t, ttl_ms),
+     .def = "1h",
+     .min = SEC(1),
+     .max = DAY(30),
+     .flags = R,
+     .doc = "how long a stored answer is served"},
+    {.name = "scope",
+     .type = CONF_ENUM,
+     .off = offsetof(conf_cache_t, scope),
+     .def = "user",
+     .enums = cache_root_scope_names,
+     .flags = R,
+     .doc = "user (the token's sub is part of the key: answers may be personal) or global"},
+    {.name = "max_temperature",
+     .type = CONF_STRING,
+     .off = offsetof(conf_cache_t, max_temperature),
+     .def = "0",
+     .check = cache_temp_check,
+     .flags = R,
+     .doc = "requests with a higher temperature (absent = 1) are not cached"},
+    {.name = "max_entry_bytes",
+     .type = CONF_SIZE,
+     .off = offsetof(conf_cache_t, max_entry_bytes),
+     .def = "256k",
+     .min = KIB(1),
+     .max = MIB(64),
+     .flags = R,
+     .doc = "larger answers are not stored"},
+    {.name = "max_bytes",
+     .type = CONF_SIZE,
+     .off = offsetof(conf_cache_t, max_bytes),
+     .def = "64m",
+     .min = MIB(1),
+     .max = GIB(64),
+     .doc = "memory of the in-process store (LRU); with redis.url Redis is the store"},
+    {.name = "charge_tokens",
+     .type = CONF_BOOL,
+     .off = offsetof(conf_cache_t, charge_tokens),
+     .def = "true",
+     .flags = R,
+     .doc = "a hit charges the user's token budget the stored usage (false: hits are free)"},
+    {.name = "semantic",
+     .type = CONF_STRUCT,
+     .off = offsetof(conf_cache_t, semantic),
+     .sub = &cache_semantic_table,
+     .doc = "semantic cache: an embedding of the last user message, cosine >= threshold"},
+};
+static const conf_table_t cache_table = {TABLE(cache_keys, conf_cache_t)};
+
+static const conf_key_t model_cache_keys[] = {
+    {.name = "enabled",
+     .type = CONF_ENUM,
+     .off = offsetof(conf_model_cache_t, enabled),
+     .def = "inherit",
+     .enums = cache_mode_names,
+     .flags = R,
+     .doc = "cache this model's answers: inherit (cache.enabled), on, off"},
+    {.name = "semantic",
+     .type = CONF_ENUM,
+     .off = offsetof(conf_model_cache_t, semantic),
+     .def = "inherit",
+     .enums = cache_mode_names,
+     .flags = R,
+     .doc = "semantic lookups for this model: inherit (cache.semantic.enabled), on, off"},
+    {.name = "scope",
+     .type = CONF_ENUM,
+     .off = offsetof(conf_model_cache_t, scope),
+     .def = "inherit",
+     .enums = cache_scope_names,
+     .flags = R,
+     .doc = "inherit (cache.scope), user or global"},
+    {.name = "ttl",
+     .type = CONF_DURATION,
+     .off = offsetof(conf_model_cache_t, ttl_ms),
+     .def = "0",
+     .min = 0,
+     .max = DAY(30),
+     .flags = R,
+     .doc = "how long this model's answers are served; 0 = cache.ttl"},
+    {.name = "max_entry_bytes",
+     .type = CONF_SIZE,
+     .off = offsetof(conf_model_cache_t, max_entry_bytes),
+     .def = "0",
+     .min = 0,
+     .max = MIB(64),
+     .flags = R,
+     .doc = "larger answers of this model are not stored; 0 = cache.max_entry_bytes"},
+    {.name = "max_temperature",
+     .type = CONF_STRING,
+     .off = offsetof(conf_model_cache_t, max_temperature),
+     .check = model_cache_temp_check,
+     .flags = R,
+     .doc = "temperature bound for this model; unset = cache.max_temperature"},
+};
+static const conf_table_t model_cache_table = {TABLE(model_cache_keys, conf_model_cache_t)};
+
 /* ---- models --------------------------------------------------------------------- */
 
 static const conf_key_t model_keys[] = {
@@ -766,6 +968,12 @@ static const conf_key_t model_keys[] = {
      .flags = R,
      .doc = "queue requests that got the template for resending: inherit "
             "(fallback.queue.enabled), on, off"},
+    {.name = "cache",
+     .type = CONF_STRUCT,
+     .off = offsetof(conf_model_t, cache),
+     .sub = &model_cache_table,
+     .flags = R,
+     .doc = "response cache policy of this model; unset keys = cache: (docs/cache.md)"},
 };
 static const conf_table_t model_table = {TABLE(model_keys, conf_model_t), .has_line = true,
                                          .line_off = offsetof(conf_model_t, line), .has_name = true,
@@ -1919,6 +2127,12 @@ static const conf_key_t root_keys[] = {
      .sub = &routing_table,
      .flags = R,
      .doc = "send requests the small model can serve to fallback.local first (docs/model.md)"},
+    {.name = "cache",
+     .type = CONF_STRUCT,
+     .off = offsetof(conf_t, cache),
+     .sub = &cache_table,
+     .flags = R,
+     .doc = "response cache, exact and semantic; per model under models (docs/cache.md)"},
 };
 
 const conf_table_t conf_root_table = {TABLE(root_keys, conf_t), .check = root_check};
