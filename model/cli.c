@@ -782,6 +782,14 @@ static int cmd_bench(const cli_opts_t *o)
            c.m->name, mdl_state_kernels(c.st), o->precise ? "+precise" : "", o->threads,
            c.m->bytes_per_token / 1e6, P, pre_s, P / pre_s, pre_s * 1e3, G, dec_s, tps, best_tps,
            gbs);
+    mdl_pool_stats_t ps;
+    mdl_pool_stats(c.pool, &ps);
+    fprintf(stderr,
+            "pool: dispatches=%llu caller_items=%llu helper_items=%llu straggler_waits=%llu "
+            "solo_dispatches=%llu\n",
+            (unsigned long long)ps.dispatches, (unsigned long long)ps.caller_items,
+            (unsigned long long)ps.helper_items, (unsigned long long)ps.straggler_waits,
+            (unsigned long long)ps.solo_dispatches);
     free(toks);
     free(lg);
     ctx_free(&c);

@@ -2,9 +2,10 @@
  * qwen2.c — binding a qwen2 GGUF's tensors (every shape and type checked)
  * and the forward pass over an f32 KV cache (see qwen2_internal.h).
  *
- * Work split: each matrix product is cut into contiguous row ranges, one per
- * pool thread, so every thread streams its own part of the weights; the
- * attention heads of a chunk are split the same way. Norms, RoPE and the
+ * Work split: each matrix product is cut into blocks of rows (about 32 KiB
+ * of weights each) that the pool's threads claim one at a time, so a thread
+ * the host deschedules never holds up a step; attention is split per
+ * (token, head). Norms, RoPE and the
  * element-wise steps are cheap and run on the calling thread.
  */
 #include "model/qwen2_internal.h"
@@ -463,6 +464,7 @@ typedef struct {
     const float *bias;
     float *out; /* nb rows of w->n_out */
     int accumulate;
+    int rows_per_item, first_item; /* filled by matmul() */
 } mm_job_t;
 
 typedef struct {
@@ -473,38 +475,52 @@ typedef struct {
     int n_jobs;
 } mm_task_t;
 
-static void mm_worker(void *arg, int ith, int nth)
+/* One item: a block of rows of one job, for every token of the batch. */
+static void mm_item(void *arg, int item, int tid)
 {
+    (void)tid;
     const mm_task_t *t = arg;
-    for (int j = 0; j < t->n_jobs; j++) {
-        const mm_job_t *jb = &t->jobs[j];
-        const mdl_weight_t *w = jb->w;
-        int use_float = t->s->precise || w->type == MDL_T_F32 || w->type == MDL_T_F16;
-        mdl_dot_fn dot = use_float ? t->s->k->dot_f[w->type] : t->s->k->dot[w->type];
-        /* contiguous row ranges, multiples of 8 so threads do not share
-         * cache lines of the output */
-        int per = ((w->n_out + nth - 1) / nth + 7) & ~7;
-        int r0 = ith * per, r1 = SL_MIN(w->n_out, r0 + per);
-        mdl_dot4_fn dot4 = use_float ? NULL : t->s->k->dot4[w->type];
-        for (int r = r0; r < r1; r++) {
-            const uint8_t *row = w->data + (size_t)r * w->row_bytes;
-            float bias = jb->bias ? jb->bias[r] : 0.0f;
-            int b = 0;
-            float v4[4];
-            for (; dot4 && b + 4 <= t->nb; b += 4) {
-                dot4(row, &t->acts[b], v4);
-                for (int k = 0; k < 4; k++) {
-                    float *o = jb->out + (size_t)(b + k) * w->n_out + r;
-                    *o = jb->accumulate ? *o + (v4[k] + bias) : v4[k] + bias;
-                }
-            }
-            for (; b < t->nb; b++) {
-                float v = dot(row, &t->acts[b]) + bias;
-                float *o = jb->out + (size_t)b * w->n_out + r;
-                *o = jb->accumulate ? *o + v : v;
+    int j = t->n_jobs - 1;
+    while (j > 0 && item < t->jobs[j].first_item)
+        j--;
+    const mm_job_t *jb = &t->jobs[j];
+    const mdl_weight_t *w = jb->w;
+    int use_float = t->s->precise || w->type == MDL_T_F32 || w->type == MDL_T_F16;
+    mdl_dot_fn dot = use_float ? t->s->k->dot_f[w->type] : t->s->k->dot[w->type];
+    mdl_dot4_fn dot4 = use_float ? NULL : t->s->k->dot4[w->type];
+    int r0 = (item - jb->first_item) * jb->rows_per_item;
+    int r1 = SL_MIN(w->n_out, r0 + jb->rows_per_item);
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *row = w->data + (size_t)r * w->row_bytes;
+        float bias = jb->bias ? jb->bias[r] : 0.0f;
+        int b = 0;
+        float v4[4];
+        for (; dot4 && b + 4 <= t->nb; b += 4) {
+            dot4(row, &t->acts[b], v4);
+            for (int k = 0; k < 4; k++) {
+                float *o = jb->out + (size_t)(b + k) * w->n_out + r;
+                *o = jb->accumulate ? *o + (v4[k] + bias) : v4[k] + bias;
             }
         }
+        for (; b < t->nb; b++) {
+            float v = dot(row, &t->acts[b]) + bias;
+            float *o = jb->out + (size_t)b * w->n_out + r;
+            *o = jb->accumulate ? *o + v : v;
+        }
     }
+}
+
+/* Rows per work item: about 32 KiB of weights (a few microseconds of
+ * streaming: small enough that a thread the host deschedules holds up
+ * little, large enough that claiming costs ~1%), a multiple of 8 so that
+ * threads never share a cache line of the output. */
+static int mm_rows_per_item(const mdl_weight_t *w)
+{
+    size_t rows = (32768 + w->row_bytes - 1) / w->row_bytes;
+    int rpi = (int)SL_MAX((size_t)8, (rows + 7) & ~(size_t)7);
+    while ((w->n_out + rpi - 1) / rpi > MDL_POOL_MAX_ITEMS / 4)
+        rpi *= 2;
+    return rpi;
 }
 
 /* Points acts[0..nb) at rows of x (n floats each) and quantizes them when a
@@ -534,7 +550,14 @@ static void matmul(mdl_state_t *s, int nb, const mm_job_t *jobs, int n_jobs)
 {
     mm_task_t t = {.s = s, .acts = s->acts, .nb = nb, .n_jobs = n_jobs};
     memcpy(t.jobs, jobs, sizeof(*jobs) * (size_t)n_jobs);
-    mdl_pool_run(s->pool, mm_worker, &t);
+    int items = 0;
+    for (int j = 0; j < n_jobs; j++) {
+        mm_job_t *jb = &t.jobs[j];
+        jb->rows_per_item = mm_rows_per_item(jb->w);
+        jb->first_item = items;
+        items += (jb->w->n_out + jb->rows_per_item - 1) / jb->rows_per_item;
+    }
+    mdl_pool_run_items(s->pool, mm_item, &t, items);
 }
 
 typedef struct {
@@ -542,16 +565,15 @@ typedef struct {
     int layer, nb, pos0;
 } attn_task_t;
 
-static void attn_worker(void *arg, int ith, int nth)
+/* One item: one query head of one token. */
+static void attn_item(void *arg, int i, int tid)
 {
     const attn_task_t *t = arg;
     mdl_state_t *s = t->s;
     const mdl_model_t *m = s->m;
     int hd = m->head_dim, group = m->n_head / m->n_kv;
-    int total = t->nb * m->n_head;
-    int a0 = (int)((long long)total * ith / nth), a1 = (int)((long long)total * (ith + 1) / nth);
-    float *scores = s->scores + (size_t)ith * s->n_ctx;
-    for (int i = a0; i < a1; i++) {
+    float *scores = s->scores + (size_t)tid * s->n_ctx;
+    {
         int b = i / m->n_head, h = i % m->n_head, g = h / group;
         size_t base = ((size_t)t->layer * m->n_kv + g) * s->n_ctx * hd;
         mdl_attend(s->k, s->q + (size_t)b * s->q_dim + (size_t)h * hd, s->kcache + base,
@@ -575,8 +597,9 @@ static int forward(mdl_state_t *s, const int32_t *tok, int nb, float *logits, in
         for (int b = 0; b < nb; b++)
             mdl_rmsnorm(s->h + (size_t)b * E, s->x + (size_t)b * E, L->attn_norm, E, m->eps);
         prep_acts(s, s->h, nb, E);
-        mm_job_t qkv[3] = {
-            {&L->wq, L->bq, s->q, 0}, {&L->wk, L->bk, s->kb, 0}, {&L->wv, L->bv, s->vb, 0}};
+        mm_job_t qkv[3] = {{&L->wq, L->bq, s->q, 0, 0, 0},
+                           {&L->wk, L->bk, s->kb, 0, 0, 0},
+                           {&L->wv, L->bv, s->vb, 0, 0, 0}};
         matmul(s, nb, qkv, 3);
         for (int b = 0; b < nb; b++) {
             int pos = s->pos + b;
@@ -591,21 +614,21 @@ static int forward(mdl_state_t *s, const int32_t *tok, int nb, float *logits, in
             }
         }
         attn_task_t at = {s, l, nb, s->pos};
-        mdl_pool_run(s->pool, attn_worker, &at);
+        mdl_pool_run_items(s->pool, attn_item, &at, nb * m->n_head);
         prep_acts(s, s->o, nb, s->q_dim);
-        mm_job_t out[1] = {{&L->wo, NULL, s->x, 1}};
+        mm_job_t out[1] = {{&L->wo, NULL, s->x, 1, 0, 0}};
         matmul(s, nb, out, 1);
         for (int b = 0; b < nb; b++)
             mdl_rmsnorm(s->h + (size_t)b * E, s->x + (size_t)b * E, L->ffn_norm, E, m->eps);
         prep_acts(s, s->h, nb, E);
-        mm_job_t gu[2] = {{&L->wgate, NULL, s->g, 0}, {&L->wup, NULL, s->u, 0}};
+        mm_job_t gu[2] = {{&L->wgate, NULL, s->g, 0, 0, 0}, {&L->wup, NULL, s->u, 0, 0, 0}};
         matmul(s, nb, gu, 2);
         for (size_t i = 0; i < (size_t)nb * m->n_ff; i++) {
             float gv = s->g[i];
             s->g[i] = gv / (1.0f + expf(-gv)) * s->u[i];
         }
         prep_acts(s, s->g, nb, m->n_ff);
-        mm_job_t down[1] = {{&L->wdown, NULL, s->x, 1}};
+        mm_job_t down[1] = {{&L->wdown, NULL, s->x, 1, 0, 0}};
         matmul(s, nb, down, 1);
     }
     if (logits) {
@@ -615,7 +638,7 @@ static int forward(mdl_state_t *s, const int32_t *tok, int nb, float *logits, in
             mdl_rmsnorm(s->h + (size_t)b * E, s->x + (size_t)(first + b) * E, m->output_norm, E,
                         m->eps);
         prep_acts(s, s->h, cnt, E);
-        mm_job_t head[1] = {{&m->output, NULL, logits, 0}};
+        mm_job_t head[1] = {{&m->output, NULL, logits, 0, 0, 0}};
         matmul(s, cnt, head, 1);
     }
     s->pos += nb;
