@@ -139,6 +139,7 @@ def test_local_first_falls_back_to_main(sluice_factory, mock, tiny_gguf):
 def test_full_engine_goes_to_the_next_tier(sluice_factory, mock, tiny_gguf):
     over = engine_conf(tiny_gguf, fallback={"template": {"enabled": True}})
     over["upstreams"]["local"]["engine"]["max_queue"] = 0  # one at a time, none waiting
+    over["upstreams"]["local"]["engine"]["max_batch"] = 1
     s = sluice_factory(over, upstream=mock)
     results = []
 
