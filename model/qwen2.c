@@ -509,6 +509,12 @@ static void mm_item(void *arg, int item, int tid)
     mdl_dot4_fn dot4 = use_float ? NULL : t->s->k->dot4[w->type];
     int r0 = (item - jb->first_item) * jb->rows_per_item;
     int r1 = SL_MIN(w->n_out, r0 + jb->rows_per_item);
+    mdl_gemm_fn gemm = use_float ? NULL : t->s->k->gemm[w->type];
+    if (gemm) {
+        gemm(w->data + (size_t)r0 * w->row_bytes, w->row_bytes, r1 - r0, t->acts, t->nb,
+             jb->out + r0, (size_t)w->n_out, jb->bias ? jb->bias + r0 : NULL, jb->accumulate);
+        return;
+    }
     for (int r = r0; r < r1; r++) {
         const uint8_t *row = w->data + (size_t)r * w->row_bytes;
         float bias = jb->bias ? jb->bias[r] : 0.0f;
