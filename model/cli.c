@@ -40,6 +40,8 @@ static const char *usage_text =
     "  serve --model FILE [--streams N] [--max-tokens N] [--max-batch N] [--prompt TEXT]\n"
     "        [--stagger-ms N] [--temperature T --seed S] [common]   N concurrent chat\n"
     "        requests through the engine: per-stream TTFT, text, aggregate tokens/s\n"
+    "  followup --model FILE [--prompt-tokens N] [--interleave K] [--no-reuse] [common]\n"
+    "        a long first turn, K other conversations, then the follow-up turn: its TTFT\n"
     "  batch-check --model FILE [--streams N] [--gen N] [common]   the same sequences\n"
     "        alone and in staggered batched steps: are all logits bit-identical?\n"
     "common: --threads N --kernels scalar|avx2|avx512|auto --precise --batch N --ctx N\n"
@@ -48,7 +50,8 @@ static const char *usage_text =
 typedef struct {
     const char *model, *prompt, *tokens, *mode, *out, *text, *system, *lines;
     int max_tokens, gen, threads, batch, ctx, precise, raw, hex, prompt_tokens, mib, top_k;
-    int kernel_level, mmap_file, streams, max_batch, stagger_ms, prefill_chunk;
+    int kernel_level, mmap_file, streams, max_batch, stagger_ms, prefill_chunk, no_reuse;
+    int interleave;
     double temperature, top_p, repeat_penalty;
     uint64_t seed;
     int has_seed;
@@ -133,6 +136,8 @@ static int parse_opts(int argc, char **argv, int start, cli_opts_t *o)
             bad = !v || parse_int(v, &o->stagger_ms) || o->stagger_ms < 0;
         else if (!strcmp(a, "--prefill-chunk"))
             bad = !v || parse_int(v, &o->prefill_chunk) || o->prefill_chunk < 0;
+        else if (!strcmp(a, "--interleave"))
+            bad = !v || parse_int(v, &o->interleave) || o->interleave < 0 || o->interleave > 64;
         else if (!strcmp(a, "--mib"))
             bad = !v || parse_int(v, &o->mib) || o->mib < 1;
         else if (!strcmp(a, "--top-k"))
@@ -167,6 +172,8 @@ static int parse_opts(int argc, char **argv, int start, cli_opts_t *o)
                 o->hex = 1;
             else if (!strcmp(a, "--mmap"))
                 o->mmap_file = 1;
+            else if (!strcmp(a, "--no-reuse"))
+                o->no_reuse = 1;
             else {
                 fprintf(stderr, "model: unknown option %s\n", a);
                 return -1;
@@ -1003,6 +1010,139 @@ static int cmd_serve(const cli_opts_t *o)
     return rc;
 }
 
+/* ---- followup: a conversation's next turn, with and without reuse ----------- */
+
+static int hexval(char c);
+
+/* Runs one chat request to its end; the answer's bytes (decoded from the
+ * stream's hex) go to reply when not NULL. */
+static int followup_run(mdl_engine_t *e, const mdl_message_t *m, size_t n, int max_tokens,
+                        serve_stream_t *s, char *reply, size_t reply_cap)
+{
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+    int done = 0;
+    memset(s, 0, sizeof(*s));
+    s->mu = &mu;
+    s->cv = &cv;
+    s->n_done = &done;
+    mdl_sampling_t sp;
+    mdl_sampling_default(&sp);
+    sp.temperature = 0.0f;
+    sp.repetition_penalty = 1.0f;
+    sp.max_tokens = max_tokens;
+    mdl_callbacks_t cb = {serve_on_text, serve_on_done};
+    s->t_submit = sl_now_ns();
+    if (mdl_engine_submit(e, m, n, &sp, &cb, s, NULL) != MDL_SUBMIT_OK)
+        return -1;
+    pthread_mutex_lock(&mu);
+    while (!done)
+        pthread_cond_wait(&cv, &mu);
+    pthread_mutex_unlock(&mu);
+    if (reply) {
+        size_t k = 0;
+        for (size_t i = 0; i + 1 < s->hex_len && k + 1 < reply_cap; i += 2)
+            reply[k++] = (char)(hexval(s->hex[i]) << 4 | hexval(s->hex[i + 1]));
+        reply[k] = 0;
+    }
+    return 0;
+}
+
+static int cmd_followup(const cli_opts_t *o)
+{
+    if (!o->model) {
+        fprintf(stderr, "model followup: --model FILE is required\n");
+        return 1;
+    }
+    mdl_engine_opts_t eo;
+    mdl_engine_opts_default(&eo);
+    eo.threads = o->threads;
+    eo.context = o->ctx > 0 ? o->ctx : 4096;
+    if (o->max_batch > 0)
+        eo.max_batch = o->max_batch;
+    eo.max_queue = 64;
+    eo.no_prefix_reuse = o->no_reuse;
+    eo.precise = o->precise;
+    eo.mmap_file = o->mmap_file;
+    eo.kernels = o->kernel_level == MDL_KL_SCALAR ? "scalar"
+                 : o->kernel_level == MDL_KL_AVX2 ? "avx2"
+                                                  : "auto";
+    char err[256];
+    mdl_engine_t *e = mdl_engine_new(o->model, &eo, err, sizeof(err));
+    if (!e) {
+        fprintf(stderr, "model followup: %s\n", err);
+        return 1;
+    }
+    while (!mdl_engine_ready(e))
+        usleep(1000);
+    /* a long first user turn: words of letters and digits, roughly one
+     * token per byte or two depending on the vocabulary */
+    size_t cap = (size_t)o->prompt_tokens * 8 + 64;
+    char *text = malloc(cap), reply[1024];
+    serve_stream_t *s = malloc(sizeof(*s) * 66);
+    int rc = 1;
+    if (!text || !s)
+        goto out;
+    size_t len = 0;
+    for (int i = 0; len + 16 < cap && (int)len < o->prompt_tokens; i++)
+        len += (size_t)snprintf(text + len, cap - len, "w%d ", i % 97);
+    mdl_message_t turn1[1] = {{"user", text}};
+    if (followup_run(e, turn1, 1, 4, &s[0], reply, sizeof(reply)) != 0)
+        goto out;
+    /* other conversations take every slot in between */
+    char others[64][96];
+    int K = o->interleave;
+    {
+        pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+        pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+        int done = 0;
+        mdl_sampling_t sp;
+        mdl_sampling_default(&sp);
+        sp.temperature = 0.0f;
+        sp.max_tokens = 2;
+        mdl_callbacks_t cb = {serve_on_text, serve_on_done};
+        for (int k = 0; k < K; k++) {
+            snprintf(others[k], sizeof(others[k]),
+                     "another user, number %d, with a question of a few dozen tokens: %d", k,
+                     k * 7919);
+            mdl_message_t m = {"user", others[k]};
+            memset(&s[1 + k], 0, sizeof(s[0]));
+            s[1 + k].mu = &mu;
+            s[1 + k].cv = &cv;
+            s[1 + k].n_done = &done;
+            if (mdl_engine_submit(e, &m, 1, &sp, &cb, &s[1 + k], NULL) != MDL_SUBMIT_OK)
+                goto out;
+        }
+        pthread_mutex_lock(&mu);
+        while (done < K)
+            pthread_cond_wait(&cv, &mu);
+        pthread_mutex_unlock(&mu);
+    }
+    mdl_message_t turn2[3] = {
+        {"user", text}, {"assistant", reply}, {"user", "Thanks. And what comes next?"}};
+    serve_stream_t s2;
+    if (followup_run(e, turn2, 3, 8, &s2, NULL, 0) != 0)
+        goto out;
+    mdl_engine_info_t info;
+    mdl_engine_info(e, &info);
+    printf(
+        "turn1_prompt_tokens=%d turn1_ttft_ms=%.1f turn2_prompt_tokens=%d turn2_cached_tokens=%d "
+        "turn2_ttft_ms=%.1f turn2_finish=%s turn2_text_hex=%.*s interleaved=%d reuse=%d "
+        "prefix_cache_hits=%llu prefix_cache_saves=%llu prefix_cache_entries=%d\n",
+        s[0].usage.prompt_tokens, s[0].usage.ttft_ms, s2.usage.prompt_tokens,
+        s2.usage.cached_tokens, s2.usage.ttft_ms, mdl_finish_name(s2.why), (int)s2.hex_len, s2.hex,
+        K, !o->no_reuse, (unsigned long long)info.prefix_cache_hits,
+        (unsigned long long)info.prefix_cache_saves, info.prefix_cache_entries);
+    rc = 0;
+out:
+    if (rc)
+        fprintf(stderr, "model followup: a request failed\n");
+    free(text);
+    free(s);
+    mdl_engine_free(e);
+    return rc;
+}
+
 /* ---- batch-check: batched steps against sequences alone ---------------------- */
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n)
@@ -1166,6 +1306,8 @@ int mdl_cli_main(int argc, char **argv)
         rc = cmd_membw(&o);
     else if (!strcmp(cmd, "serve"))
         rc = cmd_serve(&o);
+    else if (!strcmp(cmd, "followup"))
+        rc = cmd_followup(&o);
     else if (!strcmp(cmd, "batch-check"))
         rc = cmd_batch_check(&o);
     else {

@@ -70,6 +70,22 @@ typedef struct {
     float *logits;
 } slot_t;
 
+/* A saved prefix: the KV state of a conversation whose slot was needed by
+ * another one, kept so that its next turn still prefills only what is
+ * new. */
+typedef struct {
+    mdl_state_t *st; /* KV of tokens[0..n) */
+    mdl_ids_t tokens;
+    uint64_t hash; /* of the tokens, to keep one copy per conversation state */
+    uint64_t lru;
+    size_t bytes;
+} pfx_entry_t;
+
+/* Most saved prefixes, and the shortest worth saving (shorter ones cost
+ * less to recompute than to look up and copy). */
+#define PFX_MAX     32
+#define PFX_MIN_LEN 48
+
 struct mdl_engine {
     mdl_model_t *model;
     mdl_tok_t *tok;
@@ -78,7 +94,10 @@ struct mdl_engine {
     mdl_state_t *sys_state; /* KV of the system prefix; NULL when none */
     mdl_ids_t sys_tokens;
     slot_t *slots;
-    int n_slots, step_tokens, prefill_chunk, batch_wait_us;
+    int n_slots, step_tokens, prefill_chunk, batch_wait_us, no_reuse;
+    pfx_entry_t pfx[PFX_MAX];
+    int n_pfx;
+    size_t pfx_bytes, pfx_budget, kv_pos_bytes;
     mdl_seq_step_t *steps;
     int *step_slot;
     char *system_prompt; /* NULL: no default system message */
@@ -95,7 +114,7 @@ struct mdl_engine {
     _Atomic int ready;
     uint64_t seed_counter;
     uint64_t requests_done, tokens_generated, prompt_tokens_total;
-    uint64_t prefix_hits, prefix_tokens, steps_run, step_rows;
+    uint64_t prefix_hits, prefix_tokens, steps_run, step_rows, pfx_hits, pfx_saves;
     int last_batch;
     double decode_tps; /* generated tokens per second, smoothed over steps */
     uint64_t step_no;
@@ -136,6 +155,7 @@ void mdl_engine_opts_default(mdl_engine_opts_t *o)
     o->kv_memory_mb = 2048;
     o->prefill_chunk = 32;
     o->batch_wait_us = 2000;
+    o->prefix_cache_mb = 256;
 }
 
 /* ---- requests ----------------------------------------------------------- */
@@ -299,6 +319,83 @@ static int ids_set(mdl_ids_t *dst, const int32_t *v, int n)
     return 0;
 }
 
+static uint64_t ids_hash(const int32_t *v, int n)
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (int i = 0; i < n; i++)
+        h = (h ^ (uint32_t)v[i]) * 0x100000001b3ULL;
+    return h;
+}
+
+static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb)
+{
+    int c = 0, lim = SL_MIN(na, nb);
+    while (c < lim && a[c] == b[c])
+        c++;
+    return c;
+}
+
+static void pfx_drop(mdl_engine_t *e, int i)
+{
+    pfx_entry_t *p = &e->pfx[i];
+    e->pfx_bytes -= p->bytes;
+    mdl_state_free(p->st);
+    free(p->tokens.v);
+    e->pfx[i] = e->pfx[--e->n_pfx];
+}
+
+/* Keeps the slot's cache (about to be overwritten by another conversation)
+ * in the prefix store, evicting the least recently used entries to stay
+ * within the budget. Failure only means the state is not kept. */
+static void pfx_save(mdl_engine_t *e, slot_t *sl)
+{
+    int n = sl->cached.n;
+    size_t bytes = (size_t)n * e->kv_pos_bytes;
+    if (e->no_reuse || n < PFX_MIN_LEN || bytes > e->pfx_budget)
+        return;
+    uint64_t h = ids_hash(sl->cached.v, n);
+    for (int i = 0; i < e->n_pfx; i++)
+        if (e->pfx[i].hash == h && e->pfx[i].tokens.n == n) {
+            e->pfx[i].lru = e->step_no;
+            return;
+        }
+    while (e->n_pfx > 0 && (e->n_pfx == PFX_MAX || e->pfx_bytes + bytes > e->pfx_budget)) {
+        int old = 0;
+        for (int i = 1; i < e->n_pfx; i++)
+            if (e->pfx[i].lru < e->pfx[old].lru)
+                old = i;
+        pfx_drop(e, old);
+    }
+    mdl_state_opts_t so = {.n_ctx = n, .batch = 1};
+    char err[64];
+    pfx_entry_t p = {.hash = h, .lru = e->step_no, .bytes = bytes};
+    p.st = mdl_state_new(e->model, &so, NULL, err, sizeof(err));
+    if (!p.st || mdl_state_copy_prefix(p.st, sl->st, n) != 0 ||
+        ids_set(&p.tokens, sl->cached.v, n) != 0) {
+        mdl_state_free(p.st);
+        free(p.tokens.v);
+        return;
+    }
+    e->pfx[e->n_pfx++] = p;
+    e->pfx_bytes += bytes;
+    e->pfx_saves++;
+}
+
+/* The saved prefix sharing the most tokens with the prompt (at most lim). */
+static int pfx_find(mdl_engine_t *e, const mdl_ids_t *prompt, int lim, int *common_out)
+{
+    int best = -1, best_c = 0;
+    for (int i = 0; i < e->n_pfx; i++) {
+        int c = common_prefix(e->pfx[i].tokens.v, e->pfx[i].tokens.n, prompt->v, lim);
+        if (c > best_c) {
+            best = i;
+            best_c = c;
+        }
+    }
+    *common_out = best_c;
+    return best;
+}
+
 /* The free slot for a prompt: the longest common prefix with what it holds
  * (its previous conversation), the coldest among equals. */
 static int pick_slot(mdl_engine_t *e, const mdl_ids_t *prompt, int *common_out)
@@ -325,6 +422,22 @@ static int pick_slot(mdl_engine_t *e, const mdl_ids_t *prompt, int *common_out)
 static int reuse_prefix(mdl_engine_t *e, slot_t *sl, const mdl_ids_t *prompt, int common)
 {
     int lim = prompt->n - 1, S = e->sys_tokens.n;
+    if (e->no_reuse) {
+        mdl_state_truncate(sl->st, 0);
+        sl->cached.n = 0;
+        return 0;
+    }
+    /* what the slot holds beyond the shared part belongs to another
+     * conversation: keep it for that one's next turn */
+    if (sl->cached.n - common >= PFX_MIN_LEN)
+        pfx_save(e, sl);
+    int pc, pi = pfx_find(e, prompt, lim, &pc);
+    if (pi >= 0 && pc > common && pc > S && mdl_state_copy_prefix(sl->st, e->pfx[pi].st, pc) == 0 &&
+        ids_set(&sl->cached, prompt->v, pc) == 0) {
+        e->pfx[pi].lru = e->step_no;
+        e->pfx_hits++;
+        return pc;
+    }
     if (e->sys_state && common < S && S <= lim &&
         memcmp(prompt->v, e->sys_tokens.v, sizeof(int32_t) * (size_t)S) == 0 &&
         mdl_state_copy_prefix(sl->st, e->sys_state, S) == 0 &&
@@ -555,7 +668,7 @@ static void step(mdl_engine_t *e)
 /* Computes and keeps the state of the default system message. */
 static void warm_up(mdl_engine_t *e)
 {
-    if (!e->system_prompt)
+    if (!e->system_prompt || e->no_reuse)
         return;
     mdl_message_t sys = {"system", e->system_prompt};
     mdl_ids_t all = {0};
@@ -684,6 +797,8 @@ mdl_engine_t *mdl_engine_new(const char *path, const mdl_engine_opts_t *opts, ch
     if (o.batch_wait_us < 0)
         o.batch_wait_us = 0;
     o.batch_wait_us = SL_MIN(o.batch_wait_us, 100000);
+    if (o.prefix_cache_mb == 0)
+        o.prefix_cache_mb = 256;
     int klevel = parse_kernels(o.kernels);
     if (o.threads > 256 || klevel < 0) {
         set_err(err, errlen, "bad engine options (threads %d, kernels %s)", o.threads,
@@ -721,6 +836,9 @@ mdl_engine_t *mdl_engine_new(const char *path, const mdl_engine_opts_t *opts, ch
     uint64_t fit = (uint64_t)o.kv_memory_mb * 1048576ull / (kv_seq ? kv_seq : 1);
     e->n_slots = (int)SL_MAX((uint64_t)1, SL_MIN((uint64_t)o.max_batch, fit));
     e->prefill_chunk = o.prefill_chunk;
+    e->no_reuse = o.no_prefix_reuse;
+    e->kv_pos_bytes = (size_t)(kv_seq / (uint64_t)n_ctx);
+    e->pfx_budget = o.prefix_cache_mb < 0 ? 0 : (size_t)o.prefix_cache_mb * 1048576u;
     e->batch_wait_us = o.batch_wait_us;
     e->step_tokens = SL_MAX(64, e->n_slots + o.prefill_chunk);
     mdl_state_opts_t so = {
@@ -791,6 +909,8 @@ void mdl_engine_free(mdl_engine_t *e)
     free(e->slots);
     free(e->steps);
     free(e->step_slot);
+    while (e->n_pfx > 0)
+        pfx_drop(e, e->n_pfx - 1);
     mdl_state_free(e->work);
     mdl_state_free(e->sys_state);
     mdl_pool_free(e->pool);
@@ -830,5 +950,9 @@ void mdl_engine_info(mdl_engine_t *e, mdl_engine_info_t *out)
     out->step_rows = e->step_rows;
     out->batch = e->active ? e->last_batch : 0;
     out->decode_tps = e->decode_tps;
+    out->prefix_cache_hits = e->pfx_hits;
+    out->prefix_cache_saves = e->pfx_saves;
+    out->prefix_cache_entries = e->n_pfx;
+    out->prefix_cache_bytes = e->pfx_bytes;
     pthread_mutex_unlock(&e->mu);
 }

@@ -60,6 +60,12 @@ typedef struct {
     int kv_memory_mb;
     int prefill_chunk;
     int batch_wait_us;
+    /* When a slot is needed by another conversation, the KV state it held
+     * (if at least 48 tokens) is kept in a prefix store of this many MiB
+     * (least recently used out first; default 256, -1: none), so the
+     * conversation's next turn still computes only its new tokens. */
+    int prefix_cache_mb;
+    int no_prefix_reuse; /* benchmarks: never reuse state (nor the system prompt's) */
 } mdl_engine_opts_t;
 
 void mdl_engine_opts_default(mdl_engine_opts_t *o);
@@ -94,7 +100,11 @@ typedef struct {
     uint64_t prefix_tokens; /* ... and the prompt tokens they did not compute */
     uint64_t steps;         /* batched steps run, and the tokens they held */
     uint64_t step_rows;
-    double decode_tps; /* generated tokens per second over recent steps (all sequences) */
+    double decode_tps;           /* generated tokens per second over recent steps (all sequences) */
+    uint64_t prefix_cache_hits;  /* requests that resumed from a saved prefix */
+    uint64_t prefix_cache_saves; /* states saved when their slot was taken */
+    int prefix_cache_entries;
+    uint64_t prefix_cache_bytes;
 } mdl_engine_info_t;
 /* Snapshot of the engine's state; strings are borrowed from the engine. */
 void mdl_engine_info(mdl_engine_t *e, mdl_engine_info_t *out);
