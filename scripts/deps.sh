@@ -7,7 +7,8 @@ PKGS="build-essential pkg-config clang clang-format libclang-rt-14-dev
 libevent-dev libssl-dev openssl libjansson-dev libpcre2-dev libhiredis-dev
 libcmocka-dev libhttp-parser-dev libyaml-dev uthash-dev
 redis-server nginx-light wrk prometheus curl ca-certificates
-python3 python3-pytest python3-numpy python3-regex procps iproute2"
+python3 python3-pytest python3-numpy python3-regex procps iproute2
+libunistring-dev"
 
 if [ "${1:-}" = "--if-missing" ]; then
     missing=""
