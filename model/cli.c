@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/sl.h"
@@ -770,10 +771,16 @@ static int cmd_bench(const cli_opts_t *o)
     if (mdl_state_eval(c.st, toks, 1, lg, 0) != 0)
         goto fail;
     mdl_state_truncate(c.st, 0);
+    struct timespec c0, c1;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
     int64_t t0 = sl_now_ns();
     if (mdl_state_eval(c.st, toks, P, lg, 0) != 0)
         goto fail;
     int64_t t1 = sl_now_ns();
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+    /* this thread's CPU time: with one thread, what the prefill cost when
+     * other processes take turns on the core (a shared machine) */
+    double pre_cpu = (double)(c1.tv_sec - c0.tv_sec) + (double)(c1.tv_nsec - c0.tv_nsec) / 1e9;
     int64_t *at = malloc(sizeof(int64_t) * (size_t)(G + 1));
     if (!at)
         goto fail;
@@ -800,10 +807,10 @@ static int cmd_bench(const cli_opts_t *o)
     double best_tps = win / ((double)best / 1e9);
     printf("model=%s kernels=%s%s threads=%d bytes_per_token=%.1fMB prefill_tokens=%d "
            "prefill_s=%.3f prefill_tps=%.2f ttft_ms=%.1f decode_tokens=%d decode_s=%.3f "
-           "decode_tps=%.2f decode_best8_tps=%.2f effective_GBps=%.2f\n",
+           "decode_tps=%.2f decode_best8_tps=%.2f effective_GBps=%.2f prefill_cpu_tps=%.2f\n",
            c.m->name, mdl_state_kernels(c.st), o->precise ? "+precise" : "", o->threads,
            c.m->bytes_per_token / 1e6, P, pre_s, P / pre_s, pre_s * 1e3, G, dec_s, tps, best_tps,
-           gbs);
+           gbs, pre_cpu > 0 ? P / pre_cpu : 0.0);
     mdl_pool_stats_t ps;
     mdl_pool_stats(c.pool, &ps);
     fprintf(stderr,
