@@ -14,6 +14,7 @@
 #
 # usage: bench/model_batch.sh [BUILD_DIR]
 # env:   ROUNDS=3 GEN=32 THREADS=1 TYPE=q8_0 (q4_0) MODEL_DIR=/tmp/sluice-model-bench
+#        MAX_BATCH=8 (1: requests one after another, as before batching)
 set -eu
 BUILD=${1:-build}
 TOOL=$BUILD/tools/mdl_tool
@@ -22,6 +23,7 @@ ROUNDS=${ROUNDS:-3}
 GEN=${GEN:-32}
 THREADS=${THREADS:-1}
 TYPE=${TYPE:-q8_0}
+MAX_BATCH=${MAX_BATCH:-8}
 F="$DIR/qwen2.5-0.5b-shape-$TYPE.gguf"
 [ -s "$F" ] || { echo "no $F: run bench/model_bench.sh first (it generates the files)" >&2; exit 1; }
 out=$(mktemp)
@@ -29,7 +31,7 @@ trap 'rm -f "$out"' EXIT INT TERM
 
 serve() { # serve STREAMS -> "agg_decode_tps ttft_first_ms ttft_last_ms"
     "$TOOL" serve --model "$F" --streams "$1" --max-tokens "$GEN" --threads "$THREADS" \
-        --max-batch 8 --temperature 0 | awk '
+        --max-batch "$MAX_BATCH" --temperature 0 | awk '
         /^stream=/ {
             for (i = 1; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
             n++; tok += f["completion_tokens"] - 1
@@ -41,11 +43,11 @@ serve() { # serve STREAMS -> "agg_decode_tps ttft_first_ms ttft_last_ms"
 }
 
 followup() { # followup EXTRA -> ttft of turn 2 in ms
-    "$TOOL" followup --model "$F" --prompt-tokens 1000 --interleave 8 --max-batch 8 \
+    "$TOOL" followup --model "$F" --prompt-tokens 1000 --interleave 8 --max-batch "$MAX_BATCH" \
         --threads "$THREADS" --ctx 4096 "$@" | tr ' ' '\n' | sed -n 's/^turn2_ttft_ms=//p'
 }
 
-echo "# $(date -u +%Y-%m-%dT%H:%MZ) $TYPE, $THREADS thread(s), load $(cut -d' ' -f1-3 /proc/loadavg), $ROUNDS rounds"
+echo "# $(date -u +%Y-%m-%dT%H:%MZ) $TYPE, max_batch $MAX_BATCH, $THREADS thread(s), load $(cut -d' ' -f1-3 /proc/loadavg), $ROUNDS rounds"
 i=0
 while [ $i -lt "$ROUNDS" ]; do
     s1=$(serve 1); s4=$(serve 4); s8=$(serve 8)
