@@ -35,7 +35,7 @@ typedef struct {
     int threads;   /* compute threads including the generation thread; default 1 */
     int context;   /* tokens per sequence, prompt + output; default 4096, at most the
                       model's training context */
-    int max_queue; /* requests waiting behind the running one; default 8 */
+    int max_queue; /* requests waiting for a free slot; default 8 */
     /* System message used when a conversation has none; its attention state
      * is computed at load and reused by every request that starts with it.
      * NULL: Qwen's default ("You are Qwen, created by Alibaba Cloud. ...");
