@@ -37,9 +37,12 @@
 #define POOL_STRAGGLE_NS 50000
 /* Run-alone back-off after a straggler: first, cap, and how many clean
  * parallel dispatches halve it again. */
-#define POOL_SOLO_MIN_NS   4000000
-#define POOL_SOLO_MAX_NS   256000000
-#define POOL_SOLO_DECAY_AT 512
+#define POOL_SOLO_MIN_NS   16000000
+#define POOL_SOLO_MAX_NS   1000000000
+#define POOL_SOLO_DECAY_AT 1024
+/* ... and at least this many times the wait itself: a helper that waited
+ * long to run again will likely wait as long next time */
+#define POOL_SOLO_WAIT_MULT 16
 
 struct mdl_pool {
     int nth;
@@ -201,7 +204,7 @@ static void note_wait(mdl_pool_t *p, int64_t waited)
         p->st.straggler_waits++;
         p->backoff_ns =
             p->backoff_ns ? SL_MIN(p->backoff_ns * 2, (int64_t)POOL_SOLO_MAX_NS) : POOL_SOLO_MIN_NS;
-        p->solo_until = sl_now_ns() + p->backoff_ns;
+        p->solo_until = sl_now_ns() + SL_MAX(p->backoff_ns, waited * POOL_SOLO_WAIT_MULT);
         p->clean = 0;
     } else if (p->backoff_ns && ++p->clean >= POOL_SOLO_DECAY_AT) {
         p->backoff_ns /= 2;
