@@ -36,7 +36,7 @@ SL_BUILD_CFLAGS := $(CFLAGS) $(SANFLAGS)
 CFLAGS  += -std=c11 -D_GNU_SOURCE -pthread $(WARN) $(SANFLAGS) -I. \
            $(shell $(PKG) --cflags $(PKGS))
 LDFLAGS += -pthread $(SANFLAGS)
-LDLIBS  += $(shell $(PKG) --libs $(PKGS)) -lhttp_parser -lm
+LDLIBS  += $(shell $(PKG) --libs $(PKGS)) -lhttp_parser -lm -lunistring
 
 ifeq ($(V),1)
 Q :=

@@ -91,6 +91,7 @@ typedef struct conf_engine {
     int64_t context;     /* tokens per sequence, 4096 */
     int64_t max_queue;   /* requests waiting behind the running one, 8; over it: next tier */
     char *system_prompt; /* default system message (cached state); NULL = Qwen's own */
+    int64_t max_batch;   /* requests generated at once, 8 */
 } conf_engine_t;
 
 typedef struct conf_upstream {

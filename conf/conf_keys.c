@@ -548,6 +548,15 @@ static const conf_key_t engine_keys[] = {
      .flags = R,
      .doc = "system message for conversations without one (its state is computed once); "
             "default Qwen's own"},
+    {.name = "max_batch",
+     .type = CONF_INT,
+     .off = offsetof(conf_engine_t, max_batch),
+     .def = "8",
+     .min = 1,
+     .max = 64,
+     .flags = R,
+     .doc = "requests generated at once (continuous batching: one pass over the weights per "
+            "step serves all), each with its own KV cache"},
 };
 static const conf_table_t engine_table = {TABLE(engine_keys, conf_engine_t)};
 

@@ -69,6 +69,7 @@ mdl_engine_t *gw_engine_get(gw_shared_t *sh, const conf_upstream_t *cu, char *er
     o.threads = (int)c->threads;
     o.context = (int)c->context;
     o.max_queue = (int)c->max_queue;
+    o.max_batch = (int)c->max_batch;
     o.system_prompt = c->system_prompt;
     char e[256];
     mdl_engine_t *eng = mdl_engine_new(c->model, &o, e, sizeof(e));

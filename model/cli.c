@@ -18,6 +18,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "common/sl.h"
 
@@ -36,13 +38,21 @@ static const char *usage_text =
     "  chat-tokens --model FILE --messages ROLE=TEXT ...   ChatML prompt ids\n"
     "  bench --model FILE [--prompt-tokens N] [--gen N] [common]   prefill/decode speed\n"
     "  membw [--mib N] [--threads N]      memory read bandwidth (GB/s)\n"
+    "  serve --model FILE [--streams N] [--max-tokens N] [--max-batch N] [--prompt TEXT]\n"
+    "        [--stagger-ms N] [--temperature T --seed S] [common]   N concurrent chat\n"
+    "        requests through the engine: per-stream TTFT, text, aggregate tokens/s\n"
+    "  followup --model FILE [--prompt-tokens N] [--interleave K] [--no-reuse] [common]\n"
+    "        a long first turn, K other conversations, then the follow-up turn: its TTFT\n"
+    "  batch-check --model FILE [--streams N] [--gen N] [common]   the same sequences\n"
+    "        alone and in staggered batched steps: are all logits bit-identical?\n"
     "common: --threads N --kernels scalar|avx2|avx512|auto --precise --batch N --ctx N\n"
     "        --mmap (map the file instead of copying it into huge pages)\n";
 
 typedef struct {
     const char *model, *prompt, *tokens, *mode, *out, *text, *system, *lines;
     int max_tokens, gen, threads, batch, ctx, precise, raw, hex, prompt_tokens, mib, top_k;
-    int kernel_level, mmap_file;
+    int kernel_level, mmap_file, streams, max_batch, stagger_ms, prefill_chunk, no_reuse;
+    int interleave;
     double temperature, top_p, repeat_penalty;
     uint64_t seed;
     int has_seed;
@@ -84,6 +94,7 @@ static int parse_opts(int argc, char **argv, int start, cli_opts_t *o)
     o->kernel_level = MDL_KL_AVX512;
     o->prompt_tokens = 200;
     o->mib = 512;
+    o->streams = 4;
     o->messages = calloc((size_t)argc + 1, sizeof(char *));
     if (!o->messages)
         return -1;
@@ -118,6 +129,16 @@ static int parse_opts(int argc, char **argv, int start, cli_opts_t *o)
             bad = !v || parse_int(v, &o->ctx);
         else if (!strcmp(a, "--prompt-tokens"))
             bad = !v || parse_int(v, &o->prompt_tokens);
+        else if (!strcmp(a, "--streams"))
+            bad = !v || parse_int(v, &o->streams) || o->streams < 1 || o->streams > 256;
+        else if (!strcmp(a, "--max-batch"))
+            bad = !v || parse_int(v, &o->max_batch) || o->max_batch < 0;
+        else if (!strcmp(a, "--stagger-ms"))
+            bad = !v || parse_int(v, &o->stagger_ms) || o->stagger_ms < 0;
+        else if (!strcmp(a, "--prefill-chunk"))
+            bad = !v || parse_int(v, &o->prefill_chunk) || o->prefill_chunk < 0;
+        else if (!strcmp(a, "--interleave"))
+            bad = !v || parse_int(v, &o->interleave) || o->interleave < 0 || o->interleave > 64;
         else if (!strcmp(a, "--mib"))
             bad = !v || parse_int(v, &o->mib) || o->mib < 1;
         else if (!strcmp(a, "--top-k"))
@@ -152,6 +173,8 @@ static int parse_opts(int argc, char **argv, int start, cli_opts_t *o)
                 o->hex = 1;
             else if (!strcmp(a, "--mmap"))
                 o->mmap_file = 1;
+            else if (!strcmp(a, "--no-reuse"))
+                o->no_reuse = 1;
             else {
                 fprintf(stderr, "model: unknown option %s\n", a);
                 return -1;
@@ -748,10 +771,16 @@ static int cmd_bench(const cli_opts_t *o)
     if (mdl_state_eval(c.st, toks, 1, lg, 0) != 0)
         goto fail;
     mdl_state_truncate(c.st, 0);
+    struct timespec c0, c1;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
     int64_t t0 = sl_now_ns();
     if (mdl_state_eval(c.st, toks, P, lg, 0) != 0)
         goto fail;
     int64_t t1 = sl_now_ns();
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+    /* this thread's CPU time: with one thread, what the prefill cost when
+     * other processes take turns on the core (a shared machine) */
+    double pre_cpu = (double)(c1.tv_sec - c0.tv_sec) + (double)(c1.tv_nsec - c0.tv_nsec) / 1e9;
     int64_t *at = malloc(sizeof(int64_t) * (size_t)(G + 1));
     if (!at)
         goto fail;
@@ -778,10 +807,18 @@ static int cmd_bench(const cli_opts_t *o)
     double best_tps = win / ((double)best / 1e9);
     printf("model=%s kernels=%s%s threads=%d bytes_per_token=%.1fMB prefill_tokens=%d "
            "prefill_s=%.3f prefill_tps=%.2f ttft_ms=%.1f decode_tokens=%d decode_s=%.3f "
-           "decode_tps=%.2f decode_best8_tps=%.2f effective_GBps=%.2f\n",
+           "decode_tps=%.2f decode_best8_tps=%.2f effective_GBps=%.2f prefill_cpu_tps=%.2f\n",
            c.m->name, mdl_state_kernels(c.st), o->precise ? "+precise" : "", o->threads,
            c.m->bytes_per_token / 1e6, P, pre_s, P / pre_s, pre_s * 1e3, G, dec_s, tps, best_tps,
-           gbs);
+           gbs, pre_cpu > 0 ? P / pre_cpu : 0.0);
+    mdl_pool_stats_t ps;
+    mdl_pool_stats(c.pool, &ps);
+    fprintf(stderr,
+            "pool: dispatches=%llu caller_items=%llu helper_items=%llu straggler_waits=%llu "
+            "solo_dispatches=%llu\n",
+            (unsigned long long)ps.dispatches, (unsigned long long)ps.caller_items,
+            (unsigned long long)ps.helper_items, (unsigned long long)ps.straggler_waits,
+            (unsigned long long)ps.solo_dispatches);
     free(toks);
     free(lg);
     ctx_free(&c);
@@ -843,6 +880,401 @@ static int cmd_membw(const cli_opts_t *o)
     return 0;
 }
 
+/* ---- serve: concurrent requests through the engine ---------------------------- */
+
+typedef struct {
+    pthread_mutex_t *mu;
+    pthread_cond_t *cv;
+    int *n_done;
+    int64_t t_submit, t_done;
+    int texts;
+    char hex[4096];
+    size_t hex_len;
+    mdl_finish_t why;
+    mdl_usage_t usage;
+} serve_stream_t;
+
+static void serve_on_text(void *ud, const char *text, size_t len)
+{
+    serve_stream_t *s = ud;
+    s->texts++;
+    static const char hx[] = "0123456789abcdef";
+    for (size_t i = 0; i < len && s->hex_len + 2 < sizeof(s->hex); i++) {
+        s->hex[s->hex_len++] = hx[(uint8_t)text[i] >> 4];
+        s->hex[s->hex_len++] = hx[(uint8_t)text[i] & 15];
+    }
+}
+
+static void serve_on_done(void *ud, mdl_finish_t why, const mdl_usage_t *u, const char *error)
+{
+    (void)error;
+    serve_stream_t *s = ud;
+    pthread_mutex_lock(s->mu);
+    s->t_done = sl_now_ns();
+    s->why = why;
+    s->usage = *u;
+    (*s->n_done)++;
+    pthread_cond_broadcast(s->cv);
+    pthread_mutex_unlock(s->mu);
+}
+
+static int cmd_serve(const cli_opts_t *o)
+{
+    if (!o->model) {
+        fprintf(stderr, "model serve: --model FILE is required\n");
+        return 1;
+    }
+    mdl_engine_opts_t eo;
+    mdl_engine_opts_default(&eo);
+    eo.threads = o->threads;
+    if (o->ctx > 0)
+        eo.context = o->ctx;
+    if (o->max_batch > 0)
+        eo.max_batch = o->max_batch;
+    if (o->prefill_chunk > 0)
+        eo.prefill_chunk = o->prefill_chunk;
+    eo.max_queue = o->streams;
+    eo.system_prompt = o->system;
+    eo.precise = o->precise;
+    eo.mmap_file = o->mmap_file;
+    eo.kernels = o->kernel_level == MDL_KL_SCALAR ? "scalar"
+                 : o->kernel_level == MDL_KL_AVX2 ? "avx2"
+                                                  : "auto";
+    char err[256];
+    mdl_engine_t *e = mdl_engine_new(o->model, &eo, err, sizeof(err));
+    if (!e) {
+        fprintf(stderr, "model serve: %s\n", err);
+        return 1;
+    }
+    while (!mdl_engine_ready(e)) /* the system prompt's state first */
+        usleep(1000);
+    int N = o->streams, n_done = 0, rc = 0;
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+    serve_stream_t *ss = calloc((size_t)N, sizeof(*ss));
+    char(*content)[256] = calloc((size_t)N, 256);
+    if (!ss || !content) {
+        free(ss);
+        free(content);
+        mdl_engine_free(e);
+        return 1;
+    }
+    mdl_sampling_t sp;
+    mdl_sampling_default(&sp);
+    sp.temperature = (float)o->temperature;
+    sp.top_p = (float)o->top_p;
+    sp.top_k = o->top_k;
+    sp.repetition_penalty = (float)o->repeat_penalty;
+    sp.max_tokens = o->max_tokens;
+    sp.seed = o->seed;
+    sp.has_seed = 1;
+    mdl_callbacks_t cb = {serve_on_text, serve_on_done};
+    int64_t t0 = sl_now_ns();
+    for (int i = 0; i < N; i++) {
+        if (i > 0 && o->stagger_ms > 0)
+            usleep((useconds_t)o->stagger_ms * 1000);
+        snprintf(content[i], 256, "%s (request %d of %d)", o->prompt ? o->prompt : "Hello", i + 1,
+                 N);
+        mdl_message_t msg = {"user", content[i]};
+        ss[i].mu = &mu;
+        ss[i].cv = &cv;
+        ss[i].n_done = &n_done;
+        ss[i].t_submit = sl_now_ns();
+        if (mdl_engine_submit(e, &msg, 1, &sp, &cb, &ss[i], NULL) != MDL_SUBMIT_OK) {
+            fprintf(stderr, "model serve: submit %d failed\n", i);
+            pthread_mutex_lock(&mu);
+            n_done++;
+            pthread_mutex_unlock(&mu);
+            rc = 1;
+        }
+    }
+    pthread_mutex_lock(&mu);
+    while (n_done < N)
+        pthread_cond_wait(&cv, &mu);
+    pthread_mutex_unlock(&mu);
+    int64_t t1 = sl_now_ns();
+    long total = 0;
+    for (int i = 0; i < N; i++) {
+        serve_stream_t *s = &ss[i];
+        total += s->usage.completion_tokens;
+        printf("stream=%d finish=%s prompt_tokens=%d cached_tokens=%d completion_tokens=%d "
+               "ttft_ms=%.1f total_ms=%.1f text_hex=%.*s\n",
+               i, mdl_finish_name(s->why), s->usage.prompt_tokens, s->usage.cached_tokens,
+               s->usage.completion_tokens, s->usage.ttft_ms,
+               (double)(s->t_done - s->t_submit) / 1e6, (int)s->hex_len, s->hex);
+    }
+    mdl_engine_info_t info;
+    mdl_engine_info(e, &info);
+    double wall = (double)(t1 - t0) / 1e9;
+    printf("summary streams=%d max_batch=%d threads=%d kernels=%s wall_s=%.3f tokens=%ld "
+           "agg_tps=%.2f steps=%llu step_rows=%llu prefix_hits=%llu prefix_tokens=%llu\n",
+           N, info.max_batch, info.threads, info.kernels, wall, total, total / wall,
+           (unsigned long long)info.steps, (unsigned long long)info.step_rows,
+           (unsigned long long)info.prefix_hits, (unsigned long long)info.prefix_tokens);
+    free(ss);
+    free(content);
+    mdl_engine_free(e);
+    return rc;
+}
+
+/* ---- followup: a conversation's next turn, with and without reuse ----------- */
+
+static int hexval(char c);
+
+/* Runs one chat request to its end; the answer's bytes (decoded from the
+ * stream's hex) go to reply when not NULL. */
+static int followup_run(mdl_engine_t *e, const mdl_message_t *m, size_t n, int max_tokens,
+                        serve_stream_t *s, char *reply, size_t reply_cap)
+{
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+    int done = 0;
+    memset(s, 0, sizeof(*s));
+    s->mu = &mu;
+    s->cv = &cv;
+    s->n_done = &done;
+    mdl_sampling_t sp;
+    mdl_sampling_default(&sp);
+    sp.temperature = 0.0f;
+    sp.repetition_penalty = 1.0f;
+    sp.max_tokens = max_tokens;
+    mdl_callbacks_t cb = {serve_on_text, serve_on_done};
+    s->t_submit = sl_now_ns();
+    if (mdl_engine_submit(e, m, n, &sp, &cb, s, NULL) != MDL_SUBMIT_OK)
+        return -1;
+    pthread_mutex_lock(&mu);
+    while (!done)
+        pthread_cond_wait(&cv, &mu);
+    pthread_mutex_unlock(&mu);
+    if (reply) {
+        size_t k = 0;
+        for (size_t i = 0; i + 1 < s->hex_len && k + 1 < reply_cap; i += 2)
+            reply[k++] = (char)(hexval(s->hex[i]) << 4 | hexval(s->hex[i + 1]));
+        reply[k] = 0;
+    }
+    return 0;
+}
+
+static int cmd_followup(const cli_opts_t *o)
+{
+    if (!o->model) {
+        fprintf(stderr, "model followup: --model FILE is required\n");
+        return 1;
+    }
+    mdl_engine_opts_t eo;
+    mdl_engine_opts_default(&eo);
+    eo.threads = o->threads;
+    eo.context = o->ctx > 0 ? o->ctx : 4096;
+    if (o->max_batch > 0)
+        eo.max_batch = o->max_batch;
+    eo.max_queue = 64;
+    eo.no_prefix_reuse = o->no_reuse;
+    eo.precise = o->precise;
+    eo.mmap_file = o->mmap_file;
+    eo.kernels = o->kernel_level == MDL_KL_SCALAR ? "scalar"
+                 : o->kernel_level == MDL_KL_AVX2 ? "avx2"
+                                                  : "auto";
+    char err[256];
+    mdl_engine_t *e = mdl_engine_new(o->model, &eo, err, sizeof(err));
+    if (!e) {
+        fprintf(stderr, "model followup: %s\n", err);
+        return 1;
+    }
+    while (!mdl_engine_ready(e))
+        usleep(1000);
+    /* a long first user turn: words of letters and digits, roughly one
+     * token per byte or two depending on the vocabulary */
+    size_t cap = (size_t)o->prompt_tokens * 8 + 64;
+    char *text = malloc(cap), reply[1024];
+    serve_stream_t *s = malloc(sizeof(*s) * 66);
+    int rc = 1;
+    if (!text || !s)
+        goto out;
+    size_t len = 0;
+    for (int i = 0; len + 16 < cap && (int)len < o->prompt_tokens; i++)
+        len += (size_t)snprintf(text + len, cap - len, "w%d ", i % 97);
+    mdl_message_t turn1[1] = {{"user", text}};
+    if (followup_run(e, turn1, 1, 4, &s[0], reply, sizeof(reply)) != 0)
+        goto out;
+    /* other conversations take every slot in between */
+    char others[64][96];
+    int K = o->interleave;
+    {
+        pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+        pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+        int done = 0;
+        mdl_sampling_t sp;
+        mdl_sampling_default(&sp);
+        sp.temperature = 0.0f;
+        sp.max_tokens = 2;
+        mdl_callbacks_t cb = {serve_on_text, serve_on_done};
+        for (int k = 0; k < K; k++) {
+            snprintf(others[k], sizeof(others[k]),
+                     "another user, number %d, with a question of a few dozen tokens: %d", k,
+                     k * 7919);
+            mdl_message_t m = {"user", others[k]};
+            memset(&s[1 + k], 0, sizeof(s[0]));
+            s[1 + k].mu = &mu;
+            s[1 + k].cv = &cv;
+            s[1 + k].n_done = &done;
+            if (mdl_engine_submit(e, &m, 1, &sp, &cb, &s[1 + k], NULL) != MDL_SUBMIT_OK)
+                goto out;
+        }
+        pthread_mutex_lock(&mu);
+        while (done < K)
+            pthread_cond_wait(&cv, &mu);
+        pthread_mutex_unlock(&mu);
+    }
+    mdl_message_t turn2[3] = {
+        {"user", text}, {"assistant", reply}, {"user", "Thanks. And what comes next?"}};
+    serve_stream_t s2;
+    if (followup_run(e, turn2, 3, 8, &s2, NULL, 0) != 0)
+        goto out;
+    mdl_engine_info_t info;
+    mdl_engine_info(e, &info);
+    printf(
+        "turn1_prompt_tokens=%d turn1_ttft_ms=%.1f turn2_prompt_tokens=%d turn2_cached_tokens=%d "
+        "turn2_ttft_ms=%.1f turn2_finish=%s turn2_text_hex=%.*s interleaved=%d reuse=%d "
+        "prefix_cache_hits=%llu prefix_cache_saves=%llu prefix_cache_entries=%d\n",
+        s[0].usage.prompt_tokens, s[0].usage.ttft_ms, s2.usage.prompt_tokens,
+        s2.usage.cached_tokens, s2.usage.ttft_ms, mdl_finish_name(s2.why), (int)s2.hex_len, s2.hex,
+        K, !o->no_reuse, (unsigned long long)info.prefix_cache_hits,
+        (unsigned long long)info.prefix_cache_saves, info.prefix_cache_entries);
+    rc = 0;
+out:
+    if (rc)
+        fprintf(stderr, "model followup: a request failed\n");
+    free(text);
+    free(s);
+    mdl_engine_free(e);
+    return rc;
+}
+
+/* ---- batch-check: batched steps against sequences alone ---------------------- */
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ULL;
+    return h;
+}
+
+static int cmd_batch_check(const cli_opts_t *o)
+{
+    int N = SL_MIN(o->streams, 16), G = o->gen > 0 ? o->gen : 8, chunk = 8;
+    cli_ctx_t c;
+    int P_max = 5 + 7 * (N - 1);
+    if (ctx_open(&c, o, 0, P_max + G + 2) != 0)
+        return 1;
+    int V = c.m->n_vocab;
+    char err[256];
+    mdl_state_opts_t so = {
+        .n_ctx = P_max + G + 2, .batch = 1, .kernel_level = o->kernel_level, .precise = o->precise};
+    mdl_state_t *seq[16] = {0};
+    int32_t toks[16][512];
+    int plen[16], fed[16] = {0}, gen[16] = {0};
+    uint64_t h_alone[16], h_batch[16];
+    int32_t out_alone[16][64], out_batch[16][64];
+    float *lg = malloc(sizeof(float) * (size_t)V * 16);
+    int rc = 1;
+    if (!lg || G > 64 || P_max + G > 500)
+        goto out;
+    uint64_t x = 777;
+    for (int i = 0; i < N; i++) {
+        plen[i] = 5 + 7 * i;
+        for (int k = 0; k < plen[i]; k++) {
+            x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+            toks[i][k] = (int32_t)((x >> 33) % (uint64_t)V);
+        }
+        seq[i] = mdl_state_new(c.m, &so, NULL, err, sizeof(err));
+        if (!seq[i])
+            goto out;
+    }
+    /* alone: each sequence by itself on the context's state */
+    for (int i = 0; i < N; i++) {
+        mdl_state_truncate(c.st, 0);
+        h_alone[i] = 0xcbf29ce484222325ULL;
+        if (mdl_state_eval(c.st, toks[i], plen[i], lg, 0) != 0)
+            goto out;
+        for (int g = 0; g < G; g++) {
+            h_alone[i] = fnv(h_alone[i], lg, sizeof(float) * (size_t)V);
+            int32_t t = argmax(lg, V);
+            out_alone[i][g] = t;
+            if (mdl_state_eval(c.st, &t, 1, lg, 0) != 0)
+                goto out;
+        }
+        h_alone[i] = fnv(h_alone[i], lg, sizeof(float) * (size_t)V);
+    }
+    /* batched: sequence i joins at step i; prompts go in chunks of 8 while
+     * the others decode; every step is one mdl_state_eval_seqs */
+    for (int i = 0; i < N; i++)
+        h_batch[i] = 0xcbf29ce484222325ULL;
+    for (int stepno = 0;; stepno++) {
+        mdl_seq_step_t st[16];
+        int idx[16], n = 0, live = 0;
+        int32_t last[16];
+        for (int i = 0; i < N; i++) {
+            if (gen[i] > G)
+                continue;
+            live++;
+            if (i > stepno)
+                continue;
+            if (fed[i] < plen[i]) {
+                int take = SL_MIN(chunk, plen[i] - fed[i]);
+                int done = fed[i] + take == plen[i];
+                st[n] = (mdl_seq_step_t){seq[i], toks[i] + fed[i], take,
+                                         done ? lg + (size_t)n * V : NULL};
+            } else {
+                last[i] = out_batch[i][gen[i] - 1];
+                st[n] = (mdl_seq_step_t){seq[i], &last[i], 1, lg + (size_t)n * V};
+            }
+            idx[n++] = i;
+        }
+        if (!live)
+            break;
+        if (n == 0)
+            continue;
+        if (mdl_state_eval_seqs(c.st, st, n) != 0)
+            goto out;
+        for (int k = 0; k < n; k++) {
+            int i = idx[k];
+            if (fed[i] < plen[i]) {
+                fed[i] += st[k].n;
+                if (fed[i] < plen[i])
+                    continue;
+            }
+            const float *l = lg + (size_t)k * V;
+            h_batch[i] = fnv(h_batch[i], l, sizeof(float) * (size_t)V);
+            if (gen[i] < G)
+                out_batch[i][gen[i]] = argmax(l, V);
+            gen[i]++;
+        }
+    }
+    int same = 1;
+    for (int i = 0; i < N; i++) {
+        int eq = h_alone[i] == h_batch[i] &&
+                 memcmp(out_alone[i], out_batch[i], sizeof(int32_t) * (size_t)G) == 0;
+        same &= eq;
+        printf("seq=%d prompt=%d alone=%016llx batched=%016llx tokens=", i, plen[i],
+               (unsigned long long)h_alone[i], (unsigned long long)h_batch[i]);
+        for (int g = 0; g < G; g++)
+            printf("%s%d", g ? "," : "", out_batch[i][g]);
+        printf(" %s\n", eq ? "identical" : "DIFFERENT");
+    }
+    printf("kernels=%s%s identical=%d\n", mdl_state_kernels(c.st), o->precise ? "+precise" : "",
+           same);
+    rc = same ? 0 : 3;
+out:
+    if (rc == 1)
+        fprintf(stderr, "model batch-check: evaluation failed\n");
+    for (int i = 0; i < N; i++)
+        mdl_state_free(seq[i]);
+    free(lg);
+    ctx_free(&c);
+    return rc;
+}
+
 /* ---- entry ------------------------------------------------------------------------ */
 
 int mdl_cli_main(int argc, char **argv)
@@ -879,6 +1311,12 @@ int mdl_cli_main(int argc, char **argv)
         rc = cmd_bench(&o);
     else if (!strcmp(cmd, "membw"))
         rc = cmd_membw(&o);
+    else if (!strcmp(cmd, "serve"))
+        rc = cmd_serve(&o);
+    else if (!strcmp(cmd, "followup"))
+        rc = cmd_followup(&o);
+    else if (!strcmp(cmd, "batch-check"))
+        rc = cmd_batch_check(&o);
     else {
         fprintf(stderr, "model: unknown command %s\n%s", cmd, usage_text);
         rc = 2;

@@ -63,83 +63,223 @@ static void prep_avx512(mdl_act_t *a)
     }
 }
 
-/* Q8_0 as unsigned: sum (w + 128) x = sum w x + 128 sum x, so starting
- * vpdpbusd from -128 sum x (c128) leaves sum w x, with one XOR per 64
- * weights instead of a sign fix-up. Two blocks per vector, four per step. */
-AVX512_TARGET static float dot_q8_0_avx512(const uint8_t *row, const mdl_act_t *a)
+#define TILE_INLINE __attribute__((always_inline)) static inline
+
+/* Q8_0, R rows x T tokens (R, T <= 4, constants at every call site so the
+ * accumulators live in registers). Q8_0 as unsigned: sum (w + 128) x =
+ * sum w x + 128 sum x, so starting vpdpbusd from -128 sum x (c128) leaves
+ * sum w x, with one XOR per 64 weights instead of a sign fix-up. Two
+ * blocks per vector, four per step; the weight scales are decoded once per
+ * row and step for all T tokens. Per (row, token): one accumulator and the
+ * same operations in the same order whatever R and T are, so every tile
+ * shape gives the same bits; blocks after the last group of four are done
+ * in scalar code. res[r * T + t]. */
+AVX512_TARGET TILE_INLINE void q8_0_tile(const uint8_t *row0, size_t rb, int R, const mdl_act_t *a,
+                                         int T, float *res)
 {
     const __m512i flip = _mm512_set1_epi8((char)0x80);
     const __m512i i01 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     const __m512i i23 = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    int nb = a->n / 32, b = 0;
-    for (; b + 3 < nb; b += 4, row += 136) {
-        _mm_prefetch((const char *)row + MDL_PREFETCH_BYTES, _MM_HINT_T0);
-        _mm_prefetch((const char *)row + MDL_PREFETCH_BYTES + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)row + MDL_PREFETCH_BYTES + 128, _MM_HINT_T0);
-        __m512i w0 = join256(_mm256_loadu_si256((const __m256i *)(row + 2)),
-                             _mm256_loadu_si256((const __m256i *)(row + 36)));
-        __m512i w1 = join256(_mm256_loadu_si256((const __m256i *)(row + 70)),
-                             _mm256_loadu_si256((const __m256i *)(row + 104)));
-        __m512i p0 = _mm512_dpbusd_epi32(_mm512_loadu_si512((const void *)(a->c128 + 8 * b)),
-                                         _mm512_xor_si512(w0, flip),
-                                         _mm512_loadu_si512((const void *)(a->q + 32 * b)));
-        __m512i p1 = _mm512_dpbusd_epi32(_mm512_loadu_si512((const void *)(a->c128 + 8 * b + 16)),
-                                         _mm512_xor_si512(w1, flip),
-                                         _mm512_loadu_si512((const void *)(a->q + 32 * b + 64)));
-        __m512 sc = _mm512_castps128_ps512(scales4(row, 34, a->d + b));
-        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_permutexvar_ps(i01, sc), acc0);
-        acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(i23, sc), acc1);
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++)
+            acc[r][t] = _mm512_setzero_ps();
+    int nb = a[0].n / 32, b = 0;
+    for (; b + 3 < nb; b += 4) {
+        __m512i w0[4], w1[4];
+        __m128 dw[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const uint8_t *x = row0 + (size_t)r * rb + (size_t)34 * b;
+            _mm_prefetch((const char *)x + MDL_PREFETCH_BYTES, _MM_HINT_T0);
+            _mm_prefetch((const char *)x + MDL_PREFETCH_BYTES + 64, _MM_HINT_T0);
+            _mm_prefetch((const char *)x + MDL_PREFETCH_BYTES + 128, _MM_HINT_T0);
+            w0[r] = _mm512_xor_si512(join256(_mm256_loadu_si256((const __m256i *)(x + 2)),
+                                             _mm256_loadu_si256((const __m256i *)(x + 36))),
+                                     flip);
+            w1[r] = _mm512_xor_si512(join256(_mm256_loadu_si256((const __m256i *)(x + 70)),
+                                             _mm256_loadu_si256((const __m256i *)(x + 104))),
+                                     flip);
+            __m128i h =
+                _mm_setr_epi16((short)mdl_rd16(x), (short)mdl_rd16(x + 34), (short)mdl_rd16(x + 68),
+                               (short)mdl_rd16(x + 102), 0, 0, 0, 0);
+            dw[r] = _mm_cvtph_ps(h);
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            __m512i q0 = _mm512_loadu_si512((const void *)(a[t].q + 32 * b));
+            __m512i q1 = _mm512_loadu_si512((const void *)(a[t].q + 32 * b + 64));
+            __m512i c0 = _mm512_loadu_si512((const void *)(a[t].c128 + 8 * b));
+            __m512i c1 = _mm512_loadu_si512((const void *)(a[t].c128 + 8 * b + 16));
+            __m128 dx = _mm_loadu_ps(a[t].d + b);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                __m512 sc = _mm512_castps128_ps512(_mm_mul_ps(dw[r], dx));
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(c0, w0[r], q0)),
+                                            _mm512_permutexvar_ps(i01, sc), acc[r][t]);
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(c1, w1[r], q1)),
+                                            _mm512_permutexvar_ps(i23, sc), acc[r][t]);
+            }
+        }
     }
-    float s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-    for (; b < nb; b++, row += 34) {
-        const int8_t *w = (const int8_t *)row + 2, *x = a->q + 32 * b;
-        int32_t si = 0;
-        for (int j = 0; j < 32; j++)
-            si += w[j] * x[j];
-        s += fp16(row) * a->d[b] * (float)si;
-    }
-    return s;
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            float s = _mm512_reduce_add_ps(acc[r][t]);
+            for (int bb = b; bb < nb; bb++) {
+                const uint8_t *x = row0 + (size_t)r * rb + (size_t)34 * bb;
+                const int8_t *w = (const int8_t *)x + 2, *q = a[t].q + 32 * bb;
+                int32_t si = 0;
+                for (int j = 0; j < 32; j++)
+                    si += w[j] * q[j];
+                s += fp16(x) * a[t].d[bb] * (float)si;
+            }
+            res[r * T + t] = s;
+        }
 }
 
-/* Q4_0: four blocks per vector. The nibbles are used in the order they
- * lie in (all low halves, then all high halves) and the activations were
- * regrouped to match (qp); nibbles are unsigned 0..15, the -8 comes from
- * starting vpdpbusd at -8 sum x (c8). */
-AVX512_TARGET static float dot_q4_0_avx512(const uint8_t *row, const mdl_act_t *a)
+/* Q4_0, R rows x T tokens, as q8_0_tile: four blocks per vector. The
+ * nibbles are used in the order they lie in (all low halves, then all
+ * high halves) and the activations were regrouped to match (qp); nibbles
+ * are unsigned 0..15, the -8 comes from starting vpdpbusd at -8 sum x
+ * (c8). Blocks after the last group of four are done in scalar code. */
+AVX512_TARGET TILE_INLINE void q4_0_tile(const uint8_t *row0, size_t rb, int R, const mdl_act_t *a,
+                                         int T, float *res)
 {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    int nb = a->n / 32, b = 0;
-    for (; b + 3 < nb; b += 4, row += 72) {
-        _mm_prefetch((const char *)row + MDL_PREFETCH_BYTES, _MM_HINT_T0);
-        _mm_prefetch((const char *)row + MDL_PREFETCH_BYTES + 64, _MM_HINT_T0);
-        __m512i r = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(row + 2)));
-        r = _mm512_inserti32x4(r, _mm_loadu_si128((const __m128i *)(row + 20)), 1);
-        r = _mm512_inserti32x4(r, _mm_loadu_si128((const __m128i *)(row + 38)), 2);
-        r = _mm512_inserti32x4(r, _mm_loadu_si128((const __m128i *)(row + 56)), 3);
-        __m512i lo = _mm512_and_si512(r, m4), hi = _mm512_and_si512(_mm512_srli_epi16(r, 4), m4);
-        const int8_t *xp = a->qp + 32 * b;
-        __m512i p = _mm512_dpbusd_epi32(_mm512_loadu_si512((const void *)(a->c8 + 4 * b)), lo,
-                                        _mm512_loadu_si512((const void *)xp));
-        p = _mm512_dpbusd_epi32(p, hi, _mm512_loadu_si512((const void *)(xp + 64)));
-        __m512 sc = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(scales4(row, 18, a->d + b)));
-        if (b & 4)
-            acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc1);
-        else
-            acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc0);
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++)
+            acc[r][t] = _mm512_setzero_ps();
+    int nb = a[0].n / 32, ng = nb / 4;
+    for (int g = 0; g < ng; g++) {
+        __m512i lo[4], hi[4];
+        __m128 dw[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const uint8_t *x = row0 + (size_t)r * rb + (size_t)72 * g;
+            _mm_prefetch((const char *)x + MDL_PREFETCH_BYTES, _MM_HINT_T0);
+            _mm_prefetch((const char *)x + MDL_PREFETCH_BYTES + 64, _MM_HINT_T0);
+            __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(x + 2)));
+            v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(x + 20)), 1);
+            v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(x + 38)), 2);
+            v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(x + 56)), 3);
+            lo[r] = _mm512_and_si512(v, m4);
+            hi[r] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            __m128i h =
+                _mm_setr_epi16((short)mdl_rd16(x), (short)mdl_rd16(x + 18), (short)mdl_rd16(x + 36),
+                               (short)mdl_rd16(x + 54), 0, 0, 0, 0);
+            dw[r] = _mm_cvtph_ps(h);
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            const int8_t *xp = a[t].qp + 128 * g;
+            __m512i qlo = _mm512_loadu_si512((const void *)xp);
+            __m512i qhi = _mm512_loadu_si512((const void *)(xp + 64));
+            __m512i c = _mm512_loadu_si512((const void *)(a[t].c8 + 16 * g));
+            __m128 dx = _mm_loadu_ps(a[t].d + 4 * g);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                __m512i p = _mm512_dpbusd_epi32(c, lo[r], qlo);
+                p = _mm512_dpbusd_epi32(p, hi[r], qhi);
+                __m512 sc =
+                    _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_mul_ps(dw[r], dx)));
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc[r][t]);
+            }
+        }
     }
-    float s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-    for (; b < nb; b++, row += 18) {
-        const int8_t *x = a->q + 32 * b;
-        int32_t si = 0;
-        for (int j = 0; j < 16; j++)
-            si += ((row[2 + j] & 0xF) - 8) * x[j] + ((row[2 + j] >> 4) - 8) * x[j + 16];
-        s += fp16(row) * a->d[b] * (float)si;
-    }
-    return s;
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            float s = _mm512_reduce_add_ps(acc[r][t]);
+            for (int b = 4 * ng; b < nb; b++) {
+                const uint8_t *x = row0 + (size_t)r * rb + (size_t)18 * b;
+                const int8_t *q = a[t].q + 32 * b;
+                int32_t si = 0;
+                for (int j = 0; j < 16; j++)
+                    si += ((x[2 + j] & 0xF) - 8) * q[j] + ((x[2 + j] >> 4) - 8) * q[j + 16];
+                s += fp16(x) * a[t].d[b] * (float)si;
+            }
+            res[r * T + t] = s;
+        }
 }
+
+AVX512_TARGET static float dot_q8_0_avx512(const uint8_t *row, const mdl_act_t *a)
+{
+    float v;
+    q8_0_tile(row, 0, 1, a, 1, &v);
+    return v;
+}
+
+AVX512_TARGET static float dot_q4_0_avx512(const uint8_t *row, const mdl_act_t *a)
+{
+    float v;
+    q4_0_tile(row, 0, 1, a, 1, &v);
+    return v;
+}
+
+AVX512_TARGET static inline void gemm_store(float *out, size_t ostride, int r, int R, int t, int T,
+                                            const float *res, const float *bias, int accumulate)
+{
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < T; j++) {
+            float v = res[i * T + j] + (bias ? bias[r + i] : 0.0f);
+            float *o = out + (size_t)(t + j) * ostride + r + i;
+            *o = accumulate ? *o + v : v;
+        }
+}
+
+/* Tiles of RT rows x 4 tokens; smaller tiles at the edges. Rows outer, so
+ * a tile's rows stay in L1 while every token passes over them. With fewer
+ * than four tokens (decode) one row at a time streams best. */
+#define GEMM_TOKENS(TILE, R, r, t0)                                                                \
+    do {                                                                                           \
+        int t_ = (t0);                                                                             \
+        for (; t_ + 4 <= nb; t_ += 4) {                                                            \
+            TILE(w + (size_t)(r)*rb, rb, R, a + t_, 4, res);                                       \
+            gemm_store(out, ostride, r, R, t_, 4, res, bias, accumulate);                          \
+        }                                                                                          \
+        switch (nb - t_) {                                                                         \
+        case 3:                                                                                    \
+            TILE(w + (size_t)(r)*rb, rb, R, a + t_, 3, res);                                       \
+            gemm_store(out, ostride, r, R, t_, 3, res, bias, accumulate);                          \
+            break;                                                                                 \
+        case 2:                                                                                    \
+            TILE(w + (size_t)(r)*rb, rb, R, a + t_, 2, res);                                       \
+            gemm_store(out, ostride, r, R, t_, 2, res, bias, accumulate);                          \
+            break;                                                                                 \
+        case 1:                                                                                    \
+            TILE(w + (size_t)(r)*rb, rb, R, a + t_, 1, res);                                       \
+            gemm_store(out, ostride, r, R, t_, 1, res, bias, accumulate);                          \
+            break;                                                                                 \
+        default:                                                                                   \
+            break;                                                                                 \
+        }                                                                                          \
+    } while (0)
+
+#define GEMM_DRIVER(NAME, TILE, RT)                                                                \
+    AVX512_TARGET static void NAME(const uint8_t *w, size_t rb, int n_rows, const mdl_act_t *a,    \
+                                   int nb, float *out, size_t ostride, const float *bias,          \
+                                   int accumulate)                                                 \
+    {                                                                                              \
+        float res[16];                                                                             \
+        int r = 0;                                                                                 \
+        if (nb >= 4)                                                                               \
+            for (; r + RT <= n_rows; r += RT)                                                      \
+                GEMM_TOKENS(TILE, RT, r, 0);                                                       \
+        for (; r < n_rows; r++)                                                                    \
+            GEMM_TOKENS(TILE, 1, r, 0);                                                            \
+    }
+
+GEMM_DRIVER(gemm_q8_0_avx512, q8_0_tile, 2)
+GEMM_DRIVER(gemm_q4_0_avx512, q4_0_tile, 2)
 
 /* Q5_0: as Q4_0, plus the fifth bits added as 0x10 under a byte mask
  * built from the four qh words (low halves of qh go with the low nibbles,
@@ -248,105 +388,16 @@ AVX512_TARGET static float dot_q4_k_avx512(const uint8_t *row, const mdl_act_t *
     return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) - _mm_cvtss_f32(m);
 }
 
-/* dot_q8_0_avx512 for four token vectors: same operations per token, in
- * the same order, with the weight decoding shared. */
+/* dot for four token vectors (the weight decoding shared): tiles of one
+ * row, bit-identical to dot. */
 AVX512_TARGET static void dot4_q8_0_avx512(const uint8_t *row, const mdl_act_t *a, float *out)
 {
-    const __m512i flip = _mm512_set1_epi8((char)0x80);
-    const __m512i i01 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    const __m512i i23 = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    __m512 acc0[4], acc1[4];
-    for (int t = 0; t < 4; t++)
-        acc0[t] = acc1[t] = _mm512_setzero_ps();
-    const uint8_t *r = row;
-    int nb = a[0].n / 32, b = 0;
-    for (; b + 3 < nb; b += 4, r += 136) {
-        _mm_prefetch((const char *)r + MDL_PREFETCH_BYTES, _MM_HINT_T0);
-        _mm_prefetch((const char *)r + MDL_PREFETCH_BYTES + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)r + MDL_PREFETCH_BYTES + 128, _MM_HINT_T0);
-        __m512i w0 = _mm512_xor_si512(join256(_mm256_loadu_si256((const __m256i *)(r + 2)),
-                                              _mm256_loadu_si256((const __m256i *)(r + 36))),
-                                      flip);
-        __m512i w1 = _mm512_xor_si512(join256(_mm256_loadu_si256((const __m256i *)(r + 70)),
-                                              _mm256_loadu_si256((const __m256i *)(r + 104))),
-                                      flip);
-        __m128i h = _mm_setr_epi16((short)mdl_rd16(r), (short)mdl_rd16(r + 34),
-                                   (short)mdl_rd16(r + 68), (short)mdl_rd16(r + 102), 0, 0, 0, 0);
-        __m128 ws = _mm_cvtph_ps(h);
-        for (int t = 0; t < 4; t++) {
-            const mdl_act_t *x = &a[t];
-            __m512i p0 = _mm512_dpbusd_epi32(_mm512_loadu_si512((const void *)(x->c128 + 8 * b)),
-                                             w0, _mm512_loadu_si512((const void *)(x->q + 32 * b)));
-            __m512i p1 =
-                _mm512_dpbusd_epi32(_mm512_loadu_si512((const void *)(x->c128 + 8 * b + 16)), w1,
-                                    _mm512_loadu_si512((const void *)(x->q + 32 * b + 64)));
-            __m512 sc = _mm512_castps128_ps512(_mm_mul_ps(ws, _mm_loadu_ps(x->d + b)));
-            acc0[t] =
-                _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_permutexvar_ps(i01, sc), acc0[t]);
-            acc1[t] =
-                _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(i23, sc), acc1[t]);
-        }
-    }
-    for (int t = 0; t < 4; t++) {
-        float s = _mm512_reduce_add_ps(_mm512_add_ps(acc0[t], acc1[t]));
-        const uint8_t *rr = r;
-        for (int bb = b; bb < nb; bb++, rr += 34) {
-            const int8_t *w = (const int8_t *)rr + 2, *x = a[t].q + 32 * bb;
-            int32_t si = 0;
-            for (int j = 0; j < 32; j++)
-                si += w[j] * x[j];
-            s += fp16(rr) * a[t].d[bb] * (float)si;
-        }
-        out[t] = s;
-    }
+    q8_0_tile(row, 0, 1, a, 4, out);
 }
 
-/* dot_q4_0_avx512 for four token vectors (see dot4_q8_0_avx512). */
 AVX512_TARGET static void dot4_q4_0_avx512(const uint8_t *row, const mdl_act_t *a, float *out)
 {
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    __m512 acc0[4], acc1[4];
-    for (int t = 0; t < 4; t++)
-        acc0[t] = acc1[t] = _mm512_setzero_ps();
-    const uint8_t *r = row;
-    int nb = a[0].n / 32, b = 0;
-    for (; b + 3 < nb; b += 4, r += 72) {
-        _mm_prefetch((const char *)r + MDL_PREFETCH_BYTES, _MM_HINT_T0);
-        _mm_prefetch((const char *)r + MDL_PREFETCH_BYTES + 64, _MM_HINT_T0);
-        __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(r + 2)));
-        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(r + 20)), 1);
-        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(r + 38)), 2);
-        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(r + 56)), 3);
-        __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-        __m128i h = _mm_setr_epi16((short)mdl_rd16(r), (short)mdl_rd16(r + 18),
-                                   (short)mdl_rd16(r + 36), (short)mdl_rd16(r + 54), 0, 0, 0, 0);
-        __m128 ws = _mm_cvtph_ps(h);
-        for (int t = 0; t < 4; t++) {
-            const int8_t *xp = a[t].qp + 32 * b;
-            __m512i p = _mm512_dpbusd_epi32(_mm512_loadu_si512((const void *)(a[t].c8 + 4 * b)), lo,
-                                            _mm512_loadu_si512((const void *)xp));
-            p = _mm512_dpbusd_epi32(p, hi, _mm512_loadu_si512((const void *)(xp + 64)));
-            __m512 sc = _mm512_permutexvar_ps(
-                idx, _mm512_castps128_ps512(_mm_mul_ps(ws, _mm_loadu_ps(a[t].d + b))));
-            if (b & 4)
-                acc1[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc1[t]);
-            else
-                acc0[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc0[t]);
-        }
-    }
-    for (int t = 0; t < 4; t++) {
-        float s = _mm512_reduce_add_ps(_mm512_add_ps(acc0[t], acc1[t]));
-        const uint8_t *rr = r;
-        for (int bb = b; bb < nb; bb++, rr += 18) {
-            const int8_t *x = a[t].q + 32 * bb;
-            int32_t si = 0;
-            for (int j = 0; j < 16; j++)
-                si += ((rr[2 + j] & 0xF) - 8) * x[j] + ((rr[2 + j] >> 4) - 8) * x[j + 16];
-            s += fp16(rr) * a[t].d[bb] * (float)si;
-        }
-        out[t] = s;
-    }
+    q4_0_tile(row, 0, 1, a, 4, out);
 }
 
 AVX512_TARGET static float dot_f16_avx512(const uint8_t *row, const mdl_act_t *a)
@@ -399,6 +450,8 @@ int mdl_kernels_init_avx512(mdl_kernels_t *k)
     k->dot[MDL_T_Q4_K] = dot_q4_k_avx512;
     k->dot4[MDL_T_Q8_0] = dot4_q8_0_avx512;
     k->dot4[MDL_T_Q4_0] = dot4_q4_0_avx512;
+    k->gemm[MDL_T_Q8_0] = gemm_q8_0_avx512;
+    k->gemm[MDL_T_Q4_0] = gemm_q4_0_avx512;
     k->dot[MDL_T_F16] = dot_f16_avx512;
     k->dot[MDL_T_F32] = dot_f32_avx512;
     k->dot_f[MDL_T_F16] = dot_f16_avx512;

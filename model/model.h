@@ -3,9 +3,10 @@
  *
  * An engine loads one qwen2 GGUF file (Qwen2.5-0.5B/1.5B-Instruct class)
  * and answers chat requests on its own threads: the caller's thread only
- * queues work, so an event loop can call everything here. Requests run one
- * at a time, in arrival order, each using all `threads` compute threads;
- * up to `max_queue` more wait behind the running one.
+ * queues work, so an event loop can call everything here. Up to
+ * `max_batch` requests run at once (continuous batching: one pass over the
+ * weights per step serves all of them, on all `threads` compute threads);
+ * up to `max_queue` more wait, in arrival order, for a slot.
  *
  * Threads and callbacks: on_text and on_done are called ON AN ENGINE
  * THREAD, never on the thread that submitted. A gateway must marshal them
@@ -34,7 +35,7 @@ typedef struct {
     int threads;   /* compute threads including the generation thread; default 1 */
     int context;   /* tokens per sequence, prompt + output; default 4096, at most the
                       model's training context */
-    int max_queue; /* requests waiting behind the running one; default 8 */
+    int max_queue; /* requests waiting for a free slot; default 8 */
     /* System message used when a conversation has none; its attention state
      * is computed at load and reused by every request that starts with it.
      * NULL: Qwen's default ("You are Qwen, created by Alibaba Cloud. ...");
@@ -48,6 +49,23 @@ typedef struct {
     /* 0 (default): read the weights into huge-page memory at load (faster
      * decoding, a private copy of the file in RAM); 1: map the file. */
     int mmap_file;
+    /* Continuous batching: up to max_batch requests run at once, each with
+     * its own KV cache, all advancing in one pass over the weights per
+     * step (default 8, at most 64; fewer when kv_memory_mb, default 2048,
+     * does not hold that many caches of `context` tokens). Prompts are
+     * read prefill_chunk tokens per step (default 32) while other requests
+     * decode. An idle engine waits up to batch_wait_us (default 2000) for
+     * a burst to fill its slots before the first step. */
+    int max_batch;
+    int kv_memory_mb;
+    int prefill_chunk;
+    int batch_wait_us;
+    /* When a slot is needed by another conversation, the KV state it held
+     * (if at least 48 tokens) is kept in a prefix store of this many MiB
+     * (least recently used out first; default 256, -1: none), so the
+     * conversation's next turn still computes only its new tokens. */
+    int prefix_cache_mb;
+    int no_prefix_reuse; /* benchmarks: never reuse state (nor the system prompt's) */
 } mdl_engine_opts_t;
 
 void mdl_engine_opts_default(mdl_engine_opts_t *o);
@@ -73,8 +91,20 @@ typedef struct {
     int n_ctx, n_vocab, threads; /* context in tokens, vocabulary, compute threads */
     const char *kernels;         /* "avx512", "avx2" or "scalar" */
     uint64_t weight_bytes;       /* bytes of weights read per generated token */
-    int queued, running;         /* at the moment of the call */
+    int queued, running;         /* at the moment of the call: waiting, in a slot */
     uint64_t requests_done, tokens_generated;
+    int max_batch;          /* slots (requests that run at once) */
+    int batch;              /* sequences in the last step, 0 when idle */
+    uint64_t prompt_tokens; /* prompt tokens of started requests */
+    uint64_t prefix_hits;   /* requests that reused cached state ... */
+    uint64_t prefix_tokens; /* ... and the prompt tokens they did not compute */
+    uint64_t steps;         /* batched steps run, and the tokens they held */
+    uint64_t step_rows;
+    double decode_tps;           /* generated tokens per second over recent steps (all sequences) */
+    uint64_t prefix_cache_hits;  /* requests that resumed from a saved prefix */
+    uint64_t prefix_cache_saves; /* states saved when their slot was taken */
+    int prefix_cache_entries;
+    uint64_t prefix_cache_bytes;
 } mdl_engine_info_t;
 /* Snapshot of the engine's state; strings are borrowed from the engine. */
 void mdl_engine_info(mdl_engine_t *e, mdl_engine_info_t *out);
@@ -112,6 +142,7 @@ typedef struct {
     int completion_tokens;
     int cached_tokens; /* prompt tokens whose state was reused */
     double prefill_ms, decode_ms;
+    double ttft_ms; /* from submit to the first token (queue wait included) */
 } mdl_usage_t;
 
 typedef struct {

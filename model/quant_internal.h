@@ -57,6 +57,16 @@ typedef float (*mdl_dot_fn)(const uint8_t *row, const mdl_act_t *a);
  * bit-identical to dot(row, &a[t]), so batching never changes results. */
 typedef void (*mdl_dot4_fn)(const uint8_t *row, const mdl_act_t *a, float *out);
 
+/* Many weight rows times many token vectors (prefill, batched decode), the
+ * weights of a few rows and the activations of a few tokens kept in
+ * registers together: for r < n_rows, t < nb,
+ *   v = dot(row r, a[t]) + (bias ? bias[r] : 0)
+ *   out[t * ostride + r] = accumulate ? out[t * ostride + r] + v : v
+ * with rows rb bytes apart. Every v is bit-identical to dot's, whatever
+ * the tile a value falls in, so batching never changes results. */
+typedef void (*mdl_gemm_fn)(const uint8_t *w, size_t rb, int n_rows, const mdl_act_t *a, int nb,
+                            float *out, size_t ostride, const float *bias, int accumulate);
+
 typedef enum { MDL_KL_SCALAR = 0, MDL_KL_AVX2 = 1, MDL_KL_AVX512 = 2 } mdl_klevel_t;
 
 typedef struct {
@@ -69,6 +79,7 @@ typedef struct {
     void (*prep)(mdl_act_t *a);
     mdl_dot_fn dot[MDL_T_MAX];   /* fast path; NULL when the type is unsupported */
     mdl_dot4_fn dot4[MDL_T_MAX]; /* optional batched form of dot */
+    mdl_gemm_fn gemm[MDL_T_MAX]; /* optional matrix form of dot */
     mdl_dot_fn dot_f[MDL_T_MAX]; /* precise path (float activations) */
     /* Float helpers for attention. */
     float (*vdot)(const float *a, const float *b, int n);

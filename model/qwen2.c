@@ -2,9 +2,10 @@
  * qwen2.c — binding a qwen2 GGUF's tensors (every shape and type checked)
  * and the forward pass over an f32 KV cache (see qwen2_internal.h).
  *
- * Work split: each matrix product is cut into contiguous row ranges, one per
- * pool thread, so every thread streams its own part of the weights; the
- * attention heads of a chunk are split the same way. Norms, RoPE and the
+ * Work split: each matrix product is cut into blocks of rows (about 32 KiB
+ * of weights each) that the pool's threads claim one at a time, so a thread
+ * the host deschedules never holds up a step; attention is split per
+ * (token, head). Norms, RoPE and the
  * element-wise steps are cheap and run on the calling thread.
  */
 #include "model/qwen2_internal.h"
@@ -335,6 +336,12 @@ struct mdl_state {
     int32_t *as;
     uint8_t *ax; /* the kernels' extra activation forms (prep) */
     mdl_act_t *acts;
+    /* per-row bookkeeping of a batch (batch entries each) */
+    mdl_state_t **row_seq;
+    int *row_pos, *lg_rows;
+    float **lg_out;
+    int32_t *step_tok;
+    float *lg; /* batch * n_vocab when the head's rows must be copied out; lazily */
 };
 
 void mdl_state_free(mdl_state_t *s)
@@ -357,6 +364,12 @@ void mdl_state_free(mdl_state_t *s)
     free(s->as);
     free(s->ax);
     free(s->acts);
+    free(s->row_seq);
+    free(s->row_pos);
+    free(s->lg_rows);
+    free(s->lg_out);
+    free(s->step_tok);
+    free(s->lg);
     free(s);
 }
 
@@ -408,9 +421,16 @@ mdl_state_t *mdl_state_new(const mdl_model_t *m, const mdl_state_opts_t *o, mdl_
     s->ad = fbuf(B * s->max_in / MDL_QK + 1, &ok);
     s->as = calloc(B * s->max_in / MDL_QK + 1, sizeof(int32_t));
     s->acts = calloc(B, sizeof(mdl_act_t));
+    s->row_seq = calloc(B, sizeof(*s->row_seq));
+    s->row_pos = calloc(B, sizeof(int));
+    s->lg_rows = calloc(B, sizeof(int));
+    s->lg_out = calloc(B, sizeof(float *));
+    s->step_tok = calloc(B, sizeof(int32_t));
+    s->lg = fbuf(B * (size_t)m->n_vocab, &ok);
     s->ax = s->k->prep ? aligned_alloc(64, B * ((MDL_ACT_EXTRA_BYTES(s->max_in) + 63) / 64 * 64))
                        : NULL;
-    if (!ok || !s->aq || !s->as || !s->acts || (s->k->prep && !s->ax)) {
+    if (!ok || !s->aq || !s->as || !s->acts || (s->k->prep && !s->ax) || !s->row_seq ||
+        !s->row_pos || !s->lg_rows || !s->lg_out || !s->step_tok) {
         set_err(err, errlen, "out of memory for a %d-token context", s->n_ctx);
         mdl_state_free(s);
         return NULL;
@@ -463,6 +483,7 @@ typedef struct {
     const float *bias;
     float *out; /* nb rows of w->n_out */
     int accumulate;
+    int rows_per_item, first_item; /* filled by matmul() */
 } mm_job_t;
 
 typedef struct {
@@ -473,38 +494,58 @@ typedef struct {
     int n_jobs;
 } mm_task_t;
 
-static void mm_worker(void *arg, int ith, int nth)
+/* One item: a block of rows of one job, for every token of the batch. */
+static void mm_item(void *arg, int item, int tid)
 {
+    (void)tid;
     const mm_task_t *t = arg;
-    for (int j = 0; j < t->n_jobs; j++) {
-        const mm_job_t *jb = &t->jobs[j];
-        const mdl_weight_t *w = jb->w;
-        int use_float = t->s->precise || w->type == MDL_T_F32 || w->type == MDL_T_F16;
-        mdl_dot_fn dot = use_float ? t->s->k->dot_f[w->type] : t->s->k->dot[w->type];
-        /* contiguous row ranges, multiples of 8 so threads do not share
-         * cache lines of the output */
-        int per = ((w->n_out + nth - 1) / nth + 7) & ~7;
-        int r0 = ith * per, r1 = SL_MIN(w->n_out, r0 + per);
-        mdl_dot4_fn dot4 = use_float ? NULL : t->s->k->dot4[w->type];
-        for (int r = r0; r < r1; r++) {
-            const uint8_t *row = w->data + (size_t)r * w->row_bytes;
-            float bias = jb->bias ? jb->bias[r] : 0.0f;
-            int b = 0;
-            float v4[4];
-            for (; dot4 && b + 4 <= t->nb; b += 4) {
-                dot4(row, &t->acts[b], v4);
-                for (int k = 0; k < 4; k++) {
-                    float *o = jb->out + (size_t)(b + k) * w->n_out + r;
-                    *o = jb->accumulate ? *o + (v4[k] + bias) : v4[k] + bias;
-                }
-            }
-            for (; b < t->nb; b++) {
-                float v = dot(row, &t->acts[b]) + bias;
-                float *o = jb->out + (size_t)b * w->n_out + r;
-                *o = jb->accumulate ? *o + v : v;
+    int j = t->n_jobs - 1;
+    while (j > 0 && item < t->jobs[j].first_item)
+        j--;
+    const mm_job_t *jb = &t->jobs[j];
+    const mdl_weight_t *w = jb->w;
+    int use_float = t->s->precise || w->type == MDL_T_F32 || w->type == MDL_T_F16;
+    mdl_dot_fn dot = use_float ? t->s->k->dot_f[w->type] : t->s->k->dot[w->type];
+    mdl_dot4_fn dot4 = use_float ? NULL : t->s->k->dot4[w->type];
+    int r0 = (item - jb->first_item) * jb->rows_per_item;
+    int r1 = SL_MIN(w->n_out, r0 + jb->rows_per_item);
+    mdl_gemm_fn gemm = use_float ? NULL : t->s->k->gemm[w->type];
+    if (gemm) {
+        gemm(w->data + (size_t)r0 * w->row_bytes, w->row_bytes, r1 - r0, t->acts, t->nb,
+             jb->out + r0, (size_t)w->n_out, jb->bias ? jb->bias + r0 : NULL, jb->accumulate);
+        return;
+    }
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *row = w->data + (size_t)r * w->row_bytes;
+        float bias = jb->bias ? jb->bias[r] : 0.0f;
+        int b = 0;
+        float v4[4];
+        for (; dot4 && b + 4 <= t->nb; b += 4) {
+            dot4(row, &t->acts[b], v4);
+            for (int k = 0; k < 4; k++) {
+                float *o = jb->out + (size_t)(b + k) * w->n_out + r;
+                *o = jb->accumulate ? *o + (v4[k] + bias) : v4[k] + bias;
             }
         }
+        for (; b < t->nb; b++) {
+            float v = dot(row, &t->acts[b]) + bias;
+            float *o = jb->out + (size_t)b * w->n_out + r;
+            *o = jb->accumulate ? *o + v : v;
+        }
     }
+}
+
+/* Rows per work item: about 32 KiB of weights (a few microseconds of
+ * streaming: small enough that a thread the host deschedules holds up
+ * little, large enough that claiming costs ~1%), a multiple of 8 so that
+ * threads never share a cache line of the output. */
+static int mm_rows_per_item(const mdl_weight_t *w)
+{
+    size_t rows = (32768 + w->row_bytes - 1) / w->row_bytes;
+    int rpi = (int)SL_MAX((size_t)8, (rows + 7) & ~(size_t)7);
+    while ((w->n_out + rpi - 1) / rpi > MDL_POOL_MAX_ITEMS / 4)
+        rpi *= 2;
+    return rpi;
 }
 
 /* Points acts[0..nb) at rows of x (n floats each) and quantizes them when a
@@ -534,34 +575,54 @@ static void matmul(mdl_state_t *s, int nb, const mm_job_t *jobs, int n_jobs)
 {
     mm_task_t t = {.s = s, .acts = s->acts, .nb = nb, .n_jobs = n_jobs};
     memcpy(t.jobs, jobs, sizeof(*jobs) * (size_t)n_jobs);
-    mdl_pool_run(s->pool, mm_worker, &t);
+    int items = 0;
+    for (int j = 0; j < n_jobs; j++) {
+        mm_job_t *jb = &t.jobs[j];
+        jb->rows_per_item = mm_rows_per_item(jb->w);
+        jb->first_item = items;
+        items += (jb->w->n_out + jb->rows_per_item - 1) / jb->rows_per_item;
+    }
+    mdl_pool_run_items(s->pool, mm_item, &t, items);
 }
 
+/* Where each row of a batch belongs: the sequence whose KV cache it reads
+ * and extends, and its position there. One sequence alone is the case
+ * where every row names the same state. */
 typedef struct {
-    mdl_state_t *s;
-    int layer, nb, pos0;
+    mdl_state_t *const *seq; /* nb */
+    const int *pos;          /* nb */
+} rows_t;
+
+typedef struct {
+    mdl_state_t *s; /* scratch */
+    const rows_t *rows;
+    int layer;
 } attn_task_t;
 
-static void attn_worker(void *arg, int ith, int nth)
+/* One item: one query head of one token, over its own sequence's cache. */
+static void attn_item(void *arg, int i, int tid)
 {
     const attn_task_t *t = arg;
     mdl_state_t *s = t->s;
     const mdl_model_t *m = s->m;
     int hd = m->head_dim, group = m->n_head / m->n_kv;
-    int total = t->nb * m->n_head;
-    int a0 = (int)((long long)total * ith / nth), a1 = (int)((long long)total * (ith + 1) / nth);
-    float *scores = s->scores + (size_t)ith * s->n_ctx;
-    for (int i = a0; i < a1; i++) {
-        int b = i / m->n_head, h = i % m->n_head, g = h / group;
-        size_t base = ((size_t)t->layer * m->n_kv + g) * s->n_ctx * hd;
-        mdl_attend(s->k, s->q + (size_t)b * s->q_dim + (size_t)h * hd, s->kcache + base,
-                   s->vcache + base, t->pos0 + b + 1, hd, scores,
-                   s->o + (size_t)b * s->q_dim + (size_t)h * hd);
-    }
+    float *scores = s->scores + (size_t)tid * s->n_ctx;
+    int b = i / m->n_head, h = i % m->n_head, g = h / group;
+    const mdl_state_t *q = t->rows->seq[b];
+    size_t base = ((size_t)t->layer * m->n_kv + g) * q->n_ctx * hd;
+    mdl_attend(s->k, s->q + (size_t)b * s->q_dim + (size_t)h * hd, q->kcache + base,
+               q->vcache + base, t->rows->pos[b] + 1, hd, scores,
+               s->o + (size_t)b * s->q_dim + (size_t)h * hd);
 }
 
-/* One chunk of nb tokens at positions s->pos.. through every layer. */
-static int forward(mdl_state_t *s, const int32_t *tok, int nb, float *logits, int all_logits)
+/* nb tokens (at most s->batch) through every layer, using s's scratch; row
+ * b extends rows->seq[b] at rows->pos[b]. Rows n_lg..: logits of rows
+ * lg_rows[0..n_lg) go to lg_out[i] (n_vocab floats each). Positions are
+ * not advanced here. Per row, every operation is the same whatever else
+ * is in the batch (the batched kernels are bit-identical to the single
+ * ones), so a sequence's results do not depend on its neighbours. */
+static int forward(mdl_state_t *s, const int32_t *tok, int nb, const rows_t *rows,
+                   const int *lg_rows, float *const *lg_out, int n_lg)
 {
     const mdl_model_t *m = s->m;
     int E = m->n_embd, hd = m->head_dim;
@@ -575,51 +636,83 @@ static int forward(mdl_state_t *s, const int32_t *tok, int nb, float *logits, in
         for (int b = 0; b < nb; b++)
             mdl_rmsnorm(s->h + (size_t)b * E, s->x + (size_t)b * E, L->attn_norm, E, m->eps);
         prep_acts(s, s->h, nb, E);
-        mm_job_t qkv[3] = {
-            {&L->wq, L->bq, s->q, 0}, {&L->wk, L->bk, s->kb, 0}, {&L->wv, L->bv, s->vb, 0}};
+        mm_job_t qkv[3] = {{&L->wq, L->bq, s->q, 0, 0, 0},
+                           {&L->wk, L->bk, s->kb, 0, 0, 0},
+                           {&L->wv, L->bv, s->vb, 0, 0, 0}};
         matmul(s, nb, qkv, 3);
         for (int b = 0; b < nb; b++) {
-            int pos = s->pos + b;
+            int pos = rows->pos[b];
+            mdl_state_t *q = rows->seq[b];
             float *qb = s->q + (size_t)b * s->q_dim, *kb = s->kb + (size_t)b * s->kv_dim;
             mdl_rope_apply(qb, m->n_head, hd, pos, m->rope_base);
             mdl_rope_apply(kb, m->n_kv, hd, pos, m->rope_base);
             for (int g = 0; g < m->n_kv; g++) {
-                size_t at = (((size_t)l * m->n_kv + g) * s->n_ctx + pos) * hd;
-                memcpy(s->kcache + at, kb + (size_t)g * hd, sizeof(float) * hd);
-                memcpy(s->vcache + at, s->vb + (size_t)b * s->kv_dim + (size_t)g * hd,
+                size_t at = (((size_t)l * m->n_kv + g) * q->n_ctx + pos) * hd;
+                memcpy(q->kcache + at, kb + (size_t)g * hd, sizeof(float) * hd);
+                memcpy(q->vcache + at, s->vb + (size_t)b * s->kv_dim + (size_t)g * hd,
                        sizeof(float) * hd);
             }
         }
-        attn_task_t at = {s, l, nb, s->pos};
-        mdl_pool_run(s->pool, attn_worker, &at);
+        attn_task_t at = {s, rows, l};
+        mdl_pool_run_items(s->pool, attn_item, &at, nb * m->n_head);
         prep_acts(s, s->o, nb, s->q_dim);
-        mm_job_t out[1] = {{&L->wo, NULL, s->x, 1}};
+        mm_job_t out[1] = {{&L->wo, NULL, s->x, 1, 0, 0}};
         matmul(s, nb, out, 1);
         for (int b = 0; b < nb; b++)
             mdl_rmsnorm(s->h + (size_t)b * E, s->x + (size_t)b * E, L->ffn_norm, E, m->eps);
         prep_acts(s, s->h, nb, E);
-        mm_job_t gu[2] = {{&L->wgate, NULL, s->g, 0}, {&L->wup, NULL, s->u, 0}};
+        mm_job_t gu[2] = {{&L->wgate, NULL, s->g, 0, 0, 0}, {&L->wup, NULL, s->u, 0, 0, 0}};
         matmul(s, nb, gu, 2);
         for (size_t i = 0; i < (size_t)nb * m->n_ff; i++) {
             float gv = s->g[i];
             s->g[i] = gv / (1.0f + expf(-gv)) * s->u[i];
         }
         prep_acts(s, s->g, nb, m->n_ff);
-        mm_job_t down[1] = {{&L->wdown, NULL, s->x, 1}};
+        mm_job_t down[1] = {{&L->wdown, NULL, s->x, 1, 0, 0}};
         matmul(s, nb, down, 1);
     }
-    if (logits) {
-        /* only the rows whose logits are wanted go through the head */
-        int first = all_logits ? 0 : nb - 1, cnt = nb - first;
-        for (int b = 0; b < cnt; b++)
-            mdl_rmsnorm(s->h + (size_t)b * E, s->x + (size_t)(first + b) * E, m->output_norm, E,
+    if (n_lg > 0) {
+        /* only the rows whose logits are wanted go through the head; the
+         * head writes n_lg consecutive rows, copied out when the caller's
+         * rows are not consecutive */
+        for (int i = 0; i < n_lg; i++)
+            mdl_rmsnorm(s->h + (size_t)i * E, s->x + (size_t)lg_rows[i] * E, m->output_norm, E,
                         m->eps);
-        prep_acts(s, s->h, cnt, E);
-        mm_job_t head[1] = {{&m->output, NULL, logits, 0}};
-        matmul(s, cnt, head, 1);
+        prep_acts(s, s->h, n_lg, E);
+        int contiguous = 1;
+        for (int i = 1; i < n_lg; i++)
+            if (lg_out[i] != lg_out[0] + (size_t)i * m->n_vocab)
+                contiguous = 0;
+        float *dst = contiguous ? lg_out[0] : s->lg;
+        mm_job_t head[1] = {{&m->output, NULL, dst, 0, 0, 0}};
+        matmul(s, n_lg, head, 1);
+        if (!contiguous)
+            for (int i = 0; i < n_lg; i++)
+                memcpy(lg_out[i], s->lg + (size_t)i * m->n_vocab, sizeof(float) * m->n_vocab);
     }
-    s->pos += nb;
     return 0;
+}
+
+/* One chunk of one sequence (the scratch's own cache). */
+static int forward_one(mdl_state_t *s, const int32_t *tok, int nb, float *logits, int all_logits)
+{
+    for (int b = 0; b < nb; b++) {
+        s->row_seq[b] = s;
+        s->row_pos[b] = s->pos + b;
+        s->lg_rows[b] = b;
+        s->lg_out[b] = logits ? logits + (size_t)b * s->m->n_vocab : NULL;
+    }
+    rows_t rows = {s->row_seq, s->row_pos};
+    int rc;
+    if (!logits)
+        rc = forward(s, tok, nb, &rows, NULL, NULL, 0);
+    else if (all_logits)
+        rc = forward(s, tok, nb, &rows, s->lg_rows, s->lg_out, nb);
+    else
+        rc = forward(s, tok, nb, &rows, s->lg_rows + nb - 1, &logits, 1);
+    if (rc == 0)
+        s->pos += nb;
+    return rc;
 }
 
 int mdl_state_eval(mdl_state_t *s, const int32_t *tokens, int n, float *logits, int all_logits)
@@ -636,8 +729,53 @@ int mdl_state_eval(mdl_state_t *s, const int32_t *tokens, int n, float *logits, 
             lg = logits ? logits + (size_t)c * s->m->n_vocab : NULL;
         else if (last)
             lg = logits;
-        if (forward(s, tokens + c, nb, lg, all_logits) != 0)
+        if (forward_one(s, tokens + c, nb, lg, all_logits) != 0)
             return -1;
     }
+    return 0;
+}
+
+int mdl_state_eval_seqs(mdl_state_t *work, const mdl_seq_step_t *steps, int n_steps)
+{
+    int total = 0, n_lg = 0;
+    if (n_steps <= 0)
+        return -1;
+    for (int i = 0; i < n_steps; i++) {
+        const mdl_seq_step_t *st = &steps[i];
+        mdl_state_t *q = st->seq;
+        if (!q || q->m != work->m || st->n <= 0 || st->n > q->n_ctx - q->pos ||
+            q->n_ctx > work->n_ctx)
+            return -1;
+        for (int j = 0; j < i; j++)
+            if (steps[j].seq == q)
+                return -1; /* one entry per sequence: positions would collide */
+        for (int k = 0; k < st->n; k++)
+            if (st->tokens[k] < 0 || st->tokens[k] >= work->m->n_vocab)
+                return -1;
+        total += st->n;
+        n_lg += st->logits != NULL;
+    }
+    if (total > work->batch)
+        return -1;
+    int32_t *tok = work->step_tok;
+    int b = 0;
+    n_lg = 0;
+    for (int i = 0; i < n_steps; i++) {
+        const mdl_seq_step_t *st = &steps[i];
+        for (int k = 0; k < st->n; k++, b++) {
+            tok[b] = st->tokens[k];
+            work->row_seq[b] = st->seq;
+            work->row_pos[b] = st->seq->pos + k;
+        }
+        if (st->logits) {
+            work->lg_rows[n_lg] = b - 1;
+            work->lg_out[n_lg++] = st->logits;
+        }
+    }
+    rows_t rows = {work->row_seq, work->row_pos};
+    if (forward(work, tok, total, &rows, work->lg_rows, work->lg_out, n_lg) != 0)
+        return -1;
+    for (int i = 0; i < n_steps; i++)
+        steps[i].seq->pos += steps[i].n;
     return 0;
 }

@@ -82,6 +82,24 @@ SL_WUR int mdl_state_copy_prefix(mdl_state_t *dst, const mdl_state_t *src, int n
 SL_WUR int mdl_state_eval(mdl_state_t *s, const int32_t *tokens, int n, float *logits,
                           int all_logits);
 
+/* One sequence's part of a batched step: n tokens appended to seq's cache
+ * at its current position; logits (NULL or n_vocab floats) receive the
+ * last token's. */
+typedef struct {
+    mdl_state_t *seq;
+    const int32_t *tokens;
+    int n;
+    float *logits;
+} mdl_seq_step_t;
+
+/* Continuous batching: evaluates the tokens of several sequences in one
+ * pass over the weights, with work's scratch and pool (work's own cache is
+ * not touched). Each seq must be a different state of the same model with
+ * n_ctx <= work's; the total of n must fit work's batch. A sequence's
+ * results are bit-identical to evaluating it alone with the same kernels.
+ * -1 on bad input (nothing changed then). */
+SL_WUR int mdl_state_eval_seqs(mdl_state_t *work, const mdl_seq_step_t *steps, int n_steps);
+
 /* The two pieces checked against hand-computed cases in the unit tests. */
 void mdl_rope_apply(float *v, int n_heads, int head_dim, int pos, double base);
 /* One query head against n cached positions: out = softmax(q.K/sqrt(hd)) V,

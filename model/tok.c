@@ -4,6 +4,8 @@
  * load; encoding runs PCRE2 for the pre-tokenizer and a heap-ordered merge
  * loop per piece (O(n log n), so a 100k-space run is no problem).
  */
+#include <errno.h>
+#include <uninorm.h>
 #include "model/tok_internal.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -572,6 +574,44 @@ static size_t next_special(const mdl_tok_t *t, const char *text, size_t len, siz
     return len;
 }
 
+/* NFC, as Qwen's tokenizer.json declares (its normalizer runs before the
+ * pre-tokenizer, on the text between special tokens). ASCII is already
+ * NFC; text that is not valid UTF-8 is left as it is (the byte-level BPE
+ * encodes any bytes). 0 and *out NULL when the text needs no change. */
+static int nfc(const char *text, size_t len, uint8_t **out, size_t *out_len)
+{
+    *out = NULL;
+    size_t i = 0;
+    while (i < len && (uint8_t)text[i] < 0x80)
+        i++;
+    if (i == len)
+        return 0;
+    size_t n = 0;
+    uint8_t *r = u8_normalize(UNINORM_NFC, (const uint8_t *)text, len, NULL, &n);
+    if (!r)
+        return errno == ENOMEM ? -1 : 0;
+    if (n == len && memcmp(r, text, len) == 0) {
+        free(r);
+        return 0;
+    }
+    *out = r;
+    *out_len = n;
+    return 0;
+}
+
+static int encode_nfc(const mdl_tok_t *t, const char *text, size_t len, bpe_scratch_t *s,
+                      pcre2_match_data *md, mdl_ids_t *out)
+{
+    uint8_t *norm;
+    size_t nlen = 0;
+    if (nfc(text, len, &norm, &nlen) != 0)
+        return -1;
+    int rc = norm ? encode_text(t, (const char *)norm, nlen, s, md, out)
+                  : encode_text(t, text, len, s, md, out);
+    free(norm);
+    return rc;
+}
+
 int mdl_tok_encode(const mdl_tok_t *t, const char *text, size_t len, int allow_special,
                    mdl_ids_t *out)
 {
@@ -582,7 +622,7 @@ int mdl_tok_encode(const mdl_tok_t *t, const char *text, size_t len, int allow_s
     while (rc == 0 && pos < len) {
         int32_t sid = -1;
         size_t at = allow_special && t->n_specials ? next_special(t, text, len, pos, &sid) : len;
-        if (at > pos && encode_text(t, text + pos, at - pos, &s, md, out) != 0)
+        if (at > pos && encode_nfc(t, text + pos, at - pos, &s, md, out) != 0)
             rc = -1;
         if (rc == 0 && sid >= 0) {
             if (mdl_ids_push(out, sid) != 0)

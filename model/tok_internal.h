@@ -3,12 +3,13 @@
  * tokenizer.ggml.* metadata (the GPT-2 / Qwen2 scheme, notes §4.4).
  *
  * Encoding: (1) optionally split out special tokens (control and
- * user-defined types) by exact match, longest first; (2) split the rest
- * with the Qwen2 pre-tokenizer regex through PCRE2 (UTF + UCP); (3) map each
- * piece's bytes through GPT-2's bytes_to_unicode; (4) apply merges lowest
- * rank first (leftmost on ties); (5) look up the ids. No NFC normalisation
- * is applied (llama.cpp does not either; HF does, which only matters for
- * decomposed input such as "e\u0301").
+ * user-defined types) by exact match, longest first; (2) NFC-normalise the
+ * rest (libunistring's u8_normalize), as Qwen's tokenizer.json declares and
+ * HF does (llama.cpp does not: it differs on decomposed input such as
+ * "e\u0301"); (3) split it with the Qwen2 pre-tokenizer regex through PCRE2
+ * (UTF + UCP); (4) map each piece's bytes through GPT-2's bytes_to_unicode;
+ * (5) apply merges lowest rank first (leftmost on ties); (6) look up the
+ * ids.
  *
  * \s in the regex is spelled out as the Unicode White_Space set, which is
  * what HF's Oniguruma matches; PCRE2's own \s leaves out U+0085.

@@ -139,6 +139,7 @@ def test_local_first_falls_back_to_main(sluice_factory, mock, tiny_gguf):
 def test_full_engine_goes_to_the_next_tier(sluice_factory, mock, tiny_gguf):
     over = engine_conf(tiny_gguf, fallback={"template": {"enabled": True}})
     over["upstreams"]["local"]["engine"]["max_queue"] = 0  # one at a time, none waiting
+    over["upstreams"]["local"]["engine"]["max_batch"] = 1
     s = sluice_factory(over, upstream=mock)
     results = []
 
@@ -174,3 +175,37 @@ def test_readyz_and_reload_keep_the_engine(sluice_factory, mock, tiny_gguf):
     assert loads == 1, s.p.tail()  # the unchanged engine was kept, not loaded again
     r = s.request("POST", "/v1/chat/completions", chat_body("hi", model="other", max_tokens=2))
     assert r.status == 200
+
+
+def test_concurrent_requests_are_batched_through_the_gateway(sluice_factory, mock, tiny_gguf):
+    """With max_batch 4, four requests at once are all answered by the engine
+    (none goes on to another tier while slots are free), each with the answer
+    the same request gets alone: batching does not change results."""
+    over = engine_conf(tiny_gguf, fallback={"template": {"enabled": True}})
+    over["upstreams"]["local"]["engine"]["max_batch"] = 4
+    over["upstreams"]["local"]["engine"]["max_queue"] = 0  # only slots, no waiting
+    s = sluice_factory(over, upstream=mock)
+    prompts = ["hi", "hello there", "what is two plus two", "tell me a story"]
+    alone = {}
+    for p in prompts:
+        r = s.request("POST", "/v1/chat/completions",
+                      chat_body(p, model="small", max_tokens=12, temperature=0))
+        assert r.status == 200, r.body
+        alone[p] = r.json()["choices"][0]["message"]["content"]
+    results = {}
+
+    def one(p):
+        results[p] = s.request("POST", "/v1/chat/completions",
+                               chat_body(p, model="small", max_tokens=12, temperature=0))
+
+    threads = [threading.Thread(target=one, args=(p,)) for p in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(bound(60))
+    for p in prompts:
+        r = results[p]
+        assert r.status == 200, r.body
+        assert r.header("X-Sluice-Fallback") != "template", p
+        assert r.json()["choices"][0]["message"]["content"] == alone[p], p
+    assert mock.requests() == []

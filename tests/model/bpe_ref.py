@@ -8,6 +8,7 @@ exact match, longest first, as HF's added-token handling does. No NFC
 normalisation, matching the engine (see model/tok_internal.h).
 """
 
+import unicodedata
 import regex
 
 from gguf_writer import PRETOK_RE, bytes_to_unicode
@@ -61,6 +62,8 @@ class BPE:
         return [self.ids[w] for w in word]
 
     def encode_text(self, text):
+        # Qwen's tokenizer.json: normalizer NFC, before the pre-tokenizer
+        text = unicodedata.normalize("NFC", text)
         out = []
         for piece in self.re.findall(text):
             out += self.bpe(piece.encode("utf-8"))

@@ -232,7 +232,12 @@ typedef struct {
     mdl_request_t *self;
     int gate_closed; /* on_text number gate_at blocks while set */
     int gate_at;
+    int id; /* > 0: on_text appends it to the shared order log */
 } coll_t;
+
+/* Which request each piece of text came from, in arrival order. */
+static pthread_mutex_t order_mu = PTHREAD_MUTEX_INITIALIZER;
+static int order_log[4096], order_n;
 
 static void coll_init(coll_t *c)
 {
@@ -261,6 +266,12 @@ static void on_text(void *ud, const char *t, size_t n)
         c->n_pieces++;
     }
     c->texts++;
+    if (c->id > 0) {
+        pthread_mutex_lock(&order_mu);
+        if (order_n < (int)SL_ARRAY_LEN(order_log))
+            order_log[order_n++] = c->id;
+        pthread_mutex_unlock(&order_mu);
+    }
     pthread_cond_broadcast(&c->cv);
     while (c->gate_closed && c->texts == c->gate_at)
         pthread_cond_wait(&c->cv, &c->mu);
@@ -321,10 +332,13 @@ static mdl_sampling_t greedy(int max_tokens)
     return p;
 }
 
+static int test_max_batch = 1; /* most tests check one-at-a-time behaviour */
+
 static mdl_engine_t *engine(const char *path, int context, int max_queue, int threads)
 {
     mdl_engine_opts_t o;
     mdl_engine_opts_default(&o);
+    o.max_batch = test_max_batch;
     o.context = context;
     o.max_queue = max_queue;
     o.threads = threads;
@@ -556,6 +570,75 @@ static void *opener_main(void *arg)
     return NULL;
 }
 
+/* Requests that wait together run together: with max_batch 4 the three
+ * queued requests advance in the same steps (their pieces interleave, and
+ * the steps are far fewer than the tokens); with max_batch 1 each runs to
+ * its end before the next starts. */
+static void test_batching_interleaves(void **state)
+{
+    (void)state;
+    int chain[] = {'x', 'y'};
+    char *path = chain_model(chain, 2, 0, 4096);
+    for (int mb = 1; mb <= 4; mb += 3) {
+        test_max_batch = mb;
+        mdl_engine_t *e = engine(path, 512, 4, 1);
+        test_max_batch = 1;
+        coll_t a, q[3];
+        coll_init(&a);
+        a.gate_closed = 1;
+        mdl_sampling_t p = greedy(10);
+        assert_int_equal(mdl_engine_submit(e, hi, 1, &p, &cbs, &a, NULL), MDL_SUBMIT_OK);
+        coll_wait_texts(&a, 1); /* the engine is blocked in a's first piece */
+        pthread_mutex_lock(&order_mu);
+        order_n = 0;
+        pthread_mutex_unlock(&order_mu);
+        for (int i = 0; i < 3; i++) {
+            coll_init(&q[i]);
+            q[i].id = i + 1;
+            assert_int_equal(mdl_engine_submit(e, hi, 1, &p, &cbs, &q[i], NULL), MDL_SUBMIT_OK);
+        }
+        mdl_engine_info_t info;
+        mdl_engine_info(e, &info);
+        assert_int_equal(info.max_batch, mb);
+        assert_int_equal(info.queued, 3);
+        assert_int_equal(info.running, 1);
+        uint64_t steps0 = info.steps;
+        coll_open_gate(&a);
+        coll_wait(&a);
+        for (int i = 0; i < 3; i++) {
+            coll_wait(&q[i]);
+            assert_int_equal(q[i].why, MDL_FINISH_LENGTH);
+            assert_int_equal(q[i].usage.completion_tokens, 10);
+            assert_int_equal(q[i].len, q[0].len);
+            assert_memory_equal(q[i].text, q[0].text, q[0].len);
+        }
+        pthread_mutex_lock(&order_mu);
+        int first3 = -1, last1 = -1;
+        for (int i = 0; i < order_n; i++) {
+            if (order_log[i] == 3 && first3 < 0)
+                first3 = i;
+            if (order_log[i] == 1)
+                last1 = i;
+        }
+        pthread_mutex_unlock(&order_mu);
+        mdl_engine_info(e, &info);
+        if (mb == 1) {
+            assert_true(first3 > last1); /* one after another */
+        } else {
+            assert_true(first3 >= 0 && first3 < last1); /* together */
+            /* 30 tokens (plus a's) in about 10 shared steps, not 30+ */
+            assert_true(info.steps - steps0 < 20);
+        }
+        assert_int_equal(info.running, 0);
+        assert_int_equal(info.batch, 0);
+        assert_int_equal(info.requests_done, 4);
+        assert_true(info.prefix_hits >= 4); /* the system prompt, at least */
+        mdl_engine_free(e);
+    }
+    unlink(path);
+    free(path);
+}
+
 static void test_free_cancels_everything(void **state)
 {
     (void)state;
@@ -677,6 +760,7 @@ int main(void)
         cmocka_unit_test(test_length_and_context),
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_queue_full_and_queued_cancel),
+        cmocka_unit_test(test_batching_interleaves),
         cmocka_unit_test(test_free_cancels_everything),
         cmocka_unit_test(test_invalid_and_errors),
         cmocka_unit_test(test_seeded_sampling),

@@ -434,6 +434,83 @@ static void test_env_forces_scalar(void **state)
     assert_false(mdl_ttype_supported(MDL_T_Q4_1));
 }
 
+/* The matrix kernels give, for every (row, token), the bits dot gives,
+ * whatever tile the pair falls in (row and token counts that leave every
+ * kind of edge), with bias and accumulation applied as the engine does. */
+static void test_gemm_identical(void **state)
+{
+    (void)state;
+    const uint32_t types[] = {MDL_T_Q8_0, MDL_T_Q4_0};
+    const int ns[] = {896, 32 * 29, 160};
+    enum { ROWS = 7, TOKS = 11 };
+    for (size_t ti = 0; ti < SL_ARRAY_LEN(types); ti++) {
+        for (size_t ni = 0; ni < SL_ARRAY_LEN(ns); ni++) {
+            int n = ns[ni];
+            size_t rb = (size_t)n / 32 * mdl_ttype_bytes(types[ti]);
+            uint8_t *w = malloc(rb * ROWS);
+            for (int r = 0; r < ROWS; r++) {
+                uint8_t *row = random_row(types[ti], n);
+                memcpy(w + rb * r, row, rb);
+                free(row);
+            }
+            float *x = malloc(sizeof(float) * TOKS * n);
+            int8_t *q = malloc((size_t)TOKS * n);
+            float *d = malloc(sizeof(float) * TOKS * n / 32);
+            int32_t *qs = malloc(sizeof(int32_t) * TOKS * n / 32);
+            uint8_t *extra = malloc(TOKS * MDL_ACT_EXTRA_BYTES(n));
+            float bias[ROWS], out[TOKS * ROWS], base[TOKS * ROWS];
+            mdl_act_t a[TOKS];
+            for (int i = 0; i < TOKS * n; i++)
+                x[i] = rndf();
+            for (int r = 0; r < ROWS; r++)
+                bias[r] = rndf();
+            for (int l = 0; l < n_levels; l++) {
+                const mdl_kernels_t *k = levels[l];
+                if (!k->gemm[types[ti]])
+                    continue;
+                for (int t = 0; t < TOKS; t++) {
+                    a[t] = (mdl_act_t){.n = n,
+                                       .x = x + t * n,
+                                       .q = q + t * n,
+                                       .d = d + t * n / 32,
+                                       .qsum = qs + t * n / 32};
+                    mdl_act_bind_extra(&a[t], extra + t * MDL_ACT_EXTRA_BYTES(n));
+                    k->quantize(a[t].x, n, a[t].q, a[t].d, a[t].qsum);
+                    if (k->prep)
+                        k->prep(&a[t]);
+                }
+                for (int nb = 1; nb <= TOKS; nb++)
+                    for (int rows = 1; rows <= ROWS; rows++)
+                        for (int mode = 0; mode < 3; mode++) {
+                            for (int i = 0; i < TOKS * ROWS; i++)
+                                out[i] = base[i] = (float)i;
+                            k->gemm[types[ti]](w, rb, rows, a, nb, out, ROWS,
+                                               mode == 1 ? bias : NULL, mode == 2);
+                            for (int t = 0; t < nb; t++)
+                                for (int r = 0; r < rows; r++) {
+                                    float v = k->dot[types[ti]](w + rb * r, &a[t]) +
+                                              (mode == 1 ? bias[r] : 0.0f);
+                                    if (mode == 2)
+                                        v = base[t * ROWS + r] + v;
+                                    assert_memory_equal(&v, &out[t * ROWS + r], sizeof(float));
+                                }
+                            /* nothing outside rows x nb is written */
+                            for (int t = 0; t < TOKS; t++)
+                                for (int r = 0; r < ROWS; r++)
+                                    if (t >= nb || r >= rows)
+                                        assert_true(out[t * ROWS + r] == base[t * ROWS + r]);
+                        }
+            }
+            free(w);
+            free(x);
+            free(q);
+            free(d);
+            free(qs);
+            free(extra);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -447,6 +524,7 @@ int main(void)
         cmocka_unit_test(test_quantize_identical),
         cmocka_unit_test(test_dots),
         cmocka_unit_test(test_dot4_identical),
+        cmocka_unit_test(test_gemm_identical),
         cmocka_unit_test(test_vector_helpers),
         cmocka_unit_test(test_env_forces_scalar),
     };
