@@ -1,7 +1,7 @@
 /*
- * gw_proxy.h — the proxied routes (proxy.c): the request flow (start → hooks
- * → model route → send), an attempt on an upstream, the SSE relay, abort and
- * finish; and in-process answers (engine_gw.c) through the same hooks.
+ * gw_proxy.h — an attempt on an upstream (proxy.c): send, the SSE relay,
+ * abort and finish; and in-process answers (engine_gw.c) through the same
+ * hooks. The way there (hooks, model route) is gw_flow.h.
  */
 #ifndef GW_PROXY_H
 #define GW_PROXY_H
@@ -15,11 +15,8 @@
 #include "gateway/sse.h"
 
 /* proxy.c */
-/* Runs the pre-route hooks, then r->handler (the route's). */
-void gw_proxy_start(gw_req_t *r);
-/* The handler of the proxied routes: the body parsed, the model routed to
- * its pool, the post-route hooks, then the upstream attempt. */
-void gw_proxy_route(gw_req_t *r);
+/* The first attempt of a request that is through every hook (flow.c). */
+void gw_proxy_send_attempt(gw_req_t *r);
 /* Client went away or conn is closing: stop everything upstream. */
 void gw_proxy_abort(gw_req_t *r);
 /* proxy.c: the next attempt (now, or after delay_ms) on r->pool. */
@@ -33,8 +30,6 @@ void gw_proxy_local_stream_end(gw_req_t *r, const char *error_code, const char *
 void gw_proxy_local_body(gw_req_t *r, json_t *body);
 /* engine_gw.c: an attempt on a pool of kind engine. */
 void gw_engine_attempt(gw_req_t *r);
-/* A pending hook finished: go on with the request. */
-void gw_proxy_resume(gw_req_t *r);
 /* Client output drained below the low watermark. */
 void gw_proxy_client_drained(gw_req_t *r);
 

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "gateway/gw_hook.h"
-#include "gateway/gw_proxy.h"
+#include "gateway/gw_flow.h"
 #include "gateway/gw_req.h"
 #include "gateway/gw_types.h"
 

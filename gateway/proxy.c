@@ -1,8 +1,8 @@
 /*
- * proxy.c — one proxied request: read the JSON body enough to route it,
- * send it upstream re-serialised (our own head, the client's end-to-end
- * headers, the API key added, the client's Authorization dropped), and
- * relay the answer.
+ * proxy.c — an upstream attempt and the relay of its answer: the request
+ * (routed by flow.c) goes upstream re-serialised (our own head, the
+ * client's end-to-end headers, the API key added, the client's
+ * Authorization dropped), and the answer comes back to the client.
  *
  * Answers that are Server-Sent Events get their head at once and each byte
  * as it arrives: upstream body bytes (de-chunked by the parser) go straight
@@ -33,7 +33,6 @@
 #include "gateway/gw_metrics.h"
 #include "gateway/gw_proxy.h"
 #include "gateway/gw_req.h"
-#include "gateway/gw_route.h"
 #include "gateway/gw_rt.h"
 #include "gateway/gw_types.h"
 #include "gateway/gw_upstream.h"
@@ -333,45 +332,9 @@ static void gw_proxy_attempt(gw_req_t *r, bool allow_reuse)
 
 /* Inserts r->body_add before the closing brace of the client's body (which
  * parsed as an object, so its last non-space byte is that brace). */
-static void gw_proxy_body_add(gw_req_t *r)
+/* The request is through every hook (flow.c): its first attempt. */
+void gw_proxy_send_attempt(gw_req_t *r)
 {
-    size_t len = evbuffer_get_length(r->body);
-    const char *b = (const char *)evbuffer_pullup(r->body, -1);
-    size_t end = len;
-    while (end > 0 && b[end - 1] != '}')
-        end--;
-    if (end == 0)
-        return;
-    struct evbuffer *nb = evbuffer_new();
-    if (!nb)
-        return;
-    evbuffer_add(nb, b, end - 1);
-    if (!r->body_add_first)
-        evbuffer_add(nb, GW_LIT(","));
-    evbuffer_add(nb, r->body_add, strlen(r->body_add));
-    evbuffer_add(nb, b + end - 1, len - (end - 1));
-    evbuffer_free(r->body);
-    r->body = nb;
-    r->body_add[0] = '\0';
-}
-
-/* The request is through every hook: serialise the body again if a hook
- * (or the alias) changed it, and send it. */
-static void gw_proxy_send(gw_req_t *r)
-{
-    if (r->body_dirty) {
-        char *s = json_dumps(r->json, JSON_COMPACT);
-        if (!s) {
-            gw_respond_oom(r);
-            return;
-        }
-        evbuffer_drain(r->body, evbuffer_get_length(r->body));
-        evbuffer_add(r->body, s, strlen(s));
-        free(s);
-        r->body_dirty = false;
-    } else if (r->body_add[0]) {
-        gw_proxy_body_add(r);
-    }
     r->att.deadline_total_ms = sl_now_ms() + r->att.pool->conf->total_timeout_ms;
     fb_budget_on_request(r->att.pool->budget, sl_now_ms());
     gw_proxy_attempt(r, true);
@@ -406,133 +369,6 @@ void gw_proxy_next_attempt(gw_req_t *r, int64_t delay_ms)
     struct timeval tv = {delay_ms / 1000, (delay_ms % 1000) * 1000};
     gw_req_wait(r, gw_proxy_retry_cancel, NULL);
     evtimer_add(r->retry_ev, &tv);
-}
-
-/* routing.local_first: a request the small model can serve — few turns and
- * a short prompt, or a last user message matching routing.intent. */
-static bool gw_route_simple(const gw_req_t *r)
-{
-    const conf_routing_t *c = &r->rt->conf->routing;
-    if (!c->local_first)
-        return false;
-    json_t *msgs = json_object_get(r->json, "messages");
-    if (!json_is_array(msgs))
-        return false;
-    int64_t chars = 0, turns = 0;
-    const char *last = NULL;
-    size_t last_len = 0, i;
-    json_t *m;
-    json_array_foreach(msgs, i, m)
-    {
-        json_t *content = json_object_get(m, "content");
-        const char *role = json_string_value(json_object_get(m, "role"));
-        if (!json_is_string(content))
-            return false; /* parts (images, ...) are not for the small model */
-        const char *s = json_string_value(content);
-        size_t n = json_string_length(content);
-        for (size_t k = 0; k < n; k++)
-            chars += ((unsigned char)s[k] & 0xC0) != 0x80; /* code points */
-        if (role && strcmp(role, "user") == 0) {
-            turns++;
-            last = s;
-            last_len = n;
-        }
-    }
-    if (r->rt->intent && last) {
-        pcre2_match_data *md = pcre2_match_data_create_from_pattern(r->rt->intent, NULL);
-        int rc = md ? pcre2_match(r->rt->intent, (PCRE2_SPTR)last, last_len, 0, 0, md, NULL) : -1;
-        pcre2_match_data_free(md);
-        if (rc >= 0)
-            return true;
-    }
-    return chars <= c->max_prompt_chars && turns <= c->max_turns;
-}
-
-/* Parses the body, picks the model's upstream, then runs the post-route
- * hooks. */
-void gw_proxy_route(gw_req_t *r)
-{
-    size_t len = evbuffer_get_length(r->body);
-    if (len == 0) {
-        gw_respond_error(r, 400, "invalid_request_error", "invalid_json",
-                         "The request body must be a JSON object.");
-        return;
-    }
-    json_error_t je;
-    r->json =
-        json_loadb((const char *)evbuffer_pullup(r->body, -1), len, JSON_REJECT_DUPLICATES, &je);
-    if (!r->json || !json_is_object(r->json)) {
-        char msg[256];
-        if (r->json)
-            snprintf(msg, sizeof(msg), "The request body must be a JSON object.");
-        else
-            snprintf(msg, sizeof(msg), "The request body is not valid JSON: %s (at %d:%d).",
-                     je.text, je.line, je.column);
-        gw_respond_error(r, 400, "invalid_request_error", "invalid_json", msg);
-        return;
-    }
-    json_t *jm = json_object_get(r->json, "model");
-    if (!json_is_string(jm) || json_string_length(jm) == 0) {
-        gw_respond_error(r, 400, "invalid_request_error", "missing_model",
-                         "The request must name a model (a string).");
-        return;
-    }
-    r->model = gw_rt_model(r->rt, json_string_value(jm), json_string_length(jm));
-    bool asked_auto = false;
-    if (!r->model && r->rt->auto_model && strcmp(json_string_value(jm), "auto") == 0) {
-        r->model = r->rt->auto_model; /* "auto": local first when it can, else this */
-        asked_auto = true;
-    }
-    if (!r->model) {
-        char msg[200];
-        snprintf(msg, sizeof(msg), "The model `%.100s` does not exist.", json_string_value(jm));
-        gw_respond_error(r, 404, "invalid_request_error", "model_not_found", msg);
-        return;
-    }
-    r->stream = json_is_true(json_object_get(r->json, "stream"));
-    r->client_usage =
-        json_is_true(json_object_get(json_object_get(r->json, "stream_options"), "include_usage"));
-    r->att.pool = r->model->pool;
-    if (r->rt->local && r->att.pool != r->rt->local && r->route == GW_ROUTE_CHAT &&
-        (asked_auto || gw_route_simple(r))) {
-        r->att.pool = r->rt->local; /* the model's own upstream is its fallback */
-        r->routed_local = true;
-        r->tried_local = true;
-    }
-    if (r->att.pool == r->rt->local)
-        r->tried_local = true;
-    sl_counter_add(r->att.pool == r->rt->local ? gw_m.route_local : gw_m.route_main, 1);
-    if (asked_auto || r->model->alias) {
-        json_object_set_new(r->json, "model", json_string(r->model->served));
-        r->body_dirty = true;
-    }
-    if (gw_hooks_run(r, false) == GW_HOOK_NEXT)
-        gw_proxy_send(r);
-}
-
-/* The pre-route hooks passed: answer the models list ourselves, or route
- * the body to an upstream. */
-static void gw_proxy_after_pre(gw_req_t *r)
-{
-    r->handler(r); /* the route's (route.c), stored by gw_route_dispatch */
-}
-
-void gw_proxy_start(gw_req_t *r)
-{
-    r->hooks.pending = -1;
-    if (gw_hooks_run(r, true) == GW_HOOK_NEXT)
-        gw_proxy_after_pre(r);
-}
-
-void gw_proxy_resume(gw_req_t *r)
-{
-    if (!r->hooks.pre_done) {
-        if (gw_hooks_run(r, true) == GW_HOOK_NEXT)
-            gw_proxy_after_pre(r);
-        return;
-    }
-    if (gw_hooks_run(r, false) == GW_HOOK_NEXT)
-        gw_proxy_send(r);
 }
 
 /* ---- response side ------------------------------------------------------------ */
