@@ -561,7 +561,11 @@ static void test_exactly_once_threads(void **state)
     c.backoff_ms = 10;
     c.backoff_max_ms = 100;
     c.max_attempts = 3;
-    c.lease_ms = 1000000; /* leases never run out here: a second take would be a bug */
+    /* Leases never run out here: a second take would be a bug. The fake clock
+     * moves 50 ms per consumer turn, so a consumer descheduled between its
+     * take and its report on a loaded machine can see millions of ms pass:
+     * the lease must outlast any run, not just a quick one. */
+    c.lease_ms = (int64_t)1 << 50;
     qh_t h;
     qh_open(&h, &c);
     race_t r = {.h = &h, .per_producer = 300, .seed = 7};
