@@ -243,8 +243,10 @@ static void gw_proxy_write_request(gw_req_t *r, gw_upconn_t *u)
     char stack[4096];
     gw_sb_t b;
     gw_sb_init(&b, stack, sizeof(stack));
+    const char *rest = gw_rt_v1_rest(m->target, m->target_len); /* checked in gw_proxy_send */
     gw_sb_lit(&b, "POST ");
-    gw_sb_add(&b, m->target, m->target_len);
+    gw_sb_str(&b, r->att.server->base_path); /* /v1/REST -> BASE/REST */
+    gw_sb_add(&b, rest, m->target_len - (size_t)(rest - m->target));
     gw_sb_lit(&b, " HTTP/1.1\r\nHost: ");
     gw_sb_str(&b, r->att.server->host_header);
     gw_sb_lit(&b, "\r\nContent-Type: application/json\r\nContent-Length: ");
@@ -371,6 +373,11 @@ static void gw_proxy_send(gw_req_t *r)
         r->body_dirty = false;
     } else if (r->body_add[0]) {
         gw_proxy_body_add(r);
+    }
+    const gw_http_msg_t *cm = gw_http_msg(r->c->parser);
+    if (!gw_rt_v1_rest(cm->target, cm->target_len)) { /* no upstream path for it */
+        gw_respond_error(r, 404, "invalid_request_error", "not_found", "Unknown path.");
+        return;
     }
     r->att.deadline_total_ms = sl_now_ms() + r->att.pool->conf->total_timeout_ms;
     fb_budget_on_request(r->att.pool->budget, sl_now_ms());
@@ -645,6 +652,7 @@ static bool gw_proxy_on_head(gw_req_t *r)
         const gw_http_header_t *ra = gw_http_header_find(m, "Retry-After");
         snprintf(r->retry_after, sizeof(r->retry_after), "%s", ra ? ra->value : "");
         gw_metrics_upstream_error(r->att.pool, gw_upfails[GW_UPFAIL_STATUS_5XX].label);
+        gw_upstream_log(r->att.server, "status_5xx", "answered HTTP %d", m->status);
         int64_t delay = 0;
         int action = gw_fb_decide(r, gw_upfails[GW_UPFAIL_STATUS_5XX].fb_class, m->status, &delay);
         if (action != GW_FB_NONE) {
@@ -873,6 +881,7 @@ static void gw_proxy_on_done(gw_req_t *r)
     }
     if (r->att.resp_sse && !gw_sse_done_seen(r->att.sse)) {
         r->error_kind = "upstream_truncated";
+        gw_upstream_log(r->att.server, "truncated", "the stream ended without data: [DONE]");
         gw_metrics_upstream_error(r->att.pool, gw_upfails[GW_UPFAIL_TRUNCATED].label);
         outcome = 0;
         gw_proxy_sse_error(r, "upstream_truncated",
@@ -923,6 +932,60 @@ const gw_upfail_row_t gw_upfails[GW_UPFAIL_COUNT] = {
                             "Could not open a connection to the model server."},
 };
 
+/* The error-log line for a failure the proxy sees: which deadline fired,
+ * the parser's reason, an early close. Connect and TLS failures are logged
+ * by upstream.c, which knows errno and OpenSSL's verdict. */
+static void gw_proxy_log_fail(const gw_req_t *r, gw_upfail_t kind)
+{
+    const gw_srv_rt_t *srv = r->att.server;
+    const gw_upconn_t *u = r->att.up;
+    if (!srv || !u)
+        return;
+    const conf_upstream_t *cu = r->att.pool->conf;
+    const char *label = gw_upfails[kind].label;
+    /* The total deadline caps the connect and first-byte ones. */
+    bool total = sl_now_ms() >= r->att.deadline_total_ms;
+    long long tms = (long long)cu->total_timeout_ms;
+    switch (kind) {
+    case GW_UPFAIL_CONNECT_TIMEOUT:
+        if (total)
+            gw_upstream_log(srv, label,
+                            "total timeout: %lld ms (timeouts.total) passed while connecting", tms);
+        else
+            gw_upstream_log(
+                srv, label, "connect timeout: not connected%s within %lld ms (timeouts.connect)",
+                srv->https ? " (TCP and TLS handshake)" : "", (long long)cu->connect_timeout_ms);
+        break;
+    case GW_UPFAIL_FIRST_BYTE_TIMEOUT:
+        if (total)
+            gw_upstream_log(srv, label,
+                            "total timeout: %lld ms (timeouts.total) passed before the first byte",
+                            tms);
+        else
+            gw_upstream_log(srv, label,
+                            "first byte timeout: no response within %lld ms of the request "
+                            "(timeouts.first_byte)",
+                            (long long)cu->first_byte_timeout_ms);
+        break;
+    case GW_UPFAIL_TOTAL_TIMEOUT:
+        gw_upstream_log(srv, label,
+                        "total timeout: the response took longer than %lld ms (timeouts.total)",
+                        tms);
+        break;
+    case GW_UPFAIL_BAD_RESPONSE:
+        gw_upstream_log(srv, label, "bad response: %s", gw_http_error_reason(u->parser));
+        break;
+    case GW_UPFAIL_RESET:
+        gw_upstream_log(srv, label, "closed the connection before the response head");
+        break;
+    case GW_UPFAIL_TRUNCATED:
+        gw_upstream_log(srv, label, "closed the connection mid-response");
+        break;
+    default: /* connect, connect_tls: upstream.c; the rest never reach a server */
+        break;
+    }
+}
+
 static void gw_proxy_fail(gw_req_t *r, gw_upfail_t kind)
 {
     const gw_upfail_row_t *f = &gw_upfails[kind];
@@ -935,6 +998,7 @@ static void gw_proxy_fail(gw_req_t *r, gw_upfail_t kind)
         gw_proxy_attempt(r, false);
         return;
     }
+    gw_proxy_log_fail(r, kind);
     gw_metrics_upstream_error(r->att.pool, f->label);
     r->error_kind = f->label;
     if (!r->head_sent) {
@@ -991,8 +1055,6 @@ static bool gw_proxy_up_read(gw_req_t *r)
             gw_proxy_on_done(r);
             return false;
         case GW_HTTP_ERROR:
-            sl_warn("upstream %s: bad response: %s", r->att.server->url,
-                    gw_http_error_reason(u->parser));
             gw_proxy_fail(r, GW_UPFAIL_BAD_RESPONSE);
             return false;
         }
