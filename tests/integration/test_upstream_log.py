@@ -115,8 +115,10 @@ def test_plain_http_server_behind_https_url(sluice_factory, mock):
     ]
 
 
-def test_connection_refused(sluice_factory):
-    url = "http://127.0.0.1:%d" % free_port()
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_connection_refused(sluice_factory, scheme):
+    """Also for https: no TLS byte was sent, so it is a connect error."""
+    url = "%s://127.0.0.1:%d" % (scheme, free_port())
     s = sluice_factory(upstream=url)
     assert_error(s.chat(), 502, "upstream_error", "server_error")
     assert warn_lines(s, "upstream main") == ["upstream main %s: connect failed: Connection refused" % url]
