@@ -100,9 +100,12 @@ static void gw_up_log_connect_error(gw_upconn_t *u, short what, int err)
     const gw_srv_rt_t *s = u->srv;
     SSL *ssl = s->https ? bufferevent_openssl_get_ssl(u->bev) : NULL;
     unsigned long e = 0, ssl_err = 0;
+    /* The first OpenSSL error is the cause (the rest follow from it);
+     * libevent also queues SSL_get_error() codes (lib 0, e.g. SYSCALL for a
+     * refused connect), which are not OpenSSL's reasons. */
     while (ssl && (e = bufferevent_get_openssl_error(u->bev)) != 0)
-        if (!ssl_err && ERR_GET_LIB(e) != 0) /* lib 0: libevent's SSL_ERROR_SYSCALL & co */
-            ssl_err = e; /* the first is the cause; the rest follow from it */
+        if (!ssl_err && ERR_GET_LIB(e) != 0)
+            ssl_err = e;
     long vr = ssl ? SSL_get_verify_result(ssl) : X509_V_OK;
     if (!ssl || (vr == X509_V_OK && !ssl_err && err)) {
         /* The TCP connect itself failed (also for https: no TLS byte yet). */
