@@ -973,7 +973,11 @@ static void gw_proxy_log_fail(const gw_req_t *r, gw_upfail_t kind)
                         tms);
         break;
     case GW_UPFAIL_BAD_RESPONSE:
-        gw_upstream_log(srv, label, "bad response: %s", gw_http_error_reason(u->parser));
+        gw_upstream_log(srv, label, "bad response: %s%s", gw_http_error_reason(u->parser),
+                        strcmp(gw_http_error_reason(u->parser), "body_callback") == 0
+                            ? " (an SSE event over sse.max_event_bytes, or an answer too "
+                              "large to buffer)"
+                            : "");
         break;
     case GW_UPFAIL_RESET:
         gw_upstream_log(srv, label, "closed the connection before the response head");
