@@ -187,3 +187,70 @@ def test_redis_unreachable_says_why(sluice_factory, mock):
                what="redis reconnect attempts")
     lines = warn_lines(s, "redis 127.0.0.1:%d" % port)
     assert lines == ["redis 127.0.0.1:%d: cannot connect (Connection refused); retrying with backoff" % port]
+
+
+def test_redis_auth_failure_says_why(sluice_factory, mock, redis_server):
+    redis_server.cmd("CONFIG", "SET", "requirepass", "the-right-one")
+    url = "redis://:wrong@127.0.0.1:%d" % redis_server.port
+    s = sluice_factory({"redis": {"url": url}}, upstream=mock)
+    wait_until(lambda: s.metrics().value("sluice_redis_errors_total", kind="auth") >= 3, bound(10),
+               what="redis AUTH attempts")
+    lines = [ln for ln in s.stderr_text().splitlines()
+             if "redis 127.0.0.1:%d" % redis_server.port in ln]
+    # One line per key however many attempts: the refusal, and the
+    # connection given up because of it.
+    addr = re.escape("127.0.0.1:%d" % redis_server.port)
+    assert len(lines) == 2, lines
+    assert re.fullmatch(r"\S+Z \[error\] redis %s: AUTH failed: WRONGPASS .+" % addr, lines[0]), lines
+    assert re.fullmatch(r"\S+Z \[warn\] redis %s: cannot connect \(handshake failed\); retrying with "
+                        r"backoff" % addr, lines[1]), lines
+    assert ":wrong@" not in s.stderr_text()  # the password is never logged
+
+
+def silent_server():
+    """Accepts TCP connections and never says a word (a TLS handshake that
+    never completes)."""
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(64)
+    held = []
+
+    def serve():
+        while True:
+            try:
+                c, _ = lsock.accept()
+            except OSError:
+                return
+            held.append(c)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return lsock, held
+
+
+def test_connect_timeout_names_the_tls_handshake(sluice_factory, mock):
+    lsock, held = silent_server()
+    url = "https://127.0.0.1:%d" % lsock.getsockname()[1]
+    try:
+        s = sluice_factory({"upstreams": {"main": {"servers": [{"url": url}],
+                                                   "timeouts": {"connect": "300ms"}}}}, upstream=mock)
+        assert_error(s.chat(), 504, "upstream_timeout", "server_error")
+    finally:
+        lsock.close()
+        for c in held:
+            c.close()
+    assert warn_lines(s, "upstream main") == [
+        "upstream main %s: connect timeout: not connected (TCP and TLS handshake) within 300 ms "
+        "(timeouts.connect)" % url
+    ]
+
+
+def test_total_timeout(sluice_factory, mock):
+    s = sluice_factory({"upstreams": {"main": {"timeouts": {"connect": "300ms", "first_byte": "400ms",
+                                                            "total": "500ms"}}}},
+                       upstream=mock)
+    mock.script({"stall_after_headers": 3})
+    r = s.chat(stream=True)  # the head went out: the stream then ends in an error event
+    assert r.status == 200
+    assert warn_lines(s, "upstream main") == [
+        "upstream main %s: total timeout: the response took longer than 500 ms (timeouts.total)" % mock.url
+    ]
