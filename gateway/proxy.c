@@ -243,10 +243,11 @@ static void gw_proxy_write_request(gw_req_t *r, gw_upconn_t *u)
     char stack[4096];
     gw_sb_t b;
     gw_sb_init(&b, stack, sizeof(stack));
-    const char *rest = gw_rt_v1_rest(m->target, m->target_len); /* checked in gw_proxy_send */
+    const char *rest = gw_rt_v1_rest(m->target, m->target_len); /* non-NULL: gw_proxy_send */
     gw_sb_lit(&b, "POST ");
     gw_sb_str(&b, r->att.server->base_path); /* /v1/REST -> BASE/REST */
-    gw_sb_add(&b, rest, m->target_len - (size_t)(rest - m->target));
+    if (rest)
+        gw_sb_add(&b, rest, m->target_len - (size_t)(rest - m->target));
     gw_sb_lit(&b, " HTTP/1.1\r\nHost: ");
     gw_sb_str(&b, r->att.server->host_header);
     gw_sb_lit(&b, "\r\nContent-Type: application/json\r\nContent-Length: ");
