@@ -74,8 +74,8 @@ static void test_v1_rest(void **state)
     const char *rest = gw_rt_v1_rest(t1, sizeof(t1) - 1);
     assert_non_null(rest);
     assert_string_equal(rest, "/chat/completions?x=1");
-    static const char *const outside[] = {"/v1", "/v2/chat/completions", "/openai/v1/chat",
-                                          "/chat/completions", "/v1x/chat", ""};
+    static const char *const outside[] = {
+        "/v1", "/v2/chat/completions", "/openai/v1/chat", "/chat/completions", "/v1x/chat", ""};
     for (size_t i = 0; i < sizeof(outside) / sizeof(outside[0]); i++)
         assert_null(gw_rt_v1_rest(outside[i], strlen(outside[i])));
     /* counted, not NUL-terminated: "/v1/" past the length is not seen */
