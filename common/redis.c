@@ -161,9 +161,14 @@ static void sl_redis_call_finish(sl_redis_call_t *c, sl_redis_status_t st, redis
     event_del(&c->timer);
     if (st == SL_REDIS_DOWN)
         sl_redis_count(r, ERR_DOWN);
-    else if (st == SL_REDIS_TIMEOUT)
+    else if (st == SL_REDIS_TIMEOUT) {
         sl_redis_count(r, ERR_TIMEOUT);
-    else if (reply && reply->type == REDIS_REPLY_ERROR)
+        char key[300];
+        snprintf(key, sizeof(key), "redis %s:%d timeout", r->host, r->port);
+        sl_log_limited(SL_LOG_WARN, key,
+                       "redis %s:%d: no reply within %lld ms (the call's deadline)", r->host,
+                       r->port, (long long)r->timeout_ms);
+    } else if (reply && reply->type == REDIS_REPLY_ERROR)
         sl_redis_count(r, ERR_REPLY);
     r->in_cb++;
     c->cb(c->arg, st, st == SL_REDIS_OK ? reply : NULL);
@@ -344,11 +349,14 @@ static void sl_redis_conn_down(sl_redis_t *r, const char *why)
     if (r->state == CONN_READY) {
         sl_gauge_add(r->up, -1);
         sl_warn("redis %s:%d: connection lost (%s)", r->host, r->port, why);
-    } else if (r->was_up) {
-        sl_warn("redis %s:%d: cannot connect (%s); retrying with backoff", r->host, r->port, why);
-        r->was_up = false;
     } else {
-        sl_debug("redis %s:%d: cannot connect (%s)", r->host, r->port, why);
+        /* Every worker's client retries on its own: one key for them all,
+         * so a Redis that stays down costs one line per interval. */
+        char key[300];
+        snprintf(key, sizeof(key), "redis %s:%d connect", r->host, r->port);
+        sl_log_limited(SL_LOG_WARN, key, "redis %s:%d: cannot connect (%s); retrying with backoff",
+                       r->host, r->port, why);
+        r->was_up = false;
     }
     r->state = CONN_DOWN;
     r->drop_requested = false;
@@ -393,7 +401,10 @@ static void sl_redis_handshake_cb(redisAsyncContext *ac, void *reply_, void *pri
     if (!reply || ac != r->ac || r->drop_requested)
         return; /* the connection is going away; its own path handles it */
     if (reply->type == REDIS_REPLY_ERROR) {
-        sl_error("redis %s:%d: %s failed: %s", r->host, r->port, what, reply->str);
+        char key[300];
+        snprintf(key, sizeof(key), "redis %s:%d auth", r->host, r->port);
+        sl_log_limited(SL_LOG_ERROR, key, "redis %s:%d: %s failed: %s", r->host, r->port, what,
+                       reply->str);
         sl_redis_count(r, ERR_AUTH);
         r->drop_requested = true; /* cannot free the context from inside its callback */
         event_active(r->kick, EV_TIMEOUT, 0);

@@ -217,6 +217,8 @@ typedef struct conf_sse {
 typedef struct conf_log {
     char *access; /* "stdout", "off", or a file path */
     char *level;  /* debug | info | warn | error */
+    /* sl_log_limited: one line per key per interval, 10s */
+    int64_t repeat_interval_ms;
 } conf_log_t;
 
 /* ---- rate limits and token budgets (ratelimit/) -------------------------- */

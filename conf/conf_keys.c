@@ -1032,6 +1032,15 @@ static const conf_key_t log_keys[] = {
      .check = log_level_check,
      .flags = R,
      .doc = "error log level: debug, info, warn, error"},
+    {.name = "repeat_interval",
+     .type = CONF_DURATION,
+     .off = offsetof(conf_log_t, repeat_interval_ms),
+     .def = "10s",
+     .min = 1000,
+     .max = HOUR(1),
+     .flags = R,
+     .doc = "a failure that repeats (an upstream or Redis down) is logged once, then as a count "
+            "per this interval"},
 };
 static const conf_table_t log_table = {TABLE(log_keys, conf_log_t)};
 

@@ -32,6 +32,7 @@ struct gw_srv_rt {
     char *url;
     char *host;        /* for SNI, certificate checks */
     char *host_header; /* "host" or "host:port" */
+    char *base_path;   /* the URL's path, "/v1" when it has none (conf_server_t) */
     int port;
     bool https;
     struct sockaddr_storage addr;
@@ -123,6 +124,10 @@ gw_rt_t *gw_rt_new(conf_t *c, gw_shared_t *sh, char *err, size_t errlen) SL_WUR;
 gw_rt_t *gw_rt_ref(gw_rt_t *rt);
 void gw_rt_unref(gw_rt_t *rt);
 const gw_model_rt_t *gw_rt_model(const gw_rt_t *rt, const char *name, size_t len);
+/* The client's /v1/REST goes to a server as srv->base_path + /REST
+ * (docs/conf-reference.md): the part of target after "/v1" ("/REST" and its
+ * query), or NULL when target is not under /v1/ (never forwarded). */
+const char *gw_rt_v1_rest(const char *target, size_t len);
 
 /* engine_gw.c: the process-wide engines, by upstream (kept across reloads
  * when unchanged). */

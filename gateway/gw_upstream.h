@@ -16,6 +16,7 @@
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 
+#include "common/sl.h"
 #include "gateway/gw_types.h"
 #include "gateway/gw_wio.h"
 #include "gateway/http1.h"
@@ -44,6 +45,7 @@ struct gw_upconn {
     bool reused;
     bool closed;
     unsigned nreq;
+    int connect_errno; /* an immediate connect failure's errno, for the log */
     int64_t idle_since_ms;
     struct event *idle_timer;
     TAILQ_ENTRY(gw_upconn) link;
@@ -69,5 +71,10 @@ void gw_upstream_arm(gw_upconn_t *u);
 void gw_upstream_close(gw_upconn_t *u);
 /* Worker's runtime changed: close idle connections of the old one. */
 void gw_upstream_worker_reset(gw_worker_t *w);
+/* One error-log line about srv, at warn: "upstream POOL URL: MESSAGE",
+ * rate-limited per server and cause (sl_log_limited's key "URL cause"), so
+ * a failure that repeats during an outage costs one line per interval. */
+void gw_upstream_log(const gw_srv_rt_t *srv, const char *cause, const char *fmt, ...)
+    SL_PRINTF(3, 4);
 
 #endif

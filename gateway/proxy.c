@@ -242,8 +242,11 @@ static void gw_proxy_write_request(gw_req_t *r, gw_upconn_t *u)
     char stack[4096];
     gw_sb_t b;
     gw_sb_init(&b, stack, sizeof(stack));
+    const char *rest = gw_rt_v1_rest(m->target, m->target_len); /* non-NULL: gw_proxy_send */
     gw_sb_lit(&b, "POST ");
-    gw_sb_add(&b, m->target, m->target_len);
+    gw_sb_str(&b, r->att.server->base_path); /* /v1/REST -> BASE/REST */
+    if (rest)
+        gw_sb_add(&b, rest, m->target_len - (size_t)(rest - m->target));
     gw_sb_lit(&b, " HTTP/1.1\r\nHost: ");
     gw_sb_str(&b, r->att.server->host_header);
     gw_sb_lit(&b, "\r\nContent-Type: application/json\r\nContent-Length: ");
@@ -330,11 +333,14 @@ static void gw_proxy_attempt(gw_req_t *r, bool allow_reuse)
     gw_upstream_arm(u);
 }
 
-/* Inserts r->body_add before the closing brace of the client's body (which
- * parsed as an object, so its last non-space byte is that brace). */
 /* The request is through every hook (flow.c): its first attempt. */
 void gw_proxy_send_attempt(gw_req_t *r)
 {
+    const gw_http_msg_t *cm = gw_http_msg(r->c->parser);
+    if (!gw_rt_v1_rest(cm->target, cm->target_len)) { /* no upstream path for it */
+        gw_respond_error(r, 404, "invalid_request_error", "not_found", "Unknown path.");
+        return;
+    }
     r->att.deadline_total_ms = sl_now_ms() + r->att.pool->conf->total_timeout_ms;
     fb_budget_on_request(r->att.pool->budget, sl_now_ms());
     gw_proxy_attempt(r, true);
@@ -481,6 +487,7 @@ static bool gw_proxy_on_head(gw_req_t *r)
         const gw_http_header_t *ra = gw_http_header_find(m, "Retry-After");
         snprintf(r->retry_after, sizeof(r->retry_after), "%s", ra ? ra->value : "");
         gw_metrics_upstream_error(r->att.pool, gw_upfails[GW_UPFAIL_STATUS_5XX].label);
+        gw_upstream_log(r->att.server, "status_5xx", "answered HTTP %d", m->status);
         int64_t delay = 0;
         int action = gw_fb_decide(r, gw_upfails[GW_UPFAIL_STATUS_5XX].fb_class, m->status, &delay);
         if (action != GW_FB_NONE) {
@@ -709,6 +716,7 @@ static void gw_proxy_on_done(gw_req_t *r)
     }
     if (r->att.resp_sse && !gw_sse_done_seen(r->att.sse)) {
         r->error_kind = "upstream_truncated";
+        gw_upstream_log(r->att.server, "truncated", "the stream ended without data: [DONE]");
         gw_metrics_upstream_error(r->att.pool, gw_upfails[GW_UPFAIL_TRUNCATED].label);
         outcome = 0;
         gw_proxy_sse_error(r, "upstream_truncated",
@@ -759,6 +767,64 @@ const gw_upfail_row_t gw_upfails[GW_UPFAIL_COUNT] = {
                             "Could not open a connection to the model server."},
 };
 
+/* The error-log line for a failure the proxy sees: which deadline fired,
+ * the parser's reason, an early close. Connect and TLS failures are logged
+ * by upstream.c, which knows errno and OpenSSL's verdict. */
+static void gw_proxy_log_fail(const gw_req_t *r, gw_upfail_t kind)
+{
+    const gw_srv_rt_t *srv = r->att.server;
+    const gw_upconn_t *u = r->att.up;
+    if (!srv || !u)
+        return;
+    const conf_upstream_t *cu = r->att.pool->conf;
+    const char *label = gw_upfails[kind].label;
+    /* The total deadline caps the connect and first-byte ones. */
+    bool total = sl_now_ms() >= r->att.deadline_total_ms;
+    long long tms = (long long)cu->total_timeout_ms;
+    switch (kind) {
+    case GW_UPFAIL_CONNECT_TIMEOUT:
+        if (total)
+            gw_upstream_log(srv, label,
+                            "total timeout: %lld ms (timeouts.total) passed while connecting", tms);
+        else
+            gw_upstream_log(
+                srv, label, "connect timeout: not connected%s within %lld ms (timeouts.connect)",
+                srv->https ? " (TCP and TLS handshake)" : "", (long long)cu->connect_timeout_ms);
+        break;
+    case GW_UPFAIL_FIRST_BYTE_TIMEOUT:
+        if (total)
+            gw_upstream_log(srv, label,
+                            "total timeout: %lld ms (timeouts.total) passed before the first byte",
+                            tms);
+        else
+            gw_upstream_log(srv, label,
+                            "first byte timeout: no response within %lld ms of the request "
+                            "(timeouts.first_byte)",
+                            (long long)cu->first_byte_timeout_ms);
+        break;
+    case GW_UPFAIL_TOTAL_TIMEOUT:
+        gw_upstream_log(srv, label,
+                        "total timeout: the response took longer than %lld ms (timeouts.total)",
+                        tms);
+        break;
+    case GW_UPFAIL_BAD_RESPONSE:
+        gw_upstream_log(srv, label, "bad response: %s%s", gw_http_error_reason(u->parser),
+                        strcmp(gw_http_error_reason(u->parser), "body_callback") == 0
+                            ? " (an SSE event over sse.max_event_bytes, or an answer too "
+                              "large to buffer)"
+                            : "");
+        break;
+    case GW_UPFAIL_RESET:
+        gw_upstream_log(srv, label, "closed the connection before the response head");
+        break;
+    case GW_UPFAIL_TRUNCATED:
+        gw_upstream_log(srv, label, "closed the connection mid-response");
+        break;
+    default: /* connect, connect_tls: upstream.c; the rest never reach a server */
+        break;
+    }
+}
+
 static void gw_proxy_fail(gw_req_t *r, gw_upfail_t kind)
 {
     const gw_upfail_row_t *f = &gw_upfails[kind];
@@ -771,6 +837,7 @@ static void gw_proxy_fail(gw_req_t *r, gw_upfail_t kind)
         gw_proxy_attempt(r, false);
         return;
     }
+    gw_proxy_log_fail(r, kind);
     gw_metrics_upstream_error(r->att.pool, f->label);
     r->error_kind = f->label;
     if (!r->head_sent) {
@@ -827,8 +894,6 @@ static bool gw_proxy_up_read(gw_req_t *r)
             gw_proxy_on_done(r);
             return false;
         case GW_HTTP_ERROR:
-            sl_warn("upstream %s: bad response: %s", r->att.server->url,
-                    gw_http_error_reason(u->parser));
             gw_proxy_fail(r, GW_UPFAIL_BAD_RESPONSE);
             return false;
         }

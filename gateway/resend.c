@@ -224,10 +224,11 @@ static void gw_resend_start(gw_resender_t *rs, fb_qitem_t *item)
     j->up->on_event = gw_resend_on_event;
     struct evbuffer *out = bufferevent_get_output(j->up->bev);
     evbuffer_add_printf(out,
-                        "POST /v1/chat/completions HTTP/1.1\r\nHost: %s\r\n"
+                        "POST %s/chat/completions HTTP/1.1\r\nHost: %s\r\n"
                         "Content-Type: application/json\r\nContent-Length: %zu\r\n"
                         "X-Request-Id: %s\r\nX-Sluice-Resend: %d\r\n",
-                        j->srv->host_header, item->body_len, item->id, item->attempts + 1);
+                        j->srv->base_path, j->srv->host_header, item->body_len, item->id,
+                        item->attempts + 1);
     if (m->pool->auth_header)
         evbuffer_add(out, m->pool->auth_header, m->pool->auth_header_len);
     if (item->idem_key)

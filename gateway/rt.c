@@ -26,54 +26,18 @@
 
 static _Atomic uint64_t gw_rt_generations;
 
-/* "http://host[:port]" / "https://[v6]:port" -> parts. The conf loader has
- * already checked the shape; this only splits it. */
-static int gw_url_split(const char *url, bool *https, char **host, int *port)
-{
-    const char *p;
-    if (strncmp(url, GW_LIT("http://")) == 0) {
-        *https = false;
-        p = url + sizeof("http://") - 1;
-    } else if (strncmp(url, GW_LIT("https://")) == 0) {
-        *https = true;
-        p = url + sizeof("https://") - 1;
-    } else {
-        return -1;
-    }
-    const char *hs = p, *he;
-    if (*p == '[') {
-        hs = p + 1;
-        he = strchr(hs, ']');
-        if (!he)
-            return -1;
-        p = he + 1;
-    } else {
-        he = p + strcspn(p, ":/");
-        p = he;
-    }
-    if (he == hs)
-        return -1;
-    *port = *https ? 443 : 80;
-    if (*p == ':') {
-        char *end;
-        long v = strtol(p + 1, &end, 10);
-        if (end == p + 1 || v < 1 || v > 65535)
-            return -1;
-        *port = (int)v;
-        p = end;
-    }
-    if (*p != '\0' && strcmp(p, "/") != 0)
-        return -1;
-    *host = strndup(hs, (size_t)(he - hs));
-    return *host ? 0 : -1;
-}
-
 static int gw_srv_build(gw_srv_rt_t *s, const conf_server_t *cs, const char *path, char *err,
                         size_t errlen)
 {
     s->url = sl_xstrdup(cs->url);
     s->weight = (int)cs->weight;
-    if (gw_url_split(cs->url, &s->https, &s->host, &s->port) != 0) {
+    /* The conf loader has parsed and checked the URL (scheme, host, port,
+     * base path): one parser, so -t and the runtime cannot disagree. */
+    s->https = cs->https;
+    s->host = sl_xstrdup(cs->host);
+    s->port = cs->port;
+    s->base_path = sl_xstrdup(cs->base_path);
+    if (!s->host[0]) {
         snprintf(err, errlen, "%s:%d: bad server url \"%s\"", path, cs->line, cs->url);
         return -1;
     }
@@ -241,6 +205,7 @@ static void gw_rt_destroy(gw_rt_t *rt)
     for (size_t i = 0; i < rt->nservers; i++) {
         free(rt->servers[i].url);
         free(rt->servers[i].host);
+        free(rt->servers[i].base_path);
         free(rt->servers[i].host_header);
     }
     if (rt->listen_ssl)
@@ -345,6 +310,11 @@ void gw_rt_unref(gw_rt_t *rt)
 {
     if (rt && atomic_fetch_sub_explicit(&rt->refs, 1, memory_order_acq_rel) == 1)
         gw_rt_destroy(rt);
+}
+
+const char *gw_rt_v1_rest(const char *target, size_t len)
+{
+    return GW_PREFIX(target, len, "/v1/") ? target + 3 : NULL;
 }
 
 const gw_model_rt_t *gw_rt_model(const gw_rt_t *rt, const char *name, size_t len)

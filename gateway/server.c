@@ -199,6 +199,7 @@ static void gw_reload(void)
     int lvl = sl_log_level_parse(rt->conf->log.level);
     if (lvl >= 0)
         sl_log_set_level((sl_log_level_t)lvl);
+    sl_log_limited_set_interval(rt->conf->log.repeat_interval_ms * 1000000);
     pthread_mutex_lock(&gw_srv.rt_lock);
     gw_rt_t *prev = atomic_exchange(&gw_srv.rt, rt);
     pthread_mutex_unlock(&gw_srv.rt_lock);
@@ -273,6 +274,7 @@ static void gw_maint_cb(evutil_socket_t fd, short what, void *arg)
     (void)what;
     (void)arg;
     gw_hooks_tick(&gw_srv);
+    sl_log_limited_flush(); /* the counts of repeated failures that went quiet */
 }
 
 static int gw_cores(void)
@@ -297,6 +299,7 @@ int gw_server_run(const char *conf_path)
     int lvl = sl_log_level_parse(c->log.level);
     if (lvl >= 0)
         sl_log_set_level((sl_log_level_t)lvl);
+    sl_log_limited_set_interval(c->log.repeat_interval_ms * 1000000);
     gw_srv.conf_path = sl_xstrdup(conf_path);
     pthread_mutex_init(&gw_srv.rt_lock, NULL);
     gw_srv.shared = gw_shared_new();

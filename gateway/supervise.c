@@ -3,7 +3,8 @@
  * e.g. llama.cpp's server running a small model as the local tier).
  *
  * The main thread starts each command in its own process group, checks its
- * health (GET /v1/models on the pool's first server, every 500 ms until it
+ * health (GET BASE/models on the pool's first server — /v1/models unless
+ * its URL has a base path — every 500 ms until it
  * answers 200, then every 5 s), and restarts it with backoff (1 s doubling
  * to 30 s; reset after a minute up) when it exits or stops answering. Until
  * it is healthy its pool counts as out of service: the balancer skips it,
@@ -50,6 +51,7 @@ struct gw_sup {
     struct sockaddr_storage addr; /* the pool's first server */
     socklen_t addrlen;
     char host_header[300];
+    char models_path[CONF_BASE_PATH_MAX + 16]; /* base_path + "/models" */
     struct event_base *base;
     struct event *timer;
     pid_t pid;
@@ -145,7 +147,7 @@ static void gw_sup_ended(gw_sup_t *s, const char *why)
     sl_counter_add(s->m_restarts, 1);
 }
 
-/* ---- the health probe: GET /v1/models, 200 = healthy ------------------------ */
+/* ---- the health probe: GET BASE/models, 200 = healthy ---------------------- */
 
 static void gw_sup_probe_done(gw_sup_t *s, bool ok)
 {
@@ -186,8 +188,8 @@ static void gw_sup_probe_event(struct bufferevent *bev, short what, void *arg)
     gw_sup_t *s = arg;
     if (what & BEV_EVENT_CONNECTED) {
         evbuffer_add_printf(bufferevent_get_output(s->probe),
-                            "GET /v1/models HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n",
-                            s->host_header);
+                            "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n",
+                            s->models_path, s->host_header);
         return;
     }
     gw_sup_probe_done(s, false);
@@ -258,6 +260,7 @@ int gw_sup_init(struct event_base *base, const gw_rt_t *rt, char *err, size_t er
         memcpy(&s->addr, &p->servers[0]->addr, p->servers[0]->addrlen);
         s->addrlen = p->servers[0]->addrlen;
         snprintf(s->host_header, sizeof(s->host_header), "%s", p->servers[0]->host_header);
+        snprintf(s->models_path, sizeof(s->models_path), "%s/models", p->servers[0]->base_path);
         s->base = base;
         s->timer = evtimer_new(base, gw_sup_tick, s);
         s->backoff_ms = GW_SUP_BACKOFF_MIN_MS;

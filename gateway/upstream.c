@@ -8,14 +8,23 @@
  * noticed and the connection dropped before anyone tries to reuse it; the
  * race where the server closes just as a request goes out is handled by
  * the proxy retrying once on a fresh connection (proxy.c).
+ *
+ * Every failed attempt explains itself in the error log (gw_upstream_log):
+ * connect and TLS failures from here, where errno and OpenSSL's verdict are
+ * known; timeouts, bad responses and early closes from the proxy. Lines are
+ * rate-limited per server and cause, so an outage costs one line per key
+ * per log.repeat_interval.
  */
+#include <errno.h>
 #include <netinet/tcp.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
 
 #include <arpa/inet.h>
 #include <event2/bufferevent_ssl.h>
+#include <openssl/err.h>
 #include <openssl/x509v3.h>
 #include <event2/buffer.h>
 #include <openssl/ssl.h>
@@ -66,6 +75,73 @@ static gw_wsrv_t *gw_wsrv_of(gw_worker_t *w, const gw_srv_rt_t *srv)
     if (srv->index < w->nwsrv && &w->rt->servers[srv->index] == srv)
         return &w->wsrv[srv->index];
     return NULL;
+}
+
+void gw_upstream_log(const gw_srv_rt_t *srv, const char *cause, const char *fmt, ...)
+{
+    if (sl_log_get_level() > SL_LOG_WARN)
+        return;
+    char key[600], msg[768];
+    snprintf(key, sizeof(key), "%s %s", srv->url, cause);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    sl_log_limited(SL_LOG_WARN, key, "upstream %s %s: %s", srv->pool->name, srv->url, msg);
+}
+
+/* Logs why a connection that never became usable failed: errno for TCP;
+ * for TLS, OpenSSL's verification result (unknown CA, expired, a name
+ * mismatch with the name expected) or its handshake error (protocol
+ * version, not TLS at all), with the SNI sent and the trust store used (a
+ * mistyped ca_file shows here). err: the socket error at the event, or 0. */
+static void gw_up_log_connect_error(gw_upconn_t *u, short what, int err)
+{
+    const gw_srv_rt_t *s = u->srv;
+    SSL *ssl = s->https ? bufferevent_openssl_get_ssl(u->bev) : NULL;
+    unsigned long e = 0, ssl_err = 0;
+    /* The first OpenSSL error is the cause (the rest follow from it);
+     * libevent also queues SSL_get_error() codes (lib 0, e.g. SYSCALL for a
+     * refused connect), which are not OpenSSL's reasons. */
+    while (ssl && (e = bufferevent_get_openssl_error(u->bev)) != 0)
+        if (!ssl_err && ERR_GET_LIB(e) != 0)
+            ssl_err = e;
+    long vr = ssl ? SSL_get_verify_result(ssl) : X509_V_OK;
+    if (!ssl || (vr == X509_V_OK && !ssl_err && err)) {
+        /* The TCP connect itself failed (also for https: no TLS byte yet). */
+        gw_upstream_log(s, "connect", "connect failed: %s",
+                        err                      ? strerror(err)
+                        : (what & BEV_EVENT_EOF) ? "connection closed"
+                                                 : "unknown error");
+        return;
+    }
+    struct in6_addr a6;
+    struct in_addr a4;
+    bool ip = inet_pton(AF_INET, s->host, &a4) == 1 || inet_pton(AF_INET6, s->host, &a6) == 1;
+    const char *ca = s->pool->conf->tls_ca_file;
+    char ctx[400];
+    snprintf(ctx, sizeof(ctx), "SNI %s, CA %s%s", ip ? "none (an IP address)" : s->host,
+             ca ? "file " : "the system store", ca ? ca : "");
+    if (vr != X509_V_OK) {
+        bool name = vr == X509_V_ERR_HOSTNAME_MISMATCH || vr == X509_V_ERR_IP_ADDRESS_MISMATCH;
+        gw_upstream_log(s, "tls", "TLS certificate verify failed: %s (verify error %ld%s%s); %s",
+                        X509_verify_cert_error_string(vr), vr, name ? ", expected " : "",
+                        name ? s->host : "", ctx);
+        return;
+    }
+    const char *reason =
+        (what & BEV_EVENT_EOF) ? "connection closed by the server" : "unknown error";
+    char eb[256];
+    if (ssl_err) {
+        reason = ERR_reason_error_string(ssl_err);
+        if (!reason) {
+            ERR_error_string_n(ssl_err, eb, sizeof(eb));
+            reason = eb;
+        }
+    } else if (err) {
+        reason = strerror(err);
+    }
+    gw_upstream_log(s, "tls", "TLS handshake failed: %s; %s", reason, ctx);
 }
 
 bool gw_upstream_other_eligible(const gw_pool_rt_t *pool, const gw_srv_rt_t *except, int64_t now_ms)
@@ -237,6 +313,7 @@ gw_upconn_t *gw_upstream_get(gw_worker_t *w, gw_srv_rt_t *srv, bool allow_reuse)
         /* Immediate failure (no route, fd limit): report through the
          * proxy's normal path on the next loop turn. */
         u->connected = false;
+        u->connect_errno = errno;
         bufferevent_trigger_event(u->bev, BEV_EVENT_ERROR, BEV_OPT_DEFER_CALLBACKS);
     }
     bufferevent_enable(u->bev, EV_READ | EV_WRITE);
@@ -306,6 +383,10 @@ static void gw_up_eventcb(struct bufferevent *bev, short what, void *arg)
     if (!u->owner) {
         gw_upstream_close(u);
         return;
+    }
+    if (!u->connected && (what & (BEV_EVENT_ERROR | BEV_EVENT_EOF))) {
+        int err = EVUTIL_SOCKET_ERROR(); /* libevent keeps it for (deferred) callbacks */
+        gw_up_log_connect_error(u, what, u->connect_errno ? u->connect_errno : err);
     }
     u->on_event(u->owner, what);
 }

@@ -17,6 +17,8 @@ prompt and the `model` field is the one the request named):
     POST /v1/completions        stream or not
     POST /v1/embeddings         deterministic 8-dim vectors (floats or base64)
     GET  /v1/models             the --models list
+    (with --base-path /openai/v1 these live under /openai/v1/ instead, and a
+    request for /v1/... is a 404)
 
 Control API on the same port (JSON in and out; not recorded as requests):
     POST /_mock/script    a JSON list of behaviours, consumed in order by the
@@ -690,6 +692,9 @@ class Conn:
     async def answer(self, req):
         st = self.st
         path, m = req["path"], req["method"]
+        base = st.args.base_path
+        if base != "/v1":  # --base-path: the model routes live under it only
+            path = "/v1" + path[len(base):] if path.startswith(base + "/") else "(outside %s)" % base
         routes = {
             "/v1/chat/completions": "POST",
             "/v1/completions": "POST",
@@ -698,7 +703,7 @@ class Conn:
         }
         if path not in routes:
             req["status"], req["outcome"] = 404, "complete"
-            await self.send_json(404, err_body("mock: no route " + path, "not_found"))
+            await self.send_json(404, err_body("mock: no route " + req["path"], "not_found"))
             return True
         if m != routes[path]:
             req["status"], req["outcome"] = 405, "complete"
@@ -1026,6 +1031,9 @@ def main(argv=None):
     )
     ap.add_argument("--demo", action="store_true", help="friendly streamed replies for make run")
     ap.add_argument("--seed", type=int, default=0, help="seed of the RNG behind `percent`")
+    ap.add_argument("--base-path", default="/v1",
+                    help="answer the model routes under this path instead of /v1 (a hosted "
+                         "provider's /openai/v1)")
     args = ap.parse_args(argv)
     if bool(args.tls_cert) != bool(args.tls_key):
         ap.error("--tls-cert and --tls-key go together")

@@ -227,8 +227,10 @@ class Mock:
     Control calls go over a fresh connection each (they are hidden from the
     mock's connection list)."""
 
-    def __init__(self, logdir, name="mock", tls=None, demo=False, models=None, port=0):
+    def __init__(self, logdir, name="mock", tls=None, demo=False, models=None, port=0, base_path=None):
         argv = [PYTHON, MOCK_PY, "--host", "127.0.0.1", "--port", port, "--name", name]
+        if base_path:
+            argv += ["--base-path", base_path]
         if tls:
             argv += ["--tls-cert", tls[0], "--tls-key", tls[1]]
         if demo:

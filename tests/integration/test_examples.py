@@ -91,10 +91,6 @@ def test_example_passes_check(sluice_bin, tiny_gguf, tmp_path, path):
     p = subprocess.run([sluice_bin, "-t", "-c", str(f)], capture_output=True, cwd=str(ROOT),
                        env=example_env(tiny_gguf), timeout=60)
     out = (p.stdout + p.stderr).decode("utf-8", "replace")
-    if p.returncode != 0 and "bad server url" in out and re.search(r"url: https?://[^\s/]+/\S", text):
-        # conf accepts base paths (conf_server_t.base_path); the gateway's own
-        # URL parse (gateway/rt.c gw_url_split) does not yet.
-        pytest.xfail("the gateway does not take base paths yet (issue 12): %s" % out.strip())
     assert p.returncode == 0, out
     assert "is ok" in out
     assert not any(s in out for s in helpers.SANITIZER_PATTERNS), out
