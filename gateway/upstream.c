@@ -256,8 +256,13 @@ void gw_upstream_release(gw_upconn_t *u, bool reusable)
     u->owner = NULL;
     gw_srv_rt_t *srv = u->srv;
     gw_wsrv_t *ws = gw_wsrv_of(w, srv);
+    /* Pooled only when the request went out whole and the answer was read
+     * whole (nginx's rule): a server that answered before reading all of
+     * the request would take its unsent rest as the start of the next
+     * request on this connection. */
     if (!reusable || u->closed || w->draining || !ws ||
         ws->nidle >= (size_t)srv->pool->conf->keepalive ||
+        evbuffer_get_length(bufferevent_get_output(u->bev)) > 0 ||
         evbuffer_get_length(bufferevent_get_input(u->bev)) > 0) {
         gw_upstream_close(u);
         return;
