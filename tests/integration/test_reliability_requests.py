@@ -83,3 +83,63 @@ def test_other_whitespace_fails_closed(sluice, mock, name, hdr, body):
     assert r.status in (400, 501), (r.status, r.body[:200])
     assert res.closed
     assert mock.requests() == []
+
+
+def _early_error_exchange(sluice, head, body_bytes):
+    """Sends head + body_bytes in one go (a client that does not wait for
+    100 Continue), then reads until EOF."""
+    return raw_exchange(sluice.host, sluice.port, head + b"x" * body_bytes, timeout=bound(8))
+
+
+LINGER = [
+    ("413_content_length", POST + b"Content-Length: %d\r\n\r\n" % (2 << 20), 2 << 20, 413, "request_too_large"),
+    ("431_header", POST + b"X-Big: " + b"b" * 17000 + b"\r\nContent-Length: 400000\r\n\r\n", 400000, 431, "headers_too_large"),
+]
+
+
+@pytest.mark.parametrize("name,head,nbody,status,code", LINGER, ids=[x[0] for x in LINGER])
+def test_early_error_is_read_by_the_client_not_reset(sluice, mock, name, head, nbody, status, code):
+    res = _early_error_exchange(sluice, head, nbody)
+    assert not res.reset, "the client got a reset (%d bytes of answer read)" % len(res.data)
+    assert res.closed
+    r = res.response()
+    helpers.assert_error(r, status, code, "invalid_request_error")
+    assert mock.requests() == []
+
+
+def test_lingering_is_bounded_in_time(sluice, mock):
+    """A client that keeps sending after the error is cut after the
+    lingering time (2 s), not served for ever."""
+    s = socket.create_connection((sluice.host, sluice.port), timeout=bound(10))
+    try:
+        s.sendall(POST + b"Content-Length: %d\r\n\r\n" % (64 << 20))
+        t0 = time.monotonic()
+        got = b""
+        s.setblocking(False)
+        end = t0 + bound(10)
+        closed_at = None
+        while time.monotonic() < end:
+            try:
+                s.send(b"y" * 16384)
+            except BlockingIOError:
+                pass
+            except (BrokenPipeError, ConnectionResetError):
+                closed_at = time.monotonic()
+                break
+            try:
+                b = s.recv(65536)
+                if not b:
+                    pass  # our read side ended: the answer is complete
+                got += b
+            except BlockingIOError:
+                pass
+            except ConnectionResetError:
+                closed_at = time.monotonic()
+                break
+            # pacing the writer, not synchronising: 16 KiB per ms at most
+            time.sleep(0.001)
+        assert closed_at is not None, "still accepted bytes after %.1f s" % (time.monotonic() - t0)
+        assert closed_at - t0 < bound(4), closed_at - t0
+        assert got.startswith(b"HTTP/1.1 413"), got[:100]
+    finally:
+        s.close()
