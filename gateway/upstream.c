@@ -9,6 +9,7 @@
  * race where the server closes just as a request goes out is handled by
  * the proxy retrying once on a fresh connection (proxy.c).
  */
+#include <errno.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
 #include <string.h>
@@ -234,8 +235,18 @@ gw_upconn_t *gw_upstream_get(gw_worker_t *w, gw_srv_rt_t *srv, bool allow_reuse)
     gw_wio_init(&u->wio, w, u->bev, false, gw_up_drained, gw_up_failed, u);
     bufferevent_setwatermark(u->bev, EV_READ, 0, 64 * 1024);
     if (bufferevent_socket_connect(u->bev, (struct sockaddr *)&srv->addr, (int)srv->addrlen) != 0) {
-        /* Immediate failure (no route, fd limit): report through the
-         * proxy's normal path on the next loop turn. */
+        int err = errno;
+        if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+            /* Out of descriptors or memory here: a local failure, not the
+             * server's, so it must not count against its circuit breaker
+             * (the caller cancels the admission it took). */
+            sl_log_limited(SL_LOG_WARN, "upstream_socket", "upstream %s: no socket: %s", srv->url,
+                           strerror(err));
+            gw_upstream_close(u);
+            return NULL;
+        }
+        /* Immediate failure (no route): report through the proxy's normal
+         * path on the next loop turn. */
         u->connected = false;
         bufferevent_trigger_event(u->bev, BEV_EVENT_ERROR, BEV_OPT_DEFER_CALLBACKS);
     }
