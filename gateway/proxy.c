@@ -978,9 +978,14 @@ static void gw_proxy_fail(gw_req_t *r, gw_upfail_t kind)
     gw_metrics_upstream_error(r->att.pool, f->label);
     r->error_kind = f->label;
     if (!r->head_sent) {
+        /* A held answer that broke reached nobody: as safe to retry as a
+         * reset before the first byte. */
+        int cls = f->fb_class;
+        if (r->buffer_body && (kind == GW_UPFAIL_TRUNCATED || kind == GW_UPFAIL_BAD_RESPONSE))
+            cls = FB_FAIL_RESET;
         gw_proxy_drop_held(r);
         gw_proxy_finish(r, false, 0);
-        if (gw_fb_after_failure(r, f->fb_class, f->status))
+        if (gw_fb_after_failure(r, cls, f->status))
             return;
         gw_respond_error(r, f->status, "server_error", f->code, f->message);
         return;

@@ -48,6 +48,20 @@ def test_body_cut_mid_answer_is_a_502(sluice, mock):
     assert_error(sluice.chat("cut"), 502, "upstream_error", "server_error")
 
 
+@pytest.mark.parametrize("beh", [
+    {"cut_after": 1},
+    {"raw_response": JSON_HEAD + "Transfer-Encoding: chunked\r\n\r\nzz\r\n"},
+], ids=["cut", "bad_chunk"])
+def test_broken_held_answer_is_retried(sluice_factory, mock, beh):
+    retry = {"attempts": 1, "backoff": "10ms", "budget_percent": 100, "budget_min": 100}
+    s = sluice_factory({"fallback": {"retry": retry}}, upstream=mock)
+    mock.script(beh)
+    r = s.chat("again")
+    assert r.status == 200, (r.status, r.body[:200])
+    assert r.json()["choices"][0]["message"]["content"] == "echo: again"
+    assert len(mock.requests()) == 2
+
+
 def test_cut_answer_goes_to_the_template_tier(sluice_factory, mock):
     s = sluice_factory({"fallback": {"template": {"enabled": True}}}, upstream=mock)
     mock.script({"cut_after": 1})
