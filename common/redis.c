@@ -329,14 +329,24 @@ static void sl_redis_connect_timeout_cb(evutil_socket_t fd, short what, void *ar
 
 /* ---- connection ------------------------------------------------------------- */
 
-static void sl_redis_schedule_reconnect(sl_redis_t *r)
+int64_t sl_redis_backoff_delay(int64_t backoff_ms, uint64_t rnd)
 {
     /* Up to 25% jitter, so that every worker of every instance does not
-     * knock on a restarted Redis in the same millisecond. */
+     * knock on a restarted Redis in the same millisecond; taken off the
+     * backoff, never added, so the documented cap bounds the time from
+     * Redis being back to every client using it again (issue 15.8: the
+     * jitter on top made the 5 s cap 6.25 s). */
+    if (backoff_ms <= 0)
+        return 0;
+    return backoff_ms - (int64_t)(rnd % (uint64_t)(backoff_ms / 4 + 1));
+}
+
+static void sl_redis_schedule_reconnect(sl_redis_t *r)
+{
     r->rng ^= r->rng << 13;
     r->rng ^= r->rng >> 7;
     r->rng ^= r->rng << 17;
-    int64_t delay = r->backoff_ms + (int64_t)(r->rng % (uint64_t)(r->backoff_ms / 4 + 1));
+    int64_t delay = sl_redis_backoff_delay(r->backoff_ms, r->rng);
     r->backoff_ms = SL_MIN(r->backoff_ms * 2, r->reconnect_max_ms);
     struct timeval tv = {.tv_sec = delay / 1000, .tv_usec = (delay % 1000) * 1000};
     evtimer_add(r->reconnect_ev, &tv);

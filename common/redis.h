@@ -54,6 +54,10 @@ typedef struct sl_redis sl_redis_t;
 typedef struct sl_redis_call sl_redis_call_t;
 typedef struct sl_redis_script sl_redis_script_t;
 
+/* The wait before reconnect attempt with backoff_ms, rnd the jitter's
+ * randomness: in [3/4, 1] of backoff_ms, so never above the cap. */
+int64_t sl_redis_backoff_delay(int64_t backoff_ms, uint64_t rnd);
+
 /* Connects in the background; calls made before the connection is up wait
  * for it within their deadline. NULL on a bad URL (err says why). */
 sl_redis_t *sl_redis_new(struct event_base *base, const sl_redis_opts_t *opts, char *err,

@@ -5,15 +5,15 @@
  *
  *   sluice:q:stream       XADD'ed once per accepted request (field id);
  *                         the group "sluice" hands entries to workers
- *                         (XREADGROUP), XAUTOCLAIM re-scans the pending
- *                         entries list for retries that fell due and for
- *                         leases of workers that died; XACK + XDEL when the
- *                         request ends.
+ *                         (XREADGROUP, one at a time), XPENDING re-scans the
+ *                         pending entries list for retries that fell due and
+ *                         for leases of workers that died (XCLAIM of the one
+ *                         taken); XACK + XDEL when the request ends.
  *   sluice:q:item:<id>    u k r b at next n st (p|d|x) lease eid res end;
  *                         expires `keep` after the request ends.
  *   sluice:q:stats        acc del dead: updated in the same script as the
  *                         state change, so acc = del + dead + pending always.
- *   sluice:q:cursor       where the XAUTOCLAIM scan goes on next time.
+ *   sluice:q:cursor       where the XPENDING scan goes on next time.
  *
  * Every change is one Lua script (atomic in Redis). The durability promise
  * of an accept holds only as far as Redis's own: appendonly yes with
@@ -91,23 +91,40 @@ static const char fb_qr_next_lua[] =
     "  local x = redis.call('HMGET', h, 'u', 'k', 'r', 'b', 'n', 'at')\n"
     "  return {id, x[1], x[2], x[3], x[4], x[5], x[6]}\n"
     "end\n"
-    "local r = redis.call('XREADGROUP', 'GROUP', G, me, 'COUNT', 16, 'STREAMS', S, '>')\n"
-    "local found = nil\n"
-    "if r then\n"
-    "  for _, e in ipairs(r[1][2]) do\n"
-    "    if not found then found = examine(e[1], e[2]) end\n"
+    /* New entries one at a time: one read is one taken (or, not due
+     * yet, left to the pending scan), never read ahead and stranded. */
+    "for i = 1, 16 do\n"
+    "  local r = redis.call('XREADGROUP', 'GROUP', G, me, 'COUNT', 1, 'STREAMS', S, '>')\n"
+    "  if not r or not r[1][2][1] then break end\n"
+    "  local e = r[1][2][1]\n"
+    "  local found = examine(e[1], e[2])\n"
+    "  if found then return found end\n"
+    "end\n"
+    /* The pending entries (retries that fell due, leases of workers that
+     * died), looked at without claiming them: a claim resets an entry's
+     * idle time, which would hide every entry looked at and not taken for
+     * min_idle. Only the one taken is claimed. */
+    "local cur = redis.call('GET', CUR) or '-'\n"
+    "local p = redis.call('XPENDING', S, G, 'IDLE', ARGV[8], cur, '+', 32)\n"
+    "if #p == 0 and cur ~= '-' then\n"
+    "  p = redis.call('XPENDING', S, G, 'IDLE', ARGV[8], '-', '+', 32)\n"
+    "end\n"
+    "local last = nil\n"
+    "for _, pe in ipairs(p) do\n"
+    "  local eid = pe[1]\n"
+    "  last = eid\n"
+    "  local ent = redis.call('XRANGE', S, eid, eid)\n"
+    "  local f = nil\n"
+    "  if ent[1] then f = ent[1][2] end\n"
+    "  local found = examine(eid, f)\n"
+    "  if found then\n"
+    "    redis.call('XCLAIM', S, G, me, 0, eid, 'JUSTID')\n"
+    "    redis.call('SET', CUR, '(' .. eid)\n"
+    "    return found\n"
     "  end\n"
     "end\n"
-    "if found then return found end\n"
-    "local cur = redis.call('GET', CUR) or '0-0'\n"
-    "local c = redis.call('XAUTOCLAIM', S, G, me, ARGV[8], cur, 'COUNT', 32)\n"
-    "redis.call('SET', CUR, c[1])\n"
-    "for _, e in ipairs(c[2]) do\n"
-    "  if not found then\n"
-    "    if e then found = examine(e[1], e[2]) end\n"
-    "  end\n"
-    "end\n"
-    "return found\n";
+    "if last then redis.call('SET', CUR, '(' .. last) else redis.call('SET', CUR, '-') end\n"
+    "return nil\n";
 
 /* KEYS: stream stats item; ARGV: group outcome(d|r|x) result now keep
  * max_attempts base max rnd. */

@@ -31,6 +31,12 @@
 #include "gateway/http1.h"
 
 #define GW_CONN_READ_HWM (64 * 1024)
+/* Lingering close (RFC 9112 9.6): after an answer sent with request bytes
+ * unread, the write side is shut and input drained for at most this long
+ * (or this many bytes), so the client reads the answer instead of a reset
+ * that a close with unread input would send. */
+#define GW_CONN_LINGER_MS    2000
+#define GW_CONN_LINGER_BYTES (4u << 20)
 
 static void gw_conn_readcb(struct bufferevent *bev, void *arg);
 static void gw_conn_writecb(struct bufferevent *bev, void *arg);
@@ -236,14 +242,34 @@ void gw_conn_close(gw_conn_t *c)
     gw_worker_conn_closed(w);
 }
 
+/* Everything written has left: close, or linger first (plain sockets; a
+ * TLS write side cannot be half-closed under OpenSSL's feet). */
+static void gw_conn_flushed_close(gw_conn_t *c)
+{
+    int fd = bufferevent_getfd(c->bev);
+    if (!c->linger || c->tls || fd < 0 || shutdown(fd, SHUT_WR) != 0) {
+        gw_conn_close(c);
+        return;
+    }
+    c->lingering = true;
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    c->linger_bytes = evbuffer_get_length(in);
+    evbuffer_drain(in, c->linger_bytes);
+    bufferevent_setwatermark(c->bev, EV_READ, 0, 0);
+    bufferevent_enable(c->bev, EV_READ);
+    gw_conn_arm(c, GW_CONN_LINGER_MS);
+}
+
 /* Closes once everything written has left. */
 static void gw_conn_close_after_flush(gw_conn_t *c)
 {
     c->phase = GW_PHASE_CLOSING;
     gw_conn_disarm(c);
+    if (evbuffer_get_length(bufferevent_get_input(c->bev)) > 0)
+        c->linger = true;
     bufferevent_disable(c->bev, EV_READ);
     if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0) {
-        gw_conn_close(c);
+        gw_conn_flushed_close(c);
         return;
     }
     bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
@@ -381,6 +407,7 @@ static void gw_conn_parse(gw_conn_t *c)
             snprintf(msg, sizeof(msg), "malformed request: %s", reason);
             c->phase = GW_PHASE_BUSY;
             c->close_after = true;
+            c->linger = true; /* the rest of the request is unread */
             c->req->error_kind = "bad_request";
             snprintf(c->req->id, sizeof(c->req->id), "%016llx",
                      (unsigned long long)gw_worker_rand(c->w));
@@ -395,8 +422,16 @@ static void gw_conn_parse(gw_conn_t *c)
 
 static void gw_conn_readcb(struct bufferevent *bev, void *arg)
 {
-    (void)bev;
     gw_conn_t *c = arg;
+    if (c->lingering) {
+        struct evbuffer *in = bufferevent_get_input(bev);
+        size_t n = evbuffer_get_length(in);
+        evbuffer_drain(in, n);
+        c->linger_bytes += n;
+        if (c->linger_bytes > GW_CONN_LINGER_BYTES)
+            gw_conn_close(c);
+        return;
+    }
     gw_conn_parse(c);
 }
 
@@ -407,8 +442,8 @@ static void gw_conn_drained(void *arg)
     if (c->closed)
         return;
     if (c->phase == GW_PHASE_CLOSING) {
-        if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
-            gw_conn_close(c);
+        if (!c->lingering && evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
+            gw_conn_flushed_close(c);
         return;
     }
     if (c->phase == GW_PHASE_BUSY && c->req)
@@ -459,6 +494,10 @@ static void gw_conn_timer_cb(evutil_socket_t fd, short what, void *arg)
     }
     if (c->closed)
         return;
+    if (c->lingering) { /* the client kept sending past the lingering time */
+        gw_conn_close(c);
+        return;
+    }
     if (c->phase == GW_PHASE_IDLE || (c->phase == GW_PHASE_HEAD && !gw_http_started(c->parser))) {
         gw_conn_close(c); /* idle keep-alive, or never sent a byte */
         return;
@@ -466,6 +505,7 @@ static void gw_conn_timer_cb(evutil_socket_t fd, short what, void *arg)
     if (c->phase == GW_PHASE_HEAD || c->phase == GW_PHASE_BODY) {
         c->phase = GW_PHASE_BUSY;
         c->close_after = true;
+        c->linger = true;
         c->req->error_kind = "request_timeout";
         snprintf(c->req->id, sizeof(c->req->id), "%016llx",
                  (unsigned long long)gw_worker_rand(c->w));

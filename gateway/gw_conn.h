@@ -34,6 +34,9 @@ struct gw_conn {
     int64_t armed_ms;    /* when the timer is set to fire, 0 = not armed */
     unsigned nrequests;
     bool close_after; /* Connection: close after this response */
+    bool linger;      /* request bytes may be unread: lingering close (conn.c) */
+    bool lingering;   /* write side shut, draining input until EOF or deadline */
+    size_t linger_bytes;
     TAILQ_ENTRY(gw_conn) link;
 };
 TAILQ_HEAD(gw_conn_list, gw_conn);

@@ -56,7 +56,8 @@ struct gw_req {
     char body_add[48];   /* else: a member to add to the client's bytes ("k":v) */
     bool body_add_first; /* ... into an object that had no member */
     bool ev_hooks;       /* SSE events go through the hook chain */
-    bool buffer_body;    /* a whole JSON answer is gathered for on_body hooks */
+    bool buffer_body;    /* a non-streamed answer is held until whole (proxy.c) */
+    bool body_hooks;     /* ... and goes through the on_body hooks */
     bool stop_stream;    /* a hook ended the stream (finish after the parser returns) */
     struct evbuffer *resp_body;
 

@@ -55,6 +55,7 @@ struct gw_worker {
     void *hook_state[GW_MAX_HOOKS]; /* a policy module's per-thread handle (gw_hook_index) */
     bool accept_paused;
     bool draining;
+    int fd_reserve[4]; /* main: descriptors kept for the admin listener (-1: used) */
     uint64_t rng;
     /* deferred frees */
     void **reap;

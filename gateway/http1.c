@@ -643,6 +643,33 @@ static int te_check(gw_http_parser_t *p, const char *v, size_t n)
     return -1;
 }
 
+/* Request headers that may appear once: credentials and the ids that key
+ * replay and idempotency. A proxy in front that reads the last of two
+ * would see other credentials than we do, so two are refused, as for Host. */
+static const char *const gw_http_single[] = {
+    "authorization",
+    "x-sluice-signature",
+    "x-sluice-nonce",
+    "x-sluice-timestamp",
+    "idempotency-key",
+    "x-request-id",
+    NULL,
+};
+
+static bool single_dup(const gw_http_parser_t *p, size_t i)
+{
+    const gw_http_header_t *h = &p->hdrs[i];
+    const char *const *s = gw_http_single;
+    while (*s && !ieq(h->name, h->name_len, *s))
+        s++;
+    if (!*s)
+        return false;
+    for (size_t k = 0; k < i; k++)
+        if (ieq(p->hdrs[k].name, p->hdrs[k].name_len, *s))
+            return true;
+    return false;
+}
+
 /* Semantic rules on the complete head, before http-parser sees its last LF. */
 static int head_check(gw_http_parser_t *p)
 {
@@ -699,6 +726,9 @@ static int head_check(gw_http_parser_t *p)
                 return -1;
             }
             host = h;
+        } else if (req && single_dup(p, i)) {
+            fail(p, 400, "duplicate_header");
+            return -1;
         } else if (req && ieq(h->name, h->name_len, "expect")) {
             if (!ieq(h->value, h->value_len, "100-continue")) {
                 fail(p, 417, "expectation_failed");
@@ -763,6 +793,29 @@ static int head_check(gw_http_parser_t *p)
     return 0;
 }
 
+/* Head bytes to http-parser. It takes SP but not HTAB as OWS around a
+ * Content-Length or Transfer-Encoding value, where RFC 9110 (5.6.3) allows
+ * both and head_scan() trims both; an HTAB that head_scan() let through can
+ * only be in a field value, where the two mean the same, so http-parser
+ * gets it as SP and both parsers agree. */
+static size_t hp_exec_head(gw_http_parser_t *p, const char *d, size_t n)
+{
+    if (!memchr(d, '\t', n))
+        return hp_exec(p, d, n);
+    char buf[512];
+    size_t done = 0;
+    while (done < n) {
+        size_t k = SL_MIN(n - done, sizeof(buf));
+        for (size_t i = 0; i < k; i++)
+            buf[i] = d[done + i] == '\t' ? ' ' : d[done + i];
+        size_t r = hp_exec(p, buf, k);
+        done += r;
+        if (r != k || p->err_reason)
+            break;
+    }
+    return done;
+}
+
 /* Feeds the head phase: one or more heads (1xx interims are skipped). */
 static gw_http_state_t feed_head(gw_http_parser_t *p, const char *d, size_t n, size_t *used)
 {
@@ -773,7 +826,7 @@ static gw_http_state_t feed_head(gw_http_parser_t *p, const char *d, size_t n, s
         size_t v = head_scan(p, d + off, n - off, &end);
         gw_http_err_t e = err_take(p, prev);
         size_t pre = end ? v - 1 : v;
-        size_t r = hp_exec(p, d + off, pre);
+        size_t r = hp_exec_head(p, d + off, pre);
         err_put(p, e);
         if (p->err_reason) {
             *used = off + r;

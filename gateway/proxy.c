@@ -504,10 +504,17 @@ static bool gw_proxy_on_head(gw_req_t *r)
     const gw_http_header_t *ct = gw_http_header_find(m, "Content-Type");
     r->att.resp_sse = gw_ct_is_sse(ct);
     bool nobody = m->status == 204 || m->status == 304;
-    if (!r->att.resp_sse && !nobody && m->status >= 200 && m->status < 300 && gw_ct_is_json(ct) &&
-        gw_hooks_want_body(r)) {
-        /* Hooks read (or edit) the whole answer: its head goes out with it. */
-        r->resp_body = evbuffer_new();
+    r->body_hooks = !r->att.resp_sse && !nobody && m->status >= 200 && m->status < 300 &&
+                    gw_ct_is_json(ct) && gw_hooks_want_body(r);
+    if (!r->att.resp_sse && !nobody) {
+        /* A non-streamed answer is committed only once whole and validly
+         * framed (and through the on_body hooks when they want it): until
+         * then a cut, a reset or bad framing is an ordinary failure with
+         * nothing sent, so retry, the next tier or a clean 502 can answer. */
+        if (!r->resp_body)
+            r->resp_body = evbuffer_new();
+        else
+            evbuffer_drain(r->resp_body, evbuffer_get_length(r->resp_body));
         r->buffer_body = r->resp_body != NULL;
     }
     if (!r->buffer_body) {
@@ -659,6 +666,32 @@ void gw_proxy_local_body(gw_req_t *r, json_t *body)
 
 /* Whole JSON answers gathered for on_body hooks are bounded. */
 #define GW_PROXY_MAX_BUFFERED (8u << 20)
+/* A non-streamed answer is held until whole up to this size; a larger one
+ * is committed when it passes it and relayed as it comes (a failure after
+ * that can only cut it). docs/gateway.md, "When an answer is committed". */
+#define GW_PROXY_HOLD_BYTES (2u << 20)
+
+/* Commits a held answer too large to hold: its head and what came so far
+ * go out, the rest is relayed as it arrives. */
+static void gw_proxy_commit_held(gw_req_t *r)
+{
+    const gw_http_msg_t *m = gw_http_msg(r->att.up->parser);
+    bool length_known = !m->chunked && m->content_length >= 0;
+    size_t len = evbuffer_get_length(r->resp_body);
+    r->buffer_body = false;
+    gw_proxy_write_head(r, m, length_known ? m->content_length : -1);
+    gw_proxy_write(r, evbuffer_pullup(r->resp_body, -1), len);
+    evbuffer_drain(r->resp_body, len);
+}
+
+/* A held answer failed before it was committed: nothing of it is kept. */
+static void gw_proxy_drop_held(gw_req_t *r)
+{
+    if (r->resp_body)
+        evbuffer_drain(r->resp_body, evbuffer_get_length(r->resp_body));
+    r->buffer_body = false;
+    r->body_hooks = false;
+}
 
 static int gw_proxy_body_cb(void *arg, const char *p, size_t n)
 {
@@ -666,9 +699,12 @@ static int gw_proxy_body_cb(void *arg, const char *p, size_t n)
     if (r->att.sse)
         return gw_sse_feed(r->att.sse, p, n, gw_proxy_event_cb, r);
     if (r->buffer_body) {
-        if (evbuffer_get_length(r->resp_body) + n > GW_PROXY_MAX_BUFFERED)
+        size_t have = evbuffer_get_length(r->resp_body);
+        if (r->body_hooks && have + n > GW_PROXY_MAX_BUFFERED)
             return -1;
-        return evbuffer_add(r->resp_body, p, n);
+        if (r->body_hooks || have + n <= GW_PROXY_HOLD_BYTES)
+            return evbuffer_add(r->resp_body, p, n);
+        gw_proxy_commit_held(r);
     }
     gw_proxy_write(r, p, n);
     return 0;
@@ -680,7 +716,9 @@ static int gw_proxy_flush_buffered(gw_req_t *r)
 {
     const gw_http_msg_t *m = gw_http_msg(r->att.up->parser);
     size_t len = evbuffer_get_length(r->resp_body);
-    json_t *j = json_loadb((const char *)evbuffer_pullup(r->resp_body, -1), len, 0, NULL);
+    json_t *j = r->body_hooks
+                    ? json_loadb((const char *)evbuffer_pullup(r->resp_body, -1), len, 0, NULL)
+                    : NULL;
     char *edited = NULL;
     if (j) {
         bool modified = false;
@@ -693,6 +731,7 @@ static int gw_proxy_flush_buffered(gw_req_t *r)
         json_decref(j);
     }
     r->buffer_body = false;
+    r->body_hooks = false;
     if (edited) {
         gw_proxy_write_head(r, m, (int64_t)strlen(edited));
         gw_proxy_write(r, edited, strlen(edited));
@@ -701,6 +740,7 @@ static int gw_proxy_flush_buffered(gw_req_t *r)
         gw_proxy_write_head(r, m, (int64_t)len);
         gw_proxy_write(r, evbuffer_pullup(r->resp_body, -1), len);
     }
+    evbuffer_drain(r->resp_body, len);
     return 0;
 }
 
@@ -841,8 +881,14 @@ static void gw_proxy_fail(gw_req_t *r, gw_upfail_t kind)
     gw_metrics_upstream_error(r->att.pool, f->label);
     r->error_kind = f->label;
     if (!r->head_sent) {
+        /* A held answer that broke reached nobody: as safe to retry as a
+         * reset before the first byte. */
+        int cls = f->fb_class;
+        if (r->buffer_body && (kind == GW_UPFAIL_TRUNCATED || kind == GW_UPFAIL_BAD_RESPONSE))
+            cls = FB_FAIL_RESET;
+        gw_proxy_drop_held(r);
         gw_proxy_finish(r, false, 0);
-        if (gw_fb_after_failure(r, f->fb_class, f->status))
+        if (gw_fb_after_failure(r, cls, f->status))
             return;
         gw_respond_error(r, f->status, "server_error", f->code, f->message);
         return;
@@ -935,7 +981,7 @@ static void gw_proxy_up_event(gw_req_t *r, short what)
         if (!gw_proxy_up_read(r))
             return;
     }
-    if ((what & BEV_EVENT_EOF) && r->head_sent) {
+    if ((what & BEV_EVENT_EOF) && (r->head_sent || r->buffer_body)) {
         gw_http_state_t st = gw_http_feed_eof(u->parser, gw_proxy_body_cb, r);
         if (st == GW_HTTP_DONE) {
             gw_proxy_on_done(r);

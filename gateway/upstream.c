@@ -310,8 +310,18 @@ gw_upconn_t *gw_upstream_get(gw_worker_t *w, gw_srv_rt_t *srv, bool allow_reuse)
     gw_wio_init(&u->wio, w, u->bev, false, gw_up_drained, gw_up_failed, u);
     bufferevent_setwatermark(u->bev, EV_READ, 0, 64 * 1024);
     if (bufferevent_socket_connect(u->bev, (struct sockaddr *)&srv->addr, (int)srv->addrlen) != 0) {
-        /* Immediate failure (no route, fd limit): report through the
-         * proxy's normal path on the next loop turn. */
+        int err = errno;
+        if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+            /* Out of descriptors or memory here: a local failure, not the
+             * server's, so it must not count against its circuit breaker
+             * (the caller cancels the admission it took). */
+            sl_log_limited(SL_LOG_WARN, "upstream_socket", "upstream %s: no socket: %s", srv->url,
+                           strerror(err));
+            gw_upstream_close(u);
+            return NULL;
+        }
+        /* Immediate failure (no route): report through the proxy's normal
+         * path on the next loop turn. */
         u->connected = false;
         u->connect_errno = errno;
         bufferevent_trigger_event(u->bev, BEV_EVENT_ERROR, BEV_OPT_DEFER_CALLBACKS);
@@ -333,8 +343,13 @@ void gw_upstream_release(gw_upconn_t *u, bool reusable)
     u->owner = NULL;
     gw_srv_rt_t *srv = u->srv;
     gw_wsrv_t *ws = gw_wsrv_of(w, srv);
+    /* Pooled only when the request went out whole and the answer was read
+     * whole (nginx's rule): a server that answered before reading all of
+     * the request would take its unsent rest as the start of the next
+     * request on this connection. */
     if (!reusable || u->closed || w->draining || !ws ||
         ws->nidle >= (size_t)srv->pool->conf->keepalive ||
+        evbuffer_get_length(bufferevent_get_output(u->bev)) > 0 ||
         evbuffer_get_length(bufferevent_get_input(u->bev)) > 0) {
         gw_upstream_close(u);
         return;

@@ -7,6 +7,7 @@
  * is the only way in). The process (server.c) starts and stops workers.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdatomic.h>
@@ -16,6 +17,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <event2/buffer.h>
 #include <event2/event.h>
 #include <event2/listener.h>
 
@@ -102,8 +104,60 @@ static void gw_worker_accept_enable(gw_worker_t *w, bool on)
     w->accept_paused = !on;
 }
 
+/* The admin listener's reserve (main thread): descriptors held so that
+ * /metrics and /healthz still answer when the process is out of them; one
+ * is given back for each accept that hits the limit, and taken again when
+ * an admin connection closes or the accept timer runs. */
+static void gw_reserve_fill(gw_worker_t *w)
+{
+    for (size_t i = 0; w->is_main && i < SL_ARRAY_LEN(w->fd_reserve); i++)
+        if (w->fd_reserve[i] < 0)
+            w->fd_reserve[i] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+}
+
+static bool gw_reserve_release(gw_worker_t *w)
+{
+    for (size_t i = 0; w->is_main && i < SL_ARRAY_LEN(w->fd_reserve); i++)
+        if (w->fd_reserve[i] >= 0) {
+            close(w->fd_reserve[i]);
+            w->fd_reserve[i] = -1;
+            return true;
+        }
+    return false;
+}
+
+/* A connection that never sent a byte is shed only after this long: a
+ * client just accepted has had no time to send its request yet. */
+#define GW_WORKER_SHED_SILENT_MS 1000
+
+/* Out of descriptors: closes up to max of this worker's connections that
+ * wait for a request with nothing buffered — idle keep-alive ones first,
+ * then those silent since their accept — oldest first, so a new client is
+ * served now rather than after their timeouts. Returns how many. */
+static int gw_worker_shed(gw_worker_t *w, int max)
+{
+    int n = 0;
+    /* a silent connection's deadline is its header deadline from accept */
+    int64_t silent_before =
+        sl_now_ms() + w->rt->conf->limits.header_timeout_ms - GW_WORKER_SHED_SILENT_MS;
+    for (int pass = 0; pass < 2 && n < max; pass++) {
+        gw_conn_t *c = TAILQ_FIRST(&w->conns), *next;
+        for (; c && n < max; c = next) {
+            next = TAILQ_NEXT(c, link);
+            if (c->phase != GW_PHASE_IDLE || c->closed || (pass == 0) != (c->nrequests > 0) ||
+                evbuffer_get_length(bufferevent_get_input(c->bev)) > 0 ||
+                (pass == 1 && c->deadline_ms > silent_before))
+                continue;
+            gw_conn_close(c);
+            n++;
+        }
+    }
+    return n;
+}
+
 void gw_worker_conn_closed(gw_worker_t *w)
 {
+    gw_reserve_fill(w);
     if (w->accept_paused && !w->draining &&
         (int64_t)w->nconns < w->rt->conf->limits.max_connections)
         gw_worker_accept_enable(w, true);
@@ -133,9 +187,13 @@ static void gw_accept_retry_cb(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     gw_worker_t *w = arg;
+    gw_reserve_fill(w);
     if (w->accept_paused && !w->draining)
         gw_worker_accept_enable(w, true);
 }
+
+/* Connections shed per accept that hits the descriptor limit. */
+#define GW_WORKER_SHED 16
 
 static void gw_accept_error_cb(struct evconnlistener *l, void *arg)
 {
@@ -143,12 +201,24 @@ static void gw_accept_error_cb(struct evconnlistener *l, void *arg)
     int err = EVUTIL_SOCKET_ERROR();
     gw_worker_t *w = ((gw_lslot_t *)arg)->w;
     if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
-        /* Out of descriptors: stop accepting until a connection closes (or
-         * a second passes, for closes in other workers). */
-        sl_warn("worker %d: accept: %s; pausing accepts", w->id, strerror(err));
+        /* Out of descriptors. The admin listener takes one from its
+         * reserve; a worker sheds its oldest idle connections (their
+         * descriptors are closed by libevent's finalizers later in this
+         * loop turn, so accepting resumes on the next one). Otherwise
+         * accepting pauses until a connection closes or a second passes
+         * (closes in other workers). One log line per interval for all
+         * workers. */
+        bool reserve = w->is_main && gw_reserve_release(w);
+        int shed = reserve ? 0 : gw_worker_shed(w, GW_WORKER_SHED);
+        sl_log_limited(SL_LOG_WARN, "accept_fd_limit", "accept: %s; %s", strerror(err),
+                       reserve ? "admin reserve used"
+                       : shed  ? "shedding idle connections"
+                               : "pausing accepts");
+        struct timeval tv = {shed ? 0 : 1, shed ? 1000 : 0};
+        event_add(w->accept_ev, &tv); /* also takes the reserve back */
+        if (reserve)
+            return; /* the listener is still on: the next accept gets it */
         gw_worker_accept_enable(w, false);
-        struct timeval tv = {1, 0};
-        event_add(w->accept_ev, &tv);
         return;
     }
     sl_warn("worker %d: accept: %s", w->id, strerror(err));
@@ -349,6 +419,9 @@ int gw_worker_init(gw_worker_t *w, gw_server_t *s, int id, bool is_main)
     w->accept_ev = evtimer_new(w->base, gw_accept_retry_cb, w);
     if (!w->notify_ev || !w->accept_ev)
         return -1;
+    for (size_t i = 0; i < SL_ARRAY_LEN(w->fd_reserve); i++)
+        w->fd_reserve[i] = -1;
+    gw_reserve_fill(w);
     gw_worker_update_rt(w);
     if (gw_hooks_worker_init(w) != 0) /* the policy modules' per-thread handles */
         return -1;
@@ -371,6 +444,9 @@ void gw_worker_fini(gw_worker_t *w)
     close(w->notify_fd);
     pthread_mutex_destroy(&w->mail_lock);
     event_free(w->accept_ev);
+    for (size_t i = 0; w->is_main && i < SL_ARRAY_LEN(w->fd_reserve); i++)
+        if (w->fd_reserve[i] >= 0)
+            close(w->fd_reserve[i]);
     gw_worker_fini_loop(w);
     gw_rt_unref(w->rt);
     w->rt = NULL;

@@ -294,6 +294,17 @@ static const bad_case_t bad_requests[] = {
     {POST "Expect:\r\nContent-Length: 1\r\n\r\nx", 417, "expectation_failed"},
     /* body */
     {POST "Content-Length: 1048577\r\n\r\n", 413, "body_too_large"},
+    /* issue 15.2: credentials and request ids once */
+    {POST "Authorization: Bearer a\r\nauthorization: Bearer b\r\n\r\n", 400, "duplicate_header"},
+    {POST "X-Sluice-Signature: a\r\nX-Sluice-Signature: a\r\n\r\n", 400, "duplicate_header"},
+    {POST "X-Sluice-Nonce: a\r\nX-A: 1\r\nX-Sluice-Nonce: b\r\n\r\n", 400, "duplicate_header"},
+    {POST "X-Sluice-Timestamp: 1\r\nX-SLUICE-TIMESTAMP: 2\r\n\r\n", 400, "duplicate_header"},
+    {POST "Idempotency-Key: k\r\nIdempotency-Key: k\r\n\r\n", 400, "duplicate_header"},
+    {POST "X-Request-Id: r\r\nX-Request-Id: s\r\n\r\n", 400, "duplicate_header"},
+    /* issue 15.4: OWS is SP and HTAB only; other bytes still fail */
+    {POST "Content-Length: \v1\r\n\r\nx", 400, "bad_header_value"},
+    {POST "Content-Length: 1\t2\r\n\r\nx", 400, "bad_content_length"},
+    {POST "Transfer-Encoding: \tchunked\t,\r\n\r\n0\r\n\r\n", 400, "bad_transfer_encoding"},
 };
 
 static void test_bad_requests(void **state)
@@ -484,6 +495,35 @@ static void test_valid_post_content_length(void **state)
                                 "\nContent-Length=[17]");
     assert_int_equal(r.body_len, 17);
     assert_memory_equal(r.body, "{\"model\":\"m\",\"x\"}", 17);
+}
+
+/* RFC 9110 5.6.3: OWS is SP or HTAB on either side of a value; the adapter
+ * and http-parser agree on it for the framing headers too (issue 15.4). */
+static void test_valid_ows_tabs(void **state)
+{
+    (void)state;
+    run_t r;
+    const char *in = "POST /v1/chat/completions HTTP/1.1\r\n"
+                     "Host:\ta\t\r\n"
+                     "Content-Length: \t2\t \r\n"
+                     "\r\n"
+                     "{}";
+    run_all_splits(GW_HTTP_REQUEST, &lim_default, false, in, strlen(in), false, &r);
+    assert_int_equal(r.st, GW_HTTP_DONE);
+    assert_int_equal(r.used, strlen(in));
+    assert_string_equal(r.head, "POST|/v1/chat/completions|20|0|1.1|2|0|1|0|a"
+                                "\nHost=[a]\nContent-Length=[2]");
+    assert_int_equal(r.body_len, 2);
+    const char *te = "POST /v1/embeddings HTTP/1.1\r\n"
+                     "Host: a\r\n"
+                     "Transfer-Encoding:\tchunked\t\r\n"
+                     "\r\n"
+                     "2\r\n{}\r\n0\r\n\r\n";
+    run_all_splits(GW_HTTP_REQUEST, &lim_default, false, te, strlen(te), false, &r);
+    assert_int_equal(r.st, GW_HTTP_DONE);
+    assert_int_equal(r.used, strlen(te));
+    assert_int_equal(r.body_len, 2);
+    assert_non_null(strstr(r.head, "\nTransfer-Encoding=[chunked]"));
 }
 
 static void test_valid_post_chunked(void **state)
@@ -881,6 +921,7 @@ int main(void)
         cmocka_unit_test(test_valid_get),
         cmocka_unit_test(test_valid_post_content_length),
         cmocka_unit_test(test_valid_post_chunked),
+        cmocka_unit_test(test_valid_ows_tabs),
         cmocka_unit_test(test_expect_continue),
         cmocka_unit_test(test_head_then_done),
         cmocka_unit_test(test_pipelined),

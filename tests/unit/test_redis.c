@@ -523,10 +523,30 @@ static void test_free_pending(void **state)
     assert_true(rs_ping(&srv));
 }
 
+/* Issue 15.8: the reconnect wait never exceeds the backoff (its cap is the
+ * documented 5 s), and the jitter still spreads the workers out. */
+static void test_backoff_delay_bounded(void **state)
+{
+    (void)state;
+    int64_t lo = INT64_MAX, hi = 0;
+    for (uint64_t rnd = 0; rnd < 5000; rnd++) {
+        int64_t d = sl_redis_backoff_delay(5000, rnd * 2654435761u);
+        assert_true(d <= 5000);
+        assert_true(d >= 3750);
+        lo = d < lo ? d : lo;
+        hi = d > hi ? d : hi;
+    }
+    assert_true(hi - lo > 1000); /* jitter over most of the quarter */
+    assert_int_equal(sl_redis_backoff_delay(100, 0), 100);
+    assert_int_equal(sl_redis_backoff_delay(100, 25), 75);
+    assert_int_equal(sl_redis_backoff_delay(0, 7), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_url),
+        cmocka_unit_test(test_backoff_delay_bounded),
         cmocka_unit_test(test_roundtrip_and_select),
         cmocka_unit_test(test_queued_before_connect),
         cmocka_unit_test(test_deadline_debug_sleep),

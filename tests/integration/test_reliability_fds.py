@@ -1,0 +1,110 @@
+"""
+test_reliability_fds.py — issue 15 item 9 and issue 13 item 8: running out
+of file descriptors.
+
+- A worker that cannot accept sheds its oldest idle keep-alive connections
+  (then those that never sent a byte), so a new client is served at once
+  instead of after the idle ones' timeouts; the warning is logged once per
+  interval, not once per second per worker.
+- The admin listener keeps a reserve: /healthz answers while the workers
+  are out of descriptors.
+- A local failure to open an upstream socket (EMFILE) is not the upstream's
+  fault: it does not count against the server's circuit breaker.
+
+The descriptor limit is lowered on the running sluice (prlimit), to what it
+has open plus a small margin.
+"""
+
+import os
+import resource
+import threading
+import time
+
+from helpers import HTTPClient, bound, wait_until
+
+
+def _limit_fds(s, margin):
+    pid = s.p.proc.pid
+    n = len(os.listdir("/proc/%d/fd" % pid))
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, (n + margin, n + margin))
+    return n + margin
+
+
+def _accept_warnings(s):
+    return [l for l in s.stderr_text().splitlines() if "accept:" in l]
+
+
+def test_out_of_fds_sheds_idle_keepalive_connections(sluice_factory, mock):
+    s = sluice_factory(
+        {"workers": 1, "limits": {"keepalive_timeout": "60s", "header_timeout": "30s"}},
+        upstream=mock,
+    )
+    limit = _limit_fds(s, 24)
+    clients = []
+    try:
+        # Three times the limit of keep-alive clients, one after the other,
+        # each served once and left idle. Before the fix the first client
+        # past the limit waited for an idle one's 60 s timeout.
+        for i in range(3 * limit // 2):
+            c = HTTPClient(s.host, s.port, timeout=bound(3))
+            clients.append(c)
+            t0 = time.monotonic()
+            r = c.request("GET", "/v1/models")
+            assert r.status == 200, (i, r.status)
+            assert time.monotonic() - t0 < bound(2), (i, time.monotonic() - t0)
+        # the oldest idle ones were closed to make room
+        assert clients[0].wait_closed(bound(2))
+        # once per interval, not a line per accept or per second
+        assert 1 <= len(_accept_warnings(s)) <= 2, _accept_warnings(s)
+    finally:
+        for c in clients:
+            c.close()
+
+
+def test_admin_answers_and_breaker_stays_closed_when_out_of_fds(sluice_factory, mock):
+    s = sluice_factory(
+        {"workers": 1, "upstreams": {"main": {"timeouts": {"first_byte": "20s"}}}},
+        upstream=mock,
+    )
+    mock.set_default({"stall_first_byte": 3})
+    _limit_fds(s, 20)
+    results = []
+    lock = threading.Lock()
+
+    def one():
+        try:
+            r = s.request(
+                "POST", "/v1/chat/completions",
+                body={"model": "chat-model", "messages": [{"role": "user", "content": "flood"}]},
+                timeout=bound(20),
+            )
+            st = r.status
+        except Exception as e:  # a client never accepted in time
+            st = repr(e)
+        with lock:
+            results.append(st)
+
+    threads = [threading.Thread(target=one) for _ in range(30)]
+    for t in threads:
+        t.start()
+    try:
+        # busy requests hold a client and an upstream descriptor each; none
+        # of them can be shed
+        wait_until(lambda: len(mock.requests()) >= 5, timeout=bound(5), what="busy requests")
+        t0 = time.monotonic()
+        h = s.admin("GET", "/healthz", timeout=bound(2))
+        assert h.status == 200
+        assert time.monotonic() - t0 < bound(1.5)
+    finally:
+        for t in threads:
+            t.join(bound(30))
+    # some requests found no descriptor for their upstream socket...
+    assert 502 in results, results
+    assert all(r in (200, 502) for r in results), results
+    # ...which is not the server's fault: its breaker did not open
+    mock.set_default("normal")
+    r = s.chat("after the flood")
+    assert r.status == 200, (r.status, r.body[:200])
+    m = s.metrics()
+    assert m.value("sluice_upstream_errors_total", upstream="main", kind="connect") == 0
+    assert m.value("sluice_upstream_errors_total", upstream="main", kind="internal") >= 1
