@@ -686,55 +686,6 @@ static void test_compaction(void **state)
     rm_tree(tmpdir);
 }
 
-/* ---- the cost of a durable accept ------------------------------------------------------ */
-
-typedef struct bench {
-    qh_t *h;
-    int n;
-} bench_t;
-
-static void *bench_thread(void *arg)
-{
-    bench_t *b = arg;
-    for (int i = 0; i < b->n; i++)
-        accept1(b->h, "u", NULL, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\"}]}", NULL);
-    return NULL;
-}
-
-static void test_fsync_cost(void **state)
-{
-    (void)state;
-    /* On the disk the repo lives on (not tmpfs), like var/queue. */
-    char dir[256];
-    const char *base = getenv("FB_BENCH_DIR") ? getenv("FB_BENCH_DIR") : "build";
-    snprintf(dir, sizeof(dir), "%s/fbq-bench-%d", base, (int)getpid());
-    conf_fb_queue_t c = qconf(dir);
-    qh_t h;
-    qh_open(&h, &c);
-    const char *fs_names[] = {"sluice_queue_fsyncs_total"};
-    (void)fs_names;
-    int n = 200;
-    int64_t t0 = sl_now_ns();
-    bench_t b1 = {.h = &h, .n = n};
-    bench_thread(&b1);
-    int64_t t1 = sl_now_ns();
-    double one = (double)(t1 - t0) / n / 1000.0;
-    /* 4 threads: group commit shares fdatasyncs */
-    pthread_t th[4];
-    bench_t b4 = {.h = &h, .n = n / 4};
-    for (int i = 0; i < 4; i++)
-        pthread_create(&th[i], NULL, bench_thread, &b4);
-    for (int i = 0; i < 4; i++)
-        pthread_join(th[i], NULL);
-    int64_t t2 = sl_now_ns();
-    double four = (double)(t2 - t1) / n / 1000.0;
-    printf("  fsync cost: %.1f us per accept (1 thread), %.1f us per accept (4 threads, group "
-           "commit), on %s\n",
-           one, four, base);
-    qh_close(&h);
-    rm_tree(dir);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -744,7 +695,6 @@ int main(void)
         cmocka_unit_test(test_kill9),
         cmocka_unit_test(test_exactly_once_threads),
         cmocka_unit_test(test_compaction),
-        cmocka_unit_test(test_fsync_cost),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
