@@ -26,11 +26,11 @@
 
 #include "cache/cache.h"
 #include "common/log.h"
+#include "gateway/gw_conn.h"
 #include "gateway/gw_hook.h"
 #include "gateway/gw_proxy.h"
 #include "gateway/gw_req.h"
 #include "gateway/gw_rt.h"
-#include "gateway/gw_server.h"
 #include "gateway/gw_types.h"
 #include "gateway/gw_worker.h"
 #include "gateway/http1.h"
