@@ -220,8 +220,7 @@ static void gw_cache_on_headers(gw_req_t *r, void *state, struct evbuffer *out)
     }
     evbuffer_add_printf(out, "X-Sluice-Cache: %s\r\n", cache_req_header(s->q));
     if (s->hit)
-        evbuffer_add_printf(out, "Age: %lld\r\n",
-                            (long long)cache_req_age_s(s->q, sl_wall_ms()));
+        evbuffer_add_printf(out, "Age: %lld\r\n", (long long)cache_req_age_s(s->q, sl_wall_ms()));
 }
 
 static void gw_cache_on_answer(gw_req_t *r, void *state, const char *data, size_t len,
