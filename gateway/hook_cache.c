@@ -18,22 +18,32 @@
  * it goes through the same paths as an in-process answer
  * (gw_proxy_local_*), so output filters run on the replayed text and the
  * token budget is charged the stored usage when cache.charge_tokens says
- * so. The semantic lookup (an embeddings call) is not wired yet: a miss
- * goes upstream.
+ * so.
+ *
+ * The semantic lookup, after an exact miss for a model with it on: one POST
+ * /v1/embeddings to cache.semantic.embed_model's pool on the gateway's own
+ * upstream connections (keep-alive, breakers), within
+ * cache.semantic.deadline; anything but a usable 200 in time and the
+ * request simply goes upstream.
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "cache/cache.h"
 #include "common/log.h"
+#include "fallback/fallback.h"
 #include "gateway/gw_conn.h"
 #include "gateway/gw_hook.h"
 #include "gateway/gw_proxy.h"
 #include "gateway/gw_req.h"
 #include "gateway/gw_rt.h"
 #include "gateway/gw_types.h"
+#include "gateway/gw_upstream.h"
 #include "gateway/gw_worker.h"
 #include "gateway/http1.h"
+
+/* An embeddings answer is a few KB (a vector of floats as text). */
+#define GW_CACHE_EMBED_MAX (1u << 20)
 
 /* Process-wide: the stores and the semantic index outlive reloads (sizes
  * need a restart; policies come from each request's conf). */
@@ -48,7 +58,17 @@ typedef struct gw_cache_req {
     cache_req_t *q;
     bool pending; /* a Redis lookup is out */
     bool hit;     /* answered from the cache: record nothing */
+    bool sem_tried;
+    /* the embeddings call */
+    gw_srv_rt_t *srv;
+    int admit;
+    gw_upconn_t *up;
+    struct event *timer;
+    struct evbuffer *answer;
 } gw_cache_req_t;
+
+static gw_hook_rc_t gw_cache_after_lookup(gw_cache_req_t *s, bool async);
+static void gw_cache_looked_up(void *arg, cache_req_t *q);
 
 static int gw_cache_slot(void)
 {
@@ -130,18 +150,215 @@ static void gw_cache_answer(gw_cache_req_t *s)
     json_decref(j);
 }
 
-static void gw_cache_looked_up(void *arg, cache_req_t *q)
+/* ---- the embeddings call ------------------------------------------------- */
+
+/* Ends the call: the connection back to its pool (or closed), the breaker
+ * told (outcome 1 ok, 0 failed, -1 neither: our deadline or the client
+ * left), the timer stopped. */
+static void gw_cache_embed_end(gw_cache_req_t *s, int outcome, bool reusable)
 {
-    gw_cache_req_t *s = arg;
-    gw_req_t *r = s->r;
-    s->pending = false;
-    if (cache_req_state(q) == CACHE_HIT) {
-        /* Answering ends the request: leave the chain first. */
-        gw_hook_resume(r, GW_HOOK_DONE);
-        gw_cache_answer(s);
+    if (s->timer)
+        evtimer_del(s->timer);
+    if (s->srv && s->admit != FB_ADMIT_NO) {
+        if (outcome >= 0)
+            fb_breaker_report(s->srv->breaker, (fb_admit_t)s->admit, outcome == 1, sl_now_ms());
+        else
+            fb_breaker_cancel(s->srv->breaker, (fb_admit_t)s->admit);
+        s->admit = FB_ADMIT_NO;
+    }
+    if (s->up) {
+        gw_upconn_t *u = s->up;
+        s->up = NULL;
+        atomic_fetch_sub_explicit(&s->srv->active, 1, memory_order_relaxed);
+        gw_upstream_release(u, reusable);
+    }
+}
+
+static void gw_cache_embed_free(gw_cache_req_t *s)
+{
+    gw_cache_embed_end(s, -1, false);
+    if (s->timer)
+        event_free(s->timer);
+    s->timer = NULL;
+    if (s->answer)
+        evbuffer_free(s->answer);
+    s->answer = NULL;
+}
+
+/* The call is over (ok: a 200 with its body in s->answer): look the vector
+ * up, or go upstream. The hook is pending throughout. */
+static void gw_cache_embed_done(gw_cache_req_t *s, bool ok)
+{
+    if (ok) {
+        size_t len = evbuffer_get_length(s->answer);
+        ok = cache_req_embed_answer(s->q, (const char *)evbuffer_pullup(s->answer, -1), len) == 0;
+    }
+    if (!ok) {
+        gw_hook_resume(s->r, GW_HOOK_NEXT);
         return;
     }
-    gw_hook_resume(r, GW_HOOK_NEXT);
+    switch (cache_lookup(gw_cache_worker(s->r), s->q, sl_wall_ms(), gw_cache_looked_up, s)) {
+    case CACHE_PENDING:
+        s->pending = true;
+        return;
+    case CACHE_DONE:
+        (void)gw_cache_after_lookup(s, true);
+        return;
+    default:
+        gw_hook_resume(s->r, GW_HOOK_NEXT);
+    }
+}
+
+static int gw_cache_embed_body_cb(void *arg, const char *p, size_t n)
+{
+    gw_cache_req_t *s = arg;
+    if (evbuffer_get_length(s->answer) + n > GW_CACHE_EMBED_MAX)
+        return -1;
+    return evbuffer_add(s->answer, p, n);
+}
+
+/* Reads the answer; false when the call ended (s may be gone then). */
+static bool gw_cache_embed_read(gw_cache_req_t *s)
+{
+    gw_upconn_t *u = s->up;
+    struct evbuffer *in = bufferevent_get_input(u->bev);
+    for (;;) {
+        gw_http_state_t st = gw_http_feed_evbuffer(u->parser, in, NULL, gw_cache_embed_body_cb, s);
+        if (st == GW_HTTP_NEED_MORE)
+            return true;
+        if (st == GW_HTTP_HEAD)
+            continue;
+        if (st == GW_HTTP_DONE) {
+            const gw_http_msg_t *m = gw_http_msg(u->parser);
+            int status = m->status;
+            gw_cache_embed_end(s, status < 500, m->keep_alive);
+            gw_cache_embed_done(s, status == 200);
+            return false;
+        }
+        gw_cache_embed_end(s, 0, false);
+        gw_cache_embed_done(s, false);
+        return false;
+    }
+}
+
+static void gw_cache_embed_on_read(void *owner)
+{
+    (void)gw_cache_embed_read(owner);
+}
+
+static void gw_cache_embed_on_event(void *owner, short what)
+{
+    gw_cache_req_t *s = owner;
+    if (what & BEV_EVENT_CONNECTED)
+        return;
+    if ((what & BEV_EVENT_EOF) && !gw_cache_embed_read(s))
+        return;
+    gw_cache_embed_end(s, 0, false);
+    gw_cache_embed_done(s, false);
+}
+
+/* Past cache.semantic.deadline: the request goes upstream. The server is
+ * not blamed: the deadline is ours, far below any upstream timeout. */
+static void gw_cache_embed_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    gw_cache_req_t *s = arg;
+    gw_cache_embed_end(s, -1, false);
+    gw_cache_embed_done(s, false);
+}
+
+/* Starts the embeddings call: true when it is out (the hook waits). */
+static bool gw_cache_embed_start(gw_cache_req_t *s)
+{
+    gw_req_t *r = s->r;
+    gw_worker_t *w = r->c->w;
+    const char *name = cache_req_embed_model(s->q);
+    const gw_model_rt_t *m = name ? gw_rt_model(r->rt, name, strlen(name)) : NULL;
+    if (!m || !m->pool || m->pool->engine)
+        return false;
+    size_t blen = 0;
+    char *body = cache_req_embed_body(s->q, &blen);
+    if (!body)
+        return false;
+    if (m->alias) { /* the upstream knows the model by its served name */
+        json_t *j = json_loadb(body, blen, 0, NULL);
+        free(body);
+        body = NULL;
+        if (j && json_object_set_new(j, "model", json_string(m->served)) == 0)
+            body = json_dumps(j, JSON_COMPACT);
+        json_decref(j);
+        if (!body)
+            return false;
+        blen = strlen(body);
+    }
+    s->admit = FB_ADMIT_NO;
+    if (!s->answer)
+        s->answer = evbuffer_new();
+    if (!s->timer)
+        s->timer = evtimer_new(w->base, gw_cache_embed_timeout, s);
+    s->srv =
+        s->answer && s->timer ? gw_upstream_pick(w, m->pool, NULL, sl_now_ms(), &s->admit) : NULL;
+    s->up = s->srv ? gw_upstream_get(w, s->srv, true) : NULL;
+    if (!s->up) {
+        if (s->srv)
+            fb_breaker_cancel(s->srv->breaker, (fb_admit_t)s->admit);
+        s->admit = FB_ADMIT_NO;
+        free(body);
+        return false;
+    }
+    atomic_fetch_add_explicit(&s->srv->active, 1, memory_order_relaxed);
+    s->up->owner = s;
+    s->up->on_read = gw_cache_embed_on_read;
+    s->up->on_event = gw_cache_embed_on_event;
+    struct evbuffer *out = bufferevent_get_output(s->up->bev);
+    evbuffer_add_printf(out,
+                        "POST /v1/embeddings HTTP/1.1\r\nHost: %s\r\n"
+                        "Content-Type: application/json\r\nContent-Length: %zu\r\n"
+                        "X-Request-Id: %s\r\n",
+                        s->srv->host_header, blen, r->id);
+    if (m->pool->auth_header)
+        evbuffer_add(out, m->pool->auth_header, m->pool->auth_header_len);
+    evbuffer_add(out, GW_LIT("\r\n"));
+    evbuffer_add(out, body, blen);
+    free(body);
+    int64_t ms = cache_req_embed_deadline_ms(s->q);
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    evtimer_add(s->timer, &tv);
+    gw_upstream_arm(s->up);
+    return true;
+}
+
+/* ---- lookups ---------------------------------------------------------------- */
+
+/* A lookup answered. async: we are in a callback while the hook waits, so
+ * the chain must be resumed. Returns what on_request returns. */
+static gw_hook_rc_t gw_cache_after_lookup(gw_cache_req_t *s, bool async)
+{
+    gw_req_t *r = s->r;
+    if (cache_req_state(s->q) == CACHE_HIT) {
+        /* Answering ends the request: leave the chain first. */
+        if (async)
+            gw_hook_resume(r, GW_HOOK_DONE);
+        gw_cache_answer(s);
+        return GW_HOOK_DONE;
+    }
+    if (!s->sem_tried && cache_req_semantic(s->q)) {
+        s->sem_tried = true;
+        if (gw_cache_embed_start(s))
+            return GW_HOOK_PENDING;
+    }
+    if (async)
+        gw_hook_resume(r, GW_HOOK_NEXT);
+    return GW_HOOK_NEXT;
+}
+
+static void gw_cache_looked_up(void *arg, cache_req_t *q)
+{
+    (void)q;
+    gw_cache_req_t *s = arg;
+    s->pending = false;
+    (void)gw_cache_after_lookup(s, true);
 }
 
 static gw_hook_rc_t gw_cache_on_request(gw_req_t *r, void **state)
@@ -190,11 +407,7 @@ static gw_hook_rc_t gw_cache_on_request(gw_req_t *r, void **state)
         s->pending = true;
         return GW_HOOK_PENDING;
     case CACHE_DONE:
-        if (cache_req_state(q) == CACHE_HIT) {
-            gw_cache_answer(s);
-            return GW_HOOK_DONE;
-        }
-        return GW_HOOK_NEXT;
+        return gw_cache_after_lookup(s, false);
     default:
         return GW_HOOK_NEXT; /* out of memory: a miss */
     }
@@ -204,10 +417,13 @@ static void gw_cache_on_cancel(gw_req_t *r, void *state)
 {
     (void)r;
     gw_cache_req_t *s = state;
-    if (s && s->pending) {
+    if (!s)
+        return;
+    if (s->pending) {
         cache_lookup_cancel(s->q);
         s->pending = false;
     }
+    gw_cache_embed_end(s, -1, false);
 }
 
 static void gw_cache_on_headers(gw_req_t *r, void *state, struct evbuffer *out)
@@ -275,6 +491,7 @@ static void gw_cache_on_end(gw_req_t *r, void *state, gw_end_t how)
             cache_req_taint(s->q, t);
         (void)cache_store(gw_cache_worker(r), s->q, sl_wall_ms());
     }
+    gw_cache_embed_free(s);
     cache_req_free(s->q);
     free(s);
 }
