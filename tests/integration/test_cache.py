@@ -345,3 +345,55 @@ def test_openai_npm_client_reads_every_replay(sluice_factory, mock, openai_node)
     js = node_ask(openai_node, s, "json", "streamed first")
     assert js["cache"] == "hit" and js["text"] == st["text"] and js["usage"] == st["usage"]
     assert len(upstream_chats(mock)) == 2
+
+
+# ---- the semantic cache ---------------------------------------------------------------------------
+
+
+def semantic_cache(**sem):
+    c = {"enabled": True, "embed_model": "embed-model"}
+    c.update(sem)
+    return global_cache(semantic=c)
+
+
+def unit(cos):
+    """An 8-dim unit vector at cosine `cos` from e1."""
+    return [cos, (1 - cos * cos) ** 0.5, 0, 0, 0, 0, 0, 0]
+
+
+def test_semantic_hits_and_misses_around_the_threshold(sluice_factory, mock):
+    s = sluice_factory(overrides=semantic_cache())
+    mock.script({"embedding": unit(1.0)}, {"text": "reset it under Settings"},
+                {"embedding": unit(0.97)},  # above 0.95: the stored answer
+                {"embedding": unit(0.93)}, {"text": "something else"})  # below: upstream
+    a = ask(s, "how do I reset my password?")
+    assert (a.header("X-Sluice-Cache"), answer(a)[0]) == ("miss", "reset it under Settings")
+    b = ask(s, "how can I reset my password")
+    assert (b.header("X-Sluice-Cache"), answer(b)[0]) == ("hit", "reset it under Settings")
+    c = ask(s, "how do I change my avatar?")
+    assert (c.header("X-Sluice-Cache"), answer(c)[0]) == ("miss", "something else")
+    reqs = mock.requests()
+    assert [q["path"] for q in reqs] == ["/v1/embeddings", CHAT, "/v1/embeddings",
+                                         "/v1/embeddings", CHAT]
+    emb = reqs[0]["json"]
+    assert emb["model"] == "mock-embed"  # the embed model's served name
+    assert emb["input"] == "how do I reset my password?"
+    m = s.metrics()
+    assert m.value("sluice_cache_semantic_lookups_total", model="chat-model", result="hit") == 1
+    assert m.value("sluice_cache_semantic_lookups_total", model="chat-model", result="miss") == 2
+    assert m.value("sluice_cache_semantic_entries") == 2
+    # an exact repeat never needs the embeddings call
+    assert ask(s, "how do I reset my password?").header("X-Sluice-Cache") == "hit"
+    assert len(mock.requests()) == 5
+
+
+def test_semantic_embedding_past_its_deadline_goes_upstream(sluice_factory, mock):
+    s = sluice_factory(overrides=semantic_cache(deadline="50ms"))
+    mock.script({"stall_first_byte": 2, "embedding": unit(1.0)}, {"text": "fresh"})
+    r = ask(s, "slow embeddings")
+    assert (r.header("X-Sluice-Cache"), answer(r)[0]) == ("miss", "fresh")
+    assert [q["path"] for q in mock.requests()] == ["/v1/embeddings", CHAT]
+    chat = [q for q in mock.requests() if q["path"] == CHAT][0]
+    emb = [q for q in mock.requests() if q["path"] == "/v1/embeddings"][0]
+    # the chat request left ~50 ms after the embeddings call, not after its 2 s stall
+    assert chat["t"] - emb["t"] < bound(1.0)
