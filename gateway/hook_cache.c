@@ -508,6 +508,17 @@ static bool gw_cache_any(const conf_t *c)
     return false;
 }
 
+/* What cache_new checks at start, for -t and reloads too. */
+static int gw_cache_check(const conf_t *c, char *err, size_t errlen)
+{
+    const char *em = c->cache.semantic.embed_model;
+    if (!em || conf_model_find(c, em))
+        return 0;
+    snprintf(err, errlen, "%s: cache.semantic.embed_model: no model named \"%s\" under models",
+             c->path ? c->path : "conf", em);
+    return -1;
+}
+
 static int gw_cache_rt_build(gw_rt_t *rt, gw_shared_t *sh, char *err, size_t errlen)
 {
     (void)sh;
@@ -557,6 +568,7 @@ static void gw_cache_worker_fini(gw_worker_t *w)
 
 const gw_hook_t gw_hook_cache = {
     .name = "cache",
+    .check = gw_cache_check,
     .rt_build = gw_cache_rt_build,
     .process_init = gw_cache_process_init,
     .process_fini = gw_cache_process_fini,

@@ -13,6 +13,7 @@ the model's clean answer (an error, a cut stream) is not stored.
 """
 
 import json
+import os
 import shutil
 import subprocess
 
@@ -397,3 +398,12 @@ def test_semantic_embedding_past_its_deadline_goes_upstream(sluice_factory, mock
     emb = [q for q in mock.requests() if q["path"] == "/v1/embeddings"][0]
     # the chat request left ~50 ms after the embeddings call, not after its 2 s stall
     assert chat["t"] - emb["t"] < bound(1.0)
+
+
+def test_conf_check_names_a_missing_embed_model(sluice_factory, sluice_bin):
+    s = sluice_factory(overrides=semantic_cache(embed_model="no-such-model"), start=False)
+    env = dict(os.environ, **{helpers.UPSTREAM_KEY_ENV: helpers.UPSTREAM_KEY})
+    p = subprocess.run([sluice_bin, "-t", "-c", str(s.conf_path)], capture_output=True,
+                       timeout=bound(10), env=env)
+    assert p.returncode == 1
+    assert b'cache.semantic.embed_model: no model named "no-such-model"' in p.stderr + p.stdout
