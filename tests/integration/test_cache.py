@@ -407,3 +407,31 @@ def test_conf_check_names_a_missing_embed_model(sluice_factory, sluice_bin):
                        timeout=bound(10), env=env)
     assert p.returncode == 1
     assert b'cache.semantic.embed_model: no model named "no-such-model"' in p.stderr + p.stdout
+
+
+@pytest.mark.parametrize("stream,charge", [(False, True), (True, True), (False, False)])
+def test_a_hit_charges_the_token_budget_its_stored_usage(sluice_factory, mock, stream, charge):
+    day = 100000
+    s = ph.rl_start(sluice_factory, mock, {"per_user": {"tokens_per_day": day}, "max_tokens": 4096},
+                    extra={"cache": {"enabled": True, "charge_tokens": charge}})
+    alice = ph.mint("alice")
+    prompt = "one two three"
+    usage = len(prompt.split()) + 4  # the mock's total_tokens
+    body = chat_body(prompt, stream=stream, max_tokens=100, temperature=0)
+    rems, kinds = [], []
+    for _ in range(3):
+        r = ph.as_user(s, alice, body)
+        assert r.status == 200
+        assert answer(r)[0] == helpers.mock_upstream.reply_text(prompt)
+        if stream:  # the usage chunk sluice asked for is not shown
+            assert answer(r)[2] is None
+        rems.append(int(r.header("X-RateLimit-Remaining")))
+        kinds.append(r.header("X-Sluice-Cache"))
+    assert kinds == ["miss", "hit", "hit"]
+    assert len(upstream_chats(mock)) == 1
+    # each reading = full - what earlier requests used - this one's reservation
+    assert usage - 1 <= rems[0] - rems[1] <= usage, rems
+    if charge:
+        assert usage - 1 <= rems[1] - rems[2] <= usage, rems
+    else:
+        assert -1 <= rems[1] - rems[2] <= 0, rems
