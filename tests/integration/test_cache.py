@@ -437,3 +437,22 @@ def test_a_hit_charges_the_token_budget_its_stored_usage(sluice_factory, mock, s
         assert usage - 1 <= rems[1] - rems[2] <= usage, rems
     else:
         assert -1 <= rems[1] - rems[2] <= 0, rems
+
+
+def test_semantic_entries_shared_through_redis(sluice_factory, mock, redis_server):
+    over = dict(semantic_cache(), redis={"url": ph.redis_url(redis_server)})
+    a = sluice_factory(overrides=over, name="a")
+    b = sluice_factory(overrides=over, name="b")
+    mock.script({"embedding": unit(1.0)}, {"text": "reset it under Settings"},
+                {"embedding": unit(0.97)})
+    ra = ask(a, "how do I reset my password?")
+    assert (ra.header("X-Sluice-Cache"), answer(ra)[0]) == ("miss", "reset it under Settings")
+    # the answer and the vector are stored after the answer went out: wait
+    # for both (the answer's key and the stream), then for b's tail of it
+    wait_until(lambda: len(redis_server.cmd("KEYS", "sluice:cache:*")) == 2, bound(5),
+               what="a's answer and vector in Redis")
+    wait_until(lambda: metric(b, "sluice_cache_semantic_entries") == 1, bound(5),
+               what="b's index to load a's vector")
+    rb = ask(b, "how can I reset my password")
+    assert (rb.header("X-Sluice-Cache"), answer(rb)[0]) == ("hit", "reset it under Settings")
+    assert [q["path"] for q in mock.requests()] == ["/v1/embeddings", CHAT, "/v1/embeddings"]
