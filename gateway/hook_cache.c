@@ -430,7 +430,8 @@ static void gw_cache_on_headers(gw_req_t *r, void *state, struct evbuffer *out)
 {
     gw_cache_req_t *s = state;
     if (!s) {
-        if (r->route == GW_ROUTE_CHAT && r->rt->hook_state[gw_cache_slot()])
+        int slot = gw_cache_slot();
+        if (r->route == GW_ROUTE_CHAT && r->rt->hook_state[slot] && r->c->w->hook_state[slot])
             evbuffer_add(out, GW_LIT("X-Sluice-Cache: bypass\r\n"));
         return;
     }
@@ -524,7 +525,10 @@ static int gw_cache_rt_build(gw_rt_t *rt, gw_shared_t *sh, char *err, size_t err
     (void)sh;
     (void)err;
     (void)errlen;
-    rt->hook_state[gw_cache_slot()] = gw_cache_any(rt->conf) ? &gw_cache_on_marker : NULL;
+    bool any = gw_cache_any(rt->conf);
+    rt->hook_state[gw_cache_slot()] = any ? &gw_cache_on_marker : NULL;
+    if (any && !gw_cache && rt->generation > 1)
+        sl_warn("cache: turned on by a reload: it starts with the next restart");
     return 0;
 }
 
