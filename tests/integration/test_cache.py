@@ -456,3 +456,15 @@ def test_semantic_entries_shared_through_redis(sluice_factory, mock, redis_serve
     rb = ask(b, "how can I reset my password")
     assert (rb.header("X-Sluice-Cache"), answer(rb)[0]) == ("hit", "reset it under Settings")
     assert [q["path"] for q in mock.requests()] == ["/v1/embeddings", CHAT, "/v1/embeddings"]
+
+
+def test_a_template_answer_is_not_stored(sluice_factory, mock):
+    s = sluice_factory(overrides=dict(global_cache(), fallback={"template": {"enabled": True}}))
+    mock.script({"status": 503})
+    r = ask(s, "down now")
+    assert r.header("X-Sluice-Fallback") == "template"
+    r = ask(s, "down now")
+    assert r.header("X-Sluice-Cache") == "miss" and r.header("X-Sluice-Fallback") is None
+    assert answer(r)[0] == mock_upstream_text("down now")
+    assert ask(s, "down now").header("X-Sluice-Cache") == "hit"
+    assert len(upstream_chats(mock)) == 2
