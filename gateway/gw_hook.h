@@ -105,6 +105,10 @@ typedef struct gw_hook {
     /* Whether on_body is needed for this request (NULL: whenever there is
      * state). Gathering and parsing an answer is not free. */
     bool (*wants_body)(const gw_req_t *r, void *state);
+    /* Sees the answer as it came, before any hook's on_event / on_body
+     * changed it (a recorder: the cache): each event's payload (body NULL)
+     * or a whole JSON answer (data NULL). Read-only; wants_body gates it. */
+    void (*on_answer)(gw_req_t *r, void *state, const char *data, size_t len, const json_t *body);
     void (*on_end)(gw_req_t *r, void *state, gw_end_t how);
 } gw_hook_t;
 
@@ -117,7 +121,8 @@ typedef struct gw_hook {
     X(auth, GW_HOOK_PRE_ROUTE)                                                                     \
     X(filters, GW_HOOK_POST_ROUTE)                                                                 \
     X(ratelimit, GW_HOOK_POST_ROUTE)                                                               \
-    X(fallback, GW_HOOK_POST_ROUTE)
+    X(fallback, GW_HOOK_POST_ROUTE)                                                                \
+    X(cache, GW_HOOK_POST_ROUTE)
 
 #define GW_HOOK_EXTERN(name, when) extern const gw_hook_t gw_hook_##name;
 GW_HOOK_TABLE(GW_HOOK_EXTERN)

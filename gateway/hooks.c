@@ -238,7 +238,8 @@ void gw_hooks_headers(gw_req_t *r, struct evbuffer *out)
 bool gw_hooks_want_events(const gw_req_t *r)
 {
     for (size_t i = 0; i < gw_nhooks; i++)
-        if ((r->hooks.ran & (1u << i)) && gw_hooks[i]->on_event && r->hooks.state[i])
+        if ((r->hooks.ran & (1u << i)) && (gw_hooks[i]->on_event || gw_hooks[i]->on_answer) &&
+            r->hooks.state[i])
             return true;
     return false;
 }
@@ -247,7 +248,7 @@ bool gw_hooks_want_body(const gw_req_t *r)
 {
     for (size_t i = 0; i < gw_nhooks; i++) {
         const gw_hook_t *hk = gw_hooks[i];
-        if ((r->hooks.ran & (1u << i)) && hk->on_body && r->hooks.state[i] &&
+        if ((r->hooks.ran & (1u << i)) && (hk->on_body || hk->on_answer) && r->hooks.state[i] &&
             (!hk->wants_body || hk->wants_body(r, r->hooks.state[i])))
             return true;
     }
@@ -258,6 +259,9 @@ gw_ev_rc_t gw_hooks_event(gw_req_t *r, const char *data, size_t len, gw_payloads
 {
     /* cur holds the payloads between hooks; NULL data means "the original,
      * unchanged" so a chain of PASSes copies nothing. */
+    for (size_t i = 0; i < gw_nhooks; i++)
+        if ((r->hooks.ran & (1u << i)) && gw_hooks[i]->on_answer && r->hooks.state[i])
+            gw_hooks[i]->on_answer(r, r->hooks.state[i], data, len, NULL);
     gw_payloads_t cur = {0};
     bool changed = false;
     gw_ev_rc_t result = GW_EV_PASS;
@@ -309,6 +313,9 @@ gw_ev_rc_t gw_hooks_event(gw_req_t *r, const char *data, size_t len, gw_payloads
 
 int gw_hooks_body(gw_req_t *r, json_t *body, bool *modified)
 {
+    for (size_t i = 0; i < gw_nhooks; i++)
+        if ((r->hooks.ran & (1u << i)) && gw_hooks[i]->on_answer && r->hooks.state[i])
+            gw_hooks[i]->on_answer(r, r->hooks.state[i], NULL, 0, body);
     for (size_t i = 0; i < gw_nhooks; i++) {
         if (!(r->hooks.ran & (1u << i)) || !gw_hooks[i]->on_body || !r->hooks.state[i])
             continue;

@@ -64,7 +64,7 @@ HEADER_LAYER = {
 # .c files whose layer is not that of a same-named header.
 SOURCE_LAYER = {
     "accesslog.c": 5, "respond.c": 3, "hooks.c": 3, "hook_auth.c": 3, "hook_filters.c": 3,
-    "hook_ratelimit.c": 3, "hook_fallback.c": 3, "fallback_chain.c": 3,
+    "hook_ratelimit.c": 3, "hook_fallback.c": 3, "hook_cache.c": 3, "fallback_chain.c": 3,
     "fallback_journal.c": 3,
     "resend.c": 3, "flow.c": 3, "engine_gw.c": 2, "proxy.c": 2,
     "upstream.c": 1, "balance.c": 0,

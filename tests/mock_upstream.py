@@ -60,6 +60,8 @@ string is short for {that: true} ("gate", "no_done", "normal").
     gate: bool         send event 1, then wait for /_mock/release before each
                        following event ([DONE] included)
     pad: N             add a "mock_pad" field of N bytes to every chunk
+    embedding: [f...]  /v1/embeddings: this vector for every input (tests
+                       that need known cosines, e.g. the semantic cache)
     eol: "\\r\\n"      SSE line ending (default "\\n")
     raw: [str, ...]    send these SSE events verbatim instead of generated ones
     chunk_split: K     write each event as HTTP chunks of at most K bytes
@@ -765,13 +767,16 @@ class Conn:
             inp = body.get("input", "")
             items = inp if isinstance(inp, list) else [inp]
             b64 = body.get("encoding_format") == "base64"  # what the openai npm client asks
+            fixed = beh.get("embedding")
+
+            def vec(x):
+                return list(fixed) if fixed is not None else embedding_of(json.dumps(x))
+
             data = [
                 {
                     "object": "embedding",
                     "index": i,
-                    "embedding": embedding_b64(embedding_of(json.dumps(x)))
-                    if b64
-                    else embedding_of(json.dumps(x)),
+                    "embedding": embedding_b64(vec(x)) if b64 else vec(x),
                 }
                 for i, x in enumerate(items)
             ]
