@@ -28,6 +28,7 @@
 #include <event2/thread.h>
 
 #include "common/log.h"
+#include "common/sdnotify.h"
 #include "gateway/gw_conn.h"
 #include "gateway/gw_hook.h"
 #include "gateway/gw_metrics.h"
@@ -225,7 +226,11 @@ static void gw_signal_cb(evutil_socket_t sig, short what, void *arg)
     (void)what;
     (void)arg;
     if (sig == SIGHUP) {
+        /* systemd waits between the two (Type=notify): READY also after a
+         * refused reload, since the old conf is serving. */
+        sl_notify_reloading();
         gw_reload();
+        sl_notify_ready();
         return;
     }
     if (atomic_exchange(&gw_srv.draining, true)) {
@@ -237,6 +242,7 @@ static void gw_signal_cb(evutil_socket_t sig, short what, void *arg)
     int64_t ms = rt->conf->shutdown_timeout_ms;
     gw_rt_unref(rt);
     sl_info("draining (up to %lld ms)", (long long)ms);
+    sl_notify_stopping();
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
     gw_srv.drain_timer = evtimer_new(gw_srv.main.base, gw_drain_timeout_cb, NULL);
     evtimer_add(gw_srv.drain_timer, &tv);
@@ -273,6 +279,15 @@ static void gw_maint_cb(evutil_socket_t fd, short what, void *arg)
     (void)what;
     (void)arg;
     gw_hooks_tick(&gw_srv);
+}
+
+/* WATCHDOG=1 from the main loop: if the loop hangs, systemd restarts us. */
+static void gw_watchdog_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    (void)arg;
+    sl_notify_watchdog();
 }
 
 static int gw_cores(void)
@@ -352,6 +367,15 @@ int gw_server_run(const char *conf_path)
         }
     }
     atomic_store(&gw_srv.ready, true);
+    sl_notify_ready();
+    int64_t wd_usec = sl_notify_watchdog_usec();
+    if (wd_usec > 0) {
+        gw_srv.watchdog_ev = event_new(mb, -1, EV_PERSIST, gw_watchdog_cb, NULL);
+        struct timeval wtv = {(wd_usec / 2) / 1000000, (wd_usec / 2) % 1000000};
+        if (gw_srv.watchdog_ev)
+            event_add(gw_srv.watchdog_ev, &wtv);
+        sl_notify_watchdog();
+    }
     sl_info("sluice started: %d worker(s), %zu listener(s), conf %s", gw_srv.nworkers,
             rt->conf->nlisten, conf_path);
     event_base_dispatch(mb);
@@ -381,6 +405,8 @@ int gw_server_run(const char *conf_path)
     if (gw_srv.drain_poll)
         event_free(gw_srv.drain_poll);
     event_free(gw_srv.maint_ev);
+    if (gw_srv.watchdog_ev)
+        event_free(gw_srv.watchdog_ev);
     free(gw_srv.workers);
     free(gw_srv.listens);
     gw_hooks_process_fini(&gw_srv);
