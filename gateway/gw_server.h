@@ -28,13 +28,15 @@ struct gw_server {
     _Atomic bool stop_now; /* shutdown_timeout passed: workers close everything */
     int64_t drain_deadline_ms;
     char *conf_path;
-    struct rl *rl;             /* rate limiter: lives across reloads (its state must) */
-    gw_shared_t *shared;       /* auth stores, breakers, budgets: across reloads too */
-    struct fb_queue *queue;    /* durable queue (NULL when no model queues) */
-    struct fb_idem *idem;      /* idempotency store (NULL when off) */
-    struct event *maint_ev;    /* queue maintenance, once a second */
-    struct event *watchdog_ev; /* WATCHDOG=1 to systemd, when WatchdogSec= is set */
+    struct rl *rl;          /* rate limiter: lives across reloads (its state must) */
+    gw_shared_t *shared;    /* auth stores, breakers, budgets: across reloads too */
+    struct fb_queue *queue; /* durable queue (NULL when no model queues) */
+    struct fb_idem *idem;   /* idempotency store (NULL when off) */
+    struct event *maint_ev; /* queue maintenance, once a second */
     struct event *sig_hup, *sig_term, *sig_int, *drain_timer, *drain_poll;
+
+    /* issue 13 (signals, upgrade, systemd): WATCHDOG=1 timer when WatchdogSec= is set */
+    struct event *watchdog_ev;
 };
 /* For /readyz: started and not draining. */
 bool gw_server_ready(void);
