@@ -166,6 +166,7 @@ typedef struct conf_sse {
 typedef struct conf_log {
     char *access; /* "stdout", "off", or a file path */
     char *level;  /* debug | info | warn | error */
+    char *error;  /* "stderr" or a file path (the error log; SIGUSR1 reopens it) */
 } conf_log_t;
 
 /* ---- rate limits and token budgets (ratelimit/) -------------------------- */

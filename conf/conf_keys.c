@@ -815,6 +815,12 @@ static const conf_key_t log_keys[] = {
      .check = log_level_check,
      .flags = R,
      .doc = "error log level: debug, info, warn, error"},
+    {.name = "error",
+     .type = CONF_STRING,
+     .off = offsetof(conf_log_t, error),
+     .def = "stderr",
+     .flags = R,
+     .doc = "error log: stderr, or a file path (opened onto fd 2; SIGUSR1 reopens it)"},
 };
 static const conf_table_t log_table = {TABLE(log_keys, conf_log_t)};
 

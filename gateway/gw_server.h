@@ -37,6 +37,7 @@ struct gw_server {
 
     /* issue 13 (signals, upgrade, systemd): WATCHDOG=1 timer when WatchdogSec= is set */
     struct event *watchdog_ev;
+    struct event *sig_quit, *sig_usr1, *sig_usr2;
 };
 /* For /readyz: started and not draining. */
 bool gw_server_ready(void);

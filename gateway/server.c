@@ -197,6 +197,8 @@ static void gw_reload(void)
     if (gw_accesslog_open(rt->conf->log.access, err, sizeof(err)) != 0) {
         sl_error("reload: %s (access log unchanged)", err);
     }
+    if (sl_log_set_target(rt->conf->log.error, err, sizeof(err)) != 0)
+        sl_error("reload: %s (error log unchanged)", err);
     int lvl = sl_log_level_parse(rt->conf->log.level);
     if (lvl >= 0)
         sl_log_set_level((sl_log_level_t)lvl);
@@ -207,6 +209,19 @@ static void gw_reload(void)
     gw_notify_all();
     gw_count_reload("ok");
     sl_info("reloaded %s (generation %llu)", gw_srv.conf_path, (unsigned long long)rt->generation);
+}
+
+/* SIGUSR1 (logrotate's postrotate): the access and error logs are opened
+ * again at their paths; a line being written while the file moves lands
+ * wholly in the old file or the new one (one dup2 each). */
+static void gw_reopen_logs(void)
+{
+    char err[512];
+    if (gw_accesslog_reopen(err, sizeof(err)) != 0)
+        sl_error("reopen: %s (access log unchanged)", err);
+    if (sl_log_reopen(err, sizeof(err)) != 0)
+        sl_error("reopen: %s (error log unchanged)", err);
+    sl_info("logs reopened");
 }
 
 static void gw_drain_timeout_cb(evutil_socket_t fd, short what, void *arg)
@@ -225,6 +240,10 @@ static void gw_signal_cb(evutil_socket_t sig, short what, void *arg)
 {
     (void)what;
     (void)arg;
+    if (sig == SIGUSR1) {
+        gw_reopen_logs();
+        return;
+    }
     if (sig == SIGHUP) {
         /* systemd waits between the two (Type=notify): READY also after a
          * refused reload, since the old conf is serving. */
@@ -312,6 +331,11 @@ int gw_server_run(const char *conf_path)
     int lvl = sl_log_level_parse(c->log.level);
     if (lvl >= 0)
         sl_log_set_level((sl_log_level_t)lvl);
+    if (sl_log_set_target(c->log.error, err, sizeof(err)) != 0) {
+        sl_error("%s", err);
+        conf_free(c);
+        return 1;
+    }
     gw_srv.conf_path = sl_xstrdup(conf_path);
     pthread_mutex_init(&gw_srv.rt_lock, NULL);
     gw_srv.shared = gw_shared_new();
@@ -348,6 +372,11 @@ int gw_server_run(const char *conf_path)
     evsignal_add(gw_srv.sig_hup, NULL);
     evsignal_add(gw_srv.sig_term, NULL);
     evsignal_add(gw_srv.sig_int, NULL);
+    /* QUIT drains like TERM (nginx's graceful stop is QUIT; ours is both). */
+    gw_srv.sig_quit = evsignal_new(mb, SIGQUIT, gw_signal_cb, NULL);
+    gw_srv.sig_usr1 = evsignal_new(mb, SIGUSR1, gw_signal_cb, NULL);
+    evsignal_add(gw_srv.sig_quit, NULL);
+    evsignal_add(gw_srv.sig_usr1, NULL);
     if (gw_sup_init(mb, rt, err, sizeof(err)) != 0) {
         sl_error("supervise: %s", err);
         return 1;
@@ -400,6 +429,8 @@ int gw_server_run(const char *conf_path)
     event_free(gw_srv.sig_hup);
     event_free(gw_srv.sig_term);
     event_free(gw_srv.sig_int);
+    event_free(gw_srv.sig_quit);
+    event_free(gw_srv.sig_usr1);
     if (gw_srv.drain_timer)
         event_free(gw_srv.drain_timer);
     if (gw_srv.drain_poll)
