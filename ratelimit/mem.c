@@ -43,7 +43,7 @@ typedef struct rl_stripe {
 
 struct rl_mem {
     rl_stripe_t stripes[RL_STRIPES];
-    size_t cap; /* per stripe */
+    _Atomic size_t cap; /* per stripe (a reload may change it) */
     _Atomic uint64_t evictions;
 };
 
@@ -55,10 +55,14 @@ rl_mem_t *rl_mem_new(size_t max_keys)
     memset(m, 0, sizeof(*m));
     for (int i = 0; i < RL_STRIPES; i++)
         pthread_mutex_init(&m->stripes[i].mu, NULL);
-    m->cap = max_keys / RL_STRIPES;
-    if (m->cap < 1)
-        m->cap = 1;
+    rl_mem_set_cap(m, max_keys);
     return m;
+}
+
+void rl_mem_set_cap(rl_mem_t *m, size_t max_keys)
+{
+    size_t cap = max_keys / RL_STRIPES;
+    atomic_store(&m->cap, cap < 1 ? 1 : cap);
 }
 
 void rl_mem_free(rl_mem_t *m)
@@ -151,7 +155,7 @@ static rl_entry_t *rl_stripe_get(rl_mem_t *m, rl_stripe_t *s, const char *key, s
         }
         return e;
     }
-    if (s->n >= m->cap && s->lru) {
+    if (s->n >= atomic_load_explicit(&m->cap, memory_order_relaxed) && s->lru) {
         if (!rl_entry_idle(s->lru, now))
             atomic_fetch_add(&m->evictions, 1); /* that key forgets its usage */
         rl_stripe_drop(s, s->lru);

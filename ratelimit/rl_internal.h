@@ -32,6 +32,8 @@ typedef struct rl_mem rl_mem_t;
 rl_mem_t *rl_mem_new(size_t max_keys);
 void rl_mem_free(rl_mem_t *m);
 size_t rl_mem_count(const rl_mem_t *m);
+/* A new size (reload of ratelimit.max_keys); thread-safe. */
+void rl_mem_set_cap(rl_mem_t *m, size_t max_keys);
 /* Evictions of live keys because the table was full, since start. */
 uint64_t rl_mem_evictions(const rl_mem_t *m);
 
