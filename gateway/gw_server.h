@@ -45,4 +45,23 @@ bool gw_server_ready(void);
 gw_rt_t *gw_server_rt(gw_server_t *s);
 int gw_server_run(const char *conf_path);
 
+/* upgrade.c: the SIGUSR2 binary upgrade (the hand-over is described there).
+ * In the new process, at start while single-threaded: gw_upgrade_inherit()
+ * reads what the old one passed (1 when this process is an upgrade's),
+ * gw_upgrade_take() gives the inherited socket listening on an address (or
+ * -1: bind it), gw_upgrade_close_unused() closes the ones no longer
+ * configured, gw_upgrade_ready() tells the old process (false when there
+ * is none). In the old one: gw_upgrade_init() notes the binary's path at
+ * start; gw_upgrade_start() runs the new binary and calls on_ready on the
+ * main loop once it is ready (-1 and err: refused, nothing started; a
+ * failure later is logged and this process keeps serving). */
+int gw_upgrade_inherit(void);
+int gw_upgrade_take(const char *address);
+void gw_upgrade_close_unused(void);
+bool gw_upgrade_ready(void);
+void gw_upgrade_init(void);
+void gw_upgrade_fini(void);
+int gw_upgrade_start(gw_server_t *s, const gw_rt_t *rt, void (*on_ready)(gw_server_t *), char *err,
+                     size_t errlen);
+
 #endif
