@@ -276,8 +276,8 @@ static int gw_upgrade_inherit_env(const gw_server_t *s, char *out, size_t cap)
     return 0;
 }
 
-int gw_upgrade_start(gw_server_t *s, const gw_rt_t *rt, void (*on_ready)(gw_server_t *),
-                     char *err, size_t errlen)
+int gw_upgrade_start(gw_server_t *s, const gw_rt_t *rt, void (*on_ready)(gw_server_t *), char *err,
+                     size_t errlen)
 {
     if (gw_up.pid) {
         snprintf(err, errlen, "an upgrade is already under way (pid %ld)", (long)gw_up.pid);

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import threading
+import time
 
 from helpers import bound, chat_body, wait_until
 
@@ -137,3 +138,34 @@ def test_quit_drains_like_term(sluice_factory, mock):
     assert out["r"].status == 200
     assert s.wait_exit(bound(5)) == 0
     assert "draining" in s.stderr_text()
+
+
+def conns(s):
+    return s.metrics().value("sluice_connections_active")
+
+
+def test_drain_serves_a_connection_that_had_not_sent_its_request_yet(sluice_factory):
+    # Accepted before the drain, request bytes not there yet (a client that
+    # connected a moment before SIGTERM, or before an upgrade's old process
+    # stopped accepting): served, then closed; not cut as an idle keep-alive.
+    s = sluice_factory({"shutdown_timeout": "20s"})
+    n0 = conns(s)
+    with s.client(timeout=bound(10)) as c:
+        wait_until(lambda: conns(s) >= n0 + 1, bound(5), what="the connection accepted")
+        s.term()
+        wait_until(lambda: "draining" in s.stderr_text(), bound(5), what="the drain")
+        r = c.request("POST", "/v1/chat/completions", chat_body("late"))
+        assert r.status == 200, r
+        assert "close" in (r.header("Connection") or "").lower()
+    assert s.wait_exit(bound(5)) == 0
+
+
+def test_drain_does_not_wait_long_for_a_silent_connection(sluice_factory):
+    s = sluice_factory({"shutdown_timeout": "20s"})
+    n0 = conns(s)
+    with s.client(timeout=bound(10)):
+        wait_until(lambda: conns(s) >= n0 + 1, bound(5), what="the connection accepted")
+        t0 = time.monotonic()
+        s.term()
+        assert s.wait_exit(bound(10)) == 0  # a second of grace, not shutdown_timeout's 20 s
+        assert time.monotonic() - t0 < bound(3)
