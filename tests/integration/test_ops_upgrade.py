@@ -184,3 +184,20 @@ def test_upgrade_refused_while_one_is_under_way_is_logged(sluice_factory, mock, 
     hold.touch()
     wait_until(lambda: "exit status 3" in s.stderr_text(), bound(10), what="the first one failing")
     assert s.chat("fine").status == 200
+
+
+def test_upgrade_refused_with_a_supervised_model_server(sluice_factory, mock, tmp_path):
+    # The new process would start a second model server on the same port:
+    # refused, logged, nothing started, the old one serves on.
+    from test_fallback_supervise import ready, sup_conf
+
+    from helpers import free_port
+
+    s = sluice_factory(sup_conf(free_port(), mock.url))
+    wait_until(lambda: ready(s), bound(20), what="the supervised server in service")
+    s.p.signal(signal.SIGUSR2)
+    wait_until(lambda: "upgrade refused: upstreams.local.command" in s.stderr_text(), bound(5),
+               what="the refusal logged")
+    assert "upgrade: started" not in s.stderr_text()
+    assert started_pids(s) == [s.p.proc.pid]
+    assert s.alive() and s.chat("still").status == 200
