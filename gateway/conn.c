@@ -255,7 +255,10 @@ static void gw_conn_close_after_flush(gw_conn_t *c)
  * read yet is not idle: its client has sent (or is sending) a request and
  * would see the close as a failure (a SIGUSR2 upgrade drains the old process
  * while clients keep connecting). It gets a short grace to send it, then
- * is served and closed; an idle keep-alive connection closes at once. */
+ * is served and closed. An idle keep-alive connection closes as soon as its
+ * last answer has left: "idle" starts when the answer is queued, and direct
+ * writes (wio.c) flush it at the end of the loop turn, so closing at once
+ * cut answers the client was about to read. */
 #define GW_CONN_DRAIN_FIRST_MS 1000
 
 void gw_conn_drain(gw_conn_t *c)
@@ -267,7 +270,7 @@ void gw_conn_drain(gw_conn_t *c)
         return;
     }
     if (c->phase == GW_PHASE_IDLE)
-        gw_conn_close(c);
+        gw_conn_close_after_flush(c); /* the last answer may still be on its way out */
     else
         c->close_after = true;
 }
