@@ -5,6 +5,8 @@
 #include "common/log.h"
 
 #include <pthread.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -34,6 +36,62 @@ int sl_log_level_parse(const char *s)
         if (strcmp(s, sl_log_names[i]) == 0)
             return (int)i;
     return -1;
+}
+
+/* ---- the error log's target ------------------------------------------------ */
+
+/* Main thread only (start, reload, SIGUSR1): workers only write to fd 2. */
+static char *sl_log_path;            /* NULL: stderr as the process got it */
+static int sl_log_saved_stderr = -1; /* the original fd 2, to go back to stderr */
+
+static int sl_log_put(const char *path, char *err, size_t errlen)
+{
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+    if (fd < 0) {
+        snprintf(err, errlen, "log.error %s: %s", path, strerror(errno));
+        return -1;
+    }
+    if (sl_log_saved_stderr < 0)
+        sl_log_saved_stderr = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 3);
+    /* One dup2: a writer's line lands wholly in the old file or the new. */
+    int rc = dup2(fd, STDERR_FILENO);
+    int e = errno;
+    close(fd);
+    if (rc < 0) {
+        snprintf(err, errlen, "log.error %s: dup2: %s", path, strerror(e));
+        return -1;
+    }
+    return 0;
+}
+
+int sl_log_set_target(const char *target, char *err, size_t errlen)
+{
+    if (!target || strcmp(target, "stderr") == 0) {
+        if (sl_log_path && sl_log_saved_stderr >= 0)
+            dup2(sl_log_saved_stderr, STDERR_FILENO);
+        free(sl_log_path);
+        sl_log_path = NULL;
+        return 0;
+    }
+    if (sl_log_path && strcmp(sl_log_path, target) == 0)
+        return 0;
+    char *copy = strdup(target);
+    if (!copy) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    if (sl_log_put(target, err, errlen) != 0) {
+        free(copy);
+        return -1;
+    }
+    free(sl_log_path);
+    sl_log_path = copy;
+    return 0;
+}
+
+int sl_log_reopen(char *err, size_t errlen)
+{
+    return sl_log_path ? sl_log_put(sl_log_path, err, errlen) : 0;
 }
 
 static void sl_log_v(sl_log_level_t lvl, const char *suffix, const char *fmt, va_list ap)

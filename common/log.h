@@ -16,6 +16,16 @@ int sl_log_level_parse(const char *s);
 
 void sl_log(sl_log_level_t lvl, const char *fmt, ...) SL_PRINTF(2, 3);
 
+/* Where the error log goes: "stderr" (the process's own fd 2, the default)
+ * or a file path, opened for append and dup2'd onto fd 2, so that stray
+ * writes to stderr (libraries, a child's inherited fd) follow it too. Main
+ * thread only. 0 ok, -1 with err filled (the previous target stays). */
+int sl_log_set_target(const char *target, char *err, size_t errlen) SL_WUR;
+/* Opens the file again (after logrotate moved it: SIGUSR1) and puts it on
+ * fd 2; the swap is one dup2, so a line is written wholly to the old or the
+ * new file. No-op with stderr. Main thread only. */
+int sl_log_reopen(char *err, size_t errlen) SL_WUR;
+
 #define sl_debug(...) sl_log(SL_LOG_DEBUG, __VA_ARGS__)
 #define sl_info(...)  sl_log(SL_LOG_INFO, __VA_ARGS__)
 #define sl_warn(...)  sl_log(SL_LOG_WARN, __VA_ARGS__)

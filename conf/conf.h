@@ -219,6 +219,7 @@ typedef struct conf_log {
     char *level;  /* debug | info | warn | error */
     /* sl_log_limited: one line per key per interval, 10s */
     int64_t repeat_interval_ms;
+    char *error;  /* "stderr" or a file path (the error log; SIGUSR1 reopens it) */
 } conf_log_t;
 
 /* ---- rate limits and token budgets (ratelimit/) -------------------------- */

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -21,6 +22,32 @@
 #include "gateway/http1.h"
 
 static _Atomic int gw_accesslog_fd = -1;
+/* The descriptor a file target lives on, kept for the process's life: a
+ * new file (reload, SIGUSR1) is dup2'd onto it, never closed under a worker
+ * that loaded the number a moment ago and is about to write. Main thread. */
+static int gw_accesslog_filefd = -1;
+static char *gw_accesslog_path;
+
+static int gw_accesslog_put(const char *path, char *err, size_t errlen)
+{
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+    if (fd < 0) {
+        snprintf(err, errlen, "log.access %s: %s", path, strerror(errno));
+        return -1;
+    }
+    if (gw_accesslog_filefd < 0) {
+        gw_accesslog_filefd = fd;
+        return 0;
+    }
+    int rc = dup2(fd, gw_accesslog_filefd); /* atomic: each line goes wholly to one file */
+    int e = errno;
+    close(fd);
+    if (rc < 0) {
+        snprintf(err, errlen, "log.access %s: dup2: %s", path, strerror(e));
+        return -1;
+    }
+    return 0;
+}
 
 int gw_accesslog_open(const char *target, char *err, size_t errlen)
 {
@@ -30,16 +57,31 @@ int gw_accesslog_open(const char *target, char *err, size_t errlen)
     } else if (strcmp(target, "stdout") == 0) {
         fd = STDOUT_FILENO;
     } else {
-        fd = open(target, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
-        if (fd < 0) {
-            snprintf(err, errlen, "log.access %s: %s", target, strerror(errno));
+        /* Opened again even when unchanged: a reload reopens, as USR1 does. */
+        char *copy = strdup(target);
+        if (!copy || gw_accesslog_put(target, err, errlen) != 0) {
+            if (!copy)
+                snprintf(err, errlen, "out of memory");
+            free(copy);
             return -1;
         }
+        free(gw_accesslog_path);
+        gw_accesslog_path = copy;
+        fd = gw_accesslog_filefd;
     }
-    int old = atomic_exchange(&gw_accesslog_fd, fd);
-    if (old > STDERR_FILENO)
-        close(old);
+    if (fd != gw_accesslog_filefd) {
+        free(gw_accesslog_path);
+        gw_accesslog_path = NULL;
+    }
+    atomic_store(&gw_accesslog_fd, fd);
     return 0;
+}
+
+int gw_accesslog_reopen(char *err, size_t errlen)
+{
+    if (!gw_accesslog_path || atomic_load(&gw_accesslog_fd) != gw_accesslog_filefd)
+        return 0;
+    return gw_accesslog_put(gw_accesslog_path, err, errlen);
 }
 
 void gw_accesslog_write(const gw_req_t *r)

@@ -277,10 +277,26 @@ static void gw_conn_close_after_flush(gw_conn_t *c)
      * (bufferevent write timeout) still applies. */
 }
 
+/* A connection accepted just before the drain whose request has not been
+ * read yet is not idle: its client has sent (or is sending) a request and
+ * would see the close as a failure (a SIGUSR2 upgrade drains the old process
+ * while clients keep connecting). It gets a short grace to send it, then
+ * is served and closed. An idle keep-alive connection closes as soon as its
+ * last answer has left: "idle" starts when the answer is queued, and direct
+ * writes (wio.c) flush it at the end of the loop turn, so closing at once
+ * cut answers the client was about to read. */
+#define GW_CONN_DRAIN_FIRST_MS 1000
+
 void gw_conn_drain(gw_conn_t *c)
 {
+    if (c->phase == GW_PHASE_IDLE && c->nrequests == 0) {
+        int64_t left = c->deadline_ms - sl_now_ms();
+        gw_conn_arm(c, left > 0 && left < GW_CONN_DRAIN_FIRST_MS ? left : GW_CONN_DRAIN_FIRST_MS);
+        c->close_after = true;
+        return;
+    }
     if (c->phase == GW_PHASE_IDLE)
-        gw_conn_close(c);
+        gw_conn_close_after_flush(c); /* the last answer may still be on its way out */
     else
         c->close_after = true;
 }

@@ -58,6 +58,9 @@ void gw_conn_respond_error(gw_conn_t *c, int status, const char *code, const cha
 /* accesslog.c: one JSON line per finished request, written by the connection
  * when it is done with a request. */
 int gw_accesslog_open(const char *target, char *err, size_t errlen);
+/* SIGUSR1: opens the file again at its path (logrotate moved it); no-op for
+ * stdout or off. Main thread only. */
+int gw_accesslog_reopen(char *err, size_t errlen);
 void gw_accesslog_write(const gw_req_t *r);
 
 #endif

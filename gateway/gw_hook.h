@@ -178,6 +178,9 @@ void gw_hooks_end(gw_req_t *r, gw_end_t how);
 /* What the adapters offer besides their hooks: handlers the route table
  * points at, and helpers other adapters share. */
 struct rl_decision;
+/* hook_ratelimit.c: the limits of runtime rt (per runtime: a reload swaps them). */
+struct rl_policy;
+const struct rl_policy *gw_rl_policy(const gw_rt_t *rt);
 /* hook_ratelimit.c: fills r->client_ip (X-Forwarded-For from trusted proxies). */
 void gw_rl_client_ip(gw_req_t *r);
 /* hook_ratelimit.c: the 429 (or 503 when the store is down) for a refused

@@ -175,7 +175,9 @@ static void gw_auth_rt_free(gw_rt_t *rt)
 static int gw_auth_worker_init(gw_worker_t *w)
 {
     const conf_redis_t *rc = &w->rt->conf->redis;
-    if (!rc->url || !w->rt->auth)
+    /* With Redis configured, whether auth is on or not at start: a reload
+     * may turn it on, and its nonces must then be shared, not per process. */
+    if (!rc->url)
         return 0;
     char err[256];
     sl_redis_opts_t o = {.url = rc->url, .timeout_ms = rc->timeout_ms};
@@ -263,7 +265,8 @@ void gw_auth_token_route(gw_req_t *r)
         return;
     }
     gw_rl_client_ip(r);
-    rl_request_t q = {.user = NULL, .client = NULL, .ip = r->client_ip, .tokens = 0};
+    rl_request_t q = {
+        .policy = gw_rl_policy(r->rt), .user = NULL, .client = NULL, .ip = r->client_ip};
     rl_decision_t d;
     rl_ticket_t *ticket = NULL;
     rl_pending_t *pending = NULL;

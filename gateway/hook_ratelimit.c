@@ -51,6 +51,13 @@ static bool gw_rl_budgets(const conf_ratelimit_t *c)
     return false;
 }
 
+/* The runtime's limits (rt_build below): a reload swaps them with the
+ * runtime, while the limiter's state (s->rl) stays. */
+const rl_policy_t *gw_rl_policy(const gw_rt_t *rt)
+{
+    return rt->hook_state[gw_hook_index(&gw_hook_ratelimit)];
+}
+
 void gw_rl_respond_refusal(gw_req_t *r, const struct rl_decision *d)
 {
     char hdrs[256];
@@ -107,7 +114,7 @@ void gw_rl_client_ip(gw_req_t *r)
 {
     char xff[1024];
     const gw_http_msg_t *m = gw_http_msg(r->c->parser);
-    if (rl_client_ip(rl_trusted_proxies(r->c->w->srv->rl), r->c->peer,
+    if (rl_client_ip(rl_policy_trusted_proxies(gw_rl_policy(r->rt)), r->c->peer,
                      gw_rl_xff(m, xff, sizeof(xff)), r->client_ip, sizeof(r->client_ip)) != 0)
         snprintf(r->client_ip, sizeof(r->client_ip), "%.47s", r->c->peer);
 }
@@ -171,6 +178,7 @@ static gw_hook_rc_t gw_rl_on_request(gw_req_t *r, void **state)
     }
     gw_rl_client_ip(r);
     rl_request_t q = {
+        .policy = gw_rl_policy(r->rt),
         .user = r->user[0] ? r->user : NULL,
         .client = r->client_id[0] ? r->client_id : NULL,
         .ip = r->client_ip,
@@ -277,6 +285,47 @@ static void gw_rl_on_end(gw_req_t *r, void *state, gw_end_t how)
 
 /* ---- lifecycle ------------------------------------------------------------ */
 
+/* The limits of a runtime: built with it, so a SIGHUP applies new limits,
+ * keys and overrides to new requests while every bucket is kept. */
+static int gw_rl_rt_build(gw_rt_t *rt, gw_shared_t *sh, char *err, size_t errlen)
+{
+    (void)sh;
+    char e[512];
+    rl_policy_t *p = rl_policy_new(&rt->conf->ratelimit, e, sizeof(e));
+    if (!p) {
+        snprintf(err, errlen, "%s: %s", rt->conf->path ? rt->conf->path : "conf", e);
+        return -1;
+    }
+    rt->hook_state[gw_hook_index(&gw_hook_ratelimit)] = p;
+    return 0;
+}
+
+static void gw_rl_rt_free(gw_rt_t *rt)
+{
+    int i = gw_hook_index(&gw_hook_ratelimit);
+    rl_policy_free(rt->hook_state[i]);
+    rt->hook_state[i] = NULL;
+}
+
+/* ratelimit.max_keys of the runtime serving now (a reload may change it):
+ * applied here, on the main thread, rather than in rt_build, which also
+ * runs for a reload that is then refused. */
+static void gw_rl_tick(gw_server_t *s)
+{
+    static int64_t applied = -1;
+    if (!s->rl)
+        return;
+    gw_rt_t *rt = gw_server_rt(s);
+    int64_t want = rt->conf->ratelimit.max_keys;
+    gw_rt_unref(rt);
+    if (applied < 0)
+        applied = want; /* process_init built it with this */
+    if (want != applied) {
+        rl_set_max_keys(s->rl, want);
+        applied = want;
+    }
+}
+
 /* The limiter lives across reloads: its state (buckets, concurrency) must. */
 static int gw_rl_process_init(gw_server_t *s, const conf_t *c, char *err, size_t errlen)
 {
@@ -313,6 +362,9 @@ static void gw_rl_worker_fini(gw_worker_t *w)
 
 const gw_hook_t gw_hook_ratelimit = {
     .name = "ratelimit",
+    .rt_build = gw_rl_rt_build,
+    .rt_free = gw_rl_rt_free,
+    .tick = gw_rl_tick,
     .process_init = gw_rl_process_init,
     .process_fini = gw_rl_process_fini,
     .worker_init = gw_rl_worker_init,

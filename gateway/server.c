@@ -28,6 +28,7 @@
 #include <event2/thread.h>
 
 #include "common/log.h"
+#include "common/sdnotify.h"
 #include "gateway/gw_conn.h"
 #include "gateway/gw_hook.h"
 #include "gateway/gw_metrics.h"
@@ -117,7 +118,8 @@ static int gw_listens_open(const conf_t *c, char *err, size_t errlen)
         gw_srv.listens[i].index = i;
         gw_srv.listens[i].address = sl_xstrdup(c->listen[i].address);
         char e[256];
-        gw_srv.listens[i].fd = gw_listen_open(c->listen[i].address, e, sizeof(e));
+        int fd = gw_upgrade_take(c->listen[i].address); /* SIGUSR2: the old process's */
+        gw_srv.listens[i].fd = fd >= 0 ? fd : gw_listen_open(c->listen[i].address, e, sizeof(e));
         if (gw_srv.listens[i].fd < 0) {
             snprintf(err, errlen, "%s:%d: listen: %s", c->path, c->listen[i].line, e);
             return -1;
@@ -128,12 +130,14 @@ static int gw_listens_open(const conf_t *c, char *err, size_t errlen)
         l->admin = true;
         l->address = sl_xstrdup(c->admin.address);
         char e[256];
-        l->fd = gw_listen_open(c->admin.address, e, sizeof(e));
+        int fd = gw_upgrade_take(c->admin.address);
+        l->fd = fd >= 0 ? fd : gw_listen_open(c->admin.address, e, sizeof(e));
         if (l->fd < 0) {
             snprintf(err, errlen, "%s: admin.address: %s", c->path, e);
             return -1;
         }
     }
+    gw_upgrade_close_unused();
     return 0;
 }
 
@@ -196,6 +200,8 @@ static void gw_reload(void)
     if (gw_accesslog_open(rt->conf->log.access, err, sizeof(err)) != 0) {
         sl_error("reload: %s (access log unchanged)", err);
     }
+    if (sl_log_set_target(rt->conf->log.error, err, sizeof(err)) != 0)
+        sl_error("reload: %s (error log unchanged)", err);
     int lvl = sl_log_level_parse(rt->conf->log.level);
     if (lvl >= 0)
         sl_log_set_level((sl_log_level_t)lvl);
@@ -207,6 +213,19 @@ static void gw_reload(void)
     gw_notify_all();
     gw_count_reload("ok");
     sl_info("reloaded %s (generation %llu)", gw_srv.conf_path, (unsigned long long)rt->generation);
+}
+
+/* SIGUSR1 (logrotate's postrotate): the access and error logs are opened
+ * again at their paths; a line being written while the file moves lands
+ * wholly in the old file or the new one (one dup2 each). */
+static void gw_reopen_logs(void)
+{
+    char err[512];
+    if (gw_accesslog_reopen(err, sizeof(err)) != 0)
+        sl_error("reopen: %s (access log unchanged)", err);
+    if (sl_log_reopen(err, sizeof(err)) != 0)
+        sl_error("reopen: %s (error log unchanged)", err);
+    sl_info("logs reopened");
 }
 
 static void gw_drain_timeout_cb(evutil_socket_t fd, short what, void *arg)
@@ -221,14 +240,11 @@ static void gw_drain_timeout_cb(evutil_socket_t fd, short what, void *arg)
 
 static void gw_drain_poll_cb(evutil_socket_t fd, short what, void *arg);
 
-static void gw_signal_cb(evutil_socket_t sig, short what, void *arg)
+/* Stop accepting, let what is in flight finish, then exit. systemd hears
+ * STOPPING=1 for a TERM/INT/QUIT drain, never for an upgrade's (the unit
+ * goes on, in the new process). */
+static void gw_drain_start(bool stopping)
 {
-    (void)what;
-    (void)arg;
-    if (sig == SIGHUP) {
-        gw_reload();
-        return;
-    }
     if (atomic_exchange(&gw_srv.draining, true)) {
         /* A second SIGTERM/SIGINT: stop now. */
         gw_drain_timeout_cb(-1, 0, NULL);
@@ -238,6 +254,8 @@ static void gw_signal_cb(evutil_socket_t sig, short what, void *arg)
     int64_t ms = rt->conf->shutdown_timeout_ms;
     gw_rt_unref(rt);
     sl_info("draining (up to %lld ms)", (long long)ms);
+    if (stopping)
+        sl_notify_stopping();
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
     gw_srv.drain_timer = evtimer_new(gw_srv.main.base, gw_drain_timeout_cb, NULL);
     evtimer_add(gw_srv.drain_timer, &tv);
@@ -246,6 +264,42 @@ static void gw_signal_cb(evutil_socket_t sig, short what, void *arg)
     gw_srv.drain_poll = event_new(gw_srv.main.base, -1, EV_PERSIST, gw_drain_poll_cb, NULL);
     struct timeval ptv = {0, 20000};
     event_add(gw_srv.drain_poll, &ptv);
+}
+
+/* The new binary of a SIGUSR2 upgrade is serving: this one bows out. */
+static void gw_upgrade_done(gw_server_t *s)
+{
+    (void)s;
+    if (!atomic_load(&gw_srv.draining))
+        gw_drain_start(false);
+}
+
+static void gw_signal_cb(evutil_socket_t sig, short what, void *arg)
+{
+    (void)what;
+    (void)arg;
+    if (sig == SIGUSR1) {
+        gw_reopen_logs();
+        return;
+    }
+    if (sig == SIGUSR2) {
+        char err[512];
+        gw_rt_t *rt = gw_server_rt(&gw_srv);
+        int rc = gw_upgrade_start(&gw_srv, rt, gw_upgrade_done, err, sizeof(err));
+        gw_rt_unref(rt);
+        if (rc != 0)
+            sl_error("upgrade refused: %s; this process keeps serving", err);
+        return;
+    }
+    if (sig == SIGHUP) {
+        /* systemd waits between the two (Type=notify): READY also after a
+         * refused reload, since the old conf is serving. */
+        sl_notify_reloading();
+        gw_reload();
+        sl_notify_ready();
+        return;
+    }
+    gw_drain_start(true);
 }
 
 static _Atomic int gw_workers_running;
@@ -277,6 +331,15 @@ static void gw_maint_cb(evutil_socket_t fd, short what, void *arg)
     sl_log_limited_flush(); /* the counts of repeated failures that went quiet */
 }
 
+/* WATCHDOG=1 from the main loop: if the loop hangs, systemd restarts us. */
+static void gw_watchdog_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    (void)arg;
+    sl_notify_watchdog();
+}
+
 static int gw_cores(void)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -287,6 +350,9 @@ int gw_server_run(const char *conf_path)
 {
     char err[1024];
     signal(SIGPIPE, SIG_IGN);
+    /* Before any thread starts: it edits the environment (upgrade.c). */
+    bool upgraded = gw_upgrade_inherit() == 1;
+    gw_upgrade_init();
     /* No evthread_use_pthreads(): every event_base belongs to one thread,
      * and the few cross-thread messages go through gw_worker_post (an
      * eventfd), so libevent's locks would only cost. */
@@ -300,6 +366,11 @@ int gw_server_run(const char *conf_path)
     if (lvl >= 0)
         sl_log_set_level((sl_log_level_t)lvl);
     sl_log_limited_set_interval(c->log.repeat_interval_ms * 1000000);
+    if (sl_log_set_target(c->log.error, err, sizeof(err)) != 0) {
+        sl_error("%s", err);
+        conf_free(c);
+        return 1;
+    }
     gw_srv.conf_path = sl_xstrdup(conf_path);
     pthread_mutex_init(&gw_srv.rt_lock, NULL);
     gw_srv.shared = gw_shared_new();
@@ -336,6 +407,13 @@ int gw_server_run(const char *conf_path)
     evsignal_add(gw_srv.sig_hup, NULL);
     evsignal_add(gw_srv.sig_term, NULL);
     evsignal_add(gw_srv.sig_int, NULL);
+    /* QUIT drains like TERM (nginx's graceful stop is QUIT; ours is both). */
+    gw_srv.sig_quit = evsignal_new(mb, SIGQUIT, gw_signal_cb, NULL);
+    gw_srv.sig_usr1 = evsignal_new(mb, SIGUSR1, gw_signal_cb, NULL);
+    gw_srv.sig_usr2 = evsignal_new(mb, SIGUSR2, gw_signal_cb, NULL);
+    evsignal_add(gw_srv.sig_quit, NULL);
+    evsignal_add(gw_srv.sig_usr1, NULL);
+    evsignal_add(gw_srv.sig_usr2, NULL);
     if (gw_sup_init(mb, rt, err, sizeof(err)) != 0) {
         sl_error("supervise: %s", err);
         return 1;
@@ -355,8 +433,23 @@ int gw_server_run(const char *conf_path)
         }
     }
     atomic_store(&gw_srv.ready, true);
-    sl_info("sluice started: %d worker(s), %zu listener(s), conf %s", gw_srv.nworkers,
-            rt->conf->nlisten, conf_path);
+    if (upgraded) {
+        /* systemd follows this process first; then the old one may go. */
+        sl_notify_mainpid();
+        gw_upgrade_ready();
+    } else {
+        sl_notify_ready();
+    }
+    int64_t wd_usec = sl_notify_watchdog_usec();
+    if (wd_usec > 0) {
+        gw_srv.watchdog_ev = event_new(mb, -1, EV_PERSIST, gw_watchdog_cb, NULL);
+        struct timeval wtv = {(wd_usec / 2) / 1000000, (wd_usec / 2) % 1000000};
+        if (gw_srv.watchdog_ev)
+            event_add(gw_srv.watchdog_ev, &wtv);
+        sl_notify_watchdog();
+    }
+    sl_info("sluice started: %d worker(s), %zu listener(s), conf %s, pid %ld", gw_srv.nworkers,
+            rt->conf->nlisten, conf_path, (long)getpid());
     event_base_dispatch(mb);
     for (int i = 0; i < gw_srv.nworkers; i++)
         pthread_join(gw_srv.workers[i].thread, NULL);
@@ -379,11 +472,17 @@ int gw_server_run(const char *conf_path)
     event_free(gw_srv.sig_hup);
     event_free(gw_srv.sig_term);
     event_free(gw_srv.sig_int);
+    event_free(gw_srv.sig_quit);
+    event_free(gw_srv.sig_usr1);
+    event_free(gw_srv.sig_usr2);
+    gw_upgrade_fini();
     if (gw_srv.drain_timer)
         event_free(gw_srv.drain_timer);
     if (gw_srv.drain_poll)
         event_free(gw_srv.drain_poll);
     event_free(gw_srv.maint_ev);
+    if (gw_srv.watchdog_ev)
+        event_free(gw_srv.watchdog_ev);
     free(gw_srv.workers);
     free(gw_srv.listens);
     gw_hooks_process_fini(&gw_srv);

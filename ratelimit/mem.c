@@ -49,7 +49,7 @@ typedef struct rl_stripe {
 
 struct rl_mem {
     rl_stripe_t stripes[RL_STRIPES];
-    size_t cap;             /* keys in the whole table */
+    _Atomic size_t cap;     /* keys in the whole table (a reload may change it) */
     _Atomic size_t count;   /* keys in the whole table now */
     _Atomic unsigned probe; /* next stripe a full table looks at for idle keys */
     _Atomic uint64_t refused;
@@ -63,8 +63,13 @@ rl_mem_t *rl_mem_new(size_t max_keys)
     memset(m, 0, sizeof(*m));
     for (int i = 0; i < RL_STRIPES; i++)
         pthread_mutex_init(&m->stripes[i].mu, NULL);
-    m->cap = max_keys > 0 ? max_keys : 1;
+    rl_mem_set_cap(m, max_keys);
     return m;
+}
+
+void rl_mem_set_cap(rl_mem_t *m, size_t max_keys)
+{
+    atomic_store(&m->cap, max_keys > 0 ? max_keys : 1);
 }
 
 void rl_mem_free(rl_mem_t *m)
@@ -166,7 +171,7 @@ static void rl_mem_reclaim_elsewhere(rl_mem_t *m, const rl_stripe_t *own, int64_
 /* Reserves room for one more key in the whole table. */
 static bool rl_mem_reserve(rl_mem_t *m)
 {
-    if (atomic_fetch_add(&m->count, 1) < m->cap)
+    if (atomic_fetch_add(&m->count, 1) < atomic_load_explicit(&m->cap, memory_order_relaxed))
         return true;
     atomic_fetch_sub(&m->count, 1);
     return false;
@@ -268,7 +273,7 @@ void rl_mem_check(rl_mem_t *m, const char *key, size_t klen, const rl_limits_t *
         /* Every key is live: a new one must not get a free burst. */
         d->allowed = false;
         d->limit = RL_LIMIT_KEYS;
-        d->limit_value = (int64_t)m->cap;
+        d->limit_value = (int64_t)atomic_load_explicit(&m->cap, memory_order_relaxed);
         d->retry_after_ms = rl_stripe_retry_ms(s, now);
         d->reset_ms = d->retry_after_ms;
         pthread_mutex_unlock(&s->mu);

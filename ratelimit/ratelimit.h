@@ -101,11 +101,16 @@ typedef struct rl_limits {
     int64_t tokens_per_day;
 } rl_limits_t;
 
+typedef struct rl_policy rl_policy_t;
+typedef struct rl_proxies rl_proxies_t;
+
 typedef struct rl_request {
-    const char *user;   /* the token's sub; NULL for an endpoint without a user */
-    const char *client; /* the token's client id, for "client:ID" overrides; may be NULL */
-    const char *ip;     /* rl_client_ip()'s answer; the key when user is NULL */
-    int64_t tokens;     /* reservation: prompt estimate + clamped max_tokens; 0 = none */
+    const rl_policy_t *policy; /* the limits to apply (the request's runtime's); NULL = the
+                                  ones rl_new() was built with */
+    const char *user;          /* the token's sub; NULL for an endpoint without a user */
+    const char *client;        /* the token's client id, for "client:ID" overrides; may be NULL */
+    const char *ip;            /* rl_client_ip()'s answer; the key when user is NULL */
+    int64_t tokens;            /* reservation: prompt estimate + clamped max_tokens; 0 = none */
 } rl_request_t;
 
 typedef struct rl_decision {
@@ -153,6 +158,24 @@ rl_t *rl_new(const struct conf_ratelimit *c, const struct conf_redis *redis, cha
              size_t errlen) SL_WUR;
 /* After every worker is freed. */
 void rl_free(rl_t *rl);
+
+/* The limits alone (per_user, per_ip, overrides, trusted_proxies,
+ * on_store_error), apart from the state: a reload builds a new policy while
+ * the limiter's store (every key's bucket, in-process or in Redis) lives on,
+ * so a user's usage is not reset. A bucket is one "theoretical arrival time"
+ * per limit: under a changed limit it keeps its time debt (the time until
+ * it is full again), so a user who had used half of the old period's
+ * allowance has used half of the new one. Immutable once built; borrowed by
+ * every check that names it, so it must outlive them (the gateway keeps it in
+ * the refcounted runtime the request holds). NULL on a bad value. */
+rl_policy_t *rl_policy_new(const struct conf_ratelimit *c, char *err, size_t errlen) SL_WUR;
+void rl_policy_free(rl_policy_t *p);
+void rl_policy_limits_for(const rl_policy_t *p, const char *user, const char *client,
+                          rl_limits_t *out);
+const rl_proxies_t *rl_policy_trusted_proxies(const rl_policy_t *p);
+/* ratelimit.max_keys on a live limiter (a reload): a smaller table drops
+ * its least recently used keys as new ones come. Thread-safe. */
+void rl_set_max_keys(rl_t *rl, int64_t max_keys);
 
 /* Test and bench hook: the monotonic clock (ns) of the in-process store.
  * Set before use. Default sl_now_ns. */
@@ -209,8 +232,6 @@ size_t rl_mem_keys(const rl_t *rl);
 uint64_t rl_mem_keys_refused(const rl_t *rl);
 
 /* ---- client address ------------------------------------------------------------ */
-
-typedef struct rl_proxies rl_proxies_t;
 
 /* cidrs: "10.0.0.0/8", "fd00::/8", "192.0.2.7" (a host). NULL on a bad one. */
 rl_proxies_t *rl_proxies_new(const char *const *cidrs, size_t n, char *err, size_t errlen) SL_WUR;

@@ -38,11 +38,17 @@ typedef struct rl_override {
 
 enum { MODE_REDIS = 0, MODE_DEGRADED, MODE_N };
 
-struct rl {
+/* The limits: per runtime in the gateway (rl_policy_new on each reload). */
+struct rl_policy {
     rl_limits_t per_user, per_ip;
     int on_store_error;
     rl_override_t *overrides;
     rl_proxies_t *proxies;
+};
+
+/* The state and its stores: one per process, across reloads. */
+struct rl {
+    rl_policy_t *policy; /* rl_new's own: for checks that name none */
     rl_mem_t *mem;
     int64_t (*now_ns)(void *);
     void *now_arg;
@@ -62,6 +68,7 @@ struct rl_ticket {
     rl_t *rl;
     rl_worker_t *w;
     rl_backend_t backend;
+    int on_store_error; /* the policy's, copied: a ticket may outlive its policy */
     rl_limits_t lim;
     int64_t reserved;
     bool slot;
@@ -115,14 +122,12 @@ static void rl_limits_from_conf(const conf_rl_limits_t *c, rl_limits_t *l)
 
 /* ---- construction ------------------------------------------------------------- */
 
-rl_t *rl_new(const struct conf_ratelimit *c, const struct conf_redis *redis, char *err,
-             size_t errlen)
+rl_policy_t *rl_policy_new(const struct conf_ratelimit *c, char *err, size_t errlen)
 {
-    rl_t *rl = sl_xcalloc(1, sizeof(*rl));
-    rl_limits_from_conf(&c->per_user, &rl->per_user);
-    rl->per_ip.requests_per_minute = c->per_ip.requests_per_minute;
-    rl->on_store_error = c->on_store_error;
-    rl->now_ns = rl_default_clock;
+    rl_policy_t *p = sl_xcalloc(1, sizeof(*p));
+    rl_limits_from_conf(&c->per_user, &p->per_user);
+    p->per_ip.requests_per_minute = c->per_ip.requests_per_minute;
+    p->on_store_error = c->on_store_error;
     for (size_t i = 0; i < c->noverrides; i++) {
         const conf_rl_override_t *o = &c->overrides[i];
         size_t n = strlen(o->name);
@@ -130,26 +135,56 @@ rl_t *rl_new(const struct conf_ratelimit *c, const struct conf_redis *redis, cha
         memcpy(e->name, o->name, n + 1);
         /* -1 = not set in the override: per_user's value */
         const int64_t *src = &o->limits.requests_per_minute;
-        const int64_t *dflt = &rl->per_user.requests_per_minute;
+        const int64_t *dflt = &p->per_user.requests_per_minute;
         int64_t *dst = &e->limits.requests_per_minute;
         for (int k = 0; k < 4; k++)
             dst[k] = src[k] >= 0 ? src[k] : dflt[k];
         rl_override_t *dup = NULL;
-        HASH_FIND(hh, rl->overrides, e->name, n, dup);
+        HASH_FIND(hh, p->overrides, e->name, n, dup);
         if (dup) {
             snprintf(err, errlen, "ratelimit.overrides: \"%s\" twice", o->name);
             free(e);
-            rl_free(rl);
+            rl_policy_free(p);
             return NULL;
         }
-        HASH_ADD_KEYPTR(hh, rl->overrides, e->name, n, e);
+        HASH_ADD_KEYPTR(hh, p->overrides, e->name, n, e);
     }
-    rl->proxies =
+    p->proxies =
         rl_proxies_new((const char *const *)c->trusted_proxies, c->ntrusted_proxies, err, errlen);
+    if (!p->proxies) {
+        rl_policy_free(p);
+        return NULL;
+    }
+    return p;
+}
+
+void rl_policy_free(rl_policy_t *p)
+{
+    if (!p)
+        return;
+    rl_override_t *o, *tmp;
+    HASH_ITER(hh, p->overrides, o, tmp)
+    {
+        HASH_DEL(p->overrides, o);
+        free(o);
+    }
+    rl_proxies_free(p->proxies);
+    free(p);
+}
+
+rl_t *rl_new(const struct conf_ratelimit *c, const struct conf_redis *redis, char *err,
+             size_t errlen)
+{
+    rl_t *rl = sl_xcalloc(1, sizeof(*rl));
+    rl->now_ns = rl_default_clock;
+    rl->policy = rl_policy_new(c, err, errlen);
+    if (!rl->policy) {
+        rl_free(rl);
+        return NULL;
+    }
     rl->mem = rl_mem_new(c->max_keys > 0 ? (size_t)c->max_keys : 100000);
-    if (!rl->proxies || !rl->mem) {
-        if (rl->proxies)
-            snprintf(err, errlen, "out of memory");
+    if (!rl->mem) {
+        snprintf(err, errlen, "out of memory");
         rl_free(rl);
         return NULL;
     }
@@ -198,13 +233,7 @@ void rl_free(rl_t *rl)
 {
     if (!rl)
         return;
-    rl_override_t *o, *tmp;
-    HASH_ITER(hh, rl->overrides, o, tmp)
-    {
-        HASH_DEL(rl->overrides, o);
-        free(o);
-    }
-    rl_proxies_free(rl->proxies);
+    rl_policy_free(rl->policy);
     rl_mem_free(rl->mem);
     sl_redis_script_free(rl->script);
     free(rl->redis_url);
@@ -219,7 +248,17 @@ void rl_set_clock(rl_t *rl, int64_t (*now_ns)(void *arg), void *arg)
 
 const rl_proxies_t *rl_trusted_proxies(const rl_t *rl)
 {
-    return rl->proxies;
+    return rl->policy->proxies;
+}
+
+const rl_proxies_t *rl_policy_trusted_proxies(const rl_policy_t *p)
+{
+    return p->proxies;
+}
+
+void rl_set_max_keys(rl_t *rl, int64_t max_keys)
+{
+    rl_mem_set_cap(rl->mem, max_keys > 0 ? (size_t)max_keys : 100000);
 }
 
 size_t rl_mem_keys(const rl_t *rl)
@@ -232,21 +271,27 @@ uint64_t rl_mem_keys_refused(const rl_t *rl)
     return rl_mem_refused(rl->mem);
 }
 
-void rl_limits_for(const rl_t *rl, const char *user, const char *client, rl_limits_t *out)
+void rl_policy_limits_for(const rl_policy_t *p, const char *user, const char *client,
+                          rl_limits_t *out)
 {
     if (!user) {
-        *out = rl->per_ip;
+        *out = p->per_ip;
         return;
     }
     rl_override_t *o = NULL;
-    HASH_FIND_STR(rl->overrides, user, o);
+    HASH_FIND_STR(p->overrides, user, o);
     if (!o && client) {
         char k[RL_KEY_MAX + 8];
         int n = snprintf(k, sizeof(k), "client:%s", client);
         if (n > 0 && (size_t)n < sizeof(k))
-            HASH_FIND(hh, rl->overrides, k, (size_t)n, o);
+            HASH_FIND(hh, p->overrides, k, (size_t)n, o);
     }
-    *out = o ? o->limits : rl->per_user;
+    *out = o ? o->limits : p->per_user;
+}
+
+void rl_limits_for(const rl_t *rl, const char *user, const char *client, rl_limits_t *out)
+{
+    rl_policy_limits_for(rl->policy, user, client, out);
 }
 
 /* ---- workers -------------------------------------------------------------------- */
@@ -344,9 +389,9 @@ static void rl_check_mem(rl_t *rl, rl_ticket_t *t, int64_t tokens, rl_decision_t
 /* Redis could not answer: on_store_error decides. */
 static void rl_store_error(rl_t *rl, rl_ticket_t *t, int64_t tokens, rl_decision_t *d)
 {
-    sl_counter_add(rl->store_err[rl->on_store_error], 1);
+    sl_counter_add(rl->store_err[t->on_store_error], 1);
     memset(d, 0, sizeof(*d));
-    switch (rl->on_store_error) {
+    switch (t->on_store_error) {
     case CONF_STORE_ERROR_LOCAL:
         rl_check_mem(rl, t, tokens, d);
         break;
@@ -465,12 +510,14 @@ rl_check_rc_t rl_check(rl_worker_t *w, const rl_request_t *req, rl_decision_t *d
         return RL_ERROR;
     t->rl = rl;
     t->w = w;
+    const rl_policy_t *pol = req->policy ? req->policy : rl->policy;
+    t->on_store_error = pol->on_store_error;
     int64_t tokens = req->tokens > 0 ? req->tokens : 0;
     if (req->user) {
-        rl_limits_for(rl, req->user, req->client, &t->lim);
+        rl_policy_limits_for(pol, req->user, req->client, &t->lim);
         t->klen = rl_key_make('u', req->user, t->key);
     } else if (req->ip) {
-        rl_limits_for(rl, NULL, NULL, &t->lim);
+        rl_policy_limits_for(pol, NULL, NULL, &t->lim);
         t->ip = true;
         tokens = 0; /* no budgets without a user */
         /* an IPv6 client owns a whole /64: limit the prefix, not the address */

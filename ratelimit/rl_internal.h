@@ -42,6 +42,10 @@ void rl_mem_free(rl_mem_t *m);
 size_t rl_mem_count(const rl_mem_t *m);
 /* New keys refused because every key the table holds was live, since start. */
 uint64_t rl_mem_refused(const rl_mem_t *m);
+/* A new size of the whole table (reload of ratelimit.max_keys); thread-safe.
+ * Keys above a smaller cap stay until they are idle; no new key is taken
+ * while the table is over it. */
+void rl_mem_set_cap(rl_mem_t *m, size_t max_keys);
 
 /* All or nothing: one request (if lim->requests_per_minute), a concurrency
  * slot (if lim->concurrent), `tokens` from each token budget. ip: name the

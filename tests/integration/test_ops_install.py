@@ -190,11 +190,12 @@ def test_man_page_renders_and_documents_signals_and_exit_codes():
         assert s in sections, (s, sections)
     sig = text.split("\nSIGNALS\n", 1)[1].split("\nSYSTEMD\n", 1)[0]
     rows = dict(re.findall(r"^\s+(SIG[A-Z0-9]+)\s+(\S.*)$", sig, re.M))
-    assert set(rows) == {"SIGHUP", "SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT"}, rows
+    assert set(rows) == {"SIGHUP", "SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGQUIT"}, rows
     assert rows["SIGHUP"].startswith("Reload")
     assert rows["SIGUSR1"].startswith("Reopen")
     assert rows["SIGUSR2"].startswith("Upgrade")
     assert rows["SIGTERM"].startswith("Graceful")
+    assert rows["SIGQUIT"].startswith("As SIGTERM")
     ex = text.split("\nEXIT STATUS\n", 1)[1].split("\nEXAMPLES\n", 1)[0]
     assert re.findall(r"^\s+([0-9]+)\s", ex, re.M) == ["0", "1", "2"], ex
     for f in ("/usr/sbin/sluice", "/etc/sluice/sluice.yaml", "/var/lib/sluice", "/etc/default/sluice"):

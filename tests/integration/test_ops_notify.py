@@ -9,10 +9,8 @@ systemd's, with SO_PASSCRED so each message's sender pid is checked.
     WATCHDOG=1                       every WATCHDOG_USEC/2 or faster
 
 The protocol itself (common/sdnotify.c) is unit-tested in
-tests/unit/test_sdnotify.c. These tests are the gateway's side, which the
-server calls after gateway/ is restructured (docs/ops.md, "Wiring"): until
-then they are expected to fail (strict xfail), and the marker comes off with
-the wiring: a pass while marked fails the run.
+tests/unit/test_sdnotify.c. These tests are the gateway's side: where
+gateway/server.c calls it (docs/ops.md, "Wiring").
 """
 
 import os
@@ -24,12 +22,6 @@ import time
 import pytest
 
 from helpers import bound, wait_until
-
-WIRED = pytest.mark.xfail(
-    strict=True,
-    reason="server.c does not call common/sdnotify.h yet (lead wires it after the restructure)",
-)
-
 
 class NotifySocket:
     """An abstract-namespace datagram socket like systemd's notify socket."""
@@ -96,7 +88,6 @@ def readyz(s):
         return False
 
 
-@WIRED
 def test_ready_once_listeners_accept(sluice_factory, nsock):
     s = sluice_factory(env=nsock.env)
     wait_until(lambda: readyz(s), bound(10), what="/readyz")
@@ -107,7 +98,6 @@ def test_ready_once_listeners_accept(sluice_factory, nsock):
         pass
 
 
-@WIRED
 def test_reload_is_bracketed_by_reloading_and_ready(sluice_factory, nsock):
     s = sluice_factory(env=nsock.env)
     wait_ready_msg(nsock)
@@ -127,7 +117,6 @@ def test_reload_is_bracketed_by_reloading_and_ready(sluice_factory, nsock):
     assert all(pid == s.p.proc.pid for pid, _ in got)
 
 
-@WIRED
 def test_refused_reload_still_ends_with_ready(sluice_factory, nsock):
     s = sluice_factory(env=nsock.env)
     wait_ready_msg(nsock)
@@ -138,7 +127,6 @@ def test_refused_reload_still_ends_with_ready(sluice_factory, nsock):
     assert texts[0].startswith("RELOADING=1\n") and texts[-1] == "READY=1", texts
 
 
-@WIRED
 def test_stopping_when_the_drain_starts(sluice_factory, nsock):
     s = sluice_factory(env=nsock.env)
     wait_ready_msg(nsock)
@@ -149,7 +137,6 @@ def test_stopping_when_the_drain_starts(sluice_factory, nsock):
     assert texts.count("STOPPING=1") == 1
 
 
-@WIRED
 def test_watchdog_pings_within_half_the_interval(sluice_factory, nsock):
     env = dict(nsock.env, WATCHDOG_USEC="400000")  # 0.4 s: ping every <= 0.2 s
     sluice_factory(env=env)

@@ -10,6 +10,8 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/log.h"
 
@@ -106,6 +108,66 @@ static void test_table_is_bounded(void **state)
     sl_logrl_free(rl);
 }
 
+/* The error log on a file (log.error), then reopened after a move (SIGUSR1):
+ * the lines before the move are in the moved file, the ones after in a new
+ * file at the old path, and going back to stderr restores the original fd 2. */
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    static char buf[8192];
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+static void test_error_log_file_and_reopen(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/sl-log-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[256], moved[256], err[256];
+    snprintf(path, sizeof(path), "%s/error.log", dir);
+    snprintf(moved, sizeof(moved), "%s/error.log.1", dir);
+    struct stat before;
+    assert_int_equal(fstat(STDERR_FILENO, &before), 0);
+    assert_int_equal(sl_log_reopen(err, sizeof(err)), 0); /* stderr: nothing to do */
+    assert_int_equal(sl_log_set_target(path, err, sizeof(err)), 0);
+    sl_error("line one");
+    assert_int_equal(rename(path, moved), 0);
+    sl_error("line two"); /* still the moved file: not reopened yet */
+    assert_int_equal(sl_log_reopen(err, sizeof(err)), 0);
+    sl_error("line three");
+    fprintf(stderr, "stray write\n"); /* fd 2 itself follows the file */
+    fflush(stderr);
+    char *m = slurp(moved);
+    assert_non_null(m);
+    assert_non_null(strstr(m, "line one"));
+    assert_non_null(strstr(m, "line two"));
+    assert_null(strstr(m, "line three"));
+    char *n = slurp(path);
+    assert_non_null(n);
+    assert_null(strstr(n, "line two"));
+    assert_non_null(strstr(n, "line three"));
+    assert_non_null(strstr(n, "stray write"));
+    /* a bad path is refused and changes nothing */
+    char bad[300];
+    snprintf(bad, sizeof(bad), "%s/no/such/dir/e.log", dir);
+    assert_int_equal(sl_log_set_target(bad, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "log.error"));
+    sl_error("line four");
+    assert_non_null(strstr(slurp(path), "line four"));
+    assert_int_equal(sl_log_set_target("stderr", err, sizeof(err)), 0);
+    struct stat after;
+    assert_int_equal(fstat(STDERR_FILENO, &after), 0);
+    assert_true(after.st_ino == before.st_ino && after.st_dev == before.st_dev);
+    unlink(path);
+    unlink(moved);
+    rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -113,6 +175,7 @@ int main(void)
         cmocka_unit_test(test_keys_are_independent),
         cmocka_unit_test(test_flush_reports_quiet_keys_once),
         cmocka_unit_test(test_table_is_bounded),
+        cmocka_unit_test(test_error_log_file_and_reopen),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -528,6 +528,61 @@ static void test_from_conf(void **state)
     conf_free(conf);
 }
 
+/* A reload builds a new policy while the limiter's state stays: a user's
+ * used share of the bucket is kept under the new limit, a new override
+ * applies, and a ticket taken under the old policy settles after it is gone. */
+static void test_policy_swap_keeps_state(void **state)
+{
+    (void)state;
+    conf_ratelimit_t c = base_conf();
+    c.per_user.concurrent = 2;
+    rl_t *rl = mk(&c);
+    char err[128];
+    rl_worker_t *w = rl_worker_new(rl, NULL, err, sizeof(err));
+    assert_non_null(w);
+    now_ns = 9000 * S;
+    rl_decision_t d;
+    assert_true(chk(w, "alice", NULL, NULL, 0, &d, NULL));
+    rl_ticket_t *held = NULL;
+    assert_true(chk(w, "alice", NULL, NULL, 0, &d, &held)); /* 2 of 10 used: 12 s of 60 */
+    conf_ratelimit_t c2 = base_conf();
+    c2.per_user.requests_per_minute = 4; /* 15 s a request */
+    c2.per_user.concurrent = 2;
+    conf_rl_override_t o = {.name = "bob", .limits = {100, -1, -1, -1}};
+    c2.overrides = &o;
+    c2.noverrides = 1;
+    rl_policy_t *p2 = rl_policy_new(&c2, err, sizeof(err));
+    assert_non_null(p2);
+    rl_request_t req = {.policy = p2, .user = "alice"};
+    rl_ticket_t *t = NULL;
+    assert_int_equal(rl_check(w, &req, &d, &t, NULL, NULL, NULL), RL_DONE);
+    assert_true(d.allowed);
+    assert_int_equal(d.limit_value, 4);
+    assert_int_equal(d.remaining, 2); /* (60 - 12 - 15) / 15; a reset bucket: 3 */
+    rl_ticket_settle(t, 0);
+    /* the held slot counts under the new policy too: concurrent 2 */
+    rl_ticket_t *t2 = NULL;
+    now_ns += 60 * S;
+    assert_int_equal(rl_check(w, &req, &d, &t2, NULL, NULL, NULL), RL_DONE);
+    assert_true(d.allowed);
+    assert_int_equal(rl_check(w, &req, &d, &t, NULL, NULL, NULL), RL_DONE);
+    assert_false(d.allowed);
+    assert_null(t);
+    rl_ticket_settle(t2, 0);
+    assert_int_equal(d.limit, RL_LIMIT_CONCURRENT);
+    rl_limits_t l;
+    rl_policy_limits_for(p2, "bob", NULL, &l);
+    assert_int_equal(l.requests_per_minute, 100);
+    assert_int_equal(l.concurrent, 2);  /* -1: per_user's */
+    rl_limits_for(rl, "bob", NULL, &l); /* rl_new's own policy is unchanged */
+    assert_int_equal(l.requests_per_minute, 10);
+    rl_policy_free(p2); /* the old runtime goes: its tickets still settle */
+    rl_ticket_settle(held, 0);
+    rl_policy_free(NULL);
+    rl_worker_free(w);
+    rl_free(rl);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -542,6 +597,7 @@ int main(void)
         cmocka_unit_test(test_ip_keys),
         cmocka_unit_test(test_memory_bounds),
         cmocka_unit_test(test_from_conf),
+        cmocka_unit_test(test_policy_swap_keeps_state),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
