@@ -197,6 +197,11 @@ void fb_breaker_cancel(fb_breaker_t *b, fb_admit_t how);
 void fb_breaker_hold(fb_breaker_t *b, int64_t until_ms, int64_t now_ms);
 /* Consecutive failures now (tests, logs). */
 int fb_breaker_failures(fb_breaker_t *b);
+/* How long until this server may be picked again: 0 when it may now, the
+ * open period's remainder, or probe_wait_ms when half-open with every
+ * probe slot taken (a probe's answer is what frees one). For the
+ * Retry-After of an answer sent because no server could be picked. */
+int64_t fb_breaker_wait_ms(fb_breaker_t *b, int64_t now_ms, int64_t probe_wait_ms);
 
 /* The process-wide set of breakers, keyed by (upstream, server URL), so a
  * reload keeps each server's state. */

@@ -253,6 +253,45 @@ bool gw_fb_after_failure(gw_req_t *r, int failure, int status)
     return true;
 }
 
+/* ---- retry hints for the client ------------------------------------------ */
+
+/* A half-open server whose probe slots are all taken frees one when a
+ * probe answers: a second is a fair guess, and short enough not to strand
+ * a client. */
+#define GW_FB_PROBE_WAIT_MS 1000
+
+static int64_t gw_fb_pool_wait_ms(const gw_pool_rt_t *pool, int64_t now)
+{
+    if (!pool || pool->engine || pool->nservers == 0)
+        return 0;
+    int64_t best = -1;
+    for (size_t i = 0; i < pool->nservers; i++) {
+        int64_t w = fb_breaker_wait_ms(pool->servers[i]->breaker, now, GW_FB_PROBE_WAIT_MS);
+        if (best < 0 || w < best)
+            best = w;
+    }
+    return best > 0 ? best : 0;
+}
+
+const char *gw_fb_retry_headers(const gw_req_t *r, char *buf, size_t n)
+{
+    if (n == 0)
+        return buf;
+    buf[0] = '\0';
+    if (!r->model)
+        return buf; /* not a proxied request: nothing was tried */
+    size_t used = 0;
+    if (r->attempts > 1 || r->fallback) {
+        int k = snprintf(buf, n, "x-should-retry: false\r\n");
+        used = k > 0 ? SL_MIN((size_t)k, n - 1) : 0;
+    }
+    int64_t wait = gw_fb_pool_wait_ms(r->att.pool, sl_now_ms());
+    if (wait > 0)
+        snprintf(buf + used, n - used, "Retry-After: %lld\r\nretry-after-ms: %lld\r\n",
+                 (long long)((wait + 999) / 1000), (long long)wait);
+    return buf;
+}
+
 /* ---- GET /v1/requests/{id} ------------------------------------------------- */
 
 static void gw_fb_lookup_answer(gw_req_t *r, fb_qres_t *res)

@@ -352,6 +352,16 @@ static void gw_fbh_process_stop(gw_server_t *s)
     gw_fb_queue_thread_stop();
 }
 
+/* A relayed upstream 5xx after sluice already retried: the SDK's own retry
+ * would repeat those attempts at once (the upstream's own Retry-After, if
+ * any, is relayed as it is). */
+static void gw_fbh_on_headers(gw_req_t *r, void *state, struct evbuffer *out)
+{
+    (void)state;
+    if (r->att.upstatus >= 500 && (r->attempts > 1 || r->fallback))
+        evbuffer_add(out, GW_LIT("x-should-retry: false\r\n"));
+}
+
 const gw_hook_t gw_hook_fallback = {
     .name = "fallback",
     .check = gw_fbh_check,
@@ -367,4 +377,5 @@ const gw_hook_t gw_hook_fallback = {
     .on_request = gw_fbh_on_request,
     .on_cancel = gw_fbh_on_cancel,
     .on_end = gw_fbh_on_end,
+    .on_headers = gw_fbh_on_headers,
 };

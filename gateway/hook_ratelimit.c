@@ -2,7 +2,8 @@
  * hook_ratelimit.c — the rate-limit adapter: clamps max_tokens, reserves
  * the request's token cost and takes a request and a concurrency slot
  * (ratelimit/ decides, in-process or through Redis), answers 429 with
- * Retry-After and X-RateLimit-*, strips the usage chunk it asked the
+ * Retry-After, retry-after-ms and OpenAI's x-ratelimit-* names (plus the
+ * deprecated X-RateLimit-*), strips the usage chunk it asked the
  * upstream for, and settles the reservation with the real usage at the end.
  */
 #include <stdio.h>
@@ -51,10 +52,79 @@ static bool gw_rl_budgets(const conf_ratelimit_t *c)
     return false;
 }
 
+const char *gw_rl_duration(int64_t ms, char *buf, size_t n)
+{
+    if (ms <= 0) {
+        snprintf(buf, n, "0s");
+        return buf;
+    }
+    if (ms < 1000) {
+        snprintf(buf, n, "%lldms", (long long)ms);
+        return buf;
+    }
+    long long h = ms / 3600000, m = ms / 60000 % 60, s = ms / 1000 % 60, f = ms % 1000;
+    char sec[32];
+    if (f) {
+        int k = snprintf(sec, sizeof(sec), "%lld.%03lld", s, f);
+        while (k > 0 && sec[k - 1] == '0') /* Go trims the fraction's zeros */
+            sec[--k] = '\0';
+    } else {
+        snprintf(sec, sizeof(sec), "%lld", s);
+    }
+    if (h)
+        snprintf(buf, n, "%lldh%lldm%ss", h, m, sec);
+    else if (m)
+        snprintf(buf, n, "%lldm%ss", m, sec);
+    else
+        snprintf(buf, n, "%ss", sec);
+    return buf;
+}
+
+int gw_rl_format_headers(const struct rl_decision *d, char *buf, size_t n)
+{
+    /* The old names first (rl_format_headers: X-RateLimit-*, Retry-After). */
+    int len = rl_format_headers(d, buf, n);
+    if (len < 0)
+        return -1;
+    const char *what = NULL;
+    switch (d->limit) {
+    case RL_LIMIT_REQUESTS:
+    case RL_LIMIT_IP_REQUESTS:
+        what = "requests";
+        break;
+    case RL_LIMIT_TOKENS_MINUTE:
+    case RL_LIMIT_TOKENS_DAY:
+        what = "tokens";
+        break;
+    default: /* concurrency, the store, the key table: OpenAI has no name for them */
+        break;
+    }
+    int w = 0;
+    if (what) {
+        char reset[48];
+        w = snprintf(buf + len, n - (size_t)len,
+                     "x-ratelimit-limit-%s: %lld\r\nx-ratelimit-remaining-%s: %lld\r\n"
+                     "x-ratelimit-reset-%s: %s\r\n",
+                     what, (long long)d->limit_value, what, (long long)SL_MAX(d->remaining, 0),
+                     what, gw_rl_duration(d->reset_ms, reset, sizeof(reset)));
+        if (w < 0 || (size_t)w >= n - (size_t)len)
+            return -1;
+        len += w;
+    }
+    if (!d->allowed && d->retry_after_ms >= 0) {
+        w = snprintf(buf + len, n - (size_t)len, "retry-after-ms: %lld\r\n",
+                     (long long)SL_MAX(d->retry_after_ms, 1));
+        if (w < 0 || (size_t)w >= n - (size_t)len)
+            return -1;
+        len += w;
+    }
+    return len;
+}
+
 void gw_rl_respond_refusal(gw_req_t *r, const struct rl_decision *d)
 {
-    char hdrs[256];
-    if (rl_format_headers(d, hdrs, sizeof(hdrs)) < 0)
+    char hdrs[512];
+    if (gw_rl_format_headers(d, hdrs, sizeof(hdrs)) < 0)
         hdrs[0] = '\0';
     size_t len = 0;
     char *body = rl_error_body(d, &len);
@@ -205,8 +275,8 @@ static void gw_rl_on_headers(gw_req_t *r, void *state, struct evbuffer *out)
 {
     (void)r;
     gw_rl_t *s = state;
-    char hdrs[256];
-    if (s && s->d.limit != RL_LIMIT_NONE && rl_format_headers(&s->d, hdrs, sizeof(hdrs)) > 0)
+    char hdrs[512];
+    if (s && s->d.limit != RL_LIMIT_NONE && gw_rl_format_headers(&s->d, hdrs, sizeof(hdrs)) > 0)
         evbuffer_add(out, hdrs, strlen(hdrs));
 }
 

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "gateway/gw_conn.h"
+#include "gateway/gw_fallback.h"
 #include "gateway/gw_metrics.h"
 #include "gateway/gw_req.h"
 #include "gateway/gw_types.h"
@@ -113,6 +114,16 @@ void gw_respond_error_h(gw_req_t *r, int status, const char *type, const char *c
     }
     if (!r->error_kind)
         r->error_kind = code;
+    char hdrs[512];
+    if (status >= 502 && status <= 504 && r->model) {
+        /* The chain gave up on a proxied request: tell the SDK whether (and
+         * when) its own retry is worth it, so it does not retry into an
+         * open breaker or repeat the retries sluice just made. */
+        char hint[160];
+        gw_fb_retry_headers(r, hint, sizeof(hint));
+        snprintf(hdrs, sizeof(hdrs), "%s%s", extra_headers ? extra_headers : "", hint);
+        extra_headers = hdrs;
+    }
     gw_respond_json(r, status, body, len, extra_headers);
     free(body);
 }
