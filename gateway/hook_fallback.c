@@ -31,6 +31,7 @@
 #include "gateway/gw_req.h"
 #include "gateway/gw_rt.h"
 #include "gateway/gw_types.h"
+#include "gateway/gw_upstream.h"
 #include "gateway/gw_worker.h"
 #include "gateway/http1.h"
 
@@ -352,14 +353,23 @@ static void gw_fbh_process_stop(gw_server_t *s)
     gw_fb_queue_thread_stop();
 }
 
-/* A relayed upstream 5xx after sluice already retried: the SDK's own retry
- * would repeat those attempts at once (the upstream's own Retry-After, if
- * any, is relayed as it is). */
+/* A relayed upstream 5xx: the same retry hints as sluice's own 5xx
+ * (gw_fb_retry_headers), except that the upstream's own Retry-After, when
+ * it sent one, is relayed as it is and not doubled. */
 static void gw_fbh_on_headers(gw_req_t *r, void *state, struct evbuffer *out)
 {
     (void)state;
-    if (r->att.upstatus >= 500 && (r->attempts > 1 || r->fallback))
-        evbuffer_add(out, GW_LIT("x-should-retry: false\r\n"));
+    if (r->att.upstatus < 500)
+        return;
+    char hint[160];
+    gw_fb_retry_headers(r, hint, sizeof(hint));
+    const gw_http_msg_t *m = r->att.up ? gw_http_msg(r->att.up->parser) : NULL;
+    if (m && gw_http_header_find(m, "Retry-After")) {
+        char *ra = strstr(hint, "Retry-After:");
+        if (ra)
+            *ra = '\0'; /* the hint's Retry-After and retry-after-ms come last */
+    }
+    evbuffer_add(out, hint, strlen(hint));
 }
 
 const gw_hook_t gw_hook_fallback = {
