@@ -49,15 +49,16 @@ struct gw_req {
 
     /* hooks and what they learned */
     gw_hooks_req_t hooks;
-    char user[256];      /* the token's sub, "" without auth */
-    char client_id[64];  /* the token's client, "" when unknown */
-    char client_ip[48];  /* the client's address (X-Forwarded-For from trusted proxies) */
-    bool body_dirty;     /* json was edited: serialise it again before sending */
-    char body_add[48];   /* else: a member to add to the client's bytes ("k":v) */
-    bool body_add_first; /* ... into an object that had no member */
-    bool ev_hooks;       /* SSE events go through the hook chain */
-    bool buffer_body;    /* a whole JSON answer is gathered for on_body hooks */
-    bool stop_stream;    /* a hook ended the stream (finish after the parser returns) */
+    char user[256];        /* the token's sub, "" without auth */
+    char client_id[64];    /* the token's client, "" when unknown */
+    char client_ip[48];    /* the client's address (X-Forwarded-For from trusted proxies) */
+    bool body_dirty;       /* json was edited: serialise it again before sending */
+    char body_add[48];     /* else: a member to add to the client's bytes ("k":v) */
+    bool body_add_first;   /* ... into an object that had no member */
+    bool ev_hooks;         /* SSE events go through the hook chain */
+    bool buffer_body;      /* a whole JSON answer is gathered for on_body hooks */
+    bool stop_stream;      /* a hook ended the stream (finish after the parser returns) */
+    uint64_t sse_finished; /* bit k: choice k of the stream has its finish_reason */
     struct evbuffer *resp_body;
 
     /* the fallback chain */

@@ -728,6 +728,7 @@ static int gw_proxy_emit(gw_req_t *r, const char *data, size_t len, const char *
 static int gw_proxy_event_cb(void *arg, const gw_sse_event_t *ev)
 {
     gw_req_t *r = arg;
+    gw_sse_finish_scan(ev, &r->sse_finished); /* for the end-of-stream decision */
     if (!r->ev_hooks || ev->comment_only) {
         gw_proxy_write(r, ev->raw, ev->raw_len);
         return 0;
@@ -861,6 +862,13 @@ static int gw_proxy_flush_buffered(gw_req_t *r)
     return 0;
 }
 
+/* The choices a streamed answer has: the client's n (1 when absent). */
+static int64_t gw_proxy_choices(const gw_req_t *r)
+{
+    json_t *n = json_object_get(r->json, "n");
+    return json_is_integer(n) ? (int64_t)json_integer_value(n) : 1;
+}
+
 static void gw_proxy_on_done(gw_req_t *r)
 {
     bool reusable = gw_http_msg(r->att.up->parser)->keep_alive;
@@ -871,7 +879,15 @@ static void gw_proxy_on_done(gw_req_t *r)
                          "The model server's answer was refused.");
         return;
     }
-    if (r->att.resp_sse && !gw_sse_done_seen(r->att.sse)) {
+    if (r->att.resp_sse && !gw_sse_done_seen(r->att.sse) && !gw_sse_mid_event(r->att.sse) &&
+        gw_sse_finish_all(r->sse_finished, gw_proxy_choices(r))) {
+        /* Every choice finished, only [DONE] is missing: a complete answer
+         * (some servers close without it). End it as the SDKs expect. */
+        static const char done[] = "data: [DONE]\n\n";
+        sl_counter_add(gw_m.done_added, 1);
+        if (gw_proxy_emit(r, "[DONE]", 6, done, sizeof(done) - 1) != 0)
+            r->stop_stream = false;
+    } else if (r->att.resp_sse && !gw_sse_done_seen(r->att.sse)) {
         r->error_kind = "upstream_truncated";
         gw_metrics_upstream_error(r->att.pool, gw_upfails[GW_UPFAIL_TRUNCATED].label);
         outcome = 0;

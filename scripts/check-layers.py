@@ -70,7 +70,7 @@ SOURCE_LAYER = {
     "upstream.c": 1, "balance.c": 0,
     "route.c": 4, "conn.c": 5, "worker.c": 6, "server.c": 7, "main.c": 7,
     "rt.c": 0, "tls.c": 0, "gw_metrics.c": 0, "wio.c": 0, "http1.c": 0, "sse.c": 0,
-    "supervise.c": 0,
+    "supervise.c": 0, "sse_finish.c": 0,
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)

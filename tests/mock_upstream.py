@@ -53,6 +53,7 @@ string is short for {that: true} ("gate", "no_done", "normal").
     cut_partial: bool  ... and half of event K+1 before closing
     cut_rst: bool      ... closing with a TCP RST instead of a FIN
     no_done: bool      end the stream cleanly (0-chunk) without [DONE]
+    no_finish: bool    leave out the chunk with the finish_reason
     stall_first_byte: S|true   send nothing for S seconds (true = forever)
     stall_after_headers: S|true   send the headers, then nothing for S
     gate: bool         send event 1, then wait for /_mock/release before each
@@ -872,7 +873,8 @@ class Conn:
             for i, p in enumerate(pieces):
                 d = {"role": "assistant", "content": p} if i == 0 and chat else {"content": p}
                 datas.append(chunk(d))
-            datas.append(chunk({}, "stop"))
+            if not beh.get("no_finish"):
+                datas.append(chunk({}, "stop"))
             if want_usage:
                 datas.append(chunk({}, with_usage=True))
             if not beh.get("no_done"):
