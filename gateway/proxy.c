@@ -39,6 +39,7 @@
 #include "gateway/gw_upstream.h"
 #include "gateway/gw_worker.h"
 #include "gateway/http1.h"
+#include "gateway/json_intake.h"
 #include "gateway/sb.h"
 #include "gateway/sse.h"
 
@@ -458,17 +459,18 @@ void gw_proxy_route(gw_req_t *r)
                          "The request body must be a JSON object.");
         return;
     }
-    json_error_t je;
-    r->json =
-        json_loadb((const char *)evbuffer_pullup(r->body, -1), len, JSON_REJECT_DUPLICATES, &je);
+    char jmsg[256];
+    /* inexact: an integer beyond int64 is held as a real. The client's
+     * bytes are forwarded as they came unless a hook or an alias edits the
+     * body (then such a number goes out as the nearest double). */
+    bool inexact = false;
+    r->json = gw_json_intake((const char *)evbuffer_pullup(r->body, -1), len, &inexact, jmsg,
+                             sizeof(jmsg));
+    (void)inexact;
     if (!r->json || !json_is_object(r->json)) {
-        char msg[256];
         if (r->json)
-            snprintf(msg, sizeof(msg), "The request body must be a JSON object.");
-        else
-            snprintf(msg, sizeof(msg), "The request body is not valid JSON: %s (at %d:%d).",
-                     je.text, je.line, je.column);
-        gw_respond_error(r, 400, "invalid_request_error", "invalid_json", msg);
+            snprintf(jmsg, sizeof(jmsg), "The request body must be a JSON object.");
+        gw_respond_error(r, 400, "invalid_request_error", "invalid_json", jmsg);
         return;
     }
     json_t *jm = json_object_get(r->json, "model");
