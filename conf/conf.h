@@ -202,6 +202,7 @@ typedef struct conf_model {
     conf_fault_t fault; /* per-model drill; -1 fields = the root fault's */
     int queue;          /* conf_queue_mode_t */
     conf_model_cache_t cache;
+    int64_t default_max_tokens; /* max_tokens added when the client sends none; 0 = the cap */
 } conf_model_t;
 
 /* ---- SSE relay ---------------------------------------------------------- */

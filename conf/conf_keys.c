@@ -983,6 +983,15 @@ static const conf_key_t model_keys[] = {
      .sub = &model_cache_table,
      .flags = R,
      .doc = "response cache policy of this model; unset keys = cache: (docs/cache.md)"},
+    {.name = "default_max_tokens",
+     .type = CONF_INT,
+     .off = offsetof(conf_model_t, default_max_tokens),
+     .def = "0",
+     .min = 0,
+     .max = 10000000,
+     .flags = R,
+     .doc = "max_tokens sent upstream when the client sends none (at most ratelimit.max_tokens, "
+            "still the cap); 0 = the cap itself"},
 };
 static const conf_table_t model_table = {TABLE(model_keys, conf_model_t), .has_line = true,
                                          .line_off = offsetof(conf_model_t, line), .has_name = true,

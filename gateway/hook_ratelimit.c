@@ -203,6 +203,16 @@ static gw_hook_rc_t gw_rl_on_request(gw_req_t *r, void **state)
             gw_respond_error(r, 400, "invalid_request_error", "invalid_parameter", err);
             return GW_HOOK_DONE;
         }
+        int64_t dmt = r->model ? r->model->conf->default_max_tokens : 0;
+        if (s->clamp.added_max_tokens && dmt > 0 && dmt < s->clamp.max_tokens) {
+            /* The model's own default (a reasoning model needs more than a
+             * chat model, a small one less); the cap still bounds it. */
+            if (json_object_set_new(r->json, "max_tokens", json_integer(dmt)) != 0) {
+                gw_respond_oom(r);
+                return GW_HOOK_DONE;
+            }
+            s->clamp.max_tokens = dmt;
+        }
         if (s->clamp.modified) {
             r->body_dirty = true;
         } else if (s->clamp.added_max_tokens) {

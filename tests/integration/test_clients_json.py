@@ -69,3 +69,25 @@ def test_invalid_json_in_sluices_words(sluice, mock, raw, why):
                          "'[' or '{' expected", "end of file expected", "real number overflow"):
         assert library_word not in msg, msg
     assert mock.requests() == []
+
+
+def test_default_max_tokens_per_model(sluice_factory, mock):
+    # Issue 12, item 9: the default added when the client sends none is the
+    # model's; ratelimit.max_tokens stays the cap for what a client asks.
+    sluice = sluice_factory({
+        "ratelimit": {"max_tokens": 4096},
+        "models": {"plain-model": {"upstream": "main", "default_max_tokens": 512},
+                   "big-model": {"upstream": "main", "default_max_tokens": 100000}},
+    }, upstream=mock)
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    for model, sent, want in [("plain-model", None, 512), ("plain-model", 9000, 4096),
+                              ("plain-model", 1000, 1000), ("big-model", None, 4096),
+                              ("chat-model", None, 4096)]:
+        mock.reset()
+        b = dict(body, model=model)
+        if sent is not None:
+            b["max_tokens"] = sent
+        r = sluice.request("POST", "/v1/chat/completions", json.dumps(b).encode())
+        assert r.status == 200, r.body
+        (req,) = mock.requests()
+        assert req["json"]["max_tokens"] == want, (model, sent, req["json"])
