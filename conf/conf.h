@@ -405,6 +405,7 @@ typedef struct conf_fb_template {
     char *text;       /* the default text */
     conf_kv_t *texts; /* language tag ("en", "en-GB") -> text, chosen by Accept-Language */
     size_t ntexts;
+    char *json; /* JSON modes' content (a JSON object); NULL = {"error":"unavailable",...} */
 } conf_fb_template_t;
 
 typedef enum conf_queue_store {

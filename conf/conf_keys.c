@@ -1836,6 +1836,12 @@ static const conf_key_t fallback_template_keys[] = {
      .flags = R,
      .doc = "language tag -> text, chosen by Accept-Language (q-values; en-US falls back to "
             "en)"},
+    {.name = "json",
+     .type = CONF_STRING,
+     .off = offsetof(conf_fb_template_t, json),
+     .flags = R,
+     .doc = "the content answered to response_format json_object / json_schema (a JSON object); "
+            "default {\"error\":\"unavailable\",\"message\":<the text>}"},
 };
 static const conf_table_t fallback_template_table = {
     TABLE(fallback_template_keys, conf_fb_template_t)};

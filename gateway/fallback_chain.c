@@ -71,6 +71,25 @@ static void gw_fb_template_respond(gw_req_t *r)
     q.model = r->model->name;
     q.id = r->id;
     q.created = sl_wall_s();
+    if (q.tools_required) {
+        /* The client reads tool_calls and a template has none: a text answer
+         * would end its tool loop as if done. A 503 it retries later instead
+         * (a queued request is still resent; its id is in the header). */
+        char extra[160] = "", hint[160];
+        gw_fb_retry_headers(r, hint, sizeof(hint));
+        int n = 0;
+        if (!strstr(hint, "Retry-After:")) {
+            int64_t s = (r->rt->conf->fallback.retry.backoff_max_ms + 999) / 1000;
+            n = snprintf(extra, sizeof(extra), "Retry-After: %lld\r\n", (long long)(s > 0 ? s : 1));
+        }
+        if (r->queued_id[0] && n >= 0 && (size_t)n < sizeof(extra))
+            snprintf(extra + n, sizeof(extra) - (size_t)n, "X-Sluice-Request-Id: %s\r\n",
+                     r->queued_id);
+        gw_respond_error_h(r, 503, "server_error", "upstream_unavailable",
+                           "No model server is available to call the required tools; retry later.",
+                           extra);
+        return;
+    }
     const gw_http_header_t *al = gw_http_header_find(gw_http_msg(r->c->parser), "Accept-Language");
     size_t len = 0;
     char *body =

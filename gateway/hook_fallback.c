@@ -311,6 +311,16 @@ static const char *gw_fbh_path(const conf_t *c)
 
 static int gw_fbh_check(const conf_t *c, char *err, size_t errlen)
 {
+    const char *tj = c->fallback.tmpl.json;
+    if (tj) { /* the JSON modes' answer must parse as the object apps expect */
+        json_t *j = json_loads(tj, 0, NULL);
+        bool ok = json_is_object(j);
+        json_decref(j);
+        if (!ok) {
+            snprintf(err, errlen, "%s: fallback.template.json: not a JSON object", gw_fbh_path(c));
+            return -1;
+        }
+    }
     const char *local = c->fallback.local.upstream;
     if (!local)
         return 0;

@@ -8,8 +8,11 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
+
+#include <jansson.h>
 
 #include "conf/conf.h"
 #include "fallback/fallback.h"
@@ -113,6 +116,47 @@ static void test_breaker_wait(void **st)
     fb_breaker_free(b);
 }
 
+static void test_template_shapes(void **st)
+{
+    (void)st;
+    json_t *b = json_loads("{\"model\":\"m\",\"n\":500,\"response_format\":{\"type\":"
+                           "\"json_schema\"},\"tools\":[{}],\"tool_choice\":\"required\"}",
+                           0, NULL);
+    fb_reply_req_t q;
+    memset(&q, 0, sizeof(q));
+    fb_reply_req_from_json(b, &q);
+    assert_int_equal(q.n, FB_REPLY_MAX_N);
+    assert_true(q.json_mode);
+    assert_true(q.tools_required);
+    json_decref(b);
+    b = json_loads("{\"tool_choice\":\"required\",\"n\":0}", 0, NULL);
+    memset(&q, 0, sizeof(q));
+    fb_reply_req_from_json(b, &q);
+    assert_false(q.tools_required); /* no tools: nothing is required */
+    assert_int_equal(q.n, 1);
+    assert_false(q.json_mode);
+    json_decref(b);
+
+    conf_fb_template_t c = {.enabled = true, .text = "busy \"now\""};
+    fb_tmpl_t *t = fb_tmpl_new(&c);
+    assert_non_null(t);
+    fb_reply_req_t r = {.api = FB_API_CHAT, .model = "m", .id = "x", .n = 2, .json_mode = true};
+    size_t n = 0;
+    char *s = fb_tmpl_render(t, &r, NULL, 0, &n);
+    assert_non_null(s);
+    json_t *o = json_loads(s, 0, NULL);
+    assert_int_equal(json_array_size(json_object_get(o, "choices")), 2);
+    const char *content = json_string_value(json_object_get(
+        json_object_get(json_array_get(json_object_get(o, "choices"), 1), "message"), "content"));
+    json_t *inner = json_loads(content, 0, NULL);
+    assert_string_equal(json_string_value(json_object_get(inner, "error")), "unavailable");
+    assert_string_equal(json_string_value(json_object_get(inner, "message")), "busy \"now\"");
+    json_decref(inner);
+    json_decref(o);
+    free(s);
+    fb_tmpl_free(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -121,6 +165,7 @@ int main(void)
         cmocka_unit_test(test_headers_tokens_allowed),
         cmocka_unit_test(test_headers_concurrent),
         cmocka_unit_test(test_breaker_wait),
+        cmocka_unit_test(test_template_shapes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
