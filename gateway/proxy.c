@@ -244,7 +244,8 @@ static void gw_proxy_write_request(gw_req_t *r, gw_upconn_t *u)
     char stack[4096];
     gw_sb_t b;
     gw_sb_init(&b, stack, sizeof(stack));
-    gw_sb_lit(&b, "POST ");
+    gw_sb_str(&b, m->method); /* POST but for /v1/responses/{id}: GET, DELETE */
+    gw_sb_lit(&b, " ");
     gw_sb_add(&b, m->target, m->target_len);
     gw_sb_lit(&b, " HTTP/1.1\r\nHost: ");
     gw_sb_str(&b, r->att.server->host_header);
@@ -454,6 +455,15 @@ static bool gw_route_simple(const gw_req_t *r)
 void gw_proxy_route(gw_req_t *r)
 {
     size_t len = evbuffer_get_length(r->body);
+    if (r->route == GW_ROUTE_RESPONSES && len == 0 && r->rt->nmodels > 0) {
+        /* GET / DELETE /v1/responses/{id}, POST .../cancel: no model to
+         * route by; the first model's upstream stored the response. */
+        r->model = &r->rt->models[0];
+        r->att.pool = r->model->pool;
+        if (gw_hooks_run(r, false) == GW_HOOK_NEXT)
+            gw_proxy_send(r);
+        return;
+    }
     if (len == 0) {
         gw_respond_error(r, 400, "invalid_request_error", "invalid_json",
                          "The request body must be a JSON object.");
@@ -730,7 +740,10 @@ static int gw_proxy_emit(gw_req_t *r, const char *data, size_t len, const char *
 static int gw_proxy_event_cb(void *arg, const gw_sse_event_t *ev)
 {
     gw_req_t *r = arg;
-    gw_sse_finish_scan(ev, &r->sse_finished); /* for the end-of-stream decision */
+    if (r->route == GW_ROUTE_RESPONSES) /* for the end-of-stream decision */
+        gw_sse_responses_scan(ev, &r->sse_finished);
+    else
+        gw_sse_finish_scan(ev, &r->sse_finished);
     if (!r->ev_hooks || ev->comment_only) {
         gw_proxy_write(r, ev->raw, ev->raw_len);
         return 0;
@@ -886,9 +899,11 @@ static void gw_proxy_on_done(gw_req_t *r)
         /* Every choice finished, only [DONE] is missing: a complete answer
          * (some servers close without it). End it as the SDKs expect. */
         static const char done[] = "data: [DONE]\n\n";
-        sl_counter_add(gw_m.done_added, 1);
-        if (gw_proxy_emit(r, "[DONE]", 6, done, sizeof(done) - 1) != 0)
-            r->stop_stream = false;
+        if (r->route != GW_ROUTE_RESPONSES) { /* that API never sends one */
+            sl_counter_add(gw_m.done_added, 1);
+            if (gw_proxy_emit(r, "[DONE]", 6, done, sizeof(done) - 1) != 0)
+                r->stop_stream = false;
+        }
     } else if (r->att.resp_sse && !gw_sse_done_seen(r->att.sse)) {
         r->error_kind = "upstream_truncated";
         gw_metrics_upstream_error(r->att.pool, gw_upfails[GW_UPFAIL_TRUNCATED].label);

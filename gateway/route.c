@@ -24,7 +24,7 @@
 
 static const char *const gw_route_names[GW_ROUTE_COUNT] = {
     "chat_completions", "completions", "embeddings", "models", "health",
-    "auth_token",       "requests",    "admin",      "other",
+    "auth_token",       "requests",    "admin",      "other",  "responses",
 };
 
 const char *gw_route_name(gw_route_t r)
@@ -139,6 +139,7 @@ enum {
 enum {
     GW_M_GET = 1 << 0, /* GET and HEAD */
     GW_M_POST = 1 << 1,
+    GW_M_DELETE = 1 << 2,
 };
 
 typedef struct gw_route_row {
@@ -165,6 +166,14 @@ static const gw_route_row_t gw_routes[] = {
      gw_proxy_route, "Use POST for this endpoint."},
     {GW_ROUTE_EXACT("/v1/embeddings"), GW_ROUTE_EMBEDDINGS, GW_ON_MAIN, GW_M_POST, true,
      gw_proxy_route, "Use POST for this endpoint."},
+    /* The Responses API: POST routed by its model like chat; retrieve,
+     * delete and cancel carry no model (gw_proxy_route: the first model's
+     * upstream, the one that stored the response). */
+    {GW_ROUTE_EXACT("/v1/responses"), GW_ROUTE_RESPONSES, GW_ON_MAIN, GW_M_POST, true,
+     gw_proxy_route, "Use POST for this endpoint."},
+    {GW_ROUTE_PREFIX("/v1/responses/"), GW_ROUTE_RESPONSES, GW_ON_MAIN,
+     GW_M_GET | GW_M_POST | GW_M_DELETE, true, gw_proxy_route,
+     "Use GET, DELETE or POST .../cancel for this endpoint."},
     {GW_ROUTE_EXACT("/v1/models"), GW_ROUTE_MODELS, GW_ON_MAIN, GW_M_GET, true,
      gw_route_models_list, "Use GET for this endpoint."},
     {GW_ROUTE_PREFIX("/v1/models/"), GW_ROUTE_MODELS, GW_ON_MAIN, GW_M_GET, true,
@@ -218,13 +227,16 @@ void gw_route_dispatch(gw_req_t *r)
     }
     r->route = row->id;
     bool ok = ((row->methods & GW_M_GET) && gw_method_get(m)) ||
-              ((row->methods & GW_M_POST) && gw_method_is(m, "POST"));
+              ((row->methods & GW_M_POST) && gw_method_is(m, "POST")) ||
+              ((row->methods & GW_M_DELETE) && gw_method_is(m, "DELETE"));
     if (!ok) {
-        char allow[48];
-        snprintf(allow, sizeof(allow), "Allow: %s%s%s\r\n",
+        char allow[64];
+        snprintf(allow, sizeof(allow), "Allow: %s%s%s%s%s\r\n",
                  (row->methods & GW_M_GET) ? "GET, HEAD" : "",
                  (row->methods & GW_M_GET) && (row->methods & GW_M_POST) ? ", " : "",
-                 (row->methods & GW_M_POST) ? "POST" : "");
+                 (row->methods & GW_M_POST) ? "POST" : "",
+                 (row->methods & GW_M_DELETE) && row->methods != GW_M_DELETE ? ", " : "",
+                 (row->methods & GW_M_DELETE) ? "DELETE" : "");
         gw_respond_error_h(r, 405, "invalid_request_error", "method_not_allowed", row->wrong_method,
                            allow);
         return;

@@ -60,3 +60,21 @@ bool gw_sse_finish_all(uint64_t finished, int64_t n)
     uint64_t want = n == 64 ? UINT64_MAX : (UINT64_C(1) << n) - 1;
     return (finished & want) == want;
 }
+
+void gw_sse_responses_scan(const gw_sse_event_t *ev, uint64_t *finished)
+{
+    /* The Responses API ends with one of these events and sends no
+     * [DONE]; its `event:` line names it (OpenAI, vLLM). */
+    static const char *const ends[] = {"event: response.completed", "event: response.incomplete",
+                                       "event: response.failed"};
+    if (ev->comment_only)
+        return;
+    for (size_t i = 0; i < sizeof(ends) / sizeof(ends[0]); i++) {
+        size_t n = strlen(ends[i]);
+        if (ev->raw_len > n && memcmp(ev->raw, ends[i], n) == 0 &&
+            (ev->raw[n] == '\n' || ev->raw[n] == '\r')) {
+            *finished |= 1;
+            return;
+        }
+    }
+}

@@ -67,3 +67,37 @@ def test_two_finished_choices_complete(sluice, mock):
     evs = stream(sluice, body)
     assert [e.is_done for e in evs] == [False, False, True]
     assert done_added(sluice) == 1
+
+
+def test_responses_stream_relays_event_lines_and_ends_clean(sluice, mock):
+    with sluice.client(timeout=bound(10)) as c:
+        r, evs = c.stream("POST", "/v1/responses",
+                          {"model": "chat-model", "input": "resp", "stream": True})
+        assert r.status == 200
+        evs = [e for e in evs if e.data is not None]
+    kinds = [e.json()["type"] for e in evs]
+    assert kinds[-1] == "response.completed" and kinds.count("response.output_text.delta") == 4
+    assert not any(e.is_done for e in evs)  # that API has no [DONE]: none is added
+    assert done_added(sluice) == 0 and truncated(sluice) == 0
+
+
+def test_responses_stream_without_its_last_event_is_truncated(sluice, mock):
+    mock.script({"no_finish": True})
+    with sluice.client(timeout=bound(10)) as c:
+        r, evs = c.stream("POST", "/v1/responses",
+                          {"model": "chat-model", "input": "resp", "stream": True})
+        evs = [e for e in evs if e.data is not None]
+    assert evs[-1].json()["error"]["code"] == "upstream_truncated"
+    helpers.wait_until(lambda: truncated(sluice) == 1, bound(3), what="truncation counted")
+
+
+def test_responses_cancel_and_unknown_method(sluice, mock):
+    r = sluice.request("POST", "/v1/responses", {"model": "chat-model", "input": "x"})
+    assert r.status == 200
+    rid = r.json()["id"]
+    r = sluice.request("POST", "/v1/responses/%s/cancel" % rid)
+    assert r.status == 200 and r.json()["status"] == "cancelled"
+    assert mock.requests()[-1]["method"] == "POST" and mock.requests()[-1]["path"].endswith("/cancel")
+    r = sluice.request("PUT", "/v1/responses/%s" % rid, {"x": 1})
+    helpers.assert_error(r, 405, "method_not_allowed")
+    assert r.header("Allow") == "GET, HEAD, POST, DELETE"
