@@ -213,6 +213,14 @@ typedef struct conf_sse {
     int64_t buffer_bytes;     /* per-stream high watermark toward the client, 256k */
 } conf_sse_t;
 
+/* ---- gzip of answers ------------------------------------------------------ */
+
+typedef struct conf_gzip {
+    bool enabled;      /* true: when the client's Accept-Encoding allows */
+    int64_t min_bytes; /* answers smaller than this go as they are, 1k */
+    int64_t level;     /* zlib level 1..9, 6 */
+} conf_gzip_t;
+
 /* ---- logging ------------------------------------------------------------ */
 
 typedef struct conf_log {
@@ -465,6 +473,7 @@ typedef struct conf {
     conf_model_t *models;
     size_t nmodels;
     conf_sse_t sse;
+    conf_gzip_t gzip;
     conf_log_t log;
     conf_ratelimit_t ratelimit;
     conf_redis_t redis;

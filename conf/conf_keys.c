@@ -1027,6 +1027,32 @@ static const conf_key_t sse_keys[] = {
 };
 static const conf_table_t sse_table = {TABLE(sse_keys, conf_sse_t)};
 
+static const conf_key_t gzip_keys[] = {
+    {.name = "enabled",
+     .type = CONF_BOOL,
+     .off = offsetof(conf_gzip_t, enabled),
+     .def = "true",
+     .flags = R,
+     .doc = "gzip non-streamed JSON answers when Accept-Encoding allows (SSE never)"},
+    {.name = "min_bytes",
+     .type = CONF_SIZE,
+     .off = offsetof(conf_gzip_t, min_bytes),
+     .def = "1k",
+     .min = 0,
+     .max = MIB(64),
+     .flags = R,
+     .doc = "answers smaller than this are sent as they are"},
+    {.name = "level",
+     .type = CONF_INT,
+     .off = offsetof(conf_gzip_t, level),
+     .def = "6",
+     .min = 1,
+     .max = 9,
+     .flags = R,
+     .doc = "zlib compression level (1 fastest, 9 smallest)"},
+};
+static const conf_table_t gzip_table = {TABLE(gzip_keys, conf_gzip_t)};
+
 static const conf_key_t log_keys[] = {
     {.name = "access",
      .type = CONF_STRING,
@@ -2104,6 +2130,12 @@ static const conf_key_t root_keys[] = {
      .sub = &sse_table,
      .flags = R,
      .doc = "server-sent events relay"},
+    {.name = "gzip",
+     .type = CONF_STRUCT,
+     .off = offsetof(conf_t, gzip),
+     .sub = &gzip_table,
+     .flags = R,
+     .doc = "gzip of non-streamed JSON answers (docs/clients.md)"},
     {.name = "log",
      .type = CONF_STRUCT,
      .off = offsetof(conf_t, log),

@@ -59,6 +59,8 @@ struct gw_req {
     bool buffer_body;      /* a whole JSON answer is gathered for on_body hooks */
     bool stop_stream;      /* a hook ended the stream (finish after the parser returns) */
     uint64_t sse_finished; /* bit k: choice k of the stream has its finish_reason */
+    bool gzip_ok;          /* the client accepts gzip and conf gzip is on (gzip.c) */
+    bool gzip_out;         /* this answer's body is gzip (Content-Encoding) */
     struct evbuffer *resp_body;
 
     /* the fallback chain */
@@ -84,6 +86,9 @@ struct gw_req {
 };
 
 /* respond.c: local answers */
+/* Would an answer of len bytes be gzipped for this client (conf gzip on,
+ * len >= gzip.min_bytes, Accept-Encoding takes gzip)? */
+bool gw_respond_gzip_ok(gw_req_t *r, size_t len);
 void gw_respond_json(gw_req_t *r, int status, const char *body, size_t len,
                      const char *extra_headers);
 void gw_respond_error(gw_req_t *r, int status, const char *type, const char *code,

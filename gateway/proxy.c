@@ -29,6 +29,7 @@
 #include "fallback/fallback.h"
 #include "gateway/gw_conn.h"
 #include "gateway/gw_fallback.h"
+#include "gateway/gw_gzip.h"
 #include "gateway/gw_hook.h"
 #include "gateway/gw_metrics.h"
 #include "gateway/gw_proxy.h"
@@ -616,6 +617,8 @@ static void gw_proxy_write_head(gw_req_t *r, const gw_http_msg_t *m, int64_t len
     }
     if (r->routed_local)
         gw_sb_lit(&b, "X-Sluice-Route: local\r\n");
+    if (r->gzip_out)
+        gw_sb_lit(&b, "Content-Encoding: gzip\r\nVary: Accept-Encoding\r\n");
     if (r->c->close_after)
         gw_sb_lit(&b, "Connection: close\r\n");
     for (size_t i = 0; m && i < m->nheaders; i++) {
@@ -673,8 +676,13 @@ static bool gw_proxy_on_head(gw_req_t *r)
     const gw_http_header_t *ct = gw_http_header_find(m, "Content-Type");
     r->att.resp_sse = gw_ct_is_sse(ct);
     bool nobody = m->status == 204 || m->status == 304;
+    /* gzip needs the whole answer too (its length goes in the head); an
+     * upstream that encoded its answer itself is relayed as it is. */
+    bool gzip =
+        !nobody && !gw_http_header_find(m, "Content-Encoding") &&
+        gw_respond_gzip_ok(r, m->content_length >= 0 ? (size_t)m->content_length : SIZE_MAX);
     if (!r->att.resp_sse && !nobody && m->status >= 200 && m->status < 300 && gw_ct_is_json(ct) &&
-        gw_hooks_want_body(r)) {
+        (gw_hooks_want_body(r) || gzip)) {
         /* Hooks read (or edit) the whole answer: its head goes out with it. */
         r->resp_body = evbuffer_new();
         r->buffer_body = r->resp_body != NULL;
@@ -866,6 +874,26 @@ static int gw_proxy_flush_buffered(gw_req_t *r)
         json_decref(j);
     }
     r->buffer_body = false;
+    const void *final = edited ? (const void *)edited : evbuffer_pullup(r->resp_body, -1);
+    size_t flen = edited ? strlen(edited) : len;
+    size_t gzlen = 0;
+    unsigned char *gz = gw_respond_gzip_ok(r, flen)
+                            ? gw_gzip(final, flen, (int)r->rt->conf->gzip.level, &gzlen)
+                            : NULL;
+    if (gz) {
+        /* The idempotency store keeps the plain bytes, not the encoding. */
+        struct evbuffer *cap = r->capture;
+        if (cap && evbuffer_get_length(cap) <= r->capture_max)
+            evbuffer_add(cap, final, SL_MIN(flen, r->capture_max + 1));
+        r->capture = NULL;
+        r->gzip_out = true;
+        gw_proxy_write_head(r, m, (int64_t)gzlen);
+        gw_proxy_write(r, gz, gzlen);
+        r->capture = cap;
+        free(gz);
+        free(edited);
+        return 0;
+    }
     if (edited) {
         gw_proxy_write_head(r, m, (int64_t)strlen(edited));
         gw_proxy_write(r, edited, strlen(edited));

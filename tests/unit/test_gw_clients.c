@@ -13,9 +13,11 @@
 #include <cmocka.h>
 
 #include <jansson.h>
+#include <zlib.h>
 
 #include "conf/conf.h"
 #include "fallback/fallback.h"
+#include "gateway/gw_gzip.h"
 #include "gateway/gw_hook.h"
 #include "ratelimit/ratelimit.h"
 
@@ -157,6 +159,42 @@ static void test_template_shapes(void **st)
     fb_tmpl_free(t);
 }
 
+static void test_gzip(void **st)
+{
+    (void)st;
+    assert_true(gw_gzip_accepted("gzip", 4));
+    assert_true(gw_gzip_accepted("deflate, gzip;q=0.5, br", 24));
+    assert_true(gw_gzip_accepted("br, *", 5));
+    assert_true(gw_gzip_accepted("X-GZIP", 6));
+    assert_false(gw_gzip_accepted("gzip;q=0", 8));
+    assert_false(gw_gzip_accepted("gzip;q=0.000, *", 15)); /* gzip refused by name */
+    assert_false(gw_gzip_accepted("identity", 8));
+    assert_false(gw_gzip_accepted("gzipx", 5));
+    assert_false(gw_gzip_accepted("", 0));
+    char in[4096];
+    for (size_t i = 0; i < sizeof(in); i++)
+        in[i] = "{\"choices\":[]}"[i % 14];
+    size_t n = 0;
+    unsigned char *gz = gw_gzip(in, sizeof(in), 6, &n);
+    assert_non_null(gz);
+    assert_true(n > 18 && n < sizeof(in) / 4);
+    assert_int_equal(gz[0], 0x1f); /* the gzip magic, not zlib's header */
+    assert_int_equal(gz[1], 0x8b);
+    char back[4096];
+    z_stream z;
+    memset(&z, 0, sizeof(z));
+    assert_int_equal(inflateInit2(&z, 15 + 16), Z_OK);
+    z.next_in = gz;
+    z.avail_in = (uInt)n;
+    z.next_out = (Bytef *)back;
+    z.avail_out = sizeof(back);
+    assert_int_equal(inflate(&z, Z_FINISH), Z_STREAM_END);
+    assert_int_equal(z.total_out, sizeof(in));
+    inflateEnd(&z);
+    assert_memory_equal(back, in, sizeof(in));
+    free(gz);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -166,6 +204,7 @@ int main(void)
         cmocka_unit_test(test_headers_concurrent),
         cmocka_unit_test(test_breaker_wait),
         cmocka_unit_test(test_template_shapes),
+        cmocka_unit_test(test_gzip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
