@@ -474,6 +474,8 @@ typedef struct conf {
     size_t nmodels;
     conf_sse_t sse;
     conf_gzip_t gzip;
+    char **passthrough; /* extra OpenAI paths proxied with auth and limits: "/v1/x" or "/v1/x/" */
+    size_t npassthrough;
     conf_log_t log;
     conf_ratelimit_t ratelimit;
     conf_redis_t redis;

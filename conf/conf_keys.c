@@ -2136,6 +2136,16 @@ static const conf_key_t root_keys[] = {
      .sub = &gzip_table,
      .flags = R,
      .doc = "gzip of non-streamed JSON answers (docs/clients.md)"},
+    {.name = "passthrough",
+     .type = CONF_STRLIST,
+     .off = offsetof(conf_t, passthrough),
+     .count_off = offsetof(conf_t, npassthrough),
+     .min = 0,
+     .max = 64,
+     .flags = R,
+     .doc = "more OpenAI paths to proxy, with auth and limits: \"/v1/moderations\" (exact) or "
+            "\"/v1/audio/\" (a prefix); to the body's model's upstream, else the first model's "
+            "(docs/clients.md)"},
     {.name = "log",
      .type = CONF_STRUCT,
      .off = offsetof(conf_t, log),

@@ -250,7 +250,15 @@ static void gw_proxy_write_request(gw_req_t *r, gw_upconn_t *u)
     gw_sb_add(&b, m->target, m->target_len);
     gw_sb_lit(&b, " HTTP/1.1\r\nHost: ");
     gw_sb_str(&b, r->att.server->host_header);
-    gw_sb_lit(&b, "\r\nContent-Type: application/json\r\nContent-Length: ");
+    const gw_http_header_t *cct =
+        r->route == GW_ROUTE_PASSTHROUGH ? gw_http_header_find(m, "Content-Type") : NULL;
+    if (cct) { /* a passthrough body is the client's: multipart, audio, JSON */
+        gw_sb_lit(&b, "\r\nContent-Type: ");
+        gw_sb_add(&b, cct->value, cct->value_len);
+        gw_sb_lit(&b, "\r\nContent-Length: ");
+    } else {
+        gw_sb_lit(&b, "\r\nContent-Type: application/json\r\nContent-Length: ");
+    }
     gw_sb_u64(&b, blen);
     gw_sb_lit(&b, "\r\nX-Request-Id: ");
     gw_sb_str(&b, r->id);
@@ -456,6 +464,25 @@ static bool gw_route_simple(const gw_req_t *r)
 void gw_proxy_route(gw_req_t *r)
 {
     size_t len = evbuffer_get_length(r->body);
+    if (r->route == GW_ROUTE_PASSTHROUGH && r->rt->nmodels > 0) {
+        /* Any body (audio is multipart): routed by its model when it is a
+         * JSON object naming one we serve, else to the first model's
+         * upstream; forwarded as it came. */
+        json_t *j = len ? json_loadb((const char *)evbuffer_pullup(r->body, -1), len,
+                                     JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL, NULL)
+                        : NULL;
+        json_t *jm = json_object_get(j, "model");
+        r->model = json_is_string(jm)
+                       ? gw_rt_model(r->rt, json_string_value(jm), json_string_length(jm))
+                       : NULL;
+        json_decref(j);
+        if (!r->model)
+            r->model = &r->rt->models[0];
+        r->att.pool = r->model->pool;
+        if (gw_hooks_run(r, false) == GW_HOOK_NEXT)
+            gw_proxy_send(r);
+        return;
+    }
     if (r->route == GW_ROUTE_RESPONSES && len == 0 && r->rt->nmodels > 0) {
         /* GET / DELETE /v1/responses/{id}, POST .../cancel: no model to
          * route by; the first model's upstream stored the response. */

@@ -23,8 +23,8 @@
 #include "model/model.h"
 
 static const char *const gw_route_names[GW_ROUTE_COUNT] = {
-    "chat_completions", "completions", "embeddings", "models", "health",
-    "auth_token",       "requests",    "admin",      "other",  "responses",
+    "chat_completions", "completions", "embeddings", "models",    "health",      "auth_token",
+    "requests",         "admin",       "other",      "responses", "passthrough",
 };
 
 const char *gw_route_name(gw_route_t r)
@@ -207,6 +207,20 @@ static const gw_route_row_t *gw_route_find(const char *p, size_t n, unsigned lis
     return NULL;
 }
 
+/* A path listed under passthrough: (exact, or under an entry ending in
+ * '/'). */
+static bool gw_route_passthrough(const conf_t *c, const char *p, size_t n)
+{
+    for (size_t i = 0; i < c->npassthrough; i++) {
+        const char *e = c->passthrough[i];
+        size_t el = strlen(e);
+        if (el && e[el - 1] == '/' ? n > el && memcmp(p, e, el) == 0
+                                   : n == el && memcmp(p, e, n) == 0)
+            return true;
+    }
+    return false;
+}
+
 void gw_route_dispatch(gw_req_t *r)
 {
     const gw_http_msg_t *m = gw_http_msg(r->c->parser);
@@ -214,6 +228,14 @@ void gw_route_dispatch(gw_req_t *r)
     size_t n = m->path_len;
     bool admin = r->c->admin;
     const gw_route_row_t *row = gw_route_find(path, n, admin ? GW_ON_ADMIN : GW_ON_MAIN);
+    if (!row && !admin && gw_route_passthrough(r->rt->conf, path, n)) {
+        /* A conf passthrough path: auth and limits, then the proxy (the
+         * body's model picks the upstream when it names one). */
+        r->route = GW_ROUTE_PASSTHROUGH;
+        r->handler = gw_proxy_route;
+        gw_proxy_start(r);
+        return;
+    }
     if (!row) {
         r->route = admin ? GW_ROUTE_ADMIN : GW_ROUTE_OTHER;
         if (admin) {

@@ -19,6 +19,7 @@ prompt and the `model` field is the one the request named):
     GET  /v1/models             the --models list
     POST /v1/responses, GET|DELETE /v1/responses/{id}, POST .../cancel
                                 the Responses API (answer_responses)
+    * /v1/moderations, /v1/audio/*   an echo of path, method, content type, size
 
 Control API on the same port (JSON in and out; not recorded as requests):
     POST /_mock/script    a JSON list of behaviours, consumed in order by the
@@ -701,6 +702,13 @@ class Conn:
         }
         if path == "/v1/responses" or path.startswith("/v1/responses/"):
             return await self.answer_responses(req)
+        if path == "/v1/moderations" or path.startswith("/v1/audio/"):
+            # Pass-through paths (sluice's passthrough:): say what arrived.
+            ct = next((v for k, v in req["headers"] if k.lower() == "content-type"), None)
+            req["status"], req["outcome"] = 200, "complete"
+            await self.send_json(200, {"object": "mock.echo", "path": path, "method": m,
+                                       "content_type": ct, "bytes": len(req["body"] or "")})
+            return True
         if path not in routes:
             req["status"], req["outcome"] = 404, "complete"
             await self.send_json(404, err_body("mock: no route " + path, "not_found"))
