@@ -92,3 +92,30 @@ def test_ai_sdk_stream_text(sluice, mock, matrix_node):
     r = run(matrix_node, sluice, "ai_stream")
     assert r["text"] == WANT and r["parts"] >= 2
     assert [q["path"] for q in mock.requests()] == ["/v1/responses"]
+
+
+def run_lc(node, sluice, mode):
+    if not (NODE_DIR / "node_modules" / "@langchain" / "openai").is_dir():
+        p = subprocess.run([shutil.which("npm"), "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR,
+                           capture_output=True, timeout=300)
+        assert p.returncode == 0, (p.stdout + p.stderr).decode()[-3000:]
+    p = subprocess.run([node, str(NODE_DIR / "clients_langchain.mjs"),
+                        "http://%s:%d/v1" % (sluice.host, sluice.port), mode],
+                       capture_output=True, timeout=bound(60), cwd=NODE_DIR)
+    out = p.stdout.decode().strip().splitlines()
+    assert p.returncode == 0, (out[-1:] if out else None, p.stderr.decode()[-2000:])
+    return json.loads(out[-1])
+
+
+def test_langchain_invoke(sluice, mock, matrix_node):
+    r = run_lc(matrix_node, sluice, "invoke")
+    assert r["text"] == WANT and r["usage"]["total_tokens"] > 0
+    assert [q["path"] for q in mock.requests()] == ["/v1/chat/completions"]
+
+
+def test_langchain_stream(sluice, mock, matrix_node):
+    r = run_lc(matrix_node, sluice, "stream")
+    assert r["text"] == WANT and r["chunks"] >= 4
+    assert r["usage"] and r["usage"]["output_tokens"] == 4
+    (req,) = mock.requests()
+    assert req["json"]["stream"] is True
