@@ -70,8 +70,14 @@ unsigned char *gw_gzip(const void *in, size_t n, int level, size_t *out_len)
 {
     z_stream z;
     memset(&z, 0, sizeof(z));
-    /* windowBits 15 + 16: a gzip header and trailer, not zlib's. */
-    if (deflateInit2(&z, level, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK)
+    /* The window no larger than the input (zlib's state for a 32 KiB window
+     * is about 256 KiB to set up per answer; a 4 KiB answer needs an eighth
+     * of it), and + 16: a gzip header and trailer, not zlib's. */
+    int wbits = 9;
+    while (wbits < 15 && ((size_t)1 << wbits) < n)
+        wbits++;
+    int mem = wbits < 15 ? 6 : 8;
+    if (deflateInit2(&z, level, Z_DEFLATED, wbits + 16, mem, Z_DEFAULT_STRATEGY) != Z_OK)
         return NULL;
     size_t cap = deflateBound(&z, (uLong)n);
     unsigned char *out = malloc(cap);

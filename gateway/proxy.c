@@ -888,7 +888,10 @@ static int gw_proxy_flush_buffered(gw_req_t *r)
 {
     const gw_http_msg_t *m = gw_http_msg(r->att.up->parser);
     size_t len = evbuffer_get_length(r->resp_body);
-    json_t *j = json_loadb((const char *)evbuffer_pullup(r->resp_body, -1), len, 0, NULL);
+    /* Gathered only for gzip: no hook to show it to. */
+    json_t *j = gw_hooks_want_body(r)
+                    ? json_loadb((const char *)evbuffer_pullup(r->resp_body, -1), len, 0, NULL)
+                    : NULL;
     char *edited = NULL;
     if (j) {
         bool modified = false;
