@@ -137,6 +137,36 @@ void gw_rl_respond_refusal(gw_req_t *r, const struct rl_decision *d)
     free(body);
 }
 
+/* The Responses API's max_output_tokens under the same cap as chat's
+ * max_tokens (else that API would be a way around it), with the model's
+ * default_max_tokens when absent. -1: answered (400). */
+static int gw_rl_clamp_responses(gw_req_t *r, int64_t cap, rl_clamp_t *clamp)
+{
+    json_t *v = json_object_get(r->json, "max_output_tokens");
+    int64_t dmt = r->model ? r->model->conf->default_max_tokens : 0;
+    int64_t want;
+    if (!v || json_is_null(v)) {
+        want = dmt > 0 && dmt < cap ? dmt : cap;
+    } else if (json_is_integer(v) && json_integer_value(v) >= 1) {
+        want = SL_MIN((int64_t)json_integer_value(v), cap);
+        if (want == json_integer_value(v)) {
+            clamp->max_tokens = want; /* as sent: the client's bytes go */
+            return 0;
+        }
+    } else {
+        gw_respond_error(r, 400, "invalid_request_error", "invalid_parameter",
+                         "max_output_tokens must be a positive integer");
+        return -1;
+    }
+    if (json_object_set_new(r->json, "max_output_tokens", json_integer(want)) != 0) {
+        gw_respond_oom(r);
+        return -1;
+    }
+    r->body_dirty = true;
+    clamp->max_tokens = want;
+    return 0;
+}
+
 static void gw_rl_checked(void *arg, const rl_decision_t *d, rl_ticket_t *ticket)
 {
     gw_rl_t *s = arg;
@@ -242,6 +272,9 @@ static gw_hook_rc_t gw_rl_on_request(gw_req_t *r, void **state)
             }
         }
     }
+    if (r->route == GW_ROUTE_RESPONSES && json_is_object(r->json) &&
+        gw_rl_clamp_responses(r, c->max_tokens, &s->clamp) != 0)
+        return GW_HOOK_DONE;
     if (!gw_rl_any_limit(c)) {
         if (!s->stream) { /* nothing to count, nothing to strip */
             free(s);

@@ -91,3 +91,27 @@ def test_default_max_tokens_per_model(sluice_factory, mock):
         assert r.status == 200, r.body
         (req,) = mock.requests()
         assert req["json"]["max_tokens"] == want, (model, sent, req["json"])
+
+
+def test_responses_max_output_tokens_capped(sluice_factory, mock):
+    # The Responses API is no way around the cap: max_output_tokens is
+    # clamped like max_tokens, and gets the model's default when absent.
+    sluice = sluice_factory({
+        "ratelimit": {"max_tokens": 4096},
+        "models": {"plain-model": {"upstream": "main", "default_max_tokens": 512}},
+    }, upstream=mock)
+    for model, sent, want in [("plain-model", None, 512), ("plain-model", 100000, 4096),
+                              ("plain-model", 1000, 1000), ("chat-model", None, 4096)]:
+        mock.reset()
+        b = {"model": model, "input": "hi"}
+        if sent is not None:
+            b["max_output_tokens"] = sent
+        raw = json.dumps(b).encode()
+        r = sluice.request("POST", "/v1/responses", raw, {"Content-Type": "application/json"})
+        assert r.status == 200, r.body
+        (req,) = mock.requests()
+        assert req["json"]["max_output_tokens"] == want, (model, sent, req["json"])
+        if model == "plain-model" and sent == 1000:
+            assert req["body"].encode() == raw  # nothing to change: the client's bytes
+    r = sluice.request("POST", "/v1/responses", b'{"model":"plain-model","input":"x","max_output_tokens":"9"}')
+    assert_error(r, 400, "invalid_parameter")
