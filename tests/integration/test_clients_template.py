@@ -89,3 +89,20 @@ def test_bad_template_json_is_a_conf_error(sluice_factory, mock, tmp_path):
     p = subprocess.run([s.bin, "-t", "-c", str(s.conf_path)], capture_output=True, timeout=20, env=env)
     assert p.returncode == 1
     assert b"fallback.template.json: not a JSON object" in p.stdout + p.stderr
+
+
+def test_required_tools_still_queued(sluice_factory, mock, tmp_path):
+    # The queue takes the request (stored, resent later); the client gets
+    # the 503 with Retry-After and the id to poll.
+    q = {"enabled": True, "store": "journal", "dir": str(tmp_path / "queue"), "backoff": "30s",
+         "backoff_max": "60s", "lease": "2s", "max_attempts": 3}
+    mock.set_default({"status": 503})
+    conf = fh.chain(queue=q)
+    s = sluice_factory(overrides=conf, upstream=mock)
+    r = chat(s, tools=TOOLS, tool_choice="required")
+    helpers.assert_error(r, 503, "upstream_unavailable")
+    assert int(r.header("Retry-After")) >= 1
+    qid = r.header("X-Sluice-Request-Id")
+    assert qid and qid.startswith("q"), r.headers if hasattr(r, "headers") else qid
+    r = s.request("GET", "/v1/requests/" + qid)
+    assert r.status == 202 and r.json()["status"] == "pending"
