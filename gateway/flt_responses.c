@@ -141,7 +141,8 @@ gw_ev_rc_t gw_flt_resp_event(gw_flt_resp_t *x, flt_stream_t *st, const char *dat
         for (size_t i = 0; i < o.n && rc != GW_EV_STOP; i++) {
             json_t *c = json_loads(o.v[i].data, 0, NULL);
             json_t *ch = json_array_get(json_object_get(c, "choices"), 0);
-            const char *t = json_string_value(json_object_get(json_object_get(ch, "delta"), "content"));
+            const char *t =
+                json_string_value(json_object_get(json_object_get(ch, "delta"), "content"));
             if (t && *t) {
                 json_t *ev = json_pack("{s:s, s:O?, s:O?, s:O?, s:s, s:[]}", "type",
                                        "response.output_text.delta", "item_id",
@@ -156,9 +157,9 @@ gw_ev_rc_t gw_flt_resp_event(gw_flt_resp_t *x, flt_stream_t *st, const char *dat
             json_decref(c);
         }
         if (v == FLT_EV_BLOCK || v == FLT_EV_ERROR || x->oom) {
-            json_t *e = json_pack("{s:s, s:s, s:s, s:n}", "type", "error", "code",
-                                  "content_filter", "message",
-                                  "The answer was stopped by a content filter.", "param");
+            json_t *e =
+                json_pack("{s:s, s:s, s:s, s:n}", "type", "error", "code", "content_filter",
+                          "message", "The answer was stopped by a content filter.", "param");
             gw_flt_resp_push(out, e);
             json_decref(e);
             rc = GW_EV_STOP;
@@ -184,9 +185,9 @@ int gw_flt_resp_body(flt_ruleset_t *rs, json_t *body, bool *modified)
             json_t *t = json_object_get(part, "text");
             if (!json_is_string(t))
                 continue;
-            json_t *cc = json_pack("{s:[{s:i, s:{s:s, s:O}, s:s}]}", "choices", "index", 0,
-                                   "message", "role", "assistant", "content", t, "finish_reason",
-                                   "stop");
+            json_t *cc =
+                json_pack("{s:[{s:i, s:{s:s, s:O}, s:s}]}", "choices", "index", 0, "message",
+                          "role", "assistant", "content", t, "finish_reason", "stop");
             bool m = false;
             if (!cc || flt_response_filter(rs, cc, &m) != 0) {
                 json_decref(cc);
@@ -195,10 +196,10 @@ int gw_flt_resp_body(flt_ruleset_t *rs, json_t *body, bool *modified)
             if (m) {
                 json_t *ch = json_array_get(json_object_get(cc, "choices"), 0);
                 json_t *nt = json_object_get(json_object_get(ch, "message"), "content");
-                json_object_set_new(part, "text",
-                                    json_is_string(nt)
-                                        ? json_stringn(json_string_value(nt), json_string_length(nt))
-                                        : json_string(""));
+                json_object_set_new(
+                    part, "text",
+                    json_is_string(nt) ? json_stringn(json_string_value(nt), json_string_length(nt))
+                                       : json_string(""));
                 *modified = true;
             }
             json_decref(cc);

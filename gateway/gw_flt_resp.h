@@ -27,7 +27,6 @@ gw_ev_rc_t gw_flt_resp_event(gw_flt_resp_t *x, flt_stream_t *st, const char *dat
 int gw_flt_resp_body(flt_ruleset_t *rs, json_t *body, bool *modified);
 /* The request's input when it is a string: checked as one user message
  * (masks written back). FLT_REQ_* as flt_request_check. */
-flt_req_verdict_t gw_flt_resp_request(const flt_ruleset_t *rs, json_t *body,
-                                      flt_req_result_t *res);
+flt_req_verdict_t gw_flt_resp_request(const flt_ruleset_t *rs, json_t *body, flt_req_result_t *res);
 
 #endif
