@@ -202,6 +202,7 @@ typedef struct conf_model {
     conf_fault_t fault; /* per-model drill; -1 fields = the root fault's */
     int queue;          /* conf_queue_mode_t */
     conf_model_cache_t cache;
+    int64_t default_max_tokens; /* max_tokens added when the client sends none; 0 = the cap */
 } conf_model_t;
 
 /* ---- SSE relay ---------------------------------------------------------- */
@@ -212,6 +213,14 @@ typedef struct conf_sse {
     int64_t buffer_bytes;     /* per-stream high watermark toward the client, 256k */
 } conf_sse_t;
 
+/* ---- gzip of answers ------------------------------------------------------ */
+
+typedef struct conf_gzip {
+    bool enabled;      /* true: when the client's Accept-Encoding allows */
+    int64_t min_bytes; /* answers smaller than this go as they are, 1k */
+    int64_t level;     /* zlib level 1..9, 6 */
+} conf_gzip_t;
+
 /* ---- logging ------------------------------------------------------------ */
 
 typedef struct conf_log {
@@ -219,7 +228,7 @@ typedef struct conf_log {
     char *level;  /* debug | info | warn | error */
     /* sl_log_limited: one line per key per interval, 10s */
     int64_t repeat_interval_ms;
-    char *error;  /* "stderr" or a file path (the error log; SIGUSR1 reopens it) */
+    char *error; /* "stderr" or a file path (the error log; SIGUSR1 reopens it) */
 } conf_log_t;
 
 /* ---- rate limits and token budgets (ratelimit/) -------------------------- */
@@ -407,6 +416,7 @@ typedef struct conf_fb_template {
     char *text;       /* the default text */
     conf_kv_t *texts; /* language tag ("en", "en-GB") -> text, chosen by Accept-Language */
     size_t ntexts;
+    char *json; /* JSON modes' content (a JSON object); NULL = {"error":"unavailable",...} */
 } conf_fb_template_t;
 
 typedef enum conf_queue_store {
@@ -466,6 +476,9 @@ typedef struct conf {
     conf_model_t *models;
     size_t nmodels;
     conf_sse_t sse;
+    conf_gzip_t gzip;
+    char **passthrough; /* extra OpenAI paths proxied with auth and limits: "/v1/x" or "/v1/x/" */
+    size_t npassthrough;
     conf_log_t log;
     conf_ratelimit_t ratelimit;
     conf_redis_t redis;

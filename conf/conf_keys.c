@@ -983,6 +983,15 @@ static const conf_key_t model_keys[] = {
      .sub = &model_cache_table,
      .flags = R,
      .doc = "response cache policy of this model; unset keys = cache: (docs/cache.md)"},
+    {.name = "default_max_tokens",
+     .type = CONF_INT,
+     .off = offsetof(conf_model_t, default_max_tokens),
+     .def = "0",
+     .min = 0,
+     .max = 10000000,
+     .flags = R,
+     .doc = "max_tokens sent upstream when the client sends none (at most ratelimit.max_tokens, "
+            "still the cap); 0 = the cap itself"},
 };
 static const conf_table_t model_table = {TABLE(model_keys, conf_model_t), .has_line = true,
                                          .line_off = offsetof(conf_model_t, line), .has_name = true,
@@ -1017,6 +1026,32 @@ static const conf_key_t sse_keys[] = {
      .doc = "per-stream bytes queued toward a slow client before upstream reads pause"},
 };
 static const conf_table_t sse_table = {TABLE(sse_keys, conf_sse_t)};
+
+static const conf_key_t gzip_keys[] = {
+    {.name = "enabled",
+     .type = CONF_BOOL,
+     .off = offsetof(conf_gzip_t, enabled),
+     .def = "true",
+     .flags = R,
+     .doc = "gzip non-streamed JSON answers when Accept-Encoding allows (SSE never)"},
+    {.name = "min_bytes",
+     .type = CONF_SIZE,
+     .off = offsetof(conf_gzip_t, min_bytes),
+     .def = "1k",
+     .min = 0,
+     .max = MIB(64),
+     .flags = R,
+     .doc = "answers smaller than this are sent as they are"},
+    {.name = "level",
+     .type = CONF_INT,
+     .off = offsetof(conf_gzip_t, level),
+     .def = "6",
+     .min = 1,
+     .max = 9,
+     .flags = R,
+     .doc = "zlib compression level (1 fastest, 9 smallest)"},
+};
+static const conf_table_t gzip_table = {TABLE(gzip_keys, conf_gzip_t)};
 
 static const conf_key_t log_keys[] = {
     {.name = "access",
@@ -1877,6 +1912,12 @@ static const conf_key_t fallback_template_keys[] = {
      .flags = R,
      .doc = "language tag -> text, chosen by Accept-Language (q-values; en-US falls back to "
             "en)"},
+    {.name = "json",
+     .type = CONF_STRING,
+     .off = offsetof(conf_fb_template_t, json),
+     .flags = R,
+     .doc = "the content answered to response_format json_object / json_schema (a JSON object); "
+            "default {\"error\":\"unavailable\",\"message\":<the text>}"},
 };
 static const conf_table_t fallback_template_table = {
     TABLE(fallback_template_keys, conf_fb_template_t)};
@@ -2139,6 +2180,22 @@ static const conf_key_t root_keys[] = {
      .sub = &sse_table,
      .flags = R,
      .doc = "server-sent events relay"},
+    {.name = "gzip",
+     .type = CONF_STRUCT,
+     .off = offsetof(conf_t, gzip),
+     .sub = &gzip_table,
+     .flags = R,
+     .doc = "gzip of non-streamed JSON answers (docs/clients.md)"},
+    {.name = "passthrough",
+     .type = CONF_STRLIST,
+     .off = offsetof(conf_t, passthrough),
+     .count_off = offsetof(conf_t, npassthrough),
+     .min = 0,
+     .max = 64,
+     .flags = R,
+     .doc = "more OpenAI paths to proxy, with auth and limits: \"/v1/moderations\" (exact) or "
+            "\"/v1/audio/\" (a prefix); to the body's model's upstream, else the first model's "
+            "(docs/clients.md)"},
     {.name = "log",
      .type = CONF_STRUCT,
      .off = offsetof(conf_t, log),

@@ -147,6 +147,20 @@ bool fb_breaker_eligible(fb_breaker_t *b, int64_t now_ms)
     }
 }
 
+int64_t fb_breaker_wait_ms(fb_breaker_t *b, int64_t now_ms, int64_t probe_wait_ms)
+{
+    switch (fb_breaker_state(b, now_ms)) {
+    case FB_CIRCUIT_CLOSED:
+        return 0;
+    case FB_CIRCUIT_HALF_OPEN:
+        return atomic_load(&b->probes_out) < b->probes ? 0 : probe_wait_ms;
+    default: {
+        int64_t left = atomic_load(&b->open_until) - now_ms;
+        return left > 0 ? left : 0;
+    }
+    }
+}
+
 fb_admit_t fb_breaker_acquire(fb_breaker_t *b, int64_t now_ms)
 {
     if (atomic_load_explicit(&b->state, memory_order_acquire) == FB_CIRCUIT_CLOSED)

@@ -197,6 +197,11 @@ void fb_breaker_cancel(fb_breaker_t *b, fb_admit_t how);
 void fb_breaker_hold(fb_breaker_t *b, int64_t until_ms, int64_t now_ms);
 /* Consecutive failures now (tests, logs). */
 int fb_breaker_failures(fb_breaker_t *b);
+/* How long until this server may be picked again: 0 when it may now, the
+ * open period's remainder, or probe_wait_ms when half-open with every
+ * probe slot taken (a probe's answer is what frees one). For the
+ * Retry-After of an answer sent because no server could be picked. */
+int64_t fb_breaker_wait_ms(fb_breaker_t *b, int64_t now_ms, int64_t probe_wait_ms);
 
 /* The process-wide set of breakers, keyed by (upstream, server URL), so a
  * reload keeps each server's state. */
@@ -222,15 +227,22 @@ typedef enum fb_api {
 
 typedef struct fb_reply_req {
     fb_api_t api;
-    bool stream;        /* "stream": true -> SSE */
-    bool include_usage; /* stream_options.include_usage -> a final usage chunk */
-    const char *model;  /* echoed in "model" (borrowed); NULL = "" */
-    const char *id;     /* completion id suffix, e.g. the request id (borrowed) */
-    int64_t created;    /* "created", wall seconds */
+    bool stream;         /* "stream": true -> SSE */
+    bool include_usage;  /* stream_options.include_usage -> a final usage chunk */
+    const char *model;   /* echoed in "model" (borrowed); NULL = "" */
+    const char *id;      /* completion id suffix, e.g. the request id (borrowed) */
+    int64_t created;     /* "created", wall seconds */
+    int n;               /* choices asked for ("n"); 0 = 1, at most FB_REPLY_MAX_N */
+    bool json_mode;      /* response_format json_object / json_schema: content is JSON */
+    bool tools_required; /* tool_choice "required" or a named function: no text will do */
 } fb_reply_req_t;
 
-/* Fills q->stream, q->include_usage and q->model (borrowed from body) from
- * a parsed request body; api, id and created are the caller's. */
+/* The most choices a template reply carries (a larger n gets this many). */
+#define FB_REPLY_MAX_N 64
+
+/* Fills q->stream, q->include_usage, q->model (borrowed from body), q->n,
+ * q->json_mode and q->tools_required from a parsed request body; api, id
+ * and created are the caller's. */
 void fb_reply_req_from_json(const json_t *body, fb_reply_req_t *q);
 
 /* The reply in exactly the shape asked for: a chat.completion (or
@@ -253,7 +265,9 @@ void fb_tmpl_free(fb_tmpl_t *t);
  * chosen, or NULL for the default. Borrowed from t. */
 const char *fb_tmpl_pick(const fb_tmpl_t *t, const char *accept_language, size_t len,
                          const char **lang);
-/* fb_tmpl_pick + fb_reply_render; counts sluice_fallback_total{tier="template"}. */
+/* fb_tmpl_pick + fb_reply_render; counts sluice_fallback_total{tier="template"}.
+ * In a JSON mode the content is the configured JSON object, or
+ * {"error":"unavailable","message":<the text>}. */
 char *fb_tmpl_render(const fb_tmpl_t *t, const fb_reply_req_t *q, const char *accept_language,
                      size_t al_len, size_t *len) SL_WUR;
 

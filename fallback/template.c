@@ -16,6 +16,7 @@
 
 struct fb_tmpl {
     char *text;
+    char *json;   /* JSON modes' content, compact; NULL = built from the text */
     char **langs; /* configured tags, as written */
     char **texts;
     size_t n;
@@ -28,6 +29,15 @@ fb_tmpl_t *fb_tmpl_new(const conf_fb_template_t *c)
     if (!t)
         return NULL;
     t->text = strdup(c->text ? c->text : "");
+    if (c->json) { /* checked to be an object (hook_fallback.c); compacted once */
+        json_t *j = json_loads(c->json, 0, NULL);
+        t->json = j ? json_dumps(j, JSON_COMPACT) : NULL;
+        json_decref(j);
+        if (!t->json) {
+            fb_tmpl_free(t);
+            return NULL;
+        }
+    }
     t->langs = calloc(c->ntexts + 1, sizeof(char *));
     t->texts = calloc(c->ntexts + 1, sizeof(char *));
     if (!t->text || !t->langs || !t->texts) {
@@ -57,6 +67,7 @@ void fb_tmpl_free(fb_tmpl_t *t)
     free(t->langs);
     free(t->texts);
     free(t->text);
+    free(t->json);
     free(t);
 }
 
@@ -210,6 +221,18 @@ void fb_reply_req_from_json(const json_t *body, fb_reply_req_t *q)
     q->include_usage = q->stream && json_is_true(json_object_get(so, "include_usage"));
     const json_t *m = json_object_get(body, "model");
     q->model = json_is_string(m) ? json_string_value(m) : NULL;
+    const json_t *n = json_object_get(body, "n");
+    json_int_t nv = json_is_integer(n) ? json_integer_value(n) : 1;
+    q->n = (int)(nv < 1 ? 1 : nv > FB_REPLY_MAX_N ? FB_REPLY_MAX_N : nv);
+    const char *rf =
+        json_string_value(json_object_get(json_object_get(body, "response_format"), "type"));
+    q->json_mode = rf && (strcmp(rf, "json_object") == 0 || strcmp(rf, "json_schema") == 0);
+    const json_t *tc = json_object_get(body, "tool_choice");
+    /* "required", or {"type":"function","function":{"name":...}}: the client
+     * will read tool_calls, and a template has none to give. */
+    q->tools_required = json_array_size(json_object_get(body, "tools")) > 0 &&
+                        ((json_is_string(tc) && strcmp(json_string_value(tc), "required") == 0) ||
+                         json_is_object(tc));
 }
 
 const char *fb_reply_content_type(const fb_reply_req_t *q)
@@ -279,13 +302,13 @@ static int fb_sse_add(json_t *obj, fb_buf_t *out)
 }
 
 /* One streamed chunk: chat's delta or completions' text. */
-static json_t *fb_chunk(const fb_reply_req_t *q, const char *id, json_t *delta_or_text,
+static json_t *fb_chunk(const fb_reply_req_t *q, const char *id, int index, json_t *delta_or_text,
                         const char *finish)
 {
     bool chat = q->api == FB_API_CHAT;
     json_t *o = fb_reply_base(q, id, chat ? "chat.completion.chunk" : "text_completion");
     json_t *choice =
-        json_pack("{s:i, s:o, s:n, s:o}", "index", 0, chat ? "delta" : "text", delta_or_text,
+        json_pack("{s:i, s:o, s:n, s:o}", "index", index, chat ? "delta" : "text", delta_or_text,
                   "logprobs", "finish_reason", finish ? json_string(finish) : json_null());
     if (!o || !choice) {
         json_decref(o);
@@ -311,17 +334,25 @@ char *fb_reply_render(const fb_reply_req_t *q, const char *text, size_t *len)
 
     if (!q->stream) {
         json_t *o = fb_reply_base(q, id, chat ? "chat.completion" : "text_completion");
-        json_t *choice = chat ? json_pack("{s:i, s:{s:s, s:s, s:n}, s:n, s:s}", "index", 0,
-                                          "message", "role", "assistant", "content", text,
-                                          "refusal", "logprobs", "finish_reason", "stop")
-                              : json_pack("{s:i, s:s, s:n, s:s}", "index", 0, "text", text,
-                                          "logprobs", "finish_reason", "stop");
-        if (!o || !choice) {
+        json_t *choices = json_array();
+        int nc = q->n > 0 ? q->n : 1;
+        for (int i = 0; o && choices && i < nc; i++) {
+            json_t *choice = chat ? json_pack("{s:i, s:{s:s, s:s, s:n}, s:n, s:s}", "index", i,
+                                              "message", "role", "assistant", "content", text,
+                                              "refusal", "logprobs", "finish_reason", "stop")
+                                  : json_pack("{s:i, s:s, s:n, s:s}", "index", i, "text", text,
+                                              "logprobs", "finish_reason", "stop");
+            if (!choice || json_array_append_new(choices, choice) != 0) {
+                json_decref(choices);
+                choices = NULL;
+            }
+        }
+        if (!o || !choices) {
             json_decref(o);
-            json_decref(choice);
+            json_decref(choices);
             return NULL;
         }
-        json_object_set_new(o, "choices", json_pack("[o]", choice));
+        json_object_set_new(o, "choices", choices);
         json_object_set_new(o, "usage", fb_usage_zero());
         char *s = json_dumps(o, JSON_COMPACT);
         json_decref(o);
@@ -331,15 +362,18 @@ char *fb_reply_render(const fb_reply_req_t *q, const char *text, size_t *len)
     }
 
     fb_buf_t out = {0};
-    if (chat) {
-        fb_sse_add(
-            fb_chunk(q, id, json_pack("{s:s, s:s}", "role", "assistant", "content", ""), NULL),
-            &out);
-        fb_sse_add(fb_chunk(q, id, json_pack("{s:s}", "content", text), NULL), &out);
-        fb_sse_add(fb_chunk(q, id, json_object(), "stop"), &out);
-    } else {
-        fb_sse_add(fb_chunk(q, id, json_string(text), NULL), &out);
-        fb_sse_add(fb_chunk(q, id, json_string(""), "stop"), &out);
+    int nc = q->n > 0 ? q->n : 1;
+    for (int i = 0; i < nc; i++) { /* each choice whole, one after the other */
+        if (chat) {
+            fb_sse_add(fb_chunk(q, id, i,
+                                json_pack("{s:s, s:s}", "role", "assistant", "content", ""), NULL),
+                       &out);
+            fb_sse_add(fb_chunk(q, id, i, json_pack("{s:s}", "content", text), NULL), &out);
+            fb_sse_add(fb_chunk(q, id, i, json_object(), "stop"), &out);
+        } else {
+            fb_sse_add(fb_chunk(q, id, i, json_string(text), NULL), &out);
+            fb_sse_add(fb_chunk(q, id, i, json_string(""), "stop"), &out);
+        }
     }
     if (q->include_usage) {
         json_t *u = fb_reply_base(q, id, chat ? "chat.completion.chunk" : "text_completion");
@@ -362,7 +396,24 @@ char *fb_reply_render(const fb_reply_req_t *q, const char *text, size_t *len)
 char *fb_tmpl_render(const fb_tmpl_t *t, const fb_reply_req_t *q, const char *al, size_t al_len,
                      size_t *len)
 {
-    char *s = fb_reply_render(q, fb_tmpl_pick(t, al, al_len, NULL), len);
+    const char *text = fb_tmpl_pick(t, al, al_len, NULL);
+    char *built = NULL;
+    if (q->json_mode) {
+        /* The app will JSON.parse the content: give it an object it can
+         * recognise as "no answer" rather than prose. */
+        if (t->json) {
+            text = t->json;
+        } else {
+            json_t *o = json_pack("{s:s, s:s}", "error", "unavailable", "message", text);
+            built = o ? json_dumps(o, JSON_COMPACT) : NULL;
+            json_decref(o);
+            if (!built)
+                return NULL;
+            text = built;
+        }
+    }
+    char *s = fb_reply_render(q, text, len);
+    free(built);
     if (s)
         fb_count_tier(FB_TIER_TEMPLATE);
     return s;

@@ -71,6 +71,25 @@ static void gw_fb_template_respond(gw_req_t *r)
     q.model = r->model->name;
     q.id = r->id;
     q.created = sl_wall_s();
+    if (q.tools_required) {
+        /* The client reads tool_calls and a template has none: a text answer
+         * would end its tool loop as if done. A 503 it retries later instead
+         * (a queued request is still resent; its id is in the header). */
+        char extra[160] = "", hint[160];
+        gw_fb_retry_headers(r, hint, sizeof(hint));
+        int n = 0;
+        if (!strstr(hint, "Retry-After:")) {
+            int64_t s = (r->rt->conf->fallback.retry.backoff_max_ms + 999) / 1000;
+            n = snprintf(extra, sizeof(extra), "Retry-After: %lld\r\n", (long long)(s > 0 ? s : 1));
+        }
+        if (r->queued_id[0] && n >= 0 && (size_t)n < sizeof(extra))
+            snprintf(extra + n, sizeof(extra) - (size_t)n, "X-Sluice-Request-Id: %s\r\n",
+                     r->queued_id);
+        gw_respond_error_h(r, 503, "server_error", "upstream_unavailable",
+                           "No model server is available to call the required tools; retry later.",
+                           extra);
+        return;
+    }
     const gw_http_header_t *al = gw_http_header_find(gw_http_msg(r->c->parser), "Accept-Language");
     size_t len = 0;
     char *body =
@@ -251,6 +270,45 @@ bool gw_fb_after_failure(gw_req_t *r, int failure, int status)
     }
     gw_fb_apply(r, action, delay);
     return true;
+}
+
+/* ---- retry hints for the client ------------------------------------------ */
+
+/* A half-open server whose probe slots are all taken frees one when a
+ * probe answers: a second is a fair guess, and short enough not to strand
+ * a client. */
+#define GW_FB_PROBE_WAIT_MS 1000
+
+static int64_t gw_fb_pool_wait_ms(const gw_pool_rt_t *pool, int64_t now)
+{
+    if (!pool || pool->engine || pool->nservers == 0)
+        return 0;
+    int64_t best = -1;
+    for (size_t i = 0; i < pool->nservers; i++) {
+        int64_t w = fb_breaker_wait_ms(pool->servers[i]->breaker, now, GW_FB_PROBE_WAIT_MS);
+        if (best < 0 || w < best)
+            best = w;
+    }
+    return best > 0 ? best : 0;
+}
+
+const char *gw_fb_retry_headers(const gw_req_t *r, char *buf, size_t n)
+{
+    if (n == 0)
+        return buf;
+    buf[0] = '\0';
+    if (!r->model)
+        return buf; /* not a proxied request: nothing was tried */
+    size_t used = 0;
+    if (r->attempts > 1 || r->fallback) {
+        int k = snprintf(buf, n, "x-should-retry: false\r\n");
+        used = k > 0 ? SL_MIN((size_t)k, n - 1) : 0;
+    }
+    int64_t wait = gw_fb_pool_wait_ms(r->att.pool, sl_now_ms());
+    if (wait > 0)
+        snprintf(buf + used, n - used, "Retry-After: %lld\r\nretry-after-ms: %lld\r\n",
+                 (long long)((wait + 999) / 1000), (long long)wait);
+    return buf;
 }
 
 /* ---- GET /v1/requests/{id} ------------------------------------------------- */

@@ -21,6 +21,7 @@
 #include "gateway/gw_req.h"
 #include "gateway/gw_rt.h"
 #include "gateway/gw_types.h"
+#include "gateway/json_intake.h"
 
 static void gw_proxy_body_add(gw_req_t *r)
 {
@@ -109,22 +110,51 @@ static bool gw_route_simple(const gw_req_t *r)
 void gw_proxy_route(gw_req_t *r)
 {
     size_t len = evbuffer_get_length(r->body);
+    if (r->route == GW_ROUTE_PASSTHROUGH && r->rt->nmodels > 0) {
+        /* Any body (audio is multipart): routed by its model when it is a
+         * JSON object naming one we serve, else to the first model's
+         * upstream; forwarded as it came. */
+        json_t *j = len ? json_loadb((const char *)evbuffer_pullup(r->body, -1), len,
+                                     JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL, NULL)
+                        : NULL;
+        json_t *jm = json_object_get(j, "model");
+        r->model = json_is_string(jm)
+                       ? gw_rt_model(r->rt, json_string_value(jm), json_string_length(jm))
+                       : NULL;
+        json_decref(j);
+        if (!r->model)
+            r->model = &r->rt->models[0];
+        r->att.pool = r->model->pool;
+        if (gw_hooks_run(r, false) == GW_HOOK_NEXT)
+            gw_proxy_send(r);
+        return;
+    }
+    if (r->route == GW_ROUTE_RESPONSES && len == 0 && r->rt->nmodels > 0) {
+        /* GET / DELETE /v1/responses/{id}, POST .../cancel: no model to
+         * route by; the first model's upstream stored the response. */
+        r->model = &r->rt->models[0];
+        r->att.pool = r->model->pool;
+        if (gw_hooks_run(r, false) == GW_HOOK_NEXT)
+            gw_proxy_send(r);
+        return;
+    }
     if (len == 0) {
         gw_respond_error(r, 400, "invalid_request_error", "invalid_json",
                          "The request body must be a JSON object.");
         return;
     }
-    json_error_t je;
-    r->json =
-        json_loadb((const char *)evbuffer_pullup(r->body, -1), len, JSON_REJECT_DUPLICATES, &je);
+    char jmsg[256];
+    /* inexact: an integer beyond int64 is held as a real. The client's
+     * bytes are forwarded as they came unless a hook or an alias edits the
+     * body (then such a number goes out as the nearest double). */
+    bool inexact = false;
+    r->json = gw_json_intake((const char *)evbuffer_pullup(r->body, -1), len, &inexact, jmsg,
+                             sizeof(jmsg));
+    (void)inexact;
     if (!r->json || !json_is_object(r->json)) {
-        char msg[256];
         if (r->json)
-            snprintf(msg, sizeof(msg), "The request body must be a JSON object.");
-        else
-            snprintf(msg, sizeof(msg), "The request body is not valid JSON: %s (at %d:%d).",
-                     je.text, je.line, je.column);
-        gw_respond_error(r, 400, "invalid_request_error", "invalid_json", msg);
+            snprintf(jmsg, sizeof(jmsg), "The request body must be a JSON object.");
+        gw_respond_error(r, 400, "invalid_request_error", "invalid_json", jmsg);
         return;
     }
     json_t *jm = json_object_get(r->json, "model");

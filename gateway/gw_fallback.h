@@ -35,6 +35,13 @@ int gw_fb_decide(gw_req_t *r, int failure, int status, int64_t *delay_ms);
 void gw_fb_apply(gw_req_t *r, int action, int64_t delay_ms);
 /* The attempt's end for its breaker: 1 ok, 0 failed, -1 cancelled. */
 void gw_fb_attempt_end(gw_req_t *r, int outcome);
+/* The retry hints of an error answer sluice sends after the chain gave up
+ * (5xx), as header lines into buf: "x-should-retry: false" when sluice
+ * already retried or fell back (a client's retry would repeat that work at
+ * once), and "Retry-After" (seconds, rounded up) plus "retry-after-ms"
+ * when every server of the pool waits on its breaker (the shortest wait).
+ * The openai SDKs read all three. Returns buf ("" when none). */
+const char *gw_fb_retry_headers(const gw_req_t *r, char *buf, size_t n);
 /* GET /v1/requests/{id}, after the pre-route hooks. */
 void gw_fb_requests_route(gw_req_t *r);
 /* Per worker: queue and idempotency handles, and worker 0's resender. */

@@ -186,6 +186,15 @@ void gw_rl_client_ip(gw_req_t *r);
 /* hook_ratelimit.c: the 429 (or 503 when the store is down) for a refused
  * decision, with Retry-After and X-RateLimit-*. */
 void gw_rl_respond_refusal(gw_req_t *r, const struct rl_decision *d);
+/* hook_ratelimit.c: a duration the way OpenAI's x-ratelimit-reset-* write
+ * it (Go's time.Duration: "20ms", "1.5s", "6m0s", "1h0m0s"). Returns buf. */
+const char *gw_rl_duration(int64_t ms, char *buf, size_t n);
+/* hook_ratelimit.c: every rate-limit header line of a decision into buf:
+ * OpenAI's x-ratelimit-{limit,remaining,reset}-{requests,tokens} for the
+ * limit it describes, the deprecated X-RateLimit-* trio, and when refused
+ * Retry-After (seconds) and retry-after-ms (what the openai SDKs read
+ * first). Returns the length, or -1 when buf is too small (512 suffice). */
+int gw_rl_format_headers(const struct rl_decision *d, char *buf, size_t n);
 /* hook_auth.c: the token endpoint and the admin revoke endpoint. */
 void gw_auth_token_route(gw_req_t *r);
 void gw_auth_revoke_route(gw_req_t *r);

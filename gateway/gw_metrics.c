@@ -59,6 +59,11 @@ void gw_metrics_init(const char *(*route_name)(gw_route_t r))
                                          SL_METRIC_COUNTER, "target", NULL, 0);
     gw_m.route_local = sl_metric_series1(rt, "local");
     gw_m.route_main = sl_metric_series1(rt, "main");
+    gw_m.done_added = sl_metric_series0(sl_metric_register(
+        "sluice_stream_done_added_total",
+        "Streams the upstream closed without data: [DONE] after every choice had its "
+        "finish_reason: complete, so sluice ended them with [DONE].",
+        SL_METRIC_COUNTER, NULL, NULL, 0));
     gw_m.reloads =
         sl_metric_register("sluice_config_reloads_total", "Configuration reloads by result.",
                            SL_METRIC_COUNTER, "result", NULL, 0);

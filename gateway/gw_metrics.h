@@ -19,6 +19,7 @@ typedef struct gw_metrics {
     sl_metric_t *parse_errors;              /* {reason} */
     sl_metric_t *reloads;                   /* {result} */
     sl_mseries_t *route_local, *route_main; /* sluice_route_total{target} */
+    sl_mseries_t *done_added; /* complete streams the upstream closed without [DONE] */
 } gw_metrics_t;
 extern gw_metrics_t gw_m;
 /* Registers the series; route_name labels the per-route ones (the route

@@ -49,16 +49,19 @@ struct gw_req {
 
     /* hooks and what they learned */
     gw_hooks_req_t hooks;
-    char user[256];      /* the token's sub, "" without auth */
-    char client_id[64];  /* the token's client, "" when unknown */
-    char client_ip[48];  /* the client's address (X-Forwarded-For from trusted proxies) */
-    bool body_dirty;     /* json was edited: serialise it again before sending */
-    char body_add[48];   /* else: a member to add to the client's bytes ("k":v) */
-    bool body_add_first; /* ... into an object that had no member */
-    bool ev_hooks;       /* SSE events go through the hook chain */
-    bool buffer_body;    /* a non-streamed answer is held until whole (proxy.c) */
-    bool body_hooks;     /* ... and goes through the on_body hooks */
-    bool stop_stream;    /* a hook ended the stream (finish after the parser returns) */
+    char user[256];        /* the token's sub, "" without auth */
+    char client_id[64];    /* the token's client, "" when unknown */
+    char client_ip[48];    /* the client's address (X-Forwarded-For from trusted proxies) */
+    bool body_dirty;       /* json was edited: serialise it again before sending */
+    char body_add[48];     /* else: a member to add to the client's bytes ("k":v) */
+    bool body_add_first;   /* ... into an object that had no member */
+    bool ev_hooks;         /* SSE events go through the hook chain */
+    bool buffer_body;      /* a non-streamed answer is held until whole (proxy.c) */
+    bool body_hooks;       /* ... and goes through the on_body hooks */
+    bool stop_stream;      /* a hook ended the stream (finish after the parser returns) */
+    uint64_t sse_finished; /* bit k: choice k of the stream has its finish_reason */
+    bool gzip_ok;          /* the client accepts gzip and conf gzip is on (gzip.c) */
+    bool gzip_out;         /* this answer's body is gzip (Content-Encoding) */
     struct evbuffer *resp_body;
 
     /* the fallback chain */
@@ -84,6 +87,9 @@ struct gw_req {
 };
 
 /* respond.c: local answers */
+/* Would an answer of len bytes be gzipped for this client (conf gzip on,
+ * len >= gzip.min_bytes, Accept-Encoding takes gzip)? */
+bool gw_respond_gzip_ok(gw_req_t *r, size_t len);
 void gw_respond_json(gw_req_t *r, int status, const char *body, size_t len,
                      const char *extra_headers);
 void gw_respond_error(gw_req_t *r, int status, const char *type, const char *code,

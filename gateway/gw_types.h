@@ -85,6 +85,8 @@ typedef enum gw_route {
     GW_ROUTE_REQUESTS,
     GW_ROUTE_ADMIN,
     GW_ROUTE_OTHER,
+    GW_ROUTE_RESPONSES,   /* /v1/responses and /v1/responses/{id}[/cancel] */
+    GW_ROUTE_PASSTHROUGH, /* a conf passthrough: path */
     GW_ROUTE_COUNT
 } gw_route_t;
 

@@ -31,6 +31,7 @@
 #include "gateway/gw_req.h"
 #include "gateway/gw_rt.h"
 #include "gateway/gw_types.h"
+#include "gateway/gw_upstream.h"
 #include "gateway/gw_worker.h"
 #include "gateway/http1.h"
 
@@ -310,6 +311,16 @@ static const char *gw_fbh_path(const conf_t *c)
 
 static int gw_fbh_check(const conf_t *c, char *err, size_t errlen)
 {
+    const char *tj = c->fallback.tmpl.json;
+    if (tj) { /* the JSON modes' answer must parse as the object apps expect */
+        json_t *j = json_loads(tj, 0, NULL);
+        bool ok = json_is_object(j);
+        json_decref(j);
+        if (!ok) {
+            snprintf(err, errlen, "%s: fallback.template.json: not a JSON object", gw_fbh_path(c));
+            return -1;
+        }
+    }
     const char *local = c->fallback.local.upstream;
     if (!local)
         return 0;
@@ -352,6 +363,25 @@ static void gw_fbh_process_stop(gw_server_t *s)
     gw_fb_queue_thread_stop();
 }
 
+/* A relayed upstream 5xx: the same retry hints as sluice's own 5xx
+ * (gw_fb_retry_headers), except that the upstream's own Retry-After, when
+ * it sent one, is relayed as it is and not doubled. */
+static void gw_fbh_on_headers(gw_req_t *r, void *state, struct evbuffer *out)
+{
+    (void)state;
+    if (r->att.upstatus < 500)
+        return;
+    char hint[160];
+    gw_fb_retry_headers(r, hint, sizeof(hint));
+    const gw_http_msg_t *m = r->att.up ? gw_http_msg(r->att.up->parser) : NULL;
+    if (m && gw_http_header_find(m, "Retry-After")) {
+        char *ra = strstr(hint, "Retry-After:");
+        if (ra)
+            *ra = '\0'; /* the hint's Retry-After and retry-after-ms come last */
+    }
+    evbuffer_add(out, hint, strlen(hint));
+}
+
 const gw_hook_t gw_hook_fallback = {
     .name = "fallback",
     .check = gw_fbh_check,
@@ -367,4 +397,5 @@ const gw_hook_t gw_hook_fallback = {
     .on_request = gw_fbh_on_request,
     .on_cancel = gw_fbh_on_cancel,
     .on_end = gw_fbh_on_end,
+    .on_headers = gw_fbh_on_headers,
 };

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "filters/filters.h"
+#include "gateway/gw_flt_resp.h"
 #include "gateway/gw_hook.h"
 #include "gateway/gw_req.h"
 #include "gateway/gw_rt.h"
@@ -18,15 +19,17 @@
 typedef struct gw_flt {
     flt_stream_t *stream; /* answer filtering of a streamed request */
     bool body;            /* a non-streamed answer is filtered whole */
+    gw_flt_resp_t *resp;  /* a Responses API stream (flt_responses.c) */
 } gw_flt_t;
 
 static gw_hook_rc_t gw_flt_on_request(gw_req_t *r, void **state)
 {
     flt_ruleset_t *rs = r->rt->filters;
-    if (!rs || r->route != GW_ROUTE_CHAT)
+    bool resp = r->route == GW_ROUTE_RESPONSES && json_is_object(r->json);
+    if (!rs || (r->route != GW_ROUTE_CHAT && !resp))
         return GW_HOOK_NEXT;
     flt_req_result_t res;
-    switch (flt_request_check(rs, r->json, &res)) {
+    switch (resp ? gw_flt_resp_request(rs, r->json, &res) : flt_request_check(rs, r->json, &res)) {
     case FLT_REQ_OK:
         break;
     case FLT_REQ_REJECT: {
@@ -57,7 +60,8 @@ static gw_hook_rc_t gw_flt_on_request(gw_req_t *r, void **state)
     *state = s;
     if (r->stream) {
         s->stream = flt_stream_new(rs);
-        if (!s->stream) {
+        s->resp = resp ? gw_flt_resp_new() : NULL;
+        if (!s->stream || (resp && !s->resp)) {
             gw_respond_oom(r);
             return GW_HOOK_DONE;
         }
@@ -88,6 +92,12 @@ static gw_ev_rc_t gw_flt_on_event(gw_req_t *r, void *state, const char *data, si
     gw_flt_t *s = state;
     if (!s->stream)
         return GW_EV_PASS;
+    if (s->resp) {
+        gw_ev_rc_t rc = gw_flt_resp_event(s->resp, s->stream, data, len, out);
+        if (rc == GW_EV_STOP)
+            r->error_kind = "content_filter";
+        return rc;
+    }
     flt_out_t o;
     memset(&o, 0, sizeof(o));
     flt_ev_verdict_t v = flt_stream_event(s->stream, data, len, &o);
@@ -111,7 +121,8 @@ static int gw_flt_on_body(gw_req_t *r, void *state, json_t *body, bool *modified
     if (!s->body)
         return 0;
     bool m = false;
-    if (flt_response_filter(r->rt->filters, body, &m) != 0)
+    if (r->route == GW_ROUTE_RESPONSES ? gw_flt_resp_body(r->rt->filters, body, &m) != 0
+                                       : flt_response_filter(r->rt->filters, body, &m) != 0)
         return -1;
     if (m)
         *modified = true;
@@ -126,6 +137,7 @@ static void gw_flt_on_end(gw_req_t *r, void *state, gw_end_t how)
     if (!s)
         return;
     flt_stream_free(s->stream);
+    gw_flt_resp_free(s->resp);
     free(s);
 }
 

@@ -2,7 +2,8 @@
  * hook_ratelimit.c — the rate-limit adapter: clamps max_tokens, reserves
  * the request's token cost and takes a request and a concurrency slot
  * (ratelimit/ decides, in-process or through Redis), answers 429 with
- * Retry-After and X-RateLimit-*, strips the usage chunk it asked the
+ * Retry-After, retry-after-ms and OpenAI's x-ratelimit-* names (plus the
+ * deprecated X-RateLimit-*), strips the usage chunk it asked the
  * upstream for, and settles the reservation with the real usage at the end.
  */
 #include <stdio.h>
@@ -58,10 +59,79 @@ const rl_policy_t *gw_rl_policy(const gw_rt_t *rt)
     return rt->hook_state[gw_hook_index(&gw_hook_ratelimit)];
 }
 
+const char *gw_rl_duration(int64_t ms, char *buf, size_t n)
+{
+    if (ms <= 0) {
+        snprintf(buf, n, "0s");
+        return buf;
+    }
+    if (ms < 1000) {
+        snprintf(buf, n, "%lldms", (long long)ms);
+        return buf;
+    }
+    long long h = ms / 3600000, m = ms / 60000 % 60, s = ms / 1000 % 60, f = ms % 1000;
+    char sec[32];
+    if (f) {
+        int k = snprintf(sec, sizeof(sec), "%lld.%03lld", s, f);
+        while (k > 0 && sec[k - 1] == '0') /* Go trims the fraction's zeros */
+            sec[--k] = '\0';
+    } else {
+        snprintf(sec, sizeof(sec), "%lld", s);
+    }
+    if (h)
+        snprintf(buf, n, "%lldh%lldm%ss", h, m, sec);
+    else if (m)
+        snprintf(buf, n, "%lldm%ss", m, sec);
+    else
+        snprintf(buf, n, "%ss", sec);
+    return buf;
+}
+
+int gw_rl_format_headers(const struct rl_decision *d, char *buf, size_t n)
+{
+    /* The old names first (rl_format_headers: X-RateLimit-*, Retry-After). */
+    int len = rl_format_headers(d, buf, n);
+    if (len < 0)
+        return -1;
+    const char *what = NULL;
+    switch (d->limit) {
+    case RL_LIMIT_REQUESTS:
+    case RL_LIMIT_IP_REQUESTS:
+        what = "requests";
+        break;
+    case RL_LIMIT_TOKENS_MINUTE:
+    case RL_LIMIT_TOKENS_DAY:
+        what = "tokens";
+        break;
+    default: /* concurrency, the store, the key table: OpenAI has no name for them */
+        break;
+    }
+    int w = 0;
+    if (what) {
+        char reset[48];
+        w = snprintf(buf + len, n - (size_t)len,
+                     "x-ratelimit-limit-%s: %lld\r\nx-ratelimit-remaining-%s: %lld\r\n"
+                     "x-ratelimit-reset-%s: %s\r\n",
+                     what, (long long)d->limit_value, what, (long long)SL_MAX(d->remaining, 0),
+                     what, gw_rl_duration(d->reset_ms, reset, sizeof(reset)));
+        if (w < 0 || (size_t)w >= n - (size_t)len)
+            return -1;
+        len += w;
+    }
+    if (!d->allowed && d->retry_after_ms >= 0) {
+        w = snprintf(buf + len, n - (size_t)len, "retry-after-ms: %lld\r\n",
+                     (long long)SL_MAX(d->retry_after_ms, 1));
+        if (w < 0 || (size_t)w >= n - (size_t)len)
+            return -1;
+        len += w;
+    }
+    return len;
+}
+
 void gw_rl_respond_refusal(gw_req_t *r, const struct rl_decision *d)
 {
-    char hdrs[256];
-    if (rl_format_headers(d, hdrs, sizeof(hdrs)) < 0)
+    char hdrs[512];
+    if (gw_rl_format_headers(d, hdrs, sizeof(hdrs)) < 0)
         hdrs[0] = '\0';
     size_t len = 0;
     char *body = rl_error_body(d, &len);
@@ -72,6 +142,36 @@ void gw_rl_respond_refusal(gw_req_t *r, const struct rl_decision *d)
     r->error_kind = d->limit == RL_LIMIT_STORE ? "ratelimit_store" : "rate_limited";
     gw_respond_json(r, rl_decision_status(d), body, len, hdrs);
     free(body);
+}
+
+/* The Responses API's max_output_tokens under the same cap as chat's
+ * max_tokens (else that API would be a way around it), with the model's
+ * default_max_tokens when absent. -1: answered (400). */
+static int gw_rl_clamp_responses(gw_req_t *r, int64_t cap, rl_clamp_t *clamp)
+{
+    json_t *v = json_object_get(r->json, "max_output_tokens");
+    int64_t dmt = r->model ? r->model->conf->default_max_tokens : 0;
+    int64_t want;
+    if (!v || json_is_null(v)) {
+        want = dmt > 0 && dmt < cap ? dmt : cap;
+    } else if (json_is_integer(v) && json_integer_value(v) >= 1) {
+        want = SL_MIN((int64_t)json_integer_value(v), cap);
+        if (want == json_integer_value(v)) {
+            clamp->max_tokens = want; /* as sent: the client's bytes go */
+            return 0;
+        }
+    } else {
+        gw_respond_error(r, 400, "invalid_request_error", "invalid_parameter",
+                         "max_output_tokens must be a positive integer");
+        return -1;
+    }
+    if (json_object_set_new(r->json, "max_output_tokens", json_integer(want)) != 0) {
+        gw_respond_oom(r);
+        return -1;
+    }
+    r->body_dirty = true;
+    clamp->max_tokens = want;
+    return 0;
 }
 
 static void gw_rl_checked(void *arg, const rl_decision_t *d, rl_ticket_t *ticket)
@@ -140,6 +240,16 @@ static gw_hook_rc_t gw_rl_on_request(gw_req_t *r, void **state)
             gw_respond_error(r, 400, "invalid_request_error", "invalid_parameter", err);
             return GW_HOOK_DONE;
         }
+        int64_t dmt = r->model ? r->model->conf->default_max_tokens : 0;
+        if (s->clamp.added_max_tokens && dmt > 0 && dmt < s->clamp.max_tokens) {
+            /* The model's own default (a reasoning model needs more than a
+             * chat model, a small one less); the cap still bounds it. */
+            if (json_object_set_new(r->json, "max_tokens", json_integer(dmt)) != 0) {
+                gw_respond_oom(r);
+                return GW_HOOK_DONE;
+            }
+            s->clamp.max_tokens = dmt;
+        }
         if (s->clamp.modified) {
             r->body_dirty = true;
         } else if (s->clamp.added_max_tokens) {
@@ -169,6 +279,9 @@ static gw_hook_rc_t gw_rl_on_request(gw_req_t *r, void **state)
             }
         }
     }
+    if (r->route == GW_ROUTE_RESPONSES && json_is_object(r->json) &&
+        gw_rl_clamp_responses(r, c->max_tokens, &s->clamp) != 0)
+        return GW_HOOK_DONE;
     if (!gw_rl_any_limit(c)) {
         if (!s->stream) { /* nothing to count, nothing to strip */
             free(s);
@@ -213,8 +326,8 @@ static void gw_rl_on_headers(gw_req_t *r, void *state, struct evbuffer *out)
 {
     (void)r;
     gw_rl_t *s = state;
-    char hdrs[256];
-    if (s && s->d.limit != RL_LIMIT_NONE && rl_format_headers(&s->d, hdrs, sizeof(hdrs)) > 0)
+    char hdrs[512];
+    if (s && s->d.limit != RL_LIMIT_NONE && gw_rl_format_headers(&s->d, hdrs, sizeof(hdrs)) > 0)
         evbuffer_add(out, hdrs, strlen(hdrs));
 }
 

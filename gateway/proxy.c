@@ -29,6 +29,7 @@
 #include "fallback/fallback.h"
 #include "gateway/gw_conn.h"
 #include "gateway/gw_fallback.h"
+#include "gateway/gw_gzip.h"
 #include "gateway/gw_hook.h"
 #include "gateway/gw_metrics.h"
 #include "gateway/gw_proxy.h"
@@ -38,6 +39,7 @@
 #include "gateway/gw_upstream.h"
 #include "gateway/gw_worker.h"
 #include "gateway/http1.h"
+#include "gateway/json_intake.h"
 #include "gateway/sb.h"
 #include "gateway/sse.h"
 
@@ -243,13 +245,22 @@ static void gw_proxy_write_request(gw_req_t *r, gw_upconn_t *u)
     gw_sb_t b;
     gw_sb_init(&b, stack, sizeof(stack));
     const char *rest = gw_rt_v1_rest(m->target, m->target_len); /* non-NULL: gw_proxy_send */
-    gw_sb_lit(&b, "POST ");
+    gw_sb_str(&b, m->method); /* POST but for /v1/responses/{id}: GET, DELETE */
+    gw_sb_lit(&b, " ");
     gw_sb_str(&b, r->att.server->base_path); /* /v1/REST -> BASE/REST */
     if (rest)
         gw_sb_add(&b, rest, m->target_len - (size_t)(rest - m->target));
     gw_sb_lit(&b, " HTTP/1.1\r\nHost: ");
     gw_sb_str(&b, r->att.server->host_header);
-    gw_sb_lit(&b, "\r\nContent-Type: application/json\r\nContent-Length: ");
+    const gw_http_header_t *cct =
+        r->route == GW_ROUTE_PASSTHROUGH ? gw_http_header_find(m, "Content-Type") : NULL;
+    if (cct) { /* a passthrough body is the client's: multipart, audio, JSON */
+        gw_sb_lit(&b, "\r\nContent-Type: ");
+        gw_sb_add(&b, cct->value, cct->value_len);
+        gw_sb_lit(&b, "\r\nContent-Length: ");
+    } else {
+        gw_sb_lit(&b, "\r\nContent-Type: application/json\r\nContent-Length: ");
+    }
     gw_sb_u64(&b, blen);
     gw_sb_lit(&b, "\r\nX-Request-Id: ");
     gw_sb_str(&b, r->id);
@@ -446,6 +457,8 @@ static void gw_proxy_write_head(gw_req_t *r, const gw_http_msg_t *m, int64_t len
     }
     if (r->routed_local)
         gw_sb_lit(&b, "X-Sluice-Route: local\r\n");
+    if (r->gzip_out)
+        gw_sb_lit(&b, "Content-Encoding: gzip\r\nVary: Accept-Encoding\r\n");
     if (r->c->close_after)
         gw_sb_lit(&b, "Connection: close\r\n");
     for (size_t i = 0; m && i < m->nheaders; i++) {
@@ -578,6 +591,10 @@ static int gw_proxy_emit(gw_req_t *r, const char *data, size_t len, const char *
 static int gw_proxy_event_cb(void *arg, const gw_sse_event_t *ev)
 {
     gw_req_t *r = arg;
+    if (r->route == GW_ROUTE_RESPONSES) /* for the end-of-stream decision */
+        gw_sse_responses_scan(ev, &r->sse_finished);
+    else
+        gw_sse_finish_scan(ev, &r->sse_finished);
     if (!r->ev_hooks || ev->comment_only) {
         gw_proxy_write(r, ev->raw, ev->raw_len);
         return 0;
@@ -732,6 +749,32 @@ static int gw_proxy_flush_buffered(gw_req_t *r)
     }
     r->buffer_body = false;
     r->body_hooks = false;
+    /* gzip (when the client accepts it and conf has it on) needs the whole
+     * answer: its length goes in the head. An upstream that encoded its
+     * answer itself, or an answer that is not JSON, is relayed as it is. */
+    bool gz_fit = m->status >= 200 && m->status < 300 &&
+                  !gw_http_header_find(m, "Content-Encoding") &&
+                  gw_ct_is_json(gw_http_header_find(m, "Content-Type"));
+    const void *final = edited ? (const void *)edited : evbuffer_pullup(r->resp_body, -1);
+    size_t flen = edited ? strlen(edited) : len;
+    size_t gzlen = 0;
+    unsigned char *gz = gz_fit && gw_respond_gzip_ok(r, flen)
+                            ? gw_gzip(final, flen, (int)r->rt->conf->gzip.level, &gzlen)
+                            : NULL;
+    if (gz) {
+        /* The idempotency store keeps the plain bytes, not the encoding. */
+        struct evbuffer *cap = r->capture;
+        if (cap && evbuffer_get_length(cap) <= r->capture_max)
+            evbuffer_add(cap, final, SL_MIN(flen, r->capture_max + 1));
+        r->capture = NULL;
+        r->gzip_out = true;
+        gw_proxy_write_head(r, m, (int64_t)gzlen);
+        gw_proxy_write(r, gz, gzlen);
+        r->capture = cap;
+        free(gz);
+        free(edited);
+        return 0;
+    }
     if (edited) {
         gw_proxy_write_head(r, m, (int64_t)strlen(edited));
         gw_proxy_write(r, edited, strlen(edited));
@@ -744,6 +787,13 @@ static int gw_proxy_flush_buffered(gw_req_t *r)
     return 0;
 }
 
+/* The choices a streamed answer has: the client's n (1 when absent). */
+static int64_t gw_proxy_choices(const gw_req_t *r)
+{
+    json_t *n = json_object_get(r->json, "n");
+    return json_is_integer(n) ? (int64_t)json_integer_value(n) : 1;
+}
+
 static void gw_proxy_on_done(gw_req_t *r)
 {
     bool reusable = gw_http_msg(r->att.up->parser)->keep_alive;
@@ -754,7 +804,17 @@ static void gw_proxy_on_done(gw_req_t *r)
                          "The model server's answer was refused.");
         return;
     }
-    if (r->att.resp_sse && !gw_sse_done_seen(r->att.sse)) {
+    if (r->att.resp_sse && !gw_sse_done_seen(r->att.sse) && !gw_sse_mid_event(r->att.sse) &&
+        gw_sse_finish_all(r->sse_finished, gw_proxy_choices(r))) {
+        /* Every choice finished, only [DONE] is missing: a complete answer
+         * (some servers close without it). End it as the SDKs expect. */
+        static const char done[] = "data: [DONE]\n\n";
+        if (r->route != GW_ROUTE_RESPONSES) { /* that API never sends one */
+            sl_counter_add(gw_m.done_added, 1);
+            if (gw_proxy_emit(r, "[DONE]", 6, done, sizeof(done) - 1) != 0)
+                r->stop_stream = false;
+        }
+    } else if (r->att.resp_sse && !gw_sse_done_seen(r->att.sse)) {
         r->error_kind = "upstream_truncated";
         gw_upstream_log(r->att.server, "truncated", "the stream ended without data: [DONE]");
         gw_metrics_upstream_error(r->att.pool, gw_upfails[GW_UPFAIL_TRUNCATED].label);

@@ -8,8 +8,11 @@
 #include <time.h>
 
 #include "gateway/gw_conn.h"
+#include "gateway/gw_fallback.h"
+#include "gateway/gw_gzip.h"
 #include "gateway/gw_metrics.h"
 #include "gateway/gw_req.h"
+#include "gateway/gw_rt.h"
 #include "gateway/gw_types.h"
 #include "gateway/gw_worker.h"
 #include "gateway/http1.h"
@@ -43,6 +46,15 @@ char *gw_error_json(const char *type, const char *code, const char *message, siz
     return s;
 }
 
+bool gw_respond_gzip_ok(gw_req_t *r, size_t len)
+{
+    if (!r->rt || !r->rt->conf->gzip.enabled || len < (size_t)r->rt->conf->gzip.min_bytes)
+        return false;
+    const gw_http_msg_t *m = gw_http_msg(r->c->parser);
+    const gw_http_header_t *ae = m ? gw_http_header_find(m, "Accept-Encoding") : NULL;
+    return ae && gw_gzip_accepted(ae->value, ae->value_len);
+}
+
 void gw_respond_json(gw_req_t *r, int status, const char *body, size_t len,
                      const char *extra_headers)
 {
@@ -61,16 +73,23 @@ void gw_respond_body(gw_req_t *r, int status, const char *ctype, const char *bod
     size_t dl;
     const char *date = gw_date_header(&dl);
     size_t before = evbuffer_get_length(out);
+    /* A whole JSON answer to a client that takes gzip (never SSE). */
+    unsigned char *gz = NULL;
+    size_t gzlen = 0;
+    if (strcmp(ctype, "application/json") == 0 && gw_respond_gzip_ok(r, len))
+        gz = gw_gzip(body, len, (int)r->rt->conf->gzip.level, &gzlen);
     evbuffer_add_printf(out,
                         "HTTP/1.1 %d %s\r\nContent-Type: %s\r\n"
-                        "Content-Length: %zu\r\nX-Request-Id: %s\r\n%s%s",
-                        status, gw_http_status_text(status), ctype, len, r->id,
+                        "Content-Length: %zu\r\nX-Request-Id: %s\r\n%s%s%s",
+                        status, gw_http_status_text(status), ctype, gz ? gzlen : len, r->id,
+                        gz ? "Content-Encoding: gzip\r\nVary: Accept-Encoding\r\n" : "",
                         c->close_after ? "Connection: close\r\n" : "",
                         extra_headers ? extra_headers : "");
     evbuffer_add(out, date, dl);
     evbuffer_add(out, GW_LIT("\r\n"));
     if (!head)
-        evbuffer_add(out, body, len);
+        evbuffer_add(out, gz ? (const void *)gz : body, gz ? gzlen : len);
+    free(gz);
     if (r->capture) /* past capture_max: the store sees it is too large to keep */
         evbuffer_add(r->capture, body, SL_MIN(len, r->capture_max + 1));
     r->ctype = strcmp(ctype, "text/event-stream") == 0 ? "text/event-stream" : "application/json";
@@ -113,6 +132,16 @@ void gw_respond_error_h(gw_req_t *r, int status, const char *type, const char *c
     }
     if (!r->error_kind)
         r->error_kind = code;
+    char hdrs[512];
+    if (status >= 502 && status <= 504 && r->model) {
+        /* The chain gave up on a proxied request: tell the SDK whether (and
+         * when) its own retry is worth it, so it does not retry into an
+         * open breaker or repeat the retries sluice just made. */
+        char hint[160];
+        gw_fb_retry_headers(r, hint, sizeof(hint));
+        snprintf(hdrs, sizeof(hdrs), "%s%s", extra_headers ? extra_headers : "", hint);
+        extra_headers = hdrs;
+    }
     gw_respond_json(r, status, body, len, extra_headers);
     free(body);
 }

@@ -23,8 +23,8 @@
 #include "model/model.h"
 
 static const char *const gw_route_names[GW_ROUTE_COUNT] = {
-    "chat_completions", "completions", "embeddings", "models", "health",
-    "auth_token",       "requests",    "admin",      "other",
+    "chat_completions", "completions", "embeddings", "models",    "health",      "auth_token",
+    "requests",         "admin",       "other",      "responses", "passthrough",
 };
 
 const char *gw_route_name(gw_route_t r)
@@ -139,6 +139,7 @@ enum {
 enum {
     GW_M_GET = 1 << 0, /* GET and HEAD */
     GW_M_POST = 1 << 1,
+    GW_M_DELETE = 1 << 2,
 };
 
 typedef struct gw_route_row {
@@ -165,6 +166,14 @@ static const gw_route_row_t gw_routes[] = {
      gw_proxy_route, "Use POST for this endpoint."},
     {GW_ROUTE_EXACT("/v1/embeddings"), GW_ROUTE_EMBEDDINGS, GW_ON_MAIN, GW_M_POST, true,
      gw_proxy_route, "Use POST for this endpoint."},
+    /* The Responses API: POST routed by its model like chat; retrieve,
+     * delete and cancel carry no model (gw_proxy_route: the first model's
+     * upstream, the one that stored the response). */
+    {GW_ROUTE_EXACT("/v1/responses"), GW_ROUTE_RESPONSES, GW_ON_MAIN, GW_M_POST, true,
+     gw_proxy_route, "Use POST for this endpoint."},
+    {GW_ROUTE_PREFIX("/v1/responses/"), GW_ROUTE_RESPONSES, GW_ON_MAIN,
+     GW_M_GET | GW_M_POST | GW_M_DELETE, true, gw_proxy_route,
+     "Use GET, DELETE or POST .../cancel for this endpoint."},
     {GW_ROUTE_EXACT("/v1/models"), GW_ROUTE_MODELS, GW_ON_MAIN, GW_M_GET, true,
      gw_route_models_list, "Use GET for this endpoint."},
     {GW_ROUTE_PREFIX("/v1/models/"), GW_ROUTE_MODELS, GW_ON_MAIN, GW_M_GET, true,
@@ -198,6 +207,20 @@ static const gw_route_row_t *gw_route_find(const char *p, size_t n, unsigned lis
     return NULL;
 }
 
+/* A path listed under passthrough: (exact, or under an entry ending in
+ * '/'). */
+static bool gw_route_passthrough(const conf_t *c, const char *p, size_t n)
+{
+    for (size_t i = 0; i < c->npassthrough; i++) {
+        const char *e = c->passthrough[i];
+        size_t el = strlen(e);
+        if (el && e[el - 1] == '/' ? n > el && memcmp(p, e, el) == 0
+                                   : n == el && memcmp(p, e, n) == 0)
+            return true;
+    }
+    return false;
+}
+
 void gw_route_dispatch(gw_req_t *r)
 {
     const gw_http_msg_t *m = gw_http_msg(r->c->parser);
@@ -205,6 +228,14 @@ void gw_route_dispatch(gw_req_t *r)
     size_t n = m->path_len;
     bool admin = r->c->admin;
     const gw_route_row_t *row = gw_route_find(path, n, admin ? GW_ON_ADMIN : GW_ON_MAIN);
+    if (!row && !admin && gw_route_passthrough(r->rt->conf, path, n)) {
+        /* A conf passthrough path: auth and limits, then the proxy (the
+         * body's model picks the upstream when it names one). */
+        r->route = GW_ROUTE_PASSTHROUGH;
+        r->handler = gw_proxy_route;
+        gw_proxy_start(r);
+        return;
+    }
     if (!row) {
         r->route = admin ? GW_ROUTE_ADMIN : GW_ROUTE_OTHER;
         if (admin) {
@@ -218,13 +249,16 @@ void gw_route_dispatch(gw_req_t *r)
     }
     r->route = row->id;
     bool ok = ((row->methods & GW_M_GET) && gw_method_get(m)) ||
-              ((row->methods & GW_M_POST) && gw_method_is(m, "POST"));
+              ((row->methods & GW_M_POST) && gw_method_is(m, "POST")) ||
+              ((row->methods & GW_M_DELETE) && gw_method_is(m, "DELETE"));
     if (!ok) {
-        char allow[48];
-        snprintf(allow, sizeof(allow), "Allow: %s%s%s\r\n",
+        char allow[64];
+        snprintf(allow, sizeof(allow), "Allow: %s%s%s%s%s\r\n",
                  (row->methods & GW_M_GET) ? "GET, HEAD" : "",
                  (row->methods & GW_M_GET) && (row->methods & GW_M_POST) ? ", " : "",
-                 (row->methods & GW_M_POST) ? "POST" : "");
+                 (row->methods & GW_M_POST) ? "POST" : "",
+                 (row->methods & GW_M_DELETE) && row->methods != GW_M_DELETE ? ", " : "",
+                 (row->methods & GW_M_DELETE) ? "DELETE" : "");
         gw_respond_error_h(r, 405, "invalid_request_error", "method_not_allowed", row->wrong_method,
                            allow);
         return;

@@ -33,6 +33,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/sl.h"
 
@@ -66,5 +67,14 @@ size_t gw_sse_events(const gw_sse_t *s);
  * after "data:" dropped) into out (cap bytes, NUL-terminated). Returns the
  * data length, or -1 when it does not fit; 0 with out[0]=0 when none. */
 long gw_sse_event_data(const gw_sse_event_t *ev, char *out, size_t cap);
+
+/* sse_finish.c: sets bit k of *finished for each choice k (< 64) of the
+ * event (a chat or completions chunk) that has a finish_reason. */
+void gw_sse_finish_scan(const gw_sse_event_t *ev, uint64_t *finished);
+/* The same for a Responses API stream: bit 0 once its last event
+ * (response.completed, .incomplete or .failed) went by. */
+void gw_sse_responses_scan(const gw_sse_event_t *ev, uint64_t *finished);
+/* Every one of n choices has finished (n in 1..64). */
+bool gw_sse_finish_all(uint64_t finished, int64_t n);
 
 #endif

@@ -11,7 +11,8 @@ python3 python3-pytest python3-numpy python3-regex procps iproute2
 chromium
 kotlin default-jre-headless libokhttp-java
 libsystemd-dev systemd debhelper dpkg-dev lintian man-db logrotate
-libunistring-dev"
+libunistring-dev
+zlib1g-dev"
 
 if [ "${1:-}" = "--if-missing" ]; then
     missing=""

@@ -19,6 +19,9 @@ prompt and the `model` field is the one the request named):
     GET  /v1/models             the --models list
     (with --base-path /openai/v1 these live under /openai/v1/ instead, and a
     request for /v1/... is a 404)
+    POST /v1/responses, GET|DELETE /v1/responses/{id}, POST .../cancel
+                                the Responses API (answer_responses)
+    * /v1/moderations, /v1/audio/*   an echo of path, method, content type, size
 
 Control API on the same port (JSON in and out; not recorded as requests):
     POST /_mock/script    a JSON list of behaviours, consumed in order by the
@@ -55,6 +58,7 @@ string is short for {that: true} ("gate", "no_done", "normal").
     cut_partial: bool  ... and half of event K+1 before closing
     cut_rst: bool      ... closing with a TCP RST instead of a FIN
     no_done: bool      end the stream cleanly (0-chunk) without [DONE]
+    no_finish: bool    leave out the chunk with the finish_reason
     stall_first_byte: S|true   send nothing for S seconds (true = forever)
     stall_after_headers: S|true   send the headers, then nothing for S
     gate: bool         send event 1, then wait for /_mock/release before each
@@ -703,6 +707,15 @@ class Conn:
             "/v1/embeddings": "POST",
             "/v1/models": "GET",
         }
+        if path == "/v1/responses" or path.startswith("/v1/responses/"):
+            return await self.answer_responses(req)
+        if path == "/v1/moderations" or path.startswith("/v1/audio/"):
+            # Pass-through paths (sluice's passthrough:): say what arrived.
+            ct = next((v for k, v in req["headers"] if k.lower() == "content-type"), None)
+            req["status"], req["outcome"] = 200, "complete"
+            await self.send_json(200, {"object": "mock.echo", "path": path, "method": m,
+                                       "content_type": ct, "bytes": len(req["body"] or "")})
+            return True
         if path not in routes:
             req["status"], req["outcome"] = 404, "complete"
             await self.send_json(404, err_body("mock: no route " + req["path"], "not_found"))
@@ -882,7 +895,8 @@ class Conn:
             for i, p in enumerate(pieces):
                 d = {"role": "assistant", "content": p} if i == 0 and chat else {"content": p}
                 datas.append(chunk(d))
-            datas.append(chunk({}, "stop"))
+            if not beh.get("no_finish"):
+                datas.append(chunk({}, "stop"))
             if want_usage:
                 datas.append(chunk({}, with_usage=True))
             if not beh.get("no_done"):
@@ -940,6 +954,101 @@ class Conn:
         await self.write(b"0\r\n\r\n")
         req["outcome"] = "complete"
         return not close
+
+    async def answer_responses(self, req):
+        """The Responses API: POST /v1/responses (stream: SSE with `event:`
+        lines, ending with response.completed and no [DONE]; behaviours:
+        status, events, text, no_finish = no response.completed), GET and
+        DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel."""
+        st, path, m = self.st, req["path"], req["method"]
+        store = st.__dict__.setdefault("responses", {})
+        beh = st.next_behaviour() if m == "POST" and path == "/v1/responses" else {}
+        req["behaviour"] = beh
+        extra = [("X-Mock-Request-Id", str(req["id"]))]
+        req["outcome"] = "complete"
+        if "status" in beh:
+            req["status"] = int(beh["status"])
+            await self.send_json(req["status"], err_body("mock status", None, "server_error"))
+            return True
+        rest = path[len("/v1/responses/"):] if path != "/v1/responses" else ""
+        if rest:
+            rid, _, action = rest.partition("/")
+            obj = store.get(rid)
+            if obj is None:
+                req["status"] = 404
+                await self.send_json(404, err_body("mock: no response " + rid, "not_found"))
+                return True
+            if m == "DELETE":
+                del store[rid]
+                obj = {"id": rid, "object": "response.deleted", "deleted": True}
+            elif m == "POST" and action == "cancel":
+                obj["status"] = "cancelled"
+            elif m != "GET" or action:
+                req["status"] = 405
+                await self.send_json(405, err_body("mock: method", "method_not_allowed"))
+                return True
+            req["status"] = 200
+            await self.send_json(200, obj)
+            return True
+        body = req["json"] if isinstance(req["json"], dict) else {}
+        inp = body.get("input", "")
+        if isinstance(inp, list):
+            parts = []
+            for it in inp:
+                c = it.get("content") if isinstance(it, dict) else it
+                if isinstance(c, list):
+                    parts += [x.get("text", "") for x in c if isinstance(x, dict)]
+                elif isinstance(c, str):
+                    parts.append(c)
+            inp = " ".join(parts)
+        n = int(beh.get("events", 4))
+        pieces = split_text(reply_text(str(inp), n, beh.get("text")), n)
+        text = "".join(pieces)
+        rid, mid = "resp_mock_%d" % req["id"], "msg_mock_%d" % req["id"]
+        usage = {"input_tokens": len(str(inp).split()), "output_tokens": len(pieces),
+                 "total_tokens": len(str(inp).split()) + len(pieces),
+                 "input_tokens_details": {"cached_tokens": 0},
+                 "output_tokens_details": {"reasoning_tokens": 0}}
+        msg = {"type": "message", "id": mid, "status": "completed", "role": "assistant",
+               "content": [{"type": "output_text", "text": text, "annotations": []}]}
+        resp = {"id": rid, "object": "response", "created_at": int(time.time()),
+                "status": "completed", "model": body.get("model"), "output": [msg],
+                "incomplete_details": None, "error": None, "usage": usage}
+        if body.get("store", True):
+            store[rid] = resp
+        if not body.get("stream"):
+            req["status"] = 200
+            await self.send_json(200, resp)
+            return True
+        seq = [0]
+
+        def ev(kind, **fields):
+            d = dict(type=kind, sequence_number=seq[0], **fields)
+            seq[0] += 1
+            return ("event: %s\ndata: %s\n\n" % (kind, json.dumps(d))).encode()
+
+        started = dict(resp, status="in_progress", output=[], usage=None)
+        events = [ev("response.created", response=started),
+                  ev("response.output_item.added", output_index=0,
+                     item=dict(msg, status="in_progress", content=[]))]
+        events += [ev("response.output_text.delta", item_id=mid, output_index=0, content_index=0,
+                      delta=p, logprobs=[]) for p in pieces]
+        events += [ev("response.output_text.done", item_id=mid, output_index=0, content_index=0,
+                      text=text, logprobs=[]),
+                   ev("response.output_item.done", output_index=0, item=msg)]
+        if not beh.get("no_finish"):
+            events.append(ev("response.completed", response=resp))
+        req["status"] = 200
+        await self.send_head(200, [("Content-Type", "text/event-stream"),
+                                   ("Transfer-Encoding", "chunked")] + extra, False)
+        delay = float(beh.get("delay", 0))
+        for i, e in enumerate(events):
+            if i and delay:
+                await asyncio.sleep(delay)
+            await self.write(chunked(e))
+            req["events_sent"] = i + 1
+        await self.write(b"0\r\n\r\n")
+        return True
 
     async def send_whole(self, req, beh, obj, extra, close):
         raw = json.dumps(obj).encode()

@@ -66,7 +66,7 @@ def test_cut_mid_stream_is_not_retried(sluice_factory, mock):
         {"events": 6, "cut_after": 2},
         {"events": 6, "cut_after": 3, "cut_partial": True},  # half an event never reaches the client
         {"events": 6, "cut_after": 2, "cut_rst": True},
-        {"events": 6, "no_done": True},  # a clean end without [DONE]
+        {"events": 6, "no_done": True, "no_finish": True},  # a clean end, no [DONE], no finish_reason
     ]
     for i, beh in enumerate(cases):
         m0 = fh.Metrics(s)
@@ -74,7 +74,7 @@ def test_cut_mid_stream_is_not_retried(sluice_factory, mock):
         mock.script(beh)
         r, evs = fh.stream(s, helpers.chat_body(prompt, stream=True))
         assert_error_end(r, evs)
-        sent = beh.get("cut_after", 7)  # no_done: 6 contents + the finish chunk
+        sent = beh.get("cut_after", 6)  # no_done: 6 contents, no finish chunk
         assert contents(evs) == "".join(pieces[:min(sent, 6)]), (beh, contents(evs))
         assert len(evs) == min(sent, 7) + 1, (beh, evs)
         assert len(mock.requests()) == 1, beh

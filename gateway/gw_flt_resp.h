@@ -1,0 +1,32 @@
+/*
+ * gw_flt_resp.h — the content filters over the Responses API
+ * (flt_responses.c): its events and answers are translated to the chat
+ * shapes filters/ knows, and back. Used by hook_filters.c.
+ */
+#ifndef GW_FLT_RESP_H
+#define GW_FLT_RESP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <jansson.h>
+
+#include "filters/filters.h"
+#include "gateway/gw_hook.h"
+
+typedef struct gw_flt_resp gw_flt_resp_t;
+
+gw_flt_resp_t *gw_flt_resp_new(void);
+void gw_flt_resp_free(gw_flt_resp_t *x);
+/* One event's data through st: output_text deltas filtered (held back,
+ * masked; an `error` event with code content_filter on a block), and the
+ * full texts of the done / completed events replaced by what was sent. */
+gw_ev_rc_t gw_flt_resp_event(gw_flt_resp_t *x, flt_stream_t *st, const char *data, size_t len,
+                             gw_payloads_t *out);
+/* A whole response object: each output_text filtered. 0 ok, -1 OOM. */
+int gw_flt_resp_body(flt_ruleset_t *rs, json_t *body, bool *modified);
+/* The request's input when it is a string: checked as one user message
+ * (masks written back). FLT_REQ_* as flt_request_check. */
+flt_req_verdict_t gw_flt_resp_request(const flt_ruleset_t *rs, json_t *body, flt_req_result_t *res);
+
+#endif
