@@ -562,10 +562,14 @@ static void test_exactly_once_threads(void **state)
     c.backoff_max_ms = 100;
     c.max_attempts = 3;
     /* Leases never run out here: a second take would be a bug. The fake clock
-     * moves 50 ms per consumer turn, so a consumer descheduled between its
-     * take and its report on a loaded machine can see millions of ms pass:
-     * the lease must outlast any run, not just a quick one. */
+     * moves 50 ms per consumer turn (100 per drain spin), so on a loaded
+     * machine millions of ms can pass in one run: the lease must outlast any
+     * run, not just a quick one. */
     c.lease_ms = (int64_t)1 << 50;
+    /* Likewise nothing may age out (max_age turns a pending item dead, which
+     * its consumer then sees as stale) or be forgotten before the restart. */
+    c.max_age_ms = (int64_t)1 << 50;
+    c.keep_ms = (int64_t)1 << 50;
     qh_t h;
     qh_open(&h, &c);
     race_t r = {.h = &h, .per_producer = 300, .seed = 7};
