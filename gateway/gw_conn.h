@@ -34,6 +34,13 @@ struct gw_conn {
     int64_t armed_ms;    /* when the timer is set to fire, 0 = not armed */
     unsigned nrequests;
     bool close_after; /* Connection: close after this response */
+    /* HTTP/2 (h2.c): the connection itself, after ALPN or the preface... */
+    struct gw_h2 *h2;
+    bool h2c;       /* plain listener with h2c: true: the preface switches to h2 */
+    bool h2_stream; /* ...or one stream's request connection (protocol "h2") */
+    /* Called once from gw_conn_close (the stream connection's owner). */
+    void (*on_close)(void *arg);
+    void *on_close_arg;
     TAILQ_ENTRY(gw_conn) link;
 };
 TAILQ_HEAD(gw_conn_list, gw_conn);

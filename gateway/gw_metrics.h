@@ -18,6 +18,7 @@ typedef struct gw_metrics {
     sl_metric_t *up_ttfb;                   /* {upstream} */
     sl_metric_t *parse_errors;              /* {reason} */
     sl_metric_t *reloads;                   /* {result} */
+    sl_metric_t *h2_events;                 /* sluice_http2_events_total{event} */
     sl_mseries_t *route_local, *route_main; /* sluice_route_total{target} */
 } gw_metrics_t;
 extern gw_metrics_t gw_m;

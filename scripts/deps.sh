@@ -10,7 +10,8 @@ redis-server nginx-light wrk prometheus curl ca-certificates
 python3 python3-pytest python3-numpy python3-regex procps iproute2
 chromium
 kotlin default-jre-headless libokhttp-java
-libsystemd-dev systemd debhelper dpkg-dev lintian man-db logrotate"
+libsystemd-dev systemd debhelper dpkg-dev lintian man-db logrotate
+libnghttp2-dev nghttp2-client"
 
 if [ "${1:-}" = "--if-missing" ]; then
     missing=""
