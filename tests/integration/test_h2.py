@@ -1,0 +1,374 @@
+"""
+test_h2.py — HTTP/2 (issue 11): h2c with prior knowledge on a plain
+listener, every stream a request through the HTTP/1.1 path (routes, errors,
+the proxy, SSE flushed per event), many streams on one connection, mixed
+h1 and h2 clients, ALPN on TLS listeners, and the h2 preface on a listener
+without h2c. Clients: curl (--http2-prior-knowledge, --http2) and nghttp
+from nghttp2-client.
+"""
+
+import json
+import shutil
+import subprocess
+import time
+
+import pytest
+
+import h2raw
+import helpers
+from helpers import bound, chat_body, mock_upstream, wait_until
+
+CURL = shutil.which("curl")
+NGHTTP = shutil.which("nghttp")
+pytestmark = pytest.mark.skipif(not CURL or not NGHTTP, reason="needs curl and nghttp")
+
+
+def h2c_conf(mock, **listen):
+    conf = helpers.base_conf(helpers.free_port(), helpers.free_port(), mock.url)
+    conf["listen"][0].update({"h2c": True}, **listen)
+    return conf
+
+
+@pytest.fixture
+def h2s(sluice_factory, mock):
+    return sluice_factory(conf=h2c_conf(mock))
+
+
+def curl(args, timeout=20):
+    p = subprocess.run([CURL, "-sS"] + args, capture_output=True, timeout=bound(timeout))
+    return p
+
+
+def curl_h2c(s, path, body=None, extra=()):
+    url = "http://127.0.0.1:%d%s" % (s.port, path)
+    args = ["--http2-prior-knowledge", "-o", "-", "-w", "\n%{http_version} %{http_code}"]
+    if body is not None:
+        args += ["-H", "Content-Type: application/json", "--data-binary", json.dumps(body)]
+    p = curl(args + list(extra) + [url])
+    assert p.returncode == 0, p.stderr
+    out, _, tail = p.stdout.decode().rpartition("\n")
+    ver, code = tail.split()
+    return ver, int(code), out
+
+
+def test_h2c_models_and_404(h2s):
+    ver, code, body = curl_h2c(h2s, "/v1/models")
+    assert (ver, code) == ("2", 200)
+    assert any(m["id"] == "chat-model" for m in json.loads(body)["data"])
+    ver, code, body = curl_h2c(h2s, "/nope")
+    assert (ver, code) == ("2", 404)
+    assert json.loads(body)["error"]["code"]
+
+
+def test_h2c_chat_json_goes_through_the_proxy(h2s, mock):
+    ver, code, body = curl_h2c(h2s, "/v1/chat/completions", chat_body("over h2"))
+    assert (ver, code) == ("2", 200)
+    d = json.loads(body)
+    assert d["choices"][0]["message"]["content"] == mock_upstream.reply_text("over h2")
+    (req,) = mock.requests()
+    assert req["json"]["model"] == "Qwen2.5-7B-Instruct"
+    m = h2s.metrics()
+    assert m.value("sluice_http2_events_total", event="streams") >= 1
+    assert m.value("sluice_http2_events_total", event="conns") >= 1
+
+
+def test_h2c_sse_each_event_reaches_client_before_the_next_is_sent(h2s, mock):
+    """The relay's per-event flush holds over h2: one DATA frame per event,
+    proved with the mock's gate (event n+1 is released only after event n
+    reached curl), not with timing."""
+    mock.script({"gate": True, "events": 3})
+    url = "http://127.0.0.1:%d/v1/chat/completions" % h2s.port
+    p = subprocess.Popen(
+        [CURL, "-sSN", "--http2-prior-knowledge", "-H", "Content-Type: application/json",
+         "--data-binary", json.dumps(chat_body("gated", stream=True)), url],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        def next_event():
+            while True:
+                line = p.stdout.readline()
+                assert line, "curl ended early"
+                if line.startswith(b"data: "):
+                    return line[6:].strip()
+
+        got = [next_event()]
+        (req,) = mock.requests()
+        assert req["events_sent"] == 1
+        usage = json.loads(req["body"]).get("stream_options", {}).get("include_usage")
+        total, sent = 3 + 1 + 1, 1
+        for _ in range(1, total):
+            assert mock.requests()[0]["events_sent"] == sent
+            assert mock.release(request=req["id"]) == 1
+            sent += 1
+            if usage and sent == total:
+                assert mock.release(request=req["id"]) == 1
+                sent += 1
+            got.append(next_event())
+        assert got[-1] == b"[DONE]"
+        assert p.wait(timeout=bound(5)) == 0
+    finally:
+        p.kill()
+        p.wait()
+    text = "".join(
+        (json.loads(g)["choices"][0]["delta"].get("content") or "") for g in got[:-1]
+    )
+    assert text == mock_upstream.reply_text("gated", 3)
+
+
+def test_h2c_events_are_not_batched(h2s, mock):
+    mock.script({"events": 3, "delay": 0.3})
+    url = "http://127.0.0.1:%d/v1/chat/completions" % h2s.port
+    p = subprocess.Popen(
+        [CURL, "-sSN", "--http2-prior-knowledge", "-H", "Content-Type: application/json",
+         "--data-binary", json.dumps(chat_body(stream=True)), url],
+        stdout=subprocess.PIPE,
+    )
+    times = []
+    for line in p.stdout:
+        if line.startswith(b"data: "):
+            times.append(time.monotonic())
+    assert p.wait(timeout=bound(10)) == 0
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert len(gaps) == 4 and sum(gaps) >= 1.0 and min(gaps) >= 0.05, gaps
+
+
+def test_nghttp_many_concurrent_streams_on_one_connection(h2s, mock):
+    n = 40
+    url = "http://127.0.0.1:%d/v1/models" % h2s.port
+    p = subprocess.run([NGHTTP, "-n", "-s", "-m", str(n), url], capture_output=True, timeout=bound(20))
+    assert p.returncode == 0, p.stderr
+    # nghttp -s prints one line per stream: id, times, status, size, path
+    rows = [l.split() for l in p.stdout.decode().splitlines()]
+    rows = [r for r in rows if len(r) >= 6 and r[0].isdigit() and r[-1] == "/v1/models"]
+    assert len(rows) == n and all(r[-3] == "200" for r in rows), p.stdout.decode()
+    assert len({r[0] for r in rows}) == n
+    m = h2s.metrics()
+    assert m.value("sluice_http2_events_total", event="conns") == 1
+    assert m.value("sluice_http2_events_total", event="streams") == n
+
+
+def test_h2c_and_h1_on_the_same_listener(h2s, mock):
+    assert h2s.request("GET", "/v1/models").status == 200
+    ver, code, _ = curl_h2c(h2s, "/v1/models")
+    assert (ver, code) == ("2", 200)
+    p = curl(["-o", "/dev/null", "-w", "%{http_version} %{http_code}", "http://127.0.0.1:%d/v1/models" % h2s.port])
+    assert p.stdout.decode() == "1.1 200"
+
+
+def test_h2_preface_on_a_listener_without_h2c(sluice):
+    """An h1-only listener answers the preface as a malformed HTTP/1.1
+    request and closes: no crash, nothing half-open."""
+    r = helpers.raw_exchange(sluice.host, sluice.port, h2raw.PREFACE + h2raw.frame(h2raw.SETTINGS, 0, 0))
+    assert r.data.startswith(b"HTTP/1.1 ") and r.closed, r
+    assert sluice.request("GET", "/healthz").status == 200
+
+
+def test_rst_stream_cancels_the_upstream_within_1s(h2s, mock):
+    mock.script({"gate": True})
+    c = h2raw.H2Conn("127.0.0.1", h2s.port)
+    body = json.dumps(chat_body("cancel me", stream=True)).encode()
+    c.headers(1, h2raw.req_headers("POST", "/v1/chat/completions", extra=[("content-type", "application/json")]), end_stream=False)
+    c.data(1, body)
+    c.frames_until(lambda f: f[0] == h2raw.DATA and f[2] == 1, timeout=bound(5))  # the first event
+    (req,) = mock.requests()
+    t_gone = time.monotonic()
+    c.rst(1, h2raw.CANCEL)
+    conn = wait_until(
+        lambda: next((x for x in mock.connections() if x["id"] == req["conn"] and x["closed"]), None),
+        timeout=bound(3),
+        what="the upstream connection to close",
+    )
+    assert conn["closed"] - t_gone < 1.0 * helpers.TIME_SCALE
+    assert mock.requests()[0]["outcome"] == "peer_closed"
+    # the connection goes on: another stream on it is served
+    c.headers(3, h2raw.req_headers("GET", "/healthz"))
+    fs = c.frames_until(lambda f: f[2] == 3 and f[1] & h2raw.END_STREAM, timeout=bound(5))
+    assert fs[-1] is not None
+    c.close()
+    m = h2s.metrics()
+    assert m.value("sluice_http2_events_total", event="rst_recv") == 1
+
+
+def tls_conf(mock, tls_files, **listen):
+    crt, key = tls_files.server
+    conf = helpers.base_conf(helpers.free_port(), helpers.free_port(), mock.url)
+    conf["listen"].append(dict({"address": "127.0.0.1:%d" % helpers.free_port(), "tls": {"cert": str(crt), "key": str(key)}}, **listen))
+    return conf
+
+
+def alpn_of(port, offer):
+    p = subprocess.run(
+        ["openssl", "s_client", "-connect", "127.0.0.1:%d" % port, "-alpn", offer, "-brief"],
+        input=b"", capture_output=True, timeout=bound(10),
+    )
+    out = (p.stdout + p.stderr).decode()
+    for line in out.splitlines():
+        if "ALPN protocol" in line:
+            return line.split(":", 1)[1].strip()
+    return None if "No ALPN" in out or "ALPN" not in out else out
+
+
+def test_tls_alpn_both_ways_and_curl(sluice_factory, mock, tls_files):
+    s = sluice_factory(conf=tls_conf(mock, tls_files))
+    port = s.listener(1)[1]
+    assert alpn_of(port, "h2,http/1.1") == "h2"
+    assert alpn_of(port, "http/1.1") == "http/1.1"
+    url = "https://localhost:%d/v1/chat/completions" % port
+    for flag, ver in (("--http2", "2"), ("--http1.1", "1.1")):
+        p = curl([flag, "--cacert", str(tls_files.ca_cert), "-H", "Content-Type: application/json",
+                  "--data-binary", json.dumps(chat_body("alpn " + ver)), "-o", "-", "-w", "\n%{http_version}", url])
+        assert p.returncode == 0, p.stderr
+        body, _, got = p.stdout.decode().rpartition("\n")
+        assert got == ver
+        assert json.loads(body)["choices"][0]["message"]["content"] == "echo: alpn " + ver
+    # streaming over TLS h2
+    p = curl(["--http2", "-N", "--cacert", str(tls_files.ca_cert), "-H", "Content-Type: application/json",
+              "--data-binary", json.dumps(chat_body("tls h2 stream", stream=True)), url])
+    events = [l for l in p.stdout.decode().splitlines() if l.startswith("data: ")]
+    assert events[-1] == "data: [DONE]" and len(events) >= 3
+
+
+def test_tls_listener_protocols_http11_only(sluice_factory, mock, tls_files):
+    s = sluice_factory(conf=tls_conf(mock, tls_files, protocols=["http/1.1"]))
+    port = s.listener(1)[1]
+    assert alpn_of(port, "h2,http/1.1") == "http/1.1"
+    p = curl(["--http2", "--cacert", str(tls_files.ca_cert), "-o", "/dev/null", "-w", "%{http_version} %{http_code}",
+              "https://localhost:%d/v1/models" % port])
+    assert p.stdout.decode() == "1.1 200"
+
+
+def test_conf_rejects_an_unknown_protocol(sluice_bin, tmp_path, mock):
+    conf = helpers.base_conf(helpers.free_port(), helpers.free_port(), mock.url)
+    conf["listen"][0]["protocols"] = ["h3"]
+    path = tmp_path / "bad.yaml"
+    path.write_text(helpers.to_yaml(conf))
+    p = subprocess.run([sluice_bin, "-t", "-c", str(path)], capture_output=True, timeout=bound(10))
+    assert p.returncode != 0
+    assert b"unknown protocol" in p.stdout + p.stderr
+
+
+# ---- hardening: each attack as a scripted client, each with its metric ----
+
+
+def test_rapid_reset_gets_goaway_enhance_your_calm(sluice_factory, mock):
+    conf = h2c_conf(mock)
+    conf["http2"] = {"reset_burst": 20, "reset_rate": 1}
+    s = sluice_factory(conf=conf)
+    mock.script(default={"stall_first_byte": True})
+    c = h2raw.H2Conn("127.0.0.1", s.port)
+    batch = b""
+    for i in range(100):
+        sid = 1 + 2 * i
+        batch += h2raw.frame(h2raw.HEADERS, h2raw.END_HEADERS | h2raw.END_STREAM, sid, h2raw.hpack(h2raw.req_headers("GET", "/v1/models")))
+        batch += h2raw.frame(h2raw.RST_STREAM, 0, sid, b"\x00\x00\x00\x08")
+    try:
+        c.send(batch)
+    except OSError:
+        pass
+    assert c.goaway(timeout=bound(5)) == h2raw.ENHANCE_YOUR_CALM
+    c.close()
+    m = s.metrics()
+    assert m.value("sluice_http2_events_total", event="rapid_reset") == 1
+    assert 20 <= m.value("sluice_http2_events_total", event="rst_recv") <= 22
+    assert s.request("GET", "/healthz").status == 200
+
+
+def test_continuation_flood_is_cut(h2s):
+    c = h2raw.H2Conn("127.0.0.1", h2s.port)
+    hb = h2raw.hpack(h2raw.req_headers("GET", "/v1/models"))
+    c.send(h2raw.frame(h2raw.HEADERS, 0, 1, hb))  # no END_HEADERS
+    try:
+        for i in range(200):
+            c.send(h2raw.frame(h2raw.CONTINUATION, 0, 1, h2raw.hpack([("x-pad-%d" % i, "a" * 100)])))
+    except OSError:
+        pass
+    code = c.goaway(timeout=bound(5))
+    assert code is not None and code != h2raw.NO_ERROR
+    c.close()
+    m = h2s.metrics()
+    assert m.value("sluice_http2_events_total", event="continuation_flood") == 1
+    assert h2s.request("GET", "/healthz").status == 200
+
+
+def test_hpack_header_list_over_the_cap_gets_431(h2s):
+    c = h2raw.H2Conn("127.0.0.1", h2s.port)
+    big = [("x-big-%d" % i, "b" * 1000) for i in range(20)]  # ~20 KiB > 16k
+    c.send(h2raw.frame(h2raw.HEADERS, h2raw.END_HEADERS | h2raw.END_STREAM, 1, h2raw.hpack(h2raw.req_headers("GET", "/v1/models", extra=big))))
+    fs = c.frames_until(lambda f: f[2] == 1 and f[1] & h2raw.END_STREAM, timeout=bound(5))
+    body = b"".join(f[3] for f in fs if f and f[0] == h2raw.DATA and f[2] == 1)
+    assert json.loads(body)["error"]["code"] == "headers_too_large"
+    c.close()
+    assert h2s.metrics().value("sluice_http2_events_total", event="headers_too_large") == 1
+
+
+@pytest.mark.parametrize("kind", ["settings", "ping"])
+def test_settings_and_ping_floods_are_cut(h2s, kind):
+    c = h2raw.H2Conn("127.0.0.1", h2s.port)
+    f = h2raw.frame(h2raw.SETTINGS, 0, 0) if kind == "settings" else h2raw.frame(h2raw.PING, 0, 0, b"12345678")
+    # the client never reads: the ACKs pile up past nghttp2's max_outbound_ack
+    c.s.setsockopt(__import__("socket").SOL_SOCKET, __import__("socket").SO_RCVBUF, 4096)
+    sent = 0
+    try:
+        for _ in range(200):
+            c.send(f * 1000)
+            sent += 1000
+    except OSError:
+        pass
+    wait_until(lambda: h2s.metrics().value("sluice_http2_events_total", event="flood") >= 1, timeout=bound(10), what="the flood to be counted")
+    c.close()
+    assert h2s.request("GET", "/healthz").status == 200
+
+
+def test_too_many_streams_are_refused(sluice_factory, mock):
+    conf = h2c_conf(mock)
+    conf["http2"] = {"max_concurrent_streams": 2}
+    s = sluice_factory(conf=conf)
+    mock.script(default={"stall_first_byte": True})
+    c = h2raw.H2Conn("127.0.0.1", s.port)
+    c.frames_until(lambda f: f[0] == h2raw.SETTINGS and f[1] & h2raw.ACK == 0, timeout=bound(5))
+    c.send(h2raw.frame(h2raw.SETTINGS, h2raw.ACK, 0))
+    c.frames_until(lambda f: f[0] == h2raw.SETTINGS and f[1] & h2raw.ACK, timeout=bound(5))
+    body = json.dumps(chat_body("x")).encode()
+    for sid in (1, 3, 5):
+        c.headers(sid, h2raw.req_headers("POST", "/v1/chat/completions", extra=[("content-type", "application/json")]), end_stream=False)
+        c.data(sid, body)
+    fs = c.frames_until(lambda f: f[0] == h2raw.RST_STREAM, timeout=bound(5))
+    f = fs[-1]
+    assert f is not None and f[2] == 5 and struct_code(f) == h2raw.REFUSED_STREAM
+    c.close()
+    assert s.metrics().value("sluice_http2_events_total", event="refused_stream") == 1
+
+
+def struct_code(f):
+    import struct
+
+    return struct.unpack(">I", f[3][:4])[0]
+
+
+def test_malformed_frame_gets_goaway_protocol_error(h2s):
+    c = h2raw.H2Conn("127.0.0.1", h2s.port)
+    c.send(h2raw.frame(h2raw.SETTINGS, 0, 0, b"\x00\x01\x00"))  # a SETTINGS payload not a multiple of 6
+    code = c.goaway(timeout=bound(5))
+    assert code in (h2raw.PROTOCOL_ERROR, 6)  # 6: FRAME_SIZE_ERROR
+    c.close()
+    assert h2s.request("GET", "/healthz").status == 200
+
+
+def test_drain_sends_goaway_and_lets_the_open_stream_finish(h2s, mock):
+    mock.script({"gate": True, "events": 2})
+    c = h2raw.H2Conn("127.0.0.1", h2s.port)
+    c.headers(1, h2raw.req_headers("POST", "/v1/chat/completions", extra=[("content-type", "application/json")]), end_stream=False)
+    c.data(1, json.dumps(chat_body("drain", stream=True)).encode())
+    c.frames_until(lambda f: f[0] == h2raw.DATA and f[2] == 1, timeout=bound(5))
+    (req,) = mock.requests()
+    h2s.p.send_signal(__import__("signal").SIGTERM)
+    fs = c.frames_until(lambda f: f[0] == h2raw.GOAWAY, timeout=bound(5))
+    assert fs[-1] is not None and struct_code((0, 0, 0, fs[-1][3][4:8])) == h2raw.NO_ERROR
+    for _ in range(4):
+        mock.release(request=req["id"])
+    fs = c.frames_until(lambda f: f[2] == 1 and f[0] == h2raw.DATA and f[1] & h2raw.END_STREAM, timeout=bound(5))
+    assert fs[-1] is not None
+    assert b"[DONE]" in b"".join(f[3] for f in fs if f and f[0] == h2raw.DATA)
+    c.close()
+    h2s.p.wait(timeout=bound(10))
+    h2s.expected_rc = h2s.p.returncode
