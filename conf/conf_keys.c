@@ -144,14 +144,15 @@ static int listen_tls_check(conf_ctx_t *ctx, void *obj, int line)
     return 0;
 }
 
-static int listen_protocols_check(void *obj, char *msg, size_t msglen)
+static int listen_check(conf_ctx_t *ctx, void *obj, int line)
 {
     const conf_listen_t *l = obj;
     for (size_t i = 0; i < l->nprotocols; i++)
-        if (strcmp(l->protocols[i], "h2") != 0 && strcmp(l->protocols[i], "http/1.1") != 0) {
-            snprintf(msg, msglen, "unknown protocol \"%.40s\" (h2, http/1.1)", l->protocols[i]);
-            return -1;
-        }
+        if (strcmp(l->protocols[i], "h2") != 0 && strcmp(l->protocols[i], "http/1.1") != 0)
+            return conf_errorf(ctx, line, "protocols", "unknown protocol \"%.40s\" (h2, http/1.1)",
+                               l->protocols[i]);
+    if (l->nprotocols == 2 && strcmp(l->protocols[0], l->protocols[1]) == 0)
+        return conf_errorf(ctx, line, "protocols", "\"%.40s\" twice", l->protocols[0]);
     return 0;
 }
 
@@ -363,7 +364,6 @@ static const conf_key_t listen_keys[] = {
      .count_off = offsetof(conf_listen_t, nprotocols),
      .min = 0,
      .max = 2,
-     .check = listen_protocols_check,
      .doc = "TLS listeners: what ALPN offers, in preference order (h2, http/1.1); none = both"},
     {.name = "h2c",
      .type = CONF_BOOL,
@@ -372,7 +372,8 @@ static const conf_key_t listen_keys[] = {
      .doc = "plain listeners: accept HTTP/2 with prior knowledge (no Upgrade: h2c)"},
 };
 static const conf_table_t listen_table = {TABLE(listen_keys, conf_listen_t), .has_line = true,
-                                          .line_off = offsetof(conf_listen_t, line)};
+                                          .line_off = offsetof(conf_listen_t, line),
+                                          .check = listen_check};
 
 /* ---- admin ------------------------------------------------------------------- */
 

@@ -459,6 +459,10 @@ static void gw_conn_drained(void *arg)
     gw_conn_t *c = arg;
     if (c->closed)
         return;
+    if (c->h2) { /* h2.c produces more frames as the socket drains */
+        gw_h2_written(c->h2);
+        return;
+    }
     if (c->phase == GW_PHASE_CLOSING) {
         if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
             gw_conn_close(c);
@@ -475,10 +479,6 @@ static void gw_conn_writecb(struct bufferevent *bev, void *arg)
     if (c->closed)
         return;
     gw_wio_written(&c->wio);
-    if (c->h2) {
-        gw_h2_written(c->h2);
-        return;
-    }
     gw_conn_drained(c);
 }
 

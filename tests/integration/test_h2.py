@@ -198,7 +198,7 @@ def tls_conf(mock, tls_files, **listen):
 
 def alpn_of(port, offer):
     p = subprocess.run(
-        ["openssl", "s_client", "-connect", "127.0.0.1:%d" % port, "-alpn", offer, "-brief"],
+        ["openssl", "s_client", "-connect", "127.0.0.1:%d" % port, "-alpn", offer],
         input=b"", capture_output=True, timeout=bound(10),
     )
     out = (p.stdout + p.stderr).decode()
@@ -242,7 +242,8 @@ def test_conf_rejects_an_unknown_protocol(sluice_bin, tmp_path, mock):
     conf["listen"][0]["protocols"] = ["h3"]
     path = tmp_path / "bad.yaml"
     path.write_text(helpers.to_yaml(conf))
-    p = subprocess.run([sluice_bin, "-t", "-c", str(path)], capture_output=True, timeout=bound(10))
+    env = dict(__import__("os").environ, **{helpers.UPSTREAM_KEY_ENV: "k"})
+    p = subprocess.run([sluice_bin, "-t", "-c", str(path)], capture_output=True, timeout=bound(10), env=env)
     assert p.returncode != 0
     assert b"unknown protocol" in p.stdout + p.stderr
 
@@ -361,7 +362,7 @@ def test_drain_sends_goaway_and_lets_the_open_stream_finish(h2s, mock):
     c.data(1, json.dumps(chat_body("drain", stream=True)).encode())
     c.frames_until(lambda f: f[0] == h2raw.DATA and f[2] == 1, timeout=bound(5))
     (req,) = mock.requests()
-    h2s.p.send_signal(__import__("signal").SIGTERM)
+    h2s.term()
     fs = c.frames_until(lambda f: f[0] == h2raw.GOAWAY, timeout=bound(5))
     assert fs[-1] is not None and struct_code((0, 0, 0, fs[-1][3][4:8])) == h2raw.NO_ERROR
     for _ in range(4):
@@ -370,5 +371,4 @@ def test_drain_sends_goaway_and_lets_the_open_stream_finish(h2s, mock):
     assert fs[-1] is not None
     assert b"[DONE]" in b"".join(f[3] for f in fs if f and f[0] == h2raw.DATA)
     c.close()
-    h2s.p.wait(timeout=bound(10))
-    h2s.expected_rc = h2s.p.returncode
+    assert h2s.wait_exit(bound(5)) == 0
