@@ -85,6 +85,7 @@ struct gw_h2 {
     struct event *idle_ev; /* no open stream for http2.idle_timeout: GOAWAY */
     int in_cb;             /* inside a call that raises nghttp2 callbacks */
     bool closing;          /* GOAWAY sent or fatal: close once output is out */
+    bool calm_ours;        /* the ENHANCE_YOUR_CALM GOAWAY is ours, counted already */
     /* rapid reset: a token bucket of client resets (CVE-2023-44487) */
     double reset_tokens;
     int64_t reset_ms;
@@ -534,6 +535,7 @@ static int gw_h2_on_frame_recv(nghttp2_session *sess, const nghttp2_frame *f, vo
             sl_log_limited(SL_LOG_WARN, "h2_rapid_reset",
                            "h2: %s resets streams too fast: GOAWAY ENHANCE_YOUR_CALM",
                            h->c->peer);
+            h->calm_ours = true;
             nghttp2_session_terminate_session(sess, NGHTTP2_ENHANCE_YOUR_CALM);
             h->closing = true;
         }
@@ -546,11 +548,14 @@ static int gw_h2_on_frame_recv(nghttp2_session *sess, const nghttp2_frame *f, vo
 static int gw_h2_on_frame_send(nghttp2_session *sess, const nghttp2_frame *f, void *ud)
 {
     (void)sess;
-    (void)ud;
+    gw_h2_t *h = ud;
     if (f->hd.type == NGHTTP2_RST_STREAM && f->rst_stream.error_code == NGHTTP2_REFUSED_STREAM)
         gw_h2_count("refused_stream");
     else if (f->hd.type == NGHTTP2_GOAWAY && f->goaway.error_code == NGHTTP2_PROTOCOL_ERROR)
         gw_h2_count("protocol_error");
+    else if (f->hd.type == NGHTTP2_GOAWAY && f->goaway.error_code == NGHTTP2_ENHANCE_YOUR_CALM &&
+             !h->calm_ours) /* nghttp2's own limits: queued ACKs, SETTINGS entries */
+        gw_h2_count("flood");
     return 0;
 }
 
@@ -614,6 +619,7 @@ void gw_h2_read(gw_h2_t *h)
                              : rv == NGHTTP2_ERR_BAD_CLIENT_MAGIC       ? "bad_preface"
                                                                         : "protocol_error";
             gw_h2_count(ev);
+            h->calm_ours = true;
             sl_log_limited(SL_LOG_WARN, "h2_fatal", "h2: %s: %s: closing", h->c->peer,
                            nghttp2_strerror((int)rv));
             nghttp2_session_terminate_session(
