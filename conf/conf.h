@@ -36,7 +36,7 @@ typedef struct conf_listen {
     /* Derived from address by the loader (not keys of their own): */
     char host[CONF_HOST_MAX]; /* "127.0.0.1", "::1" (brackets removed) */
     int port;                 /* 1..65535 */
-    char **protocols; /* ALPN on a TLS listener: "h2", "http/1.1"; none = both */
+    char **protocols;         /* ALPN on a TLS listener: "h2", "http/1.1"; none = both */
     size_t nprotocols;
     bool h2c; /* plain listener: HTTP/2 with prior knowledge (the preface) */
 } conf_listen_t;

@@ -203,6 +203,21 @@ static void gw_req_free_spare(gw_conn_t *c)
     }
 }
 
+struct event_base *gw_conn_base(const gw_conn_t *c)
+{
+    return c->w->base;
+}
+
+const struct conf *gw_conn_conf(const gw_conn_t *c)
+{
+    return c->w->rt->conf;
+}
+
+void gw_conn_defer_free(gw_conn_t *c, void (*fn)(void *), void *obj)
+{
+    gw_worker_defer_free(c->w, fn, obj);
+}
+
 void gw_conn_close(gw_conn_t *c)
 {
     if (c->closed)

@@ -52,6 +52,11 @@ void gw_conn_accept(gw_worker_t *w, int fd, const struct sockaddr *sa, int salen
  * one end of a bufferevent_pair in the socketless tests. NULL on OOM. */
 gw_conn_t *gw_conn_new_bev(gw_worker_t *w, struct bufferevent *bev, bool admin, const char *peer);
 void gw_conn_close(gw_conn_t *c);
+/* For h2.c (same layer, no worker internals): c's loop, the conf of the
+ * runtime its worker serves now, and a free at the worker's next safe point. */
+struct event_base *gw_conn_base(const gw_conn_t *c);
+const struct conf *gw_conn_conf(const gw_conn_t *c);
+void gw_conn_defer_free(gw_conn_t *c, void (*fn)(void *), void *obj);
 /* The current request is finished: log, count, then keep-alive or close. */
 void gw_conn_req_done(gw_conn_t *c);
 /* Drain: close if idle, else close after the current response. */

@@ -62,10 +62,10 @@ void gw_metrics_init(const char *(*route_name)(gw_route_t r))
     gw_m.reloads =
         sl_metric_register("sluice_config_reloads_total", "Configuration reloads by result.",
                            SL_METRIC_COUNTER, "result", NULL, 0);
-    gw_m.h2_events = sl_metric_register(
-        "sluice_http2_events_total",
-        "HTTP/2 connections, streams, and what the hardening refused, by event.",
-        SL_METRIC_COUNTER, "event", NULL, 0);
+    gw_m.h2_events =
+        sl_metric_register("sluice_http2_events_total",
+                           "HTTP/2 connections, streams, and what the hardening refused, by event.",
+                           SL_METRIC_COUNTER, "event", NULL, 0);
 }
 
 void gw_metrics_upstream_error(const gw_pool_rt_t *p, const char *kind)

@@ -35,13 +35,13 @@
 #include <nghttp2/nghttp2.h>
 
 #include "common/log.h"
+#include "conf/conf.h"
 #include "gateway/gw_conn.h"
 #include "gateway/gw_h2.h"
 #include "gateway/gw_metrics.h"
 #include "gateway/gw_req.h"
 #include "gateway/gw_rt.h"
 #include "gateway/gw_types.h"
-#include "gateway/gw_worker.h"
 #include "gateway/http1.h"
 
 /* A stream's answer waiting for its window, at most (then the pair is not
@@ -78,7 +78,7 @@ typedef struct gw_h2_stream {
 
 struct gw_h2 {
     gw_conn_t *c;
-    gw_worker_t *w;
+    gw_worker_t *w; /* the connection's (for gw_conn_new_bev) */
     nghttp2_session *sess;
     TAILQ_HEAD(, gw_h2_stream) streams;
     size_t nstreams;
@@ -140,7 +140,8 @@ static int gw_h2_submit_head(gw_h2_stream_t *s, const gw_http_msg_t *m)
         return -1;
     }
     char status[8];
-    snprintf(status, sizeof(status), "%03d", m->status >= 100 && m->status < 1000 ? m->status : 502);
+    snprintf(status, sizeof(status), "%03d",
+             m->status >= 100 && m->status < 1000 ? m->status : 502);
     size_t n = 0, off = 0;
     nv[n++] = (nghttp2_nv){(uint8_t *)":status", (uint8_t *)status, 7, 3, NGHTTP2_NV_FLAG_NONE};
     for (size_t i = 0; i < m->nheaders; i++) {
@@ -214,8 +215,7 @@ static void gw_h2_stream_read(gw_h2_stream_t *s)
             break;
         }
         if (st == GW_HTTP_ERROR) {
-            nghttp2_submit_rst_stream(s->h->sess, NGHTTP2_FLAG_NONE, s->id,
-                                      NGHTTP2_INTERNAL_ERROR);
+            nghttp2_submit_rst_stream(s->h->sess, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR);
             s->resp_done = true;
         }
         break; /* NEED_MORE */
@@ -258,8 +258,7 @@ static void gw_h2_sc_closed(void *arg)
     if (!s->resp_done) {
         s->resp_done = true;
         if (s->submitted) /* a truncated answer: the client must not take it as whole */
-            nghttp2_submit_rst_stream(s->h->sess, NGHTTP2_FLAG_NONE, s->id,
-                                      NGHTTP2_INTERNAL_ERROR);
+            nghttp2_submit_rst_stream(s->h->sess, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR);
         else
             gw_h2_answer_error(s, 502, "bad_gateway", "the request ended without an answer");
     }
@@ -303,9 +302,9 @@ static void gw_h2_stream_close(gw_h2_stream_t *s)
     }
     TAILQ_REMOVE(&h->streams, s, link);
     h->nstreams--;
-    gw_worker_defer_free(h->w, gw_h2_stream_free, s);
+    gw_conn_defer_free(h->c, gw_h2_stream_free, s);
     if (h->nstreams == 0 && h->idle_ev) {
-        int64_t ms = h->w->rt->conf->http2.idle_timeout_ms;
+        int64_t ms = gw_conn_conf(h->c)->http2.idle_timeout_ms;
         struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
         evtimer_add(h->idle_ev, &tv);
     }
@@ -350,8 +349,8 @@ static void gw_h2_stream_start(gw_h2_stream_t *s, bool end_stream)
         return;
     }
     struct bufferevent *pair[2];
-    if (bufferevent_pair_new(h->w->base, BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS, pair) <
-        0) {
+    if (bufferevent_pair_new(gw_conn_base(h->c), BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS,
+                             pair) < 0) {
         nghttp2_submit_rst_stream(h->sess, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR);
         return;
     }
@@ -490,7 +489,7 @@ static int gw_h2_on_data(nghttp2_session *sess, uint8_t flags, int32_t id, const
  * second; empty = rapid reset (CVE-2023-44487): GOAWAY ENHANCE_YOUR_CALM. */
 static bool gw_h2_reset_allowed(gw_h2_t *h)
 {
-    const conf_http2_t *c = &h->w->rt->conf->http2;
+    const conf_http2_t *c = &gw_conn_conf(h->c)->http2;
     int64_t now = sl_now_ms();
     if (h->reset_ms == 0) {
         h->reset_tokens = (double)c->reset_burst;
@@ -533,8 +532,7 @@ static int gw_h2_on_frame_recv(nghttp2_session *sess, const nghttp2_frame *f, vo
         if (!gw_h2_reset_allowed(h) && !h->closing) {
             gw_h2_count("rapid_reset");
             sl_log_limited(SL_LOG_WARN, "h2_rapid_reset",
-                           "h2: %s resets streams too fast: GOAWAY ENHANCE_YOUR_CALM",
-                           h->c->peer);
+                           "h2: %s resets streams too fast: GOAWAY ENHANCE_YOUR_CALM", h->c->peer);
             h->calm_ours = true;
             nghttp2_session_terminate_session(sess, NGHTTP2_ENHANCE_YOUR_CALM);
             h->closing = true;
@@ -614,7 +612,7 @@ void gw_h2_read(gw_h2_t *h)
         size_t n = evbuffer_get_contiguous_space(in);
         ssize_t rv = nghttp2_session_mem_recv(h->sess, evbuffer_pullup(in, (ssize_t)n), n);
         if (rv < 0) {
-            const char *ev = rv == NGHTTP2_ERR_FLOODED                ? "flood"
+            const char *ev = rv == NGHTTP2_ERR_FLOODED                  ? "flood"
                              : rv == NGHTTP2_ERR_TOO_MANY_CONTINUATIONS ? "continuation_flood"
                              : rv == NGHTTP2_ERR_BAD_CLIENT_MAGIC       ? "bad_preface"
                                                                         : "protocol_error";
@@ -622,9 +620,9 @@ void gw_h2_read(gw_h2_t *h)
             h->calm_ours = true;
             sl_log_limited(SL_LOG_WARN, "h2_fatal", "h2: %s: %s: closing", h->c->peer,
                            nghttp2_strerror((int)rv));
-            nghttp2_session_terminate_session(
-                h->sess, rv == NGHTTP2_ERR_BAD_CLIENT_MAGIC ? NGHTTP2_PROTOCOL_ERROR
-                                                            : NGHTTP2_ENHANCE_YOUR_CALM);
+            nghttp2_session_terminate_session(h->sess, rv == NGHTTP2_ERR_BAD_CLIENT_MAGIC
+                                                           ? NGHTTP2_PROTOCOL_ERROR
+                                                           : NGHTTP2_ENHANCE_YOUR_CALM);
             h->closing = true;
             evbuffer_drain(in, evbuffer_get_length(in));
             break;
@@ -660,8 +658,9 @@ void gw_h2_drain(gw_h2_t *h)
     if (h->closing)
         return;
     /* The last stream the client opened finishes; nothing newer starts. */
-    nghttp2_submit_goaway(h->sess, NGHTTP2_FLAG_NONE, nghttp2_session_get_last_proc_stream_id(h->sess),
-                          NGHTTP2_NO_ERROR, NULL, 0);
+    nghttp2_submit_goaway(h->sess, NGHTTP2_FLAG_NONE,
+                          nghttp2_session_get_last_proc_stream_id(h->sess), NGHTTP2_NO_ERROR, NULL,
+                          0);
     gw_h2_count("goaway_drain");
     gw_h2_flush(h);
 }
@@ -695,7 +694,7 @@ int gw_h2_start(gw_conn_t *c)
     gw_h2_t *h = calloc(1, sizeof(*h));
     if (!h)
         return -1;
-    const conf_http2_t *hc = &c->w->rt->conf->http2;
+    const conf_http2_t *hc = &gw_conn_conf(c)->http2;
     h->c = c;
     h->w = c->w;
     h->max_header_list = hc->max_header_list;
@@ -735,7 +734,7 @@ int gw_h2_start(gw_conn_t *c)
     };
     if (nghttp2_submit_settings(h->sess, NGHTTP2_FLAG_NONE, iv, SL_ARRAY_LEN(iv)) != 0)
         goto fail;
-    h->idle_ev = evtimer_new(c->w->base, gw_h2_idle_cb, h);
+    h->idle_ev = evtimer_new(gw_conn_base(c), gw_h2_idle_cb, h);
     if (!h->idle_ev)
         goto fail;
     int64_t ms = hc->idle_timeout_ms;
