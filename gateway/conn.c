@@ -551,7 +551,7 @@ static void gw_conn_timer_cb(evutil_socket_t fd, short what, void *arg)
 static void gw_req_count(const gw_req_t *r)
 {
     int cls = r->status >= 100 && r->status < 600 ? r->status / 100 : 5;
-    sl_counter_add(gw_m.requests[r->route][cls], 1);
+    sl_counter_add(gw_m.requests[r->route][cls][r->c->h2_stream ? 1 : 0], 1);
     sl_histogram_observe(gw_m.duration[r->route], (double)(sl_now_ns() - r->start_ns) / 1e9);
 }
 

@@ -384,3 +384,18 @@ def test_drain_sends_goaway_and_lets_the_open_stream_finish(h2s, mock):
     assert b"[DONE]" in b"".join(f[3] for f in fs if f and f[0] == h2raw.DATA)
     c.close()
     assert h2s.wait_exit(bound(5)) == 0
+
+
+def test_protocol_label_and_access_log(h2s, mock):
+    assert h2s.request("GET", "/v1/models").status == 200
+    ver, code, _ = curl_h2c(h2s, "/v1/models")
+    assert code == 200
+    m = h2s.metrics()
+    assert m.value("sluice_requests_total", route="models", code="2xx", protocol="h2") == 1
+    assert m.value("sluice_requests_total", route="models", code="2xx", protocol="http1") == 1
+    def models_lines():
+        got = [l for l in h2s.access_log() if l.get("path") == "/v1/models"]
+        return got if len(got) == 2 else None
+
+    lines = wait_until(models_lines, timeout=bound(3), what="two access-log lines")
+    assert sorted(l["protocol"] for l in lines) == ["h2", "http1"]
