@@ -635,7 +635,7 @@ void gw_h2_read(gw_h2_t *h)
     bool closing = h->closing;
     h->closing = false;
     gw_h2_flush(h);
-    if (closing && !h->c->closed) {
+    if (closing && !h->c->closed) { /* h outlives a close until the reap */
         h->closing = true;
         bufferevent_disable(h->c->bev, EV_READ);
         if (evbuffer_get_length(bufferevent_get_output(h->c->bev)) == 0)
@@ -685,8 +685,12 @@ void gw_h2_free(gw_h2_t *h)
         gw_h2_stream_close(s);
     if (h->idle_ev)
         event_free(h->idle_ev);
+    h->idle_ev = NULL;
     nghttp2_session_del(h->sess);
-    free(h);
+    h->sess = NULL;
+    /* The caller's stack may still hold h (gw_h2_read -> flush -> close):
+     * it goes at the next safe point, with its connection. */
+    gw_conn_defer_free(h->c, free, h);
 }
 
 int gw_h2_start(gw_conn_t *c)
