@@ -73,6 +73,8 @@ typedef struct gw_h2_stream {
     bool deferred;        /* the data source said DEFERRED: resume on more */
     bool paused;          /* the pair is not read (out above GW_H2_STREAM_HWM) */
     bool closed;          /* nghttp2 closed it */
+    bool cut;             /* reset for the send timeout */
+    int64_t progress_ms;  /* out last drained or started filling (send timeout) */
     TAILQ_ENTRY(gw_h2_stream) link;
 } gw_h2_stream_t;
 
@@ -83,6 +85,7 @@ struct gw_h2 {
     TAILQ_HEAD(, gw_h2_stream) streams;
     size_t nstreams;
     struct event *idle_ev; /* no open stream for http2.idle_timeout: GOAWAY */
+    struct event *wd_ev;   /* send timeout per stream, armed while one has output */
     int in_cb;             /* inside a call that raises nghttp2 callbacks */
     bool closing;          /* GOAWAY sent or fatal: close once output is out */
     bool calm_ours;        /* the ENHANCE_YOUR_CALM GOAWAY is ours, counted already */
@@ -94,6 +97,7 @@ struct gw_h2 {
 
 static void gw_h2_flush(gw_h2_t *h);
 static void gw_h2_stream_read(gw_h2_stream_t *s);
+static void gw_h2_watch(gw_h2_t *h);
 
 static void gw_h2_count(const char *event)
 {
@@ -112,6 +116,8 @@ static ssize_t gw_h2_data_read(nghttp2_session *sess, int32_t id, uint8_t *buf, 
     int n = evbuffer_remove(s->out, buf, len);
     if (n < 0)
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+    if (n > 0)
+        s->progress_ms = sl_now_ms();
     if (evbuffer_get_length(s->out) == 0 && s->resp_done)
         *flags |= NGHTTP2_DATA_FLAG_EOF;
     else if (n == 0) {
@@ -200,6 +206,8 @@ static void gw_h2_stream_read(gw_h2_stream_t *s)
     if (s->closed || !s->bev)
         return;
     struct evbuffer *in = bufferevent_get_input(s->bev);
+    if (evbuffer_get_length(s->out) == 0)
+        s->progress_ms = sl_now_ms(); /* the send timeout runs from the first byte waiting */
     while (!s->resp_done) {
         gw_http_state_t st = gw_http_feed_evbuffer(s->resp, in, NULL, gw_h2_resp_body, s);
         if (st == GW_HTTP_HEAD) {
@@ -230,6 +238,8 @@ static void gw_h2_stream_read(gw_h2_stream_t *s)
         s->deferred = false;
         nghttp2_session_resume_data(s->h->sess, s->id);
     }
+    if (evbuffer_get_length(s->out) > 0)
+        gw_h2_watch(s->h);
 }
 
 static void gw_h2_pair_readcb(struct bufferevent *bev, void *arg)
@@ -665,6 +675,51 @@ void gw_h2_drain(gw_h2_t *h)
     gw_h2_flush(h);
 }
 
+/* The zero-window stall: a stream whose answer has waited for the client's
+ * window longer than limits.send_timeout is reset (its upstream request
+ * cancelled), as an HTTP/1.1 client that stops reading is disconnected;
+ * the other streams go on. A client that grants no connection window
+ * stalls every stream, and so loses them all. */
+static void gw_h2_wd_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    gw_h2_t *h = arg;
+    if (h->c->closed || !h->sess)
+        return;
+    int64_t now = sl_now_ms(), limit = gw_conn_conf(h->c)->limits.send_timeout_ms;
+    bool waiting = false;
+    gw_h2_stream_t *s;
+    TAILQ_FOREACH(s, &h->streams, link)
+    {
+        if (s->closed || s->cut || evbuffer_get_length(s->out) == 0)
+            continue;
+        if (now - s->progress_ms < limit) {
+            waiting = true;
+            continue;
+        }
+        s->cut = true;
+        if (s->sc && s->sc->req && !s->sc->req->error_kind)
+            s->sc->req->error_kind = "client_send_timeout";
+        gw_h2_count("send_timeout");
+        nghttp2_submit_rst_stream(h->sess, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_CANCEL);
+    }
+    if (waiting)
+        gw_h2_watch(h);
+    gw_h2_flush(h);
+}
+
+static void gw_h2_watch(gw_h2_t *h)
+{
+    if (!h->wd_ev || evtimer_pending(h->wd_ev, NULL))
+        return;
+    int64_t ms = gw_conn_conf(h->c)->limits.send_timeout_ms / 4;
+    if (ms < 50)
+        ms = 50;
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    evtimer_add(h->wd_ev, &tv);
+}
+
 static void gw_h2_idle_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
@@ -686,6 +741,9 @@ void gw_h2_free(gw_h2_t *h)
     if (h->idle_ev)
         event_free(h->idle_ev);
     h->idle_ev = NULL;
+    if (h->wd_ev)
+        event_free(h->wd_ev);
+    h->wd_ev = NULL;
     nghttp2_session_del(h->sess);
     h->sess = NULL;
     /* The caller's stack may still hold h (gw_h2_read -> flush -> close):
@@ -739,7 +797,8 @@ int gw_h2_start(gw_conn_t *c)
     if (nghttp2_submit_settings(h->sess, NGHTTP2_FLAG_NONE, iv, SL_ARRAY_LEN(iv)) != 0)
         goto fail;
     h->idle_ev = evtimer_new(gw_conn_base(c), gw_h2_idle_cb, h);
-    if (!h->idle_ev)
+    h->wd_ev = evtimer_new(gw_conn_base(c), gw_h2_wd_cb, h);
+    if (!h->idle_ev || !h->wd_ev)
         goto fail;
     int64_t ms = hc->idle_timeout_ms;
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
@@ -752,6 +811,10 @@ int gw_h2_start(gw_conn_t *c)
 fail:
     nghttp2_session_callbacks_del(cb);
     nghttp2_option_del(opt);
+    if (h->idle_ev)
+        event_free(h->idle_ev);
+    if (h->wd_ev)
+        event_free(h->wd_ev);
     if (h->sess)
         nghttp2_session_del(h->sess);
     free(h);

@@ -399,3 +399,38 @@ def test_protocol_label_and_access_log(h2s, mock):
 
     lines = wait_until(models_lines, timeout=bound(3), what="two access-log lines")
     assert sorted(l["protocol"] for l in lines) == ["h2", "http1"]
+
+
+def test_slow_upstream_is_not_a_send_timeout(sluice_factory, mock):
+    """The send timeout is about a client that does not read: a stream
+    waiting longer than it for its upstream's first byte is still served."""
+    conf = h2c_conf(mock)
+    conf["limits"] = {"send_timeout": "500ms"}
+    s = sluice_factory(conf=conf)
+    mock.script({"stall_first_byte": 1.2})
+    ver, code, body = curl_h2c(s, "/v1/chat/completions", chat_body("slow"))
+    assert (ver, code) == ("2", 200)
+    assert json.loads(body)["choices"][0]["message"]["content"] == mock_upstream.reply_text("slow")
+
+
+def test_zero_window_stream_is_cut_at_the_send_timeout(sluice_factory, mock):
+    """A client that opens a stream with a zero window and never grants one
+    (the zero-window stall): the stream is ended at limits.send_timeout, its
+    upstream request cancelled, and another stream on the same connection is
+    still served meanwhile."""
+    conf = h2c_conf(mock)
+    conf["limits"] = {"send_timeout": "1s"}
+    conf["sse"] = {"buffer_bytes": "4k"}
+    s = sluice_factory(conf=conf)
+    mock.script({"events": 2000, "delay": 0.001})
+    # SETTINGS_INITIAL_WINDOW_SIZE (4) = 0: no DATA may be sent on new streams
+    c = h2raw.H2Conn("127.0.0.1", s.port, settings=b"\x00\x04\x00\x00\x00\x00")
+    c.headers(1, h2raw.req_headers("POST", "/v1/chat/completions", extra=[("content-type", "application/json")]), end_stream=False)
+    c.data(1, json.dumps(chat_body("stall", stream=True)).encode())
+    t0 = time.monotonic()
+    fs = c.frames_until(lambda f: f[0] == h2raw.RST_STREAM and f[2] == 1, timeout=bound(10))
+    took = time.monotonic() - t0
+    assert fs[-1] is not None, "no RST_STREAM for the stalled stream"
+    assert 0.8 <= took <= bound(5), took
+    wait_until(lambda: mock.requests()[0]["outcome"] == "peer_closed", timeout=bound(3), what="the upstream to be cancelled")
+    c.close()
