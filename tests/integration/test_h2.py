@@ -434,3 +434,41 @@ def test_zero_window_stream_is_cut_at_the_send_timeout(sluice_factory, mock):
     assert 0.8 <= took <= bound(5), took
     wait_until(lambda: mock.requests()[0]["outcome"] == "peer_closed", timeout=bound(3), what="the upstream to be cancelled")
     c.close()
+
+
+def test_body_over_max_body_bytes_gets_413_on_the_stream(h2s, mock, tmp_path):
+    """The same limits as HTTP/1.1, per stream: a body past
+    limits.max_body_bytes (1m) is answered 413 in OpenAI's shape, nothing
+    reaches the upstream, and the connection serves the next stream."""
+    big = tmp_path / "big.json"
+    big.write_bytes(b'{"model":"chat-model","messages":[{"role":"user","content":"' + b"a" * (2 << 20) + b'"}]}')
+    ver, code, body = curl_h2c(h2s, "/v1/chat/completions", extra=["--data-binary", "@%s" % big, "-H", "Content-Type: application/json"])
+    assert (ver, code) == ("2", 413)
+    assert json.loads(body)["error"]["code"] == "request_too_large"
+    # chunked-style (no content-length): counted as it comes; then stream 3
+    c = h2raw.H2Conn("127.0.0.1", h2s.port)
+    c.headers(1, h2raw.req_headers("POST", "/v1/chat/completions", extra=[("content-type", "application/json")]), end_stream=False)
+    for _ in range(4):
+        c.data(1, b"a" * 16000, end_stream=False)
+    c.send(h2raw.frame(h2raw.WINDOW_UPDATE, 0, 0, b"\x00\x10\x00\x00"))
+    for _ in range(70):  # ~1.1 MB: past the limit; sluice's window updates let it through
+        try:
+            c.data(1, b"a" * 16000, end_stream=False)
+        except OSError:
+            break
+        if c.buf or select_readable(c.s):
+            break
+    fs = c.frames_until(lambda f: f[2] == 1 and f[0] == h2raw.DATA and f[1] & h2raw.END_STREAM, timeout=bound(5))
+    assert fs[-1] is not None
+    assert json.loads(fs[-1][3])["error"]["code"] == "request_too_large"
+    c.headers(3, h2raw.req_headers("GET", "/healthz"))
+    fs = c.frames_until(lambda f: f[2] == 3 and f[1] & h2raw.END_STREAM, timeout=bound(5))
+    assert fs[-1] is not None and fs[-1][3] == b'{"status":"ok"}'
+    c.close()
+    assert mock.requests() == []
+
+
+def select_readable(sock):
+    import select
+
+    return bool(select.select([sock], [], [], 0)[0])
