@@ -9,10 +9,10 @@
 #      nginx, ...; CPU is the proxy's own (utime+stime of all its threads
 #      from /proc over the round) divided by the requests h2load completed.
 #   2. time to first SSE byte over h2 added over direct: curl --http2 over
-#      TLS, `time_starttransfer - time_pretransfer` (from the request going
-#      out, TLS up; the upstream writes the head and the first event at once),
-#      minus the same over plain HTTP/1.1 to the upstream itself; medians of
-#      interleaved samples.
+#      TLS, `time_starttransfer - time_pretransfer` of the second of two
+#      requests on one connection (warm: no handshake; the upstream writes
+#      the head and the first event at once), minus the same over plain
+#      HTTP/1.1 to the upstream itself; medians of interleaved samples.
 # Every figure is also printed as a ratio to nginx's of the same run.
 # Env: BENCH_ROUNDS (3), BENCH_N (requests per round, 20000),
 # BENCH_TTFE_SAMPLES (60), BENCH_PORT_BASE (19400), SLUICE_BIN, BENCH_TOOLS.
@@ -112,18 +112,23 @@ stop_proxies() {
 
 port_of() { [ "$1" = nginx ] && echo "$NGINX_PORT" || echo "$SLUICE_PORT"; }
 pid_of() { [ "$1" = nginx ] && echo "$NGINX_WORKER" || echo "$SLUICE_PID"; }
+# sluice-h1: sluice over HTTP/1.1 on the same TLS listener (ALPN http/1.1),
+# one request at a time per connection: what the h2 layer itself costs.
 
 # $1 target, $2 streams per connection, $3 requests; prints "ok cpu_us_per_req rps"
 run_h2load() {
     local t=$1 m=$2 n=$3 pid c0 c1 out ok rps
     pid=$(pid_of "$t")
     c0=$(cpu_ticks "$pid")
-    out=$(taskset -c "$LOAD_CPU" h2load -n "$n" -c 1 -m "$m" -d "$BODY" \
+    local h1=()
+    [ "$t" = sluice-h1 ] && h1=(--h1)
+    out=$(taskset -c "$LOAD_CPU" h2load "${h1[@]}" -n "$n" -c 1 -m "$m" -d "$BODY" \
         -H 'content-type: application/json' "https://127.0.0.1:$(port_of "$t")/v1/chat/completions" 2>&1)
     c1=$(cpu_ticks "$pid")
     ok=$(echo "$out" | awk '/^status codes:/ { print $3 }')
     rps=$(echo "$out" | awk '/^finished in/ { print $4 }')
-    echo "$out" | grep -qi 'application protocol: h2' || { echo "bench: $t did not speak h2" >&2; echo "$out" >&2; exit 1; }
+    [ "$t" = sluice-h1 ] || echo "$out" | grep -qi 'application protocol: h2' ||
+        { echo "bench: $t did not speak h2" >&2; echo "$out" >&2; exit 1; }
     awk -v ok="$ok" -v d=$((c1 - c0)) -v tck="$CLK_TCK" -v rps="$rps" \
         'BEGIN { printf "%d %.2f %s\n", ok, ok ? d / tck * 1e6 / ok : 0, rps }'
 }
@@ -137,9 +142,11 @@ wait_port "$UP_PORT" "$UP_PID"
 start_proxies "$UP_PORT"
 declare -A CPU
 for m in 1 100; do
-    for t in nginx sluice; do run_h2load "$t" "$m" 2000 >/dev/null; done # warm
+    targets="nginx sluice"
+    [ "$m" = 1 ] && targets="nginx sluice sluice-h1"
+    for t in $targets; do run_h2load "$t" "$m" 2000 >/dev/null; done # warm
     for r in $(seq "$ROUNDS"); do
-        for t in nginx sluice; do
+        for t in $targets; do
             read -r ok us rps < <(run_h2load "$t" "$m" "$N")
             [ "$ok" -eq "$N" ] || echo "bench: $t m=$m round $r: only $ok of $N were 2xx" >&2
             CPU[$t.$m]="${CPU[$t.$m]:-} $us"
@@ -157,6 +164,9 @@ for m in 1 100; do
     s=$(echo "${CPU[sluice.$m]}" | med)
     awk -v m="$m" -v n="$n" -v s="$s" 'BEGIN { printf "  %3s streams/conn: nginx %.2f us, sluice %.2f us, ratio %.2f\n", m, n, s, s / n }'
 done
+h=$(echo "${CPU[sluice-h1.1]}" | med)
+s=$(echo "${CPU[sluice.1]}" | med)
+awk -v h="$h" -v s="$s" 'BEGIN { printf "  sluice over TLS, 1 request at a time: h2 %.2f us, http/1.1 %.2f us, h2/h1 %.2f\n", s, h, s / h }'
 
 # ---- 2. time to first SSE byte -----------------------------------------
 spawn taskset -c "$LOAD_CPU" "$TOOLS/bench_upstream" -l "127.0.0.1:$TTFE_PORT" -n 2 -d 1000
@@ -164,15 +174,18 @@ UP_PID=$LAST
 wait_port "$TTFE_PORT" "$UP_PID"
 start_proxies "$TTFE_PORT"
 declare -A TT
-ttfb() { # $1 target: seconds from request sent to first response byte
+ttfb() { # $1 target: microseconds from request sent to first response byte,
+    # on a warm connection (the second of two requests in one curl run)
+    local url opts=()
     if [ "$1" = direct ]; then
-        curl -s -o /dev/null -w '%{time_pretransfer} %{time_starttransfer}\n' -H 'content-type: application/json' \
-            --data-binary @"$SBODY" "http://127.0.0.1:$TTFE_PORT/v1/chat/completions"
+        url="http://127.0.0.1:$TTFE_PORT/v1/chat/completions"
     else
-        curl -s -k --http2 -o /dev/null -w '%{time_pretransfer} %{time_starttransfer}\n' \
-            -H 'content-type: application/json' --data-binary @"$SBODY" \
-            "https://127.0.0.1:$(port_of "$1")/v1/chat/completions"
-    fi | awk '{ printf "%.1f\n", ($2 - $1) * 1e6 }'
+        url="https://127.0.0.1:$(port_of "$1")/v1/chat/completions"
+        opts=(-k --http2)
+    fi
+    curl -s "${opts[@]}" -o /dev/null -o /dev/null -w '%{time_pretransfer} %{time_starttransfer}\n' \
+        -H 'content-type: application/json' --data-binary @"$SBODY" "$url" "$url" |
+        awk 'END { printf "%.1f\n", ($2 - $1) * 1e6 }'
 }
 for i in $(seq "$SAMPLES"); do
     for t in direct nginx sluice; do TT[$t]="${TT[$t]:-} $(ttfb "$t")"; done
