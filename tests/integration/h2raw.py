@@ -106,3 +106,35 @@ class H2Conn:
 
     def close(self):
         self.s.close()
+
+
+def send_body_flow_controlled(c, sid, total, chunk=16000, timeout=10.0):
+    """Sends `total` body bytes on stream sid within the server's windows
+    (65535 each at first, then its WINDOW_UPDATEs), stopping early when the
+    server answers the stream (HEADERS). Returns the frames read meanwhile."""
+    conn_win = stream_win = 65535
+    sent, seen = 0, []
+    deadline = time.monotonic() + timeout
+    while sent < total and time.monotonic() < deadline:
+        n = min(chunk, total - sent, conn_win, stream_win)
+        if n > 0:
+            c.data(sid, b"a" * n, end_stream=False)
+            sent += n
+            conn_win -= n
+            stream_win -= n
+            continue
+        f = c.read_frame(max(0.01, deadline - time.monotonic()))
+        seen.append(f)
+        if f is None:
+            break
+        if f[0] == WINDOW_UPDATE:
+            inc = struct.unpack(">I", f[3][:4])[0] & 0x7FFFFFFF
+            if f[2] == 0:
+                conn_win += inc
+            elif f[2] == sid:
+                stream_win += inc
+        elif f[0] == SETTINGS and not f[1] & ACK:
+            c.send(frame(SETTINGS, ACK, 0))
+        elif f[2] == sid and f[0] in (HEADERS, RST_STREAM):
+            break
+    return seen
