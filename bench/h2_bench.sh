@@ -8,11 +8,11 @@
 #      connection (h2load -m 1 / -m 100), interleaved rounds: nginx, sluice,
 #      nginx, ...; CPU is the proxy's own (utime+stime of all its threads
 #      from /proc over the round) divided by the requests h2load completed.
-#   2. time to first SSE byte over h2 added over direct: curl --http2 over
-#      TLS, `time_starttransfer - time_pretransfer` of the second of two
-#      requests on one connection (warm: no handshake; the upstream writes
-#      the head and the first event at once), minus the same over plain
-#      HTTP/1.1 to the upstream itself; medians of interleaved samples.
+#   2. time to first SSE event over h2 added over direct: bench/h2_ttfe.py
+#      on one warm connection per target (h2 over TLS to the proxies, plain
+#      HTTP/1.1 keep-alive to the upstream itself), request written -> first
+#      event's bytes, interleaved samples; the upstream writes the head and
+#      the first event at once.
 # Every figure is also printed as a ratio to nginx's of the same run.
 # Env: BENCH_ROUNDS (3), BENCH_N (requests per round, 20000),
 # BENCH_TTFE_SAMPLES (60), BENCH_PORT_BASE (19400), SLUICE_BIN, BENCH_TOOLS.
@@ -173,29 +173,17 @@ spawn taskset -c "$LOAD_CPU" "$TOOLS/bench_upstream" -l "127.0.0.1:$TTFE_PORT" -
 UP_PID=$LAST
 wait_port "$TTFE_PORT" "$UP_PID"
 start_proxies "$TTFE_PORT"
-declare -A TT
-ttfb() { # $1 target: microseconds from request sent to first response byte,
-    # on a warm connection (the second of two requests in one curl run)
-    local url opts=()
-    if [ "$1" = direct ]; then
-        url="http://127.0.0.1:$TTFE_PORT/v1/chat/completions"
-    else
-        url="https://127.0.0.1:$(port_of "$1")/v1/chat/completions"
-        opts=(-k --http2)
-    fi
-    curl -s "${opts[@]}" -o /dev/null -o /dev/null -w '%{time_pretransfer} %{time_starttransfer}\n' \
-        -H 'content-type: application/json' --data-binary @"$SBODY" "$url" "$url" |
-        awk 'END { printf "%.1f\n", ($2 - $1) * 1e6 }'
-}
-for i in $(seq "$SAMPLES"); do
-    for t in direct nginx sluice; do TT[$t]="${TT[$t]:-} $(ttfb "$t")"; done
-done
+TTOUT=$(taskset -c "$LOAD_CPU" python3 "$ROOT/bench/h2_ttfe.py" "$SAMPLES" "$SBODY" \
+    "direct=http://127.0.0.1:$TTFE_PORT/v1/chat/completions" \
+    "nginx=https://127.0.0.1:$NGINX_PORT/v1/chat/completions" \
+    "sluice=https://127.0.0.1:$SLUICE_PORT/v1/chat/completions")
 stop_proxies
 stop "$UP_PID"
-d=$(echo "${TT[direct]}" | med)
-n=$(echo "${TT[nginx]}" | med)
-s=$(echo "${TT[sluice]}" | med)
-echo "time to first SSE byte over h2+TLS, median of $SAMPLES interleaved samples:"
+d=$(echo "$TTOUT" | awk '$1 == "direct" { print $2 }')
+n=$(echo "$TTOUT" | awk '$1 == "nginx" { print $2 }')
+s=$(echo "$TTOUT" | awk '$1 == "sluice" { print $2 }')
+echo "time to first SSE event over h2+TLS (warm connections; median of $SAMPLES interleaved samples, bench/h2_ttfe.py):"
+echo "$TTOUT" | awk '{ printf "  %-7s median %s us, p90 %s us\n", $1, $2, $3 }'
 awk -v d="$d" -v n="$n" -v s="$s" 'BEGIN {
     printf "  direct (h1, plain) %.0f us; nginx %.0f us (+%.0f); sluice %.0f us (+%.0f); added ratio sluice/nginx %.2f\n",
         d, n, n - d, s, s - d, ((n - d) > 0 ? (s - d) / (n - d) : 0) }'
