@@ -460,3 +460,30 @@ def test_body_over_max_body_bytes_gets_413_on_the_stream(h2s, mock, tmp_path):
     c.close()
     assert mock.requests() == []
 
+
+
+def test_reload_applies_to_new_streams_on_an_open_connection(h2s, mock):
+    """A reload needs no GOAWAY: each stream is a new request on the
+    worker's current runtime, so an open h2 connection sees the new conf on
+    its next stream and its open streams keep theirs."""
+    c = h2raw.H2Conn("127.0.0.1", h2s.port)
+
+    def models(sid):
+        c.headers(sid, h2raw.req_headers("GET", "/v1/models"))
+        fs = c.frames_until(lambda f: f[2] == sid and f[0] == h2raw.DATA and f[1] & h2raw.END_STREAM, timeout=bound(5))
+        assert fs[-1] is not None
+        body = b"".join(f[3] for f in fs if f and f[2] == sid and f[0] == h2raw.DATA)
+        return {m["id"] for m in json.loads(body)["data"]}
+
+    assert "new-model" not in models(1)
+    conf = dict(h2s.conf)
+    conf["models"] = dict(conf["models"], **{"new-model": {"upstream": "main"}})
+    h2s.reload(conf)
+    sid = [3]
+
+    def seen():
+        sid[0] += 2
+        return "new-model" in models(sid[0] - 2)
+
+    wait_until(seen, timeout=bound(5), what="the reloaded models on the open h2 connection")
+    c.close()
