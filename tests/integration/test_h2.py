@@ -487,3 +487,18 @@ def test_reload_applies_to_new_streams_on_an_open_connection(h2s, mock):
 
     wait_until(seen, timeout=bound(5), what="the reloaded models on the open h2 connection")
     c.close()
+
+
+def test_idle_connection_gets_goaway_after_idle_timeout(sluice_factory, mock):
+    conf = h2c_conf(mock)
+    conf["http2"] = {"idle_timeout": "300ms"}
+    s = sluice_factory(conf=conf)
+    c = h2raw.H2Conn("127.0.0.1", s.port)
+    c.headers(1, h2raw.req_headers("GET", "/healthz"))
+    c.frames_until(lambda f: f[2] == 1 and f[1] & h2raw.END_STREAM, timeout=bound(5))
+    t0 = time.monotonic()
+    assert c.goaway(timeout=bound(5)) == h2raw.NO_ERROR
+    took = time.monotonic() - t0
+    assert 0.2 <= took <= bound(2), took
+    assert c.read_frame(bound(3)) is None  # then the connection closes
+    c.close()
