@@ -329,7 +329,11 @@ static gw_h2_stream_t *gw_h2_stream_new(gw_h2_t *h, int32_t id)
     s->id = id;
     s->hdrs = evbuffer_new();
     s->out = evbuffer_new();
-    s->resp = gw_http_parser_new(GW_HTTP_RESPONSE, NULL);
+    /* The answer comes from our own stream connection: any body length
+     * (an SSE stream has no end known in advance), a generous head. */
+    static const gw_http_limits_t resp_lim = {
+        .header_bytes = 64 * 1024, .header_lines = 256, .max_body_bytes = 0};
+    s->resp = gw_http_parser_new(GW_HTTP_RESPONSE, &resp_lim);
     if (!s->hdrs || !s->out || !s->resp) {
         gw_h2_stream_free(s);
         return NULL;

@@ -502,3 +502,37 @@ def test_idle_connection_gets_goaway_after_idle_timeout(sluice_factory, mock):
     assert 0.2 <= took <= bound(2), took
     assert c.read_frame(bound(3)) is None  # then the connection closes
     c.close()
+
+
+def test_closed_window_pauses_the_upstream(sluice_factory, mock):
+    """h2 flow control is the backpressure: a stream whose window the client
+    keeps closed stops reading its upstream (bounded buffers in between),
+    and reading resumes once the client opens the window."""
+    conf = h2c_conf(mock)
+    conf["limits"] = {"send_timeout": "20s"}
+    conf["sse"] = {"buffer_bytes": "4k"}
+    s = sluice_factory(conf=conf)
+    total = 60000  # ~9 MB: well past what loopback socket buffers absorb (a few MB)
+    mock.script({"events": total})
+    c = h2raw.H2Conn("127.0.0.1", s.port, settings=b"\x00\x04\x00\x00\x00\x00")
+    c.headers(1, h2raw.req_headers("POST", "/v1/chat/completions", extra=[("content-type", "application/json")]), end_stream=False)
+    c.data(1, json.dumps(chat_body("pause", stream=True)).encode())
+    mock.wait_requests(1)
+
+    def sent():
+        return mock.requests()[0].get("events_sent", 0)
+
+    def stable():
+        a = sent()
+        time.sleep(0.3)  # a sample interval of the check, not a synchronisation
+        return a if a == sent() and a > 0 else None
+
+    paused_at = wait_until(stable, timeout=bound(10), what="the upstream to stop being read")
+    assert paused_at < total * 0.6, paused_at
+    # open the windows: the rest flows and the stream completes
+    c.send(h2raw.frame(h2raw.SETTINGS, 0, 0, b"\x00\x04\x7f\xff\xff\xff")
+           + h2raw.frame(h2raw.WINDOW_UPDATE, 0, 0, (1 << 30).to_bytes(4, "big")))
+    fs = c.frames_until(lambda f: f[2] == 1 and f[1] & h2raw.END_STREAM, timeout=bound(30))
+    assert fs[-1] is not None and fs[-1][0] == h2raw.DATA
+    assert sent() >= total
+    c.close()
