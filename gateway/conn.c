@@ -283,6 +283,10 @@ void gw_conn_drain(gw_conn_t *c)
         gw_h2_drain(c->h2);
         return;
     }
+    if (c->h2_stream) { /* its request may not be parsed yet: it ends after its answer */
+        c->close_after = true;
+        return;
+    }
     if (c->phase == GW_PHASE_IDLE)
         gw_conn_close(c);
     else
