@@ -15,7 +15,7 @@ PKG     ?= pkg-config
 PYTHON  ?= /usr/bin/python3
 
 PKGS    := libevent libevent_pthreads libevent_openssl openssl jansson \
-           libpcre2-8 hiredis yaml-0.1 libsystemd
+           libpcre2-8 hiredis yaml-0.1 libsystemd libnghttp2
 PKGS    += zlib
 MODULES := common conf gateway auth ratelimit filters fallback model cache
 

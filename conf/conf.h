@@ -36,7 +36,21 @@ typedef struct conf_listen {
     /* Derived from address by the loader (not keys of their own): */
     char host[CONF_HOST_MAX]; /* "127.0.0.1", "::1" (brackets removed) */
     int port;                 /* 1..65535 */
+    char **protocols;         /* ALPN on a TLS listener: "h2", "http/1.1"; none = both */
+    size_t nprotocols;
+    bool h2c; /* plain listener: HTTP/2 with prior knowledge (the preface) */
 } conf_listen_t;
+
+/* http2: the h2 connections' settings (gateway/h2.c) */
+typedef struct conf_http2 {
+    int64_t max_concurrent_streams;
+    int64_t initial_window;  /* bytes, per stream */
+    int64_t max_header_list; /* bytes, decoded header list per stream */
+    int64_t max_frame;       /* bytes */
+    int64_t idle_timeout_ms; /* a connection with no open stream */
+    int64_t reset_burst;     /* client stream resets allowed at once ... */
+    int64_t reset_rate;      /* ... and refilled per second (CVE-2023-44487) */
+} conf_http2_t;
 
 typedef struct conf_admin {
     char *address; /* default 127.0.0.1:9090; "off" disables */
@@ -488,6 +502,7 @@ typedef struct conf {
     conf_fault_t fault;
     conf_routing_t routing;
     conf_cache_t cache;
+    conf_http2_t http2;
 } conf_t;
 
 /* ---- API ------------------------------------------------------------------ */

@@ -145,6 +145,18 @@ static int listen_tls_check(conf_ctx_t *ctx, void *obj, int line)
     return 0;
 }
 
+static int listen_check(conf_ctx_t *ctx, void *obj, int line)
+{
+    const conf_listen_t *l = obj;
+    for (size_t i = 0; i < l->nprotocols; i++)
+        if (strcmp(l->protocols[i], "h2") != 0 && strcmp(l->protocols[i], "http/1.1") != 0)
+            return conf_errorf(ctx, line, "protocols", "unknown protocol \"%.40s\" (h2, http/1.1)",
+                               l->protocols[i]);
+    if (l->nprotocols == 2 && strcmp(l->protocols[0], l->protocols[1]) == 0)
+        return conf_errorf(ctx, line, "protocols", "\"%.40s\" twice", l->protocols[0]);
+    return 0;
+}
+
 static int admin_address_check(void *obj, char *msg, size_t msglen)
 {
     conf_admin_t *a = obj;
@@ -347,9 +359,22 @@ static const conf_key_t listen_keys[] = {
      .off = 0,
      .sub = &listen_tls_table,
      .doc = "TLS termination: cert and key, both or neither"},
+    {.name = "protocols",
+     .type = CONF_STRLIST,
+     .off = offsetof(conf_listen_t, protocols),
+     .count_off = offsetof(conf_listen_t, nprotocols),
+     .min = 0,
+     .max = 2,
+     .doc = "TLS listeners: what ALPN offers, in preference order (h2, http/1.1); none = both"},
+    {.name = "h2c",
+     .type = CONF_BOOL,
+     .off = offsetof(conf_listen_t, h2c),
+     .def = "false",
+     .doc = "plain listeners: accept HTTP/2 with prior knowledge (no Upgrade: h2c)"},
 };
 static const conf_table_t listen_table = {TABLE(listen_keys, conf_listen_t), .has_line = true,
-                                          .line_off = offsetof(conf_listen_t, line)};
+                                          .line_off = offsetof(conf_listen_t, line),
+                                          .check = listen_check};
 
 /* ---- admin ------------------------------------------------------------------- */
 
@@ -2110,6 +2135,70 @@ static const conf_key_t routing_keys[] = {
 };
 static const conf_table_t routing_table = {TABLE(routing_keys, conf_routing_t)};
 
+/* ---- http2 ------------------------------------------------------------------- */
+
+static const conf_key_t http2_keys[] = {
+    {.name = "max_concurrent_streams",
+     .type = CONF_INT,
+     .off = offsetof(conf_http2_t, max_concurrent_streams),
+     .def = "100",
+     .min = 1,
+     .max = 10000,
+     .flags = R,
+     .doc = "open streams per h2 connection; more are refused (REFUSED_STREAM)"},
+    {.name = "initial_window",
+     .type = CONF_SIZE,
+     .off = offsetof(conf_http2_t, initial_window),
+     .def = "64k",
+     .min = 1024,
+     .max = MIB(16),
+     .flags = R,
+     .doc = "h2 flow-control window per stream for request bodies"},
+    {.name = "max_header_list",
+     .type = CONF_SIZE,
+     .off = offsetof(conf_http2_t, max_header_list),
+     .def = "16k",
+     .min = KIB(1),
+     .max = MIB(1),
+     .flags = R,
+     .doc = "largest decoded header list of a stream (HPACK bomb, CONTINUATION flood); "
+            "larger gets 431"},
+    {.name = "max_frame",
+     .type = CONF_SIZE,
+     .off = offsetof(conf_http2_t, max_frame),
+     .def = "16k",
+     .min = KIB(16),
+     .max = 16777215,
+     .flags = R,
+     .doc = "largest h2 frame payload sluice accepts (SETTINGS_MAX_FRAME_SIZE)"},
+    {.name = "idle_timeout",
+     .type = CONF_DURATION,
+     .off = offsetof(conf_http2_t, idle_timeout_ms),
+     .def = "60s",
+     .min = MS(100),
+     .max = HOUR(1),
+     .flags = R,
+     .doc = "an h2 connection with no open stream is closed (GOAWAY) after this"},
+    {.name = "reset_burst",
+     .type = CONF_INT,
+     .off = offsetof(conf_http2_t, reset_burst),
+     .def = "200",
+     .min = 1,
+     .max = 100000,
+     .flags = R,
+     .doc = "stream resets a client may send at once before GOAWAY ENHANCE_YOUR_CALM "
+            "(rapid reset, CVE-2023-44487)"},
+    {.name = "reset_rate",
+     .type = CONF_INT,
+     .off = offsetof(conf_http2_t, reset_rate),
+     .def = "100",
+     .min = 1,
+     .max = 100000,
+     .flags = R,
+     .doc = "stream resets per second a client earns back after the burst"},
+};
+static const conf_table_t http2_table = {TABLE(http2_keys, conf_http2_t)};
+
 static const conf_key_t root_keys[] = {
     {.name = "include",
      .type = CONF_STRLIST,
@@ -2251,6 +2340,12 @@ static const conf_key_t root_keys[] = {
      .sub = &cache_table,
      .flags = R,
      .doc = "response cache, exact and semantic; per model under models (docs/cache.md)"},
+    {.name = "http2",
+     .type = CONF_STRUCT,
+     .off = offsetof(conf_t, http2),
+     .sub = &http2_table,
+     .flags = R,
+     .doc = "HTTP/2 (ALPN h2 on TLS listeners, h2c where enabled): settings and limits"},
 };
 
 const conf_table_t conf_root_table = {TABLE(root_keys, conf_t), .check = root_check};

@@ -109,6 +109,7 @@ void gw_accesslog_write(const gw_req_t *r)
         json_object_set_new(o, "path", json_stringn(m->target, m->path_len));
     }
     json_object_set_new(o, "status", json_integer(r->status));
+    json_object_set_new(o, "protocol", json_string(r->c->h2_stream ? "h2" : "http1"));
     json_object_set_new(o, "route", json_string(gw_route_name(r->route)));
     if (r->model)
         json_object_set_new(o, "model", json_string(r->model->name));

@@ -19,6 +19,7 @@
 
 #include "common/log.h"
 #include "gateway/gw_conn.h"
+#include "gateway/gw_h2.h"
 #include "gateway/gw_hook.h"
 #include "gateway/gw_metrics.h"
 #include "gateway/gw_proxy.h"
@@ -88,6 +89,7 @@ void gw_conn_accept(gw_worker_t *w, int fd, const struct sockaddr *sa, int salen
     }
     c->w = w;
     c->admin = l->admin;
+    c->h2c = !l->admin && w->rt->conf->listen[l->index].h2c;
     if (sa->sa_family == AF_INET)
         inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, c->peer, sizeof(c->peer));
     else if (sa->sa_family == AF_INET6)
@@ -207,11 +209,35 @@ static void gw_req_free_spare(gw_conn_t *c)
     }
 }
 
+struct event_base *gw_conn_base(const gw_conn_t *c)
+{
+    return c->w->base;
+}
+
+const struct conf *gw_conn_conf(const gw_conn_t *c)
+{
+    return c->w->rt->conf;
+}
+
+void gw_conn_defer_free(gw_conn_t *c, void (*fn)(void *), void *obj)
+{
+    gw_worker_defer_free(c->w, fn, obj);
+}
+
 void gw_conn_close(gw_conn_t *c)
 {
     if (c->closed)
         return;
     c->closed = true;
+    if (c->on_close) {
+        void (*fn)(void *) = c->on_close;
+        c->on_close = NULL;
+        fn(c->on_close_arg);
+    }
+    if (c->h2) {
+        gw_h2_free(c->h2);
+        c->h2 = NULL;
+    }
     if (c->req) {
         gw_req_t *r = c->req;
         gw_proxy_abort(r);
@@ -289,6 +315,14 @@ static void gw_conn_close_after_flush(gw_conn_t *c)
 
 void gw_conn_drain(gw_conn_t *c)
 {
+    if (c->h2) {
+        gw_h2_drain(c->h2);
+        return;
+    }
+    if (c->h2_stream) { /* its request may not be parsed yet: it ends after its answer */
+        c->close_after = true;
+        return;
+    }
     if (c->phase == GW_PHASE_IDLE && c->nrequests == 0) {
         int64_t left = c->deadline_ms - sl_now_ms();
         gw_conn_arm(c, left > 0 && left < GW_CONN_DRAIN_FIRST_MS ? left : GW_CONN_DRAIN_FIRST_MS);
@@ -371,6 +405,37 @@ static const char *gw_parse_code(int status)
     }
 }
 
+/* The first bytes of a connection: HTTP/2 when ALPN picked h2, or when an
+ * h2c listener sees the preface. 1: handed to h2.c; 0: HTTP/1.1; -1: wait
+ * for more bytes (a partial preface). */
+static int gw_conn_sniff_h2(gw_conn_t *c, struct evbuffer *in)
+{
+    bool h2 = false;
+    if (c->tls) {
+        SSL *ssl = bufferevent_openssl_get_ssl(c->bev);
+        const unsigned char *p = NULL;
+        unsigned int n = 0;
+        if (ssl)
+            SSL_get0_alpn_selected(ssl, &p, &n);
+        h2 = n == 2 && memcmp(p, "h2", 2) == 0;
+    } else if (c->h2c) {
+        size_t n = SL_MIN(evbuffer_get_length(in), (size_t)GW_H2_PREFACE_LEN);
+        const unsigned char *p = evbuffer_pullup(in, (ssize_t)n);
+        if (!p || memcmp(p, GW_H2_PREFACE, n) != 0)
+            return 0;
+        if (n < GW_H2_PREFACE_LEN)
+            return -1;
+        h2 = true;
+    }
+    if (!h2)
+        return 0;
+    gw_conn_disarm(c); /* h2.c keeps its own idle deadline */
+    c->phase = GW_PHASE_BUSY;
+    if (gw_h2_start(c) < 0)
+        gw_conn_close(c);
+    return 1;
+}
+
 static void gw_conn_parse(gw_conn_t *c)
 {
     struct evbuffer *in = bufferevent_get_input(c->bev);
@@ -380,6 +445,9 @@ static void gw_conn_parse(gw_conn_t *c)
         if (c->phase == GW_PHASE_IDLE) {
             if (evbuffer_get_length(in) == 0)
                 return; /* a request begins with its first byte */
+            if (c->nrequests == 0 && !c->h2_stream && (c->tls || c->h2c) &&
+                gw_conn_sniff_h2(c, in) != 0)
+                return;
             c->req = gw_req_new(c);
             if (!c->req) {
                 gw_conn_close(c);
@@ -439,6 +507,10 @@ static void gw_conn_parse(gw_conn_t *c)
 static void gw_conn_readcb(struct bufferevent *bev, void *arg)
 {
     gw_conn_t *c = arg;
+    if (c->h2) {
+        gw_h2_read(c->h2);
+        return;
+    }
     if (c->lingering) {
         struct evbuffer *in = bufferevent_get_input(bev);
         size_t n = evbuffer_get_length(in);
@@ -457,6 +529,10 @@ static void gw_conn_drained(void *arg)
     gw_conn_t *c = arg;
     if (c->closed)
         return;
+    if (c->h2) { /* h2.c produces more frames as the socket drains */
+        gw_h2_written(c->h2);
+        return;
+    }
     if (c->phase == GW_PHASE_CLOSING) {
         if (!c->lingering && evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
             gw_conn_flushed_close(c);
@@ -501,7 +577,7 @@ static void gw_conn_timer_cb(evutil_socket_t fd, short what, void *arg)
     (void)what;
     gw_conn_t *c = arg;
     c->armed_ms = 0;
-    if (c->closed || c->deadline_ms == 0)
+    if (c->closed || c->deadline_ms == 0 || c->h2)
         return;
     int64_t left = c->deadline_ms - sl_now_ms();
     if (left > 0) {
@@ -535,7 +611,7 @@ static void gw_conn_timer_cb(evutil_socket_t fd, short what, void *arg)
 static void gw_req_count(const gw_req_t *r)
 {
     int cls = r->status >= 100 && r->status < 600 ? r->status / 100 : 5;
-    sl_counter_add(gw_m.requests[r->route][cls], 1);
+    sl_counter_add(gw_m.requests[r->route][cls][r->c->h2_stream ? 1 : 0], 1);
     sl_histogram_observe(gw_m.duration[r->route], (double)(sl_now_ns() - r->start_ns) / 1e9);
 }
 

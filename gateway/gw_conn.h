@@ -37,6 +37,13 @@ struct gw_conn {
     bool linger;      /* request bytes may be unread: lingering close (conn.c) */
     bool lingering;   /* write side shut, draining input until EOF or deadline */
     size_t linger_bytes;
+    /* HTTP/2 (h2.c): the connection itself, after ALPN or the preface... */
+    struct gw_h2 *h2;
+    bool h2c;       /* plain listener with h2c: true: the preface switches to h2 */
+    bool h2_stream; /* ...or one stream's request connection (protocol "h2") */
+    /* Called once from gw_conn_close (the stream connection's owner). */
+    void (*on_close)(void *arg);
+    void *on_close_arg;
     TAILQ_ENTRY(gw_conn) link;
 };
 TAILQ_HEAD(gw_conn_list, gw_conn);
@@ -48,6 +55,11 @@ void gw_conn_accept(gw_worker_t *w, int fd, const struct sockaddr *sa, int salen
  * one end of a bufferevent_pair in the socketless tests. NULL on OOM. */
 gw_conn_t *gw_conn_new_bev(gw_worker_t *w, struct bufferevent *bev, bool admin, const char *peer);
 void gw_conn_close(gw_conn_t *c);
+/* For h2.c (same layer, no worker internals): c's loop, the conf of the
+ * runtime its worker serves now, and a free at the worker's next safe point. */
+struct event_base *gw_conn_base(const gw_conn_t *c);
+const struct conf *gw_conn_conf(const gw_conn_t *c);
+void gw_conn_defer_free(gw_conn_t *c, void (*fn)(void *), void *obj);
 /* The current request is finished: log, count, then keep-alive or close. */
 void gw_conn_req_done(gw_conn_t *c);
 /* Drain: close if idle, else close after the current response. */

@@ -15,17 +15,20 @@ gw_metrics_t gw_m;
 void gw_metrics_init(const char *(*route_name)(gw_route_t r))
 {
     static const char *const classes[] = {"other", "1xx", "2xx", "3xx", "4xx", "5xx"};
-    sl_metric_t *req =
-        sl_metric_register("sluice_requests_total", "Client requests by route and status class.",
-                           SL_METRIC_COUNTER, "route,code", NULL, 0);
+    static const char *const protocols[] = {"http1", "h2"};
+    sl_metric_t *req = sl_metric_register("sluice_requests_total",
+                                          "Client requests by route, status class and protocol.",
+                                          SL_METRIC_COUNTER, "route,code,protocol", NULL, 0);
     sl_metric_t *dur =
         sl_metric_register("sluice_request_duration_seconds",
                            "Time from the first byte of a request to the end of its response.",
                            SL_METRIC_HISTOGRAM, "route", NULL, 0);
     for (int r = 0; r < GW_ROUTE_COUNT; r++) {
         for (int k = 1; k < 6; k++) {
-            const char *v[2] = {route_name((gw_route_t)r), classes[k]};
-            gw_m.requests[r][k] = sl_metric_series(req, v);
+            for (int p = 0; p < 2; p++) {
+                const char *v[3] = {route_name((gw_route_t)r), classes[k], protocols[p]};
+                gw_m.requests[r][k][p] = sl_metric_series(req, v);
+            }
         }
         gw_m.duration[r] = sl_metric_series1(dur, route_name((gw_route_t)r));
     }
@@ -67,6 +70,10 @@ void gw_metrics_init(const char *(*route_name)(gw_route_t r))
     gw_m.reloads =
         sl_metric_register("sluice_config_reloads_total", "Configuration reloads by result.",
                            SL_METRIC_COUNTER, "result", NULL, 0);
+    gw_m.h2_events =
+        sl_metric_register("sluice_http2_events_total",
+                           "HTTP/2 connections, streams, and what the hardening refused, by event.",
+                           SL_METRIC_COUNTER, "event", NULL, 0);
 }
 
 void gw_metrics_upstream_error(const gw_pool_rt_t *p, const char *kind)

@@ -9,7 +9,7 @@
 #include "gateway/gw_types.h"
 
 typedef struct gw_metrics {
-    sl_mseries_t *requests[GW_ROUTE_COUNT][6]; /* code class 1..5, [0] other */
+    sl_mseries_t *requests[GW_ROUTE_COUNT][6][2]; /* code class 1..5 ([0] other), protocol */
     sl_mseries_t *duration[GW_ROUTE_COUNT];
     sl_mseries_t *conns_active, *streams_active;
     sl_mseries_t *bytes_client_in, *bytes_client_out, *bytes_up_in, *bytes_up_out;
@@ -18,6 +18,7 @@ typedef struct gw_metrics {
     sl_metric_t *up_ttfb;                   /* {upstream} */
     sl_metric_t *parse_errors;              /* {reason} */
     sl_metric_t *reloads;                   /* {result} */
+    sl_metric_t *h2_events;                 /* sluice_http2_events_total{event} */
     sl_mseries_t *route_local, *route_main; /* sluice_route_total{target} */
     sl_mseries_t *done_added; /* complete streams the upstream closed without [DONE] */
 } gw_metrics_t;

@@ -265,6 +265,8 @@ gw_rt_t *gw_rt_new(conf_t *c, gw_shared_t *sh, char *err, size_t errlen)
             continue;
         char e[512];
         rt->listen_ssl[i] = gw_tls_server_ctx(l->tls_cert, l->tls_key, e, sizeof(e));
+        if (rt->listen_ssl[i])
+            gw_tls_server_alpn(rt->listen_ssl[i], l->protocols, l->nprotocols);
         if (!rt->listen_ssl[i]) {
             snprintf(err, errlen, "%s:%d: listen %s: %s", c->path ? c->path : "conf", l->line,
                      l->address, e);

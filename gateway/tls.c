@@ -5,7 +5,9 @@
  * upstream.c). There is deliberately no switch to trust any certificate.
  */
 #include <openssl/err.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "gateway/gw_tls.h"
 #include "gateway/gw_types.h"
@@ -71,4 +73,36 @@ SSL_CTX *gw_tls_client_ctx(const char *ca_file, char *err, size_t errlen)
         return NULL;
     }
     return ctx;
+}
+
+/* ALPN wire lists ("\x02h2\x08http/1.1"), one per preference order; the
+ * callback's argument says which, so no allocation outlives the context. */
+static const unsigned char gw_alpn_lists[][13] = {
+    "\x02h2\x08http/1.1", /* 0: h2 first (the default) */
+    "\x08http/1.1\x02h2", /* 1: http/1.1 first */
+    "\x02h2",             /* 2: h2 only */
+    "\x08http/1.1",       /* 3: http/1.1 only */
+};
+static const unsigned int gw_alpn_lens[] = {12, 12, 3, 9};
+
+static int gw_tls_alpn_select(SSL *ssl, const unsigned char **out, unsigned char *outlen,
+                              const unsigned char *in, unsigned int inlen, void *arg)
+{
+    (void)ssl;
+    size_t k = (size_t)(uintptr_t)arg;
+    /* SSL_select_next_proto takes the server's list first: our order wins. */
+    if (SSL_select_next_proto((unsigned char **)out, outlen, gw_alpn_lists[k], gw_alpn_lens[k], in,
+                              inlen) != OPENSSL_NPN_NEGOTIATED)
+        return SSL_TLSEXT_ERR_NOACK; /* no common protocol: HTTP/1.1 without ALPN */
+    return SSL_TLSEXT_ERR_OK;
+}
+
+void gw_tls_server_alpn(SSL_CTX *ctx, char *const *protocols, size_t n)
+{
+    size_t k = 0;
+    if (n == 1)
+        k = strcmp(protocols[0], "h2") == 0 ? 2 : 3;
+    else if (n == 2 && strcmp(protocols[0], "http/1.1") == 0)
+        k = 1;
+    SSL_CTX_set_alpn_select_cb(ctx, gw_tls_alpn_select, (void *)(uintptr_t)k);
 }

@@ -59,6 +59,7 @@ HEADER_LAYER = {
     "gw_req.h": 3, "gw_hook.h": 3, "gw_fallback.h": 3, "gw_flow.h": 3, "gw_flt_resp.h": 3,
     "gw_route.h": 4,
     "gw_conn.h": 5,
+    "gw_h2.h": 5,
     "gw_worker.h": 6,
     "gw_server.h": 7,
 }
@@ -69,7 +70,7 @@ SOURCE_LAYER = {
     "fallback_journal.c": 3, "flt_responses.c": 3,
     "resend.c": 3, "flow.c": 3, "engine_gw.c": 2, "proxy.c": 2,
     "upstream.c": 1, "balance.c": 0,
-    "route.c": 4, "conn.c": 5, "worker.c": 6, "server.c": 7, "main.c": 7,
+    "route.c": 4, "conn.c": 5, "h2.c": 5, "worker.c": 6, "server.c": 7, "main.c": 7,
     "rt.c": 0, "tls.c": 0, "gw_metrics.c": 0, "wio.c": 0, "http1.c": 0, "sse.c": 0,
     "supervise.c": 0, "sse_finish.c": 0, "json_intake.c": 0, "gzip.c": 0,
     "upgrade.c": 7,

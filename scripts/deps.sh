@@ -12,7 +12,8 @@ chromium
 kotlin default-jre-headless libokhttp-java
 libsystemd-dev systemd debhelper dpkg-dev lintian man-db logrotate
 libunistring-dev
-zlib1g-dev"
+zlib1g-dev
+libnghttp2-dev nghttp2-client"
 
 if [ "${1:-}" = "--if-missing" ]; then
     missing=""

@@ -1,0 +1,538 @@
+"""
+test_h2.py — HTTP/2 (issue 11): h2c with prior knowledge on a plain
+listener, every stream a request through the HTTP/1.1 path (routes, errors,
+the proxy, SSE flushed per event), many streams on one connection, mixed
+h1 and h2 clients, ALPN on TLS listeners, and the h2 preface on a listener
+without h2c. Clients: curl (--http2-prior-knowledge, --http2) and nghttp
+from nghttp2-client.
+"""
+
+import json
+import shutil
+import subprocess
+import time
+
+import pytest
+
+import h2raw
+import helpers
+from helpers import bound, chat_body, mock_upstream, wait_until
+
+CURL = shutil.which("curl")
+NGHTTP = shutil.which("nghttp")
+pytestmark = pytest.mark.skipif(not CURL or not NGHTTP, reason="needs curl and nghttp")
+
+
+def h2c_conf(mock, **listen):
+    conf = helpers.base_conf(helpers.free_port(), helpers.free_port(), mock.url)
+    conf["listen"][0].update({"h2c": True}, **listen)
+    return conf
+
+
+@pytest.fixture
+def h2s(sluice_factory, mock):
+    return sluice_factory(conf=h2c_conf(mock))
+
+
+def curl(args, timeout=20):
+    p = subprocess.run([CURL, "-sS"] + args, capture_output=True, timeout=bound(timeout))
+    return p
+
+
+def curl_h2c(s, path, body=None, extra=()):
+    url = "http://127.0.0.1:%d%s" % (s.port, path)
+    args = ["--http2-prior-knowledge", "-o", "-", "-w", "\n%{http_version} %{http_code}"]
+    if body is not None:
+        args += ["-H", "Content-Type: application/json", "--data-binary", json.dumps(body)]
+    p = curl(args + list(extra) + [url])
+    assert p.returncode == 0, p.stderr
+    out, _, tail = p.stdout.decode().rpartition("\n")
+    ver, code = tail.split()
+    return ver, int(code), out
+
+
+def test_h2c_models_and_404(h2s):
+    ver, code, body = curl_h2c(h2s, "/v1/models")
+    assert (ver, code) == ("2", 200)
+    assert any(m["id"] == "chat-model" for m in json.loads(body)["data"])
+    ver, code, body = curl_h2c(h2s, "/nope")
+    assert (ver, code) == ("2", 404)
+    assert json.loads(body)["error"]["code"]
+
+
+def test_h2c_chat_json_goes_through_the_proxy(h2s, mock):
+    ver, code, body = curl_h2c(h2s, "/v1/chat/completions", chat_body("over h2"))
+    assert (ver, code) == ("2", 200)
+    d = json.loads(body)
+    assert d["choices"][0]["message"]["content"] == mock_upstream.reply_text("over h2")
+    (req,) = mock.requests()
+    assert req["json"]["model"] == "Qwen2.5-7B-Instruct"
+    m = h2s.metrics()
+    assert m.value("sluice_http2_events_total", event="streams") >= 1
+    assert m.value("sluice_http2_events_total", event="conns") >= 1
+
+
+def test_h2c_sse_each_event_reaches_client_before_the_next_is_sent(h2s, mock):
+    """The relay's per-event flush holds over h2: one DATA frame per event,
+    proved with the mock's gate (event n+1 is released only after event n
+    reached curl), not with timing."""
+    mock.script({"gate": True, "events": 3})
+    url = "http://127.0.0.1:%d/v1/chat/completions" % h2s.port
+    p = subprocess.Popen(
+        [CURL, "-sSN", "--http2-prior-knowledge", "-H", "Content-Type: application/json",
+         "--data-binary", json.dumps(chat_body("gated", stream=True)), url],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        def next_event():
+            while True:
+                line = p.stdout.readline()
+                assert line, "curl ended early"
+                if line.startswith(b"data: "):
+                    return line[6:].strip()
+
+        got = [next_event()]
+        (req,) = mock.requests()
+        assert req["events_sent"] == 1
+        usage = json.loads(req["body"]).get("stream_options", {}).get("include_usage")
+        total, sent = 3 + 1 + 1, 1
+        for _ in range(1, total):
+            assert mock.requests()[0]["events_sent"] == sent
+            assert mock.release(request=req["id"]) == 1
+            sent += 1
+            if usage and sent == total:
+                assert mock.release(request=req["id"]) == 1
+                sent += 1
+            got.append(next_event())
+        assert got[-1] == b"[DONE]"
+        assert p.wait(timeout=bound(5)) == 0
+    finally:
+        p.kill()
+        p.wait()
+    text = "".join(
+        (json.loads(g)["choices"][0]["delta"].get("content") or "") for g in got[:-1]
+    )
+    assert text == mock_upstream.reply_text("gated", 3)
+
+
+def test_h2c_events_are_not_batched(h2s, mock):
+    mock.script({"events": 3, "delay": 0.3})
+    url = "http://127.0.0.1:%d/v1/chat/completions" % h2s.port
+    p = subprocess.Popen(
+        [CURL, "-sSN", "--http2-prior-knowledge", "-H", "Content-Type: application/json",
+         "--data-binary", json.dumps(chat_body(stream=True)), url],
+        stdout=subprocess.PIPE,
+    )
+    times = []
+    for line in p.stdout:
+        if line.startswith(b"data: "):
+            times.append(time.monotonic())
+    assert p.wait(timeout=bound(10)) == 0
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert len(gaps) == 4 and sum(gaps) >= 1.0 and min(gaps) >= 0.05, gaps
+
+
+def test_nghttp_many_concurrent_streams_on_one_connection(h2s, mock):
+    n = 40
+    url = "http://127.0.0.1:%d/v1/models" % h2s.port
+    p = subprocess.run([NGHTTP, "-n", "-s", "-m", str(n), url], capture_output=True, timeout=bound(20))
+    assert p.returncode == 0, p.stderr
+    # nghttp -s prints one line per stream: id, times, status, size, path
+    rows = [l.split() for l in p.stdout.decode().splitlines()]
+    rows = [r for r in rows if len(r) >= 6 and r[0].isdigit() and r[-1] == "/v1/models"]
+    assert len(rows) == n and all(r[-3] == "200" for r in rows), p.stdout.decode()
+    assert len({r[0] for r in rows}) == n
+    m = h2s.metrics()
+    assert m.value("sluice_http2_events_total", event="conns") == 1
+    assert m.value("sluice_http2_events_total", event="streams") == n
+
+
+def test_h2c_and_h1_on_the_same_listener(h2s, mock):
+    assert h2s.request("GET", "/v1/models").status == 200
+    ver, code, _ = curl_h2c(h2s, "/v1/models")
+    assert (ver, code) == ("2", 200)
+    p = curl(["-o", "/dev/null", "-w", "%{http_version} %{http_code}", "http://127.0.0.1:%d/v1/models" % h2s.port])
+    assert p.stdout.decode() == "1.1 200"
+
+
+def test_h2_preface_on_a_listener_without_h2c(sluice):
+    """An h1-only listener answers the preface as a malformed HTTP/1.1
+    request and closes: no crash, nothing half-open."""
+    r = helpers.raw_exchange(sluice.host, sluice.port, h2raw.PREFACE + h2raw.frame(h2raw.SETTINGS, 0, 0))
+    assert r.data.startswith(b"HTTP/1.1 ") and r.closed, r
+    assert sluice.request("GET", "/healthz").status == 200
+
+
+def test_rst_stream_cancels_the_upstream_within_1s(h2s, mock):
+    mock.script({"gate": True})
+    c = h2raw.H2Conn("127.0.0.1", h2s.port)
+    body = json.dumps(chat_body("cancel me", stream=True)).encode()
+    c.headers(1, h2raw.req_headers("POST", "/v1/chat/completions", extra=[("content-type", "application/json")]), end_stream=False)
+    c.data(1, body)
+    c.frames_until(lambda f: f[0] == h2raw.DATA and f[2] == 1, timeout=bound(5))  # the first event
+    (req,) = mock.requests()
+    t_gone = time.monotonic()
+    c.rst(1, h2raw.CANCEL)
+    conn = wait_until(
+        lambda: next((x for x in mock.connections() if x["id"] == req["conn"] and x["closed"]), None),
+        timeout=bound(3),
+        what="the upstream connection to close",
+    )
+    assert conn["closed"] - t_gone < 1.0 * helpers.TIME_SCALE
+    assert mock.requests()[0]["outcome"] == "peer_closed"
+    # the connection goes on: another stream on it is served
+    c.headers(3, h2raw.req_headers("GET", "/healthz"))
+    fs = c.frames_until(lambda f: f[2] == 3 and f[1] & h2raw.END_STREAM, timeout=bound(5))
+    assert fs[-1] is not None
+    c.close()
+    m = h2s.metrics()
+    assert m.value("sluice_http2_events_total", event="rst_recv") == 1
+
+
+def tls_conf(mock, tls_files, **listen):
+    crt, key = tls_files.server
+    conf = helpers.base_conf(helpers.free_port(), helpers.free_port(), mock.url)
+    conf["listen"].append(dict({"address": "127.0.0.1:%d" % helpers.free_port(), "tls": {"cert": str(crt), "key": str(key)}}, **listen))
+    return conf
+
+
+def alpn_of(port, offer):
+    p = subprocess.run(
+        ["openssl", "s_client", "-connect", "127.0.0.1:%d" % port, "-alpn", offer],
+        input=b"", capture_output=True, timeout=bound(10),
+    )
+    out = (p.stdout + p.stderr).decode()
+    for line in out.splitlines():
+        if "ALPN protocol" in line:
+            return line.split(":", 1)[1].strip()
+    return None if "No ALPN" in out or "ALPN" not in out else out
+
+
+def test_tls_alpn_both_ways_and_curl(sluice_factory, mock, tls_files):
+    s = sluice_factory(conf=tls_conf(mock, tls_files))
+    port = s.listener(1)[1]
+    assert alpn_of(port, "h2,http/1.1") == "h2"
+    assert alpn_of(port, "http/1.1") == "http/1.1"
+    url = "https://localhost:%d/v1/chat/completions" % port
+    for flag, ver in (("--http2", "2"), ("--http1.1", "1.1")):
+        p = curl([flag, "--cacert", str(tls_files.ca_cert), "-H", "Content-Type: application/json",
+                  "--data-binary", json.dumps(chat_body("alpn " + ver)), "-o", "-", "-w", "\n%{http_version}", url])
+        assert p.returncode == 0, p.stderr
+        body, _, got = p.stdout.decode().rpartition("\n")
+        assert got == ver
+        assert json.loads(body)["choices"][0]["message"]["content"] == "echo: alpn " + ver
+    # streaming over TLS h2
+    p = curl(["--http2", "-N", "--cacert", str(tls_files.ca_cert), "-H", "Content-Type: application/json",
+              "--data-binary", json.dumps(chat_body("tls h2 stream", stream=True)), url])
+    events = [l for l in p.stdout.decode().splitlines() if l.startswith("data: ")]
+    assert events[-1] == "data: [DONE]" and len(events) >= 3
+
+
+def test_tls_listener_protocols_http11_only(sluice_factory, mock, tls_files):
+    s = sluice_factory(conf=tls_conf(mock, tls_files, protocols=["http/1.1"]))
+    port = s.listener(1)[1]
+    assert alpn_of(port, "h2,http/1.1") == "http/1.1"
+    p = curl(["--http2", "--cacert", str(tls_files.ca_cert), "-o", "/dev/null", "-w", "%{http_version} %{http_code}",
+              "https://localhost:%d/v1/models" % port])
+    assert p.stdout.decode() == "1.1 200"
+
+
+def test_conf_rejects_an_unknown_protocol(sluice_bin, tmp_path, mock):
+    conf = helpers.base_conf(helpers.free_port(), helpers.free_port(), mock.url)
+    conf["listen"][0]["protocols"] = ["h3"]
+    path = tmp_path / "bad.yaml"
+    path.write_text(helpers.to_yaml(conf))
+    env = dict(__import__("os").environ, **{helpers.UPSTREAM_KEY_ENV: "k"})
+    p = subprocess.run([sluice_bin, "-t", "-c", str(path)], capture_output=True, timeout=bound(10), env=env)
+    assert p.returncode != 0
+    assert b"unknown protocol" in p.stdout + p.stderr
+
+
+# ---- hardening: each attack as a scripted client, each with its metric ----
+
+
+def test_rapid_reset_gets_goaway_enhance_your_calm(sluice_factory, mock):
+    conf = h2c_conf(mock)
+    conf["http2"] = {"reset_burst": 20, "reset_rate": 1}
+    s = sluice_factory(conf=conf)
+    mock.script(default={"stall_first_byte": True})
+    c = h2raw.H2Conn("127.0.0.1", s.port)
+    batch = b""
+    for i in range(100):
+        sid = 1 + 2 * i
+        batch += h2raw.frame(h2raw.HEADERS, h2raw.END_HEADERS | h2raw.END_STREAM, sid, h2raw.hpack(h2raw.req_headers("GET", "/v1/models")))
+        batch += h2raw.frame(h2raw.RST_STREAM, 0, sid, b"\x00\x00\x00\x08")
+    try:
+        c.send(batch)
+    except OSError:
+        pass
+    assert c.goaway(timeout=bound(5)) == h2raw.ENHANCE_YOUR_CALM
+    c.close()
+    m = s.metrics()
+    assert m.value("sluice_http2_events_total", event="rapid_reset") == 1
+    assert 20 <= m.value("sluice_http2_events_total", event="rst_recv") <= 22
+    assert s.request("GET", "/healthz").status == 200
+
+
+def test_continuation_flood_is_cut(h2s):
+    c = h2raw.H2Conn("127.0.0.1", h2s.port)
+    hb = h2raw.hpack(h2raw.req_headers("GET", "/v1/models"))
+    c.send(h2raw.frame(h2raw.HEADERS, 0, 1, hb))  # no END_HEADERS
+    try:
+        for i in range(200):
+            c.send(h2raw.frame(h2raw.CONTINUATION, 0, 1, h2raw.hpack([("x-pad-%d" % i, "a" * 100)])))
+    except OSError:
+        pass
+    code = c.goaway(timeout=bound(5))
+    assert code is not None and code != h2raw.NO_ERROR
+    c.close()
+    m = h2s.metrics()
+    assert m.value("sluice_http2_events_total", event="continuation_flood") == 1
+    assert h2s.request("GET", "/healthz").status == 200
+
+
+def test_hpack_header_list_over_the_cap_gets_431(h2s):
+    c = h2raw.H2Conn("127.0.0.1", h2s.port)
+    big = [("x-big-%d" % i, "b" * 1000) for i in range(20)]  # ~20 KiB > 16k
+    hb = h2raw.hpack(h2raw.req_headers("GET", "/v1/models", extra=big))
+    # frames within the 16 KiB frame size: HEADERS, then CONTINUATION
+    c.send(h2raw.frame(h2raw.HEADERS, h2raw.END_STREAM, 1, hb[:12000]) + h2raw.frame(h2raw.CONTINUATION, h2raw.END_HEADERS, 1, hb[12000:]))
+    fs = c.frames_until(lambda f: f[2] == 1 and f[1] & h2raw.END_STREAM, timeout=bound(5))
+    body = b"".join(f[3] for f in fs if f and f[0] == h2raw.DATA and f[2] == 1)
+    assert json.loads(body)["error"]["code"] == "headers_too_large"
+    c.close()
+    assert h2s.metrics().value("sluice_http2_events_total", event="headers_too_large") == 1
+
+
+@pytest.mark.parametrize("kind", ["settings", "ping"])
+def test_settings_and_ping_floods_are_cut(h2s, kind):
+    """Frames that each make sluice owe an ACK, sent faster than a client
+    that never reads takes the ACKs: nghttp2's max_outbound_ack ends it with
+    GOAWAY ENHANCE_YOUR_CALM, counted as a flood."""
+    c = h2raw.H2Conn("127.0.0.1", h2s.port)
+    f = h2raw.frame(h2raw.SETTINGS, 0, 0) if kind == "settings" else h2raw.frame(h2raw.PING, 0, 0, b"12345678")
+    batch = f * 8000
+    c.s.settimeout(bound(2))
+    deadline = time.monotonic() + bound(15)
+    try:
+        while time.monotonic() < deadline:
+            c.send(batch)
+    except OSError:
+        pass  # reset, or the send blocked (sluice stopped reading)
+    wait_until(lambda: h2s.metrics().value("sluice_http2_events_total", event="flood") >= 1, timeout=bound(5), what="the flood to be counted")
+    c.close()
+    assert h2s.request("GET", "/healthz").status == 200
+
+
+def test_too_many_streams_are_refused(sluice_factory, mock):
+    """Past max_concurrent_streams: REFUSED_STREAM for the stream while our
+    SETTINGS are not acknowledged (the client may not know the limit yet),
+    and the other streams go on; once it acknowledged them, exceeding the
+    limit is the client's protocol error (RFC 9113 5.1.2): GOAWAY."""
+    conf = h2c_conf(mock)
+    conf["http2"] = {"max_concurrent_streams": 2}
+    s = sluice_factory(conf=conf)
+    mock.script({"events": 1}, {"events": 1})
+    c = h2raw.H2Conn("127.0.0.1", s.port)
+    body = json.dumps(chat_body("x")).encode()
+    for sid in (1, 3, 5):
+        c.headers(sid, h2raw.req_headers("POST", "/v1/chat/completions", extra=[("content-type", "application/json")]), end_stream=False)
+        c.data(sid, body)
+    fs = c.frames_until(lambda f: f[0] == h2raw.RST_STREAM, timeout=bound(5))
+    f = fs[-1]
+    assert f is not None and f[2] == 5 and struct_code(f) == h2raw.REFUSED_STREAM
+    # streams 1 and 3 are answered in full
+    done = set()
+    while done != {1, 3}:
+        fs = c.frames_until(lambda f: f[0] == h2raw.DATA and f[1] & h2raw.END_STREAM, timeout=bound(5))
+        assert fs[-1] is not None
+        done.add(fs[-1][2])
+    c.close()
+    assert s.metrics().value("sluice_http2_events_total", event="refused_stream") == 1
+    assert len(mock.requests()) == 2
+
+
+def struct_code(f):
+    import struct
+
+    return struct.unpack(">I", f[3][:4])[0]
+
+
+def test_malformed_frame_gets_goaway_protocol_error(h2s):
+    c = h2raw.H2Conn("127.0.0.1", h2s.port)
+    c.send(h2raw.frame(h2raw.SETTINGS, 0, 0, b"\x00\x01\x00"))  # a SETTINGS payload not a multiple of 6
+    code = c.goaway(timeout=bound(5))
+    assert code in (h2raw.PROTOCOL_ERROR, 6)  # 6: FRAME_SIZE_ERROR
+    c.close()
+    assert h2s.request("GET", "/healthz").status == 200
+
+
+def test_drain_sends_goaway_and_lets_the_open_stream_finish(h2s, mock):
+    mock.script({"gate": True, "events": 2})
+    c = h2raw.H2Conn("127.0.0.1", h2s.port)
+    c.headers(1, h2raw.req_headers("POST", "/v1/chat/completions", extra=[("content-type", "application/json")]), end_stream=False)
+    c.data(1, json.dumps(chat_body("drain", stream=True)).encode())
+    c.frames_until(lambda f: f[0] == h2raw.DATA and f[2] == 1, timeout=bound(5))
+    (req,) = mock.requests()
+    h2s.term()
+    fs = c.frames_until(lambda f: f[0] == h2raw.GOAWAY, timeout=bound(5))
+    assert fs[-1] is not None and struct_code((0, 0, 0, fs[-1][3][4:8])) == h2raw.NO_ERROR
+    for _ in range(4):
+        mock.release(request=req["id"])
+    fs = c.frames_until(lambda f: f[2] == 1 and f[0] == h2raw.DATA and f[1] & h2raw.END_STREAM, timeout=bound(5))
+    assert fs[-1] is not None
+    assert b"[DONE]" in b"".join(f[3] for f in fs if f and f[0] == h2raw.DATA)
+    c.close()
+    assert h2s.wait_exit(bound(5)) == 0
+
+
+def test_protocol_label_and_access_log(h2s, mock):
+    assert h2s.request("GET", "/v1/models").status == 200
+    ver, code, _ = curl_h2c(h2s, "/v1/models")
+    assert code == 200
+    m = h2s.metrics()
+    assert m.value("sluice_requests_total", route="models", code="2xx", protocol="h2") == 1
+    assert m.value("sluice_requests_total", route="models", code="2xx", protocol="http1") == 1
+    def models_lines():
+        got = [l for l in h2s.access_log() if l.get("path") == "/v1/models"]
+        return got if len(got) == 2 else None
+
+    lines = wait_until(models_lines, timeout=bound(3), what="two access-log lines")
+    assert sorted(l["protocol"] for l in lines) == ["h2", "http1"]
+
+
+def test_slow_upstream_is_not_a_send_timeout(sluice_factory, mock):
+    """The send timeout is about a client that does not read: a stream
+    waiting longer than it for its upstream's first byte is still served."""
+    conf = h2c_conf(mock)
+    conf["limits"] = {"send_timeout": "500ms"}
+    s = sluice_factory(conf=conf)
+    mock.script({"stall_first_byte": 1.2})
+    ver, code, body = curl_h2c(s, "/v1/chat/completions", chat_body("slow"))
+    assert (ver, code) == ("2", 200)
+    assert json.loads(body)["choices"][0]["message"]["content"] == mock_upstream.reply_text("slow")
+
+
+def test_zero_window_stream_is_cut_at_the_send_timeout(sluice_factory, mock):
+    """A client that opens a stream with a zero window and never grants one
+    (the zero-window stall): the stream is ended at limits.send_timeout, its
+    upstream request cancelled, and another stream on the same connection is
+    still served meanwhile."""
+    conf = h2c_conf(mock)
+    conf["limits"] = {"send_timeout": "1s"}
+    conf["sse"] = {"buffer_bytes": "4k"}
+    s = sluice_factory(conf=conf)
+    mock.script({"events": 2000, "delay": 0.001})
+    # SETTINGS_INITIAL_WINDOW_SIZE (4) = 0: no DATA may be sent on new streams
+    c = h2raw.H2Conn("127.0.0.1", s.port, settings=b"\x00\x04\x00\x00\x00\x00")
+    c.headers(1, h2raw.req_headers("POST", "/v1/chat/completions", extra=[("content-type", "application/json")]), end_stream=False)
+    c.data(1, json.dumps(chat_body("stall", stream=True)).encode())
+    t0 = time.monotonic()
+    fs = c.frames_until(lambda f: f[0] == h2raw.RST_STREAM and f[2] == 1, timeout=bound(10))
+    took = time.monotonic() - t0
+    assert fs[-1] is not None, "no RST_STREAM for the stalled stream"
+    assert 0.8 <= took <= bound(5), took
+    wait_until(lambda: mock.requests()[0]["outcome"] == "peer_closed", timeout=bound(3), what="the upstream to be cancelled")
+    c.close()
+
+
+def test_body_over_max_body_bytes_gets_413_on_the_stream(h2s, mock, tmp_path):
+    """The same limits as HTTP/1.1, per stream: a body past
+    limits.max_body_bytes (1m) is answered 413 in OpenAI's shape, nothing
+    reaches the upstream, and the connection serves the next stream."""
+    big = tmp_path / "big.json"
+    big.write_bytes(b'{"model":"chat-model","messages":[{"role":"user","content":"' + b"a" * (2 << 20) + b'"}]}')
+    ver, code, body = curl_h2c(h2s, "/v1/chat/completions", extra=["--data-binary", "@%s" % big, "-H", "Content-Type: application/json"])
+    assert (ver, code) == ("2", 413)
+    assert json.loads(body)["error"]["code"] == "request_too_large"
+    # chunked-style (no content-length): counted as it comes; then stream 3
+    c = h2raw.H2Conn("127.0.0.1", h2s.port)
+    c.headers(1, h2raw.req_headers("POST", "/v1/chat/completions", extra=[("content-type", "application/json")]), end_stream=False)
+    seen = h2raw.send_body_flow_controlled(c, 1, (1 << 20) + 100000, timeout=bound(10))
+    if any(f and f[2] == 1 and f[0] == h2raw.DATA and f[1] & h2raw.END_STREAM for f in seen):
+        c.buf = b"".join(h2raw.frame(f[0], f[1], f[2], f[3]) for f in seen if f and f[2] == 1) + c.buf
+    fs = c.frames_until(lambda f: f[2] == 1 and f[0] == h2raw.DATA and f[1] & h2raw.END_STREAM, timeout=bound(5))
+    assert fs[-1] is not None
+    assert json.loads(fs[-1][3])["error"]["code"] == "request_too_large"
+    c.headers(3, h2raw.req_headers("GET", "/healthz"))
+    fs = c.frames_until(lambda f: f[2] == 3 and f[1] & h2raw.END_STREAM, timeout=bound(5))
+    assert fs[-1] is not None and fs[-1][3] == b'{"status":"ok"}'
+    c.close()
+    assert mock.requests() == []
+
+
+
+def test_reload_applies_to_new_streams_on_an_open_connection(h2s, mock):
+    """A reload needs no GOAWAY: each stream is a new request on the
+    worker's current runtime, so an open h2 connection sees the new conf on
+    its next stream and its open streams keep theirs."""
+    c = h2raw.H2Conn("127.0.0.1", h2s.port)
+
+    def models(sid):
+        c.headers(sid, h2raw.req_headers("GET", "/v1/models"))
+        fs = c.frames_until(lambda f: f[2] == sid and f[0] == h2raw.DATA and f[1] & h2raw.END_STREAM, timeout=bound(5))
+        assert fs[-1] is not None
+        body = b"".join(f[3] for f in fs if f and f[2] == sid and f[0] == h2raw.DATA)
+        return {m["id"] for m in json.loads(body)["data"]}
+
+    assert "new-model" not in models(1)
+    conf = dict(h2s.conf)
+    conf["models"] = dict(conf["models"], **{"new-model": {"upstream": "main"}})
+    h2s.reload(conf)
+    sid = [3]
+
+    def seen():
+        sid[0] += 2
+        return "new-model" in models(sid[0] - 2)
+
+    wait_until(seen, timeout=bound(5), what="the reloaded models on the open h2 connection")
+    c.close()
+
+
+def test_idle_connection_gets_goaway_after_idle_timeout(sluice_factory, mock):
+    conf = h2c_conf(mock)
+    conf["http2"] = {"idle_timeout": "300ms"}
+    s = sluice_factory(conf=conf)
+    c = h2raw.H2Conn("127.0.0.1", s.port)
+    c.headers(1, h2raw.req_headers("GET", "/healthz"))
+    c.frames_until(lambda f: f[2] == 1 and f[1] & h2raw.END_STREAM, timeout=bound(5))
+    t0 = time.monotonic()
+    assert c.goaway(timeout=bound(5)) == h2raw.NO_ERROR
+    took = time.monotonic() - t0
+    assert 0.2 <= took <= bound(2), took
+    assert c.read_frame(bound(3)) is None  # then the connection closes
+    c.close()
+
+
+def test_closed_window_pauses_the_upstream(sluice_factory, mock):
+    """h2 flow control is the backpressure: a stream whose window the client
+    keeps closed stops reading its upstream (bounded buffers in between),
+    and reading resumes once the client opens the window."""
+    conf = h2c_conf(mock)
+    conf["limits"] = {"send_timeout": "20s"}
+    conf["sse"] = {"buffer_bytes": "4k"}
+    s = sluice_factory(conf=conf)
+    total = 60000  # ~9 MB: well past what loopback socket buffers absorb (a few MB)
+    mock.script({"events": total})
+    c = h2raw.H2Conn("127.0.0.1", s.port, settings=b"\x00\x04\x00\x00\x00\x00")
+    c.headers(1, h2raw.req_headers("POST", "/v1/chat/completions", extra=[("content-type", "application/json")]), end_stream=False)
+    c.data(1, json.dumps(chat_body("pause", stream=True)).encode())
+    mock.wait_requests(1)
+
+    def sent():
+        return mock.requests()[0].get("events_sent", 0)
+
+    def stable():
+        a = sent()
+        time.sleep(0.3)  # a sample interval of the check, not a synchronisation
+        return a if a == sent() and a > 0 else None
+
+    paused_at = wait_until(stable, timeout=bound(10), what="the upstream to stop being read")
+    assert paused_at < total * 0.6, paused_at
+    # open the windows: the rest flows and the stream completes
+    c.send(h2raw.frame(h2raw.SETTINGS, 0, 0, b"\x00\x04\x7f\xff\xff\xff")
+           + h2raw.frame(h2raw.WINDOW_UPDATE, 0, 0, (1 << 30).to_bytes(4, "big")))
+    fs = c.frames_until(lambda f: f[2] == 1 and f[1] & h2raw.END_STREAM, timeout=bound(30))
+    assert fs[-1] is not None and fs[-1][0] == h2raw.DATA
+    assert sent() >= total
+    c.close()
