@@ -197,6 +197,9 @@ void fb_breaker_cancel(fb_breaker_t *b, fb_admit_t how);
 void fb_breaker_hold(fb_breaker_t *b, int64_t until_ms, int64_t now_ms);
 /* Consecutive failures now (tests, logs). */
 int fb_breaker_failures(fb_breaker_t *b);
+/* Open: milliseconds until it turns half-open; 0 in any other state
+ * (/admin/state's open_remaining_seconds). */
+int64_t fb_breaker_open_remaining_ms(fb_breaker_t *b, int64_t now_ms);
 
 /* The process-wide set of breakers, keyed by (upstream, server URL), so a
  * reload keeps each server's state. */

@@ -6,11 +6,16 @@
  * upstream names come from the conf, error kinds and parse-error reasons
  * are static strings.
  */
+#include <stdio.h>
+
+#include "common/version.h"
+#include "gateway/gw_llm.h"
 #include "gateway/gw_metrics.h"
 #include "gateway/gw_rt.h"
 #include "gateway/gw_types.h"
 
 gw_metrics_t gw_m;
+gw_reload_state_t gw_reload_state;
 
 void gw_metrics_init(const char *(*route_name)(gw_route_t r))
 {
@@ -27,6 +32,8 @@ void gw_metrics_init(const char *(*route_name)(gw_route_t r))
             const char *v[2] = {route_name((gw_route_t)r), classes[k]};
             gw_m.requests[r][k] = sl_metric_series(req, v);
         }
+        const char *v499[2] = {route_name((gw_route_t)r), "499"};
+        gw_m.requests_499[r] = sl_metric_series(req, v499);
         gw_m.duration[r] = sl_metric_series1(dur, route_name((gw_route_t)r));
     }
     gw_m.conns_active = sl_metric_series0(sl_metric_register(
@@ -62,6 +69,48 @@ void gw_metrics_init(const char *(*route_name)(gw_route_t r))
     gw_m.reloads =
         sl_metric_register("sluice_config_reloads_total", "Configuration reloads by result.",
                            SL_METRIC_COUNTER, "result", NULL, 0);
+    const char *bv[2] = {sl_version(), sl_version_commit()};
+    sl_gauge_set(sl_metric_series(sl_metric_register("sluice_build_info",
+                                                     "sluice's version and commit (always 1).",
+                                                     SL_METRIC_GAUGE, "version,commit", NULL, 0),
+                                  bv),
+                 1);
+    gw_m.reload_ok = sl_metric_series0(
+        sl_metric_register("sluice_config_last_reload_successful",
+                           "1 if the last reload (or the start) succeeded, 0 if it failed.",
+                           SL_METRIC_GAUGE, NULL, NULL, 0));
+    gw_m.reload_ts = sl_metric_series0(sl_metric_register(
+        "sluice_config_last_reload_success_timestamp_seconds",
+        "Unix time of the last successful load (the start counts).", SL_METRIC_GAUGE, NULL, NULL,
+        0));
+    gw_llm_metrics_init();
+    /* The start is the first successful load. */
+    if (!gw_reload_state.generation) {
+        double now = (double)sl_wall_ms() / 1e3;
+        gw_reload_state.generation = 1;
+        gw_reload_state.started_time = now;
+        gw_reload_state.started_ns = sl_now_ns();
+        gw_reload_state.last_success = now;
+        gw_reload_state.last_ok = true;
+        sl_gauge_set(gw_m.reload_ok, 1);
+        sl_gauge_set(gw_m.reload_ts, sl_wall_s());
+    }
+}
+
+void gw_metrics_reload(bool ok, const char *err)
+{
+    sl_counter_add(sl_metric_series1(gw_m.reloads, ok ? "ok" : "error"), 1);
+    double now = (double)sl_wall_ms() / 1e3;
+    gw_reload_state.last_time = now;
+    gw_reload_state.last_ok = ok;
+    snprintf(gw_reload_state.last_error, sizeof(gw_reload_state.last_error), "%s",
+             ok || !err ? "" : err);
+    sl_gauge_set(gw_m.reload_ok, ok ? 1 : 0);
+    if (ok) {
+        gw_reload_state.generation++;
+        gw_reload_state.last_success = now;
+        sl_gauge_set(gw_m.reload_ts, sl_wall_s());
+    }
 }
 
 void gw_metrics_upstream_error(const gw_pool_rt_t *p, const char *kind)

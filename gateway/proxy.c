@@ -741,6 +741,8 @@ static int gw_proxy_event_cb(void *arg, const gw_sse_event_t *ev)
         dl = gw_sse_event_data(ev, data, ev->raw_len + 1);
     }
     int rc = 0;
+    if (dl > 0) /* TTFT, gaps, usage: as the upstream sent them, before any hook */
+        gw_llm_event(r, data, (size_t)dl);
     if (dl <= 0) /* no data field: nothing for the hooks */
         gw_proxy_write(r, ev->raw, ev->raw_len);
     else /* a hook that ends the stream: finish after the parser returns */
@@ -765,6 +767,7 @@ void gw_proxy_local_stream_begin(gw_req_t *r)
 
 int gw_proxy_local_stream_event(gw_req_t *r, const char *data, size_t len)
 {
+    gw_llm_event(r, data, len);
     return gw_proxy_emit(r, data, len, NULL, 0);
 }
 

@@ -9,9 +9,11 @@
 #include <string.h>
 
 #include "fallback/fallback.h"
+#include "gateway/gw_admin.h"
 #include "gateway/gw_conn.h"
 #include "gateway/gw_fallback.h"
 #include "gateway/gw_hook.h"
+#include "gateway/gw_llm.h"
 #include "gateway/gw_proxy.h"
 #include "gateway/gw_req.h"
 #include "gateway/gw_route.h"
@@ -107,6 +109,7 @@ static void gw_route_metrics(gw_req_t *r)
 {
     const gw_http_msg_t *m = gw_http_msg(r->c->parser);
     gw_hooks_metrics(r->c->w->srv);
+    gw_llm_scrape(r->rt);
     size_t len = 0;
     char *text = sl_metrics_render(&len);
     if (!text) {
@@ -183,6 +186,10 @@ static const gw_route_row_t gw_routes[] = {
      "Use GET for /metrics."},
     {GW_ROUTE_EXACT("/admin/revoke"), GW_ROUTE_ADMIN, GW_ON_ADMIN, GW_M_POST, false,
      gw_auth_revoke_route, "Use POST for /admin/revoke."},
+    {GW_ROUTE_EXACT("/admin/state"), GW_ROUTE_ADMIN, GW_ON_ADMIN, GW_M_GET, false,
+     gw_admin_state_route, "Use GET for /admin/state."},
+    {GW_ROUTE_EXACT("/"), GW_ROUTE_ADMIN, GW_ON_ADMIN, GW_M_GET, false, gw_admin_status_page_route,
+     "Use GET for the status page."},
 };
 
 static const gw_route_row_t *gw_route_find(const char *p, size_t n, unsigned listener)
