@@ -166,7 +166,14 @@ typedef struct conf_sse {
 typedef struct conf_log {
     char *access; /* "stdout", "off", or a file path */
     char *level;  /* debug | info | warn | error */
+    int user;     /* conf_log_user_t: the token's sub in the access log */
 } conf_log_t;
+
+typedef enum conf_log_user {
+    CONF_LOG_USER_HASH = 0, /* HMAC-SHA256 of the sub (default) */
+    CONF_LOG_USER_PLAIN,
+    CONF_LOG_USER_OFF,
+} conf_log_user_t;
 
 /* ---- rate limits and token budgets (ratelimit/) -------------------------- */
 

@@ -801,6 +801,8 @@ static const conf_key_t sse_keys[] = {
 };
 static const conf_table_t sse_table = {TABLE(sse_keys, conf_sse_t)};
 
+static const char *const log_user_names[] = {"hash", "plain", "off", NULL};
+
 static const conf_key_t log_keys[] = {
     {.name = "access",
      .type = CONF_STRING,
@@ -815,6 +817,14 @@ static const conf_key_t log_keys[] = {
      .check = log_level_check,
      .flags = R,
      .doc = "error log level: debug, info, warn, error"},
+    {.name = "user",
+     .type = CONF_ENUM,
+     .off = offsetof(conf_log_t, user),
+     .def = "hash",
+     .enums = log_user_names,
+     .flags = R,
+     .doc = "the user (token sub) in the access log: hash (HMAC-SHA256 with a per-process key, "
+            "16 hex digits; the same user reads the same until a restart), plain, or off"},
 };
 static const conf_table_t log_table = {TABLE(log_keys, conf_log_t)};
 

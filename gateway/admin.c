@@ -29,17 +29,19 @@ static json_t *gw_admin_time(double t)
 static json_t *gw_admin_server(const gw_pool_rt_t *p, gw_srv_rt_t *s, int64_t now)
 {
     fb_circuit_state_t st = fb_breaker_state(s->breaker, now);
-    json_t *breaker = json_pack(
-        "{s:s,s:f,s:i}", "state", fb_circuit_state_name(st), "open_remaining_seconds",
-        (double)fb_breaker_open_remaining_ms(s->breaker, now) / 1e3, "consecutive_failures",
-        fb_breaker_failures(s->breaker));
+    json_t *breaker =
+        json_pack("{s:s,s:f,s:i}", "state", fb_circuit_state_name(st), "open_remaining_seconds",
+                  (double)fb_breaker_open_remaining_ms(s->breaker, now) / 1e3,
+                  "consecutive_failures", fb_breaker_failures(s->breaker));
     /* Idle pooled connections belong to each worker's loop and are not
      * shared with this thread: only the in-flight count is. */
     json_t *conns = json_pack("{s:i,s:i}", "active", atomic_load(&s->active), "idle", 0);
-    json_t *sup = p->sup ? json_pack("{s:b}", "up", gw_sup_healthy(p->sup)) : json_null();
-    return json_pack("{s:s,s:i,s:b,s:o,s:o,s:o}", "url", s->url, "weight", s->weight,
-                     "in_service", gw_llm_server_in_service(p, s, now), "breaker", breaker,
-                     "connections", conns, "supervised", sup);
+    json_t *sup = p->sup ? json_pack("{s:b,s:I}", "up", gw_sup_healthy(p->sup), "restarts",
+                                     (json_int_t)gw_sup_restarts(p->sup))
+                         : json_null();
+    return json_pack("{s:s,s:i,s:b,s:o,s:o,s:o}", "url", s->url, "weight", s->weight, "in_service",
+                     gw_llm_server_in_service(p, s, now), "breaker", breaker, "connections", conns,
+                     "supervised", sup);
 }
 
 static json_t *gw_admin_pool(const gw_pool_rt_t *p, int64_t now)
@@ -63,9 +65,9 @@ static json_t *gw_admin_pool(const gw_pool_rt_t *p, int64_t now)
                                       0.0));
         return o;
     }
-    json_object_set_new(o, "balance",
-                        json_string(p->conf->balance == CONF_BALANCE_LEAST_CONN ? "least_conn"
-                                                                                 : "round_robin"));
+    json_object_set_new(
+        o, "balance",
+        json_string(p->conf->balance == CONF_BALANCE_LEAST_CONN ? "least_conn" : "round_robin"));
     json_object_set_new(o, "servers_total", json_integer((json_int_t)p->nservers));
     json_object_set_new(o, "servers_in_service", json_integer(in));
     json_object_set_new(o, "servers", servers);
@@ -77,11 +79,11 @@ static json_t *gw_admin_state(gw_server_t *srv, const gw_rt_t *rt)
     int64_t now = sl_now_ms();
     double wall = (double)sl_wall_ms() / 1e3;
     const gw_reload_state_t *rs = &gw_reload_state;
-    json_t *reload = json_pack(
-        "{s:I,s:o,s:f,s:s,s:o}", "generation", (json_int_t)rs->generation, "last_time",
-        gw_admin_time(rs->last_time), "last_success_time", rs->last_success, "last_result",
-        rs->last_ok ? "ok" : "error", "last_error",
-        rs->last_error[0] ? json_string(rs->last_error) : json_null());
+    json_t *reload =
+        json_pack("{s:I,s:o,s:f,s:s,s:o}", "generation", (json_int_t)rs->generation, "last_time",
+                  gw_admin_time(rs->last_time), "last_success_time", rs->last_success,
+                  "last_result", rs->last_ok ? "ok" : "error", "last_error",
+                  rs->last_error[0] ? json_string(rs->last_error) : json_null());
     json_t *pools = json_array();
     for (size_t i = 0; i < rt->npools; i++)
         json_array_append_new(pools, gw_admin_pool(&rt->pools[i], now));
@@ -92,25 +94,24 @@ static json_t *gw_admin_state(gw_server_t *srv, const gw_rt_t *rt)
         bool queued = srv->queue && (q == CONF_QUEUE_INHERIT ? rt->conf->fallback.queue.enabled
                                                              : q != CONF_QUEUE_OFF);
         json_array_append_new(
-            models, json_pack("{s:s,s:s,s:o,s:b}", "name", m->name, "upstream", m->pool->name,
-                              "local", rt->local ? json_string(rt->local->name) : json_null(),
-                              "queue", queued));
+            models,
+            json_pack("{s:s,s:s,s:o,s:b}", "name", m->name, "upstream", m->pool->name, "local",
+                      rt->local ? json_string(rt->local->name) : json_null(), "queue", queued));
     }
-    json_t *o = json_pack(
-        "{s:s,s:s,s:f,s:f,s:f,s:b,s:o,s:o,s:o}", "object", "sluice.state", "version",
-        sl_version(), "now", wall, "uptime_seconds",
-        (double)(sl_now_ns() - rs->started_ns) / 1e9, "started_time", rs->started_time,
-        "draining", atomic_load(&srv->draining), "reload", reload, "pools", pools, "models",
-        models);
+    json_t *o = json_pack("{s:s,s:s,s:f,s:f,s:f,s:b,s:o,s:o,s:o}", "object", "sluice.state",
+                          "version", sl_version(), "now", wall, "uptime_seconds",
+                          (double)(sl_now_ns() - rs->started_ns) / 1e9, "started_time",
+                          rs->started_time, "draining", atomic_load(&srv->draining), "reload",
+                          reload, "pools", pools, "models", models);
     if (srv->queue) {
         fb_qstats_t qs;
         fb_queue_stats(srv->queue, &qs);
         double oldest = qs.oldest_pending_ms > 0 && qs.pending > 0
                             ? (double)(sl_wall_ms() - qs.oldest_pending_ms) / 1e3
                             : 0.0;
-        bool redis = rt->conf->fallback.queue.store == CONF_QUEUE_STORE_REDIS ||
-                     (rt->conf->fallback.queue.store == CONF_QUEUE_STORE_AUTO &&
-                      rt->conf->redis.url);
+        bool redis =
+            rt->conf->fallback.queue.store == CONF_QUEUE_STORE_REDIS ||
+            (rt->conf->fallback.queue.store == CONF_QUEUE_STORE_AUTO && rt->conf->redis.url);
         json_object_set_new(o, "queue",
                             json_pack("{s:s,s:I,s:f,s:I,s:I,s:I}", "store",
                                       redis ? "redis" : "journal", "depth", (json_int_t)qs.pending,
@@ -121,8 +122,8 @@ static json_t *gw_admin_state(gw_server_t *srv, const gw_rt_t *rt)
     if (srv->rl) {
         const char *store = rt->conf->redis.url ? "redis" : "memory";
         json_object_set_new(o, "ratelimit",
-                            json_pack("{s:s,s:s,s:I}", "store", store, "mode", store, "keys_tracked",
-                                      (json_int_t)rl_mem_keys(srv->rl)));
+                            json_pack("{s:s,s:s,s:I}", "store", store, "mode", store,
+                                      "keys_tracked", (json_int_t)rl_mem_keys(srv->rl)));
     }
     return o;
 }

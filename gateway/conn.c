@@ -480,7 +480,8 @@ static void gw_req_count(const gw_req_t *r)
 {
     int cls = r->status >= 100 && r->status < 600 ? r->status / 100 : 5;
     /* A client that left is not a 4xx of ours: its own value (nginx's 499). */
-    sl_counter_add(r->status == 499 ? gw_m.requests_499[r->route] : gw_m.requests[r->route][cls], 1);
+    sl_counter_add(r->status == 499 ? gw_m.requests_499[r->route] : gw_m.requests[r->route][cls],
+                   1);
     gw_llm_req_end((gw_req_t *)r);
     sl_histogram_observe(gw_m.duration[r->route], (double)(sl_now_ns() - r->start_ns) / 1e9);
 }

@@ -8,6 +8,7 @@
  */
 #include <stdio.h>
 
+#include "common/procstat.h"
 #include "common/version.h"
 #include "gateway/gw_llm.h"
 #include "gateway/gw_metrics.h"
@@ -79,11 +80,12 @@ void gw_metrics_init(const char *(*route_name)(gw_route_t r))
         sl_metric_register("sluice_config_last_reload_successful",
                            "1 if the last reload (or the start) succeeded, 0 if it failed.",
                            SL_METRIC_GAUGE, NULL, NULL, 0));
-    gw_m.reload_ts = sl_metric_series0(sl_metric_register(
-        "sluice_config_last_reload_success_timestamp_seconds",
-        "Unix time of the last successful load (the start counts).", SL_METRIC_GAUGE, NULL, NULL,
-        0));
+    gw_m.reload_ts = sl_metric_series0(
+        sl_metric_register("sluice_config_last_reload_success_timestamp_seconds",
+                           "Unix time of the last successful load (the start counts).",
+                           SL_METRIC_GAUGE, NULL, NULL, 0));
     gw_llm_metrics_init();
+    sl_procstat_register(); /* process_* at every scrape */
     /* The start is the first successful load. */
     if (!gw_reload_state.generation) {
         double now = (double)sl_wall_ms() / 1e3;

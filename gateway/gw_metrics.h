@@ -9,7 +9,7 @@
 #include "gateway/gw_types.h"
 
 typedef struct gw_metrics {
-    sl_mseries_t *requests[GW_ROUTE_COUNT][6]; /* code class 1..5, [0] other */
+    sl_mseries_t *requests[GW_ROUTE_COUNT][6];  /* code class 1..5, [0] other */
     sl_mseries_t *requests_499[GW_ROUTE_COUNT]; /* the client left: code="499" */
     sl_mseries_t *reload_ok, *reload_ts;        /* sluice_config_last_reload_* */
     sl_mseries_t *duration[GW_ROUTE_COUNT];
@@ -31,11 +31,11 @@ void gw_metrics_upstream_error(const gw_pool_rt_t *p, const char *kind);
 /* The load history /admin/state shows; main thread only (start, SIGHUP,
  * the admin listener). */
 typedef struct gw_reload_state {
-    uint64_t generation;    /* 1 at start, +1 per successful reload */
-    double started_time;    /* Unix time of the start */
-    int64_t started_ns;     /* monotonic, for the uptime */
-    double last_time;       /* last reload attempt, 0: never */
-    double last_success;    /* last successful load (the start counts) */
+    uint64_t generation; /* 1 at start, +1 per successful reload */
+    double started_time; /* Unix time of the start */
+    int64_t started_ns;  /* monotonic, for the uptime */
+    double last_time;    /* last reload attempt, 0: never */
+    double last_success; /* last successful load (the start counts) */
     bool last_ok;
     char last_error[512];
 } gw_reload_state_t;

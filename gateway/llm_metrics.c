@@ -27,10 +27,9 @@ void gw_llm_metrics_init(void)
         "From the first byte of a request to the first token sent (a non-streamed answer: "
         "its end).",
         SL_METRIC_HISTOGRAM, "model,stream", sl_metrics_ttft_buckets, sl_metrics_ttft_nbuckets);
-    gw_llm_m.itl = sl_metric_register("sluice_inter_token_seconds",
-                                      "Gap between consecutive content events of a stream.",
-                                      SL_METRIC_HISTOGRAM, "model", sl_metrics_itl_buckets,
-                                      sl_metrics_itl_nbuckets);
+    gw_llm_m.itl = sl_metric_register(
+        "sluice_inter_token_seconds", "Gap between consecutive content events of a stream.",
+        SL_METRIC_HISTOGRAM, "model", sl_metrics_itl_buckets, sl_metrics_itl_nbuckets);
     gw_llm_m.tokens =
         sl_metric_register("sluice_tokens_total", "Tokens from the upstream's usage, by model.",
                            SL_METRIC_COUNTER, "model,kind", NULL, 0);
@@ -38,9 +37,9 @@ void gw_llm_metrics_init(void)
         sl_metric_register("sluice_model_requests_total",
                            "Client requests for a model by exact status (499: the client left).",
                            SL_METRIC_COUNTER, "model,code", NULL, 0);
-    gw_llm_m.tier = sl_metric_register("sluice_answer_tier_total",
-                                       "Which tier answered a request for a model.",
-                                       SL_METRIC_COUNTER, "model,tier", NULL, 0);
+    gw_llm_m.tier =
+        sl_metric_register("sluice_answer_tier_total", "Which tier answered a request for a model.",
+                           SL_METRIC_COUNTER, "model,tier", NULL, 0);
     gw_llm_m.eng_queue = sl_metric_register("sluice_engine_queue_length",
                                             "Requests waiting for the in-process engine.",
                                             SL_METRIC_GAUGE, "upstream", NULL, 0);
@@ -50,13 +49,12 @@ void gw_llm_metrics_init(void)
     gw_llm_m.eng_tokens = sl_metric_register(
         "sluice_engine_tokens_total", "Tokens the in-process engine generated (kind completion).",
         SL_METRIC_COUNTER, "upstream,kind", NULL, 0);
-    gw_llm_m.servers = sl_metric_register(
-        "sluice_upstream_servers", "Servers configured in a pool.", SL_METRIC_GAUGE, "upstream",
-        NULL, 0);
-    gw_llm_m.in_service =
-        sl_metric_register("sluice_upstream_servers_in_service",
-                           "Servers of a pool a request may be sent to now.", SL_METRIC_GAUGE,
-                           "upstream", NULL, 0);
+    gw_llm_m.servers =
+        sl_metric_register("sluice_upstream_servers", "Servers configured in a pool.",
+                           SL_METRIC_GAUGE, "upstream", NULL, 0);
+    gw_llm_m.in_service = sl_metric_register("sluice_upstream_servers_in_service",
+                                             "Servers of a pool a request may be sent to now.",
+                                             SL_METRIC_GAUGE, "upstream", NULL, 0);
 }
 
 /* Template and queued answers are not a model's tokens. */

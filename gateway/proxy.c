@@ -78,6 +78,7 @@ static const char *const gw_req_drop[] = {
     "x-forwarded-proto",
     "x-forwarded-host",
     "forwarded",
+    "traceparent", /* ours goes instead: the client's trace, sluice's span */
     "x-real-ip",
     "x-request-id",
     NULL,
@@ -251,6 +252,10 @@ static void gw_proxy_write_request(gw_req_t *r, gw_upconn_t *u)
     gw_sb_u64(&b, blen);
     gw_sb_lit(&b, "\r\nX-Request-Id: ");
     gw_sb_str(&b, r->id);
+    if (r->traceparent[0]) {
+        gw_sb_lit(&b, "\r\ntraceparent: ");
+        gw_sb_str(&b, r->traceparent);
+    }
     gw_sb_lit(&b, "\r\nX-Forwarded-For: ");
     gw_sb_str(&b, r->c->peer);
     if (r->c->tls)

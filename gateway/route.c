@@ -20,6 +20,7 @@
 #include "gateway/gw_rt.h"
 #include "gateway/gw_server.h"
 #include "gateway/gw_sup.h"
+#include "gateway/gw_trace.h"
 #include "gateway/gw_types.h"
 #include "gateway/http1.h"
 #include "model/model.h"
@@ -205,9 +206,26 @@ static const gw_route_row_t *gw_route_find(const char *p, size_t n, unsigned lis
     return NULL;
 }
 
+/* The client's trace, when it sent a valid traceparent, or a new one; the
+ * upstream gets it with sluice's own span id (proxy.c), the access log its
+ * trace id. */
+static void gw_route_trace(gw_req_t *r, const gw_http_msg_t *m)
+{
+    const gw_http_header_t *h = gw_http_header_find(m, "traceparent");
+    uint8_t flags = 0;
+    uint64_t rnd[3];
+    gw_trace_random(rnd, 3);
+    if (!h || !gw_trace_parse(h->value, h->value_len, r->trace_id, &flags)) {
+        gw_trace_new_id(r->trace_id, rnd[0], rnd[1]);
+        flags = 0; /* sluice records no spans: not sampled */
+    }
+    gw_trace_format(r->traceparent, sizeof(r->traceparent), r->trace_id, rnd[2], flags);
+}
+
 void gw_route_dispatch(gw_req_t *r)
 {
     const gw_http_msg_t *m = gw_http_msg(r->c->parser);
+    gw_route_trace(r, m);
     const char *path = m->target;
     size_t n = m->path_len;
     bool admin = r->c->admin;
