@@ -83,7 +83,8 @@ def test_inter_token_gaps(sluice, mock):
 @pytest.mark.timeout(60)
 def test_tokens_equal_the_usage_sent(sluice, mock):
     # JSON: the mock sends usage {prompt: words of the prompt, completion: events}
-    r = sluice.chat("one two three four", events=3)
+    mock.script({"events": 3})
+    r = sluice.chat("one two three four")
     assert r.status == 200, r
     usage = r.json()["usage"]
     # a stream that did not ask for usage: sluice asks, counts, and strips it
@@ -107,7 +108,8 @@ def test_tokens_equal_the_usage_sent(sluice, mock):
     assert s2.value("sluice_tokens_total", model=MODEL, kind="completion") == completion + 4
     line = log_line(sluice, lambda e: e.get("route") == "chat_completions" and not e["stream"],
                     "JSON answer's line")
-    assert (line["prompt_tokens"], line["completion_tokens"]) == (4, 3), line
+    assert (line["prompt_tokens"], line["completion_tokens"]) == (4, 3) == (
+        usage["prompt_tokens"], usage["completion_tokens"]), line
 
 
 @pytest.mark.timeout(60)
