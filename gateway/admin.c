@@ -21,6 +21,52 @@
 #include "model/model.h"
 #include "ratelimit/ratelimit.h"
 
+/* Engine tokens/s over the last 10 s, from the engine's running total
+ * sampled at each /admin/state (main thread only; a page polls every 2 s).
+ * A few engines at most: a small fixed table, the oldest slot reused. */
+#define GW_ADMIN_TPS_ENGINES 8
+#define GW_ADMIN_TPS_SAMPLES 16
+static struct gw_admin_tps {
+    const void *engine;
+    int64_t t_ms[GW_ADMIN_TPS_SAMPLES];
+    uint64_t tokens[GW_ADMIN_TPS_SAMPLES];
+    size_t n, next;
+    int64_t used_ms;
+} gw_admin_tps[GW_ADMIN_TPS_ENGINES];
+
+static double gw_admin_tokens_per_second(const void *engine, uint64_t tokens, int64_t now)
+{
+    struct gw_admin_tps *e = NULL, *oldest = &gw_admin_tps[0];
+    for (size_t i = 0; i < GW_ADMIN_TPS_ENGINES && !e; i++) {
+        if (gw_admin_tps[i].engine == engine)
+            e = &gw_admin_tps[i];
+        else if (gw_admin_tps[i].used_ms < oldest->used_ms)
+            oldest = &gw_admin_tps[i];
+    }
+    if (!e) {
+        e = oldest;
+        memset(e, 0, sizeof(*e));
+        e->engine = engine;
+    }
+    e->used_ms = now;
+    e->t_ms[e->next] = now;
+    e->tokens[e->next] = tokens;
+    e->next = (e->next + 1) % GW_ADMIN_TPS_SAMPLES;
+    if (e->n < GW_ADMIN_TPS_SAMPLES)
+        e->n++;
+    /* the oldest sample still inside the window */
+    size_t first = (e->next + GW_ADMIN_TPS_SAMPLES - e->n) % GW_ADMIN_TPS_SAMPLES;
+    for (size_t k = 0; k < e->n; k++) {
+        size_t i = (first + k) % GW_ADMIN_TPS_SAMPLES;
+        if (now - e->t_ms[i] <= 10000) {
+            if (now == e->t_ms[i] || tokens < e->tokens[i])
+                return 0.0;
+            return (double)(tokens - e->tokens[i]) * 1e3 / (double)(now - e->t_ms[i]);
+        }
+    }
+    return 0.0;
+}
+
 static json_t *gw_admin_time(double t)
 {
     return t > 0 ? json_real(t) : json_null();
@@ -59,10 +105,11 @@ static json_t *gw_admin_pool(const gw_pool_rt_t *p, int64_t now)
         json_object_set_new(o, "servers_total", json_integer(1));
         json_object_set_new(o, "servers_in_service", json_integer(mdl_engine_ready(p->engine)));
         json_object_set_new(o, "servers", servers);
-        json_object_set_new(o, "engine",
-                            json_pack("{s:i,s:i,s:i,s:f}", "queue", info.queued, "busy",
-                                      info.running, "threads", info.threads, "tokens_per_second",
-                                      0.0));
+        json_object_set_new(
+            o, "engine",
+            json_pack("{s:i,s:i,s:i,s:f}", "queue", info.queued, "busy", info.running, "threads",
+                      info.threads, "tokens_per_second",
+                      gw_admin_tokens_per_second(p->engine, info.tokens_generated, now)));
         return o;
     }
     json_object_set_new(

@@ -56,7 +56,8 @@ void gw_metrics_init(const char *(*route_name)(gw_route_t r))
         SL_METRIC_COUNTER, "upstream,reused", NULL, 0);
     gw_m.up_ttfb = sl_metric_register(
         "sluice_upstream_ttfb_seconds",
-        "Time from sending a request upstream to the first byte of its response.",
+        "Time from sending a request upstream to the first byte of its response headers (not "
+        "the first token: sluice_time_to_first_token_seconds).",
         SL_METRIC_HISTOGRAM, "upstream", NULL, 0);
     gw_m.parse_errors = sl_metric_register("sluice_http_parse_errors_total",
                                            "Client requests rejected by the HTTP parser.",

@@ -235,3 +235,39 @@ def test_trace_id_end_to_end(sluice, mock, given, kept):
         assert m.group(1) != TRACE and m.group(1) != "0" * 32
     line = log_line(sluice, lambda e: e.get("route") == "chat_completions", "access log line")
     assert line["trace_id"] == m.group(1), (line, sent)
+
+
+@pytest.mark.timeout(120)
+def test_engine_metrics_and_state(sluice_factory, mock, tmp_path):
+    import subprocess
+
+    import test_model_serving as ms
+
+    gguf = str(tmp_path / "tiny.gguf")
+    subprocess.run(["/usr/bin/python3", ms.WRITER, gguf, "--type", "F32", "--ctx", "512"],
+                   check=True, capture_output=True, timeout=120)
+    s = sluice_factory(ms.engine_conf(gguf), upstream=mock)
+    st0 = s.admin("GET", "/admin/state").json()
+    # a stream from the engine whose client did not ask for usage: counted, not shown
+    with s.client(timeout=bound(30)) as c:
+        r, evs = c.stream("POST", "/v1/chat/completions",
+                          chat_body("hi", model="small", stream=True, max_tokens=5,
+                                    temperature=0))
+        evs = [e for e in evs if e.data is not None]
+    assert r.status == 200 and evs[-1].is_done
+    assert all("usage" not in e.json() for e in evs[:-1]), evs
+    m = s.metrics()
+    completion = m.value("sluice_tokens_total", model="small", kind="completion")
+    assert 0 < completion <= 5
+    assert m.value("sluice_tokens_total", model="small", kind="prompt") > 0
+    assert m.value("sluice_time_to_first_token_seconds_count", model="small", stream="true") == 1
+    assert m.value("sluice_engine_tokens_total", upstream="local", kind="completion") >= completion
+    assert m.find("sluice_engine_queue_length", upstream="local")
+    assert m.value("sluice_engine_busy", upstream="local") == 0
+    st = s.admin("GET", "/admin/state").json()
+    e = [p for p in st["pools"] if p["name"] == "local"][0]
+    assert e["kind"] == "engine" and e["engine"]["queue"] == 0 and e["engine"]["busy"] == 0
+    assert e["engine"]["tokens_per_second"] > 0, (st0, st)  # tokens since the first poll
+    line = next(x for x in s.access_log() if x.get("model") == "small")
+    # the model's own upstream is the engine: its first tier, not the local tier
+    assert line["completion_tokens"] == completion and line["tier"] == "upstream", line

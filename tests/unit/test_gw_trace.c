@@ -43,17 +43,17 @@ static void test_invalid(void **state)
     static const char *const bad[] = {
         "",
         "00",
-        "00-" TID "-00f067aa0ba902b7-0",          /* short */
-        "00-" TID "-00f067aa0ba902b7-01-",        /* 00 is exactly 55 */
-        "00-" TID "-00f067aa0ba902b7-01x",        /* 00 is exactly 55 */
-        "01-" TID "-00f067aa0ba902b7-01x",        /* after 55: only "-" */
-        "ff-" TID "-00f067aa0ba902b7-01",         /* version ff */
-        "0g-" TID "-00f067aa0ba902b7-01",         /* version not hex */
+        "00-" TID "-00f067aa0ba902b7-0",                           /* short */
+        "00-" TID "-00f067aa0ba902b7-01-",                         /* 00 is exactly 55 */
+        "00-" TID "-00f067aa0ba902b7-01x",                         /* 00 is exactly 55 */
+        "01-" TID "-00f067aa0ba902b7-01x",                         /* after 55: only "-" */
+        "ff-" TID "-00f067aa0ba902b7-01",                          /* version ff */
+        "0g-" TID "-00f067aa0ba902b7-01",                          /* version not hex */
         "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01", /* upper case */
         "00-00000000000000000000000000000000-00f067aa0ba902b7-01", /* zero trace */
-        "00-" TID "-0000000000000000-01",         /* zero parent */
-        "00-" TID "-00f067aa0ba902b7-0z",         /* flags not hex */
-        "00_" TID "-00f067aa0ba902b7-01",         /* separators */
+        "00-" TID "-0000000000000000-01",                          /* zero parent */
+        "00-" TID "-00f067aa0ba902b7-0z",                          /* flags not hex */
+        "00_" TID "-00f067aa0ba902b7-01",                          /* separators */
         "00-" TID "_00f067aa0ba902b7-01",
         "00-" TID "-00f067aa0ba902b7_01",
         "00-4bf92f3577b34da6a3ce929d0e0e473-x00f067aa0ba902b7-01", /* misplaced dash */
