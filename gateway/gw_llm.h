@@ -17,6 +17,7 @@
 
 #include "common/metrics.h"
 #include "gateway/gw_types.h"
+#include "gateway/sse.h"
 
 /* Per request, embedded in gw_req_t (zeroed with it). */
 typedef struct gw_llm_req {
@@ -33,6 +34,12 @@ void gw_llm_metrics_init(void);
 /* One SSE event's data, as the upstream (or the engine) sent it, before
  * the hooks: a content event times TTFT / the gap, a usage adds tokens. */
 void gw_llm_event(gw_req_t *r, const char *data, size_t len);
+/* The same from an upstream event's raw bytes: a content event is told by
+ * a scan (no copy, no parse: the relay's hot path); only an event that
+ * carries a usage object is extracted and parsed. */
+void gw_llm_sse_event(gw_req_t *r, const gw_sse_event_t *ev);
+/* Whether an event's data may carry the usage (hook_llm.c's strip test). */
+bool gw_llm_has_usage_key(const char *p, size_t n);
 /* A whole JSON answer's usage (the llm hook's on_body). */
 void gw_llm_body(gw_req_t *r, const json_t *body);
 /* The request is counted (status final, 499 for a client that left): the

@@ -24,9 +24,12 @@ static gw_hook_rc_t gw_llm_on_request(gw_req_t *r, void **state)
 {
     if (!r->json || !r->model || (r->route != GW_ROUTE_CHAT && r->route != GW_ROUTE_COMPLETIONS))
         return GW_HOOK_NEXT;
-    *state = &gw_llm_plain;
-    if (!r->stream)
+    if (!r->stream) {
+        *state = &gw_llm_plain; /* on_body: the answer's usage */
         return GW_HOOK_NEXT;
+    }
+    /* A stream needs the hook only to strip what it asked for: the relay
+     * reads the events itself (gw_llm_sse_event). */
     json_t *so = json_object_get(r->json, "stream_options");
     if (json_is_true(json_object_get(so, "include_usage")))
         return GW_HOOK_NEXT; /* the client, or the ratelimit hook, asked */
@@ -49,8 +52,8 @@ static gw_ev_rc_t gw_llm_on_event(gw_req_t *r, void *state, const char *data, si
                                   gw_payloads_t *out)
 {
     (void)r;
-    if (state == &gw_llm_plain)
-        return GW_EV_PASS;
+    if (state == &gw_llm_plain || !gw_llm_has_usage_key(data, len))
+        return GW_EV_PASS; /* no usage in it: nothing to strip, no parse */
     char *rw = NULL;
     size_t rwlen = 0;
     switch (rl_stream_feed(state, data, len, &rw, &rwlen)) {

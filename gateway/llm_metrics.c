@@ -6,6 +6,7 @@
  * from the conf (model, upstream names) or closed lists (code, tier, kind),
  * so the series stay bounded.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "fallback/fallback.h"
@@ -103,31 +104,122 @@ static void gw_llm_usage(gw_req_t *r, const json_t *usage)
     sl_counter_add(sl_metric_series(gw_llm_m.tokens, vc), (uint64_t)cv);
 }
 
+/* A content or token arrived now: TTFT for the first, a gap for the rest. */
+static void gw_llm_token(gw_req_t *r)
+{
+    int64_t now = sl_now_ns();
+    if (!r->llm.first_token_ns) {
+        r->llm.first_token_ns = now;
+        r->llm.ttft = (double)(now - r->start_ns) / 1e9;
+        const char *v[2] = {r->model->name, "true"};
+        sl_histogram_observe(sl_metric_series(gw_llm_m.ttft, v), r->llm.ttft);
+    } else {
+        if (!r->llm.itl)
+            r->llm.itl = sl_metric_series1(gw_llm_m.itl, r->model->name);
+        sl_histogram_observe(r->llm.itl, (double)(now - r->llm.last_token_ns) / 1e9);
+    }
+    r->llm.last_token_ns = now;
+}
+
+static bool gw_llm_scan_content(const char *p, size_t n);
+
 void gw_llm_event(gw_req_t *r, const char *data, size_t len)
 {
     if (!gw_llm_model_answers(r) || len == 0 || data[0] != '{')
-        return; /* [DONE], or not a JSON chunk */
+        return;                             /* [DONE], or not a JSON chunk */
+    if (!gw_llm_has_usage_key(data, len)) { /* most events: a scan, no parse */
+        if (gw_llm_scan_content(data, len))
+            gw_llm_token(r);
+        return;
+    }
     json_t *j = json_loadb(data, len, 0, NULL);
     if (!j)
         return;
     const json_t *usage = json_object_get(j, "usage");
     if (json_is_object(usage))
         gw_llm_usage(r, usage);
-    if (gw_llm_has_content(j)) {
-        int64_t now = sl_now_ns();
-        if (!r->llm.first_token_ns) {
-            r->llm.first_token_ns = now;
-            r->llm.ttft = (double)(now - r->start_ns) / 1e9;
-            const char *v[2] = {r->model->name, "true"};
-            sl_histogram_observe(sl_metric_series(gw_llm_m.ttft, v), r->llm.ttft);
-        } else {
-            if (!r->llm.itl)
-                r->llm.itl = sl_metric_series1(gw_llm_m.itl, r->model->name);
-            sl_histogram_observe(r->llm.itl, (double)(now - r->llm.last_token_ns) / 1e9);
-        }
-        r->llm.last_token_ns = now;
-    }
+    if (gw_llm_has_content(j))
+        gw_llm_token(r);
     json_decref(j);
+}
+
+/* `"key":` then optional blanks, then what follows, or NULL. Inside a JSON
+ * string a quote is always escaped, so an unescaped `"key":` is a key. */
+static const char *gw_llm_after_key(const char *p, size_t n, const char *key, size_t klen)
+{
+    const char *end = p + n;
+    while (p < end) {
+        const char *k = memmem(p, (size_t)(end - p), key, klen);
+        if (!k)
+            return NULL;
+        const char *v = k + klen;
+        while (v < end && (*v == ' ' || *v == '\t'))
+            v++;
+        if (v < end)
+            return v;
+        p = k + 1;
+    }
+    return NULL;
+}
+
+bool gw_llm_has_usage_key(const char *p, size_t n)
+{
+    /* an object, not the "usage":null some servers put in every chunk */
+    const char *end = p + n;
+    while (p < end) {
+        const char *v = gw_llm_after_key(p, (size_t)(end - p), "\"usage\":", 8);
+        if (!v)
+            return false;
+        if (*v == '{')
+            return true;
+        p = v;
+    }
+    return false;
+}
+
+/* A non-empty string value of content or text, or a tool call: the same
+ * test as gw_llm_has_content, on the bytes. */
+static bool gw_llm_scan_content(const char *p, size_t n)
+{
+    static const struct {
+        const char *key;
+        size_t len;
+    } keys[] = {{"\"content\":", 10}, {"\"text\":", 7}, {"\"tool_calls\":", 13}};
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+        const char *end = p + n, *q = p;
+        while (q < end) {
+            const char *v = gw_llm_after_key(q, (size_t)(end - q), keys[i].key, keys[i].len);
+            if (!v)
+                break;
+            if (i == 2 ? *v == '[' && v + 1 < end && v[1] != ']'
+                       : *v == '"' && v + 1 < end && v[1] != '"')
+                return true;
+            q = v;
+        }
+    }
+    return false;
+}
+
+void gw_llm_sse_event(gw_req_t *r, const gw_sse_event_t *ev)
+{
+    if (!gw_llm_model_answers(r) || ev->done)
+        return;
+    if (gw_llm_has_usage_key(ev->raw, ev->raw_len)) {
+        /* the usage chunk (or one that also carries usage): parse it */
+        char stack[2048], *data = stack;
+        long dl = gw_sse_event_data(ev, stack, sizeof(stack));
+        if (dl < 0) {
+            data = malloc(ev->raw_len + 1);
+            dl = data ? gw_sse_event_data(ev, data, ev->raw_len + 1) : -1;
+        }
+        if (dl > 0)
+            gw_llm_event(r, data, (size_t)dl);
+        if (data != stack)
+            free(data);
+        return;
+    }
+    if (gw_llm_scan_content(ev->raw, ev->raw_len))
+        gw_llm_token(r);
 }
 
 void gw_llm_body(gw_req_t *r, const json_t *body)

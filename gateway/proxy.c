@@ -733,6 +733,8 @@ static int gw_proxy_emit(gw_req_t *r, const char *data, size_t len, const char *
 static int gw_proxy_event_cb(void *arg, const gw_sse_event_t *ev)
 {
     gw_req_t *r = arg;
+    if (!ev->comment_only) /* TTFT, gaps, usage: as the upstream sent them, before any hook */
+        gw_llm_sse_event(r, ev);
     if (!r->ev_hooks || ev->comment_only) {
         gw_proxy_write(r, ev->raw, ev->raw_len);
         return 0;
@@ -746,8 +748,6 @@ static int gw_proxy_event_cb(void *arg, const gw_sse_event_t *ev)
         dl = gw_sse_event_data(ev, data, ev->raw_len + 1);
     }
     int rc = 0;
-    if (dl > 0) /* TTFT, gaps, usage: as the upstream sent them, before any hook */
-        gw_llm_event(r, data, (size_t)dl);
     if (dl <= 0) /* no data field: nothing for the hooks */
         gw_proxy_write(r, ev->raw, ev->raw_len);
     else /* a hook that ends the stream: finish after the parser returns */
