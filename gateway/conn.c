@@ -172,6 +172,7 @@ static void gw_req_free(gw_req_t *r)
     if (!r)
         return;
     gw_conn_t *c = r->c;
+    gw_llm_req_free(r);
     if (r->json)
         json_decref(r->json);
     if (r->resp_body)

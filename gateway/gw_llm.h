@@ -27,6 +27,8 @@ typedef struct gw_llm_req {
     int64_t prompt_tokens, completion_tokens; /* the upstream's usage */
     bool have_usage;
     sl_mseries_t *itl; /* the model's inter-token series, looked up once */
+    char *tail;        /* a JSON answer's last bytes (malloc'd), where its usage is */
+    size_t tail_len;
 } gw_llm_req_t;
 
 /* Registers the families (from gw_metrics_init). */
@@ -40,8 +42,16 @@ void gw_llm_event(gw_req_t *r, const char *data, size_t len);
 void gw_llm_sse_event(gw_req_t *r, const gw_sse_event_t *ev);
 /* Whether an event's data may carry the usage (hook_llm.c's strip test). */
 bool gw_llm_has_usage_key(const char *p, size_t n);
-/* A whole JSON answer's usage (the llm hook's on_body). */
+/* A whole JSON answer's usage (an answer made in-process). */
 void gw_llm_body(gw_req_t *r, const json_t *body);
+/* A relayed JSON answer's bytes, in pieces: the last GW_LLM_TAIL bytes are
+ * kept, and the usage object found there is counted when the request is
+ * (servers put it at the end, after the choices) — the answer itself is
+ * never gathered for it. */
+#define GW_LLM_TAIL 2048
+void gw_llm_body_bytes(gw_req_t *r, const char *p, size_t n);
+/* Frees what r->llm holds (the request is freed or reused). */
+void gw_llm_req_free(gw_req_t *r);
 /* The request is counted (status final, 499 for a client that left): the
  * per-model request and tier counters, TTFT of a non-streamed answer. */
 void gw_llm_req_end(gw_req_t *r);

@@ -3,8 +3,7 @@
  * streamed request carry stream_options.include_usage (so the upstream's
  * usage can be counted; the relay reads it in gw_llm_event before any hook)
  * and, when the client did not ask for it, drops or rewrites the usage
- * chunk on the way out so the client sees what it asked for; hands whole
- * JSON answers' usage to gw_llm_body. The ratelimit hook injects the same
+ * chunk on the way out so the client sees what it asked for. The ratelimit hook injects the same
  * thing for token budgets and strips it itself: then this one finds the
  * flag already set and leaves the stream alone.
  */
@@ -16,18 +15,12 @@
 #include "gateway/gw_types.h"
 #include "ratelimit/ratelimit.h"
 
-/* The state of a request nothing has to be stripped from: a non-NULL
- * state is what keeps the hook's on_event / on_body called. */
-static char gw_llm_plain;
-
 static gw_hook_rc_t gw_llm_on_request(gw_req_t *r, void **state)
 {
     if (!r->json || !r->model || (r->route != GW_ROUTE_CHAT && r->route != GW_ROUTE_COMPLETIONS))
         return GW_HOOK_NEXT;
-    if (!r->stream) {
-        *state = &gw_llm_plain; /* on_body: the answer's usage */
-        return GW_HOOK_NEXT;
-    }
+    if (!r->stream)
+        return GW_HOOK_NEXT; /* a JSON answer's usage is read from its tail */
     /* A stream needs the hook only to strip what it asked for: the relay
      * reads the events itself (gw_llm_sse_event). */
     json_t *so = json_object_get(r->json, "stream_options");
@@ -52,7 +45,7 @@ static gw_ev_rc_t gw_llm_on_event(gw_req_t *r, void *state, const char *data, si
                                   gw_payloads_t *out)
 {
     (void)r;
-    if (state == &gw_llm_plain || !gw_llm_has_usage_key(data, len))
+    if (!gw_llm_has_usage_key(data, len))
         return GW_EV_PASS; /* no usage in it: nothing to strip, no parse */
     char *rw = NULL;
     size_t rwlen = 0;
@@ -68,33 +61,16 @@ static gw_ev_rc_t gw_llm_on_event(gw_req_t *r, void *state, const char *data, si
     }
 }
 
-static int gw_llm_on_body(gw_req_t *r, void *state, json_t *body, bool *modified)
-{
-    (void)state;
-    (void)modified;
-    gw_llm_body(r, body);
-    return 0;
-}
-
-static bool gw_llm_wants_body(const gw_req_t *r, void *state)
-{
-    (void)state;
-    return !r->stream;
-}
-
 static void gw_llm_on_end(gw_req_t *r, void *state, gw_end_t how)
 {
     (void)r;
     (void)how;
-    if (state && state != &gw_llm_plain)
-        rl_stream_free(state);
+    rl_stream_free(state);
 }
 
 const gw_hook_t gw_hook_llm = {
     .name = "llm",
     .on_request = gw_llm_on_request,
     .on_event = gw_llm_on_event,
-    .on_body = gw_llm_on_body,
-    .wants_body = gw_llm_wants_body,
     .on_end = gw_llm_on_end,
 };

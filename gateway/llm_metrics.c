@@ -122,6 +122,7 @@ static void gw_llm_token(gw_req_t *r)
 }
 
 static bool gw_llm_scan_content(const char *p, size_t n);
+static const char *gw_llm_after_key(const char *p, size_t n, const char *key, size_t klen);
 
 void gw_llm_event(gw_req_t *r, const char *data, size_t len)
 {
@@ -229,6 +230,55 @@ void gw_llm_body(gw_req_t *r, const json_t *body)
         gw_llm_usage(r, usage);
 }
 
+void gw_llm_body_bytes(gw_req_t *r, const char *p, size_t n)
+{
+    if (!gw_llm_model_answers(r) || (r->route != GW_ROUTE_CHAT && r->route != GW_ROUTE_COMPLETIONS))
+        return;
+    if (!r->llm.tail && !(r->llm.tail = malloc(GW_LLM_TAIL)))
+        return; /* no usage then: the metrics add nothing */
+    if (n >= GW_LLM_TAIL) {
+        memcpy(r->llm.tail, p + n - GW_LLM_TAIL, GW_LLM_TAIL);
+        r->llm.tail_len = GW_LLM_TAIL;
+        return;
+    }
+    if (r->llm.tail_len + n > GW_LLM_TAIL) {
+        size_t drop = r->llm.tail_len + n - GW_LLM_TAIL;
+        memmove(r->llm.tail, r->llm.tail + drop, r->llm.tail_len - drop);
+        r->llm.tail_len -= drop;
+    }
+    memcpy(r->llm.tail + r->llm.tail_len, p, n);
+    r->llm.tail_len += n;
+}
+
+/* The usage object in the answer's tail: the last `"usage":{`, parsed by
+ * jansson from there to the end of that object (JSON_DISABLE_EOF_CHECK:
+ * what follows it is the rest of the answer). */
+static void gw_llm_tail_usage(gw_req_t *r)
+{
+    const char *p = r->llm.tail, *end = p + r->llm.tail_len, *obj = NULL;
+    while (p < end) {
+        const char *v = gw_llm_after_key(p, (size_t)(end - p), "\"usage\":", 8);
+        if (!v)
+            break;
+        if (*v == '{')
+            obj = v;
+        p = v;
+    }
+    if (!obj)
+        return;
+    json_t *u = json_loadb(obj, (size_t)(end - obj), JSON_DISABLE_EOF_CHECK, NULL);
+    if (json_is_object(u))
+        gw_llm_usage(r, u);
+    json_decref(u);
+}
+
+void gw_llm_req_free(gw_req_t *r)
+{
+    free(r->llm.tail);
+    r->llm.tail = NULL;
+    r->llm.tail_len = 0;
+}
+
 const char *gw_llm_tier(const gw_req_t *r)
 {
     if (r->status < 200 || r->status >= 400)
@@ -260,6 +310,8 @@ void gw_llm_req_end(gw_req_t *r)
 {
     if (!r->model)
         return; /* refused before its model was known: not a model's request */
+    if (r->llm.tail && !r->llm.have_usage && r->att.upstatus >= 200 && r->att.upstatus < 300)
+        gw_llm_tail_usage(r);
     char code[8];
     const char *v[2] = {r->model->name, gw_llm_code(r->status, code, sizeof(code))};
     sl_counter_add(sl_metric_series(gw_llm_m.requests, v), 1);

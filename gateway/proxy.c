@@ -793,6 +793,7 @@ void gw_proxy_local_stream_end(gw_req_t *r, const char *error_code, const char *
 
 void gw_proxy_local_body(gw_req_t *r, json_t *body)
 {
+    gw_llm_body(r, body); /* the engine's usage */
     r->att.upstatus = 200;
     bool modified = false;
     if (gw_hooks_want_body(r) && gw_hooks_body(r, body, &modified) != 0) {
@@ -830,6 +831,7 @@ static int gw_proxy_body_cb(void *arg, const char *p, size_t n)
     gw_req_t *r = arg;
     if (r->att.sse)
         return gw_sse_feed(r->att.sse, p, n, gw_proxy_event_cb, r);
+    gw_llm_body_bytes(r, p, n); /* its tail, for the usage (no buffering) */
     if (r->buffer_body) {
         if (evbuffer_get_length(r->resp_body) + n > GW_PROXY_MAX_BUFFERED)
             return -1;

@@ -271,3 +271,22 @@ def test_engine_metrics_and_state(sluice_factory, mock, tmp_path):
     line = next(x for x in s.access_log() if x.get("model") == "small")
     # the model's own upstream is the engine: its first tier, not the local tier
     assert line["completion_tokens"] == completion and line["tier"] == "upstream", line
+
+
+@pytest.mark.timeout(60)
+def test_tokens_of_a_large_json_answer(sluice, mock):
+    """The usage comes after 40 KB of text, over many reads: it is read from
+    the answer's tail (the answer is relayed, not gathered)."""
+    mock.script({"text": "lorem ipsum " * 4000, "events": 7})
+    r = sluice.chat("a b c d e f g h i")
+    assert r.status == 200 and len(r.body) > 40000
+    u = r.json()["usage"]
+    s = sluice.metrics()
+    assert s.value("sluice_tokens_total", model=MODEL, kind="prompt") == u["prompt_tokens"] == 9
+    assert s.value("sluice_tokens_total", model=MODEL, kind="completion") == u[
+        "completion_tokens"] == 7
+    # an answer without usage adds nothing (no guessing)
+    mock.script({"usage": False})
+    assert sluice.chat("no usage here").status == 200
+    s2 = sluice.metrics()
+    assert s2.value("sluice_tokens_total", model=MODEL, kind="prompt") == 9
