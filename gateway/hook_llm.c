@@ -8,6 +8,7 @@
  * flag already set and leaves the stream alone.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "gateway/gw_hook.h"
 #include "gateway/gw_llm.h"
@@ -31,12 +32,21 @@ static gw_hook_rc_t gw_llm_on_request(gw_req_t *r, void **state)
     rl_stream_t *strip = rl_stream_new(true);
     if (!strip)
         return GW_HOOK_NEXT; /* no usage then: the metrics add nothing (no guessing) */
+    static const char member[] = "\"stream_options\":{\"include_usage\":true}";
+    _Static_assert(sizeof(member) <= sizeof(r->body_add), "body_add holds the member");
+    if (!so && !r->body_dirty && !r->body_add[0]) {
+        /* Only a member to add: appended to the client's bytes, the body
+         * is not serialised again (r->json gets it too, for the engine). */
+        memcpy(r->body_add, member, sizeof(member));
+        r->body_add_first = false; /* the body has "model" at least */
+    } else {
+        r->body_dirty = true;
+    }
     if (!so) {
         so = json_object();
         json_object_set_new(r->json, "stream_options", so);
     }
     json_object_set_new(so, "include_usage", json_true());
-    r->body_dirty = true;
     *state = strip;
     return GW_HOOK_NEXT;
 }
