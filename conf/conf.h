@@ -243,7 +243,14 @@ typedef struct conf_log {
     /* sl_log_limited: one line per key per interval, 10s */
     int64_t repeat_interval_ms;
     char *error; /* "stderr" or a file path (the error log; SIGUSR1 reopens it) */
+    int user;    /* conf_log_user_t: the token's sub in the access log */
 } conf_log_t;
+
+typedef enum conf_log_user {
+    CONF_LOG_USER_HASH = 0, /* HMAC-SHA256 of the sub (default) */
+    CONF_LOG_USER_PLAIN,
+    CONF_LOG_USER_OFF,
+} conf_log_user_t;
 
 /* ---- rate limits and token budgets (ratelimit/) -------------------------- */
 

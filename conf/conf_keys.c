@@ -1077,6 +1077,7 @@ static const conf_key_t gzip_keys[] = {
      .doc = "zlib compression level (1 fastest, 9 smallest)"},
 };
 static const conf_table_t gzip_table = {TABLE(gzip_keys, conf_gzip_t)};
+static const char *const log_user_names[] = {"hash", "plain", "off", NULL};
 
 static const conf_key_t log_keys[] = {
     {.name = "access",
@@ -1107,6 +1108,14 @@ static const conf_key_t log_keys[] = {
      .def = "stderr",
      .flags = R,
      .doc = "error log: stderr, or a file path (opened onto fd 2; SIGUSR1 reopens it)"},
+    {.name = "user",
+     .type = CONF_ENUM,
+     .off = offsetof(conf_log_t, user),
+     .def = "hash",
+     .enums = log_user_names,
+     .flags = R,
+     .doc = "the user (token sub) in the access log: hash (HMAC-SHA256 with a per-process key, "
+            "16 hex digits; the same user reads the same until a restart), plain, or off"},
 };
 static const conf_table_t log_table = {TABLE(log_keys, conf_log_t)};
 

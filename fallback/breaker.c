@@ -250,6 +250,14 @@ int fb_breaker_failures(fb_breaker_t *b)
     return atomic_load(&b->consecutive);
 }
 
+int64_t fb_breaker_open_remaining_ms(fb_breaker_t *b, int64_t now_ms)
+{
+    if (fb_breaker_state(b, now_ms) != FB_CIRCUIT_OPEN)
+        return 0;
+    int64_t left = atomic_load_explicit(&b->open_until, memory_order_acquire) - now_ms;
+    return left > 0 ? left : 0;
+}
+
 /* ---- the set ---------------------------------------------------------------- */
 
 struct fb_breakers {

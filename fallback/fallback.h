@@ -202,6 +202,9 @@ int fb_breaker_failures(fb_breaker_t *b);
  * probe slot taken (a probe's answer is what frees one). For the
  * Retry-After of an answer sent because no server could be picked. */
 int64_t fb_breaker_wait_ms(fb_breaker_t *b, int64_t now_ms, int64_t probe_wait_ms);
+/* Open: milliseconds until it turns half-open; 0 in any other state
+ * (/admin/state's open_remaining_seconds). */
+int64_t fb_breaker_open_remaining_ms(fb_breaker_t *b, int64_t now_ms);
 
 /* The process-wide set of breakers, keyed by (upstream, server URL), so a
  * reload keeps each server's state. */

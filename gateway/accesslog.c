@@ -5,6 +5,7 @@
  * client-facing model name and figures.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,9 @@
 #include <time.h>
 #include <unistd.h>
 #include <stdatomic.h>
+
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
 
 #include "common/log.h"
 #include "gateway/gw_conn.h"
@@ -47,6 +51,42 @@ static int gw_accesslog_put(const char *path, char *err, size_t errlen)
         return -1;
     }
     return 0;
+}
+
+/* log.user: hash — HMAC-SHA256 of the sub under a key drawn once per
+ * process, so lines of one user can be grouped without the log naming
+ * them (and without a dictionary of subs reversing an unkeyed hash). */
+static unsigned char gw_accesslog_user_key[32];
+static pthread_once_t gw_accesslog_key_once = PTHREAD_ONCE_INIT;
+
+static void gw_accesslog_key_init(void)
+{
+    if (RAND_bytes(gw_accesslog_user_key, sizeof(gw_accesslog_user_key)) != 1) {
+        uint64_t t = (uint64_t)sl_now_ns() ^ (uint64_t)getpid() << 32;
+        memcpy(gw_accesslog_user_key, &t, sizeof(t));
+    }
+}
+
+static void gw_accesslog_user(json_t *o, const gw_req_t *r)
+{
+    int mode = r->rt->conf->log.user;
+    if (!r->user[0] || mode == CONF_LOG_USER_OFF)
+        return;
+    if (mode == CONF_LOG_USER_PLAIN) {
+        json_object_set_new(o, "user", json_string(r->user));
+        return;
+    }
+    pthread_once(&gw_accesslog_key_once, gw_accesslog_key_init);
+    unsigned char mac[EVP_MAX_MD_SIZE];
+    unsigned int len = 0;
+    if (!HMAC(EVP_sha256(), gw_accesslog_user_key, sizeof(gw_accesslog_user_key),
+              (const unsigned char *)r->user, strlen(r->user), mac, &len) ||
+        len < 8)
+        return;
+    char hex[17];
+    for (int i = 0; i < 8; i++)
+        snprintf(hex + 2 * i, 3, "%02x", mac[i]);
+    json_object_set_new(o, "user", json_string(hex));
 }
 
 int gw_accesslog_open(const char *target, char *err, size_t errlen)
@@ -127,6 +167,18 @@ void gw_accesslog_write(const gw_req_t *r)
         json_object_set_new(o, "ttfb", json_real(ttfb));
     if (r->error_kind)
         json_object_set_new(o, "error", json_string(r->error_kind));
+    gw_accesslog_user(o, r);
+    if (r->llm.have_usage) {
+        json_object_set_new(o, "prompt_tokens", json_integer(r->llm.prompt_tokens));
+        json_object_set_new(o, "completion_tokens", json_integer(r->llm.completion_tokens));
+    }
+    if (r->llm.first_token_ns)
+        json_object_set_new(o, "ttft", json_real(r->llm.ttft));
+    if (r->model)
+        json_object_set_new(o, "tier", json_string(gw_llm_tier(r)));
+    json_object_set_new(o, "retries", json_integer(r->retries));
+    if (r->trace_id[0])
+        json_object_set_new(o, "trace_id", json_string(r->trace_id));
     char buf[2048];
     size_t n = json_dumpb(o, buf, sizeof(buf) - 1, JSON_COMPACT | JSON_REAL_PRECISION(6));
     json_decref(o);

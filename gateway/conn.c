@@ -164,7 +164,7 @@ static gw_conn_t *gw_conn_attach(gw_worker_t *w, gw_conn_t *c, struct buffereven
     return c;
 }
 
-static void gw_req_count(const gw_req_t *r);
+static void gw_req_count(gw_req_t *r);
 
 static void gw_conn_free_cb(void *arg)
 {
@@ -180,6 +180,7 @@ static void gw_req_free(gw_req_t *r)
     if (!r)
         return;
     gw_conn_t *c = r->c;
+    gw_llm_req_free(r);
     if (r->json)
         json_decref(r->json);
     if (r->resp_body)
@@ -608,10 +609,15 @@ static void gw_conn_timer_cb(evutil_socket_t fd, short what, void *arg)
     }
 }
 
-static void gw_req_count(const gw_req_t *r)
+static void gw_req_count(gw_req_t *r)
 {
     int cls = r->status >= 100 && r->status < 600 ? r->status / 100 : 5;
-    sl_counter_add(gw_m.requests[r->route][cls][r->c->h2_stream ? 1 : 0], 1);
+    /* A client that left is not a 4xx of ours: its own value (nginx's 499). */
+    int proto = r->c->h2_stream ? 1 : 0;
+    sl_counter_add(r->status == 499 ? gw_m.requests_499[r->route][proto]
+                                    : gw_m.requests[r->route][cls][proto],
+                   1);
+    gw_llm_req_end(r); /* per model; a JSON answer's TTFT is taken here */
     sl_histogram_observe(gw_m.duration[r->route], (double)(sl_now_ns() - r->start_ns) / 1e9);
 }
 

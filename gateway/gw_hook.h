@@ -122,7 +122,8 @@ typedef struct gw_hook {
     X(filters, GW_HOOK_POST_ROUTE)                                                                 \
     X(ratelimit, GW_HOOK_POST_ROUTE)                                                               \
     X(fallback, GW_HOOK_POST_ROUTE)                                                                \
-    X(cache, GW_HOOK_POST_ROUTE)
+    X(cache, GW_HOOK_POST_ROUTE)                                                                   \
+    X(llm, GW_HOOK_POST_ROUTE)
 
 #define GW_HOOK_EXTERN(name, when) extern const gw_hook_t gw_hook_##name;
 GW_HOOK_TABLE(GW_HOOK_EXTERN)

@@ -6,11 +6,17 @@
  * upstream names come from the conf, error kinds and parse-error reasons
  * are static strings.
  */
+#include <stdio.h>
+
+#include "common/procstat.h"
+#include "common/version.h"
+#include "gateway/gw_llm.h"
 #include "gateway/gw_metrics.h"
 #include "gateway/gw_rt.h"
 #include "gateway/gw_types.h"
 
 gw_metrics_t gw_m;
+gw_reload_state_t gw_reload_state;
 
 void gw_metrics_init(const char *(*route_name)(gw_route_t r))
 {
@@ -29,6 +35,10 @@ void gw_metrics_init(const char *(*route_name)(gw_route_t r))
                 const char *v[3] = {route_name((gw_route_t)r), classes[k], protocols[p]};
                 gw_m.requests[r][k][p] = sl_metric_series(req, v);
             }
+        }
+        for (int p = 0; p < 2; p++) {
+            const char *v499[3] = {route_name((gw_route_t)r), "499", protocols[p]};
+            gw_m.requests_499[r][p] = sl_metric_series(req, v499);
         }
         gw_m.duration[r] = sl_metric_series1(dur, route_name((gw_route_t)r));
     }
@@ -51,7 +61,8 @@ void gw_metrics_init(const char *(*route_name)(gw_route_t r))
         SL_METRIC_COUNTER, "upstream,reused", NULL, 0);
     gw_m.up_ttfb = sl_metric_register(
         "sluice_upstream_ttfb_seconds",
-        "Time from sending a request upstream to the first byte of its response.",
+        "Time from sending a request upstream to the first byte of its response headers (not "
+        "the first token: sluice_time_to_first_token_seconds).",
         SL_METRIC_HISTOGRAM, "upstream", NULL, 0);
     gw_m.parse_errors = sl_metric_register("sluice_http_parse_errors_total",
                                            "Client requests rejected by the HTTP parser.",
@@ -74,6 +85,49 @@ void gw_metrics_init(const char *(*route_name)(gw_route_t r))
         sl_metric_register("sluice_http2_events_total",
                            "HTTP/2 connections, streams, and what the hardening refused, by event.",
                            SL_METRIC_COUNTER, "event", NULL, 0);
+    const char *bv[2] = {sl_version(), sl_version_commit()};
+    sl_gauge_set(sl_metric_series(sl_metric_register("sluice_build_info",
+                                                     "sluice's version and commit (always 1).",
+                                                     SL_METRIC_GAUGE, "version,commit", NULL, 0),
+                                  bv),
+                 1);
+    gw_m.reload_ok = sl_metric_series0(
+        sl_metric_register("sluice_config_last_reload_successful",
+                           "1 if the last reload (or the start) succeeded, 0 if it failed.",
+                           SL_METRIC_GAUGE, NULL, NULL, 0));
+    gw_m.reload_ts = sl_metric_series0(
+        sl_metric_register("sluice_config_last_reload_success_timestamp_seconds",
+                           "Unix time of the last successful load (the start counts).",
+                           SL_METRIC_GAUGE, NULL, NULL, 0));
+    gw_llm_metrics_init();
+    sl_procstat_register(); /* process_* at every scrape */
+    /* The start is the first successful load. */
+    if (!gw_reload_state.generation) {
+        double now = (double)sl_wall_ms() / 1e3;
+        gw_reload_state.generation = 1;
+        gw_reload_state.started_time = now;
+        gw_reload_state.started_ns = sl_now_ns();
+        gw_reload_state.last_success = now;
+        gw_reload_state.last_ok = true;
+        sl_gauge_set(gw_m.reload_ok, 1);
+        sl_gauge_set(gw_m.reload_ts, sl_wall_s());
+    }
+}
+
+void gw_metrics_reload(bool ok, const char *err)
+{
+    sl_counter_add(sl_metric_series1(gw_m.reloads, ok ? "ok" : "error"), 1);
+    double now = (double)sl_wall_ms() / 1e3;
+    gw_reload_state.last_time = now;
+    gw_reload_state.last_ok = ok;
+    snprintf(gw_reload_state.last_error, sizeof(gw_reload_state.last_error), "%s",
+             ok || !err ? "" : err);
+    sl_gauge_set(gw_m.reload_ok, ok ? 1 : 0);
+    if (ok) {
+        gw_reload_state.generation++;
+        gw_reload_state.last_success = now;
+        sl_gauge_set(gw_m.reload_ts, sl_wall_s());
+    }
 }
 
 void gw_metrics_upstream_error(const gw_pool_rt_t *p, const char *kind)

@@ -9,7 +9,9 @@
 #include "gateway/gw_types.h"
 
 typedef struct gw_metrics {
-    sl_mseries_t *requests[GW_ROUTE_COUNT][6][2]; /* code class 1..5 ([0] other), protocol */
+    sl_mseries_t *requests[GW_ROUTE_COUNT][6][2];  /* code class 1..5 ([0] other), protocol */
+    sl_mseries_t *requests_499[GW_ROUTE_COUNT][2]; /* the client left: code="499", protocol */
+    sl_mseries_t *reload_ok, *reload_ts;           /* sluice_config_last_reload_* */
     sl_mseries_t *duration[GW_ROUTE_COUNT];
     sl_mseries_t *conns_active, *streams_active;
     sl_mseries_t *bytes_client_in, *bytes_client_out, *bytes_up_in, *bytes_up_out;
@@ -27,5 +29,21 @@ extern gw_metrics_t gw_m;
  * table is a layer above, so it is passed in rather than called). */
 void gw_metrics_init(const char *(*route_name)(gw_route_t r));
 void gw_metrics_upstream_error(const gw_pool_rt_t *p, const char *kind);
+
+/* The load history /admin/state shows; main thread only (start, SIGHUP,
+ * the admin listener). */
+typedef struct gw_reload_state {
+    uint64_t generation; /* 1 at start, +1 per successful reload */
+    double started_time; /* Unix time of the start */
+    int64_t started_ns;  /* monotonic, for the uptime */
+    double last_time;    /* last reload attempt, 0: never */
+    double last_success; /* last successful load (the start counts) */
+    bool last_ok;
+    char last_error[512];
+} gw_reload_state_t;
+extern gw_reload_state_t gw_reload_state;
+/* A reload's result (err NULL when it succeeded): the counter, the two
+ * gauges and gw_reload_state. */
+void gw_metrics_reload(bool ok, const char *err);
 
 #endif

@@ -16,6 +16,7 @@
 #include <jansson.h>
 
 #include "gateway/gw_hook.h"
+#include "gateway/gw_llm.h"
 #include "gateway/gw_proxy.h"
 #include "gateway/gw_types.h"
 #include "gateway/sse.h"
@@ -84,6 +85,9 @@ struct gw_req {
     int status;
     uint64_t bytes_in, bytes_out;
     const char *error_kind; /* for logs/metrics, static string */
+    gw_llm_req_t llm;       /* TTFT, tokens (llm_metrics.c) */
+    char trace_id[33];      /* W3C trace id (32 hex), "" when none */
+    char traceparent[56];   /* the traceparent sent upstream */
 };
 
 /* respond.c: local answers */

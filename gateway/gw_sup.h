@@ -17,5 +17,7 @@ void gw_sup_shutdown(void);
 gw_sup_t *gw_sup_find(const char *upstream);
 /* True when s is NULL (nothing supervised) or its server answers. */
 bool gw_sup_healthy(const gw_sup_t *s);
+/* Restarts so far (/admin/state); 0 for NULL. */
+long long gw_sup_restarts(const gw_sup_t *s);
 
 #endif

@@ -79,6 +79,7 @@ static const char *const gw_req_drop[] = {
     "x-forwarded-proto",
     "x-forwarded-host",
     "forwarded",
+    "traceparent", /* ours goes instead: the client's trace, sluice's span */
     "x-real-ip",
     "x-request-id",
     NULL,
@@ -264,6 +265,10 @@ static void gw_proxy_write_request(gw_req_t *r, gw_upconn_t *u)
     gw_sb_u64(&b, blen);
     gw_sb_lit(&b, "\r\nX-Request-Id: ");
     gw_sb_str(&b, r->id);
+    if (r->traceparent[0]) {
+        gw_sb_lit(&b, "\r\ntraceparent: ");
+        gw_sb_str(&b, r->traceparent);
+    }
     gw_sb_lit(&b, "\r\nX-Forwarded-For: ");
     gw_sb_str(&b, r->c->peer);
     if (r->c->tls)
@@ -595,6 +600,8 @@ static int gw_proxy_event_cb(void *arg, const gw_sse_event_t *ev)
         gw_sse_responses_scan(ev, &r->sse_finished);
     else
         gw_sse_finish_scan(ev, &r->sse_finished);
+    if (!ev->comment_only) /* TTFT, gaps, usage: as the upstream sent them, before any hook */
+        gw_llm_sse_event(r, ev);
     if (!r->ev_hooks || ev->comment_only) {
         gw_proxy_write(r, ev->raw, ev->raw_len);
         return 0;
@@ -632,6 +639,7 @@ void gw_proxy_local_stream_begin(gw_req_t *r)
 
 int gw_proxy_local_stream_event(gw_req_t *r, const char *data, size_t len)
 {
+    gw_llm_event(r, data, len);
     return gw_proxy_emit(r, data, len, NULL, 0);
 }
 
@@ -652,6 +660,7 @@ void gw_proxy_local_stream_end(gw_req_t *r, const char *error_code, const char *
 
 void gw_proxy_local_body(gw_req_t *r, json_t *body)
 {
+    gw_llm_body(r, body); /* the engine's usage */
     r->att.upstatus = 200;
     bool modified = false;
     if (gw_hooks_want_body(r) && gw_hooks_body(r, body, &modified) != 0) {
@@ -715,6 +724,7 @@ static int gw_proxy_body_cb(void *arg, const char *p, size_t n)
     gw_req_t *r = arg;
     if (r->att.sse)
         return gw_sse_feed(r->att.sse, p, n, gw_proxy_event_cb, r);
+    gw_llm_body_bytes(r, p, n); /* its tail, for the usage (no buffering) */
     if (r->buffer_body) {
         size_t have = evbuffer_get_length(r->resp_body);
         if (r->body_hooks && have + n > GW_PROXY_MAX_BUFFERED)

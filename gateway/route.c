@@ -9,15 +9,19 @@
 #include <string.h>
 
 #include "fallback/fallback.h"
+#include "gateway/gw_admin.h"
 #include "gateway/gw_conn.h"
 #include "gateway/gw_fallback.h"
 #include "gateway/gw_flow.h"
 #include "gateway/gw_hook.h"
+#include "gateway/gw_llm.h"
+#include "gateway/gw_proxy.h"
 #include "gateway/gw_req.h"
 #include "gateway/gw_route.h"
 #include "gateway/gw_rt.h"
 #include "gateway/gw_server.h"
 #include "gateway/gw_sup.h"
+#include "gateway/gw_trace.h"
 #include "gateway/gw_types.h"
 #include "gateway/http1.h"
 #include "model/model.h"
@@ -107,6 +111,7 @@ static void gw_route_metrics(gw_req_t *r)
 {
     const gw_http_msg_t *m = gw_http_msg(r->c->parser);
     gw_hooks_metrics(r->c->w->srv);
+    gw_llm_scrape(r->rt);
     size_t len = 0;
     char *text = sl_metrics_render(&len);
     if (!text) {
@@ -192,6 +197,10 @@ static const gw_route_row_t gw_routes[] = {
      "Use GET for /metrics."},
     {GW_ROUTE_EXACT("/admin/revoke"), GW_ROUTE_ADMIN, GW_ON_ADMIN, GW_M_POST, false,
      gw_auth_revoke_route, "Use POST for /admin/revoke."},
+    {GW_ROUTE_EXACT("/admin/state"), GW_ROUTE_ADMIN, GW_ON_ADMIN, GW_M_GET, false,
+     gw_admin_state_route, "Use GET for /admin/state."},
+    {GW_ROUTE_EXACT("/"), GW_ROUTE_ADMIN, GW_ON_ADMIN, GW_M_GET, false, gw_admin_status_page_route,
+     "Use GET for the status page."},
 };
 
 static const gw_route_row_t *gw_route_find(const char *p, size_t n, unsigned listener)
@@ -221,9 +230,26 @@ static bool gw_route_passthrough(const conf_t *c, const char *p, size_t n)
     return false;
 }
 
+/* The client's trace, when it sent a valid traceparent, or a new one; the
+ * upstream gets it with sluice's own span id (proxy.c), the access log its
+ * trace id. */
+static void gw_route_trace(gw_req_t *r, const gw_http_msg_t *m)
+{
+    const gw_http_header_t *h = gw_http_header_find(m, "traceparent");
+    uint8_t flags = 0;
+    uint64_t rnd[3];
+    gw_trace_random(rnd, 3);
+    if (!h || !gw_trace_parse(h->value, h->value_len, r->trace_id, &flags)) {
+        gw_trace_new_id(r->trace_id, rnd[0], rnd[1]);
+        flags = 0; /* sluice records no spans: not sampled */
+    }
+    gw_trace_format(r->traceparent, sizeof(r->traceparent), r->trace_id, rnd[2], flags);
+}
+
 void gw_route_dispatch(gw_req_t *r)
 {
     const gw_http_msg_t *m = gw_http_msg(r->c->parser);
+    gw_route_trace(r, m);
     const char *path = m->target;
     size_t n = m->path_len;
     bool admin = r->c->admin;

@@ -143,9 +143,9 @@ static int gw_listens_open(const conf_t *c, char *err, size_t errlen)
 
 /* ---- signals ----------------------------------------------------------- */
 
-static void gw_count_reload(const char *result)
+static void gw_count_reload(const char *result, const char *err)
 {
-    sl_counter_add(sl_metric_series1(gw_m.reloads, result), 1);
+    gw_metrics_reload(strcmp(result, "ok") == 0, err);
 }
 
 /* Supervised commands are started once: a reload may not change them. */
@@ -178,7 +178,7 @@ static void gw_reload(void)
     conf_t *c = conf_load(gw_srv.conf_path, err, sizeof(err));
     if (!c) {
         sl_error("reload refused: %s", err);
-        gw_count_reload("error");
+        gw_count_reload("error", err);
         return;
     }
     gw_rt_t *old = gw_server_rt(&gw_srv);
@@ -187,14 +187,14 @@ static void gw_reload(void)
         sl_error("reload refused: %s", err);
         gw_rt_unref(old);
         conf_free(c);
-        gw_count_reload("error");
+        gw_count_reload("error", err);
         return;
     }
     gw_rt_unref(old);
     gw_rt_t *rt = gw_rt_new(c, gw_srv.shared, err, sizeof(err));
     if (!rt) {
         sl_error("reload refused: %s", err);
-        gw_count_reload("error");
+        gw_count_reload("error", err);
         return;
     }
     if (gw_accesslog_open(rt->conf->log.access, err, sizeof(err)) != 0) {
@@ -211,7 +211,7 @@ static void gw_reload(void)
     pthread_mutex_unlock(&gw_srv.rt_lock);
     gw_rt_unref(prev);
     gw_notify_all();
-    gw_count_reload("ok");
+    gw_count_reload("ok", NULL);
     sl_info("reloaded %s (generation %llu)", gw_srv.conf_path, (unsigned long long)rt->generation);
 }
 

@@ -70,6 +70,11 @@ bool gw_sup_healthy(const gw_sup_t *s)
     return !s || atomic_load_explicit(&s->healthy, memory_order_relaxed);
 }
 
+long long gw_sup_restarts(const gw_sup_t *s)
+{
+    return s && s->m_restarts ? (long long)sl_counter_value(s->m_restarts) : 0;
+}
+
 gw_sup_t *gw_sup_find(const char *upstream)
 {
     for (gw_sup_t *s = gw_sups; s; s = s->next)

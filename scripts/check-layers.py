@@ -62,6 +62,7 @@ HEADER_LAYER = {
     "gw_h2.h": 5,
     "gw_worker.h": 6,
     "gw_server.h": 7,
+    "gw_llm.h": 0, "gw_admin.h": 4, "gw_trace.h": 0,
 }
 # .c files whose layer is not that of a same-named header.
 SOURCE_LAYER = {
@@ -74,6 +75,7 @@ SOURCE_LAYER = {
     "rt.c": 0, "tls.c": 0, "gw_metrics.c": 0, "wio.c": 0, "http1.c": 0, "sse.c": 0,
     "supervise.c": 0, "sse_finish.c": 0, "json_intake.c": 0, "gzip.c": 0,
     "upgrade.c": 7,
+    "llm_metrics.c": 3, "hook_llm.c": 3, "admin.c": 4, "trace.c": 0,
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)

@@ -58,7 +58,8 @@ def test_promtool_accepts_metrics(sluice, mock, promtool):
     text = sluice.metrics_text()
     ok, out = helpers.promtool_check(text)
     assert ok, out + "\n" + text[:3000]
-    assert all(ln.startswith("sluice_") or ln.startswith("#") or not ln.strip()
+    # sluice_ and, like every exporter, process_ (docs/metrics.md)
+    assert all(ln.startswith(("sluice_", "process_")) or ln.startswith("#") or not ln.strip()
                for ln in text.splitlines()), "a metric without the sluice_ prefix"
 
 
@@ -75,7 +76,8 @@ def test_every_listed_metric_present(sluice, mock):
     dirs = {l.get("direction") for _, l, _ in m.find("sluice_bytes_total")}
     assert {"client_in", "client_out", "upstream_in", "upstream_out"} <= dirs, dirs
     codes = {l.get("code") for _, l, _ in m.find("sluice_requests_total")}
-    assert codes <= {"1xx", "2xx", "3xx", "4xx", "5xx"} and {"2xx", "4xx"} <= codes, codes
+    # the classes, and 499 for a client that left (docs/metrics.md)
+    assert codes <= {"1xx", "2xx", "3xx", "4xx", "499", "5xx"} and {"2xx", "4xx"} <= codes, codes
 
 
 def test_request_counts_and_duration_histogram(sluice, mock):

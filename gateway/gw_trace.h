@@ -1,0 +1,35 @@
+/*
+ * gw_trace.h — W3C Trace Context (trace.c): the strict parse of a client's
+ * `traceparent` and the one sluice sends upstream, so a request can be
+ * followed from the app through sluice to the model server by its trace id.
+ */
+#ifndef GW_TRACE_H
+#define GW_TRACE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define GW_TRACEPARENT_LEN 55 /* "00-" 32 hex "-" 16 hex "-" 2 hex */
+
+/* Parses a traceparent value by the W3C rules: version two lowercase hex
+ * digits other than "ff" (version 00: exactly 55 characters; a later
+ * version may append "-..." fields, which are ignored), a trace id of 32
+ * lowercase hex digits not all zero, a parent id of 16 not all zero, two
+ * hex digits of flags. On success fills trace_id (33 bytes, NUL-ended) and
+ * flags (the byte) and returns true; anything else is false (a new trace
+ * is started then, as the spec says). */
+bool gw_trace_parse(const char *v, size_t n, char trace_id[33], uint8_t *flags);
+
+/* Writes "00-<trace_id>-<span as 16 hex>-<flags as 2 hex>" into out (at
+ * least GW_TRACEPARENT_LEN + 1 bytes). */
+void gw_trace_format(char *out, size_t cap, const char *trace_id, uint64_t span, uint8_t flags);
+
+/* n random words (OpenSSL's generator; a clock-mixed fallback if it
+ * fails, ids need not be secret, only unique). */
+void gw_trace_random(uint64_t *out, size_t n);
+
+/* A trace id from two random words (never all zero). */
+void gw_trace_new_id(char trace_id[33], uint64_t hi, uint64_t lo);
+
+#endif

@@ -1,0 +1,86 @@
+/*
+ * hook_llm.c — the LLM metrics' hook, last in the chain: makes every
+ * streamed request carry stream_options.include_usage (so the upstream's
+ * usage can be counted; the relay reads it in gw_llm_event before any hook)
+ * and, when the client did not ask for it, drops or rewrites the usage
+ * chunk on the way out so the client sees what it asked for. The ratelimit hook injects the same
+ * thing for token budgets and strips it itself: then this one finds the
+ * flag already set and leaves the stream alone.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "gateway/gw_hook.h"
+#include "gateway/gw_llm.h"
+#include "gateway/gw_req.h"
+#include "gateway/gw_types.h"
+#include "ratelimit/ratelimit.h"
+
+static gw_hook_rc_t gw_llm_on_request(gw_req_t *r, void **state)
+{
+    if (!r->json || !r->model || (r->route != GW_ROUTE_CHAT && r->route != GW_ROUTE_COMPLETIONS))
+        return GW_HOOK_NEXT;
+    if (!r->stream)
+        return GW_HOOK_NEXT; /* a JSON answer's usage is read from its tail */
+    /* A stream needs the hook only to strip what it asked for: the relay
+     * reads the events itself (gw_llm_sse_event). */
+    json_t *so = json_object_get(r->json, "stream_options");
+    if (json_is_true(json_object_get(so, "include_usage")))
+        return GW_HOOK_NEXT; /* the client, or the ratelimit hook, asked */
+    if (so && !json_is_object(so))
+        return GW_HOOK_NEXT; /* the upstream will say what is wrong with it */
+    rl_stream_t *strip = rl_stream_new(true);
+    if (!strip)
+        return GW_HOOK_NEXT; /* no usage then: the metrics add nothing (no guessing) */
+    static const char member[] = "\"stream_options\":{\"include_usage\":true}";
+    _Static_assert(sizeof(member) <= sizeof(r->body_add), "body_add holds the member");
+    if (!so && !r->body_dirty && !r->body_add[0]) {
+        /* Only a member to add: appended to the client's bytes, the body
+         * is not serialised again (r->json gets it too, for the engine). */
+        memcpy(r->body_add, member, sizeof(member));
+        r->body_add_first = false; /* the body has "model" at least */
+    } else {
+        r->body_dirty = true;
+    }
+    if (!so) {
+        so = json_object();
+        json_object_set_new(r->json, "stream_options", so);
+    }
+    json_object_set_new(so, "include_usage", json_true());
+    *state = strip;
+    return GW_HOOK_NEXT;
+}
+
+static gw_ev_rc_t gw_llm_on_event(gw_req_t *r, void *state, const char *data, size_t len,
+                                  gw_payloads_t *out)
+{
+    (void)r;
+    if (!gw_llm_has_usage_key(data, len))
+        return GW_EV_PASS; /* no usage in it: nothing to strip, no parse */
+    char *rw = NULL;
+    size_t rwlen = 0;
+    switch (rl_stream_feed(state, data, len, &rw, &rwlen)) {
+    case RL_CHUNK_DROP:
+        return GW_EV_REPLACE; /* nothing pushed: the usage-only chunk is dropped */
+    case RL_CHUNK_REWRITE:
+        if (gw_payloads_push(out, rw, rwlen) != 0)
+            return GW_EV_STOP;
+        return GW_EV_REPLACE;
+    default:
+        return GW_EV_PASS;
+    }
+}
+
+static void gw_llm_on_end(gw_req_t *r, void *state, gw_end_t how)
+{
+    (void)r;
+    (void)how;
+    rl_stream_free(state);
+}
+
+const gw_hook_t gw_hook_llm = {
+    .name = "llm",
+    .on_request = gw_llm_on_request,
+    .on_event = gw_llm_on_event,
+    .on_end = gw_llm_on_end,
+};

@@ -1,0 +1,365 @@
+/*
+ * llm_metrics.c — the per-model LLM metrics of docs/metrics.md: TTFT and
+ * inter-token histograms, tokens from the upstream's usage, requests by
+ * model and exact status, the answering tier, and the gauges read at
+ * scrape time (servers in service, the in-process engines). Labels come
+ * from the conf (model, upstream names) or closed lists (code, tier, kind),
+ * so the series stay bounded.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "fallback/fallback.h"
+#include "gateway/gw_llm.h"
+#include "gateway/gw_req.h"
+#include "gateway/gw_rt.h"
+#include "gateway/gw_sup.h"
+#include "model/model.h"
+
+static struct {
+    sl_metric_t *ttft, *itl, *tokens, *requests, *tier;
+    sl_metric_t *eng_queue, *eng_busy, *eng_tokens, *servers, *in_service;
+} gw_llm_m;
+
+void gw_llm_metrics_init(void)
+{
+    gw_llm_m.ttft = sl_metric_register(
+        "sluice_time_to_first_token_seconds",
+        "From the first byte of a request to the first token sent (a non-streamed answer: "
+        "its end).",
+        SL_METRIC_HISTOGRAM, "model,stream", sl_metrics_ttft_buckets, sl_metrics_ttft_nbuckets);
+    gw_llm_m.itl = sl_metric_register(
+        "sluice_inter_token_seconds", "Gap between consecutive content events of a stream.",
+        SL_METRIC_HISTOGRAM, "model", sl_metrics_itl_buckets, sl_metrics_itl_nbuckets);
+    gw_llm_m.tokens =
+        sl_metric_register("sluice_tokens_total", "Tokens from the upstream's usage, by model.",
+                           SL_METRIC_COUNTER, "model,kind", NULL, 0);
+    gw_llm_m.requests =
+        sl_metric_register("sluice_model_requests_total",
+                           "Client requests for a model by exact status (499: the client left).",
+                           SL_METRIC_COUNTER, "model,code", NULL, 0);
+    gw_llm_m.tier =
+        sl_metric_register("sluice_answer_tier_total", "Which tier answered a request for a model.",
+                           SL_METRIC_COUNTER, "model,tier", NULL, 0);
+    gw_llm_m.eng_queue = sl_metric_register("sluice_engine_queue_length",
+                                            "Requests waiting for the in-process engine.",
+                                            SL_METRIC_GAUGE, "upstream", NULL, 0);
+    gw_llm_m.eng_busy = sl_metric_register("sluice_engine_busy",
+                                           "Sequences the in-process engine is generating now.",
+                                           SL_METRIC_GAUGE, "upstream", NULL, 0);
+    gw_llm_m.eng_tokens = sl_metric_register(
+        "sluice_engine_tokens_total", "Tokens the in-process engine generated (kind completion).",
+        SL_METRIC_COUNTER, "upstream,kind", NULL, 0);
+    gw_llm_m.servers =
+        sl_metric_register("sluice_upstream_servers", "Servers configured in a pool.",
+                           SL_METRIC_GAUGE, "upstream", NULL, 0);
+    gw_llm_m.in_service = sl_metric_register("sluice_upstream_servers_in_service",
+                                             "Servers of a pool a request may be sent to now.",
+                                             SL_METRIC_GAUGE, "upstream", NULL, 0);
+}
+
+/* Template and queued answers are not a model's tokens. */
+static bool gw_llm_model_answers(const gw_req_t *r)
+{
+    return r->model && !(r->fallback && strcmp(r->fallback, "template") == 0);
+}
+
+/* Content: a chat delta's text or tool call, or a completion's text. */
+static bool gw_llm_has_content(const json_t *j)
+{
+    const json_t *choices = json_object_get(j, "choices");
+    size_t i;
+    const json_t *c;
+    json_array_foreach(choices, i, c)
+    {
+        const json_t *d = json_object_get(c, "delta");
+        const json_t *s = json_object_get(d, "content");
+        if (json_is_string(s) && json_string_length(s) > 0)
+            return true;
+        if (json_array_size(json_object_get(d, "tool_calls")) > 0)
+            return true;
+        s = json_object_get(c, "text");
+        if (json_is_string(s) && json_string_length(s) > 0)
+            return true;
+    }
+    return false;
+}
+
+static void gw_llm_usage(gw_req_t *r, const json_t *usage)
+{
+    const json_t *p = json_object_get(usage, "prompt_tokens");
+    const json_t *c = json_object_get(usage, "completion_tokens");
+    if (!json_is_integer(p) && !json_is_integer(c))
+        return;
+    json_int_t pv = json_is_integer(p) ? json_integer_value(p) : 0;
+    json_int_t cv = json_is_integer(c) ? json_integer_value(c) : 0;
+    if (pv < 0 || cv < 0)
+        return;
+    r->llm.prompt_tokens += pv;
+    r->llm.completion_tokens += cv;
+    r->llm.have_usage = true;
+    const char *vp[2] = {r->model->name, "prompt"};
+    const char *vc[2] = {r->model->name, "completion"};
+    sl_counter_add(sl_metric_series(gw_llm_m.tokens, vp), (uint64_t)pv);
+    sl_counter_add(sl_metric_series(gw_llm_m.tokens, vc), (uint64_t)cv);
+}
+
+/* A content or token arrived now: TTFT for the first, a gap for the rest. */
+static void gw_llm_token(gw_req_t *r)
+{
+    int64_t now = sl_now_ns();
+    if (!r->llm.first_token_ns) {
+        r->llm.first_token_ns = now;
+        r->llm.ttft = (double)(now - r->start_ns) / 1e9;
+        const char *v[2] = {r->model->name, "true"};
+        sl_histogram_observe(sl_metric_series(gw_llm_m.ttft, v), r->llm.ttft);
+    } else {
+        if (!r->llm.itl)
+            r->llm.itl = sl_metric_series1(gw_llm_m.itl, r->model->name);
+        sl_histogram_observe(r->llm.itl, (double)(now - r->llm.last_token_ns) / 1e9);
+    }
+    r->llm.last_token_ns = now;
+}
+
+static bool gw_llm_scan_content(const char *p, size_t n);
+static const char *gw_llm_after_key(const char *p, size_t n, const char *key, size_t klen);
+
+void gw_llm_event(gw_req_t *r, const char *data, size_t len)
+{
+    if (!gw_llm_model_answers(r) || len == 0 || data[0] != '{')
+        return;                             /* [DONE], or not a JSON chunk */
+    if (!gw_llm_has_usage_key(data, len)) { /* most events: a scan, no parse */
+        if (gw_llm_scan_content(data, len))
+            gw_llm_token(r);
+        return;
+    }
+    json_t *j = json_loadb(data, len, 0, NULL);
+    if (!j)
+        return;
+    const json_t *usage = json_object_get(j, "usage");
+    if (json_is_object(usage))
+        gw_llm_usage(r, usage);
+    if (gw_llm_has_content(j))
+        gw_llm_token(r);
+    json_decref(j);
+}
+
+/* `"key":` then optional blanks, then what follows, or NULL. Inside a JSON
+ * string a quote is always escaped, so an unescaped `"key":` is a key. */
+static const char *gw_llm_after_key(const char *p, size_t n, const char *key, size_t klen)
+{
+    const char *end = p + n;
+    while (p < end) {
+        const char *k = memmem(p, (size_t)(end - p), key, klen);
+        if (!k)
+            return NULL;
+        const char *v = k + klen;
+        while (v < end && (*v == ' ' || *v == '\t'))
+            v++;
+        if (v < end)
+            return v;
+        p = k + 1;
+    }
+    return NULL;
+}
+
+bool gw_llm_has_usage_key(const char *p, size_t n)
+{
+    /* an object, not the "usage":null some servers put in every chunk */
+    const char *end = p + n;
+    while (p < end) {
+        const char *v = gw_llm_after_key(p, (size_t)(end - p), "\"usage\":", 8);
+        if (!v)
+            return false;
+        if (*v == '{')
+            return true;
+        p = v;
+    }
+    return false;
+}
+
+/* A non-empty string value of content or text, or a tool call: the same
+ * test as gw_llm_has_content, on the bytes. */
+static bool gw_llm_scan_content(const char *p, size_t n)
+{
+    static const struct {
+        const char *key;
+        size_t len;
+    } keys[] = {{"\"content\":", 10}, {"\"text\":", 7}, {"\"tool_calls\":", 13}};
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+        const char *end = p + n, *q = p;
+        while (q < end) {
+            const char *v = gw_llm_after_key(q, (size_t)(end - q), keys[i].key, keys[i].len);
+            if (!v)
+                break;
+            if (i == 2 ? *v == '[' && v + 1 < end && v[1] != ']'
+                       : *v == '"' && v + 1 < end && v[1] != '"')
+                return true;
+            q = v;
+        }
+    }
+    return false;
+}
+
+void gw_llm_sse_event(gw_req_t *r, const gw_sse_event_t *ev)
+{
+    if (!gw_llm_model_answers(r) || ev->done)
+        return;
+    if (gw_llm_has_usage_key(ev->raw, ev->raw_len)) {
+        /* the usage chunk (or one that also carries usage): parse it */
+        char stack[2048], *data = stack;
+        long dl = gw_sse_event_data(ev, stack, sizeof(stack));
+        if (dl < 0) {
+            data = malloc(ev->raw_len + 1);
+            dl = data ? gw_sse_event_data(ev, data, ev->raw_len + 1) : -1;
+        }
+        if (dl > 0)
+            gw_llm_event(r, data, (size_t)dl);
+        if (data != stack)
+            free(data);
+        return;
+    }
+    if (gw_llm_scan_content(ev->raw, ev->raw_len))
+        gw_llm_token(r);
+}
+
+void gw_llm_body(gw_req_t *r, const json_t *body)
+{
+    const json_t *usage = json_object_get(body, "usage");
+    if (gw_llm_model_answers(r) && json_is_object(usage))
+        gw_llm_usage(r, usage);
+}
+
+void gw_llm_body_bytes(gw_req_t *r, const char *p, size_t n)
+{
+    if (!gw_llm_model_answers(r) || (r->route != GW_ROUTE_CHAT && r->route != GW_ROUTE_COMPLETIONS))
+        return;
+    if (!r->llm.tail && !(r->llm.tail = malloc(GW_LLM_TAIL)))
+        return; /* no usage then: the metrics add nothing */
+    if (n >= GW_LLM_TAIL) {
+        memcpy(r->llm.tail, p + n - GW_LLM_TAIL, GW_LLM_TAIL);
+        r->llm.tail_len = GW_LLM_TAIL;
+        return;
+    }
+    if (r->llm.tail_len + n > GW_LLM_TAIL) {
+        size_t drop = r->llm.tail_len + n - GW_LLM_TAIL;
+        memmove(r->llm.tail, r->llm.tail + drop, r->llm.tail_len - drop);
+        r->llm.tail_len -= drop;
+    }
+    memcpy(r->llm.tail + r->llm.tail_len, p, n);
+    r->llm.tail_len += n;
+}
+
+/* The usage object in the answer's tail: the last `"usage":{`, parsed by
+ * jansson from there to the end of that object (JSON_DISABLE_EOF_CHECK:
+ * what follows it is the rest of the answer). */
+static void gw_llm_tail_usage(gw_req_t *r)
+{
+    const char *p = r->llm.tail, *end = p + r->llm.tail_len, *obj = NULL;
+    while (p < end) {
+        const char *v = gw_llm_after_key(p, (size_t)(end - p), "\"usage\":", 8);
+        if (!v)
+            break;
+        if (*v == '{')
+            obj = v;
+        p = v;
+    }
+    if (!obj)
+        return;
+    json_t *u = json_loadb(obj, (size_t)(end - obj), JSON_DISABLE_EOF_CHECK, NULL);
+    if (json_is_object(u))
+        gw_llm_usage(r, u);
+    json_decref(u);
+}
+
+void gw_llm_req_free(gw_req_t *r)
+{
+    free(r->llm.tail);
+    r->llm.tail = NULL;
+    r->llm.tail_len = 0;
+}
+
+const char *gw_llm_tier(const gw_req_t *r)
+{
+    if (r->status < 200 || r->status >= 400)
+        return "error";
+    if (r->queued_id[0])
+        return "queue";
+    if (r->fallback && strcmp(r->fallback, "template") == 0)
+        return "template";
+    if ((r->fallback && strcmp(r->fallback, "local") == 0) || r->routed_local)
+        return "local";
+    if (r->retries > 0)
+        return "retry";
+    return "upstream";
+}
+
+static const char *gw_llm_code(int status, char *buf, size_t cap)
+{
+    static const int codes[] = {200, 202, 400, 401, 403, 404, 405, 408, 409,
+                                413, 422, 429, 499, 500, 502, 503, 504};
+    for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++)
+        if (codes[i] == status) {
+            snprintf(buf, cap, "%d", status);
+            return buf;
+        }
+    return "other";
+}
+
+void gw_llm_req_end(gw_req_t *r)
+{
+    if (!r->model)
+        return; /* refused before its model was known: not a model's request */
+    if (r->llm.tail && !r->llm.have_usage && r->att.upstatus >= 200 && r->att.upstatus < 300)
+        gw_llm_tail_usage(r);
+    char code[8];
+    const char *v[2] = {r->model->name, gw_llm_code(r->status, code, sizeof(code))};
+    sl_counter_add(sl_metric_series(gw_llm_m.requests, v), 1);
+    const char *t[2] = {r->model->name, gw_llm_tier(r)};
+    sl_counter_add(sl_metric_series(gw_llm_m.tier, t), 1);
+    /* A whole JSON answer: its first token reached the client with its end. */
+    bool text_route = r->route == GW_ROUTE_CHAT || r->route == GW_ROUTE_COMPLETIONS;
+    if (text_route && !r->att.resp_sse && !r->llm.first_token_ns && r->status >= 200 &&
+        r->status < 300 && !r->queued_id[0] && gw_llm_model_answers(r)) {
+        r->llm.first_token_ns = sl_now_ns();
+        r->llm.ttft = (double)(r->llm.first_token_ns - r->start_ns) / 1e9;
+        const char *s[2] = {r->model->name, "false"};
+        sl_histogram_observe(sl_metric_series(gw_llm_m.ttft, s), r->llm.ttft);
+    }
+}
+
+bool gw_llm_server_in_service(const gw_pool_rt_t *p, gw_srv_rt_t *s, int64_t now_ms)
+{
+    if (p->sup && !gw_sup_healthy(p->sup))
+        return false;
+    return fb_breaker_eligible(s->breaker, now_ms);
+}
+
+void gw_llm_scrape(const gw_rt_t *rt)
+{
+    int64_t now = sl_now_ms();
+    for (size_t i = 0; i < rt->npools; i++) {
+        const gw_pool_rt_t *p = &rt->pools[i];
+        int64_t in = 0, total = (int64_t)p->nservers;
+        for (size_t k = 0; k < p->nservers; k++)
+            in += gw_llm_server_in_service(p, p->servers[k], now);
+        if (p->engine) {
+            total = 1;
+            in = mdl_engine_ready(p->engine);
+            mdl_engine_info_t info;
+            mdl_engine_info(p->engine, &info);
+            sl_gauge_set(sl_metric_series1(gw_llm_m.eng_queue, p->name), info.queued);
+            sl_gauge_set(sl_metric_series1(gw_llm_m.eng_busy, p->name), info.running);
+            /* The engine keeps its own total; the counter catches up to it
+             * (an engine rebuilt by a reload starts again from 0: the
+             * counter then waits until the new total passes it). */
+            const char *v[2] = {p->name, "completion"};
+            sl_mseries_t *tok = sl_metric_series(gw_llm_m.eng_tokens, v);
+            uint64_t have = sl_counter_value(tok);
+            if (info.tokens_generated > have)
+                sl_counter_add(tok, info.tokens_generated - have);
+        }
+        sl_gauge_set(sl_metric_series1(gw_llm_m.servers, p->name), total);
+        sl_gauge_set(sl_metric_series1(gw_llm_m.in_service, p->name), in);
+    }
+}
