@@ -200,7 +200,7 @@ def test_ttl_expiry(sluice_factory, mock):
 
 def test_errors_and_cut_streams_are_not_stored(sluice_factory, mock):
     s = sluice_factory(overrides=global_cache())
-    mock.script({"status": 500}, {"no_done": True})
+    mock.script({"status": 500}, {"no_done": True, "no_finish": True})  # cut: no finish, no [DONE]
     r = s.request("POST", CHAT, chat_body("q", temperature=0), timeout=bound(10))
     assert r.status == 500
     r = s.request("POST", CHAT, chat_body("q", stream=True, temperature=0), timeout=bound(10))
