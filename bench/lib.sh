@@ -49,3 +49,38 @@ cpu_ticks() {
     done
     echo "$t"
 }
+
+# The model server of the policy and cache benches: nginx answering every
+# request with one fixed 265-byte chat.completion on 127.0.0.1:$1, pinned to
+# CPU $2 (uses $WORK and $NGINX_BIN). Returns once it accepts.
+nginx_fixed_upstream() {
+    local port=$1 cpu=$2
+    mkdir -p "$WORK/nginx/tmp"
+    cat >"$WORK/nginx/nginx.conf" <<EOF
+worker_processes 1;
+daemon off;
+master_process on;
+pid $WORK/nginx/nginx.pid;
+error_log $WORK/nginx/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    keepalive_requests 1000000;
+    client_body_temp_path $WORK/nginx/tmp/body;
+    proxy_temp_path $WORK/nginx/tmp/proxy;
+    fastcgi_temp_path $WORK/nginx/tmp/fastcgi;
+    uwsgi_temp_path $WORK/nginx/tmp/uwsgi;
+    scgi_temp_path $WORK/nginx/tmp/scgi;
+    server {
+        listen 127.0.0.1:$port;
+        location / {
+            default_type application/json;
+            return 200 '{"id":"chatcmpl-bench","object":"chat.completion","created":0,"model":"bench-model","choices":[{"index":0,"message":{"role":"assistant","content":"Hello! How can I help?"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":7,"total_tokens":16}}';
+        }
+    }
+}
+EOF
+    spawn taskset -c "$cpu" "$NGINX_BIN" -p "$WORK/nginx/" -e "$WORK/nginx/error.log" \
+        -c "$WORK/nginx/nginx.conf"
+    wait_port "$port" "$LAST"
+}
