@@ -238,16 +238,10 @@ const char *cache_taint_name(unsigned taint)
     return "none";
 }
 
-/* A growing text with a shared budget. */
-typedef struct cache_buf {
-    char *p;
-    size_t len, cap;
-} cache_buf_t;
-
 typedef struct cache_rchoice {
     bool seen;
     char *role;
-    cache_buf_t content;
+    sl_buf_t content;
     bool has_content;
     json_t *tool_calls; /* array of {id, type, function: {name, arguments}} */
     char *finish;
@@ -309,24 +303,6 @@ static bool cache_rec_spend(cache_rec_t *r, size_t n)
         return false;
     }
     return true;
-}
-
-static int cache_buf_add(cache_buf_t *b, const char *s, size_t n)
-{
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p)
-            return -1;
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-    return 0;
 }
 
 static int cache_set_str(char **dst, const json_t *v)
@@ -484,7 +460,7 @@ void cache_rec_event(cache_rec_t *r, const char *data, size_t len)
             size_t n = json_string_length(content);
             if (!cache_rec_spend(r, n))
                 goto out;
-            if (cache_buf_add(&ch->content, json_string_value(content), n) != 0) {
+            if (sl_buf_add(&ch->content, json_string_value(content), n) != 0) {
                 r->taint |= CACHE_TAINT_MALFORMED;
                 goto out;
             }
@@ -800,16 +776,16 @@ int cache_entry_sse(const cache_entry_t *e, const cache_replay_opts_t *o, cache_
 
 static int cache_frame(void *arg, const char *data, size_t len)
 {
-    cache_buf_t *b = arg;
-    if (cache_buf_add(b, "data: ", 6) != 0 || cache_buf_add(b, data, len) != 0 ||
-        cache_buf_add(b, "\n\n", 2) != 0)
+    sl_buf_t *b = arg;
+    if (sl_buf_add(b, "data: ", 6) != 0 || sl_buf_add(b, data, len) != 0 ||
+        sl_buf_add(b, "\n\n", 2) != 0)
         return -1;
     return 0;
 }
 
 char *cache_entry_sse_body(const cache_entry_t *e, const cache_replay_opts_t *o, size_t *len)
 {
-    cache_buf_t b = {0};
+    sl_buf_t b = {0};
     if (cache_entry_sse(e, o, cache_frame, &b) != 0) {
         free(b.p);
         return NULL;

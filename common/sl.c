@@ -102,3 +102,30 @@ void sl_hex(const unsigned char *in, size_t n, char *out)
     }
     out[2 * n] = '\0';
 }
+
+int sl_buf_add(sl_buf_t *b, const void *s, size_t n)
+{
+    if (n == 0)
+        return 0;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 64;
+        while (cap < b->len + n + 1)
+            cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p)
+            return -1;
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+    return 0;
+}
+
+void sl_buf_free(sl_buf_t *b)
+{
+    free(b->p);
+    b->p = NULL;
+    b->len = b->cap = 0;
+}

@@ -59,4 +59,16 @@ size_t sl_i64toa(int64_t v, char *out);
 /* Lowercase hex of n bytes into out (2n+1 bytes, NUL-terminated). */
 void sl_hex(const unsigned char *in, size_t n, char *out);
 
+/* A growable byte buffer, always NUL-terminated once anything was added
+ * (p stays NULL until then). Zero-initialise it; sl_buf_free releases it. */
+typedef struct sl_buf {
+    char *p;
+    size_t len, cap;
+} sl_buf_t;
+
+/* Appends n bytes (doubling the capacity as needed); -1 when out of memory,
+ * the buffer unchanged. */
+int sl_buf_add(sl_buf_t *b, const void *s, size_t n) SL_WUR;
+void sl_buf_free(sl_buf_t *b);
+
 #endif

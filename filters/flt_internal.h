@@ -17,16 +17,6 @@
 #include "common/metrics.h"
 #include "filters/filters.h"
 
-/* ---- growable byte buffer ----------------------------------------------- */
-
-typedef struct flt_buf {
-    char *p;
-    size_t len, cap;
-} flt_buf_t;
-
-int flt_buf_add(flt_buf_t *b, const void *s, size_t n) SL_WUR;
-void flt_buf_free(flt_buf_t *b);
-
 /* ---- UTF-8 and folding (fold.c) ------------------------------------------ */
 
 /* 1 when s[0..n) is valid UTF-8 (no overlongs, no surrogates). */
@@ -171,15 +161,15 @@ typedef enum flt_chan_rc {
  * anything else is an error) and appends the text released by it (masks
  * applied) to out. BLOCK: a block rule matched; nothing is appended and the
  * channel takes no more text. */
-flt_chan_rc_t flt_chan_feed(flt_chan_t *c, const char *s, size_t n, flt_buf_t *out) SL_WUR;
+flt_chan_rc_t flt_chan_feed(flt_chan_t *c, const char *s, size_t n, sl_buf_t *out) SL_WUR;
 /* End of text: releases everything held back (final, non-partial regex pass). */
-flt_chan_rc_t flt_chan_finish(flt_chan_t *c, flt_buf_t *out) SL_WUR;
+flt_chan_rc_t flt_chan_finish(flt_chan_t *c, sl_buf_t *out) SL_WUR;
 /* Original bytes held back now. */
 size_t flt_chan_held(const flt_chan_t *c);
 
 /* Whole text at once: out gets the filtered text (masks applied). Same rules
  * and result as feeding it in pieces. */
 flt_chan_rc_t flt_text_filter(const flt_ruleset_t *rs, const char *s, size_t n,
-                              flt_buf_t *out) SL_WUR;
+                              sl_buf_t *out) SL_WUR;
 
 #endif

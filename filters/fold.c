@@ -9,33 +9,6 @@
 
 #include "filters/flt_internal.h"
 
-int flt_buf_add(flt_buf_t *b, const void *s, size_t n)
-{
-    if (n == 0)
-        return 0;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 64;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p)
-            return -1;
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-    return 0;
-}
-
-void flt_buf_free(flt_buf_t *b)
-{
-    free(b->p);
-    b->p = NULL;
-    b->len = b->cap = 0;
-}
-
 /* Table lookups keep the automaton's inner loop branch-free. */
 #define L4(x)  x, x + 1, x + 2, x + 3
 #define L16(x) L4(x), L4(x + 4), L4(x + 8), L4(x + 12)

@@ -195,7 +195,7 @@ static flt_req_verdict_t check_rules(const flt_ruleset_t *rs, json_t *m, size_t 
     }
     flt_req_verdict_t v = FLT_REQ_OK;
     flt_chan_t ch;
-    flt_buf_t *outs = ntexts ? calloc(ntexts, sizeof *outs) : NULL;
+    sl_buf_t *outs = ntexts ? calloc(ntexts, sizeof *outs) : NULL;
     if (ntexts && (!outs || flt_chan_init(&ch, rs) != 0)) {
         free(outs);
         if (texts != one)
@@ -230,7 +230,7 @@ static flt_req_verdict_t check_rules(const flt_ruleset_t *rs, json_t *m, size_t 
     flt_chan_fini(&ch);
 done:
     for (size_t k = 0; k < ntexts; k++)
-        flt_buf_free(&outs[k]);
+        sl_buf_free(&outs[k]);
     free(outs);
     if (texts != one)
         free(texts);
@@ -318,7 +318,7 @@ int flt_response_filter(flt_ruleset_t *rs, json_t *body, bool *modified)
     json_t *choices = json_object_get(body, "choices");
     size_t i;
     json_t *choice;
-    flt_buf_t b = {0};
+    sl_buf_t b = {0};
     json_array_foreach(choices, i, choice)
     {
         json_t *msg = json_object_get(choice, "message");
@@ -328,7 +328,7 @@ int flt_response_filter(flt_ruleset_t *rs, json_t *body, bool *modified)
         b.len = 0;
         flt_chan_rc_t rc = flt_text_filter(rs, json_string_value(c), json_string_length(c), &b);
         if (rc == FLT_CHAN_ERR) {
-            flt_buf_free(&b);
+            sl_buf_free(&b);
             return -1;
         }
         if (rc == FLT_CHAN_BLOCK) {
@@ -338,13 +338,13 @@ int flt_response_filter(flt_ruleset_t *rs, json_t *body, bool *modified)
                    memcmp(b.p ? b.p : "", json_string_value(c), b.len) == 0) {
             continue;
         } else if (json_string_setn(c, b.p ? b.p : "", b.len) != 0) {
-            flt_buf_free(&b);
+            sl_buf_free(&b);
             return -1;
         }
         if (json_object_get(choice, "logprobs"))
             json_object_set_new(choice, "logprobs", json_null());
         *modified = true;
     }
-    flt_buf_free(&b);
+    sl_buf_free(&b);
     return 0;
 }

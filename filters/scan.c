@@ -255,7 +255,7 @@ static int range_cmp(const void *pa, const void *pb)
 }
 
 /* Releases original text up to ro, masks applied. */
-static int chan_emit(flt_chan_t *c, size_t ro, flt_buf_t *out)
+static int chan_emit(flt_chan_t *c, size_t ro, sl_buf_t *out)
 {
     const flt_ruleset_t *rs = c->rs;
     if (c->nrg > 1)
@@ -269,14 +269,14 @@ static int chan_emit(flt_chan_t *c, size_t ro, flt_buf_t *out)
             continue;
         }
         size_t start = SL_MAX(pos, c->mask_until);
-        if (flt_buf_add(out, c->ob + (start - c->ostart), r->os - start) != 0 ||
-            flt_buf_add(out, rs->mask, rs->mask_len) != 0)
+        if (sl_buf_add(out, c->ob + (start - c->ostart), r->os - start) != 0 ||
+            sl_buf_add(out, rs->mask, rs->mask_len) != 0)
             return -1;
         c->mask_until = r->oe;
         pos = r->os;
     }
     size_t start = SL_MAX(pos, c->mask_until);
-    if (start < ro && flt_buf_add(out, c->ob + (start - c->ostart), ro - start) != 0)
+    if (start < ro && sl_buf_add(out, c->ob + (start - c->ostart), ro - start) != 0)
         return -1;
     if (used) {
         memmove(c->rg, c->rg + used, (c->nrg - used) * sizeof *c->rg);
@@ -314,7 +314,7 @@ static void chan_trim(flt_chan_t *c)
     c->fstart = keep;
 }
 
-static int chan_release(flt_chan_t *c, bool final, flt_buf_t *out)
+static int chan_release(flt_chan_t *c, bool final, sl_buf_t *out)
 {
     size_t fend = chan_fend(c), nre = chan_nregex(c);
     size_t R = fend;
@@ -345,7 +345,7 @@ static int chan_release(flt_chan_t *c, bool final, flt_buf_t *out)
     return 0;
 }
 
-flt_chan_rc_t flt_chan_feed(flt_chan_t *c, const char *s, size_t n, flt_buf_t *out)
+flt_chan_rc_t flt_chan_feed(flt_chan_t *c, const char *s, size_t n, sl_buf_t *out)
 {
     if (c->block_rule >= 0)
         return FLT_CHAN_BLOCK;
@@ -366,7 +366,7 @@ flt_chan_rc_t flt_chan_feed(flt_chan_t *c, const char *s, size_t n, flt_buf_t *o
     return chan_release(c, false, out) == 0 ? FLT_CHAN_OK : FLT_CHAN_ERR;
 }
 
-flt_chan_rc_t flt_chan_finish(flt_chan_t *c, flt_buf_t *out)
+flt_chan_rc_t flt_chan_finish(flt_chan_t *c, sl_buf_t *out)
 {
     if (c->block_rule >= 0)
         return FLT_CHAN_BLOCK;
@@ -381,7 +381,7 @@ flt_chan_rc_t flt_chan_finish(flt_chan_t *c, flt_buf_t *out)
     return FLT_CHAN_OK;
 }
 
-flt_chan_rc_t flt_text_filter(const flt_ruleset_t *rs, const char *s, size_t n, flt_buf_t *out)
+flt_chan_rc_t flt_text_filter(const flt_ruleset_t *rs, const char *s, size_t n, sl_buf_t *out)
 {
     flt_chan_t c;
     if (flt_chan_init(&c, rs) != 0)

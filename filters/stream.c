@@ -22,7 +22,7 @@ struct flt_stream {
     json_t *tmpl; /* the template keys of the first chunk */
     int block_rule;
     bool blocked;
-    flt_buf_t buf, fbuf; /* scratch, reused per event */
+    sl_buf_t buf, fbuf; /* scratch, reused per event */
 };
 
 void flt_out_reset(flt_out_t *o)
@@ -84,8 +84,8 @@ void flt_stream_free(flt_stream_t *st)
         free(st->ch[i]);
     }
     json_decref(st->tmpl);
-    flt_buf_free(&st->buf);
-    flt_buf_free(&st->fbuf);
+    sl_buf_free(&st->buf);
+    sl_buf_free(&st->fbuf);
     flt_ruleset_unref(st->rs);
     free(st);
 }
@@ -250,7 +250,7 @@ static flt_ev_verdict_t stream_choice(flt_stream_t *st, json_t *choice, size_t p
         return full ? stream_block(st, pre, -1) : FLT_EV_ERROR;
     json_t *delta = json_object_get(choice, "delta");
     json_t *content = json_is_object(delta) ? json_object_get(delta, "content") : NULL;
-    flt_buf_t *b = &st->buf;
+    sl_buf_t *b = &st->buf;
     b->len = 0;
     bool has_text = json_is_string(content);
     if (has_text) {

@@ -123,7 +123,7 @@ static char *fz_chunk(const char *s, size_t n, const char *finish)
 }
 
 typedef struct fz_run {
-    flt_buf_t text;
+    sl_buf_t text;
     int finish_stop, finish_filter, done, blocked;
     size_t max_held;
 } fz_run_t;
@@ -139,7 +139,7 @@ static void fz_collect(fz_run_t *r, const char *data)
         abort();
     json_t *ch = json_array_get(json_object_get(o, "choices"), 0);
     json_t *c = json_object_get(json_object_get(ch, "delta"), "content");
-    if (json_is_string(c) && flt_buf_add(&r->text, json_string_value(c), json_string_length(c)))
+    if (json_is_string(c) && sl_buf_add(&r->text, json_string_value(c), json_string_length(c)))
         abort();
     const char *f = json_string_value(json_object_get(ch, "finish_reason"));
     if (f && strcmp(f, "stop") == 0)
@@ -198,7 +198,7 @@ static void fz_stream(flt_ruleset_t *rs, const char *text, size_t n, uint64_t se
 
 /* Naive reference for the words-only ruleset: fold, find every occurrence,
  * merge overlapping ranges, one mask per merged range. */
-static void fz_naive(const char *text, size_t n, flt_buf_t *out)
+static void fz_naive(const char *text, size_t n, sl_buf_t *out)
 {
     char fold[FZ_MAX_TEXT];
     size_t map[FZ_MAX_TEXT + 1], fl = 0, i = 0;
@@ -240,9 +240,9 @@ static void fz_naive(const char *text, size_t n, flt_buf_t *out)
     for (size_t p = 0; p < n; p++) {
         int ok = 0;
         if (masked[p] == 2)
-            ok = flt_buf_add(out, "***", 3);
+            ok = sl_buf_add(out, "***", 3);
         else if (!masked[p])
-            ok = flt_buf_add(out, text + p, 1);
+            ok = sl_buf_add(out, text + p, 1);
         if (ok)
             abort();
     }
@@ -250,14 +250,14 @@ static void fz_naive(const char *text, size_t n, flt_buf_t *out)
     free(ends);
 }
 
-static void fz_fail(const char *what, const char *text, const flt_buf_t *a, const flt_buf_t *b)
+static void fz_fail(const char *what, const char *text, const sl_buf_t *a, const sl_buf_t *b)
 {
     fprintf(stderr, "%s\n text: [%s]\n want: [%.*s]\n got:  [%.*s]\n", what, text, (int)a->len,
             a->p ? a->p : "", (int)b->len, b->p ? b->p : "");
     abort();
 }
 
-static int fz_equal(const flt_buf_t *a, const flt_buf_t *b)
+static int fz_equal(const sl_buf_t *a, const sl_buf_t *b)
 {
     return a->len == b->len && (a->len == 0 || memcmp(a->p, b->p, a->len) == 0);
 }
@@ -278,7 +278,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     flt_ruleset_t *sets[2] = {fz_rs_mask, fz_rs_words};
     for (int k = 0; k < 2; k++) {
-        flt_buf_t whole = {0};
+        sl_buf_t whole = {0};
         FZ_ASSERT(flt_text_filter(sets[k], text, n, &whole) == FLT_CHAN_OK);
         fz_run_t r;
         fz_stream(sets[k], text, n, seed, &r);
@@ -286,20 +286,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (!fz_equal(&whole, &r.text))
             fz_fail("stream != whole", text, &whole, &r.text);
         if (k == 1) {
-            flt_buf_t naive = {0};
+            sl_buf_t naive = {0};
             fz_naive(text, n, &naive);
             if (!fz_equal(&naive, &whole))
                 fz_fail("whole != naive", text, &naive, &whole);
-            flt_buf_free(&naive);
+            sl_buf_free(&naive);
             /* words only: never more held than a proper prefix of the longest
              * word, in folded bytes; a folded byte is at most 3 original ones */
             FZ_ASSERT(r.max_held <= (FZ_LONGEST_WORD - 1) * 3);
         }
-        flt_buf_free(&whole);
-        flt_buf_free(&r.text);
+        sl_buf_free(&whole);
+        sl_buf_free(&r.text);
     }
 
-    flt_buf_t whole = {0};
+    sl_buf_t whole = {0};
     flt_chan_rc_t rc = flt_text_filter(fz_rs_block, text, n, &whole);
     fz_run_t r;
     fz_stream(fz_rs_block, text, n, seed, &r);
@@ -307,7 +307,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FZ_ASSERT(!r.blocked || (r.finish_filter == 1 && !r.finish_stop && !r.done));
     if (!r.blocked && !fz_equal(&whole, &r.text))
         fz_fail("stream != whole (block set)", text, &whole, &r.text);
-    flt_buf_free(&whole);
-    flt_buf_free(&r.text);
+    sl_buf_free(&whole);
+    sl_buf_free(&r.text);
     return 0;
 }

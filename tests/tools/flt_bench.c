@@ -176,7 +176,7 @@ static size_t pieces(const char *t, size_t n, size_t *off, size_t max)
 
 static void bench_text(flt_ruleset_t *rs, const char *label, const char *text, size_t n)
 {
-    flt_buf_t out = {0};
+    sl_buf_t out = {0};
     int64_t t0 = cpu_ns();
     flt_chan_rc_t rc = flt_text_filter(rs, text, n, &out);
     double s_whole = (double)(cpu_ns() - t0) / 1e9;
@@ -184,7 +184,7 @@ static void bench_text(flt_ruleset_t *rs, const char *label, const char *text, s
         fprintf(stderr, "filter failed\n");
         exit(1);
     }
-    flt_buf_free(&out);
+    sl_buf_free(&out);
 
     size_t *off = malloc((n + 2) * sizeof *off);
     size_t np = pieces(text, n, off, n);
@@ -202,7 +202,7 @@ static void bench_text(flt_ruleset_t *rs, const char *label, const char *text, s
     }
     double s_stream = (double)(cpu_ns() - t0) / 1e9;
     flt_chan_fini(&c);
-    flt_buf_free(&out);
+    sl_buf_free(&out);
     free(off);
     printf("| %-28s | %8.1f | %8.1f | %6.3f |\n", label, (double)n / 1e6 / s_whole,
            (double)n / 1e6 / s_stream, s_stream / (double)np * 1e6);

@@ -78,13 +78,13 @@ static void test_full_section(void **state)
     assert_string_equal(rs->rules[0].name, "example"); /* from the file name */
     assert_int_equal(rs->holdback_max, 8192);
     /* the block list wins over the log list for the same words */
-    flt_buf_t out = {0};
+    sl_buf_t out = {0};
     const char *fw = "a ＰＬＡＣＥＨＯＬＤＥＲ b";
     assert_int_equal(flt_text_filter(rs, fw, strlen(fw), &out), FLT_CHAN_BLOCK);
     out.len = 0;
     assert_int_equal(flt_text_filter(rs, "call 13912345678", 16, &out), FLT_CHAN_OK);
     assert_string_equal(out.p, "call [x]");
-    flt_buf_free(&out);
+    sl_buf_free(&out);
     /* request side from conf: system prompt replaces, keep_turns applies */
     json_t *b = json_loads("{\"messages\":[{\"role\":\"system\",\"content\":\"x\"},"
                            "{\"role\":\"user\",\"content\":\"hi\"}]}",

@@ -33,7 +33,7 @@ static char *feed_split(const flt_ruleset_t *rs, const char *text, const size_t 
 {
     flt_chan_t c;
     assert_int_equal(flt_chan_init(&c, rs), 0);
-    flt_buf_t out = {0};
+    sl_buf_t out = {0};
     size_t n = strlen(text), pos = 0;
     flt_chan_rc_t rc = FLT_CHAN_OK;
     for (size_t i = 0; i <= ncuts && rc == FLT_CHAN_OK; i++) {
@@ -46,7 +46,7 @@ static char *feed_split(const flt_ruleset_t *rs, const char *text, const size_t 
     *rc_out = rc;
     flt_chan_fini(&c);
     char *s = strndup(out.p ? out.p : "", out.len);
-    flt_buf_free(&out);
+    sl_buf_free(&out);
     return s;
 }
 
@@ -142,7 +142,7 @@ static void test_mask_inside_spanning_word(void **state)
     flt_ruleset_t *rs = rs_words("secret\n", NULL);
     flt_chan_t c;
     assert_int_equal(flt_chan_init(&c, rs), 0);
-    flt_buf_t out = {0};
+    sl_buf_t out = {0};
     assert_int_equal(flt_chan_feed(&c, "topsec", 6, &out), FLT_CHAN_OK);
     assert_int_equal(out.len, 3); /* "top" released, "sec" held */
     assert_memory_equal(out.p, "top", 3);
@@ -153,7 +153,7 @@ static void test_mask_inside_spanning_word(void **state)
     assert_string_equal(out.p, "top***ary");
     assert_int_equal(c.nmask, 1);
     flt_chan_fini(&c);
-    flt_buf_free(&out);
+    sl_buf_free(&out);
     flt_ruleset_unref(rs);
 }
 
@@ -181,7 +181,7 @@ static void test_holdback_bound(void **state)
         for (size_t step = 1; step <= 3; step++) {
             flt_chan_t c;
             assert_int_equal(flt_chan_init(&c, rs), 0);
-            flt_buf_t out = {0};
+            sl_buf_t out = {0};
             size_t n = strlen(s);
             for (size_t pos = 0; pos < n; pos += step) {
                 size_t k = SL_MIN(step, n - pos);
@@ -193,7 +193,7 @@ static void test_holdback_bound(void **state)
                 assert_int_equal(flt_chan_held(&c), live);
             }
             flt_chan_fini(&c);
-            flt_buf_free(&out);
+            sl_buf_free(&out);
         }
     }
     flt_ruleset_unref(rs);
@@ -209,7 +209,7 @@ static void test_no_partial_released_at_once(void **state)
     assert_non_null(rs);
     flt_chan_t c;
     assert_int_equal(flt_chan_init(&c, rs), 0);
-    flt_buf_t out = {0};
+    sl_buf_t out = {0};
     assert_int_equal(flt_chan_feed(&c, "Hello there, ", 13, &out), FLT_CHAN_OK);
     assert_int_equal(out.len, 13);
     assert_int_equal(flt_chan_held(&c), 0);
@@ -227,7 +227,7 @@ static void test_no_partial_released_at_once(void **state)
     assert_int_equal(flt_chan_held(&c), 0);
     assert_string_equal(out.p, "Hello there, call 1x *** ok");
     flt_chan_fini(&c);
-    flt_buf_free(&out);
+    sl_buf_free(&out);
     flt_ruleset_unref(rs);
 }
 
@@ -271,7 +271,7 @@ static void test_catastrophic_regex(void **state)
         flt_ruleset_t *rs = tf_build(NULL, 0, re, 1, tweak_limits, err, sizeof err);
         assert_non_null(rs);
         int64_t t0 = sl_now_ns();
-        flt_buf_t out = {0};
+        sl_buf_t out = {0};
         flt_chan_rc_t rc = flt_text_filter(rs, text, strlen(text), &out);
         int64_t dt = sl_now_ns() - t0;
         /* 2^40 steps without the limit; with it, well under 100 ms */
@@ -282,7 +282,7 @@ static void test_catastrophic_regex(void **state)
             assert_int_equal(rc, FLT_CHAN_OK);
             assert_string_equal(out.p, text);
         }
-        flt_buf_free(&out);
+        sl_buf_free(&out);
         /* streamed: the same verdict */
         flt_chan_t c;
         assert_int_equal(flt_chan_init(&c, rs), 0);
@@ -294,7 +294,7 @@ static void test_catastrophic_regex(void **state)
         assert_int_equal(rc, mode == 0 ? FLT_CHAN_BLOCK : FLT_CHAN_OK);
         assert_true(c.nlimit >= 1);
         flt_chan_fini(&c);
-        flt_buf_free(&out);
+        sl_buf_free(&out);
         flt_ruleset_unref(rs);
     }
 }
@@ -315,7 +315,7 @@ static void test_holdback_cap(void **state)
     assert_non_null(rs);
     flt_chan_t c;
     assert_int_equal(flt_chan_init(&c, rs), 0);
-    flt_buf_t out = {0};
+    sl_buf_t out = {0};
     char piece[100];
     memset(piece, 'b', sizeof piece);
     assert_int_equal(flt_chan_feed(&c, "a", 1, &out), FLT_CHAN_OK);
@@ -326,7 +326,7 @@ static void test_holdback_cap(void **state)
     assert_true(c.nforced > 0);
     assert_true(out.len >= 5001 - FLT_HOLDBACK_MIN);
     flt_chan_fini(&c);
-    flt_buf_free(&out);
+    sl_buf_free(&out);
     flt_ruleset_unref(rs);
 }
 
