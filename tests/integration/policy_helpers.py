@@ -362,6 +362,21 @@ def redis_restart(r):
     wait_until(lambda: r._ping(), bound(10), what="redis-server PING after restart")
 
 
+def redis_clients(r):
+    """Clients connected to redis-server other than the asker."""
+    listing = r.cmd("CLIENT", "LIST")
+    if isinstance(listing, bytes):
+        listing = listing.decode()
+    return len([l for l in listing.splitlines() if l.strip()]) - 1
+
+
+def redis_wait_clients(r, n, what="every sluice worker reconnected to Redis"):
+    """Waits until n clients are connected again: each sluice worker holds
+    its own connection and reconnects on its own backoff (docs/fallback.md),
+    so one served request does not mean the next worker is back."""
+    wait_until(lambda: redis_clients(r) >= n, bound(10), what=what)
+
+
 # ---- rate-limit setups ------------------------------------------------------------------
 
 
