@@ -223,7 +223,11 @@ static void deadline_case(const char *blocker)
     assert_true(rs_run_until(base, res_done, &res, 1000));
     int64_t took = res.at_ms - start;
     assert_int_equal(res.status, SL_REDIS_TIMEOUT);
-    assert_true(took >= 49 && took < 200); /* well before the 300 ms block */
+    /* Well before the 300 ms block. The lower bound has slack: deadlines
+     * sit in a libevent common-timeout queue judged against the loop's
+     * cached time, and under ASan one fired 48 ms after this fresh clock
+     * read (49 was the bound, which then failed 2 runs in 5). */
+    assert_true(took >= 40 && took < 200);
     assert_int_equal(errs("timeout"), t0 + 1);
     assert_int_equal(sl_redis_inflight(r), 1); /* the late reply is still due */
     rs_run_for(base, 30);
