@@ -6,8 +6,8 @@ auth.signing.nonce_memory (128 bytes a nonce); full, a signed request gets
 eviction), counted in sluice_auth_rejected_total{reason="nonce_store_full"};
 and sluice keeps answering near its normal rate: its CPU time per request
 with the store full is within 2x of an identical instance's whose store has
-room (interleaved rounds, same run; bench figures are 0.93-1.04, but CI saw
-0.77 once on a busy machine, so the test's bound only separates O(1) from
+room (interleaved rounds, same run; bench figures are 0.93-1.04, but a CI
+run saw 0.77 once, so the test's bound only separates O(1) from
 the old O(shard) walk). (Before, every
 insert into a full shard walked the shard: with 1 Mi nonces ~4 ms of CPU a
 request, ~130x slower.) The sustainable rate, entries / (window + 8 s), is

@@ -98,9 +98,14 @@ def test_admin_answers_and_breaker_stays_closed_when_out_of_fds(sluice_factory, 
     finally:
         for t in threads:
             t.join(bound(30))
-    # some requests found no descriptor for their upstream socket...
-    assert 502 in results, results
-    assert all(r in (200, 502) for r in results), results
+    # some requests found no descriptor for their upstream socket; a client
+    # whose connection waited silent past the shed age may have been closed
+    # to make room (an exception here), but no other status is right
+    statuses = [r for r in results if isinstance(r, int)]
+    shown = "; ".join(str(r) for r in results)
+    assert 502 in statuses, shown
+    assert all(r in (200, 502) for r in statuses), shown
+    assert statuses.count(200) >= 5, shown  # the busy ones were served
     # ...which is not the server's fault: its breaker did not open
     mock.set_default("normal")
     r = s.chat("after the flood")
