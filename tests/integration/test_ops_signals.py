@@ -94,6 +94,9 @@ def test_usr1_under_load_loses_no_line(sluice_factory, tmp_path):
         t.start()
     for n in range(1, 4):  # three rotations while requests run
         wait_until(lambda: len(done) >= 20 * n, bound(10), what="requests")
+        # the file about to be moved has lines of its own (requests counted
+        # above may still have been written to the previous one)
+        wait_until(lambda: len(lines(acc)) > 0, bound(10), what="lines in the reopened file")
         os.rename(acc, tmp_path / ("access.log.%d" % n))
         s.p.signal(signal.SIGUSR1)
         wait_until(acc.exists, bound(5), what="access.log reopened")
