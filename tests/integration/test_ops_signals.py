@@ -101,6 +101,7 @@ def test_usr1_under_load_loses_no_line(sluice_factory, tmp_path):
         s.p.signal(signal.SIGUSR1)
         wait_until(acc.exists, bound(5), what="access.log reopened")
     wait_until(lambda: len(done) >= 80, bound(10), what="requests after the last rotation")
+    wait_until(lambda: len(lines(acc)) > 0, bound(10), what="lines after the last reopen")
     stop.set()
     for t in threads:
         t.join(bound(10))
