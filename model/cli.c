@@ -60,6 +60,23 @@ typedef struct {
     int n_messages;
 } cli_opts_t;
 
+/* The engine options every subcommand takes from the command line; each
+ * then sets its own (prompt, queue, prefix reuse). */
+static void cli_engine_opts(const cli_opts_t *o, mdl_engine_opts_t *eo)
+{
+    mdl_engine_opts_default(eo);
+    eo->threads = o->threads;
+    if (o->ctx > 0)
+        eo->context = o->ctx;
+    if (o->max_batch > 0)
+        eo->max_batch = o->max_batch;
+    eo->precise = o->precise;
+    eo->mmap_file = o->mmap_file;
+    eo->kernels = o->kernel_level == MDL_KL_SCALAR ? "scalar"
+                  : o->kernel_level == MDL_KL_AVX2 ? "avx2"
+                                                   : "auto";
+}
+
 static int parse_int(const char *s, int *out)
 {
     char *end;
@@ -691,16 +708,8 @@ static int cmd_generate(const cli_opts_t *o)
         return 1;
     }
     mdl_engine_opts_t eo;
-    mdl_engine_opts_default(&eo);
-    eo.threads = o->threads;
-    if (o->ctx > 0)
-        eo.context = o->ctx;
+    cli_engine_opts(o, &eo);
     eo.system_prompt = o->system;
-    eo.precise = o->precise;
-    eo.mmap_file = o->mmap_file;
-    eo.kernels = o->kernel_level == MDL_KL_SCALAR ? "scalar"
-                 : o->kernel_level == MDL_KL_AVX2 ? "avx2"
-                                                  : "auto";
     char err[256];
     int64_t t0 = sl_now_ns();
     mdl_engine_t *e = mdl_engine_new(o->model, &eo, err, sizeof(err));
@@ -925,21 +934,11 @@ static int cmd_serve(const cli_opts_t *o)
         return 1;
     }
     mdl_engine_opts_t eo;
-    mdl_engine_opts_default(&eo);
-    eo.threads = o->threads;
-    if (o->ctx > 0)
-        eo.context = o->ctx;
-    if (o->max_batch > 0)
-        eo.max_batch = o->max_batch;
+    cli_engine_opts(o, &eo);
     if (o->prefill_chunk > 0)
         eo.prefill_chunk = o->prefill_chunk;
     eo.max_queue = o->streams;
     eo.system_prompt = o->system;
-    eo.precise = o->precise;
-    eo.mmap_file = o->mmap_file;
-    eo.kernels = o->kernel_level == MDL_KL_SCALAR ? "scalar"
-                 : o->kernel_level == MDL_KL_AVX2 ? "avx2"
-                                                  : "auto";
     char err[256];
     mdl_engine_t *e = mdl_engine_new(o->model, &eo, err, sizeof(err));
     if (!e) {
@@ -1062,18 +1061,11 @@ static int cmd_followup(const cli_opts_t *o)
         return 1;
     }
     mdl_engine_opts_t eo;
-    mdl_engine_opts_default(&eo);
-    eo.threads = o->threads;
-    eo.context = o->ctx > 0 ? o->ctx : 4096;
-    if (o->max_batch > 0)
-        eo.max_batch = o->max_batch;
+    cli_engine_opts(o, &eo);
+    if (o->ctx <= 0)
+        eo.context = 4096;
     eo.max_queue = 64;
     eo.no_prefix_reuse = o->no_reuse;
-    eo.precise = o->precise;
-    eo.mmap_file = o->mmap_file;
-    eo.kernels = o->kernel_level == MDL_KL_SCALAR ? "scalar"
-                 : o->kernel_level == MDL_KL_AVX2 ? "avx2"
-                                                  : "auto";
     char err[256];
     mdl_engine_t *e = mdl_engine_new(o->model, &eo, err, sizeof(err));
     if (!e) {
