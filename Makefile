@@ -16,7 +16,7 @@ PYTHON  ?= /usr/bin/python3
 
 PKGS    := libevent libevent_pthreads libevent_openssl openssl jansson \
            libpcre2-8 hiredis yaml-0.1 libsystemd libnghttp2
-PKGS    += zlib
+PKGS    += zlib yajl
 MODULES := common conf gateway auth ratelimit filters fallback model cache
 
 ifeq ($(SANITIZE),1)

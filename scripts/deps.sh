@@ -5,7 +5,7 @@
 set -eu
 PKGS="build-essential pkg-config clang clang-format libclang-rt-14-dev
 libevent-dev libssl-dev openssl libjansson-dev libpcre2-dev libhiredis-dev
-libcmocka-dev libhttp-parser-dev libyaml-dev uthash-dev
+libcmocka-dev libhttp-parser-dev libyaml-dev uthash-dev libyajl-dev
 redis-server nginx-light wrk prometheus curl ca-certificates
 python3 python3-pytest python3-numpy python3-regex procps iproute2
 chromium
