@@ -17,8 +17,10 @@
 #include <hiredis/hiredis.h>
 #include <http_parser.h>
 #include <jansson.h>
+#include <nghttp2/nghttp2.h>
 #include <openssl/crypto.h>
 #include <pcre2.h>
+#include <yajl/yajl_version.h>
 #include <yaml.h>
 
 #include "common/sl.h"
@@ -92,9 +94,9 @@ int sl_version_print(FILE *f)
             sl_version_loaded_from((const void *)redisConnect));
     fprintf(f, "libyaml: %s\n", yaml_get_version_string());
     fprintf(f, "http-parser: %lu.%lu.%lu\n", (hp >> 16) & 255, (hp >> 8) & 255, hp & 255);
-    /* NGHTTP2: once sluice links libnghttp2 (HTTP/2), print the loaded
-     * library's version here: nghttp2_version(0)->version_str. Until then the
-     * line says so, and tests/integration/test_ops_version.py expects it. */
-    fprintf(f, "nghttp2: not linked\n");
+    const nghttp2_info *h2 = nghttp2_version(0);
+    fprintf(f, "nghttp2: %s\n", h2 ? h2->version_str : "?");
+    int yv = yajl_version(); /* MAJOR * 10000 + MINOR * 100 + MICRO */
+    fprintf(f, "yajl: %d.%d.%d\n", yv / 10000, yv / 100 % 100, yv % 100);
     return ferror(f) ? -1 : 0;
 }

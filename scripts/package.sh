@@ -66,6 +66,8 @@ done
 tr -d '\\\n' <"$WORK/postinst" | grep -q "adduser.*--system.*--home /var/lib/sluice.* sluice" ||
     fail "postinst makes no sluice user"
 grep -q "deb-systemd-helper" "$WORK/postinst" || fail "postinst does not enable the unit"
+grep -q "kill --kill-whom=main -s USR2 sluice.service" "$WORK/postinst" ||
+    fail "postinst does not upgrade in place"
 dpkg-deb -f "$DEB" Depends | grep -q "adduser" || fail "Depends lacks adduser"
 step "contents ok: $(grep -c '^-' "$WORK/contents") files, 3 conffiles"
 

@@ -28,6 +28,7 @@ KEYS = [
     "libyaml",
     "http-parser",
     "nghttp2",
+    "yajl",
 ]
 
 
@@ -145,6 +146,10 @@ def test_http_parser(report):
     assert p.stdout.decode().startswith(v + "-"), (v, p.stdout)
 
 
-def test_nghttp2_spot_is_marked(report):
-    # Until HTTP/2 lands: then this line gives nghttp2_version(0)->version_str.
-    assert report[1]["nghttp2"] == "not linked"
+def test_nghttp2(report):
+    # The loaded library's nghttp2_version(0)->version_str.
+    assert report[1]["nghttp2"] == pkg_version("libnghttp2")
+
+
+def test_yajl(report):
+    assert report[1]["yajl"] == pkg_version("yajl")
