@@ -1157,6 +1157,76 @@ static void conf_include_patterns(conf_ctx_t *ctx, const conf_table_t *t, const 
  * main walk merges after the main file's own). Anything else in it is an
  * error: scalars and sections belong in the main file, where a reader
  * looks for them. */
+/* Visits each key of the mapping n described by t, in order; unknown keys
+ * and second occurrences are reported here and not visited. The key's
+ * path is pushed around the visit. Returns the table's keys seen (bit i:
+ * t->keys[i]); seen_line[i] gets the line of each. */
+typedef void (*conf_pair_fn)(conf_ctx_t *ctx, const conf_key_t *k, yaml_node_pair_t *p, int kline,
+                             void *arg);
+
+static uint64_t conf_map_each(conf_ctx_t *ctx, const conf_table_t *t, yaml_node_t *n,
+                              int *seen_line, conf_pair_fn fn, void *arg)
+{
+    uint64_t seen = 0;
+    for (yaml_node_pair_t *p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top; p++) {
+        yaml_node_t *kn = conf_take(ctx, p->key, 0);
+        const char *name;
+        if (!kn || conf_scalar(ctx, kn, "a key", conf_line(kn), &name) != 0)
+            continue;
+        int kline = conf_line(kn);
+        size_t old = conf_path_push_key(ctx, name);
+        size_t i = 0;
+        while (i < t->nkeys && strcmp(t->keys[i].name, name) != 0)
+            i++;
+        if (i == t->nkeys) {
+            conf_unknown_key(ctx, t, name, kline);
+        } else if (seen & (UINT64_C(1) << i)) {
+            conf_errorf(ctx, kline, NULL, "duplicate key (first at line %d)", seen_line[i]);
+        } else {
+            seen |= UINT64_C(1) << i;
+            seen_line[i] = kline;
+            fn(ctx, &t->keys[i], p, kline, arg);
+        }
+        conf_path_pop(ctx, old);
+    }
+    return seen;
+}
+
+struct conf_include_arg {
+    const conf_table_t *t;
+    conf_src_t *src;
+    int depth;
+};
+
+/* A key of an included file: include: again, or a piece of a list or map
+ * the main walk merges in (conf_walk_merged). */
+static void conf_include_pair(conf_ctx_t *ctx, const conf_key_t *k, yaml_node_pair_t *p, int kline,
+                              void *arg)
+{
+    struct conf_include_arg *a = arg;
+    yaml_node_t *vn;
+    if (!(k->flags & CONF_INCLUDE) && k->type != CONF_LIST && k->type != CONF_MAP) {
+        conf_errorf(ctx, kline, NULL,
+                    "an included file may only hold lists and maps (upstreams, models, "
+                    "...); set this in the main file");
+    } else if ((vn = conf_take(ctx, p->value, kline)) == NULL) {
+        return;
+    } else if (k->flags & CONF_INCLUDE) {
+        conf_include_patterns(ctx, a->t, k, NULL, vn, kline, a->depth);
+    } else {
+        if (ctx->nsegs == ctx->capsegs) {
+            size_t cap = ctx->capsegs ? ctx->capsegs * 2 : 16;
+            conf_seg_t *segs = sl_xcalloc(cap, sizeof(*segs));
+            if (ctx->nsegs)
+                memcpy(segs, ctx->segs, ctx->nsegs * sizeof(*segs));
+            free(ctx->segs);
+            ctx->segs = segs;
+            ctx->capsegs = cap;
+        }
+        ctx->segs[ctx->nsegs++] = (conf_seg_t){k, a->src, vn, kline};
+    }
+}
+
 static void conf_include_file(conf_ctx_t *ctx, const conf_table_t *t, const char *path, int line,
                               int depth)
 {
@@ -1227,47 +1297,9 @@ static void conf_include_file(conf_ctx_t *ctx, const conf_table_t *t, const char
         conf_describe(top, got2, sizeof(got2));
         conf_errorf(ctx, conf_line(top), NULL, "expected a mapping, got %s", got2);
     } else if (top && top->type == YAML_MAPPING_NODE) {
-        uint64_t seen = 0;
-        for (yaml_node_pair_t *p = top->data.mapping.pairs.start; p < top->data.mapping.pairs.top;
-             p++) {
-            yaml_node_t *kn = conf_take(ctx, p->key, 0);
-            const char *name;
-            if (!kn || conf_scalar(ctx, kn, "a key", conf_line(kn), &name) != 0)
-                continue;
-            int kline = conf_line(kn);
-            size_t old = conf_path_push_key(ctx, name);
-            size_t i = 0;
-            while (i < t->nkeys && strcmp(t->keys[i].name, name) != 0)
-                i++;
-            const conf_key_t *k = i < t->nkeys ? &t->keys[i] : NULL;
-            yaml_node_t *vn = NULL;
-            if (!k)
-                conf_unknown_key(ctx, t, name, kline);
-            else if (seen & (UINT64_C(1) << i))
-                conf_errorf(ctx, kline, NULL, "duplicate key");
-            else if (!(k->flags & CONF_INCLUDE) && k->type != CONF_LIST && k->type != CONF_MAP)
-                conf_errorf(ctx, kline, NULL,
-                            "an included file may only hold lists and maps (upstreams, models, "
-                            "...); set this in the main file");
-            else if ((vn = conf_take(ctx, p->value, kline)) != NULL) {
-                seen |= UINT64_C(1) << i;
-                if (k->flags & CONF_INCLUDE) {
-                    conf_include_patterns(ctx, t, k, NULL, vn, kline, depth);
-                } else {
-                    if (ctx->nsegs == ctx->capsegs) {
-                        size_t cap = ctx->capsegs ? ctx->capsegs * 2 : 16;
-                        conf_seg_t *segs = sl_xcalloc(cap, sizeof(*segs));
-                        if (ctx->nsegs)
-                            memcpy(segs, ctx->segs, ctx->nsegs * sizeof(*segs));
-                        free(ctx->segs);
-                        ctx->segs = segs;
-                        ctx->capsegs = cap;
-                    }
-                    ctx->segs[ctx->nsegs++] = (conf_seg_t){k, src, vn, kline};
-                }
-            }
-            conf_path_pop(ctx, old);
-        }
+        struct conf_include_arg a = {t, src, depth};
+        int seen_line[CONF_TABLE_MAX_KEYS] = {0};
+        (void)conf_map_each(ctx, t, top, seen_line, conf_include_pair, &a);
     }
     memcpy(ctx->path, saved_path, sizeof(saved_path));
     ctx->plen = saved_plen;
@@ -1298,6 +1330,20 @@ static bool conf_has_segs(const conf_ctx_t *ctx, const conf_key_t *k)
         if (ctx->segs[i].k == k)
             return true;
     return false;
+}
+
+/* A key of a mapping the main walk reads (include: was done first). */
+static void conf_struct_pair(conf_ctx_t *ctx, const conf_key_t *k, yaml_node_pair_t *p, int kline,
+                             void *obj)
+{
+    conf_index_add(ctx, kline);
+    if (k->flags & CONF_INCLUDE)
+        return;
+    yaml_node_t *vn = conf_take(ctx, p->value, kline);
+    if (vn && (k->type == CONF_LIST || k->type == CONF_MAP) && conf_has_segs(ctx, k))
+        (void)conf_walk_merged(ctx, k, obj, vn, kline);
+    else if (vn)
+        (void)conf_walk_value(ctx, k, obj, vn, kline);
 }
 
 /* Walks a mapping described by t into obj. n NULL or null = an absent or
@@ -1341,41 +1387,8 @@ static int conf_walk_struct(conf_ctx_t *ctx, const conf_table_t *t, void *obj, y
             }
         }
     }
-    if (n && n->type == YAML_MAPPING_NODE) {
-        for (yaml_node_pair_t *p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top;
-             p++) {
-            yaml_node_t *kn = conf_take(ctx, p->key, 0);
-            const char *name;
-            if (!kn || conf_scalar(ctx, kn, "a key", conf_line(kn), &name) != 0)
-                continue;
-            int kline = conf_line(kn);
-            size_t old = conf_path_push_key(ctx, name);
-            size_t i = 0;
-            while (i < t->nkeys && strcmp(t->keys[i].name, name) != 0)
-                i++;
-            if (i == t->nkeys) {
-                conf_unknown_key(ctx, t, name, kline);
-            } else if (seen & (UINT64_C(1) << i)) {
-                conf_errorf(ctx, kline, NULL, "duplicate key (first at line %d)", seen_line[i]);
-            } else {
-                const conf_key_t *k = &t->keys[i];
-                seen |= UINT64_C(1) << i;
-                seen_line[i] = kline;
-                conf_index_add(ctx, kline);
-                if (k->flags & CONF_INCLUDE) {
-                    /* done above */
-                } else {
-                    yaml_node_t *vn = conf_take(ctx, p->value, kline);
-                    if (vn && (k->type == CONF_LIST || k->type == CONF_MAP) &&
-                        conf_has_segs(ctx, k))
-                        (void)conf_walk_merged(ctx, k, obj, vn, kline);
-                    else if (vn)
-                        (void)conf_walk_value(ctx, k, obj, vn, kline);
-                }
-            }
-            conf_path_pop(ctx, old);
-        }
-    }
+    if (n && n->type == YAML_MAPPING_NODE)
+        seen = conf_map_each(ctx, t, n, seen_line, conf_struct_pair, obj);
     for (size_t i = 0; i < t->nkeys; i++) {
         const conf_key_t *k = &t->keys[i];
         if (seen & (UINT64_C(1) << i))
