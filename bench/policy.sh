@@ -9,6 +9,8 @@
 #   auth       tokens + signatures, in-process nonce store   target >= 0.9 x open
 #   rl_redis   no auth; the Redis limiter (per address, limit never reached)
 #                                                          target >= 0.7 x open
+#   rl_local   rl_redis's limit in the in-process store (no Redis)
+#                                  issue 16: rl_redis >= 0.9 x rl_local
 #   auth_redis tokens + signatures, nonces and revocations in Redis
 #   full       auth_redis + the Redis limiter per user (every per-user limit
 #              set, never reached: requests, in-flight, tokens/min, tokens/day)
@@ -44,7 +46,7 @@ DURATION=${BENCH_DURATION:-5}
 ROUNDS=${BENCH_ROUNDS:-3}
 CONNS=${BENCH_CONNS:-32}
 PORT_BASE=${BENCH_PORT_BASE:-28600}
-CONFIGS=${BENCH_CONFIGS:-"open auth rl_redis auth_redis full"}
+CONFIGS=${BENCH_CONFIGS:-"open auth rl_local rl_redis auth_redis full"}
 
 UP_PORT=$((PORT_BASE + 1))
 REDIS_PORT=$((PORT_BASE + 2))
@@ -145,7 +147,7 @@ EOF
         ;;
     esac
     case $c in
-    rl_redis)
+    rl_redis | rl_local)
         printf 'ratelimit:\n  per_ip: { requests_per_minute: 1000000 }\n' >>"$f"
         ;;
     full | full_local | full_sig)
@@ -179,20 +181,35 @@ run() { # $1 config, $2 round ("warm" = not recorded)
     local port pid t0 t1 out line
     port=$(port_of "$1")
     pid=${SPID[$1]}
+    local rs0 rs1
+    rs0=$(redis_stats)
     t0=$(cpu_ticks "$pid")
     local sign=1
     [ "$1" = full_local ] && sign=0 # tokens only: a signature sent is checked
     out=$(BENCH_TOKENS=$TOKENS BENCH_SIGN=$sign taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNS" \
         -d"$DURATION"s --latency -s "$ROOT/bench/signed.lua" "http://127.0.0.1:$port/v1/chat/completions")
     t1=$(cpu_ticks "$pid")
+    rs1=$(redis_stats)
     line=$(grep '^BENCH ' <<<"$out") || { echo "$out" >&2; exit 1; }
     if ! grep -q 'errors=0 non2xx=0' <<<"$line"; then
         echo "bench: $1 had errors or non-2xx answers: $line" >&2
         exit 1
     fi
     [ "$2" = warm ] && return 0
-    echo "$1 $2 $line ticks=$((t1 - t0))" >>"$RES"
-    echo "  round $2 $1: ${line#BENCH } cpu_ticks=$((t1 - t0))"
+    local rsd
+    rsd=$(echo "$rs0 $rs1" | awk '{ printf "revalsha=%d rusec=%d", $3 - $1, $4 - $2 }')
+    echo "$1 $2 $line ticks=$((t1 - t0)) $rsd" >>"$RES"
+    echo "  round $2 $1: ${line#BENCH } cpu_ticks=$((t1 - t0)) $rsd"
+}
+
+# Redis's EVALSHA totals from INFO commandstats: calls, usec (a script's
+# own commands are counted inside its usec, and again on their own lines:
+# only the EVALSHA line is read). Only this bench talks to this Redis, so a
+# delta over a run belongs to that run's sluice.
+redis_stats() {
+    redis-cli -p "$REDIS_PORT" INFO commandstats | tr -d '\r' | awk -F'[:=,]' '
+        $1 == "cmdstat_evalsha" { e = $3; u = $5 }
+        END { printf "%d %d\n", e, u }'
 }
 
 echo "sluice policy bench: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores," \
@@ -213,14 +230,16 @@ for ln in open(sys.argv[1]):
     n, us = int(kv["requests"]), int(kv["duration_us"])
     rows.setdefault(f[0], []).append({
         "rps": n / (us / 1e6), "p50": int(kv["p50_us"]), "p99": int(kv["p99_us"]),
-        "cpu_us": int(kv["ticks"]) / tck * 1e6 / n})
+        "cpu_us": int(kv["ticks"]) / tck * 1e6 / n,
+        "revalsha": int(kv.get("revalsha", 0)) / n, "rusec": int(kv.get("rusec", 0)) / n})
 med = lambda c, k: statistics.median(r[k] for r in rows[c])  # noqa: E731
-print("\n| configuration | requests/s (median) | per round | p50 / p99 ms | sluice CPU µs/request |")
-print("| --- | --- | --- | --- | --- |")
+print("\n| configuration | requests/s (median) | per round | p50 / p99 ms | sluice CPU µs/request | Redis: EVALSHA / script CPU µs, per request |")
+print("| --- | --- | --- | --- | --- | --- |")
 for c in rows:
-    print("| %s | %.0f | %s | %.2f / %.2f | %.1f |" % (
+    print("| %s | %.0f | %s | %.2f / %.2f | %.1f | %.3f / %.1f |" % (
         c, med(c, "rps"), ", ".join("%.0f" % r["rps"] for r in rows[c]),
-        med(c, "p50") / 1e3, med(c, "p99") / 1e3, med(c, "cpu_us")))
+        med(c, "p50") / 1e3, med(c, "p99") / 1e3, med(c, "cpu_us"),
+        med(c, "revalsha"), med(c, "rusec")))
 def ratio(a, b):
     # per round (same moment of the machine), then the median of those
     rs = [x["rps"] / y["rps"] for x, y in zip(rows[a], rows[b])]
@@ -229,6 +248,7 @@ def ratio(a, b):
 print("\n| ratio | requests/s (median of rounds, min–max) | by CPU per request | target |")
 print("| --- | --- | --- | --- |")
 for a, b, t in (("auth", "open", "≥ 0.9"), ("rl_redis", "open", "≥ 0.7"),
+                ("rl_redis", "rl_local", "≥ 0.9"), ("rl_local", "open", ""),
                 ("auth_redis", "open", ""), ("full", "auth_redis", ""),
                 ("full_sig", "full_local", "≥ 0.95")):
     if a not in rows or b not in rows:
