@@ -3,9 +3,18 @@
  * store (in-process, or Redis with on_store_error), tickets that give back
  * what a request took, the metrics, and the 429's headers and body.
  *
- * A Redis check is one EVALSHA of rl_redis.lua.h through common/redis.h.
- * Its callback runs on the worker's loop; a cancelled check still waits
- * for its reply so that whatever the script took is given back. While the
+ * Redis checks and settles are batched: rl_check() and a settle only queue
+ * an entry on the worker and activate its flush event, which runs once the
+ * events already due in this turn of the loop have run (the other
+ * connections that were readable at the same time) and sends everything
+ * queued as ONE EVALSHA of rl_redis.lua.h through common/redis.h (up to
+ * RL_BATCH_MAX entries a call). The reply is an array, one element per
+ * entry, handed to each check's callback in order. A check's callback
+ * runs on the worker's loop, never inside rl_check(); a check cancelled
+ * before its batch is sent is dropped (nothing was taken), one cancelled
+ * after still waits for its reply so that whatever the script took is
+ * given back. The batch shares one deadline: a timeout or a dropped
+ * connection sends each of its checks to on_store_error. While the
  * worker's Redis client is not connected, checks do not wait for it:
  * on_store_error decides at once (so "local" serves from the in-process
  * store with no added latency) and Redis is used again as soon as the
@@ -78,22 +87,47 @@ struct rl_ticket {
     char key[RL_KEY_MAX + 1];
 };
 
+/* One entry of a batch: a check (cb set) or a settle (cb NULL). */
 struct rl_pending {
-    rl_pending_t *prev, *next; /* in w->pending */
+    rl_pending_t *prev, *next; /* in w->queue until sent */
     rl_worker_t *w;
     rl_check_cb cb;
     void *arg;
-    rl_ticket_t *ticket; /* prepared: key, limits, lease */
-    int64_t tokens;
+    rl_ticket_t *ticket; /* owned: a check's prepared ticket (key, limits, lease), or the
+                            settled ticket */
+    int64_t n;           /* check: tokens to reserve; settle: the refund */
     bool cancelled;
 };
+
+/* One EVALSHA in flight: its entries, in the order of the reply's array. */
+typedef struct rl_batch rl_batch_t;
+struct rl_batch {
+    rl_batch_t *prev, *next; /* in w->batches */
+    rl_worker_t *w;
+    size_t n;
+    rl_pending_t *p[RL_BATCH_MAX]; /* owned */
+};
+
+/* Room for one entry's keys and numbers while its batch is formatted. */
+typedef struct rl_entry_buf {
+    char k1[RL_KEY_MAX + 16], k2[RL_KEY_MAX + 16];
+    char num[5][24];
+} rl_entry_buf_t;
+
+#define RL_BATCH_ARGC (RL_BATCH_MAX * 9 + 1)
 
 struct rl_worker {
     rl_t *rl;
     sl_redis_t *redis;
-    rl_pending_t *pending;
+    rl_pending_t *queue; /* entries not sent yet, in order */
+    rl_batch_t *batches; /* sent, awaiting their reply */
+    struct event *flush_ev;
     struct event *mode_ev;
     int mode; /* MODE_*, -1 before the first look */
+    /* scratch of rl_batch_send (one batch at a time: the loop's thread) */
+    const char *argv[RL_BATCH_ARGC];
+    size_t argvlen[RL_BATCH_ARGC];
+    rl_entry_buf_t buf[RL_BATCH_MAX];
 };
 
 static const char *const rl_limit_names[RL_LIMIT_COUNT] = {
@@ -316,6 +350,8 @@ static void rl_mode_cb(evutil_socket_t fd, short what, void *arg)
     rl_worker_mode(arg);
 }
 
+static void rl_flush_cb(evutil_socket_t fd, short what, void *arg);
+
 rl_worker_t *rl_worker_new(rl_t *rl, struct event_base *base, char *err, size_t errlen)
 {
     rl_worker_t *w = calloc(1, sizeof(*w));
@@ -330,8 +366,9 @@ rl_worker_t *rl_worker_new(rl_t *rl, struct event_base *base, char *err, size_t 
         w->redis = sl_redis_new(base, &o, err, errlen);
         /* the mode gauge follows reconnects even without traffic */
         w->mode_ev = event_new(base, -1, EV_PERSIST, rl_mode_cb, w);
+        w->flush_ev = event_new(base, -1, 0, rl_flush_cb, w);
         struct timeval tv = {1, 0};
-        if (!w->redis || !w->mode_ev || event_add(w->mode_ev, &tv) != 0) {
+        if (!w->redis || !w->mode_ev || !w->flush_ev || event_add(w->mode_ev, &tv) != 0) {
             rl_worker_free(w);
             return NULL;
         }
@@ -346,12 +383,24 @@ void rl_worker_free(rl_worker_t *w)
         return;
     sl_redis_free(w->redis); /* drops pending calls without callbacks */
     rl_pending_t *p, *tmp;
-    DL_FOREACH_SAFE(w->pending, p, tmp)
+    DL_FOREACH_SAFE(w->queue, p, tmp)
     {
-        DL_DELETE(w->pending, p);
+        DL_DELETE(w->queue, p);
         free(p->ticket);
         free(p);
     }
+    rl_batch_t *b, *btmp;
+    DL_FOREACH_SAFE(w->batches, b, btmp)
+    {
+        DL_DELETE(w->batches, b);
+        for (size_t i = 0; i < b->n; i++) {
+            free(b->p[i]->ticket);
+            free(b->p[i]);
+        }
+        free(b);
+    }
+    if (w->flush_ev)
+        event_free(w->flush_ev);
     if (w->mode_ev)
         event_free(w->mode_ev);
     if (w->mode >= 0)
@@ -409,30 +458,30 @@ static void rl_store_error(rl_t *rl, rl_ticket_t *t, int64_t tokens, rl_decision
     d->store_error = true;
 }
 
-static void rl_redis_settle_cb(void *arg, sl_redis_status_t st, struct redisReply *reply)
+/* Formats entry i of a batch (p: a check or a settle) into w->buf[i] and
+ * its slots of w->argv: keys at 2i, 2i+1; arguments after the n entries'
+ * keys and the lease ms. */
+static void rl_entry_format(rl_worker_t *w, size_t i, size_t n, const rl_pending_t *p)
 {
-    (void)arg;
-    if (st != SL_REDIS_OK || !reply || reply->type == REDIS_REPLY_ERROR)
-        sl_debug("ratelimit: a Redis settle was lost (%s)",
-                 st == SL_REDIS_OK && reply && reply->str ? reply->str : "down or late");
-}
-
-/* Sends op ("c"/"s") for the ticket; n = tokens (check) or refund (settle). */
-static sl_redis_call_t *rl_redis_send(rl_worker_t *w, const rl_ticket_t *t, const char *op,
-                                      int64_t n, sl_redis_cb cb, void *arg)
-{
-    char k1[RL_KEY_MAX + 16], k2[RL_KEY_MAX + 16];
-    snprintf(k1, sizeof(k1), "sl:rl:{%s}", t->key);
-    snprintf(k2, sizeof(k2), "sl:rl:{%s}:c", t->key);
-    char a[6][24];
-    sl_i64toa(t->lim.requests_per_minute, a[0]);
-    sl_i64toa(t->lim.concurrent, a[1]);
-    sl_i64toa(t->lim.tokens_per_minute, a[2]);
-    sl_i64toa(t->lim.tokens_per_day, a[3]);
-    sl_i64toa(n, a[4]);
-    sl_i64toa(RL_LEASE_MS, a[5]);
-    const char *argv[10] = {k1, k2, op, a[0], a[1], a[2], a[3], a[4], t->lease, a[5]};
-    return sl_redis_evalsha(w->redis, w->rl->script, 2, 10, argv, NULL, cb, arg);
+    const rl_ticket_t *t = p->ticket;
+    rl_entry_buf_t *b = &w->buf[i];
+    int l1 = snprintf(b->k1, sizeof(b->k1), "sl:rl:{%s}", t->key);
+    int l2 = snprintf(b->k2, sizeof(b->k2), "sl:rl:{%s}:c", t->key);
+    w->argv[2 * i] = b->k1;
+    w->argvlen[2 * i] = (size_t)l1;
+    w->argv[2 * i + 1] = b->k2;
+    w->argvlen[2 * i + 1] = (size_t)l2;
+    const int64_t v[5] = {t->lim.requests_per_minute, t->lim.concurrent, t->lim.tokens_per_minute,
+                          t->lim.tokens_per_day, p->n};
+    size_t a = 2 * n + 1 + 7 * i;
+    w->argv[a] = p->cb ? "c" : "s";
+    w->argvlen[a] = 1;
+    for (int k = 0; k < 5; k++) {
+        w->argvlen[a + 1 + (size_t)k] = sl_i64toa(v[k], b->num[k]);
+        w->argv[a + 1 + (size_t)k] = b->num[k];
+    }
+    w->argv[a + 6] = t->lease;
+    w->argvlen[a + 6] = strlen(t->lease);
 }
 
 static int rl_reply_decision(const redisReply *r, rl_ticket_t *t, rl_decision_t *d)
@@ -460,21 +509,31 @@ static int rl_reply_decision(const redisReply *r, rl_ticket_t *t, rl_decision_t 
     return 0;
 }
 
-static void rl_redis_check_cb(void *arg, sl_redis_status_t st, struct redisReply *reply)
+/* The end of one entry: e is its element of the batch's reply, NULL when
+ * the whole call failed (down, deadline, a reply of the wrong shape).
+ * Frees p; runs a check's callback. */
+static void rl_entry_end(rl_pending_t *p, const redisReply *e)
 {
-    rl_pending_t *p = arg;
     rl_worker_t *w = p->w;
     rl_t *rl = w->rl;
     rl_ticket_t *t = p->ticket;
-    DL_DELETE(w->pending, p);
+    if (!p->cb) { /* a settle: nobody waits for it */
+        if (!e || e->type == REDIS_REPLY_ERROR)
+            sl_debug("ratelimit: a Redis settle was lost (%s)",
+                     e && e->str ? e->str : "down or late");
+        free(t);
+        free(p);
+        return;
+    }
     rl_decision_t d;
-    bool ok = st == SL_REDIS_OK && rl_reply_decision(reply, t, &d) == 0;
-    if (st == SL_REDIS_OK && !ok)
-        sl_warn("ratelimit: unexpected Redis reply (%s)",
-                reply && reply->type == REDIS_REPLY_ERROR ? reply->str : "shape");
+    bool ok = e && rl_reply_decision(e, t, &d) == 0;
+    if (e && !ok)
+        sl_log_limited(SL_LOG_WARN, "ratelimit redis reply",
+                       "ratelimit: unexpected Redis reply (%s)",
+                       e->type == REDIS_REPLY_ERROR && e->str ? e->str : "shape");
     if (ok) {
         t->backend = RL_BACKEND_REDIS;
-        t->reserved = d.allowed ? p->tokens : 0;
+        t->reserved = d.allowed ? p->n : 0;
     }
     if (p->cancelled) {
         if (ok && d.allowed) /* give back what the script took */
@@ -485,7 +544,7 @@ static void rl_redis_check_cb(void *arg, sl_redis_status_t st, struct redisReply
         return;
     }
     if (!ok)
-        rl_store_error(rl, t, p->tokens, &d);
+        rl_store_error(rl, t, p->n, &d);
     rl_count_refusal(rl, &d);
     if (!d.allowed) {
         free(t);
@@ -495,6 +554,86 @@ static void rl_redis_check_cb(void *arg, sl_redis_status_t st, struct redisReply
     void *cbarg = p->arg;
     free(p);
     cb(cbarg, &d, t);
+}
+
+static void rl_batch_cb(void *arg, sl_redis_status_t st, struct redisReply *reply)
+{
+    rl_batch_t *b = arg;
+    DL_DELETE(b->w->batches, b);
+    bool shape =
+        st == SL_REDIS_OK && reply && reply->type == REDIS_REPLY_ARRAY && reply->elements == b->n;
+    if (st == SL_REDIS_OK && !shape)
+        sl_log_limited(
+            SL_LOG_WARN, "ratelimit redis reply", "ratelimit: unexpected Redis reply (%s)",
+            reply && reply->type == REDIS_REPLY_ERROR && reply->str ? reply->str : "shape");
+    /* A callback may queue new entries (a settle, the next request's
+     * check) or cancel a later entry of this batch: neither touches b. */
+    for (size_t i = 0; i < b->n; i++)
+        rl_entry_end(b->p[i], shape ? reply->element[i] : NULL);
+    free(b);
+}
+
+/* Sends up to RL_BATCH_MAX queued entries as one EVALSHA. */
+static void rl_batch_send(rl_worker_t *w)
+{
+    rl_batch_t *b = malloc(sizeof(*b));
+    size_t n = 0;
+    rl_pending_t *failed[RL_BATCH_MAX];
+    while (w->queue && n < RL_BATCH_MAX) {
+        rl_pending_t *p = w->queue;
+        DL_DELETE(w->queue, p);
+        if (p->cb && p->cancelled) { /* never sent: nothing to give back */
+            free(p->ticket);
+            free(p);
+            continue;
+        }
+        if (b)
+            b->p[n] = p;
+        else
+            failed[n] = p;
+        n++;
+    }
+    if (n == 0) {
+        free(b);
+        return;
+    }
+    if (b) {
+        b->w = w;
+        b->n = n;
+        for (size_t i = 0; i < n; i++)
+            rl_entry_format(w, i, n, b->p[i]);
+        char lease_ms[24];
+        w->argvlen[2 * n] = sl_i64toa(RL_LEASE_MS, lease_ms);
+        w->argv[2 * n] = lease_ms;
+        if (sl_redis_evalsha(w->redis, w->rl->script, (int)(2 * n), (int)(9 * n + 1), w->argv,
+                             w->argvlen, rl_batch_cb, b)) {
+            DL_APPEND(w->batches, b);
+            return;
+        }
+        memcpy(failed, b->p, n * sizeof(failed[0]));
+        free(b);
+    }
+    /* Out of memory: each entry as if Redis were down (we are on the
+     * flush event, not inside rl_check(): callbacks may run). */
+    for (size_t i = 0; i < n; i++)
+        rl_entry_end(failed[i], NULL);
+}
+
+static void rl_flush_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    rl_worker_t *w = arg;
+    while (w->queue)
+        rl_batch_send(w);
+}
+
+/* Queues a check or settle for this turn's batch. */
+static void rl_enqueue(rl_worker_t *w, rl_pending_t *p)
+{
+    if (!w->queue)
+        event_active(w->flush_ev, EV_TIMEOUT, 0);
+    DL_APPEND(w->queue, p);
 }
 
 rl_check_rc_t rl_check(rl_worker_t *w, const rl_request_t *req, rl_decision_t *d,
@@ -557,13 +696,8 @@ rl_check_rc_t rl_check(rl_worker_t *w, const rl_request_t *req, rl_decision_t *d
     p->cb = cb;
     p->arg = arg;
     p->ticket = t;
-    p->tokens = tokens;
-    if (!rl_redis_send(w, t, "c", tokens, rl_redis_check_cb, p)) {
-        free(p);
-        rl_store_error(rl, t, tokens, d);
-        goto done;
-    }
-    DL_APPEND(w->pending, p);
+    p->n = tokens;
+    rl_enqueue(w, p);
     if (pending)
         *pending = p;
     return RL_PENDING;
@@ -596,8 +730,15 @@ static void rl_ticket_finish(rl_ticket_t *t, int64_t refund)
             t->slot) {
             if (!t->slot)
                 t->lease[0] = '\0';
-            if (!rl_redis_send(t->w, t, "s", refund, rl_redis_settle_cb, NULL))
-                sl_debug("ratelimit: cannot queue a Redis settle");
+            rl_pending_t *p = calloc(1, sizeof(*p));
+            if (p) { /* the settle takes the ticket; it goes with this turn's batch */
+                p->w = t->w;
+                p->ticket = t;
+                p->n = refund;
+                rl_enqueue(t->w, p);
+                return;
+            }
+            sl_debug("ratelimit: cannot queue a Redis settle");
         }
         break;
     default:

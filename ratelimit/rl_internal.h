@@ -34,6 +34,11 @@
  * user out for years. */
 #define RL_MAX_DEBT_PERIODS 4
 
+/* A worker sends the Redis checks and settles of one event-loop turn as one
+ * EVALSHA carrying up to this many entries (a busier turn sends several):
+ * it bounds a call's size (9 arguments an entry) and the script's run. */
+#define RL_BATCH_MAX 64
+
 typedef struct rl_mem rl_mem_t;
 
 rl_mem_t *rl_mem_new(size_t max_keys);
