@@ -3,8 +3,11 @@
  * limiters (two sluice instances) sharing one limit, concurrency and token
  * budgets across them, NOSCRIPT, cancellation giving back what was taken,
  * and Redis killed and restarted under each on_store_error (allow, deny,
- * local), including the return to Redis on its own. Waits run the event
- * loop until a condition or a deadline.
+ * local), including the return to Redis on its own. Batching: checks made
+ * in one turn of the loop go to Redis as one EVALSHA (counted by Redis's
+ * INFO commandstats), each answer reaches its own request, an entry whose
+ * key Redis cannot use fails alone, a deadline fails the whole batch once
+ * per request. Waits run the event loop until a condition or a deadline.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,6 +19,7 @@
 #include <cmocka.h>
 
 #include "common/log.h"
+#include "ratelimit/rl_internal.h"
 #include "common/metrics.h"
 #include "conf/conf.h"
 #include "ratelimit/ratelimit.h"
@@ -335,12 +339,248 @@ static void test_store_error_local(void **state)
     store_error_case(CONF_STORE_ERROR_LOCAL, "local");
 }
 
+/* ---- batching ---------------------------------------------------------------- */
+
+/* EVALSHA calls Redis has run since the last CONFIG RESETSTAT. */
+static long long evalsha_calls(void)
+{
+    redisReply *r = rs_cmd(&srv, "INFO commandstats");
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_STRING);
+    long long n = 0;
+    const char *p = strstr(r->str, "cmdstat_evalsha:calls=");
+    if (p)
+        n = strtoll(p + strlen("cmdstat_evalsha:calls="), NULL, 10);
+    freeReplyObject(r);
+    return n;
+}
+
+static void reset_stats(void)
+{
+    freeReplyObject(rs_cmd(&srv, "CONFIG RESETSTAT"));
+    assert_int_equal(evalsha_calls(), 0);
+}
+
+#define NB 100
+
+typedef struct many {
+    answer_t a[NB];
+    int n;
+} many_t;
+
+static bool all_answered(void *arg)
+{
+    many_t *m = arg;
+    for (int i = 0; i < m->n; i++)
+        if (m->a[i].calls == 0)
+            return false;
+    return true;
+}
+
+/* n checks queued in the same turn of the loop (no loop run in between). */
+static void check_many(inst_t *in, many_t *m, const char *const *users, int n, rl_pending_t **ps)
+{
+    memset(m, 0, sizeof(*m));
+    m->n = n;
+    for (int i = 0; i < n; i++) {
+        rl_request_t req = {.user = users[i]};
+        rl_decision_t d;
+        rl_ticket_t *t = NULL;
+        rl_pending_t *p = NULL;
+        assert_int_equal(rl_check(in->w, &req, &d, &t, answer_cb, &m->a[i], &p), RL_PENDING);
+        assert_non_null(p);
+        if (ps)
+            ps[i] = p;
+    }
+    for (int i = 0; i < n; i++)
+        assert_int_equal(m->a[i].calls, 0); /* never inside rl_check */
+}
+
+static void many_settle(many_t *m)
+{
+    for (int i = 0; i < m->n; i++) {
+        assert_true(m->a[i].calls <= 1);
+        rl_ticket_settle(m->a[i].t, 0);
+    }
+}
+
+static void test_batch_one_round_trip(void **state)
+{
+    (void)state;
+    conf_ratelimit_t c = conf0();
+    c.per_user.requests_per_minute = 3;
+    inst_t a;
+    inst_new(&a, &c);
+    assert_true(rs_run_until(base, up, a.w, 2000));
+    /* 5 users, 4 checks each, interleaved: u0 u1 .. u4 u0 u1 .. */
+    static const char *const names[5] = {"bt-0", "bt-1", "bt-2", "bt-3", "bt-4"};
+    const char *users[20];
+    for (int i = 0; i < 20; i++)
+        users[i] = names[i % 5];
+    reset_stats();
+    many_t m;
+    check_many(&a, &m, users, 20, NULL);
+    assert_true(rs_run_until(base, all_answered, &m, 2000));
+    assert_int_equal(evalsha_calls(), 1); /* 20 requests, one round trip */
+    /* each answer is its own request's: round r of every user leaves 2-r */
+    for (int i = 0; i < 20; i++) {
+        const rl_decision_t *d = &m.a[i].d;
+        int round = i / 5;
+        assert_int_equal(m.a[i].calls, 1);
+        assert_false(d->store_error);
+        assert_int_equal(d->limit, RL_LIMIT_REQUESTS);
+        if (round < 3) {
+            assert_true(d->allowed);
+            assert_int_equal(d->remaining, 2 - round);
+        } else {
+            assert_false(d->allowed);
+            assert_int_equal(d->remaining, 0);
+            assert_true(d->retry_after_ms > 19000 && d->retry_after_ms <= 20000);
+        }
+    }
+    many_settle(&m);
+
+    /* more than one batch's worth in one turn: split in RL_BATCH_MAX */
+    const char *more[NB];
+    char bufs[NB][16];
+    for (int i = 0; i < NB; i++) {
+        snprintf(bufs[i], sizeof(bufs[i]), "bm-%d", i);
+        more[i] = bufs[i];
+    }
+    reset_stats();
+    check_many(&a, &m, more, NB, NULL);
+    assert_true(rs_run_until(base, all_answered, &m, 2000));
+    assert_int_equal(evalsha_calls(), (NB + RL_BATCH_MAX - 1) / RL_BATCH_MAX);
+    for (int i = 0; i < NB; i++) {
+        assert_true(m.a[i].d.allowed);
+        assert_int_equal(m.a[i].d.remaining, 2);
+    }
+    many_settle(&m);
+
+    /* one at a time (the loop runs between them): one call each */
+    reset_stats();
+    rl_decision_t d;
+    for (int i = 0; i < 3; i++)
+        assert_true(check(&a, "bt-seq", 0, &d, NULL, NULL));
+    assert_int_equal(evalsha_calls(), 3);
+    inst_free(&a);
+}
+
+/* A key Redis cannot use (another type under the limiter's name) fails its
+ * own entry; the batch's other entries are answered from Redis. */
+static void test_batch_one_failing_entry(void **state)
+{
+    (void)state;
+    conf_ratelimit_t c = conf0();
+    c.per_user.requests_per_minute = 5;
+    c.on_store_error = CONF_STORE_ERROR_DENY;
+    inst_t a;
+    inst_new(&a, &c);
+    assert_true(rs_run_until(base, up, a.w, 2000));
+    redisContext *rc = rs_connect(&srv); /* the limiter's database is 2 */
+    assert_non_null(rc);
+    freeReplyObject(redisCommand(rc, "SELECT 2"));
+    freeReplyObject(redisCommand(rc, "SET sl:rl:{u:bf-bad} not-a-hash"));
+    redisFree(rc);
+    static const char *const users[4] = {"bf-ok1", "bf-bad", "bf-ok2", "bf-ok1"};
+    uint64_t e0 = store_errors("deny");
+    reset_stats();
+    many_t m;
+    check_many(&a, &m, users, 4, NULL);
+    assert_true(rs_run_until(base, all_answered, &m, 2000));
+    assert_int_equal(evalsha_calls(), 1);
+    assert_true(m.a[0].d.allowed && !m.a[0].d.store_error);
+    assert_int_equal(m.a[0].d.remaining, 4);
+    assert_false(m.a[1].d.allowed);
+    assert_true(m.a[1].d.store_error);
+    assert_int_equal(m.a[1].d.limit, RL_LIMIT_STORE);
+    assert_true(m.a[2].d.allowed && !m.a[2].d.store_error);
+    assert_int_equal(m.a[2].d.remaining, 4);
+    assert_true(m.a[3].d.allowed && !m.a[3].d.store_error);
+    assert_int_equal(m.a[3].d.remaining, 3);
+    assert_int_equal(store_errors("deny"), e0 + 1);
+    many_settle(&m);
+    inst_free(&a);
+}
+
+/* Redis stalls with a batch in flight: every check of it ends once, at the
+ * deadline, through on_store_error; a check cancelled meanwhile does not
+ * call back; one cancelled before its batch was sent never reaches Redis. */
+static void test_batch_timeout(void **state)
+{
+    (void)state;
+    conf_ratelimit_t c = conf0();
+    c.per_user.requests_per_minute = 100;
+    c.on_store_error = CONF_STORE_ERROR_ALLOW;
+    inst_t a;
+    inst_new(&a, &c);
+    assert_true(rs_run_until(base, up, a.w, 2000));
+
+    /* cancelled in the turn it was made: nothing is sent */
+    reset_stats();
+    rl_request_t req = {.user = "bto-c"};
+    answer_t ans = {0};
+    rl_decision_t d;
+    rl_ticket_t *t = NULL;
+    rl_pending_t *p = NULL;
+    assert_int_equal(rl_check(a.w, &req, &d, &t, answer_cb, &ans, &p), RL_PENDING);
+    rl_pending_cancel(p);
+    rs_run_for(base, 50);
+    assert_int_equal(ans.calls, 0);
+    assert_int_equal(evalsha_calls(), 0);
+
+    redisContext *blk = rs_send_nowait(&srv, "DEBUG SLEEP 0.5");
+    rs_run_for(base, 20);
+    uint64_t e0 = store_errors("allow");
+    static const char *const users[6] = {"bto-0", "bto-1", "bto-2", "bto-0", "bto-3", "bto-4"};
+    rl_pending_t *ps[6];
+    many_t m;
+    int64_t start = sl_now_ms();
+    check_many(&a, &m, users, 6, ps);
+    rs_run_for(base, 5); /* the batch is on its way */
+    rl_pending_cancel(ps[2]);
+    m.a[2].calls = 1; /* not expected: all_answered skips it */
+    assert_true(rs_run_until(base, all_answered, &m, 1000));
+    int64_t took = sl_now_ms() - start;
+    assert_true(took >= 45 && took < 200); /* the 50 ms deadline, once for all */
+    m.a[2].calls = 0;
+    for (int i = 0; i < 6; i++) {
+        if (i == 2)
+            continue;
+        assert_int_equal(m.a[i].calls, 1);
+        assert_true(m.a[i].d.allowed);
+        assert_true(m.a[i].d.store_error);
+    }
+    assert_int_equal(store_errors("allow"), e0 + 5);
+    many_settle(&m);
+    /* the late reply (Redis wakes up) is dropped; nothing calls back twice,
+     * and the cancelled check still gets nothing */
+    redisReply *rep = NULL;
+    assert_int_equal(redisGetReply(blk, (void **)&rep), REDIS_OK);
+    freeReplyObject(rep);
+    redisFree(blk);
+    rs_run_for(base, 100);
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(m.a[i].calls, i == 2 ? 0 : 1);
+    /* and Redis serves the next batch */
+    assert_true(rs_run_until(base, up, a.w, 2000));
+    assert_true(check(&a, "bto-0", 0, &d, NULL, NULL));
+    assert_false(d.store_error);
+    inst_free(&a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_shared_limit),     cmocka_unit_test(test_concurrency_and_tokens),
-        cmocka_unit_test(test_cancel),           cmocka_unit_test(test_store_error_allow),
-        cmocka_unit_test(test_store_error_deny), cmocka_unit_test(test_store_error_local),
+        cmocka_unit_test(test_shared_limit),
+        cmocka_unit_test(test_concurrency_and_tokens),
+        cmocka_unit_test(test_cancel),
+        cmocka_unit_test(test_store_error_allow),
+        cmocka_unit_test(test_store_error_deny),
+        cmocka_unit_test(test_store_error_local),
+        cmocka_unit_test(test_batch_one_round_trip),
+        cmocka_unit_test(test_batch_one_failing_entry),
+        cmocka_unit_test(test_batch_timeout),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
