@@ -95,7 +95,10 @@ struct rl_pending {
     void *arg;
     rl_ticket_t *ticket; /* owned: a check's prepared ticket (key, limits, lease), or the
                             settled ticket */
-    int64_t n;           /* check: tokens to reserve; settle: the refund */
+    int64_t n;           /* check: tokens to reserve; settle: the refund; return: units */
+    int64_t want;        /* check: request units to lease on top; -1: the key has no lease entry */
+    char op;             /* 'c' check, 's' settle, 'r' give leased units back */
+    bool refill;         /* a check made for a lease, not a request: its unit joins the lease */
     bool cancelled;
 };
 
@@ -111,10 +114,30 @@ struct rl_batch {
 /* Room for one entry's keys and numbers while its batch is formatted. */
 typedef struct rl_entry_buf {
     char k1[RL_KEY_MAX + 16], k2[RL_KEY_MAX + 16];
-    char num[5][24];
+    char num[6][24];
 } rl_entry_buf_t;
 
-#define RL_BATCH_ARGC (RL_BATCH_MAX * 9 + 1)
+#define RL_BATCH_ARGC (RL_BATCH_MAX * 10 + 1)
+
+/* A leased local quota (docs/ratelimit.md, "Leases"): request units of one
+ * key this worker took from Redis ahead of its requests and spends without
+ * a round trip. Only for keys limited by requests alone (no concurrency,
+ * no token reservation in play). */
+typedef struct rl_lease {
+    UT_hash_handle hh;
+    int64_t rpm;        /* the limit the units were taken under */
+    int64_t units;      /* taken, not spent yet */
+    int64_t size;       /* what the next check asks for on top of its own unit (0: none) */
+    int64_t granted_ns; /* when the units came */
+    int64_t remaining;  /* Redis's remaining then (the leased units excluded) */
+    int64_t reset_ms;   /* and its reset */
+    int64_t last_ns;    /* last check of the key: an idle entry is dropped */
+    int inflight;       /* checks of the key queued or waiting for Redis */
+    bool asking;        /* one of them asks for a lease */
+    bool ip;
+    rl_limits_t lim; /* the limits of the grant (for giving units back) */
+    char key[RL_KEY_MAX + 1];
+} rl_lease_t;
 
 struct rl_worker {
     rl_t *rl;
@@ -123,6 +146,9 @@ struct rl_worker {
     rl_batch_t *batches; /* sent, awaiting their reply */
     struct event *flush_ev;
     struct event *mode_ev;
+    struct event *lease_ev; /* gives back units of leases past their time */
+    rl_lease_t *leases;     /* by key */
+    size_t nleases;
     int mode; /* MODE_*, -1 before the first look */
     /* scratch of rl_batch_send (one batch at a time: the loop's thread) */
     const char *argv[RL_BATCH_ARGC];
@@ -351,6 +377,7 @@ static void rl_mode_cb(evutil_socket_t fd, short what, void *arg)
 }
 
 static void rl_flush_cb(evutil_socket_t fd, short what, void *arg);
+static void rl_lease_sweep_cb(evutil_socket_t fd, short what, void *arg);
 
 rl_worker_t *rl_worker_new(rl_t *rl, struct event_base *base, char *err, size_t errlen)
 {
@@ -367,8 +394,11 @@ rl_worker_t *rl_worker_new(rl_t *rl, struct event_base *base, char *err, size_t 
         /* the mode gauge follows reconnects even without traffic */
         w->mode_ev = event_new(base, -1, EV_PERSIST, rl_mode_cb, w);
         w->flush_ev = event_new(base, -1, 0, rl_flush_cb, w);
+        w->lease_ev = event_new(base, -1, EV_PERSIST, rl_lease_sweep_cb, w);
         struct timeval tv = {1, 0};
-        if (!w->redis || !w->mode_ev || !w->flush_ev || event_add(w->mode_ev, &tv) != 0) {
+        struct timeval ltv = {0, RL_LEASE_SWEEP_MS * 1000};
+        if (!w->redis || !w->mode_ev || !w->flush_ev || !w->lease_ev ||
+            event_add(w->mode_ev, &tv) != 0 || event_add(w->lease_ev, &ltv) != 0) {
             rl_worker_free(w);
             return NULL;
         }
@@ -401,6 +431,16 @@ void rl_worker_free(rl_worker_t *w)
     }
     if (w->flush_ev)
         event_free(w->flush_ev);
+    if (w->lease_ev)
+        event_free(w->lease_ev);
+    /* units still leased are not given back: they count as spent until
+     * the key's bucket refills (the safe side) */
+    rl_lease_t *l, *ltmp;
+    HASH_ITER(hh, w->leases, l, ltmp)
+    {
+        HASH_DEL(w->leases, l);
+        free(l);
+    }
     if (w->mode_ev)
         event_free(w->mode_ev);
     if (w->mode >= 0)
@@ -458,6 +498,197 @@ static void rl_store_error(rl_t *rl, rl_ticket_t *t, int64_t tokens, rl_decision
     d->store_error = true;
 }
 
+/* ---- leased local quotas ------------------------------------------------------ */
+
+static int64_t rl_lease_cap(const rl_limits_t *lim)
+{
+    return SL_MIN((int64_t)RL_LEASE_MAX, lim->requests_per_minute / RL_LEASE_DIVISOR);
+}
+
+/* A key whose limits a lease can serve: requests alone. A concurrency slot
+ * must be held in Redis (it is given back per request), and a token
+ * reservation differs per request. */
+static bool rl_lease_eligible(const rl_ticket_t *t, int64_t tokens)
+{
+    return t->lim.concurrent == 0 && rl_lease_cap(&t->lim) >= 1 &&
+           (tokens == 0 || (t->lim.tokens_per_minute == 0 && t->lim.tokens_per_day == 0));
+}
+
+static rl_lease_t *rl_lease_find(rl_worker_t *w, const char *key, size_t klen)
+{
+    rl_lease_t *l = NULL;
+    HASH_FIND(hh, w->leases, key, klen, l);
+    return l;
+}
+
+static void rl_enqueue(rl_worker_t *w, rl_pending_t *p);
+
+/* Gives a lease's unspent units back to Redis (with this turn's batch). */
+static void rl_lease_give_back(rl_worker_t *w, rl_lease_t *l)
+{
+    int64_t units = l->units;
+    l->units = 0;
+    if (units <= 0)
+        return;
+    rl_pending_t *p = calloc(1, sizeof(*p));
+    rl_ticket_t *t = calloc(1, sizeof(*t));
+    if (!p || !t) { /* lost: they count as spent (the safe side) */
+        free(p);
+        free(t);
+        return;
+    }
+    t->rl = w->rl;
+    t->w = w;
+    t->lim = l->lim;
+    t->ip = l->ip;
+    t->klen = strlen(l->key);
+    memcpy(t->key, l->key, t->klen + 1);
+    p->w = w;
+    p->ticket = t;
+    p->op = 'r';
+    p->n = units;
+    p->want = -1;
+    rl_enqueue(w, p);
+}
+
+/* A leased unit for this request, if the worker holds one: decided here,
+ * no round trip. */
+static bool rl_lease_spend(rl_lease_t *l, const rl_ticket_t *t, int64_t now, rl_decision_t *d)
+{
+    if (l->units <= 0 || l->lim.requests_per_minute != t->lim.requests_per_minute ||
+        now - l->granted_ns >= (int64_t)RL_LEASE_TTL_MS * 1000000)
+        return false;
+    l->units--;
+    l->last_ns = now;
+    memset(d, 0, sizeof(*d));
+    d->allowed = true;
+    d->limit = t->ip ? RL_LIMIT_IP_REQUESTS : RL_LIMIT_REQUESTS;
+    d->limit_value = l->lim.requests_per_minute;
+    /* Redis's remaining at the grant plus what this worker still holds: an
+     * estimate (others' spending since is not seen) */
+    d->remaining = SL_MIN(l->remaining + l->units, l->lim.requests_per_minute);
+    d->reset_ms = SL_MAX(l->reset_ms - (now - l->granted_ns) / 1000000, 0);
+    return true;
+}
+
+/* The lease is half spent: a check of its own (no request behind it) asks
+ * for the next one while this one still serves, so that a busy key need
+ * not wait a round trip. Spent fast (within a quarter of its time), the
+ * lease grows. */
+static void rl_lease_refill(rl_worker_t *w, rl_lease_t *l, int64_t now)
+{
+    if (l->asking || l->size == 0 || l->units >= (l->size + 1) / 2)
+        return;
+    if (now - l->granted_ns < (int64_t)RL_LEASE_TTL_MS * 1000000 / 4)
+        l->size = SL_MIN(l->size * 2, rl_lease_cap(&l->lim));
+    rl_pending_t *p = calloc(1, sizeof(*p));
+    rl_ticket_t *t = calloc(1, sizeof(*t));
+    if (!p || !t) {
+        free(p);
+        free(t);
+        return;
+    }
+    t->rl = w->rl;
+    t->w = w;
+    t->lim = l->lim;
+    t->ip = l->ip;
+    t->klen = strlen(l->key);
+    memcpy(t->key, l->key, t->klen + 1);
+    p->w = w;
+    p->ticket = t;
+    p->op = 'c';
+    p->refill = true;
+    p->want = l->size;
+    l->asking = true;
+    l->inflight++;
+    rl_enqueue(w, p);
+}
+
+/* Before a check of an eligible key goes to Redis: how many units it asks
+ * for on top of its own. The size grows while checks of the key queue up
+ * behind each other or a lease runs out before its time. */
+static int64_t rl_lease_want(rl_worker_t *w, const rl_ticket_t *t, int64_t now)
+{
+    rl_lease_t *l = rl_lease_find(w, t->key, t->klen);
+    if (!l) {
+        if (w->nleases >= RL_LEASE_KEYS)
+            return -1; /* no entry: no lease for this key for now */
+        l = calloc(1, sizeof(*l));
+        if (!l)
+            return -1;
+        memcpy(l->key, t->key, t->klen + 1);
+        HASH_ADD(hh, w->leases, key, t->klen, l);
+        w->nleases++;
+    }
+    l->last_ns = now;
+    int64_t cap = rl_lease_cap(&t->lim);
+    bool ran_out =
+        l->granted_ns && l->units == 0 && now - l->granted_ns < (int64_t)RL_LEASE_TTL_MS * 1000000;
+    if (l->inflight > 0 || ran_out)
+        l->size = SL_MIN(SL_MAX(l->size * 2, 1), cap);
+    l->size = SL_MIN(l->size, cap);
+    l->inflight++;
+    if (l->asking || l->size == 0)
+        return 0; /* one lease request in flight per key */
+    l->asking = true;
+    return l->size;
+}
+
+/* A check of an eligible key is over (d NULL: Redis did not answer or it
+ * was never sent): the lease entry learns what Redis granted. */
+static void rl_lease_reply(rl_worker_t *w, const rl_pending_t *p, const rl_decision_t *d,
+                           int64_t leased)
+{
+    const rl_ticket_t *t = p->ticket;
+    rl_lease_t *l = rl_lease_find(w, t->key, t->klen);
+    if (!l)
+        return;
+    if (l->inflight > 0)
+        l->inflight--;
+    if (p->want > 0)
+        l->asking = false;
+    if (!d)
+        return;
+    if (!d->allowed) {
+        l->size = 0; /* near the limit: every check goes to Redis */
+        return;
+    }
+    if (leased <= 0)
+        return;
+    if (l->units > 0 && l->lim.requests_per_minute != t->lim.requests_per_minute)
+        rl_lease_give_back(w, l); /* taken under other limits (a reload) */
+    int64_t now = w->rl->now_ns(w->rl->now_arg);
+    l->units += leased;
+    l->lim = t->lim;
+    l->ip = t->ip;
+    l->granted_ns = now;
+    l->remaining = d->remaining;
+    l->reset_ms = d->reset_ms;
+}
+
+static void rl_lease_sweep_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    rl_worker_t *w = arg;
+    int64_t now = w->rl->now_ns(w->rl->now_arg);
+    rl_lease_t *l, *tmp;
+    HASH_ITER(hh, w->leases, l, tmp)
+    {
+        if (l->units > 0 && now - l->granted_ns >= (int64_t)RL_LEASE_TTL_MS * 1000000) {
+            if (l->units > l->size / 2)
+                l->size /= 2; /* more than needed: ask for less */
+            rl_lease_give_back(w, l);
+        }
+        if (l->units == 0 && l->inflight == 0 &&
+            now - l->last_ns >= (int64_t)RL_LEASE_IDLE_MS * 1000000) {
+            HASH_DEL(w->leases, l);
+            w->nleases--;
+            free(l);
+        }
+    }
+}
+
 /* Formats entry i of a batch (p: a check or a settle) into w->buf[i] and
  * its slots of w->argv: keys at 2i, 2i+1; arguments after the n entries'
  * keys and the lease ms. */
@@ -473,8 +704,8 @@ static void rl_entry_format(rl_worker_t *w, size_t i, size_t n, const rl_pending
     w->argvlen[2 * i + 1] = (size_t)l2;
     const int64_t v[5] = {t->lim.requests_per_minute, t->lim.concurrent, t->lim.tokens_per_minute,
                           t->lim.tokens_per_day, p->n};
-    size_t a = 2 * n + 1 + 7 * i;
-    w->argv[a] = p->cb ? "c" : "s";
+    size_t a = 2 * n + 1 + 8 * i;
+    w->argv[a] = p->op == 'c' ? "c" : p->op == 'r' ? "r" : "s";
     w->argvlen[a] = 1;
     for (int k = 0; k < 5; k++) {
         w->argvlen[a + 1 + (size_t)k] = sl_i64toa(v[k], b->num[k]);
@@ -482,13 +713,15 @@ static void rl_entry_format(rl_worker_t *w, size_t i, size_t n, const rl_pending
     }
     w->argv[a + 6] = t->lease;
     w->argvlen[a + 6] = strlen(t->lease);
+    w->argvlen[a + 7] = sl_i64toa(p->want > 0 ? p->want : 0, b->num[5]);
+    w->argv[a + 7] = b->num[5];
 }
 
-static int rl_reply_decision(const redisReply *r, rl_ticket_t *t, rl_decision_t *d)
+static int rl_reply_decision(const redisReply *r, rl_ticket_t *t, rl_decision_t *d, int64_t *leased)
 {
-    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 6)
+    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 7)
         return -1;
-    for (size_t i = 0; i < 6; i++)
+    for (size_t i = 0; i < 7; i++)
         if (r->element[i]->type != REDIS_REPLY_INTEGER)
             return -1;
     static const rl_limit_t which[5] = {RL_LIMIT_NONE, RL_LIMIT_REQUESTS, RL_LIMIT_TOKENS_MINUTE,
@@ -505,6 +738,7 @@ static int rl_reply_decision(const redisReply *r, rl_ticket_t *t, rl_decision_t 
     d->limit_value = r->element[3]->integer;
     d->remaining = r->element[4]->integer;
     d->reset_ms = r->element[5]->integer;
+    *leased = r->element[6]->integer > 0 ? r->element[6]->integer : 0;
     t->slot = d->allowed && t->lim.concurrent > 0;
     return 0;
 }
@@ -517,7 +751,7 @@ static void rl_entry_end(rl_pending_t *p, const redisReply *e)
     rl_worker_t *w = p->w;
     rl_t *rl = w->rl;
     rl_ticket_t *t = p->ticket;
-    if (!p->cb) { /* a settle: nobody waits for it */
+    if (p->op != 'c') { /* a settle or a return: nobody waits for it */
         if (!e || e->type == REDIS_REPLY_ERROR)
             sl_debug("ratelimit: a Redis settle was lost (%s)",
                      e && e->str ? e->str : "down or late");
@@ -526,7 +760,16 @@ static void rl_entry_end(rl_pending_t *p, const redisReply *e)
         return;
     }
     rl_decision_t d;
-    bool ok = e && rl_reply_decision(e, t, &d) == 0;
+    int64_t leased = 0;
+    bool ok = e && rl_reply_decision(e, t, &d, &leased) == 0;
+    if (p->refill) {
+        rl_lease_reply(w, p, ok ? &d : NULL, leased + (ok && d.allowed ? 1 : 0));
+        free(t);
+        free(p);
+        return;
+    }
+    if (p->want >= 0)
+        rl_lease_reply(w, p, ok ? &d : NULL, leased);
     if (e && !ok)
         sl_log_limited(SL_LOG_WARN, "ratelimit redis reply",
                        "ratelimit: unexpected Redis reply (%s)",
@@ -582,7 +825,9 @@ static void rl_batch_send(rl_worker_t *w)
     while (w->queue && n < RL_BATCH_MAX) {
         rl_pending_t *p = w->queue;
         DL_DELETE(w->queue, p);
-        if (p->cb && p->cancelled) { /* never sent: nothing to give back */
+        if (p->op == 'c' && p->cancelled) { /* never sent: nothing to give back */
+            if (p->want >= 0)
+                rl_lease_reply(w, p, NULL, 0);
             free(p->ticket);
             free(p);
             continue;
@@ -605,7 +850,7 @@ static void rl_batch_send(rl_worker_t *w)
         char lease_ms[24];
         w->argvlen[2 * n] = sl_i64toa(RL_LEASE_MS, lease_ms);
         w->argv[2 * n] = lease_ms;
-        if (sl_redis_evalsha(w->redis, w->rl->script, (int)(2 * n), (int)(9 * n + 1), w->argv,
+        if (sl_redis_evalsha(w->redis, w->rl->script, (int)(2 * n), (int)(10 * n + 1), w->argv,
                              w->argvlen, rl_batch_cb, b)) {
             DL_APPEND(w->batches, b);
             return;
@@ -687,16 +932,30 @@ rl_check_rc_t rl_check(rl_worker_t *w, const rl_request_t *req, rl_decision_t *d
         rl_store_error(rl, t, tokens, d);
         goto done;
     }
+    bool leasable = rl_lease_eligible(t, tokens);
+    int64_t now = leasable ? rl->now_ns(rl->now_arg) : 0;
+    if (leasable) {
+        rl_lease_t *l = rl_lease_find(w, t->key, t->klen);
+        if (l && rl_lease_spend(l, t, now, d)) {
+            rl_lease_refill(w, l, now);
+            t->backend = RL_BACKEND_NONE; /* a request unit is never given back */
+            *ticket = t;
+            return RL_DONE;
+        }
+    }
     rl_pending_t *p = calloc(1, sizeof(*p));
     if (!p) {
         free(t);
         return RL_ERROR;
     }
+    int64_t want = leasable ? rl_lease_want(w, t, now) : -1;
     p->w = w;
     p->cb = cb;
     p->arg = arg;
     p->ticket = t;
     p->n = tokens;
+    p->op = 'c';
+    p->want = want;
     rl_enqueue(w, p);
     if (pending)
         *pending = p;
@@ -735,6 +994,8 @@ static void rl_ticket_finish(rl_ticket_t *t, int64_t refund)
                 p->w = t->w;
                 p->ticket = t;
                 p->n = refund;
+                p->op = 's';
+                p->want = -1;
                 rl_enqueue(t->w, p);
                 return;
             }

@@ -15,13 +15,20 @@
  * KEYS     per entry e: [2e-1] hash: r, m, d = GCRA times (µs) of requests,
  *          tokens/minute, tokens/day; [2e] sorted set: concurrency leases
  *          (member = lease id, score = expiry µs)
- * ARGV     [1] lease ms; then 7 per entry: op ("c" check, "s" settle), rpm,
- *          concurrent, tpm, tpd, n (c: tokens to reserve; s: refund =
- *          reserved - used, < 0 charges), lease id ("" = none)
+ * ARGV     [1] lease ms; then 8 per entry: op ("c" check, "s" settle, "r"
+ *          return leased requests), rpm, concurrent, tpm, tpd, n (c: tokens
+ *          to reserve; s: refund = reserved - used, < 0 charges; r: request
+ *          units given back), lease id ("" = none), want (c: request units
+ *          to lease on top, rl.c's leased local quotas; 0 = none)
  * Returns  an array with one reply per entry, in order:
  *          c: {allowed, which (1 requests, 2 tpm, 3 tpd, 4 concurrent, 0 none),
- *              retry ms (-1 never), limit, remaining, reset ms}
- *          s: {1}
+ *              retry ms (-1 never), limit, remaining, reset ms, leased}
+ *          s, r: {1}
+ *
+ * A lease is granted only when it is small against the limit (want * 64 <=
+ * rpm) and the bucket stays at least half full after it: the units are
+ * taken here, before they are spent, so leases never let more than the
+ * limit through; near the limit every check comes here.
  *          or an error reply for an entry that failed.
  */
 #ifndef SL_RL_REDIS_LUA_H
@@ -44,9 +51,9 @@ static const char rl_redis_lua[] =
     "local function save(k1, lim, tat)\n"
     "  local hs, top = {}, now\n"
     "  for i = 1, 3 do\n"
-    "    if lim[i] > 0 and tat[i] > now then\n"
+    "    if lim[i] > 0 then\n"
     "      hs[#hs + 1] = fld[i]\n"
-    "      hs[#hs + 1] = string.format('%.0f', tat[i])\n"
+    "      hs[#hs + 1] = string.format('%.0f', math.max(tat[i], now))\n"
     "      if tat[i] > top then top = tat[i] end\n"
     "    end\n"
     "  end\n"
@@ -60,8 +67,16 @@ static const char rl_redis_lua[] =
     "  local conc = tonumber(ARGV[a + 2])\n"
     "  local n = tonumber(ARGV[a + 5])\n"
     "  local lease = ARGV[a + 6]\n"
+    "  local want = tonumber(ARGV[a + 7])\n"
     "  local h = redis.call('HMGET', k1, 'r', 'm', 'd')\n"
     "  local tat = {tonumber(h[1]) or 0, tonumber(h[2]) or 0, tonumber(h[3]) or 0}\n"
+    "  if ARGV[a] == 'r' then\n"
+    "    if lim[1] > 0 and n > 0 and tat[1] > now then\n"
+    "      tat[1] = math.max(tat[1] - n * iv(lim, 1), now)\n"
+    "    end\n"
+    "    save(k1, lim, tat)\n"
+    "    return {1}\n"
+    "  end\n"
     "  if ARGV[a] == 's' then\n"
     "    for i = 2, 3 do\n"
     "      if lim[i] > 0 and n ~= 0 then\n"
@@ -99,7 +114,12 @@ static const char rl_redis_lua[] =
     "    redis.call('ZREMRANGEBYSCORE', k2, '-inf', now)\n"
     "    if redis.call('ZCARD', k2) >= conc then refuse(4, 1000, conc, 0, 1000) end\n"
     "  end\n"
-    "  if w ~= 0 then return {0, w, wr, wl, wrem, wres} end\n"
+    "  if w ~= 0 then return {0, w, wr, wl, wrem, wres, 0} end\n"
+    "  local got = 0\n"
+    "  if want > 0 and lim[1] > 0 and want * 64 <= lim[1] then\n"
+    "    local nt = tat[1] + want * iv(lim, 1)\n"
+    "    if nt - now <= per[1] / 2 then tat[1] = nt; got = want end\n"
+    "  end\n"
     "  if conc > 0 then\n"
     "    redis.call('ZADD', k2, now + lease_ms * 1000, lease)\n"
     "    redis.call('PEXPIRE', k2, lease_ms)\n"
@@ -107,14 +127,14 @@ static const char rl_redis_lua[] =
     "  save(k1, lim, tat)\n"
     "  for i = 1, 3 do\n"
     "    if lim[i] > 0 and cost[i] > 0 then\n"
-    "      return {1, i, 0, lim[i], rem(lim, i, tat[i]), ms(math.max(tat[i] - now, 0))}\n"
+    "      return {1, i, 0, lim[i], rem(lim, i, tat[i]), ms(math.max(tat[i] - now, 0)), got}\n"
     "    end\n"
     "  end\n"
-    "  return {1, 0, 0, 0, 0, 0}\n"
+    "  return {1, 0, 0, 0, 0, 0, 0}\n"
     "end\n"
     "local out = {}\n"
     "for e = 1, #KEYS / 2 do\n"
-    "  local ok, res = pcall(one, KEYS[2 * e - 1], KEYS[2 * e], 2 + (e - 1) * 7)\n"
+    "  local ok, res = pcall(one, KEYS[2 * e - 1], KEYS[2 * e], 2 + (e - 1) * 8)\n"
     "  if ok then out[e] = res\n"
     "  else\n"
     "    local m = type(res) == 'table' and (res.err or 'error') or tostring(res)\n"
