@@ -569,6 +569,185 @@ static void test_batch_timeout(void **state)
     inst_free(&a);
 }
 
+/* ---- leased local quotas ------------------------------------------------------ */
+
+/* Request units Redis counts as taken for a user now (its GCRA time ahead of
+ * Redis's clock, in units of 60 s / rpm), read from the hash itself. */
+static double redis_used(const char *user, int64_t rpm)
+{
+    redisContext *rc = rs_connect(&srv);
+    assert_non_null(rc);
+    freeReplyObject(redisCommand(rc, "SELECT 2"));
+    redisReply *h = redisCommand(rc, "HGET sl:rl:{u:%s} r", user);
+    redisReply *tm = redisCommand(rc, "TIME");
+    assert_non_null(h);
+    assert_non_null(tm);
+    assert_int_equal(h->type, REDIS_REPLY_STRING);
+    double tat = strtod(h->str, NULL);
+    double now = strtod(tm->element[0]->str, NULL) * 1e6 + strtod(tm->element[1]->str, NULL);
+    freeReplyObject(h);
+    freeReplyObject(tm);
+    redisFree(rc);
+    return tat > now ? (tat - now) / (60e6 / (double)rpm) : 0;
+}
+
+typedef struct turns {
+    int sent, allowed, local;
+    answer_t a[32];
+    int n;
+} turns_t;
+
+static bool turn_answered(void *arg)
+{
+    turns_t *tt = arg;
+    for (int i = 0; i < tt->n; i++)
+        if (tt->a[i].calls == 0)
+            return false;
+    return true;
+}
+
+/* One turn of the loop with n checks of one user; returns those allowed. */
+static int turn(inst_t *in, const char *user, int n, turns_t *tt, int64_t rpm)
+{
+    memset(tt->a, 0, sizeof(tt->a));
+    tt->n = 0;
+    int ok = 0;
+    for (int i = 0; i < n; i++) {
+        rl_request_t req = {.user = user};
+        rl_decision_t d;
+        rl_ticket_t *t = NULL;
+        rl_pending_t *p = NULL;
+        answer_t *a = &tt->a[tt->n];
+        rl_check_rc_t rc = rl_check(in->w, &req, &d, &t, answer_cb, a, &p);
+        assert_int_not_equal(rc, RL_ERROR);
+        if (rc == RL_DONE) { /* a leased unit: decided here */
+            assert_true(d.allowed);
+            assert_false(d.store_error);
+            assert_int_equal(d.limit, RL_LIMIT_REQUESTS);
+            assert_int_equal(d.limit_value, rpm);
+            assert_true(d.remaining >= 0 && d.remaining <= rpm);
+            rl_ticket_settle(t, 0);
+            tt->local++;
+            ok++;
+        } else {
+            tt->n++;
+        }
+    }
+    assert_true(rs_run_until(base, turn_answered, tt, 2000));
+    for (int i = 0; i < tt->n; i++) {
+        assert_int_equal(tt->a[i].calls, 1);
+        assert_false(tt->a[i].d.store_error);
+        ok += tt->a[i].d.allowed;
+        rl_ticket_settle(tt->a[i].t, 0);
+    }
+    tt->sent += n;
+    tt->allowed += ok;
+    return ok;
+}
+
+/* A busy key with a big limit: most checks are decided from a lease, a
+ * fraction of them reach Redis; what is leased and not spent goes back. */
+static void test_lease_hot_key(void **state)
+{
+    (void)state;
+    const int64_t rpm = 6400;
+    conf_ratelimit_t c = conf0();
+    c.per_user.requests_per_minute = rpm;
+    inst_t a;
+    inst_new(&a, &c);
+    assert_true(rs_run_until(base, up, a.w, 2000));
+    reset_stats();
+    turns_t tt = {0};
+    int64_t t0 = sl_now_ms();
+    for (int i = 0; i < 20; i++)
+        assert_int_equal(turn(&a, "lease-hot", 32, &tt, rpm), 32);
+    long long calls = evalsha_calls();
+    printf("lease: %d checks, %d from a lease, %lld EVALSHA\n", tt.sent, tt.local, calls);
+    assert_true(tt.local >= tt.sent / 2);
+    assert_true(calls * 8 < tt.sent);
+    /* Redis has counted every allowed request, plus units still leased */
+    double used = redis_used("lease-hot", rpm);
+    double refill = (double)(sl_now_ms() - t0) / (60e3 / (double)rpm) + 2;
+    assert_true(used >= tt.allowed - refill);
+    assert_true(used <= tt.allowed + RL_LEASE_MAX + 1);
+    /* after the lease's time the units not spent go back */
+    rs_run_for(base, RL_LEASE_TTL_MS + 2 * RL_LEASE_SWEEP_MS);
+    double after = redis_used("lease-hot", rpm);
+    printf("lease: Redis counts %.1f used with the lease held, %.1f after\n", used, after);
+    assert_true(after <= tt.allowed + 1);
+    if (used > tt.allowed + 1)
+        assert_true(after < used);
+    inst_free(&a);
+}
+
+/* One request at a time never leases (each is one round trip, exact
+ * remaining); a limit under RL_LEASE_DIVISOR a minute never leases. */
+static void test_lease_not_when_idle(void **state)
+{
+    (void)state;
+    conf_ratelimit_t c = conf0();
+    c.per_user.requests_per_minute = 6400;
+    inst_t a;
+    inst_new(&a, &c);
+    assert_true(rs_run_until(base, up, a.w, 2000));
+    reset_stats();
+    rl_decision_t d;
+    for (int i = 0; i < 5; i++) {
+        bool async = false;
+        assert_true(check(&a, "lease-seq", 0, &d, NULL, &async));
+        assert_true(async);
+        assert_int_equal(d.remaining, 6400 - 1 - i);
+    }
+    assert_int_equal(evalsha_calls(), 5);
+    inst_free(&a);
+}
+
+/* Two instances hammer one key near its limit: leases never let more than
+ * the limit through (the units are taken in Redis first), and what one
+ * instance leased and did not spend comes back for the other. */
+static void test_lease_exact_at_limit(void **state)
+{
+    (void)state;
+    const int64_t rpm = 640; /* leases of at most 10 */
+    conf_ratelimit_t c = conf0();
+    c.per_user.requests_per_minute = rpm;
+    inst_t a, b;
+    inst_new(&a, &c);
+    inst_new(&b, &c);
+    assert_true(rs_run_until(base, up, a.w, 2000));
+    assert_true(rs_run_until(base, up, b.w, 2000));
+    turns_t ta = {0}, tb = {0};
+    int64_t t0 = sl_now_ms();
+    int idle = 0;
+    while (idle < 3) {
+        int ok = turn(&a, "lease-lim", 16, &ta, rpm) + turn(&b, "lease-lim", 16, &tb, rpm);
+        idle = ok ? 0 : idle + 1;
+        assert_true(ta.sent + tb.sent < 4000);
+    }
+    double per_ms = (double)rpm / 60e3;
+    int total = ta.allowed + tb.allowed;
+    printf("lease at the limit: %d allowed (%d, %d; %d, %d from leases) of %d\n", total, ta.allowed,
+           tb.allowed, ta.local, tb.local, ta.sent + tb.sent);
+    assert_true(ta.local + tb.local > 0);
+    assert_true(total <= rpm + (double)(sl_now_ms() - t0) * per_ms + 1);
+    assert_true(total >= rpm - 2 * 10);
+    /* leftovers go back; then the two use up exactly what is left */
+    rs_run_for(base, RL_LEASE_TTL_MS + 2 * RL_LEASE_SWEEP_MS);
+    idle = 0;
+    while (idle < 3) {
+        int ok = turn(&b, "lease-lim", 16, &tb, rpm) + turn(&a, "lease-lim", 16, &ta, rpm);
+        idle = ok ? 0 : idle + 1;
+        assert_true(ta.sent + tb.sent < 8000);
+    }
+    total = ta.allowed + tb.allowed;
+    double bound = rpm + (double)(sl_now_ms() - t0) * per_ms + 1;
+    printf("then: %d allowed, bound %.1f\n", total, bound);
+    assert_true(total >= rpm);
+    assert_true(total <= bound);
+    inst_free(&a);
+    inst_free(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -581,6 +760,9 @@ int main(void)
         cmocka_unit_test(test_batch_one_round_trip),
         cmocka_unit_test(test_batch_one_failing_entry),
         cmocka_unit_test(test_batch_timeout),
+        cmocka_unit_test(test_lease_hot_key),
+        cmocka_unit_test(test_lease_not_when_idle),
+        cmocka_unit_test(test_lease_exact_at_limit),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
