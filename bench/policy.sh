@@ -11,6 +11,9 @@
 #                                                          target >= 0.7 x open
 #   rl_local   rl_redis's limit in the in-process store (no Redis)
 #                                  issue 16: rl_redis >= 0.9 x rl_local
+#   rl_redis_base, full_base  rl_redis, full run by another binary,
+#              BENCH_BASE_BIN (say, a build of main): before / after in the
+#              same interleaved run
 #   auth_redis tokens + signatures, nonces and revocations in Redis
 #   full       auth_redis + the Redis limiter per user (every per-user limit
 #              set, never reached: requests, in-flight, tokens/min, tokens/day)
@@ -33,6 +36,7 @@
 # Knobs: BENCH_CONFIGS (a subset, in this order; full_local and full_sig run
 # only when named: BENCH_CONFIGS="full_local full_sig"), BENCH_DURATION (s per run, default 5), BENCH_ROUNDS (default 3),
 # BENCH_CONNS (default 32), BENCH_PORT_BASE (default 28600), SLUICE_BIN,
+# BENCH_BASE_BIN (the binary of the *_base configurations),
 # BENCH_PROXY_CPU / BENCH_LOAD_CPU, BENCH_KEEP=1 keeps the work directory.
 set -euo pipefail
 
@@ -62,6 +66,15 @@ RES=$WORK/results.tsv
 cp "$SLUICE_BIN" "$WORK/sluice"
 SLUICE_LABEL=$SLUICE_BIN
 SLUICE_BIN=$WORK/sluice
+case " $CONFIGS " in *"_base "*)
+    [ -x "${BENCH_BASE_BIN:-}" ] || { echo "bench: *_base configs need BENCH_BASE_BIN" >&2; exit 1; }
+    cp "$BENCH_BASE_BIN" "$WORK/sluice-base"
+    SLUICE_LABEL="$SLUICE_LABEL (base: $BENCH_BASE_BIN)"
+    ;;
+esac
+bin_of() { # the binary that runs config $1
+    case $1 in *_base) echo "$WORK/sluice-base" ;; *) echo "$SLUICE_BIN" ;; esac
+}
 . "$ROOT/bench/lib.sh"
 
 port_of() {
@@ -126,7 +139,7 @@ auth:
 EOF
         ;;
     esac
-    case $c in auth | auth_redis | full | full_sig)
+    case $c in auth | auth_redis | full | full_base | full_sig)
         cat >>"$f" <<EOF
 auth:
   tokens:
@@ -139,7 +152,7 @@ auth:
 EOF
         ;;
     esac
-    case $c in rl_redis | auth_redis | full)
+    case $c in rl_redis | rl_redis_base | auth_redis | full | full_base)
         # A deadline of 1 s, not the default 50 ms: on a shared 2-core box a
         # busy core 0 can hold Redis's answer past 50 ms, and a run with
         # store_unavailable answers would measure fast failures instead.
@@ -147,17 +160,17 @@ EOF
         ;;
     esac
     case $c in
-    rl_redis | rl_local)
+    rl_redis | rl_redis_base | rl_local)
         printf 'ratelimit:\n  per_ip: { requests_per_minute: 1000000 }\n' >>"$f"
         ;;
-    full | full_local | full_sig)
+    full | full_base | full_local | full_sig)
         cat >>"$f" <<EOF
 ratelimit:
   per_user: { requests_per_minute: 1000000, concurrent: 10000, tokens_per_minute: 1000000000, tokens_per_day: 1000000000000 }
 EOF
         ;;
     esac
-    "$SLUICE_BIN" -t -c "$f" >/dev/null 2>&1 || { "$SLUICE_BIN" -t -c "$f"; exit 1; }
+    "$(bin_of "$c")" -t -c "$f" >/dev/null 2>&1 || { "$(bin_of "$c")" -t -c "$f"; exit 1; }
 }
 
 for c in $CONFIGS; do write_conf "$c"; done
@@ -172,7 +185,7 @@ done >"$TOKENS"
 
 declare -A SPID
 for c in $CONFIGS; do
-    spawn taskset -c "$PROXY_CPU" "$SLUICE_BIN" -c "$WORK/$c.yaml" 2>"$WORK/$c.err"
+    spawn taskset -c "$PROXY_CPU" "$(bin_of "$c")" -c "$WORK/$c.yaml" 2>"$WORK/$c.err"
     SPID[$c]=$LAST
     wait_port "$(port_of "$c")" "$LAST"
 done
@@ -249,6 +262,8 @@ print("\n| ratio | requests/s (median of rounds, min–max) | by CPU per request
 print("| --- | --- | --- | --- |")
 for a, b, t in (("auth", "open", "≥ 0.9"), ("rl_redis", "open", "≥ 0.7"),
                 ("rl_redis", "rl_local", "≥ 0.9"), ("rl_local", "open", ""),
+                ("rl_redis_base", "rl_local", ""), ("rl_redis", "rl_redis_base", ""),
+                ("full", "full_base", ""), ("full_base", "auth_redis", ""),
                 ("auth_redis", "open", ""), ("full", "auth_redis", ""),
                 ("full_sig", "full_local", "≥ 0.95")):
     if a not in rows or b not in rows:
