@@ -51,6 +51,7 @@ enum { MODE_REDIS = 0, MODE_DEGRADED, MODE_N };
 struct rl_policy {
     rl_limits_t per_user, per_ip;
     int on_store_error;
+    bool leases; /* ratelimit.redis_leases */
     rl_override_t *overrides;
     rl_proxies_t *proxies;
 };
@@ -188,6 +189,7 @@ rl_policy_t *rl_policy_new(const struct conf_ratelimit *c, char *err, size_t err
     rl_limits_from_conf(&c->per_user, &p->per_user);
     p->per_ip.requests_per_minute = c->per_ip.requests_per_minute;
     p->on_store_error = c->on_store_error;
+    p->leases = c->redis_leases;
     for (size_t i = 0; i < c->noverrides; i++) {
         const conf_rl_override_t *o = &c->overrides[i];
         size_t n = strlen(o->name);
@@ -932,7 +934,7 @@ rl_check_rc_t rl_check(rl_worker_t *w, const rl_request_t *req, rl_decision_t *d
         rl_store_error(rl, t, tokens, d);
         goto done;
     }
-    bool leasable = rl_lease_eligible(t, tokens);
+    bool leasable = pol->leases && rl_lease_eligible(t, tokens);
     int64_t now = leasable ? rl->now_ns(rl->now_arg) : 0;
     if (leasable) {
         rl_lease_t *l = rl_lease_find(w, t->key, t->klen);

@@ -130,6 +130,7 @@ static conf_ratelimit_t conf0(void)
     memset(&c, 0, sizeof(c));
     c.max_tokens = 2048;
     c.max_keys = 10000;
+    c.redis_leases = true; /* the default */
     return c;
 }
 
@@ -681,7 +682,7 @@ static void test_lease_hot_key(void **state)
 }
 
 /* One request at a time never leases (each is one round trip, exact
- * remaining); a limit under RL_LEASE_DIVISOR a minute never leases. */
+ * remaining); nor does a busy key with ratelimit.redis_leases off. */
 static void test_lease_not_when_idle(void **state)
 {
     (void)state;
@@ -699,6 +700,17 @@ static void test_lease_not_when_idle(void **state)
         assert_int_equal(d.remaining, 6400 - 1 - i);
     }
     assert_int_equal(evalsha_calls(), 5);
+    inst_free(&a);
+
+    c.redis_leases = false;
+    inst_new(&a, &c);
+    assert_true(rs_run_until(base, up, a.w, 2000));
+    reset_stats();
+    turns_t tt = {0};
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(turn(&a, "lease-off", 32, &tt, 6400), 32);
+    assert_int_equal(tt.local, 0);
+    assert_int_equal(evalsha_calls(), 5); /* one batch per turn */
     inst_free(&a);
 }
 
