@@ -126,7 +126,6 @@ typedef struct rl_entry_buf {
  * no token reservation in play). */
 typedef struct rl_lease {
     UT_hash_handle hh;
-    int64_t rpm;        /* the limit the units were taken under */
     int64_t units;      /* taken, not spent yet */
     int64_t size;       /* what the next check asks for on top of its own unit (0: none) */
     int64_t granted_ns; /* when the units came */
@@ -136,7 +135,7 @@ typedef struct rl_lease {
     int inflight;       /* checks of the key queued or waiting for Redis */
     bool asking;        /* one of them asks for a lease */
     bool ip;
-    rl_limits_t lim; /* the limits of the grant (for giving units back) */
+    rl_limits_t lim; /* the limits of the grant: spent only under the same rpm */
     char key[RL_KEY_MAX + 1];
 } rl_lease_t;
 
