@@ -25,6 +25,9 @@
  *              retry ms (-1 never), limit, remaining, reset ms, leased}
  *          s, r: {1}
  *
+ * Expired concurrency leases are pruned only when the set looks full: they
+ * matter only then, and the common check saves a command.
+ *
  * A lease is granted only when it is small against the limit (want * 64 <=
  * rpm) and the bucket stays at least half full after it: the units are
  * taken here, before they are spent, so leases never let more than the
@@ -111,8 +114,12 @@ static const char rl_redis_lua[] =
     "    end\n"
     "  end\n"
     "  if conc > 0 then\n"
-    "    redis.call('ZREMRANGEBYSCORE', k2, '-inf', now)\n"
-    "    if redis.call('ZCARD', k2) >= conc then refuse(4, 1000, conc, 0, 1000) end\n"
+    "    local held = redis.call('ZCARD', k2)\n"
+    "    if held >= conc then\n"
+    "      redis.call('ZREMRANGEBYSCORE', k2, '-inf', now)\n"
+    "      held = redis.call('ZCARD', k2)\n"
+    "    end\n"
+    "    if held >= conc then refuse(4, 1000, conc, 0, 1000) end\n"
     "  end\n"
     "  if w ~= 0 then return {0, w, wr, wl, wrem, wres, 0} end\n"
     "  local got = 0\n"
