@@ -9,6 +9,11 @@
 #   auth       tokens + signatures, in-process nonce store   target >= 0.9 x open
 #   rl_redis   no auth; the Redis limiter (per address, limit never reached)
 #                                                          target >= 0.7 x open
+#   rl_local   rl_redis's limit in the in-process store (no Redis)
+#                                  issue 16: rl_redis >= 0.9 x rl_local
+#   rl_redis_base, full_base  rl_redis, full run by another binary,
+#              BENCH_BASE_BIN (say, a build of main): before / after in the
+#              same interleaved run
 #   auth_redis tokens + signatures, nonces and revocations in Redis
 #   full       auth_redis + the Redis limiter per user (every per-user limit
 #              set, never reached: requests, in-flight, tokens/min, tokens/day)
@@ -31,6 +36,7 @@
 # Knobs: BENCH_CONFIGS (a subset, in this order; full_local and full_sig run
 # only when named: BENCH_CONFIGS="full_local full_sig"), BENCH_DURATION (s per run, default 5), BENCH_ROUNDS (default 3),
 # BENCH_CONNS (default 32), BENCH_PORT_BASE (default 28600), SLUICE_BIN,
+# BENCH_BASE_BIN (the binary of the *_base configurations),
 # BENCH_PROXY_CPU / BENCH_LOAD_CPU, BENCH_KEEP=1 keeps the work directory.
 set -euo pipefail
 
@@ -44,7 +50,7 @@ DURATION=${BENCH_DURATION:-5}
 ROUNDS=${BENCH_ROUNDS:-3}
 CONNS=${BENCH_CONNS:-32}
 PORT_BASE=${BENCH_PORT_BASE:-28600}
-CONFIGS=${BENCH_CONFIGS:-"open auth rl_redis auth_redis full"}
+CONFIGS=${BENCH_CONFIGS:-"open auth rl_local rl_redis auth_redis full"}
 
 UP_PORT=$((PORT_BASE + 1))
 REDIS_PORT=$((PORT_BASE + 2))
@@ -60,6 +66,15 @@ RES=$WORK/results.tsv
 cp "$SLUICE_BIN" "$WORK/sluice"
 SLUICE_LABEL=$SLUICE_BIN
 SLUICE_BIN=$WORK/sluice
+case " $CONFIGS " in *"_base "*)
+    [ -x "${BENCH_BASE_BIN:-}" ] || { echo "bench: *_base configs need BENCH_BASE_BIN" >&2; exit 1; }
+    cp "$BENCH_BASE_BIN" "$WORK/sluice-base"
+    SLUICE_LABEL="$SLUICE_LABEL (base: $BENCH_BASE_BIN)"
+    ;;
+esac
+bin_of() { # the binary that runs config $1
+    case $1 in *_base) echo "$WORK/sluice-base" ;; *) echo "$SLUICE_BIN" ;; esac
+}
 . "$ROOT/bench/lib.sh"
 
 port_of() {
@@ -124,7 +139,7 @@ auth:
 EOF
         ;;
     esac
-    case $c in auth | auth_redis | full | full_sig)
+    case $c in auth | auth_redis | full | full_base | full_sig)
         cat >>"$f" <<EOF
 auth:
   tokens:
@@ -137,7 +152,7 @@ auth:
 EOF
         ;;
     esac
-    case $c in rl_redis | auth_redis | full)
+    case $c in rl_redis | rl_redis_base | auth_redis | full | full_base)
         # A deadline of 1 s, not the default 50 ms: on a shared 2-core box a
         # busy core 0 can hold Redis's answer past 50 ms, and a run with
         # store_unavailable answers would measure fast failures instead.
@@ -145,17 +160,17 @@ EOF
         ;;
     esac
     case $c in
-    rl_redis)
+    rl_redis | rl_redis_base | rl_local)
         printf 'ratelimit:\n  per_ip: { requests_per_minute: 1000000 }\n' >>"$f"
         ;;
-    full | full_local | full_sig)
+    full | full_base | full_local | full_sig)
         cat >>"$f" <<EOF
 ratelimit:
   per_user: { requests_per_minute: 1000000, concurrent: 10000, tokens_per_minute: 1000000000, tokens_per_day: 1000000000000 }
 EOF
         ;;
     esac
-    "$SLUICE_BIN" -t -c "$f" >/dev/null 2>&1 || { "$SLUICE_BIN" -t -c "$f"; exit 1; }
+    "$(bin_of "$c")" -t -c "$f" >/dev/null 2>&1 || { "$(bin_of "$c")" -t -c "$f"; exit 1; }
 }
 
 for c in $CONFIGS; do write_conf "$c"; done
@@ -170,7 +185,7 @@ done >"$TOKENS"
 
 declare -A SPID
 for c in $CONFIGS; do
-    spawn taskset -c "$PROXY_CPU" "$SLUICE_BIN" -c "$WORK/$c.yaml" 2>"$WORK/$c.err"
+    spawn taskset -c "$PROXY_CPU" "$(bin_of "$c")" -c "$WORK/$c.yaml" 2>"$WORK/$c.err"
     SPID[$c]=$LAST
     wait_port "$(port_of "$c")" "$LAST"
 done
@@ -179,20 +194,35 @@ run() { # $1 config, $2 round ("warm" = not recorded)
     local port pid t0 t1 out line
     port=$(port_of "$1")
     pid=${SPID[$1]}
+    local rs0 rs1
+    rs0=$(redis_stats)
     t0=$(cpu_ticks "$pid")
     local sign=1
     [ "$1" = full_local ] && sign=0 # tokens only: a signature sent is checked
     out=$(BENCH_TOKENS=$TOKENS BENCH_SIGN=$sign taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNS" \
         -d"$DURATION"s --latency -s "$ROOT/bench/signed.lua" "http://127.0.0.1:$port/v1/chat/completions")
     t1=$(cpu_ticks "$pid")
+    rs1=$(redis_stats)
     line=$(grep '^BENCH ' <<<"$out") || { echo "$out" >&2; exit 1; }
     if ! grep -q 'errors=0 non2xx=0' <<<"$line"; then
         echo "bench: $1 had errors or non-2xx answers: $line" >&2
         exit 1
     fi
     [ "$2" = warm ] && return 0
-    echo "$1 $2 $line ticks=$((t1 - t0))" >>"$RES"
-    echo "  round $2 $1: ${line#BENCH } cpu_ticks=$((t1 - t0))"
+    local rsd
+    rsd=$(echo "$rs0 $rs1" | awk '{ printf "revalsha=%d rusec=%d", $3 - $1, $4 - $2 }')
+    echo "$1 $2 $line ticks=$((t1 - t0)) $rsd" >>"$RES"
+    echo "  round $2 $1: ${line#BENCH } cpu_ticks=$((t1 - t0)) $rsd"
+}
+
+# Redis's EVALSHA totals from INFO commandstats: calls, usec (a script's
+# own commands are counted inside its usec, and again on their own lines:
+# only the EVALSHA line is read). Only this bench talks to this Redis, so a
+# delta over a run belongs to that run's sluice.
+redis_stats() {
+    redis-cli -p "$REDIS_PORT" INFO commandstats | tr -d '\r' | awk -F'[:=,]' '
+        $1 == "cmdstat_evalsha" { e = $3; u = $5 }
+        END { printf "%d %d\n", e, u }'
 }
 
 echo "sluice policy bench: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores," \
@@ -213,14 +243,16 @@ for ln in open(sys.argv[1]):
     n, us = int(kv["requests"]), int(kv["duration_us"])
     rows.setdefault(f[0], []).append({
         "rps": n / (us / 1e6), "p50": int(kv["p50_us"]), "p99": int(kv["p99_us"]),
-        "cpu_us": int(kv["ticks"]) / tck * 1e6 / n})
+        "cpu_us": int(kv["ticks"]) / tck * 1e6 / n,
+        "revalsha": int(kv.get("revalsha", 0)) / n, "rusec": int(kv.get("rusec", 0)) / n})
 med = lambda c, k: statistics.median(r[k] for r in rows[c])  # noqa: E731
-print("\n| configuration | requests/s (median) | per round | p50 / p99 ms | sluice CPU µs/request |")
-print("| --- | --- | --- | --- | --- |")
+print("\n| configuration | requests/s (median) | per round | p50 / p99 ms | sluice CPU µs/request | Redis: EVALSHA / script CPU µs, per request |")
+print("| --- | --- | --- | --- | --- | --- |")
 for c in rows:
-    print("| %s | %.0f | %s | %.2f / %.2f | %.1f |" % (
+    print("| %s | %.0f | %s | %.2f / %.2f | %.1f | %.3f / %.1f |" % (
         c, med(c, "rps"), ", ".join("%.0f" % r["rps"] for r in rows[c]),
-        med(c, "p50") / 1e3, med(c, "p99") / 1e3, med(c, "cpu_us")))
+        med(c, "p50") / 1e3, med(c, "p99") / 1e3, med(c, "cpu_us"),
+        med(c, "revalsha"), med(c, "rusec")))
 def ratio(a, b):
     # per round (same moment of the machine), then the median of those
     rs = [x["rps"] / y["rps"] for x, y in zip(rows[a], rows[b])]
@@ -229,6 +261,9 @@ def ratio(a, b):
 print("\n| ratio | requests/s (median of rounds, min–max) | by CPU per request | target |")
 print("| --- | --- | --- | --- |")
 for a, b, t in (("auth", "open", "≥ 0.9"), ("rl_redis", "open", "≥ 0.7"),
+                ("rl_redis", "rl_local", "≥ 0.9"), ("rl_local", "open", ""),
+                ("rl_redis_base", "rl_local", ""), ("rl_redis", "rl_redis_base", ""),
+                ("full", "full_base", ""), ("full_base", "auth_redis", ""),
                 ("auth_redis", "open", ""), ("full", "auth_redis", ""),
                 ("full_sig", "full_local", "≥ 0.95")):
     if a not in rows or b not in rows:

@@ -284,7 +284,8 @@ typedef struct conf_ratelimit {
     size_t noverrides;
     char **trusted_proxies; /* CIDRs whose X-Forwarded-For is believed */
     size_t ntrusted_proxies;
-    int64_t max_keys; /* in-process table size cap (users + IPs), 100000 */
+    int64_t max_keys;  /* in-process table size cap (users + IPs), 100000 */
+    bool redis_leases; /* leased local quotas for busy request-only keys, true */
 } conf_ratelimit_t;
 
 /* ---- redis (shared state across instances) ------------------------------ */

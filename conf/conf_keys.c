@@ -1317,6 +1317,13 @@ static const conf_key_t ratelimit_keys[] = {
      .flags = R,
      .doc = "users and addresses the in-process store tracks at once (idle ones expire; past "
             "this a new one gets 429 max_keys: live ones are never dropped)"},
+    {.name = "redis_leases",
+     .type = CONF_BOOL,
+     .off = offsetof(conf_ratelimit_t, redis_leases),
+     .def = "true",
+     .flags = R,
+     .doc = "with Redis: a busy key limited by requests alone spends units leased ahead (taken "
+            "in Redis first: never more than the limit; see docs/ratelimit.md)"},
 };
 static const conf_table_t ratelimit_table = {TABLE(ratelimit_keys, conf_ratelimit_t),
                                              .check = ratelimit_check};

@@ -207,7 +207,10 @@ typedef void (*rl_check_cb)(void *arg, const rl_decision_t *d, rl_ticket_t *tick
  * slot, the token reservation) at once: all or nothing. The in-process
  * store answers RL_DONE; Redis answers RL_PENDING, and cb runs later on
  * the worker's thread (never inside this call), exactly once unless
- * cancelled. When Redis is not connected on_store_error decides at once. */
+ * cancelled: the checks of one loop turn go to Redis as one call. A busy
+ * key limited by requests alone may be answered RL_DONE from a unit the
+ * worker leased from Redis earlier (ratelimit.redis_leases). When Redis is
+ * not connected on_store_error decides at once. */
 rl_check_rc_t rl_check(rl_worker_t *w, const rl_request_t *req, rl_decision_t *d,
                        rl_ticket_t **ticket, rl_check_cb cb, void *arg,
                        rl_pending_t **pending) SL_WUR;

@@ -3,9 +3,18 @@
  * store (in-process, or Redis with on_store_error), tickets that give back
  * what a request took, the metrics, and the 429's headers and body.
  *
- * A Redis check is one EVALSHA of rl_redis.lua.h through common/redis.h.
- * Its callback runs on the worker's loop; a cancelled check still waits
- * for its reply so that whatever the script took is given back. While the
+ * Redis checks and settles are batched: rl_check() and a settle only queue
+ * an entry on the worker and activate its flush event, which runs once the
+ * events already due in this turn of the loop have run (the other
+ * connections that were readable at the same time) and sends everything
+ * queued as ONE EVALSHA of rl_redis.lua.h through common/redis.h (up to
+ * RL_BATCH_MAX entries a call). The reply is an array, one element per
+ * entry, handed to each check's callback in order. A check's callback
+ * runs on the worker's loop, never inside rl_check(); a check cancelled
+ * before its batch is sent is dropped (nothing was taken), one cancelled
+ * after still waits for its reply so that whatever the script took is
+ * given back. The batch shares one deadline: a timeout or a dropped
+ * connection sends each of its checks to on_store_error. While the
  * worker's Redis client is not connected, checks do not wait for it:
  * on_store_error decides at once (so "local" serves from the in-process
  * store with no added latency) and Redis is used again as soon as the
@@ -42,6 +51,7 @@ enum { MODE_REDIS = 0, MODE_DEGRADED, MODE_N };
 struct rl_policy {
     rl_limits_t per_user, per_ip;
     int on_store_error;
+    bool leases; /* ratelimit.redis_leases */
     rl_override_t *overrides;
     rl_proxies_t *proxies;
 };
@@ -78,22 +88,72 @@ struct rl_ticket {
     char key[RL_KEY_MAX + 1];
 };
 
+/* One entry of a batch: a check (cb set) or a settle (cb NULL). */
 struct rl_pending {
-    rl_pending_t *prev, *next; /* in w->pending */
+    rl_pending_t *prev, *next; /* in w->queue until sent */
     rl_worker_t *w;
     rl_check_cb cb;
     void *arg;
-    rl_ticket_t *ticket; /* prepared: key, limits, lease */
-    int64_t tokens;
+    rl_ticket_t *ticket; /* owned: a check's prepared ticket (key, limits, lease), or the
+                            settled ticket */
+    int64_t n;           /* check: tokens to reserve; settle: the refund; return: units */
+    int64_t want;        /* check: request units to lease on top; -1: the key has no lease entry */
+    char op;             /* 'c' check, 's' settle, 'r' give leased units back */
+    bool refill;         /* a check made for a lease, not a request: its unit joins the lease */
     bool cancelled;
 };
+
+/* One EVALSHA in flight: its entries, in the order of the reply's array. */
+typedef struct rl_batch rl_batch_t;
+struct rl_batch {
+    rl_batch_t *prev, *next; /* in w->batches */
+    rl_worker_t *w;
+    size_t n;
+    rl_pending_t *p[RL_BATCH_MAX]; /* owned */
+};
+
+/* Room for one entry's keys and numbers while its batch is formatted. */
+typedef struct rl_entry_buf {
+    char k1[RL_KEY_MAX + 16], k2[RL_KEY_MAX + 16];
+    char num[6][24];
+} rl_entry_buf_t;
+
+#define RL_BATCH_ARGC (RL_BATCH_MAX * 10 + 1)
+
+/* A leased local quota (docs/ratelimit.md, "Leases"): request units of one
+ * key this worker took from Redis ahead of its requests and spends without
+ * a round trip. Only for keys limited by requests alone (no concurrency,
+ * no token reservation in play). */
+typedef struct rl_lease {
+    UT_hash_handle hh;
+    int64_t units;      /* taken, not spent yet */
+    int64_t size;       /* what the next check asks for on top of its own unit (0: none) */
+    int64_t granted_ns; /* when the units came */
+    int64_t remaining;  /* Redis's remaining then (the leased units excluded) */
+    int64_t reset_ms;   /* and its reset */
+    int64_t last_ns;    /* last check of the key: an idle entry is dropped */
+    int inflight;       /* checks of the key queued or waiting for Redis */
+    bool asking;        /* one of them asks for a lease */
+    bool ip;
+    rl_limits_t lim; /* the limits of the grant: spent only under the same rpm */
+    char key[RL_KEY_MAX + 1];
+} rl_lease_t;
 
 struct rl_worker {
     rl_t *rl;
     sl_redis_t *redis;
-    rl_pending_t *pending;
+    rl_pending_t *queue; /* entries not sent yet, in order */
+    rl_batch_t *batches; /* sent, awaiting their reply */
+    struct event *flush_ev;
     struct event *mode_ev;
+    struct event *lease_ev; /* gives back units of leases past their time */
+    rl_lease_t *leases;     /* by key */
+    size_t nleases;
     int mode; /* MODE_*, -1 before the first look */
+    /* scratch of rl_batch_send (one batch at a time: the loop's thread) */
+    const char *argv[RL_BATCH_ARGC];
+    size_t argvlen[RL_BATCH_ARGC];
+    rl_entry_buf_t buf[RL_BATCH_MAX];
 };
 
 static const char *const rl_limit_names[RL_LIMIT_COUNT] = {
@@ -128,6 +188,7 @@ rl_policy_t *rl_policy_new(const struct conf_ratelimit *c, char *err, size_t err
     rl_limits_from_conf(&c->per_user, &p->per_user);
     p->per_ip.requests_per_minute = c->per_ip.requests_per_minute;
     p->on_store_error = c->on_store_error;
+    p->leases = c->redis_leases;
     for (size_t i = 0; i < c->noverrides; i++) {
         const conf_rl_override_t *o = &c->overrides[i];
         size_t n = strlen(o->name);
@@ -316,6 +377,9 @@ static void rl_mode_cb(evutil_socket_t fd, short what, void *arg)
     rl_worker_mode(arg);
 }
 
+static void rl_flush_cb(evutil_socket_t fd, short what, void *arg);
+static void rl_lease_sweep_cb(evutil_socket_t fd, short what, void *arg);
+
 rl_worker_t *rl_worker_new(rl_t *rl, struct event_base *base, char *err, size_t errlen)
 {
     rl_worker_t *w = calloc(1, sizeof(*w));
@@ -330,8 +394,12 @@ rl_worker_t *rl_worker_new(rl_t *rl, struct event_base *base, char *err, size_t 
         w->redis = sl_redis_new(base, &o, err, errlen);
         /* the mode gauge follows reconnects even without traffic */
         w->mode_ev = event_new(base, -1, EV_PERSIST, rl_mode_cb, w);
+        w->flush_ev = event_new(base, -1, 0, rl_flush_cb, w);
+        w->lease_ev = event_new(base, -1, EV_PERSIST, rl_lease_sweep_cb, w);
         struct timeval tv = {1, 0};
-        if (!w->redis || !w->mode_ev || event_add(w->mode_ev, &tv) != 0) {
+        struct timeval ltv = {0, RL_LEASE_SWEEP_MS * 1000};
+        if (!w->redis || !w->mode_ev || !w->flush_ev || !w->lease_ev ||
+            event_add(w->mode_ev, &tv) != 0 || event_add(w->lease_ev, &ltv) != 0) {
             rl_worker_free(w);
             return NULL;
         }
@@ -346,11 +414,33 @@ void rl_worker_free(rl_worker_t *w)
         return;
     sl_redis_free(w->redis); /* drops pending calls without callbacks */
     rl_pending_t *p, *tmp;
-    DL_FOREACH_SAFE(w->pending, p, tmp)
+    DL_FOREACH_SAFE(w->queue, p, tmp)
     {
-        DL_DELETE(w->pending, p);
+        DL_DELETE(w->queue, p);
         free(p->ticket);
         free(p);
+    }
+    rl_batch_t *b, *btmp;
+    DL_FOREACH_SAFE(w->batches, b, btmp)
+    {
+        DL_DELETE(w->batches, b);
+        for (size_t i = 0; i < b->n; i++) {
+            free(b->p[i]->ticket);
+            free(b->p[i]);
+        }
+        free(b);
+    }
+    if (w->flush_ev)
+        event_free(w->flush_ev);
+    if (w->lease_ev)
+        event_free(w->lease_ev);
+    /* units still leased are not given back: they count as spent until
+     * the key's bucket refills (the safe side) */
+    rl_lease_t *l, *ltmp;
+    HASH_ITER(hh, w->leases, l, ltmp)
+    {
+        HASH_DEL(w->leases, l);
+        free(l);
     }
     if (w->mode_ev)
         event_free(w->mode_ev);
@@ -409,37 +499,230 @@ static void rl_store_error(rl_t *rl, rl_ticket_t *t, int64_t tokens, rl_decision
     d->store_error = true;
 }
 
-static void rl_redis_settle_cb(void *arg, sl_redis_status_t st, struct redisReply *reply)
+/* ---- leased local quotas ------------------------------------------------------ */
+
+static int64_t rl_lease_cap(const rl_limits_t *lim)
 {
-    (void)arg;
-    if (st != SL_REDIS_OK || !reply || reply->type == REDIS_REPLY_ERROR)
-        sl_debug("ratelimit: a Redis settle was lost (%s)",
-                 st == SL_REDIS_OK && reply && reply->str ? reply->str : "down or late");
+    return SL_MIN((int64_t)RL_LEASE_MAX, lim->requests_per_minute / RL_LEASE_DIVISOR);
 }
 
-/* Sends op ("c"/"s") for the ticket; n = tokens (check) or refund (settle). */
-static sl_redis_call_t *rl_redis_send(rl_worker_t *w, const rl_ticket_t *t, const char *op,
-                                      int64_t n, sl_redis_cb cb, void *arg)
+/* A key whose limits a lease can serve: requests alone. A concurrency slot
+ * must be held in Redis (it is given back per request), and a token
+ * reservation differs per request. */
+static bool rl_lease_eligible(const rl_ticket_t *t, int64_t tokens)
 {
-    char k1[RL_KEY_MAX + 16], k2[RL_KEY_MAX + 16];
-    snprintf(k1, sizeof(k1), "sl:rl:{%s}", t->key);
-    snprintf(k2, sizeof(k2), "sl:rl:{%s}:c", t->key);
-    char a[6][24];
-    sl_i64toa(t->lim.requests_per_minute, a[0]);
-    sl_i64toa(t->lim.concurrent, a[1]);
-    sl_i64toa(t->lim.tokens_per_minute, a[2]);
-    sl_i64toa(t->lim.tokens_per_day, a[3]);
-    sl_i64toa(n, a[4]);
-    sl_i64toa(RL_LEASE_MS, a[5]);
-    const char *argv[10] = {k1, k2, op, a[0], a[1], a[2], a[3], a[4], t->lease, a[5]};
-    return sl_redis_evalsha(w->redis, w->rl->script, 2, 10, argv, NULL, cb, arg);
+    return t->lim.concurrent == 0 && rl_lease_cap(&t->lim) >= 1 &&
+           (tokens == 0 || (t->lim.tokens_per_minute == 0 && t->lim.tokens_per_day == 0));
 }
 
-static int rl_reply_decision(const redisReply *r, rl_ticket_t *t, rl_decision_t *d)
+static rl_lease_t *rl_lease_find(rl_worker_t *w, const char *key, size_t klen)
 {
-    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 6)
+    rl_lease_t *l = NULL;
+    HASH_FIND(hh, w->leases, key, klen, l);
+    return l;
+}
+
+static void rl_enqueue(rl_worker_t *w, rl_pending_t *p);
+
+/* Gives a lease's unspent units back to Redis (with this turn's batch). */
+static void rl_lease_give_back(rl_worker_t *w, rl_lease_t *l)
+{
+    int64_t units = l->units;
+    l->units = 0;
+    if (units <= 0)
+        return;
+    rl_pending_t *p = calloc(1, sizeof(*p));
+    rl_ticket_t *t = calloc(1, sizeof(*t));
+    if (!p || !t) { /* lost: they count as spent (the safe side) */
+        free(p);
+        free(t);
+        return;
+    }
+    t->rl = w->rl;
+    t->w = w;
+    t->lim = l->lim;
+    t->ip = l->ip;
+    t->klen = strlen(l->key);
+    memcpy(t->key, l->key, t->klen + 1);
+    p->w = w;
+    p->ticket = t;
+    p->op = 'r';
+    p->n = units;
+    p->want = -1;
+    rl_enqueue(w, p);
+}
+
+/* A leased unit for this request, if the worker holds one: decided here,
+ * no round trip. */
+static bool rl_lease_spend(rl_lease_t *l, const rl_ticket_t *t, int64_t now, rl_decision_t *d)
+{
+    if (l->units <= 0 || l->lim.requests_per_minute != t->lim.requests_per_minute ||
+        now - l->granted_ns >= (int64_t)RL_LEASE_TTL_MS * 1000000)
+        return false;
+    l->units--;
+    l->last_ns = now;
+    memset(d, 0, sizeof(*d));
+    d->allowed = true;
+    d->limit = t->ip ? RL_LIMIT_IP_REQUESTS : RL_LIMIT_REQUESTS;
+    d->limit_value = l->lim.requests_per_minute;
+    /* Redis's remaining at the grant plus what this worker still holds: an
+     * estimate (others' spending since is not seen) */
+    d->remaining = SL_MIN(l->remaining + l->units, l->lim.requests_per_minute);
+    d->reset_ms = SL_MAX(l->reset_ms - (now - l->granted_ns) / 1000000, 0);
+    return true;
+}
+
+/* The lease is half spent: a check of its own (no request behind it) asks
+ * for the next one while this one still serves, so that a busy key need
+ * not wait a round trip. Spent fast (within a quarter of its time), the
+ * lease grows. */
+static void rl_lease_refill(rl_worker_t *w, rl_lease_t *l, int64_t now)
+{
+    if (l->asking || l->size == 0 || l->units >= (l->size + 1) / 2)
+        return;
+    if (now - l->granted_ns < (int64_t)RL_LEASE_TTL_MS * 1000000 / 4)
+        l->size = SL_MIN(l->size * 2, rl_lease_cap(&l->lim));
+    rl_pending_t *p = calloc(1, sizeof(*p));
+    rl_ticket_t *t = calloc(1, sizeof(*t));
+    if (!p || !t) {
+        free(p);
+        free(t);
+        return;
+    }
+    t->rl = w->rl;
+    t->w = w;
+    t->lim = l->lim;
+    t->ip = l->ip;
+    t->klen = strlen(l->key);
+    memcpy(t->key, l->key, t->klen + 1);
+    p->w = w;
+    p->ticket = t;
+    p->op = 'c';
+    p->refill = true;
+    p->want = l->size;
+    l->asking = true;
+    l->inflight++;
+    rl_enqueue(w, p);
+}
+
+/* Before a check of an eligible key goes to Redis: how many units it asks
+ * for on top of its own. The size grows while checks of the key queue up
+ * behind each other or a lease runs out before its time. */
+static int64_t rl_lease_want(rl_worker_t *w, const rl_ticket_t *t, int64_t now)
+{
+    rl_lease_t *l = rl_lease_find(w, t->key, t->klen);
+    if (!l) {
+        if (w->nleases >= RL_LEASE_KEYS)
+            return -1; /* no entry: no lease for this key for now */
+        l = calloc(1, sizeof(*l));
+        if (!l)
+            return -1;
+        memcpy(l->key, t->key, t->klen + 1);
+        HASH_ADD(hh, w->leases, key, t->klen, l);
+        w->nleases++;
+    }
+    l->last_ns = now;
+    int64_t cap = rl_lease_cap(&t->lim);
+    bool ran_out =
+        l->granted_ns && l->units == 0 && now - l->granted_ns < (int64_t)RL_LEASE_TTL_MS * 1000000;
+    if (l->inflight > 0 || ran_out)
+        l->size = SL_MIN(SL_MAX(l->size * 2, 1), cap);
+    l->size = SL_MIN(l->size, cap);
+    l->inflight++;
+    if (l->asking || l->size == 0)
+        return 0; /* one lease request in flight per key */
+    l->asking = true;
+    return l->size;
+}
+
+/* A check of an eligible key is over (d NULL: Redis did not answer or it
+ * was never sent): the lease entry learns what Redis granted. */
+static void rl_lease_reply(rl_worker_t *w, const rl_pending_t *p, const rl_decision_t *d,
+                           int64_t leased)
+{
+    const rl_ticket_t *t = p->ticket;
+    rl_lease_t *l = rl_lease_find(w, t->key, t->klen);
+    if (!l)
+        return;
+    if (l->inflight > 0)
+        l->inflight--;
+    if (p->want > 0)
+        l->asking = false;
+    if (!d)
+        return;
+    if (!d->allowed) {
+        l->size = 0; /* near the limit: every check goes to Redis */
+        return;
+    }
+    if (leased <= 0)
+        return;
+    if (l->units > 0 && l->lim.requests_per_minute != t->lim.requests_per_minute)
+        rl_lease_give_back(w, l); /* taken under other limits (a reload) */
+    int64_t now = w->rl->now_ns(w->rl->now_arg);
+    l->units += leased;
+    l->lim = t->lim;
+    l->ip = t->ip;
+    l->granted_ns = now;
+    l->remaining = d->remaining;
+    l->reset_ms = d->reset_ms;
+}
+
+static void rl_lease_sweep_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    rl_worker_t *w = arg;
+    int64_t now = w->rl->now_ns(w->rl->now_arg);
+    rl_lease_t *l, *tmp;
+    HASH_ITER(hh, w->leases, l, tmp)
+    {
+        if (l->units > 0 && now - l->granted_ns >= (int64_t)RL_LEASE_TTL_MS * 1000000) {
+            if (l->units > l->size / 2)
+                l->size /= 2; /* more than needed: ask for less */
+            rl_lease_give_back(w, l);
+        }
+        if (l->units == 0 && l->inflight == 0 &&
+            now - l->last_ns >= (int64_t)RL_LEASE_IDLE_MS * 1000000) {
+            HASH_DEL(w->leases, l);
+            w->nleases--;
+            free(l);
+        }
+    }
+}
+
+/* Formats entry i of a batch (p: a check or a settle) into w->buf[i] and
+ * its slots of w->argv: keys at 2i, 2i+1; arguments after the n entries'
+ * keys and the lease ms. */
+static void rl_entry_format(rl_worker_t *w, size_t i, size_t n, const rl_pending_t *p)
+{
+    const rl_ticket_t *t = p->ticket;
+    rl_entry_buf_t *b = &w->buf[i];
+    int l1 = snprintf(b->k1, sizeof(b->k1), "sl:rl:{%s}", t->key);
+    int l2 = snprintf(b->k2, sizeof(b->k2), "sl:rl:{%s}:c", t->key);
+    w->argv[2 * i] = b->k1;
+    w->argvlen[2 * i] = (size_t)l1;
+    w->argv[2 * i + 1] = b->k2;
+    w->argvlen[2 * i + 1] = (size_t)l2;
+    const int64_t v[5] = {t->lim.requests_per_minute, t->lim.concurrent, t->lim.tokens_per_minute,
+                          t->lim.tokens_per_day, p->n};
+    size_t a = 2 * n + 1 + 8 * i;
+    w->argv[a] = p->op == 'c' ? "c" : p->op == 'r' ? "r" : "s";
+    w->argvlen[a] = 1;
+    for (int k = 0; k < 5; k++) {
+        w->argvlen[a + 1 + (size_t)k] = sl_i64toa(v[k], b->num[k]);
+        w->argv[a + 1 + (size_t)k] = b->num[k];
+    }
+    w->argv[a + 6] = t->lease;
+    w->argvlen[a + 6] = strlen(t->lease);
+    w->argvlen[a + 7] = sl_i64toa(p->want > 0 ? p->want : 0, b->num[5]);
+    w->argv[a + 7] = b->num[5];
+}
+
+static int rl_reply_decision(const redisReply *r, rl_ticket_t *t, rl_decision_t *d, int64_t *leased)
+{
+    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 7)
         return -1;
-    for (size_t i = 0; i < 6; i++)
+    for (size_t i = 0; i < 7; i++)
         if (r->element[i]->type != REDIS_REPLY_INTEGER)
             return -1;
     static const rl_limit_t which[5] = {RL_LIMIT_NONE, RL_LIMIT_REQUESTS, RL_LIMIT_TOKENS_MINUTE,
@@ -456,25 +739,45 @@ static int rl_reply_decision(const redisReply *r, rl_ticket_t *t, rl_decision_t 
     d->limit_value = r->element[3]->integer;
     d->remaining = r->element[4]->integer;
     d->reset_ms = r->element[5]->integer;
+    *leased = r->element[6]->integer > 0 ? r->element[6]->integer : 0;
     t->slot = d->allowed && t->lim.concurrent > 0;
     return 0;
 }
 
-static void rl_redis_check_cb(void *arg, sl_redis_status_t st, struct redisReply *reply)
+/* The end of one entry: e is its element of the batch's reply, NULL when
+ * the whole call failed (down, deadline, a reply of the wrong shape).
+ * Frees p; runs a check's callback. */
+static void rl_entry_end(rl_pending_t *p, const redisReply *e)
 {
-    rl_pending_t *p = arg;
     rl_worker_t *w = p->w;
     rl_t *rl = w->rl;
     rl_ticket_t *t = p->ticket;
-    DL_DELETE(w->pending, p);
+    if (p->op != 'c') { /* a settle or a return: nobody waits for it */
+        if (!e || e->type == REDIS_REPLY_ERROR)
+            sl_debug("ratelimit: a Redis settle was lost (%s)",
+                     e && e->str ? e->str : "down or late");
+        free(t);
+        free(p);
+        return;
+    }
     rl_decision_t d;
-    bool ok = st == SL_REDIS_OK && rl_reply_decision(reply, t, &d) == 0;
-    if (st == SL_REDIS_OK && !ok)
-        sl_warn("ratelimit: unexpected Redis reply (%s)",
-                reply && reply->type == REDIS_REPLY_ERROR ? reply->str : "shape");
+    int64_t leased = 0;
+    bool ok = e && rl_reply_decision(e, t, &d, &leased) == 0;
+    if (p->refill) {
+        rl_lease_reply(w, p, ok ? &d : NULL, leased + (ok && d.allowed ? 1 : 0));
+        free(t);
+        free(p);
+        return;
+    }
+    if (p->want >= 0)
+        rl_lease_reply(w, p, ok ? &d : NULL, leased);
+    if (e && !ok)
+        sl_log_limited(SL_LOG_WARN, "ratelimit redis reply",
+                       "ratelimit: unexpected Redis reply (%s)",
+                       e->type == REDIS_REPLY_ERROR && e->str ? e->str : "shape");
     if (ok) {
         t->backend = RL_BACKEND_REDIS;
-        t->reserved = d.allowed ? p->tokens : 0;
+        t->reserved = d.allowed ? p->n : 0;
     }
     if (p->cancelled) {
         if (ok && d.allowed) /* give back what the script took */
@@ -485,7 +788,7 @@ static void rl_redis_check_cb(void *arg, sl_redis_status_t st, struct redisReply
         return;
     }
     if (!ok)
-        rl_store_error(rl, t, p->tokens, &d);
+        rl_store_error(rl, t, p->n, &d);
     rl_count_refusal(rl, &d);
     if (!d.allowed) {
         free(t);
@@ -495,6 +798,88 @@ static void rl_redis_check_cb(void *arg, sl_redis_status_t st, struct redisReply
     void *cbarg = p->arg;
     free(p);
     cb(cbarg, &d, t);
+}
+
+static void rl_batch_cb(void *arg, sl_redis_status_t st, struct redisReply *reply)
+{
+    rl_batch_t *b = arg;
+    DL_DELETE(b->w->batches, b);
+    bool shape =
+        st == SL_REDIS_OK && reply && reply->type == REDIS_REPLY_ARRAY && reply->elements == b->n;
+    if (st == SL_REDIS_OK && !shape)
+        sl_log_limited(
+            SL_LOG_WARN, "ratelimit redis reply", "ratelimit: unexpected Redis reply (%s)",
+            reply && reply->type == REDIS_REPLY_ERROR && reply->str ? reply->str : "shape");
+    /* A callback may queue new entries (a settle, the next request's
+     * check) or cancel a later entry of this batch: neither touches b. */
+    for (size_t i = 0; i < b->n; i++)
+        rl_entry_end(b->p[i], shape ? reply->element[i] : NULL);
+    free(b);
+}
+
+/* Sends up to RL_BATCH_MAX queued entries as one EVALSHA. */
+static void rl_batch_send(rl_worker_t *w)
+{
+    rl_batch_t *b = malloc(sizeof(*b));
+    size_t n = 0;
+    rl_pending_t *failed[RL_BATCH_MAX];
+    while (w->queue && n < RL_BATCH_MAX) {
+        rl_pending_t *p = w->queue;
+        DL_DELETE(w->queue, p);
+        if (p->op == 'c' && p->cancelled) { /* never sent: nothing to give back */
+            if (p->want >= 0)
+                rl_lease_reply(w, p, NULL, 0);
+            free(p->ticket);
+            free(p);
+            continue;
+        }
+        if (b)
+            b->p[n] = p;
+        else
+            failed[n] = p;
+        n++;
+    }
+    if (n == 0) {
+        free(b);
+        return;
+    }
+    if (b) {
+        b->w = w;
+        b->n = n;
+        for (size_t i = 0; i < n; i++)
+            rl_entry_format(w, i, n, b->p[i]);
+        char lease_ms[24];
+        w->argvlen[2 * n] = sl_i64toa(RL_LEASE_MS, lease_ms);
+        w->argv[2 * n] = lease_ms;
+        if (sl_redis_evalsha(w->redis, w->rl->script, (int)(2 * n), (int)(10 * n + 1), w->argv,
+                             w->argvlen, rl_batch_cb, b)) {
+            DL_APPEND(w->batches, b);
+            return;
+        }
+        memcpy(failed, b->p, n * sizeof(failed[0]));
+        free(b);
+    }
+    /* Out of memory: each entry as if Redis were down (we are on the
+     * flush event, not inside rl_check(): callbacks may run). */
+    for (size_t i = 0; i < n; i++)
+        rl_entry_end(failed[i], NULL);
+}
+
+static void rl_flush_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    rl_worker_t *w = arg;
+    while (w->queue)
+        rl_batch_send(w);
+}
+
+/* Queues a check or settle for this turn's batch. */
+static void rl_enqueue(rl_worker_t *w, rl_pending_t *p)
+{
+    if (!w->queue)
+        event_active(w->flush_ev, EV_TIMEOUT, 0);
+    DL_APPEND(w->queue, p);
 }
 
 rl_check_rc_t rl_check(rl_worker_t *w, const rl_request_t *req, rl_decision_t *d,
@@ -548,22 +933,31 @@ rl_check_rc_t rl_check(rl_worker_t *w, const rl_request_t *req, rl_decision_t *d
         rl_store_error(rl, t, tokens, d);
         goto done;
     }
+    bool leasable = pol->leases && rl_lease_eligible(t, tokens);
+    int64_t now = leasable ? rl->now_ns(rl->now_arg) : 0;
+    if (leasable) {
+        rl_lease_t *l = rl_lease_find(w, t->key, t->klen);
+        if (l && rl_lease_spend(l, t, now, d)) {
+            rl_lease_refill(w, l, now);
+            t->backend = RL_BACKEND_NONE; /* a request unit is never given back */
+            *ticket = t;
+            return RL_DONE;
+        }
+    }
     rl_pending_t *p = calloc(1, sizeof(*p));
     if (!p) {
         free(t);
         return RL_ERROR;
     }
+    int64_t want = leasable ? rl_lease_want(w, t, now) : -1;
     p->w = w;
     p->cb = cb;
     p->arg = arg;
     p->ticket = t;
-    p->tokens = tokens;
-    if (!rl_redis_send(w, t, "c", tokens, rl_redis_check_cb, p)) {
-        free(p);
-        rl_store_error(rl, t, tokens, d);
-        goto done;
-    }
-    DL_APPEND(w->pending, p);
+    p->n = tokens;
+    p->op = 'c';
+    p->want = want;
+    rl_enqueue(w, p);
     if (pending)
         *pending = p;
     return RL_PENDING;
@@ -596,8 +990,17 @@ static void rl_ticket_finish(rl_ticket_t *t, int64_t refund)
             t->slot) {
             if (!t->slot)
                 t->lease[0] = '\0';
-            if (!rl_redis_send(t->w, t, "s", refund, rl_redis_settle_cb, NULL))
-                sl_debug("ratelimit: cannot queue a Redis settle");
+            rl_pending_t *p = calloc(1, sizeof(*p));
+            if (p) { /* the settle takes the ticket; it goes with this turn's batch */
+                p->w = t->w;
+                p->ticket = t;
+                p->n = refund;
+                p->op = 's';
+                p->want = -1;
+                rl_enqueue(t->w, p);
+                return;
+            }
+            sl_debug("ratelimit: cannot queue a Redis settle");
         }
         break;
     default:

@@ -34,6 +34,27 @@
  * user out for years. */
 #define RL_MAX_DEBT_PERIODS 4
 
+/* A worker sends the Redis checks and settles of one event-loop turn as one
+ * EVALSHA carrying up to this many entries (a busier turn sends several):
+ * it bounds a call's size (9 arguments an entry) and the script's run. */
+#define RL_BATCH_MAX 64
+
+/* Leased local quotas (docs/ratelimit.md, "Leases"). A key limited by
+ * requests alone that has checks of its own waiting for Redis gets request
+ * units ahead of its requests, which the worker spends without a round
+ * trip: a lease doubles each time one is spent before its time, up to
+ * RL_LEASE_MAX and 1/RL_LEASE_DIVISOR of the limit (so a limit under
+ * RL_LEASE_DIVISOR a minute never leases); Redis grants it only while the
+ * key's bucket stays at least half full. Units not spent within
+ * RL_LEASE_TTL_MS are given back. At most RL_LEASE_KEYS keys per worker;
+ * one idle for RL_LEASE_IDLE_MS is forgotten. */
+#define RL_LEASE_MAX      64
+#define RL_LEASE_DIVISOR  64
+#define RL_LEASE_TTL_MS   1000
+#define RL_LEASE_SWEEP_MS 250
+#define RL_LEASE_KEYS     4096
+#define RL_LEASE_IDLE_MS  10000
+
 typedef struct rl_mem rl_mem_t;
 
 rl_mem_t *rl_mem_new(size_t max_keys);
