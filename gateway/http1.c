@@ -13,8 +13,9 @@
  *     obs-fold, no control bytes, a strict request line (token SP target SP
  *     HTTP/d.d), token header names, the size and line limits. It copies
  *     method, target and header names/values (OWS trimmed) into a per-parser
- *     arena sized from the limits, so nothing is allocated per message and
- *     values may span fed pieces.
+ *     arena sized from the limits, so values may span fed pieces; the arena
+ *     is allocated with a head's first byte, cut to size once the head is
+ *     complete and freed by reset, so idle connections hold none.
  *   - http-parser gets the same head bytes but the final LF; head_check()
  *     then applies the semantic rules (CL/TE, Host, Expect, version, target)
  *     on the copied headers before the LF goes in. That way our reasons win
@@ -180,7 +181,10 @@ struct gw_http_parser {
     void *cb_arg;
 
     gw_http_msg_t msg;
-    gw_http_header_t *hdrs; /* lim.header_lines entries */
+    /* Allocated when a head begins, cut to what the head used once it is
+     * complete and freed by reset (an idle keep-alive connection holds
+     * none): a connection costs head storage only while a head is read. */
+    gw_http_header_t *hdrs; /* lim.header_lines entries while a head is read */
     char *arena;            /* names, values, method, target; NUL-terminated */
     size_t arena_len, arena_cap;
 };
@@ -679,6 +683,7 @@ static int head_check(gw_http_parser_t *p)
     const gw_http_header_t *cl = NULL, *te = NULL, *host = NULL;
 
     m->nheaders = p->nlines;
+    m->headers = p->hdrs; /* allocated after head_restart when the head began */
     if (!(hp->http_major == 1 && hp->http_minor <= 1)) {
         fail(p, 505, "http_version");
         return -1;
@@ -816,6 +821,61 @@ static size_t hp_exec_head(gw_http_parser_t *p, const char *d, size_t n)
     return done;
 }
 
+/* Full-size head storage for a head about to be read. -1 on OOM. */
+static int head_storage(gw_http_parser_t *p)
+{
+    if (p->arena)
+        return 0;
+    size_t cap = p->lim.header_bytes + 2 * p->lim.header_lines + 2;
+    p->arena = malloc(cap);
+    p->hdrs = malloc(p->lim.header_lines * sizeof(*p->hdrs));
+    if (!p->arena || !p->hdrs) {
+        free(p->arena);
+        free(p->hdrs);
+        p->arena = NULL;
+        p->hdrs = NULL;
+        return -1;
+    }
+    p->arena_cap = cap;
+    return 0;
+}
+
+/* The head is complete: give back what it did not use (most heads use a
+ * few hundred of the 16 KiB), moving the strings if realloc moved them. */
+static void head_shrink(gw_http_parser_t *p)
+{
+    gw_http_msg_t *m = &p->msg;
+    size_t n = SL_MAX(p->arena_len, (size_t)1);
+    char *old = p->arena;
+    size_t mo = m->method ? (size_t)(m->method - old) : 0;
+    size_t to = m->target ? (size_t)(m->target - old) : 0;
+    size_t ho = m->host ? (size_t)(m->host - old) : 0;
+    for (size_t i = 0; i < p->nlines; i++) { /* offsets, while old is valid */
+        p->hdrs[i].name = (const char *)(uintptr_t)(p->hdrs[i].name - old);
+        p->hdrs[i].value = (const char *)(uintptr_t)(p->hdrs[i].value - old);
+    }
+    char *na = n < p->arena_cap ? realloc(old, n) : old;
+    if (na) {
+        p->arena = na;
+        p->arena_cap = n;
+    }
+    char *a = p->arena;
+    for (size_t i = 0; i < p->nlines; i++) {
+        p->hdrs[i].name = a + (uintptr_t)p->hdrs[i].name;
+        p->hdrs[i].value = a + (uintptr_t)p->hdrs[i].value;
+    }
+    if (m->method)
+        m->method = a + mo;
+    if (m->target)
+        m->target = a + to;
+    if (m->host)
+        m->host = a + ho;
+    gw_http_header_t *nh = realloc(p->hdrs, SL_MAX(p->nlines, (size_t)1) * sizeof(*p->hdrs));
+    if (nh)
+        p->hdrs = nh;
+    m->headers = p->hdrs;
+}
+
 /* Feeds the head phase: one or more heads (1xx interims are skipped). */
 static gw_http_state_t feed_head(gw_http_parser_t *p, const char *d, size_t n, size_t *used)
 {
@@ -857,6 +917,7 @@ static gw_http_state_t feed_head(gw_http_parser_t *p, const char *d, size_t n, s
             head_restart(p);
             continue;
         }
+        head_shrink(p);
         p->phase = PH_BODY;
         p->cs = CS_SIZE0;
         *used = off;
@@ -1032,15 +1093,9 @@ gw_http_parser_t *gw_http_parser_new(gw_http_kind_t kind, const gw_http_limits_t
         p->lim.header_bytes = defaults.header_bytes;
     if (!p->lim.header_lines)
         p->lim.header_lines = defaults.header_lines;
-    /* every stored byte is a head byte; plus a NUL after each name, value,
-     * the method and the target */
-    p->arena_cap = p->lim.header_bytes + 2 * p->lim.header_lines + 2;
-    p->arena = malloc(p->arena_cap);
-    p->hdrs = calloc(p->lim.header_lines, sizeof(*p->hdrs));
-    if (!p->arena || !p->hdrs) {
-        gw_http_parser_free(p);
-        return NULL;
-    }
+    /* The head storage (head_storage) comes with a head's first byte:
+     * every stored byte is a head byte, plus a NUL after each name, value,
+     * the method and the target. */
     gw_http_parser_reset(p);
     return p;
 }
@@ -1076,6 +1131,11 @@ void gw_http_parser_reset(gw_http_parser_t *p)
     p->body_bytes = 0;
     p->cb = NULL;
     p->cb_arg = NULL;
+    free(p->arena); /* the next head allocates its own (head_storage) */
+    free(p->hdrs);
+    p->arena = NULL;
+    p->hdrs = NULL;
+    p->arena_cap = 0;
     head_restart(p);
 }
 
@@ -1092,6 +1152,10 @@ gw_http_state_t gw_http_feed(gw_http_parser_t *p, const char *data, size_t n, si
         return p->state;
     if (n)
         p->started = true;
+    if (n && p->phase == PH_HEAD && head_storage(p) != 0) {
+        fail(p, 503, "out_of_memory");
+        return p->state;
+    }
     p->cb = body_cb;
     p->cb_arg = arg;
     gw_http_state_t st =
