@@ -52,7 +52,7 @@ struct gw_worker {
     gw_req_t *req_cache[GW_REQ_CACHE_MAX]; /* request structs kept for reuse (conn.c) */
     size_t nreq_cache;
     struct event *tick_ev;          /* housekeeping (worker.c): idle upstreams, malloc_trim */
-    size_t peak_conns;              /* most connections since the last trim */
+    size_t peak_conns;              /* most client + idle upstream conns since the last trim */
     int64_t trim_at_ms;             /* a reload's trim is due then (0: none) */
     bool trim_again;                /* ... and one more later */
     struct rl_worker *rlw;          /* rate limits: this thread's handle (NULL = none) */

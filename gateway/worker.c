@@ -152,12 +152,18 @@ static void gw_worker_tick_cb(evutil_socket_t fd, short what, void *arg)
     gw_worker_t *w = arg;
     int64_t now = sl_now_ms();
     gw_upstream_tick(w, now);
-    if (w->nconns > w->peak_conns)
-        w->peak_conns = w->nconns; /* accept keeps it too; this catches the rest */
-    bool fell = w->peak_conns >= w->nconns + GW_TRIM_DROP && w->nconns <= w->peak_conns / 2;
+    /* The load that holds memory: client connections and idle upstream
+     * ones (those close keepalive_timeout after the clients that used
+     * them, and their buffers are as much to give back). */
+    size_t load = w->nconns;
+    for (size_t i = 0; i < w->nwsrv; i++)
+        load += w->wsrv[i].nidle;
+    if (load > w->peak_conns)
+        w->peak_conns = load;
+    bool fell = w->peak_conns >= load + GW_TRIM_DROP && load <= w->peak_conns / 2;
     bool reload = w->trim_at_ms && now >= w->trim_at_ms;
     if ((fell || reload) && gw_worker_trim(now)) {
-        w->peak_conns = w->nconns;
+        w->peak_conns = load;
         if (reload) {
             w->trim_at_ms = w->trim_again ? now + GW_TRIM_RELOAD2_MS - GW_TRIM_RELOAD_MS : 0;
             w->trim_again = false;
@@ -256,7 +262,7 @@ static void gw_accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct so
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     gw_conn_accept(w, fd, sa, salen, slot->l);
-    if (w->nconns > w->peak_conns)
+    if (w->nconns > w->peak_conns) /* a burst shorter than a tick counts too */
         w->peak_conns = w->nconns;
     if (!w->is_main && (int64_t)w->nconns >= w->rt->conf->limits.max_connections)
         gw_worker_accept_enable(w, false);
