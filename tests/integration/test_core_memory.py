@@ -14,11 +14,17 @@ and an upstream keep-alive pool that follows concurrency (issues #16,
 """
 
 import json
+import os
 import socket
 import time
 
 import helpers
 from helpers import bound, wait_until
+
+
+# ASan's allocator replaces glibc's (redzones, quarantine, no trim): RSS
+# figures mean nothing there; the counters are still checked.
+SANITIZED = "san" in os.environ.get("SLUICE_BUILD", "") + os.environ.get("SLUICE_BIN", "")
 
 
 def one_worker(sluice_factory, mock, **over):
@@ -142,7 +148,7 @@ def test_idle_connections_hold_little_memory_and_it_is_given_back(sluice_factory
         # an idle keep-alive connection keeps no head storage or request
         # struct: its socket's bufferevent and the connection itself (about
         # 10 KiB each before they were freed between requests)
-        assert per < 6 * 1024, "%.0f bytes of RSS per idle connection" % per
+        assert SANITIZED or per < 6 * 1024, "%.0f bytes of RSS per idle connection" % per
     finally:
         for c in socks:
             c.close()
@@ -155,4 +161,4 @@ def test_idle_connections_hold_little_memory_and_it_is_given_back(sluice_factory
     )
     after = rss(s)
     print("RSS before %d, with %d idle connections %d (%.0f bytes each), after %d" % (base, n, held, per, after))
-    assert after <= base + max(0.2 * base, (held - base) / 2), (base, held, after)
+    assert SANITIZED or after <= base + max(0.2 * base, (held - base) / 2), (base, held, after)
