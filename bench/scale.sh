@@ -6,7 +6,9 @@
 #   2. CPU per request and the share of requests that opened a new upstream
 #      connection at 32, 1,000 and 5,000 client connections (wrk -c; nginx
 #      `return 200` upstream), each binary with its DEFAULT keep-alive
-#      settings, binaries interleaved per step; the ratio to the 32 figure.
+#      settings, binaries interleaved per step, each measured run right
+#      after a 2 s warm-up at the same concurrency; the ratio to the 32
+#      figure.
 #   3. RSS before the peak (after the 32-connection run), at the peak (max
 #      sampled during the 5,000-connection run) and SCALE_SETTLE s after it.
 #   4. A 1M-word list loaded, then reloaded (SIGHUP) 4 times: RSS after each.
@@ -217,6 +219,10 @@ echo "2. CPU per request and new upstream connections (wrk -t1 -d${DURATION}s, d
 for c in $CONNS; do
     for n in "${names[@]}"; do
         pid=${PID[$n]}
+        # A warm-up run at this concurrency first (2 s): the pool's first
+        # fill is not the steady state; the measured run follows at once.
+        taskset -c "$LOAD_CPU" wrk -t1 -c"$c" -d2s --timeout 10s -s "$ROOT/bench/post.lua" \
+            "http://127.0.0.1:${PORT[$n]}/v1/chat/completions" >/dev/null 2>&1 || true
         t0=$(cpu_ticks "$pid")
         o0=$(metric "${APORT[$n]}" "$NEWS")
         taskset -c "$LOAD_CPU" wrk -t1 -c"$c" -d"${DURATION}s" --timeout 10s \
