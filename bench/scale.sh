@@ -7,7 +7,7 @@
 #      connection at 32, 1,000 and 5,000 client connections (wrk -c; nginx
 #      `return 200` upstream), each binary with its DEFAULT keep-alive
 #      settings, binaries interleaved per step, each measured run right
-#      after a 2 s warm-up at the same concurrency; the ratio to the 32
+#      after a warm-up run at the same concurrency; the ratio to the 32
 #      figure.
 #   3. RSS before the peak (after the 32-connection run), at the peak (max
 #      sampled during the 5,000-connection run) and SCALE_SETTLE s after it.
@@ -140,6 +140,15 @@ start_sluice() { # $1 name, $2 upstream port, $3 extra yaml
     PID[$1]=$LAST
     wait_port "${PORT[$1]}" "$LAST"
     wait_port "${APORT[$1]}" "$LAST"
+    # Listening is not running: /healthz answers once the main loop (and
+    # its signal handlers, for the reloads of phase 4) is up.
+    local _
+    for _ in $(seq 400); do
+        curl -sf "http://127.0.0.1:${APORT[$1]}/healthz" >/dev/null && return 0
+        sleep 0.05
+    done
+    echo "scale: sluice $1 not ready" >&2
+    exit 1
 }
 
 # ---- 1. RSS per idle stream ----------------------------------------------
@@ -219,9 +228,10 @@ echo "2. CPU per request and new upstream connections (wrk -t1 -d${DURATION}s, d
 for c in $CONNS; do
     for n in "${names[@]}"; do
         pid=${PID[$n]}
-        # A warm-up run at this concurrency first (2 s): the pool's first
-        # fill is not the steady state; the measured run follows at once.
-        taskset -c "$LOAD_CPU" wrk -t1 -c"$c" -d2s --timeout 10s -s "$ROOT/bench/post.lua" \
+        # A warm-up run at this concurrency first (as long as the measured
+        # one): the pool's first fill is not the steady state; the measured
+        # run follows at once.
+        taskset -c "$LOAD_CPU" wrk -t1 -c"$c" -d"${DURATION}s" --timeout 10s -s "$ROOT/bench/post.lua" \
             "http://127.0.0.1:${PORT[$n]}/v1/chat/completions" >/dev/null 2>&1 || true
         t0=$(cpu_ticks "$pid")
         o0=$(metric "${APORT[$n]}" "$NEWS")
