@@ -117,7 +117,8 @@ typedef struct conf_upstream {
     char *api_key_env;             /* env var holding the upstream API key; NULL = none */
     char *tls_ca_file;             /* tls: { ca_file } for https:// servers; NULL = the
                                       system's default store; relative to the cwd */
-    int64_t keepalive;             /* idle keep-alive connections per server per worker, 64 */
+    int64_t keepalive;             /* idle keep-alive connections per server per worker, 10000 */
+    int64_t keepalive_timeout_ms;  /* an idle one closes after this, 4s */
     int64_t connect_timeout_ms;    /* timeouts: { connect: 2s, */
     int64_t first_byte_timeout_ms; /*             first_byte: 15s, */
     int64_t total_timeout_ms;      /*             total: 60s } */

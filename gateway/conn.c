@@ -172,9 +172,34 @@ static void gw_conn_free_cb(void *arg)
     free(c);
 }
 
-/* A request's resources; the struct and its body buffer are kept as the
- * connection's spare for its next request (keep-alive requests then cost
- * no allocation for them). */
+/* Request structs (with their emptied body buffers) the worker keeps for
+ * its next requests, so a keep-alive request costs no allocation for them
+ * while an idle connection holds none (nginx frees a request's memory
+ * between keep-alive requests). Bounded: a peak of connections leaves at
+ * most GW_REQ_CACHE_MAX behind (gw_worker.h). */
+
+static void gw_req_cache_put(gw_worker_t *w, gw_req_t *r)
+{
+    if (w->nreq_cache >= GW_REQ_CACHE_MAX) {
+        evbuffer_free(r->body);
+        free(r);
+        return;
+    }
+    evbuffer_drain(r->body, evbuffer_get_length(r->body));
+    w->req_cache[w->nreq_cache++] = r;
+}
+
+void gw_conn_cache_free(gw_worker_t *w)
+{
+    while (w->nreq_cache > 0) {
+        gw_req_t *r = w->req_cache[--w->nreq_cache];
+        evbuffer_free(r->body);
+        free(r);
+    }
+}
+
+/* A request's resources; the struct and its body buffer go to the
+ * worker's cache. */
 static void gw_req_free(gw_req_t *r)
 {
     if (!r)
@@ -190,24 +215,13 @@ static void gw_req_free(gw_req_t *r)
     if (r->retry_ev)
         event_free(r->retry_ev);
     gw_rt_unref(r->rt);
-    if (c && !c->closed && !c->spare && r->body) {
-        evbuffer_drain(r->body, evbuffer_get_length(r->body));
-        c->spare = r;
+    if (c && r->body) {
+        gw_req_cache_put(c->w, r);
         return;
     }
     if (r->body)
         evbuffer_free(r->body);
     free(r);
-}
-
-static void gw_req_free_spare(gw_conn_t *c)
-{
-    gw_req_t *r = c->spare;
-    c->spare = NULL;
-    if (r) {
-        evbuffer_free(r->body);
-        free(r);
-    }
 }
 
 struct event_base *gw_conn_base(const gw_conn_t *c)
@@ -253,7 +267,6 @@ void gw_conn_close(gw_conn_t *c)
         gw_req_free(r);
         c->req = NULL;
     }
-    gw_req_free_spare(c);
     gw_worker_t *w = c->w;
     TAILQ_REMOVE(&w->conns, c, link);
     w->nconns--;
@@ -338,10 +351,10 @@ void gw_conn_drain(gw_conn_t *c)
 
 static gw_req_t *gw_req_new(gw_conn_t *c)
 {
-    gw_req_t *r = c->spare;
+    gw_worker_t *w = c->w;
+    gw_req_t *r = w->nreq_cache ? w->req_cache[--w->nreq_cache] : NULL;
     struct evbuffer *body = NULL;
     if (r) {
-        c->spare = NULL;
         body = r->body;
         memset(r, 0, sizeof(*r));
     } else {

@@ -28,7 +28,6 @@ struct gw_conn {
     gw_conn_phase_t phase;
     gw_http_parser_t *parser;
     gw_req_t *req;
-    gw_req_t *spare; /* the last request's struct, kept for the next one */
     struct event *timer;
     int64_t deadline_ms; /* the current deadline (monotonic), 0 = none */
     int64_t armed_ms;    /* when the timer is set to fire, 0 = not armed */
@@ -55,6 +54,8 @@ void gw_conn_accept(gw_worker_t *w, int fd, const struct sockaddr *sa, int salen
  * one end of a bufferevent_pair in the socketless tests. NULL on OOM. */
 gw_conn_t *gw_conn_new_bev(gw_worker_t *w, struct bufferevent *bev, bool admin, const char *peer);
 void gw_conn_close(gw_conn_t *c);
+/* Frees the request structs the worker keeps for reuse (conn.c). */
+void gw_conn_cache_free(gw_worker_t *w);
 /* For h2.c (same layer, no worker internals): c's loop, the conf of the
  * runtime its worker serves now, and a free at the worker's next safe point. */
 struct event_base *gw_conn_base(const gw_conn_t *c);

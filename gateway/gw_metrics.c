@@ -59,6 +59,23 @@ void gw_metrics_init(const char *(*route_name)(gw_route_t r))
         "sluice_upstream_connections_total",
         "Upstream connections used for a request, new or reused from the keep-alive pool.",
         SL_METRIC_COUNTER, "upstream,reused", NULL, 0);
+    gw_m.up_idle =
+        sl_metric_register("sluice_upstream_connections_idle",
+                           "Idle keep-alive upstream connections in the pools, all workers.",
+                           SL_METRIC_GAUGE, "upstream", NULL, 0);
+    gw_m.up_idle_closed = sl_metric_register(
+        "sluice_upstream_idle_closed_total",
+        "Idle keep-alive upstream connections closed after keepalive_timeout (the pool "
+        "shrinking to the recent need).",
+        SL_METRIC_COUNTER, "upstream", NULL, 0);
+    gw_m.malloc_trims = sl_metric_series0(sl_metric_register(
+        "sluice_malloc_trims_total",
+        "malloc_trim(0) calls: after the connection count fell from a peak, and after reloads.",
+        SL_METRIC_COUNTER, NULL, NULL, 0));
+    gw_m.malloc_trim_bytes = sl_metric_series0(sl_metric_register(
+        "sluice_malloc_trim_released_bytes_total",
+        "Resident memory given back to the system by malloc_trim(0) (RSS before - after).",
+        SL_METRIC_COUNTER, NULL, NULL, 0));
     gw_m.up_ttfb = sl_metric_register(
         "sluice_upstream_ttfb_seconds",
         "Time from sending a request upstream to the first byte of its response headers (not "

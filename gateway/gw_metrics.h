@@ -17,6 +17,10 @@ typedef struct gw_metrics {
     sl_mseries_t *bytes_client_in, *bytes_client_out, *bytes_up_in, *bytes_up_out;
     sl_metric_t *up_errors;                 /* {upstream,kind} */
     sl_metric_t *up_conns;                  /* {upstream,reused} */
+    sl_metric_t *up_idle;                   /* {upstream}: idle keep-alive now */
+    sl_metric_t *up_idle_closed;            /* {upstream}: closed after keepalive_timeout */
+    sl_mseries_t *malloc_trims;             /* malloc_trim(0) calls (worker.c) */
+    sl_mseries_t *malloc_trim_bytes;        /* RSS they gave back */
     sl_metric_t *up_ttfb;                   /* {upstream} */
     sl_metric_t *parse_errors;              /* {reason} */
     sl_metric_t *reloads;                   /* {result} */

@@ -41,6 +41,7 @@ struct gw_srv_rt {
     struct fb_breaker *breaker; /* circuit breaker (kept across reloads) */
     _Atomic int active;         /* requests in flight, all workers */
     sl_mseries_t *m_conn_new, *m_conn_reused;
+    sl_mseries_t *m_idle, *m_idle_closed; /* idle pooled now; closed for idleness */
 };
 
 struct gw_pool_rt {

@@ -47,7 +47,6 @@ struct gw_upconn {
     unsigned nreq;
     int connect_errno; /* an immediate connect failure's errno, for the log */
     int64_t idle_since_ms;
-    struct event *idle_timer;
     TAILQ_ENTRY(gw_upconn) link;
 };
 
@@ -69,6 +68,9 @@ void gw_upstream_release(gw_upconn_t *u, bool reusable);
 /* Start reading (and writing, while connecting) for a request. */
 void gw_upstream_arm(gw_upconn_t *u);
 void gw_upstream_close(gw_upconn_t *u);
+/* The worker's tick: closes idle connections older than their pool's
+ * keepalive_timeout (the coldest first). */
+void gw_upstream_tick(gw_worker_t *w, int64_t now_ms);
 /* Worker's runtime changed: close idle connections of the old one. */
 void gw_upstream_worker_reset(gw_worker_t *w);
 /* One error-log line about srv, at warn: "upstream POOL URL: MESSAGE",

@@ -24,6 +24,8 @@ typedef struct gw_lslot {
     struct gw_listen_rt *l;
 } gw_lslot_t;
 
+#define GW_REQ_CACHE_MAX 64
+
 struct gw_worker {
     gw_server_t *srv;
     int id;
@@ -47,6 +49,12 @@ struct gw_worker {
     struct gw_wio_list flushq;
     struct gw_conn_list conns;
     size_t nconns;
+    gw_req_t *req_cache[GW_REQ_CACHE_MAX]; /* request structs kept for reuse (conn.c) */
+    size_t nreq_cache;
+    struct event *tick_ev;          /* housekeeping (worker.c): idle upstreams, malloc_trim */
+    size_t peak_conns;              /* most client + idle upstream conns since the last trim */
+    int64_t trim_at_ms;             /* a reload's trim is due then (0: none) */
+    bool trim_again;                /* ... and one more later */
     struct rl_worker *rlw;          /* rate limits: this thread's handle (NULL = none) */
     struct sl_redis *redis;         /* this thread's Redis client for auth (NULL = none) */
     struct fb_qworker *qw;          /* the durable queue, this thread's handle */

@@ -13,8 +13,9 @@
  *     obs-fold, no control bytes, a strict request line (token SP target SP
  *     HTTP/d.d), token header names, the size and line limits. It copies
  *     method, target and header names/values (OWS trimmed) into a per-parser
- *     arena sized from the limits, so nothing is allocated per message and
- *     values may span fed pieces.
+ *     arena, so values may span fed pieces; the arena grows with the head's
+ *     bytes up to a bound from the limits, is cut to size once the head is
+ *     complete and freed by reset, so idle connections hold none.
  *   - http-parser gets the same head bytes but the final LF; head_check()
  *     then applies the semantic rules (CL/TE, Host, Expect, version, target)
  *     on the copied headers before the LF goes in. That way our reasons win
@@ -180,8 +181,12 @@ struct gw_http_parser {
     void *cb_arg;
 
     gw_http_msg_t msg;
-    gw_http_header_t *hdrs; /* lim.header_lines entries */
-    char *arena;            /* names, values, method, target; NUL-terminated */
+    /* Grown as a head's bytes arrive (head_reserve), cut to what the head
+     * used once it is complete and freed by reset (an idle keep-alive
+     * connection holds none). */
+    gw_http_header_t *hdrs; /* hdrs_cap entries, at most lim.header_lines */
+    size_t hdrs_cap;
+    char *arena; /* names, values, method, target; NUL-terminated */
     size_t arena_len, arena_cap;
 };
 
@@ -539,6 +544,7 @@ static size_t head_scan(gw_http_parser_t *p, const char *d, size_t n, bool *end)
                 }
                 gw_http_header_t *h = &p->hdrs[p->nlines - 1];
                 h->name = ar + al;
+                h->value = NULL; /* set at its CR; arena_move skips it until then */
                 ar[al++] = c;
                 hs = HS_NAME;
             } else if (c == ' ' || c == '\t') {
@@ -679,6 +685,7 @@ static int head_check(gw_http_parser_t *p)
     const gw_http_header_t *cl = NULL, *te = NULL, *host = NULL;
 
     m->nheaders = p->nlines;
+    m->headers = p->hdrs; /* allocated after head_restart when the head began */
     if (!(hp->http_major == 1 && hp->http_minor <= 1)) {
         fail(p, 505, "http_version");
         return -1;
@@ -816,6 +823,95 @@ static size_t hp_exec_head(gw_http_parser_t *p, const char *d, size_t n)
     return done;
 }
 
+/* Moves the arena to a block of cap bytes (grown or cut), moving the
+ * strings that point into it. -1 on OOM (the old block is kept). */
+static int arena_move(gw_http_parser_t *p, size_t cap)
+{
+    gw_http_msg_t *m = &p->msg;
+    char *old = p->arena;
+    /* offsets while old is valid; an entry or field not set yet is NULL */
+    for (size_t i = 0; old && i < p->nlines; i++) {
+        gw_http_header_t *h = &p->hdrs[i];
+        h->name = h->name ? (const char *)(uintptr_t)(h->name - old + 1) : NULL;
+        h->value = h->value ? (const char *)(uintptr_t)(h->value - old + 1) : NULL;
+    }
+    size_t mo = m->method ? (size_t)(m->method - old) : 0;
+    size_t to = m->target ? (size_t)(m->target - old) : 0;
+    size_t ho = m->host ? (size_t)(m->host - old) : 0;
+    char *na = realloc(old, cap);
+    if (na) {
+        p->arena = na;
+        p->arena_cap = cap;
+    }
+    char *a = p->arena;
+    for (size_t i = 0; a && i < p->nlines; i++) {
+        gw_http_header_t *h = &p->hdrs[i];
+        h->name = h->name ? a + (uintptr_t)h->name - 1 : NULL;
+        h->value = h->value ? a + (uintptr_t)h->value - 1 : NULL;
+    }
+    if (m->method)
+        m->method = a + mo;
+    if (m->target)
+        m->target = a + to;
+    if (m->host)
+        m->host = a + ho;
+    return na ? 0 : -1;
+}
+
+/* Room for what n more head bytes d can store: each head byte stores at
+ * most one arena byte (a NUL takes the place of the ':', SP or CR it
+ * replaces) and each header line takes at least three, so storage grows
+ * with the head actually sent, up to the limits' bound; the head's end in
+ * d, when it is there, bounds n. Most heads so cost a block of a few
+ * hundred bytes, not 16 KiB. -1 on OOM. */
+static int head_reserve(gw_http_parser_t *p, const char *d, size_t n)
+{
+    /* After its first other byte, a head's first CRLFCRLF is its end; CR
+     * and LF before it (empty lines before a request line, or the end of
+     * a line fed before) are skipped, and an end not found bounds nothing. */
+    size_t lead = 0;
+    while (lead < n && (d[lead] == '\r' || d[lead] == '\n'))
+        lead++;
+    const char *e = n - lead >= 4 ? memmem(d + lead, n - lead, "\r\n\r\n", 4) : NULL;
+    if (e)
+        n = (size_t)(e - d) + 4;
+    size_t full = p->lim.header_bytes + 2 * p->lim.header_lines + 2;
+    size_t need = SL_MIN(p->arena_len + n + 1, full);
+    if (need > p->arena_cap) {
+        size_t cap = SL_MIN(SL_MAX(need, 2 * p->arena_cap), full);
+        if (arena_move(p, cap) != 0)
+            return -1;
+    }
+    size_t lines = SL_MIN(p->nlines + n / 3 + 2, p->lim.header_lines);
+    if (lines > p->hdrs_cap) {
+        size_t cap = SL_MIN(SL_MAX(lines, 2 * p->hdrs_cap), p->lim.header_lines);
+        gw_http_header_t *h = realloc(p->hdrs, cap * sizeof(*h));
+        if (!h)
+            return -1;
+        memset(h + p->hdrs_cap, 0, (cap - p->hdrs_cap) * sizeof(*h));
+        p->hdrs = h;
+        p->hdrs_cap = cap;
+        p->msg.headers = h;
+    }
+    return 0;
+}
+
+/* The head is complete: give back what it did not use. */
+static void head_shrink(gw_http_parser_t *p)
+{
+    if (p->arena_len + 1 < p->arena_cap)
+        (void)arena_move(p, p->arena_len + 1); /* on OOM the bigger block stays */
+    size_t n = SL_MAX(p->nlines, (size_t)1);
+    if (n < p->hdrs_cap) {
+        gw_http_header_t *nh = realloc(p->hdrs, n * sizeof(*p->hdrs));
+        if (nh) {
+            p->hdrs = nh;
+            p->hdrs_cap = n;
+        }
+    }
+    p->msg.headers = p->hdrs;
+}
+
 /* Feeds the head phase: one or more heads (1xx interims are skipped). */
 static gw_http_state_t feed_head(gw_http_parser_t *p, const char *d, size_t n, size_t *used)
 {
@@ -823,6 +919,11 @@ static gw_http_state_t feed_head(gw_http_parser_t *p, const char *d, size_t n, s
     for (;;) {
         bool end;
         gw_http_state_t prev = p->state;
+        if (head_reserve(p, d + off, n - off) != 0) {
+            fail(p, 503, "out_of_memory");
+            *used = off;
+            return GW_HTTP_ERROR;
+        }
         size_t v = head_scan(p, d + off, n - off, &end);
         gw_http_err_t e = err_take(p, prev);
         size_t pre = end ? v - 1 : v;
@@ -857,6 +958,7 @@ static gw_http_state_t feed_head(gw_http_parser_t *p, const char *d, size_t n, s
             head_restart(p);
             continue;
         }
+        head_shrink(p);
         p->phase = PH_BODY;
         p->cs = CS_SIZE0;
         *used = off;
@@ -1032,15 +1134,7 @@ gw_http_parser_t *gw_http_parser_new(gw_http_kind_t kind, const gw_http_limits_t
         p->lim.header_bytes = defaults.header_bytes;
     if (!p->lim.header_lines)
         p->lim.header_lines = defaults.header_lines;
-    /* every stored byte is a head byte; plus a NUL after each name, value,
-     * the method and the target */
-    p->arena_cap = p->lim.header_bytes + 2 * p->lim.header_lines + 2;
-    p->arena = malloc(p->arena_cap);
-    p->hdrs = calloc(p->lim.header_lines, sizeof(*p->hdrs));
-    if (!p->arena || !p->hdrs) {
-        gw_http_parser_free(p);
-        return NULL;
-    }
+    /* The head storage grows with the head's bytes (head_reserve). */
     gw_http_parser_reset(p);
     return p;
 }
@@ -1076,7 +1170,18 @@ void gw_http_parser_reset(gw_http_parser_t *p)
     p->body_bytes = 0;
     p->cb = NULL;
     p->cb_arg = NULL;
+    free(p->arena); /* the next head grows its own (head_reserve) */
+    free(p->hdrs);
+    p->arena = NULL;
+    p->hdrs = NULL;
+    p->arena_cap = 0;
+    p->hdrs_cap = 0;
     head_restart(p);
+}
+
+size_t gw_http_parser_held(const gw_http_parser_t *p)
+{
+    return p->arena_cap + p->hdrs_cap * sizeof(*p->hdrs);
 }
 
 void gw_http_parser_set_head_request(gw_http_parser_t *p, bool head)

@@ -111,6 +111,9 @@ gw_http_parser_t *gw_http_parser_new(gw_http_kind_t kind, const gw_http_limits_t
 void gw_http_parser_free(gw_http_parser_t *p);
 /* Ready for the next message on the same connection (keep-alive). */
 void gw_http_parser_reset(gw_http_parser_t *p);
+/* Bytes of head storage p holds now: grown with a head's bytes, cut to
+ * what the head used once it is complete, none after reset. */
+size_t gw_http_parser_held(const gw_http_parser_t *p);
 /* Responses: the request was HEAD (no body follows, whatever the headers say).
  * Call it after _new/_reset, before feeding; reset clears it. */
 void gw_http_parser_set_head_request(gw_http_parser_t *p, bool head);

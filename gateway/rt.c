@@ -150,6 +150,8 @@ static int gw_pool_build(gw_rt_t *rt, gw_shared_t *sh, gw_pool_rt_t *p, const co
         const char *vn[2] = {cu->name, "false"}, *vr[2] = {cu->name, "true"};
         s->m_conn_new = sl_metric_series(gw_m.up_conns, vn);
         s->m_conn_reused = sl_metric_series(gw_m.up_conns, vr);
+        s->m_idle = sl_metric_series1(gw_m.up_idle, cu->name);
+        s->m_idle_closed = sl_metric_series1(gw_m.up_idle_closed, cu->name);
     }
     if (cu->api_key_env) {
         const char *key = getenv(cu->api_key_env);

@@ -42,10 +42,15 @@
 #include "gateway/gw_worker.h"
 #include "gateway/http1.h"
 
-/* Idle pooled connections are closed after this long: below the usual
- * keep-alive timeout of model servers (uvicorn, which serves vLLM, closes
- * after 5 s), so we rarely race the server's own close. */
-#define GW_UPSTREAM_IDLE_MS 4000
+/* The idle pool: LIFO (the warmest connection is reused first), capped
+ * by `keepalive`, and expired by the worker's tick (gw_upstream_tick) after
+ * keepalive_timeout (default 4 s: below uvicorn's 5 s, so we rarely race
+ * the server's own close). With LIFO reuse the connections at the cold end
+ * are exactly those the recent load did not need, so the pool follows the
+ * recent peak of concurrent requests: after a burst of N it holds N for
+ * keepalive_timeout, then shrinks to what is still used (nginx's keepalive
+ * cache, Envoy's idle timeout). No timer per connection: a release costs
+ * no timer operation, and thousands of idle connections no timer heap. */
 
 static void gw_up_readcb(struct bufferevent *bev, void *arg);
 static void gw_up_eventcb(struct bufferevent *bev, short what, void *arg);
@@ -211,13 +216,6 @@ static void gw_upconn_free_cb(void *arg)
     free(u);
 }
 
-static void gw_up_idle_timer_cb(evutil_socket_t fd, short what, void *arg)
-{
-    (void)fd;
-    (void)what;
-    gw_upstream_close(arg);
-}
-
 void gw_upstream_close(gw_upconn_t *u)
 {
     if (u->closed)
@@ -231,11 +229,9 @@ void gw_upstream_close(gw_upconn_t *u)
         if (ws) {
             TAILQ_REMOVE(&ws->idle, u, link);
             ws->nidle--;
+            sl_gauge_add(u->srv->m_idle, -1);
         }
     }
-    if (u->idle_timer)
-        event_free(u->idle_timer);
-    u->idle_timer = NULL;
     if (u->bev) {
         gw_wio_fini(&u->wio);
         bufferevent_free(u->bev);
@@ -268,7 +264,7 @@ gw_upconn_t *gw_upstream_get(gw_worker_t *w, gw_srv_rt_t *srv, bool allow_reuse)
             TAILQ_REMOVE(&ws->idle, u, link);
             ws->nidle--;
             u->idle_since_ms = 0;
-            evtimer_del(u->idle_timer);
+            sl_gauge_add(srv->m_idle, -1);
             u->reused = true;
             u->nreq++;
             sl_counter_add(srv->m_conn_reused, 1);
@@ -290,7 +286,6 @@ gw_upconn_t *gw_upstream_get(gw_worker_t *w, gw_srv_rt_t *srv, bool allow_reuse)
         .max_body_bytes = 0,
     };
     u->parser = gw_http_parser_new(GW_HTTP_RESPONSE, &hl);
-    u->idle_timer = evtimer_new(w->base, gw_up_idle_timer_cb, u);
     int opts = BEV_OPT_CLOSE_ON_FREE | (srv->https ? BEV_OPT_DEFER_CALLBACKS : 0);
     if (srv->https) {
         SSL *ssl = SSL_new(srv->pool->ssl_ctx);
@@ -302,7 +297,7 @@ gw_upconn_t *gw_upstream_get(gw_worker_t *w, gw_srv_rt_t *srv, bool allow_reuse)
     } else {
         u->bev = bufferevent_socket_new(w->base, -1, opts);
     }
-    if (!u->parser || !u->idle_timer || !u->bev) {
+    if (!u->parser || !u->bev) {
         gw_upstream_close(u);
         return NULL;
     }
@@ -354,13 +349,27 @@ void gw_upstream_release(gw_upconn_t *u, bool reusable)
         gw_upstream_close(u);
         return;
     }
-    gw_http_parser_reset(u->parser);
+    gw_http_parser_reset(u->parser); /* frees its head storage while idle */
     u->idle_since_ms = sl_now_ms();
     TAILQ_INSERT_HEAD(&ws->idle, u, link); /* LIFO: the warmest connection first */
     ws->nidle++;
+    sl_gauge_add(srv->m_idle, 1);
     bufferevent_enable(u->bev, EV_READ);
-    struct timeval tv = {GW_UPSTREAM_IDLE_MS / 1000, (GW_UPSTREAM_IDLE_MS % 1000) * 1000};
-    evtimer_add(u->idle_timer, &tv);
+}
+
+void gw_upstream_tick(gw_worker_t *w, int64_t now_ms)
+{
+    for (size_t i = 0; i < w->nwsrv; i++) {
+        gw_wsrv_t *ws = &w->wsrv[i];
+        gw_srv_rt_t *srv = &w->rt->servers[i];
+        int64_t before = now_ms - srv->pool->conf->keepalive_timeout_ms;
+        gw_upconn_t *u;
+        /* The tail is the coldest: stop at the first one still wanted. */
+        while ((u = TAILQ_LAST(&ws->idle, gw_upconn_list)) != NULL && u->idle_since_ms <= before) {
+            sl_counter_add(srv->m_idle_closed, 1);
+            gw_upstream_close(u);
+        }
+    }
 }
 
 static void gw_up_readcb(struct bufferevent *bev, void *arg)
@@ -413,6 +422,7 @@ void gw_upstream_worker_reset(gw_worker_t *w)
         while ((u = TAILQ_FIRST(&w->wsrv[i].idle)) != NULL) {
             TAILQ_REMOVE(&w->wsrv[i].idle, u, link);
             w->wsrv[i].nidle--;
+            sl_gauge_add(u->srv->m_idle, -1);
             u->idle_since_ms = 0; /* unlinked: close must not touch the list */
             gw_upstream_close(u);
         }

@@ -8,6 +8,8 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
+#include <stdio.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdatomic.h>
@@ -15,6 +17,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <event2/buffer.h>
@@ -24,6 +27,7 @@
 #include "common/log.h"
 #include "gateway/gw_conn.h"
 #include "gateway/gw_hook.h"
+#include "gateway/gw_metrics.h"
 #include "gateway/gw_rt.h"
 #include "gateway/gw_server.h"
 #include "gateway/gw_types.h"
@@ -87,6 +91,130 @@ uint64_t gw_worker_rand(gw_worker_t *w)
     x ^= x >> 27;
     w->rng = x;
     return x * 0x2545F4914F6CDD1DULL;
+}
+
+/* ---- the tick: idle upstream connections, memory given back -------------- */
+
+/* Each worker's housekeeping, off the request path: expires idle upstream
+ * connections (upstream.c) and gives memory back to the system after a
+ * peak. */
+#define GW_WORKER_TICK_MS 500
+/* A fall of this many connections from the worker's peak (and to at most
+ * half of it) is a peak worth giving back. */
+#define GW_TRIM_DROP 64
+/* malloc_trim walks every arena and madvises their free pages: at most
+ * once per this interval in the whole process. */
+#define GW_TRIM_INTERVAL_MS 5000
+/* After a reload the old runtime is freed by its last request: trims then,
+ * and once more later for one that lived long. */
+#define GW_TRIM_RELOAD_MS  1000
+#define GW_TRIM_RELOAD2_MS 15000
+/* Blocks from this size up are mmapped (glibc's starting value is 128 KiB;
+ * request buffers stay below it). */
+#define GW_MMAP_THRESHOLD (256 * 1024)
+
+static _Atomic int64_t gw_trim_last_ms;
+
+/* Resident bytes from /proc/self/statm (one small read), -1 if unknown. */
+static int64_t gw_worker_rss(void)
+{
+    FILE *f = fopen("/proc/self/statm", "re");
+    long long size = 0, res = -1;
+    if (!f)
+        return -1;
+    if (fscanf(f, "%lld %lld", &size, &res) != 2)
+        res = -1;
+    fclose(f);
+    return res < 0 ? -1 : (int64_t)res * sysconf(_SC_PAGESIZE);
+}
+
+/* Gives free heap memory back (all arenas: glibc trims the top of each and
+ * madvises whole free pages inside them). Returns true when it ran. */
+static bool gw_worker_trim(int64_t now_ms)
+{
+    int64_t last = atomic_load(&gw_trim_last_ms);
+    if (last && now_ms - last < GW_TRIM_INTERVAL_MS)
+        return false;
+    if (!atomic_compare_exchange_strong(&gw_trim_last_ms, &last, now_ms))
+        return false; /* another worker is trimming */
+    int64_t before = gw_worker_rss();
+    malloc_trim(0);
+    int64_t after = gw_worker_rss();
+    sl_counter_add(gw_m.malloc_trims, 1);
+    if (before > after && after >= 0)
+        sl_counter_add(gw_m.malloc_trim_bytes, (uint64_t)(before - after));
+    return true;
+}
+
+static void gw_worker_tick_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    gw_worker_t *w = arg;
+    int64_t now = sl_now_ms();
+    gw_upstream_tick(w, now);
+    /* The load that holds memory: client connections and idle upstream
+     * ones (those close keepalive_timeout after the clients that used
+     * them, and their buffers are as much to give back). */
+    size_t load = w->nconns;
+    for (size_t i = 0; i < w->nwsrv; i++)
+        load += w->wsrv[i].nidle;
+    if (load > w->peak_conns)
+        w->peak_conns = load;
+    bool fell = w->peak_conns >= load + GW_TRIM_DROP && load <= w->peak_conns / 2;
+    bool reload = w->trim_at_ms && now >= w->trim_at_ms;
+    if ((fell || reload) && gw_worker_trim(now)) {
+        w->peak_conns = load;
+        if (reload) {
+            w->trim_at_ms = w->trim_again ? now + GW_TRIM_RELOAD2_MS - GW_TRIM_RELOAD_MS : 0;
+            w->trim_again = false;
+        }
+    } else if (reload && !fell) {
+        w->trim_at_ms = now + GW_TRIM_INTERVAL_MS; /* another worker trimmed: later */
+    }
+}
+
+/* libevent allocates a small slot (~32 bytes) per descriptor number the
+ * first time the number is watched, and keeps it until the base is freed.
+ * Allocated during a peak, between the connections' buffers, 10,000 of them
+ * pin ~30 MB of that freed memory (glibc gives back whole free pages only:
+ * measured with malloc_info after 5,000 connections, 66 MB free in 10,066
+ * pieces). So each worker makes libevent allocate them at start, together:
+ * an eventfd duplicated at (or above) every number up to what the worker
+ * may use, watched and unwatched once. */
+#define GW_WORKER_FD_SLOTS_MAX 65536
+
+static void gw_worker_nop_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    (void)arg;
+}
+
+static void gw_worker_reserve_fd_slots(gw_worker_t *w)
+{
+    struct rlimit rl;
+    int64_t n = w->rt->conf->limits.max_connections * 2 + 256; /* client + upstream */
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+        n = SL_MIN(n, (int64_t)rl.rlim_cur);
+    n = SL_MIN(n, GW_WORKER_FD_SLOTS_MAX);
+    int efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    struct event *ev = event_new(w->base, -1, 0, gw_worker_nop_cb, NULL);
+    for (int k = efd + 1; efd >= 0 && ev && k < n; k++) {
+        int d = fcntl(efd, F_DUPFD_CLOEXEC, k); /* the lowest free number >= k */
+        if (d < 0)
+            break;
+        if (event_assign(ev, w->base, d, EV_READ, gw_worker_nop_cb, NULL) == 0 &&
+            event_add(ev, NULL) == 0)
+            event_del(ev);
+        close(d);
+        if (d > k)
+            k = d; /* k..d-1 are in use, their slots taken already */
+    }
+    if (ev)
+        event_free(ev);
+    if (efd >= 0)
+        close(efd);
 }
 
 /* ---- accepting ---------------------------------------------------------- */
@@ -178,6 +306,8 @@ static void gw_accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct so
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     gw_conn_accept(w, fd, sa, salen, slot->l);
+    if (w->nconns > w->peak_conns) /* a burst shorter than a tick counts too */
+        w->peak_conns = w->nconns;
     if (!w->is_main && (int64_t)w->nconns >= w->rt->conf->limits.max_connections)
         gw_worker_accept_enable(w, false);
 }
@@ -267,6 +397,10 @@ static void gw_worker_update_rt(gw_worker_t *w)
         return;
     }
     gw_upstream_worker_reset(w);
+    if (w->rt) { /* a reload: give the old runtime's memory back once it is freed */
+        w->trim_at_ms = sl_now_ms() + GW_TRIM_RELOAD_MS;
+        w->trim_again = true;
+    }
     gw_rt_unref(w->rt);
     w->rt = rt;
     free(w->wsrv);
@@ -389,6 +523,7 @@ int gw_worker_init_loop(gw_worker_t *w, struct event_base *base)
 void gw_worker_fini_loop(gw_worker_t *w)
 {
     gw_worker_reap_cb(-1, 0, w);
+    gw_conn_cache_free(w);
     if (w->reap_ev)
         event_free(w->reap_ev);
     if (w->flush_ev)
@@ -417,12 +552,24 @@ int gw_worker_init(gw_worker_t *w, gw_server_t *s, int id, bool is_main)
     if (w->notify_ev)
         event_add(w->notify_ev, NULL);
     w->accept_ev = evtimer_new(w->base, gw_accept_retry_cb, w);
-    if (!w->notify_ev || !w->accept_ev)
+    w->tick_ev = event_new(w->base, -1, EV_PERSIST, gw_worker_tick_cb, w);
+    if (!w->notify_ev || !w->accept_ev || !w->tick_ev)
         return -1;
+    struct timeval tick = {0, GW_WORKER_TICK_MS * 1000};
+    event_add(w->tick_ev, &tick);
+    if (is_main) {
+        /* A fixed mmap threshold: glibc's moves up after a large block is
+         * freed, after which large blocks (a reloaded word list's automaton)
+         * come from the heap and stay there; fixed, they are mmapped and
+         * unmapped on free. Fixing it also fixes the trim threshold. */
+        mallopt(M_MMAP_THRESHOLD, GW_MMAP_THRESHOLD);
+    }
     for (size_t i = 0; i < SL_ARRAY_LEN(w->fd_reserve); i++)
         w->fd_reserve[i] = -1;
     gw_reserve_fill(w);
     gw_worker_update_rt(w);
+    if (!is_main)
+        gw_worker_reserve_fd_slots(w);
     if (gw_hooks_worker_init(w) != 0) /* the policy modules' per-thread handles */
         return -1;
     return gw_worker_listen(w);
@@ -444,6 +591,9 @@ void gw_worker_fini(gw_worker_t *w)
     close(w->notify_fd);
     pthread_mutex_destroy(&w->mail_lock);
     event_free(w->accept_ev);
+    if (w->tick_ev)
+        event_free(w->tick_ev);
+    w->tick_ev = NULL;
     for (size_t i = 0; w->is_main && i < SL_ARRAY_LEN(w->fd_reserve); i++)
         if (w->fd_reserve[i] >= 0)
             close(w->fd_reserve[i]);

@@ -780,7 +780,8 @@ static void test_issue_shape(void **state)
     assert_int_equal(s->balance, CONF_BALANCE_ROUND_ROBIN);
     assert_null(s->api_key_env);
     assert_null(s->tls_ca_file);
-    assert_int_equal(s->keepalive, 64);
+    assert_int_equal(s->keepalive, 10000); /* the default */
+    assert_int_equal(s->keepalive_timeout_ms, 4000);
     assert_int_equal(s->connect_timeout_ms, 2000);
     assert_int_equal(s->first_byte_timeout_ms, 15000);
     assert_int_equal(s->total_timeout_ms, 60000);

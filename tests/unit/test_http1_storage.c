@@ -1,0 +1,145 @@
+/*
+ * test_http1_storage.c — the parser's head storage (gateway/http1.c): it
+ * grows with the head's bytes (a head of a few hundred bytes does not cost
+ * the 16 KiB the limits allow), strings stay right when it moves (fed in
+ * one piece or byte by byte), it is cut to the head's size once the head is
+ * complete and freed by reset (an idle keep-alive connection holds none).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "gateway/http1.h"
+
+static const gw_http_limits_t lim = {
+    .request_line_bytes = 8192,
+    .header_bytes = 16384,
+    .header_lines = 100,
+    .max_body_bytes = 1 << 20,
+};
+
+/* A request with n headers "X-Hk: v-k-...." (each value vlen bytes), after
+ * `lead` empty lines, with a 5-byte body. */
+static char *make_request(int n, size_t vlen, int lead, size_t *len)
+{
+    size_t cap = 256 + (size_t)n * (vlen + 32) + 8;
+    char *b = malloc(cap);
+    assert_non_null(b);
+    size_t k = 0;
+    for (int i = 0; i < lead; i++)
+        k += (size_t)snprintf(b + k, cap - k, "\r\n");
+    k += (size_t)snprintf(b + k, cap - k, "POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: example\r\n");
+    for (int i = 0; i < n; i++) {
+        k += (size_t)snprintf(b + k, cap - k, "X-H%d: v-%d-", i, i);
+        for (size_t j = 0; j < vlen; j++)
+            b[k++] = (char)('a' + (j + (size_t)i) % 26);
+        k += (size_t)snprintf(b + k, cap - k, "\r\n");
+    }
+    k += (size_t)snprintf(b + k, cap - k, "Content-Length: 5\r\n\r\nhello");
+    *len = k;
+    return b;
+}
+
+static int sink(void *arg, const char *p, size_t n)
+{
+    (void)p;
+    *(size_t *)arg += n;
+    return 0;
+}
+
+/* Feeds in pieces of `step` bytes; checks every header at the head. */
+static void feed_and_check(gw_http_parser_t *p, const char *in, size_t len, size_t step, int n,
+                           size_t vlen)
+{
+    size_t off = 0, body = 0;
+    gw_http_state_t st = GW_HTTP_NEED_MORE;
+    bool head = false;
+    while (off < len && st != GW_HTTP_DONE) {
+        size_t used = 0;
+        st = gw_http_feed(p, in + off, SL_MIN(step, len - off), &used, sink, &body);
+        assert_int_not_equal(st, GW_HTTP_ERROR);
+        off += used;
+        if (st == GW_HTTP_HEAD) {
+            head = true;
+            const gw_http_msg_t *m = gw_http_msg(p);
+            assert_non_null(m);
+            assert_string_equal(m->method, "POST");
+            assert_int_equal(m->target_len, strlen("/v1/chat/completions?x=1"));
+            assert_memory_equal(m->target, "/v1/chat/completions?x=1", m->target_len);
+            assert_string_equal(m->host, "example");
+            assert_int_equal(m->nheaders, (size_t)n + 2);
+            for (int i = 0; i < n; i++) {
+                const gw_http_header_t *h = &m->headers[i + 1];
+                char name[16], pre[24];
+                snprintf(name, sizeof(name), "X-H%d", i);
+                snprintf(pre, sizeof(pre), "v-%d-", i);
+                assert_string_equal(h->name, name);
+                assert_int_equal(h->value_len, strlen(pre) + vlen);
+                assert_memory_equal(h->value, pre, strlen(pre));
+                for (size_t j = 0; j < vlen; j++)
+                    assert_int_equal(h->value[strlen(pre) + j], 'a' + (j + (size_t)i) % 26);
+            }
+            /* cut to the head: no more than its bytes plus its table */
+            assert_true(gw_http_parser_held(p) <= len + ((size_t)n + 2) * sizeof(gw_http_header_t));
+            st = GW_HTTP_NEED_MORE;
+        }
+    }
+    assert_true(head);
+    assert_int_equal(st, GW_HTTP_DONE);
+    assert_int_equal(body, 5);
+}
+
+static void test_small_head_small_storage(void **state)
+{
+    (void)state;
+    gw_http_parser_t *p = gw_http_parser_new(GW_HTTP_REQUEST, &lim);
+    assert_non_null(p);
+    assert_int_equal(gw_http_parser_held(p), 0); /* nothing before a byte */
+    size_t len;
+    char *in = make_request(3, 10, 0, &len);
+    feed_and_check(p, in, len, len, 3, 10);
+    assert_true(gw_http_parser_held(p) < 512); /* not the 16 KiB the limits allow */
+    gw_http_parser_reset(p);
+    assert_int_equal(gw_http_parser_held(p), 0); /* idle: nothing held */
+    free(in);
+    gw_http_parser_free(p);
+}
+
+static void test_storage_moves_keep_strings(void **state)
+{
+    (void)state;
+    static const size_t steps[] = {1, 3, 7, 64, 1000, 100000};
+    static const int leads[] = {0, 2};
+    for (size_t s = 0; s < sizeof(steps) / sizeof(steps[0]); s++) {
+        for (size_t l = 0; l < 2; l++) {
+            gw_http_parser_t *p = gw_http_parser_new(GW_HTTP_REQUEST, &lim);
+            assert_non_null(p);
+            size_t len;
+            char *in = make_request(90, 120, leads[l], &len); /* ~13 KiB of head */
+            feed_and_check(p, in, len, steps[s], 90, 120);
+            gw_http_parser_reset(p);
+            assert_int_equal(gw_http_parser_held(p), 0);
+            /* and again on the same parser, a small head after a big one */
+            free(in);
+            in = make_request(2, 5, 0, &len);
+            feed_and_check(p, in, len, steps[s], 2, 5);
+            free(in);
+            gw_http_parser_free(p);
+        }
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_small_head_small_storage),
+        cmocka_unit_test(test_storage_moves_keep_strings),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
