@@ -128,7 +128,7 @@ def main(path):
         print("|---|---:|---:|---:|---:|---:|")
         d50, d99 = pct(ttfe["direct"], 50), pct(ttfe["direct"], 99)
         n50 = pct(ttfe["nginx"], 50) - d50
-        for t in TARGETS:
+        for t in TARGETS + (["sluice_b"] if ttfe.get("sluice_b") else []):
             p50, p99 = pct(ttfe[t], 50), pct(ttfe[t], 99)
             add = "—" if t == "direct" else f"{p50 - d50}"
             add99 = "—" if t == "direct" else f"{p99 - d99}"
