@@ -222,8 +222,9 @@ static int push_chunk(flt_stream_t *st, flt_out_t *out, int index, const char *t
         json_object_foreach(st->tmpl, k, v) json_object_set(o, k, v);
     }
     if (!json_object_get(o, "object"))
-        json_object_set_new(o, "object", json_string(st->completions ? "text_completion"
-                                                                     : "chat.completion.chunk"));
+        json_object_set_new(
+            o, "object",
+            json_string(st->completions ? "text_completion" : "chat.completion.chunk"));
     json_object_set_new(choice, "index", json_integer(index));
     json_object_set_new(choice, st->completions ? "text" : "delta", body);
     json_object_set_new(choice, "logprobs", json_null());
@@ -266,8 +267,7 @@ static flt_ev_verdict_t stream_flush_all(flt_stream_t *st, flt_out_t *out)
             return stream_block(st, out, c->block_rule);
         if (rc != FLT_CHAN_OK)
             return FLT_EV_ERROR;
-        if (st->fbuf.len &&
-            push_chunk(st, out, st->idx[i], st->fbuf.p, st->fbuf.len, NULL) != 0)
+        if (st->fbuf.len && push_chunk(st, out, st->idx[i], st->fbuf.p, st->fbuf.len, NULL) != 0)
             return FLT_EV_ERROR;
     }
     return FLT_EV_REPLACE;

@@ -313,8 +313,9 @@ int main(int argc, char **argv)
         size_t n = 2u << 20;
         char *text = make_text(n);
         n = strlen(text);
-        printf("| rules                        | mean us | p50 us  | p99 us  | passed | event bytes "
-               "|\n");
+        printf(
+            "| rules                        | mean us | p50 us  | p99 us  | passed | event bytes "
+            "|\n");
         printf("|------------------------------|--------:|--------:|--------:|-------:|------------"
                ":|\n");
         for (int r = 0; r < rounds; r++) {

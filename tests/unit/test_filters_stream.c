@@ -653,7 +653,8 @@ static void test_sse_fail_closed(void **state)
     static const char *const good[] = {
         "{\"choices\":[1,null,{\"delta\":{\"content\":null}}]}",
         "{\"choices\":[{\"delta\":\"badword\",\"index\":1.5}]}",
-        "{\"created\":-1.5e3,\"choices\":[{\"index\":-0,\"delta\":{\"content\":\"\\ud83d\\ude00\"}}]}",
+        "{\"created\":-1.5e3,\"choices\":[{\"index\":-0,\"delta\":{\"content\":\"\\ud83d\\ude00\"}}"
+        "]}",
         "{\"choices\":{\"delta\":{\"content\":\"badword\"}}}",
     };
     for (size_t i = 0; i < SL_ARRAY_LEN(good); i++) {
@@ -711,8 +712,8 @@ static void test_sse_random_events(void **state)
 {
     (void)state;
     flt_ruleset_t *rs = rs_words("badword\nxy\n", NULL);
-    static const char *const alpha[] = {"a", "b", "d", "o", "r", "w", "x", "y", " ", "\"",
-                                        "\\", "\n", "é", "敏", "\x01", "/"};
+    static const char *const alpha[] = {"a", "b",  "d",  "o",  "r", "w",  "x",    "y",
+                                        " ", "\"", "\\", "\n", "é", "敏", "\x01", "/"};
     uint32_t seed = 12345;
     for (int round = 0; round < 200; round++) {
         flt_stream_t *st = flt_stream_new(rs);
@@ -745,12 +746,11 @@ static void test_sse_random_events(void **state)
                     fail_msg("payload %s from %s", p, d);
                 assert_string_equal(json_string_value(json_object_get(r, "id")), "r");
                 for (int k = 0; k < 2; k++) {
-                    json_t *c = json_object_get(json_object_get(json_array_get(rc, k), "delta"),
-                                                "content");
+                    json_t *c =
+                        json_object_get(json_object_get(json_array_get(rc, k), "delta"), "content");
                     assert_true(json_is_string(c));
-                    assert_int_equal(sl_buf_add(&got[k], json_string_value(c),
-                                                json_string_length(c)),
-                                     0);
+                    assert_int_equal(
+                        sl_buf_add(&got[k], json_string_value(c), json_string_length(c)), 0);
                 }
                 json_decref(r);
             }
