@@ -242,13 +242,17 @@ typedef struct flt_stream flt_stream_t;
 flt_stream_t *flt_stream_new(flt_ruleset_t *rs) SL_WUR;
 void flt_stream_free(flt_stream_t *st);
 
-/* One SSE event's data payload: a chat.completion.chunk JSON or "[DONE]".
- * out must be empty (flt_out_reset) on entry. For "[DONE]" every choice's
- * held-back text is flushed and "[DONE]" is the last payload of a REPLACE.
- * A chunk with a finish_reason flushes that choice first (an extra content
- * chunk before it). `logprobs` are nulled while output filtering is on, as
- * they would leak held-back or masked tokens. A payload that is not JSON
- * fails closed (BLOCK). */
+/* One SSE event's data payload: a chat.completion.chunk JSON (text in
+ * choices[].delta.content), a text_completion chunk (choices[].text) or
+ * "[DONE]". out must be empty (flt_out_reset) on entry. For "[DONE]" every
+ * choice's held-back text is flushed and "[DONE]" is the last payload of a
+ * REPLACE. A chunk with a finish_reason flushes that choice first (an extra
+ * content chunk before it). `logprobs` are nulled while output filtering is
+ * on, as they would leak held-back or masked tokens. A REPLACE payload is
+ * the upstream's bytes with only the text strings and logprobs rewritten
+ * (the event is read with yajl, not re-serialised). A payload that is not
+ * one JSON object, text that is not valid UTF-8 (a lone \u surrogate too),
+ * or a key the filter reads given twice fails closed (BLOCK). */
 flt_ev_verdict_t flt_stream_event(flt_stream_t *st, const char *data, size_t len,
                                   flt_out_t *out) SL_WUR;
 
