@@ -256,6 +256,16 @@ void flt_stream_free(flt_stream_t *st);
 flt_ev_verdict_t flt_stream_event(flt_stream_t *st, const char *data, size_t len,
                                   flt_out_t *out) SL_WUR;
 
+/* One piece of choice `index`'s text, for a caller that reads its events
+ * itself (the Responses adapter): s[0..n) is fed to that choice's channel
+ * and *rel, *rlen give the text released now (borrowed from st, valid until
+ * the next call). PASS: exactly the piece (send the event as it came);
+ * REPLACE: other text (possibly none: held back, or masked); BLOCK: a block
+ * rule matched (or a 17th choice), nothing is released and the stream takes
+ * no more; ERROR: out of memory or text that is not valid UTF-8. */
+flt_ev_verdict_t flt_stream_text(flt_stream_t *st, int index, const char *s, size_t n,
+                                 const char **rel, size_t *rlen) SL_WUR;
+
 /* The upstream ended without "[DONE]": flushes held-back text (REPLACE with
  * chunks, no "[DONE]"), or BLOCK. */
 flt_ev_verdict_t flt_stream_end(flt_stream_t *st, flt_out_t *out) SL_WUR;

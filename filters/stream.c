@@ -796,6 +796,49 @@ flt_ev_verdict_t flt_stream_event(flt_stream_t *st, const char *data, size_t len
     return v;
 }
 
+static flt_ev_verdict_t stream_feed_text(flt_stream_t *st, int index, const char *s, size_t n,
+                                         const char **rel, size_t *rlen)
+{
+    *rel = s;
+    *rlen = n;
+    if (st->blocked)
+        return FLT_EV_BLOCK;
+    if (!flt_ruleset_filters_output(st->rs))
+        return FLT_EV_PASS;
+    bool full = false;
+    flt_chan_t *c = stream_chan(st, index, &full);
+    if (!c) {
+        if (!full)
+            return FLT_EV_ERROR;
+        st->blocked = true;
+        return FLT_EV_BLOCK;
+    }
+    sl_buf_t *b = &st->buf;
+    b->len = 0;
+    /* text after this choice finished has no place to go: dropped */
+    flt_chan_rc_t rc = c->finished ? FLT_CHAN_OK : flt_chan_feed(c, s, n, b);
+    if (rc == FLT_CHAN_BLOCK) {
+        st->blocked = true;
+        st->block_rule = c->block_rule;
+        return FLT_EV_BLOCK;
+    }
+    if (rc != FLT_CHAN_OK)
+        return FLT_EV_ERROR;
+    *rel = b->p ? b->p : "";
+    *rlen = b->len;
+    return b->len == n && memcmp(*rel, s, n) == 0 ? FLT_EV_PASS : FLT_EV_REPLACE;
+}
+
+flt_ev_verdict_t flt_stream_text(flt_stream_t *st, int index, const char *s, size_t n,
+                                 const char **rel, size_t *rlen)
+{
+    int64_t t0 = sl_now_ns();
+    flt_ev_verdict_t v = stream_feed_text(st, index, s, n, rel, rlen);
+    if (st->rs->event_seconds)
+        sl_histogram_observe(st->rs->event_seconds, (double)(sl_now_ns() - t0) * 1e-9);
+    return v;
+}
+
 flt_ev_verdict_t flt_stream_end(flt_stream_t *st, flt_out_t *out)
 {
     if (st->blocked)

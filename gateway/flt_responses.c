@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <yajl/yajl_parse.h>
+
 #include "gateway/gw_flt_resp.h"
 
 /* The text sent so far is bounded like a gathered answer. */
@@ -87,9 +89,194 @@ static void gw_flt_resp_set_output(json_t *output, const char *text)
         gw_flt_resp_set_parts(json_object_get(item, "content"), text);
 }
 
+/* ---- the delta events without a jansson tree --------------------------------
+ *
+ * Nearly every event of a Responses stream is a response.output_text.delta.
+ * yajl's event parser finds its top-level `type` and the byte span of its
+ * `delta` string; the text goes to the filter as is (flt_stream_text) and,
+ * when it comes back unchanged, the event is passed without being parsed
+ * into a tree or written again. Anything else (another type, a duplicate
+ * key, an escaped type, JSON yajl refuses) takes the general path below. */
+
+typedef struct gw_frp {
+    const char *data;
+    size_t n;
+    yajl_handle h;
+    int depth;
+    int key;        /* 1 type, 2 delta, 0 other: the key whose value comes next */
+    size_t key_end; /* offset just past that key */
+    char type[40];
+    bool has_type, has_delta, odd;
+    size_t ds, de; /* the delta string, quotes included */
+} gw_frp_t;
+
+static int gw_frp_value(gw_frp_t *p, bool is_str, bool container, const unsigned char *s, size_t n)
+{
+    if (p->depth == 1 && p->key == 1) {
+        if (!is_str || n >= sizeof(p->type) || p->has_type) {
+            p->odd = true;
+            return 0;
+        }
+        memcpy(p->type, s, n);
+        p->type[n] = '\0';
+        p->has_type = true;
+    } else if (p->depth == 1 && p->key == 2) {
+        if (!is_str || p->has_delta) {
+            p->odd = true;
+            return 0;
+        }
+        size_t i = p->key_end;
+        while (i < p->n && p->data[i] != '"')
+            i++; /* past the blanks and the colon */
+        p->ds = i;
+        p->de = yajl_get_bytes_consumed(p->h);
+        p->has_delta = true;
+    }
+    p->key = 0;
+    p->depth += container;
+    return 1;
+}
+
+static int gw_frp_null(void *c)
+{
+    return gw_frp_value(c, false, false, NULL, 0);
+}
+static int gw_frp_bool(void *c, int v)
+{
+    (void)v;
+    return gw_frp_value(c, false, false, NULL, 0);
+}
+static int gw_frp_num(void *c, const char *s, size_t n)
+{
+    (void)s, (void)n;
+    return gw_frp_value(c, false, false, NULL, 0);
+}
+static int gw_frp_str(void *c, const unsigned char *s, size_t n)
+{
+    return gw_frp_value(c, true, false, s, n);
+}
+static int gw_frp_open(void *c)
+{
+    return gw_frp_value(c, false, true, NULL, 0);
+}
+static int gw_frp_close(void *c)
+{
+    ((gw_frp_t *)c)->depth--;
+    return 1;
+}
+static int gw_frp_key(void *c, const unsigned char *k, size_t n)
+{
+    gw_frp_t *p = c;
+    p->key = 0;
+    if (p->depth != 1)
+        return 1;
+    p->key_end = yajl_get_bytes_consumed(p->h);
+    if (n == 4 && memcmp(k, "type", 4) == 0)
+        p->key = 1;
+    else if (n == 5 && memcmp(k, "delta", 5) == 0)
+        p->key = 2;
+    return 1;
+}
+
+static const yajl_callbacks gw_frp_cb = {
+    .yajl_null = gw_frp_null,
+    .yajl_boolean = gw_frp_bool,
+    .yajl_number = gw_frp_num,
+    .yajl_string = gw_frp_str,
+    .yajl_start_map = gw_frp_open,
+    .yajl_map_key = gw_frp_key,
+    .yajl_end_map = gw_frp_close,
+    .yajl_start_array = gw_frp_open,
+    .yajl_end_array = gw_frp_close,
+};
+
+/* true: a delta event read (p->ds..de its delta string). */
+static bool gw_frp_scan(gw_frp_t *p, const char *data, size_t len)
+{
+    memset(p, 0, sizeof(*p));
+    p->data = data;
+    p->n = len;
+    p->h = yajl_alloc(&gw_frp_cb, NULL, p);
+    if (!p->h)
+        return false;
+    yajl_status s = yajl_parse(p->h, (const unsigned char *)data, len);
+    if (s == yajl_status_ok)
+        s = yajl_complete_parse(p->h);
+    yajl_free(p->h);
+    return s == yajl_status_ok && !p->odd && p->has_type && p->has_delta &&
+           strcmp(p->type, "response.output_text.delta") == 0;
+}
+
+/* One delta event of ours for text t (the upstream's ids kept). */
+static int gw_flt_resp_delta(gw_flt_resp_t *x, json_t *j, const char *t, size_t tn,
+                             gw_payloads_t *out)
+{
+    json_t *ev = json_pack("{s:s, s:O?, s:O?, s:O?, s:s%, s:[]}", "type",
+                           "response.output_text.delta", "item_id", json_object_get(j, "item_id"),
+                           "output_index", json_object_get(j, "output_index"), "content_index",
+                           json_object_get(j, "content_index"), "delta", t, tn, "logprobs");
+    gw_flt_resp_add(x, t, tn);
+    int rc = gw_flt_resp_push(out, ev);
+    json_decref(ev);
+    return rc;
+}
+
+static void gw_flt_resp_blocked(gw_payloads_t *out)
+{
+    json_t *e = json_pack("{s:s, s:s, s:s, s:n}", "type", "error", "code", "content_filter",
+                          "message", "The answer was stopped by a content filter.", "param");
+    gw_flt_resp_push(out, e);
+    json_decref(e);
+}
+
+/* A delta event found by gw_frp_scan. -1: take the general path (the text
+ * was not fed: a string jansson would not decode). */
+static int gw_flt_resp_fast(gw_flt_resp_t *x, flt_stream_t *st, const gw_frp_t *p, const char *data,
+                            size_t len, gw_payloads_t *out, gw_ev_rc_t *rc)
+{
+    const char *t = data + p->ds + 1;
+    size_t tn = p->de - p->ds - 2;
+    json_t *dec = NULL;
+    if (memchr(t, '\\', tn)) { /* escapes: that one string decoded by jansson */
+        dec = json_loadb(data + p->ds, p->de - p->ds, JSON_DECODE_ANY, NULL);
+        if (!json_is_string(dec)) {
+            json_decref(dec);
+            return -1;
+        }
+        t = json_string_value(dec);
+        tn = json_string_length(dec);
+    }
+    const char *rel;
+    size_t rlen;
+    flt_ev_verdict_t v = flt_stream_text(st, 0, t, tn, &rel, &rlen);
+    if (v == FLT_EV_PASS) {
+        gw_flt_resp_add(x, t, tn);
+        *rc = GW_EV_PASS;
+    } else if (v == FLT_EV_REPLACE) {
+        *rc = GW_EV_REPLACE;
+        json_t *j = rlen ? json_loadb(data, len, 0, NULL) : NULL;
+        if (rlen && (!j || gw_flt_resp_delta(x, j, rel, rlen, out) != 0))
+            *rc = GW_EV_STOP;
+        json_decref(j);
+        if (x->oom) {
+            gw_flt_resp_blocked(out);
+            *rc = GW_EV_STOP;
+        }
+    } else {
+        gw_flt_resp_blocked(out);
+        *rc = GW_EV_STOP;
+    }
+    json_decref(dec);
+    return 0;
+}
+
 gw_ev_rc_t gw_flt_resp_event(gw_flt_resp_t *x, flt_stream_t *st, const char *data, size_t len,
                              gw_payloads_t *out)
 {
+    gw_frp_t fp;
+    gw_ev_rc_t frc;
+    if (gw_frp_scan(&fp, data, len) && gw_flt_resp_fast(x, st, &fp, data, len, out, &frc) == 0)
+        return frc;
     json_t *j = json_loadb(data, len, 0, NULL);
     const char *type = json_string_value(json_object_get(j, "type"));
     if (!type) {

@@ -784,6 +784,39 @@ static void test_sse_random_events(void **state)
     flt_ruleset_unref(rs);
 }
 
+static void test_stream_text_api(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_words("badword\n", "evil\n");
+    flt_stream_t *st = flt_stream_new(rs);
+    const char *rel;
+    size_t rlen;
+    assert_int_equal(flt_stream_text(st, 0, "plain ", 6, &rel, &rlen), FLT_EV_PASS);
+    assert_int_equal(rlen, 6);
+    assert_memory_equal(rel, "plain ", 6);
+    /* held back: REPLACE with nothing */
+    assert_int_equal(flt_stream_text(st, 0, "a bad", 5, &rel, &rlen), FLT_EV_REPLACE);
+    assert_int_equal(rlen, 2);
+    assert_memory_equal(rel, "a ", 2);
+    assert_int_equal(flt_stream_held(st, 0), 3);
+    assert_int_equal(flt_stream_text(st, 0, "word!", 5, &rel, &rlen), FLT_EV_REPLACE);
+    assert_int_equal(rlen, 4);
+    assert_memory_equal(rel, "***!", 4);
+    /* choices are apart; invalid UTF-8 is an error, not text */
+    assert_int_equal(flt_stream_text(st, 1, "ok", 2, &rel, &rlen), FLT_EV_PASS);
+    assert_int_equal(flt_stream_text(st, 1, "\xc0\xaf", 2, &rel, &rlen), FLT_EV_ERROR);
+    /* a block: nothing released, and the stream stays blocked */
+    assert_int_equal(flt_stream_text(st, 0, "so evil", 7, &rel, &rlen), FLT_EV_BLOCK);
+    assert_string_equal(flt_stream_block_rule(st), "blocked");
+    assert_int_equal(flt_stream_text(st, 0, "more", 4, &rel, &rlen), FLT_EV_BLOCK);
+    flt_out_t out = {0};
+    const char *d = "{\"choices\":[]}";
+    assert_int_equal(flt_stream_event(st, d, strlen(d), &out), FLT_EV_BLOCK);
+    flt_out_release(&out);
+    flt_stream_free(st);
+    flt_ruleset_unref(rs);
+}
+
 static void test_response_whole(void **state)
 {
     (void)state;
@@ -835,6 +868,7 @@ int main(void)
         cmocka_unit_test(test_sse_fail_closed),
         cmocka_unit_test(test_sse_completions_shape),
         cmocka_unit_test(test_sse_random_events),
+        cmocka_unit_test(test_stream_text_api),
         cmocka_unit_test(test_response_whole),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
