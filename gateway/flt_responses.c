@@ -103,11 +103,12 @@ typedef struct gw_frp {
     size_t n;
     yajl_handle h;
     int depth;
-    int key;        /* 1 type, 2 delta, 0 other: the key whose value comes next */
+    int key;        /* 1 type, 2 delta, 3 logprobs, 0 other: whose value comes next */
     size_t key_end; /* offset just past that key */
     char type[40];
-    bool has_type, has_delta, odd;
+    bool has_type, has_delta, has_lp, lp_open, odd;
     size_t ds, de; /* the delta string, quotes included */
+    size_t ls, le; /* the logprobs value */
 } gw_frp_t;
 
 static int gw_frp_value(gw_frp_t *p, bool is_str, bool container, const unsigned char *s, size_t n)
@@ -131,6 +132,19 @@ static int gw_frp_value(gw_frp_t *p, bool is_str, bool container, const unsigned
         p->ds = i;
         p->de = yajl_get_bytes_consumed(p->h);
         p->has_delta = true;
+    } else if (p->depth == 1 && p->key == 3) {
+        if (p->has_lp) {
+            p->odd = true;
+            return 0;
+        }
+        size_t i = p->key_end;
+        while (i < p->n && (p->data[i] == ' ' || p->data[i] == '\t' || p->data[i] == '\n' ||
+                            p->data[i] == '\r' || p->data[i] == ':'))
+            i++;
+        p->ls = i;
+        p->le = yajl_get_bytes_consumed(p->h); /* a container's end comes with its close */
+        p->has_lp = true;
+        p->lp_open = container;
     }
     p->key = 0;
     p->depth += container;
@@ -161,7 +175,11 @@ static int gw_frp_open(void *c)
 }
 static int gw_frp_close(void *c)
 {
-    ((gw_frp_t *)c)->depth--;
+    gw_frp_t *p = c;
+    if (--p->depth == 1 && p->lp_open) {
+        p->le = yajl_get_bytes_consumed(p->h);
+        p->lp_open = false;
+    }
     return 1;
 }
 static int gw_frp_key(void *c, const unsigned char *k, size_t n)
@@ -175,6 +193,8 @@ static int gw_frp_key(void *c, const unsigned char *k, size_t n)
         p->key = 1;
     else if (n == 5 && memcmp(k, "delta", 5) == 0)
         p->key = 2;
+    else if (n == 8 && memcmp(k, "logprobs", 8) == 0)
+        p->key = 3;
     return 1;
 }
 
@@ -207,18 +227,49 @@ static bool gw_frp_scan(gw_frp_t *p, const char *data, size_t len)
            strcmp(p->type, "response.output_text.delta") == 0;
 }
 
-/* One delta event of ours for text t (the upstream's ids kept). */
-static int gw_flt_resp_delta(gw_flt_resp_t *x, json_t *j, const char *t, size_t tn,
-                             gw_payloads_t *out)
+/* The event with its delta replaced by t (and logprobs, which would carry
+ * the upstream's tokens, by []): every other byte stays the upstream's. */
+static int gw_flt_resp_splice(gw_flt_resp_t *x, const gw_frp_t *p, const char *data, size_t len,
+                              const char *t, size_t tn, gw_payloads_t *out)
 {
-    json_t *ev = json_pack("{s:s, s:O?, s:O?, s:O?, s:s%, s:[]}", "type",
-                           "response.output_text.delta", "item_id", json_object_get(j, "item_id"),
-                           "output_index", json_object_get(j, "output_index"), "content_index",
-                           json_object_get(j, "content_index"), "delta", t, tn, "logprobs");
+    json_t *js = json_stringn(t, tn);
+    char *enc = js ? json_dumps(js, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+    json_decref(js);
+    if (!enc)
+        return -1;
+    size_t el = strlen(enc);
+    struct gw_frp_edit {
+        size_t s, e;
+        const char *r;
+        size_t rl;
+    } ed[2] = {{p->ds, p->de, enc, el}, {p->ls, p->le, "[]", 2}};
+    size_t ned = p->has_lp ? 2 : 1;
+    if (ned == 2 && ed[1].s < ed[0].s) {
+        struct gw_frp_edit tmp = ed[0];
+        ed[0] = ed[1];
+        ed[1] = tmp;
+    }
+    size_t total = len;
+    for (size_t i = 0; i < ned; i++)
+        total = total - (ed[i].e - ed[i].s) + ed[i].rl;
+    char *o = malloc(total + 1), *w = o;
+    if (!o) {
+        free(enc);
+        return -1;
+    }
+    size_t pos = 0;
+    for (size_t i = 0; i < ned; i++) {
+        memcpy(w, data + pos, ed[i].s - pos);
+        w += ed[i].s - pos;
+        memcpy(w, ed[i].r, ed[i].rl);
+        w += ed[i].rl;
+        pos = ed[i].e;
+    }
+    memcpy(w, data + pos, len - pos);
+    o[total] = '\0';
+    free(enc);
     gw_flt_resp_add(x, t, tn);
-    int rc = gw_flt_resp_push(out, ev);
-    json_decref(ev);
-    return rc;
+    return gw_payloads_push(out, o, total);
 }
 
 static void gw_flt_resp_blocked(gw_payloads_t *out)
@@ -253,12 +304,10 @@ static int gw_flt_resp_fast(gw_flt_resp_t *x, flt_stream_t *st, const gw_frp_t *
         gw_flt_resp_add(x, t, tn);
         *rc = GW_EV_PASS;
     } else if (v == FLT_EV_REPLACE) {
-        *rc = GW_EV_REPLACE;
-        json_t *j = rlen ? json_loadb(data, len, 0, NULL) : NULL;
-        if (rlen && (!j || gw_flt_resp_delta(x, j, rel, rlen, out) != 0))
+        *rc = GW_EV_REPLACE; /* nothing released: the event is dropped */
+        if (rlen && gw_flt_resp_splice(x, p, data, len, rel, rlen, out) != 0)
             *rc = GW_EV_STOP;
-        json_decref(j);
-        if (x->oom) {
+        if (x->oom || *rc == GW_EV_STOP) {
             gw_flt_resp_blocked(out);
             *rc = GW_EV_STOP;
         }

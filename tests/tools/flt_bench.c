@@ -21,6 +21,7 @@
 
 #include "common/sl.h"
 #include "filters/flt_internal.h"
+#include "gateway/gw_flt_resp.h"
 
 /* CPU time of this thread: the machine is shared, wall time would measure
  * the neighbours too. */
@@ -303,6 +304,54 @@ static void bench_events(flt_ruleset_t *rs, const char *label, const char *text,
     free(off);
 }
 
+/* The Responses API's delta events (gateway/flt_responses.c) through the
+ * same rules: {"type":"response.output_text.delta",...,"delta":"..."}. */
+static void bench_responses(flt_ruleset_t *rs, const char *label, const char *text, size_t n,
+                            size_t nev)
+{
+    size_t *off = malloc((nev + 2) * sizeof *off);
+    size_t np = pieces(text, n, off, nev);
+    char **ev = malloc(np * sizeof *ev);
+    size_t *evlen = malloc(np * sizeof *evlen), bytes = 0;
+    for (size_t i = 0; i < np; i++) {
+        json_t *o =
+            json_pack("{s:s, s:s, s:i, s:i, s:s%, s:[]}", "type", "response.output_text.delta",
+                      "item_id", "msg_67ccf18ef5fc8190", "output_index", 0, "content_index", 0,
+                      "delta", text + off[i], off[i + 1] - off[i], "logprobs");
+        ev[i] = json_dumps(o, JSON_COMPACT);
+        evlen[i] = strlen(ev[i]);
+        bytes += evlen[i];
+        json_decref(o);
+    }
+    gw_flt_resp_t *x = gw_flt_resp_new();
+    flt_stream_t *st = flt_stream_new(rs);
+    gw_payloads_t out;
+    memset(&out, 0, sizeof out);
+    size_t passed = 0;
+    int64_t c0 = cpu_ns();
+    for (size_t i = 0; i < np; i++) {
+        gw_ev_rc_t rc = gw_flt_resp_event(x, st, ev[i], evlen[i], &out);
+        passed += rc == GW_EV_PASS;
+        gw_payloads_clear(&out);
+        if (rc == GW_EV_STOP || i % 4096 == 4095) { /* a block, or a new answer */
+            gw_flt_resp_free(x);
+            flt_stream_free(st);
+            x = gw_flt_resp_new();
+            st = flt_stream_new(rs);
+        }
+    }
+    double sum = (double)(cpu_ns() - c0);
+    gw_flt_resp_free(x);
+    flt_stream_free(st);
+    printf("| %-28s | %7.2f |         |         | %5.1f%% | %zu |\n", label, sum / (double)np / 1e3,
+           100.0 * (double)passed / (double)np, bytes / np);
+    for (size_t i = 0; i < np; i++)
+        free(ev[i]);
+    free(ev);
+    free(evlen);
+    free(off);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "events") == 0) {
@@ -322,6 +371,8 @@ int main(int argc, char **argv)
             bench_events(full, "10k words + 20 regexes", text, n, 200000);
             bench_events(words, "10k words only", text, n, 200000);
             bench_events(NULL, "", text, n, 200000);
+            bench_responses(full, "responses: 10k w + 20 re", text, n, 200000);
+            bench_responses(words, "responses: 10k words", text, n, 200000);
         }
         flt_ruleset_unref(full);
         flt_ruleset_unref(words);

@@ -13,6 +13,7 @@
 
 #include "common/metrics.h"
 #include "filters/flt_internal.h"
+#include "gateway/gw_flt_resp.h"
 #include "test_filters_util.h"
 
 static flt_ruleset_t *rs_words(const char *mask_words, const char *block_words)
@@ -817,6 +818,45 @@ static void test_stream_text_api(void **state)
     flt_ruleset_unref(rs);
 }
 
+/* The Responses adapter's delta events (gateway/flt_responses.c): read with
+ * yajl, the delta spliced, logprobs emptied, every other byte kept. */
+static void test_responses_delta_splice(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_words("badword\n", "evil\n");
+    flt_stream_t *st = flt_stream_new(rs);
+    gw_flt_resp_t *x = gw_flt_resp_new();
+    gw_payloads_t out;
+    memset(&out, 0, sizeof out);
+    const char *e1 = "{\"type\":\"response.output_text.delta\",\"sequence_number\":4,"
+                     "\"logprobs\":[{\"token\":\"badword\"}],\"item_id\":\"m1\","
+                     "\"delta\" : \"a \\\"badword\\\" and bad\"}";
+    assert_int_equal(gw_flt_resp_event(x, st, e1, strlen(e1), &out), GW_EV_REPLACE);
+    assert_int_equal(out.n, 1);
+    assert_string_equal(out.data[0],
+                        "{\"type\":\"response.output_text.delta\",\"sequence_number\":4,"
+                        "\"logprobs\":[],\"item_id\":\"m1\",\"delta\" : \"a \\\"***\\\" and \"}");
+    gw_payloads_clear(&out);
+    /* unchanged: passed as is */
+    const char *e2 = "{\"type\":\"response.output_text.delta\",\"delta\":\"ly fine \"}";
+    assert_int_equal(gw_flt_resp_event(x, st, e2, strlen(e2), &out), GW_EV_REPLACE);
+    assert_int_equal(out.n, 1); /* "bad" was held: "badly fine " goes out now */
+    assert_non_null(strstr(out.data[0], "\"delta\":\"badly fine \""));
+    gw_payloads_clear(&out);
+    const char *e3 = "{\"type\":\"response.output_text.delta\",\"delta\":\"ok \"}";
+    assert_int_equal(gw_flt_resp_event(x, st, e3, strlen(e3), &out), GW_EV_PASS);
+    assert_int_equal(out.n, 0);
+    /* a block word, \u-escaped: an error event ends it */
+    const char *e4 = "{\"type\":\"response.output_text.delta\",\"delta\":\"\\u0065vil\"}";
+    assert_int_equal(gw_flt_resp_event(x, st, e4, strlen(e4), &out), GW_EV_STOP);
+    assert_int_equal(out.n, 1);
+    assert_non_null(strstr(out.data[0], "\"code\":\"content_filter\""));
+    gw_payloads_clear(&out);
+    gw_flt_resp_free(x);
+    flt_stream_free(st);
+    flt_ruleset_unref(rs);
+}
+
 static void test_response_whole(void **state)
 {
     (void)state;
@@ -869,6 +909,7 @@ int main(void)
         cmocka_unit_test(test_sse_completions_shape),
         cmocka_unit_test(test_sse_random_events),
         cmocka_unit_test(test_stream_text_api),
+        cmocka_unit_test(test_responses_delta_splice),
         cmocka_unit_test(test_response_whole),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
