@@ -2,11 +2,13 @@
  * flt_responses.c — content filters over the Responses API. filters/ knows
  * chat chunks and chat.completion objects; a Responses stream carries its
  * text in response.output_text.delta events and repeats the whole text in
- * its done events and in response.completed. Each delta is fed to the
- * chat-stream filter as a one-choice chunk, what comes out is written back
- * as delta events (so text is held back and masked exactly as for chat),
- * and the repeated full texts are replaced by the text actually sent, so a
- * masked or blocked word does not come back at the end.
+ * its done events and in response.completed. Each delta's text is fed to
+ * the chat-stream filter's choice 0 (flt_stream_text; the event is read
+ * with yajl, below), what comes out is spliced back into the delta event
+ * (so text is held back and masked exactly as for chat); the text_done
+ * event goes through the chat path as a finish chunk; and the repeated
+ * full texts are replaced by the text actually sent, so a masked or
+ * blocked word does not come back at the end.
  */
 #include <stdlib.h>
 #include <string.h>
