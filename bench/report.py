@@ -71,8 +71,9 @@ def main(path):
         rounds = sorted(r for (wl, r) in tput if wl == w)
         if not rounds:
             continue
+        targets = TARGETS + (["sluice_b"] if all("sluice_b" in tput[(w, r)] for r in rounds) else [])
         per = {
-            t: [figures(tput[(w, r)][t], f"{w} round {r} {t}") for r in rounds] for t in TARGETS
+            t: [figures(tput[(w, r)][t], f"{w} round {r} {t}") for r in rounds] for t in targets
         }
         label = {
             "json": "json (non-streaming chat completion)",
@@ -84,7 +85,7 @@ def main(path):
             "| proxy CPU µs/req | x nginx | proxy core busy |"
         )
         print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-        for t in TARGETS:
+        for t in targets:
             row = [t]
             for k, nd in [("rps", 0), ("p50", 0), ("p99", 0), ("cpu", 1)]:
                 vals = [x[k] for x in per[t]]
@@ -99,7 +100,7 @@ def main(path):
             row.append("—" if None in busy else f"{statistics.median(busy) * 100:.0f}%")
             print("| " + " | ".join(row) + " |")
         print()
-        for t in ["nginx", "sluice"]:
+        for t in [x for x in targets if x != "direct"]:
             cpu = [x["cpu"] for x in per[t]]
             sched = [x["sched"] for x in per[t]]
             print(
@@ -128,7 +129,7 @@ def main(path):
         print("|---|---:|---:|---:|---:|---:|")
         d50, d99 = pct(ttfe["direct"], 50), pct(ttfe["direct"], 99)
         n50 = pct(ttfe["nginx"], 50) - d50
-        for t in TARGETS:
+        for t in TARGETS + (["sluice_b"] if ttfe.get("sluice_b") else []):
             p50, p99 = pct(ttfe[t], 50), pct(ttfe[t], 99)
             add = "—" if t == "direct" else f"{p50 - d50}"
             add99 = "—" if t == "direct" else f"{p99 - d99}"

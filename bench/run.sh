@@ -33,7 +33,9 @@
 # BENCH_PORT_BASE, SLUICE_BIN, BENCH_TOOLS (dir of bench_upstream and
 # bench_ttfe), BENCH_COMMIT (label when $ROOT is no git checkout),
 # BENCH_KEEP=1 keeps the work directory, BENCH_PERF=1 adds a perf profile
-# of sluice on the json workload at the end.
+# of sluice on the json workload at the end, BENCH_PHASES (default
+# "tput ttfe rss": the phases to run, e.g. BENCH_PHASES=ttfe), SLUICE_BIN_B
+# (a second sluice binary, target "sluice_b": before/after in one run).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -54,12 +56,17 @@ ROUNDS=${BENCH_ROUNDS:-3}
 CONNS=${BENCH_CONNS:-32}
 STREAMS=${BENCH_STREAMS:-1000}
 TARGETS="direct nginx sluice"
+PHASES=${BENCH_PHASES:-tput ttfe rss}
+SLUICE_BIN_B=${SLUICE_BIN_B:-}
+[ -n "$SLUICE_BIN_B" ] && TARGETS="$TARGETS sluice_b"
+phase() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
 
 UP_PORT=$((PORT_BASE + 1))     # upstream for the throughput phase
 TTFE_PORT=$((PORT_BASE + 2))   # upstream with 1 ms between events
 HOLD_PORT=$((PORT_BASE + 3))   # upstream that holds streams open
 NGINX_PORT=$((PORT_BASE + 10))
 SLUICE_PORT=$((PORT_BASE + 20))
+SLUICE_B_PORT=$((PORT_BASE + 21))
 
 for f in "$SLUICE_BIN" "$TOOLS/bench_upstream" "$TOOLS/bench_ttfe"; do
     [ -x "$f" ] || { echo "bench: $f missing (run make)" >&2; exit 1; }
@@ -149,12 +156,12 @@ http {
 EOF
 }
 
-write_sluice_conf() { # $1 dir, $2 upstream port
+write_sluice_conf() { # $1 dir, $2 upstream port, $3 listen port
     mkdir -p "$1"
     cat >"$1/sluice.yaml" <<EOF
 # sluice set up like nginx (bench/run.sh); every other key is its default.
 listen:
-  - address: 127.0.0.1:$SLUICE_PORT
+  - address: 127.0.0.1:${3:-$SLUICE_PORT}
 admin:
   address: "off"
 workers: 1
@@ -187,10 +194,18 @@ start_proxies() {
     spawn taskset -c "$PROXY_CPU" "$SLUICE_BIN" -c "$d/sluice/sluice.yaml"
     SLUICE_PID=$LAST
     wait_port "$SLUICE_PORT" "$SLUICE_PID"
+    SLUICE_B_PID=
+    if [ -n "$SLUICE_BIN_B" ]; then
+        write_sluice_conf "$d/sluice_b" "$1" "$SLUICE_B_PORT"
+        spawn taskset -c "$PROXY_CPU" "$SLUICE_BIN_B" -c "$d/sluice_b/sluice.yaml"
+        SLUICE_B_PID=$LAST
+        wait_port "$SLUICE_B_PORT" "$SLUICE_B_PID"
+    fi
 }
 
 stop_proxies() {
     stop "$SLUICE_PID"
+    [ -z "$SLUICE_B_PID" ] || stop "$SLUICE_B_PID"
     stop "$NGINX_MASTER"
 }
 
@@ -199,6 +214,7 @@ target_port() {
     direct) echo "$2" ;;
     nginx) echo "$NGINX_PORT" ;;
     sluice) echo "$SLUICE_PORT" ;;
+    sluice_b) echo "$SLUICE_B_PORT" ;;
     esac
 }
 
@@ -207,6 +223,7 @@ target_pids() {
     direct) echo "" ;;
     nginx) echo "$NGINX_PIDS" ;;
     sluice) echo "$SLUICE_PID" ;;
+    sluice_b) echo "$SLUICE_B_PID" ;;
     esac
 }
 
@@ -239,6 +256,7 @@ check_clock
 echo "meta date=$(date -u +%FT%TZ) tck=$CLK_TCK conns=$CONNS duration=$DURATION rounds=$ROUNDS" >"$RES"
 
 # ---- 1. throughput -------------------------------------------------------
+if phase tput; then
 spawn taskset -c "$LOAD_CPU" "$TOOLS/bench_upstream" -l "127.0.0.1:$UP_PORT" -n 8
 UP_PID=$LAST
 wait_port "$UP_PORT" "$UP_PID"
@@ -264,8 +282,10 @@ if [ "${BENCH_PERF:-0}" = 1 ] && command -v perf >/dev/null; then
 fi
 stop_proxies
 stop "$UP_PID"
+fi
 
 # ---- 2. SSE time to first event ------------------------------------------
+if phase ttfe; then
 spawn taskset -c "$LOAD_CPU" "$TOOLS/bench_upstream" -l "127.0.0.1:$TTFE_PORT" -n 2 -d 1000
 UP_PID=$LAST
 wait_port "$TTFE_PORT" "$UP_PID"
@@ -282,8 +302,10 @@ for r in $(seq "$ROUNDS"); do
 done
 stop_proxies
 stop "$UP_PID"
+fi
 
 # ---- 3. RSS per idle stream ----------------------------------------------
+if phase rss; then
 spawn taskset -c "$LOAD_CPU" "$TOOLS/bench_upstream" -l "127.0.0.1:$HOLD_PORT" -H
 UP_PID=$LAST
 wait_port "$HOLD_PORT" "$UP_PID"
@@ -313,6 +335,7 @@ for t in nginx sluice; do
 done
 stop_proxies
 stop "$UP_PID"
+fi
 
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo

@@ -242,15 +242,29 @@ typedef struct flt_stream flt_stream_t;
 flt_stream_t *flt_stream_new(flt_ruleset_t *rs) SL_WUR;
 void flt_stream_free(flt_stream_t *st);
 
-/* One SSE event's data payload: a chat.completion.chunk JSON or "[DONE]".
- * out must be empty (flt_out_reset) on entry. For "[DONE]" every choice's
- * held-back text is flushed and "[DONE]" is the last payload of a REPLACE.
- * A chunk with a finish_reason flushes that choice first (an extra content
- * chunk before it). `logprobs` are nulled while output filtering is on, as
- * they would leak held-back or masked tokens. A payload that is not JSON
- * fails closed (BLOCK). */
+/* One SSE event's data payload: a chat.completion.chunk JSON (text in
+ * choices[].delta.content), a text_completion chunk (choices[].text) or
+ * "[DONE]". out must be empty (flt_out_reset) on entry. For "[DONE]" every
+ * choice's held-back text is flushed and "[DONE]" is the last payload of a
+ * REPLACE. A chunk with a finish_reason flushes that choice first (an extra
+ * content chunk before it). `logprobs` are nulled while output filtering is
+ * on, as they would leak held-back or masked tokens. A REPLACE payload is
+ * the upstream's bytes with only the text strings and logprobs rewritten
+ * (the event is read with yajl, not re-serialised). A payload that is not
+ * one JSON object, text that is not valid UTF-8 (a lone \u surrogate too),
+ * or a key the filter reads given twice fails closed (BLOCK). */
 flt_ev_verdict_t flt_stream_event(flt_stream_t *st, const char *data, size_t len,
                                   flt_out_t *out) SL_WUR;
+
+/* One piece of choice `index`'s text, for a caller that reads its events
+ * itself (the Responses adapter): s[0..n) is fed to that choice's channel
+ * and *rel, *rlen give the text released now (borrowed from st, valid until
+ * the next call). PASS: exactly the piece (send the event as it came);
+ * REPLACE: other text (possibly none: held back, or masked); BLOCK: a block
+ * rule matched (or a 17th choice), nothing is released and the stream takes
+ * no more; ERROR: out of memory or text that is not valid UTF-8. */
+flt_ev_verdict_t flt_stream_text(flt_stream_t *st, int index, const char *s, size_t n,
+                                 const char **rel, size_t *rlen) SL_WUR;
 
 /* The upstream ended without "[DONE]": flushes held-back text (REPLACE with
  * chunks, no "[DONE]"), or BLOCK. */

@@ -303,7 +303,9 @@ static void chan_trim(flt_chan_t *c)
     }
     if (keep <= c->fstart)
         return;
-    while (keep > c->fstart && (c->fb[keep - c->fstart] & 0xC0) == 0x80)
+    /* back to a character's first byte; the end of the text is one (and
+     * has no byte to look at: fb may be exactly full) */
+    while (keep > c->fstart && keep < chan_fend(c) && (c->fb[keep - c->fstart] & 0xC0) == 0x80)
         keep--;
     size_t d = keep - c->fstart;
     if (!d)

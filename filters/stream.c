@@ -1,12 +1,26 @@
 /*
  * stream.c — the answer side: SSE data payloads of a streamed
- * chat.completion in, payloads to send out. Each choices[].index gets its
- * own text channel (scan.c); this file only takes the JSON apart and puts it
- * back together. An event whose text is released unchanged is passed as the
- * very bytes the upstream sent (no re-serialisation on the common path).
+ * chat.completion (or text_completion) in, payloads to send out. Each
+ * choices[].index gets its own text channel (scan.c); this file finds the
+ * text in the event and puts the filtered text back.
+ *
+ * The event is read with yajl's event parser, not loaded into a tree: only
+ * choices[i].delta.content (chat), choices[i].text (completions),
+ * finish_reason, logprobs, index and a top-level usage matter, and for the
+ * text strings and logprobs the parser's byte offsets give their exact span
+ * in the upstream's bytes. A text without backslashes is fed to the channel
+ * straight from the event; one with escapes is decoded by jansson (that one
+ * string only, so `\u` escapes and lone surrogates are judged exactly as a
+ * full jansson parse would). When the filter changes a text, the new string
+ * is encoded and spliced over the old span (logprobs become `null` the same
+ * way); the rest of the event stays the upstream's own bytes. An event left
+ * unchanged is passed as is (no copy at all). Chunks of our own (flushes,
+ * the final content_filter chunk) are built with jansson; they are rare.
  */
 #include <stdlib.h>
 #include <string.h>
+
+#include <yajl/yajl_parse.h>
 
 #include "filters/flt_internal.h"
 
@@ -14,15 +28,45 @@
 static const char *const flt_tmpl_keys[] = {"id", "object", "created", "model",
                                             "system_fingerprint"};
 
+/* Where a choice's text was found. */
+enum { FLT_TXT_NONE = 0, FLT_TXT_CONTENT, FLT_TXT_TEXT };
+
+/* One element of an event's choices array, as the parser saw it. Spans are
+ * byte offsets into the event, [s, e), quotes included for strings. */
+typedef struct flt_evc {
+    long long index;
+    bool has_index, is_obj, delta_obj, finish, logprobs;
+    unsigned char kind; /* FLT_TXT_* */
+    unsigned delta_keys;
+    unsigned seen; /* keys already met (duplicates fail closed) */
+    size_t ts, te; /* the text string */
+    size_t ls, le; /* the logprobs value */
+} flt_evc_t;
+
+/* One splice of the output: event bytes [s, e) replaced by rep[0..len). */
+typedef struct flt_edit {
+    size_t s, e;
+    size_t off, len; /* in st->ebuf; len 4 with null set: "null" */
+    bool null;
+} flt_edit_t;
+
 struct flt_stream {
     flt_ruleset_t *rs; /* one reference, dropped by _free */
     flt_chan_t *ch[FLT_MAX_CHOICES];
     int idx[FLT_MAX_CHOICES];
     size_t nch;
-    json_t *tmpl; /* the template keys of the first chunk */
+    char *first; /* the first chunk's bytes: the template keys, parsed when needed */
+    size_t first_len;
+    json_t *tmpl; /* the template keys of the first chunk (lazily) */
+    bool tmpl_done;
+    bool completions; /* the upstream sends choices[].text: our chunks do too */
     int block_rule;
     bool blocked;
-    sl_buf_t buf, fbuf; /* scratch, reused per event */
+    sl_buf_t buf, fbuf, dbuf, ebuf; /* scratch, reused per event */
+    flt_evc_t *evc;                 /* the parsed choices, reused per event */
+    size_t nevc, evcap;
+    flt_edit_t *ed;
+    size_t ned, edcap;
 };
 
 void flt_out_reset(flt_out_t *o)
@@ -84,8 +128,13 @@ void flt_stream_free(flt_stream_t *st)
         free(st->ch[i]);
     }
     json_decref(st->tmpl);
+    free(st->first);
+    free(st->evc);
+    free(st->ed);
     sl_buf_free(&st->buf);
     sl_buf_free(&st->fbuf);
+    sl_buf_free(&st->dbuf);
+    sl_buf_free(&st->ebuf);
     flt_ruleset_unref(st->rs);
     free(st);
 }
@@ -130,27 +179,41 @@ const char *flt_stream_block_rule(const flt_stream_t *st)
     return st->block_rule >= 0 ? st->rs->rules[st->block_rule].name : NULL;
 }
 
-static void stream_tmpl(flt_stream_t *st, json_t *root)
+/* The template keys come from the first chunk, kept as bytes and parsed
+ * only when a chunk of our own is made (most streams never need it). */
+static void stream_tmpl(flt_stream_t *st)
 {
-    if (st->tmpl)
+    if (st->tmpl_done)
         return;
+    st->tmpl_done = true;
+    json_t *root = st->first ? json_loadb(st->first, st->first_len, JSON_ALLOW_NUL, NULL) : NULL;
+    free(st->first);
+    st->first = NULL;
+    if (!json_is_object(root)) {
+        json_decref(root);
+        return;
+    }
     st->tmpl = json_object();
-    if (!st->tmpl)
-        return;
-    for (size_t i = 0; i < SL_ARRAY_LEN(flt_tmpl_keys); i++) {
+    for (size_t i = 0; st->tmpl && i < SL_ARRAY_LEN(flt_tmpl_keys); i++) {
         json_t *v = json_object_get(root, flt_tmpl_keys[i]);
         if (v)
             json_object_set(st->tmpl, flt_tmpl_keys[i], v);
     }
+    json_decref(root);
 }
 
-/* A chunk of our own for one choice; takes ownership of delta. */
-static int push_chunk(flt_stream_t *st, flt_out_t *out, int index, json_t *delta,
+/* A chunk of our own for one choice: text (NULL: an empty delta) and an
+ * optional finish_reason, in the shape the upstream uses. */
+static int push_chunk(flt_stream_t *st, flt_out_t *out, int index, const char *text, size_t n,
                       const char *finish)
 {
+    stream_tmpl(st);
     json_t *o = json_object(), *choice = json_object(), *arr = json_array();
-    if (!o || !choice || !arr || !delta) {
-        json_decref(o), json_decref(choice), json_decref(arr), json_decref(delta);
+    json_t *body = st->completions ? json_stringn(text ? text : "", text ? n : 0) : json_object();
+    if (!o || !choice || !arr || !body ||
+        (!st->completions && text &&
+         json_object_set_new(body, "content", json_stringn(text, n)) != 0)) {
+        json_decref(o), json_decref(choice), json_decref(arr), json_decref(body);
         return -1;
     }
     const char *k;
@@ -159,9 +222,11 @@ static int push_chunk(flt_stream_t *st, flt_out_t *out, int index, json_t *delta
         json_object_foreach(st->tmpl, k, v) json_object_set(o, k, v);
     }
     if (!json_object_get(o, "object"))
-        json_object_set_new(o, "object", json_string("chat.completion.chunk"));
+        json_object_set_new(
+            o, "object",
+            json_string(st->completions ? "text_completion" : "chat.completion.chunk"));
     json_object_set_new(choice, "index", json_integer(index));
-    json_object_set_new(choice, "delta", delta);
+    json_object_set_new(choice, st->completions ? "text" : "delta", body);
     json_object_set_new(choice, "logprobs", json_null());
     json_object_set_new(choice, "finish_reason", finish ? json_string(finish) : json_null());
     json_array_append_new(arr, choice);
@@ -169,16 +234,6 @@ static int push_chunk(flt_stream_t *st, flt_out_t *out, int index, json_t *delta
     int rc = out_push_json(out, o);
     json_decref(o);
     return rc;
-}
-
-static json_t *text_delta(const char *s, size_t n)
-{
-    json_t *d = json_object();
-    if (d && json_object_set_new(d, "content", json_stringn(s, n)) != 0) {
-        json_decref(d);
-        return NULL;
-    }
-    return d;
 }
 
 /* Stops the stream: one final chunk per unfinished choice. */
@@ -191,12 +246,11 @@ static flt_ev_verdict_t stream_block(flt_stream_t *st, flt_out_t *out, int rule)
     for (size_t i = 0; i < st->nch; i++) {
         if (st->ch[i]->finished)
             continue;
-        if (push_chunk(st, out, st->idx[i], json_object(), "content_filter") != 0)
+        if (push_chunk(st, out, st->idx[i], NULL, 0, "content_filter") != 0)
             return FLT_EV_ERROR;
         sent++;
     }
-    if (!sent &&
-        push_chunk(st, out, st->nch ? st->idx[0] : 0, json_object(), "content_filter") != 0)
+    if (!sent && push_chunk(st, out, st->nch ? st->idx[0] : 0, NULL, 0, "content_filter") != 0)
         return FLT_EV_ERROR;
     return FLT_EV_BLOCK;
 }
@@ -213,81 +267,465 @@ static flt_ev_verdict_t stream_flush_all(flt_stream_t *st, flt_out_t *out)
             return stream_block(st, out, c->block_rule);
         if (rc != FLT_CHAN_OK)
             return FLT_EV_ERROR;
-        if (st->fbuf.len &&
-            push_chunk(st, out, st->idx[i], text_delta(st->fbuf.p, st->fbuf.len), NULL) != 0)
+        if (st->fbuf.len && push_chunk(st, out, st->idx[i], st->fbuf.p, st->fbuf.len, NULL) != 0)
             return FLT_EV_ERROR;
     }
     return FLT_EV_REPLACE;
 }
 
-static bool json_is_set(const json_t *j)
+/* ---- reading an event with yajl ------------------------------------------ */
+
+/* The containers on the path to the text; anything else is skipped. */
+typedef enum { EVL_ROOT, EVL_CHOICES, EVL_CHOICE, EVL_DELTA } flt_evl_t;
+
+/* The key whose value comes next. */
+typedef enum {
+    EVK_OTHER = 0,
+    EVK_CHOICES,
+    EVK_USAGE,
+    EVK_INDEX,
+    EVK_DELTA,
+    EVK_TEXT,
+    EVK_FINISH,
+    EVK_LOGPROBS,
+    EVK_CONTENT,
+} flt_evk_t;
+
+typedef enum { EVV_NULL, EVV_SCALAR, EVV_INT, EVV_STR, EVV_MAP, EVV_ARR } flt_evv_t;
+
+typedef struct flt_evp {
+    flt_stream_t *st;
+    const char *data;
+    size_t n;
+    yajl_handle h;
+    flt_evl_t lvl[4];
+    int depth;       /* tracked containers open */
+    unsigned skip;   /* nesting inside a skipped container */
+    bool skip_lp;    /* the skipped container is a choice's logprobs */
+    flt_evk_t key;   /* for the next value */
+    size_t key_end;  /* offset just past that key */
+    unsigned seen;   /* root keys met */
+    bool usage, bad; /* bad: fail closed (not an object, a duplicate key we read) */
+    bool oom;
+} flt_evp_t;
+
+static flt_evc_t *evp_choice(flt_evp_t *p)
 {
-    return j && !json_is_null(j);
+    return &p->st->evc[p->st->nevc - 1];
 }
 
-/* A choice that, after filtering, says nothing: its delta is only an empty
- * content, no finish_reason, no logprobs. */
-static bool choice_empty(json_t *choice)
+/* Offset of the value after the current key: past blanks, ':' and blanks. */
+static size_t evp_value_start(const flt_evp_t *p)
 {
-    json_t *delta = json_object_get(choice, "delta");
-    json_t *content = json_object_get(delta, "content");
-    return json_object_size(delta) == 1 && json_is_string(content) &&
-           json_string_length(content) == 0 &&
-           !json_is_set(json_object_get(choice, "finish_reason")) &&
-           !json_is_set(json_object_get(choice, "logprobs"));
+    size_t i = p->key_end;
+    while (i < p->n && (p->data[i] == ' ' || p->data[i] == '\t' || p->data[i] == '\n' ||
+                        p->data[i] == '\r' || p->data[i] == ':'))
+        i++;
+    return i;
 }
 
-/* One choice of a chunk: filters its delta.content in place, flushes on a
- * finish_reason (extra chunks go to `pre`). */
-static flt_ev_verdict_t stream_choice(flt_stream_t *st, json_t *choice, size_t pos, flt_out_t *pre,
-                                      bool *modified)
+static int evp_push(flt_evp_t *p, flt_evl_t l)
 {
-    json_t *ji = json_object_get(choice, "index");
-    int index = json_is_integer(ji) ? (int)json_integer_value(ji) : (int)pos;
+    p->lvl[p->depth++] = l;
+    return 1;
+}
+
+static int evp_value(flt_evp_t *p, flt_evv_t t, long long iv)
+{
+    bool container = t == EVV_MAP || t == EVV_ARR;
+    if (p->skip) {
+        p->skip += container;
+        return 1;
+    }
+    flt_evk_t k = p->key;
+    p->key = EVK_OTHER;
+    size_t end = yajl_get_bytes_consumed(p->h);
+    if (p->depth == 0) {
+        if (t != EVV_MAP) {
+            p->bad = true; /* not a chunk: fail closed */
+            return 0;
+        }
+        return evp_push(p, EVL_ROOT);
+    }
+    switch (p->lvl[p->depth - 1]) {
+    case EVL_ROOT:
+        if (k == EVK_CHOICES && t == EVV_ARR)
+            return evp_push(p, EVL_CHOICES);
+        if (k == EVK_USAGE)
+            p->usage = t != EVV_NULL;
+        break;
+    case EVL_CHOICES: {
+        flt_stream_t *st = p->st;
+        if (st->nevc == st->evcap) {
+            size_t cap = st->evcap ? st->evcap * 2 : 4;
+            flt_evc_t *v = realloc(st->evc, cap * sizeof *v);
+            if (!v) {
+                p->oom = true;
+                return 0;
+            }
+            st->evc = v;
+            st->evcap = cap;
+        }
+        flt_evc_t *c = &st->evc[st->nevc++];
+        memset(c, 0, sizeof *c);
+        c->is_obj = t == EVV_MAP;
+        if (c->is_obj)
+            return evp_push(p, EVL_CHOICE);
+        break;
+    }
+    case EVL_CHOICE: {
+        flt_evc_t *c = evp_choice(p);
+        if (k == EVK_INDEX) {
+            c->has_index = t == EVV_INT;
+            c->index = iv;
+        } else if (k == EVK_DELTA) {
+            c->delta_obj = t == EVV_MAP;
+            if (c->delta_obj)
+                return evp_push(p, EVL_DELTA);
+        } else if (k == EVK_TEXT && t == EVV_STR) {
+            c->kind = FLT_TXT_TEXT;
+            c->ts = evp_value_start(p);
+            c->te = end;
+        } else if (k == EVK_FINISH) {
+            c->finish = t != EVV_NULL;
+        } else if (k == EVK_LOGPROBS && t != EVV_NULL) {
+            c->logprobs = true;
+            c->ls = evp_value_start(p);
+            c->le = end;
+            if (container) {
+                p->skip = 1;
+                p->skip_lp = true;
+                return 1;
+            }
+        }
+        break;
+    }
+    case EVL_DELTA:
+        if (k == EVK_CONTENT && t == EVV_STR) {
+            flt_evc_t *c = evp_choice(p);
+            c->kind = FLT_TXT_CONTENT;
+            c->ts = evp_value_start(p);
+            c->te = end;
+        }
+        break;
+    }
+    if (container) {
+        p->skip = 1;
+        p->skip_lp = false;
+    }
+    return 1;
+}
+
+static int evp_end(void *ctx)
+{
+    flt_evp_t *p = ctx;
+    if (p->skip) {
+        if (--p->skip == 0 && p->skip_lp)
+            evp_choice(p)->le = yajl_get_bytes_consumed(p->h);
+        return 1;
+    }
+    p->depth--;
+    return 1;
+}
+
+#define EVP_IS(k, n, lit) ((n) == sizeof(lit) - 1 && memcmp((k), (lit), (n)) == 0)
+
+/* Marks key bit b as met in *seen; a key we read twice is ambiguous (which
+ * one would the client keep?), so the event fails closed. */
+static int evp_once(flt_evp_t *p, unsigned *seen, unsigned b)
+{
+    if (*seen & b) {
+        p->bad = true;
+        return 0;
+    }
+    *seen |= b;
+    return 1;
+}
+
+static int evp_key(void *ctx, const unsigned char *k, size_t n)
+{
+    flt_evp_t *p = ctx;
+    p->key = EVK_OTHER;
+    if (p->skip)
+        return 1;
+    p->key_end = yajl_get_bytes_consumed(p->h);
+    switch (p->lvl[p->depth - 1]) {
+    case EVL_ROOT:
+        if (EVP_IS(k, n, "choices"))
+            p->key = EVK_CHOICES;
+        else if (EVP_IS(k, n, "usage"))
+            p->key = EVK_USAGE;
+        return p->key == EVK_OTHER || evp_once(p, &p->seen, 1u << p->key);
+    case EVL_CHOICE:
+        if (EVP_IS(k, n, "index"))
+            p->key = EVK_INDEX;
+        else if (EVP_IS(k, n, "delta"))
+            p->key = EVK_DELTA;
+        else if (EVP_IS(k, n, "text"))
+            p->key = EVK_TEXT;
+        else if (EVP_IS(k, n, "finish_reason"))
+            p->key = EVK_FINISH;
+        else if (EVP_IS(k, n, "logprobs"))
+            p->key = EVK_LOGPROBS;
+        return p->key == EVK_OTHER || evp_once(p, &evp_choice(p)->seen, 1u << p->key);
+    case EVL_DELTA:
+        evp_choice(p)->delta_keys++;
+        if (EVP_IS(k, n, "content"))
+            p->key = EVK_CONTENT;
+        return p->key == EVK_OTHER || evp_once(p, &evp_choice(p)->seen, 1u << p->key);
+    default:
+        return 1;
+    }
+}
+
+static int evp_null(void *ctx)
+{
+    return evp_value(ctx, EVV_NULL, 0);
+}
+static int evp_bool(void *ctx, int v)
+{
+    (void)v;
+    return evp_value(ctx, EVV_SCALAR, 0);
+}
+static int evp_int(void *ctx, long long v)
+{
+    return evp_value(ctx, EVV_INT, v);
+}
+static int evp_double(void *ctx, double v)
+{
+    (void)v;
+    return evp_value(ctx, EVV_SCALAR, 0);
+}
+static int evp_string(void *ctx, const unsigned char *s, size_t n)
+{
+    (void)s, (void)n;
+    return evp_value(ctx, EVV_STR, 0);
+}
+static int evp_map(void *ctx)
+{
+    return evp_value(ctx, EVV_MAP, 0);
+}
+static int evp_arr(void *ctx)
+{
+    return evp_value(ctx, EVV_ARR, 0);
+}
+
+/* Integers and doubles get callbacks so that yajl range-checks them (a
+ * number jansson would refuse is refused here too). */
+static const yajl_callbacks flt_evp_cb = {
+    .yajl_null = evp_null,
+    .yajl_boolean = evp_bool,
+    .yajl_integer = evp_int,
+    .yajl_double = evp_double,
+    .yajl_string = evp_string,
+    .yajl_start_map = evp_map,
+    .yajl_map_key = evp_key,
+    .yajl_end_map = evp_end,
+    .yajl_start_array = evp_arr,
+    .yajl_end_array = evp_end,
+};
+
+/* 0 parsed (st->evc filled, *usage set), 1 not a chunk we can read (fail
+ * closed), -1 out of memory. */
+static int stream_parse(flt_stream_t *st, const char *data, size_t n, bool *usage)
+{
+    flt_evp_t p = {.st = st, .data = data, .n = n};
+    st->nevc = 0;
+    p.h = yajl_alloc(&flt_evp_cb, NULL, &p);
+    if (!p.h)
+        return -1;
+    yajl_status s = yajl_parse(p.h, (const unsigned char *)data, n);
+    if (s == yajl_status_ok)
+        s = yajl_complete_parse(p.h);
+    yajl_free(p.h);
+    if (p.oom)
+        return -1;
+    if (s != yajl_status_ok || p.bad)
+        return 1;
+    for (size_t i = 0; i < st->nevc; i++)
+        if (st->evc[i].kind != FLT_TXT_NONE && st->evc[i].seen & (1u << EVK_TEXT) &&
+            st->evc[i].seen & (1u << EVK_CONTENT))
+            return 1; /* both shapes in one choice: which one would the client read? */
+    *usage = p.usage;
+    return 0;
+}
+
+/* The decoded text of span [s, e) (a JSON string, quotes included). Without
+ * a backslash it is the bytes between the quotes; with one, jansson decodes
+ * that string (exactly as a whole-event parse would) into st->dbuf.
+ * 0 ok, 1 not decodable (fail closed), -1 out of memory. */
+static int stream_text(flt_stream_t *st, const char *data, size_t s, size_t e, const char **t,
+                       size_t *tn)
+{
+    *t = data + s + 1;
+    *tn = e - s - 2;
+    if (!memchr(*t, '\\', *tn))
+        return flt_utf8_valid(*t, *tn) ? 0 : 1; /* yajl checks less than jansson did */
+    json_t *j = json_loadb(data + s, e - s, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
+    if (!json_is_string(j)) {
+        json_decref(j);
+        return 1;
+    }
+    st->dbuf.len = 0;
+    int rc = sl_buf_add(&st->dbuf, json_string_value(j), json_string_length(j));
+    json_decref(j);
+    if (rc != 0)
+        return -1;
+    *t = st->dbuf.p ? st->dbuf.p : "";
+    *tn = st->dbuf.len;
+    return 0;
+}
+
+/* Appends text as a JSON string (quotes included) to b. The text is valid
+ * UTF-8 (the channel only releases that), so only the quote, the backslash
+ * and the control characters need escapes; the rest is copied. */
+static int json_encode_str(sl_buf_t *b, const char *s, size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    if (sl_buf_add(b, "\"", 1) != 0)
+        return -1;
+    size_t run = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c != '"' && c != '\\')
+            continue;
+        if (sl_buf_add(b, s + run, i - run) != 0)
+            return -1;
+        char esc[6] = {'\\', 0, 0, 0, 0, 0};
+        size_t elen = 2;
+        switch (c) {
+        case '"':
+        case '\\':
+            esc[1] = (char)c;
+            break;
+        case '\n':
+            esc[1] = 'n';
+            break;
+        case '\r':
+            esc[1] = 'r';
+            break;
+        case '\t':
+            esc[1] = 't';
+            break;
+        case '\b':
+            esc[1] = 'b';
+            break;
+        case '\f':
+            esc[1] = 'f';
+            break;
+        default:
+            memcpy(esc + 1, "u00", 3);
+            esc[4] = hex[c >> 4];
+            esc[5] = hex[c & 15];
+            elen = 6;
+        }
+        if (sl_buf_add(b, esc, elen) != 0)
+            return -1;
+        run = i + 1;
+    }
+    if (sl_buf_add(b, s + run, n - run) != 0 || sl_buf_add(b, "\"", 1) != 0)
+        return -1;
+    return 0;
+}
+
+static int stream_edit(flt_stream_t *st, size_t s, size_t e, size_t off, size_t len, bool null)
+{
+    if (st->ned == st->edcap) {
+        size_t cap = st->edcap ? st->edcap * 2 : 4;
+        flt_edit_t *v = realloc(st->ed, cap * sizeof *v);
+        if (!v)
+            return -1;
+        st->ed = v;
+        st->edcap = cap;
+    }
+    st->ed[st->ned++] = (flt_edit_t){s, e, off, len, null};
+    return 0;
+}
+
+/* The event with every edit spliced in, as a new payload. */
+static int stream_splice(flt_stream_t *st, const char *data, size_t n, flt_out_t *out)
+{
+    /* few edits, nearly in order already: insertion sort by offset */
+    for (size_t i = 1; i < st->ned; i++)
+        for (size_t j = i; j > 0 && st->ed[j].s < st->ed[j - 1].s; j--) {
+            flt_edit_t t = st->ed[j];
+            st->ed[j] = st->ed[j - 1];
+            st->ed[j - 1] = t;
+        }
+    size_t total = n;
+    for (size_t i = 0; i < st->ned; i++)
+        total = total - (st->ed[i].e - st->ed[i].s) + st->ed[i].len;
+    char *o = malloc(total + 1), *w = o;
+    if (!o)
+        return -1;
+    size_t pos = 0;
+    for (size_t i = 0; i < st->ned; i++) {
+        const flt_edit_t *ed = &st->ed[i];
+        memcpy(w, data + pos, ed->s - pos);
+        w += ed->s - pos;
+        memcpy(w, ed->null ? "null" : st->ebuf.p + ed->off, ed->len);
+        w += ed->len;
+        pos = ed->e;
+    }
+    memcpy(w, data + pos, n - pos);
+    w += n - pos;
+    *w = '\0';
+    return out_push(out, o, total);
+}
+
+/* One choice: its text through its channel (the change recorded as an
+ * edit), a finish_reason flushing it (extra chunk to `out`). *empty: the
+ * choice says nothing once filtered (its delta is only an empty content, no
+ * finish_reason), so the event may be dropped. */
+static flt_ev_verdict_t stream_choice(flt_stream_t *st, const char *data, const flt_evc_t *e,
+                                      size_t pos, flt_out_t *out, bool *empty)
+{
+    int index = e->has_index ? (int)e->index : (int)pos;
     bool full = false;
     flt_chan_t *c = stream_chan(st, index, &full);
     if (!c)
-        return full ? stream_block(st, pre, -1) : FLT_EV_ERROR;
-    json_t *delta = json_object_get(choice, "delta");
-    json_t *content = json_is_object(delta) ? json_object_get(delta, "content") : NULL;
+        return full ? stream_block(st, out, -1) : FLT_EV_ERROR;
+    const char *t = NULL;
+    size_t tn = 0;
+    bool has_text = e->kind != FLT_TXT_NONE;
+    if (has_text) {
+        if (e->kind == FLT_TXT_TEXT)
+            st->completions = true;
+        int rc = stream_text(st, data, e->ts, e->te, &t, &tn);
+        if (rc != 0)
+            return rc > 0 ? stream_block(st, out, -1) : FLT_EV_ERROR;
+    }
     sl_buf_t *b = &st->buf;
     b->len = 0;
-    bool has_text = json_is_string(content);
     if (has_text) {
-        const char *s = json_string_value(content);
-        size_t n = json_string_length(content);
         /* text after this choice finished has no place to go: dropped */
-        flt_chan_rc_t rc = c->finished ? FLT_CHAN_OK : flt_chan_feed(c, s, n, b);
+        flt_chan_rc_t rc = c->finished ? FLT_CHAN_OK : flt_chan_feed(c, t, tn, b);
         if (rc == FLT_CHAN_BLOCK)
-            return stream_block(st, pre, c->block_rule);
+            return stream_block(st, out, c->block_rule);
         if (rc != FLT_CHAN_OK)
             return FLT_EV_ERROR;
     }
-    if (json_is_set(json_object_get(choice, "finish_reason")) && !c->finished) {
+    if (e->finish && !c->finished) {
         size_t before = b->len;
         flt_chan_rc_t rc = flt_chan_finish(c, b);
         if (rc == FLT_CHAN_BLOCK)
-            return stream_block(st, pre, c->block_rule);
+            return stream_block(st, out, c->block_rule);
         if (rc != FLT_CHAN_OK)
             return FLT_EV_ERROR;
-        if (!has_text && b->len > before) {
-            /* held text goes out in a chunk of its own before the finish */
-            if (push_chunk(st, pre, index, text_delta(b->p, b->len), NULL) != 0)
-                return FLT_EV_ERROR;
-        }
+        /* held text goes out in a chunk of its own before the finish */
+        if (!has_text && b->len > before && push_chunk(st, out, index, b->p, b->len, NULL) != 0)
+            return FLT_EV_ERROR;
     }
-    if (has_text) {
-        if (b->len != json_string_length(content) ||
-            memcmp(b->p ? b->p : "", json_string_value(content), b->len) != 0) {
-            if (json_object_set_new(delta, "content", json_stringn(b->p ? b->p : "", b->len)) != 0)
-                return FLT_EV_ERROR;
-            *modified = true;
-        }
+    if (has_text && (b->len != tn || memcmp(b->p ? b->p : "", t, tn) != 0)) {
+        size_t off = st->ebuf.len;
+        if (json_encode_str(&st->ebuf, b->p ? b->p : "", b->len) != 0 ||
+            stream_edit(st, e->ts, e->te, off, st->ebuf.len - off, false) != 0)
+            return FLT_EV_ERROR;
     }
-    if (json_is_set(json_object_get(choice, "logprobs"))) {
-        json_object_set_new(choice, "logprobs", json_null());
-        *modified = true;
-    }
+    if (e->logprobs && stream_edit(st, e->ls, e->le, 0, 4, true) != 0)
+        return FLT_EV_ERROR;
+    *empty = !e->finish && has_text && b->len == 0 &&
+             (e->kind == FLT_TXT_TEXT || (e->delta_obj && e->delta_keys == 1));
     return FLT_EV_PASS;
 }
 
@@ -309,44 +747,40 @@ static flt_ev_verdict_t stream_event(flt_stream_t *st, const char *data, size_t 
     }
     if (n == 0)
         return FLT_EV_PASS;
-    /* a model may well emit U+0000; it is text, not a reason to block */
-    json_t *root = json_loadb(data, n, JSON_ALLOW_NUL, NULL);
-    if (!json_is_object(root)) {
-        /* text we cannot read is text we cannot check: fail closed */
-        json_decref(root);
+    bool usage = false;
+    int prc = stream_parse(st, data, n, &usage);
+    if (prc < 0)
+        return FLT_EV_ERROR;
+    if (prc > 0) /* text we cannot read is text we cannot check: fail closed */
         return stream_block(st, out, -1);
-    }
-    stream_tmpl(st, root);
-    json_t *choices = json_object_get(root, "choices");
-    if (!json_is_array(choices) || json_array_size(choices) == 0) {
-        json_decref(root);
-        return FLT_EV_PASS;
-    }
-    bool modified = false;
-    size_t i;
-    json_t *choice;
-    json_array_foreach(choices, i, choice)
-    {
-        if (!json_is_object(choice))
-            continue;
-        flt_ev_verdict_t v = stream_choice(st, choice, i, out, &modified);
-        if (v != FLT_EV_PASS) {
-            json_decref(root);
-            if (v == FLT_EV_ERROR)
-                flt_out_reset(out);
-            return v;
+    if (!st->tmpl_done && !st->first) {
+        st->first = malloc(n);
+        if (st->first) {
+            memcpy(st->first, data, n);
+            st->first_len = n;
         }
     }
-    if (!modified && out->n == 0) {
-        json_decref(root);
+    if (st->nevc == 0)
         return FLT_EV_PASS;
+    st->ned = 0;
+    st->ebuf.len = 0;
+    bool drop = !usage;
+    for (size_t i = 0; i < st->nevc; i++) {
+        const flt_evc_t *e = &st->evc[i];
+        bool empty = false;
+        if (e->is_obj) {
+            flt_ev_verdict_t v = stream_choice(st, data, e, i, out, &empty);
+            if (v != FLT_EV_PASS) {
+                if (v == FLT_EV_ERROR)
+                    flt_out_reset(out);
+                return v;
+            }
+        }
+        drop = drop && empty;
     }
-    bool drop = !json_is_set(json_object_get(root, "usage"));
-    json_array_foreach(choices, i, choice) drop =
-        drop && json_is_object(choice) && choice_empty(choice);
-    int rc = drop ? 0 : out_push_json(out, root);
-    json_decref(root);
-    if (rc != 0) {
+    if (st->ned == 0 && out->n == 0)
+        return FLT_EV_PASS;
+    if (!drop && stream_splice(st, data, n, out) != 0) {
         flt_out_reset(out);
         return FLT_EV_ERROR;
     }
@@ -357,6 +791,49 @@ flt_ev_verdict_t flt_stream_event(flt_stream_t *st, const char *data, size_t len
 {
     int64_t t0 = sl_now_ns();
     flt_ev_verdict_t v = stream_event(st, data, len, out);
+    if (st->rs->event_seconds)
+        sl_histogram_observe(st->rs->event_seconds, (double)(sl_now_ns() - t0) * 1e-9);
+    return v;
+}
+
+static flt_ev_verdict_t stream_feed_text(flt_stream_t *st, int index, const char *s, size_t n,
+                                         const char **rel, size_t *rlen)
+{
+    *rel = s;
+    *rlen = n;
+    if (st->blocked)
+        return FLT_EV_BLOCK;
+    if (!flt_ruleset_filters_output(st->rs))
+        return FLT_EV_PASS;
+    bool full = false;
+    flt_chan_t *c = stream_chan(st, index, &full);
+    if (!c) {
+        if (!full)
+            return FLT_EV_ERROR;
+        st->blocked = true;
+        return FLT_EV_BLOCK;
+    }
+    sl_buf_t *b = &st->buf;
+    b->len = 0;
+    /* text after this choice finished has no place to go: dropped */
+    flt_chan_rc_t rc = c->finished ? FLT_CHAN_OK : flt_chan_feed(c, s, n, b);
+    if (rc == FLT_CHAN_BLOCK) {
+        st->blocked = true;
+        st->block_rule = c->block_rule;
+        return FLT_EV_BLOCK;
+    }
+    if (rc != FLT_CHAN_OK)
+        return FLT_EV_ERROR;
+    *rel = b->p ? b->p : "";
+    *rlen = b->len;
+    return b->len == n && memcmp(*rel, s, n) == 0 ? FLT_EV_PASS : FLT_EV_REPLACE;
+}
+
+flt_ev_verdict_t flt_stream_text(flt_stream_t *st, int index, const char *s, size_t n,
+                                 const char **rel, size_t *rlen)
+{
+    int64_t t0 = sl_now_ns();
+    flt_ev_verdict_t v = stream_feed_text(st, index, s, n, rel, rlen);
     if (st->rs->event_seconds)
         sl_histogram_observe(st->rs->event_seconds, (double)(sl_now_ns() - t0) * 1e-9);
     return v;

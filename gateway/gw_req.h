@@ -54,7 +54,7 @@ struct gw_req {
     char client_id[64];    /* the token's client, "" when unknown */
     char client_ip[48];    /* the client's address (X-Forwarded-For from trusted proxies) */
     bool body_dirty;       /* json was edited: serialise it again before sending */
-    char body_add[48];     /* else: a member to add to the client's bytes ("k":v) */
+    char body_add[96];     /* else: members to add to the client's bytes ("k":v,...) */
     bool body_add_first;   /* ... into an object that had no member */
     bool ev_hooks;         /* SSE events go through the hook chain */
     bool buffer_body;      /* a non-streamed answer is held until whole (proxy.c) */

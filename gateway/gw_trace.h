@@ -25,8 +25,8 @@ bool gw_trace_parse(const char *v, size_t n, char trace_id[33], uint8_t *flags);
  * least GW_TRACEPARENT_LEN + 1 bytes). */
 void gw_trace_format(char *out, size_t cap, const char *trace_id, uint64_t span, uint8_t flags);
 
-/* n random words (OpenSSL's generator; a clock-mixed fallback if it
- * fails, ids need not be secret, only unique). */
+/* n random words (a per-thread splitmix64 seeded from getrandom(); ids
+ * need not be secret, only unique). */
 void gw_trace_random(uint64_t *out, size_t n);
 
 /* A trace id from two random words (never all zero). */

@@ -4,10 +4,10 @@
  * the client's trace id and sluice's own span id, so the model server's
  * spans join the app's trace.
  */
-#include <stdio.h>
+#include <stdint.h>
 #include <string.h>
-
-#include <openssl/rand.h>
+#include <sys/random.h>
+#include <sys/types.h>
 
 #include "common/sl.h"
 
@@ -57,28 +57,64 @@ bool gw_trace_parse(const char *v, size_t n, char trace_id[33], uint8_t *flags)
     return true;
 }
 
+/* v as 2*bytes lowercase hex digits, most significant first. */
+static void gw_trace_put_hex(char *out, uint64_t v, size_t digits)
+{
+    static const char hex[] = "0123456789abcdef";
+    for (size_t i = digits; i-- > 0; v >>= 4)
+        out[i] = hex[v & 15];
+}
+
+/* Written by hand, not with snprintf: this runs for every request before
+ * its upstream request goes out (the first event waits on it). */
 void gw_trace_format(char *out, size_t cap, const char *trace_id, uint64_t span, uint8_t flags)
 {
+    if (cap < GW_TRACEPARENT_LEN + 1) {
+        if (cap)
+            out[0] = '\0';
+        return;
+    }
     if (span == 0)
         span = 1; /* an all-zero parent id is invalid */
-    snprintf(out, cap, "00-%.32s-%016llx-%02x", trace_id, (unsigned long long)span,
-             (unsigned)flags);
+    size_t tl = strnlen(trace_id, 32);
+    char *w = out;
+    memcpy(w, "00-", 3);
+    w += 3;
+    memcpy(w, trace_id, tl);
+    w += tl;
+    *w++ = '-';
+    gw_trace_put_hex(w, span, 16);
+    w += 16;
+    *w++ = '-';
+    gw_trace_put_hex(w, flags, 2);
+    w += 2;
+    *w = '\0';
 }
 
 void gw_trace_new_id(char trace_id[33], uint64_t hi, uint64_t lo)
 {
     if (hi == 0 && lo == 0)
         lo = 1;
-    snprintf(trace_id, 33, "%016llx%016llx", (unsigned long long)hi, (unsigned long long)lo);
+    gw_trace_put_hex(trace_id, hi, 16);
+    gw_trace_put_hex(trace_id + 16, lo, 16);
+    trace_id[32] = '\0';
 }
 
+/* splitmix64 per thread, seeded once from the kernel. OpenSSL's RAND_bytes
+ * cost 2-6 µs a call here (a DRBG round, parameter lookups, a fork check
+ * with getpid) on every request's way to the upstream; trace ids must be
+ * unique, not secret. */
 void gw_trace_random(uint64_t *out, size_t n)
 {
-    if (RAND_bytes((unsigned char *)out, (int)(n * sizeof(*out))) == 1)
-        return;
     static _Thread_local uint64_t x;
-    for (size_t i = 0; i < n; i++) { /* splitmix64 over the clock */
-        x += 0x9e3779b97f4a7c15ull ^ (uint64_t)sl_now_ns();
+    static _Thread_local bool seeded;
+    if (!seeded) {
+        if (getrandom(&x, sizeof(x), 0) != (ssize_t)sizeof(x))
+            x = (uint64_t)sl_now_ns() ^ (uint64_t)(uintptr_t)&x;
+        seeded = true;
+    }
+    for (size_t i = 0; i < n; i++) {
+        x += 0x9e3779b97f4a7c15ull;
         uint64_t z = x;
         z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
         z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;

@@ -107,15 +107,19 @@ static size_t fz_sanitize(const uint8_t *in, size_t n, char *out)
     return o;
 }
 
-static char *fz_chunk(const char *s, size_t n, const char *finish)
+/* style: bit 0 indented, bit 1 \u escapes for non-ASCII, bit 2 logprobs */
+static char *fz_chunk(const char *s, size_t n, const char *finish, unsigned style)
 {
     json_t *delta = json_object();
     if (s)
         json_object_set_new(delta, "content", json_stringn(s, n));
-    json_t *o = json_pack("{s:s, s:s, s:i, s:s, s:[{s:i, s:o, s:n, s:s?}]}", "id", "fz", "object",
+    json_t *lp = style & 4 ? json_pack("{s:[{s:s%}]}", "content", "token", s ? s : "", s ? n : 0)
+                           : json_null();
+    json_t *o = json_pack("{s:s, s:s, s:i, s:s, s:[{s:i, s:o, s:o, s:s?}]}", "id", "fz", "object",
                           "chat.completion.chunk", "created", 1, "model", "m", "choices", "index",
-                          0, "delta", delta, "logprobs", "finish_reason", finish);
-    char *d = json_dumps(o, JSON_COMPACT);
+                          0, "delta", delta, "logprobs", lp, "finish_reason", finish);
+    char *d = json_dumps(o, (style & 1 ? JSON_INDENT(2) : JSON_COMPACT) |
+                                (style & 2 ? JSON_ENSURE_ASCII : 0));
     json_decref(o);
     if (!d)
         abort();
@@ -139,6 +143,7 @@ static void fz_collect(fz_run_t *r, const char *data)
         abort();
     json_t *ch = json_array_get(json_object_get(o, "choices"), 0);
     json_t *c = json_object_get(json_object_get(ch, "delta"), "content");
+    FZ_ASSERT(!json_is_object(json_object_get(ch, "logprobs"))); /* would leak held text */
     if (json_is_string(c) && sl_buf_add(&r->text, json_string_value(c), json_string_length(c)))
         abort();
     const char *f = json_string_value(json_object_get(ch, "finish_reason"));
@@ -175,19 +180,20 @@ static void fz_stream(flt_ruleset_t *rs, const char *text, size_t n, uint64_t se
         abort();
     uint64_t s = seed | 1;
     size_t pos = 0, maxpiece = 1 + fz_rand(&s) % 24;
+    unsigned style = (unsigned)(seed >> 40) & 7;
     while (pos < n && !r->blocked) {
         size_t end = pos + fz_rand(&s) % (maxpiece + 1); /* empty pieces too */
         if (end > n)
             end = n;
         while (end < n && ((unsigned char)text[end] & 0xC0) == 0x80)
             end++; /* JSON strings hold whole characters */
-        char *d = fz_chunk(text + pos, end - pos, NULL);
+        char *d = fz_chunk(text + pos, end - pos, NULL, style);
         fz_event(st, d, r);
         free(d);
         pos = end;
     }
     if (!r->blocked) {
-        char *d = fz_chunk(NULL, 0, "stop");
+        char *d = fz_chunk(NULL, 0, "stop", style);
         fz_event(st, d, r);
         free(d);
     }

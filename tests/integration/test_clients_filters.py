@@ -68,3 +68,17 @@ def test_whole_response_and_string_input(sluice_factory, mock, tmp_path):
     s2 = start(sluice_factory, mock, tmp_path, action="block")
     r = s2.request("POST", "/v1/responses", {"model": "chat-model", "input": "say badword"})
     helpers.assert_error(r, 400, "content_filter")
+
+
+@pytest.mark.parametrize("events", [1, 5, 16])
+def test_mask_in_escaped_deltas(sluice_factory, mock, tmp_path, events):
+    # quotes, newlines and \u escapes in the deltas: the filter reads each
+    # delta string from the event's bytes and decodes only escaped ones
+    s = start(sluice_factory, mock, tmp_path)
+    text = 'say "badword"\nthen\t敏感词 \\ and bad\u00e9word end'
+    mock.script({"text": text, "events": events})
+    evs = stream(s)
+    deltas = "".join(e["delta"] for e in evs if e["type"] == "response.output_text.delta")
+    assert deltas == 'say "***"\nthen\t*** \\ and bad\u00e9word end', deltas
+    done = [e for e in evs if e["type"] == "response.output_text.done"]
+    assert done and done[0]["text"] == deltas

@@ -4,9 +4,12 @@
  * Prints: the load time of 10,000 and 100,000 words; MB/s filtering a text
  * whole and streamed in delta-sized pieces; and the time flt_stream_event()
  * adds per typical delta event (a real chat.completion.chunk JSON of one or
- * two tokens), mean and p50/p99. Results go to bench/RESULTS.md.
+ * two tokens), mean and p50/p99, beside the cost of parsing the same chunk
+ * with jansson (the old way) and with yajl alone (the floor of the new way).
+ * Results go to bench/RESULTS.md.
  *
  *   build/tools/flt_bench [MB of text, default 8]
+ *   build/tools/flt_bench events [rounds]   per-event figures only, repeated
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,8 +17,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <yajl/yajl_parse.h>
+
 #include "common/sl.h"
 #include "filters/flt_internal.h"
+#include "gateway/gw_flt_resp.h"
 
 /* CPU time of this thread: the machine is shared, wall time would measure
  * the neighbours too. */
@@ -246,6 +252,18 @@ static void bench_events(flt_ruleset_t *rs, const char *label, const char *text,
                parse / 1e3, bytes / np);
         printf("| %-28s | %7.2f |         |         |        | %zu |\n", "jansson parse + dump",
                both / 1e3, bytes / np);
+        static const yajl_callbacks none = {0};
+        c0 = cpu_ns();
+        for (size_t i = 0; i < np; i++) {
+            yajl_handle h = yajl_alloc(&none, NULL, NULL);
+            if (yajl_parse(h, (const unsigned char *)ev[i], evlen[i]) != yajl_status_ok ||
+                yajl_complete_parse(h) != yajl_status_ok)
+                exit(1);
+            yajl_free(h);
+        }
+        double yajl = (double)(cpu_ns() - c0) / (double)np;
+        printf("| %-28s | %7.2f |         |         |        | %zu |\n", "yajl parse only",
+               yajl / 1e3, bytes / np);
         for (size_t i = 0; i < np; i++)
             free(ev[i]);
         free(ev);
@@ -286,8 +304,81 @@ static void bench_events(flt_ruleset_t *rs, const char *label, const char *text,
     free(off);
 }
 
+/* The Responses API's delta events (gateway/flt_responses.c) through the
+ * same rules: {"type":"response.output_text.delta",...,"delta":"..."}. */
+static void bench_responses(flt_ruleset_t *rs, const char *label, const char *text, size_t n,
+                            size_t nev)
+{
+    size_t *off = malloc((nev + 2) * sizeof *off);
+    size_t np = pieces(text, n, off, nev);
+    char **ev = malloc(np * sizeof *ev);
+    size_t *evlen = malloc(np * sizeof *evlen), bytes = 0;
+    for (size_t i = 0; i < np; i++) {
+        json_t *o =
+            json_pack("{s:s, s:s, s:i, s:i, s:s%, s:[]}", "type", "response.output_text.delta",
+                      "item_id", "msg_67ccf18ef5fc8190", "output_index", 0, "content_index", 0,
+                      "delta", text + off[i], off[i + 1] - off[i], "logprobs");
+        ev[i] = json_dumps(o, JSON_COMPACT);
+        evlen[i] = strlen(ev[i]);
+        bytes += evlen[i];
+        json_decref(o);
+    }
+    gw_flt_resp_t *x = gw_flt_resp_new();
+    flt_stream_t *st = flt_stream_new(rs);
+    gw_payloads_t out;
+    memset(&out, 0, sizeof out);
+    size_t passed = 0;
+    int64_t c0 = cpu_ns();
+    for (size_t i = 0; i < np; i++) {
+        gw_ev_rc_t rc = gw_flt_resp_event(x, st, ev[i], evlen[i], &out);
+        passed += rc == GW_EV_PASS;
+        gw_payloads_clear(&out);
+        if (rc == GW_EV_STOP || i % 4096 == 4095) { /* a block, or a new answer */
+            gw_flt_resp_free(x);
+            flt_stream_free(st);
+            x = gw_flt_resp_new();
+            st = flt_stream_new(rs);
+        }
+    }
+    double sum = (double)(cpu_ns() - c0);
+    gw_flt_resp_free(x);
+    flt_stream_free(st);
+    printf("| %-28s | %7.2f |         |         | %5.1f%% | %zu |\n", label, sum / (double)np / 1e3,
+           100.0 * (double)passed / (double)np, bytes / np);
+    for (size_t i = 0; i < np; i++)
+        free(ev[i]);
+    free(ev);
+    free(evlen);
+    free(off);
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 1 && strcmp(argv[1], "events") == 0) {
+        /* per-event figures only, a few rounds (to interleave with another build) */
+        int rounds = argc > 2 ? atoi(argv[2]) : 3;
+        flt_ruleset_t *full = build(10000, 20, NULL);
+        flt_ruleset_t *words = build(10000, 0, NULL);
+        size_t n = 2u << 20;
+        char *text = make_text(n);
+        n = strlen(text);
+        printf(
+            "| rules                        | mean us | p50 us  | p99 us  | passed | event bytes "
+            "|\n");
+        printf("|------------------------------|--------:|--------:|--------:|-------:|------------"
+               ":|\n");
+        for (int r = 0; r < rounds; r++) {
+            bench_events(full, "10k words + 20 regexes", text, n, 200000);
+            bench_events(words, "10k words only", text, n, 200000);
+            bench_events(NULL, "", text, n, 200000);
+            bench_responses(full, "responses: 10k w + 20 re", text, n, 200000);
+            bench_responses(words, "responses: 10k words", text, n, 200000);
+        }
+        flt_ruleset_unref(full);
+        flt_ruleset_unref(words);
+        free(text);
+        return 0;
+    }
     size_t mb = argc > 1 ? (size_t)atoi(argv[1]) : 8;
     if (mb < 1)
         mb = 1;

@@ -13,6 +13,7 @@
 
 #include "common/metrics.h"
 #include "filters/flt_internal.h"
+#include "gateway/gw_flt_resp.h"
 #include "test_filters_util.h"
 
 static flt_ruleset_t *rs_words(const char *mask_words, const char *block_words)
@@ -555,6 +556,307 @@ static void test_sse_block_metrics(void **state)
     flt_ruleset_unref(rs);
 }
 
+/* ---- the event read with yajl, text spliced back into the upstream's bytes */
+
+/* One event through a fresh stream; returns the verdict, *res the single
+ * payload (malloc'd) when REPLACE gave exactly one, else NULL. */
+static flt_ev_verdict_t one_event(flt_stream_t *st, const char *ev, char **res)
+{
+    flt_out_t out = {0};
+    flt_ev_verdict_t v = flt_stream_event(st, ev, strlen(ev), &out);
+    *res = NULL;
+    if (v == FLT_EV_REPLACE && out.n == 1) {
+        assert_int_equal(strlen(out.v[0].data), out.v[0].len);
+        *res = strdup(out.v[0].data);
+    }
+    flt_out_release(&out);
+    return v;
+}
+
+static void test_sse_splice_exact(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_words("badword\n", "evil\n");
+    flt_stream_t *st = flt_stream_new(rs);
+    char *res;
+    /* odd spacing, key order, "content" keys elsewhere, escapes: only the
+     * delta's content string and logprobs change, every other byte stays */
+    const char *ev = " { \"id\" : \"x\\u0041\", \"choices\" : [ { \"logprobs\" : {\"content\":"
+                     "[{\"token\":\"badword\"}]} , \"delta\" : { \"tool_calls\":[{\"content\":"
+                     "\"badword\"}], \"content\" : \"a \\\"b\\u0061dword\\\"\\n\\u00e9\\/\" ,"
+                     " \"role\":\"assistant\"}, \"index\" : 0 } ] , \"usage\":null,"
+                     " \"x\":{\"content\":\"badword\"} }";
+    const char *want = " { \"id\" : \"x\\u0041\", \"choices\" : [ { \"logprobs\" : null , "
+                       "\"delta\" : { \"tool_calls\":[{\"content\":\"badword\"}], \"content\" : "
+                       "\"a \\\"***\\\"\\né/\" , \"role\":\"assistant\"}, \"index\" : 0 } ] , "
+                       "\"usage\":null, \"x\":{\"content\":\"badword\"} }";
+    assert_int_equal(one_event(st, ev, &res), FLT_EV_REPLACE);
+    assert_non_null(res);
+    assert_string_equal(res, want);
+    json_t *o = json_loads(res, 0, NULL);
+    assert_non_null(o); /* valid JSON */
+    json_decref(o);
+    free(res);
+
+    /* control characters and quotes in the new text are encoded exactly */
+    const char *ev2 = "{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"\\u0001\\t\\\\ "
+                      "badword\\r\\b\\f\"}}]}";
+    assert_int_equal(one_event(st, ev2, &res), FLT_EV_REPLACE);
+    assert_string_equal(res, "{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"\\u0001\\t\\\\ "
+                             "***\\r\\b\\f\"}}]}");
+    free(res);
+
+    /* unchanged text with escapes: passed as is */
+    const char *ev3 = "{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"\\u00e9\\n\"}}]}";
+    assert_int_equal(one_event(st, ev3, &res), FLT_EV_PASS);
+    flt_stream_free(st);
+
+    /* a \u escape cannot hide a block word */
+    st = flt_stream_new(rs);
+    const char *ev4 = "{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"so \\u0065vil\"}}]}";
+    assert_int_equal(one_event(st, ev4, &res), FLT_EV_BLOCK);
+    flt_stream_free(st);
+    flt_ruleset_unref(rs);
+}
+
+static void test_sse_fail_closed(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_words("badword\n", NULL);
+    static const char *const bad[] = {
+        "[1]",
+        "\"text\"",
+        "42",
+        "{\"choices\":[]} {}",
+        "{\"choices\":[{\"delta\":{\"content\":\"a\",\"content\":\"badword\"}}]}",
+        "{\"choices\":[{\"delta\":{\"content\":\"a\"},\"delta\":{\"content\":\"b\"}}]}",
+        "{\"choices\":[],\"choices\":[{\"delta\":{\"content\":\"badword\"}}]}",
+        "{\"choices\":[{\"text\":\"a\",\"delta\":{\"content\":\"b\"}}]}",
+        "{\"choices\":[{\"delta\":{\"content\":\"lone \\ud800 surrogate\"}}]}",
+        "{\"choices\":[{\"delta\":{\"content\":\"overlong \xc0\xaf\"}}]}",
+        "{\"choices\":[{\"delta\":{\"content\":\"raw\nnewline\"}}]}",
+        "{\"created\":123456789012345678901234567890,\"choices\":[]}",
+        "{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"}}],}",
+    };
+    for (size_t i = 0; i < SL_ARRAY_LEN(bad); i++) {
+        flt_stream_t *st = flt_stream_new(rs);
+        flt_out_t out = {0};
+        flt_ev_verdict_t v = flt_stream_event(st, bad[i], strlen(bad[i]), &out);
+        if (v != FLT_EV_BLOCK)
+            fail_msg("event %zu (%s): verdict %d, want BLOCK", i, bad[i], (int)v);
+        assert_int_equal(out.n, 1);
+        assert_non_null(strstr(out.v[0].data, "\"finish_reason\":\"content_filter\""));
+        flt_out_release(&out);
+        flt_stream_free(st);
+    }
+    /* ... and what still passes: a non-object choice, a non-string content,
+     * a delta that is not an object, numbers of every kind, a surrogate pair */
+    static const char *const good[] = {
+        "{\"choices\":[1,null,{\"delta\":{\"content\":null}}]}",
+        "{\"choices\":[{\"delta\":\"badword\",\"index\":1.5}]}",
+        "{\"created\":-1.5e3,\"choices\":[{\"index\":-0,\"delta\":{\"content\":\"\\ud83d\\ude00\"}}"
+        "]}",
+        "{\"choices\":{\"delta\":{\"content\":\"badword\"}}}",
+    };
+    for (size_t i = 0; i < SL_ARRAY_LEN(good); i++) {
+        flt_stream_t *st = flt_stream_new(rs);
+        flt_out_t out = {0};
+        flt_ev_verdict_t v = flt_stream_event(st, good[i], strlen(good[i]), &out);
+        if (v != FLT_EV_PASS)
+            fail_msg("event %zu (%s): verdict %d, want PASS", i, good[i], (int)v);
+        flt_out_release(&out);
+        flt_stream_free(st);
+    }
+    flt_ruleset_unref(rs);
+}
+
+static void test_sse_completions_shape(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_words("badword\n", NULL);
+    flt_stream_t *st = flt_stream_new(rs);
+    char *res;
+    const char *e1 = "{\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"choices\":[{\"text\":"
+                     "\"a badword\",\"index\":0,\"logprobs\":null,\"finish_reason\":null}]}";
+    assert_int_equal(one_event(st, e1, &res), FLT_EV_REPLACE);
+    assert_string_equal(res, "{\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"choices\":[{"
+                             "\"text\":\"a ***\",\"index\":0,\"logprobs\":null,\"finish_reason\""
+                             ":null}]}");
+    free(res);
+    /* all held: dropped */
+    const char *e2 = "{\"id\":\"cmpl-1\",\"choices\":[{\"text\":\"bad\",\"index\":0}]}";
+    flt_out_t out = {0};
+    assert_int_equal(flt_stream_event(st, e2, strlen(e2), &out), FLT_EV_REPLACE);
+    assert_int_equal(out.n, 0);
+    /* the finish flushes the held text in a chunk of the same shape */
+    const char *e3 = "{\"id\":\"cmpl-1\",\"choices\":[{\"index\":0,\"finish_reason\":\"stop\"}]}";
+    assert_int_equal(flt_stream_event(st, e3, strlen(e3), &out), FLT_EV_REPLACE);
+    assert_int_equal(out.n, 2);
+    json_t *o = json_loads(out.v[0].data, 0, NULL);
+    json_t *ch = json_array_get(json_object_get(o, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(ch, "text")), "bad");
+    assert_null(json_object_get(ch, "delta"));
+    assert_string_equal(json_string_value(json_object_get(o, "id")), "cmpl-1");
+    assert_string_equal(json_string_value(json_object_get(o, "object")), "text_completion");
+    json_decref(o);
+    assert_string_equal(out.v[1].data, e3); /* the finish chunk itself, untouched */
+    flt_out_release(&out);
+    flt_stream_free(st);
+    flt_ruleset_unref(rs);
+}
+
+/* Random chat chunks (escapes, odd spacing, extra keys, two choices) through
+ * the stream: every REPLACE payload is valid JSON equal to its input but for
+ * the content strings and logprobs, and the text that comes out per choice
+ * equals the text filtered whole. */
+static void test_sse_random_events(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_words("badword\nxy\n", NULL);
+    static const char *const alpha[] = {"a", "b",  "d",  "o",  "r", "w",  "x",    "y",
+                                        " ", "\"", "\\", "\n", "é", "敏", "\x01", "/"};
+    uint32_t seed = 12345;
+    for (int round = 0; round < 200; round++) {
+        flt_stream_t *st = flt_stream_new(rs);
+        sl_buf_t in[2] = {{0}}, got[2] = {{0}};
+        for (int ev = 0; ev < 12; ev++) {
+            json_t *o = json_pack("{s:s, s:[]}", "id", "r", "choices");
+            json_t *arr = json_object_get(o, "choices");
+            for (int k = 0; k < 2; k++) {
+                char text[64] = "";
+                seed = seed * 1103515245u + 12345u;
+                int len = (int)(seed >> 16) % 6;
+                for (int j = 0; j < len; j++) {
+                    seed = seed * 1103515245u + 12345u;
+                    strcat(text, alpha[(seed >> 16) % SL_ARRAY_LEN(alpha)]);
+                }
+                assert_int_equal(sl_buf_add(&in[k], text, strlen(text)), 0);
+                json_array_append_new(arr, json_pack("{s:i, s:{s:s}, s:n}", "index", k, "delta",
+                                                     "content", text, "logprobs"));
+            }
+            char *d = json_dumps(o, JSON_COMPACT | (ev % 2 ? JSON_INDENT(1) : 0));
+            flt_out_t out = {0};
+            flt_ev_verdict_t v = flt_stream_event(st, d, strlen(d), &out);
+            assert_true(v == FLT_EV_PASS || v == FLT_EV_REPLACE);
+            for (size_t i = 0; i < (v == FLT_EV_PASS ? 1 : out.n); i++) {
+                const char *p = v == FLT_EV_PASS ? d : out.v[i].data;
+                json_t *r = json_loads(p, 0, NULL);
+                assert_non_null(r);
+                json_t *rc = json_object_get(r, "choices");
+                if (json_array_size(rc) != 2)
+                    fail_msg("payload %s from %s", p, d);
+                assert_string_equal(json_string_value(json_object_get(r, "id")), "r");
+                for (int k = 0; k < 2; k++) {
+                    json_t *c =
+                        json_object_get(json_object_get(json_array_get(rc, k), "delta"), "content");
+                    assert_true(json_is_string(c));
+                    assert_int_equal(
+                        sl_buf_add(&got[k], json_string_value(c), json_string_length(c)), 0);
+                }
+                json_decref(r);
+            }
+            flt_out_release(&out);
+            free(d);
+            json_decref(o);
+        }
+        flt_out_t out = {0};
+        assert_int_equal(flt_stream_end(st, &out), FLT_EV_REPLACE);
+        for (size_t i = 0; i < out.n; i++) {
+            json_t *r = json_loads(out.v[i].data, 0, NULL);
+            json_t *c0 = json_array_get(json_object_get(r, "choices"), 0);
+            int k = (int)json_integer_value(json_object_get(c0, "index"));
+            json_t *c = json_object_get(json_object_get(c0, "delta"), "content");
+            assert_int_equal(sl_buf_add(&got[k], json_string_value(c), json_string_length(c)), 0);
+            json_decref(r);
+        }
+        flt_out_release(&out);
+        for (int k = 0; k < 2; k++) {
+            sl_buf_t whole = {0};
+            assert_int_equal(flt_text_filter(rs, in[k].p ? in[k].p : "", in[k].len, &whole),
+                             FLT_CHAN_OK);
+            assert_int_equal(got[k].len, whole.len);
+            assert_memory_equal(got[k].p ? got[k].p : "", whole.p ? whole.p : "", whole.len);
+            sl_buf_free(&whole);
+            sl_buf_free(&in[k]);
+            sl_buf_free(&got[k]);
+        }
+        flt_stream_free(st);
+    }
+    flt_ruleset_unref(rs);
+}
+
+static void test_stream_text_api(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_words("badword\n", "evil\n");
+    flt_stream_t *st = flt_stream_new(rs);
+    const char *rel;
+    size_t rlen;
+    assert_int_equal(flt_stream_text(st, 0, "plain ", 6, &rel, &rlen), FLT_EV_PASS);
+    assert_int_equal(rlen, 6);
+    assert_memory_equal(rel, "plain ", 6);
+    /* held back: REPLACE with nothing */
+    assert_int_equal(flt_stream_text(st, 0, "a bad", 5, &rel, &rlen), FLT_EV_REPLACE);
+    assert_int_equal(rlen, 2);
+    assert_memory_equal(rel, "a ", 2);
+    assert_int_equal(flt_stream_held(st, 0), 3);
+    assert_int_equal(flt_stream_text(st, 0, "word!", 5, &rel, &rlen), FLT_EV_REPLACE);
+    assert_int_equal(rlen, 4);
+    assert_memory_equal(rel, "***!", 4);
+    /* choices are apart; invalid UTF-8 is an error, not text */
+    assert_int_equal(flt_stream_text(st, 1, "ok", 2, &rel, &rlen), FLT_EV_PASS);
+    assert_int_equal(flt_stream_text(st, 1, "\xc0\xaf", 2, &rel, &rlen), FLT_EV_ERROR);
+    /* a block: nothing released, and the stream stays blocked */
+    assert_int_equal(flt_stream_text(st, 0, "so evil", 7, &rel, &rlen), FLT_EV_BLOCK);
+    assert_string_equal(flt_stream_block_rule(st), "blocked");
+    assert_int_equal(flt_stream_text(st, 0, "more", 4, &rel, &rlen), FLT_EV_BLOCK);
+    flt_out_t out = {0};
+    const char *d = "{\"choices\":[]}";
+    assert_int_equal(flt_stream_event(st, d, strlen(d), &out), FLT_EV_BLOCK);
+    flt_out_release(&out);
+    flt_stream_free(st);
+    flt_ruleset_unref(rs);
+}
+
+/* The Responses adapter's delta events (gateway/flt_responses.c): read with
+ * yajl, the delta spliced, logprobs emptied, every other byte kept. */
+static void test_responses_delta_splice(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_words("badword\n", "evil\n");
+    flt_stream_t *st = flt_stream_new(rs);
+    gw_flt_resp_t *x = gw_flt_resp_new();
+    gw_payloads_t out;
+    memset(&out, 0, sizeof out);
+    const char *e1 = "{\"type\":\"response.output_text.delta\",\"sequence_number\":4,"
+                     "\"logprobs\":[{\"token\":\"badword\"}],\"item_id\":\"m1\","
+                     "\"delta\" : \"a \\\"badword\\\" and bad\"}";
+    assert_int_equal(gw_flt_resp_event(x, st, e1, strlen(e1), &out), GW_EV_REPLACE);
+    assert_int_equal(out.n, 1);
+    assert_string_equal(out.data[0],
+                        "{\"type\":\"response.output_text.delta\",\"sequence_number\":4,"
+                        "\"logprobs\":[],\"item_id\":\"m1\",\"delta\" : \"a \\\"***\\\" and \"}");
+    gw_payloads_clear(&out);
+    /* unchanged: passed as is */
+    const char *e2 = "{\"type\":\"response.output_text.delta\",\"delta\":\"ly fine \"}";
+    assert_int_equal(gw_flt_resp_event(x, st, e2, strlen(e2), &out), GW_EV_REPLACE);
+    assert_int_equal(out.n, 1); /* "bad" was held: "badly fine " goes out now */
+    assert_non_null(strstr(out.data[0], "\"delta\":\"badly fine \""));
+    gw_payloads_clear(&out);
+    const char *e3 = "{\"type\":\"response.output_text.delta\",\"delta\":\"ok \"}";
+    assert_int_equal(gw_flt_resp_event(x, st, e3, strlen(e3), &out), GW_EV_PASS);
+    assert_int_equal(out.n, 0);
+    /* a block word, \u-escaped: an error event ends it */
+    const char *e4 = "{\"type\":\"response.output_text.delta\",\"delta\":\"\\u0065vil\"}";
+    assert_int_equal(gw_flt_resp_event(x, st, e4, strlen(e4), &out), GW_EV_STOP);
+    assert_int_equal(out.n, 1);
+    assert_non_null(strstr(out.data[0], "\"code\":\"content_filter\""));
+    gw_payloads_clear(&out);
+    gw_flt_resp_free(x);
+    flt_stream_free(st);
+    flt_ruleset_unref(rs);
+}
+
 static void test_response_whole(void **state)
 {
     (void)state;
@@ -602,6 +904,12 @@ int main(void)
         cmocka_unit_test(test_sse_mask_and_block),
         cmocka_unit_test(test_sse_passthrough_and_edges),
         cmocka_unit_test(test_sse_block_metrics),
+        cmocka_unit_test(test_sse_splice_exact),
+        cmocka_unit_test(test_sse_fail_closed),
+        cmocka_unit_test(test_sse_completions_shape),
+        cmocka_unit_test(test_sse_random_events),
+        cmocka_unit_test(test_stream_text_api),
+        cmocka_unit_test(test_responses_delta_splice),
         cmocka_unit_test(test_response_whole),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

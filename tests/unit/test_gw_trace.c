@@ -6,8 +6,10 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -92,12 +94,54 @@ static void test_format_round_trip(void **state)
     assert_true(a[0] != b[0] || a[1] != b[1]);
 }
 
+static void *random_thread(void *arg)
+{
+    gw_trace_random(arg, 4);
+    return NULL;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The per-thread generator: no repeats in a long run, and each thread seeds
+ * its own (two workers must not hand out the same ids). */
+static void test_random_unique(void **state)
+{
+    (void)state;
+    enum { N = 20000 };
+    uint64_t *v = malloc(N * sizeof(*v));
+    assert_non_null(v);
+    gw_trace_random(v, N);
+    qsort(v, N, sizeof(*v), cmp_u64);
+    for (size_t i = 1; i < N; i++)
+        assert_true(v[i] != v[i - 1]);
+    free(v);
+    uint64_t t1[4], t2[4];
+    pthread_t a, b;
+    assert_int_equal(pthread_create(&a, NULL, random_thread, t1), 0);
+    assert_int_equal(pthread_create(&b, NULL, random_thread, t2), 0);
+    pthread_join(a, NULL);
+    pthread_join(b, NULL);
+    assert_memory_not_equal(t1, t2, sizeof(t1));
+    /* the hand-written format: every flag value, span at its widest */
+    char out[GW_TRACEPARENT_LEN + 1];
+    gw_trace_format(out, sizeof(out), TID, UINT64_MAX, 0xff);
+    assert_string_equal(out, "00-" TID "-ffffffffffffffff-ff");
+    char small[8] = "xxxxxxx";
+    gw_trace_format(small, sizeof(small), TID, 1, 0);
+    assert_string_equal(small, ""); /* too small: empty, never overrun */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_valid),
         cmocka_unit_test(test_invalid),
         cmocka_unit_test(test_format_round_trip),
+        cmocka_unit_test(test_random_unique),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
