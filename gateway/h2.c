@@ -3,25 +3,27 @@
  * control and the protocol checks; this file maps streams to requests.
  *
  * Every stream becomes one request on its own stream connection
- * (gw_conn_t, conn.c) fed through a bufferevent pair: the stream's headers
- * are written to it as an HTTP/1.1 head (never raw bytes: names and values
- * nghttp2 has already validated) and its DATA as the body, so the request
- * meets exactly the limits, deadlines, routes, hooks, proxy, fallback,
- * access log and metrics of an HTTP/1.1 request. The stream connection's
- * answer comes back on the pair, is framed by the HTTP/1.1 response adapter
- * and leaves as HEADERS and one DATA frame per write (so an SSE event is
- * flushed the moment the relay writes it).
+ * (gw_conn_t, conn.c, gw_conn_new_stream) that has no socket: the stream's
+ * decoded header fields are loaded into its request parser
+ * (gw_http_load_*: the same limits and checks as an HTTP/1.1 head, no text
+ * in between) and its DATA into the request body, so the request meets
+ * exactly the limits, deadlines, routes, hooks, proxy, fallback, access log
+ * and metrics of an HTTP/1.1 request. Its answer comes out through the
+ * connection's output interface (gw_out_ops_t), implemented here: the head
+ * becomes HEADERS submitted to nghttp2 at once, the body goes into the
+ * stream's buffer, which nghttp2's data source reads as DATA frames as the
+ * windows allow (one SSE event is flushed in the loop turn it was written).
  *
- * Backpressure: a stream's pending output is capped (GW_H2_STREAM_HWM);
- * above it the pair is not read, the stream connection's output grows and
- * the relay pauses its upstream, exactly as for a slow HTTP/1.1 client. The
- * connection's socket output is capped the same way (GW_H2_OUT_HWM): frames
- * are produced only as the socket drains, and nghttp2 picks which stream's
- * DATA goes next, so the connection window is shared between streams.
+ * Backpressure: the stream's buffer is what the relay sees as the client's
+ * pending output (sse.buffer_bytes pauses the upstream, half of it resumes
+ * it, gw_conn_out_drained). The connection's socket output is capped
+ * (GW_H2_OUT_HWM): frames are produced only as the socket drains, and
+ * nghttp2 picks which stream's DATA goes next, so the connection window is
+ * shared between streams.
  *
  * Nothing here runs the nghttp2 session from inside one of its own
  * callbacks: callbacks only record, and gw_h2_flush() runs once the
- * callback-raising call has returned.
+ * callback-raising call has returned (or from the flush event).
  */
 #include <ctype.h>
 #include <stdio.h>
@@ -44,34 +46,30 @@
 #include "gateway/gw_types.h"
 #include "gateway/http1.h"
 
-/* A stream's answer waiting for its window, at most (then the pair is not
- * read and the relay's own backpressure takes over). */
-#define GW_H2_STREAM_HWM (64 * 1024)
 /* Frames queued on the socket, at most, before nghttp2 is asked for more. */
 #define GW_H2_OUT_HWM (64 * 1024)
 /* Longest :method / :path / :authority kept. */
 #define GW_H2_PSEUDO_MAX 8192
+/* Response header fields of one head, at most (the rest are dropped). */
+#define GW_H2_NV_MAX 128
 
 typedef struct gw_h2_stream {
     gw_h2_t *h;
     int32_t id;
-    gw_conn_t *sc;           /* the stream's request connection; NULL once closed */
-    struct bufferevent *bev; /* our end of the pair (the other is sc's) */
-    struct evbuffer *hdrs;   /* regular header lines, as HTTP/1.1 */
+    gw_conn_t *sc; /* the stream's request connection; NULL once closed */
     char *method, *path, *authority;
-    size_t hdr_bytes; /* decoded header list size, RFC 9113 6.5.2's way */
-    bool too_large;   /* over http2.max_header_list: answered 431 */
-    bool bad;         /* a header we cannot carry: answered 400 */
-    bool has_cl;      /* the client sent content-length */
-    bool chunked;     /* the body goes to sc as chunks */
-    bool started;     /* the head went to sc */
-    bool head_req;    /* HEAD: the answer has no body */
-    gw_http_parser_t *resp;
+    size_t hdr_bytes;     /* decoded header list size, RFC 9113 6.5.2's way */
+    bool too_large;       /* over http2.max_header_list: answered 431 */
+    bool bad;             /* a header we cannot carry: answered 400 */
+    bool head_req;        /* HEAD: the answer has no body */
+    int status;           /* the answer's, from head_begin */
     struct evbuffer *out; /* answer body bytes not yet in DATA frames */
+    size_t watch_low;     /* tell the request when out falls to this (0: off) */
     bool submitted;       /* the response HEADERS are queued */
+    bool no_body;         /* ... with END_STREAM: body bytes are dropped */
     bool resp_done;       /* the answer is complete (END_STREAM when out is empty) */
+    bool aborted;         /* the answer was cut: RST_STREAM, not END_STREAM */
     bool deferred;        /* the data source said DEFERRED: resume on more */
-    bool paused;          /* the pair is not read (out above GW_H2_STREAM_HWM) */
     bool closed;          /* nghttp2 closed it */
     bool cut;             /* reset for the send timeout */
     int64_t progress_ms;  /* out last drained or started filling (send timeout) */
@@ -80,15 +78,18 @@ typedef struct gw_h2_stream {
 
 struct gw_h2 {
     gw_conn_t *c;
-    gw_worker_t *w; /* the connection's (for gw_conn_new_bev) */
+    gw_worker_t *w; /* the connection's (for gw_conn_new_stream) */
     nghttp2_session *sess;
     TAILQ_HEAD(, gw_h2_stream) streams;
     size_t nstreams;
-    struct event *idle_ev; /* no open stream for http2.idle_timeout: GOAWAY */
-    struct event *wd_ev;   /* send timeout per stream, armed while one has output */
-    int in_cb;             /* inside a call that raises nghttp2 callbacks */
-    bool closing;          /* GOAWAY sent or fatal: close once output is out */
-    bool calm_ours;        /* the ENHANCE_YOUR_CALM GOAWAY is ours, counted already */
+    struct event *idle_ev;  /* no open stream for http2.idle_timeout: GOAWAY */
+    struct event *wd_ev;    /* send timeout per stream, armed while one has output */
+    struct event *flush_ev; /* frames out once the current callbacks are done */
+    struct evbuffer *hb;    /* a response head's lines, between head_begin and _end */
+    int in_cb;              /* inside a call that raises nghttp2 callbacks */
+    bool closing;           /* GOAWAY sent or fatal: close once output is out */
+    bool calm_ours;         /* the ENHANCE_YOUR_CALM GOAWAY is ours, counted already */
+    bool drained;           /* a watched stream's output fell to its mark */
     /* rapid reset: a token bucket of client resets (CVE-2023-44487) */
     double reset_tokens;
     int64_t reset_ms;
@@ -96,7 +97,6 @@ struct gw_h2 {
 };
 
 static void gw_h2_flush(gw_h2_t *h);
-static void gw_h2_stream_read(gw_h2_stream_t *s);
 static void gw_h2_watch(gw_h2_t *h);
 
 static void gw_h2_count(const char *event)
@@ -104,78 +104,177 @@ static void gw_h2_count(const char *event)
     sl_counter_add(sl_metric_series1(gw_m.h2_events, event), 1);
 }
 
-/* ---- the answer: pair -> HEADERS + DATA ----------------------------------- */
+/* Frames out soon: at the end of the current nghttp2 call, or from the
+ * flush event once the current callbacks (an upstream read) are done, so
+ * the answers of one loop turn leave in one write. */
+static void gw_h2_kick(gw_h2_t *h)
+{
+    if (!h->in_cb && h->flush_ev && !h->c->closed)
+        event_active(h->flush_ev, EV_TIMEOUT, 0);
+}
+
+/* ---- the answer: the output interface -> HEADERS + DATA ------------------- */
 
 static ssize_t gw_h2_data_read(nghttp2_session *sess, int32_t id, uint8_t *buf, size_t len,
                                uint32_t *flags, nghttp2_data_source *src, void *ud)
 {
     (void)sess;
     (void)id;
-    (void)ud;
+    gw_h2_t *h = ud;
     gw_h2_stream_t *s = src->ptr;
     int n = evbuffer_remove(s->out, buf, len);
     if (n < 0)
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
     if (n > 0)
         s->progress_ms = sl_now_ms();
-    if (evbuffer_get_length(s->out) == 0 && s->resp_done)
+    size_t left = evbuffer_get_length(s->out);
+    if (left == 0 && s->resp_done)
         *flags |= NGHTTP2_DATA_FLAG_EOF;
     else if (n == 0) {
         s->deferred = true;
         return NGHTTP2_ERR_DEFERRED;
     }
-    if (s->paused && evbuffer_get_length(s->out) < GW_H2_STREAM_HWM / 2 && s->bev) {
-        s->paused = false;
-        bufferevent_enable(s->bev, EV_READ);
-    }
+    if (s->watch_low && left <= s->watch_low)
+        h->drained = true; /* told after the session call returns (gw_h2_flush) */
     return n;
 }
 
-/* Submits the answer's head: the HTTP/1.1 head's status and headers, hop
- * by hop ones dropped, names lower-cased as RFC 9113 8.2.1 wants. */
-static int gw_h2_submit_head(gw_h2_stream_t *s, const gw_http_msg_t *m)
+static void gw_h2_resume(gw_h2_stream_t *s)
 {
-    size_t total = 4;
-    for (size_t i = 0; i < m->nheaders; i++)
-        total += m->headers[i].name_len + 1;
-    nghttp2_nv *nv = calloc(m->nheaders + 1, sizeof(*nv));
-    char *names = malloc(total);
-    if (!nv || !names) {
-        free(nv);
-        free(names);
-        return -1;
+    if (s->submitted && s->deferred && !s->closed) {
+        s->deferred = false;
+        nghttp2_session_resume_data(s->h->sess, s->id);
     }
-    char status[8];
-    snprintf(status, sizeof(status), "%03d",
-             m->status >= 100 && m->status < 1000 ? m->status : 502);
-    size_t n = 0, off = 0;
-    nv[n++] = (nghttp2_nv){(uint8_t *)":status", (uint8_t *)status, 7, 3, NGHTTP2_NV_FLAG_NONE};
-    for (size_t i = 0; i < m->nheaders; i++) {
-        const gw_http_header_t *hd = &m->headers[i];
-        if (gw_http_header_is_hop(m, hd->name, hd->name_len))
-            continue;
-        char *lc = names + off;
-        for (size_t k = 0; k < hd->name_len; k++)
-            lc[k] = (char)tolower((unsigned char)hd->name[k]);
-        off += hd->name_len;
-        nv[n++] = (nghttp2_nv){(uint8_t *)lc, (uint8_t *)hd->value, hd->name_len, hd->value_len,
-                               NGHTTP2_NV_FLAG_NONE};
-    }
-    nghttp2_data_provider dp = {.source.ptr = s, .read_callback = gw_h2_data_read};
-    int rv = nghttp2_submit_response(s->h->sess, s->id, nv, n, &dp);
-    free(nv);
-    free(names);
-    if (rv != 0)
-        return -1;
-    s->submitted = true;
-    return 0;
 }
 
-static int gw_h2_resp_body(void *arg, const char *p, size_t n)
+static struct evbuffer *gw_h2_out_head_begin(gw_conn_t *c, gw_req_t *r, int status)
 {
-    gw_h2_stream_t *s = arg;
-    return evbuffer_add(s->out, p, n);
+    (void)r;
+    gw_h2_stream_t *s = c->out_arg;
+    s->status = status >= 100 && status < 1000 ? status : 502;
+    evbuffer_drain(s->h->hb, evbuffer_get_length(s->h->hb));
+    return s->h->hb;
 }
+
+/* RFC 9113 8.2.2: never in an h2 message. */
+static bool gw_h2_conn_specific(const char *n, size_t len)
+{
+    static const char *const names[] = {"connection",        "keep-alive", "proxy-connection",
+                                        "transfer-encoding", "upgrade",    "te",
+                                        "content-length",    NULL};
+    for (const char *const *p = names; *p; p++)
+        if (strlen(*p) == len && memcmp(*p, n, len) == 0)
+            return true;
+    return false;
+}
+
+/* The head's lines ("Name: value\r\n", made by sluice itself, so well
+ * formed) become the HEADERS' fields: names lower-cased as RFC 9113 8.2.1
+ * wants, connection-specific ones dropped, content-length from length. */
+static size_t gw_h2_out_head_end(gw_conn_t *c, gw_req_t *r, struct evbuffer *hb, int64_t length)
+{
+    gw_h2_stream_t *s = c->out_arg;
+    gw_h2_t *h = s->h;
+    if (s->closed || s->submitted)
+        return 0;
+    size_t len = evbuffer_get_length(hb);
+    char *p = len ? (char *)evbuffer_pullup(hb, -1) : NULL, *end = p + len;
+    nghttp2_nv nv[GW_H2_NV_MAX];
+    char status[8], cl[24];
+    (void)r;
+    snprintf(status, sizeof(status), "%03d", s->status);
+    size_t n = 0, bytes = 0;
+    nv[n++] = (nghttp2_nv){(uint8_t *)":status", (uint8_t *)status, 7, 3, NGHTTP2_NV_FLAG_NONE};
+    while (p && p < end && n < GW_H2_NV_MAX - 1) {
+        char *eol = memchr(p, '\n', (size_t)(end - p));
+        char *line_end = eol ? eol : end;
+        char *colon = memchr(p, ':', (size_t)(line_end - p));
+        if (colon && colon > p) {
+            char *v = colon + 1, *ve = line_end;
+            while (v < ve && (*v == ' ' || *v == '\t'))
+                v++;
+            while (ve > v && (ve[-1] == '\r' || ve[-1] == ' ' || ve[-1] == '\t'))
+                ve--;
+            for (char *k = p; k < colon; k++)
+                *k = (char)tolower((unsigned char)*k);
+            size_t nl = (size_t)(colon - p);
+            if (!gw_h2_conn_specific(p, nl)) {
+                nv[n++] = (nghttp2_nv){(uint8_t *)p, (uint8_t *)v, nl, (size_t)(ve - v),
+                                       NGHTTP2_NV_FLAG_NONE};
+                bytes += nl + (size_t)(ve - v) + 4;
+            }
+        }
+        p = line_end + 1;
+    }
+    if (length >= 0) {
+        int k = snprintf(cl, sizeof(cl), "%lld", (long long)length);
+        nv[n++] = (nghttp2_nv){(uint8_t *)"content-length", (uint8_t *)cl, 14, (size_t)k,
+                               NGHTTP2_NV_FLAG_NONE};
+    }
+    s->no_body = length == -2 || s->head_req;
+    nghttp2_data_provider dp = {.source.ptr = s, .read_callback = gw_h2_data_read};
+    int rv = nghttp2_submit_response(h->sess, s->id, nv, n, s->no_body ? NULL : &dp);
+    if (rv != 0) {
+        s->aborted = true;
+        nghttp2_submit_rst_stream(h->sess, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR);
+    } else {
+        s->submitted = true;
+    }
+    s->progress_ms = sl_now_ms();
+    gw_h2_kick(h);
+    return bytes + 13;
+}
+
+static size_t gw_h2_out_data(gw_conn_t *c, gw_req_t *r, const void *p, size_t n)
+{
+    (void)r;
+    gw_h2_stream_t *s = c->out_arg;
+    if (s->closed || s->no_body || s->aborted || n == 0)
+        return 0;
+    if (evbuffer_get_length(s->out) == 0)
+        s->progress_ms = sl_now_ms(); /* the send timeout runs from the first byte waiting */
+    if (evbuffer_add(s->out, p, n) != 0)
+        return 0;
+    gw_h2_resume(s);
+    gw_h2_watch(s->h);
+    gw_h2_kick(s->h);
+    return n;
+}
+
+static size_t gw_h2_out_end(gw_conn_t *c, gw_req_t *r)
+{
+    (void)c;
+    (void)r;
+    return 0; /* END_STREAM goes with the request's end (gw_h2_sc_closed) */
+}
+
+static void gw_h2_out_abort(gw_conn_t *c)
+{
+    gw_h2_stream_t *s = c->out_arg;
+    s->aborted = true;
+}
+
+static size_t gw_h2_out_pending(const gw_conn_t *c)
+{
+    const gw_h2_stream_t *s = c->out_arg;
+    return evbuffer_get_length(s->out);
+}
+
+static void gw_h2_out_watch(gw_conn_t *c, size_t low)
+{
+    gw_h2_stream_t *s = c->out_arg;
+    s->watch_low = low;
+}
+
+static const gw_out_ops_t gw_h2_out = {
+    .head_begin = gw_h2_out_head_begin,
+    .head_end = gw_h2_out_head_end,
+    .data = gw_h2_out_data,
+    .end = gw_h2_out_end,
+    .abort = gw_h2_out_abort,
+    .pending = gw_h2_out_pending,
+    .watch = gw_h2_out_watch,
+};
 
 /* A local answer of this layer (the stream never became a request). */
 static void gw_h2_answer_error(gw_h2_stream_t *s, int status, const char *code, const char *msg)
@@ -201,115 +300,59 @@ static void gw_h2_answer_error(gw_h2_stream_t *s, int status, const char *code, 
         nghttp2_submit_rst_stream(s->h->sess, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR);
 }
 
-static void gw_h2_stream_read(gw_h2_stream_t *s)
-{
-    if (s->closed || !s->bev)
-        return;
-    struct evbuffer *in = bufferevent_get_input(s->bev);
-    if (evbuffer_get_length(s->out) == 0)
-        s->progress_ms = sl_now_ms(); /* the send timeout runs from the first byte waiting */
-    while (!s->resp_done) {
-        gw_http_state_t st = gw_http_feed_evbuffer(s->resp, in, NULL, gw_h2_resp_body, s);
-        if (st == GW_HTTP_HEAD) {
-            if (!s->submitted && gw_h2_submit_head(s, gw_http_msg(s->resp)) < 0) {
-                nghttp2_submit_rst_stream(s->h->sess, NGHTTP2_FLAG_NONE, s->id,
-                                          NGHTTP2_INTERNAL_ERROR);
-                s->resp_done = true;
-            }
-            continue;
-        }
-        if (st == GW_HTTP_DONE) {
-            s->resp_done = true;
-            break;
-        }
-        if (st == GW_HTTP_ERROR) {
-            nghttp2_submit_rst_stream(s->h->sess, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR);
-            s->resp_done = true;
-        }
-        break; /* NEED_MORE */
-    }
-    if (s->resp_done)
-        evbuffer_drain(in, evbuffer_get_length(in));
-    if (!s->paused && evbuffer_get_length(s->out) >= GW_H2_STREAM_HWM) {
-        s->paused = true;
-        bufferevent_disable(s->bev, EV_READ);
-    }
-    if (s->submitted && s->deferred) {
-        s->deferred = false;
-        nghttp2_session_resume_data(s->h->sess, s->id);
-    }
-    if (evbuffer_get_length(s->out) > 0)
-        gw_h2_watch(s->h);
-}
-
-static void gw_h2_pair_readcb(struct bufferevent *bev, void *arg)
-{
-    (void)bev;
-    gw_h2_stream_t *s = arg;
-    gw_h2_stream_read(s);
-    gw_h2_flush(s->h);
-}
-
-static void gw_h2_pair_eventcb(struct bufferevent *bev, short what, void *arg)
-{
-    (void)bev;
-    (void)what;
-    (void)arg; /* the stream connection's end is reported by gw_h2_sc_closed */
-}
-
-/* The stream connection closed (its answer is out, or it failed). */
+/* The stream connection closed: its request is done (answer complete, or
+ * cut), or it failed before answering. */
 static void gw_h2_sc_closed(void *arg)
 {
     gw_h2_stream_t *s = arg;
+    gw_conn_t *sc = s->sc;
     s->sc = NULL;
-    if (s->closed)
+    if (s->closed || s->resp_done)
         return;
-    gw_h2_stream_read(s); /* what it wrote last may not have been read yet */
-    if (!s->resp_done) {
-        s->resp_done = true;
+    s->resp_done = true;
+    bool whole = sc && !sc->req && !s->aborted; /* gw_conn_req_done cleared req */
+    if (!whole) {
         if (s->submitted) /* a truncated answer: the client must not take it as whole */
             nghttp2_submit_rst_stream(s->h->sess, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR);
         else
             gw_h2_answer_error(s, 502, "bad_gateway", "the request ended without an answer");
+    } else if (!s->submitted) {
+        gw_h2_answer_error(s, 502, "bad_gateway", "the request ended without an answer");
     }
-    if (s->submitted && s->deferred) {
-        s->deferred = false;
-        nghttp2_session_resume_data(s->h->sess, s->id);
-    }
-    if (!s->h->in_cb)
-        gw_h2_flush(s->h);
+    gw_h2_resume(s);
+    gw_h2_kick(s->h);
 }
 
-/* ---- the request: HEADERS + DATA -> pair ---------------------------------- */
+/* ---- the request: HEADERS + DATA -> the stream's request ---------------- */
 
 static void gw_h2_stream_free(void *arg)
 {
     gw_h2_stream_t *s = arg;
-    evbuffer_free(s->hdrs);
     evbuffer_free(s->out);
-    gw_http_parser_free(s->resp);
     free(s->method);
     free(s->path);
     free(s->authority);
     free(s);
 }
 
-/* Unlinks s, closes its request connection (cancelling its upstream) and
- * frees it at the next safe point. */
-static void gw_h2_stream_close(gw_h2_stream_t *s)
+/* Closes s's request connection (cancelling its upstream), if any. */
+static void gw_h2_stream_drop_sc(gw_h2_stream_t *s)
 {
-    gw_h2_t *h = s->h;
-    s->closed = true;
     if (s->sc) {
         gw_conn_t *sc = s->sc;
         s->sc = NULL;
         sc->on_close = NULL;
         gw_conn_close(sc);
     }
-    if (s->bev) {
-        bufferevent_free(s->bev);
-        s->bev = NULL;
-    }
+}
+
+/* Unlinks s, closes its request connection and frees it at the next safe
+ * point. */
+static void gw_h2_stream_close(gw_h2_stream_t *s)
+{
+    gw_h2_t *h = s->h;
+    s->closed = true;
+    gw_h2_stream_drop_sc(s);
     TAILQ_REMOVE(&h->streams, s, link);
     h->nstreams--;
     gw_conn_defer_free(h->c, gw_h2_stream_free, s);
@@ -327,17 +370,14 @@ static gw_h2_stream_t *gw_h2_stream_new(gw_h2_t *h, int32_t id)
         return NULL;
     s->h = h;
     s->id = id;
-    s->hdrs = evbuffer_new();
     s->out = evbuffer_new();
-    /* The answer comes from our own stream connection: any body length
-     * (an SSE stream has no end known in advance), a generous head. */
-    static const gw_http_limits_t resp_lim = {
-        .header_bytes = 64 * 1024, .header_lines = 256, .max_body_bytes = 0};
-    s->resp = gw_http_parser_new(GW_HTTP_RESPONSE, &resp_lim);
-    if (!s->hdrs || !s->out || !s->resp) {
+    s->sc = s->out ? gw_conn_new_stream(h->w, &gw_h2_out, s, h->c->peer, h->c->tls) : NULL;
+    if (!s->sc) {
         gw_h2_stream_free(s);
         return NULL;
     }
+    s->sc->on_close = gw_h2_sc_closed;
+    s->sc->on_close_arg = s;
     TAILQ_INSERT_TAIL(&h->streams, s, link);
     h->nstreams++;
     if (h->idle_ev)
@@ -348,58 +388,30 @@ static gw_h2_stream_t *gw_h2_stream_new(gw_h2_t *h, int32_t id)
 /* The header block is complete: the stream becomes a request. */
 static void gw_h2_stream_start(gw_h2_stream_t *s, bool end_stream)
 {
-    gw_h2_t *h = s->h;
-    if (s->too_large) {
-        gw_h2_count("headers_too_large");
-        gw_h2_answer_error(s, 431, "headers_too_large", "request headers too large");
+    if (s->too_large || s->bad || !s->method || !s->path) {
+        gw_h2_stream_drop_sc(s);
+        if (s->too_large) {
+            gw_h2_count("headers_too_large");
+            gw_h2_answer_error(s, 431, "headers_too_large", "request headers too large");
+        } else {
+            gw_h2_answer_error(s, 400, "bad_request", "malformed request: bad h2 headers");
+        }
         return;
     }
-    if (s->bad || !s->method || !s->path) {
-        gw_h2_answer_error(s, 400, "bad_request", "malformed request: bad h2 headers");
+    if (!s->sc)
         return;
-    }
-    if (strcmp(s->method, "CONNECT") == 0) {
-        gw_h2_answer_error(s, 501, "not_implemented", "CONNECT is not supported");
-        return;
-    }
-    struct bufferevent *pair[2];
-    if (bufferevent_pair_new(gw_conn_base(h->c), BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS,
-                             pair) < 0) {
-        nghttp2_submit_rst_stream(h->sess, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR);
-        return;
-    }
-    s->bev = pair[1];
-    s->sc = gw_conn_new_bev(h->w, pair[0], false, h->c->peer); /* takes pair[0] */
-    if (!s->sc) {
-        nghttp2_submit_rst_stream(h->sess, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR);
-        return;
-    }
-    s->sc->tls = h->c->tls;
-    s->sc->h2_stream = true;
-    s->sc->on_close = gw_h2_sc_closed;
-    s->sc->on_close_arg = s;
-    bufferevent_setcb(s->bev, gw_h2_pair_readcb, NULL, gw_h2_pair_eventcb, s);
-    bufferevent_enable(s->bev, EV_READ | EV_WRITE);
     s->head_req = strcmp(s->method, "HEAD") == 0;
-    gw_http_parser_set_head_request(s->resp, s->head_req);
-    s->chunked = !end_stream && !s->has_cl;
-    struct evbuffer *o = bufferevent_get_output(s->bev);
-    /* One request per stream connection: it closes after its answer. */
-    evbuffer_add_printf(o, "%s %s HTTP/1.1\r\nHost: %s\r\n", s->method, s->path,
-                        s->authority ? s->authority : "");
-    evbuffer_add_buffer(o, s->hdrs);
-    evbuffer_add_printf(o, "%sConnection: close\r\n\r\n",
-                        s->chunked ? "Transfer-Encoding: chunked\r\n" : "");
-    s->started = true;
     gw_h2_count("streams");
+    gw_conn_t *sc = s->sc;
+    gw_http_state_t st =
+        gw_http_load_head(sc->parser, s->method, s->path, s->authority, !end_stream);
+    gw_conn_stream_fed(sc, st, 0);
 }
 
 static void gw_h2_stream_body_end(gw_h2_stream_t *s)
 {
-    if (s->started && s->bev && s->chunked) {
-        bufferevent_write(s->bev, GW_LIT("0\r\n\r\n"));
-        s->chunked = false;
-    }
+    if (s->sc)
+        gw_conn_stream_body(s->sc, NULL, 0, true);
 }
 
 static int gw_h2_on_begin_headers(nghttp2_session *sess, const nghttp2_frame *f, void *ud)
@@ -440,7 +452,7 @@ static int gw_h2_on_header(nghttp2_session *sess, const nghttp2_frame *f, const 
     s->hdr_bytes += namelen + valuelen + 32;
     if (s->hdr_bytes > (size_t)h->max_header_list)
         s->too_large = true;
-    if (s->too_large || s->bad)
+    if (s->too_large || s->bad || !s->sc)
         return 0;
     if (name[0] == ':') {
         char **slot = NULL;
@@ -470,12 +482,11 @@ static int gw_h2_on_header(nghttp2_session *sess, const nghttp2_frame *f, const 
     if ((namelen == 2 && memcmp(name, "te", 2) == 0) ||
         (namelen == 6 && memcmp(name, "expect", 6) == 0))
         return 0;
-    if (namelen == 14 && memcmp(name, "content-length", 14) == 0)
-        s->has_cl = true;
-    evbuffer_add(s->hdrs, name, namelen);
-    evbuffer_add(s->hdrs, ": ", 2);
-    evbuffer_add(s->hdrs, value, valuelen);
-    evbuffer_add(s->hdrs, "\r\n", 2);
+    /* Straight into the request's parser: its limits (header_lines,
+     * header_bytes: 431) and checks apply; an error is answered once the
+     * block is complete. */
+    (void)gw_http_load_header(s->sc->parser, (const char *)name, namelen, (const char *)value,
+                              valuelen);
     return 0;
 }
 
@@ -485,17 +496,9 @@ static int gw_h2_on_data(nghttp2_session *sess, uint8_t flags, int32_t id, const
     (void)flags;
     (void)ud;
     gw_h2_stream_t *s = nghttp2_session_get_stream_user_data(sess, id);
-    if (!s || !s->started || !s->sc || !s->bev || len == 0)
+    if (!s || !s->sc || len == 0)
         return 0; /* answered already (431, 413, ...): the rest is dropped */
-    if (s->chunked) {
-        char sz[24];
-        int n = snprintf(sz, sizeof(sz), "%zx\r\n", len);
-        bufferevent_write(s->bev, sz, (size_t)n);
-        bufferevent_write(s->bev, data, len);
-        bufferevent_write(s->bev, "\r\n", 2);
-    } else {
-        bufferevent_write(s->bev, data, len);
-    }
+    gw_conn_stream_body(s->sc, (const char *)data, len, false);
     return 0;
 }
 
@@ -607,6 +610,17 @@ static void gw_h2_flush(gw_h2_t *h)
         sl_counter_add(gw_m.bytes_client_out, (uint64_t)n);
     }
     h->in_cb--;
+    if (h->drained) { /* backpressure off for streams whose output fell to the mark */
+        h->drained = false;
+        gw_h2_stream_t *s, *next;
+        for (s = TAILQ_FIRST(&h->streams); s; s = next) {
+            next = TAILQ_NEXT(s, link);
+            if (s->watch_low && s->sc && evbuffer_get_length(s->out) <= s->watch_low) {
+                s->watch_low = 0;
+                gw_conn_out_drained(s->sc);
+            }
+        }
+    }
     if (!nghttp2_session_want_read(h->sess) && !nghttp2_session_want_write(h->sess))
         h->closing = true;
     if (h->closing) {
@@ -735,6 +749,13 @@ static void gw_h2_idle_cb(evutil_socket_t fd, short what, void *arg)
     gw_h2_flush(h);
 }
 
+static void gw_h2_flush_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    gw_h2_flush(arg);
+}
+
 void gw_h2_free(gw_h2_t *h)
 {
     if (!h)
@@ -742,6 +763,12 @@ void gw_h2_free(gw_h2_t *h)
     gw_h2_stream_t *s;
     while ((s = TAILQ_FIRST(&h->streams)))
         gw_h2_stream_close(s);
+    if (h->flush_ev)
+        event_free(h->flush_ev);
+    h->flush_ev = NULL;
+    if (h->hb)
+        evbuffer_free(h->hb);
+    h->hb = NULL;
     if (h->idle_ev)
         event_free(h->idle_ev);
     h->idle_ev = NULL;
@@ -802,7 +829,9 @@ int gw_h2_start(gw_conn_t *c)
         goto fail;
     h->idle_ev = evtimer_new(gw_conn_base(c), gw_h2_idle_cb, h);
     h->wd_ev = evtimer_new(gw_conn_base(c), gw_h2_wd_cb, h);
-    if (!h->idle_ev || !h->wd_ev)
+    h->flush_ev = event_new(gw_conn_base(c), -1, 0, gw_h2_flush_cb, h);
+    h->hb = evbuffer_new();
+    if (!h->idle_ev || !h->wd_ev || !h->flush_ev || !h->hb)
         goto fail;
     int64_t ms = hc->idle_timeout_ms;
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
@@ -819,6 +848,10 @@ fail:
         event_free(h->idle_ev);
     if (h->wd_ev)
         event_free(h->wd_ev);
+    if (h->flush_ev)
+        event_free(h->flush_ev);
+    if (h->hb)
+        evbuffer_free(h->hb);
     if (h->sess)
         nghttp2_session_del(h->sess);
     free(h);

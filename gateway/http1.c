@@ -1154,6 +1154,155 @@ gw_http_state_t gw_http_feed_eof(gw_http_parser_t *p, gw_http_body_cb body_cb, v
     return GW_HTTP_ERROR;
 }
 
+/* ---- heads decoded by another framing (HTTP/2) ---- */
+
+/* Copies n bytes and a NUL into the arena; false when over header_bytes. */
+static bool load_str(gw_http_parser_t *p, const char *s, size_t n, size_t *off)
+{
+    if (p->head_bytes + n > p->lim.header_bytes || p->arena_len + n + 1 > p->arena_cap) {
+        fail(p, 431, "header_too_large");
+        return false;
+    }
+    *off = p->arena_len;
+    memcpy(p->arena + p->arena_len, s, n);
+    p->arena[p->arena_len + n] = '\0';
+    p->arena_len += n + 1;
+    p->head_bytes += n;
+    return true;
+}
+
+static bool all_in(const char *s, size_t n, int cls)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!IS(s[i], cls))
+            return false;
+    return true;
+}
+
+/* RFC 9113 8.2.2: connection-specific fields are malformed in h2. */
+static const char *const gw_http_conn_specific[] = {
+    "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", NULL,
+};
+
+gw_http_state_t gw_http_load_header(gw_http_parser_t *p, const char *name, size_t name_len,
+                                    const char *value, size_t value_len)
+{
+    if (p->state == GW_HTTP_ERROR)
+        return p->state;
+    p->started = true;
+    if (p->nlines >= p->lim.header_lines) {
+        fail(p, 431, "too_many_headers");
+        return p->state;
+    }
+    if (name_len == 0 || !all_in(name, name_len, C_TCHAR) || !all_in(value, value_len, C_VAL)) {
+        fail(p, 400, "bad_header");
+        return p->state;
+    }
+    for (const char *const *c = gw_http_conn_specific; *c; c++) {
+        if (ieq(name, name_len, *c)) {
+            fail(p, 400, "connection_header");
+            return p->state;
+        }
+    }
+    /* OWS is not part of a value (RFC 9110 5.5), as head_scan() trims it. */
+    while (value_len && (value[0] == ' ' || value[0] == '\t')) {
+        value++;
+        value_len--;
+    }
+    while (value_len && (value[value_len - 1] == ' ' || value[value_len - 1] == '\t'))
+        value_len--;
+    size_t no, vo;
+    p->head_bytes += 4; /* ": " and CRLF, as the same line in HTTP/1.1 */
+    if (!load_str(p, name, name_len, &no) || !load_str(p, value, value_len, &vo))
+        return p->state;
+    gw_http_header_t *h = &p->hdrs[p->nlines++];
+    h->name = p->arena + no;
+    h->name_len = name_len;
+    h->value = p->arena + vo;
+    h->value_len = value_len;
+    return p->state;
+}
+
+gw_http_state_t gw_http_load_head(gw_http_parser_t *p, const char *method, const char *path,
+                                  const char *authority, bool body_follows)
+{
+    if (p->state == GW_HTTP_ERROR)
+        return p->state;
+    p->started = true;
+    size_t ml = strlen(method), pl = strlen(path), al = authority ? strlen(authority) : 0;
+    if (ml + pl + 11 > p->lim.request_line_bytes) { /* "M P HTTP/1.1\r\n" */
+        fail(p, 414, "uri_too_long");
+        return p->state;
+    }
+    if (ml == 0 || !all_in(method, ml, C_TCHAR)) {
+        fail(p, 400, "bad_method");
+        return p->state;
+    }
+    if (strcmp(method, "CONNECT") == 0) {
+        fail(p, 501, "connect");
+        return p->state;
+    }
+    if (pl == 0 || !all_in(path, pl, C_TGT)) {
+        fail(p, 400, "bad_target");
+        return p->state;
+    }
+    /* Host from :authority (RFC 9113 8.3.1), checked like a Host header. */
+    if (gw_http_load_header(p, "host", 4, authority ? authority : "", al) == GW_HTTP_ERROR)
+        return p->state;
+    size_t mo, to;
+    if (!load_str(p, method, ml, &mo) || !load_str(p, path, pl, &to))
+        return p->state;
+    p->method_off = mo;
+    p->target_off = to;
+    p->msg.target_len = pl;
+    p->hp.http_major = 1; /* what head_check() asks of an HTTP/1.1 head */
+    p->hp.http_minor = 1;
+    p->hp.method = HTTP_GET;
+    if (head_check(p) != 0)
+        return p->state;
+    gw_http_msg_t *m = &p->msg;
+    m->http_major = 2;
+    m->http_minor = 0;
+    m->keep_alive = false; /* one request per stream */
+    m->expect_continue = false;
+    if (!body_follows && m->content_length > 0) {
+        fail(p, 400, "body_length");
+        return p->state;
+    }
+    p->phase = PH_BODY;
+    p->complete = !body_follows;
+    return p->state = body_follows ? GW_HTTP_HEAD : GW_HTTP_DONE;
+}
+
+gw_http_state_t gw_http_load_body(gw_http_parser_t *p, const char *data, size_t n, bool end,
+                                  gw_http_body_cb body_cb, void *arg)
+{
+    if (p->state == GW_HTTP_ERROR || p->state == GW_HTTP_DONE || p->phase != PH_BODY)
+        return p->state;
+    int64_t cl = p->msg.content_length;
+    if (p->lim.max_body_bytes && p->body_bytes + n > p->lim.max_body_bytes) {
+        fail(p, 413, "body_too_large");
+        return p->state;
+    }
+    if (cl >= 0 && p->body_bytes + n > (uint64_t)cl) {
+        fail(p, 400, "body_length");
+        return p->state;
+    }
+    p->body_bytes += n;
+    if (n && body_cb && body_cb(arg, data, n) != 0) {
+        fail(p, 500, "body_callback");
+        return p->state;
+    }
+    if (!end)
+        return p->state;
+    if (cl >= 0 && p->body_bytes != (uint64_t)cl) {
+        fail(p, 400, "body_length");
+        return p->state;
+    }
+    p->complete = true;
+    return p->state = GW_HTTP_DONE;
+}
+
 gw_http_state_t gw_http_state(const gw_http_parser_t *p)
 {
     return p->state;
