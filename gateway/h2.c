@@ -52,6 +52,27 @@
 #define GW_H2_PSEUDO_MAX 8192
 /* Response header fields of one head, at most (the rest are dropped). */
 #define GW_H2_NV_MAX 128
+/* The concurrent-stream limit nghttp2 itself is given: one it never
+ * reaches, so that streams over ours are refused here (gw_h2_send_settings
+ * says why). */
+#define GW_H2_NG_STREAMS (1u << 30)
+/* Streams refused in a row (none accepted in between) before the client
+ * counts as flooding: GOAWAY ENHANCE_YOUR_CALM. */
+#define GW_H2_REFUSED_RUN_MAX 200
+/* Frames that cost us work and do nothing for the client, as token
+ * buckets per connection (burst, refill a second): PRIORITY frames
+ * (CVE-2019-9513, the priority tree churned) and DATA frames without a
+ * byte of data nor END_STREAM (CVE-2019-9518, empty frames). nghttp2 has
+ * no limit of its own for either. */
+#define GW_H2_PRIORITY_BURST 200
+#define GW_H2_PRIORITY_RATE  50
+#define GW_H2_EMPTY_BURST    100
+#define GW_H2_EMPTY_RATE     10
+
+typedef struct gw_h2_bucket {
+    double tokens;
+    int64_t ms; /* last refill, 0 = full and never used */
+} gw_h2_bucket_t;
 
 typedef struct gw_h2_stream {
     gw_h2_t *h;
@@ -91,8 +112,9 @@ struct gw_h2 {
     bool calm_ours;         /* the ENHANCE_YOUR_CALM GOAWAY is ours, counted already */
     bool drained;           /* a watched stream's output fell to its mark */
     /* rapid reset: a token bucket of client resets (CVE-2023-44487) */
-    double reset_tokens;
-    int64_t reset_ms;
+    gw_h2_bucket_t resets, priority, empty;
+    unsigned refused_run; /* streams refused since the last one accepted */
+    int64_t max_streams;  /* http2.max_concurrent_streams, counted here */
     int64_t max_header_list;
 };
 
@@ -414,11 +436,26 @@ static void gw_h2_stream_body_end(gw_h2_stream_t *s)
         gw_conn_stream_body(s->sc, NULL, 0, true);
 }
 
+static void gw_h2_calm(gw_h2_t *h, const char *event, const char *why);
+
 static int gw_h2_on_begin_headers(nghttp2_session *sess, const nghttp2_frame *f, void *ud)
 {
     gw_h2_t *h = ud;
     if (f->hd.type != NGHTTP2_HEADERS || f->headers.cat != NGHTTP2_HCAT_REQUEST)
         return 0;
+    /* Over SETTINGS_MAX_CONCURRENT_STREAMS, before or after the client
+     * acknowledged it: REFUSED_STREAM (RFC 9113 5.1.2), which a client may
+     * retry, and its other streams go on. The stream has no user data, so
+     * its headers and DATA are ignored; nghttp2 closes it once the RST is
+     * out. */
+    if ((int64_t)h->nstreams >= h->max_streams) {
+        nghttp2_submit_rst_stream(sess, NGHTTP2_FLAG_NONE, f->hd.stream_id, NGHTTP2_REFUSED_STREAM);
+        gw_h2_count("refused_stream");
+        if (++h->refused_run > GW_H2_REFUSED_RUN_MAX)
+            gw_h2_calm(h, "refused_flood", "opens streams over the limit without pause");
+        return 0;
+    }
+    h->refused_run = 0;
     gw_h2_stream_t *s = gw_h2_stream_new(h, f->hd.stream_id);
     if (!s)
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
@@ -502,24 +539,34 @@ static int gw_h2_on_data(nghttp2_session *sess, uint8_t flags, int32_t id, const
     return 0;
 }
 
-/* Client resets: a token bucket of reset_burst, refilled reset_rate a
- * second; empty = rapid reset (CVE-2023-44487): GOAWAY ENHANCE_YOUR_CALM. */
-static bool gw_h2_reset_allowed(gw_h2_t *h)
+/* Takes a token from b (burst, refilled rate a second); false when empty. */
+static bool gw_h2_bucket_take(gw_h2_bucket_t *b, double burst, double rate)
 {
-    const conf_http2_t *c = &gw_conn_conf(h->c)->http2;
     int64_t now = sl_now_ms();
-    if (h->reset_ms == 0) {
-        h->reset_tokens = (double)c->reset_burst;
-        h->reset_ms = now;
+    if (b->ms == 0) {
+        b->tokens = burst;
+        b->ms = now;
     }
-    h->reset_tokens += (double)(now - h->reset_ms) * (double)c->reset_rate / 1000.0;
-    if (h->reset_tokens > (double)c->reset_burst)
-        h->reset_tokens = (double)c->reset_burst;
-    h->reset_ms = now;
-    if (h->reset_tokens < 1.0)
+    b->tokens += (double)(now - b->ms) * rate / 1000.0;
+    if (b->tokens > burst)
+        b->tokens = burst;
+    b->ms = now;
+    if (b->tokens < 1.0)
         return false;
-    h->reset_tokens -= 1.0;
+    b->tokens -= 1.0;
     return true;
+}
+
+/* A client abusing the protocol: GOAWAY ENHANCE_YOUR_CALM, counted once. */
+static void gw_h2_calm(gw_h2_t *h, const char *event, const char *why)
+{
+    if (h->closing)
+        return;
+    gw_h2_count(event);
+    sl_log_limited(SL_LOG_WARN, "h2_calm", "h2: %s %s: GOAWAY ENHANCE_YOUR_CALM", h->c->peer, why);
+    h->calm_ours = true;
+    nghttp2_session_terminate_session(h->sess, NGHTTP2_ENHANCE_YOUR_CALM);
+    h->closing = true;
 }
 
 static int gw_h2_on_frame_recv(nghttp2_session *sess, const nghttp2_frame *f, void *ud)
@@ -542,19 +589,22 @@ static int gw_h2_on_frame_recv(nghttp2_session *sess, const nghttp2_frame *f, vo
             gw_h2_stream_t *s = nghttp2_session_get_stream_user_data(sess, f->hd.stream_id);
             if (s)
                 gw_h2_stream_body_end(s);
+        } else if (f->hd.length <= f->data.padlen &&
+                   !gw_h2_bucket_take(&h->empty, GW_H2_EMPTY_BURST, GW_H2_EMPTY_RATE)) {
+            gw_h2_calm(h, "empty_data_flood", "sends empty DATA frames");
         }
         return 0;
-    case NGHTTP2_RST_STREAM:
+    case NGHTTP2_PRIORITY:
+        if (!gw_h2_bucket_take(&h->priority, GW_H2_PRIORITY_BURST, GW_H2_PRIORITY_RATE))
+            gw_h2_calm(h, "priority_flood", "sends PRIORITY frames too fast");
+        return 0;
+    case NGHTTP2_RST_STREAM: {
         gw_h2_count("rst_recv");
-        if (!gw_h2_reset_allowed(h) && !h->closing) {
-            gw_h2_count("rapid_reset");
-            sl_log_limited(SL_LOG_WARN, "h2_rapid_reset",
-                           "h2: %s resets streams too fast: GOAWAY ENHANCE_YOUR_CALM", h->c->peer);
-            h->calm_ours = true;
-            nghttp2_session_terminate_session(sess, NGHTTP2_ENHANCE_YOUR_CALM);
-            h->closing = true;
-        }
+        const conf_http2_t *c = &gw_conn_conf(h->c)->http2;
+        if (!gw_h2_bucket_take(&h->resets, (double)c->reset_burst, (double)c->reset_rate))
+            gw_h2_calm(h, "rapid_reset", "resets streams too fast");
         return 0;
+    }
     default:
         return 0;
     }
@@ -564,9 +614,7 @@ static int gw_h2_on_frame_send(nghttp2_session *sess, const nghttp2_frame *f, vo
 {
     (void)sess;
     gw_h2_t *h = ud;
-    if (f->hd.type == NGHTTP2_RST_STREAM && f->rst_stream.error_code == NGHTTP2_REFUSED_STREAM)
-        gw_h2_count("refused_stream");
-    else if (f->hd.type == NGHTTP2_GOAWAY && f->goaway.error_code == NGHTTP2_PROTOCOL_ERROR)
+    if (f->hd.type == NGHTTP2_GOAWAY && f->goaway.error_code == NGHTTP2_PROTOCOL_ERROR)
         gw_h2_count("protocol_error");
     else if (f->hd.type == NGHTTP2_GOAWAY && f->goaway.error_code == NGHTTP2_ENHANCE_YOUR_CALM &&
              !h->calm_ours) /* nghttp2's own limits: queued ACKs, SETTINGS entries */
@@ -782,6 +830,35 @@ void gw_h2_free(gw_h2_t *h)
     gw_conn_defer_free(h->c, free, h);
 }
 
+/* Our first SETTINGS frame out, telling the client our stream limit.
+ * nghttp2 treats a stream over its acknowledged local limit as a
+ * connection error (GOAWAY PROTOCOL_ERROR, every other stream lost); RFC
+ * 9113 5.1.2 allows REFUSED_STREAM instead, and that is what a client that
+ * raced the limit can recover from. So nghttp2 is given a limit it never
+ * reaches (GW_H2_NG_STREAMS) and counts nothing, the client is told ours
+ * (the value replaced in the frame nghttp2 serialised, before it leaves),
+ * and gw_h2_on_begin_headers refuses what is over it. */
+static int gw_h2_send_settings(gw_h2_t *h, gw_conn_t *c, uint32_t streams)
+{
+    const uint8_t *data;
+    ssize_t n = nghttp2_session_mem_send(h->sess, &data);
+    uint8_t buf[128];
+    if (n < 9 || (size_t)n > sizeof(buf) || data[3] != NGHTTP2_SETTINGS ||
+        ((size_t)data[0] << 16 | (size_t)data[1] << 8 | data[2]) + 9 != (size_t)n)
+        return -1; /* not the one SETTINGS frame nghttp2 always sends first */
+    memcpy(buf, data, (size_t)n);
+    for (size_t off = 9; off + 6 <= (size_t)n; off += 6) {
+        if (buf[off] == 0 && buf[off + 1] == NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS) {
+            buf[off + 2] = (uint8_t)(streams >> 24);
+            buf[off + 3] = (uint8_t)(streams >> 16);
+            buf[off + 4] = (uint8_t)(streams >> 8);
+            buf[off + 5] = (uint8_t)streams;
+        }
+    }
+    sl_counter_add(gw_m.bytes_client_out, (uint64_t)n);
+    return evbuffer_add(bufferevent_get_output(c->bev), buf, (size_t)n);
+}
+
 int gw_h2_start(gw_conn_t *c)
 {
     gw_h2_t *h = calloc(1, sizeof(*h));
@@ -791,6 +868,7 @@ int gw_h2_start(gw_conn_t *c)
     h->c = c;
     h->w = c->w;
     h->max_header_list = hc->max_header_list;
+    h->max_streams = hc->max_concurrent_streams;
     TAILQ_INIT(&h->streams);
     nghttp2_session_callbacks *cb = NULL;
     nghttp2_option *opt = NULL;
@@ -819,13 +897,14 @@ int gw_h2_start(gw_conn_t *c)
     cb = NULL;
     opt = NULL;
     nghttp2_settings_entry iv[] = {
-        {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, (uint32_t)hc->max_concurrent_streams},
+        {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, GW_H2_NG_STREAMS},
         {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, (uint32_t)hc->initial_window},
         {NGHTTP2_SETTINGS_MAX_FRAME_SIZE, (uint32_t)hc->max_frame},
         {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, (uint32_t)hc->max_header_list},
         {NGHTTP2_SETTINGS_ENABLE_PUSH, 0},
     };
-    if (nghttp2_submit_settings(h->sess, NGHTTP2_FLAG_NONE, iv, SL_ARRAY_LEN(iv)) != 0)
+    if (nghttp2_submit_settings(h->sess, NGHTTP2_FLAG_NONE, iv, SL_ARRAY_LEN(iv)) != 0 ||
+        gw_h2_send_settings(h, c, (uint32_t)hc->max_concurrent_streams) != 0)
         goto fail;
     h->idle_ev = evtimer_new(gw_conn_base(c), gw_h2_idle_cb, h);
     h->wd_ev = evtimer_new(gw_conn_base(c), gw_h2_wd_cb, h);

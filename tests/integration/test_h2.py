@@ -9,7 +9,9 @@ from nghttp2-client.
 
 import json
 import shutil
+import struct
 import subprocess
+import sys
 import time
 
 import pytest
@@ -324,32 +326,115 @@ def test_settings_and_ping_floods_are_cut(h2s, kind):
     assert h2s.request("GET", "/healthz").status == 200
 
 
-def test_too_many_streams_are_refused(sluice_factory, mock):
-    """Past max_concurrent_streams: REFUSED_STREAM for the stream while our
-    SETTINGS are not acknowledged (the client may not know the limit yet),
-    and the other streams go on; once it acknowledged them, exceeding the
-    limit is the client's protocol error (RFC 9113 5.1.2): GOAWAY."""
+def _settings_value(payload, ident):
+    for off in range(0, len(payload) - 5, 6):
+        k, v = struct.unpack(">HI", payload[off : off + 6])
+        if k == ident:
+            return v
+    return None
+
+
+def _post_stream(c, sid, body, end_headers_only=False):
+    c.headers(sid, h2raw.req_headers("POST", "/v1/chat/completions", extra=[("content-type", "application/json")]), end_stream=False)
+    c.data(sid, body)
+
+
+@pytest.mark.parametrize("acked", [False, True])
+def test_too_many_streams_are_refused(sluice_factory, mock, acked):
+    """Past max_concurrent_streams: RST_STREAM REFUSED_STREAM for the stream
+    over the limit, before the client acknowledged our SETTINGS and after
+    (RFC 9113 5.1.2 allows it, and it is what a client that raced the limit
+    can retry; nghttp2 alone would end the whole connection with GOAWAY
+    PROTOCOL_ERROR once they are acknowledged). The other streams go on, no
+    GOAWAY, and the connection takes a new stream once one finished."""
     conf = h2c_conf(mock)
     conf["http2"] = {"max_concurrent_streams": 2}
     s = sluice_factory(conf=conf)
-    mock.script({"events": 1}, {"events": 1})
+    mock.script({"gate": True, "events": 1}, {"gate": True, "events": 1}, {"events": 1})
     c = h2raw.H2Conn("127.0.0.1", s.port)
-    body = json.dumps(chat_body("x")).encode()
-    for sid in (1, 3, 5):
-        c.headers(sid, h2raw.req_headers("POST", "/v1/chat/completions", extra=[("content-type", "application/json")]), end_stream=False)
-        c.data(sid, body)
-    fs = c.frames_until(lambda f: f[0] == h2raw.RST_STREAM, timeout=bound(5))
+    fs = c.frames_until(lambda f: f[0] == h2raw.SETTINGS and not f[1] & h2raw.ACK, timeout=bound(5))
+    assert _settings_value(fs[-1][3], 3) == 2  # the limit the client is told: ours
+    if acked:
+        c.send(h2raw.frame(h2raw.SETTINGS, h2raw.ACK, 0))
+    body = json.dumps(chat_body("x", stream=True)).encode()
+    for sid in (1, 3):
+        _post_stream(c, sid, body)
+    mock.wait_requests(2)  # both open, their answers held by the mock's gate
+    _post_stream(c, 5, body)
+    fs = c.frames_until(lambda f: f[0] in (h2raw.RST_STREAM, h2raw.GOAWAY), timeout=bound(5))
     f = fs[-1]
-    assert f is not None and f[2] == 5 and struct_code(f) == h2raw.REFUSED_STREAM
-    # streams 1 and 3 are answered in full
+    assert f is not None and f[0] == h2raw.RST_STREAM, f
+    assert f[2] == 5 and struct_code(f) == h2raw.REFUSED_STREAM
+    for req in mock.requests():
+        for _ in range(4):
+            mock.release(request=req["id"])
     done = set()
     while done != {1, 3}:
-        fs = c.frames_until(lambda f: f[0] == h2raw.DATA and f[1] & h2raw.END_STREAM, timeout=bound(5))
-        assert fs[-1] is not None
+        fs = c.frames_until(lambda f: f[0] in (h2raw.GOAWAY,) or (f[0] == h2raw.DATA and f[1] & h2raw.END_STREAM), timeout=bound(5))
+        assert fs[-1] is not None and fs[-1][0] == h2raw.DATA, fs[-1]
         done.add(fs[-1][2])
+    # the connection is still good: a new stream is served
+    _post_stream(c, 7, json.dumps(chat_body("after")).encode())
+    fs = c.frames_until(lambda f: f[2] == 7 and f[1] & h2raw.END_STREAM, timeout=bound(5))
+    assert fs[-1] is not None and fs[-1][0] == h2raw.DATA
+    assert not any(f and f[0] == h2raw.GOAWAY for f in fs)
     c.close()
-    assert s.metrics().value("sluice_http2_events_total", event="refused_stream") == 1
-    assert len(mock.requests()) == 2
+    m = s.metrics()
+    assert m.value("sluice_http2_events_total", event="refused_stream") == 1
+    assert m.value("sluice_http2_events_total", event="protocol_error") == 0
+    assert len(mock.requests()) == 3
+
+
+def test_refused_stream_flood_gets_goaway(sluice_factory, mock):
+    """A client that keeps opening streams over the limit without pause is
+    flooding: after 200 refusals in a row, GOAWAY ENHANCE_YOUR_CALM."""
+    conf = h2c_conf(mock)
+    conf["http2"] = {"max_concurrent_streams": 1}
+    s = sluice_factory(conf=conf)
+    mock.script(default={"stall_first_byte": True})
+    c = h2raw.H2Conn("127.0.0.1", s.port)
+    hb = h2raw.hpack(h2raw.req_headers("POST", "/v1/chat/completions", extra=[("content-type", "application/json")]))
+    c.send(h2raw.frame(h2raw.HEADERS, h2raw.END_HEADERS, 1, hb))  # open, its body never ends
+    batch = b"".join(h2raw.frame(h2raw.HEADERS, h2raw.END_HEADERS | h2raw.END_STREAM, 3 + 2 * i, h2raw.hpack(h2raw.req_headers("GET", "/v1/models"))) for i in range(300))
+    try:
+        c.send(batch)
+    except OSError:
+        pass
+    assert c.goaway(timeout=bound(5)) == h2raw.ENHANCE_YOUR_CALM
+    c.close()
+    m = s.metrics()
+    assert m.value("sluice_http2_events_total", event="refused_flood") == 1
+    assert m.value("sluice_http2_events_total", event="refused_stream") == 201
+    assert s.request("GET", "/healthz").status == 200
+
+
+@pytest.mark.parametrize("kind", ["priority", "empty_data"])
+def test_priority_and_empty_data_floods_get_goaway(h2s, kind):
+    """Frames that cost work and carry nothing (CVE-2019-9513's PRIORITY
+    churn, CVE-2019-9518's empty DATA frames): nghttp2 has no limit for
+    them, sluice counts them per connection (a burst, then a rate) and ends
+    a flood with GOAWAY ENHANCE_YOUR_CALM. A few of them are not a flood."""
+    c = h2raw.H2Conn("127.0.0.1", h2s.port)
+    if kind == "priority":
+        # PRIORITY on stream ids the client may use: weight 16, depends on 0
+        one = lambda i: h2raw.frame(h2raw.PRIORITY, 0, 1 + 2 * i, b"\x00\x00\x00\x00\x0f")
+    else:
+        hb = h2raw.hpack(h2raw.req_headers("POST", "/v1/chat/completions", extra=[("content-type", "application/json")]))
+        c.send(h2raw.frame(h2raw.HEADERS, h2raw.END_HEADERS, 1, hb))
+        one = lambda i: h2raw.frame(h2raw.DATA, 0, 1, b"")
+    c.send(b"".join(one(i) for i in range(50)))  # within the burst: nothing happens
+    c.send(h2raw.frame(h2raw.PING, 0, 0, b"pingpong"))
+    fs = c.frames_until(lambda f: f[0] in (h2raw.GOAWAY,) or (f[0] == h2raw.PING and f[1] & h2raw.ACK), timeout=bound(5))
+    assert fs[-1] is not None and fs[-1][0] == h2raw.PING
+    try:
+        c.send(b"".join(one(i) for i in range(50, 1050)))
+    except OSError:
+        pass
+    assert c.goaway(timeout=bound(5)) == h2raw.ENHANCE_YOUR_CALM
+    c.close()
+    m = h2s.metrics()
+    assert m.value("sluice_http2_events_total", event=kind + "_flood") == 1
+    assert h2s.request("GET", "/healthz").status == 200
 
 
 def struct_code(f):
