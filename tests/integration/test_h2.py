@@ -334,9 +334,10 @@ def _settings_value(payload, ident):
     return None
 
 
-def _post_stream(c, sid, body, end_headers_only=False):
-    c.headers(sid, h2raw.req_headers("POST", "/v1/chat/completions", extra=[("content-type", "application/json")]), end_stream=False)
-    c.data(sid, body)
+def _post_stream(c, sid, body):
+    """HEADERS and DATA in one write (two would meet Nagle and delayed ACK)."""
+    hb = h2raw.hpack(h2raw.req_headers("POST", "/v1/chat/completions", extra=[("content-type", "application/json")]))
+    c.send(h2raw.frame(h2raw.HEADERS, h2raw.END_HEADERS, sid, hb) + h2raw.frame(h2raw.DATA, h2raw.END_STREAM, sid, body))
 
 
 @pytest.mark.parametrize("acked", [False, True])
@@ -620,4 +621,130 @@ def test_closed_window_pauses_the_upstream(sluice_factory, mock):
     fs = c.frames_until(lambda f: f[2] == 1 and f[1] & h2raw.END_STREAM, timeout=bound(30))
     assert fs[-1] is not None and fs[-1][0] == h2raw.DATA
     assert sent() >= total
+    c.close()
+
+
+FLOODER = r'''
+import socket, struct, sys, threading, time
+sys.path.insert(0, sys.argv[1])
+import h2raw
+port, body = int(sys.argv[2]), sys.argv[3].encode()
+# A: a PING flood, its ACKs read as fast as they come (so it is load, not
+# the ACK-queue flood nghttp2 cuts)
+a = h2raw.H2Conn("127.0.0.1", port)
+acks = [0]
+def reader():
+    try:
+        while True:
+            f = a.read_frame(30)
+            if f is None:
+                return
+            if f[0] == h2raw.PING and f[1] & h2raw.ACK:
+                acks[0] += 1
+    except Exception:
+        return
+threading.Thread(target=reader, daemon=True).start()
+# S: a stalled client: no window, streams whose answers wait for it
+s = h2raw.H2Conn("127.0.0.1", port, settings=b"\x00\x04\x00\x00\x00\x00")
+for i in range(10):
+    sid = 1 + 2 * i
+    s.headers(sid, h2raw.req_headers("POST", "/v1/chat/completions", extra=[("content-type", "application/json")]), end_stream=False)
+    s.data(sid, body)
+ping = h2raw.frame(h2raw.PING, 0, 0, b"12345678") * 64
+batches, said = 0, False
+while True:
+    a.send(ping)
+    batches += 1
+    if not said and acks[0] >= 2000:
+        print("go", flush=True)
+        said = True
+    elif said and batches % 200 == 0:
+        print("acks %d" % acks[0], flush=True)
+    # stay well within nghttp2's 1000 owed ACKs: wait for the reader
+    while batches * 64 - acks[0] > 512:
+        time.sleep(0.0005)
+'''
+
+
+def test_one_connection_flooding_or_stalling_does_not_delay_another(sluice_factory, mock, tmp_path):
+    """Starvation between connections, on one worker: while one client
+    floods PINGs (reading the ACKs, so it is load, not an attack nghttp2
+    cuts) and another holds 10 streams whose answers wait for a window it
+    never opens, a third client's proxied requests take at most a few times
+    their idle latency. Each connection's input is parsed in bounded slices
+    per loop turn, and a stalled stream holds only its own bounded buffer."""
+    conf = h2c_conf(mock)
+    conf["workers"] = 1
+    conf["limits"] = {"send_timeout": "30s"}
+    s = sluice_factory(conf=conf)
+    body = json.dumps(chat_body("b")).encode()
+    sbody = json.dumps(chat_body("stall", stream=True))
+    b = h2raw.H2Conn("127.0.0.1", s.port)
+    sid = [1]
+
+    def one():
+        t0 = time.monotonic()
+        _post_stream(b, sid[0], body)
+        fs = b.frames_until(lambda f: f[2] == sid[0] and f[1] & h2raw.END_STREAM, timeout=bound(10))
+        assert fs[-1] is not None and fs[-1][0] == h2raw.DATA
+        sid[0] += 2
+        return time.monotonic() - t0
+
+    def median(xs):
+        xs = sorted(xs)
+        return xs[len(xs) // 2]
+
+    for _ in range(5):
+        one()  # warm: the upstream connection, the mock
+    idle = median([one() for _ in range(15)])
+    script = tmp_path / "flooder.py"
+    script.write_text(FLOODER)
+    here = str(__import__("pathlib").Path(__file__).parent)
+    p = subprocess.Popen([sys.executable, str(script), here, str(s.port), sbody],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "go"
+        mock.wait_requests(5 + 15 + 10)  # the stalled streams reached the upstream
+        loaded = median([one() for _ in range(15)])
+        # the flood went on all along: its ACK count still grows
+        seen = [p.stdout.readline() for _ in range(3)]
+        assert all(x.startswith("acks ") for x in seen), seen
+        assert int(seen[-1].split()[1]) > 2000
+    finally:
+        p.kill()
+        p.wait()
+    b.close()
+    print("idle %.2f ms, under flood and stall %.2f ms" % (idle * 1e3, loaded * 1e3))
+    assert loaded <= max(5 * idle, idle + 0.05), (idle, loaded)
+    assert s.request("GET", "/healthz").status == 200
+
+
+def test_reload_sends_no_goaway_and_the_open_stream_finishes_on_its_conf(h2s, mock):
+    """SIGHUP on an h2 connection: no GOAWAY (unlike nginx, whose old worker
+    processes exit, sluice's runtime is swapped under the same connection).
+    The stream open across the reload finishes whole on the conf it started
+    with, and the next stream on the same connection is served by the new
+    one — so a mobile client keeps its warm TLS connection."""
+    mock.script({"gate": True, "events": 2})
+    c = h2raw.H2Conn("127.0.0.1", h2s.port)
+    _post_stream(c, 1, json.dumps(chat_body("across", stream=True)).encode())
+    c.frames_until(lambda f: f[0] == h2raw.DATA and f[2] == 1, timeout=bound(5))
+    (req,) = mock.requests()
+    conf = dict(h2s.conf)
+    conf["models"] = dict(conf["models"], **{"new-model": {"upstream": "main"}})
+    h2s.reload(conf)
+    wait_until(lambda: h2s.metrics().value("sluice_config_reloads_total", result="ok") == 1,
+               timeout=bound(5), what="the reload")
+    for _ in range(4):
+        mock.release(request=req["id"])
+    fs = c.frames_until(lambda f: f[2] == 1 and f[1] & h2raw.END_STREAM, timeout=bound(5))
+    assert fs[-1] is not None and fs[-1][0] == h2raw.DATA
+    seen = [f for f in fs if f]
+    assert b"[DONE]" in b"".join(f[3] for f in seen if f[0] == h2raw.DATA and f[2] == 1)
+    c.headers(3, h2raw.req_headers("GET", "/v1/models"))
+    fs2 = c.frames_until(lambda f: f[2] == 3 and f[1] & h2raw.END_STREAM, timeout=bound(5))
+    seen += [f for f in fs2 if f]
+    ids = {m["id"] for m in json.loads(b"".join(f[3] for f in fs2 if f and f[2] == 3 and f[0] == h2raw.DATA))["data"]}
+    assert "new-model" in ids
+    assert not any(f[0] == h2raw.GOAWAY for f in seen)
     c.close()
