@@ -636,8 +636,17 @@ void gw_conn_req_done(gw_conn_t *c)
     gw_accesslog_write(r);
     gw_req_free(r);
     c->req = NULL;
-    if (c->h2_stream) { /* one request per stream: h2.c ends the stream (on_close) */
-        gw_conn_close(c);
+    if (c->h2_stream) {
+        /* One request per stream: h2.c ends the stream, and closes c or
+         * keeps it for the connection's next stream (gw_conn_stream_reuse). */
+        gw_conn_disarm(c);
+        c->phase = GW_PHASE_IDLE;
+        void (*fn)(void *) = c->on_close;
+        c->on_close = NULL;
+        if (fn)
+            fn(c->on_close_arg);
+        else
+            gw_conn_close(c);
         return;
     }
     if (c->close_after || c->w->draining) {
@@ -677,6 +686,19 @@ gw_conn_t *gw_conn_new_stream(gw_worker_t *w, const gw_out_ops_t *ops, void *arg
         if (c->timer)
             event_free(c->timer);
         free(c);
+        return NULL;
+    }
+    c->phase = GW_PHASE_HEAD;
+    return c;
+}
+
+gw_conn_t *gw_conn_stream_reuse(gw_conn_t *c, void *arg)
+{
+    gw_http_parser_reset(c->parser);
+    c->out_arg = arg;
+    c->req = gw_req_new(c); /* the last request's struct and body buffer, as keep-alive does */
+    if (!c->req) {
+        gw_conn_close(c);
         return NULL;
     }
     c->phase = GW_PHASE_HEAD;

@@ -71,7 +71,8 @@ struct gw_conn {
     struct gw_h2 *h2;
     bool h2c;       /* plain listener with h2c: true: the preface switches to h2 */
     bool h2_stream; /* ...or one stream's request connection (protocol "h2") */
-    /* Called once from gw_conn_close (the stream connection's owner). */
+    /* Called once from gw_conn_close, or from gw_conn_req_done for an h2
+     * stream's (the stream connection's owner, h2.c). */
     void (*on_close)(void *arg);
     void *on_close_arg;
     TAILQ_ENTRY(gw_conn) link;
@@ -97,6 +98,11 @@ void gw_conn_defer_free(gw_conn_t *c, void (*fn)(void *), void *obj);
  * connection is); the request struct exists at once (c->req). */
 gw_conn_t *gw_conn_new_stream(gw_worker_t *w, const gw_out_ops_t *ops, void *arg, const char *peer,
                               bool tls);
+/* A stream connection whose request is done (c->on_close was called from
+ * gw_conn_req_done, c not closed), made ready for another stream's request
+ * (arg for the ops): its parser, timer, request struct and body buffer are
+ * reused. NULL on OOM (c is closed). */
+gw_conn_t *gw_conn_stream_reuse(gw_conn_t *c, void *arg);
 /* What the last gw_http_load_* on c->parser returned: HEAD arms the body
  * deadline, DONE dispatches the request (route, hooks, proxy, exactly as
  * HTTP/1.1), ERROR answers 4xx as a parse error does. */

@@ -107,6 +107,7 @@ struct gw_h2 {
     struct event *wd_ev;    /* send timeout per stream, armed while one has output */
     struct event *flush_ev; /* frames out once the current callbacks are done */
     struct evbuffer *hb;    /* a response head's lines, between head_begin and _end */
+    gw_conn_t *spare_sc;    /* a finished stream's request connection, for the next */
     int in_cb;              /* inside a call that raises nghttp2 callbacks */
     bool closing;           /* GOAWAY sent or fatal: close once output is out */
     bool calm_ours;         /* the ENHANCE_YOUR_CALM GOAWAY is ours, counted already */
@@ -204,7 +205,9 @@ static size_t gw_h2_out_head_end(gw_conn_t *c, gw_req_t *r, struct evbuffer *hb,
     nghttp2_nv nv[GW_H2_NV_MAX];
     char status[8], cl[24];
     (void)r;
-    snprintf(status, sizeof(status), "%03d", s->status);
+    status[0] = (char)('0' + s->status / 100 % 10); /* 100..999 (head_begin) */
+    status[1] = (char)('0' + s->status / 10 % 10);
+    status[2] = (char)('0' + s->status % 10);
     size_t n = 0, bytes = 0;
     nv[n++] = (nghttp2_nv){(uint8_t *)":status", (uint8_t *)status, 7, 3, NGHTTP2_NV_FLAG_NONE};
     while (p && p < end && n < GW_H2_NV_MAX - 1) {
@@ -229,8 +232,12 @@ static size_t gw_h2_out_head_end(gw_conn_t *c, gw_req_t *r, struct evbuffer *hb,
         p = line_end + 1;
     }
     if (length >= 0) {
-        int k = snprintf(cl, sizeof(cl), "%lld", (long long)length);
-        nv[n++] = (nghttp2_nv){(uint8_t *)"content-length", (uint8_t *)cl, 14, (size_t)k,
+        char *e = cl + sizeof(cl), *d = e;
+        uint64_t v = (uint64_t)length;
+        do
+            *--d = (char)('0' + v % 10);
+        while ((v /= 10) != 0);
+        nv[n++] = (nghttp2_nv){(uint8_t *)"content-length", (uint8_t *)d, 14, (size_t)(e - d),
                                NGHTTP2_NV_FLAG_NONE};
     }
     s->no_body = length == -2 || s->head_req;
@@ -322,27 +329,36 @@ static void gw_h2_answer_error(gw_h2_stream_t *s, int status, const char *code, 
         nghttp2_submit_rst_stream(s->h->sess, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR);
 }
 
-/* The stream connection closed: its request is done (answer complete, or
- * cut), or it failed before answering. */
+/* The stream connection is done: its request finished (from
+ * gw_conn_req_done: sc still open, its request gone), or it is closing
+ * (the answer cut, or it failed before answering). */
 static void gw_h2_sc_closed(void *arg)
 {
     gw_h2_stream_t *s = arg;
+    gw_h2_t *h = s->h;
     gw_conn_t *sc = s->sc;
     s->sc = NULL;
+    bool whole = sc && !sc->closed && !sc->req && !s->aborted;
+    if (sc && !sc->closed) { /* kept for the connection's next stream */
+        sc->out_arg = NULL;
+        if (h->spare_sc || h->c->closed)
+            gw_conn_close(sc);
+        else
+            h->spare_sc = sc;
+    }
     if (s->closed || s->resp_done)
         return;
     s->resp_done = true;
-    bool whole = sc && !sc->req && !s->aborted; /* gw_conn_req_done cleared req */
     if (!whole) {
         if (s->submitted) /* a truncated answer: the client must not take it as whole */
-            nghttp2_submit_rst_stream(s->h->sess, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR);
+            nghttp2_submit_rst_stream(h->sess, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR);
         else
             gw_h2_answer_error(s, 502, "bad_gateway", "the request ended without an answer");
     } else if (!s->submitted) {
         gw_h2_answer_error(s, 502, "bad_gateway", "the request ended without an answer");
     }
     gw_h2_resume(s);
-    gw_h2_kick(s->h);
+    gw_h2_kick(h);
 }
 
 /* ---- the request: HEADERS + DATA -> the stream's request ---------------- */
@@ -393,7 +409,12 @@ static gw_h2_stream_t *gw_h2_stream_new(gw_h2_t *h, int32_t id)
     s->h = h;
     s->id = id;
     s->out = evbuffer_new();
-    s->sc = s->out ? gw_conn_new_stream(h->w, &gw_h2_out, s, h->c->peer, h->c->tls) : NULL;
+    if (s->out && h->spare_sc) {
+        s->sc = gw_conn_stream_reuse(h->spare_sc, s);
+        h->spare_sc = NULL;
+    } else if (s->out) {
+        s->sc = gw_conn_new_stream(h->w, &gw_h2_out, s, h->c->peer, h->c->tls);
+    }
     if (!s->sc) {
         gw_h2_stream_free(s);
         return NULL;
@@ -811,6 +832,10 @@ void gw_h2_free(gw_h2_t *h)
     gw_h2_stream_t *s;
     while ((s = TAILQ_FIRST(&h->streams)))
         gw_h2_stream_close(s);
+    if (h->spare_sc) {
+        gw_conn_close(h->spare_sc);
+        h->spare_sc = NULL;
+    }
     if (h->flush_ev)
         event_free(h->flush_ev);
     h->flush_ev = NULL;
