@@ -210,7 +210,7 @@ static size_t gw_h2_out_head_end(gw_conn_t *c, gw_req_t *r, struct evbuffer *hb,
     status[2] = (char)('0' + s->status % 10);
     size_t n = 0, bytes = 0;
     nv[n++] = (nghttp2_nv){(uint8_t *)":status", (uint8_t *)status, 7, 3, NGHTTP2_NV_FLAG_NONE};
-    while (p && p < end && n < GW_H2_NV_MAX - 1) {
+    while (p && p < end && n < GW_H2_NV_MAX - 2) {
         char *eol = memchr(p, '\n', (size_t)(end - p));
         char *line_end = eol ? eol : end;
         char *colon = memchr(p, ':', (size_t)(line_end - p));
@@ -240,6 +240,11 @@ static size_t gw_h2_out_head_end(gw_conn_t *c, gw_req_t *r, struct evbuffer *hb,
         nv[n++] = (nghttp2_nv){(uint8_t *)"content-length", (uint8_t *)d, 14, (size_t)(e - d),
                                NGHTTP2_NV_FLAG_NONE};
     }
+    size_t dl;
+    const char *date = gw_date_header(&dl); /* "Date: ...\r\n" */
+    if (dl > 8 && n < GW_H2_NV_MAX)
+        nv[n++] =
+            (nghttp2_nv){(uint8_t *)"date", (uint8_t *)date + 6, 4, dl - 8, NGHTTP2_NV_FLAG_NONE};
     s->no_body = length == -2 || s->head_req;
     nghttp2_data_provider dp = {.source.ptr = s, .read_callback = gw_h2_data_read};
     int rv = nghttp2_submit_response(h->sess, s->id, nv, n, s->no_body ? NULL : &dp);

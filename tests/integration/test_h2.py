@@ -74,6 +74,30 @@ def test_h2c_chat_json_goes_through_the_proxy(h2s, mock):
     assert m.value("sluice_http2_events_total", event="conns") >= 1
 
 
+def test_h2_answer_heads_are_h2_fields(h2s, mock):
+    """The head of an answer over h2 is made from the output interface's
+    lines: lower-case names, no connection-specific fields, content-length
+    only for a known length, a date, the request id and the relayed
+    upstream headers; a streamed answer ends with END_STREAM, not a chunk."""
+    url = "http://127.0.0.1:%d/v1/chat/completions" % h2s.port
+    for stream in (False, True):
+        p = curl(["--http2-prior-knowledge", "-D", "-", "-o", "/dev/null", "-H", "Content-Type: application/json",
+                  "-H", "X-Request-Id: h2-head-test-%d" % stream,
+                  "--data-binary", json.dumps(chat_body("heads", stream=stream)), url])
+        assert p.returncode == 0, p.stderr
+        lines = p.stdout.decode().split("\r\n")
+        assert lines[0].startswith("HTTP/2 200")
+        names = [l.split(":", 1)[0] for l in lines[1:] if ":" in l]
+        assert names == [n.lower() for n in names]
+        for bad in ("connection", "transfer-encoding", "keep-alive"):
+            assert bad not in names
+        assert "date" in names
+        assert "x-request-id: h2-head-test-%d" % stream in lines
+        assert ("content-length" in names) == (not stream)
+        if stream:
+            assert "content-type: text/event-stream" in lines
+
+
 def test_h2c_sse_each_event_reaches_client_before_the_next_is_sent(h2s, mock):
     """The relay's per-event flush holds over h2: one DATA frame per event,
     proved with the mock's gate (event n+1 is released only after event n
