@@ -436,23 +436,22 @@ static gw_h2_stream_t *gw_h2_stream_new(gw_h2_t *h, int32_t id)
 /* The header block is complete: the stream becomes a request. */
 static void gw_h2_stream_start(gw_h2_stream_t *s, bool end_stream)
 {
-    if (s->too_large || s->bad || !s->method || !s->path) {
-        gw_h2_stream_drop_sc(s);
-        if (s->too_large) {
-            gw_h2_count("headers_too_large");
-            gw_h2_answer_error(s, 431, "headers_too_large", "request headers too large");
-        } else {
-            gw_h2_answer_error(s, 400, "bad_request", "malformed request: bad h2 headers");
-        }
-        return;
-    }
     if (!s->sc)
         return;
-    s->head_req = strcmp(s->method, "HEAD") == 0;
-    gw_h2_count("streams");
     gw_conn_t *sc = s->sc;
-    gw_http_state_t st =
-        gw_http_load_head(sc->parser, s->method, s->path, s->authority, !end_stream);
+    gw_h2_count("streams");
+    /* A head h2 itself finds malformed is answered by the request like a
+     * malformed HTTP/1.1 head (431/400, access log, parse-error metric). */
+    gw_http_state_t st;
+    if (s->too_large) {
+        gw_h2_count("headers_too_large");
+        st = gw_http_load_fail(sc->parser, 431, "header_list_too_large");
+    } else if (s->bad || !s->method || !s->path) {
+        st = gw_http_load_fail(sc->parser, 400, "bad_pseudo_header");
+    } else {
+        s->head_req = strcmp(s->method, "HEAD") == 0;
+        st = gw_http_load_head(sc->parser, s->method, s->path, s->authority, !end_stream);
+    }
     gw_conn_stream_fed(sc, st, 0);
 }
 

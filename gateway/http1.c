@@ -1274,6 +1274,13 @@ gw_http_state_t gw_http_load_head(gw_http_parser_t *p, const char *method, const
     return p->state = body_follows ? GW_HTTP_HEAD : GW_HTTP_DONE;
 }
 
+gw_http_state_t gw_http_load_fail(gw_http_parser_t *p, int status, const char *reason)
+{
+    p->started = true;
+    fail(p, status, reason);
+    return p->state;
+}
+
 gw_http_state_t gw_http_load_body(gw_http_parser_t *p, const char *data, size_t n, bool end,
                                   gw_http_body_cb body_cb, void *arg)
 {

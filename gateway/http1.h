@@ -173,6 +173,10 @@ gw_http_state_t gw_http_load_header(gw_http_parser_t *p, const char *name, size_
                                     const char *value, size_t value_len);
 gw_http_state_t gw_http_load_head(gw_http_parser_t *p, const char *method, const char *path,
                                   const char *authority, bool body_follows) SL_WUR;
+/* The other framing found the head malformed itself (h2: a header list
+ * over its cap, missing pseudo-header fields): ERROR with this status and
+ * reason, answered like any other. */
+gw_http_state_t gw_http_load_fail(gw_http_parser_t *p, int status, const char *reason);
 /* Body bytes of a loaded head: counted against max_body_bytes (413) and the
  * Content-Length (400 body_length), then to body_cb. end: the body is
  * complete (DONE, or 400 body_length when shorter than Content-Length). */

@@ -327,7 +327,10 @@ def test_hpack_header_list_over_the_cap_gets_431(h2s):
     body = b"".join(f[3] for f in fs if f and f[0] == h2raw.DATA and f[2] == 1)
     assert json.loads(body)["error"]["code"] == "headers_too_large"
     c.close()
-    assert h2s.metrics().value("sluice_http2_events_total", event="headers_too_large") == 1
+    m = h2s.metrics()
+    assert m.value("sluice_http2_events_total", event="headers_too_large") == 1
+    # answered by the stream's request like a malformed HTTP/1.1 head
+    assert m.value("sluice_http_parse_errors_total", reason="header_list_too_large") == 1
 
 
 @pytest.mark.parametrize("kind", ["settings", "ping"])
