@@ -14,6 +14,9 @@
 #      event's bytes, interleaved samples; the upstream writes the head and
 #      the first event at once.
 # Every figure is also printed as a ratio to nginx's of the same run.
+# BENCH_BASE_BIN (optional): a second sluice binary (e.g. the commit before a
+# change) run beside the first, same conf, same rounds, interleaved
+# ("base", "base-h1"), so before/after is a ratio of the same run.
 # Env: BENCH_ROUNDS (3), BENCH_N (requests per round, 20000),
 # BENCH_TTFE_SAMPLES (60), BENCH_PORT_BASE (19400), SLUICE_BIN, BENCH_TOOLS.
 set -euo pipefail
@@ -31,6 +34,8 @@ UP_PORT=$((PORT_BASE + 1))
 TTFE_PORT=$((PORT_BASE + 2))
 NGINX_PORT=$((PORT_BASE + 10))
 SLUICE_PORT=$((PORT_BASE + 20))
+BASE_PORT=$((PORT_BASE + 21))
+BASE_BIN=${BENCH_BASE_BIN:-}
 
 for c in h2load curl openssl taskset python3 "$NGINX_BIN" "$SLUICE_BIN" "$TOOLS/bench_upstream"; do
     command -v "$c" >/dev/null || { echo "bench: $c missing" >&2; exit 1; }
@@ -103,15 +108,27 @@ EOF
     spawn taskset -c "$PROXY_CPU" "$SLUICE_BIN" -c "$d/sluice.yaml"
     SLUICE_PID=$LAST
     wait_port "$SLUICE_PORT" "$SLUICE_PID"
+    BASE_PID=
+    if [ -n "$BASE_BIN" ]; then
+        sed "s/127.0.0.1:$SLUICE_PORT/127.0.0.1:$BASE_PORT/" "$d/sluice.yaml" >"$d/base.yaml"
+        spawn taskset -c "$PROXY_CPU" "$BASE_BIN" -c "$d/base.yaml"
+        BASE_PID=$LAST
+        wait_port "$BASE_PORT" "$BASE_PID"
+    fi
 }
 
 stop_proxies() {
     stop "$SLUICE_PID"
+    [ -z "$BASE_PID" ] || stop "$BASE_PID"
     stop "$NGINX_MASTER"
 }
 
-port_of() { [ "$1" = nginx ] && echo "$NGINX_PORT" || echo "$SLUICE_PORT"; }
-pid_of() { [ "$1" = nginx ] && echo "$NGINX_WORKER" || echo "$SLUICE_PID"; }
+port_of() {
+    case $1 in nginx) echo "$NGINX_PORT" ;; base*) echo "$BASE_PORT" ;; *) echo "$SLUICE_PORT" ;; esac
+}
+pid_of() {
+    case $1 in nginx) echo "$NGINX_WORKER" ;; base*) echo "$BASE_PID" ;; *) echo "$SLUICE_PID" ;; esac
+}
 # sluice-h1: sluice over HTTP/1.1 on the same TLS listener (ALPN http/1.1),
 # one request at a time per connection: what the h2 layer itself costs.
 
@@ -121,13 +138,13 @@ run_h2load() {
     pid=$(pid_of "$t")
     c0=$(cpu_ticks "$pid")
     local h1=()
-    [ "$t" = sluice-h1 ] && h1=(--h1)
+    case $t in *-h1) h1=(--h1) ;; esac
     out=$(taskset -c "$LOAD_CPU" h2load "${h1[@]}" -n "$n" -c 1 -m "$m" -d "$BODY" \
         -H 'content-type: application/json' "https://127.0.0.1:$(port_of "$t")/v1/chat/completions" 2>&1)
     c1=$(cpu_ticks "$pid")
     ok=$(echo "$out" | awk '/^status codes:/ { print $3 }')
     rps=$(echo "$out" | awk '/^finished in/ { print $4 }')
-    [ "$t" = sluice-h1 ] || echo "$out" | grep -qi 'application protocol: h2' ||
+    [ ${#h1[@]} -gt 0 ] || echo "$out" | grep -qi 'application protocol: h2' ||
         { echo "bench: $t did not speak h2" >&2; echo "$out" >&2; exit 1; }
     awk -v ok="$ok" -v d=$((c1 - c0)) -v tck="$CLK_TCK" -v rps="$rps" \
         'BEGIN { printf "%d %.2f %s\n", ok, ok ? d / tck * 1e6 / ok : 0, rps }'
@@ -144,6 +161,10 @@ declare -A CPU
 for m in 1 100; do
     targets="nginx sluice"
     [ "$m" = 1 ] && targets="nginx sluice sluice-h1"
+    if [ -n "$BASE_BIN" ]; then
+        targets="$targets base"
+        [ "$m" = 1 ] && targets="$targets base-h1"
+    fi
     for t in $targets; do run_h2load "$t" "$m" 2000 >/dev/null; done # warm
     for r in $(seq "$ROUNDS"); do
         for t in $targets; do
@@ -167,6 +188,17 @@ done
 h=$(echo "${CPU[sluice-h1.1]}" | med)
 s=$(echo "${CPU[sluice.1]}" | med)
 awk -v h="$h" -v s="$s" 'BEGIN { printf "  sluice over TLS, 1 request at a time: h2 %.2f us, http/1.1 %.2f us, h2/h1 %.2f\n", s, h, s / h }'
+if [ -n "$BASE_BIN" ]; then
+    for m in 1 100; do
+        b=$(echo "${CPU[base.$m]}" | med)
+        s=$(echo "${CPU[sluice.$m]}" | med)
+        n=$(echo "${CPU[nginx.$m]}" | med)
+        awk -v m="$m" -v b="$b" -v s="$s" -v n="$n" 'BEGIN { printf "  base %3s streams/conn: %.2f us (÷ nginx %.2f); this ÷ base %.2f\n", m, b, b / n, s / b }'
+    done
+    b=$(echo "${CPU[base.1]}" | med)
+    h=$(echo "${CPU[base-h1.1]}" | med)
+    awk -v h="$h" -v b="$b" 'BEGIN { printf "  base over TLS, 1 at a time: h2/h1 %.2f\n", b / h }'
+fi
 
 # ---- 2. time to first SSE byte -----------------------------------------
 spawn taskset -c "$LOAD_CPU" "$TOOLS/bench_upstream" -l "127.0.0.1:$TTFE_PORT" -n 2 -d 1000

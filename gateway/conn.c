@@ -30,6 +30,7 @@
 #include "gateway/gw_wio.h"
 #include "gateway/gw_worker.h"
 #include "gateway/http1.h"
+#include "gateway/sb.h"
 
 #define GW_CONN_READ_HWM (64 * 1024)
 /* Lingering close (RFC 9112 9.6): after an answer sent with request bytes
@@ -47,6 +48,7 @@ static void gw_conn_eventcb(struct bufferevent *bev, short what, void *arg);
 static void gw_conn_timer_cb(evutil_socket_t fd, short what, void *arg);
 static gw_conn_t *gw_conn_attach(gw_worker_t *w, gw_conn_t *c, struct bufferevent *bev,
                                  bool direct);
+static const gw_out_ops_t gw_out_h1;
 
 /* The connection's one deadline (header, body or idle), kept lazily: the
  * timer is re-armed only when a deadline comes earlier than the one it is
@@ -138,6 +140,7 @@ gw_conn_t *gw_conn_new_bev(gw_worker_t *w, struct bufferevent *bev, bool admin, 
 static gw_conn_t *gw_conn_attach(gw_worker_t *w, gw_conn_t *c, struct bufferevent *bev, bool direct)
 {
     c->bev = bev;
+    c->out = &gw_out_h1;
     c->parser = gw_conn_parser_new(&w->rt->conf->limits);
     c->timer = evtimer_new(w->base, gw_conn_timer_cb, c);
     if (!c->parser || !c->timer) {
@@ -268,16 +271,20 @@ void gw_conn_close(gw_conn_t *c)
         c->req = NULL;
     }
     gw_worker_t *w = c->w;
+    event_free(c->timer);
+    c->timer = NULL;
+    gw_http_parser_free(c->parser);
+    c->parser = NULL;
+    if (!c->bev) { /* an h2 stream's: not in the list, no socket */
+        gw_worker_defer_free(w, gw_conn_free_cb, c);
+        return;
+    }
     TAILQ_REMOVE(&w->conns, c, link);
     w->nconns--;
     sl_gauge_add(gw_m.conns_active, -1);
-    event_free(c->timer);
-    c->timer = NULL;
     gw_wio_fini(&c->wio);
     bufferevent_free(c->bev); /* libevent defers it if a callback is running */
     c->bev = NULL;
-    gw_http_parser_free(c->parser);
-    c->parser = NULL;
     gw_worker_defer_free(w, gw_conn_free_cb, c);
     gw_worker_conn_closed(w);
 }
@@ -642,6 +649,19 @@ void gw_conn_req_done(gw_conn_t *c)
     gw_accesslog_write(r);
     gw_req_free(r);
     c->req = NULL;
+    if (c->h2_stream) {
+        /* One request per stream: h2.c ends the stream, and closes c or
+         * keeps it for the connection's next stream (gw_conn_stream_reuse). */
+        gw_conn_disarm(c);
+        c->phase = GW_PHASE_IDLE;
+        void (*fn)(void *) = c->on_close;
+        c->on_close = NULL;
+        if (fn)
+            fn(c->on_close_arg);
+        else
+            gw_conn_close(c);
+        return;
+    }
     if (c->close_after || c->w->draining) {
         gw_conn_close_after_flush(c);
         return;
@@ -655,3 +675,248 @@ void gw_conn_req_done(gw_conn_t *c)
     if (evbuffer_get_length(bufferevent_get_input(c->bev)) > 0)
         bufferevent_trigger(c->bev, EV_READ, BEV_OPT_DEFER_CALLBACKS);
 }
+
+/* ---- h2 streams (h2.c) ------------------------------------------------------ */
+
+gw_conn_t *gw_conn_new_stream(gw_worker_t *w, const gw_out_ops_t *ops, void *arg, const char *peer,
+                              bool tls)
+{
+    gw_conn_t *c = calloc(1, sizeof(*c));
+    if (!c)
+        return NULL;
+    c->w = w;
+    c->out = ops;
+    c->out_arg = arg;
+    c->tls = tls;
+    c->h2_stream = true;
+    c->close_after = true;
+    snprintf(c->peer, sizeof(c->peer), "%s", peer ? peer : "");
+    c->parser = gw_conn_parser_new(&w->rt->conf->limits);
+    c->timer = evtimer_new(w->base, gw_conn_timer_cb, c);
+    c->req = c->parser && c->timer ? gw_req_new(c) : NULL;
+    if (!c->req) {
+        gw_http_parser_free(c->parser);
+        if (c->timer)
+            event_free(c->timer);
+        free(c);
+        return NULL;
+    }
+    c->phase = GW_PHASE_HEAD;
+    return c;
+}
+
+gw_conn_t *gw_conn_stream_reuse(gw_conn_t *c, void *arg)
+{
+    gw_http_parser_reset(c->parser);
+    c->out_arg = arg;
+    c->req = gw_req_new(c); /* the last request's struct and body buffer, as keep-alive does */
+    if (!c->req) {
+        gw_conn_close(c);
+        return NULL;
+    }
+    c->phase = GW_PHASE_HEAD;
+    return c;
+}
+
+void gw_conn_stream_fed(gw_conn_t *c, gw_http_state_t st, size_t bytes)
+{
+    if (c->closed || !c->req || (c->phase != GW_PHASE_HEAD && c->phase != GW_PHASE_BODY))
+        return;
+    c->req->bytes_in += bytes;
+    switch (st) {
+    case GW_HTTP_NEED_MORE:
+        return;
+    case GW_HTTP_HEAD:
+        if (c->phase == GW_PHASE_HEAD) {
+            c->phase = GW_PHASE_BODY;
+            gw_conn_arm(c, c->w->rt->conf->limits.body_timeout_ms);
+        }
+        return;
+    case GW_HTTP_DONE:
+        gw_conn_disarm(c);
+        c->phase = GW_PHASE_BUSY;
+        c->nrequests++;
+        gw_req_set_id(c->req);
+        gw_route_dispatch(c->req);
+        return;
+    case GW_HTTP_ERROR: {
+        int status = gw_http_error_status(c->parser);
+        const char *reason = gw_http_error_reason(c->parser);
+        sl_counter_add(sl_metric_series1(gw_m.parse_errors, reason), 1);
+        char msg[160];
+        snprintf(msg, sizeof(msg), "malformed request: %s", reason);
+        gw_conn_disarm(c);
+        c->phase = GW_PHASE_BUSY;
+        c->req->error_kind = "bad_request";
+        snprintf(c->req->id, sizeof(c->req->id), "%016llx",
+                 (unsigned long long)gw_worker_rand(c->w));
+        gw_respond_error(c->req, status, status >= 500 ? "server_error" : "invalid_request_error",
+                         gw_parse_code(status), msg);
+        return;
+    }
+    }
+}
+
+void gw_conn_stream_body(gw_conn_t *c, const char *p, size_t n, bool end)
+{
+    if (c->closed || c->phase != GW_PHASE_BODY)
+        return; /* answered already (413, 400, ...) or dispatched: the rest is dropped */
+    gw_conn_stream_fed(c, gw_http_load_body(c->parser, p, n, end, gw_conn_body_cb, c), n);
+}
+
+void gw_conn_out_drained(gw_conn_t *c)
+{
+    if (!c->closed && c->phase == GW_PHASE_BUSY && c->req)
+        gw_proxy_client_drained(c->req);
+}
+
+/* ---- the output interface ---------------------------------------------------- */
+
+struct evbuffer *gw_out_head_begin(gw_req_t *r, int status)
+{
+    return r->c->out->head_begin(r->c, r, status);
+}
+
+void gw_out_head_end(gw_req_t *r, struct evbuffer *hb, int64_t length)
+{
+    r->bytes_out += r->c->out->head_end(r->c, r, hb, length);
+    r->head_sent = true;
+}
+
+void gw_out_data(gw_req_t *r, const void *p, size_t n)
+{
+    r->bytes_out += r->c->out->data(r->c, r, p, n);
+}
+
+void gw_out_end(gw_req_t *r)
+{
+    r->bytes_out += r->c->out->end(r->c, r);
+}
+
+void gw_out_abort(gw_req_t *r)
+{
+    r->c->out->abort(r->c);
+}
+
+size_t gw_out_pending(const gw_req_t *r)
+{
+    return r->c->out->pending(r->c);
+}
+
+void gw_out_watch(gw_req_t *r, size_t low)
+{
+    r->c->out->watch(r->c, low);
+}
+
+/* HTTP/1.1: straight into the connection's output buffer (wio.c writes it
+ * at the end of the loop turn). The head's status line is written by
+ * _begin, the caller's lines follow, _end adds the framing. */
+static struct evbuffer *gw_h1_head_begin(gw_conn_t *c, gw_req_t *r, int status)
+{
+    (void)r;
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    c->head_mark = evbuffer_get_length(out);
+    char line[64];
+    gw_sb_t b;
+    gw_sb_init(&b, line, sizeof(line));
+    gw_sb_lit(&b, "HTTP/1.1 ");
+    gw_sb_u64(&b, (uint64_t)status);
+    gw_sb_lit(&b, " ");
+    gw_sb_str(&b, gw_http_status_text(status));
+    gw_sb_lit(&b, "\r\n");
+    gw_sb_flush(&b, out);
+    return out;
+}
+
+static size_t gw_h1_head_end(gw_conn_t *c, gw_req_t *r, struct evbuffer *out, int64_t length)
+{
+    if (c->w->draining)
+        c->close_after = true;
+    char stack[160];
+    gw_sb_t b;
+    gw_sb_init(&b, stack, sizeof(stack));
+    if (length >= 0) {
+        gw_sb_lit(&b, "Content-Length: ");
+        gw_sb_u64(&b, (uint64_t)length);
+        gw_sb_lit(&b, "\r\n");
+    } else if (length == -1) {
+        const gw_http_msg_t *cm = gw_http_msg(c->parser);
+        if (cm && cm->http_minor >= 1) {
+            gw_sb_lit(&b, "Transfer-Encoding: chunked\r\n");
+            r->chunked_out = true;
+        } else {
+            c->close_after = true; /* HTTP/1.0: the close ends the body */
+        }
+    }
+    if (c->close_after)
+        gw_sb_lit(&b, "Connection: close\r\n");
+    size_t dl;
+    const char *date = gw_date_header(&dl);
+    gw_sb_add(&b, date, dl);
+    gw_sb_lit(&b, "\r\n");
+    gw_sb_flush(&b, out);
+    size_t n = evbuffer_get_length(out) - c->head_mark;
+    sl_counter_add(gw_m.bytes_client_out, n);
+    return n;
+}
+
+static size_t gw_h1_data(gw_conn_t *c, gw_req_t *r, const void *p, size_t n)
+{
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    if (r->chunked_out) {
+        /* An event is typically a few hundred bytes: frame it in one piece. */
+        char stack[4096];
+        gw_sb_t b;
+        gw_sb_init(&b, stack, sizeof(stack));
+        gw_sb_hex(&b, n);
+        gw_sb_lit(&b, "\r\n");
+        if (n <= sizeof(stack) - 32) {
+            gw_sb_add(&b, p, n);
+            gw_sb_lit(&b, "\r\n");
+            n = gw_sb_flush(&b, out);
+        } else {
+            size_t k = gw_sb_flush(&b, out);
+            evbuffer_add(out, p, n);
+            evbuffer_add(out, GW_LIT("\r\n"));
+            n += k + 2;
+        }
+    } else {
+        evbuffer_add(out, p, n);
+    }
+    sl_counter_add(gw_m.bytes_client_out, n);
+    return n;
+}
+
+static size_t gw_h1_end(gw_conn_t *c, gw_req_t *r)
+{
+    if (!r->chunked_out)
+        return 0;
+    evbuffer_add(bufferevent_get_output(c->bev), GW_LIT("0\r\n\r\n"));
+    sl_counter_add(gw_m.bytes_client_out, 5);
+    return 5;
+}
+
+static void gw_h1_abort(gw_conn_t *c)
+{
+    c->close_after = true; /* a short body + close is the only signal */
+}
+
+static size_t gw_h1_pending(const gw_conn_t *c)
+{
+    return evbuffer_get_length(bufferevent_get_output(c->bev));
+}
+
+static void gw_h1_watch(gw_conn_t *c, size_t low)
+{
+    bufferevent_setwatermark(c->bev, EV_WRITE, low, 0);
+}
+
+static const gw_out_ops_t gw_out_h1 = {
+    .head_begin = gw_h1_head_begin,
+    .head_end = gw_h1_head_end,
+    .data = gw_h1_data,
+    .end = gw_h1_end,
+    .abort = gw_h1_abort,
+    .pending = gw_h1_pending,
+    .watch = gw_h1_watch,
+};

@@ -17,8 +17,37 @@
 #include "gateway/gw_wio.h"
 #include "gateway/http1.h"
 
+/* The answer's way out: how a request writes its client's answer, whatever
+ * the framing. conn.c implements it for HTTP/1.1 (a status line, header
+ * lines, Content-Length or chunked, into the socket's bufferevent) and h2.c
+ * for a stream (HEADERS and DATA frames submitted to nghttp2 directly, the
+ * body read from the stream's own buffer). Callers use the gw_out_*
+ * wrappers below, which keep r's counters. */
+typedef struct gw_out_ops {
+    /* Starts the head: returns a buffer the caller appends header lines to
+     * ("Name: value\r\n", HTTP/1.1 syntax, never framing headers). */
+    struct evbuffer *(*head_begin)(gw_conn_t *c, gw_req_t *r, int status);
+    /* Ends it: framing from length (>= 0: Content-Length; -1: unknown, so
+     * chunked or until close; -2: no body), Date. Returns the bytes queued. */
+    size_t (*head_end)(gw_conn_t *c, gw_req_t *r, struct evbuffer *hb, int64_t length);
+    /* Body bytes, sent as soon as the client takes them (one SSE event is
+     * flushed at once). Returns the bytes queued, framing included. */
+    size_t (*data)(gw_conn_t *c, gw_req_t *r, const void *p, size_t n);
+    /* The body is complete (a chunked body's last chunk). */
+    size_t (*end)(gw_conn_t *c, gw_req_t *r);
+    /* The answer cannot be completed (cut after its head): the client must
+     * not take it as whole (HTTP/1.1: close after it; h2: RST_STREAM). */
+    void (*abort)(gw_conn_t *c);
+    /* Answer bytes queued that the client has not taken yet (backpressure). */
+    size_t (*pending)(const gw_conn_t *c);
+    /* Call gw_conn_out_drained() once pending() falls to low (0: stop). */
+    void (*watch)(gw_conn_t *c, size_t low);
+} gw_out_ops_t;
+
 struct gw_conn {
     gw_worker_t *w;
+    const gw_out_ops_t *out; /* the answer's framing (gw_out_h1, or h2.c's for a stream) */
+    void *out_arg;           /* the implementation's (h2.c: the stream) */
     struct bufferevent *bev;
     gw_wio_t wio;
     bool tls;
@@ -36,11 +65,13 @@ struct gw_conn {
     bool linger;      /* request bytes may be unread: lingering close (conn.c) */
     bool lingering;   /* write side shut, draining input until EOF or deadline */
     size_t linger_bytes;
+    size_t head_mark; /* output length when the current head began (HTTP/1.1) */
     /* HTTP/2 (h2.c): the connection itself, after ALPN or the preface... */
     struct gw_h2 *h2;
     bool h2c;       /* plain listener with h2c: true: the preface switches to h2 */
     bool h2_stream; /* ...or one stream's request connection (protocol "h2") */
-    /* Called once from gw_conn_close (the stream connection's owner). */
+    /* Called once from gw_conn_close, or from gw_conn_req_done for an h2
+     * stream's (the stream connection's owner, h2.c). */
     void (*on_close)(void *arg);
     void *on_close_arg;
     TAILQ_ENTRY(gw_conn) link;
@@ -61,6 +92,37 @@ void gw_conn_cache_free(gw_worker_t *w);
 struct event_base *gw_conn_base(const gw_conn_t *c);
 const struct conf *gw_conn_conf(const gw_conn_t *c);
 void gw_conn_defer_free(gw_conn_t *c, void (*fn)(void *), void *obj);
+/* h2.c: a stream's request connection, with no socket of its own: its
+ * answer goes out through ops (arg for them), its request head is loaded
+ * from decoded fields (gw_http_load_*) into c->parser, then
+ * gw_conn_stream_fed(). It is not in the worker's connection list (the h2
+ * connection is); the request struct exists at once (c->req). */
+gw_conn_t *gw_conn_new_stream(gw_worker_t *w, const gw_out_ops_t *ops, void *arg, const char *peer,
+                              bool tls);
+/* A stream connection whose request is done (c->on_close was called from
+ * gw_conn_req_done, c not closed), made ready for another stream's request
+ * (arg for the ops): its parser, timer, request struct and body buffer are
+ * reused. NULL on OOM (c is closed). */
+gw_conn_t *gw_conn_stream_reuse(gw_conn_t *c, void *arg);
+/* What the last gw_http_load_* on c->parser returned: HEAD arms the body
+ * deadline, DONE dispatches the request (route, hooks, proxy, exactly as
+ * HTTP/1.1), ERROR answers 4xx as a parse error does. */
+void gw_conn_stream_fed(gw_conn_t *c, gw_http_state_t st, size_t bytes);
+/* A stream's DATA (end: END_STREAM): through gw_http_load_body (limits,
+ * Content-Length) into the request's body, then as gw_conn_stream_fed. */
+void gw_conn_stream_body(gw_conn_t *c, const char *p, size_t n, bool end);
+/* The answer's pending bytes fell to the watched level (backpressure off). */
+void gw_conn_out_drained(gw_conn_t *c);
+
+/* The output interface, for the request's writers (respond.c, proxy.c). */
+struct evbuffer *gw_out_head_begin(gw_req_t *r, int status);
+void gw_out_head_end(gw_req_t *r, struct evbuffer *hb, int64_t length);
+void gw_out_data(gw_req_t *r, const void *p, size_t n);
+void gw_out_end(gw_req_t *r);
+void gw_out_abort(gw_req_t *r);
+size_t gw_out_pending(const gw_req_t *r);
+void gw_out_watch(gw_req_t *r, size_t low);
+
 /* The current request is finished: log, count, then keep-alive or close. */
 void gw_conn_req_done(gw_conn_t *c);
 /* Drain: close if idle, else close after the current response. */

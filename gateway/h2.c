@@ -3,25 +3,27 @@
  * control and the protocol checks; this file maps streams to requests.
  *
  * Every stream becomes one request on its own stream connection
- * (gw_conn_t, conn.c) fed through a bufferevent pair: the stream's headers
- * are written to it as an HTTP/1.1 head (never raw bytes: names and values
- * nghttp2 has already validated) and its DATA as the body, so the request
- * meets exactly the limits, deadlines, routes, hooks, proxy, fallback,
- * access log and metrics of an HTTP/1.1 request. The stream connection's
- * answer comes back on the pair, is framed by the HTTP/1.1 response adapter
- * and leaves as HEADERS and one DATA frame per write (so an SSE event is
- * flushed the moment the relay writes it).
+ * (gw_conn_t, conn.c, gw_conn_new_stream) that has no socket: the stream's
+ * decoded header fields are loaded into its request parser
+ * (gw_http_load_*: the same limits and checks as an HTTP/1.1 head, no text
+ * in between) and its DATA into the request body, so the request meets
+ * exactly the limits, deadlines, routes, hooks, proxy, fallback, access log
+ * and metrics of an HTTP/1.1 request. Its answer comes out through the
+ * connection's output interface (gw_out_ops_t), implemented here: the head
+ * becomes HEADERS submitted to nghttp2 at once, the body goes into the
+ * stream's buffer, which nghttp2's data source reads as DATA frames as the
+ * windows allow (one SSE event is flushed in the loop turn it was written).
  *
- * Backpressure: a stream's pending output is capped (GW_H2_STREAM_HWM);
- * above it the pair is not read, the stream connection's output grows and
- * the relay pauses its upstream, exactly as for a slow HTTP/1.1 client. The
- * connection's socket output is capped the same way (GW_H2_OUT_HWM): frames
- * are produced only as the socket drains, and nghttp2 picks which stream's
- * DATA goes next, so the connection window is shared between streams.
+ * Backpressure: the stream's buffer is what the relay sees as the client's
+ * pending output (sse.buffer_bytes pauses the upstream, half of it resumes
+ * it, gw_conn_out_drained). The connection's socket output is capped
+ * (GW_H2_OUT_HWM): frames are produced only as the socket drains, and
+ * nghttp2 picks which stream's DATA goes next, so the connection window is
+ * shared between streams.
  *
  * Nothing here runs the nghttp2 session from inside one of its own
  * callbacks: callbacks only record, and gw_h2_flush() runs once the
- * callback-raising call has returned.
+ * callback-raising call has returned (or from the flush event).
  */
 #include <ctype.h>
 #include <stdio.h>
@@ -44,34 +46,51 @@
 #include "gateway/gw_types.h"
 #include "gateway/http1.h"
 
-/* A stream's answer waiting for its window, at most (then the pair is not
- * read and the relay's own backpressure takes over). */
-#define GW_H2_STREAM_HWM (64 * 1024)
 /* Frames queued on the socket, at most, before nghttp2 is asked for more. */
 #define GW_H2_OUT_HWM (64 * 1024)
 /* Longest :method / :path / :authority kept. */
 #define GW_H2_PSEUDO_MAX 8192
+/* Response header fields of one head, at most (the rest are dropped). */
+#define GW_H2_NV_MAX 128
+/* The concurrent-stream limit nghttp2 itself is given: one it never
+ * reaches, so that streams over ours are refused here (gw_h2_send_settings
+ * says why). */
+#define GW_H2_NG_STREAMS (1u << 30)
+/* Streams refused in a row (none accepted in between) before the client
+ * counts as flooding: GOAWAY ENHANCE_YOUR_CALM. */
+#define GW_H2_REFUSED_RUN_MAX 200
+/* Frames that cost us work and do nothing for the client, as token
+ * buckets per connection (burst, refill a second): PRIORITY frames
+ * (CVE-2019-9513, the priority tree churned) and DATA frames without a
+ * byte of data nor END_STREAM (CVE-2019-9518, empty frames). nghttp2 has
+ * no limit of its own for either. */
+#define GW_H2_PRIORITY_BURST 200
+#define GW_H2_PRIORITY_RATE  50
+#define GW_H2_EMPTY_BURST    100
+#define GW_H2_EMPTY_RATE     10
+
+typedef struct gw_h2_bucket {
+    double tokens;
+    int64_t ms; /* last refill, 0 = full and never used */
+} gw_h2_bucket_t;
 
 typedef struct gw_h2_stream {
     gw_h2_t *h;
     int32_t id;
-    gw_conn_t *sc;           /* the stream's request connection; NULL once closed */
-    struct bufferevent *bev; /* our end of the pair (the other is sc's) */
-    struct evbuffer *hdrs;   /* regular header lines, as HTTP/1.1 */
+    gw_conn_t *sc; /* the stream's request connection; NULL once closed */
     char *method, *path, *authority;
-    size_t hdr_bytes; /* decoded header list size, RFC 9113 6.5.2's way */
-    bool too_large;   /* over http2.max_header_list: answered 431 */
-    bool bad;         /* a header we cannot carry: answered 400 */
-    bool has_cl;      /* the client sent content-length */
-    bool chunked;     /* the body goes to sc as chunks */
-    bool started;     /* the head went to sc */
-    bool head_req;    /* HEAD: the answer has no body */
-    gw_http_parser_t *resp;
+    size_t hdr_bytes;     /* decoded header list size, RFC 9113 6.5.2's way */
+    bool too_large;       /* over http2.max_header_list: answered 431 */
+    bool bad;             /* a header we cannot carry: answered 400 */
+    bool head_req;        /* HEAD: the answer has no body */
+    int status;           /* the answer's, from head_begin */
     struct evbuffer *out; /* answer body bytes not yet in DATA frames */
+    size_t watch_low;     /* tell the request when out falls to this (0: off) */
     bool submitted;       /* the response HEADERS are queued */
+    bool no_body;         /* ... with END_STREAM: body bytes are dropped */
     bool resp_done;       /* the answer is complete (END_STREAM when out is empty) */
+    bool aborted;         /* the answer was cut: RST_STREAM, not END_STREAM */
     bool deferred;        /* the data source said DEFERRED: resume on more */
-    bool paused;          /* the pair is not read (out above GW_H2_STREAM_HWM) */
     bool closed;          /* nghttp2 closed it */
     bool cut;             /* reset for the send timeout */
     int64_t progress_ms;  /* out last drained or started filling (send timeout) */
@@ -80,23 +99,27 @@ typedef struct gw_h2_stream {
 
 struct gw_h2 {
     gw_conn_t *c;
-    gw_worker_t *w; /* the connection's (for gw_conn_new_bev) */
+    gw_worker_t *w; /* the connection's (for gw_conn_new_stream) */
     nghttp2_session *sess;
     TAILQ_HEAD(, gw_h2_stream) streams;
     size_t nstreams;
-    struct event *idle_ev; /* no open stream for http2.idle_timeout: GOAWAY */
-    struct event *wd_ev;   /* send timeout per stream, armed while one has output */
-    int in_cb;             /* inside a call that raises nghttp2 callbacks */
-    bool closing;          /* GOAWAY sent or fatal: close once output is out */
-    bool calm_ours;        /* the ENHANCE_YOUR_CALM GOAWAY is ours, counted already */
+    struct event *idle_ev;  /* no open stream for http2.idle_timeout: GOAWAY */
+    struct event *wd_ev;    /* send timeout per stream, armed while one has output */
+    struct event *flush_ev; /* frames out once the current callbacks are done */
+    struct evbuffer *hb;    /* a response head's lines, between head_begin and _end */
+    gw_conn_t *spare_sc;    /* a finished stream's request connection, for the next */
+    int in_cb;              /* inside a call that raises nghttp2 callbacks */
+    bool closing;           /* GOAWAY sent or fatal: close once output is out */
+    bool calm_ours;         /* the ENHANCE_YOUR_CALM GOAWAY is ours, counted already */
+    bool drained;           /* a watched stream's output fell to its mark */
     /* rapid reset: a token bucket of client resets (CVE-2023-44487) */
-    double reset_tokens;
-    int64_t reset_ms;
+    gw_h2_bucket_t resets, priority, empty;
+    unsigned refused_run; /* streams refused since the last one accepted */
+    int64_t max_streams;  /* http2.max_concurrent_streams, counted here */
     int64_t max_header_list;
 };
 
 static void gw_h2_flush(gw_h2_t *h);
-static void gw_h2_stream_read(gw_h2_stream_t *s);
 static void gw_h2_watch(gw_h2_t *h);
 
 static void gw_h2_count(const char *event)
@@ -104,78 +127,188 @@ static void gw_h2_count(const char *event)
     sl_counter_add(sl_metric_series1(gw_m.h2_events, event), 1);
 }
 
-/* ---- the answer: pair -> HEADERS + DATA ----------------------------------- */
+/* Frames out soon: at the end of the current nghttp2 call, or from the
+ * flush event once the current callbacks (an upstream read) are done, so
+ * the answers of one loop turn leave in one write. */
+static void gw_h2_kick(gw_h2_t *h)
+{
+    if (!h->in_cb && h->flush_ev && !h->c->closed)
+        event_active(h->flush_ev, EV_TIMEOUT, 0);
+}
+
+/* ---- the answer: the output interface -> HEADERS + DATA ------------------- */
 
 static ssize_t gw_h2_data_read(nghttp2_session *sess, int32_t id, uint8_t *buf, size_t len,
                                uint32_t *flags, nghttp2_data_source *src, void *ud)
 {
     (void)sess;
     (void)id;
-    (void)ud;
+    gw_h2_t *h = ud;
     gw_h2_stream_t *s = src->ptr;
     int n = evbuffer_remove(s->out, buf, len);
     if (n < 0)
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
     if (n > 0)
         s->progress_ms = sl_now_ms();
-    if (evbuffer_get_length(s->out) == 0 && s->resp_done)
+    size_t left = evbuffer_get_length(s->out);
+    if (left == 0 && s->resp_done)
         *flags |= NGHTTP2_DATA_FLAG_EOF;
     else if (n == 0) {
         s->deferred = true;
         return NGHTTP2_ERR_DEFERRED;
     }
-    if (s->paused && evbuffer_get_length(s->out) < GW_H2_STREAM_HWM / 2 && s->bev) {
-        s->paused = false;
-        bufferevent_enable(s->bev, EV_READ);
-    }
+    if (s->watch_low && left <= s->watch_low)
+        h->drained = true; /* told after the session call returns (gw_h2_flush) */
     return n;
 }
 
-/* Submits the answer's head: the HTTP/1.1 head's status and headers, hop
- * by hop ones dropped, names lower-cased as RFC 9113 8.2.1 wants. */
-static int gw_h2_submit_head(gw_h2_stream_t *s, const gw_http_msg_t *m)
+static void gw_h2_resume(gw_h2_stream_t *s)
 {
-    size_t total = 4;
-    for (size_t i = 0; i < m->nheaders; i++)
-        total += m->headers[i].name_len + 1;
-    nghttp2_nv *nv = calloc(m->nheaders + 1, sizeof(*nv));
-    char *names = malloc(total);
-    if (!nv || !names) {
-        free(nv);
-        free(names);
-        return -1;
+    if (s->submitted && s->deferred && !s->closed) {
+        s->deferred = false;
+        nghttp2_session_resume_data(s->h->sess, s->id);
     }
-    char status[8];
-    snprintf(status, sizeof(status), "%03d",
-             m->status >= 100 && m->status < 1000 ? m->status : 502);
-    size_t n = 0, off = 0;
-    nv[n++] = (nghttp2_nv){(uint8_t *)":status", (uint8_t *)status, 7, 3, NGHTTP2_NV_FLAG_NONE};
-    for (size_t i = 0; i < m->nheaders; i++) {
-        const gw_http_header_t *hd = &m->headers[i];
-        if (gw_http_header_is_hop(m, hd->name, hd->name_len))
-            continue;
-        char *lc = names + off;
-        for (size_t k = 0; k < hd->name_len; k++)
-            lc[k] = (char)tolower((unsigned char)hd->name[k]);
-        off += hd->name_len;
-        nv[n++] = (nghttp2_nv){(uint8_t *)lc, (uint8_t *)hd->value, hd->name_len, hd->value_len,
-                               NGHTTP2_NV_FLAG_NONE};
-    }
-    nghttp2_data_provider dp = {.source.ptr = s, .read_callback = gw_h2_data_read};
-    int rv = nghttp2_submit_response(s->h->sess, s->id, nv, n, &dp);
-    free(nv);
-    free(names);
-    if (rv != 0)
-        return -1;
-    s->submitted = true;
-    return 0;
 }
 
-static int gw_h2_resp_body(void *arg, const char *p, size_t n)
+static struct evbuffer *gw_h2_out_head_begin(gw_conn_t *c, gw_req_t *r, int status)
 {
-    gw_h2_stream_t *s = arg;
-    return evbuffer_add(s->out, p, n);
+    (void)r;
+    gw_h2_stream_t *s = c->out_arg;
+    s->status = status >= 100 && status < 1000 ? status : 502;
+    evbuffer_drain(s->h->hb, evbuffer_get_length(s->h->hb));
+    return s->h->hb;
 }
+
+/* RFC 9113 8.2.2: never in an h2 message. */
+static bool gw_h2_conn_specific(const char *n, size_t len)
+{
+    static const char *const names[] = {"connection",        "keep-alive", "proxy-connection",
+                                        "transfer-encoding", "upgrade",    "te",
+                                        "content-length",    NULL};
+    for (const char *const *p = names; *p; p++)
+        if (strlen(*p) == len && memcmp(*p, n, len) == 0)
+            return true;
+    return false;
+}
+
+/* The head's lines ("Name: value\r\n", made by sluice itself, so well
+ * formed) become the HEADERS' fields: names lower-cased as RFC 9113 8.2.1
+ * wants, connection-specific ones dropped, content-length from length. */
+static size_t gw_h2_out_head_end(gw_conn_t *c, gw_req_t *r, struct evbuffer *hb, int64_t length)
+{
+    gw_h2_stream_t *s = c->out_arg;
+    gw_h2_t *h = s->h;
+    if (s->closed || s->submitted)
+        return 0;
+    size_t len = evbuffer_get_length(hb);
+    char *p = len ? (char *)evbuffer_pullup(hb, -1) : NULL, *end = p + len;
+    nghttp2_nv nv[GW_H2_NV_MAX];
+    char status[8], cl[24];
+    (void)r;
+    status[0] = (char)('0' + s->status / 100 % 10); /* 100..999 (head_begin) */
+    status[1] = (char)('0' + s->status / 10 % 10);
+    status[2] = (char)('0' + s->status % 10);
+    size_t n = 0, bytes = 0;
+    nv[n++] = (nghttp2_nv){(uint8_t *)":status", (uint8_t *)status, 7, 3, NGHTTP2_NV_FLAG_NONE};
+    while (p && p < end && n < GW_H2_NV_MAX - 2) {
+        char *eol = memchr(p, '\n', (size_t)(end - p));
+        char *line_end = eol ? eol : end;
+        char *colon = memchr(p, ':', (size_t)(line_end - p));
+        if (colon && colon > p) {
+            char *v = colon + 1, *ve = line_end;
+            while (v < ve && (*v == ' ' || *v == '\t'))
+                v++;
+            while (ve > v && (ve[-1] == '\r' || ve[-1] == ' ' || ve[-1] == '\t'))
+                ve--;
+            for (char *k = p; k < colon; k++)
+                *k = (char)tolower((unsigned char)*k);
+            size_t nl = (size_t)(colon - p);
+            if (!gw_h2_conn_specific(p, nl)) {
+                nv[n++] = (nghttp2_nv){(uint8_t *)p, (uint8_t *)v, nl, (size_t)(ve - v),
+                                       NGHTTP2_NV_FLAG_NONE};
+                bytes += nl + (size_t)(ve - v) + 4;
+            }
+        }
+        p = line_end + 1;
+    }
+    if (length >= 0) {
+        char *e = cl + sizeof(cl), *d = e;
+        uint64_t v = (uint64_t)length;
+        do
+            *--d = (char)('0' + v % 10);
+        while ((v /= 10) != 0);
+        nv[n++] = (nghttp2_nv){(uint8_t *)"content-length", (uint8_t *)d, 14, (size_t)(e - d),
+                               NGHTTP2_NV_FLAG_NONE};
+    }
+    size_t dl;
+    const char *date = gw_date_header(&dl); /* "Date: ...\r\n" */
+    if (dl > 8 && n < GW_H2_NV_MAX)
+        nv[n++] =
+            (nghttp2_nv){(uint8_t *)"date", (uint8_t *)date + 6, 4, dl - 8, NGHTTP2_NV_FLAG_NONE};
+    s->no_body = length == -2 || s->head_req;
+    nghttp2_data_provider dp = {.source.ptr = s, .read_callback = gw_h2_data_read};
+    int rv = nghttp2_submit_response(h->sess, s->id, nv, n, s->no_body ? NULL : &dp);
+    if (rv != 0) {
+        s->aborted = true;
+        nghttp2_submit_rst_stream(h->sess, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR);
+    } else {
+        s->submitted = true;
+    }
+    s->progress_ms = sl_now_ms();
+    gw_h2_kick(h);
+    return bytes + 13;
+}
+
+static size_t gw_h2_out_data(gw_conn_t *c, gw_req_t *r, const void *p, size_t n)
+{
+    (void)r;
+    gw_h2_stream_t *s = c->out_arg;
+    if (s->closed || s->no_body || s->aborted || n == 0)
+        return 0;
+    if (evbuffer_get_length(s->out) == 0)
+        s->progress_ms = sl_now_ms(); /* the send timeout runs from the first byte waiting */
+    if (evbuffer_add(s->out, p, n) != 0)
+        return 0;
+    gw_h2_resume(s);
+    gw_h2_watch(s->h);
+    gw_h2_kick(s->h);
+    return n;
+}
+
+static size_t gw_h2_out_end(gw_conn_t *c, gw_req_t *r)
+{
+    (void)c;
+    (void)r;
+    return 0; /* END_STREAM goes with the request's end (gw_h2_sc_closed) */
+}
+
+static void gw_h2_out_abort(gw_conn_t *c)
+{
+    gw_h2_stream_t *s = c->out_arg;
+    s->aborted = true;
+}
+
+static size_t gw_h2_out_pending(const gw_conn_t *c)
+{
+    const gw_h2_stream_t *s = c->out_arg;
+    return evbuffer_get_length(s->out);
+}
+
+static void gw_h2_out_watch(gw_conn_t *c, size_t low)
+{
+    gw_h2_stream_t *s = c->out_arg;
+    s->watch_low = low;
+}
+
+static const gw_out_ops_t gw_h2_out = {
+    .head_begin = gw_h2_out_head_begin,
+    .head_end = gw_h2_out_head_end,
+    .data = gw_h2_out_data,
+    .end = gw_h2_out_end,
+    .abort = gw_h2_out_abort,
+    .pending = gw_h2_out_pending,
+    .watch = gw_h2_out_watch,
+};
 
 /* A local answer of this layer (the stream never became a request). */
 static void gw_h2_answer_error(gw_h2_stream_t *s, int status, const char *code, const char *msg)
@@ -201,115 +334,68 @@ static void gw_h2_answer_error(gw_h2_stream_t *s, int status, const char *code, 
         nghttp2_submit_rst_stream(s->h->sess, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR);
 }
 
-static void gw_h2_stream_read(gw_h2_stream_t *s)
-{
-    if (s->closed || !s->bev)
-        return;
-    struct evbuffer *in = bufferevent_get_input(s->bev);
-    if (evbuffer_get_length(s->out) == 0)
-        s->progress_ms = sl_now_ms(); /* the send timeout runs from the first byte waiting */
-    while (!s->resp_done) {
-        gw_http_state_t st = gw_http_feed_evbuffer(s->resp, in, NULL, gw_h2_resp_body, s);
-        if (st == GW_HTTP_HEAD) {
-            if (!s->submitted && gw_h2_submit_head(s, gw_http_msg(s->resp)) < 0) {
-                nghttp2_submit_rst_stream(s->h->sess, NGHTTP2_FLAG_NONE, s->id,
-                                          NGHTTP2_INTERNAL_ERROR);
-                s->resp_done = true;
-            }
-            continue;
-        }
-        if (st == GW_HTTP_DONE) {
-            s->resp_done = true;
-            break;
-        }
-        if (st == GW_HTTP_ERROR) {
-            nghttp2_submit_rst_stream(s->h->sess, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR);
-            s->resp_done = true;
-        }
-        break; /* NEED_MORE */
-    }
-    if (s->resp_done)
-        evbuffer_drain(in, evbuffer_get_length(in));
-    if (!s->paused && evbuffer_get_length(s->out) >= GW_H2_STREAM_HWM) {
-        s->paused = true;
-        bufferevent_disable(s->bev, EV_READ);
-    }
-    if (s->submitted && s->deferred) {
-        s->deferred = false;
-        nghttp2_session_resume_data(s->h->sess, s->id);
-    }
-    if (evbuffer_get_length(s->out) > 0)
-        gw_h2_watch(s->h);
-}
-
-static void gw_h2_pair_readcb(struct bufferevent *bev, void *arg)
-{
-    (void)bev;
-    gw_h2_stream_t *s = arg;
-    gw_h2_stream_read(s);
-    gw_h2_flush(s->h);
-}
-
-static void gw_h2_pair_eventcb(struct bufferevent *bev, short what, void *arg)
-{
-    (void)bev;
-    (void)what;
-    (void)arg; /* the stream connection's end is reported by gw_h2_sc_closed */
-}
-
-/* The stream connection closed (its answer is out, or it failed). */
+/* The stream connection is done: its request finished (from
+ * gw_conn_req_done: sc still open, its request gone), or it is closing
+ * (the answer cut, or it failed before answering). */
 static void gw_h2_sc_closed(void *arg)
 {
     gw_h2_stream_t *s = arg;
+    gw_h2_t *h = s->h;
+    gw_conn_t *sc = s->sc;
     s->sc = NULL;
-    if (s->closed)
+    bool whole = sc && !sc->closed && !sc->req && !s->aborted;
+    if (sc && !sc->closed) { /* kept for the connection's next stream */
+        sc->out_arg = NULL;
+        if (h->spare_sc || h->c->closed)
+            gw_conn_close(sc);
+        else
+            h->spare_sc = sc;
+    }
+    if (s->closed || s->resp_done)
         return;
-    gw_h2_stream_read(s); /* what it wrote last may not have been read yet */
-    if (!s->resp_done) {
-        s->resp_done = true;
+    s->resp_done = true;
+    if (!whole) {
         if (s->submitted) /* a truncated answer: the client must not take it as whole */
-            nghttp2_submit_rst_stream(s->h->sess, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR);
+            nghttp2_submit_rst_stream(h->sess, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR);
         else
             gw_h2_answer_error(s, 502, "bad_gateway", "the request ended without an answer");
+    } else if (!s->submitted) {
+        gw_h2_answer_error(s, 502, "bad_gateway", "the request ended without an answer");
     }
-    if (s->submitted && s->deferred) {
-        s->deferred = false;
-        nghttp2_session_resume_data(s->h->sess, s->id);
-    }
-    if (!s->h->in_cb)
-        gw_h2_flush(s->h);
+    gw_h2_resume(s);
+    gw_h2_kick(h);
 }
 
-/* ---- the request: HEADERS + DATA -> pair ---------------------------------- */
+/* ---- the request: HEADERS + DATA -> the stream's request ---------------- */
 
 static void gw_h2_stream_free(void *arg)
 {
     gw_h2_stream_t *s = arg;
-    evbuffer_free(s->hdrs);
     evbuffer_free(s->out);
-    gw_http_parser_free(s->resp);
     free(s->method);
     free(s->path);
     free(s->authority);
     free(s);
 }
 
-/* Unlinks s, closes its request connection (cancelling its upstream) and
- * frees it at the next safe point. */
-static void gw_h2_stream_close(gw_h2_stream_t *s)
+/* Closes s's request connection (cancelling its upstream), if any. */
+static void gw_h2_stream_drop_sc(gw_h2_stream_t *s)
 {
-    gw_h2_t *h = s->h;
-    s->closed = true;
     if (s->sc) {
         gw_conn_t *sc = s->sc;
         s->sc = NULL;
         sc->on_close = NULL;
         gw_conn_close(sc);
     }
-    if (s->bev) {
-        bufferevent_free(s->bev);
-        s->bev = NULL;
-    }
+}
+
+/* Unlinks s, closes its request connection and frees it at the next safe
+ * point. */
+static void gw_h2_stream_close(gw_h2_stream_t *s)
+{
+    gw_h2_t *h = s->h;
+    s->closed = true;
+    gw_h2_stream_drop_sc(s);
     TAILQ_REMOVE(&h->streams, s, link);
     h->nstreams--;
     gw_conn_defer_free(h->c, gw_h2_stream_free, s);
@@ -327,17 +413,19 @@ static gw_h2_stream_t *gw_h2_stream_new(gw_h2_t *h, int32_t id)
         return NULL;
     s->h = h;
     s->id = id;
-    s->hdrs = evbuffer_new();
     s->out = evbuffer_new();
-    /* The answer comes from our own stream connection: any body length
-     * (an SSE stream has no end known in advance), a generous head. */
-    static const gw_http_limits_t resp_lim = {
-        .header_bytes = 64 * 1024, .header_lines = 256, .max_body_bytes = 0};
-    s->resp = gw_http_parser_new(GW_HTTP_RESPONSE, &resp_lim);
-    if (!s->hdrs || !s->out || !s->resp) {
+    if (s->out && h->spare_sc) {
+        s->sc = gw_conn_stream_reuse(h->spare_sc, s);
+        h->spare_sc = NULL;
+    } else if (s->out) {
+        s->sc = gw_conn_new_stream(h->w, &gw_h2_out, s, h->c->peer, h->c->tls);
+    }
+    if (!s->sc) {
         gw_h2_stream_free(s);
         return NULL;
     }
+    s->sc->on_close = gw_h2_sc_closed;
+    s->sc->on_close_arg = s;
     TAILQ_INSERT_TAIL(&h->streams, s, link);
     h->nstreams++;
     if (h->idle_ev)
@@ -348,65 +436,51 @@ static gw_h2_stream_t *gw_h2_stream_new(gw_h2_t *h, int32_t id)
 /* The header block is complete: the stream becomes a request. */
 static void gw_h2_stream_start(gw_h2_stream_t *s, bool end_stream)
 {
-    gw_h2_t *h = s->h;
+    if (!s->sc)
+        return;
+    gw_conn_t *sc = s->sc;
+    gw_h2_count("streams");
+    /* A head h2 itself finds malformed is answered by the request like a
+     * malformed HTTP/1.1 head (431/400, access log, parse-error metric). */
+    gw_http_state_t st;
     if (s->too_large) {
         gw_h2_count("headers_too_large");
-        gw_h2_answer_error(s, 431, "headers_too_large", "request headers too large");
-        return;
+        st = gw_http_load_fail(sc->parser, 431, "header_list_too_large");
+    } else if (s->bad || !s->method || !s->path) {
+        st = gw_http_load_fail(sc->parser, 400, "bad_pseudo_header");
+    } else {
+        s->head_req = strcmp(s->method, "HEAD") == 0;
+        st = gw_http_load_head(sc->parser, s->method, s->path, s->authority, !end_stream);
     }
-    if (s->bad || !s->method || !s->path) {
-        gw_h2_answer_error(s, 400, "bad_request", "malformed request: bad h2 headers");
-        return;
-    }
-    if (strcmp(s->method, "CONNECT") == 0) {
-        gw_h2_answer_error(s, 501, "not_implemented", "CONNECT is not supported");
-        return;
-    }
-    struct bufferevent *pair[2];
-    if (bufferevent_pair_new(gw_conn_base(h->c), BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS,
-                             pair) < 0) {
-        nghttp2_submit_rst_stream(h->sess, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR);
-        return;
-    }
-    s->bev = pair[1];
-    s->sc = gw_conn_new_bev(h->w, pair[0], false, h->c->peer); /* takes pair[0] */
-    if (!s->sc) {
-        nghttp2_submit_rst_stream(h->sess, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR);
-        return;
-    }
-    s->sc->tls = h->c->tls;
-    s->sc->h2_stream = true;
-    s->sc->on_close = gw_h2_sc_closed;
-    s->sc->on_close_arg = s;
-    bufferevent_setcb(s->bev, gw_h2_pair_readcb, NULL, gw_h2_pair_eventcb, s);
-    bufferevent_enable(s->bev, EV_READ | EV_WRITE);
-    s->head_req = strcmp(s->method, "HEAD") == 0;
-    gw_http_parser_set_head_request(s->resp, s->head_req);
-    s->chunked = !end_stream && !s->has_cl;
-    struct evbuffer *o = bufferevent_get_output(s->bev);
-    /* One request per stream connection: it closes after its answer. */
-    evbuffer_add_printf(o, "%s %s HTTP/1.1\r\nHost: %s\r\n", s->method, s->path,
-                        s->authority ? s->authority : "");
-    evbuffer_add_buffer(o, s->hdrs);
-    evbuffer_add_printf(o, "%sConnection: close\r\n\r\n",
-                        s->chunked ? "Transfer-Encoding: chunked\r\n" : "");
-    s->started = true;
-    gw_h2_count("streams");
+    gw_conn_stream_fed(sc, st, 0);
 }
 
 static void gw_h2_stream_body_end(gw_h2_stream_t *s)
 {
-    if (s->started && s->bev && s->chunked) {
-        bufferevent_write(s->bev, GW_LIT("0\r\n\r\n"));
-        s->chunked = false;
-    }
+    if (s->sc)
+        gw_conn_stream_body(s->sc, NULL, 0, true);
 }
+
+static void gw_h2_calm(gw_h2_t *h, const char *event, const char *why);
 
 static int gw_h2_on_begin_headers(nghttp2_session *sess, const nghttp2_frame *f, void *ud)
 {
     gw_h2_t *h = ud;
     if (f->hd.type != NGHTTP2_HEADERS || f->headers.cat != NGHTTP2_HCAT_REQUEST)
         return 0;
+    /* Over SETTINGS_MAX_CONCURRENT_STREAMS, before or after the client
+     * acknowledged it: REFUSED_STREAM (RFC 9113 5.1.2), which a client may
+     * retry, and its other streams go on. The stream has no user data, so
+     * its headers and DATA are ignored; nghttp2 closes it once the RST is
+     * out. */
+    if ((int64_t)h->nstreams >= h->max_streams) {
+        nghttp2_submit_rst_stream(sess, NGHTTP2_FLAG_NONE, f->hd.stream_id, NGHTTP2_REFUSED_STREAM);
+        gw_h2_count("refused_stream");
+        if (++h->refused_run > GW_H2_REFUSED_RUN_MAX)
+            gw_h2_calm(h, "refused_flood", "opens streams over the limit without pause");
+        return 0;
+    }
+    h->refused_run = 0;
     gw_h2_stream_t *s = gw_h2_stream_new(h, f->hd.stream_id);
     if (!s)
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
@@ -440,7 +514,7 @@ static int gw_h2_on_header(nghttp2_session *sess, const nghttp2_frame *f, const 
     s->hdr_bytes += namelen + valuelen + 32;
     if (s->hdr_bytes > (size_t)h->max_header_list)
         s->too_large = true;
-    if (s->too_large || s->bad)
+    if (s->too_large || s->bad || !s->sc)
         return 0;
     if (name[0] == ':') {
         char **slot = NULL;
@@ -470,12 +544,11 @@ static int gw_h2_on_header(nghttp2_session *sess, const nghttp2_frame *f, const 
     if ((namelen == 2 && memcmp(name, "te", 2) == 0) ||
         (namelen == 6 && memcmp(name, "expect", 6) == 0))
         return 0;
-    if (namelen == 14 && memcmp(name, "content-length", 14) == 0)
-        s->has_cl = true;
-    evbuffer_add(s->hdrs, name, namelen);
-    evbuffer_add(s->hdrs, ": ", 2);
-    evbuffer_add(s->hdrs, value, valuelen);
-    evbuffer_add(s->hdrs, "\r\n", 2);
+    /* Straight into the request's parser: its limits (header_lines,
+     * header_bytes: 431) and checks apply; an error is answered once the
+     * block is complete. */
+    (void)gw_http_load_header(s->sc->parser, (const char *)name, namelen, (const char *)value,
+                              valuelen);
     return 0;
 }
 
@@ -485,38 +558,40 @@ static int gw_h2_on_data(nghttp2_session *sess, uint8_t flags, int32_t id, const
     (void)flags;
     (void)ud;
     gw_h2_stream_t *s = nghttp2_session_get_stream_user_data(sess, id);
-    if (!s || !s->started || !s->sc || !s->bev || len == 0)
+    if (!s || !s->sc || len == 0)
         return 0; /* answered already (431, 413, ...): the rest is dropped */
-    if (s->chunked) {
-        char sz[24];
-        int n = snprintf(sz, sizeof(sz), "%zx\r\n", len);
-        bufferevent_write(s->bev, sz, (size_t)n);
-        bufferevent_write(s->bev, data, len);
-        bufferevent_write(s->bev, "\r\n", 2);
-    } else {
-        bufferevent_write(s->bev, data, len);
-    }
+    gw_conn_stream_body(s->sc, (const char *)data, len, false);
     return 0;
 }
 
-/* Client resets: a token bucket of reset_burst, refilled reset_rate a
- * second; empty = rapid reset (CVE-2023-44487): GOAWAY ENHANCE_YOUR_CALM. */
-static bool gw_h2_reset_allowed(gw_h2_t *h)
+/* Takes a token from b (burst, refilled rate a second); false when empty. */
+static bool gw_h2_bucket_take(gw_h2_bucket_t *b, double burst, double rate)
 {
-    const conf_http2_t *c = &gw_conn_conf(h->c)->http2;
     int64_t now = sl_now_ms();
-    if (h->reset_ms == 0) {
-        h->reset_tokens = (double)c->reset_burst;
-        h->reset_ms = now;
+    if (b->ms == 0) {
+        b->tokens = burst;
+        b->ms = now;
     }
-    h->reset_tokens += (double)(now - h->reset_ms) * (double)c->reset_rate / 1000.0;
-    if (h->reset_tokens > (double)c->reset_burst)
-        h->reset_tokens = (double)c->reset_burst;
-    h->reset_ms = now;
-    if (h->reset_tokens < 1.0)
+    b->tokens += (double)(now - b->ms) * rate / 1000.0;
+    if (b->tokens > burst)
+        b->tokens = burst;
+    b->ms = now;
+    if (b->tokens < 1.0)
         return false;
-    h->reset_tokens -= 1.0;
+    b->tokens -= 1.0;
     return true;
+}
+
+/* A client abusing the protocol: GOAWAY ENHANCE_YOUR_CALM, counted once. */
+static void gw_h2_calm(gw_h2_t *h, const char *event, const char *why)
+{
+    if (h->closing)
+        return;
+    gw_h2_count(event);
+    sl_log_limited(SL_LOG_WARN, "h2_calm", "h2: %s %s: GOAWAY ENHANCE_YOUR_CALM", h->c->peer, why);
+    h->calm_ours = true;
+    nghttp2_session_terminate_session(h->sess, NGHTTP2_ENHANCE_YOUR_CALM);
+    h->closing = true;
 }
 
 static int gw_h2_on_frame_recv(nghttp2_session *sess, const nghttp2_frame *f, void *ud)
@@ -539,19 +614,22 @@ static int gw_h2_on_frame_recv(nghttp2_session *sess, const nghttp2_frame *f, vo
             gw_h2_stream_t *s = nghttp2_session_get_stream_user_data(sess, f->hd.stream_id);
             if (s)
                 gw_h2_stream_body_end(s);
+        } else if (f->hd.length <= f->data.padlen &&
+                   !gw_h2_bucket_take(&h->empty, GW_H2_EMPTY_BURST, GW_H2_EMPTY_RATE)) {
+            gw_h2_calm(h, "empty_data_flood", "sends empty DATA frames");
         }
         return 0;
-    case NGHTTP2_RST_STREAM:
+    case NGHTTP2_PRIORITY:
+        if (!gw_h2_bucket_take(&h->priority, GW_H2_PRIORITY_BURST, GW_H2_PRIORITY_RATE))
+            gw_h2_calm(h, "priority_flood", "sends PRIORITY frames too fast");
+        return 0;
+    case NGHTTP2_RST_STREAM: {
         gw_h2_count("rst_recv");
-        if (!gw_h2_reset_allowed(h) && !h->closing) {
-            gw_h2_count("rapid_reset");
-            sl_log_limited(SL_LOG_WARN, "h2_rapid_reset",
-                           "h2: %s resets streams too fast: GOAWAY ENHANCE_YOUR_CALM", h->c->peer);
-            h->calm_ours = true;
-            nghttp2_session_terminate_session(sess, NGHTTP2_ENHANCE_YOUR_CALM);
-            h->closing = true;
-        }
+        const conf_http2_t *c = &gw_conn_conf(h->c)->http2;
+        if (!gw_h2_bucket_take(&h->resets, (double)c->reset_burst, (double)c->reset_rate))
+            gw_h2_calm(h, "rapid_reset", "resets streams too fast");
         return 0;
+    }
     default:
         return 0;
     }
@@ -561,9 +639,7 @@ static int gw_h2_on_frame_send(nghttp2_session *sess, const nghttp2_frame *f, vo
 {
     (void)sess;
     gw_h2_t *h = ud;
-    if (f->hd.type == NGHTTP2_RST_STREAM && f->rst_stream.error_code == NGHTTP2_REFUSED_STREAM)
-        gw_h2_count("refused_stream");
-    else if (f->hd.type == NGHTTP2_GOAWAY && f->goaway.error_code == NGHTTP2_PROTOCOL_ERROR)
+    if (f->hd.type == NGHTTP2_GOAWAY && f->goaway.error_code == NGHTTP2_PROTOCOL_ERROR)
         gw_h2_count("protocol_error");
     else if (f->hd.type == NGHTTP2_GOAWAY && f->goaway.error_code == NGHTTP2_ENHANCE_YOUR_CALM &&
              !h->calm_ours) /* nghttp2's own limits: queued ACKs, SETTINGS entries */
@@ -607,6 +683,17 @@ static void gw_h2_flush(gw_h2_t *h)
         sl_counter_add(gw_m.bytes_client_out, (uint64_t)n);
     }
     h->in_cb--;
+    if (h->drained) { /* backpressure off for streams whose output fell to the mark */
+        h->drained = false;
+        gw_h2_stream_t *s, *next;
+        for (s = TAILQ_FIRST(&h->streams); s; s = next) {
+            next = TAILQ_NEXT(s, link);
+            if (s->watch_low && s->sc && evbuffer_get_length(s->out) <= s->watch_low) {
+                s->watch_low = 0;
+                gw_conn_out_drained(s->sc);
+            }
+        }
+    }
     if (!nghttp2_session_want_read(h->sess) && !nghttp2_session_want_write(h->sess))
         h->closing = true;
     if (h->closing) {
@@ -735,6 +822,13 @@ static void gw_h2_idle_cb(evutil_socket_t fd, short what, void *arg)
     gw_h2_flush(h);
 }
 
+static void gw_h2_flush_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    gw_h2_flush(arg);
+}
+
 void gw_h2_free(gw_h2_t *h)
 {
     if (!h)
@@ -742,6 +836,16 @@ void gw_h2_free(gw_h2_t *h)
     gw_h2_stream_t *s;
     while ((s = TAILQ_FIRST(&h->streams)))
         gw_h2_stream_close(s);
+    if (h->spare_sc) {
+        gw_conn_close(h->spare_sc);
+        h->spare_sc = NULL;
+    }
+    if (h->flush_ev)
+        event_free(h->flush_ev);
+    h->flush_ev = NULL;
+    if (h->hb)
+        evbuffer_free(h->hb);
+    h->hb = NULL;
     if (h->idle_ev)
         event_free(h->idle_ev);
     h->idle_ev = NULL;
@@ -755,6 +859,35 @@ void gw_h2_free(gw_h2_t *h)
     gw_conn_defer_free(h->c, free, h);
 }
 
+/* Our first SETTINGS frame out, telling the client our stream limit.
+ * nghttp2 treats a stream over its acknowledged local limit as a
+ * connection error (GOAWAY PROTOCOL_ERROR, every other stream lost); RFC
+ * 9113 5.1.2 allows REFUSED_STREAM instead, and that is what a client that
+ * raced the limit can recover from. So nghttp2 is given a limit it never
+ * reaches (GW_H2_NG_STREAMS) and counts nothing, the client is told ours
+ * (the value replaced in the frame nghttp2 serialised, before it leaves),
+ * and gw_h2_on_begin_headers refuses what is over it. */
+static int gw_h2_send_settings(gw_h2_t *h, gw_conn_t *c, uint32_t streams)
+{
+    const uint8_t *data;
+    ssize_t n = nghttp2_session_mem_send(h->sess, &data);
+    uint8_t buf[128];
+    if (n < 9 || (size_t)n > sizeof(buf) || data[3] != NGHTTP2_SETTINGS ||
+        ((size_t)data[0] << 16 | (size_t)data[1] << 8 | data[2]) + 9 != (size_t)n)
+        return -1; /* not the one SETTINGS frame nghttp2 always sends first */
+    memcpy(buf, data, (size_t)n);
+    for (size_t off = 9; off + 6 <= (size_t)n; off += 6) {
+        if (buf[off] == 0 && buf[off + 1] == NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS) {
+            buf[off + 2] = (uint8_t)(streams >> 24);
+            buf[off + 3] = (uint8_t)(streams >> 16);
+            buf[off + 4] = (uint8_t)(streams >> 8);
+            buf[off + 5] = (uint8_t)streams;
+        }
+    }
+    sl_counter_add(gw_m.bytes_client_out, (uint64_t)n);
+    return evbuffer_add(bufferevent_get_output(c->bev), buf, (size_t)n);
+}
+
 int gw_h2_start(gw_conn_t *c)
 {
     gw_h2_t *h = calloc(1, sizeof(*h));
@@ -764,6 +897,7 @@ int gw_h2_start(gw_conn_t *c)
     h->c = c;
     h->w = c->w;
     h->max_header_list = hc->max_header_list;
+    h->max_streams = hc->max_concurrent_streams;
     TAILQ_INIT(&h->streams);
     nghttp2_session_callbacks *cb = NULL;
     nghttp2_option *opt = NULL;
@@ -792,17 +926,20 @@ int gw_h2_start(gw_conn_t *c)
     cb = NULL;
     opt = NULL;
     nghttp2_settings_entry iv[] = {
-        {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, (uint32_t)hc->max_concurrent_streams},
+        {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, GW_H2_NG_STREAMS},
         {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, (uint32_t)hc->initial_window},
         {NGHTTP2_SETTINGS_MAX_FRAME_SIZE, (uint32_t)hc->max_frame},
         {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, (uint32_t)hc->max_header_list},
         {NGHTTP2_SETTINGS_ENABLE_PUSH, 0},
     };
-    if (nghttp2_submit_settings(h->sess, NGHTTP2_FLAG_NONE, iv, SL_ARRAY_LEN(iv)) != 0)
+    if (nghttp2_submit_settings(h->sess, NGHTTP2_FLAG_NONE, iv, SL_ARRAY_LEN(iv)) != 0 ||
+        gw_h2_send_settings(h, c, (uint32_t)hc->max_concurrent_streams) != 0)
         goto fail;
     h->idle_ev = evtimer_new(gw_conn_base(c), gw_h2_idle_cb, h);
     h->wd_ev = evtimer_new(gw_conn_base(c), gw_h2_wd_cb, h);
-    if (!h->idle_ev || !h->wd_ev)
+    h->flush_ev = event_new(gw_conn_base(c), -1, 0, gw_h2_flush_cb, h);
+    h->hb = evbuffer_new();
+    if (!h->idle_ev || !h->wd_ev || !h->flush_ev || !h->hb)
         goto fail;
     int64_t ms = hc->idle_timeout_ms;
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
@@ -819,6 +956,10 @@ fail:
         event_free(h->idle_ev);
     if (h->wd_ev)
         event_free(h->wd_ev);
+    if (h->flush_ev)
+        event_free(h->flush_ev);
+    if (h->hb)
+        evbuffer_free(h->hb);
     if (h->sess)
         nghttp2_session_del(h->sess);
     free(h);

@@ -864,6 +864,8 @@ static int arena_move(gw_http_parser_t *p, size_t cap)
  * with the head actually sent, up to the limits' bound; the head's end in
  * d, when it is there, bounds n. Most heads so cost a block of a few
  * hundred bytes, not 16 KiB. -1 on OOM. */
+static int storage_reserve(gw_http_parser_t *p, size_t n, size_t lines);
+
 static int head_reserve(gw_http_parser_t *p, const char *d, size_t n)
 {
     /* After its first other byte, a head's first CRLFCRLF is its end; CR
@@ -875,6 +877,14 @@ static int head_reserve(gw_http_parser_t *p, const char *d, size_t n)
     const char *e = n - lead >= 4 ? memmem(d + lead, n - lead, "\r\n\r\n", 4) : NULL;
     if (e)
         n = (size_t)(e - d) + 4;
+    return storage_reserve(p, n, p->nlines + n / 3 + 2);
+}
+
+/* Room for n more arena bytes and `lines` header entries in all, each
+ * capped by the limits' bound (the checks against the limits are the
+ * callers'); grown at least twofold. -1 on OOM. */
+static int storage_reserve(gw_http_parser_t *p, size_t n, size_t lines)
+{
     size_t full = p->lim.header_bytes + 2 * p->lim.header_lines + 2;
     size_t need = SL_MIN(p->arena_len + n + 1, full);
     if (need > p->arena_cap) {
@@ -882,7 +892,7 @@ static int head_reserve(gw_http_parser_t *p, const char *d, size_t n)
         if (arena_move(p, cap) != 0)
             return -1;
     }
-    size_t lines = SL_MIN(p->nlines + n / 3 + 2, p->lim.header_lines);
+    lines = SL_MIN(lines, p->lim.header_lines);
     if (lines > p->hdrs_cap) {
         size_t cap = SL_MIN(SL_MAX(lines, 2 * p->hdrs_cap), p->lim.header_lines);
         gw_http_header_t *h = realloc(p->hdrs, cap * sizeof(*h));
@@ -1257,6 +1267,172 @@ gw_http_state_t gw_http_feed_eof(gw_http_parser_t *p, gw_http_body_cb body_cb, v
     }
     fail(p, 400, "truncated");
     return GW_HTTP_ERROR;
+}
+
+/* ---- heads decoded by another framing (HTTP/2) ---- */
+
+/* Copies n bytes and a NUL into the arena; false when over header_bytes. */
+static bool load_str(gw_http_parser_t *p, const char *s, size_t n, size_t *off)
+{
+    if (p->head_bytes + n > p->lim.header_bytes) {
+        fail(p, 431, "header_too_large");
+        return false;
+    }
+    /* The storage grows with the head, as for bytes fed (head_reserve). */
+    if (storage_reserve(p, n, p->nlines + 1) != 0) {
+        fail(p, 503, "out_of_memory");
+        return false;
+    }
+    if (p->arena_len + n + 1 > p->arena_cap) {
+        fail(p, 431, "header_too_large");
+        return false;
+    }
+    *off = p->arena_len;
+    memcpy(p->arena + p->arena_len, s, n);
+    p->arena[p->arena_len + n] = '\0';
+    p->arena_len += n + 1;
+    p->head_bytes += n;
+    return true;
+}
+
+static bool all_in(const char *s, size_t n, int cls)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!IS(s[i], cls))
+            return false;
+    return true;
+}
+
+/* RFC 9113 8.2.2: connection-specific fields are malformed in h2. */
+static const char *const gw_http_conn_specific[] = {
+    "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", NULL,
+};
+
+gw_http_state_t gw_http_load_header(gw_http_parser_t *p, const char *name, size_t name_len,
+                                    const char *value, size_t value_len)
+{
+    if (p->state == GW_HTTP_ERROR)
+        return p->state;
+    p->started = true;
+    if (p->nlines >= p->lim.header_lines) {
+        fail(p, 431, "too_many_headers");
+        return p->state;
+    }
+    if (name_len == 0 || !all_in(name, name_len, C_TCHAR) || !all_in(value, value_len, C_VAL)) {
+        fail(p, 400, "bad_header");
+        return p->state;
+    }
+    for (const char *const *c = gw_http_conn_specific; *c; c++) {
+        if (ieq(name, name_len, *c)) {
+            fail(p, 400, "connection_header");
+            return p->state;
+        }
+    }
+    /* OWS is not part of a value (RFC 9110 5.5), as head_scan() trims it. */
+    while (value_len && (value[0] == ' ' || value[0] == '\t')) {
+        value++;
+        value_len--;
+    }
+    while (value_len && (value[value_len - 1] == ' ' || value[value_len - 1] == '\t'))
+        value_len--;
+    size_t no, vo;
+    p->head_bytes += 4; /* ": " and CRLF, as the same line in HTTP/1.1 */
+    if (!load_str(p, name, name_len, &no) || !load_str(p, value, value_len, &vo))
+        return p->state;
+    gw_http_header_t *h = &p->hdrs[p->nlines++];
+    h->name = p->arena + no;
+    h->name_len = name_len;
+    h->value = p->arena + vo;
+    h->value_len = value_len;
+    return p->state;
+}
+
+gw_http_state_t gw_http_load_head(gw_http_parser_t *p, const char *method, const char *path,
+                                  const char *authority, bool body_follows)
+{
+    if (p->state == GW_HTTP_ERROR)
+        return p->state;
+    p->started = true;
+    size_t ml = strlen(method), pl = strlen(path), al = authority ? strlen(authority) : 0;
+    if (ml + pl + 11 > p->lim.request_line_bytes) { /* "M P HTTP/1.1\r\n" */
+        fail(p, 414, "uri_too_long");
+        return p->state;
+    }
+    if (ml == 0 || !all_in(method, ml, C_TCHAR)) {
+        fail(p, 400, "bad_method");
+        return p->state;
+    }
+    if (strcmp(method, "CONNECT") == 0) {
+        fail(p, 501, "connect");
+        return p->state;
+    }
+    if (pl == 0 || !all_in(path, pl, C_TGT)) {
+        fail(p, 400, "bad_target");
+        return p->state;
+    }
+    /* Host from :authority (RFC 9113 8.3.1), checked like a Host header. */
+    if (gw_http_load_header(p, "host", 4, authority ? authority : "", al) == GW_HTTP_ERROR)
+        return p->state;
+    size_t mo, to;
+    if (!load_str(p, method, ml, &mo) || !load_str(p, path, pl, &to))
+        return p->state;
+    p->method_off = mo;
+    p->target_off = to;
+    p->msg.target_len = pl;
+    p->hp.http_major = 1; /* what head_check() asks of an HTTP/1.1 head */
+    p->hp.http_minor = 1;
+    p->hp.method = HTTP_GET;
+    if (head_check(p) != 0)
+        return p->state;
+    head_shrink(p);
+    gw_http_msg_t *m = &p->msg;
+    m->http_major = 2;
+    m->http_minor = 0;
+    m->keep_alive = false; /* one request per stream */
+    m->expect_continue = false;
+    if (!body_follows && m->content_length > 0) {
+        fail(p, 400, "body_length");
+        return p->state;
+    }
+    p->phase = PH_BODY;
+    p->complete = !body_follows;
+    return p->state = body_follows ? GW_HTTP_HEAD : GW_HTTP_DONE;
+}
+
+gw_http_state_t gw_http_load_fail(gw_http_parser_t *p, int status, const char *reason)
+{
+    p->started = true;
+    fail(p, status, reason);
+    return p->state;
+}
+
+gw_http_state_t gw_http_load_body(gw_http_parser_t *p, const char *data, size_t n, bool end,
+                                  gw_http_body_cb body_cb, void *arg)
+{
+    if (p->state == GW_HTTP_ERROR || p->state == GW_HTTP_DONE || p->phase != PH_BODY)
+        return p->state;
+    int64_t cl = p->msg.content_length;
+    if (p->lim.max_body_bytes && p->body_bytes + n > p->lim.max_body_bytes) {
+        fail(p, 413, "body_too_large");
+        return p->state;
+    }
+    if (cl >= 0 && p->body_bytes + n > (uint64_t)cl) {
+        fail(p, 400, "body_length");
+        return p->state;
+    }
+    p->body_bytes += n;
+    if (n && body_cb && body_cb(arg, data, n) != 0) {
+        fail(p, 500, "body_callback");
+        return p->state;
+    }
+    if (!end)
+        return p->state;
+    if (cl >= 0 && p->body_bytes != (uint64_t)cl) {
+        fail(p, 400, "body_length");
+        return p->state;
+    }
+    p->complete = true;
+    return p->state = GW_HTTP_DONE;
 }
 
 gw_http_state_t gw_http_state(const gw_http_parser_t *p)

@@ -160,6 +160,32 @@ int gw_http_error_status(const gw_http_parser_t *p);
  * "duplicate_host", ... ("" when none). The full list is in test_http1.c. */
 const char *gw_http_error_reason(const gw_http_parser_t *p);
 
+/* A request head decoded by another framing (HTTP/2, h2.c), loaded into a
+ * fresh (or reset) request parser without any HTTP/1.1 text: the same
+ * limits and checks as a parsed head (header_lines, header_bytes and
+ * request_line_bytes -> 431/414, method a token, origin-form target, one
+ * Content-Length of digits within max_body_bytes -> 413, the credentials
+ * that may appear once -> 400 duplicate_header), plus the connection-specific
+ * headers RFC 9113 8.2.2 forbids (Connection, Keep-Alive, Proxy-Connection,
+ * Transfer-Encoding, Upgrade -> 400). Headers first, then _load_head with
+ * the pseudo-header fields (authority becomes the Host header); it returns
+ * GW_HTTP_HEAD when a body follows, GW_HTTP_DONE when not, or GW_HTTP_ERROR
+ * (status and reason as for a parsed head). Once an error is set, later
+ * calls return it. gw_http_msg() is valid after HEAD/DONE as usual. */
+gw_http_state_t gw_http_load_header(gw_http_parser_t *p, const char *name, size_t name_len,
+                                    const char *value, size_t value_len);
+gw_http_state_t gw_http_load_head(gw_http_parser_t *p, const char *method, const char *path,
+                                  const char *authority, bool body_follows) SL_WUR;
+/* The other framing found the head malformed itself (h2: a header list
+ * over its cap, missing pseudo-header fields): ERROR with this status and
+ * reason, answered like any other. */
+gw_http_state_t gw_http_load_fail(gw_http_parser_t *p, int status, const char *reason);
+/* Body bytes of a loaded head: counted against max_body_bytes (413) and the
+ * Content-Length (400 body_length), then to body_cb. end: the body is
+ * complete (DONE, or 400 body_length when shorter than Content-Length). */
+gw_http_state_t gw_http_load_body(gw_http_parser_t *p, const char *data, size_t n, bool end,
+                                  gw_http_body_cb body_cb, void *arg) SL_WUR;
+
 /* Case-insensitive header lookup; the first match or NULL. */
 const gw_http_header_t *gw_http_header_find(const gw_http_msg_t *m, const char *name);
 

@@ -117,40 +117,14 @@ static void gw_proxy_arm(gw_req_t *r, int64_t deadline_ms)
 
 static void gw_proxy_write(gw_req_t *r, const void *p, size_t n)
 {
-    struct evbuffer *out = bufferevent_get_output(r->c->bev);
     if (r->capture && evbuffer_get_length(r->capture) <= r->capture_max)
         evbuffer_add(r->capture, p, SL_MIN(n, r->capture_max + 1)); /* past max: not kept */
-    if (r->chunked_out) {
-        /* An event is typically a few hundred bytes: frame it in one piece. */
-        char stack[4096];
-        gw_sb_t b;
-        gw_sb_init(&b, stack, sizeof(stack));
-        gw_sb_hex(&b, n);
-        gw_sb_lit(&b, "\r\n");
-        if (n <= sizeof(stack) - 32) {
-            gw_sb_add(&b, p, n);
-            gw_sb_lit(&b, "\r\n");
-            n = gw_sb_flush(&b, out);
-        } else {
-            size_t k = gw_sb_flush(&b, out);
-            evbuffer_add(out, p, n);
-            evbuffer_add(out, GW_LIT("\r\n"));
-            n += k + 2;
-        }
-    } else {
-        evbuffer_add(out, p, n);
-    }
-    r->bytes_out += n;
-    sl_counter_add(gw_m.bytes_client_out, n);
+    gw_out_data(r, p, n);
 }
 
 static void gw_proxy_write_end(gw_req_t *r)
 {
-    if (!r->chunked_out)
-        return;
-    evbuffer_add(bufferevent_get_output(r->c->bev), GW_LIT("0\r\n\r\n"));
-    r->bytes_out += 5;
-    sl_counter_add(gw_m.bytes_client_out, 5);
+    gw_out_end(r);
 }
 
 /* An SSE event carrying an OpenAI error: what a client gets when a stream
@@ -417,40 +391,20 @@ static bool gw_ct_is_sse(const gw_http_header_t *h)
  * close-delimited for HTTP/1.0), -2 for no body at all. */
 static void gw_proxy_write_head(gw_req_t *r, const gw_http_msg_t *m, int64_t length)
 {
-    const gw_http_msg_t *cm = gw_http_msg(r->c->parser);
     /* m NULL: an answer made in-process (the engine's stream), 200 SSE. */
     static const gw_http_header_t sse_ct = {
         .name = "Content-Type", .value = "text/event-stream", .name_len = 12, .value_len = 17};
     const gw_http_header_t *ct = m ? gw_http_header_find(m, "Content-Type") : &sse_ct;
     int status = m ? m->status : 200;
-    if (r->c->w->draining)
-        r->c->close_after = true;
-    struct evbuffer *out = bufferevent_get_output(r->c->bev);
+    struct evbuffer *out = gw_out_head_begin(r, status);
     char stack[4096];
     gw_sb_t b;
     gw_sb_init(&b, stack, sizeof(stack));
-    gw_sb_lit(&b, "HTTP/1.1 ");
-    gw_sb_u64(&b, (uint64_t)status);
-    gw_sb_lit(&b, " ");
-    gw_sb_str(&b, gw_http_status_text(status));
-    gw_sb_lit(&b, "\r\n");
     if (r->att.resp_sse) {
         gw_sb_header(&b, "Content-Type", 12, ct->value, ct->value_len);
         gw_sb_lit(&b, "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n");
     } else if (ct) {
         gw_sb_header(&b, "Content-Type", 12, ct->value, ct->value_len);
-    }
-    if (length >= 0) {
-        gw_sb_lit(&b, "Content-Length: ");
-        gw_sb_u64(&b, (uint64_t)length);
-        gw_sb_lit(&b, "\r\n");
-    } else if (length == -1) {
-        if (cm->http_minor >= 1) {
-            gw_sb_lit(&b, "Transfer-Encoding: chunked\r\n");
-            r->chunked_out = true;
-        } else {
-            r->c->close_after = true; /* HTTP/1.0: the close ends the body */
-        }
     }
     gw_sb_lit(&b, "X-Request-Id: ");
     gw_sb_str(&b, r->id);
@@ -464,8 +418,6 @@ static void gw_proxy_write_head(gw_req_t *r, const gw_http_msg_t *m, int64_t len
         gw_sb_lit(&b, "X-Sluice-Route: local\r\n");
     if (r->gzip_out)
         gw_sb_lit(&b, "Content-Encoding: gzip\r\nVary: Accept-Encoding\r\n");
-    if (r->c->close_after)
-        gw_sb_lit(&b, "Connection: close\r\n");
     for (size_t i = 0; m && i < m->nheaders; i++) {
         const gw_http_header_t *h = &m->headers[i];
         if (gw_name_in(h->name, h->name_len, gw_resp_drop) ||
@@ -473,19 +425,9 @@ static void gw_proxy_write_head(gw_req_t *r, const gw_http_msg_t *m, int64_t len
             continue;
         gw_sb_header(&b, h->name, h->name_len, h->value, h->value_len);
     }
-    size_t n = gw_sb_flush(&b, out);
-    size_t before = evbuffer_get_length(out);
+    gw_sb_flush(&b, out);
     gw_hooks_headers(r, out);
-    size_t dl;
-    const char *date = gw_date_header(&dl);
-    char tail[64];
-    memcpy(tail, date, dl);
-    memcpy(tail + dl, "\r\n", 2);
-    evbuffer_add(out, tail, dl + 2);
-    n += evbuffer_get_length(out) - before;
-    r->bytes_out += n;
-    sl_counter_add(gw_m.bytes_client_out, n);
-    r->head_sent = true;
+    gw_out_head_end(r, out, length);
     r->ctype = r->att.resp_sse ? "text/event-stream" : "application/json";
 }
 
@@ -970,7 +912,7 @@ static void gw_proxy_fail(gw_req_t *r, gw_upfail_t kind)
             f->message);
         gw_proxy_write_end(r);
     } else {
-        r->c->close_after = true; /* a short body + close is the only signal */
+        gw_out_abort(r); /* HTTP/1.1: a short body + close is the only signal */
     }
     gw_proxy_finish(r, false, 0);
     gw_conn_req_done(r->c);
@@ -1018,10 +960,10 @@ static bool gw_proxy_up_read(gw_req_t *r)
         return false;
     /* Backpressure toward a slow client. */
     size_t hwm = (size_t)r->rt->conf->sse.buffer_bytes;
-    if (!r->att.paused_upstream && evbuffer_get_length(bufferevent_get_output(r->c->bev)) > hwm) {
+    if (!r->att.paused_upstream && gw_out_pending(r) > hwm) {
         bufferevent_disable(u->bev, EV_READ);
         r->att.paused_upstream = true;
-        bufferevent_setwatermark(r->c->bev, EV_WRITE, hwm / 2, 0);
+        gw_out_watch(r, hwm / 2);
     }
     return true;
 }
@@ -1031,10 +973,10 @@ void gw_proxy_client_drained(gw_req_t *r)
     if (!r->att.paused_upstream || !r->att.up)
         return;
     size_t hwm = (size_t)r->rt->conf->sse.buffer_bytes;
-    if (evbuffer_get_length(bufferevent_get_output(r->c->bev)) > hwm / 2)
+    if (gw_out_pending(r) > hwm / 2)
         return;
     r->att.paused_upstream = false;
-    bufferevent_setwatermark(r->c->bev, EV_WRITE, 0, 0);
+    gw_out_watch(r, 0);
     bufferevent_enable(r->att.up->bev, EV_READ);
 }
 

@@ -65,37 +65,24 @@ void gw_respond_body(gw_req_t *r, int status, const char *ctype, const char *bod
                      const char *extra_headers)
 {
     gw_conn_t *c = r->c;
-    struct evbuffer *out = bufferevent_get_output(c->bev);
     const gw_http_msg_t *m = gw_http_msg(c->parser);
     bool head = m && m->method && strcmp(m->method, "HEAD") == 0;
-    if (c->w->draining)
-        c->close_after = true;
-    size_t dl;
-    const char *date = gw_date_header(&dl);
-    size_t before = evbuffer_get_length(out);
     /* A whole JSON answer to a client that takes gzip (never SSE). */
     unsigned char *gz = NULL;
     size_t gzlen = 0;
     if (strcmp(ctype, "application/json") == 0 && gw_respond_gzip_ok(r, len))
         gz = gw_gzip(body, len, (int)r->rt->conf->gzip.level, &gzlen);
-    evbuffer_add_printf(out,
-                        "HTTP/1.1 %d %s\r\nContent-Type: %s\r\n"
-                        "Content-Length: %zu\r\nX-Request-Id: %s\r\n%s%s%s",
-                        status, gw_http_status_text(status), ctype, gz ? gzlen : len, r->id,
+    struct evbuffer *hb = gw_out_head_begin(r, status);
+    evbuffer_add_printf(hb, "Content-Type: %s\r\nX-Request-Id: %s\r\n%s%s", ctype, r->id,
                         gz ? "Content-Encoding: gzip\r\nVary: Accept-Encoding\r\n" : "",
-                        c->close_after ? "Connection: close\r\n" : "",
                         extra_headers ? extra_headers : "");
-    evbuffer_add(out, date, dl);
-    evbuffer_add(out, GW_LIT("\r\n"));
+    gw_out_head_end(r, hb, (int64_t)(gz ? gzlen : len));
     if (!head)
-        evbuffer_add(out, gz ? (const void *)gz : body, gz ? gzlen : len);
+        gw_out_data(r, gz ? (const void *)gz : body, gz ? gzlen : len);
     free(gz);
     if (r->capture) /* past capture_max: the store sees it is too large to keep */
         evbuffer_add(r->capture, body, SL_MIN(len, r->capture_max + 1));
     r->ctype = strcmp(ctype, "text/event-stream") == 0 ? "text/event-stream" : "application/json";
-    size_t n = evbuffer_get_length(out) - before;
-    r->bytes_out += n;
-    sl_counter_add(gw_m.bytes_client_out, n);
     r->status = status;
     gw_conn_req_done(c);
 }

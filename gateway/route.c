@@ -109,7 +109,6 @@ static void gw_route_model_one(gw_req_t *r)
 
 static void gw_route_metrics(gw_req_t *r)
 {
-    const gw_http_msg_t *m = gw_http_msg(r->c->parser);
     gw_hooks_metrics(r->c->w->srv);
     gw_llm_scrape(r->rt);
     size_t len = 0;
@@ -118,21 +117,9 @@ static void gw_route_metrics(gw_req_t *r)
         gw_respond_oom(r);
         return;
     }
-    /* Reuse the JSON writer with another content type. */
-    gw_conn_t *c = r->c;
-    struct evbuffer *out = bufferevent_get_output(c->bev);
-    if (c->w->draining)
-        c->close_after = true;
-    evbuffer_add_printf(out,
-                        "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; "
-                        "charset=utf-8\r\nContent-Length: %zu\r\nCache-Control: no-store\r\n"
-                        "%s\r\n",
-                        len, c->close_after ? "Connection: close\r\n" : "");
-    if (!gw_method_is(m, "HEAD"))
-        evbuffer_add(out, text, len);
+    gw_respond_body(r, 200, "text/plain; version=0.0.4; charset=utf-8", text, len,
+                    "Cache-Control: no-store\r\n");
     free(text);
-    r->status = 200;
-    gw_conn_req_done(c);
 }
 
 /* ---- the route table -------------------------------------------------------- */

@@ -4,9 +4,12 @@
  * a real h2 connection on one end of a bufferevent_pair, on a worker with
  * only its loop services (as tests/unit/test_gw_conn.c does), against a
  * runtime built from a conf string. Streams become requests on the real
- * stream connections (routes, local answers; proxied ones find the upstream
- * port closed). Beyond "no crash, no leak, no sanitizer report" it checks
- * that every connection and stream is gone once the client leaves, and that
+ * stream connections (socketless, their heads loaded from the decoded
+ * fields, their answers through h2.c's output interface: routes, local
+ * answers; proxied ones find the upstream port closed). Beyond "no crash,
+ * no leak, no sanitizer report" it checks that the connection is gone once
+ * the client leaves (its streams and their stream connections with it: a
+ * stream connection left would be a leak the sanitizer reports), and that
  * nothing stays armed on the loop.
  */
 #include <netinet/in.h>

@@ -9,7 +9,9 @@ from nghttp2-client.
 
 import json
 import shutil
+import struct
 import subprocess
+import sys
 import time
 
 import pytest
@@ -70,6 +72,30 @@ def test_h2c_chat_json_goes_through_the_proxy(h2s, mock):
     m = h2s.metrics()
     assert m.value("sluice_http2_events_total", event="streams") >= 1
     assert m.value("sluice_http2_events_total", event="conns") >= 1
+
+
+def test_h2_answer_heads_are_h2_fields(h2s, mock):
+    """The head of an answer over h2 is made from the output interface's
+    lines: lower-case names, no connection-specific fields, content-length
+    only for a known length, a date, the request id and the relayed
+    upstream headers; a streamed answer ends with END_STREAM, not a chunk."""
+    url = "http://127.0.0.1:%d/v1/chat/completions" % h2s.port
+    for stream in (False, True):
+        p = curl(["--http2-prior-knowledge", "-D", "-", "-o", "/dev/null", "-H", "Content-Type: application/json",
+                  "-H", "X-Request-Id: h2-head-test-%d" % stream,
+                  "--data-binary", json.dumps(chat_body("heads", stream=stream)), url])
+        assert p.returncode == 0, p.stderr
+        lines = p.stdout.decode().split("\r\n")
+        assert lines[0].startswith("HTTP/2 200")
+        names = [l.split(":", 1)[0] for l in lines[1:] if ":" in l]
+        assert names == [n.lower() for n in names]
+        for bad in ("connection", "transfer-encoding", "keep-alive"):
+            assert bad not in names
+        assert "date" in names
+        assert "x-request-id: h2-head-test-%d" % stream in lines
+        assert ("content-length" in names) == (not stream)
+        if stream:
+            assert "content-type: text/event-stream" in lines
 
 
 def test_h2c_sse_each_event_reaches_client_before_the_next_is_sent(h2s, mock):
@@ -301,7 +327,10 @@ def test_hpack_header_list_over_the_cap_gets_431(h2s):
     body = b"".join(f[3] for f in fs if f and f[0] == h2raw.DATA and f[2] == 1)
     assert json.loads(body)["error"]["code"] == "headers_too_large"
     c.close()
-    assert h2s.metrics().value("sluice_http2_events_total", event="headers_too_large") == 1
+    m = h2s.metrics()
+    assert m.value("sluice_http2_events_total", event="headers_too_large") == 1
+    # answered by the stream's request like a malformed HTTP/1.1 head
+    assert m.value("sluice_http_parse_errors_total", reason="header_list_too_large") == 1
 
 
 @pytest.mark.parametrize("kind", ["settings", "ping"])
@@ -324,32 +353,116 @@ def test_settings_and_ping_floods_are_cut(h2s, kind):
     assert h2s.request("GET", "/healthz").status == 200
 
 
-def test_too_many_streams_are_refused(sluice_factory, mock):
-    """Past max_concurrent_streams: REFUSED_STREAM for the stream while our
-    SETTINGS are not acknowledged (the client may not know the limit yet),
-    and the other streams go on; once it acknowledged them, exceeding the
-    limit is the client's protocol error (RFC 9113 5.1.2): GOAWAY."""
+def _settings_value(payload, ident):
+    for off in range(0, len(payload) - 5, 6):
+        k, v = struct.unpack(">HI", payload[off : off + 6])
+        if k == ident:
+            return v
+    return None
+
+
+def _post_stream(c, sid, body):
+    """HEADERS and DATA in one write (two would meet Nagle and delayed ACK)."""
+    hb = h2raw.hpack(h2raw.req_headers("POST", "/v1/chat/completions", extra=[("content-type", "application/json")]))
+    c.send(h2raw.frame(h2raw.HEADERS, h2raw.END_HEADERS, sid, hb) + h2raw.frame(h2raw.DATA, h2raw.END_STREAM, sid, body))
+
+
+@pytest.mark.parametrize("acked", [False, True])
+def test_too_many_streams_are_refused(sluice_factory, mock, acked):
+    """Past max_concurrent_streams: RST_STREAM REFUSED_STREAM for the stream
+    over the limit, before the client acknowledged our SETTINGS and after
+    (RFC 9113 5.1.2 allows it, and it is what a client that raced the limit
+    can retry; nghttp2 alone would end the whole connection with GOAWAY
+    PROTOCOL_ERROR once they are acknowledged). The other streams go on, no
+    GOAWAY, and the connection takes a new stream once one finished."""
     conf = h2c_conf(mock)
     conf["http2"] = {"max_concurrent_streams": 2}
     s = sluice_factory(conf=conf)
-    mock.script({"events": 1}, {"events": 1})
+    mock.script({"gate": True, "events": 1}, {"gate": True, "events": 1}, {"events": 1})
     c = h2raw.H2Conn("127.0.0.1", s.port)
-    body = json.dumps(chat_body("x")).encode()
-    for sid in (1, 3, 5):
-        c.headers(sid, h2raw.req_headers("POST", "/v1/chat/completions", extra=[("content-type", "application/json")]), end_stream=False)
-        c.data(sid, body)
-    fs = c.frames_until(lambda f: f[0] == h2raw.RST_STREAM, timeout=bound(5))
+    fs = c.frames_until(lambda f: f[0] == h2raw.SETTINGS and not f[1] & h2raw.ACK, timeout=bound(5))
+    assert _settings_value(fs[-1][3], 3) == 2  # the limit the client is told: ours
+    if acked:
+        c.send(h2raw.frame(h2raw.SETTINGS, h2raw.ACK, 0))
+    body = json.dumps(chat_body("x", stream=True)).encode()
+    for sid in (1, 3):
+        _post_stream(c, sid, body)
+    mock.wait_requests(2)  # both open, their answers held by the mock's gate
+    _post_stream(c, 5, body)
+    fs = c.frames_until(lambda f: f[0] in (h2raw.RST_STREAM, h2raw.GOAWAY), timeout=bound(5))
     f = fs[-1]
-    assert f is not None and f[2] == 5 and struct_code(f) == h2raw.REFUSED_STREAM
-    # streams 1 and 3 are answered in full
+    assert f is not None and f[0] == h2raw.RST_STREAM, f
+    assert f[2] == 5 and struct_code(f) == h2raw.REFUSED_STREAM
+    for req in mock.requests():
+        for _ in range(4):
+            mock.release(request=req["id"])
     done = set()
     while done != {1, 3}:
-        fs = c.frames_until(lambda f: f[0] == h2raw.DATA and f[1] & h2raw.END_STREAM, timeout=bound(5))
-        assert fs[-1] is not None
+        fs = c.frames_until(lambda f: f[0] in (h2raw.GOAWAY,) or (f[0] == h2raw.DATA and f[1] & h2raw.END_STREAM), timeout=bound(5))
+        assert fs[-1] is not None and fs[-1][0] == h2raw.DATA, fs[-1]
         done.add(fs[-1][2])
+    # the connection is still good: a new stream is served
+    _post_stream(c, 7, json.dumps(chat_body("after")).encode())
+    fs = c.frames_until(lambda f: f[2] == 7 and f[1] & h2raw.END_STREAM, timeout=bound(5))
+    assert fs[-1] is not None and fs[-1][0] == h2raw.DATA
+    assert not any(f and f[0] == h2raw.GOAWAY for f in fs)
     c.close()
-    assert s.metrics().value("sluice_http2_events_total", event="refused_stream") == 1
-    assert len(mock.requests()) == 2
+    m = s.metrics()
+    assert m.value("sluice_http2_events_total", event="refused_stream") == 1
+    assert m.value("sluice_http2_events_total", event="protocol_error") == 0
+    assert len(mock.requests()) == 3
+
+
+def test_refused_stream_flood_gets_goaway(sluice_factory, mock):
+    """A client that keeps opening streams over the limit without pause is
+    flooding: after 200 refusals in a row, GOAWAY ENHANCE_YOUR_CALM."""
+    conf = h2c_conf(mock)
+    conf["http2"] = {"max_concurrent_streams": 1}
+    s = sluice_factory(conf=conf)
+    mock.script(default={"stall_first_byte": True})
+    c = h2raw.H2Conn("127.0.0.1", s.port)
+    hb = h2raw.hpack(h2raw.req_headers("POST", "/v1/chat/completions", extra=[("content-type", "application/json")]))
+    c.send(h2raw.frame(h2raw.HEADERS, h2raw.END_HEADERS, 1, hb))  # open, its body never ends
+    batch = b"".join(h2raw.frame(h2raw.HEADERS, h2raw.END_HEADERS | h2raw.END_STREAM, 3 + 2 * i, h2raw.hpack(h2raw.req_headers("GET", "/v1/models"))) for i in range(300))
+    try:
+        c.send(batch)
+    except OSError:
+        pass
+    assert c.goaway(timeout=bound(5)) == h2raw.ENHANCE_YOUR_CALM
+    c.close()
+    m = s.metrics()
+    assert m.value("sluice_http2_events_total", event="refused_flood") == 1
+    assert m.value("sluice_http2_events_total", event="refused_stream") == 201
+    assert s.request("GET", "/healthz").status == 200
+
+
+@pytest.mark.parametrize("kind", ["priority", "empty_data"])
+def test_priority_and_empty_data_floods_get_goaway(h2s, kind):
+    """Frames that cost work and carry nothing (CVE-2019-9513's PRIORITY
+    churn, CVE-2019-9518's empty DATA frames): nghttp2 has no limit for
+    them, sluice counts them per connection (a burst, then a rate) and ends
+    a flood with GOAWAY ENHANCE_YOUR_CALM. A few of them are not a flood."""
+    c = h2raw.H2Conn("127.0.0.1", h2s.port)
+    if kind == "priority":
+        # PRIORITY on stream ids the client may use: weight 16, depends on 0
+        one = lambda i: h2raw.frame(h2raw.PRIORITY, 0, 1 + 2 * i, b"\x00\x00\x00\x00\x0f")
+    else:
+        hb = h2raw.hpack(h2raw.req_headers("POST", "/v1/chat/completions", extra=[("content-type", "application/json")]))
+        c.send(h2raw.frame(h2raw.HEADERS, h2raw.END_HEADERS, 1, hb))
+        one = lambda i: h2raw.frame(h2raw.DATA, 0, 1, b"")
+    c.send(b"".join(one(i) for i in range(50)))  # within the burst: nothing happens
+    c.send(h2raw.frame(h2raw.PING, 0, 0, b"pingpong"))
+    fs = c.frames_until(lambda f: f[0] in (h2raw.GOAWAY,) or (f[0] == h2raw.PING and f[1] & h2raw.ACK), timeout=bound(5))
+    assert fs[-1] is not None and fs[-1][0] == h2raw.PING
+    try:
+        c.send(b"".join(one(i) for i in range(50, 1050)))
+    except OSError:
+        pass
+    assert c.goaway(timeout=bound(5)) == h2raw.ENHANCE_YOUR_CALM
+    c.close()
+    m = h2s.metrics()
+    assert m.value("sluice_http2_events_total", event=kind + "_flood") == 1
+    assert h2s.request("GET", "/healthz").status == 200
 
 
 def struct_code(f):
@@ -535,4 +648,130 @@ def test_closed_window_pauses_the_upstream(sluice_factory, mock):
     fs = c.frames_until(lambda f: f[2] == 1 and f[1] & h2raw.END_STREAM, timeout=bound(30))
     assert fs[-1] is not None and fs[-1][0] == h2raw.DATA
     assert sent() >= total
+    c.close()
+
+
+FLOODER = r'''
+import socket, struct, sys, threading, time
+sys.path.insert(0, sys.argv[1])
+import h2raw
+port, body = int(sys.argv[2]), sys.argv[3].encode()
+# A: a PING flood, its ACKs read as fast as they come (so it is load, not
+# the ACK-queue flood nghttp2 cuts)
+a = h2raw.H2Conn("127.0.0.1", port)
+acks = [0]
+def reader():
+    try:
+        while True:
+            f = a.read_frame(30)
+            if f is None:
+                return
+            if f[0] == h2raw.PING and f[1] & h2raw.ACK:
+                acks[0] += 1
+    except Exception:
+        return
+threading.Thread(target=reader, daemon=True).start()
+# S: a stalled client: no window, streams whose answers wait for it
+s = h2raw.H2Conn("127.0.0.1", port, settings=b"\x00\x04\x00\x00\x00\x00")
+for i in range(10):
+    sid = 1 + 2 * i
+    s.headers(sid, h2raw.req_headers("POST", "/v1/chat/completions", extra=[("content-type", "application/json")]), end_stream=False)
+    s.data(sid, body)
+ping = h2raw.frame(h2raw.PING, 0, 0, b"12345678") * 64
+batches, said = 0, False
+while True:
+    a.send(ping)
+    batches += 1
+    if not said and acks[0] >= 2000:
+        print("go", flush=True)
+        said = True
+    elif said and batches % 200 == 0:
+        print("acks %d" % acks[0], flush=True)
+    # stay well within nghttp2's 1000 owed ACKs: wait for the reader
+    while batches * 64 - acks[0] > 512:
+        time.sleep(0.0005)
+'''
+
+
+def test_one_connection_flooding_or_stalling_does_not_delay_another(sluice_factory, mock, tmp_path):
+    """Starvation between connections, on one worker: while one client
+    floods PINGs (reading the ACKs, so it is load, not an attack nghttp2
+    cuts) and another holds 10 streams whose answers wait for a window it
+    never opens, a third client's proxied requests take at most a few times
+    their idle latency. Each connection's input is parsed in bounded slices
+    per loop turn, and a stalled stream holds only its own bounded buffer."""
+    conf = h2c_conf(mock)
+    conf["workers"] = 1
+    conf["limits"] = {"send_timeout": "30s"}
+    s = sluice_factory(conf=conf)
+    body = json.dumps(chat_body("b")).encode()
+    sbody = json.dumps(chat_body("stall", stream=True))
+    b = h2raw.H2Conn("127.0.0.1", s.port)
+    sid = [1]
+
+    def one():
+        t0 = time.monotonic()
+        _post_stream(b, sid[0], body)
+        fs = b.frames_until(lambda f: f[2] == sid[0] and f[1] & h2raw.END_STREAM, timeout=bound(10))
+        assert fs[-1] is not None and fs[-1][0] == h2raw.DATA
+        sid[0] += 2
+        return time.monotonic() - t0
+
+    def median(xs):
+        xs = sorted(xs)
+        return xs[len(xs) // 2]
+
+    for _ in range(5):
+        one()  # warm: the upstream connection, the mock
+    idle = median([one() for _ in range(15)])
+    script = tmp_path / "flooder.py"
+    script.write_text(FLOODER)
+    here = str(__import__("pathlib").Path(__file__).parent)
+    p = subprocess.Popen([sys.executable, str(script), here, str(s.port), sbody],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "go"
+        mock.wait_requests(5 + 15 + 10)  # the stalled streams reached the upstream
+        loaded = median([one() for _ in range(15)])
+        # the flood went on all along: its ACK count still grows
+        seen = [p.stdout.readline() for _ in range(3)]
+        assert all(x.startswith("acks ") for x in seen), seen
+        assert int(seen[-1].split()[1]) > 2000
+    finally:
+        p.kill()
+        p.wait()
+    b.close()
+    print("idle %.2f ms, under flood and stall %.2f ms" % (idle * 1e3, loaded * 1e3))
+    assert loaded <= max(5 * idle, idle + 0.05), (idle, loaded)
+    assert s.request("GET", "/healthz").status == 200
+
+
+def test_reload_sends_no_goaway_and_the_open_stream_finishes_on_its_conf(h2s, mock):
+    """SIGHUP on an h2 connection: no GOAWAY (unlike nginx, whose old worker
+    processes exit, sluice's runtime is swapped under the same connection).
+    The stream open across the reload finishes whole on the conf it started
+    with, and the next stream on the same connection is served by the new
+    one — so a mobile client keeps its warm TLS connection."""
+    mock.script({"gate": True, "events": 2})
+    c = h2raw.H2Conn("127.0.0.1", h2s.port)
+    _post_stream(c, 1, json.dumps(chat_body("across", stream=True)).encode())
+    c.frames_until(lambda f: f[0] == h2raw.DATA and f[2] == 1, timeout=bound(5))
+    (req,) = mock.requests()
+    conf = dict(h2s.conf)
+    conf["models"] = dict(conf["models"], **{"new-model": {"upstream": "main"}})
+    h2s.reload(conf)
+    wait_until(lambda: h2s.metrics().value("sluice_config_reloads_total", result="ok") == 1,
+               timeout=bound(5), what="the reload")
+    for _ in range(4):
+        mock.release(request=req["id"])
+    fs = c.frames_until(lambda f: f[2] == 1 and f[1] & h2raw.END_STREAM, timeout=bound(5))
+    assert fs[-1] is not None and fs[-1][0] == h2raw.DATA
+    seen = [f for f in fs if f]
+    assert b"[DONE]" in b"".join(f[3] for f in seen if f[0] == h2raw.DATA and f[2] == 1)
+    c.headers(3, h2raw.req_headers("GET", "/v1/models"))
+    fs2 = c.frames_until(lambda f: f[2] == 3 and f[1] & h2raw.END_STREAM, timeout=bound(5))
+    seen += [f for f in fs2 if f]
+    ids = {m["id"] for m in json.loads(b"".join(f[3] for f in fs2 if f and f[2] == 3 and f[0] == h2raw.DATA))["data"]}
+    assert "new-model" in ids
+    assert not any(f[0] == h2raw.GOAWAY for f in seen)
     c.close()

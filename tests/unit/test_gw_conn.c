@@ -362,6 +362,273 @@ static void test_client_leaves_during_retry_backoff(void **state)
     leave(f);
 }
 
+/* ---- heads loaded from decoded fields (HTTP/2 streams) ------------------- */
+
+static gw_http_parser_t *load_parser(void)
+{
+    gw_http_limits_t lim = {
+        .request_line_bytes = 64, .header_bytes = 512, .header_lines = 4, .max_body_bytes = 10};
+    gw_http_parser_t *p = gw_http_parser_new(GW_HTTP_REQUEST, &lim);
+    assert_non_null(p);
+    return p;
+}
+
+static int load_body_cb(void *arg, const char *p, size_t n)
+{
+    strncat(arg, p, n);
+    return 0;
+}
+
+static void test_load_head_valid(void **state)
+{
+    (void)state;
+    gw_http_parser_t *p = load_parser();
+    assert_int_equal(gw_http_load_header(p, GW_LIT("content-type"), GW_LIT(" application/json ")),
+                     GW_HTTP_NEED_MORE);
+    assert_int_equal(gw_http_load_header(p, GW_LIT("content-length"), GW_LIT("5")),
+                     GW_HTTP_NEED_MORE);
+    assert_int_equal(gw_http_load_head(p, "POST", "/v1/chat/completions?x=1", "api.example", true),
+                     GW_HTTP_HEAD);
+    const gw_http_msg_t *m = gw_http_msg(p);
+    assert_non_null(m);
+    assert_string_equal(m->method, "POST");
+    assert_string_equal(m->target, "/v1/chat/completions?x=1");
+    assert_int_equal(m->path_len, strlen("/v1/chat/completions"));
+    assert_string_equal(m->host, "api.example");
+    assert_int_equal(m->content_length, 5);
+    assert_false(m->keep_alive);
+    assert_string_equal(gw_http_header_find(m, "Content-Type")->value, "application/json");
+    char body[32] = "";
+    assert_int_equal(gw_http_load_body(p, "he", 2, false, load_body_cb, body), GW_HTTP_HEAD);
+    assert_int_equal(gw_http_load_body(p, "llo", 3, true, load_body_cb, body), GW_HTTP_DONE);
+    assert_string_equal(body, "hello");
+    /* the next stream's head on the same parser */
+    gw_http_parser_reset(p);
+    assert_int_equal(gw_http_load_head(p, "GET", "/healthz", NULL, false), GW_HTTP_DONE);
+    assert_string_equal(gw_http_msg(p)->host, "");
+    gw_http_parser_free(p);
+}
+
+typedef struct load_case {
+    const char *name, *value; /* one header, or NULL */
+    const char *method, *path;
+    bool body;
+    int status;
+    const char *reason;
+} load_case_t;
+
+static void test_load_head_refusals(void **state)
+{
+    (void)state;
+    static const load_case_t cases[] = {
+        {"connection", "close", "GET", "/", false, 400, "connection_header"},
+        {"transfer-encoding", "chunked", "POST", "/", true, 400, "connection_header"},
+        {"upgrade", "h2c", "GET", "/", false, 400, "connection_header"},
+        {"x-ok", "a\rb", "GET", "/", false, 400, "bad_header"},
+        {"bad name", "v", "GET", "/", false, 400, "bad_header"},
+        {NULL, NULL, "G(T", "/", false, 400, "bad_method"},
+        {NULL, NULL, "CONNECT", "/", false, 501, "connect"},
+        {NULL, NULL, "GET", "*", false, 400, "bad_target"},
+        {NULL, NULL, "GET", "/a b", false, 400, "bad_target"},
+        {NULL, NULL, "GET", "/0123456789012345678901234567890123456789012345678901234567890", false,
+         414, "uri_too_long"},
+        {"content-length", "12", "POST", "/", true, 413, "body_too_large"},
+        {"content-length", "1x", "POST", "/", true, 400, "bad_content_length"},
+        {"content-length", "3", "POST", "/", false, 400, "body_length"},
+        {"x-big", NULL, "GET", "/", false, 431, "header_too_large"},
+    };
+    char big[600];
+    memset(big, 'b', sizeof(big) - 1);
+    big[sizeof(big) - 1] = '\0';
+    for (size_t i = 0; i < SL_ARRAY_LEN(cases); i++) {
+        const load_case_t *k = &cases[i];
+        gw_http_parser_t *p = load_parser();
+        if (k->name) {
+            const char *v = k->value ? k->value : big;
+            (void)gw_http_load_header(p, k->name, strlen(k->name), v, strlen(v));
+        }
+        gw_http_state_t st = gw_http_load_head(p, k->method, k->path, "h", k->body);
+        if (st != GW_HTTP_ERROR)
+            fail_msg("case %zu (%s): accepted", i, k->reason);
+        assert_int_equal(gw_http_error_status(p), k->status);
+        assert_string_equal(gw_http_error_reason(p), k->reason);
+        gw_http_parser_free(p);
+    }
+    /* more header fields than header_lines; the same credential twice */
+    gw_http_parser_t *p = load_parser();
+    for (int i = 0; i < 4; i++)
+        (void)gw_http_load_header(p, GW_LIT("x-a"), GW_LIT("1"));
+    assert_int_equal(gw_http_load_header(p, GW_LIT("x-a"), GW_LIT("1")), GW_HTTP_ERROR);
+    assert_string_equal(gw_http_error_reason(p), "too_many_headers");
+    gw_http_parser_free(p);
+    p = load_parser();
+    (void)gw_http_load_header(p, GW_LIT("authorization"), GW_LIT("Bearer a"));
+    (void)gw_http_load_header(p, GW_LIT("authorization"), GW_LIT("Bearer b"));
+    assert_int_equal(gw_http_load_head(p, "GET", "/", "h", false), GW_HTTP_ERROR);
+    assert_string_equal(gw_http_error_reason(p), "duplicate_header");
+    gw_http_parser_free(p);
+    /* the body: longer than its Content-Length, shorter, over max_body_bytes */
+    p = load_parser();
+    (void)gw_http_load_header(p, GW_LIT("content-length"), GW_LIT("2"));
+    assert_int_equal(gw_http_load_head(p, "POST", "/", "h", true), GW_HTTP_HEAD);
+    assert_int_equal(gw_http_load_body(p, "abc", 3, false, NULL, NULL), GW_HTTP_ERROR);
+    assert_string_equal(gw_http_error_reason(p), "body_length");
+    gw_http_parser_free(p);
+    p = load_parser();
+    (void)gw_http_load_header(p, GW_LIT("content-length"), GW_LIT("2"));
+    assert_int_equal(gw_http_load_head(p, "POST", "/", "h", true), GW_HTTP_HEAD);
+    assert_int_equal(gw_http_load_body(p, "a", 1, true, NULL, NULL), GW_HTTP_ERROR);
+    assert_string_equal(gw_http_error_reason(p), "body_length");
+    gw_http_parser_free(p);
+    p = load_parser();
+    assert_int_equal(gw_http_load_head(p, "POST", "/", "h", true), GW_HTTP_HEAD);
+    assert_int_equal(gw_http_load_body(p, "0123456789", 10, false, NULL, NULL), GW_HTTP_HEAD);
+    assert_int_equal(gw_http_load_body(p, "x", 1, true, NULL, NULL), GW_HTTP_ERROR);
+    assert_int_equal(gw_http_error_status(p), 413);
+    gw_http_parser_free(p);
+}
+
+/* ---- a stream connection and the output interface ---------------------- */
+
+typedef struct rec {
+    int status;
+    int64_t length;
+    int heads, ends, done;
+    bool closed_when_done; /* the connection was already closing at on_close */
+    char lines[1024];
+    char body[4096];
+    gw_conn_t *c;
+} rec_t;
+
+static struct evbuffer *rec_hb;
+
+static struct evbuffer *rec_head_begin(gw_conn_t *c, gw_req_t *r, int status)
+{
+    (void)r;
+    rec_t *x = c->out_arg;
+    x->status = status;
+    evbuffer_drain(rec_hb, evbuffer_get_length(rec_hb));
+    return rec_hb;
+}
+
+static size_t rec_head_end(gw_conn_t *c, gw_req_t *r, struct evbuffer *hb, int64_t length)
+{
+    (void)r;
+    rec_t *x = c->out_arg;
+    size_t n = evbuffer_get_length(hb);
+    assert_true(n < sizeof(x->lines));
+    evbuffer_copyout(hb, x->lines, n);
+    x->lines[n] = '\0';
+    x->length = length;
+    x->heads++;
+    return n;
+}
+
+static size_t rec_data(gw_conn_t *c, gw_req_t *r, const void *p, size_t n)
+{
+    (void)r;
+    rec_t *x = c->out_arg;
+    strncat(x->body, p, n);
+    return n;
+}
+
+static size_t rec_end(gw_conn_t *c, gw_req_t *r)
+{
+    (void)r;
+    ((rec_t *)c->out_arg)->ends++;
+    return 0;
+}
+
+static void rec_abort(gw_conn_t *c)
+{
+    (void)c;
+    fail_msg("no answer here is cut");
+}
+
+static size_t rec_pending(const gw_conn_t *c)
+{
+    (void)c;
+    return 0;
+}
+
+static void rec_watch(gw_conn_t *c, size_t low)
+{
+    (void)c;
+    (void)low;
+}
+
+static const gw_out_ops_t rec_ops = {
+    .head_begin = rec_head_begin,
+    .head_end = rec_head_end,
+    .data = rec_data,
+    .end = rec_end,
+    .abort = rec_abort,
+    .pending = rec_pending,
+    .watch = rec_watch,
+};
+
+static void rec_on_close(void *arg)
+{
+    rec_t *x = arg;
+    x->done++;
+    x->closed_when_done = x->c->closed;
+}
+
+static void test_stream_conn_answers_through_the_output_interface(void **state)
+{
+    fx_t *f = *state;
+    rec_hb = evbuffer_new();
+    rec_t a = {0}, b = {0};
+    unsigned before = f->w.nconns;
+    gw_conn_t *c = gw_conn_new_stream(&f->w, &rec_ops, &a, "127.0.0.1", false);
+    assert_non_null(c);
+    assert_int_equal(f->w.nconns, before); /* not in the worker's list */
+    a.c = c;
+    c->on_close = rec_on_close;
+    c->on_close_arg = &a;
+    (void)gw_http_load_header(c->parser, GW_LIT("x-request-id"), GW_LIT("stream-one-id"));
+    gw_conn_stream_fed(c, gw_http_load_head(c->parser, "GET", "/healthz", "h", false), 0);
+    /* answered at once, through the interface: no HTTP/1.1 text */
+    assert_int_equal(a.heads, 1);
+    assert_int_equal(a.status, 200);
+    assert_int_equal(a.length, (int64_t)strlen(a.body));
+    assert_non_null(strstr(a.lines, "X-Request-Id: stream-one-id\r\n"));
+    assert_null(strstr(a.lines, "HTTP/1.1"));
+    assert_null(strstr(a.lines, "Content-Length"));
+    assert_non_null(strstr(a.body, "ok"));
+    assert_int_equal(a.done, 1); /* the request is done, the connection kept */
+    assert_false(a.closed_when_done);
+    /* reused for the next stream: a POST with a body, to a route that 404s */
+    assert_ptr_equal(gw_conn_stream_reuse(c, &b), c);
+    b.c = c;
+    c->on_close = rec_on_close;
+    c->on_close_arg = &b;
+    (void)gw_http_load_header(c->parser, GW_LIT("content-type"), GW_LIT("application/json"));
+    gw_conn_stream_fed(c, gw_http_load_head(c->parser, "POST", "/nope", "h", true), 0);
+    assert_int_equal(b.heads, 0);
+    gw_conn_stream_body(c, GW_LIT("{}"), false);
+    gw_conn_stream_body(c, NULL, 0, true);
+    assert_int_equal(b.heads, 1);
+    assert_int_equal(b.status, 404);
+    assert_non_null(strstr(b.body, "\"error\""));
+    assert_int_equal(b.done, 1);
+    assert_int_equal(a.done, 1);
+    /* a malformed stream head: 400 through the interface, as HTTP/1.1 */
+    rec_t d = {0};
+    assert_ptr_equal(gw_conn_stream_reuse(c, &d), c);
+    d.c = c;
+    c->on_close = rec_on_close;
+    c->on_close_arg = &d;
+    (void)gw_http_load_header(c->parser, GW_LIT("connection"), GW_LIT("keep-alive"));
+    gw_conn_stream_fed(c, gw_http_load_head(c->parser, "GET", "/healthz", "h", false), 0);
+    assert_int_equal(d.status, 400);
+    assert_non_null(strstr(d.body, "connection_header"));
+    assert_int_equal(d.done, 1);
+    gw_conn_close(c);
+    spin_ready(f);
+    evbuffer_free(rec_hb);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -371,6 +638,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_client_leaves_mid_head, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_leaves_mid_body, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_leaves_during_retry_backoff, setup, teardown),
+        cmocka_unit_test(test_load_head_valid),
+        cmocka_unit_test(test_load_head_refusals),
+        cmocka_unit_test_setup_teardown(test_stream_conn_answers_through_the_output_interface,
+                                        setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
