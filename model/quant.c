@@ -353,6 +353,97 @@ static float dotq_q6_k(const uint8_t *row, const mdl_act_t *a)
     return acc;
 }
 
+/* ---- repacked weights (rp16, see quant_internal.h) ------------------ */
+
+static size_t rp_qbytes(uint32_t t)
+{
+    return t == MDL_T_Q8_0 ? 512 : t == MDL_T_Q4_0 ? 256 : 0;
+}
+
+size_t mdl_rp_group_bytes(uint32_t t, int n_in)
+{
+    if (!rp_qbytes(t) || n_in <= 0 || n_in % 32)
+        return 0;
+    size_t nblk = (size_t)n_in / 32;
+    return (nblk + 1) / 2 * 64 + nblk * rp_qbytes(t);
+}
+
+void mdl_rp_pack(uint32_t t, const uint8_t *w, size_t rb, int n_rows, int n_in, uint8_t *dst)
+{
+    size_t gb = mdl_rp_group_bytes(t, n_in), qb = rp_qbytes(t);
+    size_t bb = t == MDL_T_Q8_0 ? 34 : 18;
+    int nblk = n_in / 32, ng = (n_rows + MDL_RP_ROWS - 1) / MDL_RP_ROWS;
+    if (!gb)
+        return;
+    memset(dst, 0, gb * (size_t)ng);
+    for (int g = 0; g < ng; g++) {
+        uint8_t *G = dst + gb * (size_t)g;
+        for (int i = 0; i < MDL_RP_ROWS; i++) {
+            int r = g * MDL_RP_ROWS + i;
+            for (int b = 0; b < nblk; b++) {
+                uint8_t *sc = G + MDL_RP_SCALE_OFF(b, qb) + 2 * i, *qs = G + MDL_RP_Q_OFF(b, qb);
+                if (r >= n_rows) {
+                    /* padding row: scale 0, levels 0 (Q8_0 stores +128) */
+                    if (t == MDL_T_Q8_0)
+                        for (int k = 0; k < 8; k++)
+                            memset(qs + 64 * k + 4 * i, 0x80, 4);
+                    continue;
+                }
+                const uint8_t *blk = w + rb * (size_t)r + bb * (size_t)b;
+                memcpy(sc, blk, 2);
+                if (t == MDL_T_Q8_0) {
+                    for (int k = 0; k < 8; k++)
+                        for (int m = 0; m < 4; m++)
+                            qs[64 * k + 4 * i + m] = (uint8_t)(blk[2 + 4 * k + m] ^ 0x80);
+                } else {
+                    for (int k = 0; k < 4; k++)
+                        memcpy(qs + 64 * k + 4 * i, blk + 2 + 4 * k, 4);
+                }
+            }
+        }
+    }
+}
+
+void mdl_gemm_rp_ref(uint32_t t, const uint8_t *w, size_t gstride, int n_rows, const mdl_act_t *a,
+                     int nb, float *out, size_t ostride, const float *bias, int accumulate)
+{
+    int nblk = a[0].n / 32;
+    size_t qb = rp_qbytes(t);
+    for (int r = 0; r < n_rows; r++) {
+        const uint8_t *G = w + gstride * (size_t)(r / MDL_RP_ROWS);
+        int i = r % MDL_RP_ROWS;
+        for (int tk = 0; tk < nb; tk++) {
+            const int8_t *x = a[tk].q;
+            float acc = 0.0f;
+            for (int b = 0; b < nblk; b++) {
+                const uint8_t *qs = G + MDL_RP_Q_OFF(b, qb);
+                int32_t isum;
+                if (t == MDL_T_Q8_0) {
+                    /* what vpdpbusd computes: unsigned weight x signed x,
+                     * started at -128 * sum(x) */
+                    isum = -128 * a[tk].qsum[b];
+                    for (int k = 0; k < 8; k++)
+                        for (int m = 0; m < 4; m++)
+                            isum += qs[64 * k + 4 * i + m] * x[32 * b + 4 * k + m];
+                } else {
+                    isum = -8 * a[tk].qsum[b];
+                    for (int k = 0; k < 4; k++)
+                        for (int m = 0; m < 4; m++) {
+                            uint8_t v = qs[64 * k + 4 * i + m];
+                            isum += (v & 0xF) * x[32 * b + 4 * k + m] +
+                                    (v >> 4) * x[32 * b + 16 + 4 * k + m];
+                        }
+                }
+                float dw = mdl_fp16_to_f32(mdl_rd16(G + MDL_RP_SCALE_OFF(b, qb) + 2 * i));
+                acc = fmaf((float)isum, dw * a[tk].d[b], acc);
+            }
+            float v = bias ? acc + bias[r] : acc;
+            float *o = out + (size_t)tk * ostride + r;
+            *o = accumulate ? *o + v : v;
+        }
+    }
+}
+
 static float vdot_scalar(const float *a, const float *b, int n)
 {
     float acc = 0.0f;
