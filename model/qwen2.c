@@ -224,10 +224,14 @@ static int load_hparams(mdl_model_t *m, char *err, size_t errlen)
  * into one huge-page region (as large as those weights again: the original
  * layout stays for the other kernel levels and the embedding lookups).
  * Decoding reads only the repacked copy, so the bytes per token do not
- * change. A failed allocation only costs speed. */
+ * change. A failed allocation only costs speed. SLUICE_MDL_REPACK=0 turns
+ * it off (the memory back, the older kernels: for comparisons). */
 static void model_repack(mdl_model_t *m)
 {
     const mdl_kernels_t *k = mdl_kernels_select(MDL_KL_AVX512);
+    const char *env = getenv("SLUICE_MDL_REPACK");
+    if (env && !strcmp(env, "0"))
+        return;
     mdl_weight_t **ws = calloc(1 + 7 * (size_t)m->n_layer, sizeof(*ws));
     int n = 0;
     if (!ws)
