@@ -283,6 +283,19 @@ GEMM_DRIVER(gemm_q4_0_avx512, q4_0_tile, 2)
 
 /* ---- repacked weights (rp16, see quant_internal.h) ------------------ */
 
+/* Four activation bytes in every lane, straight from memory (a broadcast
+ * load, no shuffle port). */
+AVX512_TARGET static inline __m512i bcast4(const int8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+#ifndef MDL_RP_PREFETCH
+#define MDL_RP_PREFETCH MDL_PREFETCH_BYTES
+#endif
+
 /* One group of 16 rows times T tokens (T <= 8, a constant at each call
  * site): per block, the weights (8 registers) are loaded and made unsigned
  * bytes once, then every token's 32 activations are broadcast 4 bytes at a
@@ -304,42 +317,40 @@ AVX512_TARGET TILE_INLINE void rp_tile(uint32_t type, const uint8_t *G, int nblk
         if (type == MDL_T_Q8_0) {
 #pragma GCC unroll 8
             for (int k = 0; k < 8; k++) {
-                _mm_prefetch((const char *)qs + MDL_PREFETCH_BYTES + 64 * k, _MM_HINT_T0);
+                _mm_prefetch((const char *)qs + MDL_RP_PREFETCH + 64 * k, _MM_HINT_T0);
                 W[k] = _mm512_load_si512((const void *)(qs + 64 * k));
             }
         } else {
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
-                _mm_prefetch((const char *)qs + MDL_PREFETCH_BYTES + 64 * k, _MM_HINT_T0);
+                _mm_prefetch((const char *)qs + MDL_RP_PREFETCH + 64 * k, _MM_HINT_T0);
                 __m512i v = _mm512_load_si512((const void *)(qs + 64 * k));
                 W[k] = _mm512_and_si512(v, m4);
                 W[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
             }
         }
         if (!(b & 1))
-            _mm_prefetch((const char *)qs - 64 + MDL_PREFETCH_BYTES, _MM_HINT_T0);
+            _mm_prefetch((const char *)qs - 64 + MDL_RP_PREFETCH, _MM_HINT_T0);
         __m512 dw =
             _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(G + MDL_RP_SCALE_OFF(b, qb))));
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
             const int8_t *x = a[t].q + 32 * b;
-            int32_t xw[8];
-            memcpy(xw, x, 32);
             __m512i i0, i1 = _mm512_setzero_si512();
             if (type == MDL_T_Q8_0) {
                 i0 = _mm512_set1_epi32(-128 * a[t].qsum[b]);
 #pragma GCC unroll 8
                 for (int k = 0; k < 8; k += 2) {
-                    i0 = _mm512_dpbusd_epi32(i0, W[k], _mm512_set1_epi32(xw[k]));
-                    i1 = _mm512_dpbusd_epi32(i1, W[k + 1], _mm512_set1_epi32(xw[k + 1]));
+                    i0 = _mm512_dpbusd_epi32(i0, W[k], bcast4(x + 4 * k));
+                    i1 = _mm512_dpbusd_epi32(i1, W[k + 1], bcast4(x + 4 * k + 4));
                 }
             } else {
                 /* low nibbles: elements 4k.. (words 0..3), high: 16+4k.. (4..7) */
                 i0 = _mm512_set1_epi32(-8 * a[t].qsum[b]);
 #pragma GCC unroll 4
                 for (int k = 0; k < 4; k++) {
-                    i0 = _mm512_dpbusd_epi32(i0, W[k], _mm512_set1_epi32(xw[k]));
-                    i1 = _mm512_dpbusd_epi32(i1, W[4 + k], _mm512_set1_epi32(xw[4 + k]));
+                    i0 = _mm512_dpbusd_epi32(i0, W[k], bcast4(x + 4 * k));
+                    i1 = _mm512_dpbusd_epi32(i1, W[4 + k], bcast4(x + 16 + 4 * k));
                 }
             }
             __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(a[t].d[b]));
