@@ -296,6 +296,59 @@ AVX512_TARGET static inline __m512i bcast4(const int8_t *p)
 #define MDL_RP_PREFETCH MDL_PREFETCH_BYTES
 #endif
 
+/* Q4_K, one group x T tokens: per sub-block, its 8 nibble chunks (the
+ * pair's bytes, shifted for the odd sub-block) stay in registers for
+ * every token; scales d*sc and dmin*m are 16-lane vectors made once per
+ * sub-block. The float order is the reference's (rp_ref_q4k). */
+AVX512_TARGET TILE_INLINE void rp_tile_q4k(const uint8_t *G, int nsb, const mdl_act_t *a, int T,
+                                           __m512 *acc)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++)
+        acc[t] = _mm512_setzero_ps();
+    for (int b = 0; b < nsb; b++) {
+        const uint8_t *S = G + (size_t)MDL_RP_K4_BYTES * b;
+        for (int k = 0; k < 5; k++)
+            _mm_prefetch((const char *)S + MDL_RP_PREFETCH + 64 * k, _MM_HINT_T0);
+        __m512 d = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(S + MDL_RP_K4_D)));
+        __m512 dm = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(S + MDL_RP_K4_DMIN)));
+        for (int sb = 0; sb < 8; sb++) {
+            const uint8_t *Q = S + MDL_RP_K4_Q + 512 * (sb / 2);
+            __m512i W[8];
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {
+                __m512i v = _mm512_load_si512((const void *)(Q + 64 * k));
+                if (sb & 1)
+                    v = _mm512_srli_epi16(v, 4);
+                else
+                    _mm_prefetch((const char *)Q + MDL_RP_PREFETCH + 64 * k, _MM_HINT_T0);
+                W[k] = _mm512_and_si512(v, m4);
+            }
+            __m512 scv = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(
+                                              (const __m128i *)(S + MDL_RP_K4_SC + 16 * sb)))));
+            __m512 mnv = _mm512_mul_ps(dm, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(
+                                               (const __m128i *)(S + MDL_RP_K4_M + 16 * sb)))));
+            int ab = 8 * b + sb;
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
+                const int8_t *x = a[t].q + 32 * ab;
+                __m512i i0 = _mm512_setzero_si512(), i1 = _mm512_setzero_si512();
+#pragma GCC unroll 8
+                for (int k = 0; k < 8; k += 2) {
+                    i0 = _mm512_dpbusd_epi32(i0, W[k], bcast4(x + 4 * k));
+                    i1 = _mm512_dpbusd_epi32(i1, W[k + 1], bcast4(x + 4 * k + 4));
+                }
+                __m512 dx = _mm512_set1_ps(a[t].d[ab]);
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1)),
+                                         _mm512_mul_ps(scv, dx), acc[t]);
+                acc[t] = _mm512_fnmadd_ps(_mm512_mul_ps(mnv, dx),
+                                          _mm512_set1_ps((float)a[t].qsum[ab]), acc[t]);
+            }
+        }
+    }
+}
+
 /* One group of 16 rows times T tokens (T <= 8, a constant at each call
  * site): per block, the weights (8 registers) are loaded and made unsigned
  * bytes once, then every token's 32 activations are broadcast 4 bytes at a
@@ -306,6 +359,10 @@ AVX512_TARGET static inline __m512i bcast4(const int8_t *p)
 AVX512_TARGET TILE_INLINE void rp_tile(uint32_t type, const uint8_t *G, int nblk,
                                        const mdl_act_t *a, int T, __m512 *acc)
 {
+    if (type == MDL_T_Q4_K) {
+        rp_tile_q4k(G, nblk, a, T, acc);
+        return;
+    }
     const __m512i m4 = _mm512_set1_epi8(0x0F);
 #pragma GCC unroll 8
     for (int t = 0; t < T; t++)
@@ -375,7 +432,7 @@ AVX512_TARGET TILE_INLINE void rp_store(__m512 v, float *o, int n, const float *
                                    const mdl_act_t *a, int nb, float *out, size_t ostride,         \
                                    const float *bias, int accumulate)                              \
     {                                                                                              \
-        int nblk = a[0].n / 32;                                                                    \
+        int nblk = a[0].n / (TYPE == MDL_T_Q4_K ? 256 : 32);                                       \
         for (int r = 0; r < n_rows; r += MDL_RP_ROWS) {                                            \
             const uint8_t *G = w + gstride * (size_t)(r / MDL_RP_ROWS);                            \
             int nr = SL_MIN(MDL_RP_ROWS, n_rows - r);                                              \
@@ -417,6 +474,7 @@ AVX512_TARGET TILE_INLINE void rp_store(__m512 v, float *o, int n, const float *
 
 RP_DRIVER(gemm_rp_q8_0_avx512, MDL_T_Q8_0)
 RP_DRIVER(gemm_rp_q4_0_avx512, MDL_T_Q4_0)
+RP_DRIVER(gemm_rp_q4_k_avx512, MDL_T_Q4_K)
 
 /* Q5_0: as Q4_0, plus the fifth bits added as 0x10 under a byte mask
  * built from the four qh words (low halves of qh go with the low nibbles,
@@ -591,6 +649,7 @@ int mdl_kernels_init_avx512(mdl_kernels_t *k)
     k->gemm[MDL_T_Q4_0] = gemm_q4_0_avx512;
     k->gemm_rp[MDL_T_Q8_0] = gemm_rp_q8_0_avx512;
     k->gemm_rp[MDL_T_Q4_0] = gemm_rp_q4_0_avx512;
+    k->gemm_rp[MDL_T_Q4_K] = gemm_rp_q4_k_avx512;
     k->dot[MDL_T_F16] = dot_f16_avx512;
     k->dot[MDL_T_F32] = dot_f32_avx512;
     k->dot_f[MDL_T_F16] = dot_f16_avx512;

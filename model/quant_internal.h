@@ -91,6 +91,16 @@ typedef void (*mdl_gemm_fn)(const uint8_t *w, size_t rb, int n_rows, const mdl_a
 /* Where block b's scales and quants start in a group (qb: 512 or 256). */
 #define MDL_RP_SCALE_OFF(b, qb) ((size_t)(b) / 2 * (64 + 2 * (qb)) + 32 * ((size_t)(b)&1))
 #define MDL_RP_Q_OFF(b, qb)     ((size_t)(b) / 2 * (64 + 2 * (qb)) + 64 + (qb) * ((size_t)(b)&1))
+/* Q4_K (n_in a multiple of 256): per superblock, 16 fp16 d, 16 fp16 dmin,
+ * sub-block scales [8][16] and mins [8][16] as bytes, then for each pair
+ * of sub-blocks 8 chunks of 64 bytes (lane i = row i's nibble bytes
+ * 4k..4k+3 of that pair: low nibbles the even sub-block, high the odd). */
+#define MDL_RP_K4_D     0
+#define MDL_RP_K4_DMIN  32
+#define MDL_RP_K4_SC    64
+#define MDL_RP_K4_M     192
+#define MDL_RP_K4_Q     320
+#define MDL_RP_K4_BYTES 2368
 /* Bytes of one group of 16 rows of n_in elements; 0 when type t has no
  * repacked form. */
 size_t mdl_rp_group_bytes(uint32_t t, int n_in);

@@ -511,7 +511,7 @@ static void test_gemm_identical(void **state)
     }
 }
 
-/* The repacked kernels (rp16): every SIMD level that has one gives the
+/* The repacked kernels (rp16; Q8_0, Q4_0, Q4_K): every SIMD level that has one gives the
  * scalar reference's bits for every (row, token), over partial groups of
  * 16 rows, odd block counts, token counts across the 8-token chunks, with
  * bias and accumulation; a token's values do not depend on the others in
@@ -520,16 +520,18 @@ static void test_gemm_identical(void **state)
 static void test_gemm_rp(void **state)
 {
     (void)state;
-    const uint32_t types[] = {MDL_T_Q8_0, MDL_T_Q4_0};
-    const int ns[] = {896, 32 * 29, 160};
+    const uint32_t types[] = {MDL_T_Q8_0, MDL_T_Q4_0, MDL_T_Q4_K};
+    const int ns_32[] = {896, 32 * 29, 160}, ns_256[] = {256, 768, 1536};
     const int row_counts[] = {1, 5, 16, 17, 37};
     enum { ROWS = 37, TOKS = 11 };
     int checked = 0;
     for (size_t ti = 0; ti < SL_ARRAY_LEN(types); ti++) {
         uint32_t ty = types[ti];
-        for (size_t ni = 0; ni < SL_ARRAY_LEN(ns); ni++) {
+        const int *ns = ty == MDL_T_Q4_K ? ns_256 : ns_32;
+        for (size_t ni = 0; ni < 3; ni++) {
             int n = ns[ni];
-            size_t rb = (size_t)n / 32 * mdl_ttype_bytes(ty), gb = mdl_rp_group_bytes(ty, n);
+            size_t rb = (size_t)n / mdl_ttype_block(ty) * mdl_ttype_bytes(ty),
+                   gb = mdl_rp_group_bytes(ty, n);
             assert_true(gb > 0 && gb % 64 == 0);
             int ng = (ROWS + MDL_RP_ROWS - 1) / MDL_RP_ROWS;
             uint8_t *w = malloc(rb * ROWS), *rp = aligned_alloc(64, gb * (size_t)ng);
@@ -607,7 +609,7 @@ static void test_gemm_rp(void **state)
     /* this CPU has AVX-512 VNNI (CI is the same machine); elsewhere only the
      * reference runs */
     if (mdl_kernels_cpu_level() >= MDL_KL_AVX512)
-        assert_int_equal(checked, 2 * 3 * 5 * TOKS * 3);
+        assert_int_equal(checked, 3 * 3 * 5 * TOKS * 3);
 }
 
 int main(void)
