@@ -72,7 +72,8 @@ typedef void (*mdl_gemm_fn)(const uint8_t *w, size_t rb, int n_rows, const mdl_a
  * one 512-bit register holds 4 bytes of each of 16 rows and vpdpbusd with
  * one broadcast activation word sums 16 rows at once; after a block's 8
  * (Q8_0) or 4x2 (Q4_0) such steps every lane holds its row's whole integer
- * block dot, converted and scaled once per 32 weights, not per 4. The
+ * block dot, converted and scaled once per 32 weights, not per 4 (Q4_K:
+ * see MDL_RP_K4_*, one sub-block of 32 at a time). The
  * block's weights stay in registers while every token of the batch (up to
  * 8 at a time) is dotted with them: weight reuse across the batch.
  * A group is one linear stream of pairs of blocks: the two blocks' 16 fp16
