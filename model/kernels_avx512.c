@@ -367,7 +367,7 @@ AVX512_TARGET TILE_INLINE void rp_tile(uint32_t type, const uint8_t *G, int nblk
 #pragma GCC unroll 8
     for (int t = 0; t < T; t++)
         acc[t] = _mm512_setzero_ps();
-    size_t qb = type == MDL_T_Q8_0 ? 512 : 256;
+    size_t qb = type == MDL_T_Q8_0 ? 512 : type == MDL_T_Q5_0 ? 320 : 256;
     for (int b = 0; b < nblk; b++) {
         const uint8_t *qs = G + MDL_RP_Q_OFF(b, qb);
         __m512i W[8];
@@ -384,6 +384,17 @@ AVX512_TARGET TILE_INLINE void rp_tile(uint32_t type, const uint8_t *G, int nblk
                 __m512i v = _mm512_load_si512((const void *)(qs + 64 * k));
                 W[k] = _mm512_and_si512(v, m4);
                 W[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            }
+            if (type == MDL_T_Q5_0) {
+                /* the fifth bits: +16 in the bytes the masks name */
+                const __m512i bit5 = _mm512_set1_epi8(0x10);
+                _mm_prefetch((const char *)qs + MDL_RP_PREFETCH + 256, _MM_HINT_T0);
+#pragma GCC unroll 8
+                for (int k = 0; k < 8; k++) {
+                    uint64_t mk;
+                    memcpy(&mk, qs + 256 + 8 * k, 8);
+                    W[k] = _mm512_mask_add_epi8(W[k], _cvtu64_mask64(mk), W[k], bit5);
+                }
             }
         }
         if (!(b & 1))
@@ -403,7 +414,7 @@ AVX512_TARGET TILE_INLINE void rp_tile(uint32_t type, const uint8_t *G, int nblk
                 }
             } else {
                 /* low nibbles: elements 4k.. (words 0..3), high: 16+4k.. (4..7) */
-                i0 = _mm512_set1_epi32(-8 * a[t].qsum[b]);
+                i0 = _mm512_set1_epi32((type == MDL_T_Q5_0 ? -16 : -8) * a[t].qsum[b]);
 #pragma GCC unroll 4
                 for (int k = 0; k < 4; k++) {
                     i0 = _mm512_dpbusd_epi32(i0, W[k], bcast4(x + 4 * k));
@@ -475,6 +486,7 @@ AVX512_TARGET TILE_INLINE void rp_store(__m512 v, float *o, int n, const float *
 RP_DRIVER(gemm_rp_q8_0_avx512, MDL_T_Q8_0)
 RP_DRIVER(gemm_rp_q4_0_avx512, MDL_T_Q4_0)
 RP_DRIVER(gemm_rp_q4_k_avx512, MDL_T_Q4_K)
+RP_DRIVER(gemm_rp_q5_0_avx512, MDL_T_Q5_0)
 
 /* Q5_0: as Q4_0, plus the fifth bits added as 0x10 under a byte mask
  * built from the four qh words (low halves of qh go with the low nibbles,
@@ -650,6 +662,7 @@ int mdl_kernels_init_avx512(mdl_kernels_t *k)
     k->gemm_rp[MDL_T_Q8_0] = gemm_rp_q8_0_avx512;
     k->gemm_rp[MDL_T_Q4_0] = gemm_rp_q4_0_avx512;
     k->gemm_rp[MDL_T_Q4_K] = gemm_rp_q4_k_avx512;
+    k->gemm_rp[MDL_T_Q5_0] = gemm_rp_q5_0_avx512;
     k->dot[MDL_T_F16] = dot_f16_avx512;
     k->dot[MDL_T_F32] = dot_f32_avx512;
     k->dot_f[MDL_T_F16] = dot_f16_avx512;

@@ -357,7 +357,8 @@ static float dotq_q6_k(const uint8_t *row, const mdl_act_t *a)
 
 static size_t rp_qbytes(uint32_t t)
 {
-    return t == MDL_T_Q8_0 ? 512 : t == MDL_T_Q4_0 ? 256 : 0;
+    /* Q5_0: the Q4_0 nibbles, then 8 64-bit masks of the fifth bits */
+    return t == MDL_T_Q8_0 ? 512 : t == MDL_T_Q4_0 ? 256 : t == MDL_T_Q5_0 ? 320 : 0;
 }
 
 size_t mdl_rp_group_bytes(uint32_t t, int n_in)
@@ -436,7 +437,7 @@ void mdl_rp_pack(uint32_t t, const uint8_t *w, size_t rb, int n_rows, int n_in, 
         return;
     }
     size_t gb = mdl_rp_group_bytes(t, n_in), qb = rp_qbytes(t);
-    size_t bb = t == MDL_T_Q8_0 ? 34 : 18;
+    size_t bb = t == MDL_T_Q8_0 ? 34 : t == MDL_T_Q5_0 ? 22 : 18;
     int nblk = n_in / 32, ng = (n_rows + MDL_RP_ROWS - 1) / MDL_RP_ROWS;
     if (!gb)
         return;
@@ -460,6 +461,21 @@ void mdl_rp_pack(uint32_t t, const uint8_t *w, size_t rb, int n_rows, int n_in, 
                     for (int k = 0; k < 8; k++)
                         for (int m = 0; m < 4; m++)
                             qs[64 * k + 4 * i + m] = (uint8_t)(blk[2 + 4 * k + m] ^ 0x80);
+                } else if (t == MDL_T_Q5_0) {
+                    /* mask k (lo, elements 4k..) and 4+k (hi, 16+4k..): bit
+                     * 4i+m is the fifth bit of lane i's byte m */
+                    uint32_t qh = (uint32_t)blk[2] | (uint32_t)blk[3] << 8 |
+                                  (uint32_t)blk[4] << 16 | (uint32_t)blk[5] << 24;
+                    for (int k = 0; k < 4; k++) {
+                        memcpy(qs + 64 * k + 4 * i, blk + 6 + 4 * k, 4);
+                        for (int m = 0; m < 4; m++) {
+                            int bit = 4 * i + m;
+                            qs[256 + 8 * k + bit / 8] |=
+                                (uint8_t)(((qh >> (4 * k + m)) & 1) << (bit % 8));
+                            qs[256 + 8 * (4 + k) + bit / 8] |=
+                                (uint8_t)(((qh >> (16 + 4 * k + m)) & 1) << (bit % 8));
+                        }
+                    }
                 } else {
                     for (int k = 0; k < 4; k++)
                         memcpy(qs + 64 * k + 4 * i, blk + 2 + 4 * k, 4);
@@ -493,6 +509,17 @@ void mdl_gemm_rp_ref(uint32_t t, const uint8_t *w, size_t gstride, int n_rows, c
                         for (int k = 0; k < 8; k++)
                             for (int m = 0; m < 4; m++)
                                 isum += qs[64 * k + 4 * i + m] * x[32 * b + 4 * k + m];
+                    } else if (t == MDL_T_Q5_0) {
+                        isum = -16 * a[tk].qsum[b];
+                        for (int k = 0; k < 4; k++)
+                            for (int m = 0; m < 4; m++) {
+                                uint8_t v = qs[64 * k + 4 * i + m];
+                                int bit = 4 * i + m;
+                                int hl = (qs[256 + 8 * k + bit / 8] >> (bit % 8)) & 1;
+                                int hh = (qs[256 + 8 * (4 + k) + bit / 8] >> (bit % 8)) & 1;
+                                isum += ((v & 0xF) | hl << 4) * x[32 * b + 4 * k + m] +
+                                        ((v >> 4) | hh << 4) * x[32 * b + 16 + 4 * k + m];
+                            }
                     } else {
                         isum = -8 * a[tk].qsum[b];
                         for (int k = 0; k < 4; k++)
