@@ -8,6 +8,9 @@
 #   - aggregate decode tok/s of 4 and of 8 concurrent streams vs 1 stream
 #     (decode = tokens after the first, over the span from the first stream's
 #     first token to the last stream's end);
+#   - the same as tokens per CPU-second of the process (all tokens, over the
+#     requests): what a step costs, which the wall clock hides when other
+#     sessions hold the cores;
 #   - time to first token of the 4th of 4 concurrent requests vs the 1st's;
 #   - a follow-up turn's TTFT on a ~1,000-token conversation, with prefix
 #     reuse (all slots taken by other conversations in between) vs without.
@@ -15,6 +18,7 @@
 # usage: bench/model_batch.sh [BUILD_DIR]
 # env:   ROUNDS=3 GEN=32 THREADS=1 TYPE=q8_0 (q4_0) MODEL_DIR=/tmp/sluice-model-bench
 #        MAX_BATCH=8 (1: requests one after another, as before batching)
+#        SLUICE_MDL_REPACK=0: without the repacked-weight GEMM (the older kernels)
 set -eu
 BUILD=${1:-build}
 TOOL=$BUILD/tools/mdl_tool
@@ -29,7 +33,7 @@ F="$DIR/qwen2.5-0.5b-shape-$TYPE.gguf"
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT INT TERM
 
-serve() { # serve STREAMS -> "agg_decode_tps ttft_first_ms ttft_last_ms"
+serve() { # serve STREAMS -> "agg_decode_tps ttft_first_ms ttft_last_ms tokens_per_cpu_s"
     "$TOOL" serve --model "$F" --streams "$1" --max-tokens "$GEN" --threads "$THREADS" \
         --max-batch "$MAX_BATCH" --temperature 0 | awk '
         /^stream=/ {
@@ -39,7 +43,8 @@ serve() { # serve STREAMS -> "agg_decode_tps ttft_first_ms ttft_last_ms"
             if (f["total_ms"] > t1) t1 = f["total_ms"]
             tt[f["stream"]] = f["ttft_ms"]
         }
-        END { printf "%.3f %.1f %.1f\n", tok / ((t1 - t0) / 1000), tt[0], tt[n - 1] }'
+        /^summary / { for (i = 1; i <= NF; i++) { split($i, kv, "="); if (kv[1] == "tokens_per_cpu_s") c = kv[2] } }
+        END { printf "%.3f %.1f %.1f %.2f\n", tok / ((t1 - t0) / 1000), tt[0], tt[n - 1], c }'
 }
 
 followup() { # followup EXTRA -> ttft of turn 2 in ms
@@ -47,18 +52,22 @@ followup() { # followup EXTRA -> ttft of turn 2 in ms
         --threads "$THREADS" --ctx 4096 "$@" | tr ' ' '\n' | sed -n 's/^turn2_ttft_ms=//p'
 }
 
-echo "# $(date -u +%Y-%m-%dT%H:%MZ) $TYPE, max_batch $MAX_BATCH, $THREADS thread(s), load $(cut -d' ' -f1-3 /proc/loadavg), $ROUNDS rounds"
+echo "# $(date -u +%Y-%m-%dT%H:%MZ) $TYPE, max_batch $MAX_BATCH, $THREADS thread(s), repack ${SLUICE_MDL_REPACK:-1}, load $(cut -d' ' -f1-3 /proc/loadavg), $ROUNDS rounds"
 i=0
 while [ $i -lt "$ROUNDS" ]; do
     s1=$(serve 1); s4=$(serve 4); s8=$(serve 8)
-    fr=$(followup); fn=$(followup --no-reuse)
+    if [ "${FOLLOWUP:-1}" = 1 ]; then
+        fr=$(followup); fn=$(followup --no-reuse)
+    else
+        fr=1; fn=1 # FOLLOWUP=0: batching figures only (the follow-up ratio reads 1)
+    fi
     echo "$s1 $s4 $s8 $fr $fn" >>"$out"
     echo "round $i: 1 stream [$s1]  4 streams [$s4]  8 streams [$s8]  follow-up TTFT ms reuse $fr / none $fn"
     i=$((i + 1))
 done
 # per-round ratios, then their medians
 awk '{
-    printf "%.3f %.3f %.3f %.4f\n", $4 / $1, $7 / $1, $6 / $5, $10 / $11
+    printf "%.3f %.3f %.3f %.4f %.3f %.3f\n", $5 / $1, $9 / $1, $7 / $6, $13 / $14, $8 / $4, $12 / $4
 }' "$out" >"$out.r"
 med() {
     cut -d' ' -f"$1" "$out.r" | sort -n |
@@ -66,6 +75,7 @@ med() {
 }
 echo "median aggregate decode, 4 streams vs 1: $(med 1)x"
 echo "median aggregate decode, 8 streams vs 1: $(med 2)x"
+echo "median tokens per CPU-second, 4 streams vs 1: $(med 5)x, 8 streams vs 1: $(med 6)x"
 echo "median TTFT of the 4th of 4 concurrent requests vs the 1st's: $(med 3)x"
 echo "median follow-up TTFT with prefix reuse vs without (~1,000-token conversation): $(med 4)x"
 rm -f "$out.r"

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -38,6 +39,8 @@ static const char *usage_text =
     "  chat-tokens --model FILE --messages ROLE=TEXT ...   ChatML prompt ids\n"
     "  bench --model FILE [--prompt-tokens N] [--gen N] [common]   prefill/decode speed\n"
     "  membw [--mib N] [--threads N]      memory read bandwidth (GB/s)\n"
+    "  gemm [--mib N] [--streams T] [--gen REPS]   Q8_0 matrix kernels alone: CPU ns\n"
+    "        per weight for T tokens, older tiles vs repacked\n"
     "  serve --model FILE [--streams N] [--max-tokens N] [--max-batch N] [--prompt TEXT]\n"
     "        [--stagger-ms N] [--temperature T --seed S] [common]   N concurrent chat\n"
     "        requests through the engine: per-stream TTFT, text, aggregate tokens/s\n"
@@ -889,6 +892,85 @@ static int cmd_membw(const cli_opts_t *o)
     return 0;
 }
 
+/* ---- gemm: the Q8_0 matrix kernels alone --------------------------------------- */
+
+static double thread_cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* A Q8_0 matrix of about MiB (896-wide rows, like Qwen2.5-0.5B's) times T
+ * tokens, with the older tiles and with the repacked kernel, interleaved:
+ * CPU time per call (this thread's: memory stalls count, other processes
+ * do not), as ns per weight and weights x tokens per ns. MiB 1 stays in
+ * the caches, 256 streams from memory like a decode step. */
+static int cmd_gemm(const cli_opts_t *o)
+{
+    const mdl_kernels_t *k = mdl_kernels_select(o->kernel_level);
+    const int n = 896, T = o->streams > 0 && o->streams <= 64 ? o->streams : 8;
+    size_t rb = (size_t)n / 32 * 34;
+    int rows = (int)(((size_t)o->mib << 20) / rb / 16 * 16), reps = o->gen > 0 ? o->gen : 8;
+    if (rows < 16 || !k->gemm[MDL_T_Q8_0] || !k->gemm_rp[MDL_T_Q8_0]) {
+        fprintf(stderr, "model gemm: needs --mib >= 1 and the avx512 kernels\n");
+        return 1;
+    }
+    size_t gb = mdl_rp_group_bytes(MDL_T_Q8_0, n);
+    uint8_t *w = malloc(rb * (size_t)rows), *rp = aligned_alloc(64, gb * (size_t)(rows / 16));
+    float *x = malloc(sizeof(float) * (size_t)n * T),
+          *out = malloc(sizeof(float) * (size_t)rows * T);
+    int8_t *q = malloc((size_t)n * T);
+    float *d = malloc(sizeof(float) * (size_t)n / 32 * T);
+    int32_t *qs = malloc(sizeof(int32_t) * (size_t)n / 32 * T);
+    size_t xb = (MDL_ACT_EXTRA_BYTES(n) + 63) / 64 * 64;
+    uint8_t *extra = aligned_alloc(64, xb * (size_t)T);
+    mdl_act_t *a = calloc((size_t)T, sizeof(*a));
+    if (!w || !rp || !x || !out || !q || !d || !qs || !extra || !a) {
+        free(w), free(rp), free(x), free(out), free(q), free(d), free(qs), free(extra), free(a);
+        return 1;
+    }
+    uint64_t r = 88172645463325252ULL;
+    for (size_t i = 0; i < rb * (size_t)rows; i++) {
+        r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+        w[i] = (uint8_t)(r >> 24);
+    }
+    for (int i = 0; i < rows * n / 32; i++) /* sane fp16 scales: 0x2000 + small */
+        w[(size_t)i * 34 + 1] = 0x20;
+    for (int i = 0; i < n * T; i++)
+        x[i] = (float)((i * 7919) % 2001 - 1000) / 1000.0f;
+    for (int t = 0; t < T; t++) {
+        a[t] = (mdl_act_t){.n = n,
+                           .x = x + (size_t)t * n,
+                           .q = q + (size_t)t * n,
+                           .d = d + (size_t)t * n / 32,
+                           .qsum = qs + (size_t)t * n / 32};
+        mdl_act_bind_extra(&a[t], extra + xb * (size_t)t);
+        k->quantize(a[t].x, n, a[t].q, a[t].d, a[t].qsum);
+        if (k->prep)
+            k->prep(&a[t]);
+    }
+    mdl_rp_pack(MDL_T_Q8_0, w, rb, rows, n, rp);
+    double best[2] = {1e30, 1e30};
+    for (int rep = 0; rep < reps; rep++)
+        for (int v = 0; v < 2; v++) {
+            double c0 = thread_cpu_s();
+            if (v == 0)
+                k->gemm[MDL_T_Q8_0](w, rb, rows, a, T, out, (size_t)rows, NULL, 0);
+            else
+                k->gemm_rp[MDL_T_Q8_0](rp, gb, rows, a, T, out, (size_t)rows, NULL, 0);
+            double c = thread_cpu_s() - c0;
+            best[v] = c < best[v] ? c : best[v];
+        }
+    double nw = (double)rows * n;
+    printf("gemm q8_0 rows=%d cols=%d tokens=%d MiB=%.1f tiles_ns_per_weight=%.4f "
+           "rp_ns_per_weight=%.4f tiles_macs_per_ns=%.2f rp_macs_per_ns=%.2f rp_vs_tiles=%.2f\n",
+           rows, n, T, (double)rb * rows / 1048576.0, best[0] * 1e9 / nw, best[1] * 1e9 / nw,
+           nw * T / (best[0] * 1e9), nw * T / (best[1] * 1e9), best[0] / best[1]);
+    free(w), free(rp), free(x), free(out), free(q), free(d), free(qs), free(extra), free(a);
+    return 0;
+}
+
 /* ---- serve: concurrent requests through the engine ---------------------------- */
 
 typedef struct {
@@ -968,6 +1050,11 @@ static int cmd_serve(const cli_opts_t *o)
     sp.seed = o->seed;
     sp.has_seed = 1;
     mdl_callbacks_t cb = {serve_on_text, serve_on_done};
+    /* CPU time of the whole process over the requests (the engine thread
+     * and the pool; this thread sleeps): on a shared host it shows what
+     * the work cost, when the wall clock shows mostly whom the host ran */
+    struct rusage ru0, ru1;
+    getrusage(RUSAGE_SELF, &ru0);
     int64_t t0 = sl_now_ns();
     for (int i = 0; i < N; i++) {
         if (i > 0 && o->stagger_ms > 0)
@@ -992,6 +1079,11 @@ static int cmd_serve(const cli_opts_t *o)
         pthread_cond_wait(&cv, &mu);
     pthread_mutex_unlock(&mu);
     int64_t t1 = sl_now_ns();
+    getrusage(RUSAGE_SELF, &ru1);
+    double cpu = (double)(ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec) +
+                 (double)(ru1.ru_utime.tv_usec - ru0.ru_utime.tv_usec) / 1e6 +
+                 (double)(ru1.ru_stime.tv_sec - ru0.ru_stime.tv_sec) +
+                 (double)(ru1.ru_stime.tv_usec - ru0.ru_stime.tv_usec) / 1e6;
     long total = 0;
     for (int i = 0; i < N; i++) {
         serve_stream_t *s = &ss[i];
@@ -1006,10 +1098,12 @@ static int cmd_serve(const cli_opts_t *o)
     mdl_engine_info(e, &info);
     double wall = (double)(t1 - t0) / 1e9;
     printf("summary streams=%d max_batch=%d threads=%d kernels=%s wall_s=%.3f tokens=%ld "
-           "agg_tps=%.2f steps=%llu step_rows=%llu prefix_hits=%llu prefix_tokens=%llu\n",
-           N, info.max_batch, info.threads, info.kernels, wall, total, total / wall,
-           (unsigned long long)info.steps, (unsigned long long)info.step_rows,
-           (unsigned long long)info.prefix_hits, (unsigned long long)info.prefix_tokens);
+           "agg_tps=%.2f cpu_s=%.3f tokens_per_cpu_s=%.2f steps=%llu step_rows=%llu "
+           "prefix_hits=%llu prefix_tokens=%llu\n",
+           N, info.max_batch, info.threads, info.kernels, wall, total, total / wall, cpu,
+           cpu > 0 ? total / cpu : 0.0, (unsigned long long)info.steps,
+           (unsigned long long)info.step_rows, (unsigned long long)info.prefix_hits,
+           (unsigned long long)info.prefix_tokens);
     free(ss);
     free(content);
     mdl_engine_free(e);
@@ -1305,6 +1399,8 @@ int mdl_cli_main(int argc, char **argv)
         rc = cmd_membw(&o);
     else if (!strcmp(cmd, "serve"))
         rc = cmd_serve(&o);
+    else if (!strcmp(cmd, "gemm"))
+        rc = cmd_gemm(&o);
     else if (!strcmp(cmd, "followup"))
         rc = cmd_followup(&o);
     else if (!strcmp(cmd, "batch-check"))

@@ -281,6 +281,213 @@ AVX512_TARGET static inline void gemm_store(float *out, size_t ostride, int r, i
 GEMM_DRIVER(gemm_q8_0_avx512, q8_0_tile, 2)
 GEMM_DRIVER(gemm_q4_0_avx512, q4_0_tile, 2)
 
+/* ---- repacked weights (rp16, see quant_internal.h) ------------------ */
+
+/* Four activation bytes in every lane, straight from memory (a broadcast
+ * load, no shuffle port). */
+AVX512_TARGET static inline __m512i bcast4(const int8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+#ifndef MDL_RP_PREFETCH
+#define MDL_RP_PREFETCH MDL_PREFETCH_BYTES
+#endif
+
+/* Q4_K, one group x T tokens: per sub-block, its 8 nibble chunks (the
+ * pair's bytes, shifted for the odd sub-block) stay in registers for
+ * every token; scales d*sc and dmin*m are 16-lane vectors made once per
+ * sub-block. The float order is the reference's (rp_ref_q4k). */
+AVX512_TARGET TILE_INLINE void rp_tile_q4k(const uint8_t *G, int nsb, const mdl_act_t *a, int T,
+                                           __m512 *acc)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++)
+        acc[t] = _mm512_setzero_ps();
+    for (int b = 0; b < nsb; b++) {
+        const uint8_t *S = G + (size_t)MDL_RP_K4_BYTES * b;
+        for (int k = 0; k < 5; k++)
+            _mm_prefetch((const char *)S + MDL_RP_PREFETCH + 64 * k, _MM_HINT_T0);
+        __m512 d = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(S + MDL_RP_K4_D)));
+        __m512 dm = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(S + MDL_RP_K4_DMIN)));
+        for (int sb = 0; sb < 8; sb++) {
+            const uint8_t *Q = S + MDL_RP_K4_Q + 512 * (sb / 2);
+            __m512i W[8];
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {
+                __m512i v = _mm512_load_si512((const void *)(Q + 64 * k));
+                if (sb & 1)
+                    v = _mm512_srli_epi16(v, 4);
+                else
+                    _mm_prefetch((const char *)Q + MDL_RP_PREFETCH + 64 * k, _MM_HINT_T0);
+                W[k] = _mm512_and_si512(v, m4);
+            }
+            __m512 scv = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(
+                                              (const __m128i *)(S + MDL_RP_K4_SC + 16 * sb)))));
+            __m512 mnv = _mm512_mul_ps(dm, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(
+                                               (const __m128i *)(S + MDL_RP_K4_M + 16 * sb)))));
+            int ab = 8 * b + sb;
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
+                const int8_t *x = a[t].q + 32 * ab;
+                __m512i i0 = _mm512_setzero_si512(), i1 = _mm512_setzero_si512();
+#pragma GCC unroll 8
+                for (int k = 0; k < 8; k += 2) {
+                    i0 = _mm512_dpbusd_epi32(i0, W[k], bcast4(x + 4 * k));
+                    i1 = _mm512_dpbusd_epi32(i1, W[k + 1], bcast4(x + 4 * k + 4));
+                }
+                __m512 dx = _mm512_set1_ps(a[t].d[ab]);
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1)),
+                                         _mm512_mul_ps(scv, dx), acc[t]);
+                acc[t] = _mm512_fnmadd_ps(_mm512_mul_ps(mnv, dx),
+                                          _mm512_set1_ps((float)a[t].qsum[ab]), acc[t]);
+            }
+        }
+    }
+}
+
+/* One group of 16 rows times T tokens (T <= 8, a constant at each call
+ * site): per block, the weights (8 registers) are loaded and made unsigned
+ * bytes once, then every token's 32 activations are broadcast 4 bytes at a
+ * time against them. Two integer chains per token (integer sums are exact,
+ * so their split is free); the float part is one convert, one scale
+ * multiply and one FMA per 16 rows x 32 weights, in block order, as the
+ * reference does. */
+AVX512_TARGET TILE_INLINE void rp_tile(uint32_t type, const uint8_t *G, int nblk,
+                                       const mdl_act_t *a, int T, __m512 *acc)
+{
+    if (type == MDL_T_Q4_K) {
+        rp_tile_q4k(G, nblk, a, T, acc);
+        return;
+    }
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++)
+        acc[t] = _mm512_setzero_ps();
+    size_t qb = type == MDL_T_Q8_0 ? 512 : type == MDL_T_Q5_0 ? 320 : 256;
+    for (int b = 0; b < nblk; b++) {
+        const uint8_t *qs = G + MDL_RP_Q_OFF(b, qb);
+        __m512i W[8];
+        if (type == MDL_T_Q8_0) {
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {
+                _mm_prefetch((const char *)qs + MDL_RP_PREFETCH + 64 * k, _MM_HINT_T0);
+                W[k] = _mm512_load_si512((const void *)(qs + 64 * k));
+            }
+        } else {
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                _mm_prefetch((const char *)qs + MDL_RP_PREFETCH + 64 * k, _MM_HINT_T0);
+                __m512i v = _mm512_load_si512((const void *)(qs + 64 * k));
+                W[k] = _mm512_and_si512(v, m4);
+                W[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            }
+            if (type == MDL_T_Q5_0) {
+                /* the fifth bits: +16 in the bytes the masks name */
+                const __m512i bit5 = _mm512_set1_epi8(0x10);
+                _mm_prefetch((const char *)qs + MDL_RP_PREFETCH + 256, _MM_HINT_T0);
+#pragma GCC unroll 8
+                for (int k = 0; k < 8; k++) {
+                    uint64_t mk;
+                    memcpy(&mk, qs + 256 + 8 * k, 8);
+                    W[k] = _mm512_mask_add_epi8(W[k], _cvtu64_mask64(mk), W[k], bit5);
+                }
+            }
+        }
+        if (!(b & 1))
+            _mm_prefetch((const char *)qs - 64 + MDL_RP_PREFETCH, _MM_HINT_T0);
+        __m512 dw =
+            _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(G + MDL_RP_SCALE_OFF(b, qb))));
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            const int8_t *x = a[t].q + 32 * b;
+            __m512i i0, i1 = _mm512_setzero_si512();
+            if (type == MDL_T_Q8_0) {
+                i0 = _mm512_set1_epi32(-128 * a[t].qsum[b]);
+#pragma GCC unroll 8
+                for (int k = 0; k < 8; k += 2) {
+                    i0 = _mm512_dpbusd_epi32(i0, W[k], bcast4(x + 4 * k));
+                    i1 = _mm512_dpbusd_epi32(i1, W[k + 1], bcast4(x + 4 * k + 4));
+                }
+            } else {
+                /* low nibbles: elements 4k.. (words 0..3), high: 16+4k.. (4..7) */
+                i0 = _mm512_set1_epi32((type == MDL_T_Q5_0 ? -16 : -8) * a[t].qsum[b]);
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {
+                    i0 = _mm512_dpbusd_epi32(i0, W[k], bcast4(x + 4 * k));
+                    i1 = _mm512_dpbusd_epi32(i1, W[4 + k], bcast4(x + 16 + 4 * k));
+                }
+            }
+            __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(a[t].d[b]));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1)), sc, acc[t]);
+        }
+    }
+}
+
+AVX512_TARGET TILE_INLINE void rp_store(__m512 v, float *o, int n, const float *bias,
+                                        int accumulate)
+{
+    __mmask16 m = (__mmask16)(n >= 16 ? 0xFFFF : (1u << n) - 1);
+    if (bias)
+        v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, bias));
+    if (accumulate)
+        v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, o), v);
+    _mm512_mask_storeu_ps(o, m, v);
+}
+
+#define RP_DRIVER(NAME, TYPE)                                                                      \
+    AVX512_TARGET static void NAME(const uint8_t *w, size_t gstride, int n_rows,                   \
+                                   const mdl_act_t *a, int nb, float *out, size_t ostride,         \
+                                   const float *bias, int accumulate)                              \
+    {                                                                                              \
+        int nblk = a[0].n / (TYPE == MDL_T_Q4_K ? 256 : 32);                                       \
+        for (int r = 0; r < n_rows; r += MDL_RP_ROWS) {                                            \
+            const uint8_t *G = w + gstride * (size_t)(r / MDL_RP_ROWS);                            \
+            int nr = SL_MIN(MDL_RP_ROWS, n_rows - r);                                              \
+            for (int t0 = 0; t0 < nb; t0 += 8) {                                                   \
+                __m512 acc[8];                                                                     \
+                int T = SL_MIN(8, nb - t0);                                                        \
+                switch (T) {                                                                       \
+                case 1:                                                                            \
+                    rp_tile(TYPE, G, nblk, a + t0, 1, acc);                                        \
+                    break;                                                                         \
+                case 2:                                                                            \
+                    rp_tile(TYPE, G, nblk, a + t0, 2, acc);                                        \
+                    break;                                                                         \
+                case 3:                                                                            \
+                    rp_tile(TYPE, G, nblk, a + t0, 3, acc);                                        \
+                    break;                                                                         \
+                case 4:                                                                            \
+                    rp_tile(TYPE, G, nblk, a + t0, 4, acc);                                        \
+                    break;                                                                         \
+                case 5:                                                                            \
+                    rp_tile(TYPE, G, nblk, a + t0, 5, acc);                                        \
+                    break;                                                                         \
+                case 6:                                                                            \
+                    rp_tile(TYPE, G, nblk, a + t0, 6, acc);                                        \
+                    break;                                                                         \
+                case 7:                                                                            \
+                    rp_tile(TYPE, G, nblk, a + t0, 7, acc);                                        \
+                    break;                                                                         \
+                default:                                                                           \
+                    rp_tile(TYPE, G, nblk, a + t0, 8, acc);                                        \
+                    break;                                                                         \
+                }                                                                                  \
+                for (int t = 0; t < T; t++)                                                        \
+                    rp_store(acc[t], out + (size_t)(t0 + t) * ostride + r, nr,                     \
+                             bias ? bias + r : NULL, accumulate);                                  \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
+RP_DRIVER(gemm_rp_q8_0_avx512, MDL_T_Q8_0)
+RP_DRIVER(gemm_rp_q4_0_avx512, MDL_T_Q4_0)
+RP_DRIVER(gemm_rp_q4_k_avx512, MDL_T_Q4_K)
+RP_DRIVER(gemm_rp_q5_0_avx512, MDL_T_Q5_0)
+
 /* Q5_0: as Q4_0, plus the fifth bits added as 0x10 under a byte mask
  * built from the four qh words (low halves of qh go with the low nibbles,
  * high halves with the high nibbles); levels 0..31, offset -16 = 2 * c8. */
@@ -452,6 +659,10 @@ int mdl_kernels_init_avx512(mdl_kernels_t *k)
     k->dot4[MDL_T_Q4_0] = dot4_q4_0_avx512;
     k->gemm[MDL_T_Q8_0] = gemm_q8_0_avx512;
     k->gemm[MDL_T_Q4_0] = gemm_q4_0_avx512;
+    k->gemm_rp[MDL_T_Q8_0] = gemm_rp_q8_0_avx512;
+    k->gemm_rp[MDL_T_Q4_0] = gemm_rp_q4_0_avx512;
+    k->gemm_rp[MDL_T_Q4_K] = gemm_rp_q4_k_avx512;
+    k->gemm_rp[MDL_T_Q5_0] = gemm_rp_q5_0_avx512;
     k->dot[MDL_T_F16] = dot_f16_avx512;
     k->dot[MDL_T_F32] = dot_f32_avx512;
     k->dot_f[MDL_T_F16] = dot_f16_avx512;

@@ -28,10 +28,18 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-/* Roughly a millisecond of spinning before a helper sleeps: longer than the
- * gap between two matrix products of one token, shorter than a human can
- * notice when the engine goes idle. */
+/* How long the caller spins waiting for a helper's last item before it
+ * yields (pauses; ~1 ms). */
 #define POOL_SPIN 20000
+/* How long an idle helper spins before it sleeps: longer than the gap
+ * between two matrix products of one token (microseconds), but not the
+ * gap between steps. A helper that spins through those gaps holds its
+ * share of a core the host gives to others too (the proxy, other
+ * processes) and is then preempted at a random point, often in the middle
+ * of an item the caller must wait for; one that sleeps is woken with the
+ * scheduler's credit for the sleep and runs its items promptly.
+ * SLUICE_MDL_POOL_SPIN overrides it (for comparisons). */
+#define POOL_IDLE_SPIN 2000
 /* A wait for a claimed item longer than this means its helper was
  * descheduled (an item is a few microseconds of work). */
 #define POOL_STRAGGLE_NS 50000
@@ -46,6 +54,7 @@
 
 struct mdl_pool {
     int nth;
+    int idle_spin;
     pthread_t *threads;
     _Atomic uint64_t work; /* gen << 32 | next << 16 | n */
     _Atomic uint32_t gen;  /* futex word: the generation last published */
@@ -120,7 +129,7 @@ static void *helper_main(void *v)
         uint32_t g;
         int spins = 0;
         while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen) {
-            if (++spins < POOL_SPIN) {
+            if (++spins < p->idle_spin) {
                 cpu_relax();
                 continue;
             }
@@ -149,6 +158,10 @@ mdl_pool_t *mdl_pool_new(int nthreads)
     if (!p)
         return NULL;
     p->nth = nthreads;
+    const char *env = getenv("SLUICE_MDL_POOL_SPIN");
+    p->idle_spin = env && *env ? atoi(env) : POOL_IDLE_SPIN;
+    if (p->idle_spin < 0 || p->idle_spin > 10000000)
+        p->idle_spin = POOL_IDLE_SPIN;
     p->threads = calloc((size_t)nthreads, sizeof(pthread_t));
     if (!p->threads) {
         free(p);

@@ -353,6 +353,192 @@ static float dotq_q6_k(const uint8_t *row, const mdl_act_t *a)
     return acc;
 }
 
+/* ---- repacked weights (rp16, see quant_internal.h) ------------------ */
+
+static size_t rp_qbytes(uint32_t t)
+{
+    /* Q5_0: the Q4_0 nibbles, then 8 64-bit masks of the fifth bits */
+    return t == MDL_T_Q8_0 ? 512 : t == MDL_T_Q4_0 ? 256 : t == MDL_T_Q5_0 ? 320 : 0;
+}
+
+size_t mdl_rp_group_bytes(uint32_t t, int n_in)
+{
+    if (t == MDL_T_Q4_K)
+        return n_in > 0 && n_in % 256 == 0 ? (size_t)n_in / 256 * MDL_RP_K4_BYTES : 0;
+    if (!rp_qbytes(t) || n_in <= 0 || n_in % 32)
+        return 0;
+    size_t nblk = (size_t)n_in / 32;
+    return (nblk + 1) / 2 * 64 + nblk * rp_qbytes(t);
+}
+
+/* Q4_K: per superblock of 256, the 16 rows' d and dmin, their 8 six-bit
+ * scales and mins as bytes (sub-block major), then the nibbles as they lie
+ * in each row (4 bytes per lane; low nibbles sub-block 2c, high 2c+1). */
+static void rp_pack_q4k(const uint8_t *w, size_t rb, int n_rows, int n_in, uint8_t *dst)
+{
+    size_t gb = mdl_rp_group_bytes(MDL_T_Q4_K, n_in);
+    int nsb = n_in / 256, ng = (n_rows + MDL_RP_ROWS - 1) / MDL_RP_ROWS;
+    memset(dst, 0, gb * (size_t)ng); /* padding rows: d = 0, scales 0 */
+    for (int r = 0; r < n_rows; r++) {
+        int i = r % MDL_RP_ROWS;
+        uint8_t *G = dst + gb * (size_t)(r / MDL_RP_ROWS);
+        for (int b = 0; b < nsb; b++) {
+            const uint8_t *blk = w + rb * (size_t)r + 144 * (size_t)b;
+            uint8_t *S = G + MDL_RP_K4_BYTES * (size_t)b;
+            memcpy(S + MDL_RP_K4_D + 2 * i, blk, 2);
+            memcpy(S + MDL_RP_K4_DMIN + 2 * i, blk + 2, 2);
+            for (int sb = 0; sb < 8; sb++) {
+                int sc, m;
+                q4k_scale_min(blk + 4, sb, &sc, &m);
+                S[MDL_RP_K4_SC + 16 * sb + i] = (uint8_t)sc;
+                S[MDL_RP_K4_M + 16 * sb + i] = (uint8_t)m;
+            }
+            for (int c = 0; c < 4; c++)
+                for (int k = 0; k < 8; k++)
+                    memcpy(S + MDL_RP_K4_Q + 512 * c + 64 * k + 4 * i, blk + 16 + 32 * c + 4 * k,
+                           4);
+        }
+    }
+}
+
+/* Q4_K reference: per sub-block s, in order,
+ *   acc = fmaf(isum, (d * sc) * dx, acc); acc = fmaf(-((dmin * m) * dx), qsum, acc) */
+static float rp_ref_q4k(const uint8_t *G, int i, const mdl_act_t *a)
+{
+    float acc = 0.0f;
+    for (int b = 0; b < a->n / 256; b++) {
+        const uint8_t *S = G + MDL_RP_K4_BYTES * (size_t)b;
+        float d = mdl_fp16_to_f32(mdl_rd16(S + MDL_RP_K4_D + 2 * i));
+        float dmin = mdl_fp16_to_f32(mdl_rd16(S + MDL_RP_K4_DMIN + 2 * i));
+        for (int sb = 0; sb < 8; sb++) {
+            int ab = 8 * b + sb;
+            const int8_t *x = a->q + 32 * ab;
+            const uint8_t *Q = S + MDL_RP_K4_Q + 512 * (sb / 2);
+            int32_t isum = 0;
+            for (int k = 0; k < 8; k++)
+                for (int m = 0; m < 4; m++) {
+                    uint8_t v = Q[64 * k + 4 * i + m];
+                    isum += ((sb & 1) ? v >> 4 : v & 0xF) * x[4 * k + m];
+                }
+            float scf = d * (float)S[MDL_RP_K4_SC + 16 * sb + i];
+            float mnf = dmin * (float)S[MDL_RP_K4_M + 16 * sb + i];
+            acc = fmaf((float)isum, scf * a->d[ab], acc);
+            acc = fmaf(-(mnf * a->d[ab]), (float)a->qsum[ab], acc);
+        }
+    }
+    return acc;
+}
+
+void mdl_rp_pack(uint32_t t, const uint8_t *w, size_t rb, int n_rows, int n_in, uint8_t *dst)
+{
+    if (t == MDL_T_Q4_K) {
+        if (mdl_rp_group_bytes(t, n_in))
+            rp_pack_q4k(w, rb, n_rows, n_in, dst);
+        return;
+    }
+    size_t gb = mdl_rp_group_bytes(t, n_in), qb = rp_qbytes(t);
+    size_t bb = t == MDL_T_Q8_0 ? 34 : t == MDL_T_Q5_0 ? 22 : 18;
+    int nblk = n_in / 32, ng = (n_rows + MDL_RP_ROWS - 1) / MDL_RP_ROWS;
+    if (!gb)
+        return;
+    memset(dst, 0, gb * (size_t)ng);
+    for (int g = 0; g < ng; g++) {
+        uint8_t *G = dst + gb * (size_t)g;
+        for (int i = 0; i < MDL_RP_ROWS; i++) {
+            int r = g * MDL_RP_ROWS + i;
+            for (int b = 0; b < nblk; b++) {
+                uint8_t *sc = G + MDL_RP_SCALE_OFF(b, qb) + 2 * i, *qs = G + MDL_RP_Q_OFF(b, qb);
+                if (r >= n_rows) {
+                    /* padding row: scale 0, levels 0 (Q8_0 stores +128) */
+                    if (t == MDL_T_Q8_0)
+                        for (int k = 0; k < 8; k++)
+                            memset(qs + 64 * k + 4 * i, 0x80, 4);
+                    continue;
+                }
+                const uint8_t *blk = w + rb * (size_t)r + bb * (size_t)b;
+                memcpy(sc, blk, 2);
+                if (t == MDL_T_Q8_0) {
+                    for (int k = 0; k < 8; k++)
+                        for (int m = 0; m < 4; m++)
+                            qs[64 * k + 4 * i + m] = (uint8_t)(blk[2 + 4 * k + m] ^ 0x80);
+                } else if (t == MDL_T_Q5_0) {
+                    /* mask k (lo, elements 4k..) and 4+k (hi, 16+4k..): bit
+                     * 4i+m is the fifth bit of lane i's byte m */
+                    uint32_t qh = (uint32_t)blk[2] | (uint32_t)blk[3] << 8 |
+                                  (uint32_t)blk[4] << 16 | (uint32_t)blk[5] << 24;
+                    for (int k = 0; k < 4; k++) {
+                        memcpy(qs + 64 * k + 4 * i, blk + 6 + 4 * k, 4);
+                        for (int m = 0; m < 4; m++) {
+                            int bit = 4 * i + m;
+                            qs[256 + 8 * k + bit / 8] |=
+                                (uint8_t)(((qh >> (4 * k + m)) & 1) << (bit % 8));
+                            qs[256 + 8 * (4 + k) + bit / 8] |=
+                                (uint8_t)(((qh >> (16 + 4 * k + m)) & 1) << (bit % 8));
+                        }
+                    }
+                } else {
+                    for (int k = 0; k < 4; k++)
+                        memcpy(qs + 64 * k + 4 * i, blk + 2 + 4 * k, 4);
+                }
+            }
+        }
+    }
+}
+
+void mdl_gemm_rp_ref(uint32_t t, const uint8_t *w, size_t gstride, int n_rows, const mdl_act_t *a,
+                     int nb, float *out, size_t ostride, const float *bias, int accumulate)
+{
+    int nblk = a[0].n / 32;
+    size_t qb = rp_qbytes(t);
+    for (int r = 0; r < n_rows; r++) {
+        const uint8_t *G = w + gstride * (size_t)(r / MDL_RP_ROWS);
+        int i = r % MDL_RP_ROWS;
+        for (int tk = 0; tk < nb; tk++) {
+            const int8_t *x = a[tk].q;
+            float acc = 0.0f;
+            if (t == MDL_T_Q4_K)
+                acc = rp_ref_q4k(G, i, &a[tk]);
+            else
+                for (int b = 0; b < nblk; b++) {
+                    const uint8_t *qs = G + MDL_RP_Q_OFF(b, qb);
+                    int32_t isum;
+                    if (t == MDL_T_Q8_0) {
+                        /* what vpdpbusd computes: unsigned weight x signed x,
+                         * started at -128 * sum(x) */
+                        isum = -128 * a[tk].qsum[b];
+                        for (int k = 0; k < 8; k++)
+                            for (int m = 0; m < 4; m++)
+                                isum += qs[64 * k + 4 * i + m] * x[32 * b + 4 * k + m];
+                    } else if (t == MDL_T_Q5_0) {
+                        isum = -16 * a[tk].qsum[b];
+                        for (int k = 0; k < 4; k++)
+                            for (int m = 0; m < 4; m++) {
+                                uint8_t v = qs[64 * k + 4 * i + m];
+                                int bit = 4 * i + m;
+                                int hl = (qs[256 + 8 * k + bit / 8] >> (bit % 8)) & 1;
+                                int hh = (qs[256 + 8 * (4 + k) + bit / 8] >> (bit % 8)) & 1;
+                                isum += ((v & 0xF) | hl << 4) * x[32 * b + 4 * k + m] +
+                                        ((v >> 4) | hh << 4) * x[32 * b + 16 + 4 * k + m];
+                            }
+                    } else {
+                        isum = -8 * a[tk].qsum[b];
+                        for (int k = 0; k < 4; k++)
+                            for (int m = 0; m < 4; m++) {
+                                uint8_t v = qs[64 * k + 4 * i + m];
+                                isum += (v & 0xF) * x[32 * b + 4 * k + m] +
+                                        (v >> 4) * x[32 * b + 16 + 4 * k + m];
+                            }
+                    }
+                    float dw = mdl_fp16_to_f32(mdl_rd16(G + MDL_RP_SCALE_OFF(b, qb) + 2 * i));
+                    acc = fmaf((float)isum, dw * a[tk].d[b], acc);
+                }
+            float v = bias ? acc + bias[r] : acc;
+            float *o = out + (size_t)tk * ostride + r;
+            *o = accumulate ? *o + v : v;
+        }
+    }
+}
+
 static float vdot_scalar(const float *a, const float *b, int n)
 {
     float acc = 0.0f;

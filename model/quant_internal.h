@@ -67,6 +67,57 @@ typedef void (*mdl_dot4_fn)(const uint8_t *row, const mdl_act_t *a, float *out);
 typedef void (*mdl_gemm_fn)(const uint8_t *w, size_t rb, int n_rows, const mdl_act_t *a, int nb,
                             float *out, size_t ostride, const float *bias, int accumulate);
 
+/* Weights repacked at load for the batched integer kernels ("rp16"):
+ * rows in groups of MDL_RP_ROWS (the last group padded with zero rows), so
+ * one 512-bit register holds 4 bytes of each of 16 rows and vpdpbusd with
+ * one broadcast activation word sums 16 rows at once; after a block's 8
+ * (Q8_0) or 4x2 (Q4_0) such steps every lane holds its row's whole integer
+ * block dot, converted and scaled once per 32 weights, not per 4 (Q4_K:
+ * see MDL_RP_K4_*, one sub-block of 32 at a time). The
+ * block's weights stay in registers while every token of the batch (up to
+ * 8 at a time) is dotted with them: weight reuse across the batch.
+ * A group is one linear stream of pairs of blocks: the two blocks' 16 fp16
+ * scales each (64 bytes), then their quants (qb bytes each; an odd last
+ * block makes a pair of one), so every load is 64-byte aligned:
+ *  - Q8_0: 8 chunks of 64 bytes; chunk k, lane i = row i's elements
+ *    4k..4k+3 plus 128 (unsigned; the -128 * sum(x) goes into the start);
+ *  - Q4_0: 4 chunks of 64 bytes; chunk k, lane i = row i's bytes 4k..4k+3
+ *    as they are (low nibbles: elements 4k.., high: 16+4k..; the -8 *
+ *    sum(x) goes into the start).
+ * Per (row, token) the value is sum over blocks, in order, of
+ *   acc = fmaf((float)isum_b, dw_b * dx_b, acc)
+ * (then + bias, then + out when accumulating): the same in the scalar
+ * reference and the SIMD kernel, and whatever else is in the batch. */
+#define MDL_RP_ROWS 16
+/* Where block b's scales and quants start in a group (qb: 512 or 256). */
+#define MDL_RP_SCALE_OFF(b, qb) ((size_t)(b) / 2 * (64 + 2 * (qb)) + 32 * ((size_t)(b)&1))
+#define MDL_RP_Q_OFF(b, qb)     ((size_t)(b) / 2 * (64 + 2 * (qb)) + 64 + (qb) * ((size_t)(b)&1))
+/* Q4_K (n_in a multiple of 256): per superblock, 16 fp16 d, 16 fp16 dmin,
+ * sub-block scales [8][16] and mins [8][16] as bytes, then for each pair
+ * of sub-blocks 8 chunks of 64 bytes (lane i = row i's nibble bytes
+ * 4k..4k+3 of that pair: low nibbles the even sub-block, high the odd). */
+#define MDL_RP_K4_D     0
+#define MDL_RP_K4_DMIN  32
+#define MDL_RP_K4_SC    64
+#define MDL_RP_K4_M     192
+#define MDL_RP_K4_Q     320
+#define MDL_RP_K4_BYTES 2368
+/* Bytes of one group of 16 rows of n_in elements; 0 when type t has no
+ * repacked form. */
+size_t mdl_rp_group_bytes(uint32_t t, int n_in);
+/* Repacks n_rows rows (rb bytes apart) into ceil(n_rows / 16) groups at
+ * dst (64-byte aligned, mdl_rp_group_bytes each). */
+void mdl_rp_pack(uint32_t t, const uint8_t *w, size_t rb, int n_rows, int n_in, uint8_t *dst);
+/* Like mdl_gemm_fn over repacked weights: w is the first group (groups
+ * gstride bytes apart), n_rows the rows wanted from it (the last group may
+ * be partial; nothing beyond n_rows is written). */
+typedef void (*mdl_gemm_rp_fn)(const uint8_t *w, size_t gstride, int n_rows, const mdl_act_t *a,
+                               int nb, float *out, size_t ostride, const float *bias,
+                               int accumulate);
+/* The scalar reference of every gemm_rp kernel (bit-identical to them). */
+void mdl_gemm_rp_ref(uint32_t t, const uint8_t *w, size_t gstride, int n_rows, const mdl_act_t *a,
+                     int nb, float *out, size_t ostride, const float *bias, int accumulate);
+
 typedef enum { MDL_KL_SCALAR = 0, MDL_KL_AVX2 = 1, MDL_KL_AVX512 = 2 } mdl_klevel_t;
 
 typedef struct {
@@ -80,6 +131,9 @@ typedef struct {
     mdl_dot_fn dot[MDL_T_MAX];   /* fast path; NULL when the type is unsupported */
     mdl_dot4_fn dot4[MDL_T_MAX]; /* optional batched form of dot */
     mdl_gemm_fn gemm[MDL_T_MAX]; /* optional matrix form of dot */
+    /* optional matrix kernels over repacked weights (mdl_rp_pack); used
+     * instead of gemm when the weight was repacked */
+    mdl_gemm_rp_fn gemm_rp[MDL_T_MAX];
     mdl_dot_fn dot_f[MDL_T_MAX]; /* precise path (float activations) */
     /* Float helpers for attention. */
     float (*vdot)(const float *a, const float *b, int n);

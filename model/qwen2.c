@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 static void set_err(char *err, size_t errlen, const char *fmt, ...) SL_PRINTF(3, 4);
 static void set_err(char *err, size_t errlen, const char *fmt, ...)
@@ -135,6 +136,8 @@ void mdl_model_free(mdl_model_t *m)
         free(m->layers);
     }
     free(m->output_norm);
+    if (m->rp_base)
+        munmap(m->rp_base, m->rp_len);
     mdl_gguf_free(m->gguf);
     free(m);
 }
@@ -217,6 +220,59 @@ static int load_hparams(mdl_model_t *m, char *err, size_t errlen)
     return 0;
 }
 
+/* Every weight the best kernel set has a repacked kernel for, repacked
+ * into one huge-page region (as large as those weights again: the original
+ * layout stays for the other kernel levels and the embedding lookups).
+ * Decoding reads only the repacked copy, so the bytes per token do not
+ * change. A failed allocation only costs speed. SLUICE_MDL_REPACK=0 turns
+ * it off (the memory back, the older kernels: for comparisons). */
+static void model_repack(mdl_model_t *m)
+{
+    const mdl_kernels_t *k = mdl_kernels_select(MDL_KL_AVX512);
+    const char *env = getenv("SLUICE_MDL_REPACK");
+    if (env && !strcmp(env, "0"))
+        return;
+    mdl_weight_t **ws = calloc(1 + 7 * (size_t)m->n_layer, sizeof(*ws));
+    int n = 0;
+    if (!ws)
+        return;
+    ws[n++] = &m->output;
+    for (int l = 0; l < m->n_layer; l++) {
+        mdl_layer_t *L = &m->layers[l];
+        mdl_weight_t *lw[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wgate, &L->wup, &L->wdown};
+        for (size_t i = 0; i < SL_ARRAY_LEN(lw); i++)
+            ws[n++] = lw[i];
+    }
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        size_t gb = k->gemm_rp[ws[i]->type] ? mdl_rp_group_bytes(ws[i]->type, ws[i]->n_in) : 0;
+        ws[i]->rp_gstride = gb;
+        total += gb * (size_t)((ws[i]->n_out + MDL_RP_ROWS - 1) / MDL_RP_ROWS);
+    }
+    void *base = total
+                     ? mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+                     : MAP_FAILED;
+    if (base == MAP_FAILED) {
+        for (int i = 0; i < n; i++)
+            ws[i]->rp_gstride = 0;
+        free(ws);
+        return;
+    }
+    (void)madvise(base, total, MADV_HUGEPAGE);
+    m->rp_base = base;
+    m->rp_len = total;
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        mdl_weight_t *w = ws[i];
+        if (!w->rp_gstride)
+            continue;
+        mdl_rp_pack(w->type, w->data, w->row_bytes, w->n_out, w->n_in, m->rp_base + off);
+        w->rp = m->rp_base + off;
+        off += w->rp_gstride * (size_t)((w->n_out + MDL_RP_ROWS - 1) / MDL_RP_ROWS);
+    }
+    free(ws);
+}
+
 mdl_model_t *mdl_model_from_gguf(mdl_gguf_t *g, char *err, size_t errlen)
 {
     mdl_model_t *m = calloc(1, sizeof(*m));
@@ -269,6 +325,7 @@ mdl_model_t *mdl_model_from_gguf(mdl_gguf_t *g, char *err, size_t errlen)
         for (size_t i = 0; i < SL_ARRAY_LEN(ws); i++)
             m->bytes_per_token += ws[i]->row_bytes * (uint64_t)ws[i]->n_out;
     }
+    model_repack(m);
     return m;
 fail:
     mdl_model_free(m);
@@ -509,6 +566,14 @@ static void mm_item(void *arg, int item, int tid)
     mdl_dot4_fn dot4 = use_float ? NULL : t->s->k->dot4[w->type];
     int r0 = (item - jb->first_item) * jb->rows_per_item;
     int r1 = SL_MIN(w->n_out, r0 + jb->rows_per_item);
+    mdl_gemm_rp_fn gemm_rp = use_float || !w->rp ? NULL : t->s->k->gemm_rp[w->type];
+    if (gemm_rp) {
+        /* r0 is a multiple of MDL_RP_ROWS (mm_rows_per_item) */
+        gemm_rp(w->rp + w->rp_gstride * (size_t)(r0 / MDL_RP_ROWS), w->rp_gstride, r1 - r0, t->acts,
+                t->nb, jb->out + r0, (size_t)w->n_out, jb->bias ? jb->bias + r0 : NULL,
+                jb->accumulate);
+        return;
+    }
     mdl_gemm_fn gemm = use_float ? NULL : t->s->k->gemm[w->type];
     if (gemm) {
         gemm(w->data + (size_t)r0 * w->row_bytes, w->row_bytes, r1 - r0, t->acts, t->nb,
@@ -537,12 +602,13 @@ static void mm_item(void *arg, int item, int tid)
 
 /* Rows per work item: about 32 KiB of weights (a few microseconds of
  * streaming: small enough that a thread the host deschedules holds up
- * little, large enough that claiming costs ~1%), a multiple of 8 so that
- * threads never share a cache line of the output. */
+ * little, large enough that claiming costs ~1%), a multiple of 16 so that
+ * threads never share a cache line of the output and items start on a
+ * group of repacked rows. */
 static int mm_rows_per_item(const mdl_weight_t *w)
 {
     size_t rows = (32768 + w->row_bytes - 1) / w->row_bytes;
-    int rpi = (int)SL_MAX((size_t)8, (rows + 7) & ~(size_t)7);
+    int rpi = (int)SL_MAX((size_t)MDL_RP_ROWS, (rows + 15) & ~(size_t)15);
     while ((w->n_out + rpi - 1) / rpi > MDL_POOL_MAX_ITEMS / 4)
         rpi *= 2;
     return rpi;

@@ -23,6 +23,10 @@ typedef struct {
     int n_out; /* rows (ne[1]) */
     size_t row_bytes;
     const uint8_t *data; /* borrowed from the mapping */
+    /* the same rows repacked for the batched kernels (mdl_rp_pack), in the
+     * model's rp region; NULL when the type or CPU has no such kernel */
+    const uint8_t *rp;
+    size_t rp_gstride; /* bytes per group of MDL_RP_ROWS rows */
 } mdl_weight_t;
 
 typedef struct {
@@ -41,6 +45,8 @@ typedef struct {
     float *output_norm;
     mdl_layer_t *layers;
     uint64_t bytes_per_token; /* weight bytes one decode step reads */
+    uint8_t *rp_base;         /* owned mapping holding every weight's rp form */
+    size_t rp_len;
     char name[128];
 } mdl_model_t;
 

@@ -511,6 +511,112 @@ static void test_gemm_identical(void **state)
     }
 }
 
+/* The repacked kernels (rp16; Q8_0, Q4_0, Q5_0, Q4_K): every SIMD level that has one gives the
+ * scalar reference's bits for every (row, token), over partial groups of
+ * 16 rows, odd block counts, token counts across the 8-token chunks, with
+ * bias and accumulation; a token's values do not depend on the others in
+ * the batch; and the reference agrees with the row kernel (a different
+ * summation order, so within float rounding). */
+static void test_gemm_rp(void **state)
+{
+    (void)state;
+    const uint32_t types[] = {MDL_T_Q8_0, MDL_T_Q4_0, MDL_T_Q5_0, MDL_T_Q4_K};
+    const int ns_32[] = {896, 32 * 29, 160}, ns_256[] = {256, 768, 1536};
+    const int row_counts[] = {1, 5, 16, 17, 37};
+    enum { ROWS = 37, TOKS = 11 };
+    int checked = 0;
+    for (size_t ti = 0; ti < SL_ARRAY_LEN(types); ti++) {
+        uint32_t ty = types[ti];
+        const int *ns = ty == MDL_T_Q4_K ? ns_256 : ns_32;
+        for (size_t ni = 0; ni < 3; ni++) {
+            int n = ns[ni];
+            size_t rb = (size_t)n / mdl_ttype_block(ty) * mdl_ttype_bytes(ty),
+                   gb = mdl_rp_group_bytes(ty, n);
+            assert_true(gb > 0 && gb % 64 == 0);
+            int ng = (ROWS + MDL_RP_ROWS - 1) / MDL_RP_ROWS;
+            uint8_t *w = malloc(rb * ROWS), *rp = aligned_alloc(64, gb * (size_t)ng);
+            for (int r = 0; r < ROWS; r++) {
+                uint8_t *row = random_row(ty, n);
+                memcpy(w + rb * r, row, rb);
+                free(row);
+            }
+            mdl_rp_pack(ty, w, rb, ROWS, n, rp);
+            float *x = malloc(sizeof(float) * TOKS * n);
+            int8_t *q = malloc((size_t)TOKS * n);
+            float *d = malloc(sizeof(float) * TOKS * n / 32);
+            int32_t *qs = malloc(sizeof(int32_t) * TOKS * n / 32);
+            float bias[ROWS], ref[TOKS * ROWS], out[TOKS * ROWS], one[ROWS];
+            mdl_act_t a[TOKS];
+            for (int i = 0; i < TOKS * n; i++)
+                x[i] = rndf();
+            for (int r = 0; r < ROWS; r++)
+                bias[r] = rndf();
+            for (int t = 0; t < TOKS; t++) {
+                a[t] = (mdl_act_t){.n = n,
+                                   .x = x + t * n,
+                                   .q = q + t * n,
+                                   .d = d + t * n / 32,
+                                   .qsum = qs + t * n / 32};
+                mdl_quantize_scalar(a[t].x, n, a[t].q, a[t].d, a[t].qsum);
+            }
+            /* the reference against the row kernel */
+            mdl_gemm_rp_ref(ty, rp, gb, ROWS, a, TOKS, ref, ROWS, NULL, 0);
+            for (int t = 0; t < TOKS; t++)
+                for (int r = 0; r < ROWS; r++) {
+                    float v = mdl_kernels_scalar.dot[ty](w + rb * r, &a[t]);
+                    /* Q4_K: the mins cancel most of the sum, so its rounding
+                     * is relative to the terms, not to the result */
+                    float tol = ty == MDL_T_Q4_K ? 1e-4f : 1e-5f;
+                    if (!(fabsf(v - ref[t * ROWS + r]) <= tol * (1.0f + fabsf(v))))
+                        fail_msg("type %u n %d t %d r %d: %g vs %g", ty, n, t, r, v,
+                                 ref[t * ROWS + r]);
+                }
+            for (size_t rc = 0; rc < SL_ARRAY_LEN(row_counts); rc++) {
+                int rows = row_counts[rc];
+                for (int nb = 1; nb <= TOKS; nb++)
+                    for (int mode = 0; mode < 3; mode++) {
+                        for (int i = 0; i < TOKS * ROWS; i++)
+                            ref[i] = (float)i;
+                        mdl_gemm_rp_ref(ty, rp, gb, rows, a, nb, ref, ROWS, mode == 1 ? bias : NULL,
+                                        mode == 2);
+                        for (int t = 0; t < TOKS; t++)
+                            for (int r = 0; r < ROWS; r++)
+                                if (t >= nb || r >= rows)
+                                    assert_true(ref[t * ROWS + r] == (float)(t * ROWS + r));
+                        for (int l = 0; l < n_levels; l++) {
+                            mdl_gemm_rp_fn f = levels[l]->gemm_rp[ty];
+                            if (!f)
+                                continue;
+                            for (int i = 0; i < TOKS * ROWS; i++)
+                                out[i] = (float)i;
+                            f(rp, gb, rows, a, nb, out, ROWS, mode == 1 ? bias : NULL, mode == 2);
+                            assert_memory_equal(out, ref, sizeof(out));
+                            /* each token alone gives the same bits */
+                            for (int t = 0; t < nb; t++) {
+                                for (int r = 0; r < rows; r++)
+                                    one[r] = (float)(t * ROWS + r);
+                                f(rp, gb, rows, a + t, 1, one, ROWS, mode == 1 ? bias : NULL,
+                                  mode == 2);
+                                assert_memory_equal(one, &ref[t * ROWS], sizeof(float) * rows);
+                            }
+                            checked++;
+                        }
+                    }
+            }
+            free(w);
+            free(rp);
+            free(x);
+            free(q);
+            free(d);
+            free(qs);
+        }
+    }
+    /* this CPU has AVX-512 VNNI (CI is the same machine); elsewhere only the
+     * reference runs */
+    if (mdl_kernels_cpu_level() >= MDL_KL_AVX512)
+        assert_int_equal(checked, 4 * 3 * 5 * TOKS * 3);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -525,6 +631,7 @@ int main(void)
         cmocka_unit_test(test_dots),
         cmocka_unit_test(test_dot4_identical),
         cmocka_unit_test(test_gemm_identical),
+        cmocka_unit_test(test_gemm_rp),
         cmocka_unit_test(test_vector_helpers),
         cmocka_unit_test(test_env_forces_scalar),
     };
