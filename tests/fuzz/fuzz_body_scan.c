@@ -1,0 +1,186 @@
+/*
+ * fuzz_body_scan.c — the body scanner (gateway/body_scan.c) against
+ * jansson (gateway/json_intake.c) on the same bytes: whatever the scanner
+ * accepts, jansson accepts as an object, with the same facts (types,
+ * integers, decoded strings, messages and parts); and the splices (model,
+ * max_tokens, stream_options) give a body jansson reads as the original
+ * tree with exactly those members changed. GW_SCAN_SLOW is always allowed:
+ * jansson then decides, as it did before the scanner.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "gateway/body_scan.h"
+#include "gateway/json_intake.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static sl_jkind_t kind_of(const json_t *v)
+{
+    switch (v ? json_typeof(v) : (json_type)-1) {
+    case JSON_NULL:
+        return SL_J_NULL;
+    case JSON_TRUE:
+        return SL_J_TRUE;
+    case JSON_FALSE:
+        return SL_J_FALSE;
+    case JSON_INTEGER:
+        return SL_J_INT;
+    case JSON_REAL:
+        return SL_J_REAL;
+    case JSON_STRING:
+        return SL_J_STRING;
+    case JSON_ARRAY:
+        return SL_J_ARRAY;
+    case JSON_OBJECT:
+        return SL_J_OBJECT;
+    default:
+        return SL_J_ABSENT;
+    }
+}
+
+static void same_text(const json_t *v, sl_text_t t)
+{
+    if (!json_is_string(v))
+        return;
+    if (t.len != json_string_length(v) || memcmp(t.p, json_string_value(v), t.len) != 0)
+        abort();
+}
+
+static void same_fact(const json_t *v, const gw_jfact_t *f, size_t size)
+{
+    if (kind_of(v) != f->kind)
+        abort();
+    if (json_is_integer(v) && json_integer_value(v) != f->i)
+        abort();
+    if (json_is_string(v))
+        same_text(v, f->s);
+    if (f->kind != SL_J_ABSENT && (f->end <= f->off || f->end > size))
+        abort();
+}
+
+static void same_chat(const json_t *j, const sl_chat_t *c)
+{
+    const json_t *msgs = json_object_get(j, "messages");
+    if (kind_of(msgs) != c->messages_kind || kind_of(json_object_get(j, "tools")) != c->tools_kind)
+        abort();
+    if (!json_is_array(msgs)) {
+        if (c->nmsgs)
+            abort();
+        return;
+    }
+    if (json_array_size(msgs) != c->nmsgs)
+        abort();
+    for (size_t i = 0; i < c->nmsgs; i++) {
+        const json_t *m = json_array_get(msgs, i);
+        const sl_chat_msg_t *cm = &c->msgs[i];
+        const json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
+        const json_t *name = json_object_get(m, "name");
+        if (kind_of(m) != cm->kind || kind_of(role) != cm->role_kind ||
+            kind_of(content) != cm->content_kind || kind_of(name) != cm->name_kind ||
+            kind_of(json_object_get(m, "tool_calls")) != cm->tool_calls_kind)
+            abort();
+        same_text(role, cm->role);
+        same_text(content, cm->content);
+        same_text(name, cm->name);
+        size_t np = json_is_array(content) ? json_array_size(content) : 0;
+        if (np != cm->nparts)
+            abort();
+        for (size_t k = 0; k < np; k++) {
+            const json_t *p = json_array_get(content, k);
+            const sl_chat_part_t *cp = &c->parts[cm->part0 + k];
+            const json_t *type = json_object_get(p, "type"), *text = json_object_get(p, "text");
+            if (kind_of(p) != cp->kind || kind_of(type) != cp->type_kind ||
+                kind_of(text) != cp->text_kind ||
+                (json_object_get(p, "image_url") != NULL) != cp->image_url)
+                abort();
+            same_text(type, cp->type);
+            same_text(text, cp->text);
+        }
+    }
+}
+
+/* The edited body: the original tree with model "m-x", max_tokens 7 and
+ * stream_options.include_usage true, and nothing else changed. */
+static void check_splices(gw_body_scan_t *s, const json_t *orig)
+{
+    if (gw_body_set(s, "model", &s->model, "\"m-x\"", 5) != 0 ||
+        gw_body_set(s, "max_tokens", &s->max_tokens, "9", 1) != 0 ||
+        gw_body_set(s, "max_tokens", &s->max_tokens, "7", 1) != 0 ||
+        gw_body_set_include_usage(s) != 0)
+        return; /* out of memory */
+    char *out;
+    size_t n;
+    if (gw_body_splice_apply(s, &out, &n) != 0)
+        return;
+    bool inexact;
+    char msg[256];
+    json_t *e = gw_json_intake(out, n, &inexact, msg, sizeof(msg));
+    free(out);
+    if (!json_is_object(e))
+        abort();
+    json_t *want = json_deep_copy(orig);
+    if (!want) {
+        json_decref(e);
+        return;
+    }
+    json_object_set_new(want, "model", json_string("m-x"));
+    json_object_set_new(want, "max_tokens", json_integer(7));
+    json_t *so = json_object_get(want, "stream_options");
+    if (!json_is_object(so)) {
+        so = json_object();
+        json_object_set_new(want, "stream_options", so);
+    }
+    json_object_set_new(so, "include_usage", json_true());
+    if (!json_equal(want, e))
+        abort();
+    json_decref(want);
+    json_decref(e);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    /* The gateway scans a NUL-terminated copy (evbuffer_pullup); so here. */
+    char *body = malloc(size + 1);
+    if (!body)
+        return 0;
+    memcpy(body, data, size);
+    body[size] = '\0';
+    gw_body_scan_t *s = gw_body_scan_new();
+    if (!s) {
+        free(body);
+        return 0;
+    }
+    gw_scan_rc_t rc = gw_body_scan(s, body, size, GW_SCAN_MSGS);
+    bool inexact = false;
+    char msg[256];
+    json_t *j = gw_json_intake(body, size, &inexact, msg, sizeof(msg));
+    if (rc == GW_SCAN_OK) {
+        if (!json_is_object(j))
+            abort(); /* the scanner accepted what jansson refuses */
+        if (inexact != s->bigint)
+            abort();
+        same_fact(json_object_get(j, "model"), &s->model, size);
+        same_fact(json_object_get(j, "stream"), &s->stream, size);
+        same_fact(json_object_get(j, "stream_options"), &s->stream_options, size);
+        const json_t *so = json_object_get(j, "stream_options");
+        if (json_is_object(so))
+            same_fact(json_object_get(so, "include_usage"), &s->include_usage, size);
+        same_fact(json_object_get(j, "max_tokens"), &s->max_tokens, size);
+        same_fact(json_object_get(j, "max_completion_tokens"), &s->max_completion_tokens, size);
+        same_fact(json_object_get(j, "max_output_tokens"), &s->max_output_tokens, size);
+        same_fact(json_object_get(j, "n"), &s->n, size);
+        if (s->top.members != json_object_size(j))
+            abort();
+        same_chat(j, &s->chat);
+        if (!inexact)
+            check_splices(s, j);
+    }
+    json_decref(j);
+    gw_body_scan_free(s);
+    free(body);
+    return 0;
+}
