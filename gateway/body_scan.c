@@ -29,7 +29,7 @@
 
 /* Deeper than this the scanner stops and jansson decides (its own limit is
  * 2048; real requests nest a handful of levels). */
-#define GW_SCAN_DEPTH 64
+#define GW_SCAN_DEPTH 256
 /* Objects with more keys than this check duplicates through a hash. */
 #define GW_SCAN_LINEAR_KEYS 24
 /* 2^53: json_intake.c's bound for turning integral reals back into ints. */
@@ -541,8 +541,8 @@ static int gw_cb_number(void *ctx, const char *p, size_t n)
 {
     gw_scan_ctx_t *c = ctx;
     gw_body_scan_t *s = c->s;
-    bool integral = memchr(p, '.', n) == NULL && memchr(p, 'e', n) == NULL &&
-                    memchr(p, 'E', n) == NULL;
+    bool integral =
+        memchr(p, '.', n) == NULL && memchr(p, 'e', n) == NULL && memchr(p, 'E', n) == NULL;
     int64_t iv = 0;
     sl_jkind_t kind = SL_J_REAL;
     /* The token is followed by a delimiter inside the body (the document
@@ -816,7 +816,8 @@ static const yajl_callbacks gw_scan_cbs = {
  * everything else a real). */
 static void gw_scan_bigint_fact(gw_jfact_t *f, const char *body)
 {
-    if (f->kind == SL_J_INT && (f->i >= (int64_t)GW_SCAN_EXACT || f->i <= -(int64_t)GW_SCAN_EXACT)) {
+    if (f->kind == SL_J_INT &&
+        (f->i >= (int64_t)GW_SCAN_EXACT || f->i <= -(int64_t)GW_SCAN_EXACT)) {
         f->kind = SL_J_REAL;
     } else if (f->kind == SL_J_REAL) {
         double d = strtod(body + f->off, NULL);
@@ -863,13 +864,23 @@ gw_scan_rc_t gw_body_scan(gw_body_scan_t *s, const char *body, size_t len, unsig
         gw_body_scan_reset(s);
         return rc;
     }
-    if (s->top.kind != SL_J_OBJECT) {
+    /* yajl leaves an unfinished token after the document (`{} "x`) to
+     * more input that never comes: only whitespace may follow. */
+    bool tail_ok = s->top.kind == SL_J_OBJECT;
+    for (size_t i = s->top.end; tail_ok && i < len; i++)
+        tail_ok = body[i] == ' ' || body[i] == '\t' || body[i] == '\n' || body[i] == '\r';
+    if (!tail_ok) {
         gw_body_scan_reset(s);
         return GW_SCAN_SLOW;
     }
     if (s->bigint) {
-        gw_jfact_t *nums[] = {&s->stream, &s->max_tokens, &s->max_completion_tokens,
-                              &s->max_output_tokens, &s->n, &s->include_usage, &s->model};
+        gw_jfact_t *nums[] = {&s->stream,
+                              &s->max_tokens,
+                              &s->max_completion_tokens,
+                              &s->max_output_tokens,
+                              &s->n,
+                              &s->include_usage,
+                              &s->model};
         for (size_t i = 0; i < SL_ARRAY_LEN(nums); i++)
             gw_scan_bigint_fact(nums[i], body);
     }
@@ -1003,9 +1014,16 @@ int gw_body_set_include_usage(gw_body_scan_t *s)
         }
         sp->off = so->close;
         sp->comma = so->members > 0;
-        return gw_splice_text(s, sp, GW_LIT_S("\"include_usage\":true"), "", 0);
+        if (gw_splice_text(s, sp, GW_LIT_S("\"include_usage\":true"), "", 0) != 0)
+            return -1;
+        s->include_usage.kind = SL_J_TRUE; /* what the body says now (a second call: no-op) */
+        return 0;
     }
-    return gw_body_set(s, key, so, GW_LIT_S("{\"include_usage\":true}"));
+    if (gw_body_set(s, key, so, GW_LIT_S("{\"include_usage\":true}")) != 0)
+        return -1;
+    s->include_usage.kind = SL_J_TRUE;
+    s->stream_options.kind = SL_J_OBJECT;
+    return 0;
 }
 
 static int gw_splice_cmp(const void *a, const void *b)

@@ -28,8 +28,8 @@
 typedef struct gw_jfact {
     sl_jkind_t kind;
     size_t off, end;
-    int64_t i;   /* SL_J_INT */
-    sl_text_t s; /* SL_J_STRING */
+    int64_t i;      /* SL_J_INT */
+    sl_text_t s;    /* SL_J_STRING */
     size_t close;   /* SL_J_OBJECT: offset of its '}' */
     size_t members; /* SL_J_OBJECT: how many members it has */
 } gw_jfact_t;
@@ -52,7 +52,7 @@ typedef struct gw_body_scan {
     gw_jfact_t top; /* the document (an object) */
     gw_jfact_t model, stream, stream_options, include_usage;
     gw_jfact_t max_tokens, max_completion_tokens, max_output_tokens, n;
-    bool bigint; /* an integer beyond int64 somewhere (jansson: a real) */
+    bool bigint;   /* an integer beyond int64 somewhere (jansson: a real) */
     bool has_msgs; /* chat below was filled (GW_SCAN_MSGS) */
     sl_chat_t chat;
 
