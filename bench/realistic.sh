@@ -25,7 +25,7 @@
 # beyond the first ((cpu(size) - cpu(1)) / (size - 1)); goal <= 1 µs/KiB.
 #
 # Knobs: BENCH_DURATION (s per run, default 5), BENCH_ROUNDS (default 3),
-# BENCH_CONNS (default 32), BENCH_PORT_BASE (default 28700), SLUICE_BIN,
+# BENCH_CONNS (default 32; the body sizes: BENCH_SIZE_CONNS, default 4), BENCH_PORT_BASE (default 28700), SLUICE_BIN,
 # SLUICE_BASE_BIN, BENCH_SIZES ("" skips them), BENCH_PROXY_CPU /
 # BENCH_LOAD_CPU, BENCH_KEEP=1 keeps the work directory.
 set -euo pipefail
@@ -41,6 +41,7 @@ ROUNDS=${BENCH_ROUNDS:-3}
 CONNS=${BENCH_CONNS:-32}
 PORT_BASE=${BENCH_PORT_BASE:-28700}
 SIZES=${BENCH_SIZES-"1 16 256 1024"}
+SIZE_CONNS=${BENCH_SIZE_CONNS:-4}
 
 UP_PORT=$((PORT_BASE + 1))
 NGX_PORT=$((PORT_BASE + 2))
@@ -259,12 +260,13 @@ run() { # $1 config, $2 round ("warm" = not recorded)
         local k=${c#size}
         k=${k%@base}
         body=$WORK/body$k.json
+        conns=$SIZE_CONNS # a MiB body takes the old build > 1 s: fewer in flight
         ;;
     esac
     # shellcheck disable=SC2086
     t0=$(cpu_ticks $pids)
     out=$(BENCH_TOKEN=$tok BENCH_BODY_FILE=$body taskset -c "$LOAD_CPU" wrk -t1 -c"$conns" \
-        -d"$DURATION"s --latency -s "$ROOT/bench/realistic.lua" \
+        -d"$DURATION"s --timeout 30s --latency -s "$ROOT/bench/realistic.lua" \
         "http://127.0.0.1:$port/v1/chat/completions")
     # shellcheck disable=SC2086
     t1=$(cpu_ticks $pids)

@@ -425,8 +425,6 @@ flt_req_verdict_t flt_request_check_chat(const flt_ruleset_t *rs, const sl_chat_
     flt_req_verdict_t v = chat_shape(chat, res);
     if (v != FLT_REQ_OK || !rs)
         return v;
-    if (rs->system_prompt)
-        return FLT_REQ_EDIT;
     size_t keep = (size_t)rs->input.keep_turns, nuser = 0;
     for (size_t i = 0; i < chat->nmsgs; i++)
         nuser += chat_is_user(&chat->msgs[i]);
@@ -461,7 +459,8 @@ flt_req_verdict_t flt_request_check_chat(const flt_ruleset_t *rs, const sl_chat_
         if (v != FLT_REQ_OK)
             return v;
     }
-    return FLT_REQ_OK;
+    /* last, as in flt_request_check: a rejected prompt gets no tree */
+    return rs->system_prompt ? FLT_REQ_EDIT : FLT_REQ_OK;
 }
 
 char *flt_error_body(const flt_req_result_t *res, size_t *len)

@@ -931,7 +931,7 @@ static gw_splice_t *gw_splice_add(gw_body_scan_t *s, const char *key)
 {
     if (key) {
         for (size_t i = 0; i < s->nsplices; i++)
-            if (s->splices[i].key == key)
+            if (s->splices[i].key && strcmp(s->splices[i].key, key) == 0)
                 return &s->splices[i];
     }
     if (s->nsplices == s->splices_cap) {
@@ -975,7 +975,7 @@ int gw_body_set(gw_body_scan_t *s, const char *key, const gw_jfact_t *f, const c
 {
     bool existed = false;
     for (size_t i = 0; i < s->nsplices; i++)
-        existed = existed || s->splices[i].key == key;
+        existed = existed || (s->splices[i].key && strcmp(s->splices[i].key, key) == 0);
     gw_splice_t *sp = gw_splice_add(s, key);
     if (!sp)
         return -1;
@@ -1016,12 +1016,14 @@ int gw_body_set_include_usage(gw_body_scan_t *s)
         if (iu->kind != SL_J_ABSENT) {
             sp->off = iu->off;
             sp->del = iu->end - iu->off;
-            return gw_splice_text(s, sp, GW_LIT_S("true"), "", 0);
+            if (gw_splice_text(s, sp, GW_LIT_S("true"), "", 0) != 0)
+                return -1;
+        } else {
+            sp->off = so->close;
+            sp->comma = so->members > 0;
+            if (gw_splice_text(s, sp, GW_LIT_S("\"include_usage\":true"), "", 0) != 0)
+                return -1;
         }
-        sp->off = so->close;
-        sp->comma = so->members > 0;
-        if (gw_splice_text(s, sp, GW_LIT_S("\"include_usage\":true"), "", 0) != 0)
-            return -1;
         s->include_usage.kind = SL_J_TRUE; /* what the body says now (a second call: no-op) */
         return 0;
     }

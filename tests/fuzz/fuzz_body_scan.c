@@ -110,7 +110,7 @@ static void check_splices(gw_body_scan_t *s, const json_t *orig)
     if (gw_body_set(s, "model", &s->model, "\"m-x\"", 5) != 0 ||
         gw_body_set(s, "max_tokens", &s->max_tokens, "9", 1) != 0 ||
         gw_body_set(s, "max_tokens", &s->max_tokens, "7", 1) != 0 ||
-        gw_body_set_include_usage(s) != 0)
+        gw_body_set_include_usage(s) != 0 || gw_body_set_include_usage(s) != 0)
         return; /* out of memory */
     char *out;
     size_t n;
