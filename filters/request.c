@@ -310,6 +310,8 @@ static bool chat_text_part(const sl_chat_part_t *p)
            sl_text_is(p->type, "text");
 }
 
+/* check_shape() over the scanned messages; the param names are written
+ * only for a rejection (this runs on every request). */
 static flt_req_verdict_t chat_shape(const sl_chat_t *chat, flt_req_result_t *res)
 {
     if (chat->messages_kind != SL_J_ARRAY)
@@ -319,37 +321,45 @@ static flt_req_verdict_t chat_shape(const sl_chat_t *chat, flt_req_result_t *res
     char p[64];
     for (size_t i = 0; i < chat->nmsgs; i++) {
         const sl_chat_msg_t *m = &chat->msgs[i];
-        snprintf(p, sizeof p, "messages[%zu]", i);
-        if (m->kind != SL_J_OBJECT)
+        if (m->kind != SL_J_OBJECT) {
+            snprintf(p, sizeof p, "messages[%zu]", i);
             return reject(res, FLT_CODE_INVALID_MESSAGE, p, "%s must be an object", p);
+        }
         bool known = false;
-        for (size_t r = 0; m->role_kind == SL_J_STRING && r < SL_ARRAY_LEN(flt_roles); r++)
-            known = known || sl_text_is(m->role, flt_roles[r]);
-        snprintf(p, sizeof p, "messages[%zu].role", i);
-        if (!known)
+        for (size_t r = 0; m->role_kind == SL_J_STRING && r < SL_ARRAY_LEN(flt_roles) && !known;
+             r++)
+            known = sl_text_is(m->role, flt_roles[r]);
+        if (!known) {
+            snprintf(p, sizeof p, "messages[%zu].role", i);
             return reject(res, FLT_CODE_INVALID_MESSAGE, p,
                           "%s must be one of system, developer, "
                           "user, assistant, tool, function",
                           p);
-        snprintf(p, sizeof p, "messages[%zu].content", i);
+        }
         if (m->content_kind == SL_J_ABSENT || m->content_kind == SL_J_NULL) {
-            if (!sl_text_is(m->role, "assistant"))
+            if (!sl_text_is(m->role, "assistant")) {
+                snprintf(p, sizeof p, "messages[%zu].content", i);
                 return reject(res, FLT_CODE_INVALID_MESSAGE, p, "%s is required", p);
+            }
             continue;
         }
         if (m->content_kind == SL_J_STRING)
             continue;
-        if (m->content_kind != SL_J_ARRAY)
+        if (m->content_kind != SL_J_ARRAY) {
+            snprintf(p, sizeof p, "messages[%zu].content", i);
             return reject(res, FLT_CODE_INVALID_MESSAGE, p,
                           "%s must be a string or an array of parts", p);
+        }
         for (size_t j = 0; j < m->nparts; j++) {
             const sl_chat_part_t *part = &chat->parts[m->part0 + j];
+            bool typed = part->kind == SL_J_OBJECT && part->type_kind == SL_J_STRING;
+            if (typed && (!sl_text_is(part->type, "text") || part->text_kind == SL_J_STRING))
+                continue;
             snprintf(p, sizeof p, "messages[%zu].content[%zu]", i, j);
-            if (part->kind != SL_J_OBJECT || part->type_kind != SL_J_STRING)
+            if (!typed)
                 return reject(res, FLT_CODE_INVALID_MESSAGE, p, "%s must be an object with a type",
                               p);
-            if (sl_text_is(part->type, "text") && part->text_kind != SL_J_STRING)
-                return reject(res, FLT_CODE_INVALID_MESSAGE, p, "%s: text must be a string", p);
+            return reject(res, FLT_CODE_INVALID_MESSAGE, p, "%s: text must be a string", p);
         }
     }
     return FLT_REQ_OK;
