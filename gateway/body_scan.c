@@ -37,14 +37,6 @@
 /* A string literal as (pointer, length). */
 #define GW_LIT_S(lit) lit, sizeof(lit) - 1
 
-struct gw_splice {
-    size_t off, del; /* bytes [off, off + del) of the body replaced by text */
-    const char *key; /* the top-level key it sets (static), NULL for others */
-    char *text;
-    size_t len;
-    bool comma; /* a member added: "," before it */
-};
-
 /* Decoded strings and splice texts: chunks that never move. */
 struct gw_scan_arena {
     struct gw_scan_arena *next;
@@ -100,6 +92,56 @@ typedef struct gw_frame {
     gw_kent_t *hash;
 } gw_frame_t;
 
+/* yajl's own allocations (its handle, lexer, state stack, decode buffer:
+ * about five per parse) from a buffer on the stack; beyond it, malloc. Each
+ * block has its size in front, for realloc. */
+#define GW_YHEAP 4096
+typedef struct gw_yheap {
+    size_t used;
+    _Alignas(16) unsigned char buf[GW_YHEAP];
+} gw_yheap_t;
+
+static bool gw_yheap_has(const gw_yheap_t *h, const void *p)
+{
+    return (const unsigned char *)p >= h->buf && (const unsigned char *)p < h->buf + GW_YHEAP;
+}
+
+static void *gw_ymalloc(void *ctx, size_t sz)
+{
+    gw_yheap_t *h = ctx;
+    size_t need = 16 + ((sz + 15) & ~(size_t)15);
+    if (sz < GW_YHEAP && GW_YHEAP - h->used >= need) {
+        unsigned char *p = h->buf + h->used;
+        memcpy(p, &sz, sizeof(sz));
+        h->used += need;
+        return p + 16;
+    }
+    return malloc(sz);
+}
+
+static void gw_yfree(void *ctx, void *p)
+{
+    if (!gw_yheap_has(ctx, p))
+        free(p); /* the stack buffer's blocks go with it */
+}
+
+static void *gw_yrealloc(void *ctx, void *p, size_t sz)
+{
+    gw_yheap_t *h = ctx;
+    if (!p)
+        return gw_ymalloc(ctx, sz);
+    if (!gw_yheap_has(h, p))
+        return realloc(p, sz);
+    size_t old;
+    memcpy(&old, (unsigned char *)p - 16, sizeof(old));
+    if (sz <= old)
+        return p;
+    void *n = gw_ymalloc(ctx, sz);
+    if (n)
+        memcpy(n, p, old);
+    return n;
+}
+
 typedef struct gw_scan_ctx {
     gw_body_scan_t *s;
     yajl_handle h;
@@ -114,8 +156,32 @@ typedef struct gw_scan_ctx {
 
 /* ---- arena ------------------------------------------------------------------- */
 
+/* Grows an array that starts in the struct (inline, n0 elements). */
+static int gw_grow(void **arr, size_t *cap, void *inline0, size_t n0, size_t elem)
+{
+    if (*cap == 0) {
+        *arr = inline0;
+        *cap = n0;
+        return 0;
+    }
+    size_t ncap = *cap * 2;
+    void *n = *arr == inline0 ? malloc(ncap * elem) : realloc(*arr, ncap * elem);
+    if (!n)
+        return -1;
+    if (*arr == inline0)
+        memcpy(n, inline0, *cap * elem);
+    *arr = n;
+    *cap = ncap;
+    return 0;
+}
+
 static char *gw_arena_alloc(gw_body_scan_t *s, size_t n)
 {
+    if (GW_SCAN_INLINE_TEXT - s->text0_used >= n) {
+        char *p = s->text0 + s->text0_used;
+        s->text0_used += n;
+        return p;
+    }
     gw_scan_arena_t *a = s->arena;
     if (!a || a->cap - a->used < n) {
         size_t cap = n > 4000 ? n : 4000;
@@ -158,7 +224,8 @@ void gw_body_scan_reset(gw_body_scan_t *s)
     sl_chat_part_t *parts = s->parts;
     gw_splice_t *sp = s->splices;
     size_t mc = s->msgs_cap, pc = s->parts_cap, sc = s->splices_cap;
-    memset(s, 0, sizeof(*s));
+    /* the fields only: the inline arrays are rewritten before they are read */
+    memset(s, 0, offsetof(gw_body_scan_t, msgs0));
     s->arena = a;
     s->msgs = msgs;
     s->msgs_cap = mc;
@@ -178,9 +245,12 @@ void gw_body_scan_free(gw_body_scan_t *s)
         free(a);
         a = n;
     }
-    free(s->msgs);
-    free(s->parts);
-    free(s->splices);
+    if (s->msgs != s->msgs0)
+        free(s->msgs);
+    if (s->parts != s->parts0)
+        free(s->parts);
+    if (s->splices != s->splices0)
+        free(s->splices);
     free(s);
 }
 
@@ -346,14 +416,9 @@ typedef struct gw_slot {
 static int gw_scan_msg_new(gw_scan_ctx_t *c, size_t *idx)
 {
     gw_body_scan_t *s = c->s;
-    if (s->chat.nmsgs == s->msgs_cap) {
-        size_t cap = s->msgs_cap ? s->msgs_cap * 2 : 16;
-        sl_chat_msg_t *m = realloc(s->msgs, cap * sizeof(*m));
-        if (!m)
-            return -1;
-        s->msgs = m;
-        s->msgs_cap = cap;
-    }
+    if (s->chat.nmsgs == s->msgs_cap && gw_grow((void **)&s->msgs, &s->msgs_cap, s->msgs0,
+                                                GW_SCAN_INLINE_MSGS, sizeof(*s->msgs)) != 0)
+        return -1;
     *idx = s->chat.nmsgs++;
     memset(&s->msgs[*idx], 0, sizeof(s->msgs[*idx]));
     s->msgs[*idx].part0 = s->nparts;
@@ -363,14 +428,9 @@ static int gw_scan_msg_new(gw_scan_ctx_t *c, size_t *idx)
 static int gw_scan_part_new(gw_scan_ctx_t *c, size_t *idx)
 {
     gw_body_scan_t *s = c->s;
-    if (s->nparts == s->parts_cap) {
-        size_t cap = s->parts_cap ? s->parts_cap * 2 : 16;
-        sl_chat_part_t *p = realloc(s->parts, cap * sizeof(*p));
-        if (!p)
-            return -1;
-        s->parts = p;
-        s->parts_cap = cap;
-    }
+    if (s->nparts == s->parts_cap && gw_grow((void **)&s->parts, &s->parts_cap, s->parts0,
+                                             GW_SCAN_INLINE_PARTS, sizeof(*s->parts)) != 0)
+        return -1;
     *idx = s->nparts++;
     memset(&s->parts[*idx], 0, sizeof(s->parts[*idx]));
     return 0;
@@ -853,7 +913,10 @@ gw_scan_rc_t gw_body_scan(gw_body_scan_t *s, const char *body, size_t len, unsig
     c.keys = c.key_inline;
     c.nkeys = 0;
     c.keys_cap = SL_ARRAY_LEN(c.key_inline);
-    c.h = yajl_alloc(&gw_scan_cbs, NULL, &c);
+    gw_yheap_t heap;
+    heap.used = 0;
+    yajl_alloc_funcs af = {gw_ymalloc, gw_yrealloc, gw_yfree, &heap};
+    c.h = yajl_alloc(&gw_scan_cbs, &af, &c);
     if (!c.h)
         return GW_SCAN_OOM;
     yajl_config(c.h, yajl_dont_validate_strings, 1);
@@ -934,14 +997,9 @@ static gw_splice_t *gw_splice_add(gw_body_scan_t *s, const char *key)
             if (s->splices[i].key && strcmp(s->splices[i].key, key) == 0)
                 return &s->splices[i];
     }
-    if (s->nsplices == s->splices_cap) {
-        size_t cap = s->splices_cap ? s->splices_cap * 2 : 4;
-        gw_splice_t *n = realloc(s->splices, cap * sizeof(*n));
-        if (!n)
-            return NULL;
-        s->splices = n;
-        s->splices_cap = cap;
-    }
+    if (s->nsplices == s->splices_cap && gw_grow((void **)&s->splices, &s->splices_cap, s->splices0,
+                                                 GW_SCAN_INLINE_SPLICES, sizeof(*s->splices)) != 0)
+        return NULL;
     gw_splice_t *sp = &s->splices[s->nsplices++];
     memset(sp, 0, sizeof(*sp));
     sp->key = key;
@@ -1049,7 +1107,9 @@ static int gw_splice_cmp(const void *a, const void *b)
 
 int gw_body_splice_apply(const gw_body_scan_t *s, char **out, size_t *outlen)
 {
-    gw_splice_t *sorted = malloc((s->nsplices ? s->nsplices : 1) * sizeof(*sorted));
+    gw_splice_t few[8];
+    gw_splice_t *sorted =
+        s->nsplices <= SL_ARRAY_LEN(few) ? few : malloc(s->nsplices * sizeof(*sorted));
     if (!sorted)
         return -1;
     size_t total = s->len;
@@ -1062,7 +1122,8 @@ int gw_body_splice_apply(const gw_body_scan_t *s, char **out, size_t *outlen)
     qsort(sorted, s->nsplices, sizeof(*sorted), gw_splice_cmp);
     char *o = malloc(total + 1);
     if (!o) {
-        free(sorted);
+        if (sorted != few)
+            free(sorted);
         return -1;
     }
     size_t at = 0, n = 0;
@@ -1079,7 +1140,8 @@ int gw_body_splice_apply(const gw_body_scan_t *s, char **out, size_t *outlen)
     memcpy(o + n, s->body + at, s->len - at);
     n += s->len - at;
     o[n] = '\0';
-    free(sorted);
+    if (sorted != few)
+        free(sorted);
     *out = o;
     *outlen = n;
     return 0;

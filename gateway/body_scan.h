@@ -43,8 +43,23 @@ typedef enum gw_scan_rc {
     GW_SCAN_OOM = -1,
 } gw_scan_rc_t;
 
-typedef struct gw_splice gw_splice_t;
 typedef struct gw_scan_arena gw_scan_arena_t;
+
+/* internal (body_scan.c): one edit */
+typedef struct gw_splice {
+    size_t off, del; /* bytes [off, off + del) of the body replaced by text */
+    const char *key; /* the top-level key it sets (static), NULL for others */
+    char *text;
+    size_t len;
+    bool comma; /* a member added: "," before it */
+} gw_splice_t;
+
+/* Storage that small bodies never outgrow, in the struct itself: an
+ * ordinary request costs no allocation for its facts and edits. */
+#define GW_SCAN_INLINE_MSGS    8
+#define GW_SCAN_INLINE_PARTS   8
+#define GW_SCAN_INLINE_SPLICES 4
+#define GW_SCAN_INLINE_TEXT    512
 
 typedef struct gw_body_scan {
     const char *body; /* borrowed: the bytes scanned (stable until the scan is reset) */
@@ -64,6 +79,11 @@ typedef struct gw_body_scan {
     gw_scan_arena_t *arena;
     gw_splice_t *splices;
     size_t nsplices, splices_cap;
+    size_t text0_used;
+    sl_chat_msg_t msgs0[GW_SCAN_INLINE_MSGS];
+    sl_chat_part_t parts0[GW_SCAN_INLINE_PARTS];
+    gw_splice_t splices0[GW_SCAN_INLINE_SPLICES];
+    char text0[GW_SCAN_INLINE_TEXT];
 } gw_body_scan_t;
 
 gw_body_scan_t *gw_body_scan_new(void) SL_WUR;

@@ -47,9 +47,9 @@ static const acc_case_t acc_cases[] = {
     {"{\"model\":\"m\",\"a\":[1,-0,1.5e3,-2E-2,0.0,true,false,null,{}]}", 0, 1},
     {"{\"model\":\"m\\u0041\\n\\\"\\\\\\/\",\"k\\u00e9y\":1}", 0, 1},
     {"{\"model\":\"\\ud83d\\ude00\",\"x\":\"caf\xc3\xa9 \xe6\x95\x8f \xf0\x9f\x98\x80\"}", 0, 1},
-    {"{\"model\":\"a\\u0000b\"}", 0, 1},                             /* NUL inside a string: fine */
+    {"{\"model\":\"a\\u0000b\"}", 0, 1}, /* NUL inside a string: fine */
     {"{\"model\":\"m\",\"n\":123456789012345678901234567890}", 0, 1}, /* beyond int64 */
-    {"{\"model\":\"m\",\"x\":1e-999}", 0, 1},                          /* underflow: jansson takes it */
+    {"{\"model\":\"m\",\"x\":1e-999}", 0, 1}, /* underflow: jansson takes it */
     {"{}", 0, 1},
     /* refused by both */
     {"", 0, 0},
@@ -76,12 +76,12 @@ static const acc_case_t acc_cases[] = {
     {"{\"a\":\"\xed\xa0\x80\"}", 0, 0},     /* a surrogate in UTF-8 */
     {"{\"a\":\"\xf4\x90\x80\x80\"}", 0, 0}, /* beyond U+10FFFF */
     {"{\"a\":\"\xff\"}", 0, 0},
-    {"{\"a\":\"\\ud800\"}", 0, 0},          /* lone high surrogate */
-    {"{\"a\":\"\\udc00\"}", 0, 0},          /* lone low surrogate */
-    {"{\"a\":\"\\ud800\\u0041\"}", 0, 0},   /* high, then not a low */
-    {"{\"a\":1,\"a\":2}", 0, 0},            /* duplicate key */
-    {"{\"a\":1,\"\\u0061\":2}", 0, 0},      /* the same key, escaped */
-    {"{\"a\\u0000\":1}", 0, 0},             /* NUL in a key */
+    {"{\"a\":\"\\ud800\"}", 0, 0},        /* lone high surrogate */
+    {"{\"a\":\"\\udc00\"}", 0, 0},        /* lone low surrogate */
+    {"{\"a\":\"\\ud800\\u0041\"}", 0, 0}, /* high, then not a low */
+    {"{\"a\":1,\"a\":2}", 0, 0},          /* duplicate key */
+    {"{\"a\":1,\"\\u0061\":2}", 0, 0},    /* the same key, escaped */
+    {"{\"a\\u0000\":1}", 0, 0},           /* NUL in a key */
     {"{\"a\":1}\0", 8, 0},
     /* jansson takes them but not as an object: the slow path words it */
     {"[1,2]", 0, 0},
@@ -200,7 +200,8 @@ static void test_facts(void **state)
     assert_int_equal(s->chat.nmsgs, 0);
     assert_false(s->has_msgs);
     /* strings with \u0000: the decoded bytes, strcmp's reading for roles */
-    const char *z = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\\u0000x\",\"content\":\"a\\u0000b\"}]}";
+    const char *z =
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\\u0000x\",\"content\":\"a\\u0000b\"}]}";
     assert_int_equal(gw_body_scan(s, z, strlen(z), GW_SCAN_MSGS), GW_SCAN_OK);
     assert_int_equal(s->chat.msgs[0].content.len, 3);
     assert_true(sl_text_is(s->chat.msgs[0].role, "user"));
@@ -448,7 +449,8 @@ static void test_filters_plain(void **state)
         "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"},"
         "{\"type\":\"text\",\"text\":\"ok\"}]}]}",
         "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"this is forbidden\"}]}",
-        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":"
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\","
+        "\"text\":"
         "\"forbid\"},{\"type\":\"text\",\"text\":\"den\"}]}]}",
         "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a badword here\"}]}",
         "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"call 13812345678\"}]}",
@@ -460,10 +462,8 @@ static void test_filters_plain(void **state)
     /* max_chars 12 (reject, then truncate), keep_turns 1 (then 0), a system
      * prompt: every path to each verdict */
     static const flt_conf_input_t inputs[] = {
-        {0, FLT_OVERFLOW_REJECT, 0, NULL, 0},
-        {12, FLT_OVERFLOW_REJECT, 0, NULL, 0},
-        {12, FLT_OVERFLOW_TRUNCATE, 0, NULL, 0},
-        {0, FLT_OVERFLOW_REJECT, 1, NULL, 0},
+        {0, FLT_OVERFLOW_REJECT, 0, NULL, 0},      {12, FLT_OVERFLOW_REJECT, 0, NULL, 0},
+        {12, FLT_OVERFLOW_TRUNCATE, 0, NULL, 0},   {0, FLT_OVERFLOW_REJECT, 1, NULL, 0},
         {0, FLT_OVERFLOW_REJECT, 0, "be nice", 0},
     };
     tf_list_t l[2] = {{"badword\n", FLT_ACTION_MASK, "masked"},
