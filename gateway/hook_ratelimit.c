@@ -217,10 +217,11 @@ static int gw_rl_clamp_scan(gw_req_t *r, gw_rl_t *s, bool budgets)
         for (size_t i = 0; !tools && i < chat->nmsgs; i++)
             tools = chat->msgs[i].tool_calls_kind == SL_J_ARRAY ||
                     chat->msgs[i].tool_calls_kind == SL_J_OBJECT;
-        if (!tools && b->has_msgs) {
+        if (!tools && b->has_msgs && !r->json) {
             s->prompt_est = rl_chat_prompt_tokens(chat);
         } else {
-            /* tools are counted from their compact JSON: the tree */
+            /* tools are counted from their compact JSON, and a prompt the
+             * filters edited is in the tree: count from the tree */
             const json_t *j = gw_req_json(r);
             if (!j) {
                 gw_respond_oom(r);
