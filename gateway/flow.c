@@ -110,8 +110,10 @@ static void gw_proxy_send(gw_req_t *r)
         evbuffer_add(r->body, s, strlen(s));
         free(s);
         r->body_dirty = false;
-        if (r->scan)
-            gw_body_scan_reset(r->scan); /* its spans were of the old bytes */
+        if (r->scan) { /* its spans and strings were of the old bytes; numbers stay */
+            r->scan->nsplices = 0;
+            r->scan->body = NULL;
+        }
     } else if (gw_body_edited(r->scan)) {
         char *s;
         size_t n;
