@@ -4,8 +4,10 @@
  * accepts, jansson accepts as an object, with the same facts (types,
  * integers, decoded strings, messages and parts); and the splices (model,
  * max_tokens, stream_options) give a body jansson reads as the original
- * tree with exactly those members changed. GW_SCAN_SLOW is always allowed:
- * jansson then decides, as it did before the scanner.
+ * tree with exactly those members changed; and the policy modules'
+ * plain-data entry points (the max_tokens clamp, the prompt estimate, the
+ * filters' request check) answer as their jansson versions do. GW_SCAN_SLOW
+ * is always allowed: jansson then decides, as it did before the scanner.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -13,8 +15,10 @@
 
 #include <jansson.h>
 
+#include "filters/filters.h"
 #include "gateway/body_scan.h"
 #include "gateway/json_intake.h"
+#include "ratelimit/ratelimit.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -141,6 +145,87 @@ static void check_splices(gw_body_scan_t *s, const json_t *orig)
     json_decref(e);
 }
 
+/* rl_clamp_plan and rl_chat_prompt_tokens against their tree versions. */
+static void check_ratelimit(const gw_body_scan_t *s, const json_t *orig)
+{
+    for (int want = 0; want < 2; want++) {
+        json_t *j = json_deep_copy(orig);
+        if (!j)
+            return;
+        rl_clamp_t a, c;
+        rl_clamp_edits_t ed;
+        char ea[160] = "", ec[160] = "";
+        int ra = rl_body_clamp_ex(j, 300, want, &a, ea, sizeof(ea));
+        rl_clamp_in_t in = {
+            .max_tokens_kind = s->max_tokens.kind,
+            .max_tokens = s->max_tokens.i,
+            .max_completion_tokens_kind = s->max_completion_tokens.kind,
+            .max_completion_tokens = s->max_completion_tokens.i,
+            .stream_kind = s->stream.kind,
+            .stream_options_kind = s->stream_options.kind,
+            .include_usage = s->include_usage.kind == SL_J_TRUE,
+        };
+        int rc = rl_clamp_plan(&in, 300, want, &c, &ed, ec, sizeof(ec));
+        if (ra != rc || strcmp(ea, ec) != 0 || (ra == 0 && memcmp(&a, &c, sizeof(a)) != 0))
+            abort();
+        json_decref(j);
+    }
+    bool tools = s->chat.tools_kind == SL_J_ARRAY || s->chat.tools_kind == SL_J_OBJECT;
+    for (size_t i = 0; i < s->chat.nmsgs; i++)
+        tools = tools || s->chat.msgs[i].tool_calls_kind == SL_J_ARRAY ||
+                s->chat.msgs[i].tool_calls_kind == SL_J_OBJECT;
+    if (!tools && rl_chat_prompt_tokens(&s->chat) != rl_body_prompt_tokens(orig))
+        abort();
+}
+
+/* A ruleset without word files: a regex that masks, one that blocks, and
+ * max_chars 40 (reject). */
+static flt_ruleset_t *fuzz_rules(void)
+{
+    static flt_ruleset_t *rs;
+    static bool tried;
+    if (!tried) {
+        tried = true;
+        flt_conf_t c;
+        flt_conf_defaults(&c);
+        static const flt_conf_regex_t re[] = {{"mask", "[0-9]{4}", FLT_ACTION_MASK},
+                                              {"block", "(?i)forbid", FLT_ACTION_BLOCK},
+                                              {"log", "xx", FLT_ACTION_LOG}};
+        c.regex = re;
+        c.nregex = 3;
+        c.input.max_chars = 40;
+        c.input.keep_turns = 3;
+        char err[256];
+        rs = flt_ruleset_build(&c, err, sizeof(err));
+    }
+    return rs;
+}
+
+static void check_filters(const gw_body_scan_t *s, const json_t *orig)
+{
+    flt_ruleset_t *rs = fuzz_rules();
+    if (!rs)
+        return;
+    json_t *j = json_deep_copy(orig);
+    if (!j)
+        return;
+    flt_req_result_t rc, rt;
+    flt_req_verdict_t vc = flt_request_check_chat(rs, &s->chat, &rc);
+    flt_req_verdict_t vt = flt_request_check(rs, j, &rt);
+    json_decref(j);
+    if (vt == FLT_REQ_ERROR || vc == FLT_REQ_ERROR)
+        return; /* out of memory */
+    if (vc == FLT_REQ_EDIT) {
+        if (vt != FLT_REQ_OK || !rt.modified)
+            abort(); /* EDIT only when the tree's check edits */
+        return;
+    }
+    if (vc != vt || rt.modified || rc.status != rt.status || rc.code != rt.code ||
+        strcmp(rc.message, rt.message) != 0 || rc.logged != rt.logged ||
+        strcmp(rc.param ? rc.param : "", rt.param ? rt.param : "") != 0)
+        abort();
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     /* The gateway scans a NUL-terminated copy (evbuffer_pullup); so here. */
@@ -176,6 +261,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (s->top.members != json_object_size(j))
             abort();
         same_chat(j, &s->chat);
+        check_ratelimit(s, j);
+        check_filters(s, j);
         if (!inexact)
             check_splices(s, j);
     }
