@@ -22,6 +22,9 @@ typedef enum sl_jkind {
     SL_J_TRUE,
     SL_J_INT, /* an integer jansson holds as an integer (fits int64) */
     SL_J_REAL,
+    /* (in sl_chat_t a number is INT or REAL by its token alone: a body with
+     * an integer beyond int64 somewhere makes jansson read every number as a
+     * real; no policy tells a number's kinds apart) */
     SL_J_STRING,
     SL_J_ARRAY,
     SL_J_OBJECT,
