@@ -35,6 +35,7 @@
 #include <jansson.h>
 
 #include "common/sl.h"
+#include "common/sl_chat.h"
 #include "conf/conf.h"
 
 /* ---- configuration ------------------------------------------------------ */
@@ -177,6 +178,7 @@ typedef enum flt_req_verdict {
     FLT_REQ_ERROR = -1, /* out of memory: answer 500 */
     FLT_REQ_OK = 0,     /* forward the (possibly edited) body */
     FLT_REQ_REJECT = 1, /* answer res->status with flt_error_body(res) */
+    FLT_REQ_EDIT = 2,   /* flt_request_check_chat only: edits needed, see there */
 } flt_req_verdict_t;
 
 typedef struct flt_req_result {
@@ -203,6 +205,14 @@ typedef struct flt_req_result {
  * (shape checks only). res is filled in every case. */
 flt_req_verdict_t flt_request_check(const flt_ruleset_t *rs, json_t *body,
                                     flt_req_result_t *res) SL_WUR;
+
+/* The same checks over the messages as the gateway's body scanner read
+ * them, without a tree and without editing anything: the same verdicts
+ * and res for a body the rules leave as it is; FLT_REQ_EDIT when they
+ * would change it (keep_turns drops, a truncation, a mask, the system
+ * prompt): the caller then runs flt_request_check() on the parsed body. */
+flt_req_verdict_t flt_request_check_chat(const flt_ruleset_t *rs, const sl_chat_t *chat,
+                                         flt_req_result_t *res) SL_WUR;
 
 /* The OpenAI-style error body for a rejected request:
  * {"error":{"message":...,"type":"invalid_request_error","param":...,"code":...}}

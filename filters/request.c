@@ -291,6 +291,188 @@ flt_req_verdict_t flt_request_check(const flt_ruleset_t *rs, json_t *body, flt_r
     return FLT_REQ_OK;
 }
 
+/* ---- the same over scanned messages (no tree, no edits) ------------------------ */
+
+static bool chat_is_system(const sl_chat_msg_t *m)
+{
+    return m->role_kind == SL_J_STRING &&
+           (sl_text_is(m->role, "system") || sl_text_is(m->role, "developer"));
+}
+
+static bool chat_is_user(const sl_chat_msg_t *m)
+{
+    return m->role_kind == SL_J_STRING && sl_text_is(m->role, "user");
+}
+
+static bool chat_text_part(const sl_chat_part_t *p)
+{
+    return p->text_kind == SL_J_STRING && p->type_kind == SL_J_STRING &&
+           sl_text_is(p->type, "text");
+}
+
+/* check_shape() over the scanned messages; the param names are written
+ * only for a rejection (this runs on every request). */
+static flt_req_verdict_t chat_shape(const sl_chat_t *chat, flt_req_result_t *res)
+{
+    if (chat->messages_kind != SL_J_ARRAY)
+        return reject(res, FLT_CODE_INVALID_MESSAGES, "messages", "'messages' must be an array");
+    if (chat->nmsgs == 0)
+        return reject(res, FLT_CODE_INVALID_MESSAGES, "messages", "'messages' must not be empty");
+    char p[64];
+    for (size_t i = 0; i < chat->nmsgs; i++) {
+        const sl_chat_msg_t *m = &chat->msgs[i];
+        if (m->kind != SL_J_OBJECT) {
+            snprintf(p, sizeof p, "messages[%zu]", i);
+            return reject(res, FLT_CODE_INVALID_MESSAGE, p, "%s must be an object", p);
+        }
+        bool known = false;
+        for (size_t r = 0; m->role_kind == SL_J_STRING && r < SL_ARRAY_LEN(flt_roles) && !known;
+             r++)
+            known = sl_text_is(m->role, flt_roles[r]);
+        if (!known) {
+            snprintf(p, sizeof p, "messages[%zu].role", i);
+            return reject(res, FLT_CODE_INVALID_MESSAGE, p,
+                          "%s must be one of system, developer, "
+                          "user, assistant, tool, function",
+                          p);
+        }
+        if (m->content_kind == SL_J_ABSENT || m->content_kind == SL_J_NULL) {
+            if (!sl_text_is(m->role, "assistant")) {
+                snprintf(p, sizeof p, "messages[%zu].content", i);
+                return reject(res, FLT_CODE_INVALID_MESSAGE, p, "%s is required", p);
+            }
+            continue;
+        }
+        if (m->content_kind == SL_J_STRING)
+            continue;
+        if (m->content_kind != SL_J_ARRAY) {
+            snprintf(p, sizeof p, "messages[%zu].content", i);
+            return reject(res, FLT_CODE_INVALID_MESSAGE, p,
+                          "%s must be a string or an array of parts", p);
+        }
+        for (size_t j = 0; j < m->nparts; j++) {
+            const sl_chat_part_t *part = &chat->parts[m->part0 + j];
+            bool typed = part->kind == SL_J_OBJECT && part->type_kind == SL_J_STRING;
+            if (typed && (!sl_text_is(part->type, "text") || part->text_kind == SL_J_STRING))
+                continue;
+            snprintf(p, sizeof p, "messages[%zu].content[%zu]", i, j);
+            if (!typed)
+                return reject(res, FLT_CODE_INVALID_MESSAGE, p, "%s must be an object with a type",
+                              p);
+            return reject(res, FLT_CODE_INVALID_MESSAGE, p, "%s: text must be a string", p);
+        }
+    }
+    return FLT_REQ_OK;
+}
+
+static size_t chat_chars(const sl_chat_t *chat, const sl_chat_msg_t *m)
+{
+    if (m->content_kind == SL_J_STRING)
+        return flt_utf8_count(m->content.p, m->content.len);
+    size_t n = 0;
+    for (size_t j = 0; m->content_kind == SL_J_ARRAY && j < m->nparts; j++) {
+        const sl_chat_part_t *p = &chat->parts[m->part0 + j];
+        if (chat_text_part(p))
+            n += flt_utf8_count(p->text.p, p->text.len);
+    }
+    return n;
+}
+
+/* check_rules() without writing masks back: FLT_REQ_EDIT when one hit. */
+static flt_req_verdict_t chat_rules(const flt_ruleset_t *rs, const sl_chat_t *chat,
+                                    const sl_chat_msg_t *m, size_t i, flt_req_result_t *res)
+{
+    size_t ntexts = 0;
+    if (m->content_kind == SL_J_STRING) {
+        ntexts = 1;
+    } else if (m->content_kind == SL_J_ARRAY) {
+        for (size_t j = 0; j < m->nparts; j++)
+            ntexts += chat_text_part(&chat->parts[m->part0 + j]);
+    }
+    if (!ntexts)
+        return FLT_REQ_OK;
+    flt_chan_t ch;
+    if (flt_chan_init(&ch, rs) != 0)
+        return FLT_REQ_ERROR;
+    ch.unbounded = true;
+    sl_buf_t out = {0};
+    flt_chan_rc_t rc = FLT_CHAN_OK;
+    if (m->content_kind == SL_J_STRING) {
+        rc = flt_chan_feed(&ch, m->content.p, m->content.len, &out);
+    } else {
+        for (size_t j = 0; j < m->nparts && rc == FLT_CHAN_OK; j++) {
+            const sl_chat_part_t *p = &chat->parts[m->part0 + j];
+            if (chat_text_part(p)) {
+                out.len = 0;
+                rc = flt_chan_feed(&ch, p->text.p, p->text.len, &out);
+            }
+        }
+    }
+    if (rc == FLT_CHAN_OK)
+        rc = flt_chan_finish(&ch, &out);
+    res->logged += ch.nlog;
+    flt_req_verdict_t v = FLT_REQ_OK;
+    if (rc == FLT_CHAN_BLOCK) {
+        char p[64];
+        snprintf(p, sizeof p, "messages[%zu].content", i);
+        res->rule = ch.block_rule >= 0 ? rs->rules[ch.block_rule].name : NULL;
+        v = reject(res, FLT_CODE_CONTENT_FILTER, p,
+                   "the prompt was rejected by the content filter");
+    } else if (rc != FLT_CHAN_OK) {
+        v = FLT_REQ_ERROR;
+    } else if (ch.nmask) {
+        v = FLT_REQ_EDIT;
+    }
+    flt_chan_fini(&ch);
+    sl_buf_free(&out);
+    return v;
+}
+
+flt_req_verdict_t flt_request_check_chat(const flt_ruleset_t *rs, const sl_chat_t *chat,
+                                         flt_req_result_t *res)
+{
+    memset(res, 0, sizeof *res);
+    flt_req_verdict_t v = chat_shape(chat, res);
+    if (v != FLT_REQ_OK || !rs)
+        return v;
+    size_t keep = (size_t)rs->input.keep_turns, nuser = 0;
+    for (size_t i = 0; i < chat->nmsgs; i++)
+        nuser += chat_is_user(&chat->msgs[i]);
+    if (keep && nuser > keep) {
+        /* keep_turns drops something unless everything before the kept
+         * turns is a system or developer message */
+        size_t skip = nuser - keep, seen = 0;
+        for (size_t i = 0; i < chat->nmsgs; i++) {
+            if (chat_is_user(&chat->msgs[i]) && seen++ == skip)
+                break;
+            if (!chat_is_system(&chat->msgs[i]))
+                return FLT_REQ_EDIT;
+        }
+    }
+    size_t max = (size_t)rs->input.max_chars;
+    for (size_t i = 0; max && i < chat->nmsgs; i++) {
+        const sl_chat_msg_t *m = &chat->msgs[i];
+        if (!chat_is_user(m))
+            continue;
+        size_t n = chat_chars(chat, m);
+        if (n <= max)
+            continue;
+        if (rs->input.on_overflow != FLT_OVERFLOW_REJECT)
+            return FLT_REQ_EDIT;
+        char p[64];
+        snprintf(p, sizeof p, "messages[%zu].content", i);
+        return reject(res, FLT_CODE_PROMPT_TOO_LONG, p, "%s has %zu characters; the limit is %zu",
+                      p, n, max);
+    }
+    for (size_t i = 0; rs->nrules && i < chat->nmsgs; i++) {
+        v = chat_rules(rs, chat, &chat->msgs[i], i, res);
+        if (v != FLT_REQ_OK)
+            return v;
+    }
+    /* last, as in flt_request_check: a rejected prompt gets no tree */
+    return rs->system_prompt ? FLT_REQ_EDIT : FLT_REQ_OK;
+}
+
 char *flt_error_body(const flt_req_result_t *res, size_t *len)
 {
     json_t *e = json_object(), *o = json_object();

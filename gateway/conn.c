@@ -18,6 +18,7 @@
 #include <event2/bufferevent_ssl.h>
 
 #include "common/log.h"
+#include "gateway/body_scan.h"
 #include "gateway/gw_conn.h"
 #include "gateway/gw_h2.h"
 #include "gateway/gw_hook.h"
@@ -211,6 +212,7 @@ static void gw_req_free(gw_req_t *r)
     gw_llm_req_free(r);
     if (r->json)
         json_decref(r->json);
+    gw_body_scan_free(r->scan);
     if (r->resp_body)
         evbuffer_free(r->resp_body);
     if (r->capture)

@@ -21,6 +21,7 @@
 
 #include "common/log.h"
 #include "fallback/fallback.h"
+#include "gateway/gw_flow.h"
 #include "gateway/gw_fallback.h"
 #include "gateway/gw_proxy.h"
 #include "gateway/gw_req.h"
@@ -258,7 +259,7 @@ static void gw_ejob_stream_done(gw_ejob_t *j, gw_req_t *r)
     }
     if (gw_ejob_emit(j, r, gw_ejob_chunk(j, r, json_object(), gw_ejob_finish(j->why))) == 0 &&
         json_is_true(
-            json_object_get(json_object_get(r->json, "stream_options"), "include_usage"))) {
+            json_object_get(json_object_get(gw_req_json(r), "stream_options"), "include_usage"))) {
         json_t *u = json_pack("{s:s,s:s,s:I,s:s,s:[],s:o}", "id", j->id, "object",
                               "chat.completion.chunk", "created", (json_int_t)j->created, "model",
                               r->model->name, "choices", "usage", gw_ejob_usage(j));
@@ -449,14 +450,14 @@ void gw_engine_attempt(gw_req_t *r)
     }
     mdl_message_t *msgs = NULL;
     json_t *arena = NULL;
-    long n = gw_engine_messages(r->json, &msgs, &arena);
+    long n = gw_engine_messages(gw_req_json(r), &msgs, &arena);
     if (n < 0) {
         gw_respond_error(r, 400, "invalid_request_error", "invalid_messages",
                          "messages must be a non-empty array of {role, content}.");
         return;
     }
     mdl_sampling_t params;
-    gw_engine_sampling(r->json, &params);
+    gw_engine_sampling(gw_req_json(r), &params);
     gw_ejob_t *j = calloc(1, sizeof(*j));
     if (!j) {
         free(msgs);

@@ -12,6 +12,7 @@
 
 #include "common/log.h"
 #include "fallback/fallback.h"
+#include "gateway/gw_flow.h"
 #include "gateway/gw_fallback.h"
 #include "gateway/gw_proxy.h"
 #include "gateway/gw_req.h"
@@ -65,7 +66,7 @@ static void gw_fb_template_respond(gw_req_t *r)
 {
     fb_reply_req_t q;
     memset(&q, 0, sizeof(q));
-    fb_reply_req_from_json(r->json, &q);
+    fb_reply_req_from_json(gw_req_json(r), &q);
     q.api = r->route == GW_ROUTE_CHAT ? FB_API_CHAT : FB_API_COMPLETIONS;
     q.include_usage = r->client_usage; /* not what a hook asked the upstream for */
     q.model = r->model->name;
@@ -134,7 +135,7 @@ static void gw_fb_template(gw_req_t *r)
         gw_fb_template_respond(r);
         return;
     }
-    json_t *copy = json_deep_copy(r->json);
+    json_t *copy = json_deep_copy(gw_req_json(r));
     char *body = NULL;
     if (copy) {
         json_object_set_new(copy, "stream", json_false());

@@ -14,6 +14,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include "gateway/body_scan.h"
 #include "gateway/gw_flow.h"
 #include "gateway/gw_hook.h"
 #include "gateway/gw_metrics.h"
@@ -23,30 +24,80 @@
 #include "gateway/gw_types.h"
 #include "gateway/json_intake.h"
 
-static void gw_proxy_body_add(gw_req_t *r)
+json_t *gw_req_json(gw_req_t *r)
 {
-    size_t len = evbuffer_get_length(r->body);
-    const char *b = (const char *)evbuffer_pullup(r->body, -1);
-    size_t end = len;
-    while (end > 0 && b[end - 1] != '}')
-        end--;
-    if (end == 0)
-        return;
-    struct evbuffer *nb = evbuffer_new();
-    if (!nb)
-        return;
-    evbuffer_add(nb, b, end - 1);
-    if (!r->body_add_first)
-        evbuffer_add(nb, GW_LIT(","));
-    evbuffer_add(nb, r->body_add, strlen(r->body_add));
-    evbuffer_add(nb, b + end - 1, len - (end - 1));
-    evbuffer_free(r->body);
-    r->body = nb;
-    r->body_add[0] = '\0';
+    if (r->json || !r->scan)
+        return r->json;
+    char *edited = NULL;
+    size_t len = 0;
+    const char *b;
+    if (gw_body_edited(r->scan)) {
+        if (gw_body_splice_apply(r->scan, &edited, &len) != 0)
+            return NULL;
+        b = edited;
+    } else {
+        len = evbuffer_get_length(r->body);
+        b = (const char *)evbuffer_pullup(r->body, -1);
+    }
+    bool inexact;
+    char msg[256];
+    json_t *j = gw_json_intake(b, len, &inexact, msg, sizeof(msg));
+    free(edited);
+    if (j && !json_is_object(j)) {
+        json_decref(j);
+        j = NULL;
+    }
+    r->json = j;
+    return j;
 }
 
-/* The request is through every hook: serialise the body again if a hook
- * (or the alias) changed it, and send it. */
+int gw_req_set_int(gw_req_t *r, const char *key, int64_t v)
+{
+    if (r->json && json_object_set_new(r->json, key, json_integer(v)) != 0)
+        return -1;
+    if (!r->scan) {
+        r->body_dirty = true;
+        return 0;
+    }
+    const gw_jfact_t *f = strcmp(key, "max_tokens") == 0 ? &r->scan->max_tokens
+                          : strcmp(key, "max_completion_tokens") == 0
+                              ? &r->scan->max_completion_tokens
+                          : strcmp(key, "max_output_tokens") == 0 ? &r->scan->max_output_tokens
+                                                                  : NULL;
+    char digits[24];
+    size_t n = sl_i64toa(v, digits);
+    return gw_body_set(r->scan, key, f, digits, n);
+}
+
+int gw_req_set_include_usage(gw_req_t *r)
+{
+    if (r->json) {
+        json_t *so = json_object_get(r->json, "stream_options");
+        if (!json_is_object(so)) {
+            so = json_object();
+            if (!so || json_object_set_new(r->json, "stream_options", so) != 0)
+                return -1;
+        }
+        if (json_object_set_new(so, "include_usage", json_true()) != 0)
+            return -1;
+    }
+    if (!r->scan) {
+        r->body_dirty = true;
+        return 0;
+    }
+    return gw_body_set_include_usage(r->scan);
+}
+
+/* The request is through every hook: the body with its edits (splices on
+ * the client's bytes; the tree serialised again only when a hook edited
+ * the tree itself), then the attempt. */
+static void gw_body_free_cb(const void *data, size_t len, void *arg)
+{
+    (void)len;
+    (void)arg;
+    free((void *)data);
+}
+
 static void gw_proxy_send(gw_req_t *r)
 {
     if (r->body_dirty) {
@@ -59,37 +110,49 @@ static void gw_proxy_send(gw_req_t *r)
         evbuffer_add(r->body, s, strlen(s));
         free(s);
         r->body_dirty = false;
-    } else if (r->body_add[0]) {
-        gw_proxy_body_add(r);
+        if (r->scan) { /* its spans and strings were of the old bytes; numbers stay */
+            r->scan->nsplices = 0;
+            r->scan->body = NULL;
+        }
+    } else if (gw_body_edited(r->scan)) {
+        char *s;
+        size_t n;
+        if (gw_body_splice_apply(r->scan, &s, &n) != 0) {
+            gw_respond_oom(r);
+            return;
+        }
+        evbuffer_drain(r->body, evbuffer_get_length(r->body));
+        if (evbuffer_add_reference(r->body, s, n, gw_body_free_cb, NULL) != 0) {
+            free(s);
+            gw_respond_oom(r);
+            return;
+        }
+        /* The scan's spans and strings were of the old bytes: only its
+         * numbers (n, stream) are read from here on. */
+        r->scan->nsplices = 0;
+        r->scan->body = NULL;
     }
     gw_proxy_send_attempt(r);
 }
 
-/* routing.local_first: a request the small model can serve — few turns and
- * a short prompt, or a last user message matching routing.intent. */
-static bool gw_route_simple(const gw_req_t *r)
+/* The routing decision over message texts (routing.local_first). */
+static bool gw_route_simple_msgs(const gw_req_t *r, const sl_chat_t *chat)
 {
     const conf_routing_t *c = &r->rt->conf->routing;
-    if (!c->local_first)
-        return false;
-    json_t *msgs = json_object_get(r->json, "messages");
-    if (!json_is_array(msgs))
+    if (chat->messages_kind != SL_J_ARRAY)
         return false;
     int64_t chars = 0, turns = 0;
     const char *last = NULL;
-    size_t last_len = 0, i;
-    json_t *m;
-    json_array_foreach(msgs, i, m)
-    {
-        json_t *content = json_object_get(m, "content");
-        const char *role = json_string_value(json_object_get(m, "role"));
-        if (!json_is_string(content))
+    size_t last_len = 0;
+    for (size_t i = 0; i < chat->nmsgs; i++) {
+        const sl_chat_msg_t *m = &chat->msgs[i];
+        if (m->content_kind != SL_J_STRING)
             return false; /* parts (images, ...) are not for the small model */
-        const char *s = json_string_value(content);
-        size_t n = json_string_length(content);
+        const char *s = m->content.p;
+        size_t n = m->content.len;
         for (size_t k = 0; k < n; k++)
             chars += ((unsigned char)s[k] & 0xC0) != 0x80; /* code points */
-        if (role && strcmp(role, "user") == 0) {
+        if (m->role_kind == SL_J_STRING && sl_text_is(m->role, "user")) {
             turns++;
             last = s;
             last_len = n;
@@ -103,6 +166,46 @@ static bool gw_route_simple(const gw_req_t *r)
             return true;
     }
     return chars <= c->max_prompt_chars && turns <= c->max_turns;
+}
+
+/* routing.local_first: a request the small model can serve — few turns and
+ * a short prompt, or a last user message matching routing.intent. */
+static bool gw_route_simple(const gw_req_t *r)
+{
+    const conf_routing_t *c = &r->rt->conf->routing;
+    if (!c->local_first)
+        return false;
+    if (r->scan && r->scan->has_msgs)
+        return gw_route_simple_msgs(r, &r->scan->chat);
+    json_t *msgs = json_object_get(r->json, "messages");
+    if (!json_is_array(msgs))
+        return false;
+    /* The tree's messages as the scanner's plain data (slow path only). */
+    size_t nm = json_array_size(msgs);
+    sl_chat_msg_t *v = calloc(nm ? nm : 1, sizeof(*v));
+    if (!v)
+        return false;
+    for (size_t i = 0; i < nm; i++) {
+        json_t *m = json_array_get(msgs, i);
+        json_t *content = json_object_get(m, "content");
+        json_t *role = json_object_get(m, "role");
+        v[i].content_kind = json_is_string(content) ? SL_J_STRING : SL_J_OBJECT;
+        v[i].content = (sl_text_t){json_string_value(content), json_string_length(content)};
+        v[i].role_kind = json_is_string(role) ? SL_J_STRING : SL_J_ABSENT;
+        v[i].role = (sl_text_t){json_string_value(role), json_string_length(role)};
+    }
+    sl_chat_t chat = {.messages_kind = SL_J_ARRAY, .msgs = v, .nmsgs = nm};
+    bool simple = gw_route_simple_msgs(r, &chat);
+    free(v);
+    return simple;
+}
+
+/* Which facts the hooks of this request will read beyond the top level. */
+static unsigned gw_scan_flags(const gw_req_t *r)
+{
+    bool msgs = (r->rt->filters && r->route == GW_ROUTE_CHAT) || r->rt->conf->routing.local_first ||
+                gw_rl_budgets_on(r);
+    return msgs ? GW_SCAN_MSGS : 0;
 }
 
 /* Parses the body, picks the model's upstream, then runs the post-route
@@ -143,41 +246,77 @@ void gw_proxy_route(gw_req_t *r)
                          "The request body must be a JSON object.");
         return;
     }
-    char jmsg[256];
-    /* inexact: an integer beyond int64 is held as a real. The client's
-     * bytes are forwarded as they came unless a hook or an alias edits the
-     * body (then such a number goes out as the nearest double). */
-    bool inexact = false;
-    r->json = gw_json_intake((const char *)evbuffer_pullup(r->body, -1), len, &inexact, jmsg,
-                             sizeof(jmsg));
-    (void)inexact;
-    if (!r->json || !json_is_object(r->json)) {
-        if (r->json)
-            snprintf(jmsg, sizeof(jmsg), "The request body must be a JSON object.");
-        gw_respond_error(r, 400, "invalid_request_error", "invalid_json", jmsg);
-        return;
+    const char *b = (const char *)evbuffer_pullup(r->body, -1);
+    if (r->route == GW_ROUTE_CHAT || r->route == GW_ROUTE_COMPLETIONS) {
+        /* The hot path: one streaming pass, no tree (body_scan.h). */
+        r->scan = gw_body_scan_new();
+        if (!r->scan) {
+            gw_respond_oom(r);
+            return;
+        }
+        switch (gw_body_scan(r->scan, b, len, gw_scan_flags(r))) {
+        case GW_SCAN_OK:
+            break;
+        case GW_SCAN_SLOW: /* jansson decides, and says what is wrong */
+            gw_body_scan_free(r->scan);
+            r->scan = NULL;
+            break;
+        default:
+            gw_respond_oom(r);
+            return;
+        }
     }
-    json_t *jm = json_object_get(r->json, "model");
-    if (!json_is_string(jm) || json_string_length(jm) == 0) {
+    if (!r->scan) {
+        char jmsg[256];
+        /* inexact: an integer beyond int64 is held as a real. The client's
+         * bytes are forwarded as they came unless a hook or an alias edits
+         * the body (then such a number goes out as the nearest double). */
+        bool inexact = false;
+        r->json = gw_json_intake(b, len, &inexact, jmsg, sizeof(jmsg));
+        (void)inexact;
+        if (!r->json || !json_is_object(r->json)) {
+            if (r->json)
+                snprintf(jmsg, sizeof(jmsg), "The request body must be a JSON object.");
+            gw_respond_error(r, 400, "invalid_request_error", "invalid_json", jmsg);
+            return;
+        }
+    }
+    sl_text_t mname = {NULL, 0};
+    if (r->scan) {
+        if (r->scan->model.kind == SL_J_STRING)
+            mname = r->scan->model.s;
+    } else {
+        json_t *jm = json_object_get(r->json, "model");
+        if (json_is_string(jm))
+            mname = (sl_text_t){json_string_value(jm), json_string_length(jm)};
+    }
+    if (mname.len == 0) {
         gw_respond_error(r, 400, "invalid_request_error", "missing_model",
                          "The request must name a model (a string).");
         return;
     }
-    r->model = gw_rt_model(r->rt, json_string_value(jm), json_string_length(jm));
+    r->model = gw_rt_model(r->rt, mname.p, mname.len);
     bool asked_auto = false;
-    if (!r->model && r->rt->auto_model && strcmp(json_string_value(jm), "auto") == 0) {
+    if (!r->model && r->rt->auto_model && sl_text_is(mname, "auto")) {
         r->model = r->rt->auto_model; /* "auto": local first when it can, else this */
         asked_auto = true;
     }
     if (!r->model) {
         char msg[200];
-        snprintf(msg, sizeof(msg), "The model `%.100s` does not exist.", json_string_value(jm));
+        /* %.*s stops at a NUL as the C string did */
+        snprintf(msg, sizeof(msg), "The model `%.*s` does not exist.",
+                 (int)SL_MIN(strnlen(mname.p, mname.len), 100), mname.p);
         gw_respond_error(r, 404, "invalid_request_error", "model_not_found", msg);
         return;
     }
-    r->stream = json_is_true(json_object_get(r->json, "stream"));
-    r->client_usage =
-        json_is_true(json_object_get(json_object_get(r->json, "stream_options"), "include_usage"));
+    if (r->scan) {
+        r->stream = r->scan->stream.kind == SL_J_TRUE;
+        r->client_usage = r->scan->include_usage.kind == SL_J_TRUE;
+    } else {
+        r->stream = json_is_true(json_object_get(r->json, "stream"));
+        r->client_usage = json_is_true(
+            json_object_get(json_object_get(r->json, "stream_options"), "include_usage"));
+    }
     r->att.pool = r->model->pool;
     if (r->rt->local && r->att.pool != r->rt->local && r->route == GW_ROUTE_CHAT &&
         (asked_auto || gw_route_simple(r))) {
@@ -189,8 +328,22 @@ void gw_proxy_route(gw_req_t *r)
         r->tried_local = true;
     sl_counter_add(r->att.pool == r->rt->local ? gw_m.route_local : gw_m.route_main, 1);
     if (asked_auto || r->model->alias) {
-        json_object_set_new(r->json, "model", json_string(r->model->served));
-        r->body_dirty = true;
+        char q[256];
+        size_t qn;
+        if (r->scan &&
+            gw_json_quote(r->model->served, strlen(r->model->served), q, sizeof(q), &qn) == 0) {
+            if (gw_body_set(r->scan, "model", &r->scan->model, q, qn) != 0) {
+                gw_respond_oom(r);
+                return;
+            }
+        } else {
+            json_t *j = gw_req_json(r); /* a served name too long for a splice: the tree */
+            if (!j || json_object_set_new(j, "model", json_string(r->model->served)) != 0) {
+                gw_respond_oom(r);
+                return;
+            }
+            r->body_dirty = true;
+        }
     }
     if (gw_hooks_run(r, false) == GW_HOOK_NEXT)
         gw_proxy_send(r);

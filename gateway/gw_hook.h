@@ -187,6 +187,8 @@ void gw_rl_client_ip(gw_req_t *r);
 /* hook_ratelimit.c: the 429 (or 503 when the store is down) for a refused
  * decision, with Retry-After and X-RateLimit-*. */
 void gw_rl_respond_refusal(gw_req_t *r, const struct rl_decision *d);
+/* Does the ratelimit hook estimate prompts (a token budget is configured)? */
+bool gw_rl_budgets_on(const gw_req_t *r);
 /* hook_ratelimit.c: a duration the way OpenAI's x-ratelimit-reset-* write
  * it (Go's time.Duration: "20ms", "1.5s", "6m0s", "1h0m0s"). Returns buf. */
 const char *gw_rl_duration(int64_t ms, char *buf, size_t n);

@@ -37,8 +37,9 @@ struct gw_req {
     gw_route_t route;
     void (*handler)(gw_req_t *r); /* the route's, after the pre-route hooks */
     gw_wait_t wait;
-    struct evbuffer *body; /* the client's body; reused for retries */
-    json_t *json;          /* parsed body (proxied routes) */
+    struct evbuffer *body;     /* the client's body; reused for retries */
+    json_t *json;              /* parsed body: gw_req_json() builds it on demand (gw_flow.h) */
+    struct gw_body_scan *scan; /* the body's facts and edits (body_scan.h); NULL: tree only */
     const gw_model_rt_t *model;
     bool stream; /* client asked "stream": true */
 
@@ -53,9 +54,7 @@ struct gw_req {
     char user[256];        /* the token's sub, "" without auth */
     char client_id[64];    /* the token's client, "" when unknown */
     char client_ip[48];    /* the client's address (X-Forwarded-For from trusted proxies) */
-    bool body_dirty;       /* json was edited: serialise it again before sending */
-    char body_add[96];     /* else: members to add to the client's bytes ("k":v,...) */
-    bool body_add_first;   /* ... into an object that had no member */
+    bool body_dirty;       /* the tree was edited: serialise it again before sending */
     bool ev_hooks;         /* SSE events go through the hook chain */
     bool buffer_body;      /* a non-streamed answer is held until whole (proxy.c) */
     bool body_hooks;       /* ... and goes through the on_body hooks */

@@ -32,6 +32,7 @@
 #include "cache/cache.h"
 #include "common/log.h"
 #include "fallback/fallback.h"
+#include "gateway/gw_flow.h"
 #include "gateway/gw_conn.h"
 #include "gateway/gw_hook.h"
 #include "gateway/gw_proxy.h"
@@ -379,7 +380,7 @@ static gw_hook_rc_t gw_cache_on_request(gw_req_t *r, void **state)
         snprintf(ccv, sizeof(ccv), "%.*s", (int)SL_MIN(cc->value_len, sizeof(ccv) - 1), cc->value);
     cache_req_in_t in = {
         .conf = r->rt->conf,
-        .body = r->json,
+        .body = gw_req_json(r),
         .model = r->model->name,
         .key_model = key_model,
         .sub = r->user[0] ? r->user : NULL,

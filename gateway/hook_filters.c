@@ -10,6 +10,8 @@
 #include <string.h>
 
 #include "filters/filters.h"
+#include "gateway/body_scan.h"
+#include "gateway/gw_flow.h"
 #include "gateway/gw_flt_resp.h"
 #include "gateway/gw_hook.h"
 #include "gateway/gw_req.h"
@@ -29,7 +31,20 @@ static gw_hook_rc_t gw_flt_on_request(gw_req_t *r, void **state)
     if (!rs || (r->route != GW_ROUTE_CHAT && !resp))
         return GW_HOOK_NEXT;
     flt_req_result_t res;
-    switch (resp ? gw_flt_resp_request(rs, r->json, &res) : flt_request_check(rs, r->json, &res)) {
+    flt_req_verdict_t v;
+    if (resp)
+        v = gw_flt_resp_request(rs, r->json, &res);
+    else if (r->scan && r->scan->has_msgs)
+        v = flt_request_check_chat(rs, &r->scan->chat, &res);
+    else
+        v = flt_request_check(rs, r->json, &res);
+    if (v == FLT_REQ_EDIT) {
+        /* The rules edit the prompt: on the tree (built now), serialised
+         * again before sending. */
+        json_t *j = gw_req_json(r);
+        v = j ? flt_request_check(rs, j, &res) : FLT_REQ_ERROR;
+    }
+    switch (v) {
     case FLT_REQ_OK:
         break;
     case FLT_REQ_REJECT: {

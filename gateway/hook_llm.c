@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gateway/body_scan.h"
+#include "gateway/gw_flow.h"
 #include "gateway/gw_hook.h"
 #include "gateway/gw_llm.h"
 #include "gateway/gw_req.h"
@@ -18,43 +20,36 @@
 
 static gw_hook_rc_t gw_llm_on_request(gw_req_t *r, void **state)
 {
-    if (!r->json || !r->model || (r->route != GW_ROUTE_CHAT && r->route != GW_ROUTE_COMPLETIONS))
+    if ((!r->json && !r->scan) || !r->model ||
+        (r->route != GW_ROUTE_CHAT && r->route != GW_ROUTE_COMPLETIONS))
         return GW_HOOK_NEXT;
     if (!r->stream)
         return GW_HOOK_NEXT; /* a JSON answer's usage is read from its tail */
     /* A stream needs the hook only to strip what it asked for: the relay
      * reads the events itself (gw_llm_sse_event). */
-    json_t *so = json_object_get(r->json, "stream_options");
-    if (json_is_true(json_object_get(so, "include_usage")))
-        return GW_HOOK_NEXT; /* the client, or the ratelimit hook, asked */
-    if (so && !json_is_object(so))
-        return GW_HOOK_NEXT; /* the upstream will say what is wrong with it */
+    if (r->scan) {
+        /* the scan's facts: the ratelimit hook's injection updated them */
+        if (r->scan->include_usage.kind == SL_J_TRUE)
+            return GW_HOOK_NEXT; /* the client, or the ratelimit hook, asked */
+        sl_jkind_t so = r->scan->stream_options.kind;
+        if (so != SL_J_ABSENT && so != SL_J_OBJECT)
+            return GW_HOOK_NEXT; /* the upstream will say what is wrong with it */
+    } else {
+        json_t *so = json_object_get(r->json, "stream_options");
+        if (json_is_true(json_object_get(so, "include_usage")))
+            return GW_HOOK_NEXT;
+        if (so && !json_is_object(so))
+            return GW_HOOK_NEXT;
+    }
     rl_stream_t *strip = rl_stream_new(true);
     if (!strip)
         return GW_HOOK_NEXT; /* no usage then: the metrics add nothing (no guessing) */
-    static const char member[] = "\"stream_options\":{\"include_usage\":true}";
-    _Static_assert(sizeof(member) <= sizeof(r->body_add), "body_add holds the member");
-    size_t have = strlen(r->body_add);
-    if (!so && !r->body_dirty && have + 1 + sizeof(member) <= sizeof(r->body_add)) {
-        /* Only members to add: appended to the client's bytes, the body is
-         * not serialised again (r->json gets it too, for the engine). After
-         * the ratelimit hook's max_tokens too: serialising the body would
-         * cost ~3 µs before the request goes out (time to first event). */
-        if (have) {
-            r->body_add[have] = ',';
-            memcpy(r->body_add + have + 1, member, sizeof(member));
-        } else {
-            memcpy(r->body_add, member, sizeof(member));
-            r->body_add_first = false; /* the body has "model" at least */
-        }
-    } else {
-        r->body_dirty = true;
+    /* A splice on the client's bytes (the tree, if one was built, gets it
+     * too, for the engine); on the slow path the tree, serialised again. */
+    if (gw_req_set_include_usage(r) != 0) {
+        rl_stream_free(strip);
+        return GW_HOOK_NEXT;
     }
-    if (!so) {
-        so = json_object();
-        json_object_set_new(r->json, "stream_options", so);
-    }
-    json_object_set_new(so, "include_usage", json_true());
     *state = strip;
     return GW_HOOK_NEXT;
 }

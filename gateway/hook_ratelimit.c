@@ -12,6 +12,8 @@
 #include "common/log.h"
 #include "conf/conf.h"
 #include "gateway/gw_conn.h"
+#include "gateway/body_scan.h"
+#include "gateway/gw_flow.h"
 #include "gateway/gw_hook.h"
 #include "gateway/gw_req.h"
 #include "gateway/gw_rt.h"
@@ -174,6 +176,70 @@ static int gw_rl_clamp_responses(gw_req_t *r, int64_t cap, rl_clamp_t *clamp)
     return 0;
 }
 
+/* The clamp over the scanner's facts (body_scan.h): the edits become
+ * splices on the client's bytes. -1: answered. */
+static int gw_rl_clamp_scan(gw_req_t *r, gw_rl_t *s, bool budgets)
+{
+    const conf_ratelimit_t *c = &r->rt->conf->ratelimit;
+    const gw_body_scan_t *b = r->scan;
+    rl_clamp_in_t in = {
+        .max_tokens_kind = b->max_tokens.kind,
+        .max_tokens = b->max_tokens.i,
+        .max_completion_tokens_kind = b->max_completion_tokens.kind,
+        .max_completion_tokens = b->max_completion_tokens.i,
+        .stream_kind = b->stream.kind,
+        .stream_options_kind = b->stream_options.kind,
+        .include_usage = b->include_usage.kind == SL_J_TRUE,
+    };
+    rl_clamp_edits_t ed;
+    char err[160];
+    if (rl_clamp_plan(&in, c->max_tokens, budgets, &s->clamp, &ed, err, sizeof(err)) != 0) {
+        gw_respond_error(r, 400, "invalid_request_error", "invalid_parameter", err);
+        return -1;
+    }
+    int64_t dmt = r->model ? r->model->conf->default_max_tokens : 0;
+    if (s->clamp.added_max_tokens && dmt > 0 && dmt < s->clamp.max_tokens) {
+        /* The model's own default (a reasoning model needs more than a
+         * chat model, a small one less); the cap still bounds it. */
+        ed.max_tokens = dmt;
+        s->clamp.max_tokens = dmt;
+    }
+    if ((ed.max_tokens > 0 && gw_req_set_int(r, "max_tokens", ed.max_tokens) != 0) ||
+        (ed.max_completion_tokens > 0 &&
+         gw_req_set_int(r, "max_completion_tokens", ed.max_completion_tokens) != 0) ||
+        (ed.include_usage && gw_req_set_include_usage(r) != 0)) {
+        gw_respond_oom(r);
+        return -1;
+    }
+    if (budgets) {
+        const sl_chat_t *chat = &b->chat;
+        bool tools = chat->tools_kind == SL_J_ARRAY || chat->tools_kind == SL_J_OBJECT;
+        for (size_t i = 0; !tools && i < chat->nmsgs; i++)
+            tools = chat->msgs[i].tool_calls_kind == SL_J_ARRAY ||
+                    chat->msgs[i].tool_calls_kind == SL_J_OBJECT;
+        if (!tools && b->has_msgs && !r->json) {
+            s->prompt_est = rl_chat_prompt_tokens(chat);
+        } else {
+            /* tools are counted from their compact JSON, and a prompt the
+             * filters edited is in the tree: count from the tree */
+            const json_t *j = gw_req_json(r);
+            if (!j) {
+                gw_respond_oom(r);
+                return -1;
+            }
+            s->prompt_est = rl_body_prompt_tokens(j);
+        }
+    }
+    if (s->clamp.stream && budgets) {
+        s->stream = rl_stream_new(s->clamp.injected_usage);
+        if (!s->stream) {
+            gw_respond_oom(r);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static void gw_rl_checked(void *arg, const rl_decision_t *d, rl_ticket_t *ticket)
 {
     gw_rl_t *s = arg;
@@ -219,6 +285,11 @@ void gw_rl_client_ip(gw_req_t *r)
         snprintf(r->client_ip, sizeof(r->client_ip), "%.47s", r->c->peer);
 }
 
+bool gw_rl_budgets_on(const gw_req_t *r)
+{
+    return gw_rl_budgets(&r->rt->conf->ratelimit);
+}
+
 static gw_hook_rc_t gw_rl_on_request(gw_req_t *r, void **state)
 {
     gw_worker_t *w = r->c->w;
@@ -234,7 +305,10 @@ static gw_hook_rc_t gw_rl_on_request(gw_req_t *r, void **state)
     *state = s;
     bool budgets = gw_rl_budgets(c);
     s->budgets = budgets;
-    if (r->route == GW_ROUTE_CHAT || r->route == GW_ROUTE_COMPLETIONS) {
+    if ((r->route == GW_ROUTE_CHAT || r->route == GW_ROUTE_COMPLETIONS) && r->scan) {
+        if (gw_rl_clamp_scan(r, s, budgets) != 0)
+            return GW_HOOK_DONE;
+    } else if (r->route == GW_ROUTE_CHAT || r->route == GW_ROUTE_COMPLETIONS) {
         char err[160];
         if (rl_body_clamp_ex(r->json, c->max_tokens, budgets, &s->clamp, err, sizeof(err)) != 0) {
             gw_respond_error(r, 400, "invalid_request_error", "invalid_parameter", err);
@@ -250,25 +324,8 @@ static gw_hook_rc_t gw_rl_on_request(gw_req_t *r, void **state)
             }
             s->clamp.max_tokens = dmt;
         }
-        if (s->clamp.modified) {
-            r->body_dirty = true;
-        } else if (s->clamp.added_max_tokens) {
-            /* Only a key was added: append it to the client's bytes rather
-             * than serialise the whole body again. */
-            static const char key[] = "\"max_tokens\":";
-            char digits[24];
-            size_t n = 0;
-            uint64_t v = (uint64_t)s->clamp.max_tokens;
-            do {
-                digits[n++] = (char)('0' + v % 10);
-                v /= 10;
-            } while (v);
-            memcpy(r->body_add, key, sizeof(key) - 1);
-            for (size_t k = 0; k < n; k++)
-                r->body_add[sizeof(key) - 1 + k] = digits[n - 1 - k];
-            r->body_add[sizeof(key) - 1 + n] = '\0';
-            r->body_add_first = json_object_size(r->json) == 1;
-        }
+        if (s->clamp.modified || s->clamp.added_max_tokens)
+            r->body_dirty = true; /* the slow path: the tree goes out again */
         if (budgets)
             s->prompt_est = rl_body_prompt_tokens(r->json);
         if (s->clamp.stream && budgets) {

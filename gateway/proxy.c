@@ -39,6 +39,7 @@
 #include "gateway/gw_upstream.h"
 #include "gateway/gw_worker.h"
 #include "gateway/http1.h"
+#include "gateway/body_scan.h"
 #include "gateway/json_intake.h"
 #include "gateway/sb.h"
 #include "gateway/sse.h"
@@ -742,6 +743,8 @@ static int gw_proxy_flush_buffered(gw_req_t *r)
 /* The choices a streamed answer has: the client's n (1 when absent). */
 static int64_t gw_proxy_choices(const gw_req_t *r)
 {
+    if (r->scan)
+        return r->scan->n.kind == SL_J_INT ? r->scan->n.i : 1;
     json_t *n = json_object_get(r->json, "n");
     return json_is_integer(n) ? (int64_t)json_integer_value(n) : 1;
 }

@@ -183,6 +183,95 @@ int rl_body_clamp_ex(json_t *body, int64_t policy_max, bool want_usage, rl_clamp
     return 0;
 }
 
+/* ---- the same over scanned facts --------------------------------------------------- */
+
+static int rl_plan_field(sl_jkind_t kind, int64_t x, const char *name, int64_t max, bool *seen,
+                         int64_t *value, int64_t *set, char *err, size_t errlen)
+{
+    if (kind == SL_J_ABSENT || kind == SL_J_NULL)
+        return 0;
+    if (kind != SL_J_INT || x < 1) {
+        snprintf(err, errlen, "%s must be a positive integer", name);
+        return -1;
+    }
+    if (x > max) {
+        x = max;
+        *set = x;
+    }
+    *value = *seen ? SL_MIN(*value, x) : x;
+    *seen = true;
+    return 0;
+}
+
+int rl_clamp_plan(const rl_clamp_in_t *in, int64_t policy_max, bool want_usage, rl_clamp_t *out,
+                  rl_clamp_edits_t *edits, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof(*out));
+    memset(edits, 0, sizeof(*edits));
+    bool seen = false;
+    int64_t v = policy_max;
+    if (rl_plan_field(in->max_tokens_kind, in->max_tokens, "max_tokens", policy_max, &seen, &v,
+                      &edits->max_tokens, err, errlen) != 0 ||
+        rl_plan_field(in->max_completion_tokens_kind, in->max_completion_tokens,
+                      "max_completion_tokens", policy_max, &seen, &v, &edits->max_completion_tokens,
+                      err, errlen) != 0)
+        return -1;
+    if (!seen) {
+        edits->max_tokens = policy_max;
+        v = policy_max;
+        out->added_max_tokens = true;
+    } else if (edits->max_tokens || edits->max_completion_tokens) {
+        out->modified = true;
+    }
+    out->max_tokens = v;
+    sl_jkind_t st = in->stream_kind;
+    if (st != SL_J_ABSENT && st != SL_J_TRUE && st != SL_J_FALSE && st != SL_J_NULL) {
+        snprintf(err, errlen, "stream must be a boolean");
+        return -1;
+    }
+    out->stream = st == SL_J_TRUE;
+    if (!out->stream || !want_usage)
+        return 0;
+    sl_jkind_t so = in->stream_options_kind;
+    if (so != SL_J_ABSENT && so != SL_J_OBJECT && so != SL_J_NULL) {
+        snprintf(err, errlen, "stream_options must be an object");
+        return -1;
+    }
+    if (so == SL_J_OBJECT && in->include_usage)
+        return 0; /* the client asked for usage: it sees the chunk */
+    edits->include_usage = true;
+    out->injected_usage = true;
+    out->modified = true;
+    return 0;
+}
+
+static int64_t rl_text_tokens(sl_jkind_t kind, sl_text_t t)
+{
+    return kind == SL_J_STRING ? rl_estimate_text_tokens(t.p, t.len) : 0;
+}
+
+int64_t rl_chat_prompt_tokens(const sl_chat_t *chat)
+{
+    int64_t n = 3; /* the reply's priming */
+    for (size_t i = 0; chat->messages_kind == SL_J_ARRAY && i < chat->nmsgs; i++) {
+        const sl_chat_msg_t *m = &chat->msgs[i];
+        n += 4; /* role and separators */
+        if (m->content_kind == SL_J_STRING) {
+            n += rl_text_tokens(m->content_kind, m->content);
+        } else if (m->content_kind == SL_J_ARRAY) {
+            for (size_t k = 0; k < m->nparts; k++) {
+                const sl_chat_part_t *p = &chat->parts[m->part0 + k];
+                if (p->text_kind != SL_J_ABSENT)
+                    n += rl_text_tokens(p->text_kind, p->text);
+                else if (p->image_url)
+                    n += 85;
+            }
+        }
+        n += rl_text_tokens(m->name_kind, m->name);
+    }
+    return n;
+}
+
 /* ---- usage ------------------------------------------------------------------------ */
 
 static int rl_usage_parse(const json_t *usage, rl_usage_t *u)

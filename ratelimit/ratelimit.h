@@ -42,6 +42,7 @@
 #include <stdint.h>
 
 #include "common/sl.h"
+#include "common/sl_chat.h"
 
 struct event_base;
 struct conf_ratelimit;
@@ -281,6 +282,32 @@ int rl_body_clamp_ex(json_t *body, int64_t policy_max, bool want_usage, rl_clamp
 /* Estimated prompt tokens of a chat-completions body (messages' text, names,
  * tools); see rl_estimate_text_tokens(). */
 int64_t rl_body_prompt_tokens(const json_t *body);
+
+/* The same two without a JSON tree, for the gateway's body scanner: the
+ * facts in, the edits to make out (the caller splices them into the
+ * client's bytes). Same checks, same messages, same rl_clamp_t. */
+typedef struct rl_clamp_in {
+    sl_jkind_t max_tokens_kind; /* SL_J_ABSENT when the key is not there */
+    int64_t max_tokens;         /* SL_J_INT */
+    sl_jkind_t max_completion_tokens_kind;
+    int64_t max_completion_tokens;
+    sl_jkind_t stream_kind;
+    sl_jkind_t stream_options_kind;
+    bool include_usage; /* stream_options.include_usage is true */
+} rl_clamp_in_t;
+
+typedef struct rl_clamp_edits {
+    int64_t max_tokens;            /* > 0: set (or add) max_tokens to this */
+    int64_t max_completion_tokens; /* > 0: set max_completion_tokens to this */
+    bool include_usage;            /* make stream_options.include_usage true */
+} rl_clamp_edits_t;
+
+int rl_clamp_plan(const rl_clamp_in_t *in, int64_t policy_max, bool want_usage, rl_clamp_t *out,
+                  rl_clamp_edits_t *edits, char *err, size_t errlen) SL_WUR;
+/* rl_body_prompt_tokens() over the scanned messages. Tool calls and tools
+ * are counted from their compact JSON, which the scan does not hold: the
+ * caller uses rl_body_prompt_tokens() when chat says they are there. */
+int64_t rl_chat_prompt_tokens(const sl_chat_t *chat);
 
 /* A conservative token estimate for text whose real count never came:
  * ceil(ASCII bytes / 4) + one token per non-ASCII character. English runs

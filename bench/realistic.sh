@@ -1,0 +1,335 @@
+#!/usr/bin/env bash
+# bench/realistic.sh — issue #16's workload: what a realistic chat request
+# costs sluice in CPU, as a ratio to nginx proxying the same request in the
+# same run; and what each KiB of request body costs (issue #21.3).
+#
+# Layout (2 cores): every proxy (nginx, and each sluice: workers 1, access
+# log off) pinned to core 1; the upstream (nginx `return 200` with a fixed
+# 282-byte chat.completion) and wrk -t1 -c32 on core 0. Configurations run
+# in interleaved rounds, so machine noise hits them alike; the figure is
+# the proxy's CPU (utime+stime from /proc) per request, and its ratio to
+# nginx's in the same round (median over rounds).
+#
+#   nginx     proxy_pass with upstream keepalive            (the baseline)
+#   plain     alias chat-model -> served-model, api_key_env, admin listener
+#   full      plain + HS256 bearer token (no signature), ratelimit.per_user
+#             {requests_per_minute: 1000000, concurrent: 1000}, a 1,001-word
+#             list (mask) and a regex 1[3-9]\d{9} (mask), output: true
+#   goals: plain <= 0.8 x nginx, full <= 1.0 x nginx
+# With SLUICE_BASE_BIN (e.g. a build of main) plain and full also run on that
+# binary (plain@base, full@base): before and after in the same run.
+#
+# Body sizes (BENCH_SIZES KiB, default "1 16 256 1024"): the plain conf (but
+# filters.input.max_chars: 0, the default 8000 would refuse them) with a user
+# message that long; per size the CPU per request, and the µs per KiB
+# beyond the first ((cpu(size) - cpu(1)) / (size - 1)); goal <= 1 µs/KiB.
+#
+# Knobs: BENCH_DURATION (s per run, default 5), BENCH_ROUNDS (default 3),
+# BENCH_CONNS (default 32; the body sizes: BENCH_SIZE_CONNS, default 4), BENCH_PORT_BASE (default 28700), SLUICE_BIN,
+# SLUICE_BASE_BIN, BENCH_SIZES ("" skips them), BENCH_PROXY_CPU /
+# BENCH_LOAD_CPU, BENCH_KEEP=1 keeps the work directory.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+SLUICE_BIN=${SLUICE_BIN:-$ROOT/build/sluice}
+SLUICE_BASE_BIN=${SLUICE_BASE_BIN:-}
+NGINX_BIN=${NGINX_BIN:-$(command -v nginx || echo /usr/sbin/nginx)}
+PROXY_CPU=${BENCH_PROXY_CPU:-1}
+LOAD_CPU=${BENCH_LOAD_CPU:-0}
+DURATION=${BENCH_DURATION:-5}
+ROUNDS=${BENCH_ROUNDS:-3}
+CONNS=${BENCH_CONNS:-32}
+PORT_BASE=${BENCH_PORT_BASE:-28700}
+SIZES=${BENCH_SIZES-"1 16 256 1024"}
+SIZE_CONNS=${BENCH_SIZE_CONNS:-4}
+
+UP_PORT=$((PORT_BASE + 1))
+NGX_PORT=$((PORT_BASE + 2))
+
+for c in wrk taskset python3 "$NGINX_BIN" "$SLUICE_BIN"; do
+    command -v "$c" >/dev/null || { echo "bench: $c not found" >&2; exit 1; }
+done
+
+WORK=$(mktemp -d /tmp/sluice-realistic-bench.XXXXXX)
+RES=$WORK/results.tsv
+# Private copies: a rebuild during the run must not touch what is measured.
+cp "$SLUICE_BIN" "$WORK/sluice"
+SLUICE_LABEL=$SLUICE_BIN
+SLUICE_BIN=$WORK/sluice
+if [ -n "$SLUICE_BASE_BIN" ]; then
+    cp "$SLUICE_BASE_BIN" "$WORK/sluice-base"
+fi
+. "$ROOT/bench/lib.sh"
+
+CONFIGS="nginx plain full"
+[ -n "$SLUICE_BASE_BIN" ] && CONFIGS="$CONFIGS plain@base full@base"
+SIZE_CONFIGS=""
+for k in $SIZES; do SIZE_CONFIGS="$SIZE_CONFIGS size$k"; done
+[ -n "$SLUICE_BASE_BIN" ] && for k in $SIZES; do SIZE_CONFIGS="$SIZE_CONFIGS size$k@base"; done
+
+port_of() { # one sluice per binary and conf; the size runs share "plain"'s
+    case $1 in
+    nginx) echo "$NGX_PORT" ;;
+    plain) echo $((PORT_BASE + 10)) ;;
+    full) echo $((PORT_BASE + 11)) ;;
+    plain@base) echo $((PORT_BASE + 12)) ;;
+    full@base) echo $((PORT_BASE + 13)) ;;
+    size*@base) echo $((PORT_BASE + 15)) ;;
+    size*) echo $((PORT_BASE + 14)) ;;
+    esac
+}
+
+for q in $UP_PORT $NGX_PORT $((PORT_BASE + 10)) $((PORT_BASE + 11)) $((PORT_BASE + 12)) \
+    $((PORT_BASE + 13)) $((PORT_BASE + 14)) $((PORT_BASE + 15)); do
+    if (exec 3<>/dev/tcp/127.0.0.1/"$q") 2>/dev/null; then
+        echo "bench: port $q is in use (set BENCH_PORT_BASE)" >&2
+        exit 1
+    fi
+done
+
+# ---- the upstream: nginx answering every request with a 282-byte chat.completion
+ANSWER='{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"served-model","choices":[{"index":0,"message":{"role":"assistant","content":"The sea is vast and so calm."},"finish_reason":"stop"}],"usage":{"prompt_tokens":31,"completion_tokens":9,"total_tokens":40}}'
+[ ${#ANSWER} = 282 ] || { echo "bench: the answer is ${#ANSWER} bytes" >&2; exit 1; }
+nginx_conf() { # $1 dir, $2 server block
+    mkdir -p "$1/tmp"
+    cat >"$1/nginx.conf" <<EOF
+worker_processes 1;
+daemon off;
+master_process on;
+pid $1/nginx.pid;
+error_log $1/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    keepalive_requests 1000000;
+    client_body_temp_path $1/tmp/body;
+    proxy_temp_path $1/tmp/proxy;
+    fastcgi_temp_path $1/tmp/fastcgi;
+    uwsgi_temp_path $1/tmp/uwsgi;
+    scgi_temp_path $1/tmp/scgi;
+    client_max_body_size 4m;
+    client_body_buffer_size 4m;
+$2
+}
+EOF
+}
+nginx_conf "$WORK/up" "    server {
+        listen 127.0.0.1:$UP_PORT;
+        location / {
+            default_type application/json;
+            return 200 '$ANSWER';
+        }
+    }"
+spawn taskset -c "$LOAD_CPU" "$NGINX_BIN" -p "$WORK/up/" -e "$WORK/up/error.log" \
+    -c "$WORK/up/nginx.conf"
+wait_port "$UP_PORT" "$LAST"
+
+# ---- nginx as the proxy (the baseline): upstream keepalive, HTTP/1.1
+nginx_conf "$WORK/ngx" "    upstream model { server 127.0.0.1:$UP_PORT; keepalive 64; }
+    server {
+        listen 127.0.0.1:$NGX_PORT;
+        location / {
+            proxy_pass http://model;
+            proxy_http_version 1.1;
+            proxy_set_header Connection \"\";
+            proxy_set_header Authorization \"Bearer upstream-key\";
+        }
+    }"
+spawn taskset -c "$PROXY_CPU" "$NGINX_BIN" -p "$WORK/ngx/" -e "$WORK/ngx/error.log" \
+    -c "$WORK/ngx/nginx.conf"
+NGX_PID=$LAST
+wait_port "$NGX_PORT" "$LAST"
+# nginx's worker is the child doing the work; count the master too (idle).
+NGX_PIDS="$NGX_PID $(pgrep -P "$NGX_PID" | tr '\n' ' ')"
+
+# ---- sluice confs
+export SLUICE_BENCH_TOKEN_SECRET=bench-token-secret-0123456789abcdefghij
+export SLUICE_BENCH_SIGNING_SECRET=bench-signing-secret-0123456789abcdefgh
+export SLUICE_BENCH_UPSTREAM_KEY=upstream-key
+python3 - "$WORK/words.txt" <<'EOF'
+import sys
+# 1,001 entries that never occur in the bench's prompt or answer
+with open(sys.argv[1], "w") as f:
+    for i in range(1001):
+        f.write("forbiddenword%04dx\n" % i)
+EOF
+
+write_conf() { # $1 name, $2 port, $3 admin port, $4 full, plain or bodies
+    local f=$WORK/$1.yaml
+    cat >"$f" <<EOF
+listen:
+  - address: 127.0.0.1:$2
+admin:
+  address: 127.0.0.1:$3
+workers: 1
+limits:
+  max_body_bytes: 4m
+upstreams:
+  main:
+    servers:
+      - url: "http://127.0.0.1:$UP_PORT"
+    keepalive: 64
+    api_key_env: SLUICE_BENCH_UPSTREAM_KEY
+models:
+  chat-model: { upstream: main, name: served-model }
+log:
+  access: "off"
+  level: warn
+EOF
+    if [ "$4" = full ]; then
+        cat >>"$f" <<EOF
+auth:
+  tokens:
+    issuer: sluice
+    audience: chat
+    keys:
+      - { kid: k1, alg: HS256, secret_env: SLUICE_BENCH_TOKEN_SECRET }
+  signing: { required: false, secret_env: SLUICE_BENCH_SIGNING_SECRET, window: 300s }
+ratelimit:
+  per_user: { requests_per_minute: 1000000, concurrent: 1000 }
+filters:
+  words:
+    - { file: "$WORK/words.txt", action: mask }
+  regex:
+    - { name: phone, pattern: '1[3-9]\\d{9}', action: mask }
+  output: true
+EOF
+    fi
+    if [ "$4" = bodies ]; then
+        # plain, but a user message of any length (filters.input.max_chars
+        # is 8000 by default)
+        printf 'filters:\n  input: { max_chars: 0 }\n' >>"$f"
+    fi
+    "$SLUICE_BIN" -t -c "$f" >/dev/null 2>&1 || { "$SLUICE_BIN" -t -c "$f"; exit 1; }
+}
+write_conf bodies $((PORT_BASE + 14)) $((PORT_BASE + 24)) bodies
+write_conf bodies-base $((PORT_BASE + 15)) $((PORT_BASE + 25)) bodies
+write_conf plain $((PORT_BASE + 10)) $((PORT_BASE + 20)) plain
+write_conf full $((PORT_BASE + 11)) $((PORT_BASE + 21)) full
+write_conf plain-base $((PORT_BASE + 12)) $((PORT_BASE + 22)) plain
+write_conf full-base $((PORT_BASE + 13)) $((PORT_BASE + 23)) full
+
+TOKEN=$("$SLUICE_BIN" token --sub bench-user --ttl 1h -c "$WORK/full.yaml" |
+    awk '/^access_token:/ { print $2 }')
+[ -n "$TOKEN" ] || { echo "bench: sluice token failed" >&2; exit 1; }
+
+declare -A SPID
+start_sluice() { # $1 key, $2 binary, $3 conf
+    spawn taskset -c "$PROXY_CPU" "$2" -c "$WORK/$3.yaml" 2>"$WORK/$3.err"
+    SPID[$1]=$LAST
+    wait_port "$(port_of "$1")" "$LAST"
+}
+start_sluice plain "$SLUICE_BIN" plain
+start_sluice full "$SLUICE_BIN" full
+[ -n "$SIZES" ] && start_sluice size "$SLUICE_BIN" bodies
+if [ -n "$SLUICE_BASE_BIN" ]; then
+    start_sluice plain@base "$WORK/sluice-base" plain-base
+    start_sluice full@base "$WORK/sluice-base" full-base
+    [ -n "$SIZES" ] && start_sluice size@base "$WORK/sluice-base" bodies-base
+fi
+
+# ---- bodies of each size: the realistic request with a user message that long
+for k in $SIZES; do
+    python3 - "$k" "$WORK/body$k.json" <<'EOF'
+import json, sys
+kib, path = int(sys.argv[1]), sys.argv[2]
+head = {"model": "chat-model", "max_tokens": 64, "messages": [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": ""}]}
+empty = len(json.dumps(head, separators=(",", ":")))
+line = "Write one sentence about the sea, please, in plain English. "
+text = (line * (kib * 1024 // len(line) + 1))[: kib * 1024 - empty]
+head["messages"][1]["content"] = text
+b = json.dumps(head, separators=(",", ":")).encode()
+assert len(b) == kib * 1024, len(b)
+open(path, "wb").write(b)
+EOF
+done
+
+run() { # $1 config, $2 round ("warm" = not recorded)
+    local c=$1 port pids t0 t1 out line tok="" body="" conns=$CONNS
+    port=$(port_of "$c")
+    case $c in
+    nginx) pids=$NGX_PIDS ;;
+    size*@base) pids=${SPID[size@base]} ;;
+    size*) pids=${SPID[size]} ;;
+    *) pids=${SPID[$c]} ;;
+    esac
+    case $c in full*) tok=$TOKEN ;; esac
+    case $c in size*)
+        local k=${c#size}
+        k=${k%@base}
+        body=$WORK/body$k.json
+        conns=$SIZE_CONNS # a MiB body takes the old build > 1 s: fewer in flight
+        ;;
+    esac
+    # shellcheck disable=SC2086
+    t0=$(cpu_ticks $pids)
+    out=$(BENCH_TOKEN=$tok BENCH_BODY_FILE=$body taskset -c "$LOAD_CPU" wrk -t1 -c"$conns" \
+        -d"$DURATION"s --timeout 30s --latency -s "$ROOT/bench/realistic.lua" \
+        "http://127.0.0.1:$port/v1/chat/completions")
+    # shellcheck disable=SC2086
+    t1=$(cpu_ticks $pids)
+    line=$(grep '^BENCH ' <<<"$out") || { echo "$out" >&2; exit 1; }
+    if ! grep -q 'errors=0 non2xx=0' <<<"$line"; then
+        echo "bench: $c had errors or non-2xx answers: $line" >&2
+        exit 1
+    fi
+    [ "$2" = warm ] && return 0
+    echo "$c $2 $line ticks=$((t1 - t0))" >>"$RES"
+    echo "  round $2 $c: ${line#BENCH } cpu_ticks=$((t1 - t0))"
+}
+
+echo "sluice realistic bench: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores," \
+    "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
+echo "commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?'), $SLUICE_LABEL," \
+    "base ${SLUICE_BASE_BIN:-none}, wrk -t1 -c$CONNS, ${DURATION}s runs, $ROUNDS rounds," \
+    "load average $(cut -d' ' -f1-3 /proc/loadavg)"
+for c in $CONFIGS $SIZE_CONFIGS; do run "$c" warm; done
+for r in $(seq "$ROUNDS"); do
+    for c in $CONFIGS $SIZE_CONFIGS; do run "$c" "$r"; done
+done
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+python3 - "$RES" "$(getconf CLK_TCK)" <<'EOF'
+import statistics, sys
+rows, tck = {}, int(sys.argv[2])
+for ln in open(sys.argv[1]):
+    f = ln.split()
+    kv = dict(x.split("=") for x in f[3:])
+    n, us = int(kv["requests"]), int(kv["duration_us"])
+    rows.setdefault(f[0], []).append({
+        "rps": n / (us / 1e6), "p50": int(kv["p50_us"]), "p99": int(kv["p99_us"]),
+        "cpu_us": int(kv["ticks"]) / tck * 1e6 / max(n, 1)})
+med = lambda c, k: statistics.median(r[k] for r in rows[c])  # noqa: E731
+print("\n| configuration | requests/s (median) | p50 / p99 ms | proxy CPU µs/request (median) | per round |")
+print("| --- | --- | --- | --- | --- |")
+for c in rows:
+    print("| %s | %.0f | %.2f / %.2f | %.1f | %s |" % (
+        c, med(c, "rps"), med(c, "p50") / 1e3, med(c, "p99") / 1e3, med(c, "cpu_us"),
+        ", ".join("%.1f" % r["cpu_us"] for r in rows[c])))
+if "nginx" in rows:
+    print("\n| CPU per request / nginx's (same round) | median | min–max | goal |")
+    print("| --- | --- | --- | --- |")
+    goals = {"plain": "≤ 0.8", "full": "≤ 1.0", "plain@base": "", "full@base": ""}
+    for c in ("plain", "full", "plain@base", "full@base"):
+        if c not in rows:
+            continue
+        rs = [x["cpu_us"] / y["cpu_us"] for x, y in zip(rows[c], rows["nginx"])]
+        print("| %s | %.2f | %.2f–%.2f | %s |" % (c, statistics.median(rs), min(rs), max(rs),
+                                                goals[c]))
+for suffix in ("", "@base"):
+    sizes = sorted(int(c[4:].replace("@base", "")) for c in rows
+                   if c.startswith("size") and c.endswith(suffix) and
+                   (suffix or "@" not in c))
+    if len(sizes) < 2 or sizes[0] != 1:
+        continue
+    base = med("size1" + suffix, "cpu_us")
+    print("\n| body (%s) | CPU µs/request | µs per KiB beyond the first | goal |"
+          % ("this build" if not suffix else "base"))
+    print("| --- | --- | --- | --- |")
+    for k in sizes:
+        cpu = med("size%d%s" % (k, suffix), "cpu_us")
+        per = "" if k == 1 else "%.2f" % ((cpu - base) / (k - 1))
+        print("| %d KiB | %.1f | %s | %s |" % (k, cpu, per, "" if k == 1 else "≤ 1"))
+EOF

@@ -1,0 +1,1148 @@
+/*
+ * body_scan.c — the request body in one yajl pass (see body_scan.h). yajl
+ * validates and tokenizes; this file keeps a small stack of where the
+ * parser is (top level, stream_options, messages[i], content[j]) and writes
+ * down the values sluice decides on, with their byte spans for splices.
+ *
+ * Acceptance is jansson's (JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, big
+ * integers as reals): where yajl is laxer than jansson the difference is
+ * checked here and the body sent to the slow path (jansson) rather than
+ * judged: yajl takes \v and \f as whitespace, decodes lone surrogates, has
+ * no nesting limit and no duplicate-key check, accepts numbers beyond a
+ * double and does not reject overlong or surrogate UTF-8 (its string
+ * validation is off: PCRE2's UTF check runs instead, and only on a body
+ * that has a byte >= 0x80).
+ */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <jansson.h>
+#include <pcre2.h>
+#include <uthash.h>
+#include <yajl/yajl_parse.h>
+
+#include "gateway/body_scan.h"
+
+/* Deeper than this the scanner stops and jansson decides (its own limit is
+ * 2048; real requests nest a handful of levels). */
+#define GW_SCAN_DEPTH 256
+/* Objects with more keys than this check duplicates through a hash. */
+#define GW_SCAN_LINEAR_KEYS 24
+/* 2^53: json_intake.c's bound for turning integral reals back into ints. */
+#define GW_SCAN_EXACT 9007199254740992.0
+/* A string literal as (pointer, length). */
+#define GW_LIT_S(lit) lit, sizeof(lit) - 1
+
+/* Decoded strings and splice texts: chunks that never move. */
+struct gw_scan_arena {
+    struct gw_scan_arena *next;
+    size_t used, cap;
+    char data[];
+};
+
+typedef enum gw_role {
+    GW_R_OTHER = 0,
+    GW_R_TOP,
+    GW_R_SO,    /* the stream_options object */
+    GW_R_MSGS,  /* the messages array */
+    GW_R_MSG,   /* one message object */
+    GW_R_PARTS, /* a message's content array */
+    GW_R_PART,  /* one content part */
+} gw_role_t;
+
+typedef enum gw_key {
+    GW_K_NONE = 0,
+    GW_K_MODEL,
+    GW_K_STREAM,
+    GW_K_SO,
+    GW_K_MAXT,
+    GW_K_MAXCT,
+    GW_K_MAXOT,
+    GW_K_N,
+    GW_K_MESSAGES,
+    GW_K_TOOLS,
+    GW_K_IU,
+    GW_K_ROLE,
+    GW_K_CONTENT,
+    GW_K_NAME,
+    GW_K_TOOL_CALLS,
+    GW_K_TYPE,
+    GW_K_TEXT,
+    GW_K_IMAGE_URL,
+} gw_key_t;
+
+typedef struct gw_kent {
+    UT_hash_handle hh;
+    const char *p;
+    size_t n;
+} gw_kent_t;
+
+typedef struct gw_frame {
+    uint8_t role;
+    bool obj;
+    uint8_t key;   /* objects: the member whose value comes next */
+    size_t keys0;  /* objects: first of its keys in the key stack */
+    size_t idx;    /* GW_R_MSG: message index; GW_R_PART: part index */
+    size_t count;  /* members or elements so far */
+    gw_jfact_t *f; /* the fact this container is, if any */
+    gw_kent_t *hash;
+} gw_frame_t;
+
+/* yajl's own allocations (its handle, lexer, state stack, decode buffer:
+ * about five per parse) from a buffer on the stack; beyond it, malloc. Each
+ * block has its size in front, for realloc. */
+#define GW_YHEAP 4096
+typedef struct gw_yheap {
+    size_t used;
+    _Alignas(16) unsigned char buf[GW_YHEAP];
+} gw_yheap_t;
+
+static bool gw_yheap_has(const gw_yheap_t *h, const void *p)
+{
+    return (const unsigned char *)p >= h->buf && (const unsigned char *)p < h->buf + GW_YHEAP;
+}
+
+static void *gw_ymalloc(void *ctx, size_t sz)
+{
+    gw_yheap_t *h = ctx;
+    size_t need = 16 + ((sz + 15) & ~(size_t)15);
+    if (sz < GW_YHEAP && GW_YHEAP - h->used >= need) {
+        unsigned char *p = h->buf + h->used;
+        memcpy(p, &sz, sizeof(sz));
+        h->used += need;
+        return p + 16;
+    }
+    return malloc(sz);
+}
+
+static void gw_yfree(void *ctx, void *p)
+{
+    if (!gw_yheap_has(ctx, p))
+        free(p); /* the stack buffer's blocks go with it */
+}
+
+static void *gw_yrealloc(void *ctx, void *p, size_t sz)
+{
+    gw_yheap_t *h = ctx;
+    if (!p)
+        return gw_ymalloc(ctx, sz);
+    if (!gw_yheap_has(h, p))
+        return realloc(p, sz);
+    size_t old;
+    memcpy(&old, (unsigned char *)p - 16, sizeof(old));
+    if (sz <= old)
+        return p;
+    void *n = gw_ymalloc(ctx, sz);
+    if (n)
+        memcpy(n, p, old);
+    return n;
+}
+
+typedef struct gw_scan_ctx {
+    gw_body_scan_t *s;
+    yajl_handle h;
+    unsigned flags;
+    gw_scan_rc_t rc;
+    gw_frame_t st[GW_SCAN_DEPTH];
+    int depth;
+    sl_text_t *keys;
+    size_t nkeys, keys_cap;
+    sl_text_t key_inline[64];
+} gw_scan_ctx_t;
+
+/* ---- arena ------------------------------------------------------------------- */
+
+/* Grows an array that starts in the struct (inline, n0 elements). */
+static int gw_grow(void **arr, size_t *cap, void *inline0, size_t n0, size_t elem)
+{
+    if (*cap == 0) {
+        *arr = inline0;
+        *cap = n0;
+        return 0;
+    }
+    size_t ncap = *cap * 2;
+    void *n = *arr == inline0 ? malloc(ncap * elem) : realloc(*arr, ncap * elem);
+    if (!n)
+        return -1;
+    if (*arr == inline0)
+        memcpy(n, inline0, *cap * elem);
+    *arr = n;
+    *cap = ncap;
+    return 0;
+}
+
+static char *gw_arena_alloc(gw_body_scan_t *s, size_t n)
+{
+    if (GW_SCAN_INLINE_TEXT - s->text0_used >= n) {
+        char *p = s->text0 + s->text0_used;
+        s->text0_used += n;
+        return p;
+    }
+    gw_scan_arena_t *a = s->arena;
+    if (!a || a->cap - a->used < n) {
+        size_t cap = n > 4000 ? n : 4000;
+        gw_scan_arena_t *na = malloc(sizeof(*na) + cap);
+        if (!na)
+            return NULL;
+        na->next = a;
+        na->used = 0;
+        na->cap = cap;
+        s->arena = na;
+        a = na;
+    }
+    char *p = a->data + a->used;
+    a->used += n;
+    return p;
+}
+
+gw_body_scan_t *gw_body_scan_new(void)
+{
+    return calloc(1, sizeof(gw_body_scan_t));
+}
+
+void gw_body_scan_reset(gw_body_scan_t *s)
+{
+    if (!s)
+        return;
+    /* Keep the newest chunk (the next request's strings fit it mostly). */
+    gw_scan_arena_t *a = s->arena;
+    if (a) {
+        gw_scan_arena_t *o = a->next;
+        while (o) {
+            gw_scan_arena_t *n = o->next;
+            free(o);
+            o = n;
+        }
+        a->next = NULL;
+        a->used = 0;
+    }
+    sl_chat_msg_t *msgs = s->msgs;
+    sl_chat_part_t *parts = s->parts;
+    gw_splice_t *sp = s->splices;
+    size_t mc = s->msgs_cap, pc = s->parts_cap, sc = s->splices_cap;
+    /* the fields only: the inline arrays are rewritten before they are read */
+    memset(s, 0, offsetof(gw_body_scan_t, msgs0));
+    s->arena = a;
+    s->msgs = msgs;
+    s->msgs_cap = mc;
+    s->parts = parts;
+    s->parts_cap = pc;
+    s->splices = sp;
+    s->splices_cap = sc;
+}
+
+void gw_body_scan_free(gw_body_scan_t *s)
+{
+    if (!s)
+        return;
+    gw_scan_arena_t *a = s->arena;
+    while (a) {
+        gw_scan_arena_t *n = a->next;
+        free(a);
+        a = n;
+    }
+    if (s->msgs != s->msgs0)
+        free(s->msgs);
+    if (s->parts != s->parts0)
+        free(s->parts);
+    if (s->splices != s->splices0)
+        free(s->splices);
+    free(s);
+}
+
+/* ---- checks yajl does not make ------------------------------------------------- */
+
+static pcre2_code *gw_utf_re;
+static pthread_once_t gw_utf_once = PTHREAD_ONCE_INIT;
+
+static void gw_utf_init(void)
+{
+    int err;
+    PCRE2_SIZE eoff;
+    gw_utf_re = pcre2_compile((PCRE2_SPTR) "", 0, PCRE2_UTF, &err, &eoff, NULL);
+}
+
+/* Strict UTF-8 (no overlongs, surrogates or beyond U+10FFFF), as jansson
+ * wants it: PCRE2 checks the whole subject before matching the empty
+ * pattern. Pure ASCII skips it. */
+static int gw_scan_utf8_ok(const char *p, size_t n)
+{
+    /* Eight bytes at a time: this pass runs over every body. */
+    uint64_t any = 0;
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        uint64_t w[4];
+        memcpy(w, p + i, sizeof(w));
+        any |= w[0] | w[1] | w[2] | w[3];
+    }
+    for (; i < n; i++)
+        any |= (unsigned char)p[i];
+    if (!(any & 0x8080808080808080ull))
+        return 1;
+    pthread_once(&gw_utf_once, gw_utf_init);
+    if (!gw_utf_re)
+        return 0;
+    pcre2_match_data *md = pcre2_match_data_create(1, NULL);
+    if (!md)
+        return 0;
+    int rc = pcre2_match(gw_utf_re, (PCRE2_SPTR)p, n, 0, 0, md, NULL);
+    pcre2_match_data_free(md);
+    return rc >= 0;
+}
+
+static int gw_hex4(const char *p)
+{
+    int v = 0;
+    for (int i = 0; i < 4; i++) {
+        char c = p[i];
+        v <<= 4;
+        if (c >= '0' && c <= '9')
+            v |= c - '0';
+        else if (c >= 'a' && c <= 'f')
+            v |= c - 'a' + 10;
+        else if (c >= 'A' && c <= 'F')
+            v |= c - 'A' + 10;
+        else
+            return -1;
+    }
+    return v;
+}
+
+/* Surrogate escapes in a string's raw bytes (between its quotes) come in
+ * high-low pairs: jansson refuses anything else, yajl would decode it. The
+ * lexer already checked the escapes' syntax. */
+static bool gw_scan_surrogates_ok(const char *p, size_t n)
+{
+    for (size_t i = 0; i + 1 < n; i++) {
+        if (p[i] != '\\')
+            continue;
+        if (p[i + 1] != 'u') {
+            i++; /* a two-byte escape: skip its second byte */
+            continue;
+        }
+        if (i + 6 > n)
+            return false;
+        int v = gw_hex4(p + i + 2);
+        if (v < 0 || (v >= 0xDC00 && v <= 0xDFFF))
+            return false;
+        if (v >= 0xD800 && v <= 0xDBFF) {
+            if (i + 12 > n || p[i + 6] != '\\' || p[i + 7] != 'u')
+                return false;
+            int lo = gw_hex4(p + i + 8);
+            if (lo < 0xDC00 || lo > 0xDFFF)
+                return false;
+            i += 6;
+        }
+        i += 5;
+    }
+    return true;
+}
+
+/* ---- facts ------------------------------------------------------------------- */
+
+static int gw_scan_stop(gw_scan_ctx_t *c, gw_scan_rc_t rc)
+{
+    c->rc = rc;
+    return 0; /* yajl: cancel the parse */
+}
+
+static gw_key_t gw_key_of(gw_role_t role, const char *k, size_t n)
+{
+#define GW_KEY_IS(lit) (n == sizeof(lit) - 1 && memcmp(k, lit, n) == 0)
+    switch (role) {
+    case GW_R_TOP:
+        if (GW_KEY_IS("model"))
+            return GW_K_MODEL;
+        if (GW_KEY_IS("stream"))
+            return GW_K_STREAM;
+        if (GW_KEY_IS("stream_options"))
+            return GW_K_SO;
+        if (GW_KEY_IS("max_tokens"))
+            return GW_K_MAXT;
+        if (GW_KEY_IS("max_completion_tokens"))
+            return GW_K_MAXCT;
+        if (GW_KEY_IS("max_output_tokens"))
+            return GW_K_MAXOT;
+        if (GW_KEY_IS("n"))
+            return GW_K_N;
+        if (GW_KEY_IS("messages"))
+            return GW_K_MESSAGES;
+        if (GW_KEY_IS("tools"))
+            return GW_K_TOOLS;
+        break;
+    case GW_R_SO:
+        if (GW_KEY_IS("include_usage"))
+            return GW_K_IU;
+        break;
+    case GW_R_MSG:
+        if (GW_KEY_IS("role"))
+            return GW_K_ROLE;
+        if (GW_KEY_IS("content"))
+            return GW_K_CONTENT;
+        if (GW_KEY_IS("name"))
+            return GW_K_NAME;
+        if (GW_KEY_IS("tool_calls"))
+            return GW_K_TOOL_CALLS;
+        break;
+    case GW_R_PART:
+        if (GW_KEY_IS("type"))
+            return GW_K_TYPE;
+        if (GW_KEY_IS("text"))
+            return GW_K_TEXT;
+        if (GW_KEY_IS("image_url"))
+            return GW_K_IMAGE_URL;
+        break;
+    default:
+        break;
+    }
+#undef GW_KEY_IS
+    return GW_K_NONE;
+}
+
+/* Where a value goes: a top-level fact, a message's or a part's field.
+ * Returns the fact (top level and stream_options) or NULL; *kind_out and
+ * *text_out point at a message's/part's slots when it is one of those. */
+typedef struct gw_slot {
+    gw_jfact_t *f;
+    sl_jkind_t *kind;
+    sl_text_t *text;
+    gw_role_t child; /* the role a container value takes */
+} gw_slot_t;
+
+static int gw_scan_msg_new(gw_scan_ctx_t *c, size_t *idx)
+{
+    gw_body_scan_t *s = c->s;
+    if (s->chat.nmsgs == s->msgs_cap && gw_grow((void **)&s->msgs, &s->msgs_cap, s->msgs0,
+                                                GW_SCAN_INLINE_MSGS, sizeof(*s->msgs)) != 0)
+        return -1;
+    *idx = s->chat.nmsgs++;
+    memset(&s->msgs[*idx], 0, sizeof(s->msgs[*idx]));
+    s->msgs[*idx].part0 = s->nparts;
+    return 0;
+}
+
+static int gw_scan_part_new(gw_scan_ctx_t *c, size_t *idx)
+{
+    gw_body_scan_t *s = c->s;
+    if (s->nparts == s->parts_cap && gw_grow((void **)&s->parts, &s->parts_cap, s->parts0,
+                                             GW_SCAN_INLINE_PARTS, sizeof(*s->parts)) != 0)
+        return -1;
+    *idx = s->nparts++;
+    memset(&s->parts[*idx], 0, sizeof(s->parts[*idx]));
+    return 0;
+}
+
+/* Finds the slot the value about to be reported fills. -1: OOM. */
+static int gw_scan_slot(gw_scan_ctx_t *c, sl_jkind_t kind, gw_slot_t *slot)
+{
+    memset(slot, 0, sizeof(*slot));
+    gw_body_scan_t *s = c->s;
+    if (c->depth == 0) {
+        slot->f = &s->top;
+        slot->f->kind = kind;
+        slot->child = kind == SL_J_OBJECT ? GW_R_TOP : GW_R_OTHER;
+        return 0;
+    }
+    gw_frame_t *fr = &c->st[c->depth - 1];
+    fr->count += !fr->obj;
+    switch ((gw_role_t)fr->role) {
+    case GW_R_TOP:
+        switch ((gw_key_t)fr->key) {
+        case GW_K_MODEL:
+            slot->f = &s->model;
+            break;
+        case GW_K_STREAM:
+            slot->f = &s->stream;
+            break;
+        case GW_K_SO:
+            slot->f = &s->stream_options;
+            slot->child = GW_R_SO;
+            break;
+        case GW_K_MAXT:
+            slot->f = &s->max_tokens;
+            break;
+        case GW_K_MAXCT:
+            slot->f = &s->max_completion_tokens;
+            break;
+        case GW_K_MAXOT:
+            slot->f = &s->max_output_tokens;
+            break;
+        case GW_K_N:
+            slot->f = &s->n;
+            break;
+        case GW_K_MESSAGES:
+            if (c->flags & GW_SCAN_MSGS) {
+                slot->kind = &s->chat.messages_kind;
+                slot->child = GW_R_MSGS;
+            }
+            break;
+        case GW_K_TOOLS:
+            slot->kind = &s->chat.tools_kind;
+            break;
+        default:
+            break;
+        }
+        break;
+    case GW_R_SO:
+        if (fr->key == GW_K_IU)
+            slot->f = &s->include_usage;
+        break;
+    case GW_R_MSGS: {
+        size_t i;
+        if (gw_scan_msg_new(c, &i) != 0)
+            return -1;
+        s->msgs[i].kind = kind;
+        slot->child = GW_R_MSG;
+        break;
+    }
+    case GW_R_MSG: {
+        sl_chat_msg_t *m = &s->msgs[fr->idx];
+        switch ((gw_key_t)fr->key) {
+        case GW_K_ROLE:
+            slot->kind = &m->role_kind;
+            slot->text = &m->role;
+            break;
+        case GW_K_CONTENT:
+            slot->kind = &m->content_kind;
+            slot->text = &m->content;
+            slot->child = GW_R_PARTS;
+            break;
+        case GW_K_NAME:
+            slot->kind = &m->name_kind;
+            slot->text = &m->name;
+            break;
+        case GW_K_TOOL_CALLS:
+            slot->kind = &m->tool_calls_kind;
+            break;
+        default:
+            break;
+        }
+        break;
+    }
+    case GW_R_PARTS: {
+        size_t i;
+        if (gw_scan_part_new(c, &i) != 0)
+            return -1;
+        s->parts[i].kind = kind;
+        s->msgs[fr->idx].nparts++;
+        slot->child = GW_R_PART;
+        break;
+    }
+    case GW_R_PART: {
+        sl_chat_part_t *p = &s->parts[fr->idx];
+        switch ((gw_key_t)fr->key) {
+        case GW_K_TYPE:
+            slot->kind = &p->type_kind;
+            slot->text = &p->type;
+            break;
+        case GW_K_TEXT:
+            slot->kind = &p->text_kind;
+            slot->text = &p->text;
+            break;
+        case GW_K_IMAGE_URL:
+            p->image_url = true;
+            break;
+        default:
+            break;
+        }
+        break;
+    }
+    default:
+        break;
+    }
+    if (slot->kind)
+        *slot->kind = kind;
+    if (slot->f) {
+        slot->f->kind = kind;
+    }
+    /* Only the roles below a container that is itself recorded matter. */
+    if (slot->child == GW_R_PARTS && kind != SL_J_ARRAY)
+        slot->child = GW_R_OTHER;
+    if ((slot->child == GW_R_MSG || slot->child == GW_R_PART || slot->child == GW_R_SO ||
+         slot->child == GW_R_TOP) &&
+        kind != SL_J_OBJECT)
+        slot->child = GW_R_OTHER;
+    if (slot->child == GW_R_MSGS && kind != SL_J_ARRAY)
+        slot->child = GW_R_OTHER;
+    return 0;
+}
+
+/* The token just reported ends at yajl's bytes consumed. */
+static size_t gw_scan_pos(gw_scan_ctx_t *c)
+{
+    return yajl_get_bytes_consumed(c->h);
+}
+
+static int gw_scan_scalar(gw_scan_ctx_t *c, sl_jkind_t kind, size_t off, size_t end)
+{
+    gw_slot_t slot;
+    if (gw_scan_slot(c, kind, &slot) != 0)
+        return gw_scan_stop(c, GW_SCAN_OOM);
+    if (slot.f) {
+        slot.f->off = off;
+        slot.f->end = end;
+    }
+    return 1;
+}
+
+static int gw_cb_null(void *ctx)
+{
+    gw_scan_ctx_t *c = ctx;
+    size_t end = gw_scan_pos(c);
+    return gw_scan_scalar(c, SL_J_NULL, end - 4, end);
+}
+
+static int gw_cb_bool(void *ctx, int v)
+{
+    gw_scan_ctx_t *c = ctx;
+    size_t end = gw_scan_pos(c);
+    return gw_scan_scalar(c, v ? SL_J_TRUE : SL_J_FALSE, end - (v ? 4 : 5), end);
+}
+
+static int gw_cb_number(void *ctx, const char *p, size_t n)
+{
+    gw_scan_ctx_t *c = ctx;
+    gw_body_scan_t *s = c->s;
+    bool integral =
+        memchr(p, '.', n) == NULL && memchr(p, 'e', n) == NULL && memchr(p, 'E', n) == NULL;
+    int64_t iv = 0;
+    sl_jkind_t kind = SL_J_REAL;
+    /* The token is followed by a delimiter inside the body (the document
+     * is an object, so a '}' comes later): strtoll/strtod stop there. */
+    if (p < s->body || p + n >= s->body + s->len)
+        return gw_scan_stop(c, GW_SCAN_SLOW);
+    errno = 0;
+    if (integral) {
+        char *e;
+        long long v = strtoll(p, &e, 10);
+        if (errno == 0 && e == p + n) {
+            iv = v;
+            kind = SL_J_INT;
+        } else {
+            s->bigint = true; /* jansson: the whole body again, as reals */
+        }
+    }
+    if (kind == SL_J_REAL) {
+        errno = 0;
+        double d = strtod(p, NULL);
+        if (errno == ERANGE && (d == HUGE_VAL || d == -HUGE_VAL))
+            return gw_scan_stop(c, GW_SCAN_SLOW); /* jansson: numeric overflow */
+    }
+    gw_slot_t slot;
+    if (gw_scan_slot(c, kind, &slot) != 0)
+        return gw_scan_stop(c, GW_SCAN_OOM);
+    if (slot.f) {
+        slot.f->off = (size_t)(p - s->body);
+        slot.f->end = slot.f->off + n;
+        slot.f->i = iv;
+    }
+    return 1;
+}
+
+/* A string token's raw bytes [*off, *end) in the body, and whether it had
+ * escapes (then p is yajl's decoded copy). */
+static int gw_scan_string_span(gw_scan_ctx_t *c, const char *p, size_t n, size_t *off, size_t *end,
+                               bool *escaped)
+{
+    gw_body_scan_t *s = c->s;
+    if (p >= s->body && p < s->body + s->len) {
+        *off = (size_t)(p - s->body) - 1;
+        *end = *off + n + 2;
+        *escaped = false;
+        return 0;
+    }
+    /* Escaped: yajl hands out its decoded copy. The token ends at the bytes
+     * consumed; it starts at the nearest quote before that not escaped (a
+     * quote inside a valid string always is). */
+    *escaped = true;
+    size_t e = gw_scan_pos(c);
+    if (e < 2 || e > s->len || s->body[e - 1] != '"')
+        return -1;
+    size_t i = e - 1;
+    while (i > 0) {
+        i--;
+        if (s->body[i] != '"')
+            continue;
+        size_t bs = 0;
+        while (bs < i && s->body[i - 1 - bs] == '\\')
+            bs++;
+        if (bs % 2 == 0)
+            break;
+    }
+    if (s->body[i] != '"')
+        return -1;
+    *off = i;
+    *end = e;
+    if (!gw_scan_surrogates_ok(s->body + i + 1, e - i - 2))
+        return -1;
+    return 0;
+}
+
+static int gw_scan_text(gw_scan_ctx_t *c, const char *p, size_t n, bool escaped, sl_text_t *t)
+{
+    if (!escaped) {
+        t->p = p;
+        t->len = n;
+        return 0;
+    }
+    char *d = gw_arena_alloc(c->s, n + 1);
+    if (!d)
+        return -1;
+    memcpy(d, p, n);
+    d[n] = '\0';
+    t->p = d;
+    t->len = n;
+    return 0;
+}
+
+static int gw_cb_string(void *ctx, const unsigned char *up, size_t n)
+{
+    gw_scan_ctx_t *c = ctx;
+    const char *p = (const char *)up;
+    size_t off, end;
+    bool escaped;
+    if (gw_scan_string_span(c, p, n, &off, &end, &escaped) != 0)
+        return gw_scan_stop(c, GW_SCAN_SLOW);
+    gw_slot_t slot;
+    if (gw_scan_slot(c, SL_J_STRING, &slot) != 0)
+        return gw_scan_stop(c, GW_SCAN_OOM);
+    sl_text_t *t = slot.f ? &slot.f->s : slot.text;
+    if (slot.f) {
+        slot.f->off = off;
+        slot.f->end = end;
+    }
+    if (t && gw_scan_text(c, p, n, escaped, t) != 0)
+        return gw_scan_stop(c, GW_SCAN_OOM);
+    return 1;
+}
+
+static int gw_scan_push(gw_scan_ctx_t *c, bool obj)
+{
+    if (c->depth == 0 && !obj)
+        return gw_scan_stop(c, GW_SCAN_SLOW); /* not an object: jansson's words */
+    gw_slot_t slot;
+    if (gw_scan_slot(c, obj ? SL_J_OBJECT : SL_J_ARRAY, &slot) != 0)
+        return gw_scan_stop(c, GW_SCAN_OOM);
+    if (c->depth == GW_SCAN_DEPTH)
+        return gw_scan_stop(c, GW_SCAN_SLOW);
+    gw_body_scan_t *s = c->s;
+    gw_frame_t *fr = &c->st[c->depth];
+    memset(fr, 0, sizeof(*fr));
+    fr->obj = obj;
+    fr->role = (uint8_t)slot.child;
+    fr->keys0 = c->nkeys;
+    fr->f = slot.f;
+    if (slot.f)
+        slot.f->off = gw_scan_pos(c) - 1;
+    if (slot.child == GW_R_MSG) {
+        fr->idx = s->chat.nmsgs - 1;
+    } else if (slot.child == GW_R_PART) {
+        fr->idx = s->nparts - 1;
+    } else if (slot.child == GW_R_PARTS) {
+        fr->idx = c->st[c->depth - 1].idx; /* the message's */
+    }
+    c->depth++;
+    return 1;
+}
+
+static void gw_scan_hash_free(gw_frame_t *fr)
+{
+    gw_kent_t *e, *tmp;
+    HASH_ITER(hh, fr->hash, e, tmp)
+    {
+        HASH_DEL(fr->hash, e);
+        free(e);
+    }
+}
+
+static int gw_scan_pop(gw_scan_ctx_t *c)
+{
+    gw_frame_t *fr = &c->st[--c->depth];
+    if (fr->f) {
+        fr->f->end = gw_scan_pos(c);
+        fr->f->close = fr->f->end - 1;
+        fr->f->members = fr->count;
+    }
+    c->nkeys = fr->keys0;
+    gw_scan_hash_free(fr);
+    return 1;
+}
+
+static int gw_cb_start_map(void *ctx)
+{
+    return gw_scan_push(ctx, true);
+}
+
+static int gw_cb_end_map(void *ctx)
+{
+    return gw_scan_pop(ctx);
+}
+
+static int gw_cb_start_array(void *ctx)
+{
+    return gw_scan_push(ctx, false);
+}
+
+static int gw_cb_end_array(void *ctx)
+{
+    return gw_scan_pop(ctx);
+}
+
+/* A key seen before in this object: jansson (JSON_REJECT_DUPLICATES)
+ * refuses the body. -1 OOM, 1 duplicate, 0 new. */
+static int gw_scan_key_dup(gw_scan_ctx_t *c, gw_frame_t *fr, sl_text_t k)
+{
+    size_t have = c->nkeys - fr->keys0;
+    if (have < GW_SCAN_LINEAR_KEYS && !fr->hash) {
+        for (size_t i = fr->keys0; i < c->nkeys; i++)
+            if (c->keys[i].len == k.len && memcmp(c->keys[i].p, k.p, k.len) == 0)
+                return 1;
+    } else {
+        if (!fr->hash) { /* the keys so far into the hash, once */
+            for (size_t i = fr->keys0; i < c->nkeys; i++) {
+                gw_kent_t *e = malloc(sizeof(*e));
+                if (!e)
+                    return -1;
+                e->p = c->keys[i].p;
+                e->n = c->keys[i].len;
+                HASH_ADD_KEYPTR(hh, fr->hash, e->p, e->n, e);
+            }
+        }
+        gw_kent_t *e;
+        HASH_FIND(hh, fr->hash, k.p, k.len, e);
+        if (e)
+            return 1;
+        e = malloc(sizeof(*e));
+        if (!e)
+            return -1;
+        e->p = k.p;
+        e->n = k.len;
+        HASH_ADD_KEYPTR(hh, fr->hash, e->p, e->n, e);
+    }
+    if (c->nkeys == c->keys_cap) {
+        size_t cap = c->keys_cap * 2;
+        sl_text_t *nk = c->keys == c->key_inline ? malloc(cap * sizeof(*nk))
+                                                 : realloc(c->keys, cap * sizeof(*nk));
+        if (!nk)
+            return -1;
+        if (c->keys == c->key_inline)
+            memcpy(nk, c->key_inline, sizeof(c->key_inline));
+        c->keys = nk;
+        c->keys_cap = cap;
+    }
+    c->keys[c->nkeys++] = k;
+    return 0;
+}
+
+static int gw_cb_map_key(void *ctx, const unsigned char *up, size_t n)
+{
+    gw_scan_ctx_t *c = ctx;
+    const char *p = (const char *)up;
+    size_t off, end;
+    bool escaped;
+    if (gw_scan_string_span(c, p, n, &off, &end, &escaped) != 0)
+        return gw_scan_stop(c, GW_SCAN_SLOW);
+    if (escaped && memchr(p, '\0', n))
+        return gw_scan_stop(c, GW_SCAN_SLOW); /* jansson: NUL in a key */
+    sl_text_t k;
+    if (gw_scan_text(c, p, n, escaped, &k) != 0)
+        return gw_scan_stop(c, GW_SCAN_OOM);
+    gw_frame_t *fr = &c->st[c->depth - 1];
+    switch (gw_scan_key_dup(c, fr, k)) {
+    case 0:
+        break;
+    case 1:
+        return gw_scan_stop(c, GW_SCAN_SLOW);
+    default:
+        return gw_scan_stop(c, GW_SCAN_OOM);
+    }
+    fr->count++;
+    fr->key = (uint8_t)gw_key_of((gw_role_t)fr->role, k.p, k.len);
+    return 1;
+}
+
+static const yajl_callbacks gw_scan_cbs = {
+    .yajl_null = gw_cb_null,
+    .yajl_boolean = gw_cb_bool,
+    .yajl_number = gw_cb_number,
+    .yajl_string = gw_cb_string,
+    .yajl_start_map = gw_cb_start_map,
+    .yajl_map_key = gw_cb_map_key,
+    .yajl_end_map = gw_cb_end_map,
+    .yajl_start_array = gw_cb_start_array,
+    .yajl_end_array = gw_cb_end_array,
+};
+
+/* Big-integer bodies: jansson holds every number as it comes back from
+ * json_intake.c's second pass (integral reals below 2^53 are integers,
+ * everything else a real). */
+static void gw_scan_bigint_fact(gw_jfact_t *f, const char *body)
+{
+    if (f->kind == SL_J_INT &&
+        (f->i >= (int64_t)GW_SCAN_EXACT || f->i <= -(int64_t)GW_SCAN_EXACT)) {
+        f->kind = SL_J_REAL;
+    } else if (f->kind == SL_J_REAL) {
+        double d = strtod(body + f->off, NULL);
+        if (d == floor(d) && fabs(d) < GW_SCAN_EXACT) {
+            f->kind = SL_J_INT;
+            f->i = (int64_t)d;
+        }
+    }
+}
+
+gw_scan_rc_t gw_body_scan(gw_body_scan_t *s, const char *body, size_t len, unsigned flags)
+{
+    gw_body_scan_reset(s);
+    s->body = body;
+    s->len = len;
+    /* yajl takes \v and \f for whitespace; jansson does not (inside a
+     * string both refuse them raw). */
+    if (memchr(body, '\v', len) || memchr(body, '\f', len))
+        return GW_SCAN_SLOW;
+    if (!gw_scan_utf8_ok(body, len))
+        return GW_SCAN_SLOW;
+    gw_scan_ctx_t c;
+    c.s = s;
+    c.flags = flags;
+    c.rc = GW_SCAN_OK;
+    c.depth = 0;
+    c.keys = c.key_inline;
+    c.nkeys = 0;
+    c.keys_cap = SL_ARRAY_LEN(c.key_inline);
+    gw_yheap_t heap;
+    heap.used = 0;
+    yajl_alloc_funcs af = {gw_ymalloc, gw_yrealloc, gw_yfree, &heap};
+    c.h = yajl_alloc(&gw_scan_cbs, &af, &c);
+    if (!c.h)
+        return GW_SCAN_OOM;
+    yajl_config(c.h, yajl_dont_validate_strings, 1);
+    yajl_status st = yajl_parse(c.h, (const unsigned char *)body, len);
+    if (st == yajl_status_ok)
+        st = yajl_complete_parse(c.h);
+    yajl_free(c.h);
+    while (c.depth > 0) /* a parse stopped inside containers */
+        gw_scan_hash_free(&c.st[--c.depth]);
+    if (c.keys != c.key_inline)
+        free(c.keys);
+    if (st != yajl_status_ok) {
+        gw_scan_rc_t rc = c.rc == GW_SCAN_OK ? GW_SCAN_SLOW : c.rc;
+        gw_body_scan_reset(s);
+        return rc;
+    }
+    /* yajl leaves an unfinished token after the document (`{} "x`) to
+     * more input that never comes: only whitespace may follow. */
+    bool tail_ok = s->top.kind == SL_J_OBJECT;
+    for (size_t i = s->top.end; tail_ok && i < len; i++)
+        tail_ok = body[i] == ' ' || body[i] == '\t' || body[i] == '\n' || body[i] == '\r';
+    if (!tail_ok) {
+        gw_body_scan_reset(s);
+        return GW_SCAN_SLOW;
+    }
+    if (s->bigint) {
+        gw_jfact_t *nums[] = {&s->stream,
+                              &s->max_tokens,
+                              &s->max_completion_tokens,
+                              &s->max_output_tokens,
+                              &s->n,
+                              &s->include_usage,
+                              &s->model};
+        for (size_t i = 0; i < SL_ARRAY_LEN(nums); i++)
+            gw_scan_bigint_fact(nums[i], body);
+    }
+    if (flags & GW_SCAN_MSGS) {
+        s->has_msgs = true;
+        s->chat.msgs = s->msgs;
+        s->chat.parts = s->parts;
+    }
+    return GW_SCAN_OK;
+}
+
+/* ---- splices --------------------------------------------------------------------- */
+
+int gw_json_quote(const char *v, size_t n, char *buf, size_t cap, size_t *outlen)
+{
+    bool plain = true;
+    for (size_t i = 0; i < n && plain; i++) {
+        unsigned char ch = (unsigned char)v[i];
+        plain = ch >= 0x20 && ch < 0x7f && ch != '"' && ch != '\\';
+    }
+    if (plain) {
+        if (n + 2 > cap)
+            return -1;
+        buf[0] = '"';
+        memcpy(buf + 1, v, n);
+        buf[n + 1] = '"';
+        *outlen = n + 2;
+        return 0;
+    }
+    json_t *j = json_stringn(v, n);
+    if (!j)
+        return -1;
+    size_t need = json_dumpb(j, buf, cap, JSON_ENCODE_ANY);
+    json_decref(j);
+    if (need == 0 || need > cap)
+        return -1;
+    *outlen = need;
+    return 0;
+}
+
+static gw_splice_t *gw_splice_add(gw_body_scan_t *s, const char *key)
+{
+    if (key) {
+        for (size_t i = 0; i < s->nsplices; i++)
+            if (s->splices[i].key && strcmp(s->splices[i].key, key) == 0)
+                return &s->splices[i];
+    }
+    if (s->nsplices == s->splices_cap && gw_grow((void **)&s->splices, &s->splices_cap, s->splices0,
+                                                 GW_SCAN_INLINE_SPLICES, sizeof(*s->splices)) != 0)
+        return NULL;
+    gw_splice_t *sp = &s->splices[s->nsplices++];
+    memset(sp, 0, sizeof(*sp));
+    sp->key = key;
+    return sp;
+}
+
+/* Members added to the top-level object so far (for the comma rule). */
+static size_t gw_splice_added(const gw_body_scan_t *s, size_t at)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < s->nsplices; i++)
+        n += s->splices[i].del == 0 && s->splices[i].off == at;
+    return n;
+}
+
+static int gw_splice_text(gw_body_scan_t *s, gw_splice_t *sp, const char *a, size_t alen,
+                          const char *b, size_t blen)
+{
+    char *t = gw_arena_alloc(s, alen + blen);
+    if (!t)
+        return -1;
+    memcpy(t, a, alen);
+    memcpy(t + alen, b, blen);
+    sp->text = t;
+    sp->len = alen + blen;
+    return 0;
+}
+
+int gw_body_set(gw_body_scan_t *s, const char *key, const gw_jfact_t *f, const char *val,
+                size_t vlen)
+{
+    bool existed = false;
+    for (size_t i = 0; i < s->nsplices; i++)
+        existed = existed || (s->splices[i].key && strcmp(s->splices[i].key, key) == 0);
+    gw_splice_t *sp = gw_splice_add(s, key);
+    if (!sp)
+        return -1;
+    if (existed && sp->del == 0) {
+        /* an added member set again: rewrite it, keeping its comma */
+        char head[80];
+        int hl = snprintf(head, sizeof(head), "\"%s\":", key);
+        if (hl < 0 || (size_t)hl >= sizeof(head))
+            return -1;
+        return gw_splice_text(s, sp, head, (size_t)hl, val, vlen);
+    }
+    if (existed || (f && f->kind != SL_J_ABSENT)) {
+        sp->off = f->off;
+        sp->del = f->end - f->off;
+        return gw_splice_text(s, sp, val, vlen, "", 0);
+    }
+    sp->off = s->top.close;
+    sp->del = 0;
+    sp->comma = s->top.members + gw_splice_added(s, s->top.close) - 1 > 0;
+    char head[80];
+    int hl = snprintf(head, sizeof(head), "\"%s\":", key);
+    if (hl < 0 || (size_t)hl >= sizeof(head))
+        return -1;
+    return gw_splice_text(s, sp, head, (size_t)hl, val, vlen);
+}
+
+int gw_body_set_include_usage(gw_body_scan_t *s)
+{
+    static const char key[] = "stream_options";
+    const gw_jfact_t *so = &s->stream_options;
+    if (so->kind == SL_J_OBJECT) {
+        const gw_jfact_t *iu = &s->include_usage;
+        if (iu->kind == SL_J_TRUE)
+            return 0;
+        gw_splice_t *sp = gw_splice_add(s, NULL);
+        if (!sp)
+            return -1;
+        if (iu->kind != SL_J_ABSENT) {
+            sp->off = iu->off;
+            sp->del = iu->end - iu->off;
+            if (gw_splice_text(s, sp, GW_LIT_S("true"), "", 0) != 0)
+                return -1;
+        } else {
+            sp->off = so->close;
+            sp->comma = so->members > 0;
+            if (gw_splice_text(s, sp, GW_LIT_S("\"include_usage\":true"), "", 0) != 0)
+                return -1;
+        }
+        s->include_usage.kind = SL_J_TRUE; /* what the body says now (a second call: no-op) */
+        return 0;
+    }
+    if (gw_body_set(s, key, so, GW_LIT_S("{\"include_usage\":true}")) != 0)
+        return -1;
+    s->include_usage.kind = SL_J_TRUE;
+    s->stream_options.kind = SL_J_OBJECT;
+    return 0;
+}
+
+static int gw_splice_cmp(const void *a, const void *b)
+{
+    const gw_splice_t *x = a, *y = b;
+    if (x->off != y->off)
+        return x->off < y->off ? -1 : 1;
+    /* Same offset: replacements first, then insertions in the order made
+     * (their pointer order in the array). */
+    if ((x->del == 0) != (y->del == 0))
+        return x->del == 0 ? 1 : -1;
+    uintptr_t i = (uintptr_t)x->key, j = (uintptr_t)y->key;
+    return i < j ? -1 : i > j;
+}
+
+int gw_body_splice_apply(const gw_body_scan_t *s, char **out, size_t *outlen)
+{
+    gw_splice_t few[8];
+    gw_splice_t *sorted =
+        s->nsplices <= SL_ARRAY_LEN(few) ? few : malloc(s->nsplices * sizeof(*sorted));
+    if (!sorted)
+        return -1;
+    size_t total = s->len;
+    for (size_t i = 0; i < s->nsplices; i++)
+        total += s->splices[i].len + 1;
+    memcpy(sorted, s->splices, s->nsplices * sizeof(*sorted));
+    /* qsort is not stable: order by (offset, kind, index in the array). */
+    for (size_t i = 0; i < s->nsplices; i++)
+        sorted[i].key = (const char *)(uintptr_t)i;
+    qsort(sorted, s->nsplices, sizeof(*sorted), gw_splice_cmp);
+    char *o = malloc(total + 1);
+    if (!o) {
+        if (sorted != few)
+            free(sorted);
+        return -1;
+    }
+    size_t at = 0, n = 0;
+    for (size_t i = 0; i < s->nsplices; i++) {
+        const gw_splice_t *sp = &sorted[i];
+        memcpy(o + n, s->body + at, sp->off - at);
+        n += sp->off - at;
+        if (sp->comma)
+            o[n++] = ',';
+        memcpy(o + n, sp->text, sp->len);
+        n += sp->len;
+        at = sp->off + sp->del;
+    }
+    memcpy(o + n, s->body + at, s->len - at);
+    n += s->len - at;
+    o[n] = '\0';
+    if (sorted != few)
+        free(sorted);
+    *out = o;
+    *outlen = n;
+    return 0;
+}

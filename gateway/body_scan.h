@@ -1,0 +1,124 @@
+/*
+ * body_scan.h — the client's JSON body read in one streaming pass (yajl),
+ * without building a tree: the whole document validated with exactly the
+ * acceptance of gw_json_intake (jansson), and only the facts sluice needs
+ * recorded, each with the byte span of its value. Edits (the alias's model,
+ * a clamped max_tokens, stream_options) are a splice list applied once, so
+ * every other byte goes upstream as the client sent it.
+ *
+ * Anything the scanner is not sure jansson would accept exactly as it does
+ * (duplicate keys, deep nesting, non-UTF-8, lone surrogates, numbers that
+ * overflow a double, a top level that is not an object...) is answered
+ * GW_SCAN_SLOW: the caller parses with jansson, whose verdict and error
+ * message stand (the slow path is today's path, not a guess).
+ */
+#ifndef GW_BODY_SCAN_H
+#define GW_BODY_SCAN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/sl.h"
+#include "common/sl_chat.h"
+
+/* One scalar or container fact: its type, its bytes [off, end) in the
+ * body, and its value for integers and strings (decoded; borrowed from the
+ * body or the scan's arena). */
+typedef struct gw_jfact {
+    sl_jkind_t kind;
+    size_t off, end;
+    int64_t i;      /* SL_J_INT */
+    sl_text_t s;    /* SL_J_STRING */
+    size_t close;   /* SL_J_OBJECT: offset of its '}' */
+    size_t members; /* SL_J_OBJECT: how many members it has */
+} gw_jfact_t;
+
+/* Which facts are wanted beyond the top-level scalars. */
+#define GW_SCAN_MSGS 0x1u /* messages[] content, roles, parts (filters, budgets, routing) */
+
+typedef enum gw_scan_rc {
+    GW_SCAN_OK = 0,
+    GW_SCAN_SLOW = 1, /* let jansson decide (see above) */
+    GW_SCAN_OOM = -1,
+} gw_scan_rc_t;
+
+typedef struct gw_scan_arena gw_scan_arena_t;
+
+/* internal (body_scan.c): one edit */
+typedef struct gw_splice {
+    size_t off, del; /* bytes [off, off + del) of the body replaced by text */
+    const char *key; /* the top-level key it sets (static), NULL for others */
+    char *text;
+    size_t len;
+    bool comma; /* a member added: "," before it */
+} gw_splice_t;
+
+/* Storage that small bodies never outgrow, in the struct itself: an
+ * ordinary request costs no allocation for its facts and edits. */
+#define GW_SCAN_INLINE_MSGS    8
+#define GW_SCAN_INLINE_PARTS   8
+#define GW_SCAN_INLINE_SPLICES 4
+#define GW_SCAN_INLINE_TEXT    512
+
+typedef struct gw_body_scan {
+    const char *body; /* borrowed: the bytes scanned (stable until the scan is reset) */
+    size_t len;
+    gw_jfact_t top; /* the document (an object) */
+    gw_jfact_t model, stream, stream_options, include_usage;
+    gw_jfact_t max_tokens, max_completion_tokens, max_output_tokens, n;
+    bool bigint;   /* an integer beyond int64 somewhere (jansson: a real) */
+    bool has_msgs; /* chat below was filled (GW_SCAN_MSGS) */
+    sl_chat_t chat;
+
+    /* internals: storage for messages, parts, decoded strings, splices */
+    sl_chat_msg_t *msgs;
+    size_t msgs_cap;
+    sl_chat_part_t *parts;
+    size_t nparts, parts_cap;
+    gw_scan_arena_t *arena;
+    gw_splice_t *splices;
+    size_t nsplices, splices_cap;
+    size_t text0_used;
+    sl_chat_msg_t msgs0[GW_SCAN_INLINE_MSGS];
+    sl_chat_part_t parts0[GW_SCAN_INLINE_PARTS];
+    gw_splice_t splices0[GW_SCAN_INLINE_SPLICES];
+    char text0[GW_SCAN_INLINE_TEXT];
+} gw_body_scan_t;
+
+gw_body_scan_t *gw_body_scan_new(void) SL_WUR;
+/* Frees s and what it holds; NULL is fine. */
+void gw_body_scan_free(gw_body_scan_t *s);
+/* Forgets the last scan and its splices (keeps the storage for the next). */
+void gw_body_scan_reset(gw_body_scan_t *s);
+
+/* Scans body (borrowed; it must stay unchanged while s is used) with
+ * GW_SCAN_* flags. */
+gw_scan_rc_t gw_body_scan(gw_body_scan_t *s, const char *body, size_t len, unsigned flags) SL_WUR;
+
+/* ---- edits: recorded as splices, applied by gw_body_splice_apply -------- */
+
+/* The top-level member key (a plain ASCII name) set to the JSON text val:
+ * its value replaced when the key is there (f: its fact), else the member
+ * added at the end of the object. Setting the same key again replaces the
+ * earlier edit. -1: out of memory. */
+int gw_body_set(gw_body_scan_t *s, const char *key, const gw_jfact_t *f, const char *val,
+                size_t vlen) SL_WUR;
+/* stream_options.include_usage made true, however stream_options is now
+ * (absent, null, an object without it or with another value). -1: OOM. */
+int gw_body_set_include_usage(gw_body_scan_t *s) SL_WUR;
+/* Any edit recorded? */
+static inline bool gw_body_edited(const gw_body_scan_t *s)
+{
+    return s && s->nsplices > 0;
+}
+/* The body with every splice applied, into out (malloc'd, *outlen its
+ * length). -1: out of memory. */
+int gw_body_splice_apply(const gw_body_scan_t *s, char **out, size_t *outlen) SL_WUR;
+
+/* The JSON text of a string (quotes and escapes), into buf; 0, or -1 when
+ * it does not fit or is not UTF-8. Uses jansson for anything but plain
+ * printable ASCII. */
+int gw_json_quote(const char *v, size_t n, char *buf, size_t cap, size_t *outlen) SL_WUR;
+
+#endif

@@ -1,0 +1,528 @@
+/*
+ * The request-body scanner (gateway/body_scan.c): acceptance equal to
+ * jansson's intake on a corpus of tricky bodies (and no slow path for
+ * ordinary ones), the facts and their byte spans, splices at every
+ * position, big integers kept as sent; and the plain-data policy entry
+ * points (rl_clamp_plan, rl_chat_prompt_tokens, flt_request_check_chat)
+ * giving exactly what their jansson versions give on the same bodies.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "filters/filters.h"
+#include "gateway/body_scan.h"
+#include "gateway/json_intake.h"
+#include "ratelimit/ratelimit.h"
+#include "test_filters_util.h"
+
+static json_t *intake(const char *b, size_t n)
+{
+    bool inexact;
+    char msg[256];
+    json_t *j = gw_json_intake(b, n, &inexact, msg, sizeof(msg));
+    if (j && !json_is_object(j)) {
+        json_decref(j);
+        return NULL;
+    }
+    return j;
+}
+
+/* ---- acceptance ------------------------------------------------------------ */
+
+typedef struct acc_case {
+    const char *body;
+    size_t len; /* 0: strlen */
+    int want;   /* 1: scanner must accept (fast path), 0: must not, -1: either */
+} acc_case_t;
+
+static const acc_case_t acc_cases[] = {
+    {"{\"model\":\"m\"}", 0, 1},
+    {" \t\r\n{\"model\":\"m\"} \n", 0, 1},
+    {"{\"model\":\"m\",\"a\":[1,-0,1.5e3,-2E-2,0.0,true,false,null,{}]}", 0, 1},
+    {"{\"model\":\"m\\u0041\\n\\\"\\\\\\/\",\"k\\u00e9y\":1}", 0, 1},
+    {"{\"model\":\"\\ud83d\\ude00\",\"x\":\"caf\xc3\xa9 \xe6\x95\x8f \xf0\x9f\x98\x80\"}", 0, 1},
+    {"{\"model\":\"a\\u0000b\"}", 0, 1}, /* NUL inside a string: fine */
+    {"{\"model\":\"m\",\"n\":123456789012345678901234567890}", 0, 1}, /* beyond int64 */
+    {"{\"model\":\"m\",\"x\":1e-999}", 0, 1}, /* underflow: jansson takes it */
+    {"{}", 0, 1},
+    /* refused by both */
+    {"", 0, 0},
+    {"{", 0, 0},
+    {"{\"model\":\"m\"", 0, 0},
+    {"{\"model\":\"m\"} x", 0, 0},
+    {"{\"model\":\"m\"}\"x", 0, 0},
+    {"{\"model\":\"m\"}{}", 0, 0},
+    {"{\"model\":\"m\",}", 0, 0},
+    {"{\"model\":'m'}", 0, 0},
+    {"{\"model\":\"m\"/*c*/}", 0, 0},
+    {"{\"a\":01}", 0, 0},
+    {"{\"a\":1.}", 0, 0},
+    {"{\"a\":.5}", 0, 0},
+    {"{\"a\":+1}", 0, 0},
+    {"{\"a\":1e999}", 0, 0},
+    {"{\"a\":NaN}", 0, 0},
+    {"{\"a\":\"\\x\"}", 0, 0},
+    {"{\"a\":\"\\u12\"}", 0, 0},
+    {"{\"a\":\"tab\there\"}", 0, 0},
+    {"{\"a\":1\v}", 0, 0},
+    {"{\"a\":1\f}", 0, 0},
+    {"{\"a\":\"\xc0\x80\"}", 0, 0},         /* overlong */
+    {"{\"a\":\"\xed\xa0\x80\"}", 0, 0},     /* a surrogate in UTF-8 */
+    {"{\"a\":\"\xf4\x90\x80\x80\"}", 0, 0}, /* beyond U+10FFFF */
+    {"{\"a\":\"\xff\"}", 0, 0},
+    {"{\"a\":\"\\ud800\"}", 0, 0},        /* lone high surrogate */
+    {"{\"a\":\"\\udc00\"}", 0, 0},        /* lone low surrogate */
+    {"{\"a\":\"\\ud800\\u0041\"}", 0, 0}, /* high, then not a low */
+    {"{\"a\":1,\"a\":2}", 0, 0},          /* duplicate key */
+    {"{\"a\":1,\"\\u0061\":2}", 0, 0},    /* the same key, escaped */
+    {"{\"a\\u0000\":1}", 0, 0},           /* NUL in a key */
+    {"{\"a\":1}\0", 8, 0},
+    /* jansson takes them but not as an object: the slow path words it */
+    {"[1,2]", 0, 0},
+    {"\"s\"", 0, 0},
+    {"3", 0, 0},
+};
+
+static void test_acceptance(void **state)
+{
+    (void)state;
+    gw_body_scan_t *s = gw_body_scan_new();
+    assert_non_null(s);
+    for (size_t i = 0; i < sizeof(acc_cases) / sizeof(acc_cases[0]); i++) {
+        const acc_case_t *c = &acc_cases[i];
+        size_t n = c->len ? c->len : strlen(c->body);
+        gw_scan_rc_t rc = gw_body_scan(s, c->body, n, GW_SCAN_MSGS);
+        json_t *j = intake(c->body, n);
+        if (rc == GW_SCAN_OK && !j)
+            fail_msg("case %zu: the scanner accepted what jansson refuses: %s", i, c->body);
+        if (c->want == 1 && rc != GW_SCAN_OK)
+            fail_msg("case %zu: an ordinary body went to the slow path: %s", i, c->body);
+        if (c->want == 0 && rc == GW_SCAN_OK)
+            fail_msg("case %zu: accepted: %s", i, c->body);
+        json_decref(j);
+    }
+    gw_body_scan_free(s);
+}
+
+/* Duplicate keys past the linear check (the hash), and nesting past the
+ * scanner's depth (jansson decides). */
+static void test_many_keys_and_depth(void **state)
+{
+    (void)state;
+    char *b = malloc(64 * 1024);
+    assert_non_null(b);
+    size_t n = (size_t)sprintf(b, "{\"model\":\"m\"");
+    for (int i = 0; i < 500; i++)
+        n += (size_t)sprintf(b + n, ",\"k%d\":%d", i, i);
+    gw_body_scan_t *s = gw_body_scan_new();
+    assert_non_null(s);
+    strcpy(b + n, "}");
+    assert_int_equal(gw_body_scan(s, b, n + 1, 0), GW_SCAN_OK);
+    assert_int_equal(s->top.members, 501);
+    strcpy(b + n, ",\"k377\":1}");
+    assert_int_equal(gw_body_scan(s, b, strlen(b), 0), GW_SCAN_SLOW);
+    /* deep: 300 arrays (jansson takes up to 2048) */
+    n = (size_t)sprintf(b, "{\"model\":\"m\",\"d\":");
+    for (int i = 0; i < 300; i++)
+        b[n++] = '[';
+    for (int i = 0; i < 300; i++)
+        b[n++] = ']';
+    b[n++] = '}';
+    assert_int_equal(gw_body_scan(s, b, n, 0), GW_SCAN_SLOW);
+    json_t *j = intake(b, n);
+    assert_non_null(j);
+    json_decref(j);
+    gw_body_scan_free(s);
+    free(b);
+}
+
+/* ---- facts ----------------------------------------------------------------- */
+
+static void assert_span(const char *body, const gw_jfact_t *f, const char *text)
+{
+    assert_int_equal(f->end - f->off, strlen(text));
+    assert_memory_equal(body + f->off, text, strlen(text));
+}
+
+static void test_facts(void **state)
+{
+    (void)state;
+    const char *b =
+        "{\"model\":\"chat-\\u006dodel\",\"messages\":[{\"role\":\"system\",\"content\":\"Be "
+        "brief.\"},{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"hi\\n\"},"
+        "{\"type\":\"image_url\",\"image_url\":{\"url\":\"u\"}}],\"name\":\"bob\"},{\"role\":"
+        "\"assistant\",\"content\":null,\"tool_calls\":[]}],\"stream\":true, \"stream_options\" : "
+        "{ \"include_usage\" : false } ,\"max_tokens\":  64 ,\"n\":2,\"tools\":[]}";
+    gw_body_scan_t *s = gw_body_scan_new();
+    assert_non_null(s);
+    assert_int_equal(gw_body_scan(s, b, strlen(b), GW_SCAN_MSGS), GW_SCAN_OK);
+    assert_int_equal(s->model.kind, SL_J_STRING);
+    assert_int_equal(s->model.s.len, 10);
+    assert_memory_equal(s->model.s.p, "chat-model", 10);
+    assert_span(b, &s->model, "\"chat-\\u006dodel\"");
+    assert_int_equal(s->stream.kind, SL_J_TRUE);
+    assert_span(b, &s->stream, "true");
+    assert_int_equal(s->stream_options.kind, SL_J_OBJECT);
+    assert_span(b, &s->stream_options, "{ \"include_usage\" : false }");
+    assert_int_equal(s->stream_options.members, 1);
+    assert_int_equal(b[s->stream_options.close], '}');
+    assert_int_equal(s->include_usage.kind, SL_J_FALSE);
+    assert_span(b, &s->include_usage, "false");
+    assert_int_equal(s->max_tokens.kind, SL_J_INT);
+    assert_int_equal(s->max_tokens.i, 64);
+    assert_span(b, &s->max_tokens, "64");
+    assert_int_equal(s->max_completion_tokens.kind, SL_J_ABSENT);
+    assert_int_equal(s->n.i, 2);
+    assert_int_equal(s->top.members, 7);
+    assert_int_equal(b[s->top.close], '}');
+    const sl_chat_t *c = &s->chat;
+    assert_int_equal(c->messages_kind, SL_J_ARRAY);
+    assert_int_equal(c->tools_kind, SL_J_ARRAY);
+    assert_int_equal(c->nmsgs, 3);
+    assert_true(sl_text_is(c->msgs[0].role, "system"));
+    assert_int_equal(c->msgs[0].content_kind, SL_J_STRING);
+    assert_true(sl_text_is(c->msgs[0].content, "Be brief."));
+    assert_int_equal(c->msgs[1].content_kind, SL_J_ARRAY);
+    assert_int_equal(c->msgs[1].nparts, 2);
+    assert_true(sl_text_is(c->parts[c->msgs[1].part0].text, "hi\n"));
+    assert_true(c->parts[c->msgs[1].part0 + 1].image_url);
+    assert_true(sl_text_is(c->msgs[1].name, "bob"));
+    assert_int_equal(c->msgs[2].content_kind, SL_J_NULL);
+    assert_int_equal(c->msgs[2].tool_calls_kind, SL_J_ARRAY);
+    /* without GW_SCAN_MSGS the messages are not read */
+    assert_int_equal(gw_body_scan(s, b, strlen(b), 0), GW_SCAN_OK);
+    assert_int_equal(s->chat.nmsgs, 0);
+    assert_false(s->has_msgs);
+    /* strings with \u0000: the decoded bytes, strcmp's reading for roles */
+    const char *z =
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\\u0000x\",\"content\":\"a\\u0000b\"}]}";
+    assert_int_equal(gw_body_scan(s, z, strlen(z), GW_SCAN_MSGS), GW_SCAN_OK);
+    assert_int_equal(s->chat.msgs[0].content.len, 3);
+    assert_true(sl_text_is(s->chat.msgs[0].role, "user"));
+    gw_body_scan_free(s);
+}
+
+/* Integers beyond int64 make jansson read the body again with reals: the
+ * facts follow (64.0 is then the integer 64, 2^53+1 a real), and a spliced
+ * body keeps the big integer's digits as sent. */
+static void test_bigint(void **state)
+{
+    (void)state;
+    const char *b = "{\"model\":\"m\",\"max_tokens\":64.0,\"n\":9007199254740993,"
+                    "\"seed\":123456789012345678901234567890}";
+    gw_body_scan_t *s = gw_body_scan_new();
+    assert_non_null(s);
+    assert_int_equal(gw_body_scan(s, b, strlen(b), 0), GW_SCAN_OK);
+    assert_true(s->bigint);
+    assert_int_equal(s->max_tokens.kind, SL_J_INT);
+    assert_int_equal(s->max_tokens.i, 64);
+    assert_int_equal(s->n.kind, SL_J_REAL);
+    json_t *j = intake(b, strlen(b));
+    assert_true(json_is_integer(json_object_get(j, "max_tokens")));
+    assert_true(json_is_real(json_object_get(j, "n")));
+    json_decref(j);
+    assert_int_equal(gw_body_set(s, "model", &s->model, "\"x\"", 3), 0);
+    char *out;
+    size_t n;
+    assert_int_equal(gw_body_splice_apply(s, &out, &n), 0);
+    assert_string_equal(out, "{\"model\":\"x\",\"max_tokens\":64.0,\"n\":9007199254740993,"
+                             "\"seed\":123456789012345678901234567890}");
+    free(out);
+    gw_body_scan_free(s);
+}
+
+/* ---- splices ------------------------------------------------------------------ */
+
+/* Applies the three edits the gateway makes to body and checks the result
+ * is the original tree with exactly those changes, and the bytes before the
+ * first edit unchanged. */
+static void check_edits(const char *body)
+{
+    gw_body_scan_t *s = gw_body_scan_new();
+    assert_non_null(s);
+    if (gw_body_scan(s, body, strlen(body), 0) != GW_SCAN_OK)
+        fail_msg("not scanned: %s", body);
+    size_t first = s->model.off;
+    if (s->max_tokens.kind != SL_J_ABSENT && s->max_tokens.off < first)
+        first = s->max_tokens.off;
+    if (s->stream_options.kind != SL_J_ABSENT && s->stream_options.off < first)
+        first = s->stream_options.off;
+    assert_int_equal(gw_body_set(s, "model", &s->model, "\"served\"", 8), 0);
+    assert_int_equal(gw_body_set(s, "max_tokens", &s->max_tokens, "100", 3), 0);
+    assert_int_equal(gw_body_set(s, "max_tokens", &s->max_tokens, "7", 1), 0); /* set again */
+    assert_int_equal(gw_body_set_include_usage(s), 0);
+    assert_int_equal(gw_body_set_include_usage(s), 0); /* a second time: nothing more */
+    char *out;
+    size_t n;
+    assert_int_equal(gw_body_splice_apply(s, &out, &n), 0);
+    assert_int_equal(strlen(out), n);
+    json_t *got = intake(out, n);
+    if (!got)
+        fail_msg("edited body is not JSON: %s -> %s", body, out);
+    json_t *want = intake(body, strlen(body));
+    assert_non_null(want);
+    json_object_set_new(want, "model", json_string("served"));
+    json_object_set_new(want, "max_tokens", json_integer(7));
+    json_t *so = json_object_get(want, "stream_options");
+    if (!json_is_object(so)) {
+        so = json_object();
+        json_object_set_new(want, "stream_options", so);
+    }
+    json_object_set_new(so, "include_usage", json_true());
+    if (!json_equal(got, want))
+        fail_msg("%s -> %s", body, out);
+    /* bytes before the first edit are the client's */
+    assert_memory_equal(out, body, first);
+    json_decref(got);
+    json_decref(want);
+    free(out);
+    gw_body_scan_free(s);
+}
+
+static void test_splices_every_position(void **state)
+{
+    (void)state;
+    /* each edited key first, middle, last, alone in its object, absent;
+     * stream_options absent, null, empty, with include_usage of each type */
+    static const char *bodies[] = {
+        "{\"model\":\"m\"}",
+        "{ \"model\" : \"m\" }",
+        "{\"model\":\"m\",\"max_tokens\":5}",
+        "{\"max_tokens\":5,\"model\":\"m\"}",
+        "{\"a\":1,\"model\":\"m\",\"max_tokens\":null,\"b\":[1]}",
+        "{\"model\":\"m\",\"stream_options\":null}",
+        "{\"model\":\"m\",\"stream_options\":{}}",
+        "{\"model\":\"m\",\"stream_options\":{ }}",
+        "{\"model\":\"m\",\"stream_options\":{\"x\":1}}",
+        "{\"model\":\"m\",\"stream_options\":{\"include_usage\":false}}",
+        "{\"model\":\"m\",\"stream_options\":{\"include_usage\":null,\"y\":2}}",
+        "{\"model\":\"m\",\"stream_options\":{\"a\":{},\"include_usage\":\"yes\"}}",
+        "{\"stream_options\":{\"include_usage\":true},\"model\":\"m\"}",
+        "{\"stream_options\":7,\"model\":\"m\",\"max_tokens\":\"x\"}",
+        "{\"model\":\"\\u006d\",\"max_tokens\":1e3}\n",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"}\"}]}",
+    };
+    for (size_t i = 0; i < sizeof(bodies) / sizeof(bodies[0]); i++)
+        check_edits(bodies[i]);
+}
+
+static void test_splice_bytes(void **state)
+{
+    (void)state;
+    const char *b = "{\"model\":\"chat-model\", \"messages\":[],\"max_tokens\":9000}";
+    gw_body_scan_t *s = gw_body_scan_new();
+    assert_non_null(s);
+    assert_int_equal(gw_body_scan(s, b, strlen(b), 0), GW_SCAN_OK);
+    assert_false(gw_body_edited(s));
+    char q[64];
+    size_t qn;
+    assert_int_equal(gw_json_quote("served-model", 12, q, sizeof(q), &qn), 0);
+    assert_int_equal(gw_body_set(s, "model", &s->model, q, qn), 0);
+    assert_int_equal(gw_body_set(s, "max_tokens", &s->max_tokens, "2048", 4), 0);
+    assert_int_equal(gw_body_set(s, "max_completion_tokens", NULL, "5", 1), 0);
+    assert_true(gw_body_edited(s));
+    char *out;
+    size_t n;
+    assert_int_equal(gw_body_splice_apply(s, &out, &n), 0);
+    assert_string_equal(out, "{\"model\":\"served-model\", \"messages\":[],\"max_tokens\":2048,"
+                             "\"max_completion_tokens\":5}");
+    free(out);
+    /* a name that needs escaping goes through jansson */
+    assert_int_equal(gw_json_quote("a\"b\n", 4, q, sizeof(q), &qn), 0);
+    assert_int_equal(qn, 8);
+    assert_memory_equal(q, "\"a\\\"b\\n\"", 8);
+    assert_int_equal(gw_json_quote("abc", 3, q, 4, &qn), -1); /* does not fit */
+    gw_body_scan_free(s);
+}
+
+/* ---- the policy modules' plain-data entry points ------------------------- */
+
+static const char *policy_bodies[] = {
+    "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello there\"}]}",
+    "{\"model\":\"m\",\"max_tokens\":100}",
+    "{\"model\":\"m\",\"max_tokens\":5000,\"max_completion_tokens\":300}",
+    "{\"model\":\"m\",\"max_completion_tokens\":9999}",
+    "{\"model\":\"m\",\"max_tokens\":0}",
+    "{\"model\":\"m\",\"max_tokens\":-3}",
+    "{\"model\":\"m\",\"max_tokens\":1.5}",
+    "{\"model\":\"m\",\"max_tokens\":\"9\"}",
+    "{\"model\":\"m\",\"max_tokens\":null,\"stream\":null}",
+    "{\"model\":\"m\",\"stream\":true}",
+    "{\"model\":\"m\",\"stream\":1}",
+    "{\"model\":\"m\",\"stream\":true,\"stream_options\":null}",
+    "{\"model\":\"m\",\"stream\":true,\"stream_options\":[]}",
+    "{\"model\":\"m\",\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+    "{\"model\":\"m\",\"stream\":true,\"stream_options\":{\"include_usage\":1}}",
+    "{\"model\":\"m\",\"stream\":false,\"stream_options\":3}",
+    "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":"
+    "\"caf\xc3\xa9 \xe6\x95\x8f\xe6\x84\x9f\"},{\"type\":\"image_url\",\"image_url\":{}},7,"
+    "{\"text\":3}]},{\"role\":\"assistant\",\"name\":\"n\xc3\xa9\",\"content\":null}]}",
+    "{\"model\":\"m\",\"messages\":{}}",
+    "{\"model\":\"m\",\"messages\":[1,\"x\",{\"content\":{}}]}",
+};
+
+static void test_ratelimit_plain(void **state)
+{
+    (void)state;
+    gw_body_scan_t *s = gw_body_scan_new();
+    assert_non_null(s);
+    for (size_t i = 0; i < sizeof(policy_bodies) / sizeof(policy_bodies[0]); i++) {
+        const char *b = policy_bodies[i];
+        assert_int_equal(gw_body_scan(s, b, strlen(b), GW_SCAN_MSGS), GW_SCAN_OK);
+        for (int want = 0; want < 2; want++) {
+            json_t *j = intake(b, strlen(b));
+            rl_clamp_t a, c;
+            char ea[160] = "", ec[160] = "";
+            int ra = rl_body_clamp_ex(j, 2048, want, &a, ea, sizeof(ea));
+            rl_clamp_in_t in = {
+                .max_tokens_kind = s->max_tokens.kind,
+                .max_tokens = s->max_tokens.i,
+                .max_completion_tokens_kind = s->max_completion_tokens.kind,
+                .max_completion_tokens = s->max_completion_tokens.i,
+                .stream_kind = s->stream.kind,
+                .stream_options_kind = s->stream_options.kind,
+                .include_usage = s->include_usage.kind == SL_J_TRUE,
+            };
+            rl_clamp_edits_t ed;
+            int rc = rl_clamp_plan(&in, 2048, want, &c, &ed, ec, sizeof(ec));
+            if (ra != rc || strcmp(ea, ec) != 0)
+                fail_msg("body %zu: %d '%s' vs %d '%s'", i, ra, ea, rc, ec);
+            if (ra == 0) {
+                assert_memory_equal(&a, &c, sizeof(a));
+                /* the edits give the tree rl_body_clamp_ex made */
+                json_t *k = intake(b, strlen(b));
+                if (ed.max_tokens)
+                    json_object_set_new(k, "max_tokens", json_integer(ed.max_tokens));
+                if (ed.max_completion_tokens)
+                    json_object_set_new(k, "max_completion_tokens",
+                                        json_integer(ed.max_completion_tokens));
+                if (ed.include_usage) {
+                    json_t *so = json_object_get(k, "stream_options");
+                    if (!json_is_object(so)) {
+                        so = json_object();
+                        json_object_set_new(k, "stream_options", so);
+                    }
+                    json_object_set_new(so, "include_usage", json_true());
+                }
+                if (!json_equal(j, k))
+                    fail_msg("body %zu: the edits differ", i);
+                json_decref(k);
+            }
+            json_decref(j);
+        }
+        json_t *j = intake(b, strlen(b));
+        assert_int_equal(rl_chat_prompt_tokens(&s->chat), rl_body_prompt_tokens(j));
+        json_decref(j);
+    }
+    gw_body_scan_free(s);
+}
+
+static flt_conf_input_t fin;
+static void tweak(flt_conf_t *c)
+{
+    c->input = fin;
+}
+
+static void test_filters_plain(void **state)
+{
+    (void)state;
+    static const char *bodies[] = {
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hello\"}]}",
+        "{\"model\":\"m\"}",
+        "{\"model\":\"m\",\"messages\":{}}",
+        "{\"model\":\"m\",\"messages\":[]}",
+        "{\"model\":\"m\",\"messages\":[3]}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"boss\",\"content\":\"x\"}]}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\\u0000\",\"content\":\"x\"}]}",
+        "{\"model\":\"m\",\"messages\":[{\"content\":\"x\"}]}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\"}]}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"assistant\",\"content\":null}]}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":5}]}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[3]}]}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"},"
+        "{\"type\":\"text\",\"text\":\"ok\"}]}]}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"this is forbidden\"}]}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\","
+        "\"text\":"
+        "\"forbid\"},{\"type\":\"text\",\"text\":\"den\"}]}]}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a badword here\"}]}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"call 13812345678\"}]}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"0123456789abc\"}]}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"s\"},{\"role\":\"user\","
+        "\"content\":\"1\"},{\"role\":\"assistant\",\"content\":\"2\"},{\"role\":\"user\","
+        "\"content\":\"3\"}]}",
+    };
+    /* max_chars 12 (reject, then truncate), keep_turns 1 (then 0), a system
+     * prompt: every path to each verdict */
+    static const flt_conf_input_t inputs[] = {
+        {0, FLT_OVERFLOW_REJECT, 0, NULL, 0},      {12, FLT_OVERFLOW_REJECT, 0, NULL, 0},
+        {12, FLT_OVERFLOW_TRUNCATE, 0, NULL, 0},   {0, FLT_OVERFLOW_REJECT, 1, NULL, 0},
+        {0, FLT_OVERFLOW_REJECT, 0, "be nice", 0},
+    };
+    tf_list_t l[2] = {{"badword\n", FLT_ACTION_MASK, "masked"},
+                      {"forbidden\n", FLT_ACTION_BLOCK, "blocked"}};
+    flt_conf_regex_t re[] = {{"phone", "1[3-9]\\d{9}", FLT_ACTION_MASK}};
+    gw_body_scan_t *s = gw_body_scan_new();
+    assert_non_null(s);
+    int edits = 0, plain = 0;
+    for (size_t k = 0; k < sizeof(inputs) / sizeof(inputs[0]); k++) {
+        fin = inputs[k];
+        char err[256] = "";
+        flt_ruleset_t *rs = tf_build(l, 2, re, 1, tweak, err, sizeof(err));
+        if (!rs)
+            fail_msg("build: %s", err);
+        for (size_t i = 0; i < sizeof(bodies) / sizeof(bodies[0]); i++) {
+            const char *b = bodies[i];
+            assert_int_equal(gw_body_scan(s, b, strlen(b), GW_SCAN_MSGS), GW_SCAN_OK);
+            flt_req_result_t rc, rt;
+            flt_req_verdict_t vc = flt_request_check_chat(rs, &s->chat, &rc);
+            json_t *j = intake(b, strlen(b));
+            flt_req_verdict_t vt = flt_request_check(rs, j, &rt);
+            if (vc == FLT_REQ_EDIT) {
+                /* only when the tree's check did edit the body */
+                if (vt != FLT_REQ_OK || !rt.modified)
+                    fail_msg("conf %zu body %zu: EDIT but the tree says %d/%d", k, i, vt,
+                             rt.modified);
+                edits++;
+            } else {
+                if (vc != vt || rt.modified)
+                    fail_msg("conf %zu body %zu: %d vs %d (modified %d)", k, i, vc, vt,
+                             rt.modified);
+                assert_int_equal(rc.status, rt.status);
+                assert_string_equal(rc.message, rt.message);
+                assert_true(rc.code == rt.code);
+                assert_string_equal(rc.param ? rc.param : "", rt.param ? rt.param : "");
+                assert_true((rc.rule == NULL) == (rt.rule == NULL));
+                assert_int_equal(rc.logged, rt.logged);
+                plain++;
+            }
+            json_decref(j);
+        }
+        flt_ruleset_unref(rs);
+    }
+    assert_true(edits >= 5);  /* mask, phone, truncate, keep_turns, system prompt */
+    assert_true(plain >= 60); /* and the rest without a tree */
+    gw_body_scan_free(s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_acceptance),
+        cmocka_unit_test(test_many_keys_and_depth),
+        cmocka_unit_test(test_facts),
+        cmocka_unit_test(test_bigint),
+        cmocka_unit_test(test_splices_every_position),
+        cmocka_unit_test(test_splice_bytes),
+        cmocka_unit_test(test_ratelimit_plain),
+        cmocka_unit_test(test_filters_plain),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
