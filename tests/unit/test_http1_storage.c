@@ -34,7 +34,8 @@ static char *make_request(int n, size_t vlen, int lead, size_t *len)
     size_t k = 0;
     for (int i = 0; i < lead; i++)
         k += (size_t)snprintf(b + k, cap - k, "\r\n");
-    k += (size_t)snprintf(b + k, cap - k, "POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: example\r\n");
+    k += (size_t)snprintf(b + k, cap - k,
+                          "POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: example\r\n");
     for (int i = 0; i < n; i++) {
         k += (size_t)snprintf(b + k, cap - k, "X-H%d: v-%d-", i, i);
         for (size_t j = 0; j < vlen; j++)
