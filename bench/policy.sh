@@ -37,7 +37,10 @@
 # only when named: BENCH_CONFIGS="full_local full_sig"), BENCH_DURATION (s per run, default 5), BENCH_ROUNDS (default 3),
 # BENCH_CONNS (default 32), BENCH_PORT_BASE (default 28600), SLUICE_BIN,
 # BENCH_BASE_BIN (the binary of the *_base configurations),
-# BENCH_PROXY_CPU / BENCH_LOAD_CPU, BENCH_KEEP=1 keeps the work directory.
+# BENCH_PROXY_CPU / BENCH_LOAD_CPU, BENCH_KEEP=1 keeps the work directory,
+# BENCH_PERF=DIR records `perf record -g` of sluice during each recorded run
+# into DIR/perf.CONFIG.ROUND.data (the perf process runs on the load core;
+# CPU figures of a profiled run include perf's sampling cost).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -197,11 +200,19 @@ run() { # $1 config, $2 round ("warm" = not recorded)
     local rs0 rs1
     rs0=$(redis_stats)
     t0=$(cpu_ticks "$pid")
+    local perf_pid=
+    if [ -n "${BENCH_PERF:-}" ] && [ "$2" != warm ]; then
+        # the profile of this config's recorded runs (appended per round)
+        perf record -q -g -p "$pid" -o "$BENCH_PERF/perf.$1.$2.data" -- sleep "$DURATION" \
+            >/dev/null 2>&1 &
+        perf_pid=$!
+    fi
     local sign=1
     [ "$1" = full_local ] && sign=0 # tokens only: a signature sent is checked
     out=$(BENCH_TOKENS=$TOKENS BENCH_SIGN=$sign taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNS" \
         -d"$DURATION"s --latency -s "$ROOT/bench/signed.lua" "http://127.0.0.1:$port/v1/chat/completions")
     t1=$(cpu_ticks "$pid")
+    [ -z "$perf_pid" ] || wait "$perf_pid" || true
     rs1=$(redis_stats)
     line=$(grep '^BENCH ' <<<"$out") || { echo "$out" >&2; exit 1; }
     if ! grep -q 'errors=0 non2xx=0' <<<"$line"; then
