@@ -11,7 +11,8 @@
 #                                                          target >= 0.7 x open
 #   rl_local   rl_redis's limit in the in-process store (no Redis)
 #                                  issue 16: rl_redis >= 0.9 x rl_local
-#   rl_redis_base, full_base  rl_redis, full run by another binary,
+#   rl_redis_base, full_base, full_local_base, full_sig_base  the same
+#              configurations run by another binary,
 #              BENCH_BASE_BIN (say, a build of main): before / after in the
 #              same interleaved run
 #   auth_redis tokens + signatures, nonces and revocations in Redis
@@ -130,7 +131,7 @@ log:
   access: "off"
   level: warn
 EOF
-    case $c in full_local)
+    case $c in full_local | full_local_base)
         cat >>"$f" <<EOF
 auth:
   tokens:
@@ -142,7 +143,7 @@ auth:
 EOF
         ;;
     esac
-    case $c in auth | auth_redis | full | full_base | full_sig)
+    case $c in auth | auth_redis | full | full_base | full_sig | full_sig_base)
         cat >>"$f" <<EOF
 auth:
   tokens:
@@ -166,7 +167,7 @@ EOF
     rl_redis | rl_redis_base | rl_local)
         printf 'ratelimit:\n  per_ip: { requests_per_minute: 1000000 }\n' >>"$f"
         ;;
-    full | full_base | full_local | full_sig)
+    full | full_base | full_local | full_sig | full_local_base | full_sig_base)
         cat >>"$f" <<EOF
 ratelimit:
   per_user: { requests_per_minute: 1000000, concurrent: 10000, tokens_per_minute: 1000000000, tokens_per_day: 1000000000000 }
@@ -208,7 +209,7 @@ run() { # $1 config, $2 round ("warm" = not recorded)
         perf_pid=$!
     fi
     local sign=1
-    [ "$1" = full_local ] && sign=0 # tokens only: a signature sent is checked
+    case $1 in full_local | full_local_base) sign=0 ;; esac # tokens only: a signature sent is checked
     out=$(BENCH_TOKENS=$TOKENS BENCH_SIGN=$sign taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNS" \
         -d"$DURATION"s --latency -s "$ROOT/bench/signed.lua" "http://127.0.0.1:$port/v1/chat/completions")
     t1=$(cpu_ticks "$pid")
@@ -276,7 +277,8 @@ for a, b, t in (("auth", "open", "≥ 0.9"), ("rl_redis", "open", "≥ 0.7"),
                 ("rl_redis_base", "rl_local", ""), ("rl_redis", "rl_redis_base", ""),
                 ("full", "full_base", ""), ("full_base", "auth_redis", ""),
                 ("auth_redis", "open", ""), ("full", "auth_redis", ""),
-                ("full_sig", "full_local", "≥ 0.95")):
+                ("full_sig", "full_local", "≥ 0.95"),
+                ("full_sig_base", "full_local_base", "")):
     if a not in rows or b not in rows:
         continue
     m, lo, hi, c = ratio(a, b)
