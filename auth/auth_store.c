@@ -41,6 +41,18 @@
 
 #include <openssl/rand.h>
 
+/* uthash grows a table when a chain reaches this length (its default is
+ * 10, which keeps 2-3 entries per bucket on average). A fresh nonce, which
+ * is nearly every insert, is looked up before it is added and that lookup
+ * walks its whole chain: one dependent cache miss per entry in a server
+ * whose cache the rest of the request has flushed (perf under bench/
+ * policy.sh: the walk was ~1.5 us of a signed request's CPU). 7 halves the
+ * chains for 16-byte buckets that keep a nonce within its 128-byte budget
+ * at scale (~121 bytes at 200k-1M held; test_nonce_memory_per_entry); 6
+ * would exceed it. The revocation table, small, gets the same. */
+#undef HASH_BKT_CAPACITY_THRESH
+#define HASH_BKT_CAPACITY_THRESH 7U
+
 #define NONCE_SHARDS           16
 #define DEFAULT_NONCE_CAP      (AUTH_NONCE_MEMORY_DEFAULT / AUTH_NONCE_ENTRY_BYTES)
 #define DEFAULT_REVOCATION_CAP 65536
