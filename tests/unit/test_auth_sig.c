@@ -494,7 +494,7 @@ static void test_hmac_hint_cache_matches_one_shot(void **state)
     for (int longpath = 0; longpath < 2; longpath++) {
         for (int i = 0; i < 4; i++) {
             treq_t q;
-            char nonce[40];
+            char nonce[64];
             snprintf(nonce, sizeof(nonce), "nonce-hint-%d-%d-xxxxxxxx", longpath, i);
             treq_make(&q, a, tok, T_NOW, nonce);
             if (longpath) {
