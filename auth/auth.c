@@ -476,7 +476,10 @@ auth_status_t auth_check(const auth_t *a, sl_redis_t *redis, const auth_request_
     bool sig_present = req->timestamp || req->nonce || req->signature;
     if (a->signing_secret && (a->sign_required || sig_present)) {
         int64_t ts = 0;
-        r = auth_sig_verify(v.signing_key, req, now, a->window_s, &ts);
+        /* The token's hash picks where this thread keeps the key's HMAC
+         * context: public, and the same for every request of the token. */
+        unsigned hint = hashed ? (unsigned)th[0] | (unsigned)th[1] << 8 : 0;
+        r = auth_sig_verify(v.signing_key, hint, req, now, a->window_s, &ts);
         OPENSSL_cleanse(v.signing_key, sizeof(v.signing_key));
         if (r == AUTH_OK && auth_nonce_key(res->claims.jti, strlen(res->claims.jti), req->nonce,
                                            req->nonce_len, job.nonce_key) != 0)

@@ -51,18 +51,35 @@ static void crypto_init(void)
 }
 
 /* Per-thread contexts, reused call after call: an EVP_MD_CTX initialised
- * again for each digest (no allocation once it exists), and an HMAC context
- * keyed with the last key this thread used, so that requests signed with
- * the same key skip the key setup. Creating either is a fetch-free dup of
- * the process-wide prepared template; a thread's contexts are freed when
- * it exits. */
+ * again for each digest (no allocation once it exists), and a small cache
+ * of HMAC contexts each keyed with a key this thread used, so that a key
+ * seen again skips the key setup (two SHA-256 blocks and three digest
+ * inits: about half of an HMAC over a signed request's canonical string).
+ * A request's signing key differs per token, so one keyed context per
+ * thread missed whenever two users alternated; a 2-way cache of
+ * AUTH_TL_SETS sets keeps the keys of a few hundred recent tokens.
+ *
+ * The set is picked by a hint the caller passes, a value that is public
+ * (a hash of the token the client sent), never by the key's own bytes: the
+ * memory a lookup touches then says nothing about a secret. The key kept
+ * in the slot is still compared (constant time) before its context is
+ * used. Contexts are fetch-free dups of the process-wide prepared
+ * template, made on a slot's first use; a thread's are freed when it
+ * exits. At most AUTH_TL_SETS * 2 contexts (~0.7 KiB each) per thread. */
 #define AUTH_TL_KEY_MAX 128 /* longer keys are not kept for reuse */
+#define AUTH_TL_SETS    128 /* a power of two */
+#define AUTH_TL_WAYS    2
+
+typedef struct auth_tl_mac {
+    EVP_MAC_CTX *ctx;
+    size_t klen; /* 0 = not keyed */
+    unsigned char key[AUTH_TL_KEY_MAX];
+} auth_tl_mac_t;
 
 typedef struct auth_tl {
     EVP_MD_CTX *md;
-    EVP_MAC_CTX *mac;
-    size_t klen; /* 0 = mac not keyed */
-    unsigned char key[AUTH_TL_KEY_MAX];
+    unsigned char lru[AUTH_TL_SETS]; /* per set: the way to replace next */
+    auth_tl_mac_t mac[AUTH_TL_SETS][AUTH_TL_WAYS];
 } auth_tl_t;
 
 static _Thread_local auth_tl_t *tl;
@@ -73,7 +90,9 @@ static void auth_tl_free(void *p)
     if (!t)
         return;
     EVP_MD_CTX_free(t->md);
-    EVP_MAC_CTX_free(t->mac);
+    for (size_t i = 0; i < AUTH_TL_SETS; i++)
+        for (size_t w = 0; w < AUTH_TL_WAYS; w++)
+            EVP_MAC_CTX_free(t->mac[i][w].ctx);
     OPENSSL_cleanse(t, sizeof(*t));
     free(t);
     tl = NULL;
@@ -87,43 +106,71 @@ static auth_tl_t *auth_tl_get(void)
     if (!t)
         return NULL;
     t->md = EVP_MD_CTX_new();
-    t->mac = g_hmac_tmpl ? EVP_MAC_CTX_dup(g_hmac_tmpl) : NULL;
-    if (!t->md || !t->mac || pthread_setspecific(tl_key, t) != 0) {
+    if (!t->md || pthread_setspecific(tl_key, t) != 0) {
         auth_tl_free(t);
         return NULL;
     }
     return tl = t;
 }
 
-int auth_hmac_sha256(const void *key, size_t klen, const void *const *parts, const size_t *lens,
-                     size_t n, unsigned char out[32])
+/* The context to use for `key` in the hint's set, keyed and ready for
+ * updates, or NULL. */
+static EVP_MAC_CTX *auth_tl_mac(auth_tl_t *t, unsigned hint, const void *key, size_t klen)
 {
-    pthread_once(&crypto_once, crypto_init);
-    auth_tl_t *t = auth_tl_get();
-    if (!t)
-        return -1;
     /* OpenSSL refuses a NULL key even of length 0; an empty key never
      * occurs here (secrets have minimum lengths) but stay defined. */
     static const unsigned char empty[1];
-    int ok;
-    if (klen && klen == t->klen && CRYPTO_memcmp(key, t->key, klen) == 0) {
-        ok = EVP_MAC_init(t->mac, NULL, 0, NULL); /* same key: restart, keep its setup */
-    } else {
-        t->klen = 0;
-        ok = EVP_MAC_init(t->mac, klen ? key : empty, klen, NULL);
-        if (ok && klen && klen <= sizeof(t->key)) {
-            memcpy(t->key, key, klen);
-            t->klen = klen;
+    size_t set = hint & (AUTH_TL_SETS - 1);
+    auth_tl_mac_t *ways = t->mac[set];
+    if (klen && klen <= AUTH_TL_KEY_MAX) {
+        for (size_t w = 0; w < AUTH_TL_WAYS; w++) {
+            auth_tl_mac_t *m = &ways[w];
+            if (m->klen == klen && CRYPTO_memcmp(key, m->key, klen) == 0) {
+                t->lru[set] = (unsigned char)(w ^ 1);
+                /* same key: restart from its kept setup */
+                return EVP_MAC_init(m->ctx, NULL, 0, NULL) ? m->ctx : NULL;
+            }
         }
     }
+    auth_tl_mac_t *m = &ways[t->lru[set]];
+    t->lru[set] ^= 1;
+    if (!m->ctx && !(m->ctx = g_hmac_tmpl ? EVP_MAC_CTX_dup(g_hmac_tmpl) : NULL))
+        return NULL;
+    m->klen = 0;
+    if (!EVP_MAC_init(m->ctx, klen ? key : empty, klen, NULL))
+        return NULL;
+    if (klen && klen <= AUTH_TL_KEY_MAX) {
+        memcpy(m->key, key, klen);
+        m->klen = klen;
+    }
+    return m->ctx;
+}
+
+int auth_hmac_sha256_hint(unsigned hint, const void *key, size_t klen, const void *const *parts,
+                          const size_t *lens, size_t n, unsigned char out[32])
+{
+    pthread_once(&crypto_once, crypto_init);
+    auth_tl_t *t = auth_tl_get();
+    EVP_MAC_CTX *ctx = t ? auth_tl_mac(t, hint, key, klen) : NULL;
+    int ok = ctx != NULL;
     for (size_t i = 0; ok && i < n; i++)
-        ok = EVP_MAC_update(t->mac, parts[i], lens[i]);
+        ok = EVP_MAC_update(ctx, parts[i], lens[i]);
     size_t outl = 0;
     if (ok)
-        ok = EVP_MAC_final(t->mac, out, &outl, 32);
-    if (!ok)
-        t->klen = 0;
+        ok = EVP_MAC_final(ctx, out, &outl, 32);
+    if (!ok && t) {
+        /* a context in an unknown state is keyed again next time */
+        for (size_t w = 0; w < AUTH_TL_WAYS; w++)
+            t->mac[hint & (AUTH_TL_SETS - 1)][w].klen = 0;
+    }
     return ok && outl == 32 ? 0 : -1;
+}
+
+int auth_hmac_sha256(const void *key, size_t klen, const void *const *parts, const size_t *lens,
+                     size_t n, unsigned char out[32])
+{
+    /* set 0: the process's own keys (token and signing secrets) */
+    return auth_hmac_sha256_hint(0, key, klen, parts, lens, n, out);
 }
 
 int auth_sha256(const void *data, size_t len, unsigned char out[32])

@@ -102,6 +102,12 @@ int64_t auth_revocation_until(const auth_t *a, int64_t now);
 /* HMAC-SHA256 over the concatenation of n pieces. 0 ok, -1 OpenSSL error. */
 int auth_hmac_sha256(const void *key, size_t klen, const void *const *parts, const size_t *lens,
                      size_t n, unsigned char out[32]) SL_WUR;
+/* The same, for a key that varies per request (a token's signing key):
+ * the calling thread keeps keyed contexts of recent keys, and `hint` picks
+ * where to look. It must be public (say, bytes of the token's hash), never
+ * derived from the key; any value gives the same MAC. */
+int auth_hmac_sha256_hint(unsigned hint, const void *key, size_t klen, const void *const *parts,
+                          const size_t *lens, size_t n, unsigned char out[32]) SL_WUR;
 int auth_sha256(const void *data, size_t len, unsigned char out[32]) SL_WUR;
 
 /* base64url without padding (RFC 7515 §2). encode: out must hold
@@ -158,9 +164,11 @@ auth_reason_t auth_sig_check_nonce(const char *s, size_t n);
 
 /* Everything but the replay check: headers present, timestamp inside
  * now +- window_s, nonce syntax, HMAC-SHA256(key, canonical) equal to the
- * signature (constant time). signing_key is the 64-char hex string. */
-auth_reason_t auth_sig_verify(const char signing_key[64], const auth_request_t *req, int64_t now,
-                              int64_t window_s, int64_t *ts_out);
+ * signature (constant time). signing_key is the 64-char hex string;
+ * key_hint as for auth_hmac_sha256_hint (public, stable per token). */
+auth_reason_t auth_sig_verify(const char signing_key[64], unsigned key_hint,
+                              const auth_request_t *req, int64_t now, int64_t window_s,
+                              int64_t *ts_out);
 
 /* The canonical string's HMAC as lowercase hex (the CLI's `sign`). */
 int auth_sig_compute(const char *signing_key, size_t key_len, const char *method, size_t method_len,

@@ -39,6 +39,20 @@
 #include <uthash.h>
 #include <utlist.h>
 
+#include <openssl/rand.h>
+
+/* uthash grows a table when a chain reaches this length (its default is
+ * 10, which keeps 2-3 entries per bucket on average). A fresh nonce, which
+ * is nearly every insert, is looked up before it is added and that lookup
+ * walks its whole chain: one dependent cache miss per entry in a server
+ * whose cache the rest of the request has flushed (perf under bench/
+ * policy.sh: the walk was ~1.5 us of a signed request's CPU). 7 halves the
+ * chains for 16-byte buckets that keep a nonce within its 128-byte budget
+ * at scale (~121 bytes at 200k-1M held; test_nonce_memory_per_entry); 6
+ * would exceed it. The revocation table, small, gets the same. */
+#undef HASH_BKT_CAPACITY_THRESH
+#define HASH_BKT_CAPACITY_THRESH 7U
+
 #define NONCE_SHARDS           16
 #define DEFAULT_NONCE_CAP      (AUTH_NONCE_MEMORY_DEFAULT / AUTH_NONCE_ENTRY_BYTES)
 #define DEFAULT_REVOCATION_CAP 65536
@@ -56,6 +70,7 @@ _Static_assert(2 * 3600 / AUTH_NONCE_BUCKET_S + 3 < NONCE_BUCKETS, "nonce ring t
  * in every request's profile), and an entry costs no allocator header.
  * Freed entries go back to their shard's free list, so a shard holds at
  * most what it held at its peak (bounded by the capacity). */
+_Static_assert(AUTH_NONCE_KEY_LEN >= 8, "nonce_hashv reads 8 key bytes");
 #define NONCE_SLAB 512
 
 typedef struct nonce_ent {
@@ -100,6 +115,13 @@ typedef struct rev_ent {
 
 struct auth_stores {
     nonce_shard_t shards[NONCE_SHARDS];
+    /* Odd, random per process: a nonce's table hash is the high half of
+     * its key's first 8 bytes times this (multiply-shift). The key is
+     * already a SHA-256 prefix, so hashing it again (uthash's Jenkins) only
+     * cost time; the secret multiplier keeps a client who grinds nonces
+     * from aiming them at one chain, which a fixed function (Jenkins, or
+     * the key bytes themselves) would allow. */
+    uint64_t hash_mult;
     _Atomic size_t nonce_live; /* entries not yet moved to a dead list */
     _Atomic size_t nonce_cap;
     _Atomic int64_t nonce_looked; /* when a full store last looked at every shard */
@@ -124,6 +146,11 @@ auth_stores_t *auth_stores_new(size_t nonce_capacity, size_t revocation_capacity
     for (size_t i = 0; i < NONCE_SHARDS; i++)
         pthread_mutex_init(&s->shards[i].mu, NULL);
     atomic_store(&s->nonce_cap, nonce_capacity);
+    if (RAND_bytes((unsigned char *)&s->hash_mult, sizeof(s->hash_mult)) != 1) {
+        free(s);
+        return NULL;
+    }
+    s->hash_mult |= 1;
     pthread_rwlock_init(&s->rev_mu, NULL);
     s->rev_cap = revocation_capacity;
     return s;
@@ -279,6 +306,13 @@ static void nonce_remove(auth_stores_t *s, nonce_shard_t *sh, nonce_ent_t *e)
     sh->count--;
 }
 
+static unsigned nonce_hashv(const auth_stores_t *s, const unsigned char *key)
+{
+    uint64_t k;
+    memcpy(&k, key, sizeof(k));
+    return (unsigned)((k * s->hash_mult) >> 32);
+}
+
 /* Room for one more live nonce in the whole store. */
 static bool nonce_reserve(auth_stores_t *s)
 {
@@ -300,7 +334,8 @@ auth_store_rc_t auth_nonce_insert(auth_stores_t *s, const unsigned char key[AUTH
     nonce_expire(s, sh, now);
     nonce_free_dead(sh, NONCE_FREE_PER_CALL);
     nonce_ent_t *e = NULL;
-    HASH_FIND(hh, sh->table, key, AUTH_NONCE_KEY_LEN, e);
+    unsigned hv = nonce_hashv(s, key);
+    HASH_FIND_BYHASHVALUE(hh, sh->table, key, AUTH_NONCE_KEY_LEN, hv, e);
     if (e && e->expires >= now) {
         rc = AUTH_STORE_SEEN;
         goto out;
@@ -344,7 +379,7 @@ auth_store_rc_t auth_nonce_insert(auth_stores_t *s, const unsigned char key[AUTH
     }
     memcpy(e->key, key, AUTH_NONCE_KEY_LEN);
     e->expires = expires;
-    HASH_ADD(hh, sh->table, key, AUTH_NONCE_KEY_LEN, e);
+    HASH_ADD_BYHASHVALUE(hh, sh->table, key, AUTH_NONCE_KEY_LEN, hv, e);
     if (oom) {
         nonce_ent_release(sh, e);
         atomic_fetch_sub(&s->nonce_live, 1);

@@ -11,7 +11,8 @@
 #                                                          target >= 0.7 x open
 #   rl_local   rl_redis's limit in the in-process store (no Redis)
 #                                  issue 16: rl_redis >= 0.9 x rl_local
-#   rl_redis_base, full_base  rl_redis, full run by another binary,
+#   rl_redis_base, full_base, full_local_base, full_sig_base  the same
+#              configurations run by another binary,
 #              BENCH_BASE_BIN (say, a build of main): before / after in the
 #              same interleaved run
 #   auth_redis tokens + signatures, nonces and revocations in Redis
@@ -37,7 +38,10 @@
 # only when named: BENCH_CONFIGS="full_local full_sig"), BENCH_DURATION (s per run, default 5), BENCH_ROUNDS (default 3),
 # BENCH_CONNS (default 32), BENCH_PORT_BASE (default 28600), SLUICE_BIN,
 # BENCH_BASE_BIN (the binary of the *_base configurations),
-# BENCH_PROXY_CPU / BENCH_LOAD_CPU, BENCH_KEEP=1 keeps the work directory.
+# BENCH_PROXY_CPU / BENCH_LOAD_CPU, BENCH_KEEP=1 keeps the work directory,
+# BENCH_PERF=DIR records `perf record -g` of sluice during each recorded run
+# into DIR/perf.CONFIG.ROUND.data (the perf process runs on the load core;
+# CPU figures of a profiled run include perf's sampling cost).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -127,7 +131,7 @@ log:
   access: "off"
   level: warn
 EOF
-    case $c in full_local)
+    case $c in full_local | full_local_base)
         cat >>"$f" <<EOF
 auth:
   tokens:
@@ -139,7 +143,7 @@ auth:
 EOF
         ;;
     esac
-    case $c in auth | auth_redis | full | full_base | full_sig)
+    case $c in auth | auth_redis | full | full_base | full_sig | full_sig_base)
         cat >>"$f" <<EOF
 auth:
   tokens:
@@ -163,7 +167,7 @@ EOF
     rl_redis | rl_redis_base | rl_local)
         printf 'ratelimit:\n  per_ip: { requests_per_minute: 1000000 }\n' >>"$f"
         ;;
-    full | full_base | full_local | full_sig)
+    full | full_base | full_local | full_sig | full_local_base | full_sig_base)
         cat >>"$f" <<EOF
 ratelimit:
   per_user: { requests_per_minute: 1000000, concurrent: 10000, tokens_per_minute: 1000000000, tokens_per_day: 1000000000000 }
@@ -197,11 +201,19 @@ run() { # $1 config, $2 round ("warm" = not recorded)
     local rs0 rs1
     rs0=$(redis_stats)
     t0=$(cpu_ticks "$pid")
+    local perf_pid=
+    if [ -n "${BENCH_PERF:-}" ] && [ "$2" != warm ]; then
+        # the profile of this config's recorded runs (appended per round)
+        perf record -q -g -p "$pid" -o "$BENCH_PERF/perf.$1.$2.data" -- sleep "$DURATION" \
+            >/dev/null 2>&1 &
+        perf_pid=$!
+    fi
     local sign=1
-    [ "$1" = full_local ] && sign=0 # tokens only: a signature sent is checked
+    case $1 in full_local | full_local_base) sign=0 ;; esac # tokens only: a signature sent is checked
     out=$(BENCH_TOKENS=$TOKENS BENCH_SIGN=$sign taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNS" \
         -d"$DURATION"s --latency -s "$ROOT/bench/signed.lua" "http://127.0.0.1:$port/v1/chat/completions")
     t1=$(cpu_ticks "$pid")
+    [ -z "$perf_pid" ] || wait "$perf_pid" || true
     rs1=$(redis_stats)
     line=$(grep '^BENCH ' <<<"$out") || { echo "$out" >&2; exit 1; }
     if ! grep -q 'errors=0 non2xx=0' <<<"$line"; then
@@ -265,7 +277,8 @@ for a, b, t in (("auth", "open", "≥ 0.9"), ("rl_redis", "open", "≥ 0.7"),
                 ("rl_redis_base", "rl_local", ""), ("rl_redis", "rl_redis_base", ""),
                 ("full", "full_base", ""), ("full_base", "auth_redis", ""),
                 ("auth_redis", "open", ""), ("full", "auth_redis", ""),
-                ("full_sig", "full_local", "≥ 0.95")):
+                ("full_sig", "full_local", "≥ 0.95"),
+                ("full_sig_base", "full_local_base", "")):
     if a not in rows or b not in rows:
         continue
     m, lo, hi, c = ratio(a, b)

@@ -9,6 +9,8 @@
 
 #include <cmocka.h>
 
+#include <openssl/rand.h>
+
 #include "test_auth_util.h"
 
 #define NONCE_A "nonce-aaaaaaaaaaaaaaaa"
@@ -437,6 +439,89 @@ static void test_hmac_contexts_reused(void **state)
         pthread_join(th[i], NULL);
 }
 
+/* Keyed contexts kept per thread in a 2-way cache, the set picked by a
+ * hint: random keys (64 hex characters like a signing key, or raw bytes
+ * of any length up to past the kept maximum) and random data, hints that
+ * crowd many keys into one set (every lookup evicts) or spread them, must
+ * each give OpenSSL's one-shot HMAC; and a signature computed through the
+ * verifier's path (one contiguous canonical string, or pieces past its
+ * buffer) must verify, and fail once one byte of the body changes. */
+static void test_hmac_hint_cache_matches_one_shot(void **state)
+{
+    (void)state;
+    enum { KEYS = 40, ROUNDS = 3000 };
+    unsigned char keys[KEYS][200];
+    size_t klen[KEYS];
+    assert_int_equal(RAND_bytes((unsigned char *)keys, sizeof(keys)), 1);
+    for (int i = 0; i < KEYS; i++) {
+        if (i % 2 == 0) { /* a signing key: hex text */
+            sl_hex(keys[i], 32, (char *)keys[i]);
+            klen[i] = 64;
+        } else {
+            klen[i] = 1 + keys[i][199] % 199; /* 1..199: some past the kept 128 */
+        }
+    }
+    unsigned char data[600];
+    int hits_checked = 0;
+    for (int r = 0; r < ROUNDS; r++) {
+        unsigned char rnd[4];
+        assert_int_equal(RAND_bytes(rnd, sizeof(rnd)), 1);
+        int k = rnd[0] % KEYS;
+        size_t dl = (size_t)(rnd[1] | rnd[2] << 8) % sizeof(data);
+        assert_int_equal(RAND_bytes(data, (int)sizeof(data)), 1);
+        /* hint: by key (spread), one set for all (crowded), or random */
+        unsigned hint = r % 3 == 0 ? (unsigned)k * 7u : r % 3 == 1 ? 5u : rnd[3];
+        const void *parts[] = {data, data + dl / 3};
+        size_t lens[] = {dl / 3, dl - dl / 3};
+        unsigned char got[32], want[32];
+        size_t wl = 0;
+        assert_int_equal(auth_hmac_sha256_hint(hint, keys[k], klen[k], parts, lens, 2, got), 0);
+        assert_non_null(EVP_Q_mac(NULL, "HMAC", NULL, "SHA256", NULL, keys[k], klen[k], data, dl,
+                                  want, sizeof(want), &wl));
+        assert_int_equal(wl, 32);
+        assert_memory_equal(got, want, 32);
+        hits_checked++;
+    }
+    assert_int_equal(hits_checked, ROUNDS);
+
+    /* Through the verifier: a short canonical string and one over 1 KiB. */
+    tconf_t t;
+    tconf_default(&t);
+    auth_stores_t *st = auth_stores_new(0, 0);
+    auth_t *a = t_auth(&t, st);
+    assert_non_null(a);
+    char *tok = t_good_token("carol", "jti-carol-1");
+    for (int longpath = 0; longpath < 2; longpath++) {
+        for (int i = 0; i < 4; i++) {
+            treq_t q;
+            char nonce[64];
+            snprintf(nonce, sizeof(nonce), "nonce-hint-%d-%d-xxxxxxxx", longpath, i);
+            treq_make(&q, a, tok, T_NOW, nonce);
+            if (longpath) {
+                memset(q.path, 'p', sizeof(q.path) - 1);
+                q.path[0] = '/';
+                q.path[sizeof(q.path) - 1] = '\0';
+            }
+            char key[65];
+            assert_int_equal(auth_signing_key(a, "jti-carol-1", strlen("jti-carol-1"), key), 0);
+            treq_sign(&q, key);
+            treq_bind(&q);
+            unsigned hint = (unsigned)i * 3u;
+            assert_int_equal(auth_sig_verify(key, hint, &q.r, T_NOW, 300, NULL), AUTH_OK);
+            q.body[3] ^= 1;
+            assert_int_equal(auth_sig_verify(key, hint, &q.r, T_NOW, 300, NULL),
+                             AUTH_R_SIG_MISMATCH);
+            q.body[3] ^= 1;
+            q.sig[10] = q.sig[10] == 'a' ? 'b' : 'a';
+            assert_int_equal(auth_sig_verify(key, hint, &q.r, T_NOW, 300, NULL),
+                             AUTH_R_SIG_MISMATCH);
+        }
+    }
+    free(tok);
+    auth_free(a);
+    auth_stores_free(st);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -450,6 +535,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_concurrent_replays, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reject_metric, setup, teardown),
         cmocka_unit_test(test_hmac_contexts_reused),
+        cmocka_unit_test(test_hmac_hint_cache_matches_one_shot),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -169,6 +169,38 @@ static void test_nonce_clock_edges(void **state)
 
 /* What a nonce costs: the capacity is nonce_memory / AUTH_NONCE_ENTRY_BYTES,
  * so that must cover the entry, the allocator's overhead and the table. */
+/* The table hash reads only a key's first 8 bytes: keys equal there (one
+ * chain, by construction) must still be told apart by their other bytes,
+ * each remembered on its own and each a replay the second time. */
+static void test_nonce_same_table_hash(void **state)
+{
+    (void)state;
+    auth_stores_t *s = auth_stores_new(0, 0);
+    unsigned char k[AUTH_NONCE_KEY_LEN];
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < 300; i++) {
+            memset(k, 0xab, sizeof(k));
+            k[8] = (unsigned char)(i & 0xff);
+            k[9] = (unsigned char)(i >> 8);
+            k[AUTH_NONCE_KEY_LEN - 1] = 3; /* one shard */
+            assert_int_equal(auth_nonce_insert(s, k, T_NOW + 300, T_NOW),
+                             pass == 0 ? AUTH_STORE_NEW : AUTH_STORE_SEEN);
+        }
+    }
+    assert_int_equal(auth_stores_nonce_count(s), 300);
+    assert_int_equal(auth_stores_nonce_live(s), 300);
+    /* Past their expiry the same keys are new again (found, removed, re-added). */
+    for (int i = 0; i < 300; i++) {
+        memset(k, 0xab, sizeof(k));
+        k[8] = (unsigned char)(i & 0xff);
+        k[9] = (unsigned char)(i >> 8);
+        k[AUTH_NONCE_KEY_LEN - 1] = 3;
+        assert_int_equal(auth_nonce_insert(s, k, T_NOW + 700, T_NOW + 400), AUTH_STORE_NEW);
+    }
+    assert_int_equal(auth_stores_nonce_live(s), 300);
+    auth_stores_free(s);
+}
+
 static void test_nonce_memory_per_entry(void **state)
 {
     (void)state;
@@ -409,6 +441,7 @@ int main(void)
         cmocka_unit_test(test_token_cache),
         cmocka_unit_test(test_nonce_clock_edges),
         cmocka_unit_test(test_nonce_memory_per_entry),
+        cmocka_unit_test(test_nonce_same_table_hash),
         cmocka_unit_test(test_nonce_memory_conf),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
