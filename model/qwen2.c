@@ -378,6 +378,23 @@ void mdl_attend(const mdl_kernels_t *k, const float *q, const float *K, const fl
         k->vaxpy(out, scores[t] * inv, V + (size_t)t * hd, hd);
 }
 
+/* g = SiLU(g) * u. Two passes over chunks: libm's expf one value at a
+ * time, then the divisions and products in a loop the compiler vectorises
+ * (divps and mulps round as divss and mulss do, so the values are the same
+ * bits as the one-pass loop, whose serial divisions cost ~4% of a step of
+ * 8 sequences). */
+void mdl_silu_mul(float *g, const float *u, size_t n)
+{
+    float e[256];
+    for (size_t c = 0; c < n; c += 256) {
+        size_t k = SL_MIN((size_t)256, n - c);
+        for (size_t i = 0; i < k; i++)
+            e[i] = expf(-g[c + i]);
+        for (size_t i = 0; i < k; i++)
+            g[c + i] = g[c + i] / (1.0f + e[i]) * u[c + i];
+    }
+}
+
 /* ---- evaluation state ----------------------------------------------- */
 
 struct mdl_state {
@@ -729,10 +746,7 @@ static int forward(mdl_state_t *s, const int32_t *tok, int nb, const rows_t *row
         prep_acts(s, s->h, nb, E);
         mm_job_t gu[2] = {{&L->wgate, NULL, s->g, 0, 0, 0}, {&L->wup, NULL, s->u, 0, 0, 0}};
         matmul(s, nb, gu, 2);
-        for (size_t i = 0; i < (size_t)nb * m->n_ff; i++) {
-            float gv = s->g[i];
-            s->g[i] = gv / (1.0f + expf(-gv)) * s->u[i];
-        }
+        mdl_silu_mul(s->g, s->u, (size_t)nb * m->n_ff);
         prep_acts(s, s->g, nb, m->n_ff);
         mm_job_t down[1] = {{&L->wdown, NULL, s->x, 1, 0, 0}};
         matmul(s, nb, down, 1);
