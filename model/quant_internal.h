@@ -138,6 +138,10 @@ typedef struct {
     /* Float helpers for attention. */
     float (*vdot)(const float *a, const float *b, int n);
     void (*vaxpy)(float *y, float a, const float *x, int n); /* y += a*x */
+    /* optional, same bits as the loops over vdot / vaxpy they replace:
+     * out[t] = vdot(q, K[t], hd) * scale for n rows; out = sum w[t] V[t] */
+    void (*vdots)(const float *q, const float *K, int n, int hd, float scale, float *out);
+    void (*vmix)(const float *w, const float *V, int n, int hd, float *out);
 } mdl_kernels_t;
 
 /* The best kernel set this CPU runs, capped at max_level. The environment

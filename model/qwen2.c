@@ -364,15 +364,25 @@ void mdl_attend(const mdl_kernels_t *k, const float *q, const float *K, const fl
                 int hd, float *scores, float *out)
 {
     float scale = 1.0f / sqrtf((float)hd), mx = -INFINITY, sum = 0.0f;
-    for (int t = 0; t < n; t++) {
-        scores[t] = k->vdot(q, K + (size_t)t * hd, hd) * scale;
+    if (k->vdots)
+        k->vdots(q, K, n, hd, scale, scores);
+    else
+        for (int t = 0; t < n; t++)
+            scores[t] = k->vdot(q, K + (size_t)t * hd, hd) * scale;
+    for (int t = 0; t < n; t++)
         mx = scores[t] > mx ? scores[t] : mx;
-    }
     for (int t = 0; t < n; t++) {
         scores[t] = expf(scores[t] - mx);
         sum += scores[t];
     }
     float inv = 1.0f / sum;
+    if (k->vmix) {
+        /* the weights first, so the kernel keeps out in registers */
+        for (int t = 0; t < n; t++)
+            scores[t] *= inv;
+        k->vmix(scores, V, n, hd, out);
+        return;
+    }
     memset(out, 0, sizeof(float) * (size_t)hd);
     for (int t = 0; t < n; t++)
         k->vaxpy(out, scores[t] * inv, V + (size_t)t * hd, hd);
@@ -383,16 +393,19 @@ void mdl_attend(const mdl_kernels_t *k, const float *q, const float *K, const fl
  * (divps and mulps round as divss and mulss do, so the values are the same
  * bits as the one-pass loop, whose serial divisions cost ~4% of a step of
  * 8 sequences). */
-void mdl_silu_mul(float *g, const float *u, size_t n)
+void mdl_silu_mul(float *restrict g, const float *restrict u, size_t n)
 {
-    float e[256];
-    for (size_t c = 0; c < n; c += 256) {
-        size_t k = SL_MIN((size_t)256, n - c);
-        for (size_t i = 0; i < k; i++)
+    enum { C = 256 }; /* a constant count: -O2 vectorises only such loops */
+    float e[C];
+    size_t c = 0;
+    for (; c + C <= n; c += C) {
+        for (size_t i = 0; i < C; i++)
             e[i] = expf(-g[c + i]);
-        for (size_t i = 0; i < k; i++)
+        for (size_t i = 0; i < C; i++)
             g[c + i] = g[c + i] / (1.0f + e[i]) * u[c + i];
     }
+    for (; c < n; c++)
+        g[c] = g[c] / (1.0f + expf(-g[c])) * u[c];
 }
 
 /* ---- evaluation state ----------------------------------------------- */
