@@ -385,6 +385,24 @@ AVX2_TARGET static void vmix_avx2(const float *w, const float *V, int n, int hd,
         _mm256_storeu_ps(out + 8 * j, a[j]);
 }
 
+/* glibc's vector expf (libmvec, which -lm brings in as needed): 8 lanes,
+ * each the value of its own input whatever the others are, within 1 ulp
+ * of expf. The scalar expf calls were ~5% of a step of 8 sequences. */
+AVX2_TARGET __m256 _ZGVdN8v_expf(__m256 x);
+
+AVX2_TARGET static void vexpf_avx2(float *x, int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, _ZGVdN8v_expf(_mm256_loadu_ps(x + i)));
+    if (i < n) {
+        float t[8] = {0};
+        memcpy(t, x + i, sizeof(float) * (size_t)(n - i));
+        _mm256_storeu_ps(t, _ZGVdN8v_expf(_mm256_loadu_ps(t)));
+        memcpy(x + i, t, sizeof(float) * (size_t)(n - i));
+    }
+}
+
 int mdl_kernels_init_avx2(mdl_kernels_t *k)
 {
     k->name = "avx2";
@@ -403,6 +421,7 @@ int mdl_kernels_init_avx2(mdl_kernels_t *k)
     k->vaxpy = vaxpy_avx2;
     k->vdots = vdots_avx2;
     k->vmix = vmix_avx2;
+    k->vexpf = vexpf_avx2;
     return 0;
 }
 

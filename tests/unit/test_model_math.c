@@ -263,9 +263,54 @@ static void test_silu_mul_matches_one_pass(void **state)
         u[i] = (float)(mdl_rng_uniform(&r) * 4.0 - 2.0);
         ref[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
     }
-    mdl_silu_mul(g, u, N);
+    static float g2[N];
+    memcpy(g2, g, sizeof(g));
+    mdl_silu_mul(NULL, g, u, N); /* libm: the same bits as the one-pass loop */
     assert_memory_equal(g, ref, sizeof(g));
     assert_true(fabsf(g[0]) > 0.0f || fabsf(u[0]) == 0.0f);
+    /* the best kernels' vector expf: within a few ulp */
+    const mdl_kernels_t *k = mdl_kernels_select(MDL_KL_AVX512);
+    mdl_silu_mul(k, g2, u, N);
+    for (int i = 0; i < N; i++)
+        assert_true(fabsf(g2[i] - ref[i]) <= 4e-7f * fabsf(ref[i]) + 1e-30f);
+}
+
+/* Each value of the vector expf depends only on its input: a value alone
+ * and inside any run gives the same bits (so rows are the same alone or
+ * batched), and it stays within 1 ulp-ish of libm, also for the ends. */
+static void test_vexpf_per_element(void **state)
+{
+    (void)state;
+    const mdl_kernels_t *k = mdl_kernels_select(MDL_KL_AVX512);
+    if (!k->vexpf)
+        skip();
+    enum { N = 203 };
+    static float x[N], y[N];
+    mdl_rng_t r;
+    mdl_rng_seed(&r, 11);
+    for (int i = 0; i < N; i++)
+        x[i] = (float)(mdl_rng_uniform(&r) * 200.0 - 120.0);
+    x[0] = -INFINITY;
+    x[1] = 0.0f;
+    x[2] = 89.0f; /* overflows */
+    x[3] = -104.0f;
+    memcpy(y, x, sizeof(x));
+    k->vexpf(y, N);
+    int close = 0;
+    for (int i = 0; i < N; i++) {
+        float one = x[i];
+        k->vexpf(&one, 1);
+        assert_memory_equal(&one, &y[i], sizeof(float));
+        float ref = expf(x[i]);
+        if (isinf(ref))
+            assert_true(y[i] == ref);
+        else if (ref < 0x1p-126f) /* subnormal results: a few units of 2^-149 */
+            close += fabsf(y[i] - ref) <= 0x1p-146f;
+        else
+            close += fabsf(y[i] - ref) <= 2.5e-7f * ref;
+    }
+    assert_true(y[1] == 1.0f);
+    assert_int_equal(close, N - 1); /* all but the overflow */
 }
 
 static void test_argmax_matches_serial(void **state)
@@ -428,6 +473,7 @@ int main(void)
         cmocka_unit_test(test_sampler_greedy_and_penalty),
         cmocka_unit_test(test_sampler_distribution_and_seed),
         cmocka_unit_test(test_silu_mul_matches_one_pass),
+        cmocka_unit_test(test_vexpf_per_element),
         cmocka_unit_test(test_argmax_matches_serial),
         cmocka_unit_test(test_sampler_matches_reference),
         cmocka_unit_test(test_rng_known_values),
