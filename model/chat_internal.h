@@ -74,5 +74,7 @@ void mdl_sampler_free(mdl_sampler_t *s);
  * tokens of the context (prompt and output), oldest first. Greedy when
  * temperature <= 0. */
 int32_t mdl_sampler_sample(mdl_sampler_t *s, float *logits, const int32_t *hist, int n_hist);
+/* first index of the largest value; NaNs never win, 0 if x[0] is NaN */
+int32_t mdl_argmax(const float *x, int n);
 
 #endif

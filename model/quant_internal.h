@@ -138,6 +138,13 @@ typedef struct {
     /* Float helpers for attention. */
     float (*vdot)(const float *a, const float *b, int n);
     void (*vaxpy)(float *y, float a, const float *x, int n); /* y += a*x */
+    /* optional, same bits as the loops over vdot / vaxpy they replace:
+     * out[t] = vdot(q, K[t], hd) * scale for n rows; out = sum w[t] V[t] */
+    void (*vdots)(const float *q, const float *K, int n, int hd, float scale, float *out);
+    void (*vmix)(const float *w, const float *V, int n, int hd, float *out);
+    /* optional: x[i] = e^x[i] (within 1 ulp of expf; each value depends
+     * only on its input, so rows give the same bits alone or batched) */
+    void (*vexpf)(float *x, int n);
 } mdl_kernels_t;
 
 /* The best kernel set this CPU runs, capped at max_level. The environment

@@ -113,5 +113,7 @@ void mdl_rope_apply(float *v, int n_heads, int head_dim, int pos, double base);
 void mdl_attend(const mdl_kernels_t *k, const float *q, const float *K, const float *V, int n,
                 int hd, float *scores, float *out);
 void mdl_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
+/* g = SiLU(g) * u, with k's vector expf when it has one (NULL: libm) */
+void mdl_silu_mul(const mdl_kernels_t *k, float *g, const float *u, size_t n);
 
 #endif

@@ -169,6 +169,227 @@ static void test_sampler_greedy_and_penalty(void **state)
     mdl_sampler_free(NULL);
 }
 
+/* The sampler as it was before mdl_argmax (serial argmax), kept here as
+ * the reference its outputs must match for the same seed and parameters. */
+static int ref_cand_cmp(const void *a, const void *b)
+{
+    const mdl_cand_t *x = a, *y = b;
+    if (x->l != y->l)
+        return x->l > y->l ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+static int32_t ref_sample(mdl_sampler_t *s, float *logits, const int32_t *hist, int n_hist)
+{
+    int n = s->n_valid;
+    float rp = s->p.repetition_penalty;
+    if (rp > 0.0f && rp != 1.0f) {
+        int from = n_hist > MDL_REPEAT_LAST_N ? n_hist - MDL_REPEAT_LAST_N : 0;
+        for (int i = from; i < n_hist; i++) {
+            int32_t t = hist[i];
+            int seen = 0;
+            for (int j = from; j < i && !seen; j++)
+                seen = hist[j] == t;
+            if (seen || t < 0 || t >= n)
+                continue;
+            logits[t] = logits[t] > 0.0f ? logits[t] / rp : logits[t] * rp;
+        }
+    }
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (logits[i] > logits[best])
+            best = i;
+    float temp = s->p.temperature;
+    if (!(temp > 0.0f))
+        return best;
+    float maxl = logits[best], floor = maxl - 30.0f * temp;
+    int c = 0;
+    for (int i = 0; i < n; i++)
+        if (logits[i] >= floor)
+            s->cand[c++] = (mdl_cand_t){logits[i], i};
+    if (c == 0)
+        return best;
+    qsort(s->cand, (size_t)c, sizeof(mdl_cand_t), ref_cand_cmp);
+    if (s->p.top_k > 0 && c > s->p.top_k)
+        c = s->p.top_k;
+    double total = 0.0;
+    for (int i = 0; i < c; i++) {
+        double pr = exp((double)(s->cand[i].l - maxl) / temp);
+        s->cand[i].l = (float)pr;
+        total += pr;
+    }
+    if (s->p.top_p > 0.0f && s->p.top_p < 1.0f) {
+        double cum = 0.0;
+        int keep = c;
+        for (int i = 0; i < c; i++) {
+            cum += s->cand[i].l / total;
+            if (cum >= s->p.top_p) {
+                keep = i + 1;
+                break;
+            }
+        }
+        c = keep;
+        total = 0.0;
+        for (int i = 0; i < c; i++)
+            total += s->cand[i].l;
+    }
+    double u = mdl_rng_uniform(&s->rng) * total, acc = 0.0;
+    for (int i = 0; i < c; i++) {
+        acc += s->cand[i].l;
+        if (u < acc)
+            return s->cand[i].id;
+    }
+    return s->cand[c - 1].id;
+}
+
+static int32_t serial_argmax(const float *x, int n)
+{
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+static void test_silu_mul_matches_one_pass(void **state)
+{
+    (void)state;
+    enum { N = 1000 }; /* not a multiple of the 256-value chunks */
+    static float g[N], ref[N], u[N];
+    mdl_rng_t r;
+    mdl_rng_seed(&r, 3);
+    for (int i = 0; i < N; i++) {
+        g[i] = (float)(mdl_rng_uniform(&r) * 40.0 - 20.0);
+        u[i] = (float)(mdl_rng_uniform(&r) * 4.0 - 2.0);
+        ref[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+    static float g2[N];
+    memcpy(g2, g, sizeof(g));
+    mdl_silu_mul(NULL, g, u, N); /* libm: the same bits as the one-pass loop */
+    assert_memory_equal(g, ref, sizeof(g));
+    assert_true(fabsf(g[0]) > 0.0f || fabsf(u[0]) == 0.0f);
+    /* the best kernels' vector expf: within a few ulp */
+    const mdl_kernels_t *k = mdl_kernels_select(MDL_KL_AVX512);
+    mdl_silu_mul(k, g2, u, N);
+    for (int i = 0; i < N; i++)
+        assert_true(fabsf(g2[i] - ref[i]) <= 4e-7f * fabsf(ref[i]) + 1e-30f);
+}
+
+/* Each value of the vector expf depends only on its input: a value alone
+ * and inside any run gives the same bits (so rows are the same alone or
+ * batched), and it stays within 1 ulp-ish of libm, also for the ends. */
+static void test_vexpf_per_element(void **state)
+{
+    (void)state;
+    const mdl_kernels_t *k = mdl_kernels_select(MDL_KL_AVX512);
+    if (!k->vexpf)
+        skip();
+    enum { N = 203 };
+    static float x[N], y[N];
+    mdl_rng_t r;
+    mdl_rng_seed(&r, 11);
+    for (int i = 0; i < N; i++)
+        x[i] = (float)(mdl_rng_uniform(&r) * 200.0 - 120.0);
+    x[0] = -INFINITY;
+    x[1] = 0.0f;
+    x[2] = 89.0f; /* overflows */
+    x[3] = -104.0f;
+    memcpy(y, x, sizeof(x));
+    k->vexpf(y, N);
+    int close = 0;
+    for (int i = 0; i < N; i++) {
+        float one = x[i];
+        k->vexpf(&one, 1);
+        assert_memory_equal(&one, &y[i], sizeof(float));
+        float ref = expf(x[i]);
+        if (isinf(ref))
+            assert_true(y[i] == ref);
+        else if (ref < 0x1p-126f) /* subnormal results: a few units of 2^-149 */
+            close += fabsf(y[i] - ref) <= 0x1p-146f;
+        else
+            close += fabsf(y[i] - ref) <= 2.5e-7f * ref;
+    }
+    assert_true(y[1] == 1.0f);
+    assert_int_equal(close, N - 1); /* all but the overflow */
+}
+
+static void test_argmax_matches_serial(void **state)
+{
+    (void)state;
+    mdl_rng_t r;
+    mdl_rng_seed(&r, 7);
+    enum { N = 1000 };
+    static float x[N];
+    int checked = 0;
+    for (int round = 0; round < 2000; round++) {
+        int n = 1 + (int)(mdl_rng_next(&r) % N);
+        int kind = round % 5;
+        for (int i = 0; i < n; i++) {
+            /* kind 1: few distinct values (ties); 2: signed zeros;
+             * 3: NaNs sprinkled; 4: NaN first */
+            double u = mdl_rng_uniform(&r);
+            x[i] = kind == 1 ? (float)(int)(u * 4) : (float)(u * 20.0 - 10.0);
+            if (kind == 2)
+                x[i] = u < 0.5 ? 0.0f : -0.0f;
+            if ((kind == 3 || kind == 4) && mdl_rng_uniform(&r) < 0.1)
+                x[i] = NAN;
+        }
+        if (kind == 4)
+            x[0] = NAN;
+        assert_int_equal(mdl_argmax(x, n), serial_argmax(x, n));
+        checked++;
+    }
+    assert_int_equal(checked, 2000);
+    float one = 3.0f;
+    assert_int_equal(mdl_argmax(&one, 1), 0);
+    assert_int_equal(mdl_argmax(&one, 0), 0);
+}
+
+static void test_sampler_matches_reference(void **state)
+{
+    (void)state;
+    enum { V = 5000, NV = 4990, STEPS = 40 };
+    static float a[V], b[V];
+    int32_t hist[STEPS + 8];
+    mdl_rng_t r;
+    mdl_rng_seed(&r, 99);
+    const float temps[] = {0.0f, 0.3f, 0.7f, 1.0f, 1.5f};
+    const float top_ps[] = {1.0f, 0.8f, 0.5f, 0.95f};
+    const int top_ks[] = {0, 1, 20, 200};
+    int cases = 0, sampled_non_greedy = 0;
+    for (int seed = 0; seed < 6; seed++)
+        for (size_t ti = 0; ti < SL_ARRAY_LEN(temps); ti++)
+            for (size_t pi = 0; pi < SL_ARRAY_LEN(top_ps); pi++)
+                for (size_t ki = 0; ki < SL_ARRAY_LEN(top_ks); ki++) {
+                    mdl_sampling_t p = {0};
+                    p.temperature = temps[ti];
+                    p.top_p = top_ps[pi];
+                    p.top_k = top_ks[ki];
+                    p.repetition_penalty = seed % 2 ? 1.05f : 1.0f;
+                    p.seed = (uint64_t)seed * 1000 + ti * 100 + pi * 10 + ki;
+                    mdl_sampler_t *s1 = mdl_sampler_new(V, NV, &p);
+                    mdl_sampler_t *s2 = mdl_sampler_new(V, NV, &p);
+                    assert_non_null(s1);
+                    assert_non_null(s2);
+                    int nh = 0;
+                    for (int step = 0; step < STEPS; step++) {
+                        for (int i = 0; i < V; i++)
+                            a[i] = b[i] = (float)(mdl_rng_uniform(&r) * 8.0 - 4.0);
+                        int32_t x = mdl_sampler_sample(s1, a, hist, nh);
+                        int32_t y = ref_sample(s2, b, hist, nh);
+                        assert_int_equal(x, y);
+                        assert_memory_equal(a, b, sizeof(float) * V); /* same penalties */
+                        sampled_non_greedy += x != serial_argmax(a, NV);
+                        hist[nh++] = x;
+                    }
+                    mdl_sampler_free(s1);
+                    mdl_sampler_free(s2);
+                    cases++;
+                }
+    assert_int_equal(cases, 6 * 5 * 4 * 4);
+    assert_true(sampled_non_greedy > 1000); /* the random paths were exercised */
+}
+
 static void test_sampler_distribution_and_seed(void **state)
 {
     (void)state;
@@ -251,6 +472,10 @@ int main(void)
         cmocka_unit_test(test_utf8_stream),
         cmocka_unit_test(test_sampler_greedy_and_penalty),
         cmocka_unit_test(test_sampler_distribution_and_seed),
+        cmocka_unit_test(test_silu_mul_matches_one_pass),
+        cmocka_unit_test(test_vexpf_per_element),
+        cmocka_unit_test(test_argmax_matches_serial),
+        cmocka_unit_test(test_sampler_matches_reference),
         cmocka_unit_test(test_rng_known_values),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
