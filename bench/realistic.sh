@@ -15,7 +15,11 @@
 #   full      plain + HS256 bearer token (no signature), ratelimit.per_user
 #             {requests_per_minute: 1000000, concurrent: 1000}, a 1,001-word
 #             list (mask) and a regex 1[3-9]\d{9} (mask), output: true
-#   goals: plain <= 0.8 x nginx, full <= 1.0 x nginx
+#   full-sse  full, the request with "stream":true and the answer a stream of
+#             8 events (build/tools/bench_upstream -n 8), the output filter on
+#             every event; against nginx-sse (proxy_buffering off) in the
+#             same rounds (BENCH_SSE=0 skips them)
+#   goals: plain <= 0.8 x nginx, full <= 1.0 x nginx, full-sse <= 1.0 x nginx-sse
 # With SLUICE_BASE_BIN (e.g. a build of main) plain and full also run on that
 # binary (plain@base, full@base): before and after in the same run.
 #
@@ -42,9 +46,12 @@ CONNS=${BENCH_CONNS:-32}
 PORT_BASE=${BENCH_PORT_BASE:-28700}
 SIZES=${BENCH_SIZES-"1 16 256 1024"}
 SIZE_CONNS=${BENCH_SIZE_CONNS:-4}
+SSE=${BENCH_SSE:-1}
 
 UP_PORT=$((PORT_BASE + 1))
 NGX_PORT=$((PORT_BASE + 2))
+SSE_UP_PORT=$((PORT_BASE + 3))
+NGX_SSE_PORT=$((PORT_BASE + 4))
 
 for c in wrk taskset python3 "$NGINX_BIN" "$SLUICE_BIN"; do
     command -v "$c" >/dev/null || { echo "bench: $c not found" >&2; exit 1; }
@@ -63,6 +70,10 @@ fi
 
 CONFIGS="nginx plain full"
 [ -n "$SLUICE_BASE_BIN" ] && CONFIGS="$CONFIGS plain@base full@base"
+if [ "$SSE" = 1 ]; then
+    CONFIGS="$CONFIGS nginx-sse full-sse"
+    [ -n "$SLUICE_BASE_BIN" ] && CONFIGS="$CONFIGS full-sse@base"
+fi
 SIZE_CONFIGS=""
 for k in $SIZES; do SIZE_CONFIGS="$SIZE_CONFIGS size$k"; done
 [ -n "$SLUICE_BASE_BIN" ] && for k in $SIZES; do SIZE_CONFIGS="$SIZE_CONFIGS size$k@base"; done
@@ -70,6 +81,9 @@ for k in $SIZES; do SIZE_CONFIGS="$SIZE_CONFIGS size$k"; done
 port_of() { # one sluice per binary and conf; the size runs share "plain"'s
     case $1 in
     nginx) echo "$NGX_PORT" ;;
+    nginx-sse) echo "$NGX_SSE_PORT" ;;
+    full-sse) echo $((PORT_BASE + 16)) ;;
+    full-sse@base) echo $((PORT_BASE + 17)) ;;
     plain) echo $((PORT_BASE + 10)) ;;
     full) echo $((PORT_BASE + 11)) ;;
     plain@base) echo $((PORT_BASE + 12)) ;;
@@ -79,8 +93,9 @@ port_of() { # one sluice per binary and conf; the size runs share "plain"'s
     esac
 }
 
-for q in $UP_PORT $NGX_PORT $((PORT_BASE + 10)) $((PORT_BASE + 11)) $((PORT_BASE + 12)) \
-    $((PORT_BASE + 13)) $((PORT_BASE + 14)) $((PORT_BASE + 15)); do
+for q in $UP_PORT $NGX_PORT $SSE_UP_PORT $NGX_SSE_PORT $((PORT_BASE + 10)) $((PORT_BASE + 11)) \
+    $((PORT_BASE + 12)) $((PORT_BASE + 13)) $((PORT_BASE + 14)) $((PORT_BASE + 15)) \
+    $((PORT_BASE + 16)) $((PORT_BASE + 17)); do
     if (exec 3<>/dev/tcp/127.0.0.1/"$q") 2>/dev/null; then
         echo "bench: port $q is in use (set BENCH_PORT_BASE)" >&2
         exit 1
@@ -142,6 +157,35 @@ wait_port "$NGX_PORT" "$LAST"
 # nginx's worker is the child doing the work; count the master too (idle).
 NGX_PIDS="$NGX_PID $(pgrep -P "$NGX_PID" | tr '\n' ' ')"
 
+# ---- the SSE workload: an upstream streaming 8 events, nginx relaying it
+if [ "$SSE" = 1 ]; then
+    spawn taskset -c "$LOAD_CPU" "$ROOT/build/tools/bench_upstream" -l "127.0.0.1:$SSE_UP_PORT" -n 8
+    wait_port "$SSE_UP_PORT" "$LAST"
+    nginx_conf "$WORK/ngx-sse" "    upstream model { server 127.0.0.1:$SSE_UP_PORT; keepalive 64; }
+    server {
+        listen 127.0.0.1:$NGX_SSE_PORT;
+        location / {
+            proxy_pass http://model;
+            proxy_http_version 1.1;
+            proxy_buffering off;
+            proxy_set_header Connection \"\";
+            proxy_set_header Authorization \"Bearer upstream-key\";
+        }
+    }"
+    spawn taskset -c "$PROXY_CPU" "$NGINX_BIN" -p "$WORK/ngx-sse/" -e "$WORK/ngx-sse/error.log" \
+        -c "$WORK/ngx-sse/nginx.conf"
+    wait_port "$NGX_SSE_PORT" "$LAST"
+    NGX_SSE_PIDS="$LAST $(pgrep -P "$LAST" | tr '\n' ' ')"
+    python3 - "$WORK/body-sse.json" <<'EOF'
+import json, sys
+b = {"model": "chat-model", "messages": [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "Write one sentence about the sea, please, in plain English."}],
+    "max_tokens": 64, "stream": True}
+open(sys.argv[1], "wb").write(json.dumps(b, separators=(",", ":")).encode())
+EOF
+fi
+
 # ---- sluice confs
 export SLUICE_BENCH_TOKEN_SECRET=bench-token-secret-0123456789abcdefghij
 export SLUICE_BENCH_SIGNING_SECRET=bench-signing-secret-0123456789abcdefgh
@@ -154,7 +198,7 @@ with open(sys.argv[1], "w") as f:
         f.write("forbiddenword%04dx\n" % i)
 EOF
 
-write_conf() { # $1 name, $2 port, $3 admin port, $4 full, plain or bodies
+write_conf() { # $1 name, $2 port, $3 admin port, $4 full, plain or bodies, $5 upstream port
     local f=$WORK/$1.yaml
     cat >"$f" <<EOF
 listen:
@@ -167,7 +211,7 @@ limits:
 upstreams:
   main:
     servers:
-      - url: "http://127.0.0.1:$UP_PORT"
+      - url: "http://127.0.0.1:${5:-$UP_PORT}"
     keepalive: 64
     api_key_env: SLUICE_BENCH_UPSTREAM_KEY
 models:
@@ -208,6 +252,8 @@ write_conf plain $((PORT_BASE + 10)) $((PORT_BASE + 20)) plain
 write_conf full $((PORT_BASE + 11)) $((PORT_BASE + 21)) full
 write_conf plain-base $((PORT_BASE + 12)) $((PORT_BASE + 22)) plain
 write_conf full-base $((PORT_BASE + 13)) $((PORT_BASE + 23)) full
+write_conf full-sse $((PORT_BASE + 16)) $((PORT_BASE + 26)) full "$SSE_UP_PORT"
+write_conf full-sse-base $((PORT_BASE + 17)) $((PORT_BASE + 27)) full "$SSE_UP_PORT"
 
 TOKEN=$("$SLUICE_BIN" token --sub bench-user --ttl 1h -c "$WORK/full.yaml" |
     awk '/^access_token:/ { print $2 }')
@@ -222,6 +268,8 @@ start_sluice() { # $1 key, $2 binary, $3 conf
 start_sluice plain "$SLUICE_BIN" plain
 start_sluice full "$SLUICE_BIN" full
 [ -n "$SIZES" ] && start_sluice size "$SLUICE_BIN" bodies
+[ "$SSE" = 1 ] && start_sluice full-sse "$SLUICE_BIN" full-sse
+[ "$SSE" = 1 ] && [ -n "$SLUICE_BASE_BIN" ] && start_sluice full-sse@base "$WORK/sluice-base" full-sse-base
 if [ -n "$SLUICE_BASE_BIN" ]; then
     start_sluice plain@base "$WORK/sluice-base" plain-base
     start_sluice full@base "$WORK/sluice-base" full-base
@@ -251,11 +299,13 @@ run() { # $1 config, $2 round ("warm" = not recorded)
     port=$(port_of "$c")
     case $c in
     nginx) pids=$NGX_PIDS ;;
+    nginx-sse) pids=$NGX_SSE_PIDS ;;
     size*@base) pids=${SPID[size@base]} ;;
     size*) pids=${SPID[size]} ;;
     *) pids=${SPID[$c]} ;;
     esac
     case $c in full*) tok=$TOKEN ;; esac
+    case $c in *-sse*) body=$WORK/body-sse.json ;; esac
     case $c in size*)
         local k=${c#size}
         k=${k%@base}
@@ -311,11 +361,13 @@ for c in rows:
 if "nginx" in rows:
     print("\n| CPU per request / nginx's (same round) | median | min–max | goal |")
     print("| --- | --- | --- | --- |")
-    goals = {"plain": "≤ 0.8", "full": "≤ 1.0", "plain@base": "", "full@base": ""}
-    for c in ("plain", "full", "plain@base", "full@base"):
+    goals = {"plain": "≤ 0.8", "full": "≤ 1.0", "plain@base": "", "full@base": "",
+             "full-sse": "≤ 1.0 (÷ nginx-sse)", "full-sse@base": "(÷ nginx-sse)"}
+    for c in ("plain", "full", "plain@base", "full@base", "full-sse", "full-sse@base"):
         if c not in rows:
             continue
-        rs = [x["cpu_us"] / y["cpu_us"] for x, y in zip(rows[c], rows["nginx"])]
+        ref = "nginx-sse" if "-sse" in c else "nginx"
+        rs = [x["cpu_us"] / y["cpu_us"] for x, y in zip(rows[c], rows[ref])]
         print("| %s | %.2f | %.2f–%.2f | %s |" % (c, statistics.median(rs), min(rs), max(rs),
                                                 goals[c]))
 for suffix in ("", "@base"):
