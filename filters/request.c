@@ -31,6 +31,23 @@ static flt_req_verdict_t reject(flt_req_result_t *res, const char *code, const c
     return FLT_REQ_REJECT;
 }
 
+/* What the channel said of message i's content once fed and finished: a
+ * block is a rejection naming its rule, a failure an error; FLT_REQ_OK
+ * otherwise (masks are the caller's). */
+static flt_req_verdict_t chan_verdict(const flt_ruleset_t *rs, const flt_chan_t *ch,
+                                      flt_chan_rc_t rc, size_t i, flt_req_result_t *res)
+{
+    res->logged += ch->nlog;
+    if (rc == FLT_CHAN_BLOCK) {
+        char p[64];
+        snprintf(p, sizeof p, "messages[%zu].content", i);
+        res->rule = ch->block_rule >= 0 ? rs->rules[ch->block_rule].name : NULL;
+        return reject(res, FLT_CODE_CONTENT_FILTER, p,
+                      "the prompt was rejected by the content filter");
+    }
+    return rc == FLT_CHAN_OK ? FLT_REQ_OK : FLT_REQ_ERROR;
+}
+
 static const char *role_of(json_t *m)
 {
     return json_string_value(json_object_get(m, "role"));
@@ -211,16 +228,8 @@ static flt_req_verdict_t check_rules(const flt_ruleset_t *rs, json_t *m, size_t 
             flt_chan_feed(&ch, json_string_value(texts[k]), json_string_length(texts[k]), &outs[k]);
     if (rc == FLT_CHAN_OK)
         rc = flt_chan_finish(&ch, &outs[ntexts - 1]);
-    res->logged += ch.nlog;
-    if (rc == FLT_CHAN_BLOCK) {
-        char p[64];
-        snprintf(p, sizeof p, "messages[%zu].content", i);
-        res->rule = ch.block_rule >= 0 ? rs->rules[ch.block_rule].name : NULL;
-        v = reject(res, FLT_CODE_CONTENT_FILTER, p,
-                   "the prompt was rejected by the content filter");
-    } else if (rc != FLT_CHAN_OK) {
-        v = FLT_REQ_ERROR;
-    } else if (ch.nmask) {
+    v = chan_verdict(rs, &ch, rc, i, res);
+    if (v == FLT_REQ_OK && ch.nmask) {
         res->masked += ch.nmask;
         res->modified = true;
         for (size_t k = 0; k < ntexts; k++)
@@ -410,19 +419,9 @@ static flt_req_verdict_t chat_rules(const flt_ruleset_t *rs, const sl_chat_t *ch
     }
     if (rc == FLT_CHAN_OK)
         rc = flt_chan_finish(&ch, &out);
-    res->logged += ch.nlog;
-    flt_req_verdict_t v = FLT_REQ_OK;
-    if (rc == FLT_CHAN_BLOCK) {
-        char p[64];
-        snprintf(p, sizeof p, "messages[%zu].content", i);
-        res->rule = ch.block_rule >= 0 ? rs->rules[ch.block_rule].name : NULL;
-        v = reject(res, FLT_CODE_CONTENT_FILTER, p,
-                   "the prompt was rejected by the content filter");
-    } else if (rc != FLT_CHAN_OK) {
-        v = FLT_REQ_ERROR;
-    } else if (ch.nmask) {
+    flt_req_verdict_t v = chan_verdict(rs, &ch, rc, i, res);
+    if (v == FLT_REQ_OK && ch.nmask)
         v = FLT_REQ_EDIT;
-    }
     flt_chan_fini(&ch);
     sl_buf_free(&out);
     return v;

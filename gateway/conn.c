@@ -459,6 +459,32 @@ static int gw_conn_sniff_h2(gw_conn_t *c, struct evbuffer *in)
     return 1;
 }
 
+/* A whole request (head and body) was read: it goes to its route. */
+static void gw_conn_dispatch(gw_conn_t *c)
+{
+    gw_conn_disarm(c);
+    c->phase = GW_PHASE_BUSY;
+    c->nrequests++;
+    gw_req_set_id(c->req);
+    gw_route_dispatch(c->req);
+}
+
+/* The parser refused the request: answered with its status and reason,
+ * counted by reason. */
+static void gw_conn_parse_error(gw_conn_t *c)
+{
+    int status = gw_http_error_status(c->parser);
+    const char *reason = gw_http_error_reason(c->parser);
+    sl_counter_add(sl_metric_series1(gw_m.parse_errors, reason), 1);
+    char msg[160];
+    snprintf(msg, sizeof(msg), "malformed request: %s", reason);
+    c->phase = GW_PHASE_BUSY;
+    c->req->error_kind = "bad_request";
+    snprintf(c->req->id, sizeof(c->req->id), "%016llx", (unsigned long long)gw_worker_rand(c->w));
+    gw_respond_error(c->req, status, status >= 500 ? "server_error" : "invalid_request_error",
+                     gw_parse_code(status), msg);
+}
+
 static void gw_conn_parse(gw_conn_t *c)
 {
     struct evbuffer *in = bufferevent_get_input(c->bev);
@@ -497,32 +523,16 @@ static void gw_conn_parse(gw_conn_t *c)
         }
         case GW_HTTP_DONE: {
             const gw_http_msg_t *m = gw_http_msg(c->parser);
-            gw_conn_disarm(c);
-            c->phase = GW_PHASE_BUSY;
-            c->nrequests++;
-            if (!m->keep_alive || (int64_t)c->nrequests >= lim->keepalive_requests)
+            if (!m->keep_alive || (int64_t)c->nrequests + 1 >= lim->keepalive_requests)
                 c->close_after = true;
-            gw_req_set_id(c->req);
-            gw_route_dispatch(c->req);
+            gw_conn_dispatch(c);
             return;
         }
-        case GW_HTTP_ERROR: {
-            int status = gw_http_error_status(c->parser);
-            const char *reason = gw_http_error_reason(c->parser);
-            sl_counter_add(sl_metric_series1(gw_m.parse_errors, reason), 1);
-            char msg[160];
-            snprintf(msg, sizeof(msg), "malformed request: %s", reason);
-            c->phase = GW_PHASE_BUSY;
+        case GW_HTTP_ERROR:
             c->close_after = true;
             c->linger = true; /* the rest of the request is unread */
-            c->req->error_kind = "bad_request";
-            snprintf(c->req->id, sizeof(c->req->id), "%016llx",
-                     (unsigned long long)gw_worker_rand(c->w));
-            gw_respond_error(c->req, status,
-                             status >= 500 ? "server_error" : "invalid_request_error",
-                             gw_parse_code(status), msg);
+            gw_conn_parse_error(c);
             return;
-        }
         }
     }
 }
@@ -735,27 +745,12 @@ void gw_conn_stream_fed(gw_conn_t *c, gw_http_state_t st, size_t bytes)
         }
         return;
     case GW_HTTP_DONE:
-        gw_conn_disarm(c);
-        c->phase = GW_PHASE_BUSY;
-        c->nrequests++;
-        gw_req_set_id(c->req);
-        gw_route_dispatch(c->req);
+        gw_conn_dispatch(c);
         return;
-    case GW_HTTP_ERROR: {
-        int status = gw_http_error_status(c->parser);
-        const char *reason = gw_http_error_reason(c->parser);
-        sl_counter_add(sl_metric_series1(gw_m.parse_errors, reason), 1);
-        char msg[160];
-        snprintf(msg, sizeof(msg), "malformed request: %s", reason);
+    case GW_HTTP_ERROR:
         gw_conn_disarm(c);
-        c->phase = GW_PHASE_BUSY;
-        c->req->error_kind = "bad_request";
-        snprintf(c->req->id, sizeof(c->req->id), "%016llx",
-                 (unsigned long long)gw_worker_rand(c->w));
-        gw_respond_error(c->req, status, status >= 500 ? "server_error" : "invalid_request_error",
-                         gw_parse_code(status), msg);
+        gw_conn_parse_error(c);
         return;
-    }
     }
 }
 

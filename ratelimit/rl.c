@@ -524,19 +524,16 @@ static rl_lease_t *rl_lease_find(rl_worker_t *w, const char *key, size_t klen)
 
 static void rl_enqueue(rl_worker_t *w, rl_pending_t *p);
 
-/* Gives a lease's unspent units back to Redis (with this turn's batch). */
-static void rl_lease_give_back(rl_worker_t *w, rl_lease_t *l)
+/* A Redis call of the lease's own (no request behind it): a ticket for its
+ * key and limits, op 'r' (give back) or 'c' (ask). NULL on OOM. */
+static rl_pending_t *rl_lease_call(rl_worker_t *w, const rl_lease_t *l, char op)
 {
-    int64_t units = l->units;
-    l->units = 0;
-    if (units <= 0)
-        return;
     rl_pending_t *p = calloc(1, sizeof(*p));
     rl_ticket_t *t = calloc(1, sizeof(*t));
-    if (!p || !t) { /* lost: they count as spent (the safe side) */
+    if (!p || !t) {
         free(p);
         free(t);
-        return;
+        return NULL;
     }
     t->rl = w->rl;
     t->w = w;
@@ -546,7 +543,20 @@ static void rl_lease_give_back(rl_worker_t *w, rl_lease_t *l)
     memcpy(t->key, l->key, t->klen + 1);
     p->w = w;
     p->ticket = t;
-    p->op = 'r';
+    p->op = op;
+    return p;
+}
+
+/* Gives a lease's unspent units back to Redis (with this turn's batch). */
+static void rl_lease_give_back(rl_worker_t *w, rl_lease_t *l)
+{
+    int64_t units = l->units;
+    l->units = 0;
+    if (units <= 0)
+        return;
+    rl_pending_t *p = rl_lease_call(w, l, 'r');
+    if (!p)
+        return; /* lost: they count as spent (the safe side) */
     p->n = units;
     p->want = -1;
     rl_enqueue(w, p);
@@ -582,22 +592,9 @@ static void rl_lease_refill(rl_worker_t *w, rl_lease_t *l, int64_t now)
         return;
     if (now - l->granted_ns < (int64_t)RL_LEASE_TTL_MS * 1000000 / 4)
         l->size = SL_MIN(l->size * 2, rl_lease_cap(&l->lim));
-    rl_pending_t *p = calloc(1, sizeof(*p));
-    rl_ticket_t *t = calloc(1, sizeof(*t));
-    if (!p || !t) {
-        free(p);
-        free(t);
+    rl_pending_t *p = rl_lease_call(w, l, 'c');
+    if (!p)
         return;
-    }
-    t->rl = w->rl;
-    t->w = w;
-    t->lim = l->lim;
-    t->ip = l->ip;
-    t->klen = strlen(l->key);
-    memcpy(t->key, l->key, t->klen + 1);
-    p->w = w;
-    p->ticket = t;
-    p->op = 'c';
     p->refill = true;
     p->want = l->size;
     l->asking = true;
