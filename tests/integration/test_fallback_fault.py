@@ -85,11 +85,14 @@ def test_per_model_fault_overrides_the_root(sluice_factory, mock):
     helpers.assert_error(s.chat("x", model="chat-model"), 504, "upstream_error")
     t0 = time.monotonic()
     assert s.chat("y", model="plain-model").status == 200  # root's percent, its own delay
-    assert 0.4 <= time.monotonic() - t0 < bound(1.2)
+    # libevent arms timers from the time its loop woke (cached), not from the
+    # moment the request was parsed: a delay may end that much early (0.7 ms
+    # under ASan once). 20 ms of slack still tells 400 ms from the root's 50.
+    assert 0.38 <= time.monotonic() - t0 < bound(1.2)
     t0 = time.monotonic()
     r = s.request("POST", "/v1/embeddings", {"model": "embed-model", "input": "z"})  # the root's
     assert r.status == 200
-    assert 0.05 <= time.monotonic() - t0 < bound(0.35)
+    assert 0.04 <= time.monotonic() - t0 < bound(0.35)
     assert [q["json"]["model"] for q in mock.requests()] == ["plain-model", "mock-embed"]
     assert faults(s, "abort", "conf") == 1
     assert faults(s, "delay", "conf") == 3  # the aborted one was delayed too (drawn independently)
