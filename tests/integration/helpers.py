@@ -15,6 +15,7 @@ Times are time.monotonic() seconds, the clock the mock's records use too.
 import http.client
 import json
 import os
+import random
 import re
 import select
 import shutil
@@ -64,8 +65,39 @@ def bound(seconds):
 # ---- small utilities ------------------------------------------------------------
 
 
+def _ephemeral_low():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_EPHEMERAL_LOW = _ephemeral_low()
+_handed_out = set()
+_port_rng = random.Random(os.getpid())
+
+
 def free_port():
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    """A TCP port on 127.0.0.1 that nothing listens on right now, for a
+    server started next. Taken below the kernel's ephemeral range: a port
+    the kernel picked (bind to 0) could go to one of the many outgoing
+    connections before the server binds it ("Address already in use", seen
+    once in a full run); below the range only listeners compete. Not handed
+    out twice in a session."""
+    lo = 10000
+    if _EPHEMERAL_LOW - lo > 1000:
+        for _ in range(500):
+            port = _port_rng.randrange(lo, _EPHEMERAL_LOW)
+            if port in _handed_out:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _handed_out.add(port)
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
