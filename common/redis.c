@@ -493,6 +493,7 @@ typedef struct sl_redis_ev {
     bool want_write;
     bool in_flush;
     bool rearm; /* hiredis asked to write again during a flush: the kernel is full */
+    bool *gone; /* set by sl_rev_cleanup: the flush's write failed and freed us */
 } sl_redis_ev_t;
 
 static void sl_rev_read(evutil_socket_t fd, short what, void *arg)
@@ -518,9 +519,14 @@ static void sl_rev_kick(evutil_socket_t fd, short what, void *arg)
     sl_redis_ev_t *e = arg;
     if (!e->want_write)
         return;
+    bool gone = false;
+    e->gone = &gone;
     e->in_flush = true;
     e->rearm = false;
     redisAsyncHandleWrite(e->ac); /* calls delWrite when all is out, addWrite if not */
+    if (gone)
+        return; /* the write failed: hiredis freed the context, and e with it */
+    e->gone = NULL;
     e->in_flush = false;
     if (e->rearm)
         event_add(e->wev, NULL);
@@ -564,6 +570,8 @@ static void sl_rev_del_write(void *p)
 static void sl_rev_cleanup(void *p)
 {
     sl_redis_ev_t *e = p;
+    if (e->gone)
+        *e->gone = true;
     event_free(e->rev);
     event_free(e->wev);
     event_free(e->kick);
