@@ -4,8 +4,11 @@
 # front of build/tools/bench_upstream, both with one worker pinned to one
 # core (the load generator and the upstream on the other).
 #
-#   1. proxy CPU per request, json answers, 1 and 100 streams per
-#      connection (h2load -m 1 / -m 100), interleaved rounds: nginx, sluice,
+#   1. proxy CPU per request, json answers, in three shapes (connections x
+#      streams per connection): 1x1 (h2load -c 1 -m 1: one request at a
+#      time, so mostly the cost of waking up), 32x1 (-c 32 -m 1: 32 clients
+#      each with one request in flight, the proxy busy: the per-request
+#      work) and 1x100 (-c 1 -m 100); interleaved rounds: nginx, sluice,
 #      nginx, ...; CPU is the proxy's own (utime+stime of all its threads
 #      from /proc over the round) divided by the requests h2load completed.
 #   2. time to first SSE event over h2 added over direct: bench/h2_ttfe.py
@@ -17,7 +20,8 @@
 # BENCH_BASE_BIN (optional): a second sluice binary (e.g. the commit before a
 # change) run beside the first, same conf, same rounds, interleaved
 # ("base", "base-h1"), so before/after is a ratio of the same run.
-# Env: BENCH_ROUNDS (3), BENCH_N (requests per round, 20000),
+# Env: BENCH_ROUNDS (3), BENCH_N (requests per round, 20000), BENCH_SHAPES
+# ("1x1 32x1 1x100"), BENCH_TTFE (1; 0 skips part 2),
 # BENCH_TTFE_SAMPLES (60), BENCH_PORT_BASE (19400), SLUICE_BIN, BENCH_TOOLS.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -132,14 +136,15 @@ pid_of() {
 # sluice-h1: sluice over HTTP/1.1 on the same TLS listener (ALPN http/1.1),
 # one request at a time per connection: what the h2 layer itself costs.
 
-# $1 target, $2 streams per connection, $3 requests; prints "ok cpu_us_per_req rps"
+# $1 target, $2 shape CxM (connections x streams per connection), $3 requests;
+# prints "ok cpu_us_per_req rps"
 run_h2load() {
-    local t=$1 m=$2 n=$3 pid c0 c1 out ok rps
+    local t=$1 c=${2%x*} m=${2#*x} n=$3 pid c0 c1 out ok rps
     pid=$(pid_of "$t")
     c0=$(cpu_ticks "$pid")
     local h1=()
     case $t in *-h1) h1=(--h1) ;; esac
-    out=$(taskset -c "$LOAD_CPU" h2load "${h1[@]}" -n "$n" -c 1 -m "$m" -d "$BODY" \
+    out=$(taskset -c "$LOAD_CPU" h2load "${h1[@]}" -n "$n" -c "$c" -m "$m" -d "$BODY" \
         -H 'content-type: application/json' "https://127.0.0.1:$(port_of "$t")/v1/chat/completions" 2>&1)
     c1=$(cpu_ticks "$pid")
     ok=$(echo "$out" | awk '/^status codes:/ { print $3 }')
@@ -158,12 +163,13 @@ UP_PID=$LAST
 wait_port "$UP_PORT" "$UP_PID"
 start_proxies "$UP_PORT"
 declare -A CPU
-for m in 1 100; do
+SHAPES=${BENCH_SHAPES:-"1x1 32x1 1x100"}
+for m in $SHAPES; do
     targets="nginx sluice"
-    [ "$m" = 1 ] && targets="nginx sluice sluice-h1"
+    [ "${m#*x}" = 1 ] && targets="nginx sluice sluice-h1"
     if [ -n "$BASE_BIN" ]; then
         targets="$targets base"
-        [ "$m" = 1 ] && targets="$targets base-h1"
+        [ "${m#*x}" = 1 ] && targets="$targets base-h1"
     fi
     for t in $targets; do run_h2load "$t" "$m" 2000 >/dev/null; done # warm
     for r in $(seq "$ROUNDS"); do
@@ -171,7 +177,7 @@ for m in 1 100; do
             read -r ok us rps < <(run_h2load "$t" "$m" "$N")
             [ "$ok" -eq "$N" ] || echo "bench: $t m=$m round $r: only $ok of $N were 2xx" >&2
             CPU[$t.$m]="${CPU[$t.$m]:-} $us"
-            printf '  m=%-3s round %d %-6s %7.2f us CPU/request  %9s req/s\n' "$m" "$r" "$t" "$us" "$rps"
+            printf '  %-5s round %d %-6s %7.2f us CPU/request  %9s req/s\n' "$m" "$r" "$t" "$us" "$rps"
         done
     done
 done
@@ -180,27 +186,30 @@ stop "$UP_PID"
 
 med() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 echo "proxy CPU per request over h2+TLS (median of rounds; ratio = sluice / nginx):"
-for m in 1 100; do
+for m in $SHAPES; do
     n=$(echo "${CPU[nginx.$m]}" | med)
     s=$(echo "${CPU[sluice.$m]}" | med)
-    awk -v m="$m" -v n="$n" -v s="$s" 'BEGIN { printf "  %3s streams/conn: nginx %.2f us, sluice %.2f us, ratio %.2f\n", m, n, s, s / n }'
+    awk -v m="$m" -v n="$n" -v s="$s" 'BEGIN { printf "  %5s conns x streams: nginx %.2f us, sluice %.2f us, ratio %.2f\n", m, n, s, s / n }'
 done
-h=$(echo "${CPU[sluice-h1.1]}" | med)
-s=$(echo "${CPU[sluice.1]}" | med)
-awk -v h="$h" -v s="$s" 'BEGIN { printf "  sluice over TLS, 1 request at a time: h2 %.2f us, http/1.1 %.2f us, h2/h1 %.2f\n", s, h, s / h }'
+for m in 1x1 32x1; do
+    h=$(echo "${CPU[sluice-h1.$m]}" | med)
+    s=$(echo "${CPU[sluice.$m]}" | med)
+    awk -v m="$m" -v h="$h" -v s="$s" 'BEGIN { printf "  sluice over TLS, %s: h2 %.2f us, http/1.1 %.2f us, h2/h1 %.2f\n", m, s, h, s / h }'
+done
 if [ -n "$BASE_BIN" ]; then
-    for m in 1 100; do
+    for m in $SHAPES; do
         b=$(echo "${CPU[base.$m]}" | med)
         s=$(echo "${CPU[sluice.$m]}" | med)
         n=$(echo "${CPU[nginx.$m]}" | med)
-        awk -v m="$m" -v b="$b" -v s="$s" -v n="$n" 'BEGIN { printf "  base %3s streams/conn: %.2f us (÷ nginx %.2f); this ÷ base %.2f\n", m, b, b / n, s / b }'
+        awk -v m="$m" -v b="$b" -v s="$s" -v n="$n" 'BEGIN { printf "  base %5s: %.2f us (÷ nginx %.2f); this ÷ base %.2f\n", m, b, b / n, s / b }'
     done
-    b=$(echo "${CPU[base.1]}" | med)
-    h=$(echo "${CPU[base-h1.1]}" | med)
-    awk -v h="$h" -v b="$b" 'BEGIN { printf "  base over TLS, 1 at a time: h2/h1 %.2f\n", b / h }'
+    b=$(echo "${CPU[base.1x1]}" | med)
+    h=$(echo "${CPU[base-h1.1x1]}" | med)
+    awk -v h="$h" -v b="$b" 'BEGIN { printf "  base over TLS, 1x1: h2/h1 %.2f\n", b / h }'
 fi
 
 # ---- 2. time to first SSE byte -----------------------------------------
+[ "${BENCH_TTFE:-1}" = 1 ] || exit 0
 spawn taskset -c "$LOAD_CPU" "$TOOLS/bench_upstream" -l "127.0.0.1:$TTFE_PORT" -n 2 -d 1000
 UP_PID=$LAST
 wait_port "$TTFE_PORT" "$UP_PID"

@@ -159,6 +159,7 @@ static gw_conn_t *gw_conn_attach(gw_worker_t *w, gw_conn_t *c, struct buffereven
     bufferevent_set_timeouts(c->bev, NULL, &wtv);
     bufferevent_enable(c->bev, EV_READ | EV_WRITE);
     gw_wio_init(&c->wio, w, c->bev, direct, gw_conn_drained, gw_conn_failed, c);
+    gw_wio_set_kick(&c->wio, c->tls);
     TAILQ_INSERT_TAIL(&w->conns, c, link);
     w->nconns++;
     sl_gauge_add(gw_m.conns_active, 1);

@@ -20,6 +20,7 @@ struct gw_wio {
     bool direct;                  /* we write; EV_WRITE armed only while the kernel is full */
     bool armed;                   /* EV_WRITE is armed (libevent writes) */
     bool queued;                  /* on the worker's flush list */
+    bool kick;                    /* TLS: libevent writes, but in this loop turn */
     void (*drained)(void *owner); /* everything was written */
     void (*failed)(void *owner, short what); /* a write failed */
     void *owner;
@@ -30,6 +31,9 @@ TAILQ_HEAD(gw_wio_list, gw_wio);
 void gw_wio_init(gw_wio_t *io, gw_worker_t *w, struct bufferevent *bev, bool direct,
                  void (*drained)(void *), void (*failed)(void *, short), void *owner);
 void gw_wio_set_direct(gw_wio_t *io, bool direct);
+/* TLS: new output is written at the end of the current callbacks by
+ * running the bufferevent's own write event at once (wio.c). */
+void gw_wio_set_kick(gw_wio_t *io, bool kick);
 void gw_wio_fini(gw_wio_t *io);
 /* From the bufferevent's write callback: libevent wrote. */
 void gw_wio_written(gw_wio_t *io);

@@ -191,6 +191,25 @@ static bool gw_h2_conn_specific(const char *n, size_t len)
     return false;
 }
 
+/* HPACK: which answer fields may enter the connection's dynamic table. A
+ * value that changes with every answer (x-request-id, content-length, an
+ * upstream's x-ratelimit-remaining...) only evicts useful entries, and
+ * nghttp2's deflater keeps entries of one name in one hash chain, so a
+ * table full of request ids made every lookup walk ~70 of them: 14% of
+ * the proxy's CPU with 32 connections. Fields whose values repeat are
+ * indexed; everything else goes as a literal that is never indexed (as
+ * nginx sends all of its answer fields). */
+static uint8_t gw_h2_index_flag(const char *n, size_t len)
+{
+    static const char *const stable[] = {
+        "content-type",   "cache-control",     "vary",           "server",
+        "x-sluice-route", "x-sluice-fallback", "x-sluice-cache", NULL};
+    for (const char *const *p = stable; *p; p++)
+        if (strlen(*p) == len && memcmp(*p, n, len) == 0)
+            return NGHTTP2_NV_FLAG_NONE;
+    return NGHTTP2_NV_FLAG_NO_INDEX;
+}
+
 /* The head's lines ("Name: value\r\n", made by sluice itself, so well
  * formed) become the HEADERS' fields: names lower-cased as RFC 9113 8.2.1
  * wants, connection-specific ones dropped, content-length from length. */
@@ -225,7 +244,7 @@ static size_t gw_h2_out_head_end(gw_conn_t *c, gw_req_t *r, struct evbuffer *hb,
             size_t nl = (size_t)(colon - p);
             if (!gw_h2_conn_specific(p, nl)) {
                 nv[n++] = (nghttp2_nv){(uint8_t *)p, (uint8_t *)v, nl, (size_t)(ve - v),
-                                       NGHTTP2_NV_FLAG_NONE};
+                                       gw_h2_index_flag(p, nl)};
                 bytes += nl + (size_t)(ve - v) + 4;
             }
         }
@@ -238,7 +257,7 @@ static size_t gw_h2_out_head_end(gw_conn_t *c, gw_req_t *r, struct evbuffer *hb,
             *--d = (char)('0' + v % 10);
         while ((v /= 10) != 0);
         nv[n++] = (nghttp2_nv){(uint8_t *)"content-length", (uint8_t *)d, 14, (size_t)(e - d),
-                               NGHTTP2_NV_FLAG_NONE};
+                               NGHTTP2_NV_FLAG_NO_INDEX};
     }
     size_t dl;
     const char *date = gw_date_header(&dl); /* "Date: ...\r\n" */

@@ -11,12 +11,23 @@
  * EV_WRITE armed, and libevent finishes the job (with the send timeout
  * running); when the buffer is empty again EV_WRITE is disarmed.
  *
- * TLS bufferevents and connections still connecting keep the ordinary
- * bufferevent behaviour (direct = false).
+ * TLS bufferevents cannot be written around (the SSL object and its record
+ * state belong to libevent's bufferevent), so they "kick" instead: the same
+ * flush list runs the bufferevent's own write event at once (event_active),
+ * and SSL_write happens in this loop turn rather than after an epoll_wait
+ * has reported the socket writable. With the event base's epoll changelist
+ * (worker.c) the EV_WRITE that libevent arms on new output and disarms once
+ * it is written cancel out: no epoll_ctl either. Measured on h2 over TLS,
+ * one stream at a time: 11 -> 8 syscalls per request.
+ *
+ * Connections still connecting keep the ordinary bufferevent behaviour
+ * (direct = false, kick = false).
  */
 #include <errno.h>
 #include <string.h>
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/bufferevent_struct.h>
 
 #include "gateway/gw_types.h"
 #include "gateway/gw_wio.h"
@@ -26,7 +37,7 @@ static void gw_wio_outcb(struct evbuffer *buf, const struct evbuffer_cb_info *in
 {
     (void)buf;
     gw_wio_t *io = arg;
-    if (info->n_added == 0 || !io->direct || io->queued || io->armed)
+    if (info->n_added == 0 || io->queued || (!io->kick && (!io->direct || io->armed)))
         return;
     io->queued = true;
     TAILQ_INSERT_TAIL(&io->w->flushq, io, link);
@@ -60,6 +71,11 @@ void gw_wio_set_direct(gw_wio_t *io, bool direct)
     }
 }
 
+void gw_wio_set_kick(gw_wio_t *io, bool kick)
+{
+    io->kick = kick;
+}
+
 void gw_wio_fini(gw_wio_t *io)
 {
     if (io->queued) {
@@ -70,6 +86,7 @@ void gw_wio_fini(gw_wio_t *io)
         evbuffer_remove_cb_entry(bufferevent_get_output(io->bev), io->cb);
     io->cb = NULL;
     io->direct = false;
+    io->kick = false;
 }
 
 /* libevent wrote (EV_WRITE was armed): once empty, direct again. */
@@ -84,6 +101,14 @@ void gw_wio_written(gw_wio_t *io)
 static void gw_wio_flush(gw_wio_t *io)
 {
     struct evbuffer *out = bufferevent_get_output(io->bev);
+    if (io->kick) {
+        /* libevent's TLS write callback, now: it writes what SSL takes and
+         * disarms EV_WRITE once the buffer is empty (or leaves it armed,
+         * with the send timeout, when the kernel is full). */
+        if (evbuffer_get_length(out) > 0)
+            event_active(&io->bev->ev_write, EV_WRITE, 1);
+        return;
+    }
     if (!io->direct || io->armed || evbuffer_get_length(out) == 0)
         return;
     /* A bufferevent keeps the front of its output frozen (only it drains

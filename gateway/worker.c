@@ -531,6 +531,22 @@ void gw_worker_fini_loop(gw_worker_t *w)
     w->reap_ev = w->flush_ev = NULL;
 }
 
+/* epoll with libevent's changelist: an event added and deleted again within
+ * one loop turn (a TLS connection's EV_WRITE armed by new output, then
+ * disarmed when the kicked write empties it, wio.c) costs no epoll_ctl; only
+ * the net change reaches the kernel when the loop next waits. libevent warns
+ * that it mixes badly with dup()ed descriptors; none is ever registered. */
+static struct event_base *gw_worker_base_new(void)
+{
+    struct event_config *cfg = event_config_new();
+    if (!cfg)
+        return NULL;
+    event_config_set_flag(cfg, EVENT_BASE_FLAG_EPOLL_USE_CHANGELIST);
+    struct event_base *base = event_base_new_with_config(cfg);
+    event_config_free(cfg);
+    return base;
+}
+
 int gw_worker_init(gw_worker_t *w, gw_server_t *s, int id, bool is_main)
 {
     w->srv = s;
@@ -539,7 +555,7 @@ int gw_worker_init(gw_worker_t *w, gw_server_t *s, int id, bool is_main)
     /* Millisecond timers through epoll_wait's timeout: a precise timer
      * (timerfd) costs a syscall per loop turn, and every deadline here
      * is in milliseconds anyway. */
-    struct event_base *base = w->base ? w->base : event_base_new();
+    struct event_base *base = w->base ? w->base : gw_worker_base_new();
     if (!base || gw_worker_init_loop(w, base) != 0)
         return -1;
     w->notify_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
