@@ -7,7 +7,7 @@ PKGS="build-essential pkg-config clang clang-format libclang-rt-14-dev
 libevent-dev libssl-dev openssl libjansson-dev libpcre2-dev libhiredis-dev
 libcmocka-dev libhttp-parser-dev libyaml-dev uthash-dev libyajl-dev
 redis-server nginx-light wrk prometheus curl ca-certificates
-python3 python3-pytest python3-numpy python3-regex procps iproute2
+python3 python3-pytest python3-numpy python3-regex python3-hpack procps iproute2
 chromium
 kotlin default-jre-headless libokhttp-java
 libsystemd-dev systemd debhelper dpkg-dev lintian man-db logrotate

@@ -98,6 +98,41 @@ def test_h2_answer_heads_are_h2_fields(h2s, mock):
             assert "content-type: text/event-stream" in lines
 
 
+def test_h2_answer_fields_with_per_answer_values_are_never_indexed(h2s, mock):
+    """HPACK: fields whose values change with every answer (x-request-id,
+    content-length) go as never-indexed literals, so they do not fill the
+    connection's dynamic table; content-type, which repeats, is indexed and
+    sent from the table after the first answer (RFC 7541 6.1, 6.2.3)."""
+    hpack = pytest.importorskip("hpack")
+    c = h2raw.H2Conn("127.0.0.1", h2s.port)
+    dec = hpack.Decoder()
+    try:
+        body = json.dumps(chat_body("hpack")).encode()
+        blocks = []
+        for sid in (1, 3, 5):
+            c.headers(sid, h2raw.req_headers("POST", "/v1/chat/completions",
+                                             extra=[("content-type", "application/json")]), end_stream=False)
+            c.data(sid, body)
+            fs = c.frames_until(lambda f, sid=sid: f is not None and f[2] == sid and f[0] == h2raw.HEADERS)
+            assert fs[-1] is not None
+            blocks.append(fs[-1][3])
+        heads = [dec.decode(b, raw=False) for b in blocks]
+    finally:
+        c.close()
+    for i, head in enumerate(heads):
+        kinds = {h[0]: type(h).__name__ for h in head}
+        assert dict(head)[":status"] == "200"
+        assert kinds["x-request-id"] == "NeverIndexedHeaderTuple", (i, kinds)
+        assert kinds["content-length"] == "NeverIndexedHeaderTuple", (i, kinds)
+        assert kinds["content-type"] == "HeaderTuple", (i, kinds)
+    assert len({dict(h)["x-request-id"] for h in heads}) == 3
+    table = [(n.decode(), v.decode()) for n, v in dec.header_table.dynamic_entries]
+    assert not any(n in ("x-request-id", "content-length") for n, _ in table), table
+    assert ("content-type", "application/json") in table
+    # from the 2nd answer on, content-type is a 1-byte reference to the table
+    assert len(blocks[2]) < len(blocks[0])
+
+
 def test_h2c_sse_each_event_reaches_client_before_the_next_is_sent(h2s, mock):
     """The relay's per-event flush holds over h2: one DATA frame per event,
     proved with the mock's gate (event n+1 is released only after event n
