@@ -400,6 +400,8 @@ static void gw_up_eventcb(struct bufferevent *bev, short what, void *arg)
         u->connected = true;
         if (!srv_https(u))
             gw_wio_set_direct(&u->wio, true); /* connected: write directly from now on */
+        else
+            gw_wio_set_kick(&u->wio, true); /* handshake done: TLS writes in this turn */
         if (u->owner)
             u->on_event(u->owner, what);
         return;
