@@ -191,7 +191,8 @@ for m in $SHAPES; do
     s=$(echo "${CPU[sluice.$m]}" | med)
     awk -v m="$m" -v n="$n" -v s="$s" 'BEGIN { printf "  %5s conns x streams: nginx %.2f us, sluice %.2f us, ratio %.2f\n", m, n, s, s / n }'
 done
-for m in 1x1 32x1; do
+for m in $SHAPES; do
+    [ "${m#*x}" = 1 ] || continue
     h=$(echo "${CPU[sluice-h1.$m]}" | med)
     s=$(echo "${CPU[sluice.$m]}" | med)
     awk -v m="$m" -v h="$h" -v s="$s" 'BEGIN { printf "  sluice over TLS, %s: h2 %.2f us, http/1.1 %.2f us, h2/h1 %.2f\n", m, s, h, s / h }'
@@ -203,9 +204,12 @@ if [ -n "$BASE_BIN" ]; then
         n=$(echo "${CPU[nginx.$m]}" | med)
         awk -v m="$m" -v b="$b" -v s="$s" -v n="$n" 'BEGIN { printf "  base %5s: %.2f us (÷ nginx %.2f); this ÷ base %.2f\n", m, b, b / n, s / b }'
     done
-    b=$(echo "${CPU[base.1x1]}" | med)
-    h=$(echo "${CPU[base-h1.1x1]}" | med)
-    awk -v h="$h" -v b="$b" 'BEGIN { printf "  base over TLS, 1x1: h2/h1 %.2f\n", b / h }'
+    for m in $SHAPES; do
+        [ "${m#*x}" = 1 ] || continue
+        b=$(echo "${CPU[base.$m]}" | med)
+        h=$(echo "${CPU[base-h1.$m]}" | med)
+        awk -v m="$m" -v h="$h" -v b="$b" 'BEGIN { printf "  base over TLS, %s: h2/h1 %.2f\n", m, b / h }'
+    done
 fi
 
 # ---- 2. time to first SSE byte -----------------------------------------
