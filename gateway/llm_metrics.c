@@ -9,6 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <yajl/yajl_parse.h>
+
+#include "common/yheap.h"
 #include "fallback/fallback.h"
 #include "gateway/gw_llm.h"
 #include "gateway/gw_req.h"
@@ -85,14 +88,16 @@ static bool gw_llm_has_content(const json_t *j)
     return false;
 }
 
-static void gw_llm_usage(gw_req_t *r, const json_t *usage)
+/* Counts a usage object's prompt_tokens and completion_tokens: each an
+ * integer or absent (have_*), at least one there, neither negative. */
+static void gw_llm_usage_add(gw_req_t *r, bool have_p, json_int_t pv, bool have_c, json_int_t cv)
 {
-    const json_t *p = json_object_get(usage, "prompt_tokens");
-    const json_t *c = json_object_get(usage, "completion_tokens");
-    if (!json_is_integer(p) && !json_is_integer(c))
+    if (!have_p && !have_c)
         return;
-    json_int_t pv = json_is_integer(p) ? json_integer_value(p) : 0;
-    json_int_t cv = json_is_integer(c) ? json_integer_value(c) : 0;
+    if (!have_p)
+        pv = 0;
+    if (!have_c)
+        cv = 0;
     if (pv < 0 || cv < 0)
         return;
     r->llm.prompt_tokens += pv;
@@ -102,6 +107,14 @@ static void gw_llm_usage(gw_req_t *r, const json_t *usage)
     const char *vc[2] = {r->model->name, "completion"};
     sl_counter_add(sl_metric_series(gw_llm_m.tokens, vp), (uint64_t)pv);
     sl_counter_add(sl_metric_series(gw_llm_m.tokens, vc), (uint64_t)cv);
+}
+
+static void gw_llm_usage(gw_req_t *r, const json_t *usage)
+{
+    const json_t *p = json_object_get(usage, "prompt_tokens");
+    const json_t *c = json_object_get(usage, "completion_tokens");
+    gw_llm_usage_add(r, json_is_integer(p), json_integer_value(p), json_is_integer(c),
+                     json_integer_value(c));
 }
 
 /* A content or token arrived now: TTFT for the first, a gap for the rest. */
@@ -250,9 +263,117 @@ void gw_llm_body_bytes(gw_req_t *r, const char *p, size_t n)
     r->llm.tail_len += n;
 }
 
-/* The usage object in the answer's tail: the last `"usage":{`, parsed by
- * jansson from there to the end of that object (JSON_DISABLE_EOF_CHECK:
- * what follows it is the rest of the answer). */
+/* The usage object of a JSON answer, read by yajl with callbacks: only
+ * its own two integer members are kept, and the parse stops at the
+ * object's end (what follows it is the rest of the answer). Once per
+ * request, so no tree and no malloc: yajl's few blocks come from a buffer
+ * on the stack (common/yheap.h). The counts are taken only when the whole
+ * object parsed, as a tree parse would have them. */
+typedef struct gw_llm_uparse {
+    int depth;           /* 1: inside the usage object itself */
+    int key;             /* the member whose value comes next: 0 other, 1 prompt, 2 completion */
+    bool closed;         /* the usage object ended */
+    bool have_p, have_c; /* an integer value was seen */
+    long long pv, cv;
+} gw_llm_uparse_t;
+
+static int gw_llm_up_value(void *ctx)
+{
+    ((gw_llm_uparse_t *)ctx)->key = 0;
+    return 1;
+}
+
+static int gw_llm_up_bool(void *ctx, int v)
+{
+    (void)v;
+    return gw_llm_up_value(ctx);
+}
+
+static int gw_llm_up_double(void *ctx, double v)
+{
+    (void)v;
+    return gw_llm_up_value(ctx);
+}
+
+static int gw_llm_up_string(void *ctx, const unsigned char *s, size_t n)
+{
+    (void)s;
+    (void)n;
+    return gw_llm_up_value(ctx);
+}
+
+static int gw_llm_up_integer(void *ctx, long long v)
+{
+    gw_llm_uparse_t *u = ctx;
+    if (u->key == 1) {
+        u->have_p = true;
+        u->pv = v;
+    } else if (u->key == 2) {
+        u->have_c = true;
+        u->cv = v;
+    }
+    u->key = 0;
+    return 1;
+}
+
+static int gw_llm_up_map_key(void *ctx, const unsigned char *k, size_t n)
+{
+    gw_llm_uparse_t *u = ctx;
+    u->key = 0;
+    if (u->depth == 1 && n == 13 && memcmp(k, "prompt_tokens", 13) == 0)
+        u->key = 1;
+    else if (u->depth == 1 && n == 17 && memcmp(k, "completion_tokens", 17) == 0)
+        u->key = 2;
+    return 1;
+}
+
+static int gw_llm_up_open(void *ctx)
+{
+    gw_llm_uparse_t *u = ctx;
+    u->depth++;
+    u->key = 0;
+    return 1;
+}
+
+static int gw_llm_up_close(void *ctx)
+{
+    gw_llm_uparse_t *u = ctx;
+    if (--u->depth == 0) {
+        u->closed = true;
+        return 0; /* the object is whole: stop here */
+    }
+    return 1;
+}
+
+static const yajl_callbacks gw_llm_up_cbs = {
+    .yajl_null = gw_llm_up_value,
+    .yajl_boolean = gw_llm_up_bool,
+    .yajl_integer = gw_llm_up_integer,
+    .yajl_double = gw_llm_up_double,
+    .yajl_string = gw_llm_up_string,
+    .yajl_start_map = gw_llm_up_open,
+    .yajl_map_key = gw_llm_up_map_key,
+    .yajl_end_map = gw_llm_up_close,
+    .yajl_start_array = gw_llm_up_open,
+    .yajl_end_array = gw_llm_up_close,
+};
+
+/* obj..end starts with the usage object's '{'. */
+static void gw_llm_usage_bytes(gw_req_t *r, const char *obj, size_t n)
+{
+    gw_llm_uparse_t u = {0};
+    sl_yheap_t heap;
+    yajl_alloc_funcs af = sl_yheap_funcs(&heap);
+    yajl_handle h = yajl_alloc(&gw_llm_up_cbs, &af, &u);
+    if (!h)
+        return;
+    (void)yajl_parse(h, (const unsigned char *)obj, n); /* client_canceled at its end */
+    yajl_free(h);
+    if (u.closed)
+        gw_llm_usage_add(r, u.have_p, u.pv, u.have_c, u.cv);
+}
+
+/* The usage object in the answer's tail: the last `"usage":{`. */
 static void gw_llm_tail_usage(gw_req_t *r)
 {
     const char *p = r->llm.tail, *end = p + r->llm.tail_len, *obj = NULL;
@@ -264,12 +385,8 @@ static void gw_llm_tail_usage(gw_req_t *r)
             obj = v;
         p = v;
     }
-    if (!obj)
-        return;
-    json_t *u = json_loadb(obj, (size_t)(end - obj), JSON_DISABLE_EOF_CHECK, NULL);
-    if (json_is_object(u))
-        gw_llm_usage(r, u);
-    json_decref(u);
+    if (obj)
+        gw_llm_usage_bytes(r, obj, (size_t)(end - obj));
 }
 
 void gw_llm_req_free(gw_req_t *r)
