@@ -176,45 +176,57 @@ static void gw_conn_free_cb(void *arg)
     free(c);
 }
 
-/* Request structs (with their emptied body buffers) the worker keeps for
- * its next requests, so a keep-alive request costs no allocation for them
- * while an idle connection holds none (nginx frees a request's memory
- * between keep-alive requests). Bounded: a peak of connections leaves at
- * most GW_REQ_CACHE_MAX behind (gw_worker.h). */
+/* Request structs the worker keeps for its next requests, with what every
+ * proxied request needs again: the emptied body and answer buffers, the
+ * upstream timer (its argument is the struct itself, so it stays right)
+ * and the usage tail's block. A keep-alive request so costs no allocation
+ * for them while an idle connection holds none (nginx frees a request's
+ * memory between keep-alive requests). Bounded: a peak of connections
+ * leaves at most GW_REQ_CACHE_MAX behind (gw_worker.h). */
+
+/* What a cached struct holds beyond itself. */
+static void gw_req_kept_free(gw_req_t *r)
+{
+    if (r->body)
+        evbuffer_free(r->body);
+    if (r->resp_body)
+        evbuffer_free(r->resp_body);
+    if (r->att.up_timer)
+        event_free(r->att.up_timer);
+    gw_llm_req_free(r);
+    free(r);
+}
 
 static void gw_req_cache_put(gw_worker_t *w, gw_req_t *r)
 {
     if (w->nreq_cache >= GW_REQ_CACHE_MAX) {
-        evbuffer_free(r->body);
-        free(r);
+        gw_req_kept_free(r);
         return;
     }
     evbuffer_drain(r->body, evbuffer_get_length(r->body));
+    if (r->resp_body)
+        evbuffer_drain(r->resp_body, evbuffer_get_length(r->resp_body));
+    if (r->att.up_timer)
+        evtimer_del(r->att.up_timer);
     w->req_cache[w->nreq_cache++] = r;
 }
 
 void gw_conn_cache_free(gw_worker_t *w)
 {
-    while (w->nreq_cache > 0) {
-        gw_req_t *r = w->req_cache[--w->nreq_cache];
-        evbuffer_free(r->body);
-        free(r);
-    }
+    while (w->nreq_cache > 0)
+        gw_req_kept_free(w->req_cache[--w->nreq_cache]);
 }
 
-/* A request's resources; the struct and its body buffer go to the
- * worker's cache. */
+/* A request's resources; the struct and what it keeps go to the worker's
+ * cache. */
 static void gw_req_free(gw_req_t *r)
 {
     if (!r)
         return;
     gw_conn_t *c = r->c;
-    gw_llm_req_free(r);
     if (r->json)
         json_decref(r->json);
     gw_body_scan_free(r->scan);
-    if (r->resp_body)
-        evbuffer_free(r->resp_body);
     if (r->capture)
         evbuffer_free(r->capture);
     if (r->retry_ev)
@@ -224,9 +236,7 @@ static void gw_req_free(gw_req_t *r)
         gw_req_cache_put(c->w, r);
         return;
     }
-    if (r->body)
-        evbuffer_free(r->body);
-    free(r);
+    gw_req_kept_free(r);
 }
 
 struct event_base *gw_conn_base(const gw_conn_t *c)
@@ -365,7 +375,13 @@ static gw_req_t *gw_req_new(gw_conn_t *c)
     struct evbuffer *body = NULL;
     if (r) {
         body = r->body;
+        struct evbuffer *resp_body = r->resp_body;
+        struct event *up_timer = r->att.up_timer;
+        char *tail = r->llm.tail;
         memset(r, 0, sizeof(*r));
+        r->resp_body = resp_body;
+        r->att.up_timer = up_timer;
+        r->llm.tail = tail;
     } else {
         r = calloc(1, sizeof(*r));
         if (!r)

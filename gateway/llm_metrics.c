@@ -61,6 +61,65 @@ void gw_llm_metrics_init(void)
                                              SL_METRIC_GAUGE, "upstream", NULL, 0);
 }
 
+/* A model's series for what nearly every request counts, looked up by
+ * their label strings (a list walk under the registry's lock) once per
+ * thread and model, not per request. Series live as long as the process;
+ * a slot is keyed by the model's name (its label), the rt pointer only
+ * saving the compare, so a reload that frees a model and puts another at
+ * its address just refills the slot. */
+typedef struct gw_llm_mcache {
+    const gw_model_rt_t *model;
+    char name[64];
+    sl_mseries_t *ok, *upstream, *prompt, *completion, *ttft_json, *ttft_stream;
+} gw_llm_mcache_t;
+
+#define GW_LLM_MCACHE 8
+static _Thread_local gw_llm_mcache_t gw_llm_mc[GW_LLM_MCACHE];
+static _Thread_local unsigned gw_llm_mc_next;
+
+static sl_mseries_t *gw_llm_s2(sl_metric_t *m, const char *model, const char *v)
+{
+    const char *vals[2] = {model, v};
+    return sl_metric_series(m, vals);
+}
+
+/* The model's cached series, or NULL for a name too long for a slot. */
+static gw_llm_mcache_t *gw_llm_series(const gw_model_rt_t *model)
+{
+    const char *name = model->name;
+    gw_llm_mcache_t *e = NULL;
+    for (unsigned i = 0; i < GW_LLM_MCACHE; i++)
+        if (gw_llm_mc[i].model == model) {
+            e = &gw_llm_mc[i];
+            break;
+        }
+    if (e && strcmp(e->name, name) == 0)
+        return e;
+    size_t n = strlen(name);
+    if (n >= sizeof(e->name))
+        return NULL;
+    if (!e)
+        e = &gw_llm_mc[gw_llm_mc_next++ % GW_LLM_MCACHE];
+    memset(e, 0, sizeof(*e));
+    e->model = model;
+    memcpy(e->name, name, n + 1);
+    return e;
+}
+
+/* One series of the model's slot (NULL: no slot), looked up on its first
+ * use: a series appears in the output once something counted in it. */
+static sl_mseries_t *gw_llm_cached(sl_mseries_t **slot, sl_metric_t *m, const char *model,
+                                   const char *v)
+{
+    if (!slot)
+        return gw_llm_s2(m, model, v);
+    if (!*slot)
+        *slot = gw_llm_s2(m, model, v);
+    return *slot;
+}
+
+#define GW_LLM_CACHED(e, field, m, model, v) gw_llm_cached((e) ? &(e)->field : NULL, m, model, v)
+
 /* Template and queued answers are not a model's tokens. */
 static bool gw_llm_model_answers(const gw_req_t *r)
 {
@@ -103,10 +162,10 @@ static void gw_llm_usage_add(gw_req_t *r, bool have_p, json_int_t pv, bool have_
     r->llm.prompt_tokens += pv;
     r->llm.completion_tokens += cv;
     r->llm.have_usage = true;
-    const char *vp[2] = {r->model->name, "prompt"};
-    const char *vc[2] = {r->model->name, "completion"};
-    sl_counter_add(sl_metric_series(gw_llm_m.tokens, vp), (uint64_t)pv);
-    sl_counter_add(sl_metric_series(gw_llm_m.tokens, vc), (uint64_t)cv);
+    gw_llm_mcache_t *e = gw_llm_series(r->model);
+    const char *name = r->model->name;
+    sl_counter_add(GW_LLM_CACHED(e, prompt, gw_llm_m.tokens, name, "prompt"), (uint64_t)pv);
+    sl_counter_add(GW_LLM_CACHED(e, completion, gw_llm_m.tokens, name, "completion"), (uint64_t)cv);
 }
 
 static void gw_llm_usage(gw_req_t *r, const json_t *usage)
@@ -124,8 +183,9 @@ static void gw_llm_token(gw_req_t *r)
     if (!r->llm.first_token_ns) {
         r->llm.first_token_ns = now;
         r->llm.ttft = (double)(now - r->start_ns) / 1e9;
-        const char *v[2] = {r->model->name, "true"};
-        sl_histogram_observe(sl_metric_series(gw_llm_m.ttft, v), r->llm.ttft);
+        gw_llm_mcache_t *e = gw_llm_series(r->model);
+        sl_histogram_observe(GW_LLM_CACHED(e, ttft_stream, gw_llm_m.ttft, r->model->name, "true"),
+                             r->llm.ttft);
     } else {
         if (!r->llm.itl)
             r->llm.itl = sl_metric_series1(gw_llm_m.itl, r->model->name);
@@ -429,19 +489,27 @@ void gw_llm_req_end(gw_req_t *r)
         return; /* refused before its model was known: not a model's request */
     if (r->llm.tail && !r->llm.have_usage && r->att.upstatus >= 200 && r->att.upstatus < 300)
         gw_llm_tail_usage(r);
+    gw_llm_mcache_t *e = gw_llm_series(r->model);
+    const char *name = r->model->name;
     char code[8];
-    const char *v[2] = {r->model->name, gw_llm_code(r->status, code, sizeof(code))};
-    sl_counter_add(sl_metric_series(gw_llm_m.requests, v), 1);
-    const char *t[2] = {r->model->name, gw_llm_tier(r)};
-    sl_counter_add(sl_metric_series(gw_llm_m.tier, t), 1);
+    if (r->status == 200)
+        sl_counter_add(GW_LLM_CACHED(e, ok, gw_llm_m.requests, name, "200"), 1);
+    else
+        sl_counter_add(
+            gw_llm_s2(gw_llm_m.requests, name, gw_llm_code(r->status, code, sizeof(code))), 1);
+    const char *tier = gw_llm_tier(r);
+    if (strcmp(tier, "upstream") == 0)
+        sl_counter_add(GW_LLM_CACHED(e, upstream, gw_llm_m.tier, name, tier), 1);
+    else
+        sl_counter_add(gw_llm_s2(gw_llm_m.tier, name, tier), 1);
     /* A whole JSON answer: its first token reached the client with its end. */
     bool text_route = r->route == GW_ROUTE_CHAT || r->route == GW_ROUTE_COMPLETIONS;
     if (text_route && !r->att.resp_sse && !r->llm.first_token_ns && r->status >= 200 &&
         r->status < 300 && !r->queued_id[0] && gw_llm_model_answers(r)) {
         r->llm.first_token_ns = sl_now_ns();
         r->llm.ttft = (double)(r->llm.first_token_ns - r->start_ns) / 1e9;
-        const char *s[2] = {r->model->name, "false"};
-        sl_histogram_observe(sl_metric_series(gw_llm_m.ttft, s), r->llm.ttft);
+        sl_histogram_observe(GW_LLM_CACHED(e, ttft_json, gw_llm_m.ttft, name, "false"),
+                             r->llm.ttft);
     }
 }
 

@@ -154,10 +154,8 @@ static void gw_proxy_finish(gw_req_t *r, bool reusable, int outcome)
     gw_fb_attempt_end(r, outcome);
     if (r->retry_ev)
         evtimer_del(r->retry_ev);
-    if (r->att.up_timer) {
-        event_free(r->att.up_timer);
-        r->att.up_timer = NULL;
-    }
+    if (r->att.up_timer) /* kept with the request for its next attempt (conn.c) */
+        evtimer_del(r->att.up_timer);
     if (r->att.ping_ev) {
         event_free(r->att.ping_ev);
         r->att.ping_ev = NULL;
