@@ -55,15 +55,19 @@ static const gw_out_ops_t gw_out_h1;
  * timer is re-armed only when a deadline comes earlier than the one it is
  * set for; when it fires early it re-arms for what is left. A request on a
  * keep-alive connection so costs no timer operation at all. */
-static void gw_conn_arm(gw_conn_t *c, int64_t ms)
+static void gw_conn_arm_at(gw_conn_t *c, int64_t ms, int64_t now)
 {
-    int64_t now = sl_now_ms();
     c->deadline_ms = now + ms;
     if (c->armed_ms && c->armed_ms <= c->deadline_ms)
         return;
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
     evtimer_add(c->timer, &tv);
     c->armed_ms = c->deadline_ms;
+}
+
+static void gw_conn_arm(gw_conn_t *c, int64_t ms)
+{
+    gw_conn_arm_at(c, ms, sl_now_ms());
 }
 
 static void gw_conn_disarm(gw_conn_t *c)
@@ -168,7 +172,7 @@ static gw_conn_t *gw_conn_attach(gw_worker_t *w, gw_conn_t *c, struct buffereven
     return c;
 }
 
-static void gw_req_count(gw_req_t *r);
+static int64_t gw_req_count(gw_req_t *r);
 
 static void gw_conn_free_cb(void *arg)
 {
@@ -505,6 +509,9 @@ static void gw_conn_parse(gw_conn_t *c)
 {
     struct evbuffer *in = bufferevent_get_input(c->bev);
     const conf_limits_t *lim = &c->w->rt->conf->limits;
+    /* One clock read for the deadlines armed in this call (microseconds
+     * apart): the new request's start, else read when first needed. */
+    int64_t now_ms = 0;
     while (!c->closed &&
            (c->phase == GW_PHASE_IDLE || c->phase == GW_PHASE_HEAD || c->phase == GW_PHASE_BODY)) {
         if (c->phase == GW_PHASE_IDLE) {
@@ -519,8 +526,9 @@ static void gw_conn_parse(gw_conn_t *c)
                 return;
             }
             c->phase = GW_PHASE_HEAD;
+            now_ms = c->req->start_ns / 1000000;
             if (c->nrequests > 0) /* the first request's deadline runs from accept */
-                gw_conn_arm(c, lim->header_timeout_ms);
+                gw_conn_arm_at(c, lim->header_timeout_ms, now_ms);
         }
         size_t used = 0;
         gw_http_state_t st = gw_http_feed_evbuffer(c->parser, in, &used, gw_conn_body_cb, c);
@@ -532,7 +540,9 @@ static void gw_conn_parse(gw_conn_t *c)
         case GW_HTTP_HEAD: {
             const gw_http_msg_t *m = gw_http_msg(c->parser);
             c->phase = GW_PHASE_BODY;
-            gw_conn_arm(c, lim->body_timeout_ms);
+            if (!now_ms)
+                now_ms = sl_now_ms();
+            gw_conn_arm_at(c, lim->body_timeout_ms, now_ms);
             if (m->expect_continue && (m->chunked || m->content_length > 0))
                 bufferevent_write(c->bev, GW_LIT("HTTP/1.1 100 Continue\r\n\r\n"));
             break;
@@ -657,7 +667,9 @@ static void gw_conn_timer_cb(evutil_socket_t fd, short what, void *arg)
     }
 }
 
-static void gw_req_count(gw_req_t *r)
+/* Returns the time it counted the request at, for the caller's next
+ * deadline (one clock read for the end of a request). */
+static int64_t gw_req_count(gw_req_t *r)
 {
     int cls = r->status >= 100 && r->status < 600 ? r->status / 100 : 5;
     /* A client that left is not a 4xx of ours: its own value (nginx's 499). */
@@ -665,15 +677,17 @@ static void gw_req_count(gw_req_t *r)
     sl_counter_add(r->status == 499 ? gw_m.requests_499[r->route][proto]
                                     : gw_m.requests[r->route][cls][proto],
                    1);
-    gw_llm_req_end(r); /* per model; a JSON answer's TTFT is taken here */
-    sl_histogram_observe(gw_m.duration[r->route], (double)(sl_now_ns() - r->start_ns) / 1e9);
+    int64_t now_ns = sl_now_ns();
+    gw_llm_req_end(r, now_ns); /* per model; a JSON answer's TTFT is taken here */
+    sl_histogram_observe(gw_m.duration[r->route], (double)(now_ns - r->start_ns) / 1e9);
+    return now_ns;
 }
 
 void gw_conn_req_done(gw_conn_t *c)
 {
     gw_req_t *r = c->req;
     gw_hooks_end(r, GW_END_DONE);
-    gw_req_count(r);
+    int64_t now_ms = gw_req_count(r) / 1000000;
     gw_accesslog_write(r);
     gw_req_free(r);
     c->req = NULL;
@@ -697,7 +711,7 @@ void gw_conn_req_done(gw_conn_t *c)
     c->phase = GW_PHASE_IDLE;
     gw_http_parser_reset(c->parser);
     bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
-    gw_conn_arm(c, c->w->rt->conf->limits.keepalive_timeout_ms);
+    gw_conn_arm_at(c, c->w->rt->conf->limits.keepalive_timeout_ms, now_ms);
     /* Pipelined bytes already here: parse them on the next loop turn (not
      * now: we may be deep in an upstream callback). */
     if (evbuffer_get_length(bufferevent_get_input(c->bev)) > 0)

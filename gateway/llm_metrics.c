@@ -483,7 +483,7 @@ static const char *gw_llm_code(int status, char *buf, size_t cap)
     return "other";
 }
 
-void gw_llm_req_end(gw_req_t *r)
+void gw_llm_req_end(gw_req_t *r, int64_t now_ns)
 {
     if (!r->model)
         return; /* refused before its model was known: not a model's request */
@@ -506,7 +506,7 @@ void gw_llm_req_end(gw_req_t *r)
     bool text_route = r->route == GW_ROUTE_CHAT || r->route == GW_ROUTE_COMPLETIONS;
     if (text_route && !r->att.resp_sse && !r->llm.first_token_ns && r->status >= 200 &&
         r->status < 300 && !r->queued_id[0] && gw_llm_model_answers(r)) {
-        r->llm.first_token_ns = sl_now_ns();
+        r->llm.first_token_ns = now_ns;
         r->llm.ttft = (double)(r->llm.first_token_ns - r->start_ns) / 1e9;
         sl_histogram_observe(GW_LLM_CACHED(e, ttft_json, gw_llm_m.ttft, name, "false"),
                              r->llm.ttft);
