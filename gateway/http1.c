@@ -923,7 +923,10 @@ static void scratch_drop(gw_http_parser_t *p)
  * storage to blocks of their size. -1 on OOM (nothing stored then). */
 static int scratch_settle(gw_http_parser_t *p)
 {
-    size_t nl = SL_MAX(p->nlines, (size_t)1);
+    /* After a too_many_headers error nlines counts one line past the
+     * table, never written: only the written entries move. */
+    size_t nlines = p->nlines, keep = SL_MIN(nlines, p->hdrs_cap);
+    size_t nl = SL_MAX(keep, (size_t)1);
     char *a = malloc(p->arena_len + 1);
     gw_http_header_t *h = malloc(nl * sizeof(*h));
     if (!a || !h) {
@@ -933,11 +936,12 @@ static int scratch_settle(gw_http_parser_t *p)
         head_restart(p);
         return -1;
     }
+    p->nlines = keep;
     size_t mo, to, ho;
     arena_offsets(p, p->arena, &mo, &to, &ho);
     memcpy(a, p->arena, p->arena_len);
     a[p->arena_len] = '\0';
-    memcpy(h, p->hdrs, SL_MIN(p->nlines, p->hdrs_cap) * sizeof(*h));
+    memcpy(h, p->hdrs, keep * sizeof(*h));
     gw_http_scratch.busy = false;
     p->arena = a;
     p->arena_cap = p->arena_len + 1;
@@ -945,6 +949,7 @@ static int scratch_settle(gw_http_parser_t *p)
     p->hdrs_cap = nl;
     p->msg.headers = h;
     arena_rebase(p, mo, to, ho);
+    p->nlines = nlines;
     return 0;
 }
 
