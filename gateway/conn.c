@@ -55,15 +55,19 @@ static const gw_out_ops_t gw_out_h1;
  * timer is re-armed only when a deadline comes earlier than the one it is
  * set for; when it fires early it re-arms for what is left. A request on a
  * keep-alive connection so costs no timer operation at all. */
-static void gw_conn_arm(gw_conn_t *c, int64_t ms)
+static void gw_conn_arm_at(gw_conn_t *c, int64_t ms, int64_t now)
 {
-    int64_t now = sl_now_ms();
     c->deadline_ms = now + ms;
     if (c->armed_ms && c->armed_ms <= c->deadline_ms)
         return;
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
     evtimer_add(c->timer, &tv);
     c->armed_ms = c->deadline_ms;
+}
+
+static void gw_conn_arm(gw_conn_t *c, int64_t ms)
+{
+    gw_conn_arm_at(c, ms, sl_now_ms());
 }
 
 static void gw_conn_disarm(gw_conn_t *c)
@@ -169,7 +173,7 @@ static gw_conn_t *gw_conn_attach(gw_worker_t *w, gw_conn_t *c, struct buffereven
     return c;
 }
 
-static void gw_req_count(gw_req_t *r);
+static int64_t gw_req_count(gw_req_t *r);
 
 static void gw_conn_free_cb(void *arg)
 {
@@ -177,45 +181,57 @@ static void gw_conn_free_cb(void *arg)
     free(c);
 }
 
-/* Request structs (with their emptied body buffers) the worker keeps for
- * its next requests, so a keep-alive request costs no allocation for them
- * while an idle connection holds none (nginx frees a request's memory
- * between keep-alive requests). Bounded: a peak of connections leaves at
- * most GW_REQ_CACHE_MAX behind (gw_worker.h). */
+/* Request structs the worker keeps for its next requests, with what every
+ * proxied request needs again: the emptied body and answer buffers, the
+ * upstream timer (its argument is the struct itself, so it stays right)
+ * and the usage tail's block. A keep-alive request so costs no allocation
+ * for them while an idle connection holds none (nginx frees a request's
+ * memory between keep-alive requests). Bounded: a peak of connections
+ * leaves at most GW_REQ_CACHE_MAX behind (gw_worker.h). */
+
+/* What a cached struct holds beyond itself. */
+static void gw_req_kept_free(gw_req_t *r)
+{
+    if (r->body)
+        evbuffer_free(r->body);
+    if (r->resp_body)
+        evbuffer_free(r->resp_body);
+    if (r->att.up_timer)
+        event_free(r->att.up_timer);
+    gw_llm_req_free(r);
+    free(r);
+}
 
 static void gw_req_cache_put(gw_worker_t *w, gw_req_t *r)
 {
     if (w->nreq_cache >= GW_REQ_CACHE_MAX) {
-        evbuffer_free(r->body);
-        free(r);
+        gw_req_kept_free(r);
         return;
     }
     evbuffer_drain(r->body, evbuffer_get_length(r->body));
+    if (r->resp_body)
+        evbuffer_drain(r->resp_body, evbuffer_get_length(r->resp_body));
+    if (r->att.up_timer)
+        evtimer_del(r->att.up_timer);
     w->req_cache[w->nreq_cache++] = r;
 }
 
 void gw_conn_cache_free(gw_worker_t *w)
 {
-    while (w->nreq_cache > 0) {
-        gw_req_t *r = w->req_cache[--w->nreq_cache];
-        evbuffer_free(r->body);
-        free(r);
-    }
+    while (w->nreq_cache > 0)
+        gw_req_kept_free(w->req_cache[--w->nreq_cache]);
 }
 
-/* A request's resources; the struct and its body buffer go to the
- * worker's cache. */
+/* A request's resources; the struct and what it keeps go to the worker's
+ * cache. */
 static void gw_req_free(gw_req_t *r)
 {
     if (!r)
         return;
     gw_conn_t *c = r->c;
-    gw_llm_req_free(r);
     if (r->json)
         json_decref(r->json);
     gw_body_scan_free(r->scan);
-    if (r->resp_body)
-        evbuffer_free(r->resp_body);
     if (r->capture)
         evbuffer_free(r->capture);
     if (r->retry_ev)
@@ -225,9 +241,7 @@ static void gw_req_free(gw_req_t *r)
         gw_req_cache_put(c->w, r);
         return;
     }
-    if (r->body)
-        evbuffer_free(r->body);
-    free(r);
+    gw_req_kept_free(r);
 }
 
 struct event_base *gw_conn_base(const gw_conn_t *c)
@@ -366,7 +380,13 @@ static gw_req_t *gw_req_new(gw_conn_t *c)
     struct evbuffer *body = NULL;
     if (r) {
         body = r->body;
+        struct evbuffer *resp_body = r->resp_body;
+        struct event *up_timer = r->att.up_timer;
+        char *tail = r->llm.tail;
         memset(r, 0, sizeof(*r));
+        r->resp_body = resp_body;
+        r->att.up_timer = up_timer;
+        r->llm.tail = tail;
     } else {
         r = calloc(1, sizeof(*r));
         if (!r)
@@ -490,6 +510,9 @@ static void gw_conn_parse(gw_conn_t *c)
 {
     struct evbuffer *in = bufferevent_get_input(c->bev);
     const conf_limits_t *lim = &c->w->rt->conf->limits;
+    /* One clock read for the deadlines armed in this call (microseconds
+     * apart): the new request's start, else read when first needed. */
+    int64_t now_ms = 0;
     while (!c->closed &&
            (c->phase == GW_PHASE_IDLE || c->phase == GW_PHASE_HEAD || c->phase == GW_PHASE_BODY)) {
         if (c->phase == GW_PHASE_IDLE) {
@@ -504,8 +527,9 @@ static void gw_conn_parse(gw_conn_t *c)
                 return;
             }
             c->phase = GW_PHASE_HEAD;
+            now_ms = c->req->start_ns / 1000000;
             if (c->nrequests > 0) /* the first request's deadline runs from accept */
-                gw_conn_arm(c, lim->header_timeout_ms);
+                gw_conn_arm_at(c, lim->header_timeout_ms, now_ms);
         }
         size_t used = 0;
         gw_http_state_t st = gw_http_feed_evbuffer(c->parser, in, &used, gw_conn_body_cb, c);
@@ -517,7 +541,9 @@ static void gw_conn_parse(gw_conn_t *c)
         case GW_HTTP_HEAD: {
             const gw_http_msg_t *m = gw_http_msg(c->parser);
             c->phase = GW_PHASE_BODY;
-            gw_conn_arm(c, lim->body_timeout_ms);
+            if (!now_ms)
+                now_ms = sl_now_ms();
+            gw_conn_arm_at(c, lim->body_timeout_ms, now_ms);
             if (m->expect_continue && (m->chunked || m->content_length > 0))
                 bufferevent_write(c->bev, GW_LIT("HTTP/1.1 100 Continue\r\n\r\n"));
             break;
@@ -642,7 +668,9 @@ static void gw_conn_timer_cb(evutil_socket_t fd, short what, void *arg)
     }
 }
 
-static void gw_req_count(gw_req_t *r)
+/* Returns the time it counted the request at, for the caller's next
+ * deadline (one clock read for the end of a request). */
+static int64_t gw_req_count(gw_req_t *r)
 {
     int cls = r->status >= 100 && r->status < 600 ? r->status / 100 : 5;
     /* A client that left is not a 4xx of ours: its own value (nginx's 499). */
@@ -650,15 +678,17 @@ static void gw_req_count(gw_req_t *r)
     sl_counter_add(r->status == 499 ? gw_m.requests_499[r->route][proto]
                                     : gw_m.requests[r->route][cls][proto],
                    1);
-    gw_llm_req_end(r); /* per model; a JSON answer's TTFT is taken here */
-    sl_histogram_observe(gw_m.duration[r->route], (double)(sl_now_ns() - r->start_ns) / 1e9);
+    int64_t now_ns = sl_now_ns();
+    gw_llm_req_end(r, now_ns); /* per model; a JSON answer's TTFT is taken here */
+    sl_histogram_observe(gw_m.duration[r->route], (double)(now_ns - r->start_ns) / 1e9);
+    return now_ns;
 }
 
 void gw_conn_req_done(gw_conn_t *c)
 {
     gw_req_t *r = c->req;
     gw_hooks_end(r, GW_END_DONE);
-    gw_req_count(r);
+    int64_t now_ms = gw_req_count(r) / 1000000;
     gw_accesslog_write(r);
     gw_req_free(r);
     c->req = NULL;
@@ -682,7 +712,7 @@ void gw_conn_req_done(gw_conn_t *c)
     c->phase = GW_PHASE_IDLE;
     gw_http_parser_reset(c->parser);
     bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
-    gw_conn_arm(c, c->w->rt->conf->limits.keepalive_timeout_ms);
+    gw_conn_arm_at(c, c->w->rt->conf->limits.keepalive_timeout_ms, now_ms);
     /* Pipelined bytes already here: parse them on the next loop turn (not
      * now: we may be deep in an upstream callback). */
     if (evbuffer_get_length(bufferevent_get_input(c->bev)) > 0)

@@ -52,9 +52,10 @@ void gw_llm_body(gw_req_t *r, const json_t *body);
 void gw_llm_body_bytes(gw_req_t *r, const char *p, size_t n);
 /* Frees what r->llm holds (the request is freed or reused). */
 void gw_llm_req_free(gw_req_t *r);
-/* The request is counted (status final, 499 for a client that left): the
- * per-model request and tier counters, TTFT of a non-streamed answer. */
-void gw_llm_req_end(gw_req_t *r);
+/* The request is counted (status final, 499 for a client that left) at
+ * now_ns: the per-model request and tier counters, TTFT of a non-streamed
+ * answer. */
+void gw_llm_req_end(gw_req_t *r, int64_t now_ns);
 /* The tier that answered ("upstream", "retry", "local", "template",
  * "queue", "error"), for the metric and the access log. */
 const char *gw_llm_tier(const gw_req_t *r);

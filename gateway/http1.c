@@ -823,26 +823,26 @@ static size_t hp_exec_head(gw_http_parser_t *p, const char *d, size_t n)
     return done;
 }
 
-/* Moves the arena to a block of cap bytes (grown or cut), moving the
- * strings that point into it. -1 on OOM (the old block is kept). */
-static int arena_move(gw_http_parser_t *p, size_t cap)
+/* The strings of the head being stored point into old: turns them into
+ * offsets (1-based, NULL stays NULL) so the block can move... */
+static void arena_offsets(gw_http_parser_t *p, const char *old, size_t *mo, size_t *to, size_t *ho)
 {
     gw_http_msg_t *m = &p->msg;
-    char *old = p->arena;
-    /* offsets while old is valid; an entry or field not set yet is NULL */
+    /* an entry or field not set yet is NULL */
     for (size_t i = 0; old && i < p->nlines; i++) {
         gw_http_header_t *h = &p->hdrs[i];
         h->name = h->name ? (const char *)(uintptr_t)(h->name - old + 1) : NULL;
         h->value = h->value ? (const char *)(uintptr_t)(h->value - old + 1) : NULL;
     }
-    size_t mo = m->method ? (size_t)(m->method - old) : 0;
-    size_t to = m->target ? (size_t)(m->target - old) : 0;
-    size_t ho = m->host ? (size_t)(m->host - old) : 0;
-    char *na = realloc(old, cap);
-    if (na) {
-        p->arena = na;
-        p->arena_cap = cap;
-    }
+    *mo = m->method ? (size_t)(m->method - old) : 0;
+    *to = m->target ? (size_t)(m->target - old) : 0;
+    *ho = m->host ? (size_t)(m->host - old) : 0;
+}
+
+/* ... and back to pointers into p->arena, wherever it is now. */
+static void arena_rebase(gw_http_parser_t *p, size_t mo, size_t to, size_t ho)
+{
+    gw_http_msg_t *m = &p->msg;
     char *a = p->arena;
     for (size_t i = 0; a && i < p->nlines; i++) {
         gw_http_header_t *h = &p->hdrs[i];
@@ -855,7 +855,102 @@ static int arena_move(gw_http_parser_t *p, size_t cap)
         m->target = a + to;
     if (m->host)
         m->host = a + ho;
+}
+
+/* Moves the arena to a block of cap bytes (grown or cut), moving the
+ * strings that point into it. -1 on OOM (the old block is kept). */
+static int arena_move(gw_http_parser_t *p, size_t cap)
+{
+    size_t mo, to, ho;
+    arena_offsets(p, p->arena, &mo, &to, &ho);
+    char *na = realloc(p->arena, cap);
+    if (na) {
+        p->arena = na;
+        p->arena_cap = cap;
+    }
+    arena_rebase(p, mo, to, ho);
     return na ? 0 : -1;
+}
+
+/* A head that arrives whole in one feed (nearly all of them: a client's
+ * request, an upstream's answer) is scanned into the thread's scratch
+ * storage, sized for any head under the default limits, and copied once
+ * into blocks of its exact size when the feed returns: two mallocs per
+ * head instead of the grow-and-cut reallocs below, and still nothing held
+ * before a head's first byte or after reset. Only within one feed call,
+ * so the connections of a thread share it. */
+#define GW_HTTP_SCRATCH_BYTES 8192
+#define GW_HTTP_SCRATCH_LINES 128
+static _Thread_local struct {
+    bool busy;
+    _Alignas(16) char arena[GW_HTTP_SCRATCH_BYTES];
+    gw_http_header_t hdrs[GW_HTTP_SCRATCH_LINES];
+} gw_http_scratch;
+
+static bool on_scratch(const gw_http_parser_t *p)
+{
+    return p->arena == gw_http_scratch.arena;
+}
+
+/* The head in d[0..n) (its end found, `len` bytes) goes to the scratch
+ * storage when nothing is stored yet and it fits; false otherwise. */
+static bool scratch_take(gw_http_parser_t *p, size_t len)
+{
+    if (gw_http_scratch.busy || p->arena || p->hdrs || p->arena_len ||
+        len + 1 > GW_HTTP_SCRATCH_BYTES || p->lim.header_lines > GW_HTTP_SCRATCH_LINES)
+        return false;
+    gw_http_scratch.busy = true;
+    p->arena = gw_http_scratch.arena;
+    p->arena_cap = GW_HTTP_SCRATCH_BYTES;
+    p->hdrs = gw_http_scratch.hdrs;
+    p->hdrs_cap = p->lim.header_lines;
+    p->msg.headers = p->hdrs;
+    return true;
+}
+
+/* Gives the scratch storage back; what pointed into it is forgotten. */
+static void scratch_drop(gw_http_parser_t *p)
+{
+    p->arena = NULL;
+    p->hdrs = NULL;
+    p->arena_cap = 0;
+    p->hdrs_cap = 0;
+    p->msg.headers = NULL;
+    gw_http_scratch.busy = false;
+}
+
+/* The feed returns: the head's strings and table move from the scratch
+ * storage to blocks of their size. -1 on OOM (nothing stored then). */
+static int scratch_settle(gw_http_parser_t *p)
+{
+    /* After a too_many_headers error nlines counts one line past the
+     * table, never written: only the written entries move. */
+    size_t nlines = p->nlines, keep = SL_MIN(nlines, p->hdrs_cap);
+    size_t nl = SL_MAX(keep, (size_t)1);
+    char *a = malloc(p->arena_len + 1);
+    gw_http_header_t *h = malloc(nl * sizeof(*h));
+    if (!a || !h) {
+        free(a);
+        free(h);
+        scratch_drop(p);
+        head_restart(p);
+        return -1;
+    }
+    p->nlines = keep;
+    size_t mo, to, ho;
+    arena_offsets(p, p->arena, &mo, &to, &ho);
+    memcpy(a, p->arena, p->arena_len);
+    a[p->arena_len] = '\0';
+    memcpy(h, p->hdrs, keep * sizeof(*h));
+    gw_http_scratch.busy = false;
+    p->arena = a;
+    p->arena_cap = p->arena_len + 1;
+    p->hdrs = h;
+    p->hdrs_cap = nl;
+    p->msg.headers = h;
+    arena_rebase(p, mo, to, ho);
+    p->nlines = nlines;
+    return 0;
 }
 
 /* Room for what n more head bytes d can store: each head byte stores at
@@ -877,6 +972,8 @@ static int head_reserve(gw_http_parser_t *p, const char *d, size_t n)
     const char *e = n - lead >= 4 ? memmem(d + lead, n - lead, "\r\n\r\n", 4) : NULL;
     if (e)
         n = (size_t)(e - d) + 4;
+    if (on_scratch(p) || (e && scratch_take(p, n)))
+        return 0;
     return storage_reserve(p, n, p->nlines + n / 3 + 2);
 }
 
@@ -909,6 +1006,8 @@ static int storage_reserve(gw_http_parser_t *p, size_t n, size_t lines)
 /* The head is complete: give back what it did not use. */
 static void head_shrink(gw_http_parser_t *p)
 {
+    if (on_scratch(p))
+        return; /* scratch_settle() gives it its size */
     if (p->arena_len + 1 < p->arena_cap)
         (void)arena_move(p, p->arena_len + 1); /* on OOM the bigger block stays */
     size_t n = SL_MAX(p->nlines, (size_t)1);
@@ -923,7 +1022,7 @@ static void head_shrink(gw_http_parser_t *p)
 }
 
 /* Feeds the head phase: one or more heads (1xx interims are skipped). */
-static gw_http_state_t feed_head(gw_http_parser_t *p, const char *d, size_t n, size_t *used)
+static gw_http_state_t feed_heads(gw_http_parser_t *p, const char *d, size_t n, size_t *used)
 {
     size_t off = 0;
     for (;;) {
@@ -965,6 +1064,8 @@ static gw_http_state_t feed_head(gw_http_parser_t *p, const char *d, size_t n, s
                 *used = off;
                 return GW_HTTP_ERROR;
             }
+            if (on_scratch(p))
+                scratch_drop(p); /* the interim's strings are not kept */
             head_restart(p);
             continue;
         }
@@ -974,6 +1075,16 @@ static gw_http_state_t feed_head(gw_http_parser_t *p, const char *d, size_t n, s
         *used = off;
         return p->state = GW_HTTP_HEAD;
     }
+}
+
+static gw_http_state_t feed_head(gw_http_parser_t *p, const char *d, size_t n, size_t *used)
+{
+    gw_http_state_t st = feed_heads(p, d, n, used);
+    if (on_scratch(p) && scratch_settle(p) != 0) {
+        fail(p, 503, "out_of_memory");
+        return p->state = GW_HTTP_ERROR;
+    }
+    return st;
 }
 
 /* ---- chunked framing ---- */
@@ -1153,6 +1264,8 @@ void gw_http_parser_free(gw_http_parser_t *p)
 {
     if (!p)
         return;
+    if (on_scratch(p))
+        scratch_drop(p);
     free(p->arena);
     free(p->hdrs);
     free(p);
@@ -1180,6 +1293,8 @@ void gw_http_parser_reset(gw_http_parser_t *p)
     p->body_bytes = 0;
     p->cb = NULL;
     p->cb_arg = NULL;
+    if (on_scratch(p)) /* not between feeds; only if a feed was cut short */
+        scratch_drop(p);
     free(p->arena); /* the next head grows its own (head_reserve) */
     free(p->hdrs);
     p->arena = NULL;

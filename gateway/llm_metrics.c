@@ -9,6 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <yajl/yajl_parse.h>
+
+#include "common/yheap.h"
 #include "fallback/fallback.h"
 #include "gateway/gw_llm.h"
 #include "gateway/gw_req.h"
@@ -58,6 +61,65 @@ void gw_llm_metrics_init(void)
                                              SL_METRIC_GAUGE, "upstream", NULL, 0);
 }
 
+/* A model's series for what nearly every request counts, looked up by
+ * their label strings (a list walk under the registry's lock) once per
+ * thread and model, not per request. Series live as long as the process;
+ * a slot is keyed by the model's name (its label), the rt pointer only
+ * saving the compare, so a reload that frees a model and puts another at
+ * its address just refills the slot. */
+typedef struct gw_llm_mcache {
+    const gw_model_rt_t *model;
+    char name[64];
+    sl_mseries_t *ok, *upstream, *prompt, *completion, *ttft_json, *ttft_stream;
+} gw_llm_mcache_t;
+
+#define GW_LLM_MCACHE 8
+static _Thread_local gw_llm_mcache_t gw_llm_mc[GW_LLM_MCACHE];
+static _Thread_local unsigned gw_llm_mc_next;
+
+static sl_mseries_t *gw_llm_s2(sl_metric_t *m, const char *model, const char *v)
+{
+    const char *vals[2] = {model, v};
+    return sl_metric_series(m, vals);
+}
+
+/* The model's cached series, or NULL for a name too long for a slot. */
+static gw_llm_mcache_t *gw_llm_series(const gw_model_rt_t *model)
+{
+    const char *name = model->name;
+    gw_llm_mcache_t *e = NULL;
+    for (unsigned i = 0; i < GW_LLM_MCACHE; i++)
+        if (gw_llm_mc[i].model == model) {
+            e = &gw_llm_mc[i];
+            break;
+        }
+    if (e && strcmp(e->name, name) == 0)
+        return e;
+    size_t n = strlen(name);
+    if (n >= sizeof(e->name))
+        return NULL;
+    if (!e)
+        e = &gw_llm_mc[gw_llm_mc_next++ % GW_LLM_MCACHE];
+    memset(e, 0, sizeof(*e));
+    e->model = model;
+    memcpy(e->name, name, n + 1);
+    return e;
+}
+
+/* One series of the model's slot (NULL: no slot), looked up on its first
+ * use: a series appears in the output once something counted in it. */
+static sl_mseries_t *gw_llm_cached(sl_mseries_t **slot, sl_metric_t *m, const char *model,
+                                   const char *v)
+{
+    if (!slot)
+        return gw_llm_s2(m, model, v);
+    if (!*slot)
+        *slot = gw_llm_s2(m, model, v);
+    return *slot;
+}
+
+#define GW_LLM_CACHED(e, field, m, model, v) gw_llm_cached((e) ? &(e)->field : NULL, m, model, v)
+
 /* Template and queued answers are not a model's tokens. */
 static bool gw_llm_model_answers(const gw_req_t *r)
 {
@@ -85,23 +147,33 @@ static bool gw_llm_has_content(const json_t *j)
     return false;
 }
 
-static void gw_llm_usage(gw_req_t *r, const json_t *usage)
+/* Counts a usage object's prompt_tokens and completion_tokens: each an
+ * integer or absent (have_*), at least one there, neither negative. */
+static void gw_llm_usage_add(gw_req_t *r, bool have_p, json_int_t pv, bool have_c, json_int_t cv)
 {
-    const json_t *p = json_object_get(usage, "prompt_tokens");
-    const json_t *c = json_object_get(usage, "completion_tokens");
-    if (!json_is_integer(p) && !json_is_integer(c))
+    if (!have_p && !have_c)
         return;
-    json_int_t pv = json_is_integer(p) ? json_integer_value(p) : 0;
-    json_int_t cv = json_is_integer(c) ? json_integer_value(c) : 0;
+    if (!have_p)
+        pv = 0;
+    if (!have_c)
+        cv = 0;
     if (pv < 0 || cv < 0)
         return;
     r->llm.prompt_tokens += pv;
     r->llm.completion_tokens += cv;
     r->llm.have_usage = true;
-    const char *vp[2] = {r->model->name, "prompt"};
-    const char *vc[2] = {r->model->name, "completion"};
-    sl_counter_add(sl_metric_series(gw_llm_m.tokens, vp), (uint64_t)pv);
-    sl_counter_add(sl_metric_series(gw_llm_m.tokens, vc), (uint64_t)cv);
+    gw_llm_mcache_t *e = gw_llm_series(r->model);
+    const char *name = r->model->name;
+    sl_counter_add(GW_LLM_CACHED(e, prompt, gw_llm_m.tokens, name, "prompt"), (uint64_t)pv);
+    sl_counter_add(GW_LLM_CACHED(e, completion, gw_llm_m.tokens, name, "completion"), (uint64_t)cv);
+}
+
+static void gw_llm_usage(gw_req_t *r, const json_t *usage)
+{
+    const json_t *p = json_object_get(usage, "prompt_tokens");
+    const json_t *c = json_object_get(usage, "completion_tokens");
+    gw_llm_usage_add(r, json_is_integer(p), json_integer_value(p), json_is_integer(c),
+                     json_integer_value(c));
 }
 
 /* A content or token arrived now: TTFT for the first, a gap for the rest. */
@@ -111,8 +183,9 @@ static void gw_llm_token(gw_req_t *r)
     if (!r->llm.first_token_ns) {
         r->llm.first_token_ns = now;
         r->llm.ttft = (double)(now - r->start_ns) / 1e9;
-        const char *v[2] = {r->model->name, "true"};
-        sl_histogram_observe(sl_metric_series(gw_llm_m.ttft, v), r->llm.ttft);
+        gw_llm_mcache_t *e = gw_llm_series(r->model);
+        sl_histogram_observe(GW_LLM_CACHED(e, ttft_stream, gw_llm_m.ttft, r->model->name, "true"),
+                             r->llm.ttft);
     } else {
         if (!r->llm.itl)
             r->llm.itl = sl_metric_series1(gw_llm_m.itl, r->model->name);
@@ -250,9 +323,117 @@ void gw_llm_body_bytes(gw_req_t *r, const char *p, size_t n)
     r->llm.tail_len += n;
 }
 
-/* The usage object in the answer's tail: the last `"usage":{`, parsed by
- * jansson from there to the end of that object (JSON_DISABLE_EOF_CHECK:
- * what follows it is the rest of the answer). */
+/* The usage object of a JSON answer, read by yajl with callbacks: only
+ * its own two integer members are kept, and the parse stops at the
+ * object's end (what follows it is the rest of the answer). Once per
+ * request, so no tree and no malloc: yajl's few blocks come from a buffer
+ * on the stack (common/yheap.h). The counts are taken only when the whole
+ * object parsed, as a tree parse would have them. */
+typedef struct gw_llm_uparse {
+    int depth;           /* 1: inside the usage object itself */
+    int key;             /* the member whose value comes next: 0 other, 1 prompt, 2 completion */
+    bool closed;         /* the usage object ended */
+    bool have_p, have_c; /* an integer value was seen */
+    long long pv, cv;
+} gw_llm_uparse_t;
+
+static int gw_llm_up_value(void *ctx)
+{
+    ((gw_llm_uparse_t *)ctx)->key = 0;
+    return 1;
+}
+
+static int gw_llm_up_bool(void *ctx, int v)
+{
+    (void)v;
+    return gw_llm_up_value(ctx);
+}
+
+static int gw_llm_up_double(void *ctx, double v)
+{
+    (void)v;
+    return gw_llm_up_value(ctx);
+}
+
+static int gw_llm_up_string(void *ctx, const unsigned char *s, size_t n)
+{
+    (void)s;
+    (void)n;
+    return gw_llm_up_value(ctx);
+}
+
+static int gw_llm_up_integer(void *ctx, long long v)
+{
+    gw_llm_uparse_t *u = ctx;
+    if (u->key == 1) {
+        u->have_p = true;
+        u->pv = v;
+    } else if (u->key == 2) {
+        u->have_c = true;
+        u->cv = v;
+    }
+    u->key = 0;
+    return 1;
+}
+
+static int gw_llm_up_map_key(void *ctx, const unsigned char *k, size_t n)
+{
+    gw_llm_uparse_t *u = ctx;
+    u->key = 0;
+    if (u->depth == 1 && n == 13 && memcmp(k, "prompt_tokens", 13) == 0)
+        u->key = 1;
+    else if (u->depth == 1 && n == 17 && memcmp(k, "completion_tokens", 17) == 0)
+        u->key = 2;
+    return 1;
+}
+
+static int gw_llm_up_open(void *ctx)
+{
+    gw_llm_uparse_t *u = ctx;
+    u->depth++;
+    u->key = 0;
+    return 1;
+}
+
+static int gw_llm_up_close(void *ctx)
+{
+    gw_llm_uparse_t *u = ctx;
+    if (--u->depth == 0) {
+        u->closed = true;
+        return 0; /* the object is whole: stop here */
+    }
+    return 1;
+}
+
+static const yajl_callbacks gw_llm_up_cbs = {
+    .yajl_null = gw_llm_up_value,
+    .yajl_boolean = gw_llm_up_bool,
+    .yajl_integer = gw_llm_up_integer,
+    .yajl_double = gw_llm_up_double,
+    .yajl_string = gw_llm_up_string,
+    .yajl_start_map = gw_llm_up_open,
+    .yajl_map_key = gw_llm_up_map_key,
+    .yajl_end_map = gw_llm_up_close,
+    .yajl_start_array = gw_llm_up_open,
+    .yajl_end_array = gw_llm_up_close,
+};
+
+/* obj..end starts with the usage object's '{'. */
+static void gw_llm_usage_bytes(gw_req_t *r, const char *obj, size_t n)
+{
+    gw_llm_uparse_t u = {0};
+    sl_yheap_t heap;
+    yajl_alloc_funcs af = sl_yheap_funcs(&heap);
+    yajl_handle h = yajl_alloc(&gw_llm_up_cbs, &af, &u);
+    if (!h)
+        return;
+    (void)yajl_parse(h, (const unsigned char *)obj, n); /* client_canceled at its end */
+    yajl_free(h);
+    if (u.closed)
+        gw_llm_usage_add(r, u.have_p, u.pv, u.have_c, u.cv);
+}
+
+/* The usage object in the answer's tail: the last `"usage":{`. */
 static void gw_llm_tail_usage(gw_req_t *r)
 {
     const char *p = r->llm.tail, *end = p + r->llm.tail_len, *obj = NULL;
@@ -264,12 +445,8 @@ static void gw_llm_tail_usage(gw_req_t *r)
             obj = v;
         p = v;
     }
-    if (!obj)
-        return;
-    json_t *u = json_loadb(obj, (size_t)(end - obj), JSON_DISABLE_EOF_CHECK, NULL);
-    if (json_is_object(u))
-        gw_llm_usage(r, u);
-    json_decref(u);
+    if (obj)
+        gw_llm_usage_bytes(r, obj, (size_t)(end - obj));
 }
 
 void gw_llm_req_free(gw_req_t *r)
@@ -306,25 +483,33 @@ static const char *gw_llm_code(int status, char *buf, size_t cap)
     return "other";
 }
 
-void gw_llm_req_end(gw_req_t *r)
+void gw_llm_req_end(gw_req_t *r, int64_t now_ns)
 {
     if (!r->model)
         return; /* refused before its model was known: not a model's request */
     if (r->llm.tail && !r->llm.have_usage && r->att.upstatus >= 200 && r->att.upstatus < 300)
         gw_llm_tail_usage(r);
+    gw_llm_mcache_t *e = gw_llm_series(r->model);
+    const char *name = r->model->name;
     char code[8];
-    const char *v[2] = {r->model->name, gw_llm_code(r->status, code, sizeof(code))};
-    sl_counter_add(sl_metric_series(gw_llm_m.requests, v), 1);
-    const char *t[2] = {r->model->name, gw_llm_tier(r)};
-    sl_counter_add(sl_metric_series(gw_llm_m.tier, t), 1);
+    if (r->status == 200)
+        sl_counter_add(GW_LLM_CACHED(e, ok, gw_llm_m.requests, name, "200"), 1);
+    else
+        sl_counter_add(
+            gw_llm_s2(gw_llm_m.requests, name, gw_llm_code(r->status, code, sizeof(code))), 1);
+    const char *tier = gw_llm_tier(r);
+    if (strcmp(tier, "upstream") == 0)
+        sl_counter_add(GW_LLM_CACHED(e, upstream, gw_llm_m.tier, name, tier), 1);
+    else
+        sl_counter_add(gw_llm_s2(gw_llm_m.tier, name, tier), 1);
     /* A whole JSON answer: its first token reached the client with its end. */
     bool text_route = r->route == GW_ROUTE_CHAT || r->route == GW_ROUTE_COMPLETIONS;
     if (text_route && !r->att.resp_sse && !r->llm.first_token_ns && r->status >= 200 &&
         r->status < 300 && !r->queued_id[0] && gw_llm_model_answers(r)) {
-        r->llm.first_token_ns = sl_now_ns();
+        r->llm.first_token_ns = now_ns;
         r->llm.ttft = (double)(r->llm.first_token_ns - r->start_ns) / 1e9;
-        const char *s[2] = {r->model->name, "false"};
-        sl_histogram_observe(sl_metric_series(gw_llm_m.ttft, s), r->llm.ttft);
+        sl_histogram_observe(GW_LLM_CACHED(e, ttft_json, gw_llm_m.ttft, name, "false"),
+                             r->llm.ttft);
     }
 }
 

@@ -106,14 +106,18 @@ static const char *const gw_resp_drop[] = {
     NULL,
 };
 
-static void gw_proxy_arm(gw_req_t *r, int64_t deadline_ms)
+static void gw_proxy_arm_at(gw_req_t *r, int64_t deadline_ms, int64_t now)
 {
-    int64_t now = sl_now_ms();
     if (deadline_ms > r->att.deadline_total_ms)
         deadline_ms = r->att.deadline_total_ms;
     int64_t ms = deadline_ms > now ? deadline_ms - now : 0;
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
     evtimer_add(r->att.up_timer, &tv);
+}
+
+static void gw_proxy_arm(gw_req_t *r, int64_t deadline_ms)
+{
+    gw_proxy_arm_at(r, deadline_ms, sl_now_ms());
 }
 
 static void gw_proxy_write(gw_req_t *r, const void *p, size_t n)
@@ -154,10 +158,8 @@ static void gw_proxy_finish(gw_req_t *r, bool reusable, int outcome)
     gw_fb_attempt_end(r, outcome);
     if (r->retry_ev)
         evtimer_del(r->retry_ev);
-    if (r->att.up_timer) {
-        event_free(r->att.up_timer);
-        r->att.up_timer = NULL;
-    }
+    if (r->att.up_timer) /* kept with the request for its next attempt (conn.c) */
+        evtimer_del(r->att.up_timer);
     if (r->att.ping_ev) {
         event_free(r->att.ping_ev);
         r->att.ping_ev = NULL;
@@ -269,7 +271,10 @@ static void gw_proxy_write_request(gw_req_t *r, gw_upconn_t *u)
 static void gw_proxy_attempt(gw_req_t *r, bool allow_reuse)
 {
     gw_worker_t *w = r->c->w;
-    int64_t now = sl_now_ms();
+    /* One clock read for the pick, the send time and the deadline: the
+     * request is queued within microseconds (and written at the end of
+     * the loop turn). */
+    int64_t now_ns = sl_now_ns(), now = now_ns / 1000000;
     if (r->fault_status && r->att.pool == r->model->pool) {
         /* A drill: the model's servers "answer" the injected status, so the
          * whole chain (retry, local, template) is exercised. */
@@ -318,9 +323,10 @@ static void gw_proxy_attempt(gw_req_t *r, bool allow_reuse)
     if (!r->att.up_timer)
         r->att.up_timer = evtimer_new(w->base, gw_proxy_timer_cb, r);
     gw_proxy_write_request(r, u);
-    r->att.t_sent_ns = sl_now_ns();
+    r->att.t_sent_ns = now_ns;
     const conf_upstream_t *cu = r->att.pool->conf;
-    gw_proxy_arm(r, now + (u->connected ? cu->first_byte_timeout_ms : cu->connect_timeout_ms));
+    gw_proxy_arm_at(r, now + (u->connected ? cu->first_byte_timeout_ms : cu->connect_timeout_ms),
+                    now);
     gw_upstream_arm(u);
 }
 
@@ -332,8 +338,9 @@ void gw_proxy_send_attempt(gw_req_t *r)
         gw_respond_error(r, 404, "invalid_request_error", "not_found", "Unknown path.");
         return;
     }
-    r->att.deadline_total_ms = sl_now_ms() + r->att.pool->conf->total_timeout_ms;
-    fb_budget_on_request(r->att.pool->budget, sl_now_ms());
+    int64_t now = sl_now_ms();
+    r->att.deadline_total_ms = now + r->att.pool->conf->total_timeout_ms;
+    fb_budget_on_request(r->att.pool->budget, now);
     gw_proxy_attempt(r, true);
 }
 

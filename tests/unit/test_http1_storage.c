@@ -136,11 +136,76 @@ static void test_storage_moves_keep_strings(void **state)
     }
 }
 
+/* A whole request without a body: HEAD, then DONE. */
+static void feed_whole(gw_http_parser_t *p, const char *in)
+{
+    size_t used = 0, more = 0;
+    assert_int_equal(gw_http_feed(p, in, strlen(in), &used, NULL, NULL), GW_HTTP_HEAD);
+    assert_int_equal(used, strlen(in));
+    assert_int_equal(gw_http_feed(p, in + used, 0, &more, NULL, NULL), GW_HTTP_DONE);
+}
+
+/* Heads that arrive whole go through the thread's scratch storage: a
+ * second parser's head scanned after the first's must not touch the
+ * first's strings, each keeps only its own size, and an interim 1xx in the
+ * same bytes as the final head leaves the final head's strings. */
+static void test_whole_heads_keep_their_own_strings(void **state)
+{
+    (void)state;
+    gw_http_parser_t *a = gw_http_parser_new(GW_HTTP_REQUEST, &lim);
+    gw_http_parser_t *b = gw_http_parser_new(GW_HTTP_REQUEST, &lim);
+    assert_non_null(a);
+    assert_non_null(b);
+    static const char ra[] = "POST /a HTTP/1.1\r\nHost: one\r\nX-K: alpha\r\n"
+                             "Content-Length: 0\r\n\r\n";
+    static const char rb[] = "GET /bbbbbbbb HTTP/1.1\r\nHost: two\r\nX-K: beta-beta\r\n\r\n";
+    size_t used = 0;
+    feed_whole(a, ra);
+    size_t held_a = gw_http_parser_held(a);
+    assert_true(held_a > 0 && held_a <= strlen(ra) + 3 * sizeof(gw_http_header_t));
+    feed_whole(b, rb);
+    const gw_http_msg_t *ma = gw_http_msg(a), *mb = gw_http_msg(b);
+    assert_string_equal(ma->method, "POST");
+    assert_memory_equal(ma->target, "/a", 2);
+    assert_string_equal(ma->host, "one");
+    assert_int_equal(ma->nheaders, 3);
+    assert_string_equal(ma->headers[1].name, "X-K");
+    assert_string_equal(ma->headers[1].value, "alpha");
+    assert_string_equal(mb->method, "GET");
+    assert_string_equal(mb->host, "two");
+    assert_string_equal(gw_http_header_find(mb, "x-k")->value, "beta-beta");
+    assert_int_equal(gw_http_parser_held(a), held_a);
+    gw_http_parser_reset(a);
+    assert_int_equal(gw_http_parser_held(a), 0);
+    assert_string_equal(mb->headers[1].value, "beta-beta"); /* a's reset: b untouched */
+    gw_http_parser_free(a);
+    gw_http_parser_free(b);
+
+    gw_http_parser_t *r = gw_http_parser_new(GW_HTTP_RESPONSE, &lim);
+    assert_non_null(r);
+    static const char resp[] = "HTTP/1.1 100 Continue\r\nX-I: interim\r\n\r\n"
+                               "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-A: final\r\n\r\nok";
+    size_t body = 0;
+    assert_int_equal(gw_http_feed(r, resp, strlen(resp), &used, sink, &body), GW_HTTP_HEAD);
+    const gw_http_msg_t *m = gw_http_msg(r);
+    assert_int_equal(m->status, 200);
+    assert_int_equal(m->nheaders, 2);
+    assert_string_equal(m->headers[1].name, "X-A");
+    assert_string_equal(m->headers[1].value, "final");
+    assert_null(gw_http_header_find(m, "X-I"));
+    size_t off = used;
+    assert_int_equal(gw_http_feed(r, resp + off, strlen(resp) - off, &used, sink, &body),
+                     GW_HTTP_DONE);
+    assert_int_equal(body, 2);
+    gw_http_parser_free(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_small_head_small_storage),
         cmocka_unit_test(test_storage_moves_keep_strings),
+        cmocka_unit_test(test_whole_heads_keep_their_own_strings),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

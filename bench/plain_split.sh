@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# bench/plain_split.sh — issue #16's "plain" row split into user and kernel
+# CPU: what one proxied JSON request costs nginx, sluice and (optionally) a
+# base build of sluice, each as user µs and kernel µs per request from
+# /proc (utime, stime), in interleaved rounds, with the ratios to nginx's in
+# the same round (median over rounds). The kernel share of nginx is the
+# floor any proxy making the same system calls pays; the user share is what
+# code can still win (bench/RESULTS.md, "Plain request CPU").
+#
+# Same layout as bench/realistic.sh: the proxy pinned to core 1, the
+# upstream (nginx answering the fixed 282-byte chat.completion) and
+# wrk -t1 -c32 on core 0; sluice with the "plain" conf (alias, api_key_env,
+# workers 1, access log off).
+#
+# Knobs: SLUICE_BIN (default build/sluice), SLUICE_BASE_BIN (a build of
+# the branch point: adds the base rows), BENCH_DURATION (s, default 5),
+# BENCH_ROUNDS (default 5), BENCH_CONNS (default 32), BENCH_PORT_BASE
+# (default 28800), BENCH_KEEP=1 keeps the work directory.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+SLUICE_BIN=${SLUICE_BIN:-$ROOT/build/sluice}
+SLUICE_BASE_BIN=${SLUICE_BASE_BIN:-}
+NGINX_BIN=${NGINX_BIN:-$(command -v nginx || echo /usr/sbin/nginx)}
+DURATION=${BENCH_DURATION:-5}
+ROUNDS=${BENCH_ROUNDS:-5}
+CONNS=${BENCH_CONNS:-32}
+PORT_BASE=${BENCH_PORT_BASE:-28800}
+UP_PORT=$((PORT_BASE + 1))
+NGX_PORT=$((PORT_BASE + 2))
+
+for c in wrk taskset python3 "$NGINX_BIN" "$SLUICE_BIN"; do
+    command -v "$c" >/dev/null || { echo "bench: $c not found" >&2; exit 1; }
+done
+WORK=$(mktemp -d /tmp/sluice-plain-split.XXXXXX)
+cp "$SLUICE_BIN" "$WORK/sluice"
+[ -n "$SLUICE_BASE_BIN" ] && cp "$SLUICE_BASE_BIN" "$WORK/sluice-base"
+. "$ROOT/bench/lib.sh"
+
+ANSWER='{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"served-model","choices":[{"index":0,"message":{"role":"assistant","content":"The sea is vast and so calm."},"finish_reason":"stop"}],"usage":{"prompt_tokens":31,"completion_tokens":9,"total_tokens":40}}'
+nginx_conf() { # $1 dir, $2 server block
+    mkdir -p "$1/tmp"
+    cat >"$1/nginx.conf" <<EOF
+worker_processes 1;
+daemon off;
+master_process off;
+pid $1/nginx.pid;
+error_log $1/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    keepalive_requests 1000000;
+    client_body_temp_path $1/tmp/body;
+    proxy_temp_path $1/tmp/proxy;
+    fastcgi_temp_path $1/tmp/fastcgi;
+    uwsgi_temp_path $1/tmp/uwsgi;
+    scgi_temp_path $1/tmp/scgi;
+$2
+}
+EOF
+}
+nginx_conf "$WORK/up" "    server { listen 127.0.0.1:$UP_PORT;
+        location / { default_type application/json; return 200 '$ANSWER'; } }"
+spawn taskset -c 0 "$NGINX_BIN" -p "$WORK/up/" -e "$WORK/up/error.log" -c "$WORK/up/nginx.conf"
+wait_port "$UP_PORT" "$LAST"
+nginx_conf "$WORK/ngx" "    upstream model { server 127.0.0.1:$UP_PORT; keepalive 64; }
+    server { listen 127.0.0.1:$NGX_PORT;
+        location / { proxy_pass http://model; proxy_http_version 1.1;
+            proxy_set_header Connection \"\";
+            proxy_set_header Authorization \"Bearer upstream-key\"; } }"
+spawn taskset -c 1 "$NGINX_BIN" -p "$WORK/ngx/" -e "$WORK/ngx/error.log" -c "$WORK/ngx/nginx.conf"
+declare -A PID PORT
+PID[nginx]=$LAST
+PORT[nginx]=$NGX_PORT
+wait_port "$NGX_PORT" "$LAST"
+
+export SLUICE_BENCH_UPSTREAM_KEY=upstream-key
+start_sluice() { # $1 name, $2 binary, $3 port
+    cat >"$WORK/$1.yaml" <<EOF
+listen:
+  - address: 127.0.0.1:$3
+admin:
+  address: 127.0.0.1:$(($3 + 10))
+workers: 1
+limits:
+  max_body_bytes: 4m
+upstreams:
+  main:
+    servers:
+      - url: "http://127.0.0.1:$UP_PORT"
+    keepalive: 64
+    api_key_env: SLUICE_BENCH_UPSTREAM_KEY
+models:
+  chat-model: { upstream: main, name: served-model }
+log:
+  access: "off"
+  level: warn
+EOF
+    spawn taskset -c 1 "$2" -c "$WORK/$1.yaml" 2>"$WORK/$1.err"
+    PID[$1]=$LAST
+    PORT[$1]=$3
+    wait_port "$3" "$LAST"
+}
+CONFIGS="nginx sluice"
+start_sluice sluice "$WORK/sluice" $((PORT_BASE + 3))
+if [ -n "$SLUICE_BASE_BIN" ]; then
+    start_sluice base "$WORK/sluice-base" $((PORT_BASE + 4))
+    CONFIGS="$CONFIGS base"
+fi
+
+# utime and stime (ticks) of one process, all threads
+ticks() { awk '{ sub(/^.*\) /, ""); printf "%d %d\n", $12, $13 }' "/proc/$1/stat"; }
+
+RES=$WORK/results.tsv
+run() { # $1 config, $2 round ("warm" = not recorded)
+    local c=$1 u0 s0 u1 s1 out line n
+    read -r u0 s0 < <(ticks "${PID[$c]}")
+    out=$(taskset -c 0 wrk -t1 -c"$CONNS" -d"$DURATION"s --timeout 30s -s "$ROOT/bench/realistic.lua" \
+        "http://127.0.0.1:${PORT[$c]}/v1/chat/completions")
+    read -r u1 s1 < <(ticks "${PID[$c]}")
+    line=$(grep '^BENCH ' <<<"$out") || { echo "$out" >&2; exit 1; }
+    grep -q 'errors=0 non2xx=0' <<<"$line" || { echo "bench: $c: $line" >&2; exit 1; }
+    [ "$2" = warm ] && return 0
+    n=$(sed 's/.*requests=\([0-9]*\).*/\1/' <<<"$line")
+    echo "$c $2 $n $((u1 - u0)) $((s1 - s0))" >>"$RES"
+    echo "  round $2 $c: requests=$n utime=$((u1 - u0)) stime=$((s1 - s0)) ticks"
+}
+
+echo "sluice plain split bench: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores," \
+    "wrk -t1 -c$CONNS, ${DURATION}s runs, $ROUNDS rounds, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "sluice $SLUICE_BIN (commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')), base ${SLUICE_BASE_BIN:-none}"
+for c in $CONFIGS; do run "$c" warm; done
+for r in $(seq "$ROUNDS"); do
+    for c in $CONFIGS; do run "$c" "$r"; done
+done
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+python3 - "$RES" "$(getconf CLK_TCK)" <<'EOF'
+import statistics, sys
+tck = int(sys.argv[2])
+rows = {}
+for line in open(sys.argv[1]):
+    c, r, n, u, s = line.split()
+    us = 1e6 / tck / int(n)
+    rows.setdefault(c, {})[r] = (int(u) * us, int(s) * us)
+med = statistics.median
+print("\n| proxy | user µs/request | kernel µs/request | total | kernel share | total ÷ nginx | user ÷ nginx's user |")
+print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+for c, rs in rows.items():
+    ng = rows["nginx"]
+    u = med(v[0] for v in rs.values())
+    k = med(v[1] for v in rs.values())
+    t = med(sum(v) for v in rs.values())
+    rt = med(sum(rs[r]) / sum(ng[r]) for r in rs)
+    ru = med(rs[r][0] / ng[r][0] for r in rs)
+    print("| %s | %.2f | %.2f | %.2f | %.0f%% | %.2f | %.2f |" % (c, u, k, t, 100 * k / (u + k), rt, ru))
+ng = rows["nginx"]
+floor = med(ng[r][1] / sum(ng[r]) for r in ng)
+print("\nfloor: nginx's kernel time alone is %.2f x its total (median of rounds): a proxy with" % floor)
+print("nginx's system calls and no user-space code at all would cost that much.")
+if "base" in rows:
+    b = rows["base"]
+    print("sluice / base (same round, median): total %.2f, user %.2f" % (
+        med(sum(rows["sluice"][r]) / sum(b[r]) for r in b),
+        med(rows["sluice"][r][0] / b[r][0] for r in b)))
+EOF
