@@ -452,8 +452,8 @@ struct mdl_state {
     const mdl_kernels_t *k;
     mdl_pool_t *pool;
     int nth, n_ctx, batch, precise, pos, q_dim, kv_dim, max_in;
-    int rp_only; /* every matrix takes the repacked kernels: no prep needed */
-    float *kcache, *vcache;                 /* [layer][kv head][n_ctx][head_dim] */
+    int rp_only;            /* every matrix takes the repacked kernels: no prep needed */
+    float *kcache, *vcache; /* [layer][kv head][n_ctx][head_dim] */
     float *x, *h, *q, *kb, *vb, *o, *g, *u; /* batch rows each */
     float *scores;                          /* nth * n_ctx */
     float *rope;                            /* batch rows of head_dim: cos, sin */
