@@ -304,6 +304,9 @@ AVX512_TARGET static inline __m512i bcast4(const int8_t *p)
 #ifndef MDL_RP_PF_HINT
 #define MDL_RP_PF_HINT _MM_HINT_T1
 #endif
+#ifndef MDL_RP_K4_PF_HINT /* the Q4_K tile's, separately for comparisons */
+#define MDL_RP_K4_PF_HINT _MM_HINT_T1
+#endif
 
 /* Q4_K, one group x T tokens: per sub-block, its 8 nibble chunks (the
  * pair's bytes, shifted for the odd sub-block) stay in registers for
@@ -319,7 +322,7 @@ AVX512_TARGET TILE_INLINE void rp_tile_q4k(const uint8_t *G, int nsb, const mdl_
     for (int b = 0; b < nsb; b++) {
         const uint8_t *S = G + (size_t)MDL_RP_K4_BYTES * b;
         for (int k = 0; k < 5; k++)
-            _mm_prefetch((const char *)S + MDL_RP_PREFETCH + 64 * k, _MM_HINT_T0);
+            _mm_prefetch((const char *)S + MDL_RP_PREFETCH + 64 * k, MDL_RP_K4_PF_HINT);
         __m512 d = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(S + MDL_RP_K4_D)));
         __m512 dm = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(S + MDL_RP_K4_DMIN)));
         for (int sb = 0; sb < 8; sb++) {
@@ -331,7 +334,7 @@ AVX512_TARGET TILE_INLINE void rp_tile_q4k(const uint8_t *G, int nsb, const mdl_
                 if (sb & 1)
                     v = _mm512_srli_epi16(v, 4);
                 else
-                    _mm_prefetch((const char *)Q + MDL_RP_PREFETCH + 64 * k, _MM_HINT_T0);
+                    _mm_prefetch((const char *)Q + MDL_RP_PREFETCH + 64 * k, MDL_RP_K4_PF_HINT);
                 W[k] = _mm512_and_si512(v, m4);
             }
             __m512 scv = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(
