@@ -11,6 +11,11 @@
 #   - the same as tokens per CPU-second of the process (all tokens, over the
 #     requests): what a step costs, which the wall clock hides when other
 #     sessions hold the cores;
+#   - decode alone per CPU-second: tokens after each stream's first over the
+#     process CPU from the first stream's first token to the end (the
+#     streams' prompts are prefilled together before any first token, so
+#     the wall figure's window holds no prefill either; this one also leaves
+#     out the host's share of the wall clock);
 #   - time to first token of the 4th of 4 concurrent requests vs the 1st's;
 #   - a follow-up turn's TTFT on a ~1,000-token conversation, with prefix
 #     reuse (all slots taken by other conversations in between) vs without.
@@ -33,7 +38,7 @@ F="$DIR/qwen2.5-0.5b-shape-$TYPE.gguf"
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT INT TERM
 
-serve() { # serve STREAMS -> "agg_decode_tps ttft_first_ms ttft_last_ms tokens_per_cpu_s"
+serve() { # serve STREAMS -> "agg_decode_tps ttft_first_ms ttft_last_ms tokens_per_cpu_s decode_tokens_per_cpu_s"
     "$TOOL" serve --model "$F" --streams "$1" --max-tokens "$GEN" --threads "$THREADS" \
         --max-batch "$MAX_BATCH" --temperature 0 | awk '
         /^stream=/ {
@@ -43,8 +48,14 @@ serve() { # serve STREAMS -> "agg_decode_tps ttft_first_ms ttft_last_ms tokens_p
             if (f["total_ms"] > t1) t1 = f["total_ms"]
             tt[f["stream"]] = f["ttft_ms"]
         }
-        /^summary / { for (i = 1; i <= NF; i++) { split($i, kv, "="); if (kv[1] == "tokens_per_cpu_s") c = kv[2] } }
-        END { printf "%.3f %.1f %.1f %.2f\n", tok / ((t1 - t0) / 1000), tt[0], tt[n - 1], c }'
+        /^summary / {
+            for (i = 1; i <= NF; i++) {
+                split($i, kv, "=")
+                if (kv[1] == "tokens_per_cpu_s") c = kv[2]
+                if (kv[1] == "decode_tokens_per_cpu_s") d = kv[2]
+            }
+        }
+        END { printf "%.3f %.1f %.1f %.2f %.2f\n", tok / ((t1 - t0) / 1000), tt[0], tt[n - 1], c, d }'
 }
 
 followup() { # followup EXTRA -> ttft of turn 2 in ms
@@ -67,7 +78,8 @@ while [ $i -lt "$ROUNDS" ]; do
 done
 # per-round ratios, then their medians
 awk '{
-    printf "%.3f %.3f %.3f %.4f %.3f %.3f\n", $5 / $1, $9 / $1, $7 / $6, $13 / $14, $8 / $4, $12 / $4
+    printf "%.3f %.3f %.3f %.4f %.3f %.3f %.3f %.3f\n", $6 / $1, $11 / $1, $8 / $7, $16 / $17, $9 / $4, $14 / $4,
+        ($5 > 0 ? $10 / $5 : 0), ($5 > 0 ? $15 / $5 : 0)
 }' "$out" >"$out.r"
 med() {
     cut -d' ' -f"$1" "$out.r" | sort -n |
@@ -76,6 +88,7 @@ med() {
 echo "median aggregate decode, 4 streams vs 1: $(med 1)x"
 echo "median aggregate decode, 8 streams vs 1: $(med 2)x"
 echo "median tokens per CPU-second, 4 streams vs 1: $(med 5)x, 8 streams vs 1: $(med 6)x"
+echo "median decode tokens per CPU-second (first token to end), 4 streams vs 1: $(med 7)x, 8 streams vs 1: $(med 8)x"
 echo "median TTFT of the 4th of 4 concurrent requests vs the 1st's: $(med 3)x"
 echo "median follow-up TTFT with prefix reuse vs without (~1,000-token conversation): $(med 4)x"
 rm -f "$out.r"

@@ -985,6 +985,15 @@ typedef struct {
     mdl_usage_t usage;
 } serve_stream_t;
 
+/* CPU seconds of the whole process (every thread) so far. */
+static double proc_cpu_s(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0)
+        return 0.0;
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
 static void serve_on_text(void *ud, const char *text, size_t len)
 {
     serve_stream_t *s = ud;
@@ -1079,15 +1088,24 @@ static int cmd_serve(const cli_opts_t *o)
         pthread_cond_wait(&cv, &mu);
     pthread_mutex_unlock(&mu);
     int64_t t1 = sl_now_ns();
+    double cpu_end = proc_cpu_s();
     getrusage(RUSAGE_SELF, &ru1);
     double cpu = (double)(ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec) +
                  (double)(ru1.ru_utime.tv_usec - ru0.ru_utime.tv_usec) / 1e6 +
                  (double)(ru1.ru_stime.tv_sec - ru0.ru_stime.tv_sec) +
                  (double)(ru1.ru_stime.tv_usec - ru0.ru_stime.tv_usec) / 1e6;
-    long total = 0;
+    /* decode alone: the tokens after each stream's first, over the CPU
+     * spent from the earliest first token to the end (prompts submitted
+     * together are prefilled before any first token, so outside it) */
+    long total = 0, after_first = 0;
+    double cpu_first = 0.0;
     for (int i = 0; i < N; i++) {
         serve_stream_t *s = &ss[i];
         total += s->usage.completion_tokens;
+        after_first += s->usage.completion_tokens > 1 ? s->usage.completion_tokens - 1 : 0;
+        double f = s->usage.first_token_cpu_s;
+        if (f > 0.0 && (cpu_first == 0.0 || f < cpu_first))
+            cpu_first = f;
         printf("stream=%d finish=%s prompt_tokens=%d cached_tokens=%d completion_tokens=%d "
                "ttft_ms=%.1f total_ms=%.1f text_hex=%.*s\n",
                i, mdl_finish_name(s->why), s->usage.prompt_tokens, s->usage.cached_tokens,
@@ -1099,11 +1117,12 @@ static int cmd_serve(const cli_opts_t *o)
     double wall = (double)(t1 - t0) / 1e9;
     printf("summary streams=%d max_batch=%d threads=%d kernels=%s wall_s=%.3f tokens=%ld "
            "agg_tps=%.2f cpu_s=%.3f tokens_per_cpu_s=%.2f steps=%llu step_rows=%llu "
-           "prefix_hits=%llu prefix_tokens=%llu\n",
+           "prefix_hits=%llu prefix_tokens=%llu decode_cpu_s=%.3f decode_tokens_per_cpu_s=%.2f\n",
            N, info.max_batch, info.threads, info.kernels, wall, total, total / wall, cpu,
            cpu > 0 ? total / cpu : 0.0, (unsigned long long)info.steps,
            (unsigned long long)info.step_rows, (unsigned long long)info.prefix_hits,
-           (unsigned long long)info.prefix_tokens);
+           (unsigned long long)info.prefix_tokens, cpu_end - cpu_first,
+           cpu_first > 0.0 && cpu_end > cpu_first ? after_first / (cpu_end - cpu_first) : 0.0);
     free(ss);
     free(content);
     mdl_engine_free(e);

@@ -39,6 +39,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 struct mdl_request {
     _Atomic int refs;
@@ -658,6 +659,9 @@ static void step(mdl_engine_t *e)
                 sl->t1 = sl_now_ns();
                 sl->u.prefill_ms = (double)(sl->t1 - sl->t0) / 1e6;
                 sl->u.ttft_ms = (double)(sl->t1 - sl->r->t_submit) / 1e6;
+                struct timespec cts;
+                if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cts) == 0)
+                    sl->u.first_token_cpu_s = (double)cts.tv_sec + (double)cts.tv_nsec / 1e9;
                 sl->decoding = 1;
                 slot_token(e, sl);
             }

@@ -295,6 +295,18 @@ AVX512_TARGET static inline __m512i bcast4(const int8_t *p)
 #ifndef MDL_RP_PREFETCH
 #define MDL_RP_PREFETCH MDL_PREFETCH_BYTES
 #endif
+/* The repacked Q8_0/Q4_0/Q5_0 tiles prefetch into L2, not L1: with 8
+ * tokens a block takes ~64 vpdpbusd, and L1-bound prefetches (few miss
+ * buffers) left the weight stream waiting on the compute instead of
+ * overlapping it. `mdl_tool gemm --mib 256`, interleaved 6 rounds on the
+ * shared host: 8 tokens 0.154 -> 0.084 CPU ns per weight (medians), 1 token
+ * 0.085 -> 0.063 (bench/RESULTS-model.md, fourth pass). */
+#ifndef MDL_RP_PF_HINT
+#define MDL_RP_PF_HINT _MM_HINT_T1
+#endif
+#ifndef MDL_RP_K4_PF_HINT /* the Q4_K tile's, separately for comparisons */
+#define MDL_RP_K4_PF_HINT _MM_HINT_T1
+#endif
 
 /* Q4_K, one group x T tokens: per sub-block, its 8 nibble chunks (the
  * pair's bytes, shifted for the odd sub-block) stay in registers for
@@ -310,7 +322,7 @@ AVX512_TARGET TILE_INLINE void rp_tile_q4k(const uint8_t *G, int nsb, const mdl_
     for (int b = 0; b < nsb; b++) {
         const uint8_t *S = G + (size_t)MDL_RP_K4_BYTES * b;
         for (int k = 0; k < 5; k++)
-            _mm_prefetch((const char *)S + MDL_RP_PREFETCH + 64 * k, _MM_HINT_T0);
+            _mm_prefetch((const char *)S + MDL_RP_PREFETCH + 64 * k, MDL_RP_K4_PF_HINT);
         __m512 d = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(S + MDL_RP_K4_D)));
         __m512 dm = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(S + MDL_RP_K4_DMIN)));
         for (int sb = 0; sb < 8; sb++) {
@@ -322,7 +334,7 @@ AVX512_TARGET TILE_INLINE void rp_tile_q4k(const uint8_t *G, int nsb, const mdl_
                 if (sb & 1)
                     v = _mm512_srli_epi16(v, 4);
                 else
-                    _mm_prefetch((const char *)Q + MDL_RP_PREFETCH + 64 * k, _MM_HINT_T0);
+                    _mm_prefetch((const char *)Q + MDL_RP_PREFETCH + 64 * k, MDL_RP_K4_PF_HINT);
                 W[k] = _mm512_and_si512(v, m4);
             }
             __m512 scv = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(
@@ -374,13 +386,13 @@ AVX512_TARGET TILE_INLINE void rp_tile(uint32_t type, const uint8_t *G, int nblk
         if (type == MDL_T_Q8_0) {
 #pragma GCC unroll 8
             for (int k = 0; k < 8; k++) {
-                _mm_prefetch((const char *)qs + MDL_RP_PREFETCH + 64 * k, _MM_HINT_T0);
+                _mm_prefetch((const char *)qs + MDL_RP_PREFETCH + 64 * k, MDL_RP_PF_HINT);
                 W[k] = _mm512_load_si512((const void *)(qs + 64 * k));
             }
         } else {
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
-                _mm_prefetch((const char *)qs + MDL_RP_PREFETCH + 64 * k, _MM_HINT_T0);
+                _mm_prefetch((const char *)qs + MDL_RP_PREFETCH + 64 * k, MDL_RP_PF_HINT);
                 __m512i v = _mm512_load_si512((const void *)(qs + 64 * k));
                 W[k] = _mm512_and_si512(v, m4);
                 W[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
@@ -388,7 +400,7 @@ AVX512_TARGET TILE_INLINE void rp_tile(uint32_t type, const uint8_t *G, int nblk
             if (type == MDL_T_Q5_0) {
                 /* the fifth bits: +16 in the bytes the masks name */
                 const __m512i bit5 = _mm512_set1_epi8(0x10);
-                _mm_prefetch((const char *)qs + MDL_RP_PREFETCH + 256, _MM_HINT_T0);
+                _mm_prefetch((const char *)qs + MDL_RP_PREFETCH + 256, MDL_RP_PF_HINT);
 #pragma GCC unroll 8
                 for (int k = 0; k < 8; k++) {
                     uint64_t mk;
@@ -398,7 +410,7 @@ AVX512_TARGET TILE_INLINE void rp_tile(uint32_t type, const uint8_t *G, int nblk
             }
         }
         if (!(b & 1))
-            _mm_prefetch((const char *)qs - 64 + MDL_RP_PREFETCH, _MM_HINT_T0);
+            _mm_prefetch((const char *)qs - 64 + MDL_RP_PREFETCH, MDL_RP_PF_HINT);
         __m512 dw =
             _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(G + MDL_RP_SCALE_OFF(b, qb))));
 #pragma GCC unroll 8

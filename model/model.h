@@ -143,6 +143,9 @@ typedef struct {
     int cached_tokens; /* prompt tokens whose state was reused */
     double prefill_ms, decode_ms;
     double ttft_ms; /* from submit to the first token (queue wait included) */
+    /* the process's CPU seconds (CLOCK_PROCESS_CPUTIME_ID) when the first
+     * token came: benchmarks take the CPU of decoding alone from it */
+    double first_token_cpu_s;
 } mdl_usage_t;
 
 typedef struct {

@@ -452,7 +452,8 @@ struct mdl_state {
     const mdl_kernels_t *k;
     mdl_pool_t *pool;
     int nth, n_ctx, batch, precise, pos, q_dim, kv_dim, max_in;
-    float *kcache, *vcache;                 /* [layer][kv head][n_ctx][head_dim] */
+    int rp_only;            /* every matrix takes the repacked kernels: no prep needed */
+    float *kcache, *vcache; /* [layer][kv head][n_ctx][head_dim] */
     float *x, *h, *q, *kb, *vb, *o, *g, *u; /* batch rows each */
     float *scores;                          /* nth * n_ctx */
     float *rope;                            /* batch rows of head_dim: cos, sin */
@@ -507,6 +508,25 @@ static float *fbuf(size_t n, int *ok)
     return p;
 }
 
+/* Whether every matrix of m goes through k's repacked kernels, which read
+ * only q, d and qsum of the activations: then the row kernels' extra forms
+ * (prep: ~2% of a step of 8 sequences, per row and matrix input) are never
+ * read and not made. */
+static int model_rp_only(const mdl_model_t *m, const mdl_kernels_t *k)
+{
+    if (!m->output.rp || !k->gemm_rp[m->output.type])
+        return 0;
+    for (int l = 0; l < m->n_layer; l++) {
+        const mdl_layer_t *L = &m->layers[l];
+        const mdl_weight_t *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wgate, &L->wup, &L->wdown};
+        for (size_t i = 0; i < SL_ARRAY_LEN(ws); i++)
+            if (!ws[i]->rp || !k->gemm_rp[ws[i]->type] || ws[i]->type == MDL_T_F32 ||
+                ws[i]->type == MDL_T_F16)
+                return 0;
+    }
+    return 1;
+}
+
 mdl_state_t *mdl_state_new(const mdl_model_t *m, const mdl_state_opts_t *o, mdl_pool_t *pool,
                            char *err, size_t errlen)
 {
@@ -520,6 +540,7 @@ mdl_state_t *mdl_state_new(const mdl_model_t *m, const mdl_state_opts_t *o, mdl_
     s->nth = mdl_pool_size(pool);
     s->k = mdl_kernels_select(o ? o->kernel_level : MDL_KL_AVX512);
     s->precise = o ? o->precise : 0;
+    s->rp_only = !s->precise && model_rp_only(m, s->k);
     s->n_ctx = o && o->n_ctx > 0 ? o->n_ctx : SL_MIN(4096, m->n_ctx_train);
     s->batch = o && o->batch > 0 ? SL_MIN(o->batch, 512) : 32;
     if (s->n_ctx > (1 << 20)) {
@@ -699,7 +720,7 @@ static void prep_acts(mdl_state_t *s, const float *x, int nb, int n)
         if (!quant)
             continue;
         s->k->quantize(a->x, n, a->q, a->d, a->qsum);
-        if (s->k->prep) {
+        if (s->k->prep && !s->rp_only) {
             size_t stride = (MDL_ACT_EXTRA_BYTES(s->max_in) + 63) / 64 * 64;
             mdl_act_bind_extra(a, s->ax + (size_t)b * stride);
             s->k->prep(a);

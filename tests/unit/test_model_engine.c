@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -418,9 +419,15 @@ static void test_length_and_context(void **state)
     coll_t c;
     coll_init(&c);
     mdl_sampling_t p = greedy(7);
+    struct timespec ts0, ts1;
+    assert_int_equal(clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts0), 0);
     assert_int_equal(run_one(e, &p, &c), MDL_SUBMIT_OK);
+    assert_int_equal(clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts1), 0);
     assert_int_equal(c.why, MDL_FINISH_LENGTH);
     assert_int_equal(c.usage.completion_tokens, 7);
+    /* the process CPU clock at the first token lies within the request's */
+    assert_true(c.usage.first_token_cpu_s >= (double)ts0.tv_sec + (double)ts0.tv_nsec / 1e9);
+    assert_true(c.usage.first_token_cpu_s <= (double)ts1.tv_sec + (double)ts1.tv_nsec / 1e9);
     assert_int_equal(c.len, 7);
     assert_memory_equal(c.text, "xyxyxyx", 7);
     /* without max_tokens the context (256) ends it */

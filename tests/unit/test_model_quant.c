@@ -421,6 +421,51 @@ static void test_vector_helpers(void **state)
     }
 }
 
+/* The attention kernels give the bits of the per-row loops they replace
+ * (scores: vdot times the scale; value mix: zero, then vaxpy per row), for
+ * the unrolled head size 64 and the generic paths, n across 1..130. */
+static void test_attention_kernels_identical(void **state)
+{
+    (void)state;
+    enum { NMAX = 130, HMAX = 128 };
+    static float K[NMAX * HMAX], V[NMAX * HMAX];
+    float q[HMAX], w[NMAX], got[NMAX > HMAX ? NMAX : HMAX], want[NMAX > HMAX ? NMAX : HMAX];
+    for (int i = 0; i < NMAX * HMAX; i++) {
+        K[i] = rndf();
+        V[i] = rndf();
+    }
+    for (int i = 0; i < HMAX; i++)
+        q[i] = rndf();
+    for (int i = 0; i < NMAX; i++)
+        w[i] = fabsf(rndf()) / NMAX;
+    const int hds[] = {64, 48, 128}, ns[] = {1, 2, 7, 64, 130};
+    int checked = 0;
+    for (int l = 0; l < n_levels; l++) {
+        const mdl_kernels_t *k = levels[l];
+        for (size_t hi = 0; hi < sizeof(hds) / sizeof(hds[0]); hi++)
+            for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
+                int hd = hds[hi], n = ns[ni];
+                float scale = 1.0f / sqrtf((float)hd);
+                if (k->vdots) {
+                    k->vdots(q, K, n, hd, scale, got);
+                    for (int t = 0; t < n; t++)
+                        want[t] = k->vdot(q, K + (size_t)t * hd, hd) * scale;
+                    assert_memory_equal(got, want, sizeof(float) * (size_t)n);
+                    checked++;
+                }
+                if (k->vmix) {
+                    k->vmix(w, V, n, hd, got);
+                    memset(want, 0, sizeof(float) * (size_t)hd);
+                    for (int t = 0; t < n; t++)
+                        k->vaxpy(want, w[t], V + (size_t)t * hd, hd);
+                    assert_memory_equal(got, want, sizeof(float) * (size_t)hd);
+                    checked++;
+                }
+            }
+    }
+    assert_true(checked >= 30); /* the AVX2 set at least (the CPU has it) */
+}
+
 static void test_env_forces_scalar(void **state)
 {
     (void)state;
@@ -633,6 +678,7 @@ int main(void)
         cmocka_unit_test(test_gemm_identical),
         cmocka_unit_test(test_gemm_rp),
         cmocka_unit_test(test_vector_helpers),
+        cmocka_unit_test(test_attention_kernels_identical),
         cmocka_unit_test(test_env_forces_scalar),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
