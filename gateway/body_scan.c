@@ -1105,44 +1105,65 @@ static int gw_splice_cmp(const void *a, const void *b)
     return i < j ? -1 : i > j;
 }
 
-int gw_body_splice_apply(const gw_body_scan_t *s, char **out, size_t *outlen)
+int gw_body_splice_walk(const gw_body_scan_t *s, gw_body_piece_fn piece, void *arg)
 {
     gw_splice_t few[8];
     gw_splice_t *sorted =
         s->nsplices <= SL_ARRAY_LEN(few) ? few : malloc(s->nsplices * sizeof(*sorted));
     if (!sorted)
         return -1;
-    size_t total = s->len;
-    for (size_t i = 0; i < s->nsplices; i++)
-        total += s->splices[i].len + 1;
     memcpy(sorted, s->splices, s->nsplices * sizeof(*sorted));
     /* qsort is not stable: order by (offset, kind, index in the array). */
     for (size_t i = 0; i < s->nsplices; i++)
         sorted[i].key = (const char *)(uintptr_t)i;
     qsort(sorted, s->nsplices, sizeof(*sorted), gw_splice_cmp);
-    char *o = malloc(total + 1);
-    if (!o) {
-        if (sorted != few)
-            free(sorted);
-        return -1;
-    }
-    size_t at = 0, n = 0;
-    for (size_t i = 0; i < s->nsplices; i++) {
+    int rc = 0;
+    size_t at = 0;
+    for (size_t i = 0; i < s->nsplices && rc == 0; i++) {
         const gw_splice_t *sp = &sorted[i];
-        memcpy(o + n, s->body + at, sp->off - at);
-        n += sp->off - at;
-        if (sp->comma)
-            o[n++] = ',';
-        memcpy(o + n, sp->text, sp->len);
-        n += sp->len;
+        if (sp->off > at)
+            rc = piece(arg, s->body + at, sp->off - at, true);
+        if (rc == 0 && sp->comma)
+            rc = piece(arg, ",", 1, false);
+        if (rc == 0 && sp->len)
+            rc = piece(arg, sp->text, sp->len, false);
         at = sp->off + sp->del;
     }
-    memcpy(o + n, s->body + at, s->len - at);
-    n += s->len - at;
-    o[n] = '\0';
+    if (rc == 0 && s->len > at)
+        rc = piece(arg, s->body + at, s->len - at, true);
     if (sorted != few)
         free(sorted);
-    *out = o;
-    *outlen = n;
+    return rc;
+}
+
+typedef struct gw_splice_buf {
+    char *o;
+    size_t n;
+} gw_splice_buf_t;
+
+static int gw_splice_copy(void *arg, const char *p, size_t n, bool body)
+{
+    (void)body;
+    gw_splice_buf_t *b = arg;
+    memcpy(b->o + b->n, p, n);
+    b->n += n;
+    return 0;
+}
+
+int gw_body_splice_apply(const gw_body_scan_t *s, char **out, size_t *outlen)
+{
+    size_t total = s->len;
+    for (size_t i = 0; i < s->nsplices; i++)
+        total += s->splices[i].len + 1;
+    gw_splice_buf_t b = {malloc(total + 1), 0};
+    if (!b.o)
+        return -1;
+    if (gw_body_splice_walk(s, gw_splice_copy, &b) != 0) {
+        free(b.o);
+        return -1;
+    }
+    b.o[b.n] = '\0';
+    *out = b.o;
+    *outlen = b.n;
     return 0;
 }
