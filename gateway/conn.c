@@ -19,6 +19,7 @@
 
 #include "common/log.h"
 #include "gateway/body_scan.h"
+#include "gateway/body_store.h"
 #include "gateway/gw_conn.h"
 #include "gateway/gw_h2.h"
 #include "gateway/gw_hook.h"
@@ -213,6 +214,8 @@ static void gw_req_free(gw_req_t *r)
     if (r->json)
         json_decref(r->json);
     gw_body_scan_free(r->scan);
+    gw_body_blk_free(r->body_blk); /* a body cut short */
+    r->body_blk = NULL;
     if (r->resp_body)
         evbuffer_free(r->resp_body);
     if (r->capture)
@@ -402,27 +405,23 @@ static void gw_req_set_id(gw_req_t *r)
     r->id[16] = '\0';
 }
 
-/* A declared body past this size gets its whole room at once. */
-#define GW_CONN_BODY_ONE_CHAIN_MIN 16384
-/* ... up to this much; a bigger one (max_body_bytes allows it) grows. */
-#define GW_CONN_BODY_ONE_CHAIN_MAX (64u << 20)
-
-/* A body of known length (within max_body_bytes: the parser checked the
- * head) lands in one chain, so the scanner's pull-up has nothing to copy,
- * and the socket reads it in larger pieces (libevent's default is 16 KiB
- * per read, a loop turn and a FIONREAD ioctl each). */
-static void gw_conn_body_expect(gw_conn_t *c, size_t n)
-{
-    if (n > GW_CONN_BODY_ONE_CHAIN_MAX)
-        return;
-    if (evbuffer_get_length(c->req->body) == 0)
-        evbuffer_expand(c->req->body, n);
-}
-
 static int gw_conn_body_cb(void *arg, const char *p, size_t n)
 {
     gw_conn_t *c = arg;
-    return evbuffer_add(c->req->body, p, n);
+    gw_req_t *r = c->req;
+    if (r->body_blk) {
+        /* a large body: into its block, which becomes r->body's one chain
+         * when complete (body_store.h) */
+        if (!gw_body_blk_add(r->body_blk, p, n))
+            return -1; /* more than declared: the parser frames by length */
+        if (gw_body_blk_full(r->body_blk)) {
+            if (gw_body_blk_give(r->body_blk, r->body) != 0)
+                return -1;
+            r->body_blk = NULL;
+        }
+        return 0;
+    }
+    return evbuffer_add(r->body, p, n);
 }
 
 static const char *gw_parse_code(int status)
@@ -534,8 +533,9 @@ static void gw_conn_parse(gw_conn_t *c)
             const gw_http_msg_t *m = gw_http_msg(c->parser);
             c->phase = GW_PHASE_BODY;
             gw_conn_arm(c, lim->body_timeout_ms);
-            if (!m->chunked && m->content_length > GW_CONN_BODY_ONE_CHAIN_MIN)
-                gw_conn_body_expect(c, (size_t)m->content_length);
+            if (!m->chunked && m->content_length >= GW_BODY_STORE_MIN &&
+                evbuffer_get_length(c->req->body) == 0)
+                c->req->body_blk = gw_body_blk_new((size_t)m->content_length);
             if (m->expect_continue && (m->chunked || m->content_length > 0))
                 bufferevent_write(c->bev, GW_LIT("HTTP/1.1 100 Continue\r\n\r\n"));
             break;
