@@ -37,11 +37,12 @@ struct gw_req {
     gw_route_t route;
     void (*handler)(gw_req_t *r); /* the route's, after the pre-route hooks */
     gw_wait_t wait;
-    struct evbuffer *body;        /* the client's body; reused for retries */
-    struct gw_body_blk *body_blk; /* a large body's storage while it arrives (body_store.h) */
-    json_t *json;                 /* parsed body: gw_req_json() builds it on demand (gw_flow.h) */
-    struct gw_body_scan *scan;    /* the body's facts and edits (body_scan.h); NULL: tree only */
+    struct evbuffer *body;     /* the client's body; reused for retries */
+    json_t *json;              /* parsed body: gw_req_json() builds it on demand (gw_flow.h) */
+    struct gw_body_scan *scan; /* the body's facts and edits (body_scan.h); NULL: tree only */
     const gw_model_rt_t *model;
+    /* a large body's storage while it arrives (body_store.h, conn.c) */
+    struct gw_body_blk *body_blk;
     bool stream; /* client asked "stream": true */
 
     /* upstream side */
