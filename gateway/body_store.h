@@ -23,6 +23,12 @@
  * in evbuffer chains). */
 #define GW_BODY_STORE_MAX (64u << 20)
 
+/* A connection bringing such a body reads up to this much per call. */
+#define GW_BODY_STORE_READ (64u * 1024)
+/* An upstream connection sending one writes up to this much per call (the
+ * body goes by reference: nothing is allocated for it). */
+#define GW_BODY_STORE_WRITE (1u << 20)
+
 typedef struct gw_body_blk gw_body_blk_t;
 
 /* A block for a body of n bytes (from the cache when one fits); NULL when

@@ -534,8 +534,14 @@ static void gw_conn_parse(gw_conn_t *c)
             c->phase = GW_PHASE_BODY;
             gw_conn_arm(c, lim->body_timeout_ms);
             if (!m->chunked && m->content_length >= GW_BODY_STORE_MIN &&
-                evbuffer_get_length(c->req->body) == 0)
+                evbuffer_get_length(c->req->body) == 0) {
                 c->req->body_blk = gw_body_blk_new((size_t)m->content_length);
+                /* Fewer, larger reads (libevent's default: 16 KiB, each a
+                 * readv, a FIONREAD ioctl and a loop turn); the input chain
+                 * a read allocates stays below the mmap threshold. */
+                if (c->bev)
+                    bufferevent_set_max_single_read(c->bev, GW_BODY_STORE_READ);
+            }
             if (m->expect_continue && (m->chunked || m->content_length > 0))
                 bufferevent_write(c->bev, GW_LIT("HTTP/1.1 100 Continue\r\n\r\n"));
             break;

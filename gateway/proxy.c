@@ -40,6 +40,7 @@
 #include "gateway/gw_worker.h"
 #include "gateway/http1.h"
 #include "gateway/body_scan.h"
+#include "gateway/body_store.h"
 #include "gateway/json_intake.h"
 #include "gateway/sb.h"
 #include "gateway/sse.h"
@@ -271,6 +272,8 @@ static void gw_proxy_write_request(gw_req_t *r, gw_upconn_t *u)
     if (blen && !by_ref)
         gw_sb_add(&b, evbuffer_pullup(r->body, -1), blen);
     size_t sent = gw_sb_flush(&b, out);
+    if (sent && blen >= GW_BODY_STORE_MIN) /* fewer, larger writes (default 16 KiB) */
+        bufferevent_set_max_single_write(u->bev, GW_BODY_STORE_WRITE);
     if (sent && by_ref) {
         if (evbuffer_add_buffer_reference(out, r->body) != 0 &&
             evbuffer_add(out, evbuffer_pullup(r->body, -1), blen) != 0)
