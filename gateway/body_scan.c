@@ -26,6 +26,7 @@
 #include <yajl/yajl_parse.h>
 
 #include "gateway/body_scan.h"
+#include "ratelimit/ratelimit.h"
 
 /* Deeper than this the scanner stops and jansson decides (its own limit is
  * 2048; real requests nest a handful of levels). */
@@ -350,56 +351,44 @@ static int gw_scan_stop(gw_scan_ctx_t *c, gw_scan_rc_t rc)
     return 0; /* yajl: cancel the parse */
 }
 
+/* The members the scanner records, by the object they are in. */
+static const struct gw_key_ent {
+    uint8_t role; /* gw_role_t */
+    uint8_t key;  /* gw_key_t */
+    uint8_t len;
+    const char *name;
+} gw_keys[] = {
+#define GW_KEY(role, key, name)                                                                    \
+    {                                                                                              \
+        role, key, sizeof(name) - 1, name                                                          \
+    }
+    GW_KEY(GW_R_TOP, GW_K_MODEL, "model"),
+    GW_KEY(GW_R_TOP, GW_K_STREAM, "stream"),
+    GW_KEY(GW_R_TOP, GW_K_SO, "stream_options"),
+    GW_KEY(GW_R_TOP, GW_K_MAXT, "max_tokens"),
+    GW_KEY(GW_R_TOP, GW_K_MAXCT, "max_completion_tokens"),
+    GW_KEY(GW_R_TOP, GW_K_MAXOT, "max_output_tokens"),
+    GW_KEY(GW_R_TOP, GW_K_N, "n"),
+    GW_KEY(GW_R_TOP, GW_K_MESSAGES, "messages"),
+    GW_KEY(GW_R_TOP, GW_K_TOOLS, "tools"),
+    GW_KEY(GW_R_SO, GW_K_IU, "include_usage"),
+    GW_KEY(GW_R_MSG, GW_K_ROLE, "role"),
+    GW_KEY(GW_R_MSG, GW_K_CONTENT, "content"),
+    GW_KEY(GW_R_MSG, GW_K_NAME, "name"),
+    GW_KEY(GW_R_MSG, GW_K_TOOL_CALLS, "tool_calls"),
+    GW_KEY(GW_R_PART, GW_K_TYPE, "type"),
+    GW_KEY(GW_R_PART, GW_K_TEXT, "text"),
+    GW_KEY(GW_R_PART, GW_K_IMAGE_URL, "image_url"),
+#undef GW_KEY
+};
+
 static gw_key_t gw_key_of(gw_role_t role, const char *k, size_t n)
 {
-#define GW_KEY_IS(lit) (n == sizeof(lit) - 1 && memcmp(k, lit, n) == 0)
-    switch (role) {
-    case GW_R_TOP:
-        if (GW_KEY_IS("model"))
-            return GW_K_MODEL;
-        if (GW_KEY_IS("stream"))
-            return GW_K_STREAM;
-        if (GW_KEY_IS("stream_options"))
-            return GW_K_SO;
-        if (GW_KEY_IS("max_tokens"))
-            return GW_K_MAXT;
-        if (GW_KEY_IS("max_completion_tokens"))
-            return GW_K_MAXCT;
-        if (GW_KEY_IS("max_output_tokens"))
-            return GW_K_MAXOT;
-        if (GW_KEY_IS("n"))
-            return GW_K_N;
-        if (GW_KEY_IS("messages"))
-            return GW_K_MESSAGES;
-        if (GW_KEY_IS("tools"))
-            return GW_K_TOOLS;
-        break;
-    case GW_R_SO:
-        if (GW_KEY_IS("include_usage"))
-            return GW_K_IU;
-        break;
-    case GW_R_MSG:
-        if (GW_KEY_IS("role"))
-            return GW_K_ROLE;
-        if (GW_KEY_IS("content"))
-            return GW_K_CONTENT;
-        if (GW_KEY_IS("name"))
-            return GW_K_NAME;
-        if (GW_KEY_IS("tool_calls"))
-            return GW_K_TOOL_CALLS;
-        break;
-    case GW_R_PART:
-        if (GW_KEY_IS("type"))
-            return GW_K_TYPE;
-        if (GW_KEY_IS("text"))
-            return GW_K_TEXT;
-        if (GW_KEY_IS("image_url"))
-            return GW_K_IMAGE_URL;
-        break;
-    default:
-        break;
-    }
-#undef GW_KEY_IS
+    if (role != GW_R_TOP && role != GW_R_SO && role != GW_R_MSG && role != GW_R_PART)
+        return GW_K_NONE; /* the common case (objects nothing is read from) */
+    for (size_t i = 0; i < SL_ARRAY_LEN(gw_keys); i++)
+        if (gw_keys[i].role == role && gw_keys[i].len == n && memcmp(gw_keys[i].name, k, n) == 0)
+            return (gw_key_t)gw_keys[i].key;
     return GW_K_NONE;
 }
 
@@ -959,6 +948,19 @@ gw_scan_rc_t gw_body_scan(gw_body_scan_t *s, const char *body, size_t len, unsig
         s->chat.parts = s->parts;
     }
     return GW_SCAN_OK;
+}
+
+void gw_body_scan_clamp_in(const gw_body_scan_t *s, rl_clamp_in_t *in)
+{
+    *in = (rl_clamp_in_t){
+        .max_tokens_kind = s->max_tokens.kind,
+        .max_tokens = s->max_tokens.i,
+        .max_completion_tokens_kind = s->max_completion_tokens.kind,
+        .max_completion_tokens = s->max_completion_tokens.i,
+        .stream_kind = s->stream.kind,
+        .stream_options_kind = s->stream_options.kind,
+        .include_usage = s->include_usage.kind == SL_J_TRUE,
+    };
 }
 
 /* ---- splices --------------------------------------------------------------------- */
