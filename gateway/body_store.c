@@ -90,7 +90,8 @@ bool gw_body_blk_add(gw_body_blk_t *b, const char *p, size_t n)
 {
     if (n > b->cap - b->len)
         return false;
-    memcpy(b->data + b->len, p, n);
+    if (p != b->data + b->len) /* else read in place (gw_body_blk_tail) */
+        memmove(b->data + b->len, p, n);
     b->len += n;
     return true;
 }
@@ -98,6 +99,16 @@ bool gw_body_blk_add(gw_body_blk_t *b, const char *p, size_t n)
 bool gw_body_blk_full(const gw_body_blk_t *b)
 {
     return b->len == b->want;
+}
+
+char *gw_body_blk_tail(gw_body_blk_t *b)
+{
+    return b->data + b->len;
+}
+
+size_t gw_body_blk_left(const gw_body_blk_t *b)
+{
+    return b->want > b->len ? b->want - b->len : 0;
 }
 
 const char *gw_body_blk_data(const gw_body_blk_t *b, size_t *len)

@@ -23,7 +23,7 @@
  * in evbuffer chains). */
 #define GW_BODY_STORE_MAX (64u << 20)
 
-/* A connection bringing such a body reads up to this much per call. */
+/* A connection bringing such a body wakes per this many bytes. */
 #define GW_BODY_STORE_READ (64u * 1024)
 /* An upstream connection sending one writes up to this much per call (the
  * body goes by reference: nothing is allocated for it). */
@@ -41,6 +41,12 @@ void gw_body_blk_free(gw_body_blk_t *b);
 bool gw_body_blk_add(gw_body_blk_t *b, const char *p, size_t n) SL_WUR;
 /* All the declared bytes are in. */
 bool gw_body_blk_full(const gw_body_blk_t *b);
+/* Bytes still to come before it is full. */
+size_t gw_body_blk_left(const gw_body_blk_t *b);
+/* Where the next bytes go (gw_body_blk_left of them fit): a reader may
+ * put them there itself; gw_body_blk_add of that same span then only
+ * counts them. */
+char *gw_body_blk_tail(gw_body_blk_t *b);
 /* The block's bytes so far; NULL when it holds none. */
 const char *gw_body_blk_data(const gw_body_blk_t *b, size_t *len);
 /* Hands the block's bytes to buf as one reference chain; the block is
