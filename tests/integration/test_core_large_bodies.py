@@ -142,3 +142,19 @@ def test_body_cut_short_then_served(sluice_factory, mock):
     r = s.request("POST", CHAT, b, timeout=bound(20))
     assert r.status == 200, r
     assert [q["body"].encode() for q in mock.requests()] == [served(b)]
+
+
+def test_pipelined_request_after_a_large_body(sluice_factory, mock):
+    # The body is read straight from the socket (conn.c): never past its
+    # end, so the request behind it in the same write is answered too.
+    s = sluice_factory(overrides=conf_over(), upstream=mock)
+    b = big_body(400 * 1024)
+    small = json.dumps(helpers.chat_body("second"), separators=(",", ":")).encode()
+    req = lambda body: ("POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"  # noqa: E731
+                        "Content-Length: %d\r\n\r\n" % (CHAT, len(body))).encode() + body
+    with s.client(timeout=bound(20)) as c:
+        c.send(req(b) + req(small) + req(b))
+        rs = [c.read_response() for _ in range(3)]
+    assert [r.status for r in rs] == [200, 200, 200], rs
+    bodies = [q["body"].encode() for q in mock.requests()]
+    assert bodies == [served(b), served(small), served(b)]

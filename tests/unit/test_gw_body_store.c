@@ -125,6 +125,33 @@ static void test_reuse_after_last_reference(void **state)
     gw_body_store_drop();
 }
 
+static void test_read_in_place(void **state)
+{
+    (void)state;
+    /* conn.c reads straight into the tail; the add then only counts */
+    gw_body_blk_t *b = gw_body_blk_new(50000);
+    assert_non_null(b);
+    assert_int_equal(gw_body_blk_left(b), 50000);
+    char *t = gw_body_blk_tail(b);
+    memset(t, 'q', 30000);
+    assert_true(gw_body_blk_add(b, t, 30000));
+    assert_int_equal(gw_body_blk_left(b), 20000);
+    assert_ptr_equal(gw_body_blk_tail(b), t + 30000);
+    assert_true(gw_body_blk_add(b, "rest", 4)); /* and a copy after it */
+    memset(gw_body_blk_tail(b), 'z', 19996);
+    assert_true(gw_body_blk_add(b, gw_body_blk_tail(b), 19996));
+    assert_true(gw_body_blk_full(b));
+    assert_int_equal(gw_body_blk_left(b), 0);
+    size_t len;
+    const char *d = gw_body_blk_data(b, &len);
+    assert_int_equal(len, 50000);
+    assert_true(d[0] == 'q' && d[29999] == 'q');
+    assert_memory_equal(d + 30000, "rest", 4);
+    assert_true(d[30004] == 'z' && d[49999] == 'z');
+    gw_body_blk_free(b);
+    gw_body_store_drop();
+}
+
 static void test_empty_give(void **state)
 {
     (void)state;
@@ -163,6 +190,7 @@ int main(void)
         cmocka_unit_test(test_fill_give),
         cmocka_unit_test(test_more_than_declared),
         cmocka_unit_test(test_reuse_after_last_reference),
+        cmocka_unit_test(test_read_in_place),
         cmocka_unit_test(test_empty_give),
         cmocka_unit_test(test_cache_bound),
     };
