@@ -149,7 +149,7 @@ def test_pipelined_request_after_a_large_body(sluice_factory, mock):
     # end, so the request behind it in the same write is answered too.
     s = sluice_factory(overrides=conf_over(), upstream=mock)
     b = big_body(400 * 1024)
-    small = json.dumps(helpers.chat_body("second"), separators=(",", ":")).encode()
+    small = json.dumps(helpers.chat_body("second", max_tokens=16), separators=(",", ":")).encode()
     req = lambda body: ("POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"  # noqa: E731
                         "Content-Length: %d\r\n\r\n" % (CHAT, len(body))).encode() + body
     with s.client(timeout=bound(20)) as c:
