@@ -27,6 +27,10 @@
 # filters.input.max_chars: 0, the default 8000 would refuse them) with a user
 # message that long; per size the CPU per request, and the µs per KiB
 # beyond the first ((cpu(size) - cpu(1)) / (size - 1)); goal <= 1 µs/KiB.
+# nginx proxies the same bodies in the same rounds (ngxsize*: the body held
+# in memory, client_body_buffer_size 4m, proxy_request_buffering on, its
+# default): the floor a plain proxy pays per KiB on this machine, and
+# sluice's µs/KiB as a ratio to it. BENCH_SIZES_ONLY=1 runs the sizes alone.
 #
 # Knobs: BENCH_DURATION (s per run, default 5), BENCH_ROUNDS (default 3),
 # BENCH_CONNS (default 32; the body sizes: BENCH_SIZE_CONNS, default 4), BENCH_PORT_BASE (default 28700), SLUICE_BIN,
@@ -45,6 +49,7 @@ ROUNDS=${BENCH_ROUNDS:-3}
 CONNS=${BENCH_CONNS:-32}
 PORT_BASE=${BENCH_PORT_BASE:-28700}
 SIZES=${BENCH_SIZES-"1 16 256 1024"}
+SIZES_ONLY=${BENCH_SIZES_ONLY:-0}
 SIZE_CONNS=${BENCH_SIZE_CONNS:-4}
 SSE=${BENCH_SSE:-1}
 
@@ -74,13 +79,14 @@ if [ "$SSE" = 1 ]; then
     CONFIGS="$CONFIGS nginx-sse full-sse"
     [ -n "$SLUICE_BASE_BIN" ] && CONFIGS="$CONFIGS full-sse@base"
 fi
+[ "$SIZES_ONLY" = 1 ] && CONFIGS=""
 SIZE_CONFIGS=""
-for k in $SIZES; do SIZE_CONFIGS="$SIZE_CONFIGS size$k"; done
+for k in $SIZES; do SIZE_CONFIGS="$SIZE_CONFIGS ngxsize$k size$k"; done
 [ -n "$SLUICE_BASE_BIN" ] && for k in $SIZES; do SIZE_CONFIGS="$SIZE_CONFIGS size$k@base"; done
 
 port_of() { # one sluice per binary and conf; the size runs share "plain"'s
     case $1 in
-    nginx) echo "$NGX_PORT" ;;
+    nginx | ngxsize*) echo "$NGX_PORT" ;;
     nginx-sse) echo "$NGX_SSE_PORT" ;;
     full-sse) echo $((PORT_BASE + 16)) ;;
     full-sse@base) echo $((PORT_BASE + 17)) ;;
@@ -298,7 +304,7 @@ run() { # $1 config, $2 round ("warm" = not recorded)
     local c=$1 port pids t0 t1 out line tok="" body="" conns=$CONNS
     port=$(port_of "$c")
     case $c in
-    nginx) pids=$NGX_PIDS ;;
+    nginx | ngxsize*) pids=$NGX_PIDS ;;
     nginx-sse) pids=$NGX_SSE_PIDS ;;
     size*@base) pids=${SPID[size@base]} ;;
     size*) pids=${SPID[size]} ;;
@@ -306,8 +312,8 @@ run() { # $1 config, $2 round ("warm" = not recorded)
     esac
     case $c in full*) tok=$TOKEN ;; esac
     case $c in *-sse*) body=$WORK/body-sse.json ;; esac
-    case $c in size*)
-        local k=${c#size}
+    case $c in size* | ngxsize*)
+        local k=${c#*size}
         k=${k%@base}
         body=$WORK/body$k.json
         conns=$SIZE_CONNS # a MiB body takes the old build > 1 s: fewer in flight
@@ -370,18 +376,27 @@ if "nginx" in rows:
         rs = [x["cpu_us"] / y["cpu_us"] for x, y in zip(rows[c], rows[ref])]
         print("| %s | %.2f | %.2f–%.2f | %s |" % (c, statistics.median(rs), min(rs), max(rs),
                                                 goals[c]))
-for suffix in ("", "@base"):
-    sizes = sorted(int(c[4:].replace("@base", "")) for c in rows
-                   if c.startswith("size") and c.endswith(suffix) and
-                   (suffix or "@" not in c))
-    if len(sizes) < 2 or sizes[0] != 1:
-        continue
-    base = med("size1" + suffix, "cpu_us")
-    print("\n| body (%s) | CPU µs/request | µs per KiB beyond the first | goal |"
-          % ("this build" if not suffix else "base"))
-    print("| --- | --- | --- | --- |")
+sizes = sorted(int(c[4:]) for c in rows if c.startswith("size") and "@" not in c)
+if len(sizes) >= 2 and sizes[0] == 1:
+    # µs per KiB beyond the first, for each proxy: (cpu(k) - cpu(1)) / (k - 1)
+    def per_kib(prefix, k):
+        if prefix + "1" not in rows or prefix + str(k) not in rows:
+            return None
+        return (med(prefix + str(k), "cpu_us") - med(prefix + "1", "cpu_us")) / (k - 1)
+    fmt = lambda v: "" if v is None else "%.2f" % v  # noqa: E731
+    print("\n| body | this build CPU µs/req | this build µs/KiB | base CPU µs/req | base µs/KiB"
+          " | nginx CPU µs/req | nginx µs/KiB | this build / nginx (µs/KiB) | goal |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for k in sizes:
-        cpu = med("size%d%s" % (k, suffix), "cpu_us")
-        per = "" if k == 1 else "%.2f" % ((cpu - base) / (k - 1))
-        print("| %d KiB | %.1f | %s | %s |" % (k, cpu, per, "" if k == 1 else "≤ 1"))
+        cpu = lambda p: fmt(med(p + str(k), "cpu_us")) if p + str(k) in rows else ""  # noqa
+        base_cpu = ("%.1f" % med("size%d@base" % k, "cpu_us")) if "size%d@base" % k in rows else ""
+        if k == 1:
+            print("| 1 KiB | %s | | %s | | %s | | | |" % (cpu("size"), base_cpu, cpu("ngxsize")))
+            continue
+        ours, base, ngx = per_kib("size", k), None, per_kib("ngxsize", k)
+        if "size1@base" in rows and "size%d@base" % k in rows:
+            base = (med("size%d@base" % k, "cpu_us") - med("size1@base", "cpu_us")) / (k - 1)
+        ratio = "" if not ngx or ours is None else "%.2f" % (ours / ngx)
+        print("| %d KiB | %s | %s | %s | %s | %s | %s | %s | ≤ 1 µs/KiB |" % (
+            k, cpu("size"), fmt(ours), base_cpu, fmt(base), cpu("ngxsize"), fmt(ngx), ratio))
 EOF

@@ -26,6 +26,7 @@
 #include <yajl/yajl_parse.h>
 
 #include "gateway/body_scan.h"
+#include "ratelimit/ratelimit.h"
 
 /* Deeper than this the scanner stops and jansson decides (its own limit is
  * 2048; real requests nest a handful of levels). */
@@ -350,56 +351,44 @@ static int gw_scan_stop(gw_scan_ctx_t *c, gw_scan_rc_t rc)
     return 0; /* yajl: cancel the parse */
 }
 
+/* The members the scanner records, by the object they are in. */
+static const struct gw_key_ent {
+    uint8_t role; /* gw_role_t */
+    uint8_t key;  /* gw_key_t */
+    uint8_t len;
+    const char *name;
+} gw_keys[] = {
+#define GW_KEY(role, key, name)                                                                    \
+    {                                                                                              \
+        role, key, sizeof(name) - 1, name                                                          \
+    }
+    GW_KEY(GW_R_TOP, GW_K_MODEL, "model"),
+    GW_KEY(GW_R_TOP, GW_K_STREAM, "stream"),
+    GW_KEY(GW_R_TOP, GW_K_SO, "stream_options"),
+    GW_KEY(GW_R_TOP, GW_K_MAXT, "max_tokens"),
+    GW_KEY(GW_R_TOP, GW_K_MAXCT, "max_completion_tokens"),
+    GW_KEY(GW_R_TOP, GW_K_MAXOT, "max_output_tokens"),
+    GW_KEY(GW_R_TOP, GW_K_N, "n"),
+    GW_KEY(GW_R_TOP, GW_K_MESSAGES, "messages"),
+    GW_KEY(GW_R_TOP, GW_K_TOOLS, "tools"),
+    GW_KEY(GW_R_SO, GW_K_IU, "include_usage"),
+    GW_KEY(GW_R_MSG, GW_K_ROLE, "role"),
+    GW_KEY(GW_R_MSG, GW_K_CONTENT, "content"),
+    GW_KEY(GW_R_MSG, GW_K_NAME, "name"),
+    GW_KEY(GW_R_MSG, GW_K_TOOL_CALLS, "tool_calls"),
+    GW_KEY(GW_R_PART, GW_K_TYPE, "type"),
+    GW_KEY(GW_R_PART, GW_K_TEXT, "text"),
+    GW_KEY(GW_R_PART, GW_K_IMAGE_URL, "image_url"),
+#undef GW_KEY
+};
+
 static gw_key_t gw_key_of(gw_role_t role, const char *k, size_t n)
 {
-#define GW_KEY_IS(lit) (n == sizeof(lit) - 1 && memcmp(k, lit, n) == 0)
-    switch (role) {
-    case GW_R_TOP:
-        if (GW_KEY_IS("model"))
-            return GW_K_MODEL;
-        if (GW_KEY_IS("stream"))
-            return GW_K_STREAM;
-        if (GW_KEY_IS("stream_options"))
-            return GW_K_SO;
-        if (GW_KEY_IS("max_tokens"))
-            return GW_K_MAXT;
-        if (GW_KEY_IS("max_completion_tokens"))
-            return GW_K_MAXCT;
-        if (GW_KEY_IS("max_output_tokens"))
-            return GW_K_MAXOT;
-        if (GW_KEY_IS("n"))
-            return GW_K_N;
-        if (GW_KEY_IS("messages"))
-            return GW_K_MESSAGES;
-        if (GW_KEY_IS("tools"))
-            return GW_K_TOOLS;
-        break;
-    case GW_R_SO:
-        if (GW_KEY_IS("include_usage"))
-            return GW_K_IU;
-        break;
-    case GW_R_MSG:
-        if (GW_KEY_IS("role"))
-            return GW_K_ROLE;
-        if (GW_KEY_IS("content"))
-            return GW_K_CONTENT;
-        if (GW_KEY_IS("name"))
-            return GW_K_NAME;
-        if (GW_KEY_IS("tool_calls"))
-            return GW_K_TOOL_CALLS;
-        break;
-    case GW_R_PART:
-        if (GW_KEY_IS("type"))
-            return GW_K_TYPE;
-        if (GW_KEY_IS("text"))
-            return GW_K_TEXT;
-        if (GW_KEY_IS("image_url"))
-            return GW_K_IMAGE_URL;
-        break;
-    default:
-        break;
-    }
-#undef GW_KEY_IS
+    if (role != GW_R_TOP && role != GW_R_SO && role != GW_R_MSG && role != GW_R_PART)
+        return GW_K_NONE; /* the common case (objects nothing is read from) */
+    for (size_t i = 0; i < SL_ARRAY_LEN(gw_keys); i++)
+        if (gw_keys[i].role == role && gw_keys[i].len == n && memcmp(gw_keys[i].name, k, n) == 0)
+            return (gw_key_t)gw_keys[i].key;
     return GW_K_NONE;
 }
 
@@ -961,6 +950,19 @@ gw_scan_rc_t gw_body_scan(gw_body_scan_t *s, const char *body, size_t len, unsig
     return GW_SCAN_OK;
 }
 
+void gw_body_scan_clamp_in(const gw_body_scan_t *s, rl_clamp_in_t *in)
+{
+    *in = (rl_clamp_in_t){
+        .max_tokens_kind = s->max_tokens.kind,
+        .max_tokens = s->max_tokens.i,
+        .max_completion_tokens_kind = s->max_completion_tokens.kind,
+        .max_completion_tokens = s->max_completion_tokens.i,
+        .stream_kind = s->stream.kind,
+        .stream_options_kind = s->stream_options.kind,
+        .include_usage = s->include_usage.kind == SL_J_TRUE,
+    };
+}
+
 /* ---- splices --------------------------------------------------------------------- */
 
 int gw_json_quote(const char *v, size_t n, char *buf, size_t cap, size_t *outlen)
@@ -1105,44 +1107,65 @@ static int gw_splice_cmp(const void *a, const void *b)
     return i < j ? -1 : i > j;
 }
 
-int gw_body_splice_apply(const gw_body_scan_t *s, char **out, size_t *outlen)
+int gw_body_splice_walk(const gw_body_scan_t *s, gw_body_piece_fn piece, void *arg)
 {
     gw_splice_t few[8];
     gw_splice_t *sorted =
         s->nsplices <= SL_ARRAY_LEN(few) ? few : malloc(s->nsplices * sizeof(*sorted));
     if (!sorted)
         return -1;
-    size_t total = s->len;
-    for (size_t i = 0; i < s->nsplices; i++)
-        total += s->splices[i].len + 1;
     memcpy(sorted, s->splices, s->nsplices * sizeof(*sorted));
     /* qsort is not stable: order by (offset, kind, index in the array). */
     for (size_t i = 0; i < s->nsplices; i++)
         sorted[i].key = (const char *)(uintptr_t)i;
     qsort(sorted, s->nsplices, sizeof(*sorted), gw_splice_cmp);
-    char *o = malloc(total + 1);
-    if (!o) {
-        if (sorted != few)
-            free(sorted);
-        return -1;
-    }
-    size_t at = 0, n = 0;
-    for (size_t i = 0; i < s->nsplices; i++) {
+    int rc = 0;
+    size_t at = 0;
+    for (size_t i = 0; i < s->nsplices && rc == 0; i++) {
         const gw_splice_t *sp = &sorted[i];
-        memcpy(o + n, s->body + at, sp->off - at);
-        n += sp->off - at;
-        if (sp->comma)
-            o[n++] = ',';
-        memcpy(o + n, sp->text, sp->len);
-        n += sp->len;
+        if (sp->off > at)
+            rc = piece(arg, s->body + at, sp->off - at, true);
+        if (rc == 0 && sp->comma)
+            rc = piece(arg, ",", 1, false);
+        if (rc == 0 && sp->len)
+            rc = piece(arg, sp->text, sp->len, false);
         at = sp->off + sp->del;
     }
-    memcpy(o + n, s->body + at, s->len - at);
-    n += s->len - at;
-    o[n] = '\0';
+    if (rc == 0 && s->len > at)
+        rc = piece(arg, s->body + at, s->len - at, true);
     if (sorted != few)
         free(sorted);
-    *out = o;
-    *outlen = n;
+    return rc;
+}
+
+typedef struct gw_splice_buf {
+    char *o;
+    size_t n;
+} gw_splice_buf_t;
+
+static int gw_splice_copy(void *arg, const char *p, size_t n, bool body)
+{
+    (void)body;
+    gw_splice_buf_t *b = arg;
+    memcpy(b->o + b->n, p, n);
+    b->n += n;
+    return 0;
+}
+
+int gw_body_splice_apply(const gw_body_scan_t *s, char **out, size_t *outlen)
+{
+    size_t total = s->len;
+    for (size_t i = 0; i < s->nsplices; i++)
+        total += s->splices[i].len + 1;
+    gw_splice_buf_t b = {malloc(total + 1), 0};
+    if (!b.o)
+        return -1;
+    if (gw_body_splice_walk(s, gw_splice_copy, &b) != 0) {
+        free(b.o);
+        return -1;
+    }
+    b.o[b.n] = '\0';
+    *out = b.o;
+    *outlen = b.n;
     return 0;
 }

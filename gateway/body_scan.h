@@ -116,6 +116,17 @@ static inline bool gw_body_edited(const gw_body_scan_t *s)
  * length). -1: out of memory. */
 int gw_body_splice_apply(const gw_body_scan_t *s, char **out, size_t *outlen) SL_WUR;
 
+/* The spliced body as pieces in order, without building it: each run of
+ * the client's bytes (body: true, a span of s->body) and each splice text
+ * (body: false, valid only during the call) handed to piece; a non-zero
+ * return stops the walk and is returned. -1: out of memory. */
+typedef int (*gw_body_piece_fn)(void *arg, const char *p, size_t n, bool body);
+int gw_body_splice_walk(const gw_body_scan_t *s, gw_body_piece_fn piece, void *arg) SL_WUR;
+
+/* The facts ratelimit's clamp plan takes (rl_clamp_plan), into in. */
+struct rl_clamp_in;
+void gw_body_scan_clamp_in(const gw_body_scan_t *s, struct rl_clamp_in *in);
+
 /* The JSON text of a string (quotes and escapes), into buf; 0, or -1 when
  * it does not fit or is not UTF-8. Uses jansson for anything but plain
  * printable ASCII. */

@@ -91,11 +91,84 @@ int gw_req_set_include_usage(gw_req_t *r)
 /* The request is through every hook: the body with its edits (splices on
  * the client's bytes; the tree serialised again only when a hook edited
  * the tree itself), then the attempt. */
-static void gw_body_free_cb(const void *data, size_t len, void *arg)
+
+/* Past this size a spliced body is not copied: the new body is the client's
+ * bytes by reference with the splice texts between (below it one memcpy is
+ * cheaper than a reference chain per span). */
+#define GW_BODY_SPLICE_REF_MIN 16384
+
+/* The buffer holding the client's bytes once the spliced body refers into
+ * them: freed when the last reference goes (the new body's own chains, and
+ * any upstream output buffer still sharing them for a retry or a resend). */
+typedef struct gw_body_hold {
+    struct evbuffer *buf;
+    size_t refs;
+} gw_body_hold_t;
+
+static void gw_body_hold_unref(const void *data, size_t len, void *arg)
 {
+    (void)data;
     (void)len;
-    (void)arg;
-    free((void *)data);
+    gw_body_hold_t *h = arg;
+    if (--h->refs > 0)
+        return;
+    if (h->buf)
+        evbuffer_free(h->buf);
+    free(h);
+}
+
+typedef struct gw_body_out {
+    struct evbuffer *dst;
+    gw_body_hold_t *hold;
+} gw_body_out_t;
+
+static int gw_body_piece(void *arg, const char *p, size_t n, bool body)
+{
+    gw_body_out_t *o = arg;
+    if (!body)
+        return evbuffer_add(o->dst, p, n);
+    o->hold->refs++;
+    if (evbuffer_add_reference(o->dst, p, n, gw_body_hold_unref, o->hold) != 0) {
+        o->hold->refs--;
+        return -1;
+    }
+    return 0;
+}
+
+/* r->body becomes the spliced body. -1: out of memory (r->body as it was). */
+static int gw_body_splice_into(gw_req_t *r)
+{
+    gw_body_scan_t *s = r->scan;
+    if (s->len < GW_BODY_SPLICE_REF_MIN) {
+        char *b;
+        size_t n;
+        if (gw_body_splice_apply(s, &b, &n) != 0)
+            return -1;
+        evbuffer_drain(r->body, evbuffer_get_length(r->body));
+        int rc = evbuffer_add(r->body, b, n);
+        free(b);
+        return rc;
+    }
+    /* s->body is r->body's bytes (pulled up by gw_proxy_route): the new
+     * buffer refers into them, and the old buffer lives on in the hold. */
+    gw_body_out_t o = {evbuffer_new(), malloc(sizeof(gw_body_hold_t))};
+    if (!o.dst || !o.hold) {
+        if (o.dst)
+            evbuffer_free(o.dst);
+        free(o.hold);
+        return -1;
+    }
+    o.hold->buf = r->body;
+    o.hold->refs = 1; /* this function's, until the new body is in place */
+    if (gw_body_splice_walk(s, gw_body_piece, &o) != 0) {
+        evbuffer_free(o.dst); /* its spans let go of the hold */
+        o.hold->buf = NULL;   /* r->body stays r->body */
+        gw_body_hold_unref(NULL, 0, o.hold);
+        return -1;
+    }
+    r->body = o.dst;
+    gw_body_hold_unref(NULL, 0, o.hold);
+    return 0;
 }
 
 static void gw_proxy_send(gw_req_t *r)
@@ -115,15 +188,7 @@ static void gw_proxy_send(gw_req_t *r)
             r->scan->body = NULL;
         }
     } else if (gw_body_edited(r->scan)) {
-        char *s;
-        size_t n;
-        if (gw_body_splice_apply(r->scan, &s, &n) != 0) {
-            gw_respond_oom(r);
-            return;
-        }
-        evbuffer_drain(r->body, evbuffer_get_length(r->body));
-        if (evbuffer_add_reference(r->body, s, n, gw_body_free_cb, NULL) != 0) {
-            free(s);
+        if (gw_body_splice_into(r) != 0) {
             gw_respond_oom(r);
             return;
         }

@@ -41,6 +41,8 @@ struct gw_req {
     json_t *json;              /* parsed body: gw_req_json() builds it on demand (gw_flow.h) */
     struct gw_body_scan *scan; /* the body's facts and edits (body_scan.h); NULL: tree only */
     const gw_model_rt_t *model;
+    /* a large body's storage while it arrives (body_store.h, conn.c) */
+    struct gw_body_blk *body_blk;
     bool stream; /* client asked "stream": true */
 
     /* upstream side */

@@ -182,15 +182,8 @@ static int gw_rl_clamp_scan(gw_req_t *r, gw_rl_t *s, bool budgets)
 {
     const conf_ratelimit_t *c = &r->rt->conf->ratelimit;
     const gw_body_scan_t *b = r->scan;
-    rl_clamp_in_t in = {
-        .max_tokens_kind = b->max_tokens.kind,
-        .max_tokens = b->max_tokens.i,
-        .max_completion_tokens_kind = b->max_completion_tokens.kind,
-        .max_completion_tokens = b->max_completion_tokens.i,
-        .stream_kind = b->stream.kind,
-        .stream_options_kind = b->stream_options.kind,
-        .include_usage = b->include_usage.kind == SL_J_TRUE,
-    };
+    rl_clamp_in_t in;
+    gw_body_scan_clamp_in(b, &in);
     rl_clamp_edits_t ed;
     char err[160];
     if (rl_clamp_plan(&in, c->max_tokens, budgets, &s->clamp, &ed, err, sizeof(err)) != 0) {

@@ -40,6 +40,7 @@
 #include "gateway/gw_worker.h"
 #include "gateway/http1.h"
 #include "gateway/body_scan.h"
+#include "gateway/body_store.h"
 #include "gateway/json_intake.h"
 #include "gateway/sb.h"
 #include "gateway/sse.h"
@@ -214,6 +215,9 @@ static void gw_proxy_timer_cb(evutil_socket_t fd, short what, void *arg)
         gw_proxy_fail(r, GW_UPFAIL_TOTAL_TIMEOUT);
 }
 
+/* Request bodies up to this size are copied into the head's write. */
+#define GW_PROXY_BODY_INLINE 2048
+
 static void gw_proxy_write_request(gw_req_t *r, gw_upconn_t *u)
 {
     const gw_http_msg_t *m = gw_http_msg(r->c->parser);
@@ -263,9 +267,22 @@ static void gw_proxy_write_request(gw_req_t *r, gw_upconn_t *u)
         gw_sb_header(&b, h->name, h->name_len, h->value, h->value_len);
     }
     gw_sb_lit(&b, "\r\n");
-    if (blen)
+    /* A small body rides in the head's write; a larger one is shared, not
+     * copied: out's chains refer to r->body's, which stays whole for a
+     * retry or a fallback that sends it again. */
+    bool by_ref = blen > GW_PROXY_BODY_INLINE;
+    if (blen && !by_ref)
         gw_sb_add(&b, evbuffer_pullup(r->body, -1), blen);
-    sl_counter_add(gw_m.bytes_up_out, gw_sb_flush(&b, out));
+    size_t sent = gw_sb_flush(&b, out);
+    if (sent && blen >= GW_BODY_STORE_MIN) /* fewer, larger writes (default 16 KiB) */
+        bufferevent_set_max_single_write(u->bev, GW_BODY_STORE_WRITE);
+    if (sent && by_ref) {
+        if (evbuffer_add_buffer_reference(out, r->body) != 0 &&
+            evbuffer_add(out, evbuffer_pullup(r->body, -1), blen) != 0)
+            blen = 0; /* OOM: the short request fails upstream, as a copy would */
+        sent += blen;
+    }
+    sl_counter_add(gw_m.bytes_up_out, sent);
 }
 
 static void gw_proxy_attempt(gw_req_t *r, bool allow_reuse)

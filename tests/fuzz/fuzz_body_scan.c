@@ -168,15 +168,8 @@ static void check_ratelimit(const gw_body_scan_t *s, const json_t *orig)
         rl_clamp_edits_t ed;
         char ea[160] = "", ec[160] = "";
         int ra = rl_body_clamp_ex(j, 300, want, &a, ea, sizeof(ea));
-        rl_clamp_in_t in = {
-            .max_tokens_kind = s->max_tokens.kind,
-            .max_tokens = s->max_tokens.i,
-            .max_completion_tokens_kind = s->max_completion_tokens.kind,
-            .max_completion_tokens = s->max_completion_tokens.i,
-            .stream_kind = s->stream.kind,
-            .stream_options_kind = s->stream_options.kind,
-            .include_usage = s->include_usage.kind == SL_J_TRUE,
-        };
+        rl_clamp_in_t in;
+        gw_body_scan_clamp_in(s, &in);
         int rc = rl_clamp_plan(&in, 300, want, &c, &ed, ec, sizeof(ec));
         if (ra != rc || strcmp(ea, ec) != 0 || (ra == 0 && memcmp(&a, &c, sizeof(a)) != 0))
             abort();

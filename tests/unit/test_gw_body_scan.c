@@ -239,6 +239,47 @@ static void test_bigint(void **state)
 
 /* ---- splices ------------------------------------------------------------------ */
 
+/* gw_body_splice_walk's pieces, as flow.c sends a large edited body: the
+ * client's bytes by reference, the splice texts between. */
+typedef struct walk {
+    const gw_body_scan_t *s;
+    char buf[512];
+    size_t n, body_pieces, text_pieces;
+    int stop_at; /* piece index at which to return 7, -1 never */
+} walk_t;
+
+static int walk_piece(void *arg, const char *p, size_t n, bool body)
+{
+    walk_t *w = arg;
+    assert_true(n > 0); /* no empty pieces */
+    if (w->stop_at >= 0 && (size_t)w->stop_at == w->body_pieces + w->text_pieces)
+        return 7;
+    if (body) { /* a span of the scanned bytes themselves, not a copy */
+        assert_true(p >= w->s->body && p + n <= w->s->body + w->s->len);
+        w->body_pieces++;
+    } else {
+        w->text_pieces++;
+    }
+    assert_true(w->n + n <= sizeof(w->buf));
+    memcpy(w->buf + w->n, p, n);
+    w->n += n;
+    return 0;
+}
+
+static void check_walk(const gw_body_scan_t *s, const char *out, size_t n)
+{
+    walk_t w = {.s = s, .stop_at = -1};
+    assert_int_equal(gw_body_splice_walk(s, walk_piece, &w), 0);
+    assert_int_equal(w.n, n);
+    assert_memory_equal(w.buf, out, n);
+    assert_true(w.body_pieces >= 1);
+    assert_true(w.text_pieces >= s->nsplices); /* a comma is a piece of its own */
+    /* a piece that fails stops the walk with its code */
+    walk_t f = {.s = s, .stop_at = 1};
+    assert_int_equal(gw_body_splice_walk(s, walk_piece, &f), 7);
+    assert_int_equal(f.body_pieces + f.text_pieces, 1);
+}
+
 /* Applies the three edits the gateway makes to body and checks the result
  * is the original tree with exactly those changes, and the bytes before the
  * first edit unchanged. */
@@ -279,6 +320,7 @@ static void check_edits(const char *body)
         fail_msg("%s -> %s", body, out);
     /* bytes before the first edit are the client's */
     assert_memory_equal(out, body, first);
+    check_walk(s, out, n);
     json_decref(got);
     json_decref(want);
     free(out);
@@ -380,15 +422,8 @@ static void test_ratelimit_plain(void **state)
             rl_clamp_t a, c;
             char ea[160] = "", ec[160] = "";
             int ra = rl_body_clamp_ex(j, 2048, want, &a, ea, sizeof(ea));
-            rl_clamp_in_t in = {
-                .max_tokens_kind = s->max_tokens.kind,
-                .max_tokens = s->max_tokens.i,
-                .max_completion_tokens_kind = s->max_completion_tokens.kind,
-                .max_completion_tokens = s->max_completion_tokens.i,
-                .stream_kind = s->stream.kind,
-                .stream_options_kind = s->stream_options.kind,
-                .include_usage = s->include_usage.kind == SL_J_TRUE,
-            };
+            rl_clamp_in_t in;
+            gw_body_scan_clamp_in(s, &in);
             rl_clamp_edits_t ed;
             int rc = rl_clamp_plan(&in, 2048, want, &c, &ed, ec, sizeof(ec));
             if (ra != rc || strcmp(ea, ec) != 0)
@@ -512,6 +547,32 @@ static void test_filters_plain(void **state)
     gw_body_scan_free(s);
 }
 
+static void test_clamp_in(void **state)
+{
+    (void)state;
+    const char *b = "{\"model\":\"m\",\"max_tokens\":77,\"max_completion_tokens\":\"x\","
+                    "\"stream\":true,\"stream_options\":{\"include_usage\":true}}";
+    gw_body_scan_t *s = gw_body_scan_new();
+    assert_non_null(s);
+    assert_int_equal(gw_body_scan(s, b, strlen(b), 0), GW_SCAN_OK);
+    rl_clamp_in_t in;
+    gw_body_scan_clamp_in(s, &in);
+    assert_int_equal(in.max_tokens_kind, SL_J_INT);
+    assert_int_equal(in.max_tokens, 77);
+    assert_int_equal(in.max_completion_tokens_kind, SL_J_STRING);
+    assert_int_equal(in.stream_kind, SL_J_TRUE);
+    assert_int_equal(in.stream_options_kind, SL_J_OBJECT);
+    assert_true(in.include_usage);
+    const char *b2 = "{\"model\":\"m\",\"stream_options\":{\"include_usage\":1}}";
+    assert_int_equal(gw_body_scan(s, b2, strlen(b2), 0), GW_SCAN_OK);
+    gw_body_scan_clamp_in(s, &in);
+    assert_int_equal(in.max_tokens_kind, SL_J_ABSENT);
+    assert_int_equal(in.max_completion_tokens_kind, SL_J_ABSENT);
+    assert_int_equal(in.stream_kind, SL_J_ABSENT);
+    assert_false(in.include_usage); /* 1 is not true */
+    gw_body_scan_free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -523,6 +584,7 @@ int main(void)
         cmocka_unit_test(test_splice_bytes),
         cmocka_unit_test(test_ratelimit_plain),
         cmocka_unit_test(test_filters_plain),
+        cmocka_unit_test(test_clamp_in),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
