@@ -25,6 +25,7 @@
 #include <uthash.h>
 #include <yajl/yajl_parse.h>
 
+#include "common/yheap.h"
 #include "gateway/body_scan.h"
 #include "ratelimit/ratelimit.h"
 
@@ -93,55 +94,7 @@ typedef struct gw_frame {
     gw_kent_t *hash;
 } gw_frame_t;
 
-/* yajl's own allocations (its handle, lexer, state stack, decode buffer:
- * about five per parse) from a buffer on the stack; beyond it, malloc. Each
- * block has its size in front, for realloc. */
-#define GW_YHEAP 4096
-typedef struct gw_yheap {
-    size_t used;
-    _Alignas(16) unsigned char buf[GW_YHEAP];
-} gw_yheap_t;
-
-static bool gw_yheap_has(const gw_yheap_t *h, const void *p)
-{
-    return (const unsigned char *)p >= h->buf && (const unsigned char *)p < h->buf + GW_YHEAP;
-}
-
-static void *gw_ymalloc(void *ctx, size_t sz)
-{
-    gw_yheap_t *h = ctx;
-    size_t need = 16 + ((sz + 15) & ~(size_t)15);
-    if (sz < GW_YHEAP && GW_YHEAP - h->used >= need) {
-        unsigned char *p = h->buf + h->used;
-        memcpy(p, &sz, sizeof(sz));
-        h->used += need;
-        return p + 16;
-    }
-    return malloc(sz);
-}
-
-static void gw_yfree(void *ctx, void *p)
-{
-    if (!gw_yheap_has(ctx, p))
-        free(p); /* the stack buffer's blocks go with it */
-}
-
-static void *gw_yrealloc(void *ctx, void *p, size_t sz)
-{
-    gw_yheap_t *h = ctx;
-    if (!p)
-        return gw_ymalloc(ctx, sz);
-    if (!gw_yheap_has(h, p))
-        return realloc(p, sz);
-    size_t old;
-    memcpy(&old, (unsigned char *)p - 16, sizeof(old));
-    if (sz <= old)
-        return p;
-    void *n = gw_ymalloc(ctx, sz);
-    if (n)
-        memcpy(n, p, old);
-    return n;
-}
+/* yajl's own allocations come from a buffer on the stack (common/yheap.h). */
 
 typedef struct gw_scan_ctx {
     gw_body_scan_t *s;
@@ -902,9 +855,8 @@ gw_scan_rc_t gw_body_scan(gw_body_scan_t *s, const char *body, size_t len, unsig
     c.keys = c.key_inline;
     c.nkeys = 0;
     c.keys_cap = SL_ARRAY_LEN(c.key_inline);
-    gw_yheap_t heap;
-    heap.used = 0;
-    yajl_alloc_funcs af = {gw_ymalloc, gw_yrealloc, gw_yfree, &heap};
+    sl_yheap_t heap;
+    yajl_alloc_funcs af = sl_yheap_funcs(&heap);
     c.h = yajl_alloc(&gw_scan_cbs, &af, &c);
     if (!c.h)
         return GW_SCAN_OOM;
