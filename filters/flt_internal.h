@@ -172,4 +172,8 @@ size_t flt_chan_held(const flt_chan_t *c);
 flt_chan_rc_t flt_text_filter(const flt_ruleset_t *rs, const char *s, size_t n,
                               sl_buf_t *out) SL_WUR;
 
+/* Appends text (valid UTF-8) as a JSON string, quotes included: only the
+ * quote, the backslash and control characters are escaped (stream.c). */
+int flt_json_str_encode(sl_buf_t *b, const char *s, size_t n) SL_WUR;
+
 #endif

@@ -579,7 +579,7 @@ static int stream_text(flt_stream_t *st, const char *data, size_t s, size_t e, c
 /* Appends text as a JSON string (quotes included) to b. The text is valid
  * UTF-8 (the channel only releases that), so only the quote, the backslash
  * and the control characters need escapes; the rest is copied. */
-static int json_encode_str(sl_buf_t *b, const char *s, size_t n)
+int flt_json_str_encode(sl_buf_t *b, const char *s, size_t n)
 {
     static const char hex[] = "0123456789abcdef";
     if (sl_buf_add(b, "\"", 1) != 0)
@@ -718,7 +718,7 @@ static flt_ev_verdict_t stream_choice(flt_stream_t *st, const char *data, const 
     }
     if (has_text && (b->len != tn || memcmp(b->p ? b->p : "", t, tn) != 0)) {
         size_t off = st->ebuf.len;
-        if (json_encode_str(&st->ebuf, b->p ? b->p : "", b->len) != 0 ||
+        if (flt_json_str_encode(&st->ebuf, b->p ? b->p : "", b->len) != 0 ||
             stream_edit(st, e->ts, e->te, off, st->ebuf.len - off, false) != 0)
             return FLT_EV_ERROR;
     }

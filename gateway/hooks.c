@@ -325,6 +325,70 @@ int gw_hooks_body(gw_req_t *r, json_t *body, bool *modified)
     return 0;
 }
 
+/* Whether hook i reads this request's whole answer (gw_hooks_want_body). */
+static bool gw_hooks_reads_body(const gw_req_t *r, size_t i)
+{
+    const gw_hook_t *hk = gw_hooks[i];
+    return (r->hooks.ran & (1u << i)) && (hk->on_body || hk->on_answer) && r->hooks.state[i] &&
+           (!hk->wants_body || hk->wants_body(r, r->hooks.state[i]));
+}
+
+/* 0 done, 1 some hook needs the tree (nothing was done), -1 refused. */
+static int gw_hooks_body_raw(gw_req_t *r, const char *data, size_t len, char **edited, size_t *elen)
+{
+    for (size_t i = 0; i < gw_nhooks; i++)
+        if (gw_hooks_reads_body(r, i) && (gw_hooks[i]->on_answer || !gw_hooks[i]->on_body_raw))
+            return 1; /* a recorder sees the tree as it came; others only know trees */
+    const char *cur = data;
+    size_t curlen = len;
+    for (size_t i = 0; i < gw_nhooks; i++) {
+        if (!gw_hooks_reads_body(r, i))
+            continue;
+        char *o = NULL;
+        size_t olen = 0;
+        int rc = gw_hooks[i]->on_body_raw(r, r->hooks.state[i], cur, curlen, &o, &olen);
+        if (rc == 1 && cur == data)
+            return 1; /* still the answer as it came: the tree path from here */
+        if (rc != 0) {
+            /* a refusal, or a tree wanted after another hook's edit */
+            free(o);
+            free(*edited);
+            *edited = NULL;
+            return -1;
+        }
+        if (o) {
+            free(*edited);
+            *edited = o;
+            *elen = olen;
+            cur = o;
+            curlen = olen;
+        }
+    }
+    return 0;
+}
+
+int gw_hooks_body_bytes(gw_req_t *r, const char *data, size_t len, char **edited, size_t *elen)
+{
+    *edited = NULL;
+    *elen = 0;
+    int rc = gw_hooks_body_raw(r, data, len, edited, elen);
+    if (rc != 1)
+        return rc;
+    json_t *j = json_loadb(data, len, 0, NULL);
+    if (!j)
+        return 0; /* not JSON: relayed as it came */
+    bool modified = false;
+    rc = gw_hooks_body(r, j, &modified);
+    if (rc == 0 && modified) {
+        *edited = json_dumps(j, JSON_COMPACT);
+        *elen = *edited ? strlen(*edited) : 0;
+        if (!*edited)
+            rc = -1; /* never the unfiltered answer instead */
+    }
+    json_decref(j);
+    return rc;
+}
+
 void gw_hooks_end(gw_req_t *r, gw_end_t how)
 {
     if (r->hooks.ended)
