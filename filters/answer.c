@@ -380,6 +380,8 @@ static flt_ans_rc_t ans_rules(flt_ruleset_t *rs, flt_anp_t *p, const sl_buf_t *d
         if (!c->has_text)
             continue;
         const char *t = dec->p ? dec->p + c->doff : "";
+        if (flt_text_clean(rs, t, c->dlen))
+            continue; /* no copy of a text that stays as it is */
         b.len = 0;
         flt_chan_rc_t rc = flt_text_filter(rs, t, c->dlen, &b);
         if (rc == FLT_CHAN_ERR) {

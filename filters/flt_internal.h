@@ -167,6 +167,13 @@ flt_chan_rc_t flt_chan_finish(flt_chan_t *c, sl_buf_t *out) SL_WUR;
 /* Original bytes held back now. */
 size_t flt_chan_held(const flt_chan_t *c);
 
+/* Whether a whole text certainly has no hit, without a channel: it is
+ * ASCII (folding is then the identity), no word ends anywhere in it and
+ * no regex matches it in one complete search. false: maybe (non-ASCII
+ * text, a hit, a regex limit): the channel decides. Most texts are clean,
+ * and the channel's buffers, map and release steps cost ~7 allocations. */
+bool flt_text_clean(const flt_ruleset_t *rs, const char *s, size_t n);
+
 /* Whole text at once: out gets the filtered text (masks applied). Same rules
  * and result as feeding it in pieces. */
 flt_chan_rc_t flt_text_filter(const flt_ruleset_t *rs, const char *s, size_t n,

@@ -76,7 +76,8 @@ static const char *const same_as_tree[] = {
     "{\"choices\":[" CH("\"ｂａｄｗｏｒｄ\"", "") "]}",
     /* several choices, some odd ones skipped */
     "{\"choices\":[" CH("\"badword\"", "") ",1,null,{\"message\":\"x\"},{\"message\":{\"content\":["
-                                            "\"evil\"]}}," CH("\"evil\"", ",\"finish_reason\":\"s\"") "]}",
+                                           "\"evil\"]}}," CH("\"evil\"",
+                                                             ",\"finish_reason\":\"s\"") "]}",
     "{\"choices\":[]}",
     "{\"choices\":{\"message\":{\"content\":\"evil\"}}}",
     "{\"object\":\"list\",\"data\":[{\"content\":\"evil\"}]}",
@@ -142,7 +143,8 @@ static void test_to_tree(void **state)
     for (size_t i = 0; i < SL_ARRAY_LEN(to_tree); i++) {
         char *out = NULL;
         size_t olen = 0;
-        flt_ans_rc_t rc = flt_response_filter_bytes(rs, to_tree[i], strlen(to_tree[i]), &out, &olen);
+        flt_ans_rc_t rc =
+            flt_response_filter_bytes(rs, to_tree[i], strlen(to_tree[i]), &out, &olen);
         if (rc != FLT_ANS_TREE)
             fail_msg("answer %zu: rc %d, want the tree: %s", i, rc, to_tree[i]);
         assert_null(out);
@@ -181,7 +183,8 @@ static void test_splice_exact(void **state)
     /* a text with a quote and a control character after the mask */
     const char *esc = "{\"choices\":[{\"message\":{\"content\":\"\\\"badword\\\"\\t\\u0001\"}}]}";
     assert_int_equal(flt_response_filter_bytes(rs, esc, strlen(esc), &out, &olen), FLT_ANS_EDITED);
-    assert_string_equal(out, "{\"choices\":[{\"message\":{\"content\":\"\\\"***\\\"\\t\\u0001\"}}]}");
+    assert_string_equal(out,
+                        "{\"choices\":[{\"message\":{\"content\":\"\\\"***\\\"\\t\\u0001\"}}]}");
     free(out);
     flt_ruleset_unref(rs);
 }
@@ -234,12 +237,47 @@ static void test_many_choices(void **state)
     flt_ruleset_unref(rs);
 }
 
+/* The channel-free verdict: only for ASCII text with no word and no regex
+ * match; anything else (or a regex limit) is left to the channel. */
+static void tweak_limit(flt_conf_t *c)
+{
+    c->regex_limits.match = 10000;
+}
+
+static void test_text_clean(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_build();
+    static const char *const clean[] = {"",          "The sea is vast and so calm.",     "bad word",
+                                        "call 1234", "12345678901 (1 then 2: no phone)", "e-v-i-l"};
+    for (size_t i = 0; i < SL_ARRAY_LEN(clean); i++)
+        if (!flt_text_clean(rs, clean[i], strlen(clean[i])))
+            fail_msg("not clean: %s", clean[i]);
+    static const char *const maybe[] = {"a badword",        "BadWord",        "xevilx",
+                                        "call 13812345678", "caf\xc3\xa9",    "ｂａｄｗｏｒｄ",
+                                        "敏感词",           "the sea\xc2\xa0"};
+    for (size_t i = 0; i < SL_ARRAY_LEN(maybe); i++)
+        if (flt_text_clean(rs, maybe[i], strlen(maybe[i])))
+            fail_msg("clean: %s", maybe[i]);
+    flt_ruleset_unref(rs);
+    /* a search that hits the match limit is no verdict */
+    flt_conf_regex_t re[] = {{"evil", "(a+)+$", FLT_ACTION_BLOCK}};
+    char err[256] = "", text[64];
+    rs = tf_build(NULL, 0, re, 1, tweak_limit, err, sizeof err);
+    assert_non_null(rs);
+    memset(text, 'a', 40);
+    strcpy(text + 40, "!");
+    assert_false(flt_text_clean(rs, text, strlen(text)));
+    assert_true(flt_text_clean(rs, "bbb!", 4));
+    flt_ruleset_unref(rs);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_same_as_tree),  cmocka_unit_test(test_to_tree),
-        cmocka_unit_test(test_splice_exact),  cmocka_unit_test(test_output_off),
-        cmocka_unit_test(test_many_choices),
+        cmocka_unit_test(test_same_as_tree), cmocka_unit_test(test_to_tree),
+        cmocka_unit_test(test_splice_exact), cmocka_unit_test(test_output_off),
+        cmocka_unit_test(test_many_choices), cmocka_unit_test(test_text_clean),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
