@@ -14,6 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <yajl/yajl_parse.h>
+
 #include "common/metrics.h"
 #include "filters/filters.h"
 
@@ -182,5 +184,19 @@ flt_chan_rc_t flt_text_filter(const flt_ruleset_t *rs, const char *s, size_t n,
 /* Appends text (valid UTF-8) as a JSON string, quotes included: only the
  * quote, the backslash and control characters are escaped (stream.c). */
 int flt_json_str_encode(sl_buf_t *b, const char *s, size_t n) SL_WUR;
+
+/* ---- yajl's memory from an arena (yarena.c) --------------------------------- */
+
+#define FLT_YARENA_BYTES 6144 /* a handle, its lexer and two 2 KiB buffers */
+
+typedef struct flt_yarena {
+    yajl_alloc_funcs funcs;
+    size_t used;
+    _Alignas(16) unsigned char buf[FLT_YARENA_BYTES];
+} flt_yarena_t;
+
+/* Empties the arena (everything yajl took from it is gone: free the old
+ * handle first) and returns the functions to pass to yajl_alloc. */
+yajl_alloc_funcs *flt_yarena_reset(flt_yarena_t *a);
 
 #endif

@@ -67,6 +67,7 @@ struct flt_stream {
     size_t nevc, evcap;
     flt_edit_t *ed;
     size_t ned, edcap;
+    flt_yarena_t ya; /* each event's yajl handle lives here */
 };
 
 void flt_out_reset(flt_out_t *o)
@@ -531,7 +532,7 @@ static int stream_parse(flt_stream_t *st, const char *data, size_t n, bool *usag
 {
     flt_evp_t p = {.st = st, .data = data, .n = n};
     st->nevc = 0;
-    p.h = yajl_alloc(&flt_evp_cb, NULL, &p);
+    p.h = yajl_alloc(&flt_evp_cb, flt_yarena_reset(&st->ya), &p);
     if (!p.h)
         return -1;
     yajl_status s = yajl_parse(p.h, (const unsigned char *)data, n);

@@ -277,7 +277,9 @@ gw_ev_rc_t gw_hooks_event(gw_req_t *r, const char *data, size_t len, gw_payloads
             gw_payloads_t o = {0};
             gw_ev_rc_t rc = hk->on_event(r, r->hooks.state[i], d, l, &o);
             if (rc == GW_EV_PASS) {
-                if (gw_payloads_push_copy(&next, d, l) != 0)
+                /* Still the original: nothing to copy (a later REPLACE
+                 * starts from data); a changed list carries it on. */
+                if (changed && gw_payloads_push_copy(&next, d, l) != 0)
                     rc = GW_EV_STOP;
             } else {
                 for (size_t j = 0; j < o.n; j++) {
@@ -296,10 +298,8 @@ gw_ev_rc_t gw_hooks_event(gw_req_t *r, const char *data, size_t len, gw_payloads
         }
         gw_payloads_clear(&cur);
         cur = next;
-        if (!changed) {
-            /* Still the original: drop the copy we made. */
-            gw_payloads_clear(&cur);
-        }
+        if (!changed)
+            gw_payloads_clear(&cur); /* still the original: empty anyway */
         if (result == GW_EV_STOP)
             break;
     }

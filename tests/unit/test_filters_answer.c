@@ -237,6 +237,35 @@ static void test_many_choices(void **state)
     flt_ruleset_unref(rs);
 }
 
+/* Strings past the yajl arena (yarena.c): its buffers move to the heap
+ * and grow there; same result as the tree. */
+static void test_arena_overflow(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_build();
+    sl_buf_t b = {0};
+    assert_int_equal(sl_buf_add(&b, "{\"id\":\"", 7), 0);
+    for (int i = 0; i < 3000; i++) /* a 12 KB escaped key value */
+        assert_int_equal(sl_buf_add(&b, "a\\nb", 4), 0);
+    assert_int_equal(sl_buf_add(&b, "\",\"choices\":[{\"message\":{\"content\":\"", 36), 0);
+    for (int i = 0; i < 3000; i++) {
+        const char *piece = i == 1500 ? "badword\\t" : "x\\ty ";
+        assert_int_equal(sl_buf_add(&b, piece, strlen(piece)), 0);
+    }
+    assert_int_equal(sl_buf_add(&b, "\"}}]}", 6), 0);
+    bool mod;
+    char *want = tree_result(rs, b.p, &mod);
+    assert_true(mod);
+    char *out = NULL;
+    size_t olen = 0;
+    assert_int_equal(flt_response_filter_bytes(rs, b.p, b.len - 1, &out, &olen), FLT_ANS_EDITED);
+    assert_json_same(out, olen, want);
+    free(out);
+    free(want);
+    sl_buf_free(&b);
+    flt_ruleset_unref(rs);
+}
+
 /* The channel-free verdict: only for ASCII text with no word and no regex
  * match; anything else (or a regex limit) is left to the channel. */
 static void tweak_limit(flt_conf_t *c)
@@ -275,9 +304,10 @@ static void test_text_clean(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_same_as_tree), cmocka_unit_test(test_to_tree),
-        cmocka_unit_test(test_splice_exact), cmocka_unit_test(test_output_off),
-        cmocka_unit_test(test_many_choices), cmocka_unit_test(test_text_clean),
+        cmocka_unit_test(test_same_as_tree),   cmocka_unit_test(test_to_tree),
+        cmocka_unit_test(test_splice_exact),   cmocka_unit_test(test_output_off),
+        cmocka_unit_test(test_many_choices),   cmocka_unit_test(test_text_clean),
+        cmocka_unit_test(test_arena_overflow),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
