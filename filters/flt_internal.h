@@ -187,7 +187,9 @@ int flt_json_str_encode(sl_buf_t *b, const char *s, size_t n) SL_WUR;
 
 /* ---- yajl's memory from an arena (yarena.c) --------------------------------- */
 
-#define FLT_YARENA_BYTES 6144 /* a handle, its lexer and two 2 KiB buffers */
+/* A handle, its lexer and state stack take ~500 bytes; a string with
+ * escapes adds a 2 KiB decode buffer. Lives on the parser's stack. */
+#define FLT_YARENA_BYTES 3072
 
 typedef struct flt_yarena {
     yajl_alloc_funcs funcs;

@@ -67,7 +67,6 @@ struct flt_stream {
     size_t nevc, evcap;
     flt_edit_t *ed;
     size_t ned, edcap;
-    flt_yarena_t ya; /* each event's yajl handle lives here */
 };
 
 void flt_out_reset(flt_out_t *o)
@@ -532,7 +531,8 @@ static int stream_parse(flt_stream_t *st, const char *data, size_t n, bool *usag
 {
     flt_evp_t p = {.st = st, .data = data, .n = n};
     st->nevc = 0;
-    p.h = yajl_alloc(&flt_evp_cb, flt_yarena_reset(&st->ya), &p);
+    flt_yarena_t ya; /* the handle lives only for this parse: on the stack */
+    p.h = yajl_alloc(&flt_evp_cb, flt_yarena_reset(&ya), &p);
     if (!p.h)
         return -1;
     yajl_status s = yajl_parse(p.h, (const unsigned char *)data, n);

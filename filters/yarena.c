@@ -1,8 +1,8 @@
 /*
- * yarena.c — yajl's memory for one parse from a bump arena. A stream
- * parses every SSE event with a new yajl handle (yajl has no reset), and
- * the handle, its lexer, buffers and state stack are ~5 allocations each
- * time; from an arena reset before each parse they cost a pointer bump.
+ * yarena.c — yajl's memory for one parse from a bump arena (on the
+ * caller's stack). A stream parses every SSE event with a new yajl handle
+ * (yajl has no reset), and the handle, its lexer, buffers and state stack
+ * are ~5 allocations each time; from the arena they cost a pointer bump.
  * What does not fit goes to the heap, and back to it when yajl frees it.
  */
 #include <stdlib.h>
