@@ -185,6 +185,13 @@ flt_chan_rc_t flt_text_filter(const flt_ruleset_t *rs, const char *s, size_t n,
  * quote, the backslash and control characters are escaped (stream.c). */
 int flt_json_str_encode(sl_buf_t *b, const char *s, size_t n) SL_WUR;
 
+/* ---- streams (stream.c) ----------------------------------------------------- */
+
+/* Turns the template shortcut off or on (tests compare both). */
+void flt_stream_template(flt_stream_t *st, bool on);
+/* Events read through the template so far. */
+size_t flt_stream_template_hits(const flt_stream_t *st);
+
 /* ---- yajl's memory from an arena (yarena.c) --------------------------------- */
 
 /* A handle, its lexer and state stack take ~500 bytes; a string with
