@@ -65,6 +65,9 @@ void flt_ac_free(flt_ac_t *ac);
 
 /* One step on a byte of folded text (ASCII case is folded here). */
 uint32_t flt_ac_step(const flt_ac_t *ac, uint32_t state, unsigned char c);
+/* Whether s[0..n) is ASCII and no word ends anywhere in it, from the root
+ * (false at the first byte >= 0x80 or the first word's end). */
+bool flt_ac_ascii_clean(const flt_ac_t *ac, const unsigned char *s, size_t n);
 /* Length of the longest suffix of the text so far that is a proper prefix
  * of some word (a match that needs more text): no match still to come can
  * start earlier than this many bytes back. */

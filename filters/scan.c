@@ -383,25 +383,26 @@ flt_chan_rc_t flt_chan_finish(flt_chan_t *c, sl_buf_t *out)
     return FLT_CHAN_OK;
 }
 
+static bool scan_ascii(const unsigned char *u, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (u[i] >= 0x80)
+            return false;
+    return true;
+}
+
 bool flt_text_clean(const flt_ruleset_t *rs, const char *s, size_t n)
 {
     const unsigned char *u = (const unsigned char *)s;
     const flt_ac_t *ac = rs->ac;
     size_t nre = rs->nrules - rs->first_regex, nw = (nre + 63) / 64;
     uint64_t may[FLT_RE_WORDS] = {0};
-    uint32_t st = FLT_AC_ROOT;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = u[i];
-        if (c >= 0x80)
-            return false; /* folding may change it (and it needs checking): the channel */
-        if (ac) {
-            st = flt_ac_step(ac, st, c);
-            if (flt_ac_out_first(ac, st) >= 0)
-                return false;
-        }
+    /* non-ASCII: folding may change it (and it needs checking): the channel */
+    if (ac ? !flt_ac_ascii_clean(ac, u, n) : !scan_ascii(u, n))
+        return false;
+    for (size_t i = 0; nw && i < n; i++)
         for (size_t w = 0; w < nw; w++)
-            may[w] |= rs->re_start[c][w];
-    }
+            may[w] |= rs->re_start[u[i]][w];
     pcre2_match_data *md = NULL;
     bool clean = true;
     for (size_t k = 0; clean && k < nre; k++) {
