@@ -14,7 +14,10 @@
  * relays it untouched), a duplicate key on the path to the text (which
  * one would the client keep?), a finish_reason or logprobs of an odd type,
  * text jansson would refuse — is left to the tree (FLT_ANS_TREE), decided
- * before any rule runs so nothing is counted twice.
+ * before any rule runs so nothing is counted twice. yajl is laxer than
+ * jansson in a few places outside the texts (\v as a blank, a \u0000 in
+ * another string): such an answer, which the tree path relayed untouched
+ * as not JSON, is filtered here — more is checked, never less.
  */
 #include <stdlib.h>
 #include <string.h>
