@@ -440,10 +440,9 @@ auth_status_t auth_check(const auth_t *a, sl_redis_t *redis, const auth_request_
     }
     /* A token seen before skips parsing and its signature check: only the
      * clock-dependent rules are re-run. */
-    unsigned char th[32];
     auth_tcache_val_t v;
-    bool hashed = tok_len <= AUTH_TOKEN_MAX && auth_sha256(tok, tok_len, th) == 0;
-    bool cached = hashed && auth_tcache_get(a->tcache, th, now, &v);
+    unsigned th = auth_tcache_hash(tok, tok_len);
+    bool cached = auth_tcache_get(a->tcache, tok, tok_len, th, now, &v);
     auth_reason_t r;
     if (cached) {
         res->claims = v.claims;
@@ -460,8 +459,9 @@ auth_status_t auth_check(const auth_t *a, sl_redis_t *redis, const auth_request_
             if (a->signing_secret &&
                 auth_signing_key(a, v.claims.jti, strlen(v.claims.jti), v.signing_key) != 0)
                 r = AUTH_R_SIG_MISMATCH;
-            else if (hashed)
-                auth_tcache_put(a->tcache, th, &v, res->claims.exp + a->leeway_s, now);
+            else
+                auth_tcache_put(a->tcache, tok, tok_len, th, &v, res->claims.exp + a->leeway_s,
+                                now);
         }
     }
     if (r != AUTH_OK) {
@@ -478,8 +478,7 @@ auth_status_t auth_check(const auth_t *a, sl_redis_t *redis, const auth_request_
         int64_t ts = 0;
         /* The token's hash picks where this thread keeps the key's HMAC
          * context: public, and the same for every request of the token. */
-        unsigned hint = hashed ? (unsigned)th[0] | (unsigned)th[1] << 8 : 0;
-        r = auth_sig_verify(v.signing_key, hint, req, now, a->window_s, &ts);
+        r = auth_sig_verify(v.signing_key, th & 0xffffu, req, now, a->window_s, &ts);
         OPENSSL_cleanse(v.signing_key, sizeof(v.signing_key));
         if (r == AUTH_OK && auth_nonce_key(res->claims.jti, strlen(res->claims.jti), req->nonce,
                                            req->nonce_len, job.nonce_key) != 0)

@@ -53,15 +53,20 @@ typedef struct auth_tcache_val {
     char signing_key[65]; /* "" when no signing secret */
 } auth_tcache_val_t;
 
-#define AUTH_TCACHE_DEFAULT 8192 /* entries, ~650 bytes each */
+#define AUTH_TCACHE_DEFAULT   8192 /* entries, ~650 bytes + the token each */
+#define AUTH_TCACHE_TOKEN_MAX 2048 /* longer tokens are verified every time */
 
 auth_tcache_t *auth_tcache_new(size_t cap);
 void auth_tcache_free(auth_tcache_t *c);
-/* A copy of the value when key is cached and now < its expiry. */
-bool auth_tcache_get(auth_tcache_t *c, const unsigned char key[32], int64_t now,
+/* The hash a token is looked up and stored with (not a secret; also the
+ * signature check's context hint). */
+unsigned auth_tcache_hash(const char *tok, size_t len);
+/* A copy of the value when these exact token bytes are cached and now <
+ * their expiry (an expired entry is dropped). */
+bool auth_tcache_get(auth_tcache_t *c, const char *tok, size_t len, unsigned hash, int64_t now,
                      auth_tcache_val_t *out);
-void auth_tcache_put(auth_tcache_t *c, const unsigned char key[32], const auth_tcache_val_t *v,
-                     int64_t expires, int64_t now);
+void auth_tcache_put(auth_tcache_t *c, const char *tok, size_t len, unsigned hash,
+                     const auth_tcache_val_t *v, int64_t expires, int64_t now);
 size_t auth_tcache_count(auth_tcache_t *c);
 
 /* ---- the built config -------------------------------------------------------- */

@@ -72,7 +72,7 @@ static inline uint32_t ac_child(const flt_ac_t *ac, uint32_t s, unsigned char c)
     return (lo < ac->first[s + 1] && ac->label[lo] == c) ? lo : 0;
 }
 
-uint32_t flt_ac_step(const flt_ac_t *ac, uint32_t s, unsigned char c)
+static inline uint32_t ac_step(const flt_ac_t *ac, uint32_t s, unsigned char c)
 {
     c = flt_lower[c];
     for (;;) {
@@ -85,6 +85,26 @@ uint32_t flt_ac_step(const flt_ac_t *ac, uint32_t s, unsigned char c)
             return FLT_AC_ROOT;
         s = ac->fail[s];
     }
+}
+
+uint32_t flt_ac_step(const flt_ac_t *ac, uint32_t s, unsigned char c)
+{
+    return ac_step(ac, s, c);
+}
+
+bool flt_ac_ascii_clean(const flt_ac_t *ac, const unsigned char *s, size_t n)
+{
+    /* one loop with the step inlined: this runs over every prompt and
+     * answer text, most of which match nothing */
+    uint32_t st = FLT_AC_ROOT;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] >= 0x80)
+            return false;
+        st = ac_step(ac, st, s[i]);
+        if (ac->out_rule[st] >= 0 || ac->out_link[st] >= 0)
+            return false;
+    }
+    return true;
 }
 
 unsigned flt_ac_depth(const flt_ac_t *ac, uint32_t state)

@@ -290,4 +290,17 @@ const char *flt_stream_block_rule(const flt_stream_t *st);
  * "content_filter". *modified tells whether to serialize again. 0 ok, -1 OOM. */
 int flt_response_filter(flt_ruleset_t *rs, json_t *body, bool *modified) SL_WUR;
 
+/* The same on the answer's bytes, without a tree (answer.c): the changed
+ * strings are spliced in, every other byte is the upstream's. */
+typedef enum flt_ans_rc {
+    FLT_ANS_ERROR = -1, /* out of memory: fail the answer, as the tree path's -1 */
+    FLT_ANS_SAME = 0,   /* nothing to change: send it as it came */
+    FLT_ANS_EDITED = 1, /* *out (malloc'd, NUL-terminated, *outlen bytes): send that */
+    FLT_ANS_TREE = 2,   /* not read here (not JSON, a duplicate key on the path, an
+                           odd finish_reason...): parse it and use flt_response_filter;
+                           no rule ran, nothing was counted */
+} flt_ans_rc_t;
+flt_ans_rc_t flt_response_filter_bytes(flt_ruleset_t *rs, const char *data, size_t n, char **out,
+                                       size_t *outlen) SL_WUR;
+
 #endif

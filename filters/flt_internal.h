@@ -14,6 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <yajl/yajl_parse.h>
+
 #include "common/metrics.h"
 #include "filters/filters.h"
 
@@ -63,6 +65,9 @@ void flt_ac_free(flt_ac_t *ac);
 
 /* One step on a byte of folded text (ASCII case is folded here). */
 uint32_t flt_ac_step(const flt_ac_t *ac, uint32_t state, unsigned char c);
+/* Whether s[0..n) is ASCII and no word ends anywhere in it, from the root
+ * (false at the first byte >= 0x80 or the first word's end). */
+bool flt_ac_ascii_clean(const flt_ac_t *ac, const unsigned char *s, size_t n);
 /* Length of the longest suffix of the text so far that is a proper prefix
  * of some word (a match that needs more text): no match still to come can
  * start earlier than this many bytes back. */
@@ -167,9 +172,43 @@ flt_chan_rc_t flt_chan_finish(flt_chan_t *c, sl_buf_t *out) SL_WUR;
 /* Original bytes held back now. */
 size_t flt_chan_held(const flt_chan_t *c);
 
+/* Whether a whole text certainly has no hit, without a channel: it is
+ * ASCII (folding is then the identity), no word ends anywhere in it and
+ * no regex matches it in one complete search. false: maybe (non-ASCII
+ * text, a hit, a regex limit): the channel decides. Most texts are clean,
+ * and the channel's buffers, map and release steps cost ~7 allocations. */
+bool flt_text_clean(const flt_ruleset_t *rs, const char *s, size_t n);
+
 /* Whole text at once: out gets the filtered text (masks applied). Same rules
  * and result as feeding it in pieces. */
 flt_chan_rc_t flt_text_filter(const flt_ruleset_t *rs, const char *s, size_t n,
                               sl_buf_t *out) SL_WUR;
+
+/* Appends text (valid UTF-8) as a JSON string, quotes included: only the
+ * quote, the backslash and control characters are escaped (stream.c). */
+int flt_json_str_encode(sl_buf_t *b, const char *s, size_t n) SL_WUR;
+
+/* ---- streams (stream.c) ----------------------------------------------------- */
+
+/* Turns the template shortcut off or on (tests compare both). */
+void flt_stream_template(flt_stream_t *st, bool on);
+/* Events read through the template so far. */
+size_t flt_stream_template_hits(const flt_stream_t *st);
+
+/* ---- yajl's memory from an arena (yarena.c) --------------------------------- */
+
+/* A handle, its lexer and state stack take ~500 bytes; a string with
+ * escapes adds a 2 KiB decode buffer. Lives on the parser's stack. */
+#define FLT_YARENA_BYTES 3072
+
+typedef struct flt_yarena {
+    yajl_alloc_funcs funcs;
+    size_t used;
+    _Alignas(16) unsigned char buf[FLT_YARENA_BYTES];
+} flt_yarena_t;
+
+/* Empties the arena (everything yajl took from it is gone: free the old
+ * handle first) and returns the functions to pass to yajl_alloc. */
+yajl_alloc_funcs *flt_yarena_reset(flt_yarena_t *a);
 
 #endif

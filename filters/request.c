@@ -400,6 +400,8 @@ static flt_req_verdict_t chat_rules(const flt_ruleset_t *rs, const sl_chat_t *ch
     }
     if (!ntexts)
         return FLT_REQ_OK;
+    if (m->content_kind == SL_J_STRING && flt_text_clean(rs, m->content.p, m->content.len))
+        return FLT_REQ_OK; /* parts are one text across their pieces: the channel */
     flt_chan_t ch;
     if (flt_chan_init(&ch, rs) != 0)
         return FLT_REQ_ERROR;

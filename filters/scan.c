@@ -383,8 +383,47 @@ flt_chan_rc_t flt_chan_finish(flt_chan_t *c, sl_buf_t *out)
     return FLT_CHAN_OK;
 }
 
+static bool scan_ascii(const unsigned char *u, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (u[i] >= 0x80)
+            return false;
+    return true;
+}
+
+bool flt_text_clean(const flt_ruleset_t *rs, const char *s, size_t n)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    const flt_ac_t *ac = rs->ac;
+    size_t nre = rs->nrules - rs->first_regex, nw = (nre + 63) / 64;
+    uint64_t may[FLT_RE_WORDS] = {0};
+    /* non-ASCII: folding may change it (and it needs checking): the channel */
+    if (ac ? !flt_ac_ascii_clean(ac, u, n) : !scan_ascii(u, n))
+        return false;
+    for (size_t i = 0; nw && i < n; i++)
+        for (size_t w = 0; w < nw; w++)
+            may[w] |= rs->re_start[u[i]][w];
+    pcre2_match_data *md = NULL;
+    bool clean = true;
+    for (size_t k = 0; clean && k < nre; k++) {
+        if (!(may[k / 64] & (1ull << (k % 64))))
+            continue; /* no byte can start a match */
+        if (!md && !(md = pcre2_match_data_create(1, NULL)))
+            return false;
+        /* one complete search over the whole text: NOMATCH means no match
+         * starts anywhere; a limit or any error is left to the channel */
+        int rc = pcre2_match(rs->rules[rs->first_regex + k].code, u, n, 0, PCRE2_NO_UTF_CHECK, md,
+                             rs->mctx);
+        clean = rc == PCRE2_ERROR_NOMATCH;
+    }
+    pcre2_match_data_free(md);
+    return clean;
+}
+
 flt_chan_rc_t flt_text_filter(const flt_ruleset_t *rs, const char *s, size_t n, sl_buf_t *out)
 {
+    if (flt_text_clean(rs, s, n))
+        return sl_buf_add(out, s, n) == 0 ? FLT_CHAN_OK : FLT_CHAN_ERR;
     flt_chan_t c;
     if (flt_chan_init(&c, rs) != 0)
         return FLT_CHAN_ERR;

@@ -67,6 +67,14 @@ struct flt_stream {
     size_t nevc, evcap;
     flt_edit_t *ed;
     size_t ned, edcap;
+    /* The last event read whole, kept as a template when it had one choice
+     * with a delta.content string and no logprobs (stream_tpl_match). */
+    char *tpl;
+    size_t tpl_len, tpl_cap;
+    size_t tpl_ts, tpl_te; /* its content string, quotes included */
+    flt_evc_t tpl_evc;
+    bool tpl_ok, tpl_usage, tpl_off;
+    size_t tpl_hits; /* events read through the template (tests) */
 };
 
 void flt_out_reset(flt_out_t *o)
@@ -135,6 +143,7 @@ void flt_stream_free(flt_stream_t *st)
     sl_buf_free(&st->fbuf);
     sl_buf_free(&st->dbuf);
     sl_buf_free(&st->ebuf);
+    free(st->tpl);
     flt_ruleset_unref(st->rs);
     free(st);
 }
@@ -525,13 +534,13 @@ static const yajl_callbacks flt_evp_cb = {
     .yajl_end_array = evp_end,
 };
 
-/* 0 parsed (st->evc filled, *usage set), 1 not a chunk we can read (fail
- * closed), -1 out of memory. */
-static int stream_parse(flt_stream_t *st, const char *data, size_t n, bool *usage)
+/* The event read whole with yajl: as stream_parse. */
+static int stream_parse_whole(flt_stream_t *st, const char *data, size_t n, bool *usage)
 {
     flt_evp_t p = {.st = st, .data = data, .n = n};
     st->nevc = 0;
-    p.h = yajl_alloc(&flt_evp_cb, NULL, &p);
+    flt_yarena_t ya; /* the handle lives only for this parse: on the stack */
+    p.h = yajl_alloc(&flt_evp_cb, flt_yarena_reset(&ya), &p);
     if (!p.h)
         return -1;
     yajl_status s = yajl_parse(p.h, (const unsigned char *)data, n);
@@ -550,6 +559,150 @@ static int stream_parse(flt_stream_t *st, const char *data, size_t n, bool *usag
     return 0;
 }
 
+/* ---- events shaped like the last one ---------------------------------------- */
+
+/* Streams repeat one shape: the same id, object, created, model and index
+ * around a new delta.content string. JSON parsing is deterministic, so an
+ * event whose bytes before and after that string are the template's and
+ * whose middle is one JSON string (yajl checks it alone, with the same
+ * rules) parses exactly as the template did, the string's span moved.
+ * Anything else is parsed whole. */
+#define FLT_TPL_MAX 4096 /* longer events are not kept */
+
+typedef struct flt_tpl_p {
+    yajl_handle h;
+    int strings;
+    size_t end; /* just past the first string */
+} flt_tpl_p_t;
+
+static int tpl_str(void *ctx, const unsigned char *s, size_t n)
+{
+    (void)s, (void)n;
+    flt_tpl_p_t *p = ctx;
+    if (p->strings++ == 0)
+        p->end = yajl_get_bytes_consumed(p->h);
+    return 1;
+}
+static int tpl_no(void *ctx)
+{
+    (void)ctx;
+    return 0;
+}
+static int tpl_no_b(void *ctx, int v)
+{
+    (void)ctx, (void)v;
+    return 0;
+}
+static int tpl_no_i(void *ctx, long long v)
+{
+    (void)ctx, (void)v;
+    return 0;
+}
+static int tpl_no_d(void *ctx, double v)
+{
+    (void)ctx, (void)v;
+    return 0;
+}
+static int tpl_no_k(void *ctx, const unsigned char *k, size_t n)
+{
+    (void)ctx, (void)k, (void)n;
+    return 0;
+}
+static const yajl_callbacks flt_tpl_cb = {
+    .yajl_null = tpl_no,
+    .yajl_boolean = tpl_no_b,
+    .yajl_integer = tpl_no_i,
+    .yajl_double = tpl_no_d,
+    .yajl_string = tpl_str,
+    .yajl_start_map = tpl_no,
+    .yajl_map_key = tpl_no_k,
+    .yajl_end_map = tpl_no,
+    .yajl_start_array = tpl_no,
+    .yajl_end_array = tpl_no,
+};
+
+/* Whether s[0..n) is exactly one JSON string token, as yajl reads it. */
+static bool tpl_one_string(const char *s, size_t n)
+{
+    if (n < 2 || s[0] != '"' || s[n - 1] != '"')
+        return false;
+    flt_tpl_p_t p = {0};
+    flt_yarena_t ya;
+    p.h = yajl_alloc(&flt_tpl_cb, flt_yarena_reset(&ya), &p);
+    if (!p.h)
+        return false;
+    yajl_status r = yajl_parse(p.h, (const unsigned char *)s, n);
+    if (r == yajl_status_ok)
+        r = yajl_complete_parse(p.h);
+    yajl_free(p.h);
+    /* one string ending at the last byte: yajl takes an unfinished string
+     * after a complete value as "more to come", not as garbage ("" then ") */
+    return r == yajl_status_ok && p.strings == 1 && p.end == n;
+}
+
+static bool stream_tpl_match(flt_stream_t *st, const char *data, size_t n, bool *usage)
+{
+    size_t pre = st->tpl_ts, post = st->tpl_len - st->tpl_te;
+    if (!st->tpl_ok || st->tpl_off || n < pre + post + 2 || memcmp(data, st->tpl, pre) != 0 ||
+        memcmp(data + n - post, st->tpl + st->tpl_te, post) != 0 ||
+        !tpl_one_string(data + pre, n - pre - post))
+        return false;
+    st->nevc = 1; /* evcap >= 1: the template was parsed into it */
+    st->evc[0] = st->tpl_evc;
+    st->evc[0].ts = pre;
+    st->evc[0].te = n - post;
+    *usage = st->tpl_usage;
+    st->tpl_hits++;
+    return true;
+}
+
+/* After a whole parse: the event becomes the template if it has the
+ * shape stream_tpl_match handles (else there is none). */
+static void stream_tpl_keep(flt_stream_t *st, const char *data, size_t n, bool usage)
+{
+    st->tpl_ok = false;
+    if (st->nevc != 1 || !st->evc[0].is_obj || st->evc[0].kind != FLT_TXT_CONTENT ||
+        st->evc[0].logprobs || n > FLT_TPL_MAX)
+        return;
+    if (n > st->tpl_cap) {
+        char *t = realloc(st->tpl, FLT_TPL_MAX);
+        if (!t)
+            return; /* only a cost: the next event is parsed whole */
+        st->tpl = t;
+        st->tpl_cap = FLT_TPL_MAX;
+    }
+    memcpy(st->tpl, data, n);
+    st->tpl_len = n;
+    st->tpl_ts = st->evc[0].ts;
+    st->tpl_te = st->evc[0].te;
+    st->tpl_evc = st->evc[0];
+    st->tpl_usage = usage;
+    st->tpl_ok = true;
+}
+
+void flt_stream_template(flt_stream_t *st, bool on)
+{
+    st->tpl_off = !on;
+}
+
+size_t flt_stream_template_hits(const flt_stream_t *st)
+{
+    return st->tpl_hits;
+}
+
+/* 0 parsed (st->evc filled, *usage set), 1 not a chunk we can read (fail
+ * closed), -1 out of memory. */
+static int stream_parse(flt_stream_t *st, const char *data, size_t n, bool *usage)
+{
+    if (stream_tpl_match(st, data, n, usage))
+        return 0;
+    int rc = stream_parse_whole(st, data, n, usage);
+    if (rc == 0)
+        stream_tpl_keep(st, data, n, *usage);
+    else
+        st->tpl_ok = false;
+    return rc;
+}
 /* The decoded text of span [s, e) (a JSON string, quotes included). Without
  * a backslash it is the bytes between the quotes; with one, jansson decodes
  * that string (exactly as a whole-event parse would) into st->dbuf.
@@ -579,7 +732,7 @@ static int stream_text(flt_stream_t *st, const char *data, size_t s, size_t e, c
 /* Appends text as a JSON string (quotes included) to b. The text is valid
  * UTF-8 (the channel only releases that), so only the quote, the backslash
  * and the control characters need escapes; the rest is copied. */
-static int json_encode_str(sl_buf_t *b, const char *s, size_t n)
+int flt_json_str_encode(sl_buf_t *b, const char *s, size_t n)
 {
     static const char hex[] = "0123456789abcdef";
     if (sl_buf_add(b, "\"", 1) != 0)
@@ -718,7 +871,7 @@ static flt_ev_verdict_t stream_choice(flt_stream_t *st, const char *data, const 
     }
     if (has_text && (b->len != tn || memcmp(b->p ? b->p : "", t, tn) != 0)) {
         size_t off = st->ebuf.len;
-        if (json_encode_str(&st->ebuf, b->p ? b->p : "", b->len) != 0 ||
+        if (flt_json_str_encode(&st->ebuf, b->p ? b->p : "", b->len) != 0 ||
             stream_edit(st, e->ts, e->te, off, st->ebuf.len - off, false) != 0)
             return FLT_EV_ERROR;
     }

@@ -102,6 +102,14 @@ typedef struct gw_hook {
     /* A whole JSON answer (2xx, application/json). May edit it and set
      * *modified. Non-zero = fail the request (502). */
     int (*on_body)(gw_req_t *r, void *state, json_t *body, bool *modified);
+    /* The same on the answer's bytes, for a hook that can do without the
+     * tree (parsing it is most of a filtered answer's cost): 0 done, *out
+     * a new answer (malloc'd, taken over) or NULL for unchanged; 1 wants
+     * the tree after all (nothing done yet: on_body runs instead); -1 fail
+     * the request (502). Used only when every hook reading this answer has
+     * one (gw_hooks_body_bytes). */
+    int (*on_body_raw)(gw_req_t *r, void *state, const char *data, size_t len, char **out,
+                       size_t *outlen);
     /* Whether on_body is needed for this request (NULL: whenever there is
      * state). Gathering and parsing an answer is not free. */
     bool (*wants_body)(const gw_req_t *r, void *state);
@@ -174,6 +182,11 @@ bool gw_hooks_want_body(const gw_req_t *r);
 /* One event's data through the chain; out gets what to send. */
 gw_ev_rc_t gw_hooks_event(gw_req_t *r, const char *data, size_t len, gw_payloads_t *out);
 int gw_hooks_body(gw_req_t *r, json_t *body, bool *modified);
+/* A whole JSON answer as bytes: through the hooks' on_body_raw when every
+ * hook that reads it has one, else parsed and through gw_hooks_body (an
+ * answer that is not JSON then goes through no hook, as before). *edited:
+ * the new answer (malloc'd, *elen bytes) or NULL. -1: refuse it. */
+int gw_hooks_body_bytes(gw_req_t *r, const char *data, size_t len, char **edited, size_t *elen);
 void gw_hooks_end(gw_req_t *r, gw_end_t how);
 
 /* What the adapters offer besides their hooks: handlers the route table

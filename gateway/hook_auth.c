@@ -60,8 +60,12 @@ static bool gw_auth_result(gw_req_t *r, const auth_result_t *res)
         gw_auth_reject(r, res->reason);
         return false;
     }
-    if (res->authenticated)
-        snprintf(r->user, sizeof(r->user), "%s", res->claims.sub);
+    if (res->authenticated) { /* every request: no format pass */
+        size_t n = strnlen(res->claims.sub, sizeof(res->claims.sub));
+        n = SL_MIN(n, sizeof(r->user) - 1);
+        memcpy(r->user, res->claims.sub, n);
+        r->user[n] = '\0';
+    }
     return true;
 }
 

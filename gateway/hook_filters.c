@@ -144,6 +144,27 @@ static int gw_flt_on_body(gw_req_t *r, void *state, json_t *body, bool *modified
     return 0;
 }
 
+/* A chat.completion read as bytes (filters/answer.c): no tree unless the
+ * answer is one that reader leaves to it. */
+static int gw_flt_on_body_raw(gw_req_t *r, void *state, const char *data, size_t len, char **out,
+                              size_t *outlen)
+{
+    gw_flt_t *s = state;
+    if (!s->body)
+        return 0;
+    if (r->route == GW_ROUTE_RESPONSES)
+        return 1; /* the Responses API shape is read on the tree (flt_responses.c) */
+    switch (flt_response_filter_bytes(r->rt->filters, data, len, out, outlen)) {
+    case FLT_ANS_SAME:
+    case FLT_ANS_EDITED:
+        return 0;
+    case FLT_ANS_TREE:
+        return 1;
+    default:
+        return -1;
+    }
+}
+
 static void gw_flt_on_end(gw_req_t *r, void *state, gw_end_t how)
 {
     (void)r;
@@ -183,5 +204,6 @@ const gw_hook_t gw_hook_filters = {
     .on_request = gw_flt_on_request,
     .on_event = gw_flt_on_event,
     .on_body = gw_flt_on_body,
+    .on_body_raw = gw_flt_on_body_raw,
     .on_end = gw_flt_on_end,
 };

@@ -61,31 +61,49 @@ const rl_policy_t *gw_rl_policy(const gw_rt_t *rt)
     return rt->hook_state[gw_hook_index(&gw_hook_ratelimit)];
 }
 
+/* Appends a NUL-free literal; returns the new end. */
+static char *gw_rl_put(char *p, const char *s, size_t n)
+{
+    memcpy(p, s, n);
+    return p + n;
+}
+#define GW_RL_PUT(p, lit) gw_rl_put((p), (lit), sizeof(lit) - 1)
+
+/* Built without snprintf: it runs for every answer's headers. */
 const char *gw_rl_duration(int64_t ms, char *buf, size_t n)
 {
+    char t[64], *p = t;
     if (ms <= 0) {
-        snprintf(buf, n, "0s");
-        return buf;
-    }
-    if (ms < 1000) {
-        snprintf(buf, n, "%lldms", (long long)ms);
-        return buf;
-    }
-    long long h = ms / 3600000, m = ms / 60000 % 60, s = ms / 1000 % 60, f = ms % 1000;
-    char sec[32];
-    if (f) {
-        int k = snprintf(sec, sizeof(sec), "%lld.%03lld", s, f);
-        while (k > 0 && sec[k - 1] == '0') /* Go trims the fraction's zeros */
-            sec[--k] = '\0';
+        p = GW_RL_PUT(p, "0s");
+    } else if (ms < 1000) {
+        p += sl_i64toa(ms, p);
+        p = GW_RL_PUT(p, "ms");
     } else {
-        snprintf(sec, sizeof(sec), "%lld", s);
+        int64_t h = ms / 3600000, m = ms / 60000 % 60, s = ms / 1000 % 60, f = ms % 1000;
+        if (h) {
+            p += sl_i64toa(h, p);
+            *p++ = 'h';
+        }
+        if (h || m) {
+            p += sl_i64toa(m, p);
+            *p++ = 'm';
+        }
+        p += sl_i64toa(s, p);
+        if (f) {
+            *p++ = '.';
+            *p++ = (char)('0' + f / 100);
+            *p++ = (char)('0' + f / 10 % 10);
+            *p++ = (char)('0' + f % 10);
+            while (p[-1] == '0') /* Go trims the fraction's zeros */
+                p--;
+        }
+        *p++ = 's';
     }
-    if (h)
-        snprintf(buf, n, "%lldh%lldm%ss", h, m, sec);
-    else if (m)
-        snprintf(buf, n, "%lldm%ss", m, sec);
-    else
-        snprintf(buf, n, "%ss", sec);
+    if (n) { /* as snprintf: truncated, always terminated */
+        size_t k = SL_MIN((size_t)(p - t), n - 1);
+        memcpy(buf, t, k);
+        buf[k] = '\0';
+    }
     return buf;
 }
 
@@ -111,14 +129,27 @@ int gw_rl_format_headers(const struct rl_decision *d, char *buf, size_t n)
     int w = 0;
     if (what) {
         char reset[48];
-        w = snprintf(buf + len, n - (size_t)len,
-                     "x-ratelimit-limit-%s: %lld\r\nx-ratelimit-remaining-%s: %lld\r\n"
-                     "x-ratelimit-reset-%s: %s\r\n",
-                     what, (long long)d->limit_value, what, (long long)SL_MAX(d->remaining, 0),
-                     what, gw_rl_duration(d->reset_ms, reset, sizeof(reset)));
-        if (w < 0 || (size_t)w >= n - (size_t)len)
+        gw_rl_duration(d->reset_ms, reset, sizeof(reset));
+        size_t wl = strlen(what), rl = strlen(reset);
+        /* three names of at most 24 bytes, two numbers of at most 20 */
+        if ((size_t)len + 3 * (24 + wl + 4) + 2 * 20 + rl >= n)
             return -1;
-        len += w;
+        char *p = buf + len;
+        p = GW_RL_PUT(p, "x-ratelimit-limit-");
+        p = gw_rl_put(p, what, wl);
+        p = GW_RL_PUT(p, ": ");
+        p += sl_i64toa(d->limit_value, p);
+        p = GW_RL_PUT(p, "\r\nx-ratelimit-remaining-");
+        p = gw_rl_put(p, what, wl);
+        p = GW_RL_PUT(p, ": ");
+        p += sl_i64toa(SL_MAX(d->remaining, 0), p);
+        p = GW_RL_PUT(p, "\r\nx-ratelimit-reset-");
+        p = gw_rl_put(p, what, wl);
+        p = GW_RL_PUT(p, ": ");
+        p = gw_rl_put(p, reset, rl);
+        p = GW_RL_PUT(p, "\r\n");
+        *p = '\0';
+        len = (int)(p - buf);
     }
     if (!d->allowed && d->retry_after_ms >= 0) {
         w = snprintf(buf + len, n - (size_t)len, "retry-after-ms: %lld\r\n",

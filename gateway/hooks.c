@@ -277,7 +277,9 @@ gw_ev_rc_t gw_hooks_event(gw_req_t *r, const char *data, size_t len, gw_payloads
             gw_payloads_t o = {0};
             gw_ev_rc_t rc = hk->on_event(r, r->hooks.state[i], d, l, &o);
             if (rc == GW_EV_PASS) {
-                if (gw_payloads_push_copy(&next, d, l) != 0)
+                /* Still the original: nothing to copy (a later REPLACE
+                 * starts from data); a changed list carries it on. */
+                if (changed && gw_payloads_push_copy(&next, d, l) != 0)
                     rc = GW_EV_STOP;
             } else {
                 for (size_t j = 0; j < o.n; j++) {
@@ -296,10 +298,8 @@ gw_ev_rc_t gw_hooks_event(gw_req_t *r, const char *data, size_t len, gw_payloads
         }
         gw_payloads_clear(&cur);
         cur = next;
-        if (!changed) {
-            /* Still the original: drop the copy we made. */
-            gw_payloads_clear(&cur);
-        }
+        if (!changed)
+            gw_payloads_clear(&cur); /* still the original: empty anyway */
         if (result == GW_EV_STOP)
             break;
     }
@@ -323,6 +323,70 @@ int gw_hooks_body(gw_req_t *r, json_t *body, bool *modified)
             return -1;
     }
     return 0;
+}
+
+/* Whether hook i reads this request's whole answer (gw_hooks_want_body). */
+static bool gw_hooks_reads_body(const gw_req_t *r, size_t i)
+{
+    const gw_hook_t *hk = gw_hooks[i];
+    return (r->hooks.ran & (1u << i)) && (hk->on_body || hk->on_answer) && r->hooks.state[i] &&
+           (!hk->wants_body || hk->wants_body(r, r->hooks.state[i]));
+}
+
+/* 0 done, 1 some hook needs the tree (nothing was done), -1 refused. */
+static int gw_hooks_body_raw(gw_req_t *r, const char *data, size_t len, char **edited, size_t *elen)
+{
+    for (size_t i = 0; i < gw_nhooks; i++)
+        if (gw_hooks_reads_body(r, i) && (gw_hooks[i]->on_answer || !gw_hooks[i]->on_body_raw))
+            return 1; /* a recorder sees the tree as it came; others only know trees */
+    const char *cur = data;
+    size_t curlen = len;
+    for (size_t i = 0; i < gw_nhooks; i++) {
+        if (!gw_hooks_reads_body(r, i))
+            continue;
+        char *o = NULL;
+        size_t olen = 0;
+        int rc = gw_hooks[i]->on_body_raw(r, r->hooks.state[i], cur, curlen, &o, &olen);
+        if (rc == 1 && cur == data)
+            return 1; /* still the answer as it came: the tree path from here */
+        if (rc != 0) {
+            /* a refusal, or a tree wanted after another hook's edit */
+            free(o);
+            free(*edited);
+            *edited = NULL;
+            return -1;
+        }
+        if (o) {
+            free(*edited);
+            *edited = o;
+            *elen = olen;
+            cur = o;
+            curlen = olen;
+        }
+    }
+    return 0;
+}
+
+int gw_hooks_body_bytes(gw_req_t *r, const char *data, size_t len, char **edited, size_t *elen)
+{
+    *edited = NULL;
+    *elen = 0;
+    int rc = gw_hooks_body_raw(r, data, len, edited, elen);
+    if (rc != 1)
+        return rc;
+    json_t *j = json_loadb(data, len, 0, NULL);
+    if (!j)
+        return 0; /* not JSON: relayed as it came */
+    bool modified = false;
+    rc = gw_hooks_body(r, j, &modified);
+    if (rc == 0 && modified) {
+        *edited = json_dumps(j, JSON_COMPACT);
+        *elen = *edited ? strlen(*edited) : 0;
+        if (!*edited)
+            rc = -1; /* never the unfiltered answer instead */
+    }
+    json_decref(j);
+    return rc;
 }
 
 void gw_hooks_end(gw_req_t *r, gw_end_t how)

@@ -710,20 +710,11 @@ static int gw_proxy_flush_buffered(gw_req_t *r)
 {
     const gw_http_msg_t *m = gw_http_msg(r->att.up->parser);
     size_t len = evbuffer_get_length(r->resp_body);
-    json_t *j = r->body_hooks
-                    ? json_loadb((const char *)evbuffer_pullup(r->resp_body, -1), len, 0, NULL)
-                    : NULL;
     char *edited = NULL;
-    if (j) {
-        bool modified = false;
-        if (gw_hooks_body(r, j, &modified) != 0) {
-            json_decref(j);
-            return -1;
-        }
-        if (modified)
-            edited = json_dumps(j, JSON_COMPACT);
-        json_decref(j);
-    }
+    size_t elen = 0;
+    if (r->body_hooks && gw_hooks_body_bytes(r, (const char *)evbuffer_pullup(r->resp_body, -1),
+                                             len, &edited, &elen) != 0)
+        return -1;
     r->buffer_body = false;
     r->body_hooks = false;
     /* gzip (when the client accepts it and conf has it on) needs the whole
@@ -733,7 +724,7 @@ static int gw_proxy_flush_buffered(gw_req_t *r)
                   !gw_http_header_find(m, "Content-Encoding") &&
                   gw_ct_is_json(gw_http_header_find(m, "Content-Type"));
     const void *final = edited ? (const void *)edited : evbuffer_pullup(r->resp_body, -1);
-    size_t flen = edited ? strlen(edited) : len;
+    size_t flen = edited ? elen : len;
     size_t gzlen = 0;
     unsigned char *gz = gz_fit && gw_respond_gzip_ok(r, flen)
                             ? gw_gzip(final, flen, (int)r->rt->conf->gzip.level, &gzlen)
@@ -753,8 +744,8 @@ static int gw_proxy_flush_buffered(gw_req_t *r)
         return 0;
     }
     if (edited) {
-        gw_proxy_write_head(r, m, (int64_t)strlen(edited));
-        gw_proxy_write(r, edited, strlen(edited));
+        gw_proxy_write_head(r, m, (int64_t)elen);
+        gw_proxy_write(r, edited, elen);
         free(edited);
     } else {
         gw_proxy_write_head(r, m, (int64_t)len);

@@ -370,21 +370,39 @@ static void test_token_cache(void **state)
     auth_tcache_t *c = auth_tcache_new(16); /* 2 per shard */
     auth_tcache_val_t v, out;
     memset(&v, 0, sizeof(v));
-    unsigned char k[32];
-    memset(k, 0, sizeof(k));
+    /* five tokens of one shard (the hash's top bits pick it) */
+    char k[5][32];
+    unsigned h[5];
+    for (int i = 0, n = 0; i < 5; n++) {
+        snprintf(k[i], sizeof(k[i]), "token-%d", n);
+        h[i] = auth_tcache_hash(k[i], strlen(k[i]));
+        if (i == 0 || (h[i] >> 24) % 8 == (h[0] >> 24) % 8)
+            i++;
+    }
     for (int i = 0; i < 5; i++) {
-        k[0] = (unsigned char)i; /* all in shard 0 (k[31] picks it) */
         snprintf(v.claims.sub, sizeof(v.claims.sub), "u%d", i);
-        auth_tcache_put(c, k, &v, 1000, 10);
+        auth_tcache_put(c, k[i], strlen(k[i]), h[i], &v, 1000, 10);
     }
     assert_int_equal(auth_tcache_count(c), 2);
-    k[0] = 0;
-    assert_false(auth_tcache_get(c, k, 10, &out)); /* evicted */
-    k[0] = 4;
-    assert_true(auth_tcache_get(c, k, 10, &out));
+    assert_false(auth_tcache_get(c, k[0], strlen(k[0]), h[0], 10, &out)); /* evicted */
+    assert_true(auth_tcache_get(c, k[4], strlen(k[4]), h[4], 10, &out));
     assert_string_equal(out.claims.sub, "u4");
-    assert_false(auth_tcache_get(c, k, 1000, &out)); /* expired, and dropped */
+    /* the bytes decide, not the hash: a prefix, or other bytes under the
+     * same hash value, are not the token */
+    assert_false(auth_tcache_get(c, k[4], strlen(k[4]) - 1, h[4], 10, &out));
+    assert_false(auth_tcache_get(c, "token-x", 7, h[4], 10, &out));
+    assert_false(
+        auth_tcache_get(c, k[4], strlen(k[4]), h[4], 1000, &out)); /* expired, and dropped */
     assert_int_equal(auth_tcache_count(c), 1);
+    /* a token longer than AUTH_TCACHE_TOKEN_MAX is not kept */
+    char *big = malloc(AUTH_TCACHE_TOKEN_MAX + 2);
+    memset(big, 'b', AUTH_TCACHE_TOKEN_MAX + 1);
+    big[AUTH_TCACHE_TOKEN_MAX + 1] = '\0';
+    unsigned bh = auth_tcache_hash(big, AUTH_TCACHE_TOKEN_MAX + 1);
+    auth_tcache_put(c, big, AUTH_TCACHE_TOKEN_MAX + 1, bh, &v, 1000, 10);
+    assert_false(auth_tcache_get(c, big, AUTH_TCACHE_TOKEN_MAX + 1, bh, 10, &out));
+    assert_int_equal(auth_tcache_count(c), 1);
+    free(big);
     auth_tcache_free(c);
     auth_tcache_free(NULL);
 
@@ -424,6 +442,19 @@ static void test_token_cache(void **state)
     assert_int_equal(t_check(a, &q.r, T_NOW + 3), AUTH_R_TOKEN_SIGNATURE);
     /* Refused tokens are not cached. */
     assert_int_equal(auth_tcache_count(a->tcache), 1);
+    /* A reload builds a new auth_t: its cache starts empty, and under a new
+     * secret for k1 the token cached by the old one is refused, not hit. */
+    setenv("T_TOKEN_SECRET2", "another-token-secret-0123456789abcdef0", 1);
+    tconf_t t2;
+    tconf_default(&t2);
+    t2.keys[0].secret_env = "T_TOKEN_SECRET2";
+    auth_t *a2 = t_auth(&t2, st);
+    assert_non_null(a2);
+    assert_int_equal(auth_tcache_count(a2->tcache), 0);
+    treq_make(&q, a2, tok, T_NOW + 4, "tcache-nonce-000006");
+    assert_int_equal(t_check(a2, &q.r, T_NOW + 4), AUTH_R_TOKEN_SIGNATURE);
+    assert_int_equal(auth_tcache_count(a2->tcache), 0);
+    auth_free(a2);
     free(bad);
     free(tok);
     auth_free(a);

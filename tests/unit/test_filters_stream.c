@@ -888,6 +888,69 @@ static void test_response_whole(void **state)
     flt_ruleset_unref(rs);
 }
 
+/* Events shaped like the last one are read through its template: for any
+ * sequence (valid, invalid or other-shaped middles) the verdicts and the
+ * payloads are byte for byte those of reading every event whole. */
+static void test_sse_template_same(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_words("badword\nxy\n", "evil\n");
+    static const char *const mid[] = {
+        "a",         "bad", "word",    " ",   "\\\"", "\\n",  "\\u00e9",      "é",     "敏",
+        "\\u0062ad", "x",   "y",       "ev",  "il",   "\x01", "\xc0\xaf",     "\\q",   "\\ud800",
+        "\"",        "\\",  "\\u0000", "\\/", "o",    "r",    "\"},\"x\":\"", "\"}}]}"};
+    static const char *const shapes[] = {
+        "{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"choices\":[{"
+        "\"index\":0,\"delta\":{\"content\":\"%s\"},\"finish_reason\":null}]}",
+        "{\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"%s\"},"
+        "\"logprobs\":{\"c\":[1]}}]}",
+        "{\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"%s\"},"
+        "\"finish_reason\":\"stop\"}],\"usage\":{\"total_tokens\":3}}",
+        "{\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"%s\",\"content\":\"x\"}}"
+        "]}",
+        "{\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"%s\"}}]} x",
+    };
+    uint32_t seed = 777;
+    size_t hits = 0;
+    for (int round = 0; round < 1000; round++) {
+        flt_stream_t *a = flt_stream_new(rs), *b = flt_stream_new(rs);
+        flt_stream_template(b, false);
+        for (int ev = 0; ev < 16; ev++) {
+            char text[96] = "", d[512];
+            seed = seed * 1103515245u + 12345u;
+            int len = (int)(seed >> 16) % 4;
+            for (int j = 0; j < len; j++) {
+                seed = seed * 1103515245u + 12345u;
+                strcat(text, mid[(seed >> 16) % SL_ARRAY_LEN(mid)]);
+            }
+            seed = seed * 1103515245u + 12345u;
+            unsigned r = (seed >> 16) % 16;
+            size_t shape = r < 11 ? 0 : r - 11 < SL_ARRAY_LEN(shapes) ? r - 11 : 0;
+            snprintf(d, sizeof d, shapes[shape], text);
+            flt_out_t oa = {0}, ob = {0};
+            flt_ev_verdict_t va = flt_stream_event(a, d, strlen(d), &oa);
+            flt_ev_verdict_t vb = flt_stream_event(b, d, strlen(d), &ob);
+            if (va != vb || oa.n != ob.n)
+                fail_msg("round %d event %d: %d/%zu vs %d/%zu for %s", round, ev, va, oa.n, vb,
+                         ob.n, d);
+            for (size_t i = 0; i < oa.n; i++)
+                if (oa.v[i].len != ob.v[i].len || memcmp(oa.v[i].data, ob.v[i].data, oa.v[i].len))
+                    fail_msg("round %d event %d payload %zu: %s vs %s", round, ev, i, oa.v[i].data,
+                             ob.v[i].data);
+            flt_out_release(&oa);
+            flt_out_release(&ob);
+        }
+        hits += flt_stream_template_hits(a);
+        assert_int_equal(flt_stream_template_hits(b), 0);
+        flt_stream_free(a);
+        flt_stream_free(b);
+    }
+    /* the shortcut did run (an event after a block is not read at all) */
+    if (hits < 300)
+        fail_msg("template used %zu times", hits);
+    flt_ruleset_unref(rs);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -908,6 +971,7 @@ int main(void)
         cmocka_unit_test(test_sse_fail_closed),
         cmocka_unit_test(test_sse_completions_shape),
         cmocka_unit_test(test_sse_random_events),
+        cmocka_unit_test(test_sse_template_same),
         cmocka_unit_test(test_stream_text_api),
         cmocka_unit_test(test_responses_delta_splice),
         cmocka_unit_test(test_response_whole),

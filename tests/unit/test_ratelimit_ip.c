@@ -11,6 +11,8 @@
 
 #include <cmocka.h>
 
+#include <arpa/inet.h>
+
 #include "ratelimit/ratelimit.h"
 
 static rl_proxies_t *mk(void)
@@ -93,11 +95,34 @@ static void test_xff(void **state)
     rl_proxies_free(p);
 }
 
+/* IPv4 is formatted without inet_ntop: the same text for every octet
+ * value in every position, mapped IPv6 included. */
+static void test_ipv4_format(void **state)
+{
+    (void)state;
+    for (unsigned v = 0; v < 256; v++) {
+        unsigned char a[4] = {(unsigned char)v, (unsigned char)(255 - v), (unsigned char)(v / 3),
+                              (unsigned char)(v * 7)};
+        for (int rot = 0; rot < 4; rot++) {
+            unsigned char b[4];
+            for (int k = 0; k < 4; k++)
+                b[k] = a[(k + rot) % 4];
+            char want[INET_ADDRSTRLEN], mapped[64];
+            assert_non_null(inet_ntop(AF_INET, b, want, sizeof(want)));
+            expect(NULL, want, NULL, want);
+            snprintf(mapped, sizeof(mapped), "::ffff:%s", want);
+            expect(NULL, mapped, NULL, want);
+        }
+    }
+    expect(NULL, "2001:db8::1", NULL, "2001:db8::1");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cidrs),
         cmocka_unit_test(test_xff),
+        cmocka_unit_test(test_ipv4_format),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

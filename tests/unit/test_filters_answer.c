@@ -1,0 +1,313 @@
+/* Unit tests of the output rules on a whole answer read as bytes
+ * (filters/answer.c): for every answer of a table, the bytes path gives
+ * the same JSON as the tree path (flt_response_filter), or hands the
+ * answer to the tree exactly where it must (not JSON, duplicate keys, odd
+ * types, text jansson refuses); unchanged bytes stay the upstream's; a hit
+ * is counted once. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "filters/flt_internal.h"
+#include "test_filters_util.h"
+
+static flt_ruleset_t *rs_build(void)
+{
+    tf_list_t l[2] = {{"badword\n敏感词\n", FLT_ACTION_MASK, "masked"},
+                      {"evil\n", FLT_ACTION_BLOCK, "blocked"}};
+    flt_conf_regex_t re[] = {{"phone", "1[3-9]\\d{9}", FLT_ACTION_MASK}};
+    char err[256] = "";
+    flt_ruleset_t *rs = tf_build(l, 2, re, 1, NULL, err, sizeof err);
+    if (!rs)
+        fail_msg("build: %s", err);
+    return rs;
+}
+
+/* The tree path's result for an answer, as compact JSON (malloc'd), and
+ * whether it changed anything. */
+static char *tree_result(flt_ruleset_t *rs, const char *ans, bool *mod)
+{
+    json_t *j = json_loadb(ans, strlen(ans), 0, NULL);
+    assert_non_null(j);
+    *mod = false;
+    assert_int_equal(flt_response_filter(rs, j, mod), 0);
+    char *s = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    return s;
+}
+
+static void assert_json_same(const char *a, size_t alen, const char *b)
+{
+    json_t *ja = json_loadb(a, alen, 0, NULL), *jb = json_loads(b, 0, NULL);
+    if (!ja || !jb || !json_equal(ja, jb))
+        fail_msg("differ:\n  bytes: %.*s\n  tree:  %s", (int)alen, a, b);
+    json_decref(ja);
+    json_decref(jb);
+}
+
+#define CH(content, rest)                                                                          \
+    "{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":" content "}" rest "}"
+
+/* Answers the bytes path reads itself: same JSON as the tree's. */
+static const char *const same_as_tree[] = {
+    "{\"id\":\"x\",\"choices\":[" CH("\"The sea is calm.\"", ",\"finish_reason\":\"stop\"") "]}",
+    "{\"id\":\"x\",\"choices\":[" CH("\"a BADWORD b\"", ",\"finish_reason\":\"stop\"") "]}",
+    "{\"choices\":[" CH("\"so evil\"", ",\"finish_reason\":\"stop\"") "]}",
+    /* block without a finish_reason: one is added */
+    "{\"choices\":[" CH("\"so evil\"", "") "]}",
+    /* finish_reason before the message, null */
+    "{\"choices\":[{\"finish_reason\":null,\"index\":0,\"message\":{\"content\":\"evil\"}}]}",
+    /* logprobs: an object, an array, null; changed text makes it null */
+    "{\"choices\":[" CH("\"badword\"",
+                        ",\"logprobs\":{\"content\":[{\"t\":\"badword\",\"p\":[1,2]}]},"
+                        "\"finish_reason\":\"stop\"") "]}",
+    "{\"choices\":[" CH("\"evil\"", ",\"logprobs\":[1,{\"a\":[]}],\"finish_reason\":\"stop\"") "]}",
+    "{\"choices\":[" CH("\"badword\"", ",\"logprobs\":null") "]}",
+    "{\"choices\":[" CH("\"fine\"", ",\"logprobs\":{\"x\":1}") "]}",
+    /* escapes: decoded for the rules, encoded again in the splice */
+    "{\"choices\":[" CH("\"line\\nBAD\\u0057ORD \\\"q\\\" \\u00e9 \\/\"", "") "]}",
+    "{\"choices\":[" CH("\"call 13812345678 now\"", "") "]}",
+    "{\"choices\":[" CH("\"这是敏感词吗\"", "") "]}",
+    "{\"choices\":[" CH("\"ｂａｄｗｏｒｄ\"", "") "]}",
+    /* several choices, some odd ones skipped */
+    "{\"choices\":[" CH("\"badword\"", "") ",1,null,{\"message\":\"x\"},{\"message\":{\"content\":["
+                                           "\"evil\"]}}," CH("\"evil\"",
+                                                             ",\"finish_reason\":\"s\"") "]}",
+    "{\"choices\":[]}",
+    "{\"choices\":{\"message\":{\"content\":\"evil\"}}}",
+    "{\"object\":\"list\",\"data\":[{\"content\":\"evil\"}]}",
+    "{\"choices\":[{\"message\":{\"content\":null}}]}",
+    /* blanks anywhere */
+    "{ \"choices\" : [ { \"message\" : { \"content\" :\t\"badword\" } ,\n \"logprobs\" : "
+    "[ ] , \"finish_reason\" : \"stop\" } ] }",
+    /* the mask may meet the key order of a big answer */
+    "{\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion\",\"created\":1700000000,\"model\":"
+    "\"m\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"The sea is "
+    "vast and so calm.\"},\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":31,"
+    "\"completion_tokens\":9,\"total_tokens\":40,\"x\":1.5e3,\"y\":true,\"z\":[-1,0.25]}}",
+};
+
+static void test_same_as_tree(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_build();
+    for (size_t i = 0; i < SL_ARRAY_LEN(same_as_tree); i++) {
+        const char *ans = same_as_tree[i];
+        bool mod;
+        char *want = tree_result(rs, ans, &mod);
+        char *out = NULL;
+        size_t olen = 0;
+        flt_ans_rc_t rc = flt_response_filter_bytes(rs, ans, strlen(ans), &out, &olen);
+        if (rc != (mod ? FLT_ANS_EDITED : FLT_ANS_SAME))
+            fail_msg("answer %zu: rc %d, tree modified %d: %s", i, rc, mod, ans);
+        if (mod) {
+            assert_non_null(out);
+            assert_int_equal(strlen(out), olen);
+            assert_json_same(out, olen, want);
+        } else {
+            assert_null(out);
+        }
+        free(out);
+        free(want);
+    }
+    flt_ruleset_unref(rs);
+}
+
+/* Answers left to the tree path, before any rule ran. */
+static const char *const to_tree[] = {
+    "",
+    "not json",
+    "{\"choices\":[" CH("\"evil\"", "") "]} trailing",
+    "[{\"choices\":[]}]",
+    "\"evil\"",
+    "{\"choices\":[],\"choices\":[" CH("\"evil\"", "") "]}",
+    "{\"choices\":[{\"message\":{\"content\":\"ok\",\"content\":\"evil\"}}]}",
+    "{\"choices\":[{\"message\":{\"content\":\"evil\"},\"message\":{\"content\":\"ok\"}}]}",
+    "{\"choices\":[{\"message\":{\"content\":\"evil\"},\"finish_reason\":1}]}",
+    "{\"choices\":[{\"message\":{\"content\":\"evil\"},\"finish_reason\":{}}]}",
+    "{\"choices\":[{\"message\":{\"content\":\"evil\"},\"logprobs\":0.5}]}",
+    "{\"choices\":[{\"message\":{\"content\":\"evil\\u0000\"}}]}",
+    "{\"choices\":[{\"message\":{\"content\":\"evil \\ud800\"}}]}",
+    "{\"choices\":[{\"message\":{\"content\":\"evil\"}}],\"n\":1e999}",
+};
+
+static void test_to_tree(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_build();
+    for (size_t i = 0; i < SL_ARRAY_LEN(to_tree); i++) {
+        char *out = NULL;
+        size_t olen = 0;
+        flt_ans_rc_t rc =
+            flt_response_filter_bytes(rs, to_tree[i], strlen(to_tree[i]), &out, &olen);
+        if (rc != FLT_ANS_TREE)
+            fail_msg("answer %zu: rc %d, want the tree: %s", i, rc, to_tree[i]);
+        assert_null(out);
+    }
+    /* invalid UTF-8 in the text (yajl may pass what jansson refuses) */
+    const char bad[] = "{\"choices\":[{\"message\":{\"content\":\"evil \xC0\xAF\"}}]}";
+    char *out = NULL;
+    size_t olen = 0;
+    flt_ans_rc_t rc = flt_response_filter_bytes(rs, bad, sizeof bad - 1, &out, &olen);
+    assert_true(rc == FLT_ANS_TREE);
+    assert_null(out);
+    flt_ruleset_unref(rs);
+}
+
+/* Only the text (and logprobs / finish_reason) change: every other byte
+ * is the upstream's, blanks and key order included. */
+static void test_splice_exact(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_build();
+    const char *ans = "{ \"id\": \"a\",\n  \"choices\": [ {\"message\": {\"content\": \"x badword "
+                      "y\"}, \"logprobs\": {\"a\": [1]}, \"finish_reason\": \"stop\"} ], "
+                      "\"usage\": {\"total_tokens\": 40} }";
+    char *out = NULL;
+    size_t olen = 0;
+    assert_int_equal(flt_response_filter_bytes(rs, ans, strlen(ans), &out, &olen), FLT_ANS_EDITED);
+    assert_string_equal(out, "{ \"id\": \"a\",\n  \"choices\": [ {\"message\": {\"content\": \"x "
+                             "*** y\"}, \"logprobs\": null, \"finish_reason\": \"stop\"} ], "
+                             "\"usage\": {\"total_tokens\": 40} }");
+    free(out);
+    const char *blk = "{\"choices\":[{\"index\":0,\"message\":{\"content\":\"so evil\"}}]}";
+    assert_int_equal(flt_response_filter_bytes(rs, blk, strlen(blk), &out, &olen), FLT_ANS_EDITED);
+    assert_string_equal(out, "{\"choices\":[{\"finish_reason\":\"content_filter\",\"index\":0,"
+                             "\"message\":{\"content\":\"\"}}]}");
+    free(out);
+    /* a text with a quote and a control character after the mask */
+    const char *esc = "{\"choices\":[{\"message\":{\"content\":\"\\\"badword\\\"\\t\\u0001\"}}]}";
+    assert_int_equal(flt_response_filter_bytes(rs, esc, strlen(esc), &out, &olen), FLT_ANS_EDITED);
+    assert_string_equal(out,
+                        "{\"choices\":[{\"message\":{\"content\":\"\\\"***\\\"\\t\\u0001\"}}]}");
+    free(out);
+    flt_ruleset_unref(rs);
+}
+
+/* Output filtering off: nothing read, nothing changed. */
+static void tweak_no_output(flt_conf_t *c)
+{
+    c->output = false;
+}
+
+static void test_output_off(void **state)
+{
+    (void)state;
+    tf_list_t l[1] = {{"evil\n", FLT_ACTION_BLOCK, "blocked"}};
+    char err[256] = "";
+    flt_ruleset_t *rs = tf_build(l, 1, NULL, 0, tweak_no_output, err, sizeof err);
+    assert_non_null(rs);
+    const char *ans = "{\"choices\":[{\"message\":{\"content\":\"evil\"}}]}";
+    char *out = NULL;
+    size_t olen = 0;
+    assert_int_equal(flt_response_filter_bytes(rs, ans, strlen(ans), &out, &olen), FLT_ANS_SAME);
+    assert_null(out);
+    flt_ruleset_unref(rs);
+}
+
+/* Many choices (the parser's array grows) and a long text. */
+static void test_many_choices(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_build();
+    sl_buf_t b = {0};
+    assert_int_equal(sl_buf_add(&b, "{\"choices\":[", 12), 0);
+    for (int i = 0; i < 40; i++) {
+        char c[160];
+        int n = snprintf(c, sizeof c, "%s{\"index\":%d,\"message\":{\"content\":\"%s %d\"}}",
+                         i ? "," : "", i, i % 3 ? "fine" : "badword", i);
+        assert_int_equal(sl_buf_add(&b, c, (size_t)n), 0);
+    }
+    assert_int_equal(sl_buf_add(&b, "]}", 3), 0); /* with the NUL */
+    bool mod;
+    char *want = tree_result(rs, b.p, &mod);
+    assert_true(mod);
+    char *out = NULL;
+    size_t olen = 0;
+    assert_int_equal(flt_response_filter_bytes(rs, b.p, b.len - 1, &out, &olen), FLT_ANS_EDITED);
+    assert_json_same(out, olen, want);
+    free(out);
+    free(want);
+    sl_buf_free(&b);
+    flt_ruleset_unref(rs);
+}
+
+/* Strings past the yajl arena (yarena.c): its buffers move to the heap
+ * and grow there; same result as the tree. */
+static void test_arena_overflow(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_build();
+    sl_buf_t b = {0};
+    assert_int_equal(sl_buf_add(&b, "{\"id\":\"", 7), 0);
+    for (int i = 0; i < 3000; i++) /* a 12 KB escaped key value */
+        assert_int_equal(sl_buf_add(&b, "a\\nb", 4), 0);
+    assert_int_equal(sl_buf_add(&b, "\",\"choices\":[{\"message\":{\"content\":\"", 36), 0);
+    for (int i = 0; i < 3000; i++) {
+        const char *piece = i == 1500 ? "badword\\t" : "x\\ty ";
+        assert_int_equal(sl_buf_add(&b, piece, strlen(piece)), 0);
+    }
+    assert_int_equal(sl_buf_add(&b, "\"}}]}", 6), 0);
+    bool mod;
+    char *want = tree_result(rs, b.p, &mod);
+    assert_true(mod);
+    char *out = NULL;
+    size_t olen = 0;
+    assert_int_equal(flt_response_filter_bytes(rs, b.p, b.len - 1, &out, &olen), FLT_ANS_EDITED);
+    assert_json_same(out, olen, want);
+    free(out);
+    free(want);
+    sl_buf_free(&b);
+    flt_ruleset_unref(rs);
+}
+
+/* The channel-free verdict: only for ASCII text with no word and no regex
+ * match; anything else (or a regex limit) is left to the channel. */
+static void tweak_limit(flt_conf_t *c)
+{
+    c->regex_limits.match = 10000;
+}
+
+static void test_text_clean(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_build();
+    static const char *const clean[] = {"",          "The sea is vast and so calm.",     "bad word",
+                                        "call 1234", "12345678901 (1 then 2: no phone)", "e-v-i-l"};
+    for (size_t i = 0; i < SL_ARRAY_LEN(clean); i++)
+        if (!flt_text_clean(rs, clean[i], strlen(clean[i])))
+            fail_msg("not clean: %s", clean[i]);
+    static const char *const maybe[] = {"a badword",        "BadWord",        "xevilx",
+                                        "call 13812345678", "caf\xc3\xa9",    "ｂａｄｗｏｒｄ",
+                                        "敏感词",           "the sea\xc2\xa0"};
+    for (size_t i = 0; i < SL_ARRAY_LEN(maybe); i++)
+        if (flt_text_clean(rs, maybe[i], strlen(maybe[i])))
+            fail_msg("clean: %s", maybe[i]);
+    flt_ruleset_unref(rs);
+    /* a search that hits the match limit is no verdict */
+    flt_conf_regex_t re[] = {{"evil", "(a+)+$", FLT_ACTION_BLOCK}};
+    char err[256] = "", text[64];
+    rs = tf_build(NULL, 0, re, 1, tweak_limit, err, sizeof err);
+    assert_non_null(rs);
+    memset(text, 'a', 40);
+    strcpy(text + 40, "!");
+    assert_false(flt_text_clean(rs, text, strlen(text)));
+    assert_true(flt_text_clean(rs, "bbb!", 4));
+    flt_ruleset_unref(rs);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_same_as_tree),   cmocka_unit_test(test_to_tree),
+        cmocka_unit_test(test_splice_exact),   cmocka_unit_test(test_output_off),
+        cmocka_unit_test(test_many_choices),   cmocka_unit_test(test_text_clean),
+        cmocka_unit_test(test_arena_overflow),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
