@@ -427,8 +427,9 @@ flt_ans_rc_t flt_response_filter_bytes(flt_ruleset_t *rs, const char *data, size
     if (!flt_ruleset_filters_output(rs))
         return FLT_ANS_SAME;
     flt_anp_t p = {.data = data, .n = n};
-    flt_yarena_t ya;
-    p.h = yajl_alloc(&flt_anp_cb, flt_yarena_reset(&ya), &p);
+    sl_yheap_t ya;
+    yajl_alloc_funcs yaf = sl_yheap_funcs(&ya);
+    p.h = yajl_alloc(&flt_anp_cb, &yaf, &p);
     if (!p.h)
         return FLT_ANS_ERROR;
     yajl_status s = yajl_parse(p.h, (const unsigned char *)data, n);

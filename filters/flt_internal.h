@@ -17,6 +17,7 @@
 #include <yajl/yajl_parse.h>
 
 #include "common/metrics.h"
+#include "common/yheap.h"
 #include "filters/filters.h"
 
 /* ---- UTF-8 and folding (fold.c) ------------------------------------------ */
@@ -195,20 +196,7 @@ void flt_stream_template(flt_stream_t *st, bool on);
 /* Events read through the template so far. */
 size_t flt_stream_template_hits(const flt_stream_t *st);
 
-/* ---- yajl's memory from an arena (yarena.c) --------------------------------- */
-
-/* A handle, its lexer and state stack take ~500 bytes; a string with
- * escapes adds a 2 KiB decode buffer. Lives on the parser's stack. */
-#define FLT_YARENA_BYTES 3072
-
-typedef struct flt_yarena {
-    yajl_alloc_funcs funcs;
-    size_t used;
-    _Alignas(16) unsigned char buf[FLT_YARENA_BYTES];
-} flt_yarena_t;
-
-/* Empties the arena (everything yajl took from it is gone: free the old
- * handle first) and returns the functions to pass to yajl_alloc. */
-yajl_alloc_funcs *flt_yarena_reset(flt_yarena_t *a);
+/* yajl's memory for one parse comes from common/yheap.h (on the parser's
+ * stack): a handle, its lexer and state stack take ~500 bytes. */
 
 #endif

@@ -539,8 +539,9 @@ static int stream_parse_whole(flt_stream_t *st, const char *data, size_t n, bool
 {
     flt_evp_t p = {.st = st, .data = data, .n = n};
     st->nevc = 0;
-    flt_yarena_t ya; /* the handle lives only for this parse: on the stack */
-    p.h = yajl_alloc(&flt_evp_cb, flt_yarena_reset(&ya), &p);
+    sl_yheap_t ya; /* the handle lives only for this parse: on the stack */
+    yajl_alloc_funcs yaf = sl_yheap_funcs(&ya);
+    p.h = yajl_alloc(&flt_evp_cb, &yaf, &p);
     if (!p.h)
         return -1;
     yajl_status s = yajl_parse(p.h, (const unsigned char *)data, n);
@@ -627,8 +628,9 @@ static bool tpl_one_string(const char *s, size_t n)
     if (n < 2 || s[0] != '"' || s[n - 1] != '"')
         return false;
     flt_tpl_p_t p = {0};
-    flt_yarena_t ya;
-    p.h = yajl_alloc(&flt_tpl_cb, flt_yarena_reset(&ya), &p);
+    sl_yheap_t ya;
+    yajl_alloc_funcs yaf = sl_yheap_funcs(&ya);
+    p.h = yajl_alloc(&flt_tpl_cb, &yaf, &p);
     if (!p.h)
         return false;
     yajl_status r = yajl_parse(p.h, (const unsigned char *)s, n);

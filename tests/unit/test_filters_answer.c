@@ -237,7 +237,7 @@ static void test_many_choices(void **state)
     flt_ruleset_unref(rs);
 }
 
-/* Strings past the yajl arena (yarena.c): its buffers move to the heap
+/* Strings past the yajl arena (common/yheap.c): its buffers move to the heap
  * and grow there; same result as the tree. */
 static void test_arena_overflow(void **state)
 {
