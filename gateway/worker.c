@@ -25,6 +25,7 @@
 #include <event2/listener.h>
 
 #include "common/log.h"
+#include "gateway/body_store.h"
 #include "gateway/gw_conn.h"
 #include "gateway/gw_hook.h"
 #include "gateway/gw_metrics.h"
@@ -138,6 +139,7 @@ static bool gw_worker_trim(int64_t now_ms)
     if (!atomic_compare_exchange_strong(&gw_trim_last_ms, &last, now_ms))
         return false; /* another worker is trimming */
     int64_t before = gw_worker_rss();
+    gw_body_store_drop(); /* the idle large-body blocks (<= 8 MiB) too */
     malloc_trim(0);
     int64_t after = gw_worker_rss();
     sl_counter_add(gw_m.malloc_trims, 1);
