@@ -113,8 +113,6 @@ uint64_t gw_worker_rand(gw_worker_t *w)
 /* Blocks from this size up are mmapped (glibc's starting value is 128 KiB;
  * request buffers stay below it). */
 #define GW_MMAP_THRESHOLD (256 * 1024)
-/* free() gives an arena's top back to the system only past this much. */
-#define GW_TRIM_THRESHOLD (16 * 1024 * 1024)
 
 static _Atomic int64_t gw_trim_last_ms;
 
@@ -581,13 +579,8 @@ int gw_worker_init(gw_worker_t *w, gw_server_t *s, int id, bool is_main)
         /* A fixed mmap threshold: glibc's moves up after a large block is
          * freed, after which large blocks (a reloaded word list's automaton)
          * come from the heap and stay there; fixed, they are mmapped and
-         * unmapped on free. Fixing it also fixes the trim threshold, at
-         * glibc's 128 KiB: a worker's arena then gave its top back (and
-         * faulted it in again) every few requests, ~0.1 page fault per
-         * request at steady state where nginx has none. Memory goes back
-         * after peaks and reloads by malloc_trim (gw_worker_trim) instead. */
+         * unmapped on free. Fixing it also fixes the trim threshold. */
         mallopt(M_MMAP_THRESHOLD, GW_MMAP_THRESHOLD);
-        mallopt(M_TRIM_THRESHOLD, GW_TRIM_THRESHOLD);
     }
     for (size_t i = 0; i < SL_ARRAY_LEN(w->fd_reserve); i++)
         w->fd_reserve[i] = -1;
