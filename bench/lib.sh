@@ -50,36 +50,44 @@ cpu_ticks() {
     echo "$t"
 }
 
+# A bench nginx's conf in $1/nginx.conf: one worker, no access log, its pid,
+# error log and temp paths inside $1, and $2 as the rest of its http block;
+# $3 "off" runs it without a master process (default on).
+nginx_conf() {
+    mkdir -p "$1/tmp"
+    cat >"$1/nginx.conf" <<EOF
+worker_processes 1;
+daemon off;
+master_process ${3:-on};
+pid $1/nginx.pid;
+error_log $1/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    keepalive_requests 1000000;
+    client_body_temp_path $1/tmp/body;
+    proxy_temp_path $1/tmp/proxy;
+    fastcgi_temp_path $1/tmp/fastcgi;
+    uwsgi_temp_path $1/tmp/uwsgi;
+    scgi_temp_path $1/tmp/scgi;
+$2
+}
+EOF
+}
+
 # The model server of the policy and cache benches: nginx answering every
 # request with one fixed 265-byte chat.completion on 127.0.0.1:$1, pinned to
 # CPU $2 (uses $WORK and $NGINX_BIN). Returns once it accepts.
 nginx_fixed_upstream() {
     local port=$1 cpu=$2
-    mkdir -p "$WORK/nginx/tmp"
-    cat >"$WORK/nginx/nginx.conf" <<EOF
-worker_processes 1;
-daemon off;
-master_process on;
-pid $WORK/nginx/nginx.pid;
-error_log $WORK/nginx/error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    keepalive_requests 1000000;
-    client_body_temp_path $WORK/nginx/tmp/body;
-    proxy_temp_path $WORK/nginx/tmp/proxy;
-    fastcgi_temp_path $WORK/nginx/tmp/fastcgi;
-    uwsgi_temp_path $WORK/nginx/tmp/uwsgi;
-    scgi_temp_path $WORK/nginx/tmp/scgi;
-    server {
+    local answer='{"id":"chatcmpl-bench","object":"chat.completion","created":0,"model":"bench-model","choices":[{"index":0,"message":{"role":"assistant","content":"Hello! How can I help?"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":7,"total_tokens":16}}'
+    nginx_conf "$WORK/nginx" "    server {
         listen 127.0.0.1:$port;
         location / {
             default_type application/json;
-            return 200 '{"id":"chatcmpl-bench","object":"chat.completion","created":0,"model":"bench-model","choices":[{"index":0,"message":{"role":"assistant","content":"Hello! How can I help?"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":7,"total_tokens":16}}';
+            return 200 '$answer';
         }
-    }
-}
-EOF
+    }"
     spawn taskset -c "$cpu" "$NGINX_BIN" -p "$WORK/nginx/" -e "$WORK/nginx/error.log" \
         -c "$WORK/nginx/nginx.conf"
     wait_port "$port" "$LAST"

@@ -38,36 +38,15 @@ cp "$SLUICE_BIN" "$WORK/sluice"
 . "$ROOT/bench/lib.sh"
 
 ANSWER='{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"served-model","choices":[{"index":0,"message":{"role":"assistant","content":"The sea is vast and so calm."},"finish_reason":"stop"}],"usage":{"prompt_tokens":31,"completion_tokens":9,"total_tokens":40}}'
-nginx_conf() { # $1 dir, $2 server block
-    mkdir -p "$1/tmp"
-    cat >"$1/nginx.conf" <<EOF
-worker_processes 1;
-daemon off;
-master_process off;
-pid $1/nginx.pid;
-error_log $1/error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    keepalive_requests 1000000;
-    client_body_temp_path $1/tmp/body;
-    proxy_temp_path $1/tmp/proxy;
-    fastcgi_temp_path $1/tmp/fastcgi;
-    uwsgi_temp_path $1/tmp/uwsgi;
-    scgi_temp_path $1/tmp/scgi;
-$2
-}
-EOF
-}
 nginx_conf "$WORK/up" "    server { listen 127.0.0.1:$UP_PORT;
-        location / { default_type application/json; return 200 '$ANSWER'; } }"
+        location / { default_type application/json; return 200 '$ANSWER'; } }" off
 spawn taskset -c 0 "$NGINX_BIN" -p "$WORK/up/" -e "$WORK/up/error.log" -c "$WORK/up/nginx.conf"
 wait_port "$UP_PORT" "$LAST"
 nginx_conf "$WORK/ngx" "    upstream model { server 127.0.0.1:$UP_PORT; keepalive 64; }
     server { listen 127.0.0.1:$NGX_PORT;
         location / { proxy_pass http://model; proxy_http_version 1.1;
             proxy_set_header Connection \"\";
-            proxy_set_header Authorization \"Bearer upstream-key\"; } }"
+            proxy_set_header Authorization \"Bearer upstream-key\"; } }" off
 spawn taskset -c 1 "$NGINX_BIN" -p "$WORK/ngx/" -e "$WORK/ngx/error.log" -c "$WORK/ngx/nginx.conf"
 declare -A PID PORT
 PID[nginx]=$LAST

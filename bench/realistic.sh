@@ -111,30 +111,11 @@ done
 # ---- the upstream: nginx answering every request with a 282-byte chat.completion
 ANSWER='{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"served-model","choices":[{"index":0,"message":{"role":"assistant","content":"The sea is vast and so calm."},"finish_reason":"stop"}],"usage":{"prompt_tokens":31,"completion_tokens":9,"total_tokens":40}}'
 [ ${#ANSWER} = 282 ] || { echo "bench: the answer is ${#ANSWER} bytes" >&2; exit 1; }
-nginx_conf() { # $1 dir, $2 server block
-    mkdir -p "$1/tmp"
-    cat >"$1/nginx.conf" <<EOF
-worker_processes 1;
-daemon off;
-master_process on;
-pid $1/nginx.pid;
-error_log $1/error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    keepalive_requests 1000000;
-    client_body_temp_path $1/tmp/body;
-    proxy_temp_path $1/tmp/proxy;
-    fastcgi_temp_path $1/tmp/fastcgi;
-    uwsgi_temp_path $1/tmp/uwsgi;
-    scgi_temp_path $1/tmp/scgi;
-    client_max_body_size 4m;
-    client_body_buffer_size 4m;
-$2
-}
-EOF
-}
-nginx_conf "$WORK/up" "    server {
+# bodies up to 1 MiB stay in memory (issue #21.3: the same work as sluice)
+NGX_BODY="    client_max_body_size 4m;
+    client_body_buffer_size 4m;"
+nginx_conf "$WORK/up" "$NGX_BODY
+    server {
         listen 127.0.0.1:$UP_PORT;
         location / {
             default_type application/json;
@@ -146,7 +127,8 @@ spawn taskset -c "$LOAD_CPU" "$NGINX_BIN" -p "$WORK/up/" -e "$WORK/up/error.log"
 wait_port "$UP_PORT" "$LAST"
 
 # ---- nginx as the proxy (the baseline): upstream keepalive, HTTP/1.1
-nginx_conf "$WORK/ngx" "    upstream model { server 127.0.0.1:$UP_PORT; keepalive 64; }
+nginx_conf "$WORK/ngx" "$NGX_BODY
+    upstream model { server 127.0.0.1:$UP_PORT; keepalive 64; }
     server {
         listen 127.0.0.1:$NGX_PORT;
         location / {
@@ -167,7 +149,8 @@ NGX_PIDS="$NGX_PID $(pgrep -P "$NGX_PID" | tr '\n' ' ')"
 if [ "$SSE" = 1 ]; then
     spawn taskset -c "$LOAD_CPU" "$ROOT/build/tools/bench_upstream" -l "127.0.0.1:$SSE_UP_PORT" -n 8
     wait_port "$SSE_UP_PORT" "$LAST"
-    nginx_conf "$WORK/ngx-sse" "    upstream model { server 127.0.0.1:$SSE_UP_PORT; keepalive 64; }
+    nginx_conf "$WORK/ngx-sse" "$NGX_BODY
+    upstream model { server 127.0.0.1:$SSE_UP_PORT; keepalive 64; }
     server {
         listen 127.0.0.1:$NGX_SSE_PORT;
         location / {
