@@ -21,6 +21,7 @@
 #include "gateway/gw_types.h"
 #include "gateway/gw_worker.h"
 #include "gateway/http1.h"
+#include "gateway/sb.h"
 #include "ratelimit/ratelimit.h"
 
 typedef struct gw_rl {
@@ -61,46 +62,47 @@ const rl_policy_t *gw_rl_policy(const gw_rt_t *rt)
     return rt->hook_state[gw_hook_index(&gw_hook_ratelimit)];
 }
 
-/* Appends a NUL-free literal; returns the new end. */
-static char *gw_rl_put(char *p, const char *s, size_t n)
+/* A signed number into b (sb.h has the unsigned one). */
+static void gw_rl_sb_i64(gw_sb_t *b, int64_t v)
 {
-    memcpy(p, s, n);
-    return p + n;
+    char d[24];
+    gw_sb_add(b, d, sl_i64toa(v, d));
 }
-#define GW_RL_PUT(p, lit) gw_rl_put((p), (lit), sizeof(lit) - 1)
 
 /* Built without snprintf: it runs for every answer's headers. */
 const char *gw_rl_duration(int64_t ms, char *buf, size_t n)
 {
-    char t[64], *p = t;
+    char t[64];
+    gw_sb_t b; /* at most ~40 bytes: never leaves t */
+    gw_sb_init(&b, t, sizeof(t));
     if (ms <= 0) {
-        p = GW_RL_PUT(p, "0s");
+        gw_sb_lit(&b, "0s");
     } else if (ms < 1000) {
-        p += sl_i64toa(ms, p);
-        p = GW_RL_PUT(p, "ms");
+        gw_rl_sb_i64(&b, ms);
+        gw_sb_lit(&b, "ms");
     } else {
         int64_t h = ms / 3600000, m = ms / 60000 % 60, s = ms / 1000 % 60, f = ms % 1000;
         if (h) {
-            p += sl_i64toa(h, p);
-            *p++ = 'h';
+            gw_rl_sb_i64(&b, h);
+            gw_sb_lit(&b, "h");
         }
         if (h || m) {
-            p += sl_i64toa(m, p);
-            *p++ = 'm';
+            gw_rl_sb_i64(&b, m);
+            gw_sb_lit(&b, "m");
         }
-        p += sl_i64toa(s, p);
+        gw_rl_sb_i64(&b, s);
         if (f) {
-            *p++ = '.';
-            *p++ = (char)('0' + f / 100);
-            *p++ = (char)('0' + f / 10 % 10);
-            *p++ = (char)('0' + f % 10);
-            while (p[-1] == '0') /* Go trims the fraction's zeros */
-                p--;
+            char frac[4] = {'.', (char)('0' + f / 100), (char)('0' + f / 10 % 10),
+                            (char)('0' + f % 10)};
+            size_t k = sizeof(frac);
+            while (frac[k - 1] == '0') /* Go trims the fraction's zeros */
+                k--;
+            gw_sb_add(&b, frac, k);
         }
-        *p++ = 's';
+        gw_sb_lit(&b, "s");
     }
     if (n) { /* as snprintf: truncated, always terminated */
-        size_t k = SL_MIN((size_t)(p - t), n - 1);
+        size_t k = SL_MIN(b.n, n - 1);
         memcpy(buf, t, k);
         buf[k] = '\0';
     }
@@ -134,22 +136,23 @@ int gw_rl_format_headers(const struct rl_decision *d, char *buf, size_t n)
         /* three names of at most 24 bytes, two numbers of at most 20 */
         if ((size_t)len + 3 * (24 + wl + 4) + 2 * 20 + rl >= n)
             return -1;
-        char *p = buf + len;
-        p = GW_RL_PUT(p, "x-ratelimit-limit-");
-        p = gw_rl_put(p, what, wl);
-        p = GW_RL_PUT(p, ": ");
-        p += sl_i64toa(d->limit_value, p);
-        p = GW_RL_PUT(p, "\r\nx-ratelimit-remaining-");
-        p = gw_rl_put(p, what, wl);
-        p = GW_RL_PUT(p, ": ");
-        p += sl_i64toa(SL_MAX(d->remaining, 0), p);
-        p = GW_RL_PUT(p, "\r\nx-ratelimit-reset-");
-        p = gw_rl_put(p, what, wl);
-        p = GW_RL_PUT(p, ": ");
-        p = gw_rl_put(p, reset, rl);
-        p = GW_RL_PUT(p, "\r\n");
-        *p = '\0';
-        len = (int)(p - buf);
+        gw_sb_t b; /* sized above: stays in buf */
+        gw_sb_init(&b, buf + len, n - (size_t)len);
+        gw_sb_lit(&b, "x-ratelimit-limit-");
+        gw_sb_add(&b, what, wl);
+        gw_sb_lit(&b, ": ");
+        gw_rl_sb_i64(&b, d->limit_value);
+        gw_sb_lit(&b, "\r\nx-ratelimit-remaining-");
+        gw_sb_add(&b, what, wl);
+        gw_sb_lit(&b, ": ");
+        gw_rl_sb_i64(&b, SL_MAX(d->remaining, 0));
+        gw_sb_lit(&b, "\r\nx-ratelimit-reset-");
+        gw_sb_add(&b, what, wl);
+        gw_sb_lit(&b, ": ");
+        gw_sb_add(&b, reset, rl);
+        gw_sb_lit(&b, "\r\n");
+        b.p[b.n] = '\0';
+        len += (int)b.n;
     }
     if (!d->allowed && d->retry_after_ms >= 0) {
         w = snprintf(buf + len, n - (size_t)len, "retry-after-ms: %lld\r\n",
