@@ -244,14 +244,19 @@ bool gw_hooks_want_events(const gw_req_t *r)
     return false;
 }
 
+/* Whether hook i reads this request's whole answer. */
+static bool gw_hooks_reads_body(const gw_req_t *r, size_t i)
+{
+    const gw_hook_t *hk = gw_hooks[i];
+    return (r->hooks.ran & (1u << i)) && (hk->on_body || hk->on_answer) && r->hooks.state[i] &&
+           (!hk->wants_body || hk->wants_body(r, r->hooks.state[i]));
+}
+
 bool gw_hooks_want_body(const gw_req_t *r)
 {
-    for (size_t i = 0; i < gw_nhooks; i++) {
-        const gw_hook_t *hk = gw_hooks[i];
-        if ((r->hooks.ran & (1u << i)) && (hk->on_body || hk->on_answer) && r->hooks.state[i] &&
-            (!hk->wants_body || hk->wants_body(r, r->hooks.state[i])))
+    for (size_t i = 0; i < gw_nhooks; i++)
+        if (gw_hooks_reads_body(r, i))
             return true;
-    }
     return false;
 }
 
@@ -323,14 +328,6 @@ int gw_hooks_body(gw_req_t *r, json_t *body, bool *modified)
             return -1;
     }
     return 0;
-}
-
-/* Whether hook i reads this request's whole answer (gw_hooks_want_body). */
-static bool gw_hooks_reads_body(const gw_req_t *r, size_t i)
-{
-    const gw_hook_t *hk = gw_hooks[i];
-    return (r->hooks.ran & (1u << i)) && (hk->on_body || hk->on_answer) && r->hooks.state[i] &&
-           (!hk->wants_body || hk->wants_body(r, r->hooks.state[i]));
 }
 
 /* 0 done, 1 some hook needs the tree (nothing was done), -1 refused. */
