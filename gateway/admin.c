@@ -79,9 +79,10 @@ static json_t *gw_admin_server(const gw_pool_rt_t *p, gw_srv_rt_t *s, int64_t no
         json_pack("{s:s,s:f,s:i}", "state", fb_circuit_state_name(st), "open_remaining_seconds",
                   (double)fb_breaker_open_remaining_ms(s->breaker, now) / 1e3,
                   "consecutive_failures", fb_breaker_failures(s->breaker));
-    /* Idle pooled connections belong to each worker's loop and are not
-     * shared with this thread: only the in-flight count is. */
-    json_t *conns = json_pack("{s:i,s:i}", "active", atomic_load(&s->active), "idle", 0);
+    /* Both counts are kept across workers as atomics (the pools
+     * themselves belong to each worker's loop). */
+    json_t *conns =
+        json_pack("{s:i,s:i}", "active", atomic_load(&s->active), "idle", atomic_load(&s->idle));
     json_t *sup = p->sup ? json_pack("{s:b,s:I}", "up", gw_sup_healthy(p->sup), "restarts",
                                      (json_int_t)gw_sup_restarts(p->sup))
                          : json_null();

@@ -40,6 +40,7 @@ struct gw_srv_rt {
     int weight;
     struct fb_breaker *breaker; /* circuit breaker (kept across reloads) */
     _Atomic int active;         /* requests in flight, all workers */
+    _Atomic int idle;           /* pooled keep-alive connections, all workers */
     sl_mseries_t *m_conn_new, *m_conn_reused;
     sl_mseries_t *m_idle, *m_idle_closed; /* idle pooled now; closed for idleness */
 };

@@ -82,6 +82,16 @@ static gw_wsrv_t *gw_wsrv_of(gw_worker_t *w, const gw_srv_rt_t *srv)
     return NULL;
 }
 
+/* One pooled connection in or out of ws's idle list: the worker's own
+ * count (the pool cap), the server's across workers (GET /admin/state) and
+ * the pool's gauge. */
+static void gw_idle_count(gw_wsrv_t *ws, gw_srv_rt_t *srv, int delta)
+{
+    ws->nidle += (size_t)(ssize_t)delta;
+    atomic_fetch_add_explicit(&srv->idle, delta, memory_order_relaxed);
+    sl_gauge_add(srv->m_idle, delta);
+}
+
 void gw_upstream_log(const gw_srv_rt_t *srv, const char *cause, const char *fmt, ...)
 {
     if (sl_log_get_level() > SL_LOG_WARN)
@@ -228,8 +238,7 @@ void gw_upstream_close(gw_upconn_t *u)
         gw_wsrv_t *ws = gw_wsrv_of(w, u->srv);
         if (ws) {
             TAILQ_REMOVE(&ws->idle, u, link);
-            ws->nidle--;
-            sl_gauge_add(u->srv->m_idle, -1);
+            gw_idle_count(ws, u->srv, -1);
         }
     }
     if (u->bev) {
@@ -262,9 +271,8 @@ gw_upconn_t *gw_upstream_get(gw_worker_t *w, gw_srv_rt_t *srv, bool allow_reuse)
         gw_upconn_t *u = TAILQ_FIRST(&ws->idle);
         if (u && u->generation == w->rt->generation && u->srv == srv) {
             TAILQ_REMOVE(&ws->idle, u, link);
-            ws->nidle--;
+            gw_idle_count(ws, srv, -1);
             u->idle_since_ms = 0;
-            sl_gauge_add(srv->m_idle, -1);
             u->reused = true;
             u->nreq++;
             sl_counter_add(srv->m_conn_reused, 1);
@@ -352,8 +360,7 @@ void gw_upstream_release(gw_upconn_t *u, bool reusable)
     gw_http_parser_reset(u->parser); /* frees its head storage while idle */
     u->idle_since_ms = sl_now_ms();
     TAILQ_INSERT_HEAD(&ws->idle, u, link); /* LIFO: the warmest connection first */
-    ws->nidle++;
-    sl_gauge_add(srv->m_idle, 1);
+    gw_idle_count(ws, srv, 1);
     bufferevent_enable(u->bev, EV_READ);
 }
 
@@ -423,8 +430,7 @@ void gw_upstream_worker_reset(gw_worker_t *w)
         gw_upconn_t *u;
         while ((u = TAILQ_FIRST(&w->wsrv[i].idle)) != NULL) {
             TAILQ_REMOVE(&w->wsrv[i].idle, u, link);
-            w->wsrv[i].nidle--;
-            sl_gauge_add(u->srv->m_idle, -1);
+            gw_idle_count(&w->wsrv[i], u->srv, -1);
             u->idle_since_ms = 0; /* unlinked: close must not touch the list */
             gw_upstream_close(u);
         }

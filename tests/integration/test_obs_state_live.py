@@ -140,6 +140,33 @@ def test_admin_state_follows_a_breaker(two_servers):
     assert j2["uptime_seconds"] >= j["uptime_seconds"]
 
 
+@pytest.mark.timeout(60)
+def test_admin_state_counts_idle_pooled_connections(two_servers):
+    """connections.idle is each server's pooled keep-alive connections summed
+    over the workers: after sequential requests it equals the connections
+    the mock holds open (none are in flight), and a server that goes away
+    drops to 0 once its pooled connections see the close."""
+    s, a, b = two_servers
+    for i in range(8):
+        assert s.chat("idle %d" % i).status == 200
+
+    def open_conns(m):
+        return len([c for c in m.connections() if c["closed"] is None])
+
+    for m in (a, b):
+        def pooled(m=m):
+            sv = server(state(s), m.url)[1]
+            n = open_conns(m)
+            return n >= 1 and sv["connections"] == {"active": 0, "idle": n}
+
+        wait_until(pooled, bound(5), what="%s's idle count = its open connections" % m.url)
+    b.expect_dead = True
+    b.stop()
+    wait_until(lambda: server(state(s), b.url)[1]["connections"]["idle"] == 0, bound(5),
+               what="the stopped server's idle count back to 0")
+    assert server(state(s), a.url)[1]["connections"]["idle"] >= 1
+
+
 @pytest.mark.timeout(90)
 def test_status_page_served_and_shows_the_open_breaker(two_servers, tmp_path):
     s, a, b = two_servers
