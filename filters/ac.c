@@ -92,11 +92,11 @@ uint32_t flt_ac_step(const flt_ac_t *ac, uint32_t s, unsigned char c)
     return ac_step(ac, s, c);
 }
 
-bool flt_ac_ascii_clean(const flt_ac_t *ac, const unsigned char *s, size_t n)
+bool flt_ac_ascii_run(const flt_ac_t *ac, uint32_t *state, const unsigned char *s, size_t n)
 {
     /* one loop with the step inlined: this runs over every prompt and
      * answer text, most of which match nothing */
-    uint32_t st = FLT_AC_ROOT;
+    uint32_t st = *state;
     for (size_t i = 0; i < n; i++) {
         if (s[i] >= 0x80)
             return false;
@@ -104,7 +104,14 @@ bool flt_ac_ascii_clean(const flt_ac_t *ac, const unsigned char *s, size_t n)
         if (ac->out_rule[st] >= 0 || ac->out_link[st] >= 0)
             return false;
     }
+    *state = st;
     return true;
+}
+
+bool flt_ac_ascii_clean(const flt_ac_t *ac, const unsigned char *s, size_t n)
+{
+    uint32_t st = FLT_AC_ROOT;
+    return flt_ac_ascii_run(ac, &st, s, n);
 }
 
 unsigned flt_ac_depth(const flt_ac_t *ac, uint32_t state)
