@@ -373,7 +373,8 @@ static gw_hook_rc_t gw_rl_on_request(gw_req_t *r, void **state)
         }
         return GW_HOOK_NEXT;
     }
-    gw_rl_client_ip(r);
+    if (!r->user[0])
+        gw_rl_client_ip(r); /* the limiter keys by address only without a user */
     rl_request_t q = {
         .policy = gw_rl_policy(r->rt),
         .user = r->user[0] ? r->user : NULL,
