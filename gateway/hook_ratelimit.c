@@ -412,8 +412,10 @@ static void gw_rl_on_headers(gw_req_t *r, void *state, struct evbuffer *out)
     (void)r;
     gw_rl_t *s = state;
     char hdrs[512];
-    if (s && s->d.limit != RL_LIMIT_NONE && gw_rl_format_headers(&s->d, hdrs, sizeof(hdrs)) > 0)
-        evbuffer_add(out, hdrs, strlen(hdrs));
+    int n;
+    if (s && s->d.limit != RL_LIMIT_NONE &&
+        (n = gw_rl_format_headers(&s->d, hdrs, sizeof(hdrs))) > 0)
+        evbuffer_add(out, hdrs, (size_t)n);
 }
 
 static gw_ev_rc_t gw_rl_on_event(gw_req_t *r, void *state, const char *data, size_t len,
