@@ -44,9 +44,10 @@ int flt_chan_init(flt_chan_t *c, const flt_ruleset_t *rs)
     c->block_rule = -1;
     size_t nre = chan_nregex(c);
     if (nre) {
-        c->md = pcre2_match_data_create(1, NULL);
+        /* the match data is made at the first search (chan_regex): most
+         * channels of a stream never run one (chan_feed_clean) */
         c->rstart = calloc(nre, sizeof *c->rstart);
-        if (!c->md || !c->rstart) {
+        if (!c->rstart) {
             flt_chan_fini(c);
             return -1;
         }
@@ -208,6 +209,8 @@ static flt_chan_rc_t chan_regex(flt_chan_t *c, bool final, size_t from)
             c->rstart[k] = fend;
             continue;
         }
+        if (c->rstart[k] < fend && !c->md && !(c->md = pcre2_match_data_create(1, NULL)))
+            return FLT_CHAN_ERR;
         while (c->rstart[k] < fend) {
             size_t off = c->rstart[k] - c->fstart;
             int rc = pcre2_match(r->code, c->fb, c->flen, off, opts, c->md, rs->mctx);
