@@ -686,11 +686,14 @@ static void stream_tpl_keep(flt_stream_t *st, const char *data, size_t n, bool u
         st->evc[0].logprobs || n > FLT_TPL_MAX)
         return;
     if (n > st->tpl_cap) {
-        char *t = realloc(st->tpl, FLT_TPL_MAX);
+        /* a usual delta fits 512 bytes, which malloc serves from its
+         * per-thread cache; 4 KiB (the most kept) it does not */
+        size_t cap = n <= 512 ? 512 : FLT_TPL_MAX;
+        char *t = realloc(st->tpl, cap);
         if (!t)
             return; /* only a cost: the next event is parsed whole */
         st->tpl = t;
-        st->tpl_cap = FLT_TPL_MAX;
+        st->tpl_cap = cap;
     }
     memcpy(st->tpl, data, n);
     st->tpl_len = n;
