@@ -31,9 +31,19 @@ struct flt_ac {
                           included) that has children: the live partial match */
     unsigned char *label;
     uint32_t *dense; /* ndense rows of 256: complete transitions (failure
-                        links folded in) of the shallowest nodes */
+                        links folded in, ASCII case too) of the shallowest
+                        nodes, with the AC_D_* flags in the high bits */
     size_t ndense;
 };
+
+/* Flags of a dense entry, so that a scan for "any word, any non-ASCII?"
+ * (flt_ac_ascii_run, over every prompt and answer) costs one load and one
+ * test per byte: the target state has a word ending in it (its own or on
+ * its dictionary-suffix chain), or the byte is not ASCII. Node ids stay
+ * below them (flt_ac_new refuses more nodes). */
+#define AC_D_OUT   0x80000000u
+#define AC_D_HIGH  0x40000000u
+#define AC_D_STATE 0x3fffffffu
 
 /* Nodes 0..FLT_AC_DENSE-1 (the shallowest, as ids are breadth-first) get a
  * full transition row: that is where text spends most steps, and a row
@@ -77,7 +87,7 @@ static inline uint32_t ac_step(const flt_ac_t *ac, uint32_t s, unsigned char c)
     c = flt_lower[c];
     for (;;) {
         if (s < ac->ndense)
-            return ac->dense[(size_t)s << 8 | c];
+            return ac->dense[(size_t)s << 8 | c] & AC_D_STATE;
         uint32_t t = ac_child(ac, s, c);
         if (t)
             return t;
@@ -92,19 +102,33 @@ uint32_t flt_ac_step(const flt_ac_t *ac, uint32_t s, unsigned char c)
     return ac_step(ac, s, c);
 }
 
-bool flt_ac_ascii_clean(const flt_ac_t *ac, const unsigned char *s, size_t n)
+bool flt_ac_ascii_run(const flt_ac_t *ac, uint32_t *state, const unsigned char *s, size_t n)
 {
     /* one loop with the step inlined: this runs over every prompt and
      * answer text, most of which match nothing */
-    uint32_t st = FLT_AC_ROOT;
+    uint32_t st = *state;
     for (size_t i = 0; i < n; i++) {
+        if (st < ac->ndense) {
+            uint32_t x = ac->dense[(size_t)st << 8 | s[i]];
+            if (x & (AC_D_OUT | AC_D_HIGH))
+                return false;
+            st = x;
+            continue;
+        }
         if (s[i] >= 0x80)
             return false;
         st = ac_step(ac, st, s[i]);
         if (ac->out_rule[st] >= 0 || ac->out_link[st] >= 0)
             return false;
     }
+    *state = st;
     return true;
+}
+
+bool flt_ac_ascii_clean(const flt_ac_t *ac, const unsigned char *s, size_t n)
+{
+    uint32_t st = FLT_AC_ROOT;
+    return flt_ac_ascii_run(ac, &st, s, n);
 }
 
 unsigned flt_ac_depth(const flt_ac_t *ac, uint32_t state)
@@ -239,7 +263,7 @@ flt_ac_t *flt_ac_new(flt_ac_word_t *words, size_t n)
             return NULL;
         cap += words[i].len;
     }
-    if (cap > UINT32_MAX - 2)
+    if (cap > AC_D_STATE - 2) /* ids must stay clear of the dense flags */
         return NULL;
     if (n)
         qsort(words, n, sizeof *words, ac_word_cmp);
@@ -300,9 +324,15 @@ flt_ac_t *flt_ac_new(flt_ac_word_t *words, size_t n)
         goto fail;
     for (size_t u = 0; u < nd; u++) {
         for (unsigned c = 0; c < 256; c++) {
-            uint32_t next = ac_child(ac, (uint32_t)u, (unsigned char)c);
-            if (!next && u)
-                next = ac->dense[(size_t)ac->fail[u] << 8 | c]; /* fail[u] < u */
+            /* ac_step lowers the byte before this lookup; the ascii run
+             * does not: both see the same state */
+            uint32_t next = ac_child(ac, (uint32_t)u, flt_lower[c]);
+            if (!next && u) /* fail[u] < u: its row is done */
+                next = ac->dense[(size_t)ac->fail[u] << 8 | c] & AC_D_STATE;
+            if (ac->out_rule[next] >= 0 || ac->out_link[next] >= 0)
+                next |= AC_D_OUT;
+            if (c >= 0x80)
+                next |= AC_D_HIGH;
             ac->dense[u << 8 | c] = next;
         }
     }

@@ -48,7 +48,8 @@ typedef struct flt_anc {
     size_t ls, le; /* logprobs' value (has_lp; not null) */
     bool has_text, has_finish, has_lp;
     unsigned seen, mseen; /* keys met in the choice / its message */
-    size_t doff, dlen;    /* decoded text in the scratch buffer */
+    const char *dp;       /* decoded text: in the answer (no escape) or NULL */
+    size_t doff, dlen;    /* ... else at doff in the scratch buffer */
 } flt_anc_t;
 
 typedef struct flt_anp {
@@ -62,8 +63,9 @@ typedef struct flt_anp {
     flt_ank_t key;
     size_t key_end;
     bool root_choices, bad, oom;
-    flt_anc_t *c;
+    flt_anc_t *c; /* in one[] until an answer has more choices */
     size_t nc, cap;
+    flt_anc_t one[2];
 } flt_anp_t;
 
 static flt_anc_t *anp_choice(flt_anp_t *p)
@@ -114,12 +116,14 @@ static int anp_value(flt_anp_t *p, flt_anv_t t)
     case ANL_CHOICES:
         if (t == ANV_MAP) {
             if (p->nc == p->cap) {
-                size_t cap = p->cap ? p->cap * 2 : 4;
-                flt_anc_t *v = realloc(p->c, cap * sizeof *v);
+                size_t cap = p->cap * 2;
+                flt_anc_t *v = realloc(p->c == p->one ? NULL : p->c, cap * sizeof *v);
                 if (!v) {
                     p->oom = true;
                     return 0;
                 }
+                if (p->c == p->one)
+                    memcpy(v, p->one, sizeof p->one);
                 p->c = v;
                 p->cap = cap;
             }
@@ -335,9 +339,9 @@ static int ans_splice(flt_ans_t *a, const char *data, size_t n, char **out, size
     return 0;
 }
 
-/* The decoded text of each choice into dec (offsets in the choices): the
- * bytes between the quotes when there is no backslash, else jansson's own
- * decoding of that one string. 1: text the tree path would judge (refuse)
+/* The decoded text of each choice: the bytes between the quotes when there
+ * is no backslash (read in place, no copy), else jansson's own decoding of
+ * that one string into dec. 1: text the tree path would judge (refuse)
  * differently, -1 out of memory. */
 static int ans_decode(flt_anp_t *p, sl_buf_t *dec)
 {
@@ -351,20 +355,20 @@ static int ans_decode(flt_anp_t *p, sl_buf_t *dec)
         if (!memchr(t, '\\', tn)) {
             if (!flt_utf8_valid(t, tn))
                 return 1;
-            if (sl_buf_add(dec, t, tn) != 0)
-                return -1;
-        } else {
-            /* flags 0, as the answer's own parse: a \u0000 is refused */
-            json_t *j = json_loadb(p->data + c->ts, c->te - c->ts, JSON_DECODE_ANY, NULL);
-            if (!json_is_string(j)) {
-                json_decref(j);
-                return 1;
-            }
-            int rc = sl_buf_add(dec, json_string_value(j), json_string_length(j));
-            json_decref(j);
-            if (rc != 0)
-                return -1;
+            c->dp = t;
+            c->dlen = tn;
+            continue;
         }
+        /* flags 0, as the answer's own parse: a \u0000 is refused */
+        json_t *j = json_loadb(p->data + c->ts, c->te - c->ts, JSON_DECODE_ANY, NULL);
+        if (!json_is_string(j)) {
+            json_decref(j);
+            return 1;
+        }
+        int rc = sl_buf_add(dec, json_string_value(j), json_string_length(j));
+        json_decref(j);
+        if (rc != 0)
+            return -1;
         c->dlen = dec->len - c->doff;
     }
     return 0;
@@ -382,7 +386,7 @@ static flt_ans_rc_t ans_rules(flt_ruleset_t *rs, flt_anp_t *p, const sl_buf_t *d
         const flt_anc_t *c = &p->c[i];
         if (!c->has_text)
             continue;
-        const char *t = dec->p ? dec->p + c->doff : "";
+        const char *t = c->dp ? c->dp : dec->p ? dec->p + c->doff : "";
         if (flt_text_clean(rs, t, c->dlen))
             continue; /* no copy of a text that stays as it is */
         b.len = 0;
@@ -427,6 +431,8 @@ flt_ans_rc_t flt_response_filter_bytes(flt_ruleset_t *rs, const char *data, size
     if (!flt_ruleset_filters_output(rs))
         return FLT_ANS_SAME;
     flt_anp_t p = {.data = data, .n = n};
+    p.c = p.one;
+    p.cap = SL_ARRAY_LEN(p.one);
     sl_yheap_t ya;
     yajl_alloc_funcs yaf = sl_yheap_funcs(&ya);
     p.h = yajl_alloc(&flt_anp_cb, &yaf, &p);
@@ -449,7 +455,8 @@ flt_ans_rc_t flt_response_filter_bytes(flt_ruleset_t *rs, const char *data, size
         if (ret == FLT_ANS_EDITED && ans_splice(&a, data, n, out, outlen) != 0)
             ret = FLT_ANS_ERROR;
     }
-    free(p.c);
+    if (p.c != p.one)
+        free(p.c);
     free(a.ed);
     sl_buf_free(&a.enc);
     sl_buf_free(&dec);

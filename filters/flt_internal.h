@@ -69,6 +69,10 @@ uint32_t flt_ac_step(const flt_ac_t *ac, uint32_t state, unsigned char c);
 /* Whether s[0..n) is ASCII and no word ends anywhere in it, from the root
  * (false at the first byte >= 0x80 or the first word's end). */
 bool flt_ac_ascii_clean(const flt_ac_t *ac, const unsigned char *s, size_t n);
+/* The same from *state (a channel's): true, with *state the state after
+ * s, when s is ASCII and no word ends in it; false (state untouched) at the
+ * first byte >= 0x80 or word end. */
+bool flt_ac_ascii_run(const flt_ac_t *ac, uint32_t *state, const unsigned char *s, size_t n);
 /* Length of the longest suffix of the text so far that is a proper prefix
  * of some word (a match that needs more text): no match still to come can
  * start earlier than this many bytes back. */
@@ -152,6 +156,7 @@ typedef struct flt_chan {
     bool unbounded; /* whole text at once: no holdback_max */
     /* counts, for results and tests */
     unsigned nmask, nlog, nlimit, nforced;
+    unsigned nclean; /* pieces released whole without the windows (chan_feed_clean) */
 } flt_chan_t;
 
 int flt_chan_init(flt_chan_t *c, const flt_ruleset_t *rs) SL_WUR;

@@ -30,6 +30,8 @@
 
 #include "filters/flt_internal.h"
 
+static bool scan_ascii(const unsigned char *u, size_t n);
+
 static size_t chan_nregex(const flt_chan_t *c)
 {
     return c->rs->nrules - c->rs->first_regex;
@@ -42,9 +44,10 @@ int flt_chan_init(flt_chan_t *c, const flt_ruleset_t *rs)
     c->block_rule = -1;
     size_t nre = chan_nregex(c);
     if (nre) {
-        c->md = pcre2_match_data_create(1, NULL);
+        /* the match data is made at the first search (chan_regex): most
+         * channels of a stream never run one (chan_feed_clean) */
         c->rstart = calloc(nre, sizeof *c->rstart);
-        if (!c->md || !c->rstart) {
+        if (!c->rstart) {
             flt_chan_fini(c);
             return -1;
         }
@@ -206,6 +209,8 @@ static flt_chan_rc_t chan_regex(flt_chan_t *c, bool final, size_t from)
             c->rstart[k] = fend;
             continue;
         }
+        if (c->rstart[k] < fend && !c->md && !(c->md = pcre2_match_data_create(1, NULL)))
+            return FLT_CHAN_ERR;
         while (c->rstart[k] < fend) {
             size_t off = c->rstart[k] - c->fstart;
             int rc = pcre2_match(r->code, c->fb, c->flen, off, opts, c->md, rs->mctx);
@@ -347,6 +352,80 @@ static int chan_release(flt_chan_t *c, bool final, sl_buf_t *out)
     return 0;
 }
 
+/* Room in the folded window for n more bytes. */
+static int chan_fgrow(flt_chan_t *c, size_t n)
+{
+    if (c->flen + n <= c->fcap)
+        return 0;
+    size_t cap = c->fcap ? c->fcap : 256;
+    while (cap < c->flen + n)
+        cap *= 2;
+    unsigned char *p = realloc(c->fb, cap);
+    if (!p)
+        return -1;
+    c->fb = p;
+    size_t *m = realloc(c->fmap, cap * sizeof *m);
+    if (!m)
+        return -1;
+    c->fmap = m;
+    c->fcap = cap;
+    return 0;
+}
+
+/* The usual streamed delta: nothing held, nothing pending, ASCII text in
+ * which no word ends, that leaves no partial word and that no regex can
+ * start in. Such text is released whole, straight from the caller's
+ * bytes, and the channel is left as the full path would leave it: empty
+ * original window, every offset at the end, and in the folded window only
+ * the regexes' lookbehind history (ASCII folds to itself, byte for byte).
+ * The full path's copies, per-byte fold map and release steps were most of
+ * a delta event's filter cost. false: nothing changed, take the full path. */
+static bool chan_feed_clean(flt_chan_t *c, const char *s, size_t n, sl_buf_t *out, bool *err)
+{
+    const flt_ruleset_t *rs = c->rs;
+    size_t nre = chan_nregex(c), fend = chan_fend(c);
+    if (c->olen || c->nrg || c->femit != fend || c->mask_until > c->ostart)
+        return false;
+    for (size_t k = 0; k < nre; k++)
+        if (c->rstart[k] < fend)
+            return false; /* a regex still has text to look at */
+    const unsigned char *u = (const unsigned char *)s;
+    uint32_t st = c->ac;
+    if (rs->ac ? !flt_ac_ascii_run(rs->ac, &st, u, n) || flt_ac_depth(rs->ac, st)
+               : !scan_ascii(u, n))
+        return false;
+    size_t nw = (nre + 63) / 64;
+    for (size_t i = 0; nw && i < n; i++)
+        for (size_t w = 0; w < nw; w++)
+            if (rs->re_start[u[i]][w])
+                return false; /* a byte some regex may start with */
+    /* the history the regexes may look behind at: at most rs->history of
+     * the piece's last bytes join the window (chan_trim cuts the rest) */
+    size_t tail = nre ? SL_MIN(n, rs->history) : 0;
+    if (sl_buf_add(out, s, n) != 0 || chan_fgrow(c, tail) != 0) {
+        *err = true;
+        return true;
+    }
+    size_t skip = n - tail;
+    if (skip || !c->flen) { /* the piece alone fills the history (or none is kept) */
+        c->fstart = fend + skip;
+        c->flen = 0;
+    }
+    for (size_t i = 0; i < tail; i++) {
+        c->fb[c->flen] = u[skip + i];
+        c->fmap[c->flen] = c->ostart + skip + i;
+        c->flen++;
+    }
+    c->ac = st;
+    c->ostart += n;
+    c->femit = fend + n;
+    for (size_t k = 0; k < nre; k++)
+        c->rstart[k] = fend + n;
+    chan_trim(c);
+    c->nclean++;
+    return true;
+}
+
 flt_chan_rc_t flt_chan_feed(flt_chan_t *c, const char *s, size_t n, sl_buf_t *out)
 {
     if (c->block_rule >= 0)
@@ -355,6 +434,9 @@ flt_chan_rc_t flt_chan_feed(flt_chan_t *c, const char *s, size_t n, sl_buf_t *ou
         return FLT_CHAN_ERR;
     if (n == 0)
         return FLT_CHAN_OK;
+    bool err = false;
+    if (chan_feed_clean(c, s, n, out, &err))
+        return err ? FLT_CHAN_ERR : FLT_CHAN_OK;
     if (!flt_utf8_valid(s, n))
         return FLT_CHAN_ERR;
     size_t from = chan_fend(c);

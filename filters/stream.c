@@ -622,11 +622,30 @@ static const yajl_callbacks flt_tpl_cb = {
     .yajl_end_array = tpl_no,
 };
 
+/* Whether the bytes between the quotes are a string yajl certainly takes
+ * as one token ending at the closing quote: no quote, backslash or control
+ * character, and UTF-8 that flt_utf8_valid (stricter than yajl's check)
+ * accepts. Most deltas are such a string; checking them costs a pass over a
+ * few bytes instead of a parser handle. Anything else asks yajl. */
+static bool tpl_plain_string(const char *s, size_t n)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    bool ascii = true;
+    for (size_t i = 0; i < n; i++) {
+        if (u[i] < 0x20 || u[i] == '"' || u[i] == '\\')
+            return false;
+        ascii = ascii && u[i] < 0x80;
+    }
+    return ascii || flt_utf8_valid(s, n);
+}
+
 /* Whether s[0..n) is exactly one JSON string token, as yajl reads it. */
 static bool tpl_one_string(const char *s, size_t n)
 {
     if (n < 2 || s[0] != '"' || s[n - 1] != '"')
         return false;
+    if (tpl_plain_string(s + 1, n - 2))
+        return true;
     flt_tpl_p_t p = {0};
     sl_yheap_t ya;
     yajl_alloc_funcs yaf = sl_yheap_funcs(&ya);
@@ -667,11 +686,14 @@ static void stream_tpl_keep(flt_stream_t *st, const char *data, size_t n, bool u
         st->evc[0].logprobs || n > FLT_TPL_MAX)
         return;
     if (n > st->tpl_cap) {
-        char *t = realloc(st->tpl, FLT_TPL_MAX);
+        /* a usual delta fits 512 bytes, which malloc serves from its
+         * per-thread cache; 4 KiB (the most kept) it does not */
+        size_t cap = n <= 512 ? 512 : FLT_TPL_MAX;
+        char *t = realloc(st->tpl, cap);
         if (!t)
             return; /* only a cost: the next event is parsed whole */
         st->tpl = t;
-        st->tpl_cap = FLT_TPL_MAX;
+        st->tpl_cap = cap;
     }
     memcpy(st->tpl, data, n);
     st->tpl_len = n;

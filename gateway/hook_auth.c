@@ -69,11 +69,18 @@ static bool gw_auth_result(gw_req_t *r, const auth_result_t *res)
     return true;
 }
 
+/* The state of a request waiting for Redis (the only one that has any). */
+static gw_auth_t *gw_auth_state(gw_req_t *r)
+{
+    return r->hooks.state[gw_hook_index(&gw_hook_auth)];
+}
+
 static void gw_auth_checked(void *arg, const auth_result_t *res)
 {
-    gw_auth_t *s = arg;
-    gw_req_t *r = s->r;
-    s->pending = NULL;
+    gw_req_t *r = arg;
+    gw_auth_t *s = gw_auth_state(r);
+    if (s)
+        s->pending = NULL;
     if (res->reason != AUTH_OK) {
         /* Answering ends the request and frees s: leave the chain first. */
         gw_hook_resume(r, GW_HOOK_DONE);
@@ -96,13 +103,6 @@ static gw_hook_rc_t gw_auth_on_request(gw_req_t *r, void **state)
     const auth_t *a = r->rt->auth;
     if (!a)
         return GW_HOOK_NEXT; /* auth is off (no keys configured) */
-    gw_auth_t *s = calloc(1, sizeof(*s));
-    if (!s) {
-        gw_respond_oom(r);
-        return GW_HOOK_DONE;
-    }
-    s->r = r;
-    *state = s;
     const gw_http_msg_t *m = gw_http_msg(r->c->parser);
     auth_request_t q;
     memset(&q, 0, sizeof(q));
@@ -117,9 +117,22 @@ static gw_hook_rc_t gw_auth_on_request(gw_req_t *r, void **state)
     q.body_len = evbuffer_get_length(r->body);
     q.body = q.body_len ? (const void *)evbuffer_pullup(r->body, -1) : (const void *)"";
     auth_result_t res;
-    switch (auth_check(a, r->c->w->redis, &q, sl_wall_s(), &res, gw_auth_checked, s, &s->pending)) {
-    case AUTH_PENDING:
+    auth_pending_t *pending = NULL;
+    switch (auth_check(a, r->c->w->redis, &q, sl_wall_s(), &res, gw_auth_checked, r, &pending)) {
+    case AUTH_PENDING: {
+        /* Only a request waiting for Redis needs state (to cancel the
+         * wait): the in-process checks answer at once, with no allocation. */
+        gw_auth_t *s = calloc(1, sizeof(*s));
+        if (!s) {
+            auth_pending_cancel(pending);
+            gw_respond_oom(r);
+            return GW_HOOK_DONE;
+        }
+        s->r = r;
+        s->pending = pending;
+        *state = s;
         return GW_HOOK_PENDING;
+    }
     default:
         return gw_auth_result(r, &res) ? GW_HOOK_NEXT : GW_HOOK_DONE;
     }

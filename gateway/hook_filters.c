@@ -24,6 +24,11 @@ typedef struct gw_flt {
     gw_flt_resp_t *resp;  /* a Responses API stream (flt_responses.c) */
 } gw_flt_t;
 
+/* The state of every non-streamed request with answer rules: nothing of
+ * its own to hold, so one shared, never-written instance (no allocation per
+ * request); on_end leaves it alone. */
+static gw_flt_t gw_flt_body_only = {.body = true};
+
 static gw_hook_rc_t gw_flt_on_request(gw_req_t *r, void **state)
 {
     flt_ruleset_t *rs = r->rt->filters;
@@ -67,21 +72,21 @@ static gw_hook_rc_t gw_flt_on_request(gw_req_t *r, void **state)
     if (!flt_ruleset_filters_output(rs) ||
         flt_ruleset_word_count(rs) + flt_ruleset_regex_count(rs) == 0)
         return GW_HOOK_NEXT; /* nothing could match an answer: relay it untouched */
+    if (!r->stream) {
+        *state = &gw_flt_body_only;
+        return GW_HOOK_NEXT;
+    }
     gw_flt_t *s = calloc(1, sizeof(*s));
     if (!s) {
         gw_respond_oom(r);
         return GW_HOOK_DONE;
     }
     *state = s;
-    if (r->stream) {
-        s->stream = flt_stream_new(rs);
-        s->resp = resp ? gw_flt_resp_new() : NULL;
-        if (!s->stream || (resp && !s->resp)) {
-            gw_respond_oom(r);
-            return GW_HOOK_DONE;
-        }
-    } else {
-        s->body = true;
+    s->stream = flt_stream_new(rs);
+    s->resp = resp ? gw_flt_resp_new() : NULL;
+    if (!s->stream || (resp && !s->resp)) {
+        gw_respond_oom(r);
+        return GW_HOOK_DONE;
     }
     return GW_HOOK_NEXT;
 }
@@ -170,7 +175,7 @@ static void gw_flt_on_end(gw_req_t *r, void *state, gw_end_t how)
     (void)r;
     (void)how;
     gw_flt_t *s = state;
-    if (!s)
+    if (!s || s == &gw_flt_body_only)
         return;
     flt_stream_free(s->stream);
     gw_flt_resp_free(s->resp);

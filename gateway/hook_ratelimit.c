@@ -373,7 +373,8 @@ static gw_hook_rc_t gw_rl_on_request(gw_req_t *r, void **state)
         }
         return GW_HOOK_NEXT;
     }
-    gw_rl_client_ip(r);
+    if (!r->user[0])
+        gw_rl_client_ip(r); /* the limiter keys by address only without a user */
     rl_request_t q = {
         .policy = gw_rl_policy(r->rt),
         .user = r->user[0] ? r->user : NULL,
@@ -411,8 +412,10 @@ static void gw_rl_on_headers(gw_req_t *r, void *state, struct evbuffer *out)
     (void)r;
     gw_rl_t *s = state;
     char hdrs[512];
-    if (s && s->d.limit != RL_LIMIT_NONE && gw_rl_format_headers(&s->d, hdrs, sizeof(hdrs)) > 0)
-        evbuffer_add(out, hdrs, strlen(hdrs));
+    int n;
+    if (s && s->d.limit != RL_LIMIT_NONE &&
+        (n = gw_rl_format_headers(&s->d, hdrs, sizeof(hdrs))) > 0)
+        evbuffer_add(out, hdrs, (size_t)n);
 }
 
 static gw_ev_rc_t gw_rl_on_event(gw_req_t *r, void *state, const char *data, size_t len,

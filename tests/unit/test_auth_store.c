@@ -406,6 +406,30 @@ static void test_token_cache(void **state)
     auth_tcache_free(c);
     auth_tcache_free(NULL);
 
+    /* The hash reads a token's tail (its signature): tokens that differ
+     * only before it share a hash, and are still two entries, each found
+     * by its own bytes only. */
+    c = auth_tcache_new(64);
+    const char *tail = "0123456789abcdefghijABCDEFGHIJ-_"; /* 32 bytes */
+    char ta[80], tb[80], tc[80];
+    snprintf(ta, sizeof(ta), "eyJhead-a.payload-a.%s", tail);
+    snprintf(tb, sizeof(tb), "eyJhead-b.payload-b.%s", tail);
+    snprintf(tc, sizeof(tc), "eyJhead-c.payload-c.%s", tail);
+    unsigned ha = auth_tcache_hash(ta, strlen(ta));
+    assert_int_equal(ha, auth_tcache_hash(tb, strlen(tb)));
+    assert_int_not_equal(ha, auth_tcache_hash(ta, strlen(ta) - 1));
+    snprintf(v.claims.sub, sizeof(v.claims.sub), "a");
+    auth_tcache_put(c, ta, strlen(ta), ha, &v, 1000, 10);
+    snprintf(v.claims.sub, sizeof(v.claims.sub), "b");
+    auth_tcache_put(c, tb, strlen(tb), ha, &v, 1000, 10);
+    assert_int_equal(auth_tcache_count(c), 2);
+    assert_true(auth_tcache_get(c, ta, strlen(ta), ha, 10, &out));
+    assert_string_equal(out.claims.sub, "a");
+    assert_true(auth_tcache_get(c, tb, strlen(tb), ha, 10, &out));
+    assert_string_equal(out.claims.sub, "b");
+    assert_false(auth_tcache_get(c, tc, strlen(tc), ha, 10, &out));
+    auth_tcache_free(c);
+
     /* Through the request path. */
     tconf_t t;
     tconf_default(&t);

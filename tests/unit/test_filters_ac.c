@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <cmocka.h>
 
@@ -123,6 +124,59 @@ static void test_ac_against_naive(void **state)
     }
 }
 
+/* flt_ac_ascii_run / _clean (the dense rows' flags, ASCII case folded into
+ * them) against a naive search: enough words that the automaton has states
+ * past the dense rows, texts of mixed case with a stray non-ASCII byte now
+ * and then, and the state after a clean run matching flt_ac_step's. */
+static void test_ac_ascii_run_against_naive(void **state)
+{
+    (void)state;
+    srand(11);
+    enum { NW = 400 };
+    static char store[NW][10];
+    flt_ac_word_t w[NW];
+    for (size_t i = 0; i < NW; i++) {
+        size_t len = 3 + (size_t)(rand() % 6);
+        for (size_t j = 0; j < len; j++)
+            store[i][j] = (char)('a' + rand() % 6);
+        w[i] = (flt_ac_word_t){store[i], len, 0, FLT_ACTION_MASK};
+    }
+    flt_ac_t *ac = flt_ac_new(w, NW);
+    assert_non_null(ac);
+    assert_true(flt_ac_nodes(ac) > 1024); /* some states have no dense row */
+    unsigned clean = 0, dirty = 0;
+    for (int round = 0; round < 20000; round++) {
+        unsigned char text[24];
+        size_t n = (size_t)(rand() % (int)sizeof(text));
+        for (size_t i = 0; i < n; i++) {
+            int r = rand() % 40;
+            text[i] = r == 0 ? 0xC3 : (unsigned char)((r % 2 ? 'A' : 'a') + r % 7);
+        }
+        bool want = true;
+        for (size_t i = 0; i < n && want; i++)
+            want = text[i] < 0x80;
+        for (size_t k = 0; k < NW && want; k++)
+            for (size_t p = 0; p + w[k].len <= n && want; p++)
+                if (strncasecmp((const char *)text + p, w[k].s, w[k].len) == 0)
+                    want = false;
+        uint32_t st = FLT_AC_ROOT, walk = FLT_AC_ROOT;
+        bool got = flt_ac_ascii_run(ac, &st, text, n);
+        assert_int_equal(got, want);
+        assert_int_equal(flt_ac_ascii_clean(ac, text, n), want);
+        if (got) {
+            for (size_t i = 0; i < n; i++)
+                walk = flt_ac_step(ac, walk, text[i]);
+            assert_int_equal(st, walk);
+            clean++;
+        } else {
+            assert_int_equal(st, FLT_AC_ROOT); /* untouched */
+            dirty++;
+        }
+    }
+    assert_true(clean > 1000 && dirty > 1000);
+    flt_ac_free(ac);
+}
+
 static void test_ac_overlap_chinese(void **state)
 {
     (void)state;
@@ -211,6 +265,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_utf8_and_fold),
         cmocka_unit_test(test_ac_against_naive),
+        cmocka_unit_test(test_ac_ascii_run_against_naive),
         cmocka_unit_test(test_ac_overlap_chinese),
         cmocka_unit_test(test_load_100k_words),
     };

@@ -78,6 +78,10 @@ static const char *const same_as_tree[] = {
     "{\"choices\":[" CH("\"badword\"", "") ",1,null,{\"message\":\"x\"},{\"message\":{\"content\":["
                                            "\"evil\"]}}," CH("\"evil\"",
                                                              ",\"finish_reason\":\"s\"") "]}",
+    /* more choices than the reader keeps inline, texts read in place and
+     * decoded (escapes) side by side */
+    "{\"choices\":[" CH("\"fine\"", "") "," CH("\"bad\\u0077ord\"", "") "," CH(
+        "\"so evil\"", "") "," CH("\"ok \\\"evil\\\"\"", "") "," CH("\"calm\"", "") "]}",
     "{\"choices\":[]}",
     "{\"choices\":{\"message\":{\"content\":\"evil\"}}}",
     "{\"object\":\"list\",\"data\":[{\"content\":\"evil\"}]}",

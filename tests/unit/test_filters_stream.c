@@ -785,6 +785,67 @@ static void test_sse_random_events(void **state)
     flt_ruleset_unref(rs);
 }
 
+/* The clean-piece shortcut of flt_chan_feed (nothing held, ASCII, no word
+ * end, no partial word, no byte a regex may start with) against the same
+ * text filtered whole: random texts of word letters, digits of the phone
+ * regex and blanks, cut into random pieces. Both ways must be taken. */
+static void test_clean_pieces_same(void **state)
+{
+    (void)state;
+    tf_list_t l[1] = {{"forbidden\nxy\nyo\n", FLT_ACTION_MASK, "masked"}};
+    /* a lookbehind: the history kept across clean pieces must be the one
+     * the full path keeps ("q" released clean, then "z" looks behind) */
+    flt_conf_regex_t re[] = {{"phone", "1[3-9]\\d{9}", FLT_ACTION_MASK},
+                             {"qz", "(?<=qq)z", FLT_ACTION_MASK}};
+    char err[256] = "";
+    flt_ruleset_t *rs = tf_build(l, 1, re, 2, NULL, err, sizeof err);
+    if (!rs)
+        fail_msg("build: %s", err);
+    static const char alpha[] = "forbidenxy o 13892 Q... aaa ssss tttt, mmmm qqqz ";
+    uint32_t seed = 777;
+    unsigned clean = 0, full = 0;
+    for (int round = 0; round < 2000; round++) {
+        char text[96];
+        seed = seed * 1103515245u + 12345u;
+        size_t n = (seed >> 16) % (sizeof(text) - 1);
+        for (size_t i = 0; i < n; i++) {
+            seed = seed * 1103515245u + 12345u;
+            text[i] = alpha[(seed >> 16) % (sizeof(alpha) - 1)];
+        }
+        text[n] = '\0';
+        flt_chan_t c;
+        assert_int_equal(flt_chan_init(&c, rs), 0);
+        sl_buf_t got = {0};
+        size_t pos = 0;
+        while (pos < n) {
+            seed = seed * 1103515245u + 12345u;
+            size_t k = 1 + (seed >> 16) % 8;
+            if (k > n - pos)
+                k = n - pos;
+            unsigned before = c.nclean;
+            assert_int_equal(flt_chan_feed(&c, text + pos, k, &got), FLT_CHAN_OK);
+            if (c.nclean > before)
+                clean++;
+            else
+                full++;
+            pos += k;
+        }
+        assert_int_equal(flt_chan_finish(&c, &got), FLT_CHAN_OK);
+        flt_chan_fini(&c);
+        sl_buf_t whole = {0};
+        assert_int_equal(flt_text_filter(rs, text, n, &whole), FLT_CHAN_OK);
+        if (got.len != whole.len || memcmp(got.p ? got.p : "", whole.p ? whole.p : "", got.len))
+            fail_msg("\"%s\": pieces gave \"%.*s\", whole \"%.*s\"", text, (int)got.len,
+                     got.p ? got.p : "", (int)whole.len, whole.p ? whole.p : "");
+        sl_buf_free(&got);
+        sl_buf_free(&whole);
+    }
+    print_message("clean pieces %u, full %u\n", clean, full);
+    assert_true(clean > 1000);
+    assert_true(full > 1000);
+    flt_ruleset_unref(rs);
+}
+
 static void test_stream_text_api(void **state)
 {
     (void)state;
@@ -972,6 +1033,7 @@ int main(void)
         cmocka_unit_test(test_sse_completions_shape),
         cmocka_unit_test(test_sse_random_events),
         cmocka_unit_test(test_sse_template_same),
+        cmocka_unit_test(test_clean_pieces_same),
         cmocka_unit_test(test_stream_text_api),
         cmocka_unit_test(test_responses_delta_splice),
         cmocka_unit_test(test_response_whole),
