@@ -97,5 +97,9 @@ int gw_worker_post(gw_worker_t *w, void (*fn)(void *), void *arg);
 uint64_t gw_worker_rand(gw_worker_t *w);
 /* A connection closed: accepting may resume. */
 void gw_worker_conn_closed(gw_worker_t *w);
+/* Options set on a listening socket once instead of on each connection it
+ * accepts (TCP_NODELAY, which Linux copies to accepted sockets). 0 ok, -1
+ * if the socket refused one (not TCP). */
+int gw_worker_listen_prepare(int fd);
 
 #endif
