@@ -24,7 +24,9 @@
 # SCALE_NGINX (1: nginx as a proxy in part 2's rows, 0 to leave it out),
 # SCALE_PERF (0; 1: `perf stat -p` on each measured run, its counts per
 # request: syscalls by kind, context switches, page faults; the list is
-# SCALE_PERF_EVENTS),
+# SCALE_PERF_EVENTS), SCALE_PERF_DIR (a folder: `perf record` of each
+# steady window saved there as perf-NAME-cC-rR.data; SCALE_PERF_RECORD_OPTS
+# adds options, e.g. "--call-graph dwarf"),
 # BENCH_PROXY_CPU / BENCH_LOAD_CPU, BENCH_PORT_BASE, BENCH_KEEP=1.
 set -euo pipefail
 
@@ -44,6 +46,7 @@ PHASES=${SCALE_PHASES:-1 2 4}
 ROUNDS=${SCALE_ROUNDS:-1}
 WITH_NGINX=${SCALE_NGINX:-1}
 SCALE_PERF=${SCALE_PERF:-0}
+PERF_DIR=${SCALE_PERF_DIR:-}
 PERF_EVENTS=${SCALE_PERF_EVENTS:-raw_syscalls:sys_enter,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_epoll_ctl,syscalls:sys_enter_accept4,syscalls:sys_enter_close,syscalls:sys_enter_connect,syscalls:sys_enter_readv,syscalls:sys_enter_read,syscalls:sys_enter_writev,syscalls:sys_enter_write,syscalls:sys_enter_setsockopt,context-switches,page-faults}
 phase() { [[ " $PHASES " == *" $1 "* ]]; }
 
@@ -355,6 +358,12 @@ if phase 2; then
                         -- sleep "$DURATION" 2>/dev/null &
                     pp=$!
                 fi
+                rp=
+                if [ -n "$PERF_DIR" ]; then
+                    perf record -q -F 1999 ${SCALE_PERF_RECORD_OPTS:-} -o "$PERF_DIR/perf-$n-c$c-r$round.data" \
+                        -p "$pid" -- sleep "$DURATION" >/dev/null 2>&1 &
+                    rp=$!
+                fi
                 peak=0
                 t_end=$(($(date +%s%N) + DURATION * 1000000000))
                 while [ "$(date +%s%N)" -lt "$t_end" ]; do
@@ -370,6 +379,11 @@ if phase 2; then
                     sleep 0.2
                 done
                 wait "$wp" || true
+                if [ -n "$rp" ]; then
+                    wait "$rp" || true
+                    echo "    $n c=$c steady: $((q1 - q0)) requests; profile" \
+                        "$PERF_DIR/perf-$n-c$c-r$round.data"
+                fi
                 read -r u1 s1 < <(cpu_split "$pid")
                 o1=0
                 [ "$n" = nginx ] || o1=$(metric "${APORT[$n]}" "$NEWS")

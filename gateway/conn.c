@@ -62,8 +62,15 @@ static void gw_conn_arm_at(gw_conn_t *c, int64_t ms, int64_t now)
     c->deadline_ms = now + ms;
     if (c->armed_ms && c->armed_ms <= c->deadline_ms)
         return;
+    /* A configured duration goes to its common timeout (an O(1) queue, not
+     * the heap); what is left of one after an early fire is any number, so
+     * it takes the heap rather than a common timeout of its own. */
+    const conf_limits_t *l = &c->w->rt->conf->limits;
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
-    evtimer_add(c->timer, &tv);
+    if (ms == l->header_timeout_ms || ms == l->body_timeout_ms || ms == l->keepalive_timeout_ms)
+        evtimer_add(c->timer, gw_worker_timeout(c->w, ms, &tv));
+    else
+        evtimer_add(c->timer, &tv);
     c->armed_ms = c->deadline_ms;
 }
 
