@@ -3,12 +3,14 @@
 # connections grows (issues #16, #21.4-5). Prints:
 #   1. RSS per idle stream: nginx and each sluice binary, same run (1,000
 #      streams held open through the proxy, as in bench/run.sh).
-#   2. CPU per request and the share of requests that opened a new upstream
-#      connection at 32, 1,000 and 5,000 client connections (wrk -c; nginx
-#      `return 200` upstream), each binary with its DEFAULT keep-alive
-#      settings, binaries interleaved per step, each measured run right
-#      after a warm-up run at the same concurrency; the ratio to the 32
-#      figure.
+#   2. CPU per request (user and system) and the share of requests that
+#      opened a new upstream connection at 32, 1,000 and 5,000 client
+#      connections (wrk -c; nginx `return 200` upstream), each binary with
+#      its DEFAULT keep-alive settings, and nginx as a proxy beside them,
+#      interleaved per step, each measured run right after a warm-up run at
+#      the same concurrency; the ratio to the 32 figure, for the whole run
+#      (wrk's connects and closes included) and for its steady middle
+#      (every connection open).
 #   3. RSS before the peak (after the 32-connection run), at the peak (max
 #      sampled during the 5,000-connection run) and SCALE_SETTLE s after it.
 #   4. A 1M-word list loaded, then reloaded (SIGHUP) 4 times: RSS after each.
@@ -283,12 +285,13 @@ cpu_split() {
 
 # Requests the target served so far: sluice's request counter (every
 # series), nginx's stub_status.
+# Empty when it could not be read (then the steady figure is "n/a").
 served() {
     if [ "$1" = nginx ]; then
-        curl -s "http://127.0.0.1:$NGINX_PORT/nginx_status" | awk 'NR == 3 { print $3 }'
+        curl -s --max-time 2 "http://127.0.0.1:$NGINX_PORT/nginx_status" | awk 'NR == 3 { print $3 }'
     else
-        curl -s "http://127.0.0.1:${APORT[$1]}/metrics" |
-            awk '/^sluice_requests_total[{ ]/ { v += $NF } END { printf "%d\n", v }'
+        curl -s --max-time 2 "http://127.0.0.1:${APORT[$1]}/metrics" |
+            awk '/^sluice_requests_total[{ ]/ { v += $NF; n++ } END { if (n) printf "%d\n", v }'
     fi
 }
 
@@ -300,10 +303,11 @@ per_req() {
 }
 
 median() {
-    sort -g | awk '{ v[NR] = $1 }
-        END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+    grep -v '^n/a$' | sort -g | awk '{ v[NR] = $1 }
+        END { if (!NR) print "n/a"; else if (NR % 2) print v[(NR + 1) / 2]
+              else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
-range() { sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { print lo "-" hi }'; }
+range() { grep -v '^n/a$' | sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { print NR ? lo "-" hi : "n/a" }'; }
 
 if phase 2; then
     start_upstream
@@ -381,7 +385,7 @@ if phase 2; then
                 wait "$wp" || true
                 if [ -n "$rp" ]; then
                     wait "$rp" || true
-                    echo "    $n c=$c steady: $((q1 - q0)) requests; profile" \
+                    echo "    $n c=$c steady: $((${q1:-0} - ${q0:-0})) requests; profile" \
                         "$PERF_DIR/perf-$n-c$c-r$round.data"
                 fi
                 read -r u1 s1 < <(cpu_split "$pid")
@@ -392,7 +396,7 @@ if phase 2; then
                     # "name per request" for each counted event (steady
                     # window); the events each epoll_wait returned are not
                     # counted, only the waits.
-                    perfs=$(awk -F, -v r=$((q1 - q0)) '$3 != "" && $1 ~ /^[0-9.]+$/ {
+                    perfs=$(awk -F, -v r=$((${q1:-0} - ${q0:-0})) '$3 != "" && $1 ~ /^[0-9.]+$/ {
                         n = $3; sub(/^.*:sys_enter_/, "", n); sub(/^raw_syscalls:sys_enter/, "syscalls", n)
                         printf "%s %.3f, ", n, r ? $1 / r : 0 }' "$WORK/perf.out")
                     echo "    $n c=$c steady, per request: ${perfs%, }"
@@ -402,13 +406,25 @@ if phase 2; then
                 durus=$(sed 's/.*duration_us=\([0-9]*\).*/\1/' <<<"$line")
                 errs=$(sed 's/.*errors=\([0-9]*\) non2xx=\([0-9]*\).*/\1+\2/' <<<"$line")
                 read -r us uus sus < <(per_req $((u1 - u0)) $((s1 - s0)) "$reqs")
-                read -r st sut sst < <(per_req $((su1 - su0)) $((ss1 - ss0)) $((q1 - q0)))
+                # A counter that could not be read, or a window with a tenth
+                # of the run's rate or less (the read itself stalled): no
+                # steady figure rather than a wrong one.
+                if [ -n "$q0" ] && [ -n "$q1" ] && [ $((q1 - q0)) -gt 0 ] &&
+                    [ $((10 * (q1 - q0) * 2)) -gt "$reqs" ]; then
+                    read -r st sut sst < <(per_req $((su1 - su0)) $((ss1 - ss0)) $((q1 - q0)))
+                    steady_n=$((q1 - q0))
+                else
+                    st=n/a sut=n/a sst=n/a steady_n=n/a
+                fi
                 if [ "$c" = "$C0" ]; then
                     CPU0[$n]=$us
                     STEADY0[$n]=$st
                 fi
                 ratio=$(awk -v a="$us" -v b="${CPU0[$n]}" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }')
-                sratio=$(awk -v a="$st" -v b="${STEADY0[$n]}" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }')
+                sratio=n/a
+                if [ "$st" != n/a ] && [ "${STEADY0[$n]}" != n/a ]; then
+                    sratio=$(awk -v a="$st" -v b="${STEADY0[$n]}" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }')
+                fi
                 rps=$(awk -v r="$reqs" -v d="$durus" 'BEGIN { printf "%.0f", d ? r * 1e6 / d : 0 }')
                 echo "$n $c $us $uus $sus $ratio $st $sut $sst $sratio" >>"$WORK/rows"
                 if [ "$n" = nginx ]; then
@@ -418,7 +434,7 @@ if phase 2; then
                         'BEGIN { printf "%.1f", r ? 100 * o / r : 0 }')%"
                 fi
                 echo "  r$round $n c=$c: run: $reqs requests ($rps/s, errors $errs), CPU $us us/request" \
-                    "(user $uus, sys $sus; $ratio x c=$C0); steady: $((q1 - q0)) requests, CPU $st us/request" \
+                    "(user $uus, sys $sus; $ratio x c=$C0); steady: $steady_n requests, CPU $st us/request" \
                     "(user $sut, sys $sst; $sratio x c=$C0); new upstream connections $news," \
                     "RSS max $peak KiB [load $(cut -d' ' -f1 /proc/loadavg)]"
                 if [ "$round" = 1 ] && [ "$c" = "$C0" ]; then RSS_PRE[$n]=$(rss_kib "$pid"); fi
