@@ -288,9 +288,10 @@ cpu_split() {
 # Empty when it could not be read (then the steady figure is "n/a").
 served() {
     if [ "$1" = nginx ]; then
-        curl -s --max-time 2 "http://127.0.0.1:$NGINX_PORT/nginx_status" | awk 'NR == 3 { print $3 }'
+        { curl -s --max-time 5 "http://127.0.0.1:$NGINX_PORT/nginx_status" || true; } |
+            awk 'NR == 3 { print $3 }'
     else
-        curl -s --max-time 2 "http://127.0.0.1:${APORT[$1]}/metrics" |
+        { curl -s --max-time 5 "http://127.0.0.1:${APORT[$1]}/metrics" || true; } |
             awk '/^sluice_requests_total[{ ]/ { v += $NF; n++ } END { if (n) printf "%d\n", v }'
     fi
 }
