@@ -213,6 +213,9 @@ static void gw_req_kept_free(gw_req_t *r)
     free(r);
 }
 
+/* The largest body whose scanner a cached request struct keeps. */
+#define GW_REQ_SCAN_KEEP_MAX (16 * 1024)
+
 static void gw_req_cache_put(gw_worker_t *w, gw_req_t *r)
 {
     if (w->nreq_cache >= GW_REQ_CACHE_MAX) {
@@ -226,7 +229,13 @@ static void gw_req_cache_put(gw_worker_t *w, gw_req_t *r)
         evtimer_del(r->att.up_timer);
     /* The body scanner stays too (2.6 KiB and its string arena: two blocks
      * over glibc's tcache size, cold in its large bins with thousands of
-     * connections), reset for the next scan. */
+     * connections), reset for the next scan. Only after a small body: what
+     * it keeps (its newest arena chunk, grown arrays) is at most about the
+     * body's size, and a cached struct must stay small. */
+    if (r->scan && r->scan->len > GW_REQ_SCAN_KEEP_MAX) {
+        gw_body_scan_free(r->scan);
+        r->scan = NULL;
+    }
     if (r->scan) {
         gw_body_scan_free(r->scan_kept);
         gw_body_scan_reset(r->scan);
