@@ -62,8 +62,15 @@ static void gw_conn_arm_at(gw_conn_t *c, int64_t ms, int64_t now)
     c->deadline_ms = now + ms;
     if (c->armed_ms && c->armed_ms <= c->deadline_ms)
         return;
+    /* A configured duration goes to its common timeout (an O(1) queue, not
+     * the heap); what is left of one after an early fire is any number, so
+     * it takes the heap rather than a common timeout of its own. */
+    const conf_limits_t *l = &c->w->rt->conf->limits;
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
-    evtimer_add(c->timer, &tv);
+    if (ms == l->header_timeout_ms || ms == l->body_timeout_ms || ms == l->keepalive_timeout_ms)
+        evtimer_add(c->timer, gw_worker_timeout(c->w, ms, &tv));
+    else
+        evtimer_add(c->timer, &tv);
     c->armed_ms = c->deadline_ms;
 }
 
@@ -200,9 +207,14 @@ static void gw_req_kept_free(gw_req_t *r)
         evbuffer_free(r->resp_body);
     if (r->att.up_timer)
         event_free(r->att.up_timer);
+    gw_body_scan_free(r->scan);
+    gw_body_scan_free(r->scan_kept);
     gw_llm_req_free(r);
     free(r);
 }
+
+/* The largest body whose scanner a cached request struct keeps. */
+#define GW_REQ_SCAN_KEEP_MAX (16 * 1024)
 
 static void gw_req_cache_put(gw_worker_t *w, gw_req_t *r)
 {
@@ -215,6 +227,21 @@ static void gw_req_cache_put(gw_worker_t *w, gw_req_t *r)
         evbuffer_drain(r->resp_body, evbuffer_get_length(r->resp_body));
     if (r->att.up_timer)
         evtimer_del(r->att.up_timer);
+    /* The body scanner stays too (2.6 KiB and its string arena: two blocks
+     * over glibc's tcache size, cold in its large bins with thousands of
+     * connections), reset for the next scan. Only after a small body: what
+     * it keeps (its newest arena chunk, grown arrays) is at most about the
+     * body's size, and a cached struct must stay small. */
+    if (r->scan && r->scan->len > GW_REQ_SCAN_KEEP_MAX) {
+        gw_body_scan_free(r->scan);
+        r->scan = NULL;
+    }
+    if (r->scan) {
+        gw_body_scan_free(r->scan_kept);
+        gw_body_scan_reset(r->scan);
+        r->scan_kept = r->scan;
+        r->scan = NULL;
+    }
     w->req_cache[w->nreq_cache++] = r;
 }
 
@@ -233,7 +260,6 @@ static void gw_req_free(gw_req_t *r)
     gw_conn_t *c = r->c;
     if (r->json)
         json_decref(r->json);
-    gw_body_scan_free(r->scan);
     gw_body_blk_free(r->body_blk); /* a body cut short */
     r->body_blk = NULL;
     if (r->capture)
@@ -387,10 +413,12 @@ static gw_req_t *gw_req_new(gw_conn_t *c)
         struct evbuffer *resp_body = r->resp_body;
         struct event *up_timer = r->att.up_timer;
         char *tail = r->llm.tail;
+        struct gw_body_scan *scan_kept = r->scan_kept;
         memset(r, 0, sizeof(*r));
         r->resp_body = resp_body;
         r->att.up_timer = up_timer;
         r->llm.tail = tail;
+        r->scan_kept = scan_kept;
     } else {
         r = calloc(1, sizeof(*r));
         if (!r)

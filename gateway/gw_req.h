@@ -40,6 +40,8 @@ struct gw_req {
     struct evbuffer *body;     /* the client's body; reused for retries */
     json_t *json;              /* parsed body: gw_req_json() builds it on demand (gw_flow.h) */
     struct gw_body_scan *scan; /* the body's facts and edits (body_scan.h); NULL: tree only */
+    /* a cached struct's scanner, for its next request's scan (conn.c) */
+    struct gw_body_scan *scan_kept;
     const gw_model_rt_t *model;
     /* a large body's storage while it arrives (body_store.h, conn.c) */
     struct gw_body_blk *body_blk;

@@ -25,6 +25,8 @@ typedef struct gw_lslot {
 } gw_lslot_t;
 
 #define GW_REQ_CACHE_MAX 64
+/* Durations with a libevent common timeout per worker (gw_worker_timeout). */
+#define GW_WORKER_CTIMEOUTS 32
 
 struct gw_worker {
     gw_server_t *srv;
@@ -65,6 +67,12 @@ struct gw_worker {
     bool draining;
     int fd_reserve[4]; /* main: descriptors kept for the admin listener (-1: used) */
     uint64_t rng;
+    /* libevent common timeouts, one per duration in ms (gw_worker_timeout) */
+    struct {
+        int64_t ms;
+        const struct timeval *tv;
+    } ctimeouts[GW_WORKER_CTIMEOUTS];
+    size_t nctimeouts;
     /* deferred frees */
     void **reap;
     size_t nreap, capreap;
@@ -97,5 +105,17 @@ int gw_worker_post(gw_worker_t *w, void (*fn)(void *), void *arg);
 uint64_t gw_worker_rand(gw_worker_t *w);
 /* A connection closed: accepting may resume. */
 void gw_worker_conn_closed(gw_worker_t *w);
+/* The timeval to event_add a timer of ms milliseconds with: a libevent
+ * common timeout for that duration (an O(1) queue: every timer of one
+ * duration expires in the order it was added) instead of the timer heap,
+ * whose insert and delete cost O(log n) cache misses with thousands of
+ * connections. tv is filled either way and is what is returned when the
+ * table is full (GW_WORKER_CTIMEOUTS durations, reloads included). Valid
+ * for w's base only. */
+const struct timeval *gw_worker_timeout(gw_worker_t *w, int64_t ms, struct timeval *tv);
+/* Options set on a listening socket once instead of on each connection it
+ * accepts (TCP_NODELAY, which Linux copies to accepted sockets). 0 ok, -1
+ * if the socket refused one (not TCP). */
+int gw_worker_listen_prepare(int fd);
 
 #endif

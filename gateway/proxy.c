@@ -112,8 +112,16 @@ static void gw_proxy_arm_at(gw_req_t *r, int64_t deadline_ms, int64_t now)
     if (deadline_ms > r->att.deadline_total_ms)
         deadline_ms = r->att.deadline_total_ms;
     int64_t ms = deadline_ms > now ? deadline_ms - now : 0;
+    /* The usual durations (connect, first byte: unclamped) go to common
+     * timeouts: armed and cancelled once per request, O(1) instead of two
+     * heap operations among thousands of connections' timers. Any other
+     * (clamped to the total deadline) takes the heap. */
+    const conf_upstream_t *cu = r->att.pool->conf;
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
-    evtimer_add(r->att.up_timer, &tv);
+    if (ms == cu->first_byte_timeout_ms || ms == cu->connect_timeout_ms)
+        evtimer_add(r->att.up_timer, gw_worker_timeout(r->c->w, ms, &tv));
+    else
+        evtimer_add(r->att.up_timer, &tv);
 }
 
 static void gw_proxy_arm(gw_req_t *r, int64_t deadline_ms)
