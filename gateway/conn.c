@@ -550,9 +550,9 @@ static gw_http_state_t gw_conn_body_direct(gw_conn_t *c, size_t *used)
     gw_http_state_t st = GW_HTTP_NEED_MORE;
     evutil_socket_t fd = c->tls || !c->bev ? -1 : bufferevent_getfd(c->bev);
     while (fd >= 0 && st == GW_HTTP_NEED_MORE && c->req->body_blk) {
-        size_t left = gw_body_blk_left(c->req->body_blk);
-        char *tail = gw_body_blk_tail(c->req->body_blk);
-        ssize_t n = left ? recv(fd, tail, left, MSG_DONTWAIT) : 0;
+        size_t room;
+        char *tail = gw_body_blk_tail(c->req->body_blk, &room);
+        ssize_t n = tail ? recv(fd, tail, room, MSG_DONTWAIT) : 0;
         if (n <= 0)
             break;
         size_t k = 0;
