@@ -382,4 +382,22 @@ if len(sizes) >= 2 and sizes[0] == 1:
         ratio = "" if not ngx or ours is None else "%.2f" % (ours / ngx)
         print("| %d KiB | %s | %s | %s | %s | %s | %s | %s | ≤ 1 µs/KiB |" % (
             k, cpu("size"), fmt(ours), base_cpu, fmt(base), cpu("ngxsize"), fmt(ngx), ratio))
+    # The same figure round by round (each round's sizes against its own 1 KiB
+    # run, so a busy round skews one figure, not the median), and this
+    # build's over base's and over nginx's in the same round.
+    def rounds(prefix, k, suffix=""):
+        a, b = rows.get(prefix + "1" + suffix), rows.get(prefix + str(k) + suffix)
+        if not a or not b:
+            return None
+        return [(y["cpu_us"] - x["cpu_us"]) / (k - 1) for x, y in zip(a, b)]
+    def span(v):
+        return "%.2f (%.2f–%.2f)" % (statistics.median(v), min(v), max(v)) if v else ""
+    print("\n| body | µs/KiB by round: this build, median (min–max) | base | nginx"
+          " | this ÷ base, same round | this ÷ nginx, same round |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for k in sizes[1:]:
+        o, b, n = rounds("size", k), rounds("size", k, "@base"), rounds("ngxsize", k)
+        rb = [x / y for x, y in zip(o, b) if y > 0] if o and b else None
+        rn = [x / y for x, y in zip(o, n) if y > 0] if o and n else None
+        print("| %d KiB | %s | %s | %s | %s | %s |" % (k, span(o), span(b), span(n), span(rb), span(rn)))
 EOF

@@ -220,23 +220,51 @@ static void gw_utf_init(void)
     gw_utf_re = pcre2_compile((PCRE2_SPTR) "", 0, PCRE2_UTF, &err, &eoff, NULL);
 }
 
+/* What one pass over the raw bytes tells the scanner before yajl runs. */
+#define GW_BYTES_HIGH  0x1u /* a byte >= 0x80: the UTF-8 check must run */
+#define GW_BYTES_VT_FF 0x2u /* a \v or \f: yajl's whitespace, not jansson's */
+
+typedef unsigned char gw_v32 __attribute__((vector_size(32)));
+
+/* Both facts in one pass, 128 bytes a step: this runs over every body, and
+ * at a MiB the separate passes (two memchr and a word loop) cost ~0.1 us
+ * per KiB beside yajl's ~0.6. Built twice (AVX2 and the baseline, picked
+ * at load time): the AVX2 one is ~3x faster. */
+__attribute__((target_clones("avx2", "default"))) static unsigned gw_scan_bytes(const char *p,
+                                                                                size_t n)
+{
+    const gw_v32 k11 = (gw_v32){0} + 11, k2 = (gw_v32){0} + 2;
+    gw_v32 hi = {0}, vf = {0};
+    size_t i = 0;
+    for (; i + 128 <= n; i += 128) {
+        gw_v32 a, b, c, d;
+        memcpy(&a, p + i, 32);
+        memcpy(&b, p + i + 32, 32);
+        memcpy(&c, p + i + 64, 32);
+        memcpy(&d, p + i + 96, 32);
+        hi |= a | b | c | d;
+        /* \v is 11, \f 12: (byte - 11) < 2, unsigned */
+        vf |= (gw_v32)((a - k11) < k2) | (gw_v32)((b - k11) < k2) | (gw_v32)((c - k11) < k2) |
+              (gw_v32)((d - k11) < k2);
+    }
+    unsigned h = 0, f = 0;
+    for (size_t j = 0; j < sizeof(hi); j++) {
+        h |= hi[j];
+        f |= vf[j];
+    }
+    for (; i < n; i++) {
+        unsigned char ch = (unsigned char)p[i];
+        h |= ch;
+        f |= (unsigned char)(ch - 11) < 2;
+    }
+    return (h & 0x80 ? GW_BYTES_HIGH : 0) | (f ? GW_BYTES_VT_FF : 0);
+}
+
 /* Strict UTF-8 (no overlongs, surrogates or beyond U+10FFFF), as jansson
  * wants it: PCRE2 checks the whole subject before matching the empty
- * pattern. Pure ASCII skips it. */
+ * pattern. Only for a body with a byte >= 0x80 (gw_scan_bytes). */
 static int gw_scan_utf8_ok(const char *p, size_t n)
 {
-    /* Eight bytes at a time: this pass runs over every body. */
-    uint64_t any = 0;
-    size_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        uint64_t w[4];
-        memcpy(w, p + i, sizeof(w));
-        any |= w[0] | w[1] | w[2] | w[3];
-    }
-    for (; i < n; i++)
-        any |= (unsigned char)p[i];
-    if (!(any & 0x8080808080808080ull))
-        return 1;
     pthread_once(&gw_utf_once, gw_utf_init);
     if (!gw_utf_re)
         return 0;
@@ -843,9 +871,10 @@ gw_scan_rc_t gw_body_scan(gw_body_scan_t *s, const char *body, size_t len, unsig
     s->len = len;
     /* yajl takes \v and \f for whitespace; jansson does not (inside a
      * string both refuse them raw). */
-    if (memchr(body, '\v', len) || memchr(body, '\f', len))
+    unsigned bytes = gw_scan_bytes(body, len);
+    if (bytes & GW_BYTES_VT_FF)
         return GW_SCAN_SLOW;
-    if (!gw_scan_utf8_ok(body, len))
+    if ((bytes & GW_BYTES_HIGH) && !gw_scan_utf8_ok(body, len))
         return GW_SCAN_SLOW;
     gw_scan_ctx_t c;
     c.s = s;

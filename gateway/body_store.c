@@ -4,11 +4,22 @@
  * blocks of the bodies in flight live in their evbuffers, and only the
  * idle ones are kept here, under a mutex (a lock per large body, not per
  * byte).
+ *
+ * A block is a small header and its bytes: up to GW_BODY_STORE_GROW bytes
+ * from malloc, sized for the body at once; past it a private anonymous
+ * mapping that starts at GW_BODY_STORE_READ and doubles with mremap, which
+ * moves the pages rather than the bytes, so a body that arrives fast pays
+ * a few page-table moves (none when the cache had a block for all of it)
+ * and a slow one holds what it sent, not what it declared.
  */
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
+#include "common/metrics.h"
 #include "gateway/body_store.h"
 
 /* Idle blocks kept, and their total size: what a burst of large bodies
@@ -21,12 +32,60 @@
 struct gw_body_blk {
     size_t cap, len;
     size_t want; /* the declared length */
-    char data[];
+    bool mapped; /* data is a mapping of cap bytes (else malloc'd) */
+    char *data;
 };
 
 static pthread_mutex_t gw_store_mu = PTHREAD_MUTEX_INITIALIZER;
 static gw_body_blk_t *gw_store_idle[GW_BODY_STORE_CACHED];
 static size_t gw_store_nidle, gw_store_idle_bytes;
+/* the caps of the blocks out of the cache (any worker grows its own) */
+static _Atomic size_t gw_store_held;
+
+static size_t gw_grain_up(size_t n)
+{
+    return (n + GW_BODY_STORE_GRAIN - 1) / GW_BODY_STORE_GRAIN * GW_BODY_STORE_GRAIN;
+}
+
+static void gw_blk_release_data(gw_body_blk_t *b)
+{
+    if (b->mapped)
+        munmap(b->data, b->cap);
+    else
+        free(b->data);
+}
+
+static void gw_blk_destroy(gw_body_blk_t *b)
+{
+    gw_blk_release_data(b);
+    free(b);
+}
+
+/* A fresh block: the whole body's room up to GW_BODY_STORE_GROW, else a
+ * mapping that gw_blk_grow doubles. */
+static gw_body_blk_t *gw_blk_alloc(size_t n)
+{
+    gw_body_blk_t *b = malloc(sizeof(*b));
+    if (!b)
+        return NULL;
+    b->len = 0;
+    if (n <= GW_BODY_STORE_GROW) {
+        b->mapped = false;
+        b->cap = gw_grain_up(n);
+        b->data = malloc(b->cap);
+    } else {
+        b->mapped = true;
+        b->cap = GW_BODY_STORE_READ;
+        b->data = mmap(NULL, b->cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (b->data == MAP_FAILED)
+            b->data = NULL;
+    }
+    if (!b->data) {
+        free(b);
+        return NULL;
+    }
+    return b;
+}
 
 gw_body_blk_t *gw_body_blk_new(size_t n)
 {
@@ -45,15 +104,11 @@ gw_body_blk_t *gw_body_blk_new(size_t n)
         gw_store_idle_bytes -= b->cap;
     }
     pthread_mutex_unlock(&gw_store_mu);
-    if (!b) {
-        size_t cap = (n + GW_BODY_STORE_GRAIN - 1) / GW_BODY_STORE_GRAIN * GW_BODY_STORE_GRAIN;
-        b = malloc(sizeof(*b) + cap);
-        if (!b)
-            return NULL;
-        b->cap = cap;
-    }
+    if (!b && !(b = gw_blk_alloc(n)))
+        return NULL;
     b->len = 0;
     b->want = n;
+    atomic_fetch_add(&gw_store_held, b->cap);
     return b;
 }
 
@@ -61,6 +116,7 @@ void gw_body_blk_free(gw_body_blk_t *b)
 {
     if (!b)
         return;
+    atomic_fetch_sub(&gw_store_held, b->cap);
     gw_body_blk_t *drop = NULL;
     pthread_mutex_lock(&gw_store_mu);
     size_t small = 0; /* the smallest idle block */
@@ -82,16 +138,43 @@ void gw_body_blk_free(gw_body_blk_t *b)
         b = NULL;
     }
     pthread_mutex_unlock(&gw_store_mu);
-    free(drop);
-    free(b);
+    if (drop)
+        gw_blk_destroy(drop);
+    if (b)
+        gw_blk_destroy(b);
+}
+
+/* Room for need more bytes: the mapping doubles (at least to fit them,
+ * at most to the declared length). Only mappings grow: a malloc'd block
+ * was sized for its body. -1: out of memory, the block as it was. */
+static int gw_blk_grow(gw_body_blk_t *b, size_t need)
+{
+    if (need <= b->cap - b->len)
+        return 0;
+    size_t full = gw_grain_up(b->want);
+    if (!b->mapped || b->len + need > full)
+        return -1;
+    size_t cap = b->cap * 2 > b->len + need ? b->cap * 2 : gw_grain_up(b->len + need);
+    if (cap > full)
+        cap = full;
+    void *p = mremap(b->data, b->cap, cap, MREMAP_MAYMOVE);
+    if (p == MAP_FAILED)
+        return -1;
+    atomic_fetch_add(&gw_store_held, cap - b->cap);
+    b->data = p;
+    b->cap = cap;
+    return 0;
 }
 
 bool gw_body_blk_add(gw_body_blk_t *b, const char *p, size_t n)
 {
-    if (n > b->cap - b->len)
-        return false;
-    if (p != b->data + b->len) /* else read in place (gw_body_blk_tail) */
+    if (n > b->want - b->len)
+        return false;            /* past the declared length */
+    if (p != b->data + b->len) { /* else read in place (gw_body_blk_tail) */
+        if (gw_blk_grow(b, n) != 0)
+            return false;
         memmove(b->data + b->len, p, n);
+    }
     b->len += n;
     return true;
 }
@@ -101,8 +184,13 @@ bool gw_body_blk_full(const gw_body_blk_t *b)
     return b->len == b->want;
 }
 
-char *gw_body_blk_tail(gw_body_blk_t *b)
+char *gw_body_blk_tail(gw_body_blk_t *b, size_t *room)
 {
+    *room = 0;
+    if (b->len >= b->want || (b->len == b->cap && gw_blk_grow(b, 1) != 0))
+        return NULL;
+    size_t r = b->cap - b->len, left = b->want - b->len;
+    *room = r < left ? r : left;
     return b->data + b->len;
 }
 
@@ -137,7 +225,33 @@ void gw_body_store_drop(void)
 {
     pthread_mutex_lock(&gw_store_mu);
     while (gw_store_nidle > 0)
-        free(gw_store_idle[--gw_store_nidle]);
+        gw_blk_destroy(gw_store_idle[--gw_store_nidle]);
     gw_store_idle_bytes = 0;
     pthread_mutex_unlock(&gw_store_mu);
+}
+
+void gw_body_store_bytes(size_t *held, size_t *idle)
+{
+    pthread_mutex_lock(&gw_store_mu);
+    *idle = gw_store_idle_bytes;
+    pthread_mutex_unlock(&gw_store_mu);
+    *held = atomic_load(&gw_store_held);
+}
+
+static void gw_body_store_collect(FILE *f)
+{
+    size_t held, idle;
+    gw_body_store_bytes(&held, &idle);
+    fprintf(f,
+            "# HELP sluice_body_store_bytes Bytes in large request bodies' blocks: held by bodies "
+            "being read or in flight, idle in the cache.\n"
+            "# TYPE sluice_body_store_bytes gauge\n"
+            "sluice_body_store_bytes{state=\"held\"} %zu\n"
+            "sluice_body_store_bytes{state=\"idle\"} %zu\n",
+            held, idle);
+}
+
+void gw_body_store_register(void)
+{
+    sl_metrics_add_collector(gw_body_store_collect);
 }

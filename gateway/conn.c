@@ -458,13 +458,15 @@ static void gw_req_set_id(gw_req_t *r)
 /* A large body over plain TCP wakes the loop per GW_BODY_STORE_READ bytes,
  * not per segment (reads averaged 4 KiB: a readv, an ioctl and an
  * epoll_wait each): SO_RCVLOWAT, never above the bytes still to come (the
- * socket would not wake again), back to 1 for the last of them. Not over
- * TLS: bytes OpenSSL already holds are not the socket's. */
+ * socket would not wake again), back to 1 for the last of them. Raised only
+ * when the socket ran dry with more than that to come (gw_conn_body_direct):
+ * a body that is all there already costs no setsockopt. Not over TLS: bytes
+ * OpenSSL already holds are not the socket's. */
 static void gw_conn_body_lowat(gw_conn_t *c, int lowat)
 {
     evutil_socket_t fd = c->bev && !c->tls ? bufferevent_getfd(c->bev) : -1;
-    if (fd >= 0)
-        (void)setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &lowat, sizeof(lowat));
+    if (fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &lowat, sizeof(lowat)) == 0)
+        c->req->body_lowat = lowat > 1;
 }
 
 static int gw_conn_body_cb(void *arg, const char *p, size_t n)
@@ -472,12 +474,11 @@ static int gw_conn_body_cb(void *arg, const char *p, size_t n)
     gw_conn_t *c = arg;
     gw_req_t *r = c->req;
     if (r->body_blk) {
-        bool far = gw_body_blk_left(r->body_blk) > GW_BODY_STORE_READ;
         /* a large body: into its block, which becomes r->body's one chain
          * when complete (body_store.h) */
         if (!gw_body_blk_add(r->body_blk, p, n))
             return -1; /* more than declared: the parser frames by length */
-        if (far && gw_body_blk_left(r->body_blk) <= GW_BODY_STORE_READ)
+        if (r->body_lowat && gw_body_blk_left(r->body_blk) <= GW_BODY_STORE_READ)
             gw_conn_body_lowat(c, 1);
         if (gw_body_blk_full(r->body_blk)) {
             if (gw_body_blk_give(r->body_blk, r->body) != 0)
@@ -578,15 +579,19 @@ static gw_http_state_t gw_conn_body_direct(gw_conn_t *c, size_t *used)
     gw_http_state_t st = GW_HTTP_NEED_MORE;
     evutil_socket_t fd = c->tls || !c->bev ? -1 : bufferevent_getfd(c->bev);
     while (fd >= 0 && st == GW_HTTP_NEED_MORE && c->req->body_blk) {
-        size_t left = gw_body_blk_left(c->req->body_blk);
-        char *tail = gw_body_blk_tail(c->req->body_blk);
-        ssize_t n = left ? recv(fd, tail, left, MSG_DONTWAIT) : 0;
+        size_t room;
+        char *tail = gw_body_blk_tail(c->req->body_blk, &room);
+        ssize_t n = tail ? recv(fd, tail, room, MSG_DONTWAIT) : 0;
         if (n <= 0)
             break;
         size_t k = 0;
         st = gw_http_feed(c->parser, tail, (size_t)n, &k, gw_conn_body_cb, c);
         *used += k;
     }
+    /* dry with much still to come: wake when there is a useful read */
+    if (fd >= 0 && st == GW_HTTP_NEED_MORE && c->req->body_blk && !c->req->body_lowat &&
+        gw_body_blk_left(c->req->body_blk) > GW_BODY_STORE_READ)
+        gw_conn_body_lowat(c, (int)GW_BODY_STORE_READ);
     return st;
 }
 
@@ -633,8 +638,6 @@ static void gw_conn_parse(gw_conn_t *c)
             if (!m->chunked && m->content_length >= GW_BODY_STORE_MIN &&
                 evbuffer_get_length(c->req->body) == 0) {
                 c->req->body_blk = gw_body_blk_new((size_t)m->content_length);
-                if (c->req->body_blk && (size_t)m->content_length > GW_BODY_STORE_READ)
-                    gw_conn_body_lowat(c, (int)GW_BODY_STORE_READ);
             }
             if (m->expect_continue && (m->chunked || m->content_length > 0))
                 bufferevent_write(c->bev, GW_LIT("HTTP/1.1 100 Continue\r\n\r\n"));

@@ -10,6 +10,7 @@
 
 #include "common/procstat.h"
 #include "common/version.h"
+#include "gateway/body_store.h"
 #include "gateway/gw_llm.h"
 #include "gateway/gw_metrics.h"
 #include "gateway/gw_rt.h"
@@ -118,6 +119,7 @@ void gw_metrics_init(const char *(*route_name)(gw_route_t r))
                            SL_METRIC_GAUGE, NULL, NULL, 0));
     gw_llm_metrics_init();
     sl_procstat_register(); /* process_* at every scrape */
+    gw_body_store_register();
     /* The start is the first successful load. */
     if (!gw_reload_state.generation) {
         double now = (double)sl_wall_ms() / 1e3;

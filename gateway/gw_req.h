@@ -45,6 +45,8 @@ struct gw_req {
     const gw_model_rt_t *model;
     /* a large body's storage while it arrives (body_store.h, conn.c) */
     struct gw_body_blk *body_blk;
+    /* its socket's SO_RCVLOWAT is raised while it arrives (conn.c) */
+    bool body_lowat;
     bool stream; /* client asked "stream": true */
 
     /* upstream side */

@@ -158,3 +158,46 @@ def test_pipelined_request_after_a_large_body(sluice_factory, mock):
     assert [r.status for r in rs] == [200, 200, 200], rs
     bodies = [q["body"].encode() for q in mock.requests()]
     assert bodies == [served(b), served(small), served(b)]
+
+
+def store_bytes(s, state):
+    return s.metrics().value("sluice_body_store_bytes", state=state)
+
+
+def test_slow_bodies_hold_what_they_sent(sluice_factory, mock):
+    # Clients that declare 8 MiB and send 100 KiB hold blocks of about what
+    # they sent (body_store.c grows a block with the bytes), not 8 MiB each;
+    # two of them then finish and go upstream byte for byte, the others
+    # leave and everything they held comes back.
+    s = sluice_factory(overrides=conf_over(), upstream=mock)
+    n, sent = 40, 100 * 1024
+    b = big_body(8 * 1024 * 1024)
+    head = ("POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            "Content-Length: %d\r\n\r\n" % (CHAT, len(b))).encode()
+    assert store_bytes(s, "held") == 0
+    socks = []
+    try:
+        for _ in range(n):
+            c = socket.create_connection((s.host, s.port), timeout=bound(10))
+            c.sendall(head + b[:sent])
+            socks.append(c)
+        # read by sluice: each block holds at least what its client sent
+        helpers.wait_until(lambda: store_bytes(s, "held") >= n * sent, timeout=bound(10),
+                           what="the slow bodies read")
+        held = store_bytes(s, "held")
+        assert held <= n * 128 * 1024, "%d bytes held for %d bodies of %d bytes sent" % (held, n, sent)
+        for c in socks[:2]:  # two finish: their blocks grow to 8 MiB as the rest comes
+            c.sendall(b[sent:])
+        for c in socks[:2]:
+            c.settimeout(bound(20))
+            got = b""
+            while b"\r\n\r\n" not in got:
+                got += c.recv(65536)
+            assert got.startswith(b"HTTP/1.1 200"), got[:200]
+    finally:
+        for c in socks:
+            c.close()
+    assert [q["body"].encode() for q in mock.requests()] == [served(b), served(b)]
+    helpers.wait_until(lambda: store_bytes(s, "held") == 0, timeout=bound(10),
+                       what="the blocks given back")
+    assert store_bytes(s, "idle") <= 8 * 1024 * 1024  # the cache's bound

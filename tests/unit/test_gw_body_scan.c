@@ -110,6 +110,49 @@ static void test_acceptance(void **state)
     gw_body_scan_free(s);
 }
 
+/* The byte-class pass before yajl reads 128 bytes a step: a \v or \f as
+ * whitespace or a bad UTF-8 sequence inside a string, at every offset of a
+ * step and in the tail past the last whole step, still sends the body to
+ * the slow path; a good 2-byte character anywhere does not. */
+static void test_byte_pass_every_offset(void **state)
+{
+    (void)state;
+    gw_body_scan_t *s = gw_body_scan_new();
+    assert_non_null(s);
+    enum { N = 700 }; /* 5 steps of 128 and a tail of 60 */
+    char body[N];
+    size_t checked = 0;
+    for (size_t at = 1; at + 8 < N; at++) {
+        /* {<spaces>"a":1}: \v or \f among the spaces */
+        for (int k = 0; k < 2; k++) {
+            memset(body, ' ', N);
+            body[0] = '{';
+            memcpy(body + N - 7, "\"a\":1}", 6);
+            assert_int_equal(gw_body_scan(s, body, N, 0), GW_SCAN_OK);
+            body[at] = k ? '\f' : '\v';
+            if (gw_body_scan(s, body, N, 0) != GW_SCAN_SLOW)
+                fail_msg("%s at %zu accepted", k ? "\\f" : "\\v", at);
+            checked++;
+        }
+        /* {"a":"xx...x"}: an overlong sequence, or a good one, in the string */
+        if (at < 6 || at + 4 > N)
+            continue;
+        for (int k = 0; k < 2; k++) {
+            memset(body, 'x', N);
+            memcpy(body, "{\"a\":\"", 6);
+            memcpy(body + N - 2, "\"}", 2);
+            body[at] = (char)(k ? 0xc3 : 0xc0); /* é, or an overlong lead */
+            body[at + 1] = (char)(k ? 0xa9 : 0x80);
+            gw_scan_rc_t rc = gw_body_scan(s, body, N, 0);
+            if (rc != (k ? GW_SCAN_OK : GW_SCAN_SLOW))
+                fail_msg("%s at %zu: rc %d", k ? "good UTF-8" : "overlong", at, (int)rc);
+            checked++;
+        }
+    }
+    assert_true(checked > 2500);
+    gw_body_scan_free(s);
+}
+
 /* Duplicate keys past the linear check (the hash), and nesting past the
  * scanner's depth (jansson decides). */
 static void test_many_keys_and_depth(void **state)
@@ -577,6 +620,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_acceptance),
+        cmocka_unit_test(test_byte_pass_every_offset),
         cmocka_unit_test(test_many_keys_and_depth),
         cmocka_unit_test(test_facts),
         cmocka_unit_test(test_bigint),
