@@ -51,6 +51,9 @@ static const struct {
     [AUTH_R_NONCE_STORE_FULL] = {"nonce_store_full",
                                  "more signed requests than this server can remember within "
                                  "the signature window; retry later"},
+    [AUTH_R_SIG_BEFORE_START] = {"signature_before_start",
+                                 "X-Sluice-Timestamp is not later than this server's start: sign "
+                                 "the request again with the current time"},
 };
 
 const char *auth_reason_str(auth_reason_t r)
@@ -260,6 +263,7 @@ auth_t *auth_new(const conf_auth_t *c, auth_stores_t *stores, char *err, size_t 
     a->max_lifetime_s = c->tokens.max_lifetime_ms / 1000;
     a->leeway_s = c->tokens.leeway_ms / 1000;
     a->window_s = c->signing.window_ms / 1000;
+    a->refuse_before_start = c->signing.refuse_before_start;
     a->nonces_on_error = c->on_store_error.nonces;
     a->revocations_on_error = c->on_store_error.revocations;
     a->tcache = auth_tcache_new(AUTH_TCACHE_DEFAULT);
@@ -381,6 +385,14 @@ static auth_reason_t local_checks(const auth_t *a, const auth_redis_job_t *job, 
 {
     if (job->check_rev && auth_rev_check(a->stores, &job->claims, now))
         return AUTH_R_TOKEN_REVOKED;
+    /* The store knows no nonce from before it started (a restart, an
+     * upgrade): a request signed then may already have been used. Whole
+     * seconds: one signed in the second of the start passes (a client
+     * signing as the server comes up must get through; a process that
+     * died in that same second leaves that one second open). */
+    if (job->check_nonce && a->refuse_before_start &&
+        job->nonce_expires - a->window_s < auth_stores_started(a->stores))
+        return AUTH_R_SIG_BEFORE_START;
     if (job->check_nonce) {
         auth_store_rc_t rc = auth_nonce_insert(a->stores, job->nonce_key, job->nonce_expires, now);
         if (m_nonces[0]) /* a plain store of one atomic: the gauge follows the fill */

@@ -73,6 +73,8 @@ typedef enum auth_reason {
                                    on_store_error is deny */
     AUTH_R_NONCE_STORE_FULL,    /* the in-process nonce store holds as many nonces as
                                    auth.signing.nonce_memory allows (503, Retry-After) */
+    AUTH_R_SIG_BEFORE_START,    /* in-process store: the timestamp is before the store's
+                                   start, so the nonce may have been used before a restart */
     AUTH_R__COUNT
 } auth_reason_t;
 
@@ -111,6 +113,14 @@ size_t auth_stores_nonce_capacity(const auth_stores_t *s);
 size_t auth_stores_nonce_count(const auth_stores_t *s);
 size_t auth_stores_nonce_live(const auth_stores_t *s);
 size_t auth_stores_revocation_count(const auth_stores_t *s);
+/* When the store began remembering nonces (Unix seconds; the gateway sets
+ * its start). Nonces of requests signed before it were never seen here, so
+ * with auth.signing.refuse_before_start a signed request whose timestamp
+ * is an earlier second is refused (AUTH_R_SIG_BEFORE_START) rather than
+ * accepted unremembered: after a restart or an upgrade, a request captured
+ * before it cannot be replayed. Unset (a library user, tests): no limit. */
+void auth_stores_set_started(auth_stores_t *s, int64_t unix_s);
+int64_t auth_stores_started(const auth_stores_t *s);
 /* Signed requests per second a store of `capacity` nonces sustains with a
  * signature window of window_s: capacity / (window_s + AUTH_NONCE_BUCKET_S)
  * (a nonce is kept its window, plus up to a bucket). */

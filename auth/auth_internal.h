@@ -95,6 +95,7 @@ struct auth {
     size_t admin_key_len;
     int nonces_on_error;      /* conf_store_error_t */
     int revocations_on_error; /* conf_store_error_t */
+    bool refuse_before_start; /* auth.signing.refuse_before_start */
     auth_tcache_t *tcache;    /* owned; mutable inside (locked), so const auth_t is fine */
 };
 

@@ -130,6 +130,7 @@ struct auth_stores {
     rev_ent_t *rev_list;
     _Atomic size_t rev_count;
     size_t rev_cap;
+    int64_t started; /* auth_stores_set_started; INT64_MIN = never set */
 };
 
 auth_stores_t *auth_stores_new(size_t nonce_capacity, size_t revocation_capacity)
@@ -139,6 +140,7 @@ auth_stores_t *auth_stores_new(size_t nonce_capacity, size_t revocation_capacity
     if (posix_memalign((void **)&s, 64, sizeof(*s)) != 0)
         return NULL;
     memset(s, 0, sizeof(*s));
+    s->started = INT64_MIN;
     if (nonce_capacity == 0)
         nonce_capacity = DEFAULT_NONCE_CAP;
     if (revocation_capacity == 0)
@@ -205,6 +207,16 @@ size_t auth_stores_nonce_count(const auth_stores_t *s)
 size_t auth_stores_nonce_live(const auth_stores_t *s)
 {
     return atomic_load(&((auth_stores_t *)s)->nonce_live);
+}
+
+void auth_stores_set_started(auth_stores_t *s, int64_t unix_s)
+{
+    s->started = unix_s;
+}
+
+int64_t auth_stores_started(const auth_stores_t *s)
+{
+    return s->started;
 }
 
 size_t auth_stores_revocation_count(const auth_stores_t *s)

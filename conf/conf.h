@@ -329,10 +329,11 @@ typedef struct conf_auth_tokens {
 } conf_auth_tokens_t;
 
 typedef struct conf_auth_signing {
-    bool required;        /* true */
-    char *secret_env;     /* env var of the signing secret (>= 32 bytes) */
-    int64_t window_ms;    /* +- on X-Sluice-Timestamp, 300s */
-    int64_t nonce_memory; /* bytes for the in-process nonce store, 128m */
+    bool required;            /* true */
+    char *secret_env;         /* env var of the signing secret (>= 32 bytes) */
+    int64_t window_ms;        /* +- on X-Sluice-Timestamp, 300s */
+    int64_t nonce_memory;     /* bytes for the in-process nonce store, 128m */
+    bool refuse_before_start; /* refuse timestamps not after the store's start, true */
 } conf_auth_signing_t;
 
 typedef struct conf_auth_store_error {

@@ -1522,6 +1522,15 @@ static const conf_key_t auth_signing_keys[] = {
      .doc = "memory for the in-process nonce store (128 bytes a nonce); full, signed requests "
             "get 503 nonce_store_full: it sustains nonce_memory / 128 / (window + 8s) "
             "requests/s (128m, 300s: 3404/s)"},
+    {.name = "refuse_before_start",
+     .type = CONF_BOOL,
+     .off = offsetof(conf_auth_signing_t, refuse_before_start),
+     .def = "true",
+     .flags = R,
+     .doc = "in-process nonce store: refuse (401 signature_before_start) a signed request "
+            "whose timestamp is a second before sluice's start, which a restart would let be "
+            "replayed; clients whose clocks lag by d seconds are refused for d seconds after "
+            "each start"},
 };
 static const conf_table_t auth_signing_table = {TABLE(auth_signing_keys, conf_auth_signing_t)};
 

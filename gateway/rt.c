@@ -88,6 +88,8 @@ gw_shared_t *gw_shared_new(void)
 {
     gw_shared_t *sh = sl_xcalloc(1, sizeof(*sh));
     sh->auth_stores = auth_stores_new(0, 0);
+    if (sh->auth_stores) /* the start: replays of earlier requests are refused */
+        auth_stores_set_started(sh->auth_stores, sl_wall_s());
     sh->breakers = fb_breakers_new();
     if (!sh->auth_stores || !sh->breakers) {
         gw_shared_free(sh);

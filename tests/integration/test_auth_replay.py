@@ -4,13 +4,20 @@ test_auth_replay.py — a signed request cannot be sent twice (issue 3, part
 copies arriving at once let exactly one through; and with two sluice
 instances sharing a real redis-server, copies spread over both still let
 exactly one through, and a copy sent to the other instance later is refused.
-The upstream receives exactly the one request that passed.
+The upstream receives exactly the one request that passed. The in-process
+store forgets its nonces with the process: after a kill -9 and a restart, a
+request signed before the restart is refused (401 signature_before_start)
+rather than let through a second time, unless refuse_before_start is off.
 """
+
+import os
+import signal
+import time
 
 import pytest
 
 import policy_helpers as ph
-from helpers import chat_body
+from helpers import bound, chat_body, wait_until
 
 P = ph.CHAT_PATH
 
@@ -96,3 +103,41 @@ def test_without_redis_instances_do_not_share_nonces(sluice_factory, mock):
     assert a.request("POST", P, body, h).status == 200
     assert b.request("POST", P, body, h).status == 200
     ph.assert_auth_error(a.request("POST", P, body, h), "signature_replay")
+
+
+def _next_second():
+    """Waits for the wall clock's next second (a clock condition, not a
+    pause standing in for an event)."""
+    now = int(time.time())
+    wait_until(lambda: int(time.time()) > now, 2, interval=0.005, what="the next second")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("refuse", [True, False], ids=["refuse_before_start", "off"])
+def test_request_signed_before_a_restart_is_not_replayed(sluice_factory, mock, refuse):
+    over = {"auth": {"signing": {"refuse_before_start": refuse}}}
+    s = ph.start(sluice_factory, mock, over)
+    tok = ph.mint("alice")
+    _next_second()  # signed in a later second than this process's start
+    body = ph.body_bytes(chat_body("signed before the restart"))
+    h = ph.signed_headers(tok, "POST", P, body)
+    assert s.request("POST", P, body, h).status == 200
+    ph.assert_auth_error(s.request("POST", P, body, h), "signature_replay")
+    os.kill(s.p.pid, signal.SIGKILL)
+    assert s.p.wait(bound(5)) == -signal.SIGKILL
+    _next_second()  # the new process starts in a later second than h's
+    s.start()
+    r = s.request("POST", P, body, h)
+    if refuse:
+        ph.assert_auth_error(r, "signature_before_start")
+        assert ph.metric(s, "sluice_auth_rejected_total", reason="signature_before_start") == 1
+        assert len(mock.requests()) == 1
+        # refused, not remembered: the client signs again and gets through once
+        h2 = ph.signed_headers(tok, "POST", P, body)
+        assert s.request("POST", P, body, h2).status == 200
+        ph.assert_auth_error(s.request("POST", P, body, h2), "signature_replay")
+        assert len(mock.requests()) == 2
+    else:
+        # what the check closes: the restarted store let the copy through
+        assert r.status == 200, r
+        assert len(mock.requests()) == 2
