@@ -163,6 +163,8 @@ static gw_conn_t *gw_conn_attach(gw_worker_t *w, gw_conn_t *c, struct buffereven
     int64_t st = w->rt->conf->limits.send_timeout_ms;
     struct timeval wtv = {st / 1000, (st % 1000) * 1000};
     bufferevent_set_timeouts(c->bev, NULL, &wtv);
+    if (direct) /* a plain socket: read without libevent's FIONREAD (wio.c) */
+        (void)gw_wio_read_own(c->bev);
     bufferevent_enable(c->bev, EV_READ | EV_WRITE);
     gw_wio_init(&c->wio, w, c->bev, direct, gw_conn_drained, gw_conn_failed, c);
     gw_wio_set_kick(&c->wio, c->tls);
