@@ -647,6 +647,17 @@ static void gw_conn_readcb(struct bufferevent *bev, void *arg)
         return;
     }
     gw_conn_parse(c);
+    /* Bytes pipelined while a request is served wait in the input; at the
+     * read high-watermark reading stops here, not only by libevent's
+     * suspension: libevent 2.1.12 re-runs this callback at once, over and
+     * over, while the input is at its mark and reading is enabled, and a
+     * busy connection takes nothing from it (a worker at 100 % CPU until
+     * the answer was done). Reading resumes when the request ends
+     * (gw_conn_req_done); a client leaving meanwhile is noticed then, as
+     * with the suspension. */
+    if (!c->closed && c->phase == GW_PHASE_BUSY &&
+        evbuffer_get_length(bufferevent_get_input(bev)) >= GW_CONN_READ_HWM)
+        bufferevent_disable(bev, EV_READ);
 }
 
 /* Output went out (down to the low watermark, or all of it). */
@@ -779,6 +790,8 @@ void gw_conn_req_done(gw_conn_t *c)
     gw_http_parser_reset(c->parser);
     bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
     gw_conn_arm_at(c, c->w->rt->conf->limits.keepalive_timeout_ms, now_ms);
+    if (!(bufferevent_get_enabled(c->bev) & EV_READ))
+        bufferevent_enable(c->bev, EV_READ); /* stopped at the mark (gw_conn_readcb) */
     /* Pipelined bytes already here: parse them on the next loop turn (not
      * now: we may be deep in an upstream callback). */
     if (evbuffer_get_length(bufferevent_get_input(c->bev)) > 0)
