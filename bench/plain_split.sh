@@ -15,7 +15,9 @@
 # Knobs: SLUICE_BIN (default build/sluice), SLUICE_BASE_BIN (a build of
 # the branch point: adds the base rows), BENCH_DURATION (s, default 5),
 # BENCH_ROUNDS (default 5), BENCH_CONNS (default 32), BENCH_PORT_BASE
-# (default 28800), BENCH_KEEP=1 keeps the work directory.
+# (default 28800), BENCH_KEEP=1 keeps the work directory, BENCH_STRACE=1
+# adds one round per proxy under `strace -c` and prints system calls per
+# request (strace slows the proxy: its CPU in that round is not counted).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -113,6 +115,44 @@ for r in $(seq "$ROUNDS"); do
     for c in $CONFIGS; do run "$c" "$r"; done
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+# System calls per request: one 3 s round per proxy under strace -c.
+if [ "${BENCH_STRACE:-0}" = 1 ]; then
+    command -v strace >/dev/null || { echo "bench: strace not found" >&2; exit 1; }
+    for c in $CONFIGS; do
+        strace -f -c -o "$WORK/strace.$c" -p "${PID[$c]}" 2>/dev/null &
+        st=$!
+        sleep 0.5 # strace attached (its first lines would race wrk's first requests)
+        out=$(taskset -c 0 wrk -t1 -c"$CONNS" -d3s --timeout 30s -s "$ROOT/bench/realistic.lua" \
+            "http://127.0.0.1:${PORT[$c]}/v1/chat/completions")
+        sleep 0.2
+        kill -INT "$st"
+        wait "$st" 2>/dev/null || true
+        grep -q 'errors=0 non2xx=0' <<<"$out" || { echo "bench: strace $c: $out" >&2; exit 1; }
+        sed 's/.*requests=\([0-9]*\).*/\1/' <<<"$(grep '^BENCH ' <<<"$out")" >"$WORK/strace.$c.n"
+    done
+    python3 - "$WORK" $CONFIGS <<'PYEOF'
+import re, sys
+work, cfgs = sys.argv[1], sys.argv[2:]
+per = {}
+for c in cfgs:
+    n = int(open("%s/strace.%s.n" % (work, c)).read())
+    calls = {}
+    for line in open("%s/strace.%s" % (work, c)):
+        f = line.split()
+        if len(f) >= 5 and re.match(r"^[0-9.]+$", f[0]) and f[-1] != "total":
+            calls[f[-1]] = int(f[3])
+    per[c] = {k: v / n for k, v in calls.items()}
+names = sorted({k for p in per.values() for k in p}, key=lambda k: -max(p.get(k, 0) for p in per.values()))
+print("\nsystem calls per request (strace -c, one 3 s round each):\n")
+print("| call | " + " | ".join(cfgs) + " |")
+print("| --- |" + " ---: |" * len(cfgs))
+for k in names:
+    if max(p.get(k, 0) for p in per.values()) >= 0.01:
+        print("| %s | " % k + " | ".join("%.2f" % per[c].get(k, 0) for c in cfgs) + " |")
+print("| total | " + " | ".join("%.2f" % sum(per[c].values()) for c in cfgs) + " |")
+PYEOF
+fi
 
 python3 - "$RES" "$(getconf CLK_TCK)" <<'EOF'
 import statistics, sys

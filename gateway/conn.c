@@ -170,6 +170,8 @@ static gw_conn_t *gw_conn_attach(gw_worker_t *w, gw_conn_t *c, struct buffereven
     int64_t st = w->rt->conf->limits.send_timeout_ms;
     struct timeval wtv = {st / 1000, (st % 1000) * 1000};
     bufferevent_set_timeouts(c->bev, NULL, &wtv);
+    if (direct) /* a plain socket: read without libevent's FIONREAD (wio.c) */
+        (void)gw_wio_read_own(c->bev);
     bufferevent_enable(c->bev, EV_READ | EV_WRITE);
     gw_wio_init(&c->wio, w, c->bev, direct, gw_conn_drained, gw_conn_failed, c);
     gw_wio_set_kick(&c->wio, c->tls);
@@ -676,6 +678,17 @@ static void gw_conn_readcb(struct bufferevent *bev, void *arg)
         return;
     }
     gw_conn_parse(c);
+    /* Bytes pipelined while a request is served wait in the input; at the
+     * read high-watermark reading stops here, not only by libevent's
+     * suspension: libevent 2.1.12 re-runs this callback at once, over and
+     * over, while the input is at its mark and reading is enabled, and a
+     * busy connection takes nothing from it (a worker at 100 % CPU until
+     * the answer was done). Reading resumes when the request ends
+     * (gw_conn_req_done); a client leaving meanwhile is noticed then, as
+     * with the suspension. */
+    if (!c->closed && c->phase == GW_PHASE_BUSY &&
+        evbuffer_get_length(bufferevent_get_input(bev)) >= GW_CONN_READ_HWM)
+        bufferevent_disable(bev, EV_READ);
 }
 
 /* Output went out (down to the low watermark, or all of it). */
@@ -808,6 +821,8 @@ void gw_conn_req_done(gw_conn_t *c)
     gw_http_parser_reset(c->parser);
     bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
     gw_conn_arm_at(c, c->w->rt->conf->limits.keepalive_timeout_ms, now_ms);
+    if (!(bufferevent_get_enabled(c->bev) & EV_READ))
+        bufferevent_enable(c->bev, EV_READ); /* stopped at the mark (gw_conn_readcb) */
     /* Pipelined bytes already here: parse them on the next loop turn (not
      * now: we may be deep in an upstream callback). */
     if (evbuffer_get_length(bufferevent_get_input(c->bev)) > 0)

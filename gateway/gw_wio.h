@@ -39,4 +39,12 @@ void gw_wio_fini(gw_wio_t *io);
 void gw_wio_written(gw_wio_t *io);
 void gw_wio_flush_cb(evutil_socket_t fd, short what, void *arg);
 
+/* Plain sockets: the bufferevent's read event runs our read (wio.c says
+ * why) instead of libevent's; everything else about reading (enable and
+ * disable, the read watermarks, the read timeout, EOF and errors to the
+ * event callback) stays the bufferevent's. Call once the socket is set
+ * (after bufferevent_socket_connect: setting the fd reassigns the event).
+ * 0, or -1 when the bufferevent has no socket (it keeps libevent's read). */
+int gw_wio_read_own(struct bufferevent *bev);
+
 #endif

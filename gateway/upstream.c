@@ -328,6 +328,10 @@ gw_upconn_t *gw_upstream_get(gw_worker_t *w, gw_srv_rt_t *srv, bool allow_reuse)
         u->connected = false;
         u->connect_errno = errno;
         bufferevent_trigger_event(u->bev, BEV_EVENT_ERROR, BEV_OPT_DEFER_CALLBACKS);
+    } else if (!srv->https) {
+        /* our reads, without libevent's FIONREAD (wio.c); only now, as
+         * setting the socket reassigned the read event */
+        (void)gw_wio_read_own(u->bev);
     }
     bufferevent_enable(u->bev, EV_READ | EV_WRITE);
     sl_counter_add(srv->m_conn_new, 1);

@@ -648,6 +648,13 @@ static void test_keep_alive(void **state)
         {"GET / HTTP/1.0\r\n\r\n", false},
         {"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n", true},
         {"GET / HTTP/1.0\r\nConnection: Keep-Alive\r\nHost: a\r\n\r\n", true},
+        /* read as http-parser reads them: Proxy-Connection counts too, and
+         * every Connection line */
+        {"GET / HTTP/1.1\r\nHost: a\r\nProxy-Connection: close\r\n\r\n", false},
+        {"GET / HTTP/1.0\r\nProxy-Connection: keep-alive\r\n\r\n", true},
+        {"GET / HTTP/1.1\r\nHost: a\r\nConnection: keep-alive\r\nConnection: close\r\n\r\n", false},
+        {"GET / HTTP/1.1\r\nHost: a\r\nConnection: closed\r\n\r\n", true},
+        {"GET / HTTP/1.0\r\nConnection: keep-alives\r\n\r\n", false},
     };
     for (size_t i = 0; i < SL_ARRAY_LEN(cases); i++) {
         gw_http_parser_t *p = gw_http_parser_new(GW_HTTP_REQUEST, NULL);
@@ -663,6 +670,112 @@ static void test_keep_alive(void **state)
 
 /* An Upgrade request is served as plain HTTP/1.1 (the header is
  * hop-by-hop, never forwarded); the bytes after it are the next request. */
+static void resp_ok(const char *in, bool head_req, bool eof, run_t *r);
+
+/* Keep-alive of answers: HTTP/1.0 needs the token, a close-delimited body
+ * never keeps the connection. */
+static void test_response_keep_alive(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *in;
+        bool ka;
+    } cases[] = {
+        {"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", true},
+        {"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", false},
+        {"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n", false},
+        {"HTTP/1.0 200 OK\r\nContent-Length: 0\r\nConnection: keep-alive\r\n\r\n", true},
+        {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", true},
+        {"HTTP/1.1 200 OK\r\n\r\n", false},
+        {"HTTP/1.1 204 No Content\r\n\r\n", true},
+    };
+    for (size_t i = 0; i < SL_ARRAY_LEN(cases); i++) {
+        gw_http_parser_t *p = gw_http_parser_new(GW_HTTP_RESPONSE, NULL);
+        size_t used;
+        assert_int_equal(gw_http_feed(p, cases[i].in, strlen(cases[i].in), &used, NULL, NULL),
+                         GW_HTTP_HEAD);
+        if (gw_http_msg(p)->keep_alive != cases[i].ka)
+            fail_msg("case %zu: keep_alive %d", i, gw_http_msg(p)->keep_alive);
+        gw_http_parser_free(p);
+    }
+}
+
+/* The method is looked up in http-parser's table (the head never reaches
+ * http-parser): every method it knows passes, CONNECT is refused by us,
+ * anything else is 501 at the end of the method, before any later error. */
+static void test_methods(void **state)
+{
+    (void)state;
+    run_t r;
+    char in[256];
+    int n = 0;
+    for (int i = 0;; i++) {
+        const char *m = http_method_str((enum http_method)i);
+        if (strcmp(m, "<unknown>") == 0)
+            break;
+        snprintf(in, sizeof(in), "%s / HTTP/1.1\r\nHost: a\r\n\r\n", m);
+        run_all_splits(GW_HTTP_REQUEST, &lim_default, false, in, strlen(in), false, &r);
+        if (strcmp(m, "CONNECT") == 0) {
+            assert_int_equal(r.st, GW_HTTP_ERROR);
+            assert_string_equal(r.reason, "connect");
+        } else {
+            if (r.st != GW_HTTP_DONE)
+                fail_msg("%s: state %d (%s)", m, r.st, r.reason);
+            assert_int_equal(strncmp(r.head, m, strlen(m)), 0);
+        }
+        n++;
+    }
+    assert_true(n >= 30); /* http-parser 2.9 has 34 */
+    static const char *const unknown[] = {
+        "GE / HTTP/1.1\r\nHost: a\r\n\r\n",      "GETS / HTTP/1.1\r\nHost: a\r\n\r\n",
+        "Post / HTTP/1.1\r\nHost: a\r\n\r\n",    "FOO / HTTP/1.1\r\nBad Header: x\r\n\r\n",
+        "FOO /\x01 HTTP/1.1\r\nHost: a\r\n\r\n",
+    };
+    for (size_t i = 0; i < SL_ARRAY_LEN(unknown); i++) {
+        run_all_splits(GW_HTTP_REQUEST, &lim_default, false, unknown[i], strlen(unknown[i]), false,
+                       &r);
+        assert_int_equal(r.st, GW_HTTP_ERROR);
+        assert_int_equal(r.status, 501);
+        assert_string_equal(r.reason, "unknown_method");
+    }
+}
+
+/* Chunked bodies after heads http-parser never saw: after interim heads,
+ * a request's, and pipelined bytes left where the message ends. */
+static void test_chunked_after_own_head(void **state)
+{
+    (void)state;
+    run_t r;
+    const char *in = "HTTP/1.1 100 Continue\r\n\r\n"
+                     "HTTP/1.1 200 OK\r\n" TE "\r\n"
+                     "3\r\nabc\r\n2;x=y\r\nde\r\n0\r\nT: 1\r\n\r\nHTTP/1.1";
+    resp_ok(in, false, false, &r);
+    assert_int_equal(r.heads, 1);
+    assert_int_equal(r.body_len, 5);
+    assert_memory_equal(r.body, "abcde", 5);
+    assert_int_equal(r.used, strlen(in) - 8);
+    gw_http_parser_t *p = gw_http_parser_new(GW_HTTP_REQUEST, NULL);
+    const char *req = "POST /a HTTP/1.1\r\nHost: a\r\n" TE "\r\n4\r\nwxyz\r\n0\r\n\r\n"
+                      "GET /b HTTP/1.1\r\nHost: b\r\n\r\n";
+    size_t used, off = 0;
+    run_t body = {0};
+    assert_int_equal(gw_http_feed(p, req, strlen(req), &used, body_sink, &body), GW_HTTP_HEAD);
+    off += used;
+    assert_true(gw_http_msg(p)->chunked);
+    assert_int_equal(gw_http_feed(p, req + off, strlen(req) - off, &used, body_sink, &body),
+                     GW_HTTP_DONE);
+    off += used;
+    assert_int_equal(body.body_len, 4);
+    assert_memory_equal(body.body, "wxyz", 4);
+    assert_string_equal(req + off, "GET /b HTTP/1.1\r\nHost: b\r\n\r\n");
+    gw_http_parser_reset(p);
+    assert_int_equal(gw_http_feed(p, req + off, strlen(req) - off, &used, NULL, NULL),
+                     GW_HTTP_HEAD);
+    assert_false(gw_http_msg(p)->chunked);
+    assert_int_equal(gw_http_feed(p, NULL, 0, &used, NULL, NULL), GW_HTTP_DONE);
+    gw_http_parser_free(p);
+}
+
 static void test_upgrade_ignored(void **state)
 {
     (void)state;
@@ -927,6 +1040,9 @@ int main(void)
         cmocka_unit_test(test_pipelined),
         cmocka_unit_test(test_keep_alive),
         cmocka_unit_test(test_upgrade_ignored),
+        cmocka_unit_test(test_response_keep_alive),
+        cmocka_unit_test(test_methods),
+        cmocka_unit_test(test_chunked_after_own_head),
         cmocka_unit_test(test_eof_request),
         cmocka_unit_test(test_body_callback_error),
         cmocka_unit_test(test_response_content_length),

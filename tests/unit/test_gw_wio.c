@@ -1,0 +1,340 @@
+/*
+ * gw_wio_read_own (gateway/wio.c): a plain socket's bufferevent read by our
+ * own callback on its read event instead of libevent's evbuffer_read (which
+ * asks FIONREAD before every read and reads at most 4 KiB). Over a real
+ * loopback TCP pair, the loop driven by the test (EVLOOP_NONBLOCK: one
+ * readiness check per turn, nothing waits on a clock but the timeout case):
+ * bytes and their order, reads larger than libevent's 4 KiB but bounded,
+ * one read per wake-up, the read high-watermark's suspension and resume,
+ * EOF, a reset, the read timeout, reading toggled off and on, and a
+ * bufferevent freed inside its own read callback.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+
+#include "gateway/gw_wio.h"
+
+typedef struct fx {
+    struct event_base *base;
+    struct bufferevent *bev;
+    int peer;            /* the other end, blocking */
+    int nreads;          /* read callbacks */
+    size_t max_read;     /* the most one callback found new */
+    size_t seen;         /* bytes taken out (drain mode) */
+    bool drain;          /* the read callback empties the input */
+    bool free_in_cb;     /* the read callback frees the bufferevent */
+    size_t keep;         /* keep mode: the callback leaves this many bytes */
+    size_t len_before;   /* keep mode: the input's length after the last callback */
+    size_t first_read;   /* keep mode: the first callback's input length */
+    short what;          /* the event callback's flags */
+    unsigned char *data; /* drain mode: the bytes, in order */
+    size_t data_cap;
+} fx_t;
+
+static void tcp_pair(int fds[2])
+{
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(a);
+    assert_true(l >= 0);
+    assert_int_equal(bind(l, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(listen(l, 1), 0);
+    assert_int_equal(getsockname(l, (struct sockaddr *)&a, &len), 0);
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    assert_int_equal(connect(c, (struct sockaddr *)&a, sizeof(a)), 0);
+    int s = accept(l, NULL, NULL);
+    assert_true(s >= 0);
+    close(l);
+    fds[0] = s;
+    fds[1] = c;
+}
+
+static void fx_readcb(struct bufferevent *bev, void *arg)
+{
+    fx_t *f = arg;
+    struct evbuffer *in = bufferevent_get_input(bev);
+    size_t n = evbuffer_get_length(in);
+    f->nreads++;
+    if (f->free_in_cb) {
+        bufferevent_free(bev);
+        f->bev = NULL;
+        return;
+    }
+    if (f->keep) {
+        /* what this read added; the largest after the first in max_read */
+        if (f->nreads == 1)
+            f->first_read = n;
+        else if (n - f->len_before > f->max_read)
+            f->max_read = n - f->len_before;
+        if (n > f->keep) {
+            f->seen += n - f->keep;
+            evbuffer_drain(in, n - f->keep);
+        }
+        f->len_before = evbuffer_get_length(in);
+        return;
+    }
+    if (!f->drain)
+        return;
+    if (n > f->max_read)
+        f->max_read = n;
+    if (f->data && f->seen + n <= f->data_cap)
+        evbuffer_copyout(in, f->data + f->seen, n);
+    f->seen += n;
+    evbuffer_drain(in, n);
+}
+
+static void fx_eventcb(struct bufferevent *bev, short what, void *arg)
+{
+    (void)bev;
+    fx_t *f = arg;
+    f->what = what;
+}
+
+static int fx_setup(void **state)
+{
+    fx_t *f = calloc(1, sizeof(*f));
+    int fds[2];
+    tcp_pair(fds);
+    f->base = event_base_new();
+    assert_non_null(f->base);
+    evutil_make_socket_nonblocking(fds[0]);
+    f->bev = bufferevent_socket_new(f->base, fds[0], BEV_OPT_CLOSE_ON_FREE);
+    assert_non_null(f->bev);
+    f->peer = fds[1];
+    bufferevent_setcb(f->bev, fx_readcb, NULL, fx_eventcb, f);
+    assert_int_equal(gw_wio_read_own(f->bev), 0);
+    bufferevent_enable(f->bev, EV_READ);
+    *state = f;
+    return 0;
+}
+
+static int fx_teardown(void **state)
+{
+    fx_t *f = *state;
+    if (f->bev)
+        bufferevent_free(f->bev);
+    if (f->peer >= 0)
+        close(f->peer);
+    event_base_free(f->base);
+    free(f->data);
+    free(f);
+    return 0;
+}
+
+static void peer_send(fx_t *f, const void *p, size_t n)
+{
+    const char *c = p;
+    while (n > 0) {
+        ssize_t k = send(f->peer, c, n, 0);
+        assert_true(k > 0);
+        c += k;
+        n -= (size_t)k;
+    }
+}
+
+/* One loop turn that does not block. */
+static void turn(fx_t *f)
+{
+    event_base_loop(f->base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
+}
+
+/* Turns until the callbacks took `want` bytes, at most `max` turns. */
+static int turns_until(fx_t *f, size_t want, int max)
+{
+    int n = 0;
+    while (f->seen < want && n < max) {
+        turn(f);
+        n++;
+    }
+    return n;
+}
+
+static void test_bytes_then_eof(void **state)
+{
+    fx_t *f = *state;
+    f->drain = true;
+    f->data = malloc(64);
+    f->data_cap = 64;
+    peer_send(f, "hello, ", 7);
+    turns_until(f, 7, 1000);
+    peer_send(f, "world", 5);
+    turns_until(f, 12, 1000);
+    assert_int_equal(f->seen, 12);
+    assert_memory_equal(f->data, "hello, world", 12);
+    assert_int_equal(f->what, 0);
+    shutdown(f->peer, SHUT_WR);
+    for (int i = 0; i < 1000 && !f->what; i++)
+        turn(f);
+    assert_int_equal(f->what, BEV_EVENT_EOF | BEV_EVENT_READING);
+    /* as libevent does: reading is off after EOF */
+    assert_int_equal(bufferevent_get_enabled(f->bev) & EV_READ, 0);
+}
+
+/* Reads up to the reserve size (not libevent's 4 KiB), one per wake-up,
+ * bytes in order. */
+static void test_read_size(void **state)
+{
+    fx_t *f = *state;
+    enum { N = 256 * 1024 };
+    unsigned char *src = malloc(N);
+    for (size_t i = 0; i < N; i++)
+        src[i] = (unsigned char)(i * 7 + i / 251);
+    f->drain = true;
+    f->data = malloc(N);
+    f->data_cap = N;
+    /* the peer writes in the background of the loop: a child would be
+     * overkill, so write what the socket takes, then turn, and repeat */
+    int fl = fcntl(f->peer, F_GETFL);
+    fcntl(f->peer, F_SETFL, fl | O_NONBLOCK);
+    size_t sent = 0;
+    int turns = 0;
+    while (f->seen < N && turns < 100000) {
+        if (sent < N) {
+            ssize_t k = send(f->peer, src + sent, N - sent, 0);
+            if (k > 0)
+                sent += (size_t)k;
+            else
+                assert_true(errno == EAGAIN || errno == EWOULDBLOCK);
+        }
+        int before = f->nreads;
+        turn(f);
+        /* level-triggered, one read per wake-up: at most one callback */
+        assert_true(f->nreads - before <= 1);
+        turns++;
+    }
+    assert_int_equal(f->seen, N);
+    assert_memory_equal(f->data, src, N);
+    assert_true(f->max_read > 4096);       /* more than evbuffer_read's cap */
+    assert_true(f->max_read <= 16 * 1024); /* one reserve, bounded */
+    /* 256 KiB in reads of ~16 KiB: at least 16 of them, far fewer than the
+     * 64 that 4 KiB reads would take at best */
+    assert_true(f->nreads >= N / (16 * 1024));
+    free(src);
+}
+
+/* A read takes no more than the read high-watermark leaves: the first
+ * one fills the input to the mark (libevent's would stop at 4 KiB), and
+ * with the callback keeping KEEP bytes every later one takes exactly
+ * HIGH - KEEP. (A callback that took nothing would be called again and
+ * again: libevent 2.1.12 re-runs the read callback, deferred, while the
+ * input is at its mark and reading is enabled.) */
+static void test_high_watermark(void **state)
+{
+    fx_t *f = *state;
+    enum { HIGH = 10000, KEEP = 9000, N = 50000 };
+    char *src = calloc(1, N);
+    f->keep = KEEP;
+    bufferevent_setwatermark(f->bev, EV_READ, 0, HIGH);
+    peer_send(f, src, N);
+    for (int i = 0; i < 1000 && f->seen + KEEP < N; i++)
+        turn(f);
+    assert_int_equal(f->first_read, HIGH);
+    assert_int_equal(f->max_read, HIGH - KEEP); /* the largest read after the first */
+    assert_int_equal(f->seen + KEEP, N);
+    assert_int_equal(f->nreads, 1 + (N - HIGH) / (HIGH - KEEP));
+    free(src);
+}
+
+/* A reset is an error with BEV_EVENT_READING, reading off. */
+static void test_reset(void **state)
+{
+    fx_t *f = *state;
+    struct linger lg = {.l_onoff = 1, .l_linger = 0};
+    setsockopt(f->peer, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+    close(f->peer);
+    f->peer = -1;
+    for (int i = 0; i < 1000 && !f->what; i++)
+        turn(f);
+    assert_int_equal(f->what, BEV_EVENT_ERROR | BEV_EVENT_READING);
+    assert_int_equal(bufferevent_get_enabled(f->bev) & EV_READ, 0);
+    assert_int_equal(EVUTIL_SOCKET_ERROR(), ECONNRESET);
+}
+
+/* The bufferevent's read timeout still applies (its own timer). */
+static void test_read_timeout(void **state)
+{
+    fx_t *f = *state;
+    struct timeval tv = {0, 2000};
+    bufferevent_set_timeouts(f->bev, &tv, NULL);
+    /* blocks until the first event: the 2 ms timeout, nothing is sent */
+    event_base_loop(f->base, EVLOOP_ONCE);
+    assert_int_equal(f->what, BEV_EVENT_TIMEOUT | BEV_EVENT_READING);
+    assert_int_equal(bufferevent_get_enabled(f->bev) & EV_READ, 0);
+}
+
+/* Disabled: bytes stay in the socket; enabled again: they are read, by our
+ * callback still (a read above 4 KiB). Installing on an enabled
+ * bufferevent keeps it enabled. */
+static void test_disable_enable(void **state)
+{
+    fx_t *f = *state;
+    enum { N = 12000 };
+    char *src = calloc(1, N);
+    f->drain = true;
+    bufferevent_disable(f->bev, EV_READ);
+    peer_send(f, src, N);
+    for (int i = 0; i < 50; i++)
+        turn(f);
+    assert_int_equal(f->nreads, 0);
+    assert_int_equal(gw_wio_read_own(f->bev), 0); /* again, while disabled */
+    bufferevent_enable(f->bev, EV_READ);
+    assert_int_equal(gw_wio_read_own(f->bev), 0); /* and while enabled */
+    assert_true(bufferevent_get_enabled(f->bev) & EV_READ);
+    turns_until(f, N, 1000);
+    assert_int_equal(f->seen, N);
+    assert_true(f->max_read > 4096);
+    free(src);
+}
+
+/* Freed inside its read callback: our callback holds a reference until it
+ * returns (ASan would see a use after free otherwise). */
+static void test_free_in_callback(void **state)
+{
+    fx_t *f = *state;
+    f->free_in_cb = true;
+    peer_send(f, "x", 1);
+    for (int i = 0; i < 1000 && f->bev; i++)
+        turn(f);
+    assert_null(f->bev);
+    assert_int_equal(f->nreads, 1);
+    turn(f); /* the deferred free runs */
+}
+
+static void test_no_socket(void **state)
+{
+    (void)state;
+    struct event_base *base = event_base_new();
+    struct bufferevent *bev = bufferevent_socket_new(base, -1, 0);
+    assert_int_equal(gw_wio_read_own(bev), -1);
+    bufferevent_free(bev);
+    event_base_free(base);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_bytes_then_eof, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_read_size, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_high_watermark, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_reset, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_read_timeout, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_disable_enable, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_free_in_callback, fx_setup, fx_teardown),
+        cmocka_unit_test(test_no_socket),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
