@@ -292,8 +292,20 @@ AVX512_TARGET static inline __m512i bcast4(const int8_t *p)
     return _mm512_set1_epi32(v);
 }
 
+#ifndef MDL_RP_PREFETCH_1
+#define MDL_RP_PREFETCH_1 MDL_PREFETCH_BYTES
+#endif
+/* With 4+ tokens a block takes longer, yet the weights stream slower than
+ * at one token: on the shared host (load 8) the 4 KiB lead left a step of
+ * 8 waiting on memory. 8 KiB ahead at 4+ tokens: decode tokens per
+ * CPU-second of `serve --streams 8` 197 -> 217 (medians of 6, interleaved);
+ * at 1 token the longer lead cost ~20% (44 -> 35), so one token keeps 4 KiB
+ * (bench/RESULTS-model.md, fifth pass). */
+#ifndef MDL_RP_PREFETCH_WIDE
+#define MDL_RP_PREFETCH_WIDE 8192
+#endif
 #ifndef MDL_RP_PREFETCH
-#define MDL_RP_PREFETCH MDL_PREFETCH_BYTES
+#define MDL_RP_PREFETCH (T >= 4 ? MDL_RP_PREFETCH_WIDE : MDL_RP_PREFETCH_1)
 #endif
 /* The repacked Q8_0/Q4_0/Q5_0 tiles prefetch into L2, not L1: with 8
  * tokens a block takes ~64 vpdpbusd, and L1-bound prefetches (few miss
