@@ -951,7 +951,7 @@ static int cmd_gemm(const cli_opts_t *o)
             k->prep(&a[t]);
     }
     uint8_t *il = aligned_alloc(64, (MDL_IL_BYTES(n, T) + 63) / 64 * 64);
-    if (il && !getenv("MDL_GEMM_NO_IL")) /* as the engine runs it */
+    if (il && T >= 4 && !getenv("MDL_GEMM_NO_IL")) /* as the engine runs it */
         mdl_act_interleave(a, T, il);
     mdl_rp_pack(MDL_T_Q8_0, w, rb, rows, n, rp);
     double best[2] = {1e30, 1e30};

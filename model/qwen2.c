@@ -730,7 +730,10 @@ static void prep_acts(mdl_state_t *s, const float *x, int nb, int n)
             s->k->prep(a);
         }
     }
-    if (quant)
+    /* the interleaved form pays from 4 tokens (the registers one pointer
+     * per token would take); alone or in pairs its 384-byte blocks only
+     * spread a token's 32 bytes over more cache lines */
+    if (quant && nb >= 4)
         mdl_act_interleave(s->acts, nb, s->ail);
 }
 
