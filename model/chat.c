@@ -219,6 +219,41 @@ static int cand_cmp(const void *a, const void *b)
     return (x->id > y->id) - (x->id < y->id);
 }
 
+/* Restores the heap order below h[i] in h[0..k): every entry worse (later
+ * in cand_cmp's order) than or equal to its children, the worst on top. */
+static void cand_sift(mdl_cand_t *h, int k, int i)
+{
+    for (;;) {
+        int w = i, l = 2 * i + 1, r = l + 1;
+        if (l < k && cand_cmp(&h[l], &h[w]) > 0)
+            w = l;
+        if (r < k && cand_cmp(&h[r], &h[w]) > 0)
+            w = r;
+        if (w == i)
+            return;
+        mdl_cand_t t = h[i];
+        h[i] = h[w];
+        h[w] = t;
+        i = w;
+    }
+}
+
+/* Moves the k first of c[0..n) in cand_cmp's order into c[0..k) (in no
+ * order): a heap of the best k so far. cand_cmp is a total order (ties go
+ * by id), so sorting these k gives exactly the first k of a full sort; with
+ * flat logits (tens of thousands of candidates) the full qsort was ~15% of
+ * a step of 8 sampled sequences. */
+static void cand_top_k(mdl_cand_t *c, int n, int k)
+{
+    for (int i = k / 2 - 1; i >= 0; i--)
+        cand_sift(c, k, i);
+    for (int i = k; i < n; i++)
+        if (cand_cmp(&c[i], &c[0]) < 0) {
+            c[0] = c[i];
+            cand_sift(c, k, 0);
+        }
+}
+
 /* The first index of the largest value (NaNs never win; 0 when x[0] is NaN
  * or n < 1), as the one-pass `x[i] > x[best]` loop gives, in two passes
  * the compiler turns into vector max and compare: 16 lane maxima (maxps
@@ -285,9 +320,11 @@ int32_t mdl_sampler_sample(mdl_sampler_t *s, float *logits, const int32_t *hist,
             s->cand[c++] = (mdl_cand_t){logits[i], i};
     if (c == 0)
         return best; /* NaN logits (a broken model): nothing to sample from */
-    qsort(s->cand, (size_t)c, sizeof(mdl_cand_t), cand_cmp);
-    if (s->p.top_k > 0 && c > s->p.top_k)
+    if (s->p.top_k > 0 && c > s->p.top_k) {
+        cand_top_k(s->cand, c, s->p.top_k);
         c = s->p.top_k;
+    }
+    qsort(s->cand, (size_t)c, sizeof(mdl_cand_t), cand_cmp);
     double total = 0.0;
     for (int i = 0; i < c; i++) {
         double pr = exp((double)(s->cand[i].l - maxl) / temp);

@@ -950,6 +950,9 @@ static int cmd_gemm(const cli_opts_t *o)
         if (k->prep)
             k->prep(&a[t]);
     }
+    uint8_t *il = aligned_alloc(64, (MDL_IL_BYTES(n, T) + 63) / 64 * 64);
+    if (il && T >= 4 && !getenv("MDL_GEMM_NO_IL")) /* as the engine runs it */
+        mdl_act_interleave(a, T, il);
     mdl_rp_pack(MDL_T_Q8_0, w, rb, rows, n, rp);
     double best[2] = {1e30, 1e30};
     for (int rep = 0; rep < reps; rep++)
@@ -968,6 +971,7 @@ static int cmd_gemm(const cli_opts_t *o)
            rows, n, T, (double)rb * rows / 1048576.0, best[0] * 1e9 / nw, best[1] * 1e9 / nw,
            nw * T / (best[0] * 1e9), nw * T / (best[1] * 1e9), best[0] / best[1]);
     free(w), free(rp), free(x), free(out), free(q), free(d), free(qs), free(extra), free(a);
+    free(il);
     return 0;
 }
 

@@ -292,8 +292,20 @@ AVX512_TARGET static inline __m512i bcast4(const int8_t *p)
     return _mm512_set1_epi32(v);
 }
 
+#ifndef MDL_RP_PREFETCH_1
+#define MDL_RP_PREFETCH_1 MDL_PREFETCH_BYTES
+#endif
+/* With 4+ tokens a block takes longer, yet the weights stream slower than
+ * at one token: on the shared host (load 8) the 4 KiB lead left a step of
+ * 8 waiting on memory. 8 KiB ahead at 4+ tokens: decode tokens per
+ * CPU-second of `serve --streams 8` 197 -> 217 (medians of 6, interleaved);
+ * at 1 token the longer lead cost ~20% (44 -> 35), so one token keeps 4 KiB
+ * (bench/RESULTS-model.md, fifth pass). */
+#ifndef MDL_RP_PREFETCH_WIDE
+#define MDL_RP_PREFETCH_WIDE 8192
+#endif
 #ifndef MDL_RP_PREFETCH
-#define MDL_RP_PREFETCH MDL_PREFETCH_BYTES
+#define MDL_RP_PREFETCH (T >= 4 ? MDL_RP_PREFETCH_WIDE : MDL_RP_PREFETCH_1)
 #endif
 /* The repacked Q8_0/Q4_0/Q5_0 tiles prefetch into L2, not L1: with 8
  * tokens a block takes ~64 vpdpbusd, and L1-bound prefetches (few miss
@@ -439,6 +451,95 @@ AVX512_TARGET TILE_INLINE void rp_tile(uint32_t type, const uint8_t *G, int nblk
     }
 }
 
+/* rp_tile on the interleaved form (mdl_act_t.il) of T tokens: the same
+ * integer sums and the same float operations in the same order, so the
+ * same bits; every token's activations, scale and correction of a block
+ * are reached from one pointer. With 4+ tokens one integer chain per token
+ * (the tokens' chains overlap each other; integer sums are exact in any
+ * order), which saves an add per token and block. */
+AVX512_TARGET TILE_INLINE void rp_tile_il(uint32_t type, const uint8_t *G, int nblk,
+                                          const uint8_t *il, int T, __m512 *acc)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const size_t oo = type == MDL_T_Q8_0   ? MDL_IL_O128
+                      : type == MDL_T_Q5_0 ? MDL_IL_O16
+                                           : MDL_IL_O8;
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++)
+        acc[t] = _mm512_setzero_ps();
+    size_t qb = type == MDL_T_Q8_0 ? 512 : type == MDL_T_Q5_0 ? 320 : 256;
+    for (int b = 0; b < nblk; b++) {
+        const uint8_t *qs = G + MDL_RP_Q_OFF(b, qb);
+        const uint8_t *P = il + (size_t)MDL_IL_BLK * b;
+        __m512i W[8];
+        if (type == MDL_T_Q8_0) {
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {
+                _mm_prefetch((const char *)qs + MDL_RP_PREFETCH + 64 * k, MDL_RP_PF_HINT);
+                W[k] = _mm512_load_si512((const void *)(qs + 64 * k));
+            }
+        } else {
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                _mm_prefetch((const char *)qs + MDL_RP_PREFETCH + 64 * k, MDL_RP_PF_HINT);
+                __m512i v = _mm512_load_si512((const void *)(qs + 64 * k));
+                W[k] = _mm512_and_si512(v, m4);
+                W[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            }
+            if (type == MDL_T_Q5_0) {
+                const __m512i bit5 = _mm512_set1_epi8(0x10);
+                _mm_prefetch((const char *)qs + MDL_RP_PREFETCH + 256, MDL_RP_PF_HINT);
+#pragma GCC unroll 8
+                for (int k = 0; k < 8; k++) {
+                    uint64_t mk;
+                    memcpy(&mk, qs + 256 + 8 * k, 8);
+                    W[k] = _mm512_mask_add_epi8(W[k], _cvtu64_mask64(mk), W[k], bit5);
+                }
+            }
+        }
+        if (!(b & 1))
+            _mm_prefetch((const char *)qs - 64 + MDL_RP_PREFETCH, MDL_RP_PF_HINT);
+        __m512 dw =
+            _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(G + MDL_RP_SCALE_OFF(b, qb))));
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            /* chunk k holds elements 4k.. (the nibble types: low nibbles,
+             * elements 0..15, in chunks 0..3, high ones in 4..7) */
+            const int8_t *x = (const int8_t *)P + 32 * t;
+            int32_t o;
+            float dx;
+            memcpy(&o, P + oo + 4 * t, 4);
+            memcpy(&dx, P + MDL_IL_D + 4 * t, 4);
+            __m512i i0 = _mm512_set1_epi32(o), iv;
+            if (T >= 4) {
+#pragma GCC unroll 8
+                for (int k = 0; k < 8; k++)
+                    i0 = _mm512_dpbusd_epi32(i0, W[k], bcast4(x + 4 * k));
+                iv = i0;
+            } else {
+                __m512i i1 = _mm512_setzero_si512();
+#pragma GCC unroll 8
+                for (int k = 0; k < 8; k += 2) {
+                    i0 = _mm512_dpbusd_epi32(i0, W[k], bcast4(x + 4 * k));
+                    i1 = _mm512_dpbusd_epi32(i1, W[k + 1], bcast4(x + 4 * k + 4));
+                }
+                iv = _mm512_add_epi32(i0, i1);
+            }
+            __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(dx));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iv), sc, acc[t]);
+        }
+    }
+}
+
+/* One chunk of T tokens: the interleaved form when the batch has it. */
+#define RP_TILE_T(TYPE, G, nblk, a, T, acc)                                                        \
+    do {                                                                                           \
+        if ((TYPE) != MDL_T_Q4_K && (a)[0].il)                                                     \
+            rp_tile_il(TYPE, G, nblk, (a)[0].il, T, acc);                                          \
+        else                                                                                       \
+            rp_tile(TYPE, G, nblk, a, T, acc);                                                     \
+    } while (0)
+
 AVX512_TARGET TILE_INLINE void rp_store(__m512 v, float *o, int n, const float *bias,
                                         int accumulate)
 {
@@ -464,28 +565,28 @@ AVX512_TARGET TILE_INLINE void rp_store(__m512 v, float *o, int n, const float *
                 int T = SL_MIN(8, nb - t0);                                                        \
                 switch (T) {                                                                       \
                 case 1:                                                                            \
-                    rp_tile(TYPE, G, nblk, a + t0, 1, acc);                                        \
+                    RP_TILE_T(TYPE, G, nblk, a + t0, 1, acc);                                      \
                     break;                                                                         \
                 case 2:                                                                            \
-                    rp_tile(TYPE, G, nblk, a + t0, 2, acc);                                        \
+                    RP_TILE_T(TYPE, G, nblk, a + t0, 2, acc);                                      \
                     break;                                                                         \
                 case 3:                                                                            \
-                    rp_tile(TYPE, G, nblk, a + t0, 3, acc);                                        \
+                    RP_TILE_T(TYPE, G, nblk, a + t0, 3, acc);                                      \
                     break;                                                                         \
                 case 4:                                                                            \
-                    rp_tile(TYPE, G, nblk, a + t0, 4, acc);                                        \
+                    RP_TILE_T(TYPE, G, nblk, a + t0, 4, acc);                                      \
                     break;                                                                         \
                 case 5:                                                                            \
-                    rp_tile(TYPE, G, nblk, a + t0, 5, acc);                                        \
+                    RP_TILE_T(TYPE, G, nblk, a + t0, 5, acc);                                      \
                     break;                                                                         \
                 case 6:                                                                            \
-                    rp_tile(TYPE, G, nblk, a + t0, 6, acc);                                        \
+                    RP_TILE_T(TYPE, G, nblk, a + t0, 6, acc);                                      \
                     break;                                                                         \
                 case 7:                                                                            \
-                    rp_tile(TYPE, G, nblk, a + t0, 7, acc);                                        \
+                    RP_TILE_T(TYPE, G, nblk, a + t0, 7, acc);                                      \
                     break;                                                                         \
                 default:                                                                           \
-                    rp_tile(TYPE, G, nblk, a + t0, 8, acc);                                        \
+                    RP_TILE_T(TYPE, G, nblk, a + t0, 8, acc);                                      \
                     break;                                                                         \
                 }                                                                                  \
                 for (int t = 0; t < T; t++)                                                        \

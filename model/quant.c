@@ -224,6 +224,27 @@ void mdl_act_bind_extra(mdl_act_t *a, uint8_t *buf)
     a->c8 = (int32_t *)(void *)(buf + 3 * r); /* n/8 int32 = n/2 bytes */
 }
 
+void mdl_act_interleave(mdl_act_t *a, int nb, uint8_t *buf)
+{
+    int nblk = a[0].n / 32;
+    for (int t0 = 0; t0 < nb; t0 += 8) {
+        uint8_t *c = buf + (size_t)(t0 / 8) * nblk * MDL_IL_BLK;
+        for (int t = t0; t < nb && t < t0 + 8; t++) {
+            int j = t - t0;
+            for (int b = 0; b < nblk; b++) {
+                uint8_t *p = c + (size_t)b * MDL_IL_BLK;
+                int32_t s = a[t].qsum[b], o[3] = {-128 * s, -16 * s, -8 * s};
+                memcpy(p + 32 * j, a[t].q + 32 * b, 32);
+                memcpy(p + MDL_IL_D + 4 * j, &a[t].d[b], 4);
+                memcpy(p + MDL_IL_O128 + 4 * j, &o[0], 4);
+                memcpy(p + MDL_IL_O16 + 4 * j, &o[1], 4);
+                memcpy(p + MDL_IL_O8 + 4 * j, &o[2], 4);
+            }
+            a[t].il = j == 0 ? c : NULL;
+        }
+    }
+}
+
 /* ---- scalar row kernels --------------------------------------------- */
 
 static float dot_f32_f32(const uint8_t *row, const mdl_act_t *a)

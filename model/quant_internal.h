@@ -42,7 +42,29 @@ typedef struct {
     int8_t *qp;    /* n: q per 4 blocks, the 4 low halves then the 4 high halves */
     int32_t *c8;   /* n/8: -8 * the sums dpbusd lanes see in the qp order (Q4_0) */
     int8_t *qk;    /* n: q per 8 blocks in the order 0 2 1 3 4 6 5 7 (Q4_K nibbles) */
+    /* Set on acts[0], acts[8], ... of a batch by mdl_act_interleave: that
+     * token and the next (up to 7) in the repacked kernels' form; NULL:
+     * those kernels read q/d/qsum token by token. */
+    const uint8_t *il;
 } mdl_act_t;
+
+/* The interleaved form of up to 8 tokens, block by block (MDL_IL_BLK bytes
+ * per 32 activations): the 8 tokens' 32 q, their 8 scales d, then their
+ * block sums times the offsets the repacked weights carry (-128 for Q8_0,
+ * -16 for Q5_0, -8 for Q4_0). One pointer then reaches every token of a
+ * block, so the kernel's 8 token loops keep no 24 pointers in registers,
+ * and the offsets' corrections are broadcast loads, not a multiply and a
+ * move from a general register per token and block. */
+#define MDL_IL_BLK  384
+#define MDL_IL_D    256
+#define MDL_IL_O128 288
+#define MDL_IL_O16  320
+#define MDL_IL_O8   352
+/* Bytes of the interleaved form of nb tokens of n activations. */
+#define MDL_IL_BYTES(n, nb) ((size_t)((nb) + 7) / 8 * ((size_t)(n) / 32) * MDL_IL_BLK)
+/* Fills buf (MDL_IL_BYTES(a[0].n, nb), quantized acts) and points
+ * a[0].il, a[8].il, ... at it. */
+void mdl_act_interleave(mdl_act_t *a, int nb, uint8_t *buf);
 
 /* Scratch bytes for the extra forms of an n-element vector, and how they
  * are laid out in it (buf 64-byte aligned for the fastest loads). */

@@ -460,7 +460,8 @@ struct mdl_state {
     int8_t *aq;
     float *ad;
     int32_t *as;
-    uint8_t *ax; /* the kernels' extra activation forms (prep) */
+    uint8_t *ax;  /* the kernels' extra activation forms (prep) */
+    uint8_t *ail; /* the repacked kernels' interleaved form (mdl_act_interleave) */
     mdl_act_t *acts;
     /* per-row bookkeeping of a batch (batch entries each) */
     mdl_state_t **row_seq;
@@ -490,6 +491,7 @@ void mdl_state_free(mdl_state_t *s)
     free(s->ad);
     free(s->as);
     free(s->ax);
+    free(s->ail);
     free(s->acts);
     free(s->row_seq);
     free(s->row_pos);
@@ -575,9 +577,10 @@ mdl_state_t *mdl_state_new(const mdl_model_t *m, const mdl_state_opts_t *o, mdl_
     s->lg_out = calloc(B, sizeof(float *));
     s->step_tok = calloc(B, sizeof(int32_t));
     s->lg = fbuf(B * (size_t)m->n_vocab, &ok);
+    s->ail = aligned_alloc(64, (MDL_IL_BYTES(s->max_in, B) + 63) / 64 * 64);
     s->ax = s->k->prep ? aligned_alloc(64, B * ((MDL_ACT_EXTRA_BYTES(s->max_in) + 63) / 64 * 64))
                        : NULL;
-    if (!ok || !s->aq || !s->as || !s->acts || (s->k->prep && !s->ax) || !s->row_seq ||
+    if (!ok || !s->aq || !s->as || !s->ail || !s->acts || (s->k->prep && !s->ax) || !s->row_seq ||
         !s->row_pos || !s->lg_rows || !s->lg_out || !s->step_tok) {
         set_err(err, errlen, "out of memory for a %d-token context", s->n_ctx);
         mdl_state_free(s);
@@ -717,6 +720,7 @@ static void prep_acts(mdl_state_t *s, const float *x, int nb, int n)
         a->q = s->aq + (size_t)b * n;
         a->d = s->ad + (size_t)b * n / MDL_QK;
         a->qsum = s->as + (size_t)b * n / MDL_QK;
+        a->il = NULL;
         if (!quant)
             continue;
         s->k->quantize(a->x, n, a->q, a->d, a->qsum);
@@ -726,6 +730,11 @@ static void prep_acts(mdl_state_t *s, const float *x, int nb, int n)
             s->k->prep(a);
         }
     }
+    /* the interleaved form pays from 4 tokens (the registers one pointer
+     * per token would take); alone or in pairs its 384-byte blocks only
+     * spread a token's 32 bytes over more cache lines */
+    if (quant && nb >= 4)
+        mdl_act_interleave(s->acts, nb, s->ail);
 }
 
 static void matmul(mdl_state_t *s, int nb, const mm_job_t *jobs, int n_jobs)

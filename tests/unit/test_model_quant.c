@@ -591,7 +591,9 @@ static void test_gemm_rp(void **state)
             float *d = malloc(sizeof(float) * TOKS * n / 32);
             int32_t *qs = malloc(sizeof(int32_t) * TOKS * n / 32);
             float bias[ROWS], ref[TOKS * ROWS], out[TOKS * ROWS], one[ROWS];
-            mdl_act_t a[TOKS];
+            mdl_act_t a[TOKS], ai[TOKS];
+            uint8_t *il = aligned_alloc(64, (MDL_IL_BYTES(n, TOKS) + 63) / 64 * 64);
+            assert_non_null(il);
             for (int i = 0; i < TOKS * n; i++)
                 x[i] = rndf();
             for (int r = 0; r < ROWS; r++)
@@ -603,6 +605,7 @@ static void test_gemm_rp(void **state)
                                    .d = d + t * n / 32,
                                    .qsum = qs + t * n / 32};
                 mdl_quantize_scalar(a[t].x, n, a[t].q, a[t].d, a[t].qsum);
+                ai[t] = a[t];
             }
             /* the reference against the row kernel */
             mdl_gemm_rp_ref(ty, rp, gb, ROWS, a, TOKS, ref, ROWS, NULL, 0);
@@ -636,6 +639,15 @@ static void test_gemm_rp(void **state)
                                 out[i] = (float)i;
                             f(rp, gb, rows, a, nb, out, ROWS, mode == 1 ? bias : NULL, mode == 2);
                             assert_memory_equal(out, ref, sizeof(out));
+                            /* the interleaved form, as the engine runs it: the
+                             * same bits (any batch of it, from a[0]) */
+                            mdl_act_interleave(ai, nb, il);
+                            for (int i = 0; i < TOKS * ROWS; i++)
+                                out[i] = (float)i;
+                            f(rp, gb, rows, ai, nb, out, ROWS, mode == 1 ? bias : NULL, mode == 2);
+                            assert_memory_equal(out, ref, sizeof(out));
+                            for (int t = 0; t < nb; t += 8)
+                                assert_non_null(ai[t].il);
                             /* each token alone gives the same bits */
                             for (int t = 0; t < nb; t++) {
                                 for (int r = 0; r < rows; r++)
@@ -654,6 +666,7 @@ static void test_gemm_rp(void **state)
             free(q);
             free(d);
             free(qs);
+            free(il);
         }
     }
     /* this CPU has AVX-512 VNNI (CI is the same machine); elsewhere only the
