@@ -373,6 +373,44 @@ AVX512_TARGET TILE_INLINE void rp_tile_q4k(const uint8_t *G, int nsb, const mdl_
     }
 }
 
+/* One block of a 16-row group's weights as unsigned bytes in 8 registers
+ * (Q8_0 as stored; the nibble types split and masked, Q5_0's fifth bits
+ * added), prefetching MDL_RP_PREFETCH ahead (it depends on T, the tokens
+ * of the tile): rp_tile and rp_tile_il load the same way. */
+AVX512_TARGET TILE_INLINE void rp_load_block(uint32_t type, const uint8_t *qs, int b, int T,
+                                             __m512i *W)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    if (type == MDL_T_Q8_0) {
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            _mm_prefetch((const char *)qs + MDL_RP_PREFETCH + 64 * k, MDL_RP_PF_HINT);
+            W[k] = _mm512_load_si512((const void *)(qs + 64 * k));
+        }
+    } else {
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            _mm_prefetch((const char *)qs + MDL_RP_PREFETCH + 64 * k, MDL_RP_PF_HINT);
+            __m512i v = _mm512_load_si512((const void *)(qs + 64 * k));
+            W[k] = _mm512_and_si512(v, m4);
+            W[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        }
+        if (type == MDL_T_Q5_0) {
+            /* the fifth bits: +16 in the bytes the masks name */
+            const __m512i bit5 = _mm512_set1_epi8(0x10);
+            _mm_prefetch((const char *)qs + MDL_RP_PREFETCH + 256, MDL_RP_PF_HINT);
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {
+                uint64_t mk;
+                memcpy(&mk, qs + 256 + 8 * k, 8);
+                W[k] = _mm512_mask_add_epi8(W[k], _cvtu64_mask64(mk), W[k], bit5);
+            }
+        }
+    }
+    if (!(b & 1))
+        _mm_prefetch((const char *)qs - 64 + MDL_RP_PREFETCH, MDL_RP_PF_HINT);
+}
+
 /* One group of 16 rows times T tokens (T <= 8, a constant at each call
  * site): per block, the weights (8 registers) are loaded and made unsigned
  * bytes once, then every token's 32 activations are broadcast 4 bytes at a
@@ -387,7 +425,6 @@ AVX512_TARGET TILE_INLINE void rp_tile(uint32_t type, const uint8_t *G, int nblk
         rp_tile_q4k(G, nblk, a, T, acc);
         return;
     }
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
 #pragma GCC unroll 8
     for (int t = 0; t < T; t++)
         acc[t] = _mm512_setzero_ps();
@@ -395,34 +432,7 @@ AVX512_TARGET TILE_INLINE void rp_tile(uint32_t type, const uint8_t *G, int nblk
     for (int b = 0; b < nblk; b++) {
         const uint8_t *qs = G + MDL_RP_Q_OFF(b, qb);
         __m512i W[8];
-        if (type == MDL_T_Q8_0) {
-#pragma GCC unroll 8
-            for (int k = 0; k < 8; k++) {
-                _mm_prefetch((const char *)qs + MDL_RP_PREFETCH + 64 * k, MDL_RP_PF_HINT);
-                W[k] = _mm512_load_si512((const void *)(qs + 64 * k));
-            }
-        } else {
-#pragma GCC unroll 4
-            for (int k = 0; k < 4; k++) {
-                _mm_prefetch((const char *)qs + MDL_RP_PREFETCH + 64 * k, MDL_RP_PF_HINT);
-                __m512i v = _mm512_load_si512((const void *)(qs + 64 * k));
-                W[k] = _mm512_and_si512(v, m4);
-                W[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-            }
-            if (type == MDL_T_Q5_0) {
-                /* the fifth bits: +16 in the bytes the masks name */
-                const __m512i bit5 = _mm512_set1_epi8(0x10);
-                _mm_prefetch((const char *)qs + MDL_RP_PREFETCH + 256, MDL_RP_PF_HINT);
-#pragma GCC unroll 8
-                for (int k = 0; k < 8; k++) {
-                    uint64_t mk;
-                    memcpy(&mk, qs + 256 + 8 * k, 8);
-                    W[k] = _mm512_mask_add_epi8(W[k], _cvtu64_mask64(mk), W[k], bit5);
-                }
-            }
-        }
-        if (!(b & 1))
-            _mm_prefetch((const char *)qs - 64 + MDL_RP_PREFETCH, MDL_RP_PF_HINT);
+        rp_load_block(type, qs, b, T, W);
         __m512 dw =
             _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(G + MDL_RP_SCALE_OFF(b, qb))));
 #pragma GCC unroll 8
@@ -460,7 +470,6 @@ AVX512_TARGET TILE_INLINE void rp_tile(uint32_t type, const uint8_t *G, int nblk
 AVX512_TARGET TILE_INLINE void rp_tile_il(uint32_t type, const uint8_t *G, int nblk,
                                           const uint8_t *il, int T, __m512 *acc)
 {
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
     const size_t oo = type == MDL_T_Q8_0   ? MDL_IL_O128
                       : type == MDL_T_Q5_0 ? MDL_IL_O16
                                            : MDL_IL_O8;
@@ -472,33 +481,7 @@ AVX512_TARGET TILE_INLINE void rp_tile_il(uint32_t type, const uint8_t *G, int n
         const uint8_t *qs = G + MDL_RP_Q_OFF(b, qb);
         const uint8_t *P = il + (size_t)MDL_IL_BLK * b;
         __m512i W[8];
-        if (type == MDL_T_Q8_0) {
-#pragma GCC unroll 8
-            for (int k = 0; k < 8; k++) {
-                _mm_prefetch((const char *)qs + MDL_RP_PREFETCH + 64 * k, MDL_RP_PF_HINT);
-                W[k] = _mm512_load_si512((const void *)(qs + 64 * k));
-            }
-        } else {
-#pragma GCC unroll 4
-            for (int k = 0; k < 4; k++) {
-                _mm_prefetch((const char *)qs + MDL_RP_PREFETCH + 64 * k, MDL_RP_PF_HINT);
-                __m512i v = _mm512_load_si512((const void *)(qs + 64 * k));
-                W[k] = _mm512_and_si512(v, m4);
-                W[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-            }
-            if (type == MDL_T_Q5_0) {
-                const __m512i bit5 = _mm512_set1_epi8(0x10);
-                _mm_prefetch((const char *)qs + MDL_RP_PREFETCH + 256, MDL_RP_PF_HINT);
-#pragma GCC unroll 8
-                for (int k = 0; k < 8; k++) {
-                    uint64_t mk;
-                    memcpy(&mk, qs + 256 + 8 * k, 8);
-                    W[k] = _mm512_mask_add_epi8(W[k], _cvtu64_mask64(mk), W[k], bit5);
-                }
-            }
-        }
-        if (!(b & 1))
-            _mm_prefetch((const char *)qs - 64 + MDL_RP_PREFETCH, MDL_RP_PF_HINT);
+        rp_load_block(type, qs, b, T, W);
         __m512 dw =
             _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(G + MDL_RP_SCALE_OFF(b, qb))));
 #pragma GCC unroll 8
