@@ -83,6 +83,26 @@ static inline size_t chan_map(const flt_chan_t *c, size_t f)
     return f >= chan_fend(c) ? c->ostart + c->olen : c->fmap[f - c->fstart];
 }
 
+/* Room in the folded window for n more bytes. */
+static int chan_fgrow(flt_chan_t *c, size_t n)
+{
+    if (c->flen + n <= c->fcap)
+        return 0;
+    size_t cap = c->fcap ? c->fcap : 256;
+    while (cap < c->flen + n)
+        cap *= 2;
+    unsigned char *p = realloc(c->fb, cap);
+    if (!p)
+        return -1;
+    c->fb = p;
+    size_t *m = realloc(c->fmap, cap * sizeof *m);
+    if (!m)
+        return -1;
+    c->fmap = m;
+    c->fcap = cap;
+    return 0;
+}
+
 static int chan_append(flt_chan_t *c, const char *s, size_t n)
 {
     if (c->olen + n > c->ocap) {
@@ -95,20 +115,8 @@ static int chan_append(flt_chan_t *c, const char *s, size_t n)
         c->ob = p;
         c->ocap = cap;
     }
-    if (c->flen + n > c->fcap) { /* folding never makes text longer */
-        size_t cap = c->fcap ? c->fcap : 256;
-        while (cap < c->flen + n)
-            cap *= 2;
-        unsigned char *p = realloc(c->fb, cap);
-        if (!p)
-            return -1;
-        c->fb = p;
-        size_t *m = realloc(c->fmap, cap * sizeof *m);
-        if (!m)
-            return -1;
-        c->fmap = m;
-        c->fcap = cap;
-    }
+    if (chan_fgrow(c, n) != 0) /* folding never makes text longer */
+        return -1;
     size_t o = c->ostart + c->olen;
     memcpy(c->ob + c->olen, s, n);
     c->olen += n;
@@ -349,26 +357,6 @@ static int chan_release(flt_chan_t *c, bool final, sl_buf_t *out)
         return -1;
     c->femit = R;
     chan_trim(c);
-    return 0;
-}
-
-/* Room in the folded window for n more bytes. */
-static int chan_fgrow(flt_chan_t *c, size_t n)
-{
-    if (c->flen + n <= c->fcap)
-        return 0;
-    size_t cap = c->fcap ? c->fcap : 256;
-    while (cap < c->flen + n)
-        cap *= 2;
-    unsigned char *p = realloc(c->fb, cap);
-    if (!p)
-        return -1;
-    c->fb = p;
-    size_t *m = realloc(c->fmap, cap * sizeof *m);
-    if (!m)
-        return -1;
-    c->fmap = m;
-    c->fcap = cap;
     return 0;
 }
 
