@@ -52,7 +52,8 @@ cpu_ticks() {
 
 # A bench nginx's conf in $1/nginx.conf: one worker, no access log, its pid,
 # error log and temp paths inside $1, and $2 as the rest of its http block;
-# $3 "off" runs it without a master process (default on).
+# $3 "off" runs it without a master process (default on); $4 its
+# worker_connections (default 4096; more raises its descriptor limit too).
 nginx_conf() {
     mkdir -p "$1/tmp"
     cat >"$1/nginx.conf" <<EOF
@@ -61,7 +62,8 @@ daemon off;
 master_process ${3:-on};
 pid $1/nginx.pid;
 error_log $1/error.log warn;
-events { worker_connections 4096; }
+worker_rlimit_nofile $((${4:-4096} * 2));
+events { worker_connections ${4:-4096}; }
 http {
     access_log off;
     keepalive_requests 1000000;

@@ -102,34 +102,16 @@ EOF
 }
 
 # nginx answering 200 with a fixed chat.completion, for any number of
-# connections (lib.sh's has 4,096).
+# connections (30,000 a worker).
 start_upstream() {
-    mkdir -p "$WORK/up/tmp"
-    cat >"$WORK/up/nginx.conf" <<EOF
-worker_processes 1;
-daemon off;
-pid $WORK/up/nginx.pid;
-error_log $WORK/up/error.log error;
-worker_rlimit_nofile 60000;
-events { worker_connections 30000; }
-http {
-    access_log off;
-    keepalive_requests 1000000;
-    keepalive_timeout 300s;
-    client_body_temp_path $WORK/up/tmp/body;
-    proxy_temp_path $WORK/up/tmp/proxy;
-    fastcgi_temp_path $WORK/up/tmp/fastcgi;
-    uwsgi_temp_path $WORK/up/tmp/uwsgi;
-    scgi_temp_path $WORK/up/tmp/scgi;
+    nginx_conf "$WORK/up" "    keepalive_timeout 300s;
     server {
         listen 127.0.0.1:$UP_PORT backlog=8192;
         location / {
             default_type application/json;
-            return 200 '{"id":"chatcmpl-bench","object":"chat.completion","created":0,"model":"bench-model","choices":[{"index":0,"message":{"role":"assistant","content":"Hello! How can I help?"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":7,"total_tokens":16}}';
+            return 200 '{\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion\",\"created\":0,\"model\":\"bench-model\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"Hello! How can I help?\"},\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":7,\"total_tokens\":16}}';
         }
-    }
-}
-EOF
+    }" on 30000
     spawn taskset -c "$LOAD_CPU" "$NGINX_BIN" -p "$WORK/up/" -e "$WORK/up/error.log" \
         -c "$WORK/up/nginx.conf"
     wait_port "$UP_PORT" "$LAST"
@@ -242,35 +224,17 @@ fi
 # idle connection, one worker pinned like sluice. Its ratio 5,000 / 32 is
 # what the kernel and an event loop cost at that many connections.
 start_proxy_nginx() {
-    mkdir -p "$WORK/np/tmp"
-    cat >"$WORK/np/nginx.conf" <<EOF
-worker_processes 1;
-daemon off;
-pid $WORK/np/nginx.pid;
-error_log $WORK/np/error.log error;
-worker_rlimit_nofile 60000;
-events { worker_connections 30000; }
-http {
-    access_log off;
-    keepalive_requests 1000000;
-    keepalive_timeout 300s;
-    client_body_temp_path $WORK/np/tmp/body;
-    proxy_temp_path $WORK/np/tmp/proxy;
-    fastcgi_temp_path $WORK/np/tmp/fastcgi;
-    uwsgi_temp_path $WORK/np/tmp/uwsgi;
-    scgi_temp_path $WORK/np/tmp/scgi;
+    nginx_conf "$WORK/np" "    keepalive_timeout 300s;
     upstream bench { server 127.0.0.1:$UP_PORT; keepalive 16384; keepalive_requests 1000000; }
     server {
         listen 127.0.0.1:$NGINX_PORT backlog=8192;
         location / {
             proxy_pass http://bench;
             proxy_http_version 1.1;
-            proxy_set_header Connection "";
+            proxy_set_header Connection \"\";
         }
         location = /nginx_status { stub_status; }
-    }
-}
-EOF
+    }" on 30000
     spawn taskset -c "$PROXY_CPU" "$NGINX_BIN" -p "$WORK/np/" -e "$WORK/np/error.log" \
         -c "$WORK/np/nginx.conf"
     NP_MASTER=$LAST
