@@ -66,11 +66,9 @@ static void gw_conn_arm_at(gw_conn_t *c, int64_t ms, int64_t now)
      * the heap); what is left of one after an early fire is any number, so
      * it takes the heap rather than a common timeout of its own. */
     const conf_limits_t *l = &c->w->rt->conf->limits;
-    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
-    if (ms == l->header_timeout_ms || ms == l->body_timeout_ms || ms == l->keepalive_timeout_ms)
-        evtimer_add(c->timer, gw_worker_timeout(c->w, ms, &tv));
-    else
-        evtimer_add(c->timer, &tv);
+    gw_worker_timer_add(c->w, c->timer, ms,
+                        ms == l->header_timeout_ms || ms == l->body_timeout_ms ||
+                            ms == l->keepalive_timeout_ms);
     c->armed_ms = c->deadline_ms;
 }
 

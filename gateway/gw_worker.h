@@ -113,6 +113,10 @@ void gw_worker_conn_closed(gw_worker_t *w);
  * table is full (GW_WORKER_CTIMEOUTS durations, reloads included). Valid
  * for w's base only. */
 const struct timeval *gw_worker_timeout(gw_worker_t *w, int64_t ms, struct timeval *tv);
+/* evtimer_add of ev in ms milliseconds: on that duration's common timeout
+ * when `common` (a configured duration, which many timers share), else on
+ * the heap (any other number: a common timeout each would fill the table). */
+void gw_worker_timer_add(gw_worker_t *w, struct event *ev, int64_t ms, bool common);
 /* Options set on a listening socket once instead of on each connection it
  * accepts (TCP_NODELAY, which Linux copies to accepted sockets). 0 ok, -1
  * if the socket refused one (not TCP). */

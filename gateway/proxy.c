@@ -117,11 +117,8 @@ static void gw_proxy_arm_at(gw_req_t *r, int64_t deadline_ms, int64_t now)
      * heap operations among thousands of connections' timers. Any other
      * (clamped to the total deadline) takes the heap. */
     const conf_upstream_t *cu = r->att.pool->conf;
-    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
-    if (ms == cu->first_byte_timeout_ms || ms == cu->connect_timeout_ms)
-        evtimer_add(r->att.up_timer, gw_worker_timeout(r->c->w, ms, &tv));
-    else
-        evtimer_add(r->att.up_timer, &tv);
+    gw_worker_timer_add(r->c->w, r->att.up_timer, ms,
+                        ms == cu->first_byte_timeout_ms || ms == cu->connect_timeout_ms);
 }
 
 static void gw_proxy_arm(gw_req_t *r, int64_t deadline_ms)

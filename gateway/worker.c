@@ -375,6 +375,12 @@ const struct timeval *gw_worker_timeout(gw_worker_t *w, int64_t ms, struct timev
     return c;
 }
 
+void gw_worker_timer_add(gw_worker_t *w, struct event *ev, int64_t ms, bool common)
+{
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    evtimer_add(ev, common ? gw_worker_timeout(w, ms, &tv) : &tv);
+}
+
 int gw_worker_listen_prepare(int fd)
 {
     /* Linux copies a listener's TCP options to the sockets it accepts, so
