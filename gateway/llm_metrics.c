@@ -179,7 +179,7 @@ static void gw_llm_usage(gw_req_t *r, const json_t *usage)
 /* A content or token arrived now: TTFT for the first, a gap for the rest. */
 static void gw_llm_token(gw_req_t *r)
 {
-    int64_t now = sl_now_ns();
+    int64_t now = r->ev_ns ? r->ev_ns : sl_now_ns();
     if (!r->llm.first_token_ns) {
         r->llm.first_token_ns = now;
         r->llm.ttft = (double)(now - r->start_ns) / 1e9;
@@ -197,24 +197,25 @@ static void gw_llm_token(gw_req_t *r)
 static bool gw_llm_scan_content(const char *p, size_t n);
 static const char *gw_llm_after_key(const char *p, size_t n, const char *key, size_t klen);
 
-void gw_llm_event(gw_req_t *r, const char *data, size_t len)
+bool gw_llm_event(gw_req_t *r, const char *data, size_t len)
 {
     if (!gw_llm_model_answers(r) || len == 0 || data[0] != '{')
-        return;                             /* [DONE], or not a JSON chunk */
+        return true;                        /* [DONE], or not a JSON chunk */
     if (!gw_llm_has_usage_key(data, len)) { /* most events: a scan, no parse */
         if (gw_llm_scan_content(data, len))
             gw_llm_token(r);
-        return;
+        return false;
     }
     json_t *j = json_loadb(data, len, 0, NULL);
     if (!j)
-        return;
+        return true;
     const json_t *usage = json_object_get(j, "usage");
     if (json_is_object(usage))
         gw_llm_usage(r, usage);
     if (gw_llm_has_content(j))
         gw_llm_token(r);
     json_decref(j);
+    return true;
 }
 
 /* `"key":` then optional blanks, then what follows, or NULL. Inside a JSON
@@ -274,10 +275,10 @@ static bool gw_llm_scan_content(const char *p, size_t n)
     return false;
 }
 
-void gw_llm_sse_event(gw_req_t *r, const gw_sse_event_t *ev)
+bool gw_llm_sse_event(gw_req_t *r, const gw_sse_event_t *ev)
 {
     if (!gw_llm_model_answers(r) || ev->done)
-        return;
+        return true;
     if (gw_llm_has_usage_key(ev->raw, ev->raw_len)) {
         /* the usage chunk (or one that also carries usage): parse it */
         char stack[2048], *data = stack;
@@ -290,10 +291,11 @@ void gw_llm_sse_event(gw_req_t *r, const gw_sse_event_t *ev)
             gw_llm_event(r, data, (size_t)dl);
         if (data != stack)
             free(data);
-        return;
+        return true;
     }
     if (gw_llm_scan_content(ev->raw, ev->raw_len))
         gw_llm_token(r);
+    return false;
 }
 
 void gw_llm_body(gw_req_t *r, const json_t *body)
