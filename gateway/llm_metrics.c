@@ -224,7 +224,7 @@ static const char *gw_llm_after_key(const char *p, size_t n, const char *key, si
 {
     const char *end = p + n;
     while (p < end) {
-        const char *k = memmem(p, (size_t)(end - p), key, klen);
+        const char *k = gw_sse_find(p, (size_t)(end - p), key, klen, klen - 1); /* at ':' */
         if (!k)
             return NULL;
         const char *v = k + klen;
