@@ -48,6 +48,11 @@ bool gw_llm_event(gw_req_t *r, const char *data, size_t len);
  * hold no usage object, hence neither does its data (a match in the data
  * lies within one data line, so in the raw bytes too). */
 bool gw_llm_sse_event(gw_req_t *r, const gw_sse_event_t *ev);
+/* One pass over an event's bytes (raw or data): true when a `"usage":`
+ * holds an object (gw_llm_has_usage_key), *content when a `"content":` or
+ * `"text":` holds a non-empty string or `"tool_calls":` a non-empty array
+ * (what gw_llm_has_content tells on the tree). */
+bool gw_llm_scan_keys(const char *p, size_t n, bool *content);
 /* Whether an event's data may carry the usage (hook_llm.c's strip test). */
 bool gw_llm_has_usage_key(const char *p, size_t n);
 /* A whole JSON answer's usage (an answer made in-process). */

@@ -194,15 +194,15 @@ static void gw_llm_token(gw_req_t *r)
     r->llm.last_token_ns = now;
 }
 
-static bool gw_llm_scan_content(const char *p, size_t n);
 static const char *gw_llm_after_key(const char *p, size_t n, const char *key, size_t klen);
 
 bool gw_llm_event(gw_req_t *r, const char *data, size_t len)
 {
     if (!gw_llm_model_answers(r) || len == 0 || data[0] != '{')
-        return true;                        /* [DONE], or not a JSON chunk */
-    if (!gw_llm_has_usage_key(data, len)) { /* most events: a scan, no parse */
-        if (gw_llm_scan_content(data, len))
+        return true; /* [DONE], or not a JSON chunk */
+    bool content;
+    if (!gw_llm_scan_keys(data, len, &content)) { /* most events: a scan, no parse */
+        if (content)
             gw_llm_token(r);
         return false;
     }
@@ -252,34 +252,48 @@ bool gw_llm_has_usage_key(const char *p, size_t n)
     return false;
 }
 
-/* A non-empty string value of content or text, or a tool call: the same
- * test as gw_llm_has_content, on the bytes. */
-static bool gw_llm_scan_content(const char *p, size_t n)
+/* Whether the bytes before the ':' at k end in the key lit (with quotes). */
+#define GW_LLM_KEY_AT(p, k, lit)                                                                   \
+    ((size_t)((k) - (p)) >= sizeof(lit) - 1 &&                                                     \
+     memcmp((k) - (sizeof(lit) - 1), lit, sizeof(lit) - 1) == 0)
+
+bool gw_llm_scan_keys(const char *p, size_t n, bool *content)
 {
-    static const struct {
-        const char *key;
-        size_t len;
-    } keys[] = {{"\"content\":", 10}, {"\"text\":", 7}, {"\"tool_calls\":", 13}};
-    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
-        const char *end = p + n, *q = p;
-        while (q < end) {
-            const char *v = gw_llm_after_key(q, (size_t)(end - q), keys[i].key, keys[i].len);
-            if (!v)
-                break;
-            if (i == 2 ? *v == '[' && v + 1 < end && v[1] != ']'
-                       : *v == '"' && v + 1 < end && v[1] != '"')
-                return true;
-            q = v;
+    /* Every `"key":` is found at its ':' (a byte an event has about ten
+     * of), and the key read backwards: an unescaped `"key"` ending in a
+     * quote right before ':' is a key, never string content. */
+    const char *end = p + n, *q = p;
+    bool usage = false;
+    *content = false;
+    while (q < end && (q = memchr(q, ':', (size_t)(end - q))) != NULL) {
+        const char *k = q++;
+        if (k == p || k[-1] != '"')
+            continue;
+        const char *v = q;
+        while (v < end && (*v == ' ' || *v == '\t'))
+            v++;
+        if (v == end)
+            break;
+        if (GW_LLM_KEY_AT(p, k, "\"usage\"")) {
+            if (*v == '{')
+                usage = true; /* not the "usage":null some servers put in every chunk */
+        } else if (GW_LLM_KEY_AT(p, k, "\"content\"") || GW_LLM_KEY_AT(p, k, "\"text\"")) {
+            if (*v == '"' && v + 1 < end && v[1] != '"')
+                *content = true;
+        } else if (GW_LLM_KEY_AT(p, k, "\"tool_calls\"")) {
+            if (*v == '[' && v + 1 < end && v[1] != ']')
+                *content = true;
         }
     }
-    return false;
+    return usage;
 }
 
 bool gw_llm_sse_event(gw_req_t *r, const gw_sse_event_t *ev)
 {
     if (!gw_llm_model_answers(r) || ev->done)
         return true;
-    if (gw_llm_has_usage_key(ev->raw, ev->raw_len)) {
+    bool content;
+    if (gw_llm_scan_keys(ev->raw, ev->raw_len, &content)) {
         /* the usage chunk (or one that also carries usage): parse it */
         char stack[2048], *data = stack;
         long dl = gw_sse_event_data(ev, stack, sizeof(stack));
@@ -293,7 +307,7 @@ bool gw_llm_sse_event(gw_req_t *r, const gw_sse_event_t *ev)
             free(data);
         return true;
     }
-    if (gw_llm_scan_content(ev->raw, ev->raw_len))
+    if (content)
         gw_llm_token(r);
     return false;
 }
