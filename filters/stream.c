@@ -964,13 +964,19 @@ static flt_ev_verdict_t stream_event(flt_stream_t *st, const char *data, size_t 
     return FLT_EV_REPLACE;
 }
 
-flt_ev_verdict_t flt_stream_event(flt_stream_t *st, const char *data, size_t len, flt_out_t *out)
+flt_ev_verdict_t flt_stream_event_at(flt_stream_t *st, const char *data, size_t len, flt_out_t *out,
+                                     int64_t t0_ns)
 {
-    int64_t t0 = sl_now_ns();
+    int64_t t0 = t0_ns ? t0_ns : sl_now_ns();
     flt_ev_verdict_t v = stream_event(st, data, len, out);
     if (st->rs->event_seconds)
         sl_histogram_observe(st->rs->event_seconds, (double)(sl_now_ns() - t0) * 1e-9);
     return v;
+}
+
+flt_ev_verdict_t flt_stream_event(flt_stream_t *st, const char *data, size_t len, flt_out_t *out)
+{
+    return flt_stream_event_at(st, data, len, out, 0);
 }
 
 static flt_ev_verdict_t stream_feed_text(flt_stream_t *st, int index, const char *s, size_t n,

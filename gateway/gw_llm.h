@@ -29,17 +29,30 @@ typedef struct gw_llm_req {
     sl_mseries_t *itl; /* the model's inter-token series, looked up once */
     char *tail;        /* a JSON answer's last bytes (malloc'd), where its usage is */
     size_t tail_len;
+    /* The data the hooks are handed for the event being relayed, when the
+     * relay's scan found no usage object in it: hook_llm.c's strip test
+     * would scan the same bytes again. NULL between events. */
+    const char *ev_plain;
 } gw_llm_req_t;
 
 /* Registers the families (from gw_metrics_init). */
 void gw_llm_metrics_init(void);
 /* One SSE event's data, as the upstream (or the engine) sent it, before
- * the hooks: a content event times TTFT / the gap, a usage adds tokens. */
-void gw_llm_event(gw_req_t *r, const char *data, size_t len);
+ * the hooks: a content event times TTFT / the gap (at r->ev_ns when set),
+ * a usage adds tokens. false when the data holds no usage object (its
+ * bytes were scanned for one); true when it does or was not looked at. */
+bool gw_llm_event(gw_req_t *r, const char *data, size_t len);
 /* The same from an upstream event's raw bytes: a content event is told by
  * a scan (no copy, no parse: the relay's hot path); only an event that
- * carries a usage object is extracted and parsed. */
-void gw_llm_sse_event(gw_req_t *r, const gw_sse_event_t *ev);
+ * carries a usage object is extracted and parsed. false when the raw bytes
+ * hold no usage object, hence neither does its data (a match in the data
+ * lies within one data line, so in the raw bytes too). */
+bool gw_llm_sse_event(gw_req_t *r, const gw_sse_event_t *ev);
+/* One pass over an event's bytes (raw or data): true when a `"usage":`
+ * holds an object (gw_llm_has_usage_key), *content when a `"content":` or
+ * `"text":` holds a non-empty string or `"tool_calls":` a non-empty array
+ * (what gw_llm_has_content tells on the tree). */
+bool gw_llm_scan_keys(const char *p, size_t n, bool *content);
 /* Whether an event's data may carry the usage (hook_llm.c's strip test). */
 bool gw_llm_has_usage_key(const char *p, size_t n);
 /* A whole JSON answer's usage (an answer made in-process). */

@@ -65,6 +65,9 @@ struct gw_req {
     bool buffer_body;      /* a non-streamed answer is held until whole (proxy.c) */
     bool body_hooks;       /* ... and goes through the on_body hooks */
     bool stop_stream;      /* a hook ended the stream (finish after the parser returns) */
+    int64_t ev_ns;         /* the SSE event being relayed arrived (sl_now_ns; 0 between
+                            * events): its one clock read, for TTFT / the gap and the
+                            * filter's event_seconds */
     uint64_t sse_finished; /* bit k: choice k of the stream has its finish_reason */
     bool gzip_ok;          /* the client accepts gzip and conf gzip is on (gzip.c) */
     bool gzip_out;         /* this answer's body is gzip (Content-Encoding) */

@@ -120,7 +120,8 @@ static gw_ev_rc_t gw_flt_on_event(gw_req_t *r, void *state, const char *data, si
     }
     flt_out_t o;
     memset(&o, 0, sizeof(o));
-    flt_ev_verdict_t v = flt_stream_event(s->stream, data, len, &o);
+    /* timed from the relay's clock read for this event (r->ev_ns) */
+    flt_ev_verdict_t v = flt_stream_event_at(s->stream, data, len, &o, r->ev_ns);
     int moved = gw_flt_move(&o, out);
     flt_out_release(&o);
     switch (v) {

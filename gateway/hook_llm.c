@@ -57,8 +57,9 @@ static gw_hook_rc_t gw_llm_on_request(gw_req_t *r, void **state)
 static gw_ev_rc_t gw_llm_on_event(gw_req_t *r, void *state, const char *data, size_t len,
                                   gw_payloads_t *out)
 {
-    (void)r;
-    if (!gw_llm_has_usage_key(data, len))
+    /* The relay scanned this event for a usage object already (the same
+     * bytes, when no hook before this one replaced them). */
+    if (data == r->llm.ev_plain || !gw_llm_has_usage_key(data, len))
         return GW_EV_PASS; /* no usage in it: nothing to strip, no parse */
     char *rw = NULL;
     size_t rwlen = 0;

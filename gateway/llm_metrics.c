@@ -179,7 +179,7 @@ static void gw_llm_usage(gw_req_t *r, const json_t *usage)
 /* A content or token arrived now: TTFT for the first, a gap for the rest. */
 static void gw_llm_token(gw_req_t *r)
 {
-    int64_t now = sl_now_ns();
+    int64_t now = r->ev_ns ? r->ev_ns : sl_now_ns();
     if (!r->llm.first_token_ns) {
         r->llm.first_token_ns = now;
         r->llm.ttft = (double)(now - r->start_ns) / 1e9;
@@ -194,27 +194,28 @@ static void gw_llm_token(gw_req_t *r)
     r->llm.last_token_ns = now;
 }
 
-static bool gw_llm_scan_content(const char *p, size_t n);
 static const char *gw_llm_after_key(const char *p, size_t n, const char *key, size_t klen);
 
-void gw_llm_event(gw_req_t *r, const char *data, size_t len)
+bool gw_llm_event(gw_req_t *r, const char *data, size_t len)
 {
     if (!gw_llm_model_answers(r) || len == 0 || data[0] != '{')
-        return;                             /* [DONE], or not a JSON chunk */
-    if (!gw_llm_has_usage_key(data, len)) { /* most events: a scan, no parse */
-        if (gw_llm_scan_content(data, len))
+        return true; /* [DONE], or not a JSON chunk */
+    bool content;
+    if (!gw_llm_scan_keys(data, len, &content)) { /* most events: a scan, no parse */
+        if (content)
             gw_llm_token(r);
-        return;
+        return false;
     }
     json_t *j = json_loadb(data, len, 0, NULL);
     if (!j)
-        return;
+        return true;
     const json_t *usage = json_object_get(j, "usage");
     if (json_is_object(usage))
         gw_llm_usage(r, usage);
     if (gw_llm_has_content(j))
         gw_llm_token(r);
     json_decref(j);
+    return true;
 }
 
 /* `"key":` then optional blanks, then what follows, or NULL. Inside a JSON
@@ -223,7 +224,7 @@ static const char *gw_llm_after_key(const char *p, size_t n, const char *key, si
 {
     const char *end = p + n;
     while (p < end) {
-        const char *k = memmem(p, (size_t)(end - p), key, klen);
+        const char *k = gw_sse_find(p, (size_t)(end - p), key, klen, klen - 1); /* at ':' */
         if (!k)
             return NULL;
         const char *v = k + klen;
@@ -251,34 +252,48 @@ bool gw_llm_has_usage_key(const char *p, size_t n)
     return false;
 }
 
-/* A non-empty string value of content or text, or a tool call: the same
- * test as gw_llm_has_content, on the bytes. */
-static bool gw_llm_scan_content(const char *p, size_t n)
+/* Whether the bytes before the ':' at k end in the key lit (with quotes). */
+#define GW_LLM_KEY_AT(p, k, lit)                                                                   \
+    ((size_t)((k) - (p)) >= sizeof(lit) - 1 &&                                                     \
+     memcmp((k) - (sizeof(lit) - 1), lit, sizeof(lit) - 1) == 0)
+
+bool gw_llm_scan_keys(const char *p, size_t n, bool *content)
 {
-    static const struct {
-        const char *key;
-        size_t len;
-    } keys[] = {{"\"content\":", 10}, {"\"text\":", 7}, {"\"tool_calls\":", 13}};
-    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
-        const char *end = p + n, *q = p;
-        while (q < end) {
-            const char *v = gw_llm_after_key(q, (size_t)(end - q), keys[i].key, keys[i].len);
-            if (!v)
-                break;
-            if (i == 2 ? *v == '[' && v + 1 < end && v[1] != ']'
-                       : *v == '"' && v + 1 < end && v[1] != '"')
-                return true;
-            q = v;
+    /* Every `"key":` is found at its ':' (a byte an event has about ten
+     * of), and the key read backwards: an unescaped `"key"` ending in a
+     * quote right before ':' is a key, never string content. */
+    const char *end = p + n, *q = p;
+    bool usage = false;
+    *content = false;
+    while (q < end && (q = memchr(q, ':', (size_t)(end - q))) != NULL) {
+        const char *k = q++;
+        if (k == p || k[-1] != '"')
+            continue;
+        const char *v = q;
+        while (v < end && (*v == ' ' || *v == '\t'))
+            v++;
+        if (v == end)
+            break;
+        if (GW_LLM_KEY_AT(p, k, "\"usage\"")) {
+            if (*v == '{')
+                usage = true; /* not the "usage":null some servers put in every chunk */
+        } else if (GW_LLM_KEY_AT(p, k, "\"content\"") || GW_LLM_KEY_AT(p, k, "\"text\"")) {
+            if (*v == '"' && v + 1 < end && v[1] != '"')
+                *content = true;
+        } else if (GW_LLM_KEY_AT(p, k, "\"tool_calls\"")) {
+            if (*v == '[' && v + 1 < end && v[1] != ']')
+                *content = true;
         }
     }
-    return false;
+    return usage;
 }
 
-void gw_llm_sse_event(gw_req_t *r, const gw_sse_event_t *ev)
+bool gw_llm_sse_event(gw_req_t *r, const gw_sse_event_t *ev)
 {
     if (!gw_llm_model_answers(r) || ev->done)
-        return;
-    if (gw_llm_has_usage_key(ev->raw, ev->raw_len)) {
+        return true;
+    bool content;
+    if (gw_llm_scan_keys(ev->raw, ev->raw_len, &content)) {
         /* the usage chunk (or one that also carries usage): parse it */
         char stack[2048], *data = stack;
         long dl = gw_sse_event_data(ev, stack, sizeof(stack));
@@ -290,10 +305,11 @@ void gw_llm_sse_event(gw_req_t *r, const gw_sse_event_t *ev)
             gw_llm_event(r, data, (size_t)dl);
         if (data != stack)
             free(data);
-        return;
+        return true;
     }
-    if (gw_llm_scan_content(ev->raw, ev->raw_len))
+    if (content)
         gw_llm_token(r);
+    return false;
 }
 
 void gw_llm_body(gw_req_t *r, const json_t *body)

@@ -572,9 +572,16 @@ static int gw_proxy_event_cb(void *arg, const gw_sse_event_t *ev)
         gw_sse_responses_scan(ev, &r->sse_finished);
     else
         gw_sse_finish_scan(ev, &r->sse_finished);
-    if (!ev->comment_only) /* TTFT, gaps, usage: as the upstream sent them, before any hook */
-        gw_llm_sse_event(r, ev);
-    if (!r->ev_hooks || ev->comment_only) {
+    if (ev->comment_only) {
+        gw_proxy_write(r, ev->raw, ev->raw_len);
+        return 0;
+    }
+    /* One clock read per event: TTFT / the gap, and the filter's time. */
+    r->ev_ns = sl_now_ns();
+    /* TTFT, gaps, usage: as the upstream sent them, before any hook */
+    bool usage = gw_llm_sse_event(r, ev);
+    if (!r->ev_hooks) {
+        r->ev_ns = 0;
         gw_proxy_write(r, ev->raw, ev->raw_len);
         return 0;
     }
@@ -587,10 +594,14 @@ static int gw_proxy_event_cb(void *arg, const gw_sse_event_t *ev)
         dl = gw_sse_event_data(ev, data, ev->raw_len + 1);
     }
     int rc = 0;
-    if (dl <= 0) /* no data field: nothing for the hooks */
+    if (dl <= 0) { /* no data field: nothing for the hooks */
         gw_proxy_write(r, ev->raw, ev->raw_len);
-    else /* a hook that ends the stream: finish after the parser returns */
+    } else { /* a hook that ends the stream: finish after the parser returns */
+        r->llm.ev_plain = usage ? NULL : data;
         rc = gw_proxy_emit(r, data, (size_t)dl, ev->raw, ev->raw_len);
+    }
+    r->llm.ev_plain = NULL;
+    r->ev_ns = 0;
     if (data != stack)
         free(data);
     return rc;
@@ -611,8 +622,12 @@ void gw_proxy_local_stream_begin(gw_req_t *r)
 
 int gw_proxy_local_stream_event(gw_req_t *r, const char *data, size_t len)
 {
-    gw_llm_event(r, data, len);
-    return gw_proxy_emit(r, data, len, NULL, 0);
+    r->ev_ns = sl_now_ns();
+    r->llm.ev_plain = gw_llm_event(r, data, len) ? NULL : data;
+    int rc = gw_proxy_emit(r, data, len, NULL, 0);
+    r->llm.ev_plain = NULL;
+    r->ev_ns = 0;
+    return rc;
 }
 
 void gw_proxy_local_stream_end(gw_req_t *r, const char *error_code, const char *error_msg)

@@ -18,7 +18,8 @@ static bool gw_sse_finish_candidate(const char *p, size_t n)
     static const char key[] = "\"finish_reason\"";
     const char *end = p + n;
     while (p < end) {
-        const char *k = memmem(p, (size_t)(end - p), key, sizeof(key) - 1);
+        /* at its '_': rarer in an event than any of its letters */
+        const char *k = gw_sse_find(p, (size_t)(end - p), key, sizeof(key) - 1, 7);
         if (!k)
             return false;
         const char *v = k + sizeof(key) - 1;

@@ -178,3 +178,57 @@ def test_whole_answer_filtered(sluice_factory, mock, tmp_path, action, content, 
     ch = r.json()["choices"][0]
     assert ch["message"]["content"] == content and ch["finish_reason"] == finish
     assert "BadWord" not in r.body.decode() and "敏感词" not in r.body.decode("utf-8")
+
+
+def _usage_event(prompt, completion, split=False, eol="\n"):
+    """The usage-only chunk; split: its JSON over two data lines (the usage
+    object whole on the second), as a server may frame it."""
+    head = '{"id": "chatcmpl-raw", "object": "chat.completion.chunk", "created": 0, "model": "m",'
+    tail = (' "choices": [], "usage": {"prompt_tokens": %d, "completion_tokens": %d,'
+            ' "total_tokens": %d}}' % (prompt, completion, prompt + completion))
+    if split:
+        return "data: " + head + eol + "data: " + tail + eol + eol
+    return "data: " + head + tail + eol + eol
+
+
+@pytest.mark.parametrize("split,eol", [(False, "\n"), (True, "\n"), (True, "\r\n")])
+def test_usage_behind_the_output_filter_counted_and_stripped(sluice_factory, mock, tmp_path,
+                                                             split, eol):
+    """The relay tells the llm hook which events hold no usage object (it
+    scanned their bytes already); the usage chunk behind the output filter
+    must still be counted once, stripped when the client did not ask for it,
+    shown when it did, and every event timed once by the filter."""
+    s = _start(sluice_factory, mock, tmp_path)
+    # content with a masked word split across events, "usage": null in a
+    # content chunk (not a usage object), the usage chunk last
+    nullusage = ph.chunk_event("and more").replace('"choices"', '"usage": null, "choices"')
+    raw = (ph.raw_stream("hello ba", "dword ", finish=None, done=False) + [nullusage] +
+           ph.raw_stream(finish="stop", done=False) + [_usage_event(7, 5, split, eol)] +
+           ["data: [DONE]\n\n"])
+    mock.script({"raw": raw})
+    evs = _stream(s)
+    assert _text(evs) == "hello *** and more"
+    assert evs[-1].is_done and sum(e.is_done for e in evs) == 1
+    chunks = [e.json() for e in evs if not e.is_done]
+    assert not any(c.get("usage") for c in chunks), chunks  # the client did not ask
+    assert all(c["choices"] for c in chunks), chunks
+    (q,) = mock.requests("/v1/chat/completions")
+    assert q["json"]["stream_options"] == {"include_usage": True}  # sluice asked for it
+    m = s.metrics()
+    assert m.value("sluice_tokens_total", model="chat-model", kind="prompt") == 7
+    assert m.value("sluice_tokens_total", model="chat-model", kind="completion") == 5
+    # the filter saw each data event once: 3 content, finish, usage, [DONE]
+    assert m.value("sluice_filter_event_seconds_count") == 6
+    # a client that asked for usage gets the chunk, counted once more
+    mock.script({"raw": raw})
+    with s.client(timeout=helpers.bound(10)) as c:
+        r, got = c.stream("POST", ph.CHAT_PATH,
+                          chat_body("tell me", stream=True, stream_options={"include_usage": True}))
+        got = [e for e in got if e.data is not None]
+    assert r.status == 200 and got[-1].is_done
+    usage = [e.json()["usage"] for e in got if not e.is_done and e.json().get("usage")]
+    assert usage == [{"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}], usage
+    m = s.metrics()
+    assert m.value("sluice_tokens_total", model="chat-model", kind="prompt") == 14
+    assert m.value("sluice_tokens_total", model="chat-model", kind="completion") == 10
+    assert m.value("sluice_filter_event_seconds_count") == 12

@@ -422,6 +422,31 @@ static void test_event_data(void **state)
     assert_int_equal(data_of(": x\n\n", out, 0), -1);
 }
 
+/* gw_sse_find against glibc's memmem: every needle/pivot over random
+ * haystacks of a small alphabet (many near misses), any length and place. */
+static void test_find_is_memmem(void **state)
+{
+    (void)state;
+    static const char *const needles[] = {"\"usage\":", "\"finish_reason\"", "\":", "a", "ab:"};
+    char h[96];
+    uint32_t x = 12345;
+    for (int it = 0; it < 20000; it++) {
+        size_t n = (size_t)(x % sizeof(h));
+        for (size_t i = 0; i < n; i++) {
+            x = x * 1103515245u + 12345u;
+            h[i] = "\"a:b_usg"[(x >> 16) % 8];
+        }
+        const char *nd = needles[it % 5];
+        size_t nl = strlen(nd);
+        if (n >= nl && (x >> 8) % 3 == 0) /* plant it somewhere */
+            memcpy(h + (x >> 4) % (n - nl + 1), nd, nl);
+        for (size_t pv = 0; pv < nl; pv++)
+            assert_ptr_equal(gw_sse_find(h, n, nd, nl, pv), memmem(h, n, nd, nl));
+        x = x * 1103515245u + 12345u;
+    }
+    assert_null(gw_sse_find("\"usage\"", 7, "\"usage\":", 8, 7));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -434,6 +459,7 @@ int main(void)
         cmocka_unit_test(test_callback_stop),
         cmocka_unit_test(test_in_place_and_assembled),
         cmocka_unit_test(test_event_data),
+        cmocka_unit_test(test_find_is_memmem),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

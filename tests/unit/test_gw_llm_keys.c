@@ -1,0 +1,144 @@
+/*
+ * test_gw_llm_keys.c — the relay's one-pass key scan of an SSE event
+ * (gw_llm_scan_keys, gateway/llm_metrics.c) against the per-key memmem
+ * searches it replaced: the same usage and content answers on real chunks
+ * and on random bytes over a small alphabet of the keys' pieces.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "gateway/gw_llm.h"
+
+/* `"key":` then blanks: what follows, or NULL (the old search). */
+static const char *ref_after_key(const char *p, size_t n, const char *key)
+{
+    size_t klen = strlen(key);
+    const char *end = p + n;
+    while (p < end) {
+        const char *k = memmem(p, (size_t)(end - p), key, klen);
+        if (!k)
+            return NULL;
+        const char *v = k + klen;
+        while (v < end && (*v == ' ' || *v == '\t'))
+            v++;
+        if (v < end)
+            return v;
+        p = k + 1;
+    }
+    return NULL;
+}
+
+static bool ref_usage(const char *p, size_t n)
+{
+    const char *end = p + n;
+    while (p < end) {
+        const char *v = ref_after_key(p, (size_t)(end - p), "\"usage\":");
+        if (!v)
+            return false;
+        if (*v == '{')
+            return true;
+        p = v;
+    }
+    return false;
+}
+
+static bool ref_content(const char *p, size_t n)
+{
+    static const char *const keys[] = {"\"content\":", "\"text\":", "\"tool_calls\":"};
+    for (size_t i = 0; i < 3; i++) {
+        const char *end = p + n, *q = p;
+        while (q < end) {
+            const char *v = ref_after_key(q, (size_t)(end - q), keys[i]);
+            if (!v)
+                break;
+            if (i == 2 ? *v == '[' && v + 1 < end && v[1] != ']'
+                       : *v == '"' && v + 1 < end && v[1] != '"')
+                return true;
+            q = v;
+        }
+    }
+    return false;
+}
+
+static void check(const char *p, size_t n)
+{
+    bool content = true;
+    bool usage = gw_llm_scan_keys(p, n, &content);
+    if (usage != ref_usage(p, n) || content != ref_content(p, n))
+        fail_msg("scan %d/%d, reference %d/%d on [%.*s]", usage, content, ref_usage(p, n),
+                 ref_content(p, n), (int)n, p);
+}
+
+static void test_chunks(void **state)
+{
+    (void)state;
+    static const char *const evs[] = {
+        "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,"
+        "\"delta\":{\"content\":\"tok \"},\"finish_reason\":null}]}\n\n",
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2}}\n\n",
+        "data: {\"usage\": null, \"choices\":[{\"delta\":{\"content\":\"\"}}]}\n\n",
+        "data: {\"choices\":[{\"text\":\"x\"}],\"usage\" :{\"a\":1}}\n\n",
+        "data: {\"choices\":[{\"delta\":{\"tool_calls\":[]}}]}\n\n",
+        "data: {\"choices\":[{\"delta\":{\"tool_calls\": [{\"id\":\"t\"}]}}]}\n\n",
+        "data: {\"a\":\"say \\\"usage\\\":{ and \\\"content\\\":\\\"x\\\"\"}\n\n",
+        "data: {\"id\":\"a\",\r\ndata: \"usage\":\t{\"p\":1}}\r\n\r\n",
+        "{\"content\":",
+        "{\"content\": \"",
+        "\"usage\":",
+        ":",
+        "",
+    };
+    for (size_t i = 0; i < sizeof(evs) / sizeof(evs[0]); i++)
+        check(evs[i], strlen(evs[i]));
+    bool content = false;
+    assert_false(gw_llm_scan_keys(evs[0], strlen(evs[0]), &content));
+    assert_true(content);
+    assert_true(gw_llm_scan_keys(evs[1], strlen(evs[1]), &content));
+    assert_false(content);
+    assert_false(gw_llm_scan_keys(evs[2], strlen(evs[2]), &content));
+    assert_false(content);
+}
+
+static void test_random(void **state)
+{
+    (void)state;
+    static const char *const pieces[] = {"\"usage\"", "\"content\"", "\"text\"", "\"tool_calls\"",
+                                         ":",         " ",           "\t",       "{",
+                                         "[",         "]",           "\"",       "\\",
+                                         "x",         "null",        "\"\"",     "age\"",
+                                         "t\"",       "ls\""};
+    char buf[160];
+    uint32_t x = 7;
+    for (int it = 0; it < 200000; it++) {
+        size_t n = 0;
+        x = x * 1103515245u + 12345u;
+        size_t parts = (x >> 16) % 14;
+        for (size_t k = 0; k < parts; k++) {
+            x = x * 1103515245u + 12345u;
+            const char *s = pieces[(x >> 16) % (sizeof(pieces) / sizeof(pieces[0]))];
+            size_t l = strlen(s);
+            if (n + l > sizeof(buf))
+                break;
+            memcpy(buf + n, s, l);
+            n += l;
+        }
+        check(buf, n);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_chunks),
+        cmocka_unit_test(test_random),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
