@@ -953,6 +953,24 @@ static int scratch_settle(gw_http_parser_t *p)
  * hundred bytes, not 16 KiB. -1 on OOM. */
 static int storage_reserve(gw_http_parser_t *p, size_t n, size_t lines);
 
+/* The first CRLFCRLF in d[0, n), or NULL. A head has a CR per line, so a
+ * memchr per line finds it: glibc's memmem takes ~3-5 instructions per
+ * byte for a 4-byte needle (callgrind: ~1,000 per head), memchr a few per
+ * 32 bytes. */
+static const char *head_end_find(const char *d, size_t n)
+{
+    const char *end = d + n;
+    while (end - d >= 4) {
+        const char *c = memchr(d, '\r', (size_t)(end - d) - 3);
+        if (!c)
+            return NULL;
+        if (c[1] == '\n' && c[2] == '\r' && c[3] == '\n')
+            return c;
+        d = c + 1;
+    }
+    return NULL;
+}
+
 static int head_reserve(gw_http_parser_t *p, const char *d, size_t n)
 {
     /* After its first other byte, a head's first CRLFCRLF is its end; CR
@@ -961,7 +979,7 @@ static int head_reserve(gw_http_parser_t *p, const char *d, size_t n)
     size_t lead = 0;
     while (lead < n && (d[lead] == '\r' || d[lead] == '\n'))
         lead++;
-    const char *e = n - lead >= 4 ? memmem(d + lead, n - lead, "\r\n\r\n", 4) : NULL;
+    const char *e = head_end_find(d + lead, n - lead);
     if (e)
         n = (size_t)(e - d) + 4;
     if (on_scratch(p) || (e && scratch_take(p, n)))
