@@ -13,7 +13,7 @@
 #
 #   SLUICE_BIN (default build/sluice), SLUICE_BASE_BIN (optional: the same
 #   figures for that binary, in the same run), CG_CONFS (default "plain full"),
-#   CG_SHORT / CG_LONG (wrk seconds, default 2 / 8), CG_CONNS (default 32),
+#   CG_SHORT / CG_LONG (wrk seconds, default 3 / 12), CG_CONNS (default 32),
 #   BENCH_PORT_BASE (default 28900), BENCH_KEEP=1 keeps the callgrind files
 #   (callgrind_annotate them: the per-function split of the difference).
 set -euo pipefail
@@ -23,8 +23,8 @@ SLUICE_BIN=${SLUICE_BIN:-$ROOT/build/sluice}
 SLUICE_BASE_BIN=${SLUICE_BASE_BIN:-}
 NGINX_BIN=${NGINX_BIN:-$(command -v nginx || echo /usr/sbin/nginx)}
 CONFS=${CG_CONFS:-"plain full"}
-SHORT=${CG_SHORT:-2}
-LONG=${CG_LONG:-8}
+SHORT=${CG_SHORT:-3}
+LONG=${CG_LONG:-12}
 CONNS=${CG_CONNS:-32}
 PORT_BASE=${BENCH_PORT_BASE:-28900}
 UP_PORT=$((PORT_BASE + 1))
