@@ -107,9 +107,13 @@ bool flt_ac_ascii_run(const flt_ac_t *ac, uint32_t *state, const unsigned char *
     /* one loop with the step inlined: this runs over every prompt and
      * answer text, most of which match nothing */
     uint32_t st = *state;
+    /* in locals: nothing stored in the loop, but the compiler cannot know
+     * that ac_step leaves them alone, and reloads them every byte */
+    const uint32_t *dense = ac->dense;
+    const uint32_t ndense = ac->ndense;
     for (size_t i = 0; i < n; i++) {
-        if (st < ac->ndense) {
-            uint32_t x = ac->dense[(size_t)st << 8 | s[i]];
+        if (st < ndense) {
+            uint32_t x = dense[(size_t)st << 8 | s[i]];
             if (x & (AC_D_OUT | AC_D_HIGH))
                 return false;
             st = x;

@@ -430,6 +430,11 @@ flt_ans_rc_t flt_response_filter_bytes(flt_ruleset_t *rs, const char *data, size
     *outlen = 0;
     if (!flt_ruleset_filters_output(rs))
         return FLT_ANS_SAME;
+    /* Most answers hold no candidate at all: then no text in them, as the
+     * reader below or the tree path would find it, changes, and what the
+     * client gets is the answer as it came, whatever its shape. */
+    if (flt_json_strings_clean(rs, data, n))
+        return FLT_ANS_SAME;
     flt_anp_t p = {.data = data, .n = n};
     p.c = p.one;
     p.cap = SL_ARRAY_LEN(p.one);

@@ -121,6 +121,7 @@ struct flt_ruleset {
     size_t holdback_max;
     size_t history; /* folded bytes kept before a regex's scan point (lookbehind) */
     uint64_t re_start[256][FLT_RE_WORDS]; /* bit k: regex k may start with this byte */
+    uint8_t re_any[256]; /* 1: some regex may start with this byte (re_start's OR) */
     sl_mseries_t *event_seconds;
     sl_mseries_t *holdback_forced;
 };
@@ -184,6 +185,13 @@ size_t flt_chan_held(const flt_chan_t *c);
  * text, a hit, a regex limit): the channel decides. Most texts are clean,
  * and the channel's buffers, map and release steps cost ~7 allocations. */
 bool flt_text_clean(const flt_ruleset_t *rs, const char *s, size_t n);
+
+/* Whether no string of a JSON text (the text need not be JSON: if it is)
+ * can hold a hit, without parsing it: no backslash (each string's text is
+ * then its bytes between two quotes), ASCII, no word ends anywhere in it,
+ * and no byte inside a string can start a regex match. true implies
+ * flt_text_clean() of every string the text holds; false: maybe. */
+bool flt_json_strings_clean(const flt_ruleset_t *rs, const char *s, size_t n);
 
 /* Whole text at once: out gets the filtered text (masks applied). Same rules
  * and result as feeding it in pieces. */

@@ -304,7 +304,11 @@ static int compile_regex(flt_ruleset_t *rs, flt_rule_t *r, const char *pattern, 
     /* JIT is an optimisation: without it (no JIT on this CPU) the interpreter
      * runs the same pattern under the depth and heap limits as well. */
     (void)pcre2_jit_compile(r->code, PCRE2_JIT_COMPLETE | PCRE2_JIT_PARTIAL_HARD);
-    regex_start_set(rs, r->code, (size_t)(r - rs->rules) - rs->first_regex);
+    size_t k = (size_t)(r - rs->rules) - rs->first_regex;
+    regex_start_set(rs, r->code, k);
+    for (unsigned c = 0; c < 256; c++)
+        if (rs->re_start[c][k / 64] & (1ull << (k % 64)))
+            rs->re_any[c] = 1;
     size_t h = ((size_t)lb + 1) * 4; /* characters to bytes, at most 4 each */
     if (h > rs->history)
         rs->history = h;

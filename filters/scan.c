@@ -490,6 +490,39 @@ bool flt_text_clean(const flt_ruleset_t *rs, const char *s, size_t n)
     return clean;
 }
 
+bool flt_json_strings_clean(const flt_ruleset_t *rs, const char *s, size_t n)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    /* an escape may spell a word or a regex start (\u0066 is f): those
+     * texts need decoding, so the answer's own reader */
+    if (memchr(s, '\\', n))
+        return false;
+    /* every string is a run of these bytes, so a word in one is a word here */
+    if (rs->ac ? !flt_ac_ascii_clean(rs->ac, u, n) : !scan_ascii(u, n))
+        return false;
+    if (rs->nrules == rs->first_regex)
+        return true;
+    /* Without backslashes the quotes of valid JSON pair up: bytes between
+     * an odd quote and the next are a string's. A regex start inside one
+     * is not judged here (that string would need a search of its own); a
+     * regex start outside (digits of a number, a key's colon) is no text.
+     * An unpaired quote: not JSON, and not judged either. */
+    unsigned may = 0;
+    const unsigned char *p = u, *end = u + n;
+    while (p < end) {
+        const unsigned char *o = memchr(p, '"', (size_t)(end - p));
+        if (!o)
+            break;
+        const unsigned char *c = memchr(o + 1, '"', (size_t)(end - o - 1));
+        if (!c)
+            return false;
+        for (const unsigned char *q = o + 1; q < c; q++)
+            may |= rs->re_any[*q];
+        p = c + 1;
+    }
+    return may == 0;
+}
+
 flt_chan_rc_t flt_text_filter(const flt_ruleset_t *rs, const char *s, size_t n, sl_buf_t *out)
 {
     if (flt_text_clean(rs, s, n))

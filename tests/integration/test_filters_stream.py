@@ -232,3 +232,38 @@ def test_usage_behind_the_output_filter_counted_and_stripped(sluice_factory, moc
     assert m.value("sluice_tokens_total", model="chat-model", kind="prompt") == 14
     assert m.value("sluice_tokens_total", model="chat-model", kind="completion") == 10
     assert m.value("sluice_filter_event_seconds_count") == 12
+
+_RE = {"regex": [{"name": "cn_mobile", "pattern": r"1[3-9]\d{9}", "action": "mask"}]}
+
+
+def _whole(content, extra=""):
+    return ('{ "id": "x",  "object":"chat.completion", "created": 13900001111,%s "choices": [{'
+            '"index":0, "message":{"role":"assistant","content":"%s"},"finish_reason":"stop"}],'
+            '"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}' % (extra, content))
+
+
+def test_whole_answer_without_candidate_is_relayed_as_sent(sluice_factory, mock, tmp_path):
+    # no word, no text byte a regex starts with (the phone-like number is
+    # outside every string), no escape: relayed unread, byte for byte
+    s = _start(sluice_factory, mock, tmp_path, extra=_RE)
+    sent = _whole("all calm here, bad word", ' "forbidden": 1,')
+    mock.script({"status": 200, "body": sent})
+    r = s.chat("x")
+    assert r.status == 200, r
+    assert r.body == sent.encode()
+    assert ph.metric(s, "sluice_filter_hits_total", rule="words", action="mask") in (0, None)
+
+
+@pytest.mark.parametrize("content,want", [
+    (r"an escaped bad\u0077ord", "an escaped ***"),  # the word only after decoding
+    ("call 13900001111 now", "call *** now"),  # a regex start inside the text
+    (r"call 1390000\u0031111 now", "call *** now"),  # both
+])
+def test_whole_answer_with_candidate_is_read(sluice_factory, mock, tmp_path, content, want):
+    s = _start(sluice_factory, mock, tmp_path, extra=_RE)
+    mock.script({"status": 200, "body": _whole(content)})
+    r = s.chat("x")
+    assert r.status == 200, r
+    j = r.json()
+    assert j["choices"][0]["message"]["content"] == want
+    assert j["created"] == 13900001111 and j["usage"]["total_tokens"] == 3

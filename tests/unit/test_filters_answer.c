@@ -124,10 +124,10 @@ static void test_same_as_tree(void **state)
 
 /* Answers left to the tree path, before any rule ran. */
 static const char *const to_tree[] = {
-    "",
-    "not json",
+    "evil",
+    "not json, evil",
     "{\"choices\":[" CH("\"evil\"", "") "]} trailing",
-    "[{\"choices\":[]}]",
+    "[{\"choices\":[]},\"evil\"]",
     "\"evil\"",
     "{\"choices\":[],\"choices\":[" CH("\"evil\"", "") "]}",
     "{\"choices\":[{\"message\":{\"content\":\"ok\",\"content\":\"evil\"}}]}",
@@ -160,6 +160,162 @@ static void test_to_tree(void **state)
     flt_ans_rc_t rc = flt_response_filter_bytes(rs, bad, sizeof bad - 1, &out, &olen);
     assert_true(rc == FLT_ANS_TREE);
     assert_null(out);
+    flt_ruleset_unref(rs);
+}
+
+/* Answers with no candidate anywhere (flt_json_strings_clean): relayed as
+ * they came without being read, whatever their shape; and answers where a
+ * candidate sits where only the reader can judge it. */
+static const char *const no_candidate[] = {
+    "",
+    "not json",
+    "[{\"choices\":[]}]",
+    "{\"choices\":[],\"choices\":[" CH("\"calm\"", "") "]}",
+    /* digits a phone could start with, but outside every string */
+    "{\"id\":\"chatcmpl-bench\",\"created\":13812345678,\"choices\":[" CH(
+        "\"The sea is vast and so calm.\"", ",\"finish_reason\":\"stop\"") "],\"usage\":{"
+                                                                           "\"total_tokens\":40}}",
+    "{\"choices\":[" CH("\"e-v-i-l b a d\"", "") "]}",
+};
+
+static const char *const candidate[] = {
+    /* a word in a text, and one only in a key (not text: unchanged) */
+    "{\"choices\":[" CH("\"a badword\"", "") "]}",
+    "{\"badword\":1,\"choices\":[" CH("\"calm\"", "") "]}",
+    /* words spelled by escapes, in a text and in an id */
+    "{\"choices\":[" CH("\"bad\\u0077ord\"", "") "]}",
+    "{\"id\":\"\\u0065vil\",\"choices\":[" CH("\"calm\"", "") "]}",
+    "{\"choices\":[" CH("\"calm\\n\"", "") "]}",
+    /* a regex start inside a string: a phone, and a digit that is none */
+    "{\"choices\":[" CH("\"call 13812345678\"", "") "]}",
+    "{\"choices\":[" CH("\"room 1\"", "") "]}",
+    /* not ASCII */
+    "{\"choices\":[" CH("\"caf\xc3\xa9\"", "") "]}",
+    "{\"choices\":[" CH("\"\xef\xbd\x82\xef\xbd\x81\xef\xbd\x84word\"", "") "]}",
+    /* an unpaired quote with a digit after it */
+    "{\"choices\":[" CH("\"calm\"", "") "]} \"1",
+};
+
+static void test_no_candidate(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_build();
+    for (size_t i = 0; i < SL_ARRAY_LEN(no_candidate); i++) {
+        const char *ans = no_candidate[i];
+        if (!flt_json_strings_clean(rs, ans, strlen(ans)))
+            fail_msg("answer %zu has a candidate: %s", i, ans);
+        char *out = NULL;
+        size_t olen = 0;
+        flt_ans_rc_t rc = flt_response_filter_bytes(rs, ans, strlen(ans), &out, &olen);
+        if (rc != FLT_ANS_SAME)
+            fail_msg("answer %zu: rc %d, want it relayed unread: %s", i, rc, ans);
+        assert_null(out);
+    }
+    for (size_t i = 0; i < SL_ARRAY_LEN(candidate); i++) {
+        const char *ans = candidate[i];
+        if (flt_json_strings_clean(rs, ans, strlen(ans)))
+            fail_msg("answer %zu has no candidate: %s", i, ans);
+        /* the reader's verdict, as before: JSON ones as the tree's */
+        json_t *j = json_loads(ans, 0, NULL);
+        char *out = NULL;
+        size_t olen = 0;
+        flt_ans_rc_t rc = flt_response_filter_bytes(rs, ans, strlen(ans), &out, &olen);
+        if (!j) { /* relayed as it came, by the reader or the tree path */
+            assert_true(rc == FLT_ANS_TREE || rc == FLT_ANS_SAME);
+            assert_null(out);
+            continue;
+        }
+        json_decref(j);
+        bool mod;
+        char *want = tree_result(rs, ans, &mod);
+        if (rc != (mod ? FLT_ANS_EDITED : FLT_ANS_SAME))
+            fail_msg("answer %zu: rc %d, tree modified %d: %s", i, rc, mod, ans);
+        if (mod)
+            assert_json_same(out, olen, want);
+        free(out);
+        free(want);
+    }
+    /* what a masked one becomes, by content */
+    char *out = NULL;
+    size_t olen = 0;
+    const char *esc = candidate[2];
+    assert_int_equal(flt_response_filter_bytes(rs, esc, strlen(esc), &out, &olen), FLT_ANS_EDITED);
+    assert_non_null(strstr(out, "\"content\":\"***\""));
+    free(out);
+    flt_ruleset_unref(rs);
+}
+
+/* Random answers from pieces with and without candidates: whenever the
+ * shortcut says "no candidate", the tree path changes nothing; and both
+ * verdicts occur often. */
+static void test_no_candidate_random(void **state)
+{
+    (void)state;
+    static const char *const text[] = {
+        "The sea ",
+        "calm",
+        "bad",
+        "word",
+        "badword",
+        "bad\\u0077ord",
+        "1",
+        "3812345678",
+        "evil",
+        "e\\u0076il",
+        "\\n",
+        "\\\"",
+        "\xe6\x95\x8f\xe6\x84\x9f\xe8\xaf\x8d",
+        " ",
+        "x",
+    };
+    static const char *const key[] = {"id", "badword", "model", "e\\u0076il", "n"};
+    static const char *const num[] = {"13812345678", "1", "40", "1.5e3", "true", "null"};
+    flt_ruleset_t *rs = rs_build();
+    unsigned seed = 16, nclean = 0, nmaybe = 0;
+    sl_buf_t b = {0};
+    for (int round = 0; round < 3000; round++) {
+        b.len = 0;
+        assert_int_equal(sl_buf_add(&b, "{", 1), 0);
+        int nk = rand_r(&seed) % 3;
+        for (int k = 0; k < nk; k++) {
+            char f[96];
+            int n = snprintf(f, sizeof f, "\"%s\":%s,", key[rand_r(&seed) % SL_ARRAY_LEN(key)],
+                             num[rand_r(&seed) % SL_ARRAY_LEN(num)]);
+            assert_int_equal(sl_buf_add(&b, f, (size_t)n), 0);
+        }
+        assert_int_equal(sl_buf_add(&b, "\"choices\":[", 11), 0);
+        int nc = 1 + rand_r(&seed) % 2;
+        for (int c = 0; c < nc; c++) {
+            const char *h = c ? ",{\"message\":{\"content\":\"" : "{\"message\":{\"content\":\"";
+            assert_int_equal(sl_buf_add(&b, h, strlen(h)), 0);
+            int np = rand_r(&seed) % 4;
+            for (int i = 0; i < np; i++) {
+                const char *t = text[rand_r(&seed) % SL_ARRAY_LEN(text)];
+                assert_int_equal(sl_buf_add(&b, t, strlen(t)), 0);
+            }
+            assert_int_equal(sl_buf_add(&b, "\"}}", 3), 0);
+        }
+        assert_int_equal(sl_buf_add(&b, "]}", 3), 0); /* with the NUL */
+        const char *ans = b.p;
+        size_t n = b.len - 1;
+        if (!flt_json_strings_clean(rs, ans, n)) {
+            nmaybe++;
+            continue;
+        }
+        nclean++;
+        bool mod;
+        char *want = tree_result(rs, ans, &mod);
+        if (mod)
+            fail_msg("no candidate, but the tree changed it: %s -> %s", ans, want);
+        free(want);
+        char *out = NULL;
+        size_t olen = 0;
+        assert_int_equal(flt_response_filter_bytes(rs, ans, n, &out, &olen), FLT_ANS_SAME);
+        assert_null(out);
+    }
+    assert_true(nclean > 300);
+    assert_true(nmaybe > 300);
+    sl_buf_free(&b);
     flt_ruleset_unref(rs);
 }
 
@@ -308,10 +464,11 @@ static void test_text_clean(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_same_as_tree),   cmocka_unit_test(test_to_tree),
-        cmocka_unit_test(test_splice_exact),   cmocka_unit_test(test_output_off),
-        cmocka_unit_test(test_many_choices),   cmocka_unit_test(test_text_clean),
-        cmocka_unit_test(test_arena_overflow),
+        cmocka_unit_test(test_same_as_tree),        cmocka_unit_test(test_to_tree),
+        cmocka_unit_test(test_splice_exact),        cmocka_unit_test(test_output_off),
+        cmocka_unit_test(test_many_choices),        cmocka_unit_test(test_text_clean),
+        cmocka_unit_test(test_arena_overflow),      cmocka_unit_test(test_no_candidate),
+        cmocka_unit_test(test_no_candidate_random),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1021,11 +1021,51 @@ static void test_status_text(void **state)
     assert_string_equal(gw_http_status_text(599), "Unknown");
 }
 
+/* Every byte value at every place of a long header value (the scan takes
+ * whole 8-byte words where it can): a field-value byte (HTAB, SP, VCHAR,
+ * obs-text) is kept in the value, any other is 400 bad_header_value; the
+ * same result whole, byte by byte and cut anywhere (run_all_splits). */
+static void test_value_bytes_every_place(void **state)
+{
+    (void)state;
+    run_t r;
+    for (unsigned b = 0; b < 256; b++) {
+        if (b == '\r' || b == '\n')
+            continue; /* line ends: bare_cr / bare_lf, tested above */
+        bool ok = b == '\t' || (b >= 0x20 && b != 0x7f);
+        for (size_t k = 1; k < 19; k++) {
+            char val[41], in[128], want[64];
+            memset(val, 'v', 40);
+            val[40] = '\0';
+            val[k] = (char)b;
+            const char pre[] = "GET / HTTP/1.1\r\nHost: a\r\nX-Long: ", post[] = "\r\n\r\n";
+            size_t n = 0;
+            memcpy(in, pre, sizeof pre - 1);
+            n += sizeof pre - 1;
+            memcpy(in + n, val, 40); /* val may hold a NUL */
+            n += 40;
+            memcpy(in + n, post, sizeof post - 1);
+            n += sizeof post - 1;
+            run_all_splits(GW_HTTP_REQUEST, &lim_default, false, in, n, false, &r);
+            if (!ok) {
+                if (r.st != GW_HTTP_ERROR || r.status != 400 ||
+                    strcmp(r.reason, "bad_header_value") != 0)
+                    fail_msg("byte 0x%02x at %zu: st %d %d %s", b, k, r.st, r.status, r.reason);
+                continue;
+            }
+            snprintf(want, sizeof want, "\nX-Long=[%s]", val);
+            if (r.st != GW_HTTP_DONE || !strstr(r.head, want))
+                fail_msg("byte 0x%02x at %zu: st %d, head %s", b, k, r.st, r.head);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_debian_http_parser_is_lenient),
         cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_value_bytes_every_place),
         cmocka_unit_test(test_error_is_sticky),
         cmocka_unit_test(test_limit_request_line),
         cmocka_unit_test(test_limit_header_bytes),

@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# bench/callgrind_req.sh — user-space instructions per request of issue #16's
+# JSON request (realistic.sh's "plain" and "full" confs), counted by
+# valgrind's callgrind: immune to the machine's load, so it resolves changes
+# of a few hundred instructions that the wall-clock benches cannot.
+#
+# Per binary and conf, sluice runs twice under callgrind (workers 1): once
+# with a short wrk run, once with a long one; instructions per request are
+# (Ir(long) - Ir(short)) / (requests(long) - requests(short)), so start-up
+# (conf, the word list's automaton) and shutdown cancel out. Requests are
+# sluice's own sluice_requests_total (admin /metrics, read once in both runs),
+# not wrk's count, which misses those in flight at its end.
+#
+#   SLUICE_BIN (default build/sluice), SLUICE_BASE_BIN (optional: the same
+#   figures for that binary, in the same run), CG_CONFS (default "plain full"),
+#   CG_SHORT / CG_LONG (wrk seconds, default 3 / 12), CG_CONNS (default 32),
+#   BENCH_PORT_BASE (default 28900), BENCH_KEEP=1 keeps the callgrind files
+#   (callgrind_annotate them: the per-function split of the difference).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+SLUICE_BIN=${SLUICE_BIN:-$ROOT/build/sluice}
+SLUICE_BASE_BIN=${SLUICE_BASE_BIN:-}
+NGINX_BIN=${NGINX_BIN:-$(command -v nginx || echo /usr/sbin/nginx)}
+CONFS=${CG_CONFS:-"plain full"}
+SHORT=${CG_SHORT:-3}
+LONG=${CG_LONG:-12}
+CONNS=${CG_CONNS:-32}
+PORT_BASE=${BENCH_PORT_BASE:-28900}
+UP_PORT=$((PORT_BASE + 1))
+PORT=$((PORT_BASE + 10))
+ADMIN=$((PORT_BASE + 20))
+
+for c in wrk valgrind curl "$NGINX_BIN" "$SLUICE_BIN"; do
+    command -v "$c" >/dev/null || { echo "bench: $c not found" >&2; exit 1; }
+done
+
+WORK=$(mktemp -d /tmp/sluice-callgrind.XXXXXX)
+cp "$SLUICE_BIN" "$WORK/sluice"
+BINS="this"
+if [ -n "$SLUICE_BASE_BIN" ]; then
+    cp "$SLUICE_BASE_BIN" "$WORK/sluice-base"
+    BINS="this base"
+fi
+. "$ROOT/bench/lib.sh"
+
+# the upstream: realistic.sh's 282-byte chat.completion
+ANSWER='{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"served-model","choices":[{"index":0,"message":{"role":"assistant","content":"The sea is vast and so calm."},"finish_reason":"stop"}],"usage":{"prompt_tokens":31,"completion_tokens":9,"total_tokens":40}}'
+nginx_conf "$WORK/up" "
+    server {
+        listen 127.0.0.1:$UP_PORT;
+        location / {
+            default_type application/json;
+            return 200 '$ANSWER';
+        }
+    }"
+spawn "$NGINX_BIN" -p "$WORK/up/" -e "$WORK/up/error.log" -c "$WORK/up/nginx.conf"
+wait_port "$UP_PORT" "$LAST"
+
+export SLUICE_BENCH_TOKEN_SECRET=bench-token-secret-0123456789abcdefghij
+export SLUICE_BENCH_SIGNING_SECRET=bench-signing-secret-0123456789abcdefgh
+export SLUICE_BENCH_UPSTREAM_KEY=upstream-key
+for i in $(seq 0 1000); do printf 'forbiddenword%04dx\n' "$i"; done >"$WORK/words.txt"
+
+# realistic.sh's confs (write_conf there): keep the two alike
+write_conf() { # $1 plain or full
+    local f=$WORK/$1.yaml
+    cat >"$f" <<EOF
+listen:
+  - address: 127.0.0.1:$PORT
+admin:
+  address: 127.0.0.1:$ADMIN
+workers: 1
+limits:
+  max_body_bytes: 4m
+upstreams:
+  main:
+    servers:
+      - url: "http://127.0.0.1:$UP_PORT"
+    keepalive: 64
+    api_key_env: SLUICE_BENCH_UPSTREAM_KEY
+models:
+  chat-model: { upstream: main, name: served-model }
+log:
+  access: "off"
+  level: warn
+EOF
+    if [ "$1" = full ]; then
+        cat >>"$f" <<EOF
+auth:
+  tokens:
+    issuer: sluice
+    audience: chat
+    keys:
+      - { kid: k1, alg: HS256, secret_env: SLUICE_BENCH_TOKEN_SECRET }
+  signing: { required: false, secret_env: SLUICE_BENCH_SIGNING_SECRET, window: 300s }
+ratelimit:
+  per_user: { requests_per_minute: 1000000, concurrent: 1000 }
+filters:
+  words:
+    - { file: "$WORK/words.txt", action: mask }
+  regex:
+    - { name: phone, pattern: '1[3-9]\\d{9}', action: mask }
+  output: true
+EOF
+    fi
+}
+write_conf plain
+write_conf full
+TOKEN=$("$WORK/sluice" token --sub bench-user --ttl 1h -c "$WORK/full.yaml" |
+    awk '/^access_token:/ { print $2 }')
+
+# Waits (bounded, valgrind starts slowly) for the admin port.
+wait_slow() {
+    local _
+    for _ in $(seq 600); do
+        kill -0 "$1" 2>/dev/null || { echo "bench: sluice died" >&2; exit 1; }
+        if curl -sf "http://127.0.0.1:$ADMIN/metrics" >/dev/null 2>&1; then return 0; fi
+        sleep 0.1
+    done
+    echo "bench: sluice under valgrind did not start" >&2
+    exit 1
+}
+
+# One run: $1 binary, $2 conf, $3 wrk seconds; prints "Ir requests".
+one() {
+    local out=$WORK/cg.$1.$2.$3 tok="" n ir
+    case $2 in full) tok=$TOKEN ;; esac
+    local bin=$WORK/sluice
+    [ "$1" = base ] && bin=$WORK/sluice-base
+    spawn valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" -c "$WORK/$2.yaml" \
+        2>"$out.log"
+    local pid=$LAST
+    wait_slow "$pid"
+    BENCH_TOKEN=$tok wrk -t1 -c"$CONNS" -d"$3"s --timeout 30s -s "$ROOT/bench/realistic.lua" \
+        "http://127.0.0.1:$PORT/v1/chat/completions" >"$out.wrk"
+    grep -q 'errors=0 non2xx=0' "$out.wrk" || { cat "$out.wrk" >&2; exit 1; }
+    n=$(curl -sf "http://127.0.0.1:$ADMIN/metrics" |
+        awk '/^sluice_requests_total/ { s += $NF } END { printf "%d", s }')
+    stop "$pid"
+    ir=$(awk '/^summary:/ { print $2 }' "$out")
+    echo "$ir $n"
+}
+
+echo "callgrind per request: $(date -u '+%Y-%m-%d %H:%M UTC'), commit" \
+    "$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?'), wrk -c$CONNS," \
+    "${SHORT}s and ${LONG}s runs"
+echo
+echo "| binary | conf | requests (short / long) | instructions per request |"
+echo "| --- | --- | --- | ---: |"
+for c in $CONFS; do
+    for b in $BINS; do
+        read -r ir1 n1 <<<"$(one "$b" "$c" "$SHORT")"
+        read -r ir2 n2 <<<"$(one "$b" "$c" "$LONG")"
+        echo "| $b | $c | $n1 / $n2 | $(((ir2 - ir1) / (n2 - n1))) |"
+    done
+done
