@@ -16,7 +16,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-
 #include "common/log.h"
 #include "gateway/body_scan.h"
 #include "gateway/body_store.h"
@@ -48,8 +47,8 @@ static void gw_conn_drained(void *arg);
 static void gw_conn_failed(void *arg, short what);
 static void gw_conn_eventcb(struct bufferevent *bev, short what, void *arg);
 static void gw_conn_timer_cb(evutil_socket_t fd, short what, void *arg);
-static gw_conn_t *gw_conn_attach(gw_worker_t *w, gw_conn_t *c, struct bufferevent *bev,
-                                 bool direct, SSL *ssl);
+static gw_conn_t *gw_conn_attach(gw_worker_t *w, gw_conn_t *c, struct bufferevent *bev, bool direct,
+                                 SSL *ssl);
 static const gw_out_ops_t gw_out_h1;
 
 /* The connection's one deadline (header, body or idle), kept lazily: the

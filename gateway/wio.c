@@ -153,8 +153,8 @@ void gw_wio_fini(gw_wio_t *io)
         event_del(&bev->ev_write);
         event_assign(&bev->ev_read, base, fd, EV_READ | EV_PERSIST | EV_FINALIZE, gw_wio_tls_gone,
                      bev);
-        event_assign(&bev->ev_write, base, fd, EV_WRITE | EV_PERSIST | EV_FINALIZE,
-                     gw_wio_tls_gone, bev);
+        event_assign(&bev->ev_write, base, fd, EV_WRITE | EV_PERSIST | EV_FINALIZE, gw_wio_tls_gone,
+                     bev);
     }
     SSL_free(io->ssl); /* the socket is the bufferevent's to close */
     io->ssl = NULL;
@@ -250,7 +250,7 @@ static void gw_wio_tls_readcb(evutil_socket_t fd, short what, void *arg)
     size_t got = 0;
     if (!io->ssl)
         return;
-    bufferevent_incref(bev); /* the callbacks may free it: freed on our way out */
+    bufferevent_incref(bev);  /* the callbacks may free it: freed on our way out */
     if (what == EV_TIMEOUT) { /* only a bare timeout: with EV_READ a read came in time */
         ev = BEV_EVENT_TIMEOUT;
         goto done;
@@ -376,8 +376,8 @@ int gw_wio_tls_own(gw_wio_t *io, SSL *ssl)
     struct event_base *base = bufferevent_get_base(bev);
     event_assign(&bev->ev_read, base, fd, EV_READ | EV_PERSIST | EV_FINALIZE, gw_wio_tls_readcb,
                  io);
-    event_assign(&bev->ev_write, base, fd, EV_WRITE | EV_PERSIST | EV_FINALIZE,
-                 gw_wio_tls_writecb, io);
+    event_assign(&bev->ev_write, base, fd, EV_WRITE | EV_PERSIST | EV_FINALIZE, gw_wio_tls_writecb,
+                 io);
     if (on)
         bufferevent_enable(bev, on);
     return 0;
