@@ -16,8 +16,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <event2/bufferevent_ssl.h>
-
 #include "common/log.h"
 #include "gateway/body_scan.h"
 #include "gateway/body_store.h"
@@ -49,8 +47,8 @@ static void gw_conn_drained(void *arg);
 static void gw_conn_failed(void *arg, short what);
 static void gw_conn_eventcb(struct bufferevent *bev, short what, void *arg);
 static void gw_conn_timer_cb(evutil_socket_t fd, short what, void *arg);
-static gw_conn_t *gw_conn_attach(gw_worker_t *w, gw_conn_t *c, struct bufferevent *bev,
-                                 bool direct);
+static gw_conn_t *gw_conn_attach(gw_worker_t *w, gw_conn_t *c, struct bufferevent *bev, bool direct,
+                                 SSL *ssl);
 static const gw_out_ops_t gw_out_h1;
 
 /* The connection's one deadline (header, body or idle), kept lazily: the
@@ -110,29 +108,19 @@ void gw_conn_accept(gw_worker_t *w, int fd, const struct sockaddr *sa, int salen
         inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, c->peer,
                   sizeof(c->peer));
     SSL_CTX *ctx = l->admin ? NULL : w->rt->listen_ssl[l->index];
-    /* Deferred callbacks only where OpenSSL may call back from inside a
-     * write; plain sockets call back from the loop alone. */
-    int opts = BEV_OPT_CLOSE_ON_FREE | (ctx ? BEV_OPT_DEFER_CALLBACKS : 0);
-    struct bufferevent *bev = NULL;
-    if (ctx) {
-        SSL *ssl = SSL_new(ctx);
-        if (ssl)
-            bev = bufferevent_openssl_socket_new(w->base, fd, ssl, BUFFEREVENT_SSL_ACCEPTING, opts);
-        if (bev)
-            bufferevent_openssl_set_allow_dirty_shutdown(bev, 1);
-        else if (ssl)
-            SSL_free(ssl);
-        c->tls = true;
-    } else {
-        bev = bufferevent_socket_new(w->base, fd, opts);
-    }
+    /* TLS too is a plain-socket bufferevent: wio.c reads and writes it
+     * with SSL_read/SSL_write (gw_wio_tls_own says why). */
+    SSL *ssl = ctx ? SSL_new(ctx) : NULL;
+    struct bufferevent *bev =
+        ctx && !ssl ? NULL : bufferevent_socket_new(w->base, fd, BEV_OPT_CLOSE_ON_FREE);
     if (!bev) {
+        SSL_free(ssl);
         close(fd);
         free(c);
         return;
     }
-    /* Direct writes only on plain sockets (wio.c). */
-    gw_conn_attach(w, c, bev, !ctx);
+    c->tls = ssl != NULL;
+    gw_conn_attach(w, c, bev, true, ssl);
 }
 
 gw_conn_t *gw_conn_new_bev(gw_worker_t *w, struct bufferevent *bev, bool admin, const char *peer)
@@ -145,17 +133,19 @@ gw_conn_t *gw_conn_new_bev(gw_worker_t *w, struct bufferevent *bev, bool admin, 
     c->w = w;
     c->admin = admin;
     snprintf(c->peer, sizeof(c->peer), "%s", peer ? peer : "");
-    return gw_conn_attach(w, c, bev, false);
+    return gw_conn_attach(w, c, bev, false, NULL);
 }
 
-/* Takes bev (freed on failure, with c). */
-static gw_conn_t *gw_conn_attach(gw_worker_t *w, gw_conn_t *c, struct bufferevent *bev, bool direct)
+/* Takes bev and ssl (freed on failure, with c). */
+static gw_conn_t *gw_conn_attach(gw_worker_t *w, gw_conn_t *c, struct bufferevent *bev, bool direct,
+                                 SSL *ssl)
 {
     c->bev = bev;
     c->out = &gw_out_h1;
     c->parser = gw_conn_parser_new(&w->rt->conf->limits);
     c->timer = evtimer_new(w->base, gw_conn_timer_cb, c);
     if (!c->parser || !c->timer) {
+        SSL_free(ssl);
         bufferevent_free(c->bev);
         gw_http_parser_free(c->parser);
         if (c->timer)
@@ -168,11 +158,19 @@ static gw_conn_t *gw_conn_attach(gw_worker_t *w, gw_conn_t *c, struct buffereven
     int64_t st = w->rt->conf->limits.send_timeout_ms;
     struct timeval wtv = {st / 1000, (st % 1000) * 1000};
     bufferevent_set_timeouts(c->bev, NULL, &wtv);
-    if (direct) /* a plain socket: read without libevent's FIONREAD (wio.c) */
+    if (direct && !ssl) /* a plain socket: read without libevent's FIONREAD (wio.c) */
         (void)gw_wio_read_own(c->bev);
     bufferevent_enable(c->bev, EV_READ | EV_WRITE);
     gw_wio_init(&c->wio, w, c->bev, direct, gw_conn_drained, gw_conn_failed, c);
-    gw_wio_set_kick(&c->wio, c->tls);
+    if (ssl && gw_wio_tls_own(&c->wio, ssl) != 0) {
+        gw_wio_fini(&c->wio);
+        SSL_free(ssl);
+        bufferevent_free(c->bev);
+        gw_http_parser_free(c->parser);
+        event_free(c->timer);
+        free(c);
+        return NULL;
+    }
     TAILQ_INSERT_TAIL(&w->conns, c, link);
     w->nconns++;
     sl_gauge_add(gw_m.conns_active, 1);
@@ -517,7 +515,7 @@ static int gw_conn_sniff_h2(gw_conn_t *c, struct evbuffer *in)
 {
     bool h2 = false;
     if (c->tls) {
-        SSL *ssl = bufferevent_openssl_get_ssl(c->bev);
+        SSL *ssl = c->wio.ssl;
         const unsigned char *p = NULL;
         unsigned int n = 0;
         if (ssl)

@@ -10,6 +10,7 @@
 
 #include <event2/bufferevent.h>
 #include <event2/event.h>
+#include <openssl/ssl.h>
 
 #include "gateway/gw_types.h"
 
@@ -21,6 +22,9 @@ struct gw_wio {
     bool armed;                   /* EV_WRITE is armed (libevent writes) */
     bool queued;                  /* on the worker's flush list */
     bool kick;                    /* TLS: libevent writes, but in this loop turn */
+    SSL *ssl;                     /* our TLS (gw_wio_tls_own): owned, freed by fini */
+    bool hs;                      /* the TLS handshake is not done yet */
+    bool rd_wants_wr;             /* an SSL_read (or the handshake) waits to write */
     void (*drained)(void *owner); /* everything was written */
     void (*failed)(void *owner, short what); /* a write failed */
     void *owner;
@@ -46,5 +50,13 @@ void gw_wio_flush_cb(evutil_socket_t fd, short what, void *arg);
  * (after bufferevent_socket_connect: setting the fd reassigns the event).
  * 0, or -1 when the bufferevent has no socket (it keeps libevent's read). */
 int gw_wio_read_own(struct bufferevent *bev);
+
+/* TLS on a plain-socket bufferevent, by us (wio.c says why): SSL_read
+ * into the input buffer from the read event, SSL_write from the output
+ * buffer at flush time (the direct writes above, with EV_WRITE armed only
+ * while the kernel is full). Takes ownership of ssl (freed by
+ * gw_wio_fini), puts it in accept state on the bufferevent's socket. Call
+ * after gw_wio_init(direct = true). 0, or -1 (ssl not taken). */
+int gw_wio_tls_own(gw_wio_t *io, SSL *ssl);
 
 #endif

@@ -36,13 +36,34 @@
  * by our commit), the read timeout and the deferred free work as before;
  * EOF, errors and the timeout end as in libevent's bufferevent_readcb:
  * reading disabled, then the event callback with BEV_EVENT_READING.
+ *
+ * Client TLS (gw_wio_tls_own): libevent's bufferevent_openssl layers its
+ * own evbuffers, 4 KiB reads, deferred callbacks and a BIO round trip over
+ * SSL_read/SSL_write. A client TLS connection is instead a plain-socket
+ * bufferevent whose read and write events run our callbacks: the read
+ * event drives the handshake, then SSL_reads into space reserved at the
+ * end of the input buffer until OpenSSL holds nothing more (read-ahead on:
+ * one read(2) per wake-up takes a whole record, not a 5-byte header and
+ * then the rest). Everything OpenSSL has decrypted is always moved to the
+ * input buffer before the callback returns (past the read high-watermark
+ * by at most one OpenSSL buffer), so no byte ever waits inside the SSL
+ * object while the socket is quiet. Writes are the direct writes above
+ * with SSL_write (a record of at most 16 KiB per call, pulled up from the
+ * output buffer) in place of writev; when the kernel is full EV_WRITE is
+ * armed and our write event finishes, with the send timeout running. An
+ * SSL_read that must write (a TLS 1.3 ticket with the kernel full) arms
+ * EV_WRITE and reads again once it is writable. close_notify and an EOF
+ * without it (dirty shutdown, as before) are EOF; any other TLS error is
+ * an error; both reach the event callback as for a plain socket.
  */
 #include <errno.h>
+#include <limits.h>
 #include <string.h>
 #include <sys/uio.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/bufferevent_struct.h>
+#include <openssl/err.h>
 
 #include "common/sl.h"
 #include "gateway/gw_types.h"
@@ -53,15 +74,23 @@
  * so a fresh chain for it is a 16 KiB block, not the next power of two. */
 #define GW_WIO_READ (16 * 1024 - 128)
 
+/* Plaintext bytes one SSL_write takes: one TLS record. */
+#define GW_WIO_RECORD (16 * 1024)
+
+static void gw_wio_queue(gw_wio_t *io)
+{
+    io->queued = true;
+    TAILQ_INSERT_TAIL(&io->w->flushq, io, link);
+    event_active(io->w->flush_ev, EV_TIMEOUT, 0);
+}
+
 static void gw_wio_outcb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
 {
     (void)buf;
     gw_wio_t *io = arg;
     if (info->n_added == 0 || io->queued || (!io->kick && (!io->direct || io->armed)))
         return;
-    io->queued = true;
-    TAILQ_INSERT_TAIL(&io->w->flushq, io, link);
-    event_active(io->w->flush_ev, EV_TIMEOUT, 0);
+    gw_wio_queue(io);
 }
 
 void gw_wio_init(gw_wio_t *io, gw_worker_t *w, struct bufferevent *bev, bool direct,
@@ -96,6 +125,13 @@ void gw_wio_set_kick(gw_wio_t *io, bool kick)
     io->kick = kick;
 }
 
+static void gw_wio_tls_gone(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    (void)arg;
+}
+
 void gw_wio_fini(gw_wio_t *io)
 {
     if (io->queued) {
@@ -105,6 +141,23 @@ void gw_wio_fini(gw_wio_t *io)
     if (io->cb && io->bev)
         evbuffer_remove_cb_entry(bufferevent_get_output(io->bev), io->cb);
     io->cb = NULL;
+    if (io->ssl && io->bev) {
+        /* libevent finalizes a freed bufferevent's events with their
+         * argument taken as the bufferevent: give it back (deleted first,
+         * as event_assign wants; a running callback returns on !io->ssl) */
+        struct bufferevent *bev = io->bev;
+        evutil_socket_t fd = bufferevent_getfd(bev);
+        struct event_base *base = bufferevent_get_base(bev);
+        bufferevent_disable(bev, EV_READ | EV_WRITE);
+        event_del(&bev->ev_read);
+        event_del(&bev->ev_write);
+        event_assign(&bev->ev_read, base, fd, EV_READ | EV_PERSIST | EV_FINALIZE, gw_wio_tls_gone,
+                     bev);
+        event_assign(&bev->ev_write, base, fd, EV_WRITE | EV_PERSIST | EV_FINALIZE, gw_wio_tls_gone,
+                     bev);
+    }
+    SSL_free(io->ssl); /* the socket is the bufferevent's to close */
+    io->ssl = NULL;
     io->direct = false;
     io->kick = false;
 }
@@ -118,6 +171,218 @@ void gw_wio_written(gw_wio_t *io)
     }
 }
 
+/* An SSL call failed with r: 0 to wait (for the socket to be readable,
+ * or writable: EV_WRITE armed), else the event bits, *err set. */
+static short gw_wio_tls_fail(gw_wio_t *io, int r, int *err)
+{
+    int e = SSL_get_error(io->ssl, r);
+    *err = errno;
+    switch (e) {
+    case SSL_ERROR_WANT_READ:
+        return 0;
+    case SSL_ERROR_WANT_WRITE:
+        io->rd_wants_wr = true;
+        bufferevent_enable(io->bev, EV_WRITE);
+        return 0;
+    case SSL_ERROR_ZERO_RETURN: /* close_notify, or EOF (SSL_OP_IGNORE_UNEXPECTED_EOF) */
+        return BEV_EVENT_EOF;
+    case SSL_ERROR_SYSCALL:
+        ERR_clear_error();
+        return *err == 0 ? BEV_EVENT_EOF : BEV_EVENT_ERROR;
+    default:
+        ERR_clear_error();
+        *err = EPROTO;
+        return BEV_EVENT_ERROR;
+    }
+}
+
+/* SSL_write the output, a record at a time: bytes written (> 0), or -1
+ * with errno EAGAIN (the kernel is full) or another error. */
+static int gw_wio_tls_push(gw_wio_t *io)
+{
+    struct evbuffer *out = bufferevent_get_output(io->bev);
+    size_t len;
+    int total = 0;
+    evbuffer_unfreeze(out, 1);
+    while ((len = evbuffer_get_length(out)) > 0) {
+        size_t n = SL_MIN(len, (size_t)GW_WIO_RECORD);
+        /* contiguous for SSL_write; a copy only when frames straddle
+         * chains (the same bytes and length again after WANT_WRITE:
+         * SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER) */
+        unsigned char *p = evbuffer_pullup(out, (ev_ssize_t)n);
+        if (!p) {
+            errno = ENOMEM;
+            total = -1;
+            break;
+        }
+        int r = SSL_write(io->ssl, p, (int)n);
+        if (r > 0) {
+            evbuffer_drain(out, (size_t)r);
+            total += r;
+            continue;
+        }
+        int err = 0;
+        short ev = gw_wio_tls_fail(io, r, &err);
+        if (ev == 0 && io->rd_wants_wr) {
+            io->rd_wants_wr = false; /* the write side waits: armed by the caller */
+            err = EAGAIN;
+        } else if (ev == 0) {
+            err = EAGAIN; /* wants to read: the read event writes on */
+        }
+        errno = ev & BEV_EVENT_EOF ? EPIPE : err;
+        if (total == 0 || ev)
+            total = -1;
+        break;
+    }
+    evbuffer_freeze(out, 1);
+    return total;
+}
+
+/* The read event of a TLS connection (gw_wio_tls_own). */
+static void gw_wio_tls_readcb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    gw_wio_t *io = arg;
+    struct bufferevent *bev = io->bev;
+    struct evbuffer *in = bufferevent_get_input(bev);
+    short ev = 0;
+    int err = 0;
+    size_t got = 0;
+    if (!io->ssl)
+        return;
+    bufferevent_incref(bev);  /* the callbacks may free it: freed on our way out */
+    if (what == EV_TIMEOUT) { /* only a bare timeout: with EV_READ a read came in time */
+        ev = BEV_EVENT_TIMEOUT;
+        goto done;
+    }
+    if (io->hs) {
+        ERR_clear_error();
+        int r = SSL_do_handshake(io->ssl);
+        if (r != 1) {
+            ev = gw_wio_tls_fail(io, r, &err);
+            goto done;
+        }
+        io->hs = false;
+        if (!io->queued && evbuffer_get_length(bufferevent_get_output(bev)) > 0)
+            gw_wio_queue(io); /* output made while the handshake ran */
+        if (!SSL_has_pending(io->ssl))
+            goto done; /* the request comes with the next wake-up */
+    }
+    size_t low = 0, high = 0;
+    bufferevent_getwatermark(bev, EV_READ, &low, &high);
+    if (high && evbuffer_get_length(in) >= high) {
+        /* at the mark (OpenSSL holds nothing: see the top): suspended
+         * again until the buffer drains */
+        bufferevent_setwatermark(bev, EV_READ, low, high);
+        goto done;
+    }
+    evbuffer_unfreeze(in, 0);
+    for (;;) {
+        struct evbuffer_iovec v;
+        if (evbuffer_reserve_space(in, GW_WIO_READ, &v, 1) != 1) {
+            err = ENOMEM;
+            ev = BEV_EVENT_ERROR;
+            break;
+        }
+        int r = SSL_read(io->ssl, v.iov_base, (int)SL_MIN(v.iov_len, (size_t)INT_MAX));
+        if (r <= 0) {
+            ev = gw_wio_tls_fail(io, r, &err);
+            break;
+        }
+        v.iov_len = (size_t)r;
+        evbuffer_commit_space(in, &v, 1);
+        got += (size_t)r;
+        /* nothing buffered: the socket is next, at the next wake-up
+         * (level-triggered), so no read(2) that only says EAGAIN */
+        if (!SSL_has_pending(io->ssl))
+            break;
+    }
+    evbuffer_freeze(in, 0);
+done:
+    /* io may be gone once a callback ran: only bev (referenced) after */
+    if (got > 0)
+        bufferevent_trigger(bev, EV_READ, 0); /* if the low watermark is met */
+    if (ev) {
+        bufferevent_disable(bev, EV_READ);
+        errno = err; /* the event callback may ask for the socket's error */
+        bufferevent_trigger_event(bev, BEV_EVENT_READING | ev, 0);
+    }
+    bufferevent_decref(bev);
+}
+
+/* The write event of a TLS connection: armed while the kernel is full (or
+ * a read waits to write); writes on, the send timeout running. */
+static void gw_wio_tls_writecb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    gw_wio_t *io = arg;
+    struct bufferevent *bev = io->bev;
+    struct evbuffer *out = bufferevent_get_output(bev);
+    short ev = 0;
+    int err = 0;
+    if (!io->ssl)
+        return;
+    bufferevent_incref(bev);
+    if (what == EV_TIMEOUT) {
+        ev = BEV_EVENT_TIMEOUT;
+        goto done;
+    }
+    if (io->rd_wants_wr) { /* the read (or handshake) that wanted to write goes on */
+        io->rd_wants_wr = false;
+        event_active(&bev->ev_read, EV_READ, 1);
+    }
+    if (!io->armed) {
+        /* armed for the read alone: output, if any, is the flush's */
+        bufferevent_disable(bev, EV_WRITE);
+        if (!io->queued && !io->hs && evbuffer_get_length(out) > 0)
+            gw_wio_queue(io);
+        goto done;
+    }
+    int n = gw_wio_tls_push(io);
+    if (n < 0 && errno != EAGAIN) {
+        err = errno;
+        ev = BEV_EVENT_ERROR;
+        goto done;
+    }
+    if (n > 0) /* the write callback (gw_wio_written), if at the low watermark */
+        bufferevent_trigger(bev, EV_WRITE, 0);
+done:
+    if (ev) {
+        bufferevent_disable(bev, EV_WRITE);
+        errno = err;
+        bufferevent_trigger_event(bev, BEV_EVENT_WRITING | ev, 0);
+    }
+    bufferevent_decref(bev);
+}
+
+int gw_wio_tls_own(gw_wio_t *io, SSL *ssl)
+{
+    struct bufferevent *bev = io->bev;
+    evutil_socket_t fd = bufferevent_getfd(bev);
+    if (fd < 0 || SSL_set_fd(ssl, (int)fd) != 1)
+        return -1;
+    SSL_set_accept_state(ssl);
+    SSL_set_mode(ssl, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+    /* an EOF without close_notify is an EOF, as it was with libevent's
+     * allow_dirty_shutdown */
+    SSL_set_options(ssl, SSL_OP_IGNORE_UNEXPECTED_EOF);
+    SSL_set_read_ahead(ssl, 1);
+    io->ssl = ssl;
+    io->hs = true;
+    /* event_assign needs the events neither added nor active */
+    short on = bufferevent_get_enabled(bev);
+    if (on)
+        bufferevent_disable(bev, on);
+    struct event_base *base = bufferevent_get_base(bev);
+    event_assign(&bev->ev_read, base, fd, EV_READ | EV_PERSIST | EV_FINALIZE, gw_wio_tls_readcb,
+                 io);
+    event_assign(&bev->ev_write, base, fd, EV_WRITE | EV_PERSIST | EV_FINALIZE, gw_wio_tls_writecb,
+                 io);
+    if (on)
+        bufferevent_enable(bev, on);
+    return 0;
+}
+
 static void gw_wio_flush(gw_wio_t *io)
 {
     struct evbuffer *out = bufferevent_get_output(io->bev);
@@ -129,13 +394,18 @@ static void gw_wio_flush(gw_wio_t *io)
             event_active(&io->bev->ev_write, EV_WRITE, 1);
         return;
     }
-    if (!io->direct || io->armed || evbuffer_get_length(out) == 0)
+    if (!io->direct || io->armed || io->hs || evbuffer_get_length(out) == 0)
         return;
-    /* A bufferevent keeps the front of its output frozen (only it drains
-     * it); thaw it for our write, as it does for its own. */
-    evbuffer_unfreeze(out, 1);
-    int n = evbuffer_write(out, bufferevent_getfd(io->bev));
-    evbuffer_freeze(out, 1);
+    int n = 0;
+    if (io->ssl) {
+        n = gw_wio_tls_push(io);
+    } else {
+        /* A bufferevent keeps the front of its output frozen (only it
+         * drains it); thaw it for our write, as it does for its own. */
+        evbuffer_unfreeze(out, 1);
+        n = evbuffer_write(out, bufferevent_getfd(io->bev));
+        evbuffer_freeze(out, 1);
+    }
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
         io->failed(io->owner, BEV_EVENT_ERROR | BEV_EVENT_WRITING);
         return;

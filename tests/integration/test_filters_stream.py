@@ -233,6 +233,7 @@ def test_usage_behind_the_output_filter_counted_and_stripped(sluice_factory, moc
     assert m.value("sluice_tokens_total", model="chat-model", kind="completion") == 10
     assert m.value("sluice_filter_event_seconds_count") == 12
 
+
 _RE = {"regex": [{"name": "cn_mobile", "pattern": r"1[3-9]\d{9}", "action": "mask"}]}
 
 
