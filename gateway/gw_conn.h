@@ -87,6 +87,9 @@ gw_conn_t *gw_conn_new_bev(gw_worker_t *w, struct bufferevent *bev, bool admin, 
 void gw_conn_close(gw_conn_t *c);
 /* Frees the request structs the worker keeps for reuse (conn.c). */
 void gw_conn_cache_free(gw_worker_t *w);
+/* The worker's tick: frees the cached structs that none of the requests
+ * since the last tick needed (all of them with all = true). */
+void gw_conn_cache_tick(gw_worker_t *w, bool all);
 /* For h2.c (same layer, no worker internals): c's loop, the conf of the
  * runtime its worker serves now, and a free at the worker's next safe point. */
 struct event_base *gw_conn_base(const gw_conn_t *c);

@@ -69,6 +69,14 @@ void gw_metrics_init(const char *(*route_name)(gw_route_t r))
         "Idle keep-alive upstream connections closed after keepalive_timeout (the pool "
         "shrinking to the recent need).",
         SL_METRIC_COUNTER, "upstream", NULL, 0);
+    gw_m.req_structs_new = sl_metric_series0(sl_metric_register(
+        "sluice_request_structs_allocated_total",
+        "Request structs allocated anew, not taken from the worker's cache of them.",
+        SL_METRIC_COUNTER, NULL, NULL, 0));
+    gw_m.req_cached = sl_metric_series0(sl_metric_register(
+        "sluice_request_structs_cached",
+        "Request structs the workers keep for reuse (as of each worker's last tick).",
+        SL_METRIC_GAUGE, NULL, NULL, 0));
     gw_m.malloc_trims = sl_metric_series0(sl_metric_register(
         "sluice_malloc_trims_total",
         "malloc_trim(0) calls: after the connection count fell from a peak, and after reloads.",

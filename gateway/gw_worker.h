@@ -24,7 +24,9 @@ typedef struct gw_lslot {
     struct gw_listen_rt *l;
 } gw_lslot_t;
 
-#define GW_REQ_CACHE_MAX 64
+/* Request structs a worker may keep for reuse (conn.c): enough for a peak of
+ * thousands of requests in flight; the tick frees what went unused. */
+#define GW_REQ_CACHE_MAX 4096
 /* Durations with a libevent common timeout per worker (gw_worker_timeout). */
 #define GW_WORKER_CTIMEOUTS 32
 
@@ -53,6 +55,8 @@ struct gw_worker {
     size_t nconns;
     gw_req_t *req_cache[GW_REQ_CACHE_MAX]; /* request structs kept for reuse (conn.c) */
     size_t nreq_cache;
+    size_t req_cache_low;           /* fewest cached since the last tick (conn.c) */
+    size_t req_cache_shown;         /* what the gauge has of this worker's cache */
     struct event *tick_ev;          /* housekeeping (worker.c): idle upstreams, malloc_trim */
     size_t peak_conns;              /* most client + idle upstream conns since the last trim */
     int64_t trim_at_ms;             /* a reload's trim is due then (0: none) */

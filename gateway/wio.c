@@ -28,8 +28,9 @@
  * most 4 KiB (EVBUFFER_MAX_READ). For a proxy that is one more syscall per
  * read on both sockets of every request: 4.8 % of a plain request's CPU
  * (bench/RESULTS.md, "Plain request CPU"). A plain socket's bufferevent so
- * gets our read callback on its own read event: one readv into space
- * reserved at the end of the input buffer, up to GW_WIO_READ bytes or what
+ * gets our read callback on its own read event: one readv into up to 1 KiB
+ * of space reserved at the end of the input buffer and, behind it, the
+ * thread's scratch (copied in after), up to GW_WIO_READ bytes or what
  * the read high-watermark leaves, once per wake-up (level-triggered, as
  * libevent reads). Only the event's callback changes, so enable/disable,
  * the high-watermark suspension (libevent's own input-buffer callback, run
@@ -437,6 +438,20 @@ void gw_wio_flush_cb(evutil_socket_t fd, short what, void *arg)
 /* One readv into the end of bev's input, at most what the read
  * high-watermark leaves: bytes read, 0 at EOF, -1 with *err set; -2 when
  * the buffer is at its mark (reading is suspended again). */
+/* What one read puts straight into the input buffer's own space: the free
+ * end of its last chain, or a new chain of libevent's smallest block (1 KiB
+ * with its header: glibc's per-thread cache serves it). The rest of a read
+ * lands in the thread's scratch and is copied in behind. A 16 KiB chain
+ * reserved for every read (as libevent reads) is over that cache's size:
+ * with thousands of connections those blocks come from glibc's large bins,
+ * cold and fragmented (unlink_chunk, _int_malloc and _int_free were 8 % of
+ * the worker's CPU at 5,000 connections, bench/RESULTS.md). A small message
+ * so costs no large block at all; a large one one copy (what libevent's
+ * chain would have held now comes from the scratch). */
+#define GW_WIO_OWN (1024 - 64)
+
+static _Thread_local char gw_wio_scratch[GW_WIO_READ];
+
 static ssize_t gw_wio_read_once(struct bufferevent *bev, evutil_socket_t fd, int *err)
 {
     struct evbuffer *in = bufferevent_get_input(bev);
@@ -452,21 +467,28 @@ static ssize_t gw_wio_read_once(struct bufferevent *bev, evutil_socket_t fd, int
         want = SL_MIN(want, high - len);
     }
     struct evbuffer_iovec v[2];
-    struct iovec iov[2];
+    struct iovec iov[3];
     ssize_t n = -1;
     *err = ENOMEM;
     /* The bufferevent keeps the end of its input frozen (only it adds);
      * thaw it for our read, as it does for its own. */
     evbuffer_unfreeze(in, 0);
-    int nv = evbuffer_reserve_space(in, (ev_ssize_t)want, v, 2);
+    int nv = evbuffer_reserve_space(in, (ev_ssize_t)SL_MIN(want, GW_WIO_OWN), v, 2);
     if (nv > 0) {
-        size_t left = want;
+        size_t left = want, own = 0;
         for (int i = 0; i < nv; i++) {
             iov[i].iov_base = v[i].iov_base;
             iov[i].iov_len = SL_MIN(v[i].iov_len, left);
             left -= iov[i].iov_len;
+            own += iov[i].iov_len;
         }
-        n = readv(fd, iov, nv);
+        int niov = nv;
+        if (left > 0) {
+            iov[niov].iov_base = gw_wio_scratch;
+            iov[niov].iov_len = left;
+            niov++;
+        }
+        n = readv(fd, iov, niov);
         *err = errno;
         if (n > 0) {
             size_t got = (size_t)n;
@@ -476,6 +498,10 @@ static ssize_t gw_wio_read_once(struct bufferevent *bev, evutil_socket_t fd, int
                 got -= v[used].iov_len;
             }
             evbuffer_commit_space(in, v, used);
+            if ((size_t)n > own && evbuffer_add(in, gw_wio_scratch, (size_t)n - own) != 0) {
+                *err = ENOMEM;
+                n = -1;
+            }
         }
     }
     evbuffer_freeze(in, 0);

@@ -165,6 +165,8 @@ static void gw_worker_tick_cb(evutil_socket_t fd, short what, void *arg)
         w->peak_conns = load;
     bool fell = w->peak_conns >= load + GW_TRIM_DROP && load <= w->peak_conns / 2;
     bool reload = w->trim_at_ms && now >= w->trim_at_ms;
+    /* before the trim: the structs it frees are memory it can give back */
+    gw_conn_cache_tick(w, fell);
     if ((fell || reload) && gw_worker_trim(now)) {
         w->peak_conns = load;
         if (reload) {
