@@ -282,8 +282,9 @@ __attribute__((target_clones("avx2", "default"))) static unsigned gw_scan_bytes(
  * parses a skeleton, the body with the long runs' middles cut out (a few
  * bytes of each end kept, so no string changes kind or becomes empty).
  * Every offset a callback records is mapped back to the body, and strings are
- * read from the body's bytes (decoded again from them only when the string
- * had escapes and a cut). yajl still judges every token and the grammar;
+ * read from the body's bytes (a string with escapes and a cut: its pieces
+ * between cuts decoded by yajl, the cut bytes copied as they are). yajl
+ * still judges every token and the grammar;
  * the pass only tracks the string state ('"' toggles it, '\\' inside a string
  * escapes the next byte), which is the lexer's state as long as the lexer
  * has not failed, and a body it cannot follow (a control byte inside a
@@ -358,7 +359,8 @@ typedef uint64_t gw_v4q __attribute__((vector_size(32)));
 
 /* Any byte of a gw_v32 set (a macro: a vector argument would change ABI
  * between the two builds of the pass). */
-#define GW_V32_ANY(m) ((((gw_v4q)(m))[0] | ((gw_v4q)(m))[1] | ((gw_v4q)(m))[2] | ((gw_v4q)(m))[3]) != 0)
+#define GW_V32_ANY(m)                                                                              \
+    ((((gw_v4q)(m))[0] | ((gw_v4q)(m))[1] | ((gw_v4q)(m))[2] | ((gw_v4q)(m))[3]) != 0)
 
 /* gw_scan_bytes's facts and, in the same pass, the runs to cut (into k):
  * a 64-byte block with no '"', '\\' or control byte leaves the string state
@@ -797,21 +799,26 @@ static int gw_cb_number(void *ctx, const char *p, size_t n)
 /* A string token's raw bytes [*off, *end) in the body, and whether it had
  * escapes (then p is yajl's decoded copy). *cut: a skeleton's cut is inside
  * it (then yajl's decoded copy lacks the cut bytes). */
-static int gw_scan_string_span(gw_scan_ctx_t *c, const char *p, size_t n, size_t *off, size_t *end,
-                               bool *escaped, bool *cut)
+typedef struct gw_span {
+    size_t off, end; /* in the body */
+    size_t so, se;   /* in what yajl read */
+    bool escaped, cut;
+} gw_span_t;
+
+static int gw_scan_string_span(gw_scan_ctx_t *c, const char *p, size_t n, gw_span_t *sp)
 {
     const char *b = c->base;
     size_t so, se;
     if (p >= b && p < b + c->blen) {
         so = (size_t)(p - b) - 1;
         se = so + n + 2;
-        *escaped = false;
+        sp->escaped = false;
     } else {
         /* Escaped: yajl hands out its decoded copy. The token ends at the
          * bytes consumed; it starts at the nearest quote before that not
          * escaped (a quote inside a valid string always is). Cuts hold no
          * '\\' or '"': the skeleton's bytes tell the same. */
-        *escaped = true;
+        sp->escaped = true;
         se = gw_scan_pos(c);
         if (se < 2 || se > c->blen || b[se - 1] != '"')
             return -1;
@@ -832,64 +839,115 @@ static int gw_scan_string_span(gw_scan_ctx_t *c, const char *p, size_t n, size_t
         if (!gw_scan_surrogates_ok(b + so + 1, se - so - 2))
             return -1;
     }
-    *off = gw_scan_at(c, so);
-    *end = gw_scan_end(c, se);
-    *cut = *end - *off != se - so;
+    sp->so = so;
+    sp->se = se;
+    sp->off = gw_scan_at(c, so);
+    sp->end = gw_scan_end(c, se);
+    sp->cut = sp->end - sp->off != se - so;
     return 0;
 }
 
 typedef struct gw_dec {
-    gw_body_scan_t *s;
-    sl_text_t *t;
-    int rc;
+    char *o;
+    size_t n, cap;
 } gw_dec_t;
 
 static int gw_dec_string(void *ctx, const unsigned char *p, size_t n)
 {
     gw_dec_t *d = ctx;
-    char *o = gw_arena_alloc(d->s, n + 1);
-    if (!o)
+    if (d->cap - d->n < n)
         return 0;
-    memcpy(o, p, n);
-    o[n] = '\0';
-    d->t->p = o;
-    d->t->len = n;
-    d->rc = 0;
+    memcpy(d->o + d->n, p, n);
+    d->n += n;
     return 1;
 }
 
-/* A string with escapes and a cut inside, decoded from the body's bytes
- * [off, end) (its quotes included) by yajl, into the arena. -1: OOM or
- * yajl refused it (it cannot: the skeleton's copy of it was accepted). */
-static int gw_scan_decode(gw_scan_ctx_t *c, size_t off, size_t end, sl_text_t *t)
+/* One piece of a string's raw bytes (whole escapes) decoded by yajl onto
+ * d. -1: OOM, or yajl refused it (it cannot: the string was accepted). */
+static int gw_dec_piece(gw_dec_t *d, const char *p, size_t n)
 {
+    if (!memchr(p, '\\', n)) {
+        if (d->cap - d->n < n)
+            return -1;
+        memcpy(d->o + d->n, p, n);
+        d->n += n;
+        return 0;
+    }
     static const yajl_callbacks cbs = {.yajl_string = gw_dec_string};
-    gw_dec_t d = {c->s, t, -1};
+    char few[512];
+    char *q = n + 2 <= sizeof(few) ? few : malloc(n + 2);
+    if (!q)
+        return -1;
+    q[0] = '"';
+    memcpy(q + 1, p, n);
+    q[n + 1] = '"';
     sl_yheap_t heap;
     yajl_alloc_funcs af = sl_yheap_funcs(&heap);
-    yajl_handle h = yajl_alloc(&cbs, &af, &d);
-    if (!h)
+    yajl_handle h = yajl_alloc(&cbs, &af, d);
+    int rc = -1;
+    if (h) {
+        yajl_config(h, yajl_dont_validate_strings, 1);
+        if (yajl_parse(h, (const unsigned char *)q, n + 2) == yajl_status_ok &&
+            yajl_complete_parse(h) == yajl_status_ok)
+            rc = 0;
+        yajl_free(h);
+    }
+    if (q != few)
+        free(q);
+    return rc;
+}
+
+/* A string with escapes and a cut inside, into the arena: yajl decodes the
+ * skeleton's pieces between the cuts (a cut never splits an escape, nor a
+ * surrogate pair: those are checked whole on the skeleton), and each cut's
+ * bytes, plain text, are copied from the body between them. yajl's own
+ * decoded copy lacks the cut bytes, and where they would fall in it is not
+ * known. */
+static int gw_scan_decode(gw_scan_ctx_t *c, const gw_span_t *sp, sl_text_t *t)
+{
+    gw_dec_t d = {gw_arena_alloc(c->s, sp->end - sp->off), 0, sp->end - sp->off};
+    if (!d.o)
         return -1;
-    yajl_config(h, yajl_dont_validate_strings, 1);
-    if (yajl_parse(h, (const unsigned char *)c->s->body + off, end - off) != yajl_status_ok ||
-        yajl_complete_parse(h) != yajl_status_ok)
-        d.rc = -1;
-    yajl_free(h);
-    return d.rc;
+    size_t lo = 0, hi = c->nel; /* the first cut after the opening quote */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (c->el[mid].skel <= sp->so)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    size_t pos = sp->so + 1, last = sp->se - 1;
+    for (size_t i = lo; i < c->nel && c->el[i].skel < last; i++) {
+        if (gw_dec_piece(&d, c->base + pos, c->el[i].skel - pos) != 0)
+            return -1;
+        size_t gone = c->el[i].gone - (i ? c->el[i - 1].gone : 0);
+        size_t after = c->el[i].skel + c->el[i].gone; /* the body offset after the cut */
+        if (d.cap - d.n < gone)
+            return -1;
+        memcpy(d.o + d.n, c->s->body + after - gone, gone);
+        d.n += gone;
+        pos = c->el[i].skel;
+    }
+    if (gw_dec_piece(&d, c->base + pos, last - pos) != 0 || d.n == d.cap)
+        return -1;
+    d.o[d.n] = '\0';
+    t->p = d.o;
+    t->len = d.n;
+    return 0;
 }
 
 /* The text of the string [off, end) of the body, yajl's p/n its decoded
  * copy when escaped. */
-static int gw_scan_text(gw_scan_ctx_t *c, const char *p, size_t n, size_t off, size_t end,
-                        bool escaped, bool cut, sl_text_t *t)
+static int gw_scan_text(gw_scan_ctx_t *c, const char *p, size_t n, const gw_span_t *sp,
+                        sl_text_t *t)
 {
-    if (!escaped) {
-        t->p = c->s->body + off + 1;
-        t->len = end - off - 2;
+    if (!sp->escaped) {
+        t->p = c->s->body + sp->off + 1;
+        t->len = sp->end - sp->off - 2;
         return 0;
     }
-    if (cut)
-        return gw_scan_decode(c, off, end, t);
+    if (sp->cut)
+        return gw_scan_decode(c, sp, t);
     char *d = gw_arena_alloc(c->s, n + 1);
     if (!d)
         return -1;
@@ -904,19 +962,18 @@ static int gw_cb_string(void *ctx, const unsigned char *up, size_t n)
 {
     gw_scan_ctx_t *c = ctx;
     const char *p = (const char *)up;
-    size_t off, end;
-    bool escaped, cut;
-    if (gw_scan_string_span(c, p, n, &off, &end, &escaped, &cut) != 0)
+    gw_span_t sp;
+    if (gw_scan_string_span(c, p, n, &sp) != 0)
         return gw_scan_stop(c, GW_SCAN_SLOW);
     gw_slot_t slot;
     if (gw_scan_slot(c, SL_J_STRING, &slot) != 0)
         return gw_scan_stop(c, GW_SCAN_OOM);
     sl_text_t *t = slot.f ? &slot.f->s : slot.text;
     if (slot.f) {
-        slot.f->off = off;
-        slot.f->end = end;
+        slot.f->off = sp.off;
+        slot.f->end = sp.end;
     }
-    if (t && gw_scan_text(c, p, n, off, end, escaped, cut, t) != 0)
+    if (t && gw_scan_text(c, p, n, &sp, t) != 0)
         return gw_scan_stop(c, GW_SCAN_OOM);
     return 1;
 }
@@ -1043,14 +1100,13 @@ static int gw_cb_map_key(void *ctx, const unsigned char *up, size_t n)
 {
     gw_scan_ctx_t *c = ctx;
     const char *p = (const char *)up;
-    size_t off, end;
-    bool escaped, cut;
-    if (gw_scan_string_span(c, p, n, &off, &end, &escaped, &cut) != 0)
+    gw_span_t sp;
+    if (gw_scan_string_span(c, p, n, &sp) != 0)
         return gw_scan_stop(c, GW_SCAN_SLOW);
     sl_text_t k;
-    if (gw_scan_text(c, p, n, off, end, escaped, cut, &k) != 0)
+    if (gw_scan_text(c, p, n, &sp, &k) != 0)
         return gw_scan_stop(c, GW_SCAN_OOM);
-    if (escaped && memchr(k.p, '\0', k.len))
+    if (sp.escaped && memchr(k.p, '\0', k.len))
         return gw_scan_stop(c, GW_SCAN_SLOW); /* jansson: NUL in a key */
     gw_frame_t *fr = &c->st[c->depth - 1];
     switch (gw_scan_key_dup(c, fr, k)) {
@@ -1183,7 +1239,10 @@ gw_scan_rc_t gw_body_scan(gw_body_scan_t *s, const char *body, size_t len, unsig
     /* yajl takes \v and \f for whitespace; jansson does not (inside a
      * string both refuse them raw). */
     if (!(bytes & GW_BYTES_VT_FF) && (!(bytes & GW_BYTES_HIGH) || gw_scan_utf8_ok(body, len))) {
-        if (k.ok && k.ncuts > 0) {
+        /* Worth it when yajl skips a share of the bytes: copying a skeleton
+         * nearly as long as the body (many strings just past the run
+         * minimum) would cost more than the few bytes skipped save. */
+        if (k.ok && k.ncuts > 0 && (k.gone >= (len - k.gone) / 8 || (flags & GW_SCAN_SKEL_TEST))) {
             /* one allocation: the map, then the skeleton (a failed one:
              * yajl reads the body) */
             el = malloc(k.ncuts * sizeof(*el) + (len - k.gone));
@@ -1191,8 +1250,8 @@ gw_scan_rc_t gw_body_scan(gw_body_scan_t *s, const char *body, size_t len, unsig
                 gw_skel_build(&k, body, len, (char *)(el + k.ncuts), el);
         }
         if (el)
-            rc = gw_body_scan_run(s, (const char *)(el + k.ncuts), len - k.gone, el, k.ncuts,
-                                  flags);
+            rc =
+                gw_body_scan_run(s, (const char *)(el + k.ncuts), len - k.gone, el, k.ncuts, flags);
         else
             rc = gw_body_scan_run(s, body, len, NULL, 0, flags);
         if (rc == GW_SCAN_OK && el)

@@ -4,8 +4,8 @@
  * string interiors cut out (GW_SCAN_SKEL_TEST: cuts from 3-byte runs, so a
  * small body has many). Everything a caller can read must be equal: the
  * result, every fact's kind, offsets and value, the messages and parts, and
- * the bytes of a spliced body. (Also with the real thresholds: flags.) Shared by tests/unit/test_gw_body_scan.c
- * and the fuzz_body_scan target.
+ * the bytes of a spliced body. (Also with the real thresholds: flags.) Shared by
+ * tests/unit/test_gw_body_scan.c and the fuzz_body_scan target.
  */
 #ifndef TESTS_SCAN_SAME_H
 #define TESTS_SCAN_SAME_H
@@ -104,9 +104,10 @@ static inline const char *scan_same(const char *body, size_t len, unsigned flags
         why = "chat";
     for (size_t i = 0; !why && i < a->chat.nmsgs; i++) {
         const sl_chat_msg_t *x = &a->chat.msgs[i], *y = &b->chat.msgs[i];
-        if (x->kind != y->kind || x->role_kind != y->role_kind || x->content_kind != y->content_kind ||
-            x->name_kind != y->name_kind || x->tool_calls_kind != y->tool_calls_kind ||
-            x->part0 != y->part0 || x->nparts != y->nparts || !scan_same_text(x->role, y->role) ||
+        if (x->kind != y->kind || x->role_kind != y->role_kind ||
+            x->content_kind != y->content_kind || x->name_kind != y->name_kind ||
+            x->tool_calls_kind != y->tool_calls_kind || x->part0 != y->part0 ||
+            x->nparts != y->nparts || !scan_same_text(x->role, y->role) ||
             !scan_same_text(x->content, y->content) || !scan_same_text(x->name, y->name))
             why = "a message";
     }

@@ -617,7 +617,6 @@ static void test_clamp_in(void **state)
     gw_body_scan_free(s);
 }
 
-
 /* ---- the skeleton (yajl reads string interiors cut out) ----------------------- */
 
 /* A body whose long content is filled with filler and has ins written at
@@ -671,13 +670,13 @@ static void test_skeleton_same(void **state)
         {"\\u12", 4},             /* a short \u escape: refused */
         {"\xc3\xa9", 2},          /* UTF-8 across a 32/64-byte boundary */
         {"\xf0\x9f\x98\x80", 4},
-        {"\xc3", 1},    /* a broken UTF-8 sequence: refused */
-        {"\"", 1},      /* ends the string early: refused */
-        {"\x01", 1},    /* a control byte: refused */
-        {"\n", 1},      /* a raw newline: refused */
-        {"\\", 1},      /* a backslash escaping the next letter */
-        {"\\x", 2},     /* an invalid escape */
-        {"\v", 1},      /* \v: jansson decides */
+        {"\xc3", 1},        /* a broken UTF-8 sequence: refused */
+        {"\"", 1},          /* ends the string early: refused */
+        {"\x01", 1},        /* a control byte: refused */
+        {"\n", 1},          /* a raw newline: refused */
+        {"\\", 1},          /* a backslash escaping the next letter */
+        {"\\x", 2},         /* an invalid escape */
+        {"\v", 1},          /* \v: jansson decides */
         {"\",\"x\":\"", 7}, /* the string closed and another member opened */
     };
     static const struct {
@@ -687,12 +686,12 @@ static void test_skeleton_same(void **state)
          "\"}],\"stream\":false}"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"",
          "\"},{\"type\":\"text\",\"text\":\"b\\u0041\"}]}],\"model\":\"m\",\"n\":2}"},
-        {"{\"model\":\"m\",\"", "\":1,\"max_tokens\":3}"},   /* a long key */
+        {"{\"model\":\"m\",\"", "\":1,\"max_tokens\":3}"}, /* a long key */
         {"{\"model\":\"m\",\"messages\":[{\"content\":\"x\",\"role\":\"",
          "\"}],\"stream_options\":{\"include_usage\":false}}"},
-        {"{\"model\":\"", "\",\"messages\":[]}"},           /* the model itself long */
-        {"{\"model\":\"m\",\"x\":\"", "\"} \"tail"},          /* junk after the document */
-        {"{\"model\":\"m\",\"x\":\"", ""},                    /* a string open at the end */
+        {"{\"model\":\"", "\",\"messages\":[]}"},    /* the model itself long */
+        {"{\"model\":\"m\",\"x\":\"", "\"} \"tail"}, /* junk after the document */
+        {"{\"model\":\"m\",\"x\":\"", ""},           /* a string open at the end */
     };
     size_t checked = 0, cuts = 0;
     static const size_t clens[] = {3, 40, 255, 256, 300, 5000};
@@ -724,7 +723,8 @@ static void test_skeleton_same(void **state)
         gw_body_scan_t *s = gw_body_scan_new();
         assert_non_null(s);
         assert_int_equal(gw_body_scan(s, b, n, 0), same ? GW_SCAN_SLOW : GW_SCAN_OK);
-        assert_int_equal(gw_body_scan(s, b, n, GW_SCAN_SKEL_TEST), same ? GW_SCAN_SLOW : GW_SCAN_OK);
+        assert_int_equal(gw_body_scan(s, b, n, GW_SCAN_SKEL_TEST),
+                         same ? GW_SCAN_SLOW : GW_SCAN_OK);
         if (!same)
             assert_true(s->elided > 1000);
         gw_body_scan_free(s);
