@@ -71,8 +71,11 @@ def test_banned_word_deep_in_a_long_content_is_blocked(sluice_factory, mock, tmp
     r = _send(s, raw)
     assert r.status == 200, r
     (q,) = mock.requests()
-    assert q["body"].encode() == raw.replace(b'"model":"chat-model"',
-                                             b'"model":"Qwen2.5-7B-Instruct"', 1)
+    got = q["body"].encode()
+    # the alias spliced, the model's default max_tokens added at the end
+    want = raw.replace(b'"model":"chat-model"', b'"model":"Qwen2.5-7B-Instruct"', 1)
+    assert got.startswith(want[:-1]), got[:200]
+    assert set(json.loads(b"{" + got[len(want):]).keys()) == {"max_tokens"}, got[len(want) - 1:]
 
 
 def test_banned_word_deep_in_a_long_content_is_masked_in_place(sluice_factory, mock, tmp_path):
