@@ -847,11 +847,18 @@ static int gw_scan_string_span(gw_scan_ctx_t *c, const char *p, size_t n, gw_spa
     return 0;
 }
 
+/* gw_scan_decode's state: the output, and the cuts to put between the
+ * decoded pieces. */
 typedef struct gw_dec {
+    const gw_scan_ctx_t *c;
     char *o;
     size_t n, cap;
+    size_t cut, ncut; /* the next cut (index in c->el), cuts left */
+    bool ok;
 } gw_dec_t;
 
+/* One piece decoded: onto the output, then the cut after it, copied from
+ * the body. */
 static int gw_dec_string(void *ctx, const unsigned char *p, size_t n)
 {
     gw_dec_t *d = ctx;
@@ -859,53 +866,29 @@ static int gw_dec_string(void *ctx, const unsigned char *p, size_t n)
         return 0;
     memcpy(d->o + d->n, p, n);
     d->n += n;
+    if (d->ncut == 0)
+        return 1;
+    const gw_elide_t *e = &d->c->el[d->cut];
+    size_t gone = e->gone - (d->cut ? e[-1].gone : 0);
+    size_t after = e->skel + e->gone; /* the body offset after the cut */
+    if (d->cap - d->n < gone)
+        return 0;
+    memcpy(d->o + d->n, d->c->s->body + after - gone, gone);
+    d->n += gone;
+    d->cut++;
+    d->ncut--;
     return 1;
 }
 
-/* One piece of a string's raw bytes (whole escapes) decoded by yajl onto
- * d. -1: OOM, or yajl refused it (it cannot: the string was accepted). */
-static int gw_dec_piece(gw_dec_t *d, const char *p, size_t n)
-{
-    if (!memchr(p, '\\', n)) {
-        if (d->cap - d->n < n)
-            return -1;
-        memcpy(d->o + d->n, p, n);
-        d->n += n;
-        return 0;
-    }
-    static const yajl_callbacks cbs = {.yajl_string = gw_dec_string};
-    char few[512];
-    char *q = n + 2 <= sizeof(few) ? few : malloc(n + 2);
-    if (!q)
-        return -1;
-    q[0] = '"';
-    memcpy(q + 1, p, n);
-    q[n + 1] = '"';
-    sl_yheap_t heap;
-    yajl_alloc_funcs af = sl_yheap_funcs(&heap);
-    yajl_handle h = yajl_alloc(&cbs, &af, d);
-    int rc = -1;
-    if (h) {
-        yajl_config(h, yajl_dont_validate_strings, 1);
-        if (yajl_parse(h, (const unsigned char *)q, n + 2) == yajl_status_ok &&
-            yajl_complete_parse(h) == yajl_status_ok)
-            rc = 0;
-        yajl_free(h);
-    }
-    if (q != few)
-        free(q);
-    return rc;
-}
-
-/* A string with escapes and a cut inside, into the arena: yajl decodes the
- * skeleton's pieces between the cuts (a cut never splits an escape, nor a
- * surrogate pair: those are checked whole on the skeleton), and each cut's
- * bytes, plain text, are copied from the body between them. yajl's own
- * decoded copy lacks the cut bytes, and where they would fall in it is not
- * known. */
+/* A string with escapes and a cut inside, into the arena. yajl's decoded
+ * copy of the skeleton's string lacks the cut bytes, and where they would
+ * fall in it is not known; so the skeleton's pieces between the cuts go to
+ * one yajl parse as a sequence of strings (a cut never splits an escape,
+ * nor a surrogate pair: those were checked whole on the skeleton), and
+ * each cut's bytes, plain text, are copied from the body after its piece. */
 static int gw_scan_decode(gw_scan_ctx_t *c, const gw_span_t *sp, sl_text_t *t)
 {
-    gw_dec_t d = {gw_arena_alloc(c->s, sp->end - sp->off), 0, sp->end - sp->off};
+    gw_dec_t d = {c, gw_arena_alloc(c->s, sp->end - sp->off), 0, sp->end - sp->off, 0, 0, false};
     if (!d.o)
         return -1;
     size_t lo = 0, hi = c->nel; /* the first cut after the opening quote */
@@ -916,19 +899,43 @@ static int gw_scan_decode(gw_scan_ctx_t *c, const gw_span_t *sp, sl_text_t *t)
         else
             hi = mid;
     }
-    size_t pos = sp->so + 1, last = sp->se - 1;
-    for (size_t i = lo; i < c->nel && c->el[i].skel < last; i++) {
-        if (gw_dec_piece(&d, c->base + pos, c->el[i].skel - pos) != 0)
-            return -1;
-        size_t gone = c->el[i].gone - (i ? c->el[i - 1].gone : 0);
-        size_t after = c->el[i].skel + c->el[i].gone; /* the body offset after the cut */
-        if (d.cap - d.n < gone)
-            return -1;
-        memcpy(d.o + d.n, c->s->body + after - gone, gone);
-        d.n += gone;
-        pos = c->el[i].skel;
+    size_t last = sp->se - 1, ncut = 0;
+    while (lo + ncut < c->nel && c->el[lo + ncut].skel < last)
+        ncut++;
+    d.cut = lo;
+    d.ncut = ncut;
+    /* "piece" "piece" ...: the string's bytes and 3 per piece */
+    size_t qn = sp->se - sp->so + 3 * (ncut + 1);
+    char few[1024];
+    char *q = qn <= sizeof(few) ? few : malloc(qn);
+    if (!q)
+        return -1;
+    size_t qa = 0, pos = sp->so + 1;
+    for (size_t i = 0; i <= ncut; i++) {
+        size_t to = i < ncut ? c->el[lo + i].skel : last;
+        q[qa++] = '"';
+        memcpy(q + qa, c->base + pos, to - pos);
+        qa += to - pos;
+        q[qa++] = '"';
+        q[qa++] = ' ';
+        pos = to;
     }
-    if (gw_dec_piece(&d, c->base + pos, last - pos) != 0 || d.n == d.cap)
+    static const yajl_callbacks cbs = {.yajl_string = gw_dec_string};
+    sl_yheap_t heap;
+    yajl_alloc_funcs af = sl_yheap_funcs(&heap);
+    yajl_handle h = yajl_alloc(&cbs, &af, &d);
+    int rc = -1;
+    if (h) {
+        yajl_config(h, yajl_dont_validate_strings, 1);
+        yajl_config(h, yajl_allow_multiple_values, 1);
+        if (yajl_parse(h, (const unsigned char *)q, qa) == yajl_status_ok &&
+            yajl_complete_parse(h) == yajl_status_ok && d.ncut == 0 && d.n < d.cap)
+            rc = 0;
+        yajl_free(h);
+    }
+    if (q != few)
+        free(q);
+    if (rc != 0)
         return -1;
     d.o[d.n] = '\0';
     t->p = d.o;
