@@ -96,9 +96,20 @@ typedef struct gw_frame {
 
 /* yajl's own allocations come from a buffer on the stack (common/yheap.h). */
 
+/* One cut of the skeleton: yajl's offset of the first byte after it, and
+ * the body bytes cut up to and including it. */
+typedef struct gw_elide {
+    size_t skel;
+    size_t gone;
+} gw_elide_t;
+
 typedef struct gw_scan_ctx {
     gw_body_scan_t *s;
     yajl_handle h;
+    const char *base; /* what yajl reads: the body, or its skeleton */
+    size_t blen;
+    const gw_elide_t *el; /* the skeleton's cuts, in order (none: base is the body) */
+    size_t nel;
     unsigned flags;
     gw_scan_rc_t rc;
     gw_frame_t st[GW_SCAN_DEPTH];
@@ -258,6 +269,155 @@ __attribute__((target_clones("avx2", "default"))) static unsigned gw_scan_bytes(
         f |= (unsigned char)(ch - 11) < 2;
     }
     return (h & 0x80 ? GW_BYTES_HIGH : 0) | (f ? GW_BYTES_VT_FF : 0);
+}
+
+/* ---- the skeleton ---------------------------------------------------------------
+ *
+ * A chat body is mostly long string interiors (message contents), and yajl
+ * lexes every byte of them through a table (~0.6 us per KiB, most of what a
+ * large body costs in user space). A run of bytes inside a string with no
+ * '"', no '\\' and no byte < 0x20 is valid string content whatever it holds
+ * (UTF-8 is checked apart, over the whole body, and yajl's string validation
+ * is off): yajl need not see it. So one byte pass finds those runs, and yajl
+ * parses a skeleton, the body with the long runs' middles cut out (a few
+ * bytes of each end kept, so no string changes kind or becomes empty).
+ * Every offset a callback records is mapped back to the body, and strings are
+ * read from the body's bytes (a string with escapes and a cut: its pieces
+ * between cuts decoded by yajl, the cut bytes copied as they are). yajl
+ * still judges every token and the grammar;
+ * the pass only tracks the string state ('"' toggles it, '\\' inside a string
+ * escapes the next byte), which is the lexer's state as long as the lexer
+ * has not failed, and a body it cannot follow (a control byte inside a
+ * string, a string open at the end) gets no cuts: yajl reads it whole. */
+
+/* Bodies shorter than this are read whole (the pass and the copy would
+ * cost more than they save). */
+#define GW_SKEL_BODY_MIN 4096
+/* A run this long or longer is cut ... */
+#define GW_SKEL_RUN_MIN 256
+/* ... keeping this many of its bytes at each end. */
+#define GW_SKEL_KEEP 4
+/* Cuts found on the stack before any is allocated. */
+#define GW_SKEL_INLINE_CUTS 32
+
+typedef struct gw_cut {
+    size_t a, b; /* body bytes [a, b) cut */
+} gw_cut_t;
+
+typedef struct gw_skel {
+    size_t run_min, keep;
+    gw_cut_t *cuts;
+    size_t ncuts, cap;
+    size_t gone;
+    bool ok; /* false: no cuts (the pass could not follow, or OOM) */
+    bool in, esc;
+    size_t rs; /* the current run's start, inside a string */
+    gw_cut_t cuts0[GW_SKEL_INLINE_CUTS];
+} gw_skel_t;
+
+/* The run [k->rs, j) ends: cut its middle when it is long enough. */
+static void gw_skel_run_end(gw_skel_t *k, size_t j)
+{
+    if (j < k->rs || j - k->rs < k->run_min)
+        return; /* short (or a \u escape cut short: yajl refuses it) */
+    if (k->ncuts == k->cap &&
+        gw_grow((void **)&k->cuts, &k->cap, k->cuts0, GW_SKEL_INLINE_CUTS, sizeof(*k->cuts)) != 0) {
+        k->ok = false;
+        return;
+    }
+    gw_cut_t *c = &k->cuts[k->ncuts++];
+    c->a = k->rs + k->keep;
+    c->b = j - k->keep;
+    k->gone += c->b - c->a;
+}
+
+/* One byte at offset j that may change the string state. */
+static inline void gw_skel_byte(gw_skel_t *k, unsigned char ch, size_t j)
+{
+    if (!k->in) {
+        if (ch == '"') {
+            k->in = true;
+            k->rs = j + 1;
+        }
+        return;
+    }
+    if (k->esc) {
+        k->esc = false;
+        k->rs = ch == 'u' ? j + 5 : j + 1; /* \uXXXX: its digits are no run */
+    } else if (ch == '\\') {
+        gw_skel_run_end(k, j);
+        k->esc = true;
+    } else if (ch == '"') {
+        gw_skel_run_end(k, j);
+        k->in = false;
+    } else if (ch < 0x20) {
+        k->ok = false;
+    }
+}
+
+typedef uint64_t gw_v4q __attribute__((vector_size(32)));
+
+/* Any byte of a gw_v32 set (a macro: a vector argument would change ABI
+ * between the two builds of the pass). */
+#define GW_V32_ANY(m)                                                                              \
+    ((((gw_v4q)(m))[0] | ((gw_v4q)(m))[1] | ((gw_v4q)(m))[2] | ((gw_v4q)(m))[3]) != 0)
+
+/* gw_scan_bytes's facts and, in the same pass, the runs to cut (into k):
+ * a 64-byte block with no '"', '\\' or control byte leaves the string state
+ * as it was, so only the other blocks are walked byte by byte. */
+__attribute__((target_clones("avx2", "default"))) static unsigned
+gw_scan_bytes_skel(const char *p, size_t n, gw_skel_t *k)
+{
+    const gw_v32 k11 = (gw_v32){0} + 11, k2 = (gw_v32){0} + 2, kq = (gw_v32){0} + '"',
+                 kb = (gw_v32){0} + '\\', k20 = (gw_v32){0} + 0x20;
+    gw_v32 hi = {0}, vf = {0};
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        gw_v32 a, b;
+        memcpy(&a, p + i, 32);
+        memcpy(&b, p + i + 32, 32);
+        hi |= a | b;
+        vf |= (gw_v32)((a - k11) < k2) | (gw_v32)((b - k11) < k2);
+        gw_v32 m = (gw_v32)(a == kq) | (gw_v32)(a == kb) | (gw_v32)(a < k20) | (gw_v32)(b == kq) |
+                   (gw_v32)(b == kb) | (gw_v32)(b < k20);
+        if (!k->ok || (!k->esc && !GW_V32_ANY(m)))
+            continue;
+        for (size_t j = i; j < i + 64; j++)
+            gw_skel_byte(k, (unsigned char)p[j], j);
+    }
+    unsigned h = 0, f = 0;
+    for (size_t j = 0; j < sizeof(hi); j++) {
+        h |= hi[j];
+        f |= vf[j];
+    }
+    for (; i < n; i++) {
+        unsigned char ch = (unsigned char)p[i];
+        h |= ch;
+        f |= (unsigned char)(ch - 11) < 2;
+        if (k->ok)
+            gw_skel_byte(k, ch, i);
+    }
+    if (k->in)
+        k->ok = false; /* a string still open: yajl judges the real bytes */
+    return (h & 0x80 ? GW_BYTES_HIGH : 0) | (f ? GW_BYTES_VT_FF : 0);
+}
+
+/* The skeleton of body (k's cuts) into out (k->gone fewer bytes), and the
+ * map of its offsets back to the body into el (k->ncuts entries). */
+static void gw_skel_build(const gw_skel_t *k, const char *body, size_t len, char *out,
+                          gw_elide_t *el)
+{
+    size_t at = 0, o = 0, gone = 0;
+    for (size_t i = 0; i < k->ncuts; i++) {
+        const gw_cut_t *c = &k->cuts[i];
+        memcpy(out + o, body + at, c->a - at);
+        o += c->a - at;
+        gone += c->b - c->a;
+        el[i].skel = o;
+        el[i].gone = gone;
+        at = c->b;
+    }
+    memcpy(out + o, body + at, len - at);
 }
 
 /* Strict UTF-8 (no overlongs, surrogates or beyond U+10FFFF), as jansson
@@ -541,10 +701,33 @@ static int gw_scan_slot(gw_scan_ctx_t *c, sl_jkind_t kind, gw_slot_t *slot)
     return 0;
 }
 
-/* The token just reported ends at yajl's bytes consumed. */
+/* The token just reported ends at yajl's bytes consumed (an offset in
+ * what yajl reads). */
 static size_t gw_scan_pos(gw_scan_ctx_t *c)
 {
     return yajl_get_bytes_consumed(c->h);
+}
+
+/* The body offset of the byte at offset x of what yajl reads. */
+static size_t gw_scan_at(const gw_scan_ctx_t *c, size_t x)
+{
+    if (c->nel == 0 || x < c->el[0].skel)
+        return x;
+    size_t lo = 0, hi = c->nel; /* the last cut at or before x */
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (c->el[mid].skel <= x)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return x + c->el[lo].gone;
+}
+
+/* The body offset an exclusive end x (> 0) of what yajl reads stands for. */
+static size_t gw_scan_end(const gw_scan_ctx_t *c, size_t x)
+{
+    return gw_scan_at(c, x - 1) + 1;
 }
 
 static int gw_scan_scalar(gw_scan_ctx_t *c, sl_jkind_t kind, size_t off, size_t end)
@@ -562,14 +745,14 @@ static int gw_scan_scalar(gw_scan_ctx_t *c, sl_jkind_t kind, size_t off, size_t 
 static int gw_cb_null(void *ctx)
 {
     gw_scan_ctx_t *c = ctx;
-    size_t end = gw_scan_pos(c);
+    size_t end = gw_scan_end(c, gw_scan_pos(c));
     return gw_scan_scalar(c, SL_J_NULL, end - 4, end);
 }
 
 static int gw_cb_bool(void *ctx, int v)
 {
     gw_scan_ctx_t *c = ctx;
-    size_t end = gw_scan_pos(c);
+    size_t end = gw_scan_end(c, gw_scan_pos(c));
     return gw_scan_scalar(c, v ? SL_J_TRUE : SL_J_FALSE, end - (v ? 4 : 5), end);
 }
 
@@ -583,7 +766,7 @@ static int gw_cb_number(void *ctx, const char *p, size_t n)
     sl_jkind_t kind = SL_J_REAL;
     /* The token is followed by a delimiter inside the body (the document
      * is an object, so a '}' comes later): strtoll/strtod stop there. */
-    if (p < s->body || p + n >= s->body + s->len)
+    if (p < c->base || p + n >= c->base + c->blen)
         return gw_scan_stop(c, GW_SCAN_SLOW);
     errno = 0;
     if (integral) {
@@ -606,7 +789,7 @@ static int gw_cb_number(void *ctx, const char *p, size_t n)
     if (gw_scan_slot(c, kind, &slot) != 0)
         return gw_scan_stop(c, GW_SCAN_OOM);
     if (slot.f) {
-        slot.f->off = (size_t)(p - s->body);
+        slot.f->off = gw_scan_at(c, (size_t)(p - c->base));
         slot.f->end = slot.f->off + n;
         slot.f->i = iv;
     }
@@ -614,51 +797,164 @@ static int gw_cb_number(void *ctx, const char *p, size_t n)
 }
 
 /* A string token's raw bytes [*off, *end) in the body, and whether it had
- * escapes (then p is yajl's decoded copy). */
-static int gw_scan_string_span(gw_scan_ctx_t *c, const char *p, size_t n, size_t *off, size_t *end,
-                               bool *escaped)
+ * escapes (then p is yajl's decoded copy). *cut: a skeleton's cut is inside
+ * it (then yajl's decoded copy lacks the cut bytes). */
+typedef struct gw_span {
+    size_t off, end; /* in the body */
+    size_t so, se;   /* in what yajl read */
+    bool escaped, cut;
+} gw_span_t;
+
+static int gw_scan_string_span(gw_scan_ctx_t *c, const char *p, size_t n, gw_span_t *sp)
 {
-    gw_body_scan_t *s = c->s;
-    if (p >= s->body && p < s->body + s->len) {
-        *off = (size_t)(p - s->body) - 1;
-        *end = *off + n + 2;
-        *escaped = false;
-        return 0;
+    const char *b = c->base;
+    size_t so, se;
+    if (p >= b && p < b + c->blen) {
+        so = (size_t)(p - b) - 1;
+        se = so + n + 2;
+        sp->escaped = false;
+    } else {
+        /* Escaped: yajl hands out its decoded copy. The token ends at the
+         * bytes consumed; it starts at the nearest quote before that not
+         * escaped (a quote inside a valid string always is). Cuts hold no
+         * '\\' or '"': the skeleton's bytes tell the same. */
+        sp->escaped = true;
+        se = gw_scan_pos(c);
+        if (se < 2 || se > c->blen || b[se - 1] != '"')
+            return -1;
+        size_t i = se - 1;
+        while (i > 0) {
+            i--;
+            if (b[i] != '"')
+                continue;
+            size_t bs = 0;
+            while (bs < i && b[i - 1 - bs] == '\\')
+                bs++;
+            if (bs % 2 == 0)
+                break;
+        }
+        if (b[i] != '"')
+            return -1;
+        so = i;
+        if (!gw_scan_surrogates_ok(b + so + 1, se - so - 2))
+            return -1;
     }
-    /* Escaped: yajl hands out its decoded copy. The token ends at the bytes
-     * consumed; it starts at the nearest quote before that not escaped (a
-     * quote inside a valid string always is). */
-    *escaped = true;
-    size_t e = gw_scan_pos(c);
-    if (e < 2 || e > s->len || s->body[e - 1] != '"')
-        return -1;
-    size_t i = e - 1;
-    while (i > 0) {
-        i--;
-        if (s->body[i] != '"')
-            continue;
-        size_t bs = 0;
-        while (bs < i && s->body[i - 1 - bs] == '\\')
-            bs++;
-        if (bs % 2 == 0)
-            break;
-    }
-    if (s->body[i] != '"')
-        return -1;
-    *off = i;
-    *end = e;
-    if (!gw_scan_surrogates_ok(s->body + i + 1, e - i - 2))
-        return -1;
+    sp->so = so;
+    sp->se = se;
+    sp->off = gw_scan_at(c, so);
+    sp->end = gw_scan_end(c, se);
+    sp->cut = sp->end - sp->off != se - so;
     return 0;
 }
 
-static int gw_scan_text(gw_scan_ctx_t *c, const char *p, size_t n, bool escaped, sl_text_t *t)
+/* gw_scan_decode's state: the output, and the cuts to put between the
+ * decoded pieces. */
+typedef struct gw_dec {
+    const gw_scan_ctx_t *c;
+    char *o;
+    size_t n, cap;
+    size_t cut, ncut; /* the next cut (index in c->el), cuts left */
+    bool ok;
+} gw_dec_t;
+
+/* One piece decoded: onto the output, then the cut after it, copied from
+ * the body. */
+static int gw_dec_string(void *ctx, const unsigned char *p, size_t n)
 {
-    if (!escaped) {
-        t->p = p;
-        t->len = n;
+    gw_dec_t *d = ctx;
+    if (d->cap - d->n < n)
+        return 0;
+    memcpy(d->o + d->n, p, n);
+    d->n += n;
+    if (d->ncut == 0)
+        return 1;
+    const gw_elide_t *e = &d->c->el[d->cut];
+    size_t gone = e->gone - (d->cut ? e[-1].gone : 0);
+    size_t after = e->skel + e->gone; /* the body offset after the cut */
+    if (d->cap - d->n < gone)
+        return 0;
+    memcpy(d->o + d->n, d->c->s->body + after - gone, gone);
+    d->n += gone;
+    d->cut++;
+    d->ncut--;
+    return 1;
+}
+
+/* A string with escapes and a cut inside, into the arena. yajl's decoded
+ * copy of the skeleton's string lacks the cut bytes, and where they would
+ * fall in it is not known; so the skeleton's pieces between the cuts go to
+ * one yajl parse as a sequence of strings (a cut never splits an escape,
+ * nor a surrogate pair: those were checked whole on the skeleton), and
+ * each cut's bytes, plain text, are copied from the body after its piece. */
+static int gw_scan_decode(gw_scan_ctx_t *c, const gw_span_t *sp, sl_text_t *t)
+{
+    gw_dec_t d = {c, gw_arena_alloc(c->s, sp->end - sp->off), 0, sp->end - sp->off, 0, 0, false};
+    if (!d.o)
+        return -1;
+    size_t lo = 0, hi = c->nel; /* the first cut after the opening quote */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (c->el[mid].skel <= sp->so)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    size_t last = sp->se - 1, ncut = 0;
+    while (lo + ncut < c->nel && c->el[lo + ncut].skel < last)
+        ncut++;
+    d.cut = lo;
+    d.ncut = ncut;
+    /* "piece" "piece" ...: the string's bytes and 3 per piece */
+    size_t qn = sp->se - sp->so + 3 * (ncut + 1);
+    char few[1024];
+    char *q = qn <= sizeof(few) ? few : malloc(qn);
+    if (!q)
+        return -1;
+    size_t qa = 0, pos = sp->so + 1;
+    for (size_t i = 0; i <= ncut; i++) {
+        size_t to = i < ncut ? c->el[lo + i].skel : last;
+        q[qa++] = '"';
+        memcpy(q + qa, c->base + pos, to - pos);
+        qa += to - pos;
+        q[qa++] = '"';
+        q[qa++] = ' ';
+        pos = to;
+    }
+    static const yajl_callbacks cbs = {.yajl_string = gw_dec_string};
+    sl_yheap_t heap;
+    yajl_alloc_funcs af = sl_yheap_funcs(&heap);
+    yajl_handle h = yajl_alloc(&cbs, &af, &d);
+    int rc = -1;
+    if (h) {
+        yajl_config(h, yajl_dont_validate_strings, 1);
+        yajl_config(h, yajl_allow_multiple_values, 1);
+        if (yajl_parse(h, (const unsigned char *)q, qa) == yajl_status_ok &&
+            yajl_complete_parse(h) == yajl_status_ok && d.ncut == 0 && d.n < d.cap)
+            rc = 0;
+        yajl_free(h);
+    }
+    if (q != few)
+        free(q);
+    if (rc != 0)
+        return -1;
+    d.o[d.n] = '\0';
+    t->p = d.o;
+    t->len = d.n;
+    return 0;
+}
+
+/* The text of the string [off, end) of the body, yajl's p/n its decoded
+ * copy when escaped. */
+static int gw_scan_text(gw_scan_ctx_t *c, const char *p, size_t n, const gw_span_t *sp,
+                        sl_text_t *t)
+{
+    if (!sp->escaped) {
+        t->p = c->s->body + sp->off + 1;
+        t->len = sp->end - sp->off - 2;
         return 0;
     }
+    if (sp->cut)
+        return gw_scan_decode(c, sp, t);
     char *d = gw_arena_alloc(c->s, n + 1);
     if (!d)
         return -1;
@@ -673,19 +969,18 @@ static int gw_cb_string(void *ctx, const unsigned char *up, size_t n)
 {
     gw_scan_ctx_t *c = ctx;
     const char *p = (const char *)up;
-    size_t off, end;
-    bool escaped;
-    if (gw_scan_string_span(c, p, n, &off, &end, &escaped) != 0)
+    gw_span_t sp;
+    if (gw_scan_string_span(c, p, n, &sp) != 0)
         return gw_scan_stop(c, GW_SCAN_SLOW);
     gw_slot_t slot;
     if (gw_scan_slot(c, SL_J_STRING, &slot) != 0)
         return gw_scan_stop(c, GW_SCAN_OOM);
     sl_text_t *t = slot.f ? &slot.f->s : slot.text;
     if (slot.f) {
-        slot.f->off = off;
-        slot.f->end = end;
+        slot.f->off = sp.off;
+        slot.f->end = sp.end;
     }
-    if (t && gw_scan_text(c, p, n, escaped, t) != 0)
+    if (t && gw_scan_text(c, p, n, &sp, t) != 0)
         return gw_scan_stop(c, GW_SCAN_OOM);
     return 1;
 }
@@ -707,7 +1002,7 @@ static int gw_scan_push(gw_scan_ctx_t *c, bool obj)
     fr->keys0 = c->nkeys;
     fr->f = slot.f;
     if (slot.f)
-        slot.f->off = gw_scan_pos(c) - 1;
+        slot.f->off = gw_scan_at(c, gw_scan_pos(c) - 1);
     if (slot.child == GW_R_MSG) {
         fr->idx = s->chat.nmsgs - 1;
     } else if (slot.child == GW_R_PART) {
@@ -733,7 +1028,7 @@ static int gw_scan_pop(gw_scan_ctx_t *c)
 {
     gw_frame_t *fr = &c->st[--c->depth];
     if (fr->f) {
-        fr->f->end = gw_scan_pos(c);
+        fr->f->end = gw_scan_end(c, gw_scan_pos(c));
         fr->f->close = fr->f->end - 1;
         fr->f->members = fr->count;
     }
@@ -812,15 +1107,14 @@ static int gw_cb_map_key(void *ctx, const unsigned char *up, size_t n)
 {
     gw_scan_ctx_t *c = ctx;
     const char *p = (const char *)up;
-    size_t off, end;
-    bool escaped;
-    if (gw_scan_string_span(c, p, n, &off, &end, &escaped) != 0)
+    gw_span_t sp;
+    if (gw_scan_string_span(c, p, n, &sp) != 0)
         return gw_scan_stop(c, GW_SCAN_SLOW);
-    if (escaped && memchr(p, '\0', n))
-        return gw_scan_stop(c, GW_SCAN_SLOW); /* jansson: NUL in a key */
     sl_text_t k;
-    if (gw_scan_text(c, p, n, escaped, &k) != 0)
+    if (gw_scan_text(c, p, n, &sp, &k) != 0)
         return gw_scan_stop(c, GW_SCAN_OOM);
+    if (sp.escaped && memchr(k.p, '\0', k.len))
+        return gw_scan_stop(c, GW_SCAN_SLOW); /* jansson: NUL in a key */
     gw_frame_t *fr = &c->st[c->depth - 1];
     switch (gw_scan_key_dup(c, fr, k)) {
     case 0:
@@ -864,20 +1158,19 @@ static void gw_scan_bigint_fact(gw_jfact_t *f, const char *body)
     }
 }
 
-gw_scan_rc_t gw_body_scan(gw_body_scan_t *s, const char *body, size_t len, unsigned flags)
+/* The parse itself, over base (the body, or its skeleton with el mapping
+ * its offsets back). */
+static gw_scan_rc_t gw_body_scan_run(gw_body_scan_t *s, const char *base, size_t blen,
+                                     const gw_elide_t *el, size_t nel, unsigned flags)
 {
-    gw_body_scan_reset(s);
-    s->body = body;
-    s->len = len;
-    /* yajl takes \v and \f for whitespace; jansson does not (inside a
-     * string both refuse them raw). */
-    unsigned bytes = gw_scan_bytes(body, len);
-    if (bytes & GW_BYTES_VT_FF)
-        return GW_SCAN_SLOW;
-    if ((bytes & GW_BYTES_HIGH) && !gw_scan_utf8_ok(body, len))
-        return GW_SCAN_SLOW;
+    const char *body = s->body;
+    size_t len = s->len;
     gw_scan_ctx_t c;
     c.s = s;
+    c.base = base;
+    c.blen = blen;
+    c.el = el;
+    c.nel = nel;
     c.flags = flags;
     c.rc = GW_SCAN_OK;
     c.depth = 0;
@@ -890,7 +1183,7 @@ gw_scan_rc_t gw_body_scan(gw_body_scan_t *s, const char *body, size_t len, unsig
     if (!c.h)
         return GW_SCAN_OOM;
     yajl_config(c.h, yajl_dont_validate_strings, 1);
-    yajl_status st = yajl_parse(c.h, (const unsigned char *)body, len);
+    yajl_status st = yajl_parse(c.h, (const unsigned char *)c.base, c.blen);
     if (st == yajl_status_ok)
         st = yajl_complete_parse(c.h);
     yajl_free(c.h);
@@ -929,6 +1222,52 @@ gw_scan_rc_t gw_body_scan(gw_body_scan_t *s, const char *body, size_t len, unsig
         s->chat.parts = s->parts;
     }
     return GW_SCAN_OK;
+}
+
+gw_scan_rc_t gw_body_scan(gw_body_scan_t *s, const char *body, size_t len, unsigned flags)
+{
+    gw_body_scan_reset(s);
+    s->body = body;
+    s->len = len;
+    gw_skel_t k;
+    k.ok = false;
+    k.cuts = NULL;
+    k.ncuts = k.cap = k.gone = 0;
+    if (!(flags & GW_SCAN_NO_SKEL) && (len >= GW_SKEL_BODY_MIN || (flags & GW_SCAN_SKEL_TEST))) {
+        k.ok = true;
+        k.in = k.esc = false;
+        k.rs = 0;
+        k.run_min = flags & GW_SCAN_SKEL_TEST ? 3 : GW_SKEL_RUN_MIN;
+        k.keep = flags & GW_SCAN_SKEL_TEST ? 1 : GW_SKEL_KEEP;
+    }
+    unsigned bytes = k.ok ? gw_scan_bytes_skel(body, len, &k) : gw_scan_bytes(body, len);
+    gw_scan_rc_t rc = GW_SCAN_SLOW;
+    gw_elide_t *el = NULL;
+    /* yajl takes \v and \f for whitespace; jansson does not (inside a
+     * string both refuse them raw). */
+    if (!(bytes & GW_BYTES_VT_FF) && (!(bytes & GW_BYTES_HIGH) || gw_scan_utf8_ok(body, len))) {
+        /* Worth it when yajl skips a share of the bytes: copying a skeleton
+         * nearly as long as the body (many strings just past the run
+         * minimum) would cost more than the few bytes skipped save. */
+        if (k.ok && k.ncuts > 0 && (k.gone >= (len - k.gone) / 8 || (flags & GW_SCAN_SKEL_TEST))) {
+            /* one allocation: the map, then the skeleton (a failed one:
+             * yajl reads the body) */
+            el = malloc(k.ncuts * sizeof(*el) + (len - k.gone));
+            if (el)
+                gw_skel_build(&k, body, len, (char *)(el + k.ncuts), el);
+        }
+        if (el)
+            rc =
+                gw_body_scan_run(s, (const char *)(el + k.ncuts), len - k.gone, el, k.ncuts, flags);
+        else
+            rc = gw_body_scan_run(s, body, len, NULL, 0, flags);
+        if (rc == GW_SCAN_OK && el)
+            s->elided = k.gone;
+    }
+    if (k.cuts != k.cuts0)
+        free(k.cuts);
+    free(el);
+    return rc;
 }
 
 void gw_body_scan_clamp_in(const gw_body_scan_t *s, rl_clamp_in_t *in)

@@ -36,6 +36,10 @@ typedef struct gw_jfact {
 
 /* Which facts are wanted beyond the top-level scalars. */
 #define GW_SCAN_MSGS 0x1u /* messages[] content, roles, parts (filters, budgets, routing) */
+/* For tests and the fuzz target: how the body reaches yajl (body_scan.c's
+ * skeleton). Results must not depend on them. */
+#define GW_SCAN_NO_SKEL   0x100u /* yajl reads the whole body, whatever its size */
+#define GW_SCAN_SKEL_TEST 0x200u /* a skeleton at any size, runs cut from 3 bytes */
 
 typedef enum gw_scan_rc {
     GW_SCAN_OK = 0,
@@ -69,6 +73,7 @@ typedef struct gw_body_scan {
     gw_jfact_t max_tokens, max_completion_tokens, max_output_tokens, n;
     bool bigint;   /* an integer beyond int64 somewhere (jansson: a real) */
     bool has_msgs; /* chat below was filled (GW_SCAN_MSGS) */
+    size_t elided; /* body bytes yajl did not read (string interiors cut) */
     sl_chat_t chat;
 
     /* internals: storage for messages, parts, decoded strings, splices */

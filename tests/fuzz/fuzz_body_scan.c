@@ -8,8 +8,11 @@
  * plain-data entry points (the max_tokens clamp, the prompt estimate, the
  * filters' request check) answer as their jansson versions do. GW_SCAN_SLOW
  * is always allowed: jansson then decides, as it did before the scanner.
+ * And the skeleton (yajl reading the body with string interiors cut out)
+ * gives exactly what yajl over the whole body gives (scan_same.h).
  */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,6 +22,7 @@
 #include "gateway/body_scan.h"
 #include "gateway/json_intake.h"
 #include "ratelimit/ratelimit.h"
+#include "tests/fuzz/scan_same.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -273,6 +277,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     json_decref(j);
     gw_body_scan_free(s);
+    const char *why = scan_same(body, size, GW_SCAN_SKEL_TEST, NULL);
+    if (!why)
+        why = scan_same(body, size, 0, NULL);
+    if (why) {
+        fprintf(stderr, "skeleton and whole body differ: %s\n", why);
+        abort();
+    }
     free(body);
     return 0;
 }

@@ -20,6 +20,7 @@
 #include "gateway/json_intake.h"
 #include "ratelimit/ratelimit.h"
 #include "test_filters_util.h"
+#include "tests/fuzz/scan_same.h"
 
 static json_t *intake(const char *b, size_t n)
 {
@@ -616,6 +617,144 @@ static void test_clamp_in(void **state)
     gw_body_scan_free(s);
 }
 
+/* ---- the skeleton (yajl reads string interiors cut out) ----------------------- */
+
+/* A body whose long content is filled with filler and has ins written at
+ * offset at of it, both ways (scan_same.h): the test thresholds (cuts of
+ * runs from 3 bytes) and the real ones. */
+static size_t skel_case(char *b, size_t cap, const char *pre, size_t clen, const char *ins,
+                        size_t inslen, size_t at, const char *post)
+{
+    size_t n = (size_t)snprintf(b, cap, "%s", pre);
+    assert_true(n + clen + strlen(post) < cap);
+    for (size_t i = 0; i < clen; i++)
+        b[n + i] = (char)('a' + i % 26);
+    if (at + inslen <= clen)
+        memcpy(b + n + at, ins, inslen);
+    n += clen;
+    n += (size_t)snprintf(b + n, cap - n, "%s", post);
+    return n;
+}
+
+static void skel_check(const char *b, size_t n, size_t *cuts)
+{
+    size_t cut = 0;
+    const char *why = scan_same(b, n, GW_SCAN_SKEL_TEST, &cut);
+    if (why)
+        fail_msg("test thresholds: %s differs on %.*s", why, (int)(n < 400 ? n : 400), b);
+    *cuts += cut > 0;
+    why = scan_same(b, n, 0, &cut);
+    if (why)
+        fail_msg("real thresholds: %s differs on %.*s", why, (int)(n < 400 ? n : 400), b);
+    *cuts += cut > 0;
+}
+
+static void test_skeleton_same(void **state)
+{
+    (void)state;
+    enum { CAP = 20000 };
+    char *b = malloc(CAP);
+    assert_non_null(b);
+    static const struct {
+        const char *ins;
+        size_t len;
+    } ins[] = {
+        {"\\\"", 2},         /* an escaped quote */
+        {"\\\\", 2},         /* an escaped backslash */
+        {"\\\\\\\\\\\\", 6}, /* a run of backslashes ending on a boundary */
+        {"\\\\\\\"", 4},     /* \\ then \" */
+        {"\\n\\t", 4},
+        {"\\u00e9", 6},
+        {"\\ud83d\\ude00", 12},
+        {"\\ud83dxx\\ude00", 14}, /* a lone surrogate split by a run: refused */
+        {"\\u12", 4},             /* a short \u escape: refused */
+        {"\xc3\xa9", 2},          /* UTF-8 across a 32/64-byte boundary */
+        {"\xf0\x9f\x98\x80", 4},
+        {"\xc3", 1},        /* a broken UTF-8 sequence: refused */
+        {"\"", 1},          /* ends the string early: refused */
+        {"\x01", 1},        /* a control byte: refused */
+        {"\n", 1},          /* a raw newline: refused */
+        {"\\", 1},          /* a backslash escaping the next letter */
+        {"\\x", 2},         /* an invalid escape */
+        {"\v", 1},          /* \v: jansson decides */
+        {"\",\"x\":\"", 7}, /* the string closed and another member opened */
+    };
+    static const struct {
+        const char *pre, *post;
+    } shapes[] = {
+        {"{\"model\":\"m\",\"max_tokens\":64,\"messages\":[{\"role\":\"user\",\"content\":\"",
+         "\"}],\"stream\":false}"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"",
+         "\"},{\"type\":\"text\",\"text\":\"b\\u0041\"}]}],\"model\":\"m\",\"n\":2}"},
+        {"{\"model\":\"m\",\"", "\":1,\"max_tokens\":3}"}, /* a long key */
+        {"{\"model\":\"m\",\"messages\":[{\"content\":\"x\",\"role\":\"",
+         "\"}],\"stream_options\":{\"include_usage\":false}}"},
+        {"{\"model\":\"", "\",\"messages\":[]}"},    /* the model itself long */
+        {"{\"model\":\"m\",\"x\":\"", "\"} \"tail"}, /* junk after the document */
+        {"{\"model\":\"m\",\"x\":\"", ""},           /* a string open at the end */
+    };
+    size_t checked = 0, cuts = 0;
+    static const size_t clens[] = {3, 40, 255, 256, 300, 5000};
+    for (size_t sh = 0; sh < SL_ARRAY_LEN(shapes); sh++)
+        for (size_t cl = 0; cl < SL_ARRAY_LEN(clens); cl++)
+            for (size_t k = 0; k < SL_ARRAY_LEN(ins); k++) {
+                size_t clen = clens[cl];
+                /* every offset of the first 130 bytes and of the last 70 */
+                for (size_t at = 0; at < clen; at++) {
+                    if (at > 130 && at + 70 < clen && at % 61 != 0)
+                        continue;
+                    size_t n = skel_case(b, CAP, shapes[sh].pre, clen, ins[k].ins, ins[k].len, at,
+                                         shapes[sh].post);
+                    skel_check(b, n, &cuts);
+                    checked++;
+                }
+            }
+    /* Two long keys equal but for one byte in their middles: the skeleton
+     * must not take them for duplicates (nor the same key for two). */
+    for (int same = 0; same < 2; same++) {
+        size_t n = 0;
+        n += (size_t)sprintf(b + n, "{\"model\":\"m\",\"");
+        for (int i = 0; i < 600; i++)
+            b[n++] = i == 300 ? 'X' : 'k';
+        n += (size_t)sprintf(b + n, "\":1,\"");
+        for (int i = 0; i < 600; i++)
+            b[n++] = i == 300 && !same ? 'Y' : (i == 300 ? 'X' : 'k');
+        n += (size_t)sprintf(b + n, "\":2}");
+        gw_body_scan_t *s = gw_body_scan_new();
+        assert_non_null(s);
+        assert_int_equal(gw_body_scan(s, b, n, 0), same ? GW_SCAN_SLOW : GW_SCAN_OK);
+        assert_int_equal(gw_body_scan(s, b, n, GW_SCAN_SKEL_TEST),
+                         same ? GW_SCAN_SLOW : GW_SCAN_OK);
+        if (!same)
+            assert_true(s->elided > 1000);
+        gw_body_scan_free(s);
+    }
+    /* Many cuts in one body (the map's binary search), each content
+     * decoded from the body when it has an escape. */
+    size_t n = (size_t)sprintf(b, "{\"model\":\"m\",\"messages\":[");
+    for (int m = 0; m < 40; m++) {
+        n += (size_t)sprintf(b + n, "%s{\"role\":\"user\",\"content\":\"", m ? "," : "");
+        for (int i = 0; i < 300; i++)
+            b[n++] = (char)('a' + (i + m) % 26);
+        n += (size_t)sprintf(b + n, m % 3 ? "\\n%d\"}" : "%d\"}", m);
+    }
+    n += (size_t)sprintf(b + n, "],\"max_tokens\":5}");
+    skel_check(b, n, &cuts);
+    gw_body_scan_t *s = gw_body_scan_new();
+    assert_non_null(s);
+    assert_int_equal(gw_body_scan(s, b, n, GW_SCAN_MSGS), GW_SCAN_OK);
+    assert_int_equal(s->chat.nmsgs, 40);
+    assert_true(s->elided > 40 * 250);
+    assert_int_equal(s->chat.msgs[1].content.len, 300 + 1 + 1);
+    assert_int_equal(s->chat.msgs[1].content.p[300], '\n');
+    assert_int_equal(s->max_tokens.i, 5);
+    assert_memory_equal(b + s->max_tokens.off, "5", 1);
+    gw_body_scan_free(s);
+    free(b);
+    assert_true(checked > 10000);
+    assert_true(cuts > checked / 2); /* the skeleton was taken, mostly */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -629,6 +768,7 @@ int main(void)
         cmocka_unit_test(test_ratelimit_plain),
         cmocka_unit_test(test_filters_plain),
         cmocka_unit_test(test_clamp_in),
+        cmocka_unit_test(test_skeleton_same),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
