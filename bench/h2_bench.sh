@@ -17,6 +17,9 @@
 #      event's bytes, interleaved samples; the upstream writes the head and
 #      the first event at once.
 # Every figure is also printed as a ratio to nginx's of the same run.
+# Both proxies keep up to 128 idle upstream connections (the streams one
+# connection may have in flight): with 64, a 1x100 batch read at once made
+# both open and close connections per batch.
 # BENCH_BASE_BIN (optional): a second sluice binary (e.g. the commit before a
 # change) run beside the first, same conf, same rounds, interleaved
 # ("base", "base-h1"), so before/after is a ratio of the same run.
@@ -75,7 +78,7 @@ http {
     fastcgi_temp_path $d/tmp/fastcgi;
     uwsgi_temp_path $d/tmp/uwsgi;
     scgi_temp_path $d/tmp/scgi;
-    upstream bench { server 127.0.0.1:$1; keepalive 64; }
+    upstream bench { server 127.0.0.1:$1; keepalive 128; }
     server {
         listen 127.0.0.1:$NGINX_PORT ssl http2;
         ssl_certificate $WORK/crt.pem;
@@ -100,7 +103,7 @@ http2: { max_concurrent_streams: 128 }
 upstreams:
   main:
     servers: [ { url: "http://127.0.0.1:$1" } ]
-    keepalive: 64
+    keepalive: 128
 models:
   bench-model: { upstream: main }
 log: { access: "off", level: warn }
