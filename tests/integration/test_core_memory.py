@@ -133,20 +133,19 @@ def test_request_structs_are_reused_across_bursts_then_freed(sluice_factory, moc
     # Right after, a smaller burst takes the first one's structs from the
     # cache (the tick frees only half of what went unused for a whole tick,
     # 500 ms; a cache of 64 would allocate 36 here).
+    # That at most 20 of 100 are new proves the cache kept more than the old
+    # 64 (the gauge itself is not asserted here: the tick may already have
+    # halved it by the time it is read on a slow machine).
     burst(s, mock, n // 2)
     a2 = structs_new(s)
     assert a2 - a1 <= 20, "%d request structs allocated again for a burst of %d" % (a2 - a1, n // 2)
     # Unused, the cache empties (halved every tick), allocating nothing; the
     # one struct left is the admin listener's, taken by every poll here.
-    seen = []
-
-    def cached():
-        v = s.metrics().value("sluice_request_structs_cached")
-        seen.append(v)
-        return v <= 1
-
-    wait_until(cached, bound(20), what="the request struct cache emptied")
-    assert max(seen) > 64, seen[:5] + seen[-5:]  # the burst's structs were kept, beyond the old 64
+    wait_until(
+        lambda: s.metrics().value("sluice_request_structs_cached") <= 1,
+        bound(20),
+        what="the request struct cache emptied",
+    )
     assert structs_new(s) == a2
     assert len(mock.requests()) == n + n // 2
 
