@@ -62,51 +62,8 @@ export SLUICE_BENCH_SIGNING_SECRET=bench-signing-secret-0123456789abcdefgh
 export SLUICE_BENCH_UPSTREAM_KEY=upstream-key
 for i in $(seq 0 1000); do printf 'forbiddenword%04dx\n' "$i"; done >"$WORK/words.txt"
 
-# realistic.sh's confs (write_conf there): keep the two alike
-write_conf() { # $1 plain or full
-    local f=$WORK/$1.yaml
-    cat >"$f" <<EOF
-listen:
-  - address: 127.0.0.1:$PORT
-admin:
-  address: 127.0.0.1:$ADMIN
-workers: 1
-limits:
-  max_body_bytes: 4m
-upstreams:
-  main:
-    servers:
-      - url: "http://127.0.0.1:$UP_PORT"
-    keepalive: 64
-    api_key_env: SLUICE_BENCH_UPSTREAM_KEY
-models:
-  chat-model: { upstream: main, name: served-model }
-log:
-  access: "off"
-  level: warn
-EOF
-    if [ "$1" = full ]; then
-        cat >>"$f" <<EOF
-auth:
-  tokens:
-    issuer: sluice
-    audience: chat
-    keys:
-      - { kid: k1, alg: HS256, secret_env: SLUICE_BENCH_TOKEN_SECRET }
-  signing: { required: false, secret_env: SLUICE_BENCH_SIGNING_SECRET, window: 300s }
-ratelimit:
-  per_user: { requests_per_minute: 1000000, concurrent: 1000 }
-filters:
-  words:
-    - { file: "$WORK/words.txt", action: mask }
-  regex:
-    - { name: phone, pattern: '1[3-9]\\d{9}', action: mask }
-  output: true
-EOF
-    fi
-}
-write_conf plain
-write_conf full
+realistic_conf plain "$PORT" "$ADMIN" plain
+realistic_conf full "$PORT" "$ADMIN" full
 TOKEN=$("$WORK/sluice" token --sub bench-user --ttl 1h -c "$WORK/full.yaml" |
     awk '/^access_token:/ { print $2 }')
 

@@ -94,3 +94,55 @@ nginx_fixed_upstream() {
         -c "$WORK/nginx/nginx.conf"
     wait_port "$port" "$LAST"
 }
+
+# issue #16's sluice confs (bench/realistic.sh, bench/callgrind_req.sh): $WORK/$1.yaml;
+# $1 name, $2 port, $3 admin port, $4 full, plain or bodies, $5 upstream port
+# (default $UP_PORT); uses $WORK/words.txt and checks the conf with $SLUICE_BIN -t.
+realistic_conf() {
+    local f=$WORK/$1.yaml
+    cat >"$f" <<EOF
+listen:
+  - address: 127.0.0.1:$2
+admin:
+  address: 127.0.0.1:$3
+workers: 1
+limits:
+  max_body_bytes: 4m
+upstreams:
+  main:
+    servers:
+      - url: "http://127.0.0.1:${5:-$UP_PORT}"
+    keepalive: 64
+    api_key_env: SLUICE_BENCH_UPSTREAM_KEY
+models:
+  chat-model: { upstream: main, name: served-model }
+log:
+  access: "off"
+  level: warn
+EOF
+    if [ "$4" = full ]; then
+        cat >>"$f" <<EOF
+auth:
+  tokens:
+    issuer: sluice
+    audience: chat
+    keys:
+      - { kid: k1, alg: HS256, secret_env: SLUICE_BENCH_TOKEN_SECRET }
+  signing: { required: false, secret_env: SLUICE_BENCH_SIGNING_SECRET, window: 300s }
+ratelimit:
+  per_user: { requests_per_minute: 1000000, concurrent: 1000 }
+filters:
+  words:
+    - { file: "$WORK/words.txt", action: mask }
+  regex:
+    - { name: phone, pattern: '1[3-9]\\d{9}', action: mask }
+  output: true
+EOF
+    fi
+    if [ "$4" = bodies ]; then
+        # plain, but a user message of any length (filters.input.max_chars
+        # is 8000 by default)
+        printf 'filters:\n  input: { max_chars: 0 }\n' >>"$f"
+    fi
+    "$SLUICE_BIN" -t -c "$f" >/dev/null 2>&1 || { "$SLUICE_BIN" -t -c "$f"; exit 1; }
+}

@@ -187,62 +187,14 @@ with open(sys.argv[1], "w") as f:
         f.write("forbiddenword%04dx\n" % i)
 EOF
 
-write_conf() { # $1 name, $2 port, $3 admin port, $4 full, plain or bodies, $5 upstream port
-    local f=$WORK/$1.yaml
-    cat >"$f" <<EOF
-listen:
-  - address: 127.0.0.1:$2
-admin:
-  address: 127.0.0.1:$3
-workers: 1
-limits:
-  max_body_bytes: 4m
-upstreams:
-  main:
-    servers:
-      - url: "http://127.0.0.1:${5:-$UP_PORT}"
-    keepalive: 64
-    api_key_env: SLUICE_BENCH_UPSTREAM_KEY
-models:
-  chat-model: { upstream: main, name: served-model }
-log:
-  access: "off"
-  level: warn
-EOF
-    if [ "$4" = full ]; then
-        cat >>"$f" <<EOF
-auth:
-  tokens:
-    issuer: sluice
-    audience: chat
-    keys:
-      - { kid: k1, alg: HS256, secret_env: SLUICE_BENCH_TOKEN_SECRET }
-  signing: { required: false, secret_env: SLUICE_BENCH_SIGNING_SECRET, window: 300s }
-ratelimit:
-  per_user: { requests_per_minute: 1000000, concurrent: 1000 }
-filters:
-  words:
-    - { file: "$WORK/words.txt", action: mask }
-  regex:
-    - { name: phone, pattern: '1[3-9]\\d{9}', action: mask }
-  output: true
-EOF
-    fi
-    if [ "$4" = bodies ]; then
-        # plain, but a user message of any length (filters.input.max_chars
-        # is 8000 by default)
-        printf 'filters:\n  input: { max_chars: 0 }\n' >>"$f"
-    fi
-    "$SLUICE_BIN" -t -c "$f" >/dev/null 2>&1 || { "$SLUICE_BIN" -t -c "$f"; exit 1; }
-}
-write_conf bodies $((PORT_BASE + 14)) $((PORT_BASE + 24)) bodies
-write_conf bodies-base $((PORT_BASE + 15)) $((PORT_BASE + 25)) bodies
-write_conf plain $((PORT_BASE + 10)) $((PORT_BASE + 20)) plain
-write_conf full $((PORT_BASE + 11)) $((PORT_BASE + 21)) full
-write_conf plain-base $((PORT_BASE + 12)) $((PORT_BASE + 22)) plain
-write_conf full-base $((PORT_BASE + 13)) $((PORT_BASE + 23)) full
-write_conf full-sse $((PORT_BASE + 16)) $((PORT_BASE + 26)) full "$SSE_UP_PORT"
-write_conf full-sse-base $((PORT_BASE + 17)) $((PORT_BASE + 27)) full "$SSE_UP_PORT"
+realistic_conf bodies $((PORT_BASE + 14)) $((PORT_BASE + 24)) bodies
+realistic_conf bodies-base $((PORT_BASE + 15)) $((PORT_BASE + 25)) bodies
+realistic_conf plain $((PORT_BASE + 10)) $((PORT_BASE + 20)) plain
+realistic_conf full $((PORT_BASE + 11)) $((PORT_BASE + 21)) full
+realistic_conf plain-base $((PORT_BASE + 12)) $((PORT_BASE + 22)) plain
+realistic_conf full-base $((PORT_BASE + 13)) $((PORT_BASE + 23)) full
+realistic_conf full-sse $((PORT_BASE + 16)) $((PORT_BASE + 26)) full "$SSE_UP_PORT"
+realistic_conf full-sse-base $((PORT_BASE + 17)) $((PORT_BASE + 27)) full "$SSE_UP_PORT"
 
 TOKEN=$("$SLUICE_BIN" token --sub bench-user --ttl 1h -c "$WORK/full.yaml" |
     awk '/^access_token:/ { print $2 }')
