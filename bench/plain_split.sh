@@ -56,27 +56,8 @@ PORT[nginx]=$NGX_PORT
 wait_port "$NGX_PORT" "$LAST"
 
 export SLUICE_BENCH_UPSTREAM_KEY=upstream-key
-start_sluice() { # $1 name, $2 binary, $3 port
-    cat >"$WORK/$1.yaml" <<EOF
-listen:
-  - address: 127.0.0.1:$3
-admin:
-  address: 127.0.0.1:$(($3 + 10))
-workers: 1
-limits:
-  max_body_bytes: 4m
-upstreams:
-  main:
-    servers:
-      - url: "http://127.0.0.1:$UP_PORT"
-    keepalive: 64
-    api_key_env: SLUICE_BENCH_UPSTREAM_KEY
-models:
-  chat-model: { upstream: main, name: served-model }
-log:
-  access: "off"
-  level: warn
-EOF
+start_sluice() { # $1 name, $2 binary, $3 port: realistic.sh's "plain" conf (lib.sh)
+    realistic_conf "$1" "$3" $(($3 + 10)) plain
     spawn taskset -c 1 "$2" -c "$WORK/$1.yaml" 2>"$WORK/$1.err"
     PID[$1]=$LAST
     PORT[$1]=$3
