@@ -15,7 +15,10 @@
 #   figures for that binary, in the same run), CG_CONFS (default "plain full"),
 #   CG_SHORT / CG_LONG (wrk seconds, default 3 / 12), CG_CONNS (default 32),
 #   BENCH_PORT_BASE (default 28900), BENCH_KEEP=1 keeps the callgrind files
-#   (callgrind_annotate them: the per-function split of the difference).
+#   (callgrind_annotate them: the per-function split of the difference),
+#   CG_NGINX (default 1: adds an "nginx" row to the plain conf: nginx as the
+#   proxy of realistic.sh, one process, master_process off, under callgrind;
+#   its requests are wrk's count, so the few in flight at the end are missed).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -38,6 +41,7 @@ done
 WORK=$(mktemp -d /tmp/sluice-callgrind.XXXXXX)
 cp "$SLUICE_BIN" "$WORK/sluice"
 BINS="this"
+CG_NGINX=${CG_NGINX:-1}
 if [ -n "$SLUICE_BASE_BIN" ]; then
     cp "$SLUICE_BASE_BIN" "$WORK/sluice-base"
     BINS="this base"
@@ -79,6 +83,41 @@ wait_slow() {
     exit 1
 }
 
+# nginx as the proxy (realistic.sh's baseline), one process so callgrind sees
+# all of its work
+nginx_conf "$WORK/ngx" "
+    upstream model { server 127.0.0.1:$UP_PORT; keepalive 64; }
+    server {
+        listen 127.0.0.1:$PORT;
+        location / {
+            proxy_pass http://model;
+            proxy_http_version 1.1;
+            proxy_set_header Connection \"\";
+            proxy_set_header Authorization \"Bearer upstream-key\";
+        }
+    }" off
+
+# One nginx run under callgrind: $1 wrk seconds; prints "Ir requests".
+one_nginx() {
+    local out=$WORK/cg.nginx.plain.$1 n ir _
+    spawn valgrind --tool=callgrind --callgrind-out-file="$out" "$NGINX_BIN" -p "$WORK/ngx/" \
+        -e "$WORK/ngx/error.log" -c "$WORK/ngx/nginx.conf" 2>"$out.log"
+    local pid=$LAST
+    for _ in $(seq 600); do
+        kill -0 "$pid" 2>/dev/null || { echo "bench: nginx died" >&2; exit 1; }
+        (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break
+        sleep 0.1
+    done
+    wrk -t1 -c"$CONNS" -d"$1"s --timeout 30s -s "$ROOT/bench/realistic.lua" \
+        "http://127.0.0.1:$PORT/v1/chat/completions" >"$out.wrk"
+    grep -q 'errors=0 non2xx=0' "$out.wrk" || { cat "$out.wrk" >&2; exit 1; }
+    n=$(sed -n 's/^BENCH requests=\([0-9]*\).*/\1/p' "$out.wrk")
+    kill -QUIT "$pid" 2>/dev/null || true # graceful: callgrind writes its totals
+    stop "$pid"
+    ir=$(awk '/^summary:/ { print $2 }' "$out")
+    echo "$ir $n"
+}
+
 # One run: $1 binary, $2 conf, $3 wrk seconds; prints "Ir requests".
 one() {
     local out=$WORK/cg.$1.$2.$3 tok="" n ir
@@ -111,4 +150,9 @@ for c in $CONFS; do
         read -r ir2 n2 <<<"$(one "$b" "$c" "$LONG")"
         echo "| $b | $c | $n1 / $n2 | $(((ir2 - ir1) / (n2 - n1))) |"
     done
+    if [ "$c" = plain ] && [ "$CG_NGINX" = 1 ]; then
+        read -r ir1 n1 <<<"$(one_nginx "$SHORT")"
+        read -r ir2 n2 <<<"$(one_nginx "$LONG")"
+        echo "| nginx | plain (nginx as the proxy) | $n1 / $n2 | $(((ir2 - ir1) / (n2 - n1))) |"
+    fi
 done
