@@ -249,8 +249,8 @@ typedef uint64_t gw_v4q __attribute__((vector_size(32)));
         memcpy(&c_, (q) + 64, 32);                                                                 \
         memcpy(&d_, (q) + 96, 32);                                                                 \
         hi |= a_ | b_ | c_ | d_;                                                                   \
-        vf |= (gw_v32)((a_ - k11) < k2) | (gw_v32)((b_ - k11) < k2) |                             \
-              (gw_v32)((c_ - k11) < k2) | (gw_v32)((d_ - k11) < k2);                               \
+        vf |= (gw_v32)((a_ - k11) < k2) | (gw_v32)((b_ - k11) < k2) | (gw_v32)((c_ - k11) < k2) |  \
+              (gw_v32)((d_ - k11) < k2);                                                           \
     } while (0)
 
 /* Both facts in one pass, 128 bytes a step: this runs over every body, and
