@@ -119,6 +119,18 @@ typedef struct gw_scan_ctx {
     sl_text_t key_inline[64];
 } gw_scan_ctx_t;
 
+/* The thread's yajl handle, kept between bodies (see gw_scan_handle): its
+ * callbacks' ctx is this box, which points at the scan under way. */
+typedef struct gw_scan_tls {
+    yajl_handle h;      /* idle, or NULL (in use, or none yet) */
+    gw_scan_ctx_t *cur; /* the scan the callbacks serve */
+    bool keyed;         /* the thread-exit destructor knows this box */
+} gw_scan_tls_t;
+
+static _Thread_local gw_scan_tls_t gw_scan_tls;
+
+#define GW_SCAN_CTX(ctx) (((gw_scan_tls_t *)(ctx))->cur)
+
 /* ---- arena ------------------------------------------------------------------- */
 
 /* Grows an array that starts in the struct (inline, n0 elements). */
@@ -581,12 +593,17 @@ static int gw_scan_part_new(gw_scan_ctx_t *c, size_t *idx)
     return 0;
 }
 
-/* Finds the slot the value about to be reported fills. -1: OOM. */
+/* Finds the slot the value about to be reported fills. -1: OOM, 1: a value
+ * after the document (the caller stops: jansson decides). */
 static int gw_scan_slot(gw_scan_ctx_t *c, sl_jkind_t kind, gw_slot_t *slot)
 {
     memset(slot, 0, sizeof(*slot));
     gw_body_scan_t *s = c->s;
     if (c->depth == 0) {
+        /* yajl parses a stream of values (gw_scan_handle): a second one
+         * after the body's is trailing garbage to jansson */
+        if (s->top.kind != SL_J_ABSENT)
+            return 1;
         slot->f = &s->top;
         slot->f->kind = kind;
         slot->child = kind == SL_J_OBJECT ? GW_R_TOP : GW_R_OTHER;
@@ -748,8 +765,9 @@ static size_t gw_scan_end(const gw_scan_ctx_t *c, size_t x)
 static int gw_scan_scalar(gw_scan_ctx_t *c, sl_jkind_t kind, size_t off, size_t end)
 {
     gw_slot_t slot;
-    if (gw_scan_slot(c, kind, &slot) != 0)
-        return gw_scan_stop(c, GW_SCAN_OOM);
+    int sr = gw_scan_slot(c, kind, &slot);
+    if (sr != 0)
+        return gw_scan_stop(c, sr < 0 ? GW_SCAN_OOM : GW_SCAN_SLOW);
     if (slot.f) {
         slot.f->off = off;
         slot.f->end = end;
@@ -759,24 +777,25 @@ static int gw_scan_scalar(gw_scan_ctx_t *c, sl_jkind_t kind, size_t off, size_t 
 
 static int gw_cb_null(void *ctx)
 {
-    gw_scan_ctx_t *c = ctx;
+    gw_scan_ctx_t *c = GW_SCAN_CTX(ctx);
     size_t end = gw_scan_end(c, gw_scan_pos(c));
     return gw_scan_scalar(c, SL_J_NULL, end - 4, end);
 }
 
 static int gw_cb_bool(void *ctx, int v)
 {
-    gw_scan_ctx_t *c = ctx;
+    gw_scan_ctx_t *c = GW_SCAN_CTX(ctx);
     size_t end = gw_scan_end(c, gw_scan_pos(c));
     return gw_scan_scalar(c, v ? SL_J_TRUE : SL_J_FALSE, end - (v ? 4 : 5), end);
 }
 
 static int gw_cb_number(void *ctx, const char *p, size_t n)
 {
-    gw_scan_ctx_t *c = ctx;
+    gw_scan_ctx_t *c = GW_SCAN_CTX(ctx);
     gw_body_scan_t *s = c->s;
-    bool integral =
-        memchr(p, '.', n) == NULL && memchr(p, 'e', n) == NULL && memchr(p, 'E', n) == NULL;
+    bool integral = true; /* a number token of a few bytes: one look at each */
+    for (size_t i = 0; i < n && integral; i++)
+        integral = p[i] != '.' && p[i] != 'e' && p[i] != 'E';
     int64_t iv = 0;
     sl_jkind_t kind = SL_J_REAL;
     /* The token is followed by a delimiter inside the body (the document
@@ -801,8 +820,9 @@ static int gw_cb_number(void *ctx, const char *p, size_t n)
             return gw_scan_stop(c, GW_SCAN_SLOW); /* jansson: numeric overflow */
     }
     gw_slot_t slot;
-    if (gw_scan_slot(c, kind, &slot) != 0)
-        return gw_scan_stop(c, GW_SCAN_OOM);
+    int sr = gw_scan_slot(c, kind, &slot);
+    if (sr != 0)
+        return gw_scan_stop(c, sr < 0 ? GW_SCAN_OOM : GW_SCAN_SLOW);
     if (slot.f) {
         slot.f->off = gw_scan_at(c, (size_t)(p - c->base));
         slot.f->end = slot.f->off + n;
@@ -856,6 +876,12 @@ static int gw_scan_string_span(gw_scan_ctx_t *c, const char *p, size_t n, gw_spa
     }
     sp->so = so;
     sp->se = se;
+    if (c->nel == 0) { /* no skeleton: yajl's offsets are the body's */
+        sp->off = so;
+        sp->end = se;
+        sp->cut = false;
+        return 0;
+    }
     sp->off = gw_scan_at(c, so);
     sp->end = gw_scan_end(c, se);
     sp->cut = sp->end - sp->off != se - so;
@@ -982,14 +1008,15 @@ static int gw_scan_text(gw_scan_ctx_t *c, const char *p, size_t n, const gw_span
 
 static int gw_cb_string(void *ctx, const unsigned char *up, size_t n)
 {
-    gw_scan_ctx_t *c = ctx;
+    gw_scan_ctx_t *c = GW_SCAN_CTX(ctx);
     const char *p = (const char *)up;
     gw_span_t sp;
     if (gw_scan_string_span(c, p, n, &sp) != 0)
         return gw_scan_stop(c, GW_SCAN_SLOW);
     gw_slot_t slot;
-    if (gw_scan_slot(c, SL_J_STRING, &slot) != 0)
-        return gw_scan_stop(c, GW_SCAN_OOM);
+    int sr = gw_scan_slot(c, SL_J_STRING, &slot);
+    if (sr != 0)
+        return gw_scan_stop(c, sr < 0 ? GW_SCAN_OOM : GW_SCAN_SLOW);
     sl_text_t *t = slot.f ? &slot.f->s : slot.text;
     if (slot.f) {
         slot.f->off = sp.off;
@@ -1005,8 +1032,9 @@ static int gw_scan_push(gw_scan_ctx_t *c, bool obj)
     if (c->depth == 0 && !obj)
         return gw_scan_stop(c, GW_SCAN_SLOW); /* not an object: jansson's words */
     gw_slot_t slot;
-    if (gw_scan_slot(c, obj ? SL_J_OBJECT : SL_J_ARRAY, &slot) != 0)
-        return gw_scan_stop(c, GW_SCAN_OOM);
+    int sr = gw_scan_slot(c, obj ? SL_J_OBJECT : SL_J_ARRAY, &slot);
+    if (sr != 0)
+        return gw_scan_stop(c, sr < 0 ? GW_SCAN_OOM : GW_SCAN_SLOW);
     if (c->depth == GW_SCAN_DEPTH)
         return gw_scan_stop(c, GW_SCAN_SLOW);
     gw_body_scan_t *s = c->s;
@@ -1054,22 +1082,22 @@ static int gw_scan_pop(gw_scan_ctx_t *c)
 
 static int gw_cb_start_map(void *ctx)
 {
-    return gw_scan_push(ctx, true);
+    return gw_scan_push(GW_SCAN_CTX(ctx), true);
 }
 
 static int gw_cb_end_map(void *ctx)
 {
-    return gw_scan_pop(ctx);
+    return gw_scan_pop(GW_SCAN_CTX(ctx));
 }
 
 static int gw_cb_start_array(void *ctx)
 {
-    return gw_scan_push(ctx, false);
+    return gw_scan_push(GW_SCAN_CTX(ctx), false);
 }
 
 static int gw_cb_end_array(void *ctx)
 {
-    return gw_scan_pop(ctx);
+    return gw_scan_pop(GW_SCAN_CTX(ctx));
 }
 
 /* A key seen before in this object: jansson (JSON_REJECT_DUPLICATES)
@@ -1120,7 +1148,7 @@ static int gw_scan_key_dup(gw_scan_ctx_t *c, gw_frame_t *fr, sl_text_t k)
 
 static int gw_cb_map_key(void *ctx, const unsigned char *up, size_t n)
 {
-    gw_scan_ctx_t *c = ctx;
+    gw_scan_ctx_t *c = GW_SCAN_CTX(ctx);
     const char *p = (const char *)up;
     gw_span_t sp;
     if (gw_scan_string_span(c, p, n, &sp) != 0)
@@ -1173,6 +1201,68 @@ static void gw_scan_bigint_fact(gw_jfact_t *f, const char *body)
     }
 }
 
+/* ---- the thread's yajl handle ------------------------------------------------
+ *
+ * yajl 2.1 has no reset, and a handle per body (alloc, config, the state
+ * stack's first push, free) cost ~450 instructions of a ~200-byte body's
+ * ~9,000. So each thread keeps one, set to parse a stream of values
+ * (yajl_allow_multiple_values, its documented use): a body that parsed
+ * whole, followed by whitespace only, leaves it between values, where the
+ * next body starts as a new value. Any other end (an error, a callback's
+ * stop, a token left open) frees it. A second value inside one body is
+ * trailing garbage to jansson: gw_scan_slot stops at it. */
+static pthread_key_t gw_scan_key;
+static pthread_once_t gw_scan_key_once = PTHREAD_ONCE_INIT;
+static bool gw_scan_key_ok;
+
+static void gw_scan_tls_free(void *p)
+{
+    gw_scan_tls_t *t = p;
+    if (t->h) {
+        yajl_free(t->h);
+        t->h = NULL;
+    }
+}
+
+static void gw_scan_key_init(void)
+{
+    gw_scan_key_ok = pthread_key_create(&gw_scan_key, gw_scan_tls_free) == 0;
+}
+
+/* The thread's idle handle (taken: NULL in the box until put back), or a
+ * new one. */
+static yajl_handle gw_scan_handle(void)
+{
+    gw_scan_tls_t *t = &gw_scan_tls;
+    yajl_handle h = t->h;
+    if (h) {
+        t->h = NULL;
+        return h;
+    }
+    h = yajl_alloc(&gw_scan_cbs, NULL, t);
+    if (h) {
+        yajl_config(h, yajl_dont_validate_strings, 1);
+        yajl_config(h, yajl_allow_multiple_values, 1);
+    }
+    return h;
+}
+
+/* Back to the thread when whole is true and it has none idle; freed
+ * otherwise. */
+static void gw_scan_handle_put(yajl_handle h, bool whole)
+{
+    gw_scan_tls_t *t = &gw_scan_tls;
+    if (whole && !t->h && !t->keyed) {
+        pthread_once(&gw_scan_key_once, gw_scan_key_init);
+        t->keyed = gw_scan_key_ok && pthread_setspecific(gw_scan_key, t) == 0;
+    }
+    if (whole && !t->h && t->keyed) {
+        t->h = h;
+        return;
+    }
+    yajl_free(h);
+}
+
 /* The parse itself, over base (the body, or its skeleton with el mapping
  * its offsets back). */
 static gw_scan_rc_t gw_body_scan_run(gw_body_scan_t *s, const char *base, size_t blen,
@@ -1192,30 +1282,32 @@ static gw_scan_rc_t gw_body_scan_run(gw_body_scan_t *s, const char *base, size_t
     c.keys = c.key_inline;
     c.nkeys = 0;
     c.keys_cap = SL_ARRAY_LEN(c.key_inline);
-    sl_yheap_t heap;
-    yajl_alloc_funcs af = sl_yheap_funcs(&heap);
-    c.h = yajl_alloc(&gw_scan_cbs, &af, &c);
+    c.h = gw_scan_handle();
     if (!c.h)
         return GW_SCAN_OOM;
-    yajl_config(c.h, yajl_dont_validate_strings, 1);
+    gw_scan_tls.cur = &c;
     yajl_status st = yajl_parse(c.h, (const unsigned char *)c.base, c.blen);
-    if (st == yajl_status_ok)
+    /* The document closed (its '}' reported at depth 0): yajl is between
+     * values, and the tail check below judges what follows. Open: yajl
+     * says what is missing. */
+    if (st == yajl_status_ok && !(c.depth == 0 && s->top.kind == SL_J_OBJECT && s->top.end))
         st = yajl_complete_parse(c.h);
-    yajl_free(c.h);
+    gw_scan_tls.cur = NULL;
     while (c.depth > 0) /* a parse stopped inside containers */
         gw_scan_hash_free(&c.st[--c.depth]);
     if (c.keys != c.key_inline)
         free(c.keys);
+    /* yajl leaves an unfinished token after the document (`{} "x`) to
+     * more input that never comes: only whitespace may follow. */
+    bool tail_ok = st == yajl_status_ok && s->top.kind == SL_J_OBJECT;
+    for (size_t i = s->top.end; tail_ok && i < len; i++)
+        tail_ok = body[i] == ' ' || body[i] == '\t' || body[i] == '\n' || body[i] == '\r';
+    gw_scan_handle_put(c.h, tail_ok);
     if (st != yajl_status_ok) {
         gw_scan_rc_t rc = c.rc == GW_SCAN_OK ? GW_SCAN_SLOW : c.rc;
         gw_body_scan_reset(s);
         return rc;
     }
-    /* yajl leaves an unfinished token after the document (`{} "x`) to
-     * more input that never comes: only whitespace may follow. */
-    bool tail_ok = s->top.kind == SL_J_OBJECT;
-    for (size_t i = s->top.end; tail_ok && i < len; i++)
-        tail_ok = body[i] == ' ' || body[i] == '\t' || body[i] == '\n' || body[i] == '\r';
     if (!tail_ok) {
         gw_body_scan_reset(s);
         return GW_SCAN_SLOW;
