@@ -94,8 +94,6 @@ typedef struct gw_frame {
     gw_kent_t *hash;
 } gw_frame_t;
 
-/* yajl's own allocations come from a buffer on the stack (common/yheap.h). */
-
 /* One cut of the skeleton: yajl's offset of the first byte after it, and
  * the body bytes cut up to and including it. */
 typedef struct gw_elide {
@@ -119,17 +117,13 @@ typedef struct gw_scan_ctx {
     sl_text_t key_inline[64];
 } gw_scan_ctx_t;
 
-/* The thread's yajl handle, kept between bodies (see gw_scan_handle): its
- * callbacks' ctx is this box, which points at the scan under way. */
-typedef struct gw_scan_tls {
-    yajl_handle h;      /* idle, or NULL (in use, or none yet) */
-    gw_scan_ctx_t *cur; /* the scan the callbacks serve */
-    bool keyed;         /* the thread-exit destructor knows this box */
-} gw_scan_tls_t;
+/* The thread's yajl handle, kept between bodies (common/yheap.h): a body
+ * that parsed whole and has only blanks after it leaves it between values;
+ * a second value inside one body is trailing garbage to jansson, and
+ * gw_scan_slot stops at it. */
+static _Thread_local sl_ykeep_t gw_scan_keep;
 
-static _Thread_local gw_scan_tls_t gw_scan_tls;
-
-#define GW_SCAN_CTX(ctx) (((gw_scan_tls_t *)(ctx))->cur)
+#define GW_SCAN_CTX(ctx) ((gw_scan_ctx_t *)((sl_ykeep_t *)(ctx))->cur)
 
 /* ---- arena ------------------------------------------------------------------- */
 
@@ -600,7 +594,7 @@ static int gw_scan_slot(gw_scan_ctx_t *c, sl_jkind_t kind, gw_slot_t *slot)
     memset(slot, 0, sizeof(*slot));
     gw_body_scan_t *s = c->s;
     if (c->depth == 0) {
-        /* yajl parses a stream of values (gw_scan_handle): a second one
+        /* yajl parses a stream of values (gw_scan_keep): a second one
          * after the body's is trailing garbage to jansson */
         if (s->top.kind != SL_J_ABSENT)
             return 1;
@@ -1201,68 +1195,6 @@ static void gw_scan_bigint_fact(gw_jfact_t *f, const char *body)
     }
 }
 
-/* ---- the thread's yajl handle ------------------------------------------------
- *
- * yajl 2.1 has no reset, and a handle per body (alloc, config, the state
- * stack's first push, free) cost ~450 instructions of a ~200-byte body's
- * ~9,000. So each thread keeps one, set to parse a stream of values
- * (yajl_allow_multiple_values, its documented use): a body that parsed
- * whole, followed by whitespace only, leaves it between values, where the
- * next body starts as a new value. Any other end (an error, a callback's
- * stop, a token left open) frees it. A second value inside one body is
- * trailing garbage to jansson: gw_scan_slot stops at it. */
-static pthread_key_t gw_scan_key;
-static pthread_once_t gw_scan_key_once = PTHREAD_ONCE_INIT;
-static bool gw_scan_key_ok;
-
-static void gw_scan_tls_free(void *p)
-{
-    gw_scan_tls_t *t = p;
-    if (t->h) {
-        yajl_free(t->h);
-        t->h = NULL;
-    }
-}
-
-static void gw_scan_key_init(void)
-{
-    gw_scan_key_ok = pthread_key_create(&gw_scan_key, gw_scan_tls_free) == 0;
-}
-
-/* The thread's idle handle (taken: NULL in the box until put back), or a
- * new one. */
-static yajl_handle gw_scan_handle(void)
-{
-    gw_scan_tls_t *t = &gw_scan_tls;
-    yajl_handle h = t->h;
-    if (h) {
-        t->h = NULL;
-        return h;
-    }
-    h = yajl_alloc(&gw_scan_cbs, NULL, t);
-    if (h) {
-        yajl_config(h, yajl_dont_validate_strings, 1);
-        yajl_config(h, yajl_allow_multiple_values, 1);
-    }
-    return h;
-}
-
-/* Back to the thread when whole is true and it has none idle; freed
- * otherwise. */
-static void gw_scan_handle_put(yajl_handle h, bool whole)
-{
-    gw_scan_tls_t *t = &gw_scan_tls;
-    if (whole && !t->h && !t->keyed) {
-        pthread_once(&gw_scan_key_once, gw_scan_key_init);
-        t->keyed = gw_scan_key_ok && pthread_setspecific(gw_scan_key, t) == 0;
-    }
-    if (whole && !t->h && t->keyed) {
-        t->h = h;
-        return;
-    }
-    yajl_free(h);
-}
-
 /* The parse itself, over base (the body, or its skeleton with el mapping
  * its offsets back). */
 static gw_scan_rc_t gw_body_scan_run(gw_body_scan_t *s, const char *base, size_t blen,
@@ -1282,17 +1214,17 @@ static gw_scan_rc_t gw_body_scan_run(gw_body_scan_t *s, const char *base, size_t
     c.keys = c.key_inline;
     c.nkeys = 0;
     c.keys_cap = SL_ARRAY_LEN(c.key_inline);
-    c.h = gw_scan_handle();
+    c.h = sl_ykeep_take(&gw_scan_keep, &gw_scan_cbs, false);
     if (!c.h)
         return GW_SCAN_OOM;
-    gw_scan_tls.cur = &c;
+    gw_scan_keep.cur = &c;
     yajl_status st = yajl_parse(c.h, (const unsigned char *)c.base, c.blen);
     /* The document closed (its '}' reported at depth 0): yajl is between
      * values, and the tail check below judges what follows. Open: yajl
      * says what is missing. */
     if (st == yajl_status_ok && !(c.depth == 0 && s->top.kind == SL_J_OBJECT && s->top.end))
         st = yajl_complete_parse(c.h);
-    gw_scan_tls.cur = NULL;
+    gw_scan_keep.cur = NULL;
     while (c.depth > 0) /* a parse stopped inside containers */
         gw_scan_hash_free(&c.st[--c.depth]);
     if (c.keys != c.key_inline)
@@ -1302,7 +1234,7 @@ static gw_scan_rc_t gw_body_scan_run(gw_body_scan_t *s, const char *base, size_t
     bool tail_ok = st == yajl_status_ok && s->top.kind == SL_J_OBJECT;
     for (size_t i = s->top.end; tail_ok && i < len; i++)
         tail_ok = body[i] == ' ' || body[i] == '\t' || body[i] == '\n' || body[i] == '\r';
-    gw_scan_handle_put(c.h, tail_ok);
+    sl_ykeep_put(&gw_scan_keep, c.h, tail_ok);
     if (st != yajl_status_ok) {
         gw_scan_rc_t rc = c.rc == GW_SCAN_OK ? GW_SCAN_SLOW : c.rc;
         gw_body_scan_reset(s);
