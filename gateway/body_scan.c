@@ -1000,12 +1000,25 @@ static int gw_scan_text(gw_scan_ctx_t *c, const char *p, size_t n, const gw_span
     return 0;
 }
 
+/* The common string: no escapes (yajl hands out the body's own bytes)
+ * and no skeleton. Its span and text without gw_scan_string_span. */
+static inline bool gw_scan_plain(const gw_scan_ctx_t *c, const char *p, size_t n, gw_span_t *sp)
+{
+    if (c->nel != 0 || p < c->base || p >= c->base + c->blen)
+        return false;
+    sp->so = sp->off = (size_t)(p - c->base) - 1;
+    sp->se = sp->end = sp->off + n + 2;
+    sp->escaped = sp->cut = false;
+    return true;
+}
+
 static int gw_cb_string(void *ctx, const unsigned char *up, size_t n)
 {
     gw_scan_ctx_t *c = GW_SCAN_CTX(ctx);
     const char *p = (const char *)up;
     gw_span_t sp;
-    if (gw_scan_string_span(c, p, n, &sp) != 0)
+    bool plain = gw_scan_plain(c, p, n, &sp);
+    if (!plain && gw_scan_string_span(c, p, n, &sp) != 0)
         return gw_scan_stop(c, GW_SCAN_SLOW);
     gw_slot_t slot;
     int sr = gw_scan_slot(c, SL_J_STRING, &slot);
@@ -1016,8 +1029,12 @@ static int gw_cb_string(void *ctx, const unsigned char *up, size_t n)
         slot.f->off = sp.off;
         slot.f->end = sp.end;
     }
-    if (t && gw_scan_text(c, p, n, &sp, t) != 0)
+    if (t && plain) {
+        t->p = p; /* the body's own bytes */
+        t->len = n;
+    } else if (t && gw_scan_text(c, p, n, &sp, t) != 0) {
         return gw_scan_stop(c, GW_SCAN_OOM);
+    }
     return 1;
 }
 
@@ -1145,11 +1162,13 @@ static int gw_cb_map_key(void *ctx, const unsigned char *up, size_t n)
     gw_scan_ctx_t *c = GW_SCAN_CTX(ctx);
     const char *p = (const char *)up;
     gw_span_t sp;
-    if (gw_scan_string_span(c, p, n, &sp) != 0)
-        return gw_scan_stop(c, GW_SCAN_SLOW);
-    sl_text_t k;
-    if (gw_scan_text(c, p, n, &sp, &k) != 0)
-        return gw_scan_stop(c, GW_SCAN_OOM);
+    sl_text_t k = {p, n};
+    if (!gw_scan_plain(c, p, n, &sp)) {
+        if (gw_scan_string_span(c, p, n, &sp) != 0)
+            return gw_scan_stop(c, GW_SCAN_SLOW);
+        if (gw_scan_text(c, p, n, &sp, &k) != 0)
+            return gw_scan_stop(c, GW_SCAN_OOM);
+    }
     if (sp.escaped && memchr(k.p, '\0', k.len))
         return gw_scan_stop(c, GW_SCAN_SLOW); /* jansson: NUL in a key */
     gw_frame_t *fr = &c->st[c->depth - 1];
