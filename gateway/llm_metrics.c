@@ -340,43 +340,22 @@ void gw_llm_body_bytes(gw_req_t *r, const char *p, size_t n)
 }
 
 /* The usage object of a JSON answer, read by yajl with callbacks: only
- * its own two integer members are kept, and the parse ends at the object's
- * end (what follows it is the rest of the answer). Once per request, so no
- * tree and no malloc: the thread keeps its yajl handle (common/yheap.h),
- * which a parse that ends exactly at the object's '}' leaves between
- * values. So yajl first reads up to the '}' where the braces balance,
- * counted over the raw bytes (a brace inside a string misleads the count:
- * then the object is still open there and yajl reads on, or it closed
- * earlier and the next token stops it; either way yajl decides, and only
- * the handle is not kept). The counts are taken only when the whole object
- * parsed, as a tree parse would have them. */
+ * its own two integer members are kept, and the parse stops at the
+ * object's end (what follows it is the rest of the answer). Once per
+ * request, so no tree and no malloc: yajl's few blocks come from a buffer
+ * on the stack (common/yheap.h). The counts are taken only when the whole
+ * object parsed, as a tree parse would have them. */
 typedef struct gw_llm_uparse {
-    int depth;   /* 1: inside the usage object itself */
-    int key;     /* the member whose value comes next: 0 other, 1 prompt, 2 completion */
-    bool closed; /* the usage object ended */
-    bool after;  /* a token came after it (yajl was stopped there) */
-    yajl_handle h;
-    size_t close_at;     /* yajl's offset in its input just past the object's '}' */
+    int depth;           /* 1: inside the usage object itself */
+    int key;             /* the member whose value comes next: 0 other, 1 prompt, 2 completion */
+    bool closed;         /* the usage object ended */
     bool have_p, have_c; /* an integer value was seen */
     long long pv, cv;
 } gw_llm_uparse_t;
 
-#define GW_LLM_UP(ctx) ((gw_llm_uparse_t *)((sl_ykeep_t *)(ctx))->cur)
-
-/* A value after the object's end (the handle parses a stream of values):
- * stop there. */
-static int gw_llm_up_past(gw_llm_uparse_t *u)
-{
-    u->after = true;
-    return 0;
-}
-
 static int gw_llm_up_value(void *ctx)
 {
-    gw_llm_uparse_t *u = GW_LLM_UP(ctx);
-    if (u->closed)
-        return gw_llm_up_past(u);
-    u->key = 0;
+    ((gw_llm_uparse_t *)ctx)->key = 0;
     return 1;
 }
 
@@ -401,9 +380,7 @@ static int gw_llm_up_string(void *ctx, const unsigned char *s, size_t n)
 
 static int gw_llm_up_integer(void *ctx, long long v)
 {
-    gw_llm_uparse_t *u = GW_LLM_UP(ctx);
-    if (u->closed)
-        return gw_llm_up_past(u);
+    gw_llm_uparse_t *u = ctx;
     if (u->key == 1) {
         u->have_p = true;
         u->pv = v;
@@ -417,7 +394,7 @@ static int gw_llm_up_integer(void *ctx, long long v)
 
 static int gw_llm_up_map_key(void *ctx, const unsigned char *k, size_t n)
 {
-    gw_llm_uparse_t *u = GW_LLM_UP(ctx);
+    gw_llm_uparse_t *u = ctx;
     u->key = 0;
     if (u->depth == 1 && n == 13 && memcmp(k, "prompt_tokens", 13) == 0)
         u->key = 1;
@@ -428,9 +405,7 @@ static int gw_llm_up_map_key(void *ctx, const unsigned char *k, size_t n)
 
 static int gw_llm_up_open(void *ctx)
 {
-    gw_llm_uparse_t *u = GW_LLM_UP(ctx);
-    if (u->closed)
-        return gw_llm_up_past(u);
+    gw_llm_uparse_t *u = ctx;
     u->depth++;
     u->key = 0;
     return 1;
@@ -438,10 +413,10 @@ static int gw_llm_up_open(void *ctx)
 
 static int gw_llm_up_close(void *ctx)
 {
-    gw_llm_uparse_t *u = GW_LLM_UP(ctx);
+    gw_llm_uparse_t *u = ctx;
     if (--u->depth == 0) {
-        u->closed = true; /* the object is whole */
-        u->close_at = yajl_get_bytes_consumed(u->h);
+        u->closed = true;
+        return 0; /* the object is whole: stop here */
     }
     return 1;
 }
@@ -459,39 +434,17 @@ static const yajl_callbacks gw_llm_up_cbs = {
     .yajl_end_array = gw_llm_up_close,
 };
 
-static _Thread_local sl_ykeep_t gw_llm_up_keep;
-
-/* Where the object at p (its '{') ends by its braces alone (strings not
- * told apart: see above), or n. */
-static size_t gw_llm_brace_end(const char *p, size_t n)
-{
-    int depth = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (p[i] == '{' || p[i] == '[')
-            depth++;
-        else if ((p[i] == '}' || p[i] == ']') && --depth == 0)
-            return i + 1;
-    }
-    return n;
-}
-
 /* obj..end starts with the usage object's '{'. */
 static void gw_llm_usage_bytes(gw_req_t *r, const char *obj, size_t n)
 {
     gw_llm_uparse_t u = {0};
-    yajl_handle h = sl_ykeep_take(&gw_llm_up_keep, &gw_llm_up_cbs, true);
+    sl_yheap_t heap;
+    yajl_alloc_funcs af = sl_yheap_funcs(&heap);
+    yajl_handle h = yajl_alloc(&gw_llm_up_cbs, &af, &u);
     if (!h)
         return;
-    gw_llm_up_keep.cur = &u;
-    u.h = h;
-    size_t e = gw_llm_brace_end(obj, n);
-    yajl_status st = yajl_parse(h, (const unsigned char *)obj, e);
-    /* kept only when the object's '}' was the last byte yajl read */
-    bool whole = st == yajl_status_ok && u.closed && u.close_at == e;
-    if (st == yajl_status_ok && !u.closed && e < n)
-        (void)yajl_parse(h, (const unsigned char *)obj + e, n - e);
-    gw_llm_up_keep.cur = NULL;
-    sl_ykeep_put(&gw_llm_up_keep, h, whole);
+    (void)yajl_parse(h, (const unsigned char *)obj, n); /* client_canceled at its end */
+    yajl_free(h);
     if (u.closed)
         gw_llm_usage_add(r, u.have_p, u.pv, u.have_c, u.cv);
 }
