@@ -589,7 +589,8 @@ static int gw_scan_part_new(gw_scan_ctx_t *c, size_t *idx)
 
 /* Finds the slot the value about to be reported fills. -1: OOM, 1: a value
  * after the document (the caller stops: jansson decides). */
-static int gw_scan_slot(gw_scan_ctx_t *c, sl_jkind_t kind, gw_slot_t *slot)
+static inline __attribute__((always_inline)) int gw_scan_slot(gw_scan_ctx_t *c, sl_jkind_t kind,
+                                                              gw_slot_t *slot)
 {
     memset(slot, 0, sizeof(*slot));
     gw_body_scan_t *s = c->s;
