@@ -12,6 +12,10 @@
  * double and does not reject overlong or surrogate UTF-8 (its string
  * validation is off: PCRE2's UTF check runs instead, and only on a body
  * that has a byte >= 0x80).
+ *
+ * Each thread keeps its yajl handle between bodies (gw_scan_keep, a stream
+ * of values: common/yheap.h); on a ~200-byte request yajl's tokens are
+ * what is left (docs/gateway.md, "A small body").
  */
 #include <errno.h>
 #include <math.h>
