@@ -1043,7 +1043,7 @@ static int gw_cb_string(void *ctx, const unsigned char *up, size_t n)
     return 1;
 }
 
-static int gw_scan_push(gw_scan_ctx_t *c, bool obj)
+static inline __attribute__((always_inline)) int gw_scan_push(gw_scan_ctx_t *c, bool obj)
 {
     if (c->depth == 0 && !obj)
         return gw_scan_stop(c, GW_SCAN_SLOW); /* not an object: jansson's words */
@@ -1083,7 +1083,7 @@ static void gw_scan_hash_free(gw_frame_t *fr)
     }
 }
 
-static int gw_scan_pop(gw_scan_ctx_t *c)
+static inline __attribute__((always_inline)) int gw_scan_pop(gw_scan_ctx_t *c)
 {
     gw_frame_t *fr = &c->st[--c->depth];
     if (fr->f) {
