@@ -5,6 +5,7 @@
  */
 #include "common/yheap.h"
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,4 +57,71 @@ yajl_alloc_funcs sl_yheap_funcs(sl_yheap_t *h)
 {
     h->used = 0;
     return (yajl_alloc_funcs){sl_yheap_malloc, sl_yheap_realloc, sl_yheap_free, h};
+}
+
+/* ---- kept handles ------------------------------------------------------------ */
+
+typedef struct sl_ykeep_list {
+    sl_ykeep_t *box[SL_YKEEP_MAX];
+    size_t n;
+} sl_ykeep_list_t;
+
+static _Thread_local sl_ykeep_list_t sl_ykeep_tls;
+static pthread_key_t sl_ykeep_key;
+static pthread_once_t sl_ykeep_once = PTHREAD_ONCE_INIT;
+static bool sl_ykeep_key_ok;
+
+static void sl_ykeep_exit(void *p)
+{
+    sl_ykeep_list_t *l = p;
+    for (size_t i = 0; i < l->n; i++) {
+        if (l->box[i]->h) {
+            yajl_free(l->box[i]->h);
+            l->box[i]->h = NULL;
+        }
+    }
+}
+
+static void sl_ykeep_init(void)
+{
+    sl_ykeep_key_ok = pthread_key_create(&sl_ykeep_key, sl_ykeep_exit) == 0;
+}
+
+/* The box on the thread's exit list (once); false: it cannot be. */
+static bool sl_ykeep_list(sl_ykeep_t *k)
+{
+    sl_ykeep_list_t *l = &sl_ykeep_tls;
+    pthread_once(&sl_ykeep_once, sl_ykeep_init);
+    if (!sl_ykeep_key_ok || l->n == SL_YKEEP_MAX)
+        return false;
+    if (l->n == 0 && pthread_setspecific(sl_ykeep_key, l) != 0)
+        return false;
+    l->box[l->n++] = k;
+    k->listed = true;
+    return true;
+}
+
+yajl_handle sl_ykeep_take(sl_ykeep_t *k, const yajl_callbacks *cbs, bool check_utf8)
+{
+    yajl_handle h = k->h;
+    if (h) {
+        k->h = NULL;
+        return h;
+    }
+    h = yajl_alloc(cbs, NULL, k);
+    if (h) {
+        if (!check_utf8)
+            yajl_config(h, yajl_dont_validate_strings, 1);
+        yajl_config(h, yajl_allow_multiple_values, 1);
+    }
+    return h;
+}
+
+void sl_ykeep_put(sl_ykeep_t *k, yajl_handle h, bool whole)
+{
+    if (whole && !k->h && (k->listed || sl_ykeep_list(k))) {
+        k->h = h;
+        return;
+    }
+    yajl_free(h);
 }

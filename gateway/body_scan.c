@@ -12,6 +12,10 @@
  * double and does not reject overlong or surrogate UTF-8 (its string
  * validation is off: PCRE2's UTF check runs instead, and only on a body
  * that has a byte >= 0x80).
+ *
+ * Each thread keeps its yajl handle between bodies (gw_scan_keep, a stream
+ * of values: common/yheap.h); on a ~200-byte request yajl's tokens are
+ * what is left (docs/gateway.md, "A small body").
  */
 #include <errno.h>
 #include <math.h>
@@ -94,8 +98,6 @@ typedef struct gw_frame {
     gw_kent_t *hash;
 } gw_frame_t;
 
-/* yajl's own allocations come from a buffer on the stack (common/yheap.h). */
-
 /* One cut of the skeleton: yajl's offset of the first byte after it, and
  * the body bytes cut up to and including it. */
 typedef struct gw_elide {
@@ -118,6 +120,14 @@ typedef struct gw_scan_ctx {
     size_t nkeys, keys_cap;
     sl_text_t key_inline[64];
 } gw_scan_ctx_t;
+
+/* The thread's yajl handle, kept between bodies (common/yheap.h): a body
+ * that parsed whole and has only blanks after it leaves it between values;
+ * a second value inside one body is trailing garbage to jansson, and
+ * gw_scan_slot stops at it. */
+static _Thread_local sl_ykeep_t gw_scan_keep;
+
+#define GW_SCAN_CTX(ctx) ((gw_scan_ctx_t *)((sl_ykeep_t *)(ctx))->cur)
 
 /* ---- arena ------------------------------------------------------------------- */
 
@@ -236,39 +246,45 @@ static void gw_utf_init(void)
 #define GW_BYTES_VT_FF 0x2u /* a \v or \f: yajl's whitespace, not jansson's */
 
 typedef unsigned char gw_v32 __attribute__((vector_size(32)));
+typedef uint64_t gw_v4q __attribute__((vector_size(32)));
+
+/* One 128-byte step of gw_scan_bytes at q (a macro: a vector argument
+ * would change ABI between the two builds). \v is 11, \f 12: (byte - 11)
+ * < 2, unsigned. */
+#define GW_BYTES_STEP(q)                                                                           \
+    do {                                                                                           \
+        gw_v32 a_, b_, c_, d_;                                                                     \
+        memcpy(&a_, (q), 32);                                                                      \
+        memcpy(&b_, (q) + 32, 32);                                                                 \
+        memcpy(&c_, (q) + 64, 32);                                                                 \
+        memcpy(&d_, (q) + 96, 32);                                                                 \
+        hi |= a_ | b_ | c_ | d_;                                                                   \
+        vf |= (gw_v32)((a_ - k11) < k2) | (gw_v32)((b_ - k11) < k2) | (gw_v32)((c_ - k11) < k2) |  \
+              (gw_v32)((d_ - k11) < k2);                                                           \
+    } while (0)
 
 /* Both facts in one pass, 128 bytes a step: this runs over every body, and
  * at a MiB the separate passes (two memchr and a word loop) cost ~0.1 us
  * per KiB beside yajl's ~0.6. Built twice (AVX2 and the baseline, picked
- * at load time): the AVX2 one is ~3x faster. */
+ * at load time): the AVX2 one is ~3x faster. The last < 128 bytes take
+ * one more step from a zeroed copy (a NUL is neither fact): byte by byte
+ * they cost a typical ~200-byte request ~800 instructions, the step ~60. */
 __attribute__((target_clones("avx2", "default"))) static unsigned gw_scan_bytes(const char *p,
                                                                                 size_t n)
 {
     const gw_v32 k11 = (gw_v32){0} + 11, k2 = (gw_v32){0} + 2;
     gw_v32 hi = {0}, vf = {0};
     size_t i = 0;
-    for (; i + 128 <= n; i += 128) {
-        gw_v32 a, b, c, d;
-        memcpy(&a, p + i, 32);
-        memcpy(&b, p + i + 32, 32);
-        memcpy(&c, p + i + 64, 32);
-        memcpy(&d, p + i + 96, 32);
-        hi |= a | b | c | d;
-        /* \v is 11, \f 12: (byte - 11) < 2, unsigned */
-        vf |= (gw_v32)((a - k11) < k2) | (gw_v32)((b - k11) < k2) | (gw_v32)((c - k11) < k2) |
-              (gw_v32)((d - k11) < k2);
+    for (; i + 128 <= n; i += 128)
+        GW_BYTES_STEP(p + i);
+    if (i < n) {
+        char last[128] = {0};
+        memcpy(last, p + i, n - i);
+        GW_BYTES_STEP(last);
     }
-    unsigned h = 0, f = 0;
-    for (size_t j = 0; j < sizeof(hi); j++) {
-        h |= hi[j];
-        f |= vf[j];
-    }
-    for (; i < n; i++) {
-        unsigned char ch = (unsigned char)p[i];
-        h |= ch;
-        f |= (unsigned char)(ch - 11) < 2;
-    }
-    return (h & 0x80 ? GW_BYTES_HIGH : 0) | (f ? GW_BYTES_VT_FF : 0);
+    gw_v4q h4 = (gw_v4q)hi & ((gw_v4q){0} + 0x8080808080808080ull), f4 = (gw_v4q)vf;
+    bool h = (h4[0] | h4[1] | h4[2] | h4[3]) != 0, f = (f4[0] | f4[1] | f4[2] | f4[3]) != 0;
+    return (h ? GW_BYTES_HIGH : 0) | (f ? GW_BYTES_VT_FF : 0);
 }
 
 /* ---- the skeleton ---------------------------------------------------------------
@@ -354,8 +370,6 @@ static inline void gw_skel_byte(gw_skel_t *k, unsigned char ch, size_t j)
         k->ok = false;
     }
 }
-
-typedef uint64_t gw_v4q __attribute__((vector_size(32)));
 
 /* Any byte of a gw_v32 set (a macro: a vector argument would change ABI
  * between the two builds of the pass). */
@@ -492,46 +506,57 @@ static int gw_scan_stop(gw_scan_ctx_t *c, gw_scan_rc_t rc)
     return 0; /* yajl: cancel the parse */
 }
 
-/* The members the scanner records, by the object they are in. */
-static const struct gw_key_ent {
-    uint8_t role; /* gw_role_t */
-    uint8_t key;  /* gw_key_t */
-    uint8_t len;
-    const char *name;
-} gw_keys[] = {
-#define GW_KEY(role, key, name)                                                                    \
-    {                                                                                              \
-        role, key, sizeof(name) - 1, name                                                          \
+/* The members the scanner records, by the object they are in: a switch on
+ * the role and the key's length, then one compare of a constant length
+ * (inlined: a table walk with memcmp cost ~100 instructions a key). */
+#define GW_KEY_IS(lit) (memcmp(k, lit, sizeof(lit) - 1) == 0)
+
+static gw_key_t gw_key_top(const char *k, size_t n)
+{
+    switch (n) {
+    case 1:
+        return k[0] == 'n' ? GW_K_N : GW_K_NONE;
+    case 5:
+        return GW_KEY_IS("model") ? GW_K_MODEL : GW_KEY_IS("tools") ? GW_K_TOOLS : GW_K_NONE;
+    case 6:
+        return GW_KEY_IS("stream") ? GW_K_STREAM : GW_K_NONE;
+    case 8:
+        return GW_KEY_IS("messages") ? GW_K_MESSAGES : GW_K_NONE;
+    case 10:
+        return GW_KEY_IS("max_tokens") ? GW_K_MAXT : GW_K_NONE;
+    case 14:
+        return GW_KEY_IS("stream_options") ? GW_K_SO : GW_K_NONE;
+    case 17:
+        return GW_KEY_IS("max_output_tokens") ? GW_K_MAXOT : GW_K_NONE;
+    case 21:
+        return GW_KEY_IS("max_completion_tokens") ? GW_K_MAXCT : GW_K_NONE;
+    default:
+        return GW_K_NONE;
     }
-    GW_KEY(GW_R_TOP, GW_K_MODEL, "model"),
-    GW_KEY(GW_R_TOP, GW_K_STREAM, "stream"),
-    GW_KEY(GW_R_TOP, GW_K_SO, "stream_options"),
-    GW_KEY(GW_R_TOP, GW_K_MAXT, "max_tokens"),
-    GW_KEY(GW_R_TOP, GW_K_MAXCT, "max_completion_tokens"),
-    GW_KEY(GW_R_TOP, GW_K_MAXOT, "max_output_tokens"),
-    GW_KEY(GW_R_TOP, GW_K_N, "n"),
-    GW_KEY(GW_R_TOP, GW_K_MESSAGES, "messages"),
-    GW_KEY(GW_R_TOP, GW_K_TOOLS, "tools"),
-    GW_KEY(GW_R_SO, GW_K_IU, "include_usage"),
-    GW_KEY(GW_R_MSG, GW_K_ROLE, "role"),
-    GW_KEY(GW_R_MSG, GW_K_CONTENT, "content"),
-    GW_KEY(GW_R_MSG, GW_K_NAME, "name"),
-    GW_KEY(GW_R_MSG, GW_K_TOOL_CALLS, "tool_calls"),
-    GW_KEY(GW_R_PART, GW_K_TYPE, "type"),
-    GW_KEY(GW_R_PART, GW_K_TEXT, "text"),
-    GW_KEY(GW_R_PART, GW_K_IMAGE_URL, "image_url"),
-#undef GW_KEY
-};
+}
 
 static gw_key_t gw_key_of(gw_role_t role, const char *k, size_t n)
 {
-    if (role != GW_R_TOP && role != GW_R_SO && role != GW_R_MSG && role != GW_R_PART)
+    switch (role) {
+    case GW_R_TOP:
+        return gw_key_top(k, n);
+    case GW_R_SO:
+        return n == 13 && GW_KEY_IS("include_usage") ? GW_K_IU : GW_K_NONE;
+    case GW_R_MSG:
+        if (n == 4)
+            return GW_KEY_IS("role") ? GW_K_ROLE : GW_KEY_IS("name") ? GW_K_NAME : GW_K_NONE;
+        if (n == 7)
+            return GW_KEY_IS("content") ? GW_K_CONTENT : GW_K_NONE;
+        return n == 10 && GW_KEY_IS("tool_calls") ? GW_K_TOOL_CALLS : GW_K_NONE;
+    case GW_R_PART:
+        if (n == 4)
+            return GW_KEY_IS("type") ? GW_K_TYPE : GW_KEY_IS("text") ? GW_K_TEXT : GW_K_NONE;
+        return n == 9 && GW_KEY_IS("image_url") ? GW_K_IMAGE_URL : GW_K_NONE;
+    default:
         return GW_K_NONE; /* the common case (objects nothing is read from) */
-    for (size_t i = 0; i < SL_ARRAY_LEN(gw_keys); i++)
-        if (gw_keys[i].role == role && gw_keys[i].len == n && memcmp(gw_keys[i].name, k, n) == 0)
-            return (gw_key_t)gw_keys[i].key;
-    return GW_K_NONE;
+    }
 }
+#undef GW_KEY_IS
 
 /* Where a value goes: a top-level fact, a message's or a part's field.
  * Returns the fact (top level and stream_options) or NULL; *kind_out and
@@ -566,12 +591,18 @@ static int gw_scan_part_new(gw_scan_ctx_t *c, size_t *idx)
     return 0;
 }
 
-/* Finds the slot the value about to be reported fills. -1: OOM. */
-static int gw_scan_slot(gw_scan_ctx_t *c, sl_jkind_t kind, gw_slot_t *slot)
+/* Finds the slot the value about to be reported fills. -1: OOM, 1: a value
+ * after the document (the caller stops: jansson decides). */
+static inline __attribute__((always_inline)) int gw_scan_slot(gw_scan_ctx_t *c, sl_jkind_t kind,
+                                                              gw_slot_t *slot)
 {
     memset(slot, 0, sizeof(*slot));
     gw_body_scan_t *s = c->s;
     if (c->depth == 0) {
+        /* yajl parses a stream of values (gw_scan_keep): a second one
+         * after the body's is trailing garbage to jansson */
+        if (s->top.kind != SL_J_ABSENT)
+            return 1;
         slot->f = &s->top;
         slot->f->kind = kind;
         slot->child = kind == SL_J_OBJECT ? GW_R_TOP : GW_R_OTHER;
@@ -733,8 +764,9 @@ static size_t gw_scan_end(const gw_scan_ctx_t *c, size_t x)
 static int gw_scan_scalar(gw_scan_ctx_t *c, sl_jkind_t kind, size_t off, size_t end)
 {
     gw_slot_t slot;
-    if (gw_scan_slot(c, kind, &slot) != 0)
-        return gw_scan_stop(c, GW_SCAN_OOM);
+    int sr = gw_scan_slot(c, kind, &slot);
+    if (sr != 0)
+        return gw_scan_stop(c, sr < 0 ? GW_SCAN_OOM : GW_SCAN_SLOW);
     if (slot.f) {
         slot.f->off = off;
         slot.f->end = end;
@@ -744,24 +776,25 @@ static int gw_scan_scalar(gw_scan_ctx_t *c, sl_jkind_t kind, size_t off, size_t 
 
 static int gw_cb_null(void *ctx)
 {
-    gw_scan_ctx_t *c = ctx;
+    gw_scan_ctx_t *c = GW_SCAN_CTX(ctx);
     size_t end = gw_scan_end(c, gw_scan_pos(c));
     return gw_scan_scalar(c, SL_J_NULL, end - 4, end);
 }
 
 static int gw_cb_bool(void *ctx, int v)
 {
-    gw_scan_ctx_t *c = ctx;
+    gw_scan_ctx_t *c = GW_SCAN_CTX(ctx);
     size_t end = gw_scan_end(c, gw_scan_pos(c));
     return gw_scan_scalar(c, v ? SL_J_TRUE : SL_J_FALSE, end - (v ? 4 : 5), end);
 }
 
 static int gw_cb_number(void *ctx, const char *p, size_t n)
 {
-    gw_scan_ctx_t *c = ctx;
+    gw_scan_ctx_t *c = GW_SCAN_CTX(ctx);
     gw_body_scan_t *s = c->s;
-    bool integral =
-        memchr(p, '.', n) == NULL && memchr(p, 'e', n) == NULL && memchr(p, 'E', n) == NULL;
+    bool integral = true; /* a number token of a few bytes: one look at each */
+    for (size_t i = 0; i < n && integral; i++)
+        integral = p[i] != '.' && p[i] != 'e' && p[i] != 'E';
     int64_t iv = 0;
     sl_jkind_t kind = SL_J_REAL;
     /* The token is followed by a delimiter inside the body (the document
@@ -786,8 +819,9 @@ static int gw_cb_number(void *ctx, const char *p, size_t n)
             return gw_scan_stop(c, GW_SCAN_SLOW); /* jansson: numeric overflow */
     }
     gw_slot_t slot;
-    if (gw_scan_slot(c, kind, &slot) != 0)
-        return gw_scan_stop(c, GW_SCAN_OOM);
+    int sr = gw_scan_slot(c, kind, &slot);
+    if (sr != 0)
+        return gw_scan_stop(c, sr < 0 ? GW_SCAN_OOM : GW_SCAN_SLOW);
     if (slot.f) {
         slot.f->off = gw_scan_at(c, (size_t)(p - c->base));
         slot.f->end = slot.f->off + n;
@@ -841,6 +875,12 @@ static int gw_scan_string_span(gw_scan_ctx_t *c, const char *p, size_t n, gw_spa
     }
     sp->so = so;
     sp->se = se;
+    if (c->nel == 0) { /* no skeleton: yajl's offsets are the body's */
+        sp->off = so;
+        sp->end = se;
+        sp->cut = false;
+        return 0;
+    }
     sp->off = gw_scan_at(c, so);
     sp->end = gw_scan_end(c, se);
     sp->cut = sp->end - sp->off != se - so;
@@ -965,33 +1005,52 @@ static int gw_scan_text(gw_scan_ctx_t *c, const char *p, size_t n, const gw_span
     return 0;
 }
 
+/* The common string: no escapes (yajl hands out the body's own bytes)
+ * and no skeleton. Its span and text without gw_scan_string_span. */
+static inline bool gw_scan_plain(const gw_scan_ctx_t *c, const char *p, size_t n, gw_span_t *sp)
+{
+    if (c->nel != 0 || p < c->base || p >= c->base + c->blen)
+        return false;
+    sp->so = sp->off = (size_t)(p - c->base) - 1;
+    sp->se = sp->end = sp->off + n + 2;
+    sp->escaped = sp->cut = false;
+    return true;
+}
+
 static int gw_cb_string(void *ctx, const unsigned char *up, size_t n)
 {
-    gw_scan_ctx_t *c = ctx;
+    gw_scan_ctx_t *c = GW_SCAN_CTX(ctx);
     const char *p = (const char *)up;
     gw_span_t sp;
-    if (gw_scan_string_span(c, p, n, &sp) != 0)
+    bool plain = gw_scan_plain(c, p, n, &sp);
+    if (!plain && gw_scan_string_span(c, p, n, &sp) != 0)
         return gw_scan_stop(c, GW_SCAN_SLOW);
     gw_slot_t slot;
-    if (gw_scan_slot(c, SL_J_STRING, &slot) != 0)
-        return gw_scan_stop(c, GW_SCAN_OOM);
+    int sr = gw_scan_slot(c, SL_J_STRING, &slot);
+    if (sr != 0)
+        return gw_scan_stop(c, sr < 0 ? GW_SCAN_OOM : GW_SCAN_SLOW);
     sl_text_t *t = slot.f ? &slot.f->s : slot.text;
     if (slot.f) {
         slot.f->off = sp.off;
         slot.f->end = sp.end;
     }
-    if (t && gw_scan_text(c, p, n, &sp, t) != 0)
+    if (t && plain) {
+        t->p = p; /* the body's own bytes */
+        t->len = n;
+    } else if (t && gw_scan_text(c, p, n, &sp, t) != 0) {
         return gw_scan_stop(c, GW_SCAN_OOM);
+    }
     return 1;
 }
 
-static int gw_scan_push(gw_scan_ctx_t *c, bool obj)
+static inline __attribute__((always_inline)) int gw_scan_push(gw_scan_ctx_t *c, bool obj)
 {
     if (c->depth == 0 && !obj)
         return gw_scan_stop(c, GW_SCAN_SLOW); /* not an object: jansson's words */
     gw_slot_t slot;
-    if (gw_scan_slot(c, obj ? SL_J_OBJECT : SL_J_ARRAY, &slot) != 0)
-        return gw_scan_stop(c, GW_SCAN_OOM);
+    int sr = gw_scan_slot(c, obj ? SL_J_OBJECT : SL_J_ARRAY, &slot);
+    if (sr != 0)
+        return gw_scan_stop(c, sr < 0 ? GW_SCAN_OOM : GW_SCAN_SLOW);
     if (c->depth == GW_SCAN_DEPTH)
         return gw_scan_stop(c, GW_SCAN_SLOW);
     gw_body_scan_t *s = c->s;
@@ -1024,7 +1083,7 @@ static void gw_scan_hash_free(gw_frame_t *fr)
     }
 }
 
-static int gw_scan_pop(gw_scan_ctx_t *c)
+static inline __attribute__((always_inline)) int gw_scan_pop(gw_scan_ctx_t *c)
 {
     gw_frame_t *fr = &c->st[--c->depth];
     if (fr->f) {
@@ -1039,22 +1098,22 @@ static int gw_scan_pop(gw_scan_ctx_t *c)
 
 static int gw_cb_start_map(void *ctx)
 {
-    return gw_scan_push(ctx, true);
+    return gw_scan_push(GW_SCAN_CTX(ctx), true);
 }
 
 static int gw_cb_end_map(void *ctx)
 {
-    return gw_scan_pop(ctx);
+    return gw_scan_pop(GW_SCAN_CTX(ctx));
 }
 
 static int gw_cb_start_array(void *ctx)
 {
-    return gw_scan_push(ctx, false);
+    return gw_scan_push(GW_SCAN_CTX(ctx), false);
 }
 
 static int gw_cb_end_array(void *ctx)
 {
-    return gw_scan_pop(ctx);
+    return gw_scan_pop(GW_SCAN_CTX(ctx));
 }
 
 /* A key seen before in this object: jansson (JSON_REJECT_DUPLICATES)
@@ -1105,14 +1164,16 @@ static int gw_scan_key_dup(gw_scan_ctx_t *c, gw_frame_t *fr, sl_text_t k)
 
 static int gw_cb_map_key(void *ctx, const unsigned char *up, size_t n)
 {
-    gw_scan_ctx_t *c = ctx;
+    gw_scan_ctx_t *c = GW_SCAN_CTX(ctx);
     const char *p = (const char *)up;
     gw_span_t sp;
-    if (gw_scan_string_span(c, p, n, &sp) != 0)
-        return gw_scan_stop(c, GW_SCAN_SLOW);
-    sl_text_t k;
-    if (gw_scan_text(c, p, n, &sp, &k) != 0)
-        return gw_scan_stop(c, GW_SCAN_OOM);
+    sl_text_t k = {p, n};
+    if (!gw_scan_plain(c, p, n, &sp)) {
+        if (gw_scan_string_span(c, p, n, &sp) != 0)
+            return gw_scan_stop(c, GW_SCAN_SLOW);
+        if (gw_scan_text(c, p, n, &sp, &k) != 0)
+            return gw_scan_stop(c, GW_SCAN_OOM);
+    }
     if (sp.escaped && memchr(k.p, '\0', k.len))
         return gw_scan_stop(c, GW_SCAN_SLOW); /* jansson: NUL in a key */
     gw_frame_t *fr = &c->st[c->depth - 1];
@@ -1177,30 +1238,32 @@ static gw_scan_rc_t gw_body_scan_run(gw_body_scan_t *s, const char *base, size_t
     c.keys = c.key_inline;
     c.nkeys = 0;
     c.keys_cap = SL_ARRAY_LEN(c.key_inline);
-    sl_yheap_t heap;
-    yajl_alloc_funcs af = sl_yheap_funcs(&heap);
-    c.h = yajl_alloc(&gw_scan_cbs, &af, &c);
+    c.h = sl_ykeep_take(&gw_scan_keep, &gw_scan_cbs, false);
     if (!c.h)
         return GW_SCAN_OOM;
-    yajl_config(c.h, yajl_dont_validate_strings, 1);
+    gw_scan_keep.cur = &c;
     yajl_status st = yajl_parse(c.h, (const unsigned char *)c.base, c.blen);
-    if (st == yajl_status_ok)
+    /* The document closed (its '}' reported at depth 0): yajl is between
+     * values, and the tail check below judges what follows. Open: yajl
+     * says what is missing. */
+    if (st == yajl_status_ok && !(c.depth == 0 && s->top.kind == SL_J_OBJECT && s->top.end))
         st = yajl_complete_parse(c.h);
-    yajl_free(c.h);
+    gw_scan_keep.cur = NULL;
     while (c.depth > 0) /* a parse stopped inside containers */
         gw_scan_hash_free(&c.st[--c.depth]);
     if (c.keys != c.key_inline)
         free(c.keys);
+    /* yajl leaves an unfinished token after the document (`{} "x`) to
+     * more input that never comes: only whitespace may follow. */
+    bool tail_ok = st == yajl_status_ok && s->top.kind == SL_J_OBJECT;
+    for (size_t i = s->top.end; tail_ok && i < len; i++)
+        tail_ok = body[i] == ' ' || body[i] == '\t' || body[i] == '\n' || body[i] == '\r';
+    sl_ykeep_put(&gw_scan_keep, c.h, tail_ok);
     if (st != yajl_status_ok) {
         gw_scan_rc_t rc = c.rc == GW_SCAN_OK ? GW_SCAN_SLOW : c.rc;
         gw_body_scan_reset(s);
         return rc;
     }
-    /* yajl leaves an unfinished token after the document (`{} "x`) to
-     * more input that never comes: only whitespace may follow. */
-    bool tail_ok = s->top.kind == SL_J_OBJECT;
-    for (size_t i = s->top.end; tail_ok && i < len; i++)
-        tail_ok = body[i] == ' ' || body[i] == '\t' || body[i] == '\n' || body[i] == '\r';
     if (!tail_ok) {
         gw_body_scan_reset(s);
         return GW_SCAN_SLOW;

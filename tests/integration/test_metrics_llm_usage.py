@@ -43,6 +43,12 @@ CASES = [
     ('{"prompt_tokens":-1,"completion_tokens":4}', (0, 0)),
     # a duplicate member: the last one
     ('{"prompt_tokens":1,"prompt_tokens":2,"completion_tokens":3}', (2, 3)),
+    # braces inside strings (the brace count that finds the object's end is
+    # misled: yajl decides), then an ordinary object again
+    ('{"note":"}{","prompt_tokens":3,"completion_tokens":1}', (3, 1)),
+    ('{"note":"{[","prompt_tokens":4,"completion_tokens":2,"d":{"x":"]"}}', (4, 2)),
+    ('{"prompt_tokens":"}","completion_tokens":5}', (0, 5)),
+    ('{"prompt_tokens":31,"completion_tokens":9,"total_tokens":40}', (31, 9)),
 ]
 
 
@@ -78,3 +84,19 @@ def test_usage_first_or_broken(sluice, mock):
         assert r.status == 200 and r.body.decode().endswith(broken), r
     last = tokens(sluice)
     assert last == now, (now, last)
+    # the last `"usage":` that holds an object counts (found from the end:
+    # a later "usage":null, a nested "usage" that is not an object)
+    body = ('{"usage":{"prompt_tokens":1,"completion_tokens":1},"id":"x","choices":[{"index":0,'
+            '"message":{"role":"assistant","content":"\\"usage\\":{\\"prompt_tokens\\":99}"},'
+            '"finish_reason":"stop"}],"usage":{"prompt_tokens":7,"completion_tokens":3},'
+            '"x":{"usage":5},"usage":null}')
+    mock.script({"status": 200, "body": body})
+    assert sluice.chat("hello").status == 200
+    got = tokens(sluice)
+    assert (got[0] - last[0], got[1] - last[1]) == (7, 3)
+    last = got
+    # and the next whole object counts again
+    mock.script({"status": 200, "body": answer('{"prompt_tokens":6,"completion_tokens":1}')})
+    assert sluice.chat("hello").status == 200
+    again = tokens(sluice)
+    assert (again[0] - last[0], again[1] - last[1]) == (6, 1)

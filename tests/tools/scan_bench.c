@@ -9,6 +9,9 @@
  * `esc` after the mode: a "\n" escape every 1,000 bytes of the message (a
  * prompt's paragraphs: its text is then decoded, not borrowed).
  *
+ * KiB 0: realistic.lua's own ~210-byte request (issue #16's plain/full
+ * figures), per scan; under callgrind, divide by the iterations.
+ *
  *   build/tools/scan_bench [KiB, default 1024] [iterations, default 200] [skel|whole] [esc]
  */
 #include <stdbool.h>
@@ -40,8 +43,29 @@ int main(int argc, char **argv)
         "\"user\",\"content\":\"";
     static const char tail[] = "\"}]}";
     static const char line[] = "Write one sentence about the sea, please, in plain English. ";
-    size_t n = kib * 1024;
-    if (kib < 1 || iters < 1 || n < sizeof(head) + sizeof(tail)) {
+    static const char req[] =
+        "{\"model\":\"chat-model\",\"messages\":[{\"role\":\"system\",\"content\":\"You are a "
+        "helpful assistant.\"},{\"role\":\"user\",\"content\":\"Write one sentence about the sea, "
+        "please, in plain English.\"}],\"max_tokens\":64}";
+    size_t n = kib ? kib * 1024 : sizeof(req) - 1;
+    if (kib == 0) {
+        gw_body_scan_t *s = gw_body_scan_new();
+        if (!s)
+            return 1;
+        int64_t t0 = sb_cpu_ns();
+        for (long i = 0; i < iters; i++) {
+            if (gw_body_scan(s, req, n, flags) != GW_SCAN_OK || s->chat.nmsgs != 2 ||
+                s->max_tokens.i != 64) {
+                fprintf(stderr, "scan failed\n");
+                return 1;
+            }
+        }
+        int64_t t1 = sb_cpu_ns();
+        printf("%zu-byte request: %.3f us per scan\n", n, (double)(t1 - t0) / 1e3 / (double)iters);
+        gw_body_scan_free(s);
+        return 0;
+    }
+    if (iters < 1 || n < sizeof(head) + sizeof(tail)) {
         fprintf(stderr, "usage: scan_bench [KiB >= 1] [iterations] [skel|whole]\n");
         return 2;
     }

@@ -154,6 +154,104 @@ static void test_byte_pass_every_offset(void **state)
     gw_body_scan_free(s);
 }
 
+/* The byte pass's last partial step (read from a zeroed copy): every body
+ * length from 8 to 300 bytes, so the tail is each length 0..127, with one
+ * byte >= 0x80 (a good 2-byte character, an overlong lead, a lone 0xff) or
+ * a \v / \f at every offset of the string or the blanks: refused or taken
+ * exactly as a body of that byte alone decides. */
+static void test_byte_pass_short_tails(void **state)
+{
+    (void)state;
+    gw_body_scan_t *s = gw_body_scan_new();
+    assert_non_null(s);
+    char body[301];
+    size_t checked = 0;
+    for (size_t n = 8; n <= 300; n++) {
+        /* {"a":"xx..x"}<blanks>: the string takes the first half */
+        size_t str_end = 6 + (n - 8) / 2; /* offset of the closing quote */
+        memset(body, ' ', n);
+        memcpy(body, "{\"a\":\"", 6);
+        memset(body + 6, 'x', str_end - 6);
+        memcpy(body + str_end, "\"}", 2);
+        assert_int_equal(gw_body_scan(s, body, n, GW_SCAN_MSGS), GW_SCAN_OK);
+        assert_int_equal(s->top.end, str_end + 2);
+        for (size_t at = 6; at + 1 < str_end; at++) {
+            static const unsigned char hi[3][2] = {{0xc3, 0xa9}, {0xc0, 0x80}, {0xff, 'x'}};
+            for (int k = 0; k < 3; k++) {
+                body[at] = (char)hi[k][0];
+                body[at + 1] = (char)hi[k][1];
+                gw_scan_rc_t rc = gw_body_scan(s, body, n, GW_SCAN_MSGS);
+                if (rc != (k == 0 ? GW_SCAN_OK : GW_SCAN_SLOW))
+                    fail_msg("length %zu, byte %#x at %zu: rc %d", n, hi[k][0], at, (int)rc);
+                checked++;
+            }
+            body[at] = body[at + 1] = 'x';
+        }
+        for (size_t at = str_end + 2; at < n; at++) {
+            for (int k = 0; k < 2; k++) {
+                body[at] = k ? '\f' : '\v';
+                if (gw_body_scan(s, body, n, GW_SCAN_MSGS) != GW_SCAN_SLOW)
+                    fail_msg("length %zu, %s at %zu accepted", n, k ? "\\f" : "\\v", at);
+                checked++;
+            }
+            body[at] = ' ';
+        }
+        assert_int_equal(gw_body_scan(s, body, n, GW_SCAN_MSGS), GW_SCAN_OK);
+    }
+    assert_true(checked > 40000);
+    gw_body_scan_free(s);
+}
+
+/* The thread keeps its yajl handle between bodies (a stream of values):
+ * whatever the previous body's end (accepted, refused by yajl, stopped by
+ * a callback, a token left open, a second value), the next body gets the
+ * verdict and the facts it gets alone. */
+static void test_handle_reuse(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *body;
+        int ok;
+    } seq[] = {
+        {"{\"model\":\"m\",\"max_tokens\":7}", 1},
+        {"{\"model\":\"m\"}{\"max_tokens\":8}", 0}, /* a second object */
+        {"{\"model\":\"m\",\"max_tokens\":9}  ", 1},
+        {"{\"model\":\"m\"} 5 ", 0},  /* a second value, a number */
+        {"{\"model\":\"m\"} \"x", 0}, /* a string left open */
+        {"{\"max_tokens\":10}\n", 1},
+        {"{\"model\":\"m\"", 0}, /* the document left open */
+        {"{\"max_tokens\":11}", 1},
+        {"{\"a\":1,\"a\":2}", 0}, /* a callback stops yajl */
+        {"{\"max_tokens\":12}", 1},
+        {"{\"a\":[1,}", 0}, /* yajl refuses */
+        {"{\"max_tokens\":13}", 1},
+        {"5", 0},
+        {"{\"max_tokens\":14}", 1},
+        {"{} {}", 0},
+        {"{}", 1},
+        {"{\"max_tokens\":15}", 1},
+    };
+    gw_body_scan_t *s = gw_body_scan_new();
+    assert_non_null(s);
+    for (int round = 0; round < 2; round++) {
+        for (size_t i = 0; i < sizeof(seq) / sizeof(seq[0]); i++) {
+            const char *b = seq[i].body;
+            gw_scan_rc_t rc = gw_body_scan(s, b, strlen(b), GW_SCAN_MSGS);
+            if (rc != (seq[i].ok ? GW_SCAN_OK : GW_SCAN_SLOW))
+                fail_msg("round %d, body %zu (%s): rc %d", round, i, b, (int)rc);
+            if (!seq[i].ok)
+                continue;
+            const char *mt = strstr(b, "\"max_tokens\":");
+            assert_int_equal(s->max_tokens.kind, mt ? SL_J_INT : SL_J_ABSENT);
+            if (mt)
+                assert_int_equal(s->max_tokens.i, atoi(mt + 13));
+            assert_int_equal(b[s->top.close], '}');
+            assert_int_equal(s->top.off, 0);
+        }
+    }
+    gw_body_scan_free(s);
+}
+
 /* Duplicate keys past the linear check (the hash), and nesting past the
  * scanner's depth (jansson decides). */
 static void test_many_keys_and_depth(void **state)
@@ -760,6 +858,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_acceptance),
         cmocka_unit_test(test_byte_pass_every_offset),
+        cmocka_unit_test(test_byte_pass_short_tails),
+        cmocka_unit_test(test_handle_reuse),
         cmocka_unit_test(test_many_keys_and_depth),
         cmocka_unit_test(test_facts),
         cmocka_unit_test(test_bigint),
