@@ -40,6 +40,7 @@
 #include "conf/conf.h"
 #include "gateway/gw_conn.h"
 #include "gateway/gw_h2.h"
+#include "gateway/gw_h2_mem.h"
 #include "gateway/gw_metrics.h"
 #include "gateway/gw_req.h"
 #include "gateway/gw_rt.h"
@@ -938,7 +939,15 @@ int gw_h2_start(gw_conn_t *c)
     nghttp2_option_set_stream_reset_rate_limit(opt, (uint64_t)hc->reset_burst * 2,
                                                (uint64_t)hc->reset_rate * 2);
     nghttp2_option_set_max_send_header_block_length(opt, 64 * 1024);
-    if (nghttp2_session_server_new2(&h->sess, cb, h, opt) != 0)
+    /* nghttp2 keeps closed streams for the RFC 7540 priority tree until
+     * open + closed ones exceed the local stream limit, which it is given
+     * as GW_H2_NG_STREAMS (gw_h2_send_settings): without this every stream
+     * of a connection stayed allocated until the connection closed (~400
+     * bytes a request, 8 MB after 20,000 requests on one connection). A
+     * priority that names a closed stream falls back to the default. */
+    nghttp2_option_set_no_closed_streams(opt, 1);
+    /* the worker's free lists (h2_mem.c); NULL: nghttp2's malloc */
+    if (nghttp2_session_server_new3(&h->sess, cb, h, opt, gw_h2_mem_get(c->w)) != 0)
         goto fail;
     nghttp2_session_callbacks_del(cb);
     nghttp2_option_del(opt);
