@@ -15,25 +15,24 @@
 
 #include <nghttp2/nghttp2.h>
 
-#include "gateway/gw_types.h"
-
 /* Bytes (payload) a worker keeps cached per size class, at most. */
 #define GW_H2_MEM_CLASS_BYTES (64 * 1024)
 
 typedef struct gw_h2_mem gw_h2_mem_t;
 
-/* The worker's allocator for nghttp2_session_server_new3 (made at the
- * worker's first h2 connection; borrowed, valid while the worker lives).
- * NULL on OOM: the caller uses nghttp2's default. */
-nghttp2_mem *gw_h2_mem_get(gw_worker_t *w);
+/* The allocator for nghttp2_session_server_new3 of the pool in *slot (the
+ * worker's, w->h2mem, gw_conn_h2_mem), made at its first use; borrowed,
+ * valid while the worker lives. NULL on OOM: nghttp2 then uses malloc. */
+nghttp2_mem *gw_h2_mem_get(gw_h2_mem_t **slot);
 /* The worker's tick: frees half of what stayed unused since the last one
- * (all with all), and updates the gauges. */
-void gw_h2_mem_tick(gw_worker_t *w, bool all);
-/* The worker's loop ends: cached blocks are freed; the pool itself goes
- * when the last block in use comes back (at once if none is). */
-void gw_h2_mem_release(gw_worker_t *w);
-/* Blocks nghttp2 sessions of w hold now (for tests: 0 once every h2
- * connection of w has closed). */
-size_t gw_h2_mem_in_use(const gw_worker_t *w);
+ * (all with all), and updates the gauges. NULL: nothing. */
+void gw_h2_mem_tick(gw_h2_mem_t *m, bool all);
+/* The worker's loop ends: cached blocks are freed and *slot cleared; the
+ * pool itself goes when the last block in use comes back (at once if none
+ * is). */
+void gw_h2_mem_release(gw_h2_mem_t **slot);
+/* Blocks the pool's sessions hold now (for tests: 0 once every h2
+ * connection has closed). */
+size_t gw_h2_mem_in_use(const gw_h2_mem_t *m);
 
 #endif

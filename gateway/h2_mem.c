@@ -24,7 +24,6 @@
 #include "common/sl.h"
 #include "gateway/gw_h2_mem.h"
 #include "gateway/gw_metrics.h"
-#include "gateway/gw_worker.h"
 
 /* Classes of 64, 128, ... 4096 bytes. */
 #define GW_H2_MEM_MIN_SHIFT 6
@@ -163,9 +162,9 @@ static void *gw_h2_mem_realloc(void *p, size_t size, void *ud)
     return np;
 }
 
-nghttp2_mem *gw_h2_mem_get(gw_worker_t *w)
+nghttp2_mem *gw_h2_mem_get(gw_h2_mem_t **slot)
 {
-    if (!w->h2mem) {
+    if (!*slot) {
         gw_h2_mem_t *m = calloc(1, sizeof(*m));
         if (!m)
             return NULL;
@@ -174,9 +173,9 @@ nghttp2_mem *gw_h2_mem_get(gw_worker_t *w)
                                .free = gw_h2_mem_free,
                                .calloc = gw_h2_mem_calloc,
                                .realloc = gw_h2_mem_realloc};
-        w->h2mem = m;
+        *slot = m;
     }
-    return &w->h2mem->mem;
+    return &(*slot)->mem;
 }
 
 static void gw_h2_mem_show(gw_h2_mem_t *m)
@@ -190,9 +189,8 @@ static void gw_h2_mem_show(gw_h2_mem_t *m)
     m->shown_in_use = (int64_t)m->in_use;
 }
 
-void gw_h2_mem_tick(gw_worker_t *w, bool all)
+void gw_h2_mem_tick(gw_h2_mem_t *m, bool all)
 {
-    gw_h2_mem_t *m = w->h2mem;
     if (!m)
         return;
     for (uint32_t c = 0; c < GW_H2_MEM_NCLASS; c++) {
@@ -208,12 +206,12 @@ void gw_h2_mem_tick(gw_worker_t *w, bool all)
     gw_h2_mem_show(m);
 }
 
-void gw_h2_mem_release(gw_worker_t *w)
+void gw_h2_mem_release(gw_h2_mem_t **slot)
 {
-    gw_h2_mem_t *m = w->h2mem;
+    gw_h2_mem_t *m = *slot;
     if (!m)
         return;
-    w->h2mem = NULL;
+    *slot = NULL;
     gw_h2_mem_pool_free(m);
     sl_gauge_add(gw_m.h2_mem_cached, -m->shown_cached);
     sl_gauge_add(gw_m.h2_mem_in_use, -m->shown_in_use);
@@ -223,7 +221,7 @@ void gw_h2_mem_release(gw_worker_t *w)
         free(m);
 }
 
-size_t gw_h2_mem_in_use(const gw_worker_t *w)
+size_t gw_h2_mem_in_use(const gw_h2_mem_t *m)
 {
-    return w->h2mem ? w->h2mem->in_use : 0;
+    return m ? m->in_use : 0;
 }

@@ -125,8 +125,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     gw_upstream_worker_reset(&fz_w);
     fz_spin();
-    if (gw_h2_mem_in_use(&fz_w) != 0) { /* a session's block nghttp2 did not give back */
-        fprintf(stderr, "fuzz_h2: %zu nghttp2 blocks still in use\n", gw_h2_mem_in_use(&fz_w));
+    if (gw_h2_mem_in_use(fz_w.h2mem) != 0) { /* a session's block nghttp2 did not give back */
+        fprintf(stderr, "fuzz_h2: %zu nghttp2 blocks still in use\n", gw_h2_mem_in_use(fz_w.h2mem));
         abort();
     }
     return 0;
