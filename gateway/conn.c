@@ -299,6 +299,11 @@ struct event_base *gw_conn_base(const gw_conn_t *c)
     return c->w->base;
 }
 
+struct gw_h2_mem **gw_conn_h2_mem(gw_conn_t *c)
+{
+    return &c->w->h2mem;
+}
+
 const struct conf *gw_conn_conf(const gw_conn_t *c)
 {
     return c->w->rt->conf;

@@ -93,6 +93,8 @@ void gw_conn_cache_tick(gw_worker_t *w, bool all);
 /* For h2.c (same layer, no worker internals): c's loop, the conf of the
  * runtime its worker serves now, and a free at the worker's next safe point. */
 struct event_base *gw_conn_base(const gw_conn_t *c);
+/* The worker's nghttp2 block pool slot (h2_mem.c), for c's h2 session. */
+struct gw_h2_mem **gw_conn_h2_mem(gw_conn_t *c);
 const struct conf *gw_conn_conf(const gw_conn_t *c);
 void gw_conn_defer_free(gw_conn_t *c, void (*fn)(void *), void *obj);
 /* h2.c: a stream's request connection, with no socket of its own: its

@@ -77,6 +77,16 @@ void gw_metrics_init(const char *(*route_name)(gw_route_t r))
         "sluice_request_structs_cached",
         "Request structs the workers keep for reuse (as of each worker's last tick).",
         SL_METRIC_GAUGE, NULL, NULL, 0));
+    gw_m.h2_mem_cached = sl_metric_series0(sl_metric_register(
+        "sluice_http2_mem_cached_bytes",
+        "Bytes of free blocks the workers keep for nghttp2's sessions (as of each worker's last "
+        "tick).",
+        SL_METRIC_GAUGE, NULL, NULL, 0));
+    gw_m.h2_mem_in_use = sl_metric_series0(sl_metric_register(
+        "sluice_http2_mem_blocks_in_use",
+        "Blocks nghttp2's sessions hold from the workers' allocator (as of each worker's last "
+        "tick): 0 once every HTTP/2 connection has closed.",
+        SL_METRIC_GAUGE, NULL, NULL, 0));
     gw_m.malloc_trims = sl_metric_series0(sl_metric_register(
         "sluice_malloc_trims_total",
         "malloc_trim(0) calls: after the connection count fell from a peak, and after reloads.",

@@ -57,6 +57,7 @@ struct gw_worker {
     size_t nreq_cache;
     size_t req_cache_low;           /* fewest cached since the last tick (conn.c) */
     size_t req_cache_shown;         /* what the gauge has of this worker's cache */
+    struct gw_h2_mem *h2mem;        /* nghttp2's block free lists (h2_mem.c), made at first use */
     struct event *tick_ev;          /* housekeeping (worker.c): idle upstreams, malloc_trim */
     size_t peak_conns;              /* most client + idle upstream conns since the last trim */
     int64_t trim_at_ms;             /* a reload's trim is due then (0: none) */

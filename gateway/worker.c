@@ -27,6 +27,7 @@
 #include "common/log.h"
 #include "gateway/body_store.h"
 #include "gateway/gw_conn.h"
+#include "gateway/gw_h2_mem.h"
 #include "gateway/gw_hook.h"
 #include "gateway/gw_metrics.h"
 #include "gateway/gw_rt.h"
@@ -167,6 +168,7 @@ static void gw_worker_tick_cb(evutil_socket_t fd, short what, void *arg)
     bool reload = w->trim_at_ms && now >= w->trim_at_ms;
     /* before the trim: the structs it frees are memory it can give back */
     gw_conn_cache_tick(w, fell);
+    gw_h2_mem_tick(w->h2mem, fell);
     if ((fell || reload) && gw_worker_trim(now)) {
         w->peak_conns = load;
         if (reload) {
@@ -566,6 +568,7 @@ void gw_worker_fini_loop(gw_worker_t *w)
 {
     gw_worker_reap_cb(-1, 0, w);
     gw_conn_cache_free(w);
+    gw_h2_mem_release(&w->h2mem);
     if (w->reap_ev)
         event_free(w->reap_ev);
     if (w->flush_ev)

@@ -52,7 +52,7 @@ LAYER_NAMES = ["runtime/leaf", "upstream", "proxy", "request", "route", "conn", 
                "server"]
 HEADER_LAYER = {
     "gw_types.h": 0, "gw_rt.h": 0, "gw_tls.h": 0, "gw_balance.h": 0, "gw_sup.h": 0,
-    "gw_metrics.h": 0, "gw_wio.h": 0, "http1.h": 0, "sse.h": 0, "sb.h": 0,
+    "gw_metrics.h": 0, "gw_h2_mem.h": 0, "gw_wio.h": 0, "http1.h": 0, "sse.h": 0, "sb.h": 0,
     "json_intake.h": 0, "gw_gzip.h": 0, "body_scan.h": 0, "body_store.h": 0,
     "gw_upstream.h": 1,
     "gw_proxy.h": 2,
@@ -72,7 +72,7 @@ SOURCE_LAYER = {
     "resend.c": 3, "flow.c": 3, "engine_gw.c": 2, "proxy.c": 2,
     "upstream.c": 1, "balance.c": 0,
     "route.c": 4, "conn.c": 5, "h2.c": 5, "worker.c": 6, "server.c": 7, "main.c": 7,
-    "rt.c": 0, "tls.c": 0, "gw_metrics.c": 0, "wio.c": 0, "http1.c": 0, "sse.c": 0,
+    "rt.c": 0, "h2_mem.c": 0, "tls.c": 0, "gw_metrics.c": 0, "wio.c": 0, "http1.c": 0, "sse.c": 0,
     "supervise.c": 0, "sse_finish.c": 0, "json_intake.c": 0, "gzip.c": 0, "body_scan.c": 0, "body_store.c": 0,
     "upgrade.c": 7,
     "llm_metrics.c": 3, "hook_llm.c": 3, "admin.c": 4, "trace.c": 0,

@@ -32,6 +32,7 @@
 #include "gateway/gw_route.h"
 #include "gateway/gw_rt.h"
 #include "gateway/gw_upstream.h"
+#include "gateway/gw_h2_mem.h"
 #include "gateway/gw_worker.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -124,5 +125,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     gw_upstream_worker_reset(&fz_w);
     fz_spin();
+    if (gw_h2_mem_in_use(fz_w.h2mem) != 0) { /* a session's block nghttp2 did not give back */
+        fprintf(stderr, "fuzz_h2: %zu nghttp2 blocks still in use\n", gw_h2_mem_in_use(fz_w.h2mem));
+        abort();
+    }
     return 0;
 }
