@@ -194,6 +194,8 @@ struct gw_http_parser {
     size_t hdrs_cap;
     char *arena; /* names, values, method, target; NUL-terminated */
     size_t arena_len, arena_cap;
+    bool one_block;             /* arena lies in hdrs' block (block_take) */
+    bool conn_close, conn_keep; /* Connection tokens, found by head_check() */
 };
 
 static const char ver_tmpl[8] = "HTTP/0.0";
@@ -573,7 +575,8 @@ static size_t head_scan(gw_http_parser_t *p, const char *d, size_t n, bool *end)
             if (c == '\r') {
                 hs = HS_END_LF;
             } else if (IS(c, C_TCHAR)) {
-                if (++p->nlines > p->lim.header_lines) {
+                /* hdrs_cap: never the limit, but a memory-safe bound */
+                if (++p->nlines > p->lim.header_lines || p->nlines > p->hdrs_cap) {
                     fail(p, 431, "too_many_headers");
                     break;
                 }
@@ -646,6 +649,66 @@ static bool ieq(const char *a, size_t alen, const char *lit)
     return alen == n && strncasecmp(a, lit, n) == 0;
 }
 
+static bool token_listed(const char *v, size_t vn, const char *name, size_t name_len);
+
+/* The header names the head's rules look at, told apart by a switch on the
+ * length and one compare: a walk over name lists cost a strlen and a
+ * strncasecmp per entry and header. */
+enum {
+    HN_OTHER = 0,
+    HN_CONTENT_LENGTH,
+    HN_TRANSFER_ENCODING,
+    HN_HOST,
+    HN_EXPECT,
+    HN_CONNECTION,
+    HN_PROXY_CONNECTION,
+    /* Request headers that may appear once: credentials and the ids that
+     * key replay and idempotency. A proxy in front that reads the last of
+     * two would see other credentials than we do, so two are refused, as
+     * for Host. HN_SINGLE is the first of them. */
+    HN_AUTHORIZATION,
+    HN_X_SLUICE_SIGNATURE,
+    HN_X_SLUICE_NONCE,
+    HN_X_SLUICE_TIMESTAMP,
+    HN_IDEMPOTENCY_KEY,
+    HN_X_REQUEST_ID,
+    HN_SINGLE = HN_AUTHORIZATION,
+};
+
+#define NAME_IS(n, lit) gw_http_name_eq((n), (lit), sizeof(lit) - 1)
+
+static int name_id(const char *n, size_t len)
+{
+    switch (len) {
+    case 4:
+        return NAME_IS(n, "host") ? HN_HOST : HN_OTHER;
+    case 6:
+        return NAME_IS(n, "expect") ? HN_EXPECT : HN_OTHER;
+    case 10:
+        return NAME_IS(n, "connection") ? HN_CONNECTION : HN_OTHER;
+    case 12:
+        return NAME_IS(n, "x-request-id") ? HN_X_REQUEST_ID : HN_OTHER;
+    case 13:
+        return NAME_IS(n, "authorization") ? HN_AUTHORIZATION : HN_OTHER;
+    case 14:
+        return NAME_IS(n, "content-length")   ? HN_CONTENT_LENGTH
+               : NAME_IS(n, "x-sluice-nonce") ? HN_X_SLUICE_NONCE
+                                              : HN_OTHER;
+    case 15:
+        return NAME_IS(n, "idempotency-key") ? HN_IDEMPOTENCY_KEY : HN_OTHER;
+    case 16:
+        return NAME_IS(n, "proxy-connection") ? HN_PROXY_CONNECTION : HN_OTHER;
+    case 17:
+        return NAME_IS(n, "transfer-encoding") ? HN_TRANSFER_ENCODING : HN_OTHER;
+    case 18:
+        return NAME_IS(n, "x-sluice-signature")   ? HN_X_SLUICE_SIGNATURE
+               : NAME_IS(n, "x-sluice-timestamp") ? HN_X_SLUICE_TIMESTAMP
+                                                  : HN_OTHER;
+    default:
+        return HN_OTHER;
+    }
+}
+
 /* Transfer-Encoding: 0 = exactly "chunked"; otherwise fails. A list with
  * codings we do not implement is 501; a malformed one (chunked not last,
  * twice, empty elements, parameters) is 400. */
@@ -682,33 +745,6 @@ static int te_check(gw_http_parser_t *p, const char *v, size_t n)
     else
         fail(p, 400, "bad_transfer_encoding");
     return -1;
-}
-
-/* Request headers that may appear once: credentials and the ids that key
- * replay and idempotency. A proxy in front that reads the last of two
- * would see other credentials than we do, so two are refused, as for Host. */
-static const char *const gw_http_single[] = {
-    "authorization",
-    "x-sluice-signature",
-    "x-sluice-nonce",
-    "x-sluice-timestamp",
-    "idempotency-key",
-    "x-request-id",
-    NULL,
-};
-
-static bool single_dup(const gw_http_parser_t *p, size_t i)
-{
-    const gw_http_header_t *h = &p->hdrs[i];
-    const char *const *s = gw_http_single;
-    while (*s && !ieq(h->name, h->name_len, *s))
-        s++;
-    if (!*s)
-        return false;
-    for (size_t k = 0; k < i; k++)
-        if (ieq(p->hdrs[k].name, p->hdrs[k].name_len, *s))
-            return true;
-    return false;
 }
 
 /* Semantic rules on the complete head, before http-parser sees its last LF. */
@@ -748,30 +784,44 @@ static int head_check(gw_http_parser_t *p)
             return -1;
         }
     }
+    unsigned seen = 0; /* 1 << id of the HN_SINGLE names met */
+    p->conn_close = p->conn_keep = false;
     for (size_t i = 0; i < m->nheaders; i++) {
         const gw_http_header_t *h = &p->hdrs[i];
-        if (ieq(h->name, h->name_len, "content-length")) {
+        int id = name_id(h->name, h->name_len);
+        if (id == HN_OTHER)
+            continue;
+        if (id == HN_CONTENT_LENGTH) {
             if (cl) {
                 fail(p, 400, "duplicate_content_length");
                 return -1;
             }
             cl = h;
-        } else if (ieq(h->name, h->name_len, "transfer-encoding")) {
+        } else if (id == HN_TRANSFER_ENCODING) {
             if (te) {
                 fail(p, 400, "bad_transfer_encoding");
                 return -1;
             }
             te = h;
-        } else if (req && ieq(h->name, h->name_len, "host")) {
+        } else if (id == HN_CONNECTION || id == HN_PROXY_CONNECTION) {
+            /* for head_done(): read as http-parser reads them */
+            p->conn_close = p->conn_close || token_listed(h->value, h->value_len, "close", 5);
+            p->conn_keep = p->conn_keep || token_listed(h->value, h->value_len, "keep-alive", 10);
+        } else if (!req) {
+            continue;
+        } else if (id == HN_HOST) {
             if (host) {
                 fail(p, 400, "duplicate_host");
                 return -1;
             }
             host = h;
-        } else if (req && single_dup(p, i)) {
-            fail(p, 400, "duplicate_header");
-            return -1;
-        } else if (req && ieq(h->name, h->name_len, "expect")) {
+        } else if (id >= HN_SINGLE) {
+            if (seen & 1u << id) {
+                fail(p, 400, "duplicate_header");
+                return -1;
+            }
+            seen |= 1u << id;
+        } else if (id == HN_EXPECT) {
             if (!ieq(h->value, h->value_len, "100-continue")) {
                 fail(p, 417, "expectation_failed");
                 return -1;
@@ -885,83 +935,46 @@ static int arena_move(gw_http_parser_t *p, size_t cap)
 }
 
 /* A head that arrives whole in one feed (nearly all of them: a client's
- * request, an upstream's answer) is scanned into the thread's scratch
- * storage, sized for any head under the default limits, and copied once
- * into blocks of its exact size when the feed returns: two mallocs per
- * head instead of the grow-and-cut reallocs below, and still nothing held
- * before a head's first byte or after reset. Only within one feed call,
- * so the connections of a thread share it. */
-#define GW_HTTP_SCRATCH_BYTES 8192
-#define GW_HTTP_SCRATCH_LINES 128
-static _Thread_local struct {
-    bool busy;
-    _Alignas(16) char arena[GW_HTTP_SCRATCH_BYTES];
-    gw_http_header_t hdrs[GW_HTTP_SCRATCH_LINES];
-} gw_http_scratch;
-
-static bool on_scratch(const gw_http_parser_t *p)
+ * request, an upstream's answer) gets one block of the size its bytes
+ * bound, taken before the scan: the header table (an entry per CR of the
+ * head at most: every header line follows a CRLF of its own) and behind it
+ * the arena (a byte per head byte at most). One malloc per head, nothing
+ * copied or moved after the scan, nothing held before a head's first byte
+ * or after reset. A head cut across feeds grows its storage instead
+ * (storage_reserve). */
+static void storage_free(gw_http_parser_t *p)
 {
-    return p->arena == gw_http_scratch.arena;
-}
-
-/* The head in d[0..n) (its end found, `len` bytes) goes to the scratch
- * storage when nothing is stored yet and it fits; false otherwise. */
-static bool scratch_take(gw_http_parser_t *p, size_t len)
-{
-    if (gw_http_scratch.busy || p->arena || p->hdrs || p->arena_len ||
-        len + 1 > GW_HTTP_SCRATCH_BYTES || p->lim.header_lines > GW_HTTP_SCRATCH_LINES)
-        return false;
-    gw_http_scratch.busy = true;
-    p->arena = gw_http_scratch.arena;
-    p->arena_cap = GW_HTTP_SCRATCH_BYTES;
-    p->hdrs = gw_http_scratch.hdrs;
-    p->hdrs_cap = p->lim.header_lines;
-    p->msg.headers = p->hdrs;
-    return true;
-}
-
-/* Gives the scratch storage back; what pointed into it is forgotten. */
-static void scratch_drop(gw_http_parser_t *p)
-{
+    if (!p->one_block)
+        free(p->arena);
+    free(p->hdrs);
     p->arena = NULL;
     p->hdrs = NULL;
     p->arena_cap = 0;
     p->hdrs_cap = 0;
+    p->one_block = false;
     p->msg.headers = NULL;
-    gw_http_scratch.busy = false;
 }
 
-/* The feed returns: the head's strings and table move from the scratch
- * storage to blocks of their size. -1 on OOM (nothing stored then). */
-static int scratch_settle(gw_http_parser_t *p)
+/* The head's block, for a head of len bytes whose end (CRLFCRLF) is found
+ * with ncr CRs from its first byte that is not a CR or LF. A header entry
+ * is made at a line start that follows a CR of its own, before the end's
+ * first CR (which ends the last line), so ncr - 2 entries are enough; the
+ * arena stores nothing of the final LF CR LF, so len bytes are. -1 on OOM.
+ * Caps as storage_reserve's: the scan checks the limits. */
+static int block_take(gw_http_parser_t *p, size_t len, size_t ncr)
 {
-    /* After a too_many_headers error nlines counts one line past the
-     * table, never written: only the written entries move. */
-    size_t nlines = p->nlines, keep = SL_MIN(nlines, p->hdrs_cap);
-    size_t nl = SL_MAX(keep, (size_t)1);
-    char *a = malloc(p->arena_len + 1);
-    gw_http_header_t *h = malloc(nl * sizeof(*h));
-    if (!a || !h) {
-        free(a);
-        free(h);
-        scratch_drop(p);
-        head_restart(p);
+    size_t full = p->lim.header_bytes + 2 * p->lim.header_lines + 2;
+    size_t acap = SL_MIN(len, full);
+    size_t lines = SL_MAX(SL_MIN(ncr - 2, p->lim.header_lines), (size_t)1);
+    gw_http_header_t *h = malloc(lines * sizeof(*h) + acap);
+    if (!h)
         return -1;
-    }
-    p->nlines = keep;
-    size_t mo, to, ho;
-    arena_offsets(p, p->arena, &mo, &to, &ho);
-    memcpy(a, p->arena, p->arena_len);
-    a[p->arena_len] = '\0';
-    memcpy(h, p->hdrs, keep * sizeof(*h));
-    gw_http_scratch.busy = false;
-    p->arena = a;
-    p->arena_cap = p->arena_len + 1;
     p->hdrs = h;
-    p->hdrs_cap = nl;
+    p->hdrs_cap = lines;
+    p->arena = (char *)(h + lines);
+    p->arena_cap = acap;
+    p->one_block = true;
     p->msg.headers = h;
-    arena_rebase(p, mo, to, ho);
-    p->nlines = nlines;
     return 0;
 }
 
@@ -977,15 +990,19 @@ static int storage_reserve(gw_http_parser_t *p, size_t n, size_t lines);
  * memchr per line finds it: glibc's memmem takes ~3-5 instructions per
  * byte for a 4-byte needle (callgrind: ~1,000 per head), memchr a few per
  * 32 bytes. */
-static const char *head_end_find(const char *d, size_t n)
+static const char *head_end_find(const char *d, size_t n, size_t *ncr)
 {
     const char *end = d + n;
+    size_t k = 0;
     while (end - d >= 4) {
         const char *c = memchr(d, '\r', (size_t)(end - d) - 3);
         if (!c)
             return NULL;
-        if (c[1] == '\n' && c[2] == '\r' && c[3] == '\n')
+        k++;
+        if (c[1] == '\n' && c[2] == '\r' && c[3] == '\n') {
+            *ncr = k + 1; /* the empty line's CR too */
             return c;
+        }
         d = c + 1;
     }
     return NULL;
@@ -999,11 +1016,12 @@ static int head_reserve(gw_http_parser_t *p, const char *d, size_t n)
     size_t lead = 0;
     while (lead < n && (d[lead] == '\r' || d[lead] == '\n'))
         lead++;
-    const char *e = head_end_find(d + lead, n - lead);
+    size_t ncr = 0;
+    const char *e = head_end_find(d + lead, n - lead, &ncr);
     if (e)
         n = (size_t)(e - d) + 4;
-    if (on_scratch(p) || (e && scratch_take(p, n)))
-        return 0;
+    if (e && !p->arena && !p->hdrs && !p->arena_len)
+        return block_take(p, n, ncr);
     return storage_reserve(p, n, p->nlines + n / 3 + 2);
 }
 
@@ -1012,6 +1030,8 @@ static int head_reserve(gw_http_parser_t *p, const char *d, size_t n)
  * callers'); grown at least twofold. -1 on OOM. */
 static int storage_reserve(gw_http_parser_t *p, size_t n, size_t lines)
 {
+    if (p->one_block) /* never: a block is a whole head's, freed before the next */
+        return -1;
     size_t full = p->lim.header_bytes + 2 * p->lim.header_lines + 2;
     size_t need = SL_MIN(p->arena_len + n + 1, full);
     if (need > p->arena_cap) {
@@ -1036,8 +1056,8 @@ static int storage_reserve(gw_http_parser_t *p, size_t n, size_t lines)
 /* The head is complete: give back what it did not use. */
 static void head_shrink(gw_http_parser_t *p)
 {
-    if (on_scratch(p))
-        return; /* scratch_settle() gives it its size */
+    if (p->one_block)
+        return; /* sized by the head's bytes already (block_take) */
     if (p->arena_len + 1 < p->arena_cap)
         (void)arena_move(p, p->arena_len + 1); /* on OOM the bigger block stays */
     size_t n = SL_MAX(p->nlines, (size_t)1);
@@ -1050,8 +1070,6 @@ static void head_shrink(gw_http_parser_t *p)
     }
     p->msg.headers = p->hdrs;
 }
-
-static bool token_listed(const char *v, size_t vn, const char *name, size_t name_len);
 
 /* The version and status of a head head_scan() found whole, where
  * head_check() looks for them. */
@@ -1073,14 +1091,8 @@ static void head_done(gw_http_parser_t *p)
     m->http_major = p->hp.http_major;
     m->http_minor = p->hp.http_minor;
     m->status = req ? 0 : (int)p->hp.status_code;
-    for (size_t i = 0; i < m->nheaders; i++) {
-        const gw_http_header_t *h = &m->headers[i];
-        if (ieq(h->name, h->name_len, "connection") ||
-            ieq(h->name, h->name_len, "proxy-connection")) {
-            close = close || token_listed(h->value, h->value_len, "close", 5);
-            keep = keep || token_listed(h->value, h->value_len, "keep-alive", 10);
-        }
-    }
+    close = p->conn_close; /* head_check() read Connection, Proxy-Connection */
+    keep = p->conn_keep;
     bool conn_ok = m->http_minor >= 1 ? !close : keep;
     if (!req) {
         int st = m->status;
@@ -1146,8 +1158,8 @@ static gw_http_state_t feed_heads(gw_http_parser_t *p, const char *d, size_t n, 
                 *used = off;
                 return GW_HTTP_ERROR;
             }
-            if (on_scratch(p))
-                scratch_drop(p); /* the interim's strings are not kept */
+            if (p->one_block)
+                storage_free(p); /* the interim's strings are not kept */
             head_restart(p);
             continue;
         }
@@ -1163,12 +1175,7 @@ static gw_http_state_t feed_heads(gw_http_parser_t *p, const char *d, size_t n, 
 
 static gw_http_state_t feed_head(gw_http_parser_t *p, const char *d, size_t n, size_t *used)
 {
-    gw_http_state_t st = feed_heads(p, d, n, used);
-    if (on_scratch(p) && scratch_settle(p) != 0) {
-        fail(p, 503, "out_of_memory");
-        return p->state = GW_HTTP_ERROR;
-    }
-    return st;
+    return feed_heads(p, d, n, used);
 }
 
 /* ---- chunked framing ---- */
@@ -1360,10 +1367,7 @@ void gw_http_parser_free(gw_http_parser_t *p)
 {
     if (!p)
         return;
-    if (on_scratch(p))
-        scratch_drop(p);
-    free(p->arena);
-    free(p->hdrs);
+    storage_free(p);
     free(p);
 }
 
@@ -1389,14 +1393,7 @@ void gw_http_parser_reset(gw_http_parser_t *p)
     p->body_bytes = 0;
     p->cb = NULL;
     p->cb_arg = NULL;
-    if (on_scratch(p)) /* not between feeds; only if a feed was cut short */
-        scratch_drop(p);
-    free(p->arena); /* the next head grows its own (head_reserve) */
-    free(p->hdrs);
-    p->arena = NULL;
-    p->hdrs = NULL;
-    p->arena_cap = 0;
-    p->hdrs_cap = 0;
+    storage_free(p); /* the next head takes its own (head_reserve) */
     head_restart(p);
 }
 
@@ -1679,10 +1676,25 @@ const char *gw_http_error_reason(const gw_http_parser_t *p)
 const gw_http_header_t *gw_http_header_find(const gw_http_msg_t *m, const char *name)
 {
     size_t n = strlen(name);
-    for (size_t i = 0; i < m->nheaders; i++)
-        if (m->headers[i].name_len == n && strcasecmp(m->headers[i].name, name) == 0)
-            return &m->headers[i];
+    unsigned char c0 = (unsigned char)name[0];
+    if ((unsigned char)(c0 - 'A') < 26)
+        c0 |= 0x20;
+    for (size_t i = 0; i < m->nheaders; i++) {
+        const gw_http_header_t *h = &m->headers[i];
+        /* the length and the first byte, folded, rule out most */
+        if (h->name_len == n && ((unsigned char)h->name[0] | 0x20) == (c0 | 0x20) &&
+            strcasecmp(h->name, name) == 0)
+            return h;
+    }
     return NULL;
+}
+
+bool gw_http_name_in(const char *name, size_t len, const gw_http_name_t *list)
+{
+    for (; list->s; list++)
+        if (list->len == len && gw_http_name_eq(name, list->s, len))
+            return true;
+    return false;
 }
 
 /* Is `name` one of the comma-separated tokens of value v? */
@@ -1703,19 +1715,34 @@ static bool token_listed(const char *v, size_t vn, const char *name, size_t name
 
 bool gw_http_header_is_hop(const gw_http_msg_t *m, const char *name, size_t name_len)
 {
-    static const char *const hop[] = {
-        "connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade",
-    };
-    for (size_t i = 0; i < SL_ARRAY_LEN(hop); i++)
-        if (name_len == strlen(hop[i]) && strncasecmp(name, hop[i], name_len) == 0)
+    /* Connection, Keep-Alive, TE, Trailer, Transfer-Encoding, Upgrade */
+    switch (name_len) {
+    case 2:
+        if (NAME_IS(name, "te"))
             return true;
-    if (name_len >= sizeof("proxy-") - 1 && strncasecmp(name, "proxy-", sizeof("proxy-") - 1) == 0)
+        break;
+    case 7:
+        if (NAME_IS(name, "trailer") || NAME_IS(name, "upgrade"))
+            return true;
+        break;
+    case 10:
+        if (NAME_IS(name, "connection") || NAME_IS(name, "keep-alive"))
+            return true;
+        break;
+    case 17:
+        if (NAME_IS(name, "transfer-encoding"))
+            return true;
+        break;
+    default:
+        break;
+    }
+    if (name_len >= sizeof("proxy-") - 1 && NAME_IS(name, "proxy-"))
         return true;
     if (!m)
         return false;
     for (size_t i = 0; i < m->nheaders; i++) {
         const gw_http_header_t *h = &m->headers[i];
-        if (h->name_len == 10 && strcasecmp(h->name, "connection") == 0 &&
+        if (h->name_len == 10 && NAME_IS(h->name, "connection") &&
             token_listed(h->value, h->value_len, name, name_len))
             return true;
     }

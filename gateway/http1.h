@@ -186,6 +186,35 @@ gw_http_state_t gw_http_load_fail(gw_http_parser_t *p, int status, const char *r
 gw_http_state_t gw_http_load_body(gw_http_parser_t *p, const char *data, size_t n, bool end,
                                   gw_http_body_cb body_cb, void *arg) SL_WUR;
 
+/* A header name in lower case and its length, for lists of names matched
+ * without a strlen per entry (gw_http_name_in). */
+typedef struct gw_http_name {
+    const char *s; /* lower case; NULL ends a list */
+    size_t len;
+} gw_http_name_t;
+#define GW_HTTP_NAME(lit)                                                                          \
+    {                                                                                              \
+        (lit), sizeof(lit) - 1                                                                     \
+    }
+
+/* ASCII case-insensitive: name[0, n) equals lower[0, n), which is in lower
+ * case (no locale, unlike strncasecmp). */
+static inline bool gw_http_name_eq(const char *name, const char *lower, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)name[i];
+        if ((unsigned char)(c - 'A') < 26)
+            c |= 0x20;
+        if (c != (unsigned char)lower[i])
+            return false;
+    }
+    return true;
+}
+
+/* Is name[0, len) in the list (ended by a NULL entry)? Entries of another
+ * length cost a compare each. */
+bool gw_http_name_in(const char *name, size_t len, const gw_http_name_t *list);
+
 /* Case-insensitive header lookup; the first match or NULL. */
 const gw_http_header_t *gw_http_header_find(const gw_http_msg_t *m, const char *name);
 

@@ -52,59 +52,51 @@ static void gw_proxy_fail(gw_req_t *r, gw_upfail_t kind);
 
 /* ---- helpers ------------------------------------------------------------- */
 
-static bool gw_name_in(const char *name, size_t len, const char *const *list)
-{
-    for (; *list; list++)
-        if (strlen(*list) == len && strncasecmp(name, *list, len) == 0)
-            return true;
-    return false;
-}
-
 /* Client headers we never forward: framing and hop-by-hop (rewritten by
  * us), credentials meant for sluice, and what we set ourselves. */
-static const char *const gw_req_drop[] = {
-    "host",
-    "content-length",
-    "transfer-encoding",
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "upgrade",
-    "expect",
-    "authorization",
-    "accept-encoding",
-    "content-type",
-    "x-forwarded-for",
-    "x-forwarded-proto",
-    "x-forwarded-host",
-    "forwarded",
-    "traceparent", /* ours goes instead: the client's trace, sluice's span */
-    "x-real-ip",
-    "x-request-id",
-    NULL,
+static const gw_http_name_t gw_req_drop[] = {
+    GW_HTTP_NAME("host"),
+    GW_HTTP_NAME("content-length"),
+    GW_HTTP_NAME("transfer-encoding"),
+    GW_HTTP_NAME("connection"),
+    GW_HTTP_NAME("keep-alive"),
+    GW_HTTP_NAME("proxy-connection"),
+    GW_HTTP_NAME("proxy-authorization"),
+    GW_HTTP_NAME("te"),
+    GW_HTTP_NAME("trailer"),
+    GW_HTTP_NAME("upgrade"),
+    GW_HTTP_NAME("expect"),
+    GW_HTTP_NAME("authorization"),
+    GW_HTTP_NAME("accept-encoding"),
+    GW_HTTP_NAME("content-type"),
+    GW_HTTP_NAME("x-forwarded-for"),
+    GW_HTTP_NAME("x-forwarded-proto"),
+    GW_HTTP_NAME("x-forwarded-host"),
+    GW_HTTP_NAME("forwarded"),
+    GW_HTTP_NAME("traceparent"), /* ours goes instead: the client's trace, sluice's span */
+    GW_HTTP_NAME("x-real-ip"),
+    GW_HTTP_NAME("x-request-id"),
+    {NULL, 0},
 };
 
 /* Upstream headers we never pass back: framing, and what we set. */
-static const char *const gw_resp_drop[] = {
-    "content-length",
-    "transfer-encoding",
-    "connection",
-    "keep-alive",
-    "te",
-    "trailer",
-    "upgrade",
-    "proxy-authenticate",
-    "proxy-connection",
-    "content-type",
-    "x-request-id",
-    "server",
-    "date",
-    "cache-control",
-    "x-accel-buffering",
-    NULL,
+static const gw_http_name_t gw_resp_drop[] = {
+    GW_HTTP_NAME("content-length"),
+    GW_HTTP_NAME("transfer-encoding"),
+    GW_HTTP_NAME("connection"),
+    GW_HTTP_NAME("keep-alive"),
+    GW_HTTP_NAME("te"),
+    GW_HTTP_NAME("trailer"),
+    GW_HTTP_NAME("upgrade"),
+    GW_HTTP_NAME("proxy-authenticate"),
+    GW_HTTP_NAME("proxy-connection"),
+    GW_HTTP_NAME("content-type"),
+    GW_HTTP_NAME("x-request-id"),
+    GW_HTTP_NAME("server"),
+    GW_HTTP_NAME("date"),
+    GW_HTTP_NAME("cache-control"),
+    GW_HTTP_NAME("x-accel-buffering"),
+    {NULL, 0},
 };
 
 static void gw_proxy_arm_at(gw_req_t *r, int64_t deadline_ms, int64_t now)
@@ -265,8 +257,8 @@ static void gw_proxy_write_request(gw_req_t *r, gw_upconn_t *u)
         gw_sb_add(&b, r->att.pool->auth_header, r->att.pool->auth_header_len);
     for (size_t i = 0; i < m->nheaders; i++) {
         const gw_http_header_t *h = &m->headers[i];
-        if (gw_name_in(h->name, h->name_len, gw_req_drop) ||
-            GW_PREFIX_CI(h->name, h->name_len, "x-sluice-") ||
+        if (gw_http_name_in(h->name, h->name_len, gw_req_drop) ||
+            (h->name_len >= 9 && gw_http_name_eq(h->name, "x-sluice-", 9)) ||
             gw_http_header_is_hop(m, h->name, h->name_len))
             continue;
         gw_sb_header(&b, h->name, h->name_len, h->value, h->value_len);
@@ -450,7 +442,7 @@ static void gw_proxy_write_head(gw_req_t *r, const gw_http_msg_t *m, int64_t len
         gw_sb_lit(&b, "Content-Encoding: gzip\r\nVary: Accept-Encoding\r\n");
     for (size_t i = 0; m && i < m->nheaders; i++) {
         const gw_http_header_t *h = &m->headers[i];
-        if (gw_name_in(h->name, h->name_len, gw_resp_drop) ||
+        if (gw_http_name_in(h->name, h->name_len, gw_resp_drop) ||
             gw_http_header_is_hop(m, h->name, h->name_len))
             continue;
         gw_sb_header(&b, h->name, h->name_len, h->value, h->value_len);
