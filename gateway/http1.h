@@ -223,6 +223,11 @@ const gw_http_header_t *gw_http_header_find(const gw_http_msg_t *m, const char *
  * header named in the message's Connection header. */
 bool gw_http_header_is_hop(const gw_http_msg_t *m, const char *name, size_t name_len);
 
+/* Tests only: the head scan's vector paths (whole lines in one step,
+ * 16-byte runs) on (the default) or off (the byte loop alone), for
+ * test_http1_vector.c to compare the two. Process-wide. */
+void gw_http_vector_set(bool on);
+
 /* Reason phrase for a status code ("Not Found"); "Unknown" when none. */
 const char *gw_http_status_text(int status);
 
