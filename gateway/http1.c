@@ -762,63 +762,111 @@ static bool ieq(const char *a, size_t alen, const char *lit)
 
 static bool token_listed(const char *v, size_t vn, const char *name, size_t name_len);
 
-/* The header names the head's rules look at, told apart by a switch on the
- * length and one compare: a walk over name lists cost a strlen and a
- * strncasecmp per entry and header. */
-enum {
-    HN_OTHER = 0,
-    HN_CONTENT_LENGTH,
-    HN_TRANSFER_ENCODING,
-    HN_HOST,
-    HN_EXPECT,
-    HN_CONNECTION,
-    HN_PROXY_CONNECTION,
-    /* Request headers that may appear once: credentials and the ids that
-     * key replay and idempotency. A proxy in front that reads the last of
-     * two would see other credentials than we do, so two are refused, as
-     * for Host. HN_SINGLE is the first of them. */
-    HN_AUTHORIZATION,
-    HN_X_SLUICE_SIGNATURE,
-    HN_X_SLUICE_NONCE,
-    HN_X_SLUICE_TIMESTAMP,
-    HN_IDEMPOTENCY_KEY,
-    HN_X_REQUEST_ID,
-    HN_SINGLE = HN_AUTHORIZATION,
-};
-
 #define NAME_IS(n, lit) gw_http_name_eq((n), (lit), sizeof(lit) - 1)
 
-static int name_id(const char *n, size_t len)
+/* The names of gw_http_hn_t by a switch on the length and a compare or
+ * three: a walk over name lists cost a strlen and a strncasecmp per entry
+ * and header. */
+gw_http_hn_t gw_http_hn(const char *n, size_t len)
 {
     switch (len) {
+    case 2:
+        if (NAME_IS(n, "te"))
+            return GW_HN_TE;
+        break;
     case 4:
-        return NAME_IS(n, "host") ? HN_HOST : HN_OTHER;
+        if (NAME_IS(n, "host"))
+            return GW_HN_HOST;
+        if (NAME_IS(n, "date"))
+            return GW_HN_DATE;
+        break;
     case 6:
-        return NAME_IS(n, "expect") ? HN_EXPECT : HN_OTHER;
+        if (NAME_IS(n, "expect"))
+            return GW_HN_EXPECT;
+        if (NAME_IS(n, "server"))
+            return GW_HN_SERVER;
+        break;
+    case 7:
+        if (NAME_IS(n, "trailer"))
+            return GW_HN_TRAILER;
+        if (NAME_IS(n, "upgrade"))
+            return GW_HN_UPGRADE;
+        break;
+    case 9:
+        if (NAME_IS(n, "forwarded"))
+            return GW_HN_FORWARDED;
+        if (NAME_IS(n, "x-real-ip"))
+            return GW_HN_X_REAL_IP;
+        break;
     case 10:
-        return NAME_IS(n, "connection") ? HN_CONNECTION : HN_OTHER;
+        if (NAME_IS(n, "connection"))
+            return GW_HN_CONNECTION;
+        if (NAME_IS(n, "keep-alive"))
+            return GW_HN_KEEP_ALIVE;
+        break;
+    case 11:
+        if (NAME_IS(n, "traceparent"))
+            return GW_HN_TRACEPARENT;
+        break;
     case 12:
-        return NAME_IS(n, "x-request-id") ? HN_X_REQUEST_ID : HN_OTHER;
+        if (NAME_IS(n, "content-type"))
+            return GW_HN_CONTENT_TYPE;
+        if (NAME_IS(n, "x-request-id"))
+            return GW_HN_X_REQUEST_ID;
+        break;
     case 13:
-        return NAME_IS(n, "authorization") ? HN_AUTHORIZATION : HN_OTHER;
+        if (NAME_IS(n, "authorization"))
+            return GW_HN_AUTHORIZATION;
+        if (NAME_IS(n, "cache-control"))
+            return GW_HN_CACHE_CONTROL;
+        break;
     case 14:
-        return NAME_IS(n, "content-length")   ? HN_CONTENT_LENGTH
-               : NAME_IS(n, "x-sluice-nonce") ? HN_X_SLUICE_NONCE
-                                              : HN_OTHER;
+        if (NAME_IS(n, "content-length"))
+            return GW_HN_CONTENT_LENGTH;
+        if (NAME_IS(n, "x-sluice-nonce"))
+            return GW_HN_X_SLUICE_NONCE;
+        break;
     case 15:
-        return NAME_IS(n, "idempotency-key") ? HN_IDEMPOTENCY_KEY : HN_OTHER;
+        if (NAME_IS(n, "accept-encoding"))
+            return GW_HN_ACCEPT_ENCODING;
+        if (NAME_IS(n, "x-forwarded-for"))
+            return GW_HN_X_FORWARDED_FOR;
+        if (NAME_IS(n, "idempotency-key"))
+            return GW_HN_IDEMPOTENCY_KEY;
+        break;
     case 16:
-        return NAME_IS(n, "proxy-connection") ? HN_PROXY_CONNECTION : HN_OTHER;
+        if (NAME_IS(n, "proxy-connection"))
+            return GW_HN_PROXY_CONNECTION;
+        if (NAME_IS(n, "x-forwarded-host"))
+            return GW_HN_X_FORWARDED_HOST;
+        break;
     case 17:
-        return NAME_IS(n, "transfer-encoding") ? HN_TRANSFER_ENCODING : HN_OTHER;
+        if (NAME_IS(n, "transfer-encoding"))
+            return GW_HN_TRANSFER_ENCODING;
+        if (NAME_IS(n, "x-forwarded-proto"))
+            return GW_HN_X_FORWARDED_PROTO;
+        if (NAME_IS(n, "x-accel-buffering"))
+            return GW_HN_X_ACCEL_BUFFERING;
+        break;
     case 18:
-        return NAME_IS(n, "x-sluice-signature")   ? HN_X_SLUICE_SIGNATURE
-               : NAME_IS(n, "x-sluice-timestamp") ? HN_X_SLUICE_TIMESTAMP
-                                                  : HN_OTHER;
+        if (NAME_IS(n, "proxy-authenticate"))
+            return GW_HN_PROXY_AUTHENTICATE;
+        if (NAME_IS(n, "x-sluice-signature"))
+            return GW_HN_X_SLUICE_SIGNATURE;
+        if (NAME_IS(n, "x-sluice-timestamp"))
+            return GW_HN_X_SLUICE_TIMESTAMP;
+        break;
+    case 19:
+        if (NAME_IS(n, "proxy-authorization"))
+            return GW_HN_PROXY_AUTHORIZATION;
+        break;
     default:
-        return HN_OTHER;
+        break;
     }
+    return GW_HN_OTHER;
 }
+
+static bool token_listed(const char *v, size_t vn, const char *name, size_t name_len);
 
 /* Transfer-Encoding: 0 = exactly "chunked"; otherwise fails. A list with
  * codings we do not implement is 501; a malformed one (chunked not last,
@@ -895,44 +943,47 @@ static int head_check(gw_http_parser_t *p)
             return -1;
         }
     }
-    unsigned seen = 0; /* 1 << id of the HN_SINGLE names met */
+    uint64_t seen = 0; /* GW_HN_BIT of the names that may appear once, met */
     p->conn_close = p->conn_keep = false;
     for (size_t i = 0; i < m->nheaders; i++) {
-        const gw_http_header_t *h = &p->hdrs[i];
-        int id = name_id(h->name, h->name_len);
-        if (id == HN_OTHER)
+        gw_http_header_t *h = &p->hdrs[i];
+        gw_http_hn_t id = gw_http_hn(h->name, h->name_len);
+        h->id = id; /* for the proxy's drop masks */
+        if (id == GW_HN_OTHER)
             continue;
-        if (id == HN_CONTENT_LENGTH) {
+        if (id == GW_HN_CONTENT_LENGTH) {
             if (cl) {
                 fail(p, 400, "duplicate_content_length");
                 return -1;
             }
             cl = h;
-        } else if (id == HN_TRANSFER_ENCODING) {
+        } else if (id == GW_HN_TRANSFER_ENCODING) {
             if (te) {
                 fail(p, 400, "bad_transfer_encoding");
                 return -1;
             }
             te = h;
-        } else if (id == HN_CONNECTION || id == HN_PROXY_CONNECTION) {
+        } else if (id == GW_HN_CONNECTION || id == GW_HN_PROXY_CONNECTION) {
             /* for head_done(): read as http-parser reads them */
             p->conn_close = p->conn_close || token_listed(h->value, h->value_len, "close", 5);
             p->conn_keep = p->conn_keep || token_listed(h->value, h->value_len, "keep-alive", 10);
         } else if (!req) {
             continue;
-        } else if (id == HN_HOST) {
+        } else if (id == GW_HN_HOST) {
             if (host) {
                 fail(p, 400, "duplicate_host");
                 return -1;
             }
             host = h;
-        } else if (id >= HN_SINGLE) {
-            if (seen & 1u << id) {
+        } else if (GW_HN_BIT(id) & GW_HN_SINGLE) {
+            /* A proxy in front that reads the last of two would see other
+             * credentials than we do, so two are refused, as for Host. */
+            if (seen & GW_HN_BIT(id)) {
                 fail(p, 400, "duplicate_header");
                 return -1;
             }
-            seen |= 1u << id;
-        } else if (id == HN_EXPECT) {
+            seen |= GW_HN_BIT(id);
+        } else if (id == GW_HN_EXPECT) {
             if (!ieq(h->value, h->value_len, "100-continue")) {
                 fail(p, 417, "expectation_failed");
                 return -1;
@@ -1798,14 +1849,6 @@ const gw_http_header_t *gw_http_header_find(const gw_http_msg_t *m, const char *
             return h;
     }
     return NULL;
-}
-
-bool gw_http_name_in(const char *name, size_t len, const gw_http_name_t *list)
-{
-    for (; list->s; list++)
-        if (list->len == len && gw_http_name_eq(name, list->s, len))
-            return true;
-    return false;
 }
 
 /* Is `name` one of the comma-separated tokens of value v? */

@@ -66,11 +66,56 @@ typedef struct gw_http_limits {
     size_t max_body_bytes; /* 0 = unlimited (responses stream through) */
 } gw_http_limits_t;
 
+/* The header names the head's rules look at, that the proxy drops or
+ * rewrites: found once per header when the head is checked (the id of
+ * gw_http_header_t), so a list of them is a mask of GW_HN_BIT()s. */
+typedef enum gw_http_hn {
+    GW_HN_OTHER = 0,
+    GW_HN_TE,
+    GW_HN_HOST,
+    GW_HN_DATE,
+    GW_HN_EXPECT,
+    GW_HN_SERVER,
+    GW_HN_TRAILER,
+    GW_HN_UPGRADE,
+    GW_HN_FORWARDED,
+    GW_HN_X_REAL_IP,
+    GW_HN_CONNECTION,
+    GW_HN_KEEP_ALIVE,
+    GW_HN_TRACEPARENT,
+    GW_HN_CONTENT_TYPE,
+    GW_HN_X_REQUEST_ID,
+    GW_HN_AUTHORIZATION,
+    GW_HN_CACHE_CONTROL,
+    GW_HN_CONTENT_LENGTH,
+    GW_HN_X_SLUICE_NONCE,
+    GW_HN_ACCEPT_ENCODING,
+    GW_HN_X_FORWARDED_FOR,
+    GW_HN_IDEMPOTENCY_KEY,
+    GW_HN_PROXY_CONNECTION,
+    GW_HN_X_FORWARDED_HOST,
+    GW_HN_TRANSFER_ENCODING,
+    GW_HN_X_FORWARDED_PROTO,
+    GW_HN_X_ACCEL_BUFFERING,
+    GW_HN_PROXY_AUTHENTICATE,
+    GW_HN_X_SLUICE_SIGNATURE,
+    GW_HN_X_SLUICE_TIMESTAMP,
+    GW_HN_PROXY_AUTHORIZATION,
+} gw_http_hn_t;
+#define GW_HN_BIT(id) ((uint64_t)1 << (id))
+/* Request headers that may appear once (400 duplicate_header): credentials
+ * and the ids that key replay and idempotency. */
+#define GW_HN_SINGLE                                                                               \
+    (GW_HN_BIT(GW_HN_AUTHORIZATION) | GW_HN_BIT(GW_HN_X_SLUICE_SIGNATURE) |                        \
+     GW_HN_BIT(GW_HN_X_SLUICE_NONCE) | GW_HN_BIT(GW_HN_X_SLUICE_TIMESTAMP) |                       \
+     GW_HN_BIT(GW_HN_IDEMPOTENCY_KEY) | GW_HN_BIT(GW_HN_X_REQUEST_ID))
+
 typedef struct gw_http_header {
     const char *name;  /* NUL-terminated, as sent (case kept) */
     const char *value; /* NUL-terminated, leading/trailing OWS stripped */
     size_t name_len;
     size_t value_len;
+    gw_http_hn_t id; /* set when the head is checked; GW_HN_OTHER in a header of ours */
 } gw_http_header_t;
 
 /* The parsed head. Strings point into the parser's own storage and stay
@@ -186,17 +231,6 @@ gw_http_state_t gw_http_load_fail(gw_http_parser_t *p, int status, const char *r
 gw_http_state_t gw_http_load_body(gw_http_parser_t *p, const char *data, size_t n, bool end,
                                   gw_http_body_cb body_cb, void *arg) SL_WUR;
 
-/* A header name in lower case and its length, for lists of names matched
- * without a strlen per entry (gw_http_name_in). */
-typedef struct gw_http_name {
-    const char *s; /* lower case; NULL ends a list */
-    size_t len;
-} gw_http_name_t;
-#define GW_HTTP_NAME(lit)                                                                          \
-    {                                                                                              \
-        (lit), sizeof(lit) - 1                                                                     \
-    }
-
 /* ASCII case-insensitive: name[0, n) equals lower[0, n), which is in lower
  * case (no locale, unlike strncasecmp). */
 static inline bool gw_http_name_eq(const char *name, const char *lower, size_t n)
@@ -211,9 +245,8 @@ static inline bool gw_http_name_eq(const char *name, const char *lower, size_t n
     return true;
 }
 
-/* Is name[0, len) in the list (ended by a NULL entry)? Entries of another
- * length cost a compare each. */
-bool gw_http_name_in(const char *name, size_t len, const gw_http_name_t *list);
+/* The id of name[0, len): GW_HN_OTHER for a name not in the enum. */
+gw_http_hn_t gw_http_hn(const char *name, size_t len);
 
 /* Case-insensitive header lookup; the first match or NULL. */
 const gw_http_header_t *gw_http_header_find(const gw_http_msg_t *m, const char *name);

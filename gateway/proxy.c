@@ -54,50 +54,26 @@ static void gw_proxy_fail(gw_req_t *r, gw_upfail_t kind);
 
 /* Client headers we never forward: framing and hop-by-hop (rewritten by
  * us), credentials meant for sluice, and what we set ourselves. */
-static const gw_http_name_t gw_req_drop[] = {
-    GW_HTTP_NAME("host"),
-    GW_HTTP_NAME("content-length"),
-    GW_HTTP_NAME("transfer-encoding"),
-    GW_HTTP_NAME("connection"),
-    GW_HTTP_NAME("keep-alive"),
-    GW_HTTP_NAME("proxy-connection"),
-    GW_HTTP_NAME("proxy-authorization"),
-    GW_HTTP_NAME("te"),
-    GW_HTTP_NAME("trailer"),
-    GW_HTTP_NAME("upgrade"),
-    GW_HTTP_NAME("expect"),
-    GW_HTTP_NAME("authorization"),
-    GW_HTTP_NAME("accept-encoding"),
-    GW_HTTP_NAME("content-type"),
-    GW_HTTP_NAME("x-forwarded-for"),
-    GW_HTTP_NAME("x-forwarded-proto"),
-    GW_HTTP_NAME("x-forwarded-host"),
-    GW_HTTP_NAME("forwarded"),
-    GW_HTTP_NAME("traceparent"), /* ours goes instead: the client's trace, sluice's span */
-    GW_HTTP_NAME("x-real-ip"),
-    GW_HTTP_NAME("x-request-id"),
-    {NULL, 0},
-};
+#define GW_REQ_DROP                                                                                \
+    (GW_HN_BIT(GW_HN_HOST) | GW_HN_BIT(GW_HN_CONTENT_LENGTH) |                                     \
+     GW_HN_BIT(GW_HN_TRANSFER_ENCODING) | GW_HN_BIT(GW_HN_CONNECTION) |                            \
+     GW_HN_BIT(GW_HN_KEEP_ALIVE) | GW_HN_BIT(GW_HN_PROXY_CONNECTION) |                             \
+     GW_HN_BIT(GW_HN_PROXY_AUTHORIZATION) | GW_HN_BIT(GW_HN_TE) | GW_HN_BIT(GW_HN_TRAILER) |       \
+     GW_HN_BIT(GW_HN_UPGRADE) | GW_HN_BIT(GW_HN_EXPECT) | GW_HN_BIT(GW_HN_AUTHORIZATION) |         \
+     GW_HN_BIT(GW_HN_ACCEPT_ENCODING) | GW_HN_BIT(GW_HN_CONTENT_TYPE) |                            \
+     GW_HN_BIT(GW_HN_X_FORWARDED_FOR) | GW_HN_BIT(GW_HN_X_FORWARDED_PROTO) |                       \
+     GW_HN_BIT(GW_HN_X_FORWARDED_HOST) | GW_HN_BIT(GW_HN_FORWARDED) |                              \
+     GW_HN_BIT(GW_HN_TRACEPARENT) | GW_HN_BIT(GW_HN_X_REAL_IP) | GW_HN_BIT(GW_HN_X_REQUEST_ID))
+/* (traceparent: ours goes instead, the client's trace with sluice's span) */
 
 /* Upstream headers we never pass back: framing, and what we set. */
-static const gw_http_name_t gw_resp_drop[] = {
-    GW_HTTP_NAME("content-length"),
-    GW_HTTP_NAME("transfer-encoding"),
-    GW_HTTP_NAME("connection"),
-    GW_HTTP_NAME("keep-alive"),
-    GW_HTTP_NAME("te"),
-    GW_HTTP_NAME("trailer"),
-    GW_HTTP_NAME("upgrade"),
-    GW_HTTP_NAME("proxy-authenticate"),
-    GW_HTTP_NAME("proxy-connection"),
-    GW_HTTP_NAME("content-type"),
-    GW_HTTP_NAME("x-request-id"),
-    GW_HTTP_NAME("server"),
-    GW_HTTP_NAME("date"),
-    GW_HTTP_NAME("cache-control"),
-    GW_HTTP_NAME("x-accel-buffering"),
-    {NULL, 0},
-};
+#define GW_RESP_DROP                                                                               \
+    (GW_HN_BIT(GW_HN_CONTENT_LENGTH) | GW_HN_BIT(GW_HN_TRANSFER_ENCODING) |                        \
+     GW_HN_BIT(GW_HN_CONNECTION) | GW_HN_BIT(GW_HN_KEEP_ALIVE) | GW_HN_BIT(GW_HN_TE) |             \
+     GW_HN_BIT(GW_HN_TRAILER) | GW_HN_BIT(GW_HN_UPGRADE) | GW_HN_BIT(GW_HN_PROXY_AUTHENTICATE) |   \
+     GW_HN_BIT(GW_HN_PROXY_CONNECTION) | GW_HN_BIT(GW_HN_CONTENT_TYPE) |                           \
+     GW_HN_BIT(GW_HN_X_REQUEST_ID) | GW_HN_BIT(GW_HN_SERVER) | GW_HN_BIT(GW_HN_DATE) |             \
+     GW_HN_BIT(GW_HN_CACHE_CONTROL) | GW_HN_BIT(GW_HN_X_ACCEL_BUFFERING))
 
 static void gw_proxy_arm_at(gw_req_t *r, int64_t deadline_ms, int64_t now)
 {
@@ -257,7 +233,7 @@ static void gw_proxy_write_request(gw_req_t *r, gw_upconn_t *u)
         gw_sb_add(&b, r->att.pool->auth_header, r->att.pool->auth_header_len);
     for (size_t i = 0; i < m->nheaders; i++) {
         const gw_http_header_t *h = &m->headers[i];
-        if (gw_http_name_in(h->name, h->name_len, gw_req_drop) ||
+        if ((GW_HN_BIT(h->id) & GW_REQ_DROP) ||
             (h->name_len >= 9 && gw_http_name_eq(h->name, "x-sluice-", 9)) ||
             gw_http_header_is_hop(m, h->name, h->name_len))
             continue;
@@ -442,8 +418,7 @@ static void gw_proxy_write_head(gw_req_t *r, const gw_http_msg_t *m, int64_t len
         gw_sb_lit(&b, "Content-Encoding: gzip\r\nVary: Accept-Encoding\r\n");
     for (size_t i = 0; m && i < m->nheaders; i++) {
         const gw_http_header_t *h = &m->headers[i];
-        if (gw_http_name_in(h->name, h->name_len, gw_resp_drop) ||
-            gw_http_header_is_hop(m, h->name, h->name_len))
+        if ((GW_HN_BIT(h->id) & GW_RESP_DROP) || gw_http_header_is_hop(m, h->name, h->name_len))
             continue;
         gw_sb_header(&b, h->name, h->name_len, h->value, h->value_len);
     }
