@@ -46,6 +46,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "common/sl.h"
 
@@ -101,6 +102,9 @@ typedef enum gw_http_hn {
     GW_HN_X_SLUICE_SIGNATURE,
     GW_HN_X_SLUICE_TIMESTAMP,
     GW_HN_PROXY_AUTHORIZATION,
+    GW_HN_RETRY_AFTER,
+    GW_HN_ACCEPT_LANGUAGE,
+    GW_HN_CONTENT_ENCODING,
 } gw_http_hn_t;
 #define GW_HN_BIT(id) ((uint64_t)1 << (id))
 /* Request headers that may appear once (400 duplicate_header): credentials
@@ -156,8 +160,9 @@ gw_http_parser_t *gw_http_parser_new(gw_http_kind_t kind, const gw_http_limits_t
 void gw_http_parser_free(gw_http_parser_t *p);
 /* Ready for the next message on the same connection (keep-alive). */
 void gw_http_parser_reset(gw_http_parser_t *p);
-/* Bytes of head storage p holds now: grown with a head's bytes, cut to
- * what the head used once it is complete, none after reset. */
+/* Bytes of head storage p holds now: a head that arrived whole holds a
+ * block sized by its bytes; one fed in pieces grows with them and is cut to
+ * what it used once complete; none after reset. */
 size_t gw_http_parser_held(const gw_http_parser_t *p);
 /* Responses: the request was HEAD (no body follows, whatever the headers say).
  * Call it after _new/_reset, before feeding; reset clears it. */
@@ -231,15 +236,32 @@ gw_http_state_t gw_http_load_fail(gw_http_parser_t *p, int status, const char *r
 gw_http_state_t gw_http_load_body(gw_http_parser_t *p, const char *data, size_t n, bool end,
                                   gw_http_body_cb body_cb, void *arg) SL_WUR;
 
-/* ASCII case-insensitive: name[0, n) equals lower[0, n), which is in lower
- * case (no locale, unlike strncasecmp). */
+/* ASCII case-insensitive: name[0, n) equals lower[0, n) (no locale, unlike
+ * strncasecmp). lower holds lower-case letters and bytes below 0x40 only
+ * ('-', digits): a letter there has 0x40 set, so (lower & 0x40) >> 1 is
+ * the 0x20 that name's byte may lack, exactly where lower has a letter, and
+ * 8 bytes compare in one step. */
 static inline bool gw_http_name_eq(const char *name, const char *lower, size_t n)
 {
+    const uint64_t b40 = 0x4040404040404040ull;
+    uint64_t a, l;
+    if (n >= 8) {
+        size_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            memcpy(&a, name + i, 8);
+            memcpy(&l, lower + i, 8);
+            if ((a | (l & b40) >> 1) != l)
+                return false;
+        }
+        if (i == n)
+            return true;
+        memcpy(&a, name + n - 8, 8); /* the last 8, overlapping */
+        memcpy(&l, lower + n - 8, 8);
+        return (a | (l & b40) >> 1) == l;
+    }
     for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)name[i];
-        if ((unsigned char)(c - 'A') < 26)
-            c |= 0x20;
-        if (c != (unsigned char)lower[i])
+        unsigned char c = (unsigned char)name[i], lc = (unsigned char)lower[i];
+        if ((c | (lc & 0x40) >> 1) != lc)
             return false;
     }
     return true;

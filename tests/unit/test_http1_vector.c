@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <cmocka.h>
 
@@ -223,6 +224,69 @@ static void test_limits(void **state)
     }
 }
 
+/* gw_http_name_eq (8 bytes a step) and gw_http_hn agree with strncasecmp
+ * for every byte value at every place of every name of the enum. */
+static void test_name_eq(void **state)
+{
+    (void)state;
+    static const char *const names[] = {
+        "te",
+        "host",
+        "date",
+        "expect",
+        "server",
+        "trailer",
+        "upgrade",
+        "forwarded",
+        "x-real-ip",
+        "connection",
+        "keep-alive",
+        "traceparent",
+        "retry-after",
+        "content-type",
+        "x-request-id",
+        "authorization",
+        "cache-control",
+        "content-length",
+        "x-sluice-nonce",
+        "accept-encoding",
+        "x-forwarded-for",
+        "idempotency-key",
+        "accept-language",
+        "proxy-connection",
+        "x-forwarded-host",
+        "content-encoding",
+        "transfer-encoding",
+        "x-forwarded-proto",
+        "x-accel-buffering",
+        "proxy-authenticate",
+        "x-sluice-signature",
+        "x-sluice-timestamp",
+        "proxy-authorization",
+    };
+    for (size_t k = 0; k < sizeof(names) / sizeof(names[0]); k++) {
+        const char *lit = names[k];
+        size_t n = strlen(lit);
+        gw_http_hn_t id = gw_http_hn(lit, n);
+        assert_int_not_equal(id, GW_HN_OTHER);
+        for (size_t j = 0; j < k; j++) /* one id per name */
+            assert_int_not_equal(id, gw_http_hn(names[j], strlen(names[j])));
+        for (size_t at = 0; at < n; at++) {
+            for (unsigned b = 0; b < 256; b++) {
+                char name[32];
+                memcpy(name, lit, n);
+                name[at] = (char)b;
+                bool want = b != 0 && strncasecmp(name, lit, n) == 0;
+                if (gw_http_name_eq(name, lit, n) != want)
+                    fail_msg("%s: byte 0x%02x at %zu: want %d", lit, b, at, want);
+                if ((gw_http_hn(name, n) == id) != want)
+                    fail_msg("gw_http_hn %s: byte 0x%02x at %zu: want %d", lit, b, at, want);
+                ncompared++;
+            }
+        }
+    }
+}
+
 static void test_compared_enough(void **state)
 {
     (void)state;
@@ -233,9 +297,10 @@ static void test_compared_enough(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_value_bytes),  cmocka_unit_test(test_name_bytes),
-        cmocka_unit_test(test_target_bytes), cmocka_unit_test(test_run_edges),
-        cmocka_unit_test(test_limits),       cmocka_unit_test(test_compared_enough),
+        cmocka_unit_test(test_value_bytes),     cmocka_unit_test(test_name_bytes),
+        cmocka_unit_test(test_target_bytes),    cmocka_unit_test(test_run_edges),
+        cmocka_unit_test(test_limits),          cmocka_unit_test(test_name_eq),
+        cmocka_unit_test(test_compared_enough),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
