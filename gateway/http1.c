@@ -61,6 +61,7 @@ enum {
     C_TGT = 1 << 2,   /* request-target byte: VCHAR but '#' */
     C_HEX = 1 << 3,
     C_HOST = 1 << 4, /* Host value: reg-name / IP-literal / port */
+    C_DIGIT = 1 << 5,
 };
 
 /* GNU range initialisers keep the table readable; gcc and clang both have
@@ -87,7 +88,7 @@ static const uint8_t gw_http_cls[256] = {
     ['-'] = VTTH,
     ['.'] = VTTH,
     ['/'] = VT,
-    ['0' ... '9'] = VTTH | C_HEX,
+    ['0' ... '9'] = VTTH | C_HEX | C_DIGIT,
     [':'] = VTH,
     [';'] = VTH,
     ['<'] = VT,
@@ -474,6 +475,12 @@ static size_t val_run(const char *d, size_t i, size_t end)
     return i;
 }
 
+/* "HTTP/" DIGIT "." DIGIT at d (8 bytes there). */
+static bool ver_plain(const char *d)
+{
+    return memcmp(d, "HTTP/", 5) == 0 && IS(d[5], C_DIGIT) && d[6] == '.' && IS(d[7], C_DIGIT);
+}
+
 /* Scans n head bytes. Returns how many were valid: up to and including the
  * head's final LF (*end set), all n, or up to the offending byte (error
  * set through fail()). */
@@ -492,6 +499,34 @@ static size_t head_scan(gw_http_parser_t *p, const char *d, size_t n, bool *end)
     *end = false;
     const bool vec = gw_http_vector;
     for (i = 0; i < n; i++) {
+        /* The end of a request line, "HTTP/" DIGIT "." DIGIT CRLF, and a
+         * whole status line, "HTTP/" DIGIT "." DIGIT SP 3DIGIT [SP reason]
+         * CRLF, in one step when all here, within the limits and plain;
+         * anything else goes byte by byte from the same byte. */
+        if (vec && hs == HS_VERSION && p->ver_len == 0 && n - i >= 10 && hb + 10 <= hmax &&
+            l0 + 8 <= lmax && ver_plain(d + i) && d[i + 8] == '\r' && d[i + 9] == '\n') {
+            memcpy(p->ver, d + i, 8);
+            p->ver_len = 8;
+            l0 += 8;
+            hb += 10;
+            i += 10;
+            hs = HS_LINE_START;
+        } else if (vec && hs == HS_STATUS && l0 == 0 && n - i >= 14 && ver_plain(d + i) &&
+                   d[i + 8] == ' ' && IS(d[i + 9], C_DIGIT) && IS(d[i + 10], C_DIGIT) &&
+                   IS(d[i + 11], C_DIGIT)) {
+            size_t lim = i + SL_MIN(n - i, hmax - SL_MIN(hb, hmax)), k = i + 12;
+            if (k < lim && d[k] == ' ')
+                k = val_run(d, k + 1, lim);
+            if (k + 2 <= lim && d[k] == '\r' && d[k + 1] == '\n') {
+                memcpy(p->ver, d + i, 8);
+                p->status = (unsigned)(d[i + 9] - '0') * 100 + (unsigned)(d[i + 10] - '0') * 10 +
+                            (unsigned)(d[i + 11] - '0');
+                l0 = k - i;
+                hb += k + 2 - i;
+                i = k + 2;
+                hs = HS_LINE_START;
+            }
+        }
         /* A whole header line, name ':' OWS value OWS CRLF, in one step
          * when all of it is here, within the limits, and plain (token
          * name, field-value bytes); anything else (an error, a line cut

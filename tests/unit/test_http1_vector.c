@@ -163,6 +163,35 @@ static void test_target_bytes(void **state)
     }
 }
 
+/* The byte b at every place of a request line's version and of status
+ * lines (with a reason, a long one, none). */
+static void test_line0_bytes(void **state)
+{
+    (void)state;
+    static const char *const status[] = {
+        "HTTP/1.1 200 OK\r\n",
+        "HTTP/1.0 404 Not Found At All, Really Not Here\r\n",
+        "HTTP/1.1 204\r\n",
+        "HTTP/1.1 200 \r\n",
+    };
+    char in[256];
+    for (unsigned b = 0; b < 256; b++) {
+        for (size_t at = 0; at < 10; at++) {
+            size_t n = (size_t)sprintf(in, "GET /x HTTP/1.1\r\nHost: a\r\n\r\n");
+            in[7 + at] = (char)b;
+            same(GW_HTTP_REQUEST, in, n, "version", b, at);
+        }
+        for (size_t k = 0; k < sizeof(status) / sizeof(status[0]); k++) {
+            size_t sl = strlen(status[k]);
+            for (size_t at = 0; at < sl; at++) {
+                size_t n = (size_t)sprintf(in, "%sX: y\r\nContent-Length: 0\r\n\r\n", status[k]);
+                in[at] = (char)b;
+                same(GW_HTTP_RESPONSE, in, n, "status", b, at);
+            }
+        }
+    }
+}
+
 /* Line ends, NUL, OWS and obs-fold at the edges of 8- and 16-byte runs,
  * the value starting at every offset mod 32 of the head. */
 static void test_run_edges(void **state)
@@ -297,10 +326,10 @@ static void test_compared_enough(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_value_bytes),     cmocka_unit_test(test_name_bytes),
-        cmocka_unit_test(test_target_bytes),    cmocka_unit_test(test_run_edges),
-        cmocka_unit_test(test_limits),          cmocka_unit_test(test_name_eq),
-        cmocka_unit_test(test_compared_enough),
+        cmocka_unit_test(test_value_bytes),  cmocka_unit_test(test_name_bytes),
+        cmocka_unit_test(test_target_bytes), cmocka_unit_test(test_line0_bytes),
+        cmocka_unit_test(test_run_edges),    cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_name_eq),      cmocka_unit_test(test_compared_enough),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
