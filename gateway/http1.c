@@ -1200,6 +1200,26 @@ static const char *head_end_find(const char *d, size_t n, size_t *ncr)
 {
     const char *end = d + n;
     size_t k = 0;
+#ifdef GW_HTTP_SSE2
+    /* The same, 16 bytes a step: the CRs of a block by one compare, each
+     * checked for the CRLFCRLF there; memchr's call and set-up per CR cost
+     * more than the search in a head of ~15-byte lines. */
+    if (gw_http_vector) {
+        const __m128i cr = _mm_set1_epi8('\r');
+        for (; end - d >= 19; d += 16) { /* a CR at d[15] has its 3 bytes after */
+            __m128i b = _mm_loadu_si128((const __m128i *)(const void *)d);
+            unsigned m = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(b, cr));
+            for (; m; m &= m - 1) {
+                const char *c = d + __builtin_ctz(m);
+                k++;
+                if (c[1] == '\n' && c[2] == '\r' && c[3] == '\n') {
+                    *ncr = k + 1;
+                    return c;
+                }
+            }
+        }
+    }
+#endif
     while (end - d >= 4) {
         const char *c = memchr(d, '\r', (size_t)(end - d) - 3);
         if (!c)
@@ -1879,16 +1899,20 @@ const char *gw_http_error_reason(const gw_http_parser_t *p)
     return p->err_reason ? p->err_reason : "";
 }
 
+const gw_http_header_t *gw_http_header_get(const gw_http_msg_t *m, gw_http_hn_t id)
+{
+    for (size_t i = 0; i < m->nheaders; i++)
+        if (m->headers[i].id == id)
+            return &m->headers[i];
+    return NULL;
+}
+
 const gw_http_header_t *gw_http_header_find(const gw_http_msg_t *m, const char *name)
 {
     size_t n = strlen(name);
     gw_http_hn_t id = gw_http_hn(name, n);
-    if (id != GW_HN_OTHER) { /* a name of the enum: the ids head_check() set */
-        for (size_t i = 0; i < m->nheaders; i++)
-            if (m->headers[i].id == id)
-                return &m->headers[i];
-        return NULL;
-    }
+    if (id != GW_HN_OTHER) /* a name of the enum: the ids head_check() set */
+        return gw_http_header_get(m, id);
     for (size_t i = 0; i < m->nheaders; i++)
         if (m->headers[i].name_len == n && strcasecmp(m->headers[i].name, name) == 0)
             return &m->headers[i];

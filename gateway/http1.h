@@ -270,6 +270,11 @@ static inline bool gw_http_name_eq(const char *name, const char *lower, size_t n
 /* The id of name[0, len): GW_HN_OTHER for a name not in the enum. */
 gw_http_hn_t gw_http_hn(const char *name, size_t len);
 
+/* The first header with this id (a name of gw_http_hn_t), or NULL: what
+ * gw_http_header_find gives for the name, without the name's strlen and
+ * classification. */
+const gw_http_header_t *gw_http_header_get(const gw_http_msg_t *m, gw_http_hn_t id);
+
 /* Case-insensitive header lookup; the first match or NULL. */
 const gw_http_header_t *gw_http_header_find(const gw_http_msg_t *m, const char *name);
 

@@ -208,7 +208,7 @@ static void gw_proxy_write_request(gw_req_t *r, gw_upconn_t *u)
     gw_sb_lit(&b, " HTTP/1.1\r\nHost: ");
     gw_sb_str(&b, r->att.server->host_header);
     const gw_http_header_t *cct =
-        r->route == GW_ROUTE_PASSTHROUGH ? gw_http_header_find(m, "Content-Type") : NULL;
+        r->route == GW_ROUTE_PASSTHROUGH ? gw_http_header_get(m, GW_HN_CONTENT_TYPE) : NULL;
     if (cct) { /* a passthrough body is the client's: multipart, audio, JSON */
         gw_sb_lit(&b, "\r\nContent-Type: ");
         gw_sb_add(&b, cct->value, cct->value_len);
@@ -392,7 +392,7 @@ static void gw_proxy_write_head(gw_req_t *r, const gw_http_msg_t *m, int64_t len
     /* m NULL: an answer made in-process (the engine's stream), 200 SSE. */
     static const gw_http_header_t sse_ct = {
         .name = "Content-Type", .value = "text/event-stream", .name_len = 12, .value_len = 17};
-    const gw_http_header_t *ct = m ? gw_http_header_find(m, "Content-Type") : &sse_ct;
+    const gw_http_header_t *ct = m ? gw_http_header_get(m, GW_HN_CONTENT_TYPE) : &sse_ct;
     int status = m ? m->status : 200;
     struct evbuffer *out = gw_out_head_begin(r, status);
     char stack[4096];
@@ -441,7 +441,7 @@ static bool gw_proxy_on_head(gw_req_t *r)
     r->att.upstatus = m->status;
     r->status = m->status;
     if (m->status >= 500) {
-        const gw_http_header_t *ra = gw_http_header_find(m, "Retry-After");
+        const gw_http_header_t *ra = gw_http_header_get(m, GW_HN_RETRY_AFTER);
         snprintf(r->retry_after, sizeof(r->retry_after), "%s", ra ? ra->value : "");
         gw_metrics_upstream_error(r->att.pool, gw_upfails[GW_UPFAIL_STATUS_5XX].label);
         gw_upstream_log(r->att.server, "status_5xx", "answered HTTP %d", m->status);
@@ -458,7 +458,7 @@ static bool gw_proxy_on_head(gw_req_t *r)
         }
         r->retry_after[0] = '\0';
     }
-    const gw_http_header_t *ct = gw_http_header_find(m, "Content-Type");
+    const gw_http_header_t *ct = gw_http_header_get(m, GW_HN_CONTENT_TYPE);
     r->att.resp_sse = gw_ct_is_sse(ct);
     bool nobody = m->status == 204 || m->status == 304;
     r->body_hooks = !r->att.resp_sse && !nobody && m->status >= 200 && m->status < 300 &&
@@ -708,8 +708,8 @@ static int gw_proxy_flush_buffered(gw_req_t *r)
      * answer: its length goes in the head. An upstream that encoded its
      * answer itself, or an answer that is not JSON, is relayed as it is. */
     bool gz_fit = m->status >= 200 && m->status < 300 &&
-                  !gw_http_header_find(m, "Content-Encoding") &&
-                  gw_ct_is_json(gw_http_header_find(m, "Content-Type"));
+                  !gw_http_header_get(m, GW_HN_CONTENT_ENCODING) &&
+                  gw_ct_is_json(gw_http_header_get(m, GW_HN_CONTENT_TYPE));
     const void *final = edited ? (const void *)edited : evbuffer_pullup(r->resp_body, -1);
     size_t flen = edited ? elen : len;
     size_t gzlen = 0;
