@@ -469,7 +469,7 @@ static gw_req_t *gw_req_new(gw_conn_t *c)
  * else 16 random hex digits. */
 static void gw_req_set_id(gw_req_t *r)
 {
-    const gw_http_header_t *h = gw_http_header_find(gw_http_msg(r->c->parser), "X-Request-Id");
+    const gw_http_header_t *h = gw_http_header_get(gw_http_msg(r->c->parser), GW_HN_X_REQUEST_ID);
     if (h && h->value_len >= 8 && h->value_len < sizeof(r->id) &&
         strspn(h->value, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.") ==
             h->value_len) {

@@ -91,7 +91,8 @@ static void gw_fb_template_respond(gw_req_t *r)
                            extra);
         return;
     }
-    const gw_http_header_t *al = gw_http_header_find(gw_http_msg(r->c->parser), "Accept-Language");
+    const gw_http_header_t *al =
+        gw_http_header_get(gw_http_msg(r->c->parser), GW_HN_ACCEPT_LANGUAGE);
     size_t len = 0;
     char *body =
         fb_tmpl_render(r->rt->tmpl, &q, al ? al->value : NULL, al ? al->value_len : 0, &len);
@@ -147,7 +148,8 @@ static void gw_fb_template(gw_req_t *r)
         gw_fb_template_respond(r);
         return;
     }
-    const gw_http_header_t *ik = gw_http_header_find(gw_http_msg(r->c->parser), "Idempotency-Key");
+    const gw_http_header_t *ik =
+        gw_http_header_get(gw_http_msg(r->c->parser), GW_HN_IDEMPOTENCY_KEY);
     char key[FB_IDEM_KEY_MAX + 1] = "";
     if (ik && fb_idem_key_valid(ik->value, ik->value_len)) {
         memcpy(key, ik->value, ik->value_len);

@@ -13,9 +13,12 @@
  *     obs-fold, no control bytes, a strict request line (token SP target SP
  *     HTTP/d.d), token header names, the size and line limits. It copies
  *     method, target and header names/values (OWS trimmed) into a per-parser
- *     arena, so values may span fed pieces; the arena grows with the head's
- *     bytes up to a bound from the limits, is cut to size once the head is
- *     complete and freed by reset, so idle connections hold none.
+ *     arena, so values may span fed pieces. A head that arrives whole gets
+ *     one block sized by its bytes (block_take); one cut across feeds grows
+ *     its arena up to a bound from the limits and is cut to size once
+ *     complete. Reset frees either, so idle connections hold none. Plain
+ *     header lines are taken whole and runs 16 bytes a step (SSE2); the
+ *     byte loop does the rest (test_http1_vector.c compares the two).
  *   - The head is parsed once, by head_scan(): http-parser never sees it
  *     (it used to get the same bytes, ~3 % of a proxied request's CPU for
  *     nothing head_scan() had not checked already). head_check() applies
@@ -42,6 +45,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#define GW_HTTP_SSE2 1
+#endif
 
 #define GW_HTTP_MAX_INTERIM   16   /* 1xx responses skipped before the final one */
 #define GW_HTTP_MAX_CHUNK_EXT 1024 /* bytes of chunk extensions on one size line */
@@ -54,6 +61,7 @@ enum {
     C_TGT = 1 << 2,   /* request-target byte: VCHAR but '#' */
     C_HEX = 1 << 3,
     C_HOST = 1 << 4, /* Host value: reg-name / IP-literal / port */
+    C_DIGIT = 1 << 5,
 };
 
 /* GNU range initialisers keep the table readable; gcc and clang both have
@@ -80,7 +88,7 @@ static const uint8_t gw_http_cls[256] = {
     ['-'] = VTTH,
     ['.'] = VTTH,
     ['/'] = VT,
-    ['0' ... '9'] = VTTH | C_HEX,
+    ['0' ... '9'] = VTTH | C_HEX | C_DIGIT,
     [':'] = VTH,
     [';'] = VTH,
     ['<'] = VT,
@@ -194,6 +202,8 @@ struct gw_http_parser {
     size_t hdrs_cap;
     char *arena; /* names, values, method, target; NUL-terminated */
     size_t arena_len, arena_cap;
+    bool one_block;             /* arena lies in hdrs' block (block_take) */
+    bool conn_close, conn_keep; /* Connection tokens, found by head_check() */
 };
 
 static const char ver_tmpl[8] = "HTTP/0.0";
@@ -403,6 +413,74 @@ static size_t val_run8(const char *d, size_t i, size_t end)
     return i;
 }
 
+/* The vector paths of head_scan(): whole header lines taken in one step
+ * and 16-byte runs (SSE2, in every x86-64). Off, the scan is the byte
+ * loop and val_run8 alone: test_http1_vector.c compares the two on
+ * generated heads (gw_http_vector_set). */
+static bool gw_http_vector = true;
+
+void gw_http_vector_set(bool on)
+{
+    gw_http_vector = on;
+}
+
+#ifdef GW_HTTP_SSE2
+
+/* Past the bytes of d[i, end) that are field-value bytes but HTAB (the
+ * byte loop takes it): none below 0x20, none 0x7f, 16 a step; stops at
+ * the first other byte, or at the last whole 16 before end. */
+static size_t val_run16(const char *d, size_t i, size_t end)
+{
+    const __m128i c1f = _mm_set1_epi8(0x1f), del = _mm_set1_epi8(0x7f);
+    while (end - i >= 16) {
+        __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(d + i));
+        /* unsigned b <= 0x1f: min(b, 0x1f) == b */
+        __m128i bad = _mm_or_si128(_mm_cmpeq_epi8(_mm_min_epu8(b, c1f), b), _mm_cmpeq_epi8(b, del));
+        unsigned m = (unsigned)_mm_movemask_epi8(bad);
+        if (m)
+            return i + (size_t)__builtin_ctz(m);
+        i += 16;
+    }
+    return i;
+}
+
+/* Past the request-target bytes of d[i, end) (VCHAR but '#'), 16 a step. */
+static size_t tgt_run16(const char *d, size_t i, size_t end)
+{
+    const __m128i c20 = _mm_set1_epi8(0x20), c7f = _mm_set1_epi8(0x7f), hash = _mm_set1_epi8('#');
+    while (end - i >= 16) {
+        __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(d + i));
+        /* unsigned b <= 0x20 or b >= 0x7f, or '#' */
+        __m128i bad = _mm_or_si128(
+            _mm_cmpeq_epi8(_mm_min_epu8(b, c20), b),
+            _mm_or_si128(_mm_cmpeq_epi8(_mm_max_epu8(b, c7f), b), _mm_cmpeq_epi8(b, hash)));
+        unsigned m = (unsigned)_mm_movemask_epi8(bad);
+        if (m)
+            return i + (size_t)__builtin_ctz(m);
+        i += 16;
+    }
+    return i;
+}
+#endif
+
+/* Past the field-value bytes of d[i, end), HTAB and SP included. */
+static size_t val_run(const char *d, size_t i, size_t end)
+{
+#ifdef GW_HTTP_SSE2
+    i = val_run16(d, i, end);
+#endif
+    i = val_run8(d, i, end);
+    while (i < end && IS(d[i], C_VAL))
+        i++;
+    return i;
+}
+
+/* "HTTP/" DIGIT "." DIGIT at d (8 bytes there). */
+static bool ver_plain(const char *d)
+{
+    return memcmp(d, "HTTP/", 5) == 0 && IS(d[5], C_DIGIT) && d[6] == '.' && IS(d[7], C_DIGIT);
+}
+
 /* Scans n head bytes. Returns how many were valid: up to and including the
  * head's final LF (*end set), all n, or up to the offending byte (error
  * set through fail()). */
@@ -419,7 +497,74 @@ static size_t head_scan(gw_http_parser_t *p, const char *d, size_t n, bool *end)
     int hs = p->hs;
     size_t i;
     *end = false;
+    const bool vec = gw_http_vector;
     for (i = 0; i < n; i++) {
+        /* The end of a request line, "HTTP/" DIGIT "." DIGIT CRLF, and a
+         * whole status line, "HTTP/" DIGIT "." DIGIT SP 3DIGIT [SP reason]
+         * CRLF, in one step when all here, within the limits and plain;
+         * anything else goes byte by byte from the same byte. */
+        if (vec && hs == HS_VERSION && p->ver_len == 0 && n - i >= 10 && hb + 10 <= hmax &&
+            l0 + 8 <= lmax && ver_plain(d + i) && d[i + 8] == '\r' && d[i + 9] == '\n') {
+            memcpy(p->ver, d + i, 8);
+            p->ver_len = 8;
+            l0 += 8;
+            hb += 10;
+            i += 10;
+            hs = HS_LINE_START;
+        } else if (vec && hs == HS_STATUS && l0 == 0 && n - i >= 14 && ver_plain(d + i) &&
+                   d[i + 8] == ' ' && IS(d[i + 9], C_DIGIT) && IS(d[i + 10], C_DIGIT) &&
+                   IS(d[i + 11], C_DIGIT)) {
+            size_t lim = i + SL_MIN(n - i, hmax - SL_MIN(hb, hmax)), k = i + 12;
+            if (k < lim && d[k] == ' ')
+                k = val_run(d, k + 1, lim);
+            if (k + 2 <= lim && d[k] == '\r' && d[k + 1] == '\n') {
+                memcpy(p->ver, d + i, 8);
+                p->status = (unsigned)(d[i + 9] - '0') * 100 + (unsigned)(d[i + 10] - '0') * 10 +
+                            (unsigned)(d[i + 11] - '0');
+                l0 = k - i;
+                hb += k + 2 - i;
+                i = k + 2;
+                hs = HS_LINE_START;
+            }
+        }
+        /* A whole header line, name ':' OWS value OWS CRLF, in one step
+         * when all of it is here, within the limits, and plain (token
+         * name, field-value bytes); anything else (an error, a line cut
+         * by the feed) goes byte by byte from its first byte below, so
+         * results and reasons are the byte loop's. */
+        while (vec && hs == HS_LINE_START && p->nlines < p->lim.header_lines &&
+               p->nlines < p->hdrs_cap) {
+            size_t lim = i + SL_MIN(n - i, hmax - SL_MIN(hb, hmax)); /* bytes we may take */
+            size_t j = i;
+            while (j < lim && IS(d[j], C_TCHAR))
+                j++;
+            if (j == i || j >= lim || d[j] != ':')
+                break;
+            size_t vs = j + 1;
+            while (vs < lim && (d[vs] == ' ' || d[vs] == '\t'))
+                vs++;
+            size_t k = val_run(d, vs, lim);
+            if (k + 2 > lim || d[k] != '\r' || d[k + 1] != '\n')
+                break;
+            size_t ve = k;
+            while (ve > vs && (d[ve - 1] == ' ' || d[ve - 1] == '\t'))
+                ve--;
+            gw_http_header_t *h = &p->hdrs[p->nlines++];
+            h->name = ar + al;
+            h->name_len = j - i;
+            memcpy(ar + al, d + i, j - i);
+            al += j - i;
+            ar[al++] = '\0';
+            h->value = ar + al;
+            h->value_len = ve - vs;
+            memcpy(ar + al, d + vs, ve - vs);
+            al += ve - vs;
+            ar[al++] = '\0';
+            hb += k + 2 - i;
+            i = k + 2;
+        }
+        if (i == n)
+            break;
         char c = d[i];
         /* Runs of plain bytes in the long parts of a head (target, names,
          * values) are taken in one go; the switch below sees the rest. */
@@ -429,8 +574,14 @@ static size_t head_scan(gw_http_parser_t *p, const char *d, size_t n, bool *end)
             if (hs == HS_TARGET)
                 lim = SL_MIN(lim, lmax - SL_MIN(l0, lmax));
             size_t j = i;
+#ifdef GW_HTTP_SSE2
+            if (vec && hs == HS_VALUE)
+                j = val_run16(d, i, lim + i);
+            else if (vec && hs == HS_TARGET)
+                j = tgt_run16(d, i, lim + i);
+#endif
             if (hs == HS_VALUE) /* long values (a bearer token): 8 bytes a step */
-                j = val_run8(d, i, lim + i);
+                j = val_run8(d, j, lim + i);
             while (j < lim + i && IS(d[j], k))
                 j++;
             if (j > i) {
@@ -573,7 +724,8 @@ static size_t head_scan(gw_http_parser_t *p, const char *d, size_t n, bool *end)
             if (c == '\r') {
                 hs = HS_END_LF;
             } else if (IS(c, C_TCHAR)) {
-                if (++p->nlines > p->lim.header_lines) {
+                /* hdrs_cap: never the limit, but a memory-safe bound */
+                if (++p->nlines > p->lim.header_lines || p->nlines > p->hdrs_cap) {
                     fail(p, 431, "too_many_headers");
                     break;
                 }
@@ -646,6 +798,120 @@ static bool ieq(const char *a, size_t alen, const char *lit)
     return alen == n && strncasecmp(a, lit, n) == 0;
 }
 
+static bool token_listed(const char *v, size_t vn, const char *name, size_t name_len);
+
+#define NAME_IS(n, lit) gw_http_name_eq((n), (lit), sizeof(lit) - 1)
+
+/* The names of gw_http_hn_t by a switch on the length and a compare or
+ * three: a walk over name lists cost a strlen and a strncasecmp per entry
+ * and header. */
+gw_http_hn_t gw_http_hn(const char *n, size_t len)
+{
+    switch (len) {
+    case 2:
+        if (NAME_IS(n, "te"))
+            return GW_HN_TE;
+        break;
+    case 4:
+        if (NAME_IS(n, "host"))
+            return GW_HN_HOST;
+        if (NAME_IS(n, "date"))
+            return GW_HN_DATE;
+        break;
+    case 6:
+        if (NAME_IS(n, "expect"))
+            return GW_HN_EXPECT;
+        if (NAME_IS(n, "server"))
+            return GW_HN_SERVER;
+        break;
+    case 7:
+        if (NAME_IS(n, "trailer"))
+            return GW_HN_TRAILER;
+        if (NAME_IS(n, "upgrade"))
+            return GW_HN_UPGRADE;
+        break;
+    case 9:
+        if (NAME_IS(n, "forwarded"))
+            return GW_HN_FORWARDED;
+        if (NAME_IS(n, "x-real-ip"))
+            return GW_HN_X_REAL_IP;
+        break;
+    case 10:
+        if (NAME_IS(n, "connection"))
+            return GW_HN_CONNECTION;
+        if (NAME_IS(n, "keep-alive"))
+            return GW_HN_KEEP_ALIVE;
+        break;
+    case 11:
+        if (NAME_IS(n, "traceparent"))
+            return GW_HN_TRACEPARENT;
+        if (NAME_IS(n, "retry-after"))
+            return GW_HN_RETRY_AFTER;
+        break;
+    case 12:
+        if (NAME_IS(n, "content-type"))
+            return GW_HN_CONTENT_TYPE;
+        if (NAME_IS(n, "x-request-id"))
+            return GW_HN_X_REQUEST_ID;
+        break;
+    case 13:
+        if (NAME_IS(n, "authorization"))
+            return GW_HN_AUTHORIZATION;
+        if (NAME_IS(n, "cache-control"))
+            return GW_HN_CACHE_CONTROL;
+        break;
+    case 14:
+        if (NAME_IS(n, "content-length"))
+            return GW_HN_CONTENT_LENGTH;
+        if (NAME_IS(n, "x-sluice-nonce"))
+            return GW_HN_X_SLUICE_NONCE;
+        break;
+    case 15:
+        if (NAME_IS(n, "accept-encoding"))
+            return GW_HN_ACCEPT_ENCODING;
+        if (NAME_IS(n, "x-forwarded-for"))
+            return GW_HN_X_FORWARDED_FOR;
+        if (NAME_IS(n, "idempotency-key"))
+            return GW_HN_IDEMPOTENCY_KEY;
+        if (NAME_IS(n, "accept-language"))
+            return GW_HN_ACCEPT_LANGUAGE;
+        break;
+    case 16:
+        if (NAME_IS(n, "proxy-connection"))
+            return GW_HN_PROXY_CONNECTION;
+        if (NAME_IS(n, "content-encoding"))
+            return GW_HN_CONTENT_ENCODING;
+        if (NAME_IS(n, "x-forwarded-host"))
+            return GW_HN_X_FORWARDED_HOST;
+        break;
+    case 17:
+        if (NAME_IS(n, "transfer-encoding"))
+            return GW_HN_TRANSFER_ENCODING;
+        if (NAME_IS(n, "x-forwarded-proto"))
+            return GW_HN_X_FORWARDED_PROTO;
+        if (NAME_IS(n, "x-accel-buffering"))
+            return GW_HN_X_ACCEL_BUFFERING;
+        break;
+    case 18:
+        if (NAME_IS(n, "proxy-authenticate"))
+            return GW_HN_PROXY_AUTHENTICATE;
+        if (NAME_IS(n, "x-sluice-signature"))
+            return GW_HN_X_SLUICE_SIGNATURE;
+        if (NAME_IS(n, "x-sluice-timestamp"))
+            return GW_HN_X_SLUICE_TIMESTAMP;
+        break;
+    case 19:
+        if (NAME_IS(n, "proxy-authorization"))
+            return GW_HN_PROXY_AUTHORIZATION;
+        break;
+    default:
+        break;
+    }
+    return GW_HN_OTHER;
+}
+
+static bool token_listed(const char *v, size_t vn, const char *name, size_t name_len);
+
 /* Transfer-Encoding: 0 = exactly "chunked"; otherwise fails. A list with
  * codings we do not implement is 501; a malformed one (chunked not last,
  * twice, empty elements, parameters) is 400. */
@@ -682,33 +948,6 @@ static int te_check(gw_http_parser_t *p, const char *v, size_t n)
     else
         fail(p, 400, "bad_transfer_encoding");
     return -1;
-}
-
-/* Request headers that may appear once: credentials and the ids that key
- * replay and idempotency. A proxy in front that reads the last of two
- * would see other credentials than we do, so two are refused, as for Host. */
-static const char *const gw_http_single[] = {
-    "authorization",
-    "x-sluice-signature",
-    "x-sluice-nonce",
-    "x-sluice-timestamp",
-    "idempotency-key",
-    "x-request-id",
-    NULL,
-};
-
-static bool single_dup(const gw_http_parser_t *p, size_t i)
-{
-    const gw_http_header_t *h = &p->hdrs[i];
-    const char *const *s = gw_http_single;
-    while (*s && !ieq(h->name, h->name_len, *s))
-        s++;
-    if (!*s)
-        return false;
-    for (size_t k = 0; k < i; k++)
-        if (ieq(p->hdrs[k].name, p->hdrs[k].name_len, *s))
-            return true;
-    return false;
 }
 
 /* Semantic rules on the complete head, before http-parser sees its last LF. */
@@ -748,30 +987,47 @@ static int head_check(gw_http_parser_t *p)
             return -1;
         }
     }
+    uint64_t seen = 0; /* GW_HN_BIT of the names that may appear once, met */
+    p->conn_close = p->conn_keep = false;
     for (size_t i = 0; i < m->nheaders; i++) {
-        const gw_http_header_t *h = &p->hdrs[i];
-        if (ieq(h->name, h->name_len, "content-length")) {
+        gw_http_header_t *h = &p->hdrs[i];
+        gw_http_hn_t id = gw_http_hn(h->name, h->name_len);
+        h->id = id; /* for the proxy's drop masks */
+        if (id == GW_HN_OTHER)
+            continue;
+        if (id == GW_HN_CONTENT_LENGTH) {
             if (cl) {
                 fail(p, 400, "duplicate_content_length");
                 return -1;
             }
             cl = h;
-        } else if (ieq(h->name, h->name_len, "transfer-encoding")) {
+        } else if (id == GW_HN_TRANSFER_ENCODING) {
             if (te) {
                 fail(p, 400, "bad_transfer_encoding");
                 return -1;
             }
             te = h;
-        } else if (req && ieq(h->name, h->name_len, "host")) {
+        } else if (id == GW_HN_CONNECTION || id == GW_HN_PROXY_CONNECTION) {
+            /* for head_done(): read as http-parser reads them */
+            p->conn_close = p->conn_close || token_listed(h->value, h->value_len, "close", 5);
+            p->conn_keep = p->conn_keep || token_listed(h->value, h->value_len, "keep-alive", 10);
+        } else if (!req) {
+            continue;
+        } else if (id == GW_HN_HOST) {
             if (host) {
                 fail(p, 400, "duplicate_host");
                 return -1;
             }
             host = h;
-        } else if (req && single_dup(p, i)) {
-            fail(p, 400, "duplicate_header");
-            return -1;
-        } else if (req && ieq(h->name, h->name_len, "expect")) {
+        } else if (GW_HN_BIT(id) & GW_HN_SINGLE) {
+            /* A proxy in front that reads the last of two would see other
+             * credentials than we do, so two are refused, as for Host. */
+            if (seen & GW_HN_BIT(id)) {
+                fail(p, 400, "duplicate_header");
+                return -1;
+            }
+            seen |= GW_HN_BIT(id);
+        } else if (id == GW_HN_EXPECT) {
             if (!ieq(h->value, h->value_len, "100-continue")) {
                 fail(p, 417, "expectation_failed");
                 return -1;
@@ -885,83 +1141,46 @@ static int arena_move(gw_http_parser_t *p, size_t cap)
 }
 
 /* A head that arrives whole in one feed (nearly all of them: a client's
- * request, an upstream's answer) is scanned into the thread's scratch
- * storage, sized for any head under the default limits, and copied once
- * into blocks of its exact size when the feed returns: two mallocs per
- * head instead of the grow-and-cut reallocs below, and still nothing held
- * before a head's first byte or after reset. Only within one feed call,
- * so the connections of a thread share it. */
-#define GW_HTTP_SCRATCH_BYTES 8192
-#define GW_HTTP_SCRATCH_LINES 128
-static _Thread_local struct {
-    bool busy;
-    _Alignas(16) char arena[GW_HTTP_SCRATCH_BYTES];
-    gw_http_header_t hdrs[GW_HTTP_SCRATCH_LINES];
-} gw_http_scratch;
-
-static bool on_scratch(const gw_http_parser_t *p)
+ * request, an upstream's answer) gets one block of the size its bytes
+ * bound, taken before the scan: the header table (an entry per CR of the
+ * head at most: every header line follows a CRLF of its own) and behind it
+ * the arena (a byte per head byte at most). One malloc per head, nothing
+ * copied or moved after the scan, nothing held before a head's first byte
+ * or after reset. A head cut across feeds grows its storage instead
+ * (storage_reserve). */
+static void storage_free(gw_http_parser_t *p)
 {
-    return p->arena == gw_http_scratch.arena;
-}
-
-/* The head in d[0..n) (its end found, `len` bytes) goes to the scratch
- * storage when nothing is stored yet and it fits; false otherwise. */
-static bool scratch_take(gw_http_parser_t *p, size_t len)
-{
-    if (gw_http_scratch.busy || p->arena || p->hdrs || p->arena_len ||
-        len + 1 > GW_HTTP_SCRATCH_BYTES || p->lim.header_lines > GW_HTTP_SCRATCH_LINES)
-        return false;
-    gw_http_scratch.busy = true;
-    p->arena = gw_http_scratch.arena;
-    p->arena_cap = GW_HTTP_SCRATCH_BYTES;
-    p->hdrs = gw_http_scratch.hdrs;
-    p->hdrs_cap = p->lim.header_lines;
-    p->msg.headers = p->hdrs;
-    return true;
-}
-
-/* Gives the scratch storage back; what pointed into it is forgotten. */
-static void scratch_drop(gw_http_parser_t *p)
-{
+    if (!p->one_block)
+        free(p->arena);
+    free(p->hdrs);
     p->arena = NULL;
     p->hdrs = NULL;
     p->arena_cap = 0;
     p->hdrs_cap = 0;
+    p->one_block = false;
     p->msg.headers = NULL;
-    gw_http_scratch.busy = false;
 }
 
-/* The feed returns: the head's strings and table move from the scratch
- * storage to blocks of their size. -1 on OOM (nothing stored then). */
-static int scratch_settle(gw_http_parser_t *p)
+/* The head's block, for a head of len bytes whose end (CRLFCRLF) is found
+ * with ncr CRs from its first byte that is not a CR or LF. A header entry
+ * is made at a line start that follows a CR of its own, before the end's
+ * first CR (which ends the last line), so ncr - 2 entries are enough; the
+ * arena stores nothing of the final LF CR LF, so len bytes are. -1 on OOM.
+ * Caps as storage_reserve's: the scan checks the limits. */
+static int block_take(gw_http_parser_t *p, size_t len, size_t ncr)
 {
-    /* After a too_many_headers error nlines counts one line past the
-     * table, never written: only the written entries move. */
-    size_t nlines = p->nlines, keep = SL_MIN(nlines, p->hdrs_cap);
-    size_t nl = SL_MAX(keep, (size_t)1);
-    char *a = malloc(p->arena_len + 1);
-    gw_http_header_t *h = malloc(nl * sizeof(*h));
-    if (!a || !h) {
-        free(a);
-        free(h);
-        scratch_drop(p);
-        head_restart(p);
+    size_t full = p->lim.header_bytes + 2 * p->lim.header_lines + 2;
+    size_t acap = SL_MIN(len, full);
+    size_t lines = SL_MAX(SL_MIN(ncr - 2, p->lim.header_lines), (size_t)1);
+    gw_http_header_t *h = malloc(lines * sizeof(*h) + acap);
+    if (!h)
         return -1;
-    }
-    p->nlines = keep;
-    size_t mo, to, ho;
-    arena_offsets(p, p->arena, &mo, &to, &ho);
-    memcpy(a, p->arena, p->arena_len);
-    a[p->arena_len] = '\0';
-    memcpy(h, p->hdrs, keep * sizeof(*h));
-    gw_http_scratch.busy = false;
-    p->arena = a;
-    p->arena_cap = p->arena_len + 1;
     p->hdrs = h;
-    p->hdrs_cap = nl;
+    p->hdrs_cap = lines;
+    p->arena = (char *)(h + lines);
+    p->arena_cap = acap;
+    p->one_block = true;
     p->msg.headers = h;
-    arena_rebase(p, mo, to, ho);
-    p->nlines = nlines;
     return 0;
 }
 
@@ -977,15 +1196,39 @@ static int storage_reserve(gw_http_parser_t *p, size_t n, size_t lines);
  * memchr per line finds it: glibc's memmem takes ~3-5 instructions per
  * byte for a 4-byte needle (callgrind: ~1,000 per head), memchr a few per
  * 32 bytes. */
-static const char *head_end_find(const char *d, size_t n)
+static const char *head_end_find(const char *d, size_t n, size_t *ncr)
 {
     const char *end = d + n;
+    size_t k = 0;
+#ifdef GW_HTTP_SSE2
+    /* The same, 16 bytes a step: the CRs of a block by one compare, each
+     * checked for the CRLFCRLF there; memchr's call and set-up per CR cost
+     * more than the search in a head of ~15-byte lines. */
+    if (gw_http_vector) {
+        const __m128i cr = _mm_set1_epi8('\r');
+        for (; end - d >= 19; d += 16) { /* a CR at d[15] has its 3 bytes after */
+            __m128i b = _mm_loadu_si128((const __m128i *)(const void *)d);
+            unsigned m = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(b, cr));
+            for (; m; m &= m - 1) {
+                const char *c = d + __builtin_ctz(m);
+                k++;
+                if (c[1] == '\n' && c[2] == '\r' && c[3] == '\n') {
+                    *ncr = k + 1;
+                    return c;
+                }
+            }
+        }
+    }
+#endif
     while (end - d >= 4) {
         const char *c = memchr(d, '\r', (size_t)(end - d) - 3);
         if (!c)
             return NULL;
-        if (c[1] == '\n' && c[2] == '\r' && c[3] == '\n')
+        k++;
+        if (c[1] == '\n' && c[2] == '\r' && c[3] == '\n') {
+            *ncr = k + 1; /* the empty line's CR too */
             return c;
+        }
         d = c + 1;
     }
     return NULL;
@@ -999,11 +1242,12 @@ static int head_reserve(gw_http_parser_t *p, const char *d, size_t n)
     size_t lead = 0;
     while (lead < n && (d[lead] == '\r' || d[lead] == '\n'))
         lead++;
-    const char *e = head_end_find(d + lead, n - lead);
+    size_t ncr = 0;
+    const char *e = head_end_find(d + lead, n - lead, &ncr);
     if (e)
         n = (size_t)(e - d) + 4;
-    if (on_scratch(p) || (e && scratch_take(p, n)))
-        return 0;
+    if (e && !p->arena && !p->hdrs && !p->arena_len)
+        return block_take(p, n, ncr);
     return storage_reserve(p, n, p->nlines + n / 3 + 2);
 }
 
@@ -1012,6 +1256,8 @@ static int head_reserve(gw_http_parser_t *p, const char *d, size_t n)
  * callers'); grown at least twofold. -1 on OOM. */
 static int storage_reserve(gw_http_parser_t *p, size_t n, size_t lines)
 {
+    if (p->one_block) /* never: a block is a whole head's, freed before the next */
+        return -1;
     size_t full = p->lim.header_bytes + 2 * p->lim.header_lines + 2;
     size_t need = SL_MIN(p->arena_len + n + 1, full);
     if (need > p->arena_cap) {
@@ -1036,8 +1282,8 @@ static int storage_reserve(gw_http_parser_t *p, size_t n, size_t lines)
 /* The head is complete: give back what it did not use. */
 static void head_shrink(gw_http_parser_t *p)
 {
-    if (on_scratch(p))
-        return; /* scratch_settle() gives it its size */
+    if (p->one_block)
+        return; /* sized by the head's bytes already (block_take) */
     if (p->arena_len + 1 < p->arena_cap)
         (void)arena_move(p, p->arena_len + 1); /* on OOM the bigger block stays */
     size_t n = SL_MAX(p->nlines, (size_t)1);
@@ -1050,8 +1296,6 @@ static void head_shrink(gw_http_parser_t *p)
     }
     p->msg.headers = p->hdrs;
 }
-
-static bool token_listed(const char *v, size_t vn, const char *name, size_t name_len);
 
 /* The version and status of a head head_scan() found whole, where
  * head_check() looks for them. */
@@ -1073,14 +1317,8 @@ static void head_done(gw_http_parser_t *p)
     m->http_major = p->hp.http_major;
     m->http_minor = p->hp.http_minor;
     m->status = req ? 0 : (int)p->hp.status_code;
-    for (size_t i = 0; i < m->nheaders; i++) {
-        const gw_http_header_t *h = &m->headers[i];
-        if (ieq(h->name, h->name_len, "connection") ||
-            ieq(h->name, h->name_len, "proxy-connection")) {
-            close = close || token_listed(h->value, h->value_len, "close", 5);
-            keep = keep || token_listed(h->value, h->value_len, "keep-alive", 10);
-        }
-    }
+    close = p->conn_close; /* head_check() read Connection, Proxy-Connection */
+    keep = p->conn_keep;
     bool conn_ok = m->http_minor >= 1 ? !close : keep;
     if (!req) {
         int st = m->status;
@@ -1146,8 +1384,8 @@ static gw_http_state_t feed_heads(gw_http_parser_t *p, const char *d, size_t n, 
                 *used = off;
                 return GW_HTTP_ERROR;
             }
-            if (on_scratch(p))
-                scratch_drop(p); /* the interim's strings are not kept */
+            if (p->one_block)
+                storage_free(p); /* the interim's strings are not kept */
             head_restart(p);
             continue;
         }
@@ -1163,12 +1401,7 @@ static gw_http_state_t feed_heads(gw_http_parser_t *p, const char *d, size_t n, 
 
 static gw_http_state_t feed_head(gw_http_parser_t *p, const char *d, size_t n, size_t *used)
 {
-    gw_http_state_t st = feed_heads(p, d, n, used);
-    if (on_scratch(p) && scratch_settle(p) != 0) {
-        fail(p, 503, "out_of_memory");
-        return p->state = GW_HTTP_ERROR;
-    }
-    return st;
+    return feed_heads(p, d, n, used);
 }
 
 /* ---- chunked framing ---- */
@@ -1360,10 +1593,7 @@ void gw_http_parser_free(gw_http_parser_t *p)
 {
     if (!p)
         return;
-    if (on_scratch(p))
-        scratch_drop(p);
-    free(p->arena);
-    free(p->hdrs);
+    storage_free(p);
     free(p);
 }
 
@@ -1389,14 +1619,7 @@ void gw_http_parser_reset(gw_http_parser_t *p)
     p->body_bytes = 0;
     p->cb = NULL;
     p->cb_arg = NULL;
-    if (on_scratch(p)) /* not between feeds; only if a feed was cut short */
-        scratch_drop(p);
-    free(p->arena); /* the next head grows its own (head_reserve) */
-    free(p->hdrs);
-    p->arena = NULL;
-    p->hdrs = NULL;
-    p->arena_cap = 0;
-    p->hdrs_cap = 0;
+    storage_free(p); /* the next head takes its own (head_reserve) */
     head_restart(p);
 }
 
@@ -1676,9 +1899,20 @@ const char *gw_http_error_reason(const gw_http_parser_t *p)
     return p->err_reason ? p->err_reason : "";
 }
 
+const gw_http_header_t *gw_http_header_get(const gw_http_msg_t *m, gw_http_hn_t id)
+{
+    for (size_t i = 0; i < m->nheaders; i++)
+        if (m->headers[i].id == id)
+            return &m->headers[i];
+    return NULL;
+}
+
 const gw_http_header_t *gw_http_header_find(const gw_http_msg_t *m, const char *name)
 {
     size_t n = strlen(name);
+    gw_http_hn_t id = gw_http_hn(name, n);
+    if (id != GW_HN_OTHER) /* a name of the enum: the ids head_check() set */
+        return gw_http_header_get(m, id);
     for (size_t i = 0; i < m->nheaders; i++)
         if (m->headers[i].name_len == n && strcasecmp(m->headers[i].name, name) == 0)
             return &m->headers[i];
@@ -1703,19 +1937,34 @@ static bool token_listed(const char *v, size_t vn, const char *name, size_t name
 
 bool gw_http_header_is_hop(const gw_http_msg_t *m, const char *name, size_t name_len)
 {
-    static const char *const hop[] = {
-        "connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade",
-    };
-    for (size_t i = 0; i < SL_ARRAY_LEN(hop); i++)
-        if (name_len == strlen(hop[i]) && strncasecmp(name, hop[i], name_len) == 0)
+    /* Connection, Keep-Alive, TE, Trailer, Transfer-Encoding, Upgrade */
+    switch (name_len) {
+    case 2:
+        if (NAME_IS(name, "te"))
             return true;
-    if (name_len >= sizeof("proxy-") - 1 && strncasecmp(name, "proxy-", sizeof("proxy-") - 1) == 0)
+        break;
+    case 7:
+        if (NAME_IS(name, "trailer") || NAME_IS(name, "upgrade"))
+            return true;
+        break;
+    case 10:
+        if (NAME_IS(name, "connection") || NAME_IS(name, "keep-alive"))
+            return true;
+        break;
+    case 17:
+        if (NAME_IS(name, "transfer-encoding"))
+            return true;
+        break;
+    default:
+        break;
+    }
+    if (name_len >= sizeof("proxy-") - 1 && NAME_IS(name, "proxy-"))
         return true;
     if (!m)
         return false;
     for (size_t i = 0; i < m->nheaders; i++) {
         const gw_http_header_t *h = &m->headers[i];
-        if (h->name_len == 10 && strcasecmp(h->name, "connection") == 0 &&
+        if (h->name_len == 10 && NAME_IS(h->name, "connection") &&
             token_listed(h->value, h->value_len, name, name_len))
             return true;
     }

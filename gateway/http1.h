@@ -46,6 +46,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "common/sl.h"
 
@@ -66,11 +67,59 @@ typedef struct gw_http_limits {
     size_t max_body_bytes; /* 0 = unlimited (responses stream through) */
 } gw_http_limits_t;
 
+/* The header names the head's rules look at, that the proxy drops or
+ * rewrites: found once per header when the head is checked (the id of
+ * gw_http_header_t), so a list of them is a mask of GW_HN_BIT()s. */
+typedef enum gw_http_hn {
+    GW_HN_OTHER = 0,
+    GW_HN_TE,
+    GW_HN_HOST,
+    GW_HN_DATE,
+    GW_HN_EXPECT,
+    GW_HN_SERVER,
+    GW_HN_TRAILER,
+    GW_HN_UPGRADE,
+    GW_HN_FORWARDED,
+    GW_HN_X_REAL_IP,
+    GW_HN_CONNECTION,
+    GW_HN_KEEP_ALIVE,
+    GW_HN_TRACEPARENT,
+    GW_HN_CONTENT_TYPE,
+    GW_HN_X_REQUEST_ID,
+    GW_HN_AUTHORIZATION,
+    GW_HN_CACHE_CONTROL,
+    GW_HN_CONTENT_LENGTH,
+    GW_HN_X_SLUICE_NONCE,
+    GW_HN_ACCEPT_ENCODING,
+    GW_HN_X_FORWARDED_FOR,
+    GW_HN_IDEMPOTENCY_KEY,
+    GW_HN_PROXY_CONNECTION,
+    GW_HN_X_FORWARDED_HOST,
+    GW_HN_TRANSFER_ENCODING,
+    GW_HN_X_FORWARDED_PROTO,
+    GW_HN_X_ACCEL_BUFFERING,
+    GW_HN_PROXY_AUTHENTICATE,
+    GW_HN_X_SLUICE_SIGNATURE,
+    GW_HN_X_SLUICE_TIMESTAMP,
+    GW_HN_PROXY_AUTHORIZATION,
+    GW_HN_RETRY_AFTER,
+    GW_HN_ACCEPT_LANGUAGE,
+    GW_HN_CONTENT_ENCODING,
+} gw_http_hn_t;
+#define GW_HN_BIT(id) ((uint64_t)1 << (id))
+/* Request headers that may appear once (400 duplicate_header): credentials
+ * and the ids that key replay and idempotency. */
+#define GW_HN_SINGLE                                                                               \
+    (GW_HN_BIT(GW_HN_AUTHORIZATION) | GW_HN_BIT(GW_HN_X_SLUICE_SIGNATURE) |                        \
+     GW_HN_BIT(GW_HN_X_SLUICE_NONCE) | GW_HN_BIT(GW_HN_X_SLUICE_TIMESTAMP) |                       \
+     GW_HN_BIT(GW_HN_IDEMPOTENCY_KEY) | GW_HN_BIT(GW_HN_X_REQUEST_ID))
+
 typedef struct gw_http_header {
     const char *name;  /* NUL-terminated, as sent (case kept) */
     const char *value; /* NUL-terminated, leading/trailing OWS stripped */
     size_t name_len;
     size_t value_len;
+    gw_http_hn_t id; /* set when the head is checked; GW_HN_OTHER in a header of ours */
 } gw_http_header_t;
 
 /* The parsed head. Strings point into the parser's own storage and stay
@@ -111,8 +160,9 @@ gw_http_parser_t *gw_http_parser_new(gw_http_kind_t kind, const gw_http_limits_t
 void gw_http_parser_free(gw_http_parser_t *p);
 /* Ready for the next message on the same connection (keep-alive). */
 void gw_http_parser_reset(gw_http_parser_t *p);
-/* Bytes of head storage p holds now: grown with a head's bytes, cut to
- * what the head used once it is complete, none after reset. */
+/* Bytes of head storage p holds now: a head that arrived whole holds a
+ * block sized by its bytes; one fed in pieces grows with them and is cut to
+ * what it used once complete; none after reset. */
 size_t gw_http_parser_held(const gw_http_parser_t *p);
 /* Responses: the request was HEAD (no body follows, whatever the headers say).
  * Call it after _new/_reset, before feeding; reset clears it. */
@@ -186,6 +236,45 @@ gw_http_state_t gw_http_load_fail(gw_http_parser_t *p, int status, const char *r
 gw_http_state_t gw_http_load_body(gw_http_parser_t *p, const char *data, size_t n, bool end,
                                   gw_http_body_cb body_cb, void *arg) SL_WUR;
 
+/* ASCII case-insensitive: name[0, n) equals lower[0, n) (no locale, unlike
+ * strncasecmp). lower holds lower-case letters and bytes below 0x40 only
+ * ('-', digits): a letter there has 0x40 set, so (lower & 0x40) >> 1 is
+ * the 0x20 that name's byte may lack, exactly where lower has a letter, and
+ * 8 bytes compare in one step. */
+static inline bool gw_http_name_eq(const char *name, const char *lower, size_t n)
+{
+    const uint64_t b40 = 0x4040404040404040ull;
+    uint64_t a, l;
+    if (n >= 8) {
+        size_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            memcpy(&a, name + i, 8);
+            memcpy(&l, lower + i, 8);
+            if ((a | (l & b40) >> 1) != l)
+                return false;
+        }
+        if (i == n)
+            return true;
+        memcpy(&a, name + n - 8, 8); /* the last 8, overlapping */
+        memcpy(&l, lower + n - 8, 8);
+        return (a | (l & b40) >> 1) == l;
+    }
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)name[i], lc = (unsigned char)lower[i];
+        if ((c | (lc & 0x40) >> 1) != lc)
+            return false;
+    }
+    return true;
+}
+
+/* The id of name[0, len): GW_HN_OTHER for a name not in the enum. */
+gw_http_hn_t gw_http_hn(const char *name, size_t len);
+
+/* The first header with this id (a name of gw_http_hn_t), or NULL: what
+ * gw_http_header_find gives for the name, without the name's strlen and
+ * classification. */
+const gw_http_header_t *gw_http_header_get(const gw_http_msg_t *m, gw_http_hn_t id);
+
 /* Case-insensitive header lookup; the first match or NULL. */
 const gw_http_header_t *gw_http_header_find(const gw_http_msg_t *m, const char *name);
 
@@ -193,6 +282,11 @@ const gw_http_header_t *gw_http_header_find(const gw_http_msg_t *m, const char *
  * Keep-Alive, Proxy-*, TE, Trailer, Transfer-Encoding, Upgrade) and for any
  * header named in the message's Connection header. */
 bool gw_http_header_is_hop(const gw_http_msg_t *m, const char *name, size_t name_len);
+
+/* Tests only: the head scan's vector paths (whole lines in one step,
+ * 16-byte runs) on (the default) or off (the byte loop alone), for
+ * test_http1_vector.c to compare the two. Process-wide. */
+void gw_http_vector_set(bool on);
 
 /* Reason phrase for a status code ("Not Found"); "Unknown" when none. */
 const char *gw_http_status_text(int status);

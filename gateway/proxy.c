@@ -52,60 +52,28 @@ static void gw_proxy_fail(gw_req_t *r, gw_upfail_t kind);
 
 /* ---- helpers ------------------------------------------------------------- */
 
-static bool gw_name_in(const char *name, size_t len, const char *const *list)
-{
-    for (; *list; list++)
-        if (strlen(*list) == len && strncasecmp(name, *list, len) == 0)
-            return true;
-    return false;
-}
-
 /* Client headers we never forward: framing and hop-by-hop (rewritten by
  * us), credentials meant for sluice, and what we set ourselves. */
-static const char *const gw_req_drop[] = {
-    "host",
-    "content-length",
-    "transfer-encoding",
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "upgrade",
-    "expect",
-    "authorization",
-    "accept-encoding",
-    "content-type",
-    "x-forwarded-for",
-    "x-forwarded-proto",
-    "x-forwarded-host",
-    "forwarded",
-    "traceparent", /* ours goes instead: the client's trace, sluice's span */
-    "x-real-ip",
-    "x-request-id",
-    NULL,
-};
+#define GW_REQ_DROP                                                                                \
+    (GW_HN_BIT(GW_HN_HOST) | GW_HN_BIT(GW_HN_CONTENT_LENGTH) |                                     \
+     GW_HN_BIT(GW_HN_TRANSFER_ENCODING) | GW_HN_BIT(GW_HN_CONNECTION) |                            \
+     GW_HN_BIT(GW_HN_KEEP_ALIVE) | GW_HN_BIT(GW_HN_PROXY_CONNECTION) |                             \
+     GW_HN_BIT(GW_HN_PROXY_AUTHORIZATION) | GW_HN_BIT(GW_HN_TE) | GW_HN_BIT(GW_HN_TRAILER) |       \
+     GW_HN_BIT(GW_HN_UPGRADE) | GW_HN_BIT(GW_HN_EXPECT) | GW_HN_BIT(GW_HN_AUTHORIZATION) |         \
+     GW_HN_BIT(GW_HN_ACCEPT_ENCODING) | GW_HN_BIT(GW_HN_CONTENT_TYPE) |                            \
+     GW_HN_BIT(GW_HN_X_FORWARDED_FOR) | GW_HN_BIT(GW_HN_X_FORWARDED_PROTO) |                       \
+     GW_HN_BIT(GW_HN_X_FORWARDED_HOST) | GW_HN_BIT(GW_HN_FORWARDED) |                              \
+     GW_HN_BIT(GW_HN_TRACEPARENT) | GW_HN_BIT(GW_HN_X_REAL_IP) | GW_HN_BIT(GW_HN_X_REQUEST_ID))
+/* (traceparent: ours goes instead, the client's trace with sluice's span) */
 
 /* Upstream headers we never pass back: framing, and what we set. */
-static const char *const gw_resp_drop[] = {
-    "content-length",
-    "transfer-encoding",
-    "connection",
-    "keep-alive",
-    "te",
-    "trailer",
-    "upgrade",
-    "proxy-authenticate",
-    "proxy-connection",
-    "content-type",
-    "x-request-id",
-    "server",
-    "date",
-    "cache-control",
-    "x-accel-buffering",
-    NULL,
-};
+#define GW_RESP_DROP                                                                               \
+    (GW_HN_BIT(GW_HN_CONTENT_LENGTH) | GW_HN_BIT(GW_HN_TRANSFER_ENCODING) |                        \
+     GW_HN_BIT(GW_HN_CONNECTION) | GW_HN_BIT(GW_HN_KEEP_ALIVE) | GW_HN_BIT(GW_HN_TE) |             \
+     GW_HN_BIT(GW_HN_TRAILER) | GW_HN_BIT(GW_HN_UPGRADE) | GW_HN_BIT(GW_HN_PROXY_AUTHENTICATE) |   \
+     GW_HN_BIT(GW_HN_PROXY_CONNECTION) | GW_HN_BIT(GW_HN_CONTENT_TYPE) |                           \
+     GW_HN_BIT(GW_HN_X_REQUEST_ID) | GW_HN_BIT(GW_HN_SERVER) | GW_HN_BIT(GW_HN_DATE) |             \
+     GW_HN_BIT(GW_HN_CACHE_CONTROL) | GW_HN_BIT(GW_HN_X_ACCEL_BUFFERING))
 
 static void gw_proxy_arm_at(gw_req_t *r, int64_t deadline_ms, int64_t now)
 {
@@ -240,7 +208,7 @@ static void gw_proxy_write_request(gw_req_t *r, gw_upconn_t *u)
     gw_sb_lit(&b, " HTTP/1.1\r\nHost: ");
     gw_sb_str(&b, r->att.server->host_header);
     const gw_http_header_t *cct =
-        r->route == GW_ROUTE_PASSTHROUGH ? gw_http_header_find(m, "Content-Type") : NULL;
+        r->route == GW_ROUTE_PASSTHROUGH ? gw_http_header_get(m, GW_HN_CONTENT_TYPE) : NULL;
     if (cct) { /* a passthrough body is the client's: multipart, audio, JSON */
         gw_sb_lit(&b, "\r\nContent-Type: ");
         gw_sb_add(&b, cct->value, cct->value_len);
@@ -265,8 +233,8 @@ static void gw_proxy_write_request(gw_req_t *r, gw_upconn_t *u)
         gw_sb_add(&b, r->att.pool->auth_header, r->att.pool->auth_header_len);
     for (size_t i = 0; i < m->nheaders; i++) {
         const gw_http_header_t *h = &m->headers[i];
-        if (gw_name_in(h->name, h->name_len, gw_req_drop) ||
-            GW_PREFIX_CI(h->name, h->name_len, "x-sluice-") ||
+        if ((GW_HN_BIT(h->id) & GW_REQ_DROP) ||
+            (h->name_len >= 9 && gw_http_name_eq(h->name, "x-sluice-", 9)) ||
             gw_http_header_is_hop(m, h->name, h->name_len))
             continue;
         gw_sb_header(&b, h->name, h->name_len, h->value, h->value_len);
@@ -424,7 +392,7 @@ static void gw_proxy_write_head(gw_req_t *r, const gw_http_msg_t *m, int64_t len
     /* m NULL: an answer made in-process (the engine's stream), 200 SSE. */
     static const gw_http_header_t sse_ct = {
         .name = "Content-Type", .value = "text/event-stream", .name_len = 12, .value_len = 17};
-    const gw_http_header_t *ct = m ? gw_http_header_find(m, "Content-Type") : &sse_ct;
+    const gw_http_header_t *ct = m ? gw_http_header_get(m, GW_HN_CONTENT_TYPE) : &sse_ct;
     int status = m ? m->status : 200;
     struct evbuffer *out = gw_out_head_begin(r, status);
     char stack[4096];
@@ -450,8 +418,7 @@ static void gw_proxy_write_head(gw_req_t *r, const gw_http_msg_t *m, int64_t len
         gw_sb_lit(&b, "Content-Encoding: gzip\r\nVary: Accept-Encoding\r\n");
     for (size_t i = 0; m && i < m->nheaders; i++) {
         const gw_http_header_t *h = &m->headers[i];
-        if (gw_name_in(h->name, h->name_len, gw_resp_drop) ||
-            gw_http_header_is_hop(m, h->name, h->name_len))
+        if ((GW_HN_BIT(h->id) & GW_RESP_DROP) || gw_http_header_is_hop(m, h->name, h->name_len))
             continue;
         gw_sb_header(&b, h->name, h->name_len, h->value, h->value_len);
     }
@@ -474,7 +441,7 @@ static bool gw_proxy_on_head(gw_req_t *r)
     r->att.upstatus = m->status;
     r->status = m->status;
     if (m->status >= 500) {
-        const gw_http_header_t *ra = gw_http_header_find(m, "Retry-After");
+        const gw_http_header_t *ra = gw_http_header_get(m, GW_HN_RETRY_AFTER);
         snprintf(r->retry_after, sizeof(r->retry_after), "%s", ra ? ra->value : "");
         gw_metrics_upstream_error(r->att.pool, gw_upfails[GW_UPFAIL_STATUS_5XX].label);
         gw_upstream_log(r->att.server, "status_5xx", "answered HTTP %d", m->status);
@@ -491,7 +458,7 @@ static bool gw_proxy_on_head(gw_req_t *r)
         }
         r->retry_after[0] = '\0';
     }
-    const gw_http_header_t *ct = gw_http_header_find(m, "Content-Type");
+    const gw_http_header_t *ct = gw_http_header_get(m, GW_HN_CONTENT_TYPE);
     r->att.resp_sse = gw_ct_is_sse(ct);
     bool nobody = m->status == 204 || m->status == 304;
     r->body_hooks = !r->att.resp_sse && !nobody && m->status >= 200 && m->status < 300 &&
@@ -741,8 +708,8 @@ static int gw_proxy_flush_buffered(gw_req_t *r)
      * answer: its length goes in the head. An upstream that encoded its
      * answer itself, or an answer that is not JSON, is relayed as it is. */
     bool gz_fit = m->status >= 200 && m->status < 300 &&
-                  !gw_http_header_find(m, "Content-Encoding") &&
-                  gw_ct_is_json(gw_http_header_find(m, "Content-Type"));
+                  !gw_http_header_get(m, GW_HN_CONTENT_ENCODING) &&
+                  gw_ct_is_json(gw_http_header_get(m, GW_HN_CONTENT_TYPE));
     const void *final = edited ? (const void *)edited : evbuffer_pullup(r->resp_body, -1);
     size_t flen = edited ? elen : len;
     size_t gzlen = 0;

@@ -51,7 +51,7 @@ bool gw_respond_gzip_ok(gw_req_t *r, size_t len)
     if (!r->rt || !r->rt->conf->gzip.enabled || len < (size_t)r->rt->conf->gzip.min_bytes)
         return false;
     const gw_http_msg_t *m = gw_http_msg(r->c->parser);
-    const gw_http_header_t *ae = m ? gw_http_header_find(m, "Accept-Encoding") : NULL;
+    const gw_http_header_t *ae = m ? gw_http_header_get(m, GW_HN_ACCEPT_ENCODING) : NULL;
     return ae && gw_gzip_accepted(ae->value, ae->value_len);
 }
 

@@ -222,7 +222,7 @@ static bool gw_route_passthrough(const conf_t *c, const char *p, size_t n)
  * trace id. */
 static void gw_route_trace(gw_req_t *r, const gw_http_msg_t *m)
 {
-    const gw_http_header_t *h = gw_http_header_find(m, "traceparent");
+    const gw_http_header_t *h = gw_http_header_get(m, GW_HN_TRACEPARENT);
     uint8_t flags = 0;
     uint64_t rnd[3];
     gw_trace_random(rnd, 3);

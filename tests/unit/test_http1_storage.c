@@ -145,7 +145,8 @@ static void feed_whole(gw_http_parser_t *p, const char *in)
     assert_int_equal(gw_http_feed(p, in + used, 0, &more, NULL, NULL), GW_HTTP_DONE);
 }
 
-/* Heads that arrive whole go through the thread's scratch storage: a
+/* Heads that arrive whole get one block each (they went through a
+ * per-thread scratch storage before): a
  * second parser's head scanned after the first's must not touch the
  * first's strings, each keeps only its own size, and an interim 1xx in the
  * same bytes as the final head leaves the final head's strings. */
