@@ -77,18 +77,31 @@ int sl_ct_equal(const void *a, size_t alen, const void *b, size_t blen)
 
 size_t sl_i64toa(int64_t v, char *out)
 {
+    /* two digits a step from a table, written backwards into d: a header's
+     * seven-digit limit took seven divide-by-ten steps and a reversal */
+    static const char pairs[201] = "00010203040506070809101112131415161718192021222324"
+                                   "25262728293031323334353637383940414243444546474849"
+                                   "50515253545556575859606162636465666768697071727374"
+                                   "75767778798081828384858687888990919293949596979899";
     char d[24];
-    size_t n = 0;
+    char *p = d + sizeof d;
     uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
-    do {
-        d[n++] = (char)('0' + u % 10);
-        u /= 10;
-    } while (u);
-    size_t len = 0;
+    while (u >= 100) {
+        unsigned k = (unsigned)(u % 100) * 2;
+        u /= 100;
+        *--p = pairs[k + 1];
+        *--p = pairs[k];
+    }
+    if (u >= 10) {
+        *--p = pairs[u * 2 + 1];
+        *--p = pairs[u * 2];
+    } else {
+        *--p = (char)('0' + u);
+    }
     if (v < 0)
-        out[len++] = '-';
-    while (n)
-        out[len++] = d[--n];
+        *--p = '-';
+    size_t len = (size_t)(d + sizeof d - p);
+    memcpy(out, p, len);
     out[len] = '\0';
     return len;
 }
