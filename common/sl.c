@@ -77,19 +77,54 @@ int sl_ct_equal(const void *a, size_t alen, const void *b, size_t blen)
 
 size_t sl_i64toa(int64_t v, char *out)
 {
-    char d[24];
-    size_t n = 0;
+    /* the length first (compares, no division), then two digits a step
+     * from a table straight into out, backwards: a header's seven-digit
+     * limit took seven divide-by-ten steps and a reversal */
+    static const char pairs[201] = "00010203040506070809101112131415161718192021222324"
+                                   "25262728293031323334353637383940414243444546474849"
+                                   "50515253545556575859606162636465666768697071727374"
+                                   "75767778798081828384858687888990919293949596979899";
+    static const uint64_t pow10[20] = {1ull,
+                                       10ull,
+                                       100ull,
+                                       1000ull,
+                                       10000ull,
+                                       100000ull,
+                                       1000000ull,
+                                       10000000ull,
+                                       100000000ull,
+                                       1000000000ull,
+                                       10000000000ull,
+                                       100000000000ull,
+                                       1000000000000ull,
+                                       10000000000000ull,
+                                       100000000000000ull,
+                                       1000000000000000ull,
+                                       10000000000000000ull,
+                                       100000000000000000ull,
+                                       1000000000000000000ull,
+                                       10000000000000000000ull};
     uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
-    do {
-        d[n++] = (char)('0' + u % 10);
-        u /= 10;
-    } while (u);
-    size_t len = 0;
+    size_t len = 1;
+    while (len < 20 && u >= pow10[len])
+        len++;
+    len += v < 0;
+    char *p = out + len;
+    *p = '\0';
+    while (u >= 100) {
+        unsigned k = (unsigned)(u % 100) * 2;
+        u /= 100;
+        *--p = pairs[k + 1];
+        *--p = pairs[k];
+    }
+    if (u >= 10) {
+        *--p = pairs[u * 2 + 1];
+        *--p = pairs[u * 2];
+    } else {
+        *--p = (char)('0' + u);
+    }
     if (v < 0)
-        out[len++] = '-';
-    while (n)
-        out[len++] = d[--n];
-    out[len] = '\0';
+        *--p = '-';
     return len;
 }
 

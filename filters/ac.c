@@ -17,6 +17,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define AC_SKIP_X86 1
+#endif
+
 #include "filters/flt_internal.h"
 
 struct flt_ac {
@@ -34,6 +39,11 @@ struct flt_ac {
                         links folded in, ASCII case too) of the shallowest
                         nodes, with the AC_D_* flags in the high bits */
     size_t ndense;
+    /* The skip's tables (ac_skip): per low and high nibble of a first byte
+     * and of a second byte, the buckets (bits) of the word beginnings it
+     * may belong to; each 16-byte table twice, one per AVX2 lane. */
+    unsigned char skip[4][32];
+    bool skip_avx2; /* the CPU has AVX2: the skip runs (else every byte steps) */
 };
 
 /* Flags of a dense entry, so that a scan for "any word, any non-ASCII?"
@@ -102,6 +112,109 @@ uint32_t flt_ac_step(const flt_ac_t *ac, uint32_t s, unsigned char c)
     return ac_step(ac, s, c);
 }
 
+/* The skip: from the root, text in which no word can begin needs no step.
+ * A word of two or more bytes begins where the byte pair is the first two
+ * (folded) bytes of some word; a one-byte word's byte is such a pair with
+ * any second byte. With no such pair starting in [i, j) and the state the
+ * root at i, the state at j is the root or a depth-1 node whose pair with
+ * s[j] is no word's beginning: stepping s[j] from the root gives the same
+ * state, and no word ended in between. So the automaton only runs from the
+ * positions this finds, and over the last byte (it has no pair).
+ *
+ * The pair test is Teddy's (Hyperscan): each first byte's bucket is its low
+ * nibble mod 8, and a byte pair may begin a word of bucket b when bit b is
+ * set in all four nibble tables: a superset of the real pairs (the step
+ * that follows is the exact test), 32 positions per AVX2 round. */
+#define AC_SKIP_NONE SIZE_MAX /* a byte >= 0x80: the run is not clean */
+
+static void ac_skip_build(flt_ac_t *ac)
+{
+    memset(ac->skip, 0, sizeof ac->skip);
+    for (uint32_t v = ac->first[0]; v < ac->first[1]; v++) {
+        unsigned char a = ac->label[v];
+        if (a >= 0x80)
+            continue; /* a byte >= 0x80 ends every clean run anyway */
+        unsigned char bit = (unsigned char)(1u << (a & 7));
+        for (unsigned c1 = 0; c1 < 0x80; c1++) {
+            if (flt_lower[c1] != a)
+                continue;
+            for (unsigned lane = 0; lane < 32; lane += 16) {
+                ac->skip[0][lane + (c1 & 15)] |= bit;
+                ac->skip[1][lane + (c1 >> 4)] |= bit;
+            }
+        }
+        bool any = ac->out_rule[v] >= 0; /* a one-byte word: any second byte */
+        for (unsigned c2 = 0; c2 < 256; c2++) {
+            bool hit = any;
+            for (uint32_t w = ac->first[v]; !hit && w < ac->first[v + 1]; w++)
+                hit = ac->label[w] == flt_lower[c2];
+            if (!hit)
+                continue;
+            for (unsigned lane = 0; lane < 32; lane += 16) {
+                ac->skip[2][lane + (c2 & 15)] |= bit;
+                ac->skip[3][lane + (c2 >> 4)] |= bit;
+            }
+        }
+    }
+#ifdef AC_SKIP_X86
+    __builtin_cpu_init();
+    ac->skip_avx2 = __builtin_cpu_supports("avx2");
+#endif
+}
+
+#ifdef AC_SKIP_X86
+/* The first position in [i, n-1) where a word may begin, else n-1 (the
+ * last byte, which has no pair); AC_SKIP_NONE at a byte >= 0x80 (in the
+ * text, not necessarily before the position). i < n. */
+__attribute__((target("avx2"))) static size_t
+ac_skip_avx2(const flt_ac_t *ac, const unsigned char *s, size_t i, size_t n)
+{
+    const __m256i t1l = _mm256_loadu_si256((const __m256i *)ac->skip[0]);
+    const __m256i t1h = _mm256_loadu_si256((const __m256i *)ac->skip[1]);
+    const __m256i t2l = _mm256_loadu_si256((const __m256i *)ac->skip[2]);
+    const __m256i t2h = _mm256_loadu_si256((const __m256i *)ac->skip[3]);
+    const __m256i nib = _mm256_set1_epi8(0x0f), zero = _mm256_setzero_si256();
+    unsigned char pad[64];
+    while (i + 1 < n) {
+        size_t left = n - 1 - i; /* positions with a pair */
+        const unsigned char *p = s + i;
+        if (left < 32) { /* the text's end: a copy, zeros past it */
+            memset(pad, 0, sizeof pad);
+            memcpy(pad, p, left + 1);
+            p = pad;
+        }
+        __m256i a = _mm256_loadu_si256((const __m256i *)p);
+        __m256i b = _mm256_loadu_si256((const __m256i *)(p + 1));
+        if (_mm256_movemask_epi8(_mm256_or_si256(a, b)))
+            return AC_SKIP_NONE;
+        __m256i m = _mm256_and_si256(
+            _mm256_shuffle_epi8(t1l, _mm256_and_si256(a, nib)),
+            _mm256_shuffle_epi8(t1h, _mm256_and_si256(_mm256_srli_epi16(a, 4), nib)));
+        m = _mm256_and_si256(m, _mm256_shuffle_epi8(t2l, _mm256_and_si256(b, nib)));
+        m = _mm256_and_si256(
+            m, _mm256_shuffle_epi8(t2h, _mm256_and_si256(_mm256_srli_epi16(b, 4), nib)));
+        uint32_t c = ~(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(m, zero));
+        if (left < 32)
+            c &= (1u << left) - 1;
+        if (c)
+            return i + (size_t)__builtin_ctz(c);
+        i += 32;
+    }
+    return n - 1;
+}
+#endif
+
+/* ac_skip_avx2's answer, or i (no skip) on a CPU without AVX2. */
+static inline size_t ac_skip(const flt_ac_t *ac, const unsigned char *s, size_t i, size_t n)
+{
+#ifdef AC_SKIP_X86
+    if (ac->skip_avx2)
+        return ac_skip_avx2(ac, s, i, n);
+#endif
+    (void)ac, (void)s, (void)n;
+    return i;
+}
+
 bool flt_ac_ascii_run(const flt_ac_t *ac, uint32_t *state, const unsigned char *s, size_t n)
 {
     /* one loop with the step inlined: this runs over every prompt and
@@ -111,19 +224,29 @@ bool flt_ac_ascii_run(const flt_ac_t *ac, uint32_t *state, const unsigned char *
      * that ac_step leaves them alone, and reloads them every byte */
     const uint32_t *dense = ac->dense;
     const uint32_t ndense = ac->ndense;
-    for (size_t i = 0; i < n; i++) {
-        if (st < ndense) {
-            uint32_t x = dense[(size_t)st << 8 | s[i]];
-            if (x & (AC_D_OUT | AC_D_HIGH))
+    size_t i = 0;
+    while (i < n) {
+        if (st == FLT_AC_ROOT) {
+            i = ac_skip(ac, s, i, n);
+            if (i == AC_SKIP_NONE)
                 return false;
-            st = x;
-            continue;
         }
-        if (s[i] >= 0x80)
-            return false;
-        st = ac_step(ac, st, s[i]);
-        if (ac->out_rule[st] >= 0 || ac->out_link[st] >= 0)
-            return false;
+        /* one step at least (a candidate, or the last byte), then on until
+         * the state is the root again */
+        do {
+            if (st < ndense) {
+                uint32_t x = dense[(size_t)st << 8 | s[i]];
+                if (x & (AC_D_OUT | AC_D_HIGH))
+                    return false;
+                st = x;
+                continue;
+            }
+            if (s[i] >= 0x80)
+                return false;
+            st = ac_step(ac, st, s[i]);
+            if (ac->out_rule[st] >= 0 || ac->out_link[st] >= 0)
+                return false;
+        } while (++i < n && st != FLT_AC_ROOT);
     }
     *state = st;
     return true;
@@ -341,6 +464,7 @@ flt_ac_t *flt_ac_new(flt_ac_word_t *words, size_t n)
         }
     }
     ac->ndense = nd;
+    ac_skip_build(ac);
     return ac;
 
 fail:

@@ -122,11 +122,19 @@ struct flt_ruleset {
     size_t history; /* folded bytes kept before a regex's scan point (lookbehind) */
     uint64_t re_start[256][FLT_RE_WORDS]; /* bit k: regex k may start with this byte */
     uint8_t re_any[256]; /* 1: some regex may start with this byte (re_start's OR) */
+    /* re_any for the 32-byte passes (scan.c, flt_re_tables_build): per low
+     * nibble the high nibbles (bits) of the ASCII bytes in it, per high
+     * nibble its bit; each 16-byte table twice, one per AVX2 lane */
+    unsigned char re_nib[2][32];
+    bool avx2; /* the CPU has AVX2: the passes run (else a loop a byte) */
     sl_mseries_t *event_seconds;
     sl_mseries_t *holdback_forced;
 };
 
 /* ---- text channel (scan.c) ----------------------------------------------- */
+
+/* Fills rs->re_nib and rs->avx2 from rs->re_any (after the regexes). */
+void flt_re_tables_build(flt_ruleset_t *rs);
 
 /* A match waiting to be applied, in original-text byte offsets. */
 typedef struct flt_range {

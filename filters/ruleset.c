@@ -435,6 +435,7 @@ flt_ruleset_t *flt_ruleset_build(const flt_conf_t *conf, char *err, size_t errle
             goto fail;
         rule_metrics(r, m_hits, m_lim);
     }
+    flt_re_tables_build(rs);
     rs->mctx = pcre2_match_context_create(NULL);
     if (!rs->mctx) {
         flt_err(err, errlen, "filters: out of memory");

@@ -28,9 +28,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define SCAN_X86 1
+#endif
+
 #include "filters/flt_internal.h"
 
 static bool scan_ascii(const unsigned char *u, size_t n);
+static size_t re_next(const flt_ruleset_t *rs, const unsigned char *u, size_t i, size_t n);
 
 static size_t chan_nregex(const flt_chan_t *c)
 {
@@ -382,11 +388,8 @@ static bool chan_feed_clean(flt_chan_t *c, const char *s, size_t n, sl_buf_t *ou
     if (rs->ac ? !flt_ac_ascii_run(rs->ac, &st, u, n) || flt_ac_depth(rs->ac, st)
                : !scan_ascii(u, n))
         return false;
-    size_t nw = (nre + 63) / 64;
-    for (size_t i = 0; nw && i < n; i++)
-        for (size_t w = 0; w < nw; w++)
-            if (rs->re_start[u[i]][w])
-                return false; /* a byte some regex may start with */
+    if (nre && re_next(rs, u, 0, n) < n)
+        return false; /* a byte some regex may start with */
     /* the history the regexes may look behind at: at most rs->history of
      * the piece's last bytes join the window (chan_trim cuts the rest) */
     size_t tail = nre ? SL_MIN(n, rs->history) : 0;
@@ -453,6 +456,124 @@ flt_chan_rc_t flt_chan_finish(flt_chan_t *c, sl_buf_t *out)
     return FLT_CHAN_OK;
 }
 
+/* ---- byte passes over whole texts -----------------------------------------
+ *
+ * The checks on a request and its answer ask of every byte of the prompt
+ * and answer texts whether some regex may start with it (re_any) and, in an
+ * answer's bytes, where its strings are. A per-byte loop cost ~6
+ * instructions a byte (bench/RESULTS.md, issue 16); these passes take 32
+ * bytes a round with AVX2. re_any is looked up exactly: an ASCII byte's
+ * high nibble picks a bit, its low nibble a table row holding the bits of
+ * the high nibbles that are in the set (two byte shuffles); a byte >= 0x80
+ * is confirmed in re_any itself. */
+
+void flt_re_tables_build(flt_ruleset_t *rs)
+{
+    memset(rs->re_nib, 0, sizeof rs->re_nib);
+    for (unsigned c = 0; c < 0x80; c++)
+        if (rs->re_any[c])
+            for (unsigned lane = 0; lane < 32; lane += 16)
+                rs->re_nib[0][lane + (c & 15)] |= (unsigned char)(1u << (c >> 4));
+    for (unsigned h = 0; h < 8; h++)
+        for (unsigned lane = 0; lane < 32; lane += 16)
+            rs->re_nib[1][lane + h] = (unsigned char)(1u << h);
+#ifdef SCAN_X86
+    __builtin_cpu_init();
+    rs->avx2 = __builtin_cpu_supports("avx2");
+#endif
+}
+
+#ifdef SCAN_X86
+/* The bits of the 32 bytes at p that some regex may start with, or that
+ * are >= 0x80 (the caller confirms those in re_any). */
+__attribute__((target("avx2"))) static inline uint32_t re_mask32(const flt_ruleset_t *rs, __m256i v)
+{
+    const __m256i lo = _mm256_loadu_si256((const __m256i *)rs->re_nib[0]);
+    const __m256i hi = _mm256_loadu_si256((const __m256i *)rs->re_nib[1]);
+    const __m256i nib = _mm256_set1_epi8(0x0f);
+    __m256i m =
+        _mm256_and_si256(_mm256_shuffle_epi8(lo, _mm256_and_si256(v, nib)),
+                         _mm256_shuffle_epi8(hi, _mm256_and_si256(_mm256_srli_epi16(v, 4), nib)));
+    uint32_t none = (uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(m, _mm256_setzero_si256()));
+    return ~none | (uint32_t)_mm256_movemask_epi8(v);
+}
+
+/* The 32 bytes at u + i, zeros past n (*valid: the bits of real bytes). */
+__attribute__((target("avx2"))) static inline __m256i load32(const unsigned char *u, size_t i,
+                                                             size_t n, uint32_t *valid)
+{
+    if (n - i >= 32) {
+        *valid = UINT32_MAX;
+        return _mm256_loadu_si256((const __m256i *)(u + i));
+    }
+    unsigned char pad[32] = {0};
+    memcpy(pad, u + i, n - i);
+    *valid = (1u << (n - i)) - 1;
+    return _mm256_loadu_si256((const __m256i *)pad);
+}
+
+__attribute__((target("avx2"))) static size_t
+re_next_avx2(const flt_ruleset_t *rs, const unsigned char *u, size_t i, size_t n)
+{
+    for (; i < n; i += 32) {
+        uint32_t valid, c;
+        c = re_mask32(rs, load32(u, i, n, &valid)) & valid;
+        for (; c; c &= c - 1) {
+            size_t j = i + (size_t)__builtin_ctz(c);
+            if (rs->re_any[u[j]])
+                return j;
+        }
+    }
+    return n;
+}
+
+/* flt_json_strings_clean's byte checks in one pass: no backslash, no byte
+ * >= 0x80, and (with regexes) the quotes pair up and no byte between an
+ * odd quote and the next is in re_any. A string's bytes are those after an
+ * odd quote: the prefix XOR of the quote bits, carried across rounds. */
+__attribute__((target("avx2"))) static bool
+json_bytes_clean_avx2(const flt_ruleset_t *rs, const unsigned char *u, size_t n, bool regex)
+{
+    const __m256i bs = _mm256_set1_epi8('\\'), qu = _mm256_set1_epi8('"');
+    uint32_t carry = 0; /* all ones: a string is open at the round's start */
+    for (size_t i = 0; i < n; i += 32) {
+        uint32_t valid;
+        __m256i v = load32(u, i, n, &valid);
+        if (_mm256_movemask_epi8(v) |
+            _mm256_movemask_epi8(_mm256_cmpeq_epi8(v, bs))) /* the padding is zeros */
+            return false;
+        if (!regex)
+            continue;
+        uint32_t q = (uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(v, qu));
+        uint32_t in = q;
+        in ^= in << 1;
+        in ^= in << 2;
+        in ^= in << 4;
+        in ^= in << 8;
+        in ^= in << 16;
+        in ^= carry; /* the bytes after an odd quote, the opening quote too */
+        uint32_t c = re_mask32(rs, v) & in & ~q & valid;
+        for (; c; c &= c - 1)
+            if (rs->re_any[u[i + (size_t)__builtin_ctz(c)]])
+                return false;
+        carry = (uint32_t)((int32_t)in >> 31);
+    }
+    return carry == 0; /* an unpaired quote: not JSON, not judged */
+}
+#endif
+
+/* The first position in [i, n) whose byte some regex may start with, or n. */
+static size_t re_next(const flt_ruleset_t *rs, const unsigned char *u, size_t i, size_t n)
+{
+#ifdef SCAN_X86
+    if (rs->avx2)
+        return re_next_avx2(rs, u, i, n);
+#endif
+    while (i < n && !rs->re_any[u[i]])
+        i++;
+    return i;
+}
+
 static bool scan_ascii(const unsigned char *u, size_t n)
 {
     for (size_t i = 0; i < n; i++)
@@ -470,7 +591,7 @@ bool flt_text_clean(const flt_ruleset_t *rs, const char *s, size_t n)
     /* non-ASCII: folding may change it (and it needs checking): the channel */
     if (ac ? !flt_ac_ascii_clean(ac, u, n) : !scan_ascii(u, n))
         return false;
-    for (size_t i = 0; nw && i < n; i++)
+    for (size_t i = nw ? re_next(rs, u, 0, n) : n; i < n; i = re_next(rs, u, i + 1, n))
         for (size_t w = 0; w < nw; w++)
             may[w] |= rs->re_start[u[i]][w];
     pcre2_match_data *md = NULL;
@@ -493,6 +614,12 @@ bool flt_text_clean(const flt_ruleset_t *rs, const char *s, size_t n)
 bool flt_json_strings_clean(const flt_ruleset_t *rs, const char *s, size_t n)
 {
     const unsigned char *u = (const unsigned char *)s;
+    bool regex = rs->nrules > rs->first_regex;
+#ifdef SCAN_X86
+    if (rs->avx2) /* the same verdicts as below, the byte checks in one pass */
+        return json_bytes_clean_avx2(rs, u, n, regex) &&
+               (!rs->ac || flt_ac_ascii_clean(rs->ac, u, n));
+#endif
     /* an escape may spell a word or a regex start (\u0066 is f): those
      * texts need decoding, so the answer's own reader */
     if (memchr(s, '\\', n))
@@ -500,7 +627,7 @@ bool flt_json_strings_clean(const flt_ruleset_t *rs, const char *s, size_t n)
     /* every string is a run of these bytes, so a word in one is a word here */
     if (rs->ac ? !flt_ac_ascii_clean(rs->ac, u, n) : !scan_ascii(u, n))
         return false;
-    if (rs->nrules == rs->first_regex)
+    if (!regex)
         return true;
     /* Without backslashes the quotes of valid JSON pair up: bytes between
      * an odd quote and the next are a string's. A regex start inside one

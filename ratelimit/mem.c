@@ -228,13 +228,17 @@ static int64_t rl_stripe_retry_ms(const rl_stripe_t *s, int64_t now)
     return SL_MAX((until + 999999) / 1000000, RL_KEYS_RETRY_MS);
 }
 
-static rl_stripe_t *rl_mem_stripe(rl_mem_t *m, const char *key, size_t klen, unsigned *hv)
+unsigned rl_mem_hash(const char *key, size_t klen)
 {
     unsigned h;
     HASH_VALUE(key, klen, h);
-    *hv = h;
+    return h;
+}
+
+static rl_stripe_t *rl_mem_stripe(rl_mem_t *m, unsigned hv)
+{
     /* high bits pick the stripe; uthash uses the low bits for buckets */
-    return &m->stripes[(h >> 20) % RL_STRIPES];
+    return &m->stripes[(hv >> 20) % RL_STRIPES];
 }
 
 /* Keeps the refusal that asks for the longest wait ("never" beats all). */
@@ -258,14 +262,13 @@ static int64_t rl_ns_to_ms_ceil(int64_t ns)
     return ns < 0 ? -1 : (ns + 999999) / 1000000;
 }
 
-void rl_mem_check(rl_mem_t *m, const char *key, size_t klen, const rl_limits_t *lim, bool ip,
-                  int64_t tokens, int64_t now, rl_decision_t *d, bool *slot)
+void rl_mem_check(rl_mem_t *m, const char *key, size_t klen, unsigned hv, const rl_limits_t *lim,
+                  bool ip, int64_t tokens, int64_t now, rl_decision_t *d, bool *slot)
 {
     memset(d, 0, sizeof(*d));
     d->allowed = true;
     *slot = false;
-    unsigned hv;
-    rl_stripe_t *s = rl_mem_stripe(m, key, klen, &hv);
+    rl_stripe_t *s = rl_mem_stripe(m, hv);
     pthread_mutex_lock(&s->mu);
     bool full = false;
     rl_entry_t *e = rl_stripe_get(m, s, key, klen, hv, now, &full);
@@ -325,11 +328,10 @@ void rl_mem_check(rl_mem_t *m, const char *key, size_t klen, const rl_limits_t *
     pthread_mutex_unlock(&s->mu);
 }
 
-void rl_mem_settle(rl_mem_t *m, const char *key, size_t klen, const rl_limits_t *lim,
+void rl_mem_settle(rl_mem_t *m, const char *key, size_t klen, unsigned hv, const rl_limits_t *lim,
                    int64_t refund, bool slot, int64_t now)
 {
-    unsigned hv;
-    rl_stripe_t *s = rl_mem_stripe(m, key, klen, &hv);
+    rl_stripe_t *s = rl_mem_stripe(m, hv);
     pthread_mutex_lock(&s->mu);
     rl_entry_t *e = NULL;
     HASH_FIND_BYHASHVALUE(hh, s->table, key, klen, hv, e);

@@ -84,6 +84,7 @@ struct rl_ticket {
     bool slot;
     bool ip;
     char lease[48];
+    unsigned hv; /* rl_mem_hash(key): set by the in-process check, used at settle */
     size_t klen;
     char key[RL_KEY_MAX + 1];
 };
@@ -470,8 +471,9 @@ static void rl_count_refusal(rl_t *rl, const rl_decision_t *d)
 
 static void rl_check_mem(rl_t *rl, rl_ticket_t *t, int64_t tokens, rl_decision_t *d)
 {
-    rl_mem_check(rl->mem, t->key, t->klen, &t->lim, t->ip, tokens, rl->now_ns(rl->now_arg), d,
-                 &t->slot);
+    t->hv = rl_mem_hash(t->key, t->klen);
+    rl_mem_check(rl->mem, t->key, t->klen, t->hv, &t->lim, t->ip, tokens, rl->now_ns(rl->now_arg),
+                 d, &t->slot);
     t->backend = RL_BACKEND_MEM;
     t->reserved = d->allowed ? tokens : 0;
 }
@@ -979,7 +981,7 @@ static void rl_ticket_finish(rl_ticket_t *t, int64_t refund)
 {
     switch (t->backend) {
     case RL_BACKEND_MEM:
-        rl_mem_settle(t->rl->mem, t->key, t->klen, &t->lim, refund, t->slot,
+        rl_mem_settle(t->rl->mem, t->key, t->klen, t->hv, &t->lim, refund, t->slot,
                       t->rl->now_ns(t->rl->now_arg));
         break;
     case RL_BACKEND_REDIS:

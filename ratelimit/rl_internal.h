@@ -73,12 +73,15 @@ void rl_mem_set_cap(rl_mem_t *m, size_t max_keys);
  * request limit RL_LIMIT_IP_REQUESTS. A key the table does not hold yet,
  * with max_keys live keys in it, is refused with RL_LIMIT_KEYS. *slot tells whether a slot was
  * taken (to give back at settle). */
-void rl_mem_check(rl_mem_t *m, const char *key, size_t klen, const rl_limits_t *lim, bool ip,
-                  int64_t tokens, int64_t now, rl_decision_t *d, bool *slot);
+void rl_mem_check(rl_mem_t *m, const char *key, size_t klen, unsigned hv, const rl_limits_t *lim,
+                  bool ip, int64_t tokens, int64_t now, rl_decision_t *d, bool *slot);
 /* refund = reserved - used (> 0 gives back, < 0 charges); slot: give the
  * concurrency slot back. */
-void rl_mem_settle(rl_mem_t *m, const char *key, size_t klen, const rl_limits_t *lim,
+void rl_mem_settle(rl_mem_t *m, const char *key, size_t klen, unsigned hv, const rl_limits_t *lim,
                    int64_t refund, bool slot, int64_t now);
+/* The key's hash (rl_mem_check and rl_mem_settle take it): computed once
+ * per ticket, not at both ends. */
+unsigned rl_mem_hash(const char *key, size_t klen);
 
 /* Builds "u:<user>" / "i:<ip>" (or the hashed form) into out[RL_KEY_MAX+1];
  * returns its length. */

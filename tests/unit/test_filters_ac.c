@@ -177,6 +177,104 @@ static void test_ac_ascii_run_against_naive(void **state)
     flt_ac_free(ac);
 }
 
+/* The reference for the skip: flt_ac_step over every byte from *state. */
+static bool ac_naive_run(const flt_ac_t *ac, uint32_t *state, const unsigned char *s, size_t n)
+{
+    uint32_t st = *state;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] >= 0x80)
+            return false;
+        st = flt_ac_step(ac, st, s[i]);
+        if (flt_ac_out_first(ac, st) >= 0)
+            return false;
+    }
+    *state = st;
+    return true;
+}
+
+/* flt_ac_ascii_run's skip (only positions where a word may begin are
+ * stepped) against stepping every byte: the bench's 1,001 words sharing
+ * their first two bytes, beside one-byte and two-byte words, words whose
+ * first bytes share a bucket (low nibble mod 8: a i q y, digits), words
+ * with punctuation and a Chinese one; texts of every length up to 200 with
+ * a word (in either case, cut short or whole) planted at every offset, so
+ * at each edge of the skip's 32-byte rounds and its end copy, overlapping
+ * words, stray bytes >= 0x80, and runs from a state other than the root. A
+ * missed beginning shows as a clean verdict where stepping finds a word. */
+static void test_ac_skip_against_step(void **state)
+{
+    (void)state;
+    enum { NB = 1001 };
+    static char bench[NB][20];
+    static const char *extra[] = {"q", "ai", "iz", "a.b", "y9", "9a", "x-ray", "{\"k", "敏感"};
+    enum { NX = sizeof extra / sizeof *extra };
+    flt_ac_word_t w[NB + NX];
+    char fx[NX][16];
+    for (size_t i = 0; i < NB; i++) {
+        snprintf(bench[i], sizeof bench[i], "forbiddenword%04zux", i);
+        w[i] = (flt_ac_word_t){bench[i], strlen(bench[i]), 0, FLT_ACTION_MASK};
+    }
+    for (size_t i = 0; i < NX; i++) {
+        size_t n = flt_fold_word(extra[i], strlen(extra[i]), fx[i], sizeof fx[i]);
+        w[NB + i] = (flt_ac_word_t){fx[i], n, 1, FLT_ACTION_MASK};
+    }
+    /* the bench list alone (one bucket, no one-byte word), then all */
+    size_t sets[2] = {NB, NB + NX};
+    srand(29);
+    for (int set = 0; set < 2; set++) {
+        flt_ac_t *ac = flt_ac_new(w, sets[set]);
+        assert_non_null(ac);
+        unsigned clean = 0, dirty = 0, edge_dirty = 0;
+        static const char fill[] = "The sea is vast and so calm, for bidden Words forb 1234 \"{}";
+        for (int round = 0; round < 60000; round++) {
+            unsigned char text[208];
+            size_t n = (size_t)(round % 201);
+            for (size_t i = 0; i < n; i++)
+                text[i] = (unsigned char)fill[rand() % (int)(sizeof fill - 1)];
+            size_t at = SIZE_MAX;
+            if (n && rand() % 4) { /* plant a word (or its beginning) */
+                const flt_ac_word_t *pw = &w[(size_t)rand() % sets[set]];
+                at = (size_t)rand() % n;
+                size_t len = pw->len;
+                if (rand() % 3 == 0)
+                    len = 1 + (size_t)rand() % len; /* cut short: a partial */
+                for (size_t j = 0; j < len && at + j < n; j++) {
+                    unsigned char ch = (unsigned char)pw->s[j];
+                    text[at + j] = rand() % 2 && ch >= 'a' && ch <= 'z' ? ch - 32 : ch;
+                }
+            }
+            if (n && rand() % 50 == 0)
+                text[(size_t)rand() % n] = 0xE4;
+            /* from the root, and from the state some prefix leaves */
+            uint32_t from = FLT_AC_ROOT;
+            if (rand() % 3 == 0) {
+                const flt_ac_word_t *pw = &w[(size_t)rand() % sets[set]];
+                for (size_t j = 0; j + 1 < pw->len && (unsigned char)pw->s[j] < 0x80; j++)
+                    from = flt_ac_step(ac, from, (unsigned char)pw->s[j]);
+                if (flt_ac_out_first(ac, from) >= 0)
+                    from = FLT_AC_ROOT;
+            }
+            uint32_t want_st = from, got_st = from;
+            bool want = ac_naive_run(ac, &want_st, text, n);
+            bool got = flt_ac_ascii_run(ac, &got_st, text, n);
+            assert_int_equal(got, want);
+            assert_int_equal(got_st, want_st); /* also: untouched when false */
+            if (from == FLT_AC_ROOT) {
+                assert_int_equal(flt_ac_ascii_clean(ac, text, n), want);
+            }
+            if (want) {
+                clean++;
+            } else {
+                dirty++;
+                if (at != SIZE_MAX && (at % 32 >= 30 || at % 32 == 0))
+                    edge_dirty++;
+            }
+        }
+        assert_true(clean > 10000 && dirty > 10000 && edge_dirty > 1000);
+        flt_ac_free(ac);
+    }
+}
+
 static void test_ac_overlap_chinese(void **state)
 {
     (void)state;
@@ -266,6 +364,7 @@ int main(void)
         cmocka_unit_test(test_utf8_and_fold),
         cmocka_unit_test(test_ac_against_naive),
         cmocka_unit_test(test_ac_ascii_run_against_naive),
+        cmocka_unit_test(test_ac_skip_against_step),
         cmocka_unit_test(test_ac_overlap_chinese),
         cmocka_unit_test(test_load_100k_words),
     };

@@ -461,6 +461,66 @@ static void test_text_clean(void **state)
     flt_ruleset_unref(rs);
 }
 
+/* The 32-byte passes (flt_json_strings_clean's and the regex start bytes
+ * of flt_text_clean, with AVX2) against the loops they stand for (the same
+ * ruleset with rs->avx2 off), on texts built from pieces that put quotes,
+ * backslashes, digits a regex starts with and bytes >= 0x80 at every
+ * offset, so on both sides of each 32-byte round's edge and in the last,
+ * short round; with words and a regex, a regex alone, words alone. A pass
+ * that misses a string's digit, an escape or an unpaired quote shows as a
+ * verdict the loops do not give. */
+static void test_byte_pass_same_as_loop(void **state)
+{
+    (void)state;
+    static const char *const piece[] = {
+        "\"", "\"", "\"", "1",  "13812345678", "\\", "\\u0031", "\xe6\x95\x8f", ":", "{", "}",
+        ",",  "a",  "b",  "ad", "badword",     "ev", "il",      "   ",          "0", "9",
+    };
+    tf_list_t l[1] = {{"badword\nevil\n", FLT_ACTION_MASK, "w"}};
+    flt_conf_regex_t re[] = {{"phone", "1[3-9]\\d{9}", FLT_ACTION_MASK}};
+    char err[256] = "";
+    flt_ruleset_t *set[3] = {tf_build(l, 1, re, 1, NULL, err, sizeof err),
+                             tf_build(NULL, 0, re, 1, NULL, err, sizeof err),
+                             tf_build(l, 1, NULL, 0, NULL, err, sizeof err)};
+    __builtin_cpu_init();
+    unsigned seed = 32;
+    for (int k = 0; k < 3; k++) {
+        flt_ruleset_t *rs = set[k];
+        if (!rs)
+            fail_msg("build: %s", err);
+        assert_int_equal(rs->avx2, __builtin_cpu_supports("avx2") != 0);
+        unsigned jclean = 0, jmaybe = 0, tclean = 0, tmaybe = 0;
+        char text[256];
+        for (int round = 0; round < 40000; round++) {
+            size_t n = 0, want = (size_t)(round % 160);
+            /* mostly plain letters, so that whole rounds pass clean */
+            while (n < want) {
+                const char *p =
+                    rand_r(&seed) % 3 ? "x" : piece[rand_r(&seed) % SL_ARRAY_LEN(piece)];
+                size_t pn = strlen(p);
+                if (n + pn > want)
+                    break;
+                memcpy(text + n, p, pn);
+                n += pn;
+            }
+            if (n && rand_r(&seed) % 2) { /* one quote at the offset the round picks */
+                text[(size_t)round % n] = '"';
+            }
+            rs->avx2 = false;
+            bool jl = flt_json_strings_clean(rs, text, n), tl = flt_text_clean(rs, text, n);
+            rs->avx2 = __builtin_cpu_supports("avx2") != 0;
+            if (flt_json_strings_clean(rs, text, n) != jl)
+                fail_msg("ruleset %d, strings: %d by the loop: %.*s", k, jl, (int)n, text);
+            if (flt_text_clean(rs, text, n) != tl)
+                fail_msg("ruleset %d, text: %d by the loop: %.*s", k, tl, (int)n, text);
+            jl ? jclean++ : jmaybe++;
+            tl ? tclean++ : tmaybe++;
+        }
+        assert_true(jclean > 2000 && jmaybe > 2000 && tclean > 2000 && tmaybe > 2000);
+        flt_ruleset_unref(rs);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -468,7 +528,7 @@ int main(void)
         cmocka_unit_test(test_splice_exact),        cmocka_unit_test(test_output_off),
         cmocka_unit_test(test_many_choices),        cmocka_unit_test(test_text_clean),
         cmocka_unit_test(test_arena_overflow),      cmocka_unit_test(test_no_candidate),
-        cmocka_unit_test(test_no_candidate_random),
+        cmocka_unit_test(test_no_candidate_random), cmocka_unit_test(test_byte_pass_same_as_loop),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -229,6 +229,41 @@ static void test_requests_and_retry_after(void **state)
     rl_free(rl);
 }
 
+/* sl_i64toa (every x-ratelimit-* number goes through it) against snprintf:
+ * each power of ten and its neighbours, both signs, the extremes, and
+ * random values of every length. */
+static void test_i64toa_against_snprintf(void **state)
+{
+    (void)state;
+    char got[32], want[32];
+    int64_t v[200];
+    size_t nv = 0;
+    v[nv++] = INT64_MAX;
+    v[nv++] = INT64_MIN;
+    v[nv++] = INT64_MIN + 1;
+    for (int64_t p = 1; nv + 6 <= 80; p *= 10) {
+        int64_t e[] = {p - 1, p, p + 1, -(p - 1), -p, -(p + 1)};
+        for (int i = 0; i < 6; i++)
+            v[nv++] = e[i];
+        if (p > INT64_MAX / 10)
+            break;
+    }
+    unsigned seed = 64;
+    for (int round = 0; round < 100000; round++) {
+        int64_t x = round < (int)nv
+                        ? v[round]
+                        : (int64_t)(((uint64_t)rand_r(&seed) << 42) ^
+                                    ((uint64_t)rand_r(&seed) << 21) ^ (uint64_t)rand_r(&seed)) >>
+                              (rand_r(&seed) % 64);
+        if (round >= (int)nv && rand_r(&seed) % 2)
+            x = -x;
+        size_t n = sl_i64toa(x, got);
+        snprintf(want, sizeof want, "%lld", (long long)x);
+        assert_string_equal(got, want);
+        assert_int_equal(n, strlen(want));
+    }
+}
+
 static void test_error_body(void **state)
 {
     (void)state;
@@ -590,6 +625,7 @@ int main(void)
         cmocka_unit_test(test_gcra_no_double_burst),
         cmocka_unit_test(test_gcra_costs_and_adjust),
         cmocka_unit_test(test_requests_and_retry_after),
+        cmocka_unit_test(test_i64toa_against_snprintf),
         cmocka_unit_test(test_error_body),
         cmocka_unit_test(test_overrides),
         cmocka_unit_test(test_concurrency),
