@@ -59,7 +59,6 @@ int gw_wio_read_own(struct bufferevent *bev);
  * after gw_wio_init(direct = true). 0, or -1 (ssl not taken). */
 int gw_wio_tls_own(gw_wio_t *io, SSL *ssl);
 
-
 /* libevent's 1 KiB chains kept per thread (wio.c says why). gw_wio_mem_init
  * installs the three allocation functions into libevent: before any other
  * libevent call, once; false where it does not (ASan). gw_wio_mem_tick runs
