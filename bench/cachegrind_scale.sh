@@ -11,11 +11,15 @@
 # runs CG_WARM + CG_WINDOW + 5 s; after CG_WARM s (every connection open)
 # instrumentation is switched on for CG_WINDOW s and off again, and the
 # counts are divided by sluice's own sluice_requests_total over that window
-# (read just before and after it).
+# (read just before and after it), as are the new upstream connections
+# (the pool's churn: a connect and a close cost as much as a few requests). Under valgrind sluice serves a few hundred
+# requests a second, so at 5,000 connections every one has a request waiting
+# (seconds of latency): the warm-up must outlast wrk's first wave and the
+# window be long against that latency, or the count is off by whole waves.
 #
 #   SLUICE_BIN (default build/sluice), SLUICE_BASE_BIN (optional: the same
 #   figures for that binary, in the same run, interleaved), CG_CONNS
-#   (default "32 5000"), CG_WARM (s, default 8), CG_WINDOW (s, default 15),
+#   (default "32 5000"), CG_WARM (s, default 20), CG_WINDOW (s, default 30),
 #   CG_SIM ("--cache-sim=yes --LL=524288,8,64" by default; empty for Ir
 #   only, faster),
 #   CG_ENV (variables for sluice, e.g. GLIBC_TUNABLES=...), BENCH_PORT_BASE (default 29100), BENCH_KEEP=1 keeps the callgrind files
@@ -27,8 +31,8 @@ SLUICE_BIN=${SLUICE_BIN:-$ROOT/build/sluice}
 SLUICE_BASE_BIN=${SLUICE_BASE_BIN:-}
 NGINX_BIN=${NGINX_BIN:-$(command -v nginx || echo /usr/sbin/nginx)}
 CONNS=${CG_CONNS:-"32 5000"}
-WARM=${CG_WARM:-8}
-WINDOW=${CG_WINDOW:-15}
+WARM=${CG_WARM:-20}
+WINDOW=${CG_WINDOW:-30}
 # LL as the core's own 512 KiB L2 (callgrind takes the host's L3, which
 # reads as 256 MiB direct-mapped in this VM: nothing would miss it).
 SIM=${CG_SIM---cache-sim=yes --LL=524288,8,64}
@@ -79,9 +83,12 @@ log:
   level: error
 EOF
 
+# "requests new-upstream-connections" so far
 requests() {
     curl -sf "http://127.0.0.1:$ADMIN/metrics" |
-        awk '/^sluice_requests_total/ { s += $NF } END { printf "%d", s }'
+        awk '/^sluice_requests_total/ { s += $NF }
+            /^sluice_upstream_connections_total\{.*reused="false"/ { u += $NF }
+            END { printf "%d %d", s, u }'
 }
 
 wait_slow() {
@@ -97,29 +104,29 @@ wait_slow() {
 
 # One run: $1 binary name, $2 connections; prints "Ir D1mr D1mw DLmr DLmw requests".
 one() {
-    local out=$WORK/cg.$1.c$2 n1 n2
+    local out=$WORK/cg.$1.c$2 n1 n2 u1 u2
     # shellcheck disable=SC2086
     spawn env ${CG_ENV:-} valgrind --tool=callgrind $SIM --instr-atstart=no --callgrind-out-file="$out" \
         "$WORK/sluice-$1" -c "$WORK/sluice.yaml" 2>"$out.log"
     local pid=$LAST
     wait_slow "$pid"
-    wrk -t1 -c"$2" -d"$((WARM + WINDOW + 5))s" --timeout 30s -s "$ROOT/bench/post.lua" \
+    wrk -t1 -c"$2" -d"$((WARM + WINDOW + 5))s" --timeout 120s -s "$ROOT/bench/post.lua" \
         "http://127.0.0.1:$PORT/v1/chat/completions" >"$out.wrk" &
     local wrk_pid=$!
     sleep "$WARM"
-    n1=$(requests)
+    read -r n1 u1 <<<"$(requests)"
     callgrind_control -i on "$pid" >/dev/null
     sleep "$WINDOW"
     callgrind_control -i off "$pid" >/dev/null
-    n2=$(requests)
+    read -r n2 u2 <<<"$(requests)"
     wait "$wrk_pid" || true
     stop "$pid"
     grep -q 'errors=0 non2xx=0' "$out.wrk" || { echo "bench: wrk saw errors ($1, c=$2)" >&2; cat "$out.wrk" >&2; }
     # events: Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw (cache sim) or Ir
-    awk -v n=$((n2 - n1)) '
+    awk -v n=$((n2 - n1)) -v u=$((u2 - u1)) '
         /^events:/ { for (i = 2; i <= NF; i++) col[$i] = i - 1 }
         /^totals:/ {
-            printf "%d %d %d %d %d %d %d\n", n, $(col["Ir"] + 1),
+            printf "%d %d %d %d %d %d %d %d\n", n, u, $(col["Ir"] + 1),
                 ("D1mr" in col) ? $(col["D1mr"] + 1) : 0, ("D1mw" in col) ? $(col["D1mw"] + 1) : 0,
                 ("DLmr" in col) ? $(col["DLmr"] + 1) : 0, ("DLmw" in col) ? $(col["DLmw"] + 1) : 0,
                 ("I1mr" in col) ? $(col["I1mr"] + 1) : 0
@@ -129,15 +136,15 @@ one() {
 echo "callgrind per request by concurrency: $(date -u '+%Y-%m-%d %H:%M UTC'), commit" \
     "$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?'), ${WINDOW}s windows after ${WARM}s"
 echo
-echo "| binary | wrk -c | requests | Ir / request | D1 misses (r+w) / request | LL misses (r+w) / request | I1 misses / request |"
-echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+echo "| binary | wrk -c | requests | new upstream connections | Ir / request | D1 misses (r+w) / request | LL misses (r+w) / request | I1 misses / request |"
+echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 for c in $CONNS; do
     for b in $BINS; do
-        read -r n ir d1r d1w llr llw i1 <<<"$(one "$b" "$c")"
+        read -r n u ir d1r d1w llr llw i1 <<<"$(one "$b" "$c")"
         [ "$n" -gt 0 ] || { echo "bench: no requests in the window ($b, c=$c)" >&2; exit 1; }
         awk -v b="$b" -v c="$c" -v n="$n" -v ir="$ir" -v d1="$((d1r + d1w))" -v ll="$((llr + llw))" \
-            -v i1="$i1" 'BEGIN { printf "| %s | %s | %d | %.0f | %.1f | %.2f | %.1f |\n", b, c, n,
-                ir / n, d1 / n, ll / n, i1 / n }'
+            -v i1="$i1" -v u="$u" 'BEGIN { printf "| %s | %s | %d | %d | %.0f | %.1f | %.2f | %.1f |\n",
+                b, c, n, u, ir / n, d1 / n, ll / n, i1 / n }'
     done
 done
 if [ "${BENCH_KEEP:-0}" = 1 ]; then ls "$WORK"/cg.*.c* | grep -v '\.' || true; fi
