@@ -12,7 +12,12 @@
 # instrumentation is switched on for CG_WINDOW s and off again, and the
 # counts are divided by sluice's own sluice_requests_total over that window
 # (read just before and after it), as are the new upstream connections
-# (the pool's churn: a connect and a close cost as much as a few requests). Under valgrind sluice serves a few hundred
+# (the pool's churn: a connect and a close cost as much as a few requests).
+# The upstream pool keeps its connections CG_UP_KEEPALIVE (300s, default 4s):
+# under valgrind the load comes in waves seconds apart and the default pool
+# shrinks and regrows between them (43 % of requests opened a connection at
+# 5,000, against 0.4-4.8 % in bench/scale.sh's real-speed runs), which
+# would measure the churn rather than the request. Under valgrind sluice serves a few hundred
 # requests a second, so at 5,000 connections every one has a request waiting
 # (seconds of latency): the warm-up must outlast wrk's first wave and the
 # window be long against that latency, or the count is off by whole waves.
@@ -76,6 +81,7 @@ upstreams:
   main:
     servers:
       - url: "http://127.0.0.1:$UP_PORT"
+    keepalive_timeout: ${CG_UP_KEEPALIVE:-300s}
 models:
   bench-model: { upstream: main }
 log:
