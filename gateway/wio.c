@@ -576,6 +576,14 @@ int gw_wio_read_own(struct bufferevent *bev)
  * Not installed under ASan (its own allocator checks the chains). */
 #define GW_WIO_CHAIN_BYTES 1024
 
+#if defined(__SANITIZE_ADDRESS__)
+#define GW_WIO_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define GW_WIO_ASAN 1
+#endif
+#endif
+
 struct gw_wio_chains {
     void *blk[GW_WIO_CHAINS_MAX];
     size_t n;
@@ -633,7 +641,7 @@ void gw_wio_mem_prepare(void)
 
 bool gw_wio_mem_init(void)
 {
-#if defined(__SANITIZE_ADDRESS__)
+#ifdef GW_WIO_ASAN
     return false;
 #else
     gw_wio_mem_prepare();
