@@ -5,30 +5,33 @@
 # load, so a cold line that misses at 5,000 connections and not at 32 shows
 # by function and by line where the wall-clock scale bench only shows noise.
 #
-# bench/scale.sh's workload: scale.sh's sluice conf (workers 1, defaults),
-# bench/post.lua, an nginx `return 200` upstream. Per binary and
-# concurrency, sluice runs under callgrind with instrumentation off; wrk
-# runs CG_WARM + CG_WINDOW + 5 s; after CG_WARM s (every connection open)
-# instrumentation is switched on for CG_WINDOW s and off again, and the
-# counts are divided by sluice's own sluice_requests_total over that window
-# (read just before and after it), as are the new upstream connections
-# (the pool's churn: a connect and a close cost as much as a few requests).
-# The upstream pool keeps its connections CG_UP_KEEPALIVE (300s, default 4s):
-# under valgrind the load comes in waves seconds apart and the default pool
-# shrinks and regrows between them (43 % of requests opened a connection at
-# 5,000, against 0.4-4.8 % in bench/scale.sh's real-speed runs), which
-# would measure the churn rather than the request. Under valgrind sluice serves a few hundred
-# requests a second, so at 5,000 connections every one has a request waiting
-# (seconds of latency): the warm-up must outlast wrk's first wave and the
-# window be long against that latency, or the count is off by whole waves.
+# bench/scale.sh's workload: scale.sh's sluice conf (workers 1, defaults
+# but the upstream pool's keepalive_timeout, below), bench/post.lua, an
+# nginx `return 200` upstream. Per binary and concurrency, sluice runs under
+# callgrind with instrumentation off; wrk runs CG_WARM + CG_WINDOW + 5 s;
+# after CG_WARM s instrumentation is switched on for CG_WINDOW s and off
+# again, and the counts are divided by sluice's own sluice_requests_total
+# over that window (read just before and after it). The new upstream
+# connections in the window are shown too (the pool's churn: a connect and
+# a close cost as much as a few requests).
+#
+# Under valgrind sluice serves 150-300 requests a second, so at 5,000
+# connections every one has a request waiting (seconds of latency): the
+# warm-up must outlast wrk's first wave and the window be long against that
+# latency, or the count is off by whole waves (30 s and 40 s do). The load
+# so comes in waves seconds apart, and the default pool (keepalive_timeout
+# 4 s) shrank and regrew between them: 43 % of requests opened an upstream
+# connection at 5,000, against 0.4-4.8 % in bench/scale.sh's runs at full
+# speed. So the pool keeps its connections CG_UP_KEEPALIVE (300s).
 #
 #   SLUICE_BIN (default build/sluice), SLUICE_BASE_BIN (optional: the same
 #   figures for that binary, in the same run, interleaved), CG_CONNS
-#   (default "32 5000"), CG_WARM (s, default 20), CG_WINDOW (s, default 30),
-#   CG_SIM ("--cache-sim=yes --LL=524288,8,64" by default; empty for Ir
-#   only, faster),
-#   CG_ENV (variables for sluice, e.g. GLIBC_TUNABLES=...), BENCH_PORT_BASE (default 29100), BENCH_KEEP=1 keeps the callgrind files
-#   (callgrind_annotate --auto=yes --show=Ir,D1mr,D1mw,DLmr,DLmw them).
+#   (default "32 5000"), CG_WARM (s, default 30), CG_WINDOW (s, default 40),
+#   CG_UP_KEEPALIVE (300s), CG_SIM ("--cache-sim=yes --LL=524288,8,64" by
+#   default; empty for Ir only, faster), CG_ENV (variables for sluice, e.g.
+#   GLIBC_TUNABLES=glibc.malloc.tcache_count=2000), BENCH_PORT_BASE (default
+#   29100), BENCH_KEEP=1 keeps the callgrind files (callgrind_annotate
+#   --show=Ir,D1mr,D1mw,DLmr,DLmw --auto=yes them).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -36,8 +39,8 @@ SLUICE_BIN=${SLUICE_BIN:-$ROOT/build/sluice}
 SLUICE_BASE_BIN=${SLUICE_BASE_BIN:-}
 NGINX_BIN=${NGINX_BIN:-$(command -v nginx || echo /usr/sbin/nginx)}
 CONNS=${CG_CONNS:-"32 5000"}
-WARM=${CG_WARM:-20}
-WINDOW=${CG_WINDOW:-30}
+WARM=${CG_WARM:-30}
+WINDOW=${CG_WINDOW:-40}
 # LL as the core's own 512 KiB L2 (callgrind takes the host's L3, which
 # reads as 256 MiB direct-mapped in this VM: nothing would miss it).
 SIM=${CG_SIM---cache-sim=yes --LL=524288,8,64}
@@ -48,6 +51,12 @@ ADMIN=$((PORT_BASE + 20))
 
 for c in wrk valgrind callgrind_control curl "$NGINX_BIN" "$SLUICE_BIN"; do
     command -v "$c" >/dev/null || { echo "bench: $c not found" >&2; exit 1; }
+done
+for p in $UP_PORT $PORT $ADMIN; do
+    if (exec 3<>/dev/tcp/127.0.0.1/"$p") 2>/dev/null; then
+        echo "bench: port $p is in use (set BENCH_PORT_BASE)" >&2
+        exit 1
+    fi
 done
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 
