@@ -59,4 +59,19 @@ int gw_wio_read_own(struct bufferevent *bev);
  * after gw_wio_init(direct = true). 0, or -1 (ssl not taken). */
 int gw_wio_tls_own(gw_wio_t *io, SSL *ssl);
 
+/* libevent's 1 KiB chains kept per thread (wio.c says why). gw_wio_mem_init
+ * installs the three allocation functions into libevent: before any other
+ * libevent call, once; false where it does not (ASan). gw_wio_mem_tick runs
+ * on the calling thread's worker tick: frees half of what its stack did not
+ * use since the tick before, or all of it (all); returns how many. The rest
+ * is for tests: gw_wio_mem_prepare sets up without installing. */
+#define GW_WIO_CHAINS_MAX 1024 /* a thread's stack: 1 MiB at most */
+bool gw_wio_mem_init(void);
+void gw_wio_mem_prepare(void);
+void *gw_wio_mem_malloc(size_t size);
+void *gw_wio_mem_realloc(void *p, size_t size);
+void gw_wio_mem_free(void *p);
+size_t gw_wio_mem_tick(bool all);
+size_t gw_wio_mem_cached(void);
+
 #endif

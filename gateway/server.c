@@ -316,6 +316,7 @@ static void gw_drain_poll_cb(evutil_socket_t fd, short what, void *arg)
 static void *gw_worker_thread(void *arg)
 {
     gw_worker_run(arg);
+    (void)gw_wio_mem_tick(true); /* the chains this thread kept (wio.c) */
     atomic_fetch_sub(&gw_workers_running, 1);
     return NULL;
 }
@@ -356,6 +357,8 @@ int gw_server_run(const char *conf_path)
     /* No evthread_use_pthreads(): every event_base belongs to one thread,
      * and the few cross-thread messages go through gw_worker_post (an
      * eventfd), so libevent's locks would only cost. */
+    /* Before anything allocates through libevent (wio.c: its 1 KiB chains). */
+    (void)gw_wio_mem_init();
     gw_metrics_init(gw_route_name);
     conf_t *c = conf_load(conf_path, err, sizeof(err));
     if (!c) {
@@ -489,6 +492,7 @@ int gw_server_run(const char *conf_path)
     gw_rt_unref(atomic_load(&gw_srv.rt)); /* gives its engines back to the registry */
     gw_shared_free(gw_srv.shared);
     free(gw_srv.conf_path);
+    (void)gw_wio_mem_tick(true); /* the main thread's kept chains */
     sl_info("sluice stopped");
     return 0;
 }
