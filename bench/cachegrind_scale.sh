@@ -106,17 +106,6 @@ requests() {
             END { printf "%d %d", s, u }'
 }
 
-wait_slow() {
-    local _
-    for _ in $(seq 600); do
-        kill -0 "$1" 2>/dev/null || { echo "bench: sluice died" >&2; exit 1; }
-        if curl -sf "http://127.0.0.1:$ADMIN/metrics" >/dev/null 2>&1; then return 0; fi
-        sleep 0.1
-    done
-    echo "bench: sluice under valgrind did not start" >&2
-    exit 1
-}
-
 # One run: $1 binary name, $2 connections; prints "Ir D1mr D1mw DLmr DLmw requests".
 one() {
     local out=$WORK/cg.$1.c$2 n1 n2 u1 u2
@@ -124,7 +113,7 @@ one() {
     spawn env ${CG_ENV:-} valgrind --tool=callgrind $SIM --instr-atstart=no --callgrind-out-file="$out" \
         "$WORK/sluice-$1" -c "$WORK/sluice.yaml" 2>"$out.log"
     local pid=$LAST
-    wait_slow "$pid"
+    wait_admin_slow "$ADMIN" "$pid"
     wrk -t1 -c"$2" -d"$((WARM + WINDOW + 5))s" --timeout 120s -s "$ROOT/bench/post.lua" \
         "http://127.0.0.1:$PORT/v1/chat/completions" >"$out.wrk" &
     local wrk_pid=$!

@@ -41,43 +41,14 @@ if [ -n "$SLUICE_BASE_BIN" ]; then
 fi
 . "$ROOT/bench/lib.sh"
 
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
-    -subj /CN=localhost -keyout "$WORK/key.pem" -out "$WORK/crt.pem" 2>/dev/null
+bench_cert
 BODY=$WORK/body.json
 echo -n '{"model":"bench-model","messages":[{"role":"user","content":"Hello"}]}' >"$BODY"
 
 spawn "$TOOLS/bench_upstream" -l "127.0.0.1:$UP_PORT" -n 8
 wait_port "$UP_PORT" "$LAST"
 
-# h2_bench.sh's sluice conf
-cat >"$WORK/sluice.yaml" <<EOF
-listen:
-  - address: 127.0.0.1:$PORT
-    tls: { cert: $WORK/crt.pem, key: $WORK/key.pem }
-admin: { address: "off" }
-workers: 1
-limits: { keepalive_requests: 100000 }
-http2: { max_concurrent_streams: 128 }
-upstreams:
-  main:
-    servers: [ { url: "http://127.0.0.1:$UP_PORT" } ]
-    keepalive: 128
-models:
-  bench-model: { upstream: main }
-log: { access: "off", level: warn }
-EOF
-
-# Waits (bounded, valgrind starts slowly) for the listener.
-wait_slow() {
-    local _
-    for _ in $(seq 600); do
-        kill -0 "$1" 2>/dev/null || { echo "bench: sluice died" >&2; exit 1; }
-        if (exec 3<>/dev/tcp/127.0.0.1/"$PORT") 2>/dev/null; then return 0; fi
-        sleep 0.1
-    done
-    echo "bench: sluice under valgrind did not start" >&2
-    exit 1
-}
+h2_sluice_conf "$WORK/sluice.yaml" "$PORT" "$UP_PORT"
 
 # One run: $1 binary, $2 shape CxM, $3 requests; prints "Ir requests".
 one() {
@@ -87,7 +58,7 @@ one() {
     spawn valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" -c "$WORK/sluice.yaml" \
         2>"$out.log"
     local pid=$LAST
-    wait_slow "$pid"
+    wait_port "$PORT" "$pid" 1200 # valgrind starts slowly
     h2load -n "$3" -c "$c" -m "$m" -d "$BODY" -H 'content-type: application/json' \
         "https://127.0.0.1:$PORT/v1/chat/completions" >"$out.h2load" 2>&1
     ok=$(awk '/^status codes:/ { print $3 }' "$out.h2load")

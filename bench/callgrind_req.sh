@@ -71,18 +71,6 @@ realistic_conf full "$PORT" "$ADMIN" full
 TOKEN=$("$WORK/sluice" token --sub bench-user --ttl 1h -c "$WORK/full.yaml" |
     awk '/^access_token:/ { print $2 }')
 
-# Waits (bounded, valgrind starts slowly) for the admin port.
-wait_slow() {
-    local _
-    for _ in $(seq 600); do
-        kill -0 "$1" 2>/dev/null || { echo "bench: sluice died" >&2; exit 1; }
-        if curl -sf "http://127.0.0.1:$ADMIN/metrics" >/dev/null 2>&1; then return 0; fi
-        sleep 0.1
-    done
-    echo "bench: sluice under valgrind did not start" >&2
-    exit 1
-}
-
 # nginx as the proxy (realistic.sh's baseline), one process so callgrind sees
 # all of its work
 nginx_conf "$WORK/ngx" "
@@ -127,7 +115,7 @@ one() {
     spawn valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" -c "$WORK/$2.yaml" \
         2>"$out.log"
     local pid=$LAST
-    wait_slow "$pid"
+    wait_admin_slow "$ADMIN" "$pid"
     BENCH_TOKEN=$tok wrk -t1 -c"$CONNS" -d"$3"s --timeout 30s -s "$ROOT/bench/realistic.lua" \
         "http://127.0.0.1:$PORT/v1/chat/completions" >"$out.wrk"
     grep -q 'errors=0 non2xx=0' "$out.wrk" || { cat "$out.wrk" >&2; exit 1; }

@@ -51,8 +51,7 @@ WORK=$(mktemp -d /tmp/sluice-h2bench.XXXXXX)
 . "$ROOT/bench/lib.sh"
 CLK_TCK=$(getconf CLK_TCK)
 
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
-    -subj /CN=localhost -keyout "$WORK/key.pem" -out "$WORK/crt.pem" 2>/dev/null
+bench_cert
 BODY=$WORK/body.json
 SBODY=$WORK/sbody.json
 echo -n '{"model":"bench-model","messages":[{"role":"user","content":"Hello"}]}' >"$BODY"
@@ -92,22 +91,7 @@ http {
     }
 }
 EOF
-    cat >"$d/sluice.yaml" <<EOF
-listen:
-  - address: 127.0.0.1:$SLUICE_PORT
-    tls: { cert: $WORK/crt.pem, key: $WORK/key.pem }
-admin: { address: "off" }
-workers: 1
-limits: { keepalive_requests: 100000 }
-http2: { max_concurrent_streams: 128 }
-upstreams:
-  main:
-    servers: [ { url: "http://127.0.0.1:$1" } ]
-    keepalive: 128
-models:
-  bench-model: { upstream: main }
-log: { access: "off", level: warn }
-EOF
+    h2_sluice_conf "$d/sluice.yaml" "$SLUICE_PORT" "$1"
     spawn taskset -c "$PROXY_CPU" "$NGINX_BIN" -p "$d/" -e "$d/error.log" -c "$d/nginx.conf"
     NGINX_MASTER=$LAST
     wait_port "$NGINX_PORT" "$NGINX_MASTER"

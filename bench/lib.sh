@@ -28,16 +28,57 @@ stop() {
     PIDS=("${keep[@]}")
 }
 
-# Waits (bounded) until something accepts on 127.0.0.1:$1 and $2 is alive.
+# Waits (bounded: $3 tries 50 ms apart, default 200; valgrind needs ~1200)
+# until something accepts on 127.0.0.1:$1 and $2 is alive.
 wait_port() {
     local _
-    for _ in $(seq 200); do
+    for _ in $(seq "${3:-200}"); do
         kill -0 "$2" 2>/dev/null || { echo "bench: process $2 died (port $1)" >&2; exit 1; }
         if (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null; then return 0; fi
         sleep 0.05
     done
     echo "bench: nothing listens on port $1" >&2
     exit 1
+}
+
+# Waits (bounded: valgrind starts slowly, 60 s) until $2 (a process) answers
+# http://127.0.0.1:$1/metrics, sluice's admin listener.
+wait_admin_slow() {
+    local _
+    for _ in $(seq 600); do
+        kill -0 "$2" 2>/dev/null || { echo "bench: process $2 died (admin port $1)" >&2; exit 1; }
+        if curl -sf "http://127.0.0.1:$1/metrics" >/dev/null 2>&1; then return 0; fi
+        sleep 0.1
+    done
+    echo "bench: nothing answers on admin port $1 (under valgrind?)" >&2
+    exit 1
+}
+
+# A throwaway P-256 certificate for the TLS benches: $WORK/crt.pem, $WORK/key.pem.
+bench_cert() {
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+        -subj /CN=localhost -keyout "$WORK/key.pem" -out "$WORK/crt.pem" 2>/dev/null
+}
+
+# The h2 benches' sluice conf (h2_bench.sh, callgrind_h2.sh): TLS on 127.0.0.1:$2
+# with bench_cert's pair, in front of http://127.0.0.1:$3; written to $1.
+h2_sluice_conf() {
+    cat >"$1" <<EOF
+listen:
+  - address: 127.0.0.1:$2
+    tls: { cert: $WORK/crt.pem, key: $WORK/key.pem }
+admin: { address: "off" }
+workers: 1
+limits: { keepalive_requests: 100000 }
+http2: { max_concurrent_streams: 128 }
+upstreams:
+  main:
+    servers: [ { url: "http://127.0.0.1:$3" } ]
+    keepalive: 128
+models:
+  bench-model: { upstream: main }
+log: { access: "off", level: warn }
+EOF
 }
 
 # utime+stime in clock ticks, summed over the given processes (all threads).
