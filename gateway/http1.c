@@ -910,8 +910,6 @@ gw_http_hn_t gw_http_hn(const char *n, size_t len)
     return GW_HN_OTHER;
 }
 
-static bool token_listed(const char *v, size_t vn, const char *name, size_t name_len);
-
 /* Transfer-Encoding: 0 = exactly "chunked"; otherwise fails. A list with
  * codings we do not implement is 501; a malformed one (chunked not last,
  * twice, empty elements, parameters) is 400. */
@@ -1738,9 +1736,10 @@ static bool all_in(const char *s, size_t n, int cls)
 }
 
 /* RFC 9113 8.2.2: connection-specific fields are malformed in h2. */
-static const char *const gw_http_conn_specific[] = {
-    "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", NULL,
-};
+#define GW_HN_CONN_SPECIFIC                                                                        \
+    (GW_HN_BIT(GW_HN_CONNECTION) | GW_HN_BIT(GW_HN_KEEP_ALIVE) |                                   \
+     GW_HN_BIT(GW_HN_PROXY_CONNECTION) | GW_HN_BIT(GW_HN_TRANSFER_ENCODING) |                      \
+     GW_HN_BIT(GW_HN_UPGRADE))
 
 gw_http_state_t gw_http_load_header(gw_http_parser_t *p, const char *name, size_t name_len,
                                     const char *value, size_t value_len)
@@ -1756,11 +1755,9 @@ gw_http_state_t gw_http_load_header(gw_http_parser_t *p, const char *name, size_
         fail(p, 400, "bad_header");
         return p->state;
     }
-    for (const char *const *c = gw_http_conn_specific; *c; c++) {
-        if (ieq(name, name_len, *c)) {
-            fail(p, 400, "connection_header");
-            return p->state;
-        }
+    if (GW_HN_BIT(gw_http_hn(name, name_len)) & GW_HN_CONN_SPECIFIC) {
+        fail(p, 400, "connection_header");
+        return p->state;
     }
     /* OWS is not part of a value (RFC 9110 5.5), as head_scan() trims it. */
     while (value_len && (value[0] == ' ' || value[0] == '\t')) {
@@ -1937,27 +1934,8 @@ static bool token_listed(const char *v, size_t vn, const char *name, size_t name
 
 bool gw_http_header_is_hop(const gw_http_msg_t *m, const char *name, size_t name_len)
 {
-    /* Connection, Keep-Alive, TE, Trailer, Transfer-Encoding, Upgrade */
-    switch (name_len) {
-    case 2:
-        if (NAME_IS(name, "te"))
-            return true;
-        break;
-    case 7:
-        if (NAME_IS(name, "trailer") || NAME_IS(name, "upgrade"))
-            return true;
-        break;
-    case 10:
-        if (NAME_IS(name, "connection") || NAME_IS(name, "keep-alive"))
-            return true;
-        break;
-    case 17:
-        if (NAME_IS(name, "transfer-encoding"))
-            return true;
-        break;
-    default:
-        break;
-    }
+    if (GW_HN_BIT(gw_http_hn(name, name_len)) & GW_HN_HOP)
+        return true;
     if (name_len >= sizeof("proxy-") - 1 && NAME_IS(name, "proxy-"))
         return true;
     if (!m)

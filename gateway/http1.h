@@ -107,6 +107,12 @@ typedef enum gw_http_hn {
     GW_HN_CONTENT_ENCODING,
 } gw_http_hn_t;
 #define GW_HN_BIT(id) ((uint64_t)1 << (id))
+/* The hop-by-hop names of RFC 9110 7.6.1 that gw_http_header_is_hop()
+ * knows by name: Connection, Keep-Alive, TE, Trailer, Transfer-Encoding,
+ * Upgrade. */
+#define GW_HN_HOP                                                                                  \
+    (GW_HN_BIT(GW_HN_CONNECTION) | GW_HN_BIT(GW_HN_KEEP_ALIVE) | GW_HN_BIT(GW_HN_TE) |             \
+     GW_HN_BIT(GW_HN_TRAILER) | GW_HN_BIT(GW_HN_TRANSFER_ENCODING) | GW_HN_BIT(GW_HN_UPGRADE))
 /* Request headers that may appear once (400 duplicate_header): credentials
  * and the ids that key replay and idempotency. */
 #define GW_HN_SINGLE                                                                               \
