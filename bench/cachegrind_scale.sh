@@ -52,12 +52,6 @@ ADMIN=$((PORT_BASE + 20))
 for c in wrk valgrind callgrind_control curl "$NGINX_BIN" "$SLUICE_BIN"; do
     command -v "$c" >/dev/null || { echo "bench: $c not found" >&2; exit 1; }
 done
-for p in $UP_PORT $PORT $ADMIN; do
-    if (exec 3<>/dev/tcp/127.0.0.1/"$p") 2>/dev/null; then
-        echo "bench: port $p is in use (set BENCH_PORT_BASE)" >&2
-        exit 1
-    fi
-done
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 
 WORK=$(mktemp -d /tmp/sluice-cgscale.XXXXXX)
@@ -68,6 +62,7 @@ if [ -n "$SLUICE_BASE_BIN" ]; then
     BINS="base this"
 fi
 . "$ROOT/bench/lib.sh"
+ports_free "$UP_PORT" "$PORT" "$ADMIN"
 
 nginx_conf "$WORK/up" "    keepalive_timeout 300s;
     server {

@@ -72,12 +72,6 @@ port_of() {
     exit 1
 }
 
-for q in $UP_PORT $DEAD_PORT $(for c in $CONFIGS; do port_of "$c"; done); do
-    if (exec 3<>/dev/tcp/127.0.0.1/"$q") 2>/dev/null; then
-        echo "bench: port $q is in use (set BENCH_PORT_BASE)" >&2
-        exit 1
-    fi
-done
 
 WORK=$(mktemp -d /tmp/sluice-fallback-bench.XXXXXX)
 RES=$WORK/results.tsv
@@ -87,6 +81,7 @@ cp "$SLUICE_BIN" "$WORK/sluice"
 SLUICE_LABEL=$SLUICE_BIN
 SLUICE_BIN=$WORK/sluice
 . "$ROOT/bench/lib.sh"
+ports_free "$UP_PORT" "$DEAD_PORT" $(for c in $CONFIGS; do port_of "$c"; done)
 
 write_conf() { # $1 config
     local c=$1 f=$WORK/$1.yaml up=$UP_PORT

@@ -28,6 +28,17 @@ stop() {
     PIDS=("${keep[@]}")
 }
 
+# Exits unless the given ports of 127.0.0.1 are free (nothing accepts).
+ports_free() {
+    local p
+    for p in "$@"; do
+        if (exec 3<>/dev/tcp/127.0.0.1/"$p") 2>/dev/null; then
+            echo "bench: port $p is in use (set BENCH_PORT_BASE)" >&2
+            exit 1
+        fi
+    done
+}
+
 # Waits (bounded: $3 tries 50 ms apart, default 200; valgrind needs ~1200)
 # until something accepts on 127.0.0.1:$1 and $2 is alive.
 wait_port() {

@@ -90,15 +90,7 @@ port_of() {
     echo $((PORT_BASE + 9)) # a conf only `sluice token` reads
 }
 
-for c in $CONFIGS; do
-    p=$(port_of "$c")
-    for q in $p $UP_PORT $REDIS_PORT; do
-        if (exec 3<>/dev/tcp/127.0.0.1/"$q") 2>/dev/null; then
-            echo "bench: port $q is in use (set BENCH_PORT_BASE)" >&2
-            exit 1
-        fi
-    done
-done
+ports_free "$UP_PORT" "$REDIS_PORT" $(for c in $CONFIGS; do port_of "$c"; done)
 
 # ---- the upstream: nginx answering every POST with one fixed chat.completion
 nginx_fixed_upstream "$UP_PORT" "$LOAD_CPU"

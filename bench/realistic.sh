@@ -99,14 +99,7 @@ port_of() { # one sluice per binary and conf; the size runs share "plain"'s
     esac
 }
 
-for q in $UP_PORT $NGX_PORT $SSE_UP_PORT $NGX_SSE_PORT $((PORT_BASE + 10)) $((PORT_BASE + 11)) \
-    $((PORT_BASE + 12)) $((PORT_BASE + 13)) $((PORT_BASE + 14)) $((PORT_BASE + 15)) \
-    $((PORT_BASE + 16)) $((PORT_BASE + 17)); do
-    if (exec 3<>/dev/tcp/127.0.0.1/"$q") 2>/dev/null; then
-        echo "bench: port $q is in use (set BENCH_PORT_BASE)" >&2
-        exit 1
-    fi
-done
+ports_free "$UP_PORT" "$NGX_PORT" "$SSE_UP_PORT" "$NGX_SSE_PORT" $(seq $((PORT_BASE + 10)) $((PORT_BASE + 17)))
 
 # ---- the upstream: nginx answering every request with a 282-byte chat.completion
 ANSWER='{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"served-model","choices":[{"index":0,"message":{"role":"assistant","content":"The sea is vast and so calm."},"finish_reason":"stop"}],"usage":{"prompt_tokens":31,"completion_tokens":9,"total_tokens":40}}'

@@ -74,12 +74,6 @@ done
 for c in wrk taskset python3 "$NGINX_BIN"; do
     command -v "$c" >/dev/null || { echo "bench: $c not installed" >&2; exit 1; }
 done
-for p in $UP_PORT $TTFE_PORT $HOLD_PORT $NGINX_PORT $SLUICE_PORT; do
-    if (exec 3<>/dev/tcp/127.0.0.1/"$p") 2>/dev/null; then
-        echo "bench: port $p is in use (set BENCH_PORT_BASE)" >&2
-        exit 1
-    fi
-done
 if [ "$(($(ulimit -n) + 0))" -lt $((STREAMS + 100)) ]; then
     ulimit -n $((STREAMS * 2 + 100))
 fi
@@ -87,6 +81,7 @@ fi
 WORK=$(mktemp -d /tmp/sluice-bench.XXXXXX)
 RES=$WORK/results.tsv
 . "$ROOT/bench/lib.sh"
+ports_free "$UP_PORT" "$TTFE_PORT" "$HOLD_PORT" "$NGINX_PORT" "$SLUICE_PORT"
 
 CLK_TCK=$(getconf CLK_TCK)
 

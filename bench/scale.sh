@@ -59,18 +59,13 @@ NGINX_PORT=$((PORT_BASE + 10))
 for c in wrk taskset curl python3 "$NGINX_BIN" "$TOOLS/bench_upstream" "$TOOLS/bench_ttfe"; do
     command -v "$c" >/dev/null || { echo "scale: $c missing" >&2; exit 1; }
 done
-for p in $(seq $((PORT_BASE + 1)) $((PORT_BASE + 30))); do
-    if (exec 3<>/dev/tcp/127.0.0.1/"$p") 2>/dev/null; then
-        echo "scale: port $p is in use (set BENCH_PORT_BASE)" >&2
-        exit 1
-    fi
-done
 # 5,000 clients, as many upstream connections, the listeners: raise the
 # descriptor limit (root may raise the hard one too).
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 
 WORK=$(mktemp -d /tmp/sluice-scale.XXXXXX)
 . "$ROOT/bench/lib.sh"
+ports_free $(seq $((PORT_BASE + 1)) $((PORT_BASE + 30)))
 
 rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
 
