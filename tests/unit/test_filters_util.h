@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "filters/filters.h"
@@ -32,6 +33,16 @@ static inline char *tf_write_file(const char *content)
     }
     close(fd);
     return strdup(tmpl);
+}
+
+/* The calling thread's CPU time in ns, for the tests' time bounds: the wall
+ * clock would also count other processes' time on a loaded machine. */
+static inline int64_t tf_cpu_ns(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0)
+        return 0;
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
 /* tweak may adjust the conf before the build (limits, input settings). */
