@@ -61,8 +61,6 @@ nginx_conf "$WORK/up" "
 spawn "$NGINX_BIN" -p "$WORK/up/" -e "$WORK/up/error.log" -c "$WORK/up/nginx.conf"
 wait_port "$UP_PORT" "$LAST"
 
-export SLUICE_BENCH_TOKEN_SECRET=bench-token-secret-0123456789abcdefghij
-export SLUICE_BENCH_SIGNING_SECRET=bench-signing-secret-0123456789abcdefgh
 export SLUICE_BENCH_UPSTREAM_KEY=upstream-key
 for i in $(seq 0 1000); do printf 'forbiddenword%04dx\n' "$i"; done >"$WORK/words.txt"
 

@@ -150,6 +150,25 @@ nginx_fixed_upstream() {
 # issue #16's sluice confs (bench/realistic.sh, bench/callgrind_req.sh): $WORK/$1.yaml;
 # $1 name, $2 port, $3 admin port, $4 full, plain or bodies, $5 upstream port
 # (default $UP_PORT); uses $WORK/words.txt and checks the conf with $SLUICE_BIN -t.
+# The benches' auth section: HS256 tokens signed with SLUICE_BENCH_TOKEN_SECRET
+# (`sluice token` makes them), request signatures with
+# SLUICE_BENCH_SIGNING_SECRET, required when $1 is "true". Further lines of
+# the section (indented two spaces) may follow as $2.
+export SLUICE_BENCH_TOKEN_SECRET=bench-token-secret-0123456789abcdefghij
+export SLUICE_BENCH_SIGNING_SECRET=bench-signing-secret-0123456789abcdefgh
+bench_auth_conf() {
+    cat <<EOF
+auth:
+  tokens:
+    issuer: sluice
+    audience: chat
+    keys:
+      - { kid: k1, alg: HS256, secret_env: SLUICE_BENCH_TOKEN_SECRET }
+  signing: { required: $1, secret_env: SLUICE_BENCH_SIGNING_SECRET, window: 300s }
+EOF
+    [ -z "${2:-}" ] || printf '%s\n' "$2"
+}
+
 realistic_conf() {
     local f=$WORK/$1.yaml
     cat >"$f" <<EOF
@@ -174,13 +193,7 @@ log:
 EOF
     if [ "$4" = full ]; then
         cat >>"$f" <<EOF
-auth:
-  tokens:
-    issuer: sluice
-    audience: chat
-    keys:
-      - { kid: k1, alg: HS256, secret_env: SLUICE_BENCH_TOKEN_SECRET }
-  signing: { required: false, secret_env: SLUICE_BENCH_SIGNING_SECRET, window: 300s }
+$(bench_auth_conf false)
 ratelimit:
   per_user: { requests_per_minute: 1000000, concurrent: 1000 }
 filters:

@@ -100,8 +100,6 @@ spawn taskset -c "$LOAD_CPU" "$REDIS_BIN" --port "$REDIS_PORT" --bind 127.0.0.1 
 wait_port "$REDIS_PORT" "$LAST"
 
 # ---- secrets, confs, tokens
-export SLUICE_BENCH_TOKEN_SECRET=bench-token-secret-0123456789abcdefghij
-export SLUICE_BENCH_SIGNING_SECRET=bench-signing-secret-0123456789abcdefgh
 export SLUICE_BENCH_ADMIN_KEY=bench-admin-key-0123456789
 
 write_conf() { # $1 config
@@ -124,28 +122,11 @@ log:
   level: warn
 EOF
     case $c in full_local | full_local_base)
-        cat >>"$f" <<EOF
-auth:
-  tokens:
-    issuer: sluice
-    audience: chat
-    keys:
-      - { kid: k1, alg: HS256, secret_env: SLUICE_BENCH_TOKEN_SECRET }
-  signing: { required: false, secret_env: SLUICE_BENCH_SIGNING_SECRET, window: 300s }
-EOF
+        bench_auth_conf false >>"$f"
         ;;
     esac
     case $c in auth | auth_redis | full | full_base | full_sig | full_sig_base)
-        cat >>"$f" <<EOF
-auth:
-  tokens:
-    issuer: sluice
-    audience: chat
-    keys:
-      - { kid: k1, alg: HS256, secret_env: SLUICE_BENCH_TOKEN_SECRET }
-  signing: { required: true, secret_env: SLUICE_BENCH_SIGNING_SECRET, window: 300s }
-  admin_key_env: SLUICE_BENCH_ADMIN_KEY
-EOF
+        bench_auth_conf true "  admin_key_env: SLUICE_BENCH_ADMIN_KEY" >>"$f"
         ;;
     esac
     case $c in rl_redis | rl_redis_base | auth_redis | full | full_base)

@@ -169,8 +169,6 @@ EOF
 fi
 
 # ---- sluice confs
-export SLUICE_BENCH_TOKEN_SECRET=bench-token-secret-0123456789abcdefghij
-export SLUICE_BENCH_SIGNING_SECRET=bench-signing-secret-0123456789abcdefgh
 export SLUICE_BENCH_UPSTREAM_KEY=upstream-key
 python3 - "$WORK/words.txt" <<'EOF'
 import sys
