@@ -17,7 +17,13 @@
 # BENCH_ROUNDS (default 5), BENCH_CONNS (default 32), BENCH_PORT_BASE
 # (default 28800), BENCH_KEEP=1 keeps the work directory, BENCH_STRACE=1
 # adds one round per proxy under `strace -c` and prints system calls per
-# request (strace slows the proxy: its CPU in that round is not counted).
+# request (strace slows the proxy: its CPU in that round is not counted),
+# BENCH_NSTAT=1 adds one 3 s round per proxy counted by nstat: TCP segments,
+# pure ACKs and delayed ACKs per request (the kernel's share of the work
+# that no CPU figure splits). The counters are the network namespace's, so
+# run it in a namespace of its own, where nothing else talks:
+#   ip netns add b; ip netns exec b ip link set lo up
+#   BENCH_NSTAT=1 ip netns exec b bench/plain_split.sh
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -132,6 +138,40 @@ for k in names:
     if max(p.get(k, 0) for p in per.values()) >= 0.01:
         print("| %s | " % k + " | ".join("%.2f" % per[c].get(k, 0) for c in cfgs) + " |")
 print("| total | " + " | ".join("%.2f" % sum(per[c].values()) for c in cfgs) + " |")
+PYEOF
+fi
+
+# TCP counters per request: one 3 s round per proxy between two nstat reads.
+if [ "${BENCH_NSTAT:-0}" = 1 ]; then
+    export NSTAT_HISTORY=$WORK/nstat.hist
+    for c in $CONFIGS; do
+        nstat -n
+        out=$(taskset -c 0 wrk -t1 -c"$CONNS" -d3s --timeout 30s -s "$ROOT/bench/realistic.lua" \
+            "http://127.0.0.1:${PORT[$c]}/v1/chat/completions")
+        nstat -z >"$WORK/nstat.$c"
+        grep -q 'errors=0 non2xx=0' <<<"$out" || { echo "bench: nstat $c: $out" >&2; exit 1; }
+        sed 's/.*requests=\([0-9]*\).*/\1/' <<<"$(grep '^BENCH ' <<<"$out")" >"$WORK/nstat.$c.n"
+    done
+    python3 - "$WORK" $CONFIGS <<'PYEOF'
+import sys
+work, cfgs = sys.argv[1], sys.argv[2:]
+keys = ["TcpInSegs", "TcpOutSegs", "TcpExtTCPPureAcks", "TcpExtDelayedACKs", "TcpExtTCPHPAcks",
+        "TcpExtTCPHPHits", "TcpExtTCPAutoCorking", "TcpExtTCPOrigDataSent", "TcpActiveOpens",
+        "TcpPassiveOpens", "IpExtInOctets"]
+per = {}
+for c in cfgs:
+    n = int(open("%s/nstat.%s.n" % (work, c)).read())
+    v = {}
+    for line in open("%s/nstat.%s" % (work, c)):
+        f = line.split()
+        if len(f) >= 2 and not f[0].startswith("#"):
+            v[f[0]] = int(f[1])
+    per[c] = {k: v.get(k, 0) / n for k in keys}
+print("\nTCP counters per request (nstat, one 3 s round each; wrk, upstream and proxy together):\n")
+print("| counter | " + " | ".join(cfgs) + " |")
+print("| --- |" + " ---: |" * len(cfgs))
+for k in keys:
+    print("| %s | " % k + " | ".join("%.2f" % per[c][k] for c in cfgs) + " |")
 PYEOF
 fi
 
