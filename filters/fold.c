@@ -67,12 +67,25 @@ int flt_utf8_valid(const char *str, size_t n)
     return 1;
 }
 
+/* Code points = bytes - continuation bytes (10xxxxxx). Eight bytes a step:
+ * a byte is a continuation when its bit 7 is set and its bit 6 is not
+ * (x & ~(x << 1), bit 7 of each byte; the shift's carry into the next byte
+ * lands on bit 0, masked off), summed by one multiply. The byte loop cost
+ * ~6 instructions a byte on every message of every request (the length
+ * filter counts characters). */
 size_t flt_utf8_count(const char *s, size_t n)
 {
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++)
-        k += ((unsigned char)s[i] & 0xC0) != 0x80;
-    return k;
+    const uint64_t hi = 0x8080808080808080ull;
+    size_t cont = 0, i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t x;
+        memcpy(&x, s + i, 8);
+        uint64_t c = (x & ~(x << 1) & hi) >> 7;
+        cont += (size_t)((c * 0x0101010101010101ull) >> 56);
+    }
+    for (; i < n; i++)
+        cont += ((unsigned char)s[i] & 0xC0) == 0x80;
+    return n - cont;
 }
 
 size_t flt_utf8_prefix(const char *s, size_t n, size_t max_cp)

@@ -154,14 +154,14 @@ static gw_conn_t *gw_conn_attach(gw_worker_t *w, gw_conn_t *c, struct buffereven
         return NULL;
     }
     bufferevent_setcb(c->bev, gw_conn_readcb, gw_conn_writecb, gw_conn_eventcb, c);
-    bufferevent_setwatermark(c->bev, EV_READ, 0, GW_CONN_READ_HWM);
     int64_t st = w->rt->conf->limits.send_timeout_ms;
     struct timeval wtv = {st / 1000, (st % 1000) * 1000};
     bufferevent_set_timeouts(c->bev, NULL, &wtv);
-    if (direct && !ssl) /* a plain socket: read without libevent's FIONREAD (wio.c) */
-        (void)gw_wio_read_own(c->bev);
     bufferevent_enable(c->bev, EV_READ | EV_WRITE);
     gw_wio_init(&c->wio, w, c->bev, direct, gw_conn_drained, gw_conn_failed, c);
+    gw_wio_set_read_mark(&c->wio, GW_CONN_READ_HWM);
+    if (direct && !ssl) /* a plain socket: read without libevent's FIONREAD (wio.c) */
+        (void)gw_wio_read_own(&c->wio);
     if (ssl && gw_wio_tls_own(&c->wio, ssl) != 0) {
         gw_wio_fini(&c->wio);
         SSL_free(ssl);
@@ -374,7 +374,7 @@ static void gw_conn_flushed_close(gw_conn_t *c)
     struct evbuffer *in = bufferevent_get_input(c->bev);
     c->linger_bytes = evbuffer_get_length(in);
     evbuffer_drain(in, c->linger_bytes);
-    bufferevent_setwatermark(c->bev, EV_READ, 0, 0);
+    gw_wio_set_read_mark(&c->wio, 0);
     bufferevent_enable(c->bev, EV_READ);
     gw_conn_arm(c, GW_CONN_LINGER_MS);
 }

@@ -25,6 +25,8 @@ struct gw_wio {
     SSL *ssl;                     /* our TLS (gw_wio_tls_own): owned, freed by fini */
     bool hs;                      /* the TLS handshake is not done yet */
     bool rd_wants_wr;             /* an SSL_read (or the handshake) waits to write */
+    bool own_read;                /* our read event (gw_wio_read_own, gw_wio_tls_own) */
+    size_t read_high;             /* the read high-watermark (gw_wio_set_read_mark) */
     void (*drained)(void *owner); /* everything was written */
     void (*failed)(void *owner, short what); /* a write failed */
     void *owner;
@@ -45,11 +47,18 @@ void gw_wio_flush_cb(evutil_socket_t fd, short what, void *arg);
 
 /* Plain sockets: the bufferevent's read event runs our read (wio.c says
  * why) instead of libevent's; everything else about reading (enable and
- * disable, the read watermarks, the read timeout, EOF and errors to the
- * event callback) stays the bufferevent's. Call once the socket is set
- * (after bufferevent_socket_connect: setting the fd reassigns the event).
- * 0, or -1 when the bufferevent has no socket (it keeps libevent's read). */
-int gw_wio_read_own(struct bufferevent *bev);
+ * disable, the read timeout, EOF and errors to the event callback) stays
+ * the bufferevent's, and the read high-watermark is gw_wio_set_read_mark's.
+ * Call after gw_wio_init, once the socket is set (after
+ * bufferevent_socket_connect: setting the fd reassigns the event). 0, or
+ * -1 when the bufferevent has no socket (it keeps libevent's read). */
+int gw_wio_read_own(gw_wio_t *io);
+
+/* The read high-watermark (0: none), in place of bufferevent_setwatermark
+ * (EV_READ): reads stop while the input holds that much. With our read
+ * event it is kept here and libevent's own mark is set only while the
+ * input is at it (wio.c, "The read mark"); otherwise it is libevent's. */
+void gw_wio_set_read_mark(gw_wio_t *io, size_t high);
 
 /* TLS on a plain-socket bufferevent, by us (wio.c says why): SSL_read
  * into the input buffer from the read event, SSL_write from the output

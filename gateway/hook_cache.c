@@ -393,7 +393,7 @@ static gw_hook_rc_t gw_cache_on_request(gw_req_t *r, void **state)
         cache_req_free(q); /* nothing to record: events are relayed untouched */
         return GW_HOOK_NEXT;
     }
-    gw_cache_req_t *s = calloc(1, sizeof(*s));
+    gw_cache_req_t *s = sl_zalloc(sizeof(*s));
     if (!s) {
         cache_req_free(q);
         return GW_HOOK_NEXT;

@@ -197,8 +197,9 @@ static gw_hook_rc_t gw_fbh_on_request(gw_req_t *r, void **state)
         return GW_HOOK_NEXT;
     const conf_t *conf = r->rt->conf;
     const gw_http_msg_t *m = gw_http_msg(r->c->parser);
-    const gw_http_header_t *fh = gw_http_header_find(m, FB_FAULT_HEADER);
-    const gw_http_header_t *ak = gw_http_header_find(m, FB_FAULT_ADMIN_HEADER);
+    /* by id: gw_http_hn knows FB_FAULT_HEADER and FB_FAULT_ADMIN_HEADER */
+    const gw_http_header_t *fh = gw_http_header_get(m, GW_HN_X_SLUICE_FAULT);
+    const gw_http_header_t *ak = gw_http_header_get(m, GW_HN_X_SLUICE_ADMIN_KEY);
     bool admin_ok =
         ak && r->rt->admin_key &&
         sl_ct_equal(ak->value, ak->value_len, r->rt->admin_key, strlen(r->rt->admin_key));
@@ -219,11 +220,11 @@ static gw_hook_rc_t gw_fbh_on_request(gw_req_t *r, void **state)
     }
     if (fa.abort)
         r->fault_status = fa.status;
-    const gw_http_header_t *ik = gw_http_header_find(m, "Idempotency-Key");
+    const gw_http_header_t *ik = gw_http_header_get(m, GW_HN_IDEMPOTENCY_KEY);
     bool idem = ik && r->c->w->iw;
     if (!idem && fa.delay_ms <= 0)
         return GW_HOOK_NEXT;
-    gw_fbh_t *s = calloc(1, sizeof(*s));
+    gw_fbh_t *s = sl_zalloc(sizeof(*s));
     if (!s) {
         gw_respond_oom(r);
         return GW_HOOK_DONE;

@@ -76,7 +76,7 @@ static gw_hook_rc_t gw_flt_on_request(gw_req_t *r, void **state)
         *state = &gw_flt_body_only;
         return GW_HOOK_NEXT;
     }
-    gw_flt_t *s = calloc(1, sizeof(*s));
+    gw_flt_t *s = sl_zalloc(sizeof(*s));
     if (!s) {
         gw_respond_oom(r);
         return GW_HOOK_DONE;

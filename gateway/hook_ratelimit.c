@@ -323,7 +323,7 @@ static gw_hook_rc_t gw_rl_on_request(gw_req_t *r, void **state)
     const conf_ratelimit_t *c = &r->rt->conf->ratelimit;
     if (!w->rlw)
         return GW_HOOK_NEXT;
-    gw_rl_t *s = calloc(1, sizeof(*s));
+    gw_rl_t *s = sl_zalloc(sizeof(*s));
     if (!s) {
         gw_respond_oom(r);
         return GW_HOOK_DONE;

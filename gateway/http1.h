@@ -105,6 +105,8 @@ typedef enum gw_http_hn {
     GW_HN_RETRY_AFTER,
     GW_HN_ACCEPT_LANGUAGE,
     GW_HN_CONTENT_ENCODING,
+    GW_HN_X_SLUICE_FAULT,     /* fallback's fault injection (FB_FAULT_HEADER) */
+    GW_HN_X_SLUICE_ADMIN_KEY, /* and its key (FB_FAULT_ADMIN_HEADER) */
 } gw_http_hn_t;
 #define GW_HN_BIT(id) ((uint64_t)1 << (id))
 /* The hop-by-hop names of RFC 9110 7.6.1 that gw_http_header_is_hop()

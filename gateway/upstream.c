@@ -311,7 +311,7 @@ gw_upconn_t *gw_upstream_get(gw_worker_t *w, gw_srv_rt_t *srv, bool allow_reuse)
     }
     bufferevent_setcb(u->bev, gw_up_readcb, gw_up_writecb, gw_up_eventcb, u);
     gw_wio_init(&u->wio, w, u->bev, false, gw_up_drained, gw_up_failed, u);
-    bufferevent_setwatermark(u->bev, EV_READ, 0, 64 * 1024);
+    gw_wio_set_read_mark(&u->wio, 64 * 1024);
     if (bufferevent_socket_connect(u->bev, (struct sockaddr *)&srv->addr, (int)srv->addrlen) != 0) {
         int err = errno;
         if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
@@ -331,7 +331,7 @@ gw_upconn_t *gw_upstream_get(gw_worker_t *w, gw_srv_rt_t *srv, bool allow_reuse)
     } else if (!srv->https) {
         /* our reads, without libevent's FIONREAD (wio.c); only now, as
          * setting the socket reassigned the read event */
-        (void)gw_wio_read_own(u->bev);
+        (void)gw_wio_read_own(&u->wio);
     }
     bufferevent_enable(u->bev, EV_READ | EV_WRITE);
     sl_counter_add(srv->m_conn_new, 1);

@@ -38,6 +38,16 @@
  * EOF, errors and the timeout end as in libevent's bufferevent_readcb:
  * reading disabled, then the event callback with BEV_EVENT_READING.
  *
+ * The read mark (gw_wio_set_read_mark): libevent keeps a read high-
+ * watermark as a callback on the input buffer that runs on every add and
+ * drain and, below the mark, "unsuspends" reading: bufferevent_enable's
+ * event_add (a timer re-queued) each time, ~6 times a request (the head's
+ * and body's drains, our commits; ~1,000 instructions of a ~33,000 plain
+ * request). With our read event the mark is kept in gw_wio_t: each read
+ * takes at most what it leaves, and libevent's mark is set only when the
+ * input reaches it (libevent then suspends reading, and resumes it once
+ * the input drains below) and cleared by the next read below it.
+ *
  * Client TLS (gw_wio_tls_own): libevent's bufferevent_openssl layers its
  * own evbuffers, 4 KiB reads, deferred callbacks and a BIO round trip over
  * SSL_read/SSL_write. A client TLS connection is instead a plain-socket
@@ -94,6 +104,51 @@ static void gw_wio_outcb(struct evbuffer *buf, const struct evbuffer_cb_info *in
     if (info->n_added == 0 || io->queued || (!io->kick && (!io->direct || io->armed)))
         return;
     gw_wio_queue(io);
+}
+
+/* ---- the read mark (see the top) ---------------------------------------------- */
+
+/* libevent's mark on (suspending reading) only while the input is at ours. */
+static void gw_wio_mark_sync(gw_wio_t *io)
+{
+    struct bufferevent *bev = io->bev;
+    size_t low = 0, high = 0;
+    bufferevent_getwatermark(bev, EV_READ, &low, &high);
+    if (io->read_high && evbuffer_get_length(bufferevent_get_input(bev)) >= io->read_high)
+        bufferevent_setwatermark(bev, EV_READ, 0, io->read_high); /* suspends */
+    else if (high)
+        bufferevent_setwatermark(bev, EV_READ, 0, 0); /* its callback off */
+}
+
+/* What the next read may take (SIZE_MAX: no mark); 0 at the mark, with
+ * reading suspended. */
+static size_t gw_wio_read_room(gw_wio_t *io)
+{
+    if (!io->read_high)
+        return SIZE_MAX;
+    size_t len = evbuffer_get_length(bufferevent_get_input(io->bev));
+    size_t low = 0, high = 0;
+    bufferevent_getwatermark(io->bev, EV_READ, &low, &high);
+    if (len >= io->read_high || high) /* at the mark, or just below it again */
+        gw_wio_mark_sync(io);
+    return len >= io->read_high ? 0 : io->read_high - len;
+}
+
+/* After a read: at the mark, reading stops now (as libevent's own mark
+ * would have stopped it in the commit). */
+static void gw_wio_read_done(gw_wio_t *io)
+{
+    if (io->read_high && evbuffer_get_length(bufferevent_get_input(io->bev)) >= io->read_high)
+        gw_wio_mark_sync(io);
+}
+
+void gw_wio_set_read_mark(gw_wio_t *io, size_t high)
+{
+    io->read_high = high;
+    if (io->own_read)
+        gw_wio_mark_sync(io);
+    else
+        bufferevent_setwatermark(io->bev, EV_READ, 0, high);
 }
 
 void gw_wio_init(gw_wio_t *io, gw_worker_t *w, struct bufferevent *bev, bool direct,
@@ -158,7 +213,15 @@ void gw_wio_fini(gw_wio_t *io)
                      bev);
         event_assign(&bev->ev_write, base, fd, EV_WRITE | EV_PERSIST | EV_FINALIZE, gw_wio_tls_gone,
                      bev);
+    } else if (io->own_read && io->bev) {
+        /* the same for our plain read event (its argument is io) */
+        struct bufferevent *bev = io->bev;
+        bufferevent_disable(bev, EV_READ);
+        event_del(&bev->ev_read);
+        event_assign(&bev->ev_read, bufferevent_get_base(bev), bufferevent_getfd(bev),
+                     EV_READ | EV_PERSIST | EV_FINALIZE, gw_wio_tls_gone, bev);
     }
+    io->own_read = false;
     SSL_free(io->ssl); /* the socket is the bufferevent's to close */
     io->ssl = NULL;
     io->direct = false;
@@ -271,14 +334,8 @@ static void gw_wio_tls_readcb(evutil_socket_t fd, short what, void *arg)
         if (!SSL_has_pending(io->ssl))
             goto done; /* the request comes with the next wake-up */
     }
-    size_t low = 0, high = 0;
-    bufferevent_getwatermark(bev, EV_READ, &low, &high);
-    if (high && evbuffer_get_length(in) >= high) {
-        /* at the mark (OpenSSL holds nothing: see the top): suspended
-         * again until the buffer drains */
-        bufferevent_setwatermark(bev, EV_READ, low, high);
-        goto done;
-    }
+    if (gw_wio_read_room(io) == 0)
+        goto done; /* at the mark (OpenSSL holds nothing: see the top): suspended */
     evbuffer_unfreeze(in, 0);
     for (;;) {
         struct evbuffer_iovec v;
@@ -301,6 +358,8 @@ static void gw_wio_tls_readcb(evutil_socket_t fd, short what, void *arg)
             break;
     }
     evbuffer_freeze(in, 0);
+    if (got > 0)
+        gw_wio_read_done(io);
 done:
     /* io may be gone once a callback ran: only bev (referenced) after */
     if (got > 0)
@@ -372,6 +431,7 @@ int gw_wio_tls_own(gw_wio_t *io, SSL *ssl)
     SSL_set_read_ahead(ssl, 1);
     io->ssl = ssl;
     io->hs = true;
+    io->own_read = true;
     /* event_assign needs the events neither added nor active */
     short on = bufferevent_get_enabled(bev);
     if (on)
@@ -381,6 +441,7 @@ int gw_wio_tls_own(gw_wio_t *io, SSL *ssl)
                  io);
     event_assign(&bev->ev_write, base, fd, EV_WRITE | EV_PERSIST | EV_FINALIZE, gw_wio_tls_writecb,
                  io);
+    gw_wio_mark_sync(io); /* the mark moves from libevent's to ours */
     if (on)
         bufferevent_enable(bev, on);
     return 0;
@@ -454,20 +515,14 @@ void gw_wio_flush_cb(evutil_socket_t fd, short what, void *arg)
 
 static _Thread_local char gw_wio_scratch[GW_WIO_READ];
 
-static ssize_t gw_wio_read_once(struct bufferevent *bev, evutil_socket_t fd, int *err)
+static ssize_t gw_wio_read_once(gw_wio_t *io, evutil_socket_t fd, int *err)
 {
+    struct bufferevent *bev = io->bev;
     struct evbuffer *in = bufferevent_get_input(bev);
-    size_t want = GW_WIO_READ, low = 0, high = 0, len = evbuffer_get_length(in);
-    bufferevent_getwatermark(bev, EV_READ, &low, &high);
-    if (high) {
-        if (len >= high) {
-            /* the mark was lowered under the buffer: setting it again
-             * suspends reading until the buffer drains below it */
-            bufferevent_setwatermark(bev, EV_READ, low, high);
-            return -2;
-        }
-        want = SL_MIN(want, high - len);
-    }
+    size_t want = gw_wio_read_room(io);
+    if (want == 0)
+        return -2; /* at the mark: suspended until the input drains */
+    want = SL_MIN(want, (size_t)GW_WIO_READ);
     struct evbuffer_iovec v[2];
     struct iovec iov[3];
     ssize_t n = -1;
@@ -507,12 +562,15 @@ static ssize_t gw_wio_read_once(struct bufferevent *bev, evutil_socket_t fd, int
         }
     }
     evbuffer_freeze(in, 0);
+    if (n > 0)
+        gw_wio_read_done(io);
     return n;
 }
 
 static void gw_wio_readcb(evutil_socket_t fd, short what, void *arg)
 {
-    struct bufferevent *bev = arg;
+    gw_wio_t *io = arg;
+    struct bufferevent *bev = io->bev;
     short ev = BEV_EVENT_READING;
     int err = 0;
     bufferevent_incref(bev); /* the callbacks may free it: freed on our way out */
@@ -520,7 +578,7 @@ static void gw_wio_readcb(evutil_socket_t fd, short what, void *arg)
         /* only a bare timeout: with EV_READ a read came in time */
         ev |= BEV_EVENT_TIMEOUT;
     } else {
-        ssize_t n = gw_wio_read_once(bev, fd, &err);
+        ssize_t n = gw_wio_read_once(io, fd, &err);
         if (n > 0) {
             /* the read callback, if the low watermark is met */
             bufferevent_trigger(bev, EV_READ, 0);
@@ -539,8 +597,9 @@ static void gw_wio_readcb(evutil_socket_t fd, short what, void *arg)
     bufferevent_decref(bev);
 }
 
-int gw_wio_read_own(struct bufferevent *bev)
+int gw_wio_read_own(gw_wio_t *io)
 {
+    struct bufferevent *bev = io->bev;
     evutil_socket_t fd = bufferevent_getfd(bev);
     if (fd < 0)
         return -1;
@@ -549,7 +608,9 @@ int gw_wio_read_own(struct bufferevent *bev)
     if (on)
         bufferevent_disable(bev, EV_READ);
     event_assign(&bev->ev_read, bufferevent_get_base(bev), fd, EV_READ | EV_PERSIST | EV_FINALIZE,
-                 gw_wio_readcb, bev);
+                 gw_wio_readcb, io);
+    io->own_read = true;
+    gw_wio_mark_sync(io); /* the mark moves from libevent's to ours */
     if (on)
         bufferevent_enable(bev, EV_READ);
     return 0;

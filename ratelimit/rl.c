@@ -530,8 +530,8 @@ static void rl_enqueue(rl_worker_t *w, rl_pending_t *p);
  * key and limits, op 'r' (give back) or 'c' (ask). NULL on OOM. */
 static rl_pending_t *rl_lease_call(rl_worker_t *w, const rl_lease_t *l, char op)
 {
-    rl_pending_t *p = calloc(1, sizeof(*p));
-    rl_ticket_t *t = calloc(1, sizeof(*t));
+    rl_pending_t *p = sl_zalloc(sizeof(*p));
+    rl_ticket_t *t = sl_zalloc(sizeof(*t));
     if (!p || !t) {
         free(p);
         free(t);
@@ -889,7 +889,7 @@ rl_check_rc_t rl_check(rl_worker_t *w, const rl_request_t *req, rl_decision_t *d
     if (pending)
         *pending = NULL;
     memset(d, 0, sizeof(*d));
-    rl_ticket_t *t = calloc(1, sizeof(*t));
+    rl_ticket_t *t = sl_zalloc(sizeof(*t));
     if (!t)
         return RL_ERROR;
     t->rl = rl;
@@ -943,7 +943,7 @@ rl_check_rc_t rl_check(rl_worker_t *w, const rl_request_t *req, rl_decision_t *d
             return RL_DONE;
         }
     }
-    rl_pending_t *p = calloc(1, sizeof(*p));
+    rl_pending_t *p = sl_zalloc(sizeof(*p));
     if (!p) {
         free(t);
         return RL_ERROR;
@@ -989,7 +989,7 @@ static void rl_ticket_finish(rl_ticket_t *t, int64_t refund)
             t->slot) {
             if (!t->slot)
                 t->lease[0] = '\0';
-            rl_pending_t *p = calloc(1, sizeof(*p));
+            rl_pending_t *p = sl_zalloc(sizeof(*p));
             if (p) { /* the settle takes the ticket; it goes with this turn's batch */
                 p->w = t->w;
                 p->ticket = t;

@@ -15,6 +15,28 @@
 #include "filters/flt_internal.h"
 #include "test_filters_util.h"
 
+/* flt_utf8_count steps 8 bytes at a time: every length and offset, bytes
+ * drawn from all four classes (ASCII, continuation, lead bytes), against
+ * the byte-at-a-time definition. */
+static void test_utf8_count_against_loop(void **state)
+{
+    (void)state;
+    static const unsigned char pick[] = {'a', 0x7F, 0x80, 0xBF, 0xC3, 0xE4, 0xF0, 0xFF, 0x40, 0x00};
+    unsigned char buf[80];
+    unsigned seed = 7;
+    for (int round = 0; round < 4000; round++) {
+        for (size_t i = 0; i < sizeof(buf); i++) {
+            seed = seed * 1103515245u + 12345u;
+            buf[i] = pick[(seed >> 16) % sizeof(pick)];
+        }
+        size_t off = (size_t)round % 8, n = (size_t)round % (sizeof(buf) - 8);
+        size_t want = 0;
+        for (size_t i = 0; i < n; i++)
+            want += (buf[off + i] & 0xC0) != 0x80;
+        assert_int_equal(flt_utf8_count((const char *)buf + off, n), want);
+    }
+}
+
 static void test_utf8_and_fold(void **state)
 {
     (void)state;
@@ -364,6 +386,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_utf8_and_fold),
+        cmocka_unit_test(test_utf8_count_against_loop),
         cmocka_unit_test(test_ac_against_naive),
         cmocka_unit_test(test_ac_ascii_run_against_naive),
         cmocka_unit_test(test_ac_skip_against_step),

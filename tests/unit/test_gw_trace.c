@@ -71,6 +71,30 @@ static void test_invalid(void **state)
     assert_false(gw_trace_parse(NULL, 0, tid, &flags));
 }
 
+/* The ids and parent ids are written 8 digits a step (trace.c): every
+ * nibble value at every position, against printf's %016llx. */
+static void test_hex_against_printf(void **state)
+{
+    (void)state;
+    char tid[33], out[GW_TRACEPARENT_LEN + 1], want[80];
+    uint64_t x = 0x243f6a8885a308d3ull;
+    for (int i = 0; i < 20000; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        uint64_t hi = x, lo = x ^ (x >> 29) * 0x9e3779b97f4a7c15ull;
+        if (i < 16) /* a nibble repeated: each value in every position */
+            hi = lo = 0x1111111111111111ull * (uint64_t)i;
+        if (hi == 0 && lo == 0)
+            continue;
+        gw_trace_new_id(tid, hi, lo);
+        snprintf(want, sizeof(want), "%016llx%016llx", (unsigned long long)hi,
+                 (unsigned long long)lo);
+        assert_string_equal(tid, want);
+        gw_trace_format(out, sizeof(out), tid, lo | 1, 0x5a);
+        snprintf(want, sizeof(want), "00-%s-%016llx-5a", tid, (unsigned long long)(lo | 1));
+        assert_string_equal(out, want);
+    }
+}
+
 static void test_format_round_trip(void **state)
 {
     (void)state;
@@ -141,6 +165,7 @@ int main(void)
         cmocka_unit_test(test_valid),
         cmocka_unit_test(test_invalid),
         cmocka_unit_test(test_format_round_trip),
+        cmocka_unit_test(test_hex_against_printf),
         cmocka_unit_test(test_random_unique),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -7,7 +7,9 @@
  * bytes and their order, reads larger than libevent's 4 KiB but bounded,
  * one read per wake-up, the read high-watermark's suspension and resume,
  * EOF, a reset, the read timeout, reading toggled off and on, and a
- * bufferevent freed inside its own read callback.
+ * bufferevent freed inside its own read callback. The read mark is
+ * gw_wio_set_read_mark's: libevent's own is set only while the input is at
+ * it (its input-buffer callback would re-add the read event on every drain).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -31,17 +33,21 @@
 typedef struct fx {
     struct event_base *base;
     struct bufferevent *bev;
-    int peer;            /* the other end, blocking */
-    int nreads;          /* read callbacks */
-    size_t max_read;     /* the most one callback found new */
-    size_t seen;         /* bytes taken out (drain mode) */
-    bool drain;          /* the read callback empties the input */
-    bool free_in_cb;     /* the read callback frees the bufferevent */
-    size_t keep;         /* keep mode: the callback leaves this many bytes */
-    size_t len_before;   /* keep mode: the input's length after the last callback */
-    size_t first_read;   /* keep mode: the first callback's input length */
-    short what;          /* the event callback's flags */
-    unsigned char *data; /* drain mode: the bytes, in order */
+    gw_wio_t io;          /* the bufferevent's (no worker: never direct) */
+    size_t mark;          /* gw_wio_set_read_mark's, when set by the test */
+    size_t lib_high_max;  /* libevent's read mark, the most a callback saw below ours */
+    int lib_high_at_mark; /* callbacks that found the input at ours and libevent's set there */
+    int peer;             /* the other end, blocking */
+    int nreads;           /* read callbacks */
+    size_t max_read;      /* the most one callback found new */
+    size_t seen;          /* bytes taken out (drain mode) */
+    bool drain;           /* the read callback empties the input */
+    bool free_in_cb;      /* the read callback frees the bufferevent */
+    size_t keep;          /* keep mode: the callback leaves this many bytes */
+    size_t len_before;    /* keep mode: the input's length after the last callback */
+    size_t first_read;    /* keep mode: the first callback's input length */
+    short what;           /* the event callback's flags */
+    unsigned char *data;  /* drain mode: the bytes, in order */
     size_t data_cap;
 } fx_t;
 
@@ -69,7 +75,16 @@ static void fx_readcb(struct bufferevent *bev, void *arg)
     struct evbuffer *in = bufferevent_get_input(bev);
     size_t n = evbuffer_get_length(in);
     f->nreads++;
+    if (f->mark) {
+        size_t lo = 0, hi = 0;
+        bufferevent_getwatermark(bev, EV_READ, &lo, &hi);
+        if (n >= f->mark)
+            f->lib_high_at_mark += hi == f->mark;
+        else if (hi > f->lib_high_max)
+            f->lib_high_max = hi;
+    }
     if (f->free_in_cb) {
+        gw_wio_fini(&f->io); /* as the gateway does before every free */
         bufferevent_free(bev);
         f->bev = NULL;
         return;
@@ -116,8 +131,9 @@ static int fx_setup(void **state)
     assert_non_null(f->bev);
     f->peer = fds[1];
     bufferevent_setcb(f->bev, fx_readcb, NULL, fx_eventcb, f);
-    assert_int_equal(gw_wio_read_own(f->bev), 0);
     bufferevent_enable(f->bev, EV_READ);
+    gw_wio_init(&f->io, NULL, f->bev, false, NULL, NULL, f);
+    assert_int_equal(gw_wio_read_own(&f->io), 0);
     *state = f;
     return 0;
 }
@@ -125,8 +141,10 @@ static int fx_setup(void **state)
 static int fx_teardown(void **state)
 {
     fx_t *f = *state;
-    if (f->bev)
+    if (f->bev) {
+        gw_wio_fini(&f->io);
         bufferevent_free(f->bev);
+    }
     if (f->peer >= 0)
         close(f->peer);
     event_base_free(f->base);
@@ -238,7 +256,11 @@ static void test_high_watermark(void **state)
     enum { HIGH = 10000, KEEP = 9000, N = 50000 };
     char *src = calloc(1, N);
     f->keep = KEEP;
-    bufferevent_setwatermark(f->bev, EV_READ, 0, HIGH);
+    f->mark = HIGH;
+    gw_wio_set_read_mark(&f->io, HIGH);
+    size_t lo = 0, hi = 1;
+    bufferevent_getwatermark(f->bev, EV_READ, &lo, &hi);
+    assert_int_equal(hi, 0); /* below ours: libevent's is off */
     peer_send(f, src, N);
     for (int i = 0; i < 1000 && f->seen + KEEP < N; i++)
         turn(f);
@@ -246,6 +268,34 @@ static void test_high_watermark(void **state)
     assert_int_equal(f->max_read, HIGH - KEEP); /* the largest read after the first */
     assert_int_equal(f->seen + KEEP, N);
     assert_int_equal(f->nreads, 1 + (N - HIGH) / (HIGH - KEEP));
+    /* every callback found the input at the mark, libevent's set there */
+    assert_int_equal(f->lib_high_at_mark, f->nreads);
+    free(src);
+}
+
+/* Below the mark libevent's own is off (its input-buffer callback, which
+ * re-adds the read event on every drain, does nothing), while every read
+ * is still bounded by ours; a mark of 0 takes it away. */
+static void test_mark_off_below(void **state)
+{
+    fx_t *f = *state;
+    enum { HIGH = 10000, N = 60000, PIECE = 3000 };
+    char *src = calloc(1, N);
+    f->mark = HIGH;
+    gw_wio_set_read_mark(&f->io, HIGH);
+    f->drain = true;
+    for (size_t off = 0; off < N; off += PIECE) {
+        peer_send(f, src + off, PIECE);
+        turns_until(f, off + PIECE, 1000);
+    }
+    assert_int_equal(f->seen, N);
+    assert_true(f->nreads >= N / HIGH);
+    assert_true(f->max_read <= HIGH);
+    assert_int_equal(f->lib_high_max, 0);
+    gw_wio_set_read_mark(&f->io, 0);
+    size_t lo = 0, hi = 1;
+    bufferevent_getwatermark(f->bev, EV_READ, &lo, &hi);
+    assert_int_equal(hi, 0);
     free(src);
 }
 
@@ -290,9 +340,9 @@ static void test_disable_enable(void **state)
     for (int i = 0; i < 50; i++)
         turn(f);
     assert_int_equal(f->nreads, 0);
-    assert_int_equal(gw_wio_read_own(f->bev), 0); /* again, while disabled */
+    assert_int_equal(gw_wio_read_own(&f->io), 0); /* again, while disabled */
     bufferevent_enable(f->bev, EV_READ);
-    assert_int_equal(gw_wio_read_own(f->bev), 0); /* and while enabled */
+    assert_int_equal(gw_wio_read_own(&f->io), 0); /* and while enabled */
     assert_true(bufferevent_get_enabled(f->bev) & EV_READ);
     turns_until(f, N, 1000);
     assert_int_equal(f->seen, N);
@@ -319,7 +369,10 @@ static void test_no_socket(void **state)
     (void)state;
     struct event_base *base = event_base_new();
     struct bufferevent *bev = bufferevent_socket_new(base, -1, 0);
-    assert_int_equal(gw_wio_read_own(bev), -1);
+    gw_wio_t io;
+    gw_wio_init(&io, NULL, bev, false, NULL, NULL, NULL);
+    assert_int_equal(gw_wio_read_own(&io), -1);
+    gw_wio_fini(&io);
     bufferevent_free(bev);
     event_base_free(base);
 }
@@ -328,6 +381,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_bytes_then_eof, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_mark_off_below, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_read_size, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_high_watermark, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_reset, fx_setup, fx_teardown),
