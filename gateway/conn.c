@@ -233,16 +233,17 @@ static void gw_req_cache_put(gw_worker_t *w, gw_req_t *r)
         evtimer_del(r->att.up_timer);
     /* The body scanner stays too (2.6 KiB and its string arena: two blocks
      * over glibc's tcache size, cold in its large bins with thousands of
-     * connections), reset for the next scan. Only after a small body: what
-     * it keeps (its newest arena chunk, grown arrays) is at most about the
-     * body's size, and a cached struct must stay small. */
+     * connections). Only after a small body: what it keeps (its arena, grown
+     * arrays) is at most about the body's size, and a cached struct must
+     * stay small. Not reset here: gw_body_scan() resets it when it starts,
+     * and by then (hundreds of requests later at thousands of connections)
+     * lines written here would be cold again. */
     if (r->scan && r->scan->len > GW_REQ_SCAN_KEEP_MAX) {
         gw_body_scan_free(r->scan);
         r->scan = NULL;
     }
     if (r->scan) {
         gw_body_scan_free(r->scan_kept);
-        gw_body_scan_reset(r->scan);
         r->scan_kept = r->scan;
         r->scan = NULL;
     }
@@ -428,6 +429,19 @@ void gw_conn_drain(gw_conn_t *c)
         c->close_after = true;
 }
 
+/* A reused struct's texts (gw_req.h): each one's first byte only. */
+static void gw_req_texts_clear(gw_req_t *r)
+{
+    r->id[0] = '\0';
+    r->trace_id[0] = '\0';
+    r->traceparent[0] = '\0';
+    r->client_id[0] = '\0';
+    r->client_ip[0] = '\0';
+    r->retry_after[0] = '\0';
+    r->queued_id[0] = '\0';
+    r->user[0] = '\0';
+}
+
 static gw_req_t *gw_req_new(gw_conn_t *c)
 {
     gw_worker_t *w = c->w;
@@ -441,7 +455,8 @@ static gw_req_t *gw_req_new(gw_conn_t *c)
         struct event *up_timer = r->att.up_timer;
         char *tail = r->llm.tail;
         struct gw_body_scan *scan_kept = r->scan_kept;
-        memset(r, 0, sizeof(*r));
+        memset(r, 0, offsetof(gw_req_t, id));
+        gw_req_texts_clear(r);
         r->resp_body = resp_body;
         r->att.up_timer = up_timer;
         r->llm.tail = tail;

@@ -32,7 +32,6 @@ typedef struct gw_wait {
 struct gw_req {
     gw_conn_t *c;
     gw_rt_t *rt;
-    char id[40];
     int64_t start_ns;
     gw_route_t route;
     void (*handler)(gw_req_t *r); /* the route's, after the pre-route hooks */
@@ -40,7 +39,8 @@ struct gw_req {
     struct evbuffer *body;     /* the client's body; reused for retries */
     json_t *json;              /* parsed body: gw_req_json() builds it on demand (gw_flow.h) */
     struct gw_body_scan *scan; /* the body's facts and edits (body_scan.h); NULL: tree only */
-    /* a cached struct's scanner, for its next request's scan (conn.c) */
+    /* a cached struct's scanner, for its next request's scan (conn.c): its facts
+     * borrow a freed body until gw_body_scan() resets it */
     struct gw_body_scan *scan_kept;
     const gw_model_rt_t *model;
     /* a large body's storage while it arrives (body_store.h, conn.c) */
@@ -57,9 +57,6 @@ struct gw_req {
 
     /* hooks and what they learned */
     gw_hooks_req_t hooks;
-    char user[256];        /* the token's sub, "" without auth */
-    char client_id[64];    /* the token's client, "" when unknown */
-    char client_ip[48];    /* the client's address (X-Forwarded-For from trusted proxies) */
     bool body_dirty;       /* the tree was edited: serialise it again before sending */
     bool ev_hooks;         /* SSE events go through the hook chain */
     bool buffer_body;      /* a non-streamed answer is held until whole (proxy.c) */
@@ -78,7 +75,6 @@ struct gw_req {
     int fault_status;         /* injected abort: the model's pool "answers" this */
     gw_srv_rt_t *avoid;       /* retry elsewhere than this server when possible */
     struct event *retry_ev;   /* backoff before the next attempt */
-    char retry_after[40];     /* the failed answer's Retry-After */
     struct evbuffer *capture; /* the answer's body, for the idempotency store */
     size_t capture_max;
     const char *fallback; /* "local" / "template": X-Sluice-Fallback */
@@ -87,15 +83,26 @@ struct gw_req {
     bool tried_local;     /* the local pool had its turn (routing or the local tier) */
     bool local_stream;    /* an in-process stream is open (streams_active) */
     bool client_usage;    /* the client itself asked for stream usage */
-    char queued_id[40];   /* X-Sluice-Request-Id */
 
     /* result */
     int status;
     uint64_t bytes_in, bytes_out;
     const char *error_kind; /* for logs/metrics, static string */
     gw_llm_req_t llm;       /* TTFT, tokens (llm_metrics.c) */
-    char trace_id[33];      /* W3C trace id (32 hex), "" when none */
-    char traceparent[56];   /* the traceparent sent upstream */
+
+    /* Texts, NUL-terminated: last, because a reused struct clears only their
+     * first bytes (gw_req_new, conn.c), so the lines of an unused text's tail
+     * (most of user[] without auth) stay untouched: at thousands of
+     * connections every line a request writes is a cache miss. The ones every
+     * request writes come first. */
+    char id[40];
+    char trace_id[33];    /* W3C trace id (32 hex), "" when none */
+    char traceparent[56]; /* the traceparent sent upstream */
+    char client_id[64];   /* the token's client, "" when unknown */
+    char client_ip[48];   /* the client's address (X-Forwarded-For from trusted proxies) */
+    char retry_after[40]; /* the failed answer's Retry-After */
+    char queued_id[40];   /* X-Sluice-Request-Id */
+    char user[256];       /* the token's sub, "" without auth */
 };
 
 /* respond.c: local answers */

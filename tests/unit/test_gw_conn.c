@@ -362,6 +362,64 @@ static void test_client_leaves_during_retry_backoff(void **state)
     leave(f);
 }
 
+/* The texts of a struct the last request left in the cache, as one with
+ * auth, the queue and a failed retry leaves them: every byte set. */
+static void fill_texts(gw_req_t *r)
+{
+#define FILL(t)                                                                                    \
+    do {                                                                                           \
+        memset((t), 'S', sizeof(t) - 1);                                                           \
+        (t)[sizeof(t) - 1] = '\0';                                                                 \
+    } while (0)
+    FILL(r->id);
+    FILL(r->trace_id);
+    FILL(r->traceparent);
+    FILL(r->client_id);
+    FILL(r->client_ip);
+    FILL(r->retry_after);
+    FILL(r->queued_id);
+    FILL(r->user);
+#undef FILL
+}
+
+/* A reused request struct clears only its texts' first bytes (gw_req.h):
+ * one left out would hand the last request's user, queued id or
+ * Retry-After to the next request on the worker. */
+static void test_reused_struct_texts_cleared(void **state)
+{
+    fx_t *f = *state;
+    resp_t r;
+    send_str(f, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    read_response(f, &r);
+    assert_int_equal(r.status, 200);
+    assert_true(f->w.nreq_cache > 0);
+    gw_req_t *old = f->w.req_cache[f->w.nreq_cache - 1];
+    fill_texts(old);
+    static const char body[] = "{\"model\":\"chat-model\",\"messages\":[{\"role\":\"user\","
+                               "\"content\":\"hi\"}]}";
+    char req[512];
+    snprintf(req, sizeof(req),
+             "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+             "application/json\r\nContent-Length: %zu\r\n\r\n%s",
+             sizeof(body) - 1, body);
+    send_str(f, req);
+    assert_true(spin(f, waiting_on_backoff)); /* routed, tried, refused: still live */
+    gw_req_t *q = f->c->req;
+    assert_ptr_equal(q, old); /* the cached struct, reused */
+    assert_string_equal(q->user, "");
+    assert_string_equal(q->client_id, "");
+    assert_string_equal(q->queued_id, "");
+    assert_string_equal(q->retry_after, "");
+    assert_null(strchr(q->client_ip, 'S'));
+    /* written by this request: its own values, none of the last one's */
+    assert_int_equal(strlen(q->id), 16);
+    assert_int_equal(strlen(q->trace_id), 32);
+    assert_null(strchr(q->trace_id, 'S'));
+    assert_int_equal(strncmp(q->traceparent, "00-", 3), 0);
+    assert_null(strchr(q->traceparent, 'S'));
+    leave(f);
+}
+
 /* ---- heads loaded from decoded fields (HTTP/2 streams) ------------------- */
 
 static gw_http_parser_t *load_parser(void)
@@ -638,6 +696,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_client_leaves_mid_head, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_leaves_mid_body, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_leaves_during_retry_backoff, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_reused_struct_texts_cleared, setup, teardown),
         cmocka_unit_test(test_load_head_valid),
         cmocka_unit_test(test_load_head_refusals),
         cmocka_unit_test_setup_teardown(test_stream_conn_answers_through_the_output_interface,
