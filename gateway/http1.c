@@ -27,16 +27,20 @@
  *     keep-alive (Connection / Proxy-Connection tokens, as http-parser
  *     reads them) and whether a body follows.
  *   - A Content-Length body, or a response's body up to the close, is
- *     counted here (feed_body); a chunked body goes to http-parser, which
- *     de-chunks it, after a fixed head of ours that puts it in the chunked
- *     body state (chunk_start). chunk_scan() validates the framing byte by
- *     byte first (1*HEXDIG, no whitespace, CRLF everywhere, bounded
- *     extensions and trailers) and only the valid prefix is handed on.
+ *     counted here (feed_body). A chunked body is de-chunked here too, by
+ *     chunk_scan(), which validates the framing byte by byte (1*HEXDIG, no
+ *     whitespace, CRLF everywhere, bounded extensions and trailers) and
+ *     hands each chunk's data on as it passes it: http-parser, which used
+ *     to de-chunk the same bytes again after it (~4k instructions of an
+ *     8-event SSE stream, and a fixed head of ours per message to put it in
+ *     the chunked body state), is still there as the reference path for
+ *     tests (gw_http_chunk_direct_set(false): chunk_start, then http-parser
+ *     over chunk_scan's valid prefix, a disagreement on the message's end
+ *     reported as an error); test_http1_chunked.c compares the two on
+ *     generated bodies.
  *
- * Both parsers see the same chunked bytes, so they agree on where a message
- * ends; a disagreement is reported as an error, never trusted. Feeding stops
- * at the head's LF and at message end (on_message_complete pauses
- * http-parser), so pipelined bytes stay with the caller.
+ * Feeding stops at the head's LF and at message end, so pipelined bytes
+ * stay with the caller.
  */
 #include "gateway/http1.h"
 
@@ -149,6 +153,7 @@ enum {
     CS_DATA_CR,
     CS_DATA_LF,
     CS_TR_START,
+    CS_TR_NAME,
     CS_TR_LINE,
     CS_TR_LF,
     CS_END_LF,
@@ -376,6 +381,15 @@ static int method_find(const char *m, size_t n)
         if (strncmp(s, m, n) == 0 && s[n] == '\0')
             return i;
     }
+}
+
+/* Chunked bodies de-chunked by chunk_scan() alone (default), or by
+ * http-parser after it (the reference path, for tests). */
+static bool gw_http_chunk_direct = true;
+
+void gw_http_chunk_direct_set(bool on)
+{
+    gw_http_chunk_direct = on;
 }
 
 static void head_restart(gw_http_parser_t *p)
@@ -1391,7 +1405,7 @@ static gw_http_state_t feed_heads(gw_http_parser_t *p, const char *d, size_t n, 
         p->phase = PH_BODY;
         p->cs = CS_SIZE0;
         *used = off;
-        if (p->msg.chunked && !p->complete && chunk_start(p) != 0)
+        if (!gw_http_chunk_direct && p->msg.chunked && !p->complete && chunk_start(p) != 0)
             return GW_HTTP_ERROR;
         return p->state = GW_HTTP_HEAD;
     }
@@ -1462,6 +1476,8 @@ static size_t chunk_scan(gw_http_parser_t *p, const char *d, size_t n, bool *end
             break;
         case CS_DATA: {
             uint64_t k = SL_MIN(p->chunk_left, (uint64_t)(n - i));
+            if (gw_http_chunk_direct && body_deliver(p, d + i, (size_t)k) != 0)
+                break; /* refused: the error is set */
             i += (size_t)k;
             p->chunk_left -= k;
             if (p->chunk_left == 0)
@@ -1485,12 +1501,21 @@ static size_t chunk_scan(gw_http_parser_t *p, const char *d, size_t n, bool *end
             i++;
             break;
         case CS_TR_START:
+        case CS_TR_NAME:
         case CS_TR_LINE:
             if (++p->trailer_bytes > p->lim.header_bytes) {
                 fail(p, 431, "header_too_large");
                 break;
             }
-            if (c == '\r') {
+            if (p->cs == CS_TR_NAME) {
+                /* a trailer field's name: 1*tchar ":", as in a head */
+                if (c == ':') {
+                    p->cs = CS_TR_LINE;
+                } else if (!IS(c, C_TCHAR)) {
+                    fail(p, 400, "bad_header");
+                    break;
+                }
+            } else if (c == '\r') {
                 p->cs = p->cs == CS_TR_START ? CS_END_LF : CS_TR_LF;
             } else if (c == '\n') {
                 fail(p, 400, "bare_lf");
@@ -1498,11 +1523,15 @@ static size_t chunk_scan(gw_http_parser_t *p, const char *d, size_t n, bool *end
             } else if (p->cs == CS_TR_START && (c == ' ' || c == '\t')) {
                 fail(p, 400, "obs_fold");
                 break;
+            } else if (p->cs == CS_TR_START) {
+                if (!IS(c, C_TCHAR)) {
+                    fail(p, 400, "bad_header");
+                    break;
+                }
+                p->cs = CS_TR_NAME;
             } else if (!IS(c, C_VAL)) {
                 fail(p, 400, "bad_char");
                 break;
-            } else {
-                p->cs = CS_TR_LINE;
             }
             i++;
             break;
@@ -1516,6 +1545,8 @@ static size_t chunk_scan(gw_http_parser_t *p, const char *d, size_t n, bool *end
             if (p->cs == CS_END_LF) {
                 p->cs = CS_END;
                 *end = true;
+                if (gw_http_chunk_direct)
+                    p->complete = true;
                 return i;
             }
             p->trailer_bytes++;
@@ -1548,6 +1579,12 @@ static gw_http_state_t feed_body(gw_http_parser_t *p, const char *d, size_t n, s
         return p->state = p->complete ? GW_HTTP_DONE : GW_HTTP_NEED_MORE;
     }
     bool end = false;
+    if (gw_http_chunk_direct) {
+        *used = chunk_scan(p, d, n, &end);
+        if (p->err_reason)
+            return GW_HTTP_ERROR;
+        return p->state = p->complete ? GW_HTTP_DONE : GW_HTTP_NEED_MORE;
+    }
     gw_http_state_t prev = p->state;
     size_t v = chunk_scan(p, d, n, &end);
     gw_http_err_t e = err_take(p, prev);
