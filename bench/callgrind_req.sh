@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # bench/callgrind_req.sh — user-space instructions per request of issue #16's
-# JSON request (realistic.sh's "plain" and "full" confs), counted by
+# JSON request (realistic.sh's "plain" and "full" confs) and of its streamed
+# request ("full-sse": "stream":true, the upstream build/tools/bench_upstream
+# answering 8 SSE events), counted by
 # valgrind's callgrind: immune to the machine's load, so it resolves changes
 # of a few hundred instructions that the wall-clock benches cannot.
 #
@@ -12,13 +14,16 @@
 # not wrk's count, which misses those in flight at its end.
 #
 #   SLUICE_BIN (default build/sluice), SLUICE_BASE_BIN (optional: the same
-#   figures for that binary, in the same run), CG_CONFS (default "plain full"),
+#   figures for that binary, in the same run), CG_CONFS (default "plain full";
+#   add full-sse for the streamed request),
 #   CG_SHORT / CG_LONG (wrk seconds, default 3 / 12), CG_CONNS (default 32),
 #   BENCH_PORT_BASE (default 28900), BENCH_KEEP=1 keeps the callgrind files
 #   (callgrind_annotate them: the per-function split of the difference),
 #   CG_NGINX (default 1: adds an "nginx" row to the plain conf: nginx as the
 #   proxy of realistic.sh, one process, master_process off, under callgrind;
-#   its requests are wrk's count, so the few in flight at the end are missed).
+#   its requests are wrk's count, so the few in flight at the end are missed;
+#   and a "nginx" row to full-sse: nginx relaying the same stream,
+#   proxy_buffering off).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -31,9 +36,11 @@ LONG=${CG_LONG:-12}
 CONNS=${CG_CONNS:-32}
 PORT_BASE=${BENCH_PORT_BASE:-28900}
 UP_PORT=$((PORT_BASE + 1))
+SSE_UP_PORT=$((PORT_BASE + 3))
 PORT=$((PORT_BASE + 10))
 ADMIN=$((PORT_BASE + 20))
 
+SSE_UP_BIN=$ROOT/build/tools/bench_upstream
 for c in wrk valgrind curl "$NGINX_BIN" "$SLUICE_BIN"; do
     command -v "$c" >/dev/null || { echo "bench: $c not found" >&2; exit 1; }
 done
@@ -60,42 +67,66 @@ nginx_conf "$WORK/up" "
     }"
 spawn "$NGINX_BIN" -p "$WORK/up/" -e "$WORK/up/error.log" -c "$WORK/up/nginx.conf"
 wait_port "$UP_PORT" "$LAST"
+case " $CONFS " in *" full-sse "*)
+    [ -x "$SSE_UP_BIN" ] || { echo "bench: $SSE_UP_BIN not built" >&2; exit 1; }
+    spawn "$SSE_UP_BIN" -l "127.0.0.1:$SSE_UP_PORT" -n 8
+    wait_port "$SSE_UP_PORT" "$LAST"
+    python3 - "$WORK/body-sse.json" <<'EOF'
+import json, sys
+b = {"model": "chat-model", "messages": [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "Write one sentence about the sea, please, in plain English."}],
+    "max_tokens": 64, "stream": True}
+open(sys.argv[1], "wb").write(json.dumps(b, separators=(",", ":")).encode())
+EOF
+    ;;
+esac
 
 export SLUICE_BENCH_UPSTREAM_KEY=upstream-key
 for i in $(seq 0 1000); do printf 'forbiddenword%04dx\n' "$i"; done >"$WORK/words.txt"
 
 realistic_conf plain "$PORT" "$ADMIN" plain
 realistic_conf full "$PORT" "$ADMIN" full
+realistic_conf full-sse "$PORT" "$ADMIN" full "$SSE_UP_PORT"
 TOKEN=$("$WORK/sluice" token --sub bench-user --ttl 1h -c "$WORK/full.yaml" |
     awk '/^access_token:/ { print $2 }')
 
 # nginx as the proxy (realistic.sh's baseline), one process so callgrind sees
 # all of its work
-nginx_conf "$WORK/ngx" "
-    upstream model { server 127.0.0.1:$UP_PORT; keepalive 64; }
+# $1 dir, $2 upstream port, $3 extra location directives
+ngx_proxy_conf() {
+    nginx_conf "$1" "
+    upstream model { server 127.0.0.1:$2; keepalive 64; }
     server {
         listen 127.0.0.1:$PORT;
         location / {
             proxy_pass http://model;
-            proxy_http_version 1.1;
+            proxy_http_version 1.1;$3
             proxy_set_header Connection \"\";
             proxy_set_header Authorization \"Bearer upstream-key\";
         }
     }" off
+}
+ngx_proxy_conf "$WORK/ngx-plain" "$UP_PORT" ""
+ngx_proxy_conf "$WORK/ngx-full-sse" "$SSE_UP_PORT" "
+            proxy_buffering off;"
 
-# One nginx run under callgrind: $1 wrk seconds; prints "Ir requests".
+# One nginx run under callgrind: $1 conf (plain or full-sse), $2 wrk seconds;
+# prints "Ir requests".
 one_nginx() {
-    local out=$WORK/cg.nginx.plain.$1 n ir _
-    spawn valgrind --tool=callgrind --callgrind-out-file="$out" "$NGINX_BIN" -p "$WORK/ngx/" \
-        -e "$WORK/ngx/error.log" -c "$WORK/ngx/nginx.conf" 2>"$out.log"
+    local out=$WORK/cg.nginx.$1.$2 n ir _ body=""
+    local dir=$WORK/ngx-$1
+    [ "$1" = full-sse ] && body=$WORK/body-sse.json
+    spawn valgrind --tool=callgrind --callgrind-out-file="$out" "$NGINX_BIN" -p "$dir/" \
+        -e "$dir/error.log" -c "$dir/nginx.conf" 2>"$out.log"
     local pid=$LAST
     for _ in $(seq 600); do
         kill -0 "$pid" 2>/dev/null || { echo "bench: nginx died" >&2; exit 1; }
         (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break
         sleep 0.1
     done
-    wrk -t1 -c"$CONNS" -d"$1"s --timeout 30s -s "$ROOT/bench/realistic.lua" \
-        "http://127.0.0.1:$PORT/v1/chat/completions" >"$out.wrk"
+    BENCH_BODY_FILE=$body wrk -t1 -c"$CONNS" -d"$2"s --timeout 30s \
+        -s "$ROOT/bench/realistic.lua" "http://127.0.0.1:$PORT/v1/chat/completions" >"$out.wrk"
     grep -q 'errors=0 non2xx=0' "$out.wrk" || { cat "$out.wrk" >&2; exit 1; }
     n=$(sed -n 's/^BENCH requests=\([0-9]*\).*/\1/p' "$out.wrk")
     kill -QUIT "$pid" 2>/dev/null || true # graceful: callgrind writes its totals
@@ -106,15 +137,16 @@ one_nginx() {
 
 # One run: $1 binary, $2 conf, $3 wrk seconds; prints "Ir requests".
 one() {
-    local out=$WORK/cg.$1.$2.$3 tok="" n ir
-    case $2 in full) tok=$TOKEN ;; esac
+    local out=$WORK/cg.$1.$2.$3 tok="" n ir body=""
+    case $2 in full*) tok=$TOKEN ;; esac
+    [ "$2" = full-sse ] && body=$WORK/body-sse.json
     local bin=$WORK/sluice
     [ "$1" = base ] && bin=$WORK/sluice-base
     spawn valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" -c "$WORK/$2.yaml" \
         2>"$out.log"
     local pid=$LAST
     wait_admin_slow "$ADMIN" "$pid"
-    BENCH_TOKEN=$tok wrk -t1 -c"$CONNS" -d"$3"s --timeout 30s -s "$ROOT/bench/realistic.lua" \
+    BENCH_TOKEN=$tok BENCH_BODY_FILE=$body wrk -t1 -c"$CONNS" -d"$3"s --timeout 30s -s "$ROOT/bench/realistic.lua" \
         "http://127.0.0.1:$PORT/v1/chat/completions" >"$out.wrk"
     grep -q 'errors=0 non2xx=0' "$out.wrk" || { cat "$out.wrk" >&2; exit 1; }
     n=$(curl -sf "http://127.0.0.1:$ADMIN/metrics" |
@@ -136,9 +168,11 @@ for c in $CONFS; do
         read -r ir2 n2 <<<"$(one "$b" "$c" "$LONG")"
         echo "| $b | $c | $n1 / $n2 | $(((ir2 - ir1) / (n2 - n1))) |"
     done
-    if [ "$c" = plain ] && [ "$CG_NGINX" = 1 ]; then
-        read -r ir1 n1 <<<"$(one_nginx "$SHORT")"
-        read -r ir2 n2 <<<"$(one_nginx "$LONG")"
-        echo "| nginx | plain (nginx as the proxy) | $n1 / $n2 | $(((ir2 - ir1) / (n2 - n1))) |"
-    fi
+    case $c in plain | full-sse)
+        [ "$CG_NGINX" = 1 ] || continue
+        read -r ir1 n1 <<<"$(one_nginx "$c" "$SHORT")"
+        read -r ir2 n2 <<<"$(one_nginx "$c" "$LONG")"
+        echo "| nginx | $c (nginx as the proxy) | $n1 / $n2 | $(((ir2 - ir1) / (n2 - n1))) |"
+        ;;
+    esac
 done

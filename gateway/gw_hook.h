@@ -72,7 +72,15 @@ typedef struct gw_payloads {
 int gw_payloads_push(gw_payloads_t *p, char *data, size_t len);
 /* Copies data. */
 int gw_payloads_push_copy(gw_payloads_t *p, const char *data, size_t len);
-void gw_payloads_clear(gw_payloads_t *p);
+/* Frees what the list holds and empties it. */
+void gw_payloads_free(gw_payloads_t *p);
+/* gw_payloads_free when anything was pushed: inline, since the hook chain
+ * clears a few empty lists per hook and event (~9 calls a streamed event). */
+static inline void gw_payloads_clear(gw_payloads_t *p)
+{
+    if (p->data || p->len || p->n)
+        gw_payloads_free(p);
+}
 
 typedef enum gw_end {
     GW_END_DONE = 0, /* a response was completed (any status) */

@@ -156,10 +156,8 @@ int gw_payloads_push_copy(gw_payloads_t *p, const char *data, size_t len)
     return gw_payloads_push(p, c, len);
 }
 
-void gw_payloads_clear(gw_payloads_t *p)
+void gw_payloads_free(gw_payloads_t *p)
 {
-    if (!p->data && !p->len && !p->n)
-        return; /* the usual case per hook and event: nothing was pushed */
     for (size_t i = 0; i < p->n; i++)
         free(p->data[i]);
     free(p->data);

@@ -27,16 +27,20 @@
  *     keep-alive (Connection / Proxy-Connection tokens, as http-parser
  *     reads them) and whether a body follows.
  *   - A Content-Length body, or a response's body up to the close, is
- *     counted here (feed_body); a chunked body goes to http-parser, which
- *     de-chunks it, after a fixed head of ours that puts it in the chunked
- *     body state (chunk_start). chunk_scan() validates the framing byte by
- *     byte first (1*HEXDIG, no whitespace, CRLF everywhere, bounded
- *     extensions and trailers) and only the valid prefix is handed on.
+ *     counted here (feed_body). A chunked body is de-chunked here too, by
+ *     chunk_scan(), which validates the framing byte by byte (1*HEXDIG, no
+ *     whitespace, CRLF everywhere, bounded extensions and trailers) and
+ *     hands each chunk's data on as it passes it: http-parser, which used
+ *     to de-chunk the same bytes again after it (~4k instructions of an
+ *     8-event SSE stream, and a fixed head of ours per message to put it in
+ *     the chunked body state), is still there as the reference path for
+ *     tests (gw_http_chunk_direct_set(false): chunk_start, then http-parser
+ *     over chunk_scan's valid prefix, a disagreement on the message's end
+ *     reported as an error); test_http1_chunked.c compares the two on
+ *     generated bodies.
  *
- * Both parsers see the same chunked bytes, so they agree on where a message
- * ends; a disagreement is reported as an error, never trusted. Feeding stops
- * at the head's LF and at message end (on_message_complete pauses
- * http-parser), so pipelined bytes stay with the caller.
+ * Feeding stops at the head's LF and at message end, so pipelined bytes
+ * stay with the caller.
  */
 #include "gateway/http1.h"
 
@@ -149,6 +153,7 @@ enum {
     CS_DATA_CR,
     CS_DATA_LF,
     CS_TR_START,
+    CS_TR_NAME,
     CS_TR_LINE,
     CS_TR_LF,
     CS_END_LF,
@@ -381,6 +386,15 @@ static int method_find(const char *m, size_t n)
         if (strncmp(s, m, n) == 0 && s[n] == '\0')
             return i;
     }
+}
+
+/* Chunked bodies de-chunked by chunk_scan() alone (default), or by
+ * http-parser after it (the reference path, for tests). */
+static bool gw_http_chunk_direct = true;
+
+void gw_http_chunk_direct_set(bool on)
+{
+    gw_http_chunk_direct = on;
 }
 
 static void head_restart(gw_http_parser_t *p)
@@ -1438,7 +1452,7 @@ static gw_http_state_t feed_heads(gw_http_parser_t *p, const char *d, size_t n, 
         p->phase = PH_BODY;
         p->cs = CS_SIZE0;
         *used = off;
-        if (p->msg.chunked && !p->complete && chunk_start(p) != 0)
+        if (!gw_http_chunk_direct && p->msg.chunked && !p->complete && chunk_start(p) != 0)
             return GW_HTTP_ERROR;
         return p->state = GW_HTTP_HEAD;
     }
@@ -1453,6 +1467,33 @@ static gw_http_state_t feed_head(gw_http_parser_t *p, const char *d, size_t n, s
 
 /* Validates chunked framing over n bytes; returns the valid prefix: all n,
  * up to and including the message's last LF (*end), or up to the bad byte. */
+static unsigned hex_val(char c)
+{
+    return c <= '9' ? (unsigned)(c - '0') : (unsigned)((c | 0x20) - 'a' + 10);
+}
+
+/* The vector flag's fast path of chunk_scan(): a whole size line "1*15HEXDIG
+ * CRLF" at d[i], taken in one step. Returns the bytes taken, 0 when the
+ * line is anything else or not all there (the byte loop takes it then).
+ * Fifteen digits cannot overflow the checks the byte loop makes. */
+static size_t chunk_size_line(gw_http_parser_t *p, const char *d, size_t i, size_t n)
+{
+    size_t j = i;
+    uint64_t size = 0;
+    while (j < n && j - i < 15 && IS(d[j], C_HEX))
+        size = size << 4 | hex_val(d[j++]);
+    if (j == i || n - j < 2 || d[j] != '\r' || d[j + 1] != '\n')
+        return 0;
+    p->declared += size;
+    if (p->lim.max_body_bytes && p->declared > p->lim.max_body_bytes) {
+        fail(p, 413, "body_too_large");
+        return j - i; /* at the CR, as the byte loop */
+    }
+    p->chunk_left = size;
+    p->cs = size ? CS_DATA : CS_TR_START;
+    return j + 2 - i;
+}
+
 static size_t chunk_scan(gw_http_parser_t *p, const char *d, size_t n, bool *end)
 {
     size_t i = 0;
@@ -1461,9 +1502,17 @@ static size_t chunk_scan(gw_http_parser_t *p, const char *d, size_t n, bool *end
         char c = d[i];
         switch (p->cs) {
         case CS_SIZE0:
+            if (gw_http_vector) {
+                size_t k = chunk_size_line(p, d, i, n);
+                if (k) {
+                    i += k;
+                    break;
+                }
+            }
+            /* fall through */
         case CS_SIZE:
             if (IS(c, C_HEX)) {
-                unsigned x = c <= '9' ? (unsigned)(c - '0') : (unsigned)((c | 0x20) - 'a' + 10);
+                unsigned x = hex_val(c);
                 if (++p->chunk_digits > 16 || p->chunk_size > (uint64_t)INT64_MAX >> 4) {
                     fail(p, 400, "bad_chunk_size");
                     break;
@@ -1509,10 +1558,17 @@ static size_t chunk_scan(gw_http_parser_t *p, const char *d, size_t n, bool *end
             break;
         case CS_DATA: {
             uint64_t k = SL_MIN(p->chunk_left, (uint64_t)(n - i));
+            if (gw_http_chunk_direct && body_deliver(p, d + i, (size_t)k) != 0)
+                break; /* refused: the error is set */
             i += (size_t)k;
             p->chunk_left -= k;
-            if (p->chunk_left == 0)
-                p->cs = CS_DATA_CR;
+            if (p->chunk_left)
+                break;
+            p->cs = CS_DATA_CR;
+            if (gw_http_vector && n - i >= 2 && d[i] == '\r' && d[i + 1] == '\n') {
+                p->cs = CS_SIZE0; /* the data's CRLF in one step */
+                i += 2;
+            }
             break;
         }
         case CS_DATA_CR:
@@ -1532,12 +1588,21 @@ static size_t chunk_scan(gw_http_parser_t *p, const char *d, size_t n, bool *end
             i++;
             break;
         case CS_TR_START:
+        case CS_TR_NAME:
         case CS_TR_LINE:
             if (++p->trailer_bytes > p->lim.header_bytes) {
                 fail(p, 431, "header_too_large");
                 break;
             }
-            if (c == '\r') {
+            if (p->cs == CS_TR_NAME) {
+                /* a trailer field's name: 1*tchar ":", as in a head */
+                if (c == ':') {
+                    p->cs = CS_TR_LINE;
+                } else if (!IS(c, C_TCHAR)) {
+                    fail(p, 400, "bad_header");
+                    break;
+                }
+            } else if (c == '\r') {
                 p->cs = p->cs == CS_TR_START ? CS_END_LF : CS_TR_LF;
             } else if (c == '\n') {
                 fail(p, 400, "bare_lf");
@@ -1545,11 +1610,15 @@ static size_t chunk_scan(gw_http_parser_t *p, const char *d, size_t n, bool *end
             } else if (p->cs == CS_TR_START && (c == ' ' || c == '\t')) {
                 fail(p, 400, "obs_fold");
                 break;
+            } else if (p->cs == CS_TR_START) {
+                if (!IS(c, C_TCHAR)) {
+                    fail(p, 400, "bad_header");
+                    break;
+                }
+                p->cs = CS_TR_NAME;
             } else if (!IS(c, C_VAL)) {
                 fail(p, 400, "bad_char");
                 break;
-            } else {
-                p->cs = CS_TR_LINE;
             }
             i++;
             break;
@@ -1563,6 +1632,8 @@ static size_t chunk_scan(gw_http_parser_t *p, const char *d, size_t n, bool *end
             if (p->cs == CS_END_LF) {
                 p->cs = CS_END;
                 *end = true;
+                if (gw_http_chunk_direct)
+                    p->complete = true;
                 return i;
             }
             p->trailer_bytes++;
@@ -1595,6 +1666,12 @@ static gw_http_state_t feed_body(gw_http_parser_t *p, const char *d, size_t n, s
         return p->state = p->complete ? GW_HTTP_DONE : GW_HTTP_NEED_MORE;
     }
     bool end = false;
+    if (gw_http_chunk_direct) {
+        *used = chunk_scan(p, d, n, &end);
+        if (p->err_reason)
+            return GW_HTTP_ERROR;
+        return p->state = p->complete ? GW_HTTP_DONE : GW_HTTP_NEED_MORE;
+    }
     gw_http_state_t prev = p->state;
     size_t v = chunk_scan(p, d, n, &end);
     gw_http_err_t e = err_take(p, prev);

@@ -296,6 +296,11 @@ bool gw_http_header_is_hop(const gw_http_msg_t *m, const char *name, size_t name
  * test_http1_vector.c to compare the two. Process-wide. */
 void gw_http_vector_set(bool on);
 
+/* Tests only: chunked bodies de-chunked by the framing scan alone (on, the
+ * default) or, as before, by http-parser after it (off), for
+ * test_http1_chunked.c to compare the two. Process-wide. */
+void gw_http_chunk_direct_set(bool on);
+
 /* Reason phrase for a status code ("Not Found"); "Unknown" when none. */
 const char *gw_http_status_text(int status);
 
