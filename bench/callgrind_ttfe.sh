@@ -111,15 +111,13 @@ one() {
 
 # $1 target: the syscalls of one request (after 5 warm ones), no valgrind
 syscalls() {
-    local pid spid
+    local pid
     # shellcheck disable=SC2046
     spawn $(cmd_of "$1")
     pid=$LAST
     wait_port "$PORT" "$pid"
     "$TOOLS/bench_ttfe" -c "127.0.0.1:$PORT" -n 5 -w 0 >/dev/null
-    spid=$pid
-    [ "$1" = nginx ] || true
-    spawn strace -f -qq -o "$WORK/$1.strace" -p "$spid"
+    spawn strace -f -qq -o "$WORK/$1.strace" -p "$pid"
     local st=$LAST
     sleep 0.5
     "$TOOLS/bench_ttfe" -c "127.0.0.1:$PORT" -n 1 -w 0 >/dev/null

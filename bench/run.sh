@@ -297,6 +297,7 @@ for r in $(seq "$ROUNDS"); do
     # [sluice_b], round 2: nginx sluice [sluice_b] direct, ...): a fixed
     # order put the same target after the same one every round (the base
     # binary always last, sluice always right after nginx).
+    # shellcheck disable=SC2086
     for t in $(rotated "$r" $TARGETS); do
         port=$(target_port "$t" "$TTFE_PORT")
         s=$(taskset -c "$LOAD_CPU" "$TOOLS/bench_ttfe" -c "127.0.0.1:$port" -n "$TTFE_N" \
