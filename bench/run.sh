@@ -21,8 +21,8 @@
 #      /proc/PID/stat utime+stime (clock ticks; cross-checked with the
 #      nanosecond run time in /proc/PID/task/*/schedstat).
 #   2. SSE time to first event (bench_ttfe), direct / nginx / sluice,
-#      interleaved rounds; the upstream sends the first event at once and
-#      the next one 1 ms later.
+#      interleaved rounds, each round starting at the next target; the
+#      upstream sends the first event at once and the next one 1 ms later.
 #   3. RSS per idle stream: fresh proxies; 1,000 streams held open through
 #      each (bench_upstream -H), VmRSS before and after.
 # Every figure is also given as a ratio to nginx's figure of the same run.
@@ -204,6 +204,12 @@ stop_proxies() {
     stop "$NGINX_MASTER"
 }
 
+# The targets ($2...) rotated left by $1 - 1.
+rotated() {
+    local k=$((($1 - 1) % ($# - 1))) all=("${@:2}")
+    echo "${all[@]:k}" "${all[@]:0:k}"
+}
+
 target_port() {
     case $1 in
     direct) echo "$2" ;;
@@ -287,7 +293,12 @@ wait_port "$TTFE_PORT" "$UP_PID"
 start_proxies "$TTFE_PORT" ttfe
 echo "SSE time to first event ($TTFE_N requests per target per round):"
 for r in $(seq "$ROUNDS"); do
-    for t in $TARGETS; do
+    # Each round starts at the next target (round 1: direct nginx sluice
+    # [sluice_b], round 2: nginx sluice [sluice_b] direct, ...): a fixed
+    # order put the same target after the same one every round (the base
+    # binary always last, sluice always right after nginx).
+    # shellcheck disable=SC2086
+    for t in $(rotated "$r" $TARGETS); do
         port=$(target_port "$t" "$TTFE_PORT")
         s=$(taskset -c "$LOAD_CPU" "$TOOLS/bench_ttfe" -c "127.0.0.1:$port" -n "$TTFE_N" \
             -o "$WORK/ttfe-$t-$r.txt")

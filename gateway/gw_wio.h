@@ -27,6 +27,8 @@ struct gw_wio {
     bool rd_wants_wr;             /* an SSL_read (or the handshake) waits to write */
     bool own_read;                /* our read event (gw_wio_read_own, gw_wio_tls_own) */
     size_t read_high;             /* the read high-watermark (gw_wio_set_read_mark) */
+    bool early;                   /* gw_wio_write_now wrote everything: drained at the flush */
+    int werr;                     /* gw_wio_write_now's write failed: errno, failed at the flush */
     void (*drained)(void *owner); /* everything was written */
     void (*failed)(void *owner, short what); /* a write failed */
     void *owner;
@@ -40,6 +42,13 @@ void gw_wio_set_direct(gw_wio_t *io, bool direct);
 /* TLS: new output is written at the end of the current callbacks by
  * running the bufferevent's own write event at once (wio.c). */
 void gw_wio_set_kick(gw_wio_t *io, bool kick);
+/* Writes what is queued on a direct plain socket now, not at the end of
+ * the current callbacks: for bytes whose latency matters (a request sent
+ * upstream) when the caller still has work to do that need not precede
+ * them (timers, bookkeeping). Only the write moves: drained and failed
+ * still run from the flush, never inside the caller (wio.c). A no-op for
+ * TLS, a connection still connecting, or one whose EV_WRITE is armed. */
+void gw_wio_write_now(gw_wio_t *io);
 void gw_wio_fini(gw_wio_t *io);
 /* From the bufferevent's write callback: libevent wrote. */
 void gw_wio_written(gw_wio_t *io);

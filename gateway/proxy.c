@@ -313,6 +313,9 @@ static void gw_proxy_attempt(gw_req_t *r, bool allow_reuse)
     if (!r->att.up_timer)
         r->att.up_timer = evtimer_new(w->base, gw_proxy_timer_cb, r);
     gw_proxy_write_request(r, u);
+    /* The request leaves now; arming its timer and the upstream's read
+     * come after (the answer is read in a later loop turn either way). */
+    gw_wio_write_now(&u->wio);
     r->att.t_sent_ns = now_ns;
     const conf_upstream_t *cu = r->att.pool->conf;
     gw_proxy_arm_at(r, now + (u->connected ? cu->first_byte_timeout_ms : cu->connect_timeout_ms),

@@ -226,6 +226,8 @@ void gw_wio_fini(gw_wio_t *io)
     io->ssl = NULL;
     io->direct = false;
     io->kick = false;
+    io->early = false;
+    io->werr = 0;
 }
 
 /* libevent wrote (EV_WRITE was armed): once empty, direct again. */
@@ -458,8 +460,22 @@ static void gw_wio_flush(gw_wio_t *io)
             event_active(&io->bev->ev_write, EV_WRITE, 1);
         return;
     }
-    if (!io->direct || io->armed || io->hs || evbuffer_get_length(out) == 0)
+    bool early = io->early;
+    int werr = io->werr;
+    io->early = false;
+    io->werr = 0;
+    if (werr && io->direct && !io->armed) { /* gw_wio_write_now's failure, reported now */
+        errno = werr;
+        io->failed(io->owner, BEV_EVENT_ERROR | BEV_EVENT_WRITING);
         return;
+    }
+    if (!io->direct || io->armed || io->hs)
+        return;
+    if (evbuffer_get_length(out) == 0) {
+        if (early) /* gw_wio_write_now wrote it all */
+            io->drained(io->owner);
+        return;
+    }
     int n = 0;
     if (io->ssl) {
         n = gw_wio_tls_push(io);
@@ -481,6 +497,23 @@ static void gw_wio_flush(gw_wio_t *io)
         return;
     }
     io->drained(io->owner);
+}
+
+/* The write of the flush, ahead of it; the flush (io stays queued) runs
+ * the callbacks: a failure or a short write is left to it (it writes
+ * again, or arms EV_WRITE), a whole write becomes drained there. */
+void gw_wio_write_now(gw_wio_t *io)
+{
+    if (!io->queued || io->kick || io->ssl || !io->direct || io->armed || io->hs || io->werr)
+        return;
+    struct evbuffer *out = bufferevent_get_output(io->bev);
+    evbuffer_unfreeze(out, 1);
+    int n = evbuffer_write(out, bufferevent_getfd(io->bev));
+    evbuffer_freeze(out, 1);
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+        io->werr = errno ? errno : EIO;
+    else if (evbuffer_get_length(out) == 0)
+        io->early = true;
 }
 
 void gw_wio_flush_cb(evutil_socket_t fd, short what, void *arg)

@@ -10,9 +10,12 @@
  * bufferevent freed inside its own read callback. The read mark is
  * gw_wio_set_read_mark's: libevent's own is set only while the input is at
  * it (its input-buffer callback would re-add the read event on every drain).
+ * gw_wio_write_now: the queued bytes reach the peer before the flush, while
+ * drained (or failed, for a peer that reset) still runs only from the flush.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <setjmp.h>
@@ -29,6 +32,7 @@
 #include <event2/event.h>
 
 #include "gateway/gw_wio.h"
+#include "gateway/gw_worker.h"
 
 typedef struct fx {
     struct event_base *base;
@@ -377,6 +381,96 @@ static void test_no_socket(void **state)
     event_base_free(base);
 }
 
+/* ---- gw_wio_write_now ------------------------------------------------------ */
+
+typedef struct wn {
+    int drained, failed;
+    short what;
+} wn_t;
+
+static void wn_drained(void *arg)
+{
+    ((wn_t *)arg)->drained++;
+}
+
+static void wn_failed(void *arg, short what)
+{
+    ((wn_t *)arg)->failed++;
+    ((wn_t *)arg)->what = what;
+}
+
+/* A worker with just what the flush needs: its base, list and event. */
+static gw_worker_t *wn_worker(struct event_base *base)
+{
+    gw_worker_t *w = calloc(1, sizeof(*w));
+    assert_non_null(w);
+    w->base = base;
+    TAILQ_INIT(&w->flushq);
+    w->flush_ev = event_new(base, -1, 0, gw_wio_flush_cb, w);
+    assert_non_null(w->flush_ev);
+    return w;
+}
+
+static void test_write_now(void **state)
+{
+    fx_t *f = *state;
+    gw_worker_t *w = wn_worker(f->base);
+    gw_wio_t io;
+    wn_t n = {0};
+    char got[16];
+    gw_wio_init(&io, w, f->bev, true, wn_drained, wn_failed, &n);
+    evbuffer_add(bufferevent_get_output(f->bev), "request", 7);
+    assert_true(io.queued);
+    assert_int_equal(recv(f->peer, got, sizeof(got), MSG_DONTWAIT), -1); /* not yet */
+    gw_wio_write_now(&io);
+    assert_int_equal(recv(f->peer, got, sizeof(got), MSG_DONTWAIT), 7); /* before the flush */
+    assert_memory_equal(got, "request", 7);
+    assert_int_equal(n.drained, 0); /* the callbacks wait for the flush */
+    assert_int_equal(evbuffer_get_length(bufferevent_get_output(f->bev)), 0);
+    turn(f);
+    assert_int_equal(n.drained, 1);
+    assert_int_equal(n.failed, 0);
+    assert_false(io.queued);
+    /* bytes added after the early write go out with the flush */
+    evbuffer_add(bufferevent_get_output(f->bev), "ab", 2);
+    gw_wio_write_now(&io);
+    evbuffer_add(bufferevent_get_output(f->bev), "cd", 2);
+    turn(f);
+    assert_int_equal(recv(f->peer, got, sizeof(got), MSG_DONTWAIT), 4);
+    assert_memory_equal(got, "abcd", 4);
+    assert_int_equal(n.drained, 2);
+    gw_wio_fini(&io);
+    event_free(w->flush_ev);
+    free(w);
+}
+
+/* The peer reset: the early write fails, failed runs from the flush. */
+static void test_write_now_reset(void **state)
+{
+    fx_t *f = *state;
+    gw_worker_t *w = wn_worker(f->base);
+    gw_wio_t io;
+    wn_t n = {0};
+    struct linger lg = {1, 0};
+    signal(SIGPIPE, SIG_IGN);
+    assert_int_equal(setsockopt(f->peer, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0);
+    close(f->peer); /* RST */
+    f->peer = -1;
+    gw_wio_init(&io, w, f->bev, true, wn_drained, wn_failed, &n);
+    evbuffer_add(bufferevent_get_output(f->bev), "request", 7);
+    gw_wio_write_now(&io);
+    assert_int_equal(n.failed, 0);
+    assert_int_not_equal(io.werr, 0);
+    turn(f);
+    assert_int_equal(n.failed, 1);
+    assert_true(n.what & BEV_EVENT_ERROR);
+    assert_true(n.what & BEV_EVENT_WRITING);
+    assert_int_equal(n.drained, 0);
+    gw_wio_fini(&io);
+    event_free(w->flush_ev);
+    free(w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -389,6 +483,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_disable_enable, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_free_in_callback, fx_setup, fx_teardown),
         cmocka_unit_test(test_no_socket),
+        cmocka_unit_test_setup_teardown(test_write_now, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_write_now_reset, fx_setup, fx_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
