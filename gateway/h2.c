@@ -112,6 +112,7 @@ struct gw_h2 {
     gw_h2_stream_t *spare_s;         /* a dead stream's struct and buffer, for the next */
     size_t nstreams;
     struct event *idle_ev;  /* no open stream for http2.idle_timeout: GOAWAY */
+    int64_t idle_ms;        /* when the last open stream closed (or the start) */
     struct event *wd_ev;    /* send timeout per stream, armed while one has output */
     struct event *flush_ev; /* frames out once the current callbacks are done */
     struct evbuffer *hb;    /* a response head's lines, between head_begin and _end */
@@ -459,11 +460,8 @@ static void gw_h2_stream_close(gw_h2_stream_t *s, bool reap)
         gw_conn_defer_free(h->c, gw_h2_stream_free, s);
     else
         TAILQ_INSERT_TAIL(&h->dead, s, link);
-    if (h->nstreams == 0 && h->idle_ev) {
-        int64_t ms = gw_conn_conf(h->c)->http2.idle_timeout_ms;
-        struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
-        evtimer_add(h->idle_ev, &tv);
-    }
+    if (h->nstreams == 0)
+        h->idle_ms = sl_now_ms(); /* the idle timer finds it (gw_h2_idle_cb) */
 }
 
 static gw_h2_stream_t *gw_h2_stream_new(gw_h2_t *h, int32_t id)
@@ -496,8 +494,6 @@ static gw_h2_stream_t *gw_h2_stream_new(gw_h2_t *h, int32_t id)
     s->sc->on_close_arg = s;
     TAILQ_INSERT_TAIL(&h->streams, s, link);
     h->nstreams++;
-    if (h->idle_ev)
-        evtimer_del(h->idle_ev);
     return s;
 }
 
@@ -887,13 +883,30 @@ static void gw_h2_watch(gw_h2_t *h)
     evtimer_add(h->wd_ev, &tv);
 }
 
+/* The idle timer stays armed for the connection's life and is not moved
+ * per stream (an evtimer_del and _add a request at one stream at a time):
+ * when it fires it looks at when the last stream closed and waits again
+ * for what is left of http2.idle_timeout, or all of it while a stream is
+ * open. */
+static void gw_h2_idle_arm(gw_h2_t *h, int64_t ms)
+{
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    evtimer_add(h->idle_ev, &tv);
+}
+
 static void gw_h2_idle_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
     gw_h2_t *h = arg;
-    if (h->nstreams > 0 || h->c->closed)
+    if (h->c->closed)
         return;
+    int64_t limit = gw_conn_conf(h->c)->http2.idle_timeout_ms;
+    int64_t left = h->nstreams > 0 ? limit : h->idle_ms + limit - sl_now_ms();
+    if (left > 0) {
+        gw_h2_idle_arm(h, left);
+        return;
+    }
     nghttp2_session_terminate_session(h->sess, NGHTTP2_NO_ERROR);
     gw_h2_flush(h);
 }
@@ -1033,9 +1046,8 @@ int gw_h2_start(gw_conn_t *c)
     h->hb = evbuffer_new();
     if (!h->idle_ev || !h->wd_ev || !h->flush_ev || !h->hb)
         goto fail;
-    int64_t ms = hc->idle_timeout_ms;
-    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
-    evtimer_add(h->idle_ev, &tv);
+    h->idle_ms = sl_now_ms();
+    gw_h2_idle_arm(h, hc->idle_timeout_ms);
     c->h2 = h;
     gw_h2_count("conns");
     bufferevent_setwatermark(c->bev, EV_WRITE, GW_H2_OUT_HWM / 2, 0);
