@@ -734,14 +734,22 @@ static int gw_h2_on_stream_close(nghttp2_session *sess, int32_t id, uint32_t cod
 
 /* ---- the connection ----------------------------------------------------- */
 
+/* Frames of one gw_h2_flush on their way to the socket's buffer. */
+static _Thread_local uint8_t gw_h2_gather[4096];
+
 /* The session's frames out to the socket, while there is room. */
 static void gw_h2_flush(gw_h2_t *h)
 {
     if (h->in_cb || h->c->closed)
         return;
     struct evbuffer *out = bufferevent_get_output(h->c->bev);
+    size_t queued = evbuffer_get_length(out), held = 0;
     h->in_cb++;
-    while (evbuffer_get_length(out) < GW_H2_OUT_HWM) {
+    /* nghttp2 hands out one frame (or part) per call, in its own buffer:
+     * the small ones are gathered in the thread's scratch and go to the
+     * socket's buffer in one add (one run of its callbacks), an answer's
+     * HEADERS and DATA together; a large one goes straight in. */
+    while (queued + held < GW_H2_OUT_HWM && nghttp2_session_want_write(h->sess)) {
         const uint8_t *data;
         ssize_t n = nghttp2_session_mem_send(h->sess, &data);
         if (n < 0) {
@@ -750,9 +758,22 @@ static void gw_h2_flush(gw_h2_t *h)
         }
         if (n == 0)
             break;
-        evbuffer_add(out, data, (size_t)n);
         sl_counter_add(gw_m.bytes_client_out, (uint64_t)n);
+        if (held + (size_t)n > sizeof(gw_h2_gather)) {
+            evbuffer_add(out, gw_h2_gather, held);
+            queued += held;
+            held = 0;
+        }
+        if ((size_t)n > sizeof(gw_h2_gather) / 2) {
+            evbuffer_add(out, data, (size_t)n);
+            queued += (size_t)n;
+            continue;
+        }
+        memcpy(gw_h2_gather + held, data, (size_t)n);
+        held += (size_t)n;
     }
+    if (held)
+        evbuffer_add(out, gw_h2_gather, held);
     h->in_cb--;
     if (h->drained) { /* backpressure off for streams whose output fell to the mark */
         h->drained = false;
