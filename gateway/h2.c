@@ -188,17 +188,12 @@ static struct evbuffer *gw_h2_out_head_begin(gw_conn_t *c, gw_req_t *r, int stat
     return s->h->hb;
 }
 
-/* RFC 9113 8.2.2: never in an h2 message. */
-static bool gw_h2_conn_specific(const char *n, size_t len)
-{
-    static const char *const names[] = {"connection",        "keep-alive", "proxy-connection",
-                                        "transfer-encoding", "upgrade",    "te",
-                                        "content-length",    NULL};
-    for (const char *const *p = names; *p; p++)
-        if (strlen(*p) == len && memcmp(*p, n, len) == 0)
-            return true;
-    return false;
-}
+/* RFC 9113 8.2.2: never in an h2 message (content-length: ours, from the
+ * answer's length). */
+#define GW_H2_HN_DROP                                                                              \
+    (GW_HN_BIT(GW_HN_CONNECTION) | GW_HN_BIT(GW_HN_KEEP_ALIVE) |                                   \
+     GW_HN_BIT(GW_HN_PROXY_CONNECTION) | GW_HN_BIT(GW_HN_TRANSFER_ENCODING) |                      \
+     GW_HN_BIT(GW_HN_UPGRADE) | GW_HN_BIT(GW_HN_TE) | GW_HN_BIT(GW_HN_CONTENT_LENGTH))
 
 /* HPACK: which answer fields may enter the connection's dynamic table. A
  * value that changes with every answer (x-request-id, content-length, an
@@ -207,16 +202,25 @@ static bool gw_h2_conn_specific(const char *n, size_t len)
  * table full of request ids made every lookup walk ~70 of them: 14% of
  * the proxy's CPU with 32 connections. Fields whose values repeat are
  * indexed; everything else goes as a literal that is never indexed (as
- * nginx sends all of its answer fields). */
-static uint8_t gw_h2_index_flag(const char *n, size_t len)
+ * nginx sends all of its answer fields). id: gw_http_hn's for the name,
+ * so only names it does not know are compared here. */
+static uint8_t gw_h2_index_flag(gw_http_hn_t id, const char *n, size_t len)
 {
-    static const char *const stable[] = {
-        "content-type",   "cache-control",     "vary",           "server",
-        "x-sluice-route", "x-sluice-fallback", "x-sluice-cache", NULL};
-    for (const char *const *p = stable; *p; p++)
-        if (strlen(*p) == len && memcmp(*p, n, len) == 0)
-            return NGHTTP2_NV_FLAG_NONE;
-    return NGHTTP2_NV_FLAG_NO_INDEX;
+    switch (id) {
+    case GW_HN_CONTENT_TYPE:
+    case GW_HN_CACHE_CONTROL:
+    case GW_HN_SERVER:
+        return NGHTTP2_NV_FLAG_NONE;
+    case GW_HN_OTHER:
+        break;
+    default:
+        return NGHTTP2_NV_FLAG_NO_INDEX;
+    }
+    bool stable = (len == 4 && memcmp(n, "vary", 4) == 0) ||
+                  (len == 14 && (memcmp(n, "x-sluice-route", 14) == 0 ||
+                                 memcmp(n, "x-sluice-cache", 14) == 0)) ||
+                  (len == 17 && memcmp(n, "x-sluice-fallback", 17) == 0);
+    return stable ? NGHTTP2_NV_FLAG_NONE : NGHTTP2_NV_FLAG_NO_INDEX;
 }
 
 /* The head's lines ("Name: value\r\n", made by sluice itself, so well
@@ -251,9 +255,10 @@ static size_t gw_h2_out_head_end(gw_conn_t *c, gw_req_t *r, struct evbuffer *hb,
             for (char *k = p; k < colon; k++)
                 *k = (char)tolower((unsigned char)*k);
             size_t nl = (size_t)(colon - p);
-            if (!gw_h2_conn_specific(p, nl)) {
+            gw_http_hn_t id = gw_http_hn(p, nl);
+            if (!(GW_HN_BIT(id) & GW_H2_HN_DROP)) {
                 nv[n++] = (nghttp2_nv){(uint8_t *)p, (uint8_t *)v, nl, (size_t)(ve - v),
-                                       gw_h2_index_flag(p, nl)};
+                                       gw_h2_index_flag(id, p, nl)};
                 bytes += nl + (size_t)(ve - v) + 4;
             }
         }
