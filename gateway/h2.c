@@ -803,9 +803,11 @@ static void gw_h2_flush(gw_h2_t *h)
 
 void gw_h2_read(gw_h2_t *h)
 {
-    if (h->closing)
-        return;
     struct evbuffer *in = bufferevent_get_input(h->c->bev);
+    if (h->closing) { /* nghttp2 takes no more: nothing may pile up (no read mark) */
+        evbuffer_drain(in, evbuffer_get_length(in));
+        return;
+    }
     h->in_cb++;
     while (evbuffer_get_length(in) > 0 && !h->closing) {
         size_t n = evbuffer_get_contiguous_space(in);
@@ -1077,6 +1079,14 @@ int gw_h2_start(gw_conn_t *c)
     c->h2 = h;
     gw_h2_count("conns");
     bufferevent_setwatermark(c->bev, EV_WRITE, GW_H2_OUT_HWM / 2, 0);
+    /* No read high-watermark: gw_h2_read hands nghttp2 all of the input
+     * in the callback that read it (or drains it when closing, and reading
+     * stops), so the input holds at most one wake-up's read (wio.c: one
+     * read(2), or what OpenSSL decrypted from one). With the mark set,
+     * libevent re-enabled the read event on every add to and drain of the
+     * input (bufferevent_inbuf_wm_cb -> bufferevent_unsuspend_read_ ->
+     * event_add): two per request. */
+    bufferevent_setwatermark(c->bev, EV_READ, 0, 0);
     gw_h2_read(h);
     return 0;
 fail:
