@@ -14,7 +14,9 @@
 #   figures for that binary, same run), CG_SHAPES (default "1x1", CxM as in
 #   h2_bench.sh), CG_SHORT / CG_LONG (requests, default 500 / 2500),
 #   BENCH_PORT_BASE (default 29400), BENCH_TOOLS, BENCH_KEEP=1 keeps the
-#   callgrind files (callgrind_annotate them for the per-function split).
+#   callgrind files (callgrind_annotate them for the per-function split),
+#   CG_NGINX (default 1: adds an "nginx" row per shape: nginx as the h2+TLS
+#   proxy, h2_bench.sh's nginx conf, one process, same request and upstream).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -35,6 +37,8 @@ done
 WORK=$(mktemp -d /tmp/sluice-callgrind-h2.XXXXXX)
 cp "$SLUICE_BIN" "$WORK/sluice"
 BINS="this"
+NGINX_BIN=${NGINX_BIN:-$(command -v nginx || echo /usr/sbin/nginx)}
+CG_NGINX=${CG_NGINX:-1}
 if [ -n "$SLUICE_BASE_BIN" ]; then
     cp "$SLUICE_BASE_BIN" "$WORK/sluice-base"
     BINS="this base"
@@ -50,13 +54,36 @@ wait_port "$UP_PORT" "$LAST"
 
 h2_sluice_conf "$WORK/sluice.yaml" "$PORT" "$UP_PORT"
 
+# nginx as the h2+TLS proxy, h2_bench.sh's conf, one process (no master) so
+# callgrind sees all of its work
+nginx_conf "$WORK/ngx" "
+    keepalive_timeout 60s;
+    http2_max_concurrent_streams 128;
+    upstream bench { server 127.0.0.1:$UP_PORT; keepalive 128; }
+    server {
+        listen 127.0.0.1:$PORT ssl http2;
+        ssl_certificate $WORK/crt.pem;
+        ssl_certificate_key $WORK/key.pem;
+        location / {
+            proxy_pass http://bench;
+            proxy_http_version 1.1;
+            proxy_set_header Connection \"\";
+            proxy_buffering off;
+        }
+    }" off
+
 # One run: $1 binary, $2 shape CxM, $3 requests; prints "Ir requests".
 one() {
     local out=$WORK/cg.$1.$2.$3 c=${2%x*} m=${2#*x} ok ir
     local bin=$WORK/sluice
     [ "$1" = base ] && bin=$WORK/sluice-base
-    spawn valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" -c "$WORK/sluice.yaml" \
-        2>"$out.log"
+    if [ "$1" = nginx ]; then
+        spawn valgrind --tool=callgrind --callgrind-out-file="$out" "$NGINX_BIN" \
+            -p "$WORK/ngx/" -e "$WORK/ngx/error.log" -c "$WORK/ngx/nginx.conf" 2>"$out.log"
+    else
+        spawn valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" \
+            -c "$WORK/sluice.yaml" 2>"$out.log"
+    fi
     local pid=$LAST
     wait_port "$PORT" "$pid" 1200 # valgrind starts slowly
     h2load -n "$3" -c "$c" -m "$m" -d "$BODY" -H 'content-type: application/json' \
@@ -64,6 +91,7 @@ one() {
     ok=$(awk '/^status codes:/ { print $3 }' "$out.h2load")
     [ "$ok" = "$3" ] || { cat "$out.h2load" >&2; exit 1; }
     grep -qi 'application protocol: h2' "$out.h2load" || { cat "$out.h2load" >&2; exit 1; }
+    [ "$1" != nginx ] || kill -QUIT "$pid" 2>/dev/null || true # graceful: totals written
     stop "$pid"
     ir=$(awk '/^summary:/ { print $2 }' "$out")
     echo "$ir $ok"
@@ -75,6 +103,7 @@ echo "callgrind per h2 request: $(date -u '+%Y-%m-%d %H:%M UTC'), commit" \
 echo
 echo "| binary | shape | requests (short / long) | instructions per request |"
 echo "| --- | --- | --- | ---: |"
+[ "$CG_NGINX" = 0 ] || BINS="$BINS nginx"
 for s in $SHAPES; do
     for b in $BINS; do
         read -r ir1 n1 <<<"$(one "$b" "$s" "$SHORT")"

@@ -112,6 +112,7 @@ struct gw_h2 {
     gw_h2_stream_t *spare_s;         /* a dead stream's struct and buffer, for the next */
     size_t nstreams;
     struct event *idle_ev;  /* no open stream for http2.idle_timeout: GOAWAY */
+    int64_t idle_ms;        /* when the last open stream closed (or the start) */
     struct event *wd_ev;    /* send timeout per stream, armed while one has output */
     struct event *flush_ev; /* frames out once the current callbacks are done */
     struct evbuffer *hb;    /* a response head's lines, between head_begin and _end */
@@ -187,17 +188,12 @@ static struct evbuffer *gw_h2_out_head_begin(gw_conn_t *c, gw_req_t *r, int stat
     return s->h->hb;
 }
 
-/* RFC 9113 8.2.2: never in an h2 message. */
-static bool gw_h2_conn_specific(const char *n, size_t len)
-{
-    static const char *const names[] = {"connection",        "keep-alive", "proxy-connection",
-                                        "transfer-encoding", "upgrade",    "te",
-                                        "content-length",    NULL};
-    for (const char *const *p = names; *p; p++)
-        if (strlen(*p) == len && memcmp(*p, n, len) == 0)
-            return true;
-    return false;
-}
+/* RFC 9113 8.2.2: never in an h2 message (content-length: ours, from the
+ * answer's length). */
+#define GW_H2_HN_DROP                                                                              \
+    (GW_HN_BIT(GW_HN_CONNECTION) | GW_HN_BIT(GW_HN_KEEP_ALIVE) |                                   \
+     GW_HN_BIT(GW_HN_PROXY_CONNECTION) | GW_HN_BIT(GW_HN_TRANSFER_ENCODING) |                      \
+     GW_HN_BIT(GW_HN_UPGRADE) | GW_HN_BIT(GW_HN_TE) | GW_HN_BIT(GW_HN_CONTENT_LENGTH))
 
 /* HPACK: which answer fields may enter the connection's dynamic table. A
  * value that changes with every answer (x-request-id, content-length, an
@@ -206,16 +202,25 @@ static bool gw_h2_conn_specific(const char *n, size_t len)
  * table full of request ids made every lookup walk ~70 of them: 14% of
  * the proxy's CPU with 32 connections. Fields whose values repeat are
  * indexed; everything else goes as a literal that is never indexed (as
- * nginx sends all of its answer fields). */
-static uint8_t gw_h2_index_flag(const char *n, size_t len)
+ * nginx sends all of its answer fields). id: gw_http_hn's for the name,
+ * so only names it does not know are compared here. */
+static uint8_t gw_h2_index_flag(gw_http_hn_t id, const char *n, size_t len)
 {
-    static const char *const stable[] = {
-        "content-type",   "cache-control",     "vary",           "server",
-        "x-sluice-route", "x-sluice-fallback", "x-sluice-cache", NULL};
-    for (const char *const *p = stable; *p; p++)
-        if (strlen(*p) == len && memcmp(*p, n, len) == 0)
-            return NGHTTP2_NV_FLAG_NONE;
-    return NGHTTP2_NV_FLAG_NO_INDEX;
+    switch (id) {
+    case GW_HN_CONTENT_TYPE:
+    case GW_HN_CACHE_CONTROL:
+    case GW_HN_SERVER:
+        return NGHTTP2_NV_FLAG_NONE;
+    case GW_HN_OTHER:
+        break;
+    default:
+        return NGHTTP2_NV_FLAG_NO_INDEX;
+    }
+    bool stable = (len == 4 && memcmp(n, "vary", 4) == 0) ||
+                  (len == 14 && (memcmp(n, "x-sluice-route", 14) == 0 ||
+                                 memcmp(n, "x-sluice-cache", 14) == 0)) ||
+                  (len == 17 && memcmp(n, "x-sluice-fallback", 17) == 0);
+    return stable ? NGHTTP2_NV_FLAG_NONE : NGHTTP2_NV_FLAG_NO_INDEX;
 }
 
 /* The head's lines ("Name: value\r\n", made by sluice itself, so well
@@ -250,9 +255,10 @@ static size_t gw_h2_out_head_end(gw_conn_t *c, gw_req_t *r, struct evbuffer *hb,
             for (char *k = p; k < colon; k++)
                 *k = (char)tolower((unsigned char)*k);
             size_t nl = (size_t)(colon - p);
-            if (!gw_h2_conn_specific(p, nl)) {
+            gw_http_hn_t id = gw_http_hn(p, nl);
+            if (!(GW_HN_BIT(id) & GW_H2_HN_DROP)) {
                 nv[n++] = (nghttp2_nv){(uint8_t *)p, (uint8_t *)v, nl, (size_t)(ve - v),
-                                       gw_h2_index_flag(p, nl)};
+                                       gw_h2_index_flag(id, p, nl)};
                 bytes += nl + (size_t)(ve - v) + 4;
             }
         }
@@ -459,11 +465,8 @@ static void gw_h2_stream_close(gw_h2_stream_t *s, bool reap)
         gw_conn_defer_free(h->c, gw_h2_stream_free, s);
     else
         TAILQ_INSERT_TAIL(&h->dead, s, link);
-    if (h->nstreams == 0 && h->idle_ev) {
-        int64_t ms = gw_conn_conf(h->c)->http2.idle_timeout_ms;
-        struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
-        evtimer_add(h->idle_ev, &tv);
-    }
+    if (h->nstreams == 0)
+        h->idle_ms = sl_now_ms(); /* the idle timer finds it (gw_h2_idle_cb) */
 }
 
 static gw_h2_stream_t *gw_h2_stream_new(gw_h2_t *h, int32_t id)
@@ -496,8 +499,6 @@ static gw_h2_stream_t *gw_h2_stream_new(gw_h2_t *h, int32_t id)
     s->sc->on_close_arg = s;
     TAILQ_INSERT_TAIL(&h->streams, s, link);
     h->nstreams++;
-    if (h->idle_ev)
-        evtimer_del(h->idle_ev);
     return s;
 }
 
@@ -738,14 +739,22 @@ static int gw_h2_on_stream_close(nghttp2_session *sess, int32_t id, uint32_t cod
 
 /* ---- the connection ----------------------------------------------------- */
 
+/* Frames of one gw_h2_flush on their way to the socket's buffer. */
+static _Thread_local uint8_t gw_h2_gather[4096];
+
 /* The session's frames out to the socket, while there is room. */
 static void gw_h2_flush(gw_h2_t *h)
 {
     if (h->in_cb || h->c->closed)
         return;
     struct evbuffer *out = bufferevent_get_output(h->c->bev);
+    size_t queued = evbuffer_get_length(out), held = 0;
     h->in_cb++;
-    while (evbuffer_get_length(out) < GW_H2_OUT_HWM) {
+    /* nghttp2 hands out one frame (or part) per call, in its own buffer:
+     * the small ones are gathered in the thread's scratch and go to the
+     * socket's buffer in one add (one run of its callbacks), an answer's
+     * HEADERS and DATA together; a large one goes straight in. */
+    while (queued + held < GW_H2_OUT_HWM && nghttp2_session_want_write(h->sess)) {
         const uint8_t *data;
         ssize_t n = nghttp2_session_mem_send(h->sess, &data);
         if (n < 0) {
@@ -754,9 +763,22 @@ static void gw_h2_flush(gw_h2_t *h)
         }
         if (n == 0)
             break;
-        evbuffer_add(out, data, (size_t)n);
         sl_counter_add(gw_m.bytes_client_out, (uint64_t)n);
+        if (held + (size_t)n > sizeof(gw_h2_gather)) {
+            evbuffer_add(out, gw_h2_gather, held);
+            queued += held;
+            held = 0;
+        }
+        if ((size_t)n > sizeof(gw_h2_gather) / 2) {
+            evbuffer_add(out, data, (size_t)n);
+            queued += (size_t)n;
+            continue;
+        }
+        memcpy(gw_h2_gather + held, data, (size_t)n);
+        held += (size_t)n;
     }
+    if (held)
+        evbuffer_add(out, gw_h2_gather, held);
     h->in_cb--;
     if (h->drained) { /* backpressure off for streams whose output fell to the mark */
         h->drained = false;
@@ -781,9 +803,11 @@ static void gw_h2_flush(gw_h2_t *h)
 
 void gw_h2_read(gw_h2_t *h)
 {
-    if (h->closing)
-        return;
     struct evbuffer *in = bufferevent_get_input(h->c->bev);
+    if (h->closing) { /* nghttp2 takes no more: nothing may pile up (no read mark) */
+        evbuffer_drain(in, evbuffer_get_length(in));
+        return;
+    }
     h->in_cb++;
     while (evbuffer_get_length(in) > 0 && !h->closing) {
         size_t n = evbuffer_get_contiguous_space(in);
@@ -887,13 +911,30 @@ static void gw_h2_watch(gw_h2_t *h)
     evtimer_add(h->wd_ev, &tv);
 }
 
+/* The idle timer stays armed for the connection's life and is not moved
+ * per stream (an evtimer_del and _add a request at one stream at a time):
+ * when it fires it looks at when the last stream closed and waits again
+ * for what is left of http2.idle_timeout, or all of it while a stream is
+ * open. */
+static void gw_h2_idle_arm(gw_h2_t *h, int64_t ms)
+{
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    evtimer_add(h->idle_ev, &tv);
+}
+
 static void gw_h2_idle_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
     gw_h2_t *h = arg;
-    if (h->nstreams > 0 || h->c->closed)
+    if (h->c->closed)
         return;
+    int64_t limit = gw_conn_conf(h->c)->http2.idle_timeout_ms;
+    int64_t left = h->nstreams > 0 ? limit : h->idle_ms + limit - sl_now_ms();
+    if (left > 0) {
+        gw_h2_idle_arm(h, left);
+        return;
+    }
     nghttp2_session_terminate_session(h->sess, NGHTTP2_NO_ERROR);
     gw_h2_flush(h);
 }
@@ -1033,12 +1074,19 @@ int gw_h2_start(gw_conn_t *c)
     h->hb = evbuffer_new();
     if (!h->idle_ev || !h->wd_ev || !h->flush_ev || !h->hb)
         goto fail;
-    int64_t ms = hc->idle_timeout_ms;
-    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
-    evtimer_add(h->idle_ev, &tv);
+    h->idle_ms = sl_now_ms();
+    gw_h2_idle_arm(h, hc->idle_timeout_ms);
     c->h2 = h;
     gw_h2_count("conns");
     bufferevent_setwatermark(c->bev, EV_WRITE, GW_H2_OUT_HWM / 2, 0);
+    /* No read high-watermark: gw_h2_read hands nghttp2 all of the input
+     * in the callback that read it (or drains it when closing, and reading
+     * stops), so the input holds at most one wake-up's read (wio.c: one
+     * read(2), or what OpenSSL decrypted from one). With the mark set,
+     * libevent re-enabled the read event on every add to and drain of the
+     * input (bufferevent_inbuf_wm_cb -> bufferevent_unsuspend_read_ ->
+     * event_add): two per request. */
+    bufferevent_setwatermark(c->bev, EV_READ, 0, 0);
     gw_h2_read(h);
     return 0;
 fail:

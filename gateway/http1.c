@@ -1824,6 +1824,11 @@ gw_http_state_t gw_http_feed_eof(gw_http_parser_t *p, gw_http_body_cb body_cb, v
 
 /* ---- heads decoded by another framing (HTTP/2) ---- */
 
+/* A loaded head's first storage: an arena and a header table most heads
+ * fit in (load_str). */
+#define GW_HTTP_LOAD_ARENA 384
+#define GW_HTTP_LOAD_LINES 12
+
 /* Copies n bytes and a NUL into the arena; false when over header_bytes. */
 static bool load_str(gw_http_parser_t *p, const char *s, size_t n, size_t *off)
 {
@@ -1834,8 +1839,8 @@ static bool load_str(gw_http_parser_t *p, const char *s, size_t n, size_t *off)
     /* The storage grows with the head, as for bytes fed (head_reserve),
      * but starts at a block most heads fit in: grown field by field from
      * nothing, an h2 head took ~6 reallocs (each moving every field). */
-    size_t want = p->arena_cap ? n : SL_MAX(n, (size_t)384);
-    if (storage_reserve(p, want, SL_MAX(p->nlines + 1, (size_t)12)) != 0) {
+    size_t want = p->arena_cap ? n : SL_MAX(n, (size_t)GW_HTTP_LOAD_ARENA - 1); /* + its NUL */
+    if (storage_reserve(p, want, SL_MAX(p->nlines + 1, (size_t)GW_HTTP_LOAD_LINES)) != 0) {
         fail(p, 503, "out_of_memory");
         return false;
     }
@@ -1939,7 +1944,11 @@ gw_http_state_t gw_http_load_head(gw_http_parser_t *p, const char *method, const
     p->hp.method = HTTP_GET;
     if (head_check(p) != 0)
         return p->state;
-    head_shrink(p);
+    /* Storage still at its first size has nothing worth two reallocs
+     * (moving every field) to give back: a few hundred bytes, freed with
+     * the request. A head that grew it is cut to its size. */
+    if (p->arena_cap > GW_HTTP_LOAD_ARENA || p->hdrs_cap > GW_HTTP_LOAD_LINES)
+        head_shrink(p);
     gw_http_msg_t *m = &p->msg;
     m->http_major = 2;
     m->http_minor = 0;

@@ -39,6 +39,7 @@
 #include "gateway/gw_sup.h"
 #include "gateway/gw_types.h"
 #include "gateway/gw_upstream.h"
+#include "gateway/gw_tls.h"
 #include "gateway/gw_wio.h"
 #include "gateway/gw_worker.h"
 
@@ -317,6 +318,7 @@ static void *gw_worker_thread(void *arg)
 {
     gw_worker_run(arg);
     (void)gw_wio_mem_tick(true); /* the chains this thread kept (wio.c) */
+    (void)gw_tls_mem_tick(true); /* and its TLS record buffers (tls.c) */
     atomic_fetch_sub(&gw_workers_running, 1);
     return NULL;
 }
@@ -359,6 +361,9 @@ int gw_server_run(const char *conf_path)
      * eventfd), so libevent's locks would only cost. */
     /* Before anything allocates through libevent (wio.c: its 1 KiB chains). */
     (void)gw_wio_mem_init();
+    /* Before anything calls OpenSSL (tls.c: its record buffers). */
+    if (!gw_tls_mem_init())
+        sl_debug("TLS record buffers: OpenSSL's allocator (not kept per thread)");
     gw_metrics_init(gw_route_name);
     conf_t *c = conf_load(conf_path, err, sizeof(err));
     if (!c) {
@@ -493,6 +498,7 @@ int gw_server_run(const char *conf_path)
     gw_shared_free(gw_srv.shared);
     free(gw_srv.conf_path);
     (void)gw_wio_mem_tick(true); /* the main thread's kept chains */
+    (void)gw_tls_mem_tick(true);
     sl_info("sluice stopped");
     return 0;
 }

@@ -52,8 +52,9 @@
  * own evbuffers, 4 KiB reads, deferred callbacks and a BIO round trip over
  * SSL_read/SSL_write. A client TLS connection is instead a plain-socket
  * bufferevent whose read and write events run our callbacks: the read
- * event drives the handshake, then SSL_reads into space reserved at the
- * end of the input buffer until OpenSSL holds nothing more (read-ahead on:
+ * event drives the handshake, then SSL_reads into the thread's scratch,
+ * copied to the end of the input buffer (a small request takes a 1 KiB
+ * chain, not a 16 KiB block), until OpenSSL holds nothing more (read-ahead on:
  * one read(2) per wake-up takes a whole record, not a 5-byte header and
  * then the rest). Everything OpenSSL has decrypted is always moved to the
  * input buffer before the callback returns (past the read high-watermark
@@ -86,6 +87,10 @@
 /* Bytes one read may take: 16 KiB with libevent's chain header included,
  * so a fresh chain for it is a 16 KiB block, not the next power of two. */
 #define GW_WIO_READ (16 * 1024 - 128)
+
+/* The thread's read space: plain reads past the reserved 1 KiB, every
+ * SSL_read (copied into the input buffer after). */
+static _Thread_local char gw_wio_scratch[GW_WIO_READ];
 
 /* Plaintext bytes one SSL_write takes: one TLS record. */
 #define GW_WIO_RECORD (16 * 1024)
@@ -340,19 +345,19 @@ static void gw_wio_tls_readcb(evutil_socket_t fd, short what, void *arg)
         goto done; /* at the mark (OpenSSL holds nothing: see the top): suspended */
     evbuffer_unfreeze(in, 0);
     for (;;) {
-        struct evbuffer_iovec v;
-        if (evbuffer_reserve_space(in, GW_WIO_READ, &v, 1) != 1) {
-            err = ENOMEM;
-            ev = BEV_EVENT_ERROR;
-            break;
-        }
-        int r = SSL_read(io->ssl, v.iov_base, (int)SL_MIN(v.iov_len, (size_t)INT_MAX));
+        /* Into the scratch, then copied: a request of a few hundred bytes
+         * takes a 1 KiB chain (wio.c's kept ones), not a 16 KiB block
+         * reserved for a record that may be that large. */
+        int r = SSL_read(io->ssl, gw_wio_scratch, (int)sizeof(gw_wio_scratch));
         if (r <= 0) {
             ev = gw_wio_tls_fail(io, r, &err);
             break;
         }
-        v.iov_len = (size_t)r;
-        evbuffer_commit_space(in, &v, 1);
+        if (evbuffer_add(in, gw_wio_scratch, (size_t)r) != 0) {
+            err = ENOMEM;
+            ev = BEV_EVENT_ERROR;
+            break;
+        }
         got += (size_t)r;
         /* nothing buffered: the socket is next, at the next wake-up
          * (level-triggered), so no read(2) that only says EAGAIN */
@@ -545,8 +550,6 @@ void gw_wio_flush_cb(evutil_socket_t fd, short what, void *arg)
  * so costs no large block at all; a large one one copy (what libevent's
  * chain would have held now comes from the scratch). */
 #define GW_WIO_OWN (1024 - 64)
-
-static _Thread_local char gw_wio_scratch[GW_WIO_READ];
 
 static ssize_t gw_wio_read_once(gw_wio_t *io, evutil_socket_t fd, int *err)
 {

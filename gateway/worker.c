@@ -34,6 +34,7 @@
 #include "gateway/gw_server.h"
 #include "gateway/gw_types.h"
 #include "gateway/gw_upstream.h"
+#include "gateway/gw_tls.h"
 #include "gateway/gw_wio.h"
 #include "gateway/gw_worker.h"
 
@@ -170,6 +171,7 @@ static void gw_worker_tick_cb(evutil_socket_t fd, short what, void *arg)
     gw_conn_cache_tick(w, fell);
     gw_h2_mem_tick(w->h2mem, fell);
     (void)gw_wio_mem_tick(fell); /* this thread's kept chains, likewise */
+    (void)gw_tls_mem_tick(fell); /* and its TLS record buffers */
     if ((fell || reload) && gw_worker_trim(now)) {
         w->peak_conns = load;
         if (reload) {
