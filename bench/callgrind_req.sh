@@ -71,14 +71,7 @@ case " $CONFS " in *" full-sse "*)
     [ -x "$SSE_UP_BIN" ] || { echo "bench: $SSE_UP_BIN not built" >&2; exit 1; }
     spawn "$SSE_UP_BIN" -l "127.0.0.1:$SSE_UP_PORT" -n 8
     wait_port "$SSE_UP_PORT" "$LAST"
-    python3 - "$WORK/body-sse.json" <<'EOF'
-import json, sys
-b = {"model": "chat-model", "messages": [
-    {"role": "system", "content": "You are a helpful assistant."},
-    {"role": "user", "content": "Write one sentence about the sea, please, in plain English."}],
-    "max_tokens": 64, "stream": True}
-open(sys.argv[1], "wb").write(json.dumps(b, separators=(",", ":")).encode())
-EOF
+    realistic_sse_body "$WORK/body-sse.json"
     ;;
 esac
 

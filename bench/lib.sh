@@ -169,6 +169,18 @@ EOF
     [ -z "${2:-}" ] || printf '%s\n' "$2"
 }
 
+# issue #16's realistic request with "stream":true, written to $1 (compact JSON).
+realistic_sse_body() {
+    python3 - "$1" <<'EOF'
+import json, sys
+b = {"model": "chat-model", "messages": [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "Write one sentence about the sea, please, in plain English."}],
+    "max_tokens": 64, "stream": True}
+open(sys.argv[1], "wb").write(json.dumps(b, separators=(",", ":")).encode())
+EOF
+}
+
 realistic_conf() {
     local f=$WORK/$1.yaml
     cat >"$f" <<EOF

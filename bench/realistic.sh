@@ -158,14 +158,7 @@ if [ "$SSE" = 1 ]; then
         -c "$WORK/ngx-sse/nginx.conf"
     wait_port "$NGX_SSE_PORT" "$LAST"
     NGX_SSE_PIDS="$LAST $(pgrep -P "$LAST" | tr '\n' ' ')"
-    python3 - "$WORK/body-sse.json" <<'EOF'
-import json, sys
-b = {"model": "chat-model", "messages": [
-    {"role": "system", "content": "You are a helpful assistant."},
-    {"role": "user", "content": "Write one sentence about the sea, please, in plain English."}],
-    "max_tokens": 64, "stream": True}
-open(sys.argv[1], "wb").write(json.dumps(b, separators=(",", ":")).encode())
-EOF
+    realistic_sse_body "$WORK/body-sse.json"
 fi
 
 # ---- sluice confs
