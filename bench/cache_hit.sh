@@ -38,23 +38,7 @@ WORK=$(mktemp -d /tmp/sluice-cache-bench.XXXXXX)
 nginx_fixed_upstream "$UP_PORT" "$LOAD_CPU"
 
 write_conf() { # $1 name, $2 port, $3 cache on (0/1)
-    cat >"$WORK/$1.yaml" <<EOF
-listen:
-  - address: 127.0.0.1:$2
-admin:
-  address: "off"
-workers: 1
-upstreams:
-  main:
-    servers:
-      - url: "http://127.0.0.1:$UP_PORT"
-    keepalive: 64
-models:
-  bench-model: { upstream: main }
-log:
-  access: "off"
-  level: warn
-EOF
+    bench_sluice_conf "$2" "$UP_PORT" >"$WORK/$1.yaml"
     [ "$3" = 1 ] && printf 'cache: { enabled: true, scope: global }\n' >>"$WORK/$1.yaml"
     "$SLUICE_BIN" -t -c "$WORK/$1.yaml" >/dev/null
 }

@@ -75,23 +75,8 @@ nginx_conf "$WORK/up" "    keepalive_timeout 300s;
 spawn "$NGINX_BIN" -p "$WORK/up/" -e "$WORK/up/error.log" -c "$WORK/up/nginx.conf"
 wait_port "$UP_PORT" "$LAST"
 
-cat >"$WORK/sluice.yaml" <<EOF
-listen:
-  - address: 127.0.0.1:$PORT
-admin:
-  address: 127.0.0.1:$ADMIN
-workers: 1
-upstreams:
-  main:
-    servers:
-      - url: "http://127.0.0.1:$UP_PORT"
-    keepalive_timeout: ${CG_UP_KEEPALIVE:-300s}
-models:
-  bench-model: { upstream: main }
-log:
-  access: "off"
-  level: error
-EOF
+bench_sluice_conf "$PORT" "$UP_PORT" "$ADMIN" "keepalive_timeout: ${CG_UP_KEEPALIVE:-300s}" error \
+    >"$WORK/sluice.yaml"
 
 # "requests new-upstream-connections" so far
 requests() {

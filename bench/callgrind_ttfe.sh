@@ -66,23 +66,7 @@ nginx_conf "$WORK/ngx" "
             proxy_buffering off;
         }
     }" off
-cat >"$WORK/sluice.yaml" <<CONF
-listen:
-  - address: 127.0.0.1:$PORT
-admin:
-  address: "off"
-workers: 1
-upstreams:
-  main:
-    servers:
-      - url: "http://127.0.0.1:$UP_PORT"
-    keepalive: 64
-models:
-  bench-model: { upstream: main }
-log:
-  access: "off"
-  level: warn
-CONF
+bench_sluice_conf "$PORT" "$UP_PORT" >"$WORK/sluice.yaml"
 
 cmd_of() {
     case $1 in

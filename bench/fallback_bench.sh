@@ -86,24 +86,10 @@ ports_free "$UP_PORT" "$DEAD_PORT" $(for c in $CONFIGS; do port_of "$c"; done)
 write_conf() { # $1 config
     local c=$1 f=$WORK/$1.yaml up=$UP_PORT
     case $c in outage*) up=$DEAD_PORT ;; esac
-    cat >"$f" <<EOF
-# bench/fallback_bench.sh: $c
-listen:
-  - address: 127.0.0.1:$(port_of "$c")
-admin:
-  address: "off"
-workers: 1
-upstreams:
-  main:
-    servers:
-      - url: "http://127.0.0.1:$up"
-    keepalive: 64
-models:
-  bench-model: { upstream: main }
-log:
-  access: "off"
-  level: warn
-EOF
+    {
+        echo "# bench/fallback_bench.sh: $c"
+        bench_sluice_conf "$(port_of "$c")" "$up"
+    } >"$f"
     case $c in
     off)
         cat >>"$f" <<EOF

@@ -147,6 +147,34 @@ nginx_fixed_upstream() {
     wait_port "$port" "$LAST"
 }
 
+# A minimal sluice conf on stdout: one worker, listener 127.0.0.1:$1, upstream
+# "main" at 127.0.0.1:$2 serving bench-model, access log off. $3 the admin
+# port or "off" (default off); $4 the upstream's extra line (default
+# "keepalive: 64", "-" for none); $5 the log level (default warn).
+bench_sluice_conf() {
+    local admin='"off"' up_line=${4:-keepalive: 64}
+    [ "${3:-off}" = off ] || admin=127.0.0.1:$3
+    cat <<EOF
+listen:
+  - address: 127.0.0.1:$1
+admin:
+  address: $admin
+workers: 1
+upstreams:
+  main:
+    servers:
+      - url: "http://127.0.0.1:$2"
+EOF
+    [ "$up_line" = - ] || printf '    %s\n' "$up_line"
+    cat <<EOF
+models:
+  bench-model: { upstream: main }
+log:
+  access: "off"
+  level: ${5:-warn}
+EOF
+}
+
 # issue #16's sluice confs (bench/realistic.sh, bench/callgrind_req.sh): $WORK/$1.yaml;
 # $1 name, $2 port, $3 admin port, $4 full, plain or bodies, $5 upstream port
 # (default $UP_PORT); uses $WORK/words.txt and checks the conf with $SLUICE_BIN -t.

@@ -104,23 +104,7 @@ export SLUICE_BENCH_ADMIN_KEY=bench-admin-key-0123456789
 
 write_conf() { # $1 config
     local c=$1 f=$WORK/$1.yaml
-    cat >"$f" <<EOF
-listen:
-  - address: 127.0.0.1:$(port_of "$c")
-admin:
-  address: "off"
-workers: 1
-upstreams:
-  main:
-    servers:
-      - url: "http://127.0.0.1:$UP_PORT"
-    keepalive: 64
-models:
-  bench-model: { upstream: main }
-log:
-  access: "off"
-  level: warn
-EOF
+    bench_sluice_conf "$(port_of "$c")" "$UP_PORT" >"$f"
     case $c in full_local | full_local_base)
         bench_auth_conf false >>"$f"
         ;;

@@ -153,24 +153,10 @@ EOF
 
 write_sluice_conf() { # $1 dir, $2 upstream port, $3 listen port
     mkdir -p "$1"
-    cat >"$1/sluice.yaml" <<EOF
-# sluice set up like nginx (bench/run.sh); every other key is its default.
-listen:
-  - address: 127.0.0.1:${3:-$SLUICE_PORT}
-admin:
-  address: "off"
-workers: 1
-upstreams:
-  main:
-    servers:
-      - url: "http://127.0.0.1:$2"
-    keepalive: 64
-models:
-  bench-model: { upstream: main }
-log:
-  access: "off"
-  level: warn
-EOF
+    {
+        echo "# sluice set up like nginx (bench/run.sh); every other key is its default."
+        bench_sluice_conf "${3:-$SLUICE_PORT}" "$2"
+    } >"$1/sluice.yaml"
 }
 
 # Starts nginx and sluice on $PROXY_CPU in front of the upstream on port $1;

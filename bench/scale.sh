@@ -76,24 +76,11 @@ metric() {
 
 write_sluice_conf() { # $1 dir, $2 port, $3 admin port, $4 upstream port, $5 extra yaml
     mkdir -p "$1"
-    cat >"$1/sluice.yaml" <<EOF
-# every key not named here is its default (keep-alive pool included)
-listen:
-  - address: 127.0.0.1:$2
-admin:
-  address: 127.0.0.1:$3
-workers: 1
-upstreams:
-  main:
-    servers:
-      - url: "http://127.0.0.1:$4"
-models:
-  bench-model: { upstream: main }
-log:
-  access: "off"
-  level: error
-$5
-EOF
+    {
+        echo "# every key not named here is its default (keep-alive pool included)"
+        bench_sluice_conf "$2" "$4" "$3" - error
+        printf '%s\n' "$5"
+    } >"$1/sluice.yaml"
 }
 
 # nginx answering 200 with a fixed chat.completion, for any number of
