@@ -16,7 +16,9 @@
 #   BENCH_PORT_BASE (default 29400), BENCH_TOOLS, BENCH_KEEP=1 keeps the
 #   callgrind files (callgrind_annotate them for the per-function split),
 #   CG_NGINX (default 1: adds an "nginx" row per shape: nginx as the h2+TLS
-#   proxy, h2_bench.sh's nginx conf, one process, same request and upstream).
+#   proxy, h2_bench.sh's nginx conf, one process, same request and upstream),
+#   BENCH_NGINX_TLS (nginx's ssl_protocols, default "TLSv1.2 TLSv1.3": sluice
+#   speaks TLS 1.3, and nginx 1.22 without the line offers only up to 1.2).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -64,6 +66,7 @@ nginx_conf "$WORK/ngx" "
         listen 127.0.0.1:$PORT ssl http2;
         ssl_certificate $WORK/crt.pem;
         ssl_certificate_key $WORK/key.pem;
+        ssl_protocols ${BENCH_NGINX_TLS:-TLSv1.2 TLSv1.3};
         location / {
             proxy_pass http://bench;
             proxy_http_version 1.1;

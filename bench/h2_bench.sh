@@ -25,7 +25,9 @@
 # ("base", "base-h1"), so before/after is a ratio of the same run.
 # Env: BENCH_ROUNDS (3), BENCH_N (requests per round, 20000), BENCH_SHAPES
 # ("1x1 32x1 1x100"), BENCH_TTFE (1; 0 skips part 2),
-# BENCH_TTFE_SAMPLES (60), BENCH_PORT_BASE (19400), SLUICE_BIN, BENCH_TOOLS.
+# BENCH_TTFE_SAMPLES (60), BENCH_PORT_BASE (19400), SLUICE_BIN, BENCH_TOOLS,
+# BENCH_NGINX_TLS (nginx's ssl_protocols, "TLSv1.2 TLSv1.3": both proxies on
+# TLS 1.3, as sluice negotiates it; nginx 1.22's default stops at TLS 1.2).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SLUICE_BIN=${SLUICE_BIN:-$ROOT/build/sluice}
@@ -82,6 +84,7 @@ http {
         listen 127.0.0.1:$NGINX_PORT ssl http2;
         ssl_certificate $WORK/crt.pem;
         ssl_certificate_key $WORK/key.pem;
+        ssl_protocols ${BENCH_NGINX_TLS:-TLSv1.2 TLSv1.3};
         location / {
             proxy_pass http://bench;
             proxy_http_version 1.1;
