@@ -987,6 +987,12 @@ void gw_out_watch(gw_req_t *r, size_t low)
     r->c->out->watch(r->c, low);
 }
 
+void gw_out_write_now(gw_req_t *r)
+{
+    if (r->c->out->write_now)
+        r->c->out->write_now(r->c);
+}
+
 /* HTTP/1.1: straight into the connection's output buffer (wio.c writes it
  * at the end of the loop turn). The head's status line is written by
  * _begin, the caller's lines follow, _end adds the framing. */
@@ -1090,6 +1096,11 @@ static void gw_h1_watch(gw_conn_t *c, size_t low)
     bufferevent_setwatermark(c->bev, EV_WRITE, low, 0);
 }
 
+static void gw_h1_write_now(gw_conn_t *c)
+{
+    gw_wio_write_now(&c->wio);
+}
+
 static const gw_out_ops_t gw_out_h1 = {
     .head_begin = gw_h1_head_begin,
     .head_end = gw_h1_head_end,
@@ -1098,4 +1109,5 @@ static const gw_out_ops_t gw_out_h1 = {
     .abort = gw_h1_abort,
     .pending = gw_h1_pending,
     .watch = gw_h1_watch,
+    .write_now = gw_h1_write_now,
 };

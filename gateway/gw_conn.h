@@ -42,6 +42,9 @@ typedef struct gw_out_ops {
     size_t (*pending)(const gw_conn_t *c);
     /* Call gw_conn_out_drained() once pending() falls to low (0: stop). */
     void (*watch)(gw_conn_t *c, size_t low);
+    /* Optional: write what is queued now, ahead of the loop turn's flush
+     * (HTTP/1.1: gw_wio_write_now); the flush still runs the callbacks. */
+    void (*write_now)(gw_conn_t *c);
 } gw_out_ops_t;
 
 struct gw_conn {
@@ -127,6 +130,7 @@ void gw_out_end(gw_req_t *r);
 void gw_out_abort(gw_req_t *r);
 size_t gw_out_pending(const gw_req_t *r);
 void gw_out_watch(gw_req_t *r, size_t low);
+void gw_out_write_now(gw_req_t *r);
 
 /* The current request is finished: log, count, then keep-alive or close. */
 void gw_conn_req_done(gw_conn_t *c);

@@ -49,6 +49,7 @@ struct gw_attempt {
     gw_sse_t *sse; /* the SSE splitter of the relay */
     struct event *ping_ev;
     bool paused_upstream; /* backpressure: upstream reads off */
+    bool head_setup_due;  /* gw_proxy_after_head runs at the end of this read */
 };
 
 /* How an upstream attempt failed; one row each in gw_upfails[] (proxy.c). */

@@ -18,6 +18,10 @@
 #include "gateway/gw_types.h"
 #include "ratelimit/ratelimit.h"
 
+/* The state of a request whose usage chunk is stripped (on_event runs
+ * only for a hook with a state). */
+static const char gw_llm_strip = 1;
+
 static gw_hook_rc_t gw_llm_on_request(gw_req_t *r, void **state)
 {
     if ((!r->json && !r->scan) || !r->model ||
@@ -41,16 +45,13 @@ static gw_hook_rc_t gw_llm_on_request(gw_req_t *r, void **state)
         if (so && !json_is_object(so))
             return GW_HOOK_NEXT;
     }
-    rl_stream_t *strip = rl_stream_new(true);
-    if (!strip)
-        return GW_HOOK_NEXT; /* no usage then: the metrics add nothing (no guessing) */
     /* A splice on the client's bytes (the tree, if one was built, gets it
      * too, for the engine); on the slow path the tree, serialised again. */
-    if (gw_req_set_include_usage(r) != 0) {
-        rl_stream_free(strip);
-        return GW_HOOK_NEXT;
-    }
-    *state = strip;
+    if (gw_req_set_include_usage(r) != 0)
+        return GW_HOOK_NEXT; /* no usage then: the metrics add nothing (no guessing) */
+    /* The strip keeps nothing between events: a mark, not an allocation,
+     * so the request leaves without a calloc (issue #16). */
+    *state = (void *)&gw_llm_strip;
     return GW_HOOK_NEXT;
 }
 
@@ -63,7 +64,8 @@ static gw_ev_rc_t gw_llm_on_event(gw_req_t *r, void *state, const char *data, si
         return GW_EV_PASS; /* no usage in it: nothing to strip, no parse */
     char *rw = NULL;
     size_t rwlen = 0;
-    switch (rl_stream_feed(state, data, len, &rw, &rwlen)) {
+    (void)state;
+    switch (rl_chunk_strip_usage(data, len, &rw, &rwlen)) {
     case RL_CHUNK_DROP:
         return GW_EV_REPLACE; /* nothing pushed: the usage-only chunk is dropped */
     case RL_CHUNK_REWRITE:
@@ -75,16 +77,8 @@ static gw_ev_rc_t gw_llm_on_event(gw_req_t *r, void *state, const char *data, si
     }
 }
 
-static void gw_llm_on_end(gw_req_t *r, void *state, gw_end_t how)
-{
-    (void)r;
-    (void)how;
-    rl_stream_free(state);
-}
-
 const gw_hook_t gw_hook_llm = {
     .name = "llm",
     .on_request = gw_llm_on_request,
     .on_event = gw_llm_on_event,
-    .on_end = gw_llm_on_end,
 };

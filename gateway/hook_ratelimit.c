@@ -317,29 +317,21 @@ bool gw_rl_budgets_on(const gw_req_t *r)
     return gw_rl_budgets(&r->rt->conf->ratelimit);
 }
 
-static gw_hook_rc_t gw_rl_on_request(gw_req_t *r, void **state)
+/* The request's clamp (max_tokens, include_usage) into s: 0, or -1 when
+ * it was answered (400, OOM). */
+static int gw_rl_clamp(gw_req_t *r, gw_rl_t *s)
 {
-    gw_worker_t *w = r->c->w;
     const conf_ratelimit_t *c = &r->rt->conf->ratelimit;
-    if (!w->rlw)
-        return GW_HOOK_NEXT;
-    gw_rl_t *s = sl_zalloc(sizeof(*s));
-    if (!s) {
-        gw_respond_oom(r);
-        return GW_HOOK_DONE;
-    }
-    s->r = r;
-    *state = s;
     bool budgets = gw_rl_budgets(c);
     s->budgets = budgets;
     if ((r->route == GW_ROUTE_CHAT || r->route == GW_ROUTE_COMPLETIONS) && r->scan) {
         if (gw_rl_clamp_scan(r, s, budgets) != 0)
-            return GW_HOOK_DONE;
+            return -1;
     } else if (r->route == GW_ROUTE_CHAT || r->route == GW_ROUTE_COMPLETIONS) {
         char err[160];
         if (rl_body_clamp_ex(r->json, c->max_tokens, budgets, &s->clamp, err, sizeof(err)) != 0) {
             gw_respond_error(r, 400, "invalid_request_error", "invalid_parameter", err);
-            return GW_HOOK_DONE;
+            return -1;
         }
         int64_t dmt = r->model ? r->model->conf->default_max_tokens : 0;
         if (s->clamp.added_max_tokens && dmt > 0 && dmt < s->clamp.max_tokens) {
@@ -347,7 +339,7 @@ static gw_hook_rc_t gw_rl_on_request(gw_req_t *r, void **state)
              * chat model, a small one less); the cap still bounds it. */
             if (json_object_set_new(r->json, "max_tokens", json_integer(dmt)) != 0) {
                 gw_respond_oom(r);
-                return GW_HOOK_DONE;
+                return -1;
             }
             s->clamp.max_tokens = dmt;
         }
@@ -359,20 +351,52 @@ static gw_hook_rc_t gw_rl_on_request(gw_req_t *r, void **state)
             s->stream = rl_stream_new(s->clamp.injected_usage);
             if (!s->stream) {
                 gw_respond_oom(r);
-                return GW_HOOK_DONE;
+                return -1;
             }
         }
     }
     if (r->route == GW_ROUTE_RESPONSES && json_is_object(r->json) &&
         gw_rl_clamp_responses(r, c->max_tokens, &s->clamp) != 0)
-        return GW_HOOK_DONE;
+        return -1;
+    return 0;
+}
+
+static gw_hook_rc_t gw_rl_on_request(gw_req_t *r, void **state)
+{
+    gw_worker_t *w = r->c->w;
+    const conf_ratelimit_t *c = &r->rt->conf->ratelimit;
+    if (!w->rlw)
+        return GW_HOOK_NEXT;
     if (!gw_rl_any_limit(c)) {
-        if (!s->stream) { /* nothing to count, nothing to strip */
-            free(s);
-            *state = NULL;
+        /* Nothing to count: the clamp alone, on the stack; a state only
+         * for a stream whose injected usage is stripped (no calloc and
+         * free on the way of a request that keeps nothing). */
+        gw_rl_t tmp = {.r = r};
+        if (gw_rl_clamp(r, &tmp) != 0) {
+            rl_stream_free(tmp.stream);
+            return GW_HOOK_DONE;
         }
+        if (!tmp.stream)
+            return GW_HOOK_NEXT;
+        gw_rl_t *s = malloc(sizeof(*s));
+        if (!s) {
+            rl_stream_free(tmp.stream);
+            gw_respond_oom(r);
+            return GW_HOOK_DONE;
+        }
+        *s = tmp;
+        *state = s;
         return GW_HOOK_NEXT;
     }
+    gw_rl_t *s = sl_zalloc(sizeof(*s));
+    if (!s) {
+        gw_respond_oom(r);
+        return GW_HOOK_DONE;
+    }
+    s->r = r;
+    *state = s;
+    if (gw_rl_clamp(r, s) != 0)
+        return GW_HOOK_DONE;
     if (!r->user[0])
         gw_rl_client_ip(r); /* the limiter keys by address only without a user */
     rl_request_t q = {

@@ -134,6 +134,7 @@ static void gw_proxy_finish(gw_req_t *r, bool reusable, int outcome)
         evtimer_del(r->retry_ev);
     if (r->att.up_timer) /* kept with the request for its next attempt (conn.c) */
         evtimer_del(r->att.up_timer);
+    r->att.head_setup_due = false; /* the next attempt's head sets it again */
     if (r->att.ping_ev) {
         event_free(r->att.ping_ev);
         r->att.ping_ev = NULL;
@@ -482,20 +483,35 @@ static bool gw_proxy_on_head(gw_req_t *r)
         gw_proxy_write_head(r, m, nobody ? -2 : length_known ? m->content_length : -1);
     }
     if (r->att.resp_sse) {
-        const conf_t *conf = r->rt->conf;
         r->ev_hooks = gw_hooks_want_events(r);
-        r->att.sse = gw_sse_new((size_t)conf->sse.max_event_bytes);
+        r->att.sse = gw_sse_new((size_t)r->rt->conf->sse.max_event_bytes);
         sl_gauge_add(gw_m.streams_active, 1);
-        if (conf->sse.ping_interval_ms > 0) {
-            r->att.ping_ev = event_new(r->c->w->base, -1, EV_PERSIST, gw_proxy_ping_cb, r);
-            int64_t ms = conf->sse.ping_interval_ms;
-            struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    }
+    /* The ping and the deadline wait until this read's events are out. */
+    r->att.head_setup_due = true;
+    return true;
+}
+
+/* What the head starts that no byte of the read holding it needs, run once
+ * that read is fed through (gw_proxy_up_read): its head and events are
+ * written first, in one writev as before, so the first event does not wait
+ * for timers (issue #16, the time to first event). */
+static void gw_proxy_after_head(gw_req_t *r)
+{
+    r->att.head_setup_due = false;
+    if (r->head_sent)
+        gw_out_write_now(r);
+    int64_t ping_ms = r->rt->conf->sse.ping_interval_ms;
+    /* The ping keeps a stream alive only until its first event (ping_cb):
+     * none when that event came with the head. */
+    if (r->att.sse && ping_ms > 0 && gw_sse_events(r->att.sse) == 0) {
+        r->att.ping_ev = event_new(r->c->w->base, -1, EV_PERSIST, gw_proxy_ping_cb, r);
+        struct timeval tv = {ping_ms / 1000, (ping_ms % 1000) * 1000};
+        if (r->att.ping_ev)
             event_add(r->att.ping_ev, &tv);
-        }
     }
     /* From here on only the total deadline applies. */
     gw_proxy_arm(r, r->att.deadline_total_ms);
-    return true;
 }
 
 /* One complete event: out to the client as one chunk. Events that arrive
@@ -966,6 +982,8 @@ static bool gw_proxy_up_read(gw_req_t *r)
     }
     if (r->att.up != u)
         return false;
+    if (r->att.head_setup_due)
+        gw_proxy_after_head(r);
     /* Backpressure toward a slow client. */
     size_t hwm = (size_t)r->rt->conf->sse.buffer_bytes;
     if (!r->att.paused_upstream && gw_out_pending(r) > hwm) {

@@ -354,8 +354,9 @@ static void rl_stream_count_choices(rl_stream_t *s, const json_t *choices)
     }
 }
 
-rl_chunk_action_t rl_stream_feed(rl_stream_t *s, const char *data, size_t len, char **out,
-                                 size_t *outlen)
+/* s NULL: strip, count nothing (rl_chunk_strip_usage). */
+static rl_chunk_action_t rl_chunk_feed(rl_stream_t *s, const char *data, size_t len, char **out,
+                                       size_t *outlen)
 {
     *out = NULL;
     *outlen = 0;
@@ -370,13 +371,16 @@ rl_chunk_action_t rl_stream_feed(rl_stream_t *s, const char *data, size_t len, c
         return RL_CHUNK_FORWARD;
     rl_chunk_action_t act = RL_CHUNK_FORWARD;
     const json_t *choices = json_object_get(j, "choices");
-    rl_stream_count_choices(s, choices);
+    if (s)
+        rl_stream_count_choices(s, choices);
     json_t *usage = json_object_get(j, "usage");
     rl_usage_t u;
     if (usage && rl_usage_parse(usage, &u) == 0) {
-        s->usage = u; /* the last one wins: some servers send running totals */
-        s->got_usage = true;
-        if (s->strip) {
+        if (s) {
+            s->usage = u; /* the last one wins: some servers send running totals */
+            s->got_usage = true;
+        }
+        if (!s || s->strip) {
             if (json_is_array(choices) && json_array_size(choices) == 0) {
                 act = RL_CHUNK_DROP;
             } else if (json_object_del(j, "usage") == 0) {
@@ -391,6 +395,17 @@ rl_chunk_action_t rl_stream_feed(rl_stream_t *s, const char *data, size_t len, c
     }
     json_decref(j);
     return act;
+}
+
+rl_chunk_action_t rl_stream_feed(rl_stream_t *s, const char *data, size_t len, char **out,
+                                 size_t *outlen)
+{
+    return rl_chunk_feed(s, data, len, out, outlen);
+}
+
+rl_chunk_action_t rl_chunk_strip_usage(const char *data, size_t len, char **out, size_t *outlen)
+{
+    return rl_chunk_feed(NULL, data, len, out, outlen);
 }
 
 int rl_stream_usage(const rl_stream_t *s, rl_usage_t *u)

@@ -342,6 +342,9 @@ void rl_stream_free(rl_stream_t *s);
  * malloc'd; the caller frees it. Bad JSON is forwarded untouched. */
 rl_chunk_action_t rl_stream_feed(rl_stream_t *s, const char *data, size_t len, char **out,
                                  size_t *outlen);
+/* rl_stream_feed's strip alone, for a caller that keeps no count: what a
+ * stream with strip on does with this event (nothing is noted). */
+rl_chunk_action_t rl_chunk_strip_usage(const char *data, size_t len, char **out, size_t *outlen);
 /* 0 and the upstream's usage if it came; -1 otherwise. */
 int rl_stream_usage(const rl_stream_t *s, rl_usage_t *u) SL_WUR;
 /* Completion tokens estimated from the streamed text. */

@@ -64,6 +64,22 @@ def test_total_timeout_cuts_a_long_stream(sluice_factory, mock):
     assert err["code"] in ("upstream_timeout", "upstream_truncated"), err
 
 
+@pytest.mark.parametrize("beh", [{}, {"stall_after_headers": 0.7}], ids=["head_with_event", "head_alone"])
+def test_first_byte_timeout_ends_with_the_head(sluice_factory, mock, beh):
+    # Once the head is in, only the total deadline applies (re-armed after
+    # the read holding the head is written): gaps longer than first_byte
+    # between events do not cut the stream.
+    s = sluice_factory({"upstreams": {"main": {"timeouts": {"first_byte": "300ms", "total": "20s"}}}}, upstream=mock)
+    mock.script(dict(beh, events=3, delay=0.7))
+    with s.client(timeout=bound(10)) as c:
+        r, evs = c.stream("POST", "/v1/chat/completions", chat_body("gaps", stream=True))
+        events = [e for e in evs if e.data is not None]
+    assert r.status == 200
+    assert events and events[-1].is_done, [e.raw for e in events]
+    assert not any("error" in e.json() for e in events if not e.is_done), [e.raw for e in events]
+    assert (s.metrics().value("sluice_upstream_errors_total", upstream="main") or 0) == 0
+
+
 def test_connect_timeout(sluice_factory):
     # A listener whose accept queue is full: the kernel drops new SYNs, so a
     # connect neither succeeds nor fails until the client gives up.

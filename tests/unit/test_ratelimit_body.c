@@ -256,12 +256,49 @@ static void test_stream_estimate(void **state)
     rl_stream_free(s);
 }
 
+#define STRIP(lit, out, n) rl_chunk_strip_usage((lit), strlen(lit), (out), (n))
+
+/* The strip with no stream state (the LLM metrics' hook): the same
+ * decisions as a strip stream's, event by event. */
+static void test_chunk_strip_usage(void **state)
+{
+    (void)state;
+    char *out;
+    size_t n;
+    assert_int_equal(STRIP("{\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}", &out, &n),
+                     RL_CHUNK_FORWARD);
+    assert_null(out);
+    assert_int_equal(STRIP("{\"choices\":[],\"usage\":{\"prompt_tokens\":9,"
+                           "\"completion_tokens\":3,\"total_tokens\":12}}",
+                           &out, &n),
+                     RL_CHUNK_DROP);
+    assert_null(out);
+    assert_int_equal(STRIP("{\"choices\":[{\"delta\":{\"content\":\"x\"}}],\"usage\":"
+                           "{\"prompt_tokens\":1,\"completion_tokens\":1,\"total_tokens\":2}}",
+                           &out, &n),
+                     RL_CHUNK_REWRITE);
+    assert_non_null(out);
+    assert_int_equal(strlen(out), n);
+    assert_null(strstr(out, "usage"));
+    assert_non_null(strstr(out, "\"content\":\"x\""));
+    free(out);
+    /* a usage that is no usage object, bad JSON, [DONE]: as they came */
+    assert_int_equal(STRIP("{\"choices\":[],\"usage\":null}", &out, &n), RL_CHUNK_FORWARD);
+    assert_int_equal(STRIP("{\"choices\":[],\"usage\":{", &out, &n), RL_CHUNK_FORWARD);
+    assert_int_equal(STRIP("[DONE]", &out, &n), RL_CHUNK_FORWARD);
+    assert_null(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_clamp),        cmocka_unit_test(test_include_usage),
-        cmocka_unit_test(test_estimates),    cmocka_unit_test(test_usage_body),
-        cmocka_unit_test(test_stream_strip), cmocka_unit_test(test_stream_estimate),
+        cmocka_unit_test(test_clamp),
+        cmocka_unit_test(test_include_usage),
+        cmocka_unit_test(test_estimates),
+        cmocka_unit_test(test_usage_body),
+        cmocka_unit_test(test_stream_strip),
+        cmocka_unit_test(test_stream_estimate),
+        cmocka_unit_test(test_chunk_strip_usage),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
