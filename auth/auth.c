@@ -379,11 +379,13 @@ void auth_finish(auth_result_t *res, auth_reason_t r)
     auth_metric_reject(r);
 }
 
-/* The in-process answer to a job: revocation first (it does not consume
+/* The in-process answer to a job (its claims: claims, which job->claims
+ * need not hold): revocation first (it does not consume
  * the nonce), then the nonce. A full nonce store refuses. */
-static auth_reason_t local_checks(const auth_t *a, const auth_redis_job_t *job, int64_t now)
+static auth_reason_t local_checks(const auth_t *a, const auth_redis_job_t *job,
+                                  const auth_claims_t *claims, int64_t now)
 {
-    if (job->check_rev && auth_rev_check(a->stores, &job->claims, now))
+    if (job->check_rev && auth_rev_check(a->stores, claims, now))
         return AUTH_R_TOKEN_REVOKED;
     /* The store knows no nonce from before it started (a restart, an
      * upgrade): a request signed then may already have been used. Whole
@@ -429,7 +431,7 @@ void auth_store_fallback(const auth_t *a, const auth_redis_job_t *job, int64_t n
     }
     /* Both allowed: this instance's own stores still catch what they can
      * (replays sent to this instance, revocations made through it). */
-    auth_reason_t r = local_checks(a, job, now);
+    auth_reason_t r = local_checks(a, job, &job->claims, now);
     if (r != AUTH_OK)
         auth_finish(res, r);
 }
@@ -437,16 +439,24 @@ void auth_store_fallback(const auth_t *a, const auth_redis_job_t *job, int64_t n
 auth_status_t auth_check(const auth_t *a, sl_redis_t *redis, const auth_request_t *req, int64_t now,
                          auth_result_t *res, auth_check_cb cb, void *arg, auth_pending_t **pending)
 {
-    memset(res, 0, sizeof(*res));
+    /* Every field of *res is set on every path below; the claims (~500
+     * bytes) are written once, by the cache or the token's parse, and are
+     * zero whenever authenticated is false. The job's claims are copied
+     * only for the Redis path, which outlives this call. */
+    res->reason = AUTH_OK;
+    res->authenticated = false;
     if (pending)
         *pending = NULL;
     auth_redis_job_t job;
-    memset(&job, 0, sizeof(job));
+    job.check_rev = false;
+    job.check_nonce = false;
+    job.nonce_expires = 0;
 
     const char *tok = NULL;
     size_t tok_len = 0;
     if (!bearer(req->authorization, req->authorization_len, &tok, &tok_len)) {
         /* A malformed Authorization header is not "absent". */
+        memset(&res->claims, 0, sizeof(res->claims));
         auth_finish(res, req->authorization || a->required ? AUTH_R_TOKEN_MISSING : AUTH_OK);
         return AUTH_DONE;
     }
@@ -454,12 +464,12 @@ auth_status_t auth_check(const auth_t *a, sl_redis_t *redis, const auth_request_
      * clock-dependent rules are re-run. */
     auth_tcache_val_t v;
     unsigned th = auth_tcache_hash(tok, tok_len);
-    bool cached = auth_tcache_get(a->tcache, tok, tok_len, th, now, &v);
+    bool cached = auth_tcache_get(a->tcache, tok, tok_len, th, now, &res->claims, v.signing_key);
     auth_reason_t r;
     if (cached) {
-        res->claims = v.claims;
         r = auth_claims_check_time(a, &res->claims, now);
     } else {
+        memset(&res->claims, 0, sizeof(res->claims));
         r = auth_token_verify(a, tok, tok_len, now, &res->claims);
         /* On the request path a token must name its user, be revocable by
          * itself (jti) and say when it was issued (revocation by sub). */
@@ -483,7 +493,6 @@ auth_status_t auth_check(const auth_t *a, sl_redis_t *redis, const auth_request_
     }
     res->authenticated = true;
     job.check_rev = true;
-    job.claims = res->claims;
 
     bool sig_present = req->timestamp || req->nonce || req->signature;
     if (a->signing_secret && (a->sign_required || sig_present)) {
@@ -507,13 +516,16 @@ auth_status_t auth_check(const auth_t *a, sl_redis_t *redis, const auth_request_
     if (redis && cb && pending) {
         /* Revocations made through this instance are always here too (even
          * one whose Redis write failed), and looking costs no round trip. */
-        if (auth_rev_check(a->stores, &job.claims, now)) {
+        if (auth_rev_check(a->stores, &res->claims, now)) {
             auth_finish(res, AUTH_R_TOKEN_REVOKED);
             return AUTH_DONE;
         }
+        job.claims = res->claims;
+        if (!job.check_nonce)
+            memset(job.nonce_key, 0, sizeof(job.nonce_key));
         return auth_redis_check(a, redis, &job, now, res, cb, arg, pending);
     }
-    r = local_checks(a, &job, now);
+    r = local_checks(a, &job, &res->claims, now);
     if (r != AUTH_OK)
         auth_finish(res, r);
     return AUTH_DONE;

@@ -61,10 +61,11 @@ void auth_tcache_free(auth_tcache_t *c);
 /* The hash a token is looked up and stored with (not a secret; also the
  * signature check's context hint). */
 unsigned auth_tcache_hash(const char *tok, size_t len);
-/* A copy of the value when these exact token bytes are cached and now <
- * their expiry (an expired entry is dropped). */
+/* When these exact token bytes are cached and now < their expiry, copies
+ * the value into *claims and signing_key (65 bytes) and returns true (an
+ * expired entry is dropped). */
 bool auth_tcache_get(auth_tcache_t *c, const char *tok, size_t len, unsigned hash, int64_t now,
-                     auth_tcache_val_t *out);
+                     auth_claims_t *claims, char *signing_key);
 void auth_tcache_put(auth_tcache_t *c, const char *tok, size_t len, unsigned hash,
                      const auth_tcache_val_t *v, int64_t expires, int64_t now);
 size_t auth_tcache_count(auth_tcache_t *c);

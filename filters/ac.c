@@ -163,42 +163,65 @@ static void ac_skip_build(flt_ac_t *ac)
 }
 
 #ifdef AC_SKIP_X86
+/* The 32 positions of p (33 bytes read) where a word may begin, as bits;
+ * false when one of the bytes is >= 0x80. */
+__attribute__((target("avx2"))) static inline bool ac_pairs32(const unsigned char *p,
+                                                              const __m256i t[4], uint32_t *c)
+{
+    const __m256i nib = _mm256_set1_epi8(0x0f);
+    __m256i a = _mm256_loadu_si256((const __m256i *)p);
+    __m256i b = _mm256_loadu_si256((const __m256i *)(p + 1));
+    if (_mm256_movemask_epi8(_mm256_or_si256(a, b)))
+        return false;
+    __m256i m =
+        _mm256_and_si256(_mm256_shuffle_epi8(t[0], _mm256_and_si256(a, nib)),
+                         _mm256_shuffle_epi8(t[1], _mm256_and_si256(_mm256_srli_epi16(a, 4), nib)));
+    m = _mm256_and_si256(m, _mm256_shuffle_epi8(t[2], _mm256_and_si256(b, nib)));
+    m = _mm256_and_si256(m,
+                         _mm256_shuffle_epi8(t[3], _mm256_and_si256(_mm256_srli_epi16(b, 4), nib)));
+    *c = ~(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(m, _mm256_setzero_si256()));
+    return true;
+}
+
 /* The first position in [i, n-1) where a word may begin, else n-1 (the
  * last byte, which has no pair); AC_SKIP_NONE at a byte >= 0x80 (in the
- * text, not necessarily before the position). i < n. */
+ * text, not necessarily before the position). i < n, and every byte of
+ * s[0, i) is below 0x80 (flt_ac_ascii_run has stepped or skipped it). */
 __attribute__((target("avx2"))) static size_t
 ac_skip_avx2(const flt_ac_t *ac, const unsigned char *s, size_t i, size_t n)
 {
-    const __m256i t1l = _mm256_loadu_si256((const __m256i *)ac->skip[0]);
-    const __m256i t1h = _mm256_loadu_si256((const __m256i *)ac->skip[1]);
-    const __m256i t2l = _mm256_loadu_si256((const __m256i *)ac->skip[2]);
-    const __m256i t2h = _mm256_loadu_si256((const __m256i *)ac->skip[3]);
-    const __m256i nib = _mm256_set1_epi8(0x0f), zero = _mm256_setzero_si256();
-    unsigned char pad[64];
+    const __m256i t[4] = {_mm256_loadu_si256((const __m256i *)ac->skip[0]),
+                          _mm256_loadu_si256((const __m256i *)ac->skip[1]),
+                          _mm256_loadu_si256((const __m256i *)ac->skip[2]),
+                          _mm256_loadu_si256((const __m256i *)ac->skip[3])};
+    uint32_t c;
     while (i + 1 < n) {
         size_t left = n - 1 - i; /* positions with a pair */
-        const unsigned char *p = s + i;
-        if (left < 32) { /* the text's end: a copy, zeros past it */
-            memset(pad, 0, sizeof pad);
-            memcpy(pad, p, left + 1);
-            p = pad;
+        if (left >= 32) {
+            if (!ac_pairs32(s + i, t, &c))
+                return AC_SKIP_NONE;
+            if (c)
+                return i + (size_t)__builtin_ctz(c);
+            i += 32;
+            continue;
         }
-        __m256i a = _mm256_loadu_si256((const __m256i *)p);
-        __m256i b = _mm256_loadu_si256((const __m256i *)(p + 1));
-        if (_mm256_movemask_epi8(_mm256_or_si256(a, b)))
+        if (n >= 33) {
+            /* the text's end: its last 32 positions, of which the first
+             * back are passed already (their bytes are clean: see above) */
+            size_t back = 32 - left;
+            if (!ac_pairs32(s + i - back, t, &c))
+                return AC_SKIP_NONE;
+            c &= ~((1u << back) - 1);
+            return c ? i - back + (size_t)__builtin_ctz(c) : n - 1;
+        }
+        /* a text shorter than 33 bytes: a copy, zeros past it */
+        unsigned char pad[64];
+        memset(pad, 0, sizeof pad);
+        memcpy(pad, s + i, left + 1);
+        if (!ac_pairs32(pad, t, &c))
             return AC_SKIP_NONE;
-        __m256i m = _mm256_and_si256(
-            _mm256_shuffle_epi8(t1l, _mm256_and_si256(a, nib)),
-            _mm256_shuffle_epi8(t1h, _mm256_and_si256(_mm256_srli_epi16(a, 4), nib)));
-        m = _mm256_and_si256(m, _mm256_shuffle_epi8(t2l, _mm256_and_si256(b, nib)));
-        m = _mm256_and_si256(
-            m, _mm256_shuffle_epi8(t2h, _mm256_and_si256(_mm256_srli_epi16(b, 4), nib)));
-        uint32_t c = ~(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(m, zero));
-        if (left < 32)
-            c &= (1u << left) - 1;
-        if (c)
-            return i + (size_t)__builtin_ctz(c);
-        i += 32;
+        c &= (1u << left) - 1;
+        return c ? i + (size_t)__builtin_ctz(c) : n - 1;
     }
     return n - 1;
 }

@@ -1049,14 +1049,18 @@ int rl_format_headers(const rl_decision_t *d, char *buf, size_t n)
     buf[0] = '\0';
     if (d->limit != RL_LIMIT_NONE && d->limit != RL_LIMIT_STORE && d->limit != RL_LIMIT_KEYS) {
         /* Per answer: built without snprintf (three numbers, fixed names). */
-        static const char *const names[3] = {
-            "X-RateLimit-Limit: ", "X-RateLimit-Remaining: ", "X-RateLimit-Reset: "};
+        static const struct {
+            const char *s;
+            size_t n;
+        } names[3] = {{"X-RateLimit-Limit: ", sizeof("X-RateLimit-Limit: ") - 1},
+                      {"X-RateLimit-Remaining: ", sizeof("X-RateLimit-Remaining: ") - 1},
+                      {"X-RateLimit-Reset: ", sizeof("X-RateLimit-Reset: ") - 1}};
         int64_t vals[3] = {d->limit_value, SL_MAX(d->remaining, 0), rl_ms_to_s_ceil(d->reset_ms)};
         for (int i = 0; i < 3; i++) {
-            size_t nl = strlen(names[i]);
+            size_t nl = names[i].n;
             if (len + nl + 24 + 2 >= n)
                 return -1;
-            memcpy(buf + len, names[i], nl);
+            memcpy(buf + len, names[i].s, nl);
             len += nl;
             len += sl_i64toa(vals[i], buf + len);
             buf[len++] = '\r';

@@ -363,6 +363,49 @@ static void test_nonce_memory_conf(void **state)
     auth_stores_free(st);
 }
 
+/* The cache's hash reads the signature's last 16 bytes: every one of them
+ * counts, nothing before them does, and tokens with random signatures
+ * spread evenly over the shards (top bits) and over uthash's buckets (low
+ * bits). */
+static void test_token_cache_hash(void **state)
+{
+    (void)state;
+    static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    enum { N = 8192, SIG = 43 };
+    const char *head = "eyJhbGciOiJIUzI1NiIsImtpZCI6ImsxIn0.eyJzdWIiOiJ1In0.";
+    size_t hl = strlen(head);
+    char tok[128];
+    memcpy(tok, head, hl);
+    uint64_t rnd = 0x243f6a8885a308d3u;
+    unsigned shards[8] = {0}, buckets[256] = {0};
+    for (int i = 0; i < N; i++) {
+        for (int j = 0; j < SIG; j++) {
+            rnd ^= rnd << 13, rnd ^= rnd >> 7, rnd ^= rnd << 17;
+            tok[hl + j] = b64[rnd & 63];
+        }
+        unsigned h = auth_tcache_hash(tok, hl + SIG);
+        shards[(h >> 24) % 8]++;
+        buckets[h & 255]++;
+        if (i < 64) {
+            /* any one of the last 16 bytes changes it, nothing before */
+            for (size_t p = hl + SIG - 16; p < hl + SIG; p++) {
+                char c = tok[p];
+                tok[p] = c == 'A' ? 'B' : 'A';
+                assert_int_not_equal(auth_tcache_hash(tok, hl + SIG), h);
+                tok[p] = c;
+            }
+            char c = tok[hl + SIG - 17];
+            tok[hl + SIG - 17] = c == 'A' ? 'B' : 'A';
+            assert_int_equal(auth_tcache_hash(tok, hl + SIG), h);
+            tok[hl + SIG - 17] = c;
+        }
+    }
+    for (int i = 0; i < 8; i++) /* 1,024 expected: +-12 % is ~8 sigma */
+        assert_in_range(shards[i], N / 8 - 128, N / 8 + 128);
+    for (int i = 0; i < 256; i++) /* 32 expected */
+        assert_in_range(buckets[i], 8, 64);
+}
+
 static void test_token_cache(void **state)
 {
     (void)state;
@@ -384,15 +427,17 @@ static void test_token_cache(void **state)
         auth_tcache_put(c, k[i], strlen(k[i]), h[i], &v, 1000, 10);
     }
     assert_int_equal(auth_tcache_count(c), 2);
-    assert_false(auth_tcache_get(c, k[0], strlen(k[0]), h[0], 10, &out)); /* evicted */
-    assert_true(auth_tcache_get(c, k[4], strlen(k[4]), h[4], 10, &out));
+    assert_false(auth_tcache_get(c, k[0], strlen(k[0]), h[0], 10, &out.claims,
+                                 out.signing_key)); /* evicted */
+    assert_true(auth_tcache_get(c, k[4], strlen(k[4]), h[4], 10, &out.claims, out.signing_key));
     assert_string_equal(out.claims.sub, "u4");
     /* the bytes decide, not the hash: a prefix, or other bytes under the
      * same hash value, are not the token */
-    assert_false(auth_tcache_get(c, k[4], strlen(k[4]) - 1, h[4], 10, &out));
-    assert_false(auth_tcache_get(c, "token-x", 7, h[4], 10, &out));
     assert_false(
-        auth_tcache_get(c, k[4], strlen(k[4]), h[4], 1000, &out)); /* expired, and dropped */
+        auth_tcache_get(c, k[4], strlen(k[4]) - 1, h[4], 10, &out.claims, out.signing_key));
+    assert_false(auth_tcache_get(c, "token-x", 7, h[4], 10, &out.claims, out.signing_key));
+    assert_false(auth_tcache_get(c, k[4], strlen(k[4]), h[4], 1000, &out.claims,
+                                 out.signing_key)); /* expired, and dropped */
     assert_int_equal(auth_tcache_count(c), 1);
     /* a token longer than AUTH_TCACHE_TOKEN_MAX is not kept */
     char *big = malloc(AUTH_TCACHE_TOKEN_MAX + 2);
@@ -400,7 +445,8 @@ static void test_token_cache(void **state)
     big[AUTH_TCACHE_TOKEN_MAX + 1] = '\0';
     unsigned bh = auth_tcache_hash(big, AUTH_TCACHE_TOKEN_MAX + 1);
     auth_tcache_put(c, big, AUTH_TCACHE_TOKEN_MAX + 1, bh, &v, 1000, 10);
-    assert_false(auth_tcache_get(c, big, AUTH_TCACHE_TOKEN_MAX + 1, bh, 10, &out));
+    assert_false(
+        auth_tcache_get(c, big, AUTH_TCACHE_TOKEN_MAX + 1, bh, 10, &out.claims, out.signing_key));
     assert_int_equal(auth_tcache_count(c), 1);
     free(big);
     auth_tcache_free(c);
@@ -423,11 +469,11 @@ static void test_token_cache(void **state)
     snprintf(v.claims.sub, sizeof(v.claims.sub), "b");
     auth_tcache_put(c, tb, strlen(tb), ha, &v, 1000, 10);
     assert_int_equal(auth_tcache_count(c), 2);
-    assert_true(auth_tcache_get(c, ta, strlen(ta), ha, 10, &out));
+    assert_true(auth_tcache_get(c, ta, strlen(ta), ha, 10, &out.claims, out.signing_key));
     assert_string_equal(out.claims.sub, "a");
-    assert_true(auth_tcache_get(c, tb, strlen(tb), ha, 10, &out));
+    assert_true(auth_tcache_get(c, tb, strlen(tb), ha, 10, &out.claims, out.signing_key));
     assert_string_equal(out.claims.sub, "b");
-    assert_false(auth_tcache_get(c, tc, strlen(tc), ha, 10, &out));
+    assert_false(auth_tcache_get(c, tc, strlen(tc), ha, 10, &out.claims, out.signing_key));
     auth_tcache_free(c);
 
     /* Through the request path. */
@@ -494,6 +540,7 @@ int main(void)
         cmocka_unit_test(test_revocations),
         cmocka_unit_test(test_full_store_policy),
         cmocka_unit_test(test_token_cache),
+        cmocka_unit_test(test_token_cache_hash),
         cmocka_unit_test(test_nonce_clock_edges),
         cmocka_unit_test(test_nonce_memory_per_entry),
         cmocka_unit_test(test_nonce_same_table_hash),

@@ -18,6 +18,7 @@
 #include "common/metrics.h"
 #include "conf/conf.h"
 #include "ratelimit/ratelimit.h"
+#include "ratelimit/rl_internal.h"
 
 #define S  1000000000LL
 #define MS 1000000LL
@@ -191,6 +192,55 @@ static void test_idle_keys_make_room(void **state)
     rl_free(rl);
 }
 
+/* The stripe (of 64) a user's key falls in: its hash's high bits (mem.c). */
+static unsigned stripe_of(const char *u)
+{
+    char key[RL_KEY_MAX + 1];
+    size_t n = rl_key_make('u', u, key);
+    return (rl_mem_hash(key, n) >> 20) % 64;
+}
+
+/* A user with one request at a time leaves its key idle after each: its
+ * next check finds the key (not dropped and made again) and answers as a
+ * fresh key would; an idle key of the same stripe that is not asked for
+ * still goes when the stripe is passed over. */
+static void test_idle_key_asked_for_stays(void **state)
+{
+    (void)state;
+    rl_t *rl = mk(60, 1, 64), *fresh = mk(60, 1, 64);
+    char err[128];
+    rl_worker_t *w = rl_worker_new(rl, NULL, err, sizeof(err));
+    rl_worker_t *wf = rl_worker_new(fresh, NULL, err, sizeof(err));
+    char b[32];
+    for (int i = 0;; i++) { /* another user of user-a's stripe */
+        user(b, sizeof(b), i);
+        if (stripe_of(b) == stripe_of("user-a"))
+            break;
+    }
+    rl_decision_t d, df;
+    now_ns = 10 * S;
+    assert_true(chk(w, "user-a", &d, NULL)); /* 1 of 60/min: idle 1 s later */
+    now_ns += 2 * S;
+    assert_int_equal(rl_mem_keys(rl), 1);
+    assert_true(chk(w, "user-a", &d, NULL));
+    assert_true(chk(wf, "user-a", &df, NULL));
+    assert_int_equal(d.limit, df.limit);
+    assert_int_equal(d.limit_value, df.limit_value);
+    assert_int_equal(d.remaining, df.remaining);
+    assert_int_equal(d.reset_ms, df.reset_ms);
+    assert_int_equal(rl_mem_keys(rl), 1);
+    now_ns += 2 * S; /* user-a idle again: b's check drops it */
+    assert_true(chk(w, b, &d, NULL));
+    assert_int_equal(rl_mem_keys(rl), 1);
+    assert_true(chk(w, "user-a", &d, NULL)); /* back as a fresh key */
+    assert_int_equal(d.remaining, 59);
+    assert_int_equal(rl_mem_keys(rl), 2);
+    rl_worker_free(wf);
+    rl_worker_free(w);
+    rl_free(fresh);
+    rl_free(rl);
+}
+
 /* A key holding a concurrency slot is live even with its buckets full:
  * dropping it would lose the slot's accounting. */
 static void test_slot_holders_stay(void **state)
@@ -264,6 +314,7 @@ int main(void)
         cmocka_unit_test(test_full_refusal_answer),
         cmocka_unit_test(test_idle_keys_make_room),
         cmocka_unit_test(test_slot_holders_stay),
+        cmocka_unit_test(test_idle_key_asked_for_stays),
         cmocka_unit_test(test_room_found_in_any_stripe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
