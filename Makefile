@@ -51,13 +51,18 @@ LTO_LDFLAGS :=
 NO_LTO      :=
 endif
 
+# Calls into shared libraries (libevent, libc, OpenSSL) go through the GOT
+# directly, not through a PLT stub (one jump less per call); the GOT is then
+# bound at start (-z now), as Debian's hardening flags do anyway.
+CODEGEN := -fno-plt
+
 WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
            -Wmissing-prototypes -Wno-unused-parameter
 CFLAGS  ?= $(OPT) -g
 SL_BUILD_CFLAGS := $(CFLAGS) $(SANFLAGS) $(LTO_LDFLAGS)
-CFLAGS  += -std=c11 -D_GNU_SOURCE -pthread $(WARN) $(SANFLAGS) -I. \
+CFLAGS  += -std=c11 -D_GNU_SOURCE -pthread $(CODEGEN) $(WARN) $(SANFLAGS) -I. \
            $(shell $(PKG) --cflags $(PKGS))
-LDFLAGS += -pthread $(SANFLAGS)
+LDFLAGS += -pthread $(SANFLAGS) -Wl,-z,now
 LDLIBS  += $(shell $(PKG) --libs $(PKGS)) -lhttp_parser -lm -lunistring
 
 ifeq ($(V),1)
