@@ -59,7 +59,7 @@ CODEGEN := -fno-plt
 WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
            -Wmissing-prototypes -Wno-unused-parameter
 CFLAGS  ?= $(OPT) -g
-SL_BUILD_CFLAGS := $(CFLAGS) $(SANFLAGS) $(LTO_LDFLAGS)
+SL_BUILD_CFLAGS := $(CFLAGS) $(SANFLAGS) $(CODEGEN) $(LTO_LDFLAGS)
 CFLAGS  += -std=c11 -D_GNU_SOURCE -pthread $(CODEGEN) $(WARN) $(SANFLAGS) -I. \
            $(shell $(PKG) --cflags $(PKGS))
 LDFLAGS += -pthread $(SANFLAGS) -Wl,-z,now
