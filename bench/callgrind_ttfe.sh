@@ -21,7 +21,8 @@
 #
 #   SLUICE_BIN (default build/sluice), SLUICE_BASE_BIN (optional, same run),
 #   CG_TTFE_N (requests, default 40), BENCH_PORT_BASE (default 29300),
-#   BENCH_KEEP=1 keeps the dumps.
+#   BENCH_KEEP=1 keeps the dumps, CG_NGINX=0 leaves nginx out. Functions are
+#   matched with or without GCC's clone suffixes (.lto_priv.0, .isra.0).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -43,10 +44,12 @@ WORK=$(mktemp -d /tmp/sluice-cgttfe.XXXXXX)
 . "$ROOT/bench/lib.sh"
 ports_free "$UP_PORT" "$PORT"
 cp "$SLUICE_BIN" "$WORK/sluice"
-TARGETS="nginx this"
+NG=nginx
+[ "${CG_NGINX:-1}" = 1 ] || NG=
+TARGETS="$NG this"
 if [ -n "$SLUICE_BASE_BIN" ]; then
     cp "$SLUICE_BASE_BIN" "$WORK/sluice-base"
-    TARGETS="nginx this base"
+    TARGETS="$NG this base"
 fi
 
 spawn "$TOOLS/bench_upstream" -l "127.0.0.1:$UP_PORT" -n 2 -d 200000
@@ -168,7 +171,7 @@ for p in files:
     trig, ir, nl, text = parse(p)
     if trig == "before=writev" and prev == "after=epoll_wait":
         for k in (0, 1):
-            if re.search(r"fn=\(\d+\) " + marks[k] + r"$", text, re.M):
+            if re.search(r"fn=\(\d+\) " + marks[k] + r"(\.\w+)*$", text, re.M):
                 seg[k].append((ir, nl))
                 break
     prev = trig

@@ -14,7 +14,7 @@ sl_log_level_t sl_log_get_level(void);
 /* Parses "debug", "info", "warn", "error"; -1 when unknown. */
 int sl_log_level_parse(const char *s);
 
-void sl_log(sl_log_level_t lvl, const char *fmt, ...) SL_PRINTF(2, 3);
+void sl_log(sl_log_level_t lvl, const char *fmt, ...) SL_PRINTF(2, 3) SL_COLD;
 
 /* Where the error log goes: "stderr" (the process's own fd 2, the default)
  * or a file path, opened for append and dup2'd onto fd 2, so that stray
@@ -61,7 +61,8 @@ size_t sl_logrl_flush(sl_logrl_t *rl, int64_t now_ns,
 
 /* The process-wide limiter behind sl_log_limited (10 s by default). */
 void sl_log_limited_set_interval(int64_t interval_ns);
-void sl_log_limited(sl_log_level_t lvl, const char *key, const char *fmt, ...) SL_PRINTF(3, 4);
+void sl_log_limited(sl_log_level_t lvl, const char *key, const char *fmt, ...)
+    SL_PRINTF(3, 4) SL_COLD;
 /* Writes "<key>: N more like this in the last Ts" for quiet keys; call it
  * from a periodic timer (the server's main loop does, once a second). */
 void sl_log_limited_flush(void);

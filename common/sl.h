@@ -25,6 +25,10 @@
 #define SL_WUR          __attribute__((warn_unused_result))
 #define SL_PRINTF(f, a) __attribute__((format(printf, f, a)))
 #define SL_UNUSED       __attribute__((unused))
+/* Rarely run (error replies, logging): GCC optimises it for size, puts it in
+ * .text.unlikely away from the request path, and treats the branches that
+ * lead to a call of it as unlikely (docs/gateway.md, "Build flags"). */
+#define SL_COLD         __attribute__((cold))
 #define SL_LIKELY(x)    __builtin_expect(!!(x), 1)
 #define SL_UNLIKELY(x)  __builtin_expect(!!(x), 0)
 #define SL_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))

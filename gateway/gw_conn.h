@@ -137,7 +137,7 @@ void gw_conn_req_done(gw_conn_t *c);
 /* Drain: close if idle, else close after the current response. */
 void gw_conn_drain(gw_conn_t *c);
 /* An error before a request object exists (parse errors): answer and close. */
-void gw_conn_respond_error(gw_conn_t *c, int status, const char *code, const char *message);
+void gw_conn_respond_error(gw_conn_t *c, int status, const char *code, const char *message) SL_COLD;
 
 /* accesslog.c: one JSON line per finished request, written by the connection
  * when it is done with a request. */

@@ -36,7 +36,7 @@ extern gw_metrics_t gw_m;
 /* Registers the series; route_name labels the per-route ones (the route
  * table is a layer above, so it is passed in rather than called). */
 void gw_metrics_init(const char *(*route_name)(gw_route_t r));
-void gw_metrics_upstream_error(const gw_pool_rt_t *p, const char *kind);
+void gw_metrics_upstream_error(const gw_pool_rt_t *p, const char *kind) SL_COLD;
 
 /* The load history /admin/state shows; main thread only (start, SIGHUP,
  * the admin listener). */

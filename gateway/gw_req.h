@@ -112,10 +112,10 @@ bool gw_respond_gzip_ok(gw_req_t *r, size_t len);
 void gw_respond_json(gw_req_t *r, int status, const char *body, size_t len,
                      const char *extra_headers);
 void gw_respond_error(gw_req_t *r, int status, const char *type, const char *code,
-                      const char *message);
+                      const char *message) SL_COLD;
 /* The same with extra header lines ("Name: value\r\n"...), e.g. a 405's Allow. */
 void gw_respond_error_h(gw_req_t *r, int status, const char *type, const char *code,
-                        const char *message, const char *extra_headers);
+                        const char *message, const char *extra_headers) SL_COLD;
 /* The request now waits on arg; cancel(r, arg) undoes it if the request
  * is aborted first. Waiting on two things at once is a bug. */
 static inline void gw_req_wait(gw_req_t *r, void (*cancel)(gw_req_t *r, void *arg), void *arg)
@@ -147,7 +147,7 @@ void gw_respond_oom(gw_req_t *r);
 void gw_respond_body(gw_req_t *r, int status, const char *ctype, const char *body, size_t len,
                      const char *extra_headers);
 /* Serialises {"error":{...}} into a malloc'd string. */
-char *gw_error_json(const char *type, const char *code, const char *message, size_t *len);
+char *gw_error_json(const char *type, const char *code, const char *message, size_t *len) SL_COLD;
 
 /* "Date: ...\r\n" for this second (thread-local cache). */
 const char *gw_date_header(size_t *len);
