@@ -230,6 +230,18 @@ $(BUILD)/version.stamp: FORCE
 	@if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
 FORCE:
 
+# Every object depends on the flags it was built with: the stamp changes
+# when the compiler, CFLAGS, the LTO flags or the link flags do (LTO=0,
+# SANITIZE's OPT, a package's dpkg-buildflags), so a changed flag rebuilds
+# the objects instead of linking stale ones (nginx's configure and
+# HAProxy's build options file do the same).
+SL_FLAGS_LINE = $(CC) $(CFLAGS) $(LTO_CFLAGS) | $(LTO_LDFLAGS) $(LDFLAGS) $(LDLIBS)
+$(LIB_OBJS) $(MAIN_OBJ) $(GEN_OBJS): $(BUILD)/flags.stamp
+$(BUILD)/flags.stamp: FORCE
+	@mkdir -p $(dir $@)
+	@printf '%s\n' '$(subst ','"'"',$(SL_FLAGS_LINE))' > $@.tmp
+	@if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
+
 # make install [PREFIX=/usr] [DESTDIR=...]: the binary, the man page, the
 # systemd unit and logrotate file, the example conf (kept if one is there:
 # it is the operator's), and the state directory of the queue journal.
