@@ -643,18 +643,20 @@ def base_conf(port, admin_port, upstream_url, **over):
 
 
 class RedisServer:
-    """A private redis-server: own port, own dir, no persistence."""
+    """A private redis-server: own port, own dir, no persistence. data_dir:
+    where its files go (--dir) if not in workdir with its logs."""
 
-    def __init__(self, workdir):
+    def __init__(self, workdir, data_dir=None):
         exe = shutil.which("redis-server")
         if not exe:
             raise FileNotFoundError("redis-server")
         self.dir = Path(workdir)
         self.dir.mkdir(parents=True, exist_ok=True)
+        data = Path(data_dir) if data_dir else self.dir
         self.port = free_port()
         self.p = Proc(
             "redis",
-            [exe, "--port", self.port, "--bind", "127.0.0.1", "--dir", self.dir, "--save", "",
+            [exe, "--port", self.port, "--bind", "127.0.0.1", "--dir", data, "--save", "",
              "--appendonly", "no", "--daemonize", "no", "--protected-mode", "yes"],
             self.dir,
         )
