@@ -198,8 +198,23 @@ def to_yaml(obj, indent=0):
 # ---- processes -----------------------------------------------------------------
 
 
+def _keep_old_logs(*paths):
+    """A process started again under the same name (a restart, a kill -9
+    drill) gets fresh log files; the previous run's are renamed NAME.1,
+    NAME.2, ... so that a failure's evidence from before the restart is
+    still there to read."""
+    for p in paths:
+        if not p.exists():
+            continue
+        n = 1
+        while p.with_name("%s.%d" % (p.name, n)).exists():
+            n += 1
+        p.rename(p.with_name("%s.%d" % (p.name, n)))
+
+
 class Proc:
-    """A child process whose stdout and stderr go to files in `logdir`."""
+    """A child process whose stdout and stderr go to files in `logdir`
+    (those of an earlier process of the same name kept as NAME.1, ...)."""
 
     def __init__(self, name, argv, logdir, env=None, stdout_pipe=False):
         self.name = name
@@ -208,6 +223,7 @@ class Proc:
         self.logdir.mkdir(parents=True, exist_ok=True)
         self.out_path = self.logdir / (name + ".stdout")
         self.err_path = self.logdir / (name + ".stderr")
+        _keep_old_logs(self.out_path, self.err_path)
         self._out = open(self.out_path, "wb")
         self._err = open(self.err_path, "wb")
         self.proc = subprocess.Popen(
@@ -627,18 +643,20 @@ def base_conf(port, admin_port, upstream_url, **over):
 
 
 class RedisServer:
-    """A private redis-server: own port, own dir, no persistence."""
+    """A private redis-server: own port, own dir, no persistence. data_dir:
+    where its files go (--dir) if not in workdir with its logs."""
 
-    def __init__(self, workdir):
+    def __init__(self, workdir, data_dir=None):
         exe = shutil.which("redis-server")
         if not exe:
             raise FileNotFoundError("redis-server")
         self.dir = Path(workdir)
         self.dir.mkdir(parents=True, exist_ok=True)
+        data = Path(data_dir) if data_dir else self.dir
         self.port = free_port()
         self.p = Proc(
             "redis",
-            [exe, "--port", self.port, "--bind", "127.0.0.1", "--dir", self.dir, "--save", "",
+            [exe, "--port", self.port, "--bind", "127.0.0.1", "--dir", data, "--save", "",
              "--appendonly", "no", "--daemonize", "no", "--protected-mode", "yes"],
             self.dir,
         )
