@@ -361,6 +361,27 @@ static int gw_rl_clamp(gw_req_t *r, gw_rl_t *s)
     return 0;
 }
 
+/* A zeroed state, from the worker's spares when it has one (at a few
+ * dozen requests in flight malloc and free of the same size overflow
+ * glibc's per-size cache and reach its bins). NULL on OOM. */
+static gw_rl_t *gw_rl_state_new(gw_worker_t *w)
+{
+    if (!w->rl_nspare)
+        return sl_zalloc(sizeof(gw_rl_t));
+    gw_rl_t *s = w->rl_spare[--w->rl_nspare];
+    memset(s, 0, sizeof(*s));
+    return s;
+}
+
+/* Frees s, or keeps it among w's spares. */
+static void gw_rl_state_free(gw_worker_t *w, gw_rl_t *s)
+{
+    if (w->rl_nspare < GW_RL_SPARE)
+        w->rl_spare[w->rl_nspare++] = s;
+    else
+        free(s);
+}
+
 static gw_hook_rc_t gw_rl_on_request(gw_req_t *r, void **state)
 {
     gw_worker_t *w = r->c->w;
@@ -388,7 +409,7 @@ static gw_hook_rc_t gw_rl_on_request(gw_req_t *r, void **state)
         *state = s;
         return GW_HOOK_NEXT;
     }
-    gw_rl_t *s = sl_zalloc(sizeof(*s));
+    gw_rl_t *s = gw_rl_state_new(w);
     if (!s) {
         gw_respond_oom(r);
         return GW_HOOK_DONE;
@@ -504,7 +525,7 @@ static void gw_rl_on_end(gw_req_t *r, void *state, gw_end_t how)
         }
     }
     rl_stream_free(s->stream);
-    free(s);
+    gw_rl_state_free(r->c->w, s);
 }
 
 /* ---- lifecycle ------------------------------------------------------------ */
@@ -580,6 +601,8 @@ static int gw_rl_worker_init(gw_worker_t *w)
 
 static void gw_rl_worker_fini(gw_worker_t *w)
 {
+    while (w->rl_nspare)
+        free(w->rl_spare[--w->rl_nspare]);
     rl_worker_free(w->rlw);
     w->rlw = NULL;
 }
