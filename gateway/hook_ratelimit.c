@@ -111,8 +111,10 @@ const char *gw_rl_duration(int64_t ms, char *buf, size_t n)
 
 int gw_rl_format_headers(const struct rl_decision *d, char *buf, size_t n)
 {
-    /* The old names first (rl_format_headers: X-RateLimit-*, Retry-After). */
-    int len = rl_format_headers(d, buf, n);
+    /* The old names first (rl_format_headers: X-RateLimit-*, Retry-After);
+     * the new ones copy their numbers from there. */
+    rl_header_nums_t at;
+    int len = rl_format_headers_at(d, buf, n, &at);
     if (len < 0)
         return -1;
     const char *what = NULL;
@@ -141,11 +143,17 @@ int gw_rl_format_headers(const struct rl_decision *d, char *buf, size_t n)
         gw_sb_lit(&b, "x-ratelimit-limit-");
         gw_sb_add(&b, what, wl);
         gw_sb_lit(&b, ": ");
-        gw_rl_sb_i64(&b, d->limit_value);
+        if (at.limit_len)
+            gw_sb_add(&b, buf + at.limit_off, at.limit_len);
+        else
+            gw_rl_sb_i64(&b, d->limit_value);
         gw_sb_lit(&b, "\r\nx-ratelimit-remaining-");
         gw_sb_add(&b, what, wl);
         gw_sb_lit(&b, ": ");
-        gw_rl_sb_i64(&b, SL_MAX(d->remaining, 0));
+        if (at.remaining_len)
+            gw_sb_add(&b, buf + at.remaining_off, at.remaining_len);
+        else
+            gw_rl_sb_i64(&b, SL_MAX(d->remaining, 0));
         gw_sb_lit(&b, "\r\nx-ratelimit-reset-");
         gw_sb_add(&b, what, wl);
         gw_sb_lit(&b, ": ");

@@ -1077,8 +1077,15 @@ int rl_decision_status(const rl_decision_t *d)
 
 int rl_format_headers(const rl_decision_t *d, char *buf, size_t n)
 {
+    rl_header_nums_t at;
+    return rl_format_headers_at(d, buf, n, &at);
+}
+
+int rl_format_headers_at(const rl_decision_t *d, char *buf, size_t n, rl_header_nums_t *at)
+{
     size_t len = 0;
     int w;
+    memset(at, 0, sizeof(*at));
     if (n == 0)
         return -1;
     buf[0] = '\0';
@@ -1097,7 +1104,15 @@ int rl_format_headers(const rl_decision_t *d, char *buf, size_t n)
                 return -1;
             memcpy(buf + len, names[i].s, nl);
             len += nl;
-            len += sl_i64toa(vals[i], buf + len);
+            size_t dl = sl_i64toa(vals[i], buf + len);
+            if (i == 0) {
+                at->limit_off = len;
+                at->limit_len = dl;
+            } else if (i == 1) {
+                at->remaining_off = len;
+                at->remaining_len = dl;
+            }
+            len += dl;
             buf[len++] = '\r';
             buf[len++] = '\n';
         }
