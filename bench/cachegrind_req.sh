@@ -72,7 +72,7 @@ realistic_conf full "$PORT" "$ADMIN" full
 sed "s|$WORK/words.txt|$WORK/words1.txt|" "$WORK/full.yaml" >"$WORK/full-1word.yaml"
 sed '/^  regex:/,/name: phone/d' "$WORK/full.yaml" >"$WORK/full-noregex.yaml"
 for c in full-1word full-noregex; do
-    "$SLUICE_BIN" -t -c "$WORK/$c.yaml" >/dev/null || exit 1
+    "$SLUICE_BIN" -t -c "$WORK/$c.yaml" >/dev/null 2>&1 || { "$SLUICE_BIN" -t -c "$WORK/$c.yaml"; exit 1; }
 done
 TOKEN=$("$WORK/sluice" token --sub bench-user --ttl 1h -c "$WORK/full.yaml" |
     awk '/^access_token:/ { print $2 }')
