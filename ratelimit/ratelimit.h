@@ -136,6 +136,17 @@ int rl_decision_status(const rl_decision_t *d);
  * when buf is too small (256 bytes always suffice). */
 int rl_format_headers(const rl_decision_t *d, char *buf, size_t n) SL_WUR;
 
+/* Where rl_format_headers_at wrote the limit's and the remaining count's
+ * digits in buf (lengths 0: not written), so that a caller adding other
+ * names for the same numbers copies them instead of formatting them again. */
+typedef struct rl_header_nums {
+    size_t limit_off, limit_len;
+    size_t remaining_off, remaining_len;
+} rl_header_nums_t;
+
+/* rl_format_headers, and where the numbers went into *at. */
+int rl_format_headers_at(const rl_decision_t *d, char *buf, size_t n, rl_header_nums_t *at) SL_WUR;
+
 /* The OpenAI-style error for a refusal: {"error": {"message": "...",
  * "type": "rate_limit_error", "param": null, "code": "rate_limit_exceeded",
  * "limit": "<rl_limit_name>"}}. Returns a malloc'd string (caller frees),

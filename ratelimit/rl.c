@@ -27,6 +27,7 @@
 #include <hiredis/hiredis.h>
 #include <openssl/rand.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -140,6 +141,8 @@ typedef struct rl_lease {
     char key[RL_KEY_MAX + 1];
 } rl_lease_t;
 
+#define RL_TICKET_SPARE 64
+
 struct rl_worker {
     rl_t *rl;
     sl_redis_t *redis;
@@ -155,6 +158,12 @@ struct rl_worker {
     const char *argv[RL_BATCH_ARGC];
     size_t argvlen[RL_BATCH_ARGC];
     rl_entry_buf_t buf[RL_BATCH_MAX];
+    /* Tickets given back, for the next checks (rl_ticket_get): a check and
+     * its settle then cost no malloc and free, which at a few dozen
+     * requests in flight overflow glibc's per-size cache (7) and reach its
+     * bins. Bounded; the worker's own thread only. */
+    rl_ticket_t *spare[RL_TICKET_SPARE];
+    size_t nspare;
 };
 
 static const char *const rl_limit_names[RL_LIMIT_COUNT] = {
@@ -447,6 +456,8 @@ void rl_worker_free(rl_worker_t *w)
         event_free(w->mode_ev);
     if (w->mode >= 0)
         sl_gauge_add(w->rl->mode[w->mode], -1);
+    while (w->nspare)
+        free(w->spare[--w->nspare]);
     free(w);
 }
 
@@ -456,6 +467,30 @@ bool rl_worker_redis_up(const rl_worker_t *w)
 }
 
 /* ---- checks ----------------------------------------------------------------------- */
+
+/* A zeroed ticket of w's (the key bytes past klen excepted: nothing reads
+ * them), from its spares when it has one. NULL on OOM. */
+static rl_ticket_t *rl_ticket_get(rl_worker_t *w)
+{
+    if (!w->nspare)
+        return sl_zalloc(sizeof(rl_ticket_t));
+    rl_ticket_t *t = w->spare[--w->nspare];
+    memset(t, 0, offsetof(rl_ticket_t, key));
+    t->key[0] = '\0';
+    return t;
+}
+
+/* Frees t, or keeps it among its worker's spares. t's worker is alive: a
+ * ticket is settled or released on its worker's loop before
+ * rl_worker_free (the gateway ends its requests first). */
+static void rl_ticket_put(rl_ticket_t *t)
+{
+    rl_worker_t *w = t->w;
+    if (w && w->nspare < RL_TICKET_SPARE)
+        w->spare[w->nspare++] = t;
+    else
+        free(t);
+}
 
 static bool rl_limits_any(const rl_limits_t *l, int64_t tokens)
 {
@@ -889,7 +924,7 @@ rl_check_rc_t rl_check(rl_worker_t *w, const rl_request_t *req, rl_decision_t *d
     if (pending)
         *pending = NULL;
     memset(d, 0, sizeof(*d));
-    rl_ticket_t *t = sl_zalloc(sizeof(*t));
+    rl_ticket_t *t = rl_ticket_get(w);
     if (!t)
         return RL_ERROR;
     t->rl = rl;
@@ -965,7 +1000,7 @@ done:
     if (d->allowed)
         *ticket = t;
     else
-        free(t);
+        rl_ticket_put(t);
     return RL_DONE;
 }
 
@@ -1005,7 +1040,7 @@ static void rl_ticket_finish(rl_ticket_t *t, int64_t refund)
     default:
         break;
     }
-    free(t);
+    rl_ticket_put(t);
 }
 
 void rl_ticket_settle(rl_ticket_t *t, int64_t used_tokens)
@@ -1042,8 +1077,15 @@ int rl_decision_status(const rl_decision_t *d)
 
 int rl_format_headers(const rl_decision_t *d, char *buf, size_t n)
 {
+    rl_header_nums_t at;
+    return rl_format_headers_at(d, buf, n, &at);
+}
+
+int rl_format_headers_at(const rl_decision_t *d, char *buf, size_t n, rl_header_nums_t *at)
+{
     size_t len = 0;
     int w;
+    memset(at, 0, sizeof(*at));
     if (n == 0)
         return -1;
     buf[0] = '\0';
@@ -1062,7 +1104,15 @@ int rl_format_headers(const rl_decision_t *d, char *buf, size_t n)
                 return -1;
             memcpy(buf + len, names[i].s, nl);
             len += nl;
-            len += sl_i64toa(vals[i], buf + len);
+            size_t dl = sl_i64toa(vals[i], buf + len);
+            if (i == 0) {
+                at->limit_off = len;
+                at->limit_len = dl;
+            } else if (i == 1) {
+                at->remaining_off = len;
+                at->remaining_len = dl;
+            }
+            len += dl;
             buf[len++] = '\r';
             buf[len++] = '\n';
         }

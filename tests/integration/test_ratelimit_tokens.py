@@ -173,6 +173,27 @@ def test_plain_answer_without_usage_keeps_the_reservation(sluice_factory, mock):
         assert res - 1 <= a - b <= res, (rems, res)
 
 
+def test_reused_request_state_carries_nothing_over(sluice_factory, mock):
+    """A worker keeps the rate-limit states of ended requests for its next
+    ones (hook_ratelimit.c): a plain answer without usage after a streamed
+    one keeps its own reservation (no stream counter of the last request,
+    no usage). One worker, so each request gets the last one's state."""
+    s = ph.rl_start(sluice_factory, mock, {"per_user": {"tokens_per_day": DAY}, "max_tokens": 4096},
+                    extra={"workers": 1})
+    alice = ph.mint("alice")
+    r, evs = _stream(s, alice, chat_body(PROMPT, stream=True, max_tokens=100))
+    assert r.status == 200 and _content(evs) == REPLY
+    r0 = _remaining(r)  # settles at MOCK_USAGE (the usage chunk sluice asked for)
+    mock.set_default({"usage": False})
+    body = chat_body(PROMPT, max_tokens=100)
+    r1 = _remaining(ph.as_user(s, alice, body))  # keeps its reservation
+    r2 = _remaining(ph.as_user(s, alice, body))
+    res, _ = _reservation(r0, 100)
+    assert MOCK_USAGE - 1 <= r0 - r1 <= MOCK_USAGE, (r0, r1)
+    assert res - 1 <= r1 - r2 <= res, (r1, r2, res)
+    assert s.alive()
+
+
 def test_failed_upstream_gives_the_reservation_back(sluice_factory, mock):
     s, alice = _budget_setup(sluice_factory, mock)
     body = chat_body(PROMPT, max_tokens=1000)

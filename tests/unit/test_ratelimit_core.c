@@ -381,6 +381,59 @@ static void test_concurrency(void **state)
     rl_free(rl);
 }
 
+/* A worker keeps settled tickets for its next checks (rl_ticket_get): a
+ * reused one carries nothing of its last check. Here the reused ticket is
+ * one that held a slot of "u" with a reservation; the next check has no key
+ * (nothing to count): a stale key or limits would count it against "u"
+ * and reserve its tokens. */
+static void test_ticket_reuse(void **state)
+{
+    (void)state;
+    conf_ratelimit_t c = base_conf();
+    c.per_user.requests_per_minute = 0;
+    c.per_user.concurrent = 2;
+    c.per_user.tokens_per_minute = 100000;
+    rl_t *rl = mk(&c);
+    char err[128];
+    rl_worker_t *w = rl_worker_new(rl, NULL, err, sizeof(err));
+    now_ns = 11 * S;
+    rl_decision_t d;
+    rl_ticket_t *a, *b, *x;
+    assert_true(chk(w, "u", NULL, NULL, 500, &d, &a));
+    assert_true(chk(w, "u", NULL, NULL, 500, &d, &b));
+    assert_int_equal(rl_ticket_reserved(b), 500);
+    rl_ticket_settle(b, 500); /* b is a spare now; a still holds a slot */
+    /* no user, no address: nothing to count, nothing reserved */
+    rl_request_t req = {.tokens = 7};
+    assert_int_equal(rl_check(w, &req, &d, &x, NULL, NULL, NULL), RL_DONE);
+    assert_true(d.allowed);
+    assert_int_equal(d.limit, RL_LIMIT_NONE);
+    assert_int_equal(rl_ticket_reserved(x), 0);
+    rl_ticket_settle(x, 0);
+    /* "u" still holds a's slot: one more, then refused */
+    assert_true(chk(w, "u", NULL, NULL, 0, &d, &b));
+    assert_false(chk(w, "u", NULL, NULL, 0, &d, &x));
+    assert_int_equal(d.limit, RL_LIMIT_CONCURRENT);
+    /* many in flight: more than the worker keeps, all given back */
+    rl_ticket_t *many[100];
+    rl_ticket_settle(b, 0);
+    rl_ticket_settle(a, 0);
+    for (int i = 0; i < 100; i++) {
+        char u[16];
+        snprintf(u, sizeof(u), "v%d", i);
+        assert_true(chk(w, u, NULL, NULL, 1, &d, &many[i]));
+        assert_int_equal(rl_ticket_reserved(many[i]), 1);
+    }
+    for (int i = 0; i < 100; i++)
+        rl_ticket_settle(many[i], 1);
+    assert_true(chk(w, "u", NULL, NULL, 0, &d, &a));
+    assert_true(chk(w, "u", NULL, NULL, 0, &d, &b));
+    rl_ticket_settle(a, 0);
+    rl_ticket_settle(b, 0);
+    rl_worker_free(w);
+    rl_free(rl);
+}
+
 static void test_budgets(void **state)
 {
     (void)state;
@@ -629,6 +682,7 @@ int main(void)
         cmocka_unit_test(test_error_body),
         cmocka_unit_test(test_overrides),
         cmocka_unit_test(test_concurrency),
+        cmocka_unit_test(test_ticket_reuse),
         cmocka_unit_test(test_budgets),
         cmocka_unit_test(test_ip_keys),
         cmocka_unit_test(test_memory_bounds),

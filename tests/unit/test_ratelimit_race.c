@@ -20,7 +20,7 @@
 #define NTHREADS 200
 
 typedef struct race {
-    rl_worker_t *w;
+    rl_t *rl;
     const char *user;
     int64_t tokens;
     pthread_barrier_t go, hold;
@@ -33,13 +33,19 @@ static void *racer(void *arg)
     rl_request_t req = {.user = r->user, .tokens = r->tokens};
     rl_decision_t d;
     rl_ticket_t *t = NULL;
+    /* a worker handle per thread, as in the gateway (a handle keeps its
+     * settled tickets for reuse: one thread's only); the in-process store
+     * behind them is the shared one that must stay exact */
+    char err[128];
+    rl_worker_t *w = rl_worker_new(r->rl, NULL, err, sizeof(err));
     pthread_barrier_wait(&r->go);
-    rl_check_rc_t rc = rl_check(r->w, &req, &d, &t, NULL, NULL, NULL);
+    rl_check_rc_t rc = w ? rl_check(w, &req, &d, &t, NULL, NULL, NULL) : RL_ERROR;
     if (rc == RL_DONE && d.allowed)
         atomic_fetch_add(&r->allowed, 1);
     /* hold tickets until every thread has checked (in-flight slots) */
     pthread_barrier_wait(&r->hold);
     rl_ticket_settle(t, r->tokens);
+    rl_worker_free(w);
     return NULL;
 }
 
@@ -48,10 +54,7 @@ static int run_race(const conf_ratelimit_t *c, const char *user, int64_t tokens)
     char err[128];
     rl_t *rl = rl_new(c, NULL, err, sizeof(err));
     assert_non_null(rl);
-    /* one worker handle per thread would be the gateway's shape; the
-     * in-process store is shared either way, so one handle suffices */
-    rl_worker_t *w = rl_worker_new(rl, NULL, err, sizeof(err));
-    race_t r = {.w = w, .user = user, .tokens = tokens};
+    race_t r = {.rl = rl, .user = user, .tokens = tokens};
     pthread_barrier_init(&r.go, NULL, NTHREADS);
     pthread_barrier_init(&r.hold, NULL, NTHREADS);
     pthread_t th[NTHREADS];
@@ -61,7 +64,6 @@ static int run_race(const conf_ratelimit_t *c, const char *user, int64_t tokens)
         pthread_join(th[i], NULL);
     pthread_barrier_destroy(&r.go);
     pthread_barrier_destroy(&r.hold);
-    rl_worker_free(w);
     rl_free(rl);
     return atomic_load(&r.allowed);
 }
