@@ -73,6 +73,21 @@ static inline char *gw_rl_put(char *p, const void *s, size_t n)
 
 #define GW_RL_LIT(p, lit) gw_rl_put((p), (lit), sizeof(lit) - 1)
 
+/* One "<name><what>: <value>\r\n" header line, the room checked by the
+ * caller. */
+static inline char *gw_rl_line(char *p, const char *name, size_t nl, const char *what, size_t wl,
+                               const char *v, size_t vl)
+{
+    p = gw_rl_put(p, name, nl);
+    p = gw_rl_put(p, what, wl);
+    p = GW_RL_LIT(p, ": ");
+    p = gw_rl_put(p, v, vl);
+    return GW_RL_LIT(p, "\r\n");
+}
+
+#define GW_RL_LINE(p, lit, what, wl, v, vl)                                                        \
+    gw_rl_line((p), (lit), sizeof(lit) - 1, (what), (wl), (v), (vl))
+
 /* Built without snprintf: it runs for every answer's headers. */
 const char *gw_rl_duration(int64_t ms, char *buf, size_t n)
 {
@@ -137,35 +152,20 @@ int gw_rl_format_headers(const struct rl_decision *d, char *buf, size_t n)
         break;
     }
     int w = 0;
-    if (what) {
+    /* every limit with a name has its numbers in the old names (at) */
+    if (what && at.limit_len && at.remaining_len) {
         char reset[48];
         gw_rl_duration(d->reset_ms, reset, sizeof(reset));
         size_t rl = strlen(reset);
-        /* three names of at most 24 bytes, two numbers of at most 20 (and
-         * sl_i64toa's NUL), the terminating NUL: sized here, so the puts
-         * below stay in buf */
+        /* three names of at most 24 bytes, two numbers of at most 20, the
+         * terminating NUL: sized here, so the lines below stay in buf */
         if ((size_t)len + 3 * (24 + wl + 4) + 2 * 20 + rl >= n)
             return -1;
         char *p = buf + len;
-        p = GW_RL_LIT(p, "x-ratelimit-limit-");
-        p = gw_rl_put(p, what, wl);
-        p = GW_RL_LIT(p, ": ");
-        if (at.limit_len)
-            p = gw_rl_put(p, buf + at.limit_off, at.limit_len);
-        else
-            p += sl_i64toa(d->limit_value, p);
-        p = GW_RL_LIT(p, "\r\nx-ratelimit-remaining-");
-        p = gw_rl_put(p, what, wl);
-        p = GW_RL_LIT(p, ": ");
-        if (at.remaining_len)
-            p = gw_rl_put(p, buf + at.remaining_off, at.remaining_len);
-        else
-            p += sl_i64toa(SL_MAX(d->remaining, 0), p);
-        p = GW_RL_LIT(p, "\r\nx-ratelimit-reset-");
-        p = gw_rl_put(p, what, wl);
-        p = GW_RL_LIT(p, ": ");
-        p = gw_rl_put(p, reset, rl);
-        p = GW_RL_LIT(p, "\r\n");
+        p = GW_RL_LINE(p, "x-ratelimit-limit-", what, wl, buf + at.limit_off, at.limit_len);
+        p = GW_RL_LINE(p, "x-ratelimit-remaining-", what, wl, buf + at.remaining_off,
+                       at.remaining_len);
+        p = GW_RL_LINE(p, "x-ratelimit-reset-", what, wl, reset, rl);
         *p = '\0';
         len = (int)(p - buf);
     }

@@ -137,8 +137,9 @@ int rl_decision_status(const rl_decision_t *d);
 int rl_format_headers(const rl_decision_t *d, char *buf, size_t n) SL_WUR;
 
 /* Where rl_format_headers_at wrote the limit's and the remaining count's
- * digits in buf (lengths 0: not written), so that a caller adding other
- * names for the same numbers copies them instead of formatting them again. */
+ * digits in buf (lengths 0: not written; they are written for every limit
+ * but RL_LIMIT_NONE, _STORE and _KEYS), so that a caller adding other names
+ * for the same numbers copies them instead of formatting them again. */
 typedef struct rl_header_nums {
     size_t limit_off, limit_len;
     size_t remaining_off, remaining_len;
