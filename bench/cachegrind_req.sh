@@ -51,20 +51,9 @@ fi
 . "$ROOT/bench/lib.sh"
 ports_free "$UP_PORT" "$PORT" "$ADMIN"
 
-ANSWER='{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"served-model","choices":[{"index":0,"message":{"role":"assistant","content":"The sea is vast and so calm."},"finish_reason":"stop"}],"usage":{"prompt_tokens":31,"completion_tokens":9,"total_tokens":40}}'
-nginx_conf "$WORK/up" "
-    server {
-        listen 127.0.0.1:$UP_PORT;
-        location / {
-            default_type application/json;
-            return 200 '$ANSWER';
-        }
-    }"
-spawn "$NGINX_BIN" -p "$WORK/up/" -e "$WORK/up/error.log" -c "$WORK/up/nginx.conf"
-wait_port "$UP_PORT" "$LAST"
+realistic_upstream "$UP_PORT"
 
 export SLUICE_BENCH_UPSTREAM_KEY=upstream-key
-for i in $(seq 0 1000); do printf 'forbiddenword%04dx\n' "$i"; done >"$WORK/words.txt"
 echo forbiddenword0000x >"$WORK/words1.txt"
 
 realistic_conf plain "$PORT" "$ADMIN" plain

@@ -55,18 +55,7 @@ if [ -n "$SLUICE_BASE_BIN" ]; then
 fi
 . "$ROOT/bench/lib.sh"
 
-# the upstream: realistic.sh's 282-byte chat.completion
-ANSWER='{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"served-model","choices":[{"index":0,"message":{"role":"assistant","content":"The sea is vast and so calm."},"finish_reason":"stop"}],"usage":{"prompt_tokens":31,"completion_tokens":9,"total_tokens":40}}'
-nginx_conf "$WORK/up" "
-    server {
-        listen 127.0.0.1:$UP_PORT;
-        location / {
-            default_type application/json;
-            return 200 '$ANSWER';
-        }
-    }"
-spawn "$NGINX_BIN" -p "$WORK/up/" -e "$WORK/up/error.log" -c "$WORK/up/nginx.conf"
-wait_port "$UP_PORT" "$LAST"
+realistic_upstream "$UP_PORT"
 case " $CONFS " in *" full-sse "*)
     [ -x "$SSE_UP_BIN" ] || { echo "bench: $SSE_UP_BIN not built" >&2; exit 1; }
     spawn "$SSE_UP_BIN" -l "127.0.0.1:$SSE_UP_PORT" -n 8
@@ -76,7 +65,6 @@ case " $CONFS " in *" full-sse "*)
 esac
 
 export SLUICE_BENCH_UPSTREAM_KEY=upstream-key
-for i in $(seq 0 1000); do printf 'forbiddenword%04dx\n' "$i"; done >"$WORK/words.txt"
 
 realistic_conf plain "$PORT" "$ADMIN" plain
 realistic_conf full "$PORT" "$ADMIN" full

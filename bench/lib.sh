@@ -197,6 +197,26 @@ EOF
     [ -z "${2:-}" ] || printf '%s\n' "$2"
 }
 
+# issue #16's model server: nginx answering every request with a 282-byte
+# chat.completion on 127.0.0.1:$1, from $WORK/up (uses $NGINX_BIN). $2 a CPU
+# to pin it to ("" for none), $3 more lines for its http block, $4 its
+# master_process (default on). Returns once it accepts.
+REALISTIC_ANSWER='{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"served-model","choices":[{"index":0,"message":{"role":"assistant","content":"The sea is vast and so calm."},"finish_reason":"stop"}],"usage":{"prompt_tokens":31,"completion_tokens":9,"total_tokens":40}}'
+realistic_upstream() {
+    local pin=()
+    [ -z "${2:-}" ] || pin=(taskset -c "$2")
+    nginx_conf "$WORK/up" "${3:-}
+    server {
+        listen 127.0.0.1:$1;
+        location / {
+            default_type application/json;
+            return 200 '$REALISTIC_ANSWER';
+        }
+    }" "${4:-on}"
+    spawn "${pin[@]}" "$NGINX_BIN" -p "$WORK/up/" -e "$WORK/up/error.log" -c "$WORK/up/nginx.conf"
+    wait_port "$1" "$LAST"
+}
+
 # issue #16's realistic request with "stream":true, written to $1 (compact JSON).
 realistic_sse_body() {
     python3 - "$1" <<'EOF'
@@ -232,6 +252,9 @@ log:
   level: warn
 EOF
     if [ "$4" = full ]; then
+        # 1,001 entries that never occur in the bench's prompt or answer
+        [ -f "$WORK/words.txt" ] ||
+            for i in $(seq 0 1000); do printf 'forbiddenword%04dx\n' "$i"; done >"$WORK/words.txt"
         cat >>"$f" <<EOF
 $(bench_auth_conf false)
 ratelimit:

@@ -45,11 +45,7 @@ cp "$SLUICE_BIN" "$WORK/sluice"
 [ -n "$SLUICE_BASE_BIN" ] && cp "$SLUICE_BASE_BIN" "$WORK/sluice-base"
 . "$ROOT/bench/lib.sh"
 
-ANSWER='{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"served-model","choices":[{"index":0,"message":{"role":"assistant","content":"The sea is vast and so calm."},"finish_reason":"stop"}],"usage":{"prompt_tokens":31,"completion_tokens":9,"total_tokens":40}}'
-nginx_conf "$WORK/up" "    server { listen 127.0.0.1:$UP_PORT;
-        location / { default_type application/json; return 200 '$ANSWER'; } }" off
-spawn taskset -c 0 "$NGINX_BIN" -p "$WORK/up/" -e "$WORK/up/error.log" -c "$WORK/up/nginx.conf"
-wait_port "$UP_PORT" "$LAST"
+realistic_upstream "$UP_PORT" 0 "" off
 nginx_conf "$WORK/ngx" "    upstream model { server 127.0.0.1:$UP_PORT; keepalive 64; }
     server { listen 127.0.0.1:$NGX_PORT;
         location / { proxy_pass http://model; proxy_http_version 1.1;

@@ -102,22 +102,11 @@ port_of() { # one sluice per binary and conf; the size runs share "plain"'s
 ports_free "$UP_PORT" "$NGX_PORT" "$SSE_UP_PORT" "$NGX_SSE_PORT" $(seq $((PORT_BASE + 10)) $((PORT_BASE + 17)))
 
 # ---- the upstream: nginx answering every request with a 282-byte chat.completion
-ANSWER='{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"served-model","choices":[{"index":0,"message":{"role":"assistant","content":"The sea is vast and so calm."},"finish_reason":"stop"}],"usage":{"prompt_tokens":31,"completion_tokens":9,"total_tokens":40}}'
-[ ${#ANSWER} = 282 ] || { echo "bench: the answer is ${#ANSWER} bytes" >&2; exit 1; }
+[ ${#REALISTIC_ANSWER} = 282 ] || { echo "bench: the answer is ${#REALISTIC_ANSWER} bytes" >&2; exit 1; }
 # bodies up to 1 MiB stay in memory (issue #21.3: the same work as sluice)
 NGX_BODY="    client_max_body_size 4m;
     client_body_buffer_size 4m;"
-nginx_conf "$WORK/up" "$NGX_BODY
-    server {
-        listen 127.0.0.1:$UP_PORT;
-        location / {
-            default_type application/json;
-            return 200 '$ANSWER';
-        }
-    }"
-spawn taskset -c "$LOAD_CPU" "$NGINX_BIN" -p "$WORK/up/" -e "$WORK/up/error.log" \
-    -c "$WORK/up/nginx.conf"
-wait_port "$UP_PORT" "$LAST"
+realistic_upstream "$UP_PORT" "$LOAD_CPU" "$NGX_BODY"
 
 # ---- nginx as the proxy (the baseline): upstream keepalive, HTTP/1.1
 nginx_conf "$WORK/ngx" "$NGX_BODY
@@ -163,13 +152,6 @@ fi
 
 # ---- sluice confs
 export SLUICE_BENCH_UPSTREAM_KEY=upstream-key
-python3 - "$WORK/words.txt" <<'EOF'
-import sys
-# 1,001 entries that never occur in the bench's prompt or answer
-with open(sys.argv[1], "w") as f:
-    for i in range(1001):
-        f.write("forbiddenword%04dx\n" % i)
-EOF
 
 realistic_conf bodies $((PORT_BASE + 14)) $((PORT_BASE + 24)) bodies
 realistic_conf bodies-base $((PORT_BASE + 15)) $((PORT_BASE + 25)) bodies
