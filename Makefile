@@ -33,9 +33,9 @@ endif
 # Link-time optimisation of build/sluice (docs/gateway.md, "Build flags"): the
 # modules' objects carry GCC's IR beside their machine code (fat), and only the
 # binary's link optimises across them; unit, fuzz and tool links use the
-# machine code (-fno-lto: GCC would otherwise run LTO on them too). Not part of CFLAGS, so a package build (whose CFLAGS
-# come from dpkg-buildflags) gets it too. LTO=0 turns it off; SANITIZE=1
-# builds leave it off.
+# machine code (-fno-lto: GCC would otherwise run LTO on them too). Not part
+# of CFLAGS, so a package build (whose CFLAGS come from dpkg-buildflags) gets
+# it too. LTO=0 turns it off; SANITIZE=1 builds leave it off.
 ifeq ($(SANITIZE),1)
 LTO     ?= 0
 else
