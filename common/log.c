@@ -240,6 +240,7 @@ size_t sl_logrl_flush(sl_logrl_t *rl, int64_t now_ns,
 static pthread_once_t sl_logrl_once = PTHREAD_ONCE_INIT;
 static sl_logrl_t *sl_logrl_global;
 static _Atomic int64_t sl_logrl_interval = SL_LOGRL_DEFAULT_NS;
+static pthread_mutex_t sl_log_limited_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void sl_logrl_global_init(void)
 {
@@ -271,8 +272,16 @@ void sl_log_limited(sl_log_level_t lvl, const char *key, const char *fmt, ...)
         return;
     sl_logrl_t *rl = sl_logrl_get();
     uint64_t held = 0;
-    if (rl && !sl_logrl_check(rl, key, sl_now_ns(), &held))
+    /* The decision and the write are one step: a thread that finds a key
+     * already claimed waits until its line is out. Otherwise a failure that
+     * logs its cause and then its consequence under two keys, on several
+     * workers at once, could show the consequence first (the cause claimed
+     * by one worker, the consequence written by another before it). */
+    pthread_mutex_lock(&sl_log_limited_mu);
+    if (rl && !sl_logrl_check(rl, key, sl_now_ns(), &held)) {
+        pthread_mutex_unlock(&sl_log_limited_mu);
         return;
+    }
     char suffix[96];
     if (held)
         snprintf(suffix, sizeof(suffix), " (%llu more like this in the last %llds)",
@@ -282,6 +291,7 @@ void sl_log_limited(sl_log_level_t lvl, const char *key, const char *fmt, ...)
     va_start(ap, fmt);
     sl_log_v(lvl, held ? suffix : NULL, fmt, ap);
     va_end(ap);
+    pthread_mutex_unlock(&sl_log_limited_mu);
 }
 
 static void sl_logrl_emit(const char *key, uint64_t held, int64_t span_ns, void *arg)

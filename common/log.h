@@ -40,6 +40,9 @@ int sl_log_reopen(char *err, size_t errlen) SL_WUR;
  * first one after the interval is written with "(N more like this in the last
  * Ts)", and sl_log_limited_flush() writes the counts of keys that went quiet.
  * So an outage costs one line per key per interval, whatever the request rate.
+ * sl_log_limited() decides and writes under one lock, so lines come out in the
+ * order their keys were claimed: a cause logged before its consequence on
+ * every thread is written before it, whichever thread writes each.
  */
 typedef struct sl_logrl sl_logrl_t;
 

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -168,6 +169,74 @@ static void test_error_log_file_and_reopen(void **state)
     rmdir(dir);
 }
 
+/* Several threads log the same cause and then its consequence under two
+ * keys, the way every worker does when Redis refuses its password. Whichever
+ * thread writes each line, the cause must come first in the file. */
+#define ORDER_THREADS 8
+#define ORDER_TRIALS  300
+
+static pthread_barrier_t order_barrier;
+
+static void *order_worker(void *arg)
+{
+    (void)arg;
+    for (int t = 0; t < ORDER_TRIALS; t++) {
+        char k1[32], k2[32];
+        snprintf(k1, sizeof(k1), "order %d cause", t);
+        snprintf(k2, sizeof(k2), "order %d effect", t);
+        pthread_barrier_wait(&order_barrier);
+        sl_log_limited(SL_LOG_ERROR, k1, "trial %d: cause", t);
+        sl_log_limited(SL_LOG_WARN, k2, "trial %d: effect", t);
+    }
+    return NULL;
+}
+
+static void test_limited_lines_keep_claim_order(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/sl-log-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[256], err[256];
+    snprintf(path, sizeof(path), "%s/error.log", dir);
+    assert_int_equal(sl_log_set_target(path, err, sizeof(err)), 0);
+    pthread_barrier_init(&order_barrier, NULL, ORDER_THREADS);
+    pthread_t th[ORDER_THREADS];
+    for (int i = 0; i < ORDER_THREADS; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, order_worker, NULL), 0);
+    for (int i = 0; i < ORDER_THREADS; i++)
+        pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&order_barrier);
+    assert_int_equal(sl_log_set_target("stderr", err, sizeof(err)), 0);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    static int cause_at[ORDER_TRIALS], effect_at[ORDER_TRIALS], seen[ORDER_TRIALS];
+    char line[512];
+    int n = 0, inverted = 0;
+    while (fgets(line, sizeof(line), f)) {
+        const char *p = strstr(line, "trial ");
+        int t;
+        if (!p || sscanf(p, "trial %d", &t) != 1 || t < 0 || t >= ORDER_TRIALS)
+            continue;
+        n++;
+        seen[t]++;
+        if (strstr(p, ": cause"))
+            cause_at[t] = n;
+        else
+            effect_at[t] = n;
+    }
+    fclose(f);
+    /* one line per key: two a trial, however many threads */
+    assert_int_equal(n, 2 * ORDER_TRIALS);
+    for (int t = 0; t < ORDER_TRIALS; t++) {
+        assert_int_equal(seen[t], 2);
+        if (effect_at[t] < cause_at[t])
+            inverted++;
+    }
+    assert_int_equal(inverted, 0);
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -176,6 +245,7 @@ int main(void)
         cmocka_unit_test(test_flush_reports_quiet_keys_once),
         cmocka_unit_test(test_table_is_bounded),
         cmocka_unit_test(test_error_log_file_and_reopen),
+        cmocka_unit_test(test_limited_lines_keep_claim_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
