@@ -14,6 +14,7 @@
 #include <event2/event.h>
 #include <event2/listener.h>
 
+#include "common/spares.h"
 #include "gateway/gw_conn.h"
 #include "gateway/gw_types.h"
 #include "gateway/gw_upstream.h"
@@ -29,8 +30,6 @@ typedef struct gw_lslot {
 #define GW_REQ_CACHE_MAX 4096
 /* Durations with a libevent common timeout per worker (gw_worker_timeout). */
 #define GW_WORKER_CTIMEOUTS 32
-
-#define GW_RL_SPARE 64
 
 struct gw_worker {
     gw_server_t *srv;
@@ -65,8 +64,7 @@ struct gw_worker {
     int64_t trim_at_ms;             /* a reload's trim is due then (0: none) */
     bool trim_again;                /* ... and one more later */
     struct rl_worker *rlw;          /* rate limits: this thread's handle (NULL = none) */
-    void *rl_spare[GW_RL_SPARE];    /* hook_ratelimit.c's request states, freed ones kept */
-    size_t rl_nspare;               /*   for the next requests (no malloc and free each) */
+    sl_spares_t rl_spares;          /* hook_ratelimit.c's request states, freed ones kept */
     struct sl_redis *redis;         /* this thread's Redis client for auth (NULL = none) */
     struct fb_qworker *qw;          /* the durable queue, this thread's handle */
     struct fb_idem_worker *iw;      /* idempotency store, this thread's handle */

@@ -381,9 +381,9 @@ static int gw_rl_clamp(gw_req_t *r, gw_rl_t *s)
  * glibc's per-size cache and reach its bins). NULL on OOM. */
 static gw_rl_t *gw_rl_state_new(gw_worker_t *w)
 {
-    if (!w->rl_nspare)
+    gw_rl_t *s = sl_spares_take(&w->rl_spares);
+    if (!s)
         return sl_zalloc(sizeof(gw_rl_t));
-    gw_rl_t *s = w->rl_spare[--w->rl_nspare];
     memset(s, 0, sizeof(*s));
     return s;
 }
@@ -391,9 +391,7 @@ static gw_rl_t *gw_rl_state_new(gw_worker_t *w)
 /* Frees s, or keeps it among w's spares. */
 static void gw_rl_state_free(gw_worker_t *w, gw_rl_t *s)
 {
-    if (w->rl_nspare < GW_RL_SPARE)
-        w->rl_spare[w->rl_nspare++] = s;
-    else
+    if (!sl_spares_keep(&w->rl_spares, s))
         free(s);
 }
 
@@ -616,8 +614,7 @@ static int gw_rl_worker_init(gw_worker_t *w)
 
 static void gw_rl_worker_fini(gw_worker_t *w)
 {
-    while (w->rl_nspare)
-        free(w->rl_spare[--w->rl_nspare]);
+    sl_spares_free(&w->rl_spares);
     rl_worker_free(w->rlw);
     w->rlw = NULL;
 }

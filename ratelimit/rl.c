@@ -37,6 +37,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/redis.h"
+#include "common/spares.h"
 #include "conf/conf.h"
 #include "ratelimit/rl_redis.lua.h"
 
@@ -141,8 +142,6 @@ typedef struct rl_lease {
     char key[RL_KEY_MAX + 1];
 } rl_lease_t;
 
-#define RL_TICKET_SPARE 64
-
 struct rl_worker {
     rl_t *rl;
     sl_redis_t *redis;
@@ -162,8 +161,7 @@ struct rl_worker {
      * its settle then cost no malloc and free, which at a few dozen
      * requests in flight overflow glibc's per-size cache (7) and reach its
      * bins. Bounded; the worker's own thread only. */
-    rl_ticket_t *spare[RL_TICKET_SPARE];
-    size_t nspare;
+    sl_spares_t spares;
 };
 
 static const char *const rl_limit_names[RL_LIMIT_COUNT] = {
@@ -456,8 +454,7 @@ void rl_worker_free(rl_worker_t *w)
         event_free(w->mode_ev);
     if (w->mode >= 0)
         sl_gauge_add(w->rl->mode[w->mode], -1);
-    while (w->nspare)
-        free(w->spare[--w->nspare]);
+    sl_spares_free(&w->spares);
     free(w);
 }
 
@@ -472,9 +469,9 @@ bool rl_worker_redis_up(const rl_worker_t *w)
  * them), from its spares when it has one. NULL on OOM. */
 static rl_ticket_t *rl_ticket_get(rl_worker_t *w)
 {
-    if (!w->nspare)
+    rl_ticket_t *t = sl_spares_take(&w->spares);
+    if (!t)
         return sl_zalloc(sizeof(rl_ticket_t));
-    rl_ticket_t *t = w->spare[--w->nspare];
     memset(t, 0, offsetof(rl_ticket_t, key));
     t->key[0] = '\0';
     return t;
@@ -486,9 +483,7 @@ static rl_ticket_t *rl_ticket_get(rl_worker_t *w)
 static void rl_ticket_put(rl_ticket_t *t)
 {
     rl_worker_t *w = t->w;
-    if (w && w->nspare < RL_TICKET_SPARE)
-        w->spare[w->nspare++] = t;
-    else
+    if (!w || !sl_spares_keep(&w->spares, t))
         free(t);
 }
 
