@@ -19,9 +19,7 @@ the queue drill), through the real binary:
 
 import collections
 import os
-import shutil
 import signal
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -45,26 +43,6 @@ def queue_over(tmp_path, store="journal", redis=None, backoff="100ms"):
     if redis is not None:
         over["redis"] = {"url": ph.redis_url(redis), "timeout": "%dms" % bound(500)}
     return over
-
-
-@pytest.fixture
-def redis_aof(tmp_path):
-    """A private redis-server whose files (the AOF) are in memory (/dev/shm)
-    when the machine has it. The drill sets appendfsync always, as the
-    durability promise asks, but kills sluice, never Redis: what it checks
-    does not need the fsync to reach a disk, and an fsync on a shared disk
-    can block Redis's only thread for seconds (a loaded run saw no write
-    executed for 8.6 s and 1.5 s, every accept sent meanwhile timed out:
-    the template without an id, as documented for a late Redis)."""
-    if not shutil.which("redis-server"):
-        pytest.skip("redis-server not installed (Debian package redis-server)")
-    shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-    data = tempfile.mkdtemp(prefix="sluice-redis-", dir=shm) if shm else None
-    r = helpers.RedisServer(tmp_path / "redis", data_dir=data)
-    yield r
-    r.stop()
-    if data:
-        shutil.rmtree(data, ignore_errors=True)
 
 
 class Accepts:
@@ -213,8 +191,7 @@ def test_queue_drill_journal(sluice_factory, mock_factory, tmp_path):
 
 
 @pytest.mark.timeout(180)
-def test_queue_drill_redis(sluice_factory, mock_factory, tmp_path, redis_aof):
-    redis_server = redis_aof
+def test_queue_drill_redis(sluice_factory, mock_factory, tmp_path, redis_server):
     # What the README's guarantee needs from Redis (its AOF fsynced on every write).
     assert redis_server.cmd("CONFIG", "SET", "appendonly", "yes") == "OK"
     assert redis_server.cmd("CONFIG", "SET", "appendfsync", "always") == "OK"
