@@ -31,6 +31,15 @@ def tiny_gguf(tmp_path_factory):
     return str(path)
 
 
+@pytest.fixture(scope="module")
+def tiny_gguf_4k(tmp_path_factory):
+    """The same model with room for a long answer (4,096 positions)."""
+    path = tmp_path_factory.mktemp("model4k") / "tiny4k.gguf"
+    subprocess.run(["/usr/bin/python3", WRITER, str(path), "--type", "F32", "--ctx", "4096"],
+                   check=True, capture_output=True, timeout=120)
+    return str(path)
+
+
 def engine_conf(gguf, **extra):
     conf = {
         "upstreams": {"local": {"engine": {"model": gguf, "context": 512, "max_queue": 2}}},
@@ -136,28 +145,36 @@ def test_local_first_falls_back_to_main(sluice_factory, mock, tiny_gguf):
     assert len(mock.requests()) == 1
 
 
-def test_full_engine_goes_to_the_next_tier(sluice_factory, mock, tiny_gguf):
-    over = engine_conf(tiny_gguf, fallback={"template": {"enabled": True}})
+def test_full_engine_goes_to_the_next_tier(sluice_factory, mock, tiny_gguf_4k):
+    over = engine_conf(tiny_gguf_4k, fallback={"template": {"enabled": True}})
+    over["upstreams"]["local"]["engine"]["context"] = 4096
     over["upstreams"]["local"]["engine"]["max_queue"] = 0  # one at a time, none waiting
     over["upstreams"]["local"]["engine"]["max_batch"] = 1
     s = sluice_factory(over, upstream=mock)
-    results = []
-
-    def one():
-        results.append(s.request("POST", "/v1/chat/completions",
-                                 chat_body("hi", model="small", max_tokens=60, temperature=0)))
-
-    threads = [threading.Thread(target=one) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(bound(60))
-    statuses = sorted(r.status for r in results)
-    # one generates; the rest find the engine full: the template answers (200
-    # with X-Sluice-Fallback: template), never a wait or a 5xx
-    assert all(st == 200 for st in statuses), statuses
-    assert any(r.header("X-Sluice-Fallback") == "template" for r in results), \
-        [r.header("X-Sluice-Fallback") for r in results]
+    # One long answer holds the only slot: its first event is out, so it is
+    # generating, and it has ~2,000 tokens to go (checked at the end):
+    # ~45x the time the three requests below take, unloaded and under ASan.
+    with s.client(timeout=bound(30)) as c:
+        r, evs = c.stream("POST", "/v1/chat/completions",
+                          chat_body("hi", model="small", stream=True, max_tokens=2000, temperature=0,
+                                    stream_options={"include_usage": True}))
+        assert r.status == 200 and r.header("X-Sluice-Fallback") is None
+        first = next(evs)
+        assert first.data is not None and not first.is_done
+        assert metric(s, "sluice_engine_busy") == 1
+        # Meanwhile the engine is full: these go on to the template (200 with
+        # X-Sluice-Fallback: template), never a wait or a 5xx.
+        others = [s.request("POST", "/v1/chat/completions",
+                            chat_body("hi", model="small", max_tokens=60, temperature=0))
+                  for _ in range(3)]
+        assert [o.status for o in others] == [200] * 3, [o.body for o in others]
+        assert [o.header("X-Sluice-Fallback") for o in others] == ["template"] * 3
+        rest = [e for e in evs if e.data is not None]
+    assert rest[-1].is_done
+    usage = rest[-2].json()["usage"]
+    # the slot was held throughout: the long answer ran to its length
+    assert usage["completion_tokens"] == 2000, usage
+    assert mock.requests() == []
 
 
 def test_readyz_and_reload_keep_the_engine(sluice_factory, mock, tiny_gguf):
