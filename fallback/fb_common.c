@@ -125,6 +125,10 @@ static void fb_metrics_register(void)
     fb_m.q_late_refused = sl_metric_series1(late, "refused");
     fb_m.q_late_undone = sl_metric_series1(late, "undone");
     fb_m.q_late_kept = sl_metric_series1(late, "kept");
+    fb_m.q_store_late =
+        fb_gauge0("sluice_queue_store_late",
+                  "Accepts the Redis queue's script refused as past their "
+                  "deadline or taken back, every instance sharing it (sluice:q:stats late).");
     fb_m.q_fsync = fb_counter0("sluice_queue_fsyncs_total", "fdatasync calls of the journal.");
     fb_m.idem_replays = fb_counter0("sluice_idempotent_replays_total",
                                     "Answers replayed for a repeated Idempotency-Key.");

@@ -47,6 +47,7 @@ typedef struct fb_metrics {
     /* accepts sluice gave up on, by what the take-back found: refused (had
      * not run), undone (had run; taken back), kept (already taken) */
     sl_mseries_t *q_late_refused, *q_late_undone, *q_late_kept;
+    sl_mseries_t *q_store_late; /* the store's own count of accepts it refused as late */
     sl_mseries_t *idem_replays, *idem_in_flight, *idem_mismatch, *idem_evicted, *idem_store_errors;
     sl_metric_t *faults; /* {kind,source} */
     sl_mseries_t *tier[FB_TIER_COUNT];

@@ -12,7 +12,8 @@
  *   sluice:q:item:<id>    u k r b at next n st (p|d|x) lease eid res end;
  *                         expires `keep` after the request ends.
  *   sluice:q:stats        acc del dead: updated in the same script as the
- *                         state change, so acc = del + dead + pending always.
+ *                         state change, so acc = del + dead + pending always;
+ *                         late: accepts refused past their deadline.
  *   sluice:q:cursor       where the XPENDING scan goes on next time.
  *
  * Every change is one Lua script (atomic in Redis). The durability promise
@@ -53,13 +54,17 @@
 
 /* KEYS: stream item stats; ARGV: id u k r b at next max_pending deadline.
  * The deadline is in Redis's clock (µs): an accept that runs at or after
- * it, or finds the item taken back (st c), stores nothing. Returns
+ * it, or finds the item taken back (st c), stores nothing but a count
+ * (stats late). Returns
  * {OK|FULL|LATE, Redis's TIME} (the time refines sluice's clock estimate). */
 static const char fb_qr_accept_lua[] =
     "local t = redis.call('TIME')\n"
     "local now = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"
     "local st = redis.call('HGET', KEYS[2], 'st')\n"
-    "if st == 'c' or now >= tonumber(ARGV[9]) then return {'LATE', t[1], t[2]} end\n"
+    "if st == 'c' or now >= tonumber(ARGV[9]) then\n"
+    "  redis.call('HINCRBY', KEYS[3], 'late', 1)\n"
+    "  return {'LATE', t[1], t[2]}\n"
+    "end\n"
     "if st then return {'OK', t[1], t[2]} end\n"
     "local acc = tonumber(redis.call('HGET', KEYS[3], 'acc') or '0')\n"
     "local del = tonumber(redis.call('HGET', KEYS[3], 'del') or '0')\n"
@@ -195,21 +200,21 @@ static const char fb_qr_report_lua[] =
     "return 'OK'\n";
 
 /* KEYS: stats stream; ARGV: sluice's clock when asked (µs), echoed back.
- * Returns {acc, del, dead, first entry id or '', asked, Redis's TIME}. */
+ * Returns {acc, del, dead, first entry id or '', asked, Redis's TIME, late}. */
 static const char fb_qr_stats_lua[] =
-    "local v = redis.call('HMGET', KEYS[1], 'acc', 'del', 'dead')\n"
+    "local v = redis.call('HMGET', KEYS[1], 'acc', 'del', 'dead', 'late')\n"
     "local f = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)\n"
     "local first = ''\n"
     "if f[1] then first = f[1][1] end\n"
     "local t = redis.call('TIME')\n"
-    "return {v[1] or '0', v[2] or '0', v[3] or '0', first, ARGV[1], t[1], t[2]}\n";
+    "return {v[1] or '0', v[2] or '0', v[3] or '0', first, ARGV[1], t[1], t[2], v[4] or '0'}\n";
 
 struct fb_qredis {
     fb_queue_t *q;
     conf_fb_queue_t c;
     char *url;
     int64_t timeout_ms;
-    sl_redis_script_t *s_accept, *s_cancel, *s_next, *s_report, *s_stats;
+    sl_redis_script_t *s_accept, *s_next, *s_report, *s_stats;
     pthread_mutex_t lock; /* stats, clock */
     fb_qstats_t stats;
     fb_qclock_t clock; /* Redis's clock against ours, from every reply carrying TIME */
@@ -240,12 +245,11 @@ fb_qredis_t *fb_qr_new(fb_queue_t *q, const conf_fb_queue_t *c, const conf_redis
     r->url = strdup(redis->url);
     r->timeout_ms = redis->timeout_ms > 0 ? redis->timeout_ms : 50;
     r->s_accept = sl_redis_script_new(fb_qr_accept_lua);
-    r->s_cancel = sl_redis_script_new(fb_qr_cancel_lua);
     r->s_next = sl_redis_script_new(fb_qr_next_lua);
     r->s_report = sl_redis_script_new(fb_qr_report_lua);
     r->s_stats = sl_redis_script_new(fb_qr_stats_lua);
     pthread_mutex_init(&r->lock, NULL);
-    if (!r->url || !r->s_accept || !r->s_cancel || !r->s_next || !r->s_report || !r->s_stats) {
+    if (!r->url || !r->s_accept || !r->s_next || !r->s_report || !r->s_stats) {
         snprintf(err, errlen, "out of memory");
         fb_qr_free(r);
         return NULL;
@@ -258,7 +262,6 @@ void fb_qr_free(fb_qredis_t *r)
     if (!r)
         return;
     sl_redis_script_free(r->s_accept);
-    sl_redis_script_free(r->s_cancel);
     sl_redis_script_free(r->s_next);
     sl_redis_script_free(r->s_report);
     sl_redis_script_free(r->s_stats);
@@ -509,12 +512,15 @@ static void fb_qr_cancel(fb_qworker_t *w, const char *id)
     char item[64], keep[24];
     snprintf(item, sizeof(item), FB_QR_ITEM "%s", id);
     snprintf(keep, sizeof(keep), "%lld", (long long)SL_MAX(w->r->c.keep_ms, 1000));
-    const char *argv[] = {FB_QR_STREAM, FB_QR_STATS, item, FB_QR_GROUP, keep};
+    /* EVAL with the text, not EVALSHA: rare, and a first NOSCRIPT answered
+     * after this call's own deadline (Redis late again) would be dropped
+     * without the reload that makes it run. */
+    const char *argv[] = {"EVAL", fb_qr_cancel_lua, "3", FB_QR_STREAM, FB_QR_STATS,
+                          item,   FB_QR_GROUP,      keep};
     size_t lens[SL_ARRAY_LEN(argv)];
     for (size_t i = 0; i < SL_ARRAY_LEN(argv); i++)
         lens[i] = strlen(argv[i]);
-    if (!sl_redis_evalsha(w->redis, w->r->s_cancel, 3, (int)SL_ARRAY_LEN(argv), argv, lens,
-                          fb_qr_cancel_cb, NULL))
+    if (!sl_redis_command(w->redis, (int)SL_ARRAY_LEN(argv), argv, lens, fb_qr_cancel_cb, NULL))
         sl_counter_add(fb_m.q_store_errors, 1);
 }
 
@@ -806,7 +812,7 @@ fb_rc_t fb_qr_lookup(fb_qworker_t *w, const char *id, const char *user, int64_t 
 static void fb_qr_stats_cb(void *arg, sl_redis_status_t status, redisReply *rep)
 {
     fb_qredis_t *r = arg;
-    if (status != SL_REDIS_OK || !rep || rep->type != REDIS_REPLY_ARRAY || rep->elements != 7)
+    if (status != SL_REDIS_OK || !rep || rep->type != REDIS_REPLY_ARRAY || rep->elements != 8)
         return;
     fb_qr_clock_sample(r, fb_int(rep->element[4]),
                        fb_qr_redis_us(rep->element[5], rep->element[6]));
@@ -823,6 +829,7 @@ static void fb_qr_stats_cb(void *arg, sl_redis_status_t status, redisReply *rep)
     r->stats = st;
     pthread_mutex_unlock(&r->lock);
     sl_gauge_set(fb_m.q_depth, st.pending);
+    sl_gauge_set(fb_m.q_store_late, fb_int(rep->element[7]));
     int64_t now = fb_queue_now(r->q);
     sl_gauge_set(fb_m.q_oldest, st.oldest_pending_ms && now > st.oldest_pending_ms
                                     ? (now - st.oldest_pending_ms) / 1000
