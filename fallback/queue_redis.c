@@ -663,7 +663,11 @@ static sl_redis_call_t *fb_qr_accept_send(fb_qworker_t *w, fb_qr_ctx_t *x, const
     char item[64], at[24], next[24], maxp[24], dl[24];
     snprintf(item, sizeof(item), FB_QR_ITEM "%s", id);
     snprintf(at, sizeof(at), "%lld", (long long)x->now);
-    snprintf(next, sizeof(next), "%lld", (long long)(x->now + w->r->c.backoff_ms));
+    /* The first attempt waits at least two call deadlines: the take-back
+     * of an accept whose answer came too late (fb_qr_cancel, sent when
+     * sluice's deadline passes) reaches Redis before any worker may take it. */
+    snprintf(next, sizeof(next), "%lld",
+             (long long)(x->now + SL_MAX(w->r->c.backoff_ms, 2 * w->r->timeout_ms)));
     snprintf(maxp, sizeof(maxp), "%lld", (long long)w->r->c.max_pending);
     snprintf(dl, sizeof(dl), "%lld", (long long)deadline);
     const char *u = in->user ? in->user : "", *k = in->idem_key ? in->idem_key : "",
