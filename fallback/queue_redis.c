@@ -13,7 +13,7 @@
  *                         expires `keep` after the request ends.
  *   sluice:q:stats        acc del dead: updated in the same script as the
  *                         state change, so acc = del + dead + pending always;
- *                         late: accepts refused past their deadline.
+ *                         late: accepts refused as late (deadline, tombstone).
  *   sluice:q:cursor       where the XPENDING scan goes on next time.
  *
  * Every change is one Lua script (atomic in Redis). The durability promise
