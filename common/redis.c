@@ -32,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <utlist.h>
 
 #include "common/log.h"
@@ -86,6 +87,7 @@ struct sl_redis {
     char *password;
     int db;
     int64_t timeout_ms, reconnect_min_ms, reconnect_max_ms, connect_timeout_ms, stall_ms;
+    int64_t slack_us;              /* libevent's timer clock may lag sl_now_ns() by this much */
     const struct timeval *call_tv; /* libevent common timeout for call deadlines */
 
     redisAsyncContext *ac; /* NULL while down */
@@ -758,6 +760,12 @@ sl_redis_t *sl_redis_new(struct event_base *base, const sl_redis_opts_t *opts, c
     r->reconnect_max_ms = SL_MAX(r->reconnect_max_ms, r->reconnect_min_ms);
     r->connect_timeout_ms = opts->connect_timeout_ms > 0 ? opts->connect_timeout_ms : 1000;
     r->stall_ms = SL_MAX(SL_REDIS_STALL_MIN_MS, 10 * r->timeout_ms);
+    /* libevent times events on CLOCK_MONOTONIC_COARSE unless told to be
+     * precise: up to one tick behind CLOCK_MONOTONIC; 1 ms more for the
+     * rounding of a timeval. */
+    struct timespec res = {0, 10000000};
+    (void)clock_getres(CLOCK_MONOTONIC_COARSE, &res);
+    r->slack_us = (int64_t)res.tv_sec * 1000000 + res.tv_nsec / 1000 + 1000;
     r->backoff_ms = r->reconnect_min_ms;
     r->rng = (uint64_t)sl_now_ns() ^ (uint64_t)(uintptr_t)r;
     r->rng |= 1;
@@ -839,6 +847,11 @@ bool sl_redis_connected(const sl_redis_t *r)
     return r && r->state == CONN_READY;
 }
 
+int64_t sl_redis_deadline_us(const sl_redis_t *r)
+{
+    return sl_now_ns() / 1000 + r->timeout_ms * 1000 - r->slack_us;
+}
+
 size_t sl_redis_inflight(const sl_redis_t *r)
 {
     return r ? r->inflight : 0;
@@ -859,6 +872,9 @@ static sl_redis_call_t *sl_redis_call_new(sl_redis_t *r, char *cmd, int cmdlen,
     c->cmdlen = cmdlen;
     c->script = s;
     evtimer_assign(&c->timer, r->base, sl_redis_timer_cb, c);
+    /* The deadline counts from now, not from the start of this loop turn
+     * (libevent's cached time): sl_redis_deadline_us() promises so. */
+    event_base_update_cache_time(r->base);
     evtimer_add(&c->timer, r->call_tv);
     if (r->inflight >= SL_REDIS_MAX_INFLIGHT) {
         sl_redis_count(r, ERR_OVERLOAD);

@@ -79,6 +79,12 @@ bool sl_redis_connected(const sl_redis_t *r);
 #define SL_REDIS_MAX_INFLIGHT 8192
 size_t sl_redis_inflight(const sl_redis_t *r);
 
+/* A time on sl_now_ns()'s clock (in µs) before which a call made from now
+ * on cannot end with TIMEOUT: its deadline as the timer sees it, less the
+ * slack of libevent's coarse clock. What a caller needs to tell another
+ * party "do nothing for me after this" (the Redis queue's accept). */
+int64_t sl_redis_deadline_us(const sl_redis_t *r);
+
 /* Queues a command given as argv. The returned handle is valid until the
  * callback runs or sl_redis_call_cancel() is called; NULL only on OOM. */
 sl_redis_call_t *sl_redis_command(sl_redis_t *r, int argc, const char **argv, const size_t *argvlen,

@@ -116,6 +116,19 @@ static void fb_metrics_register(void)
                               "Requests not queued because max_pending were waiting.");
     fb_m.q_store_errors = fb_counter0("sluice_queue_store_errors_total",
                                       "Queue operations that failed in the store.");
+    sl_metric_t *late = sl_metric_register(
+        "sluice_queue_late_total",
+        "Redis queue accepts answered as not stored (deadline passed), by what the take-back "
+        "found: refused (had not run: it never will), undone (had run: taken back), kept "
+        "(a worker had it already).",
+        SL_METRIC_COUNTER, "result", NULL, 0);
+    fb_m.q_late_refused = sl_metric_series1(late, "refused");
+    fb_m.q_late_undone = sl_metric_series1(late, "undone");
+    fb_m.q_late_kept = sl_metric_series1(late, "kept");
+    fb_m.q_store_late =
+        fb_gauge0("sluice_queue_store_late",
+                  "Accepts the Redis queue's script refused as past their "
+                  "deadline or taken back, every instance sharing it (sluice:q:stats late).");
     fb_m.q_fsync = fb_counter0("sluice_queue_fsyncs_total", "fdatasync calls of the journal.");
     fb_m.idem_replays = fb_counter0("sluice_idempotent_replays_total",
                                     "Answers replayed for a repeated Idempotency-Key.");

@@ -44,6 +44,10 @@ typedef struct fb_metrics {
     sl_metric_t *circuit_opened; /* {upstream,server} */
     sl_mseries_t *q_depth, *q_oldest, *q_accepted, *q_delivered, *q_dead, *q_full, *q_store_errors,
         *q_fsync;
+    /* accepts sluice gave up on, by what the take-back found: refused (had
+     * not run), undone (had run; taken back), kept (already taken) */
+    sl_mseries_t *q_late_refused, *q_late_undone, *q_late_kept;
+    sl_mseries_t *q_store_late; /* the store's own count of accepts it refused as late */
     sl_mseries_t *idem_replays, *idem_in_flight, *idem_mismatch, *idem_evicted, *idem_store_errors;
     sl_metric_t *faults; /* {kind,source} */
     sl_mseries_t *tier[FB_TIER_COUNT];
@@ -66,6 +70,32 @@ struct fb_call {
     sl_redis_call_t *rc;
     void (*free_ctx)(void *ctx);
 };
+
+/* ---- Redis's clock against ours (qclock.c) -------------------------------- */
+
+/* The most two clocks may run apart (sluice's monotonic clock, slewed by
+ * NTP, against Redis's wall clock): NTP slews each by at most 500 ppm. */
+#define FB_QCLOCK_DRIFT_PPM 1000
+
+/* Redis's clock = ours + off_us, within err_us, as of our at_us (all µs;
+ * ours is sl_now_ns()/1000). Not thread-safe: its owner's lock protects it. */
+typedef struct fb_qclock {
+    bool known;
+    int64_t off_us, err_us, at_us;
+} fb_qclock_t;
+
+/* Takes a reply carrying Redis's TIME redis_us to a call made at send_us
+ * and answered at recv_us: keeps whichever of the estimate and the sample
+ * is tighter at recv_us, or the sample when the two disagree beyond their
+ * bounds (a clock was stepped). */
+void fb_qclock_sample(fb_qclock_t *c, int64_t send_us, int64_t recv_us, int64_t redis_us);
+/* The estimate's error bound at our at_us, drift included; INT64_MAX if
+ * nothing is known. */
+int64_t fb_qclock_err(const fb_qclock_t *c, int64_t at_us);
+/* A Redis time that Redis's clock has surely passed, less margin_us, by
+ * the time ours reaches local_us: 0 with *redis_us, -1 if nothing is known. */
+int fb_qclock_deadline(const fb_qclock_t *c, int64_t local_us, int64_t margin_us,
+                       int64_t *redis_us) SL_WUR;
 
 #endif
 

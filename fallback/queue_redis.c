@@ -12,7 +12,8 @@
  *   sluice:q:item:<id>    u k r b at next n st (p|d|x) lease eid res end;
  *                         expires `keep` after the request ends.
  *   sluice:q:stats        acc del dead: updated in the same script as the
- *                         state change, so acc = del + dead + pending always.
+ *                         state change, so acc = del + dead + pending always;
+ *                         late: accepts refused as late (deadline, tombstone).
  *   sluice:q:cursor       where the XPENDING scan goes on next time.
  *
  * Every change is one Lua script (atomic in Redis). The durability promise
@@ -46,18 +47,56 @@
 
 #define FB_QR_REFRESH_MS 100  /* least time between refreshes after changes */
 #define FB_QR_TICK_MS    1000 /* the first worker's periodic refresh */
+/* The accept's deadline in Redis's clock is sluice's own, less the clock
+ * estimate's error and this much: time for a reply from just before it to
+ * reach sluice (the take-back covers a slower one). */
+#define FB_QR_MARGIN_US 1000
 
+/* KEYS: stream item stats; ARGV: id u k r b at next max_pending deadline.
+ * The deadline is in Redis's clock (µs): an accept that runs at or after
+ * it, or finds the item taken back (st c), stores nothing but a count
+ * (stats late). Returns
+ * {OK|FULL|LATE, Redis's TIME} (the time refines sluice's clock estimate). */
 static const char fb_qr_accept_lua[] =
+    "local t = redis.call('TIME')\n"
+    "local now = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"
+    "local st = redis.call('HGET', KEYS[2], 'st')\n"
+    "if st == 'c' or now >= tonumber(ARGV[9]) then\n"
+    "  redis.call('HINCRBY', KEYS[3], 'late', 1)\n"
+    "  return {'LATE', t[1], t[2]}\n"
+    "end\n"
+    "if st then return {'OK', t[1], t[2]} end\n"
     "local acc = tonumber(redis.call('HGET', KEYS[3], 'acc') or '0')\n"
     "local del = tonumber(redis.call('HGET', KEYS[3], 'del') or '0')\n"
     "local dead = tonumber(redis.call('HGET', KEYS[3], 'dead') or '0')\n"
-    "if acc - del - dead >= tonumber(ARGV[8]) then return 'FULL' end\n"
-    "if redis.call('EXISTS', KEYS[2]) == 1 then return 'OK' end\n"
+    "if acc - del - dead >= tonumber(ARGV[8]) then return {'FULL', t[1], t[2]} end\n"
+    "local eid = redis.call('XADD', KEYS[1], '*', 'id', ARGV[1])\n"
     "redis.call('HSET', KEYS[2], 'u', ARGV[2], 'k', ARGV[3], 'r', ARGV[4], 'b', ARGV[5],\n"
-    "           'at', ARGV[6], 'next', ARGV[7], 'n', 0, 'st', 'p', 'lease', 0)\n"
-    "redis.call('XADD', KEYS[1], '*', 'id', ARGV[1])\n"
+    "           'at', ARGV[6], 'next', ARGV[7], 'n', 0, 'st', 'p', 'lease', 0, 'eid', eid)\n"
     "redis.call('HINCRBY', KEYS[3], 'acc', 1)\n"
-    "return 'OK'\n";
+    "return {'OK', t[1], t[2]}\n";
+
+/* KEYS: stream stats item; ARGV: group keep. Takes back an accept sluice
+ * answered as not stored: a tombstone (st c, kept `keep`) if it has not
+ * run, so that it never will; undone (stream entry, hash, acc) if it ran
+ * and no worker has taken it yet. */
+static const char fb_qr_cancel_lua[] =
+    "local v = redis.call('HMGET', KEYS[3], 'st', 'n', 'lease', 'eid')\n"
+    "local function tomb()\n"
+    "  redis.call('HSET', KEYS[3], 'st', 'c')\n"
+    "  redis.call('PEXPIRE', KEYS[3], ARGV[2])\n"
+    "end\n"
+    "if not v[1] then tomb() return 'REFUSED' end\n"
+    "if v[1] == 'c' then return 'REFUSED' end\n"
+    "if v[1] ~= 'p' or tonumber(v[2]) ~= 0 or tonumber(v[3]) ~= 0 then return 'KEPT' end\n"
+    "if v[4] then\n"
+    "  redis.pcall('XACK', KEYS[1], ARGV[1], v[4])\n"
+    "  redis.call('XDEL', KEYS[1], v[4])\n"
+    "end\n"
+    "redis.call('DEL', KEYS[3])\n"
+    "tomb()\n"
+    "redis.call('HINCRBY', KEYS[2], 'acc', -1)\n"
+    "return 'UNDONE'\n";
 
 /* KEYS: stream stats cursor; ARGV: group consumer now lease max_age keep
  * item_prefix min_idle. Returns nil or {id u k r b n at}. */
@@ -160,13 +199,15 @@ static const char fb_qr_report_lua[] =
     "redis.call('HSET', H, 'next', nx, 'lease', 0)\n"
     "return 'OK'\n";
 
-/* KEYS: stats stream. Returns {acc, del, dead, first entry id or ''}. */
+/* KEYS: stats stream; ARGV: sluice's clock when asked (µs), echoed back.
+ * Returns {acc, del, dead, first entry id or '', asked, Redis's TIME, late}. */
 static const char fb_qr_stats_lua[] =
-    "local v = redis.call('HMGET', KEYS[1], 'acc', 'del', 'dead')\n"
+    "local v = redis.call('HMGET', KEYS[1], 'acc', 'del', 'dead', 'late')\n"
     "local f = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)\n"
     "local first = ''\n"
     "if f[1] then first = f[1][1] end\n"
-    "return {v[1] or '0', v[2] or '0', v[3] or '0', first}\n";
+    "local t = redis.call('TIME')\n"
+    "return {v[1] or '0', v[2] or '0', v[3] or '0', first, ARGV[1], t[1], t[2], v[4] or '0'}\n";
 
 struct fb_qredis {
     fb_queue_t *q;
@@ -174,8 +215,9 @@ struct fb_qredis {
     char *url;
     int64_t timeout_ms;
     sl_redis_script_t *s_accept, *s_next, *s_report, *s_stats;
-    pthread_mutex_t lock; /* stats */
+    pthread_mutex_t lock; /* stats, clock */
     fb_qstats_t stats;
+    fb_qclock_t clock; /* Redis's clock against ours, from every reply carrying TIME */
     _Atomic unsigned nworkers;
     _Atomic int64_t refreshed_ms; /* monotonic ms of the last refresh asked for */
 };
@@ -275,7 +317,13 @@ void fb_qr_worker_free(fb_qworker_t *w)
 
 /* ---- calls -------------------------------------------------------------------------- */
 
-typedef enum fb_qr_op { FB_QR_ACCEPT, FB_QR_NEXT, FB_QR_REPORT, FB_QR_LOOKUP } fb_qr_op_t;
+typedef enum fb_qr_op {
+    FB_QR_ACCEPT,
+    FB_QR_CLOCK, /* TIME, then the accept held in `in` */
+    FB_QR_NEXT,
+    FB_QR_REPORT,
+    FB_QR_LOOKUP
+} fb_qr_op_t;
 
 typedef struct fb_qr_ctx {
     fb_call_t call; /* first: fb_call_cancel frees the whole context */
@@ -286,13 +334,23 @@ typedef struct fb_qr_ctx {
     char id[FB_QUEUE_ID_LEN + 1];
     char *user;
     int64_t now;
+    int64_t sent_us;       /* sluice's clock (µs) when the call was made */
     fb_qoutcome_t outcome; /* report */
+    struct {
+        char *user, *key, *route;
+        void *body;
+        size_t body_len;
+    } held; /* FB_QR_CLOCK: copies of the accept to make once the clock is known */
 } fb_qr_ctx_t;
 
 static void fb_qr_ctx_free(void *p)
 {
     fb_qr_ctx_t *x = p;
     free(x->user);
+    free(x->held.user);
+    free(x->held.key);
+    free(x->held.route);
+    free(x->held.body);
     free(x);
 }
 
@@ -389,6 +447,123 @@ static void fb_qr_lookup_reply(fb_qr_ctx_t *x, redisReply *rep, fb_qres_t *res)
     }
 }
 
+/* ---- Redis's clock ------------------------------------------------------------ */
+
+static int64_t fb_qr_us(void)
+{
+    return sl_now_ns() / 1000;
+}
+
+/* Redis's TIME as two strings (seconds, microseconds) -> µs; 0 if not. */
+static int64_t fb_qr_redis_us(const redisReply *sec, const redisReply *usec)
+{
+    if (!fb_is_str(sec) || !fb_is_str(usec))
+        return 0;
+    int64_t s = fb_int(sec), u = fb_int(usec);
+    return s > 0 && u >= 0 && u < 1000000 ? s * 1000000 + u : 0;
+}
+
+static void fb_qr_clock_sample(fb_qredis_t *r, int64_t sent_us, int64_t redis_us)
+{
+    int64_t now = fb_qr_us();
+    pthread_mutex_lock(&r->lock);
+    fb_qclock_sample(&r->clock, sent_us, now, redis_us);
+    pthread_mutex_unlock(&r->lock);
+}
+
+/* The deadline (Redis's clock, µs) to give an accept sent now: 0, or -1
+ * when the estimate is unknown or too loose to leave the script a fair
+ * part of the timeout (then sluice asks Redis's TIME first). */
+static int fb_qr_deadline(fb_qworker_t *w, int64_t *deadline)
+{
+    fb_qredis_t *r = w->r;
+    int64_t local = sl_redis_deadline_us(w->redis);
+    pthread_mutex_lock(&r->lock);
+    int rc = -1;
+    if (fb_qclock_err(&r->clock, local) <= r->timeout_ms * 1000 / 4)
+        rc = fb_qclock_deadline(&r->clock, local, FB_QR_MARGIN_US, deadline);
+    pthread_mutex_unlock(&r->lock);
+    return rc;
+}
+
+static void fb_qr_cancel_cb(void *arg, sl_redis_status_t status, redisReply *rep)
+{
+    (void)arg;
+    if (status != SL_REDIS_OK || !rep || rep->type == REDIS_REPLY_ERROR) {
+        sl_counter_add(fb_m.q_store_errors, 1);
+        return;
+    }
+    if (fb_str_eq(rep, "REFUSED"))
+        sl_counter_add(fb_m.q_late_refused, 1);
+    else if (fb_str_eq(rep, "UNDONE"))
+        sl_counter_add(fb_m.q_late_undone, 1);
+    else {
+        sl_counter_add(fb_m.q_late_kept, 1);
+        sl_warn("queue redis: an accept answered as not stored had been taken already");
+    }
+}
+
+/* The accept of id ended without a clear answer (timeout, lost connection,
+ * error reply) and the client hears "not stored": take it back. Fire and
+ * forget; its own deadline. If this fails too, the accept's deadline is
+ * what keeps a late run from storing. */
+static void fb_qr_cancel(fb_qworker_t *w, const char *id)
+{
+    char item[64], keep[24];
+    snprintf(item, sizeof(item), FB_QR_ITEM "%s", id);
+    snprintf(keep, sizeof(keep), "%lld", (long long)SL_MAX(w->r->c.keep_ms, 1000));
+    /* EVAL with the text, not EVALSHA: rare, and a first NOSCRIPT answered
+     * after this call's own deadline (Redis late again) would be dropped
+     * without the reload that makes it run. */
+    const char *argv[] = {"EVAL", fb_qr_cancel_lua, "3", FB_QR_STREAM, FB_QR_STATS,
+                          item,   FB_QR_GROUP,      keep};
+    size_t lens[SL_ARRAY_LEN(argv)];
+    for (size_t i = 0; i < SL_ARRAY_LEN(argv); i++)
+        lens[i] = strlen(argv[i]);
+    if (!sl_redis_command(w->redis, (int)SL_ARRAY_LEN(argv), argv, lens, fb_qr_cancel_cb, NULL))
+        sl_counter_add(fb_m.q_store_errors, 1);
+}
+
+static sl_redis_call_t *fb_qr_accept_send(fb_qworker_t *w, fb_qr_ctx_t *x, const fb_qaccept_t *in,
+                                          int64_t deadline);
+
+/* The accept in x waited for Redis's TIME (the reply rep): send it now.
+ * true when it is on its way (x lives on). */
+static bool fb_qr_clock_then_accept(fb_qr_ctx_t *x, redisReply *rep)
+{
+    if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 2)
+        fb_qr_clock_sample(x->w->r, x->sent_us, fb_qr_redis_us(rep->element[0], rep->element[1]));
+    int64_t deadline;
+    if (fb_qr_deadline(x->w, &deadline) != 0)
+        return false;
+    fb_qaccept_t in = {.user = x->held.user,
+                       .idem_key = x->held.key,
+                       .route = x->held.route,
+                       .body = x->held.body,
+                       .body_len = x->held.body_len};
+    sl_redis_call_t *rc = fb_qr_accept_send(x->w, x, &in, deadline);
+    if (!rc)
+        return false;
+    x->call.rc = rc;
+    x->op = FB_QR_ACCEPT;
+    return true;
+}
+
+static void fb_qr_accept_reply(fb_qr_ctx_t *x, redisReply *rep, fb_qres_t *res)
+{
+    res->status = FB_Q_STORE_ERROR;
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 3)
+        return;
+    fb_qr_clock_sample(x->w->r, x->sent_us, fb_qr_redis_us(rep->element[1], rep->element[2]));
+    if (fb_str_eq(rep->element[0], "OK")) {
+        res->status = FB_Q_OK;
+        memcpy(res->id, x->id, sizeof(res->id));
+    } else if (fb_str_eq(rep->element[0], "FULL")) {
+        res->status = FB_Q_FULL;
+    }
+    /* LATE in time to hear it: the timer is about to fire anyway. */
+}
+
 static void fb_qr_refresh(fb_qworker_t *w)
 {
     int64_t now = sl_now_ms(), last = atomic_load(&w->r->refreshed_ms);
@@ -410,12 +585,12 @@ static void fb_qr_cb(void *arg, sl_redis_status_t status, redisReply *rep)
     } else {
         switch (x->op) {
         case FB_QR_ACCEPT:
-            if (fb_str_eq(rep, "OK")) {
-                res.status = FB_Q_OK;
-                memcpy(res.id, x->id, sizeof(res.id));
-            } else {
-                res.status = fb_str_eq(rep, "FULL") ? FB_Q_FULL : FB_Q_STORE_ERROR;
-            }
+            fb_qr_accept_reply(x, rep, &res);
+            break;
+        case FB_QR_CLOCK:
+            if (fb_qr_clock_then_accept(x, rep))
+                return;
+            res.status = FB_Q_STORE_ERROR;
             break;
         case FB_QR_NEXT:
             fb_qr_next_reply(x, rep, &res);
@@ -441,6 +616,10 @@ static void fb_qr_cb(void *arg, sl_redis_status_t status, redisReply *rep)
         fb_count_tier(FB_TIER_QUEUE);
     } else if (x->op == FB_QR_ACCEPT && res.status == FB_Q_FULL)
         sl_counter_add(fb_m.q_full, 1);
+    /* An accept sent that the client will hear "not stored" of may still
+     * run (it may have, its reply late): take it back. */
+    if (x->op == FB_QR_ACCEPT && res.status == FB_Q_STORE_ERROR)
+        fb_qr_cancel(x->w, x->id);
     /* The depth just changed: show it now rather than at the next tick. */
     if (res.status == FB_Q_OK && (x->op == FB_QR_ACCEPT || x->op == FB_QR_REPORT))
         fb_qr_refresh(x->w);
@@ -477,6 +656,58 @@ static fb_rc_t fb_qr_launch(fb_qr_ctx_t *x, sl_redis_call_t *rc, fb_call_t **cal
     return FB_PENDING;
 }
 
+static sl_redis_call_t *fb_qr_accept_send(fb_qworker_t *w, fb_qr_ctx_t *x, const fb_qaccept_t *in,
+                                          int64_t deadline)
+{
+    const char *id = x->id;
+    char item[64], at[24], next[24], maxp[24], dl[24];
+    snprintf(item, sizeof(item), FB_QR_ITEM "%s", id);
+    snprintf(at, sizeof(at), "%lld", (long long)x->now);
+    /* The first attempt waits at least two call deadlines: the take-back
+     * of an accept whose answer came too late (fb_qr_cancel, sent when
+     * sluice's deadline passes) reaches Redis before any worker may take it. */
+    snprintf(next, sizeof(next), "%lld",
+             (long long)(x->now + SL_MAX(w->r->c.backoff_ms, 2 * w->r->timeout_ms)));
+    snprintf(maxp, sizeof(maxp), "%lld", (long long)w->r->c.max_pending);
+    snprintf(dl, sizeof(dl), "%lld", (long long)deadline);
+    const char *u = in->user ? in->user : "", *k = in->idem_key ? in->idem_key : "",
+               *r = in->route ? in->route : "";
+    const char *argv[] = {FB_QR_STREAM, item, FB_QR_STATS, id, u, k, r, NULL, at, next, maxp, dl};
+    size_t lens[SL_ARRAY_LEN(argv)];
+    for (size_t i = 0; i < SL_ARRAY_LEN(argv); i++)
+        lens[i] = argv[i] ? strlen(argv[i]) : 0;
+    argv[7] = in->body ? in->body : "";
+    lens[7] = in->body ? in->body_len : 0;
+    x->sent_us = fb_qr_us();
+    return sl_redis_evalsha(w->redis, w->r->s_accept, 3, (int)SL_ARRAY_LEN(argv), argv, lens,
+                            fb_qr_cb, x);
+}
+
+static char *fb_qr_strdup0(const char *s)
+{
+    return strdup(s ? s : "");
+}
+
+/* No usable estimate of Redis's clock (the first accept, or none for a
+ * while): hold a copy of the accept and ask Redis's TIME first. */
+static sl_redis_call_t *fb_qr_clock_first(fb_qworker_t *w, fb_qr_ctx_t *x, const fb_qaccept_t *in)
+{
+    x->op = FB_QR_CLOCK;
+    x->held.user = fb_qr_strdup0(in->user);
+    x->held.key = in->idem_key ? strdup(in->idem_key) : NULL;
+    x->held.route = fb_qr_strdup0(in->route);
+    x->held.body = malloc(in->body_len + 1);
+    if (!x->held.user || (in->idem_key && !x->held.key) || !x->held.route || !x->held.body)
+        return NULL;
+    if (in->body_len)
+        memcpy(x->held.body, in->body, in->body_len);
+    x->held.body_len = in->body_len;
+    const char *argv[] = {"TIME"};
+    size_t lens[] = {4};
+    x->sent_us = fb_qr_us();
+    return sl_redis_command(w->redis, 1, argv, lens, fb_qr_cb, x);
+}
+
 fb_rc_t fb_qr_accept(fb_qworker_t *w, const char *id, const fb_qaccept_t *in, int64_t now,
                      fb_qres_t *res, fb_queue_cb cb, void *arg, fb_call_t **call)
 {
@@ -485,21 +716,10 @@ fb_rc_t fb_qr_accept(fb_qworker_t *w, const char *id, const fb_qaccept_t *in, in
     if (!x)
         return FB_ERROR;
     memcpy(x->id, id, FB_QUEUE_ID_LEN + 1);
-    char item[64], at[24], next[24], maxp[24];
-    snprintf(item, sizeof(item), FB_QR_ITEM "%s", id);
-    snprintf(at, sizeof(at), "%lld", (long long)now);
-    snprintf(next, sizeof(next), "%lld", (long long)(now + w->r->c.backoff_ms));
-    snprintf(maxp, sizeof(maxp), "%lld", (long long)w->r->c.max_pending);
-    const char *u = in->user ? in->user : "", *k = in->idem_key ? in->idem_key : "",
-               *r = in->route ? in->route : "";
-    const char *argv[] = {FB_QR_STREAM, item, FB_QR_STATS, id, u, k, r, in->body, at, next, maxp};
-    size_t lens[] = {strlen(argv[0]), strlen(item), strlen(argv[2]), strlen(id),
-                     strlen(u),       strlen(k),    strlen(r),       in->body_len,
-                     strlen(at),      strlen(next), strlen(maxp)};
-    if (!in->body)
-        argv[7] = "";
-    return fb_qr_launch(
-        x, sl_redis_evalsha(w->redis, w->r->s_accept, 3, 11, argv, lens, fb_qr_cb, x), call);
+    int64_t deadline;
+    if (fb_qr_deadline(w, &deadline) == 0)
+        return fb_qr_launch(x, fb_qr_accept_send(w, x, in, deadline), call);
+    return fb_qr_launch(x, fb_qr_clock_first(w, x, in), call);
 }
 
 fb_rc_t fb_qr_next(fb_qworker_t *w, int64_t now, fb_qres_t *res, fb_queue_cb cb, void *arg,
@@ -596,8 +816,10 @@ fb_rc_t fb_qr_lookup(fb_qworker_t *w, const char *id, const char *user, int64_t 
 static void fb_qr_stats_cb(void *arg, sl_redis_status_t status, redisReply *rep)
 {
     fb_qredis_t *r = arg;
-    if (status != SL_REDIS_OK || !rep || rep->type != REDIS_REPLY_ARRAY || rep->elements != 4)
+    if (status != SL_REDIS_OK || !rep || rep->type != REDIS_REPLY_ARRAY || rep->elements != 8)
         return;
+    fb_qr_clock_sample(r, fb_int(rep->element[4]),
+                       fb_qr_redis_us(rep->element[5], rep->element[6]));
     fb_qstats_t st = {0};
     st.accepted = fb_int(rep->element[0]);
     st.delivered = fb_int(rep->element[1]);
@@ -611,6 +833,7 @@ static void fb_qr_stats_cb(void *arg, sl_redis_status_t status, redisReply *rep)
     r->stats = st;
     pthread_mutex_unlock(&r->lock);
     sl_gauge_set(fb_m.q_depth, st.pending);
+    sl_gauge_set(fb_m.q_store_late, fb_int(rep->element[7]));
     int64_t now = fb_queue_now(r->q);
     sl_gauge_set(fb_m.q_oldest, st.oldest_pending_ms && now > st.oldest_pending_ms
                                     ? (now - st.oldest_pending_ms) / 1000
@@ -619,10 +842,14 @@ static void fb_qr_stats_cb(void *arg, sl_redis_status_t status, redisReply *rep)
 
 void fb_qr_maintain(fb_qworker_t *w)
 {
-    const char *argv[] = {FB_QR_STATS, FB_QR_STREAM};
-    size_t lens[] = {strlen(argv[0]), strlen(argv[1])};
+    /* The time asked rides in the call and comes back with Redis's TIME:
+     * a clock sample without a context to keep (fire and forget). */
+    char asked[24];
+    snprintf(asked, sizeof(asked), "%lld", (long long)fb_qr_us());
+    const char *argv[] = {FB_QR_STATS, FB_QR_STREAM, asked};
+    size_t lens[] = {strlen(argv[0]), strlen(argv[1]), strlen(argv[2])};
     /* Fire and forget: the argument is the store, which outlives workers. */
-    if (!sl_redis_evalsha(w->redis, w->r->s_stats, 2, 2, argv, lens, fb_qr_stats_cb, w->r))
+    if (!sl_redis_evalsha(w->redis, w->r->s_stats, 2, 3, argv, lens, fb_qr_stats_cb, w->r))
         sl_counter_add(fb_m.q_store_errors, 1);
 }
 
