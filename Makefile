@@ -51,10 +51,24 @@ LTO_LDFLAGS :=
 NO_LTO      :=
 endif
 
+# Profile-guided build (opt-in, docs/gateway.md, "Build flags"): `make pgo`
+# builds build-pgo/sluice with -fprofile-generate, runs bench/pgo_train.sh on
+# it (realistic.sh's plain, full and full-sse loads; needs wrk and nginx),
+# then rebuilds it with -fprofile-use from the .gcda files the run left beside
+# the objects. Nothing is committed or reused: every `make pgo` trains anew.
+# The default build, the tests and the package never use it.
+ifeq ($(PGO),gen)
+PGO_CFLAGS := -fprofile-generate -fprofile-update=atomic
+else ifeq ($(PGO),use)
+PGO_CFLAGS := -fprofile-use -fprofile-partial-training -Wno-missing-profile
+else
+PGO_CFLAGS :=
+endif
+
 # Calls into shared libraries (libevent, libc, OpenSSL) go through the GOT
 # directly, not through a PLT stub (one jump less per call); the GOT is then
 # bound at start (-z now), as Debian's hardening flags do anyway.
-CODEGEN := -fno-plt
+CODEGEN := $(strip -fno-plt $(PGO_CFLAGS))
 
 WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
            -Wmissing-prototypes -Wno-unused-parameter
@@ -86,7 +100,7 @@ BIN        := $(BUILD)/sluice
 
 .PHONY: all test test-all unit fuzz-replay integration fuzz run deps clean format \
         format-check check-san bench conf-reference promtool-test install FORCE \
-        check-layers
+        check-layers pgo
 
 all: $(BIN) $(TOOL_BINS)
 
@@ -184,6 +198,14 @@ run:
 bench: $(BIN) $(TOOL_BINS)
 	./bench/run.sh
 
+# Training uses the ordinary build's bench_upstream: the instrumented one
+# would add its own calls to the library objects' profile.
+pgo: $(TOOL_BINS)
+	rm -rf build-pgo
+	$(MAKE) PGO=gen BUILD=build-pgo build-pgo/sluice
+	SLUICE_BIN=build-pgo/sluice ./bench/pgo_train.sh
+	$(MAKE) PGO=use BUILD=build-pgo build-pgo/sluice
+
 deps:
 	./scripts/deps.sh
 
@@ -204,7 +226,7 @@ check-layers:
 	$(PYTHON) scripts/check-layers.py
 
 clean:
-	rm -rf build build-san build-fuzz
+	rm -rf build build-san build-fuzz build-pgo
 
 # ---- version and install (docs/ops.md) --------------------------------------
 # `sluice -V` reports VERSION (keep debian/changelog's in step: a test checks),

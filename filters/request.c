@@ -14,7 +14,7 @@ static const char *const flt_roles[] = {"system",    "developer", "user",
                                         "assistant", "tool",      "function"};
 
 static flt_req_verdict_t reject(flt_req_result_t *res, const char *code, const char *param,
-                                const char *fmt, ...) SL_PRINTF(4, 5);
+                                const char *fmt, ...) SL_PRINTF(4, 5) SL_COLD;
 
 #include <stdarg.h>
 static flt_req_verdict_t reject(flt_req_result_t *res, const char *code, const char *param,

@@ -596,7 +596,7 @@ static void gw_conn_dispatch(gw_conn_t *c)
 
 /* The parser refused the request: answered with its status and reason,
  * counted by reason. */
-static void gw_conn_parse_error(gw_conn_t *c)
+SL_COLD static void gw_conn_parse_error(gw_conn_t *c)
 {
     int status = gw_http_error_status(c->parser);
     const char *reason = gw_http_error_reason(c->parser);

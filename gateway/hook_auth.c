@@ -42,7 +42,7 @@ static void gw_auth_reply(gw_req_t *r, auth_http_reply_t *reply, const char *ext
     auth_http_reply_clear(reply);
 }
 
-static void gw_auth_reject(gw_req_t *r, auth_reason_t reason)
+SL_COLD static void gw_auth_reject(gw_req_t *r, auth_reason_t reason)
 {
     auth_http_reply_t reply;
     memset(&reply, 0, sizeof(reply));

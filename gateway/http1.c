@@ -215,7 +215,7 @@ static const char ver_tmpl[8] = "HTTP/0.0";
 
 /* Records the first error; later ones do not overwrite it. Response errors
  * are the upstream's fault, so they all answer 502 (500 stays: our hook). */
-static void fail(gw_http_parser_t *p, int status, const char *reason)
+SL_COLD static void fail(gw_http_parser_t *p, int status, const char *reason)
 {
     if (p->err_reason)
         return;
@@ -293,7 +293,7 @@ static const http_parser_settings gw_http_settings = {
 };
 
 /* Maps an http-parser error to ours (ours, if set first, wins in fail()). */
-static void fail_hp(gw_http_parser_t *p)
+SL_COLD static void fail_hp(gw_http_parser_t *p)
 {
     enum http_errno e = HTTP_PARSER_ERRNO(&p->hp);
     switch (e) {

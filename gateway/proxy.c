@@ -108,7 +108,7 @@ static void gw_proxy_write_end(gw_req_t *r)
 
 /* An SSE event carrying an OpenAI error: what a client gets when a stream
  * breaks after it started (it then gets no [DONE]). */
-static void gw_proxy_sse_error(gw_req_t *r, const char *code, const char *msg)
+SL_COLD static void gw_proxy_sse_error(gw_req_t *r, const char *code, const char *msg)
 {
     size_t len = 0;
     char *j = gw_error_json("server_error", code, msg, &len);
@@ -846,7 +846,7 @@ const gw_upfail_row_t gw_upfails[GW_UPFAIL_COUNT] = {
 /* The error-log line for a failure the proxy sees: which deadline fired,
  * the parser's reason, an early close. Connect and TLS failures are logged
  * by upstream.c, which knows errno and OpenSSL's verdict. */
-static void gw_proxy_log_fail(const gw_req_t *r, gw_upfail_t kind)
+SL_COLD static void gw_proxy_log_fail(const gw_req_t *r, gw_upfail_t kind)
 {
     const gw_srv_rt_t *srv = r->att.server;
     const gw_upconn_t *u = r->att.up;
@@ -901,7 +901,7 @@ static void gw_proxy_log_fail(const gw_req_t *r, gw_upfail_t kind)
     }
 }
 
-static void gw_proxy_fail(gw_req_t *r, gw_upfail_t kind)
+SL_COLD static void gw_proxy_fail(gw_req_t *r, gw_upfail_t kind)
 {
     const gw_upfail_row_t *f = &gw_upfails[kind];
     gw_upconn_t *u = r->att.up;

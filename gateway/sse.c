@@ -87,7 +87,7 @@ void gw_sse_reset(gw_sse_t *s)
 
 /* After a failure mid_event tells what the input before the failing call
  * left open: in scan mode the caller forwarded exactly that input. */
-static int sse_fail(gw_sse_t *s, bool mid_at_entry)
+SL_COLD static int sse_fail(gw_sse_t *s, bool mid_at_entry)
 {
     s->failed = true;
     s->mid_at_fail = mid_at_entry;

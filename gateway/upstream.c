@@ -110,7 +110,7 @@ void gw_upstream_log(const gw_srv_rt_t *srv, const char *cause, const char *fmt,
  * mismatch with the name expected) or its handshake error (protocol
  * version, not TLS at all), with the SNI sent and the trust store used (a
  * mistyped ca_file shows here). err: the socket error at the event, or 0. */
-static void gw_up_log_connect_error(gw_upconn_t *u, short what, int err)
+SL_COLD static void gw_up_log_connect_error(gw_upconn_t *u, short what, int err)
 {
     const gw_srv_rt_t *s = u->srv;
     SSL *ssl = s->https ? bufferevent_openssl_get_ssl(u->bev) : NULL;

@@ -509,7 +509,7 @@ static void rl_check_mem(rl_t *rl, rl_ticket_t *t, int64_t tokens, rl_decision_t
 }
 
 /* Redis could not answer: on_store_error decides. */
-static void rl_store_error(rl_t *rl, rl_ticket_t *t, int64_t tokens, rl_decision_t *d)
+SL_COLD static void rl_store_error(rl_t *rl, rl_ticket_t *t, int64_t tokens, rl_decision_t *d)
 {
     sl_counter_add(rl->store_err[t->on_store_error], 1);
     memset(d, 0, sizeof(*d));
