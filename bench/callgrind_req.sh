@@ -55,22 +55,7 @@ if [ -n "$SLUICE_BASE_BIN" ]; then
 fi
 . "$ROOT/bench/lib.sh"
 
-realistic_upstream "$UP_PORT"
-case " $CONFS " in *" full-sse "*)
-    [ -x "$SSE_UP_BIN" ] || { echo "bench: $SSE_UP_BIN not built" >&2; exit 1; }
-    spawn "$SSE_UP_BIN" -l "127.0.0.1:$SSE_UP_PORT" -n 8
-    wait_port "$SSE_UP_PORT" "$LAST"
-    realistic_sse_body "$WORK/body-sse.json"
-    ;;
-esac
-
-export SLUICE_BENCH_UPSTREAM_KEY=upstream-key
-
-realistic_conf plain "$PORT" "$ADMIN" plain
-realistic_conf full "$PORT" "$ADMIN" full
-realistic_conf full-sse "$PORT" "$ADMIN" full "$SSE_UP_PORT"
-TOKEN=$("$WORK/sluice" token --sub bench-user --ttl 1h -c "$WORK/full.yaml" |
-    awk '/^access_token:/ { print $2 }')
+realistic_trio "$PORT" "$ADMIN" "$CONFS"
 
 # nginx as the proxy (realistic.sh's baseline), one process so callgrind sees
 # all of its work
@@ -95,9 +80,9 @@ ngx_proxy_conf "$WORK/ngx-full-sse" "$SSE_UP_PORT" "
 # One nginx run under callgrind: $1 conf (plain or full-sse), $2 wrk seconds;
 # prints "Ir requests".
 one_nginx() {
-    local out=$WORK/cg.nginx.$1.$2 n ir _ body=""
+    local out=$WORK/cg.nginx.$1.$2 n ir _
     local dir=$WORK/ngx-$1
-    [ "$1" = full-sse ] && body=$WORK/body-sse.json
+    realistic_req "$1"
     spawn valgrind --tool=callgrind --callgrind-out-file="$out" "$NGINX_BIN" -p "$dir/" \
         -e "$dir/error.log" -c "$dir/nginx.conf" 2>"$out.log"
     local pid=$LAST
@@ -106,7 +91,7 @@ one_nginx() {
         (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break
         sleep 0.1
     done
-    BENCH_BODY_FILE=$body wrk -t1 -c"$CONNS" -d"$2"s --timeout 30s \
+    BENCH_BODY_FILE=$REQ_BODY wrk -t1 -c"$CONNS" -d"$2"s --timeout 30s \
         -s "$ROOT/bench/realistic.lua" "http://127.0.0.1:$PORT/v1/chat/completions" >"$out.wrk"
     grep -q 'errors=0 non2xx=0' "$out.wrk" || { cat "$out.wrk" >&2; exit 1; }
     n=$(sed -n 's/^BENCH requests=\([0-9]*\).*/\1/p' "$out.wrk")
@@ -118,16 +103,15 @@ one_nginx() {
 
 # One run: $1 binary, $2 conf, $3 wrk seconds; prints "Ir requests".
 one() {
-    local out=$WORK/cg.$1.$2.$3 tok="" n ir body=""
-    case $2 in full*) tok=$TOKEN ;; esac
-    [ "$2" = full-sse ] && body=$WORK/body-sse.json
+    local out=$WORK/cg.$1.$2.$3 n ir
+    realistic_req "$2"
     local bin=$WORK/sluice
     [ "$1" = base ] && bin=$WORK/sluice-base
     spawn valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" -c "$WORK/$2.yaml" \
         2>"$out.log"
     local pid=$LAST
     wait_admin_slow "$ADMIN" "$pid"
-    BENCH_TOKEN=$tok BENCH_BODY_FILE=$body wrk -t1 -c"$CONNS" -d"$3"s --timeout 30s -s "$ROOT/bench/realistic.lua" \
+    BENCH_TOKEN=$REQ_TOKEN BENCH_BODY_FILE=$REQ_BODY wrk -t1 -c"$CONNS" -d"$3"s --timeout 30s -s "$ROOT/bench/realistic.lua" \
         "http://127.0.0.1:$PORT/v1/chat/completions" >"$out.wrk"
     grep -q 'errors=0 non2xx=0' "$out.wrk" || { cat "$out.wrk" >&2; exit 1; }
     n=$(curl -sf "http://127.0.0.1:$ADMIN/metrics" |

@@ -229,6 +229,36 @@ open(sys.argv[1], "wb").write(json.dumps(b, separators=(",", ":")).encode())
 EOF
 }
 
+# issue #16's three confs (plain, full, full-sse) in $WORK on one port pair
+# ($1 listen, $2 admin): realistic_upstream on $UP_PORT and, when $3 (the
+# confs to be run) names full-sse, $SSE_UP_BIN's 8 events on $SSE_UP_PORT,
+# with the streamed body in $WORK/body-sse.json. Sets TOKEN, a bearer token
+# for the full confs.
+realistic_trio() {
+    realistic_upstream "$UP_PORT"
+    case " $3 " in *" full-sse "*)
+        [ -x "$SSE_UP_BIN" ] || { echo "bench: $SSE_UP_BIN not built" >&2; exit 1; }
+        spawn "$SSE_UP_BIN" -l "127.0.0.1:$SSE_UP_PORT" -n 8
+        wait_port "$SSE_UP_PORT" "$LAST"
+        realistic_sse_body "$WORK/body-sse.json"
+        ;;
+    esac
+    export SLUICE_BENCH_UPSTREAM_KEY=upstream-key
+    realistic_conf plain "$1" "$2" plain
+    realistic_conf full "$1" "$2" full
+    realistic_conf full-sse "$1" "$2" full "$SSE_UP_PORT"
+    TOKEN=$("$SLUICE_BIN" token --sub bench-user --ttl 1h -c "$WORK/full.yaml" |
+        awk '/^access_token:/ { print $2 }')
+}
+
+# What a request of realistic_trio's conf $1 carries: sets REQ_TOKEN and
+# REQ_BODY (a body file, or "" for wrk's realistic.lua default).
+realistic_req() {
+    REQ_TOKEN="" REQ_BODY=""
+    case $1 in full*) REQ_TOKEN=$TOKEN ;; esac
+    [ "$1" != full-sse ] || REQ_BODY=$WORK/body-sse.json
+}
+
 realistic_conf() {
     local f=$WORK/$1.yaml
     cat >"$f" <<EOF

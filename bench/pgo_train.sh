@@ -34,26 +34,14 @@ WORK=$(mktemp -d /tmp/sluice-pgo.XXXXXX)
 . "$ROOT/bench/lib.sh"
 ports_free "$UP_PORT" "$SSE_UP_PORT" "$PORT" "$ADMIN"
 
-realistic_upstream "$UP_PORT"
-spawn "$SSE_UP_BIN" -l "127.0.0.1:$SSE_UP_PORT" -n 8
-wait_port "$SSE_UP_PORT" "$LAST"
-realistic_sse_body "$WORK/body-sse.json"
-
-export SLUICE_BENCH_UPSTREAM_KEY=upstream-key
-realistic_conf plain "$PORT" "$ADMIN" plain
-realistic_conf full "$PORT" "$ADMIN" full
-realistic_conf full-sse "$PORT" "$ADMIN" full "$SSE_UP_PORT"
-TOKEN=$("$SLUICE_BIN" token --sub bench-user --ttl 1h -c "$WORK/full.yaml" |
-    awk '/^access_token:/ { print $2 }')
+realistic_trio "$PORT" "$ADMIN" "$CONFS"
 
 for c in $CONFS; do
-    tok="" body=""
-    case $c in full*) tok=$TOKEN ;; esac
-    [ "$c" = full-sse ] && body=$WORK/body-sse.json
+    realistic_req "$c"
     spawn "$SLUICE_BIN" -c "$WORK/$c.yaml"
     pid=$LAST
     wait_admin_slow "$ADMIN" "$pid"
-    BENCH_TOKEN=$tok BENCH_BODY_FILE=$body wrk -t1 -c32 -d"$SECONDS_EACH"s \
+    BENCH_TOKEN=$REQ_TOKEN BENCH_BODY_FILE=$REQ_BODY wrk -t1 -c32 -d"$SECONDS_EACH"s \
         -s "$ROOT/bench/realistic.lua" "http://127.0.0.1:$PORT/v1/chat/completions" >"$WORK/$c.wrk"
     grep -q 'errors=0 non2xx=0' "$WORK/$c.wrk" || { cat "$WORK/$c.wrk" >&2; exit 1; }
     echo "pgo_train: $c: $(sed -n 's/^BENCH requests=\([0-9]*\).*/\1/p' "$WORK/$c.wrk") requests"
