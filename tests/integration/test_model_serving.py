@@ -8,10 +8,8 @@ first stop for simple requests and for model "auto" (X-Sluice-Route: local,
 sluice_route_total{target}); a full engine queue goes on to the template;
 /readyz reports the engine; a reload with the same engine keeps it loaded.
 """
-import json
 import os
 import subprocess
-import sys
 import threading
 
 import pytest
@@ -23,21 +21,23 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 WRITER = os.path.join(ROOT, "tests", "model", "gguf_writer.py")
 
 
-@pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory):
-    path = tmp_path_factory.mktemp("model") / "tiny.gguf"
-    subprocess.run(["/usr/bin/python3", WRITER, str(path), "--type", "F32", "--ctx", "512"],
+def write_gguf(tmp_path_factory, ctx):
+    """The tiny model (random weights, F32) with room for ctx positions."""
+    path = tmp_path_factory.mktemp("model") / ("tiny-%d.gguf" % ctx)
+    subprocess.run(["/usr/bin/python3", WRITER, str(path), "--type", "F32", "--ctx", str(ctx)],
                    check=True, capture_output=True, timeout=120)
     return str(path)
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    return write_gguf(tmp_path_factory, 512)
 
 
 @pytest.fixture(scope="module")
 def tiny_gguf_4k(tmp_path_factory):
-    """The same model with room for a long answer (4,096 positions)."""
-    path = tmp_path_factory.mktemp("model4k") / "tiny4k.gguf"
-    subprocess.run(["/usr/bin/python3", WRITER, str(path), "--type", "F32", "--ctx", "4096"],
-                   check=True, capture_output=True, timeout=120)
-    return str(path)
+    """The same model with room for a long answer."""
+    return write_gguf(tmp_path_factory, 4096)
 
 
 def engine_conf(gguf, **extra):
