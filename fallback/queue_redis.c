@@ -694,10 +694,10 @@ static sl_redis_call_t *fb_qr_clock_first(fb_qworker_t *w, fb_qr_ctx_t *x, const
 {
     x->op = FB_QR_CLOCK;
     x->held.user = fb_qr_strdup0(in->user);
-    x->held.key = in->idem_key ? strdup(in->idem_key) : NULL;
+    x->held.key = fb_qr_strdup0(in->idem_key); /* "" is no key, as in the accept's argv */
     x->held.route = fb_qr_strdup0(in->route);
     x->held.body = malloc(in->body_len + 1);
-    if (!x->held.user || (in->idem_key && !x->held.key) || !x->held.route || !x->held.body)
+    if (!x->held.user || !x->held.key || !x->held.route || !x->held.body)
         return NULL;
     if (in->body_len)
         memcpy(x->held.body, in->body, in->body_len);
