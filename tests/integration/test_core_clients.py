@@ -39,13 +39,29 @@ def openai_node(node):
     return node
 
 
-def run_node(node, sluice, mode, prompt="hello from node"):
-    p = subprocess.run(
-        [node, str(NODE_DIR / "client.mjs"), "http://%s:%d/v1" % (sluice.host, sluice.port), mode, prompt],
-        capture_output=True, timeout=bound(60), cwd=NODE_DIR,
-    )
-    assert p.returncode == 0, p.stderr.decode()[-3000:]
-    return json.loads(p.stdout.decode().strip().splitlines()[-1])
+def evidence(sluice, mock):
+    """What sluice and the mock saw, for a failure's message: sluice's error
+    log and access log, the mock's requests (events sent, when it closed)."""
+    reqs = [{k: r.get(k) for k in ("id", "path", "status", "outcome", "events_sent", "closed", "closed_by")}
+            for r in mock.requests()] if mock.p.alive() else "mock gone"
+    return "\nsluice stderr:\n%s\nsluice access log:\n%s\nmock requests: %r" % (
+        sluice.stderr_text()[-2000:], sluice.stdout_text()[-2000:], reqs)
+
+
+def run_node(node, sluice, mode, prompt="hello from node", mock=None):
+    argv = [node, str(NODE_DIR / "client.mjs"), "http://%s:%d/v1" % (sluice.host, sluice.port), mode, prompt]
+    try:
+        p = subprocess.run(argv, capture_output=True, timeout=bound(60), cwd=NODE_DIR)
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode()[-1000:]
+        pytest.fail("node did not finish in %d s; its output: %r%s" % (
+            bound(60), out, evidence(sluice, mock) if mock else ""))
+    assert p.returncode == 0, p.stderr.decode()[-3000:] + (evidence(sluice, mock) if mock else "")
+    r = json.loads(p.stdout.decode().strip().splitlines()[-1])
+    if isinstance(r, dict) and r.get("stalled"):
+        pytest.fail("the stream stalled after %d chunk(s): %r%s" % (
+            r["chunks"], r, evidence(sluice, mock) if mock else ""))
+    return r
 
 
 def test_curl_n_streams_each_event_at_once(sluice, mock, curl):
@@ -104,7 +120,7 @@ def test_openai_node_chat(sluice, mock, openai_node):
 
 def test_openai_node_stream(sluice, mock, openai_node):
     mock.script({"events": 5, "delay": 0.1})
-    r = run_node(openai_node, sluice, "stream", "node streams")
+    r = run_node(openai_node, sluice, "stream", "node streams", mock=mock)
     assert r["error"] is None, r
     assert r["text"] == mock_upstream.reply_text("node streams", 5)
     assert r["chunks"] == 5 + 1 + 1  # content, finish, usage
@@ -118,7 +134,7 @@ def test_openai_node_stream(sluice, mock, openai_node):
 
 def test_openai_node_truncated_stream_is_an_error(sluice, mock, openai_node):
     mock.script({"cut_after": 2})
-    r = run_node(openai_node, sluice, "stream", "cut")
+    r = run_node(openai_node, sluice, "stream", "cut", mock=mock)
     assert r["error"] is not None, "the client saw a truncated stream as a success: %r" % r
     # the client library raised on sluice's SSE error event (not on a torn socket)
     assert r["error"]["name"] == "APIError", r

@@ -6,7 +6,11 @@
 //   MODE: chat | stream | models | completion | embeddings | error
 //
 // A stream records the time of each chunk (ms since start) and, if the
-// client library raises mid-stream (an SSE error event), the error.
+// client library raises mid-stream (an SSE error event), the error. The
+// client's `timeout` stops at the response head, so a stream that stalls
+// after it is cut by our own abort after STREAM_MS: the output then says
+// stalled, with the chunks seen, instead of the test's subprocess timing out
+// with nothing to read.
 import OpenAI from "openai";
 
 const [baseURL, mode, prompt = "hello from node"] = process.argv.slice(2);
@@ -17,6 +21,7 @@ const client = new OpenAI({
   timeout: 20000,
 });
 const t0 = Date.now();
+const STREAM_MS = Number(process.env.STREAM_MS ?? 25000);
 const messages = [{ role: "user", content: prompt }];
 
 async function main() {
@@ -26,14 +31,22 @@ async function main() {
       return { text: r.choices[0].message.content, model: r.model, usage: r.usage ?? null };
     }
     case "stream": {
-      const out = { text: "", chunks: 0, times: [], error: null };
+      const out = { text: "", chunks: 0, times: [], error: null, stalled: false };
+      const ac = new AbortController();
+      const watchdog = setTimeout(() => {
+        out.stalled = true;
+        ac.abort();
+      }, STREAM_MS);
       try {
-        const stream = await client.chat.completions.create({
-          model: "chat-model",
-          messages,
-          stream: true,
-          stream_options: { include_usage: true },
-        });
+        const stream = await client.chat.completions.create(
+          {
+            model: "chat-model",
+            messages,
+            stream: true,
+            stream_options: { include_usage: true },
+          },
+          { signal: ac.signal },
+        );
         for await (const chunk of stream) {
           out.chunks += 1;
           out.times.push(Date.now() - t0);
@@ -43,6 +56,8 @@ async function main() {
       } catch (e) {
         out.error = { name: e.constructor.name, message: String(e.message), status: e.status ?? null };
       }
+      clearTimeout(watchdog);
+      out.ms = Date.now() - t0;
       return out;
     }
     case "models": {
