@@ -102,6 +102,16 @@ cpu_ticks() {
     echo "$t"
 }
 
+# utime alone (user space), the same way: with cpu_ticks, the kernel's share.
+user_ticks() {
+    local p t=0 v
+    for p in "$@"; do
+        v=$(awk '{ sub(/^.*\) /, ""); printf "%d\n", $12 }' "/proc/$p/stat")
+        t=$((t + v))
+    done
+    echo "$t"
+}
+
 # A bench nginx's conf in $1/nginx.conf: one worker, no access log, its pid,
 # error log and temp paths inside $1, and $2 as the rest of its http block;
 # $3 "off" runs it without a master process (default on); $4 its

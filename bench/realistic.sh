@@ -222,11 +222,15 @@ run() { # $1 config, $2 round ("warm" = not recorded)
     esac
     # shellcheck disable=SC2086
     t0=$(cpu_ticks $pids)
+    # shellcheck disable=SC2086
+    u0=$(user_ticks $pids)
     out=$(BENCH_TOKEN=$tok BENCH_BODY_FILE=$body taskset -c "$LOAD_CPU" wrk -t1 -c"$conns" \
         -d"$DURATION"s --timeout 30s --latency -s "$ROOT/bench/realistic.lua" \
         "http://127.0.0.1:$port/v1/chat/completions")
     # shellcheck disable=SC2086
     t1=$(cpu_ticks $pids)
+    # shellcheck disable=SC2086
+    u1=$(user_ticks $pids)
     line=$(grep '^BENCH ' <<<"$out") || { echo "$out" >&2; exit 1; }
     if ! grep -q 'errors=0 non2xx=0' <<<"$line"; then
         echo "bench: $c had errors or non-2xx answers: $line" >&2
@@ -234,7 +238,7 @@ run() { # $1 config, $2 round ("warm" = not recorded)
     fi
     [ "$2" = warm ] && return 0
     echo "$c $2 $line ticks=$((t1 - t0))" >>"$RES"
-    echo "  round $2 $c: ${line#BENCH } cpu_ticks=$((t1 - t0))"
+    echo "  round $2 $c: ${line#BENCH } cpu_ticks=$((t1 - t0)) user_ticks=$((u1 - u0))"
 }
 
 echo "sluice realistic bench: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores," \
