@@ -88,6 +88,7 @@ struct sl_redis {
     int db;
     int64_t timeout_ms, reconnect_min_ms, reconnect_max_ms, connect_timeout_ms, stall_ms;
     int64_t slack_us;              /* libevent's timer clock may lag sl_now_ns() by this much */
+    bool deadlines;                /* a deadline was promised: arm calls from the fresh clock */
     const struct timeval *call_tv; /* libevent common timeout for call deadlines */
 
     redisAsyncContext *ac; /* NULL while down */
@@ -847,8 +848,9 @@ bool sl_redis_connected(const sl_redis_t *r)
     return r && r->state == CONN_READY;
 }
 
-int64_t sl_redis_deadline_us(const sl_redis_t *r)
+int64_t sl_redis_deadline_us(sl_redis_t *r)
 {
+    r->deadlines = true;
     return sl_now_ns() / 1000 + r->timeout_ms * 1000 - r->slack_us;
 }
 
@@ -872,9 +874,13 @@ static sl_redis_call_t *sl_redis_call_new(sl_redis_t *r, char *cmd, int cmdlen,
     c->cmdlen = cmdlen;
     c->script = s;
     evtimer_assign(&c->timer, r->base, sl_redis_timer_cb, c);
-    /* The deadline counts from now, not from the start of this loop turn
-     * (libevent's cached time): sl_redis_deadline_us() promises so. */
-    event_base_update_cache_time(r->base);
+    /* Once sl_redis_deadline_us() has promised a deadline on this client,
+     * a call's deadline counts from now, not from the start of this loop
+     * turn (libevent's cached time, older by the turn's work so far). The
+     * clients that never ask (rate limits, auth, cache: one call a request)
+     * skip the clock read and the base's lock. */
+    if (r->deadlines)
+        event_base_update_cache_time(r->base);
     evtimer_add(&c->timer, r->call_tv);
     if (r->inflight >= SL_REDIS_MAX_INFLIGHT) {
         sl_redis_count(r, ERR_OVERLOAD);

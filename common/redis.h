@@ -82,8 +82,10 @@ size_t sl_redis_inflight(const sl_redis_t *r);
 /* A time on sl_now_ns()'s clock (in µs) before which a call made from now
  * on cannot end with TIMEOUT: its deadline as the timer sees it, less the
  * slack of libevent's coarse clock. What a caller needs to tell another
- * party "do nothing for me after this" (the Redis queue's accept). */
-int64_t sl_redis_deadline_us(const sl_redis_t *r);
+ * party "do nothing for me after this" (the Redis queue's accept). From
+ * the first call of this on, r arms every call's deadline from a fresh
+ * clock read rather than the loop turn's cached time. */
+int64_t sl_redis_deadline_us(sl_redis_t *r);
 
 /* Queues a command given as argv. The returned handle is valid until the
  * callback runs or sl_redis_call_cancel() is called; NULL only on OOM. */

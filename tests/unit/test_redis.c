@@ -256,6 +256,48 @@ static void test_deadline_client_pause(void **state)
     deadline_case("CLIENT PAUSE 300");
 }
 
+/* A deadline promised late in a long loop turn holds: the call made after
+ * it cannot time out before it (its timer counts from the fresh clock, not
+ * from the turn's cached start, 80 ms older). */
+typedef struct late_turn {
+    sl_redis_t *r;
+    res_t res;
+    int64_t promised_us;
+} late_turn_t;
+
+static void late_turn_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    late_turn_t *lt = arg;
+    int64_t until = sl_now_ms() + 80;
+    while (sl_now_ms() < until) /* the turn's work: the cached time goes stale */
+        ;
+    lt->promised_us = sl_redis_deadline_us(lt->r);
+    const char *ping[] = {"PING"};
+    cmd(lt->r, &lt->res, 1, ping);
+}
+
+static void test_deadline_after_a_long_turn(void **state)
+{
+    (void)state;
+    struct event_base *base = event_base_new();
+    late_turn_t lt = {.r = client(base, 50, NULL)};
+    redisContext *blk = rs_send_nowait(&srv, "CLIENT PAUSE 400");
+    assert_non_null(blk);
+    rs_run_for(base, 20);
+    struct timeval now = {0, 0};
+    assert_int_equal(event_base_once(base, -1, EV_TIMEOUT, late_turn_cb, &lt, &now), 0);
+    assert_true(rs_run_until(base, res_done, &lt.res, 1000));
+    assert_int_equal(lt.res.status, SL_REDIS_TIMEOUT);
+    /* at_ms is whole ms, the promise in µs: compare in ms, rounded down */
+    assert_true(lt.res.at_ms >= lt.promised_us / 1000);
+    assert_true(rs_run_until(base, no_inflight, lt.r, 1000));
+    redisFree(blk);
+    sl_redis_free(lt.r);
+    event_base_free(base);
+}
+
 static void test_cancel(void **state)
 {
     (void)state;
@@ -555,6 +597,7 @@ int main(void)
         cmocka_unit_test(test_queued_before_connect),
         cmocka_unit_test(test_deadline_debug_sleep),
         cmocka_unit_test(test_deadline_client_pause),
+        cmocka_unit_test(test_deadline_after_a_long_turn),
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_evalsha_noscript),
         cmocka_unit_test(test_down_and_reconnect),
