@@ -92,25 +92,23 @@ log: { access: "off", level: warn }
 EOF
 }
 
-# utime+stime in clock ticks, summed over the given processes (all threads).
-cpu_ticks() {
-    local p t=0 v
+# Clock ticks: the awk expression $1 over /proc/PID/stat's fields ($12 utime,
+# $13 stime), summed over the processes $2... (all their threads).
+proc_ticks() {
+    local expr=$1 p t=0 v
+    shift
     for p in "$@"; do
-        v=$(awk '{ sub(/^.*\) /, ""); printf "%d\n", $12 + $13 }' "/proc/$p/stat")
+        v=$(awk '{ sub(/^.*\) /, ""); printf "%d\n", '"$expr"' }' "/proc/$p/stat")
         t=$((t + v))
     done
     echo "$t"
 }
 
-# utime alone (user space), the same way: with cpu_ticks, the kernel's share.
-user_ticks() {
-    local p t=0 v
-    for p in "$@"; do
-        v=$(awk '{ sub(/^.*\) /, ""); printf "%d\n", $12 }' "/proc/$p/stat")
-        t=$((t + v))
-    done
-    echo "$t"
-}
+# utime+stime: the processes' CPU; utime alone: its user-space share.
+# shellcheck disable=SC2016 # awk's fields, not the shell's
+cpu_ticks() { proc_ticks '$12 + $13' "$@"; }
+# shellcheck disable=SC2016
+user_ticks() { proc_ticks '$12' "$@"; }
 
 # A bench nginx's conf in $1/nginx.conf: one worker, no access log, its pid,
 # error log and temp paths inside $1, and $2 as the rest of its http block;
