@@ -129,6 +129,10 @@ static void fb_metrics_register(void)
         fb_gauge0("sluice_queue_store_late",
                   "Accepts the Redis queue's script refused as past their "
                   "deadline or taken back, every instance sharing it (sluice:q:stats late).");
+    fb_m.q_takeback_waiting =
+        fb_gauge0("sluice_queue_takebacks_waiting",
+                  "Take-backs of accepts answered as not stored that Redis has not answered yet "
+                  "(the connection was down or dropped): sent again every 100 ms.");
     fb_m.q_fsync = fb_counter0("sluice_queue_fsyncs_total", "fdatasync calls of the journal.");
     fb_m.idem_replays = fb_counter0("sluice_idempotent_replays_total",
                                     "Answers replayed for a repeated Idempotency-Key.");

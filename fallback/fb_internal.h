@@ -47,7 +47,8 @@ typedef struct fb_metrics {
     /* accepts sluice gave up on, by what the take-back found: refused (had
      * not run), undone (had run; taken back), kept (already taken) */
     sl_mseries_t *q_late_refused, *q_late_undone, *q_late_kept;
-    sl_mseries_t *q_store_late; /* the store's own count of accepts it refused as late */
+    sl_mseries_t *q_store_late;       /* the store's own count of accepts it refused as late */
+    sl_mseries_t *q_takeback_waiting; /* take-backs not yet answered by Redis, all workers */
     sl_mseries_t *idem_replays, *idem_in_flight, *idem_mismatch, *idem_evicted, *idem_store_errors;
     sl_metric_t *faults; /* {kind,source} */
     sl_mseries_t *tier[FB_TIER_COUNT];
@@ -103,16 +104,28 @@ int fb_qclock_deadline(const fb_qclock_t *c, int64_t local_us, int64_t margin_us
 
 typedef struct fb_qredis fb_qredis_t;
 
+/* A take-back (queue_redis.c) kept until Redis answers it. */
+#define FB_QR_TAKEBACKS 64
+typedef struct fb_qr_tb {
+    struct fb_qworker *w;
+    char id[FB_QUEUE_ID_LEN + 1];
+    bool used; /* waiting for Redis's answer */
+    bool out;  /* a call for it is on its way */
+} fb_qr_tb_t;
+
 /* A queue worker: the journal needs only q; the Redis store also has the
  * worker thread's client and its consumer name in the group. The first
  * Redis worker of a store also refreshes the queue gauges every second
  * (stats_tick): the gateway's maintenance runs on a thread without a
- * worker, so fb_queue_maintain(q, NULL) cannot ask Redis itself. */
+ * worker, so fb_queue_maintain(q, NULL) cannot ask Redis itself. The
+ * take-backs Redis has not answered yet are sent again by tb_retry. */
 struct fb_qworker {
     fb_queue_t *q;
     fb_qredis_t *r;
     sl_redis_t *redis;
     struct event *stats_tick;
+    struct event *tb_retry;
+    fb_qr_tb_t tb[FB_QR_TAKEBACKS];
     char consumer[96];
 };
 fb_qredis_t *fb_qr_new(fb_queue_t *q, const conf_fb_queue_t *c, const conf_redis_t *redis,

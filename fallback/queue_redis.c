@@ -222,6 +222,8 @@ struct fb_qredis {
     _Atomic int64_t refreshed_ms; /* monotonic ms of the last refresh asked for */
 };
 
+static void fb_qr_tb_retry(evutil_socket_t fd, short what, void *arg);
+
 static void fb_qr_stats_tick(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
@@ -293,6 +295,14 @@ fb_qworker_t *fb_qr_worker_new(fb_queue_t *q, fb_qredis_t *r, struct event_base 
     host[sizeof(host) - 1] = '\0';
     unsigned idx = atomic_fetch_add(&r->nworkers, 1);
     snprintf(w->consumer, sizeof(w->consumer), "%.60s-%d-%u", host, (int)getpid(), idx);
+    if (base) {
+        w->tb_retry = evtimer_new(base, fb_qr_tb_retry, w);
+        if (!w->tb_retry) {
+            snprintf(err, errlen, "out of memory");
+            fb_qr_worker_free(w);
+            return NULL;
+        }
+    }
     if (idx == 0 && base) {
         w->stats_tick = event_new(base, -1, EV_PERSIST, fb_qr_stats_tick, w);
         struct timeval tv = {FB_QR_TICK_MS / 1000, (FB_QR_TICK_MS % 1000) * 1000};
@@ -311,7 +321,12 @@ void fb_qr_worker_free(fb_qworker_t *w)
         return;
     if (w->stats_tick)
         event_free(w->stats_tick);
-    sl_redis_free(w->redis);
+    if (w->tb_retry)
+        event_free(w->tb_retry);
+    for (size_t i = 0; i < FB_QR_TAKEBACKS; i++)
+        if (w->tb[i].used)
+            sl_gauge_add(fb_m.q_takeback_waiting, -1);
+    sl_redis_free(w->redis); /* drops the calls: no callback runs after this */
     free(w);
 }
 
@@ -486,12 +501,55 @@ static int fb_qr_deadline(fb_qworker_t *w, int64_t *deadline)
     return rc;
 }
 
+/* ---- take-backs ---------------------------------------------------------------------
+ *
+ * An accept that ended without a clear answer (timeout, lost connection,
+ * error reply) is answered "not stored" and taken back (fb_qr_cancel_lua).
+ * The accept's deadline keeps a late run from storing; the take-back undoes
+ * one that ran in time but whose answer never came. That includes an accept
+ * still unread in the socket of a connection that dropped: Redis may run it
+ * before its deadline. So a take-back is kept in its worker's table until
+ * Redis answers it, and sent again every FB_QR_TB_RETRY_MS while the
+ * connection is down (on the new connection once it is up). An accept's first
+ * resend waits max(backoff, 2 x redis.timeout): a take-back that arrives
+ * later finds the item taken (kept, with a warning). A full table (64) sends
+ * the take-back once, as the other ones were first. */
+#define FB_QR_TB_RETRY_MS 100
+
+static void fb_qr_cancel_send(fb_qworker_t *w, const char *id, fb_qr_tb_t *t);
+
+static void fb_qr_tb_arm(fb_qworker_t *w)
+{
+    struct timeval tv = {0, FB_QR_TB_RETRY_MS * 1000};
+    if (w->tb_retry && !evtimer_pending(w->tb_retry, NULL))
+        evtimer_add(w->tb_retry, &tv);
+}
+
+static void fb_qr_tb_retry(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    fb_qworker_t *w = arg;
+    for (size_t i = 0; i < FB_QR_TAKEBACKS; i++)
+        if (w->tb[i].used && !w->tb[i].out)
+            fb_qr_cancel_send(w, w->tb[i].id, &w->tb[i]);
+}
+
 static void fb_qr_cancel_cb(void *arg, sl_redis_status_t status, redisReply *rep)
 {
-    (void)arg;
+    fb_qr_tb_t *t = arg; /* NULL: sent once (the table was full) */
     if (status != SL_REDIS_OK || !rep || rep->type == REDIS_REPLY_ERROR) {
-        sl_counter_add(fb_m.q_store_errors, 1);
+        if (t) { /* not heard: again, on this or the next connection */
+            t->out = false;
+            fb_qr_tb_arm(t->w);
+        } else {
+            sl_counter_add(fb_m.q_store_errors, 1);
+        }
         return;
+    }
+    if (t) {
+        t->used = t->out = false;
+        sl_gauge_add(fb_m.q_takeback_waiting, -1);
     }
     if (fb_str_eq(rep, "REFUSED"))
         sl_counter_add(fb_m.q_late_refused, 1);
@@ -503,11 +561,7 @@ static void fb_qr_cancel_cb(void *arg, sl_redis_status_t status, redisReply *rep
     }
 }
 
-/* The accept of id ended without a clear answer (timeout, lost connection,
- * error reply) and the client hears "not stored": take it back. Fire and
- * forget; its own deadline. If this fails too, the accept's deadline is
- * what keeps a late run from storing. */
-static void fb_qr_cancel(fb_qworker_t *w, const char *id)
+static void fb_qr_cancel_send(fb_qworker_t *w, const char *id, fb_qr_tb_t *t)
 {
     char item[64], keep[24];
     snprintf(item, sizeof(item), FB_QR_ITEM "%s", id);
@@ -520,8 +574,36 @@ static void fb_qr_cancel(fb_qworker_t *w, const char *id)
     size_t lens[SL_ARRAY_LEN(argv)];
     for (size_t i = 0; i < SL_ARRAY_LEN(argv); i++)
         lens[i] = strlen(argv[i]);
-    if (!sl_redis_command(w->redis, (int)SL_ARRAY_LEN(argv), argv, lens, fb_qr_cancel_cb, NULL))
+    if (t)
+        t->out = true;
+    if (sl_redis_command(w->redis, (int)SL_ARRAY_LEN(argv), argv, lens, fb_qr_cancel_cb, t))
+        return;
+    if (t) { /* out of memory: the timer tries again */
+        t->out = false;
+        fb_qr_tb_arm(w);
+    } else {
         sl_counter_add(fb_m.q_store_errors, 1);
+    }
+}
+
+/* The accept of id is answered "not stored": take it back. */
+static void fb_qr_cancel(fb_qworker_t *w, const char *id)
+{
+    fb_qr_tb_t *t = NULL;
+    for (size_t i = 0; i < FB_QR_TAKEBACKS && !t; i++)
+        if (!w->tb[i].used)
+            t = &w->tb[i];
+    if (t) {
+        t->w = w;
+        t->used = true;
+        memcpy(t->id, id, sizeof(t->id));
+        sl_gauge_add(fb_m.q_takeback_waiting, 1);
+    } else {
+        sl_log_limited(SL_LOG_WARN, "queue_takebacks",
+                       "queue redis: %d take-backs wait for Redis already: this one is sent once",
+                       FB_QR_TAKEBACKS);
+    }
+    fb_qr_cancel_send(w, id, t);
 }
 
 static sl_redis_call_t *fb_qr_accept_send(fb_qworker_t *w, fb_qr_ctx_t *x, const fb_qaccept_t *in,

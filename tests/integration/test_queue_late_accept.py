@@ -12,6 +12,11 @@ entry, no item is pending for the late request, and when the model server
 comes back it gets the earlier request and never the late one.
 """
 
+import socket
+import struct
+import threading
+import time
+
 import pytest
 
 import fallback_helpers as fh
@@ -89,3 +94,103 @@ def test_accept_after_the_deadline_stores_nothing(sluice_factory, mock_factory, 
     assert "during the pause" not in seen, seen
     assert seen.count("before the pause") == 1, seen
     assert acc(redis_server) == 1
+
+
+class CuttingRelay:
+    """A TCP relay from sluice to Redis that, once armed, forwards the first
+    chunk from sluice holding `marker` to Redis and at once resets the
+    sluice side (the Redis side stays open a moment, so Redis reads and runs
+    what it got): sluice sees its connection drop with the accept sent and
+    unanswered, and Redis runs it in time. Every other connection, and every
+    connection after the cut, is relayed as is."""
+
+    def __init__(self, target_port):
+        self.target = target_port
+        self.lsock = socket.socket()
+        self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(64)
+        self.port = self.lsock.getsockname()[1]
+        self.marker = None
+        self.cut = threading.Event()
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while not self.closed:
+            try:
+                c, _ = self.lsock.accept()
+                u = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:
+                return
+            threading.Thread(target=self._pump, args=(c, u, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(u, c, False), daemon=True).start()
+
+    def _pump(self, src, dst, from_sluice):
+        try:
+            while True:
+                d = src.recv(65536)
+                if not d:
+                    break
+                if from_sluice and self.marker and self.marker in d and not self.cut.is_set():
+                    self.cut.set()
+                    # sluice's side first (RST), so no answer can reach it
+                    src.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    src.close()
+                    dst.sendall(d)  # Redis gets the accept and runs it
+                    time.sleep(0.5)
+                    dst.close()
+                    return
+                dst.sendall(d)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.close()
+            except OSError:
+                pass
+
+    def stop(self):
+        self.closed = True
+        self.lsock.close()
+
+
+@pytest.mark.timeout(60)
+def test_accept_lost_with_its_connection_is_taken_back(sluice_factory, tmp_path, redis_server):
+    """The connection drops with the accept sent: sluice answers "not
+    stored", though Redis ran the accept before its deadline. The take-back
+    cannot go on the dropped connection; it waits in its worker's table and
+    goes on the next one: the item is undone, and the queue holds only the
+    earlier request. Without the table it fails (acc stays 2)."""
+    relay = CuttingRelay(redis_server.port)
+    try:
+        port = helpers.free_port()  # the model server: down all along
+        q = {"enabled": True, "store": "redis", "backoff": "2s", "backoff_max": "4s",
+             "lease": "2s", "max_attempts": 20}
+        over = fh.chain(queue=q)
+        over["redis"] = {"url": "redis://127.0.0.1:%d/0" % relay.port, "timeout": "500ms"}
+        s = sluice_factory(overrides=over, upstream="http://127.0.0.1:%d" % port)
+        r = s.chat("before the cut")
+        before = r.header("X-Sluice-Request-Id")
+        assert fh.is_template(r) and before
+        assert acc(redis_server) == 1
+        m0 = fh.Metrics(s)
+
+        relay.marker = b"cut with the accept"
+        r = s.chat("cut with the accept")
+        assert relay.cut.is_set()
+        fh.assert_template_json(r)
+        assert r.header("X-Sluice-Request-Id") is None  # told: not stored
+
+        # Redis ran the accept (acc 2); the take-back undoes it (acc 1).
+        wait_until(lambda: m0.delta("sluice_queue_late_total", result="undone") == 1, bound(10),
+                   interval=0.02, what="the take-back, on the next connection")
+        st = items(redis_server)
+        assert acc(redis_server) == 1, st
+        assert redis_server.cmd("XLEN", "sluice:q:stream") == 1, st
+        assert sorted(st.items(), key=lambda kv: kv[1])[-1] == ("sluice:q:item:" + before, "p"), st
+        assert sorted(st.values()) == ["c", "p"], st
+        assert fh.metric(s, "sluice_queue_takebacks_waiting") == 0
+        assert m0.delta("sluice_queue_late_total", result="kept") == 0
+    finally:
+        relay.stop()
