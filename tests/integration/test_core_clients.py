@@ -125,11 +125,12 @@ def test_openai_node_stream(sluice, mock, openai_node):
     assert r["text"] == mock_upstream.reply_text("node streams", 5)
     assert r["chunks"] == 5 + 1 + 1  # content, finish, usage
     assert r["usage"]["completion_tokens"] == 5
-    # chunks arrived as sent, ~100 ms apart, not in one batch at the end (the
-    # span is robust to one late chunk under load; a single gap is not)
+    # chunks arrived as sent, ~100 ms apart, not in one batch at the end. A
+    # client descheduled on a loaded machine reads what queued meanwhile at
+    # once (seen: [86, 173, 480, 480, 480] and [2024, 2025, 2186, 2212, 2379]),
+    # so no single gap is asked for: the span, and at least 3 separate reads.
     t = r["times"][:5]
-    gaps = [b - a for a, b in zip(t, t[1:])]
-    assert t[-1] - t[0] >= 300 and min(gaps) >= 20, r["times"]
+    assert t[-1] - t[0] >= 300 and len(set(t)) >= 3, r["times"]
 
 
 def test_openai_node_truncated_stream_is_an_error(sluice, mock, openai_node):

@@ -46,7 +46,10 @@ def test_accept_after_the_deadline_stores_nothing(sluice_factory, mock_factory, 
     port = helpers.free_port()  # the model server: down until the end
     q = {"enabled": True, "store": "redis", "backoff": "100ms", "backoff_max": "200ms",
          "lease": "2s", "max_attempts": 20}
-    over = fh.chain(queue=q)
+    # Resends to the absent model server open its breaker (5 failures; more
+    # rounds of backoff fit in the pause on a loaded machine): a short
+    # cooldown lets the resend go soon after it is back.
+    over = fh.chain(queue=q, circuit={"cooldown": "200ms"})
     over["redis"] = {"url": ph.redis_url(redis_server), "timeout": "200ms"}
     s = sluice_factory(overrides=over, upstream="http://127.0.0.1:%d" % port)
 
@@ -168,7 +171,9 @@ def test_accept_lost_with_its_connection_is_taken_back(sluice_factory, tmp_path,
         q = {"enabled": True, "store": "redis", "backoff": "2s", "backoff_max": "4s",
              "lease": "2s", "max_attempts": 20}
         over = fh.chain(queue=q)
-        over["redis"] = {"url": "redis://127.0.0.1:%d/0" % relay.port, "timeout": "500ms"}
+        # The cut, not the deadline, ends the accept: a deadline long enough
+        # for the relay's threads on a loaded machine.
+        over["redis"] = {"url": "redis://127.0.0.1:%d/0" % relay.port, "timeout": "2s"}
         s = sluice_factory(overrides=over, upstream="http://127.0.0.1:%d" % port)
         r = s.chat("before the cut")
         before = r.header("X-Sluice-Request-Id")
