@@ -361,7 +361,7 @@ void gw_upstream_release(gw_upconn_t *u, bool reusable)
         gw_upstream_close(u);
         return;
     }
-    gw_http_parser_reset_now(u->parser); /* frees its head storage while idle; warm now */
+    gw_http_parser_reset(u->parser); /* frees its head storage while idle */
     u->idle_since_ms = sl_now_ms();
     TAILQ_INSERT_HEAD(&ws->idle, u, link); /* LIFO: the warmest connection first */
     gw_idle_count(ws, srv, 1);
