@@ -10,7 +10,9 @@
 #      interleaved per step, each measured run right after a warm-up run at
 #      the same concurrency; the ratio to the 32 figure, for the whole run
 #      (wrk's connects and closes included) and for its steady middle
-#      (every connection open).
+#      (every connection open); then (2b) the growth from the first to the
+#      last concurrency split into user and sys us per request, and the
+#      kernel's share of it, per target.
 #   3. RSS before the peak (after the 32-connection run), at the peak (max
 #      sampled during the 5,000-connection run) and SCALE_SETTLE s after it.
 #   4. A 1M-word list loaded, then reloaded (SIGHUP) 4 times: RSS after each.
@@ -402,6 +404,27 @@ if phase 2; then
             done
         done
     fi
+    # The growth split: of the CPU a request gains from the first to the
+    # last concurrency, how much is the kernel's (sys: sockets, epoll, the
+    # same work for any proxy) and how much user space (ours); medians of
+    # the steady figures, the run's in brackets.
+    CL=${CONNS##* }
+    echo "2b. growth c=$C0 -> c=$CL, medians over $ROUNDS round(s): user and sys us/request," \
+        "steady (run)"
+    for n in "${targets[@]}"; do
+        med() { awk -v n="$n" -v c="$1" -v k="$2" '$1 == n && $2 == c { print $k }' "$WORK/rows" | median; }
+        awk -v n="$n" -v su0="$(med "$C0" 8)" -v su1="$(med "$CL" 8)" -v ss0="$(med "$C0" 9)" \
+            -v ss1="$(med "$CL" 9)" -v ru0="$(med "$C0" 4)" -v ru1="$(med "$CL" 4)" \
+            -v rs0="$(med "$C0" 5)" -v rs1="$(med "$CL" 5)" 'function g(a, b) {
+                return (a == "n/a" || b == "n/a") ? "n/a" : sprintf("%+.1f", b - a) }
+            function sh(du, ds) {
+                if (du == "n/a" || ds == "n/a" || du + ds <= 0) return "n/a"
+                return sprintf("%.0f%%", 100 * ds / (du + ds)) }
+            BEGIN { printf "  %s: user %s -> %s (%s), sys %s -> %s (%s); the kernel'\''s share of" \
+                " the growth %s (run: user %s -> %s, sys %s -> %s, %s)\n", n, su0, su1, g(su0, su1),
+                ss0, ss1, g(ss0, ss1), sh(g(su0, su1), g(ss0, ss1)), ru0, ru1, rs0, rs1,
+                sh(g(ru0, ru1), g(rs0, rs1)) }'
+    done
     if [ "$WITH_NGINX" = 1 ]; then stop "$NP_MASTER"; fi
     if [ "$SETTLE" -ge 0 ]; then
         echo "3. RSS over the peak (${CONNS##* } connections):"
