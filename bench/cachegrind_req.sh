@@ -18,8 +18,10 @@
 #   figures for that binary, same run), CG_CONFS (default "plain full
 #   full-1word full-noregex"), CG_SHORT / CG_LONG (wrk s, default 3 / 10),
 #   CG_CONNS (default 32), CG_FUNCS (default 0), CG_SIM (default
-#   "--cache-sim=yes --LL=524288,8,64"), BENCH_PORT_BASE (default 29300),
-#   BENCH_KEEP=1 keeps the callgrind files.
+#   "--cache-sim=yes --LL=524288,8,64"; add --branch-sim=yes for the
+#   mispredicted conditional and indirect branches per request, a table of
+#   their own), CG_BINS (more binaries, "name=path ...", rows after this),
+#   BENCH_PORT_BASE (default 29300), BENCH_KEEP=1 keeps the callgrind files.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -48,6 +50,10 @@ if [ -n "$SLUICE_BASE_BIN" ]; then
     cp "$SLUICE_BASE_BIN" "$WORK/sluice-base"
     BINS="base this"
 fi
+for nb in ${CG_BINS:-}; do
+    cp "${nb#*=}" "$WORK/sluice-${nb%%=*}"
+    BINS="$BINS ${nb%%=*}"
+done
 . "$ROOT/bench/lib.sh"
 ports_free "$UP_PORT" "$PORT" "$ADMIN"
 
@@ -67,11 +73,12 @@ TOKEN=$("$WORK/sluice" token --sub bench-user --ttl 1h -c "$WORK/full.yaml" |
     awk '/^access_token:/ { print $2 }')
 
 # One run: $1 binary, $2 conf, $3 wrk seconds; prints "requests Ir I1mr D1mr
-# D1mw ILmr DLmr DLmw" (totals of the run).
+# D1mw ILmr DLmr DLmw Bcm Bim" (totals of the run; 0 for an event not
+# simulated).
 one() {
     local out=$WORK/cg.$1.$2.$3 tok="" n bin=$WORK/sluice
     case $2 in full*) tok=$TOKEN ;; esac
-    [ "$1" = base ] && bin=$WORK/sluice-base
+    [ "$1" = this ] || bin=$WORK/sluice-$1
     # shellcheck disable=SC2086
     spawn valgrind --tool=callgrind $SIM --callgrind-out-file="$out" "$bin" -c "$WORK/$2.yaml" \
         2>"$out.log"
@@ -87,8 +94,8 @@ one() {
         /^events:/ { for (i = 2; i <= NF; i++) col[$i] = i - 1 }
         /^totals:/ {
             printf "%d", n
-            split("Ir I1mr D1mr D1mw ILmr DLmr DLmw", ev, " ")
-            for (k = 1; k <= 7; k++) printf " %d", (ev[k] in col) ? $(col[ev[k]] + 1) : 0
+            split("Ir I1mr D1mr D1mw ILmr DLmr DLmw Bcm Bim", ev, " ")
+            for (k = 1; k <= 9; k++) printf " %d", (ev[k] in col) ? $(col[ev[k]] + 1) : 0
             printf "\n"
         }' "$out"
 }
@@ -101,8 +108,10 @@ echo "| binary | conf | requests (short / long) | Ir | I1 misses | D1 read misse
 echo "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"
 for c in $CONFS; do
     for b in $BINS; do
-        read -r n1 a1 b1 c1 d1 e1 f1 g1 <<<"$(one "$b" "$c" "$SHORT")"
-        read -r n2 a2 b2 c2 d2 e2 f2 g2 <<<"$(one "$b" "$c" "$LONG")"
+        read -r n1 a1 b1 c1 d1 e1 f1 g1 h1 i1 <<<"$(one "$b" "$c" "$SHORT")"
+        read -r n2 a2 b2 c2 d2 e2 f2 g2 h2 i2 <<<"$(one "$b" "$c" "$LONG")"
+        awk -v n=$((n2 - n1)) -v bc=$((h2 - h1)) -v bi=$((i2 - i1)) -v b="$b" -v c="$c" \
+            'BEGIN { printf "| %s | %s | %.1f | %.1f |\n", b, c, bc / n, bi / n }' >>"$WORK/branches"
         awk -v n=$((n2 - n1)) -v ir=$((a2 - a1)) -v i1=$((b2 - b1)) -v dr=$((c2 - c1)) \
             -v dw=$((d2 - d1)) -v ll=$((e2 - e1 + f2 - f1 + g2 - g1)) -v b="$b" -v c="$c" \
             -v r="$n1 / $n2" 'BEGIN {
@@ -111,6 +120,15 @@ for c in $CONFS; do
         echo "$n1 $n2" >"$WORK/n.$b.$c"
     done
 done
+case $SIM in *--branch-sim=yes*)
+    echo
+    echo "Mispredicted branches per request (valgrind's simple predictor):"
+    echo
+    echo "| binary | conf | conditional | indirect |"
+    echo "| --- | --- | ---: | ---: |"
+    cat "$WORK/branches"
+    ;;
+esac
 
 # Per function: (long - short) / requests, full minus plain, this binary.
 if [ "$FUNCS" -gt 0 ] && [ -f "$WORK/n.this.full" ] && [ -f "$WORK/n.this.plain" ]; then
