@@ -40,24 +40,31 @@ def prompts_seen(mock):
     return [r["json"]["messages"][-1]["content"] for r in mock.requests() if r.get("json")]
 
 
+def queue_one(sluice_factory, redis_server, redis_url, timeout, prompt, backoff, circuit=None):
+    """sluice with the Redis queue at redis_url and its model server down
+    all along; one request queued (its id returned with sluice), acc 1."""
+    port = helpers.free_port()
+    q = {"enabled": True, "store": "redis", "backoff": backoff[0], "backoff_max": backoff[1],
+         "lease": "2s", "max_attempts": 20}
+    over = fh.chain(queue=q, circuit=circuit)
+    over["redis"] = {"url": redis_url, "timeout": timeout}
+    s = sluice_factory(overrides=over, upstream="http://127.0.0.1:%d" % port)
+    r = s.chat(prompt)
+    rid = r.header("X-Sluice-Request-Id")
+    assert fh.is_template(r) and rid
+    assert acc(redis_server) == 1
+    return s, rid, port
+
+
 @pytest.mark.timeout(60)
 def test_accept_after_the_deadline_stores_nothing(sluice_factory, mock_factory, tmp_path,
                                                   redis_server):
-    port = helpers.free_port()  # the model server: down until the end
-    q = {"enabled": True, "store": "redis", "backoff": "100ms", "backoff_max": "200ms",
-         "lease": "2s", "max_attempts": 20}
-    # Resends to the absent model server open its breaker (5 failures; more
-    # rounds of backoff fit in the pause on a loaded machine): a short
-    # cooldown lets the resend go soon after it is back.
-    over = fh.chain(queue=q, circuit={"cooldown": "200ms"})
-    over["redis"] = {"url": ph.redis_url(redis_server), "timeout": "200ms"}
-    s = sluice_factory(overrides=over, upstream="http://127.0.0.1:%d" % port)
-
-    # Before: an accept that works (and that the model server must get later).
-    r = s.chat("before the pause")
-    before = r.header("X-Sluice-Request-Id")
-    assert fh.is_template(r) and before
-    assert acc(redis_server) == 1
+    # Before: an accept that works (and that the model server, down until
+    # the end, must get later). Resends to the absent model server open its
+    # breaker (5 failures; more rounds of backoff fit in the pause on a
+    # loaded machine): a short cooldown lets the resend go soon after it is back.
+    s, before, port = queue_one(sluice_factory, redis_server, ph.redis_url(redis_server), "200ms",
+                                "before the pause", ("100ms", "200ms"), circuit={"cooldown": "200ms"})
     m0 = fh.Metrics(s)
 
     assert redis_server.cmd("CLIENT", "PAUSE", PAUSE_MS, "WRITE") == "OK"
@@ -167,18 +174,10 @@ def test_accept_lost_with_its_connection_is_taken_back(sluice_factory, tmp_path,
     earlier request. Without the table it fails (acc stays 2)."""
     relay = CuttingRelay(redis_server.port)
     try:
-        port = helpers.free_port()  # the model server: down all along
-        q = {"enabled": True, "store": "redis", "backoff": "2s", "backoff_max": "4s",
-             "lease": "2s", "max_attempts": 20}
-        over = fh.chain(queue=q)
         # The cut, not the deadline, ends the accept: a deadline long enough
         # for the relay's threads on a loaded machine.
-        over["redis"] = {"url": "redis://127.0.0.1:%d/0" % relay.port, "timeout": "2s"}
-        s = sluice_factory(overrides=over, upstream="http://127.0.0.1:%d" % port)
-        r = s.chat("before the cut")
-        before = r.header("X-Sluice-Request-Id")
-        assert fh.is_template(r) and before
-        assert acc(redis_server) == 1
+        s, before, _ = queue_one(sluice_factory, redis_server, "redis://127.0.0.1:%d/0" % relay.port,
+                                 "2s", "before the cut", ("2s", "4s"))
         m0 = fh.Metrics(s)
 
         relay.marker = b"cut with the accept"
