@@ -92,23 +92,25 @@ log: { access: "off", level: warn }
 EOF
 }
 
-# Clock ticks: the awk expression $1 over /proc/PID/stat's fields ($12 utime,
-# $13 stime), summed over the processes $2... (all their threads).
-proc_ticks() {
-    local expr=$1 p t=0 v
-    shift
+# "CPU USER": utime+stime and utime alone (user space), in clock ticks,
+# summed over the given processes (all threads), both from one read of each
+# /proc/PID/stat so that the two bracket the same interval.
+cpu_user_ticks() {
+    local p t=0 u=0 a b
     for p in "$@"; do
-        v=$(awk '{ sub(/^.*\) /, ""); printf "%d\n", '"$expr"' }' "/proc/$p/stat")
-        t=$((t + v))
+        read -r a b < <(awk '{ sub(/^.*\) /, ""); printf "%d %d\n", $12 + $13, $12 }' "/proc/$p/stat")
+        t=$((t + a))
+        u=$((u + b))
     done
-    echo "$t"
+    echo "$t $u"
 }
 
-# utime+stime: the processes' CPU; utime alone: its user-space share.
-# shellcheck disable=SC2016 # awk's fields, not the shell's
-cpu_ticks() { proc_ticks '$12 + $13' "$@"; }
-# shellcheck disable=SC2016
-user_ticks() { proc_ticks '$12' "$@"; }
+# utime+stime alone.
+cpu_ticks() {
+    local t u
+    read -r t u <<<"$(cpu_user_ticks "$@")"
+    echo "$t"
+}
 
 # A bench nginx's conf in $1/nginx.conf: one worker, no access log, its pid,
 # error log and temp paths inside $1, and $2 as the rest of its http block;

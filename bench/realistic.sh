@@ -202,7 +202,7 @@ EOF
 done
 
 run() { # $1 config, $2 round ("warm" = not recorded)
-    local c=$1 port pids t0 t1 out line tok="" body="" conns=$CONNS
+    local c=$1 port pids t0 t1 u0 u1 out line tok="" body="" conns=$CONNS
     port=$(port_of "$c")
     case $c in
     nginx | ngxsize*) pids=$NGX_PIDS ;;
@@ -221,16 +221,12 @@ run() { # $1 config, $2 round ("warm" = not recorded)
         ;;
     esac
     # shellcheck disable=SC2086
-    t0=$(cpu_ticks $pids)
-    # shellcheck disable=SC2086
-    u0=$(user_ticks $pids)
+    read -r t0 u0 <<<"$(cpu_user_ticks $pids)"
     out=$(BENCH_TOKEN=$tok BENCH_BODY_FILE=$body taskset -c "$LOAD_CPU" wrk -t1 -c"$conns" \
         -d"$DURATION"s --timeout 30s --latency -s "$ROOT/bench/realistic.lua" \
         "http://127.0.0.1:$port/v1/chat/completions")
     # shellcheck disable=SC2086
-    t1=$(cpu_ticks $pids)
-    # shellcheck disable=SC2086
-    u1=$(user_ticks $pids)
+    read -r t1 u1 <<<"$(cpu_user_ticks $pids)"
     line=$(grep '^BENCH ' <<<"$out") || { echo "$out" >&2; exit 1; }
     if ! grep -q 'errors=0 non2xx=0' <<<"$line"; then
         echo "bench: $c had errors or non-2xx answers: $line" >&2
