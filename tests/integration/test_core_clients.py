@@ -41,7 +41,10 @@ def openai_node(node):
 
 def evidence(sluice, mock):
     """What sluice and the mock saw, for a failure's message: sluice's error
-    log and access log, the mock's requests (events sent, when it closed)."""
+    log and access log, the mock's requests (events sent, when it closed);
+    "" without a mock."""
+    if mock is None:
+        return ""
     reqs = [{k: r.get(k) for k in ("id", "path", "status", "outcome", "events_sent", "closed", "closed_by")}
             for r in mock.requests()] if mock.p.alive() else "mock gone"
     return "\nsluice stderr:\n%s\nsluice access log:\n%s\nmock requests: %r" % (
@@ -54,13 +57,11 @@ def run_node(node, sluice, mode, prompt="hello from node", mock=None):
         p = subprocess.run(argv, capture_output=True, timeout=bound(60), cwd=NODE_DIR)
     except subprocess.TimeoutExpired as e:
         out = (e.stdout or b"").decode()[-1000:]
-        pytest.fail("node did not finish in %d s; its output: %r%s" % (
-            bound(60), out, evidence(sluice, mock) if mock else ""))
-    assert p.returncode == 0, p.stderr.decode()[-3000:] + (evidence(sluice, mock) if mock else "")
+        pytest.fail("node did not finish in %d s; its output: %r%s" % (bound(60), out, evidence(sluice, mock)))
+    assert p.returncode == 0, p.stderr.decode()[-3000:] + evidence(sluice, mock)
     r = json.loads(p.stdout.decode().strip().splitlines()[-1])
     if isinstance(r, dict) and r.get("stalled"):
-        pytest.fail("the stream stalled after %d chunk(s): %r%s" % (
-            r["chunks"], r, evidence(sluice, mock) if mock else ""))
+        pytest.fail("the stream stalled after %d chunk(s): %r%s" % (r["chunks"], r, evidence(sluice, mock)))
     return r
 
 
