@@ -122,9 +122,14 @@ def test_abandoned_stream_is_499(sluice, mock):
     assert first.json()["choices"]
     c.close()
 
+    # The route's counter, the model's and the tier's are three adds in a
+    # row on the worker that ended the request: a scrape served by another
+    # worker can fall between them, so wait until all three show.
     def counted():
         s = sluice.metrics()
-        return s if s.value("sluice_requests_total", route="chat_completions", code="499") else None
+        return s if (s.value("sluice_requests_total", route="chat_completions", code="499")
+                     and s.value("sluice_model_requests_total", model=MODEL, code="499")
+                     and s.value("sluice_answer_tier_total", model=MODEL, tier="error")) else None
 
     s = wait_until(counted, bound(5), what="the abandoned request counted")
     assert s.value("sluice_requests_total", route="chat_completions", code="499") == 1
