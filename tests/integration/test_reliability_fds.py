@@ -66,7 +66,7 @@ def test_admin_answers_and_breaker_stays_closed_when_out_of_fds(sluice_factory, 
         {"workers": 1, "upstreams": {"main": {"timeouts": {"first_byte": "20s"}}}},
         upstream=mock,
     )
-    mock.set_default({"stall_first_byte": 3})
+    mock.set_default({"stall_first_byte": bound(3)})
     _limit_fds(s, 20)
     results = []
     lock = threading.Lock()
@@ -84,17 +84,30 @@ def test_admin_answers_and_breaker_stays_closed_when_out_of_fds(sluice_factory, 
         with lock:
             results.append(st)
 
-    threads = [threading.Thread(target=one) for _ in range(30)]
-    for t in threads:
-        t.start()
+    # Five busy requests first, one at a time, each at the mock before the
+    # next: each holds a client and an upstream descriptor, and none of them
+    # can be shed. (Thirty at once made this a race: on a slow machine the
+    # flood's accepts could take every descriptor before any request had its
+    # upstream socket, and fewer than five ever reached the mock.)
+    threads = []
     try:
-        # busy requests hold a client and an upstream descriptor each; none
-        # of them can be shed
-        wait_until(lambda: len(mock.requests()) >= 5, timeout=bound(5), what="busy requests")
-        t0 = time.monotonic()
-        h = s.admin("GET", "/healthz", timeout=bound(2))
-        assert h.status == 200
-        assert time.monotonic() - t0 < bound(1.5)
+        for i in range(5):
+            threads.append(threading.Thread(target=one))
+            threads[-1].start()
+            wait_until(lambda: len(mock.requests()) > i, timeout=bound(5),
+                       what="busy request %d at the mock" % (i + 1))
+        # then the flood, until the descriptors have run out
+        for _ in range(25):
+            threads.append(threading.Thread(target=one))
+            threads[-1].start()
+        wait_until(lambda: "no socket" in s.stderr_text() or _accept_warnings(s),
+                   timeout=bound(5), what="sluice out of descriptors")
+        # while the flood goes on, each probe a new admin connection
+        for _ in range(5):
+            t0 = time.monotonic()
+            h = s.admin("GET", "/healthz", timeout=bound(2))
+            assert h.status == 200
+            assert time.monotonic() - t0 < bound(1.5)
     finally:
         for t in threads:
             t.join(bound(30))
