@@ -159,7 +159,6 @@ static gw_conn_t *gw_conn_attach(gw_worker_t *w, gw_conn_t *c, struct buffereven
     bufferevent_set_timeouts(c->bev, NULL, &wtv);
     bufferevent_enable(c->bev, EV_READ | EV_WRITE);
     gw_wio_init(&c->wio, w, c->bev, direct, gw_conn_drained, gw_conn_failed, c);
-    gw_wio_set_read_mark(&c->wio, GW_CONN_READ_HWM);
     if (direct && !ssl) /* a plain socket: read without libevent's FIONREAD (wio.c) */
         (void)gw_wio_read_own(&c->wio);
     if (ssl && gw_wio_tls_own(&c->wio, ssl) != 0) {
@@ -171,6 +170,9 @@ static gw_conn_t *gw_conn_attach(gw_worker_t *w, gw_conn_t *c, struct buffereven
         free(c);
         return NULL;
     }
+    /* Once the reader is chosen: with ours, libevent's mark (a callback on
+     * the input) is never created (gw_wio_set_read_mark says why). */
+    gw_wio_set_read_mark(&c->wio, GW_CONN_READ_HWM);
     TAILQ_INSERT_TAIL(&w->conns, c, link);
     w->nconns++;
     sl_gauge_add(gw_m.conns_active, 1);

@@ -66,7 +66,10 @@ int gw_wio_read_own(gw_wio_t *io);
 /* The read high-watermark (0: none), in place of bufferevent_setwatermark
  * (EV_READ): reads stop while the input holds that much. With our read
  * event it is kept here and libevent's own mark is set only while the
- * input is at it (wio.c, "The read mark"); otherwise it is libevent's. */
+ * input is at it (wio.c, "The read mark"); otherwise it is libevent's.
+ * Set it after gw_wio_read_own / gw_wio_tls_own: libevent's mark, once
+ * set, leaves a callback entry on the input buffer for the bufferevent's
+ * life, walked on every add and drain even while disabled. */
 void gw_wio_set_read_mark(gw_wio_t *io, size_t high);
 
 /* TLS on a plain-socket bufferevent, by us (wio.c says why): SSL_read

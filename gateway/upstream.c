@@ -311,7 +311,6 @@ gw_upconn_t *gw_upstream_get(gw_worker_t *w, gw_srv_rt_t *srv, bool allow_reuse)
     }
     bufferevent_setcb(u->bev, gw_up_readcb, gw_up_writecb, gw_up_eventcb, u);
     gw_wio_init(&u->wio, w, u->bev, false, gw_up_drained, gw_up_failed, u);
-    gw_wio_set_read_mark(&u->wio, 64 * 1024);
     if (bufferevent_socket_connect(u->bev, (struct sockaddr *)&srv->addr, (int)srv->addrlen) != 0) {
         int err = errno;
         if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
@@ -333,6 +332,8 @@ gw_upconn_t *gw_upstream_get(gw_worker_t *w, gw_srv_rt_t *srv, bool allow_reuse)
          * setting the socket reassigned the read event */
         (void)gw_wio_read_own(&u->wio);
     }
+    /* after the reader is chosen (gw_wio_set_read_mark says why) */
+    gw_wio_set_read_mark(&u->wio, 64 * 1024);
     bufferevent_enable(u->bev, EV_READ | EV_WRITE);
     sl_counter_add(srv->m_conn_new, 1);
     return u;
