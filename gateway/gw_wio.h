@@ -27,6 +27,8 @@ struct gw_wio {
     bool rd_wants_wr;             /* an SSL_read (or the handshake) waits to write */
     bool own_read;                /* our read event (gw_wio_read_own, gw_wio_tls_own) */
     size_t read_high;             /* the read high-watermark (gw_wio_set_read_mark) */
+    size_t lev_high;              /* libevent's read mark as we last set it (0: off) */
+    evutil_socket_t fd;           /* the socket, while own_read */
     bool early;                   /* gw_wio_write_now wrote everything: drained at the flush */
     int werr;                     /* gw_wio_write_now's write failed: errno, failed at the flush */
     void (*drained)(void *owner); /* everything was written */

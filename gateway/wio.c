@@ -113,47 +113,54 @@ static void gw_wio_outcb(struct evbuffer *buf, const struct evbuffer_cb_info *in
 
 /* ---- the read mark (see the top) ---------------------------------------------- */
 
-/* libevent's mark on (suspending reading) only while the input is at ours. */
-static void gw_wio_mark_sync(gw_wio_t *io)
+/* libevent's mark on (suspending reading) only while the input, len
+ * bytes, is at ours. io->lev_high is what we last set libevent's to, so
+ * no read asks libevent for it (bufferevent_getwatermark). */
+static void gw_wio_mark_sync_len(gw_wio_t *io, size_t len)
 {
     struct bufferevent *bev = io->bev;
-    size_t low = 0, high = 0;
-    bufferevent_getwatermark(bev, EV_READ, &low, &high);
-    if (io->read_high && evbuffer_get_length(bufferevent_get_input(bev)) >= io->read_high)
+    if (io->read_high && len >= io->read_high) {
         bufferevent_setwatermark(bev, EV_READ, 0, io->read_high); /* suspends */
-    else if (high)
+        io->lev_high = io->read_high;
+    } else if (io->lev_high) {
         bufferevent_setwatermark(bev, EV_READ, 0, 0); /* its callback off */
+        io->lev_high = 0;
+    }
 }
 
-/* What the next read may take (SIZE_MAX: no mark); 0 at the mark, with
- * reading suspended. */
-static size_t gw_wio_read_room(gw_wio_t *io)
+static void gw_wio_mark_sync(gw_wio_t *io)
+{
+    gw_wio_mark_sync_len(io, evbuffer_get_length(bufferevent_get_input(io->bev)));
+}
+
+/* What the next read may take into the input, len bytes (SIZE_MAX: no
+ * mark); 0 at the mark, with reading suspended. */
+static size_t gw_wio_read_room(gw_wio_t *io, size_t len)
 {
     if (!io->read_high)
         return SIZE_MAX;
-    size_t len = evbuffer_get_length(bufferevent_get_input(io->bev));
-    size_t low = 0, high = 0;
-    bufferevent_getwatermark(io->bev, EV_READ, &low, &high);
-    if (len >= io->read_high || high) /* at the mark, or just below it again */
-        gw_wio_mark_sync(io);
+    if (len >= io->read_high || io->lev_high) /* at the mark, or just below it again */
+        gw_wio_mark_sync_len(io, len);
     return len >= io->read_high ? 0 : io->read_high - len;
 }
 
-/* After a read: at the mark, reading stops now (as libevent's own mark
- * would have stopped it in the commit). */
-static void gw_wio_read_done(gw_wio_t *io)
+/* After a read, the input len bytes: at the mark, reading stops now (as
+ * libevent's own mark would have stopped it in the commit). */
+static void gw_wio_read_done(gw_wio_t *io, size_t len)
 {
-    if (io->read_high && evbuffer_get_length(bufferevent_get_input(io->bev)) >= io->read_high)
-        gw_wio_mark_sync(io);
+    if (io->read_high && len >= io->read_high)
+        gw_wio_mark_sync_len(io, len);
 }
 
 void gw_wio_set_read_mark(gw_wio_t *io, size_t high)
 {
     io->read_high = high;
-    if (io->own_read)
+    if (io->own_read) {
         gw_wio_mark_sync(io);
-    else
+    } else {
         bufferevent_setwatermark(io->bev, EV_READ, 0, high);
+        io->lev_high = high;
+    }
 }
 
 void gw_wio_init(gw_wio_t *io, gw_worker_t *w, struct bufferevent *bev, bool direct,
@@ -341,7 +348,8 @@ static void gw_wio_tls_readcb(evutil_socket_t fd, short what, void *arg)
         if (!SSL_has_pending(io->ssl))
             goto done; /* the request comes with the next wake-up */
     }
-    if (gw_wio_read_room(io) == 0)
+    size_t len0 = evbuffer_get_length(in);
+    if (gw_wio_read_room(io, len0) == 0)
         goto done; /* at the mark (OpenSSL holds nothing: see the top): suspended */
     evbuffer_unfreeze(in, 0);
     for (;;) {
@@ -366,7 +374,7 @@ static void gw_wio_tls_readcb(evutil_socket_t fd, short what, void *arg)
     }
     evbuffer_freeze(in, 0);
     if (got > 0)
-        gw_wio_read_done(io);
+        gw_wio_read_done(io, len0 + got);
 done:
     /* io may be gone once a callback ran: only bev (referenced) after */
     if (got > 0)
@@ -439,6 +447,7 @@ int gw_wio_tls_own(gw_wio_t *io, SSL *ssl)
     io->ssl = ssl;
     io->hs = true;
     io->own_read = true;
+    io->fd = fd;
     /* event_assign needs the events neither added nor active */
     short on = bufferevent_get_enabled(bev);
     if (on)
@@ -452,6 +461,12 @@ int gw_wio_tls_own(gw_wio_t *io, SSL *ssl)
     if (on)
         bufferevent_enable(bev, on);
     return 0;
+}
+
+/* The socket: ours (read_own, tls_own) is the one libevent reads. */
+static evutil_socket_t gw_wio_fd(const gw_wio_t *io)
+{
+    return io->own_read ? io->fd : bufferevent_getfd(io->bev);
 }
 
 static void gw_wio_flush(gw_wio_t *io)
@@ -488,7 +503,7 @@ static void gw_wio_flush(gw_wio_t *io)
         /* A bufferevent keeps the front of its output frozen (only it
          * drains it); thaw it for our write, as it does for its own. */
         evbuffer_unfreeze(out, 1);
-        n = evbuffer_write(out, bufferevent_getfd(io->bev));
+        n = evbuffer_write(out, gw_wio_fd(io));
         evbuffer_freeze(out, 1);
     }
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
@@ -513,7 +528,7 @@ void gw_wio_write_now(gw_wio_t *io)
         return;
     struct evbuffer *out = bufferevent_get_output(io->bev);
     evbuffer_unfreeze(out, 1);
-    int n = evbuffer_write(out, bufferevent_getfd(io->bev));
+    int n = evbuffer_write(out, gw_wio_fd(io));
     evbuffer_freeze(out, 1);
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
         io->werr = errno ? errno : EIO;
@@ -555,7 +570,8 @@ static ssize_t gw_wio_read_once(gw_wio_t *io, evutil_socket_t fd, int *err)
 {
     struct bufferevent *bev = io->bev;
     struct evbuffer *in = bufferevent_get_input(bev);
-    size_t want = gw_wio_read_room(io);
+    size_t len0 = evbuffer_get_length(in);
+    size_t want = gw_wio_read_room(io, len0);
     if (want == 0)
         return -2; /* at the mark: suspended until the input drains */
     want = SL_MIN(want, (size_t)GW_WIO_READ);
@@ -599,7 +615,7 @@ static ssize_t gw_wio_read_once(gw_wio_t *io, evutil_socket_t fd, int *err)
     }
     evbuffer_freeze(in, 0);
     if (n > 0)
-        gw_wio_read_done(io);
+        gw_wio_read_done(io, len0 + (size_t)n);
     return n;
 }
 
@@ -609,7 +625,9 @@ static void gw_wio_readcb(evutil_socket_t fd, short what, void *arg)
     struct bufferevent *bev = io->bev;
     short ev = BEV_EVENT_READING;
     int err = 0;
-    bufferevent_incref(bev); /* the callbacks may free it: freed on our way out */
+    /* No reference of our own: bev is touched after a callback ran only
+     * inside bufferevent_trigger and _trigger_event, which hold one (and a
+     * worker frees connections at its next safe point anyway). */
     if (what == EV_TIMEOUT) {
         /* only a bare timeout: with EV_READ a read came in time */
         ev |= BEV_EVENT_TIMEOUT;
@@ -630,7 +648,6 @@ static void gw_wio_readcb(evutil_socket_t fd, short what, void *arg)
         errno = err; /* the event callback may ask for the socket's error */
         bufferevent_trigger_event(bev, ev, 0);
     }
-    bufferevent_decref(bev);
 }
 
 int gw_wio_read_own(gw_wio_t *io)
@@ -646,6 +663,7 @@ int gw_wio_read_own(gw_wio_t *io)
     event_assign(&bev->ev_read, bufferevent_get_base(bev), fd, EV_READ | EV_PERSIST | EV_FINALIZE,
                  gw_wio_readcb, io);
     io->own_read = true;
+    io->fd = fd;
     gw_wio_mark_sync(io); /* the mark moves from libevent's to ours */
     if (on)
         bufferevent_enable(bev, EV_READ);
