@@ -862,7 +862,10 @@ void gw_conn_req_done(gw_conn_t *c)
     }
     c->phase = GW_PHASE_IDLE;
     gw_http_parser_reset(c->parser);
-    bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
+    if (c->out_watched) { /* the relay's backpressure watch (gw_h1_watch) */
+        bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
+        c->out_watched = false;
+    }
     gw_conn_arm_at(c, c->w->rt->conf->limits.keepalive_timeout_ms, now_ms);
     if (!(bufferevent_get_enabled(c->bev) & EV_READ))
         bufferevent_enable(c->bev, EV_READ); /* stopped at the mark (gw_conn_readcb) */
@@ -1096,6 +1099,7 @@ static size_t gw_h1_pending(const gw_conn_t *c)
 static void gw_h1_watch(gw_conn_t *c, size_t low)
 {
     bufferevent_setwatermark(c->bev, EV_WRITE, low, 0);
+    c->out_watched = low != 0;
 }
 
 static void gw_h1_write_now(gw_conn_t *c)

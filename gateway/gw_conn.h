@@ -67,6 +67,7 @@ struct gw_conn {
     bool close_after; /* Connection: close after this response */
     bool linger;      /* request bytes may be unread: lingering close (conn.c) */
     bool lingering;   /* write side shut, draining input until EOF or deadline */
+    bool out_watched; /* gw_h1_watch set a write low-watermark: reset at the request's end */
     size_t linger_bytes;
     size_t head_mark; /* output length when the current head began (HTTP/1.1) */
     /* HTTP/2 (h2.c): the connection itself, after ALPN or the preface... */

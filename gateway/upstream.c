@@ -339,10 +339,22 @@ gw_upconn_t *gw_upstream_get(gw_worker_t *w, gw_srv_rt_t *srv, bool allow_reuse)
     return u;
 }
 
+/* bufferevent_enable, unless our read event (gw_wio_read_own: a plain
+ * socket, no read timeout) already has what: then it would only re-add a
+ * pending event with no timeout, an event_add that changes nothing. A
+ * kept connection is enabled when it goes idle and again when it is
+ * taken, so that is most requests. */
+static void gw_up_enable(gw_upconn_t *u, short what)
+{
+    if (u->wio.own_read && (bufferevent_get_enabled(u->bev) & what) == what)
+        return;
+    bufferevent_enable(u->bev, what);
+}
+
 void gw_upstream_arm(gw_upconn_t *u)
 {
     /* A direct writer needs no EV_WRITE (arming it costs an epoll_ctl). */
-    bufferevent_enable(u->bev, u->wio.direct ? EV_READ : EV_READ | EV_WRITE);
+    gw_up_enable(u, u->wio.direct ? EV_READ : EV_READ | EV_WRITE);
 }
 
 void gw_upstream_release(gw_upconn_t *u, bool reusable)
@@ -366,7 +378,7 @@ void gw_upstream_release(gw_upconn_t *u, bool reusable)
     u->idle_since_ms = sl_now_ms();
     TAILQ_INSERT_HEAD(&ws->idle, u, link); /* LIFO: the warmest connection first */
     gw_idle_count(ws, srv, 1);
-    bufferevent_enable(u->bev, EV_READ);
+    gw_up_enable(u, EV_READ); /* a close or stray bytes while idle are seen */
 }
 
 void gw_upstream_tick(gw_worker_t *w, int64_t now_ms)
