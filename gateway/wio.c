@@ -97,9 +97,13 @@ static _Thread_local char gw_wio_scratch[GW_WIO_READ];
 
 static void gw_wio_queue(gw_wio_t *io)
 {
+    /* A list that holds something has its flush active or running (the
+     * flush empties it before it returns): only the first one activates. */
+    bool first = TAILQ_EMPTY(&io->w->flushq);
     io->queued = true;
     TAILQ_INSERT_TAIL(&io->w->flushq, io, link);
-    event_active(io->w->flush_ev, EV_TIMEOUT, 0);
+    if (first)
+        event_active(io->w->flush_ev, EV_TIMEOUT, 0);
 }
 
 static void gw_wio_outcb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
