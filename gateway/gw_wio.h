@@ -60,6 +60,9 @@ void gw_wio_flush_cb(evutil_socket_t fd, short what, void *arg);
  * why) instead of libevent's; everything else about reading (enable and
  * disable, the read timeout, EOF and errors to the event callback) stays
  * the bufferevent's, and the read high-watermark is gw_wio_set_read_mark's.
+ * The bufferevent must not defer its callbacks (BEV_OPT_DEFER_CALLBACKS):
+ * the read callback is run directly after a read with a read low-watermark
+ * of 0.
  * Call after gw_wio_init, once the socket is set (after
  * bufferevent_socket_connect: setting the fd reassigns the event). 0, or
  * -1 when the bufferevent has no socket (it keeps libevent's read). */

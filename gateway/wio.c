@@ -629,17 +629,24 @@ static void gw_wio_readcb(evutil_socket_t fd, short what, void *arg)
     struct bufferevent *bev = io->bev;
     short ev = BEV_EVENT_READING;
     int err = 0;
-    /* No reference of our own: bev is touched after a callback ran only
-     * inside bufferevent_trigger and _trigger_event, which hold one (and a
-     * worker frees connections at its next safe point anyway). */
+    /* No reference of our own: nothing touches bev or io after the read
+     * callback, and _trigger_event holds its own (a callback that frees
+     * the bufferevent leaves it to libevent's finalizer, which runs after
+     * us; the gateway frees connections at its next safe point anyway). */
     if (what == EV_TIMEOUT) {
         /* only a bare timeout: with EV_READ a read came in time */
         ev |= BEV_EVENT_TIMEOUT;
     } else {
         ssize_t n = gw_wio_read_once(io, fd, &err);
         if (n > 0) {
-            /* the read callback, if the low watermark is met */
-            bufferevent_trigger(bev, EV_READ, 0);
+            /* The read callback. bufferevent_trigger(EV_READ) would take a
+             * reference, compare the input with the low watermark (ours are
+             * 0) and check for deferred callbacks (a socket read by us has
+             * none: gw_wio_read_own): ~100 instructions a read for a call. */
+            if (bev->wm_read.low == 0 && bev->readcb)
+                bev->readcb(bev, bev->cbarg);
+            else
+                bufferevent_trigger(bev, EV_READ, 0);
             ev = 0;
         } else if (n == -2 || (n < 0 && (err == EAGAIN || err == EWOULDBLOCK || err == EINTR))) {
             ev = 0; /* woken for nothing, or at the mark: wait */

@@ -354,8 +354,9 @@ static void test_disable_enable(void **state)
     free(src);
 }
 
-/* Freed inside its read callback: our callback holds a reference until it
- * returns (ASan would see a use after free otherwise). */
+/* Freed inside its read callback: nothing touches it after the callback,
+ * and libevent's finalizer frees it only once our event callback returned
+ * (ASan would see a use after free otherwise). */
 static void test_free_in_callback(void **state)
 {
     fx_t *f = *state;
