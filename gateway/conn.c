@@ -956,14 +956,14 @@ void gw_conn_out_drained(gw_conn_t *c)
 
 /* ---- the output interface ---------------------------------------------------- */
 
-struct evbuffer *gw_out_head_begin(gw_req_t *r, int status)
+void gw_out_head_begin(gw_req_t *r, int status, gw_sb_t *b)
 {
-    return r->c->out->head_begin(r->c, r, status);
+    r->c->out->head_begin(r->c, r, status, b);
 }
 
-void gw_out_head_end(gw_req_t *r, struct evbuffer *hb, int64_t length)
+void gw_out_head_end(gw_req_t *r, gw_sb_t *b, int64_t length)
 {
-    r->bytes_out += r->c->out->head_end(r->c, r, hb, length);
+    r->bytes_out += r->c->out->head_end(r->c, r, b, length);
     r->head_sent = true;
 }
 
@@ -1001,51 +1001,42 @@ void gw_out_write_now(gw_req_t *r)
 /* HTTP/1.1: straight into the connection's output buffer (wio.c writes it
  * at the end of the loop turn). The head's status line is written by
  * _begin, the caller's lines follow, _end adds the framing. */
-static struct evbuffer *gw_h1_head_begin(gw_conn_t *c, gw_req_t *r, int status)
+static void gw_h1_head_begin(gw_conn_t *c, gw_req_t *r, int status, gw_sb_t *b)
 {
+    (void)c;
     (void)r;
-    struct evbuffer *out = bufferevent_get_output(c->bev);
-    c->head_mark = evbuffer_get_length(out);
-    char line[64];
-    gw_sb_t b;
-    gw_sb_init(&b, line, sizeof(line));
-    gw_sb_lit(&b, "HTTP/1.1 ");
-    gw_sb_u64(&b, (uint64_t)status);
-    gw_sb_lit(&b, " ");
-    gw_sb_str(&b, gw_http_status_text(status));
-    gw_sb_lit(&b, "\r\n");
-    gw_sb_flush(&b, out);
-    return out;
+    gw_sb_lit(b, "HTTP/1.1 ");
+    gw_sb_u64(b, (uint64_t)status);
+    gw_sb_lit(b, " ");
+    gw_sb_str(b, gw_http_status_text(status));
+    gw_sb_lit(b, "\r\n");
 }
 
-static size_t gw_h1_head_end(gw_conn_t *c, gw_req_t *r, struct evbuffer *out, int64_t length)
+/* The status line, the caller's lines and these in one evbuffer_add. */
+static size_t gw_h1_head_end(gw_conn_t *c, gw_req_t *r, gw_sb_t *b, int64_t length)
 {
     if (c->w->draining)
         c->close_after = true;
-    char stack[160];
-    gw_sb_t b;
-    gw_sb_init(&b, stack, sizeof(stack));
     if (length >= 0) {
-        gw_sb_lit(&b, "Content-Length: ");
-        gw_sb_u64(&b, (uint64_t)length);
-        gw_sb_lit(&b, "\r\n");
+        gw_sb_lit(b, "Content-Length: ");
+        gw_sb_u64(b, (uint64_t)length);
+        gw_sb_lit(b, "\r\n");
     } else if (length == -1) {
         const gw_http_msg_t *cm = gw_http_msg(c->parser);
         if (cm && cm->http_minor >= 1) {
-            gw_sb_lit(&b, "Transfer-Encoding: chunked\r\n");
+            gw_sb_lit(b, "Transfer-Encoding: chunked\r\n");
             r->chunked_out = true;
         } else {
             c->close_after = true; /* HTTP/1.0: the close ends the body */
         }
     }
     if (c->close_after)
-        gw_sb_lit(&b, "Connection: close\r\n");
+        gw_sb_lit(b, "Connection: close\r\n");
     size_t dl;
     const char *date = gw_date_header(&dl);
-    gw_sb_add(&b, date, dl);
-    gw_sb_lit(&b, "\r\n");
-    gw_sb_flush(&b, out);
-    size_t n = evbuffer_get_length(out) - c->head_mark;
+    gw_sb_add(b, date, dl);
+    gw_sb_lit(b, "\r\n");
+    size_t n = gw_sb_flush(b, bufferevent_get_output(c->bev));
     sl_counter_add(gw_m.bytes_client_out, n);
     return n;
 }

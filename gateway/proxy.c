@@ -398,10 +398,10 @@ static void gw_proxy_write_head(gw_req_t *r, const gw_http_msg_t *m, int64_t len
         .name = "Content-Type", .value = "text/event-stream", .name_len = 12, .value_len = 17};
     const gw_http_header_t *ct = m ? gw_http_header_get(m, GW_HN_CONTENT_TYPE) : &sse_ct;
     int status = m ? m->status : 200;
-    struct evbuffer *out = gw_out_head_begin(r, status);
     char stack[4096];
     gw_sb_t b;
     gw_sb_init(&b, stack, sizeof(stack));
+    gw_out_head_begin(r, status, &b);
     if (r->att.resp_sse) {
         gw_sb_header(&b, "Content-Type", 12, ct->value, ct->value_len);
         gw_sb_lit(&b, "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n");
@@ -426,9 +426,8 @@ static void gw_proxy_write_head(gw_req_t *r, const gw_http_msg_t *m, int64_t len
             continue;
         gw_sb_header(&b, h->name, h->name_len, h->value, h->value_len);
     }
-    gw_sb_flush(&b, out);
-    gw_hooks_headers(r, out);
-    gw_out_head_end(r, out, length);
+    gw_hooks_headers(r, &b);
+    gw_out_head_end(r, &b, length); /* the whole head in one add (HTTP/1.1) */
     r->ctype = r->att.resp_sse ? "text/event-stream" : "application/json";
 }
 
@@ -650,16 +649,14 @@ void gw_proxy_local_body(gw_req_t *r, json_t *body)
         snprintf(extra, sizeof(extra), "X-Sluice-Fallback: %s\r\n", r->fallback);
     else if (r->routed_local)
         snprintf(extra, sizeof(extra), "X-Sluice-Route: local\r\n");
-    struct evbuffer *hdrs = evbuffer_new();
-    if (hdrs) {
-        evbuffer_add(hdrs, extra, strlen(extra));
-        gw_hooks_headers(r, hdrs);
-        evbuffer_add(hdrs, "", 1);
-    }
-    gw_respond_body(r, 200, "application/json", s, strlen(s),
-                    hdrs ? (const char *)evbuffer_pullup(hdrs, -1) : extra);
-    if (hdrs)
-        evbuffer_free(hdrs);
+    char stack[512];
+    gw_sb_t hdrs;
+    gw_sb_init(&hdrs, stack, sizeof(stack));
+    gw_sb_str(&hdrs, extra);
+    gw_hooks_headers(r, &hdrs);
+    gw_sb_add(&hdrs, "", 1);
+    gw_respond_body(r, 200, "application/json", s, strlen(s), hdrs.oom ? extra : hdrs.p);
+    gw_sb_reset(&hdrs);
     free(s);
 }
 
