@@ -36,7 +36,9 @@
  * the high-watermark suspension (libevent's own input-buffer callback, run
  * by our commit), the read timeout and the deferred free work as before;
  * EOF, errors and the timeout end as in libevent's bufferevent_readcb:
- * reading disabled, then the event callback with BEV_EVENT_READING.
+ * reading disabled, then the event callback with BEV_EVENT_READING. Bytes
+ * read go to the bufferevent's read callback directly (its low-watermark
+ * is 0 and it defers nothing), not through bufferevent_trigger.
  *
  * The read mark (gw_wio_set_read_mark): libevent keeps a read high-
  * watermark as a callback on the input buffer that runs on every add and
@@ -46,7 +48,10 @@
  * request). With our read event the mark is kept in gw_wio_t: each read
  * takes at most what it leaves, and libevent's mark is set only when the
  * input reaches it (libevent then suspends reading, and resumes it once
- * the input drains below) and cleared by the next read below it.
+ * the input drains below) and cleared by the next read below it. It is
+ * set after the reader is chosen: libevent's mark, once set, leaves its
+ * callback entry on the input buffer for good, walked on every add and
+ * drain even while disabled.
  *
  * Client TLS (gw_wio_tls_own): libevent's bufferevent_openssl layers its
  * own evbuffers, 4 KiB reads, deferred callbacks and a BIO round trip over
