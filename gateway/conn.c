@@ -159,7 +159,6 @@ static gw_conn_t *gw_conn_attach(gw_worker_t *w, gw_conn_t *c, struct buffereven
     bufferevent_set_timeouts(c->bev, NULL, &wtv);
     bufferevent_enable(c->bev, EV_READ | EV_WRITE);
     gw_wio_init(&c->wio, w, c->bev, direct, gw_conn_drained, gw_conn_failed, c);
-    gw_wio_set_read_mark(&c->wio, GW_CONN_READ_HWM);
     if (direct && !ssl) /* a plain socket: read without libevent's FIONREAD (wio.c) */
         (void)gw_wio_read_own(&c->wio);
     if (ssl && gw_wio_tls_own(&c->wio, ssl) != 0) {
@@ -171,6 +170,9 @@ static gw_conn_t *gw_conn_attach(gw_worker_t *w, gw_conn_t *c, struct buffereven
         free(c);
         return NULL;
     }
+    /* Once the reader is chosen: with ours, libevent's mark (a callback on
+     * the input) is never created (gw_wio_set_read_mark says why). */
+    gw_wio_set_read_mark(&c->wio, GW_CONN_READ_HWM);
     TAILQ_INSERT_TAIL(&w->conns, c, link);
     w->nconns++;
     sl_gauge_add(gw_m.conns_active, 1);
@@ -227,8 +229,11 @@ static void gw_req_cache_put(gw_worker_t *w, gw_req_t *r)
         return;
     }
     evbuffer_drain(r->body, evbuffer_get_length(r->body));
-    if (r->resp_body)
-        evbuffer_drain(r->resp_body, evbuffer_get_length(r->resp_body));
+    /* mostly empty already (moved to the client: gw_out_data_buffer); a
+     * drain of nothing still runs the buffer's callbacks */
+    size_t held = r->resp_body ? evbuffer_get_length(r->resp_body) : 0;
+    if (held)
+        evbuffer_drain(r->resp_body, held);
     if (r->att.up_timer)
         evtimer_del(r->att.up_timer);
     /* The body scanner stays too (2.6 KiB and its string arena: two blocks
@@ -860,7 +865,10 @@ void gw_conn_req_done(gw_conn_t *c)
     }
     c->phase = GW_PHASE_IDLE;
     gw_http_parser_reset(c->parser);
-    bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
+    if (c->out_watched) { /* the relay's backpressure watch (gw_h1_watch) */
+        bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
+        c->out_watched = false;
+    }
     gw_conn_arm_at(c, c->w->rt->conf->limits.keepalive_timeout_ms, now_ms);
     if (!(bufferevent_get_enabled(c->bev) & EV_READ))
         bufferevent_enable(c->bev, EV_READ); /* stopped at the mark (gw_conn_readcb) */
@@ -951,20 +959,33 @@ void gw_conn_out_drained(gw_conn_t *c)
 
 /* ---- the output interface ---------------------------------------------------- */
 
-struct evbuffer *gw_out_head_begin(gw_req_t *r, int status)
+void gw_out_head_begin(gw_req_t *r, int status, gw_sb_t *b)
 {
-    return r->c->out->head_begin(r->c, r, status);
+    r->c->out->head_begin(r->c, r, status, b);
 }
 
-void gw_out_head_end(gw_req_t *r, struct evbuffer *hb, int64_t length)
+void gw_out_head_end(gw_req_t *r, gw_sb_t *b, int64_t length)
 {
-    r->bytes_out += r->c->out->head_end(r->c, r, hb, length);
+    r->bytes_out += r->c->out->head_end(r->c, r, b, length);
     r->head_sent = true;
 }
 
 void gw_out_data(gw_req_t *r, const void *p, size_t n)
 {
     r->bytes_out += r->c->out->data(r->c, r, p, n);
+}
+
+void gw_out_data_buffer(gw_req_t *r, struct evbuffer *buf)
+{
+    ssize_t n = r->c->out->data_buffer ? r->c->out->data_buffer(r->c, r, buf) : -1;
+    if (n >= 0) {
+        r->bytes_out += (size_t)n;
+        return;
+    }
+    size_t len = evbuffer_get_length(buf);
+    if (len)
+        gw_out_data(r, evbuffer_pullup(buf, -1), len);
+    evbuffer_drain(buf, len);
 }
 
 void gw_out_end(gw_req_t *r)
@@ -996,51 +1017,42 @@ void gw_out_write_now(gw_req_t *r)
 /* HTTP/1.1: straight into the connection's output buffer (wio.c writes it
  * at the end of the loop turn). The head's status line is written by
  * _begin, the caller's lines follow, _end adds the framing. */
-static struct evbuffer *gw_h1_head_begin(gw_conn_t *c, gw_req_t *r, int status)
+static void gw_h1_head_begin(gw_conn_t *c, gw_req_t *r, int status, gw_sb_t *b)
 {
+    (void)c;
     (void)r;
-    struct evbuffer *out = bufferevent_get_output(c->bev);
-    c->head_mark = evbuffer_get_length(out);
-    char line[64];
-    gw_sb_t b;
-    gw_sb_init(&b, line, sizeof(line));
-    gw_sb_lit(&b, "HTTP/1.1 ");
-    gw_sb_u64(&b, (uint64_t)status);
-    gw_sb_lit(&b, " ");
-    gw_sb_str(&b, gw_http_status_text(status));
-    gw_sb_lit(&b, "\r\n");
-    gw_sb_flush(&b, out);
-    return out;
+    gw_sb_lit(b, "HTTP/1.1 ");
+    gw_sb_u64(b, (uint64_t)status);
+    gw_sb_lit(b, " ");
+    gw_sb_str(b, gw_http_status_text(status));
+    gw_sb_lit(b, "\r\n");
 }
 
-static size_t gw_h1_head_end(gw_conn_t *c, gw_req_t *r, struct evbuffer *out, int64_t length)
+/* The status line, the caller's lines and these in one evbuffer_add. */
+static size_t gw_h1_head_end(gw_conn_t *c, gw_req_t *r, gw_sb_t *b, int64_t length)
 {
     if (c->w->draining)
         c->close_after = true;
-    char stack[160];
-    gw_sb_t b;
-    gw_sb_init(&b, stack, sizeof(stack));
     if (length >= 0) {
-        gw_sb_lit(&b, "Content-Length: ");
-        gw_sb_u64(&b, (uint64_t)length);
-        gw_sb_lit(&b, "\r\n");
+        gw_sb_lit(b, "Content-Length: ");
+        gw_sb_u64(b, (uint64_t)length);
+        gw_sb_lit(b, "\r\n");
     } else if (length == -1) {
         const gw_http_msg_t *cm = gw_http_msg(c->parser);
         if (cm && cm->http_minor >= 1) {
-            gw_sb_lit(&b, "Transfer-Encoding: chunked\r\n");
+            gw_sb_lit(b, "Transfer-Encoding: chunked\r\n");
             r->chunked_out = true;
         } else {
             c->close_after = true; /* HTTP/1.0: the close ends the body */
         }
     }
     if (c->close_after)
-        gw_sb_lit(&b, "Connection: close\r\n");
+        gw_sb_lit(b, "Connection: close\r\n");
     size_t dl;
     const char *date = gw_date_header(&dl);
-    gw_sb_add(&b, date, dl);
-    gw_sb_lit(&b, "\r\n");
-    gw_sb_flush(&b, out);
-    size_t n = evbuffer_get_length(out) - c->head_mark;
+    gw_sb_add(b, date, dl);
+    gw_sb_lit(b, "\r\n");
+    size_t n = gw_sb_flush(b, bufferevent_get_output(c->bev));
     sl_counter_add(gw_m.bytes_client_out, n);
     return n;
 }
@@ -1072,6 +1084,17 @@ static size_t gw_h1_data(gw_conn_t *c, gw_req_t *r, const void *p, size_t n)
     return n;
 }
 
+/* A body of known length: buf's chains become the output's (one
+ * evbuffer_add_buffer, no copy, no drain of buf). */
+static ssize_t gw_h1_data_buffer(gw_conn_t *c, gw_req_t *r, struct evbuffer *buf)
+{
+    size_t n = evbuffer_get_length(buf);
+    if (r->chunked_out || evbuffer_add_buffer(bufferevent_get_output(c->bev), buf) != 0)
+        return -1;
+    sl_counter_add(gw_m.bytes_client_out, n);
+    return (ssize_t)n;
+}
+
 static size_t gw_h1_end(gw_conn_t *c, gw_req_t *r)
 {
     if (!r->chunked_out)
@@ -1094,6 +1117,7 @@ static size_t gw_h1_pending(const gw_conn_t *c)
 static void gw_h1_watch(gw_conn_t *c, size_t low)
 {
     bufferevent_setwatermark(c->bev, EV_WRITE, low, 0);
+    c->out_watched = low != 0;
 }
 
 static void gw_h1_write_now(gw_conn_t *c)
@@ -1110,4 +1134,5 @@ static const gw_out_ops_t gw_out_h1 = {
     .pending = gw_h1_pending,
     .watch = gw_h1_watch,
     .write_now = gw_h1_write_now,
+    .data_buffer = gw_h1_data_buffer,
 };

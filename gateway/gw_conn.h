@@ -16,6 +16,7 @@
 #include "gateway/gw_types.h"
 #include "gateway/gw_wio.h"
 #include "gateway/http1.h"
+#include "gateway/sb.h"
 
 /* The answer's way out: how a request writes its client's answer, whatever
  * the framing. conn.c implements it for HTTP/1.1 (a status line, header
@@ -24,12 +25,17 @@
  * body read from the stream's own buffer). Callers use the gw_out_*
  * wrappers below, which keep r's counters. */
 typedef struct gw_out_ops {
-    /* Starts the head: returns a buffer the caller appends header lines to
-     * ("Name: value\r\n", HTTP/1.1 syntax, never framing headers). */
-    struct evbuffer *(*head_begin)(gw_conn_t *c, gw_req_t *r, int status);
+    /* Starts the head in the caller's builder b, which the caller then
+     * appends header lines to ("Name: value\r\n", HTTP/1.1 syntax, never
+     * framing headers). HTTP/1.1 puts its status line in b first, so the
+     * whole head reaches the socket's buffer in one add (each add runs the
+     * buffer's callbacks). */
+    void (*head_begin)(gw_conn_t *c, gw_req_t *r, int status, gw_sb_t *b);
     /* Ends it: framing from length (>= 0: Content-Length; -1: unknown, so
-     * chunked or until close; -2: no body), Date. Returns the bytes queued. */
-    size_t (*head_end)(gw_conn_t *c, gw_req_t *r, struct evbuffer *hb, int64_t length);
+     * chunked or until close; -2: no body), Date. Takes b's bytes (it may
+     * rewrite them: h2 lower-cases the names) and empties b. Returns the
+     * bytes queued. */
+    size_t (*head_end)(gw_conn_t *c, gw_req_t *r, gw_sb_t *b, int64_t length);
     /* Body bytes, sent as soon as the client takes them (one SSE event is
      * flushed at once). Returns the bytes queued, framing included. */
     size_t (*data)(gw_conn_t *c, gw_req_t *r, const void *p, size_t n);
@@ -45,6 +51,12 @@ typedef struct gw_out_ops {
     /* Optional: write what is queued now, ahead of the loop turn's flush
      * (HTTP/1.1: gw_wio_write_now); the flush still runs the callbacks. */
     void (*write_now)(gw_conn_t *c);
+    /* Optional: data() of all of buf's bytes, moved (buf is left empty):
+     * HTTP/1.1 with a known length hands buf's chains to the socket's
+     * buffer (evbuffer_add_buffer) instead of copying them and draining
+     * buf. -1: not taken (buf untouched), the caller copies. Else as
+     * data(). */
+    ssize_t (*data_buffer)(gw_conn_t *c, gw_req_t *r, struct evbuffer *buf);
 } gw_out_ops_t;
 
 struct gw_conn {
@@ -67,8 +79,8 @@ struct gw_conn {
     bool close_after; /* Connection: close after this response */
     bool linger;      /* request bytes may be unread: lingering close (conn.c) */
     bool lingering;   /* write side shut, draining input until EOF or deadline */
+    bool out_watched; /* gw_h1_watch set a write low-watermark: reset at the request's end */
     size_t linger_bytes;
-    size_t head_mark; /* output length when the current head began (HTTP/1.1) */
     /* HTTP/2 (h2.c): the connection itself, after ALPN or the preface... */
     struct gw_h2 *h2;
     bool h2c;       /* plain listener with h2c: true: the preface switches to h2 */
@@ -123,9 +135,12 @@ void gw_conn_stream_body(gw_conn_t *c, const char *p, size_t n, bool end);
 void gw_conn_out_drained(gw_conn_t *c);
 
 /* The output interface, for the request's writers (respond.c, proxy.c). */
-struct evbuffer *gw_out_head_begin(gw_req_t *r, int status);
-void gw_out_head_end(gw_req_t *r, struct evbuffer *hb, int64_t length);
+void gw_out_head_begin(gw_req_t *r, int status, gw_sb_t *b);
+void gw_out_head_end(gw_req_t *r, gw_sb_t *b, int64_t length);
 void gw_out_data(gw_req_t *r, const void *p, size_t n);
+/* gw_out_data of all of buf's bytes; buf is left empty (moved where the
+ * framing allows, else copied and drained). */
+void gw_out_data_buffer(gw_req_t *r, struct evbuffer *buf);
 void gw_out_end(gw_req_t *r);
 void gw_out_abort(gw_req_t *r);
 size_t gw_out_pending(const gw_req_t *r);

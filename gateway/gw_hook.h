@@ -48,6 +48,7 @@
 
 #include "conf/conf.h"
 #include "gateway/gw_types.h"
+#include "gateway/sb.h"
 
 typedef enum gw_hook_rc {
     GW_HOOK_NEXT = 0, /* go on with the next hook */
@@ -104,7 +105,8 @@ typedef struct gw_hook {
     /* the request */
     gw_hook_rc_t (*on_request)(gw_req_t *r, void **state);
     void (*on_cancel)(gw_req_t *r, void *state);
-    void (*on_headers)(gw_req_t *r, void *state, struct evbuffer *out);
+    /* Appends header lines ("Name: value\r\n") to the answer's head. */
+    void (*on_headers)(gw_req_t *r, void *state, gw_sb_t *head);
     gw_ev_rc_t (*on_event)(gw_req_t *r, void *state, const char *data, size_t len,
                            gw_payloads_t *out);
     /* A whole JSON answer (2xx, application/json). May edit it and set
@@ -183,7 +185,7 @@ gw_hook_rc_t gw_hooks_run(gw_req_t *r, bool pre_route);
 void gw_hook_resume(gw_req_t *r, gw_hook_rc_t rc);
 /* The client left: cancel a pending hook. */
 void gw_hooks_cancel(gw_req_t *r);
-void gw_hooks_headers(gw_req_t *r, struct evbuffer *out);
+void gw_hooks_headers(gw_req_t *r, gw_sb_t *head);
 /* True when some active hook filters events / wants whole JSON bodies. */
 bool gw_hooks_want_events(const gw_req_t *r);
 bool gw_hooks_want_body(const gw_req_t *r);

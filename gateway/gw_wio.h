@@ -27,6 +27,8 @@ struct gw_wio {
     bool rd_wants_wr;             /* an SSL_read (or the handshake) waits to write */
     bool own_read;                /* our read event (gw_wio_read_own, gw_wio_tls_own) */
     size_t read_high;             /* the read high-watermark (gw_wio_set_read_mark) */
+    size_t lev_high;              /* libevent's read mark as we last set it (0: off) */
+    evutil_socket_t fd;           /* the socket, while own_read */
     bool early;                   /* gw_wio_write_now wrote everything: drained at the flush */
     int werr;                     /* gw_wio_write_now's write failed: errno, failed at the flush */
     void (*drained)(void *owner); /* everything was written */
@@ -58,6 +60,9 @@ void gw_wio_flush_cb(evutil_socket_t fd, short what, void *arg);
  * why) instead of libevent's; everything else about reading (enable and
  * disable, the read timeout, EOF and errors to the event callback) stays
  * the bufferevent's, and the read high-watermark is gw_wio_set_read_mark's.
+ * The bufferevent must not defer its callbacks (BEV_OPT_DEFER_CALLBACKS):
+ * the read callback is run directly after a read with a read low-watermark
+ * of 0.
  * Call after gw_wio_init, once the socket is set (after
  * bufferevent_socket_connect: setting the fd reassigns the event). 0, or
  * -1 when the bufferevent has no socket (it keeps libevent's read). */
@@ -66,7 +71,10 @@ int gw_wio_read_own(gw_wio_t *io);
 /* The read high-watermark (0: none), in place of bufferevent_setwatermark
  * (EV_READ): reads stop while the input holds that much. With our read
  * event it is kept here and libevent's own mark is set only while the
- * input is at it (wio.c, "The read mark"); otherwise it is libevent's. */
+ * input is at it (wio.c, "The read mark"); otherwise it is libevent's.
+ * Set it after gw_wio_read_own / gw_wio_tls_own: libevent's mark, once
+ * set, leaves a callback entry on the input buffer for the bufferevent's
+ * life, walked on every add and drain even while disabled. */
 void gw_wio_set_read_mark(gw_wio_t *io, size_t high);
 
 /* TLS on a plain-socket bufferevent, by us (wio.c says why): SSL_read

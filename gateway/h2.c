@@ -115,7 +115,6 @@ struct gw_h2 {
     int64_t idle_ms;        /* when the last open stream closed (or the start) */
     struct event *wd_ev;    /* send timeout per stream, armed while one has output */
     struct event *flush_ev; /* frames out once the current callbacks are done */
-    struct evbuffer *hb;    /* a response head's lines, between head_begin and _end */
     gw_conn_t *spare_sc;    /* a finished stream's request connection, for the next */
     int in_cb;              /* inside a call that raises nghttp2 callbacks */
     bool closing;           /* GOAWAY sent or fatal: close once output is out */
@@ -179,13 +178,12 @@ static void gw_h2_resume(gw_h2_stream_t *s)
     }
 }
 
-static struct evbuffer *gw_h2_out_head_begin(gw_conn_t *c, gw_req_t *r, int status)
+static void gw_h2_out_head_begin(gw_conn_t *c, gw_req_t *r, int status, gw_sb_t *b)
 {
     (void)r;
+    (void)b; /* the status goes in :status, not in b */
     gw_h2_stream_t *s = c->out_arg;
     s->status = status >= 100 && status < 1000 ? status : 502;
-    evbuffer_drain(s->h->hb, evbuffer_get_length(s->h->hb));
-    return s->h->hb;
 }
 
 /* RFC 9113 8.2.2: never in an h2 message (content-length: ours, from the
@@ -226,14 +224,16 @@ static uint8_t gw_h2_index_flag(gw_http_hn_t id, const char *n, size_t len)
 /* The head's lines ("Name: value\r\n", made by sluice itself, so well
  * formed) become the HEADERS' fields: names lower-cased as RFC 9113 8.2.1
  * wants, connection-specific ones dropped, content-length from length. */
-static size_t gw_h2_out_head_end(gw_conn_t *c, gw_req_t *r, struct evbuffer *hb, int64_t length)
+static size_t gw_h2_out_head_end(gw_conn_t *c, gw_req_t *r, gw_sb_t *b, int64_t length)
 {
     gw_h2_stream_t *s = c->out_arg;
     gw_h2_t *h = s->h;
-    if (s->closed || s->submitted)
+    if (s->closed || s->submitted) {
+        gw_sb_reset(b);
         return 0;
-    size_t len = evbuffer_get_length(hb);
-    char *p = len ? (char *)evbuffer_pullup(hb, -1) : NULL, *end = p + len;
+    }
+    size_t len = b->oom ? 0 : b->n;
+    char *p = len ? b->p : NULL, *end = p + len;
     nghttp2_nv nv[GW_H2_NV_MAX];
     char status[8], cl[24];
     (void)r;
@@ -281,6 +281,7 @@ static size_t gw_h2_out_head_end(gw_conn_t *c, gw_req_t *r, struct evbuffer *hb,
     s->no_body = length == -2 || s->head_req;
     nghttp2_data_provider dp = {.source.ptr = s, .read_callback = gw_h2_data_read};
     int rv = nghttp2_submit_response(h->sess, s->id, nv, n, s->no_body ? NULL : &dp);
+    gw_sb_reset(b); /* nghttp2 copied the fields */
     if (rv != 0) {
         s->aborted = true;
         nghttp2_submit_rst_stream(h->sess, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR);
@@ -967,9 +968,6 @@ void gw_h2_free(gw_h2_t *h)
     if (h->flush_ev)
         event_free(h->flush_ev);
     h->flush_ev = NULL;
-    if (h->hb)
-        evbuffer_free(h->hb);
-    h->hb = NULL;
     if (h->idle_ev)
         event_free(h->idle_ev);
     h->idle_ev = NULL;
@@ -1071,8 +1069,7 @@ int gw_h2_start(gw_conn_t *c)
     h->idle_ev = evtimer_new(gw_conn_base(c), gw_h2_idle_cb, h);
     h->wd_ev = evtimer_new(gw_conn_base(c), gw_h2_wd_cb, h);
     h->flush_ev = event_new(gw_conn_base(c), -1, 0, gw_h2_flush_cb, h);
-    h->hb = evbuffer_new();
-    if (!h->idle_ev || !h->wd_ev || !h->flush_ev || !h->hb)
+    if (!h->idle_ev || !h->wd_ev || !h->flush_ev)
         goto fail;
     h->idle_ms = sl_now_ms();
     gw_h2_idle_arm(h, hc->idle_timeout_ms);
@@ -1098,8 +1095,6 @@ fail:
         event_free(h->wd_ev);
     if (h->flush_ev)
         event_free(h->flush_ev);
-    if (h->hb)
-        evbuffer_free(h->hb);
     if (h->sess)
         nghttp2_session_del(h->sess);
     free(h);

@@ -121,17 +121,20 @@ static void gw_cache_answer(gw_cache_req_t *s)
         size_t len = 0;
         const char *body = cache_entry_rendered(e, stream, usage, &len);
         if (body) {
-            struct evbuffer *h = evbuffer_new();
-            if (!h) {
+            char stack[512];
+            gw_sb_t h;
+            gw_sb_init(&h, stack, sizeof(stack));
+            r->att.upstatus = 200;
+            gw_hooks_headers(r, &h);
+            gw_sb_add(&h, "", 1);
+            if (h.oom) {
+                gw_sb_reset(&h);
                 gw_respond_oom(r);
                 return;
             }
-            r->att.upstatus = 200;
-            gw_hooks_headers(r, h);
-            evbuffer_add(h, "", 1);
             gw_respond_body(r, 200, stream ? "text/event-stream" : "application/json", body, len,
-                            (const char *)evbuffer_pullup(h, -1));
-            evbuffer_free(h);
+                            h.p);
+            gw_sb_reset(&h);
             return;
         }
     }
@@ -427,18 +430,24 @@ static void gw_cache_on_cancel(gw_req_t *r, void *state)
     gw_cache_embed_end(s, -1, false);
 }
 
-static void gw_cache_on_headers(gw_req_t *r, void *state, struct evbuffer *out)
+static void gw_cache_on_headers(gw_req_t *r, void *state, gw_sb_t *head)
 {
     gw_cache_req_t *s = state;
     if (!s) {
         int slot = gw_cache_slot();
         if (r->route == GW_ROUTE_CHAT && r->rt->hook_state[slot] && r->c->w->hook_state[slot])
-            evbuffer_add(out, GW_LIT("X-Sluice-Cache: bypass\r\n"));
+            gw_sb_lit(head, "X-Sluice-Cache: bypass\r\n");
         return;
     }
-    evbuffer_add_printf(out, "X-Sluice-Cache: %s\r\n", cache_req_header(s->q));
-    if (s->hit)
-        evbuffer_add_printf(out, "Age: %lld\r\n", (long long)cache_req_age_s(s->q, sl_wall_ms()));
+    gw_sb_lit(head, "X-Sluice-Cache: ");
+    gw_sb_str(head, cache_req_header(s->q));
+    gw_sb_lit(head, "\r\n");
+    if (s->hit) {
+        char age[40];
+        int n = snprintf(age, sizeof(age), "Age: %lld\r\n",
+                         (long long)cache_req_age_s(s->q, sl_wall_ms()));
+        gw_sb_add(head, age, (size_t)n);
+    }
 }
 
 static void gw_cache_on_answer(gw_req_t *r, void *state, const char *data, size_t len,

@@ -367,7 +367,7 @@ static void gw_fbh_process_stop(gw_server_t *s)
 /* A relayed upstream 5xx: the same retry hints as sluice's own 5xx
  * (gw_fb_retry_headers), except that the upstream's own Retry-After, when
  * it sent one, is relayed as it is and not doubled. */
-static void gw_fbh_on_headers(gw_req_t *r, void *state, struct evbuffer *out)
+static void gw_fbh_on_headers(gw_req_t *r, void *state, gw_sb_t *head)
 {
     (void)state;
     if (r->att.upstatus < 500)
@@ -380,7 +380,7 @@ static void gw_fbh_on_headers(gw_req_t *r, void *state, struct evbuffer *out)
         if (ra)
             *ra = '\0'; /* the hint's Retry-After and retry-after-ms come last */
     }
-    evbuffer_add(out, hint, strlen(hint));
+    gw_sb_str(head, hint);
 }
 
 const gw_hook_t gw_hook_fallback = {

@@ -465,7 +465,7 @@ static void gw_rl_on_cancel(gw_req_t *r, void *state)
     }
 }
 
-static void gw_rl_on_headers(gw_req_t *r, void *state, struct evbuffer *out)
+static void gw_rl_on_headers(gw_req_t *r, void *state, gw_sb_t *head)
 {
     (void)r;
     gw_rl_t *s = state;
@@ -473,7 +473,7 @@ static void gw_rl_on_headers(gw_req_t *r, void *state, struct evbuffer *out)
     int n;
     if (s && s->d.limit != RL_LIMIT_NONE &&
         (n = gw_rl_format_headers(&s->d, hdrs, sizeof(hdrs))) > 0)
-        evbuffer_add(out, hdrs, (size_t)n);
+        gw_sb_add(head, hdrs, (size_t)n);
 }
 
 static gw_ev_rc_t gw_rl_on_event(gw_req_t *r, void *state, const char *data, size_t len,

@@ -228,11 +228,11 @@ void gw_hooks_cancel(gw_req_t *r)
         gw_hooks[i]->on_cancel(r, r->hooks.state[i]);
 }
 
-void gw_hooks_headers(gw_req_t *r, struct evbuffer *out)
+void gw_hooks_headers(gw_req_t *r, gw_sb_t *head)
 {
     for (size_t i = 0; i < gw_nhooks; i++)
         if ((r->hooks.ran & (1u << i)) && gw_hooks[i]->on_headers)
-            gw_hooks[i]->on_headers(r, r->hooks.state[i], out);
+            gw_hooks[i]->on_headers(r, r->hooks.state[i], head);
 }
 
 bool gw_hooks_want_events(const gw_req_t *r)

@@ -101,6 +101,18 @@ static void gw_proxy_write(gw_req_t *r, const void *p, size_t n)
     gw_out_data(r, p, n);
 }
 
+/* gw_proxy_write of all of buf, which is left empty (its chains move to
+ * an HTTP/1.1 client's output: no copy, no drain). */
+static void gw_proxy_write_buffer(gw_req_t *r, struct evbuffer *buf)
+{
+    if (r->capture && evbuffer_get_length(r->capture) <= r->capture_max) {
+        size_t n = evbuffer_get_length(buf);
+        if (n) /* past max: not kept */
+            evbuffer_add(r->capture, evbuffer_pullup(buf, -1), SL_MIN(n, r->capture_max + 1));
+    }
+    gw_out_data_buffer(r, buf);
+}
+
 static void gw_proxy_write_end(gw_req_t *r)
 {
     gw_out_end(r);
@@ -398,10 +410,10 @@ static void gw_proxy_write_head(gw_req_t *r, const gw_http_msg_t *m, int64_t len
         .name = "Content-Type", .value = "text/event-stream", .name_len = 12, .value_len = 17};
     const gw_http_header_t *ct = m ? gw_http_header_get(m, GW_HN_CONTENT_TYPE) : &sse_ct;
     int status = m ? m->status : 200;
-    struct evbuffer *out = gw_out_head_begin(r, status);
     char stack[4096];
     gw_sb_t b;
     gw_sb_init(&b, stack, sizeof(stack));
+    gw_out_head_begin(r, status, &b);
     if (r->att.resp_sse) {
         gw_sb_header(&b, "Content-Type", 12, ct->value, ct->value_len);
         gw_sb_lit(&b, "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n");
@@ -426,9 +438,8 @@ static void gw_proxy_write_head(gw_req_t *r, const gw_http_msg_t *m, int64_t len
             continue;
         gw_sb_header(&b, h->name, h->name_len, h->value, h->value_len);
     }
-    gw_sb_flush(&b, out);
-    gw_hooks_headers(r, out);
-    gw_out_head_end(r, out, length);
+    gw_hooks_headers(r, &b);
+    gw_out_head_end(r, &b, length); /* the whole head in one add (HTTP/1.1) */
     r->ctype = r->att.resp_sse ? "text/event-stream" : "application/json";
 }
 
@@ -650,16 +661,14 @@ void gw_proxy_local_body(gw_req_t *r, json_t *body)
         snprintf(extra, sizeof(extra), "X-Sluice-Fallback: %s\r\n", r->fallback);
     else if (r->routed_local)
         snprintf(extra, sizeof(extra), "X-Sluice-Route: local\r\n");
-    struct evbuffer *hdrs = evbuffer_new();
-    if (hdrs) {
-        evbuffer_add(hdrs, extra, strlen(extra));
-        gw_hooks_headers(r, hdrs);
-        evbuffer_add(hdrs, "", 1);
-    }
-    gw_respond_body(r, 200, "application/json", s, strlen(s),
-                    hdrs ? (const char *)evbuffer_pullup(hdrs, -1) : extra);
-    if (hdrs)
-        evbuffer_free(hdrs);
+    char stack[512];
+    gw_sb_t hdrs;
+    gw_sb_init(&hdrs, stack, sizeof(stack));
+    gw_sb_str(&hdrs, extra);
+    gw_hooks_headers(r, &hdrs);
+    gw_sb_add(&hdrs, "", 1);
+    gw_respond_body(r, 200, "application/json", s, strlen(s), hdrs.oom ? extra : hdrs.p);
+    gw_sb_reset(&hdrs);
     free(s);
 }
 
@@ -676,11 +685,9 @@ static void gw_proxy_commit_held(gw_req_t *r)
 {
     const gw_http_msg_t *m = gw_http_msg(r->att.up->parser);
     bool length_known = !m->chunked && m->content_length >= 0;
-    size_t len = evbuffer_get_length(r->resp_body);
     r->buffer_body = false;
     gw_proxy_write_head(r, m, length_known ? m->content_length : -1);
-    gw_proxy_write(r, evbuffer_pullup(r->resp_body, -1), len);
-    evbuffer_drain(r->resp_body, len);
+    gw_proxy_write_buffer(r, r->resp_body);
 }
 
 /* A held answer failed before it was committed: nothing of it is kept. */
@@ -729,12 +736,13 @@ static int gw_proxy_flush_buffered(gw_req_t *r)
     bool gz_fit = m->status >= 200 && m->status < 300 &&
                   !gw_http_header_get(m, GW_HN_CONTENT_ENCODING) &&
                   gw_ct_is_json(gw_http_header_get(m, GW_HN_CONTENT_TYPE));
-    const void *final = edited ? (const void *)edited : evbuffer_pullup(r->resp_body, -1);
     size_t flen = edited ? elen : len;
+    bool gz_want = gz_fit && gw_respond_gzip_ok(r, flen);
+    const void *final = edited    ? (const void *)edited
+                        : gz_want ? evbuffer_pullup(r->resp_body, -1)
+                                  : NULL;
     size_t gzlen = 0;
-    unsigned char *gz = gz_fit && gw_respond_gzip_ok(r, flen)
-                            ? gw_gzip(final, flen, (int)r->rt->conf->gzip.level, &gzlen)
-                            : NULL;
+    unsigned char *gz = gz_want ? gw_gzip(final, flen, (int)r->rt->conf->gzip.level, &gzlen) : NULL;
     if (gz) {
         /* The idempotency store keeps the plain bytes, not the encoding. */
         struct evbuffer *cap = r->capture;
@@ -753,11 +761,11 @@ static int gw_proxy_flush_buffered(gw_req_t *r)
         gw_proxy_write_head(r, m, (int64_t)elen);
         gw_proxy_write(r, edited, elen);
         free(edited);
+        evbuffer_drain(r->resp_body, len);
     } else {
         gw_proxy_write_head(r, m, (int64_t)len);
-        gw_proxy_write(r, evbuffer_pullup(r->resp_body, -1), len);
+        gw_proxy_write_buffer(r, r->resp_body); /* moved: left empty */
     }
-    evbuffer_drain(r->resp_body, len);
     return 0;
 }
 

@@ -72,11 +72,20 @@ void gw_respond_body(gw_req_t *r, int status, const char *ctype, const char *bod
     size_t gzlen = 0;
     if (strcmp(ctype, "application/json") == 0 && gw_respond_gzip_ok(r, len))
         gz = gw_gzip(body, len, (int)r->rt->conf->gzip.level, &gzlen);
-    struct evbuffer *hb = gw_out_head_begin(r, status);
-    evbuffer_add_printf(hb, "Content-Type: %s\r\nX-Request-Id: %s\r\n%s%s", ctype, r->id,
-                        gz ? "Content-Encoding: gzip\r\nVary: Accept-Encoding\r\n" : "",
-                        extra_headers ? extra_headers : "");
-    gw_out_head_end(r, hb, (int64_t)(gz ? gzlen : len));
+    char stack[1024];
+    gw_sb_t b;
+    gw_sb_init(&b, stack, sizeof(stack));
+    gw_out_head_begin(r, status, &b);
+    gw_sb_lit(&b, "Content-Type: ");
+    gw_sb_str(&b, ctype);
+    gw_sb_lit(&b, "\r\nX-Request-Id: ");
+    gw_sb_str(&b, r->id);
+    gw_sb_lit(&b, "\r\n");
+    if (gz)
+        gw_sb_lit(&b, "Content-Encoding: gzip\r\nVary: Accept-Encoding\r\n");
+    if (extra_headers)
+        gw_sb_str(&b, extra_headers);
+    gw_out_head_end(r, &b, (int64_t)(gz ? gzlen : len));
     if (!head)
         gw_out_data(r, gz ? (const void *)gz : body, gz ? gzlen : len);
     free(gz);

@@ -89,6 +89,14 @@ static inline void gw_sb_header(gw_sb_t *b, const char *name, size_t nl, const c
     gw_sb_add(b, "\r\n", 2);
 }
 
+/* Empties b and frees what it took from the heap. */
+static inline void gw_sb_reset(gw_sb_t *b)
+{
+    free(b->heap);
+    b->heap = NULL;
+    b->n = 0;
+}
+
 /* Hands the bytes to out; returns how many (0 on OOM). */
 static inline size_t gw_sb_flush(gw_sb_t *b, struct evbuffer *out)
 {

@@ -311,7 +311,6 @@ gw_upconn_t *gw_upstream_get(gw_worker_t *w, gw_srv_rt_t *srv, bool allow_reuse)
     }
     bufferevent_setcb(u->bev, gw_up_readcb, gw_up_writecb, gw_up_eventcb, u);
     gw_wio_init(&u->wio, w, u->bev, false, gw_up_drained, gw_up_failed, u);
-    gw_wio_set_read_mark(&u->wio, 64 * 1024);
     if (bufferevent_socket_connect(u->bev, (struct sockaddr *)&srv->addr, (int)srv->addrlen) != 0) {
         int err = errno;
         if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
@@ -333,15 +332,29 @@ gw_upconn_t *gw_upstream_get(gw_worker_t *w, gw_srv_rt_t *srv, bool allow_reuse)
          * setting the socket reassigned the read event */
         (void)gw_wio_read_own(&u->wio);
     }
+    /* after the reader is chosen (gw_wio_set_read_mark says why) */
+    gw_wio_set_read_mark(&u->wio, 64 * 1024);
     bufferevent_enable(u->bev, EV_READ | EV_WRITE);
     sl_counter_add(srv->m_conn_new, 1);
     return u;
 }
 
+/* bufferevent_enable, unless our read event (gw_wio_read_own: a plain
+ * socket, no read timeout) already has what: then it would only re-add a
+ * pending event with no timeout, an event_add that changes nothing. A
+ * kept connection is enabled when it goes idle and again when it is
+ * taken, so that is most requests. */
+static void gw_up_enable(gw_upconn_t *u, short what)
+{
+    if (u->wio.own_read && (bufferevent_get_enabled(u->bev) & what) == what)
+        return;
+    bufferevent_enable(u->bev, what);
+}
+
 void gw_upstream_arm(gw_upconn_t *u)
 {
     /* A direct writer needs no EV_WRITE (arming it costs an epoll_ctl). */
-    bufferevent_enable(u->bev, u->wio.direct ? EV_READ : EV_READ | EV_WRITE);
+    gw_up_enable(u, u->wio.direct ? EV_READ : EV_READ | EV_WRITE);
 }
 
 void gw_upstream_release(gw_upconn_t *u, bool reusable)
@@ -365,7 +378,7 @@ void gw_upstream_release(gw_upconn_t *u, bool reusable)
     u->idle_since_ms = sl_now_ms();
     TAILQ_INSERT_HEAD(&ws->idle, u, link); /* LIFO: the warmest connection first */
     gw_idle_count(ws, srv, 1);
-    bufferevent_enable(u->bev, EV_READ);
+    gw_up_enable(u, EV_READ); /* a close or stray bytes while idle are seen */
 }
 
 void gw_upstream_tick(gw_worker_t *w, int64_t now_ms)

@@ -36,7 +36,9 @@
  * the high-watermark suspension (libevent's own input-buffer callback, run
  * by our commit), the read timeout and the deferred free work as before;
  * EOF, errors and the timeout end as in libevent's bufferevent_readcb:
- * reading disabled, then the event callback with BEV_EVENT_READING.
+ * reading disabled, then the event callback with BEV_EVENT_READING. Bytes
+ * read go to the bufferevent's read callback directly (its low-watermark
+ * is 0 and it defers nothing), not through bufferevent_trigger.
  *
  * The read mark (gw_wio_set_read_mark): libevent keeps a read high-
  * watermark as a callback on the input buffer that runs on every add and
@@ -46,7 +48,10 @@
  * request). With our read event the mark is kept in gw_wio_t: each read
  * takes at most what it leaves, and libevent's mark is set only when the
  * input reaches it (libevent then suspends reading, and resumes it once
- * the input drains below) and cleared by the next read below it.
+ * the input drains below) and cleared by the next read below it. It is
+ * set after the reader is chosen: libevent's mark, once set, leaves its
+ * callback entry on the input buffer for good, walked on every add and
+ * drain even while disabled.
  *
  * Client TLS (gw_wio_tls_own): libevent's bufferevent_openssl layers its
  * own evbuffers, 4 KiB reads, deferred callbacks and a BIO round trip over
@@ -97,9 +102,13 @@ static _Thread_local char gw_wio_scratch[GW_WIO_READ];
 
 static void gw_wio_queue(gw_wio_t *io)
 {
+    /* A list that holds something has its flush active or running (the
+     * flush empties it before it returns): only the first one activates. */
+    bool first = TAILQ_EMPTY(&io->w->flushq);
     io->queued = true;
     TAILQ_INSERT_TAIL(&io->w->flushq, io, link);
-    event_active(io->w->flush_ev, EV_TIMEOUT, 0);
+    if (first)
+        event_active(io->w->flush_ev, EV_TIMEOUT, 0);
 }
 
 static void gw_wio_outcb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
@@ -113,47 +122,54 @@ static void gw_wio_outcb(struct evbuffer *buf, const struct evbuffer_cb_info *in
 
 /* ---- the read mark (see the top) ---------------------------------------------- */
 
-/* libevent's mark on (suspending reading) only while the input is at ours. */
-static void gw_wio_mark_sync(gw_wio_t *io)
+/* libevent's mark on (suspending reading) only while the input, len
+ * bytes, is at ours. io->lev_high is what we last set libevent's to, so
+ * no read asks libevent for it (bufferevent_getwatermark). */
+static void gw_wio_mark_sync_len(gw_wio_t *io, size_t len)
 {
     struct bufferevent *bev = io->bev;
-    size_t low = 0, high = 0;
-    bufferevent_getwatermark(bev, EV_READ, &low, &high);
-    if (io->read_high && evbuffer_get_length(bufferevent_get_input(bev)) >= io->read_high)
+    if (io->read_high && len >= io->read_high) {
         bufferevent_setwatermark(bev, EV_READ, 0, io->read_high); /* suspends */
-    else if (high)
+        io->lev_high = io->read_high;
+    } else if (io->lev_high) {
         bufferevent_setwatermark(bev, EV_READ, 0, 0); /* its callback off */
+        io->lev_high = 0;
+    }
 }
 
-/* What the next read may take (SIZE_MAX: no mark); 0 at the mark, with
- * reading suspended. */
-static size_t gw_wio_read_room(gw_wio_t *io)
+static void gw_wio_mark_sync(gw_wio_t *io)
+{
+    gw_wio_mark_sync_len(io, evbuffer_get_length(bufferevent_get_input(io->bev)));
+}
+
+/* What the next read may take into the input, len bytes (SIZE_MAX: no
+ * mark); 0 at the mark, with reading suspended. */
+static size_t gw_wio_read_room(gw_wio_t *io, size_t len)
 {
     if (!io->read_high)
         return SIZE_MAX;
-    size_t len = evbuffer_get_length(bufferevent_get_input(io->bev));
-    size_t low = 0, high = 0;
-    bufferevent_getwatermark(io->bev, EV_READ, &low, &high);
-    if (len >= io->read_high || high) /* at the mark, or just below it again */
-        gw_wio_mark_sync(io);
+    if (len >= io->read_high || io->lev_high) /* at the mark, or just below it again */
+        gw_wio_mark_sync_len(io, len);
     return len >= io->read_high ? 0 : io->read_high - len;
 }
 
-/* After a read: at the mark, reading stops now (as libevent's own mark
- * would have stopped it in the commit). */
-static void gw_wio_read_done(gw_wio_t *io)
+/* After a read, the input len bytes: at the mark, reading stops now (as
+ * libevent's own mark would have stopped it in the commit). */
+static void gw_wio_read_done(gw_wio_t *io, size_t len)
 {
-    if (io->read_high && evbuffer_get_length(bufferevent_get_input(io->bev)) >= io->read_high)
-        gw_wio_mark_sync(io);
+    if (io->read_high && len >= io->read_high)
+        gw_wio_mark_sync_len(io, len);
 }
 
 void gw_wio_set_read_mark(gw_wio_t *io, size_t high)
 {
     io->read_high = high;
-    if (io->own_read)
+    if (io->own_read) {
         gw_wio_mark_sync(io);
-    else
+    } else {
         bufferevent_setwatermark(io->bev, EV_READ, 0, high);
+        io->lev_high = high;
+    }
 }
 
 void gw_wio_init(gw_wio_t *io, gw_worker_t *w, struct bufferevent *bev, bool direct,
@@ -341,7 +357,8 @@ static void gw_wio_tls_readcb(evutil_socket_t fd, short what, void *arg)
         if (!SSL_has_pending(io->ssl))
             goto done; /* the request comes with the next wake-up */
     }
-    if (gw_wio_read_room(io) == 0)
+    size_t len0 = evbuffer_get_length(in);
+    if (gw_wio_read_room(io, len0) == 0)
         goto done; /* at the mark (OpenSSL holds nothing: see the top): suspended */
     evbuffer_unfreeze(in, 0);
     for (;;) {
@@ -366,7 +383,7 @@ static void gw_wio_tls_readcb(evutil_socket_t fd, short what, void *arg)
     }
     evbuffer_freeze(in, 0);
     if (got > 0)
-        gw_wio_read_done(io);
+        gw_wio_read_done(io, len0 + got);
 done:
     /* io may be gone once a callback ran: only bev (referenced) after */
     if (got > 0)
@@ -439,6 +456,7 @@ int gw_wio_tls_own(gw_wio_t *io, SSL *ssl)
     io->ssl = ssl;
     io->hs = true;
     io->own_read = true;
+    io->fd = fd;
     /* event_assign needs the events neither added nor active */
     short on = bufferevent_get_enabled(bev);
     if (on)
@@ -452,6 +470,12 @@ int gw_wio_tls_own(gw_wio_t *io, SSL *ssl)
     if (on)
         bufferevent_enable(bev, on);
     return 0;
+}
+
+/* The socket: ours (read_own, tls_own) is the one libevent reads. */
+static evutil_socket_t gw_wio_fd(const gw_wio_t *io)
+{
+    return io->own_read ? io->fd : bufferevent_getfd(io->bev);
 }
 
 static void gw_wio_flush(gw_wio_t *io)
@@ -488,7 +512,7 @@ static void gw_wio_flush(gw_wio_t *io)
         /* A bufferevent keeps the front of its output frozen (only it
          * drains it); thaw it for our write, as it does for its own. */
         evbuffer_unfreeze(out, 1);
-        n = evbuffer_write(out, bufferevent_getfd(io->bev));
+        n = evbuffer_write(out, gw_wio_fd(io));
         evbuffer_freeze(out, 1);
     }
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
@@ -513,7 +537,7 @@ void gw_wio_write_now(gw_wio_t *io)
         return;
     struct evbuffer *out = bufferevent_get_output(io->bev);
     evbuffer_unfreeze(out, 1);
-    int n = evbuffer_write(out, bufferevent_getfd(io->bev));
+    int n = evbuffer_write(out, gw_wio_fd(io));
     evbuffer_freeze(out, 1);
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
         io->werr = errno ? errno : EIO;
@@ -555,7 +579,8 @@ static ssize_t gw_wio_read_once(gw_wio_t *io, evutil_socket_t fd, int *err)
 {
     struct bufferevent *bev = io->bev;
     struct evbuffer *in = bufferevent_get_input(bev);
-    size_t want = gw_wio_read_room(io);
+    size_t len0 = evbuffer_get_length(in);
+    size_t want = gw_wio_read_room(io, len0);
     if (want == 0)
         return -2; /* at the mark: suspended until the input drains */
     want = SL_MIN(want, (size_t)GW_WIO_READ);
@@ -599,7 +624,7 @@ static ssize_t gw_wio_read_once(gw_wio_t *io, evutil_socket_t fd, int *err)
     }
     evbuffer_freeze(in, 0);
     if (n > 0)
-        gw_wio_read_done(io);
+        gw_wio_read_done(io, len0 + (size_t)n);
     return n;
 }
 
@@ -609,15 +634,24 @@ static void gw_wio_readcb(evutil_socket_t fd, short what, void *arg)
     struct bufferevent *bev = io->bev;
     short ev = BEV_EVENT_READING;
     int err = 0;
-    bufferevent_incref(bev); /* the callbacks may free it: freed on our way out */
+    /* No reference of our own: nothing touches bev or io after the read
+     * callback, and _trigger_event holds its own (a callback that frees
+     * the bufferevent leaves it to libevent's finalizer, which runs after
+     * us; the gateway frees connections at its next safe point anyway). */
     if (what == EV_TIMEOUT) {
         /* only a bare timeout: with EV_READ a read came in time */
         ev |= BEV_EVENT_TIMEOUT;
     } else {
         ssize_t n = gw_wio_read_once(io, fd, &err);
         if (n > 0) {
-            /* the read callback, if the low watermark is met */
-            bufferevent_trigger(bev, EV_READ, 0);
+            /* The read callback. bufferevent_trigger(EV_READ) would take a
+             * reference, compare the input with the low watermark (ours are
+             * 0) and check for deferred callbacks (a socket read by us has
+             * none: gw_wio_read_own): ~100 instructions a read for a call. */
+            if (bev->wm_read.low == 0 && bev->readcb)
+                bev->readcb(bev, bev->cbarg);
+            else
+                bufferevent_trigger(bev, EV_READ, 0);
             ev = 0;
         } else if (n == -2 || (n < 0 && (err == EAGAIN || err == EWOULDBLOCK || err == EINTR))) {
             ev = 0; /* woken for nothing, or at the mark: wait */
@@ -630,7 +664,6 @@ static void gw_wio_readcb(evutil_socket_t fd, short what, void *arg)
         errno = err; /* the event callback may ask for the socket's error */
         bufferevent_trigger_event(bev, ev, 0);
     }
-    bufferevent_decref(bev);
 }
 
 int gw_wio_read_own(gw_wio_t *io)
@@ -646,6 +679,7 @@ int gw_wio_read_own(gw_wio_t *io)
     event_assign(&bev->ev_read, bufferevent_get_base(bev), fd, EV_READ | EV_PERSIST | EV_FINALIZE,
                  gw_wio_readcb, io);
     io->own_read = true;
+    io->fd = fd;
     gw_wio_mark_sync(io); /* the mark moves from libevent's to ours */
     if (on)
         bufferevent_enable(bev, EV_READ);

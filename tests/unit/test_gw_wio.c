@@ -354,8 +354,9 @@ static void test_disable_enable(void **state)
     free(src);
 }
 
-/* Freed inside its read callback: our callback holds a reference until it
- * returns (ASan would see a use after free otherwise). */
+/* Freed inside its read callback: nothing touches it after the callback,
+ * and libevent's finalizer frees it only once our event callback returned
+ * (ASan would see a use after free otherwise). */
 static void test_free_in_callback(void **state)
 {
     fx_t *f = *state;
@@ -471,6 +472,72 @@ static void test_write_now_reset(void **state)
     free(w);
 }
 
+/* Connections queued for the flush: the first one on an empty list
+ * activates the flush event, the others ride on it, all are written in the
+ * same turn; one queued from inside the flush (a drained callback writing
+ * to another connection) too. */
+typedef struct two {
+    wn_t n;
+    struct bufferevent *write_to; /* drained adds "more" here, once */
+} two_t;
+
+static void two_drained(void *arg)
+{
+    two_t *t = arg;
+    t->n.drained++;
+    if (t->write_to) {
+        evbuffer_add(bufferevent_get_output(t->write_to), "more", 4);
+        t->write_to = NULL;
+    }
+}
+
+static void test_flush_two(void **state)
+{
+    fx_t *f = *state;
+    gw_worker_t *w = wn_worker(f->base);
+    int fds[2];
+    tcp_pair(fds);
+    evutil_make_socket_nonblocking(fds[0]);
+    struct bufferevent *bev2 = bufferevent_socket_new(f->base, fds[0], BEV_OPT_CLOSE_ON_FREE);
+    assert_non_null(bev2);
+    gw_wio_t a, b;
+    two_t ta = {0}, tb = {0};
+    char got[16];
+    gw_wio_init(&a, w, f->bev, true, two_drained, wn_failed, &ta);
+    gw_wio_init(&b, w, bev2, true, two_drained, wn_failed, &tb);
+    evbuffer_add(bufferevent_get_output(f->bev), "one", 3);
+    evbuffer_add(bufferevent_get_output(bev2), "two", 3);
+    assert_true(a.queued);
+    assert_true(b.queued);
+    turn(f);
+    assert_int_equal(ta.n.drained, 1);
+    assert_int_equal(tb.n.drained, 1);
+    assert_int_equal(recv(f->peer, got, sizeof(got), MSG_DONTWAIT), 3);
+    assert_memory_equal(got, "one", 3);
+    assert_int_equal(recv(fds[1], got, sizeof(got), MSG_DONTWAIT), 3);
+    assert_memory_equal(got, "two", 3);
+    /* the second alone, on the emptied list */
+    evbuffer_add(bufferevent_get_output(bev2), "2", 1);
+    turn(f);
+    assert_int_equal(tb.n.drained, 2);
+    assert_int_equal(recv(fds[1], got, sizeof(got), MSG_DONTWAIT), 1);
+    /* queued while the flush runs: written in the same turn */
+    ta.write_to = bev2;
+    evbuffer_add(bufferevent_get_output(f->bev), "x", 1);
+    turn(f);
+    assert_int_equal(ta.n.drained, 2);
+    assert_int_equal(tb.n.drained, 3);
+    assert_int_equal(recv(fds[1], got, sizeof(got), MSG_DONTWAIT), 4);
+    assert_memory_equal(got, "more", 4);
+    assert_int_equal(ta.n.failed + tb.n.failed, 0);
+    gw_wio_fini(&a);
+    gw_wio_fini(&b);
+    bufferevent_free(bev2);
+    close(fds[1]);
+    event_free(w->flush_ev);
+    free(w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -485,6 +552,7 @@ int main(void)
         cmocka_unit_test(test_no_socket),
         cmocka_unit_test_setup_teardown(test_write_now, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_write_now_reset, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_flush_two, fx_setup, fx_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
