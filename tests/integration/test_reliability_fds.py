@@ -85,19 +85,28 @@ def test_admin_answers_and_breaker_stays_closed_when_out_of_fds(sluice_factory, 
             results.append(st)
 
     threads = [threading.Thread(target=one) for _ in range(30)]
-    for t in threads:
-        t.start()
     try:
-        # busy requests hold a client and an upstream descriptor each; none
-        # of them can be shed
+        # Five busy requests first: each holds a client and an upstream
+        # descriptor (none of them can be shed). Started with the flood, they
+        # raced its clients for the 20 spare descriptors, and on a loaded
+        # machine clients that had connected but not yet sent their request
+        # held so many that only 4 ever reached the mock.
+        for t in threads[:5]:
+            t.start()
         wait_until(lambda: len(mock.requests()) >= 5, timeout=bound(5), what="busy requests")
+        # then the flood, until sluice is out of descriptors
+        for t in threads[5:]:
+            t.start()
+        wait_until(lambda: "Too many open files" in s.stderr_text(), timeout=bound(5),
+                   what="sluice out of descriptors")
         t0 = time.monotonic()
         h = s.admin("GET", "/healthz", timeout=bound(2))
         assert h.status == 200
         assert time.monotonic() - t0 < bound(1.5)
     finally:
         for t in threads:
-            t.join(bound(30))
+            if t.ident is not None:  # started
+                t.join(bound(30))
     # some requests found no descriptor for their upstream socket; a client
     # whose connection waited silent past the shed age may have been closed
     # to make room (an exception here), but no other status is right
