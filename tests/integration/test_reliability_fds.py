@@ -70,47 +70,59 @@ def test_admin_answers_and_breaker_stays_closed_when_out_of_fds(sluice_factory, 
     _limit_fds(s, 20)
     results = []
     lock = threading.Lock()
+    flood = 25
+    # The flood's clients connect, then all send together once sluice is
+    # seen out of descriptors (the test thread is the last party).
+    gate = threading.Barrier(flood + 1)
 
-    def one():
+    def one(gated):
         try:
-            r = s.request(
-                "POST", "/v1/chat/completions",
-                body={"model": "chat-model", "messages": [{"role": "user", "content": "flood"}]},
-                timeout=bound(20),
-            )
+            with HTTPClient(s.host, s.port, timeout=bound(20)) as c:
+                if gated:
+                    gate.wait(bound(10))
+                r = c.request(
+                    "POST", "/v1/chat/completions",
+                    body={"model": "chat-model", "messages": [{"role": "user", "content": "flood"}]},
+                )
             st = r.status
         except Exception as e:  # a client never accepted in time
             st = repr(e)
         with lock:
             results.append(st)
 
-    # Five busy requests first, one at a time, each at the mock before the
-    # next: each holds a client and an upstream descriptor, and none of them
-    # can be shed. (Thirty at once made this a race: on a slow machine the
-    # flood's accepts could take every descriptor before any request had its
-    # upstream socket, and fewer than five ever reached the mock.)
-    threads = []
+    busy = [threading.Thread(target=one, args=(False,)) for _ in range(5)]
+    rest = [threading.Thread(target=one, args=(True,)) for _ in range(flood)]
+    released = False
     try:
-        for i in range(5):
-            threads.append(threading.Thread(target=one))
-            threads[-1].start()
-            wait_until(lambda: len(mock.requests()) > i, timeout=bound(5),
-                       what="busy request %d at the mock" % (i + 1))
-        # then the flood, until the descriptors have run out
-        for _ in range(25):
-            threads.append(threading.Thread(target=one))
-            threads[-1].start()
-        wait_until(lambda: "no socket" in s.stderr_text() or _accept_warnings(s),
-                   timeout=bound(5), what="sluice out of descriptors")
-        # while the flood goes on, each probe a new admin connection
-        for _ in range(5):
-            t0 = time.monotonic()
-            h = s.admin("GET", "/healthz", timeout=bound(2))
-            assert h.status == 200
-            assert time.monotonic() - t0 < bound(1.5)
+        # Five busy requests first: each holds a client and an upstream
+        # descriptor until the mock's stall ends (none of them can be shed).
+        # Started with the flood, they raced its clients for the 20 spare
+        # descriptors: on a loaded machine clients that had connected but
+        # not yet sent their request held so many that only 4 ever reached
+        # the mock.
+        for t in busy:
+            t.start()
+        wait_until(lambda: len(mock.requests()) >= 5, timeout=bound(5), what="busy requests")
+        # The flood's silent connections take the other 10 descriptors:
+        # sluice cannot accept the rest.
+        for t in rest:
+            t.start()
+        wait_until(lambda: "accept: Too many open files" in s.stderr_text(), timeout=bound(5),
+                   what="sluice out of descriptors")
+        t0 = time.monotonic()
+        h = s.admin("GET", "/healthz", timeout=bound(2))
+        assert h.status == 200
+        assert time.monotonic() - t0 < bound(1.5)
+        # The accepted ones send their requests: no descriptor is left for
+        # their upstream sockets.
+        gate.wait(bound(10))
+        released = True
     finally:
-        for t in threads:
-            t.join(bound(30))
+        if not released:
+            gate.abort()  # the test failed: the waiting threads go on at once
+        for t in busy + rest:
+            if t.ident is not None:  # started
+                t.join(bound(30))
     # some requests found no descriptor for their upstream socket; a client
     # whose connection waited silent past the shed age may have been closed
     # to make room (an exception here), but no other status is right

@@ -5,7 +5,8 @@
 //   node client.mjs BASE_URL MODE [PROMPT]
 //   MODE: chat | stream | models | completion | embeddings | error
 //
-// A stream records the time of each chunk (ms since start) and, if the
+// A stream records the time of each chunk (ms since start), with
+// CHUNK_LINES=1 also prints "chunk N" as chunk N arrives, and, if the
 // client library raises mid-stream (an SSE error event), the error. The
 // client's `timeout` stops at the response head, so a stream that stalls
 // after it is cut by our own abort after STREAM_MS: the output then says
@@ -50,6 +51,10 @@ async function main() {
         for await (const chunk of stream) {
           out.chunks += 1;
           out.times.push(Date.now() - t0);
+          // CHUNK_LINES=1: a line as each chunk arrives, for a test that
+          // lets the mock send the next event only then (the final JSON
+          // line still comes last)
+          if (process.env.CHUNK_LINES) process.stdout.write("chunk " + out.chunks + "\n");
           out.text += chunk.choices?.[0]?.delta?.content ?? "";
           if (chunk.usage) out.usage = chunk.usage;
         }
