@@ -94,10 +94,22 @@ static void gw_proxy_arm(gw_req_t *r, int64_t deadline_ms)
     gw_proxy_arm_at(r, deadline_ms, sl_now_ms());
 }
 
+/* Whether the capture (the idempotency store's copy) still takes bytes:
+ * past its max it is not kept. */
+static bool gw_proxy_capturing(const gw_req_t *r)
+{
+    return r->capture && evbuffer_get_length(r->capture) <= r->capture_max;
+}
+
+static void gw_proxy_capture(gw_req_t *r, const void *p, size_t n)
+{
+    evbuffer_add(r->capture, p, SL_MIN(n, r->capture_max + 1));
+}
+
 static void gw_proxy_write(gw_req_t *r, const void *p, size_t n)
 {
-    if (r->capture && evbuffer_get_length(r->capture) <= r->capture_max)
-        evbuffer_add(r->capture, p, SL_MIN(n, r->capture_max + 1)); /* past max: not kept */
+    if (gw_proxy_capturing(r))
+        gw_proxy_capture(r, p, n);
     gw_out_data(r, p, n);
 }
 
@@ -105,11 +117,9 @@ static void gw_proxy_write(gw_req_t *r, const void *p, size_t n)
  * an HTTP/1.1 client's output: no copy, no drain). */
 static void gw_proxy_write_buffer(gw_req_t *r, struct evbuffer *buf)
 {
-    if (r->capture && evbuffer_get_length(r->capture) <= r->capture_max) {
-        size_t n = evbuffer_get_length(buf);
-        if (n) /* past max: not kept */
-            evbuffer_add(r->capture, evbuffer_pullup(buf, -1), SL_MIN(n, r->capture_max + 1));
-    }
+    size_t n = evbuffer_get_length(buf);
+    if (n && gw_proxy_capturing(r)) /* a pullup only for the capture */
+        gw_proxy_capture(r, evbuffer_pullup(buf, -1), n);
     gw_out_data_buffer(r, buf);
 }
 
@@ -745,9 +755,9 @@ static int gw_proxy_flush_buffered(gw_req_t *r)
     unsigned char *gz = gz_want ? gw_gzip(final, flen, (int)r->rt->conf->gzip.level, &gzlen) : NULL;
     if (gz) {
         /* The idempotency store keeps the plain bytes, not the encoding. */
+        if (gw_proxy_capturing(r))
+            gw_proxy_capture(r, final, flen);
         struct evbuffer *cap = r->capture;
-        if (cap && evbuffer_get_length(cap) <= r->capture_max)
-            evbuffer_add(cap, final, SL_MIN(flen, r->capture_max + 1));
         r->capture = NULL;
         r->gzip_out = true;
         gw_proxy_write_head(r, m, (int64_t)gzlen);

@@ -89,7 +89,8 @@ static inline void gw_sb_header(gw_sb_t *b, const char *name, size_t nl, const c
     gw_sb_add(b, "\r\n", 2);
 }
 
-/* Empties b and frees what it took from the heap. */
+/* Empties b and frees what it took from the heap (b is done: init it
+ * again before another add). */
 static inline void gw_sb_reset(gw_sb_t *b)
 {
     free(b->heap);
@@ -97,15 +98,13 @@ static inline void gw_sb_reset(gw_sb_t *b)
     b->n = 0;
 }
 
-/* Hands the bytes to out; returns how many (0 on OOM). */
+/* Hands the bytes to out and resets b; returns how many (0 on OOM). */
 static inline size_t gw_sb_flush(gw_sb_t *b, struct evbuffer *out)
 {
     size_t n = b->oom ? 0 : b->n;
     if (n)
         evbuffer_add(out, b->p, n);
-    free(b->heap);
-    b->heap = NULL;
-    b->n = 0;
+    gw_sb_reset(b);
     return n;
 }
 
