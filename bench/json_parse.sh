@@ -141,6 +141,10 @@ if [ -n "$sj" ]; then
     echo
     echo "What each simdjson mode refuses:"
     "$B/json_parse_simdjson" check
+    if [ -x "$B/json_scan_sluice" ]; then
+        echo
+        "$B/json_scan_sluice" check
+    fi
 else
     echo "simdjson: libsimdjson-dev not installed, skipped"
 fi
