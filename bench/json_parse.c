@@ -5,9 +5,13 @@
  * stream of values, string validation off, callbacks that do nothing),
  * jansson as gateway/json_intake.c (a tree, duplicates rejected), and, when
  * Debian's libjsmn-dev is installed, jsmn (a tokenizer: strict, parent
- * links, no validation of numbers, literals or separators).
+ * links, no validation of numbers, literals or separators). yajl-usage is
+ * gateway/llm_metrics.c's read of an answer's usage object: a new handle per
+ * parse on a stack heap (common/yheap.c), the two counts kept, the parse
+ * stopped at the object's close.
  *
- *   json_parse MODE N    MODE: yajl | jansson | jsmn; N parses
+ *   json_parse MODE N [FILE]    MODE: yajl | yajl-usage | jansson | jsmn;
+ *                               N parses of FILE (default: #16's body)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +19,8 @@
 
 #include <jansson.h>
 #include <yajl/yajl_parse.h>
+
+#include "common/yheap.h"
 #ifdef HAVE_JSMN
 #define JSMN_STATIC
 #define JSMN_STRICT
@@ -53,6 +59,124 @@ static int on_ustr(void *c, const unsigned char *s, size_t n)
     return on_plain(c);
 }
 
+/* gw_llm_uparse_t's walk, reduced: depth, the key, the two counts. */
+typedef struct usage {
+    int depth, key;
+    int closed;
+    long long pv, cv;
+} usage_t;
+
+static int u_value(void *c)
+{
+    ((usage_t *)c)->key = 0;
+    return 1;
+}
+static int u_bool(void *c, int b)
+{
+    (void)b;
+    return u_value(c);
+}
+static int u_double(void *c, double d)
+{
+    (void)d;
+    return u_value(c);
+}
+static int u_string(void *c, const unsigned char *s, size_t n)
+{
+    (void)s;
+    (void)n;
+    return u_value(c);
+}
+static int u_integer(void *c, long long v)
+{
+    usage_t *u = c;
+    if (u->key == 1)
+        u->pv = v;
+    else if (u->key == 2)
+        u->cv = v;
+    u->key = 0;
+    return 1;
+}
+static int u_key(void *c, const unsigned char *k, size_t n)
+{
+    usage_t *u = c;
+    u->key = 0;
+    if (u->depth == 1 && n == 13 && memcmp(k, "prompt_tokens", 13) == 0)
+        u->key = 1;
+    else if (u->depth == 1 && n == 17 && memcmp(k, "completion_tokens", 17) == 0)
+        u->key = 2;
+    return 1;
+}
+static int u_open(void *c)
+{
+    usage_t *u = c;
+    u->depth++;
+    u->key = 0;
+    return 1;
+}
+static int u_close(void *c)
+{
+    usage_t *u = c;
+    if (--u->depth == 0) {
+        u->closed = 1;
+        return 0;
+    }
+    return 1;
+}
+
+static const yajl_callbacks ucbs = {
+    .yajl_null = u_value,
+    .yajl_boolean = u_bool,
+    .yajl_integer = u_integer,
+    .yajl_double = u_double,
+    .yajl_string = u_string,
+    .yajl_start_map = u_open,
+    .yajl_map_key = u_key,
+    .yajl_end_map = u_close,
+    .yajl_start_array = u_open,
+    .yajl_end_array = u_close,
+};
+
+static int usage_parse(const char *obj, size_t n)
+{
+    usage_t u = {0};
+    sl_yheap_t heap;
+    yajl_alloc_funcs af = sl_yheap_funcs(&heap);
+    yajl_handle h = yajl_alloc(&ucbs, &af, &u);
+    if (!h)
+        return -1;
+    (void)yajl_parse(h, (const unsigned char *)obj, n);
+    yajl_free(h);
+    events += (unsigned long)(u.pv + u.cv);
+    return u.closed ? 0 : -1;
+}
+
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    char *b = NULL;
+    size_t n = 0, cap = 0, got;
+    do {
+        if (cap - n < 65536) {
+            char *nb = realloc(b, cap + 65536);
+            if (!nb) {
+                free(b);
+                fclose(f);
+                return NULL;
+            }
+            b = nb;
+            cap += 65536;
+        }
+        got = fread(b + n, 1, cap - n, f);
+        n += got;
+    } while (got > 0);
+    fclose(f);
+    *len = n;
+    return b;
+}
+
 static const yajl_callbacks cbs = {
     .yajl_null = on_plain,
     .yajl_boolean = on_bool,
@@ -67,31 +191,42 @@ static const yajl_callbacks cbs = {
 
 int main(int argc, char **argv)
 {
-    if (argc != 3)
+    if (argc != 3 && argc != 4)
         return 2;
     const char *mode = argv[1];
     long n = atol(argv[2]);
     size_t len = sizeof(body) - 1;
+    const char *in = body;
+    char *file = NULL;
+    if (argc == 4) {
+        file = slurp(argv[3], &len);
+        if (!file)
+            return 2;
+        in = file;
+    }
     yajl_handle h = yajl_alloc(&cbs, NULL, NULL);
     yajl_config(h, yajl_allow_multiple_values, 1);
     yajl_config(h, yajl_dont_validate_strings, 1);
     for (long i = 0; i < n; i++) {
         if (strcmp(mode, "yajl") == 0) {
-            if (yajl_parse(h, (const unsigned char *)body, len) != yajl_status_ok)
+            if (yajl_parse(h, (const unsigned char *)in, len) != yajl_status_ok)
+                return 1;
+        } else if (strcmp(mode, "yajl-usage") == 0) {
+            if (usage_parse(in, len) != 0)
                 return 1;
         } else if (strcmp(mode, "jansson") == 0) {
             json_error_t err;
-            json_t *j = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &err);
+            json_t *j = json_loadb(in, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &err);
             if (!j)
                 return 1;
             events += json_object_size(j);
             json_decref(j);
 #ifdef HAVE_JSMN
         } else if (strcmp(mode, "jsmn") == 0) {
-            jsmntok_t toks[64];
+            static jsmntok_t toks[8192];
             jsmn_parser p;
             jsmn_init(&p);
-            int r = jsmn_parse(&p, body, len, toks, 64);
+            int r = jsmn_parse(&p, in, len, toks, 8192);
             if (r < 0)
                 return 1;
             events += (unsigned long)r;
@@ -101,6 +236,7 @@ int main(int argc, char **argv)
         }
     }
     yajl_free(h);
+    free(file);
     printf("%s %lu\n", mode, events);
     return 0;
 }

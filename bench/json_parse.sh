@@ -1,45 +1,150 @@
 #!/bin/sh
-# json_parse.sh — instructions per parse of issue #16's 207-byte request
-# body in yajl (as body_scan.c drives it), jansson and, when installed,
-# jsmn (libjsmn-dev, bench/json_parse.c) and RapidJSON's SAX reader
-# (rapidjson-dev, C++, bench/json_parse_rapidjson.cc). Counted by callgrind as the
-# difference of a 2,000- and a 1,000-parse run, so start-up cancels out:
-# immune to the machine's load. Usage: bench/json_parse.sh (after make deps)
+# json_parse.sh — instructions per parse of three inputs in yajl (as
+# body_scan.c drives it, and as llm_metrics.c reads the usage object),
+# jansson and, when installed, jsmn (libjsmn-dev, bench/json_parse.c),
+# RapidJSON's SAX reader (rapidjson-dev, C++, bench/json_parse_rapidjson.cc)
+# and simdjson (libsimdjson-dev, C++, bench/json_parse_simdjson.cc). The
+# inputs: issue #16's request body (198 bytes), an answer's usage object and a
+# 16 KiB chat body (a long conversation, generated here, deterministic).
+# Counted by callgrind as the difference of a 2,000- and a 1,000-parse run,
+# so start-up cancels out: immune to the machine's load.
+# With build/libsluice.a (make), sluice's own gw_body_scan is a row too.
+# Usage: bench/json_parse.sh (after make deps; make for the sluice row)
 set -eu
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
-mkdir -p "$BUILD/bench"
-modes="yajl jansson"
+B=$BUILD/bench
+mkdir -p "$B"
+
+# ---- inputs ----
+printf '%s' '{"model":"chat-model","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Write one sentence about the sea, please, in plain English."}],"max_tokens":64}' >"$B/body16.json"
+printf '%s' '{"prompt_tokens":25,"completion_tokens":12,"total_tokens":37}' >"$B/usage.json"
+# Alternating user/assistant turns built from six sentences (escaped quotes
+# and \n among them), up to 16,384 bytes.
+awk 'BEGIN {
+    s[0] = "Write one sentence about the sea, please, in plain English."
+    s[1] = "The tide came in slowly over the flat grey sand."
+    s[2] = "Can you make it shorter and keep the word \\\"harbour\\\" in it?"
+    s[3] = "Sure: the harbour lights flickered as the fog rolled in from the bay."
+    s[4] = "Now list three facts about lighthouses, one per line."
+    s[5] = "1. The first ones burned wood.\\n2. Fresnel lenses bend the light.\\n3. Many are automated now."
+    head = "{\"model\":\"chat-model\",\"messages\":[{\"role\":\"system\",\"content\":\"You are a helpful assistant.\"}"
+    tail = "],\"max_tokens\":256,\"stream\":false}"
+    out = head
+    for (i = 0; ; i++) {
+        c = ""
+        k = 1 + (i * 7) % 5
+        for (j = 0; j < k; j++)
+            c = c (j ? " " : "") s[(i + j) % 6]
+        m = ",{\"role\":\"" (i % 2 ? "assistant" : "user") "\",\"content\":\"" c "\"}"
+        if (length(out) + length(m) + length(tail) > 16384)
+            break
+        out = out m
+    }
+    printf "%s%s", out, tail
+}' >"$B/chat16k.json"
+
+# ---- readers ----
+modes=""
+if [ -f "$BUILD/libsluice.a" ]; then
+    # sluice's own scan, all of it (bench/json_scan_sluice.c)
+    # shellcheck disable=SC2046
+    cc -O2 -std=c11 -D_GNU_SOURCE -pthread -I. -o "$B/json_scan_sluice" bench/json_scan_sluice.c \
+        "$BUILD/libsluice.a" $(pkg-config --libs jansson yajl libpcre2-8) -lm
+    modes="sluice-scan"
+fi
+modes="$modes yajl yajl-usage jansson"
 jsmn=""
 if [ -f /usr/include/jsmn.h ]; then
     jsmn=-DHAVE_JSMN
     modes="$modes jsmn"
 fi
 # shellcheck disable=SC2046
-cc -O2 -std=c11 $jsmn $(pkg-config --cflags jansson yajl) -o "$BUILD/bench/json_parse" \
-    bench/json_parse.c $(pkg-config --libs jansson yajl)
-rj=""
+cc -O2 -std=c11 -I. $jsmn $(pkg-config --cflags jansson yajl) -o "$B/json_parse" \
+    bench/json_parse.c common/yheap.c $(pkg-config --libs jansson yajl) -lpthread
 if [ -f /usr/include/rapidjson/reader.h ]; then
-    g++ -O2 -DRAPIDJSON_SSE42 -msse4.2 -o "$BUILD/bench/json_parse_rapidjson" bench/json_parse_rapidjson.cc
-    rj="rapidjson-utf8 rapidjson"
+    g++ -O2 -DRAPIDJSON_SSE42 -msse4.2 -o "$B/json_parse_rapidjson" bench/json_parse_rapidjson.cc
+    modes="$modes rapidjson-utf8 rapidjson"
 fi
+sj=""
+if [ -f /usr/include/simdjson.h ]; then
+    # The portable build (On-Demand's stage 2 compiled for any x86-64: the
+    # fallback kernel), and one for AVX2 machines only (-march=haswell).
+    g++ -O2 -std=c++17 -o "$B/json_parse_simdjson" bench/json_parse_simdjson.cc -lsimdjson
+    g++ -O2 -std=c++17 -march=haswell -o "$B/json_parse_simdjson_hsw" bench/json_parse_simdjson.cc \
+        -lsimdjson
+    sj=1
+    modes="$modes sj-dom sj-dom-fallback sj-od sj-od-skip sj-od-hsw sj-od-skip-hsw"
+fi
+
+# ir MODE FILE N: instructions of N parses of FILE (empty: the mode does
+# not apply to that input).
 ir() {
-    out=$(mktemp)
+    usage=""
+    case $2 in *usage.json) usage=usage ;; esac
+    force=""
     case $1 in
-    rapidjson-utf8) set -- "$BUILD/bench/json_parse_rapidjson" utf8 "$2" ;;
-    rapidjson) set -- "$BUILD/bench/json_parse_rapidjson" plain "$2" ;;
-    *) set -- "$BUILD/bench/json_parse" "$1" "$2" ;;
+    yajl-usage) [ -n "$usage" ] || return 0 ;;
+    sluice-scan) [ -z "$usage" ] || return 0 ;;
     esac
-    valgrind --tool=callgrind --callgrind-out-file="$out" "$@" >/dev/null 2>&1
+    case $1 in
+    sluice-scan) set -- "$B/json_scan_sluice" "$2" "$3" ;;
+    yajl | yajl-usage | jansson | jsmn) set -- "$B/json_parse" "$1" "$3" "$2" ;;
+    rapidjson-utf8) set -- "$B/json_parse_rapidjson" utf8 "$3" "$2" ;;
+    rapidjson) set -- "$B/json_parse_rapidjson" plain "$3" "$2" ;;
+    sj-dom) set -- "$B/json_parse_simdjson" dom "$2" "$3" $usage ;;
+    sj-dom-fallback)
+        force=fallback
+        set -- "$B/json_parse_simdjson" dom "$2" "$3" $usage
+        ;;
+    sj-od) set -- "$B/json_parse_simdjson" od "$2" "$3" $usage ;;
+    sj-od-skip) set -- "$B/json_parse_simdjson" od-skip "$2" "$3" $usage ;;
+    sj-od-hsw) set -- "$B/json_parse_simdjson_hsw" od "$2" "$3" $usage ;;
+    sj-od-skip-hsw) set -- "$B/json_parse_simdjson_hsw" od-skip "$2" "$3" $usage ;;
+    esac
+    out=$(mktemp)
+    if [ -n "$force" ]; then
+        SIMDJSON_FORCE_IMPLEMENTATION=$force valgrind --tool=callgrind --callgrind-out-file="$out" \
+            "$@" >/dev/null 2>&1
+    else
+        valgrind --tool=callgrind --callgrind-out-file="$out" "$@" >/dev/null 2>&1
+    fi
     awk '/^summary:/ {print $2}' "$out"
     rm -f "$out"
 }
-echo "| reader | instructions per parse |"
-echo "| --- | ---: |"
-for m in $modes $rj; do
-    a=$(ir "$m" 1000)
-    b=$(ir "$m" 2000)
-    echo "| $m | $(((b - a) / 1000)) |"
+per() {
+    a=$(ir "$1" "$2" 1000)
+    [ -n "$a" ] || {
+        printf ' |'
+        return 0
+    }
+    b=$(ir "$1" "$2" 2000)
+    printf ' %s |' $(((b - a) / 1000))
+}
+inputs="$B/body16.json $B/usage.json $B/chat16k.json"
+printf '| reader |'
+for f in $inputs; do printf ' %s (%s B) |' "$(basename "$f" .json)" "$(wc -c <"$f")"; done
+printf '\n| --- | ---: | ---: | ---: |\n'
+for m in $modes; do
+    printf '| %s |' "$m"
+    for f in $inputs; do per "$m" "$f"; done
+    printf '\n'
 done
 [ -n "$jsmn" ] || echo "jsmn: libjsmn-dev not installed, skipped"
-[ -n "$rj" ] || echo "rapidjson: rapidjson-dev not installed, skipped"
+[ -f /usr/include/rapidjson/reader.h ] || echo "rapidjson: rapidjson-dev not installed, skipped"
+if [ -n "$sj" ]; then
+    echo
+    echo "simdjson kernels, native:"
+    "$B/json_parse_simdjson" info
+    echo "under valgrind (the counts above):"
+    valgrind -q "$B/json_parse_simdjson" info
+    echo
+    echo "What each simdjson mode refuses:"
+    "$B/json_parse_simdjson" check
+    if [ -x "$B/json_scan_sluice" ]; then
+        echo
+        "$B/json_scan_sluice" check
+    fi
+else
+    echo "simdjson: libsimdjson-dev not installed, skipped"
+fi
