@@ -1561,20 +1561,27 @@ static int gw_splice_copy(void *arg, const char *p, size_t n, bool body)
     return 0;
 }
 
-int gw_body_splice_apply(const gw_body_scan_t *s, char **out, size_t *outlen)
+int gw_body_splice_apply_buf(const gw_body_scan_t *s, char *buf, size_t cap, char **out,
+                             size_t *outlen)
 {
     size_t total = s->len;
     for (size_t i = 0; i < s->nsplices; i++)
         total += s->splices[i].len + 1;
-    gw_splice_buf_t b = {malloc(total + 1), 0};
+    gw_splice_buf_t b = {total + 1 <= cap ? buf : malloc(total + 1), 0};
     if (!b.o)
         return -1;
     if (gw_body_splice_walk(s, gw_splice_copy, &b) != 0) {
-        free(b.o);
+        if (b.o != buf)
+            free(b.o);
         return -1;
     }
     b.o[b.n] = '\0';
     *out = b.o;
     *outlen = b.n;
     return 0;
+}
+
+int gw_body_splice_apply(const gw_body_scan_t *s, char **out, size_t *outlen)
+{
+    return gw_body_splice_apply_buf(s, NULL, 0, out, outlen);
 }

@@ -120,6 +120,11 @@ static inline bool gw_body_edited(const gw_body_scan_t *s)
 /* The body with every splice applied, into out (malloc'd, *outlen its
  * length). -1: out of memory. */
 int gw_body_splice_apply(const gw_body_scan_t *s, char **out, size_t *outlen) SL_WUR;
+/* The same into buf (cap bytes, the caller's) when it fits with a NUL,
+ * else into a malloc'd block: *out is buf or that block (the caller frees
+ * it when it is not buf). -1: out of memory. */
+int gw_body_splice_apply_buf(const gw_body_scan_t *s, char *buf, size_t cap, char **out,
+                             size_t *outlen) SL_WUR;
 
 /* The spliced body as pieces in order, without building it: each run of
  * the client's bytes (body: true, a span of s->body) and each splice text

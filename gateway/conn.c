@@ -643,6 +643,36 @@ static gw_http_state_t gw_conn_body_direct(gw_conn_t *c, size_t *used)
     return st;
 }
 
+typedef struct gw_conn_head {
+    gw_conn_t *c;
+    int64_t now_ms; /* 0 until read */
+} gw_conn_head_t;
+
+/* The head is complete (gw_http_head_cb, called inside the feed, the
+ * head's bytes still in the input): the body's deadline and store. 0: the
+ * feed goes on with the body in the same pass; 1 when a 100 Continue was
+ * written (a write may read, so the input is left alone until the feed
+ * has drained it). */
+static int gw_conn_head(void *arg)
+{
+    gw_conn_head_t *h = arg;
+    gw_conn_t *c = h->c;
+    const gw_http_msg_t *m = gw_http_msg(c->parser);
+    c->phase = GW_PHASE_BODY;
+    if (!h->now_ms)
+        h->now_ms = sl_now_ms();
+    gw_conn_arm_at(c, c->w->rt->conf->limits.body_timeout_ms, h->now_ms);
+    if (!m->chunked && m->content_length >= GW_BODY_STORE_MIN &&
+        evbuffer_get_length(c->req->body) == 0) {
+        c->req->body_blk = gw_body_blk_new((size_t)m->content_length);
+    }
+    if (m->expect_continue && (m->chunked || m->content_length > 0)) {
+        bufferevent_write(c->bev, GW_LIT("HTTP/1.1 100 Continue\r\n\r\n"));
+        return 1;
+    }
+    return 0;
+}
+
 static void gw_conn_parse(gw_conn_t *c)
 {
     struct evbuffer *in = bufferevent_get_input(c->bev);
@@ -669,7 +699,10 @@ static void gw_conn_parse(gw_conn_t *c)
                 gw_conn_arm_at(c, lim->header_timeout_ms, now_ms);
         }
         size_t used = 0;
-        gw_http_state_t st = gw_http_feed_evbuffer(c->parser, in, &used, gw_conn_body_cb, c);
+        gw_conn_head_t h = {c, now_ms};
+        const gw_http_feed_cbs_t cbs = {gw_conn_head, &h, gw_conn_body_cb, c};
+        gw_http_state_t st = gw_http_feed_evbuffer_cbs(c->parser, in, &used, &cbs);
+        now_ms = h.now_ms;
         if (st == GW_HTTP_NEED_MORE && c->req->body_blk && evbuffer_get_length(in) == 0)
             st = gw_conn_body_direct(c, &used);
         c->req->bytes_in += used;
@@ -677,20 +710,8 @@ static void gw_conn_parse(gw_conn_t *c)
         switch (st) {
         case GW_HTTP_NEED_MORE:
             return; /* the input is used up */
-        case GW_HTTP_HEAD: {
-            const gw_http_msg_t *m = gw_http_msg(c->parser);
-            c->phase = GW_PHASE_BODY;
-            if (!now_ms)
-                now_ms = sl_now_ms();
-            gw_conn_arm_at(c, lim->body_timeout_ms, now_ms);
-            if (!m->chunked && m->content_length >= GW_BODY_STORE_MIN &&
-                evbuffer_get_length(c->req->body) == 0) {
-                c->req->body_blk = gw_body_blk_new((size_t)m->content_length);
-            }
-            if (m->expect_continue && (m->chunked || m->content_length > 0))
-                bufferevent_write(c->bev, GW_LIT("HTTP/1.1 100 Continue\r\n\r\n"));
-            break;
-        }
+        case GW_HTTP_HEAD:
+            break; /* 100 Continue went out: the body comes in the next pass */
         case GW_HTTP_DONE: {
             const gw_http_msg_t *m = gw_http_msg(c->parser);
             if (!m->keep_alive || (int64_t)c->nrequests + 1 >= lim->keepalive_requests)

@@ -96,6 +96,8 @@ int gw_req_set_include_usage(gw_req_t *r)
  * bytes by reference with the splice texts between (below it one memcpy is
  * cheaper than a reference chain per span). */
 #define GW_BODY_SPLICE_REF_MIN 16384
+/* Spliced bodies up to this size (NUL included) are built on the stack. */
+#define GW_BODY_SPLICE_STACK 4096
 
 /* The buffer holding the client's bytes once the spliced body refers into
  * them: freed when the last reference goes (the new body's own chains, and
@@ -140,13 +142,17 @@ static int gw_body_splice_into(gw_req_t *r)
 {
     gw_body_scan_t *s = r->scan;
     if (s->len < GW_BODY_SPLICE_REF_MIN) {
+        /* a usual request's body is built on the stack: no malloc and free
+         * for the moment it takes to copy it into r->body */
+        char stack[GW_BODY_SPLICE_STACK];
         char *b;
         size_t n;
-        if (gw_body_splice_apply(s, &b, &n) != 0)
+        if (gw_body_splice_apply_buf(s, stack, sizeof(stack), &b, &n) != 0)
             return -1;
         evbuffer_drain(r->body, evbuffer_get_length(r->body));
         int rc = evbuffer_add(r->body, b, n);
-        free(b);
+        if (b != stack)
+            free(b);
         return rc;
     }
     /* s->body is r->body's bytes (pulled up by gw_proxy_route): the new

@@ -1772,31 +1772,78 @@ gw_http_state_t gw_http_feed(gw_http_parser_t *p, const char *data, size_t n, si
     return st;
 }
 
-gw_http_state_t gw_http_feed_evbuffer(gw_http_parser_t *p, struct evbuffer *in, size_t *fed,
-                                      gw_http_body_cb body_cb, void *arg)
+/* Chains peeked per pass: a request's head and body are in one or two. */
+#define GW_HTTP_FEED_IOV 4
+
+/* Feeds the k peeked chains in order; *used gets the bytes taken. Returns
+ * at DONE or ERROR; at HEAD unless head_cb says go on (0); NEED_MORE once
+ * the chains are used up, or when the parser took nothing. Right after
+ * HEAD it feeds even nothing, so a body-less message completes. */
+static gw_http_state_t feed_iov(gw_http_parser_t *p, const struct evbuffer_iovec *v, int k,
+                                size_t *used, const gw_http_feed_cbs_t *cbs)
 {
-    size_t total = 0;
+    size_t total = 0, off = 0;
+    int i = 0;
     gw_http_state_t st;
     for (;;) {
-        struct evbuffer_iovec v = {.iov_base = "", .iov_len = 0};
-        if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
-            v.iov_len = 0;
-        if (v.iov_len == 0 && p->phase == PH_HEAD && p->state != GW_HTTP_ERROR) {
+        while (i < k && off == v[i].iov_len) {
+            i++;
+            off = 0;
+        }
+        size_t left = i < k ? v[i].iov_len - off : 0;
+        if (left == 0 && p->phase == PH_HEAD && p->state != GW_HTTP_ERROR) {
             /* Nothing to feed, and no head just passed that a 0-byte feed
              * could complete. */
             st = GW_HTTP_NEED_MORE;
             break;
         }
-        size_t used = 0;
-        st = gw_http_feed(p, v.iov_base, v.iov_len, &used, body_cb, arg);
-        evbuffer_drain(in, used);
-        total += used;
-        if (st != GW_HTTP_NEED_MORE || used == 0 || evbuffer_get_length(in) == 0)
+        const char *d = left ? (const char *)v[i].iov_base + off : "";
+        size_t u = 0;
+        st = gw_http_feed(p, d, left, &u, cbs->body_cb, cbs->body_arg);
+        off += u;
+        total += u;
+        if (st == GW_HTTP_HEAD && cbs->head_cb && cbs->head_cb(cbs->head_arg) == 0)
+            continue; /* the body in the same pass */
+        if (st != GW_HTTP_NEED_MORE || u == 0 || (u == left && i + 1 >= k))
             break;
+    }
+    *used = total;
+    return st;
+}
+
+gw_http_state_t gw_http_feed_evbuffer_cbs(gw_http_parser_t *p, struct evbuffer *in, size_t *fed,
+                                          const gw_http_feed_cbs_t *cbs)
+{
+    size_t total = 0;
+    gw_http_state_t st;
+    for (;;) {
+        struct evbuffer_iovec v[GW_HTTP_FEED_IOV];
+        int n = evbuffer_peek(in, -1, NULL, v, GW_HTTP_FEED_IOV);
+        int k = n < 0 ? 0 : n > GW_HTTP_FEED_IOV ? GW_HTTP_FEED_IOV : n;
+        size_t used = 0, have = 0;
+        st = feed_iov(p, v, k, &used, cbs);
+        if (used) /* once for all the chains fed (head and body alike) */
+            evbuffer_drain(in, used);
+        total += used;
+        /* with len -1, evbuffer_peek stops at GW_HTTP_FEED_IOV chains: when
+         * it filled them all and the parser took them all, look again */
+        if (st != GW_HTTP_NEED_MORE || n < GW_HTTP_FEED_IOV || used == 0)
+            break;
+        for (int i = 0; i < k; i++)
+            have += v[i].iov_len;
+        if (used != have)
+            break; /* the parser stopped short: as with nothing taken */
     }
     if (fed)
         *fed = total;
     return st;
+}
+
+gw_http_state_t gw_http_feed_evbuffer(gw_http_parser_t *p, struct evbuffer *in, size_t *fed,
+                                      gw_http_body_cb body_cb, void *arg)
+{
+    const gw_http_feed_cbs_t cbs = {.body_cb = body_cb, .body_arg = arg};
+    return gw_http_feed_evbuffer_cbs(p, in, fed, &cbs);
 }
 
 gw_http_state_t gw_http_feed_eof(gw_http_parser_t *p, gw_http_body_cb body_cb, void *arg)

@@ -196,6 +196,24 @@ gw_http_state_t gw_http_feed(gw_http_parser_t *p, const char *data, size_t n, si
 gw_http_state_t gw_http_feed_evbuffer(gw_http_parser_t *p, struct evbuffer *in, size_t *fed,
                                       gw_http_body_cb body_cb, void *arg) SL_WUR;
 
+/* Called at a complete head from inside the feed, before any body byte:
+ * return 0 to feed the body on in the same pass (one peek and one drain of
+ * the input for head and body), else the feed returns GW_HTTP_HEAD. The
+ * head's bytes are still in the input (drained when the pass ends): the
+ * callback must not touch that buffer, nor free what feeds it. */
+typedef int (*gw_http_head_cb)(void *arg);
+
+typedef struct gw_http_feed_cbs {
+    gw_http_head_cb head_cb; /* may be NULL: return at HEAD */
+    void *head_arg;
+    gw_http_body_cb body_cb; /* may be NULL: discard the body */
+    void *body_arg;
+} gw_http_feed_cbs_t;
+
+/* gw_http_feed_evbuffer with a head callback. */
+gw_http_state_t gw_http_feed_evbuffer_cbs(gw_http_parser_t *p, struct evbuffer *in, size_t *fed,
+                                          const gw_http_feed_cbs_t *cbs) SL_WUR;
+
 /* The peer closed: for a response delimited by close, this completes it
  * (GW_HTTP_DONE); otherwise an incomplete message is GW_HTTP_ERROR
  * ("truncated"). With no byte fed since reset it returns GW_HTTP_NEED_MORE

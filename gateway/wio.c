@@ -28,13 +28,13 @@
  * most 4 KiB (EVBUFFER_MAX_READ). For a proxy that is one more syscall per
  * read on both sockets of every request: 4.8 % of a plain request's CPU
  * (bench/RESULTS.md, "Plain request CPU"). A plain socket's bufferevent so
- * gets our read callback on its own read event: one readv into up to 1 KiB
- * of space reserved at the end of the input buffer and, behind it, the
- * thread's scratch (copied in after), up to GW_WIO_READ bytes or what
- * the read high-watermark leaves, once per wake-up (level-triggered, as
- * libevent reads). Only the event's callback changes, so enable/disable,
- * the high-watermark suspension (libevent's own input-buffer callback, run
- * by our commit), the read timeout and the deferred free work as before;
+ * gets our read callback on its own read event: one read into the
+ * thread's scratch, copied to the end of the input buffer (a small read
+ * in a chain of at most 1 KiB, gw_wio_read_once), up to GW_WIO_READ bytes
+ * or what the read high-watermark leaves, once per wake-up (level-
+ * triggered, as libevent reads). Only the event's callback changes, so
+ * enable/disable, the high-watermark suspension (the read mark below), the
+ * read timeout and the deferred free work as before;
  * EOF, errors and the timeout end as in libevent's bufferevent_readcb:
  * reading disabled, then the event callback with BEV_EVENT_READING. Bytes
  * read go to the bufferevent's read callback directly (its low-watermark
@@ -78,7 +78,7 @@
 #include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/uio.h>
+#include <unistd.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/bufferevent_struct.h>
@@ -93,8 +93,8 @@
  * so a fresh chain for it is a 16 KiB block, not the next power of two. */
 #define GW_WIO_READ (16 * 1024 - 128)
 
-/* The thread's read space: plain reads past the reserved 1 KiB, every
- * SSL_read (copied into the input buffer after). */
+/* The thread's read space: every plain read and every SSL_read (copied
+ * into the input buffer after). */
 static _Thread_local char gw_wio_scratch[GW_WIO_READ];
 
 /* Plaintext bytes one SSL_write takes: one TLS record. */
@@ -560,19 +560,20 @@ void gw_wio_flush_cb(evutil_socket_t fd, short what, void *arg)
     }
 }
 
-/* One readv into the end of bev's input, at most what the read
- * high-watermark leaves: bytes read, 0 at EOF, -1 with *err set; -2 when
- * the buffer is at its mark (reading is suspended again). */
-/* What one read puts straight into the input buffer's own space: the free
- * end of its last chain, or a new chain of libevent's smallest block (1 KiB
- * with its header: glibc's per-thread cache serves it). The rest of a read
- * lands in the thread's scratch and is copied in behind. A 16 KiB chain
- * reserved for every read (as libevent reads) is over that cache's size:
- * with thousands of connections those blocks come from glibc's large bins,
- * cold and fragmented (unlink_chunk, _int_malloc and _int_free were 8 % of
- * the worker's CPU at 5,000 connections, bench/RESULTS.md). A small message
- * so costs no large block at all; a large one one copy (what libevent's
- * chain would have held now comes from the scratch). */
+/* One read into the thread's scratch, copied to the end of bev's input, at
+ * most what the read high-watermark leaves: bytes read, 0 at EOF, -1 with
+ * *err set; -2 when the buffer is at its mark (reading is suspended again).
+ * Its first GW_WIO_OWN bytes go to the free end of the input's last chain
+ * or a new chain of libevent's smallest block (1 KiB with its header:
+ * glibc's per-thread cache serves it), the rest to a chain behind. A 16 KiB
+ * chain for every read (as libevent reads) is over that cache's size: with
+ * thousands of connections those blocks come from glibc's large bins, cold
+ * and fragmented (unlink_chunk, _int_malloc and _int_free were 8 % of the
+ * worker's CPU at 5,000 connections, bench/RESULTS.md). A small message so
+ * costs no large block at all. Reading into reserved space (readv into
+ * evbuffer_reserve_space's, then evbuffer_commit_space) saved the copy but
+ * cost more than it: ~235 instructions a read against ~100 for an add and
+ * the copy of a 400-byte message (callgrind, bench/RESULTS.md "evleft"). */
 #define GW_WIO_OWN (1024 - 64)
 
 static ssize_t gw_wio_read_once(gw_wio_t *io, evutil_socket_t fd, int *err)
@@ -584,42 +585,21 @@ static ssize_t gw_wio_read_once(gw_wio_t *io, evutil_socket_t fd, int *err)
     if (want == 0)
         return -2; /* at the mark: suspended until the input drains */
     want = SL_MIN(want, (size_t)GW_WIO_READ);
-    struct evbuffer_iovec v[2];
-    struct iovec iov[3];
-    ssize_t n = -1;
-    *err = ENOMEM;
     /* The bufferevent keeps the end of its input frozen (only it adds);
      * thaw it for our read, as it does for its own. */
     evbuffer_unfreeze(in, 0);
-    int nv = evbuffer_reserve_space(in, (ev_ssize_t)SL_MIN(want, GW_WIO_OWN), v, 2);
-    if (nv > 0) {
-        size_t left = want, own = 0;
-        for (int i = 0; i < nv; i++) {
-            iov[i].iov_base = v[i].iov_base;
-            iov[i].iov_len = SL_MIN(v[i].iov_len, left);
-            left -= iov[i].iov_len;
-            own += iov[i].iov_len;
-        }
-        int niov = nv;
-        if (left > 0) {
-            iov[niov].iov_base = gw_wio_scratch;
-            iov[niov].iov_len = left;
-            niov++;
-        }
-        n = readv(fd, iov, niov);
-        *err = errno;
-        if (n > 0) {
-            size_t got = (size_t)n;
-            int used = 0;
-            for (; used < nv && got > 0; used++) {
-                v[used].iov_len = SL_MIN(got, iov[used].iov_len);
-                got -= v[used].iov_len;
-            }
-            evbuffer_commit_space(in, v, used);
-            if ((size_t)n > own && evbuffer_add(in, gw_wio_scratch, (size_t)n - own) != 0) {
-                *err = ENOMEM;
-                n = -1;
-            }
+    ssize_t n = read(fd, gw_wio_scratch, want);
+    *err = errno;
+    if (n > 0) {
+        /* The first GW_WIO_OWN bytes fill the last chain's free end or a
+         * new chain of libevent's smallest block, the rest a chain of its
+         * own, as reserved space would have (one copy of a small message:
+         * cheaper than reserving and committing the space). */
+        size_t own = SL_MIN((size_t)n, (size_t)GW_WIO_OWN);
+        if (evbuffer_add(in, gw_wio_scratch, own) != 0 ||
+            ((size_t)n > own && evbuffer_add(in, gw_wio_scratch + own, (size_t)n - own) != 0)) {
+            *err = ENOMEM;
+            n = -1;
         }
     }
     evbuffer_freeze(in, 0);

@@ -4,17 +4,21 @@
  * possibly several pipelined requests. Beyond "no crash" it checks:
  *   - the same stream fed whole, byte by byte (small inputs) and in
  *     pseudo-random pieces gives the same messages, bodies, consumed
- *     counts and errors;
+ *     counts and errors; so does the client side's feed (an evbuffer of
+ *     those pieces as chains, head and body in one pass, drained once);
  *   - every parsed head is well formed (token names, trimmed values with
  *     no CR/LF/NUL, origin-form target, limits kept) and the body length
  *     matches its framing;
  *   - re-serialising a parsed request the way the proxy does and parsing
  *     it again gives the same message and body.
  */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <event2/buffer.h>
 
 #include "gateway/http1.h"
 
@@ -106,6 +110,43 @@ static void snap_head(fz_msg_t *r, const gw_http_msg_t *m)
     r->head_len = k > 0 && (size_t)k < sizeof(r->head) ? (size_t)k : sizeof(r->head) - 1;
 }
 
+/* A message ended (st, after its last feed; *off the stream's bytes taken
+ * so far): checks and records it. true: the next message follows. */
+static bool fz_msg_end(gw_http_parser_t *p, gw_http_state_t st, fz_msg_t *m, size_t used,
+                       bool at_end, fz_run_t *out)
+{
+    if (st == GW_HTTP_NEED_MORE) {
+        st = gw_http_feed_eof(p, fz_body, m);
+        if (st != GW_HTTP_ERROR && (st != GW_HTTP_NEED_MORE || gw_http_started(p)))
+            abort(); /* requests never end at close */
+    }
+    m->st = st;
+    m->used = used;
+    if (gw_http_body_bytes(p) != m->body_len)
+        abort();
+    if (st == GW_HTTP_ERROR) {
+        m->status = gw_http_error_status(p);
+        m->reason = gw_http_error_reason(p);
+        if (!m->reason[0] || m->status < 400 || m->status > 505)
+            abort();
+        m->used = 0;
+    }
+    if (st == GW_HTTP_DONE) {
+        const gw_http_msg_t *hm = gw_http_msg(p);
+        if (!m->head_len || !hm)
+            abort();
+        if (hm->content_length >= 0 && (int64_t)m->body_len != hm->content_length)
+            abort();
+        if (hm->content_length < 0 && !hm->chunked && m->body_len)
+            abort();
+    }
+    out->n++;
+    if (st != GW_HTTP_DONE || at_end || out->n == MAX_MSGS)
+        return false;
+    gw_http_parser_reset(p);
+    return true;
+}
+
 /* Feeds a stream cut at cuts[] (sorted, in (0, len)), message after message. */
 static void fz_feed(gw_http_parser_t *p, const char *in, size_t len, const size_t *cuts,
                     size_t ncuts, fz_run_t *out)
@@ -136,37 +177,65 @@ static void fz_feed(gw_http_parser_t *p, const char *in, size_t len, const size_
                 abort();
             if (end < len)
                 continue;
-            st = gw_http_feed_eof(p, fz_body, m);
-            if (st != GW_HTTP_ERROR && (st != GW_HTTP_NEED_MORE || gw_http_started(p)))
-                abort(); /* requests never end at close */
         }
-        m->st = st;
-        m->used = off - msg_start;
-        if (gw_http_body_bytes(p) != m->body_len)
-            abort();
-        if (st == GW_HTTP_ERROR) {
-            m->status = gw_http_error_status(p);
-            m->reason = gw_http_error_reason(p);
-            if (!m->reason[0] || m->status < 400 || m->status > 505)
-                abort();
-            m->used = 0;
-        }
-        if (st == GW_HTTP_DONE) {
-            const gw_http_msg_t *hm = gw_http_msg(p);
-            if (!m->head_len || !hm)
-                abort();
-            if (hm->content_length >= 0 && (int64_t)m->body_len != hm->content_length)
-                abort();
-            if (hm->content_length < 0 && !hm->chunked && m->body_len)
-                abort();
-        }
-        out->n++;
-        if (st != GW_HTTP_DONE || off == len || out->n == MAX_MSGS)
+        if (!fz_msg_end(p, st, m, off - msg_start, off == len, out))
             return;
-        gw_http_parser_reset(p);
         m = &out->m[out->n];
         msg_start = off;
     }
+}
+
+/* The client side's head callback: the head before any body byte. */
+typedef struct fz_ev {
+    gw_http_parser_t *p;
+    fz_msg_t *m;
+} fz_ev_t;
+
+static int fz_head(void *arg)
+{
+    fz_ev_t *e = arg;
+    if (e->m->head_len || e->m->body_len)
+        abort(); /* one head per message, before its body */
+    check_head(gw_http_msg(e->p));
+    snap_head(e->m, gw_http_msg(e->p));
+    return 0;
+}
+
+/* The client side's way (conn.c): the stream in an evbuffer, one chain per
+ * piece between cuts[], fed by gw_http_feed_evbuffer_cbs with the head
+ * callback (head and body in one pass), message after message. */
+static void fz_feed_ev(gw_http_parser_t *p, const char *in, size_t len, const size_t *cuts,
+                       size_t ncuts, fz_run_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    struct evbuffer *b = evbuffer_new();
+    if (!b)
+        abort();
+    size_t prev = 0;
+    for (size_t c = 0; c <= ncuts; c++) {
+        size_t end = c < ncuts ? cuts[c] : len;
+        if (end > prev && evbuffer_add_reference(b, in + prev, end - prev, NULL, NULL) != 0)
+            abort();
+        prev = end > prev ? end : prev;
+    }
+    gw_http_parser_reset(p);
+    size_t off = 0, msg_start = 0;
+    fz_ev_t e = {p, &out->m[0]};
+    for (;;) {
+        const gw_http_feed_cbs_t cbs = {fz_head, &e, fz_body, e.m};
+        size_t used = 0, before = evbuffer_get_length(b);
+        gw_http_state_t st = gw_http_feed_evbuffer_cbs(p, b, &used, &cbs);
+        if (before - evbuffer_get_length(b) != used || st == GW_HTTP_HEAD)
+            abort(); /* drained what it took; the callback went on */
+        off += used;
+        if (st == GW_HTTP_NEED_MORE && off != len)
+            abort(); /* the buffer is used up */
+        if (!fz_msg_end(p, st, e.m, off - msg_start, off == len, out))
+            break;
+        e.m = &out->m[out->n];
+        msg_start = off;
+    }
+    evbuffer_free(b);
 }
 
 static void fz_same(const fz_run_t *a, const fz_run_t *b)
@@ -246,11 +315,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             }
         fz_feed(p, in, size, cuts, k, &other);
         fz_same(&whole, &other);
+        fz_feed_ev(p, in, size, cuts, k, &other);
+        fz_same(&whole, &other);
     }
     if (size > 1 && size <= 512) {
         for (size_t i = 1; i < size; i++)
             cuts[i - 1] = i;
         fz_feed(p, in, size, cuts, size - 1, &other);
+        fz_same(&whole, &other);
+        fz_feed_ev(p, in, size, cuts, size - 1, &other);
         fz_same(&whole, &other);
     }
 

@@ -379,6 +379,40 @@ static void test_bigint(void **state)
     gw_body_scan_free(s);
 }
 
+/* gw_body_splice_apply_buf, as flow.c builds a usual edited body: in the
+ * caller's buffer when it fits with its NUL, else in a block of its own;
+ * the same bytes either way, and as gw_body_splice_apply's. */
+static void test_splice_apply_buf(void **state)
+{
+    (void)state;
+    const char *b = "{\"model\":\"chat-model\",\"max_tokens\":64}";
+    const char *want = "{\"model\":\"served-model\",\"max_tokens\":64}";
+    size_t wn = strlen(want);
+    gw_body_scan_t *s = gw_body_scan_new();
+    assert_non_null(s);
+    assert_int_equal(gw_body_scan(s, b, strlen(b), 0), GW_SCAN_OK);
+    assert_int_equal(gw_body_set(s, "model", &s->model, "\"served-model\"", 14), 0);
+    char buf[64], *out;
+    size_t n;
+    memset(buf, 'z', sizeof(buf));
+    assert_int_equal(gw_body_splice_apply_buf(s, buf, sizeof(buf), &out, &n), 0);
+    assert_ptr_equal(out, buf);
+    assert_int_equal(n, wn);
+    assert_string_equal(out, want);
+    /* a buffer without room for the NUL: a block of its own, buf untouched */
+    memset(buf, 'z', sizeof(buf));
+    assert_int_equal(gw_body_splice_apply_buf(s, buf, wn, &out, &n), 0);
+    assert_ptr_not_equal(out, buf);
+    assert_int_equal(n, wn);
+    assert_string_equal(out, want);
+    assert_int_equal(buf[0], 'z');
+    free(out);
+    assert_int_equal(gw_body_splice_apply(s, &out, &n), 0);
+    assert_string_equal(out, want);
+    free(out);
+    gw_body_scan_free(s);
+}
+
 /* ---- splices ------------------------------------------------------------------ */
 
 /* gw_body_splice_walk's pieces, as flow.c sends a large edited body: the
@@ -863,6 +897,7 @@ int main(void)
         cmocka_unit_test(test_many_keys_and_depth),
         cmocka_unit_test(test_facts),
         cmocka_unit_test(test_bigint),
+        cmocka_unit_test(test_splice_apply_buf),
         cmocka_unit_test(test_splices_every_position),
         cmocka_unit_test(test_splice_bytes),
         cmocka_unit_test(test_ratelimit_plain),

@@ -4,7 +4,11 @@
  * loop must walk them), pipelined messages left alone after DONE, a
  * body-less message completing right after HEAD with nothing more to feed,
  * an empty buffer in the head phase consuming nothing (an idle keep-alive
- * close stays a non-error), and an error stopping the loop.
+ * close stays a non-error), and an error stopping the loop. With a head
+ * callback (gw_http_feed_evbuffer_cbs, the client side's one pass): head
+ * and body in one call across chains (more than one peek's worth too), the
+ * callback before any body byte, two pipelined requests in one chain, an
+ * error in the second chain, and a callback that stops at the head.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -153,6 +157,161 @@ static void test_body_callback_refusal(void **state)
     evbuffer_free(in);
 }
 
+/* The client side's head callback: counts its calls, checks no body byte
+ * came before it, and goes on (0) or stops at the head (1). */
+typedef struct head_probe {
+    sink_t *body;
+    int calls;
+    size_t body_at_head;
+    int ret;
+} head_probe_t;
+
+static int head_cb(void *arg)
+{
+    head_probe_t *h = arg;
+    h->calls++;
+    h->body_at_head = h->body->n;
+    return h->ret;
+}
+
+static gw_http_state_t feed_cbs(gw_http_parser_t *p, struct evbuffer *in, size_t *fed,
+                                head_probe_t *h)
+{
+    const gw_http_feed_cbs_t cbs = {head_cb, h, body_cb, h->body};
+    return gw_http_feed_evbuffer_cbs(p, in, fed, &cbs);
+}
+
+#define HEAD11 "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 11\r\n\r\n"
+
+/* Head split across chains, body across chains: one call to DONE. Pieces
+ * of k bytes: 30 (the head in three chains, the body after it in the
+ * third) and 3 (head and body across many chains, more than one peek
+ * takes: the pass peeks again). */
+static void one_pass(size_t k)
+{
+    static const char req[] = HEAD11 "hello world";
+    struct evbuffer *in = evbuffer_new();
+    add_pieces(in, req, k);
+    assert_true(evbuffer_peek(in, -1, NULL, NULL, 0) >= 3);
+    gw_http_parser_t *p = gw_http_parser_new(GW_HTTP_REQUEST, NULL);
+    sink_t s = {0};
+    head_probe_t h = {&s, 0, 99, 0};
+    size_t fed = 0;
+    assert_int_equal(feed_cbs(p, in, &fed, &h), GW_HTTP_DONE);
+    assert_int_equal(h.calls, 1);
+    assert_int_equal(h.body_at_head, 0); /* the head is acted on before the body */
+    assert_int_equal(fed, sizeof(req) - 1);
+    assert_int_equal(evbuffer_get_length(in), 0);
+    assert_int_equal(s.n, 11);
+    assert_memory_equal(s.body, "hello world", 11);
+    /* done is sticky: nothing more is taken, the callback not called again */
+    assert_int_equal(feed_cbs(p, in, &fed, &h), GW_HTTP_DONE);
+    assert_int_equal(fed, 0);
+    assert_int_equal(h.calls, 1);
+    gw_http_parser_free(p);
+    evbuffer_free(in);
+}
+
+static void test_cbs_one_pass_across_chains(void **state)
+{
+    (void)state;
+    one_pass(30);
+    one_pass(3);
+}
+
+/* Two requests in one chain: the first completes in one call, the second
+ * stays whole in the buffer; a body-less one completes at the head's end. */
+static void test_cbs_pipelined_one_chain(void **state)
+{
+    (void)state;
+#define SECOND_GET "GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n"
+    static const char two[] = HEAD11 "hello world" SECOND_GET;
+    struct evbuffer *in = evbuffer_new();
+    assert_int_equal(evbuffer_add(in, two, sizeof(two) - 1), 0);
+    gw_http_parser_t *p = gw_http_parser_new(GW_HTTP_REQUEST, NULL);
+    sink_t s = {0};
+    head_probe_t h = {&s, 0, 99, 0};
+    size_t fed = 0;
+    assert_int_equal(feed_cbs(p, in, &fed, &h), GW_HTTP_DONE);
+    assert_int_equal(fed, sizeof(HEAD11) - 1 + 11);
+    assert_int_equal(s.n, 11);
+    assert_int_equal(evbuffer_get_length(in), sizeof(SECOND_GET) - 1);
+    gw_http_parser_reset(p);
+    s.n = 0;
+    assert_int_equal(feed_cbs(p, in, &fed, &h), GW_HTTP_DONE); /* 0-byte feed after HEAD */
+    assert_int_equal(h.calls, 2);
+    assert_int_equal(fed, sizeof(SECOND_GET) - 1);
+    assert_int_equal(gw_http_msg(p)->path_len, strlen("/readyz"));
+    assert_int_equal(s.n, 0);
+    assert_int_equal(evbuffer_get_length(in), 0);
+    gw_http_parser_free(p);
+    evbuffer_free(in);
+}
+
+/* An error in the second chain: the feed stops at the offending byte,
+ * drains only what came before it, and the head callback is not called. */
+static void test_cbs_error_in_second_chain(void **state)
+{
+    (void)state;
+    static const char first[] = "GET / HTTP/1.1\r\nHost: x\r\n";
+    static const char second[] = "Bad Header\r\n\r\nGET / HTTP/1.1\r\n\r\n";
+    struct evbuffer *in = evbuffer_new();
+    assert_int_equal(evbuffer_add_reference(in, first, sizeof(first) - 1, noop_free, NULL), 0);
+    assert_int_equal(evbuffer_add_reference(in, second, sizeof(second) - 1, noop_free, NULL), 0);
+    gw_http_parser_t *p = gw_http_parser_new(GW_HTTP_REQUEST, NULL);
+    sink_t s = {0};
+    head_probe_t h = {&s, 0, 99, 0};
+    size_t before = evbuffer_get_length(in), fed = 0;
+    assert_int_equal(feed_cbs(p, in, &fed, &h), GW_HTTP_ERROR);
+    assert_int_equal(gw_http_error_status(p), 400);
+    assert_int_equal(h.calls, 0);
+    assert_true(fed >= sizeof(first) - 1 && fed <= sizeof(first) - 1 + strlen("Bad"));
+    assert_int_equal(before - evbuffer_get_length(in), fed);
+    gw_http_parser_free(p);
+
+    /* A body error in the second chain (bad chunk size) after the head
+     * passed: the head's bytes and the valid framing are drained, no more. */
+    static const char head[] = "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+    static const char body[] = "5\r\nhello\r\nzz\r\n";
+    evbuffer_drain(in, evbuffer_get_length(in));
+    assert_int_equal(evbuffer_add_reference(in, head, sizeof(head) - 1, noop_free, NULL), 0);
+    assert_int_equal(evbuffer_add_reference(in, body, sizeof(body) - 1, noop_free, NULL), 0);
+    p = gw_http_parser_new(GW_HTTP_REQUEST, NULL);
+    before = evbuffer_get_length(in);
+    assert_int_equal(feed_cbs(p, in, &fed, &h), GW_HTTP_ERROR);
+    assert_int_equal(h.calls, 1);
+    assert_int_equal(s.n, 5);
+    assert_memory_equal(s.body, "hello", 5);
+    assert_int_equal(fed, sizeof(head) - 1 + strlen("5\r\nhello\r\n"));
+    assert_int_equal(before - evbuffer_get_length(in), fed);
+    gw_http_parser_free(p);
+    evbuffer_free(in);
+}
+
+/* A callback that stops (a 100 Continue written): HEAD with only the head
+ * drained; the next call takes the body. */
+static void test_cbs_head_stop(void **state)
+{
+    (void)state;
+    static const char req[] = HEAD11 "hello world";
+    struct evbuffer *in = evbuffer_new();
+    assert_int_equal(evbuffer_add(in, req, sizeof(req) - 1), 0);
+    gw_http_parser_t *p = gw_http_parser_new(GW_HTTP_REQUEST, NULL);
+    sink_t s = {0};
+    head_probe_t h = {&s, 0, 99, 1};
+    size_t fed = 0;
+    assert_int_equal(feed_cbs(p, in, &fed, &h), GW_HTTP_HEAD);
+    assert_int_equal(fed, sizeof(HEAD11) - 1);
+    assert_int_equal(evbuffer_get_length(in), 11);
+    assert_int_equal(s.n, 0);
+    assert_int_equal(feed_cbs(p, in, &fed, &h), GW_HTTP_DONE);
+    assert_int_equal(h.calls, 1);
+    assert_int_equal(fed, 11);
+    assert_memory_equal(s.body, "hello world", 11);
+    gw_http_parser_free(p);
+    evbuffer_free(in);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -161,6 +320,10 @@ int main(void)
         cmocka_unit_test(test_empty_buffer_is_not_a_start),
         cmocka_unit_test(test_error_stops_the_loop),
         cmocka_unit_test(test_body_callback_refusal),
+        cmocka_unit_test(test_cbs_one_pass_across_chains),
+        cmocka_unit_test(test_cbs_pipelined_one_chain),
+        cmocka_unit_test(test_cbs_error_in_second_chain),
+        cmocka_unit_test(test_cbs_head_stop),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -206,8 +206,8 @@ static void test_bytes_then_eof(void **state)
     assert_int_equal(bufferevent_get_enabled(f->bev) & EV_READ, 0);
 }
 
-/* Reads up to the reserve size (not libevent's 4 KiB), one per wake-up,
- * bytes in order. */
+/* Reads of up to 16 KiB (not libevent's 4 KiB; one past 960 bytes is
+ * added in two parts), one per wake-up, bytes in order. */
 static void test_read_size(void **state)
 {
     fx_t *f = *state;
@@ -241,7 +241,7 @@ static void test_read_size(void **state)
     assert_int_equal(f->seen, N);
     assert_memory_equal(f->data, src, N);
     assert_true(f->max_read > 4096);       /* more than evbuffer_read's cap */
-    assert_true(f->max_read <= 16 * 1024); /* one reserve, bounded */
+    assert_true(f->max_read <= 16 * 1024); /* one read, bounded */
     /* 256 KiB in reads of ~16 KiB: at least 16 of them, far fewer than the
      * 64 that 4 KiB reads would take at best */
     assert_true(f->nreads >= N / (16 * 1024));
