@@ -379,6 +379,54 @@ static void test_bigint(void **state)
     gw_body_scan_free(s);
 }
 
+/* Integers of up to 18 digits are read by the scanner itself, longer ones
+ * by strtoll: both sides of that bound, signed, agree with jansson (the
+ * largest 19-digit ones overflow an int64: a big integer, as reals). */
+static void test_integer_bounds(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *num;
+        bool big;
+        int64_t v;
+    } cases[] = {
+        {"0", false, 0},
+        {"-0", false, 0},
+        {"7", false, 7},
+        {"-7", false, -7},
+        {"999999999999999999", false, 999999999999999999LL},
+        {"-999999999999999999", false, -999999999999999999LL},
+        {"1000000000000000000", false, 1000000000000000000LL},
+        {"9223372036854775807", false, INT64_MAX},
+        {"-9223372036854775808", false, INT64_MIN},
+        {"9223372036854775808", true, 0},
+        {"9999999999999999999", true, 0},
+        {"-9999999999999999999", true, 0},
+    };
+    gw_body_scan_t *s = gw_body_scan_new();
+    assert_non_null(s);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char b[128];
+        int n = snprintf(b, sizeof(b), "{\"model\":\"m\",\"max_tokens\":%s}", cases[i].num);
+        assert_int_equal(gw_body_scan(s, b, (size_t)n, 0), GW_SCAN_OK);
+        json_t *j = intake(b, (size_t)n);
+        assert_non_null(j);
+        const json_t *mt = json_object_get(j, "max_tokens");
+        if (cases[i].big) {
+            assert_true(s->bigint);
+            assert_true(json_is_real(mt));
+        } else {
+            assert_false(s->bigint);
+            assert_int_equal(s->max_tokens.kind, SL_J_INT);
+            assert_true(s->max_tokens.i == cases[i].v);
+            assert_true(json_integer_value(mt) == cases[i].v);
+        }
+        assert_span(b, &s->max_tokens, cases[i].num);
+        json_decref(j);
+    }
+    gw_body_scan_free(s);
+}
+
 /* ---- splices ------------------------------------------------------------------ */
 
 /* gw_body_splice_walk's pieces, as flow.c sends a large edited body: the
@@ -863,6 +911,7 @@ int main(void)
         cmocka_unit_test(test_many_keys_and_depth),
         cmocka_unit_test(test_facts),
         cmocka_unit_test(test_bigint),
+        cmocka_unit_test(test_integer_bounds),
         cmocka_unit_test(test_splices_every_position),
         cmocka_unit_test(test_splice_bytes),
         cmocka_unit_test(test_ratelimit_plain),
