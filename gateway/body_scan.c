@@ -1034,24 +1034,18 @@ static int gw_scan_text(gw_scan_ctx_t *c, const char *p, size_t n, const gw_span
 }
 
 /* The common string: no escapes (yajl hands out the body's own bytes)
- * and no skeleton. Its span and text without gw_scan_string_span. */
-static inline bool gw_scan_plain(const gw_scan_ctx_t *c, const char *p, size_t n, gw_span_t *sp)
+ * and no skeleton, so yajl's offsets are the body's. */
+static inline bool gw_scan_plain(const gw_scan_ctx_t *c, const char *p)
 {
-    if (c->nel != 0 || p < c->base || p >= c->base + c->blen)
-        return false;
-    sp->so = sp->off = (size_t)(p - c->base) - 1;
-    sp->se = sp->end = sp->off + n + 2;
-    sp->escaped = sp->cut = false;
-    return true;
+    return c->nel == 0 && p >= c->base && p < c->base + c->blen;
 }
 
-static int gw_cb_string(void *ctx, const unsigned char *up, size_t n)
+/* gw_cb_string for the other strings (escaped, or read from a skeleton):
+ * out of line, so the common one keeps a small frame. */
+static __attribute__((noinline)) int gw_cb_string_span(gw_scan_ctx_t *c, const char *p, size_t n)
 {
-    gw_scan_ctx_t *c = GW_SCAN_CTX(ctx);
-    const char *p = (const char *)up;
     gw_span_t sp;
-    bool plain = gw_scan_plain(c, p, n, &sp);
-    if (!plain && gw_scan_string_span(c, p, n, &sp) != 0)
+    if (gw_scan_string_span(c, p, n, &sp) != 0)
         return gw_scan_stop(c, GW_SCAN_SLOW);
     gw_slot_t slot;
     int sr = gw_scan_slot(c, SL_J_STRING, &slot);
@@ -1062,11 +1056,29 @@ static int gw_cb_string(void *ctx, const unsigned char *up, size_t n)
         slot.f->off = sp.off;
         slot.f->end = sp.end;
     }
-    if (t && plain) {
+    if (t && gw_scan_text(c, p, n, &sp, t) != 0)
+        return gw_scan_stop(c, GW_SCAN_OOM);
+    return 1;
+}
+
+static int gw_cb_string(void *ctx, const unsigned char *up, size_t n)
+{
+    gw_scan_ctx_t *c = GW_SCAN_CTX(ctx);
+    const char *p = (const char *)up;
+    if (!gw_scan_plain(c, p))
+        return gw_cb_string_span(c, p, n);
+    gw_slot_t slot;
+    int sr = gw_scan_slot(c, SL_J_STRING, &slot);
+    if (sr != 0)
+        return gw_scan_stop(c, sr < 0 ? GW_SCAN_OOM : GW_SCAN_SLOW);
+    sl_text_t *t = slot.f ? &slot.f->s : slot.text;
+    if (slot.f) {
+        slot.f->off = (size_t)(p - c->base) - 1; /* the quotes' span */
+        slot.f->end = slot.f->off + n + 2;
+    }
+    if (t) {
         t->p = p; /* the body's own bytes */
         t->len = n;
-    } else if (t && gw_scan_text(c, p, n, &sp, t) != 0) {
-        return gw_scan_stop(c, GW_SCAN_OOM);
     }
     return 1;
 }
@@ -1190,20 +1202,29 @@ static int gw_scan_key_dup(gw_scan_ctx_t *c, gw_frame_t *fr, sl_text_t k)
     return 0;
 }
 
+/* A key that is not the body's own bytes (escaped, or read from a
+ * skeleton) into *k: 1, or yajl's cancel (0) with c->rc set. Out of line,
+ * so the common key keeps a small frame. */
+static __attribute__((noinline)) int gw_scan_key_text(gw_scan_ctx_t *c, sl_text_t *k)
+{
+    gw_span_t sp;
+    const char *p = k->p;
+    size_t n = k->len;
+    if (gw_scan_string_span(c, p, n, &sp) != 0)
+        return gw_scan_stop(c, GW_SCAN_SLOW);
+    if (gw_scan_text(c, p, n, &sp, k) != 0)
+        return gw_scan_stop(c, GW_SCAN_OOM);
+    if (sp.escaped && memchr(k->p, '\0', k->len))
+        return gw_scan_stop(c, GW_SCAN_SLOW); /* jansson: NUL in a key */
+    return 1;
+}
+
 static int gw_cb_map_key(void *ctx, const unsigned char *up, size_t n)
 {
     gw_scan_ctx_t *c = GW_SCAN_CTX(ctx);
-    const char *p = (const char *)up;
-    gw_span_t sp;
-    sl_text_t k = {p, n};
-    if (!gw_scan_plain(c, p, n, &sp)) {
-        if (gw_scan_string_span(c, p, n, &sp) != 0)
-            return gw_scan_stop(c, GW_SCAN_SLOW);
-        if (gw_scan_text(c, p, n, &sp, &k) != 0)
-            return gw_scan_stop(c, GW_SCAN_OOM);
-    }
-    if (sp.escaped && memchr(k.p, '\0', k.len))
-        return gw_scan_stop(c, GW_SCAN_SLOW); /* jansson: NUL in a key */
+    sl_text_t k = {(const char *)up, n};
+    if (!gw_scan_plain(c, k.p) && gw_scan_key_text(c, &k) == 0)
+        return 0;
     gw_frame_t *fr = &c->st[c->depth - 1];
     switch (gw_scan_key_dup(c, fr, k)) {
     case 0:

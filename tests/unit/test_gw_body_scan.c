@@ -379,6 +379,36 @@ static void test_bigint(void **state)
     gw_body_scan_free(s);
 }
 
+/* Keys as the callbacks match them: escaped forms of the wanted keys are
+ * those keys; a key of a wanted key's length, or a wanted key inside an
+ * object nothing is read from, is not; escaped keys that differ are no
+ * duplicates of each other (each kept as decoded, not as yajl's buffer). */
+static void test_key_forms(void **state)
+{
+    (void)state;
+    const char *b =
+        "{\"x\":{\"model\":\"inner\",\"max_tokens\":1},\"modex\":\"no\",\"mod\\u0065l\":"
+        "\"m\",\"m\\u0065ssages\":[{\"r\\u006fle\":\"user\",\"content\":\"hi\"}],"
+        "\"\\u0061\":1,\"\\u0062\":2,\"max_tokenz\":3,\"max_tokens\":4}";
+    gw_body_scan_t *s = gw_body_scan_new();
+    assert_non_null(s);
+    assert_int_equal(gw_body_scan(s, b, strlen(b), GW_SCAN_MSGS), GW_SCAN_OK);
+    assert_int_equal(s->model.kind, SL_J_STRING);
+    assert_true(sl_text_is(s->model.s, "m"));
+    assert_span(b, &s->model, "\"m\"");
+    assert_int_equal(s->max_tokens.i, 4);
+    assert_int_equal(s->top.members, 8);
+    assert_int_equal(s->chat.nmsgs, 1);
+    assert_true(sl_text_is(s->chat.msgs[0].role, "user"));
+    assert_true(sl_text_is(s->chat.msgs[0].content, "hi"));
+    /* the same key escaped and plain, in any order: a duplicate */
+    const char *d1 = "{\"model\":\"m\",\"mod\\u0065l\":\"n\"}";
+    const char *d2 = "{\"mod\\u0065l\":\"n\",\"model\":\"m\"}";
+    assert_int_equal(gw_body_scan(s, d1, strlen(d1), 0), GW_SCAN_SLOW);
+    assert_int_equal(gw_body_scan(s, d2, strlen(d2), 0), GW_SCAN_SLOW);
+    gw_body_scan_free(s);
+}
+
 /* Integers of up to 18 digits are read by the scanner itself, longer ones
  * by strtoll: both sides of that bound, signed, agree with jansson (the
  * largest 19-digit ones overflow an int64: a big integer, as reals). */
@@ -912,6 +942,7 @@ int main(void)
         cmocka_unit_test(test_facts),
         cmocka_unit_test(test_bigint),
         cmocka_unit_test(test_integer_bounds),
+        cmocka_unit_test(test_key_forms),
         cmocka_unit_test(test_splices_every_position),
         cmocka_unit_test(test_splice_bytes),
         cmocka_unit_test(test_ratelimit_plain),
