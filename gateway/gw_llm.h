@@ -53,9 +53,6 @@ bool gw_llm_sse_event(gw_req_t *r, const gw_sse_event_t *ev);
  * `"text":` holds a non-empty string or `"tool_calls":` a non-empty array
  * (what gw_llm_has_content tells on the tree). */
 bool gw_llm_scan_keys(const char *p, size_t n, bool *content);
-/* The length of the JSON object at p (p[0] == '{') when it closes within n
- * bytes, else 0 (llm_metrics.c gives yajl exactly the usage object's bytes). */
-size_t gw_llm_object_len(const char *p, size_t n);
 /* Whether an event's data may carry the usage (hook_llm.c's strip test). */
 bool gw_llm_has_usage_key(const char *p, size_t n);
 /* A whole JSON answer's usage (an answer made in-process). */

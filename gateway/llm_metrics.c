@@ -340,12 +340,11 @@ void gw_llm_body_bytes(gw_req_t *r, const char *p, size_t n)
 }
 
 /* The usage object of a JSON answer, read by yajl with callbacks: only
- * its own two integer members are kept. Once per request, so no tree: the
- * thread keeps its yajl handle between answers (common/yheap.h; a handle
- * per read, alloc, config, first push and free, was ~450 instructions of
- * the ~2,600 the read cost), and yajl reads exactly the object's bytes, so
- * that it ends between values, ready for the next one. The counts are
- * taken only when the whole object parsed, as a tree parse would have them. */
+ * its own two integer members are kept, and the parse stops at the
+ * object's end (what follows it is the rest of the answer). Once per
+ * request, so no tree and no malloc: yajl's few blocks come from a buffer
+ * on the stack (common/yheap.h). The counts are taken only when the whole
+ * object parsed, as a tree parse would have them. */
 typedef struct gw_llm_uparse {
     int depth;           /* 1: inside the usage object itself */
     int key;             /* the member whose value comes next: 0 other, 1 prompt, 2 completion */
@@ -354,13 +353,9 @@ typedef struct gw_llm_uparse {
     long long pv, cv;
 } gw_llm_uparse_t;
 
-static _Thread_local sl_ykeep_t gw_llm_up_keep;
-
-#define GW_LLM_UP(ctx) ((gw_llm_uparse_t *)((sl_ykeep_t *)(ctx))->cur)
-
 static int gw_llm_up_value(void *ctx)
 {
-    GW_LLM_UP(ctx)->key = 0;
+    ((gw_llm_uparse_t *)ctx)->key = 0;
     return 1;
 }
 
@@ -385,7 +380,7 @@ static int gw_llm_up_string(void *ctx, const unsigned char *s, size_t n)
 
 static int gw_llm_up_integer(void *ctx, long long v)
 {
-    gw_llm_uparse_t *u = GW_LLM_UP(ctx);
+    gw_llm_uparse_t *u = ctx;
     if (u->key == 1) {
         u->have_p = true;
         u->pv = v;
@@ -399,7 +394,7 @@ static int gw_llm_up_integer(void *ctx, long long v)
 
 static int gw_llm_up_map_key(void *ctx, const unsigned char *k, size_t n)
 {
-    gw_llm_uparse_t *u = GW_LLM_UP(ctx);
+    gw_llm_uparse_t *u = ctx;
     u->key = 0;
     if (u->depth == 1 && n == 13 && memcmp(k, "prompt_tokens", 13) == 0)
         u->key = 1;
@@ -410,7 +405,7 @@ static int gw_llm_up_map_key(void *ctx, const unsigned char *k, size_t n)
 
 static int gw_llm_up_open(void *ctx)
 {
-    gw_llm_uparse_t *u = GW_LLM_UP(ctx);
+    gw_llm_uparse_t *u = ctx;
     u->depth++;
     u->key = 0;
     return 1;
@@ -418,9 +413,11 @@ static int gw_llm_up_open(void *ctx)
 
 static int gw_llm_up_close(void *ctx)
 {
-    gw_llm_uparse_t *u = GW_LLM_UP(ctx);
-    if (--u->depth == 0)
-        u->closed = true; /* the last byte yajl is given */
+    gw_llm_uparse_t *u = ctx;
+    if (--u->depth == 0) {
+        u->closed = true;
+        return 0; /* the object is whole: stop here */
+    }
     return 1;
 }
 
@@ -437,53 +434,18 @@ static const yajl_callbacks gw_llm_up_cbs = {
     .yajl_end_array = gw_llm_up_close,
 };
 
-/* The length of the object at p (p[0] == '{') if it closes within n bytes,
- * else 0. It only bounds what yajl is given (yajl judges every byte; on
- * JSON it would close at the same '}'): braces are counted outside
- * strings, and a string is skipped to the first quote after it that is
- * not escaped (preceded by an even run of backslashes). */
-size_t gw_llm_object_len(const char *p, size_t n)
-{
-    size_t depth = 0;
-    for (size_t i = 0; i < n; i++) {
-        char ch = p[i];
-        if (ch == '"') {
-            for (;;) {
-                const char *q = memchr(p + i + 1, '"', n - i - 1);
-                if (!q)
-                    return 0;
-                i = (size_t)(q - p);
-                size_t bs = 0; /* stops at the opening quote at the latest */
-                while (p[i - 1 - bs] == '\\')
-                    bs++;
-                if (bs % 2 == 0)
-                    break;
-            }
-        } else if (ch == '{') {
-            depth++;
-        } else if (ch == '}' && depth > 0 && --depth == 0) {
-            return i + 1;
-        }
-    }
-    return 0;
-}
-
 /* obj..end starts with the usage object's '{'. */
 static void gw_llm_usage_bytes(gw_req_t *r, const char *obj, size_t n)
 {
-    size_t len = gw_llm_object_len(obj, n);
-    if (len == 0)
-        return; /* not whole in these bytes: yajl would not close it either */
     gw_llm_uparse_t u = {0};
-    yajl_handle h = sl_ykeep_take(&gw_llm_up_keep, &gw_llm_up_cbs, true);
+    sl_yheap_t heap;
+    yajl_alloc_funcs af = sl_yheap_funcs(&heap);
+    yajl_handle h = yajl_alloc(&gw_llm_up_cbs, &af, &u);
     if (!h)
         return;
-    gw_llm_up_keep.cur = &u;
-    yajl_status st = yajl_parse(h, (const unsigned char *)obj, len);
-    gw_llm_up_keep.cur = NULL;
-    bool whole = st == yajl_status_ok && u.closed;
-    sl_ykeep_put(&gw_llm_up_keep, h, whole);
-    if (whole)
+    (void)yajl_parse(h, (const unsigned char *)obj, n); /* client_canceled at its end */
+    yajl_free(h);
+    if (u.closed)
         gw_llm_usage_add(r, u.have_p, u.pv, u.have_c, u.cv);
 }
 

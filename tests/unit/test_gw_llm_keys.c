@@ -2,9 +2,7 @@
  * test_gw_llm_keys.c — the relay's one-pass key scan of an SSE event
  * (gw_llm_scan_keys, gateway/llm_metrics.c) against the per-key memmem
  * searches it replaced: the same usage and content answers on real chunks
- * and on random bytes over a small alphabet of the keys' pieces. And
- * gw_llm_object_len, the bound of the usage object yajl is given, against
- * where jansson ends the same object.
+ * and on random bytes over a small alphabet of the keys' pieces.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,7 +14,6 @@
 #include <string.h>
 
 #include <cmocka.h>
-#include <jansson.h>
 
 #include "gateway/gw_llm.h"
 
@@ -137,77 +134,11 @@ static void test_random(void **state)
     }
 }
 
-/* Where jansson ends the object at p (0: it refuses it). */
-static size_t ref_object_len(const char *p, size_t n)
-{
-    json_error_t err;
-    json_t *j = json_loadb(p, n, JSON_DISABLE_EOF_CHECK, &err);
-    bool obj = json_is_object(j);
-    json_decref(j);
-    return obj ? (size_t)err.position : 0;
-}
-
-static void check_object_len(const char *p, size_t n)
-{
-    size_t want = ref_object_len(p, n);
-    if (want == 0)
-        return; /* not an object jansson takes: yajl refuses it whatever the bound */
-    size_t got = gw_llm_object_len(p, n);
-    if (got != want)
-        fail_msg("object_len %zu, jansson %zu: %.*s", got, want, (int)n, p);
-    /* cut anywhere inside: not whole */
-    for (size_t k = 1; k < want; k++)
-        if (gw_llm_object_len(p, k) != 0)
-            fail_msg("object_len of a %zu-byte cut: %.*s", k, (int)n, p);
-}
-
-static void test_object_len(void **state)
-{
-    (void)state;
-    static const char *const fixed[] = {
-        "{\"prompt_tokens\":31,\"completion_tokens\":9,\"total_tokens\":40}}",
-        "{\"a\":\"}\"} tail",
-        "{\"a\":\"\\\"}\"},\"b\":1}",
-        "{\"a\":\"\\\\\"},\"b\":1}",
-        "{\"a\":\"\\\\\\\"}\"}}",
-        "{\"d\":{\"x\":{}},\"e\":[{\"f\":\"{\"}]}}]",
-        "{\"}\":\"{\",\"k\\\"\":1}",
-        "{}",
-    };
-    for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++) {
-        assert_true(ref_object_len(fixed[i], strlen(fixed[i])) > 0);
-        check_object_len(fixed[i], strlen(fixed[i]));
-    }
-    assert_int_equal(gw_llm_object_len("{\"a\":\"}", 7), 0); /* a string open at the end */
-    assert_int_equal(gw_llm_object_len("{\"a\":{}", 7), 0);
-    static const char *const pieces[] = {"{", "}", "\"", "\\", "\\\\", "\\\"",  ":",
-                                         ",", "1", "[",  "]",  "x",    "\"k\"", " "};
-    char buf[96];
-    uint32_t x = 11;
-    for (int it = 0; it < 200000; it++) {
-        size_t n = 0;
-        x = x * 1103515245u + 12345u;
-        size_t parts = 2 + (x >> 16) % 16;
-        buf[n++] = '{';
-        for (size_t k = 0; k < parts; k++) {
-            x = x * 1103515245u + 12345u;
-            const char *s = pieces[(x >> 16) % (sizeof(pieces) / sizeof(pieces[0]))];
-            size_t l = strlen(s);
-            if (n + l > sizeof(buf))
-                break;
-            memcpy(buf + n, s, l);
-            n += l;
-        }
-        check_object_len(buf, n);
-    }
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chunks),
         cmocka_unit_test(test_random),
-        cmocka_unit_test(test_object_len),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
