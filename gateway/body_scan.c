@@ -112,6 +112,7 @@ typedef struct gw_scan_ctx {
     size_t blen;
     const gw_elide_t *el; /* the skeleton's cuts, in order (none: base is the body) */
     size_t nel;
+    size_t plain_len; /* blen, or 0 with a skeleton: gw_scan_plain's one compare */
     unsigned flags;
     gw_scan_rc_t rc;
     gw_frame_t st[GW_SCAN_DEPTH];
@@ -1037,7 +1038,7 @@ static int gw_scan_text(gw_scan_ctx_t *c, const char *p, size_t n, const gw_span
  * and no skeleton, so yajl's offsets are the body's. */
 static inline bool gw_scan_plain(const gw_scan_ctx_t *c, const char *p)
 {
-    return c->nel == 0 && p >= c->base && p < c->base + c->blen;
+    return (uintptr_t)p - (uintptr_t)c->base < c->plain_len; /* below base: wraps, large */
 }
 
 /* gw_cb_string for the other strings (escaped, or read from a skeleton):
@@ -1281,6 +1282,7 @@ static gw_scan_rc_t gw_body_scan_run(gw_body_scan_t *s, const char *base, size_t
     c.blen = blen;
     c.el = el;
     c.nel = nel;
+    c.plain_len = nel == 0 ? blen : 0;
     c.flags = flags;
     c.rc = GW_SCAN_OK;
     c.depth = 0;
