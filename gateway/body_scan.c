@@ -117,6 +117,7 @@ typedef struct gw_scan_ctx {
     gw_scan_rc_t rc;
     gw_frame_t st[GW_SCAN_DEPTH];
     int depth;
+    gw_frame_t *top; /* st[depth - 1] (depth > 0) */
     sl_text_t *keys;
     size_t nkeys, keys_cap;
     sl_text_t key_inline[64];
@@ -609,7 +610,7 @@ static inline __attribute__((always_inline)) int gw_scan_slot(gw_scan_ctx_t *c, 
         slot->child = kind == SL_J_OBJECT ? GW_R_TOP : GW_R_OTHER;
         return 0;
     }
-    gw_frame_t *fr = &c->st[c->depth - 1];
+    gw_frame_t *fr = c->top;
     fr->count += !fr->obj;
     switch ((gw_role_t)fr->role) {
     case GW_R_TOP:
@@ -1111,6 +1112,7 @@ static inline __attribute__((always_inline)) int gw_scan_push(gw_scan_ctx_t *c, 
         fr->idx = c->st[c->depth - 1].idx; /* the message's */
     }
     c->depth++;
+    c->top = fr;
     return 1;
 }
 
@@ -1126,7 +1128,8 @@ static void gw_scan_hash_free(gw_frame_t *fr)
 
 static inline __attribute__((always_inline)) int gw_scan_pop(gw_scan_ctx_t *c)
 {
-    gw_frame_t *fr = &c->st[--c->depth];
+    gw_frame_t *fr = c->top;
+    c->top = --c->depth > 0 ? fr - 1 : NULL;
     if (fr->f) {
         fr->f->end = gw_scan_end(c, gw_scan_pos(c));
         fr->f->close = fr->f->end - 1;
@@ -1226,7 +1229,7 @@ static int gw_cb_map_key(void *ctx, const unsigned char *up, size_t n)
     sl_text_t k = {(const char *)up, n};
     if (!gw_scan_plain(c, k.p) && gw_scan_key_text(c, &k) == 0)
         return 0;
-    gw_frame_t *fr = &c->st[c->depth - 1];
+    gw_frame_t *fr = c->top;
     switch (gw_scan_key_dup(c, fr, k)) {
     case 0:
         break;
@@ -1286,6 +1289,7 @@ static gw_scan_rc_t gw_body_scan_run(gw_body_scan_t *s, const char *base, size_t
     c.flags = flags;
     c.rc = GW_SCAN_OK;
     c.depth = 0;
+    c.top = NULL;
     c.keys = c.key_inline;
     c.nkeys = 0;
     c.keys_cap = SL_ARRAY_LEN(c.key_inline);
