@@ -112,10 +112,12 @@ typedef struct gw_scan_ctx {
     size_t blen;
     const gw_elide_t *el; /* the skeleton's cuts, in order (none: base is the body) */
     size_t nel;
+    size_t plain_len; /* blen, or 0 with a skeleton: gw_scan_plain's one compare */
     unsigned flags;
     gw_scan_rc_t rc;
     gw_frame_t st[GW_SCAN_DEPTH];
     int depth;
+    gw_frame_t *top; /* st[depth - 1] (depth > 0) */
     sl_text_t *keys;
     size_t nkeys, keys_cap;
     sl_text_t key_inline[64];
@@ -608,7 +610,7 @@ static inline __attribute__((always_inline)) int gw_scan_slot(gw_scan_ctx_t *c, 
         slot->child = kind == SL_J_OBJECT ? GW_R_TOP : GW_R_OTHER;
         return 0;
     }
-    gw_frame_t *fr = &c->st[c->depth - 1];
+    gw_frame_t *fr = c->top;
     fr->count += !fr->obj;
     switch ((gw_role_t)fr->role) {
     case GW_R_TOP:
@@ -788,36 +790,64 @@ static int gw_cb_bool(void *ctx, int v)
     return gw_scan_scalar(c, v ? SL_J_TRUE : SL_J_FALSE, end - (v ? 4 : 5), end);
 }
 
-static int gw_cb_number(void *ctx, const char *p, size_t n)
+/* An integral token of at most 18 digits fits an int64 whatever they are:
+ * read here, where strtoll (and errno) cost ~130 instructions a number.
+ * yajl checked the token's grammar (-?digits, no leading zero); false: a
+ * real ('.', 'e', 'E') or a longer integer, for strtoll/strtod. */
+static inline bool gw_scan_short_int(const char *p, size_t n, int64_t *out)
 {
-    gw_scan_ctx_t *c = GW_SCAN_CTX(ctx);
-    gw_body_scan_t *s = c->s;
+    size_t i = n > 0 && p[0] == '-';
+    if (n - i > 18)
+        return false;
+    int64_t v = 0;
+    for (size_t j = i; j < n; j++) {
+        unsigned d = (unsigned)(unsigned char)p[j] - '0';
+        if (d > 9)
+            return false;
+        v = v * 10 + (int64_t)d;
+    }
+    *out = i ? -v : v;
+    return true;
+}
+
+/* A token gw_scan_short_int does not read: a real, or an integer of 19
+ * digits or more. -1: beyond a double (jansson: numeric overflow). */
+static int gw_scan_number_long(gw_body_scan_t *s, const char *p, size_t n, int64_t *iv,
+                               sl_jkind_t *kind)
+{
     bool integral = true; /* a number token of a few bytes: one look at each */
     for (size_t i = 0; i < n && integral; i++)
         integral = p[i] != '.' && p[i] != 'e' && p[i] != 'E';
-    int64_t iv = 0;
-    sl_jkind_t kind = SL_J_REAL;
-    /* The token is followed by a delimiter inside the body (the document
-     * is an object, so a '}' comes later): strtoll/strtod stop there. */
-    if (p < c->base || p + n >= c->base + c->blen)
-        return gw_scan_stop(c, GW_SCAN_SLOW);
+    *kind = SL_J_REAL;
     errno = 0;
     if (integral) {
         char *e;
         long long v = strtoll(p, &e, 10);
         if (errno == 0 && e == p + n) {
-            iv = v;
-            kind = SL_J_INT;
-        } else {
-            s->bigint = true; /* jansson: the whole body again, as reals */
+            *iv = v;
+            *kind = SL_J_INT;
+            return 0;
         }
+        s->bigint = true; /* jansson: the whole body again, as reals */
     }
-    if (kind == SL_J_REAL) {
-        errno = 0;
-        double d = strtod(p, NULL);
-        if (errno == ERANGE && (d == HUGE_VAL || d == -HUGE_VAL))
-            return gw_scan_stop(c, GW_SCAN_SLOW); /* jansson: numeric overflow */
-    }
+    errno = 0;
+    double d = strtod(p, NULL);
+    if (errno == ERANGE && (d == HUGE_VAL || d == -HUGE_VAL))
+        return -1;
+    return 0;
+}
+
+static int gw_cb_number(void *ctx, const char *p, size_t n)
+{
+    gw_scan_ctx_t *c = GW_SCAN_CTX(ctx);
+    int64_t iv = 0;
+    sl_jkind_t kind = SL_J_INT;
+    /* The token is followed by a delimiter inside the body (the document
+     * is an object, so a '}' comes later): strtoll/strtod stop there. */
+    if (p < c->base || p + n >= c->base + c->blen)
+        return gw_scan_stop(c, GW_SCAN_SLOW);
+    if (!gw_scan_short_int(p, n, &iv) && gw_scan_number_long(c->s, p, n, &iv, &kind) != 0)
+        return gw_scan_stop(c, GW_SCAN_SLOW); /* jansson: numeric overflow */
     gw_slot_t slot;
     int sr = gw_scan_slot(c, kind, &slot);
     if (sr != 0)
@@ -1006,24 +1036,18 @@ static int gw_scan_text(gw_scan_ctx_t *c, const char *p, size_t n, const gw_span
 }
 
 /* The common string: no escapes (yajl hands out the body's own bytes)
- * and no skeleton. Its span and text without gw_scan_string_span. */
-static inline bool gw_scan_plain(const gw_scan_ctx_t *c, const char *p, size_t n, gw_span_t *sp)
+ * and no skeleton, so yajl's offsets are the body's. */
+static inline bool gw_scan_plain(const gw_scan_ctx_t *c, const char *p)
 {
-    if (c->nel != 0 || p < c->base || p >= c->base + c->blen)
-        return false;
-    sp->so = sp->off = (size_t)(p - c->base) - 1;
-    sp->se = sp->end = sp->off + n + 2;
-    sp->escaped = sp->cut = false;
-    return true;
+    return (uintptr_t)p - (uintptr_t)c->base < c->plain_len; /* below base: wraps, large */
 }
 
-static int gw_cb_string(void *ctx, const unsigned char *up, size_t n)
+/* gw_cb_string for the other strings (escaped, or read from a skeleton):
+ * out of line, so the common one keeps a small frame. */
+static __attribute__((noinline)) int gw_cb_string_span(gw_scan_ctx_t *c, const char *p, size_t n)
 {
-    gw_scan_ctx_t *c = GW_SCAN_CTX(ctx);
-    const char *p = (const char *)up;
     gw_span_t sp;
-    bool plain = gw_scan_plain(c, p, n, &sp);
-    if (!plain && gw_scan_string_span(c, p, n, &sp) != 0)
+    if (gw_scan_string_span(c, p, n, &sp) != 0)
         return gw_scan_stop(c, GW_SCAN_SLOW);
     gw_slot_t slot;
     int sr = gw_scan_slot(c, SL_J_STRING, &slot);
@@ -1034,11 +1058,29 @@ static int gw_cb_string(void *ctx, const unsigned char *up, size_t n)
         slot.f->off = sp.off;
         slot.f->end = sp.end;
     }
-    if (t && plain) {
+    if (t && gw_scan_text(c, p, n, &sp, t) != 0)
+        return gw_scan_stop(c, GW_SCAN_OOM);
+    return 1;
+}
+
+static int gw_cb_string(void *ctx, const unsigned char *up, size_t n)
+{
+    gw_scan_ctx_t *c = GW_SCAN_CTX(ctx);
+    const char *p = (const char *)up;
+    if (!gw_scan_plain(c, p))
+        return gw_cb_string_span(c, p, n);
+    gw_slot_t slot;
+    int sr = gw_scan_slot(c, SL_J_STRING, &slot);
+    if (sr != 0)
+        return gw_scan_stop(c, sr < 0 ? GW_SCAN_OOM : GW_SCAN_SLOW);
+    sl_text_t *t = slot.f ? &slot.f->s : slot.text;
+    if (slot.f) {
+        slot.f->off = (size_t)(p - c->base) - 1; /* the quotes' span */
+        slot.f->end = slot.f->off + n + 2;
+    }
+    if (t) {
         t->p = p; /* the body's own bytes */
         t->len = n;
-    } else if (t && gw_scan_text(c, p, n, &sp, t) != 0) {
-        return gw_scan_stop(c, GW_SCAN_OOM);
     }
     return 1;
 }
@@ -1070,6 +1112,7 @@ static inline __attribute__((always_inline)) int gw_scan_push(gw_scan_ctx_t *c, 
         fr->idx = c->st[c->depth - 1].idx; /* the message's */
     }
     c->depth++;
+    c->top = fr;
     return 1;
 }
 
@@ -1085,7 +1128,8 @@ static void gw_scan_hash_free(gw_frame_t *fr)
 
 static inline __attribute__((always_inline)) int gw_scan_pop(gw_scan_ctx_t *c)
 {
-    gw_frame_t *fr = &c->st[--c->depth];
+    gw_frame_t *fr = c->top;
+    c->top = --c->depth > 0 ? fr - 1 : NULL;
     if (fr->f) {
         fr->f->end = gw_scan_end(c, gw_scan_pos(c));
         fr->f->close = fr->f->end - 1;
@@ -1162,21 +1206,30 @@ static int gw_scan_key_dup(gw_scan_ctx_t *c, gw_frame_t *fr, sl_text_t k)
     return 0;
 }
 
+/* A key that is not the body's own bytes (escaped, or read from a
+ * skeleton) into *k: 1, or yajl's cancel (0) with c->rc set. Out of line,
+ * so the common key keeps a small frame. */
+static __attribute__((noinline)) int gw_scan_key_text(gw_scan_ctx_t *c, sl_text_t *k)
+{
+    gw_span_t sp;
+    const char *p = k->p;
+    size_t n = k->len;
+    if (gw_scan_string_span(c, p, n, &sp) != 0)
+        return gw_scan_stop(c, GW_SCAN_SLOW);
+    if (gw_scan_text(c, p, n, &sp, k) != 0)
+        return gw_scan_stop(c, GW_SCAN_OOM);
+    if (sp.escaped && memchr(k->p, '\0', k->len))
+        return gw_scan_stop(c, GW_SCAN_SLOW); /* jansson: NUL in a key */
+    return 1;
+}
+
 static int gw_cb_map_key(void *ctx, const unsigned char *up, size_t n)
 {
     gw_scan_ctx_t *c = GW_SCAN_CTX(ctx);
-    const char *p = (const char *)up;
-    gw_span_t sp;
-    sl_text_t k = {p, n};
-    if (!gw_scan_plain(c, p, n, &sp)) {
-        if (gw_scan_string_span(c, p, n, &sp) != 0)
-            return gw_scan_stop(c, GW_SCAN_SLOW);
-        if (gw_scan_text(c, p, n, &sp, &k) != 0)
-            return gw_scan_stop(c, GW_SCAN_OOM);
-    }
-    if (sp.escaped && memchr(k.p, '\0', k.len))
-        return gw_scan_stop(c, GW_SCAN_SLOW); /* jansson: NUL in a key */
-    gw_frame_t *fr = &c->st[c->depth - 1];
+    sl_text_t k = {(const char *)up, n};
+    if (!gw_scan_plain(c, k.p) && gw_scan_key_text(c, &k) == 0)
+        return 0;
+    gw_frame_t *fr = c->top;
     switch (gw_scan_key_dup(c, fr, k)) {
     case 0:
         break;
@@ -1232,9 +1285,11 @@ static gw_scan_rc_t gw_body_scan_run(gw_body_scan_t *s, const char *base, size_t
     c.blen = blen;
     c.el = el;
     c.nel = nel;
+    c.plain_len = nel == 0 ? blen : 0;
     c.flags = flags;
     c.rc = GW_SCAN_OK;
     c.depth = 0;
+    c.top = NULL;
     c.keys = c.key_inline;
     c.nkeys = 0;
     c.keys_cap = SL_ARRAY_LEN(c.key_inline);

@@ -413,6 +413,84 @@ static void test_splice_apply_buf(void **state)
     gw_body_scan_free(s);
 }
 
+/* Keys as the callbacks match them: escaped forms of the wanted keys are
+ * those keys; a key of a wanted key's length, or a wanted key inside an
+ * object nothing is read from, is not; escaped keys that differ are no
+ * duplicates of each other (each kept as decoded, not as yajl's buffer). */
+static void test_key_forms(void **state)
+{
+    (void)state;
+    const char *b =
+        "{\"x\":{\"model\":\"inner\",\"max_tokens\":1},\"modex\":\"no\",\"mod\\u0065l\":"
+        "\"m\",\"m\\u0065ssages\":[{\"r\\u006fle\":\"user\",\"content\":\"hi\"}],"
+        "\"\\u0061\":1,\"\\u0062\":2,\"max_tokenz\":3,\"max_tokens\":4}";
+    gw_body_scan_t *s = gw_body_scan_new();
+    assert_non_null(s);
+    assert_int_equal(gw_body_scan(s, b, strlen(b), GW_SCAN_MSGS), GW_SCAN_OK);
+    assert_int_equal(s->model.kind, SL_J_STRING);
+    assert_true(sl_text_is(s->model.s, "m"));
+    assert_span(b, &s->model, "\"m\"");
+    assert_int_equal(s->max_tokens.i, 4);
+    assert_int_equal(s->top.members, 8);
+    assert_int_equal(s->chat.nmsgs, 1);
+    assert_true(sl_text_is(s->chat.msgs[0].role, "user"));
+    assert_true(sl_text_is(s->chat.msgs[0].content, "hi"));
+    /* the same key escaped and plain, in any order: a duplicate */
+    const char *d1 = "{\"model\":\"m\",\"mod\\u0065l\":\"n\"}";
+    const char *d2 = "{\"mod\\u0065l\":\"n\",\"model\":\"m\"}";
+    assert_int_equal(gw_body_scan(s, d1, strlen(d1), 0), GW_SCAN_SLOW);
+    assert_int_equal(gw_body_scan(s, d2, strlen(d2), 0), GW_SCAN_SLOW);
+    gw_body_scan_free(s);
+}
+
+/* Integers of up to 18 digits are read by the scanner itself, longer ones
+ * by strtoll: both sides of that bound, signed, agree with jansson (the
+ * largest 19-digit ones overflow an int64: a big integer, as reals). */
+static void test_integer_bounds(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *num;
+        bool big;
+        int64_t v;
+    } cases[] = {
+        {"0", false, 0},
+        {"-0", false, 0},
+        {"7", false, 7},
+        {"-7", false, -7},
+        {"999999999999999999", false, 999999999999999999LL},
+        {"-999999999999999999", false, -999999999999999999LL},
+        {"1000000000000000000", false, 1000000000000000000LL},
+        {"9223372036854775807", false, INT64_MAX},
+        {"-9223372036854775808", false, INT64_MIN},
+        {"9223372036854775808", true, 0},
+        {"9999999999999999999", true, 0},
+        {"-9999999999999999999", true, 0},
+    };
+    gw_body_scan_t *s = gw_body_scan_new();
+    assert_non_null(s);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char b[128];
+        int n = snprintf(b, sizeof(b), "{\"model\":\"m\",\"max_tokens\":%s}", cases[i].num);
+        assert_int_equal(gw_body_scan(s, b, (size_t)n, 0), GW_SCAN_OK);
+        json_t *j = intake(b, (size_t)n);
+        assert_non_null(j);
+        const json_t *mt = json_object_get(j, "max_tokens");
+        if (cases[i].big) {
+            assert_true(s->bigint);
+            assert_true(json_is_real(mt));
+        } else {
+            assert_false(s->bigint);
+            assert_int_equal(s->max_tokens.kind, SL_J_INT);
+            assert_true(s->max_tokens.i == cases[i].v);
+            assert_true(json_integer_value(mt) == cases[i].v);
+        }
+        assert_span(b, &s->max_tokens, cases[i].num);
+        json_decref(j);
+    }
+    gw_body_scan_free(s);
+}
+
 /* ---- splices ------------------------------------------------------------------ */
 
 /* gw_body_splice_walk's pieces, as flow.c sends a large edited body: the
@@ -898,6 +976,8 @@ int main(void)
         cmocka_unit_test(test_facts),
         cmocka_unit_test(test_bigint),
         cmocka_unit_test(test_splice_apply_buf),
+        cmocka_unit_test(test_integer_bounds),
+        cmocka_unit_test(test_key_forms),
         cmocka_unit_test(test_splices_every_position),
         cmocka_unit_test(test_splice_bytes),
         cmocka_unit_test(test_ratelimit_plain),
