@@ -63,6 +63,9 @@ string is short for {that: true} ("gate", "no_done", "normal").
     stall_after_headers: S|true   send the headers, then nothing for S
     gate: bool         send event 1, then wait for /_mock/release before each
                        following event ([DONE] included)
+    gate_lead: N       with gate: each event goes out in one write with the
+                       first N bytes of the next (at most all but its last
+                       byte), whose rest waits for the release
     pad: N             add a "mock_pad" field of N bytes to every chunk
     embedding: [f...]  /v1/embeddings: this vector for every input (tests
                        that need known cosines, e.g. the semantic cache)
@@ -928,6 +931,8 @@ class Conn:
             await self.write(chunked(b"".join(events)))
             req["events_sent"] = len(events)
         else:
+            lead = int(beh.get("gate_lead", 0)) if gate is not None else 0
+            led = 0  # bytes of this event sent with the one before
             for i, ev in enumerate(events):
                 if cut is not None and i >= int(cut):
                     break
@@ -936,6 +941,10 @@ class Conn:
                         await gate.take()
                     if delay:
                         await asyncio.sleep(delay)
+                if lead:
+                    nxt = events[i + 1] if i + 1 < len(events) and (cut is None or i + 1 < int(cut)) else b""
+                    head = min(lead, max(0, len(nxt) - 1))
+                    ev, led = ev[led:] + nxt[:head], head
                 if split:
                     for k in range(0, len(ev), split):
                         if k and split_delay:

@@ -72,8 +72,13 @@ def test_events_pass_byte_for_byte(sluice, mock):
     assert body == "".join(raw).encode()
 
 
-def test_each_event_reaches_client_before_the_next_is_sent(sluice, mock):
-    mock.script({"gate": True, "events": 3})
+# lead: the mock's writes end on an event boundary, or each carries an event
+# and the first 12 bytes of the next (gate_lead), whose rest waits for the
+# release: sluice relays the complete event while its splitter holds part of
+# the next one.
+@pytest.mark.parametrize("lead", [0, 12], ids=["whole", "next_begun"])
+def test_each_event_reaches_client_before_the_next_is_sent(sluice, mock, lead):
+    mock.script({"gate": True, "events": 3, "gate_lead": lead})
     total = 3 + 1 + 1  # content events, the finish event, [DONE]
     with sluice.client(timeout=bound(5)) as c:
         r, evs = c.stream("POST", "/v1/chat/completions", chat_body("gated", stream=True))
@@ -97,17 +102,6 @@ def test_each_event_reaches_client_before_the_next_is_sent(sluice, mock):
         assert got[-1].is_done
         assert list(evs) == []
     assert content_of(got) == mock_upstream.reply_text("gated", 3)
-
-
-def test_events_are_not_batched(sluice, mock):
-    mock.script({"events": 3, "delay": 0.3})
-    with sluice.client() as c:
-        r, evs = c.stream("POST", "/v1/chat/completions", chat_body(stream=True))
-        events = data_events(list(evs))
-    gaps = [b.t - a.t for a, b in zip(events, events[1:])]
-    # 4 gaps of 0.3 s: one late event shortens the next gap, so check the span
-    # and that no two events came together
-    assert len(gaps) == 4 and sum(gaps) >= 1.0 and min(gaps) >= 0.05, gaps
 
 
 @pytest.mark.parametrize("how", ["close", "reset"])
