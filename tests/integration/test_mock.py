@@ -284,6 +284,18 @@ def test_gate_lead_sends_the_next_events_head_with_each_event(mock):
         s.close()
 
 
+def test_gate_head_holds_the_first_event_too(mock):
+    mock.script({"gate": True, "gate_head": True, "events": 1})
+    with client(mock) as c:
+        r, evs = c.stream("POST", "/v1/chat/completions", chat_body(stream=True))
+        (req,) = mock.requests()
+        assert r.status == 200 and req["events_sent"] == 0
+        assert c.wait_closed(0.2) is False and c.buf == b""  # nothing comes
+        assert mock.release(n=100, request=req["id"]) == 1  # the gate exists once the head is out
+        events = list(evs)
+    assert events[-1].is_done and mock.requests()[0]["events_sent"] == len(events) == 1 + 1 + 1
+
+
 def test_release_before_gate_is_kept_as_credit(mock):
     mock.release(n=10)
     mock.script({"gate": True})
