@@ -270,6 +270,8 @@ void gw_conn_cache_tick(gw_worker_t *w, bool all)
      * most of its structs, an ended peak is gone in a few seconds (and at
      * once when the worker trims after it) */
     size_t n = all ? w->nreq_cache : (SL_MIN(w->req_cache_low, w->nreq_cache) + 1) / 2;
+    if (n)
+        sl_counter_add(gw_m.req_structs_freed, n);
     while (n-- > 0)
         gw_req_kept_free(w->req_cache[--w->nreq_cache]);
     w->req_cache_low = w->nreq_cache;

@@ -63,6 +63,10 @@ string is short for {that: true} ("gate", "no_done", "normal").
     stall_after_headers: S|true   send the headers, then nothing for S
     gate: bool         send event 1, then wait for /_mock/release before each
                        following event ([DONE] included)
+    gate_head: bool    with gate: wait for a release before event 1 too
+    gate_lead: N       with gate: each event goes out in one write with the
+                       first N bytes of the next (at most all but its last
+                       byte), whose rest waits for the release
     pad: N             add a "mock_pad" field of N bytes to every chunk
     embedding: [f...]  /v1/embeddings: this vector for every input (tests
                        that need known cosines, e.g. the semantic cache)
@@ -904,6 +908,8 @@ class Conn:
             events = [("data: " + d + eol + eol).encode() for d in datas]
 
         req["status"] = 200
+        # before the head: a client that has the head can release by request id
+        gate = st.gate_for(req["id"]) if beh.get("gate") else None
         await self.send_head(
             200,
             [
@@ -919,7 +925,6 @@ class Conn:
             await asyncio.sleep(1e9 if sah is True else float(sah))
 
         cut = beh.get("cut_after")
-        gate = st.gate_for(req["id"]) if beh.get("gate") else None
         delay = float(beh.get("delay", 0))
         split = int(beh.get("chunk_split", 0))
         split_delay = float(beh.get("split_delay", 0))
@@ -928,14 +933,19 @@ class Conn:
             await self.write(chunked(b"".join(events)))
             req["events_sent"] = len(events)
         else:
+            lead = int(beh.get("gate_lead", 0)) if gate is not None else 0
+            led = 0  # bytes of this event sent with the one before
             for i, ev in enumerate(events):
                 if cut is not None and i >= int(cut):
                     break
-                if i > 0:
-                    if gate is not None:
-                        await gate.take()
-                    if delay:
-                        await asyncio.sleep(delay)
+                if gate is not None and (i > 0 or beh.get("gate_head")):
+                    await gate.take()
+                if i > 0 and delay:
+                    await asyncio.sleep(delay)
+                if lead:
+                    nxt = events[i + 1] if i + 1 < len(events) and (cut is None or i + 1 < int(cut)) else b""
+                    head = min(lead, max(0, len(nxt) - 1))
+                    ev, led = ev[led:] + nxt[:head], head
                 if split:
                     for k in range(0, len(ev), split):
                         if k and split_delay:

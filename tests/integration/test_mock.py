@@ -237,6 +237,65 @@ def test_gate_holds_each_event_until_release(mock):
         assert list(evs) == [] and r.complete
 
 
+def test_gate_lead_sends_the_next_events_head_with_each_event(mock):
+    """gate_lead: each HTTP chunk is an event and the first 12 bytes of the
+    next (so one upstream read ends mid-event); the rest comes after the
+    release."""
+    mock.script({"gate": True, "events": 2, "gate_lead": 12})
+    body = json.dumps(chat_body(stream=True)).encode()
+    s = socket.create_connection(("127.0.0.1", mock.port), timeout=helpers.bound(5))
+    s.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: m\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body) + body
+    )
+    buf = b""
+
+    def need(pred):
+        nonlocal buf
+        while not pred():
+            data = s.recv(65536)
+            assert data, buf
+            buf += data
+
+    def chunk():  # one HTTP chunk's data
+        nonlocal buf
+        need(lambda: b"\r\n" in buf)
+        line, _, _ = buf.partition(b"\r\n")
+        size, start = int(line, 16), len(line) + 2
+        need(lambda: len(buf) >= start + size + 2)
+        data, buf = buf[start : start + size], buf[start + size + 2 :]
+        return data
+
+    try:
+        need(lambda: b"\r\n\r\n" in buf)
+        buf = buf.split(b"\r\n\r\n", 1)[1]
+        first = chunk()
+        event1, sep, head = first.partition(b"\n\n")
+        assert event1.startswith(b"data: ") and sep and head == b"data: {\"id\":", first
+        (req,) = mock.requests()
+        assert req["events_sent"] == 1
+        assert mock.release(request=req["id"]) == 1
+        second = chunk()  # the rest of event 2, the head of event 3
+        event2, sep, head = (b"data: {\"id\":" + second).partition(b"\n\n")
+        assert json.loads(event2[6:]) and sep and len(head) == 12, second
+        assert mock.requests()[0]["events_sent"] == 2
+    finally:
+        mock.release(n=100)
+        s.close()
+
+
+def test_gate_head_holds_the_first_event_too(mock):
+    mock.script({"gate": True, "gate_head": True, "events": 1})
+    with client(mock) as c:
+        r, evs = c.stream("POST", "/v1/chat/completions", chat_body(stream=True))
+        (req,) = mock.requests()
+        assert r.status == 200 and req["events_sent"] == 0
+        assert c.wait_closed(0.2) is False and c.buf == b""  # nothing comes
+        assert mock.release(n=100, request=req["id"]) == 1  # the gate exists once the head is out
+        events = list(evs)
+    assert events[-1].is_done and mock.requests()[0]["events_sent"] == len(events) == 1 + 1 + 1
+
+
 def test_release_before_gate_is_kept_as_credit(mock):
     mock.release(n=10)
     mock.script({"gate": True})
