@@ -1042,6 +1042,23 @@ static inline bool gw_scan_plain(const gw_scan_ctx_t *c, const char *p)
     return (uintptr_t)p - (uintptr_t)c->base < c->plain_len; /* below base: wraps, large */
 }
 
+/* The slot a string value goes to: a fact's span set to [off, end), and
+ * *t where its text is kept (NULL: not kept). 1, or gw_scan_stop's 0. */
+static inline __attribute__((always_inline)) int gw_scan_string_slot(gw_scan_ctx_t *c, size_t off,
+                                                                     size_t end, sl_text_t **t)
+{
+    gw_slot_t slot;
+    int sr = gw_scan_slot(c, SL_J_STRING, &slot);
+    if (sr != 0)
+        return gw_scan_stop(c, sr < 0 ? GW_SCAN_OOM : GW_SCAN_SLOW);
+    *t = slot.f ? &slot.f->s : slot.text;
+    if (slot.f) {
+        slot.f->off = off;
+        slot.f->end = end;
+    }
+    return 1;
+}
+
 /* gw_cb_string for the other strings (escaped, or read from a skeleton):
  * out of line, so the common one keeps a small frame. */
 static __attribute__((noinline)) int gw_cb_string_span(gw_scan_ctx_t *c, const char *p, size_t n)
@@ -1049,15 +1066,10 @@ static __attribute__((noinline)) int gw_cb_string_span(gw_scan_ctx_t *c, const c
     gw_span_t sp;
     if (gw_scan_string_span(c, p, n, &sp) != 0)
         return gw_scan_stop(c, GW_SCAN_SLOW);
-    gw_slot_t slot;
-    int sr = gw_scan_slot(c, SL_J_STRING, &slot);
-    if (sr != 0)
-        return gw_scan_stop(c, sr < 0 ? GW_SCAN_OOM : GW_SCAN_SLOW);
-    sl_text_t *t = slot.f ? &slot.f->s : slot.text;
-    if (slot.f) {
-        slot.f->off = sp.off;
-        slot.f->end = sp.end;
-    }
+    sl_text_t *t;
+    int sr = gw_scan_string_slot(c, sp.off, sp.end, &t);
+    if (sr != 1)
+        return sr;
     if (t && gw_scan_text(c, p, n, &sp, t) != 0)
         return gw_scan_stop(c, GW_SCAN_OOM);
     return 1;
@@ -1069,15 +1081,11 @@ static int gw_cb_string(void *ctx, const unsigned char *up, size_t n)
     const char *p = (const char *)up;
     if (!gw_scan_plain(c, p))
         return gw_cb_string_span(c, p, n);
-    gw_slot_t slot;
-    int sr = gw_scan_slot(c, SL_J_STRING, &slot);
-    if (sr != 0)
-        return gw_scan_stop(c, sr < 0 ? GW_SCAN_OOM : GW_SCAN_SLOW);
-    sl_text_t *t = slot.f ? &slot.f->s : slot.text;
-    if (slot.f) {
-        slot.f->off = (size_t)(p - c->base) - 1; /* the quotes' span */
-        slot.f->end = slot.f->off + n + 2;
-    }
+    size_t off = (size_t)(p - c->base) - 1; /* the quotes' span */
+    sl_text_t *t;
+    int sr = gw_scan_string_slot(c, off, off + n + 2, &t);
+    if (sr != 1)
+        return sr;
     if (t) {
         t->p = p; /* the body's own bytes */
         t->len = n;
