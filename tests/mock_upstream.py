@@ -89,7 +89,8 @@ string is short for {that: true} ("gate", "no_done", "normal").
 
 REQUEST RECORD: {id, conn, t, t_end, method, target, path, version,
 headers: [[name, value], ...] as received, body (text), json (parsed or
-null), behaviour, status, events_sent, outcome, error}. `outcome` is
+null), behaviour, status, events_sent, event_times (when each streamed event was
+written; chat streams), outcome, error}. `outcome` is
 "complete", "cut", "peer_closed", "protocol_error" or "in_progress".
 CONNECTION RECORD: {id, peer, tls, sni, opened, closed, peer_eof, closed_by,
 bytes_in, bytes_out, requests, control, tls_error}. Times are
@@ -954,6 +955,7 @@ class Conn:
                 else:
                     await self.write(chunked(ev))
                 req["events_sent"] = i + 1
+                req.setdefault("event_times", []).append(time.monotonic())
         if cut is not None:
             if beh.get("cut_partial") and int(cut) < len(events):
                 ev = events[int(cut)]

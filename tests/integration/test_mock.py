@@ -308,8 +308,13 @@ def test_delay_between_events(mock):
     mock.script({"events": 3, "delay": 0.15})
     with client(mock) as c:
         events = list(c.stream("POST", "/v1/chat/completions", chat_body(stream=True))[1])
-    gaps = [b.t - a.t for a, b in zip(events, events[1:])]
-    assert len(gaps) == 4 and sum(gaps) >= 0.55 and min(gaps) >= 0.05, gaps
+    assert events[-1].is_done
+    # the mock's own send times (monotonic, recorded as each event is written):
+    # what the client sees can bunch up when it is descheduled on a loaded machine
+    (req,) = mock.requests()
+    t = req["event_times"]
+    gaps = [b - a for a, b in zip(t, t[1:])]
+    assert len(t) == req["events_sent"] == 5 and min(gaps) >= 0.14, gaps
 
 
 def test_split_coalesce_raw_eol_pad(mock):
@@ -442,8 +447,10 @@ def test_demo_mode_streams_words(mock_factory):
     text = content_of(events)
     assert "demo upstream" in text and text.endswith("\u00abping\u00bb.")
     assert len(events) > 20 and events[-1].is_done
-    gaps = [b.t - a.t for a, b in zip(events[:10], events[1:10])]
-    assert sum(gaps) >= 0.35 and min(gaps) >= 0.01, gaps  # about 50 ms apart
+    (req,) = m.requests()
+    t = req["event_times"][:10]  # the mock's own send times, as in test_delay_between_events
+    gaps = [b - a for a, b in zip(t, t[1:])]
+    assert len(gaps) == 9 and min(gaps) >= 0.045, gaps  # 50 ms apart
 
 
 def test_mock_exits_on_sigterm(mock_factory):
