@@ -1,0 +1,151 @@
+/*
+ * jshape.c — a JSON text's shape kept and matched (see jshape.h). Matching
+ * is a compare of the bytes between holes and one run per hole: a string
+ * hole runs to the first byte that is '"', '\' or a control byte (16 at a
+ * time with SSE2), and only a '"' ends it well.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include "common/jshape.h"
+
+/* The first byte of p[i..n) that is '"', '\' or < 0x20, or n. */
+static size_t jshape_str_end(const char *p, size_t i, size_t n)
+{
+#if defined(__SSE2__)
+    const __m128i quote = _mm_set1_epi8('"'), bslash = _mm_set1_epi8('\\');
+    const __m128i ctl = _mm_set1_epi8(0x1f);
+    for (; i + 16 <= n; i += 16) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(p + i));
+        /* unsigned v <= 0x1f: min(v, 0x1f) == v */
+        __m128i low = _mm_cmpeq_epi8(_mm_min_epu8(v, ctl), v);
+        __m128i hit =
+            _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, bslash)), low);
+        int m = _mm_movemask_epi8(hit);
+        if (m)
+            return i + (size_t)__builtin_ctz((unsigned)m);
+    }
+#endif
+    for (; i < n; i++) {
+        unsigned char c = (unsigned char)p[i];
+        if (c == '"' || c == '\\' || c < 0x20)
+            return i;
+    }
+    return n;
+}
+
+/* The end of an integer token at p[i..n) as jshape.h allows it, or 0. */
+static size_t jshape_int_end(const char *p, size_t i, size_t n)
+{
+    if (i < n && p[i] == '-')
+        i++;
+    if (i >= n || p[i] < '0' || p[i] > '9')
+        return 0;
+    if (p[i] == '0')
+        return i + 1; /* a following digit fails the shape's next byte */
+    size_t d0 = i;
+    while (i < n && p[i] >= '0' && p[i] <= '9')
+        i++;
+    return i - d0 <= SL_JSHAPE_INT_DIGITS ? i : 0;
+}
+
+static bool jshape_hole_ok(const char *p, size_t n, sl_jspan_t h, uint8_t kind)
+{
+    size_t off = h.off, end = (size_t)h.off + h.len;
+    if (end > n)
+        return false;
+    if (kind == SL_JHOLE_STR)
+        return off > 0 && p[off - 1] == '"' && jshape_str_end(p, off, n) == end && end < n &&
+               p[end] == '"';
+    /* a whole number token: after a blank or a structural byte, before one */
+    if (kind == SL_JHOLE_INT)
+        return h.len > 0 && (off == 0 || memchr(" \t\r\n:,[", p[off - 1], 7)) &&
+               jshape_int_end(p, off, n) == end && (end == n || memchr(" \t\r\n,]}", p[end], 7));
+    return false;
+}
+
+int sl_jshape_set(sl_jshape_t *sh, const char *p, size_t n, const sl_jspan_t *holes,
+                  const uint8_t *kinds, size_t nholes)
+{
+    sh->len = 0;
+    sh->nholes = 0;
+    if (n == 0 || n > SL_JSHAPE_MAX_BYTES || nholes > SL_JSHAPE_MAX_HOLES)
+        return 1;
+    size_t prev = 0;
+    for (size_t i = 0; i < nholes; i++) {
+        if (holes[i].off < prev || !jshape_hole_ok(p, n, holes[i], kinds[i]))
+            return 1;
+        prev = (size_t)holes[i].off + holes[i].len;
+        /* two holes need a byte of the shape between them */
+        if (i + 1 < nholes && holes[i + 1].off == prev)
+            return 1;
+    }
+    if (n > sh->cap) {
+        char *b = realloc(sh->bytes, n);
+        if (!b) {
+            sl_jshape_clear(sh);
+            return -1;
+        }
+        sh->bytes = b;
+        sh->cap = n;
+    }
+    memcpy(sh->bytes, p, n);
+    memcpy(sh->hole, holes, nholes * sizeof(*holes));
+    memcpy(sh->kind, kinds, nholes);
+    sh->nholes = nholes;
+    sh->len = n;
+    return 0;
+}
+
+void sl_jshape_clear(sl_jshape_t *sh)
+{
+    free(sh->bytes);
+    sh->bytes = NULL;
+    sh->len = sh->cap = 0;
+    sh->nholes = 0;
+}
+
+bool sl_jshape_match(const sl_jshape_t *sh, const char *p, size_t n, sl_jspan_t *out)
+{
+    if (sh->len == 0 || n > UINT32_MAX)
+        return false;
+    size_t tp = 0, dp = 0; /* in the shape, in p */
+    for (size_t i = 0; i < sh->nholes; i++) {
+        size_t lit = sh->hole[i].off - tp;
+        if (n - dp < lit || memcmp(p + dp, sh->bytes + tp, lit) != 0)
+            return false;
+        dp += lit;
+        tp = (size_t)sh->hole[i].off + sh->hole[i].len;
+        size_t e;
+        if (sh->kind[i] == SL_JHOLE_STR) {
+            e = jshape_str_end(p, dp, n);
+            if (e == n || p[e] != '"')
+                return false; /* an escape, a control byte or no end */
+        } else {
+            e = jshape_int_end(p, dp, n);
+            if (e == 0)
+                return false;
+        }
+        out[i].off = (uint32_t)dp;
+        out[i].len = (uint32_t)(e - dp);
+        dp = e;
+    }
+    size_t lit = sh->len - tp;
+    return n - dp == lit && memcmp(p + dp, sh->bytes + tp, lit) == 0;
+}
+
+int64_t sl_jshape_int(const char *p, size_t n)
+{
+    size_t i = 0;
+    bool neg = n > 0 && p[0] == '-';
+    if (neg)
+        i++;
+    int64_t v = 0;
+    for (; i < n; i++)
+        v = v * 10 + (p[i] - '0');
+    return neg ? -v : v;
+}

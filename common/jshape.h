@@ -1,0 +1,85 @@
+/*
+ * jshape.h — a small JSON text's shape kept, so that a later text which
+ * differs from it only inside chosen values is known to read the same way
+ * without parsing it again.
+ *
+ * After a parser (yajl) accepted a text and its caller recorded what it
+ * needed, the caller may keep the text as a shape with holes: interiors of
+ * string values (the bytes between the quotes) and whole integer values. A
+ * later text has the shape when every byte outside the holes is the same
+ * and each hole holds a value of the hole's kind:
+ *   - a string hole: a run of bytes with no '"', no '\' and no control byte
+ *     (< 0x20), ended by the '"' the shape has there: a JSON string's
+ *     interior without escapes;
+ *   - an integer hole: '-'? then '0' or a digit 1-9 and more digits, at most
+ *     SL_JSHAPE_INT_DIGITS digits in all (any such value fits an int64).
+ * JSON's grammar lets any such interior stand where another stands, and any
+ * integer token where another integer token stands (RFC 8259: what follows
+ * a number is whitespace or a structural character, which the shape's own
+ * bytes after the hole then match), so a text with the shape is valid
+ * exactly when the shape's text was, with the same keys and structure: all
+ * the parser found holds again, with the holes' new spans. Keys are never
+ * holes. UTF-8 is the caller's to check: a string hole's bytes >= 0x80 are
+ * taken as they are.
+ *
+ * What is not a hole must match byte for byte, whitespace included: one
+ * client's texts (the same SDK, the same server) usually do.
+ */
+#ifndef SL_JSHAPE_H
+#define SL_JSHAPE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/sl.h"
+
+/* At most this many digits in an integer hole: 10^18 - 1 < 2^63, so the
+ * value fits an int64 (a caller that needs it exact as a double checks
+ * 2^53 itself). */
+#define SL_JSHAPE_INT_DIGITS 18
+/* Most holes and bytes a shape keeps. */
+#define SL_JSHAPE_MAX_HOLES 64
+#define SL_JSHAPE_MAX_BYTES 8192
+
+typedef enum sl_jhole_kind {
+    SL_JHOLE_STR = 1, /* a string's interior, without its quotes */
+    SL_JHOLE_INT = 2, /* a whole integer token */
+} sl_jhole_kind_t;
+
+typedef struct sl_jspan {
+    uint32_t off, len;
+} sl_jspan_t;
+
+typedef struct sl_jshape {
+    char *bytes; /* the shape's text (owned) */
+    size_t len, cap;
+    size_t nholes;
+    sl_jspan_t hole[SL_JSHAPE_MAX_HOLES]; /* in bytes, in order */
+    uint8_t kind[SL_JSHAPE_MAX_HOLES];
+} sl_jshape_t;
+
+/* Keeps text p (n bytes, a text the caller's parser accepted) as sh's shape
+ * with the holes given (spans in p, in order, not overlapping, each as its
+ * kind says: a string's interior between two '"', or a whole integer token).
+ * 0; 1 when the holes are not as said or beyond the bounds (sh is then
+ * empty); -1 out of memory (empty too). sh's storage is kept for the next. */
+int sl_jshape_set(sl_jshape_t *sh, const char *p, size_t n, const sl_jspan_t *holes,
+                  const uint8_t *kinds, size_t nholes) SL_WUR;
+/* Empties sh (no text matches it) and frees its storage. */
+void sl_jshape_clear(sl_jshape_t *sh);
+
+static inline bool sl_jshape_empty(const sl_jshape_t *sh)
+{
+    return sh->len == 0;
+}
+
+/* Whether text p (n bytes) has sh's shape (see above); when it has, out
+ * (room for sh->nholes spans) gets each hole's span in p. */
+bool sl_jshape_match(const sl_jshape_t *sh, const char *p, size_t n, sl_jspan_t *out);
+
+/* The value of an integer hole's bytes (as sl_jshape_match vouched for
+ * them: no overflow). */
+int64_t sl_jshape_int(const char *p, size_t n);
+
+#endif

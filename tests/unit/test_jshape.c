@@ -1,0 +1,289 @@
+/* Unit tests of common/jshape.c: a kept shape matches texts that differ only
+ * inside its holes (spans exact, at every length around the 16-byte runs),
+ * refuses any other byte, an escape, a control byte, a number that is not a
+ * plain integer or one too long, refuses holes that are not what they say;
+ * and a randomized check against jansson: whatever matches parses, with the
+ * holes' values where the shape has them. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "common/jshape.h"
+
+#define S(lit) lit, sizeof(lit) - 1
+
+/* {"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":64} */
+static const char T1[] = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                         "\"max_tokens\":64}";
+
+static void set_t1(sl_jshape_t *sh)
+{
+    const char *m = strstr(T1, "\"m\"") + 1, *c = strstr(T1, "\"hi\"") + 1, *k = strstr(T1, "64");
+    sl_jspan_t h[3] = {{(uint32_t)(m - T1), 1}, {(uint32_t)(c - T1), 2}, {(uint32_t)(k - T1), 2}};
+    uint8_t kd[3] = {SL_JHOLE_STR, SL_JHOLE_STR, SL_JHOLE_INT};
+    assert_int_equal(sl_jshape_set(sh, T1, strlen(T1), h, kd, 3), 0);
+}
+
+static void test_same_and_changed(void **state)
+{
+    (void)state;
+    sl_jshape_t sh = {0};
+    set_t1(&sh);
+    sl_jspan_t o[3];
+    assert_true(sl_jshape_match(&sh, T1, strlen(T1), o));
+    assert_int_equal(o[1].len, 2);
+    assert_memory_equal(T1 + o[1].off, "hi", 2);
+
+    const char *d = "{\"model\":\"chat-model\",\"messages\":[{\"role\":\"user\",\"content\":"
+                    "\"Write one sentence about the sea, please.\"}],\"max_tokens\":-1024}";
+    assert_true(sl_jshape_match(&sh, d, strlen(d), o));
+    assert_int_equal(o[0].len, strlen("chat-model"));
+    assert_memory_equal(d + o[0].off, "chat-model", o[0].len);
+    assert_memory_equal(d + o[1].off, "Write one sentence about the sea, please.", o[1].len);
+    assert_int_equal(sl_jshape_int(d + o[2].off, o[2].len), -1024);
+
+    const char *e = "{\"model\":\"\",\"messages\":[{\"role\":\"user\",\"content\":\"\"}],"
+                    "\"max_tokens\":0}";
+    assert_true(sl_jshape_match(&sh, e, strlen(e), o));
+    assert_int_equal(o[0].len, 0);
+    assert_int_equal(o[1].len, 0);
+    assert_int_equal(sl_jshape_int(e + o[2].off, o[2].len), 0);
+    sl_jshape_clear(&sh);
+    assert_true(sl_jshape_empty(&sh));
+    assert_false(sl_jshape_match(&sh, T1, strlen(T1), o));
+}
+
+static bool m1(sl_jshape_t *sh, const char *d)
+{
+    sl_jspan_t o[SL_JSHAPE_MAX_HOLES];
+    return sl_jshape_match(sh, d, strlen(d), o);
+}
+
+static void test_refused(void **state)
+{
+    (void)state;
+    sl_jshape_t sh = {0};
+    set_t1(&sh);
+    static const char *const bad[] = {
+        /* an escape, a quote, a control byte inside a string hole */
+        "{\"model\":\"a\\\"b\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_"
+        "tokens\":64}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\\nb\"}],\"max_tokens\":"
+        "64}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\nb\"}],\"max_tokens\":"
+        "64}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\tb\"}],\"max_tokens\":"
+        "64}",
+        /* a byte outside the holes: the role, a key, a blank, the end */
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"hi\"}],\"max_tokens\":"
+        "64}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokenz\":64}",
+        "{\"model\":\"m\", "
+        "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":64}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":64}"
+        " ",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":64",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":64}"
+        "}",
+        /* numbers that are not plain integers, or too long */
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":6."
+        "4}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":"
+        "6e4}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":"
+        "064}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":-}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":+6}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+        "\"max_tokens\":1234567890123456789}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":"
+        "\"64\"}",
+        /* a string hole given something else */
+        "{\"model\":null,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":64}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi",
+        "",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        if (m1(&sh, bad[i]))
+            fail_msg("matched: %s", bad[i]);
+    /* 18 digits do */
+    assert_true(m1(&sh, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                        "\"max_tokens\":-999999999999999999}"));
+    /* bytes >= 0x80 are the caller's to check */
+    assert_true(m1(&sh, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":"
+                        "\"\xc3\xa9t\xc3\xa9\"}],\"max_tokens\":64}"));
+    sl_jshape_clear(&sh);
+}
+
+/* The end of a string hole found at every position around the 16-byte
+ * runs, for each byte that ends it. */
+static void test_string_runs(void **state)
+{
+    (void)state;
+    sl_jshape_t sh = {0};
+    assert_int_equal(
+        sl_jshape_set(&sh, S("[\"x\",1]"), (sl_jspan_t[]){{2, 1}}, (uint8_t[]){SL_JHOLE_STR}, 1),
+        0);
+    char d[128];
+    for (size_t len = 0; len < 80; len++) {
+        d[0] = '[';
+        d[1] = '"';
+        for (size_t i = 0; i < len; i++)
+            d[2 + i] = (char)('a' + i % 26);
+        memcpy(d + 2 + len, "\",1]", 4);
+        sl_jspan_t o[1];
+        assert_true(sl_jshape_match(&sh, d, len + 6, o));
+        assert_int_equal(o[0].off, 2);
+        assert_int_equal(o[0].len, len);
+        static const char stop[] = {'"', '\\', '\n', 0x01, 0x1f, 0};
+        for (size_t s = 0; s < sizeof(stop) && len > 0; s++) {
+            char save = d[2 + len - 1];
+            d[2 + len - 1] = stop[s];
+            /* a quote inside ends the hole early: the shape's ",1]" then
+             * does not follow */
+            assert_false(sl_jshape_match(&sh, d, len + 6, o));
+            d[2 + len - 1] = save;
+        }
+        if (len > 0)
+            d[2 + len / 2] = 0x20; /* a blank is content */
+        assert_true(sl_jshape_match(&sh, d, len + 6, o));
+    }
+    sl_jshape_clear(&sh);
+}
+
+static void test_set_checks(void **state)
+{
+    (void)state;
+    sl_jshape_t sh = {0};
+    uint8_t str = SL_JHOLE_STR, in = SL_JHOLE_INT;
+    const char *t = "{\"a\":\"bc\",\"n\":1.5,\"k\":12,\"e\":\"x\\ty\"}";
+    size_t n = strlen(t);
+    /* not between quotes, or not the whole interior */
+    assert_int_equal(sl_jshape_set(&sh, t, n, (sl_jspan_t[]){{5, 4}}, &str, 1), 1);
+    assert_int_equal(sl_jshape_set(&sh, t, n, (sl_jspan_t[]){{6, 1}}, &str, 1), 1);
+    assert_true(sl_jshape_empty(&sh));
+    /* an interior with an escape */
+    const char *e = strstr(t, "x\\ty");
+    assert_int_equal(sl_jshape_set(&sh, t, n, (sl_jspan_t[]){{(uint32_t)(e - t), 4}}, &str, 1), 1);
+    /* part of a number, or a real */
+    const char *r = strstr(t, "1.5");
+    assert_int_equal(sl_jshape_set(&sh, t, n, (sl_jspan_t[]){{(uint32_t)(r - t), 1}}, &in, 1), 1);
+    assert_int_equal(sl_jshape_set(&sh, t, n, (sl_jspan_t[]){{(uint32_t)(r - t), 3}}, &in, 1), 1);
+    const char *k = strstr(t, "12");
+    assert_int_equal(sl_jshape_set(&sh, t, n, (sl_jspan_t[]){{(uint32_t)(k - t), 1}}, &in, 1), 1);
+    assert_int_equal(sl_jshape_set(&sh, t, n, (sl_jspan_t[]){{(uint32_t)(k - t + 1), 1}}, &in, 1),
+                     1);
+    /* out of order, past the end, unknown kind */
+    sl_jspan_t two[2] = {{(uint32_t)(k - t), 2}, {6, 2}};
+    uint8_t kk[2] = {SL_JHOLE_INT, SL_JHOLE_STR};
+    assert_int_equal(sl_jshape_set(&sh, t, n, two, kk, 2), 1);
+    assert_int_equal(sl_jshape_set(&sh, t, n, (sl_jspan_t[]){{(uint32_t)n, 1}}, &str, 1), 1);
+    uint8_t zero = 0;
+    assert_int_equal(sl_jshape_set(&sh, t, n, (sl_jspan_t[]){{6, 2}}, &zero, 1), 1);
+    /* in order: kept */
+    sl_jspan_t ok[2] = {{6, 2}, {(uint32_t)(k - t), 2}};
+    uint8_t ko[2] = {SL_JHOLE_STR, SL_JHOLE_INT};
+    assert_int_equal(sl_jshape_set(&sh, t, n, ok, ko, 2), 0);
+    assert_true(m1(&sh, "{\"a\":\"\",\"n\":1.5,\"k\":-7,\"e\":\"x\\ty\"}"));
+    /* a bare integer document, the hole its whole text */
+    assert_int_equal(sl_jshape_set(&sh, S("42"), (sl_jspan_t[]){{0, 2}}, &in, 1), 0);
+    assert_true(m1(&sh, "-3"));
+    assert_false(m1(&sh, "3 "));
+    /* too big */
+    static char big[SL_JSHAPE_MAX_BYTES + 2];
+    memset(big, ' ', sizeof(big));
+    big[0] = '1';
+    assert_int_equal(sl_jshape_set(&sh, big, sizeof(big), (sl_jspan_t[]){{0, 1}}, &in, 1), 1);
+    sl_jshape_clear(&sh);
+}
+
+/* Randomized: a shape with five holes, texts with random hole contents from
+ * an alphabet that includes every byte that matters. Each text that matches
+ * must parse with jansson, and each hole's value be the one jansson reads. */
+static void test_against_jansson(void **state)
+{
+    (void)state;
+    const char *t = "{\"s\":\"a\",\"arr\":[1,\"b\",{\"n\":-2}],\"last\":\"c\",\"z\":3}";
+    size_t n = strlen(t);
+    sl_jspan_t h[5] = {{(uint32_t)(strstr(t, "\"a\"") - t + 1), 1},
+                       {(uint32_t)(strstr(t, "[1") - t + 1), 1},
+                       {(uint32_t)(strstr(t, "\"b\"") - t + 1), 1},
+                       {(uint32_t)(strstr(t, "-2") - t), 2},
+                       {(uint32_t)(strstr(t, "\"c\"") - t + 1), 1}};
+    uint8_t k[5] = {SL_JHOLE_STR, SL_JHOLE_INT, SL_JHOLE_STR, SL_JHOLE_INT, SL_JHOLE_STR};
+    sl_jshape_t sh = {0};
+    assert_int_equal(sl_jshape_set(&sh, t, n, h, k, 5), 0);
+    static const char alpha[] = "ab -0123456789.eE+\"\\\n\t,:{}[]";
+    unsigned seed = 12345;
+    size_t matched = 0, refused = 0;
+    for (int iter = 0; iter < 20000; iter++) {
+        char d[256];
+        size_t dl = 0, tp = 0;
+        for (int i = 0; i < 5; i++) {
+            memcpy(d + dl, t + tp, h[i].off - tp);
+            dl += h[i].off - tp;
+            tp = h[i].off + h[i].len;
+            seed = seed * 1103515245u + 12345u;
+            size_t len = (seed >> 16) % 6;
+            for (size_t j = 0; j < len; j++) {
+                seed = seed * 1103515245u + 12345u;
+                /* mostly plain letters or digits, sometimes anything */
+                size_t a = (seed >> 16) % 100 < 80
+                               ? (k[i] == SL_JHOLE_INT ? 4 + (seed >> 8) % 10 : 0)
+                               : (seed >> 8) % (sizeof(alpha) - 1);
+                d[dl++] = alpha[a];
+            }
+        }
+        memcpy(d + dl, t + tp, n - tp);
+        dl += n - tp;
+        sl_jspan_t o[5];
+        if (!sl_jshape_match(&sh, d, dl, o)) {
+            refused++;
+            continue;
+        }
+        matched++;
+        json_error_t err;
+        json_t *j = json_loadb(d, dl, JSON_REJECT_DUPLICATES, &err);
+        if (!j)
+            fail_msg("matched but jansson refuses (%s): %.*s", err.text, (int)dl, d);
+        json_t *arr = json_object_get(j, "arr");
+        const json_t *vs[3] = {json_object_get(j, "s"), json_array_get(arr, 1),
+                               json_object_get(j, "last")};
+        const sl_jspan_t *so[3] = {&o[0], &o[2], &o[4]};
+        for (int i = 0; i < 3; i++) {
+            assert_true(json_is_string(vs[i]));
+            assert_int_equal(json_string_length(vs[i]), so[i]->len);
+            assert_memory_equal(json_string_value(vs[i]), d + so[i]->off, so[i]->len);
+        }
+        assert_true(json_is_integer(json_array_get(arr, 0)));
+        assert_int_equal(json_integer_value(json_array_get(arr, 0)),
+                         sl_jshape_int(d + o[1].off, o[1].len));
+        const json_t *nn = json_object_get(json_array_get(arr, 2), "n");
+        assert_true(json_is_integer(nn));
+        assert_int_equal(json_integer_value(nn), sl_jshape_int(d + o[3].off, o[3].len));
+        assert_int_equal(json_integer_value(json_object_get(j, "z")), 3);
+        json_decref(j);
+    }
+    /* both outcomes happened often enough to mean something */
+    assert_true(matched > 2000);
+    assert_true(refused > 2000);
+    sl_jshape_clear(&sh);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_same_and_changed), cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_string_runs),      cmocka_unit_test(test_set_checks),
+        cmocka_unit_test(test_against_jansson),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
