@@ -24,7 +24,9 @@
 
 /* One scalar or container fact: its type, its bytes [off, end) in the
  * body, and its value for integers and strings (decoded; borrowed from the
- * body or the scan's arena). */
+ * body or the scan's arena). Only kind is reset between scans: the other
+ * fields mean something only when kind says the value is there (off, end),
+ * and is of their type (i, s, close, members). */
 typedef struct gw_jfact {
     sl_jkind_t kind;
     size_t off, end;

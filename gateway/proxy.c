@@ -458,31 +458,12 @@ static bool gw_ct_is_json(const gw_http_header_t *h)
     return h && GW_PREFIX_CI(h->value, h->value_len, "application/json");
 }
 
-/* Returns false when the request was handed to the fallback chain (it may
- * be answered, and freed, already): the caller must not touch r again. */
-static bool gw_proxy_on_head(gw_req_t *r)
+/* The head's work for an answer that goes on to the client: what its body
+ * needs (held, streamed, hooks) and, unless held, our head. It releases
+ * nothing and never touches the upstream's input, so the body that came in
+ * the same read is fed in the same pass (gw_proxy_head_cb). */
+static void gw_proxy_head_setup(gw_req_t *r, const gw_http_msg_t *m)
 {
-    const gw_http_msg_t *m = gw_http_msg(r->att.up->parser);
-    r->att.upstatus = m->status;
-    r->status = m->status;
-    if (m->status >= 500) {
-        const gw_http_header_t *ra = gw_http_header_get(m, GW_HN_RETRY_AFTER);
-        snprintf(r->retry_after, sizeof(r->retry_after), "%s", ra ? ra->value : "");
-        gw_metrics_upstream_error(r->att.pool, gw_upfails[GW_UPFAIL_STATUS_5XX].label);
-        gw_upstream_log(r->att.server, "status_5xx", "answered HTTP %d", m->status);
-        int64_t delay = 0;
-        int action = gw_fb_decide(r, gw_upfails[GW_UPFAIL_STATUS_5XX].fb_class, m->status, &delay);
-        if (action != GW_FB_NONE) {
-            /* Nothing reached the client: the fallback chain answers
-             * instead (retry, local model, template). Otherwise the
-             * upstream's own answer (body, Retry-After) is relayed. */
-            r->error_kind = gw_upfails[GW_UPFAIL_STATUS_5XX].label;
-            gw_proxy_finish(r, false, 0);
-            gw_fb_apply(r, action, delay);
-            return false;
-        }
-        r->retry_after[0] = '\0';
-    }
     const gw_http_header_t *ct = gw_http_header_get(m, GW_HN_CONTENT_TYPE);
     r->att.resp_sse = gw_ct_is_sse(ct);
     bool nobody = m->status == 204 || m->status == 304;
@@ -510,7 +491,56 @@ static bool gw_proxy_on_head(gw_req_t *r)
     }
     /* The ping and the deadline wait until this read's events are out. */
     r->att.head_setup_due = true;
+}
+
+/* Returns false when the request was handed to the fallback chain (it may
+ * be answered, and freed, already): the caller must not touch r again.
+ * Only a 5xx can do that; any other head is gw_proxy_head_cb's. */
+static bool gw_proxy_on_head(gw_req_t *r)
+{
+    const gw_http_msg_t *m = gw_http_msg(r->att.up->parser);
+    r->att.upstatus = m->status;
+    r->status = m->status;
+    if (m->status >= 500) {
+        const gw_http_header_t *ra = gw_http_header_get(m, GW_HN_RETRY_AFTER);
+        snprintf(r->retry_after, sizeof(r->retry_after), "%s", ra ? ra->value : "");
+        gw_metrics_upstream_error(r->att.pool, gw_upfails[GW_UPFAIL_STATUS_5XX].label);
+        gw_upstream_log(r->att.server, "status_5xx", "answered HTTP %d", m->status);
+        int64_t delay = 0;
+        int action = gw_fb_decide(r, gw_upfails[GW_UPFAIL_STATUS_5XX].fb_class, m->status, &delay);
+        if (action != GW_FB_NONE) {
+            /* Nothing reached the client: the fallback chain answers
+             * instead (retry, local model, template). Otherwise the
+             * upstream's own answer (body, Retry-After) is relayed. */
+            r->error_kind = gw_upfails[GW_UPFAIL_STATUS_5XX].label;
+            gw_proxy_finish(r, false, 0);
+            gw_fb_apply(r, action, delay);
+            return false;
+        }
+        r->retry_after[0] = '\0';
+    }
+    gw_proxy_head_setup(r, m);
     return true;
+}
+
+/* The answer's head, from inside the feed (gw_http_feed_cbs_t), before any
+ * body byte: 0 to feed its body on in the same pass. A 5xx stops the pass
+ * at the head (1): it may go to the fallback chain, which releases this
+ * connection, its input with it, and may answer and free r; that happens
+ * in gw_proxy_up_read once the pass has drained the head, and the failed
+ * attempt's body is never fed. 1xx heads never come here (the parser skips
+ * them); 204, 304 and the rest release nothing, and a body-less answer
+ * completes in the same pass (DONE). */
+static int gw_proxy_head_cb(void *arg)
+{
+    gw_req_t *r = arg;
+    const gw_http_msg_t *m = gw_http_msg(r->att.up->parser);
+    if (m->status >= 500)
+        return 1;
+    r->att.upstatus = m->status;
+    r->status = m->status;
+    gw_proxy_head_setup(r, m);
+    return 0;
 }
 
 /* What the head starts that no byte of the read holding it needs, run once
@@ -977,7 +1007,8 @@ static bool gw_proxy_up_read(gw_req_t *r)
     }
     bool more = true; /* until the input is used up, or the answer ended */
     while (more && r->att.up == u) {
-        gw_http_state_t st = gw_http_feed_evbuffer(u->parser, in, NULL, gw_proxy_body_cb, r);
+        const gw_http_feed_cbs_t cbs = {gw_proxy_head_cb, r, gw_proxy_body_cb, r};
+        gw_http_state_t st = gw_http_feed_evbuffer_cbs(u->parser, in, NULL, &cbs);
         if (r->stop_stream) {
             gw_proxy_on_stopped(r);
             return false;
@@ -986,7 +1017,7 @@ static bool gw_proxy_up_read(gw_req_t *r)
         case GW_HTTP_NEED_MORE:
             more = false;
             break;
-        case GW_HTTP_HEAD:
+        case GW_HTTP_HEAD: /* a 5xx (gw_proxy_head_cb): its body not fed yet */
             if (!gw_proxy_on_head(r))
                 return false;
             break;

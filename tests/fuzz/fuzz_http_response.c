@@ -4,7 +4,9 @@
  * on one connection (responses back to back, ending at close), parsed once
  * as answers to GET and once as answers to HEAD. Beyond "no crash":
  *   - fed whole, byte by byte (small inputs) and in pseudo-random pieces it
- *     gives the same heads, bodies, consumed counts and errors;
+ *     gives the same heads, bodies, consumed counts and errors; so does the
+ *     proxy's one pass (an evbuffer, a chain per piece, the head callback
+ *     going on into the body but for a 5xx);
  *   - a final head is never 1xx, heads are well formed, errors are 502;
  *   - bodies match their framing: Content-Length exactly, nothing for
  *     HEAD, 204 and 304, only a close-delimited body ends at EOF.
@@ -13,6 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <event2/buffer.h>
 
 #include "gateway/http1.h"
 
@@ -83,6 +87,48 @@ static void snap_head(fz_msg_t *r, const gw_http_msg_t *m)
     r->head_len = k > 0 && (size_t)k < sizeof(r->head) ? (size_t)k : sizeof(r->head) - 1;
 }
 
+/* The end of one message (DONE, ERROR, or the input used up): checks it
+ * against its framing and counts it. false: the run is over. */
+static bool fz_msg_end(gw_http_parser_t *p, bool head_req, gw_http_state_t st, bool eof,
+                       fz_msg_t *m, size_t used, bool at_end, fz_run_t *out)
+{
+    m->st = st;
+    m->used = used;
+    m->status = 0;
+    m->reason = NULL;
+    if (gw_http_body_bytes(p) != m->body_len)
+        abort();
+    if (st == GW_HTTP_ERROR) {
+        m->status = gw_http_error_status(p);
+        m->reason = gw_http_error_reason(p);
+        if (!m->reason[0] || m->status != 502)
+            abort();
+        m->used = 0;
+    }
+    if (st == GW_HTTP_DONE) {
+        const gw_http_msg_t *hm = gw_http_msg(p);
+        if (!m->head_len || !hm)
+            abort();
+        bool bodiless = head_req || hm->status == 204 || hm->status == 304;
+        if (bodiless && m->body_len)
+            abort();
+        if (!bodiless && hm->content_length >= 0 && (int64_t)m->body_len != hm->content_length)
+            abort();
+        if (eof && (bodiless || hm->chunked || hm->content_length >= 0))
+            abort(); /* only a close-delimited body ends at EOF */
+        if (eof && hm->keep_alive)
+            abort();
+    }
+    out->n++;
+    if (st != GW_HTTP_DONE || at_end || out->n == MAX_MSGS)
+        return false;
+    gw_http_parser_reset(p);
+    gw_http_parser_set_head_request(p, head_req);
+    fz_msg_t *next = &out->m[out->n];
+    next->head_len = next->body_len = 0;
+    return true;
+}
+
 static void fz_feed(gw_http_parser_t *p, bool head_req, const char *in, size_t len,
                     const size_t *cuts, size_t ncuts, fz_run_t *out)
 {
@@ -117,42 +163,78 @@ static void fz_feed(gw_http_parser_t *p, bool head_req, const char *in, size_t l
             st = gw_http_feed_eof(p, fz_body, m);
             eof = true;
         }
-        m->st = st;
-        m->used = off - msg_start;
-        m->status = 0;
-        m->reason = NULL;
-        if (gw_http_body_bytes(p) != m->body_len)
-            abort();
-        if (st == GW_HTTP_ERROR) {
-            m->status = gw_http_error_status(p);
-            m->reason = gw_http_error_reason(p);
-            if (!m->reason[0] || m->status != 502)
-                abort();
-            m->used = 0;
-        }
-        if (st == GW_HTTP_DONE) {
-            const gw_http_msg_t *hm = gw_http_msg(p);
-            if (!m->head_len || !hm)
-                abort();
-            bool bodiless = head_req || hm->status == 204 || hm->status == 304;
-            if (bodiless && m->body_len)
-                abort();
-            if (!bodiless && hm->content_length >= 0 && (int64_t)m->body_len != hm->content_length)
-                abort();
-            if (eof && (bodiless || hm->chunked || hm->content_length >= 0))
-                abort(); /* only a close-delimited body ends at EOF */
-            if (eof && hm->keep_alive)
-                abort();
-        }
-        out->n++;
-        if (st != GW_HTTP_DONE || off == len || out->n == MAX_MSGS)
+        if (!fz_msg_end(p, head_req, st, eof, m, off - msg_start, off == len, out))
             return;
-        gw_http_parser_reset(p);
-        gw_http_parser_set_head_request(p, head_req);
         m = &out->m[out->n];
-        m->head_len = m->body_len = 0;
         msg_start = off;
     }
+}
+
+/* The proxy's head callback (gw_proxy_head_cb): the head before any body
+ * byte; a 5xx stops the pass at its head. */
+typedef struct fz_ev {
+    gw_http_parser_t *p;
+    fz_msg_t *m;
+} fz_ev_t;
+
+static int fz_head(void *arg)
+{
+    fz_ev_t *e = arg;
+    if (e->m->head_len || e->m->body_len)
+        abort(); /* one head per message, before its body */
+    check_head(gw_http_msg(e->p));
+    snap_head(e->m, gw_http_msg(e->p));
+    return gw_http_msg(e->p)->status >= 500;
+}
+
+/* The proxy's way (gw_proxy_up_read): the stream in an evbuffer, one chain
+ * per piece between cuts[], fed by gw_http_feed_evbuffer_cbs with the head
+ * callback (head and body in one pass but for a 5xx, which is fed on after
+ * its head), the close at the end. */
+static void fz_feed_ev(gw_http_parser_t *p, bool head_req, const char *in, size_t len,
+                       const size_t *cuts, size_t ncuts, fz_run_t *out)
+{
+    out->n = 0;
+    struct evbuffer *b = evbuffer_new();
+    if (!b)
+        abort();
+    size_t prev = 0;
+    for (size_t c = 0; c <= ncuts; c++) {
+        size_t end = c < ncuts ? cuts[c] : len;
+        if (end > prev && evbuffer_add_reference(b, in + prev, end - prev, NULL, NULL) != 0)
+            abort();
+        prev = end > prev ? end : prev;
+    }
+    gw_http_parser_reset(p);
+    gw_http_parser_set_head_request(p, head_req);
+    size_t off = 0, msg_start = 0;
+    fz_ev_t e = {p, &out->m[0]};
+    e.m->head_len = e.m->body_len = 0;
+    for (;;) {
+        const gw_http_feed_cbs_t cbs = {fz_head, &e, fz_body, e.m};
+        size_t used = 0, before = evbuffer_get_length(b);
+        bool eof = false;
+        gw_http_state_t st = gw_http_feed_evbuffer_cbs(p, b, &used, &cbs);
+        if (before - evbuffer_get_length(b) != used)
+            abort(); /* drained what it took */
+        off += used;
+        if (st == GW_HTTP_HEAD) {
+            if (!e.m->head_len || gw_http_msg(p)->status < 500 || e.m->body_len)
+                abort(); /* only a 5xx stops, before its body */
+            continue;
+        }
+        if (st == GW_HTTP_NEED_MORE) {
+            if (off != len)
+                abort(); /* the buffer is used up */
+            st = gw_http_feed_eof(p, fz_body, e.m);
+            eof = true;
+        }
+        if (!fz_msg_end(p, head_req, st, eof, e.m, off - msg_start, off == len, out))
+            break;
+        e.m = &out->m[out->n];
+        msg_start = off;
+    }
+    evbuffer_free(b);
 }
 
 static void fz_same(const fz_run_t *a, const fz_run_t *b)
@@ -212,6 +294,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             for (size_t i = 1; i < size; i++)
                 cuts[i - 1] = i;
             fz_feed(p, head_req, in, size, cuts, size - 1, &other);
+            fz_same(&whole, &other);
+            fz_feed_ev(p, head_req, in, size, cuts, size - 1, &other);
+            fz_same(&whole, &other);
+        }
+        fz_feed_ev(p, head_req, in, size, NULL, 0, &other);
+        fz_same(&whole, &other);
+        if (size > 1) { /* pieces of 3 bytes, each its own chain */
+            size_t k = 0;
+            for (size_t i = 3; i < size; i += 3)
+                cuts[k++] = i;
+            fz_feed_ev(p, head_req, in, size, cuts, k, &other);
             fz_same(&whole, &other);
         }
     }

@@ -350,6 +350,67 @@ static void test_facts(void **state)
     gw_body_scan_free(s);
 }
 
+/* A scan after a rich one on the same handle (gw_body_scan_reset resets
+ * only what is read): every fact, message, part, splice and flag of the
+ * first is forgotten. */
+static void test_reset_forgets(void **state)
+{
+    (void)state;
+    const char *rich =
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":"
+        "\"text\",\"text\":\"hi\"}]}],\"stream\":true,\"stream_options\":{\"include_usage\":"
+        "true},\"max_tokens\":5,\"max_completion_tokens\":6,\"max_output_tokens\":7,\"n\":"
+        "123456789012345678901234567890,\"tools\":[],\"x\":\"\\u00e9\"}";
+    gw_body_scan_t *s = gw_body_scan_new();
+    assert_non_null(s);
+    assert_int_equal(gw_body_scan(s, rich, strlen(rich), GW_SCAN_MSGS), GW_SCAN_OK);
+    assert_true(s->bigint);
+    assert_int_equal(gw_body_set(s, "model", &s->model, "\"q\"", 3), 0);
+    assert_int_equal(s->nsplices, 1);
+    const char *e = "{}";
+    assert_int_equal(gw_body_scan(s, e, 2, GW_SCAN_MSGS), GW_SCAN_OK);
+    const gw_jfact_t *absent[] = {&s->model,
+                                  &s->stream,
+                                  &s->stream_options,
+                                  &s->include_usage,
+                                  &s->max_tokens,
+                                  &s->max_completion_tokens,
+                                  &s->max_output_tokens,
+                                  &s->n};
+    for (size_t i = 0; i < sizeof(absent) / sizeof(absent[0]); i++)
+        if (absent[i]->kind != SL_J_ABSENT)
+            fail_msg("fact %zu kept kind %d", i, (int)absent[i]->kind);
+    assert_int_equal(s->top.kind, SL_J_OBJECT);
+    assert_int_equal(s->top.members, 0);
+    assert_false(s->bigint);
+    assert_true(s->has_msgs);
+    assert_int_equal(s->elided, 0);
+    assert_int_equal(s->nsplices, 0);
+    assert_int_equal(s->chat.messages_kind, SL_J_ABSENT);
+    assert_int_equal(s->chat.tools_kind, SL_J_ABSENT);
+    assert_int_equal(s->chat.nmsgs, 0);
+    /* the added member goes in without a comma: top's members are this scan's */
+    assert_int_equal(gw_body_set(s, "model", &s->model, "\"q\"", 3), 0);
+    char *out = NULL;
+    size_t n = 0;
+    assert_int_equal(gw_body_splice_apply(s, &out, &n), 0);
+    assert_int_equal(n, 13);
+    assert_memory_equal(out, "{\"model\":\"q\"}", 13);
+    free(out);
+    /* parts are counted from 0 again; without GW_SCAN_MSGS no messages */
+    const char *one = "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]}";
+    assert_int_equal(gw_body_scan(s, rich, strlen(rich), GW_SCAN_MSGS), GW_SCAN_OK);
+    assert_int_equal(gw_body_scan(s, one, strlen(one), GW_SCAN_MSGS), GW_SCAN_OK);
+    assert_int_equal(s->chat.nmsgs, 1);
+    assert_int_equal(s->chat.msgs[0].part0, 0);
+    assert_int_equal(s->chat.msgs[0].nparts, 1);
+    assert_int_equal(s->chat.tools_kind, SL_J_ABSENT);
+    assert_int_equal(gw_body_scan(s, rich, strlen(rich), 0), GW_SCAN_OK);
+    assert_false(s->has_msgs);
+    assert_int_equal(s->chat.nmsgs, 0);
+    gw_body_scan_free(s);
+}
+
 /* Integers beyond int64 make jansson read the body again with reals: the
  * facts follow (64.0 is then the integer 64, 2^53+1 a real), and a spliced
  * body keeps the big integer's digits as sent. */
@@ -974,6 +1035,7 @@ int main(void)
         cmocka_unit_test(test_handle_reuse),
         cmocka_unit_test(test_many_keys_and_depth),
         cmocka_unit_test(test_facts),
+        cmocka_unit_test(test_reset_forgets),
         cmocka_unit_test(test_bigint),
         cmocka_unit_test(test_splice_apply_buf),
         cmocka_unit_test(test_integer_bounds),

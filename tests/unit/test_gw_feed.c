@@ -8,7 +8,8 @@
  * callback (gw_http_feed_evbuffer_cbs, the client side's one pass): head
  * and body in one call across chains (more than one peek's worth too), the
  * callback before any body byte, two pipelined requests in one chain, an
- * error in the second chain, and a callback that stops at the head.
+ * error in the second chain, and a callback that stops at the head; the
+ * proxy's answers (1xx before the head, a 5xx that stops, 204 and 304).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -312,6 +313,90 @@ static void test_cbs_head_stop(void **state)
     evbuffer_free(in);
 }
 
+/* The proxy's one pass over an upstream answer (gw_proxy_head_cb): the
+ * callback sees only the final head (1xx interims skipped), stops at a 5xx
+ * with only the head drained, and a 204 completes in the same pass with
+ * what follows it left in the buffer. */
+typedef struct resp_probe {
+    gw_http_parser_t *p;
+    sink_t *body;
+    int calls, status;
+    size_t body_at_head;
+} resp_probe_t;
+
+static int resp_head_cb(void *arg)
+{
+    resp_probe_t *h = arg;
+    h->calls++;
+    h->status = gw_http_msg(h->p)->status;
+    h->body_at_head = h->body->n;
+    return h->status >= 500;
+}
+
+static gw_http_state_t feed_resp(const char *raw, size_t k, resp_probe_t *h, size_t *fed,
+                                 size_t *left)
+{
+    struct evbuffer *in = evbuffer_new();
+    add_pieces(in, raw, k);
+    const gw_http_feed_cbs_t cbs = {resp_head_cb, h, body_cb, h->body};
+    gw_http_state_t st = gw_http_feed_evbuffer_cbs(h->p, in, fed, &cbs);
+    *left = evbuffer_get_length(in);
+    evbuffer_free(in);
+    return st;
+}
+
+#define RESP_200   "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
+#define INTERIM    "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n"
+#define NO_CONTENT "HTTP/1.1 204 No Content\r\nX: 1\r\n\r\n"
+#define RESP_503   "HTTP/1.1 503 Busy\r\nContent-Length: 6\r\n\r\nfailed"
+
+static void test_cbs_response_cases(void **state)
+{
+    (void)state;
+
+    for (size_t k = 7; k <= 200; k += 193) { /* many chains, and one */
+        size_t fed = 0, left = 0;
+        /* 1xx, 1xx, 200 and its body: one call, one callback at the 200 */
+        gw_http_parser_t *p = gw_http_parser_new(GW_HTTP_RESPONSE, NULL);
+        sink_t s = {0};
+        resp_probe_t h = {p, &s, 0, 0, 99};
+        assert_int_equal(feed_resp(INTERIM RESP_200, k, &h, &fed, &left), GW_HTTP_DONE);
+        assert_int_equal(h.calls, 1);
+        assert_int_equal(h.status, 200);
+        assert_int_equal(h.body_at_head, 0);
+        assert_int_equal(fed, sizeof(INTERIM RESP_200) - 1);
+        assert_int_equal(s.n, 5);
+        assert_memory_equal(s.body, "hello", 5);
+        /* a 5xx (after a 1xx): HEAD, its body neither fed nor drained */
+        gw_http_parser_reset(p);
+        s.n = 0;
+        h.calls = 0;
+        assert_int_equal(feed_resp(INTERIM RESP_503, k, &h, &fed, &left), GW_HTTP_HEAD);
+        assert_int_equal(h.calls, 1);
+        assert_int_equal(h.status, 503);
+        assert_int_equal(s.n, 0);
+        assert_int_equal(left, 6);
+        assert_int_equal(fed, sizeof(INTERIM RESP_503) - 1 - 6);
+        /* 204 then stray bytes: DONE in the same pass, the stray bytes left */
+        gw_http_parser_reset(p);
+        s.n = 0;
+        h.calls = 0;
+        assert_int_equal(feed_resp(NO_CONTENT "STRAY", k, &h, &fed, &left), GW_HTTP_DONE);
+        assert_int_equal(h.calls, 1);
+        assert_int_equal(fed, sizeof(NO_CONTENT) - 1);
+        assert_int_equal(left, 5);
+        assert_int_equal(s.n, 0);
+        /* 304 alone: DONE with nothing after the head to feed */
+        gw_http_parser_reset(p);
+        h.calls = 0;
+        assert_int_equal(feed_resp("HTTP/1.1 304 Not Modified\r\n\r\n", k, &h, &fed, &left),
+                         GW_HTTP_DONE);
+        assert_int_equal(h.calls, 1);
+        assert_int_equal(left, 0);
+        gw_http_parser_free(p);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -324,6 +409,7 @@ int main(void)
         cmocka_unit_test(test_cbs_pipelined_one_chain),
         cmocka_unit_test(test_cbs_error_in_second_chain),
         cmocka_unit_test(test_cbs_head_stop),
+        cmocka_unit_test(test_cbs_response_cases),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
