@@ -109,7 +109,9 @@ void sl_jshape_clear(sl_jshape_t *sh)
     sh->nholes = 0;
 }
 
-bool sl_jshape_match(const sl_jshape_t *sh, const char *p, size_t n, sl_jspan_t *out)
+/* p against sh: all of p, or (used != NULL) p's first *used bytes. */
+static bool jshape_match_in(const sl_jshape_t *sh, const char *p, size_t n, sl_jspan_t *out,
+                            size_t *used)
 {
     if (sh->len == 0 || n > UINT32_MAX)
         return false;
@@ -135,7 +137,24 @@ bool sl_jshape_match(const sl_jshape_t *sh, const char *p, size_t n, sl_jspan_t 
         dp = e;
     }
     size_t lit = sh->len - tp;
+    if (used) { /* the shape must end in its own byte: an integer could go on */
+        if (lit == 0 || n - dp < lit || memcmp(p + dp, sh->bytes + tp, lit) != 0)
+            return false;
+        *used = dp + lit;
+        return true;
+    }
     return n - dp == lit && memcmp(p + dp, sh->bytes + tp, lit) == 0;
+}
+
+bool sl_jshape_match(const sl_jshape_t *sh, const char *p, size_t n, sl_jspan_t *out)
+{
+    return jshape_match_in(sh, p, n, out, NULL);
+}
+
+bool sl_jshape_match_prefix(const sl_jshape_t *sh, const char *p, size_t n, sl_jspan_t *out,
+                            size_t *used)
+{
+    return jshape_match_in(sh, p, n, out, used);
 }
 
 int64_t sl_jshape_int(const char *p, size_t n)

@@ -78,6 +78,14 @@ static inline bool sl_jshape_empty(const sl_jshape_t *sh)
  * (room for sh->nholes spans) gets each hole's span in p. */
 bool sl_jshape_match(const sl_jshape_t *sh, const char *p, size_t n, sl_jspan_t *out);
 
+/* Whether text p (n bytes) begins with sh's shape: as sl_jshape_match on
+ * p's first *used bytes (set on a match), what follows them not looked at.
+ * For a caller whose parser stops at the shape's last byte (the '}' that
+ * closes the value it reads) and never sees what follows. A shape that ends
+ * in a hole never matches: an integer there could go on in p. */
+bool sl_jshape_match_prefix(const sl_jshape_t *sh, const char *p, size_t n, sl_jspan_t *out,
+                            size_t *used);
+
 /* The value of an integer hole's bytes (as sl_jshape_match vouched for
  * them: no overflow). */
 int64_t sl_jshape_int(const char *p, size_t n);
