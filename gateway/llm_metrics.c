@@ -642,13 +642,15 @@ static void gw_llm_usage_bytes(gw_req_t *r, const char *obj, size_t n)
  * object (the usage chunk goes the parse's way each time): yajl finds the
  * holes, the values of keys llm_metrics never interprets (ids, the model,
  * the fingerprint, created) or reads only as empty or not (content, text,
- * arguments) when written without escapes. finish_reason, role, types,
- * booleans, null, tool_calls' brackets stay the shape's bytes. The facts
- * are gw_llm_scan_keys' on the text: its scan meets a hole's bytes only as
- * the byte after a `"content":"` or `"text":"` (a hole holds no '"', so no
- * key is read inside one, and a value's opening quote follows ':', ',', '['
- * or a blank, never a key's last letter): content is the shape's own, or
- * one of those holes not empty. */
+ * arguments), strings as escaped-string holes (SL_JHOLE_ESTR: content
+ * often holds a \n). finish_reason, role, types, booleans, null,
+ * tool_calls' brackets stay the shape's bytes. The facts are
+ * gw_llm_scan_keys' on the text: its scan meets a hole's bytes only as the
+ * byte after a `"content":"` or `"text":"`. No key is read inside a hole:
+ * a '"' there is escaped, so the byte before it is a '\\', and a value's
+ * opening quote follows ':', ',', '[' or a blank, where a key read back
+ * from a ':' needs a letter before its last '"'. So content is the
+ * shape's own, or one of those holes not empty. */
 typedef struct gw_llm_eparse {
     yajl_handle h;
     const char *base; /* the event's JSON */
@@ -691,17 +693,41 @@ static int gw_llm_ep_key(void *ctx, const unsigned char *k, size_t n)
     return 1;
 }
 
-/* A string without escapes is handed over in the text itself: its span;
- * one with escapes (decoded elsewhere) stays the shape's bytes. */
+/* The string yajl just read, in e's text: it ends at the '"' before where
+ * yajl stopped and starts after the '"' before that which no odd run of
+ * '\\' escapes. sl_jshape_set checks the span again. */
+static bool gw_llm_str_span(const gw_llm_eparse_t *e, sl_jspan_t *sp)
+{
+    size_t end = yajl_get_bytes_consumed(e->h);
+    if (end == 0 || end > e->len || e->base[end - 1] != '"')
+        return false;
+    size_t close = end - 1, q = close;
+    while (q > 0) {
+        const char *f = memrchr(e->base, '"', q);
+        if (!f)
+            return false;
+        q = (size_t)(f - e->base);
+        size_t bs = 0;
+        while (bs < q && e->base[q - 1 - bs] == '\\')
+            bs++;
+        if (bs % 2 == 0) {
+            sp->off = (uint32_t)(q + 1);
+            sp->len = (uint32_t)(close - q - 1);
+            return true;
+        }
+    }
+    return false;
+}
+
+/* A string value of a hole's key: a hole, escapes and all (its bytes are
+ * only read as empty or not). */
 static int gw_llm_ep_string(void *ctx, const unsigned char *s, size_t n)
 {
+    (void)s;
+    (void)n;
     gw_llm_eparse_t *e = ctx;
-    const char *c = (const char *)s;
-    if (e->want == 1 && e->nholes < SL_JSHAPE_MAX_HOLES && c > e->base &&
-        c + n < e->base + e->len) {
-        e->hole[e->nholes] = (sl_jspan_t){(uint32_t)(c - e->base), (uint32_t)n};
-        e->kind[e->nholes++] = SL_JHOLE_STR;
-    }
+    if (e->want == 1 && e->nholes < SL_JSHAPE_MAX_HOLES && gw_llm_str_span(e, &e->hole[e->nholes]))
+        e->kind[e->nholes++] = SL_JHOLE_ESTR;
     e->want = 0;
     return 1;
 }
@@ -771,7 +797,7 @@ static void gw_llm_event_learn(gw_llm_shapes_t *S, const char *raw, size_t n)
     size_t fl = 0, at = 0;
     for (size_t i = 0; i < e.nholes; i++) {
         e.hole[i].off += (uint32_t)pre;
-        if (e.kind[i] != SL_JHOLE_STR)
+        if (e.kind[i] != SL_JHOLE_ESTR)
             continue;
         if (gw_llm_hole_content(raw, e.hole[i].off))
             cmask |= (uint64_t)1 << i;
@@ -804,7 +830,7 @@ static void gw_llm_event_fast(gw_llm_eshape_t *k, const char *raw, size_t n, con
     size_t nh = 0;
     for (uint64_t m = k->cmask; m; m &= m - 1) {
         h[nh] = sp[__builtin_ctzll(m)];
-        kinds[nh++] = SL_JHOLE_STR;
+        kinds[nh++] = SL_JHOLE_ESTR;
     }
     k->fast_hits = 0;
     if (sl_jshape_set(&k->fast, raw, n, h, kinds, nh) != 0)

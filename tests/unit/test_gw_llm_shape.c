@@ -6,8 +6,9 @@
  * (gw_llm_usage_read, kept or not), on the fuzz corpora's events and on
  * many texts made from the usual chunks and usage objects with their
  * values changed, including values that must make a shape miss (an
- * escape, a float where an integer was, a finish_reason, "usage":null,
- * tool_calls). The shapes must also serve: the hit counts are asserted.
+ * escape that is not JSON's or a surrogate half, a float where an integer
+ * was, a finish_reason, "usage":null, tool_calls). The shapes must also
+ * serve: the hit counts are asserted.
  */
 #include <dirent.h>
 #include <setjmp.h>
@@ -280,11 +281,21 @@ static void test_events_hit_and_miss(void **state)
         "\"finish_reason\":null}]}\n\n";
     assert_false(gw_llm_event_keys(S(hit_colon), &c));
     assert_true(c);
-    assert_int_equal(gw_llm_shape_stats().e_hits, 2);
+    static const char hit_escaped[] =
+        "data: {\"id\":\"chatcmpl-4\",\"object\":\"chat.completion.chunk\",\"created\":2,"
+        "\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"\\n\\n\\\"a\\\": \"},"
+        "\"finish_reason\":null}]}\n\n";
+    assert_false(gw_llm_event_keys(S(hit_escaped), &c));
+    assert_true(c); /* escapes in a content hole: still the shape */
+    assert_int_equal(gw_llm_shape_stats().e_hits, 3);
     static const char *const miss[] = {
-        /* an escape in the content */
+        /* a surrogate escape in the content */
         "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,"
-        "\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\\nb\"},"
+        "\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"\\ud83d\\ude00\"},"
+        "\"finish_reason\":null}]}\n\n",
+        /* a bad escape */
+        "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,"
+        "\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\\qb\"},"
         "\"finish_reason\":null}]}\n\n",
         /* a float where the integer was */
         "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1.5,"
