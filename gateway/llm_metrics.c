@@ -476,10 +476,10 @@ static const yajl_callbacks gw_llm_up_cbs = {
  * bytes. Freed at thread exit (a pthread key). */
 #define GW_LLM_USHAPES 2 /* usage objects of JSON answers */
 #define GW_LLM_ESHAPES 4 /* SSE events: a stream's first, content and last chunks */
-/* A miss learns (one yajl parse of the event) while fewer than this many
- * learns went without a hit since the last hit; then one miss in
- * GW_LLM_LEARN_EVERY: a stream of ever new shapes costs a parse per 64
- * events, not one per event. */
+/* A miss learns (an event: one yajl parse; a usage object: its copy) while
+ * fewer than this many learns went without a hit since the last hit; then
+ * one miss in GW_LLM_LEARN_EVERY: a stream of ever new shapes costs a
+ * parse per 64 events, not one per event. */
 #define GW_LLM_LEARN_FREE  4
 #define GW_LLM_LEARN_EVERY 64
 
@@ -506,7 +506,8 @@ typedef struct gw_llm_shapes {
     gw_llm_ushape_t u[GW_LLM_USHAPES];
     gw_llm_eshape_t e[GW_LLM_ESHAPES];
     unsigned u_next, e_next, e_last;
-    unsigned streak, skipped; /* learns since the last hit; misses not learnt */
+    unsigned streak, skipped;     /* events: learns since the last hit; misses not learnt */
+    unsigned u_streak, u_skipped; /* the same for usage objects */
     bool listed;
     gw_llm_shape_stats_t st;
 } gw_llm_shapes_t;
@@ -554,6 +555,7 @@ void gw_llm_shapes_clear(void)
     gw_llm_shapes_free(&gw_llm_sh);
     gw_llm_sh.u_next = gw_llm_sh.e_next = gw_llm_sh.e_last = 0;
     gw_llm_sh.streak = gw_llm_sh.skipped = 0;
+    gw_llm_sh.u_streak = gw_llm_sh.u_skipped = 0;
     memset(&gw_llm_sh.st, 0, sizeof(gw_llm_sh.st));
 }
 
@@ -584,6 +586,7 @@ static bool gw_llm_usage_kept(const char *obj, size_t n, gw_llm_uread_t *out)
         gw_llm_hole_int(obj, sp, u->hp, &out->have_p, &out->pv);
         gw_llm_hole_int(obj, sp, u->hc, &out->have_c, &out->cv);
         S->st.u_hits++;
+        S->u_streak = 0;
         return true;
     }
     S->st.u_misses++;
@@ -623,8 +626,11 @@ void gw_llm_usage_read(const char *obj, size_t n, bool kept, gw_llm_uread_t *out
         return;
     *out = (gw_llm_uread_t){
         .closed = true, .have_p = u.have_p, .have_c = u.have_c, .pv = u.pv, .cv = u.cv};
-    if (kept)
+    gw_llm_shapes_t *S = &gw_llm_sh;
+    if (kept && (S->u_streak < GW_LLM_LEARN_FREE || ++S->u_skipped % GW_LLM_LEARN_EVERY == 0)) {
+        S->u_streak++;
         gw_llm_usage_learn(obj, &u);
+    }
 }
 
 /* obj..end starts with the usage object's '{'. */
