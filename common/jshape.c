@@ -4,6 +4,7 @@
  * hole runs to the first byte that is '"', '\' or a control byte (16 at a
  * time with SSE2), and only a '"' ends it well.
  */
+#include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,6 +39,32 @@ static size_t jshape_str_end(const char *p, size_t i, size_t n)
     return n;
 }
 
+/* The end of an escaped string's interior at p[i..n): its closing '"', or
+ * the first byte that is no part of one as jshape.h allows it (a control
+ * byte, a bad or surrogate escape), or n. */
+static size_t jshape_estr_end(const char *p, size_t i, size_t n)
+{
+    for (;;) {
+        size_t e = jshape_str_end(p, i, n);
+        if (e == n || p[e] != '\\')
+            return e;
+        if (e + 1 < n && memchr("\"\\/bfnrt", p[e + 1], 8)) {
+            i = e + 2;
+            continue;
+        }
+        /* \uXXXX, not D800-DFFF nor 0000: parsers differ about a surrogate
+         * half and a NUL */
+        if (e + 5 < n && p[e + 1] == 'u' && memcmp(p + e + 2, "0000", 4) != 0 &&
+            isxdigit((unsigned char)p[e + 2]) && isxdigit((unsigned char)p[e + 3]) &&
+            isxdigit((unsigned char)p[e + 4]) && isxdigit((unsigned char)p[e + 5]) &&
+            !((p[e + 2] == 'd' || p[e + 2] == 'D') && memchr("89abcdefABCDEF", p[e + 3], 14))) {
+            i = e + 6;
+            continue;
+        }
+        return e;
+    }
+}
+
 /* The end of an integer token at p[i..n) as jshape.h allows it, or 0. */
 static size_t jshape_int_end(const char *p, size_t i, size_t n)
 {
@@ -58,9 +85,11 @@ static bool jshape_hole_ok(const char *p, size_t n, sl_jspan_t h, uint8_t kind)
     size_t off = h.off, end = (size_t)h.off + h.len;
     if (end > n)
         return false;
-    if (kind == SL_JHOLE_STR)
-        return off > 0 && p[off - 1] == '"' && jshape_str_end(p, off, n) == end && end < n &&
-               p[end] == '"';
+    if (kind == SL_JHOLE_STR || kind == SL_JHOLE_ESTR)
+        return off > 0 && p[off - 1] == '"' &&
+               (kind == SL_JHOLE_STR ? jshape_str_end(p, off, n) : jshape_estr_end(p, off, n)) ==
+                   end &&
+               end < n && p[end] == '"';
     /* a whole number token: after a blank or a structural byte, before one */
     if (kind == SL_JHOLE_INT)
         return h.len > 0 && (off == 0 || memchr(" \t\r\n:,[", p[off - 1], 7)) &&
@@ -109,7 +138,9 @@ void sl_jshape_clear(sl_jshape_t *sh)
     sh->nholes = 0;
 }
 
-bool sl_jshape_match(const sl_jshape_t *sh, const char *p, size_t n, sl_jspan_t *out)
+/* p against sh: all of p, or (used != NULL) p's first *used bytes. */
+static bool jshape_match_in(const sl_jshape_t *sh, const char *p, size_t n, sl_jspan_t *out,
+                            size_t *used)
 {
     if (sh->len == 0 || n > UINT32_MAX)
         return false;
@@ -121,8 +152,8 @@ bool sl_jshape_match(const sl_jshape_t *sh, const char *p, size_t n, sl_jspan_t 
         dp += lit;
         tp = (size_t)sh->hole[i].off + sh->hole[i].len;
         size_t e;
-        if (sh->kind[i] == SL_JHOLE_STR) {
-            e = jshape_str_end(p, dp, n);
+        if (sh->kind[i] != SL_JHOLE_INT) {
+            e = sh->kind[i] == SL_JHOLE_STR ? jshape_str_end(p, dp, n) : jshape_estr_end(p, dp, n);
             if (e == n || p[e] != '"')
                 return false; /* an escape, a control byte or no end */
         } else {
@@ -135,7 +166,24 @@ bool sl_jshape_match(const sl_jshape_t *sh, const char *p, size_t n, sl_jspan_t 
         dp = e;
     }
     size_t lit = sh->len - tp;
+    if (used) { /* the shape must end in its own byte: an integer could go on */
+        if (lit == 0 || n - dp < lit || memcmp(p + dp, sh->bytes + tp, lit) != 0)
+            return false;
+        *used = dp + lit;
+        return true;
+    }
     return n - dp == lit && memcmp(p + dp, sh->bytes + tp, lit) == 0;
+}
+
+bool sl_jshape_match(const sl_jshape_t *sh, const char *p, size_t n, sl_jspan_t *out)
+{
+    return jshape_match_in(sh, p, n, out, NULL);
+}
+
+bool sl_jshape_match_prefix(const sl_jshape_t *sh, const char *p, size_t n, sl_jspan_t *out,
+                            size_t *used)
+{
+    return jshape_match_in(sh, p, n, out, used);
 }
 
 int64_t sl_jshape_int(const char *p, size_t n)

@@ -13,6 +13,13 @@
  *     interior without escapes;
  *   - an integer hole: '-'? then '0' or a digit 1-9 and more digits, at most
  *     SL_JSHAPE_INT_DIGITS digits in all (any such value fits an int64).
+ *   - an escaped-string hole (SL_JHOLE_ESTR): the same, with escapes too:
+ *     '\' then one of '"' '\' '/' b f n r t, or u and four hex digits
+ *     that are not a surrogate half (D800-DFFF: jansson refuses a lone one,
+ *     yajl does not, so such a text is no shape's) nor 0000 (jansson refuses
+ *     it without JSON_ALLOW_NUL), ended by the first '"'
+ *     not escaped. For a caller that reads such a string's bytes itself
+ *     (emptiness, a span) or not at all: its value is not the bytes.
  * JSON's grammar lets any such interior stand where another stands, and any
  * integer token where another integer token stands (RFC 8259: what follows
  * a number is whitespace or a structural character, which the shape's own
@@ -43,8 +50,9 @@
 #define SL_JSHAPE_MAX_BYTES 8192
 
 typedef enum sl_jhole_kind {
-    SL_JHOLE_STR = 1, /* a string's interior, without its quotes */
-    SL_JHOLE_INT = 2, /* a whole integer token */
+    SL_JHOLE_STR = 1,  /* a string's interior, without its quotes */
+    SL_JHOLE_ESTR = 3, /* the same with escapes (below) */
+    SL_JHOLE_INT = 2,  /* a whole integer token */
 } sl_jhole_kind_t;
 
 typedef struct sl_jspan {
@@ -77,6 +85,14 @@ static inline bool sl_jshape_empty(const sl_jshape_t *sh)
 /* Whether text p (n bytes) has sh's shape (see above); when it has, out
  * (room for sh->nholes spans) gets each hole's span in p. */
 bool sl_jshape_match(const sl_jshape_t *sh, const char *p, size_t n, sl_jspan_t *out);
+
+/* Whether text p (n bytes) begins with sh's shape: as sl_jshape_match on
+ * p's first *used bytes (set on a match), what follows them not looked at.
+ * For a caller whose parser stops at the shape's last byte (the '}' that
+ * closes the value it reads) and never sees what follows. A shape that ends
+ * in a hole never matches: an integer there could go on in p. */
+bool sl_jshape_match_prefix(const sl_jshape_t *sh, const char *p, size_t n, sl_jspan_t *out,
+                            size_t *used);
 
 /* The value of an integer hole's bytes (as sl_jshape_match vouched for
  * them: no overflow). */

@@ -53,6 +53,26 @@ bool gw_llm_sse_event(gw_req_t *r, const gw_sse_event_t *ev);
  * `"text":` holds a non-empty string or `"tool_calls":` a non-empty array
  * (what gw_llm_has_content tells on the tree). */
 bool gw_llm_scan_keys(const char *p, size_t n, bool *content);
+/* gw_llm_scan_keys' answer on an event's raw bytes through the thread's
+ * kept event shapes (the scan on a miss, which may keep the event's shape:
+ * docs/metrics.md, "Kept shapes"). */
+bool gw_llm_event_keys(const char *raw, size_t n, bool *content);
+/* A usage object's two counts as yajl reads them (closed: the object parsed
+ * whole), obj..n from its '{' (what follows is not read); through the
+ * thread's kept usage shapes when kept (a miss then keeps its shape). */
+typedef struct gw_llm_uread {
+    bool closed, have_p, have_c;
+    long long pv, cv;
+} gw_llm_uread_t;
+void gw_llm_usage_read(const char *obj, size_t n, bool kept, gw_llm_uread_t *out);
+/* The thread's kept shapes: how often they served (tests, benches), and
+ * dropped. */
+typedef struct gw_llm_shape_stats {
+    uint64_t u_hits, u_misses, e_hits, e_misses, e_learns;
+    uint64_t e_fast; /* of e_hits: through a shape with only its content holes */
+} gw_llm_shape_stats_t;
+gw_llm_shape_stats_t gw_llm_shape_stats(void);
+void gw_llm_shapes_clear(void);
 /* Whether an event's data may carry the usage (hook_llm.c's strip test). */
 bool gw_llm_has_usage_key(const char *p, size_t n);
 /* A whole JSON answer's usage (an answer made in-process). */

@@ -6,11 +6,13 @@
  * from the conf (model, upstream names) or closed lists (code, tier, kind),
  * so the series stay bounded.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <yajl/yajl_parse.h>
 
+#include "common/jshape.h"
 #include "common/yheap.h"
 #include "fallback/fallback.h"
 #include "gateway/gw_llm.h"
@@ -293,7 +295,7 @@ bool gw_llm_sse_event(gw_req_t *r, const gw_sse_event_t *ev)
     if (!gw_llm_model_answers(r) || ev->done)
         return true;
     bool content;
-    if (gw_llm_scan_keys(ev->raw, ev->raw_len, &content)) {
+    if (gw_llm_event_keys(ev->raw, ev->raw_len, &content)) {
         /* the usage chunk (or one that also carries usage): parse it */
         char stack[2048], *data = stack;
         long dl = gw_sse_event_data(ev, stack, sizeof(stack));
@@ -346,11 +348,20 @@ void gw_llm_body_bytes(gw_req_t *r, const char *p, size_t n)
  * on the stack (common/yheap.h). The counts are taken only when the whole
  * object parsed, as a tree parse would have them. */
 typedef struct gw_llm_uparse {
+    yajl_handle h;       /* where a value ends: yajl_get_bytes_consumed */
+    const char *base;    /* the text given to yajl */
     int depth;           /* 1: inside the usage object itself */
     int key;             /* the member whose value comes next: 0 other, 1 prompt, 2 completion */
     bool closed;         /* the usage object ended */
     bool have_p, have_c; /* an integer value was seen */
     long long pv, cv;
+    /* For the kept shape: every integer is a hole; hp / hc the hole whose
+     * value was taken (yajl's last), -1 none; odd: not to be kept (an
+     * integer too long for a hole, too many). end: the object's length. */
+    bool odd;
+    int hp, hc;
+    size_t end, nholes;
+    sl_jspan_t hole[SL_JSHAPE_MAX_HOLES];
 } gw_llm_uparse_t;
 
 static int gw_llm_up_value(void *ctx)
@@ -378,15 +389,36 @@ static int gw_llm_up_string(void *ctx, const unsigned char *s, size_t n)
     return gw_llm_up_value(ctx);
 }
 
+/* The integer token yajl just read, in h's text base: it ends where yajl
+ * stopped (the byte after it was put back), and starts after the ':', ','
+ * '[' or blank before it. false: too long for a hole. */
+static bool gw_llm_int_span(yajl_handle h, const char *base, sl_jspan_t *sp)
+{
+    size_t end = yajl_get_bytes_consumed(h), b = end;
+    while (b > 0 && ((base[b - 1] >= '0' && base[b - 1] <= '9') || base[b - 1] == '-'))
+        b--;
+    sp->off = (uint32_t)b;
+    sp->len = (uint32_t)(end - b);
+    size_t digits = end - b - (end > b && base[b] == '-');
+    return digits > 0 && digits <= SL_JSHAPE_INT_DIGITS && end <= UINT32_MAX;
+}
+
 static int gw_llm_up_integer(void *ctx, long long v)
 {
     gw_llm_uparse_t *u = ctx;
+    int hole = -1;
+    if (u->nholes < SL_JSHAPE_MAX_HOLES && gw_llm_int_span(u->h, u->base, &u->hole[u->nholes]))
+        hole = (int)u->nholes++;
+    else
+        u->odd = true;
     if (u->key == 1) {
         u->have_p = true;
         u->pv = v;
+        u->hp = hole;
     } else if (u->key == 2) {
         u->have_c = true;
         u->cv = v;
+        u->hc = hole;
     }
     u->key = 0;
     return 1;
@@ -416,6 +448,7 @@ static int gw_llm_up_close(void *ctx)
     gw_llm_uparse_t *u = ctx;
     if (--u->depth == 0) {
         u->closed = true;
+        u->end = yajl_get_bytes_consumed(u->h);
         return 0; /* the object is whole: stop here */
     }
     return 1;
@@ -434,19 +467,424 @@ static const yajl_callbacks gw_llm_up_cbs = {
     .yajl_end_array = gw_llm_up_close,
 };
 
-/* obj..end starts with the usage object's '{'. */
-static void gw_llm_usage_bytes(gw_req_t *r, const char *obj, size_t n)
+/* ---- kept shapes (common/jshape.h) ----------------------------------------
+ *
+ * Per thread, a few texts the parse (or the scan) read before, kept as
+ * shapes: a text with a kept shape reads the same, so its facts are taken
+ * from the shape and its holes' spans instead of a parse. Nothing of the
+ * conf goes into what is read here, so the shapes need no key besides the
+ * bytes. Freed at thread exit (a pthread key). */
+#define GW_LLM_USHAPES 2 /* usage objects of JSON answers */
+#define GW_LLM_ESHAPES 4 /* SSE events: a stream's first, content and last chunks */
+/* A miss learns (an event: one yajl parse; a usage object: its copy) while
+ * fewer than this many learns went without a hit since the last hit; then
+ * one miss in GW_LLM_LEARN_EVERY: a stream of ever new shapes costs a
+ * parse per 64 events, not one per event. */
+#define GW_LLM_LEARN_FREE  4
+#define GW_LLM_LEARN_EVERY 64
+
+typedef struct gw_llm_ushape {
+    sl_jshape_t sh;
+    int hp, hc; /* the hole of prompt_tokens' / completion_tokens' value, -1 none */
+} gw_llm_ushape_t;
+
+typedef struct gw_llm_eshape {
+    sl_jshape_t sh;
+    uint64_t cmask; /* string holes the scan reads as content when not empty */
+    bool content;   /* content from the shape's own bytes */
+    /* The same shape with only its content holes left, the others filled
+     * with the values of a text that had sh: a stream's events differ only
+     * in their content, and a text that has fast has sh (what fills a hole
+     * is a value of the hole's kind), at one compare over its bytes instead
+     * of a run per hole. Made again from a text that had sh and not fast,
+     * when the last one served or one time in 8 (an id per event). */
+    sl_jshape_t fast;
+    unsigned fast_hits, fast_tries;
+} gw_llm_eshape_t;
+
+typedef struct gw_llm_shapes {
+    gw_llm_ushape_t u[GW_LLM_USHAPES];
+    gw_llm_eshape_t e[GW_LLM_ESHAPES];
+    unsigned u_next, e_next, e_last;
+    unsigned streak, skipped;     /* events: learns since the last hit; misses not learnt */
+    unsigned u_streak, u_skipped; /* the same for usage objects */
+    bool listed;
+    gw_llm_shape_stats_t st;
+} gw_llm_shapes_t;
+
+static _Thread_local gw_llm_shapes_t gw_llm_sh;
+static pthread_key_t gw_llm_sh_key;
+static pthread_once_t gw_llm_sh_once = PTHREAD_ONCE_INIT;
+static bool gw_llm_sh_key_ok;
+
+static void gw_llm_shapes_free(gw_llm_shapes_t *S)
 {
-    gw_llm_uparse_t u = {0};
+    for (size_t i = 0; i < GW_LLM_USHAPES; i++)
+        sl_jshape_clear(&S->u[i].sh);
+    for (size_t i = 0; i < GW_LLM_ESHAPES; i++) {
+        sl_jshape_clear(&S->e[i].sh);
+        sl_jshape_clear(&S->e[i].fast);
+    }
+}
+
+static void gw_llm_sh_exit(void *p)
+{
+    gw_llm_shapes_free(p);
+}
+
+static void gw_llm_sh_init(void)
+{
+    gw_llm_sh_key_ok = pthread_key_create(&gw_llm_sh_key, gw_llm_sh_exit) == 0;
+}
+
+/* The thread's shapes, on its exit list; NULL: they cannot be kept. */
+static gw_llm_shapes_t *gw_llm_shapes_keep(void)
+{
+    gw_llm_shapes_t *S = &gw_llm_sh;
+    if (S->listed)
+        return S;
+    pthread_once(&gw_llm_sh_once, gw_llm_sh_init);
+    if (!gw_llm_sh_key_ok || pthread_setspecific(gw_llm_sh_key, S) != 0)
+        return NULL;
+    S->listed = true;
+    return S;
+}
+
+void gw_llm_shapes_clear(void)
+{
+    gw_llm_shapes_free(&gw_llm_sh);
+    gw_llm_sh.u_next = gw_llm_sh.e_next = gw_llm_sh.e_last = 0;
+    gw_llm_sh.streak = gw_llm_sh.skipped = 0;
+    gw_llm_sh.u_streak = gw_llm_sh.u_skipped = 0;
+    memset(&gw_llm_sh.st, 0, sizeof(gw_llm_sh.st));
+}
+
+gw_llm_shape_stats_t gw_llm_shape_stats(void)
+{
+    return gw_llm_sh.st;
+}
+
+/* A hole's value as an integer fact: the hole's, or none. */
+static void gw_llm_hole_int(const char *p, const sl_jspan_t *sp, int hole, bool *have, long long *v)
+{
+    *have = hole >= 0;
+    *v = hole >= 0 ? sl_jshape_int(p + sp[hole].off, sp[hole].len) : 0;
+}
+
+/* The usage object through a kept shape: what yajl would read, from the
+ * holes (the object's bytes only: yajl stops at its '}'). */
+static bool gw_llm_usage_kept(const char *obj, size_t n, gw_llm_uread_t *out)
+{
+    gw_llm_shapes_t *S = &gw_llm_sh;
+    sl_jspan_t sp[SL_JSHAPE_MAX_HOLES];
+    size_t used;
+    for (size_t i = 0; i < GW_LLM_USHAPES; i++) {
+        const gw_llm_ushape_t *u = &S->u[i];
+        if (sl_jshape_empty(&u->sh) || !sl_jshape_match_prefix(&u->sh, obj, n, sp, &used))
+            continue;
+        out->closed = true;
+        gw_llm_hole_int(obj, sp, u->hp, &out->have_p, &out->pv);
+        gw_llm_hole_int(obj, sp, u->hc, &out->have_c, &out->cv);
+        S->st.u_hits++;
+        S->u_streak = 0;
+        return true;
+    }
+    S->st.u_misses++;
+    return false;
+}
+
+/* A usage object yajl read whole, kept as a shape (its integers the holes). */
+static void gw_llm_usage_learn(const char *obj, const gw_llm_uparse_t *u)
+{
+    gw_llm_shapes_t *S = gw_llm_shapes_keep();
+    if (!S || u->odd)
+        return;
+    uint8_t kinds[SL_JSHAPE_MAX_HOLES];
+    memset(kinds, SL_JHOLE_INT, u->nholes);
+    gw_llm_ushape_t *k = &S->u[S->u_next++ % GW_LLM_USHAPES];
+    if (sl_jshape_set(&k->sh, obj, u->end, u->hole, kinds, u->nholes) != 0)
+        return; /* empty then */
+    k->hp = u->hp;
+    k->hc = u->hc;
+}
+
+void gw_llm_usage_read(const char *obj, size_t n, bool kept, gw_llm_uread_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (kept && gw_llm_usage_kept(obj, n, out))
+        return;
+    gw_llm_uparse_t u = {.base = obj, .hp = -1, .hc = -1};
     sl_yheap_t heap;
     yajl_alloc_funcs af = sl_yheap_funcs(&heap);
     yajl_handle h = yajl_alloc(&gw_llm_up_cbs, &af, &u);
     if (!h)
         return;
+    u.h = h;
     (void)yajl_parse(h, (const unsigned char *)obj, n); /* client_canceled at its end */
     yajl_free(h);
+    if (!u.closed)
+        return;
+    *out = (gw_llm_uread_t){
+        .closed = true, .have_p = u.have_p, .have_c = u.have_c, .pv = u.pv, .cv = u.cv};
+    gw_llm_shapes_t *S = &gw_llm_sh;
+    if (kept && (S->u_streak < GW_LLM_LEARN_FREE || ++S->u_skipped % GW_LLM_LEARN_EVERY == 0)) {
+        S->u_streak++;
+        gw_llm_usage_learn(obj, &u);
+    }
+}
+
+/* obj..end starts with the usage object's '{'. */
+static void gw_llm_usage_bytes(gw_req_t *r, const char *obj, size_t n)
+{
+    gw_llm_uread_t u;
+    gw_llm_usage_read(obj, n, true, &u);
     if (u.closed)
         gw_llm_usage_add(r, u.have_p, u.pv, u.have_c, u.cv);
+}
+
+/* ---- an SSE event's shape ------------------------------------------------
+ *
+ * Learnt from an event `data: {...}` on one line that holds no usage
+ * object (the usage chunk goes the parse's way each time): yajl finds the
+ * holes, the values of keys llm_metrics never interprets (ids, the model,
+ * the fingerprint, created) or reads only as empty or not (content, text,
+ * arguments), strings as escaped-string holes (SL_JHOLE_ESTR: content
+ * often holds a \n). finish_reason, role, types, booleans, null,
+ * tool_calls' brackets stay the shape's bytes. The facts are
+ * gw_llm_scan_keys' on the text: its scan meets a hole's bytes only as the
+ * byte after a `"content":"` or `"text":"`. No key is read inside a hole:
+ * a '"' there is escaped, so the byte before it is a '\\', and a value's
+ * opening quote follows ':', ',', '[' or a blank, where a key read back
+ * from a ':' needs a letter before its last '"'. So content is the
+ * shape's own, or one of those holes not empty. */
+typedef struct gw_llm_eparse {
+    yajl_handle h;
+    const char *base; /* the event's JSON */
+    size_t len;
+    int want; /* the next value: 0 bytes of the shape, 1 a string hole, 2 an integer hole */
+    size_t nholes;
+    sl_jspan_t hole[SL_JSHAPE_MAX_HOLES];
+    uint8_t kind[SL_JSHAPE_MAX_HOLES];
+} gw_llm_eparse_t;
+
+static int gw_llm_ep_other(void *ctx)
+{
+    ((gw_llm_eparse_t *)ctx)->want = 0;
+    return 1;
+}
+
+static int gw_llm_ep_bool(void *ctx, int v)
+{
+    (void)v;
+    return gw_llm_ep_other(ctx);
+}
+
+static int gw_llm_ep_double(void *ctx, double v)
+{
+    (void)v;
+    return gw_llm_ep_other(ctx);
+}
+
+static int gw_llm_ep_key(void *ctx, const unsigned char *k, size_t n)
+{
+    static const char *const str_keys[] = {"id",   "model",     "system_fingerprint", "content",
+                                           "text", "arguments", "reasoning_content"};
+    gw_llm_eparse_t *e = ctx;
+    e->want = 0;
+    for (size_t i = 0; i < sizeof(str_keys) / sizeof(str_keys[0]); i++)
+        if (strlen(str_keys[i]) == n && memcmp(k, str_keys[i], n) == 0)
+            e->want = 1;
+    if (n == 7 && memcmp(k, "created", 7) == 0)
+        e->want = 2;
+    return 1;
+}
+
+/* The string yajl just read, in e's text: it ends at the '"' before where
+ * yajl stopped and starts after the '"' before that which no odd run of
+ * '\\' escapes. sl_jshape_set checks the span again. */
+static bool gw_llm_str_span(const gw_llm_eparse_t *e, sl_jspan_t *sp)
+{
+    size_t end = yajl_get_bytes_consumed(e->h);
+    if (end == 0 || end > e->len || e->base[end - 1] != '"')
+        return false;
+    size_t close = end - 1, q = close;
+    while (q > 0) {
+        const char *f = memrchr(e->base, '"', q);
+        if (!f)
+            return false;
+        q = (size_t)(f - e->base);
+        size_t bs = 0;
+        while (bs < q && e->base[q - 1 - bs] == '\\')
+            bs++;
+        if (bs % 2 == 0) {
+            sp->off = (uint32_t)(q + 1);
+            sp->len = (uint32_t)(close - q - 1);
+            return true;
+        }
+    }
+    return false;
+}
+
+/* A string value of a hole's key: a hole, escapes and all (its bytes are
+ * only read as empty or not). */
+static int gw_llm_ep_string(void *ctx, const unsigned char *s, size_t n)
+{
+    (void)s;
+    (void)n;
+    gw_llm_eparse_t *e = ctx;
+    if (e->want == 1 && e->nholes < SL_JSHAPE_MAX_HOLES && gw_llm_str_span(e, &e->hole[e->nholes]))
+        e->kind[e->nholes++] = SL_JHOLE_ESTR;
+    e->want = 0;
+    return 1;
+}
+
+static int gw_llm_ep_integer(void *ctx, long long v)
+{
+    (void)v;
+    gw_llm_eparse_t *e = ctx;
+    if (e->want == 2 && e->nholes < SL_JSHAPE_MAX_HOLES &&
+        gw_llm_int_span(e->h, e->base, &e->hole[e->nholes]))
+        e->kind[e->nholes++] = SL_JHOLE_INT;
+    e->want = 0;
+    return 1;
+}
+
+static const yajl_callbacks gw_llm_ep_cbs = {
+    .yajl_null = gw_llm_ep_other,
+    .yajl_boolean = gw_llm_ep_bool,
+    .yajl_integer = gw_llm_ep_integer,
+    .yajl_double = gw_llm_ep_double,
+    .yajl_string = gw_llm_ep_string,
+    .yajl_start_map = gw_llm_ep_other,
+    .yajl_map_key = gw_llm_ep_key,
+    .yajl_start_array = gw_llm_ep_other,
+};
+
+/* Whether the scan reads the string hole at off as content when not
+ * empty: `"content":` or `"text":`, blanks, then its opening quote. */
+static bool gw_llm_hole_content(const char *p, size_t off)
+{
+    size_t j = off - 1; /* the opening quote */
+    while (j > 0 && (p[j - 1] == ' ' || p[j - 1] == '\t'))
+        j--;
+    if (j < 2 || p[j - 1] != ':' || p[j - 2] != '"')
+        return false;
+    const char *k = p + j - 1;
+    return GW_LLM_KEY_AT(p, k, "\"content\"") || GW_LLM_KEY_AT(p, k, "\"text\"");
+}
+
+/* The event raw (n bytes, no usage object in it) kept as a shape when it
+ * is one `data:` line of a JSON object yajl reads whole. */
+static void gw_llm_event_learn(gw_llm_shapes_t *S, const char *raw, size_t n)
+{
+    size_t pre = n > 6 && memcmp(raw, "data: ", 6) == 0  ? 6
+                 : n > 5 && memcmp(raw, "data:", 5) == 0 ? 5
+                                                         : 0;
+    if (!pre || n < pre + 4 || n > SL_JSHAPE_MAX_BYTES || memcmp(raw + n - 2, "\n\n", 2) != 0)
+        return;
+    const char *js = raw + pre;
+    size_t jn = n - pre - 2;
+    if (js[0] != '{' || memchr(js, '\n', jn) || memchr(js, '\r', jn))
+        return;
+    gw_llm_eparse_t e = {.base = js, .len = jn};
+    sl_yheap_t heap;
+    yajl_alloc_funcs af = sl_yheap_funcs(&heap);
+    yajl_handle h = yajl_alloc(&gw_llm_ep_cbs, &af, &e);
+    if (!h)
+        return;
+    e.h = h;
+    bool ok = yajl_parse(h, (const unsigned char *)js, jn) == yajl_status_ok &&
+              yajl_complete_parse(h) == yajl_status_ok;
+    yajl_free(h);
+    char *flat = ok ? malloc(n) : NULL; /* the text with its string holes empty */
+    if (!flat)
+        return;
+    uint64_t cmask = 0;
+    size_t fl = 0, at = 0;
+    for (size_t i = 0; i < e.nholes; i++) {
+        e.hole[i].off += (uint32_t)pre;
+        if (e.kind[i] != SL_JHOLE_ESTR)
+            continue;
+        if (gw_llm_hole_content(raw, e.hole[i].off))
+            cmask |= (uint64_t)1 << i;
+        memcpy(flat + fl, raw + at, e.hole[i].off - at);
+        fl += e.hole[i].off - at;
+        at = (size_t)e.hole[i].off + e.hole[i].len;
+    }
+    memcpy(flat + fl, raw + at, n - at);
+    fl += n - at;
+    bool content;
+    bool usage = gw_llm_scan_keys(flat, fl, &content);
+    free(flat);
+    if (usage || !gw_llm_shapes_keep())
+        return;
+    gw_llm_eshape_t *k = &S->e[S->e_next++ % GW_LLM_ESHAPES];
+    sl_jshape_clear(&k->fast); /* made from the shape it replaces */
+    k->fast_hits = k->fast_tries = 0;
+    if (sl_jshape_set(&k->sh, raw, n, e.hole, e.kind, e.nholes) != 0)
+        return; /* empty then */
+    k->cmask = cmask;
+    k->content = content;
+    S->st.e_learns++;
+}
+
+/* k's fast shape from raw, a text that has k's shape with holes sp. */
+static void gw_llm_event_fast(gw_llm_eshape_t *k, const char *raw, size_t n, const sl_jspan_t *sp)
+{
+    sl_jspan_t h[SL_JSHAPE_MAX_HOLES];
+    uint8_t kinds[SL_JSHAPE_MAX_HOLES];
+    size_t nh = 0;
+    for (uint64_t m = k->cmask; m; m &= m - 1) {
+        h[nh] = sp[__builtin_ctzll(m)];
+        kinds[nh++] = SL_JHOLE_ESTR;
+    }
+    k->fast_hits = 0;
+    if (sl_jshape_set(&k->fast, raw, n, h, kinds, nh) != 0)
+        sl_jshape_clear(&k->fast);
+}
+
+/* Whether raw has k's fast shape, or else k's shape (*content then told). */
+static bool gw_llm_event_match(gw_llm_eshape_t *k, const char *raw, size_t n, bool *content,
+                               gw_llm_shape_stats_t *st)
+{
+    sl_jspan_t sp[SL_JSHAPE_MAX_HOLES];
+    bool c = k->content;
+    if (!sl_jshape_empty(&k->fast) && sl_jshape_match(&k->fast, raw, n, sp)) {
+        for (size_t i = 0; i < k->fast.nholes && !c; i++)
+            c = sp[i].len > 0;
+        k->fast_hits++;
+        st->e_fast++;
+    } else if (!sl_jshape_empty(&k->sh) && sl_jshape_match(&k->sh, raw, n, sp)) {
+        for (uint64_t m = k->cmask; m && !c; m &= m - 1)
+            c = sp[__builtin_ctzll(m)].len > 0;
+        if (sl_jshape_empty(&k->fast) || k->fast_hits > 0 || ++k->fast_tries % 8 == 0)
+            gw_llm_event_fast(k, raw, n, sp);
+    } else {
+        return false;
+    }
+    *content = c;
+    return true;
+}
+
+bool gw_llm_event_keys(const char *raw, size_t n, bool *content)
+{
+    gw_llm_shapes_t *S = &gw_llm_sh;
+    for (unsigned t = 0; t < GW_LLM_ESHAPES; t++) {
+        unsigned i = (S->e_last + t) % GW_LLM_ESHAPES; /* the last hit's first */
+        if (!gw_llm_event_match(&S->e[i], raw, n, content, &S->st))
+            continue;
+        S->e_last = i;
+        S->streak = 0;
+        S->st.e_hits++;
+        return false;
+    }
+    S->st.e_misses++;
+    bool usage = gw_llm_scan_keys(raw, n, content);
+    if (!usage && (S->streak < GW_LLM_LEARN_FREE || ++S->skipped % GW_LLM_LEARN_EVERY == 0)) {
+        S->streak++;
+        gw_llm_event_learn(S, raw, n);
+    }
+    return usage;
 }
 
 /* The usage object in the answer's tail: the last `"usage":{`. Found from

@@ -208,6 +208,99 @@ static void test_set_checks(void **state)
 /* Randomized: a shape with five holes, texts with random hole contents from
  * an alphabet that includes every byte that matters. Each text that matches
  * must parse with jansson, and each hole's value be the one jansson reads. */
+/* A prefix match: the usage object of an answer, with the rest after it
+ * not looked at; a shape that ends in an integer hole never matches. */
+static void test_prefix(void **state)
+{
+    (void)state;
+    static const char U[] = "{\"prompt_tokens\":27,\"completion_tokens\":12}";
+    sl_jshape_t sh = {0};
+    const char *a = strstr(U, "27"), *b = strstr(U, "12");
+    sl_jspan_t h[2] = {{(uint32_t)(a - U), 2}, {(uint32_t)(b - U), 2}};
+    uint8_t kd[2] = {SL_JHOLE_INT, SL_JHOLE_INT};
+    assert_int_equal(sl_jshape_set(&sh, U, strlen(U), h, kd, 2), 0);
+    sl_jspan_t o[2];
+    size_t used = 0;
+    const char *t = "{\"prompt_tokens\":3100,\"completion_tokens\":0},\"x\":[1,2]}";
+    assert_true(sl_jshape_match_prefix(&sh, t, strlen(t), o, &used));
+    assert_int_equal(used, strlen("{\"prompt_tokens\":3100,\"completion_tokens\":0}"));
+    assert_int_equal(sl_jshape_int(t + o[0].off, o[0].len), 3100);
+    assert_int_equal(sl_jshape_int(t + o[1].off, o[1].len), 0);
+    assert_false(sl_jshape_match(&sh, t, strlen(t), o)); /* not the whole text */
+    assert_true(sl_jshape_match_prefix(&sh, U, strlen(U), o, &used));
+    assert_int_equal(used, strlen(U));
+    /* one byte short, a float, a changed key */
+    assert_false(sl_jshape_match_prefix(&sh, U, strlen(U) - 1, o, &used));
+    const char *f = "{\"prompt_tokens\":27.5,\"completion_tokens\":12}";
+    assert_false(sl_jshape_match_prefix(&sh, f, strlen(f), o, &used));
+    const char *k = "{\"prompt_tokenz\":27,\"completion_tokens\":12}";
+    assert_false(sl_jshape_match_prefix(&sh, k, strlen(k), o, &used));
+    /* ends in a hole: "12" then ".5" or "3" would go on */
+    static const char N[] = "[1,12";
+    sl_jspan_t hn = {3, 2};
+    uint8_t kn = SL_JHOLE_INT;
+    assert_int_equal(sl_jshape_set(&sh, N, strlen(N), &hn, &kn, 1), 0);
+    assert_true(sl_jshape_match(&sh, N, strlen(N), o));
+    assert_false(sl_jshape_match_prefix(&sh, "[1,12.5]", 8, o, &used));
+    assert_false(sl_jshape_match_prefix(&sh, N, strlen(N), o, &used));
+    sl_jshape_clear(&sh);
+}
+
+/* An escaped-string hole: escapes pass, the span runs to the first quote
+ * not escaped; a bad escape, a surrogate half, \u0000 and a control byte
+ * miss; whatever matches, jansson parses. */
+static void test_escaped(void **state)
+{
+    (void)state;
+    static const char T[] = "{\"content\":\"tok\",\"n\":1}";
+    sl_jshape_t sh = {0};
+    sl_jspan_t h = {12, 3};
+    uint8_t kd = SL_JHOLE_ESTR;
+    assert_int_equal(sl_jshape_set(&sh, T, strlen(T), &h, &kd, 1), 0);
+    static const char *const hit[] = {"",
+                                      "tok",
+                                      "a\\nb",
+                                      "\\\"",
+                                      "\\\\",
+                                      "x\\\\\\\"y",
+                                      "\\u00e9\\/\\b\\f\\r\\t",
+                                      "\\uFFFF",
+                                      "\\uD7FF",
+                                      "\\u0001",
+                                      ":\\\"content\\\":\\\"x"};
+    static const char *const miss[] = {"\\",      "\\x",     "\\u12", "\\u12G4", "\\uD800",
+                                       "\\udfff", "\\u0000", "a\tb",  "\\\\\"",  "\\U0041"};
+    char buf[128];
+    sl_jspan_t o;
+    for (size_t i = 0; i < sizeof(hit) / sizeof(hit[0]); i++) {
+        int n = snprintf(buf, sizeof(buf), "{\"content\":\"%s\",\"n\":1}", hit[i]);
+        if (!sl_jshape_match(&sh, buf, (size_t)n, &o))
+            fail_msg("missed [%s]", buf);
+        assert_int_equal(o.off, 12);
+        assert_int_equal(o.len, strlen(hit[i]));
+        json_error_t err;
+        json_t *j = json_loadb(buf, (size_t)n, 0, &err);
+        if (!j)
+            fail_msg("jansson refused [%s]: %s", buf, err.text);
+        json_decref(j);
+        /* as a shape's own text too */
+        sl_jspan_t h2 = {12, (uint32_t)strlen(hit[i])};
+        sl_jshape_t s2 = {0};
+        assert_int_equal(sl_jshape_set(&s2, buf, (size_t)n, &h2, &kd, 1), 0);
+        sl_jshape_clear(&s2);
+    }
+    for (size_t i = 0; i < sizeof(miss) / sizeof(miss[0]); i++) {
+        int n = snprintf(buf, sizeof(buf), "{\"content\":\"%s\",\"n\":1}", miss[i]);
+        if (sl_jshape_match(&sh, buf, (size_t)n, &o))
+            fail_msg("matched [%s]", buf);
+    }
+    /* a plain string hole still refuses any escape */
+    kd = SL_JHOLE_STR;
+    assert_int_equal(sl_jshape_set(&sh, T, strlen(T), &h, &kd, 1), 0);
+    assert_false(sl_jshape_match(&sh, S("{\"content\":\"a\\nb\",\"n\":1}"), &o));
+    sl_jshape_clear(&sh);
+}
+
 static void test_against_jansson(void **state)
 {
     (void)state;
@@ -283,7 +376,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_same_and_changed), cmocka_unit_test(test_refused),
         cmocka_unit_test(test_string_runs),      cmocka_unit_test(test_set_checks),
-        cmocka_unit_test(test_against_jansson),
+        cmocka_unit_test(test_against_jansson),  cmocka_unit_test(test_prefix),
+        cmocka_unit_test(test_escaped),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
