@@ -29,6 +29,7 @@
 #include <uthash.h>
 #include <yajl/yajl_parse.h>
 
+#include "common/jshape.h"
 #include "common/yheap.h"
 #include "gateway/body_scan.h"
 #include "ratelimit/ratelimit.h"
@@ -105,8 +106,21 @@ typedef struct gw_elide {
     size_t gone;
 } gw_elide_t;
 
+/* The holes a parse found for the shape it may leave (see "shapes"):
+ * value spans in the body, and whether a recorded fact reads the value
+ * (those are kept first when there are more than a shape holds). */
+#define GW_SHAPE_REC_MAX 128
+typedef struct gw_shape_rec {
+    bool ok; /* false: a string that was not the body's own bytes */
+    size_t n;
+    sl_jspan_t hole[GW_SHAPE_REC_MAX];
+    uint8_t kind[GW_SHAPE_REC_MAX];
+    bool read[GW_SHAPE_REC_MAX];
+} gw_shape_rec_t;
+
 typedef struct gw_scan_ctx {
     gw_body_scan_t *s;
+    gw_shape_rec_t *rec; /* NULL: no shape is kept from this parse */
     yajl_handle h;
     const char *base; /* what yajl reads: the body, or its skeleton */
     size_t blen;
@@ -776,6 +790,31 @@ static int gw_scan_scalar(gw_scan_ctx_t *c, sl_jkind_t kind, size_t off, size_t 
     return 1;
 }
 
+/* A value the kept shape may leave as a hole (jshape.h): a string's
+ * interior (off, n bytes) or an integer token, in the body; read: a fact
+ * or a message's field is its value (recomputed from the new span on a
+ * hit). Past GW_SHAPE_REC_MAX the values stay shape bytes. */
+static inline void gw_shape_rec_add(gw_scan_ctx_t *c, size_t off, size_t n, uint8_t kind, bool read)
+{
+    gw_shape_rec_t *r = c->rec;
+    if (r->n == GW_SHAPE_REC_MAX)
+        return;
+    r->hole[r->n] = (sl_jspan_t){(uint32_t)off, (uint32_t)n};
+    r->kind[r->n] = kind;
+    r->read[r->n] = read;
+    r->n++;
+}
+
+/* A string that is not the body's own bytes (an escape): no shape from
+ * this body (a hit would have to rebuild its decoded text). */
+static inline void gw_shape_rec_off(gw_scan_ctx_t *c)
+{
+    if (c->rec) {
+        c->rec->ok = false;
+        c->rec = NULL;
+    }
+}
+
 static int gw_cb_null(void *ctx)
 {
     gw_scan_ctx_t *c = GW_SCAN_CTX(ctx);
@@ -846,12 +885,16 @@ static int gw_cb_number(void *ctx, const char *p, size_t n)
      * is an object, so a '}' comes later): strtoll/strtod stop there. */
     if (p < c->base || p + n >= c->base + c->blen)
         return gw_scan_stop(c, GW_SCAN_SLOW);
-    if (!gw_scan_short_int(p, n, &iv) && gw_scan_number_long(c->s, p, n, &iv, &kind) != 0)
+    bool short_int = gw_scan_short_int(p, n, &iv);
+    if (!short_int && gw_scan_number_long(c->s, p, n, &iv, &kind) != 0)
         return gw_scan_stop(c, GW_SCAN_SLOW); /* jansson: numeric overflow */
     gw_slot_t slot;
     int sr = gw_scan_slot(c, kind, &slot);
     if (sr != 0)
         return gw_scan_stop(c, sr < 0 ? GW_SCAN_OOM : GW_SCAN_SLOW);
+    /* reals stay shape bytes: a real's kind and value are not re-read */
+    if (c->rec && short_int)
+        gw_shape_rec_add(c, (size_t)(p - c->base), n, SL_JHOLE_INT, slot.f != NULL);
     if (slot.f) {
         slot.f->off = gw_scan_at(c, (size_t)(p - c->base));
         slot.f->end = slot.f->off + n;
@@ -1064,6 +1107,7 @@ static inline __attribute__((always_inline)) int gw_scan_string_slot(gw_scan_ctx
 static __attribute__((noinline)) int gw_cb_string_span(gw_scan_ctx_t *c, const char *p, size_t n)
 {
     gw_span_t sp;
+    gw_shape_rec_off(c);
     if (gw_scan_string_span(c, p, n, &sp) != 0)
         return gw_scan_stop(c, GW_SCAN_SLOW);
     sl_text_t *t;
@@ -1089,6 +1133,14 @@ static int gw_cb_string(void *ctx, const unsigned char *up, size_t n)
     if (t) {
         t->p = p; /* the body's own bytes */
         t->len = n;
+    }
+    if (c->rec) {
+        /* a role or a part's type is a word policies match: shape bytes */
+        const gw_frame_t *fr = c->top;
+        bool word = fr && ((fr->role == GW_R_MSG && fr->key == GW_K_ROLE) ||
+                           (fr->role == GW_R_PART && fr->key == GW_K_TYPE));
+        if (!word)
+            gw_shape_rec_add(c, off + 1, n, SL_JHOLE_STR, t != NULL);
     }
     return 1;
 }
@@ -1222,6 +1274,7 @@ static __attribute__((noinline)) int gw_scan_key_text(gw_scan_ctx_t *c, sl_text_
     gw_span_t sp;
     const char *p = k->p;
     size_t n = k->len;
+    gw_shape_rec_off(c);
     if (gw_scan_string_span(c, p, n, &sp) != 0)
         return gw_scan_stop(c, GW_SCAN_SLOW);
     if (gw_scan_text(c, p, n, &sp, k) != 0)
@@ -1283,12 +1336,14 @@ static void gw_scan_bigint_fact(gw_jfact_t *f, const char *body)
 /* The parse itself, over base (the body, or its skeleton with el mapping
  * its offsets back). */
 static gw_scan_rc_t gw_body_scan_run(gw_body_scan_t *s, const char *base, size_t blen,
-                                     const gw_elide_t *el, size_t nel, unsigned flags)
+                                     const gw_elide_t *el, size_t nel, unsigned flags,
+                                     gw_shape_rec_t *rec)
 {
     const char *body = s->body;
     size_t len = s->len;
     gw_scan_ctx_t c;
     c.s = s;
+    c.rec = rec;
     c.base = base;
     c.blen = blen;
     c.el = el;
@@ -1350,6 +1405,319 @@ static gw_scan_rc_t gw_body_scan_run(gw_body_scan_t *s, const char *base, size_t
     return GW_SCAN_OK;
 }
 
+/* ---- shapes -----------------------------------------------------------------------
+ *
+ * Clients send bodies of one shape again and again (the same SDK, the same
+ * app: only the prompt, the model, max_tokens change). After a parse on the
+ * normal path (a body below GW_SKEL_BODY_MIN, no skeleton, no escape in any
+ * string or key, no integer beyond 18 digits ... everything yajl read was
+ * the body's own bytes), the thread keeps the body as a shape (common/jshape.h)
+ * with holes over the values whose facts are recomputed from a new span:
+ * string interiors (a text is a span of the body) and integer tokens (re-read),
+ * and a copy of the result with every text pointer as an offset. A message's
+ * role and a part's type are words policies match: shape bytes, as keys,
+ * booleans, null and reals are. A later body with the shape (and the same
+ * GW_SCAN_MSGS) gets the kept result, each offset moved by the holes before
+ * it changing length, without yajl: jshape.h says why everything the parse
+ * found holds again. A body that matches no kept shape costs the compares
+ * that failed, then the parse, then its shape kept in place of the least
+ * recently used. */
+
+/* Shapes a thread keeps, and the most messages and parts one may hold. */
+#define GW_SHAPE_SLOTS 4
+#define GW_SHAPE_MSGS  32
+#define GW_SHAPE_PARTS 32
+
+/* The facts of gw_body_scan_t, each moved the same way. */
+static const size_t gw_shape_facts[] = {
+    offsetof(gw_body_scan_t, top),
+    offsetof(gw_body_scan_t, model),
+    offsetof(gw_body_scan_t, stream),
+    offsetof(gw_body_scan_t, stream_options),
+    offsetof(gw_body_scan_t, include_usage),
+    offsetof(gw_body_scan_t, max_tokens),
+    offsetof(gw_body_scan_t, max_completion_tokens),
+    offsetof(gw_body_scan_t, max_output_tokens),
+    offsetof(gw_body_scan_t, n),
+};
+#define GW_SHAPE_NFACTS     (sizeof(gw_shape_facts) / sizeof(gw_shape_facts[0]))
+#define GW_SHAPE_FACT(s, i) ((gw_jfact_t *)(void *)((char *)(s) + gw_shape_facts[i]))
+
+typedef struct gw_shape {
+    sl_jshape_t sh;
+    unsigned key; /* the flags the result depends on (GW_SCAN_MSGS) */
+    uint64_t used;
+    /* the result over the shape's text; a text's p is its offset + 1 */
+    gw_jfact_t fact[GW_SHAPE_NFACTS];
+    sl_jkind_t messages_kind, tools_kind;
+    bool has_msgs;
+    size_t nmsgs, nparts;
+    sl_chat_msg_t msgs[GW_SHAPE_MSGS];
+    sl_chat_part_t parts[GW_SHAPE_PARTS];
+} gw_shape_t;
+
+typedef struct gw_shapes {
+    gw_shape_t *e[GW_SHAPE_SLOTS];
+    uint64_t tick;
+    gw_shape_stats_t st;
+    bool listed; /* the thread-exit key holds it */
+} gw_shapes_t;
+
+static _Thread_local gw_shapes_t gw_shapes;
+static pthread_key_t gw_shapes_key;
+static pthread_once_t gw_shapes_once = PTHREAD_ONCE_INIT;
+static bool gw_shapes_key_ok;
+
+static void gw_shapes_free(gw_shapes_t *c)
+{
+    for (size_t i = 0; i < GW_SHAPE_SLOTS; i++) {
+        if (c->e[i])
+            sl_jshape_clear(&c->e[i]->sh);
+        free(c->e[i]);
+        c->e[i] = NULL;
+    }
+}
+
+static void gw_shapes_exit(void *p)
+{
+    gw_shapes_free(p);
+}
+
+static void gw_shapes_init(void)
+{
+    gw_shapes_key_ok = pthread_key_create(&gw_shapes_key, gw_shapes_exit) == 0;
+}
+
+void gw_body_scan_shapes_clear(void)
+{
+    gw_shapes_free(&gw_shapes);
+}
+
+gw_shape_stats_t gw_body_scan_shape_stats(void)
+{
+    return gw_shapes.st;
+}
+
+/* A text's pointer into body made an offset (+ 1: NULL stays NULL). -1:
+ * not the body's bytes. */
+static int gw_shape_text_save(sl_text_t *t, const char *body, size_t len)
+{
+    if (!t->p)
+        return 0;
+    uintptr_t o = (uintptr_t)t->p - (uintptr_t)body;
+    if (o > len || t->len > len - o)
+        return -1;
+    t->p = (const char *)(o + 1);
+    return 0;
+}
+
+/* A hit's new hole spans (nw) against the shape's (sh->hole). */
+typedef struct gw_shape_map {
+    const sl_jshape_t *sh;
+    const sl_jspan_t *nw;
+    const char *body;
+} gw_shape_map_t;
+
+/* Where offset x of the shape's text is in the new body: bytes between
+ * holes are the same, so x moves as the end of the last hole starting
+ * before it. x is never inside a hole (a span starts at a hole or ends after
+ * it). *hole: the hole starting at x, or SIZE_MAX. */
+static size_t gw_shape_at(const gw_shape_map_t *m, size_t x, size_t *hole)
+{
+    const sl_jspan_t *h = m->sh->hole;
+    size_t lo = 0, hi = m->sh->nholes; /* how many holes start before x */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (h[mid].off < x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    *hole = lo < m->sh->nholes && h[lo].off == x ? lo : SIZE_MAX;
+    if (lo == 0)
+        return x;
+    const sl_jspan_t *o = &h[lo - 1], *n = &m->nw[lo - 1];
+    return x - (o->off + o->len) + (n->off + n->len);
+}
+
+static void gw_shape_text_load(const gw_shape_map_t *m, sl_text_t *t)
+{
+    if (!t->p)
+        return;
+    size_t h;
+    t->p = m->body + gw_shape_at(m, (uintptr_t)t->p - 1, &h);
+    if (h != SIZE_MAX)
+        t->len = m->nw[h].len;
+}
+
+static void gw_shape_fact_load(const gw_shape_map_t *m, gw_jfact_t *f)
+{
+    if (f->kind == SL_J_ABSENT)
+        return;
+    size_t h, h2;
+    f->off = gw_shape_at(m, f->off, &h);
+    if (f->kind == SL_J_INT && h != SIZE_MAX)
+        f->i = sl_jshape_int(m->body + m->nw[h].off, m->nw[h].len);
+    f->end = gw_shape_at(m, f->end, &h2);
+    if (f->kind == SL_J_OBJECT || f->kind == SL_J_ARRAY)
+        f->close = gw_shape_at(m, f->close, &h2);
+    if (f->kind == SL_J_STRING)
+        gw_shape_text_load(m, &f->s);
+}
+
+/* The kept result e into s, moved to the new body's hole spans nw. -1: out
+ * of memory. */
+static int gw_shape_load(gw_body_scan_t *s, const gw_shape_t *e, const sl_jspan_t *nw)
+{
+    while (s->msgs_cap < e->nmsgs)
+        if (gw_grow((void **)&s->msgs, &s->msgs_cap, s->msgs0, GW_SCAN_INLINE_MSGS,
+                    sizeof(*s->msgs)) != 0)
+            return -1;
+    while (s->parts_cap < e->nparts)
+        if (gw_grow((void **)&s->parts, &s->parts_cap, s->parts0, GW_SCAN_INLINE_PARTS,
+                    sizeof(*s->parts)) != 0)
+            return -1;
+    gw_shape_map_t m = {&e->sh, nw, s->body};
+    for (size_t i = 0; i < GW_SHAPE_NFACTS; i++) {
+        gw_jfact_t *f = GW_SHAPE_FACT(s, i);
+        *f = e->fact[i];
+        gw_shape_fact_load(&m, f);
+    }
+    s->chat.messages_kind = e->messages_kind;
+    s->chat.tools_kind = e->tools_kind;
+    s->chat.nmsgs = e->nmsgs;
+    s->nparts = e->nparts;
+    if (e->nmsgs)
+        memcpy(s->msgs, e->msgs, e->nmsgs * sizeof(*s->msgs));
+    for (size_t i = 0; i < e->nmsgs; i++) {
+        gw_shape_text_load(&m, &s->msgs[i].role);
+        gw_shape_text_load(&m, &s->msgs[i].content);
+        gw_shape_text_load(&m, &s->msgs[i].name);
+    }
+    if (e->nparts)
+        memcpy(s->parts, e->parts, e->nparts * sizeof(*s->parts));
+    for (size_t i = 0; i < e->nparts; i++) {
+        gw_shape_text_load(&m, &s->parts[i].type);
+        gw_shape_text_load(&m, &s->parts[i].text);
+    }
+    if (e->has_msgs) {
+        s->has_msgs = true;
+        s->chat.msgs = s->msgs;
+        s->chat.parts = s->parts;
+    }
+    return 0;
+}
+
+/* s's body answered from a kept shape: true, s filled as the parse would. */
+static bool gw_shape_try(gw_body_scan_t *s, unsigned key)
+{
+    gw_shapes_t *c = &gw_shapes;
+    sl_jspan_t nw[SL_JSHAPE_MAX_HOLES];
+    for (size_t i = 0; i < GW_SHAPE_SLOTS; i++) {
+        gw_shape_t *e = c->e[i];
+        if (!e || e->key != key || !sl_jshape_match(&e->sh, s->body, s->len, nw))
+            continue;
+        if (gw_shape_load(s, e, nw) != 0) {
+            const char *body = s->body;
+            size_t len = s->len;
+            gw_body_scan_reset(s); /* the parse decides (and runs out too) */
+            s->body = body;
+            s->len = len;
+            return false;
+        }
+        e->used = ++c->tick;
+        c->st.hits++;
+        return true;
+    }
+    c->st.misses++;
+    return false;
+}
+
+/* The holes kept of rec's: the values a fact reads first, then the others
+ * in the room left, in body order. */
+static size_t gw_shape_holes(const gw_shape_rec_t *rec, sl_jspan_t *hole, uint8_t *kind)
+{
+    size_t nread = 0;
+    for (size_t i = 0; i < rec->n; i++)
+        nread += rec->read[i];
+    size_t room = nread < SL_JSHAPE_MAX_HOLES ? SL_JSHAPE_MAX_HOLES - nread : 0;
+    size_t n = 0, others = 0;
+    for (size_t i = 0; i < rec->n && n < SL_JSHAPE_MAX_HOLES; i++) {
+        if (!rec->read[i] && others++ >= room)
+            continue;
+        hole[n] = rec->hole[i];
+        kind[n++] = rec->kind[i];
+    }
+    return n;
+}
+
+/* The thread's slot for a new shape: an empty one, else the least recently
+ * used. NULL: out of memory. */
+static gw_shape_t *gw_shape_slot(gw_shapes_t *c)
+{
+    size_t v = 0;
+    for (size_t i = 0; i < GW_SHAPE_SLOTS; i++) {
+        if (!c->e[i]) {
+            v = i;
+            break;
+        }
+        if (c->e[i]->used < c->e[v]->used)
+            v = i;
+    }
+    if (!c->e[v]) {
+        if (!c->listed) {
+            pthread_once(&gw_shapes_once, gw_shapes_init);
+            if (!gw_shapes_key_ok || pthread_setspecific(gw_shapes_key, c) != 0)
+                return NULL; /* it could not be freed at thread exit */
+            c->listed = true;
+        }
+        c->e[v] = calloc(1, sizeof(*c->e[v]));
+    }
+    return c->e[v];
+}
+
+/* s's result (a parse on the normal path that said OK) kept as a shape
+ * with rec's holes. Nothing kept when it does not fit the bounds. */
+static void gw_shape_keep(const gw_body_scan_t *s, unsigned key, const gw_shape_rec_t *rec)
+{
+    if (!rec->ok || s->bigint || s->elided || s->chat.nmsgs > GW_SHAPE_MSGS ||
+        s->nparts > GW_SHAPE_PARTS || s->len > SL_JSHAPE_MAX_BYTES)
+        return;
+    sl_jspan_t hole[SL_JSHAPE_MAX_HOLES];
+    uint8_t kind[SL_JSHAPE_MAX_HOLES];
+    size_t nh = gw_shape_holes(rec, hole, kind);
+    gw_shapes_t *c = &gw_shapes;
+    gw_shape_t *e = gw_shape_slot(c);
+    if (!e)
+        return;
+    int bad = 0;
+    for (size_t i = 0; i < GW_SHAPE_NFACTS; i++) {
+        e->fact[i] = *GW_SHAPE_FACT(s, i);
+        bad |= gw_shape_text_save(&e->fact[i].s, s->body, s->len);
+    }
+    e->messages_kind = s->chat.messages_kind;
+    e->tools_kind = s->chat.tools_kind;
+    e->has_msgs = s->has_msgs;
+    e->nmsgs = s->chat.nmsgs;
+    e->nparts = s->nparts;
+    for (size_t i = 0; i < e->nmsgs; i++) {
+        e->msgs[i] = s->msgs[i];
+        bad |= gw_shape_text_save(&e->msgs[i].role, s->body, s->len);
+        bad |= gw_shape_text_save(&e->msgs[i].content, s->body, s->len);
+        bad |= gw_shape_text_save(&e->msgs[i].name, s->body, s->len);
+    }
+    for (size_t i = 0; i < e->nparts; i++) {
+        e->parts[i] = s->parts[i];
+        bad |= gw_shape_text_save(&e->parts[i].type, s->body, s->len);
+        bad |= gw_shape_text_save(&e->parts[i].text, s->body, s->len);
+    }
+    e->key = key;
+    e->used = ++c->tick;
+    /* a failed set leaves the shape empty: it matches nothing */
+    if (bad || sl_jshape_set(&e->sh, s->body, s->len, hole, kind, nh) != 0)
+        sl_jshape_clear(&e->sh);
+}
+
 gw_scan_rc_t gw_body_scan(gw_body_scan_t *s, const char *body, size_t len, unsigned flags)
 {
     gw_body_scan_reset(s);
@@ -1382,13 +1750,26 @@ gw_scan_rc_t gw_body_scan(gw_body_scan_t *s, const char *body, size_t len, unsig
             if (el)
                 gw_skel_build(&k, body, len, (char *)(el + k.ncuts), el);
         }
-        if (el)
-            rc =
-                gw_body_scan_run(s, (const char *)(el + k.ncuts), len - k.gone, el, k.ncuts, flags);
-        else
-            rc = gw_body_scan_run(s, body, len, NULL, 0, flags);
+        /* the shapes: small bodies on the normal path (see "shapes") */
+        bool shape = !k.ok && len < GW_SKEL_BODY_MIN && !(flags & GW_SCAN_NO_SHAPE);
+        gw_shape_rec_t recb, *rec = NULL;
+        if (shape && gw_shape_try(s, flags & GW_SCAN_MSGS)) {
+            rc = GW_SCAN_OK;
+        } else if (el) {
+            rc = gw_body_scan_run(s, (const char *)(el + k.ncuts), len - k.gone, el, k.ncuts, flags,
+                                  NULL);
+        } else {
+            if (shape) {
+                rec = &recb;
+                rec->ok = true;
+                rec->n = 0;
+            }
+            rc = gw_body_scan_run(s, body, len, NULL, 0, flags, rec);
+        }
         if (rc == GW_SCAN_OK && el)
             s->elided = k.gone;
+        if (rc == GW_SCAN_OK && rec)
+            gw_shape_keep(s, flags & GW_SCAN_MSGS, rec);
     }
     if (k.cuts != k.cuts0)
         free(k.cuts);
