@@ -1425,8 +1425,14 @@ static gw_scan_rc_t gw_body_scan_run(gw_body_scan_t *s, const char *base, size_t
 
 /* Shapes a thread keeps, and the most messages and parts one may hold. */
 #define GW_SHAPE_SLOTS 4
-#define GW_SHAPE_MSGS  32
-#define GW_SHAPE_PARTS 32
+/* After this many misses in a row a thread tries (and keeps) a shape for
+ * one body in this many only: a client whose every body is a new shape (a
+ * conversation growing by a message a request) would otherwise pay the
+ * failed compares and the keeping (~3,900 instructions on #16's body) on
+ * every request. A run of one shape again hits within 2 x this. */
+#define GW_SHAPE_BACKOFF 16
+#define GW_SHAPE_MSGS    32
+#define GW_SHAPE_PARTS   32
 
 /* The facts of gw_body_scan_t, each moved the same way. */
 static const size_t gw_shape_facts[] = {
@@ -1461,7 +1467,9 @@ typedef struct gw_shapes {
     gw_shape_t *e[GW_SHAPE_SLOTS];
     uint64_t tick;
     gw_shape_stats_t st;
-    bool listed; /* the thread-exit key holds it */
+    unsigned streak; /* misses in a row */
+    unsigned skip;   /* bodies since the last one tried, while backing off */
+    bool listed;     /* the thread-exit key holds it */
 } gw_shapes_t;
 
 static _Thread_local gw_shapes_t gw_shapes;
@@ -1492,6 +1500,19 @@ static void gw_shapes_init(void)
 void gw_body_scan_shapes_clear(void)
 {
     gw_shapes_free(&gw_shapes);
+    gw_shapes.streak = gw_shapes.skip = 0;
+}
+
+/* Whether this body is one to try (see GW_SHAPE_BACKOFF); one not tried
+ * is counted a miss. */
+static inline bool gw_shape_turn(unsigned flags)
+{
+    gw_shapes_t *c = &gw_shapes;
+    if (c->streak < GW_SHAPE_BACKOFF || (flags & GW_SCAN_SHAPE_TEST) ||
+        ++c->skip % GW_SHAPE_BACKOFF == 0)
+        return true;
+    c->st.misses++;
+    return false;
 }
 
 gw_shape_stats_t gw_body_scan_shape_stats(void)
@@ -1653,9 +1674,11 @@ static bool gw_shape_try(gw_body_scan_t *s, unsigned key)
         }
         e->used = ++c->tick;
         c->st.hits++;
+        c->streak = 0;
         return true;
     }
     c->st.misses++;
+    c->streak++;
     return false;
 }
 
@@ -1778,7 +1801,8 @@ gw_scan_rc_t gw_body_scan(gw_body_scan_t *s, const char *body, size_t len, unsig
                 gw_skel_build(&k, body, len, (char *)(el + k.ncuts), el);
         }
         /* the shapes: small bodies on the normal path (see "shapes") */
-        bool shape = !k.ok && len < GW_SKEL_BODY_MIN && !(flags & GW_SCAN_NO_SHAPE);
+        bool shape =
+            !k.ok && len < GW_SKEL_BODY_MIN && !(flags & GW_SCAN_NO_SHAPE) && gw_shape_turn(flags);
         gw_shape_rec_t recb, *rec = NULL;
         if (shape && gw_shape_try(s, flags & GW_SCAN_MSGS)) {
             rc = GW_SCAN_OK;

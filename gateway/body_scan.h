@@ -38,9 +38,10 @@ typedef struct gw_jfact {
 #define GW_SCAN_MSGS 0x1u /* messages[] content, roles, parts (filters, budgets, routing) */
 /* For tests and the fuzz target: how the body reaches yajl (body_scan.c's
  * skeleton). Results must not depend on them. */
-#define GW_SCAN_NO_SKEL   0x100u /* yajl reads the whole body, whatever its size */
-#define GW_SCAN_SKEL_TEST 0x200u /* a skeleton at any size, runs cut from 3 bytes */
-#define GW_SCAN_NO_SHAPE  0x400u /* no kept shape tried or kept: yajl reads the body */
+#define GW_SCAN_NO_SKEL    0x100u /* yajl reads the whole body, whatever its size */
+#define GW_SCAN_SKEL_TEST  0x200u /* a skeleton at any size, runs cut from 3 bytes */
+#define GW_SCAN_NO_SHAPE   0x400u /* no kept shape tried or kept: yajl reads the body */
+#define GW_SCAN_SHAPE_TEST 0x800u /* a shape tried whatever the misses before */
 
 typedef enum gw_scan_rc {
     GW_SCAN_OK = 0,

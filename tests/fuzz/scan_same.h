@@ -319,7 +319,7 @@ static inline const char *scan_same_shape1(const char *body, size_t len, unsigne
     if (!a || !b)
         goto done;
     gw_scan_rc_t ra = gw_body_scan(a, body, len, flags | GW_SCAN_NO_SHAPE);
-    gw_scan_rc_t rb = gw_body_scan(b, body, len, flags);
+    gw_scan_rc_t rb = gw_body_scan(b, body, len, flags | GW_SCAN_SHAPE_TEST);
     if (ra == GW_SCAN_OOM || rb == GW_SCAN_OOM)
         goto done;
     if (ra != rb)

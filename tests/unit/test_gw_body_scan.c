@@ -1099,6 +1099,39 @@ static void test_shapes(void **state)
     gw_body_scan_free(s);
 }
 
+/* A run of new shapes makes the thread back off (it tries one body in
+ * 16); a run of one shape then hits again within 32 bodies, and every body
+ * after the first hit hits. */
+static void test_shapes_backoff(void **state)
+{
+    (void)state;
+    gw_body_scan_shapes_clear();
+    gw_body_scan_t *s = gw_body_scan_new();
+    assert_non_null(s);
+    char b[128];
+    gw_shape_stats_t a0 = gw_body_scan_shape_stats();
+    for (int i = 0; i < 20; i++) {
+        size_t n = (size_t)snprintf(b, sizeof(b), "{\"model\":\"m\",\"k%03d\":1}", i);
+        assert_int_equal(gw_body_scan(s, b, n, 0), GW_SCAN_OK);
+    }
+    gw_shape_stats_t a = gw_body_scan_shape_stats();
+    assert_int_equal(a.hits - a0.hits, 0);
+    assert_int_equal(a.misses - a0.misses, 20);
+    int first = -1;
+    for (int i = 0; i < 60; i++) {
+        size_t n = (size_t)snprintf(b, sizeof(b), "{\"model\":\"m%d\",\"n\":%d}", i, i);
+        assert_int_equal(gw_body_scan(s, b, n, 0), GW_SCAN_OK);
+        assert_int_equal(s->n.i, i); /* tried or not, the right answer */
+        gw_shape_stats_t z = gw_body_scan_shape_stats();
+        if (first < 0 && z.hits > a.hits)
+            first = i;
+        if (first >= 0)
+            assert_int_equal(z.hits - a.hits, (uint64_t)(i - first + 1));
+    }
+    assert_true(first > 0 && first <= 32);
+    gw_body_scan_free(s);
+}
+
 /* The differential over every case of this file: with shapes against the
  * parse, the body and bodies made from it by changing values (scan_same.h). */
 static void test_shapes_same(void **state)
@@ -1146,6 +1179,7 @@ int main(void)
         cmocka_unit_test(test_clamp_in),
         cmocka_unit_test(test_skeleton_same),
         cmocka_unit_test(test_shapes),
+        cmocka_unit_test(test_shapes_backoff),
         cmocka_unit_test(test_shapes_same),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
