@@ -1083,8 +1083,6 @@ static void test_shapes(void **state)
         a = gw_body_scan_shape_stats();
         for (int round = 0; round < 3; round++)
             for (int j = 0; j < k; j++) {
-                char mt[8];
-                snprintf(mt, sizeof(mt), "%d", j);
                 char pad[16];
                 snprintf(pad, sizeof(pad), "%*s", j + 1, "");
                 size_t n = (size_t)snprintf(b3, sizeof(b3), "{\"model\":\"m%d\",%s\"n\":%d}", round,
