@@ -1456,6 +1456,8 @@ typedef struct gw_shape {
     /* the result over the shape's text, offsets and text pointers encoded
      * (GW_SHAPE_X) */
     gw_jfact_t fact[GW_SHAPE_NFACTS];
+    uint8_t present[GW_SHAPE_NFACTS]; /* the facts not absent (the reset zeroed the others) */
+    size_t npresent;
     sl_jkind_t messages_kind, tools_kind;
     bool has_msgs;
     size_t nmsgs, nparts;
@@ -1625,7 +1627,8 @@ static int gw_shape_load(gw_body_scan_t *s, const gw_shape_t *e, const sl_jspan_
     for (size_t k = 0; k < e->sh.nholes; k++)
         m.mv[k + 1] =
             (ptrdiff_t)(nw[k].off + nw[k].len) - (ptrdiff_t)(e->sh.hole[k].off + e->sh.hole[k].len);
-    for (size_t i = 0; i < GW_SHAPE_NFACTS; i++) {
+    for (size_t j = 0; j < e->npresent; j++) {
+        size_t i = e->present[j];
         gw_jfact_t *f = GW_SHAPE_FACT(s, i);
         *f = e->fact[i];
         gw_shape_fact_load(&m, f);
@@ -1740,8 +1743,11 @@ static void gw_shape_keep(const gw_body_scan_t *s, unsigned key, const gw_shape_
     if (!e)
         return;
     int bad = 0;
+    e->npresent = 0;
     for (size_t i = 0; i < GW_SHAPE_NFACTS; i++) {
         e->fact[i] = *GW_SHAPE_FACT(s, i);
+        if (e->fact[i].kind != SL_J_ABSENT)
+            e->present[e->npresent++] = (uint8_t)i;
         gw_shape_fact_save(&e->fact[i], hole, nh);
         bad |= gw_shape_text_save(&e->fact[i].s, s->body, s->len, hole, nh);
     }
