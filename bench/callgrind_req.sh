@@ -17,6 +17,8 @@
 #   figures for that binary, in the same run), CG_CONFS (default "plain full";
 #   add full-sse for the streamed request),
 #   CG_SHORT / CG_LONG (wrk seconds, default 3 / 12), CG_CONNS (default 32),
+#   BENCH_BODY_VARY=key (realistic.lua: every request's body a JSON shape of
+#   its own, body_scan.c's kept shapes missing; with CG_NGINX=0),
 #   BENCH_PORT_BASE (default 28900), BENCH_KEEP=1 keeps the callgrind files
 #   (callgrind_annotate them: the per-function split of the difference),
 #   CG_NGINX (default 1: adds an "nginx" row to the plain conf: nginx as the

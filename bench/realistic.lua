@@ -1,6 +1,8 @@
 -- realistic.lua — wrk script of bench/realistic.sh: POSTs issue #16's
 -- realistic chat request (or, with BENCH_BODY_FILE, that file's bytes), with
--- a bearer token when BENCH_TOKEN is set. Prints the machine-readable line
+-- a bearer token when BENCH_TOKEN is set. BENCH_BODY_VARY=key: each request's
+-- body gets a member "metadata":{"rNNNNNNN":"1"} with a key of its own (the
+-- same length each time): a JSON shape body_scan.c has not kept (a miss). Prints the machine-readable line
 -- realistic.sh collects (microseconds).
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
@@ -16,6 +18,16 @@ if f and f ~= "" then
 else
     wrk.body = '{"model":"chat-model","messages":[{"role":"system","content":"You are a helpful assistant."},'
         .. '{"role":"user","content":"Write one sentence about the sea, please, in plain English."}],"max_tokens":64}'
+end
+
+if os.getenv("BENCH_BODY_VARY") == "key" then
+    local base = wrk.body:gsub("}%s*$", "")
+    local n = 0
+    request = function()
+        n = n + 1
+        return wrk.format(nil, nil, nil,
+            base .. string.format(',"metadata":{"r%07d":"1"}}', n))
+    end
 end
 
 done = function(summary, latency, requests)

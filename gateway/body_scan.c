@@ -29,6 +29,7 @@
 #include <uthash.h>
 #include <yajl/yajl_parse.h>
 
+#include "common/jshape.h"
 #include "common/yheap.h"
 #include "gateway/body_scan.h"
 #include "ratelimit/ratelimit.h"
@@ -105,8 +106,21 @@ typedef struct gw_elide {
     size_t gone;
 } gw_elide_t;
 
+/* The holes a parse found for the shape it may leave (see "shapes"):
+ * value spans in the body, and whether a recorded fact reads the value
+ * (those are kept first when there are more than a shape holds). */
+#define GW_SHAPE_REC_MAX 128
+typedef struct gw_shape_rec {
+    bool ok; /* false: a string that was not the body's own bytes */
+    size_t n;
+    sl_jspan_t hole[GW_SHAPE_REC_MAX];
+    uint8_t kind[GW_SHAPE_REC_MAX];
+    bool read[GW_SHAPE_REC_MAX];
+} gw_shape_rec_t;
+
 typedef struct gw_scan_ctx {
     gw_body_scan_t *s;
+    gw_shape_rec_t *rec; /* NULL: no shape is kept from this parse */
     yajl_handle h;
     const char *base; /* what yajl reads: the body, or its skeleton */
     size_t blen;
@@ -786,6 +800,31 @@ static int gw_scan_scalar(gw_scan_ctx_t *c, sl_jkind_t kind, size_t off, size_t 
     return 1;
 }
 
+/* A value the kept shape may leave as a hole (jshape.h): a string's
+ * interior (off, n bytes) or an integer token, in the body; read: a fact
+ * or a message's field is its value (recomputed from the new span on a
+ * hit). Past GW_SHAPE_REC_MAX the values stay shape bytes. */
+static inline void gw_shape_rec_add(gw_scan_ctx_t *c, size_t off, size_t n, uint8_t kind, bool read)
+{
+    gw_shape_rec_t *r = c->rec;
+    if (r->n == GW_SHAPE_REC_MAX)
+        return;
+    r->hole[r->n] = (sl_jspan_t){(uint32_t)off, (uint32_t)n};
+    r->kind[r->n] = kind;
+    r->read[r->n] = read;
+    r->n++;
+}
+
+/* A string that is not the body's own bytes (an escape): no shape from
+ * this body (a hit would have to rebuild its decoded text). */
+static inline void gw_shape_rec_off(gw_scan_ctx_t *c)
+{
+    if (c->rec) {
+        c->rec->ok = false;
+        c->rec = NULL;
+    }
+}
+
 static int gw_cb_null(void *ctx)
 {
     gw_scan_ctx_t *c = GW_SCAN_CTX(ctx);
@@ -856,12 +895,16 @@ static int gw_cb_number(void *ctx, const char *p, size_t n)
      * is an object, so a '}' comes later): strtoll/strtod stop there. */
     if (p < c->base || p + n >= c->base + c->blen)
         return gw_scan_stop(c, GW_SCAN_SLOW);
-    if (!gw_scan_short_int(p, n, &iv) && gw_scan_number_long(c->s, p, n, &iv, &kind) != 0)
+    bool short_int = gw_scan_short_int(p, n, &iv);
+    if (!short_int && gw_scan_number_long(c->s, p, n, &iv, &kind) != 0)
         return gw_scan_stop(c, GW_SCAN_SLOW); /* jansson: numeric overflow */
     gw_slot_t slot;
     int sr = gw_scan_slot(c, kind, &slot);
     if (sr != 0)
         return gw_scan_stop(c, sr < 0 ? GW_SCAN_OOM : GW_SCAN_SLOW);
+    /* reals stay shape bytes: a real's kind and value are not re-read */
+    if (c->rec && short_int)
+        gw_shape_rec_add(c, (size_t)(p - c->base), n, SL_JHOLE_INT, slot.f != NULL);
     if (slot.f) {
         slot.f->off = gw_scan_at(c, (size_t)(p - c->base));
         slot.f->end = slot.f->off + n;
@@ -1074,6 +1117,7 @@ static inline __attribute__((always_inline)) int gw_scan_string_slot(gw_scan_ctx
 static __attribute__((noinline)) int gw_cb_string_span(gw_scan_ctx_t *c, const char *p, size_t n)
 {
     gw_span_t sp;
+    gw_shape_rec_off(c);
     if (gw_scan_string_span(c, p, n, &sp) != 0)
         return gw_scan_stop(c, GW_SCAN_SLOW);
     sl_text_t *t;
@@ -1099,6 +1143,14 @@ static int gw_cb_string(void *ctx, const unsigned char *up, size_t n)
     if (t) {
         t->p = p; /* the body's own bytes */
         t->len = n;
+    }
+    if (c->rec) {
+        /* a role or a part's type is a word policies match: shape bytes */
+        const gw_frame_t *fr = c->top;
+        bool word = fr && ((fr->role == GW_R_MSG && fr->key == GW_K_ROLE) ||
+                           (fr->role == GW_R_PART && fr->key == GW_K_TYPE));
+        if (!word)
+            gw_shape_rec_add(c, off + 1, n, SL_JHOLE_STR, t != NULL);
     }
     return 1;
 }
@@ -1232,6 +1284,7 @@ static __attribute__((noinline)) int gw_scan_key_text(gw_scan_ctx_t *c, sl_text_
     gw_span_t sp;
     const char *p = k->p;
     size_t n = k->len;
+    gw_shape_rec_off(c);
     if (gw_scan_string_span(c, p, n, &sp) != 0)
         return gw_scan_stop(c, GW_SCAN_SLOW);
     if (gw_scan_text(c, p, n, &sp, k) != 0)
@@ -1293,12 +1346,14 @@ static void gw_scan_bigint_fact(gw_jfact_t *f, const char *body)
 /* The parse itself, over base (the body, or its skeleton with el mapping
  * its offsets back). */
 static gw_scan_rc_t gw_body_scan_run(gw_body_scan_t *s, const char *base, size_t blen,
-                                     const gw_elide_t *el, size_t nel, unsigned flags)
+                                     const gw_elide_t *el, size_t nel, unsigned flags,
+                                     gw_shape_rec_t *rec)
 {
     const char *body = s->body;
     size_t len = s->len;
     gw_scan_ctx_t c;
     c.s = s;
+    c.rec = rec;
     c.base = base;
     c.blen = blen;
     c.el = el;
@@ -1360,6 +1415,375 @@ static gw_scan_rc_t gw_body_scan_run(gw_body_scan_t *s, const char *base, size_t
     return GW_SCAN_OK;
 }
 
+/* ---- shapes -----------------------------------------------------------------------
+ *
+ * Clients send bodies of one shape again and again (the same SDK, the same
+ * app: only the prompt, the model, max_tokens change). After a parse on the
+ * normal path (a body below GW_SKEL_BODY_MIN, no skeleton, no escape in any
+ * string or key, no integer beyond 18 digits ... everything yajl read was
+ * the body's own bytes), the thread keeps the body as a shape (common/jshape.h)
+ * with holes over the values whose facts are recomputed from a new span:
+ * string interiors (a text is a span of the body) and integer tokens (re-read),
+ * and a copy of the result with every text pointer as an offset. A message's
+ * role and a part's type are words policies match: shape bytes, as keys,
+ * booleans, null and reals are. A later body with the shape (and the same
+ * GW_SCAN_MSGS) gets the kept result, each offset moved by the holes before
+ * it changing length, without yajl: jshape.h says why everything the parse
+ * found holds again. A body that matches no kept shape costs the compares
+ * that failed, then the parse, then its shape kept in place of the least
+ * recently used. */
+
+/* Shapes a thread keeps, and the most messages and parts one may hold. */
+#define GW_SHAPE_SLOTS 4
+/* After this many misses in a row a thread tries (and keeps) a shape for
+ * one body in this many only: a client whose every body is a new shape (a
+ * conversation growing by a message a request) would otherwise pay the
+ * failed compares and the keeping (~3,900 instructions on #16's body) on
+ * every request. A run of one shape again hits within 2 x this. */
+#define GW_SHAPE_BACKOFF 16
+#define GW_SHAPE_MSGS    32
+#define GW_SHAPE_PARTS   32
+
+/* The facts of gw_body_scan_t, each moved the same way. */
+static const size_t gw_shape_facts[] = {
+    offsetof(gw_body_scan_t, top),
+    offsetof(gw_body_scan_t, model),
+    offsetof(gw_body_scan_t, stream),
+    offsetof(gw_body_scan_t, stream_options),
+    offsetof(gw_body_scan_t, include_usage),
+    offsetof(gw_body_scan_t, max_tokens),
+    offsetof(gw_body_scan_t, max_completion_tokens),
+    offsetof(gw_body_scan_t, max_output_tokens),
+    offsetof(gw_body_scan_t, n),
+};
+#define GW_SHAPE_NFACTS     (sizeof(gw_shape_facts) / sizeof(gw_shape_facts[0]))
+#define GW_SHAPE_FACT(s, i) ((gw_jfact_t *)(void *)((char *)(s) + gw_shape_facts[i]))
+
+typedef struct gw_shape {
+    sl_jshape_t sh;
+    unsigned key; /* the flags the result depends on (GW_SCAN_MSGS) */
+    uint64_t used;
+    /* the result over the shape's text, offsets and text pointers encoded
+     * (GW_SHAPE_X) */
+    gw_jfact_t fact[GW_SHAPE_NFACTS];
+    uint8_t present[GW_SHAPE_NFACTS]; /* the facts not absent (the reset zeroed the others) */
+    size_t npresent;
+    sl_jkind_t messages_kind, tools_kind;
+    bool has_msgs;
+    size_t nmsgs, nparts;
+    sl_chat_msg_t msgs[GW_SHAPE_MSGS];
+    sl_chat_part_t parts[GW_SHAPE_PARTS];
+} gw_shape_t;
+
+typedef struct gw_shapes {
+    gw_shape_t *e[GW_SHAPE_SLOTS];
+    uint64_t tick;
+    gw_shape_stats_t st;
+    unsigned streak; /* misses in a row */
+    unsigned skip;   /* bodies since the last one tried, while backing off */
+    bool listed;     /* the thread-exit key holds it */
+} gw_shapes_t;
+
+static _Thread_local gw_shapes_t gw_shapes;
+static pthread_key_t gw_shapes_key;
+static pthread_once_t gw_shapes_once = PTHREAD_ONCE_INIT;
+static bool gw_shapes_key_ok;
+
+static void gw_shapes_free(gw_shapes_t *c)
+{
+    for (size_t i = 0; i < GW_SHAPE_SLOTS; i++) {
+        if (c->e[i])
+            sl_jshape_clear(&c->e[i]->sh);
+        free(c->e[i]);
+        c->e[i] = NULL;
+    }
+}
+
+static void gw_shapes_exit(void *p)
+{
+    gw_shapes_free(p);
+}
+
+static void gw_shapes_init(void)
+{
+    gw_shapes_key_ok = pthread_key_create(&gw_shapes_key, gw_shapes_exit) == 0;
+}
+
+void gw_body_scan_shapes_clear(void)
+{
+    gw_shapes_free(&gw_shapes);
+    gw_shapes.streak = gw_shapes.skip = 0;
+}
+
+/* Whether this body is one to try (see GW_SHAPE_BACKOFF); one not tried
+ * is counted a miss. */
+static inline bool gw_shape_turn(unsigned flags)
+{
+    gw_shapes_t *c = &gw_shapes;
+    if (c->streak < GW_SHAPE_BACKOFF || (flags & GW_SCAN_SHAPE_TEST) ||
+        ++c->skip % GW_SHAPE_BACKOFF == 0)
+        return true;
+    c->st.misses++;
+    return false;
+}
+
+gw_shape_stats_t gw_body_scan_shape_stats(void)
+{
+    return gw_shapes.st;
+}
+
+/* Offsets in a kept result are encoded with what a hit needs to move them:
+ * the offset x in the shape's text (bits 0-31), how many holes start
+ * before x (bits 32-47: x moves as the end of the last of them) and
+ * whether a hole starts at x (bit 48: its new length is the text's, its
+ * new value the integer's). So a hit moves each in two instructions
+ * instead of a search. */
+#define GW_SHAPE_X(e)    ((e)&0xffffffffu)
+#define GW_SHAPE_IDX(e)  (((e) >> 32) & 0xffffu)
+#define GW_SHAPE_HOLE(e) (((e) >> 48) & 1u)
+
+static size_t gw_shape_enc(const sl_jspan_t *hole, size_t nh, size_t x)
+{
+    size_t lo = 0, hi = nh; /* how many holes start before x */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (hole[mid].off < x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    size_t at = lo < nh && hole[lo].off == x;
+    return x | (lo << 32) | (at << 48);
+}
+
+/* A text's pointer into body encoded (NULL stays NULL: a string's interior
+ * never starts at 0). -1: not the body's bytes. */
+static int gw_shape_text_save(sl_text_t *t, const char *body, size_t len, const sl_jspan_t *hole,
+                              size_t nh)
+{
+    if (!t->p)
+        return 0;
+    uintptr_t o = (uintptr_t)t->p - (uintptr_t)body;
+    if (o == 0 || o > len || t->len > len - o)
+        return -1;
+    t->p = (const char *)(uintptr_t)gw_shape_enc(hole, nh, o);
+    return 0;
+}
+
+static void gw_shape_fact_save(gw_jfact_t *f, const sl_jspan_t *hole, size_t nh)
+{
+    if (f->kind == SL_J_ABSENT)
+        return;
+    f->off = gw_shape_enc(hole, nh, f->off);
+    f->end = gw_shape_enc(hole, nh, f->end);
+    f->close = gw_shape_enc(hole, nh, f->close);
+}
+
+/* A hit: the new body, its holes' spans, and how far each offset after
+ * the k first holes moves (mv[k]). */
+typedef struct gw_shape_map {
+    const char *body;
+    const sl_jspan_t *nw;
+    ptrdiff_t mv[SL_JSHAPE_MAX_HOLES + 1];
+} gw_shape_map_t;
+
+static inline size_t gw_shape_pos(const gw_shape_map_t *m, size_t e)
+{
+    return (size_t)((ptrdiff_t)GW_SHAPE_X(e) + m->mv[GW_SHAPE_IDX(e)]);
+}
+
+static inline void gw_shape_text_load(const gw_shape_map_t *m, sl_text_t *t)
+{
+    if (!t->p)
+        return;
+    size_t e = (uintptr_t)t->p;
+    t->p = m->body + gw_shape_pos(m, e);
+    if (GW_SHAPE_HOLE(e))
+        t->len = m->nw[GW_SHAPE_IDX(e)].len;
+}
+
+static inline void gw_shape_fact_load(const gw_shape_map_t *m, gw_jfact_t *f)
+{
+    if (f->kind == SL_J_ABSENT)
+        return;
+    size_t e = f->off;
+    f->off = gw_shape_pos(m, e);
+    if (f->kind == SL_J_INT && GW_SHAPE_HOLE(e)) {
+        const sl_jspan_t *h = &m->nw[GW_SHAPE_IDX(e)];
+        f->i = sl_jshape_int(m->body + h->off, h->len);
+    }
+    f->end = gw_shape_pos(m, f->end);
+    f->close = gw_shape_pos(m, f->close);
+    if (f->kind == SL_J_STRING)
+        gw_shape_text_load(m, &f->s);
+}
+
+/* The kept result e into s, moved to the new body's hole spans nw. -1: out
+ * of memory. */
+static int gw_shape_load(gw_body_scan_t *s, const gw_shape_t *e, const sl_jspan_t *nw)
+{
+    while (s->msgs_cap < e->nmsgs)
+        if (gw_grow((void **)&s->msgs, &s->msgs_cap, s->msgs0, GW_SCAN_INLINE_MSGS,
+                    sizeof(*s->msgs)) != 0)
+            return -1;
+    while (s->parts_cap < e->nparts)
+        if (gw_grow((void **)&s->parts, &s->parts_cap, s->parts0, GW_SCAN_INLINE_PARTS,
+                    sizeof(*s->parts)) != 0)
+            return -1;
+    gw_shape_map_t m;
+    m.body = s->body;
+    m.nw = nw;
+    m.mv[0] = 0;
+    for (size_t k = 0; k < e->sh.nholes; k++)
+        m.mv[k + 1] =
+            (ptrdiff_t)(nw[k].off + nw[k].len) - (ptrdiff_t)(e->sh.hole[k].off + e->sh.hole[k].len);
+    for (size_t j = 0; j < e->npresent; j++) {
+        size_t i = e->present[j];
+        gw_jfact_t *f = GW_SHAPE_FACT(s, i);
+        *f = e->fact[i];
+        gw_shape_fact_load(&m, f);
+    }
+    s->chat.messages_kind = e->messages_kind;
+    s->chat.tools_kind = e->tools_kind;
+    s->chat.nmsgs = e->nmsgs;
+    s->nparts = e->nparts;
+    if (e->nmsgs)
+        memcpy(s->msgs, e->msgs, e->nmsgs * sizeof(*s->msgs));
+    for (size_t i = 0; i < e->nmsgs; i++) {
+        gw_shape_text_load(&m, &s->msgs[i].role);
+        gw_shape_text_load(&m, &s->msgs[i].content);
+        gw_shape_text_load(&m, &s->msgs[i].name);
+    }
+    if (e->nparts)
+        memcpy(s->parts, e->parts, e->nparts * sizeof(*s->parts));
+    for (size_t i = 0; i < e->nparts; i++) {
+        gw_shape_text_load(&m, &s->parts[i].type);
+        gw_shape_text_load(&m, &s->parts[i].text);
+    }
+    if (e->has_msgs) {
+        s->has_msgs = true;
+        s->chat.msgs = s->msgs;
+        s->chat.parts = s->parts;
+    }
+    return 0;
+}
+
+/* s's body answered from a kept shape: true, s filled as the parse would. */
+static bool gw_shape_try(gw_body_scan_t *s, unsigned key)
+{
+    gw_shapes_t *c = &gw_shapes;
+    sl_jspan_t nw[SL_JSHAPE_MAX_HOLES];
+    for (size_t i = 0; i < GW_SHAPE_SLOTS; i++) {
+        gw_shape_t *e = c->e[i];
+        if (!e || e->key != key || !sl_jshape_match(&e->sh, s->body, s->len, nw))
+            continue;
+        if (gw_shape_load(s, e, nw) != 0) {
+            const char *body = s->body;
+            size_t len = s->len;
+            gw_body_scan_reset(s); /* the parse decides (and runs out too) */
+            s->body = body;
+            s->len = len;
+            return false;
+        }
+        e->used = ++c->tick;
+        c->st.hits++;
+        c->streak = 0;
+        return true;
+    }
+    c->st.misses++;
+    c->streak++;
+    return false;
+}
+
+/* The holes kept of rec's: the values a fact reads first, then the others
+ * in the room left, in body order. */
+static size_t gw_shape_holes(const gw_shape_rec_t *rec, sl_jspan_t *hole, uint8_t *kind)
+{
+    size_t nread = 0;
+    for (size_t i = 0; i < rec->n; i++)
+        nread += rec->read[i];
+    size_t room = nread < SL_JSHAPE_MAX_HOLES ? SL_JSHAPE_MAX_HOLES - nread : 0;
+    size_t n = 0, others = 0;
+    for (size_t i = 0; i < rec->n && n < SL_JSHAPE_MAX_HOLES; i++) {
+        if (!rec->read[i] && others++ >= room)
+            continue;
+        hole[n] = rec->hole[i];
+        kind[n++] = rec->kind[i];
+    }
+    return n;
+}
+
+/* The thread's slot for a new shape: an empty one, else the least recently
+ * used. NULL: out of memory. */
+static gw_shape_t *gw_shape_slot(gw_shapes_t *c)
+{
+    size_t v = 0;
+    for (size_t i = 0; i < GW_SHAPE_SLOTS; i++) {
+        if (!c->e[i]) {
+            v = i;
+            break;
+        }
+        if (c->e[i]->used < c->e[v]->used)
+            v = i;
+    }
+    if (!c->e[v]) {
+        if (!c->listed) {
+            pthread_once(&gw_shapes_once, gw_shapes_init);
+            if (!gw_shapes_key_ok || pthread_setspecific(gw_shapes_key, c) != 0)
+                return NULL; /* it could not be freed at thread exit */
+            c->listed = true;
+        }
+        c->e[v] = calloc(1, sizeof(*c->e[v]));
+    }
+    return c->e[v];
+}
+
+/* s's result (a parse on the normal path that said OK) kept as a shape
+ * with rec's holes. Nothing kept when it does not fit the bounds. */
+static void gw_shape_keep(const gw_body_scan_t *s, unsigned key, const gw_shape_rec_t *rec)
+{
+    if (!rec->ok || s->bigint || s->elided || s->chat.nmsgs > GW_SHAPE_MSGS ||
+        s->nparts > GW_SHAPE_PARTS || s->len > SL_JSHAPE_MAX_BYTES)
+        return;
+    sl_jspan_t hole[SL_JSHAPE_MAX_HOLES];
+    uint8_t kind[SL_JSHAPE_MAX_HOLES];
+    size_t nh = gw_shape_holes(rec, hole, kind);
+    gw_shapes_t *c = &gw_shapes;
+    gw_shape_t *e = gw_shape_slot(c);
+    if (!e)
+        return;
+    int bad = 0;
+    e->npresent = 0;
+    for (size_t i = 0; i < GW_SHAPE_NFACTS; i++) {
+        e->fact[i] = *GW_SHAPE_FACT(s, i);
+        if (e->fact[i].kind != SL_J_ABSENT)
+            e->present[e->npresent++] = (uint8_t)i;
+        gw_shape_fact_save(&e->fact[i], hole, nh);
+        bad |= gw_shape_text_save(&e->fact[i].s, s->body, s->len, hole, nh);
+    }
+    e->messages_kind = s->chat.messages_kind;
+    e->tools_kind = s->chat.tools_kind;
+    e->has_msgs = s->has_msgs;
+    e->nmsgs = s->chat.nmsgs;
+    e->nparts = s->nparts;
+    for (size_t i = 0; i < e->nmsgs; i++) {
+        e->msgs[i] = s->msgs[i];
+        bad |= gw_shape_text_save(&e->msgs[i].role, s->body, s->len, hole, nh);
+        bad |= gw_shape_text_save(&e->msgs[i].content, s->body, s->len, hole, nh);
+        bad |= gw_shape_text_save(&e->msgs[i].name, s->body, s->len, hole, nh);
+    }
+    for (size_t i = 0; i < e->nparts; i++) {
+        e->parts[i] = s->parts[i];
+        bad |= gw_shape_text_save(&e->parts[i].type, s->body, s->len, hole, nh);
+        bad |= gw_shape_text_save(&e->parts[i].text, s->body, s->len, hole, nh);
+    }
+    e->key = key;
+    e->used = ++c->tick;
+    /* a failed set leaves the shape empty: it matches nothing */
+    if (bad || sl_jshape_set(&e->sh, s->body, s->len, hole, kind, nh) != 0)
+        sl_jshape_clear(&e->sh);
+}
+
 gw_scan_rc_t gw_body_scan(gw_body_scan_t *s, const char *body, size_t len, unsigned flags)
 {
     gw_body_scan_reset(s);
@@ -1392,13 +1816,27 @@ gw_scan_rc_t gw_body_scan(gw_body_scan_t *s, const char *body, size_t len, unsig
             if (el)
                 gw_skel_build(&k, body, len, (char *)(el + k.ncuts), el);
         }
-        if (el)
-            rc =
-                gw_body_scan_run(s, (const char *)(el + k.ncuts), len - k.gone, el, k.ncuts, flags);
-        else
-            rc = gw_body_scan_run(s, body, len, NULL, 0, flags);
+        /* the shapes: small bodies on the normal path (see "shapes") */
+        bool shape =
+            !k.ok && len < GW_SKEL_BODY_MIN && !(flags & GW_SCAN_NO_SHAPE) && gw_shape_turn(flags);
+        gw_shape_rec_t recb, *rec = NULL;
+        if (shape && gw_shape_try(s, flags & GW_SCAN_MSGS)) {
+            rc = GW_SCAN_OK;
+        } else if (el) {
+            rc = gw_body_scan_run(s, (const char *)(el + k.ncuts), len - k.gone, el, k.ncuts, flags,
+                                  NULL);
+        } else {
+            if (shape) {
+                rec = &recb;
+                rec->ok = true;
+                rec->n = 0;
+            }
+            rc = gw_body_scan_run(s, body, len, NULL, 0, flags, rec);
+        }
         if (rc == GW_SCAN_OK && el)
             s->elided = k.gone;
+        if (rc == GW_SCAN_OK && rec)
+            gw_shape_keep(s, flags & GW_SCAN_MSGS, rec);
     }
     if (k.cuts != k.cuts0)
         free(k.cuts);

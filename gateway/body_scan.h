@@ -40,8 +40,10 @@ typedef struct gw_jfact {
 #define GW_SCAN_MSGS 0x1u /* messages[] content, roles, parts (filters, budgets, routing) */
 /* For tests and the fuzz target: how the body reaches yajl (body_scan.c's
  * skeleton). Results must not depend on them. */
-#define GW_SCAN_NO_SKEL   0x100u /* yajl reads the whole body, whatever its size */
-#define GW_SCAN_SKEL_TEST 0x200u /* a skeleton at any size, runs cut from 3 bytes */
+#define GW_SCAN_NO_SKEL    0x100u /* yajl reads the whole body, whatever its size */
+#define GW_SCAN_SKEL_TEST  0x200u /* a skeleton at any size, runs cut from 3 bytes */
+#define GW_SCAN_NO_SHAPE   0x400u /* no kept shape tried or kept: yajl reads the body */
+#define GW_SCAN_SHAPE_TEST 0x800u /* a shape tried whatever the misses before */
 
 typedef enum gw_scan_rc {
     GW_SCAN_OK = 0,
@@ -134,6 +136,15 @@ int gw_body_splice_apply_buf(const gw_body_scan_t *s, char *buf, size_t cap, cha
  * return stops the walk and is returned. -1: out of memory. */
 typedef int (*gw_body_piece_fn)(void *arg, const char *p, size_t n, bool body);
 int gw_body_splice_walk(const gw_body_scan_t *s, gw_body_piece_fn piece, void *arg) SL_WUR;
+
+/* This thread's shape cache (body_scan.c, "shapes"): bodies answered from a
+ * kept shape, and bodies that could have been but matched none. */
+typedef struct gw_shape_stats {
+    uint64_t hits, misses;
+} gw_shape_stats_t;
+gw_shape_stats_t gw_body_scan_shape_stats(void);
+/* Forgets this thread's kept shapes (tests). */
+void gw_body_scan_shapes_clear(void);
 
 /* The facts ratelimit's clamp plan takes (rl_clamp_plan), into in. */
 struct rl_clamp_in;

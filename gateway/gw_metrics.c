@@ -92,6 +92,16 @@ void gw_metrics_init(const char *(*route_name)(gw_route_t r))
         "Blocks nghttp2's sessions hold from the workers' allocator (as of each worker's last "
         "tick): 0 once every HTTP/2 connection has closed.",
         SL_METRIC_GAUGE, NULL, NULL, 0));
+    gw_m.scan_shape_hits = sl_metric_series0(sl_metric_register(
+        "sluice_body_shape_hits_total",
+        "Request bodies read from a kept JSON shape instead of parsed (body scan; as of each "
+        "worker's last tick).",
+        SL_METRIC_COUNTER, NULL, NULL, 0));
+    gw_m.scan_shape_misses = sl_metric_series0(sl_metric_register(
+        "sluice_body_shape_misses_total",
+        "Small request bodies that matched no kept JSON shape and were parsed (as of each "
+        "worker's last tick).",
+        SL_METRIC_COUNTER, NULL, NULL, 0));
     gw_m.malloc_trims = sl_metric_series0(sl_metric_register(
         "sluice_malloc_trims_total",
         "malloc_trim(0) calls: after the connection count fell from a peak, and after reloads.",

@@ -25,6 +25,8 @@ typedef struct gw_metrics {
     sl_mseries_t *h2_mem_cached;            /* nghttp2 blocks' bytes in the free lists (h2_mem.c) */
     sl_mseries_t *h2_mem_in_use;            /* nghttp2 blocks held by sessions (h2_mem.c) */
     sl_mseries_t *malloc_trims;             /* malloc_trim(0) calls (worker.c) */
+    sl_mseries_t *scan_shape_hits;          /* bodies answered from a kept shape (worker.c) */
+    sl_mseries_t *scan_shape_misses;        /* ... that could have been and were parsed */
     sl_mseries_t *malloc_trim_bytes;        /* RSS they gave back */
     sl_metric_t *up_ttfb;                   /* {upstream} */
     sl_metric_t *parse_errors;              /* {reason} */

@@ -56,8 +56,10 @@ struct gw_worker {
     size_t nconns;
     gw_req_t *req_cache[GW_REQ_CACHE_MAX]; /* request structs kept for reuse (conn.c) */
     size_t nreq_cache;
-    size_t req_cache_low;           /* fewest cached since the last tick (conn.c) */
-    size_t req_cache_shown;         /* what the gauge has of this worker's cache */
+    size_t req_cache_low;      /* fewest cached since the last tick (conn.c) */
+    size_t req_cache_shown;    /* what the gauge has of this worker's cache */
+    uint64_t shape_hits_shown; /* what the counters have of body_scan's shape stats */
+    uint64_t shape_misses_shown;
     struct gw_h2_mem *h2mem;        /* nghttp2's block free lists (h2_mem.c), made at first use */
     struct event *tick_ev;          /* housekeeping (worker.c): idle upstreams, malloc_trim */
     size_t peak_conns;              /* most client + idle upstream conns since the last trim */

@@ -25,6 +25,7 @@
 #include <event2/listener.h>
 
 #include "common/log.h"
+#include "gateway/body_scan.h"
 #include "gateway/body_store.h"
 #include "gateway/gw_conn.h"
 #include "gateway/gw_h2_mem.h"
@@ -150,6 +151,18 @@ static bool gw_worker_trim(int64_t now_ms)
     return true;
 }
 
+/* This thread's body-shape counts (body_scan.c) into the metrics. */
+static void gw_worker_shape_tick(gw_worker_t *w)
+{
+    gw_shape_stats_t st = gw_body_scan_shape_stats();
+    if (st.hits != w->shape_hits_shown)
+        sl_counter_add(gw_m.scan_shape_hits, st.hits - w->shape_hits_shown);
+    if (st.misses != w->shape_misses_shown)
+        sl_counter_add(gw_m.scan_shape_misses, st.misses - w->shape_misses_shown);
+    w->shape_hits_shown = st.hits;
+    w->shape_misses_shown = st.misses;
+}
+
 static void gw_worker_tick_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
@@ -169,6 +182,7 @@ static void gw_worker_tick_cb(evutil_socket_t fd, short what, void *arg)
     bool reload = w->trim_at_ms && now >= w->trim_at_ms;
     /* before the trim: the structs it frees are memory it can give back */
     gw_conn_cache_tick(w, fell);
+    gw_worker_shape_tick(w);
     gw_h2_mem_tick(w->h2mem, fell);
     (void)gw_wio_mem_tick(fell); /* this thread's kept chains, likewise */
     (void)gw_tls_mem_tick(fell); /* and its TLS record buffers */

@@ -1026,6 +1026,198 @@ static void test_skeleton_same(void **state)
     assert_true(cuts > checked / 2); /* the skeleton was taken, mostly */
 }
 
+/* ---- kept shapes (body_scan.c, "shapes") --------------------------------------- */
+
+/* Issue #16's body, with the values a shape leaves as holes given. */
+static size_t shape_body(char *b, size_t cap, const char *model, const char *sys, const char *user,
+                         const char *max_tokens)
+{
+    return (size_t)snprintf(
+        b, cap,
+        "{\"model\":\"%s\",\"messages\":[{\"role\":\"system\",\"content\":\"%s\"},"
+        "{\"role\":\"user\",\"content\":\"%s\"}],\"max_tokens\":%s}",
+        model, sys, user, max_tokens);
+}
+
+static void shape_check_text(sl_text_t t, const char *want)
+{
+    assert_int_equal(t.len, strlen(want));
+    assert_memory_equal(t.p, want, t.len);
+}
+
+/* Two bodies of one shape: the second answered from the shape with its
+ * own values (a stale span or a value not re-read fails here); an escape,
+ * a new key or a role changed miss and are parsed. */
+static void test_shapes(void **state)
+{
+    (void)state;
+    gw_body_scan_shapes_clear();
+    gw_shape_stats_t st0 = gw_body_scan_shape_stats();
+    gw_body_scan_t *s = gw_body_scan_new();
+    assert_non_null(s);
+    char b1[512], b2[512], b3[512];
+    size_t n1 = shape_body(b1, sizeof(b1), "chat-model", "You are a helpful assistant.",
+                           "Write one sentence about the sea, please, in plain English.", "64");
+    size_t n2 = shape_body(b2, sizeof(b2), "m2", "", "caf\xc3\xa9 sea, longer than before by far",
+                           "-123456789012345678");
+    assert_int_equal(gw_body_scan(s, b1, n1, GW_SCAN_MSGS), GW_SCAN_OK);
+    gw_shape_stats_t st = gw_body_scan_shape_stats();
+    assert_int_equal(st.hits - st0.hits, 0);
+    assert_int_equal(st.misses - st0.misses, 1);
+    assert_int_equal(gw_body_scan(s, b2, n2, GW_SCAN_MSGS), GW_SCAN_OK);
+    st = gw_body_scan_shape_stats();
+    assert_int_equal(st.hits - st0.hits, 1);
+    assert_ptr_equal(s->body, b2);
+    shape_check_text(s->model.s, "m2");
+    assert_memory_equal(b2 + s->model.off, "\"m2\"", 4);
+    assert_int_equal(s->model.end, s->model.off + 4);
+    assert_int_equal(s->max_tokens.kind, SL_J_INT);
+    assert_true(s->max_tokens.i == -123456789012345678LL);
+    assert_memory_equal(b2 + s->max_tokens.off, "-123456789012345678}", 20);
+    assert_int_equal(s->max_tokens.end, n2 - 1);
+    assert_int_equal(s->top.end, n2);
+    assert_int_equal(s->top.close, n2 - 1);
+    assert_int_equal(s->top.members, 3);
+    assert_int_equal(s->chat.nmsgs, 2);
+    shape_check_text(s->chat.msgs[0].role, "system");
+    shape_check_text(s->chat.msgs[0].content, "");
+    shape_check_text(s->chat.msgs[1].role, "user");
+    shape_check_text(s->chat.msgs[1].content, "caf\xc3\xa9 sea, longer than before by far");
+    assert_ptr_equal(s->chat.msgs[1].content.p, strstr(b2, "caf"));
+    /* the splices land on the new body's bytes */
+    assert_int_equal(gw_body_set(s, "model", &s->model, "\"x\"", 3), 0);
+    assert_int_equal(gw_body_set(s, "max_tokens", &s->max_tokens, "9", 1), 0);
+    char *out;
+    size_t olen;
+    assert_int_equal(gw_body_splice_apply(s, &out, &olen), 0);
+    char want[512];
+    size_t wn =
+        shape_body(want, sizeof(want), "x", "", "caf\xc3\xa9 sea, longer than before by far", "9");
+    assert_int_equal(olen, wn);
+    assert_memory_equal(out, want, wn);
+    free(out);
+
+    /* misses: an escape in a hole, a role changed, a key changed, a real,
+     * another flag; each parsed (and right) */
+    static const struct {
+        const char *model, *sys, *user, *max;
+        unsigned flags;
+    } miss[] = {
+        {"m", "a\\nb", "u", "1", GW_SCAN_MSGS},
+        {"m", "a", "u\\u0041", "1", GW_SCAN_MSGS},
+        {"m", "a", "u", "1.5", GW_SCAN_MSGS},
+        {"m", "a", "u", "1234567890123456789", GW_SCAN_MSGS},
+        {"m", "a", "u\"", "1", GW_SCAN_MSGS},
+        {"m", "a", "u", "1", 0},
+    };
+    for (size_t i = 0; i < SL_ARRAY_LEN(miss); i++) {
+        gw_shape_stats_t a = gw_body_scan_shape_stats();
+        size_t n3 =
+            shape_body(b3, sizeof(b3), miss[i].model, miss[i].sys, miss[i].user, miss[i].max);
+        gw_scan_rc_t rc = gw_body_scan(s, b3, n3, miss[i].flags);
+        gw_shape_stats_t z = gw_body_scan_shape_stats();
+        assert_int_equal(z.hits, a.hits);
+        const char *why = scan_same_shape(b3, n3);
+        if (why)
+            fail_msg("miss case %zu: %s", i, why);
+        if (i == 0) {
+            assert_int_equal(rc, GW_SCAN_OK);
+            shape_check_text(s->chat.msgs[0].content, "a\nb");
+        }
+    }
+    char b4[512];
+    memcpy(b4, b1, n1);
+    memcpy(strstr(b4, "\"user\""), "\"usex\"", 6);
+    gw_shape_stats_t a = gw_body_scan_shape_stats();
+    assert_int_equal(gw_body_scan(s, b4, n1, GW_SCAN_MSGS), GW_SCAN_OK);
+    assert_int_equal(gw_body_scan_shape_stats().hits, a.hits);
+    shape_check_text(s->chat.msgs[1].role, "usex");
+    memcpy(b4, b1, n1);
+    memcpy(strstr(b4, "\"max_tokens\""), "\"max_tokenz\"", 12);
+    assert_int_equal(gw_body_scan(s, b4, n1, GW_SCAN_MSGS), GW_SCAN_OK);
+    assert_int_equal(gw_body_scan_shape_stats().hits, a.hits);
+    assert_int_equal(s->max_tokens.kind, SL_J_ABSENT);
+
+    /* the thread keeps a few: 4 shapes in turn all hit, 5 all miss (LRU) */
+    for (int k = 4; k <= 5; k++) {
+        gw_body_scan_shapes_clear();
+        a = gw_body_scan_shape_stats();
+        for (int round = 0; round < 3; round++)
+            for (int j = 0; j < k; j++) {
+                char pad[16];
+                snprintf(pad, sizeof(pad), "%*s", j + 1, "");
+                size_t n = (size_t)snprintf(b3, sizeof(b3), "{\"model\":\"m%d\",%s\"n\":%d}", round,
+                                            pad, j);
+                assert_int_equal(gw_body_scan(s, b3, n, 0), GW_SCAN_OK);
+                assert_int_equal(s->n.i, j);
+                shape_check_text(s->model.s, round == 0 ? "m0" : round == 1 ? "m1" : "m2");
+            }
+        gw_shape_stats_t z = gw_body_scan_shape_stats();
+        assert_int_equal(z.hits - a.hits, k == 4 ? 8 : 0);
+    }
+    gw_body_scan_free(s);
+}
+
+/* A run of new shapes makes the thread back off (it tries one body in
+ * 16); a run of one shape then hits again within 32 bodies, and every body
+ * after the first hit hits. */
+static void test_shapes_backoff(void **state)
+{
+    (void)state;
+    gw_body_scan_shapes_clear();
+    gw_body_scan_t *s = gw_body_scan_new();
+    assert_non_null(s);
+    char b[128];
+    gw_shape_stats_t a0 = gw_body_scan_shape_stats();
+    for (int i = 0; i < 20; i++) {
+        size_t n = (size_t)snprintf(b, sizeof(b), "{\"model\":\"m\",\"k%03d\":1}", i);
+        assert_int_equal(gw_body_scan(s, b, n, 0), GW_SCAN_OK);
+    }
+    gw_shape_stats_t a = gw_body_scan_shape_stats();
+    assert_int_equal(a.hits - a0.hits, 0);
+    assert_int_equal(a.misses - a0.misses, 20);
+    int first = -1;
+    for (int i = 0; i < 60; i++) {
+        size_t n = (size_t)snprintf(b, sizeof(b), "{\"model\":\"m%d\",\"n\":%d}", i, i);
+        assert_int_equal(gw_body_scan(s, b, n, 0), GW_SCAN_OK);
+        assert_int_equal(s->n.i, i); /* tried or not, the right answer */
+        gw_shape_stats_t z = gw_body_scan_shape_stats();
+        if (first < 0 && z.hits > a.hits)
+            first = i;
+        if (first >= 0)
+            assert_int_equal(z.hits - a.hits, (uint64_t)(i - first + 1));
+    }
+    assert_true(first > 0 && first <= 32);
+    gw_body_scan_free(s);
+}
+
+/* The differential over every case of this file: with shapes against the
+ * parse, the body and bodies made from it by changing values (scan_same.h). */
+static void test_shapes_same(void **state)
+{
+    (void)state;
+    size_t hits0 = gw_body_scan_shape_stats().hits;
+    for (size_t i = 0; i < SL_ARRAY_LEN(acc_cases); i++) {
+        const acc_case_t *c = &acc_cases[i];
+        const char *why = scan_same_shape(c->body, c->len ? c->len : strlen(c->body));
+        if (why)
+            fail_msg("case %zu: %s differs on %s", i, why, c->body);
+    }
+    for (size_t i = 0; i < SL_ARRAY_LEN(policy_bodies); i++) {
+        const char *why = scan_same_shape(policy_bodies[i], strlen(policy_bodies[i]));
+        if (why)
+            fail_msg("policy body %zu: %s differs on %s", i, why, policy_bodies[i]);
+    }
+    char b[512];
+    size_t n = shape_body(b, sizeof(b), "chat-model", "You are a helpful assistant.",
+                          "Write one sentence about the sea, please, in plain English.", "64");
+    const char *why = scan_same_shape(b, n);
+    if (why)
+        fail_msg("#16's body: %s differs", why);
+    /* the bodies made from a shape hit it, mostly */
+    assert_true(gw_body_scan_shape_stats().hits - hits0 > 40);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1046,6 +1238,9 @@ int main(void)
         cmocka_unit_test(test_filters_plain),
         cmocka_unit_test(test_clamp_in),
         cmocka_unit_test(test_skeleton_same),
+        cmocka_unit_test(test_shapes),
+        cmocka_unit_test(test_shapes_backoff),
+        cmocka_unit_test(test_shapes_same),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

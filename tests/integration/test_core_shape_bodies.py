@@ -1,0 +1,104 @@
+"""
+test_core_shape_bodies.py — bodies of one JSON shape (gateway/body_scan.c's
+kept shapes, docs/gateway.md "Kept shapes"): the second and later bodies are
+read from the shape the first left, without a parse. What must hold: each
+body is routed, aliased, clamped and filtered by its own values (a stale
+span, a value not re-read or a model kept from the first body fails here),
+and a body with an escape in a value (no shape holds one) is parsed and
+filtered by its decoded text.
+"""
+
+import json
+
+import helpers
+import policy_helpers as ph
+from helpers import assert_error, bound, wait_until
+
+P = ph.CHAT_PATH
+
+
+def _start(sluice_factory, mock, tmp_path):
+    wf = ph.word_file(tmp_path / "w.txt", ["badword"])
+    over = {"workers": 1,  # one thread: its shapes serve every request
+            "filters": {"words": [{"file": wf, "action": "block", "name": "w"}],
+                        "input": {"max_chars": 0}},
+            "ratelimit": {"max_tokens": 100, "per_user": {"tokens_per_minute": 100000000}}}
+    return ph.start(sluice_factory, mock, over, auth=False)
+
+
+def _body(model, sys, user, max_tokens):
+    # issue #16's body: the same bytes but for the values
+    return ('{"model":"%s","messages":[{"role":"system","content":"%s"},'
+            '{"role":"user","content":"%s"}],"max_tokens":%s}'
+            % (model, sys, user, max_tokens)).encode()
+
+
+def _send(s, raw):
+    return s.request("POST", P, raw, {"Content-Type": "application/json"}, timeout=bound(20))
+
+
+def _shape_counts(s):
+    m = s.metrics()
+    return (m.value("sluice_body_shape_hits_total"), m.value("sluice_body_shape_misses_total"))
+
+
+def test_bodies_of_one_shape_each_by_its_own_values(sluice_factory, mock, tmp_path):
+    s = _start(sluice_factory, mock, tmp_path)
+    sent = [
+        # the first: parsed, its shape kept; alias and clamp
+        _body("chat-model", "You are a helpful assistant.", "Write about the sea.", "5000"),
+        # same shape: no alias for plain-model, 7 below the cap stays, longer text
+        _body("plain-model", "Be brief", "Write one sentence about the sea, please, in plain "
+              "English, and then another one about the sky.", "7"),
+        # same shape again: the alias again, an empty content, 12 digits clamped
+        _body("chat-model", "", "x", "123456789012"),
+    ]
+    want = [("Qwen2.5-7B-Instruct", 100), ("plain-model", 7), ("Qwen2.5-7B-Instruct", 100)]
+    for raw in sent:
+        r = _send(s, raw)
+        assert r.status == 200, r
+    got = [q["json"] for q in mock.requests(P)]
+    assert len(got) == 3
+    for g, raw, (model, mt) in zip(got, sent, want):
+        j = json.loads(raw)
+        assert g["model"] == model, g
+        assert g["max_tokens"] == mt, g
+        assert g["messages"] == j["messages"], g
+    # the bytes: only the model and max_tokens spliced
+    q = mock.requests(P)[1]["body"].encode()
+    assert q == sent[1], q
+    # a banned word in a body of the same shape is blocked by its own content
+    r = _send(s, _body("chat-model", "You are a helpful assistant.", "say badword now", "64"))
+    e = assert_error(r, 400, "content_filter")
+    assert e.get("param") == "messages[1].content", e
+    # an unknown model of the same shape is refused by its own name
+    r = _send(s, _body("no-such-model", "a", "b", "64"))
+    assert r.status == 404, r
+    # and the bodies above were answered from the shape (the worker's tick
+    # adds its counts): at least the 2nd, 3rd, 4th and 5th
+    wait_until(lambda: _shape_counts(s)[0] >= 4, bound(5), what="shape hits counted")
+    hits, misses = _shape_counts(s)
+    assert misses >= 1, (hits, misses)
+
+
+def test_an_escape_in_a_body_of_a_kept_shape_is_parsed(sluice_factory, mock, tmp_path):
+    s = _start(sluice_factory, mock, tmp_path)
+    clean = _body("chat-model", "sys", "hello there", "64")
+    for _ in range(2):
+        assert _send(s, clean).status == 200
+    wait_until(lambda: _shape_counts(s)[0] >= 1, bound(5), what="the shape hit")
+    hits0, misses0 = _shape_counts(s)
+    # the same shape but for an escape: the word is there once decoded
+    r = _send(s, _body("chat-model", "sys", "say \\u0062adword\\n now", "64"))
+    e = assert_error(r, 400, "content_filter")
+    assert e.get("param") == "messages[1].content", e
+    # an escape with no banned word: parsed, sent as the client wrote it
+    raw = _body("chat-model", "line one\\nline two", "a \\\"quoted\\\" word", "64")
+    r = _send(s, raw)
+    assert r.status == 200, r
+    q = mock.requests(P)[-1]
+    assert q["json"]["messages"][0]["content"] == "line one\nline two"
+    assert q["json"]["messages"][1]["content"] == 'a "quoted" word'
+    assert q["json"]["model"] == "Qwen2.5-7B-Instruct"
+    wait_until(lambda: _shape_counts(s)[1] >= misses0 + 2, bound(5), what="two misses counted")
+    assert _shape_counts(s)[0] == hits0
