@@ -305,9 +305,10 @@ typedef enum {
     EVK_HOLE, /* a top-level value a shape may leave open (stream_shape_keep) */
 } flt_evk_t;
 
-/* Top-level values that change from stream to stream and that the filter
- * never interprets (push_chunk copies them from the event's own bytes): a
- * string or integer value of these keys is a hole of the thread's shapes. */
+/* Top-level values that change from stream to stream (OpenAI's padding,
+ * "obfuscation", from event to event) and that the filter never interprets
+ * (push_chunk copies them from the event's own bytes): a string or integer
+ * value of these keys is a hole of the thread's shapes. */
 #define FLT_ROOT_HOLES 8
 
 typedef struct flt_roots {
@@ -502,8 +503,9 @@ static int evp_key(void *ctx, const unsigned char *k, size_t n)
             p->key = EVK_CHOICES;
         else if (EVP_IS(k, n, "usage"))
             p->key = EVK_USAGE;
-        else if (p->roots && (EVP_IS(k, n, "id") || EVP_IS(k, n, "created") ||
-                              EVP_IS(k, n, "model") || EVP_IS(k, n, "system_fingerprint"))) {
+        else if (p->roots &&
+                 (EVP_IS(k, n, "id") || EVP_IS(k, n, "created") || EVP_IS(k, n, "model") ||
+                  EVP_IS(k, n, "system_fingerprint") || EVP_IS(k, n, "obfuscation"))) {
             p->key = EVK_HOLE; /* read like any other key: no once */
             return 1;
         }
@@ -791,8 +793,15 @@ typedef struct flt_shape {
 typedef struct flt_shapes {
     flt_shape_t s[FLT_SHAPES];
     unsigned hand;
-    bool listed; /* freed at thread exit (flt_shapes_key) */
+    unsigned streak; /* events kept since the last hit (FLT_SHAPE_STREAK) */
+    bool listed;     /* freed at thread exit (flt_shapes_key) */
 } flt_shapes_t;
+
+/* Past this many events kept without a hit in between, the thread's events
+ * are new shapes each time (a value outside the holes that changes per
+ * event): only every FLT_SHAPE_STREAK-th is kept (and its holes noted), so
+ * that a miss costs little more than today's parse. A hit starts over. */
+#define FLT_SHAPE_STREAK 16
 
 static _Thread_local flt_shapes_t flt_shapes;
 static pthread_key_t flt_shapes_key;
@@ -804,6 +813,7 @@ static void stream_shapes_free(void *arg)
     flt_shapes_t *t = arg;
     for (size_t i = 0; i < FLT_SHAPES; i++)
         sl_jshape_clear(&t->s[i].sh);
+    t->hand = t->streak = 0;
     t->listed = false;
 }
 
@@ -835,6 +845,15 @@ static bool stream_shape_utf8(const char *data, const flt_shape_t *s, const sl_j
     return true;
 }
 
+/* Whether data[0..n) ends with the bytes after shape s's last hole: a cheap
+ * first test (shapes of one server differ most often near the end). */
+static bool stream_shape_tail(const sl_jshape_t *sh, const char *data, size_t n)
+{
+    size_t t = sh->nholes ? sh->len - (sh->hole[sh->nholes - 1].off + sh->hole[sh->nholes - 1].len)
+                          : sh->len;
+    return t <= n && memcmp(data + n - t, sh->bytes + sh->len - t, t) == 0;
+}
+
 static bool stream_shape_match(flt_stream_t *st, const char *data, size_t n, bool *usage)
 {
     sl_jspan_t sp[FLT_SHAPE_HOLES];
@@ -842,7 +861,8 @@ static bool stream_shape_match(flt_stream_t *st, const char *data, size_t n, boo
         return false;
     for (size_t i = 0; i < FLT_SHAPES; i++) {
         flt_shape_t *s = &flt_shapes.s[i];
-        if (!sl_jshape_match(&s->sh, data, n, sp))
+        if (sl_jshape_empty(&s->sh) || !stream_shape_tail(&s->sh, data, n) ||
+            !sl_jshape_match(&s->sh, data, n, sp))
             continue;
         if (!stream_shape_utf8(data, s, sp))
             return false;
@@ -862,6 +882,7 @@ static bool stream_shape_match(flt_stream_t *st, const char *data, size_t n, boo
         }
         *usage = s->usage;
         s->used = true;
+        flt_shapes.streak = 0;
         st->shape_hits++;
         return true;
     }
@@ -876,6 +897,7 @@ static bool stream_shape_match(flt_stream_t *st, const char *data, size_t n, boo
 static void stream_shape_keep(flt_stream_t *st, const char *data, size_t n, bool usage,
                               const flt_roots_t *roots)
 {
+    flt_shapes.streak++;
     if (st->tpl_off || usage || st->nevc > 1 || n > FLT_TPL_MAX)
         return;
     sl_jspan_t h[FLT_SHAPE_HOLES];
@@ -942,10 +964,15 @@ static int stream_parse(flt_stream_t *st, const char *data, size_t n, bool *usag
     }
     flt_roots_t roots;
     roots.n = 0;
-    int rc = stream_parse_whole(st, data, n, usage, st->tpl_off ? NULL : &roots);
+    unsigned streak = flt_shapes.streak;
+    bool keep = !st->tpl_off && (streak < FLT_SHAPE_STREAK || streak % FLT_SHAPE_STREAK == 0);
+    int rc = stream_parse_whole(st, data, n, usage, keep ? &roots : NULL);
     if (rc == 0) {
         stream_tpl_keep(st, data, n, *usage);
-        stream_shape_keep(st, data, n, *usage, &roots);
+        if (keep)
+            stream_shape_keep(st, data, n, *usage, &roots);
+        else
+            flt_shapes.streak++;
     } else {
         st->tpl_ok = false;
     }

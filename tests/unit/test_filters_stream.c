@@ -1213,6 +1213,38 @@ static void test_sse_shape_misses(void **state)
     flt_stream_shapes_clear();
 }
 
+/* Events of a new shape each time (a float outside the holes that changes)
+ * are kept only now and then; when one shape comes back, it is kept again
+ * within FLT_SHAPE_STREAK (16) events and then hits every time. */
+static void test_sse_shape_streak(void **state)
+{
+    (void)state;
+    flt_stream_shapes_clear();
+    flt_ruleset_t *rs = rs_words("badword\n", NULL);
+    char d[512], tail[64], id[32];
+    int first_hit = -1;
+    for (int i = 0; i < 100; i++) {
+        flt_stream_t *st = flt_stream_new(rs);
+        flt_out_t out = {0};
+        snprintf(id, sizeof id, "c-%d", i);
+        snprintf(tail, sizeof tail, "null}],\"t\":%d.5}", i < 40 ? i : 1000);
+        shape_chunk(d, sizeof d, id, "1", "hi", tail);
+        assert_int_equal(flt_stream_event(st, d, strlen(d), &out), FLT_EV_PASS);
+        size_t h = flt_stream_shape_hits(st);
+        if (i < 40)
+            assert_int_equal(h, 0);
+        else if (first_hit < 0 && h)
+            first_hit = i;
+        else if (first_hit >= 0)
+            assert_int_equal(h, 1);
+        flt_stream_free(st);
+    }
+    if (first_hit <= 41 || first_hit > 40 + 17) /* 41: kept at once, no damper */
+        fail_msg("the shape came back at event 40 and first hit at %d", first_hit);
+    flt_ruleset_unref(rs);
+    flt_stream_shapes_clear();
+}
+
 /* A shape holds how an event reads, never what the filter did with it:
  * stream 1 holds back "bad" and is blocked by "evil"; stream 2, read
  * through stream 1's shapes, starts clean. */
@@ -1275,6 +1307,7 @@ int main(void)
         cmocka_unit_test(test_sse_shape_same),
         cmocka_unit_test(test_sse_shape_misses),
         cmocka_unit_test(test_sse_shape_no_leak),
+        cmocka_unit_test(test_sse_shape_streak),
         cmocka_unit_test(test_clean_pieces_same),
         cmocka_unit_test(test_stream_text_api),
         cmocka_unit_test(test_responses_delta_splice),
