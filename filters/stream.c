@@ -708,7 +708,9 @@ static bool tpl_one_string(const char *s, size_t n)
     return r == yajl_status_ok && p.strings == 1 && p.end == n;
 }
 
-static bool stream_tpl_match(flt_stream_t *st, const char *data, size_t n, bool *usage)
+/* Inlined (stream_parse): it was before flt_stream_facts called it too. */
+static inline __attribute__((always_inline)) bool
+stream_tpl_match(flt_stream_t *st, const char *data, size_t n, bool *usage)
 {
     size_t pre = st->tpl_ts, post = st->tpl_len - st->tpl_te;
     if (!st->tpl_ok || st->tpl_off || n < pre + post + 2 || memcmp(data, st->tpl, pre) != 0 ||
@@ -954,10 +956,24 @@ size_t flt_stream_shape_hits(const flt_stream_t *st)
 /* 0 parsed (st->evc filled, *usage set), 1 not a chunk we can read (fail
  * closed), -1 out of memory. The stream's template first (a compare), then
  * the thread's shapes (a compare each), then the whole parse. */
-static int stream_parse(flt_stream_t *st, const char *data, size_t n, bool *usage)
+static int stream_parse_miss(flt_stream_t *st, const char *data, size_t n, bool *usage);
+
+/* Inlined in stream_event, as it was before flt_stream_facts called it too:
+ * the template's compare is the cost of most events (with the shapes' and
+ * the whole parse's path kept out of line). */
+static inline __attribute__((always_inline)) int stream_parse(flt_stream_t *st, const char *data,
+                                                              size_t n, bool *usage)
 {
     if (stream_tpl_match(st, data, n, usage))
         return 0;
+    return stream_parse_miss(st, data, n, usage);
+}
+
+/* Past the stream's template: kept out of line, so that the template's
+ * compare stays inlined in stream_event as before the shapes. */
+static __attribute__((noinline)) int stream_parse_miss(flt_stream_t *st, const char *data, size_t n,
+                                                       bool *usage)
+{
     if (stream_shape_match(st, data, n, usage)) {
         stream_tpl_keep(st, data, n, *usage);
         return 0;
