@@ -216,6 +216,16 @@ int flt_json_str_encode(sl_buf_t *b, const char *s, size_t n) SL_WUR;
 void flt_stream_template(flt_stream_t *st, bool on);
 /* Events read through the template so far. */
 size_t flt_stream_template_hits(const flt_stream_t *st);
+/* Events read through one of the thread's shapes so far (events of other
+ * streams kept as common/jshape shapes; off with the template). */
+size_t flt_stream_shape_hits(const flt_stream_t *st);
+/* Drops the calling thread's shapes (tests start from none). */
+void flt_stream_shapes_clear(void);
+/* Tests: reads event data[0..n) as flt_stream_event would (template,
+ * shapes, whole parse) and prints into buf what the read found: the
+ * result, usage and every choice's facts with their spans. Returns the
+ * read's result (0, 1 fail closed, -1 out of memory). */
+int flt_stream_facts(flt_stream_t *st, const char *data, size_t n, char *buf, size_t cap);
 
 /* yajl's memory for one parse comes from common/yheap.h (on the parser's
  * stack): a handle, its lexer and state stack take ~500 bytes. */

@@ -20,8 +20,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <pthread.h>
+
 #include <yajl/yajl_parse.h>
 
+#include "common/jshape.h"
 #include "filters/flt_internal.h"
 
 /* Top-level keys copied into the chunks we make ourselves. */
@@ -74,7 +77,8 @@ struct flt_stream {
     size_t tpl_ts, tpl_te; /* its content string, quotes included */
     flt_evc_t tpl_evc;
     bool tpl_ok, tpl_usage, tpl_off;
-    size_t tpl_hits; /* events read through the template (tests) */
+    size_t tpl_hits;   /* events read through the template (tests) */
+    size_t shape_hits; /* events read through a thread's shape (tests) */
 };
 
 void flt_out_reset(flt_out_t *o)
@@ -298,7 +302,20 @@ typedef enum {
     EVK_FINISH,
     EVK_LOGPROBS,
     EVK_CONTENT,
+    EVK_HOLE, /* a top-level value a shape may leave open (stream_shape_keep) */
 } flt_evk_t;
+
+/* Top-level values that change from stream to stream (OpenAI's padding,
+ * "obfuscation", from event to event) and that the filter never interprets
+ * (push_chunk copies them from the event's own bytes): a string or integer
+ * value of these keys is a hole of the thread's shapes. */
+#define FLT_ROOT_HOLES 8
+
+typedef struct flt_roots {
+    sl_jspan_t hole[FLT_ROOT_HOLES];
+    uint8_t kind[FLT_ROOT_HOLES];
+    size_t n;
+} flt_roots_t;
 
 typedef enum { EVV_NULL, EVV_SCALAR, EVV_INT, EVV_STR, EVV_MAP, EVV_ARR } flt_evv_t;
 
@@ -316,6 +333,7 @@ typedef struct flt_evp {
     unsigned seen;   /* root keys met */
     bool usage, bad; /* bad: fail closed (not an object, a duplicate key we read) */
     bool oom;
+    flt_roots_t *roots; /* where EVK_HOLE values are, when wanted */
 } flt_evp_t;
 
 static flt_evc_t *evp_choice(flt_evp_t *p)
@@ -331,6 +349,25 @@ static size_t evp_value_start(const flt_evp_t *p)
                         p->data[i] == '\r' || p->data[i] == ':'))
         i++;
     return i;
+}
+
+/* A top-level string without escapes or an integer of at most
+ * SL_JSHAPE_INT_DIGITS digits, [s, e) as yajl found it, noted as a hole. */
+static void evp_hole(flt_evp_t *p, flt_evv_t t, size_t end)
+{
+    flt_roots_t *r = p->roots;
+    size_t s = evp_value_start(p);
+    if (!r || r->n == FLT_ROOT_HOLES || end <= s)
+        return;
+    if (t == EVV_STR) {
+        if (end - s < 2 || memchr(p->data + s + 1, '\\', end - s - 2))
+            return;
+        s++, end--;
+    } else if (end - s - (p->data[s] == '-') > SL_JSHAPE_INT_DIGITS) {
+        return;
+    }
+    r->hole[r->n] = (sl_jspan_t){(uint32_t)s, (uint32_t)(end - s)};
+    r->kind[r->n++] = t == EVV_STR ? SL_JHOLE_STR : SL_JHOLE_INT;
 }
 
 static int evp_push(flt_evp_t *p, flt_evl_t l)
@@ -362,6 +399,8 @@ static int evp_value(flt_evp_t *p, flt_evv_t t, long long iv)
             return evp_push(p, EVL_CHOICES);
         if (k == EVK_USAGE)
             p->usage = t != EVV_NULL;
+        else if (k == EVK_HOLE && (t == EVV_STR || t == EVV_INT))
+            evp_hole(p, t, end);
         break;
     case EVL_CHOICES: {
         flt_stream_t *st = p->st;
@@ -464,6 +503,12 @@ static int evp_key(void *ctx, const unsigned char *k, size_t n)
             p->key = EVK_CHOICES;
         else if (EVP_IS(k, n, "usage"))
             p->key = EVK_USAGE;
+        else if (p->roots &&
+                 (EVP_IS(k, n, "id") || EVP_IS(k, n, "created") || EVP_IS(k, n, "model") ||
+                  EVP_IS(k, n, "system_fingerprint") || EVP_IS(k, n, "obfuscation"))) {
+            p->key = EVK_HOLE; /* read like any other key: no once */
+            return 1;
+        }
         return p->key == EVK_OTHER || evp_once(p, &p->seen, 1u << p->key);
     case EVL_CHOICE:
         if (EVP_IS(k, n, "index"))
@@ -534,10 +579,12 @@ static const yajl_callbacks flt_evp_cb = {
     .yajl_end_array = evp_end,
 };
 
-/* The event read whole with yajl: as stream_parse. */
-static int stream_parse_whole(flt_stream_t *st, const char *data, size_t n, bool *usage)
+/* The event read whole with yajl: as stream_parse. roots (may be NULL) gets
+ * where the EVK_HOLE values are. */
+static int stream_parse_whole(flt_stream_t *st, const char *data, size_t n, bool *usage,
+                              flt_roots_t *roots)
 {
-    flt_evp_t p = {.st = st, .data = data, .n = n};
+    flt_evp_t p = {.st = st, .data = data, .n = n, .roots = roots};
     st->nevc = 0;
     sl_yheap_t ya; /* the handle lives only for this parse: on the stack */
     yajl_alloc_funcs yaf = sl_yheap_funcs(&ya);
@@ -661,7 +708,9 @@ static bool tpl_one_string(const char *s, size_t n)
     return r == yajl_status_ok && p.strings == 1 && p.end == n;
 }
 
-static bool stream_tpl_match(flt_stream_t *st, const char *data, size_t n, bool *usage)
+/* Inlined (stream_parse): it was before flt_stream_facts called it too. */
+static inline __attribute__((always_inline)) bool
+stream_tpl_match(flt_stream_t *st, const char *data, size_t n, bool *usage)
 {
     size_t pre = st->tpl_ts, post = st->tpl_len - st->tpl_te;
     if (!st->tpl_ok || st->tpl_off || n < pre + post + 2 || memcmp(data, st->tpl, pre) != 0 ||
@@ -714,19 +763,254 @@ size_t flt_stream_template_hits(const flt_stream_t *st)
     return st->tpl_hits;
 }
 
+/* ---- events shaped like one of another stream ------------------------------- */
+
+/* The template above starts over with each stream, whose first event then
+ * costs a whole parse, as does each event of a new shape (the role delta,
+ * the first content delta, the finish): the next stream's events differ in
+ * id and created (and maybe model and system_fingerprint). So each worker
+ * thread also keeps a few events it read whole as common/jshape shapes,
+ * whose holes are those top-level values and choices[0]'s text: an event
+ * of another stream that has one of these shapes reads as that shape's
+ * event did, its spans moved (jshape.h says why). What the parse records
+ * depends on nothing but the bytes (no conf, no flag: the ruleset only
+ * decides whether events are read at all), so the shapes are keyed by
+ * nothing else and a reload does not touch them. Everything the filter
+ * interprets stays shape bytes: index, finish_reason, logprobs, usage, the
+ * delta's keys and role, object. The text hole is a string without escapes:
+ * an event whose text has one misses here (the per-stream template above
+ * still takes it after the stream's first such event). */
+#define FLT_SHAPES      4
+#define FLT_SHAPE_HOLES (FLT_ROOT_HOLES + 1)
+
+typedef struct flt_shape {
+    sl_jshape_t sh;
+    flt_evc_t evc; /* choices[0] as read, when nevc */
+    size_t nevc;   /* 0 or 1 */
+    int text;      /* the hole of evc's text, -1 none */
+    bool usage;
+    bool used; /* hit since the clock hand last passed (stream_shape_keep) */
+} flt_shape_t;
+
+typedef struct flt_shapes {
+    flt_shape_t s[FLT_SHAPES];
+    unsigned hand;
+    unsigned streak; /* events kept since the last hit (FLT_SHAPE_STREAK) */
+    bool listed;     /* freed at thread exit (flt_shapes_key) */
+} flt_shapes_t;
+
+/* Past this many events kept without a hit in between, the thread's events
+ * are new shapes each time (a value outside the holes that changes per
+ * event): only every FLT_SHAPE_STREAK-th is kept (and its holes noted), so
+ * that a miss costs little more than today's parse. A hit starts over. */
+#define FLT_SHAPE_STREAK 16
+
+static _Thread_local flt_shapes_t flt_shapes;
+static pthread_key_t flt_shapes_key;
+static pthread_once_t flt_shapes_once = PTHREAD_ONCE_INIT;
+static bool flt_shapes_key_ok;
+
+static void stream_shapes_free(void *arg)
+{
+    flt_shapes_t *t = arg;
+    for (size_t i = 0; i < FLT_SHAPES; i++)
+        sl_jshape_clear(&t->s[i].sh);
+    t->hand = t->streak = 0;
+    t->listed = false;
+}
+
+static void stream_shapes_init(void)
+{
+    flt_shapes_key_ok = pthread_key_create(&flt_shapes_key, stream_shapes_free) == 0;
+}
+
+void flt_stream_shapes_clear(void)
+{
+    stream_shapes_free(&flt_shapes);
+}
+
+/* Whether every string hole of shape s is UTF-8 as yajl takes it: an event
+ * it would refuse must go to the whole parse (and fail closed there).
+ * flt_utf8_valid is the stricter check, so a yes here is a yes for yajl. */
+static bool stream_shape_utf8(const char *data, const flt_shape_t *s, const sl_jspan_t *sp)
+{
+    for (size_t i = 0; i < s->sh.nholes; i++) {
+        if (s->sh.kind[i] != SL_JHOLE_STR)
+            continue;
+        const unsigned char *u = (const unsigned char *)data + sp[i].off;
+        size_t j = 0;
+        while (j < sp[i].len && u[j] < 0x80)
+            j++;
+        if (j < sp[i].len && !flt_utf8_valid(data + sp[i].off, sp[i].len))
+            return false;
+    }
+    return true;
+}
+
+/* Whether data[0..n) ends with the bytes after shape s's last hole: a cheap
+ * first test (shapes of one server differ most often near the end). */
+static bool stream_shape_tail(const sl_jshape_t *sh, const char *data, size_t n)
+{
+    size_t t = sh->nholes ? sh->len - (sh->hole[sh->nholes - 1].off + sh->hole[sh->nholes - 1].len)
+                          : sh->len;
+    return t <= n && memcmp(data + n - t, sh->bytes + sh->len - t, t) == 0;
+}
+
+static bool stream_shape_match(flt_stream_t *st, const char *data, size_t n, bool *usage)
+{
+    sl_jspan_t sp[FLT_SHAPE_HOLES];
+    if (st->tpl_off)
+        return false;
+    for (size_t i = 0; i < FLT_SHAPES; i++) {
+        flt_shape_t *s = &flt_shapes.s[i];
+        if (sl_jshape_empty(&s->sh) || !stream_shape_tail(&s->sh, data, n) ||
+            !sl_jshape_match(&s->sh, data, n, sp))
+            continue;
+        if (!stream_shape_utf8(data, s, sp))
+            return false;
+        if (s->nevc && st->evcap == 0) {
+            st->evc = malloc(4 * sizeof *st->evc);
+            if (!st->evc)
+                return false; /* the whole parse says out of memory */
+            st->evcap = 4;
+        }
+        st->nevc = s->nevc;
+        if (s->nevc) {
+            st->evc[0] = s->evc;
+            if (s->text >= 0) {
+                st->evc[0].ts = sp[s->text].off - 1;
+                st->evc[0].te = (size_t)sp[s->text].off + sp[s->text].len + 1;
+            }
+        }
+        *usage = s->usage;
+        s->used = true;
+        flt_shapes.streak = 0;
+        st->shape_hits++;
+        return true;
+    }
+    return false;
+}
+
+/* After a whole parse: the event becomes one of the thread's shapes if it
+ * has at most one choice, without logprobs (their span would need the
+ * parse) and without usage (its counts differ in every stream), and if its
+ * text is a string without escapes. A slot goes round the clock: one hit
+ * since the hand's last pass keeps it one more turn. */
+static void stream_shape_keep(flt_stream_t *st, const char *data, size_t n, bool usage,
+                              const flt_roots_t *roots)
+{
+    flt_shapes.streak++;
+    if (st->tpl_off || usage || st->nevc > 1 || n > FLT_TPL_MAX)
+        return;
+    sl_jspan_t h[FLT_SHAPE_HOLES];
+    uint8_t k[FLT_SHAPE_HOLES];
+    size_t nh = roots->n;
+    memcpy(h, roots->hole, nh * sizeof *h);
+    memcpy(k, roots->kind, nh);
+    const flt_evc_t *e = st->nevc ? &st->evc[0] : NULL;
+    if (e && (!e->is_obj || e->logprobs))
+        return;
+    int text = -1;
+    if (e && e->kind != FLT_TXT_NONE) {
+        if (memchr(data + e->ts + 1, '\\', e->te - e->ts - 2))
+            return;
+        /* in order of offset: after the top-level holes before it */
+        size_t at = nh;
+        while (at > 0 && h[at - 1].off > e->ts)
+            at--;
+        memmove(h + at + 1, h + at, (nh - at) * sizeof *h);
+        memmove(k + at + 1, k + at, nh - at);
+        h[at] = (sl_jspan_t){(uint32_t)e->ts + 1, (uint32_t)(e->te - e->ts - 2)};
+        k[at] = SL_JHOLE_STR;
+        nh++;
+        text = (int)at;
+    }
+    flt_shapes_t *t = &flt_shapes;
+    if (!t->listed) {
+        pthread_once(&flt_shapes_once, stream_shapes_init);
+        if (!flt_shapes_key_ok || pthread_setspecific(flt_shapes_key, t) != 0)
+            return;
+        t->listed = true;
+    }
+    flt_shape_t *s = &t->s[t->hand];
+    while (s->used) {
+        s->used = false;
+        t->hand = (t->hand + 1) % FLT_SHAPES;
+        s = &t->s[t->hand];
+    }
+    t->hand = (t->hand + 1) % FLT_SHAPES;
+    if (sl_jshape_set(&s->sh, data, n, h, k, nh) != 0)
+        return; /* only a cost: the slot is empty */
+    s->nevc = st->nevc;
+    if (e)
+        s->evc = *e;
+    s->text = text;
+    s->usage = usage;
+}
+
+size_t flt_stream_shape_hits(const flt_stream_t *st)
+{
+    return st->shape_hits;
+}
+
 /* 0 parsed (st->evc filled, *usage set), 1 not a chunk we can read (fail
- * closed), -1 out of memory. */
-static int stream_parse(flt_stream_t *st, const char *data, size_t n, bool *usage)
+ * closed), -1 out of memory. The stream's template first (a compare), then
+ * the thread's shapes (a compare each), then the whole parse. */
+static int stream_parse_miss(flt_stream_t *st, const char *data, size_t n, bool *usage);
+
+/* Inlined in stream_event, as it was before flt_stream_facts called it too:
+ * the template's compare is the cost of most events (with the shapes' and
+ * the whole parse's path kept out of line). */
+static inline __attribute__((always_inline)) int stream_parse(flt_stream_t *st, const char *data,
+                                                              size_t n, bool *usage)
 {
     if (stream_tpl_match(st, data, n, usage))
         return 0;
-    int rc = stream_parse_whole(st, data, n, usage);
-    if (rc == 0)
+    return stream_parse_miss(st, data, n, usage);
+}
+
+/* Past the stream's template: kept out of line, so that the template's
+ * compare stays inlined in stream_event as before the shapes. */
+static __attribute__((noinline)) int stream_parse_miss(flt_stream_t *st, const char *data, size_t n,
+                                                       bool *usage)
+{
+    if (stream_shape_match(st, data, n, usage)) {
         stream_tpl_keep(st, data, n, *usage);
-    else
+        return 0;
+    }
+    flt_roots_t roots;
+    roots.n = 0;
+    unsigned streak = flt_shapes.streak;
+    bool keep = !st->tpl_off && (streak < FLT_SHAPE_STREAK || streak % FLT_SHAPE_STREAK == 0);
+    int rc = stream_parse_whole(st, data, n, usage, keep ? &roots : NULL);
+    if (rc == 0) {
+        stream_tpl_keep(st, data, n, *usage);
+        if (keep)
+            stream_shape_keep(st, data, n, *usage, &roots);
+        else
+            flt_shapes.streak++;
+    } else {
         st->tpl_ok = false;
+    }
     return rc;
 }
+
+int flt_stream_facts(flt_stream_t *st, const char *data, size_t n, char *buf, size_t cap)
+{
+    bool usage = false;
+    int rc = stream_parse(st, data, n, &usage);
+    size_t o = (size_t)snprintf(buf, cap, "rc=%d usage=%d nevc=%zu", rc, usage, rc ? 0 : st->nevc);
+    for (size_t i = 0; rc == 0 && i < st->nevc && o < cap; i++) {
+        const flt_evc_t *e = &st->evc[i];
+        o += (size_t)snprintf(buf + o, cap - o,
+                              " |index=%lld/%d obj=%d delta=%d/%u finish=%d logprobs=%d "
+                              "kind=%u seen=%x text=%zu-%zu lp=%zu-%zu",
+                              e->index, e->has_index, e->is_obj, e->delta_obj, e->delta_keys,
+                              e->finish, e->logprobs, e->kind, e->seen, e->ts, e->te, e->ls, e->le);
+    }
+    return rc;
+}
+
 /* The decoded text of span [s, e) (a JSON string, quotes included). Without
  * a backslash it is the bytes between the quotes; with one, jansson decodes
  * that string (exactly as a whole-event parse would) into st->dbuf.

@@ -8,6 +8,12 @@
  * the result is also checked against a naive substring search, and the
  * hold-back against the longest word. A ruleset with block rules must
  * block the stream exactly when the whole text is blocked.
+ *
+ * Each stream also runs, event by event, beside a twin that reads every
+ * event whole (no template, no shapes): verdicts, payload bytes and what
+ * the read found (flt_stream_facts) must be the same. Ids and created vary
+ * with the seed (sometimes with an escape in the id), so later inputs read
+ * their events through shapes that earlier ones left on the thread.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -107,17 +113,25 @@ static size_t fz_sanitize(const uint8_t *in, size_t n, char *out)
     return o;
 }
 
+/* The top-level values of one stream's chunks. */
+typedef struct fz_head {
+    char id[32];
+    long long created;
+} fz_head_t;
+
 /* style: bit 0 indented, bit 1 \u escapes for non-ASCII, bit 2 logprobs */
-static char *fz_chunk(const char *s, size_t n, const char *finish, unsigned style)
+static char *fz_chunk(const fz_head_t *hd, const char *s, size_t n, const char *finish,
+                      unsigned style)
 {
     json_t *delta = json_object();
     if (s)
         json_object_set_new(delta, "content", json_stringn(s, n));
     json_t *lp = style & 4 ? json_pack("{s:[{s:s%}]}", "content", "token", s ? s : "", s ? n : 0)
                            : json_null();
-    json_t *o = json_pack("{s:s, s:s, s:i, s:s, s:[{s:i, s:o, s:o, s:s?}]}", "id", "fz", "object",
-                          "chat.completion.chunk", "created", 1, "model", "m", "choices", "index",
-                          0, "delta", delta, "logprobs", lp, "finish_reason", finish);
+    json_t *o =
+        json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:o, s:s?}]}", "id", hd->id, "object",
+                  "chat.completion.chunk", "created", (json_int_t)hd->created, "model", "m",
+                  "choices", "index", 0, "delta", delta, "logprobs", lp, "finish_reason", finish);
     char *d = json_dumps(o, (style & 1 ? JSON_INDENT(2) : JSON_COMPACT) |
                                 (style & 2 ? JSON_ENSURE_ASCII : 0));
     json_decref(o);
@@ -130,6 +144,7 @@ typedef struct fz_run {
     sl_buf_t text;
     int finish_stop, finish_filter, done, blocked;
     size_t max_held;
+    flt_stream_t *whole, *fa, *fb; /* the twin read whole; the two for facts */
 } fz_run_t;
 
 static void fz_collect(fz_run_t *r, const char *data)
@@ -154,12 +169,34 @@ static void fz_collect(fz_run_t *r, const char *data)
     json_decref(o);
 }
 
+/* The event through the twin read whole must give the same verdict and
+ * payloads, and both reads the same facts. */
+static void fz_twin(fz_run_t *r, const char *data, flt_ev_verdict_t v, const flt_out_t *out)
+{
+    size_t n = strlen(data);
+    char xa[2048], xb[2048];
+    int ra = flt_stream_facts(r->fa, data, n, xa, sizeof xa);
+    int rb = flt_stream_facts(r->fb, data, n, xb, sizeof xb);
+    if (ra != rb || strcmp(xa, xb) != 0) {
+        fprintf(stderr, "facts differ for %s\n shapes: %s\n whole:  %s\n", data, xa, xb);
+        abort();
+    }
+    flt_out_t o = {0};
+    flt_ev_verdict_t w = flt_stream_event(r->whole, data, n, &o);
+    FZ_ASSERT(w == v && o.n == out->n);
+    for (size_t i = 0; i < o.n; i++)
+        FZ_ASSERT(o.v[i].len == out->v[i].len &&
+                  memcmp(o.v[i].data, out->v[i].data, o.v[i].len) == 0);
+    flt_out_release(&o);
+}
+
 static void fz_event(flt_stream_t *st, const char *data, fz_run_t *r)
 {
     flt_out_t out = {0};
     flt_ev_verdict_t v = flt_stream_event(st, data, strlen(data), &out);
     if (v == FLT_EV_ERROR)
         abort();
+    fz_twin(r, data, v, &out);
     if (v == FLT_EV_PASS)
         fz_collect(r, data);
     for (size_t i = 0; i < out.n; i++)
@@ -176,30 +213,42 @@ static void fz_stream(flt_ruleset_t *rs, const char *text, size_t n, uint64_t se
 {
     memset(r, 0, sizeof *r);
     flt_stream_t *st = flt_stream_new(rs);
-    if (!st)
+    r->whole = flt_stream_new(rs);
+    r->fa = flt_stream_new(rs);
+    r->fb = flt_stream_new(rs);
+    if (!st || !r->whole || !r->fa || !r->fb)
         abort();
+    flt_stream_template(r->whole, false);
+    flt_stream_template(r->fb, false);
     uint64_t s = seed | 1;
     size_t pos = 0, maxpiece = 1 + fz_rand(&s) % 24;
     unsigned style = (unsigned)(seed >> 40) & 7;
+    /* a new id and created per stream; one in eight ids with a quote */
+    fz_head_t hd;
+    snprintf(hd.id, sizeof hd.id, (seed >> 44) % 8 ? "fz-%x" : "fz\"%x", (unsigned)(seed >> 16));
+    hd.created = (long long)(seed % 4000000000u) - 100;
     while (pos < n && !r->blocked) {
         size_t end = pos + fz_rand(&s) % (maxpiece + 1); /* empty pieces too */
         if (end > n)
             end = n;
         while (end < n && ((unsigned char)text[end] & 0xC0) == 0x80)
             end++; /* JSON strings hold whole characters */
-        char *d = fz_chunk(text + pos, end - pos, NULL, style);
+        char *d = fz_chunk(&hd, text + pos, end - pos, NULL, style);
         fz_event(st, d, r);
         free(d);
         pos = end;
     }
     if (!r->blocked) {
-        char *d = fz_chunk(NULL, 0, "stop", style);
+        char *d = fz_chunk(&hd, NULL, 0, "stop", style);
         fz_event(st, d, r);
         free(d);
     }
     if (!r->blocked)
         fz_event(st, "[DONE]", r);
     flt_stream_free(st);
+    flt_stream_free(r->whole);
+    flt_stream_free(r->fa);
+    flt_stream_free(r->fb);
 }
 
 /* Naive reference for the words-only ruleset: fold, find every occurrence,

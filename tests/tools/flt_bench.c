@@ -10,6 +10,14 @@
  *
  *   build/tools/flt_bench [MB of text, default 8]
  *   build/tools/flt_bench events [rounds]   per-event figures only, repeated
+ *   build/tools/flt_bench streams same|early|late|one [streams]
+ *       many short streams (role, content and finish events, each stream
+ *       its own id and created), through flt_stream_event(): "same" has one
+ *       server's shapes; "early" an escape in each id, "late" a float that
+ *       changes at each event's end (events no kept shape can read); "one"
+ *       is one stream of as many events (the stream's template). Meant
+ *       for callgrind --toggle-collect=flt_stream_event: instructions per
+ *       event, whatever the machine's load.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -352,8 +360,66 @@ static void bench_responses(flt_ruleset_t *rs, const char *label, const char *te
     free(off);
 }
 
+/* Short streams of one server: see the usage at the top. */
+static int bench_streams(const char *variant, size_t nstreams)
+{
+    bool early = strcmp(variant, "early") == 0, late = strcmp(variant, "late") == 0;
+    bool one = strcmp(variant, "one") == 0;
+    if (!early && !late && !one && strcmp(variant, "same") != 0)
+        return 2;
+    flt_ruleset_t *rs = build(10000, 20, NULL);
+    static const char *const body[] = {
+        "{\"id\":\"chatcmpl-%s%08zx\",\"object\":\"chat.completion.chunk\",\"created\":%zu,"
+        "\"model\":\"qwen2.5-7b-instruct\",\"system_fingerprint\":\"fp_0123456789\",\"choices\":"
+        "[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,"
+        "\"finish_reason\":null}]%s}",
+        "{\"id\":\"chatcmpl-%s%08zx\",\"object\":\"chat.completion.chunk\",\"created\":%zu,"
+        "\"model\":\"qwen2.5-7b-instruct\",\"system_fingerprint\":\"fp_0123456789\",\"choices\":"
+        "[{\"index\":0,\"delta\":{\"content\":\"The answer is\"},\"logprobs\":null,"
+        "\"finish_reason\":null}]%s}",
+        "{\"id\":\"chatcmpl-%s%08zx\",\"object\":\"chat.completion.chunk\",\"created\":%zu,"
+        "\"model\":\"qwen2.5-7b-instruct\",\"system_fingerprint\":\"fp_0123456789\",\"choices\":"
+        "[{\"index\":0,\"delta\":{},\"logprobs\":null,\"finish_reason\":\"stop\"}]%s}",
+    };
+    flt_out_t out = {0};
+    size_t events = 0;
+    int64_t c0 = cpu_ns();
+    flt_stream_t *st = NULL;
+    for (size_t i = 0; i < nstreams; i++) {
+        if (!st)
+            st = flt_stream_new(rs);
+        for (size_t k = 0; k < SL_ARRAY_LEN(body); k++) {
+            if (one && (k == 2 || (k == 0 && i > 0)))
+                continue; /* one role event, content events, no finish */
+            char ev[512], tail[32] = "";
+            if (late)
+                snprintf(tail, sizeof tail, ",\"t\":%zu.5", i * 3 + k);
+            int n = snprintf(ev, sizeof ev, body[k], early ? "\\u0041" : "", one ? 0 : i,
+                             1700000000 + (one ? 0 : i), tail);
+            if (flt_stream_event(st, ev, (size_t)n, &out) == FLT_EV_ERROR)
+                return 1;
+            flt_out_reset(&out);
+            events++;
+        }
+        if (one && i + 1 < nstreams)
+            continue;
+        if (flt_stream_end(st, &out) == FLT_EV_ERROR)
+            return 1;
+        flt_out_reset(&out);
+        flt_stream_free(st);
+        st = NULL;
+    }
+    printf("streams %s: %zu events, %.3f us CPU per event\n", variant, events,
+           (double)(cpu_ns() - c0) / 1e3 / (double)events);
+    flt_out_release(&out);
+    flt_ruleset_unref(rs);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 2 && strcmp(argv[1], "streams") == 0)
+        return bench_streams(argv[2], argc > 3 ? (size_t)atol(argv[3]) : 20000);
     if (argc > 1 && strcmp(argv[1], "events") == 0) {
         /* per-event figures only, a few rounds (to interleave with another build) */
         int rounds = argc > 2 ? atoi(argv[2]) : 3;

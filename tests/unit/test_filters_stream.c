@@ -1012,6 +1012,277 @@ static void test_sse_template_same(void **state)
     flt_ruleset_unref(rs);
 }
 
+/* ---- shapes kept across streams ---------------------------------------------- */
+
+static uint32_t shape_rnd(uint32_t *seed)
+{
+    *seed = *seed * 1103515245u + 12345u;
+    return *seed >> 16;
+}
+
+static const char *shape_pick(uint32_t *seed, const char *const *v, size_t n)
+{
+    return v[shape_rnd(seed) % n];
+}
+
+#define SHAPE_PICK(seed, v) shape_pick(seed, v, SL_ARRAY_LEN(v))
+
+/* One event of a random stream: a usual shape (role delta, content delta,
+ * finish, usage, completions text) with new top-level values and text, or
+ * one changed where a shape must miss: an escape in a hole, a float or a
+ * 19-digit integer where an integer was, another finish_reason, logprobs,
+ * a second choice, an invalid byte, a key the parse reads twice. */
+static void shape_event(uint32_t *seed, char *d, size_t cap)
+{
+    static const char *const ids[] = {
+        "chatcmpl-1", "chatcmpl-2b9c", "x",      "",     "chatcmpl-\\u0041",
+        "é",          "\xc0\xaf",      "a\\\"b", "\x80", "\xe4\xb8",
+    };
+    static const char *const created[] = {
+        "1",   "1700000000",         "1718000001",          "0",  "-3",    "1.5",
+        "1e3", "123456789012345678", "1234567890123456789", "01", "\"s\"", "null",
+    };
+    static const char *const models[] = {"m", "qwen2.5-7b", "m\\/x", "模型", ""};
+    static const char *const texts[] = {
+        "a",      "bad",   "word", " ",         "\\n",   "\\u00e9", "é",    "ev",
+        "il",     "\\\"",  "\x80", "\xc0\xaf",  "\x01",  "x",       "y",    "\\ud800",
+        "o\\\\r", "hello", "敏",   "\\u0062ad", "\\t\"", "\"}",     "\"]}", "word bad",
+    };
+    static const char *const fins[] = {"null", "null", "\"stop\"", "\"length\"", "\"\"", "1"};
+    static const char *const forms[] = {
+        /* role, content (usual), finish: the chat shapes of one server */
+        "{\"id\":\"%s\",\"object\":\"chat.completion.chunk\",\"created\":%s,\"model\":\"%s\","
+        "\"system_fingerprint\":\"fp_1\",\"choices\":[{\"index\":0,\"delta\":{\"role\":"
+        "\"assistant\",\"content\":\"%s\"},\"logprobs\":null,\"finish_reason\":%s}]}",
+        "{\"id\":\"%s\",\"object\":\"chat.completion.chunk\",\"created\":%s,\"model\":\"%s\","
+        "\"system_fingerprint\":\"fp_1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"%s\"},"
+        "\"logprobs\":null,\"finish_reason\":%s}]}",
+        "{\"id\":\"%s\",\"created\":%s,\"model\":\"%s\",\"choices\":[{\"index\":0,\"delta\":{%.0s"
+        "},\"finish_reason\":\"stop\"%.0s}]}",
+        /* usage last, completions text, an index that moves */
+        "{\"id\":\"%s\",\"created\":%s,\"model\":\"%s\",\"choices\":[],\"usage\":{%.0s"
+        "\"prompt_tokens\":3%.0s}}",
+        "{\"id\":\"%s\",\"object\":\"text_completion\",\"created\":%s,\"model\":\"%s\",\"choices\":"
+        "[{\"text\":\"%s\",\"index\":0,\"logprobs\":null,\"finish_reason\":%s}]}",
+        "{\"id\":\"%s\",\"created\":%s,\"model\":\"%s\",\"choices\":[{\"index\":1,\"delta\":{"
+        "\"content\":\"%s\"},\"finish_reason\":%s}]}",
+        "{\"id\":\"%s\",\"created\":%s,\"model\":\"%s\",\"choices\":[{\"index\":0,\"delta\":{"
+        "\"content\":\"%s\"},\"finish_reason\":%s}]}",
+        /* what must not read as the usual shapes */
+        "{\"id\":\"%s\",\"created\":%s,\"model\":\"%s\",\"choices\":[{\"index\":0,\"delta\":{"
+        "\"content\":\"%s\"},\"logprobs\":{\"content\":[{\"token\":\"a\"}]},"
+        "\"finish_reason\":%s}]}",
+        "{\"id\":\"%s\",\"created\":%s,\"model\":\"%s\",\"choices\":[{\"index\":0,\"delta\":{"
+        "\"content\":\"%s\"},\"finish_reason\":%s},{\"index\":1,\"delta\":{\"content\":\"bad\"}}]}",
+        "{\"id\":\"%s\",\"created\":%s,\"model\":\"%s\",\"choices\":[{\"index\":0,\"delta\":{"
+        "\"content\":\"%s\",\"content\":\"word\"},\"finish_reason\":%s}]}",
+        "{\"id\":\"%s\",\"created\":%s,\"model\":\"%s\",\"choices\":[{\"index\":0,\"delta\":{"
+        "\"content\":\"%s\"},\"finish_reason\":%s}],\"id\":\"dup\"}",
+    };
+    unsigned r = shape_rnd(seed) % 32;
+    /* mostly the usual values, so that shapes hit; the odd ones now and then */
+    const char *id = r < 24 ? ids[shape_rnd(seed) % 2] : SHAPE_PICK(seed, ids);
+    const char *cr = r < 24 ? created[shape_rnd(seed) % 3] : SHAPE_PICK(seed, created);
+    const char *md = r < 28 ? models[shape_rnd(seed) % 2] : SHAPE_PICK(seed, models);
+    const char *fin = r < 28 ? "null" : SHAPE_PICK(seed, fins);
+    char text[96] = "";
+    int len = (int)(shape_rnd(seed) % 4);
+    for (int j = 0; j < len; j++)
+        strcat(text, SHAPE_PICK(seed, texts));
+    _Static_assert(SL_ARRAY_LEN(forms) == 11, "f - 5 below picks forms 1 to 10");
+    unsigned f = shape_rnd(seed) % 16;
+    const char *form = forms[f < 4 ? 1 : f < 6 ? 0 : f - 5];
+    snprintf(d, cap, form, id, cr, md, text, fin);
+}
+
+/* Events read through the thread's shapes (kept from other streams) find
+ * exactly what the whole parse finds, field by field and span by span, and
+ * give byte for byte the same verdicts and payloads: streams a and fa go
+ * through template and shapes, b and fb read every event whole. */
+static void test_sse_shape_same(void **state)
+{
+    (void)state;
+    flt_stream_shapes_clear();
+    flt_ruleset_t *rs = rs_words("badword\nxy\n", "evil\n");
+    uint32_t seed = 4242;
+    size_t hits = 0, firsts = 0, events = 0;
+    for (int round = 0; round < 1500; round++) {
+        flt_stream_t *a = flt_stream_new(rs), *b = flt_stream_new(rs);
+        flt_stream_t *fa = flt_stream_new(rs), *fb = flt_stream_new(rs);
+        flt_stream_template(b, false);
+        flt_stream_template(fb, false);
+        for (int ev = 0; ev < 8; ev++) {
+            char d[1024], xa[1024], xb[1024];
+            shape_event(&seed, d, sizeof d);
+            size_t n = strlen(d), before = flt_stream_shape_hits(fa);
+            int ra = flt_stream_facts(fa, d, n, xa, sizeof xa);
+            int rb = flt_stream_facts(fb, d, n, xb, sizeof xb);
+            if (ra != rb || strcmp(xa, xb) != 0)
+                fail_msg("round %d event %d: %s\n  shape: %s\n  whole: %s", round, ev, d, xa, xb);
+            firsts += ev == 0 && flt_stream_shape_hits(fa) > before;
+            flt_out_t oa = {0}, ob = {0};
+            flt_ev_verdict_t va = flt_stream_event(a, d, n, &oa);
+            flt_ev_verdict_t vb = flt_stream_event(b, d, n, &ob);
+            if (va != vb || oa.n != ob.n)
+                fail_msg("round %d event %d: %d/%zu vs %d/%zu for %s", round, ev, va, oa.n, vb,
+                         ob.n, d);
+            for (size_t i = 0; i < oa.n; i++)
+                if (oa.v[i].len != ob.v[i].len || memcmp(oa.v[i].data, ob.v[i].data, oa.v[i].len))
+                    fail_msg("round %d event %d payload %zu: %s vs %s", round, ev, i, oa.v[i].data,
+                             ob.v[i].data);
+            events++;
+            flt_out_release(&oa);
+            flt_out_release(&ob);
+        }
+        hits += flt_stream_shape_hits(fa);
+        assert_int_equal(flt_stream_shape_hits(fb), 0);
+        assert_int_equal(flt_stream_shape_hits(b), 0);
+        flt_stream_free(a);
+        flt_stream_free(b);
+        flt_stream_free(fa);
+        flt_stream_free(fb);
+    }
+    /* the shapes did run, on first events of streams too */
+    if (hits < events / 10 || firsts < 150)
+        fail_msg("shapes used %zu times of %zu events, %zu first events", hits, events, firsts);
+    flt_ruleset_unref(rs);
+    flt_stream_shapes_clear();
+}
+
+/* One server's chunk, the values a shape leaves open given. */
+static void shape_chunk(char *d, size_t cap, const char *id, const char *created,
+                        const char *content, const char *tail)
+{
+    snprintf(d, cap,
+             "{\"id\":\"%s\",\"object\":\"chat.completion.chunk\",\"created\":%s,\"model\":"
+             "\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"%s\"},\"logprobs\":null,"
+             "\"finish_reason\":%s",
+             id, created, content, tail);
+}
+
+/* After stream 1 kept the shape, stream 2's first event hits it with new
+ * id, created and text; each change below must miss (and read as whole). */
+static void test_sse_shape_misses(void **state)
+{
+    (void)state;
+    flt_stream_shapes_clear();
+    flt_ruleset_t *rs = rs_words("badword\n", NULL);
+    char d[512], xa[1024], xb[1024];
+    flt_stream_t *s1 = flt_stream_new(rs);
+    shape_chunk(d, sizeof d, "c-1", "1700000000", "hi", "null}]}");
+    assert_int_equal(flt_stream_facts(s1, d, strlen(d), xa, sizeof xa), 0);
+    assert_int_equal(flt_stream_shape_hits(s1), 0);
+    flt_stream_free(s1);
+
+    static const struct {
+        const char *id, *created, *content, *tail;
+        bool hit;
+    } cases[] = {
+        {"c-2", "1700000001", "there", "null}]}", true},
+        {"chatcmpl-longer-id", "-7", "", "null}]}", true},
+        {"c-2", "123456789012345678", "é 敏", "null}]}", true},
+        {"c-2", "1", "a\\nb", "null}]}", false},               /* an escape in the text */
+        {"c\\u002d2", "1", "a", "null}]}", false},             /* ... in the id */
+        {"c-2", "1", "a", "\"stop\"}]}", false},               /* another finish_reason */
+        {"c-2", "1.5", "a", "null}]}", false},                 /* a float */
+        {"c-2", "1234567890123456789", "a", "null}]}", false}, /* 19 digits */
+        {"c-2", "01", "a", "null}]}", false},                  /* not JSON */
+        {"c-\xc0\xaf", "1", "a", "null}]}", false},            /* invalid UTF-8 */
+        {"c-\x80", "1", "a", "null}]}", false},                /* ... that yajl refuses */
+        {"c-2", "1", "a\xe4\xb8", "null}]}", false},
+        {"c-2", "1", "a\xed\xa0\x80", "null}]}", false}, /* a surrogate's bytes */
+        {"c-2", "1", "a", "null,\"logprobs\":{}}]}", false},
+        {"c-2", "1", "a", "null},{\"index\":1,\"delta\":{}}]}", false},
+        {"c-2", "1", "a", "null}]} ", false},
+    };
+    for (size_t i = 0; i < SL_ARRAY_LEN(cases); i++) {
+        flt_stream_t *a = flt_stream_new(rs), *b = flt_stream_new(rs);
+        flt_stream_template(b, false);
+        shape_chunk(d, sizeof d, cases[i].id, cases[i].created, cases[i].content, cases[i].tail);
+        int ra = flt_stream_facts(a, d, strlen(d), xa, sizeof xa);
+        int rb = flt_stream_facts(b, d, strlen(d), xb, sizeof xb);
+        if (ra != rb || strcmp(xa, xb) != 0)
+            fail_msg("case %zu: %s\n  shape: %s\n  whole: %s", i, d, xa, xb);
+        if (flt_stream_shape_hits(a) != (cases[i].hit ? 1u : 0u))
+            fail_msg("case %zu (%s): %zu hits, want %d", i, d, flt_stream_shape_hits(a),
+                     cases[i].hit);
+        flt_stream_free(a);
+        flt_stream_free(b);
+    }
+    flt_ruleset_unref(rs);
+    flt_stream_shapes_clear();
+}
+
+/* Events of a new shape each time (a float outside the holes that changes)
+ * are kept only now and then; when one shape comes back, it is kept again
+ * within FLT_SHAPE_STREAK (16) events and then hits every time. */
+static void test_sse_shape_streak(void **state)
+{
+    (void)state;
+    flt_stream_shapes_clear();
+    flt_ruleset_t *rs = rs_words("badword\n", NULL);
+    char d[512], tail[64], id[32];
+    int first_hit = -1;
+    for (int i = 0; i < 100; i++) {
+        flt_stream_t *st = flt_stream_new(rs);
+        flt_out_t out = {0};
+        snprintf(id, sizeof id, "c-%d", i);
+        snprintf(tail, sizeof tail, "null}],\"t\":%d.5}", i < 40 ? i : 1000);
+        shape_chunk(d, sizeof d, id, "1", "hi", tail);
+        assert_int_equal(flt_stream_event(st, d, strlen(d), &out), FLT_EV_PASS);
+        size_t h = flt_stream_shape_hits(st);
+        if (i < 40)
+            assert_int_equal(h, 0);
+        else if (first_hit < 0 && h)
+            first_hit = i;
+        else if (first_hit >= 0)
+            assert_int_equal(h, 1);
+        flt_stream_free(st);
+    }
+    if (first_hit <= 41 || first_hit > 40 + 17) /* 41: kept at once, no damper */
+        fail_msg("the shape came back at event 40 and first hit at %d", first_hit);
+    flt_ruleset_unref(rs);
+    flt_stream_shapes_clear();
+}
+
+/* A shape holds how an event reads, never what the filter did with it:
+ * stream 1 holds back "bad" and is blocked by "evil"; stream 2, read
+ * through stream 1's shapes, starts clean. */
+static void test_sse_shape_no_leak(void **state)
+{
+    (void)state;
+    flt_stream_shapes_clear();
+    flt_ruleset_t *rs = rs_words("badword\n", "evil\n");
+    char d[512];
+    flt_out_t out = {0};
+    flt_stream_t *s1 = flt_stream_new(rs);
+    shape_chunk(d, sizeof d, "c-1", "1", "so bad", "null}]}");
+    assert_int_equal(flt_stream_event(s1, d, strlen(d), &out), FLT_EV_REPLACE);
+    assert_non_null(strstr(out.v[0].data, "\"content\":\"so \""));
+    flt_out_reset(&out);
+    shape_chunk(d, sizeof d, "c-1", "1", "evil", "null}]}");
+    assert_int_equal(flt_stream_event(s1, d, strlen(d), &out), FLT_EV_BLOCK);
+    flt_out_reset(&out);
+    assert_true(flt_stream_template_hits(s1) == 1);
+    flt_stream_free(s1);
+
+    flt_stream_t *s2 = flt_stream_new(rs);
+    shape_chunk(d, sizeof d, "c-2", "2", "word", "null}]}");
+    assert_int_equal(flt_stream_event(s2, d, strlen(d), &out), FLT_EV_PASS);
+    assert_int_equal(out.n, 0);
+    assert_int_equal(flt_stream_shape_hits(s2), 1);
+    assert_int_equal(flt_stream_held(s2, 0), 0);
+    shape_chunk(d, sizeof d, "c-2", "2", "", "\"stop\"}]}");
+    assert_int_equal(flt_stream_event(s2, d, strlen(d), &out), FLT_EV_PASS);
+    assert_int_equal(flt_stream_end(s2, &out), FLT_EV_REPLACE);
+    assert_int_equal(out.n, 0);
+    assert_null(flt_stream_block_rule(s2));
+    flt_out_release(&out);
+    flt_stream_free(s2);
+    flt_ruleset_unref(rs);
+    flt_stream_shapes_clear();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1033,6 +1304,10 @@ int main(void)
         cmocka_unit_test(test_sse_completions_shape),
         cmocka_unit_test(test_sse_random_events),
         cmocka_unit_test(test_sse_template_same),
+        cmocka_unit_test(test_sse_shape_same),
+        cmocka_unit_test(test_sse_shape_misses),
+        cmocka_unit_test(test_sse_shape_no_leak),
+        cmocka_unit_test(test_sse_shape_streak),
         cmocka_unit_test(test_clean_pieces_same),
         cmocka_unit_test(test_stream_text_api),
         cmocka_unit_test(test_responses_delta_splice),
