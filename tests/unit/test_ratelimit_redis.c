@@ -709,7 +709,9 @@ static void test_lease_not_when_idle(void **state)
         bool async = false;
         assert_true(check(&a, "lease-seq", 0, &d, NULL, &async));
         assert_true(async);
-        assert_int_equal(d.remaining, 6400 - 1 - i);
+        /* GCRA gives a unit back every 9.4 ms at 6400/min: on a slow run
+         * (ASan, a loaded machine) the checks can be that far apart */
+        assert_true(d.remaining >= 6400 - 1 - i && d.remaining <= 6400 - 1);
     }
     assert_int_equal(evalsha_calls(), 5);
     inst_free(&a);
