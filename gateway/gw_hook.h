@@ -62,12 +62,35 @@ typedef enum gw_ev_rc {
     GW_EV_STOP,
 } gw_ev_rc_t;
 
-/* Payloads a hook emits; each is malloc'd and owned by the list. */
+/* Payloads a hook emits; each is malloc'd and owned by the list. The first
+ * GW_PAYLOADS_INLINE live in the list itself: an event's one payload (two
+ * when a [DONE] flushes held text) costs no list allocation (issue #16,
+ * full-sse). No pointer into the list itself, so a list may be copied by
+ * value (moved); read entries with gw_payloads_at(). */
+#define GW_PAYLOADS_INLINE 4
+typedef struct gw_payload {
+    char *data;
+    size_t len;
+} gw_payload_t;
+
 typedef struct gw_payloads {
-    char **data;
-    size_t *len;
+    gw_payload_t in[GW_PAYLOADS_INLINE]; /* while n <= GW_PAYLOADS_INLINE */
+    gw_payload_t *ext;                   /* all of them past that (cap entries) */
     size_t n, cap;
 } gw_payloads_t;
+
+/* An empty list (only the counters: the inline slots need no zeroing). */
+static inline void gw_payloads_init(gw_payloads_t *p)
+{
+    p->ext = NULL;
+    p->n = p->cap = 0;
+}
+
+/* Entry i (< n); borrowed, valid until the list changes. */
+static inline gw_payload_t *gw_payloads_at(gw_payloads_t *p, size_t i)
+{
+    return &(p->ext ? p->ext : p->in)[i];
+}
 
 /* Takes ownership of data (malloc'd). -1 on OOM (data is freed). */
 int gw_payloads_push(gw_payloads_t *p, char *data, size_t len);
@@ -79,7 +102,7 @@ void gw_payloads_free(gw_payloads_t *p);
  * clears a few empty lists per hook and event (~9 calls a streamed event). */
 static inline void gw_payloads_clear(gw_payloads_t *p)
 {
-    if (p->data || p->len || p->n)
+    if (p->n || p->ext)
         gw_payloads_free(p);
 }
 

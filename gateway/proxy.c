@@ -545,7 +545,8 @@ static void gw_proxy_after_head(gw_req_t *r)
  * when a hook ended the stream (r->stop_stream is set). */
 static int gw_proxy_emit(gw_req_t *r, const char *data, size_t len, const char *raw, size_t raw_len)
 {
-    gw_payloads_t out = {0};
+    gw_payloads_t out;
+    gw_payloads_init(&out);
     gw_ev_rc_t rc = r->ev_hooks ? gw_hooks_event(r, data, len, &out) : GW_EV_PASS;
     if (rc == GW_EV_PASS) {
         if (raw) {
@@ -557,7 +558,7 @@ static int gw_proxy_emit(gw_req_t *r, const char *data, size_t len, const char *
     struct evbuffer *tmp = out.n ? evbuffer_new() : NULL;
     for (size_t i = 0; tmp && i < out.n; i++) {
         evbuffer_add(tmp, GW_LIT("data: "));
-        evbuffer_add(tmp, out.data[i], out.len[i]);
+        evbuffer_add(tmp, gw_payloads_at(&out, i)->data, gw_payloads_at(&out, i)->len);
         evbuffer_add(tmp, GW_LIT("\n\n"));
     }
     if (tmp && evbuffer_get_length(tmp))

@@ -879,6 +879,44 @@ static void test_stream_text_api(void **state)
     flt_ruleset_unref(rs);
 }
 
+/* gw_payloads_t: the first GW_PAYLOADS_INLINE entries in the list itself,
+ * the rest (and all of them then) in one array; order and contents kept
+ * across the switch, and a list moved by value stays whole (no pointer into
+ * itself). */
+static void test_payloads_inline_then_ext(void **state)
+{
+    (void)state;
+    gw_payloads_t p;
+    gw_payloads_init(&p);
+    char name[32];
+    for (int i = 0; i < GW_PAYLOADS_INLINE + 3; i++) {
+        snprintf(name, sizeof name, "p%d", i);
+        assert_int_equal(gw_payloads_push_copy(&p, name, strlen(name)), 0);
+        assert_int_equal(p.n, (size_t)i + 1);
+        if (i < GW_PAYLOADS_INLINE)
+            assert_null(p.ext); /* no allocation for the usual few */
+        else
+            assert_non_null(p.ext);
+    }
+    gw_payloads_t moved = p; /* as gw_hooks_event hands a list on */
+    gw_payloads_init(&p);
+    for (size_t i = 0; i < moved.n; i++) {
+        snprintf(name, sizeof name, "p%zu", i);
+        assert_string_equal(gw_payloads_at(&moved, i)->data, name);
+        assert_int_equal(gw_payloads_at(&moved, i)->len, strlen(name));
+    }
+    gw_payloads_clear(&moved);
+    assert_int_equal(moved.n, 0);
+    assert_null(moved.ext);
+    /* inline only, moved and freed: nothing of the first list is shared */
+    assert_int_equal(gw_payloads_push_copy(&p, "a", 1), 0);
+    moved = p;
+    gw_payloads_init(&p);
+    assert_string_equal(gw_payloads_at(&moved, 0)->data, "a");
+    gw_payloads_clear(&p); /* empty: frees nothing */
+    gw_payloads_clear(&moved);
+}
+
 /* The Responses adapter's delta events (gateway/flt_responses.c): read with
  * yajl, the delta spliced, logprobs emptied, every other byte kept. */
 static void test_responses_delta_splice(void **state)
@@ -894,7 +932,7 @@ static void test_responses_delta_splice(void **state)
                      "\"delta\" : \"a \\\"badword\\\" and bad\"}";
     assert_int_equal(gw_flt_resp_event(x, st, e1, strlen(e1), &out), GW_EV_REPLACE);
     assert_int_equal(out.n, 1);
-    assert_string_equal(out.data[0],
+    assert_string_equal(gw_payloads_at(&out, 0)->data,
                         "{\"type\":\"response.output_text.delta\",\"sequence_number\":4,"
                         "\"logprobs\":[],\"item_id\":\"m1\",\"delta\" : \"a \\\"***\\\" and \"}");
     gw_payloads_clear(&out);
@@ -902,7 +940,7 @@ static void test_responses_delta_splice(void **state)
     const char *e2 = "{\"type\":\"response.output_text.delta\",\"delta\":\"ly fine \"}";
     assert_int_equal(gw_flt_resp_event(x, st, e2, strlen(e2), &out), GW_EV_REPLACE);
     assert_int_equal(out.n, 1); /* "bad" was held: "badly fine " goes out now */
-    assert_non_null(strstr(out.data[0], "\"delta\":\"badly fine \""));
+    assert_non_null(strstr(gw_payloads_at(&out, 0)->data, "\"delta\":\"badly fine \""));
     gw_payloads_clear(&out);
     const char *e3 = "{\"type\":\"response.output_text.delta\",\"delta\":\"ok \"}";
     assert_int_equal(gw_flt_resp_event(x, st, e3, strlen(e3), &out), GW_EV_PASS);
@@ -911,7 +949,7 @@ static void test_responses_delta_splice(void **state)
     const char *e4 = "{\"type\":\"response.output_text.delta\",\"delta\":\"\\u0065vil\"}";
     assert_int_equal(gw_flt_resp_event(x, st, e4, strlen(e4), &out), GW_EV_STOP);
     assert_int_equal(out.n, 1);
-    assert_non_null(strstr(out.data[0], "\"code\":\"content_filter\""));
+    assert_non_null(strstr(gw_payloads_at(&out, 0)->data, "\"code\":\"content_filter\""));
     gw_payloads_clear(&out);
     gw_flt_resp_free(x);
     flt_stream_free(st);
@@ -1035,6 +1073,7 @@ int main(void)
         cmocka_unit_test(test_sse_template_same),
         cmocka_unit_test(test_clean_pieces_same),
         cmocka_unit_test(test_stream_text_api),
+        cmocka_unit_test(test_payloads_inline_then_ext),
         cmocka_unit_test(test_responses_delta_splice),
         cmocka_unit_test(test_response_whole),
     };
