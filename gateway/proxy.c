@@ -535,6 +535,41 @@ static void gw_proxy_after_head(gw_req_t *r)
     gw_proxy_arm(r, r->att.deadline_total_ms);
 }
 
+#define GW_SSE_FRAME_BYTES  8    /* "data: " and the blank line's "\n\n" */
+#define GW_PROXY_EMIT_STACK 4096 /* a replaced event and a flush chunk fit */
+
+/* The payloads as SSE events ("data: <payload>\n\n" each), written at
+ * once: assembled on the stack when they fit (the usual replaced event),
+ * else in one allocation; only when that fails, piece by piece (nothing is
+ * lost, the client may see the events in more than one chunk). */
+static void gw_proxy_write_payloads(gw_req_t *r, gw_payloads_t *out)
+{
+    if (out->n == 0)
+        return;
+    size_t total = 0;
+    for (size_t i = 0; i < out->n; i++)
+        total += GW_SSE_FRAME_BYTES + gw_payloads_at(out, i)->len;
+    char stack[GW_PROXY_EMIT_STACK];
+    char *buf = total <= sizeof(stack) ? stack : malloc(total);
+    for (size_t i = 0, o = 0; i < out->n; i++) {
+        const gw_payload_t *p = gw_payloads_at(out, i);
+        if (!buf) {
+            gw_proxy_write(r, GW_LIT("data: "));
+            gw_proxy_write(r, p->data, p->len);
+            gw_proxy_write(r, GW_LIT("\n\n"));
+            continue;
+        }
+        memcpy(buf + o, "data: ", 6);
+        memcpy(buf + o + 6, p->data, p->len);
+        memcpy(buf + o + 6 + p->len, "\n\n", 2);
+        o += GW_SSE_FRAME_BYTES + p->len;
+    }
+    if (buf)
+        gw_proxy_write(r, buf, total);
+    if (buf != stack)
+        free(buf);
+}
+
 /* One complete event: out to the client as one chunk. Events that arrive
  * whole in one read are written from the read buffer itself; only an event
  * split across reads is assembled (by the splitter) first. A partial event
@@ -555,16 +590,7 @@ static int gw_proxy_emit(gw_req_t *r, const char *data, size_t len, const char *
             return -1;
         }
     }
-    struct evbuffer *tmp = out.n ? evbuffer_new() : NULL;
-    for (size_t i = 0; tmp && i < out.n; i++) {
-        evbuffer_add(tmp, GW_LIT("data: "));
-        evbuffer_add(tmp, gw_payloads_at(&out, i)->data, gw_payloads_at(&out, i)->len);
-        evbuffer_add(tmp, GW_LIT("\n\n"));
-    }
-    if (tmp && evbuffer_get_length(tmp))
-        gw_proxy_write(r, evbuffer_pullup(tmp, -1), evbuffer_get_length(tmp));
-    if (tmp)
-        evbuffer_free(tmp);
+    gw_proxy_write_payloads(r, &out);
     gw_payloads_clear(&out);
     if (rc == GW_EV_STOP) {
         r->stop_stream = true;
