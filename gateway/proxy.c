@@ -537,9 +537,12 @@ static void gw_proxy_after_head(gw_req_t *r)
 
 #define GW_SSE_FRAME_BYTES  8    /* "data: " and the blank line's "\n\n" */
 #define GW_PROXY_EMIT_STACK 4096 /* a replaced event and a flush chunk fit */
+/* Per thread, not on the stack: the write is not reentrant, and gcc's
+ * -Wmaybe-uninitialized cannot see that the loop fills what is written. */
+static __thread char gw_proxy_frame_buf[GW_PROXY_EMIT_STACK];
 
 /* The payloads as SSE events ("data: <payload>\n\n" each), written at
- * once: assembled on the stack when they fit (the usual replaced event),
+ * once: assembled in a per-thread buffer when they fit (the usual replaced event),
  * else in one allocation; only when that fails, piece by piece (nothing is
  * lost, the client may see the events in more than one chunk). */
 static void gw_proxy_write_payloads(gw_req_t *r, gw_payloads_t *out)
@@ -549,23 +552,26 @@ static void gw_proxy_write_payloads(gw_req_t *r, gw_payloads_t *out)
     size_t total = 0;
     for (size_t i = 0; i < out->n; i++)
         total += GW_SSE_FRAME_BYTES + gw_payloads_at(out, i)->len;
-    char stack[GW_PROXY_EMIT_STACK];
-    char *buf = total <= sizeof(stack) ? stack : malloc(total);
-    for (size_t i = 0, o = 0; i < out->n; i++) {
-        const gw_payload_t *p = gw_payloads_at(out, i);
-        if (!buf) {
+    char *stack = gw_proxy_frame_buf;
+    char *buf = total <= sizeof(gw_proxy_frame_buf) ? stack : malloc(total);
+    if (!buf) {
+        for (size_t i = 0; i < out->n; i++) {
+            const gw_payload_t *p = gw_payloads_at(out, i);
             gw_proxy_write(r, GW_LIT("data: "));
             gw_proxy_write(r, p->data, p->len);
             gw_proxy_write(r, GW_LIT("\n\n"));
-            continue;
         }
-        memcpy(buf + o, "data: ", 6);
-        memcpy(buf + o + 6, p->data, p->len);
-        memcpy(buf + o + 6 + p->len, "\n\n", 2);
-        o += GW_SSE_FRAME_BYTES + p->len;
+        return;
     }
-    if (buf)
-        gw_proxy_write(r, buf, total);
+    char *w = buf;
+    for (size_t i = 0; i < out->n; i++) {
+        const gw_payload_t *p = gw_payloads_at(out, i);
+        memcpy(w, "data: ", 6);
+        memcpy(w + 6, p->data, p->len);
+        memcpy(w + 6 + p->len, "\n\n", 2);
+        w += GW_SSE_FRAME_BYTES + p->len;
+    }
+    gw_proxy_write(r, buf, (size_t)(w - buf));
     if (buf != stack)
         free(buf);
 }
