@@ -25,6 +25,7 @@
  *   rt_build/rt_free      its compiled state in each runtime (gw_rt_t)
  *   process_init/_fini    process-wide state that outlives reloads
  *   worker_init/_fini     per-thread handles, on every worker thread
+ *   worker_tick    each worker tick, on its thread (per-thread caches)
  *   process_stop   the workers stopped; end the hook's own threads
  *   tick           once a second on the main thread
  *   metrics        before /metrics is rendered (refresh gauges)
@@ -125,6 +126,9 @@ typedef struct gw_hook {
     /* The thread's own errors are logged by the hook; -1 stops the start. */
     int (*worker_init)(gw_worker_t *w);
     void (*worker_fini)(gw_worker_t *w);
+    /* On the worker's thread, each tick of that worker: give back memory
+     * kept for reuse (all: all of it, after a peak and as the thread ends). */
+    void (*worker_tick)(gw_worker_t *w, bool all);
     /* the request */
     gw_hook_rc_t (*on_request)(gw_req_t *r, void **state);
     void (*on_cancel)(gw_req_t *r, void *state);
@@ -200,6 +204,7 @@ void gw_hooks_tick(gw_server_t *s);
 void gw_hooks_metrics(gw_server_t *s);
 int gw_hooks_worker_init(gw_worker_t *w);
 void gw_hooks_worker_fini(gw_worker_t *w);
+void gw_hooks_worker_tick(gw_worker_t *w, bool all);
 
 /* Runs the pre- or post-route hooks from where the chain stands. Returns
  * NEXT when all passed, DONE when one answered, PENDING when one waits. */

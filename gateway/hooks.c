@@ -120,6 +120,13 @@ void gw_hooks_worker_fini(gw_worker_t *w)
             gw_hooks[i]->worker_fini(w);
 }
 
+void gw_hooks_worker_tick(gw_worker_t *w, bool all)
+{
+    for (size_t i = 0; i < gw_nhooks; i++)
+        if (gw_hooks[i]->worker_tick)
+            gw_hooks[i]->worker_tick(w, all);
+}
+
 /* ---- the request ---------------------------------------------------------- */
 
 int gw_payloads_push(gw_payloads_t *p, char *data, size_t len)
