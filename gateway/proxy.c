@@ -162,7 +162,14 @@ static void gw_proxy_finish(gw_req_t *r, bool reusable, int outcome)
         r->att.ping_ev = NULL;
     }
     if (r->att.sse) {
-        gw_sse_free(r->att.sse);
+        /* kept with the struct for its next stream (one per struct: a
+         * retry's splitter finds the first one's kept already) */
+        if (!r->sse_kept) {
+            gw_sse_recycle(r->att.sse);
+            r->sse_kept = r->att.sse;
+        } else {
+            gw_sse_free(r->att.sse);
+        }
         r->att.sse = NULL;
         sl_gauge_add(gw_m.streams_active, -1);
     }
@@ -505,7 +512,14 @@ static bool gw_proxy_on_head(gw_req_t *r)
     }
     if (r->att.resp_sse) {
         r->ev_hooks = gw_hooks_want_events(r);
-        r->att.sse = gw_sse_new((size_t)r->rt->conf->sse.max_event_bytes);
+        size_t max = (size_t)r->rt->conf->sse.max_event_bytes;
+        if (r->sse_kept) { /* the struct's, from its last stream */
+            r->att.sse = r->sse_kept;
+            r->sse_kept = NULL;
+            gw_sse_rearm(r->att.sse, max);
+        } else {
+            r->att.sse = gw_sse_new(max);
+        }
         sl_gauge_add(gw_m.streams_active, 1);
     }
     /* The ping and the deadline wait until this read's events are out. */
