@@ -55,9 +55,9 @@ struct flt_stream {
     flt_chan_t *ch[FLT_MAX_CHOICES];
     int idx[FLT_MAX_CHOICES];
     size_t nch;
-    size_t nspare; /* ch[nch..nspare): channels kept from an earlier stream */
-    char *first;   /* the first chunk's bytes: the template keys, parsed when needed */
-    size_t first_len;
+    size_t nspare;  /* ch[nch..nspare): channels kept from an earlier stream */
+    sl_buf_t first; /* the first chunk's bytes: the template keys, parsed when needed */
+    bool has_first;
     json_t *tmpl; /* the template keys of the first chunk (lazily) */
     bool tmpl_done;
     bool completions; /* the upstream sends choices[].text: our chunks do too */
@@ -137,7 +137,7 @@ void flt_stream_free(flt_stream_t *st)
         free(st->ch[i]);
     }
     json_decref(st->tmpl);
-    free(st->first);
+    sl_buf_free(&st->first);
     free(st->evc);
     free(st->ed);
     sl_buf_free(&st->buf);
@@ -173,7 +173,7 @@ void flt_stream_recycle(flt_stream_t *st)
         free(st->ch[i]);
     }
     json_decref(st->tmpl);
-    free(st->first);
+    stream_keep_buf(&st->first);
     if (st->evcap * sizeof *st->evc > FLT_STREAM_KEEP_BYTES) {
         free(st->evc);
         st->evc = NULL, st->evcap = 0;
@@ -195,6 +195,7 @@ void flt_stream_recycle(flt_stream_t *st)
         .fbuf = st->fbuf,
         .dbuf = st->dbuf,
         .ebuf = st->ebuf,
+        .first = st->first,
         .evc = st->evc,
         .evcap = st->evcap,
         .ed = st->ed,
@@ -270,9 +271,10 @@ static void stream_tmpl(flt_stream_t *st)
     if (st->tmpl_done)
         return;
     st->tmpl_done = true;
-    json_t *root = st->first ? json_loadb(st->first, st->first_len, JSON_ALLOW_NUL, NULL) : NULL;
-    free(st->first);
-    st->first = NULL;
+    json_t *root =
+        st->has_first ? json_loadb(st->first.p, st->first.len, JSON_ALLOW_NUL, NULL) : NULL;
+    st->first.len = 0; /* the buffer stays for a recycled stream's next answer */
+    st->has_first = false;
     if (!json_is_object(root)) {
         json_decref(root);
         return;
@@ -1005,12 +1007,9 @@ static flt_ev_verdict_t stream_event(flt_stream_t *st, const char *data, size_t 
         return FLT_EV_ERROR;
     if (prc > 0) /* text we cannot read is text we cannot check: fail closed */
         return stream_block(st, out, -1);
-    if (!st->tmpl_done && !st->first) {
-        st->first = malloc(n);
-        if (st->first) {
-            memcpy(st->first, data, n);
-            st->first_len = n;
-        }
+    if (!st->tmpl_done && !st->has_first) {
+        st->first.len = 0;
+        st->has_first = sl_buf_add(&st->first, data, n) == 0;
     }
     if (st->nevc == 0)
         return FLT_EV_PASS;

@@ -957,6 +957,32 @@ static void test_stream_recycle_forgets(void **state)
     flt_ruleset_unref(rs);
 }
 
+/* The chunks a recycled stream makes itself carry its own answer's first
+ * chunk's keys (id, model), not those of the answer before it. */
+static void test_stream_recycle_template_keys(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_words("badword\n", "evil\n");
+    flt_stream_t *st = flt_stream_new(rs);
+    flt_out_t out;
+    memset(&out, 0, sizeof out);
+    const char *a = "{\"id\":\"first-answer\",\"model\":\"m-old\",\"choices\":[{\"index\":0,"
+                    "\"delta\":{\"content\":\"hello \"}}]}";
+    assert_int_equal(flt_stream_event(st, a, strlen(a), &out), FLT_EV_PASS);
+    flt_stream_recycle(st);
+    flt_stream_rearm(st, rs);
+    const char *b = "{\"id\":\"second\",\"model\":\"m-new\",\"choices\":[{\"index\":0,"
+                    "\"delta\":{\"content\":\"an evil \"}}]}";
+    assert_int_equal(flt_stream_event(st, b, strlen(b), &out), FLT_EV_BLOCK);
+    assert_int_equal(out.n, 1);
+    assert_non_null(strstr(out.v[0].data, "\"id\":\"second\""));
+    assert_non_null(strstr(out.v[0].data, "\"model\":\"m-new\""));
+    assert_null(strstr(out.v[0].data, "first-answer"));
+    flt_out_release(&out);
+    flt_stream_free(st);
+    flt_ruleset_unref(rs);
+}
+
 /* A recycled channel keeps small buffers only: one that grew past
  * FLT_CHAN_KEEP (a long held text) is freed, a small one stays. */
 static void test_chan_recycle_bounded(void **state)
@@ -1248,6 +1274,7 @@ int main(void)
         cmocka_unit_test(test_clean_pieces_same),
         cmocka_unit_test(test_stream_text_api),
         cmocka_unit_test(test_stream_recycle_forgets),
+        cmocka_unit_test(test_stream_recycle_template_keys),
         cmocka_unit_test(test_chan_recycle_bounded),
         cmocka_unit_test(test_flt_cache_bounded),
         cmocka_unit_test(test_payloads_inline_then_ext),
