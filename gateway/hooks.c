@@ -286,9 +286,13 @@ gw_ev_rc_t gw_hooks_event(gw_req_t *r, const char *data, size_t len, gw_payloads
             gw_ev_rc_t rc = hk->on_event(r, r->hooks.state[i], d, l, &o);
             if (rc == GW_EV_PASS) {
                 /* Still the original: nothing to copy (a later REPLACE
-                 * starts from data); a changed list carries it on. */
-                if (changed && gw_payloads_push_copy(&next, d, l) != 0)
-                    rc = GW_EV_STOP;
+                 * starts from data); a changed list carries it on, moved
+                 * (cur's entry gives it up), not copied. */
+                if (changed) {
+                    gw_payloads_at(&cur, k)->data = NULL;
+                    if (gw_payloads_push(&next, (char *)d, l) != 0)
+                        rc = GW_EV_STOP; /* d was freed */
+                }
                 gw_payloads_clear(&o); /* a PASS pushes nothing: never sent */
             } else {
                 if (next.n == 0) {
@@ -310,10 +314,10 @@ gw_ev_rc_t gw_hooks_event(gw_req_t *r, const char *data, size_t len, gw_payloads
             if (rc == GW_EV_REPLACE)
                 result = GW_EV_REPLACE;
         }
-        gw_payloads_clear(&cur);
-        cur = next;
-        if (!changed)
-            gw_payloads_clear(&cur); /* still the original: empty anyway */
+        if (changed) { /* else next is empty, as cur is: nothing to hand on */
+            gw_payloads_clear(&cur);
+            cur = next;
+        }
         if (result == GW_EV_STOP)
             break;
     }
