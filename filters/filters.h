@@ -251,6 +251,15 @@ typedef struct flt_stream flt_stream_t;
 /* Per-request answer state; takes a reference to rs (dropped by _free). NULL on OOM. */
 flt_stream_t *flt_stream_new(flt_ruleset_t *rs) SL_WUR;
 void flt_stream_free(flt_stream_t *st);
+/* For a caller that keeps streams for reuse (the gateway's per-thread
+ * cache): recycle empties st — nothing of its answer stays (held text,
+ * hits, a block, the template) and its ruleset reference is dropped — but
+ * keeps its first 2 channels and its scratch buffers (each up to 4 KiB;
+ * larger ones are freed), so the next stream allocates nothing. rearm
+ * readies a recycled stream for rs (takes a reference), as _new would.
+ * A recycled stream may also just be freed. */
+void flt_stream_recycle(flt_stream_t *st);
+void flt_stream_rearm(flt_stream_t *st, flt_ruleset_t *rs);
 
 /* One SSE event's data payload: a chat.completion.chunk JSON (text in
  * choices[].delta.content), a text_completion chunk (choices[].text) or

@@ -157,6 +157,7 @@ typedef struct flt_chan {
     char *ob;
     size_t olen, ocap, ostart;
     size_t *rstart;  /* per regex: folded offset where its next search starts */
+    size_t nrstart;  /* entries in rstart (kept by flt_chan_recycle) */
     flt_range_t *rg; /* pending masks */
     size_t nrg, rgcap;
     size_t mask_until; /* original offset up to which released text is masked */
@@ -170,6 +171,13 @@ typedef struct flt_chan {
 
 int flt_chan_init(flt_chan_t *c, const flt_ruleset_t *rs) SL_WUR;
 void flt_chan_fini(flt_chan_t *c);
+/* Empties c for another text, keeping its buffers up to FLT_CHAN_KEEP
+ * bytes of text (larger ones are freed) and its match data; c borrows no
+ * ruleset after. flt_chan_rearm() readies it for rs (0, or -1 on OOM with
+ * c finalised). */
+#define FLT_CHAN_KEEP 512
+void flt_chan_recycle(flt_chan_t *c);
+int flt_chan_rearm(flt_chan_t *c, const flt_ruleset_t *rs) SL_WUR;
 
 typedef enum flt_chan_rc {
     FLT_CHAN_ERR = -1,

@@ -57,6 +57,47 @@ int flt_chan_init(flt_chan_t *c, const flt_ruleset_t *rs)
             flt_chan_fini(c);
             return -1;
         }
+        c->nrstart = nre;
+    }
+    return 0;
+}
+
+void flt_chan_recycle(flt_chan_t *c)
+{
+    flt_chan_t k = {.md = c->md, .rstart = c->rstart, .nrstart = c->nrstart, .block_rule = -1};
+    if (c->fcap <= FLT_CHAN_KEEP) {
+        k.fb = c->fb, k.fmap = c->fmap, k.fcap = c->fcap;
+    } else {
+        free(c->fb);
+        free(c->fmap);
+    }
+    if (c->ocap <= FLT_CHAN_KEEP) {
+        k.ob = c->ob, k.ocap = c->ocap;
+    } else {
+        free(c->ob);
+    }
+    if (c->rgcap <= FLT_CHAN_KEEP / sizeof *c->rg) {
+        k.rg = c->rg, k.rgcap = c->rgcap;
+    } else {
+        free(c->rg);
+    }
+    *c = k; /* every other field as a new channel's: nothing of the last text */
+}
+
+int flt_chan_rearm(flt_chan_t *c, const flt_ruleset_t *rs)
+{
+    c->rs = rs;
+    size_t nre = chan_nregex(c);
+    if (nre != c->nrstart) { /* another ruleset (a reload) */
+        free(c->rstart);
+        c->rstart = nre ? calloc(nre, sizeof *c->rstart) : NULL;
+        c->nrstart = c->rstart ? nre : 0;
+        if (nre && !c->rstart) {
+            flt_chan_fini(c);
+            return -1;
+        }
+    } else if (nre) {
+        memset(c->rstart, 0, nre * sizeof *c->rstart);
     }
     return 0;
 }

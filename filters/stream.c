@@ -58,8 +58,9 @@ struct flt_stream {
     flt_chan_t *ch[FLT_MAX_CHOICES];
     int idx[FLT_MAX_CHOICES];
     size_t nch;
-    char *first; /* the first chunk's bytes: the template keys, parsed when needed */
-    size_t first_len;
+    size_t nspare;  /* ch[nch..nspare): channels kept from an earlier stream */
+    sl_buf_t first; /* the first chunk's bytes: the template keys, parsed when needed */
+    bool has_first;
     json_t *tmpl; /* the template keys of the first chunk (lazily) */
     bool tmpl_done;
     bool completions; /* the upstream sends choices[].text: our chunks do too */
@@ -135,12 +136,12 @@ void flt_stream_free(flt_stream_t *st)
 {
     if (!st)
         return;
-    for (size_t i = 0; i < st->nch; i++) {
+    for (size_t i = 0; i < SL_MAX(st->nch, st->nspare); i++) {
         flt_chan_fini(st->ch[i]);
         free(st->ch[i]);
     }
     json_decref(st->tmpl);
-    free(st->first);
+    sl_buf_free(&st->first);
     free(st->evc);
     free(st->ed);
     sl_buf_free(&st->buf);
@@ -150,6 +151,69 @@ void flt_stream_free(flt_stream_t *st)
     free(st->tpl);
     flt_ruleset_unref(st->rs);
     free(st);
+}
+
+/* What a recycled stream keeps: its first channels, and scratch arrays and
+ * buffers up to these sizes (larger ones, from an unusual stream, go). */
+#define FLT_STREAM_KEEP_CHANS 2
+#define FLT_STREAM_KEEP_BYTES 4096
+
+static void stream_keep_buf(sl_buf_t *b)
+{
+    if (b->cap > FLT_STREAM_KEEP_BYTES)
+        sl_buf_free(b);
+    b->len = 0;
+}
+
+void flt_stream_recycle(flt_stream_t *st)
+{
+    size_t nall = SL_MAX(st->nch, st->nspare), nkeep = SL_MIN(nall, FLT_STREAM_KEEP_CHANS);
+    for (size_t i = 0; i < nall; i++) {
+        if (i < nkeep) {
+            flt_chan_recycle(st->ch[i]);
+            continue;
+        }
+        flt_chan_fini(st->ch[i]);
+        free(st->ch[i]);
+    }
+    json_decref(st->tmpl);
+    stream_keep_buf(&st->first);
+    if (st->evcap * sizeof *st->evc > FLT_STREAM_KEEP_BYTES) {
+        free(st->evc);
+        st->evc = NULL, st->evcap = 0;
+    }
+    if (st->edcap * sizeof *st->ed > FLT_STREAM_KEEP_BYTES) {
+        free(st->ed);
+        st->ed = NULL, st->edcap = 0;
+    }
+    stream_keep_buf(&st->buf);
+    stream_keep_buf(&st->fbuf);
+    stream_keep_buf(&st->dbuf);
+    stream_keep_buf(&st->ebuf);
+    flt_ruleset_unref(st->rs);
+    /* every other field as a new stream's: nothing of the last answer */
+    flt_stream_t k = {
+        .nspare = nkeep,
+        .block_rule = -1,
+        .buf = st->buf,
+        .fbuf = st->fbuf,
+        .dbuf = st->dbuf,
+        .ebuf = st->ebuf,
+        .first = st->first,
+        .evc = st->evc,
+        .evcap = st->evcap,
+        .ed = st->ed,
+        .edcap = st->edcap,
+        .tpl = st->tpl, /* at most FLT_TPL_MAX */
+        .tpl_cap = st->tpl_cap,
+    };
+    memcpy(k.ch, st->ch, nkeep * sizeof *k.ch);
+    *st = k;
+}
+
+void flt_stream_rearm(flt_stream_t *st, flt_ruleset_t *rs)
+{
+    st->rs = flt_ruleset_ref(rs);
 }
 
 static flt_chan_t *stream_chan_find(const flt_stream_t *st, int index)
@@ -170,10 +234,22 @@ static flt_chan_t *stream_chan(flt_stream_t *st, int index, bool *full)
         *full = true;
         return NULL;
     }
-    c = malloc(sizeof *c);
-    if (!c || flt_chan_init(c, st->rs) != 0) {
-        free(c);
-        return NULL;
+    if (st->nch < st->nspare) { /* one kept from an earlier stream */
+        c = st->ch[st->nch];
+        if (flt_chan_rearm(c, st->rs) != 0) {
+            /* c is finalised: the spares after it move down one */
+            memmove(&st->ch[st->nch], &st->ch[st->nch + 1],
+                    (st->nspare - st->nch - 1) * sizeof *st->ch);
+            st->nspare--;
+            free(c);
+            return NULL;
+        }
+    } else {
+        c = malloc(sizeof *c);
+        if (!c || flt_chan_init(c, st->rs) != 0) {
+            free(c);
+            return NULL;
+        }
     }
     st->ch[st->nch] = c;
     st->idx[st->nch] = index;
@@ -199,9 +275,10 @@ static void stream_tmpl(flt_stream_t *st)
     if (st->tmpl_done)
         return;
     st->tmpl_done = true;
-    json_t *root = st->first ? json_loadb(st->first, st->first_len, JSON_ALLOW_NUL, NULL) : NULL;
-    free(st->first);
-    st->first = NULL;
+    json_t *root =
+        st->has_first ? json_loadb(st->first.p, st->first.len, JSON_ALLOW_NUL, NULL) : NULL;
+    st->first.len = 0; /* the buffer stays for a recycled stream's next answer */
+    st->has_first = false;
     if (!json_is_object(root)) {
         json_decref(root);
         return;
@@ -1214,12 +1291,9 @@ static flt_ev_verdict_t stream_event(flt_stream_t *st, const char *data, size_t 
         return FLT_EV_ERROR;
     if (prc > 0) /* text we cannot read is text we cannot check: fail closed */
         return stream_block(st, out, -1);
-    if (!st->tmpl_done && !st->first) {
-        st->first = malloc(n);
-        if (st->first) {
-            memcpy(st->first, data, n);
-            st->first_len = n;
-        }
+    if (!st->tmpl_done && !st->has_first) {
+        st->first.len = 0;
+        st->has_first = sl_buf_add(&st->first, data, n) == 0;
     }
     if (st->nevc == 0)
         return FLT_EV_PASS;

@@ -215,6 +215,7 @@ static void gw_req_kept_free(gw_req_t *r)
         event_free(r->att.up_timer);
     gw_body_scan_free(r->scan);
     gw_body_scan_free(r->scan_kept);
+    gw_sse_free(r->sse_kept);
     gw_llm_req_free(r);
     free(r);
 }
@@ -462,8 +463,10 @@ static gw_req_t *gw_req_new(gw_conn_t *c)
         struct event *up_timer = r->att.up_timer;
         char *tail = r->llm.tail;
         struct gw_body_scan *scan_kept = r->scan_kept;
+        struct gw_sse *sse_kept = r->sse_kept;
         memset(r, 0, offsetof(gw_req_t, id));
         gw_req_texts_clear(r);
+        r->sse_kept = sse_kept;
         r->resp_body = resp_body;
         r->att.up_timer = up_timer;
         r->llm.tail = tail;

@@ -1,7 +1,9 @@
 /*
  * gw_flt_resp.h — the content filters over the Responses API
  * (flt_responses.c): its events and answers are translated to the chat
- * shapes filters/ knows, and back. Used by hook_filters.c.
+ * shapes filters/ knows, and back. Used by hook_filters.c, whose
+ * per-thread cache of streamed requests' filter state is declared at the
+ * end.
  */
 #ifndef GW_FLT_RESP_H
 #define GW_FLT_RESP_H
@@ -28,5 +30,26 @@ int gw_flt_resp_body(flt_ruleset_t *rs, json_t *body, bool *modified);
 /* The request's input when it is a string: checked as one user message
  * (masks written back). FLT_REQ_* as flt_request_check. */
 flt_req_verdict_t gw_flt_resp_request(const flt_ruleset_t *rs, json_t *body, flt_req_result_t *res);
+
+/* ---- hook_filters.c: a streamed request's filter state, kept for reuse ---- */
+
+/* Entries a thread's cache holds at most (each about 4 KiB at most). */
+#define GW_FLT_CACHE_MAX 1024
+
+typedef struct gw_flt gw_flt_t;
+/* A streamed request's state for rs (takes a reference to rs), from this
+ * thread's cache when it holds one, else new. NULL on OOM. */
+gw_flt_t *gw_flt_state_get(flt_ruleset_t *rs);
+/* Takes ownership: recycled into the cache (nothing of its answer kept),
+ * or freed when the cache is full. */
+void gw_flt_state_put(gw_flt_t *s);
+/* Its answer filter (borrowed, valid until _put). */
+flt_stream_t *gw_flt_state_stream(gw_flt_t *s);
+/* The worker's tick, on its thread: frees half of the entries no request
+ * took since the last tick (all: every one) and refreshes
+ * sluice_filter_streams_cached. Returns how many it freed. */
+size_t gw_flt_cache_tick(bool all);
+/* Entries this thread's cache holds now. */
+size_t gw_flt_cache_held(void);
 
 #endif

@@ -25,6 +25,7 @@
  *   rt_build/rt_free      its compiled state in each runtime (gw_rt_t)
  *   process_init/_fini    process-wide state that outlives reloads
  *   worker_init/_fini     per-thread handles, on every worker thread
+ *   worker_tick    each worker tick, on its thread (per-thread caches)
  *   process_stop   the workers stopped; end the hook's own threads
  *   tick           once a second on the main thread
  *   metrics        before /metrics is rendered (refresh gauges)
@@ -62,12 +63,35 @@ typedef enum gw_ev_rc {
     GW_EV_STOP,
 } gw_ev_rc_t;
 
-/* Payloads a hook emits; each is malloc'd and owned by the list. */
+/* Payloads a hook emits; each is malloc'd and owned by the list. The first
+ * GW_PAYLOADS_INLINE live in the list itself: an event's one payload (two
+ * when a [DONE] flushes held text) costs no list allocation (issue #16,
+ * full-sse). No pointer into the list itself, so a list may be copied by
+ * value (moved); read entries with gw_payloads_at(). */
+#define GW_PAYLOADS_INLINE 4
+typedef struct gw_payload {
+    char *data;
+    size_t len;
+} gw_payload_t;
+
 typedef struct gw_payloads {
-    char **data;
-    size_t *len;
+    gw_payload_t in[GW_PAYLOADS_INLINE]; /* while n <= GW_PAYLOADS_INLINE */
+    gw_payload_t *ext;                   /* all of them past that (cap entries) */
     size_t n, cap;
 } gw_payloads_t;
+
+/* An empty list (only the counters: the inline slots need no zeroing). */
+static inline void gw_payloads_init(gw_payloads_t *p)
+{
+    p->ext = NULL;
+    p->n = p->cap = 0;
+}
+
+/* Entry i (< n); borrowed, valid until the list changes. */
+static inline gw_payload_t *gw_payloads_at(gw_payloads_t *p, size_t i)
+{
+    return &(p->ext ? p->ext : p->in)[i];
+}
 
 /* Takes ownership of data (malloc'd). -1 on OOM (data is freed). */
 int gw_payloads_push(gw_payloads_t *p, char *data, size_t len);
@@ -79,7 +103,7 @@ void gw_payloads_free(gw_payloads_t *p);
  * clears a few empty lists per hook and event (~9 calls a streamed event). */
 static inline void gw_payloads_clear(gw_payloads_t *p)
 {
-    if (p->data || p->len || p->n)
+    if (p->n || p->ext)
         gw_payloads_free(p);
 }
 
@@ -102,6 +126,9 @@ typedef struct gw_hook {
     /* The thread's own errors are logged by the hook; -1 stops the start. */
     int (*worker_init)(gw_worker_t *w);
     void (*worker_fini)(gw_worker_t *w);
+    /* On the worker's thread, each tick of that worker: give back memory
+     * kept for reuse (all: all of it, after a peak and as the thread ends). */
+    void (*worker_tick)(gw_worker_t *w, bool all);
     /* the request */
     gw_hook_rc_t (*on_request)(gw_req_t *r, void **state);
     void (*on_cancel)(gw_req_t *r, void *state);
@@ -177,6 +204,7 @@ void gw_hooks_tick(gw_server_t *s);
 void gw_hooks_metrics(gw_server_t *s);
 int gw_hooks_worker_init(gw_worker_t *w);
 void gw_hooks_worker_fini(gw_worker_t *w);
+void gw_hooks_worker_tick(gw_worker_t *w, bool all);
 
 /* Runs the pre- or post-route hooks from where the chain stands. Returns
  * NEXT when all passed, DONE when one answered, PENDING when one waits. */

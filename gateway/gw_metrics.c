@@ -77,6 +77,11 @@ void gw_metrics_init(const char *(*route_name)(gw_route_t r))
         "sluice_request_structs_cached",
         "Request structs the workers keep for reuse (as of each worker's last tick).",
         SL_METRIC_GAUGE, NULL, NULL, 0));
+    gw_m.flt_streams_cached = sl_metric_series0(sl_metric_register(
+        "sluice_filter_streams_cached",
+        "Streamed requests' answer-filter state the workers keep for reuse (as of each worker's "
+        "last tick).",
+        SL_METRIC_GAUGE, NULL, NULL, 0));
     gw_m.req_structs_freed = sl_metric_series0(sl_metric_register(
         "sluice_request_structs_freed_total",
         "Request structs the workers' ticks freed from their caches (unused for a whole tick, "

@@ -21,6 +21,7 @@ typedef struct gw_metrics {
     sl_metric_t *up_idle_closed;            /* {upstream}: closed after keepalive_timeout */
     sl_mseries_t *req_structs_new;          /* request structs allocated (conn.c) */
     sl_mseries_t *req_cached;               /* request structs in the workers' caches */
+    sl_mseries_t *flt_streams_cached;       /* streamed answers filter state kept */
     sl_mseries_t *req_structs_freed;        /* ... freed by the caches' ticks (conn.c) */
     sl_mseries_t *h2_mem_cached;            /* nghttp2 blocks' bytes in the free lists (h2_mem.c) */
     sl_mseries_t *h2_mem_in_use;            /* nghttp2 blocks held by sessions (h2_mem.c) */

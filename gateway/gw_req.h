@@ -42,6 +42,9 @@ struct gw_req {
     /* a cached struct's scanner, for its next request's scan (conn.c): its facts
      * borrow a freed body until gw_body_scan() resets it */
     struct gw_body_scan *scan_kept;
+    /* a cached struct's SSE splitter, recycled (sse.h), for its next
+     * streamed answer (proxy.c): no calloc and free per stream */
+    struct gw_sse *sse_kept;
     const gw_model_rt_t *model;
     /* a large body's storage while it arrives (body_store.h, conn.c) */
     struct gw_body_blk *body_blk;

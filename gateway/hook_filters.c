@@ -7,6 +7,7 @@
  * or as a whole for non-streamed answers.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "filters/filters.h"
@@ -14,15 +15,102 @@
 #include "gateway/gw_flow.h"
 #include "gateway/gw_flt_resp.h"
 #include "gateway/gw_hook.h"
+#include "gateway/gw_metrics.h"
 #include "gateway/gw_req.h"
 #include "gateway/gw_rt.h"
 #include "gateway/gw_types.h"
 
-typedef struct gw_flt {
+struct gw_flt {
     flt_stream_t *stream; /* answer filtering of a streamed request */
     bool body;            /* a non-streamed answer is filtered whole */
     gw_flt_resp_t *resp;  /* a Responses API stream (flt_responses.c) */
-} gw_flt_t;
+    flt_out_t out;        /* an event's payloads: the array kept across events */
+};
+
+/* ---- the per-thread cache of streamed requests' state -----------------------
+ *
+ * A streamed request with answer rules needs its state (this struct, its
+ * flt_stream_t, that one's channel and scratch buffers: about ten blocks).
+ * When it ends, the state is recycled (flt_stream_recycle: nothing of the
+ * answer stays, the ruleset reference is dropped, buffers past a few KiB
+ * are freed) and kept on this thread's LIFO for the next streamed request,
+ * which then allocates none of it (issue #16, full-sse). Bounded like the
+ * request-struct cache (conn.c): at most GW_FLT_CACHE_MAX entries, each
+ * about 4 KiB at most; the worker's tick frees half of those no request
+ * took since the tick before, and all of them after a peak and when the
+ * thread ends (gw_flt_cache_tick). sluice_filter_streams_cached shows what
+ * the workers keep as of their last tick. */
+
+typedef struct gw_flt_cache {
+    gw_flt_t *v[GW_FLT_CACHE_MAX];
+    size_t n;
+    size_t low;   /* fewest held since the last tick */
+    size_t shown; /* what the gauge holds for this thread */
+} gw_flt_cache_t;
+static __thread gw_flt_cache_t gw_flt_cache;
+
+static void gw_flt_state_free(gw_flt_t *s)
+{
+    flt_stream_free(s->stream);
+    gw_flt_resp_free(s->resp);
+    flt_out_release(&s->out);
+    free(s);
+}
+
+gw_flt_t *gw_flt_state_get(flt_ruleset_t *rs)
+{
+    gw_flt_cache_t *k = &gw_flt_cache;
+    if (k->n > 0) {
+        gw_flt_t *s = k->v[--k->n];
+        if (k->n < k->low)
+            k->low = k->n;
+        flt_stream_rearm(s->stream, rs);
+        return s;
+    }
+    gw_flt_t *s = sl_zalloc(sizeof(*s));
+    if (s && !(s->stream = flt_stream_new(rs))) {
+        free(s);
+        s = NULL;
+    }
+    return s;
+}
+
+void gw_flt_state_put(gw_flt_t *s)
+{
+    gw_flt_cache_t *k = &gw_flt_cache;
+    gw_flt_resp_free(s->resp); /* Responses streams are rare: not kept */
+    s->resp = NULL;
+    flt_out_reset(&s->out);
+    if (!s->stream || k->n >= GW_FLT_CACHE_MAX) {
+        gw_flt_state_free(s);
+        return;
+    }
+    flt_stream_recycle(s->stream);
+    k->v[k->n++] = s;
+}
+
+flt_stream_t *gw_flt_state_stream(gw_flt_t *s)
+{
+    return s->stream;
+}
+
+size_t gw_flt_cache_tick(bool all)
+{
+    gw_flt_cache_t *k = &gw_flt_cache;
+    /* half of what went unused, as the request-struct cache does */
+    size_t n = all ? k->n : (SL_MIN(k->low, k->n) + 1) / 2;
+    for (size_t i = 0; i < n; i++)
+        gw_flt_state_free(k->v[--k->n]);
+    k->low = k->n;
+    sl_gauge_add(gw_m.flt_streams_cached, (int64_t)k->n - (int64_t)k->shown);
+    k->shown = k->n;
+    return n;
+}
+
+size_t gw_flt_cache_held(void)
+{
+    return gw_flt_cache.n;
+}
 
 /* The state of every non-streamed request with answer rules: nothing of
  * its own to hold, so one shared, never-written instance (no allocation per
@@ -76,15 +164,14 @@ static gw_hook_rc_t gw_flt_on_request(gw_req_t *r, void **state)
         *state = &gw_flt_body_only;
         return GW_HOOK_NEXT;
     }
-    gw_flt_t *s = sl_zalloc(sizeof(*s));
+    gw_flt_t *s = gw_flt_state_get(rs);
     if (!s) {
         gw_respond_oom(r);
         return GW_HOOK_DONE;
     }
     *state = s;
-    s->stream = flt_stream_new(rs);
     s->resp = resp ? gw_flt_resp_new() : NULL;
-    if (!s->stream || (resp && !s->resp)) {
+    if (resp && !s->resp) {
         gw_respond_oom(r);
         return GW_HOOK_DONE;
     }
@@ -118,12 +205,9 @@ static gw_ev_rc_t gw_flt_on_event(gw_req_t *r, void *state, const char *data, si
             r->error_kind = "content_filter";
         return rc;
     }
-    flt_out_t o;
-    memset(&o, 0, sizeof(o));
     /* timed from the relay's clock read for this event (r->ev_ns) */
-    flt_ev_verdict_t v = flt_stream_event_at(s->stream, data, len, &o, r->ev_ns);
-    int moved = gw_flt_move(&o, out);
-    flt_out_release(&o);
+    flt_ev_verdict_t v = flt_stream_event_at(s->stream, data, len, &s->out, r->ev_ns);
+    int moved = gw_flt_move(&s->out, out); /* leaves s->out empty, its array kept */
     switch (v) {
     case FLT_EV_PASS:
         return GW_EV_PASS;
@@ -178,9 +262,13 @@ static void gw_flt_on_end(gw_req_t *r, void *state, gw_end_t how)
     gw_flt_t *s = state;
     if (!s || s == &gw_flt_body_only)
         return;
-    flt_stream_free(s->stream);
-    gw_flt_resp_free(s->resp);
-    free(s);
+    gw_flt_state_put(s);
+}
+
+static void gw_flt_worker_tick(gw_worker_t *w, bool all)
+{
+    (void)w;
+    (void)gw_flt_cache_tick(all);
 }
 
 /* ---- lifecycle ------------------------------------------------------------ */
@@ -212,4 +300,5 @@ const gw_hook_t gw_hook_filters = {
     .on_body = gw_flt_on_body,
     .on_body_raw = gw_flt_on_body_raw,
     .on_end = gw_flt_on_end,
+    .worker_tick = gw_flt_worker_tick,
 };

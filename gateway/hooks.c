@@ -120,29 +120,30 @@ void gw_hooks_worker_fini(gw_worker_t *w)
             gw_hooks[i]->worker_fini(w);
 }
 
+void gw_hooks_worker_tick(gw_worker_t *w, bool all)
+{
+    for (size_t i = 0; i < gw_nhooks; i++)
+        if (gw_hooks[i]->worker_tick)
+            gw_hooks[i]->worker_tick(w, all);
+}
+
 /* ---- the request ---------------------------------------------------------- */
 
 int gw_payloads_push(gw_payloads_t *p, char *data, size_t len)
 {
-    if (p->n == p->cap) {
-        size_t cap = p->cap ? p->cap * 2 : 4;
-        char **d = realloc(p->data, cap * sizeof(*d));
-        if (!d) {
+    if (p->n == (p->ext ? p->cap : GW_PAYLOADS_INLINE)) {
+        size_t cap = 2 * p->n;
+        gw_payload_t *v = realloc(p->ext, cap * sizeof(*v));
+        if (!v) {
             free(data);
             return -1;
         }
-        p->data = d;
-        size_t *l = realloc(p->len, cap * sizeof(*l));
-        if (!l) {
-            free(data);
-            return -1;
-        }
-        p->len = l;
+        if (!p->ext)
+            memcpy(v, p->in, sizeof(p->in));
+        p->ext = v;
         p->cap = cap;
     }
-    p->data[p->n] = data;
-    p->len[p->n] = len;
-    p->n++;
+    *gw_payloads_at(p, p->n++) = (gw_payload_t){data, len};
     return 0;
 }
 
@@ -159,10 +160,9 @@ int gw_payloads_push_copy(gw_payloads_t *p, const char *data, size_t len)
 void gw_payloads_free(gw_payloads_t *p)
 {
     for (size_t i = 0; i < p->n; i++)
-        free(p->data[i]);
-    free(p->data);
-    free(p->len);
-    memset(p, 0, sizeof(*p));
+        free(gw_payloads_at(p, i)->data);
+    free(p->ext);
+    gw_payloads_init(p);
 }
 
 /* The request's wait slot while a hook is pending. */
@@ -267,33 +267,46 @@ gw_ev_rc_t gw_hooks_event(gw_req_t *r, const char *data, size_t len, gw_payloads
     for (size_t i = 0; i < gw_nhooks; i++)
         if ((r->hooks.ran & (1u << i)) && gw_hooks[i]->on_answer && r->hooks.state[i])
             gw_hooks[i]->on_answer(r, r->hooks.state[i], data, len, NULL);
-    gw_payloads_t cur = {0};
+    gw_payloads_t cur;
+    gw_payloads_init(&cur);
     bool changed = false;
     gw_ev_rc_t result = GW_EV_PASS;
     for (size_t i = 0; i < gw_nhooks; i++) {
         const gw_hook_t *hk = gw_hooks[i];
         if (!(r->hooks.ran & (1u << i)) || !hk->on_event || !r->hooks.state[i])
             continue;
-        gw_payloads_t next = {0};
+        gw_payloads_t next;
+        gw_payloads_init(&next);
         size_t n = changed ? cur.n : 1;
         for (size_t k = 0; k < n; k++) {
-            const char *d = changed ? cur.data[k] : data;
-            size_t l = changed ? cur.len[k] : len;
-            gw_payloads_t o = {0};
+            const char *d = changed ? gw_payloads_at(&cur, k)->data : data;
+            size_t l = changed ? gw_payloads_at(&cur, k)->len : len;
+            gw_payloads_t o;
+            gw_payloads_init(&o);
             gw_ev_rc_t rc = hk->on_event(r, r->hooks.state[i], d, l, &o);
             if (rc == GW_EV_PASS) {
                 /* Still the original: nothing to copy (a later REPLACE
-                 * starts from data); a changed list carries it on. */
-                if (changed && gw_payloads_push_copy(&next, d, l) != 0)
-                    rc = GW_EV_STOP;
+                 * starts from data); a changed list carries it on, moved
+                 * (cur's entry gives it up), not copied. */
+                if (changed) {
+                    gw_payloads_at(&cur, k)->data = NULL;
+                    if (gw_payloads_push(&next, (char *)d, l) != 0)
+                        rc = GW_EV_STOP; /* d was freed */
+                }
+                gw_payloads_clear(&o); /* a PASS pushes nothing: never sent */
             } else {
-                for (size_t j = 0; j < o.n; j++) {
-                    gw_payloads_push(&next, o.data[j], o.len[j]);
-                    o.data[j] = NULL;
+                if (next.n == 0) {
+                    gw_payloads_clear(&next);
+                    next = o; /* the usual case: moved whole, no copy */
+                } else {
+                    for (size_t j = 0; j < o.n; j++)
+                        gw_payloads_push(&next, gw_payloads_at(&o, j)->data,
+                                         gw_payloads_at(&o, j)->len);
+                    o.n = 0; /* moved (a failed push freed its payload) */
+                    gw_payloads_clear(&o);
                 }
                 changed = true;
             }
-            gw_payloads_clear(&o);
             if (rc == GW_EV_STOP) {
                 result = GW_EV_STOP;
                 break;
@@ -301,10 +314,10 @@ gw_ev_rc_t gw_hooks_event(gw_req_t *r, const char *data, size_t len, gw_payloads
             if (rc == GW_EV_REPLACE)
                 result = GW_EV_REPLACE;
         }
-        gw_payloads_clear(&cur);
-        cur = next;
-        if (!changed)
-            gw_payloads_clear(&cur); /* still the original: empty anyway */
+        if (changed) { /* else next is empty, as cur is: nothing to hand on */
+            gw_payloads_clear(&cur);
+            cur = next;
+        }
         if (result == GW_EV_STOP)
             break;
     }

@@ -162,7 +162,14 @@ static void gw_proxy_finish(gw_req_t *r, bool reusable, int outcome)
         r->att.ping_ev = NULL;
     }
     if (r->att.sse) {
-        gw_sse_free(r->att.sse);
+        /* kept with the struct for its next stream (one per struct: a
+         * retry's splitter finds the first one's kept already) */
+        if (!r->sse_kept) {
+            gw_sse_recycle(r->att.sse);
+            r->sse_kept = r->att.sse;
+        } else {
+            gw_sse_free(r->att.sse);
+        }
         r->att.sse = NULL;
         sl_gauge_add(gw_m.streams_active, -1);
     }
@@ -486,7 +493,14 @@ static void gw_proxy_head_setup(gw_req_t *r, const gw_http_msg_t *m)
     }
     if (r->att.resp_sse) {
         r->ev_hooks = gw_hooks_want_events(r);
-        r->att.sse = gw_sse_new((size_t)r->rt->conf->sse.max_event_bytes);
+        size_t max = (size_t)r->rt->conf->sse.max_event_bytes;
+        if (r->sse_kept) { /* the struct's, from its last stream */
+            r->att.sse = r->sse_kept;
+            r->sse_kept = NULL;
+            gw_sse_rearm(r->att.sse, max);
+        } else {
+            r->att.sse = gw_sse_new(max);
+        }
         sl_gauge_add(gw_m.streams_active, 1);
     }
     /* The ping and the deadline wait until this read's events are out. */
@@ -565,6 +579,47 @@ static void gw_proxy_after_head(gw_req_t *r)
     gw_proxy_arm(r, r->att.deadline_total_ms);
 }
 
+#define GW_SSE_FRAME_BYTES  8    /* "data: " and the blank line's "\n\n" */
+#define GW_PROXY_EMIT_STACK 4096 /* a replaced event and a flush chunk fit */
+/* Per thread, not on the stack: the write is not reentrant, and gcc's
+ * -Wmaybe-uninitialized cannot see that the loop fills what is written. */
+static __thread char gw_proxy_frame_buf[GW_PROXY_EMIT_STACK];
+
+/* The payloads as SSE events ("data: <payload>\n\n" each), written at
+ * once: assembled in a per-thread buffer when they fit (the usual replaced event),
+ * else in one allocation; only when that fails, piece by piece (nothing is
+ * lost, the client may see the events in more than one chunk). */
+static void gw_proxy_write_payloads(gw_req_t *r, gw_payloads_t *out)
+{
+    if (out->n == 0)
+        return;
+    size_t total = 0;
+    for (size_t i = 0; i < out->n; i++)
+        total += GW_SSE_FRAME_BYTES + gw_payloads_at(out, i)->len;
+    char *stack = gw_proxy_frame_buf;
+    char *buf = total <= sizeof(gw_proxy_frame_buf) ? stack : malloc(total);
+    if (!buf) {
+        for (size_t i = 0; i < out->n; i++) {
+            const gw_payload_t *p = gw_payloads_at(out, i);
+            gw_proxy_write(r, GW_LIT("data: "));
+            gw_proxy_write(r, p->data, p->len);
+            gw_proxy_write(r, GW_LIT("\n\n"));
+        }
+        return;
+    }
+    char *w = buf;
+    for (size_t i = 0; i < out->n; i++) {
+        const gw_payload_t *p = gw_payloads_at(out, i);
+        memcpy(w, "data: ", 6);
+        memcpy(w + 6, p->data, p->len);
+        memcpy(w + 6 + p->len, "\n\n", 2);
+        w += GW_SSE_FRAME_BYTES + p->len;
+    }
+    gw_proxy_write(r, buf, (size_t)(w - buf));
+    if (buf != stack)
+        free(buf);
+}
+
 /* One complete event: out to the client as one chunk. Events that arrive
  * whole in one read are written from the read buffer itself; only an event
  * split across reads is assembled (by the splitter) first. A partial event
@@ -575,7 +630,8 @@ static void gw_proxy_after_head(gw_req_t *r)
  * when a hook ended the stream (r->stop_stream is set). */
 static int gw_proxy_emit(gw_req_t *r, const char *data, size_t len, const char *raw, size_t raw_len)
 {
-    gw_payloads_t out = {0};
+    gw_payloads_t out;
+    gw_payloads_init(&out);
     gw_ev_rc_t rc = r->ev_hooks ? gw_hooks_event(r, data, len, &out) : GW_EV_PASS;
     if (rc == GW_EV_PASS) {
         if (raw) {
@@ -584,16 +640,7 @@ static int gw_proxy_emit(gw_req_t *r, const char *data, size_t len, const char *
             return -1;
         }
     }
-    struct evbuffer *tmp = out.n ? evbuffer_new() : NULL;
-    for (size_t i = 0; tmp && i < out.n; i++) {
-        evbuffer_add(tmp, GW_LIT("data: "));
-        evbuffer_add(tmp, out.data[i], out.len[i]);
-        evbuffer_add(tmp, GW_LIT("\n\n"));
-    }
-    if (tmp && evbuffer_get_length(tmp))
-        gw_proxy_write(r, evbuffer_pullup(tmp, -1), evbuffer_get_length(tmp));
-    if (tmp)
-        evbuffer_free(tmp);
+    gw_proxy_write_payloads(r, &out);
     gw_payloads_clear(&out);
     if (rc == GW_EV_STOP) {
         r->stop_stream = true;

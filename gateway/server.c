@@ -317,8 +317,9 @@ static void gw_drain_poll_cb(evutil_socket_t fd, short what, void *arg)
 static void *gw_worker_thread(void *arg)
 {
     gw_worker_run(arg);
-    (void)gw_wio_mem_tick(true); /* the chains this thread kept (wio.c) */
-    (void)gw_tls_mem_tick(true); /* and its TLS record buffers (tls.c) */
+    gw_hooks_worker_tick(arg, true); /* what the adapters kept on this thread */
+    (void)gw_wio_mem_tick(true);     /* the chains this thread kept (wio.c) */
+    (void)gw_tls_mem_tick(true);     /* and its TLS record buffers (tls.c) */
     atomic_fetch_sub(&gw_workers_running, 1);
     return NULL;
 }
@@ -497,7 +498,8 @@ int gw_server_run(const char *conf_path)
     gw_rt_unref(atomic_load(&gw_srv.rt)); /* gives its engines back to the registry */
     gw_shared_free(gw_srv.shared);
     free(gw_srv.conf_path);
-    (void)gw_wio_mem_tick(true); /* the main thread's kept chains */
+    gw_hooks_worker_tick(&gw_srv.main, true); /* what the adapters kept here */
+    (void)gw_wio_mem_tick(true);              /* the main thread's kept chains */
     (void)gw_tls_mem_tick(true);
     sl_info("sluice stopped");
     return 0;

@@ -85,6 +85,27 @@ void gw_sse_reset(gw_sse_t *s)
     s->max = max;
 }
 
+void gw_sse_recycle(gw_sse_t *s)
+{
+    if (s->buf_cap > GW_SSE_KEEP_BYTES) {
+        free(s->buf);
+        s->buf = NULL;
+        s->buf_cap = 0;
+    }
+    gw_sse_reset(s);
+}
+
+void gw_sse_rearm(gw_sse_t *s, size_t max_event_bytes)
+{
+    gw_sse_reset(s);
+    s->max = max_event_bytes ? max_event_bytes : GW_SSE_DEFAULT_MAX;
+}
+
+size_t gw_sse_buf_bytes(const gw_sse_t *s)
+{
+    return s->buf_cap;
+}
+
 /* After a failure mid_event tells what the input before the failing call
  * left open: in scan mode the caller forwarded exactly that input. */
 SL_COLD static int sse_fail(gw_sse_t *s, bool mid_at_entry)

@@ -53,6 +53,15 @@ typedef struct gw_sse gw_sse_t;
 gw_sse_t *gw_sse_new(size_t max_event_bytes);
 void gw_sse_free(gw_sse_t *s);
 void gw_sse_reset(gw_sse_t *s);
+/* For a splitter kept with a cached request struct (conn.c): reset, and
+ * its event buffer freed when it grew past GW_SSE_KEEP_BYTES (a long event
+ * split across reads), so what is kept stays small. rearm readies it for
+ * the next answer's max_event_bytes (0: the default). */
+#define GW_SSE_KEEP_BYTES 4096
+void gw_sse_recycle(gw_sse_t *s);
+void gw_sse_rearm(gw_sse_t *s, size_t max_event_bytes);
+/* Bytes its event buffer holds allocated (tests: what a kept one costs). */
+size_t gw_sse_buf_bytes(const gw_sse_t *s);
 
 /* 0 ok; -1 when an event exceeds max_event_bytes or cb returned -1. */
 int gw_sse_feed(gw_sse_t *s, const char *p, size_t n, gw_sse_event_cb cb, void *arg) SL_WUR;

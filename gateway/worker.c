@@ -184,8 +184,9 @@ static void gw_worker_tick_cb(evutil_socket_t fd, short what, void *arg)
     gw_conn_cache_tick(w, fell);
     gw_worker_shape_tick(w);
     gw_h2_mem_tick(w->h2mem, fell);
-    (void)gw_wio_mem_tick(fell); /* this thread's kept chains, likewise */
-    (void)gw_tls_mem_tick(fell); /* and its TLS record buffers */
+    (void)gw_wio_mem_tick(fell);   /* this thread's kept chains, likewise */
+    (void)gw_tls_mem_tick(fell);   /* and its TLS record buffers */
+    gw_hooks_worker_tick(w, fell); /* the policy adapters' per-thread caches */
     if ((fell || reload) && gw_worker_trim(now)) {
         w->peak_conns = load;
         if (reload) {

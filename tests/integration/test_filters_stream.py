@@ -65,6 +65,18 @@ def test_mask_word_split_across_events(sluice_factory, mock, tmp_path, pieces, w
     assert hits == (0 if want.count("***") == 0 else want.count("***"))
 
 
+def test_replaced_events_small_and_past_the_stack_frame(sluice_factory, mock, tmp_path):
+    """A replaced event is framed on the relay's stack up to 4 KiB and in
+    one allocation past that: both give the same whole events, in order."""
+    s = _start(sluice_factory, mock, tmp_path, extra={"holdback_max": 65536})
+    big = "x" * 6000
+    mock.script({"raw": ph.raw_stream("a badword ", big + " badword " + big, " end badword")})
+    evs = _stream(s)
+    assert _text(evs) == "a *** " + big + " *** " + big + " end ***"
+    assert evs[-1].is_done and sum(e.is_done for e in evs) == 1
+    assert ph.metric(s, "sluice_filter_hits_total", rule="words", action="mask") == 3
+
+
 def test_regex_mask_across_events(sluice_factory, mock, tmp_path):
     s = _start(sluice_factory, mock, tmp_path,
                extra={"regex": [{"name": "cn_mobile", "pattern": r"1[3-9]\d{9}", "action": "mask"}]})

@@ -14,6 +14,8 @@
 #include "common/metrics.h"
 #include "filters/flt_internal.h"
 #include "gateway/gw_flt_resp.h"
+#include "gateway/gw_metrics.h"
+#include "gateway/gw_route.h"
 #include "test_filters_util.h"
 
 static flt_ruleset_t *rs_words(const char *mask_words, const char *block_words)
@@ -879,6 +881,242 @@ static void test_stream_text_api(void **state)
     flt_ruleset_unref(rs);
 }
 
+/* The events of one answer through st; their payloads (the event itself on
+ * PASS) joined by '|' into a string to compare (malloc'd). */
+static char *recycle_run(flt_stream_t *st, const char *const *texts, size_t n)
+{
+    sl_buf_t b = {0};
+    flt_out_t out;
+    memset(&out, 0, sizeof out);
+    for (size_t i = 0; i <= n; i++) {
+        char *d = i < n ? chunk(texts[i], NULL) : strdup("[DONE]");
+        flt_ev_verdict_t v = flt_stream_event(st, d, strlen(d), &out);
+        char tag[8];
+        snprintf(tag, sizeof tag, "%d:", (int)v);
+        assert_int_equal(sl_buf_add(&b, tag, strlen(tag)), 0);
+        if (v == FLT_EV_PASS)
+            assert_int_equal(sl_buf_add(&b, d, strlen(d)), 0);
+        for (size_t k = 0; k < out.n; k++)
+            assert_int_equal(sl_buf_add(&b, out.v[k].data, out.v[k].len), 0);
+        assert_int_equal(sl_buf_add(&b, "|", 2), 0); /* the NUL too: a string */
+        b.len--;
+        flt_out_reset(&out);
+        free(d);
+        if (v == FLT_EV_BLOCK)
+            break;
+    }
+    flt_out_release(&out);
+    return b.p;
+}
+
+/* A recycled stream (the gateway's per-thread cache) starts as a new one:
+ * held text, a mask in progress, a block and the template of the stream
+ * before leave nothing behind, for the same ruleset and for another one
+ * (a reload: words only, then with a regex, then without). */
+static void test_stream_recycle_forgets(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_words("badword\n", "evil\n");
+    flt_conf_regex_t re[] = {{"phone", "1[3-9]\\d{9}", FLT_ACTION_MASK}};
+    tf_list_t l[2] = {{"badword\n", FLT_ACTION_MASK, "masked"},
+                      {"evil\n", FLT_ACTION_BLOCK, "blocked"}};
+    char err[256] = "";
+    flt_ruleset_t *rs_re = tf_build(l, 2, re, 1, NULL, err, sizeof err);
+    assert_non_null(rs_re);
+    const char *first[] = {"a bad", "wo", "x 138001", "an evil end"}; /* held, then blocked */
+    const char *second[] = {"rd is ", "fine 1380013", "8000 ", "ok"};
+    flt_ruleset_t *order[] = {rs, rs_re, rs_re, rs};
+    flt_stream_t *st = flt_stream_new(rs);
+    for (size_t round = 0; round < 4; round++) {
+        flt_ruleset_t *r = order[round];
+        if (round) {
+            flt_stream_recycle(st);
+            flt_stream_rearm(st, r);
+        }
+        char *got1 = recycle_run(st, first, 4);
+        assert_non_null(strstr(got1, "content_filter"));
+        assert_string_equal(flt_stream_block_rule(st), "blocked");
+        flt_stream_recycle(st);
+        flt_stream_rearm(st, r);
+        assert_null(flt_stream_block_rule(st));
+        assert_int_equal(flt_stream_held(st, 0), 0);
+        assert_int_equal(flt_stream_template_hits(st), 0);
+        char *got2 = recycle_run(st, second, 4);
+        flt_stream_t *fresh = flt_stream_new(r);
+        char *want2 = recycle_run(fresh, second, 4);
+        assert_string_equal(got2, want2); /* "rd is " is not the end of "badword" */
+        assert_null(strstr(got2, "content_filter"));
+        assert_true((strstr(got2, "***") != NULL) == (r == rs_re)); /* the number, masked */
+        flt_stream_free(fresh);
+        free(got1);
+        free(got2);
+        free(want2);
+    }
+    flt_stream_free(st);
+    flt_ruleset_unref(rs_re);
+    flt_ruleset_unref(rs);
+}
+
+/* The chunks a recycled stream makes itself carry its own answer's first
+ * chunk's keys (id, model), not those of the answer before it. */
+static void test_stream_recycle_template_keys(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_words("badword\n", "evil\n");
+    flt_stream_t *st = flt_stream_new(rs);
+    flt_out_t out;
+    memset(&out, 0, sizeof out);
+    const char *a = "{\"id\":\"first-answer\",\"model\":\"m-old\",\"choices\":[{\"index\":0,"
+                    "\"delta\":{\"content\":\"hello \"}}]}";
+    assert_int_equal(flt_stream_event(st, a, strlen(a), &out), FLT_EV_PASS);
+    flt_stream_recycle(st);
+    flt_stream_rearm(st, rs);
+    const char *b = "{\"id\":\"second\",\"model\":\"m-new\",\"choices\":[{\"index\":0,"
+                    "\"delta\":{\"content\":\"an evil \"}}]}";
+    assert_int_equal(flt_stream_event(st, b, strlen(b), &out), FLT_EV_BLOCK);
+    assert_int_equal(out.n, 1);
+    assert_non_null(strstr(out.v[0].data, "\"id\":\"second\""));
+    assert_non_null(strstr(out.v[0].data, "\"model\":\"m-new\""));
+    assert_null(strstr(out.v[0].data, "first-answer"));
+    flt_out_release(&out);
+    flt_stream_free(st);
+    flt_ruleset_unref(rs);
+}
+
+/* A recycled channel keeps small buffers only: one that grew past
+ * FLT_CHAN_KEEP (a long held text) is freed, a small one stays. */
+static void test_chan_recycle_bounded(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_words("badword\n", NULL);
+    flt_chan_t c;
+    assert_int_equal(flt_chan_init(&c, rs), 0);
+    sl_buf_t out = {0};
+    assert_int_equal(flt_chan_feed(&c, "a bad", 5, &out), FLT_CHAN_OK);
+    flt_chan_recycle(&c);
+    assert_non_null(c.ob);
+    assert_true(c.ocap > 0 && c.ocap <= FLT_CHAN_KEEP);
+    assert_int_equal(c.olen, 0);
+    assert_int_equal(c.ostart, 0);
+    assert_int_equal(c.flen + c.fstart + c.ac, 0);
+    assert_int_equal(c.block_rule, -1);
+    assert_int_equal(flt_chan_rearm(&c, rs), 0);
+    /* text that stays held (a prefix of the word repeated) grows the windows */
+    char big[2000];
+    for (size_t i = 0; i + 3 <= sizeof big; i += 3)
+        memcpy(big + i, "bad", 3);
+    size_t nb = sizeof big - sizeof big % 3;
+    out.len = 0;
+    assert_int_equal(flt_chan_feed(&c, big, nb, &out), FLT_CHAN_OK);
+    assert_true(c.ocap > FLT_CHAN_KEEP);
+    flt_chan_recycle(&c);
+    assert_null(c.ob);
+    assert_int_equal(c.ocap, 0);
+    assert_null(c.fb);
+    assert_null(c.fmap);
+    assert_int_equal(c.fcap, 0);
+    assert_int_equal(flt_chan_rearm(&c, rs), 0);
+    out.len = 0;
+    assert_int_equal(flt_chan_feed(&c, "badword x", 9, &out), FLT_CHAN_OK);
+    assert_int_equal(flt_chan_finish(&c, &out), FLT_CHAN_OK);
+    assert_int_equal(out.len, 5);
+    assert_memory_equal(out.p, "*** x", 5);
+    flt_chan_fini(&c);
+    sl_buf_free(&out);
+    flt_ruleset_unref(rs);
+}
+
+/* The gateway's cache of streamed requests' filter state (hook_filters.c):
+ * at most GW_FLT_CACHE_MAX held; the tick frees half of what went unused,
+ * all of it when told; a state taken again filters as a new one (a block
+ * in the stream before does not carry over). */
+static void test_flt_cache_bounded(void **state)
+{
+    (void)state;
+    static bool metrics_done; /* the cache's gauge */
+    if (!metrics_done)
+        gw_metrics_init(gw_route_name);
+    metrics_done = true;
+    flt_ruleset_t *rs = rs_words("badword\n", "evil\n");
+    size_t n = GW_FLT_CACHE_MAX + 5;
+    gw_flt_t **v = calloc(n, sizeof *v);
+    assert_non_null(v);
+    assert_int_equal(gw_flt_cache_tick(true), 0);
+    for (size_t i = 0; i < n; i++)
+        assert_non_null(v[i] = gw_flt_state_get(rs));
+    for (size_t i = 0; i < n; i++)
+        gw_flt_state_put(v[i]);
+    assert_int_equal(gw_flt_cache_held(), GW_FLT_CACHE_MAX); /* 5 freed at once */
+    /* the tick after a busy one: the low mark was 0 (all were taken) */
+    assert_int_equal(gw_flt_cache_tick(false), 0);
+    /* none taken for a whole tick: half of them go, then half again */
+    assert_int_equal(gw_flt_cache_tick(false), GW_FLT_CACHE_MAX / 2);
+    assert_int_equal(gw_flt_cache_held(), GW_FLT_CACHE_MAX / 2);
+    assert_int_equal(gw_flt_cache_tick(false), GW_FLT_CACHE_MAX / 4);
+    /* stream 1 blocked; stream 2 (the same state, LIFO) passes clean text */
+    gw_flt_t *s1 = gw_flt_state_get(rs);
+    flt_out_t out;
+    memset(&out, 0, sizeof out);
+    char *ev = chunk("an evil ba", NULL);
+    assert_int_equal(flt_stream_event(gw_flt_state_stream(s1), ev, strlen(ev), &out), FLT_EV_BLOCK);
+    free(ev);
+    flt_out_reset(&out);
+    gw_flt_state_put(s1);
+    gw_flt_t *s2 = gw_flt_state_get(rs);
+    assert_ptr_equal(s2, s1);
+    flt_stream_t *st = gw_flt_state_stream(s2);
+    assert_null(flt_stream_block_rule(st));
+    assert_int_equal(flt_stream_held(st, 0), 0);
+    ev = chunk("dword is ok", NULL); /* no tail that may start a word */
+    assert_int_equal(flt_stream_event(st, ev, strlen(ev), &out), FLT_EV_PASS);
+    free(ev);
+    flt_out_release(&out);
+    gw_flt_state_put(s2);
+    assert_int_equal(gw_flt_cache_held(), GW_FLT_CACHE_MAX / 4);
+    assert_int_equal(gw_flt_cache_tick(true), GW_FLT_CACHE_MAX / 4);
+    assert_int_equal(gw_flt_cache_held(), 0);
+    free(v);
+    flt_ruleset_unref(rs);
+}
+
+/* gw_payloads_t: the first GW_PAYLOADS_INLINE entries in the list itself,
+ * the rest (and all of them then) in one array; order and contents kept
+ * across the switch, and a list moved by value stays whole (no pointer into
+ * itself). */
+static void test_payloads_inline_then_ext(void **state)
+{
+    (void)state;
+    gw_payloads_t p;
+    gw_payloads_init(&p);
+    char name[32];
+    for (int i = 0; i < GW_PAYLOADS_INLINE + 3; i++) {
+        snprintf(name, sizeof name, "p%d", i);
+        assert_int_equal(gw_payloads_push_copy(&p, name, strlen(name)), 0);
+        assert_int_equal(p.n, (size_t)i + 1);
+        if (i < GW_PAYLOADS_INLINE)
+            assert_null(p.ext); /* no allocation for the usual few */
+        else
+            assert_non_null(p.ext);
+    }
+    gw_payloads_t moved = p; /* as gw_hooks_event hands a list on */
+    gw_payloads_init(&p);
+    for (size_t i = 0; i < moved.n; i++) {
+        snprintf(name, sizeof name, "p%zu", i);
+        assert_string_equal(gw_payloads_at(&moved, i)->data, name);
+        assert_int_equal(gw_payloads_at(&moved, i)->len, strlen(name));
+    }
+    gw_payloads_clear(&moved);
+    assert_int_equal(moved.n, 0);
+    assert_null(moved.ext);
+    /* inline only, moved and freed: nothing of the first list is shared */
+    assert_int_equal(gw_payloads_push_copy(&p, "a", 1), 0);
+    moved = p;
+    gw_payloads_init(&p);
+    assert_string_equal(gw_payloads_at(&moved, 0)->data, "a");
+    gw_payloads_clear(&p); /* empty: frees nothing */
+    gw_payloads_clear(&moved);
+}
+
 /* The Responses adapter's delta events (gateway/flt_responses.c): read with
  * yajl, the delta spliced, logprobs emptied, every other byte kept. */
 static void test_responses_delta_splice(void **state)
@@ -894,7 +1132,7 @@ static void test_responses_delta_splice(void **state)
                      "\"delta\" : \"a \\\"badword\\\" and bad\"}";
     assert_int_equal(gw_flt_resp_event(x, st, e1, strlen(e1), &out), GW_EV_REPLACE);
     assert_int_equal(out.n, 1);
-    assert_string_equal(out.data[0],
+    assert_string_equal(gw_payloads_at(&out, 0)->data,
                         "{\"type\":\"response.output_text.delta\",\"sequence_number\":4,"
                         "\"logprobs\":[],\"item_id\":\"m1\",\"delta\" : \"a \\\"***\\\" and \"}");
     gw_payloads_clear(&out);
@@ -902,7 +1140,7 @@ static void test_responses_delta_splice(void **state)
     const char *e2 = "{\"type\":\"response.output_text.delta\",\"delta\":\"ly fine \"}";
     assert_int_equal(gw_flt_resp_event(x, st, e2, strlen(e2), &out), GW_EV_REPLACE);
     assert_int_equal(out.n, 1); /* "bad" was held: "badly fine " goes out now */
-    assert_non_null(strstr(out.data[0], "\"delta\":\"badly fine \""));
+    assert_non_null(strstr(gw_payloads_at(&out, 0)->data, "\"delta\":\"badly fine \""));
     gw_payloads_clear(&out);
     const char *e3 = "{\"type\":\"response.output_text.delta\",\"delta\":\"ok \"}";
     assert_int_equal(gw_flt_resp_event(x, st, e3, strlen(e3), &out), GW_EV_PASS);
@@ -911,7 +1149,7 @@ static void test_responses_delta_splice(void **state)
     const char *e4 = "{\"type\":\"response.output_text.delta\",\"delta\":\"\\u0065vil\"}";
     assert_int_equal(gw_flt_resp_event(x, st, e4, strlen(e4), &out), GW_EV_STOP);
     assert_int_equal(out.n, 1);
-    assert_non_null(strstr(out.data[0], "\"code\":\"content_filter\""));
+    assert_non_null(strstr(gw_payloads_at(&out, 0)->data, "\"code\":\"content_filter\""));
     gw_payloads_clear(&out);
     gw_flt_resp_free(x);
     flt_stream_free(st);
@@ -1310,6 +1548,11 @@ int main(void)
         cmocka_unit_test(test_sse_shape_streak),
         cmocka_unit_test(test_clean_pieces_same),
         cmocka_unit_test(test_stream_text_api),
+        cmocka_unit_test(test_stream_recycle_forgets),
+        cmocka_unit_test(test_stream_recycle_template_keys),
+        cmocka_unit_test(test_chan_recycle_bounded),
+        cmocka_unit_test(test_flt_cache_bounded),
+        cmocka_unit_test(test_payloads_inline_then_ext),
         cmocka_unit_test(test_responses_delta_splice),
         cmocka_unit_test(test_response_whole),
     };

@@ -389,6 +389,64 @@ static void test_in_place_and_assembled(void **state)
     gw_sse_free(s);
 }
 
+/* A splitter recycled with its request struct (proxy.c, conn.c) starts as
+ * a new one: an event half read, a failure, a [DONE] and the counts of the
+ * stream before are gone, a long event's buffer too, and the next
+ * answer's max_event_bytes applies. */
+static void test_recycle_rearm(void **state)
+{
+    (void)state;
+    gw_sse_t *s = gw_sse_new(0);
+    rec_t *r = calloc(1, sizeof(*r));
+    assert_non_null(r);
+    static char big[3 * GW_SSE_KEEP_BYTES];
+    memcpy(big, "data: ", 6);
+    memset(big + 6, 'x', sizeof(big) - 6);
+    const char *d = "data: [DONE]\n\n";
+    r->piece = d;
+    r->piece_len = strlen(d);
+    assert_int_equal(gw_sse_feed(s, d, strlen(d), rec_cb, r), 0);
+    r->piece = big;
+    r->piece_len = sizeof(big);
+    assert_int_equal(gw_sse_feed(s, big, sizeof(big), rec_cb, r), 0); /* buffered, grown */
+    assert_true(gw_sse_mid_event(s));
+    assert_true(gw_sse_done_seen(s));
+    assert_true(gw_sse_buf_bytes(s) >= sizeof(big));
+    gw_sse_recycle(s);
+    assert_int_equal(gw_sse_buf_bytes(s), 0); /* past GW_SSE_KEEP_BYTES: freed */
+    gw_sse_rearm(s, 64);
+    assert_false(gw_sse_mid_event(s));
+    assert_false(gw_sse_done_seen(s));
+    assert_int_equal(gw_sse_events(s), 0);
+    /* the new stream's first event is only its own bytes */
+    const char *a = "data: 1\n\n";
+    r->n = 0;
+    r->piece = a;
+    r->piece_len = strlen(a);
+    assert_int_equal(gw_sse_feed(s, a, strlen(a), rec_cb, r), 0);
+    assert_int_equal(r->n, 1);
+    assert_int_equal(r->len[0], strlen(a));
+    assert_memory_equal(r->raw[0], a, strlen(a));
+    /* the new bound: 64 bytes */
+    assert_int_equal(gw_sse_feed(s, big, 100, NULL, NULL), -1);
+    /* a small buffer is kept: the next split event needs no allocation */
+    gw_sse_rearm(s, 0);
+    assert_int_equal(gw_sse_feed(s, "data: 2", 7, rec_cb, r), 0);
+    size_t small = gw_sse_buf_bytes(s);
+    assert_true(small > 0 && small <= GW_SSE_KEEP_BYTES);
+    gw_sse_recycle(s);
+    assert_int_equal(gw_sse_buf_bytes(s), small);
+    /* failed, recycled again: usable, with the default bound back */
+    assert_int_equal(gw_sse_feed(s, big, 100, NULL, NULL), 0);
+    gw_sse_recycle(s);
+    gw_sse_rearm(s, 0);
+    assert_int_equal(gw_sse_feed(s, big, 100, NULL, NULL), 0);
+    assert_int_equal(gw_sse_feed(s, "\n\n", 2, NULL, NULL), 0);
+    assert_int_equal(gw_sse_events(s), 1);
+    free(r);
+    gw_sse_free(s);
+}
+
 static long data_of(const char *raw, char *out, size_t cap)
 {
     gw_sse_event_t ev = {.raw = raw, .raw_len = strlen(raw)};
@@ -458,6 +516,7 @@ int main(void)
         cmocka_unit_test(test_max_event_bytes),
         cmocka_unit_test(test_callback_stop),
         cmocka_unit_test(test_in_place_and_assembled),
+        cmocka_unit_test(test_recycle_rearm),
         cmocka_unit_test(test_event_data),
         cmocka_unit_test(test_find_is_memmem),
     };
