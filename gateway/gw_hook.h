@@ -177,7 +177,11 @@ GW_HOOK_TABLE(GW_HOOK_EXTERN)
 /* Per-request hook bookkeeping (embedded in gw_req_t). */
 typedef struct gw_hooks_req {
     void *state[GW_MAX_HOOKS];
-    unsigned ran;  /* bit i: hook i's on_request ran (on_end owed) */
+    unsigned ran; /* bit i: hook i's on_request ran (on_end owed) */
+    /* The bits of ran whose hook has on_event / on_answer: the per-event
+     * loops visit only those (a stream's events run them thousands of
+     * times). */
+    unsigned ran_event, ran_answer;
     unsigned next; /* the hook to run next */
     int pending;   /* index of the hook we wait for, or -1 */
     bool pre_done; /* the pre-route hooks are through */

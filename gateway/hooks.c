@@ -188,6 +188,10 @@ gw_hook_rc_t gw_hooks_run(gw_req_t *r, bool pre_route)
         if (!hk->on_request)
             continue;
         h->ran |= 1u << i;
+        if (hk->on_event)
+            h->ran_event |= 1u << i;
+        if (hk->on_answer)
+            h->ran_answer |= 1u << i;
         gw_hook_rc_t rc = hk->on_request(r, &h->state[i]);
         if (rc == GW_HOOK_PENDING) {
             h->pending = (int)i;
@@ -264,16 +268,19 @@ gw_ev_rc_t gw_hooks_event(gw_req_t *r, const char *data, size_t len, gw_payloads
 {
     /* cur holds the payloads between hooks; NULL data means "the original,
      * unchanged" so a chain of PASSes copies nothing. */
-    for (size_t i = 0; i < gw_nhooks; i++)
-        if ((r->hooks.ran & (1u << i)) && gw_hooks[i]->on_answer && r->hooks.state[i])
+    for (unsigned m = r->hooks.ran_answer; m; m &= m - 1) { /* in table order */
+        size_t i = (size_t)__builtin_ctz(m);
+        if (r->hooks.state[i])
             gw_hooks[i]->on_answer(r, r->hooks.state[i], data, len, NULL);
+    }
     gw_payloads_t cur;
     gw_payloads_init(&cur);
     bool changed = false;
     gw_ev_rc_t result = GW_EV_PASS;
-    for (size_t i = 0; i < gw_nhooks; i++) {
+    for (unsigned m = r->hooks.ran_event; m; m &= m - 1) {
+        size_t i = (size_t)__builtin_ctz(m);
         const gw_hook_t *hk = gw_hooks[i];
-        if (!(r->hooks.ran & (1u << i)) || !hk->on_event || !r->hooks.state[i])
+        if (!r->hooks.state[i])
             continue;
         gw_payloads_t next;
         gw_payloads_init(&next);

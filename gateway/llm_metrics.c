@@ -297,6 +297,11 @@ bool gw_llm_sse_event(gw_req_t *r, const gw_sse_event_t *ev)
     bool content;
     if (gw_llm_event_keys(ev->raw, ev->raw_len, &content)) {
         /* the usage chunk (or one that also carries usage): parse it */
+        if (ev->data) { /* one data line: found in place by the splitter */
+            if (ev->data_len)
+                gw_llm_event(r, ev->data, ev->data_len);
+            return true;
+        }
         char stack[2048], *data = stack;
         long dl = gw_sse_event_data(ev, stack, sizeof(stack));
         if (dl < 0) {

@@ -669,13 +669,19 @@ static int gw_proxy_event_cb(void *arg, const gw_sse_event_t *ev)
         gw_proxy_write(r, ev->raw, ev->raw_len);
         return 0;
     }
-    char stack[2048], *data = stack;
-    long dl = gw_sse_event_data(ev, stack, sizeof(stack));
-    if (dl < 0) {
-        data = malloc(ev->raw_len + 1);
-        if (!data)
-            return -1;
-        dl = gw_sse_event_data(ev, data, ev->raw_len + 1);
+    /* The usual event has one data line: the splitter found its value in
+     * place (no rescan, no copy); several lines are joined here. */
+    char stack[2048], *heap = NULL;
+    const char *data = ev->data;
+    long dl = (long)ev->data_len;
+    if (!data) {
+        data = stack;
+        if ((dl = gw_sse_event_data(ev, stack, sizeof(stack))) < 0) {
+            if (!(heap = malloc(ev->raw_len + 1)))
+                return -1;
+            data = heap;
+            dl = gw_sse_event_data(ev, heap, ev->raw_len + 1);
+        }
     }
     int rc = 0;
     if (dl <= 0) { /* no data field: nothing for the hooks */
@@ -686,8 +692,7 @@ static int gw_proxy_event_cb(void *arg, const gw_sse_event_t *ev)
     }
     r->llm.ev_plain = NULL;
     r->ev_ns = 0;
-    if (data != stack)
-        free(data);
+    free(heap);
     return rc;
 }
 

@@ -46,6 +46,9 @@ struct gw_sse {
     int npos; /* bytes of "data" matched in the field name, -1 when not */
     int dpos; /* bytes of "[DONE]" matched in the value, -1 when not */
     unsigned ndata;
+    size_t v_off; /* where the current data line's value begins (event offset) */
+    size_t d_off; /* the first data line's value: offset and length */
+    size_t d_len;
     bool done_cand; /* the event's only data line so far is "[DONE]" */
     bool has_field; /* a line other than a comment */
     size_t ev_prev; /* bytes of the current event fed in earlier pieces */
@@ -157,6 +160,10 @@ static int sse_dispatch(gw_sse_t *s, const char *p, size_t start, size_t end, gw
                 return -1;
             ev.raw = s->buf;
         }
+        if (s->ndata == 1) {
+            ev.data = ev.raw + s->d_off;
+            ev.data_len = s->d_len;
+        }
         rc = cb(arg, &ev);
     }
     s->ev_prev = 0;
@@ -168,11 +175,15 @@ static int sse_dispatch(gw_sse_t *s, const char *p, size_t start, size_t end, gw
     return rc;
 }
 
-/* A non-blank line ended at p[i] (CR or LF). */
-static void sse_line_end(gw_sse_t *s, char c)
+/* A non-blank line ended (at CR or LF c) at event offset off. */
+static void sse_line_end(gw_sse_t *s, char c, size_t off)
 {
     if (s->ls == LS_VALUE || s->ls == LS_VSP || s->ls == LS_SKIP_DATA ||
         (s->ls == LS_NAME && s->npos == 4)) {
+        if (s->ndata == 0) { /* "data" with no ':' has an empty value */
+            s->d_off = s->ls == LS_NAME ? off : s->v_off;
+            s->d_len = off - s->d_off;
+        }
         s->ndata++;
         s->done_cand = s->ndata == 1 && s->ls == LS_VALUE && s->dpos == 6;
     }
@@ -222,10 +233,11 @@ int gw_sse_feed(gw_sse_t *s, const char *p, size_t n, gw_sse_event_cb cb, void *
             break;
         case LS_NAME:
             if (c == '\r' || c == '\n') {
-                sse_line_end(s, c);
+                sse_line_end(s, c, s->ev_prev + i - start);
             } else if (c == ':') {
                 s->ls = s->npos == 4 ? LS_VSP : LS_SKIP;
                 s->dpos = 0;
+                s->v_off = s->ev_prev + i + 1 - start;
             } else if (s->npos < 4 && c == data_name[s->npos]) {
                 s->npos++;
             } else {
@@ -236,13 +248,14 @@ int gw_sse_feed(gw_sse_t *s, const char *p, size_t n, gw_sse_event_cb cb, void *
         case LS_VSP:
             s->ls = LS_VALUE;
             if (c == ' ') {
+                s->v_off++;
                 i++;
                 break;
             }
             /* fall through */
         case LS_VALUE:
             if (c == '\r' || c == '\n') {
-                sse_line_end(s, c);
+                sse_line_end(s, c, s->ev_prev + i - start);
             } else if (s->dpos < 6 && c == done_value[s->dpos]) {
                 s->dpos++;
             } else {
@@ -261,7 +274,7 @@ int gw_sse_feed(gw_sse_t *s, const char *p, size_t n, gw_sse_event_cb cb, void *
                 i = n;
                 break;
             }
-            sse_line_end(s, p[e]);
+            sse_line_end(s, p[e], s->ev_prev + e - start);
             i = e + 1;
             break;
         }

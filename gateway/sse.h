@@ -43,6 +43,12 @@ typedef struct gw_sse_event {
     size_t raw_len;
     bool done;         /* the event's data is exactly "[DONE]" */
     bool comment_only; /* only ':' lines (keep-alive pings) */
+    /* The data when the event has exactly one data line: its value (one
+     * leading space dropped) inside raw, not NUL-terminated; what
+     * gw_sse_event_data() would give, found by the split's own pass. NULL
+     * otherwise (no data line, or several: call gw_sse_event_data()). */
+    const char *data;
+    size_t data_len;
 } gw_sse_event_t;
 
 /* Return 0 to go on, -1 to stop (gw_sse_feed then returns -1). */

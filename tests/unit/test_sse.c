@@ -28,7 +28,8 @@ typedef struct rec {
     bool in_place[MAX_EV];
     const char *piece; /* the piece being fed, to tell in-place events */
     size_t piece_len;
-    int fail_at; /* return -1 on this event (0 = never) */
+    int fail_at;        /* return -1 on this event (0 = never) */
+    size_t data_events; /* events whose data came in place */
 } rec_t;
 
 static int rec_cb(void *arg, const gw_sse_event_t *ev)
@@ -41,6 +42,26 @@ static int rec_cb(void *arg, const gw_sse_event_t *ev)
     r->done[r->n] = ev->done;
     r->comment[r->n] = ev->comment_only;
     r->in_place[r->n] = ev->raw >= r->piece && ev->raw + ev->raw_len <= r->piece + r->piece_len;
+    /* the in-place data of a one-data-line event is what the joining
+     * gw_sse_event_data gives, however the input was cut */
+    char joined[512];
+    long jl = gw_sse_event_data(ev, joined, sizeof(joined));
+    assert_true(jl >= 0);
+    size_t ndata = 0;
+    for (size_t i = 0; i + 4 <= ev->raw_len; i++)
+        if ((i == 0 || ev->raw[i - 1] == '\n' || ev->raw[i - 1] == '\r') &&
+            memcmp(ev->raw + i, "data", 4) == 0 &&
+            (i + 4 == ev->raw_len || strchr(":\r\n", ev->raw[i + 4])))
+            ndata++;
+    if (ndata == 1) {
+        assert_non_null(ev->data);
+        assert_true(ev->data >= ev->raw && ev->data + ev->data_len <= ev->raw + ev->raw_len);
+        assert_int_equal(ev->data_len, (size_t)jl);
+        assert_memory_equal(ev->data, joined, (size_t)jl);
+    } else {
+        assert_null(ev->data);
+    }
+    r->data_events += ev->data != NULL;
     r->n++;
     if (r->fail_at && (int)r->n == r->fail_at)
         return -1;
@@ -188,6 +209,27 @@ static void test_mixed_stream_every_split(void **state)
     }
     /* split mode hands out every input byte exactly once */
     assert_int_equal(total, strlen(mixed));
+    assert_int_equal(w.data_events, 3); /* {"a":1}, " two", [DONE]; x+y has two lines */
+}
+
+/* One data line, found in place (rec_cb checks each against
+ * gw_sse_event_data), in every 2- and 3-piece cut. */
+static void test_one_data_line_in_place(void **state)
+{
+    (void)state;
+    static const char in[] = "data\n\n"
+                             "data:\n\n"
+                             "data: \r\n\r\n"
+                             ": c\ndata: v w\n: c2\nid: 1\n\n"
+                             "event: e\rdata\r\r"
+                             "dat: 1\ndatax: 2\ndata:  sp\n\n"
+                             "data: a\ndata: b\n\n";
+    rec_t w;
+    outcome_t o;
+    check_all_splits(in, strlen(in), 4096, true, &w, &o);
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.events, 7);
+    assert_int_equal(w.data_events, 6);
 }
 
 static void test_openai_stream_every_split(void **state)
@@ -510,6 +552,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mixed_stream_every_split),
         cmocka_unit_test(test_openai_stream_every_split),
+        cmocka_unit_test(test_one_data_line_in_place),
         cmocka_unit_test(test_done_detection),
         cmocka_unit_test(test_comment_only),
         cmocka_unit_test(test_mid_event),
