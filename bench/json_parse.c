@@ -5,12 +5,11 @@
  * stream of values, string validation off, callbacks that do nothing),
  * jansson as gateway/json_intake.c (a tree, duplicates rejected), and, when
  * Debian's libjsmn-dev is installed, jsmn (a tokenizer: strict, parent
- * links, no validation of numbers, literals or separators). yajl-usage is
- * gateway/llm_metrics.c's read of an answer's usage object: a new handle per
- * parse on a stack heap (common/yheap.c), the two counts kept, the parse
- * stopped at the object's close.
+ * links, no validation of numbers, literals or separators). The usage
+ * object's row (yajl-usage) is gateway/llm_metrics.c's own read, run by
+ * build/tools/llm_shape_bench.
  *
- *   json_parse MODE N [FILE]    MODE: yajl | yajl-usage | jansson | jsmn;
+ *   json_parse MODE N [FILE]    MODE: yajl | jansson | jsmn;
  *                               N parses of FILE (default: #16's body)
  */
 #include <stdio.h>
@@ -20,7 +19,6 @@
 #include <jansson.h>
 #include <yajl/yajl_parse.h>
 
-#include "common/yheap.h"
 #ifdef HAVE_JSMN
 #define JSMN_STATIC
 #define JSMN_STRICT
@@ -57,98 +55,6 @@ static int on_ustr(void *c, const unsigned char *s, size_t n)
     (void)s;
     (void)n;
     return on_plain(c);
-}
-
-/* gw_llm_uparse_t's walk, reduced: depth, the key, the two counts. */
-typedef struct usage {
-    int depth, key;
-    int closed;
-    long long pv, cv;
-} usage_t;
-
-static int u_value(void *c)
-{
-    ((usage_t *)c)->key = 0;
-    return 1;
-}
-static int u_bool(void *c, int b)
-{
-    (void)b;
-    return u_value(c);
-}
-static int u_double(void *c, double d)
-{
-    (void)d;
-    return u_value(c);
-}
-static int u_string(void *c, const unsigned char *s, size_t n)
-{
-    (void)s;
-    (void)n;
-    return u_value(c);
-}
-static int u_integer(void *c, long long v)
-{
-    usage_t *u = c;
-    if (u->key == 1)
-        u->pv = v;
-    else if (u->key == 2)
-        u->cv = v;
-    u->key = 0;
-    return 1;
-}
-static int u_key(void *c, const unsigned char *k, size_t n)
-{
-    usage_t *u = c;
-    u->key = 0;
-    if (u->depth == 1 && n == 13 && memcmp(k, "prompt_tokens", 13) == 0)
-        u->key = 1;
-    else if (u->depth == 1 && n == 17 && memcmp(k, "completion_tokens", 17) == 0)
-        u->key = 2;
-    return 1;
-}
-static int u_open(void *c)
-{
-    usage_t *u = c;
-    u->depth++;
-    u->key = 0;
-    return 1;
-}
-static int u_close(void *c)
-{
-    usage_t *u = c;
-    if (--u->depth == 0) {
-        u->closed = 1;
-        return 0;
-    }
-    return 1;
-}
-
-static const yajl_callbacks ucbs = {
-    .yajl_null = u_value,
-    .yajl_boolean = u_bool,
-    .yajl_integer = u_integer,
-    .yajl_double = u_double,
-    .yajl_string = u_string,
-    .yajl_start_map = u_open,
-    .yajl_map_key = u_key,
-    .yajl_end_map = u_close,
-    .yajl_start_array = u_open,
-    .yajl_end_array = u_close,
-};
-
-static int usage_parse(const char *obj, size_t n)
-{
-    usage_t u = {0};
-    sl_yheap_t heap;
-    yajl_alloc_funcs af = sl_yheap_funcs(&heap);
-    yajl_handle h = yajl_alloc(&ucbs, &af, &u);
-    if (!h)
-        return -1;
-    (void)yajl_parse(h, (const unsigned char *)obj, n);
-    yajl_free(h);
-    events += (unsigned long)(u.pv + u.cv);
-    return u.closed ? 0 : -1;
 }
 
 static char *slurp(const char *path, size_t *len)
@@ -210,9 +116,6 @@ int main(int argc, char **argv)
     for (long i = 0; i < n; i++) {
         if (strcmp(mode, "yajl") == 0) {
             if (yajl_parse(h, (const unsigned char *)in, len) != yajl_status_ok)
-                return 1;
-        } else if (strcmp(mode, "yajl-usage") == 0) {
-            if (usage_parse(in, len) != 0)
                 return 1;
         } else if (strcmp(mode, "jansson") == 0) {
             json_error_t err;

@@ -8,7 +8,9 @@
 # 16 KiB chat body (a long conversation, generated here, deterministic).
 # Counted by callgrind as the difference of a 2,000- and a 1,000-parse run,
 # so start-up cancels out: immune to the machine's load.
-# With build/libsluice.a (make), sluice's own gw_body_scan is a row too.
+# With build/libsluice.a (make), sluice's own gw_body_scan is a row too (scan:
+# parsed every time; shape: the same body through the thread's kept shape), and
+# with build/tools/llm_shape_bench llm_metrics.c's usage read (yajl-usage).
 # Usage: bench/json_parse.sh (after make deps; make for the sluice row)
 set -eu
 cd "$(dirname "$0")/.."
@@ -51,9 +53,12 @@ if [ -f "$BUILD/libsluice.a" ]; then
     # shellcheck disable=SC2046
     cc -O2 -std=c11 -D_GNU_SOURCE -pthread -I. -o "$B/json_scan_sluice" bench/json_scan_sluice.c \
         "$BUILD/libsluice.a" $(pkg-config --libs jansson yajl libpcre2-8) -lm
-    modes="sluice-scan"
+    modes="sluice-scan sluice-shape"
 fi
-modes="$modes yajl yajl-usage jansson"
+modes="$modes yajl"
+# llm_metrics.c's read of the usage object, no kept shape (make builds it)
+[ -x "$BUILD/tools/llm_shape_bench" ] && modes="$modes yajl-usage"
+modes="$modes jansson"
 jsmn=""
 if [ -f /usr/include/jsmn.h ]; then
     jsmn=-DHAVE_JSMN
@@ -61,7 +66,7 @@ if [ -f /usr/include/jsmn.h ]; then
 fi
 # shellcheck disable=SC2046
 cc -O2 -std=c11 -I. $jsmn $(pkg-config --cflags jansson yajl) -o "$B/json_parse" \
-    bench/json_parse.c common/yheap.c $(pkg-config --libs jansson yajl) -lpthread
+    bench/json_parse.c $(pkg-config --libs jansson yajl)
 if [ -f /usr/include/rapidjson/reader.h ]; then
     g++ -O2 -DRAPIDJSON_SSE42 -msse4.2 -o "$B/json_parse_rapidjson" bench/json_parse_rapidjson.cc
     modes="$modes rapidjson-utf8 rapidjson"
@@ -85,11 +90,13 @@ ir() {
     force=""
     case $1 in
     yajl-usage) [ -n "$usage" ] || return 0 ;;
-    sluice-scan) [ -z "$usage" ] || return 0 ;;
+    sluice-scan | sluice-shape) [ -z "$usage" ] || return 0 ;;
     esac
     case $1 in
-    sluice-scan) set -- "$B/json_scan_sluice" "$2" "$3" ;;
-    yajl | yajl-usage | jansson | jsmn) set -- "$B/json_parse" "$1" "$3" "$2" ;;
+    sluice-scan) set -- "$B/json_scan_sluice" "$2" "$3" parse ;;
+    sluice-shape) set -- "$B/json_scan_sluice" "$2" "$3" ;;
+    yajl-usage) set -- "$BUILD/tools/llm_shape_bench" "$3" yajl "$2" ;;
+    yajl | jansson | jsmn) set -- "$B/json_parse" "$1" "$3" "$2" ;;
     rapidjson-utf8) set -- "$B/json_parse_rapidjson" utf8 "$3" "$2" ;;
     rapidjson) set -- "$B/json_parse_rapidjson" plain "$3" "$2" ;;
     sj-dom) set -- "$B/json_parse_simdjson" dom "$2" "$3" $usage ;;

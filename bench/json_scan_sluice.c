@@ -8,7 +8,10 @@
  * sluice takes of json_parse_simdjson's check inputs (the scan, or jansson
  * with json_intake.c's flags when the scan sends a body to the slow path).
  *
- *   json_scan_sluice FILE N [whole]    whole: no skeleton (GW_SCAN_NO_SKEL)
+ *   json_scan_sluice FILE N [whole|parse]    whole: no skeleton
+ *       (GW_SCAN_NO_SKEL); parse: no kept shape (GW_SCAN_NO_SHAPE), yajl
+ *       reads every scan (without it the same body hits the thread's shape
+ *       from the second scan on)
  *   json_scan_sluice check
  */
 #include <stdio.h>
@@ -80,6 +83,8 @@ int main(int argc, char **argv)
     unsigned flags = GW_SCAN_MSGS;
     if (argc > 3 && strcmp(argv[3], "whole") == 0)
         flags |= GW_SCAN_NO_SKEL;
+    if (argc > 3 && strcmp(argv[3], "parse") == 0)
+        flags |= GW_SCAN_NO_SHAPE;
     gw_body_scan_t *s = gw_body_scan_new();
     if (!s)
         return 1;

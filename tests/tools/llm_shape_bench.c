@@ -4,12 +4,14 @@
  * callgrind (instructions per read: two runs of different lengths, the
  * difference divided by the difference of iterations).
  *
- *   build/tools/llm_shape_bench ITERATIONS MODE
+ *   build/tools/llm_shape_bench ITERATIONS MODE [FILE]
  *   MODE: scan | kept        the bench upstream's content chunk (one shape)
  *         scan-miss | kept-miss  a content with a surrogate escape and a
  *                            new number each event (every event a miss)
  *         yajl | kept-usage  issue #16's usage object (one shape)
  *         yajl-rot | kept-rot  three usage shapes in turn (2 are kept)
+ *   FILE (yajl, kept-usage): the usage object read from it instead
+ *   (bench/json_parse.sh's yajl-usage row).
  */
 #include <stdbool.h>
 #include <stdio.h>
@@ -30,9 +32,18 @@ static const char *const lsb_usage[] = {
 
 int main(int argc, char **argv)
 {
-    if (argc != 3) {
-        fprintf(stderr, "usage: llm_shape_bench ITERATIONS MODE\n");
+    if (argc != 3 && argc != 4) {
+        fprintf(stderr, "usage: llm_shape_bench ITERATIONS MODE [FILE]\n");
         return 2;
+    }
+    static char file[4096];
+    size_t flen = 0;
+    if (argc == 4) {
+        FILE *f = fopen(argv[3], "rb");
+        if (!f)
+            return 2;
+        flen = fread(file, 1, sizeof(file) - 1, f);
+        fclose(f);
     }
     long n = atol(argv[1]), k = 0;
     const char *m = argv[2];
@@ -54,9 +65,11 @@ int main(int argc, char **argv)
                 kept ? gw_llm_event_keys(buf, (size_t)l, &c) : gw_llm_scan_keys(buf, (size_t)l, &c);
             k += c;
         } else {
-            const char *u = strstr(m, "rot") ? lsb_usage[i % 3] : lsb_usage[0];
+            const char *u = flen ? file : strstr(m, "rot") ? lsb_usage[i % 3] : lsb_usage[0];
             gw_llm_uread_t r;
-            gw_llm_usage_read(u, strlen(u), kept, &r);
+            gw_llm_usage_read(u, flen ? flen : strlen(u), kept, &r);
+            if (!r.closed)
+                return 1;
             k += r.pv;
         }
     }
