@@ -113,7 +113,7 @@ one() {
         2>"$out.log"
     local pid=$LAST
     wait_admin_slow "$ADMIN" "$pid"
-    BENCH_TOKEN=$REQ_TOKEN BENCH_BODY_FILE=$REQ_BODY wrk -t1 -c"$CONNS" -d"$3"s --timeout 30s -s "$ROOT/bench/realistic.lua" \
+    BENCH_TOKEN=$REQ_TOKEN BENCH_SIGNING_KEY=$REQ_SIGNING_KEY BENCH_BODY_FILE=$REQ_BODY wrk -t1 -c"$CONNS" -d"$3"s --timeout 30s -s "$ROOT/bench/realistic.lua" \
         "http://127.0.0.1:$PORT/v1/chat/completions" >"$out.wrk"
     grep -q 'errors=0 non2xx=0' "$out.wrk" || { cat "$out.wrk" >&2; exit 1; }
     n=$(curl -sf "http://127.0.0.1:$ADMIN/metrics" |
@@ -133,6 +133,8 @@ for c in $CONFS; do
     for b in $BINS; do
         read -r ir1 n1 <<<"$(one "$b" "$c" "$SHORT")"
         read -r ir2 n2 <<<"$(one "$b" "$c" "$LONG")"
+        # a failed run exits only its $(...): stop here, not with garbage rows
+        [[ "$n1 $n2" =~ ^[0-9]+\ [0-9]+$ ]] || { echo "bench: $b $c failed" >&2; exit 1; }
         echo "| $b | $c | $n1 / $n2 | $(((ir2 - ir1) / (n2 - n1))) |"
     done
     case $c in plain | full-sse)
