@@ -2,7 +2,11 @@
 # bench/callgrind_req.sh — user-space instructions per request of issue #16's
 # JSON request (realistic.sh's "plain" and "full" confs) and of its streamed
 # request ("full-sse": "stream":true, the upstream build/tools/bench_upstream
-# answering 8 SSE events), counted by
+# answering 8 SSE events) and of issue #16's signed request ("full-sig": full
+# with auth.signing.required, every request signed by realistic.lua with the
+# token's signing key — timestamp, fresh nonce, HMAC — as bench/signed.lua
+# does for policy.sh's full_sig; one token, full's, so full-sig − full is
+# the signature, the nonce store and the three headers), counted by
 # valgrind's callgrind: immune to the machine's load, so it resolves changes
 # of a few hundred instructions that the wall-clock benches cannot.
 #
@@ -15,7 +19,7 @@
 #
 #   SLUICE_BIN (default build/sluice), SLUICE_BASE_BIN (optional: the same
 #   figures for that binary, in the same run), CG_CONFS (default "plain full";
-#   add full-sse for the streamed request),
+#   add full-sse for the streamed request, full-sig for the signed one),
 #   CG_SHORT / CG_LONG (wrk seconds, default 3 / 12), CG_CONNS (default 32),
 #   BENCH_BODY_VARY=key (realistic.lua: every request's body a JSON shape of
 #   its own, body_scan.c's kept shapes missing; with CG_NGINX=0),

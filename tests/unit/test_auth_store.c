@@ -330,6 +330,30 @@ static void test_nonce_slot_grace(void **state)
     auth_stores_free(s);
 }
 
+/* A time bucket emptied and then refilled under the same epoch (the wall
+ * clock stepped back): an older entry of that epoch whose slot is taken
+ * again must not take a count that belongs to the newer one. */
+static void test_nonce_clock_back_recount(void **state)
+{
+    (void)state;
+    auth_stores_t *s = auth_stores_new(100, 0);
+    unsigned char k1[AUTH_NONCE_KEY_LEN], k2[AUTH_NONCE_KEY_LEN], k3[AUTH_NONCE_KEY_LEN];
+    key_for(k1, 1, 1);
+    key_for(k2, 2, 1);
+    key_for(k3, 3, 1);
+    assert_int_equal(auth_nonce_insert(s, k1, 1010, 1000),
+                     AUTH_STORE_NEW); /* bucket [1008, 1016) */
+    assert_int_equal(auth_nonce_insert(s, k3, 1400, 1100), AUTH_STORE_NEW); /* it is over */
+    assert_int_equal(auth_stores_nonce_live(s), 1);
+    assert_int_equal(auth_nonce_insert(s, k2, 1012, 1005), AUTH_STORE_NEW); /* back: refilled */
+    assert_int_equal(auth_stores_nonce_live(s), 2);
+    /* k1, expired, comes again: its slot is reused; k2 still counts */
+    assert_int_equal(auth_nonce_insert(s, k1, 1300, 1013), AUTH_STORE_NEW);
+    assert_int_equal(auth_stores_nonce_live(s), 3);
+    assert_int_equal(auth_nonce_insert(s, k2, 1012, 1012), AUTH_STORE_SEEN);
+    auth_stores_free(s);
+}
+
 static void test_revocations(void **state)
 {
     (void)state;
@@ -652,6 +676,7 @@ int main(void)
         cmocka_unit_test(test_nonce_replay_after_churn),
         cmocka_unit_test(test_nonce_one_shard_to_capacity),
         cmocka_unit_test(test_nonce_slot_grace),
+        cmocka_unit_test(test_nonce_clock_back_recount),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
