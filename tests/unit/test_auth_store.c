@@ -555,17 +555,18 @@ static void test_token_cache(void **state)
         auth_tcache_put(c, k[i], strlen(k[i]), h[i], &v, 1000, 10);
     }
     assert_int_equal(auth_tcache_count(c), 2);
-    assert_false(auth_tcache_get(c, k[0], strlen(k[0]), h[0], 10, &out.claims,
-                                 out.signing_key)); /* evicted */
-    assert_true(auth_tcache_get(c, k[4], strlen(k[4]), h[4], 10, &out.claims, out.signing_key));
+    assert_false(auth_tcache_get(c, k[0], strlen(k[0]), h[0], 10, &out.claims, out.signing_key,
+                                 NULL)); /* evicted */
+    assert_true(
+        auth_tcache_get(c, k[4], strlen(k[4]), h[4], 10, &out.claims, out.signing_key, NULL));
     assert_string_equal(out.claims.sub, "u4");
     /* the bytes decide, not the hash: a prefix, or other bytes under the
      * same hash value, are not the token */
     assert_false(
-        auth_tcache_get(c, k[4], strlen(k[4]) - 1, h[4], 10, &out.claims, out.signing_key));
-    assert_false(auth_tcache_get(c, "token-x", 7, h[4], 10, &out.claims, out.signing_key));
-    assert_false(auth_tcache_get(c, k[4], strlen(k[4]), h[4], 1000, &out.claims,
-                                 out.signing_key)); /* expired, and dropped */
+        auth_tcache_get(c, k[4], strlen(k[4]) - 1, h[4], 10, &out.claims, out.signing_key, NULL));
+    assert_false(auth_tcache_get(c, "token-x", 7, h[4], 10, &out.claims, out.signing_key, NULL));
+    assert_false(auth_tcache_get(c, k[4], strlen(k[4]), h[4], 1000, &out.claims, out.signing_key,
+                                 NULL)); /* expired, and dropped */
     assert_int_equal(auth_tcache_count(c), 1);
     /* a token longer than AUTH_TCACHE_TOKEN_MAX is not kept */
     char *big = malloc(AUTH_TCACHE_TOKEN_MAX + 2);
@@ -573,8 +574,8 @@ static void test_token_cache(void **state)
     big[AUTH_TCACHE_TOKEN_MAX + 1] = '\0';
     unsigned bh = auth_tcache_hash(big, AUTH_TCACHE_TOKEN_MAX + 1);
     auth_tcache_put(c, big, AUTH_TCACHE_TOKEN_MAX + 1, bh, &v, 1000, 10);
-    assert_false(
-        auth_tcache_get(c, big, AUTH_TCACHE_TOKEN_MAX + 1, bh, 10, &out.claims, out.signing_key));
+    assert_false(auth_tcache_get(c, big, AUTH_TCACHE_TOKEN_MAX + 1, bh, 10, &out.claims,
+                                 out.signing_key, NULL));
     assert_int_equal(auth_tcache_count(c), 1);
     free(big);
     auth_tcache_free(c);
@@ -597,11 +598,11 @@ static void test_token_cache(void **state)
     snprintf(v.claims.sub, sizeof(v.claims.sub), "b");
     auth_tcache_put(c, tb, strlen(tb), ha, &v, 1000, 10);
     assert_int_equal(auth_tcache_count(c), 2);
-    assert_true(auth_tcache_get(c, ta, strlen(ta), ha, 10, &out.claims, out.signing_key));
+    assert_true(auth_tcache_get(c, ta, strlen(ta), ha, 10, &out.claims, out.signing_key, NULL));
     assert_string_equal(out.claims.sub, "a");
-    assert_true(auth_tcache_get(c, tb, strlen(tb), ha, 10, &out.claims, out.signing_key));
+    assert_true(auth_tcache_get(c, tb, strlen(tb), ha, 10, &out.claims, out.signing_key, NULL));
     assert_string_equal(out.claims.sub, "b");
-    assert_false(auth_tcache_get(c, tc, strlen(tc), ha, 10, &out.claims, out.signing_key));
+    assert_false(auth_tcache_get(c, tc, strlen(tc), ha, 10, &out.claims, out.signing_key, NULL));
     auth_tcache_free(c);
 
     /* Through the request path. */
