@@ -490,8 +490,10 @@ auth_store_rc_t auth_nonce_insert(auth_stores_t *s, const unsigned char key[AUTH
         goto out; /* replayable never again: nothing to remember */
     int64_t p = nonce_epoch(expires);
     int64_t exp_rel = expires - base;
-    if (p - nonce_epoch(now) >= NONCE_BUCKETS - 2 || exp_rel > UINT32_MAX) {
-        rc = AUTH_STORE_FULL; /* beyond the ring (a window over 1 h): cannot be kept */
+    if (p - nonce_epoch(now) >= NONCE_BUCKETS - 2 || exp_rel < 1 || exp_rel > UINT32_MAX) {
+        /* beyond the ring (a window over 1 h), or the clock 68 years away
+         * from the store's base: cannot be kept */
+        rc = AUTH_STORE_FULL;
         goto out;
     }
     if (!nonce_reserve(s)) {

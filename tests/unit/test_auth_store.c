@@ -160,6 +160,12 @@ static void test_nonce_clock_edges(void **state)
     /* 2 hours ahead cannot be kept (a window is at most 1 h) */
     key_for(k, 3000, 2);
     assert_int_equal(auth_nonce_insert(s, k, now + 4 * 3600, now), AUTH_STORE_FULL);
+    /* a clock a century away from the store's first (expiries are kept
+     * as 32-bit offsets from it): refused, never stored wrong */
+    const int64_t century = 3155760000LL;
+    key_for(k, 3002, 2);
+    assert_int_equal(auth_nonce_insert(s, k, now + century + 300, now + century), AUTH_STORE_FULL);
+    assert_int_equal(auth_nonce_insert(s, k, now - century + 300, now - century), AUTH_STORE_FULL);
     /* already expired: nothing to remember */
     key_for(k, 3001, 2);
     assert_int_equal(auth_nonce_insert(s, k, now - 1, now), AUTH_STORE_NEW);
