@@ -464,7 +464,8 @@ auth_status_t auth_check(const auth_t *a, sl_redis_t *redis, const auth_request_
      * clock-dependent rules are re-run. */
     auth_tcache_val_t v;
     unsigned th = auth_tcache_hash(tok, tok_len);
-    bool cached = auth_tcache_get(a->tcache, tok, tok_len, th, now, &res->claims, v.signing_key);
+    bool cached =
+        auth_tcache_get(a->tcache, tok, tok_len, th, now, &res->claims, v.signing_key, &v.key_id);
     auth_reason_t r;
     if (cached) {
         r = auth_claims_check_time(a, &res->claims, now);
@@ -478,6 +479,8 @@ auth_status_t auth_check(const auth_t *a, sl_redis_t *redis, const auth_request_
         if (r == AUTH_OK) {
             v.claims = res->claims;
             v.signing_key[0] = '\0';
+            /* the signing key's id: its HMAC context is found by it */
+            v.key_id = a->signing_secret ? auth_key_id_new() : 0;
             if (a->signing_secret &&
                 auth_signing_key(a, v.claims.jti, strlen(v.claims.jti), v.signing_key) != 0)
                 r = AUTH_R_SIG_MISMATCH;
@@ -499,7 +502,7 @@ auth_status_t auth_check(const auth_t *a, sl_redis_t *redis, const auth_request_
         int64_t ts = 0;
         /* The token's hash picks where this thread keeps the key's HMAC
          * context: public, and the same for every request of the token. */
-        r = auth_sig_verify(v.signing_key, th & 0xffffu, req, now, a->window_s, &ts);
+        r = auth_sig_verify(v.signing_key, th & 0xffffu, v.key_id, req, now, a->window_s, &ts);
         OPENSSL_cleanse(v.signing_key, sizeof(v.signing_key));
         if (r == AUTH_OK && auth_nonce_key(res->claims.jti, strlen(res->claims.jti), req->nonce,
                                            req->nonce_len, job.nonce_key) != 0)

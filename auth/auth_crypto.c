@@ -9,6 +9,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,7 +73,8 @@ static void crypto_init(void)
 
 typedef struct auth_tl_mac {
     EVP_MAC_CTX *ctx;
-    size_t klen; /* 0 = not keyed */
+    uint64_t key_id; /* the id its key was registered under; 0 = none */
+    size_t klen;     /* 0 = not keyed */
     unsigned char key[AUTH_TL_KEY_MAX];
 } auth_tl_mac_t;
 
@@ -115,20 +117,33 @@ static auth_tl_t *auth_tl_get(void)
 
 /* The context to use for `key` in the hint's set, keyed and ready for
  * updates, or NULL. */
-static EVP_MAC_CTX *auth_tl_mac(auth_tl_t *t, unsigned hint, const void *key, size_t klen)
+/* Restarts a kept context from its keyed setup, as the way last used. */
+static EVP_MAC_CTX *auth_tl_reuse(auth_tl_t *t, size_t set, size_t w)
+{
+    t->lru[set] = (unsigned char)(w ^ 1);
+    auth_tl_mac_t *m = &t->mac[set][w];
+    return EVP_MAC_init(m->ctx, NULL, 0, NULL) ? m->ctx : NULL;
+}
+
+static EVP_MAC_CTX *auth_tl_mac(auth_tl_t *t, unsigned hint, uint64_t key_id, const void *key,
+                                size_t klen)
 {
     /* OpenSSL refuses a NULL key even of length 0; an empty key never
      * occurs here (secrets have minimum lengths) but stay defined. */
     static const unsigned char empty[1];
     size_t set = hint & (AUTH_TL_SETS - 1);
     auth_tl_mac_t *ways = t->mac[set];
+    /* By id first: a public number, so an equality test, not a
+     * constant-time compare of two secret keys (64 bytes, a byte a step). */
+    for (size_t w = 0; key_id && w < AUTH_TL_WAYS; w++)
+        if (ways[w].key_id == key_id && ways[w].klen == klen)
+            return auth_tl_reuse(t, set, w);
     if (klen && klen <= AUTH_TL_KEY_MAX) {
         for (size_t w = 0; w < AUTH_TL_WAYS; w++) {
             auth_tl_mac_t *m = &ways[w];
             if (m->klen == klen && CRYPTO_memcmp(key, m->key, klen) == 0) {
-                t->lru[set] = (unsigned char)(w ^ 1);
-                /* same key: restart from its kept setup */
-                return EVP_MAC_init(m->ctx, NULL, 0, NULL) ? m->ctx : NULL;
+                m->key_id = key_id; /* the same key under a new id */
+                return auth_tl_reuse(t, set, w);
             }
         }
     }
@@ -137,21 +152,36 @@ static EVP_MAC_CTX *auth_tl_mac(auth_tl_t *t, unsigned hint, const void *key, si
     if (!m->ctx && !(m->ctx = g_hmac_tmpl ? EVP_MAC_CTX_dup(g_hmac_tmpl) : NULL))
         return NULL;
     m->klen = 0;
+    m->key_id = 0;
     if (!EVP_MAC_init(m->ctx, klen ? key : empty, klen, NULL))
         return NULL;
     if (klen && klen <= AUTH_TL_KEY_MAX) {
         memcpy(m->key, key, klen);
         m->klen = klen;
+        m->key_id = key_id;
     }
     return m->ctx;
+}
+
+uint64_t auth_key_id_new(void)
+{
+    static _Atomic uint64_t next = 1;
+    return atomic_fetch_add_explicit(&next, 1, memory_order_relaxed);
 }
 
 int auth_hmac_sha256_hint(unsigned hint, const void *key, size_t klen, const void *const *parts,
                           const size_t *lens, size_t n, unsigned char out[32])
 {
+    return auth_hmac_sha256_id(hint, 0, key, klen, parts, lens, n, out);
+}
+
+int auth_hmac_sha256_id(unsigned hint, uint64_t key_id, const void *key, size_t klen,
+                        const void *const *parts, const size_t *lens, size_t n,
+                        unsigned char out[32])
+{
     pthread_once(&crypto_once, crypto_init);
     auth_tl_t *t = auth_tl_get();
-    EVP_MAC_CTX *ctx = t ? auth_tl_mac(t, hint, key, klen) : NULL;
+    EVP_MAC_CTX *ctx = t ? auth_tl_mac(t, hint, key_id, key, klen) : NULL;
     int ok = ctx != NULL;
     for (size_t i = 0; ok && i < n; i++)
         ok = EVP_MAC_update(ctx, parts[i], lens[i]);
@@ -160,8 +190,10 @@ int auth_hmac_sha256_hint(unsigned hint, const void *key, size_t klen, const voi
         ok = EVP_MAC_final(ctx, out, &outl, 32);
     if (!ok && t) {
         /* a context in an unknown state is keyed again next time */
-        for (size_t w = 0; w < AUTH_TL_WAYS; w++)
+        for (size_t w = 0; w < AUTH_TL_WAYS; w++) {
             t->mac[hint & (AUTH_TL_SETS - 1)][w].klen = 0;
+            t->mac[hint & (AUTH_TL_SETS - 1)][w].key_id = 0;
+        }
     }
     return ok && outl == 32 ? 0 : -1;
 }

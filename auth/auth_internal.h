@@ -51,6 +51,7 @@ typedef struct auth_tcache auth_tcache_t;
 typedef struct auth_tcache_val {
     auth_claims_t claims;
     char signing_key[65]; /* "" when no signing secret */
+    uint64_t key_id;      /* signing_key's (auth_key_id_new), 0 = none */
 } auth_tcache_val_t;
 
 #define AUTH_TCACHE_DEFAULT   8192 /* entries, ~650 bytes + the token each */
@@ -62,10 +63,10 @@ void auth_tcache_free(auth_tcache_t *c);
  * signature check's context hint). */
 unsigned auth_tcache_hash(const char *tok, size_t len);
 /* When these exact token bytes are cached and now < their expiry, copies
- * the value into *claims and signing_key (65 bytes) and returns true (an
- * expired entry is dropped). */
+ * the value into *claims, signing_key (65 bytes) and *key_id (unless NULL)
+ * and returns true (an expired entry is dropped). */
 bool auth_tcache_get(auth_tcache_t *c, const char *tok, size_t len, unsigned hash, int64_t now,
-                     auth_claims_t *claims, char *signing_key);
+                     auth_claims_t *claims, char *signing_key, uint64_t *key_id);
 void auth_tcache_put(auth_tcache_t *c, const char *tok, size_t len, unsigned hash,
                      const auth_tcache_val_t *v, int64_t expires, int64_t now);
 size_t auth_tcache_count(auth_tcache_t *c);
@@ -115,6 +116,14 @@ int auth_hmac_sha256(const void *key, size_t klen, const void *const *parts, con
  * derived from the key; any value gives the same MAC. */
 int auth_hmac_sha256_hint(unsigned hint, const void *key, size_t klen, const void *const *parts,
                           const size_t *lens, size_t n, unsigned char out[32]) SL_WUR;
+/* The same, for a key registered under key_id (auth_key_id_new, 0 = none):
+ * a context keyed under the same id is reused without comparing the keys,
+ * so the caller must never pass one id with two keys. */
+int auth_hmac_sha256_id(unsigned hint, uint64_t key_id, const void *key, size_t klen,
+                        const void *const *parts, const size_t *lens, size_t n,
+                        unsigned char out[32]) SL_WUR;
+/* A number never returned before in this process (never 0). */
+uint64_t auth_key_id_new(void);
 int auth_sha256(const void *data, size_t len, unsigned char out[32]) SL_WUR;
 
 /* base64url without padding (RFC 7515 §2). encode: out must hold
@@ -172,8 +181,9 @@ auth_reason_t auth_sig_check_nonce(const char *s, size_t n);
 /* Everything but the replay check: headers present, timestamp inside
  * now +- window_s, nonce syntax, HMAC-SHA256(key, canonical) equal to the
  * signature (constant time). signing_key is the 64-char hex string;
- * key_hint as for auth_hmac_sha256_hint (public, stable per token). */
-auth_reason_t auth_sig_verify(const char signing_key[64], unsigned key_hint,
+ * key_hint as for auth_hmac_sha256_hint (public, stable per token), key_id
+ * the key's as for auth_hmac_sha256_id (0 = none). */
+auth_reason_t auth_sig_verify(const char signing_key[64], unsigned key_hint, uint64_t key_id,
                               const auth_request_t *req, int64_t now, int64_t window_s,
                               int64_t *ts_out);
 

@@ -29,17 +29,25 @@ auth_reason_t auth_sig_parse_timestamp(const char *s, size_t n, int64_t *out)
     return AUTH_OK;
 }
 
+/* [A-Za-z0-9_-]: one load a character instead of five range tests. */
+static const bool sig_nonce_char[256] = {
+    ['-'] = true, ['_'] = true,
+#define SIG_R(a)  [a] = true, [a + 1] = true, [a + 2] = true, [a + 3] = true, [a + 4] = true
+#define SIG_R5(a) SIG_R(a), SIG_R(a + 5)
+    SIG_R5('0'),  SIG_R5('A'),  SIG_R5('K'), SIG_R('U'),   ['Z'] = true,
+    SIG_R5('a'),  SIG_R5('k'),  SIG_R('u'),  ['z'] = true,
+#undef SIG_R5
+#undef SIG_R
+};
+
 auth_reason_t auth_sig_check_nonce(const char *s, size_t n)
 {
     if (!s || n < AUTH_NONCE_MIN || n > AUTH_NONCE_MAX)
         return AUTH_R_SIG_NONCE;
-    for (size_t i = 0; i < n; i++) {
-        char c = s[i];
-        if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-              c == '-' || c == '_'))
-            return AUTH_R_SIG_NONCE;
-    }
-    return AUTH_OK;
+    bool ok = true;
+    for (size_t i = 0; i < n; i++)
+        ok &= sig_nonce_char[(unsigned char)s[i]];
+    return ok ? AUTH_OK : AUTH_R_SIG_NONCE;
 }
 
 /* The canonical string of a usual request fits here; it is then fed to the
@@ -47,29 +55,38 @@ auth_reason_t auth_sig_check_nonce(const char *s, size_t n)
  * longer one (a long query string) is fed piece by piece. */
 #define SIG_CANON_MAX 1024
 
-static int sig_mac(unsigned hint, const char *signing_key, size_t key_len, const char *method,
-                   size_t method_len, const char *path, size_t path_len, const char *ts,
-                   size_t ts_len, const char *nonce, size_t nonce_len,
+static int sig_mac(unsigned hint, uint64_t key_id, const char *signing_key, size_t key_len,
+                   const char *method, size_t method_len, const char *path, size_t path_len,
+                   const char *ts, size_t ts_len, const char *nonce, size_t nonce_len,
                    const unsigned char body_sha256[32], unsigned char mac[32])
 {
-    char body_hex[65];
-    sl_hex(body_sha256, 32, body_hex);
-    const void *parts[] = {method, "\n", path, "\n", ts, "\n", nonce, "\n", body_hex};
-    const size_t lens[] = {method_len, 1, path_len, 1, ts_len, 1, nonce_len, 1, 64};
-    size_t total = 0;
-    for (size_t i = 0; i < SL_ARRAY_LEN(parts); i++)
-        total += lens[i];
-    if (total > SIG_CANON_MAX)
-        return auth_hmac_sha256_hint(hint, signing_key, key_len, parts, lens, SL_ARRAY_LEN(parts),
-                                     mac);
-    char canon[SIG_CANON_MAX];
-    size_t n = 0;
-    for (size_t i = 0; i < SL_ARRAY_LEN(parts); i++) {
-        memcpy(canon + n, parts[i], lens[i]);
-        n += lens[i];
+    size_t total = method_len + path_len + ts_len + nonce_len + 4 + 64;
+    if (total > SIG_CANON_MAX) {
+        char body_hex[65];
+        sl_hex(body_sha256, 32, body_hex);
+        const void *parts[] = {method, "\n", path, "\n", ts, "\n", nonce, "\n", body_hex};
+        const size_t lens[] = {method_len, 1, path_len, 1, ts_len, 1, nonce_len, 1, 64};
+        return auth_hmac_sha256_id(hint, key_id, signing_key, key_len, parts, lens,
+                                   SL_ARRAY_LEN(parts), mac);
     }
+    /* built in place, the body's hash written as hex straight into it */
+    char canon[SIG_CANON_MAX + 1];
+    char *p = canon;
+    memcpy(p, method, method_len);
+    p += method_len;
+    *p++ = '\n';
+    memcpy(p, path, path_len);
+    p += path_len;
+    *p++ = '\n';
+    memcpy(p, ts, ts_len);
+    p += ts_len;
+    *p++ = '\n';
+    memcpy(p, nonce, nonce_len);
+    p += nonce_len;
+    *p++ = '\n';
+    sl_hex(body_sha256, 32, p); /* 64 characters and a NUL, which the +1 holds */
     const void *one[] = {canon};
-    return auth_hmac_sha256_hint(hint, signing_key, key_len, one, &n, 1, mac);
+    return auth_hmac_sha256_id(hint, key_id, signing_key, key_len, one, &total, 1, mac);
 }
 
 int auth_sig_compute(const char *signing_key, size_t key_len, const char *method, size_t method_len,
@@ -78,14 +95,14 @@ int auth_sig_compute(const char *signing_key, size_t key_len, const char *method
                      char out[65])
 {
     unsigned char mac[32];
-    if (sig_mac(0, signing_key, key_len, method, method_len, path, path_len, ts, ts_len, nonce,
+    if (sig_mac(0, 0, signing_key, key_len, method, method_len, path, path_len, ts, ts_len, nonce,
                 nonce_len, body_sha256, mac) != 0)
         return -1;
     sl_hex(mac, sizeof(mac), out);
     return 0;
 }
 
-auth_reason_t auth_sig_verify(const char signing_key[64], unsigned key_hint,
+auth_reason_t auth_sig_verify(const char signing_key[64], unsigned key_hint, uint64_t key_id,
                               const auth_request_t *req, int64_t now, int64_t window_s,
                               int64_t *ts_out)
 {
@@ -109,7 +126,7 @@ auth_reason_t auth_sig_verify(const char signing_key[64], unsigned key_hint,
     }
     unsigned char mac[32];
     char want[65];
-    if (sig_mac(key_hint, signing_key, 64, req->method ? req->method : "",
+    if (sig_mac(key_hint, key_id, signing_key, 64, req->method ? req->method : "",
                 req->method ? req->method_len : 0, req->path ? req->path : "",
                 req->path ? req->path_len : 0, req->timestamp, req->timestamp_len, req->nonce,
                 req->nonce_len, bs, mac) != 0)

@@ -2,21 +2,26 @@
  * auth_store.c — the in-process nonce and revocation stores, shared by
  * every worker thread of one sluice process.
  *
- * Nonces: a uthash table per shard (16 shards, one mutex each, keyed by a
- * hash prefix so they fill evenly), plus a ring of time buckets per shard:
- * every entry sits in the bucket of its expiry second / AUTH_NONCE_BUCKET_S.
- * Expiry never scans: when a bucket's last second has passed, its whole
- * list is moved (one O(1) splice) to the shard's dead list, and each call
- * gives a few dead entries back to the shard's slabs (entries are carved
- * from per-shard slabs, not malloc'd one by one). The capacity (nonce_memory / the bytes an
- * entry costs) holds for the whole store through one atomic count of live
- * entries, not a share per shard, so no shard can fill while others have
- * room. A full store therefore refuses in O(1) — a hash lookup (a replay
- * is still a replay) and an atomic add — instead of walking a shard.
- * Refusing is the only choice: evicting a live nonce would reopen a replay.
- * An entry found expired is treated as absent, so lateness in freeing
- * never changes an answer; a nonce is kept up to one bucket longer than
- * its expiry (it still counts against the capacity until then).
+ * Nonces: a cuckoo table per shard (16 shards, one mutex each, picked by
+ * a key byte): 16-byte slots, four to a cache line, and each key may sit
+ * in one of two lines picked by a secret keyed hash, so a lookup reads two
+ * lines (fetched together) and nothing else. Expiry writes no entry: a
+ * ring of time buckets per shard counts the entries expiring in each
+ * AUTH_NONCE_BUCKET_S epoch, and when an epoch is over its count comes off
+ * the live total in one step; the entries stay in their slots, where an
+ * expired one (NONCE_GRACE_S past its expiry) is a free slot to the next
+ * key that needs one. A key whose lines are both full moves another entry
+ * to its other line (a bounded walk), and a table grows (doubles) when
+ * three quarters of its slots are held or a walk fails. The capacity
+ * (nonce_memory / the bytes an entry is counted at) holds for the whole
+ * store through one atomic count of live entries, and the tables of all
+ * shards together stay within nonce_memory, so no shard can fill while
+ * others have room. A full store therefore refuses in O(1) — a two-line
+ * lookup (a replay is still a replay) and an atomic add — instead of
+ * walking a shard. Refusing is the only choice: evicting a live nonce
+ * would reopen a replay. An entry found expired is treated as absent, so
+ * lateness in counting never changes an answer; a nonce counts against
+ * the capacity up to one bucket longer than its expiry.
  *
  * The find-or-insert happens under one shard lock, which is what makes 100
  * concurrent copies of a request let exactly one through. Revocations are
@@ -41,65 +46,50 @@
 
 #include <openssl/rand.h>
 
-/* uthash grows a table when a chain reaches this length (its default is
- * 10, which keeps 2-3 entries per bucket on average). A fresh nonce, which
- * is nearly every insert, is looked up before it is added and that lookup
- * walks its whole chain: one dependent cache miss per entry in a server
- * whose cache the rest of the request has flushed (perf under bench/
- * policy.sh: the walk was ~1.5 us of a signed request's CPU). 7 halves the
- * chains for 16-byte buckets that keep a nonce within its 128-byte budget
- * at scale (~121 bytes at 200k-1M held; test_nonce_memory_per_entry); 6
- * would exceed it. The revocation table, small, gets the same. */
-#undef HASH_BKT_CAPACITY_THRESH
-#define HASH_BKT_CAPACITY_THRESH 7U
-
 #define NONCE_SHARDS           16
 #define DEFAULT_NONCE_CAP      (AUTH_NONCE_MEMORY_DEFAULT / AUTH_NONCE_ENTRY_BYTES)
 #define DEFAULT_REVOCATION_CAP 65536
-/* Buckets per shard: enough for the longest life of a nonce (2 x the
+/* Time buckets per shard: enough for the longest life of a nonce (2 x the
  * longest window, 1 h: a timestamp up to a window ahead, kept a window
  * after it) plus the bucket being filled and the one being emptied. */
 #define NONCE_BUCKETS 1024
 _Static_assert(2 * 3600 / AUTH_NONCE_BUCKET_S + 3 < NONCE_BUCKETS, "nonce ring too short");
-/* Dead entries freed per call: more than the one a call may add, so the
- * dead list drains faster than the store fills. */
-#define NONCE_FREE_PER_CALL 8
-/* Entries are carved from slabs of this many, per shard: long-lived
- * nonces do not interleave with the requests' short-lived allocations (a
- * malloc per nonce fragmented the heap: glibc's malloc_consolidate showed
- * in every request's profile), and an entry costs no allocator header.
- * Freed entries go back to their shard's free list, so a shard holds at
- * most what it held at its peak (bounded by the capacity). */
-_Static_assert(AUTH_NONCE_KEY_LEN >= 8, "nonce_hashv reads 8 key bytes");
-#define NONCE_SLAB 512
 
-typedef struct nonce_ent {
-    UT_hash_handle hh;
-    struct nonce_ent *prev, *next; /* in its bucket, or the shard's dead list */
-    int64_t expires;               /* live while now <= expires */
-    uint32_t gen;                  /* its bucket's gen when it went in */
-    unsigned char key[AUTH_NONCE_KEY_LEN];
-} nonce_ent_t;
+/* One remembered nonce: 16 bytes, four to a cache line. A key is found by
+ * its 64-bit keyed hash (which also places it) plus two more key bytes:
+ * 80 bits must match, so a fresh nonce taken for a replay is a 2^-80 event
+ * per entry, and only ever refuses (never lets a replay through). */
+typedef struct nonce_slot {
+    uint64_t h;   /* nonce_hash(key) */
+    uint16_t ver; /* key bytes 14, 15 */
+    uint16_t gen; /* its time bucket's gen when it went in */
+    uint32_t exp; /* expiry, s from the store's base; 0 = never used */
+} nonce_slot_t;
 
-typedef struct nonce_slab {
-    struct nonce_slab *next;
-    nonce_ent_t ents[NONCE_SLAB];
-} nonce_slab_t;
+#define NONCE_WAYS 4
+typedef struct nonce_line {
+    nonce_slot_t s[NONCE_WAYS];
+} __attribute__((aligned(64))) nonce_line_t;
+_Static_assert(sizeof(nonce_line_t) == 64, "a line of slots is one cache line");
 
+/* Tables start at this many lines per shard and double when 3/4 of their
+ * slots are held; a key that finds no slot even by moving others
+ * (NONCE_KICKS steps) doubles the table too. */
+#define NONCE_LINES_MIN 8
+#define NONCE_KICKS     64
+
+/* A time bucket: how many of the shard's entries expire in its epoch. */
 typedef struct nonce_bucket {
-    nonce_ent_t *list; /* NULL = empty */
-    int64_t epoch;     /* expires / AUTH_NONCE_BUCKET_S of every entry in list */
-    size_t n;
-    uint32_t gen; /* +1 each time the bucket is emptied into the dead list */
+    int64_t epoch; /* expiry / AUTH_NONCE_BUCKET_S of what n counts */
+    uint32_t n;
+    uint16_t gen; /* +1 each time the bucket is emptied */
 } nonce_bucket_t;
 
 typedef struct nonce_shard {
     pthread_mutex_t mu;
-    nonce_ent_t *table;
-    nonce_ent_t *dead;  /* expired, still in table: freed a few per call */
-    nonce_ent_t *spare; /* free entries (linked by next) */
-    nonce_slab_t *slabs;
-    size_t count;   /* entries held, live and dead */
+    nonce_line_t *lines;
+    uint32_t mask;  /* lines - 1; lines is a power of two */
+    size_t live;    /* entries its buckets count */
     int64_t cursor; /* next epoch whose bucket may have expired */
     nonce_bucket_t ring[NONCE_BUCKETS];
 } __attribute__((aligned(64))) nonce_shard_t;
@@ -115,14 +105,17 @@ typedef struct rev_ent {
 
 struct auth_stores {
     nonce_shard_t shards[NONCE_SHARDS];
-    /* Odd, random per process: a nonce's table hash is the high half of
-     * its key's first 8 bytes times this (multiply-shift). The key is
-     * already a SHA-256 prefix, so hashing it again (uthash's Jenkins) only
-     * cost time; the secret multiplier keeps a client who grinds nonces
-     * from aiming them at one chain, which a fixed function (Jenkins, or
-     * the key bytes themselves) would allow. */
-    uint64_t hash_mult;
-    _Atomic size_t nonce_live; /* entries not yet moved to a dead list */
+    /* Random per process: the key of nonce_hash. The key is already a
+     * SHA-256 prefix, so a full hash of it only costs time; the secret
+     * keeps a client who grinds nonces from aiming them at one line of a
+     * table, which a fixed function (or the key bytes themselves) would
+     * allow. */
+    uint64_t hash_key[2];
+    /* Expiries are kept as 32-bit seconds from here: the first insert's
+     * clock less 2^31 (INT64_MIN until then), so +-68 years of clock fit. */
+    _Atomic int64_t nonce_base;
+    _Atomic size_t nonce_table_bytes; /* all shards' tables */
+    _Atomic size_t nonce_live;        /* entries the time buckets count */
     _Atomic size_t nonce_cap;
     _Atomic int64_t nonce_looked; /* when a full store last looked at every shard */
     pthread_rwlock_t rev_mu;
@@ -148,11 +141,11 @@ auth_stores_t *auth_stores_new(size_t nonce_capacity, size_t revocation_capacity
     for (size_t i = 0; i < NONCE_SHARDS; i++)
         pthread_mutex_init(&s->shards[i].mu, NULL);
     atomic_store(&s->nonce_cap, nonce_capacity);
-    if (RAND_bytes((unsigned char *)&s->hash_mult, sizeof(s->hash_mult)) != 1) {
+    atomic_store(&s->nonce_base, INT64_MIN);
+    if (RAND_bytes((unsigned char *)s->hash_key, sizeof(s->hash_key)) != 1) {
         free(s);
         return NULL;
     }
-    s->hash_mult |= 1;
     pthread_rwlock_init(&s->rev_mu, NULL);
     s->rev_cap = revocation_capacity;
     return s;
@@ -164,12 +157,7 @@ void auth_stores_free(auth_stores_t *s)
         return;
     for (size_t i = 0; i < NONCE_SHARDS; i++) {
         nonce_shard_t *sh = &s->shards[i];
-        HASH_CLEAR(hh, sh->table);
-        while (sh->slabs) {
-            nonce_slab_t *next = sh->slabs->next;
-            free(sh->slabs);
-            sh->slabs = next;
-        }
+        free(sh->lines);
         pthread_mutex_destroy(&sh->mu);
     }
     rev_ent_t *r, *rtmp;
@@ -198,7 +186,7 @@ size_t auth_stores_nonce_count(const auth_stores_t *s)
     for (size_t i = 0; i < NONCE_SHARDS; i++) {
         nonce_shard_t *sh = (nonce_shard_t *)&s->shards[i];
         pthread_mutex_lock(&sh->mu);
-        n += sh->count;
+        n += sh->live;
         pthread_mutex_unlock(&sh->mu);
     }
     return n;
@@ -238,14 +226,15 @@ static nonce_bucket_t *nonce_bucket(nonce_shard_t *sh, int64_t epoch)
     return &sh->ring[(uint64_t)epoch % NONCE_BUCKETS];
 }
 
-/* Moves a bucket's whole list to the dead list: one splice. */
+/* Empties a time bucket: what it counted no longer counts against the
+ * capacity. The entries stay in their slots, where an expired entry is a
+ * free slot to whoever looks; nothing walks them. */
 static void nonce_bucket_kill(auth_stores_t *s, nonce_shard_t *sh, nonce_bucket_t *b)
 {
-    if (!b->list)
+    if (b->n == 0)
         return;
-    DL_CONCAT(sh->dead, b->list);
     atomic_fetch_sub(&s->nonce_live, b->n);
-    b->list = NULL;
+    sh->live -= b->n;
     b->n = 0;
     b->gen++;
 }
@@ -259,70 +248,197 @@ static void nonce_expire(auth_stores_t *s, nonce_shard_t *sh, int64_t now)
         sh->cursor = now_e - NONCE_BUCKETS;
     for (; sh->cursor < now_e; sh->cursor++) {
         nonce_bucket_t *b = nonce_bucket(sh, sh->cursor);
-        if (b->list && b->epoch < now_e)
+        if (b->n && b->epoch < now_e)
             nonce_bucket_kill(s, sh, b);
     }
 }
 
-static nonce_ent_t *nonce_ent_alloc(nonce_shard_t *sh)
+/* An expired entry whose slot is taken stops counting now rather than
+ * when its bucket is over, if its bucket still counts it: same epoch and
+ * same gen (a wall clock stepping back can refill, under the same epoch,
+ * a bucket emptied after the entry went in). */
+static void nonce_uncount(auth_stores_t *s, nonce_shard_t *sh, const nonce_slot_t *e, int64_t base)
 {
-    if (!sh->spare) {
-        nonce_slab_t *sl = malloc(sizeof(*sl));
-        if (!sl)
-            return NULL;
-        sl->next = sh->slabs;
-        sh->slabs = sl;
-        for (size_t i = 0; i < NONCE_SLAB; i++) {
-            sl->ents[i].next = sh->spare;
-            sh->spare = &sl->ents[i];
-        }
-    }
-    nonce_ent_t *e = sh->spare;
-    sh->spare = e->next;
-    return e;
-}
-
-static void nonce_ent_release(nonce_shard_t *sh, nonce_ent_t *e)
-{
-    e->next = sh->spare;
-    sh->spare = e;
-}
-
-static void nonce_free_dead(nonce_shard_t *sh, int max)
-{
-    for (int i = 0; i < max && sh->dead; i++) {
-        nonce_ent_t *e = sh->dead;
-        DL_DELETE(sh->dead, e);
-        HASH_DEL(sh->table, e);
-        nonce_ent_release(sh, e);
-        sh->count--;
-    }
-}
-
-/* Removes an expired entry found by lookup, from its bucket or the dead
- * list. It is in its bucket exactly when that bucket has not been emptied
- * since it went in (the same gen): a wall clock stepping back could
- * otherwise refill a bucket with an epoch it held before. */
-static void nonce_remove(auth_stores_t *s, nonce_shard_t *sh, nonce_ent_t *e)
-{
-    nonce_bucket_t *b = nonce_bucket(sh, nonce_epoch(e->expires));
-    if (b->gen == e->gen) {
-        DL_DELETE(b->list, e);
+    int64_t p = nonce_epoch(base + (int64_t)e->exp);
+    nonce_bucket_t *b = nonce_bucket(sh, p);
+    if (b->n && b->epoch == p && b->gen == e->gen) {
         b->n--;
+        sh->live--;
         atomic_fetch_sub(&s->nonce_live, 1);
-    } else {
-        DL_DELETE(sh->dead, e);
     }
-    HASH_DEL(sh->table, e);
-    nonce_ent_release(sh, e);
-    sh->count--;
 }
 
-static unsigned nonce_hashv(const auth_stores_t *s, const unsigned char *key)
+/* The keyed hash of a key, all 16 bytes (two keys equal in 8 bytes must
+ * still land apart): one 64x64->128 multiply of the halves, each mixed
+ * with a secret, folded. The key is already uniform; the secret is what
+ * matters (see hash_key). */
+static uint64_t nonce_hash(const auth_stores_t *s, const unsigned char *key)
 {
-    uint64_t k;
-    memcpy(&k, key, sizeof(k));
-    return (unsigned)((k * s->hash_mult) >> 32);
+    uint64_t a, b;
+    memcpy(&a, key, sizeof(a));
+    memcpy(&b, key + 8, sizeof(b));
+    __extension__ unsigned __int128 m =
+        (unsigned __int128)(a ^ s->hash_key[0]) * (b ^ s->hash_key[1]);
+    return (uint64_t)m ^ (uint64_t)(m >> 64);
+}
+
+static uint16_t nonce_ver(const unsigned char *key)
+{
+    return (uint16_t)(key[12] | key[13] << 8);
+}
+
+/* A key's two lines (cuckoo hashing): the low bits of its hash, and bits
+ * from its high half (never the same line). */
+static uint32_t nonce_line1(uint64_t h, uint32_t mask)
+{
+    return (uint32_t)h & mask;
+}
+
+static uint32_t nonce_line2(uint64_t h, uint32_t mask)
+{
+    uint32_t a = (uint32_t)h & mask, b = (uint32_t)(h >> 32) & mask;
+    return a == b ? a ^ 1 : b;
+}
+
+static uint32_t nonce_alt(uint64_t h, uint32_t mask, uint32_t line)
+{
+    uint32_t a = nonce_line1(h, mask);
+    return line == a ? nonce_line2(h, mask) : a;
+}
+
+/* A slot may be taken when it was never used (exp 0) or its entry expired
+ * more than NONCE_GRACE_S ago: threads read the clock at different
+ * moments, and one a second behind must still find a nonce in its last
+ * second. free_before = now - NONCE_GRACE_S, at least 1. */
+#define NONCE_GRACE_S 2
+
+static bool nonce_free(const nonce_slot_t *e, uint32_t free_before)
+{
+    return e->exp < free_before;
+}
+
+/* Room in one of the lines of a key whose two lines are full: walks from
+ * `start`, each step moving one entry to its other line, up to NONCE_KICKS
+ * steps, and only once a free slot ends the path are the entries moved
+ * (from the end), so a failed walk changes nothing. A path that comes back
+ * to a slot it holds is not taken (moving along it would put an entry on
+ * a line not its own). Returns the slot freed in `start` (exp 0), or NULL. */
+static nonce_slot_t *nonce_make_room(auth_stores_t *s, nonce_shard_t *sh, nonce_line_t *lines,
+                                     uint32_t mask, uint32_t start, uint32_t free_before,
+                                     int64_t base, uint64_t seed)
+{
+    nonce_slot_t *path[NONCE_KICKS];
+    uint32_t cur = start;
+    for (int d = 0; d < NONCE_KICKS; d++) {
+        nonce_slot_t *v = NULL;
+        for (unsigned t = 0; t < NONCE_WAYS && !v; t++) {
+            nonce_slot_t *c = &lines[cur].s[(seed + t) % NONCE_WAYS];
+            bool seen = false;
+            for (int j = 0; j < d && !seen; j++)
+                seen = path[j] == c;
+            if (!seen)
+                v = c;
+        }
+        if (!v)
+            return NULL;
+        path[d] = v;
+        seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+        seed ^= seed >> 33;
+        nonce_line_t *next = &lines[nonce_alt(v->h, mask, cur)];
+        for (unsigned w = 0; w < NONCE_WAYS; w++) {
+            nonce_slot_t *f = &next->s[w];
+            if (!nonce_free(f, free_before))
+                continue;
+            if (f->exp)
+                nonce_uncount(s, sh, f, base);
+            for (int j = d; j >= 0; j--) {
+                *f = *path[j];
+                f = path[j];
+            }
+            f->exp = 0;
+            return f;
+        }
+        cur = (uint32_t)(next - lines);
+    }
+    return NULL;
+}
+
+/* A free slot for hash h in a table, moving others if need be, or NULL. */
+static nonce_slot_t *nonce_place(auth_stores_t *s, nonce_shard_t *sh, nonce_line_t *lines,
+                                 uint32_t mask, uint64_t h, uint32_t free_before, int64_t base)
+{
+    nonce_line_t *l1 = &lines[nonce_line1(h, mask)], *l2 = &lines[nonce_line2(h, mask)];
+    for (unsigned w = 0; w < NONCE_WAYS; w++)
+        if (nonce_free(&l1->s[w], free_before))
+            return &l1->s[w];
+    for (unsigned w = 0; w < NONCE_WAYS; w++)
+        if (nonce_free(&l2->s[w], free_before))
+            return &l2->s[w];
+    return nonce_make_room(s, sh, lines, mask, (uint32_t)(l1 - lines), free_before, base, h >> 40);
+}
+
+/* The lines every shard may have whatever the budget (a small capacity
+ * still gets a working table). */
+#define NONCE_LINES_FREE 64
+
+/* Doubles a shard's table (or more, if the entries do not all fit), moving
+ * its unexpired entries; expired ones are left behind (their buckets still
+ * count them until they are over). The tables of all shards together stay
+ * within nonce_memory (capacity x AUTH_NONCE_ENTRY_BYTES), or within
+ * NONCE_LINES_FREE lines a shard. -1: no room (the table is unchanged). */
+static int nonce_grow(auth_stores_t *s, nonce_shard_t *sh, uint32_t free_before, int64_t base)
+{
+    size_t old = sh->lines ? (size_t)sh->mask + 1 : 0;
+    size_t budget = atomic_load(&s->nonce_cap) * AUTH_NONCE_ENTRY_BYTES;
+    for (size_t n = old ? old * 2 : NONCE_LINES_MIN; n <= ((size_t)1 << 26); n *= 2) {
+        size_t add = (n - old) * sizeof(nonce_line_t);
+        size_t had = atomic_fetch_add(&s->nonce_table_bytes, add);
+        if (n > NONCE_LINES_FREE && had + add > budget) {
+            atomic_fetch_sub(&s->nonce_table_bytes, add);
+            return -1;
+        }
+        nonce_line_t *nl = aligned_alloc(sizeof(nonce_line_t), n * sizeof(nonce_line_t));
+        if (!nl) {
+            atomic_fetch_sub(&s->nonce_table_bytes, add);
+            return -1;
+        }
+        memset(nl, 0, n * sizeof(nonce_line_t));
+        uint32_t mask = (uint32_t)(n - 1);
+        bool ok = true;
+        for (size_t i = 0; i < old && ok; i++) {
+            for (unsigned w = 0; w < NONCE_WAYS && ok; w++) {
+                const nonce_slot_t *e = &sh->lines[i].s[w];
+                if (nonce_free(e, free_before))
+                    continue;
+                nonce_slot_t *f = nonce_place(s, sh, nl, mask, e->h, free_before, base);
+                if (f)
+                    *f = *e;
+                else
+                    ok = false;
+            }
+        }
+        if (ok) {
+            free(sh->lines);
+            sh->lines = nl;
+            sh->mask = mask;
+            return 0;
+        }
+        free(nl); /* a walk failed in the new table: try one twice as big */
+        atomic_fetch_sub(&s->nonce_table_bytes, add);
+    }
+    return -1;
+}
+
+/* The store's time base (set by the first insert; see nonce_base). */
+static int64_t nonce_base_get(auth_stores_t *s, int64_t now)
+{
+    int64_t base = atomic_load_explicit(&s->nonce_base, memory_order_acquire);
+    if (base != INT64_MIN)
+        return base;
+    int64_t want = now - ((int64_t)1 << 31);
+    if (atomic_compare_exchange_strong(&s->nonce_base, &base, want))
+        return want;
+    return base; /* another thread's */
 }
 
 /* Room for one more live nonce in the whole store. */
@@ -338,27 +454,46 @@ auth_store_rc_t auth_nonce_insert(auth_stores_t *s, const unsigned char key[AUTH
                                   int64_t expires, int64_t now)
 {
     /* The key is a hash prefix, so any byte is a uniform shard index; the
-     * capacity is the whole store's, so a skewed key cannot fill a shard. */
+     * capacity and the table memory are the whole store's, so a skewed key
+     * cannot fill a shard. */
     nonce_shard_t *sh = &s->shards[key[AUTH_NONCE_KEY_LEN - 1] % NONCE_SHARDS];
+    uint64_t h = nonce_hash(s, key);
+    uint16_t ver = nonce_ver(key);
+    int64_t base = nonce_base_get(s, now);
+    int64_t r = now - base;
+    uint32_t now_rel = r < 1 ? 1 : r > UINT32_MAX ? UINT32_MAX : (uint32_t)r;
+    uint32_t free_before = now_rel > NONCE_GRACE_S ? now_rel - NONCE_GRACE_S : 1;
     auth_store_rc_t rc = AUTH_STORE_NEW;
-    int oom = 0;
     pthread_mutex_lock(&sh->mu);
+    if (!sh->lines && nonce_grow(s, sh, free_before, base) != 0) {
+        rc = AUTH_STORE_FULL;
+        goto out;
+    }
+    nonce_line_t *l1 = &sh->lines[nonce_line1(h, sh->mask)];
+    nonce_line_t *l2 = &sh->lines[nonce_line2(h, sh->mask)];
+    /* Both lines are all a lookup reads (one miss each in a big store):
+     * start both now, while the time buckets are looked at. */
+    __builtin_prefetch(l1, 1);
+    __builtin_prefetch(l2, 1);
     nonce_expire(s, sh, now);
-    nonce_free_dead(sh, NONCE_FREE_PER_CALL);
-    nonce_ent_t *e = NULL;
-    unsigned hv = nonce_hashv(s, key);
-    HASH_FIND_BYHASHVALUE(hh, sh->table, key, AUTH_NONCE_KEY_LEN, hv, e);
-    if (e && e->expires >= now) {
+    nonce_slot_t *found = NULL;
+    for (unsigned i = 0; i < 2 * NONCE_WAYS && !found; i++) {
+        nonce_slot_t *e = i < NONCE_WAYS ? &l1->s[i] : &l2->s[i - NONCE_WAYS];
+        if (e->h == h && e->ver == ver && e->exp)
+            found = e;
+    }
+    if (found && found->exp >= now_rel) {
         rc = AUTH_STORE_SEEN;
         goto out;
     }
-    if (e)
-        nonce_remove(s, sh, e);
     if (expires < now)
         goto out; /* replayable never again: nothing to remember */
     int64_t p = nonce_epoch(expires);
-    if (p - nonce_epoch(now) >= NONCE_BUCKETS - 2) {
-        rc = AUTH_STORE_FULL; /* beyond the ring (a window over 1 h): cannot be kept */
+    int64_t exp_rel = expires - base;
+    if (p - nonce_epoch(now) >= NONCE_BUCKETS - 2 || exp_rel < 1 || exp_rel > UINT32_MAX) {
+        /* beyond the ring (a window over 1 h), or the clock 68 years away
+         * from the store's base: cannot be kept */
+        rc = AUTH_STORE_FULL;
         goto out;
     }
     if (!nonce_reserve(s)) {
@@ -384,28 +519,33 @@ auth_store_rc_t auth_nonce_insert(auth_stores_t *s, const unsigned char key[AUTH
             goto out;
         }
     }
-    if (!(e = nonce_ent_alloc(sh))) {
+    /* The same key found expired keeps its slot (a key is in one slot). */
+    nonce_slot_t *e = found ? found : nonce_place(s, sh, sh->lines, sh->mask, h, free_before, base);
+    if (!e && nonce_grow(s, sh, free_before, base) == 0)
+        e = nonce_place(s, sh, sh->lines, sh->mask, h, free_before, base);
+    if (!e) {
         atomic_fetch_sub(&s->nonce_live, 1);
-        rc = AUTH_STORE_FULL;
+        rc = AUTH_STORE_FULL; /* no slot within nonce_memory */
         goto out;
     }
-    memcpy(e->key, key, AUTH_NONCE_KEY_LEN);
-    e->expires = expires;
-    HASH_ADD_BYHASHVALUE(hh, sh->table, key, AUTH_NONCE_KEY_LEN, hv, e);
-    if (oom) {
-        nonce_ent_release(sh, e);
-        atomic_fetch_sub(&s->nonce_live, 1);
-        rc = AUTH_STORE_FULL;
-        goto out;
-    }
+    if (e->exp)
+        nonce_uncount(s, sh, e, base); /* an expired entry's slot */
     nonce_bucket_t *b = nonce_bucket(sh, p);
-    if (b->list && b->epoch != p) /* an older turn of the ring: over by construction */
+    if (b->epoch != p) { /* an older turn of the ring: over by construction */
         nonce_bucket_kill(s, sh, b);
-    b->epoch = p;
+        b->gen++;
+        b->epoch = p;
+    }
+    e->h = h;
+    e->ver = ver;
     e->gen = b->gen;
-    DL_APPEND(b->list, e);
+    e->exp = (uint32_t)exp_rel;
     b->n++;
-    sh->count++;
+    sh->live++;
+    /* Three quarters held: a bigger table while walks are still short. A
+     * table that cannot grow keeps working until a key finds no slot. */
+    if (sh->live > ((size_t)sh->mask + 1) * NONCE_WAYS * 3 / 4)
+        (void)nonce_grow(s, sh, free_before, base);
 out:
     pthread_mutex_unlock(&sh->mu);
     return rc;

@@ -116,7 +116,7 @@ static tc_shard_t *tc_shard(auth_tcache_t *c, unsigned hash)
 }
 
 bool auth_tcache_get(auth_tcache_t *c, const char *tok, size_t len, unsigned hash, int64_t now,
-                     auth_claims_t *claims, char *signing_key)
+                     auth_claims_t *claims, char *signing_key, uint64_t *key_id)
 {
     if (len > AUTH_TCACHE_TOKEN_MAX)
         return false;
@@ -128,6 +128,8 @@ bool auth_tcache_get(auth_tcache_t *c, const char *tok, size_t len, unsigned has
     if (e && now < e->expires) {
         *claims = e->val.claims;
         memcpy(signing_key, e->val.signing_key, sizeof(e->val.signing_key));
+        if (key_id)
+            *key_id = e->val.key_id;
         hit = true;
     } else if (e) {
         tc_remove(sh, e);

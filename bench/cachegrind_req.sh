@@ -12,11 +12,15 @@
 # the difference of sluice_requests_total, so start-up (the automaton, PCRE2
 # JIT) and shutdown cancel out. With CG_FUNCS=N the N functions whose
 # per-request Ir differ most between "full" and "plain" (this binary) are
-# listed, with their misses: where full − plain goes.
+# listed, with their misses: where full − plain goes. "full-sig" is full with
+# every request signed (nonces in the in-process store).
 #
 #   SLUICE_BIN (default build/sluice), SLUICE_BASE_BIN (optional: same
 #   figures for that binary, same run), CG_CONFS (default "plain full
-#   full-1word full-noregex"), CG_SHORT / CG_LONG (wrk s, default 3 / 10),
+#   full-1word full-noregex"; full-sig is full with every request signed, as
+#   in callgrind_req.sh), CG_DIFF (the two confs of the CG_FUNCS table,
+#   default "plain full"; "full full-sig" splits the signed path),
+#   CG_SHORT / CG_LONG (wrk s, default 3 / 10),
 #   CG_CONNS (default 32), CG_FUNCS (default 0), CG_SIM (default
 #   "--cache-sim=yes --LL=524288,8,64"; add --branch-sim=yes for the
 #   mispredicted conditional and indirect branches per request, a table of
@@ -69,22 +73,26 @@ sed '/^  regex:/,/name: phone/d' "$WORK/full.yaml" >"$WORK/full-noregex.yaml"
 for c in full-1word full-noregex; do
     "$SLUICE_BIN" -t -c "$WORK/$c.yaml" >/dev/null 2>&1 || { "$SLUICE_BIN" -t -c "$WORK/$c.yaml"; exit 1; }
 done
-TOKEN=$("$WORK/sluice" token --sub bench-user --ttl 1h -c "$WORK/full.yaml" |
-    awk '/^access_token:/ { print $2 }')
+sed 's/signing: { required: false,/signing: { required: true,/' "$WORK/full.yaml" >"$WORK/full-sig.yaml"
+grep -q 'required: true' "$WORK/full-sig.yaml" || { echo "bench: full-sig conf" >&2; exit 1; }
+read -r TOKEN SIGNING_KEY <<<"$("$WORK/sluice" token --sub bench-user --ttl 1h -c "$WORK/full.yaml" |
+    awk '/^access_token:/ { t = $2 } /^signing_key:/ { k = $2 } END { print t, k }')"
+read -r DIFF_A DIFF_B <<<"${CG_DIFF:-plain full}"
 
 # One run: $1 binary, $2 conf, $3 wrk seconds; prints "requests Ir I1mr D1mr
 # D1mw ILmr DLmr DLmw Bcm Bim" (totals of the run; 0 for an event not
 # simulated).
 one() {
-    local out=$WORK/cg.$1.$2.$3 tok="" n bin=$WORK/sluice
+    local out=$WORK/cg.$1.$2.$3 tok="" key="" n bin=$WORK/sluice
     case $2 in full*) tok=$TOKEN ;; esac
+    [ "$2" != full-sig ] || key=$SIGNING_KEY
     [ "$1" = this ] || bin=$WORK/sluice-$1
     # shellcheck disable=SC2086
     spawn valgrind --tool=callgrind $SIM --callgrind-out-file="$out" "$bin" -c "$WORK/$2.yaml" \
         2>"$out.log"
     local pid=$LAST
     wait_admin_slow "$ADMIN" "$pid"
-    BENCH_TOKEN=$tok wrk -t1 -c"$CONNS" -d"$3"s --timeout 30s -s "$ROOT/bench/realistic.lua" \
+    BENCH_TOKEN=$tok BENCH_SIGNING_KEY=$key wrk -t1 -c"$CONNS" -d"$3"s --timeout 30s -s "$ROOT/bench/realistic.lua" \
         "http://127.0.0.1:$PORT/v1/chat/completions" >"$out.wrk"
     grep -q 'errors=0 non2xx=0' "$out.wrk" || { cat "$out.wrk" >&2; exit 1; }
     n=$(curl -sf "http://127.0.0.1:$ADMIN/metrics" |
@@ -110,6 +118,8 @@ for c in $CONFS; do
     for b in $BINS; do
         read -r n1 a1 b1 c1 d1 e1 f1 g1 h1 i1 <<<"$(one "$b" "$c" "$SHORT")"
         read -r n2 a2 b2 c2 d2 e2 f2 g2 h2 i2 <<<"$(one "$b" "$c" "$LONG")"
+        # a failed run exits only its $(...): stop here, not with garbage rows
+        [[ "$n1 $n2" =~ ^[0-9]+\ [0-9]+$ ]] || { echo "bench: $b $c failed" >&2; exit 1; }
         awk -v n=$((n2 - n1)) -v bc=$((h2 - h1)) -v bi=$((i2 - i1)) -v b="$b" -v c="$c" \
             'BEGIN { printf "| %s | %s | %.1f | %.1f |\n", b, c, bc / n, bi / n }' >>"$WORK/branches"
         awk -v n=$((n2 - n1)) -v ir=$((a2 - a1)) -v i1=$((b2 - b1)) -v dr=$((c2 - c1)) \
@@ -130,20 +140,21 @@ case $SIM in *--branch-sim=yes*)
     ;;
 esac
 
-# Per function: (long - short) / requests, full minus plain, this binary.
-if [ "$FUNCS" -gt 0 ] && [ -f "$WORK/n.this.full" ] && [ -f "$WORK/n.this.plain" ]; then
-    for c in plain full; do
+# Per function: (long - short) / requests, DIFF_B minus DIFF_A, this binary.
+if [ "$FUNCS" -gt 0 ] && [ -f "$WORK/n.this.$DIFF_B" ] && [ -f "$WORK/n.this.$DIFF_A" ]; then
+    for c in "$DIFF_A" "$DIFF_B"; do
         for s in "$SHORT" "$LONG"; do
             callgrind_annotate --inclusive=no --tree=none --auto=no --threshold=100 \
                 --show=Ir,I1mr,D1mr,D1mw,ILmr,DLmr,DLmw "$WORK/cg.this.$c.$s" >"$WORK/ann.$c.$s"
         done
     done
     echo
-    echo "full − plain by function (this binary, per request; self cost):"
+    echo "$DIFF_B − $DIFF_A by function (this binary, per request; self cost):"
     echo
-    python3 - "$WORK" "$SHORT" "$LONG" "$FUNCS" <<'EOF'
+    python3 - "$WORK" "$SHORT" "$LONG" "$FUNCS" "$DIFF_A" "$DIFF_B" <<'EOF'
 import re, sys
 work, short, long_, top = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+conf_a, conf_b = sys.argv[5], sys.argv[6]
 pct = re.compile(r'\(\s*[\d.]+%\)')
 def load(path):
     out = {}
@@ -164,7 +175,7 @@ def per_req(conf):
     n1, n2 = map(int, open(f'{work}/n.this.{conf}').read().split())
     a, b = load(f'{work}/ann.{conf}.{short}'), load(f'{work}/ann.{conf}.{long_}')
     return {k: [(b[k][i] - a.get(k, [0] * 7)[i]) / (n2 - n1) for i in range(7)] for k in b}
-p, f = per_req('plain'), per_req('full')
+p, f = per_req(conf_a), per_req(conf_b)
 keys = set(p) | set(f)
 diff = {k: [f.get(k, [0] * 7)[i] - p.get(k, [0] * 7)[i] for i in range(7)] for k in keys}
 print('| function | Ir | I1 misses | D1 read misses | D1 write misses | LL misses |')

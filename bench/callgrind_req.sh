@@ -2,7 +2,11 @@
 # bench/callgrind_req.sh — user-space instructions per request of issue #16's
 # JSON request (realistic.sh's "plain" and "full" confs) and of its streamed
 # request ("full-sse": "stream":true, the upstream build/tools/bench_upstream
-# answering 8 SSE events), counted by
+# answering 8 SSE events) and of issue #16's signed request ("full-sig": full
+# with auth.signing.required, every request signed by realistic.lua with the
+# token's signing key — timestamp, fresh nonce, HMAC — as bench/signed.lua
+# does for policy.sh's full_sig; one token, full's, so full-sig − full is
+# the signature, the nonce store and the three headers), counted by
 # valgrind's callgrind: immune to the machine's load, so it resolves changes
 # of a few hundred instructions that the wall-clock benches cannot.
 #
@@ -15,7 +19,7 @@
 #
 #   SLUICE_BIN (default build/sluice), SLUICE_BASE_BIN (optional: the same
 #   figures for that binary, in the same run), CG_CONFS (default "plain full";
-#   add full-sse for the streamed request),
+#   add full-sse for the streamed request, full-sig for the signed one),
 #   CG_SHORT / CG_LONG (wrk seconds, default 3 / 12), CG_CONNS (default 32),
 #   BENCH_BODY_VARY=key (realistic.lua: every request's body a JSON shape of
 #   its own, body_scan.c's kept shapes missing; with CG_NGINX=0),
@@ -113,7 +117,7 @@ one() {
         2>"$out.log"
     local pid=$LAST
     wait_admin_slow "$ADMIN" "$pid"
-    BENCH_TOKEN=$REQ_TOKEN BENCH_BODY_FILE=$REQ_BODY wrk -t1 -c"$CONNS" -d"$3"s --timeout 30s -s "$ROOT/bench/realistic.lua" \
+    BENCH_TOKEN=$REQ_TOKEN BENCH_SIGNING_KEY=$REQ_SIGNING_KEY BENCH_BODY_FILE=$REQ_BODY wrk -t1 -c"$CONNS" -d"$3"s --timeout 30s -s "$ROOT/bench/realistic.lua" \
         "http://127.0.0.1:$PORT/v1/chat/completions" >"$out.wrk"
     grep -q 'errors=0 non2xx=0' "$out.wrk" || { cat "$out.wrk" >&2; exit 1; }
     n=$(curl -sf "http://127.0.0.1:$ADMIN/metrics" |
@@ -133,6 +137,8 @@ for c in $CONFS; do
     for b in $BINS; do
         read -r ir1 n1 <<<"$(one "$b" "$c" "$SHORT")"
         read -r ir2 n2 <<<"$(one "$b" "$c" "$LONG")"
+        # a failed run exits only its $(...): stop here, not with garbage rows
+        [[ "$n1 $n2" =~ ^[0-9]+\ [0-9]+$ ]] || { echo "bench: $b $c failed" >&2; exit 1; }
         echo "| $b | $c | $n1 / $n2 | $(((ir2 - ir1) / (n2 - n1))) |"
     done
     case $c in plain | full-sse)

@@ -242,8 +242,9 @@ EOF
 # issue #16's three confs (plain, full, full-sse) in $WORK on one port pair
 # ($1 listen, $2 admin): realistic_upstream on $UP_PORT and, when $3 (the
 # confs to be run) names full-sse, $SSE_UP_BIN's 8 events on $SSE_UP_PORT,
-# with the streamed body in $WORK/body-sse.json. Sets TOKEN, a bearer token
-# for the full confs.
+# with the streamed body in $WORK/body-sse.json; full-sig (full, every
+# request signed) beside them. Sets TOKEN, a bearer token for the full confs,
+# and SIGNING_KEY, its signing key.
 realistic_trio() {
     realistic_upstream "$UP_PORT"
     case " $3 " in *" full-sse "*)
@@ -257,15 +258,21 @@ realistic_trio() {
     realistic_conf plain "$1" "$2" plain
     realistic_conf full "$1" "$2" full
     realistic_conf full-sse "$1" "$2" full "$SSE_UP_PORT"
-    TOKEN=$("$SLUICE_BIN" token --sub bench-user --ttl 1h -c "$WORK/full.yaml" |
-        awk '/^access_token:/ { print $2 }')
+    # full-sig: full with every request signed (auth.signing.required),
+    # nonces in the in-process store; the same token as full
+    sed 's/signing: { required: false,/signing: { required: true,/' "$WORK/full.yaml" >"$WORK/full-sig.yaml"
+    grep -q 'required: true' "$WORK/full-sig.yaml" || { echo "bench: full-sig conf" >&2; exit 1; }
+    read -r TOKEN SIGNING_KEY <<<"$("$SLUICE_BIN" token --sub bench-user --ttl 1h -c "$WORK/full.yaml" |
+        awk '/^access_token:/ { t = $2 } /^signing_key:/ { k = $2 } END { print t, k }')"
 }
 
-# What a request of realistic_trio's conf $1 carries: sets REQ_TOKEN and
+# What a request of realistic_trio's conf $1 carries: sets REQ_TOKEN,
+# REQ_SIGNING_KEY (full-sig: realistic.lua signs every request with it) and
 # REQ_BODY (a body file, or "" for wrk's realistic.lua default).
 realistic_req() {
-    REQ_TOKEN="" REQ_BODY=""
+    REQ_TOKEN="" REQ_BODY="" REQ_SIGNING_KEY=""
     case $1 in full*) REQ_TOKEN=$TOKEN ;; esac
+    [ "$1" != full-sig ] || REQ_SIGNING_KEY=$SIGNING_KEY
     [ "$1" != full-sse ] || REQ_BODY=$WORK/body-sse.json
 }
 

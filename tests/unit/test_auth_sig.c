@@ -185,6 +185,17 @@ static void test_nonce_syntax(void **state)
         treq_make(&q, f->a, f->tok, T_NOW, good[i]);
         assert_int_equal(t_check(f->a, &q.r, T_NOW), AUTH_OK);
     }
+    /* Every byte value, anywhere in a nonce: exactly [A-Za-z0-9_-] pass. */
+    for (int c = 0; c < 256; c++) {
+        bool want = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+                    c == '-' || c == '_';
+        for (size_t at = 0; at < 20; at += 19) {
+            char n[20];
+            memset(n, 'a', sizeof(n));
+            n[at] = (char)c;
+            assert_int_equal(auth_sig_check_nonce(n, sizeof(n)) == AUTH_OK, want);
+        }
+    }
 }
 
 static void test_missing_headers(void **state)
@@ -440,8 +451,8 @@ static void test_hmac_contexts_reused(void **state)
 }
 
 /* Keyed contexts kept per thread in a 2-way cache, the set picked by a
- * hint: random keys (64 hex characters like a signing key, or raw bytes
- * of any length up to past the kept maximum) and random data, hints that
+ * hint, a context found by its key's id or by the key: random keys (64 hex characters like a
+ * signing key, or raw bytes of any length up to past the kept maximum) and random data, hints that
  * crowd many keys into one set (every lookup evicts) or spread them, must
  * each give OpenSSL's one-shot HMAC; and a signature computed through the
  * verifier's path (one contiguous canonical string, or pieces past its
@@ -475,7 +486,10 @@ static void test_hmac_hint_cache_matches_one_shot(void **state)
         size_t lens[] = {dl / 3, dl - dl / 3};
         unsigned char got[32], want[32];
         size_t wl = 0;
-        assert_int_equal(auth_hmac_sha256_hint(hint, keys[k], klen[k], parts, lens, 2, got), 0);
+        /* by id (each key its own, as auth_check's) or by the key alone,
+         * mixed in one set: a way rekeyed by key must lose its old id */
+        uint64_t id = rnd[3] & 1 ? (uint64_t)k + 1 : 0;
+        assert_int_equal(auth_hmac_sha256_id(hint, id, keys[k], klen[k], parts, lens, 2, got), 0);
         assert_non_null(EVP_Q_mac(NULL, "HMAC", NULL, "SHA256", NULL, keys[k], klen[k], data, dl,
                                   want, sizeof(want), &wl));
         assert_int_equal(wl, 32);
@@ -507,13 +521,13 @@ static void test_hmac_hint_cache_matches_one_shot(void **state)
             treq_sign(&q, key);
             treq_bind(&q);
             unsigned hint = (unsigned)i * 3u;
-            assert_int_equal(auth_sig_verify(key, hint, &q.r, T_NOW, 300, NULL), AUTH_OK);
+            assert_int_equal(auth_sig_verify(key, hint, 0, &q.r, T_NOW, 300, NULL), AUTH_OK);
             q.body[3] ^= 1;
-            assert_int_equal(auth_sig_verify(key, hint, &q.r, T_NOW, 300, NULL),
+            assert_int_equal(auth_sig_verify(key, hint, 0, &q.r, T_NOW, 300, NULL),
                              AUTH_R_SIG_MISMATCH);
             q.body[3] ^= 1;
             q.sig[10] = q.sig[10] == 'a' ? 'b' : 'a';
-            assert_int_equal(auth_sig_verify(key, hint, &q.r, T_NOW, 300, NULL),
+            assert_int_equal(auth_sig_verify(key, hint, 0, &q.r, T_NOW, 300, NULL),
                              AUTH_R_SIG_MISMATCH);
         }
     }

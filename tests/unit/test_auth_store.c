@@ -160,6 +160,12 @@ static void test_nonce_clock_edges(void **state)
     /* 2 hours ahead cannot be kept (a window is at most 1 h) */
     key_for(k, 3000, 2);
     assert_int_equal(auth_nonce_insert(s, k, now + 4 * 3600, now), AUTH_STORE_FULL);
+    /* a clock a century away from the store's first (expiries are kept
+     * as 32-bit offsets from it): refused, never stored wrong */
+    const int64_t century = 3155760000LL;
+    key_for(k, 3002, 2);
+    assert_int_equal(auth_nonce_insert(s, k, now + century + 300, now + century), AUTH_STORE_FULL);
+    assert_int_equal(auth_nonce_insert(s, k, now - century + 300, now - century), AUTH_STORE_FULL);
     /* already expired: nothing to remember */
     key_for(k, 3001, 2);
     assert_int_equal(auth_nonce_insert(s, k, now - 1, now), AUTH_STORE_NEW);
@@ -222,8 +228,136 @@ static void test_nonce_memory_per_entry(void **state)
 #else
     print_message("nonce store: %.1f bytes per nonce (budget %d)\n", per, AUTH_NONCE_ENTRY_BYTES);
     assert_true(per <= AUTH_NONCE_ENTRY_BYTES);
-    assert_true(per >= 80); /* the measure measured something */
+    /* docs/auth.md: 16-byte slots in tables 3/8 to 3/4 held, so at most
+     * ~43 bytes a nonce (just after a table doubled) */
+    assert_true(per <= 48);
+    assert_true(per >= 16); /* the measure measured something: a slot */
 #endif
+}
+
+/* A key of its own for each id (a SHA-256 prefix, as auth_nonce_key's). */
+static void key_of(unsigned char k[AUTH_NONCE_KEY_LEN], long id)
+{
+    unsigned char d[32];
+    assert_int_equal(auth_sha256(&id, sizeof(id), d), 0);
+    memcpy(k, d, AUTH_NONCE_KEY_LEN);
+}
+
+/* A steady stream of nonces over many windows: tables that grow, entries
+ * moved between their two lines, expired slots taken by new keys, time
+ * buckets emptied across the ring. Every nonce must stay a replay until
+ * its expiry, checked for all of them every 50 s; none is refused. */
+static void test_nonce_replay_after_churn(void **state)
+{
+    (void)state;
+    enum { PER_S = 150, WINDOW = 300, SECONDS = 1500 };
+    auth_stores_t *s = auth_stores_new(200000, 0);
+    unsigned char k[AUTH_NONCE_KEY_LEN];
+    long id = 0;
+    int64_t t0 = T_NOW;
+    for (int64_t now = t0; now < t0 + SECONDS; now++) {
+        for (int i = 0; i < PER_S; i++) {
+            key_of(k, id++);
+            /* timestamps up to 20 s in the past: expiries out of order */
+            int64_t exp = now - (id % 21) + WINDOW;
+            assert_int_equal(auth_nonce_insert(s, k, exp, now), AUTH_STORE_NEW);
+        }
+        if ((now - t0) % 50 != 49)
+            continue;
+        long replays = 0;
+        for (long j = 0; j < id; j++) {
+            int64_t sent = t0 + j / PER_S;
+            int64_t exp = sent - (j + 1) % 21 + WINDOW;
+            if (exp < now)
+                continue;
+            key_of(k, j);
+            assert_int_equal(auth_nonce_insert(s, k, exp, now), AUTH_STORE_SEEN);
+            replays++;
+        }
+        /* all of them in the first window, then a window's worth */
+        assert_true(replays >= SL_MIN(id, (long)PER_S * (WINDOW - 21)));
+    }
+    /* what the buckets count is what was sent within a window and a bucket */
+    size_t live = auth_stores_nonce_live(s);
+    assert_true(live >= (size_t)PER_S * (WINDOW - 21));
+    assert_true(live <= (size_t)PER_S * (WINDOW + AUTH_NONCE_BUCKET_S + 1));
+    auth_stores_free(s);
+}
+
+/* Keys that all fall in one shard (a client grinding nonces) fill it up
+ * to the whole store's capacity: the slots come from one table, moved
+ * about, and every one of them is still a replay; then the store is full. */
+static void test_nonce_one_shard_to_capacity(void **state)
+{
+    (void)state;
+    enum { CAP = 5000 };
+    auth_stores_t *s = auth_stores_new(CAP, 0);
+    unsigned char k[AUTH_NONCE_KEY_LEN];
+    for (int i = 0; i < CAP; i++) {
+        key_of(k, i);
+        k[AUTH_NONCE_KEY_LEN - 1] = 7;
+        assert_int_equal(auth_nonce_insert(s, k, T_NOW + 300, T_NOW), AUTH_STORE_NEW);
+    }
+    key_of(k, CAP);
+    assert_int_equal(auth_nonce_insert(s, k, T_NOW + 300, T_NOW), AUTH_STORE_FULL);
+    for (int i = 0; i < CAP; i++) {
+        key_of(k, i);
+        k[AUTH_NONCE_KEY_LEN - 1] = 7;
+        assert_int_equal(auth_nonce_insert(s, k, T_NOW + 300, T_NOW + 10), AUTH_STORE_SEEN);
+    }
+    assert_int_equal(auth_stores_nonce_live(s), CAP);
+    auth_stores_free(s);
+}
+
+/* A nonce in its last second is still found by a thread whose clock reads
+ * a second or two later: its slot is not given to another key until
+ * NONCE_GRACE_S after its expiry (two threads' clocks differ by up to a
+ * second). */
+static void test_nonce_slot_grace(void **state)
+{
+    (void)state;
+    auth_stores_t *s = auth_stores_new(64, 0);
+    unsigned char k[AUTH_NONCE_KEY_LEN];
+    /* fill one shard's lines with keys expiring at T_NOW + 10 */
+    for (int i = 0; i < 40; i++) {
+        key_for(k, i, 2);
+        assert_int_equal(auth_nonce_insert(s, k, T_NOW + 10, T_NOW), AUTH_STORE_NEW);
+    }
+    /* a second past their expiry, new keys in the same shard ... */
+    for (int i = 100; i < 124; i++) {
+        key_for(k, i, 2);
+        assert_int_equal(auth_nonce_insert(s, k, T_NOW + 300, T_NOW + 11), AUTH_STORE_NEW);
+    }
+    /* ... took no slot that a thread still at T_NOW + 10 needs */
+    for (int i = 0; i < 40; i++) {
+        key_for(k, i, 2);
+        assert_int_equal(auth_nonce_insert(s, k, T_NOW + 10, T_NOW + 10), AUTH_STORE_SEEN);
+    }
+    auth_stores_free(s);
+}
+
+/* A time bucket emptied and then refilled under the same epoch (the wall
+ * clock stepped back): an older entry of that epoch whose slot is taken
+ * again must not take a count that belongs to the newer one. */
+static void test_nonce_clock_back_recount(void **state)
+{
+    (void)state;
+    auth_stores_t *s = auth_stores_new(100, 0);
+    unsigned char k1[AUTH_NONCE_KEY_LEN], k2[AUTH_NONCE_KEY_LEN], k3[AUTH_NONCE_KEY_LEN];
+    key_for(k1, 1, 1);
+    key_for(k2, 2, 1);
+    key_for(k3, 3, 1);
+    assert_int_equal(auth_nonce_insert(s, k1, 1010, 1000),
+                     AUTH_STORE_NEW); /* bucket [1008, 1016) */
+    assert_int_equal(auth_nonce_insert(s, k3, 1400, 1100), AUTH_STORE_NEW); /* it is over */
+    assert_int_equal(auth_stores_nonce_live(s), 1);
+    assert_int_equal(auth_nonce_insert(s, k2, 1012, 1005), AUTH_STORE_NEW); /* back: refilled */
+    assert_int_equal(auth_stores_nonce_live(s), 2);
+    /* k1, expired, comes again: its slot is reused; k2 still counts */
+    assert_int_equal(auth_nonce_insert(s, k1, 1300, 1013), AUTH_STORE_NEW);
+    assert_int_equal(auth_stores_nonce_live(s), 3);
+    assert_int_equal(auth_nonce_insert(s, k2, 1012, 1012), AUTH_STORE_SEEN);
+    auth_stores_free(s);
 }
 
 static void test_revocations(void **state)
@@ -427,17 +561,18 @@ static void test_token_cache(void **state)
         auth_tcache_put(c, k[i], strlen(k[i]), h[i], &v, 1000, 10);
     }
     assert_int_equal(auth_tcache_count(c), 2);
-    assert_false(auth_tcache_get(c, k[0], strlen(k[0]), h[0], 10, &out.claims,
-                                 out.signing_key)); /* evicted */
-    assert_true(auth_tcache_get(c, k[4], strlen(k[4]), h[4], 10, &out.claims, out.signing_key));
+    assert_false(auth_tcache_get(c, k[0], strlen(k[0]), h[0], 10, &out.claims, out.signing_key,
+                                 NULL)); /* evicted */
+    assert_true(
+        auth_tcache_get(c, k[4], strlen(k[4]), h[4], 10, &out.claims, out.signing_key, NULL));
     assert_string_equal(out.claims.sub, "u4");
     /* the bytes decide, not the hash: a prefix, or other bytes under the
      * same hash value, are not the token */
     assert_false(
-        auth_tcache_get(c, k[4], strlen(k[4]) - 1, h[4], 10, &out.claims, out.signing_key));
-    assert_false(auth_tcache_get(c, "token-x", 7, h[4], 10, &out.claims, out.signing_key));
-    assert_false(auth_tcache_get(c, k[4], strlen(k[4]), h[4], 1000, &out.claims,
-                                 out.signing_key)); /* expired, and dropped */
+        auth_tcache_get(c, k[4], strlen(k[4]) - 1, h[4], 10, &out.claims, out.signing_key, NULL));
+    assert_false(auth_tcache_get(c, "token-x", 7, h[4], 10, &out.claims, out.signing_key, NULL));
+    assert_false(auth_tcache_get(c, k[4], strlen(k[4]), h[4], 1000, &out.claims, out.signing_key,
+                                 NULL)); /* expired, and dropped */
     assert_int_equal(auth_tcache_count(c), 1);
     /* a token longer than AUTH_TCACHE_TOKEN_MAX is not kept */
     char *big = malloc(AUTH_TCACHE_TOKEN_MAX + 2);
@@ -445,8 +580,8 @@ static void test_token_cache(void **state)
     big[AUTH_TCACHE_TOKEN_MAX + 1] = '\0';
     unsigned bh = auth_tcache_hash(big, AUTH_TCACHE_TOKEN_MAX + 1);
     auth_tcache_put(c, big, AUTH_TCACHE_TOKEN_MAX + 1, bh, &v, 1000, 10);
-    assert_false(
-        auth_tcache_get(c, big, AUTH_TCACHE_TOKEN_MAX + 1, bh, 10, &out.claims, out.signing_key));
+    assert_false(auth_tcache_get(c, big, AUTH_TCACHE_TOKEN_MAX + 1, bh, 10, &out.claims,
+                                 out.signing_key, NULL));
     assert_int_equal(auth_tcache_count(c), 1);
     free(big);
     auth_tcache_free(c);
@@ -469,11 +604,11 @@ static void test_token_cache(void **state)
     snprintf(v.claims.sub, sizeof(v.claims.sub), "b");
     auth_tcache_put(c, tb, strlen(tb), ha, &v, 1000, 10);
     assert_int_equal(auth_tcache_count(c), 2);
-    assert_true(auth_tcache_get(c, ta, strlen(ta), ha, 10, &out.claims, out.signing_key));
+    assert_true(auth_tcache_get(c, ta, strlen(ta), ha, 10, &out.claims, out.signing_key, NULL));
     assert_string_equal(out.claims.sub, "a");
-    assert_true(auth_tcache_get(c, tb, strlen(tb), ha, 10, &out.claims, out.signing_key));
+    assert_true(auth_tcache_get(c, tb, strlen(tb), ha, 10, &out.claims, out.signing_key, NULL));
     assert_string_equal(out.claims.sub, "b");
-    assert_false(auth_tcache_get(c, tc, strlen(tc), ha, 10, &out.claims, out.signing_key));
+    assert_false(auth_tcache_get(c, tc, strlen(tc), ha, 10, &out.claims, out.signing_key, NULL));
     auth_tcache_free(c);
 
     /* Through the request path. */
@@ -545,6 +680,10 @@ int main(void)
         cmocka_unit_test(test_nonce_memory_per_entry),
         cmocka_unit_test(test_nonce_same_table_hash),
         cmocka_unit_test(test_nonce_memory_conf),
+        cmocka_unit_test(test_nonce_replay_after_churn),
+        cmocka_unit_test(test_nonce_one_shard_to_capacity),
+        cmocka_unit_test(test_nonce_slot_grace),
+        cmocka_unit_test(test_nonce_clock_back_recount),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
