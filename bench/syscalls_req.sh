@@ -17,9 +17,9 @@
 #      peer's TCP work runs in the sender's context), sched_wakeup (peers it
 #      woke), sched_switch (its sleeps), timer_start / hrtimer_start (TCP's
 #      retransmit and delayed-ACK timers, epoll timeouts), skb copies;
-#   2. `strace -f -c` over another run (SC_STRACE=0 skips it): calls and the
-#      ones that failed (EAGAIN) by kind; strace slows every call, so its
-#      counts of epoll_wait are those of a slow server.
+#   2. `strace -f` over another run (SC_STRACE=0 skips it): calls, the ones
+#      that failed (EAGAIN) and bytes per call by kind; strace slows every
+#      call, so its counts of epoll_wait are those of a slow server.
 # Requests are wrk's count for that run (32 connects and closes included:
 # ≤ 0.01 per request). Compare columns of the same run.
 #
@@ -127,7 +127,7 @@ one() {
     kill -INT "$spid"
     wait "$spid" || true
     if [ "${SC_STRACE:-1}" = 1 ]; then
-        strace -f -c -p "$pid" -o "$WORK/$1.strace" 2>"$WORK/$1.slog" &
+        strace -f -qq -s 0 -p "$pid" -o "$WORK/$1.strace" 2>"$WORK/$1.slog" &
         spid=$!
         # bounded wait until strace says it attached ("Process N attached
         # with M threads": all of them at once)
@@ -164,7 +164,7 @@ for t in $TARGETS; do start "$t"; done
 for t in $TARGETS; do one "$t"; done
 
 python3 - "$WORK" $TARGETS <<'EOF'
-import collections, os, sys
+import collections, os, re, sys
 work, targets = sys.argv[1], sys.argv[2:]
 n = {t: [int(x) for x in open(os.path.join(work, t + ".n")).read().split()] for t in targets}
 perf = collections.defaultdict(dict)
@@ -182,21 +182,39 @@ for ev, row in perf.items():
     if any(v >= 0.005 for v in row.values()):
         print("| %s | %s |" % (ev, " | ".join("%.2f" % row.get(t, 0) for t in targets)))
 if all(n[t][1] for t in targets):
-    calls, errs = collections.defaultdict(dict), collections.defaultdict(dict)
+    # "PID name(args) = ret [ERRNO ...]", or the "<... name resumed> ... = ret" half
+    CALL = re.compile(r"^\d+\s+(?:<\.\.\. )?([a-z_0-9]+)(?:\(| resumed>).*\)\s+=\s+(-?\d+)")
+    calls, errs, nbytes = (collections.defaultdict(dict) for _ in range(3))
+    IO = ("read", "readv", "recvfrom", "recvmsg", "write", "writev", "sendto", "sendmsg")
     for t in targets:
+        c, e, b = collections.Counter(), collections.Counter(), collections.Counter()
         for ln in open(os.path.join(work, t + ".strace")):
-            f = ln.split()
-            if len(f) >= 5 and f[3].isdigit() and f[-1] not in ("total", "syscall"):
-                calls[f[-1]][t] = int(f[3]) / n[t][1]
-                errs[f[-1]][t] = (int(f[4]) if len(f) == 6 else 0) / n[t][1]
-    print("\nstrace -f -c (calls per request, failed ones in brackets), requests: " +
+            m = CALL.match(ln)
+            if m:
+                c[m.group(1)] += 1
+                r = int(m.group(2))
+                if r < 0:
+                    e[m.group(1)] += 1
+                elif m.group(1) in IO:
+                    b[m.group(1)] += r
+        for k in c:
+            calls[k][t] = c[k] / n[t][1]
+            errs[k][t] = e[k] / n[t][1]
+            if k in IO and c[k] > e[k]:
+                nbytes[k][t] = b[k] / (c[k] - e[k])
+    print("\nstrace -f (calls per request; failed ones, bytes per call in brackets), requests: " +
           ", ".join("%s %d" % (t, n[t][1]) for t in targets))
     print("\n" + head + "\n|" + " --- |" + " ---: |" * len(targets))
+    def cell(sc, t):
+        x = "%.2f" % calls[sc].get(t, 0)
+        if errs[sc].get(t):
+            x += " (failed %.2f)" % errs[sc][t]
+        if sc in nbytes and t in nbytes[sc]:
+            x += " (%.0f B)" % nbytes[sc][t]
+        return x
     for sc in sorted(calls, key=lambda s: -max(calls[s].values())):
         if max(calls[sc].values()) >= 0.005:
-            print("| %s | %s |" % (sc, " | ".join(
-                "%.2f%s" % (calls[sc].get(t, 0), " (%.2f)" % errs[sc][t] if errs[sc].get(t) else "")
-                for t in targets)))
+            print("| %s | %s |" % (sc, " | ".join(cell(sc, t) for t in targets)))
 EOF
 
 [ -n "${SC_PROFILE:-}" ] || exit 0
@@ -211,7 +229,8 @@ import os, re, sys
 work, hz, targets = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
 ROWS = [("read(2) / recvfrom(2)", ["ksys_read", "__sys_recvfrom"]),
         ("  of which tcp_recvmsg", ["tcp_recvmsg"]),
-        ("writev(2)", ["do_writev"]),
+        ("writev(2) / sendmsg(2)", ["do_writev", "__sys_sendmsg"]),
+        ("  of which tcp_sendmsg", ["tcp_sendmsg"]),
         ("  of which the peer's receive (net_rx_action)", ["net_rx_action"]),
         ("epoll_wait(2)", ["do_epoll_wait"]),
         ("  of which polling ready sockets (ep_item_poll)", ["ep_item_poll.isra.0", "ep_item_poll"]),

@@ -1,10 +1,11 @@
 """
 test_core_syscalls.py — the system calls of a kept-alive JSON request
 (docs/gateway.md, "System calls and wake-ups per request"), counted by
-strace attached to the worker: one recv and one writev per side, two
+strace attached to the worker: one recv and one sendmsg per side, two
 epoll_waits, nothing else per request (no read that only says EAGAIN, no
-ioctl(FIONREAD), no epoll_ctl, no read(2) of a socket). A change that adds a
-call to every request fails here before any benchmark sees it.
+ioctl(FIONREAD), no epoll_ctl, no read(2) or writev(2) of a socket). A
+change that adds a call to every request fails here before any benchmark
+sees it.
 
 The upstream is a socket server of the test's own that answers each request
 with one send (head and body together), so the counts are sluice's alone.
@@ -147,14 +148,14 @@ def test_kept_alive_request_costs_four_calls_and_two_waits(sluice_factory, strac
     calls = strace_counts(out)
     per = {k: v[0] / n for k, v in calls.items()}
     failed = {k: v[1] for k, v in calls.items() if v[1]}
-    # one recv of the request, one of the answer; one writev each way
+    # one recv of the request, one of the answer; one sendmsg each way
     assert 1.99 <= per.get("recvfrom", 0) <= 2.02, calls
-    assert 1.99 <= per.get("writev", 0) <= 2.02, calls
+    assert 1.99 <= per.get("sendmsg", 0) <= 2.02, calls
     # two sleeps: for the request and for the answer (the worker's tick may add a few)
     assert 1.99 <= per.get("epoll_wait", 0) <= 2.1, calls
     # nothing else per request: no read(2) of a socket, no FIONREAD, no
     # interest changes, no other write; at most a few calls for the tick
-    for k in ("read", "ioctl", "epoll_ctl", "write", "sendto", "sendmsg", "readv"):
+    for k in ("read", "ioctl", "epoll_ctl", "write", "writev", "sendto", "readv"):
         assert per.get(k, 0) <= 0.03, (k, calls)
     assert sum(v[0] for v in calls.values()) / n <= 6.1, calls
     # no call that found nothing to read (EAGAIN)
