@@ -157,6 +157,10 @@ def test_kept_alive_request_costs_four_calls_and_two_waits(sluice_factory, strac
     # interest changes, no other write; at most a few calls for the tick
     for k in ("read", "ioctl", "epoll_ctl", "write", "writev", "sendto", "readv"):
         assert per.get(k, 0) <= 0.03, (k, calls)
-    assert sum(v[0] for v in calls.values()) / n <= 6.1, calls
+    # the allocator's calls apart (an ASan build maps its own memory: ~0.15
+    # mmap a request here, 0 without it)
+    mem = ("mmap", "munmap", "madvise", "mprotect", "brk")
+    assert sum(v[0] for k, v in calls.items() if k not in mem) / n <= 6.1, calls
+    assert sum(v[0] for k, v in calls.items() if k in mem) / n <= 0.5, calls
     # no call that found nothing to read (EAGAIN)
     assert sum(failed.values()) <= 2, failed
