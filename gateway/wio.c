@@ -7,9 +7,10 @@
  * a loop turn per request. Here the output buffer has a callback that puts
  * the connection on its worker's flush list; the flush runs once the
  * current callbacks are done (an activated event, no syscall) and writes
- * with one writev. Only when the kernel does not take everything is
- * EV_WRITE armed, and libevent finishes the job (with the send timeout
- * running); when the buffer is empty again EV_WRITE is disarmed.
+ * with one sendmsg (gw_wio_send). Only when the kernel does not take
+ * everything is EV_WRITE armed, and libevent finishes the job (with the
+ * send timeout running); when the buffer is empty again EV_WRITE is
+ * disarmed.
  *
  * TLS bufferevents cannot be written around (the SSL object and its record
  * state belong to libevent's bufferevent), so they "kick" instead: the same
@@ -79,6 +80,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/bufferevent_struct.h>
@@ -478,6 +481,36 @@ static evutil_socket_t gw_wio_fd(const gw_wio_t *io)
     return io->own_read ? io->fd : bufferevent_getfd(io->bev);
 }
 
+/* Chains one send takes, as many as evbuffer_write's writev took
+ * (libevent's NUM_WRITE_IOVEC); the rest goes in the next call. */
+#define GW_WIO_IOV 128
+
+/* One sendmsg of the front of out (thawed by the caller), drained by what
+ * the kernel took: bytes sent, or -1 with errno. evbuffer_write would do a
+ * writev, which reaches the same sock_sendmsg through the VFS first
+ * (rw_verify_area, the file's LSM and fsnotify hooks, a kiocb), as
+ * read(2) does (bench/RESULTS.md "plainsys"). MSG_NOSIGNAL: a peer gone
+ * is EPIPE, as with SIGPIPE ignored. */
+static int gw_wio_send(struct evbuffer *out, evutil_socket_t fd)
+{
+    struct evbuffer_iovec v[GW_WIO_IOV];
+    struct iovec iov[GW_WIO_IOV];
+    int n = evbuffer_peek(out, -1, NULL, v, GW_WIO_IOV);
+    if (n <= 0)
+        return 0;
+    n = SL_MIN(n, GW_WIO_IOV);
+    for (int i = 0; i < n; i++) {
+        iov[i].iov_base = v[i].iov_base;
+        iov[i].iov_len = v[i].iov_len;
+    }
+    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+    ssize_t sent = sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (sent < 0)
+        return -1;
+    evbuffer_drain(out, (size_t)sent);
+    return (int)sent;
+}
+
 static void gw_wio_flush(gw_wio_t *io)
 {
     struct evbuffer *out = bufferevent_get_output(io->bev);
@@ -512,7 +545,7 @@ static void gw_wio_flush(gw_wio_t *io)
         /* A bufferevent keeps the front of its output frozen (only it
          * drains it); thaw it for our write, as it does for its own. */
         evbuffer_unfreeze(out, 1);
-        n = evbuffer_write(out, gw_wio_fd(io));
+        n = gw_wio_send(out, gw_wio_fd(io));
         evbuffer_freeze(out, 1);
     }
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
@@ -537,7 +570,7 @@ void gw_wio_write_now(gw_wio_t *io)
         return;
     struct evbuffer *out = bufferevent_get_output(io->bev);
     evbuffer_unfreeze(out, 1);
-    int n = evbuffer_write(out, gw_wio_fd(io));
+    int n = gw_wio_send(out, gw_wio_fd(io));
     evbuffer_freeze(out, 1);
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
         io->werr = errno ? errno : EIO;
@@ -588,7 +621,11 @@ static ssize_t gw_wio_read_once(gw_wio_t *io, evutil_socket_t fd, int *err)
     /* The bufferevent keeps the end of its input frozen (only it adds);
      * thaw it for our read, as it does for its own. */
     evbuffer_unfreeze(in, 0);
-    ssize_t n = read(fd, gw_wio_scratch, want);
+    /* recv, not read: a read(2) of a socket goes through the VFS first
+     * (rw_verify_area, the LSM's file hook, a kiocb) before the same
+     * sock_recvmsg; ~0.04-0.06 µs a call in the kernel (sampled,
+     * bench/RESULTS.md "plainsys"). The descriptor is always a socket. */
+    ssize_t n = recv(fd, gw_wio_scratch, want, 0);
     *err = errno;
     if (n > 0) {
         /* The first GW_WIO_OWN bytes fill the last chain's free end or a

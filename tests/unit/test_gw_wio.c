@@ -538,6 +538,66 @@ static void test_flush_two(void **state)
     free(w);
 }
 
+/* The owner's write callback, as conn.c's: libevent wrote (EV_WRITE armed). */
+static gw_wio_t *mc_io;
+static int mc_written;
+
+static void mc_writecb(struct bufferevent *bev, void *arg)
+{
+    (void)bev;
+    (void)arg;
+    mc_written++;
+    gw_wio_written(mc_io);
+}
+
+/* The direct write (gw_wio_send: one sendmsg of at most 128 chains) with
+ * more chains than one call takes and more bytes than the kernel holds:
+ * the peer, reading only after the first write, gets every byte in order
+ * (what a call sent is drained, no more, no less), the rest goes out by
+ * the flush and then libevent's EV_WRITE, which is disarmed once the
+ * output is empty (the connection writes directly again). */
+static void test_write_many_chains(void **state)
+{
+    fx_t *f = *state;
+    gw_worker_t *w = wn_worker(f->base);
+    gw_wio_t io;
+    wn_t n = {0};
+    enum { PIECES = 300, PIECE = 16, BIG = 2 << 20, TOTAL = PIECES * PIECE + BIG };
+    unsigned char *src = malloc(TOTAL), *got = malloc(TOTAL);
+    assert_non_null(src);
+    assert_non_null(got);
+    for (size_t i = 0; i < TOTAL; i++)
+        src[i] = (unsigned char)(i * 7 + i / 251);
+    gw_wio_init(&io, w, f->bev, true, wn_drained, wn_failed, &n);
+    mc_io = &io;
+    mc_written = 0;
+    bufferevent_setcb(f->bev, fx_readcb, mc_writecb, fx_eventcb, f);
+    struct evbuffer *out = bufferevent_get_output(f->bev);
+    for (size_t i = 0; i < PIECES; i++) /* a chain each */
+        evbuffer_add_reference(out, src + i * PIECE, PIECE, NULL, NULL);
+    evbuffer_add_reference(out, src + PIECES * PIECE, BIG, NULL, NULL);
+    gw_wio_write_now(&io);
+    assert_true(evbuffer_get_length(out) > 0); /* 128 chains at most */
+    size_t have = 0;
+    for (int i = 0; i < 100000 && (have < TOTAL || io.armed); i++) {
+        turn(f);
+        ssize_t k = recv(f->peer, got + have, TOTAL - have, MSG_DONTWAIT);
+        if (k > 0)
+            have += (size_t)k;
+    }
+    assert_int_equal(have, TOTAL);
+    assert_memory_equal(got, src, TOTAL);
+    assert_true(mc_written >= 1); /* the kernel filled: libevent finished */
+    assert_false(io.armed);
+    assert_int_equal(n.failed, 0);
+    assert_int_equal(evbuffer_get_length(out), 0);
+    gw_wio_fini(&io);
+    event_free(w->flush_ev);
+    free(w);
+    free(src);
+    free(got);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -553,6 +613,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_write_now, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_write_now_reset, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_flush_two, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_write_many_chains, fx_setup, fx_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
