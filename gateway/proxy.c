@@ -1061,8 +1061,8 @@ static bool gw_proxy_up_read(gw_req_t *r)
     while (more && r->att.up == u) {
         const gw_http_feed_cbs_t cbs = {gw_proxy_head_cb, r, gw_proxy_body_cb, r};
         /* A stream's events of this read leave as one piece, queued
-         * before anything below runs (docs/gateway.md, "Relaying a
-         * stream"); a JSON answer has nothing to gather. */
+         * before anything below runs (docs/gateway.md, "One SSE
+         * event through the relay"); a JSON answer has nothing to gather. */
         bool batch = r->stream || r->att.resp_sse;
         if (batch)
             gw_out_batch_begin(r);

@@ -307,11 +307,12 @@ def _read_chunks(c, nbytes):
 
 def test_events_of_one_read_leave_in_one_chunk_unchanged(sluice_factory, mock, tmp_path):
     """The relay gathers the events of one upstream read into one chunk
-    (docs/gateway.md, "Relaying a stream"): with the output filter on and
-    changing nothing, each upstream write's complete events reach the client
-    byte for byte, in one chunk, while the mock still holds its next write
-    (the gate proves it: nothing complete waits for a later read); the start
-    of an event the write did not complete goes out with the write that does."""
+    (docs/gateway.md, "One SSE event through the relay"): with the output
+    filter on and changing nothing, each upstream write's complete events
+    reach the client byte for byte, in one chunk, while the mock still holds
+    its next write (the gate proves it: nothing complete waits for a later
+    read); the start of an event the write did not complete goes out with
+    the write that does."""
     s = _start(sluice_factory, mock, tmp_path)
     ev = [e.encode() for e in ph.raw_stream("one ", "two ", "three ", "four ", "five")]
     writes = [ev[0] + ev[1] + ev[2] + ev[3][:10], ev[3][10:] + ev[4], ev[5] + ev[6]]
