@@ -190,6 +190,11 @@ typedef enum flt_chan_rc {
  * applied) to out. BLOCK: a block rule matched; nothing is appended and the
  * channel takes no more text. */
 flt_chan_rc_t flt_chan_feed(flt_chan_t *c, const char *s, size_t n, sl_buf_t *out) SL_WUR;
+/* flt_chan_feed, except that a piece released whole and alone, unchanged
+ * (the clean path), is not copied: *same is set and out left as it was,
+ * the caller's s being the output. */
+flt_chan_rc_t flt_chan_feed_same(flt_chan_t *c, const char *s, size_t n, sl_buf_t *out,
+                                 bool *same) SL_WUR;
 /* End of text: releases everything held back (final, non-partial regex pass). */
 flt_chan_rc_t flt_chan_finish(flt_chan_t *c, sl_buf_t *out) SL_WUR;
 /* Original bytes held back now. */

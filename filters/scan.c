@@ -414,7 +414,8 @@ static int chan_release(flt_chan_t *c, bool final, sl_buf_t *out)
  * original window, every offset at the end, and in the folded window only
  * the regexes' lookbehind history (ASCII folds to itself, byte for byte).
  * The full path's copies, per-byte fold map and release steps were most of
- * a delta event's filter cost. false: nothing changed, take the full path. */
+ * a delta event's filter cost. false: nothing changed, take the full path.
+ * out NULL: the piece is not copied (flt_chan_feed_same). */
 static bool chan_feed_clean(flt_chan_t *c, const char *s, size_t n, sl_buf_t *out, bool *err)
 {
     const flt_ruleset_t *rs = c->rs;
@@ -434,7 +435,7 @@ static bool chan_feed_clean(flt_chan_t *c, const char *s, size_t n, sl_buf_t *ou
     /* the history the regexes may look behind at: at most rs->history of
      * the piece's last bytes join the window (chan_trim cuts the rest) */
     size_t tail = nre ? SL_MIN(n, rs->history) : 0;
-    if (sl_buf_add(out, s, n) != 0 || chan_fgrow(c, tail) != 0) {
+    if ((out && sl_buf_add(out, s, n) != 0) || chan_fgrow(c, tail) != 0) {
         *err = true;
         return true;
     }
@@ -458,7 +459,8 @@ static bool chan_feed_clean(flt_chan_t *c, const char *s, size_t n, sl_buf_t *ou
     return true;
 }
 
-flt_chan_rc_t flt_chan_feed(flt_chan_t *c, const char *s, size_t n, sl_buf_t *out)
+static inline flt_chan_rc_t chan_feed(flt_chan_t *c, const char *s, size_t n, sl_buf_t *out,
+                                      bool *same)
 {
     if (c->block_rule >= 0)
         return FLT_CHAN_BLOCK;
@@ -467,8 +469,11 @@ flt_chan_rc_t flt_chan_feed(flt_chan_t *c, const char *s, size_t n, sl_buf_t *ou
     if (n == 0)
         return FLT_CHAN_OK;
     bool err = false;
-    if (chan_feed_clean(c, s, n, out, &err))
+    if (chan_feed_clean(c, s, n, same ? NULL : out, &err)) {
+        if (same)
+            *same = !err;
         return err ? FLT_CHAN_ERR : FLT_CHAN_OK;
+    }
     if (!flt_utf8_valid(s, n))
         return FLT_CHAN_ERR;
     size_t from = chan_fend(c);
@@ -480,6 +485,17 @@ flt_chan_rc_t flt_chan_feed(flt_chan_t *c, const char *s, size_t n, sl_buf_t *ou
     if (rc != FLT_CHAN_OK)
         return rc;
     return chan_release(c, false, out) == 0 ? FLT_CHAN_OK : FLT_CHAN_ERR;
+}
+
+flt_chan_rc_t flt_chan_feed(flt_chan_t *c, const char *s, size_t n, sl_buf_t *out)
+{
+    return chan_feed(c, s, n, out, NULL);
+}
+
+flt_chan_rc_t flt_chan_feed_same(flt_chan_t *c, const char *s, size_t n, sl_buf_t *out, bool *same)
+{
+    *same = false;
+    return chan_feed(c, s, n, out, same);
 }
 
 flt_chan_rc_t flt_chan_finish(flt_chan_t *c, sl_buf_t *out)

@@ -40,6 +40,7 @@ typedef struct flt_evc {
     long long index;
     bool has_index, is_obj, delta_obj, finish, logprobs;
     unsigned char kind; /* FLT_TXT_* */
+    bool plain;         /* the text is known escape-free valid UTF-8 (stream_tpl_match) */
     unsigned delta_keys;
     unsigned seen; /* keys already met (duplicates fail closed) */
     size_t ts, te; /* the text string */
@@ -763,13 +764,15 @@ static bool tpl_plain_string(const char *s, size_t n)
     return ascii || flt_utf8_valid(s, n);
 }
 
-/* Whether s[0..n) is exactly one JSON string token, as yajl reads it. */
-static bool tpl_one_string(const char *s, size_t n)
+/* Whether s[0..n) is exactly one JSON string token, as yajl reads it;
+ * *plain when it is one without escapes, valid UTF-8 (tpl_plain_string). */
+static bool tpl_one_string(const char *s, size_t n, bool *plain)
 {
+    *plain = false;
     if (n < 2 || s[0] != '"' || s[n - 1] != '"')
         return false;
     if (tpl_plain_string(s + 1, n - 2))
-        return true;
+        return *plain = true;
     flt_tpl_p_t p = {0};
     sl_yheap_t ya;
     yajl_alloc_funcs yaf = sl_yheap_funcs(&ya);
@@ -790,14 +793,16 @@ static inline __attribute__((always_inline)) bool
 stream_tpl_match(flt_stream_t *st, const char *data, size_t n, bool *usage)
 {
     size_t pre = st->tpl_ts, post = st->tpl_len - st->tpl_te;
+    bool plain;
     if (!st->tpl_ok || st->tpl_off || n < pre + post + 2 || memcmp(data, st->tpl, pre) != 0 ||
         memcmp(data + n - post, st->tpl + st->tpl_te, post) != 0 ||
-        !tpl_one_string(data + pre, n - pre - post))
+        !tpl_one_string(data + pre, n - pre - post, &plain))
         return false;
     st->nevc = 1; /* evcap >= 1: the template was parsed into it */
     st->evc[0] = st->tpl_evc;
     st->evc[0].ts = pre;
     st->evc[0].te = n - post;
+    st->evc[0].plain = plain; /* stream_text need not look at it again */
     *usage = st->tpl_usage;
     st->tpl_hits++;
     return true;
@@ -1092,11 +1097,13 @@ int flt_stream_facts(flt_stream_t *st, const char *data, size_t n, char *buf, si
  * a backslash it is the bytes between the quotes; with one, jansson decodes
  * that string (exactly as a whole-event parse would) into st->dbuf.
  * 0 ok, 1 not decodable (fail closed), -1 out of memory. */
-static int stream_text(flt_stream_t *st, const char *data, size_t s, size_t e, const char **t,
-                       size_t *tn)
+static int stream_text(flt_stream_t *st, const char *data, size_t s, size_t e, bool plain,
+                       const char **t, size_t *tn)
 {
     *t = data + s + 1;
     *tn = e - s - 2;
+    if (plain)
+        return 0;
     if (!memchr(*t, '\\', *tn))
         return flt_utf8_valid(*t, *tn) ? 0 : 1; /* yajl checks less than jansson did */
     json_t *j = json_loadb(data + s, e - s, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
@@ -1229,15 +1236,18 @@ static flt_ev_verdict_t stream_choice(flt_stream_t *st, const char *data, const 
     if (has_text) {
         if (e->kind == FLT_TXT_TEXT)
             st->completions = true;
-        int rc = stream_text(st, data, e->ts, e->te, &t, &tn);
+        int rc = stream_text(st, data, e->ts, e->te, e->plain, &t, &tn);
         if (rc != 0)
             return rc > 0 ? stream_block(st, out, -1) : FLT_EV_ERROR;
     }
     sl_buf_t *b = &st->buf;
     b->len = 0;
+    bool same = false; /* the channel released t itself, whole: nothing copied to b */
     if (has_text) {
         /* text after this choice finished has no place to go: dropped */
-        flt_chan_rc_t rc = c->finished ? FLT_CHAN_OK : flt_chan_feed(c, t, tn, b);
+        flt_chan_rc_t rc = c->finished ? FLT_CHAN_OK
+                           : e->finish ? flt_chan_feed(c, t, tn, b)
+                                       : flt_chan_feed_same(c, t, tn, b, &same);
         if (rc == FLT_CHAN_BLOCK)
             return stream_block(st, out, c->block_rule);
         if (rc != FLT_CHAN_OK)
@@ -1254,7 +1264,7 @@ static flt_ev_verdict_t stream_choice(flt_stream_t *st, const char *data, const 
         if (!has_text && b->len > before && push_chunk(st, out, index, b->p, b->len, NULL) != 0)
             return FLT_EV_ERROR;
     }
-    if (has_text && (b->len != tn || memcmp(b->p ? b->p : "", t, tn) != 0)) {
+    if (has_text && !same && (b->len != tn || memcmp(b->p ? b->p : "", t, tn) != 0)) {
         size_t off = st->ebuf.len;
         if (flt_json_str_encode(&st->ebuf, b->p ? b->p : "", b->len) != 0 ||
             stream_edit(st, e->ts, e->te, off, st->ebuf.len - off, false) != 0)
@@ -1262,7 +1272,7 @@ static flt_ev_verdict_t stream_choice(flt_stream_t *st, const char *data, const 
     }
     if (e->logprobs && stream_edit(st, e->ls, e->le, 0, 4, true) != 0)
         return FLT_EV_ERROR;
-    *empty = !e->finish && has_text && b->len == 0 &&
+    *empty = !e->finish && has_text && (same ? tn : b->len) == 0 &&
              (e->kind == FLT_TXT_TEXT || (e->delta_obj && e->delta_keys == 1));
     return FLT_EV_PASS;
 }

@@ -51,6 +51,21 @@ static gw_conn_t *gw_conn_attach(gw_worker_t *w, gw_conn_t *c, struct buffereven
                                  SSL *ssl);
 static const gw_out_ops_t gw_out_h1;
 
+/* A batch (gw_out_batch_begin): the chunks of one upstream read gathered
+ * as one chunk, its size line written in front of them when it is queued
+ * (so the bytes are copied once, and one evbuffer_add runs the buffer's
+ * callbacks once, not once per SSE event). Per thread: a loop turn feeds
+ * one read at a time. Bounded: what does not fit goes out as before. */
+#define GW_H1_BATCH_BYTES 16384
+#define GW_H1_BATCH_HEAD  18 /* a size line's room: 16 hex digits, CRLF */
+typedef struct gw_h1_batch {
+    gw_conn_t *c; /* gathering for c's request r; NULL when off */
+    gw_req_t *r;
+    size_t len; /* body bytes, at buf + GW_H1_BATCH_HEAD */
+    char buf[GW_H1_BATCH_HEAD + GW_H1_BATCH_BYTES + 2];
+} gw_h1_batch_t;
+static __thread gw_h1_batch_t gw_h1_batch;
+
 /* The connection's one deadline (header, body or idle), kept lazily: the
  * timer is re-armed only when a deadline comes earlier than the one it is
  * set for; when it fires early it re-arms for what is left. A request on a
@@ -328,6 +343,8 @@ void gw_conn_close(gw_conn_t *c)
     if (c->closed)
         return;
     c->closed = true;
+    if (gw_h1_batch.c == c) /* closed mid-read: nothing more is written */
+        gw_h1_batch.c = NULL;
     if (c->on_close) {
         void (*fn)(void *) = c->on_close;
         c->on_close = NULL;
@@ -1040,9 +1057,69 @@ void gw_out_write_now(gw_req_t *r)
         r->c->out->write_now(r->c);
 }
 
+void gw_out_batch_begin(gw_req_t *r)
+{
+    if (r->c->out->batch)
+        r->c->out->batch(r->c, r, true);
+}
+
+void gw_out_batch_end(gw_req_t *r)
+{
+    if (r->c->out->batch)
+        r->c->out->batch(r->c, r, false);
+}
+
 /* HTTP/1.1: straight into the connection's output buffer (wio.c writes it
  * at the end of the loop turn). The head's status line is written by
  * _begin, the caller's lines follow, _end adds the framing. */
+
+/* Queues what c's batch gathered, as one chunk. */
+static void gw_h1_batch_flush(gw_conn_t *c)
+{
+    gw_h1_batch_t *b = &gw_h1_batch;
+    if (b->c != c || b->len == 0)
+        return;
+    /* the size line, written backwards into the room before the bytes */
+    static const char digits[] = "0123456789abcdef";
+    char *start = b->buf + GW_H1_BATCH_HEAD;
+    *--start = '\n';
+    *--start = '\r';
+    size_t v = b->len;
+    do {
+        *--start = digits[v & 15];
+        v >>= 4;
+    } while (v);
+    memcpy(b->buf + GW_H1_BATCH_HEAD + b->len, "\r\n", 2);
+    size_t head = (size_t)(b->buf + GW_H1_BATCH_HEAD - start);
+    size_t n = head + b->len + 2;
+    evbuffer_add(bufferevent_get_output(c->bev), start, n);
+    sl_counter_add(gw_m.bytes_client_out, n);
+    b->r->bytes_out += head + 2; /* the body bytes were counted by data() */
+    b->len = 0;
+}
+
+static void gw_h1_batch_set(gw_conn_t *c, gw_req_t *r, bool on)
+{
+    gw_h1_batch_t *b = &gw_h1_batch;
+    if (b->c)
+        gw_h1_batch_flush(b->c);
+    b->c = on ? c : NULL;
+    b->r = r;
+    b->len = 0;
+}
+
+/* Into c's batch: true when taken (chunked framing only). */
+static bool gw_h1_batch_add(gw_conn_t *c, gw_req_t *r, const void *p, size_t n)
+{
+    gw_h1_batch_t *b = &gw_h1_batch;
+    if (b->c != c || !r->chunked_out || n > GW_H1_BATCH_BYTES)
+        return false;
+    if (b->len + n > GW_H1_BATCH_BYTES)
+        gw_h1_batch_flush(c);
+    memcpy(b->buf + GW_H1_BATCH_HEAD + b->len, p, n);
+    b->len += n;
+    return true;
+}
 static void gw_h1_head_begin(gw_conn_t *c, gw_req_t *r, int status, gw_sb_t *b)
 {
     (void)c;
@@ -1057,6 +1134,7 @@ static void gw_h1_head_begin(gw_conn_t *c, gw_req_t *r, int status, gw_sb_t *b)
 /* The status line, the caller's lines and these in one evbuffer_add. */
 static size_t gw_h1_head_end(gw_conn_t *c, gw_req_t *r, gw_sb_t *b, int64_t length)
 {
+    gw_h1_batch_flush(c);
     if (c->w->draining)
         c->close_after = true;
     if (length >= 0) {
@@ -1085,6 +1163,9 @@ static size_t gw_h1_head_end(gw_conn_t *c, gw_req_t *r, gw_sb_t *b, int64_t leng
 
 static size_t gw_h1_data(gw_conn_t *c, gw_req_t *r, const void *p, size_t n)
 {
+    if (gw_h1_batch_add(c, r, p, n))
+        return n; /* the framing is counted when the batch is queued */
+    gw_h1_batch_flush(c);
     struct evbuffer *out = bufferevent_get_output(c->bev);
     if (r->chunked_out) {
         /* An event is typically a few hundred bytes: frame it in one piece. */
@@ -1114,6 +1195,7 @@ static size_t gw_h1_data(gw_conn_t *c, gw_req_t *r, const void *p, size_t n)
  * evbuffer_add_buffer, no copy, no drain of buf). */
 static ssize_t gw_h1_data_buffer(gw_conn_t *c, gw_req_t *r, struct evbuffer *buf)
 {
+    gw_h1_batch_flush(c);
     size_t n = evbuffer_get_length(buf);
     if (r->chunked_out || evbuffer_add_buffer(bufferevent_get_output(c->bev), buf) != 0)
         return -1;
@@ -1123,6 +1205,7 @@ static ssize_t gw_h1_data_buffer(gw_conn_t *c, gw_req_t *r, struct evbuffer *buf
 
 static size_t gw_h1_end(gw_conn_t *c, gw_req_t *r)
 {
+    gw_h1_batch_flush(c);
     if (!r->chunked_out)
         return 0;
     evbuffer_add(bufferevent_get_output(c->bev), GW_LIT("0\r\n\r\n"));
@@ -1132,12 +1215,14 @@ static size_t gw_h1_end(gw_conn_t *c, gw_req_t *r)
 
 static void gw_h1_abort(gw_conn_t *c)
 {
+    gw_h1_batch_flush(c);  /* what came before the cut still goes out */
     c->close_after = true; /* a short body + close is the only signal */
 }
 
 static size_t gw_h1_pending(const gw_conn_t *c)
 {
-    return evbuffer_get_length(bufferevent_get_output(c->bev));
+    size_t gathered = gw_h1_batch.c == c ? gw_h1_batch.len : 0;
+    return evbuffer_get_length(bufferevent_get_output(c->bev)) + gathered;
 }
 
 static void gw_h1_watch(gw_conn_t *c, size_t low)
@@ -1148,6 +1233,7 @@ static void gw_h1_watch(gw_conn_t *c, size_t low)
 
 static void gw_h1_write_now(gw_conn_t *c)
 {
+    gw_h1_batch_flush(c);
     gw_wio_write_now(&c->wio);
 }
 
@@ -1161,4 +1247,5 @@ static const gw_out_ops_t gw_out_h1 = {
     .watch = gw_h1_watch,
     .write_now = gw_h1_write_now,
     .data_buffer = gw_h1_data_buffer,
+    .batch = gw_h1_batch_set,
 };

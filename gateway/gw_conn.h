@@ -36,8 +36,10 @@ typedef struct gw_out_ops {
      * rewrite them: h2 lower-cases the names) and empties b. Returns the
      * bytes queued. */
     size_t (*head_end)(gw_conn_t *c, gw_req_t *r, gw_sb_t *b, int64_t length);
-    /* Body bytes, sent as soon as the client takes them (one SSE event is
-     * flushed at once). Returns the bytes queued, framing included. */
+    /* Body bytes, sent as soon as the client takes them (an SSE event is
+     * flushed in the loop turn of the read that completed it; within a
+     * batch its framing comes when the batch is queued). Returns the bytes
+     * queued, framing included. */
     size_t (*data)(gw_conn_t *c, gw_req_t *r, const void *p, size_t n);
     /* The body is complete (a chunked body's last chunk). */
     size_t (*end)(gw_conn_t *c, gw_req_t *r);
@@ -57,6 +59,10 @@ typedef struct gw_out_ops {
      * buf. -1: not taken (buf untouched), the caller copies. Else as
      * data(). */
     ssize_t (*data_buffer)(gw_conn_t *c, gw_req_t *r, struct evbuffer *buf);
+    /* Optional: on, data() calls may be gathered (HTTP/1.1: into one
+     * chunk, one add to the socket's buffer) until off, which queues them;
+     * every other op queues what was gathered first. */
+    void (*batch)(gw_conn_t *c, gw_req_t *r, bool on);
 } gw_out_ops_t;
 
 struct gw_conn {
@@ -146,6 +152,13 @@ void gw_out_abort(gw_req_t *r);
 size_t gw_out_pending(const gw_req_t *r);
 void gw_out_watch(gw_req_t *r, size_t low);
 void gw_out_write_now(gw_req_t *r);
+/* The gw_out_data calls between _begin and _end may reach the output as one
+ * piece (HTTP/1.1: one chunk, one add), queued by _end at the latest: the
+ * events of one upstream read, still all written in the read's loop turn.
+ * One batch at a time per thread; nothing else may run in between that
+ * writes to another connection. */
+void gw_out_batch_begin(gw_req_t *r);
+void gw_out_batch_end(gw_req_t *r);
 
 /* The current request is finished: log, count, then keep-alive or close. */
 void gw_conn_req_done(gw_conn_t *c);

@@ -620,11 +620,11 @@ static void gw_proxy_write_payloads(gw_req_t *r, gw_payloads_t *out)
         free(buf);
 }
 
-/* One complete event: out to the client as one chunk. Events that arrive
- * whole in one read are written from the read buffer itself; only an event
- * split across reads is assembled (by the splitter) first. A partial event
- * is never forwarded, so a stream cut mid-event cannot hand the client half
- * a JSON document. */
+/* Complete events only go out: those of one read gathered into one chunk
+ * (gw_out_batch_begin in gw_proxy_up_read), copied from the read buffer
+ * itself; only an event split across reads is assembled (by the splitter)
+ * first. A partial event is never forwarded, so a stream cut mid-event
+ * cannot hand the client half a JSON document. */
 /* One event's data payload through the hook chain and out; raw (may be
  * NULL) is the event as it came, sent when every hook passes. Returns -1
  * when a hook ended the stream (r->stop_stream is set). */
@@ -1060,7 +1060,15 @@ static bool gw_proxy_up_read(gw_req_t *r)
     bool more = true; /* until the input is used up, or the answer ended */
     while (more && r->att.up == u) {
         const gw_http_feed_cbs_t cbs = {gw_proxy_head_cb, r, gw_proxy_body_cb, r};
+        /* A stream's events of this read leave as one piece, queued
+         * before anything below runs (docs/gateway.md, "One SSE
+         * event through the relay"); a JSON answer has nothing to gather. */
+        bool batch = r->stream || r->att.resp_sse;
+        if (batch)
+            gw_out_batch_begin(r);
         gw_http_state_t st = gw_http_feed_evbuffer_cbs(u->parser, in, NULL, &cbs);
+        if (batch)
+            gw_out_batch_end(r);
         if (r->stop_stream) {
             gw_proxy_on_stopped(r);
             return false;

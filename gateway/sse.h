@@ -66,6 +66,9 @@ void gw_sse_reset(gw_sse_t *s);
 #define GW_SSE_KEEP_BYTES 4096
 void gw_sse_recycle(gw_sse_t *s);
 void gw_sse_rearm(gw_sse_t *s, size_t max_event_bytes);
+/* Tests: line ends found by the two-memchr path (as on a CPU without
+ * AVX2), until the next gw_sse_new. */
+void gw_sse_no_simd(gw_sse_t *s);
 /* Bytes its event buffer holds allocated (tests: what a kept one costs). */
 size_t gw_sse_buf_bytes(const gw_sse_t *s);
 

@@ -14,6 +14,8 @@ real binary (issue 5, part 5), with the mock sending exact event texts (its
 - non-streamed answers get the same rules.
 """
 
+import re
+
 import pytest
 
 import helpers
@@ -280,3 +282,52 @@ def test_whole_answer_with_candidate_is_read(sluice_factory, mock, tmp_path, con
     j = r.json()
     assert j["choices"][0]["message"]["content"] == want
     assert j["created"] == 13900001111 and j["usage"]["total_tokens"] == 3
+
+
+def _read_chunks(c, nbytes):
+    """The payloads of the chunked body's chunks, as framed by sluice, until
+    nbytes of payload have come (the client's timeout bounds the wait)."""
+    chunks, have = [], 0
+    while have < nbytes:
+        m = re.match(rb"([0-9a-fA-F]+)\r\n", c.buf)
+        if m:
+            n = int(m.group(1), 16)
+            end = m.end() + n + 2
+            assert n > 0, (chunks, c.buf)  # not the last chunk yet
+            if len(c.buf) >= end:
+                assert c.buf[end - 2:end] == b"\r\n"
+                chunks.append(c.buf[m.end():end - 2])
+                have += n
+                c.buf = c.buf[end:]
+                continue
+        assert c._fill(), "connection closed"
+    assert have == nbytes, chunks
+    return chunks
+
+
+def test_events_of_one_read_leave_in_one_chunk_unchanged(sluice_factory, mock, tmp_path):
+    """The relay gathers the events of one upstream read into one chunk
+    (docs/gateway.md, "One SSE event through the relay"): with the output
+    filter on and changing nothing, each upstream write's complete events
+    reach the client byte for byte, in one chunk, while the mock still holds
+    its next write (the gate proves it: nothing complete waits for a later
+    read); the start of an event the write did not complete goes out with
+    the write that does."""
+    s = _start(sluice_factory, mock, tmp_path)
+    ev = [e.encode() for e in ph.raw_stream("one ", "two ", "three ", "four ", "five")]
+    writes = [ev[0] + ev[1] + ev[2] + ev[3][:10], ev[3][10:] + ev[4], ev[5] + ev[6]]
+    want = [ev[0] + ev[1] + ev[2], ev[3] + ev[4], ev[5] + ev[6]]
+    mock.script({"gate": True, "raw": [w.decode() for w in writes]})
+    with s.client(timeout=helpers.bound(10)) as c:
+        c.send_request("POST", ph.CHAT_PATH, chat_body("x", stream=True))
+        r = c.read_head()
+        assert r.status == 200 and r.chunked
+        (q,) = mock.requests()
+        for i, w in enumerate(want):
+            assert mock.requests()[0]["events_sent"] == i + 1  # the next write is held
+            assert _read_chunks(c, len(w)) == [w]
+            if i + 1 < len(want):
+                assert mock.release(request=q["id"]) == 1
+        while b"0\r\n\r\n" not in c.buf:
+            assert c._fill(), "connection closed before the last chunk"
+        assert c.buf == b"0\r\n\r\n"

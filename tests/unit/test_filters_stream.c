@@ -790,7 +790,8 @@ static void test_sse_random_events(void **state)
 /* The clean-piece shortcut of flt_chan_feed (nothing held, ASCII, no word
  * end, no partial word, no byte a regex may start with) against the same
  * text filtered whole: random texts of word letters, digits of the phone
- * regex and blanks, cut into random pieces. Both ways must be taken. */
+ * regex and blanks, cut into random pieces. Both ways must be taken, and
+ * flt_chan_feed_same (half the pieces) says "same" exactly on the shortcut. */
 static void test_clean_pieces_same(void **state)
 {
     (void)state;
@@ -805,7 +806,7 @@ static void test_clean_pieces_same(void **state)
         fail_msg("build: %s", err);
     static const char alpha[] = "forbidenxy o 13892 Q... aaa ssss tttt, mmmm qqqz ";
     uint32_t seed = 777;
-    unsigned clean = 0, full = 0;
+    unsigned clean = 0, full = 0, nsame = 0;
     for (int round = 0; round < 2000; round++) {
         char text[96];
         seed = seed * 1103515245u + 12345u;
@@ -825,7 +826,21 @@ static void test_clean_pieces_same(void **state)
             if (k > n - pos)
                 k = n - pos;
             unsigned before = c.nclean;
-            assert_int_equal(flt_chan_feed(&c, text + pos, k, &got), FLT_CHAN_OK);
+            if (seed & (1u << 8)) {
+                assert_int_equal(flt_chan_feed(&c, text + pos, k, &got), FLT_CHAN_OK);
+            } else {
+                /* the uncopied variant: a clean piece is the caller's own
+                 * text (the relay passes the event as is), out untouched */
+                bool same = true;
+                size_t had = got.len;
+                assert_int_equal(flt_chan_feed_same(&c, text + pos, k, &got, &same), FLT_CHAN_OK);
+                assert_int_equal(same, c.nclean > before);
+                if (same) {
+                    assert_int_equal(got.len, had);
+                    assert_int_equal(sl_buf_add(&got, text + pos, k), 0);
+                    nsame++;
+                }
+            }
             if (c.nclean > before)
                 clean++;
             else
@@ -842,8 +857,9 @@ static void test_clean_pieces_same(void **state)
         sl_buf_free(&got);
         sl_buf_free(&whole);
     }
-    print_message("clean pieces %u, full %u\n", clean, full);
+    print_message("clean pieces %u (uncopied %u), full %u\n", clean, nsame, full);
     assert_true(clean > 1000);
+    assert_true(nsame > 400);
     assert_true(full > 1000);
     flt_ruleset_unref(rs);
 }

@@ -15,6 +15,10 @@
 
 #include "gateway/sse.h"
 
+/* Splitters made by check_all_splits find line ends without AVX2 (the
+ * path of a CPU that lacks it) when set. */
+static bool no_simd;
+
 /* ---- a recorder of events ---- */
 
 #define MAX_EV 64
@@ -127,6 +131,8 @@ static void check_all_splits(const char *in, size_t len, size_t max, bool three,
 {
     gw_sse_t *s = gw_sse_new(max);
     assert_non_null(s);
+    if (no_simd)
+        gw_sse_no_simd(s);
     rec_t *r = calloc(1, sizeof(*r));
     assert_non_null(r);
     memset(whole, 0, sizeof(*whole));
@@ -547,6 +553,87 @@ static void test_find_is_memmem(void **state)
     assert_null(gw_sse_find("\"usage\"", 7, "\"usage\":", 8, 7));
 }
 
+/* The line-end scan (32 bytes a step with AVX2, a piece's tail as one
+ * overlapping block, a piece under 32 bytes byte by byte) and the "data:"
+ * name taken in one step: one-data-line events whose value is every length
+ * around the block sizes, ended by LF, CR or CRLF, with a CR or LF at each
+ * place of a long line, in every 2-piece cut and byte by byte, both paths.
+ * Each event's bytes and in-place data are checked against the input. */
+static void check_line_ends(void)
+{
+    static const char *const ends[] = {"\n\n", "\r\r", "\r\n\r\n"};
+    static const size_t lens[] = {0, 1, 2, 5, 25, 26, 27, 31, 32, 33, 58, 63, 64, 65, 97, 200};
+    char in[600], val[256];
+    for (size_t e = 0; e < SL_ARRAY_LEN(ends); e++) {
+        for (size_t k = 0; k < SL_ARRAY_LEN(lens); k++) {
+            size_t L = lens[k];
+            for (size_t i = 0; i < L; i++)
+                val[i] = "{\"a\":[1, 2]}wxyz"[i % 16]; /* ':' and ' ' inside too */
+            /* an event, a comment in an event with no data, the first event again */
+            int n = snprintf(in, sizeof(in), "data: %.*s%s: c\nevent: x%sdata:%.*s%s", (int)L, val,
+                             ends[e], ends[e], (int)L, val, ends[e]);
+            assert_true(n > 0 && (size_t)n < sizeof(in));
+            rec_t w;
+            outcome_t o;
+            check_all_splits(in, (size_t)n, 4096, false, &w, &o);
+            assert_int_equal(o.rc, 0);
+            assert_int_equal(o.events, 3);
+            assert_false(o.mid);
+            size_t lf_tail = e == 2 ? 1 : 0;        /* a CRLF blank line's LF: an event alone */
+            assert_int_equal(w.n, 3 + 3 * lf_tail); /* the comment is in event 2 */
+            size_t hl = 6 + L + strlen(ends[e]) - lf_tail;
+            assert_int_equal(w.len[0], hl);
+            assert_memory_equal(w.raw[0], in, hl);
+            assert_int_equal(w.data_events, 2);
+            size_t total = 0;
+            for (size_t i = 0; i < w.n; i++)
+                total += w.len[i];
+            assert_int_equal(total, (size_t)n);
+        }
+    }
+    /* a CR or LF at each place of a long line ends it there: two data lines */
+    for (int at = 0; at < 100; at++) {
+        for (int cr = 0; cr < 2; cr++) {
+            memset(val, 'v', 100);
+            int n = snprintf(in, sizeof(in), "data: %.*s%cdata:%.*s\n\n", at, val, cr ? '\r' : '\n',
+                             100 - at, val);
+            char want[128];
+            int wl = snprintf(want, sizeof(want), "%.*s\n%.*s", at, val, 100 - at, val);
+            rec_t w;
+            outcome_t o;
+            check_all_splits(in, (size_t)n, 4096, false, &w, &o);
+            assert_int_equal(o.events, 1);
+            assert_int_equal(w.n, 1);
+            assert_int_equal(w.data_events, 0); /* two data lines: joined, not in place */
+            char got[128];
+            gw_sse_event_t ev = {.raw = w.raw[0], .raw_len = w.len[0]};
+            assert_int_equal(gw_sse_event_data(&ev, got, sizeof(got)), wl);
+            assert_memory_equal(got, want, (size_t)wl);
+        }
+    }
+}
+
+static void test_line_ends(void **state)
+{
+    (void)state;
+    check_line_ends();
+    no_simd = true;
+    check_line_ends();
+    no_simd = false;
+}
+
+/* The whole suite's every-split checks once more on the two-memchr path. */
+static void test_no_simd_every_split(void **state)
+{
+    no_simd = true;
+    test_mixed_stream_every_split(state);
+    test_openai_stream_every_split(state);
+    test_one_data_line_in_place(state);
+    test_done_detection(state);
+    test_comment_only(state);
+    no_simd = false;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -562,6 +649,8 @@ int main(void)
         cmocka_unit_test(test_recycle_rearm),
         cmocka_unit_test(test_event_data),
         cmocka_unit_test(test_find_is_memmem),
+        cmocka_unit_test(test_line_ends),
+        cmocka_unit_test(test_no_simd_every_split),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
