@@ -108,14 +108,19 @@ typedef struct gw_elide {
 
 /* The holes a parse found for the shape it may leave (see "shapes"):
  * value spans in the body, and whether a recorded fact reads the value
- * (those are kept first when there are more than a shape holds). */
+ * (those are kept first when there are more than a shape holds); and the
+ * texts that are a string's decoded copy (it had escapes), each with the
+ * body offset of its string's interior, where a hit finds it again. */
 #define GW_SHAPE_REC_MAX 128
 typedef struct gw_shape_rec {
-    bool ok; /* false: a string that was not the body's own bytes */
+    bool ok; /* false: a string a shape cannot hold (see gw_shape_rec_str) */
     size_t n;
     sl_jspan_t hole[GW_SHAPE_REC_MAX];
     uint8_t kind[GW_SHAPE_REC_MAX];
     bool read[GW_SHAPE_REC_MAX];
+    size_t ndec;
+    const char *dec[SL_JSHAPE_MAX_HOLES];
+    uint32_t dec_off[SL_JSHAPE_MAX_HOLES];
 } gw_shape_rec_t;
 
 typedef struct gw_scan_ctx {
@@ -815,14 +820,21 @@ static inline void gw_shape_rec_add(gw_scan_ctx_t *c, size_t off, size_t n, uint
     r->n++;
 }
 
-/* A string that is not the body's own bytes (an escape): no shape from
- * this body (a hit would have to rebuild its decoded text). */
+/* A string or key a shape cannot hold: no shape from this body. */
 static inline void gw_shape_rec_off(gw_scan_ctx_t *c)
 {
     if (c->rec) {
         c->rec->ok = false;
         c->rec = NULL;
     }
+}
+
+/* A role's or a part's type: a word policies match, so shape bytes. */
+static inline bool gw_scan_word(const gw_scan_ctx_t *c)
+{
+    const gw_frame_t *fr = c->top;
+    return fr && ((fr->role == GW_R_MSG && fr->key == GW_K_ROLE) ||
+                  (fr->role == GW_R_PART && fr->key == GW_K_TYPE));
 }
 
 static int gw_cb_null(void *ctx)
@@ -1112,12 +1124,30 @@ static inline __attribute__((always_inline)) int gw_scan_string_slot(gw_scan_ctx
     return 1;
 }
 
+/* A string value with escapes (sp: not cut: shapes are kept only without
+ * a skeleton) as a hole like any other; t: its decoded text, when a fact
+ * reads it (NULL: none does), which a hit decodes again from the new
+ * bytes. A word with an escape would have to be shape bytes that are not
+ * its text: no shape. */
+static void gw_shape_rec_str(gw_scan_ctx_t *c, const gw_span_t *sp, const sl_text_t *t)
+{
+    gw_shape_rec_t *r = c->rec;
+    if (sp->cut || gw_scan_word(c) || (t && r->ndec == SL_JSHAPE_MAX_HOLES)) {
+        gw_shape_rec_off(c);
+        return;
+    }
+    if (t) {
+        r->dec[r->ndec] = t->p;
+        r->dec_off[r->ndec++] = (uint32_t)(sp->off + 1);
+    }
+    gw_shape_rec_add(c, sp->off + 1, sp->end - sp->off - 2, SL_JHOLE_JSTR, t != NULL);
+}
+
 /* gw_cb_string for the other strings (escaped, or read from a skeleton):
  * out of line, so the common one keeps a small frame. */
 static __attribute__((noinline)) int gw_cb_string_span(gw_scan_ctx_t *c, const char *p, size_t n)
 {
     gw_span_t sp;
-    gw_shape_rec_off(c);
     if (gw_scan_string_span(c, p, n, &sp) != 0)
         return gw_scan_stop(c, GW_SCAN_SLOW);
     sl_text_t *t;
@@ -1126,6 +1156,8 @@ static __attribute__((noinline)) int gw_cb_string_span(gw_scan_ctx_t *c, const c
         return sr;
     if (t && gw_scan_text(c, p, n, &sp, t) != 0)
         return gw_scan_stop(c, GW_SCAN_OOM);
+    if (c->rec)
+        gw_shape_rec_str(c, &sp, t);
     return 1;
 }
 
@@ -1144,14 +1176,10 @@ static int gw_cb_string(void *ctx, const unsigned char *up, size_t n)
         t->p = p; /* the body's own bytes */
         t->len = n;
     }
-    if (c->rec) {
-        /* a role or a part's type is a word policies match: shape bytes */
-        const gw_frame_t *fr = c->top;
-        bool word = fr && ((fr->role == GW_R_MSG && fr->key == GW_K_ROLE) ||
-                           (fr->role == GW_R_PART && fr->key == GW_K_TYPE));
-        if (!word)
-            gw_shape_rec_add(c, off + 1, n, SL_JHOLE_STR, t != NULL);
-    }
+    /* a role or a part's type is a word policies match: shape bytes; any
+     * other string a hole that may hold escapes on a hit */
+    if (c->rec && !gw_scan_word(c))
+        gw_shape_rec_add(c, off + 1, n, SL_JHOLE_JSTR, t != NULL);
     return 1;
 }
 
@@ -1419,19 +1447,22 @@ static gw_scan_rc_t gw_body_scan_run(gw_body_scan_t *s, const char *base, size_t
  *
  * Clients send bodies of one shape again and again (the same SDK, the same
  * app: only the prompt, the model, max_tokens change). After a parse on the
- * normal path (a body below GW_SKEL_BODY_MIN, no skeleton, no escape in any
- * string or key, no integer beyond 18 digits ... everything yajl read was
- * the body's own bytes), the thread keeps the body as a shape (common/jshape.h)
- * with holes over the values whose facts are recomputed from a new span:
- * string interiors (a text is a span of the body) and integer tokens (re-read),
- * and a copy of the result with every text pointer as an offset. A message's
- * role and a part's type are words policies match: shape bytes, as keys,
- * booleans, null and reals are. A later body with the shape (and the same
- * GW_SCAN_MSGS) gets the kept result, each offset moved by the holes before
- * it changing length, without yajl: jshape.h says why everything the parse
- * found holds again. A body that matches no kept shape costs the compares
- * that failed, then the parse, then its shape kept in place of the least
- * recently used. */
+ * normal path (a body below GW_SKEL_BODY_MIN, no skeleton, no escape in a
+ * key or a word, no integer beyond 18 digits), the thread keeps the body as
+ * a shape (common/jshape.h) with holes over the values whose facts are
+ * recomputed from a new span: string interiors (SL_JHOLE_JSTR: escapes
+ * allowed, surrogate escapes in pairs only) and integer tokens (re-read),
+ * and a copy of the result with every text pointer as an offset (a decoded
+ * text as its hole's). A message's role and a part's type are words
+ * policies match: shape bytes, as keys, booleans, null and reals are. A
+ * later body with the shape (and the same GW_SCAN_MSGS) gets the kept
+ * result, each offset moved by the holes before it changing length, without
+ * the parse: jshape.h says why everything the parse found holds again. A
+ * text whose hole now holds an escape is decoded from the new bytes by yajl,
+ * as the parse decodes it (gw_shape_decode); one without is the body's
+ * bytes. The byte pass and the UTF-8 check ran before the shapes, on every
+ * body. A body that matches no kept shape costs the compares that failed,
+ * then the parse, then its shape kept in place of the least recently used. */
 
 /* Shapes a thread keeps, and the most messages and parts one may hold. */
 #define GW_SHAPE_SLOTS 4
@@ -1557,12 +1588,22 @@ static size_t gw_shape_enc(const sl_jspan_t *hole, size_t nh, size_t x)
 }
 
 /* A text's pointer into body encoded (NULL stays NULL: a string's interior
- * never starts at 0). -1: not the body's bytes. */
+ * never starts at 0); a decoded copy (rec's) as its string's interior, which
+ * must be a hole (a hit decodes the hole's bytes again). -1: neither. */
 static int gw_shape_text_save(sl_text_t *t, const char *body, size_t len, const sl_jspan_t *hole,
-                              size_t nh)
+                              size_t nh, const gw_shape_rec_t *rec)
 {
     if (!t->p)
         return 0;
+    for (size_t i = 0; i < rec->ndec; i++) {
+        if (t->p != rec->dec[i])
+            continue;
+        size_t e = gw_shape_enc(hole, nh, rec->dec_off[i]);
+        if (!GW_SHAPE_HOLE(e))
+            return -1; /* stays shape bytes: they are not its text */
+        t->p = (const char *)(uintptr_t)e;
+        return 0;
+    }
     uintptr_t o = (uintptr_t)t->p - (uintptr_t)body;
     if (o == 0 || o > len || t->len > len - o)
         return -1;
@@ -1579,30 +1620,102 @@ static void gw_shape_fact_save(gw_jfact_t *f, const sl_jspan_t *hole, size_t nh)
     f->close = gw_shape_enc(hole, nh, f->close);
 }
 
-/* A hit: the new body, its holes' spans, and how far each offset after
- * the k first holes moves (mv[k]). */
+/* A hit: the scan filled, the new body, its holes' spans, which hold an
+ * escape (bit k: hole k), and how far each offset after the k first holes
+ * moves (mv[k]). */
 typedef struct gw_shape_map {
+    gw_body_scan_t *s;
     const char *body;
     const sl_jspan_t *nw;
+    uint64_t esc;
+    bool bad; /* a decode failed: the parse decides */
     ptrdiff_t mv[SL_JSHAPE_MAX_HOLES + 1];
 } gw_shape_map_t;
+
+/* Decoded strings on a hit: yajl (the parse's own decoder) reads each as a
+ * value of a stream on a handle the thread keeps (common/yheap.h), its
+ * string callback copying the text out. */
+typedef struct gw_shape_dec {
+    char *o;
+    size_t n, cap;
+    bool got;
+} gw_shape_dec_t;
+
+static _Thread_local sl_ykeep_t gw_shape_dec_keep;
+
+static int gw_shape_dec_string(void *ctx, const unsigned char *p, size_t n)
+{
+    gw_shape_dec_t *d = ((sl_ykeep_t *)ctx)->cur;
+    if (d->got || n > d->cap)
+        return 0;
+    memcpy(d->o, p, n);
+    d->n = n;
+    d->got = true;
+    return 1;
+}
+
+static int gw_shape_dec_other(void *ctx)
+{
+    (void)ctx;
+    return 0; /* only a string is ours */
+}
+
+/* The hole's bytes h of the new body, which hold an escape, decoded into
+ * t (in the scan's arena): exactly the parse's text, as yajl decodes it
+ * there too (jshape's JSTR match took only escapes jansson takes, pairs
+ * only for surrogates: the parse's gw_scan_surrogates_ok). Out of line: the
+ * common hit has no escape. */
+static __attribute__((noinline)) void gw_shape_decode(gw_shape_map_t *m, const sl_jspan_t *h,
+                                                      sl_text_t *t)
+{
+    static const yajl_callbacks cbs = {
+        .yajl_null = gw_shape_dec_other,
+        .yajl_string = gw_shape_dec_string,
+        .yajl_start_map = gw_shape_dec_other,
+        .yajl_start_array = gw_shape_dec_other,
+    };
+    /* a decoded string is never longer than its escaped bytes */
+    gw_shape_dec_t d = {gw_arena_alloc(m->s, (size_t)h->len + 1), 0, h->len, false};
+    yajl_handle y = d.o ? sl_ykeep_take(&gw_shape_dec_keep, &cbs, false) : NULL;
+    if (!y) {
+        m->bad = true;
+        return;
+    }
+    gw_shape_dec_keep.cur = &d;
+    /* the hole with its quotes: one string value */
+    yajl_status st = yajl_parse(y, (const unsigned char *)m->body + h->off - 1, (size_t)h->len + 2);
+    gw_shape_dec_keep.cur = NULL;
+    bool ok = st == yajl_status_ok && d.got;
+    sl_ykeep_put(&gw_shape_dec_keep, y, ok);
+    if (!ok) {
+        m->bad = true;
+        return;
+    }
+    d.o[d.n] = '\0';
+    t->p = d.o;
+    t->len = d.n;
+}
 
 static inline size_t gw_shape_pos(const gw_shape_map_t *m, size_t e)
 {
     return (size_t)((ptrdiff_t)GW_SHAPE_X(e) + m->mv[GW_SHAPE_IDX(e)]);
 }
 
-static inline void gw_shape_text_load(const gw_shape_map_t *m, sl_text_t *t)
+static inline void gw_shape_text_load(gw_shape_map_t *m, sl_text_t *t)
 {
     if (!t->p)
         return;
     size_t e = (uintptr_t)t->p;
     t->p = m->body + gw_shape_pos(m, e);
-    if (GW_SHAPE_HOLE(e))
-        t->len = m->nw[GW_SHAPE_IDX(e)].len;
+    if (GW_SHAPE_HOLE(e)) {
+        size_t k = GW_SHAPE_IDX(e);
+        t->len = m->nw[k].len;
+        if (m->esc >> k & 1)
+            gw_shape_decode(m, &m->nw[k], t);
+    }
 }
 
-static inline void gw_shape_fact_load(const gw_shape_map_t *m, gw_jfact_t *f)
+static inline void gw_shape_fact_load(gw_shape_map_t *m, gw_jfact_t *f)
 {
     if (f->kind == SL_J_ABSENT)
         return;
@@ -1618,9 +1731,9 @@ static inline void gw_shape_fact_load(const gw_shape_map_t *m, gw_jfact_t *f)
         gw_shape_text_load(m, &f->s);
 }
 
-/* The kept result e into s, moved to the new body's hole spans nw. -1: out
- * of memory. */
-static int gw_shape_load(gw_body_scan_t *s, const gw_shape_t *e, const sl_jspan_t *nw)
+/* The kept result e into s, moved to the new body's hole spans nw (esc:
+ * those with an escape). -1: out of memory (or a decode that failed). */
+static int gw_shape_load(gw_body_scan_t *s, const gw_shape_t *e, const sl_jspan_t *nw, uint64_t esc)
 {
     while (s->msgs_cap < e->nmsgs)
         if (gw_grow((void **)&s->msgs, &s->msgs_cap, s->msgs0, GW_SCAN_INLINE_MSGS,
@@ -1631,8 +1744,11 @@ static int gw_shape_load(gw_body_scan_t *s, const gw_shape_t *e, const sl_jspan_
                     sizeof(*s->parts)) != 0)
             return -1;
     gw_shape_map_t m;
+    m.s = s;
     m.body = s->body;
     m.nw = nw;
+    m.esc = esc;
+    m.bad = false;
     m.mv[0] = 0;
     for (size_t k = 0; k < e->sh.nholes; k++)
         m.mv[k + 1] =
@@ -1665,7 +1781,7 @@ static int gw_shape_load(gw_body_scan_t *s, const gw_shape_t *e, const sl_jspan_
         s->chat.msgs = s->msgs;
         s->chat.parts = s->parts;
     }
-    return 0;
+    return m.bad ? -1 : 0;
 }
 
 /* s's body answered from a kept shape: true, s filled as the parse would. */
@@ -1673,11 +1789,12 @@ static bool gw_shape_try(gw_body_scan_t *s, unsigned key)
 {
     gw_shapes_t *c = &gw_shapes;
     sl_jspan_t nw[SL_JSHAPE_MAX_HOLES];
+    uint64_t esc;
     for (size_t i = 0; i < GW_SHAPE_SLOTS; i++) {
         gw_shape_t *e = c->e[i];
-        if (!e || e->key != key || !sl_jshape_match(&e->sh, s->body, s->len, nw))
+        if (!e || e->key != key || !sl_jshape_match_esc(&e->sh, s->body, s->len, nw, &esc))
             continue;
-        if (gw_shape_load(s, e, nw) != 0) {
+        if (gw_shape_load(s, e, nw, esc) != 0) {
             const char *body = s->body;
             size_t len = s->len;
             gw_body_scan_reset(s); /* the parse decides (and runs out too) */
@@ -1759,7 +1876,8 @@ static void gw_shape_keep(const gw_body_scan_t *s, unsigned key, const gw_shape_
         if (e->fact[i].kind != SL_J_ABSENT)
             e->present[e->npresent++] = (uint8_t)i;
         gw_shape_fact_save(&e->fact[i], hole, nh);
-        bad |= gw_shape_text_save(&e->fact[i].s, s->body, s->len, hole, nh);
+        if (e->fact[i].kind == SL_J_STRING) /* others' s is stale */
+            bad |= gw_shape_text_save(&e->fact[i].s, s->body, s->len, hole, nh, rec);
     }
     e->messages_kind = s->chat.messages_kind;
     e->tools_kind = s->chat.tools_kind;
@@ -1768,14 +1886,14 @@ static void gw_shape_keep(const gw_body_scan_t *s, unsigned key, const gw_shape_
     e->nparts = s->nparts;
     for (size_t i = 0; i < e->nmsgs; i++) {
         e->msgs[i] = s->msgs[i];
-        bad |= gw_shape_text_save(&e->msgs[i].role, s->body, s->len, hole, nh);
-        bad |= gw_shape_text_save(&e->msgs[i].content, s->body, s->len, hole, nh);
-        bad |= gw_shape_text_save(&e->msgs[i].name, s->body, s->len, hole, nh);
+        bad |= gw_shape_text_save(&e->msgs[i].role, s->body, s->len, hole, nh, rec);
+        bad |= gw_shape_text_save(&e->msgs[i].content, s->body, s->len, hole, nh, rec);
+        bad |= gw_shape_text_save(&e->msgs[i].name, s->body, s->len, hole, nh, rec);
     }
     for (size_t i = 0; i < e->nparts; i++) {
         e->parts[i] = s->parts[i];
-        bad |= gw_shape_text_save(&e->parts[i].type, s->body, s->len, hole, nh);
-        bad |= gw_shape_text_save(&e->parts[i].text, s->body, s->len, hole, nh);
+        bad |= gw_shape_text_save(&e->parts[i].type, s->body, s->len, hole, nh, rec);
+        bad |= gw_shape_text_save(&e->parts[i].text, s->body, s->len, hole, nh, rec);
     }
     e->key = key;
     e->used = ++c->tick;
@@ -1830,6 +1948,7 @@ gw_scan_rc_t gw_body_scan(gw_body_scan_t *s, const char *body, size_t len, unsig
                 rec = &recb;
                 rec->ok = true;
                 rec->n = 0;
+                rec->ndec = 0;
             }
             rc = gw_body_scan_run(s, body, len, NULL, 0, flags, rec);
         }
