@@ -1628,29 +1628,61 @@ typedef struct gw_shape_map {
     const char *body;
     const sl_jspan_t *nw;
     uint64_t esc;
-    bool bad; /* a decode failed: the parse decides */
+    size_t ndec; /* texts to decode (a hole is one text's at most) */
+    sl_text_t *dec[SL_JSHAPE_MAX_HOLES];
+    uint8_t dec_hole[SL_JSHAPE_MAX_HOLES];
     ptrdiff_t mv[SL_JSHAPE_MAX_HOLES + 1];
 } gw_shape_map_t;
 
-/* Decoded strings on a hit: yajl (the parse's own decoder) reads each as a
- * value of a stream on a handle the thread keeps (common/yheap.h), its
- * string callback copying the text out. */
-typedef struct gw_shape_dec {
+/* Decoded strings on a hit. yajl (the parse's own decoder) decodes the
+ * escapes: each run of escapes in a hole (a surrogate pair is one run; runs
+ * closer than GW_SHAPE_DEC_GAP are one) goes to it as a string of its own,
+ * all of a hit's as one stream, "run" "run" ..., on a handle the thread
+ * keeps (common/yheap.h); the bytes between the runs, which yajl would copy
+ * as they are (its UTF-8 check is off, as in the parse), are copied here.
+ * yajl costs ~300 instructions a call, ~450 a string token and ~15 a byte
+ * in one: each hole whole, a call each, was ~4,600 on bench/lib.sh's
+ * escaped body. */
+#define GW_SHAPE_DEC_RUNS 32
+#define GW_SHAPE_DEC_GAP  32
+
+typedef struct gw_shape_dtext {
+    const char *src; /* the hole's bytes */
+    size_t len, at;  /* src copied up to at */
     char *o;
-    size_t n, cap;
-    bool got;
+    size_t n;
+} gw_shape_dtext_t;
+
+typedef struct gw_shape_run {
+    size_t a, b; /* bytes [a, b) of its text's src */
+    uint8_t text;
+} gw_shape_run_t;
+
+typedef struct gw_shape_dec {
+    gw_shape_dtext_t *t;
+    const gw_shape_run_t *run; /* this batch's */
+    size_t nrun, next;
 } gw_shape_dec_t;
 
 static _Thread_local sl_ykeep_t gw_shape_dec_keep;
 
+/* One run decoded: its text's bytes before it, then what yajl made of it
+ * (never longer than its bytes, so the text's room of src's length holds
+ * it all). */
 static int gw_shape_dec_string(void *ctx, const unsigned char *p, size_t n)
 {
     gw_shape_dec_t *d = ((sl_ykeep_t *)ctx)->cur;
-    if (d->got || n > d->cap)
+    if (d->next == d->nrun)
         return 0;
-    memcpy(d->o, p, n);
-    d->n = n;
-    d->got = true;
+    const gw_shape_run_t *r = &d->run[d->next++];
+    gw_shape_dtext_t *t = &d->t[r->text];
+    size_t plain = r->a - t->at;
+    if (t->len - t->n < plain + n)
+        return 0;
+    memcpy(t->o + t->n, t->src + t->at, plain);
+    memcpy(t->o + t->n + plain, p, n);
+    t->n += plain + n;
+    t->at = r->b;
     return 1;
 }
 
@@ -1660,13 +1692,8 @@ static int gw_shape_dec_other(void *ctx)
     return 0; /* only a string is ours */
 }
 
-/* The hole's bytes h of the new body, which hold an escape, decoded into
- * t (in the scan's arena): exactly the parse's text, as yajl decodes it
- * there too (jshape's JSTR match took only escapes jansson takes, pairs
- * only for surrogates: the parse's gw_scan_surrogates_ok). Out of line: the
- * common hit has no escape. */
-static __attribute__((noinline)) void gw_shape_decode(gw_shape_map_t *m, const sl_jspan_t *h,
-                                                      sl_text_t *t)
+/* A batch of runs as "run" "run" ... through the kept handle. */
+static bool gw_shape_dec_runs(gw_shape_dtext_t *t, const gw_shape_run_t *run, size_t nrun)
 {
     static const yajl_callbacks cbs = {
         .yajl_null = gw_shape_dec_other,
@@ -1674,26 +1701,95 @@ static __attribute__((noinline)) void gw_shape_decode(gw_shape_map_t *m, const s
         .yajl_start_map = gw_shape_dec_other,
         .yajl_start_array = gw_shape_dec_other,
     };
-    /* a decoded string is never longer than its escaped bytes */
-    gw_shape_dec_t d = {gw_arena_alloc(m->s, (size_t)h->len + 1), 0, h->len, false};
-    yajl_handle y = d.o ? sl_ykeep_take(&gw_shape_dec_keep, &cbs, false) : NULL;
-    if (!y) {
-        m->bad = true;
-        return;
+    size_t qn = 0;
+    for (size_t i = 0; i < nrun; i++)
+        qn += run[i].b - run[i].a + 3;
+    char few[512];
+    char *q = qn <= sizeof(few) ? few : malloc(qn);
+    if (!q)
+        return false;
+    size_t w = 0;
+    for (size_t i = 0; i < nrun; i++) {
+        q[w++] = '"';
+        memcpy(q + w, t[run[i].text].src + run[i].a, run[i].b - run[i].a);
+        w += run[i].b - run[i].a;
+        q[w++] = '"';
+        q[w++] = ' ';
     }
-    gw_shape_dec_keep.cur = &d;
-    /* the hole with its quotes: one string value */
-    yajl_status st = yajl_parse(y, (const unsigned char *)m->body + h->off - 1, (size_t)h->len + 2);
-    gw_shape_dec_keep.cur = NULL;
-    bool ok = st == yajl_status_ok && d.got;
-    sl_ykeep_put(&gw_shape_dec_keep, y, ok);
-    if (!ok) {
-        m->bad = true;
-        return;
+    gw_shape_dec_t d = {t, run, nrun, 0};
+    yajl_handle y = sl_ykeep_take(&gw_shape_dec_keep, &cbs, false);
+    bool ok = false;
+    if (y) {
+        gw_shape_dec_keep.cur = &d;
+        ok = yajl_parse(y, (const unsigned char *)q, w) == yajl_status_ok && d.next == nrun;
+        gw_shape_dec_keep.cur = NULL;
+        sl_ykeep_put(&gw_shape_dec_keep, y, ok);
     }
-    d.o[d.n] = '\0';
-    t->p = d.o;
-    t->len = d.n;
+    if (q != few)
+        free(q);
+    return ok;
+}
+
+/* The end of the run of escapes at src[j] (a '\\'), gaps shorter than
+ * GW_SHAPE_DEC_GAP included; the match checked the escapes. */
+static size_t gw_shape_run_end(const char *src, size_t len, size_t j)
+{
+    for (;;) {
+        while (j < len && src[j] == '\\')
+            j += j + 1 < len && src[j + 1] == 'u' ? 6 : 2;
+        if (j >= len)
+            return len;
+        size_t g = j;
+        while (g < len && g - j < GW_SHAPE_DEC_GAP && src[g] != '\\')
+            g++;
+        if (g >= len || src[g] != '\\')
+            return j;
+        j = g;
+    }
+}
+
+/* The hit's texts whose holes hold an escape (m->dec) decoded from the new
+ * bytes into the scan's arena: exactly the parse's texts, as yajl decodes
+ * them there too (jshape's JSTR match took only escapes jansson takes,
+ * surrogates in pairs only: the parse's gw_scan_surrogates_ok). -1: out of
+ * memory, or yajl refused (the parse decides). Out of line: the common hit
+ * has no escape. */
+static __attribute__((noinline)) int gw_shape_decode(gw_shape_map_t *m)
+{
+    if (m->ndec > SL_JSHAPE_MAX_HOLES)
+        return -1;
+    gw_shape_dtext_t t[SL_JSHAPE_MAX_HOLES];
+    gw_shape_run_t run[GW_SHAPE_DEC_RUNS];
+    size_t nrun = 0;
+    for (size_t k = 0; k < m->ndec; k++) {
+        const sl_jspan_t *h = &m->nw[m->dec_hole[k]];
+        t[k] = (gw_shape_dtext_t){m->body + h->off, h->len, 0, gw_arena_alloc(m->s, h->len + 1), 0};
+        if (!t[k].o)
+            return -1;
+        for (size_t i = 0;;) {
+            const char *b = i < t[k].len ? memchr(t[k].src + i, '\\', t[k].len - i) : NULL;
+            if (!b)
+                break;
+            size_t a = (size_t)(b - t[k].src);
+            i = gw_shape_run_end(t[k].src, t[k].len, a);
+            run[nrun++] = (gw_shape_run_t){a, i, (uint8_t)k};
+            if (nrun == GW_SHAPE_DEC_RUNS) {
+                if (!gw_shape_dec_runs(t, run, nrun))
+                    return -1;
+                nrun = 0;
+            }
+        }
+    }
+    if (nrun > 0 && !gw_shape_dec_runs(t, run, nrun))
+        return -1;
+    for (size_t k = 0; k < m->ndec; k++) { /* each text's bytes after its last run */
+        memcpy(t[k].o + t[k].n, t[k].src + t[k].at, t[k].len - t[k].at);
+        t[k].n += t[k].len - t[k].at;
+        t[k].o[t[k].n] = '\0';
+        m->dec[k]->p = t[k].o;
+        m->dec[k]->len = t[k].n;
+    }
+    return 0;
 }
 
 static inline size_t gw_shape_pos(const gw_shape_map_t *m, size_t e)
@@ -1710,8 +1806,13 @@ static inline void gw_shape_text_load(gw_shape_map_t *m, sl_text_t *t)
     if (GW_SHAPE_HOLE(e)) {
         size_t k = GW_SHAPE_IDX(e);
         t->len = m->nw[k].len;
-        if (m->esc >> k & 1)
-            gw_shape_decode(m, &m->nw[k], t);
+        /* decoded after the loads (gw_shape_decode); a hole is one text's
+         * at most, so the list holds them all (else: the parse decides) */
+        if (m->esc >> k & 1) {
+            m->dec[m->ndec < SL_JSHAPE_MAX_HOLES ? m->ndec : 0] = t;
+            m->dec_hole[m->ndec < SL_JSHAPE_MAX_HOLES ? m->ndec : 0] = (uint8_t)k;
+            m->ndec++;
+        }
     }
 }
 
@@ -1748,7 +1849,7 @@ static int gw_shape_load(gw_body_scan_t *s, const gw_shape_t *e, const sl_jspan_
     m.body = s->body;
     m.nw = nw;
     m.esc = esc;
-    m.bad = false;
+    m.ndec = 0;
     m.mv[0] = 0;
     for (size_t k = 0; k < e->sh.nholes; k++)
         m.mv[k + 1] =
@@ -1781,7 +1882,7 @@ static int gw_shape_load(gw_body_scan_t *s, const gw_shape_t *e, const sl_jspan_
         s->chat.msgs = s->msgs;
         s->chat.parts = s->parts;
     }
-    return m.bad ? -1 : 0;
+    return m.ndec > 0 ? gw_shape_decode(&m) : 0;
 }
 
 /* s's body answered from a kept shape: true, s filled as the parse would. */

@@ -1225,6 +1225,27 @@ static void test_shapes_escaped(void **state)
         assert_int_equal(in_body, strchr(hits[i].user, '\\') == NULL);
     }
 
+    /* many runs of escapes (the decoder's batches of 32) and one long run
+     * (past its stack buffer), each between plain bytes */
+    char big[2048], user[1536], want[1024];
+    for (int k = 0; k < 2; k++) {
+        size_t un = 0, wn = 0;
+        for (int i = 0; i < (k ? 1 : 70); i++) {
+            un += (size_t)sprintf(user + un, "w%d\\n", i);
+            wn += (size_t)sprintf(want + wn, "w%d\n", i);
+        }
+        for (int i = 0; k && i < 150; i++) {
+            un += (size_t)sprintf(user + un, i % 2 ? "\\u00e9" : "\\ud83d\\ude00");
+            wn += (size_t)sprintf(want + wn, i % 2 ? "\xc3\xa9" : "\xf0\x9f\x98\x80");
+        }
+        un += (size_t)sprintf(user + un, "end");
+        wn += (size_t)sprintf(want + wn, "end");
+        n = shape_body(big, sizeof(big), "m", "s", user, "7");
+        shape_esc_case(s, big, n, true, GW_SCAN_OK);
+        assert_int_equal(gw_body_scan(s, big, n, GW_SCAN_MSGS), GW_SCAN_OK);
+        shape_check_text(s->chat.msgs[1].content, want);
+    }
+
     /* misses: the parse's verdict (SLOW: jansson decides and refuses) */
     static const struct {
         const char *user;
