@@ -55,39 +55,50 @@ static int jshape_hex4(const char *p)
     return v;
 }
 
-/* The end of an escaped string's interior at p[i..n): its closing '"', or
- * the first byte that is no part of one as jshape.h allows it for kind (a
- * control byte, a bad escape, a surrogate half ESTR or a lone one JSTR
- * refuses), or n. *esc: whether an escape came before that end. */
-static size_t jshape_estr_end(const char *p, size_t i, size_t n, uint8_t kind, bool *esc)
+/* The end of an escaped string's interior from its escape at p[i] (a '\\')
+ * on: its closing '"', or the first byte that is no part of one as jshape.h
+ * allows it for kind (a control byte, a bad escape, a surrogate half ESTR
+ * or a lone one JSTR refuses), or n. Out of line: most strings have no
+ * escape, and jshape_string_end's inline run finds their end. */
+static __attribute__((noinline)) size_t jshape_estr_end(const char *p, size_t e, size_t n,
+                                                        uint8_t kind)
 {
     for (;;) {
-        size_t e = jshape_str_end(p, i, n);
+        if (e + 1 < n && memchr("\"\\/bfnrt", p[e + 1], 8)) {
+            e = jshape_str_end(p, e + 2, n);
+        } else {
+            /* \uXXXX, not 0000: parsers differ about a NUL; surrogate
+             * halves (D800-DFFF) differ too (jansson refuses a lone one,
+             * yajl does not), so ESTR takes none and JSTR a high one then
+             * a low one */
+            int v = e + 5 < n && p[e + 1] == 'u' ? jshape_hex4(p + e + 2) : -1;
+            if (v <= 0)
+                return e;
+            if (v >= 0xD800 && v <= 0xDFFF) {
+                if (kind != SL_JHOLE_JSTR || v > 0xDBFF || e + 11 >= n || p[e + 6] != '\\' ||
+                    p[e + 7] != 'u')
+                    return e;
+                int lo = jshape_hex4(p + e + 8);
+                if (lo < 0xDC00 || lo > 0xDFFF)
+                    return e;
+                e += 6;
+            }
+            e = jshape_str_end(p, e + 6, n);
+        }
         if (e == n || p[e] != '\\')
             return e;
-        *esc = true;
-        if (e + 1 < n && memchr("\"\\/bfnrt", p[e + 1], 8)) {
-            i = e + 2;
-            continue;
-        }
-        /* \uXXXX, not 0000: parsers differ about a NUL; surrogate halves
-         * (D800-DFFF) differ too (jansson refuses a lone one, yajl does
-         * not), so ESTR takes none and JSTR a high one then a low one */
-        int v = e + 5 < n && p[e + 1] == 'u' ? jshape_hex4(p + e + 2) : -1;
-        if (v <= 0)
-            return e;
-        if (v < 0xD800 || v > 0xDFFF) {
-            i = e + 6;
-            continue;
-        }
-        if (kind != SL_JHOLE_JSTR || v > 0xDBFF || e + 11 >= n || p[e + 6] != '\\' ||
-            p[e + 7] != 'u')
-            return e;
-        int lo = jshape_hex4(p + e + 8);
-        if (lo < 0xDC00 || lo > 0xDFFF)
-            return e;
-        i = e + 12;
     }
+}
+
+/* The end of a string hole's interior of kind at p[i..n) (see
+ * jshape_str_end, jshape_estr_end); *esc set when it holds an escape. */
+static inline size_t jshape_string_end(const char *p, size_t i, size_t n, uint8_t kind, bool *esc)
+{
+    size_t e = jshape_str_end(p, i, n);
+    if (e == n || p[e] != '\\' || kind == SL_JHOLE_STR)
+        return e;
+    *esc = true;
+    return jshape_estr_end(p, e, n, kind);
 }
 
 /* The end of an integer token at p[i..n) as jshape.h allows it, or 0. */
@@ -112,9 +123,7 @@ static bool jshape_hole_ok(const char *p, size_t n, sl_jspan_t h, uint8_t kind)
         return false;
     bool esc = false;
     if (kind == SL_JHOLE_STR || kind == SL_JHOLE_ESTR || kind == SL_JHOLE_JSTR)
-        return off > 0 && p[off - 1] == '"' &&
-               (kind == SL_JHOLE_STR ? jshape_str_end(p, off, n)
-                                     : jshape_estr_end(p, off, n, kind, &esc)) == end &&
+        return off > 0 && p[off - 1] == '"' && jshape_string_end(p, off, n, kind, &esc) == end &&
                end < n && p[end] == '"';
     /* a whole number token: after a blank or a structural byte, before one */
     if (kind == SL_JHOLE_INT)
@@ -182,11 +191,11 @@ static bool jshape_match_in(const sl_jshape_t *sh, const char *p, size_t n, sl_j
         size_t e;
         if (sh->kind[i] != SL_JHOLE_INT) {
             bool esc = false;
-            e = sh->kind[i] == SL_JHOLE_STR ? jshape_str_end(p, dp, n)
-                                            : jshape_estr_end(p, dp, n, sh->kind[i], &esc);
+            e = jshape_string_end(p, dp, n, sh->kind[i], &esc);
             if (e == n || p[e] != '"')
                 return false; /* an escape, a control byte or no end */
-            m |= (uint64_t)esc << i;
+            if (esc)
+                m |= (uint64_t)1 << i;
         } else {
             e = jshape_int_end(p, dp, n);
             if (e == 0)

@@ -1748,14 +1748,46 @@ static size_t gw_shape_run_end(const char *src, size_t len, size_t j)
     }
 }
 
-/* The hit's texts whose holes hold an escape (m->dec) decoded from the new
- * bytes into the scan's arena: exactly the parse's texts, as yajl decodes
- * them there too (jshape's JSTR match took only escapes jansson takes,
- * surrogates in pairs only: the parse's gw_scan_surrogates_ok). -1: out of
- * memory, or yajl refused (the parse decides). Out of line: the common hit
- * has no escape. */
-static __attribute__((noinline)) int gw_shape_decode(gw_shape_map_t *m)
+/* t (s's, loaded from kept, e's) is to be decoded when it is a hole that
+ * holds an escape now; a hole is one text's at most, so m->dec holds them
+ * all. */
+static void gw_shape_dec_mark(gw_shape_map_t *m, const sl_text_t *kept, sl_text_t *t)
 {
+    size_t e = (uintptr_t)kept->p;
+    if (!kept->p || !GW_SHAPE_HOLE(e) || !(m->esc >> GW_SHAPE_IDX(e) & 1))
+        return;
+    if (m->ndec < SL_JSHAPE_MAX_HOLES) {
+        m->dec[m->ndec] = t;
+        m->dec_hole[m->ndec] = (uint8_t)GW_SHAPE_IDX(e);
+    }
+    m->ndec++;
+}
+
+/* The texts of a hit (s, from kept shape e) whose holes hold an escape
+ * decoded from the new bytes into the scan's arena: exactly the parse's
+ * texts, as yajl decodes them there too (jshape's JSTR match took only
+ * escapes jansson takes, surrogates in pairs only: the parse's
+ * gw_scan_surrogates_ok). -1: out of memory, or yajl refused (the parse
+ * decides). Out of line and after the loads: the common hit has no escape,
+ * and pays one test. */
+static __attribute__((noinline)) int gw_shape_decode(gw_shape_map_t *m, gw_body_scan_t *s,
+                                                     const gw_shape_t *e)
+{
+    m->ndec = 0;
+    for (size_t j = 0; j < e->npresent; j++) {
+        size_t i = e->present[j];
+        if (e->fact[i].kind == SL_J_STRING)
+            gw_shape_dec_mark(m, &e->fact[i].s, &GW_SHAPE_FACT(s, i)->s);
+    }
+    for (size_t i = 0; i < e->nmsgs; i++) {
+        gw_shape_dec_mark(m, &e->msgs[i].role, &s->msgs[i].role);
+        gw_shape_dec_mark(m, &e->msgs[i].content, &s->msgs[i].content);
+        gw_shape_dec_mark(m, &e->msgs[i].name, &s->msgs[i].name);
+    }
+    for (size_t i = 0; i < e->nparts; i++) {
+        gw_shape_dec_mark(m, &e->parts[i].type, &s->parts[i].type);
+        gw_shape_dec_mark(m, &e->parts[i].text, &s->parts[i].text);
+    }
     if (m->ndec > SL_JSHAPE_MAX_HOLES)
         return -1;
     gw_shape_dtext_t t[SL_JSHAPE_MAX_HOLES];
@@ -1797,26 +1829,17 @@ static inline size_t gw_shape_pos(const gw_shape_map_t *m, size_t e)
     return (size_t)((ptrdiff_t)GW_SHAPE_X(e) + m->mv[GW_SHAPE_IDX(e)]);
 }
 
-static inline void gw_shape_text_load(gw_shape_map_t *m, sl_text_t *t)
+static inline void gw_shape_text_load(const gw_shape_map_t *m, sl_text_t *t)
 {
     if (!t->p)
         return;
     size_t e = (uintptr_t)t->p;
     t->p = m->body + gw_shape_pos(m, e);
-    if (GW_SHAPE_HOLE(e)) {
-        size_t k = GW_SHAPE_IDX(e);
-        t->len = m->nw[k].len;
-        /* decoded after the loads (gw_shape_decode); a hole is one text's
-         * at most, so the list holds them all (else: the parse decides) */
-        if (m->esc >> k & 1) {
-            m->dec[m->ndec < SL_JSHAPE_MAX_HOLES ? m->ndec : 0] = t;
-            m->dec_hole[m->ndec < SL_JSHAPE_MAX_HOLES ? m->ndec : 0] = (uint8_t)k;
-            m->ndec++;
-        }
-    }
+    if (GW_SHAPE_HOLE(e))
+        t->len = m->nw[GW_SHAPE_IDX(e)].len;
 }
 
-static inline void gw_shape_fact_load(gw_shape_map_t *m, gw_jfact_t *f)
+static inline void gw_shape_fact_load(const gw_shape_map_t *m, gw_jfact_t *f)
 {
     if (f->kind == SL_J_ABSENT)
         return;
@@ -1849,7 +1872,6 @@ static int gw_shape_load(gw_body_scan_t *s, const gw_shape_t *e, const sl_jspan_
     m.body = s->body;
     m.nw = nw;
     m.esc = esc;
-    m.ndec = 0;
     m.mv[0] = 0;
     for (size_t k = 0; k < e->sh.nholes; k++)
         m.mv[k + 1] =
@@ -1882,7 +1904,7 @@ static int gw_shape_load(gw_body_scan_t *s, const gw_shape_t *e, const sl_jspan_
         s->chat.msgs = s->msgs;
         s->chat.parts = s->parts;
     }
-    return m.ndec > 0 ? gw_shape_decode(&m) : 0;
+    return esc ? gw_shape_decode(&m, s, e) : 0;
 }
 
 /* s's body answered from a kept shape: true, s filled as the parse would. */
