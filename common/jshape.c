@@ -2,7 +2,8 @@
  * jshape.c — a JSON text's shape kept and matched (see jshape.h). Matching
  * is a compare of the bytes between holes and one run per hole: a string
  * hole runs to the first byte that is '"', '\' or a control byte (16 at a
- * time with SSE2), and only a '"' ends it well.
+ * time with SSE2), and only a '"' ends it well; an escaped-string hole goes
+ * on past each escape it allows, out of line (most strings have none).
  */
 #include <stdlib.h>
 #include <string.h>
