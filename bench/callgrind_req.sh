@@ -19,7 +19,10 @@
 #
 #   SLUICE_BIN (default build/sluice), SLUICE_BASE_BIN (optional: the same
 #   figures for that binary, in the same run), CG_CONFS (default "plain full";
-#   add full-sse for the streamed request, full-sig for the signed one),
+#   add full-sse for the streamed request, full-sig for the signed one,
+#   plain-esc / full-esc for the plain and full confs sending issue #16's body
+#   with escapes: a two-line system prompt, \n, \" and \u00e9 in the user
+#   message, bench/lib.sh's realistic_esc_body),
 #   CG_SHORT / CG_LONG (wrk seconds, default 3 / 12), CG_CONNS (default 32),
 #   BENCH_BODY_VARY=key (realistic.lua: every request's body a JSON shape of
 #   its own, body_scan.c's kept shapes missing; with CG_NGINX=0),

@@ -1,10 +1,11 @@
 #!/bin/sh
-# json_parse.sh — instructions per parse of three inputs in yajl (as
+# json_parse.sh — instructions per parse of four inputs in yajl (as
 # body_scan.c drives it, and as llm_metrics.c reads the usage object),
 # jansson and, when installed, jsmn (libjsmn-dev, bench/json_parse.c),
 # RapidJSON's SAX reader (rapidjson-dev, C++, bench/json_parse_rapidjson.cc)
 # and simdjson (libsimdjson-dev, C++, bench/json_parse_simdjson.cc). The
-# inputs: issue #16's request body (198 bytes), an answer's usage object and a
+# inputs: issue #16's request body (198 bytes), the same with escapes
+# (body16esc: \n, \", \u00e9), an answer's usage object and a
 # 16 KiB chat body (a long conversation, generated here, deterministic).
 # Counted by callgrind as the difference of a 2,000- and a 1,000-parse run,
 # so start-up cancels out: immune to the machine's load.
@@ -20,6 +21,9 @@ mkdir -p "$B"
 
 # ---- inputs ----
 printf '%s' '{"model":"chat-model","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Write one sentence about the sea, please, in plain English."}],"max_tokens":64}' >"$B/body16.json"
+# the same with escapes (bench/lib.sh's realistic_esc_body): a two-line
+# system prompt, \n, \" and \u00e9 in the user message
+printf '%s' '{"model":"chat-model","messages":[{"role":"system","content":"You are a helpful assistant.\nAnswer in plain English."},{"role":"user","content":"Write one sentence about the sea, please.\nUse the word \"tide\" and the caf\u00e9 by the harbour."}],"max_tokens":64}' >"$B/body16esc.json"
 printf '%s' '{"prompt_tokens":25,"completion_tokens":12,"total_tokens":37}' >"$B/usage.json"
 # Alternating user/assistant turns built from six sentences (escaped quotes
 # and \n among them), up to 16,384 bytes.
@@ -128,10 +132,10 @@ per() {
     b=$(ir "$1" "$2" 2000)
     printf ' %s |' $(((b - a) / 1000))
 }
-inputs="$B/body16.json $B/usage.json $B/chat16k.json"
+inputs="$B/body16.json $B/body16esc.json $B/usage.json $B/chat16k.json"
 printf '| reader |'
 for f in $inputs; do printf ' %s (%s B) |' "$(basename "$f" .json)" "$(wc -c <"$f")"; done
-printf '\n| --- | ---: | ---: | ---: |\n'
+printf '\n| --- | ---: | ---: | ---: | ---: |\n'
 for m in $modes; do
     printf '| %s |' "$m"
     for f in $inputs; do per "$m" "$f"; done

@@ -239,6 +239,13 @@ open(sys.argv[1], "wb").write(json.dumps(b, separators=(",", ":")).encode())
 EOF
 }
 
+# issue #16's body with escapes, as an SDK that writes \n and \uXXXX sends
+# it: a two-line system prompt, a user message with \n, one \" and one
+# \u00e9 (confs plain-esc and full-esc), into $1.
+realistic_esc_body() {
+    printf '%s' '{"model":"chat-model","messages":[{"role":"system","content":"You are a helpful assistant.\nAnswer in plain English."},{"role":"user","content":"Write one sentence about the sea, please.\nUse the word \"tide\" and the caf\u00e9 by the harbour."}],"max_tokens":64}' >"$1"
+}
+
 # issue #16's three confs (plain, full, full-sse) in $WORK on one port pair
 # ($1 listen, $2 admin): realistic_upstream on $UP_PORT and, when $3 (the
 # confs to be run) names full-sse, $SSE_UP_BIN's 8 events on $SSE_UP_PORT,
@@ -257,6 +264,10 @@ realistic_trio() {
     export SLUICE_BENCH_UPSTREAM_KEY=upstream-key
     realistic_conf plain "$1" "$2" plain
     realistic_conf full "$1" "$2" full
+    # the same confs sending realistic_esc_body's body
+    realistic_conf plain-esc "$1" "$2" plain
+    realistic_conf full-esc "$1" "$2" full
+    realistic_esc_body "$WORK/body-esc.json"
     realistic_conf full-sse "$1" "$2" full "$SSE_UP_PORT"
     # full-sig: full with every request signed (auth.signing.required),
     # nonces in the in-process store; the same token as full
@@ -274,6 +285,7 @@ realistic_req() {
     case $1 in full*) REQ_TOKEN=$TOKEN ;; esac
     [ "$1" != full-sig ] || REQ_SIGNING_KEY=$SIGNING_KEY
     [ "$1" != full-sse ] || REQ_BODY=$WORK/body-sse.json
+    case $1 in *-esc) REQ_BODY=$WORK/body-esc.json ;; esac
 }
 
 realistic_conf() {

@@ -2,9 +2,9 @@
  * jshape.c — a JSON text's shape kept and matched (see jshape.h). Matching
  * is a compare of the bytes between holes and one run per hole: a string
  * hole runs to the first byte that is '"', '\' or a control byte (16 at a
- * time with SSE2), and only a '"' ends it well.
+ * time with SSE2), and only a '"' ends it well; an escaped-string hole goes
+ * on past each escape it allows, out of line (most strings have none).
  */
-#include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,30 +39,67 @@ static size_t jshape_str_end(const char *p, size_t i, size_t n)
     return n;
 }
 
-/* The end of an escaped string's interior at p[i..n): its closing '"', or
- * the first byte that is no part of one as jshape.h allows it (a control
- * byte, a bad or surrogate escape), or n. */
-static size_t jshape_estr_end(const char *p, size_t i, size_t n)
+/* The value of 4 hex digits at p, or -1. */
+static int jshape_hex4(const char *p)
+{
+    int v = 0;
+    for (int i = 0; i < 4; i++) {
+        unsigned char c = (unsigned char)p[i];
+        int d = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
+        if (d < 0)
+            return -1;
+        v = v << 4 | d;
+    }
+    return v;
+}
+
+/* The end of an escaped string's interior from its escape at p[i] (a '\\')
+ * on: its closing '"', or the first byte that is no part of one as jshape.h
+ * allows it for kind (a control byte, a bad escape, a surrogate half ESTR
+ * or a lone one JSTR refuses), or n. Out of line: most strings have no
+ * escape, and jshape_string_end's inline run finds their end. */
+static __attribute__((noinline)) size_t jshape_estr_end(const char *p, size_t e, size_t n,
+                                                        uint8_t kind)
 {
     for (;;) {
-        size_t e = jshape_str_end(p, i, n);
+        if (e + 1 < n && memchr("\"\\/bfnrt", p[e + 1], 8)) {
+            e = jshape_str_end(p, e + 2, n);
+        } else {
+            /* \uXXXX, not 0000: parsers differ about a NUL; surrogate
+             * halves (D800-DFFF) differ too (jansson refuses a lone one,
+             * yajl does not), so ESTR takes none and JSTR a high one then
+             * a low one */
+            int v = e + 5 < n && p[e + 1] == 'u' ? jshape_hex4(p + e + 2) : -1;
+            if (v <= 0)
+                return e;
+            if (v >= 0xD800 && v <= 0xDFFF) {
+                if (kind != SL_JHOLE_JSTR || v > 0xDBFF || e + 11 >= n || p[e + 6] != '\\' ||
+                    p[e + 7] != 'u')
+                    return e;
+                int lo = jshape_hex4(p + e + 8);
+                if (lo < 0xDC00 || lo > 0xDFFF)
+                    return e;
+                e += 6;
+            }
+            e = jshape_str_end(p, e + 6, n);
+        }
         if (e == n || p[e] != '\\')
             return e;
-        if (e + 1 < n && memchr("\"\\/bfnrt", p[e + 1], 8)) {
-            i = e + 2;
-            continue;
-        }
-        /* \uXXXX, not D800-DFFF nor 0000: parsers differ about a surrogate
-         * half and a NUL */
-        if (e + 5 < n && p[e + 1] == 'u' && memcmp(p + e + 2, "0000", 4) != 0 &&
-            isxdigit((unsigned char)p[e + 2]) && isxdigit((unsigned char)p[e + 3]) &&
-            isxdigit((unsigned char)p[e + 4]) && isxdigit((unsigned char)p[e + 5]) &&
-            !((p[e + 2] == 'd' || p[e + 2] == 'D') && memchr("89abcdefABCDEF", p[e + 3], 14))) {
-            i = e + 6;
-            continue;
-        }
-        return e;
     }
+}
+
+/* The end of a string hole's interior of kind at p[i..n) (see
+ * jshape_str_end, jshape_estr_end); *esc set when it holds an escape. */
+static inline size_t jshape_string_end(const char *p, size_t i, size_t n, uint8_t kind, bool *esc)
+{
+    size_t e = jshape_str_end(p, i, n);
+    if (e == n || p[e] != '\\' || kind == SL_JHOLE_STR)
+        return e;
+    *esc = true;
+    return jshape_estr_end(p, e, n, kind);
 }
 
 /* The end of an integer token at p[i..n) as jshape.h allows it, or 0. */
@@ -85,10 +122,9 @@ static bool jshape_hole_ok(const char *p, size_t n, sl_jspan_t h, uint8_t kind)
     size_t off = h.off, end = (size_t)h.off + h.len;
     if (end > n)
         return false;
-    if (kind == SL_JHOLE_STR || kind == SL_JHOLE_ESTR)
-        return off > 0 && p[off - 1] == '"' &&
-               (kind == SL_JHOLE_STR ? jshape_str_end(p, off, n) : jshape_estr_end(p, off, n)) ==
-                   end &&
+    bool esc = false;
+    if (kind == SL_JHOLE_STR || kind == SL_JHOLE_ESTR || kind == SL_JHOLE_JSTR)
+        return off > 0 && p[off - 1] == '"' && jshape_string_end(p, off, n, kind, &esc) == end &&
                end < n && p[end] == '"';
     /* a whole number token: after a blank or a structural byte, before one */
     if (kind == SL_JHOLE_INT)
@@ -138,10 +174,12 @@ void sl_jshape_clear(sl_jshape_t *sh)
     sh->nholes = 0;
 }
 
-/* p against sh: all of p, or (used != NULL) p's first *used bytes. */
+/* p against sh: all of p, or (used != NULL) p's first *used bytes; *escm
+ * gets a bit per hole with an escape in it. */
 static bool jshape_match_in(const sl_jshape_t *sh, const char *p, size_t n, sl_jspan_t *out,
-                            size_t *used)
+                            size_t *used, uint64_t *escm)
 {
+    uint64_t m = 0;
     if (sh->len == 0 || n > UINT32_MAX)
         return false;
     size_t tp = 0, dp = 0; /* in the shape, in p */
@@ -153,9 +191,12 @@ static bool jshape_match_in(const sl_jshape_t *sh, const char *p, size_t n, sl_j
         tp = (size_t)sh->hole[i].off + sh->hole[i].len;
         size_t e;
         if (sh->kind[i] != SL_JHOLE_INT) {
-            e = sh->kind[i] == SL_JHOLE_STR ? jshape_str_end(p, dp, n) : jshape_estr_end(p, dp, n);
+            bool esc = false;
+            e = jshape_string_end(p, dp, n, sh->kind[i], &esc);
             if (e == n || p[e] != '"')
                 return false; /* an escape, a control byte or no end */
+            if (esc)
+                m |= (uint64_t)1 << i;
         } else {
             e = jshape_int_end(p, dp, n);
             if (e == 0)
@@ -170,20 +211,32 @@ static bool jshape_match_in(const sl_jshape_t *sh, const char *p, size_t n, sl_j
         if (lit == 0 || n - dp < lit || memcmp(p + dp, sh->bytes + tp, lit) != 0)
             return false;
         *used = dp + lit;
+        *escm = m;
         return true;
     }
-    return n - dp == lit && memcmp(p + dp, sh->bytes + tp, lit) == 0;
+    if (n - dp != lit || memcmp(p + dp, sh->bytes + tp, lit) != 0)
+        return false;
+    *escm = m;
+    return true;
 }
 
 bool sl_jshape_match(const sl_jshape_t *sh, const char *p, size_t n, sl_jspan_t *out)
 {
-    return jshape_match_in(sh, p, n, out, NULL);
+    uint64_t m;
+    return jshape_match_in(sh, p, n, out, NULL, &m);
+}
+
+bool sl_jshape_match_esc(const sl_jshape_t *sh, const char *p, size_t n, sl_jspan_t *out,
+                         uint64_t *esc)
+{
+    return jshape_match_in(sh, p, n, out, NULL, esc);
 }
 
 bool sl_jshape_match_prefix(const sl_jshape_t *sh, const char *p, size_t n, sl_jspan_t *out,
                             size_t *used)
 {
-    return jshape_match_in(sh, p, n, out, used);
+    uint64_t m;
+    return jshape_match_in(sh, p, n, out, used, &m);
 }
 
 int64_t sl_jshape_int(const char *p, size_t n)

@@ -20,6 +20,11 @@
  *     it without JSON_ALLOW_NUL), ended by the first '"'
  *     not escaped. For a caller that reads such a string's bytes itself
  *     (emptiness, a span) or not at all: its value is not the bytes.
+ *   - a JSON-string hole (SL_JHOLE_JSTR): as SL_JHOLE_ESTR, and surrogate
+ *     escapes too, in pairs only: \uD800-DBFF then at once \uDC00-DFFF
+ *     (jansson's rule: a lone or reversed half is no shape's). A caller
+ *     that reads the value decodes the bytes (sl_jshape_match_esc says
+ *     which holes hold an escape).
  * JSON's grammar lets any such interior stand where another stands, and any
  * integer token where another integer token stands (RFC 8259: what follows
  * a number is whitespace or a structural character, which the shape's own
@@ -53,6 +58,7 @@ typedef enum sl_jhole_kind {
     SL_JHOLE_STR = 1,  /* a string's interior, without its quotes */
     SL_JHOLE_ESTR = 3, /* the same with escapes (below) */
     SL_JHOLE_INT = 2,  /* a whole integer token */
+    SL_JHOLE_JSTR = 4, /* the same with surrogate pairs too (above) */
 } sl_jhole_kind_t;
 
 typedef struct sl_jspan {
@@ -85,6 +91,11 @@ static inline bool sl_jshape_empty(const sl_jshape_t *sh)
 /* Whether text p (n bytes) has sh's shape (see above); when it has, out
  * (room for sh->nholes spans) gets each hole's span in p. */
 bool sl_jshape_match(const sl_jshape_t *sh, const char *p, size_t n, sl_jspan_t *out);
+/* sl_jshape_match, and on a match *esc gets bit i set when hole i (a string
+ * hole) holds an escape: its value is not its bytes. */
+bool sl_jshape_match_esc(const sl_jshape_t *sh, const char *p, size_t n, sl_jspan_t *out,
+                         uint64_t *esc);
+_Static_assert(SL_JSHAPE_MAX_HOLES <= 64, "sl_jshape_match_esc: a bit a hole");
 
 /* Whether text p (n bytes) begins with sh's shape: as sl_jshape_match on
  * p's first *used bytes (set on a match), what follows them not looked at.

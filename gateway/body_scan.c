@@ -108,14 +108,19 @@ typedef struct gw_elide {
 
 /* The holes a parse found for the shape it may leave (see "shapes"):
  * value spans in the body, and whether a recorded fact reads the value
- * (those are kept first when there are more than a shape holds). */
+ * (those are kept first when there are more than a shape holds); and the
+ * texts that are a string's decoded copy (it had escapes), each with the
+ * body offset of its string's interior, where a hit finds it again. */
 #define GW_SHAPE_REC_MAX 128
 typedef struct gw_shape_rec {
-    bool ok; /* false: a string that was not the body's own bytes */
+    bool ok; /* false: a string a shape cannot hold (see gw_shape_rec_str) */
     size_t n;
     sl_jspan_t hole[GW_SHAPE_REC_MAX];
     uint8_t kind[GW_SHAPE_REC_MAX];
     bool read[GW_SHAPE_REC_MAX];
+    size_t ndec;
+    const char *dec[SL_JSHAPE_MAX_HOLES];
+    uint32_t dec_off[SL_JSHAPE_MAX_HOLES];
 } gw_shape_rec_t;
 
 typedef struct gw_scan_ctx {
@@ -815,14 +820,21 @@ static inline void gw_shape_rec_add(gw_scan_ctx_t *c, size_t off, size_t n, uint
     r->n++;
 }
 
-/* A string that is not the body's own bytes (an escape): no shape from
- * this body (a hit would have to rebuild its decoded text). */
+/* A string or key a shape cannot hold: no shape from this body. */
 static inline void gw_shape_rec_off(gw_scan_ctx_t *c)
 {
     if (c->rec) {
         c->rec->ok = false;
         c->rec = NULL;
     }
+}
+
+/* A role's or a part's type: a word policies match, so shape bytes. */
+static inline bool gw_scan_word(const gw_scan_ctx_t *c)
+{
+    const gw_frame_t *fr = c->top;
+    return fr && ((fr->role == GW_R_MSG && fr->key == GW_K_ROLE) ||
+                  (fr->role == GW_R_PART && fr->key == GW_K_TYPE));
 }
 
 static int gw_cb_null(void *ctx)
@@ -1112,12 +1124,30 @@ static inline __attribute__((always_inline)) int gw_scan_string_slot(gw_scan_ctx
     return 1;
 }
 
+/* A string value with escapes (sp: not cut: shapes are kept only without
+ * a skeleton) as a hole like any other; t: its decoded text, when a fact
+ * reads it (NULL: none does), which a hit decodes again from the new
+ * bytes. A word with an escape would have to be shape bytes that are not
+ * its text: no shape. */
+static void gw_shape_rec_str(gw_scan_ctx_t *c, const gw_span_t *sp, const sl_text_t *t)
+{
+    gw_shape_rec_t *r = c->rec;
+    if (sp->cut || gw_scan_word(c) || (t && r->ndec == SL_JSHAPE_MAX_HOLES)) {
+        gw_shape_rec_off(c);
+        return;
+    }
+    if (t) {
+        r->dec[r->ndec] = t->p;
+        r->dec_off[r->ndec++] = (uint32_t)(sp->off + 1);
+    }
+    gw_shape_rec_add(c, sp->off + 1, sp->end - sp->off - 2, SL_JHOLE_JSTR, t != NULL);
+}
+
 /* gw_cb_string for the other strings (escaped, or read from a skeleton):
  * out of line, so the common one keeps a small frame. */
 static __attribute__((noinline)) int gw_cb_string_span(gw_scan_ctx_t *c, const char *p, size_t n)
 {
     gw_span_t sp;
-    gw_shape_rec_off(c);
     if (gw_scan_string_span(c, p, n, &sp) != 0)
         return gw_scan_stop(c, GW_SCAN_SLOW);
     sl_text_t *t;
@@ -1126,6 +1156,8 @@ static __attribute__((noinline)) int gw_cb_string_span(gw_scan_ctx_t *c, const c
         return sr;
     if (t && gw_scan_text(c, p, n, &sp, t) != 0)
         return gw_scan_stop(c, GW_SCAN_OOM);
+    if (c->rec)
+        gw_shape_rec_str(c, &sp, t);
     return 1;
 }
 
@@ -1144,14 +1176,10 @@ static int gw_cb_string(void *ctx, const unsigned char *up, size_t n)
         t->p = p; /* the body's own bytes */
         t->len = n;
     }
-    if (c->rec) {
-        /* a role or a part's type is a word policies match: shape bytes */
-        const gw_frame_t *fr = c->top;
-        bool word = fr && ((fr->role == GW_R_MSG && fr->key == GW_K_ROLE) ||
-                           (fr->role == GW_R_PART && fr->key == GW_K_TYPE));
-        if (!word)
-            gw_shape_rec_add(c, off + 1, n, SL_JHOLE_STR, t != NULL);
-    }
+    /* a role or a part's type is a word policies match: shape bytes; any
+     * other string a hole that may hold escapes on a hit */
+    if (c->rec && !gw_scan_word(c))
+        gw_shape_rec_add(c, off + 1, n, SL_JHOLE_JSTR, t != NULL);
     return 1;
 }
 
@@ -1419,19 +1447,22 @@ static gw_scan_rc_t gw_body_scan_run(gw_body_scan_t *s, const char *base, size_t
  *
  * Clients send bodies of one shape again and again (the same SDK, the same
  * app: only the prompt, the model, max_tokens change). After a parse on the
- * normal path (a body below GW_SKEL_BODY_MIN, no skeleton, no escape in any
- * string or key, no integer beyond 18 digits ... everything yajl read was
- * the body's own bytes), the thread keeps the body as a shape (common/jshape.h)
- * with holes over the values whose facts are recomputed from a new span:
- * string interiors (a text is a span of the body) and integer tokens (re-read),
- * and a copy of the result with every text pointer as an offset. A message's
- * role and a part's type are words policies match: shape bytes, as keys,
- * booleans, null and reals are. A later body with the shape (and the same
- * GW_SCAN_MSGS) gets the kept result, each offset moved by the holes before
- * it changing length, without yajl: jshape.h says why everything the parse
- * found holds again. A body that matches no kept shape costs the compares
- * that failed, then the parse, then its shape kept in place of the least
- * recently used. */
+ * normal path (a body below GW_SKEL_BODY_MIN, no skeleton, no escape in a
+ * key or a word, no integer beyond 18 digits), the thread keeps the body as
+ * a shape (common/jshape.h) with holes over the values whose facts are
+ * recomputed from a new span: string interiors (SL_JHOLE_JSTR: escapes
+ * allowed, surrogate escapes in pairs only) and integer tokens (re-read),
+ * and a copy of the result with every text pointer as an offset (a decoded
+ * text as its hole's). A message's role and a part's type are words
+ * policies match: shape bytes, as keys, booleans, null and reals are. A
+ * later body with the shape (and the same GW_SCAN_MSGS) gets the kept
+ * result, each offset moved by the holes before it changing length, without
+ * the parse: jshape.h says why everything the parse found holds again. A
+ * text whose hole now holds an escape is decoded from the new bytes by yajl,
+ * as the parse decodes it (gw_shape_decode); one without is the body's
+ * bytes. The byte pass and the UTF-8 check ran before the shapes, on every
+ * body. A body that matches no kept shape costs the compares that failed,
+ * then the parse, then its shape kept in place of the least recently used. */
 
 /* Shapes a thread keeps, and the most messages and parts one may hold. */
 #define GW_SHAPE_SLOTS 4
@@ -1557,12 +1588,22 @@ static size_t gw_shape_enc(const sl_jspan_t *hole, size_t nh, size_t x)
 }
 
 /* A text's pointer into body encoded (NULL stays NULL: a string's interior
- * never starts at 0). -1: not the body's bytes. */
+ * never starts at 0); a decoded copy (rec's) as its string's interior, which
+ * must be a hole (a hit decodes the hole's bytes again). -1: neither. */
 static int gw_shape_text_save(sl_text_t *t, const char *body, size_t len, const sl_jspan_t *hole,
-                              size_t nh)
+                              size_t nh, const gw_shape_rec_t *rec)
 {
     if (!t->p)
         return 0;
+    for (size_t i = 0; i < rec->ndec; i++) {
+        if (t->p != rec->dec[i])
+            continue;
+        size_t e = gw_shape_enc(hole, nh, rec->dec_off[i]);
+        if (!GW_SHAPE_HOLE(e))
+            return -1; /* stays shape bytes: they are not its text */
+        t->p = (const char *)(uintptr_t)e;
+        return 0;
+    }
     uintptr_t o = (uintptr_t)t->p - (uintptr_t)body;
     if (o == 0 || o > len || t->len > len - o)
         return -1;
@@ -1579,13 +1620,209 @@ static void gw_shape_fact_save(gw_jfact_t *f, const sl_jspan_t *hole, size_t nh)
     f->close = gw_shape_enc(hole, nh, f->close);
 }
 
-/* A hit: the new body, its holes' spans, and how far each offset after
- * the k first holes moves (mv[k]). */
+/* A hit: the scan filled, the new body, its holes' spans, which hold an
+ * escape (bit k: hole k), and how far each offset after the k first holes
+ * moves (mv[k]). */
 typedef struct gw_shape_map {
+    gw_body_scan_t *s;
     const char *body;
     const sl_jspan_t *nw;
+    uint64_t esc;
+    size_t ndec; /* texts to decode (a hole is one text's at most) */
+    sl_text_t *dec[SL_JSHAPE_MAX_HOLES];
+    uint8_t dec_hole[SL_JSHAPE_MAX_HOLES];
     ptrdiff_t mv[SL_JSHAPE_MAX_HOLES + 1];
 } gw_shape_map_t;
+
+/* Decoded strings on a hit. yajl (the parse's own decoder) decodes the
+ * escapes: each run of escapes in a hole (a surrogate pair is one run; runs
+ * closer than GW_SHAPE_DEC_GAP are one) goes to it as a string of its own,
+ * all of a hit's as one stream, "run" "run" ..., on a handle the thread
+ * keeps (common/yheap.h); the bytes between the runs, which yajl would copy
+ * as they are (its UTF-8 check is off, as in the parse), are copied here.
+ * yajl costs ~300 instructions a call, ~450 a string token and ~15 a byte
+ * in one: each hole whole, a call each, was ~4,600 on bench/lib.sh's
+ * escaped body. */
+#define GW_SHAPE_DEC_RUNS 32
+#define GW_SHAPE_DEC_GAP  32
+
+typedef struct gw_shape_dtext {
+    const char *src; /* the hole's bytes */
+    size_t len, at;  /* src copied up to at */
+    char *o;
+    size_t n;
+} gw_shape_dtext_t;
+
+typedef struct gw_shape_run {
+    size_t a, b; /* bytes [a, b) of its text's src */
+    uint8_t text;
+} gw_shape_run_t;
+
+typedef struct gw_shape_dec {
+    gw_shape_dtext_t *t;
+    const gw_shape_run_t *run; /* this batch's */
+    size_t nrun, next;
+} gw_shape_dec_t;
+
+static _Thread_local sl_ykeep_t gw_shape_dec_keep;
+
+/* One run decoded: its text's bytes before it, then what yajl made of it
+ * (never longer than its bytes, so the text's room of src's length holds
+ * it all). */
+static int gw_shape_dec_string(void *ctx, const unsigned char *p, size_t n)
+{
+    gw_shape_dec_t *d = ((sl_ykeep_t *)ctx)->cur;
+    if (d->next == d->nrun)
+        return 0;
+    const gw_shape_run_t *r = &d->run[d->next++];
+    gw_shape_dtext_t *t = &d->t[r->text];
+    size_t plain = r->a - t->at;
+    if (t->len - t->n < plain + n)
+        return 0;
+    memcpy(t->o + t->n, t->src + t->at, plain);
+    memcpy(t->o + t->n + plain, p, n);
+    t->n += plain + n;
+    t->at = r->b;
+    return 1;
+}
+
+static int gw_shape_dec_other(void *ctx)
+{
+    (void)ctx;
+    return 0; /* only a string is ours */
+}
+
+/* A batch of runs as "run" "run" ... through the kept handle. */
+static bool gw_shape_dec_runs(gw_shape_dtext_t *t, const gw_shape_run_t *run, size_t nrun)
+{
+    static const yajl_callbacks cbs = {
+        .yajl_null = gw_shape_dec_other,
+        .yajl_string = gw_shape_dec_string,
+        .yajl_start_map = gw_shape_dec_other,
+        .yajl_start_array = gw_shape_dec_other,
+    };
+    size_t qn = 0;
+    for (size_t i = 0; i < nrun; i++)
+        qn += run[i].b - run[i].a + 3;
+    char few[512];
+    char *q = qn <= sizeof(few) ? few : malloc(qn);
+    if (!q)
+        return false;
+    size_t w = 0;
+    for (size_t i = 0; i < nrun; i++) {
+        q[w++] = '"';
+        memcpy(q + w, t[run[i].text].src + run[i].a, run[i].b - run[i].a);
+        w += run[i].b - run[i].a;
+        q[w++] = '"';
+        q[w++] = ' ';
+    }
+    gw_shape_dec_t d = {t, run, nrun, 0};
+    yajl_handle y = sl_ykeep_take(&gw_shape_dec_keep, &cbs, false);
+    bool ok = false;
+    if (y) {
+        gw_shape_dec_keep.cur = &d;
+        ok = yajl_parse(y, (const unsigned char *)q, w) == yajl_status_ok && d.next == nrun;
+        gw_shape_dec_keep.cur = NULL;
+        sl_ykeep_put(&gw_shape_dec_keep, y, ok);
+    }
+    if (q != few)
+        free(q);
+    return ok;
+}
+
+/* The end of the run of escapes at src[j] (a '\\'), gaps shorter than
+ * GW_SHAPE_DEC_GAP included; the match checked the escapes. */
+static size_t gw_shape_run_end(const char *src, size_t len, size_t j)
+{
+    for (;;) {
+        while (j < len && src[j] == '\\')
+            j += j + 1 < len && src[j + 1] == 'u' ? 6 : 2;
+        if (j >= len)
+            return len;
+        size_t g = j;
+        while (g < len && g - j < GW_SHAPE_DEC_GAP && src[g] != '\\')
+            g++;
+        if (g >= len || src[g] != '\\')
+            return j;
+        j = g;
+    }
+}
+
+/* t (s's, loaded from kept, e's) is to be decoded when it is a hole that
+ * holds an escape now; a hole is one text's at most, so m->dec holds them
+ * all. */
+static void gw_shape_dec_mark(gw_shape_map_t *m, const sl_text_t *kept, sl_text_t *t)
+{
+    size_t e = (uintptr_t)kept->p;
+    if (!kept->p || !GW_SHAPE_HOLE(e) || !(m->esc >> GW_SHAPE_IDX(e) & 1))
+        return;
+    if (m->ndec < SL_JSHAPE_MAX_HOLES) {
+        m->dec[m->ndec] = t;
+        m->dec_hole[m->ndec] = (uint8_t)GW_SHAPE_IDX(e);
+    }
+    m->ndec++;
+}
+
+/* The texts of a hit (s, from kept shape e) whose holes hold an escape
+ * decoded from the new bytes into the scan's arena: exactly the parse's
+ * texts, as yajl decodes them there too (jshape's JSTR match took only
+ * escapes jansson takes, surrogates in pairs only: the parse's
+ * gw_scan_surrogates_ok). -1: out of memory, or yajl refused (the parse
+ * decides). Out of line and after the loads: the common hit has no escape,
+ * and pays one test. */
+static __attribute__((noinline)) int gw_shape_decode(gw_shape_map_t *m, gw_body_scan_t *s,
+                                                     const gw_shape_t *e)
+{
+    m->ndec = 0;
+    for (size_t j = 0; j < e->npresent; j++) {
+        size_t i = e->present[j];
+        if (e->fact[i].kind == SL_J_STRING)
+            gw_shape_dec_mark(m, &e->fact[i].s, &GW_SHAPE_FACT(s, i)->s);
+    }
+    for (size_t i = 0; i < e->nmsgs; i++) {
+        gw_shape_dec_mark(m, &e->msgs[i].role, &s->msgs[i].role);
+        gw_shape_dec_mark(m, &e->msgs[i].content, &s->msgs[i].content);
+        gw_shape_dec_mark(m, &e->msgs[i].name, &s->msgs[i].name);
+    }
+    for (size_t i = 0; i < e->nparts; i++) {
+        gw_shape_dec_mark(m, &e->parts[i].type, &s->parts[i].type);
+        gw_shape_dec_mark(m, &e->parts[i].text, &s->parts[i].text);
+    }
+    if (m->ndec > SL_JSHAPE_MAX_HOLES)
+        return -1;
+    gw_shape_dtext_t t[SL_JSHAPE_MAX_HOLES];
+    gw_shape_run_t run[GW_SHAPE_DEC_RUNS];
+    size_t nrun = 0;
+    for (size_t k = 0; k < m->ndec; k++) {
+        const sl_jspan_t *h = &m->nw[m->dec_hole[k]];
+        t[k] = (gw_shape_dtext_t){m->body + h->off, h->len, 0, gw_arena_alloc(m->s, h->len + 1), 0};
+        if (!t[k].o)
+            return -1;
+        for (size_t i = 0;;) {
+            const char *b = i < t[k].len ? memchr(t[k].src + i, '\\', t[k].len - i) : NULL;
+            if (!b)
+                break;
+            size_t a = (size_t)(b - t[k].src);
+            i = gw_shape_run_end(t[k].src, t[k].len, a);
+            run[nrun++] = (gw_shape_run_t){a, i, (uint8_t)k};
+            if (nrun == GW_SHAPE_DEC_RUNS) {
+                if (!gw_shape_dec_runs(t, run, nrun))
+                    return -1;
+                nrun = 0;
+            }
+        }
+    }
+    if (nrun > 0 && !gw_shape_dec_runs(t, run, nrun))
+        return -1;
+    for (size_t k = 0; k < m->ndec; k++) { /* each text's bytes after its last run */
+        memcpy(t[k].o + t[k].n, t[k].src + t[k].at, t[k].len - t[k].at);
+        t[k].n += t[k].len - t[k].at;
+        t[k].o[t[k].n] = '\0';
+        m->dec[k]->p = t[k].o;
+        m->dec[k]->len = t[k].n;
+    }
+    return 0;
+}
 
 static inline size_t gw_shape_pos(const gw_shape_map_t *m, size_t e)
 {
@@ -1618,9 +1855,9 @@ static inline void gw_shape_fact_load(const gw_shape_map_t *m, gw_jfact_t *f)
         gw_shape_text_load(m, &f->s);
 }
 
-/* The kept result e into s, moved to the new body's hole spans nw. -1: out
- * of memory. */
-static int gw_shape_load(gw_body_scan_t *s, const gw_shape_t *e, const sl_jspan_t *nw)
+/* The kept result e into s, moved to the new body's hole spans nw (esc:
+ * those with an escape). -1: out of memory (or a decode that failed). */
+static int gw_shape_load(gw_body_scan_t *s, const gw_shape_t *e, const sl_jspan_t *nw, uint64_t esc)
 {
     while (s->msgs_cap < e->nmsgs)
         if (gw_grow((void **)&s->msgs, &s->msgs_cap, s->msgs0, GW_SCAN_INLINE_MSGS,
@@ -1631,8 +1868,10 @@ static int gw_shape_load(gw_body_scan_t *s, const gw_shape_t *e, const sl_jspan_
                     sizeof(*s->parts)) != 0)
             return -1;
     gw_shape_map_t m;
+    m.s = s;
     m.body = s->body;
     m.nw = nw;
+    m.esc = esc;
     m.mv[0] = 0;
     for (size_t k = 0; k < e->sh.nholes; k++)
         m.mv[k + 1] =
@@ -1665,7 +1904,7 @@ static int gw_shape_load(gw_body_scan_t *s, const gw_shape_t *e, const sl_jspan_
         s->chat.msgs = s->msgs;
         s->chat.parts = s->parts;
     }
-    return 0;
+    return esc ? gw_shape_decode(&m, s, e) : 0;
 }
 
 /* s's body answered from a kept shape: true, s filled as the parse would. */
@@ -1673,11 +1912,12 @@ static bool gw_shape_try(gw_body_scan_t *s, unsigned key)
 {
     gw_shapes_t *c = &gw_shapes;
     sl_jspan_t nw[SL_JSHAPE_MAX_HOLES];
+    uint64_t esc;
     for (size_t i = 0; i < GW_SHAPE_SLOTS; i++) {
         gw_shape_t *e = c->e[i];
-        if (!e || e->key != key || !sl_jshape_match(&e->sh, s->body, s->len, nw))
+        if (!e || e->key != key || !sl_jshape_match_esc(&e->sh, s->body, s->len, nw, &esc))
             continue;
-        if (gw_shape_load(s, e, nw) != 0) {
+        if (gw_shape_load(s, e, nw, esc) != 0) {
             const char *body = s->body;
             size_t len = s->len;
             gw_body_scan_reset(s); /* the parse decides (and runs out too) */
@@ -1759,7 +1999,8 @@ static void gw_shape_keep(const gw_body_scan_t *s, unsigned key, const gw_shape_
         if (e->fact[i].kind != SL_J_ABSENT)
             e->present[e->npresent++] = (uint8_t)i;
         gw_shape_fact_save(&e->fact[i], hole, nh);
-        bad |= gw_shape_text_save(&e->fact[i].s, s->body, s->len, hole, nh);
+        if (e->fact[i].kind == SL_J_STRING) /* others' s is stale */
+            bad |= gw_shape_text_save(&e->fact[i].s, s->body, s->len, hole, nh, rec);
     }
     e->messages_kind = s->chat.messages_kind;
     e->tools_kind = s->chat.tools_kind;
@@ -1768,14 +2009,14 @@ static void gw_shape_keep(const gw_body_scan_t *s, unsigned key, const gw_shape_
     e->nparts = s->nparts;
     for (size_t i = 0; i < e->nmsgs; i++) {
         e->msgs[i] = s->msgs[i];
-        bad |= gw_shape_text_save(&e->msgs[i].role, s->body, s->len, hole, nh);
-        bad |= gw_shape_text_save(&e->msgs[i].content, s->body, s->len, hole, nh);
-        bad |= gw_shape_text_save(&e->msgs[i].name, s->body, s->len, hole, nh);
+        bad |= gw_shape_text_save(&e->msgs[i].role, s->body, s->len, hole, nh, rec);
+        bad |= gw_shape_text_save(&e->msgs[i].content, s->body, s->len, hole, nh, rec);
+        bad |= gw_shape_text_save(&e->msgs[i].name, s->body, s->len, hole, nh, rec);
     }
     for (size_t i = 0; i < e->nparts; i++) {
         e->parts[i] = s->parts[i];
-        bad |= gw_shape_text_save(&e->parts[i].type, s->body, s->len, hole, nh);
-        bad |= gw_shape_text_save(&e->parts[i].text, s->body, s->len, hole, nh);
+        bad |= gw_shape_text_save(&e->parts[i].type, s->body, s->len, hole, nh, rec);
+        bad |= gw_shape_text_save(&e->parts[i].text, s->body, s->len, hole, nh, rec);
     }
     e->key = key;
     e->used = ++c->tick;
@@ -1830,6 +2071,7 @@ gw_scan_rc_t gw_body_scan(gw_body_scan_t *s, const char *body, size_t len, unsig
                 rec = &recb;
                 rec->ok = true;
                 rec->n = 0;
+                rec->ndec = 0;
             }
             rc = gw_body_scan_run(s, body, len, NULL, 0, flags, rec);
         }

@@ -144,10 +144,12 @@ done:
  * A body scanned with the thread's kept shapes (it may hit one, or keep its
  * own) against the same body parsed (GW_SCAN_NO_SHAPE); then bodies made
  * from it by changing what a shape may leave as holes (string values, not
- * a role's or a type's; integers), all at once so the shape is the same,
- * and by changes that must miss (an escape, a real, 19 digits, a control
- * byte, a key, a role). Every fact, message, part and spliced body must be
- * the parse's. */
+ * a role's or a type's; integers), all at once so the shape is the same
+ * (escapes added too: \n, \", \u00e9, a surrogate pair, \\ and \/ are
+ * holes' bytes a hit decodes), and by changes that must miss (a lone,
+ * reversed or unpaired surrogate escape, a bad escape, \u0000, a real, 19
+ * digits, a control byte, a key, a role). Every fact, message, part and
+ * spliced body must be the parse's. */
 
 typedef struct scan_tok {
     size_t off, len;
@@ -183,13 +185,14 @@ static inline size_t scan_toks(const char *b, size_t n, scan_tok_t *t)
             while (k < n && (b[k] == ' ' || b[k] == '\n' || b[k] == '\t' || b[k] == '\r'))
                 k++;
             bool is_key = k < n && b[k] == ':';
-            if (!esc) {
-                char kind = is_key ? 'k' : 's';
-                if (!is_key && ((klen == 4 && memcmp(key, "role", 4) == 0) ||
-                                (klen == 4 && memcmp(key, "type", 4) == 0)))
-                    kind = 'w';
-                t[nt++] = (scan_tok_t){i + 1, j - i - 1, kind};
-            }
+            /* escaped strings too: a value's may be a hole (escaped keys
+             * and words make no shape; their mutations miss) */
+            (void)esc;
+            char kind = is_key ? 'k' : 's';
+            if (!is_key && ((klen == 4 && memcmp(key, "role", 4) == 0) ||
+                            (klen == 4 && memcmp(key, "type", 4) == 0)))
+                kind = 'w';
+            t[nt++] = (scan_tok_t){i + 1, j - i - 1, kind};
             if (is_key) {
                 key = b + i + 1;
                 klen = j - i - 1;
@@ -270,6 +273,74 @@ static inline size_t scan_mut_escape(const char *p, size_t n, char *o)
     memcpy(o + n, "\\n", 2);
     return n + 2;
 }
+/* p with the escape e (NUL-terminated) after its first half: spans that
+ * move inside a hole, an escape between two plain runs. */
+static inline size_t scan_mut_esc_in(const char *p, size_t n, char *o, const char *e)
+{
+    size_t h = 0, el = strlen(e);
+    while (h < n / 2) /* not inside an escape of the body's */
+        h += p[h] != '\\' ? 1 : h + 1 < n && p[h + 1] == 'u' ? 6 : 2;
+    if (h > n)
+        h = n;
+    memcpy(o, p, h);
+    memcpy(o + h, e, el);
+    memcpy(o + h + el, p + h, n - h);
+    return n + el;
+}
+static inline size_t scan_mut_esc_quote(const char *p, size_t n, char *o)
+{
+    return scan_mut_esc_in(p, n, o, "\\\"");
+}
+static inline size_t scan_mut_esc_u(const char *p, size_t n, char *o)
+{
+    return scan_mut_esc_in(p, n, o, "caf\\u00e9\\n");
+}
+static inline size_t scan_mut_esc_pair(const char *p, size_t n, char *o)
+{
+    return scan_mut_esc_in(p, n, o, "\\ud83d\\ude00\\\\\\/");
+}
+static inline size_t scan_mut_esc_only(const char *p, size_t n, char *o)
+{
+    (void)p;
+    (void)n;
+    memcpy(o, "\\t", 2);
+    return 2;
+}
+static inline size_t scan_mut_plain(const char *p, size_t n, char *o)
+{
+    (void)p;
+    (void)n;
+    memcpy(o, "plain", 5);
+    return 5;
+}
+static inline size_t scan_mut_lone_hi(const char *p, size_t n, char *o)
+{
+    return scan_mut_esc_in(p, n, o, "\\ud83d");
+}
+static inline size_t scan_mut_lone_lo(const char *p, size_t n, char *o)
+{
+    return scan_mut_esc_in(p, n, o, "\\ude00");
+}
+static inline size_t scan_mut_reversed(const char *p, size_t n, char *o)
+{
+    return scan_mut_esc_in(p, n, o, "\\ude00\\ud83d");
+}
+static inline size_t scan_mut_unpaired(const char *p, size_t n, char *o)
+{
+    return scan_mut_esc_in(p, n, o, "\\ud83d\\u0041");
+}
+static inline size_t scan_mut_bad_esc(const char *p, size_t n, char *o)
+{
+    return scan_mut_esc_in(p, n, o, "\\x41");
+}
+static inline size_t scan_mut_short_u(const char *p, size_t n, char *o)
+{
+    return scan_mut_esc_in(p, n, o, "\\u00G9");
+}
+static inline size_t scan_mut_nul(const char *p, size_t n, char *o)
+{
+    return scan_mut_esc_in(p, n, o, "\\u0000");
+}
 static inline size_t scan_mut_ctl(const char *p, size_t n, char *o)
 {
     memcpy(o, p, n);
@@ -342,13 +413,35 @@ static inline const char *scan_same_shape(const char *body, size_t len)
         bool all;
         scan_mut_fn mut;
     } muts[] = {
-        {'s', true, scan_mut_longer},  {'s', true, scan_mut_shorter},
-        {'i', true, scan_mut_int_big}, {'i', true, scan_mut_int_small},
-        {'s', false, scan_mut_utf8},   {'s', false, scan_mut_badutf8},
-        {'s', false, scan_mut_escape}, {'s', false, scan_mut_ctl},
-        {'i', false, scan_mut_int_19}, {'i', false, scan_mut_real},
-        {'k', false, scan_mut_letter}, {'w', false, scan_mut_letter},
+        {'s', true, scan_mut_longer},
+        {'s', true, scan_mut_shorter},
+        {'i', true, scan_mut_int_big},
+        {'i', true, scan_mut_int_small},
+        {'s', false, scan_mut_utf8},
+        {'s', false, scan_mut_badutf8},
+        {'s', false, scan_mut_escape},
+        {'s', false, scan_mut_ctl},
+        {'i', false, scan_mut_int_19},
+        {'i', false, scan_mut_real},
+        {'k', false, scan_mut_letter},
+        {'w', false, scan_mut_letter},
         {'s', false, scan_mut_letter},
+        /* escapes in every string value: the same shape, decoded on a hit */
+        {'s', true, scan_mut_esc_quote},
+        {'s', true, scan_mut_esc_u},
+        {'s', true, scan_mut_esc_pair},
+        {'s', true, scan_mut_esc_only},
+        {'s', true, scan_mut_plain},
+        /* escapes jansson refuses or reads otherwise than yajl: a miss */
+        {'s', false, scan_mut_lone_hi},
+        {'s', false, scan_mut_lone_lo},
+        {'s', false, scan_mut_reversed},
+        {'s', false, scan_mut_unpaired},
+        {'s', false, scan_mut_bad_esc},
+        {'s', false, scan_mut_short_u},
+        {'s', false, scan_mut_nul},
+        {'w', false, scan_mut_esc_u},
+        {'k', false, scan_mut_esc_u},
     };
     scan_tok_t *t = malloc(SCAN_TOKS_MAX * sizeof(*t));
     if (!t)

@@ -4,8 +4,9 @@ kept shapes, docs/gateway.md "Kept shapes"): the second and later bodies are
 read from the shape the first left, without a parse. What must hold: each
 body is routed, aliased, clamped and filtered by its own values (a stale
 span, a value not re-read or a model kept from the first body fails here),
-and a body with an escape in a value (no shape holds one) is parsed and
-filtered by its decoded text.
+and a body with escapes in its values (a hole may hold them) hits and is
+read, routed and filtered by its decoded text, while an escape jansson
+refuses (a lone surrogate, \\x) misses and is refused.
 """
 
 import json
@@ -81,24 +82,72 @@ def test_bodies_of_one_shape_each_by_its_own_values(sluice_factory, mock, tmp_pa
     assert misses >= 1, (hits, misses)
 
 
-def test_an_escape_in_a_body_of_a_kept_shape_is_parsed(sluice_factory, mock, tmp_path):
+def test_escapes_in_bodies_of_a_kept_shape_hit_and_are_read_decoded(sluice_factory, mock,
+                                                                    tmp_path):
+    # escapes in a value are a hole's bytes (SL_JHOLE_JSTR): bodies with
+    # \n, \" and \u00e9 keep and hit a shape, each read by its own decoded
+    # text; a banned word spelt across an escape is refused on every hit
     s = _start(sluice_factory, mock, tmp_path)
-    clean = _body("chat-model", "sys", "hello there", "64")
-    for _ in range(2):
-        assert _send(s, clean).status == 200
-    wait_until(lambda: _shape_counts(s)[0] >= 1, bound(5), what="the shape hit")
+    raw = _body("chat-model", "You are a helpful assistant.\\nAnswer in plain English.",
+                "Write one sentence.\\nUse the word \\\"tide\\\" and caf\\u00e9.", "64")
+    for _ in range(3):
+        assert _send(s, raw).status == 200
+    wait_until(lambda: _shape_counts(s)[0] >= 2, bound(5), what="the escaped shape hit")
     hits0, misses0 = _shape_counts(s)
-    # the same shape but for an escape: the word is there once decoded
-    r = _send(s, _body("chat-model", "sys", "say \\u0062adword\\n now", "64"))
-    e = assert_error(r, 400, "content_filter")
-    assert e.get("param") == "messages[1].content", e
-    # an escape with no banned word: parsed, sent as the client wrote it
-    raw = _body("chat-model", "line one\\nline two", "a \\\"quoted\\\" word", "64")
+    for q in mock.requests(P):
+        # only the alias spliced; the escaped bytes as the client wrote them
+        assert q["body"].encode() == raw.replace(b'"chat-model"', b'"Qwen2.5-7B-Instruct"')
+        assert q["json"]["model"] == "Qwen2.5-7B-Instruct"
+    for i in range(3):
+        # the same shape, the word across an escape: decoded, refused
+        r = _send(s, _body("chat-model", "sys\\nline %d" % i, "say bad\\u0077ord\\n now", "64"))
+        e = assert_error(r, 400, "content_filter")
+        assert e.get("param") == "messages[1].content", e
+        r = _send(s, _body("chat-model", "bad\\u0077ord %d" % i, "hello", "64"))
+        e = assert_error(r, 400, "content_filter")
+        assert e.get("param") == "messages[0].content", e
+    # and one with no banned word: sent as the client wrote it
+    raw = _body("plain-model", "line one\\nline two", "a \\\"quoted\\\" w\\u00f6rd \\ud83d\\ude00", "7")
     r = _send(s, raw)
     assert r.status == 200, r
     q = mock.requests(P)[-1]
+    assert q["body"].encode() == raw, q["body"]
     assert q["json"]["messages"][0]["content"] == "line one\nline two"
-    assert q["json"]["messages"][1]["content"] == 'a "quoted" word'
-    assert q["json"]["model"] == "Qwen2.5-7B-Instruct"
-    wait_until(lambda: _shape_counts(s)[1] >= misses0 + 2, bound(5), what="two misses counted")
-    assert _shape_counts(s)[0] == hits0
+    assert q["json"]["messages"][1]["content"] == 'a "quoted" w\u00f6rd \U0001F600'
+    # all of them hits: 7 bodies after the counts above
+    wait_until(lambda: _shape_counts(s)[0] >= hits0 + 7, bound(5), what="seven hits counted")
+    assert _shape_counts(s)[1] == misses0
+
+
+def test_a_word_across_an_escape_is_masked_on_every_hit(sluice_factory, mock, tmp_path):
+    wf = ph.word_file(tmp_path / "w.txt", ["badword"])
+    over = {"workers": 1,
+            "filters": {"words": [{"file": wf, "action": "mask"}], "mask": "[x]",
+                        "input": {"max_chars": 0}}}
+    s = ph.start(sluice_factory, mock, over, auth=False)
+    for i in range(4):
+        r = _send(s, _body("chat-model", "line\\n%d" % i, "a bad\\u0077ord\\n and caf\\u00e9", "64"))
+        assert r.status == 200, r
+        q = mock.requests(P)[-1]["json"]
+        assert q["messages"][1]["content"] == "a [x]\n and caf\u00e9", q
+        assert q["messages"][0]["content"] == "line\n%d" % i, q
+    wait_until(lambda: _shape_counts(s)[0] >= 3, bound(5), what="three hits counted")
+
+
+def test_bad_escapes_in_a_body_of_a_kept_shape_are_refused(sluice_factory, mock, tmp_path):
+    # a lone or reversed surrogate escape, or an escape JSON has not, in a
+    # body of a kept shape: no hit, jansson's refusal, nothing upstream
+    s = _start(sluice_factory, mock, tmp_path)
+    assert _send(s, _body("chat-model", "sys\\n", "hello", "64")).status == 200
+    assert _send(s, _body("chat-model", "sys\\t", "hello again", "64")).status == 200
+    wait_until(lambda: _shape_counts(s)[0] >= 1, bound(5), what="the shape hit")
+    n0 = len(mock.requests(P))
+    hits0 = _shape_counts(s)[0]
+    for bad in ("x \\ud83d y", "x \\ude00", "\\ude00\\ud83d", "\\ud83d\\u0041", "a \\x41"):
+        r = _send(s, _body("chat-model", "sys", bad, "64"))
+        assert_error(r, 400, "invalid_json")
+    assert len(mock.requests(P)) == n0
+    # a good body of the shape still hits afterwards
+    assert _send(s, _body("chat-model", "sys", "fine\\n", "64")).status == 200
+    wait_until(lambda: _shape_counts(s)[0] >= hits0 + 1, bound(5), what="a hit after")
+    assert _shape_counts(s)[0] == hits0 + 1

@@ -1097,14 +1097,14 @@ static void test_shapes(void **state)
     assert_memory_equal(out, want, wn);
     free(out);
 
-    /* misses: an escape in a hole, a role changed, a key changed, a real,
-     * another flag; each parsed (and right) */
+    /* misses: a role changed, a key changed, a real, another flag; each
+     * parsed (and right). Escapes in a hole hit: test_shapes_escaped. */
     static const struct {
         const char *model, *sys, *user, *max;
         unsigned flags;
     } miss[] = {
-        {"m", "a\\nb", "u", "1", GW_SCAN_MSGS},
-        {"m", "a", "u\\u0041", "1", GW_SCAN_MSGS},
+        {"m", "a\\ud800b", "u", "1", GW_SCAN_MSGS},
+        {"m", "a", "u\\u0000", "1", GW_SCAN_MSGS},
         {"m", "a", "u", "1.5", GW_SCAN_MSGS},
         {"m", "a", "u", "1234567890123456789", GW_SCAN_MSGS},
         {"m", "a", "u\"", "1", GW_SCAN_MSGS},
@@ -1120,9 +1120,12 @@ static void test_shapes(void **state)
         const char *why = scan_same_shape(b3, n3);
         if (why)
             fail_msg("miss case %zu: %s", i, why);
-        if (i == 0) {
+        if (i == 0)
+            assert_int_equal(rc, GW_SCAN_SLOW); /* jansson: a lone surrogate */
+        if (i == 1) {
             assert_int_equal(rc, GW_SCAN_OK);
-            shape_check_text(s->chat.msgs[0].content, "a\nb");
+            assert_int_equal(s->chat.msgs[1].content.len, 2);
+            assert_memory_equal(s->chat.msgs[1].content.p, "u\0", 2);
         }
     }
     char b4[512];
@@ -1155,6 +1158,126 @@ static void test_shapes(void **state)
         gw_shape_stats_t z = gw_body_scan_shape_stats();
         assert_int_equal(z.hits - a.hits, k == 4 ? 8 : 0);
     }
+    gw_body_scan_free(s);
+}
+
+/* A body scanned twice more with shapes: each scan must hit (hit: true)
+ * or miss, and give what the parse gives (scan_same.h), rc included. */
+static void shape_esc_case(gw_body_scan_t *s, const char *b, size_t n, bool hit, gw_scan_rc_t want)
+{
+    gw_shape_stats_t a = gw_body_scan_shape_stats();
+    gw_scan_rc_t rc = gw_body_scan(s, b, n, GW_SCAN_MSGS);
+    if (rc != want)
+        fail_msg("rc %d, not %d: %.*s", rc, want, (int)n, b);
+    if (gw_body_scan_shape_stats().hits - a.hits != (hit ? 1u : 0u))
+        fail_msg("%s expected: %.*s", hit ? "a hit" : "a miss", (int)n, b);
+    const char *why = scan_same_shape1(b, n, GW_SCAN_MSGS);
+    if (why)
+        fail_msg("%s differs: %.*s", why, (int)n, b);
+}
+
+/* Escapes in the holes (JSTR): a body with escapes is kept, and a body of
+ * its shape hits with each text decoded from its own bytes exactly as the
+ * parse decodes it (a text left as the raw bytes, a stale decoded copy or
+ * a decode of the learnt body fails here); plain bodies hit the escaped
+ * shape and the other way round. Lone, reversed or unpaired surrogate
+ * escapes, a bad escape and \u0000 miss and get the parse's answer (a
+ * hole that let them through would answer OK where jansson refuses). A
+ * role with an escape keeps no shape. */
+static void test_shapes_escaped(void **state)
+{
+    (void)state;
+    gw_body_scan_shapes_clear();
+    gw_body_scan_t *s = gw_body_scan_new();
+    assert_non_null(s);
+    char b[512];
+    size_t n = shape_body(b, sizeof(b), "chat-model",
+                          "You are a helpful assistant.\\nAnswer in plain English.",
+                          "Write one sentence about the sea.\\nUse the word \\\"tide\\\" and "
+                          "caf\\u00e9.",
+                          "64");
+    shape_esc_case(s, b, n, false, GW_SCAN_OK); /* kept */
+    shape_check_text(s->chat.msgs[0].content,
+                     "You are a helpful assistant.\nAnswer in plain English.");
+
+    /* other escapes, other lengths: a hit, each text decoded */
+    static const struct {
+        const char *model, *sys, *user, *want_model, *want_sys, *want_user;
+    } hits[] = {
+        {"m\\u002d2", "a\\tb", "\\ud83d\\ude00 x\\/y\\\\z", "m-2", "a\tb",
+         "\xf0\x9f\x98\x80 x/y\\z"},
+        {"plain", "no escape", "none either", "plain", "no escape", "none either"},
+        {"m", "\\\"", "\\b\\f\\r\\n\\u00FF\\uFFFF", "m", "\"", "\b\f\r\n\xc3\xbf\xef\xbf\xbf"},
+        {"", "", "\\uD7FF\\uE000\\u0001", "", "", "\xed\x9f\xbf\xee\x80\x80\x01"},
+    };
+    for (size_t i = 0; i < SL_ARRAY_LEN(hits); i++) {
+        n = shape_body(b, sizeof(b), hits[i].model, hits[i].sys, hits[i].user, "7");
+        shape_esc_case(s, b, n, true, GW_SCAN_OK);
+        assert_int_equal(gw_body_scan(s, b, n, GW_SCAN_MSGS), GW_SCAN_OK);
+        shape_check_text(s->model.s, hits[i].want_model);
+        shape_check_text(s->chat.msgs[0].content, hits[i].want_sys);
+        shape_check_text(s->chat.msgs[1].content, hits[i].want_user);
+        assert_int_equal(s->max_tokens.i, 7);
+        assert_memory_equal(b + s->max_tokens.off, "7}", 2);
+        /* a text without escapes is the body's bytes, one with a copy */
+        const sl_text_t *u = &s->chat.msgs[1].content;
+        bool in_body = u->p >= b && u->p < b + n;
+        assert_int_equal(in_body, strchr(hits[i].user, '\\') == NULL);
+    }
+
+    /* many runs of escapes (the decoder's batches of 32) and one long run
+     * (past its stack buffer), each between plain bytes */
+    char big[2048], user[1536], want[1024];
+    for (int k = 0; k < 2; k++) {
+        size_t un = 0, wn = 0;
+        for (int i = 0; i < (k ? 1 : 70); i++) {
+            un += (size_t)sprintf(user + un, "w%d\\n", i);
+            wn += (size_t)sprintf(want + wn, "w%d\n", i);
+        }
+        for (int i = 0; k && i < 150; i++) {
+            un += (size_t)sprintf(user + un, i % 2 ? "\\u00e9" : "\\ud83d\\ude00");
+            wn += (size_t)sprintf(want + wn, i % 2 ? "\xc3\xa9" : "\xf0\x9f\x98\x80");
+        }
+        un += (size_t)sprintf(user + un, "end");
+        wn += (size_t)sprintf(want + wn, "end");
+        n = shape_body(big, sizeof(big), "m", "s", user, "7");
+        shape_esc_case(s, big, n, true, GW_SCAN_OK);
+        assert_int_equal(gw_body_scan(s, big, n, GW_SCAN_MSGS), GW_SCAN_OK);
+        shape_check_text(s->chat.msgs[1].content, want);
+    }
+
+    /* misses: the parse's verdict (SLOW: jansson decides and refuses) */
+    static const struct {
+        const char *user;
+        gw_scan_rc_t rc;
+    } miss[] = {
+        {"x\\ud83d", GW_SCAN_SLOW},
+        {"x\\ude00", GW_SCAN_SLOW},
+        {"\\ude00\\ud83d", GW_SCAN_SLOW},
+        {"\\ud83d\\u0041", GW_SCAN_SLOW},
+        {"\\ud83d\\ud83d", GW_SCAN_SLOW},
+        {"\\ud83dx\\ude00", GW_SCAN_SLOW},
+        {"a\\x41", GW_SCAN_SLOW},
+        {"a\\u00G9", GW_SCAN_SLOW},
+        {"a\\u12", GW_SCAN_SLOW},
+        {"a\\U0041", GW_SCAN_SLOW},
+        {"a\\u0000b", GW_SCAN_OK},
+        {"a\tb", GW_SCAN_SLOW},
+        {"a\\", GW_SCAN_SLOW},
+    };
+    for (size_t i = 0; i < SL_ARRAY_LEN(miss); i++) {
+        n = shape_body(b, sizeof(b), "m", "s", miss[i].user, "7");
+        shape_esc_case(s, b, n, false, miss[i].rc);
+    }
+
+    /* a role with an escape: parsed right, and no shape kept from it */
+    gw_body_scan_shapes_clear();
+    n = (size_t)snprintf(b, sizeof(b),
+                         "{\"model\":\"m\",\"messages\":[{\"role\":\"us\\u0065r\","
+                         "\"content\":\"a\\nb\"}]}");
+    shape_esc_case(s, b, n, false, GW_SCAN_OK);
+    shape_check_text(s->chat.msgs[0].role, "user");
+    shape_esc_case(s, b, n, false, GW_SCAN_OK);
     gw_body_scan_free(s);
 }
 
@@ -1239,6 +1362,7 @@ int main(void)
         cmocka_unit_test(test_clamp_in),
         cmocka_unit_test(test_skeleton_same),
         cmocka_unit_test(test_shapes),
+        cmocka_unit_test(test_shapes_escaped),
         cmocka_unit_test(test_shapes_backoff),
         cmocka_unit_test(test_shapes_same),
     };
