@@ -5,6 +5,7 @@
  * time with SSE2), and only a '"' ends it well.
  */
 #include <ctype.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -196,4 +197,92 @@ int64_t sl_jshape_int(const char *p, size_t n)
     for (; i < n; i++)
         v = v * 10 + (p[i] - '0');
     return neg ? -v : v;
+}
+
+/* ---- a thread's cache of shapes ---------------------------------------------- */
+
+typedef struct sl_jshape_caches {
+    sl_jshape_cache_t *c[SL_JSHAPE_CACHES];
+    size_t n;
+} sl_jshape_caches_t;
+
+static _Thread_local sl_jshape_caches_t sl_jshape_caches_tls;
+static pthread_key_t sl_jshape_caches_key;
+static pthread_once_t sl_jshape_caches_once = PTHREAD_ONCE_INIT;
+static bool sl_jshape_caches_key_ok;
+
+static void sl_jshape_caches_exit(void *p)
+{
+    sl_jshape_caches_t *l = p;
+    for (size_t i = 0; i < l->n; i++) {
+        sl_jshape_cache_clear(l->c[i]);
+        l->c[i]->listed = false;
+    }
+    l->n = 0;
+}
+
+static void sl_jshape_caches_init(void)
+{
+    sl_jshape_caches_key_ok = pthread_key_create(&sl_jshape_caches_key, sl_jshape_caches_exit) == 0;
+}
+
+/* c on the thread's exit list; -1: it cannot be. */
+static int sl_jshape_cache_list(sl_jshape_cache_t *c)
+{
+    sl_jshape_caches_t *l = &sl_jshape_caches_tls;
+    pthread_once(&sl_jshape_caches_once, sl_jshape_caches_init);
+    if (!sl_jshape_caches_key_ok || l->n == SL_JSHAPE_CACHES)
+        return -1;
+    if (l->n == 0 && pthread_setspecific(sl_jshape_caches_key, l) != 0)
+        return -1;
+    l->c[l->n++] = c;
+    c->listed = true;
+    return 0;
+}
+
+int sl_jshape_cache_take(sl_jshape_cache_t *c)
+{
+    if (!c->listed && sl_jshape_cache_list(c) != 0)
+        return -1;
+    unsigned v = 0;
+    for (unsigned i = 0; i < c->nslots; i++) {
+        if (sl_jshape_empty(&c->slot[i].sh)) {
+            v = i;
+            break;
+        }
+        if (c->slot[i].used < c->slot[v].used)
+            v = i;
+    }
+    sl_jshape_slot_t *s = &c->slot[v];
+    s->sh.len = 0; /* matches nothing until set */
+    s->sh.nholes = 0;
+    if (c->dsz && !s->data && !(s->data = calloc(1, c->dsz)))
+        return -1;
+    s->used = ++c->tick;
+    return (int)v;
+}
+
+int sl_jshape_cache_set(sl_jshape_cache_t *c, unsigned i, const char *p, size_t n,
+                        const sl_jspan_t *holes, const uint8_t *kinds, size_t nholes)
+{
+    int rc = sl_jshape_set(&c->slot[i].sh, p, n, holes, kinds, nholes);
+    if (rc == 0)
+        c->st.learns++;
+    return rc;
+}
+
+void sl_jshape_cache_clear(sl_jshape_cache_t *c)
+{
+    for (unsigned i = 0; i < SL_JSHAPE_CACHE_SLOTS; i++) {
+        sl_jshape_slot_t *s = &c->slot[i];
+        sl_jshape_clear(&s->sh);
+        if (s->data && c->drop)
+            c->drop(s->data);
+        free(s->data);
+        s->data = NULL;
+        s->used = 0;
+    }
+    c->tick = 0;
+    c->run = c->skip = c->last = 0;
+    memset(&c->st, 0, sizeof(c->st));
 }
