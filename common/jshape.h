@@ -105,10 +105,10 @@ int64_t sl_jshape_int(const char *p, size_t n);
  * what every such cache needs once:
  *   - nslots slots; a new shape goes into an empty one, else into the
  *     least recently used (a hit or a learn is a use);
- *   - a learning gate: while fewer than gate_run misses came in a row, every
- *     miss may learn; past that, one miss in gate_every (a power of two),
- *     so a run of ever new texts costs a learn per gate_every texts, not
- *     one per text; a hit starts over;
+ *   - a learning gate: the first gate_run misses after a hit may all learn
+ *     (each that asks the gate); past that, one in gate_every (a power of
+ *     two), so a run of ever new texts costs a learn per gate_every texts,
+ *     not one per text; a hit starts over;
  *   - hits, misses and learns for the caller's metrics;
  *   - its slots freed at the thread's exit (one pthread key for all the
  *     caches of a thread).
@@ -141,7 +141,7 @@ typedef struct sl_jshape_cache {
     /* the cache's */
     sl_jshape_slot_t slot[SL_JSHAPE_CACHE_SLOTS];
     uint64_t tick;
-    unsigned run;  /* misses since the last hit (at most gate_run) */
+    unsigned run;  /* gate calls that said yes since the last hit, up to gate_run */
     unsigned skip; /* gate calls past the run */
     unsigned last; /* the slot of the last hit */
     bool listed;   /* on the thread's exit list */
@@ -162,20 +162,22 @@ static inline void sl_jshape_cache_hit(sl_jshape_cache_t *c, unsigned i)
     c->st.hits++;
 }
 
-/* No slot served the text. */
+/* No slot served the text (or none was tried: the gate said no). */
 static inline void sl_jshape_cache_miss(sl_jshape_cache_t *c)
 {
     c->st.misses++;
-    if (c->run < c->gate_run)
-        c->run++;
 }
 
-/* Whether the text now at hand, if it misses, is one to learn (or to try
- * at all): from the misses in a row before it, so asked before its own
- * sl_jshape_cache_miss. Each call past the run counts one in gate_every. */
+/* Whether a text that missed is one to learn (or, asked before, one to
+ * try at all): yes gate_run times after a hit, then once in gate_every
+ * calls. A caller asks once per text it could learn. */
 static inline bool sl_jshape_cache_gate(sl_jshape_cache_t *c)
 {
-    return c->run < c->gate_run || (++c->skip & (c->gate_every - 1)) == 0;
+    if (c->run < c->gate_run) {
+        c->run++;
+        return true;
+    }
+    return (++c->skip & (c->gate_every - 1)) == 0;
 }
 
 /* A slot for a new shape, its shape emptied (storage kept) and its data
