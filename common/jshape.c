@@ -259,6 +259,7 @@ int sl_jshape_cache_take(sl_jshape_cache_t *c)
     if (c->dsz && !s->data && !(s->data = calloc(1, c->dsz)))
         return -1;
     s->used = ++c->tick;
+    c->last = v;
     return (int)v;
 }
 

@@ -143,7 +143,7 @@ typedef struct sl_jshape_cache {
     uint64_t tick;
     unsigned run;  /* gate calls that said yes since the last hit, up to gate_run */
     unsigned skip; /* gate calls past the run */
-    unsigned last; /* the slot of the last hit */
+    unsigned last; /* the slot of the last hit or take: the newest stamp */
     bool listed;   /* on the thread's exit list */
     sl_jshape_cache_stats_t st;
 } sl_jshape_cache_t;
@@ -153,11 +153,14 @@ typedef struct sl_jshape_cache {
         .nslots = (n), .gate_run = (run), .gate_every = (every), .dsz = (datasz), .drop = (dropfn) \
     }
 
-/* Slot i served the text. */
+/* Slot i served the text. The last slot hit or taken holds the newest
+ * stamp already: a run of hits on one slot (a stream's events) stores none. */
 static inline void sl_jshape_cache_hit(sl_jshape_cache_t *c, unsigned i)
 {
-    c->slot[i].used = ++c->tick;
-    c->last = i;
+    if (i != c->last) {
+        c->slot[i].used = ++c->tick;
+        c->last = i;
+    }
     c->run = c->skip = 0;
     c->st.hits++;
 }
@@ -166,6 +169,13 @@ static inline void sl_jshape_cache_hit(sl_jshape_cache_t *c, unsigned i)
 static inline void sl_jshape_cache_miss(sl_jshape_cache_t *c)
 {
     c->st.misses++;
+}
+
+/* Whether the gate is open: fewer than gate_run yeses since the last hit
+ * (nothing counted: for a caller that asks before it tries). */
+static inline bool sl_jshape_cache_open(const sl_jshape_cache_t *c)
+{
+    return c->run < c->gate_run;
 }
 
 /* Whether a text that missed is one to learn (or, asked before, one to

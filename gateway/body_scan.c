@@ -1485,10 +1485,12 @@ void gw_body_scan_shapes_clear(void)
 }
 
 /* Whether this body is one to try (see GW_SHAPE_BACKOFF); one not tried
- * is counted a miss. */
+ * is counted a miss. While the gate is open nothing is counted here: a
+ * tried body that misses is (gw_shape_try), so a hit costs one compare. */
 static inline bool gw_shape_turn(unsigned flags)
 {
-    if ((flags & GW_SCAN_SHAPE_TEST) || sl_jshape_cache_gate(&gw_shapes))
+    if ((flags & GW_SCAN_SHAPE_TEST) || sl_jshape_cache_open(&gw_shapes) ||
+        sl_jshape_cache_gate(&gw_shapes))
         return true;
     sl_jshape_cache_miss(&gw_shapes);
     return false;
@@ -1658,6 +1660,8 @@ static bool gw_shape_try(gw_body_scan_t *s, unsigned key)
         return true;
     }
     sl_jshape_cache_miss(c);
+    if (sl_jshape_cache_open(c))
+        (void)sl_jshape_cache_gate(c); /* a yes: the learn that follows counts */
     return false;
 }
 

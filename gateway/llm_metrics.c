@@ -821,11 +821,13 @@ static void gw_llm_event_fast(gw_llm_eshape_t *k, const char *raw, size_t n, con
         sl_jshape_clear(&k->fast);
 }
 
-/* Whether raw has k's fast shape, or else k's shape sh (*content then
+/* Whether raw has slot s's fast shape, or else its shape (*content then
  * told). */
-static bool gw_llm_event_match(const sl_jshape_t *sh, gw_llm_eshape_t *k, const char *raw, size_t n,
-                               bool *content)
+static bool gw_llm_event_match(const sl_jshape_slot_t *s, const char *raw, size_t n, bool *content)
 {
+    gw_llm_eshape_t *k = s->data;
+    if (!k)
+        return false; /* never taken */
     sl_jspan_t sp[SL_JSHAPE_MAX_HOLES];
     bool c = k->content;
     if (!sl_jshape_empty(&k->fast) && sl_jshape_match(&k->fast, raw, n, sp)) {
@@ -833,7 +835,7 @@ static bool gw_llm_event_match(const sl_jshape_t *sh, gw_llm_eshape_t *k, const 
             c = sp[i].len > 0;
         k->fast_hits++;
         gw_llm_e_fast++;
-    } else if (sl_jshape_match(sh, raw, n, sp)) {
+    } else if (sl_jshape_match(&s->sh, raw, n, sp)) {
         for (uint64_t m = k->cmask; m && !c; m &= m - 1)
             c = sp[__builtin_ctzll(m)].len > 0;
         if (sl_jshape_empty(&k->fast) || k->fast_hits > 0 || ++k->fast_tries % 8 == 0)
@@ -852,8 +854,7 @@ bool gw_llm_event_keys(const char *raw, size_t n, bool *content)
         unsigned i = c->last + t; /* the last hit's first */
         if (i >= GW_LLM_ESHAPES)
             i -= GW_LLM_ESHAPES;
-        if (sl_jshape_empty(&c->slot[i].sh) ||
-            !gw_llm_event_match(&c->slot[i].sh, c->slot[i].data, raw, n, content))
+        if (!gw_llm_event_match(&c->slot[i], raw, n, content))
             continue;
         sl_jshape_cache_hit(c, i);
         return false;
