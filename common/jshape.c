@@ -40,6 +40,11 @@ static size_t jshape_str_end(const char *p, size_t i, size_t n)
     return n;
 }
 
+size_t sl_jshape_str_end(const char *p, size_t i, size_t n)
+{
+    return jshape_str_end(p, i, n);
+}
+
 /* The end of an escaped string's interior at p[i..n): its closing '"', or
  * the first byte that is no part of one as jshape.h allows it (a control
  * byte, a bad or surrogate escape), or n. */

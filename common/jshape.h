@@ -94,6 +94,11 @@ bool sl_jshape_match(const sl_jshape_t *sh, const char *p, size_t n, sl_jspan_t 
 bool sl_jshape_match_prefix(const sl_jshape_t *sh, const char *p, size_t n, sl_jspan_t *out,
                             size_t *used);
 
+/* The first byte of p[i..n) that is '"', '\' or a control byte (< 0x20),
+ * or n: where a string's interior without escapes ends (16 bytes at a time
+ * with SSE2). */
+size_t sl_jshape_str_end(const char *p, size_t i, size_t n);
+
 /* The value of an integer hole's bytes (as sl_jshape_match vouched for
  * them: no overflow). */
 int64_t sl_jshape_int(const char *p, size_t n);

@@ -753,10 +753,27 @@ static bool tpl_plain_string(const char *s, size_t n)
 {
     const unsigned char *u = (const unsigned char *)s;
     bool ascii = true;
-    for (size_t i = 0; i < n; i++) {
-        if (u[i] < 0x20 || u[i] == '"' || u[i] == '\\')
+    if (n >= 16) {
+        /* 16 bytes at a time (common/jshape.c, SSE2), then ASCII 8 at a time:
+         * below 16 the call and the second pass cost more than they save */
+        if (sl_jshape_str_end(s, 0, n) != n)
             return false;
-        ascii = ascii && u[i] < 0x80;
+        uint64_t hi = 0;
+        size_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            uint64_t w;
+            memcpy(&w, s + i, 8);
+            hi |= w;
+        }
+        for (; i < n; i++)
+            hi |= u[i];
+        ascii = !(hi & 0x8080808080808080u);
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            if (u[i] < 0x20 || u[i] == '"' || u[i] == '\\')
+                return false;
+            ascii = ascii && u[i] < 0x80;
+        }
     }
     return ascii || flt_utf8_valid(s, n);
 }
