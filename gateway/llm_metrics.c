@@ -835,7 +835,7 @@ static bool gw_llm_event_match(const sl_jshape_slot_t *s, const char *raw, size_
             c = sp[i].len > 0;
         k->fast_hits++;
         gw_llm_e_fast++;
-    } else if (sl_jshape_match(&s->sh, raw, n, sp)) {
+    } else if (!sl_jshape_empty(&s->sh) && sl_jshape_match(&s->sh, raw, n, sp)) {
         for (uint64_t m = k->cmask; m && !c; m &= m - 1)
             c = sp[__builtin_ctzll(m)].len > 0;
         if (sl_jshape_empty(&k->fast) || k->fast_hits > 0 || ++k->fast_tries % 8 == 0)
