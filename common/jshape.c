@@ -5,7 +5,6 @@
  * time with SSE2), and only a '"' ends it well.
  */
 #include <ctype.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -206,41 +205,18 @@ int64_t sl_jshape_int(const char *p, size_t n)
 
 /* ---- a thread's cache of shapes ---------------------------------------------- */
 
-typedef struct sl_jshape_caches {
-    sl_jshape_cache_t *c[SL_JSHAPE_CACHES];
-    size_t n;
-} sl_jshape_caches_t;
-
-static _Thread_local sl_jshape_caches_t sl_jshape_caches_tls;
-static pthread_key_t sl_jshape_caches_key;
-static pthread_once_t sl_jshape_caches_once = PTHREAD_ONCE_INIT;
-static bool sl_jshape_caches_key_ok;
-
-static void sl_jshape_caches_exit(void *p)
+static void sl_jshape_cache_exit(void *p)
 {
-    sl_jshape_caches_t *l = p;
-    for (size_t i = 0; i < l->n; i++) {
-        sl_jshape_cache_clear(l->c[i]);
-        l->c[i]->listed = false;
-    }
-    l->n = 0;
-}
-
-static void sl_jshape_caches_init(void)
-{
-    sl_jshape_caches_key_ok = pthread_key_create(&sl_jshape_caches_key, sl_jshape_caches_exit) == 0;
+    sl_jshape_cache_t *c = p;
+    sl_jshape_cache_clear(c);
+    c->listed = false;
 }
 
 /* c on the thread's exit list; -1: it cannot be. */
 static int sl_jshape_cache_list(sl_jshape_cache_t *c)
 {
-    sl_jshape_caches_t *l = &sl_jshape_caches_tls;
-    pthread_once(&sl_jshape_caches_once, sl_jshape_caches_init);
-    if (!sl_jshape_caches_key_ok || l->n == SL_JSHAPE_CACHES)
+    if (sl_thread_at_exit(sl_jshape_cache_exit, c) != 0)
         return -1;
-    if (l->n == 0 && pthread_setspecific(sl_jshape_caches_key, l) != 0)
-        return -1;
-    l->c[l->n++] = c;
     c->listed = true;
     return 0;
 }

@@ -115,8 +115,8 @@ int64_t sl_jshape_int(const char *p, size_t n);
  *     two), so a run of ever new texts costs a learn per gate_every texts,
  *     not one per text; a hit starts over;
  *   - hits, misses and learns for the caller's metrics;
- *   - its slots freed at the thread's exit (one pthread key for all the
- *     caches of a thread).
+ *   - its slots freed at the thread's exit (sl_thread_at_exit, common/sl.h:
+ *     one pthread key for all that a thread keeps).
  * The caller tries its slots itself (its match: a key, a prefix, a second
  * shape), then tells a hit (sl_jshape_cache_hit) or a miss
  * (sl_jshape_cache_miss); it asks sl_jshape_cache_gate whether to learn
@@ -124,7 +124,6 @@ int64_t sl_jshape_int(const char *p, size_t n);
  * sl_jshape_cache_take then sl_jshape_cache_set. Not thread-safe: one per
  * thread (_Thread_local), initialised with SL_JSHAPE_CACHE_INIT. */
 #define SL_JSHAPE_CACHE_SLOTS 8 /* most slots a cache has */
-#define SL_JSHAPE_CACHES      8 /* most caches a thread frees at its exit */
 
 typedef struct sl_jshape_slot {
     sl_jshape_t sh; /* empty: a slot to take first */
