@@ -39,6 +39,11 @@ static size_t jshape_str_end(const char *p, size_t i, size_t n)
     return n;
 }
 
+size_t sl_jshape_str_end(const char *p, size_t i, size_t n)
+{
+    return jshape_str_end(p, i, n);
+}
+
 /* The value of 4 hex digits at p, or -1. */
 static int jshape_hex4(const char *p)
 {
@@ -249,4 +254,70 @@ int64_t sl_jshape_int(const char *p, size_t n)
     for (; i < n; i++)
         v = v * 10 + (p[i] - '0');
     return neg ? -v : v;
+}
+
+/* ---- a thread's cache of shapes ---------------------------------------------- */
+
+static void sl_jshape_cache_exit(void *p)
+{
+    sl_jshape_cache_t *c = p;
+    sl_jshape_cache_clear(c);
+    c->listed = false;
+}
+
+/* c on the thread's exit list; -1: it cannot be. */
+static int sl_jshape_cache_list(sl_jshape_cache_t *c)
+{
+    if (sl_thread_at_exit(sl_jshape_cache_exit, c) != 0)
+        return -1;
+    c->listed = true;
+    return 0;
+}
+
+int sl_jshape_cache_take(sl_jshape_cache_t *c)
+{
+    if (!c->listed && sl_jshape_cache_list(c) != 0)
+        return -1;
+    unsigned v = 0;
+    for (unsigned i = 0; i < c->nslots; i++) {
+        if (sl_jshape_empty(&c->slot[i].sh)) {
+            v = i;
+            break;
+        }
+        if (c->slot[i].used < c->slot[v].used)
+            v = i;
+    }
+    sl_jshape_slot_t *s = &c->slot[v];
+    s->sh.len = 0; /* matches nothing until set */
+    s->sh.nholes = 0;
+    if (c->dsz && !s->data && !(s->data = calloc(1, c->dsz)))
+        return -1;
+    s->used = ++c->tick;
+    c->last = v;
+    return (int)v;
+}
+
+int sl_jshape_cache_set(sl_jshape_cache_t *c, unsigned i, const char *p, size_t n,
+                        const sl_jspan_t *holes, const uint8_t *kinds, size_t nholes)
+{
+    int rc = sl_jshape_set(&c->slot[i].sh, p, n, holes, kinds, nholes);
+    if (rc == 0)
+        c->st.learns++;
+    return rc;
+}
+
+void sl_jshape_cache_clear(sl_jshape_cache_t *c)
+{
+    for (unsigned i = 0; i < SL_JSHAPE_CACHE_SLOTS; i++) {
+        sl_jshape_slot_t *s = &c->slot[i];
+        sl_jshape_clear(&s->sh);
+        if (s->data && c->drop)
+            c->drop(s->data);
+        free(s->data);
+        s->data = NULL;
+        s->used = 0;
+    }
+    c->tick = 0;
+    c->run = c->skip = c->last = 0;
+    memset(&c->st, 0, sizeof(c->st));
 }

@@ -105,8 +105,119 @@ _Static_assert(SL_JSHAPE_MAX_HOLES <= 64, "sl_jshape_match_esc: a bit a hole");
 bool sl_jshape_match_prefix(const sl_jshape_t *sh, const char *p, size_t n, sl_jspan_t *out,
                             size_t *used);
 
+/* The first byte of p[i..n) that is '"', '\' or a control byte (< 0x20),
+ * or n: where a string's interior without escapes ends (16 bytes at a time
+ * with SSE2). */
+size_t sl_jshape_str_end(const char *p, size_t i, size_t n);
+
 /* The value of an integer hole's bytes (as sl_jshape_match vouched for
  * them: no overflow). */
 int64_t sl_jshape_int(const char *p, size_t n);
+
+/* ---- a thread's cache of shapes ----------------------------------------------
+ *
+ * A few shapes a thread keeps for one kind of text, each in a slot beside
+ * what its caller keeps with it (the result the shape stands for), with
+ * what every such cache needs once:
+ *   - nslots slots; a new shape goes into an empty one, else into the
+ *     least recently used (a hit or a learn is a use);
+ *   - a learning gate: the first gate_run misses after a hit may all learn
+ *     (each that asks the gate); past that, one in gate_every (a power of
+ *     two), so a run of ever new texts costs a learn per gate_every texts,
+ *     not one per text; a hit starts over;
+ *   - hits, misses and learns for the caller's metrics;
+ *   - its slots freed at the thread's exit (sl_thread_at_exit, common/sl.h:
+ *     one pthread key for all that a thread keeps).
+ * The caller tries its slots itself (its match: a key, a prefix, a second
+ * shape), then tells a hit (sl_jshape_cache_hit) or a miss
+ * (sl_jshape_cache_miss); it asks sl_jshape_cache_gate whether to learn
+ * (or, to save the tries too, whether to try at all) and learns with
+ * sl_jshape_cache_take then sl_jshape_cache_set. Not thread-safe: one per
+ * thread (_Thread_local), initialised with SL_JSHAPE_CACHE_INIT. */
+#define SL_JSHAPE_CACHE_SLOTS 8 /* most slots a cache has */
+
+typedef struct sl_jshape_slot {
+    sl_jshape_t sh; /* empty: a slot to take first */
+    uint64_t used;  /* the cache's tick at the slot's last hit or take */
+    void *data;     /* the caller's: dsz bytes, zeroed when first taken (owned) */
+} sl_jshape_slot_t;
+
+typedef struct sl_jshape_cache_stats {
+    uint64_t hits, misses, learns;
+} sl_jshape_cache_stats_t;
+
+typedef struct sl_jshape_cache {
+    /* the caller's, set once (SL_JSHAPE_CACHE_INIT) */
+    unsigned nslots;          /* 1 .. SL_JSHAPE_CACHE_SLOTS */
+    unsigned gate_run;        /* misses in a row that all may learn */
+    unsigned gate_every;      /* then one in this many (a power of two) */
+    size_t dsz;               /* a slot's data (0: none) */
+    void (*drop)(void *data); /* frees what a slot's data owns (NULL: nothing) */
+    /* the cache's */
+    sl_jshape_slot_t slot[SL_JSHAPE_CACHE_SLOTS];
+    uint64_t tick;
+    unsigned run;  /* gate calls that said yes since the last hit, up to gate_run */
+    unsigned skip; /* gate calls past the run */
+    unsigned last; /* the slot of the last hit or take: the newest stamp */
+    bool listed;   /* on the thread's exit list */
+    sl_jshape_cache_stats_t st;
+} sl_jshape_cache_t;
+
+#define SL_JSHAPE_CACHE_INIT(n, run, every, datasz, dropfn)                                        \
+    {                                                                                              \
+        .nslots = (n), .gate_run = (run), .gate_every = (every), .dsz = (datasz), .drop = (dropfn) \
+    }
+
+/* Slot i served the text. The last slot hit or taken holds the newest
+ * stamp already: a run of hits on one slot (a stream's events) stores none. */
+static inline void sl_jshape_cache_hit(sl_jshape_cache_t *c, unsigned i)
+{
+    if (i != c->last) {
+        c->slot[i].used = ++c->tick;
+        c->last = i;
+    }
+    c->run = c->skip = 0;
+    c->st.hits++;
+}
+
+/* No slot served the text (or none was tried: the gate said no). */
+static inline void sl_jshape_cache_miss(sl_jshape_cache_t *c)
+{
+    c->st.misses++;
+}
+
+/* Whether the gate is open: fewer than gate_run yeses since the last hit
+ * (nothing counted: for a caller that asks before it tries). */
+static inline bool sl_jshape_cache_open(const sl_jshape_cache_t *c)
+{
+    return c->run < c->gate_run;
+}
+
+/* Whether a text that missed is one to learn (or, asked before, one to
+ * try at all): yes gate_run times after a hit, then once in gate_every
+ * calls. A caller asks once per text it could learn. */
+static inline bool sl_jshape_cache_gate(sl_jshape_cache_t *c)
+{
+    if (c->run < c->gate_run) {
+        c->run++;
+        return true;
+    }
+    return (++c->skip & (c->gate_every - 1)) == 0;
+}
+
+/* A slot for a new shape, its shape emptied (storage kept) and its data
+ * there (zeroed the first time; else as the last shape left it): the index,
+ * or -1 (out of memory, or the slot could not be freed at thread exit).
+ * The caller fills the data, then sl_jshape_cache_set; a slot left empty
+ * matches nothing. */
+int sl_jshape_cache_take(sl_jshape_cache_t *c) SL_WUR;
+
+/* sl_jshape_set on slot i's shape (a learn when 0). */
+int sl_jshape_cache_set(sl_jshape_cache_t *c, unsigned i, const char *p, size_t n,
+                        const sl_jspan_t *holes, const uint8_t *kinds, size_t nholes) SL_WUR;
+
+/* Frees every slot (drop, then the data) and starts the cache over:
+ * the gate, the tick and the counters (tests; the thread's exit). */
+void sl_jshape_cache_clear(sl_jshape_cache_t *c);
 
 #endif

@@ -5,6 +5,8 @@
 #include "common/sl.h"
 
 #include <openssl/crypto.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -164,4 +166,46 @@ void sl_buf_free(sl_buf_t *b)
     free(b->p);
     b->p = NULL;
     b->len = b->cap = 0;
+}
+
+/* ---- thread exit -------------------------------------------------------------- */
+
+typedef struct sl_texits {
+    struct {
+        void (*fn)(void *);
+        void *arg;
+    } e[SL_THREAD_EXITS];
+    size_t n;
+} sl_texits_t;
+
+static _Thread_local sl_texits_t sl_texits;
+static pthread_key_t sl_texit_key;
+static pthread_once_t sl_texit_once = PTHREAD_ONCE_INIT;
+static bool sl_texit_key_ok;
+
+static void sl_texit_run(void *p)
+{
+    sl_texits_t *l = p;
+    for (size_t i = 0; i < l->n; i++)
+        l->e[i].fn(l->e[i].arg);
+    l->n = 0;
+}
+
+static void sl_texit_init(void)
+{
+    sl_texit_key_ok = pthread_key_create(&sl_texit_key, sl_texit_run) == 0;
+}
+
+int sl_thread_at_exit(void (*fn)(void *), void *arg)
+{
+    sl_texits_t *l = &sl_texits;
+    pthread_once(&sl_texit_once, sl_texit_init);
+    if (!sl_texit_key_ok || l->n == SL_THREAD_EXITS)
+        return -1;
+    if (l->n == 0 && pthread_setspecific(sl_texit_key, l) != 0)
+        return -1;
+    l->e[l->n].fn = fn;
+    l->e[l->n].arg = arg;
+    l->n++;
+    return 0;
 }

@@ -89,4 +89,12 @@ typedef struct sl_buf {
 int sl_buf_add(sl_buf_t *b, const void *s, size_t n) SL_WUR;
 void sl_buf_free(sl_buf_t *b);
 
+/* Calls fn(arg) when the calling thread exits (one pthread key's
+ * destructor for all of them, in the order added): what a thread keeps in
+ * _Thread_local storage (kept parser handles, shape caches) freed with it.
+ * fn must not add. At most SL_THREAD_EXITS a thread; -1 when full (or no
+ * key): the caller then keeps nothing it would leak. */
+#define SL_THREAD_EXITS 16
+int sl_thread_at_exit(void (*fn)(void *), void *arg) SL_WUR;
+
 #endif

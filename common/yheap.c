@@ -5,10 +5,11 @@
  */
 #include "common/yheap.h"
 
-#include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "common/sl.h"
 
 #define SL_YHEAP_HDR 16
 
@@ -61,42 +62,21 @@ yajl_alloc_funcs sl_yheap_funcs(sl_yheap_t *h)
 
 /* ---- kept handles ------------------------------------------------------------ */
 
-typedef struct sl_ykeep_list {
-    sl_ykeep_t *box[SL_YKEEP_MAX];
-    size_t n;
-} sl_ykeep_list_t;
-
-static _Thread_local sl_ykeep_list_t sl_ykeep_tls;
-static pthread_key_t sl_ykeep_key;
-static pthread_once_t sl_ykeep_once = PTHREAD_ONCE_INIT;
-static bool sl_ykeep_key_ok;
-
 static void sl_ykeep_exit(void *p)
 {
-    sl_ykeep_list_t *l = p;
-    for (size_t i = 0; i < l->n; i++) {
-        if (l->box[i]->h) {
-            yajl_free(l->box[i]->h);
-            l->box[i]->h = NULL;
-        }
+    sl_ykeep_t *k = p;
+    if (k->h) {
+        yajl_free(k->h);
+        k->h = NULL;
     }
-}
-
-static void sl_ykeep_init(void)
-{
-    sl_ykeep_key_ok = pthread_key_create(&sl_ykeep_key, sl_ykeep_exit) == 0;
+    k->listed = false;
 }
 
 /* The box on the thread's exit list (once); false: it cannot be. */
 static bool sl_ykeep_list(sl_ykeep_t *k)
 {
-    sl_ykeep_list_t *l = &sl_ykeep_tls;
-    pthread_once(&sl_ykeep_once, sl_ykeep_init);
-    if (!sl_ykeep_key_ok || l->n == SL_YKEEP_MAX)
+    if (sl_thread_at_exit(sl_ykeep_exit, k) != 0)
         return false;
-    if (l->n == 0 && pthread_setspecific(sl_ykeep_key, l) != 0)
-        return false;
-    l->box[l->n++] = k;
     k->listed = true;
     return true;
 }

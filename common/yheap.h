@@ -38,10 +38,8 @@ yajl_alloc_funcs sl_yheap_funcs(sl_yheap_t *h);
  *
  * One static _Thread_local sl_ykeep_t per parser (per callback set); its
  * callbacks get the box as ctx and find their parse in box->cur. The
- * handles go at thread exit (a pthread key), at most SL_YKEEP_MAX boxes a
- * thread.
+ * handles go at thread exit (sl_thread_at_exit, common/sl.h).
  */
-#define SL_YKEEP_MAX 4
 
 typedef struct sl_ykeep {
     yajl_handle h; /* idle, or NULL (in use, or none yet) */

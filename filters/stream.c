@@ -20,8 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <pthread.h>
-
 #include <yajl/yajl_parse.h>
 
 #include "common/jshape.h"
@@ -756,10 +754,27 @@ static bool tpl_plain_string(const char *s, size_t n)
 {
     const unsigned char *u = (const unsigned char *)s;
     bool ascii = true;
-    for (size_t i = 0; i < n; i++) {
-        if (u[i] < 0x20 || u[i] == '"' || u[i] == '\\')
+    if (n >= 16) {
+        /* 16 bytes at a time (common/jshape.c, SSE2), then ASCII 8 at a time:
+         * below 16 the call and the second pass cost more than they save */
+        if (sl_jshape_str_end(s, 0, n) != n)
             return false;
-        ascii = ascii && u[i] < 0x80;
+        uint64_t hi = 0;
+        size_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            uint64_t w;
+            memcpy(&w, s + i, 8);
+            hi |= w;
+        }
+        for (; i < n; i++)
+            hi |= u[i];
+        ascii = !(hi & 0x8080808080808080u);
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            if (u[i] < 0x20 || u[i] == '"' || u[i] == '\\')
+                return false;
+            ascii = ascii && u[i] < 0x80;
+        }
     }
     return ascii || flt_utf8_valid(s, n);
 }
@@ -865,21 +880,13 @@ size_t flt_stream_template_hits(const flt_stream_t *st)
 #define FLT_SHAPES      4
 #define FLT_SHAPE_HOLES (FLT_ROOT_HOLES + 1)
 
+/* What a slot of the thread's cache keeps beside its shape. */
 typedef struct flt_shape {
-    sl_jshape_t sh;
     flt_evc_t evc; /* choices[0] as read, when nevc */
     size_t nevc;   /* 0 or 1 */
     int text;      /* the hole of evc's text, -1 none */
     bool usage;
-    bool used; /* hit since the clock hand last passed (stream_shape_keep) */
 } flt_shape_t;
-
-typedef struct flt_shapes {
-    flt_shape_t s[FLT_SHAPES];
-    unsigned hand;
-    unsigned streak; /* events kept since the last hit (FLT_SHAPE_STREAK) */
-    bool listed;     /* freed at thread exit (flt_shapes_key) */
-} flt_shapes_t;
 
 /* Past this many events kept without a hit in between, the thread's events
  * are new shapes each time (a value outside the holes that changes per
@@ -887,37 +894,23 @@ typedef struct flt_shapes {
  * that a miss costs little more than today's parse. A hit starts over. */
 #define FLT_SHAPE_STREAK 16
 
-static _Thread_local flt_shapes_t flt_shapes;
-static pthread_key_t flt_shapes_key;
-static pthread_once_t flt_shapes_once = PTHREAD_ONCE_INIT;
-static bool flt_shapes_key_ok;
-
-static void stream_shapes_free(void *arg)
-{
-    flt_shapes_t *t = arg;
-    for (size_t i = 0; i < FLT_SHAPES; i++)
-        sl_jshape_clear(&t->s[i].sh);
-    t->hand = t->streak = 0;
-    t->listed = false;
-}
-
-static void stream_shapes_init(void)
-{
-    flt_shapes_key_ok = pthread_key_create(&flt_shapes_key, stream_shapes_free) == 0;
-}
+/* The thread's shapes (common/jshape.h): empty slots, then the least
+ * recently used; the gate as above; freed at thread exit. */
+static _Thread_local sl_jshape_cache_t flt_shapes =
+    SL_JSHAPE_CACHE_INIT(FLT_SHAPES, FLT_SHAPE_STREAK, FLT_SHAPE_STREAK, sizeof(flt_shape_t), NULL);
 
 void flt_stream_shapes_clear(void)
 {
-    stream_shapes_free(&flt_shapes);
+    sl_jshape_cache_clear(&flt_shapes);
 }
 
 /* Whether every string hole of shape s is UTF-8 as yajl takes it: an event
  * it would refuse must go to the whole parse (and fail closed there).
  * flt_utf8_valid is the stricter check, so a yes here is a yes for yajl. */
-static bool stream_shape_utf8(const char *data, const flt_shape_t *s, const sl_jspan_t *sp)
+static bool stream_shape_utf8(const char *data, const sl_jshape_t *sh, const sl_jspan_t *sp)
 {
-    for (size_t i = 0; i < s->sh.nholes; i++) {
-        if (s->sh.kind[i] != SL_JHOLE_STR)
+    for (size_t i = 0; i < sh->nholes; i++) {
+        if (sh->kind[i] != SL_JHOLE_STR)
             continue;
         const unsigned char *u = (const unsigned char *)data + sp[i].off;
         size_t j = 0;
@@ -943,13 +936,15 @@ static bool stream_shape_match(flt_stream_t *st, const char *data, size_t n, boo
     sl_jspan_t sp[FLT_SHAPE_HOLES];
     if (st->tpl_off)
         return false;
-    for (size_t i = 0; i < FLT_SHAPES; i++) {
-        flt_shape_t *s = &flt_shapes.s[i];
-        if (sl_jshape_empty(&s->sh) || !stream_shape_tail(&s->sh, data, n) ||
-            !sl_jshape_match(&s->sh, data, n, sp))
+    sl_jshape_cache_t *c = &flt_shapes;
+    for (unsigned i = 0; i < FLT_SHAPES; i++) {
+        const sl_jshape_t *sh = &c->slot[i].sh;
+        if (sl_jshape_empty(sh) || !stream_shape_tail(sh, data, n) ||
+            !sl_jshape_match(sh, data, n, sp))
             continue;
-        if (!stream_shape_utf8(data, s, sp))
-            return false;
+        const flt_shape_t *s = c->slot[i].data;
+        if (!stream_shape_utf8(data, sh, sp))
+            break;
         if (s->nevc && st->evcap == 0) {
             st->evc = malloc(4 * sizeof *st->evc);
             if (!st->evc)
@@ -965,23 +960,21 @@ static bool stream_shape_match(flt_stream_t *st, const char *data, size_t n, boo
             }
         }
         *usage = s->usage;
-        s->used = true;
-        flt_shapes.streak = 0;
+        sl_jshape_cache_hit(c, i);
         st->shape_hits++;
         return true;
     }
+    sl_jshape_cache_miss(c);
     return false;
 }
 
 /* After a whole parse: the event becomes one of the thread's shapes if it
  * has at most one choice, without logprobs (their span would need the
  * parse) and without usage (its counts differ in every stream), and if its
- * text is a string without escapes. A slot goes round the clock: one hit
- * since the hand's last pass keeps it one more turn. */
+ * text is a string without escapes. */
 static void stream_shape_keep(flt_stream_t *st, const char *data, size_t n, bool usage,
                               const flt_roots_t *roots)
 {
-    flt_shapes.streak++;
     if (st->tpl_off || usage || st->nevc > 1 || n > FLT_TPL_MAX)
         return;
     sl_jspan_t h[FLT_SHAPE_HOLES];
@@ -1007,27 +1000,17 @@ static void stream_shape_keep(flt_stream_t *st, const char *data, size_t n, bool
         nh++;
         text = (int)at;
     }
-    flt_shapes_t *t = &flt_shapes;
-    if (!t->listed) {
-        pthread_once(&flt_shapes_once, stream_shapes_init);
-        if (!flt_shapes_key_ok || pthread_setspecific(flt_shapes_key, t) != 0)
-            return;
-        t->listed = true;
-    }
-    flt_shape_t *s = &t->s[t->hand];
-    while (s->used) {
-        s->used = false;
-        t->hand = (t->hand + 1) % FLT_SHAPES;
-        s = &t->s[t->hand];
-    }
-    t->hand = (t->hand + 1) % FLT_SHAPES;
-    if (sl_jshape_set(&s->sh, data, n, h, k, nh) != 0)
-        return; /* only a cost: the slot is empty */
+    int i = sl_jshape_cache_take(&flt_shapes);
+    if (i < 0)
+        return;
+    flt_shape_t *s = flt_shapes.slot[i].data;
     s->nevc = st->nevc;
     if (e)
         s->evc = *e;
     s->text = text;
     s->usage = usage;
+    if (sl_jshape_cache_set(&flt_shapes, (unsigned)i, data, n, h, k, nh) != 0)
+        return; /* only a cost: the slot is empty */
 }
 
 size_t flt_stream_shape_hits(const flt_stream_t *st)
@@ -1062,15 +1045,12 @@ static __attribute__((noinline)) int stream_parse_miss(flt_stream_t *st, const c
     }
     flt_roots_t roots;
     roots.n = 0;
-    unsigned streak = flt_shapes.streak;
-    bool keep = !st->tpl_off && (streak < FLT_SHAPE_STREAK || streak % FLT_SHAPE_STREAK == 0);
+    bool keep = !st->tpl_off && sl_jshape_cache_gate(&flt_shapes);
     int rc = stream_parse_whole(st, data, n, usage, keep ? &roots : NULL);
     if (rc == 0) {
         stream_tpl_keep(st, data, n, *usage);
         if (keep)
             stream_shape_keep(st, data, n, *usage, &roots);
-        else
-            flt_shapes.streak++;
     } else {
         st->tpl_ok = false;
     }

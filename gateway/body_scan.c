@@ -1462,7 +1462,8 @@ static gw_scan_rc_t gw_body_scan_run(gw_body_scan_t *s, const char *base, size_t
  * as the parse decodes it (gw_shape_decode); one without is the body's
  * bytes. The byte pass and the UTF-8 check ran before the shapes, on every
  * body. A body that matches no kept shape costs the compares that failed,
- * then the parse, then its shape kept in place of the least recently used. */
+ * then the parse, then its shape kept in place of the least recently used (the thread's
+ * sl_jshape_cache_t, common/jshape.h). */
 
 /* Shapes a thread keeps, and the most messages and parts one may hold. */
 #define GW_SHAPE_SLOTS 4
@@ -1490,10 +1491,9 @@ static const size_t gw_shape_facts[] = {
 #define GW_SHAPE_NFACTS     (sizeof(gw_shape_facts) / sizeof(gw_shape_facts[0]))
 #define GW_SHAPE_FACT(s, i) ((gw_jfact_t *)(void *)((char *)(s) + gw_shape_facts[i]))
 
+/* A slot's data beside its shape (sl_jshape_cache_t). */
 typedef struct gw_shape {
-    sl_jshape_t sh;
     unsigned key; /* the flags the result depends on (GW_SCAN_MSGS) */
-    uint64_t used;
     /* the result over the shape's text, offsets and text pointers encoded
      * (GW_SHAPE_X) */
     gw_jfact_t fact[GW_SHAPE_NFACTS];
@@ -1506,61 +1506,31 @@ typedef struct gw_shape {
     sl_chat_part_t parts[GW_SHAPE_PARTS];
 } gw_shape_t;
 
-typedef struct gw_shapes {
-    gw_shape_t *e[GW_SHAPE_SLOTS];
-    uint64_t tick;
-    gw_shape_stats_t st;
-    unsigned streak; /* misses in a row */
-    unsigned skip;   /* bodies since the last one tried, while backing off */
-    bool listed;     /* the thread-exit key holds it */
-} gw_shapes_t;
-
-static _Thread_local gw_shapes_t gw_shapes;
-static pthread_key_t gw_shapes_key;
-static pthread_once_t gw_shapes_once = PTHREAD_ONCE_INIT;
-static bool gw_shapes_key_ok;
-
-static void gw_shapes_free(gw_shapes_t *c)
-{
-    for (size_t i = 0; i < GW_SHAPE_SLOTS; i++) {
-        if (c->e[i])
-            sl_jshape_clear(&c->e[i]->sh);
-        free(c->e[i]);
-        c->e[i] = NULL;
-    }
-}
-
-static void gw_shapes_exit(void *p)
-{
-    gw_shapes_free(p);
-}
-
-static void gw_shapes_init(void)
-{
-    gw_shapes_key_ok = pthread_key_create(&gw_shapes_key, gw_shapes_exit) == 0;
-}
+/* The thread's shapes: the gate backs off after GW_SHAPE_BACKOFF misses in
+ * a row to one body in GW_SHAPE_BACKOFF (gw_shape_turn). */
+static _Thread_local sl_jshape_cache_t gw_shapes = SL_JSHAPE_CACHE_INIT(
+    GW_SHAPE_SLOTS, GW_SHAPE_BACKOFF, GW_SHAPE_BACKOFF, sizeof(gw_shape_t), NULL);
 
 void gw_body_scan_shapes_clear(void)
 {
-    gw_shapes_free(&gw_shapes);
-    gw_shapes.streak = gw_shapes.skip = 0;
+    sl_jshape_cache_clear(&gw_shapes);
 }
 
 /* Whether this body is one to try (see GW_SHAPE_BACKOFF); one not tried
- * is counted a miss. */
+ * is counted a miss. While the gate is open nothing is counted here: a
+ * tried body that misses is (gw_shape_try), so a hit costs one compare. */
 static inline bool gw_shape_turn(unsigned flags)
 {
-    gw_shapes_t *c = &gw_shapes;
-    if (c->streak < GW_SHAPE_BACKOFF || (flags & GW_SCAN_SHAPE_TEST) ||
-        ++c->skip % GW_SHAPE_BACKOFF == 0)
+    if ((flags & GW_SCAN_SHAPE_TEST) || sl_jshape_cache_open(&gw_shapes) ||
+        sl_jshape_cache_gate(&gw_shapes))
         return true;
-    c->st.misses++;
+    sl_jshape_cache_miss(&gw_shapes);
     return false;
 }
 
 gw_shape_stats_t gw_body_scan_shape_stats(void)
 {
-    return gw_shapes.st;
+    return (gw_shape_stats_t){.hits = gw_shapes.st.hits, .misses = gw_shapes.st.misses};
 }
 
 /* Offsets in a kept result are encoded with what a hit needs to move them:
@@ -1855,9 +1825,10 @@ static inline void gw_shape_fact_load(const gw_shape_map_t *m, gw_jfact_t *f)
         gw_shape_text_load(m, &f->s);
 }
 
-/* The kept result e into s, moved to the new body's hole spans nw (esc:
- * those with an escape). -1: out of memory (or a decode that failed). */
-static int gw_shape_load(gw_body_scan_t *s, const gw_shape_t *e, const sl_jspan_t *nw, uint64_t esc)
+/* The kept result e (shape sh) into s, moved to the new body's hole spans nw
+ * (esc: those with an escape). -1: out of memory (or a decode that failed). */
+static int gw_shape_load(gw_body_scan_t *s, const sl_jshape_t *sh, const gw_shape_t *e,
+                         const sl_jspan_t *nw, uint64_t esc)
 {
     while (s->msgs_cap < e->nmsgs)
         if (gw_grow((void **)&s->msgs, &s->msgs_cap, s->msgs0, GW_SCAN_INLINE_MSGS,
@@ -1873,9 +1844,9 @@ static int gw_shape_load(gw_body_scan_t *s, const gw_shape_t *e, const sl_jspan_
     m.nw = nw;
     m.esc = esc;
     m.mv[0] = 0;
-    for (size_t k = 0; k < e->sh.nholes; k++)
+    for (size_t k = 0; k < sh->nholes; k++)
         m.mv[k + 1] =
-            (ptrdiff_t)(nw[k].off + nw[k].len) - (ptrdiff_t)(e->sh.hole[k].off + e->sh.hole[k].len);
+            (ptrdiff_t)(nw[k].off + nw[k].len) - (ptrdiff_t)(sh->hole[k].off + sh->hole[k].len);
     for (size_t j = 0; j < e->npresent; j++) {
         size_t i = e->present[j];
         gw_jfact_t *f = GW_SHAPE_FACT(s, i);
@@ -1910,14 +1881,16 @@ static int gw_shape_load(gw_body_scan_t *s, const gw_shape_t *e, const sl_jspan_
 /* s's body answered from a kept shape: true, s filled as the parse would. */
 static bool gw_shape_try(gw_body_scan_t *s, unsigned key)
 {
-    gw_shapes_t *c = &gw_shapes;
+    sl_jshape_cache_t *c = &gw_shapes;
     sl_jspan_t nw[SL_JSHAPE_MAX_HOLES];
     uint64_t esc;
-    for (size_t i = 0; i < GW_SHAPE_SLOTS; i++) {
-        gw_shape_t *e = c->e[i];
-        if (!e || e->key != key || !sl_jshape_match_esc(&e->sh, s->body, s->len, nw, &esc))
+    for (unsigned i = 0; i < GW_SHAPE_SLOTS; i++) {
+        const sl_jshape_t *sh = &c->slot[i].sh;
+        const gw_shape_t *e = c->slot[i].data;
+        if (sl_jshape_empty(sh) || e->key != key ||
+            !sl_jshape_match_esc(sh, s->body, s->len, nw, &esc))
             continue;
-        if (gw_shape_load(s, e, nw, esc) != 0) {
+        if (gw_shape_load(s, sh, e, nw, esc) != 0) {
             const char *body = s->body;
             size_t len = s->len;
             gw_body_scan_reset(s); /* the parse decides (and runs out too) */
@@ -1925,13 +1898,12 @@ static bool gw_shape_try(gw_body_scan_t *s, unsigned key)
             s->len = len;
             return false;
         }
-        e->used = ++c->tick;
-        c->st.hits++;
-        c->streak = 0;
+        sl_jshape_cache_hit(c, i);
         return true;
     }
-    c->st.misses++;
-    c->streak++;
+    sl_jshape_cache_miss(c);
+    if (sl_jshape_cache_open(c))
+        (void)sl_jshape_cache_gate(c); /* a yes: the learn that follows counts */
     return false;
 }
 
@@ -1953,31 +1925,6 @@ static size_t gw_shape_holes(const gw_shape_rec_t *rec, sl_jspan_t *hole, uint8_
     return n;
 }
 
-/* The thread's slot for a new shape: an empty one, else the least recently
- * used. NULL: out of memory. */
-static gw_shape_t *gw_shape_slot(gw_shapes_t *c)
-{
-    size_t v = 0;
-    for (size_t i = 0; i < GW_SHAPE_SLOTS; i++) {
-        if (!c->e[i]) {
-            v = i;
-            break;
-        }
-        if (c->e[i]->used < c->e[v]->used)
-            v = i;
-    }
-    if (!c->e[v]) {
-        if (!c->listed) {
-            pthread_once(&gw_shapes_once, gw_shapes_init);
-            if (!gw_shapes_key_ok || pthread_setspecific(gw_shapes_key, c) != 0)
-                return NULL; /* it could not be freed at thread exit */
-            c->listed = true;
-        }
-        c->e[v] = calloc(1, sizeof(*c->e[v]));
-    }
-    return c->e[v];
-}
-
 /* s's result (a parse on the normal path that said OK) kept as a shape
  * with rec's holes. Nothing kept when it does not fit the bounds. */
 static void gw_shape_keep(const gw_body_scan_t *s, unsigned key, const gw_shape_rec_t *rec)
@@ -1988,10 +1935,11 @@ static void gw_shape_keep(const gw_body_scan_t *s, unsigned key, const gw_shape_
     sl_jspan_t hole[SL_JSHAPE_MAX_HOLES];
     uint8_t kind[SL_JSHAPE_MAX_HOLES];
     size_t nh = gw_shape_holes(rec, hole, kind);
-    gw_shapes_t *c = &gw_shapes;
-    gw_shape_t *e = gw_shape_slot(c);
-    if (!e)
+    sl_jshape_cache_t *c = &gw_shapes;
+    int slot = sl_jshape_cache_take(c);
+    if (slot < 0)
         return;
+    gw_shape_t *e = c->slot[slot].data;
     int bad = 0;
     e->npresent = 0;
     for (size_t i = 0; i < GW_SHAPE_NFACTS; i++) {
@@ -2019,10 +1967,9 @@ static void gw_shape_keep(const gw_body_scan_t *s, unsigned key, const gw_shape_
         bad |= gw_shape_text_save(&e->parts[i].text, s->body, s->len, hole, nh, rec);
     }
     e->key = key;
-    e->used = ++c->tick;
-    /* a failed set leaves the shape empty: it matches nothing */
-    if (bad || sl_jshape_set(&e->sh, s->body, s->len, hole, kind, nh) != 0)
-        sl_jshape_clear(&e->sh);
+    /* the slot stays empty (it matches nothing) when bad or a set fails */
+    if (!bad && sl_jshape_cache_set(c, (unsigned)slot, s->body, s->len, hole, kind, nh) != 0)
+        return;
 }
 
 gw_scan_rc_t gw_body_scan(gw_body_scan_t *s, const char *body, size_t len, unsigned flags)

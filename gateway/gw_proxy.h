@@ -28,6 +28,11 @@ int gw_proxy_local_stream_event(gw_req_t *r, const char *data, size_t len);
 /* error_code NULL: a clean end (the caller sent [DONE] as an event). */
 void gw_proxy_local_stream_end(gw_req_t *r, const char *error_code, const char *error_msg);
 void gw_proxy_local_body(gw_req_t *r, json_t *body);
+/* A whole local answer: 200, body (len bytes, borrowed) as ctype, with
+ * extra ("" none) and the hooks' headers; when those cannot be built (out of
+ * memory) extra alone, and the answer still goes out. */
+void gw_proxy_local_answer(gw_req_t *r, const char *ctype, const char *body, size_t len,
+                           const char *extra);
 /* engine_gw.c: an attempt on a pool of kind engine. */
 void gw_engine_attempt(gw_req_t *r);
 /* Client output drained below the low watermark. */

@@ -121,20 +121,8 @@ static void gw_cache_answer(gw_cache_req_t *s)
         size_t len = 0;
         const char *body = cache_entry_rendered(e, stream, usage, &len);
         if (body) {
-            char stack[512];
-            gw_sb_t h;
-            gw_sb_init(&h, stack, sizeof(stack));
-            r->att.upstatus = 200;
-            gw_hooks_headers(r, &h);
-            gw_sb_add(&h, "", 1);
-            if (h.oom) {
-                gw_sb_reset(&h);
-                gw_respond_oom(r);
-                return;
-            }
-            gw_respond_body(r, 200, stream ? "text/event-stream" : "application/json", body, len,
-                            h.p);
-            gw_sb_reset(&h);
+            gw_proxy_local_answer(r, stream ? "text/event-stream" : "application/json", body, len,
+                                  "");
             return;
         }
     }

@@ -6,7 +6,6 @@
  * from the conf (model, upstream names) or closed lists (code, tier, kind),
  * so the series stay bounded.
  */
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -478,23 +477,24 @@ static const yajl_callbacks gw_llm_up_cbs = {
  * shapes: a text with a kept shape reads the same, so its facts are taken
  * from the shape and its holes' spans instead of a parse. Nothing of the
  * conf goes into what is read here, so the shapes need no key besides the
- * bytes. Freed at thread exit (a pthread key). */
+ * bytes. Two caches of the thread (common/jshape.h's sl_jshape_cache_t:
+ * empty slots then the least recently used, freed at thread exit). */
 #define GW_LLM_USHAPES 2 /* usage objects of JSON answers */
 #define GW_LLM_ESHAPES 4 /* SSE events: a stream's first, content and last chunks */
 /* A miss learns (an event: one yajl parse; a usage object: its copy) while
- * fewer than this many learns went without a hit since the last hit; then
- * one miss in GW_LLM_LEARN_EVERY: a stream of ever new shapes costs a
- * parse per 64 events, not one per event. */
+ * fewer than this many learns came since the last hit; then one miss in
+ * GW_LLM_LEARN_EVERY: a stream of ever new shapes costs a parse per 64
+ * events, not one per event (the caches' gate). */
 #define GW_LLM_LEARN_FREE  4
 #define GW_LLM_LEARN_EVERY 64
 
+/* What a usage slot keeps beside its shape. */
 typedef struct gw_llm_ushape {
-    sl_jshape_t sh;
     int hp, hc; /* the hole of prompt_tokens' / completion_tokens' value, -1 none */
 } gw_llm_ushape_t;
 
+/* What an event slot keeps beside its shape sh. */
 typedef struct gw_llm_eshape {
-    sl_jshape_t sh;
     uint64_t cmask; /* string holes the scan reads as content when not empty */
     bool content;   /* content from the shape's own bytes */
     /* The same shape with only its content holes left, the others filled
@@ -507,66 +507,36 @@ typedef struct gw_llm_eshape {
     unsigned fast_hits, fast_tries;
 } gw_llm_eshape_t;
 
-typedef struct gw_llm_shapes {
-    gw_llm_ushape_t u[GW_LLM_USHAPES];
-    gw_llm_eshape_t e[GW_LLM_ESHAPES];
-    unsigned u_next, e_next, e_last;
-    unsigned streak, skipped;     /* events: learns since the last hit; misses not learnt */
-    unsigned u_streak, u_skipped; /* the same for usage objects */
-    bool listed;
-    gw_llm_shape_stats_t st;
-} gw_llm_shapes_t;
-
-static _Thread_local gw_llm_shapes_t gw_llm_sh;
-static pthread_key_t gw_llm_sh_key;
-static pthread_once_t gw_llm_sh_once = PTHREAD_ONCE_INIT;
-static bool gw_llm_sh_key_ok;
-
-static void gw_llm_shapes_free(gw_llm_shapes_t *S)
+static void gw_llm_eshape_drop(void *p)
 {
-    for (size_t i = 0; i < GW_LLM_USHAPES; i++)
-        sl_jshape_clear(&S->u[i].sh);
-    for (size_t i = 0; i < GW_LLM_ESHAPES; i++) {
-        sl_jshape_clear(&S->e[i].sh);
-        sl_jshape_clear(&S->e[i].fast);
-    }
+    gw_llm_eshape_t *k = p;
+    sl_jshape_clear(&k->fast);
 }
 
-static void gw_llm_sh_exit(void *p)
-{
-    gw_llm_shapes_free(p);
-}
-
-static void gw_llm_sh_init(void)
-{
-    gw_llm_sh_key_ok = pthread_key_create(&gw_llm_sh_key, gw_llm_sh_exit) == 0;
-}
-
-/* The thread's shapes, on its exit list; NULL: they cannot be kept. */
-static gw_llm_shapes_t *gw_llm_shapes_keep(void)
-{
-    gw_llm_shapes_t *S = &gw_llm_sh;
-    if (S->listed)
-        return S;
-    pthread_once(&gw_llm_sh_once, gw_llm_sh_init);
-    if (!gw_llm_sh_key_ok || pthread_setspecific(gw_llm_sh_key, S) != 0)
-        return NULL;
-    S->listed = true;
-    return S;
-}
+static _Thread_local sl_jshape_cache_t gw_llm_uc = SL_JSHAPE_CACHE_INIT(
+    GW_LLM_USHAPES, GW_LLM_LEARN_FREE, GW_LLM_LEARN_EVERY, sizeof(gw_llm_ushape_t), NULL);
+static _Thread_local sl_jshape_cache_t gw_llm_ec =
+    SL_JSHAPE_CACHE_INIT(GW_LLM_ESHAPES, GW_LLM_LEARN_FREE, GW_LLM_LEARN_EVERY,
+                         sizeof(gw_llm_eshape_t), gw_llm_eshape_drop);
+static _Thread_local uint64_t gw_llm_e_fast; /* of the event hits: through a fast shape */
 
 void gw_llm_shapes_clear(void)
 {
-    gw_llm_shapes_free(&gw_llm_sh);
-    gw_llm_sh.u_next = gw_llm_sh.e_next = gw_llm_sh.e_last = 0;
-    gw_llm_sh.streak = gw_llm_sh.skipped = 0;
-    gw_llm_sh.u_streak = gw_llm_sh.u_skipped = 0;
-    memset(&gw_llm_sh.st, 0, sizeof(gw_llm_sh.st));
+    sl_jshape_cache_clear(&gw_llm_uc);
+    sl_jshape_cache_clear(&gw_llm_ec);
+    gw_llm_e_fast = 0;
 }
 
 gw_llm_shape_stats_t gw_llm_shape_stats(void)
 {
-    return gw_llm_sh.st;
+    return (gw_llm_shape_stats_t){
+        .u_hits = gw_llm_uc.st.hits,
+        .u_misses = gw_llm_uc.st.misses,
+        .e_hits = gw_llm_ec.st.hits,
+        .e_misses = gw_llm_ec.st.misses,
+        .e_learns = gw_llm_ec.st.learns,
+        .e_fast = gw_llm_e_fast,
+    };
 }
 
 /* A hole's value as an integer fact: the hole's, or none. */
@@ -580,44 +550,48 @@ static void gw_llm_hole_int(const char *p, const sl_jspan_t *sp, int hole, bool 
  * holes (the object's bytes only: yajl stops at its '}'). */
 static bool gw_llm_usage_kept(const char *obj, size_t n, gw_llm_uread_t *out)
 {
-    gw_llm_shapes_t *S = &gw_llm_sh;
+    sl_jshape_cache_t *c = &gw_llm_uc;
     sl_jspan_t sp[SL_JSHAPE_MAX_HOLES];
     size_t used;
-    for (size_t i = 0; i < GW_LLM_USHAPES; i++) {
-        const gw_llm_ushape_t *u = &S->u[i];
-        if (sl_jshape_empty(&u->sh) || !sl_jshape_match_prefix(&u->sh, obj, n, sp, &used))
+    for (unsigned i = 0; i < GW_LLM_USHAPES; i++) {
+        const sl_jshape_t *sh = &c->slot[i].sh;
+        if (sl_jshape_empty(sh) || !sl_jshape_match_prefix(sh, obj, n, sp, &used))
             continue;
+        const gw_llm_ushape_t *u = c->slot[i].data;
         out->closed = true;
         gw_llm_hole_int(obj, sp, u->hp, &out->have_p, &out->pv);
         gw_llm_hole_int(obj, sp, u->hc, &out->have_c, &out->cv);
-        S->st.u_hits++;
-        S->u_streak = 0;
+        sl_jshape_cache_hit(c, i);
         return true;
     }
-    S->st.u_misses++;
     return false;
 }
 
 /* A usage object yajl read whole, kept as a shape (its integers the holes). */
 static void gw_llm_usage_learn(const char *obj, const gw_llm_uparse_t *u)
 {
-    gw_llm_shapes_t *S = gw_llm_shapes_keep();
-    if (!S || u->odd)
+    if (u->odd)
         return;
     uint8_t kinds[SL_JSHAPE_MAX_HOLES];
     memset(kinds, SL_JHOLE_INT, u->nholes);
-    gw_llm_ushape_t *k = &S->u[S->u_next++ % GW_LLM_USHAPES];
-    if (sl_jshape_set(&k->sh, obj, u->end, u->hole, kinds, u->nholes) != 0)
-        return; /* empty then */
+    int i = sl_jshape_cache_take(&gw_llm_uc);
+    if (i < 0)
+        return;
+    gw_llm_ushape_t *k = gw_llm_uc.slot[i].data;
     k->hp = u->hp;
     k->hc = u->hc;
+    if (sl_jshape_cache_set(&gw_llm_uc, (unsigned)i, obj, u->end, u->hole, kinds, u->nholes) != 0)
+        return; /* empty then */
 }
 
 void gw_llm_usage_read(const char *obj, size_t n, bool kept, gw_llm_uread_t *out)
 {
     memset(out, 0, sizeof(*out));
-    if (kept && gw_llm_usage_kept(obj, n, out))
-        return;
+    if (kept) {
+        if (gw_llm_usage_kept(obj, n, out))
+            return;
+        sl_jshape_cache_miss(&gw_llm_uc);
+    }
     gw_llm_uparse_t u = {.base = obj, .hp = -1, .hc = -1};
     sl_yheap_t heap;
     yajl_alloc_funcs af = sl_yheap_funcs(&heap);
@@ -631,11 +605,8 @@ void gw_llm_usage_read(const char *obj, size_t n, bool kept, gw_llm_uread_t *out
         return;
     *out = (gw_llm_uread_t){
         .closed = true, .have_p = u.have_p, .have_c = u.have_c, .pv = u.pv, .cv = u.cv};
-    gw_llm_shapes_t *S = &gw_llm_sh;
-    if (kept && (S->u_streak < GW_LLM_LEARN_FREE || ++S->u_skipped % GW_LLM_LEARN_EVERY == 0)) {
-        S->u_streak++;
+    if (kept && sl_jshape_cache_gate(&gw_llm_uc))
         gw_llm_usage_learn(obj, &u);
-    }
 }
 
 /* obj..end starts with the usage object's '{'. */
@@ -780,7 +751,7 @@ static bool gw_llm_hole_content(const char *p, size_t off)
 
 /* The event raw (n bytes, no usage object in it) kept as a shape when it
  * is one `data:` line of a JSON object yajl reads whole. */
-static void gw_llm_event_learn(gw_llm_shapes_t *S, const char *raw, size_t n)
+static void gw_llm_event_learn(const char *raw, size_t n)
 {
     size_t pre = n > 6 && memcmp(raw, "data: ", 6) == 0  ? 6
                  : n > 5 && memcmp(raw, "data:", 5) == 0 ? 5
@@ -821,16 +792,18 @@ static void gw_llm_event_learn(gw_llm_shapes_t *S, const char *raw, size_t n)
     bool content;
     bool usage = gw_llm_scan_keys(flat, fl, &content);
     free(flat);
-    if (usage || !gw_llm_shapes_keep())
+    if (usage)
         return;
-    gw_llm_eshape_t *k = &S->e[S->e_next++ % GW_LLM_ESHAPES];
+    int i = sl_jshape_cache_take(&gw_llm_ec);
+    if (i < 0)
+        return;
+    gw_llm_eshape_t *k = gw_llm_ec.slot[i].data;
     sl_jshape_clear(&k->fast); /* made from the shape it replaces */
     k->fast_hits = k->fast_tries = 0;
-    if (sl_jshape_set(&k->sh, raw, n, e.hole, e.kind, e.nholes) != 0)
-        return; /* empty then */
     k->cmask = cmask;
     k->content = content;
-    S->st.e_learns++;
+    if (sl_jshape_cache_set(&gw_llm_ec, (unsigned)i, raw, n, e.hole, e.kind, e.nholes) != 0)
+        return; /* empty then */
 }
 
 /* k's fast shape from raw, a text that has k's shape with holes sp. */
@@ -848,18 +821,21 @@ static void gw_llm_event_fast(gw_llm_eshape_t *k, const char *raw, size_t n, con
         sl_jshape_clear(&k->fast);
 }
 
-/* Whether raw has k's fast shape, or else k's shape (*content then told). */
-static bool gw_llm_event_match(gw_llm_eshape_t *k, const char *raw, size_t n, bool *content,
-                               gw_llm_shape_stats_t *st)
+/* Whether raw has slot s's fast shape, or else its shape (*content then
+ * told). */
+static bool gw_llm_event_match(const sl_jshape_slot_t *s, const char *raw, size_t n, bool *content)
 {
+    gw_llm_eshape_t *k = s->data;
+    if (!k)
+        return false; /* never taken */
     sl_jspan_t sp[SL_JSHAPE_MAX_HOLES];
     bool c = k->content;
     if (!sl_jshape_empty(&k->fast) && sl_jshape_match(&k->fast, raw, n, sp)) {
         for (size_t i = 0; i < k->fast.nholes && !c; i++)
             c = sp[i].len > 0;
         k->fast_hits++;
-        st->e_fast++;
-    } else if (!sl_jshape_empty(&k->sh) && sl_jshape_match(&k->sh, raw, n, sp)) {
+        gw_llm_e_fast++;
+    } else if (!sl_jshape_empty(&s->sh) && sl_jshape_match(&s->sh, raw, n, sp)) {
         for (uint64_t m = k->cmask; m && !c; m &= m - 1)
             c = sp[__builtin_ctzll(m)].len > 0;
         if (sl_jshape_empty(&k->fast) || k->fast_hits > 0 || ++k->fast_tries % 8 == 0)
@@ -873,22 +849,20 @@ static bool gw_llm_event_match(gw_llm_eshape_t *k, const char *raw, size_t n, bo
 
 bool gw_llm_event_keys(const char *raw, size_t n, bool *content)
 {
-    gw_llm_shapes_t *S = &gw_llm_sh;
+    sl_jshape_cache_t *c = &gw_llm_ec;
     for (unsigned t = 0; t < GW_LLM_ESHAPES; t++) {
-        unsigned i = (S->e_last + t) % GW_LLM_ESHAPES; /* the last hit's first */
-        if (!gw_llm_event_match(&S->e[i], raw, n, content, &S->st))
+        unsigned i = c->last + t; /* the last hit's first */
+        if (i >= GW_LLM_ESHAPES)
+            i -= GW_LLM_ESHAPES;
+        if (!gw_llm_event_match(&c->slot[i], raw, n, content))
             continue;
-        S->e_last = i;
-        S->streak = 0;
-        S->st.e_hits++;
+        sl_jshape_cache_hit(c, i);
         return false;
     }
-    S->st.e_misses++;
+    sl_jshape_cache_miss(c);
     bool usage = gw_llm_scan_keys(raw, n, content);
-    if (!usage && (S->streak < GW_LLM_LEARN_FREE || ++S->skipped % GW_LLM_LEARN_EVERY == 0)) {
-        S->streak++;
-        gw_llm_event_learn(S, raw, n);
-    }
+    if (!usage && sl_jshape_cache_gate(c))
+        gw_llm_event_learn(raw, n);
     return usage;
 }
 

@@ -753,15 +753,22 @@ void gw_proxy_local_body(gw_req_t *r, json_t *body)
         snprintf(extra, sizeof(extra), "X-Sluice-Fallback: %s\r\n", r->fallback);
     else if (r->routed_local)
         snprintf(extra, sizeof(extra), "X-Sluice-Route: local\r\n");
+    gw_proxy_local_answer(r, "application/json", s, strlen(s), extra);
+    free(s);
+}
+
+void gw_proxy_local_answer(gw_req_t *r, const char *ctype, const char *body, size_t len,
+                           const char *extra)
+{
+    r->att.upstatus = 200;
     char stack[512];
     gw_sb_t hdrs;
     gw_sb_init(&hdrs, stack, sizeof(stack));
     gw_sb_str(&hdrs, extra);
     gw_hooks_headers(r, &hdrs);
     gw_sb_add(&hdrs, "", 1);
-    gw_respond_body(r, 200, "application/json", s, strlen(s), hdrs.oom ? extra : hdrs.p);
+    gw_respond_body(r, 200, ctype, body, len, hdrs.oom ? extra : hdrs.p);
     gw_sb_reset(&hdrs);
-    free(s);
 }
 
 /* Whole JSON answers gathered for on_body hooks are bounded. */
