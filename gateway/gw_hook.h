@@ -150,6 +150,11 @@ typedef struct gw_hook {
     /* Whether on_body is needed for this request (NULL: whenever there is
      * state). Gathering and parsing an answer is not free. */
     bool (*wants_body)(const gw_req_t *r, void *state);
+    /* Whether on_event can do anything for this request's stream (NULL:
+     * whenever there is state). Asked once, when the streamed answer's head
+     * came (all on_request done): a hook whose on_event would only PASS
+     * is then left out of every event's dispatch. */
+    bool (*wants_events)(const gw_req_t *r, void *state);
     /* Sees the answer as it came, before any hook's on_event / on_body
      * changed it (a recorder: the cache): each event's payload (body NULL)
      * or a whole JSON answer (data NULL). Read-only; wants_body gates it. */
@@ -178,10 +183,12 @@ GW_HOOK_TABLE(GW_HOOK_EXTERN)
 typedef struct gw_hooks_req {
     void *state[GW_MAX_HOOKS];
     unsigned ran; /* bit i: hook i's on_request ran (on_end owed) */
-    /* The bits of ran whose hook has on_event / on_answer: the per-event
-     * loops visit only those (a stream's events run them thousands of
-     * times). */
-    unsigned ran_event, ran_answer;
+    /* The hooks an event goes through, in table order: those with state
+     * whose on_answer runs (ans) and whose on_event is wanted (ev). Built
+     * once per streamed answer (gw_hooks_events_begin), so a stream's
+     * thousands of events visit only them (issue #16, full-sse). */
+    unsigned char ev[GW_MAX_HOOKS], ans[GW_MAX_HOOKS];
+    unsigned char nev, nans;
     unsigned next; /* the hook to run next */
     int pending;   /* index of the hook we wait for, or -1 */
     bool pre_done; /* the pre-route hooks are through */
@@ -218,8 +225,11 @@ void gw_hook_resume(gw_req_t *r, gw_hook_rc_t rc);
 /* The client left: cancel a pending hook. */
 void gw_hooks_cancel(gw_req_t *r);
 void gw_hooks_headers(gw_req_t *r, gw_sb_t *head);
-/* True when some active hook filters events / wants whole JSON bodies. */
-bool gw_hooks_want_events(const gw_req_t *r);
+/* At a streamed answer's head (again for each attempt's): lists the hooks
+ * its events go through; true when there is any (else events are relayed
+ * untouched). */
+bool gw_hooks_events_begin(gw_req_t *r);
+/* True when some active hook wants whole JSON bodies. */
 bool gw_hooks_want_body(const gw_req_t *r);
 /* One event's data through the chain; out gets what to send. */
 gw_ev_rc_t gw_hooks_event(gw_req_t *r, const char *data, size_t len, gw_payloads_t *out);

@@ -497,6 +497,14 @@ static gw_ev_rc_t gw_rl_on_event(gw_req_t *r, void *state, const char *data, siz
     }
 }
 
+/* A stream's events matter only with a token budget (s->stream, made by
+ * on_request): without one the hook leaves the event dispatch. */
+static bool gw_rl_wants_events(const gw_req_t *r, void *state)
+{
+    (void)r;
+    return ((const gw_rl_t *)state)->stream != NULL;
+}
+
 static int gw_rl_on_body(gw_req_t *r, void *state, json_t *body, bool *modified)
 {
     (void)r;
@@ -632,6 +640,7 @@ const gw_hook_t gw_hook_ratelimit = {
     .on_cancel = gw_rl_on_cancel,
     .on_headers = gw_rl_on_headers,
     .on_event = gw_rl_on_event,
+    .wants_events = gw_rl_wants_events,
     .on_body = gw_rl_on_body,
     .wants_body = gw_rl_wants_body,
     .on_end = gw_rl_on_end,

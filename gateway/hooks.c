@@ -188,10 +188,6 @@ gw_hook_rc_t gw_hooks_run(gw_req_t *r, bool pre_route)
         if (!hk->on_request)
             continue;
         h->ran |= 1u << i;
-        if (hk->on_event)
-            h->ran_event |= 1u << i;
-        if (hk->on_answer)
-            h->ran_answer |= 1u << i;
         gw_hook_rc_t rc = hk->on_request(r, &h->state[i]);
         if (rc == GW_HOOK_PENDING) {
             h->pending = (int)i;
@@ -239,13 +235,21 @@ void gw_hooks_headers(gw_req_t *r, gw_sb_t *head)
             gw_hooks[i]->on_headers(r, r->hooks.state[i], head);
 }
 
-bool gw_hooks_want_events(const gw_req_t *r)
+bool gw_hooks_events_begin(gw_req_t *r)
 {
-    for (size_t i = 0; i < gw_nhooks; i++)
-        if ((r->hooks.ran & (1u << i)) && (gw_hooks[i]->on_event || gw_hooks[i]->on_answer) &&
-            r->hooks.state[i])
-            return true;
-    return false;
+    gw_hooks_req_t *h = &r->hooks;
+    h->nev = h->nans = 0;
+    for (size_t i = 0; i < gw_nhooks; i++) {
+        const gw_hook_t *hk = gw_hooks[i];
+        void *st = h->state[i];
+        if (!(h->ran & (1u << i)) || !st)
+            continue;
+        if (hk->on_answer)
+            h->ans[h->nans++] = (unsigned char)i;
+        if (hk->on_event && (!hk->wants_events || hk->wants_events(r, st)))
+            h->ev[h->nev++] = (unsigned char)i;
+    }
+    return h->nev > 0 || h->nans > 0;
 }
 
 /* Whether hook i reads this request's whole answer. */
@@ -264,76 +268,77 @@ bool gw_hooks_want_body(const gw_req_t *r)
     return false;
 }
 
-gw_ev_rc_t gw_hooks_event(gw_req_t *r, const char *data, size_t len, gw_payloads_t *out)
+/* The chain from hook list entry k on, after an earlier hook changed the
+ * event: cur (taken over) holds its payloads, each handed through the rest
+ * in turn; result is what the chain says so far (REPLACE). */
+static gw_ev_rc_t gw_hooks_event_rest(gw_req_t *r, unsigned k, gw_payloads_t *cur,
+                                      gw_payloads_t *out)
 {
-    /* cur holds the payloads between hooks; NULL data means "the original,
-     * unchanged" so a chain of PASSes copies nothing. */
-    for (unsigned m = r->hooks.ran_answer; m; m &= m - 1) { /* in table order */
-        size_t i = (size_t)__builtin_ctz(m);
-        if (r->hooks.state[i])
-            gw_hooks[i]->on_answer(r, r->hooks.state[i], data, len, NULL);
-    }
-    gw_payloads_t cur;
-    gw_payloads_init(&cur);
-    bool changed = false;
-    gw_ev_rc_t result = GW_EV_PASS;
-    for (unsigned m = r->hooks.ran_event; m; m &= m - 1) {
-        size_t i = (size_t)__builtin_ctz(m);
+    gw_hooks_req_t *h = &r->hooks;
+    gw_ev_rc_t result = GW_EV_REPLACE;
+    for (; k < h->nev && result != GW_EV_STOP; k++) {
+        size_t i = h->ev[k];
         const gw_hook_t *hk = gw_hooks[i];
-        if (!r->hooks.state[i])
-            continue;
         gw_payloads_t next;
         gw_payloads_init(&next);
-        size_t n = changed ? cur.n : 1;
-        for (size_t k = 0; k < n; k++) {
-            const char *d = changed ? gw_payloads_at(&cur, k)->data : data;
-            size_t l = changed ? gw_payloads_at(&cur, k)->len : len;
+        for (size_t j = 0; j < cur->n; j++) {
+            gw_payload_t *p = gw_payloads_at(cur, j);
             gw_payloads_t o;
             gw_payloads_init(&o);
-            gw_ev_rc_t rc = hk->on_event(r, r->hooks.state[i], d, l, &o);
+            gw_ev_rc_t rc = hk->on_event(r, h->state[i], p->data, p->len, &o);
             if (rc == GW_EV_PASS) {
-                /* Still the original: nothing to copy (a later REPLACE
-                 * starts from data); a changed list carries it on, moved
-                 * (cur's entry gives it up), not copied. */
-                if (changed) {
-                    gw_payloads_at(&cur, k)->data = NULL;
-                    if (gw_payloads_push(&next, (char *)d, l) != 0)
-                        rc = GW_EV_STOP; /* d was freed */
-                }
+                /* carried on, moved (cur's entry gives it up), not copied */
+                char *d = p->data;
+                p->data = NULL;
+                if (gw_payloads_push(&next, d, p->len) != 0)
+                    rc = GW_EV_STOP;   /* d was freed */
                 gw_payloads_clear(&o); /* a PASS pushes nothing: never sent */
+            } else if (next.n == 0) {
+                gw_payloads_clear(&next);
+                next = o; /* the usual case: moved whole, no copy */
             } else {
-                if (next.n == 0) {
-                    gw_payloads_clear(&next);
-                    next = o; /* the usual case: moved whole, no copy */
-                } else {
-                    for (size_t j = 0; j < o.n; j++)
-                        gw_payloads_push(&next, gw_payloads_at(&o, j)->data,
-                                         gw_payloads_at(&o, j)->len);
-                    o.n = 0; /* moved (a failed push freed its payload) */
-                    gw_payloads_clear(&o);
-                }
-                changed = true;
+                for (size_t q = 0; q < o.n; q++)
+                    gw_payloads_push(&next, gw_payloads_at(&o, q)->data,
+                                     gw_payloads_at(&o, q)->len);
+                o.n = 0; /* moved (a failed push freed its payload) */
+                gw_payloads_clear(&o);
             }
             if (rc == GW_EV_STOP) {
                 result = GW_EV_STOP;
                 break;
             }
-            if (rc == GW_EV_REPLACE)
-                result = GW_EV_REPLACE;
         }
-        if (changed) { /* else next is empty, as cur is: nothing to hand on */
-            gw_payloads_clear(&cur);
-            cur = next;
+        gw_payloads_clear(cur);
+        *cur = next;
+    }
+    *out = *cur;
+    return result;
+}
+
+gw_ev_rc_t gw_hooks_event(gw_req_t *r, const char *data, size_t len, gw_payloads_t *out)
+{
+    gw_hooks_req_t *h = &r->hooks;
+    for (unsigned k = 0; k < h->nans; k++) { /* in table order */
+        size_t i = h->ans[k];
+        gw_hooks[i]->on_answer(r, h->state[i], data, len, NULL);
+    }
+    /* The usual event: every hook passes the original, so no list is built
+     * or handed on; the first hook that changes it hands its payloads to
+     * the rest of the chain (gw_hooks_event_rest). */
+    gw_payloads_t o;
+    gw_payloads_init(&o);
+    for (unsigned k = 0; k < h->nev; k++) {
+        size_t i = h->ev[k];
+        gw_ev_rc_t rc = gw_hooks[i]->on_event(r, h->state[i], data, len, &o);
+        if (rc == GW_EV_STOP) {
+            *out = o;
+            return GW_EV_STOP;
         }
-        if (result == GW_EV_STOP)
-            break;
+        if (rc == GW_EV_REPLACE)
+            return gw_hooks_event_rest(r, k + 1, &o, out);
+        gw_payloads_clear(&o); /* a PASS pushes nothing: never sent */
     }
-    if (!changed) {
-        gw_payloads_clear(&cur);
-        return result == GW_EV_STOP ? GW_EV_STOP : GW_EV_PASS;
-    }
-    *out = cur;
-    return result == GW_EV_STOP ? GW_EV_STOP : GW_EV_REPLACE;
+    return GW_EV_PASS;
 }
 
 int gw_hooks_body(gw_req_t *r, json_t *body, bool *modified)

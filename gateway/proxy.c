@@ -492,7 +492,7 @@ static void gw_proxy_head_setup(gw_req_t *r, const gw_http_msg_t *m)
         gw_proxy_write_head(r, m, nobody ? -2 : length_known ? m->content_length : -1);
     }
     if (r->att.resp_sse) {
-        r->ev_hooks = gw_hooks_want_events(r);
+        r->ev_hooks = gw_hooks_events_begin(r);
         size_t max = (size_t)r->rt->conf->sse.max_event_bytes;
         if (r->sse_kept) { /* the struct's, from its last stream */
             r->att.sse = r->sse_kept;
@@ -703,7 +703,7 @@ void gw_proxy_local_stream_begin(gw_req_t *r)
     r->att.upstatus = 200;
     r->status = 200;
     r->att.resp_sse = true;
-    r->ev_hooks = gw_hooks_want_events(r);
+    r->ev_hooks = gw_hooks_events_begin(r);
     gw_proxy_write_head(r, NULL, -1);
     sl_gauge_add(gw_m.streams_active, 1);
     r->local_stream = true;

@@ -163,6 +163,33 @@ def test_stream_without_upstream_usage_settles_on_the_text(sluice_factory, mock)
         assert used - 1 <= a - b <= used, (rems, used, prompt_est)
 
 
+def test_events_a_filter_replaced_still_reach_the_budget(sluice_factory, mock, tmp_path):
+    """The hook chain hands an event a hook before replaced on to the hooks
+    after it (gw_hooks_event_rest): the filters' masked events are counted
+    by the rate-limit hook after them. A chain that stopped at the first
+    replacing hook would settle on the unmasked events' text only."""
+    wf = ph.word_file(tmp_path / "w.txt", ["badword"])
+    s = ph.rl_start(sluice_factory, mock, {"per_user": {"tokens_per_day": DAY}, "max_tokens": 4096},
+                    extra={"filters": {"words": [{"file": wf, "action": "mask"}], "mask": "[x]",
+                                       "output": True}})
+    alice = ph.mint("alice")
+    text = "calm badword sea, badword again, and then badword the end of it"
+    mock.set_default({"usage": False, "text": text, "events": 6})
+    body = chat_body(PROMPT, stream=True, max_tokens=100)
+    rems, seen = [], []
+    for _ in range(3):
+        r, evs = _stream(s, alice, body)
+        assert r.status == 200
+        seen.append(_content(evs))
+        rems.append(_remaining(r))
+    assert "badword" not in seen[0] and seen[0].count("[x]") == 3, seen[0]
+    assert seen[0] == seen[1] == seen[2]
+    _, prompt_est = _reservation(rems[0], 100)
+    used = prompt_est + math.ceil(len(seen[0].encode()) / 4)  # the masked text, as sent
+    for a, b in zip(rems, rems[1:]):
+        assert used - 1 <= a - b <= used, (rems, used, prompt_est)
+
+
 def test_plain_answer_without_usage_keeps_the_reservation(sluice_factory, mock):
     s, alice = _budget_setup(sluice_factory, mock)
     mock.set_default({"usage": False})
