@@ -2,6 +2,8 @@
 -- post.lua with a fresh Idempotency-Key on every request (so sluice claims,
 -- stores and completes a key each time; no replays). Prints the same BENCH
 -- line as post.lua.
+package.path = (debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "?.lua;" .. package.path
+local common = require("wrk_common") -- the BENCH line
 local stream = os.getenv("BENCH_STREAM") == "1"
 local body = '{"model":"bench-model","messages":[{"role":"user","content":"Hello"}]'
     .. (stream and ',"stream":true}' or '}')
@@ -16,10 +18,4 @@ request = function()
     }, body)
 end
 
-done = function(summary, latency, requests)
-    local e = summary.errors
-    io.write(string.format(
-        "BENCH requests=%d duration_us=%d p50_us=%d p99_us=%d errors=%d non2xx=%d\n",
-        summary.requests, summary.duration, latency:percentile(50),
-        latency:percentile(99), e.connect + e.read + e.write + e.timeout, e.status))
-end
+done = common.done

@@ -112,6 +112,26 @@ cpu_ticks() {
     echo "$t"
 }
 
+# The baseline proxy every bench measures sluice against: nginx relaying to
+# the model server at 127.0.0.1:$2 over kept-alive HTTP/1.1 connections,
+# listening on 127.0.0.1:$3 and setting the upstream key as sluice's confs
+# do. $4 more location directives (say "proxy_buffering off;"), $5 more
+# lines for the http block, $6 master_process (as nginx_conf's $3).
+nginx_proxy_conf() {
+    nginx_conf "$1" "$5
+    upstream model { server 127.0.0.1:$2; keepalive 64; }
+    server {
+        listen 127.0.0.1:$3;
+        location / {
+            proxy_pass http://model;
+            proxy_http_version 1.1;${4:+
+            $4}
+            proxy_set_header Connection \"\";
+            proxy_set_header Authorization \"Bearer upstream-key\";
+        }
+    }" "${6:-}"
+}
+
 # A bench nginx's conf in $1/nginx.conf: one worker, no access log, its pid,
 # error log and temp paths inside $1, and $2 as the rest of its http block;
 # $3 "off" runs it without a master process (default on); $4 its

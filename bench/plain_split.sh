@@ -46,11 +46,7 @@ cp "$SLUICE_BIN" "$WORK/sluice"
 . "$ROOT/bench/lib.sh"
 
 realistic_upstream "$UP_PORT" 0 "" off
-nginx_conf "$WORK/ngx" "    upstream model { server 127.0.0.1:$UP_PORT; keepalive 64; }
-    server { listen 127.0.0.1:$NGX_PORT;
-        location / { proxy_pass http://model; proxy_http_version 1.1;
-            proxy_set_header Connection \"\";
-            proxy_set_header Authorization \"Bearer upstream-key\"; } }" off
+nginx_proxy_conf "$WORK/ngx" "$UP_PORT" "$NGX_PORT" "" "" off
 spawn taskset -c 1 "$NGINX_BIN" -p "$WORK/ngx/" -e "$WORK/ngx/error.log" -c "$WORK/ngx/nginx.conf"
 declare -A PID PORT
 PID[nginx]=$LAST

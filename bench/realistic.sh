@@ -109,17 +109,7 @@ NGX_BODY="    client_max_body_size 4m;
 realistic_upstream "$UP_PORT" "$LOAD_CPU" "$NGX_BODY"
 
 # ---- nginx as the proxy (the baseline): upstream keepalive, HTTP/1.1
-nginx_conf "$WORK/ngx" "$NGX_BODY
-    upstream model { server 127.0.0.1:$UP_PORT; keepalive 64; }
-    server {
-        listen 127.0.0.1:$NGX_PORT;
-        location / {
-            proxy_pass http://model;
-            proxy_http_version 1.1;
-            proxy_set_header Connection \"\";
-            proxy_set_header Authorization \"Bearer upstream-key\";
-        }
-    }"
+nginx_proxy_conf "$WORK/ngx" "$UP_PORT" "$NGX_PORT" "" "$NGX_BODY"
 spawn taskset -c "$PROXY_CPU" "$NGINX_BIN" -p "$WORK/ngx/" -e "$WORK/ngx/error.log" \
     -c "$WORK/ngx/nginx.conf"
 NGX_PID=$LAST
@@ -131,18 +121,7 @@ NGX_PIDS="$NGX_PID $(pgrep -P "$NGX_PID" | tr '\n' ' ')"
 if [ "$SSE" = 1 ]; then
     spawn taskset -c "$LOAD_CPU" "$ROOT/build/tools/bench_upstream" -l "127.0.0.1:$SSE_UP_PORT" -n 8
     wait_port "$SSE_UP_PORT" "$LAST"
-    nginx_conf "$WORK/ngx-sse" "$NGX_BODY
-    upstream model { server 127.0.0.1:$SSE_UP_PORT; keepalive 64; }
-    server {
-        listen 127.0.0.1:$NGX_SSE_PORT;
-        location / {
-            proxy_pass http://model;
-            proxy_http_version 1.1;
-            proxy_buffering off;
-            proxy_set_header Connection \"\";
-            proxy_set_header Authorization \"Bearer upstream-key\";
-        }
-    }"
+    nginx_proxy_conf "$WORK/ngx-sse" "$SSE_UP_PORT" "$NGX_SSE_PORT" "proxy_buffering off;" "$NGX_BODY"
     spawn taskset -c "$PROXY_CPU" "$NGINX_BIN" -p "$WORK/ngx-sse/" -e "$WORK/ngx-sse/error.log" \
         -c "$WORK/ngx-sse/nginx.conf"
     wait_port "$NGX_SSE_PORT" "$LAST"

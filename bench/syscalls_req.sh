@@ -68,17 +68,7 @@ TOKEN=$("$WORK/sluice" token --sub bench-user --ttl 1h -c "$WORK/full.yaml" |
     awk '/^access_token:/ { print $2 }')
 
 # realistic.sh's nginx proxy, without a master: the one process does the work
-nginx_conf "$WORK/ngx" "
-    upstream model { server 127.0.0.1:$UP_PORT; keepalive 64; }
-    server {
-        listen 127.0.0.1:$NGX_PORT;
-        location / {
-            proxy_pass http://model;
-            proxy_http_version 1.1;
-            proxy_set_header Connection \"\";
-            proxy_set_header Authorization \"Bearer upstream-key\";
-        }
-    }" off
+nginx_proxy_conf "$WORK/ngx" "$UP_PORT" "$NGX_PORT" "" "" off
 
 SYSCALLS="epoll_wait epoll_pwait epoll_ctl read readv recvfrom recvmsg write writev sendto sendmsg
     accept4 close getsockopt setsockopt ioctl"
