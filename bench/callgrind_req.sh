@@ -68,23 +68,8 @@ realistic_trio "$PORT" "$ADMIN" "$CONFS"
 
 # nginx as the proxy (realistic.sh's baseline), one process so callgrind sees
 # all of its work
-# $1 dir, $2 upstream port, $3 extra location directives
-ngx_proxy_conf() {
-    nginx_conf "$1" "
-    upstream model { server 127.0.0.1:$2; keepalive 64; }
-    server {
-        listen 127.0.0.1:$PORT;
-        location / {
-            proxy_pass http://model;
-            proxy_http_version 1.1;$3
-            proxy_set_header Connection \"\";
-            proxy_set_header Authorization \"Bearer upstream-key\";
-        }
-    }" off
-}
-ngx_proxy_conf "$WORK/ngx-plain" "$UP_PORT" ""
-ngx_proxy_conf "$WORK/ngx-full-sse" "$SSE_UP_PORT" "
-            proxy_buffering off;"
+nginx_proxy_conf "$WORK/ngx-plain" "$UP_PORT" "$PORT" "" "" off
+nginx_proxy_conf "$WORK/ngx-full-sse" "$SSE_UP_PORT" "$PORT" "proxy_buffering off;" "" off
 
 # One nginx run under callgrind: $1 conf (plain or full-sse), $2 wrk seconds;
 # prints "Ir requests".
