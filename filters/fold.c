@@ -124,6 +124,20 @@ size_t flt_fold_char(const unsigned char *s, size_t n, unsigned char out[4], siz
     return len;
 }
 
+bool flt_fold_same(const char *str, size_t n)
+{
+    const unsigned char *s = (const unsigned char *)str;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] != 0xEF && s[i] != 0xE3)
+            continue; /* the lead bytes of the forms that fold */
+        unsigned char tmp[4];
+        size_t used, k = flt_fold_char(s + i, n - i, tmp, &used);
+        if (k != used || memcmp(tmp, s + i, k) != 0)
+            return false;
+    }
+    return true;
+}
+
 size_t flt_fold_word(const char *str, size_t n, char *out, size_t cap)
 {
     const unsigned char *s = (const unsigned char *)str;
