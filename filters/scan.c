@@ -650,7 +650,8 @@ bool flt_text_clean(const flt_ruleset_t *rs, const char *s, size_t n)
      * and PCRE2 see the bytes the channel would. A word's end, a fullwidth
      * form or bad UTF-8: the channel */
     if (ac ? !flt_ac_ascii_clean(ac, u, n) : !scan_ascii(u, n)) {
-        if (scan_ascii(u, n) || !flt_utf8_valid(s, n) || !flt_fold_same(s, n))
+        /* (an ASCII text with a word: flt_ac_clean finds the word again) */
+        if (!flt_utf8_valid(s, n) || !flt_fold_same(s, n))
             return false;
         if (ac && !flt_ac_clean(ac, u, n))
             return false;
