@@ -145,12 +145,17 @@ def test_words_in_and_after_non_ascii_text_are_masked_on_every_hit(sluice_factor
             "filters": {"words": [{"file": wf, "action": "mask"}], "mask": "[x]",
                         "input": {"max_chars": 0}}}
     s = ph.start(sluice_factory, mock, over, auth=False)
+    masked = [("the CAF\\u00e9 \\u00e8 bad\\u0077ord \\u654f\\u611f\\u8bcd",
+               "the [x] \u00e8 [x] [x]"),
+              # one word each, and that word is all the text has to hit
+              ("the CAF\\u00e9 \\u00e8 and tea", "the [x] \u00e8 and tea"),
+              ("\\u00e8 x\\u654f\\u611f\\u8bcdx", "\u00e8 x[x]x")]
     for i in range(3):
-        r = _send(s, _body("chat-model", "line\\n%d" % i,
-                           "the CAF\\u00e9 \\u00e8 bad\\u0077ord \\u654f\\u611f\\u8bcd", "64"))
-        assert r.status == 200, r
-        q = mock.requests(P)[-1]["json"]
-        assert q["messages"][1]["content"] == "the [x] \u00e8 [x] [x]", q
+        for text, want in masked:
+            r = _send(s, _body("chat-model", "line\\n%d" % i, text, "64"))
+            assert r.status == 200, r
+            q = mock.requests(P)[-1]["json"]
+            assert q["messages"][1]["content"] == want, q
         raw = _body("chat-model", "line\\n%d" % i, "caf\\u00e8 \\u654f\\u611f x\\u00e9", "64")
         r = _send(s, raw)
         assert r.status == 200, r
