@@ -37,6 +37,10 @@ size_t flt_utf8_prefix(const char *s, size_t n, size_t max_cp);
  * character is copied. Writes 1..4 bytes to out, returns the count, sets
  * *used to the input bytes consumed. */
 size_t flt_fold_char(const unsigned char *s, size_t n, unsigned char out[4], size_t *used);
+/* Whether width folding leaves s[0..n) byte for byte as it is: no
+ * fullwidth form and no ideographic space in it (é, CJK and the rest fold
+ * to themselves). */
+bool flt_fold_same(const char *s, size_t n);
 
 /* A word as the automaton stores it: width-folded and ASCII-lowercased.
  * Writes into out (capacity cap); returns the length, or SIZE_MAX if it
@@ -73,6 +77,10 @@ bool flt_ac_ascii_clean(const flt_ac_t *ac, const unsigned char *s, size_t n);
  * s, when s is ASCII and no word ends in it; false (state untouched) at the
  * first byte >= 0x80 or word end. */
 bool flt_ac_ascii_run(const flt_ac_t *ac, uint32_t *state, const unsigned char *s, size_t n);
+/* Whether no word ends anywhere in folded s[0..n), from the root, for any
+ * bytes: the ASCII runs as flt_ac_ascii_run, bytes >= 0x80 stepped one by
+ * one. */
+bool flt_ac_clean(const flt_ac_t *ac, const unsigned char *s, size_t n);
 /* Length of the longest suffix of the text so far that is a proper prefix
  * of some word (a match that needs more text): no match still to come can
  * start earlier than this many bytes back. */
@@ -201,9 +209,10 @@ flt_chan_rc_t flt_chan_finish(flt_chan_t *c, sl_buf_t *out) SL_WUR;
 size_t flt_chan_held(const flt_chan_t *c);
 
 /* Whether a whole text certainly has no hit, without a channel: it is
- * ASCII (folding is then the identity), no word ends anywhere in it and
- * no regex matches it in one complete search. false: maybe (non-ASCII
- * text, a hit, a regex limit): the channel decides. Most texts are clean,
+ * valid UTF-8 that folding leaves as it is (ASCII, é, CJK: not a
+ * fullwidth form), no word ends anywhere in it and no regex matches it in
+ * one complete search. false: maybe (text folding changes, invalid UTF-8,
+ * a hit, a regex limit): the channel decides. Most texts are clean,
  * and the channel's buffers, map and release steps cost ~7 allocations. */
 bool flt_text_clean(const flt_ruleset_t *rs, const char *s, size_t n);
 

@@ -39,7 +39,12 @@ int flt_utf8_valid(const char *str, size_t n)
     while (i < n) {
         unsigned char c = s[i];
         if (c < 0x80) {
-            i++;
+            /* ASCII eight bytes a step where there are eight */
+            uint64_t x;
+            while (i + 8 <= n && (memcpy(&x, s + i, 8), !(x & 0x8080808080808080ull)))
+                i += 8;
+            while (i < n && s[i] < 0x80)
+                i++;
             continue;
         }
         size_t len;
@@ -122,6 +127,28 @@ size_t flt_fold_char(const unsigned char *s, size_t n, unsigned char out[4], siz
     memcpy(out, s, len);
     *used = len;
     return len;
+}
+
+/* Whether no character led by byte lead folds to something else (memchr:
+ * most texts have no such lead byte at all). */
+static bool fold_same_lead(const unsigned char *s, size_t n, unsigned char lead)
+{
+    const unsigned char *p = s, *end = s + n;
+    while ((p = memchr(p, lead, (size_t)(end - p))) != NULL) {
+        unsigned char tmp[4];
+        size_t used, k = flt_fold_char(p, (size_t)(end - p), tmp, &used);
+        if (k != used || memcmp(tmp, p, k) != 0)
+            return false;
+        p++;
+    }
+    return true;
+}
+
+bool flt_fold_same(const char *str, size_t n)
+{
+    /* the lead bytes of the forms that fold (flt_fold_char) */
+    const unsigned char *s = (const unsigned char *)str;
+    return fold_same_lead(s, n, 0xEF) && fold_same_lead(s, n, 0xE3);
 }
 
 size_t flt_fold_word(const char *str, size_t n, char *out, size_t cap)

@@ -645,9 +645,17 @@ bool flt_text_clean(const flt_ruleset_t *rs, const char *s, size_t n)
     const flt_ac_t *ac = rs->ac;
     size_t nre = rs->nrules - rs->first_regex, nw = (nre + 63) / 64;
     uint64_t may[FLT_RE_WORDS] = {0};
-    /* non-ASCII: folding may change it (and it needs checking): the channel */
-    if (ac ? !flt_ac_ascii_clean(ac, u, n) : !scan_ascii(u, n))
-        return false;
+    /* ASCII first (folding is the identity); then non-ASCII text that is
+     * valid UTF-8 and that folding leaves as it is (é, CJK): the automaton
+     * and PCRE2 see the bytes the channel would. A word's end, a fullwidth
+     * form or bad UTF-8: the channel */
+    if (ac ? !flt_ac_ascii_clean(ac, u, n) : !scan_ascii(u, n)) {
+        /* (an ASCII text with a word: flt_ac_clean finds the word again) */
+        if (!flt_utf8_valid(s, n) || !flt_fold_same(s, n))
+            return false;
+        if (ac && !flt_ac_clean(ac, u, n))
+            return false;
+    }
     for (size_t i = nw ? re_next(rs, u, 0, n) : n; i < n; i = re_next(rs, u, i + 1, n))
         for (size_t w = 0; w < nw; w++)
             may[w] |= rs->re_start[u[i]][w];

@@ -134,6 +134,37 @@ def test_a_word_across_an_escape_is_masked_on_every_hit(sluice_factory, mock, tm
     wait_until(lambda: _shape_counts(s)[0] >= 3, bound(5), what="three hits counted")
 
 
+def test_words_in_and_after_non_ascii_text_are_masked_on_every_hit(sluice_factory, mock,
+                                                                  tmp_path):
+    # text with \u00e9 and CJK is judged without the channel when clean
+    # (filters/scan.c flt_text_clean): a word spelt with é, a word after é
+    # and a CJK word are still masked, and a clean text with è, é and CJK
+    # goes up as the client wrote it
+    wf = ph.word_file(tmp_path / "w.txt", ["badword", "caf\u00e9", "\u654f\u611f\u8bcd"])
+    over = {"workers": 1,
+            "filters": {"words": [{"file": wf, "action": "mask"}], "mask": "[x]",
+                        "input": {"max_chars": 0}}}
+    s = ph.start(sluice_factory, mock, over, auth=False)
+    masked = [("the CAF\\u00e9 \\u00e8 bad\\u0077ord \\u654f\\u611f\\u8bcd",
+               "the [x] \u00e8 [x] [x]"),
+              # one word each, and that word is all the text has to hit
+              ("the CAF\\u00e9 \\u00e8 and tea", "the [x] \u00e8 and tea"),
+              ("\\u00e8 x\\u654f\\u611f\\u8bcdx", "\u00e8 x[x]x")]
+    for i in range(3):
+        for text, want in masked:
+            r = _send(s, _body("chat-model", "line\\n%d" % i, text, "64"))
+            assert r.status == 200, r
+            q = mock.requests(P)[-1]["json"]
+            assert q["messages"][1]["content"] == want, q
+        raw = _body("chat-model", "line\\n%d" % i, "caf\\u00e8 \\u654f\\u611f x\\u00e9", "64")
+        r = _send(s, raw)
+        assert r.status == 200, r
+        q = mock.requests(P)[-1]
+        assert q["body"].encode() == raw.replace(b'"chat-model"', b'"Qwen2.5-7B-Instruct"'), q
+        assert q["json"]["messages"][1]["content"] == "caf\u00e8 \u654f\u611f x\u00e9"
+    wait_until(lambda: _shape_counts(s)[0] >= 4, bound(5), what="four hits counted")
+
+
 def test_bad_escapes_in_a_body_of_a_kept_shape_are_refused(sluice_factory, mock, tmp_path):
     # a lone or reversed surrogate escape, or an escape JSON has not, in a
     # body of a kept shape: no hit, jansson's refusal, nothing upstream

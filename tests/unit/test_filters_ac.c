@@ -47,6 +47,28 @@ static void test_utf8_and_fold(void **state)
     assert_false(flt_utf8_valid("\xED\xA0\x80", 3));     /* surrogate */
     assert_false(flt_utf8_valid("\xE4\xB8", 2));         /* cut short */
     assert_false(flt_utf8_valid("\xF4\x90\x80\x80", 4)); /* > U+10FFFF */
+    /* a bad or a good sequence at every offset of ASCII text, past, inside
+     * and across the eight-byte ASCII steps; fullwidth forms and U+3000
+     * (folded) at every offset for flt_fold_same, é and CJK (not folded) */
+    char t[48];
+    for (size_t at = 0; at + 3 <= sizeof t; at++) {
+        memset(t, 'a', sizeof t);
+        memcpy(t + at, "\xC0\xAF", 2);
+        assert_false(flt_utf8_valid(t, sizeof t));
+        memcpy(t + at, "\xE4\xB8", 2);
+        assert_false(flt_utf8_valid(t, sizeof t));
+        assert_true(flt_utf8_valid(t, at));
+        memcpy(t + at, "\xC3\xA9", 2);
+        assert_true(flt_utf8_valid(t, sizeof t));
+        assert_true(flt_fold_same(t, sizeof t));
+        memcpy(t + at, "\xE4\xB8\xAD", 3);
+        assert_true(flt_fold_same(t, sizeof t));
+        memcpy(t + at, "\xEF\xBD\x82", 3);
+        assert_false(flt_fold_same(t, sizeof t));
+        assert_true(flt_fold_same(t, at));
+        memcpy(t + at, "\xE3\x80\x80", 3);
+        assert_false(flt_fold_same(t, sizeof t));
+    }
     assert_int_equal(flt_utf8_count("a中\xF0\x9F\x98\x80", 8), 3);
     assert_int_equal(flt_utf8_prefix("a中b", 5, 2), 4);
     assert_int_equal(flt_utf8_prefix("a中b", 5, 9), 5);

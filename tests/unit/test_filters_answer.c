@@ -426,7 +426,8 @@ static void test_arena_overflow(void **state)
     flt_ruleset_unref(rs);
 }
 
-/* The channel-free verdict: only for ASCII text with no word and no regex
+/* The channel-free verdict: only for text that folding leaves as it is
+ * (ASCII, é, CJK: valid UTF-8, no fullwidth form) with no word and no regex
  * match; anything else (or a regex limit) is left to the channel. */
 static void tweak_limit(flt_conf_t *c)
 {
@@ -437,14 +438,27 @@ static void test_text_clean(void **state)
 {
     (void)state;
     flt_ruleset_t *rs = rs_build();
-    static const char *const clean[] = {"",          "The sea is vast and so calm.",     "bad word",
-                                        "call 1234", "12345678901 (1 then 2: no phone)", "e-v-i-l"};
+    static const char *const clean[] = {
+        "",        "The sea is vast and so calm.",     "bad word",       "call 1234",
+        "e-v-i-l", "12345678901 (1 then 2: no phone)", "caf\xc3\xa9",    "the sea\xc2\xa0",
+        "敏感 词", "the caf\xc3\xa9 by the harbour.",  "bad\xc3\xa9word"};
     for (size_t i = 0; i < SL_ARRAY_LEN(clean); i++)
         if (!flt_text_clean(rs, clean[i], strlen(clean[i])))
             fail_msg("not clean: %s", clean[i]);
-    static const char *const maybe[] = {"a badword",        "BadWord",        "xevilx",
-                                        "call 13812345678", "caf\xc3\xa9",    "ｂａｄｗｏｒｄ",
-                                        "敏感词",           "the sea\xc2\xa0"};
+    /* a word or phone after é (the automaton's steps over bytes >= 0x80),
+     * a fullwidth form (folding changes the text), bad UTF-8 */
+    static const char *const maybe[] = {"a badword",
+                                        "BadWord",
+                                        "xevilx",
+                                        "call 13812345678",
+                                        "caf\xc3\xa9 badword",
+                                        "caf\xc3\xa9 13812345678",
+                                        "ｂａｄｗｏｒｄ",
+                                        "敏感词",
+                                        "x敏感词x",
+                                        "\xc3\xa9 \xef\xbd\x82",
+                                        "caf\xc3",
+                                        "\xc0\xaf"};
     for (size_t i = 0; i < SL_ARRAY_LEN(maybe); i++)
         if (flt_text_clean(rs, maybe[i], strlen(maybe[i])))
             fail_msg("clean: %s", maybe[i]);
@@ -458,6 +472,75 @@ static void test_text_clean(void **state)
     strcpy(text + 40, "!");
     assert_false(flt_text_clean(rs, text, strlen(text)));
     assert_true(flt_text_clean(rs, "bbb!", 4));
+    flt_ruleset_unref(rs);
+}
+
+/* flt_text_clean against the channel on texts with bytes >= 0x80: words
+ * with é and CJK in them (one starting with é: the automaton in the middle
+ * of a word across an ASCII run and a non-ASCII step), a phone after é,
+ * fullwidth forms and the ideographic space. clean must be exactly "the
+ * channel leaves the text as it is" where folding is the identity, and
+ * never true where it is not. A pass that skips or mis-steps a byte >= 0x80
+ * shows as a clean text the channel masks or blocks. */
+/* flt_text_filter without its flt_text_clean shortcut: the channel alone */
+static flt_chan_rc_t chan_filter(const flt_ruleset_t *rs, const char *s, size_t n, sl_buf_t *out)
+{
+    flt_chan_t c;
+    assert_int_equal(flt_chan_init(&c, rs), 0);
+    c.unbounded = true;
+    flt_chan_rc_t rc = flt_chan_feed(&c, s, n, out);
+    if (rc == FLT_CHAN_OK)
+        rc = flt_chan_finish(&c, out);
+    flt_chan_fini(&c);
+    return rc;
+}
+
+static void test_text_clean_utf8_as_channel(void **state)
+{
+    (void)state;
+    static const char *const piece[] = {
+        "x",  " ",  "\xc3\xa9", "caf",          "CAF",          "bad",          "word",
+        "敏", "感", "词",       "敏感词",       "ev",           "il",           "13812345678",
+        "1",  "3",  "\xc2\xa0", "\xe2\x82\xac", "\xef\xbd\x82", "\xe3\x80\x80", "\xf0\x9f\x8c\x8a",
+    };
+    tf_list_t l[2] = {{"badword\n敏感词\ncaf\xc3\xa9\n\xc3\xa9"
+                       "bad\n",
+                       FLT_ACTION_MASK, "masked"},
+                      {"evil\n", FLT_ACTION_BLOCK, "blocked"}};
+    flt_conf_regex_t re[] = {{"phone", "1[3-9]\\d{9}", FLT_ACTION_MASK}};
+    char err[256] = "";
+    flt_ruleset_t *rs = tf_build(l, 2, re, 1, NULL, err, sizeof err);
+    if (!rs)
+        fail_msg("build: %s", err);
+    unsigned seed = 16, clean = 0, hit = 0, folded = 0;
+    char text[256];
+    sl_buf_t out = {0};
+    for (int round = 0; round < 20000; round++) {
+        size_t n = 0, want = (size_t)(round % 120);
+        while (n < want) {
+            const char *p = rand_r(&seed) % 4 ? "x" : piece[rand_r(&seed) % SL_ARRAY_LEN(piece)];
+            size_t pn = strlen(p);
+            if (n + pn > want)
+                break;
+            memcpy(text + n, p, pn);
+            n += pn;
+        }
+        bool c = flt_text_clean(rs, text, n);
+        out.len = 0;
+        flt_chan_rc_t rc = chan_filter(rs, text, n, &out);
+        bool same = rc == FLT_CHAN_OK && out.len == n && memcmp(out.p ? out.p : "", text, n) == 0;
+        if (c && !same)
+            fail_msg("clean, but the channel changes it: %.*s", (int)n, text);
+        if (!flt_fold_same(text, n)) {
+            assert_false(c);
+            folded++;
+        } else if (!c && same) {
+            fail_msg("the channel leaves it, but not clean: %.*s", (int)n, text);
+        }
+        c ? clean++ : !same ? hit++ : 0;
+    }
+    assert_true(clean > 2000 && hit > 2000 && folded > 1000);
+    sl_buf_free(&out);
     flt_ruleset_unref(rs);
 }
 
@@ -524,11 +607,17 @@ static void test_byte_pass_same_as_loop(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_same_as_tree),        cmocka_unit_test(test_to_tree),
-        cmocka_unit_test(test_splice_exact),        cmocka_unit_test(test_output_off),
-        cmocka_unit_test(test_many_choices),        cmocka_unit_test(test_text_clean),
-        cmocka_unit_test(test_arena_overflow),      cmocka_unit_test(test_no_candidate),
-        cmocka_unit_test(test_no_candidate_random), cmocka_unit_test(test_byte_pass_same_as_loop),
+        cmocka_unit_test(test_same_as_tree),
+        cmocka_unit_test(test_to_tree),
+        cmocka_unit_test(test_splice_exact),
+        cmocka_unit_test(test_output_off),
+        cmocka_unit_test(test_many_choices),
+        cmocka_unit_test(test_text_clean),
+        cmocka_unit_test(test_text_clean_utf8_as_channel),
+        cmocka_unit_test(test_arena_overflow),
+        cmocka_unit_test(test_no_candidate),
+        cmocka_unit_test(test_no_candidate_random),
+        cmocka_unit_test(test_byte_pass_same_as_loop),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
