@@ -52,19 +52,17 @@ spawn taskset -c "$PROXY_CPU" "$SLUICE_BIN" -c "$WORK/hit.yaml"
 PID_HIT=$LAST
 wait_port "$P_HIT" "$PID_HIT"
 
-cat >"$WORK/req.lua" <<'EOF'
+cat >"$WORK/req.lua" <<EOF
+package.path = "$ROOT/bench/?.lua;" .. package.path
+local common = require("wrk_common") -- the BENCH line
+EOF
+cat >>"$WORK/req.lua" <<'EOF'
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
 local stream = os.getenv("BENCH_STREAM") == "1"
 wrk.body = '{"model":"bench-model","temperature":0,"messages":[{"role":"user","content":"Hello"}]'
     .. (stream and ',"stream":true}' or '}')
-done = function(summary, latency, requests)
-    local e = summary.errors
-    io.write(string.format(
-        "BENCH requests=%d duration_us=%d p50_us=%d p99_us=%d errors=%d non2xx=%d\n",
-        summary.requests, summary.duration, latency:percentile(50),
-        latency:percentile(99), e.connect + e.read + e.write + e.timeout, e.status))
-end
+done = common.done
 EOF
 
 # The warm-up request stores the answer; check that the next one is a hit.

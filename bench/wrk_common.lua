@@ -1,7 +1,7 @@
 -- wrk_common.lua — what the wrk scripts of bench/ share (post.lua,
--- signed.lua, realistic.lua, fallback_key.lua): request signing as
--- docs/auth.md specifies it, and the machine-readable line the bench
--- scripts collect. Loaded with
+-- signed.lua, realistic.lua, fallback_key.lua, cache_hit.sh's req.lua):
+-- request signing as docs/auth.md specifies it, and the machine-readable
+-- line the bench scripts collect. Loaded with
 --   package.path = (debug.getinfo(1, "S").source:match("^@(.*/)") or "./")
 --       .. "?.lua;" .. package.path
 --   local common = require("wrk_common")
