@@ -1080,15 +1080,10 @@ static void gw_h1_batch_flush(gw_conn_t *c)
     if (b->c != c || b->len == 0)
         return;
     /* the size line, written backwards into the room before the bytes */
-    static const char digits[] = "0123456789abcdef";
     char *start = b->buf + GW_H1_BATCH_HEAD;
     *--start = '\n';
     *--start = '\r';
-    size_t v = b->len;
-    do {
-        *--start = digits[v & 15];
-        v >>= 4;
-    } while (v);
+    start = gw_hex_back(start, b->len);
     memcpy(b->buf + GW_H1_BATCH_HEAD + b->len, "\r\n", 2);
     size_t head = (size_t)(b->buf + GW_H1_BATCH_HEAD - start);
     size_t n = head + b->len + 2;

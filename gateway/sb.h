@@ -67,16 +67,23 @@ static inline void gw_sb_u64(gw_sb_t *b, uint64_t v)
     gw_sb_add(b, d + i, sizeof(d) - i);
 }
 
-static inline void gw_sb_hex(gw_sb_t *b, uint64_t v)
+/* v in lowercase hex written backwards, ending just before end (at most
+ * 16 digits); returns where the digits start. */
+static inline char *gw_hex_back(char *end, uint64_t v)
 {
     static const char digits[] = "0123456789abcdef";
-    char d[20];
-    size_t i = sizeof(d);
     do {
-        d[--i] = digits[v & 15];
+        *--end = digits[v & 15];
         v >>= 4;
     } while (v);
-    gw_sb_add(b, d + i, sizeof(d) - i);
+    return end;
+}
+
+static inline void gw_sb_hex(gw_sb_t *b, uint64_t v)
+{
+    char d[16];
+    char *p = gw_hex_back(d + sizeof(d), v);
+    gw_sb_add(b, p, (size_t)(d + sizeof(d) - p));
 }
 
 /* "Name: value\r\n" */
