@@ -280,12 +280,7 @@ bool flt_ac_clean(const flt_ac_t *ac, const unsigned char *s, size_t n)
     uint32_t st = FLT_AC_ROOT;
     size_t i = 0;
     while (i < n) {
-        size_t j = i;
-        uint64_t x; /* to the next byte >= 0x80, eight bytes a step */
-        while (j + 8 <= n && (memcpy(&x, s + j, 8), !(x & 0x8080808080808080ull)))
-            j += 8;
-        while (j < n && s[j] < 0x80)
-            j++;
+        size_t j = flt_ascii_end(s, i, n);
         if (!flt_ac_ascii_run(ac, &st, s + i, j - i))
             return false;
         /* ac_step lowers the byte, as the dense rows do: the same states

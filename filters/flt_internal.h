@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <yajl/yajl_parse.h>
 
@@ -227,6 +228,18 @@ bool flt_json_strings_clean(const flt_ruleset_t *rs, const char *s, size_t n);
  * and result as feeding it in pieces. */
 flt_chan_rc_t flt_text_filter(const flt_ruleset_t *rs, const char *s, size_t n,
                               sl_buf_t *out) SL_WUR;
+
+/* The end of the ASCII run at s[i..n): the first byte >= 0x80, or n. Eight
+ * bytes a step where there are eight. */
+static inline size_t flt_ascii_end(const unsigned char *s, size_t i, size_t n)
+{
+    uint64_t x;
+    while (i + 8 <= n && (memcpy(&x, s + i, 8), !(x & 0x8080808080808080ull)))
+        i += 8;
+    while (i < n && s[i] < 0x80)
+        i++;
+    return i;
+}
 
 /* Appends text (valid UTF-8) as a JSON string, quotes included: only the
  * quote, the backslash and control characters are escaped (stream.c). */

@@ -39,12 +39,7 @@ int flt_utf8_valid(const char *str, size_t n)
     while (i < n) {
         unsigned char c = s[i];
         if (c < 0x80) {
-            /* ASCII eight bytes a step where there are eight */
-            uint64_t x;
-            while (i + 8 <= n && (memcpy(&x, s + i, 8), !(x & 0x8080808080808080ull)))
-                i += 8;
-            while (i < n && s[i] < 0x80)
-                i++;
+            i = flt_ascii_end(s, i, n);
             continue;
         }
         size_t len;
