@@ -36,11 +36,17 @@ void fb_window_clear(fb_window_t *w)
     }
 }
 
+static int64_t fb_window_now(const fb_window_t *w, int64_t now_ms)
+{
+    return now_ms > w->last_ms ? now_ms : w->last_ms;
+}
+
 /* Bucket e covers [e*width, (e+1)*width). The window at now is the current
  * bucket and the FB_WIN_BUCKETS-1 before it. */
 void fb_window_add(fb_window_t *w, int64_t now_ms, int64_t da, int64_t db)
 {
-    int64_t e = now_ms / w->width_ms;
+    w->last_ms = fb_window_now(w, now_ms);
+    int64_t e = w->last_ms / w->width_ms;
     int i = (int)(e % FB_WIN_BUCKETS);
     if (w->epoch[i] != e) {
         w->epoch[i] = e;
@@ -52,7 +58,7 @@ void fb_window_add(fb_window_t *w, int64_t now_ms, int64_t da, int64_t db)
 
 void fb_window_sum(fb_window_t *w, int64_t now_ms, int64_t *a, int64_t *b)
 {
-    int64_t e = now_ms / w->width_ms, sa = 0, sb = 0;
+    int64_t e = fb_window_now(w, now_ms) / w->width_ms, sa = 0, sb = 0;
     for (int i = 0; i < FB_WIN_BUCKETS; i++)
         if (w->epoch[i] > e - FB_WIN_BUCKETS && w->epoch[i] <= e) {
             sa += w->a[i];

@@ -22,6 +22,7 @@
 /* Not thread-safe: its owner's lock protects it. */
 typedef struct fb_window {
     int64_t width_ms; /* window / FB_WIN_BUCKETS, >= 1 */
+    int64_t last_ms;  /* the latest add's time: the window never goes back */
     int64_t epoch[FB_WIN_BUCKETS];
     int64_t a[FB_WIN_BUCKETS], b[FB_WIN_BUCKETS];
 } fb_window_t;
@@ -30,7 +31,12 @@ void fb_window_init(fb_window_t *w, int64_t window_ms);
 /* Changes the width; counts are kept (they age out at the new pace). */
 void fb_window_resize(fb_window_t *w, int64_t window_ms);
 void fb_window_add(fb_window_t *w, int64_t now_ms, int64_t da, int64_t db);
-/* Sums over the buckets still inside the window at now. */
+/* Sums over the buckets still inside the window at now. Both take now as
+ * max(now, the latest add's time): a caller whose clock read is older than
+ * another thread's (read before it took the owner's lock) counts in, and
+ * reads, the window as it is, never a bucket a newer clock has dropped or
+ * before one a newer clock has filled. A sum at a later time is a pure read:
+ * it does not move the window. */
 void fb_window_sum(fb_window_t *w, int64_t now_ms, int64_t *a, int64_t *b);
 void fb_window_clear(fb_window_t *w);
 

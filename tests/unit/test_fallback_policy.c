@@ -201,6 +201,36 @@ static void test_budget_exact(void **state)
     fb_budget_free(b);
 }
 
+/* A caller whose clock read is older than the window's latest add (it read
+ * the clock, then waited for the owner's lock while another thread added)
+ * must neither reset the newer bucket its stale time maps to nor read a
+ * window that ends before it. Both happened before the window kept its
+ * latest time, and let two threads retry past the budget. */
+static void test_window_stale_clock(void **state)
+{
+    (void)state;
+    fb_window_t w;
+    fb_window_init(&w, 10000); /* ten 1 s buckets */
+    int64_t a, b;
+    fb_window_add(&w, 25000, 0, 1);   /* bucket 25, slot 5 */
+    fb_window_sum(&w, 15000, &a, &b); /* stale: window 6..15 would miss it */
+    assert_int_equal(b, 1);
+    fb_window_add(&w, 15000, 1, 0); /* stale: slot 5 again, epoch 15 */
+    fb_window_sum(&w, 25000, &a, &b);
+    assert_int_equal(a, 1);
+    assert_int_equal(b, 1); /* not reset by the stale add */
+    /* a sum at a later time is a read only: the window stays */
+    fb_window_sum(&w, 40000, &a, &b);
+    assert_int_equal(a + b, 0);
+    fb_window_sum(&w, 25999, &a, &b);
+    assert_int_equal(a + b, 2);
+    /* time moves on with the adds */
+    fb_window_add(&w, 36000, 1, 0);
+    fb_window_sum(&w, 25000, &a, &b);
+    assert_int_equal(a, 1); /* only bucket 36's; 25 aged out */
+    assert_int_equal(b, 0);
+}
+
 typedef struct storm {
     fb_budget_t *b;
     conf_fb_retry_t c;
@@ -616,14 +646,14 @@ static void test_fault_decide(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_retryable),       cmocka_unit_test(test_backoff),
-        cmocka_unit_test(test_retry_after),     cmocka_unit_test(test_decide),
-        cmocka_unit_test(test_budget_exact),    cmocka_unit_test(test_storm_50),
-        cmocka_unit_test(test_storm_100),       cmocka_unit_test(test_storm_threads),
-        cmocka_unit_test(test_storm_light),     cmocka_unit_test(test_breaker_consecutive),
-        cmocka_unit_test(test_breaker_ratio),   cmocka_unit_test(test_breaker_registry),
-        cmocka_unit_test(test_breaker_threads), cmocka_unit_test(test_fault_parse),
-        cmocka_unit_test(test_fault_decide),
+        cmocka_unit_test(test_retryable),           cmocka_unit_test(test_backoff),
+        cmocka_unit_test(test_retry_after),         cmocka_unit_test(test_decide),
+        cmocka_unit_test(test_budget_exact),        cmocka_unit_test(test_storm_50),
+        cmocka_unit_test(test_storm_100),           cmocka_unit_test(test_storm_threads),
+        cmocka_unit_test(test_window_stale_clock),  cmocka_unit_test(test_storm_light),
+        cmocka_unit_test(test_breaker_consecutive), cmocka_unit_test(test_breaker_ratio),
+        cmocka_unit_test(test_breaker_registry),    cmocka_unit_test(test_breaker_threads),
+        cmocka_unit_test(test_fault_parse),         cmocka_unit_test(test_fault_decide),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
