@@ -238,7 +238,8 @@ static inline size_t ac_skip(const flt_ac_t *ac, const unsigned char *s, size_t 
     return i;
 }
 
-bool flt_ac_ascii_run(const flt_ac_t *ac, uint32_t *state, const unsigned char *s, size_t n)
+flt_ac_run_t flt_ac_ascii_scan(const flt_ac_t *ac, uint32_t *state, const unsigned char *s,
+                               size_t n, size_t *at)
 {
     /* one loop with the step inlined: this runs over every prompt and
      * answer text, most of which match nothing */
@@ -250,34 +251,51 @@ bool flt_ac_ascii_run(const flt_ac_t *ac, uint32_t *state, const unsigned char *
     size_t i = 0;
     while (i < n) {
         if (st == FLT_AC_ROOT) {
-            i = ac_skip(ac, s, i, n);
-            if (i == AC_SKIP_NONE)
-                return false;
+            size_t k = ac_skip(ac, s, i, n);
+            if (k == AC_SKIP_NONE)
+                goto high; /* somewhere in the skip's round: the root at i */
+            i = k;
         }
         /* one step at least (a candidate, or the last byte), then on until
          * the state is the root again */
         do {
             if (st < ndense) {
                 uint32_t x = dense[(size_t)st << 8 | s[i]];
-                if (x & (AC_D_OUT | AC_D_HIGH))
-                    return false;
+                if (x & (AC_D_OUT | AC_D_HIGH)) {
+                    if (x & AC_D_HIGH)
+                        goto high;
+                    return FLT_AC_RUN_WORD;
+                }
                 st = x;
                 continue;
             }
             if (s[i] >= 0x80)
-                return false;
+                goto high;
             st = ac_step(ac, st, s[i]);
             if (ac->out_rule[st] >= 0 || ac->out_link[st] >= 0)
-                return false;
+                return FLT_AC_RUN_WORD;
         } while (++i < n && st != FLT_AC_ROOT);
     }
+    *state = st;
+    return FLT_AC_RUN_CLEAN;
+high:
+    *state = st;
+    *at = i;
+    return FLT_AC_RUN_HIGH;
+}
+
+bool flt_ac_ascii_run(const flt_ac_t *ac, uint32_t *state, const unsigned char *s, size_t n)
+{
+    uint32_t st = *state;
+    size_t at;
+    if (flt_ac_ascii_scan(ac, &st, s, n, &at) != FLT_AC_RUN_CLEAN)
+        return false;
     *state = st;
     return true;
 }
 
-bool flt_ac_clean(const flt_ac_t *ac, const unsigned char *s, size_t n)
+bool flt_ac_clean_from(const flt_ac_t *ac, uint32_t st, const unsigned char *s, size_t n)
 {
-    uint32_t st = FLT_AC_ROOT;
     size_t i = 0;
     while (i < n) {
         size_t j = flt_ascii_end(s, i, n);
@@ -293,6 +311,11 @@ bool flt_ac_clean(const flt_ac_t *ac, const unsigned char *s, size_t n)
         i = j;
     }
     return true;
+}
+
+bool flt_ac_clean(const flt_ac_t *ac, const unsigned char *s, size_t n)
+{
+    return flt_ac_clean_from(ac, FLT_AC_ROOT, s, n);
 }
 
 bool flt_ac_ascii_clean(const flt_ac_t *ac, const unsigned char *s, size_t n)
