@@ -79,11 +79,11 @@ bool flt_ac_ascii_clean(const flt_ac_t *ac, const unsigned char *s, size_t n);
  * first byte >= 0x80 or word end. */
 bool flt_ac_ascii_run(const flt_ac_t *ac, uint32_t *state, const unsigned char *s, size_t n);
 /* flt_ac_ascii_run telling why it stopped. CLEAN: as its true. WORD: a
- * word ends in s. HIGH: s has a byte >= 0x80 at *at or after it (the skip
- * tests 32 bytes at once, so not necessarily at it); every byte before *at
- * is ASCII,
- * no word ends before it, and *state is the state there: flt_ac_clean_from
- * goes on from it without stepping those bytes again. */
+ * word ends in s. HIGH: s has a byte >= 0x80 at *at or in the 32 bytes
+ * after it (the skip tests a round of 32 at once, so not necessarily at
+ * it); every byte before *at is ASCII, no word ends before it, and *state
+ * is the state there: flt_ac_clean_from goes on from it without stepping
+ * those bytes again. */
 typedef enum flt_ac_run {
     FLT_AC_RUN_CLEAN,
     FLT_AC_RUN_WORD,
