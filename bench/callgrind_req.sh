@@ -22,7 +22,9 @@
 #   add full-sse for the streamed request, full-sig for the signed one,
 #   plain-esc / full-esc for the plain and full confs sending issue #16's body
 #   with escapes: a two-line system prompt, \n, \" and \u00e9 in the user
-#   message, bench/lib.sh's realistic_esc_body),
+#   message, bench/lib.sh's realistic_esc_body; plain-parts / full-parts
+#   sending it with the user message as two text parts and an image_url
+#   part, bench/lib.sh's realistic_parts_body),
 #   CG_SHORT / CG_LONG (wrk seconds, default 3 / 12), CG_CONNS (default 32),
 #   BENCH_BODY_VARY=key (realistic.lua: every request's body a JSON shape of
 #   its own, body_scan.c's kept shapes missing; with CG_NGINX=0),

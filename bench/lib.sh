@@ -269,6 +269,13 @@ realistic_esc_body() {
     printf '%s' '{"model":"chat-model","messages":[{"role":"system","content":"You are a helpful assistant.\nAnswer in plain English."},{"role":"user","content":"Write one sentence about the sea, please.\nUse the word \"tide\" and the caf\u00e9 by the harbour."}],"max_tokens":64}' >"$1"
 }
 
+# issue #16's body with the user message as content parts, as a multimodal
+# (vision) client sends it: the question in two text parts and one
+# image_url part (confs plain-parts and full-parts), into $1.
+realistic_parts_body() {
+    printf '%s' '{"model":"chat-model","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":[{"type":"text","text":"Write one sentence about the sea, please,"},{"type":"text","text":" in plain English."},{"type":"image_url","image_url":{"url":"https://example.com/images/sea-0042.jpg"}}]}],"max_tokens":64}' >"$1"
+}
+
 # issue #16's three confs (plain, full, full-sse) in $WORK on one port pair
 # ($1 listen, $2 admin): realistic_upstream on $UP_PORT and, when $3 (the
 # confs to be run) names full-sse, $SSE_UP_BIN's 8 events on $SSE_UP_PORT,
@@ -291,6 +298,10 @@ realistic_trio() {
     realistic_conf plain-esc "$1" "$2" plain
     realistic_conf full-esc "$1" "$2" full
     realistic_esc_body "$WORK/body-esc.json"
+    # and realistic_parts_body's
+    realistic_conf plain-parts "$1" "$2" plain
+    realistic_conf full-parts "$1" "$2" full
+    realistic_parts_body "$WORK/body-parts.json"
     realistic_conf full-sse "$1" "$2" full "$SSE_UP_PORT"
     # full-sig: full with every request signed (auth.signing.required),
     # nonces in the in-process store; the same token as full
@@ -309,6 +320,7 @@ realistic_req() {
     [ "$1" != full-sig ] || REQ_SIGNING_KEY=$SIGNING_KEY
     [ "$1" != full-sse ] || REQ_BODY=$WORK/body-sse.json
     case $1 in *-esc) REQ_BODY=$WORK/body-esc.json ;; esac
+    case $1 in *-parts) REQ_BODY=$WORK/body-parts.json ;; esac
 }
 
 realistic_conf() {

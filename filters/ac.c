@@ -184,11 +184,14 @@ __attribute__((target("avx2"))) static inline bool ac_pairs32(const unsigned cha
 }
 
 /* The first position in [i, n-1) where a word may begin, else n-1 (the
- * last byte, which has no pair); AC_SKIP_NONE at a byte >= 0x80 (in the
- * text, not necessarily before the position). i < n, and every byte of
- * s[0, i) is below 0x80 (flt_ac_ascii_run has stepped or skipped it). */
+ * last byte, which has no pair); AC_SKIP_NONE at a byte >= 0x80, with
+ * *high the start of the round that has it (the byte is there or in the 32
+ * after): no word may begin before *high, so the root at *high is the
+ * state a step over every byte would give for what follows. i < n, and
+ * every byte of s[0, i) is below 0x80 (flt_ac_ascii_scan has stepped or
+ * skipped it). */
 __attribute__((target("avx2"))) static size_t
-ac_skip_avx2(const flt_ac_t *ac, const unsigned char *s, size_t i, size_t n)
+ac_skip_avx2(const flt_ac_t *ac, const unsigned char *s, size_t i, size_t n, size_t *high)
 {
     const __m256i t[4] = {_mm256_loadu_si256((const __m256i *)ac->skip[0]),
                           _mm256_loadu_si256((const __m256i *)ac->skip[1]),
@@ -199,7 +202,7 @@ ac_skip_avx2(const flt_ac_t *ac, const unsigned char *s, size_t i, size_t n)
         size_t left = n - 1 - i; /* positions with a pair */
         if (left >= 32) {
             if (!ac_pairs32(s + i, t, &c))
-                return AC_SKIP_NONE;
+                goto none;
             if (c)
                 return i + (size_t)__builtin_ctz(c);
             i += 32;
@@ -210,7 +213,7 @@ ac_skip_avx2(const flt_ac_t *ac, const unsigned char *s, size_t i, size_t n)
              * back are passed already (their bytes are clean: see above) */
             size_t back = 32 - left;
             if (!ac_pairs32(s + i - back, t, &c))
-                return AC_SKIP_NONE;
+                goto none;
             c &= ~((1u << back) - 1);
             return c ? i - back + (size_t)__builtin_ctz(c) : n - 1;
         }
@@ -219,26 +222,31 @@ ac_skip_avx2(const flt_ac_t *ac, const unsigned char *s, size_t i, size_t n)
         memset(pad, 0, sizeof pad);
         memcpy(pad, s + i, left + 1);
         if (!ac_pairs32(pad, t, &c))
-            return AC_SKIP_NONE;
+            goto none;
         c &= (1u << left) - 1;
         return c ? i + (size_t)__builtin_ctz(c) : n - 1;
     }
     return n - 1;
+none:
+    *high = i;
+    return AC_SKIP_NONE;
 }
 #endif
 
 /* ac_skip_avx2's answer, or i (no skip) on a CPU without AVX2. */
-static inline size_t ac_skip(const flt_ac_t *ac, const unsigned char *s, size_t i, size_t n)
+static inline size_t ac_skip(const flt_ac_t *ac, const unsigned char *s, size_t i, size_t n,
+                             size_t *high)
 {
 #ifdef AC_SKIP_X86
     if (ac->skip_avx2)
-        return ac_skip_avx2(ac, s, i, n);
+        return ac_skip_avx2(ac, s, i, n, high);
 #endif
-    (void)ac, (void)s, (void)n;
+    (void)ac, (void)s, (void)n, (void)high;
     return i;
 }
 
-bool flt_ac_ascii_run(const flt_ac_t *ac, uint32_t *state, const unsigned char *s, size_t n)
+flt_ac_run_t flt_ac_ascii_scan(const flt_ac_t *ac, uint32_t *state, const unsigned char *s,
+                               size_t n, size_t *at)
 {
     /* one loop with the step inlined: this runs over every prompt and
      * answer text, most of which match nothing */
@@ -250,34 +258,52 @@ bool flt_ac_ascii_run(const flt_ac_t *ac, uint32_t *state, const unsigned char *
     size_t i = 0;
     while (i < n) {
         if (st == FLT_AC_ROOT) {
-            i = ac_skip(ac, s, i, n);
-            if (i == AC_SKIP_NONE)
-                return false;
+            i = ac_skip(ac, s, i, n, at);
+            if (i == AC_SKIP_NONE) {
+                *state = FLT_AC_ROOT; /* at *at, the skip's round */
+                return FLT_AC_RUN_HIGH;
+            }
         }
         /* one step at least (a candidate, or the last byte), then on until
          * the state is the root again */
         do {
             if (st < ndense) {
                 uint32_t x = dense[(size_t)st << 8 | s[i]];
-                if (x & (AC_D_OUT | AC_D_HIGH))
-                    return false;
+                if (x & (AC_D_OUT | AC_D_HIGH)) {
+                    if (x & AC_D_HIGH)
+                        goto high;
+                    return FLT_AC_RUN_WORD;
+                }
                 st = x;
                 continue;
             }
             if (s[i] >= 0x80)
-                return false;
+                goto high;
             st = ac_step(ac, st, s[i]);
             if (ac->out_rule[st] >= 0 || ac->out_link[st] >= 0)
-                return false;
+                return FLT_AC_RUN_WORD;
         } while (++i < n && st != FLT_AC_ROOT);
     }
+    *state = st;
+    return FLT_AC_RUN_CLEAN;
+high:
+    *state = st;
+    *at = i;
+    return FLT_AC_RUN_HIGH;
+}
+
+bool flt_ac_ascii_run(const flt_ac_t *ac, uint32_t *state, const unsigned char *s, size_t n)
+{
+    uint32_t st = *state;
+    size_t at;
+    if (flt_ac_ascii_scan(ac, &st, s, n, &at) != FLT_AC_RUN_CLEAN)
+        return false;
     *state = st;
     return true;
 }
 
-bool flt_ac_clean(const flt_ac_t *ac, const unsigned char *s, size_t n)
+bool flt_ac_clean_from(const flt_ac_t *ac, uint32_t st, const unsigned char *s, size_t n)
 {
-    uint32_t st = FLT_AC_ROOT;
     size_t i = 0;
     while (i < n) {
         size_t j = flt_ascii_end(s, i, n);
@@ -293,6 +319,11 @@ bool flt_ac_clean(const flt_ac_t *ac, const unsigned char *s, size_t n)
         i = j;
     }
     return true;
+}
+
+bool flt_ac_clean(const flt_ac_t *ac, const unsigned char *s, size_t n)
+{
+    return flt_ac_clean_from(ac, FLT_AC_ROOT, s, n);
 }
 
 bool flt_ac_ascii_clean(const flt_ac_t *ac, const unsigned char *s, size_t n)

@@ -78,10 +78,25 @@ bool flt_ac_ascii_clean(const flt_ac_t *ac, const unsigned char *s, size_t n);
  * s, when s is ASCII and no word ends in it; false (state untouched) at the
  * first byte >= 0x80 or word end. */
 bool flt_ac_ascii_run(const flt_ac_t *ac, uint32_t *state, const unsigned char *s, size_t n);
+/* flt_ac_ascii_run telling why it stopped. CLEAN: as its true. WORD: a
+ * word ends in s. HIGH: s has a byte >= 0x80 at *at or in the 32 bytes
+ * after it (the skip tests a round of 32 at once, so not necessarily at
+ * it); every byte before *at is ASCII, no word ends before it, and *state
+ * is the state there: flt_ac_clean_from goes on from it without stepping
+ * those bytes again. */
+typedef enum flt_ac_run {
+    FLT_AC_RUN_CLEAN,
+    FLT_AC_RUN_WORD,
+    FLT_AC_RUN_HIGH,
+} flt_ac_run_t;
+flt_ac_run_t flt_ac_ascii_scan(const flt_ac_t *ac, uint32_t *state, const unsigned char *s,
+                               size_t n, size_t *at);
 /* Whether no word ends anywhere in folded s[0..n), from the root, for any
  * bytes: the ASCII runs as flt_ac_ascii_run, bytes >= 0x80 stepped one by
  * one. */
 bool flt_ac_clean(const flt_ac_t *ac, const unsigned char *s, size_t n);
+/* The same from state (the state after the text before s). */
+bool flt_ac_clean_from(const flt_ac_t *ac, uint32_t state, const unsigned char *s, size_t n);
 /* Length of the longest suffix of the text so far that is a proper prefix
  * of some word (a match that needs more text): no match still to come can
  * start earlier than this many bytes back. */
@@ -216,6 +231,13 @@ size_t flt_chan_held(const flt_chan_t *c);
  * a hit, a regex limit): the channel decides. Most texts are clean,
  * and the channel's buffers, map and release steps cost ~7 allocations. */
 bool flt_text_clean(const flt_ruleset_t *rs, const char *s, size_t n);
+
+/* flt_text_clean() of the text parts of a message's content (parts[0..n),
+ * as the body scanner read them), joined as the channel reads them: one
+ * text, the other parts (image_url...) left out. One text part is judged
+ * in place; more are copied together first (false when that copy cannot be
+ * allocated: the channel decides). */
+bool flt_parts_clean(const flt_ruleset_t *rs, const sl_chat_part_t *parts, size_t n);
 
 /* Whether no string of a JSON text (the text need not be JSON: if it is)
  * can hold a hit, without parsing it: no backslash (each string's text is

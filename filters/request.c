@@ -406,6 +406,41 @@ static size_t chat_chars(const sl_chat_t *chat, const sl_chat_msg_t *m)
     return n;
 }
 
+/* Parts joined on the stack up to this many bytes (more: one allocation). */
+#define FLT_PARTS_STACK 1024
+
+bool flt_parts_clean(const flt_ruleset_t *rs, const sl_chat_part_t *parts, size_t n)
+{
+    const sl_chat_part_t *one = NULL;
+    size_t ntexts = 0, len = 0;
+    for (size_t j = 0; j < n; j++) {
+        if (chat_text_part(&parts[j])) {
+            one = &parts[j];
+            ntexts++;
+            len += parts[j].text.len;
+        }
+    }
+    if (ntexts <= 1)
+        return !one || flt_text_clean(rs, one->text.p, one->text.len);
+    /* the channel reads the text parts as one text (a word or a regex
+     * match may run across two): so does the verdict */
+    char stack[FLT_PARTS_STACK];
+    char *buf = len <= sizeof stack ? stack : malloc(len);
+    if (!buf)
+        return false;
+    size_t o = 0;
+    for (size_t j = 0; j < n; j++) {
+        if (chat_text_part(&parts[j]) && parts[j].text.len) {
+            memcpy(buf + o, parts[j].text.p, parts[j].text.len);
+            o += parts[j].text.len;
+        }
+    }
+    bool clean = flt_text_clean(rs, buf, len);
+    if (buf != stack)
+        free(buf);
+    return clean;
+}
+
 /* check_rules() without writing masks back: FLT_REQ_EDIT when one hit. */
 static flt_req_verdict_t chat_rules(const flt_ruleset_t *rs, const sl_chat_t *chat,
                                     const sl_chat_msg_t *m, size_t i, flt_req_result_t *res)
@@ -419,8 +454,9 @@ static flt_req_verdict_t chat_rules(const flt_ruleset_t *rs, const sl_chat_t *ch
     }
     if (!ntexts)
         return FLT_REQ_OK;
-    if (m->content_kind == SL_J_STRING && flt_text_clean(rs, m->content.p, m->content.len))
-        return FLT_REQ_OK; /* parts are one text across their pieces: the channel */
+    if (m->content_kind == SL_J_STRING ? flt_text_clean(rs, m->content.p, m->content.len)
+                                       : flt_parts_clean(rs, &chat->parts[m->part0], m->nparts))
+        return FLT_REQ_OK;
     flt_chan_t ch;
     if (flt_chan_init(&ch, rs) != 0)
         return FLT_REQ_ERROR;

@@ -633,10 +633,7 @@ static size_t re_next(const flt_ruleset_t *rs, const unsigned char *u, size_t i,
 
 static bool scan_ascii(const unsigned char *u, size_t n)
 {
-    for (size_t i = 0; i < n; i++)
-        if (u[i] >= 0x80)
-            return false;
-    return true;
+    return flt_ascii_end(u, 0, n) == n;
 }
 
 bool flt_text_clean(const flt_ruleset_t *rs, const char *s, size_t n)
@@ -648,12 +645,25 @@ bool flt_text_clean(const flt_ruleset_t *rs, const char *s, size_t n)
     /* ASCII first (folding is the identity); then non-ASCII text that is
      * valid UTF-8 and that folding leaves as it is (é, CJK): the automaton
      * and PCRE2 see the bytes the channel would. A word's end, a fullwidth
-     * form or bad UTF-8: the channel */
-    if (ac ? !flt_ac_ascii_clean(ac, u, n) : !scan_ascii(u, n)) {
-        /* (an ASCII text with a word: flt_ac_clean finds the word again) */
-        if (!flt_utf8_valid(s, n) || !flt_fold_same(s, n))
+     * form or bad UTF-8: the channel. The checks of the rest start where
+     * the ASCII run stopped, with the automaton's state there: the prefix
+     * is ASCII (whole characters that fold to themselves) and was stepped
+     * once (until branch arrparts, twice) */
+    uint32_t st = FLT_AC_ROOT;
+    size_t at = n;
+    if (ac) {
+        flt_ac_run_t r = flt_ac_ascii_scan(ac, &st, u, n, &at);
+        if (r == FLT_AC_RUN_WORD)
             return false;
-        if (ac && !flt_ac_clean(ac, u, n))
+        if (r == FLT_AC_RUN_CLEAN)
+            at = n;
+    } else {
+        at = flt_ascii_end(u, 0, n);
+    }
+    if (at < n) {
+        if (!flt_utf8_valid(s + at, n - at) || !flt_fold_same(s + at, n - at))
+            return false;
+        if (ac && !flt_ac_clean_from(ac, st, u + at, n - at))
             return false;
     }
     for (size_t i = nw ? re_next(rs, u, 0, n) : n; i < n; i = re_next(rs, u, i + 1, n))

@@ -182,3 +182,73 @@ def test_bad_escapes_in_a_body_of_a_kept_shape_are_refused(sluice_factory, mock,
     assert _send(s, _body("chat-model", "sys", "fine\\n", "64")).status == 200
     wait_until(lambda: _shape_counts(s)[0] >= hits0 + 1, bound(5), what="a hit after")
     assert _shape_counts(s)[0] == hits0 + 1
+
+
+def _parts_body(sys, t1, t2, url):
+    # issue #16's body as a vision client sends it: the user message as two
+    # text parts and an image part
+    return ('{"model":"chat-model","messages":[{"role":"system","content":"%s"},'
+            '{"role":"user","content":[{"type":"text","text":"%s"},{"type":"text","text":"%s"},'
+            '{"type":"image_url","image_url":{"url":"%s"}}]}],"max_tokens":64}'
+            % (sys, t1, t2, url)).encode()
+
+
+def _image_part(url):
+    return ('{"type":"image_url","image_url":{"url":"%s"}}' % url).encode()
+
+
+def test_words_in_text_parts_are_masked_and_refused_on_every_hit(sluice_factory, mock, tmp_path):
+    # text parts are judged as the one text the channel reads (a word split
+    # across two parts included) by the clean-text shortcut (filters/
+    # request.c flt_parts_clean), on the first body (parsed) and on every
+    # body read from its kept shape; the image part goes up as the client
+    # wrote it
+    mw = ph.word_file(tmp_path / "m.txt", ["badword"])
+    bw = ph.word_file(tmp_path / "b.txt", ["forbidden"])
+    over = {"workers": 1,
+            "filters": {"words": [{"file": mw, "action": "mask", "name": "m"},
+                                  {"file": bw, "action": "block", "name": "b"}],
+                        "regex": [{"name": "phone", "pattern": r"1[3-9]\d{9}", "action": "mask"}],
+                        "mask": "[x]", "input": {"max_chars": 0}}}
+    s = ph.start(sluice_factory, mock, over, auth=False)
+    b64 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+    masked = [("say bad", "word please %d", "say [x] please %d"),    # split across the parts
+              ("a badword %d", " and more", "a [x] %d and more"),    # in one part
+              ("call 1381", "2345678 now %d", "call [x] now %d"),    # the regex across the parts
+              ("caf\\u00e9 bad", "WORD %d", "caf\u00e9 [x] %d")]     # after é, other case
+    sent = 0
+    for i in range(3):
+        url = "data:image/png;base64,%s%d" % (b64, i) if i % 2 else \
+            "https://example.com/img/sea-%d.jpg?s=a%%2Fb" % i
+        for t1, t2, want in masked:  # the very first body is one of these
+            t1, t2, want = (x.replace("%d", str(i)) for x in (t1, t2, want))
+            raw = _parts_body("sys %d" % i, t1, t2, url)
+            r = _send(s, raw)
+            sent += 1
+            assert r.status == 200, r
+            q = mock.requests(P)[-1]
+            parts = q["json"]["messages"][1]["content"]
+            assert len(parts) == 3, parts
+            assert parts[0]["text"] + parts[1]["text"] == want, parts
+            assert parts[2] == {"type": "image_url", "image_url": {"url": url}}, parts
+            assert _image_part(url) in q["body"].encode(), q["body"]
+        # a block word split across the parts, and in the second part alone
+        n0 = len(mock.requests(P))
+        for t1, t2 in (("it is forb", "idden %d" % i), ("fine %d" % i, "FORBIDDEN")):
+            r = _send(s, _parts_body("sys %d" % i, t1, t2, url))
+            sent += 1
+            e = assert_error(r, 400, "content_filter")
+            assert e.get("param") == "messages[1].content", e
+        assert len(mock.requests(P)) == n0
+        # a clean body: every byte as sent (only the model aliased)
+        raw = _parts_body("sys %d" % i, "Write one sentence about the sea %d," % i,
+                          " in plain English.", url)
+        r = _send(s, raw)
+        sent += 1
+        assert r.status == 200, r
+        q = mock.requests(P)[-1]
+        assert q["body"].encode() == raw.replace(b'"chat-model"', b'"Qwen2.5-7B-Instruct"'), q
+    # every body but the first was read from the kept shape
+    wait_until(lambda: _shape_counts(s)[0] >= sent - 1, bound(5), what="shape hits counted")
+    assert _shape_counts(s)[0] == sent - 1
+    assert ph.metric(s, "sluice_filter_hits_total", rule="b", action="block") == 6

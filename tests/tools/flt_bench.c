@@ -18,6 +18,12 @@
  *       is one stream of as many events (the stream's template). Meant
  *       for callgrind --toggle-collect=flt_stream_event: instructions per
  *       event, whatever the machine's load.
+ *   build/tools/flt_bench clean BYTES [calls]
+ *       flt_text_clean() on BYTES of ASCII prose then "caf\u00e9 by the
+ *       harbour." (a clean text whose first byte >= 0x80 comes late), with
+ *       bench/lib.sh's full rules (1,001 words, 1[3-9]\d{9}). Meant for
+ *       callgrind, run with two call counts: the difference of the totals
+ *       over the difference of the counts is the instructions per call.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -416,8 +422,51 @@ static int bench_streams(const char *variant, size_t nstreams)
     return 0;
 }
 
+/* flt_text_clean on a long ASCII prefix and a late é (see the top). */
+static int bench_clean(size_t len, long calls)
+{
+    char path[] = "/tmp/flt_bench_clean_XXXXXX";
+    int fd = mkstemp(path);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (!f)
+        return 1;
+    for (int i = 0; i < 1001; i++)
+        fprintf(f, "forbiddenword%04dx\n", i);
+    fclose(f);
+    flt_conf_t c;
+    flt_conf_defaults(&c);
+    flt_conf_words_t w = {path, FLT_ACTION_MASK, "words"};
+    static const flt_conf_regex_t re[] = {{"phone", "1[3-9]\\d{9}", FLT_ACTION_MASK}};
+    c.words = &w;
+    c.nwords = 1;
+    c.regex = re;
+    c.nregex = 1;
+    char err[256];
+    flt_ruleset_t *rs = flt_ruleset_build(&c, err, sizeof err);
+    unlink(path);
+    static const char prose[] = "Write one sentence about the sea, please, in plain English. ";
+    static const char tail[] = "caf\xc3\xa9 by the harbour.";
+    char *t = malloc(len + sizeof tail);
+    if (!rs || !t) {
+        fprintf(stderr, "flt_bench: %s\n", rs ? "out of memory" : err);
+        return 1;
+    }
+    for (size_t i = 0; i < len; i++)
+        t[i] = prose[i % (sizeof prose - 1)];
+    memcpy(t + len, tail, sizeof tail - 1);
+    long clean = 0;
+    for (long i = 0; i < calls; i++)
+        clean += flt_text_clean(rs, t, len + sizeof tail - 1);
+    printf("clean %zu bytes: %ld of %ld calls clean\n", len + sizeof tail - 1, clean, calls);
+    free(t);
+    flt_ruleset_unref(rs);
+    return clean == calls ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 2 && strcmp(argv[1], "clean") == 0)
+        return bench_clean((size_t)atol(argv[2]), argc > 3 ? atol(argv[3]) : 1000);
     if (argc > 2 && strcmp(argv[1], "streams") == 0)
         return bench_streams(argv[2], argc > 3 ? (size_t)atol(argv[3]) : 20000);
     if (argc > 1 && strcmp(argv[1], "events") == 0) {

@@ -544,6 +544,51 @@ static void test_text_clean_utf8_as_channel(void **state)
     flt_ruleset_unref(rs);
 }
 
+/* flt_text_clean goes on from where its ASCII pass stopped, with the
+ * automaton's state there (branch arrparts: it used to start over from the
+ * root). That state is not the root when a word's ASCII head lies before
+ * the 32-byte round that holds its first byte >= 0x80: words with é or 中
+ * after an ASCII head, planted at every offset of texts up to ~110 bytes,
+ * so on both sides of each round's edge, with near misses (è for é) that
+ * are clean. A resume from the root, or from the wrong offset, shows as a
+ * clean text the channel masks. */
+static void test_text_clean_resume(void **state)
+{
+    (void)state;
+    tf_list_t l[1] = {{"caf\xc3\xa9\nbad\xc3\xa9word\ntid\xe4\xb8\xad\n", FLT_ACTION_MASK, "m"}};
+    char err[256] = "";
+    flt_ruleset_t *rs = tf_build(l, 1, NULL, 0, NULL, err, sizeof err);
+    if (!rs)
+        fail_msg("build: %s", err);
+    static const char *const word[] = {"caf\xc3\xa9", "CAF\xc3\xa9", "bad\xc3\xa9word",
+                                       "tid\xe4\xb8\xad"};
+    static const char *const miss[] = {"caf\xc3\xa8", "bad\xc3\xa9wore", "tid\xe4\xb8\xae"};
+    char text[160];
+    sl_buf_t out = {0};
+    for (size_t o = 0; o < 100; o++) {
+        for (size_t tail = 0; tail < 3; tail++) {
+            for (size_t w = 0; w < SL_ARRAY_LEN(word) + SL_ARRAY_LEN(miss); w++) {
+                bool hit = w < SL_ARRAY_LEN(word);
+                const char *p = hit ? word[w] : miss[w - SL_ARRAY_LEN(word)];
+                memset(text, 'x', o);
+                memcpy(text + o, p, strlen(p));
+                size_t n = o + strlen(p);
+                memset(text + n, 'y', tail * 20);
+                n += tail * 20;
+                bool c = flt_text_clean(rs, text, n);
+                out.len = 0;
+                assert_int_equal(chan_filter(rs, text, n, &out), FLT_CHAN_OK);
+                bool same = out.len == n && memcmp(out.p, text, n) == 0;
+                if (c != !hit || same != !hit)
+                    fail_msg("%s at %zu, tail %zu: clean %d, channel same %d", p, o, tail * 20, c,
+                             same);
+            }
+        }
+    }
+    sl_buf_free(&out);
+    flt_ruleset_unref(rs);
+}
+
 /* The 32-byte passes (flt_json_strings_clean's and the regex start bytes
  * of flt_text_clean, with AVX2) against the loops they stand for (the same
  * ruleset with rs->avx2 off), on texts built from pieces that put quotes,
@@ -614,6 +659,7 @@ int main(void)
         cmocka_unit_test(test_many_choices),
         cmocka_unit_test(test_text_clean),
         cmocka_unit_test(test_text_clean_utf8_as_channel),
+        cmocka_unit_test(test_text_clean_resume),
         cmocka_unit_test(test_arena_overflow),
         cmocka_unit_test(test_no_candidate),
         cmocka_unit_test(test_no_candidate_random),
