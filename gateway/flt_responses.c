@@ -17,6 +17,8 @@
 
 #include <yajl/yajl_parse.h>
 
+#include "common/jshape.h"
+#include "common/yheap.h"
 #include "gateway/gw_flt_resp.h"
 
 /* The text sent so far is bounded like a gathered answer. */
@@ -156,6 +158,8 @@ typedef struct gw_frp {
     size_t ds, de; /* the delta string, quotes included */
     size_t ls, le; /* the logprobs value */
     /* the other events */
+    bool closed; /* the event's object closed (at close_end) */
+    size_t close_end;
     bool canon_bad;                     /* not what jansson's compact dump writes */
     bool part1_ot;                      /* part: an object of type output_text */
     bool item_content, resp_output;     /* item.content, response.output there */
@@ -163,6 +167,11 @@ typedef struct gw_frp {
     uint8_t top_text;                   /* the event's own text: as gw_frp_frame_t.text */
     gw_frp_frame_t fr[GW_FRP_DEPTH + 1];
 } gw_frp_t;
+
+/* The thread's yajl handle for the events, kept between them (a stream of
+ * values: common/yheap.h); the callbacks find their pass in cur. */
+static _Thread_local sl_ykeep_t gw_frp_keep;
+#define GW_FRP(ctx) ((gw_frp_t *)((sl_ykeep_t *)(ctx))->cur)
 
 /* Does the decoded string s read as the text sent? */
 static bool gw_frp_is_sent(const gw_frp_t *p, const unsigned char *s, size_t n)
@@ -246,6 +255,10 @@ static void gw_frp_member(gw_frp_t *p, bool is_str, const unsigned char *s, size
 /* container: 0 a scalar, 1 an object opens, 2 an array opens. */
 static int gw_frp_value(gw_frp_t *p, bool is_str, int container, const unsigned char *s, size_t n)
 {
+    if (p->depth == 0 && p->closed) {
+        p->odd = true; /* a second value after the event's */
+        return 0;
+    }
     if (p->depth == 1 && p->key == 1) {
         if (!is_str || n >= sizeof(p->type) || p->has_type) {
             p->odd = true;
@@ -291,12 +304,12 @@ static int gw_frp_value(gw_frp_t *p, bool is_str, int container, const unsigned 
 
 static int gw_frp_null(void *c)
 {
-    return gw_frp_value(c, false, false, NULL, 0);
+    return gw_frp_value(GW_FRP(c), false, 0, NULL, 0);
 }
 static int gw_frp_bool(void *c, int v)
 {
     (void)v;
-    return gw_frp_value(c, false, false, NULL, 0);
+    return gw_frp_value(GW_FRP(c), false, 0, NULL, 0);
 }
 /* jansson writes an integer that fits int64 as its digits, and a real in
  * its own way: the bytes stay only for the former. */
@@ -312,26 +325,26 @@ static bool gw_frp_int_canonical(const char *s, size_t n)
 }
 static int gw_frp_num(void *c, const char *s, size_t n)
 {
-    gw_frp_t *p = c;
+    gw_frp_t *p = GW_FRP(c);
     if (!gw_frp_int_canonical(s, n))
         p->canon_bad = true;
-    return gw_frp_value(c, false, false, NULL, 0);
+    return gw_frp_value(p, false, 0, NULL, 0);
 }
 static int gw_frp_str(void *c, const unsigned char *s, size_t n)
 {
-    return gw_frp_value(c, true, false, s, n);
+    return gw_frp_value(GW_FRP(c), true, 0, s, n);
 }
 static int gw_frp_open_map(void *c)
 {
-    return gw_frp_value(c, false, 1, NULL, 0);
+    return gw_frp_value(GW_FRP(c), false, 1, NULL, 0);
 }
 static int gw_frp_open_array(void *c)
 {
-    return gw_frp_value(c, false, 2, NULL, 0);
+    return gw_frp_value(GW_FRP(c), false, 2, NULL, 0);
 }
 static int gw_frp_close(void *c)
 {
-    gw_frp_t *p = c;
+    gw_frp_t *p = GW_FRP(c);
     if (p->depth >= 1 && p->depth <= GW_FRP_DEPTH) {
         const gw_frp_frame_t *f = &p->fr[p->depth];
         bool bad = f->is_ot && f->text != 1; /* the general path would set its text */
@@ -347,6 +360,9 @@ static int gw_frp_close(void *c)
     if (--p->depth == 1 && p->lp_open) {
         p->le = yajl_get_bytes_consumed(p->h);
         p->lp_open = false;
+    } else if (p->depth == 0) {
+        p->closed = true;
+        p->close_end = yajl_get_bytes_consumed(p->h);
     }
     return 1;
 }
@@ -386,7 +402,7 @@ static void gw_frp_key_note(gw_frp_t *p, const unsigned char *k, size_t n)
 
 static int gw_frp_key(void *c, const unsigned char *k, size_t n)
 {
-    gw_frp_t *p = c;
+    gw_frp_t *p = GW_FRP(c);
     p->key = 0;
     gw_frp_key_note(p, k, n);
     if (p->depth != 1)
@@ -450,14 +466,21 @@ static bool gw_frp_scan(gw_frp_t *p, const gw_flt_resp_t *x, const char *data, s
     p->canon_bad = p->part1_ot = p->item_content = p->resp_output = false;
     p->bad_part1 = p->bad_item = p->bad_resp = false;
     p->top_text = 0;
-    p->h = yajl_alloc(&gw_frp_cb, NULL, p);
+    p->closed = false;
+    p->h = sl_ykeep_take(&gw_frp_keep, &gw_frp_cb, true);
     if (!p->h)
         return false;
+    gw_frp_keep.cur = p;
     yajl_status s = yajl_parse(p->h, (const unsigned char *)data, len);
-    if (s == yajl_status_ok)
-        s = yajl_complete_parse(p->h);
-    yajl_free(p->h);
-    return s == yajl_status_ok && !p->odd && p->has_type;
+    gw_frp_keep.cur = NULL;
+    /* the object closed, and nothing but blanks after it (yajl reads a
+     * stream of values: it would take a second) */
+    bool whole = s == yajl_status_ok && p->closed;
+    for (size_t i = whole ? p->close_end : len; i < len; i++)
+        if (data[i] != ' ' && data[i] != '\t' && data[i] != '\n' && data[i] != '\r')
+            whole = false;
+    sl_ykeep_put(&gw_frp_keep, p->h, whole);
+    return whole && !p->odd && p->has_type;
 }
 
 /* The bytes are what jansson's compact dump writes for them: no blank
@@ -468,22 +491,25 @@ static bool gw_frp_canonical(const gw_frp_t *p)
 {
     if (p->canon_bad)
         return false;
-    bool in = false;
-    for (size_t i = 0; i < p->n; i++) {
-        char ch = p->data[i];
-        if (in) {
-            if (ch == '\\') {
-                char e = ++i < p->n ? p->data[i] : 'u';
-                if (e != '"' && e != '\\' && e != 'b' && e != 'f' && e != 'n' && e != 'r' &&
-                    e != 't')
-                    return false;
-            } else if (ch == '"') {
-                in = false;
-            }
-        } else if (ch == '"') {
-            in = true;
-        } else if (ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r') {
+    const char *d = p->data;
+    size_t i = 0, n = p->n;
+    while (i < n) {
+        char ch = d[i++];
+        if (ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r')
             return false;
+        if (ch != '"')
+            continue;
+        for (;;) { /* a string's interior, a run at a time */
+            i = sl_jshape_str_end(d, i, n);
+            if (i >= n)
+                return false;
+            ch = d[i++];
+            if (ch == '"')
+                break;
+            char e = i < n ? d[i++] : 'u';
+            if (ch != '\\' ||
+                (e != '"' && e != '\\' && e != 'b' && e != 'f' && e != 'n' && e != 'r' && e != 't'))
+                return false; /* \u, \/ (or a control byte yajl refused) */
         }
     }
     return true;
@@ -856,6 +882,8 @@ typedef struct gw_frb {
     yajl_handle h;
     int depth;
     bool odd;
+    bool closed; /* the top container closed (at close_end) */
+    size_t close_end;
     uint8_t role[GW_FRB_DEPTH + 1]; /* per depth: the container's role */
     uint8_t key[GW_FRB_DEPTH + 1];  /* per depth: 1 when the value coming is the one followed */
     uint8_t seen[GW_FRB_DEPTH + 1]; /* per depth: that key was seen in this object */
@@ -863,6 +891,9 @@ typedef struct gw_frb {
     gw_frb_span_t *v, v0[GW_FRB_TEXTS];
     size_t nv, cap;
 } gw_frb_t;
+
+static _Thread_local sl_ykeep_t gw_frb_keep;
+#define GW_FRB(ctx) ((gw_frb_t *)((sl_ykeep_t *)(ctx))->cur)
 
 static int gw_frb_push(gw_frb_t *p, size_t s, size_t e)
 {
@@ -886,6 +917,10 @@ static int gw_frb_push(gw_frb_t *p, size_t s, size_t e)
 static int gw_frb_value(gw_frb_t *p, bool is_str, int container)
 {
     int d = p->depth;
+    if (d == 0 && p->closed) {
+        p->odd = true; /* a second value after the answer */
+        return 0;
+    }
     uint8_t up = d >= 1 && d <= GW_FRB_DEPTH ? p->role[d] : GW_FRB_OTHER;
     bool followed = d >= 1 && d <= GW_FRB_DEPTH && p->key[d];
     if (d >= 1 && d <= GW_FRB_DEPTH)
@@ -924,16 +959,16 @@ static int gw_frb_value(gw_frb_t *p, bool is_str, int container)
 
 static int gw_frb_null(void *c)
 {
-    return gw_frb_value(c, false, 0);
+    return gw_frb_value(GW_FRB(c), false, 0);
 }
 static int gw_frb_bool(void *c, int v)
 {
     (void)v;
-    return gw_frb_value(c, false, 0);
+    return gw_frb_value(GW_FRB(c), false, 0);
 }
 static int gw_frb_num(void *c, const char *s, size_t n)
 {
-    gw_frb_t *p = c;
+    gw_frb_t *p = GW_FRB(c);
     bool real = memchr(s, '.', n) || memchr(s, 'e', n) || memchr(s, 'E', n);
     if (!real && n - (s[0] == '-') > 18) {
         p->odd = true; /* maybe beyond int64: jansson refuses the answer */
@@ -953,30 +988,33 @@ static int gw_frb_num(void *c, const char *s, size_t n)
             return 0;
         }
     }
-    return gw_frb_value(c, false, 0);
+    return gw_frb_value(p, false, 0);
 }
 static int gw_frb_str(void *c, const unsigned char *s, size_t n)
 {
     (void)s, (void)n;
-    return gw_frb_value(c, true, 0);
+    return gw_frb_value(GW_FRB(c), true, 0);
 }
 static int gw_frb_open_map(void *c)
 {
-    return gw_frb_value(c, false, 1);
+    return gw_frb_value(GW_FRB(c), false, 1);
 }
 static int gw_frb_open_array(void *c)
 {
-    return gw_frb_value(c, false, 2);
+    return gw_frb_value(GW_FRB(c), false, 2);
 }
 static int gw_frb_close(void *c)
 {
-    gw_frb_t *p = c;
-    p->depth--;
+    gw_frb_t *p = GW_FRB(c);
+    if (--p->depth == 0) {
+        p->closed = true;
+        p->close_end = yajl_get_bytes_consumed(p->h);
+    }
     return 1;
 }
 static int gw_frb_key(void *c, const unsigned char *k, size_t n)
 {
-    gw_frb_t *p = c;
+    gw_frb_t *p = GW_FRB(c);
     int d = p->depth;
     if (d < 1 || d > GW_FRB_DEPTH)
         return 1;
@@ -1087,14 +1125,18 @@ int gw_flt_resp_body_bytes(flt_ruleset_t *rs, const char *data, size_t len, char
     p.v = p.v0;
     p.nv = 0;
     p.cap = GW_FRB_TEXTS;
-    p.h = yajl_alloc(&gw_frb_cb, NULL, &p);
+    p.h = sl_ykeep_take(&gw_frb_keep, &gw_frb_cb, true);
     if (!p.h)
         return -1;
+    gw_frb_keep.cur = &p;
     yajl_status s = yajl_parse(p.h, (const unsigned char *)data, len);
-    if (s == yajl_status_ok)
-        s = yajl_complete_parse(p.h);
-    yajl_free(p.h);
-    int rc = s == yajl_status_ok && !p.odd ? 0 : 1;
+    gw_frb_keep.cur = NULL;
+    bool whole = s == yajl_status_ok && p.closed; /* and blanks after it only */
+    for (size_t i = whole ? p.close_end : len; i < len; i++)
+        if (data[i] != ' ' && data[i] != '\t' && data[i] != '\n' && data[i] != '\r')
+            whole = false;
+    sl_ykeep_put(&gw_frb_keep, p.h, whole);
+    int rc = whole && !p.odd ? 0 : 1;
     char **ed = NULL;
     size_t *el = NULL;
     bool edited = false;

@@ -330,7 +330,7 @@ static void bu_cat(char **buf, size_t *len, const char *fmt, ...)
  * data: line ({"type":..., "sequence_number":seq, then rest). */
 static void bu_resp_event(char **buf, size_t *len, int seq, const char *type, const char *rest)
 {
-    char ev[4096];
+    char ev[8192];
     int n =
         snprintf(ev, sizeof(ev), "event: %s\ndata: {\"type\":\"%s\",\"sequence_number\":%d,%s}\n\n",
                  type, type, seq, rest);
@@ -344,7 +344,7 @@ static void bu_resp_event(char **buf, size_t *len, int seq, const char *type, co
 /* The Responses answers, the text being bu_events times "tok ". */
 static void bu_resp_build(void)
 {
-    char text[1024] = "", item[2048], resp[4096], rest[4096];
+    char text[1024] = "", item[2048], resp[3072], rest[4096];
     for (int i = 0; i < bu_events && strlen(text) + 5 < sizeof(text); i++)
         strcat(text, "tok ");
     snprintf(item, sizeof(item),

@@ -1335,6 +1335,14 @@ static void test_responses_bytes_same_as_tree(void **state)
         "{\"type\":\"response.content_part.done\",\"part\":{\"type\":\"output_text\",\"text\":"
         "\"abc\"}",
         "[{\"type\":\"response.content_part.done\"}]",
+        "{\"type\":\"response.content_part.done\",\"part\":{}}{\"type\":\"x\"}",
+        "{\"type\":\"response.content_part.done\",\"part\":{}} x",
+        "{\"type\":\"response.created\"} \"x",
+        "{\"type\":\"response.created\"}{",
+        "{\"type\":\"response.created\"} \r\n",
+        "{\"type\":\"response.content_part.done\",\"part\":{\"type\":\"output_text\",\"text\":"
+        "\"abc\"}}\n",
+        "7",
         "{\"type\":7,\"part\":{}}",
         "{\"type\":\"response.content_part.done\",\"type\":\"response.created\"}",
         RESP_EV("response.in_progress", "\"response\":{\"x\":1.25}"),
@@ -1466,6 +1474,7 @@ static void test_responses_body_bytes_same_as_tree(void **state)
                 "7") "," RESP_PART("8") "," RESP_PART("9")) "," RESP_MSG(RESP_PART("10 badword") "," RESP_PART("11 evil"))),
         "{\"output\": [ {\"content\": [ {\"text\": \"x badword\"} ] } ], \"n\": 1.5e3}",
         "{\"status\":\"completed\"}",
+        "{\"output\":[{\"content\":[{\"text\":\"a badword\"}]}]}\n ",
         "[1,2]",
         "{\"output\":[{\"content\":[{\"text\":\"ok\",\"text2\":\"badword\"}]}],"
         "\"output2\":[{\"content\":[{\"text\":\"badword\"}]}]}",
@@ -1481,6 +1490,9 @@ static void test_responses_body_bytes_same_as_tree(void **state)
         "{\"output\":[],\"output\":[{\"content\":[{\"text\":\"badword\"}]}]}",
         "{\"output\":[{\"content\":[{\"text\":\"badword\"}]}]",
         "not json",
+        "{\"output\":[]}{\"output\":[{\"content\":[{\"text\":\"badword\"}]}]}",
+        "{\"output\":[]} x",
+        "\"badword\"",
     };
     for (size_t i = 0; i < SL_ARRAY_LEN(bytes); i++)
         if (resp_body_same(rs, bytes[i]) != 0)
