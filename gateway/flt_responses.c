@@ -134,6 +134,8 @@ enum {
  * duplicates (the general path then). */
 #define GW_FRP_DEPTH 12
 #define GW_FRP_KEYS  24
+/* Holes a delta's shape has at most (its top-level values). */
+#define GW_FRP_HOLES 16
 
 typedef struct gw_frp_frame {
     uint8_t role;
@@ -158,6 +160,12 @@ typedef struct gw_frp {
     size_t ds, de; /* the delta string, quotes included */
     size_t ls, le; /* the logprobs value */
     /* the other events */
+    /* a delta's holes for its shape: its top-level integers and strings
+     * but its type (gw_frp_hole) */
+    sl_jspan_t hole[GW_FRP_HOLES];
+    uint8_t hkind[GW_FRP_HOLES];
+    size_t nholes;
+    int kd;      /* the delta's hole, or -1 */
     bool closed; /* the event's object closed (at close_end) */
     size_t close_end;
     bool canon_bad;                     /* not what jansson's compact dump writes */
@@ -252,6 +260,40 @@ static void gw_frp_member(gw_frp_t *p, bool is_str, const unsigned char *s, size
     }
 }
 
+/* A top-level scalar as a hole of the event's shape (gw_frp_shape_*): the
+ * delta's string (escapes and all), and each other string without an
+ * escape and each integer of 18 digits at most; the type stays bytes. s:
+ * the string (decoded) or the number's token. */
+static void gw_frp_hole(gw_frp_t *p, bool is_str, const unsigned char *s, size_t n)
+{
+    const char *c = (const char *)s;
+    if (p->key == 1 || !s || p->nholes == GW_FRP_HOLES)
+        return;
+    sl_jspan_t h;
+    uint8_t kind;
+    if (p->key == 2) {
+        h = (sl_jspan_t){(uint32_t)(p->ds + 1), (uint32_t)(p->de - p->ds - 2)};
+        kind = SL_JHOLE_JSTR;
+        p->kd = (int)p->nholes;
+    } else if (c < p->data || c + n > p->data + p->n) {
+        return; /* an escaped string (yajl's copy): its bytes stay */
+    } else if (is_str) {
+        h = (sl_jspan_t){(uint32_t)(c - p->data), (uint32_t)n};
+        kind = SL_JHOLE_STR;
+    } else {
+        size_t i = c[0] == '-';
+        if (n - i == 0 || n - i > SL_JSHAPE_INT_DIGITS)
+            return;
+        for (; i < n; i++)
+            if (c[i] < '0' || c[i] > '9')
+                return; /* a real: its bytes stay */
+        h = (sl_jspan_t){(uint32_t)(c - p->data), (uint32_t)n};
+        kind = SL_JHOLE_INT;
+    }
+    p->hole[p->nholes] = h;
+    p->hkind[p->nholes++] = kind;
+}
+
 /* container: 0 a scalar, 1 an object opens, 2 an array opens. */
 static int gw_frp_value(gw_frp_t *p, bool is_str, int container, const unsigned char *s, size_t n)
 {
@@ -292,6 +334,8 @@ static int gw_frp_value(gw_frp_t *p, bool is_str, int container, const unsigned 
         p->has_lp = true;
         p->lp_open = container != 0;
     }
+    if (p->depth == 1 && !container)
+        gw_frp_hole(p, is_str, s, n);
     p->key = 0;
     uint8_t pk = p->depth >= 1 && p->depth <= GW_FRP_DEPTH ? p->fr[p->depth].key : 0;
     gw_frp_member(p, is_str, s, n);
@@ -328,7 +372,7 @@ static int gw_frp_num(void *c, const char *s, size_t n)
     gw_frp_t *p = GW_FRP(c);
     if (!gw_frp_int_canonical(s, n))
         p->canon_bad = true;
-    return gw_frp_value(p, false, 0, NULL, 0);
+    return gw_frp_value(p, false, 0, (const unsigned char *)s, n);
 }
 static int gw_frp_str(void *c, const unsigned char *s, size_t n)
 {
@@ -467,6 +511,8 @@ static bool gw_frp_scan(gw_frp_t *p, const gw_flt_resp_t *x, const char *data, s
     p->bad_part1 = p->bad_item = p->bad_resp = false;
     p->top_text = 0;
     p->closed = false;
+    p->nholes = 0;
+    p->kd = -1;
     p->h = sl_ykeep_take(&gw_frp_keep, &gw_frp_cb, true);
     if (!p->h)
         return false;
@@ -481,6 +527,87 @@ static bool gw_frp_scan(gw_frp_t *p, const gw_flt_resp_t *x, const char *data, s
             whole = false;
     sl_ykeep_put(&gw_frp_keep, p->h, whole);
     return whole && !p->odd && p->has_type;
+}
+
+/* ---- delta events by their shape --------------------------------------------
+ *
+ * A stream's deltas differ from each other only in their delta text and
+ * their numbers (sequence_number...): after yajl read one, its bytes are
+ * kept as a shape with those values as holes (common/jshape.h), and a later
+ * event with that shape is known, without a parse, to be a delta read the
+ * same way (the same type, keys and logprobs; the delta's and logprobs'
+ * spans moved by the holes' new lengths). */
+
+typedef struct gw_frp_shape {
+    int kd;      /* the delta's hole */
+    bool has_lp; /* logprobs there, at [ls, le) in the shape's text */
+    size_t ls, le;
+} gw_frp_shape_t;
+
+static _Thread_local sl_jshape_cache_t gw_frp_shapes =
+    SL_JSHAPE_CACHE_INIT(2, 4, 16, sizeof(gw_frp_shape_t), NULL);
+
+/* An offset in the shape's text, in the matched text. */
+static size_t gw_frp_shift(const sl_jshape_t *sh, const sl_jspan_t *got, size_t off)
+{
+    size_t o = off;
+    for (size_t i = 0; i < sh->nholes && sh->hole[i].off < off; i++)
+        o = o + got[i].len - sh->hole[i].len;
+    return o;
+}
+
+/* true: data is a delta with a kept shape; p holds what gw_frp_scan would
+ * have found for gw_flt_resp_fast (the spans). */
+static bool gw_frp_shape_find(gw_frp_t *p, const char *data, size_t len)
+{
+    sl_jshape_cache_t *c = &gw_frp_shapes;
+    sl_jspan_t got[GW_FRP_HOLES];
+    uint64_t esc;
+    for (unsigned i = 0; i < c->nslots; i++) {
+        const sl_jshape_slot_t *sl = &c->slot[i];
+        if (sl_jshape_empty(&sl->sh) || !sl_jshape_match_esc(&sl->sh, data, len, got, &esc))
+            continue;
+        const gw_frp_shape_t *d = sl->data;
+        sl_jshape_cache_hit(c, i);
+        p->data = data;
+        p->n = len;
+        p->ds = got[d->kd].off - 1;
+        p->de = got[d->kd].off + got[d->kd].len + 1;
+        p->has_lp = d->has_lp;
+        if (d->has_lp) {
+            p->ls = gw_frp_shift(&sl->sh, got, d->ls);
+            p->le = gw_frp_shift(&sl->sh, got, d->le);
+        }
+        return true;
+    }
+    sl_jshape_cache_miss(c);
+    return false;
+}
+
+/* A delta gw_frp_scan read: its shape kept when the gate says so. */
+static void gw_frp_shape_learn(const gw_frp_t *p)
+{
+    sl_jshape_cache_t *c = &gw_frp_shapes;
+    if (p->kd < 0 || !sl_jshape_cache_gate(c))
+        return;
+    int i = sl_jshape_cache_take(c);
+    if (i < 0)
+        return;
+    gw_frp_shape_t *d = c->slot[i].data;
+    *d = (gw_frp_shape_t){p->kd, p->has_lp, p->ls, p->le};
+    if (sl_jshape_cache_set(c, (unsigned)i, p->data, p->n, p->hole, p->hkind, p->nholes) != 0)
+        return; /* the slot stays empty: it matches nothing */
+}
+
+/* Forgets this thread's shapes (tests). */
+void gw_flt_resp_shapes_clear(void)
+{
+    sl_jshape_cache_clear(&gw_frp_shapes);
+}
+
+uint64_t gw_flt_resp_shape_hits(void)
+{
+    return gw_frp_shapes.st.hits;
 }
 
 /* The bytes are what jansson's compact dump writes for them: no blank
@@ -772,8 +899,13 @@ gw_ev_rc_t gw_flt_resp_event(gw_flt_resp_t *x, flt_stream_t *st, const char *dat
 {
     gw_frp_t fp;
     gw_ev_rc_t rc;
+    if (gw_frp_shape_find(&fp, data, len))
+        return gw_flt_resp_fast(x, st, &fp, data, len, out, &rc) == 0
+                   ? rc
+                   : gw_flt_resp_event_tree(x, st, data, len, out);
     if (gw_frp_scan(&fp, x, data, len)) {
         if (fp.has_delta && strcmp(fp.type, "response.output_text.delta") == 0) {
+            gw_frp_shape_learn(&fp);
             if (gw_flt_resp_fast(x, st, &fp, data, len, out, &rc) == 0)
                 return rc;
         } else if (gw_flt_resp_quick(x, st, &fp, out, &rc) == 0) {

@@ -10,6 +10,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include <jansson.h>
 
@@ -31,6 +32,10 @@ gw_ev_rc_t gw_flt_resp_event(gw_flt_resp_t *x, flt_stream_t *st, const char *dat
  * the two). */
 gw_ev_rc_t gw_flt_resp_event_tree(gw_flt_resp_t *x, flt_stream_t *st, const char *data, size_t len,
                                   gw_payloads_t *out);
+/* Forgets this thread's kept delta shapes; the deltas read through one
+ * since the last clear (tests). */
+void gw_flt_resp_shapes_clear(void);
+uint64_t gw_flt_resp_shape_hits(void);
 /* A whole response object: each output_text filtered. 0 ok, -1 OOM. */
 int gw_flt_resp_body(flt_ruleset_t *rs, json_t *body, bool *modified);
 /* The same on the answer's bytes (data[0..len), borrowed): 0 with *out

@@ -1205,46 +1205,77 @@ static void test_response_whole(void **state)
 
 /* ---- the Responses adapter's byte reader against its tree path ---------- */
 
-/* One stream's events through gw_flt_resp_event and, beside it with a
- * stream state of its own, through gw_flt_resp_event_tree (a jansson tree,
- * the path every other event once took): each verdict, each payload's
- * bytes and the count the same. The delta events go through
- * gw_flt_resp_event on both sides: their byte path is older than the
- * reader of the other events (and splices a released text into the
- * upstream's event, where the tree path writes a new one). Stops after a
- * STOP. */
-static void resp_same(flt_ruleset_t *rs, const char *const *ev, size_t n)
+/* One stream's events through gw_flt_resp_event (delta shapes kept as in
+ * the gateway) and then, with a stream state of its own, through the paths
+ * it replaces: gw_flt_resp_event_tree (a jansson tree, the path every
+ * event but the deltas once took) and, for the deltas, gw_flt_resp_event
+ * with no shape kept (yajl reads each: their byte path is older than this
+ * reader, and splices a released text into the upstream's event where the
+ * tree path writes a new one). Each verdict, each payload's bytes and the
+ * count the same. Stops after a STOP. Returns the deltas read through a
+ * shape. */
+static uint64_t resp_same(flt_ruleset_t *rs, const char *const *ev, size_t n)
 {
-    flt_stream_t *st[2] = {flt_stream_new(rs), flt_stream_new(rs)};
-    gw_flt_resp_t *x[2] = {gw_flt_resp_new(), gw_flt_resp_new()};
-    assert_true(st[0] && st[1] && x[0] && x[1]);
+    enum { MAXEV = 64, MAXP = 8 };
+    assert_true(n <= MAXEV);
+    gw_ev_rc_t rc[MAXEV];
+    size_t np[MAXEV];
+    char *pl[MAXEV][MAXP];
+    size_t pn[MAXEV][MAXP];
+    size_t ran = 0;
+    gw_flt_resp_shapes_clear();
+    flt_stream_t *st = flt_stream_new(rs);
+    gw_flt_resp_t *x = gw_flt_resp_new();
+    assert_true(st && x);
     for (size_t i = 0; i < n; i++) {
-        gw_payloads_t out[2];
-        gw_payloads_init(&out[0]);
-        gw_payloads_init(&out[1]);
-        size_t len = strlen(ev[i]);
-        gw_ev_rc_t a = gw_flt_resp_event(x[0], st[0], ev[i], len, &out[0]);
-        gw_ev_rc_t b = strstr(ev[i], "\"type\":\"response.output_text.delta\"")
-                           ? gw_flt_resp_event(x[1], st[1], ev[i], len, &out[1])
-                           : gw_flt_resp_event_tree(x[1], st[1], ev[i], len, &out[1]);
-        if (a != b || out[0].n != out[1].n)
-            fail_msg("event %zu %s: rc %d/%d, %zu/%zu payloads", i, ev[i], a, b, out[0].n,
-                     out[1].n);
-        for (size_t k = 0; k < out[0].n; k++) {
-            const gw_payload_t *p = gw_payloads_at(&out[0], k), *q = gw_payloads_at(&out[1], k);
-            if (p->len != q->len || memcmp(p->data, q->data, p->len) != 0)
-                fail_msg("event %zu payload %zu:\n%.*s\nvs the tree's\n%.*s", i, k, (int)p->len,
-                         p->data, (int)q->len, q->data);
+        gw_payloads_t out;
+        gw_payloads_init(&out);
+        rc[i] = gw_flt_resp_event(x, st, ev[i], strlen(ev[i]), &out);
+        assert_true(out.n <= MAXP);
+        np[i] = out.n;
+        for (size_t k = 0; k < out.n; k++) {
+            const gw_payload_t *p = gw_payloads_at(&out, k);
+            pl[i][k] = malloc(p->len + 1);
+            memcpy(pl[i][k], p->data, p->len);
+            pn[i][k] = p->len;
         }
-        gw_payloads_clear(&out[0]);
-        gw_payloads_clear(&out[1]);
-        if (a == GW_EV_STOP)
+        gw_payloads_clear(&out);
+        ran = i + 1;
+        if (rc[i] == GW_EV_STOP)
             break;
     }
-    for (int k = 0; k < 2; k++) {
-        gw_flt_resp_free(x[k]);
-        flt_stream_free(st[k]);
+    uint64_t hits = gw_flt_resp_shape_hits();
+    gw_flt_resp_free(x);
+    flt_stream_free(st);
+    st = flt_stream_new(rs);
+    x = gw_flt_resp_new();
+    for (size_t i = 0; i < ran; i++) {
+        gw_payloads_t out;
+        gw_payloads_init(&out);
+        size_t len = strlen(ev[i]);
+        gw_ev_rc_t b;
+        if (strstr(ev[i], "\"type\":\"response.output_text.delta\"")) {
+            gw_flt_resp_shapes_clear();
+            b = gw_flt_resp_event(x, st, ev[i], len, &out);
+        } else {
+            b = gw_flt_resp_event_tree(x, st, ev[i], len, &out);
+        }
+        if (rc[i] != b || np[i] != out.n)
+            fail_msg("event %zu %s: rc %d/%d, %zu/%zu payloads", i, ev[i], rc[i], b, np[i], out.n);
+        for (size_t k = 0; k < out.n; k++) {
+            const gw_payload_t *q = gw_payloads_at(&out, k);
+            if (pn[i][k] != q->len || memcmp(pl[i][k], q->data, q->len) != 0)
+                fail_msg("event %zu payload %zu:\n%.*s\nvs the reference's\n%.*s", i, k,
+                         (int)pn[i][k], pl[i][k], (int)q->len, q->data);
+        }
+        gw_payloads_clear(&out);
     }
+    for (size_t i = 0; i < ran; i++)
+        for (size_t k = 0; k < np[i]; k++)
+            free(pl[i][k]);
+    gw_flt_resp_free(x);
+    flt_stream_free(st);
+    return hits;
 }
 
 #define RESP_ITEM(text)                                                                            \
@@ -1356,7 +1387,26 @@ static void test_responses_bytes_same_as_tree(void **state)
     static const char *const blocked[] = {RESP_HEAD, RESP_DELTA("so e"), RESP_DELTA("vil"),
                                           RESP_DONES("so evil")};
     static const char *const blocked_done[] = {RESP_DELTA("so e"), RESP_DONES("so e")};
-    resp_same(rs, plain, SL_ARRAY_LEN(plain));
+    /* deltas of one shape: escapes in the hole, \\u0000 (no shape's), logprobs
+     * before and after the delta while a masked word moves the splice */
+    static const char *const shaped[] = {
+        RESP_DELTA("one "),
+        RESP_DELTA(""),
+        RESP_DELTA("a \\\"q\\\" caf\\u00e9 "),
+        RESP_DELTA("x\\u0000"),
+        RESP_DELTA("\\ud83d\\ude00 "),
+        RESP_DELTA("bad"),
+        RESP_DELTA("word and badword "),
+        "{\"type\":\"response.output_text.delta\",\"sequence_number\":1,\"logprobs\":[{\"t\":1}],"
+        "\"item_id\":\"m\",\"delta\":\"a\"}",
+        "{\"type\":\"response.output_text.delta\",\"sequence_number\":123,\"logprobs\":[{\"t\":1}],"
+        "\"item_id\":\"mmm\",\"delta\":\"bb badword\"}",
+        "{\"type\":\"response.output_text.delta\",\"sequence_number\":-5,\"logprobs\":[{\"t\":1}],"
+        "\"item_id\":\"\",\"delta\":\"c badword c\"}",
+        RESP_DELTA("badword"),
+        RESP_DONES("...")};
+    assert_true(resp_same(rs, shaped, SL_ARRAY_LEN(shaped)) >= 6);
+    assert_true(resp_same(rs, plain, SL_ARRAY_LEN(plain)) >= 1);
     resp_same(rs, esc, SL_ARRAY_LEN(esc));
     resp_same(rs, uesc, SL_ARRAY_LEN(uesc));
     resp_same(rs, masked, SL_ARRAY_LEN(masked));
