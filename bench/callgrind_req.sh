@@ -24,7 +24,11 @@
 #   with escapes: a two-line system prompt, \n, \" and \u00e9 in the user
 #   message, bench/lib.sh's realistic_esc_body; plain-parts / full-parts
 #   sending it with the user message as two text parts and an image_url
-#   part, bench/lib.sh's realistic_parts_body),
+#   part, bench/lib.sh's realistic_parts_body; full-resp / full-resp-sse for
+#   full's conf sending the same content as a Responses API request, POST
+#   /v1/responses, bench/lib.sh's realistic_resp_body: the upstream answers
+#   that API, a response object or bench_upstream's stream of 15 events, 8 of
+#   them text deltas; sluice relays that API, it does not translate it),
 #   CG_SHORT / CG_LONG (wrk seconds, default 3 / 12), CG_CONNS (default 32),
 #   BENCH_BODY_VARY=key (realistic.lua: every request's body a JSON shape of
 #   its own, body_scan.c's kept shapes missing; with CG_NGINX=0),
@@ -108,7 +112,7 @@ one() {
     local pid=$LAST
     wait_admin_slow "$ADMIN" "$pid"
     BENCH_TOKEN=$REQ_TOKEN BENCH_SIGNING_KEY=$REQ_SIGNING_KEY BENCH_BODY_FILE=$REQ_BODY wrk -t1 -c"$CONNS" -d"$3"s --timeout 30s -s "$ROOT/bench/realistic.lua" \
-        "http://127.0.0.1:$PORT/v1/chat/completions" >"$out.wrk"
+        "http://127.0.0.1:$PORT$REQ_PATH" >"$out.wrk"
     grep -q 'errors=0 non2xx=0' "$out.wrk" || { cat "$out.wrk" >&2; exit 1; }
     n=$(curl -sf "http://127.0.0.1:$ADMIN/metrics" |
         awk '/^sluice_requests_total/ { s += $NF } END { printf "%d", s }')

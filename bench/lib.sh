@@ -235,6 +235,8 @@ EOF
 # to pin it to ("" for none), $3 more lines for its http block, $4 its
 # master_process (default on). Returns once it accepts.
 REALISTIC_ANSWER='{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"served-model","choices":[{"index":0,"message":{"role":"assistant","content":"The sea is vast and so calm."},"finish_reason":"stop"}],"usage":{"prompt_tokens":31,"completion_tokens":9,"total_tokens":40}}'
+# POST /v1/responses gets the same answer as a Responses API object.
+REALISTIC_RESP_ANSWER='{"id":"resp_bench","object":"response","created_at":1700000000,"status":"completed","model":"served-model","output":[{"id":"msg_bench","type":"message","status":"completed","role":"assistant","content":[{"type":"output_text","text":"The sea is vast and so calm.","annotations":[]}]}],"usage":{"input_tokens":31,"output_tokens":9,"total_tokens":40}}'
 realistic_upstream() {
     local pin=()
     [ -z "${2:-}" ] || pin=(taskset -c "$2")
@@ -244,6 +246,10 @@ realistic_upstream() {
         location / {
             default_type application/json;
             return 200 '$REALISTIC_ANSWER';
+        }
+        location = /v1/responses {
+            default_type application/json;
+            return 200 '$REALISTIC_RESP_ANSWER';
         }
     }" "${4:-on}"
     spawn "${pin[@]}" "$NGINX_BIN" -p "$WORK/up/" -e "$WORK/up/error.log" -c "$WORK/up/nginx.conf"
@@ -258,6 +264,21 @@ b = {"model": "chat-model", "messages": [
     {"role": "system", "content": "You are a helpful assistant."},
     {"role": "user", "content": "Write one sentence about the sea, please, in plain English."}],
     "max_tokens": 64, "stream": True}
+open(sys.argv[1], "wb").write(json.dumps(b, separators=(",", ":")).encode())
+EOF
+}
+
+# issue #16's realistic request as the Responses API sends it (the system
+# prompt as instructions, the user text as input, max_output_tokens), into
+# $1; $2 "stream" for its streamed form.
+realistic_resp_body() {
+    python3 - "$1" "${2:-}" <<'EOF'
+import json, sys
+b = {"model": "chat-model", "instructions": "You are a helpful assistant.",
+     "input": "Write one sentence about the sea, please, in plain English.",
+     "max_output_tokens": 64}
+if sys.argv[2] == "stream":
+    b["stream"] = True
 open(sys.argv[1], "wb").write(json.dumps(b, separators=(",", ":")).encode())
 EOF
 }
@@ -278,13 +299,14 @@ realistic_parts_body() {
 
 # issue #16's three confs (plain, full, full-sse) in $WORK on one port pair
 # ($1 listen, $2 admin): realistic_upstream on $UP_PORT and, when $3 (the
-# confs to be run) names full-sse, $SSE_UP_BIN's 8 events on $SSE_UP_PORT,
+# confs to be run) names full-sse or full-resp-sse, $SSE_UP_BIN's 8 events
+# on $SSE_UP_PORT,
 # with the streamed body in $WORK/body-sse.json; full-sig (full, every
 # request signed) beside them. Sets TOKEN, a bearer token for the full confs,
 # and SIGNING_KEY, its signing key.
 realistic_trio() {
     realistic_upstream "$UP_PORT"
-    case " $3 " in *" full-sse "*)
+    case " $3 " in *" full-sse "* | *" full-resp-sse "*)
         [ -x "$SSE_UP_BIN" ] || { echo "bench: $SSE_UP_BIN not built" >&2; exit 1; }
         spawn "$SSE_UP_BIN" -l "127.0.0.1:$SSE_UP_PORT" -n 8
         wait_port "$SSE_UP_PORT" "$LAST"
@@ -303,6 +325,13 @@ realistic_trio() {
     realistic_conf full-parts "$1" "$2" full
     realistic_parts_body "$WORK/body-parts.json"
     realistic_conf full-sse "$1" "$2" full "$SSE_UP_PORT"
+    # full-resp / full-resp-sse: full's conf and checks, the Responses API
+    # request (POST /v1/responses; the upstreams answer that API: nginx a
+    # response object, $SSE_UP_BIN its stream with 8 delta events)
+    cp "$WORK/full.yaml" "$WORK/full-resp.yaml"
+    realistic_resp_body "$WORK/body-resp.json"
+    cp "$WORK/full-sse.yaml" "$WORK/full-resp-sse.yaml"
+    realistic_resp_body "$WORK/body-resp-sse.json" stream
     # full-sig: full with every request signed (auth.signing.required),
     # nonces in the in-process store; the same token as full
     sed 's/signing: { required: false,/signing: { required: true,/' "$WORK/full.yaml" >"$WORK/full-sig.yaml"
@@ -312,15 +341,20 @@ realistic_trio() {
 }
 
 # What a request of realistic_trio's conf $1 carries: sets REQ_TOKEN,
-# REQ_SIGNING_KEY (full-sig: realistic.lua signs every request with it) and
-# REQ_BODY (a body file, or "" for wrk's realistic.lua default).
+# REQ_SIGNING_KEY (full-sig: realistic.lua signs every request with it),
+# REQ_BODY (a body file, or "" for wrk's realistic.lua default) and REQ_PATH
+# (/v1/responses for full-resp*, else /v1/chat/completions).
 realistic_req() {
-    REQ_TOKEN="" REQ_BODY="" REQ_SIGNING_KEY=""
+    REQ_TOKEN="" REQ_BODY="" REQ_SIGNING_KEY="" REQ_PATH=/v1/chat/completions
     case $1 in full*) REQ_TOKEN=$TOKEN ;; esac
     [ "$1" != full-sig ] || REQ_SIGNING_KEY=$SIGNING_KEY
     [ "$1" != full-sse ] || REQ_BODY=$WORK/body-sse.json
     case $1 in *-esc) REQ_BODY=$WORK/body-esc.json ;; esac
     case $1 in *-parts) REQ_BODY=$WORK/body-parts.json ;; esac
+    case $1 in full-resp | full-resp-sse)
+        REQ_BODY=$WORK/body-${1#full-}.json REQ_PATH=/v1/responses
+        ;;
+    esac
 }
 
 realistic_conf() {

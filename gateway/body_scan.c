@@ -70,6 +70,7 @@ typedef enum gw_key {
     GW_K_MAXCT,
     GW_K_MAXOT,
     GW_K_N,
+    GW_K_INPUT,
     GW_K_MESSAGES,
     GW_K_TOOLS,
     GW_K_IU,
@@ -232,6 +233,7 @@ void gw_body_scan_reset(gw_body_scan_t *s)
     s->max_completion_tokens.kind = SL_J_ABSENT;
     s->max_output_tokens.kind = SL_J_ABSENT;
     s->n.kind = SL_J_ABSENT;
+    s->input.kind = SL_J_ABSENT;
     s->bigint = false;
     s->has_msgs = false;
     s->elided = 0;
@@ -548,7 +550,10 @@ static gw_key_t gw_key_top(const char *k, size_t n)
     case 1:
         return k[0] == 'n' ? GW_K_N : GW_K_NONE;
     case 5:
-        return GW_KEY_IS("model") ? GW_K_MODEL : GW_KEY_IS("tools") ? GW_K_TOOLS : GW_K_NONE;
+        return GW_KEY_IS("model")   ? GW_K_MODEL
+               : GW_KEY_IS("tools") ? GW_K_TOOLS
+               : GW_KEY_IS("input") ? GW_K_INPUT
+                                    : GW_K_NONE;
     case 6:
         return GW_KEY_IS("stream") ? GW_K_STREAM : GW_K_NONE;
     case 8:
@@ -665,6 +670,9 @@ static inline __attribute__((always_inline)) int gw_scan_slot(gw_scan_ctx_t *c, 
             break;
         case GW_K_N:
             slot->f = &s->n;
+            break;
+        case GW_K_INPUT:
+            slot->f = &s->input;
             break;
         case GW_K_MESSAGES:
             if (c->flags & GW_SCAN_MSGS) {
@@ -1431,7 +1439,8 @@ static gw_scan_rc_t gw_body_scan_run(gw_body_scan_t *s, const char *base, size_t
                               &s->max_output_tokens,
                               &s->n,
                               &s->include_usage,
-                              &s->model};
+                              &s->model,
+                              &s->input};
         for (size_t i = 0; i < SL_ARRAY_LEN(nums); i++)
             gw_scan_bigint_fact(nums[i], body);
     }
@@ -1487,6 +1496,7 @@ static const size_t gw_shape_facts[] = {
     offsetof(gw_body_scan_t, max_completion_tokens),
     offsetof(gw_body_scan_t, max_output_tokens),
     offsetof(gw_body_scan_t, n),
+    offsetof(gw_body_scan_t, input),
 };
 #define GW_SHAPE_NFACTS     (sizeof(gw_shape_facts) / sizeof(gw_shape_facts[0]))
 #define GW_SHAPE_FACT(s, i) ((gw_jfact_t *)(void *)((char *)(s) + gw_shape_facts[i]))

@@ -75,9 +75,10 @@ typedef struct gw_body_scan {
     gw_jfact_t top; /* the document (an object) */
     gw_jfact_t model, stream, stream_options, include_usage;
     gw_jfact_t max_tokens, max_completion_tokens, max_output_tokens, n;
-    bool bigint;   /* an integer beyond int64 somewhere (jansson: a real) */
-    bool has_msgs; /* chat below was filled (GW_SCAN_MSGS) */
-    size_t elided; /* body bytes yajl did not read (string interiors cut) */
+    gw_jfact_t input; /* the Responses API's (its text when a string) */
+    bool bigint;      /* an integer beyond int64 somewhere (jansson: a real) */
+    bool has_msgs;    /* chat below was filled (GW_SCAN_MSGS) */
+    size_t elided;    /* body bytes yajl did not read (string interiors cut) */
     sl_chat_t chat;
 
     /* internals: storage for messages, parts, decoded strings, splices */

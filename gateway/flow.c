@@ -318,8 +318,10 @@ void gw_proxy_route(gw_req_t *r)
         return;
     }
     const char *b = (const char *)evbuffer_pullup(r->body, -1);
-    if (r->route == GW_ROUTE_CHAT || r->route == GW_ROUTE_COMPLETIONS) {
-        /* The hot path: one streaming pass, no tree (body_scan.h). */
+    if (r->route == GW_ROUTE_CHAT || r->route == GW_ROUTE_COMPLETIONS ||
+        r->route == GW_ROUTE_RESPONSES) {
+        /* The hot path: one streaming pass, no tree (body_scan.h); the
+         * Responses API's input is one of its facts. */
         /* a cached request's scanner when it has one (conn.c) */
         r->scan = r->scan_kept ? r->scan_kept : gw_body_scan_new();
         r->scan_kept = NULL;

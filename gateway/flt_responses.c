@@ -10,11 +10,15 @@
  * full texts are replaced by the text actually sent, so a masked or
  * blocked word does not come back at the end.
  */
+#include <stddef.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <yajl/yajl_parse.h>
 
+#include "common/jshape.h"
+#include "common/yheap.h"
 #include "gateway/gw_flt_resp.h"
 
 /* The text sent so far is bounded like a gathered answer. */
@@ -91,19 +95,63 @@ static void gw_flt_resp_set_output(json_t *output, const char *text)
         gw_flt_resp_set_parts(json_object_get(item, "content"), text);
 }
 
-/* ---- the delta events without a jansson tree --------------------------------
+/* ---- the events without a jansson tree ------------------------------------
  *
  * Nearly every event of a Responses stream is a response.output_text.delta.
  * yajl's event parser finds its top-level `type` and the byte span of its
  * `delta` string; the text goes to the filter as is (flt_stream_text) and,
  * when it comes back unchanged, the event is passed without being parsed
- * into a tree or written again. Anything else (another type, a duplicate
- * key, an escaped type, JSON yajl refuses) takes the general path below. */
+ * into a tree or written again. Anything else (a duplicate key, an escaped
+ * type, JSON yajl refuses) takes the general path below.
+ *
+ * The same pass reads the other events: a type this adapter does not
+ * touch is passed as the general path would pass it, and the events that
+ * repeat the whole text (output_text.done, content_part.done,
+ * output_item.done, response.completed / .incomplete) are answered with
+ * their own bytes when the general path's jansson dump would write exactly
+ * those bytes: the event is what jansson writes (compact, keys once each,
+ * integers only, no \u escape: gw_frp_canonical and the callbacks) and
+ * every text it would replace already is the text sent. Otherwise, the
+ * general path. */
+
+/* The containers whose members the pass follows (see gw_frp_t.fr). */
+enum {
+    GW_FRP_OTHER = 0,
+    GW_FRP_TOP,      /* the event */
+    GW_FRP_PART1,    /* content_part.done's part */
+    GW_FRP_ITEM,     /* output_item.done's item */
+    GW_FRP_ICONTENT, /* its content */
+    GW_FRP_IPART,    /* one of its parts */
+    GW_FRP_RESP,     /* response.completed's response */
+    GW_FRP_OUTPUT,   /* its output */
+    GW_FRP_OITEM,    /* one of its items */
+    GW_FRP_OCONTENT, /* that item's content */
+    GW_FRP_OPART,    /* one of its parts */
+};
+
+/* What the pass follows and keeps per container: deeper ones are not
+ * followed, and more keys in one object than this are not checked for
+ * duplicates (the general path then). */
+#define GW_FRP_DEPTH 12
+#define GW_FRP_KEYS  24
+/* Holes a delta's shape has at most (its top-level values). */
+#define GW_FRP_HOLES 16
+
+typedef struct gw_frp_frame {
+    uint8_t role;
+    uint8_t key;  /* the member whose value comes next: 1 type, 2 text, 3 content, 4 part, 5 item,
+                     6 response, 7 output, 0 other */
+    bool is_ot;   /* a part: its type is "output_text" */
+    uint8_t text; /* a part: its text 0 absent, 1 the text sent, 2 another */
+    uint8_t nkeys;
+    sl_text_t keys[GW_FRP_KEYS];
+} gw_frp_frame_t;
 
 typedef struct gw_frp {
     const char *data;
     size_t n;
     yajl_handle h;
+    const gw_flt_resp_t *x; /* the text sent so far, for the compares */
     int depth;
     int key;        /* 1 type, 2 delta, 3 logprobs, 0 other: whose value comes next */
     size_t key_end; /* offset just past that key */
@@ -111,10 +159,148 @@ typedef struct gw_frp {
     bool has_type, has_delta, has_lp, lp_open, odd;
     size_t ds, de; /* the delta string, quotes included */
     size_t ls, le; /* the logprobs value */
+    /* the other events */
+    /* a delta's holes for its shape: its top-level integers and strings
+     * but its type (gw_frp_hole) */
+    sl_jspan_t hole[GW_FRP_HOLES];
+    uint8_t hkind[GW_FRP_HOLES];
+    size_t nholes;
+    int kd;      /* the delta's hole, or -1 */
+    bool closed; /* the event's object closed (at close_end) */
+    size_t close_end;
+    bool canon_bad;                     /* not what jansson's compact dump writes */
+    bool part1_ot;                      /* part: an object of type output_text */
+    bool item_content, resp_output;     /* item.content, response.output there */
+    bool bad_part1, bad_item, bad_resp; /* an output_text part there lacks the text sent */
+    uint8_t top_text;                   /* the event's own text: as gw_frp_frame_t.text */
+    gw_frp_frame_t fr[GW_FRP_DEPTH + 1];
 } gw_frp_t;
 
-static int gw_frp_value(gw_frp_t *p, bool is_str, bool container, const unsigned char *s, size_t n)
+/* The thread's yajl handle for the events, kept between them (a stream of
+ * values: common/yheap.h); the callbacks find their pass in cur. */
+static _Thread_local sl_ykeep_t gw_frp_keep;
+#define GW_FRP(ctx) ((gw_frp_t *)((sl_ykeep_t *)(ctx))->cur)
+
+/* Does the decoded string s read as the text sent? */
+static bool gw_frp_is_sent(const gw_frp_t *p, const unsigned char *s, size_t n)
 {
+    size_t have = p->x->acc ? p->x->len : 0;
+    return n == have && (n == 0 || memcmp(s, p->x->acc, n) == 0);
+}
+
+/* A container opens at p->depth (after the increment) as the member k of
+ * the frame below it. */
+static void gw_frp_open_frame(gw_frp_t *p, bool obj, uint8_t k)
+{
+    if (p->depth > GW_FRP_DEPTH) {
+        p->canon_bad = true;
+        return;
+    }
+    gw_frp_frame_t *f = &p->fr[p->depth];
+    uint8_t up = p->depth > 1 ? p->fr[p->depth - 1].role : GW_FRP_OTHER;
+    uint8_t role = GW_FRP_OTHER;
+    if (p->depth == 1)
+        role = obj ? GW_FRP_TOP : GW_FRP_OTHER;
+    else if (up == GW_FRP_TOP && obj && k == 4)
+        role = GW_FRP_PART1;
+    else if (up == GW_FRP_TOP && obj && k == 5)
+        role = GW_FRP_ITEM;
+    else if (up == GW_FRP_TOP && obj && k == 6)
+        role = GW_FRP_RESP;
+    else if (up == GW_FRP_ITEM && !obj && k == 3)
+        role = GW_FRP_ICONTENT;
+    else if (up == GW_FRP_ICONTENT && obj)
+        role = GW_FRP_IPART;
+    else if (up == GW_FRP_RESP && !obj && k == 7)
+        role = GW_FRP_OUTPUT;
+    else if (up == GW_FRP_OUTPUT && obj)
+        role = GW_FRP_OITEM;
+    else if (up == GW_FRP_OITEM && !obj && k == 3)
+        role = GW_FRP_OCONTENT;
+    else if (up == GW_FRP_OCONTENT && obj)
+        role = GW_FRP_OPART;
+    f->role = role;
+    f->key = 0;
+    f->is_ot = false;
+    f->text = 0;
+    f->nkeys = 0;
+}
+
+/* A value (a scalar, or a container opening) in the frame at p->depth. */
+static void gw_frp_member(gw_frp_t *p, bool is_str, const unsigned char *s, size_t n)
+{
+    if (p->depth < 1 || p->depth > GW_FRP_DEPTH)
+        return;
+    gw_frp_frame_t *f = &p->fr[p->depth];
+    uint8_t k = f->key;
+    f->key = 0;
+    switch (f->role) {
+    case GW_FRP_TOP:
+        if (k == 2)
+            p->top_text = is_str && gw_frp_is_sent(p, s, n) ? 1 : 2;
+        break;
+    case GW_FRP_ITEM:
+        if (k == 3)
+            p->item_content = true;
+        break;
+    case GW_FRP_RESP:
+        if (k == 7)
+            p->resp_output = true;
+        break;
+    case GW_FRP_PART1:
+    case GW_FRP_IPART:
+    case GW_FRP_OPART:
+        if (k == 1)
+            f->is_ot = is_str && n == 11 && memcmp(s, "output_text", 11) == 0;
+        else if (k == 2)
+            f->text = is_str && gw_frp_is_sent(p, s, n) ? 1 : 2;
+        break;
+    default:
+        break;
+    }
+}
+
+/* A top-level scalar as a hole of the event's shape (gw_frp_shape_*): the
+ * delta's string (escapes and all), and each other string without an
+ * escape and each integer of 18 digits at most; the type stays bytes. s:
+ * the string (decoded) or the number's token. */
+static void gw_frp_hole(gw_frp_t *p, bool is_str, const unsigned char *s, size_t n)
+{
+    const char *c = (const char *)s;
+    if (p->key == 1 || !s || p->nholes == GW_FRP_HOLES)
+        return;
+    sl_jspan_t h;
+    uint8_t kind;
+    if (p->key == 2) {
+        h = (sl_jspan_t){(uint32_t)(p->ds + 1), (uint32_t)(p->de - p->ds - 2)};
+        kind = SL_JHOLE_JSTR;
+        p->kd = (int)p->nholes;
+    } else if (c < p->data || c + n > p->data + p->n) {
+        return; /* an escaped string (yajl's copy): its bytes stay */
+    } else if (is_str) {
+        h = (sl_jspan_t){(uint32_t)(c - p->data), (uint32_t)n};
+        kind = SL_JHOLE_STR;
+    } else {
+        size_t i = c[0] == '-';
+        if (n - i == 0 || n - i > SL_JSHAPE_INT_DIGITS)
+            return;
+        for (; i < n; i++)
+            if (c[i] < '0' || c[i] > '9')
+                return; /* a real: its bytes stay */
+        h = (sl_jspan_t){(uint32_t)(c - p->data), (uint32_t)n};
+        kind = SL_JHOLE_INT;
+    }
+    p->hole[p->nholes] = h;
+    p->hkind[p->nholes++] = kind;
+}
+
+/* container: 0 a scalar, 1 an object opens, 2 an array opens. */
+static int gw_frp_value(gw_frp_t *p, bool is_str, int container, const unsigned char *s, size_t n)
+{
+    if (p->depth == 0 && p->closed) {
+        p->odd = true; /* a second value after the event's */
+        return 0;
+    }
     if (p->depth == 1 && p->key == 1) {
         if (!is_str || n >= sizeof(p->type) || p->has_type) {
             p->odd = true;
@@ -146,48 +332,123 @@ static int gw_frp_value(gw_frp_t *p, bool is_str, bool container, const unsigned
         p->ls = i;
         p->le = yajl_get_bytes_consumed(p->h); /* a container's end comes with its close */
         p->has_lp = true;
-        p->lp_open = container;
+        p->lp_open = container != 0;
     }
+    if (p->depth == 1 && !container)
+        gw_frp_hole(p, is_str, s, n);
     p->key = 0;
-    p->depth += container;
+    uint8_t pk = p->depth >= 1 && p->depth <= GW_FRP_DEPTH ? p->fr[p->depth].key : 0;
+    gw_frp_member(p, is_str, s, n);
+    if (container) {
+        p->depth++;
+        gw_frp_open_frame(p, container == 1, pk);
+    }
     return 1;
 }
 
 static int gw_frp_null(void *c)
 {
-    return gw_frp_value(c, false, false, NULL, 0);
+    return gw_frp_value(GW_FRP(c), false, 0, NULL, 0);
 }
 static int gw_frp_bool(void *c, int v)
 {
     (void)v;
-    return gw_frp_value(c, false, false, NULL, 0);
+    return gw_frp_value(GW_FRP(c), false, 0, NULL, 0);
+}
+/* jansson writes an integer that fits int64 as its digits, and a real in
+ * its own way: the bytes stay only for the former. */
+static bool gw_frp_int_canonical(const char *s, size_t n)
+{
+    size_t i = s[0] == '-';
+    if (n - i == 0 || n - i > 18 || (i && n == 2 && s[1] == '0'))
+        return false; /* (19 digits and more: maybe beyond int64; -0 is written 0) */
+    for (; i < n; i++)
+        if (s[i] < '0' || s[i] > '9')
+            return false;
+    return true;
 }
 static int gw_frp_num(void *c, const char *s, size_t n)
 {
-    (void)s, (void)n;
-    return gw_frp_value(c, false, false, NULL, 0);
+    gw_frp_t *p = GW_FRP(c);
+    if (!gw_frp_int_canonical(s, n))
+        p->canon_bad = true;
+    return gw_frp_value(p, false, 0, (const unsigned char *)s, n);
 }
 static int gw_frp_str(void *c, const unsigned char *s, size_t n)
 {
-    return gw_frp_value(c, true, false, s, n);
+    return gw_frp_value(GW_FRP(c), true, 0, s, n);
 }
-static int gw_frp_open(void *c)
+static int gw_frp_open_map(void *c)
 {
-    return gw_frp_value(c, false, true, NULL, 0);
+    return gw_frp_value(GW_FRP(c), false, 1, NULL, 0);
+}
+static int gw_frp_open_array(void *c)
+{
+    return gw_frp_value(GW_FRP(c), false, 2, NULL, 0);
 }
 static int gw_frp_close(void *c)
 {
-    gw_frp_t *p = c;
+    gw_frp_t *p = GW_FRP(c);
+    if (p->depth >= 1 && p->depth <= GW_FRP_DEPTH) {
+        const gw_frp_frame_t *f = &p->fr[p->depth];
+        bool bad = f->is_ot && f->text != 1; /* the general path would set its text */
+        if (f->role == GW_FRP_PART1) {
+            p->part1_ot = f->is_ot;
+            p->bad_part1 |= bad;
+        } else if (f->role == GW_FRP_IPART) {
+            p->bad_item |= bad;
+        } else if (f->role == GW_FRP_OPART) {
+            p->bad_resp |= bad;
+        }
+    }
     if (--p->depth == 1 && p->lp_open) {
         p->le = yajl_get_bytes_consumed(p->h);
         p->lp_open = false;
+    } else if (p->depth == 0) {
+        p->closed = true;
+        p->close_end = yajl_get_bytes_consumed(p->h);
     }
     return 1;
 }
+
+/* The key k in the object at p->depth: recorded, and checked against the
+ * object's others (jansson keeps the last of a duplicate, which its dump
+ * would show). */
+static void gw_frp_key_note(gw_frp_t *p, const unsigned char *k, size_t n)
+{
+    if (p->depth < 1 || p->depth > GW_FRP_DEPTH)
+        return;
+    gw_frp_frame_t *f = &p->fr[p->depth];
+    const char *kc = (const char *)k;
+    if (kc < p->data || kc + n > p->data + p->n || f->nkeys == GW_FRP_KEYS) {
+        p->canon_bad = true; /* an escaped key (yajl's copy), or too many to compare */
+        return;
+    }
+    for (size_t i = 0; i < f->nkeys; i++)
+        if (f->keys[i].len == n && memcmp(f->keys[i].p, kc, n) == 0)
+            p->canon_bad = true;
+    f->keys[f->nkeys++] = (sl_text_t){kc, n};
+    uint8_t id = 0;
+    if (n == 4)
+        id = memcmp(k, "type", 4) == 0   ? 1
+             : memcmp(k, "text", 4) == 0 ? 2
+             : memcmp(k, "part", 4) == 0 ? 4
+             : memcmp(k, "item", 4) == 0 ? 5
+                                         : 0;
+    else if (n == 7 && memcmp(k, "content", 7) == 0)
+        id = 3;
+    else if (n == 8 && memcmp(k, "response", 8) == 0)
+        id = 6;
+    else if (n == 6 && memcmp(k, "output", 6) == 0)
+        id = 7;
+    f->key = id;
+}
+
 static int gw_frp_key(void *c, const unsigned char *k, size_t n)
 {
-    gw_frp_t *p = c;
+    gw_frp_t *p = GW_FRP(c);
     p->key = 0;
+    gw_frp_key_note(p, k, n);
     if (p->depth != 1)
         return 1;
     p->key_end = yajl_get_bytes_consumed(p->h);
@@ -205,28 +466,180 @@ static const yajl_callbacks gw_frp_cb = {
     .yajl_boolean = gw_frp_bool,
     .yajl_number = gw_frp_num,
     .yajl_string = gw_frp_str,
-    .yajl_start_map = gw_frp_open,
+    .yajl_start_map = gw_frp_open_map,
     .yajl_map_key = gw_frp_key,
     .yajl_end_map = gw_frp_close,
-    .yajl_start_array = gw_frp_open,
+    .yajl_start_array = gw_frp_open_array,
     .yajl_end_array = gw_frp_close,
 };
 
-/* true: a delta event read (p->ds..de its delta string). */
-static bool gw_frp_scan(gw_frp_t *p, const char *data, size_t len)
+/* The event's kinds, by its type as the general path tells them apart. */
+typedef enum gw_frp_kind {
+    GW_FRK_OTHER = 0, /* passed as it came */
+    GW_FRK_DELTA,
+    GW_FRK_TEXT_DONE,
+    GW_FRK_PART_DONE,
+    GW_FRK_ITEM_DONE,
+    GW_FRK_COMPLETED, /* response.completed* and response.incomplete */
+} gw_frp_kind_t;
+
+static gw_frp_kind_t gw_frp_kind(const char *type)
 {
-    memset(p, 0, sizeof(*p));
+    if (strcmp(type, "response.output_text.delta") == 0)
+        return GW_FRK_DELTA;
+    if (strcmp(type, "response.output_text.done") == 0)
+        return GW_FRK_TEXT_DONE;
+    if (strcmp(type, "response.content_part.done") == 0)
+        return GW_FRK_PART_DONE;
+    if (strcmp(type, "response.output_item.done") == 0)
+        return GW_FRK_ITEM_DONE;
+    if (strncmp(type, "response.completed", 18) == 0 || strcmp(type, "response.incomplete") == 0)
+        return GW_FRK_COMPLETED;
+    return GW_FRK_OTHER;
+}
+
+/* true: the event read (one object, its type a string given once). */
+static bool gw_frp_scan(gw_frp_t *p, const gw_flt_resp_t *x, const char *data, size_t len)
+{
     p->data = data;
     p->n = len;
-    p->h = yajl_alloc(&gw_frp_cb, NULL, p);
+    p->x = x;
+    p->depth = 0;
+    p->key = 0;
+    p->has_type = p->has_delta = p->has_lp = p->lp_open = p->odd = false;
+    p->canon_bad = p->part1_ot = p->item_content = p->resp_output = false;
+    p->bad_part1 = p->bad_item = p->bad_resp = false;
+    p->top_text = 0;
+    p->closed = false;
+    p->nholes = 0;
+    p->kd = -1;
+    p->h = sl_ykeep_take(&gw_frp_keep, &gw_frp_cb, true);
     if (!p->h)
         return false;
+    gw_frp_keep.cur = p;
     yajl_status s = yajl_parse(p->h, (const unsigned char *)data, len);
-    if (s == yajl_status_ok)
-        s = yajl_complete_parse(p->h);
-    yajl_free(p->h);
-    return s == yajl_status_ok && !p->odd && p->has_type && p->has_delta &&
-           strcmp(p->type, "response.output_text.delta") == 0;
+    gw_frp_keep.cur = NULL;
+    /* the object closed, and nothing but blanks after it (yajl reads a
+     * stream of values: it would take a second) */
+    bool whole = s == yajl_status_ok && p->closed;
+    for (size_t i = whole ? p->close_end : len; i < len; i++)
+        if (data[i] != ' ' && data[i] != '\t' && data[i] != '\n' && data[i] != '\r')
+            whole = false;
+    sl_ykeep_put(&gw_frp_keep, p->h, whole);
+    return whole && !p->odd && p->has_type;
+}
+
+/* ---- delta events by their shape --------------------------------------------
+ *
+ * A stream's deltas differ from each other only in their delta text and
+ * their numbers (sequence_number...): after yajl read one, its bytes are
+ * kept as a shape with those values as holes (common/jshape.h), and a later
+ * event with that shape is known, without a parse, to be a delta read the
+ * same way (the same type, keys and logprobs; the delta's and logprobs'
+ * spans moved by the holes' new lengths). */
+
+typedef struct gw_frp_shape {
+    int kd;      /* the delta's hole */
+    bool has_lp; /* logprobs there, at [ls, le) in the shape's text */
+    size_t ls, le;
+} gw_frp_shape_t;
+
+static _Thread_local sl_jshape_cache_t gw_frp_shapes =
+    SL_JSHAPE_CACHE_INIT(2, 4, 16, sizeof(gw_frp_shape_t), NULL);
+
+/* An offset in the shape's text, in the matched text. */
+static size_t gw_frp_shift(const sl_jshape_t *sh, const sl_jspan_t *got, size_t off)
+{
+    size_t o = off;
+    for (size_t i = 0; i < sh->nholes && sh->hole[i].off < off; i++)
+        o = o + got[i].len - sh->hole[i].len;
+    return o;
+}
+
+/* true: data is a delta with a kept shape; p holds what gw_frp_scan would
+ * have found for gw_flt_resp_fast (the spans). */
+static bool gw_frp_shape_find(gw_frp_t *p, const char *data, size_t len)
+{
+    sl_jshape_cache_t *c = &gw_frp_shapes;
+    sl_jspan_t got[GW_FRP_HOLES];
+    uint64_t esc;
+    for (unsigned i = 0; i < c->nslots; i++) {
+        const sl_jshape_slot_t *sl = &c->slot[i];
+        if (sl_jshape_empty(&sl->sh) || !sl_jshape_match_esc(&sl->sh, data, len, got, &esc))
+            continue;
+        const gw_frp_shape_t *d = sl->data;
+        sl_jshape_cache_hit(c, i);
+        p->data = data;
+        p->n = len;
+        p->ds = got[d->kd].off - 1;
+        p->de = got[d->kd].off + got[d->kd].len + 1;
+        p->has_lp = d->has_lp;
+        if (d->has_lp) {
+            p->ls = gw_frp_shift(&sl->sh, got, d->ls);
+            p->le = gw_frp_shift(&sl->sh, got, d->le);
+        }
+        return true;
+    }
+    sl_jshape_cache_miss(c);
+    return false;
+}
+
+/* A delta gw_frp_scan read: its shape kept when the gate says so. */
+static void gw_frp_shape_learn(const gw_frp_t *p)
+{
+    sl_jshape_cache_t *c = &gw_frp_shapes;
+    if (p->kd < 0 || !sl_jshape_cache_gate(c))
+        return;
+    int i = sl_jshape_cache_take(c);
+    if (i < 0)
+        return;
+    gw_frp_shape_t *d = c->slot[i].data;
+    *d = (gw_frp_shape_t){p->kd, p->has_lp, p->ls, p->le};
+    if (sl_jshape_cache_set(c, (unsigned)i, p->data, p->n, p->hole, p->hkind, p->nholes) != 0)
+        return; /* the slot stays empty: it matches nothing */
+}
+
+/* Forgets this thread's shapes (tests). */
+void gw_flt_resp_shapes_clear(void)
+{
+    sl_jshape_cache_clear(&gw_frp_shapes);
+}
+
+uint64_t gw_flt_resp_shape_hits(void)
+{
+    return gw_frp_shapes.st.hits;
+}
+
+/* The bytes are what jansson's compact dump writes for them: no blank
+ * between tokens, and no escape it would write otherwise (\u, \/). With
+ * the callbacks' checks (keys once, integers) the event comes out of a
+ * json_loadb / json_dumps round as it went in. */
+static bool gw_frp_canonical(const gw_frp_t *p)
+{
+    if (p->canon_bad)
+        return false;
+    const char *d = p->data;
+    size_t i = 0, n = p->n;
+    while (i < n) {
+        char ch = d[i++];
+        if (ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r')
+            return false;
+        if (ch != '"')
+            continue;
+        for (;;) { /* a string's interior, a run at a time */
+            i = sl_jshape_str_end(d, i, n);
+            if (i >= n)
+                return false;
+            ch = d[i++];
+            if (ch == '"')
+                break;
+            char e = i < n ? d[i++] : 'u';
+            if (ch != '\\' ||
+                (e != '"' && e != '\\' && e != 'b' && e != 'f' && e != 'n' && e != 'r' && e != 't'))
+                return false; /* \u, \/ (or a control byte yajl refused) */
+        }
+    }
+    return true;
 }
 
 /* The event with its delta replaced by t (and logprobs, which would carry
@@ -321,13 +734,56 @@ static int gw_flt_resp_fast(gw_flt_resp_t *x, flt_stream_t *st, const gw_frp_t *
     return 0;
 }
 
-gw_ev_rc_t gw_flt_resp_event(gw_flt_resp_t *x, flt_stream_t *st, const char *data, size_t len,
-                             gw_payloads_t *out)
+/* What the filter made of a delta's or a text_done's chat chunk (v, o),
+ * as Responses events: the general path's tail, shared with the quick
+ * text_done (j the event's tree, borrowed). */
+static gw_ev_rc_t gw_flt_resp_after(gw_flt_resp_t *x, json_t *j, bool delta, bool text_done,
+                                    const char *d, flt_ev_verdict_t v, const flt_out_t *o,
+                                    gw_payloads_t *out)
 {
-    gw_frp_t fp;
-    gw_ev_rc_t frc;
-    if (gw_frp_scan(&fp, data, len) && gw_flt_resp_fast(x, st, &fp, data, len, out, &frc) == 0)
-        return frc;
+    gw_ev_rc_t rc = GW_EV_REPLACE;
+    if (v == FLT_EV_PASS && delta) {
+        gw_flt_resp_add(x, d ? d : "", d ? strlen(d) : 0);
+        rc = GW_EV_PASS;
+    } else {
+        /* What the filter let out, as delta events of this item. */
+        for (size_t i = 0; i < o->n && rc != GW_EV_STOP; i++) {
+            json_t *c = json_loads(o->v[i].data, 0, NULL);
+            json_t *ch = json_array_get(json_object_get(c, "choices"), 0);
+            const char *t =
+                json_string_value(json_object_get(json_object_get(ch, "delta"), "content"));
+            if (t && *t) {
+                json_t *ev = json_pack("{s:s, s:O?, s:O?, s:O?, s:s, s:[]}", "type",
+                                       "response.output_text.delta", "item_id",
+                                       json_object_get(j, "item_id"), "output_index",
+                                       json_object_get(j, "output_index"), "content_index",
+                                       json_object_get(j, "content_index"), "delta", t, "logprobs");
+                gw_flt_resp_add(x, t, strlen(t));
+                if (gw_flt_resp_push(out, ev) != 0)
+                    rc = GW_EV_STOP;
+                json_decref(ev);
+            }
+            json_decref(c);
+        }
+        if (v == FLT_EV_BLOCK || v == FLT_EV_ERROR || x->oom) {
+            json_t *e =
+                json_pack("{s:s, s:s, s:s, s:n}", "type", "error", "code", "content_filter",
+                          "message", "The answer was stopped by a content filter.", "param");
+            gw_flt_resp_push(out, e);
+            json_decref(e);
+            rc = GW_EV_STOP;
+        } else if (text_done && rc != GW_EV_STOP) {
+            json_object_set_new(j, "text", json_string(x->acc ? x->acc : ""));
+            if (gw_flt_resp_push(out, j) != 0)
+                rc = GW_EV_STOP;
+        }
+    }
+    return rc;
+}
+
+gw_ev_rc_t gw_flt_resp_event_tree(gw_flt_resp_t *x, flt_stream_t *st, const char *data, size_t len,
+                                  gw_payloads_t *out)
+{
     json_t *j = json_loadb(data, len, 0, NULL);
     const char *type = json_string_value(json_object_get(j, "type"));
     if (!type) {
@@ -370,46 +826,93 @@ gw_ev_rc_t gw_flt_resp_event(gw_flt_resp_t *x, flt_stream_t *st, const char *dat
     memset(&o, 0, sizeof(o));
     flt_ev_verdict_t v = cs ? flt_stream_event(st, cs, strlen(cs), &o) : FLT_EV_ERROR;
     free(cs);
-    gw_ev_rc_t rc = GW_EV_REPLACE;
-    if (v == FLT_EV_PASS && delta) {
-        gw_flt_resp_add(x, d ? d : "", d ? strlen(d) : 0);
-        rc = GW_EV_PASS;
-    } else {
-        /* What the filter let out, as delta events of this item. */
-        for (size_t i = 0; i < o.n && rc != GW_EV_STOP; i++) {
-            json_t *c = json_loads(o.v[i].data, 0, NULL);
-            json_t *ch = json_array_get(json_object_get(c, "choices"), 0);
-            const char *t =
-                json_string_value(json_object_get(json_object_get(ch, "delta"), "content"));
-            if (t && *t) {
-                json_t *ev = json_pack("{s:s, s:O?, s:O?, s:O?, s:s, s:[]}", "type",
-                                       "response.output_text.delta", "item_id",
-                                       json_object_get(j, "item_id"), "output_index",
-                                       json_object_get(j, "output_index"), "content_index",
-                                       json_object_get(j, "content_index"), "delta", t, "logprobs");
-                gw_flt_resp_add(x, t, strlen(t));
-                if (gw_flt_resp_push(out, ev) != 0)
-                    rc = GW_EV_STOP;
-                json_decref(ev);
-            }
-            json_decref(c);
-        }
-        if (v == FLT_EV_BLOCK || v == FLT_EV_ERROR || x->oom) {
-            json_t *e =
-                json_pack("{s:s, s:s, s:s, s:n}", "type", "error", "code", "content_filter",
-                          "message", "The answer was stopped by a content filter.", "param");
-            gw_flt_resp_push(out, e);
-            json_decref(e);
-            rc = GW_EV_STOP;
-        } else if (text_done && rc != GW_EV_STOP) {
-            json_object_set_new(j, "text", json_string(x->acc ? x->acc : ""));
-            if (gw_flt_resp_push(out, j) != 0)
-                rc = GW_EV_STOP;
-        }
-    }
+    gw_ev_rc_t rc = gw_flt_resp_after(x, j, delta, text_done, d, v, &o, out);
     flt_out_release(&o);
     json_decref(j);
     return rc;
+}
+
+/* The text_done event: the chat path's finish chunk (the bytes the general
+ * path packs for it) flushes what is held; when nothing comes out and the
+ * event already carries the text sent, in jansson's own form, it goes as
+ * it came (without its event: line, as a replaced event). */
+static gw_ev_rc_t gw_flt_resp_text_done(gw_flt_resp_t *x, flt_stream_t *st, const gw_frp_t *p,
+                                        gw_payloads_t *out)
+{
+    static const char fin[] =
+        "{\"choices\":[{\"index\":0,\"delta\":{\"content\":null},\"finish_reason\":\"stop\"}]}";
+    flt_out_t o;
+    memset(&o, 0, sizeof(o));
+    flt_ev_verdict_t v = flt_stream_event(st, fin, sizeof(fin) - 1, &o);
+    gw_ev_rc_t rc;
+    if ((v == FLT_EV_PASS || v == FLT_EV_REPLACE) && o.n == 0 && !x->oom && p->top_text == 1 &&
+        gw_frp_canonical(p)) {
+        rc = gw_payloads_push_copy(out, p->data, p->n) == 0 ? GW_EV_REPLACE : GW_EV_STOP;
+    } else {
+        json_t *j = json_loadb(p->data, p->n, 0, NULL);
+        rc = gw_flt_resp_after(x, j, false, true, NULL, v, &o, out);
+        json_decref(j);
+    }
+    flt_out_release(&o);
+    return rc;
+}
+
+/* An event gw_frp_scan read that is not a delta: 0 answered (*rc), -1 the
+ * general path decides. */
+static int gw_flt_resp_quick(gw_flt_resp_t *x, flt_stream_t *st, const gw_frp_t *p,
+                             gw_payloads_t *out, gw_ev_rc_t *rc)
+{
+    bool there, bad;
+    switch (gw_frp_kind(p->type)) {
+    case GW_FRK_OTHER:
+        *rc = GW_EV_PASS; /* the general path passes it too */
+        return 0;
+    case GW_FRK_TEXT_DONE:
+        *rc = gw_flt_resp_text_done(x, st, p, out);
+        return 0;
+    case GW_FRK_PART_DONE:
+        there = p->part1_ot, bad = p->bad_part1;
+        break;
+    case GW_FRK_ITEM_DONE:
+        there = p->item_content, bad = p->bad_item;
+        break;
+    case GW_FRK_COMPLETED:
+        there = p->resp_output, bad = p->bad_resp;
+        break;
+    default:
+        return -1;
+    }
+    if (!gw_frp_canonical(p))
+        return -1;
+    if (!there) {
+        *rc = GW_EV_PASS; /* nothing the general path would set */
+        return 0;
+    }
+    if (bad)
+        return -1;
+    *rc = gw_payloads_push_copy(out, p->data, p->n) == 0 ? GW_EV_REPLACE : GW_EV_STOP;
+    return 0;
+}
+
+gw_ev_rc_t gw_flt_resp_event(gw_flt_resp_t *x, flt_stream_t *st, const char *data, size_t len,
+                             gw_payloads_t *out)
+{
+    gw_frp_t fp;
+    gw_ev_rc_t rc;
+    if (gw_frp_shape_find(&fp, data, len))
+        return gw_flt_resp_fast(x, st, &fp, data, len, out, &rc) == 0
+                   ? rc
+                   : gw_flt_resp_event_tree(x, st, data, len, out);
+    if (gw_frp_scan(&fp, x, data, len)) {
+        if (fp.has_delta && strcmp(fp.type, "response.output_text.delta") == 0) {
+            gw_frp_shape_learn(&fp);
+            if (gw_flt_resp_fast(x, st, &fp, data, len, out, &rc) == 0)
+                return rc;
+        } else if (gw_flt_resp_quick(x, st, &fp, out, &rc) == 0) {
+            return rc;
+        }
+    }
+    return gw_flt_resp_event_tree(x, st, data, len, out);
 }
 
 int gw_flt_resp_body(flt_ruleset_t *rs, json_t *body, bool *modified)
@@ -466,4 +969,325 @@ flt_req_verdict_t gw_flt_resp_request(const flt_ruleset_t *rs, json_t *body, flt
     }
     json_decref(chat);
     return v;
+}
+
+flt_req_verdict_t gw_flt_resp_request_text(const flt_ruleset_t *rs, const sl_text_t *input,
+                                           flt_req_result_t *res)
+{
+    if (!input) {
+        memset(res, 0, sizeof(*res));
+        return FLT_REQ_OK; /* as gw_flt_resp_request: item lists not read yet */
+    }
+    /* the one user message gw_flt_resp_request builds as a tree */
+    sl_chat_msg_t m = {.kind = SL_J_OBJECT,
+                       .role_kind = SL_J_STRING,
+                       .role = {"user", 4},
+                       .content_kind = SL_J_STRING,
+                       .content = *input};
+    sl_chat_t chat = {.messages_kind = SL_J_ARRAY, .msgs = &m, .nmsgs = 1};
+    return flt_request_check_chat(rs, &chat, res);
+}
+
+/* ---- a whole answer without a jansson tree --------------------------------
+ *
+ * A Responses answer's texts are output[i].content[k].text. yajl finds
+ * each one's bytes; each goes through the chat answer's byte filter as the
+ * content of a one-choice chat.completion (what gw_flt_resp_body builds as
+ * a tree). When no rule changes any, the answer goes as it came, as on the
+ * tree path; when one does, the answer is written as the tree path writes
+ * it. Anything jansson might read otherwise than yajl (a \u escape: NUL and
+ * lone surrogates; integers beyond int64, reals beyond a double; a
+ * duplicate key on the path; deep nesting) is left to the tree path. */
+
+#define GW_FRB_DEPTH 64
+#define GW_FRB_TEXTS 8
+
+enum { GW_FRB_OTHER = 0, GW_FRB_TOP, GW_FRB_OUTPUT, GW_FRB_ITEM, GW_FRB_CONTENT, GW_FRB_PART };
+
+typedef struct gw_frb_span {
+    size_t s, e; /* the string's bytes, quotes included */
+} gw_frb_span_t;
+
+typedef struct gw_frb {
+    const char *data;
+    size_t n;
+    yajl_handle h;
+    int depth;
+    bool odd;
+    bool closed; /* the top container closed (at close_end) */
+    size_t close_end;
+    uint8_t role[GW_FRB_DEPTH + 1]; /* per depth: the container's role */
+    uint8_t key[GW_FRB_DEPTH + 1];  /* per depth: 1 when the value coming is the one followed */
+    uint8_t seen[GW_FRB_DEPTH + 1]; /* per depth: that key was seen in this object */
+    size_t key_end;                 /* offset past the last key */
+    gw_frb_span_t *v, v0[GW_FRB_TEXTS];
+    size_t nv, cap;
+} gw_frb_t;
+
+static _Thread_local sl_ykeep_t gw_frb_keep;
+#define GW_FRB(ctx) ((gw_frb_t *)((sl_ykeep_t *)(ctx))->cur)
+
+static int gw_frb_push(gw_frb_t *p, size_t s, size_t e)
+{
+    if (p->nv == p->cap) {
+        size_t cap = p->cap * 2;
+        gw_frb_span_t *v = malloc(cap * sizeof(*v));
+        if (!v)
+            return -1;
+        memcpy(v, p->v, p->nv * sizeof(*v));
+        if (p->v != p->v0)
+            free(p->v);
+        p->v = v;
+        p->cap = cap;
+    }
+    p->v[p->nv++] = (gw_frb_span_t){s, e};
+    return 0;
+}
+
+/* A value in the container at p->depth; container: 0 a scalar, 1 an object
+ * opens, 2 an array opens. */
+static int gw_frb_value(gw_frb_t *p, bool is_str, int container)
+{
+    int d = p->depth;
+    if (d == 0 && p->closed) {
+        p->odd = true; /* a second value after the answer */
+        return 0;
+    }
+    uint8_t up = d >= 1 && d <= GW_FRB_DEPTH ? p->role[d] : GW_FRB_OTHER;
+    bool followed = d >= 1 && d <= GW_FRB_DEPTH && p->key[d];
+    if (d >= 1 && d <= GW_FRB_DEPTH)
+        p->key[d] = 0;
+    if (up == GW_FRB_PART && followed && is_str) {
+        size_t i = p->key_end;
+        while (i < p->n && p->data[i] != '"')
+            i++; /* past the blanks and the colon */
+        if (gw_frb_push(p, i, yajl_get_bytes_consumed(p->h)) != 0) {
+            p->odd = true;
+            return 0;
+        }
+    }
+    if (!container)
+        return 1;
+    if (++p->depth > GW_FRB_DEPTH) {
+        p->odd = true; /* jansson's own limit is near: let it decide */
+        return 0;
+    }
+    uint8_t role = GW_FRB_OTHER;
+    if (d == 0)
+        role = container == 1 ? GW_FRB_TOP : GW_FRB_OTHER;
+    else if (up == GW_FRB_TOP && followed && container == 2)
+        role = GW_FRB_OUTPUT;
+    else if (up == GW_FRB_OUTPUT && container == 1)
+        role = GW_FRB_ITEM;
+    else if (up == GW_FRB_ITEM && followed && container == 2)
+        role = GW_FRB_CONTENT;
+    else if (up == GW_FRB_CONTENT && container == 1)
+        role = GW_FRB_PART;
+    p->role[p->depth] = role;
+    p->key[p->depth] = 0;
+    p->seen[p->depth] = 0;
+    return 1;
+}
+
+static int gw_frb_null(void *c)
+{
+    return gw_frb_value(GW_FRB(c), false, 0);
+}
+static int gw_frb_bool(void *c, int v)
+{
+    (void)v;
+    return gw_frb_value(GW_FRB(c), false, 0);
+}
+static int gw_frb_num(void *c, const char *s, size_t n)
+{
+    gw_frb_t *p = GW_FRB(c);
+    bool real = memchr(s, '.', n) || memchr(s, 'e', n) || memchr(s, 'E', n);
+    if (!real && n - (s[0] == '-') > 18) {
+        p->odd = true; /* maybe beyond int64: jansson refuses the answer */
+        return 0;
+    }
+    if (real) {
+        char buf[64];
+        if (n >= sizeof(buf)) {
+            p->odd = true;
+            return 0;
+        }
+        memcpy(buf, s, n);
+        buf[n] = '\0';
+        double v = strtod(buf, NULL);
+        if (v - v != 0) { /* inf: jansson refuses it */
+            p->odd = true;
+            return 0;
+        }
+    }
+    return gw_frb_value(p, false, 0);
+}
+static int gw_frb_str(void *c, const unsigned char *s, size_t n)
+{
+    (void)s, (void)n;
+    return gw_frb_value(GW_FRB(c), true, 0);
+}
+static int gw_frb_open_map(void *c)
+{
+    return gw_frb_value(GW_FRB(c), false, 1);
+}
+static int gw_frb_open_array(void *c)
+{
+    return gw_frb_value(GW_FRB(c), false, 2);
+}
+static int gw_frb_close(void *c)
+{
+    gw_frb_t *p = GW_FRB(c);
+    if (--p->depth == 0) {
+        p->closed = true;
+        p->close_end = yajl_get_bytes_consumed(p->h);
+    }
+    return 1;
+}
+static int gw_frb_key(void *c, const unsigned char *k, size_t n)
+{
+    gw_frb_t *p = GW_FRB(c);
+    int d = p->depth;
+    if (d < 1 || d > GW_FRB_DEPTH)
+        return 1;
+    uint8_t r = p->role[d];
+    bool f = (r == GW_FRB_TOP && n == 6 && memcmp(k, "output", 6) == 0) ||
+             (r == GW_FRB_ITEM && n == 7 && memcmp(k, "content", 7) == 0) ||
+             (r == GW_FRB_PART && n == 4 && memcmp(k, "text", 4) == 0);
+    if (f && p->seen[d]) {
+        p->odd = true; /* jansson keeps the last: the tree path decides */
+        return 0;
+    }
+    p->seen[d] |= f;
+    p->key[d] = f;
+    p->key_end = yajl_get_bytes_consumed(p->h);
+    return 1;
+}
+
+static const yajl_callbacks gw_frb_cb = {
+    .yajl_null = gw_frb_null,
+    .yajl_boolean = gw_frb_bool,
+    .yajl_number = gw_frb_num,
+    .yajl_string = gw_frb_str,
+    .yajl_start_map = gw_frb_open_map,
+    .yajl_map_key = gw_frb_key,
+    .yajl_end_map = gw_frb_close,
+    .yajl_start_array = gw_frb_open_array,
+    .yajl_end_array = gw_frb_close,
+};
+
+/* The one-choice chat.completion gw_flt_resp_body builds for the text at
+ * raw (its JSON string), through the byte filter. *edited: the text the
+ * filter made of it (malloc'd) or NULL when unchanged. 0, 1 (the tree
+ * path decides), -1 (out of memory). */
+static int gw_frb_text(flt_ruleset_t *rs, const char *raw, size_t rn, char **edited, size_t *elen)
+{
+    static const char pre[] = "{\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\","
+                              "\"content\":";
+    static const char post[] = "},\"finish_reason\":\"stop\"}]}";
+    char stack[1024], *b = stack;
+    size_t n = sizeof(pre) - 1 + rn + sizeof(post) - 1;
+    if (n + 1 > sizeof(stack) && !(b = malloc(n + 1)))
+        return -1;
+    memcpy(b, pre, sizeof(pre) - 1);
+    memcpy(b + sizeof(pre) - 1, raw, rn);
+    memcpy(b + sizeof(pre) - 1 + rn, post, sizeof(post));
+    char *o = NULL;
+    size_t on = 0;
+    flt_ans_rc_t rc = flt_response_filter_bytes(rs, b, n, &o, &on);
+    if (b != stack)
+        free(b);
+    *edited = NULL;
+    if (rc == FLT_ANS_SAME)
+        return 0;
+    if (rc != FLT_ANS_EDITED)
+        return rc == FLT_ANS_TREE ? 1 : -1;
+    /* the new content, as gw_flt_resp_body reads it from the tree */
+    json_t *cc = json_loadb(o, on, 0, NULL);
+    free(o);
+    if (!cc)
+        return -1;
+    json_t *ch = json_array_get(json_object_get(cc, "choices"), 0);
+    json_t *nt = json_object_get(json_object_get(ch, "message"), "content");
+    *elen = json_is_string(nt) ? json_string_length(nt) : 0;
+    *edited = malloc(*elen + 1);
+    if (*edited) {
+        memcpy(*edited, json_is_string(nt) ? json_string_value(nt) : "", *elen);
+        (*edited)[*elen] = '\0';
+    }
+    json_decref(cc);
+    return *edited ? 0 : -1;
+}
+
+/* The tree path's answer with the texts edited: the answer parsed, each
+ * string text in order (k) set to ed[k] when there is one, written again. */
+static int gw_frb_write(const char *data, size_t len, char **ed, const size_t *el, size_t nv,
+                        char **out, size_t *outlen)
+{
+    json_t *body = json_loadb(data, len, 0, NULL);
+    if (!body)
+        return 1;
+    size_t i, k, at = 0;
+    json_t *item, *part;
+    json_array_foreach(json_object_get(body, "output"), i,
+                       item){json_array_foreach(json_object_get(item, "content"), k, part){
+        if (!json_is_string(json_object_get(part, "text"))) continue;
+    if (at < nv && ed[at])
+        json_object_set_new(part, "text", json_stringn(ed[at], el[at]));
+    at++;
+}
+}
+*out = json_dumps(body, JSON_COMPACT);
+*outlen = *out ? strlen(*out) : 0;
+json_decref(body);
+return *out ? 0 : -1;
+}
+
+int gw_flt_resp_body_bytes(flt_ruleset_t *rs, const char *data, size_t len, char **out,
+                           size_t *outlen)
+{
+    *out = NULL;
+    *outlen = 0;
+    if (memmem(data, len, "\\u", 2))
+        return 1;
+    gw_frb_t p;
+    memset(&p, 0, offsetof(gw_frb_t, v0));
+    p.data = data;
+    p.n = len;
+    p.v = p.v0;
+    p.nv = 0;
+    p.cap = GW_FRB_TEXTS;
+    p.h = sl_ykeep_take(&gw_frb_keep, &gw_frb_cb, true);
+    if (!p.h)
+        return -1;
+    gw_frb_keep.cur = &p;
+    yajl_status s = yajl_parse(p.h, (const unsigned char *)data, len);
+    gw_frb_keep.cur = NULL;
+    bool whole = s == yajl_status_ok && p.closed; /* and blanks after it only */
+    for (size_t i = whole ? p.close_end : len; i < len; i++)
+        if (data[i] != ' ' && data[i] != '\t' && data[i] != '\n' && data[i] != '\r')
+            whole = false;
+    sl_ykeep_put(&gw_frb_keep, p.h, whole);
+    int rc = whole && !p.odd ? 0 : 1;
+    char **ed = NULL;
+    size_t *el = NULL;
+    bool edited = false;
+    if (rc == 0 && p.nv) {
+        ed = calloc(p.nv, sizeof(*ed));
+        el = calloc(p.nv, sizeof(*el));
+        rc = ed && el ? 0 : -1;
+    }
+    for (size_t i = 0; rc == 0 && i < p.nv; i++) {
+        rc = gw_frb_text(rs, data + p.v[i].s, p.v[i].e - p.v[i].s, &ed[i], &el[i]);
+        edited |= ed[i] != NULL;
+    }
+    if (rc == 0 && edited)
+        rc = gw_frb_write(data, len, ed, el, p.nv, out, outlen);
+    for (size_t i = 0; ed && i < p.nv; i++)
+        free(ed[i]);
+    free(ed);
+    free(el);
+    if (p.v != p.v0)
+        free(p.v);
+    return rc;
 }

@@ -120,12 +120,15 @@ static gw_flt_t gw_flt_body_only = {.body = true};
 static gw_hook_rc_t gw_flt_on_request(gw_req_t *r, void **state)
 {
     flt_ruleset_t *rs = r->rt->filters;
-    bool resp = r->route == GW_ROUTE_RESPONSES && json_is_object(r->json);
+    bool resp = r->route == GW_ROUTE_RESPONSES && (json_is_object(r->json) || r->scan);
     if (!rs || (r->route != GW_ROUTE_CHAT && !resp))
         return GW_HOOK_NEXT;
     flt_req_result_t res;
     flt_req_verdict_t v;
-    if (resp)
+    if (resp && !r->json)
+        v = gw_flt_resp_request_text(
+            rs, r->scan->input.kind == SL_J_STRING ? &r->scan->input.s : NULL, &res);
+    else if (resp)
         v = gw_flt_resp_request(rs, r->json, &res);
     else if (r->scan && r->scan->has_msgs)
         v = flt_request_check_chat(rs, &r->scan->chat, &res);
@@ -135,7 +138,9 @@ static gw_hook_rc_t gw_flt_on_request(gw_req_t *r, void **state)
         /* The rules edit the prompt: on the tree (built now), serialised
          * again before sending. */
         json_t *j = gw_req_json(r);
-        v = j ? flt_request_check(rs, j, &res) : FLT_REQ_ERROR;
+        v = !j     ? FLT_REQ_ERROR
+            : resp ? gw_flt_resp_request(rs, j, &res)
+                   : flt_request_check(rs, j, &res);
     }
     switch (v) {
     case FLT_REQ_OK:
@@ -234,16 +239,17 @@ static int gw_flt_on_body(gw_req_t *r, void *state, json_t *body, bool *modified
     return 0;
 }
 
-/* A chat.completion read as bytes (filters/answer.c): no tree unless the
- * answer is one that reader leaves to it. */
+/* A chat.completion (filters/answer.c) or a Responses answer
+ * (flt_responses.c) read as bytes: no tree unless the answer is one that
+ * reader leaves to it. */
 static int gw_flt_on_body_raw(gw_req_t *r, void *state, const char *data, size_t len, char **out,
                               size_t *outlen)
 {
     gw_flt_t *s = state;
     if (!s->body)
         return 0;
-    if (r->route == GW_ROUTE_RESPONSES)
-        return 1; /* the Responses API shape is read on the tree (flt_responses.c) */
+    if (r->route == GW_ROUTE_RESPONSES) /* the Responses API's shape (flt_responses.c) */
+        return gw_flt_resp_body_bytes(r->rt->filters, data, len, out, outlen);
     switch (flt_response_filter_bytes(r->rt->filters, data, len, out, outlen)) {
     case FLT_ANS_SAME:
     case FLT_ANS_EDITED:

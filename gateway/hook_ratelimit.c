@@ -197,17 +197,32 @@ void gw_rl_respond_refusal(gw_req_t *r, const struct rl_decision *d)
 
 /* The Responses API's max_output_tokens under the same cap as chat's
  * max_tokens (else that API would be a way around it), with the model's
- * default_max_tokens when absent. -1: answered (400). */
+ * default_max_tokens when absent. Read from the tree when one was built,
+ * else from the scanner's facts; the edit is a splice on the client's
+ * bytes (gw_req_set_int), or the tree's when there is one. -1: answered
+ * (400). */
 static int gw_rl_clamp_responses(gw_req_t *r, int64_t cap, rl_clamp_t *clamp)
 {
-    json_t *v = json_object_get(r->json, "max_output_tokens");
+    sl_jkind_t kind;
+    int64_t have = 0;
+    if (r->json) {
+        json_t *v = json_object_get(r->json, "max_output_tokens");
+        kind = !v                   ? SL_J_ABSENT
+               : json_is_null(v)    ? SL_J_NULL
+               : json_is_integer(v) ? SL_J_INT
+                                    : SL_J_OBJECT; /* any other: refused below */
+        have = json_is_integer(v) ? json_integer_value(v) : 0;
+    } else {
+        kind = r->scan->max_output_tokens.kind;
+        have = kind == SL_J_INT ? r->scan->max_output_tokens.i : 0;
+    }
     int64_t dmt = r->model ? r->model->conf->default_max_tokens : 0;
     int64_t want;
-    if (!v || json_is_null(v)) {
+    if (kind == SL_J_ABSENT || kind == SL_J_NULL) {
         want = dmt > 0 && dmt < cap ? dmt : cap;
-    } else if (json_is_integer(v) && json_integer_value(v) >= 1) {
-        want = SL_MIN((int64_t)json_integer_value(v), cap);
-        if (want == json_integer_value(v)) {
+    } else if (kind == SL_J_INT && have >= 1) {
+        want = SL_MIN(have, cap);
+        if (want == have) {
             clamp->max_tokens = want; /* as sent: the client's bytes go */
             return 0;
         }
@@ -216,11 +231,10 @@ static int gw_rl_clamp_responses(gw_req_t *r, int64_t cap, rl_clamp_t *clamp)
                          "max_output_tokens must be a positive integer");
         return -1;
     }
-    if (json_object_set_new(r->json, "max_output_tokens", json_integer(want)) != 0) {
+    if (gw_req_set_int(r, "max_output_tokens", want) != 0) {
         gw_respond_oom(r);
         return -1;
     }
-    r->body_dirty = true;
     clamp->max_tokens = want;
     return 0;
 }
@@ -370,7 +384,7 @@ static int gw_rl_clamp(gw_req_t *r, gw_rl_t *s)
             }
         }
     }
-    if (r->route == GW_ROUTE_RESPONSES && json_is_object(r->json) &&
+    if (r->route == GW_ROUTE_RESPONSES && (json_is_object(r->json) || r->scan) &&
         gw_rl_clamp_responses(r, c->max_tokens, &s->clamp) != 0)
         return -1;
     return 0;

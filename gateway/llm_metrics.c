@@ -197,6 +197,61 @@ static void gw_llm_token(gw_req_t *r)
 
 static const char *gw_llm_after_key(const char *p, size_t n, const char *key, size_t klen);
 
+/* ---- a Responses API event: its top-level keys --------------------------------
+ *
+ * A Responses event's usage is nested (response.usage, not read yet), but
+ * its "usage":{ trips the key scan, and jansson's parse of a whole
+ * response.completed cost ~80k instructions to find no top-level "usage"
+ * or "choices", the only members gw_llm_event reads. yajl tells first
+ * whether either is there. */
+
+typedef struct gw_llm_top {
+    int depth;
+    bool found;
+} gw_llm_top_t;
+
+static int gw_llm_top_open(void *c)
+{
+    ((gw_llm_top_t *)c)->depth++;
+    return 1;
+}
+static int gw_llm_top_close(void *c)
+{
+    ((gw_llm_top_t *)c)->depth--;
+    return 1;
+}
+static int gw_llm_top_key(void *c, const unsigned char *k, size_t n)
+{
+    gw_llm_top_t *t = c;
+    if (t->depth == 1 &&
+        ((n == 5 && memcmp(k, "usage", 5) == 0) || (n == 7 && memcmp(k, "choices", 7) == 0))) {
+        t->found = true;
+        return 0; /* enough: the parse decides */
+    }
+    return 1;
+}
+
+static const yajl_callbacks gw_llm_top_cb = {
+    .yajl_start_map = gw_llm_top_open,
+    .yajl_end_map = gw_llm_top_close,
+    .yajl_start_array = gw_llm_top_open,
+    .yajl_end_array = gw_llm_top_close,
+    .yajl_map_key = gw_llm_top_key,
+};
+
+bool gw_llm_top_reads(const char *data, size_t len)
+{
+    gw_llm_top_t t = {0, false};
+    yajl_handle h = yajl_alloc(&gw_llm_top_cb, NULL, &t);
+    if (!h)
+        return true;
+    yajl_status st = yajl_parse(h, (const unsigned char *)data, len);
+    if (st == yajl_status_ok)
+        st = yajl_complete_parse(h);
+    yajl_free(h);
+    return t.found || st != yajl_status_ok;
+}
+
 bool gw_llm_event(gw_req_t *r, const char *data, size_t len)
 {
     if (!gw_llm_model_answers(r) || len == 0 || data[0] != '{')
@@ -207,6 +262,8 @@ bool gw_llm_event(gw_req_t *r, const char *data, size_t len)
             gw_llm_token(r);
         return false;
     }
+    if (r->route == GW_ROUTE_RESPONSES && !gw_llm_top_reads(data, len))
+        return true; /* as the parse: nothing there it reads */
     json_t *j = json_loadb(data, len, 0, NULL);
     if (!j)
         return true;

@@ -269,6 +269,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         same_fact(json_object_get(j, "max_completion_tokens"), &s->max_completion_tokens, size);
         same_fact(json_object_get(j, "max_output_tokens"), &s->max_output_tokens, size);
         same_fact(json_object_get(j, "n"), &s->n, size);
+        same_fact(json_object_get(j, "input"), &s->input, size);
         if (s->top.members != json_object_size(j))
             abort();
         same_chat(j, &s->chat);

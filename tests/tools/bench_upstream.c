@@ -5,7 +5,13 @@
  * http-parser. POST /v1/chat/completions answers a fixed small
  * chat.completion JSON (Content-Length) unless the body contains
  * "stream":true, in which case it answers an SSE stream (chunked) of N
- * chat.completion.chunk events and `data: [DONE]`. Anything else is 404.
+ * chat.completion.chunk events and `data: [DONE]`. POST /v1/responses
+ * answers the Responses API the same way: a fixed response object, or (with
+ * "stream":true) the stream an OpenAI server sends — response.created,
+ * output_item.added, content_part.added, N response.output_text.delta
+ * events, output_text.done, content_part.done, output_item.done and
+ * response.completed, each with its `event:` line, no [DONE] — written at
+ * once (-d and -H apply to chat streams only). Anything else is 404.
  *
  *   build/tools/bench_upstream [-l HOST:PORT] [-n EVENTS] [-d DELAY_US] [-H]
  *
@@ -26,6 +32,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +50,7 @@
 #define BU_PATH_MAX 64
 
 static const char bu_chat_path[] = "/v1/chat/completions";
+static const char bu_resp_path[] = "/v1/responses";
 
 static const char bu_completion[] =
     "{\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion\",\"created\":1700000000,"
@@ -74,6 +82,11 @@ static char bu_json_resp[1024];
 static size_t bu_json_resp_len;
 static char bu_event_chunk[512];
 static size_t bu_event_chunk_len;
+
+/* The Responses API's answers (bu_resp_build): the whole JSON answer and
+ * the whole stream, head and last chunk included. */
+static char *bu_resp_json, *bu_resp_sse;
+static size_t bu_resp_json_len, bu_resp_sse_len;
 
 static int bu_events = 8;
 static long bu_delay_us;
@@ -170,14 +183,25 @@ static void bu_timer_cb(evutil_socket_t fd, short what, void *arg)
     }
 }
 
+static int bu_is_path(const bu_conn_t *c, const char *path, size_t n)
+{
+    return c->path_len == n && memcmp(c->path, path, n) == 0;
+}
+
 static int bu_on_complete(http_parser *p)
 {
     bu_conn_t *c = p->data;
     bu_nreq++;
     c->keep_alive = http_should_keep_alive(p);
-    if (p->method != HTTP_POST || c->path_len != sizeof(bu_chat_path) - 1 ||
-        memcmp(c->path, bu_chat_path, c->path_len) != 0) {
+    int resp = bu_is_path(c, bu_resp_path, sizeof(bu_resp_path) - 1);
+    if (p->method != HTTP_POST ||
+        (!resp && !bu_is_path(c, bu_chat_path, sizeof(bu_chat_path) - 1))) {
         bufferevent_write(c->bev, bu_404, sizeof(bu_404) - 1);
+    } else if (resp && !bu_wants_stream(c)) {
+        bufferevent_write(c->bev, bu_resp_json, bu_resp_json_len);
+    } else if (resp) {
+        bu_nstream++;
+        bufferevent_write(c->bev, bu_resp_sse, bu_resp_sse_len);
     } else if (!bu_wants_stream(c)) {
         bufferevent_write(c->bev, bu_json_resp, bu_json_resp_len);
     } else {
@@ -281,6 +305,97 @@ static void bu_signal_cb(evutil_socket_t sig, short what, void *arg)
     event_base_loopbreak(arg);
 }
 
+/* Appends printf's output to *buf (grown as needed); exits on OOM. */
+static void bu_cat(char **buf, size_t *len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void bu_cat(char **buf, size_t *len, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    char *p = n < 0 ? NULL : realloc(*buf, *len + (size_t)n + 1);
+    if (!p) {
+        fprintf(stderr, "bench_upstream: out of memory\n");
+        exit(1);
+    }
+    va_start(ap, fmt);
+    vsnprintf(p + *len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    *buf = p;
+    *len += (size_t)n;
+}
+
+/* One SSE event of the Responses stream as a chunk: its event: line, its
+ * data: line ({"type":..., "sequence_number":seq, then rest). */
+static void bu_resp_event(char **buf, size_t *len, int seq, const char *type, const char *rest)
+{
+    char ev[8192];
+    int n =
+        snprintf(ev, sizeof(ev), "event: %s\ndata: {\"type\":\"%s\",\"sequence_number\":%d,%s}\n\n",
+                 type, type, seq, rest);
+    if (n < 0 || (size_t)n >= sizeof(ev)) {
+        fprintf(stderr, "bench_upstream: event too long\n");
+        exit(1);
+    }
+    bu_cat(buf, len, "%x\r\n%s\r\n", n, ev);
+}
+
+/* The Responses answers, the text being bu_events times "tok ". */
+static void bu_resp_build(void)
+{
+    char text[1024] = "", item[2048], resp[3072], rest[4096];
+    for (int i = 0; i < bu_events && strlen(text) + 5 < sizeof(text); i++)
+        strcat(text, "tok ");
+    snprintf(item, sizeof(item),
+             "{\"id\":\"msg_bench\",\"type\":\"message\",\"status\":\"completed\","
+             "\"role\":\"assistant\",\"content\":[{\"type\":\"output_text\",\"text\":\"%s\","
+             "\"annotations\":[]}]}",
+             text);
+    snprintf(resp, sizeof(resp),
+             "{\"id\":\"resp_bench\",\"object\":\"response\",\"created_at\":1700000000,"
+             "\"status\":\"completed\",\"model\":\"bench-model\",\"output\":[%s],"
+             "\"usage\":{\"input_tokens\":9,\"output_tokens\":%d,\"total_tokens\":%d}}",
+             item, bu_events, 9 + bu_events);
+    bu_cat(&bu_resp_json, &bu_resp_json_len,
+           "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
+           strlen(resp), resp);
+
+    char **b = &bu_resp_sse;
+    size_t *l = &bu_resp_sse_len;
+    int seq = 0;
+    bu_cat(b, l, "%s", bu_sse_head);
+    bu_resp_event(b, l, seq++, "response.created",
+                  "\"response\":{\"id\":\"resp_bench\",\"object\":\"response\","
+                  "\"created_at\":1700000000,\"status\":\"in_progress\",\"model\":\"bench-model\","
+                  "\"output\":[],\"usage\":null}");
+    bu_resp_event(b, l, seq++, "response.output_item.added",
+                  "\"output_index\":0,\"item\":{\"id\":\"msg_bench\",\"type\":\"message\","
+                  "\"status\":\"in_progress\",\"role\":\"assistant\",\"content\":[]}");
+    bu_resp_event(b, l, seq++, "response.content_part.added",
+                  "\"item_id\":\"msg_bench\",\"output_index\":0,\"content_index\":0,"
+                  "\"part\":{\"type\":\"output_text\",\"text\":\"\",\"annotations\":[]}");
+    for (int i = 0; i < bu_events; i++)
+        bu_resp_event(b, l, seq++, "response.output_text.delta",
+                      "\"item_id\":\"msg_bench\",\"output_index\":0,\"content_index\":0,"
+                      "\"delta\":\"tok \",\"logprobs\":[]");
+    snprintf(rest, sizeof(rest),
+             "\"item_id\":\"msg_bench\",\"output_index\":0,\"content_index\":0,\"text\":\"%s\","
+             "\"logprobs\":[]",
+             text);
+    bu_resp_event(b, l, seq++, "response.output_text.done", rest);
+    snprintf(rest, sizeof(rest),
+             "\"item_id\":\"msg_bench\",\"output_index\":0,\"content_index\":0,"
+             "\"part\":{\"type\":\"output_text\",\"text\":\"%s\",\"annotations\":[]}",
+             text);
+    bu_resp_event(b, l, seq++, "response.content_part.done", rest);
+    snprintf(rest, sizeof(rest), "\"output_index\":0,\"item\":%s", item);
+    bu_resp_event(b, l, seq++, "response.output_item.done", rest);
+    snprintf(rest, sizeof(rest), "\"response\":%s", resp);
+    bu_resp_event(b, l, seq++, "response.completed", rest);
+    bu_cat(b, l, "0\r\n\r\n");
+}
+
 static void bu_usage(void)
 {
     fprintf(stderr, "usage: bench_upstream [-l HOST:PORT] [-n EVENTS] [-d DELAY_US] [-H]\n");
@@ -326,6 +441,8 @@ int main(int argc, char **argv)
     bu_event_chunk_len = (size_t)snprintf(bu_event_chunk, sizeof(bu_event_chunk), "%zx\r\n%s\r\n",
                                           sizeof(bu_event) - 1, bu_event);
 
+    bu_resp_build();
+
     memset(&bu_settings, 0, sizeof(bu_settings));
     bu_settings.on_message_begin = bu_on_begin;
     bu_settings.on_url = bu_on_url;
@@ -353,5 +470,7 @@ int main(int argc, char **argv)
     event_free(sigint);
     evconnlistener_free(l);
     event_base_free(base);
+    free(bu_resp_json);
+    free(bu_resp_sse);
     return 0;
 }

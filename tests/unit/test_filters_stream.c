@@ -1203,6 +1203,364 @@ static void test_response_whole(void **state)
     flt_ruleset_unref(rs);
 }
 
+/* ---- the Responses adapter's byte reader against its tree path ---------- */
+
+/* One stream's events through gw_flt_resp_event (delta shapes kept as in
+ * the gateway) and then, with a stream state of its own, through the paths
+ * it replaces: gw_flt_resp_event_tree (a jansson tree, the path every
+ * event but the deltas once took) and, for the deltas, gw_flt_resp_event
+ * with no shape kept (yajl reads each: their byte path is older than this
+ * reader, and splices a released text into the upstream's event where the
+ * tree path writes a new one). Each verdict, each payload's bytes and the
+ * count the same. Stops after a STOP. Returns the deltas read through a
+ * shape. */
+static uint64_t resp_same(flt_ruleset_t *rs, const char *const *ev, size_t n)
+{
+    enum { MAXEV = 64, MAXP = 8 };
+    assert_true(n <= MAXEV);
+    gw_ev_rc_t rc[MAXEV];
+    size_t np[MAXEV];
+    char *pl[MAXEV][MAXP];
+    size_t pn[MAXEV][MAXP];
+    size_t ran = 0;
+    gw_flt_resp_shapes_clear();
+    flt_stream_t *st = flt_stream_new(rs);
+    gw_flt_resp_t *x = gw_flt_resp_new();
+    assert_true(st && x);
+    for (size_t i = 0; i < n; i++) {
+        gw_payloads_t out;
+        gw_payloads_init(&out);
+        rc[i] = gw_flt_resp_event(x, st, ev[i], strlen(ev[i]), &out);
+        assert_true(out.n <= MAXP);
+        np[i] = out.n;
+        for (size_t k = 0; k < out.n; k++) {
+            const gw_payload_t *p = gw_payloads_at(&out, k);
+            pl[i][k] = malloc(p->len + 1);
+            memcpy(pl[i][k], p->data, p->len);
+            pn[i][k] = p->len;
+        }
+        gw_payloads_clear(&out);
+        ran = i + 1;
+        if (rc[i] == GW_EV_STOP)
+            break;
+    }
+    uint64_t hits = gw_flt_resp_shape_hits();
+    gw_flt_resp_free(x);
+    flt_stream_free(st);
+    st = flt_stream_new(rs);
+    x = gw_flt_resp_new();
+    for (size_t i = 0; i < ran; i++) {
+        gw_payloads_t out;
+        gw_payloads_init(&out);
+        size_t len = strlen(ev[i]);
+        gw_ev_rc_t b;
+        if (strstr(ev[i], "\"type\":\"response.output_text.delta\"")) {
+            gw_flt_resp_shapes_clear();
+            b = gw_flt_resp_event(x, st, ev[i], len, &out);
+        } else {
+            b = gw_flt_resp_event_tree(x, st, ev[i], len, &out);
+        }
+        if (rc[i] != b || np[i] != out.n)
+            fail_msg("event %zu %s: rc %d/%d, %zu/%zu payloads", i, ev[i], rc[i], b, np[i], out.n);
+        for (size_t k = 0; k < out.n; k++) {
+            const gw_payload_t *q = gw_payloads_at(&out, k);
+            if (pn[i][k] != q->len || memcmp(pl[i][k], q->data, q->len) != 0)
+                fail_msg("event %zu payload %zu:\n%.*s\nvs the reference's\n%.*s", i, k,
+                         (int)pn[i][k], pl[i][k], (int)q->len, q->data);
+        }
+        gw_payloads_clear(&out);
+    }
+    for (size_t i = 0; i < ran; i++)
+        for (size_t k = 0; k < np[i]; k++)
+            free(pl[i][k]);
+    gw_flt_resp_free(x);
+    flt_stream_free(st);
+    return hits;
+}
+
+#define RESP_ITEM(text)                                                                            \
+    "{\"id\":\"msg_1\",\"type\":\"message\",\"status\":\"completed\",\"role\":\"assistant\","      \
+    "\"content\":[{\"type\":\"output_text\",\"text\":\"" text "\",\"annotations\":[]}]}"
+#define RESP_EV(type, rest) "{\"type\":\"" type "\",\"sequence_number\":1," rest "}"
+#define RESP_DELTA(d)                                                                              \
+    RESP_EV("response.output_text.delta",                                                          \
+            "\"item_id\":\"msg_1\",\"output_index\":0,"                                            \
+            "\"content_index\":0,\"delta\":\"" d "\",\"logprobs\":[]")
+#define RESP_DONES(text)                                                                           \
+    RESP_EV("response.output_text.done",                                                           \
+            "\"item_id\":\"msg_1\",\"output_index\":0,"                                            \
+            "\"content_index\":0,\"text\":\"" text "\",\"logprobs\":[]"),                          \
+        RESP_EV("response.content_part.done",                                                      \
+                "\"item_id\":\"msg_1\",\"output_index\":0,\"content_index\":0,\"part\":{\"type\":" \
+                "\"output_text\",\"text\":\"" text "\",\"annotations\":[]}"),                      \
+        RESP_EV("response.output_item.done", "\"output_index\":0,\"item\":" RESP_ITEM(text)),      \
+        RESP_EV(                                                                                   \
+            "response.completed",                                                                  \
+            "\"response\":{\"id\":\"resp_1\",\"object\":\"response\",\"created_at\":1700000000,"   \
+            "\"status\":\"completed\",\"output\":[" RESP_ITEM(                                     \
+                text) "],\"usage\":{"                                                              \
+                      "\"input_tokens\":9,\"output_tokens\":-3,\"total_tokens\":12}}")
+#define RESP_HEAD                                                                                  \
+    RESP_EV("response.created", "\"response\":{\"id\":\"resp_1\",\"output\":[],\"usage\":null}"),  \
+        RESP_EV("response.output_item.added",                                                      \
+                "\"output_index\":0,\"item\":{\"id\":\"msg_1\",\"content\":[]}"),                  \
+        RESP_EV("response.content_part.added",                                                     \
+                "\"item_id\":\"msg_1\",\"part\":{\"type\":\"output_text\",\"text\":\"\"}")
+
+static void test_responses_bytes_same_as_tree(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_words("badword\n", "evil\n");
+    /* compact, as OpenAI sends it: the done events go as they came */
+    static const char *const plain[] = {RESP_HEAD, RESP_DELTA("The sea "), RESP_DELTA(""),
+                                        RESP_DELTA("is calm."), RESP_DONES("The sea is calm.")};
+    /* escapes jansson writes as they are, raw non-ASCII, and ones it writes
+     * otherwise (\u, \/) */
+    static const char *const esc[] = {
+        RESP_HEAD, RESP_DELTA("a \\\"b\\\"\\n\\tc\\\\ caf\xc3\xa9 \xe6\x95\x8f "),
+        RESP_DONES("a \\\"b\\\"\\n\\tc\\\\ caf\xc3\xa9 \xe6\x95\x8f ")};
+    static const char *const uesc[] = {RESP_DELTA("caf\\u00e9 a\\/b"),
+                                       RESP_DONES("caf\\u00e9 a\\/b")};
+    /* a masked word: the done events carry the upstream's text, replaced */
+    static const char *const masked[] = {RESP_HEAD, RESP_DELTA("a bad"), RESP_DELTA("word here"),
+                                         RESP_DONES("a badword here")};
+    /* a word held at the end: text_done flushes it first */
+    static const char *const held[] = {RESP_DELTA("so bad"), RESP_DONES("so bad")};
+    /* the done texts not the text sent (an upstream's own), or missing */
+    static const char *const other[] = {
+        RESP_DELTA("one"),
+        RESP_DONES("two"),
+        RESP_EV("response.content_part.done", "\"part\":{\"type\":\"output_text\"}"),
+        RESP_EV("response.content_part.done", "\"part\":{\"type\":\"refusal\",\"text\":\"x\"}"),
+        RESP_EV("response.content_part.done", "\"part\":[1]"),
+        RESP_EV("response.output_item.done", "\"item\":{\"id\":\"m\"}"),
+        RESP_EV("response.output_item.done", "\"item\":{\"content\":{\"type\":\"output_text\"}}"),
+        RESP_EV(
+            "response.output_item.done",
+            "\"item\":{\"content\":[1,{\"type\":\"output_text\",\"text\":7},{\"text\":\"x\"}]}"),
+        RESP_EV("response.completed", "\"response\":{\"status\":\"completed\"}"),
+        RESP_EV("response.incomplete", "\"response\":{\"output\":[{\"content\":[]},3]}"),
+        RESP_EV("response.completed.extra", "\"response\":{\"output\":[]}"),
+        RESP_EV("response.output_text.done", "\"item_id\":\"m\""),
+        RESP_EV("response.output_text.done", "\"text\":null")};
+    /* what jansson writes differently: blanks, reals, -0, big integers,
+     * duplicate keys; JSON either refuses; other types and shapes */
+    static const char *const odd[] = {
+        RESP_DELTA("abc"),
+        "{\"type\": \"response.content_part.done\", \"part\": {\"type\": \"output_text\", "
+        "\"text\": \"abc\"}}",
+        RESP_EV("response.output_item.done", "\"x\":1.5,\"item\":" RESP_ITEM("abc")),
+        RESP_EV("response.output_item.done", "\"x\":-0,\"item\":" RESP_ITEM("abc")),
+        RESP_EV("response.output_item.done", "\"x\":1e3,\"item\":" RESP_ITEM("abc")),
+        RESP_EV("response.output_item.done",
+                "\"x\":123456789012345678901,\"item\":" RESP_ITEM("abc")),
+        RESP_EV("response.output_item.done",
+                "\"x\":1234567890123456789,\"item\":" RESP_ITEM("abc")),
+        RESP_EV("response.output_item.done", "\"item\":" RESP_ITEM("abc") ",\"item\":{}"),
+        RESP_EV("response.content_part.done",
+                "\"part\":{\"type\":\"output_text\",\"text\":\"abc\",\"type\":\"x\"}"),
+        RESP_EV("response.content_part.done",
+                "\"part\":{\"t\\u0079pe\":\"output_text\",\"text\":\"abc\"}"),
+        RESP_EV("response.content_part.done",
+                "\"part\":{\"type\":\"output_text\",\"text\":\"a\\u0000\"}"),
+        "{\"type\":\"response.content_part.done\",\"part\":{\"type\":\"output_text\",\"text\":"
+        "\"abc\"}",
+        "[{\"type\":\"response.content_part.done\"}]",
+        "{\"type\":\"response.content_part.done\",\"part\":{}}{\"type\":\"x\"}",
+        "{\"type\":\"response.content_part.done\",\"part\":{}} x",
+        "{\"type\":\"response.created\"} \"x",
+        "{\"type\":\"response.created\"}{",
+        "{\"type\":\"response.created\"} \r\n",
+        "{\"type\":\"response.content_part.done\",\"part\":{\"type\":\"output_text\",\"text\":"
+        "\"abc\"}}\n",
+        "7",
+        "{\"type\":7,\"part\":{}}",
+        "{\"type\":\"response.content_part.done\",\"type\":\"response.created\"}",
+        RESP_EV("response.in_progress", "\"response\":{\"x\":1.25}"),
+        RESP_EV("error", "\"code\":\"x\",\"message\":\"y\""),
+        "{\"type\":\"response.content_part.done\",\"a\":{\"b\":{\"c\":{\"d\":{\"e\":{\"f\":{\"g\":"
+        "{\"h\":{\"i\":{\"j\":{\"k\":{\"l\":{\"m\":1}}}}}}}}}}}}},\"part\":{\"type\":\"output_"
+        "text\","
+        "\"text\":\"abc\"}}",
+        RESP_DONES("abc")};
+    /* a block word: the stream ends at it */
+    static const char *const blocked[] = {RESP_HEAD, RESP_DELTA("so e"), RESP_DELTA("vil"),
+                                          RESP_DONES("so evil")};
+    static const char *const blocked_done[] = {RESP_DELTA("so e"), RESP_DONES("so e")};
+    /* deltas of one shape: escapes in the hole, \\u0000 (no shape's), logprobs
+     * before and after the delta while a masked word moves the splice */
+    static const char *const shaped[] = {
+        RESP_DELTA("one "),
+        RESP_DELTA(""),
+        RESP_DELTA("a \\\"q\\\" caf\\u00e9 "),
+        RESP_DELTA("x\\u0000"),
+        RESP_DELTA("\\ud83d\\ude00 "),
+        RESP_DELTA("bad"),
+        RESP_DELTA("word and badword "),
+        "{\"type\":\"response.output_text.delta\",\"sequence_number\":1,\"logprobs\":[{\"t\":1}],"
+        "\"item_id\":\"m\",\"delta\":\"a\"}",
+        "{\"type\":\"response.output_text.delta\",\"sequence_number\":123,\"logprobs\":[{\"t\":1}],"
+        "\"item_id\":\"mmm\",\"delta\":\"bb badword\"}",
+        "{\"type\":\"response.output_text.delta\",\"sequence_number\":-5,\"logprobs\":[{\"t\":1}],"
+        "\"item_id\":\"\",\"delta\":\"c badword c\"}",
+        RESP_DELTA("badword"),
+        RESP_DONES("...")};
+    assert_true(resp_same(rs, shaped, SL_ARRAY_LEN(shaped)) >= 6);
+    assert_true(resp_same(rs, plain, SL_ARRAY_LEN(plain)) >= 1);
+    resp_same(rs, esc, SL_ARRAY_LEN(esc));
+    resp_same(rs, uesc, SL_ARRAY_LEN(uesc));
+    resp_same(rs, masked, SL_ARRAY_LEN(masked));
+    resp_same(rs, held, SL_ARRAY_LEN(held));
+    resp_same(rs, other, SL_ARRAY_LEN(other));
+    resp_same(rs, odd, SL_ARRAY_LEN(odd));
+    resp_same(rs, blocked, SL_ARRAY_LEN(blocked));
+    resp_same(rs, blocked_done, SL_ARRAY_LEN(blocked_done));
+    flt_ruleset_unref(rs);
+}
+
+/* The finish chunk the byte reader feeds for a text_done is the one the
+ * tree path packs. */
+static void test_responses_finish_chunk(void **state)
+{
+    (void)state;
+    json_t *c = json_pack("{s:[{s:i, s:{s:s?}, s:s?}]}", "choices", "index", 0, "delta", "content",
+                          NULL, "finish_reason", "stop");
+    char *s = json_dumps(c, JSON_COMPACT);
+    assert_string_equal(
+        s, "{\"choices\":[{\"index\":0,\"delta\":{\"content\":null},\"finish_reason\":\"stop\"}]}");
+    free(s);
+    json_decref(c);
+}
+
+/* A string input checked from the scanner's text gives the tree path's
+ * verdict and result, or EDIT where the tree path edited it. */
+static void test_responses_request_text(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_words("badword\n", "evil\n");
+    static const char *const inputs[] = {"hello",       "",        "caf\xc3\xa9 \"q\"\n",
+                                         "a badword b", "so evil", "\xe6\x95\x8f evil"};
+    for (size_t i = 0; i < SL_ARRAY_LEN(inputs); i++) {
+        json_t *body = json_pack("{s:s, s:s}", "model", "m", "input", inputs[i]);
+        flt_req_result_t a, b;
+        sl_text_t in = {inputs[i], strlen(inputs[i])};
+        flt_req_verdict_t va = gw_flt_resp_request_text(rs, &in, &a);
+        flt_req_verdict_t vb = gw_flt_resp_request(rs, body, &b);
+        if (va == FLT_REQ_EDIT) {
+            assert_int_equal(vb, FLT_REQ_OK);
+            assert_true(b.modified);
+        } else {
+            assert_int_equal(va, vb);
+            assert_int_equal(a.status, b.status);
+            assert_false(b.modified);
+            assert_string_equal(a.code ? a.code : "", b.code ? b.code : "");
+            assert_string_equal(a.param ? a.param : "", b.param ? b.param : "");
+            assert_string_equal(a.message, b.message);
+        }
+        json_decref(body);
+    }
+    /* a list of items: not read, as on the tree */
+    flt_req_result_t r;
+    assert_int_equal(gw_flt_resp_request_text(rs, NULL, &r), FLT_REQ_OK);
+    assert_int_equal(r.status, 0);
+    flt_ruleset_unref(rs);
+}
+
+/* A whole answer through gw_flt_resp_body_bytes and through the tree path
+ * it replaces (gw_hooks_body_bytes: json_loadb, gw_flt_resp_body, a compact
+ * dump when modified, the bytes as they came when not JSON): the same
+ * bytes go out. Returns how the byte reader answered (0 or 1). */
+static int resp_body_same(flt_ruleset_t *rs, const char *a)
+{
+    size_t len = strlen(a);
+    char *o = NULL;
+    size_t on = 0;
+    int rc = gw_flt_resp_body_bytes(rs, a, len, &o, &on);
+    assert_true(rc == 0 || rc == 1);
+    json_t *j = json_loadb(a, len, 0, NULL);
+    char *want = NULL;
+    if (j) {
+        bool m = false;
+        assert_int_equal(gw_flt_resp_body(rs, j, &m), 0);
+        if (m)
+            want = json_dumps(j, JSON_COMPACT);
+        json_decref(j);
+    }
+    if (rc == 0) {
+        const char *got = o ? o : a;
+        const char *w = want ? want : a;
+        if (strlen(w) != (o ? on : len) || strcmp(got, w) != 0)
+            fail_msg("answer %s:\nbytes %s\ntree  %s", a, got, w);
+    }
+    free(o);
+    free(want);
+    return rc;
+}
+
+#define RESP_BODY(texts)                                                                           \
+    "{\"id\":\"resp_1\",\"object\":\"response\",\"created_at\":1700000000,\"status\":"             \
+    "\"completed\","                                                                               \
+    "\"output\":[" texts "],\"usage\":{\"input_tokens\":9,\"output_tokens\":-3}}"
+#define RESP_MSG(parts) "{\"type\":\"message\",\"role\":\"assistant\",\"content\":[" parts "]}"
+#define RESP_PART(text) "{\"type\":\"output_text\",\"text\":\"" text "\",\"annotations\":[]}"
+
+static void test_responses_body_bytes_same_as_tree(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_words("badword\n", "evil\n");
+    /* read as bytes (0): clean, masked, blocked, several parts and items,
+     * escapes, non-ASCII, shapes the tree path skips too */
+    static const char *const bytes[] = {
+        RESP_BODY(RESP_MSG(RESP_PART("The sea is calm."))),
+        RESP_BODY(RESP_MSG(RESP_PART("a badword b"))),
+        RESP_BODY(RESP_MSG(RESP_PART("so evil"))),
+        RESP_BODY(RESP_MSG(RESP_PART("one") "," RESP_PART("two badword")) "," RESP_MSG(
+            RESP_PART("three") ",{\"type\":\"refusal\",\"text\":\"badword\"}")),
+        RESP_BODY(RESP_MSG(RESP_PART("a \\\"q\\\"\\n\\t caf\xc3\xa9 \xe6\x95\x8f \\/ badword"))),
+        RESP_BODY(RESP_MSG("1,{\"text\":7},{\"text\":null},[]") ",3,{\"content\":{}}"),
+        RESP_BODY(""),
+        RESP_BODY(RESP_MSG(
+            RESP_PART("1") "," RESP_PART("2") "," RESP_PART("3") "," RESP_PART("4") "," RESP_PART("5") "," RESP_PART("6") "," RESP_PART(
+                "7") "," RESP_PART("8") "," RESP_PART("9")) "," RESP_MSG(RESP_PART("10 badword") "," RESP_PART("11 evil"))),
+        "{\"output\": [ {\"content\": [ {\"text\": \"x badword\"} ] } ], \"n\": 1.5e3}",
+        "{\"status\":\"completed\"}",
+        "{\"output\":[{\"content\":[{\"text\":\"a badword\"}]}]}\n ",
+        "[1,2]",
+        "{\"output\":[{\"content\":[{\"text\":\"ok\",\"text2\":\"badword\"}]}],"
+        "\"output2\":[{\"content\":[{\"text\":\"badword\"}]}]}",
+    };
+    /* left to the tree path (1): JSON jansson might read otherwise */
+    static const char *const tree[] = {
+        RESP_BODY(RESP_MSG(RESP_PART("caf\\u00e9 badword"))),
+        RESP_BODY(RESP_MSG(RESP_PART("a\\u0000"))),
+        "{\"output\":[],\"n\":123456789012345678901}",
+        "{\"output\":[],\"n\":1e999}",
+        "{\"output\":[{\"content\":[{\"text\":\"ok\",\"text\":\"badword\"}]}]}",
+        "{\"output\":[{\"content\":[],\"content\":[{\"text\":\"badword\"}]}]}",
+        "{\"output\":[],\"output\":[{\"content\":[{\"text\":\"badword\"}]}]}",
+        "{\"output\":[{\"content\":[{\"text\":\"badword\"}]}]",
+        "not json",
+        "{\"output\":[]}{\"output\":[{\"content\":[{\"text\":\"badword\"}]}]}",
+        "{\"output\":[]} x",
+        "\"badword\"",
+    };
+    for (size_t i = 0; i < SL_ARRAY_LEN(bytes); i++)
+        if (resp_body_same(rs, bytes[i]) != 0)
+            fail_msg("answer %zu left to the tree: %s", i, bytes[i]);
+    for (size_t i = 0; i < SL_ARRAY_LEN(tree); i++)
+        if (resp_body_same(rs, tree[i]) != 1)
+            fail_msg("answer %zu read as bytes: %s", i, tree[i]);
+    /* a deep answer is jansson's to refuse */
+    char deep[400] = "{\"output\":";
+    for (int i = 0; i < 70; i++)
+        strcat(deep, "[");
+    for (int i = 0; i < 70; i++)
+        strcat(deep, "]");
+    strcat(deep, "}");
+    assert_int_equal(resp_body_same(rs, deep), 1);
+    flt_ruleset_unref(rs);
+}
+
 /* Events shaped like the last one are read through its template: for any
  * sequence (valid, invalid or other-shaped middles) the verdicts and the
  * payloads are byte for byte those of reading every event whole. */
@@ -1571,6 +1929,10 @@ int main(void)
         cmocka_unit_test(test_payloads_inline_then_ext),
         cmocka_unit_test(test_responses_delta_splice),
         cmocka_unit_test(test_response_whole),
+        cmocka_unit_test(test_responses_bytes_same_as_tree),
+        cmocka_unit_test(test_responses_finish_chunk),
+        cmocka_unit_test(test_responses_request_text),
+        cmocka_unit_test(test_responses_body_bytes_same_as_tree),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -360,7 +360,7 @@ static void test_reset_forgets(void **state)
         "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":"
         "\"text\",\"text\":\"hi\"}]}],\"stream\":true,\"stream_options\":{\"include_usage\":"
         "true},\"max_tokens\":5,\"max_completion_tokens\":6,\"max_output_tokens\":7,\"n\":"
-        "123456789012345678901234567890,\"tools\":[],\"x\":\"\\u00e9\"}";
+        "123456789012345678901234567890,\"tools\":[],\"x\":\"\\u00e9\",\"input\":\"i\"}";
     gw_body_scan_t *s = gw_body_scan_new();
     assert_non_null(s);
     assert_int_equal(gw_body_scan(s, rich, strlen(rich), GW_SCAN_MSGS), GW_SCAN_OK);
@@ -376,7 +376,8 @@ static void test_reset_forgets(void **state)
                                   &s->max_tokens,
                                   &s->max_completion_tokens,
                                   &s->max_output_tokens,
-                                  &s->n};
+                                  &s->n,
+                                  &s->input};
     for (size_t i = 0; i < sizeof(absent) / sizeof(absent[0]); i++)
         if (absent[i]->kind != SL_J_ABSENT)
             fail_msg("fact %zu kept kind %d", i, (int)absent[i]->kind);
