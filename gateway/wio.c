@@ -175,6 +175,27 @@ void gw_wio_set_read_mark(gw_wio_t *io, size_t high)
     }
 }
 
+/* Our plain read event is edge-triggered only while we write (direct, EV_WRITE
+ * not armed). epoll keeps one trigger mode per descriptor, and libevent
+ * sets EPOLLET on it from whichever event's change it applies: our read
+ * event added or deleted with EV_ET while the write event is armed would
+ * make that one edge-triggered too, and libevent's write callback writes
+ * at most 16 KiB a wake-up (its max_single_write), so a larger output with
+ * room in the kernel would wait for an edge that never comes. While
+ * libevent writes, the read event so goes without EV_ET (both level-
+ * triggered once its next change is applied); our reader is right under
+ * either mode. libevent reads ev_events only when the event is added or
+ * deleted, so the flag can change while it is added. */
+static void gw_wio_et_sync(gw_wio_t *io)
+{
+    if (!io->own_read || io->ssl)
+        return;
+    if (io->direct && !io->armed)
+        io->bev->ev_read.ev_events |= EV_ET;
+    else
+        io->bev->ev_read.ev_events &= (short)~EV_ET;
+}
+
 void gw_wio_init(gw_wio_t *io, gw_worker_t *w, struct bufferevent *bev, bool direct,
                  void (*drained)(void *), void (*failed)(void *, short), void *owner)
 {
@@ -191,15 +212,20 @@ void gw_wio_init(gw_wio_t *io, gw_worker_t *w, struct bufferevent *bev, bool dir
 void gw_wio_set_direct(gw_wio_t *io, bool direct)
 {
     io->direct = direct;
-    if (!direct)
+    if (!direct) {
+        gw_wio_et_sync(io);
         return;
+    }
     if (evbuffer_get_length(bufferevent_get_output(io->bev)) == 0) {
         bufferevent_disable(io->bev, EV_WRITE);
         io->armed = false;
     } else {
         io->armed = true; /* libevent is writing; back to direct when drained */
+        gw_wio_et_sync(io);
         bufferevent_enable(io->bev, EV_WRITE);
+        return;
     }
+    gw_wio_et_sync(io);
 }
 
 void gw_wio_set_kick(gw_wio_t *io, bool kick)
@@ -240,6 +266,7 @@ void gw_wio_fini(gw_wio_t *io)
     } else if (io->own_read && io->bev) {
         /* the same for our plain read event (its argument is io) */
         struct bufferevent *bev = io->bev;
+        bev->ev_read.ev_events &= (short)~EV_ET; /* leaves an armed EV_WRITE level-triggered */
         bufferevent_disable(bev, EV_READ);
         event_del(&bev->ev_read);
         event_assign(&bev->ev_read, bufferevent_get_base(bev), bufferevent_getfd(bev),
@@ -260,6 +287,7 @@ void gw_wio_written(gw_wio_t *io)
     if (io->direct && io->armed && evbuffer_get_length(bufferevent_get_output(io->bev)) == 0) {
         bufferevent_disable(io->bev, EV_WRITE);
         io->armed = false;
+        gw_wio_et_sync(io);
     }
 }
 
@@ -555,6 +583,7 @@ static void gw_wio_flush(gw_wio_t *io)
     if (evbuffer_get_length(out) > 0) {
         /* The kernel is full: let libevent finish (send timeout armed). */
         io->armed = true;
+        gw_wio_et_sync(io);
         bufferevent_enable(io->bev, EV_WRITE);
         return;
     }
@@ -609,7 +638,7 @@ void gw_wio_flush_cb(evutil_socket_t fd, short what, void *arg)
  * the copy of a 400-byte message (callgrind, bench/RESULTS.md "evleft"). */
 #define GW_WIO_OWN (1024 - 64)
 
-static ssize_t gw_wio_read_once(gw_wio_t *io, evutil_socket_t fd, int *err)
+static ssize_t gw_wio_read_once(gw_wio_t *io, evutil_socket_t fd, int *err, bool *full)
 {
     struct bufferevent *bev = io->bev;
     struct evbuffer *in = bufferevent_get_input(bev);
@@ -642,6 +671,7 @@ static ssize_t gw_wio_read_once(gw_wio_t *io, evutil_socket_t fd, int *err)
     evbuffer_freeze(in, 0);
     if (n > 0)
         gw_wio_read_done(io, len0 + (size_t)n);
+    *full = n > 0 && (size_t)n == want;
     return n;
 }
 
@@ -659,8 +689,19 @@ static void gw_wio_readcb(evutil_socket_t fd, short what, void *arg)
         /* only a bare timeout: with EV_READ a read came in time */
         ev |= BEV_EVENT_TIMEOUT;
     } else {
-        ssize_t n = gw_wio_read_once(io, fd, &err);
+        bool full = false;
+        ssize_t n = gw_wio_read_once(io, fd, &err, &full);
         if (n > 0) {
+            /* Edge-triggered (gw_wio_read_own): a read that took all it
+             * asked for may have left bytes, and a FIN that came with the
+             * data (EV_CLOSED) is still to be read as EOF; neither fires a
+             * new edge. Run again in this loop turn (no epoll_wait) while
+             * reading is on; a callback that turns it off removes this
+             * activation, and turning it on again is an epoll_ctl, which
+             * polls the socket afresh. A short read without EV_CLOSED
+             * found the queue empty: the next arrival is a new edge. */
+            if ((full || (what & EV_CLOSED)) && event_pending(&bev->ev_read, EV_READ, NULL))
+                event_active(&bev->ev_read, EV_READ | (what & EV_CLOSED), 1);
             /* The read callback. bufferevent_trigger(EV_READ) would take a
              * reference, compare the input with the low watermark (ours are
              * 0) and check for deferred callbacks (a socket read by us has
@@ -693,10 +734,11 @@ int gw_wio_read_own(gw_wio_t *io)
     short on = bufferevent_get_enabled(bev) & EV_READ;
     if (on)
         bufferevent_disable(bev, EV_READ);
-    event_assign(&bev->ev_read, bufferevent_get_base(bev), fd, EV_READ | EV_PERSIST | EV_FINALIZE,
-                 gw_wio_readcb, io);
+    event_assign(&bev->ev_read, bufferevent_get_base(bev), fd,
+                 EV_READ | EV_CLOSED | EV_ET | EV_PERSIST | EV_FINALIZE, gw_wio_readcb, io);
     io->own_read = true;
     io->fd = fd;
+    gw_wio_et_sync(io);
     gw_wio_mark_sync(io); /* the mark moves from libevent's to ours */
     if (on)
         bufferevent_enable(bev, EV_READ);
