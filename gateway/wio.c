@@ -190,10 +190,27 @@ static void gw_wio_et_sync(gw_wio_t *io)
 {
     if (!io->own_read || io->ssl)
         return;
-    if (io->direct && !io->armed)
-        io->bev->ev_read.ev_events |= EV_ET;
-    else
-        io->bev->ev_read.ev_events &= (short)~EV_ET;
+    struct bufferevent *bev = io->bev;
+    struct event *ev = &bev->ev_read;
+    if (!io->direct || io->armed) {
+        ev->ev_events &= (short)~EV_ET;
+        return;
+    }
+    if (ev->ev_events & EV_ET)
+        return;
+    ev->ev_events |= EV_ET;
+    /* Added level-triggered (an upstream connects with its request
+     * queued, libevent writing it): re-add it, so the next epoll_ctl sets
+     * EPOLLET. In the same changelist as EV_WRITE's removal, which we
+     * come from, that is still one epoll_ctl. Not while it is active (a
+     * delete would drop the run) or has a read timeout (a re-add would
+     * restart it). */
+    if (event_pending(ev, EV_READ, NULL) &&
+        !(ev->ev_evcallback.evcb_flags & (EVLIST_ACTIVE | EVLIST_ACTIVE_LATER)) &&
+        !evutil_timerisset(&bev->timeout_read)) {
+        event_del(ev);
+        event_add(ev, NULL);
+    }
 }
 
 void gw_wio_init(gw_wio_t *io, gw_worker_t *w, struct bufferevent *bev, bool direct,
