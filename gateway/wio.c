@@ -32,8 +32,10 @@
  * gets our read callback on its own read event: one read into the
  * thread's scratch, copied to the end of the input buffer (a small read
  * in a chain of at most 1 KiB, gw_wio_read_once), up to GW_WIO_READ bytes
- * or what the read high-watermark leaves, once per wake-up (level-
- * triggered, as libevent reads). Only the event's callback changes, so
+ * or what the read high-watermark leaves, once per wake-up. The event is
+ * edge-triggered while we write the socket directly (gw_wio_et_sync; a
+ * read that filled its space, or a FIN, runs the read again: docs/
+ * gateway.md, "How the loop registers sockets"). Only the callback changes, so
  * enable/disable, the high-watermark suspension (the read mark below), the
  * read timeout and the deferred free work as before;
  * EOF, errors and the timeout end as in libevent's bufferevent_readcb:
@@ -192,7 +194,7 @@ static void gw_wio_et_sync(gw_wio_t *io)
         return;
     struct bufferevent *bev = io->bev;
     struct event *ev = &bev->ev_read;
-    if (!io->direct || io->armed) {
+    if (!io->edge || !io->direct || io->armed) {
         ev->ev_events &= (short)~EV_ET;
         return;
     }
@@ -741,7 +743,7 @@ static void gw_wio_readcb(evutil_socket_t fd, short what, void *arg)
     }
 }
 
-int gw_wio_read_own(gw_wio_t *io)
+int gw_wio_read_own(gw_wio_t *io, bool edge)
 {
     struct bufferevent *bev = io->bev;
     evutil_socket_t fd = bufferevent_getfd(bev);
@@ -754,6 +756,7 @@ int gw_wio_read_own(gw_wio_t *io)
     event_assign(&bev->ev_read, bufferevent_get_base(bev), fd,
                  EV_READ | EV_CLOSED | EV_ET | EV_PERSIST | EV_FINALIZE, gw_wio_readcb, io);
     io->own_read = true;
+    io->edge = edge;
     io->fd = fd;
     gw_wio_et_sync(io);
     gw_wio_mark_sync(io); /* the mark moves from libevent's to ours */
