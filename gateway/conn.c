@@ -175,7 +175,7 @@ static gw_conn_t *gw_conn_attach(gw_worker_t *w, gw_conn_t *c, struct buffereven
     bufferevent_enable(c->bev, EV_READ | EV_WRITE);
     gw_wio_init(&c->wio, w, c->bev, direct, gw_conn_drained, gw_conn_failed, c);
     if (direct && !ssl) /* a plain socket: read without libevent's FIONREAD (wio.c) */
-        (void)gw_wio_read_own(&c->wio, true);
+        (void)gw_wio_read_own(&c->wio);
     if (ssl && gw_wio_tls_own(&c->wio, ssl) != 0) {
         gw_wio_fini(&c->wio);
         SSL_free(ssl);

@@ -26,7 +26,6 @@ struct gw_wio {
     bool hs;                      /* the TLS handshake is not done yet */
     bool rd_wants_wr;             /* an SSL_read (or the handshake) waits to write */
     bool own_read;                /* our read event (gw_wio_read_own, gw_wio_tls_own) */
-    bool edge;                    /* own_read edge-triggered while we write (gw_wio_et_sync) */
     size_t read_high;             /* the read high-watermark (gw_wio_set_read_mark) */
     size_t lev_high;              /* libevent's read mark as we last set it (0: off) */
     evutil_socket_t fd;           /* the socket, while own_read */
@@ -66,12 +65,8 @@ void gw_wio_flush_cb(evutil_socket_t fd, short what, void *arg);
  * of 0.
  * Call after gw_wio_init, once the socket is set (after
  * bufferevent_socket_connect: setting the fd reassigns the event). 0, or
- * -1 when the bufferevent has no socket (it keeps libevent's read).
- * edge: the read event is edge-triggered while we write the socket
- * directly (gw_wio_et_sync); the caller accepts that a reset arriving with
- * the last bytes is seen only by the next read or write (docs/gateway.md,
- * "How the loop registers sockets"). */
-int gw_wio_read_own(gw_wio_t *io, bool edge);
+ * -1 when the bufferevent has no socket (it keeps libevent's read). */
+int gw_wio_read_own(gw_wio_t *io);
 
 /* The read high-watermark (0: none), in place of bufferevent_setwatermark
  * (EV_READ): reads stop while the input holds that much. With our read

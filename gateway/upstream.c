@@ -336,11 +336,8 @@ gw_upconn_t *gw_upstream_get(gw_worker_t *w, gw_srv_rt_t *srv, bool allow_reuse)
         bufferevent_trigger_event(u->bev, BEV_EVENT_ERROR, BEV_OPT_DEFER_CALLBACKS);
     } else if (!srv->https) {
         /* our reads, without libevent's FIONREAD (wio.c); only now, as
-         * setting the socket reassigned the read event. Level-triggered:
-         * an answer cut by a reset that comes with its last bytes must
-         * end now (its 502 or error event), and the reset is no edge of
-         * its own (docs/gateway.md, "How the loop registers sockets"). */
-        (void)gw_wio_read_own(&u->wio, false);
+         * setting the socket reassigned the read event */
+        (void)gw_wio_read_own(&u->wio);
     }
     /* after the reader is chosen (gw_wio_set_read_mark says why) */
     gw_wio_set_read_mark(&u->wio, 64 * 1024);

@@ -32,10 +32,8 @@
  * gets our read callback on its own read event: one read into the
  * thread's scratch, copied to the end of the input buffer (a small read
  * in a chain of at most 1 KiB, gw_wio_read_once), up to GW_WIO_READ bytes
- * or what the read high-watermark leaves, once per wake-up. The event is
- * edge-triggered while we write the socket directly (gw_wio_et_sync; a
- * read that filled its space, or a FIN, runs the read again: docs/
- * gateway.md, "How the loop registers sockets"). Only the callback changes, so
+ * or what the read high-watermark leaves, once per wake-up (level-
+ * triggered, as libevent reads). Only the event's callback changes, so
  * enable/disable, the high-watermark suspension (the read mark below), the
  * read timeout and the deferred free work as before;
  * EOF, errors and the timeout end as in libevent's bufferevent_readcb:
@@ -177,44 +175,6 @@ void gw_wio_set_read_mark(gw_wio_t *io, size_t high)
     }
 }
 
-/* Our plain read event is edge-triggered only while we write (direct, EV_WRITE
- * not armed). epoll keeps one trigger mode per descriptor, and libevent
- * sets EPOLLET on it from whichever event's change it applies: our read
- * event added or deleted with EV_ET while the write event is armed would
- * make that one edge-triggered too, and libevent's write callback writes
- * at most 16 KiB a wake-up (its max_single_write), so a larger output with
- * room in the kernel would wait for an edge that never comes. While
- * libevent writes, the read event so goes without EV_ET (both level-
- * triggered once its next change is applied); our reader is right under
- * either mode. libevent reads ev_events only when the event is added or
- * deleted, so the flag can change while it is added. */
-static void gw_wio_et_sync(gw_wio_t *io)
-{
-    if (!io->own_read || io->ssl)
-        return;
-    struct bufferevent *bev = io->bev;
-    struct event *ev = &bev->ev_read;
-    if (!io->edge || !io->direct || io->armed) {
-        ev->ev_events &= (short)~EV_ET;
-        return;
-    }
-    if (ev->ev_events & EV_ET)
-        return;
-    ev->ev_events |= EV_ET;
-    /* Added level-triggered (an upstream connects with its request
-     * queued, libevent writing it): re-add it, so the next epoll_ctl sets
-     * EPOLLET. In the same changelist as EV_WRITE's removal, which we
-     * come from, that is still one epoll_ctl. Not while it is active (a
-     * delete would drop the run) or has a read timeout (a re-add would
-     * restart it). */
-    if (event_pending(ev, EV_READ, NULL) &&
-        !(ev->ev_evcallback.evcb_flags & (EVLIST_ACTIVE | EVLIST_ACTIVE_LATER)) &&
-        !evutil_timerisset(&bev->timeout_read)) {
-        event_del(ev);
-        event_add(ev, NULL);
-    }
-}
-
 void gw_wio_init(gw_wio_t *io, gw_worker_t *w, struct bufferevent *bev, bool direct,
                  void (*drained)(void *), void (*failed)(void *, short), void *owner)
 {
@@ -231,20 +191,15 @@ void gw_wio_init(gw_wio_t *io, gw_worker_t *w, struct bufferevent *bev, bool dir
 void gw_wio_set_direct(gw_wio_t *io, bool direct)
 {
     io->direct = direct;
-    if (!direct) {
-        gw_wio_et_sync(io);
+    if (!direct)
         return;
-    }
     if (evbuffer_get_length(bufferevent_get_output(io->bev)) == 0) {
         bufferevent_disable(io->bev, EV_WRITE);
         io->armed = false;
     } else {
         io->armed = true; /* libevent is writing; back to direct when drained */
-        gw_wio_et_sync(io);
         bufferevent_enable(io->bev, EV_WRITE);
-        return;
     }
-    gw_wio_et_sync(io);
 }
 
 void gw_wio_set_kick(gw_wio_t *io, bool kick)
@@ -285,7 +240,6 @@ void gw_wio_fini(gw_wio_t *io)
     } else if (io->own_read && io->bev) {
         /* the same for our plain read event (its argument is io) */
         struct bufferevent *bev = io->bev;
-        bev->ev_read.ev_events &= (short)~EV_ET; /* leaves an armed EV_WRITE level-triggered */
         bufferevent_disable(bev, EV_READ);
         event_del(&bev->ev_read);
         event_assign(&bev->ev_read, bufferevent_get_base(bev), bufferevent_getfd(bev),
@@ -306,7 +260,6 @@ void gw_wio_written(gw_wio_t *io)
     if (io->direct && io->armed && evbuffer_get_length(bufferevent_get_output(io->bev)) == 0) {
         bufferevent_disable(io->bev, EV_WRITE);
         io->armed = false;
-        gw_wio_et_sync(io);
     }
 }
 
@@ -602,7 +555,6 @@ static void gw_wio_flush(gw_wio_t *io)
     if (evbuffer_get_length(out) > 0) {
         /* The kernel is full: let libevent finish (send timeout armed). */
         io->armed = true;
-        gw_wio_et_sync(io);
         bufferevent_enable(io->bev, EV_WRITE);
         return;
     }
@@ -657,7 +609,7 @@ void gw_wio_flush_cb(evutil_socket_t fd, short what, void *arg)
  * the copy of a 400-byte message (callgrind, bench/RESULTS.md "evleft"). */
 #define GW_WIO_OWN (1024 - 64)
 
-static ssize_t gw_wio_read_once(gw_wio_t *io, evutil_socket_t fd, int *err, bool *full)
+static ssize_t gw_wio_read_once(gw_wio_t *io, evutil_socket_t fd, int *err)
 {
     struct bufferevent *bev = io->bev;
     struct evbuffer *in = bufferevent_get_input(bev);
@@ -690,7 +642,6 @@ static ssize_t gw_wio_read_once(gw_wio_t *io, evutil_socket_t fd, int *err, bool
     evbuffer_freeze(in, 0);
     if (n > 0)
         gw_wio_read_done(io, len0 + (size_t)n);
-    *full = n > 0 && (size_t)n == want;
     return n;
 }
 
@@ -708,19 +659,8 @@ static void gw_wio_readcb(evutil_socket_t fd, short what, void *arg)
         /* only a bare timeout: with EV_READ a read came in time */
         ev |= BEV_EVENT_TIMEOUT;
     } else {
-        bool full = false;
-        ssize_t n = gw_wio_read_once(io, fd, &err, &full);
+        ssize_t n = gw_wio_read_once(io, fd, &err);
         if (n > 0) {
-            /* Edge-triggered (gw_wio_read_own): a read that took all it
-             * asked for may have left bytes, and a FIN that came with the
-             * data (EV_CLOSED) is still to be read as EOF; neither fires a
-             * new edge. Run again in this loop turn (no epoll_wait) while
-             * reading is on; a callback that turns it off removes this
-             * activation, and turning it on again is an epoll_ctl, which
-             * polls the socket afresh. A short read without EV_CLOSED
-             * found the queue empty: the next arrival is a new edge. */
-            if ((full || (what & EV_CLOSED)) && event_pending(&bev->ev_read, EV_READ, NULL))
-                event_active(&bev->ev_read, EV_READ | (what & EV_CLOSED), 1);
             /* The read callback. bufferevent_trigger(EV_READ) would take a
              * reference, compare the input with the low watermark (ours are
              * 0) and check for deferred callbacks (a socket read by us has
@@ -743,7 +683,7 @@ static void gw_wio_readcb(evutil_socket_t fd, short what, void *arg)
     }
 }
 
-int gw_wio_read_own(gw_wio_t *io, bool edge)
+int gw_wio_read_own(gw_wio_t *io)
 {
     struct bufferevent *bev = io->bev;
     evutil_socket_t fd = bufferevent_getfd(bev);
@@ -753,12 +693,10 @@ int gw_wio_read_own(gw_wio_t *io, bool edge)
     short on = bufferevent_get_enabled(bev) & EV_READ;
     if (on)
         bufferevent_disable(bev, EV_READ);
-    event_assign(&bev->ev_read, bufferevent_get_base(bev), fd,
-                 EV_READ | EV_CLOSED | EV_ET | EV_PERSIST | EV_FINALIZE, gw_wio_readcb, io);
+    event_assign(&bev->ev_read, bufferevent_get_base(bev), fd, EV_READ | EV_PERSIST | EV_FINALIZE,
+                 gw_wio_readcb, io);
     io->own_read = true;
-    io->edge = edge;
     io->fd = fd;
-    gw_wio_et_sync(io);
     gw_wio_mark_sync(io); /* the mark moves from libevent's to ours */
     if (on)
         bufferevent_enable(bev, EV_READ);

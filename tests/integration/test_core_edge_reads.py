@@ -1,10 +1,14 @@
 """
-test_core_edge_reads.py — plain sockets' read events are edge-triggered
-(gateway/wio.c, gw_wio_read_own): epoll reports a socket once per arrival,
-so a reader that stops before the kernel's queue is empty, or that reads the
-data of a segment carrying a FIN and not the FIN, waits for an edge that
-never comes. Each test here ends by a time bound far below the timeout that
-would otherwise end it (body 30 s, upstream total 60 s, keep-alive 60 s).
+test_core_edge_reads.py — reads that an edge-triggered reader gets wrong.
+Sockets are registered level-triggered (docs/gateway.md, "How the loop
+registers sockets"); an EV_ET read event (tried on branch etpoll, not kept)
+is reported once per arrival, so a reader that stops before the kernel's
+queue is empty, or that reads the data of a segment carrying a FIN and not
+the FIN, waits for an edge that never comes. Each test ends by a time bound
+far below the timeout that would otherwise end it (body 30 s, upstream
+total 60 s, keep-alive 60 s); on that branch each failed on a build
+without the rule it checks (the client ones with the read event EV_ET, the
+upstream one with the upstream's too).
 """
 
 import json
