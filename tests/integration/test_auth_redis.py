@@ -37,7 +37,7 @@ def _wait_served(s, tok, what):
 @pytest.mark.parametrize("nonces,revocations", [("deny", "deny"), ("allow", "deny"), ("deny", "allow")])
 def test_redis_down_denies(sluice_factory, mock, redis_server, nonces, revocations):
     s = ph.start(sluice_factory, mock, {
-        "redis": {"url": ph.redis_url(redis_server)},
+        "redis": ph.redis_section(redis_server),
         "auth": {"on_store_error": {"nonces": nonces, "revocations": revocations}},
     })
     tok = ph.mint("alice")
@@ -73,7 +73,7 @@ def test_redis_down_denies(sluice_factory, mock, redis_server, nonces, revocatio
 
 def test_redis_down_allow_keeps_local_checks(sluice_factory, mock, redis_server):
     over = {
-        "redis": {"url": ph.redis_url(redis_server)},
+        "redis": ph.redis_section(redis_server),
         "auth": {"on_store_error": {"nonces": "allow", "revocations": "allow"}},
     }
     a = ph.start(sluice_factory, mock, over, name="a")
