@@ -22,14 +22,6 @@ P = ph.CHAT_PATH
 ADMIN = {"Authorization": "Bearer " + ph.ADMIN_KEY}
 
 
-# A dead Redis fails calls at once (refused connection, DOWN state), not by
-# the deadline: this file is about that. The deadline only has to outlast a
-# live Redis's first calls on a loaded machine (connect, EVALSHA, NOSCRIPT,
-# SCRIPT LOAD): the default 50 ms did not once at load 16 on 2 cores, and
-# the first request got store_unavailable.
-REDIS_TIMEOUT = "%dms" % int(helpers.bound(2.0) * 1000)
-
-
 def _fallback(s, check, action):
     return ph.metric(s, "sluice_auth_store_fallback_total", check=check, action=action)
 
@@ -45,7 +37,7 @@ def _wait_served(s, tok, what):
 @pytest.mark.parametrize("nonces,revocations", [("deny", "deny"), ("allow", "deny"), ("deny", "allow")])
 def test_redis_down_denies(sluice_factory, mock, redis_server, nonces, revocations):
     s = ph.start(sluice_factory, mock, {
-        "redis": {"url": ph.redis_url(redis_server), "timeout": REDIS_TIMEOUT},
+        "redis": ph.redis_section(redis_server),
         "auth": {"on_store_error": {"nonces": nonces, "revocations": revocations}},
     })
     tok = ph.mint("alice")
@@ -81,7 +73,7 @@ def test_redis_down_denies(sluice_factory, mock, redis_server, nonces, revocatio
 
 def test_redis_down_allow_keeps_local_checks(sluice_factory, mock, redis_server):
     over = {
-        "redis": {"url": ph.redis_url(redis_server), "timeout": REDIS_TIMEOUT},
+        "redis": ph.redis_section(redis_server),
         "auth": {"on_store_error": {"nonces": "allow", "revocations": "allow"}},
     }
     a = ph.start(sluice_factory, mock, over, name="a")

@@ -73,7 +73,7 @@ def test_100_concurrent_copies_one_passes(sluice_factory, mock):
 
 @pytest.mark.timeout(60)
 def test_100_copies_over_two_instances_sharing_redis(sluice_factory, mock, redis_server):
-    over = {"redis": {"url": ph.redis_url(redis_server)}}
+    over = {"redis": ph.redis_section(redis_server)}
     a = ph.start(sluice_factory, mock, over, name="a")
     b = ph.start(sluice_factory, mock, over, name="b")
     tok = ph.mint("alice")

@@ -96,7 +96,7 @@ def _wait_refused(s, tok, deadline):
 
 
 def test_revocation_reaches_the_other_instance_within_1s(sluice_factory, mock, redis_server):
-    over = {"redis": {"url": ph.redis_url(redis_server)}}
+    over = {"redis": ph.redis_section(redis_server)}
     a = ph.start(sluice_factory, mock, over, name="a")
     b = ph.start(sluice_factory, mock, over, name="b")
     t1, t2, keep = ph.mint("alice"), ph.mint("dora"), ph.mint("dora")

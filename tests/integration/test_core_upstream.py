@@ -170,9 +170,19 @@ def test_ejected_server_returns_after_cooldown(sluice_factory, mock_factory):
         upstream=b,
     )
     a.set_default({"status": 500})
-    # round robin: within two requests one reaches a and fails: ejected
-    wait_until(lambda: (s.chat(), len(a.requests()) >= 1)[1], bound(5), what="a request at a")
-    t_eject = time.monotonic()
+    # round robin: within two requests one reaches a and fails: ejected.
+    # The cooldown runs from the ejection, inside that request: the clock is
+    # read before each one, so time since then bounds it from below however
+    # late the answer and the mock's count reach us.
+    sent = []
+
+    def a_hit():
+        sent.append(time.monotonic())
+        s.chat()
+        return len(a.requests()) >= 1
+
+    wait_until(a_hit, bound(5), what="a request at a")
+    t_eject = sent[-1]
     a.set_default({})
     a.reset()
     for _ in range(3):

@@ -42,13 +42,17 @@ def test_opens_goes_local_then_template_and_recovers(sluice_factory, mock_factor
     a.set_default({"status": 503})
 
     # 1. Three failures, each answered by the local pool.
+    # The cooldown runs from the breaker's opening, inside the third
+    # request: the clock is read before it, so that time since then bounds
+    # the cooldown from below however late the answer reaches us.
     for i in range(3):
+        if i == 2:
+            t_open = time.monotonic()
         r = s.chat("f%d" % i)
         assert r.status == 200 and r.header("X-Sluice-Fallback") == "local", r
         j = r.json()
         assert j["system_fingerprint"] == "local"  # the mock named "local" answered
         assert j["choices"][0]["message"]["content"] == mock_upstream.reply_text("f%d" % i)
-    t_open = time.monotonic()
     assert len(a.requests()) == 3
     assert state(s, a) == 2
     assert fh.metric(s, "sluice_circuit_opened_total", upstream="main", server=a.url) == 1
@@ -80,11 +84,11 @@ def test_opens_goes_local_then_template_and_recovers(sluice_factory, mock_factor
     # 4. Half-open after the cooldown: one probe; it fails, so it opens again.
     helpers.wait_until(lambda: state(s, a) == 1, bound(EJECT + 2), what="half-open")
     assert time.monotonic() - t_open >= EJECT - 0.1
+    t_reopen = time.monotonic()  # before the probe whose failure reopens it
     fh.assert_template_json(s.chat("probe fails"))
     assert len(a.requests()) == 4
     assert state(s, a) == 2
     assert fh.metric(s, "sluice_circuit_opened_total", upstream="main", server=a.url) == 2
-    t_reopen = time.monotonic()
 
     # 5. The server is back: the next probe closes the circuit.
     a.set_default({})

@@ -144,8 +144,13 @@ static int setup(void **state)
 {
     (void)state;
     freeReplyObject(rs_cmd(&srv, "FLUSHALL"));
-    inst_open(&A, CONF_STORE_ERROR_DENY, CONF_STORE_ERROR_DENY, 50);
-    inst_open(&B, CONF_STORE_ERROR_DENY, CONF_STORE_ERROR_DENY, 50);
+    /* A deadline no test here is about except test_late_redis (which opens
+     * its own 50 ms one): a real Redis on two loaded cores, or under ASan,
+     * can take more than 50 ms to answer (a fresh server's script load
+     * more), and a call that times out is a store error, not the answer
+     * the test asserts. */
+    inst_open(&A, CONF_STORE_ERROR_DENY, CONF_STORE_ERROR_DENY, 2000);
+    inst_open(&B, CONF_STORE_ERROR_DENY, CONF_STORE_ERROR_DENY, 2000);
     return 0;
 }
 
@@ -278,12 +283,6 @@ static void *racer_main(void *arg)
 static void test_concurrent_two_instances(void **state)
 {
     (void)state;
-    /* This test is about atomicity, not deadlines: 100 calls in flight on
-     * two loaded cores (or under ASan) may take longer than 50 ms. */
-    inst_close(&A);
-    inst_close(&B);
-    inst_open(&A, CONF_STORE_ERROR_DENY, CONF_STORE_ERROR_DENY, 2000);
-    inst_open(&B, CONF_STORE_ERROR_DENY, CONF_STORE_ERROR_DENY, 2000);
     char *tok = t_good_token("carol", "jti-c-1");
     for (int round = 0; round < 5; round++) {
         treq_t q;
@@ -308,9 +307,18 @@ static void test_concurrent_two_instances(void **state)
     free(tok);
 }
 
+/* A reopened with the product's default 50 ms deadline: where a call's
+ * deadline comes into what the test asserts, whatever Redis's pace. */
+static void a_with_default_deadline(void)
+{
+    inst_close(&A);
+    inst_open(&A, CONF_STORE_ERROR_DENY, CONF_STORE_ERROR_DENY, 50);
+}
+
 static void test_cancel(void **state)
 {
     (void)state;
+    a_with_default_deadline(); /* a cancelled call's deadline passes too */
     char *tok = t_good_token("dan", "jti-d-1");
     treq_t q;
     treq_make(&q, A.a, tok, T_NOW, "redis-cancel-nonce-1");
@@ -334,17 +342,21 @@ static void test_cancel(void **state)
 static void test_late_redis(void **state)
 {
     (void)state;
+    a_with_default_deadline(); /* the one this test is about */
     char *tok = t_good_token("erin", "jti-e-1");
     treq_t q;
     treq_make(&q, A.a, tok, T_NOW, "redis-late-nonce-001");
     uint64_t before = fallbacks("revocations", "deny");
-    /* Answered before our call is sent, so Redis is surely paused then. */
-    redisReply *pause = rs_cmd(&srv, "CLIENT PAUSE 300");
+    /* Answered before our call is sent, so Redis is surely paused then.
+     * Paused for long (the next test's FLUSHALL waits the rest out): a
+     * loaded machine can keep this process off the CPU for more than a
+     * short pause, and Redis's answer after it is AUTH_OK. */
+    redisReply *pause = rs_cmd(&srv, "CLIENT PAUSE 2000");
     assert_non_null(pause);
     freeReplyObject(pause);
     int64_t t0 = sl_now_ms();
     assert_int_equal(rcheck(&A, &q.r, T_NOW), AUTH_R_STORE_UNAVAILABLE);
-    assert_true(sl_now_ms() - t0 < 250); /* the 50 ms deadline, not Redis's 300 */
+    assert_true(sl_now_ms() - t0 < 1500); /* the 50 ms deadline, not Redis's 2000 */
     assert_int_equal(fallbacks("revocations", "deny"), before + 1);
     free(tok);
 }

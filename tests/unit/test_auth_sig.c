@@ -463,8 +463,14 @@ static void test_hmac_hint_cache_matches_one_shot(void **state)
     enum { KEYS = 40, ROUNDS = 3000 };
     unsigned char keys[KEYS][200];
     size_t klen[KEYS];
+    /* ids as auth_check has them: from auth_key_id_new, one per key. A
+     * made-up id (k + 1) can be one the tests before this one registered
+     * for another 64-byte signing key, still kept in its set: the id
+     * lookup then rightly trusts it and MACs with that key. */
+    uint64_t ids[KEYS];
     assert_int_equal(RAND_bytes((unsigned char *)keys, sizeof(keys)), 1);
     for (int i = 0; i < KEYS; i++) {
+        ids[i] = auth_key_id_new();
         if (i % 2 == 0) { /* a signing key: hex text */
             sl_hex(keys[i], 32, (char *)keys[i]);
             klen[i] = 64;
@@ -488,7 +494,7 @@ static void test_hmac_hint_cache_matches_one_shot(void **state)
         size_t wl = 0;
         /* by id (each key its own, as auth_check's) or by the key alone,
          * mixed in one set: a way rekeyed by key must lose its old id */
-        uint64_t id = rnd[3] & 1 ? (uint64_t)k + 1 : 0;
+        uint64_t id = rnd[3] & 1 ? ids[k] : 0;
         assert_int_equal(auth_hmac_sha256_id(hint, id, keys[k], klen[k], parts, lens, 2, got), 0);
         assert_non_null(EVP_Q_mac(NULL, "HMAC", NULL, "SHA256", NULL, keys[k], klen[k], data, dl,
                                   want, sizeof(want), &wl));

@@ -34,14 +34,30 @@ typedef struct inst {
     rl_worker_t *w;
 } inst_t;
 
-static void inst_new(inst_t *in, const conf_ratelimit_t *c)
+/* An instance whose Redis calls time out after deadline_ms. */
+static void inst_new_ms(inst_t *in, const conf_ratelimit_t *c, int64_t deadline_ms)
 {
     char err[256];
-    conf_redis_t r = {.url = url, .timeout_ms = 50};
+    conf_redis_t r = {.url = url, .timeout_ms = deadline_ms};
     in->rl = rl_new(c, &r, err, sizeof(err));
     assert_non_null(in->rl);
     in->w = rl_worker_new(in->rl, base, err, sizeof(err));
     assert_non_null(in->w);
+}
+
+/* The tests not about the deadline: a real Redis on two loaded cores (or
+ * under ASan) can take more than the default 50 ms over a batch, and a
+ * call that times out is a store error, not the decision the test asserts
+ * (test_lease_not_when_idle failed so under ASan). */
+static void inst_new(inst_t *in, const conf_ratelimit_t *c)
+{
+    inst_new_ms(in, c, 2000);
+}
+
+/* The product's default deadline, for the tests about it. */
+static void inst_new_50(inst_t *in, const conf_ratelimit_t *c)
+{
+    inst_new_ms(in, c, 50);
 }
 
 static void inst_free(inst_t *in)
@@ -260,7 +276,7 @@ static void store_error_case(int on_err, const char *action)
     c.per_user.requests_per_minute = 3;
     c.on_store_error = on_err;
     inst_t a;
-    inst_new(&a, &c);
+    inst_new_50(&a, &c);
     assert_true(rs_run_until(base, up, a.w, 2000));
     rl_decision_t d;
     char user[32];
@@ -268,9 +284,11 @@ static void store_error_case(int on_err, const char *action)
     assert_true(check(&a, user, 0, &d, NULL, NULL));
     assert_false(d.store_error);
 
-    /* a check in flight when Redis dies (sleeping, then killed) */
-    redisContext *blk = rs_send_nowait(&srv, "DEBUG SLEEP 2");
-    rs_run_for(base, 20);
+    /* a check in flight when Redis dies (paused, then killed): the pause
+     * is answered before the check is made, so Redis surely holds it */
+    redisReply *pause = rs_cmd(&srv, "CLIENT PAUSE 2000");
+    assert_non_null(pause);
+    freeReplyObject(pause);
     uint64_t e0 = store_errors(action);
     rl_request_t req = {.user = user};
     answer_t ans = {0};
@@ -280,12 +298,11 @@ static void store_error_case(int on_err, const char *action)
     assert_int_equal(rl_check(a.w, &req, &d, &t, answer_cb, &ans, &p), RL_PENDING);
     assert_true(rs_run_until(base, answered, &ans, 1000));
     int64_t took = sl_now_ms() - start;
-    assert_true(took >= 45 && took < 200); /* the 50 ms deadline */
+    assert_true(took >= 45 && took < 1000); /* the 50 ms deadline, not the pause */
     assert_true(ans.d.store_error);
     assert_int_equal(store_errors(action), e0 + 1);
     rl_ticket_settle(ans.t, 0);
     rs_kill(&srv);
-    redisFree(blk);
     assert_true(rs_run_until(base, down, a.w, 2000));
 
     /* while down: decided at once, without waiting for Redis */
@@ -514,7 +531,7 @@ static void test_batch_timeout(void **state)
     c.per_user.requests_per_minute = 100;
     c.on_store_error = CONF_STORE_ERROR_ALLOW;
     inst_t a;
-    inst_new(&a, &c);
+    inst_new_50(&a, &c);
     assert_true(rs_run_until(base, up, a.w, 2000));
 
     /* cancelled in the turn it was made: nothing is sent */
@@ -530,8 +547,10 @@ static void test_batch_timeout(void **state)
     assert_int_equal(ans.calls, 0);
     assert_int_equal(evalsha_calls(), 0);
 
-    redisContext *blk = rs_send_nowait(&srv, "DEBUG SLEEP 0.5");
-    rs_run_for(base, 20);
+    /* answered before the batch is made: Redis surely holds it */
+    redisReply *pause = rs_cmd(&srv, "CLIENT PAUSE 1500");
+    assert_non_null(pause);
+    freeReplyObject(pause);
     uint64_t e0 = store_errors("allow");
     static const char *const users[6] = {"bto-0", "bto-1", "bto-2", "bto-0", "bto-3", "bto-4"};
     rl_pending_t *ps[6];
@@ -543,7 +562,7 @@ static void test_batch_timeout(void **state)
     m.a[2].calls = 1; /* not expected: all_answered skips it */
     assert_true(rs_run_until(base, all_answered, &m, 1000));
     int64_t took = sl_now_ms() - start;
-    assert_true(took >= 45 && took < 200); /* the 50 ms deadline, once for all */
+    assert_true(took >= 45 && took < 1000); /* the 50 ms deadline, once for all */
     m.a[2].calls = 0;
     for (int i = 0; i < 6; i++) {
         if (i == 2)
@@ -554,12 +573,9 @@ static void test_batch_timeout(void **state)
     }
     assert_int_equal(store_errors("allow"), e0 + 5);
     many_settle(&m);
-    /* the late reply (Redis wakes up) is dropped; nothing calls back twice,
-     * and the cancelled check still gets nothing */
-    redisReply *rep = NULL;
-    assert_int_equal(redisGetReply(blk, (void **)&rep), REDIS_OK);
-    freeReplyObject(rep);
-    redisFree(blk);
+    /* the late reply (the pause ends: a PING waits it out) is dropped;
+     * nothing calls back twice, and the cancelled check still gets nothing */
+    assert_true(rs_ping(&srv));
     rs_run_for(base, 100);
     for (int i = 0; i < 6; i++)
         assert_int_equal(m.a[i].calls, i == 2 ? 0 : 1);
