@@ -8,6 +8,13 @@
  * SHA-256 prefixes auth_nonce_key makes.
  *
  *   build/tools/nonce_bench LIVE [MEASURED]    (MEASURED default 1000000)
+ *   build/tools/nonce_bench --hold LIVE
+ *
+ * --hold: the longest single insert (wall ns) while the store fills from
+ * empty to LIVE and through one more window (tables growing, and shrinking
+ * where the store gives memory back): one thread, so an insert's time is
+ * its shard lock's hold, measured here and not in the product. Also the
+ * table bytes at the peak and after every nonce has expired.
  *
  * The store is filled first (one window and a bucket of simulated time),
  * then MEASURED inserts are timed (this thread's CPU time: the machine is
@@ -43,6 +50,13 @@ static uint64_t next64(void)
     return z ^ (z >> 31);
 }
 
+static int64_t wall_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
 static int64_t cpu_ns(void)
 {
     struct timespec ts;
@@ -73,10 +87,51 @@ static void feed_one(feed_t *f)
     }
 }
 
+/* The longest insert while the store fills to `live` and is then fed for
+ * another window at the same rate; then the clock jumps past every expiry
+ * and a trickle of inserts lets the store give its tables back. */
+static int hold_main(long live)
+{
+    long per_s = live / (WINDOW_S + AUTH_NONCE_BUCKET_S / 2);
+    auth_stores_t *s = auth_stores_new((size_t)(live + live / 8 + 4096), 0);
+    if (!s)
+        return 1;
+    feed_t f = {.s = s, .per_s = per_s, .now = 1700000000};
+    long n = per_s * (2 * WINDOW_S + 2 * AUTH_NONCE_BUCKET_S);
+    int64_t worst = 0, sum = 0;
+    for (long i = 0; i < n; i++) {
+        int64_t t0 = wall_ns();
+        feed_one(&f);
+        int64_t d = wall_ns() - t0;
+        sum += d;
+        worst = d > worst ? d : worst;
+    }
+    size_t peak = auth_stores_nonce_table_bytes(s);
+    size_t held = auth_stores_nonce_live(s);
+    /* quiet: a trickle of one insert a second for three windows */
+    f.per_s = 1;
+    f.in_s = 0;
+    int64_t qworst = 0;
+    for (long i = 0; i < 3 * WINDOW_S; i++) {
+        int64_t t0 = wall_ns();
+        feed_one(&f);
+        int64_t d = wall_ns() - t0;
+        qworst = d > qworst ? d : qworst;
+    }
+    printf("nonce_bench hold live=%zu inserts=%ld max_insert_ns=%lld mean_insert_ns=%.1f "
+           "table_bytes_peak=%zu table_bytes_after=%zu quiet_max_insert_ns=%lld\n",
+           held, n, (long long)worst, (double)sum / (double)n, peak,
+           auth_stores_nonce_table_bytes(s), (long long)qworst);
+    auth_stores_free(s);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 3 && strcmp(argv[1], "--hold") == 0)
+        return hold_main(atol(argv[2]));
     if (argc < 2) {
-        fprintf(stderr, "usage: nonce_bench LIVE [MEASURED]\n");
+        fprintf(stderr, "usage: nonce_bench LIVE [MEASURED] | --hold LIVE\n");
         return 2;
     }
     long live = atol(argv[1]);

@@ -219,15 +219,25 @@ static void test_nonce_memory_per_entry(void **state)
         memcpy(k, d, sizeof(k));
         assert_int_equal(auth_nonce_insert(s, k, T_NOW + 300, T_NOW), AUTH_STORE_NEW);
     }
+    /* Tables this big are mapped directly (mallinfo2 does not see them):
+     * their bytes are the store's own count. Just after a grow started,
+     * both tables of a move are held (up to 1 + 2 lines for 3 held). */
     struct mallinfo2 m1 = mallinfo2();
     size_t used = (m1.uordblks + m1.hblkhd) - (m0.uordblks + m0.hblkhd);
-    double per = (double)used / 200000.0;
+    double moving = (double)(used + auth_stores_nonce_table_bytes(s)) / 200000.0;
+    auth_stores_maintain(s, T_NOW); /* the moves under way end */
+    m1 = mallinfo2();
+    used = (m1.uordblks + m1.hblkhd) - (m0.uordblks + m0.hblkhd);
+    double per = (double)(used + auth_stores_nonce_table_bytes(s)) / 200000.0;
     auth_stores_free(s);
 #if defined(__SANITIZE_ADDRESS__)
     (void)per; /* ASan's allocator: mallinfo2 does not see it, and it pads */
+    (void)moving;
 #else
-    print_message("nonce store: %.1f bytes per nonce (budget %d)\n", per, AUTH_NONCE_ENTRY_BYTES);
-    assert_true(per <= AUTH_NONCE_ENTRY_BYTES);
+    print_message("nonce store: %.1f bytes per nonce (%.1f during moves; budget %d)\n", per, moving,
+                  AUTH_NONCE_ENTRY_BYTES);
+    assert_true(moving <= AUTH_NONCE_ENTRY_BYTES);
+    assert_true(moving <= 66);
     /* docs/auth.md: 16-byte slots in tables 3/8 to 3/4 held, so at most
      * ~43 bytes a nonce (just after a table doubled) */
     assert_true(per <= 48);
