@@ -214,11 +214,11 @@ auth_store_rc_t auth_nonce_insert(auth_stores_t *s, const unsigned char key[AUTH
  * pays towards a move (0: none; moves then go only by test_step or
  * auth_stores_maintain). test_step: one step of `work` on a shard's move
  * (a line looked at is 1, an entry moved 8); false when none is under way.
- * test_lines: a shard's table lines, and the old table's lines not yet
- * moved. */
+ * test_lines: a shard's table lines, the old table's lines (0: no move)
+ * and those of them not yet moved. */
 void auth_nonce_test_set_step(auth_stores_t *s, long work);
 bool auth_nonce_test_step(auth_stores_t *s, unsigned shard, long work, int64_t now);
-size_t auth_nonce_test_lines(auth_stores_t *s, unsigned shard, size_t *old_left);
+size_t auth_nonce_test_lines(auth_stores_t *s, unsigned shard, size_t *old_lines, size_t *old_left);
 
 typedef enum auth_rev_kind {
     AUTH_REV_JTI = 'j',

@@ -850,13 +850,13 @@ bool auth_nonce_test_step(auth_stores_t *s, unsigned shard, long work, int64_t n
     return moving;
 }
 
-size_t auth_nonce_test_lines(auth_stores_t *s, unsigned shard, size_t *old_left)
+size_t auth_nonce_test_lines(auth_stores_t *s, unsigned shard, size_t *old_lines, size_t *old_left)
 {
     nonce_shard_t *sh = &s->shards[shard % NONCE_SHARDS];
     pthread_mutex_lock(&sh->mu);
     size_t n = sh->lines ? (size_t)sh->mask + 1 : 0;
-    if (old_left)
-        *old_left = sh->old ? (size_t)sh->omask + 1 - sh->moved : 0;
+    *old_lines = sh->old ? (size_t)sh->omask + 1 : 0;
+    *old_left = sh->old ? (size_t)sh->omask + 1 - sh->moved : 0;
     pthread_mutex_unlock(&sh->mu);
     return n;
 }

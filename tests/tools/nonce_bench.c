@@ -60,7 +60,7 @@ static int64_t cpu_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-static int64_t tick_worst; /* --hold: the longest auth_stores_maintain */
+static int64_t tick_worst;        /* --hold: the longest auth_stores_maintain */
 static long over_100us, over_1ms; /* --hold: inserts that took that long */
 
 typedef struct feed {
@@ -132,7 +132,8 @@ static int hold_main(long live)
     for (long i = 0; i < 3 * WINDOW_S; i++)
         (void)timed_feed(&f, &qworst);
     printf("nonce_bench hold live=%zu inserts=%ld max_insert_cpu_ns=%lld mean_insert_cpu_ns=%.1f "
-           "over_100us=%ld over_1ms=%ld max_tick_cpu_ns=%lld table_bytes_peak=%zu table_bytes_after=%zu "
+           "over_100us=%ld over_1ms=%ld max_tick_cpu_ns=%lld table_bytes_peak=%zu "
+           "table_bytes_after=%zu "
            "quiet_max_insert_cpu_ns=%lld quiet_max_tick_cpu_ns=%lld\n",
            held, n, (long long)worst, (double)sum / (double)n, o100, o1, (long long)fill_tick, peak,
            auth_stores_nonce_table_bytes(s), (long long)qworst, (long long)tick_worst);

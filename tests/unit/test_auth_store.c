@@ -676,6 +676,165 @@ static void test_token_cache(void **state)
     auth_stores_free(st);
 }
 
+/* ---- moves of a shard's table (grow, shrink), step by step ---- */
+
+enum { MV_SHARD = 6 };
+
+static void key_in(unsigned char k[AUTH_NONCE_KEY_LEN], long id)
+{
+    key_of(k, id);
+    k[AUTH_NONCE_KEY_LEN - 1] = MV_SHARD;
+}
+
+/* Keys [first, last) of MV_SHARD are all replays at `now`. */
+static void all_seen(auth_stores_t *s, long first, long last, int64_t exp, int64_t now)
+{
+    unsigned char k[AUTH_NONCE_KEY_LEN];
+    for (long j = first; j < last; j++) {
+        key_in(k, j);
+        assert_int_equal(auth_nonce_insert(s, k, exp, now), AUTH_STORE_SEEN);
+    }
+}
+
+/* Both tables of a move count against nonce_memory, and stay within it
+ * (only MV_SHARD has tables). Returns the old lines left to move. */
+static size_t moving_bytes(auth_stores_t *s)
+{
+    size_t old, left;
+    size_t n = auth_nonce_test_lines(s, MV_SHARD, &old, &left);
+    assert_int_equal(auth_stores_nonce_table_bytes(s), (n + old) * 64);
+    assert_true(auth_stores_nonce_table_bytes(s) <=
+                auth_stores_nonce_capacity(s) * AUTH_NONCE_ENTRY_BYTES);
+    return left;
+}
+
+/* A grow and then a shrink of one shard's table, moved one line a step
+ * (inserts pay nothing: only the test moves it): at every step every
+ * nonce inserted before the move or during it is a replay, whichever table
+ * it is in; a key found expired in the old table is new and then a
+ * replay; a full store refuses without touching the move. */
+static void test_nonce_move_step_by_step(void **state)
+{
+    (void)state;
+    auth_stores_t *s = auth_stores_new(4000, 0);
+    unsigned char k[AUTH_NONCE_KEY_LEN];
+    const int64_t expA = T_NOW + 300, expB = T_NOW + 1000;
+    long id = 0;
+    size_t old = 0, left = 0;
+    /* A: expire at T_NOW + 300 (ids from 40); B: 40 that outlive them */
+    for (; id < 40; id++) {
+        key_in(k, id);
+        assert_int_equal(auth_nonce_insert(s, k, expB, T_NOW), AUTH_STORE_NEW);
+    }
+    while (id < 150 || old == 0) {
+        key_in(k, id++);
+        assert_int_equal(auth_nonce_insert(s, k, expA, T_NOW), AUTH_STORE_NEW);
+        (void)auth_nonce_test_lines(s, MV_SHARD, &old, &left);
+    }
+    /* a grow has just started: 64 lines into 128, nothing moved yet */
+    assert_int_equal(auth_nonce_test_lines(s, MV_SHARD, &old, &left), 128);
+    assert_int_equal(old, 64);
+    assert_int_equal(left, 64);
+    auth_nonce_test_set_step(s, 0);
+    long grow_start = id;
+    int steps = 0;
+    while ((left = moving_bytes(s)) > 0) {
+        key_in(k, id++); /* inserted during the move: into the new table */
+        assert_int_equal(auth_nonce_insert(s, k, expA, T_NOW), AUTH_STORE_NEW);
+        all_seen(s, 0, 40, expB, T_NOW + 1);
+        all_seen(s, 40, id, expA, T_NOW + 1);
+        assert_true(auth_nonce_test_step(s, MV_SHARD, 1, T_NOW + 1));
+        size_t o2, l2;
+        (void)auth_nonce_test_lines(s, MV_SHARD, &o2, &l2);
+        assert_true(l2 == left - 1 || (l2 == 0 && o2 == 0)); /* one line a step */
+        steps++;
+    }
+    assert_int_equal(steps, 64);
+    assert_true(id - grow_start == 64);
+    assert_false(auth_nonce_test_step(s, MV_SHARD, 1, T_NOW + 1)); /* over */
+    all_seen(s, 0, 40, expB, T_NOW + 2);
+    all_seen(s, 40, id, expA, T_NOW + 2);
+    assert_int_equal(auth_stores_nonce_table_bytes(s), 128 * 64);
+
+    /* After A's expiry only B is held, 40 of 512 slots: the next insert
+     * starts a shrink (to 32 lines: 3/8 held at most, an eighth at least). */
+    const int64_t later = T_NOW + 400, expC = T_NOW + 900;
+    long c = 100000;
+    key_in(k, c++);
+    assert_int_equal(auth_nonce_insert(s, k, expC, later), AUTH_STORE_NEW);
+    assert_int_equal(auth_nonce_test_lines(s, MV_SHARD, &old, &left), 32);
+    assert_int_equal(old, 128);
+    assert_int_equal(auth_stores_nonce_live(s), 41);
+    steps = 0;
+    while ((left = moving_bytes(s)) > 0) {
+        if (steps % 4 == 0) { /* (under 3/4 of the new 128 slots all along) */
+            key_in(k, c++);
+            assert_int_equal(auth_nonce_insert(s, k, expC, later), AUTH_STORE_NEW);
+        }
+        all_seen(s, 0, 40, expB, later);
+        all_seen(s, 100000, c, expC, later);
+        if (steps % 16 == 5) {
+            /* an expired key of A, found (or not) in the old table: new,
+             * then a replay, then a replay wherever the move puts it */
+            key_in(k, 40 + steps);
+            assert_int_equal(auth_nonce_insert(s, k, expC, later), AUTH_STORE_NEW);
+            assert_int_equal(auth_nonce_insert(s, k, expC, later), AUTH_STORE_SEEN);
+        }
+        if (steps == 40) {
+            /* full: refused at once, the move untouched, replays still told */
+            size_t cap = auth_stores_nonce_capacity(s);
+            auth_stores_set_nonce_capacity(s, auth_stores_nonce_live(s));
+            key_in(k, 999999);
+            assert_int_equal(auth_nonce_insert(s, k, expC, later), AUTH_STORE_FULL);
+            size_t o2, l2;
+            (void)auth_nonce_test_lines(s, MV_SHARD, &o2, &l2);
+            assert_int_equal(l2, left);
+            all_seen(s, 0, 40, expB, later);
+            auth_stores_set_nonce_capacity(s, cap);
+        }
+        assert_true(auth_nonce_test_step(s, MV_SHARD, 1, later));
+        steps++;
+    }
+    assert_int_equal(steps, 128);
+    all_seen(s, 0, 40, expB, later + 1);
+    all_seen(s, 100000, c, expC, later + 1);
+    for (int j = 5; j < 128; j += 16) {
+        key_in(k, 40 + j);
+        assert_int_equal(auth_nonce_insert(s, k, expC, later + 1), AUTH_STORE_SEEN);
+    }
+    assert_int_equal(auth_stores_nonce_live(s), 40 + (size_t)(c - 100000) + 8);
+    auth_stores_free(s);
+}
+
+/* After a peak, once its nonces have expired, the tables shrink back to
+ * their first size through the tick alone (no insert needed), and a
+ * nonce that outlives the peak is still a replay after. */
+static void test_nonce_shrink_after_peak(void **state)
+{
+    (void)state;
+    auth_stores_t *s = auth_stores_new(200000, 0);
+    unsigned char k[AUTH_NONCE_KEY_LEN];
+    assert_int_equal(auth_stores_nonce_table_bytes(s), 0);
+    for (long i = 0; i < 100000; i++) {
+        key_of(k, i);
+        assert_int_equal(auth_nonce_insert(s, k, T_NOW + (i == 7 ? 3000 : 60), T_NOW),
+                         AUTH_STORE_NEW);
+    }
+    size_t peak = auth_stores_nonce_table_bytes(s);
+    assert_true(peak >= 100000 * 16);    /* at least a slot each */
+    auth_stores_maintain(s, T_NOW + 30); /* nothing expired: nothing shrinks */
+    assert_true(auth_stores_nonce_table_bytes(s) >= 100000 * 16);
+    auth_stores_maintain(s, T_NOW + 80); /* all but one expired */
+    assert_int_equal(auth_stores_nonce_live(s), 1);
+    /* every shard back to 8 lines of 64 bytes */
+    assert_int_equal(auth_stores_nonce_table_bytes(s), 16 * 8 * 64);
+    key_of(k, 7);
+    assert_int_equal(auth_nonce_insert(s, k, T_NOW + 3000, T_NOW + 81), AUTH_STORE_SEEN);
+    key_of(k, 8);
+    assert_int_equal(auth_nonce_insert(s, k, T_NOW + 3000, T_NOW + 81), AUTH_STORE_NEW);
+    auth_stores_free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -694,6 +853,8 @@ int main(void)
         cmocka_unit_test(test_nonce_one_shard_to_capacity),
         cmocka_unit_test(test_nonce_slot_grace),
         cmocka_unit_test(test_nonce_clock_back_recount),
+        cmocka_unit_test(test_nonce_move_step_by_step),
+        cmocka_unit_test(test_nonce_shrink_after_peak),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
