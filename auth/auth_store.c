@@ -102,8 +102,10 @@ typedef struct nonce_shard {
     uint32_t omask;      /* old's lines - 1 */
     nonce_line_t *old;   /* the table being moved into lines, or NULL */
     size_t moved;        /* old's lines below this are empty */
-    size_t live;         /* entries its buckets count */
-    int64_t cursor;      /* next epoch whose bucket may have expired */
+    nonce_line_t *spent; /* a moved-out mapped table the tick unmaps */
+    size_t spent_lines;
+    size_t live;    /* entries its buckets count */
+    int64_t cursor; /* next epoch whose bucket may have expired */
     nonce_bucket_t ring[NONCE_BUCKETS];
 } __attribute__((aligned(64))) nonce_shard_t;
 
@@ -220,6 +222,7 @@ void auth_stores_free(auth_stores_t *s)
         nonce_shard_t *sh = &s->shards[i];
         nonce_table_free(sh->lines, sh->lines ? (size_t)sh->mask + 1 : 0);
         nonce_table_free(sh->old, sh->old ? (size_t)sh->omask + 1 : 0);
+        nonce_table_free(sh->spent, sh->spent_lines);
         pthread_mutex_destroy(&sh->mu);
     }
     rev_ent_t *r, *rtmp;
@@ -481,10 +484,27 @@ typedef struct nonce_dead {
     size_t lines, lines2;
 } nonce_dead_t;
 
-static void nonce_dead_free(nonce_dead_t *d)
+/* Frees what a move gave back (outside the shard's lock); nonce_memory
+ * counts a table until it is freed. */
+static void nonce_dead_free(auth_stores_t *s, nonce_dead_t *d)
 {
     nonce_table_free(d->t, d->lines);
     nonce_table_free(d->t2, d->lines2);
+    atomic_fetch_sub(&s->nonce_table_bytes, (d->lines + d->lines2) * sizeof(nonce_line_t));
+}
+
+/* Unmapping a big table takes a while (a few hundred us for 8 MiB): the
+ * request that ended a move leaves it to the tick (auth_stores_maintain)
+ * rather than pay for it, one a shard (a second one, without a tick to
+ * take the first, is freed by that request). Under the shard's lock. */
+static void nonce_park(nonce_shard_t *sh, nonce_dead_t *d)
+{
+    if (d->t && d->lines >= NONCE_MAP_LINES && !sh->spent) {
+        sh->spent = d->t;
+        sh->spent_lines = d->lines;
+        d->t = NULL;
+        d->lines = 0;
+    }
 }
 
 /* Copies the unexpired entries of lines [from, n) of table t into table
@@ -531,7 +551,6 @@ static int nonce_rebuild(auth_stores_t *s, nonce_shard_t *sh, size_t n, uint32_t
         if (nonce_copy(s, sh, nl, m, sh->lines, 0, cur, free_before, base) &&
             (!old || nonce_copy(s, sh, nl, m, sh->old, sh->moved, old, free_before, base))) {
             *dead = (nonce_dead_t){sh->lines, sh->old, cur, old};
-            atomic_fetch_sub(&s->nonce_table_bytes, (cur + old) * sizeof(nonce_line_t));
             sh->lines = nl;
             sh->mask = m;
             sh->old = NULL;
@@ -577,7 +596,6 @@ static bool nonce_move(auth_stores_t *s, nonce_shard_t *sh, long work, uint32_t 
     if (sh->moved < n)
         return false;
     *dead = (nonce_dead_t){sh->old, NULL, n, 0};
-    atomic_fetch_sub(&s->nonce_table_bytes, n * sizeof(nonce_line_t));
     sh->old = NULL;
     sh->omask = 0;
     sh->moved = 0;
@@ -786,8 +804,9 @@ auth_store_rc_t auth_nonce_insert(auth_stores_t *s, const unsigned char key[AUTH
         nonce_shrink(s, sh);
     }
 out:
+    nonce_park(sh, &dead);
     pthread_mutex_unlock(&sh->mu);
-    nonce_dead_free(&dead);
+    nonce_dead_free(s, &dead);
     return rc;
 }
 
@@ -801,6 +820,10 @@ static bool nonce_maintain_step(auth_stores_t *s, nonce_shard_t *sh, long work, 
     nonce_dead_t dead = {0};
     pthread_mutex_lock(&sh->mu);
     nonce_expire(s, sh, now);
+    dead.t2 = sh->spent; /* parked by a request */
+    dead.lines2 = sh->spent_lines;
+    sh->spent = NULL;
+    sh->spent_lines = 0;
     if (!sh->old)
         nonce_shrink(s, sh);
     bool more = false;
@@ -812,7 +835,7 @@ static bool nonce_maintain_step(auth_stores_t *s, nonce_shard_t *sh, long work, 
             more = true; /* maybe a further shrink */
     }
     pthread_mutex_unlock(&sh->mu);
-    nonce_dead_free(&dead);
+    nonce_dead_free(s, &dead);
     return more;
 }
 
@@ -846,7 +869,7 @@ bool auth_nonce_test_step(auth_stores_t *s, unsigned shard, long work, int64_t n
     if (moving)
         (void)nonce_move(s, sh, work, free_before, base, &dead);
     pthread_mutex_unlock(&sh->mu);
-    nonce_dead_free(&dead);
+    nonce_dead_free(s, &dead);
     return moving;
 }
 
