@@ -151,9 +151,12 @@ struct auth_stores {
 /* A move's work is counted as lines looked at (1 each) plus entries moved
  * (NONCE_MOVE_COST each, a placement with its cache misses). An insert
  * pays NONCE_STEP_WORK (a few us at most): enough that a move always ends
- * long before the new table fills (a grow: 1/3 line an insert needed; a
- * shrink of at most x8: 1/12), and the tick pays NONCE_TICK_WORK a lock
- * hold, NONCE_TICK_HOLDS holds a shard a tick. */
+ * long before the new table fills. A grow of L lines (3L entries, 25L of
+ * work) has 3L inserts before the new table is 3/4 held: 0.1 L of inserts
+ * do it. A shrink of L lines (under L/2 entries, under 5L of work) into
+ * one of at least L/8 lines, 3/8 held at most, has at least 0.19 L
+ * inserts: 0.02 L do it. The tick pays NONCE_TICK_WORK a lock hold,
+ * NONCE_TICK_HOLDS holds a shard a tick. */
 #define NONCE_MOVE_COST  8
 #define NONCE_STEP_WORK  256
 #define NONCE_TICK_WORK  4096
@@ -595,7 +598,8 @@ static bool nonce_move(auth_stores_t *s, nonce_shard_t *sh, long work, uint32_t 
     }
     if (sh->moved < n)
         return false;
-    *dead = (nonce_dead_t){sh->old, NULL, n, 0};
+    dead->t = sh->old; /* (t2 may hold a parked table the tick frees) */
+    dead->lines = n;
     sh->old = NULL;
     sh->omask = 0;
     sh->moved = 0;

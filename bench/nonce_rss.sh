@@ -42,7 +42,7 @@ fi
 for n in "${NAMES[@]}"; do cp "${BIN[$n]}" "$WORK/sluice-$n"; done
 ports_free "$UP_PORT" $(for n in "${NAMES[@]}"; do echo "${PORT[$n]}"; done)
 
-nginx_fixed_upstream "$UP_PORT" ""
+nginx_fixed_upstream "$UP_PORT" "${NR_LOAD_CPU:-0-1}"
 
 export SLUICE_BENCH_TOKEN_SECRET=bench-token-secret-0123456789abcdef0123
 export SLUICE_BENCH_SIGNING_SECRET=bench-signing-secret-0123456789abcdef01
