@@ -489,7 +489,7 @@ typedef struct nonce_dead {
 
 /* Frees what a move gave back (outside the shard's lock); nonce_memory
  * counts a table until it is freed. */
-static void nonce_dead_free(auth_stores_t *s, nonce_dead_t *d)
+__attribute__((noinline)) static void nonce_dead_free(auth_stores_t *s, nonce_dead_t *d)
 {
     nonce_table_free(d->t, d->lines);
     nonce_table_free(d->t2, d->lines2);
@@ -662,7 +662,7 @@ static nonce_line_t *nonce_old_line(const nonce_shard_t *sh, uint32_t i)
 
 static nonce_slot_t *nonce_match(nonce_line_t *l, uint64_t h, uint16_t ver)
 {
-    for (unsigned w = 0; l && w < NONCE_WAYS; w++)
+    for (unsigned w = 0; w < NONCE_WAYS; w++)
         if (l->s[w].h == h && l->s[w].ver == ver && l->s[w].exp)
             return &l->s[w];
     return NULL;
@@ -709,25 +709,29 @@ auth_store_rc_t auth_nonce_insert(auth_stores_t *s, const unsigned char key[AUTH
     }
     nonce_line_t *l1 = &sh->lines[nonce_line1(h, sh->mask)];
     nonce_line_t *l2 = &sh->lines[nonce_line2(h, sh->mask)];
-    nonce_line_t *o1 = nonce_old_line(sh, nonce_line1(h, sh->omask));
-    nonce_line_t *o2 = nonce_old_line(sh, nonce_line2(h, sh->omask));
+    nonce_line_t *o1 = NULL, *o2 = NULL;
     /* Both lines are all a lookup reads (one miss each in a big store),
      * four during a move: start them now, while the time buckets are
      * looked at. */
     __builtin_prefetch(l1, 1);
     __builtin_prefetch(l2, 1);
-    if (o1)
-        __builtin_prefetch(o1, 1);
-    if (o2)
-        __builtin_prefetch(o2, 1);
+    if (__builtin_expect(sh->old != NULL, 0)) {
+        o1 = nonce_old_line(sh, nonce_line1(h, sh->omask));
+        o2 = nonce_old_line(sh, nonce_line2(h, sh->omask));
+        if (o1)
+            __builtin_prefetch(o1, 1);
+        if (o2)
+            __builtin_prefetch(o2, 1);
+    }
     nonce_expire(s, sh, now);
     /* A key is in one slot of one table (a move takes it out of the old
      * one as it puts it in the new one). */
-    nonce_slot_t *found = nonce_match(l1, h, ver);
+    nonce_slot_t *found = nonce_match(l1, h, ver), *ofound = NULL;
     if (!found)
         found = nonce_match(l2, h, ver);
-    nonce_slot_t *ofound = found ? NULL : nonce_match(o1, h, ver);
-    if (!found && !ofound)
+    if (!found && o1)
+        ofound = nonce_match(o1, h, ver);
+    if (!found && !ofound && o2)
         ofound = nonce_match(o2, h, ver);
     if ((found && found->exp >= now_rel) || (ofound && ofound->exp >= now_rel)) {
         rc = AUTH_STORE_SEEN;
@@ -804,13 +808,15 @@ auth_store_rc_t auth_nonce_insert(auth_stores_t *s, const unsigned char key[AUTH
             (void)nonce_move(s, sh, s->nonce_step, free_before, base, &dead);
     } else if (sh->live > ((size_t)sh->mask + 1) * NONCE_WAYS * 3 / 4) {
         (void)nonce_resize(s, sh, ((size_t)sh->mask + 1) * 2);
-    } else {
+    } else if (sh->live * 8 < ((size_t)sh->mask + 1) * NONCE_WAYS) {
         nonce_shrink(s, sh);
     }
 out:
-    nonce_park(sh, &dead);
+    if (__builtin_expect(dead.t != NULL, 0))
+        nonce_park(sh, &dead);
     pthread_mutex_unlock(&sh->mu);
-    nonce_dead_free(s, &dead);
+    if (__builtin_expect(dead.t || dead.t2, 0))
+        nonce_dead_free(s, &dead);
     return rc;
 }
 
