@@ -510,17 +510,30 @@ static void nonce_park(nonce_shard_t *sh, nonce_dead_t *d)
     }
 }
 
+/* An expired entry a move leaves behind: off its bucket's count now if
+ * the bucket still counts it (as when its slot is taken), so that the
+ * count stays exact even when a wall clock stepped back keeps its bucket
+ * from ending for a while. */
+static void nonce_drop(auth_stores_t *s, nonce_shard_t *sh, nonce_slot_t *e, int64_t base)
+{
+    if (e->exp) {
+        nonce_uncount(s, sh, e, base);
+        e->exp = 0;
+    }
+}
+
 /* Copies the unexpired entries of lines [from, n) of table t into table
- * nl (of mask nmask). false: a walk failed. */
+ * nl (of mask nmask), dropping the expired ones. false: a walk failed. */
 static bool nonce_copy(auth_stores_t *s, nonce_shard_t *sh, nonce_line_t *nl, uint32_t nmask,
-                       const nonce_line_t *t, size_t from, size_t n, uint32_t free_before,
-                       int64_t base)
+                       nonce_line_t *t, size_t from, size_t n, uint32_t free_before, int64_t base)
 {
     for (size_t i = from; i < n; i++) {
         for (unsigned w = 0; w < NONCE_WAYS; w++) {
-            const nonce_slot_t *e = &t[i].s[w];
-            if (nonce_free(e, free_before))
+            nonce_slot_t *e = &t[i].s[w];
+            if (nonce_free(e, free_before)) {
+                nonce_drop(s, sh, e, base);
                 continue;
+            }
             nonce_slot_t *f = nonce_place(s, sh, nl, nmask, e->h, free_before, base);
             if (!f)
                 return false;
@@ -569,8 +582,8 @@ static int nonce_rebuild(auth_stores_t *s, nonce_shard_t *sh, size_t n, uint32_t
 
 /* Moves the old table's entries into the new one, a line at a time from
  * `moved` on, until `work` is spent (see NONCE_MOVE_COST). Entries free to
- * take (expired NONCE_GRACE_S ago) stay behind: their buckets count them
- * until over, as any expired entry. A walk that fails in the new table
+ * take (expired NONCE_GRACE_S ago) stay behind, off their buckets' counts
+ * (nonce_drop). A walk that fails in the new table
  * leaves its entry where it is (lookups still find it) and the move stops
  * there until a later step. Once the old table is empty it is detached
  * into *dead (nonce_memory no longer counts it) and true returned. */
@@ -583,8 +596,10 @@ static bool nonce_move(auth_stores_t *s, nonce_shard_t *sh, long work, uint32_t 
         work--;
         for (unsigned w = 0; w < NONCE_WAYS; w++) {
             nonce_slot_t *e = &l->s[w];
-            if (nonce_free(e, free_before))
+            if (nonce_free(e, free_before)) {
+                nonce_drop(s, sh, e, base);
                 continue;
+            }
             nonce_slot_t *f = nonce_place(s, sh, sh->lines, sh->mask, e->h, free_before, base);
             if (!f)
                 return false;
@@ -675,15 +690,19 @@ static nonce_slot_t *nonce_match(nonce_line_t *l, uint64_t h, uint16_t ver)
 static nonce_slot_t *nonce_take(auth_stores_t *s, nonce_shard_t *sh, uint64_t h,
                                 uint32_t free_before, int64_t base, nonce_dead_t *dead)
 {
-    nonce_slot_t *e = nonce_place(s, sh, sh->lines, sh->mask, h, free_before, base);
-    if (e)
-        return e;
-    size_t n = ((size_t)sh->mask + 1) * 2;
-    if (sh->old && !nonce_move(s, sh, LONG_MAX, free_before, base, dead)) {
-        if (nonce_rebuild(s, sh, n, free_before, base, dead) != 0)
+    /* At most twice round: a rebuilt table may be nearly full, and then
+     * the resize that follows gives an empty one, where a place is sure. */
+    for (int round = 0; round < 2; round++) {
+        nonce_slot_t *e = nonce_place(s, sh, sh->lines, sh->mask, h, free_before, base);
+        if (e)
+            return e;
+        size_t n = ((size_t)sh->mask + 1) * 2;
+        if (sh->old && !nonce_move(s, sh, LONG_MAX, free_before, base, dead)) {
+            if (nonce_rebuild(s, sh, n, free_before, base, dead) != 0)
+                return NULL;
+        } else if (nonce_resize(s, sh, n) != 0) {
             return NULL;
-    } else if (nonce_resize(s, sh, n) != 0) {
-        return NULL;
+        }
     }
     return nonce_place(s, sh, sh->lines, sh->mask, h, free_before, base);
 }

@@ -6,6 +6,8 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <malloc.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 
 #include <cmocka.h>
@@ -860,6 +862,101 @@ static void test_nonce_shrink_after_peak(void **state)
     auth_stores_free(s);
 }
 
+/* Threads inserting the same keys while tables grow (phase 1) and shrink
+ * (phase 2), the tick running beside them as the gateway's does: every key
+ * is new to exactly one thread, whatever table it was in when the others
+ * looked; afterwards every key of phase 2 is a replay. */
+enum { RACE_THREADS = 4, RACE_KEYS = 60000, RACE_KEYS2 = 3000 };
+
+typedef struct race {
+    auth_stores_t *s;
+    unsigned char (*keys)[AUTH_NONCE_KEY_LEN];
+    long n;
+    int64_t now, exp;
+    _Atomic int *news;
+    _Atomic int done;
+    int t;
+} race_t;
+
+typedef struct race_arg {
+    race_t *r;
+    int t;
+} race_arg_t;
+
+static void *race_insert(void *arg)
+{
+    race_arg_t *a = arg;
+    race_t *r = a->r;
+    for (long i = 0; i < r->n; i++) {
+        long j = (i + a->t * r->n / RACE_THREADS) % r->n; /* each thread its own order */
+        if (auth_nonce_insert(r->s, r->keys[j], r->exp, r->now) == AUTH_STORE_NEW)
+            atomic_fetch_add(&r->news[j], 1);
+    }
+    return NULL;
+}
+
+static void *race_tick(void *arg)
+{
+    race_t *r = arg;
+    while (!atomic_load(&r->done))
+        auth_stores_maintain(r->s, r->now);
+    return NULL;
+}
+
+static void race_run(race_t *r)
+{
+    pthread_t th[RACE_THREADS], tick;
+    race_arg_t args[RACE_THREADS];
+    for (long j = 0; j < r->n; j++)
+        atomic_store(&r->news[j], 0);
+    atomic_store(&r->done, 0);
+    assert_int_equal(pthread_create(&tick, NULL, race_tick, r), 0);
+    for (int t = 0; t < RACE_THREADS; t++) {
+        args[t] = (race_arg_t){r, t};
+        assert_int_equal(pthread_create(&th[t], NULL, race_insert, &args[t]), 0);
+    }
+    for (int t = 0; t < RACE_THREADS; t++)
+        pthread_join(th[t], NULL);
+    atomic_store(&r->done, 1);
+    pthread_join(tick, NULL);
+    long bad = 0;
+    for (long j = 0; j < r->n; j++)
+        bad += atomic_load(&r->news[j]) != 1;
+    assert_int_equal(bad, 0);
+}
+
+static void test_nonce_moves_concurrent(void **state)
+{
+    (void)state;
+    race_t r = {.s = auth_stores_new(400000, 0)};
+    r.keys = malloc(sizeof(*r.keys) * RACE_KEYS);
+    r.news = malloc(sizeof(*r.news) * RACE_KEYS);
+    for (long j = 0; j < RACE_KEYS; j++)
+        key_of(r.keys[j], j);
+    /* phase 1: from empty to 60,000 held, every table growing */
+    r.n = RACE_KEYS;
+    r.now = T_NOW;
+    r.exp = T_NOW + 60;
+    race_run(&r);
+    size_t grown = auth_stores_nonce_table_bytes(r.s);
+    assert_true(grown >= RACE_KEYS * 16);
+    /* phase 2: they have expired; new keys while the tables shrink */
+    for (long j = 0; j < RACE_KEYS2; j++)
+        key_of(r.keys[j], RACE_KEYS + j);
+    r.n = RACE_KEYS2;
+    r.now = T_NOW + 100;
+    r.exp = T_NOW + 400;
+    race_run(&r);
+    auth_stores_maintain(r.s, r.now);
+    assert_true(auth_stores_nonce_table_bytes(r.s) < grown / 8);
+    for (long j = 0; j < RACE_KEYS2; j++)
+        assert_int_equal(auth_nonce_insert(r.s, r.keys[j], r.exp, r.now + 1), AUTH_STORE_SEEN);
+    assert_int_equal(auth_stores_nonce_live(r.s), RACE_KEYS2);
+    free(r.keys);
+    free((void *)r.news);
+    auth_stores_free(r.s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -880,6 +977,7 @@ int main(void)
         cmocka_unit_test(test_nonce_clock_back_recount),
         cmocka_unit_test(test_nonce_move_step_by_step),
         cmocka_unit_test(test_nonce_shrink_after_peak),
+        cmocka_unit_test(test_nonce_moves_concurrent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
