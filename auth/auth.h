@@ -112,6 +112,15 @@ size_t auth_stores_nonce_capacity(const auth_stores_t *s);
  * those counted against the capacity. */
 size_t auth_stores_nonce_count(const auth_stores_t *s);
 size_t auth_stores_nonce_live(const auth_stores_t *s);
+/* Bytes of the nonce tables of all shards (both tables of a shard being
+ * moved), kept within nonce_memory. */
+size_t auth_stores_nonce_table_bytes(const auth_stores_t *s);
+/* Upkeep of the nonce store, off the request path (the gateway's
+ * once-a-second tick): passed time buckets of quiet shards, the moves of
+ * tables between sizes, and the shrinking of tables a peak left mostly
+ * empty (their memory goes back to the system). Each shard's lock is held
+ * for a bounded step at a time. */
+void auth_stores_maintain(auth_stores_t *s, int64_t now);
 size_t auth_stores_revocation_count(const auth_stores_t *s);
 /* When the store began remembering nonces (Unix seconds; the gateway sets
  * its start). Nonces of requests signed before it were never seen here, so

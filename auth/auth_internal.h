@@ -210,6 +210,16 @@ typedef enum auth_store_rc {
 auth_store_rc_t auth_nonce_insert(auth_stores_t *s, const unsigned char key[AUTH_NONCE_KEY_LEN],
                                   int64_t expires, int64_t now);
 
+/* Test hooks of the nonce tables' moves. set_step: the work an insert
+ * pays towards a move (0: none; moves then go only by test_step or
+ * auth_stores_maintain). test_step: one step of `work` on a shard's move
+ * (a line looked at is 1, an entry moved 8); false when none is under way.
+ * test_lines: a shard's table lines, the old table's lines (0: no move)
+ * and those of them not yet moved. */
+void auth_nonce_test_set_step(auth_stores_t *s, long work);
+bool auth_nonce_test_step(auth_stores_t *s, unsigned shard, long work, int64_t now);
+size_t auth_nonce_test_lines(auth_stores_t *s, unsigned shard, size_t *old_lines, size_t *old_left);
+
 typedef enum auth_rev_kind {
     AUTH_REV_JTI = 'j',
     AUTH_REV_SUB = 's',

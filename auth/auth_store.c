@@ -19,7 +19,21 @@
  * others have room. A full store therefore refuses in O(1) — a two-line
  * lookup (a replay is still a replay) and an atomic add — instead of
  * walking a shard. Refusing is the only choice: evicting a live nonce
- * would reopen a replay. An entry found expired is treated as absent, so
+ * would reopen a replay.
+ *
+ * A table changes size without a long stop: a resize allocates the new
+ * table (big ones straight from mmap, zero pages, nothing to clear) and
+ * makes it the one inserts go to, and the old one is moved into it a few
+ * lines at a time (nonce_move: each insert pays a bounded share, and the
+ * gateway's once-a-second tick, auth_stores_maintain, moves the rest in
+ * bounded lock holds), as Redis rehashes a dict. During a move a lookup
+ * reads the key's two lines in each table (old lines already moved are
+ * empty and skipped), and a key is in one slot of one table. The move
+ * ends by unmapping the old table outside the lock. A table grows (x2)
+ * when three quarters of its slots are held and shrinks (to at most half,
+ * at least an eighth) when fewer than an eighth are: 3/8 held after
+ * either, so it cannot flap. Both tables of a move count against
+ * nonce_memory. An entry found expired is treated as absent, so
  * lateness in counting never changes an answer; a nonce counts against
  * the capacity up to one bucket longer than its expiry.
  *
@@ -30,10 +44,12 @@
  * expire from the head of an insertion-ordered list (their expiries are
  * now + a constant).
  */
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "auth/auth_internal.h"
 
@@ -72,12 +88,6 @@ typedef struct nonce_line {
 } __attribute__((aligned(64))) nonce_line_t;
 _Static_assert(sizeof(nonce_line_t) == 64, "a line of slots is one cache line");
 
-/* Tables start at this many lines per shard and double when 3/4 of their
- * slots are held; a key that finds no slot even by moving others
- * (NONCE_KICKS steps) doubles the table too. */
-#define NONCE_LINES_MIN 8
-#define NONCE_KICKS     64
-
 /* A time bucket: how many of the shard's entries expire in its epoch. */
 typedef struct nonce_bucket {
     int64_t epoch; /* expiry / AUTH_NONCE_BUCKET_S of what n counts */
@@ -87,8 +97,13 @@ typedef struct nonce_bucket {
 
 typedef struct nonce_shard {
     pthread_mutex_t mu;
-    nonce_line_t *lines;
-    uint32_t mask;  /* lines - 1; lines is a power of two */
+    nonce_line_t *lines; /* the table inserts go to */
+    uint32_t mask;       /* lines - 1; lines is a power of two */
+    uint32_t omask;      /* old's lines - 1 */
+    nonce_line_t *old;   /* the table being moved into lines, or NULL */
+    size_t moved;        /* old's lines below this are empty */
+    nonce_line_t *spent; /* a moved-out mapped table the tick unmaps */
+    size_t spent_lines;
     size_t live;    /* entries its buckets count */
     int64_t cursor; /* next epoch whose bucket may have expired */
     nonce_bucket_t ring[NONCE_BUCKETS];
@@ -118,6 +133,7 @@ struct auth_stores {
     _Atomic size_t nonce_live;        /* entries the time buckets count */
     _Atomic size_t nonce_cap;
     _Atomic int64_t nonce_looked; /* when a full store last looked at every shard */
+    long nonce_step;              /* an insert's share of a move (test hook) */
     pthread_rwlock_t rev_mu;
     rev_ent_t *rev_table;
     rev_ent_t *rev_list;
@@ -125,6 +141,55 @@ struct auth_stores {
     size_t rev_cap;
     int64_t started; /* auth_stores_set_started; INT64_MIN = never set */
 };
+
+/* Tables start at this many lines per shard and double when 3/4 of their
+ * slots are held; a key that finds no slot even by moving others
+ * (NONCE_KICKS steps) doubles the table too. */
+#define NONCE_LINES_MIN 8
+#define NONCE_KICKS     64
+
+/* A move's work is counted as lines looked at (1 each) plus entries moved
+ * (NONCE_MOVE_COST each, a placement with its cache misses). An insert
+ * pays NONCE_STEP_WORK (a few us at most): enough that a move always ends
+ * long before the new table fills. A grow of L lines (3L entries, 25L of
+ * work) has 3L inserts before the new table is 3/4 held: 0.1 L of inserts
+ * do it. A shrink of L lines (under L/2 entries, under 5L of work) into
+ * one of at least L/8 lines, 3/8 held at most, has at least 0.19 L
+ * inserts: 0.02 L do it. The tick pays NONCE_TICK_WORK a lock hold,
+ * NONCE_TICK_HOLDS holds a shard a tick. */
+#define NONCE_MOVE_COST  8
+#define NONCE_STEP_WORK  256
+#define NONCE_TICK_WORK  4096
+#define NONCE_TICK_HOLDS 64
+
+/* Tables of this many lines (64 KiB) and more are mapped directly: fresh
+ * zero pages (no clearing them under the lock; each is touched by the
+ * insert that first writes it) that munmap gives back to the system at
+ * once, whatever malloc's thresholds would do. */
+#define NONCE_MAP_LINES 1024
+
+static nonce_line_t *nonce_table_new(size_t n)
+{
+    size_t bytes = n * sizeof(nonce_line_t);
+    if (n >= NONCE_MAP_LINES) {
+        void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        return p == MAP_FAILED ? NULL : p;
+    }
+    nonce_line_t *t = aligned_alloc(sizeof(nonce_line_t), bytes);
+    if (t)
+        memset(t, 0, bytes);
+    return t;
+}
+
+static void nonce_table_free(nonce_line_t *t, size_t n)
+{
+    if (!t)
+        return;
+    if (n >= NONCE_MAP_LINES)
+        munmap(t, n * sizeof(nonce_line_t));
+    else
+        free(t);
+}
 
 auth_stores_t *auth_stores_new(size_t nonce_capacity, size_t revocation_capacity)
 {
@@ -142,6 +207,7 @@ auth_stores_t *auth_stores_new(size_t nonce_capacity, size_t revocation_capacity
         pthread_mutex_init(&s->shards[i].mu, NULL);
     atomic_store(&s->nonce_cap, nonce_capacity);
     atomic_store(&s->nonce_base, INT64_MIN);
+    s->nonce_step = NONCE_STEP_WORK;
     if (RAND_bytes((unsigned char *)s->hash_key, sizeof(s->hash_key)) != 1) {
         free(s);
         return NULL;
@@ -157,7 +223,9 @@ void auth_stores_free(auth_stores_t *s)
         return;
     for (size_t i = 0; i < NONCE_SHARDS; i++) {
         nonce_shard_t *sh = &s->shards[i];
-        free(sh->lines);
+        nonce_table_free(sh->lines, sh->lines ? (size_t)sh->mask + 1 : 0);
+        nonce_table_free(sh->old, sh->old ? (size_t)sh->omask + 1 : 0);
+        nonce_table_free(sh->spent, sh->spent_lines);
         pthread_mutex_destroy(&sh->mu);
     }
     rev_ent_t *r, *rtmp;
@@ -195,6 +263,11 @@ size_t auth_stores_nonce_count(const auth_stores_t *s)
 size_t auth_stores_nonce_live(const auth_stores_t *s)
 {
     return atomic_load(&((auth_stores_t *)s)->nonce_live);
+}
+
+size_t auth_stores_nonce_table_bytes(const auth_stores_t *s)
+{
+    return atomic_load(&((auth_stores_t *)s)->nonce_table_bytes);
 }
 
 void auth_stores_set_started(auth_stores_t *s, int64_t unix_s)
@@ -381,52 +454,187 @@ static nonce_slot_t *nonce_place(auth_stores_t *s, nonce_shard_t *sh, nonce_line
  * still gets a working table). */
 #define NONCE_LINES_FREE 64
 
-/* Doubles a shard's table (or more, if the entries do not all fit), moving
- * its unexpired entries; expired ones are left behind (their buckets still
- * count them until they are over). The tables of all shards together stay
- * within nonce_memory (capacity x AUTH_NONCE_ENTRY_BYTES), or within
- * NONCE_LINES_FREE lines a shard. -1: no room (the table is unchanged). */
-static int nonce_grow(auth_stores_t *s, nonce_shard_t *sh, uint32_t free_before, int64_t base)
+/* Starts moving a shard's table into a new one of n lines (the first
+ * table, a grow or a shrink): from now on inserts go to the new table and
+ * nonce_move empties the old one into it. Both count against nonce_memory
+ * (capacity x AUTH_NONCE_ENTRY_BYTES) until the old one is freed; a shard
+ * may always have NONCE_LINES_FREE lines. Not while a move is under way.
+ * -1: no room, or no memory (nothing changed). */
+static int nonce_resize(auth_stores_t *s, nonce_shard_t *sh, size_t n)
 {
-    size_t old = sh->lines ? (size_t)sh->mask + 1 : 0;
+    size_t add = n * sizeof(nonce_line_t);
     size_t budget = atomic_load(&s->nonce_cap) * AUTH_NONCE_ENTRY_BYTES;
-    for (size_t n = old ? old * 2 : NONCE_LINES_MIN; n <= ((size_t)1 << 26); n *= 2) {
-        size_t add = (n - old) * sizeof(nonce_line_t);
-        size_t had = atomic_fetch_add(&s->nonce_table_bytes, add);
-        if (n > NONCE_LINES_FREE && had + add > budget) {
-            atomic_fetch_sub(&s->nonce_table_bytes, add);
-            return -1;
+    size_t had = atomic_fetch_add(&s->nonce_table_bytes, add);
+    nonce_line_t *nl = NULL;
+    if ((n <= NONCE_LINES_FREE || had + add <= budget) && n <= ((size_t)1 << 26))
+        nl = nonce_table_new(n);
+    if (!nl) {
+        atomic_fetch_sub(&s->nonce_table_bytes, add);
+        return -1;
+    }
+    sh->old = sh->lines;
+    sh->omask = sh->mask;
+    sh->moved = 0;
+    sh->lines = nl;
+    sh->mask = (uint32_t)(n - 1);
+    return 0;
+}
+
+/* What one move of a shard gives back, to free once its lock is released
+ * (unmapping a big table takes a while): up to two tables. */
+typedef struct nonce_dead {
+    nonce_line_t *t, *t2;
+    size_t lines, lines2;
+} nonce_dead_t;
+
+/* Frees what a move gave back (outside the shard's lock); nonce_memory
+ * counts a table until it is freed. */
+__attribute__((noinline)) static void nonce_dead_free(auth_stores_t *s, nonce_dead_t *d)
+{
+    nonce_table_free(d->t, d->lines);
+    nonce_table_free(d->t2, d->lines2);
+    atomic_fetch_sub(&s->nonce_table_bytes, (d->lines + d->lines2) * sizeof(nonce_line_t));
+}
+
+/* Unmapping a big table takes a while (a few hundred us for 8 MiB): the
+ * request that ended a move leaves it to the tick (auth_stores_maintain)
+ * rather than pay for it, one a shard (a second one, without a tick to
+ * take the first, is freed by that request). Under the shard's lock. */
+static void nonce_park(nonce_shard_t *sh, nonce_dead_t *d)
+{
+    if (d->t && d->lines >= NONCE_MAP_LINES && !sh->spent) {
+        sh->spent = d->t;
+        sh->spent_lines = d->lines;
+        d->t = NULL;
+        d->lines = 0;
+    }
+}
+
+/* An expired entry a move leaves behind: off its bucket's count now if
+ * the bucket still counts it (as when its slot is taken), so that the
+ * count stays exact even when a wall clock stepped back keeps its bucket
+ * from ending for a while. */
+static void nonce_drop(auth_stores_t *s, nonce_shard_t *sh, nonce_slot_t *e, int64_t base)
+{
+    if (e->exp) {
+        nonce_uncount(s, sh, e, base);
+        e->exp = 0;
+    }
+}
+
+/* Copies the unexpired entries of lines [from, n) of table t into table
+ * nl (of mask nmask), dropping the expired ones. false: a walk failed. */
+static bool nonce_copy(auth_stores_t *s, nonce_shard_t *sh, nonce_line_t *nl, uint32_t nmask,
+                       nonce_line_t *t, size_t from, size_t n, uint32_t free_before, int64_t base)
+{
+    for (size_t i = from; i < n; i++) {
+        for (unsigned w = 0; w < NONCE_WAYS; w++) {
+            nonce_slot_t *e = &t[i].s[w];
+            if (nonce_free(e, free_before)) {
+                nonce_drop(s, sh, e, base);
+                continue;
+            }
+            nonce_slot_t *f = nonce_place(s, sh, nl, nmask, e->h, free_before, base);
+            if (!f)
+                return false;
+            *f = *e;
         }
-        nonce_line_t *nl = aligned_alloc(sizeof(nonce_line_t), n * sizeof(nonce_line_t));
+    }
+    return true;
+}
+
+/* The way out of a move that cannot go on (the new table too small for
+ * what the old one still holds: a wall clock stepped back made expired
+ * entries live again, or walks failed): both tables into one of n lines
+ * or more, in one go. A long hold, but never on the way of a normal grow
+ * or shrink. -1: no room (nothing changed). */
+static int nonce_rebuild(auth_stores_t *s, nonce_shard_t *sh, size_t n, uint32_t free_before,
+                         int64_t base, nonce_dead_t *dead)
+{
+    size_t budget = atomic_load(&s->nonce_cap) * AUTH_NONCE_ENTRY_BYTES;
+    size_t cur = (size_t)sh->mask + 1, old = sh->old ? (size_t)sh->omask + 1 : 0;
+    for (; n <= ((size_t)1 << 26); n *= 2) {
+        size_t add = n * sizeof(nonce_line_t);
+        size_t had = atomic_fetch_add(&s->nonce_table_bytes, add);
+        nonce_line_t *nl = NULL;
+        if (n <= NONCE_LINES_FREE || had + add <= budget)
+            nl = nonce_table_new(n);
         if (!nl) {
             atomic_fetch_sub(&s->nonce_table_bytes, add);
             return -1;
         }
-        memset(nl, 0, n * sizeof(nonce_line_t));
-        uint32_t mask = (uint32_t)(n - 1);
-        bool ok = true;
-        for (size_t i = 0; i < old && ok; i++) {
-            for (unsigned w = 0; w < NONCE_WAYS && ok; w++) {
-                const nonce_slot_t *e = &sh->lines[i].s[w];
-                if (nonce_free(e, free_before))
-                    continue;
-                nonce_slot_t *f = nonce_place(s, sh, nl, mask, e->h, free_before, base);
-                if (f)
-                    *f = *e;
-                else
-                    ok = false;
-            }
-        }
-        if (ok) {
-            free(sh->lines);
+        uint32_t m = (uint32_t)(n - 1);
+        if (nonce_copy(s, sh, nl, m, sh->lines, 0, cur, free_before, base) &&
+            (!old || nonce_copy(s, sh, nl, m, sh->old, sh->moved, old, free_before, base))) {
+            *dead = (nonce_dead_t){sh->lines, sh->old, cur, old};
             sh->lines = nl;
-            sh->mask = mask;
+            sh->mask = m;
+            sh->old = NULL;
+            sh->omask = 0;
+            sh->moved = 0;
             return 0;
         }
-        free(nl); /* a walk failed in the new table: try one twice as big */
+        nonce_table_free(nl, n); /* a walk failed: one twice as big */
         atomic_fetch_sub(&s->nonce_table_bytes, add);
     }
     return -1;
+}
+
+/* Moves the old table's entries into the new one, a line at a time from
+ * `moved` on, until `work` is spent (see NONCE_MOVE_COST). Entries free to
+ * take (expired NONCE_GRACE_S ago) stay behind, off their buckets' counts
+ * (nonce_drop). A walk that fails in the new table
+ * leaves its entry where it is (lookups still find it) and the move stops
+ * there until a later step. Once the old table is empty it is detached
+ * into *dead (nonce_memory no longer counts it) and true returned. */
+static bool nonce_move(auth_stores_t *s, nonce_shard_t *sh, long work, uint32_t free_before,
+                       int64_t base, nonce_dead_t *dead)
+{
+    size_t n = (size_t)sh->omask + 1;
+    while (sh->moved < n && work > 0) {
+        nonce_line_t *l = &sh->old[sh->moved];
+        work--;
+        for (unsigned w = 0; w < NONCE_WAYS; w++) {
+            nonce_slot_t *e = &l->s[w];
+            if (nonce_free(e, free_before)) {
+                nonce_drop(s, sh, e, base);
+                continue;
+            }
+            nonce_slot_t *f = nonce_place(s, sh, sh->lines, sh->mask, e->h, free_before, base);
+            if (!f)
+                return false;
+            if (f->exp)
+                nonce_uncount(s, sh, f, base); /* an expired entry's slot */
+            *f = *e;
+            e->exp = 0;
+            work -= NONCE_MOVE_COST;
+        }
+        sh->moved++;
+    }
+    if (sh->moved < n)
+        return false;
+    dead->t = sh->old; /* (t2 may hold a parked table the tick frees) */
+    dead->lines = n;
+    sh->old = NULL;
+    sh->omask = 0;
+    sh->moved = 0;
+    return true;
+}
+
+/* After a peak: a table with fewer than 1/8 of its slots held is moved into
+ * one 3/8 held or less (half the size at most, an eighth at least: a move
+ * always ends before the new table fills, see NONCE_STEP_WORK). 3/8 is
+ * what a grow leaves, so grow and shrink never follow each other. */
+static void nonce_shrink(auth_stores_t *s, nonce_shard_t *sh)
+{
+    size_t lines = (size_t)sh->mask + 1;
+    if (sh->old || !sh->lines || lines <= NONCE_LINES_MIN || sh->live * 8 >= lines * NONCE_WAYS)
+        return;
+    size_t n = NONCE_LINES_MIN;
+    while (n < lines / 8 || sh->live * 8 > n * NONCE_WAYS * 3)
+        n *= 2;
+    if (n < lines)
+        (void)nonce_resize(s, sh, n);
 }
 
 /* The store's time base (set by the first insert; see nonce_base). */
@@ -441,6 +649,16 @@ static int64_t nonce_base_get(auth_stores_t *s, int64_t now)
     return base; /* another thread's */
 }
 
+/* now as seconds from the store's base (clamped), and the first second
+ * a slot is not free to take before (see NONCE_GRACE_S). */
+static uint32_t nonce_rel(int64_t now, int64_t base, uint32_t *free_before)
+{
+    int64_t r = now - base;
+    uint32_t now_rel = r < 1 ? 1 : r > UINT32_MAX ? UINT32_MAX : (uint32_t)r;
+    *free_before = now_rel > NONCE_GRACE_S ? now_rel - NONCE_GRACE_S : 1;
+    return now_rel;
+}
+
 /* Room for one more live nonce in the whole store. */
 static bool nonce_reserve(auth_stores_t *s)
 {
@@ -448,6 +666,45 @@ static bool nonce_reserve(auth_stores_t *s)
         return true;
     atomic_fetch_sub(&s->nonce_live, 1);
     return false;
+}
+
+/* A key's line in the old table during a move, or NULL when that line is
+ * already moved (empty). */
+static nonce_line_t *nonce_old_line(const nonce_shard_t *sh, uint32_t i)
+{
+    return sh->old && i >= sh->moved ? &sh->old[i] : NULL;
+}
+
+static nonce_slot_t *nonce_match(nonce_line_t *l, uint64_t h, uint16_t ver)
+{
+    for (unsigned w = 0; w < NONCE_WAYS; w++)
+        if (l->s[w].h == h && l->s[w].ver == ver && l->s[w].exp)
+            return &l->s[w];
+    return NULL;
+}
+
+/* Takes a slot for a new key (or the key's own, expired): in the new table,
+ * moving others if need be; a key that finds none starts a grow (ending a
+ * move under way first: by NONCE_STEP_WORK's sizing a move is long over
+ * before a table is that full, so that long hold is all but never paid). */
+static nonce_slot_t *nonce_take(auth_stores_t *s, nonce_shard_t *sh, uint64_t h,
+                                uint32_t free_before, int64_t base, nonce_dead_t *dead)
+{
+    /* At most twice round: a rebuilt table may be nearly full, and then
+     * the resize that follows gives an empty one, where a place is sure. */
+    for (int round = 0; round < 2; round++) {
+        nonce_slot_t *e = nonce_place(s, sh, sh->lines, sh->mask, h, free_before, base);
+        if (e)
+            return e;
+        size_t n = ((size_t)sh->mask + 1) * 2;
+        if (sh->old && !nonce_move(s, sh, LONG_MAX, free_before, base, dead)) {
+            if (nonce_rebuild(s, sh, n, free_before, base, dead) != 0)
+                return NULL;
+        } else if (nonce_resize(s, sh, n) != 0) {
+            return NULL;
+        }
+    }
+    return nonce_place(s, sh, sh->lines, sh->mask, h, free_before, base);
 }
 
 auth_store_rc_t auth_nonce_insert(auth_stores_t *s, const unsigned char key[AUTH_NONCE_KEY_LEN],
@@ -460,29 +717,42 @@ auth_store_rc_t auth_nonce_insert(auth_stores_t *s, const unsigned char key[AUTH
     uint64_t h = nonce_hash(s, key);
     uint16_t ver = nonce_ver(key);
     int64_t base = nonce_base_get(s, now);
-    int64_t r = now - base;
-    uint32_t now_rel = r < 1 ? 1 : r > UINT32_MAX ? UINT32_MAX : (uint32_t)r;
-    uint32_t free_before = now_rel > NONCE_GRACE_S ? now_rel - NONCE_GRACE_S : 1;
+    uint32_t free_before;
+    uint32_t now_rel = nonce_rel(now, base, &free_before);
     auth_store_rc_t rc = AUTH_STORE_NEW;
+    nonce_dead_t dead = {0};
     pthread_mutex_lock(&sh->mu);
-    if (!sh->lines && nonce_grow(s, sh, free_before, base) != 0) {
+    if (!sh->lines && nonce_resize(s, sh, NONCE_LINES_MIN) != 0) {
         rc = AUTH_STORE_FULL;
         goto out;
     }
     nonce_line_t *l1 = &sh->lines[nonce_line1(h, sh->mask)];
     nonce_line_t *l2 = &sh->lines[nonce_line2(h, sh->mask)];
-    /* Both lines are all a lookup reads (one miss each in a big store):
-     * start both now, while the time buckets are looked at. */
+    nonce_line_t *o1 = NULL, *o2 = NULL;
+    /* Both lines are all a lookup reads (one miss each in a big store),
+     * four during a move: start them now, while the time buckets are
+     * looked at. */
     __builtin_prefetch(l1, 1);
     __builtin_prefetch(l2, 1);
-    nonce_expire(s, sh, now);
-    nonce_slot_t *found = NULL;
-    for (unsigned i = 0; i < 2 * NONCE_WAYS && !found; i++) {
-        nonce_slot_t *e = i < NONCE_WAYS ? &l1->s[i] : &l2->s[i - NONCE_WAYS];
-        if (e->h == h && e->ver == ver && e->exp)
-            found = e;
+    if (__builtin_expect(sh->old != NULL, 0)) {
+        o1 = nonce_old_line(sh, nonce_line1(h, sh->omask));
+        o2 = nonce_old_line(sh, nonce_line2(h, sh->omask));
+        if (o1)
+            __builtin_prefetch(o1, 1);
+        if (o2)
+            __builtin_prefetch(o2, 1);
     }
-    if (found && found->exp >= now_rel) {
+    nonce_expire(s, sh, now);
+    /* A key is in one slot of one table (a move takes it out of the old
+     * one as it puts it in the new one). */
+    nonce_slot_t *found = nonce_match(l1, h, ver), *ofound = NULL;
+    if (!found)
+        found = nonce_match(l2, h, ver);
+    if (!found && o1)
+        ofound = nonce_match(o1, h, ver);
+    if (!found && !ofound && o2)
+        ofound = nonce_match(o2, h, ver);
+    if ((found && found->exp >= now_rel) || (ofound && ofound->exp >= now_rel)) {
         rc = AUTH_STORE_SEEN;
         goto out;
     }
@@ -519,10 +789,13 @@ auth_store_rc_t auth_nonce_insert(auth_stores_t *s, const unsigned char key[AUTH
             goto out;
         }
     }
-    /* The same key found expired keeps its slot (a key is in one slot). */
-    nonce_slot_t *e = found ? found : nonce_place(s, sh, sh->lines, sh->mask, h, free_before, base);
-    if (!e && nonce_grow(s, sh, free_before, base) == 0)
-        e = nonce_place(s, sh, sh->lines, sh->mask, h, free_before, base);
+    /* The same key found expired in the new table keeps its slot; found
+     * (expired) in the old one, it goes to the new one and leaves the old,
+     * which must stay as it is until then (so no move, no grow: a thread
+     * whose clock is a second behind may still need the old entry). */
+    nonce_slot_t *e = found    ? found
+                      : ofound ? nonce_place(s, sh, sh->lines, sh->mask, h, free_before, base)
+                               : nonce_take(s, sh, h, free_before, base, &dead);
     if (!e) {
         atomic_fetch_sub(&s->nonce_live, 1);
         rc = AUTH_STORE_FULL; /* no slot within nonce_memory */
@@ -530,6 +803,10 @@ auth_store_rc_t auth_nonce_insert(auth_stores_t *s, const unsigned char key[AUTH
     }
     if (e->exp)
         nonce_uncount(s, sh, e, base); /* an expired entry's slot */
+    if (ofound) {
+        nonce_uncount(s, sh, ofound, base);
+        ofound->exp = 0;
+    }
     nonce_bucket_t *b = nonce_bucket(sh, p);
     if (b->epoch != p) { /* an older turn of the ring: over by construction */
         nonce_bucket_kill(s, sh, b);
@@ -542,13 +819,98 @@ auth_store_rc_t auth_nonce_insert(auth_stores_t *s, const unsigned char key[AUTH
     e->exp = (uint32_t)exp_rel;
     b->n++;
     sh->live++;
-    /* Three quarters held: a bigger table while walks are still short. A
-     * table that cannot grow keeps working until a key finds no slot. */
-    if (sh->live > ((size_t)sh->mask + 1) * NONCE_WAYS * 3 / 4)
-        (void)nonce_grow(s, sh, free_before, base);
+    /* This insert's share of a move; else three quarters held: a bigger
+     * table while walks are still short (a table that cannot grow keeps
+     * working until a key finds no slot); else maybe a smaller one. */
+    if (sh->old) {
+        if (!dead.t)
+            (void)nonce_move(s, sh, s->nonce_step, free_before, base, &dead);
+    } else if (sh->live > ((size_t)sh->mask + 1) * NONCE_WAYS * 3 / 4) {
+        (void)nonce_resize(s, sh, ((size_t)sh->mask + 1) * 2);
+    } else if (sh->live * 8 < ((size_t)sh->mask + 1) * NONCE_WAYS) {
+        nonce_shrink(s, sh);
+    }
 out:
+    if (__builtin_expect(dead.t != NULL, 0))
+        nonce_park(sh, &dead);
     pthread_mutex_unlock(&sh->mu);
+    if (__builtin_expect(dead.t || dead.t2, 0))
+        nonce_dead_free(s, &dead);
     return rc;
+}
+
+/* One bounded step of a shard's upkeep: its passed buckets, then a share
+ * of a move, or the start of a shrink. true: more to do. */
+static bool nonce_maintain_step(auth_stores_t *s, nonce_shard_t *sh, long work, int64_t now,
+                                int64_t base)
+{
+    uint32_t free_before;
+    (void)nonce_rel(now, base, &free_before);
+    nonce_dead_t dead = {0};
+    pthread_mutex_lock(&sh->mu);
+    nonce_expire(s, sh, now);
+    dead.t2 = sh->spent; /* parked by a request */
+    dead.lines2 = sh->spent_lines;
+    sh->spent = NULL;
+    sh->spent_lines = 0;
+    if (!sh->old)
+        nonce_shrink(s, sh);
+    bool more = false;
+    if (sh->old) {
+        size_t before = sh->moved;
+        more = !nonce_move(s, sh, work, free_before, base, &dead);
+        more = more && sh->moved != before; /* a stuck move waits for the next tick */
+        if (!more && dead.t)
+            more = true; /* maybe a further shrink */
+    }
+    pthread_mutex_unlock(&sh->mu);
+    nonce_dead_free(s, &dead);
+    return more;
+}
+
+void auth_stores_maintain(auth_stores_t *s, int64_t now)
+{
+    int64_t base = atomic_load_explicit(&s->nonce_base, memory_order_acquire);
+    if (base == INT64_MIN)
+        return; /* no nonce yet */
+    for (size_t i = 0; i < NONCE_SHARDS; i++)
+        for (int k = 0; k < NONCE_TICK_HOLDS; k++)
+            if (!nonce_maintain_step(s, &s->shards[i], NONCE_TICK_WORK, now, base))
+                break;
+}
+
+void auth_nonce_test_set_step(auth_stores_t *s, long work)
+{
+    s->nonce_step = work;
+}
+
+bool auth_nonce_test_step(auth_stores_t *s, unsigned shard, long work, int64_t now)
+{
+    int64_t base = atomic_load(&s->nonce_base);
+    if (base == INT64_MIN)
+        return false;
+    nonce_shard_t *sh = &s->shards[shard % NONCE_SHARDS];
+    uint32_t free_before;
+    (void)nonce_rel(now, base, &free_before);
+    nonce_dead_t dead = {0};
+    pthread_mutex_lock(&sh->mu);
+    bool moving = sh->old != NULL;
+    if (moving)
+        (void)nonce_move(s, sh, work, free_before, base, &dead);
+    pthread_mutex_unlock(&sh->mu);
+    nonce_dead_free(s, &dead);
+    return moving;
+}
+
+size_t auth_nonce_test_lines(auth_stores_t *s, unsigned shard, size_t *old_lines, size_t *old_left)
+{
+    nonce_shard_t *sh = &s->shards[shard % NONCE_SHARDS];
+    pthread_mutex_lock(&sh->mu);
+    size_t n = sh->lines ? (size_t)sh->mask + 1 : 0;
+    *old_lines = sh->old ? (size_t)sh->omask + 1 : 0;
+    *old_left = sh->old ? (size_t)sh->omask + 1 - sh->moved : 0;
+    pthread_mutex_unlock(&sh->mu);
+    return n;
 }
 
 /* ---- revocations ---------------------------------------------------------------- */

@@ -169,10 +169,15 @@ static const char *gw_conf_path(const conf_t *c)
     return c->path ? c->path : "conf";
 }
 
+/* The process-wide stores the tick keeps up (borrowed from the shared
+ * state, which outlives the maintenance timer). Main thread only. */
+static auth_stores_t *gw_auth_stores;
+
 /* The verifier, per runtime, on the process-wide stores (borrowed). */
 static int gw_auth_rt_build(gw_rt_t *rt, gw_shared_t *sh, char *err, size_t errlen)
 {
     const conf_t *c = rt->conf;
+    gw_auth_stores = sh->auth_stores;
     if (!auth_conf_enabled(&c->auth))
         return 0;
     char e[512];
@@ -214,8 +219,18 @@ static void gw_auth_worker_fini(gw_worker_t *w)
     w->redis = NULL;
 }
 
+/* The nonce store's upkeep: tables a peak left mostly empty shrink (their
+ * memory goes back) even when no signed request comes to do it. */
+static void gw_auth_tick(gw_server_t *s)
+{
+    (void)s;
+    if (gw_auth_stores)
+        auth_stores_maintain(gw_auth_stores, sl_wall_s());
+}
+
 const gw_hook_t gw_hook_auth = {
     .name = "auth",
+    .tick = gw_auth_tick,
     .rt_build = gw_auth_rt_build,
     .rt_free = gw_auth_rt_free,
     .worker_init = gw_auth_worker_init,

@@ -6,6 +6,8 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <malloc.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 
 #include <cmocka.h>
@@ -219,15 +221,27 @@ static void test_nonce_memory_per_entry(void **state)
         memcpy(k, d, sizeof(k));
         assert_int_equal(auth_nonce_insert(s, k, T_NOW + 300, T_NOW), AUTH_STORE_NEW);
     }
+    /* Tables this big are mapped directly (mallinfo2 does not see them):
+     * their bytes are the store's own count. Just after a grow started,
+     * both tables of a move are held, and the one before them may wait
+     * for the tick to unmap it (1/2 + 1 + 2 lines for 3 nonces held: 75
+     * bytes a nonce at most). */
     struct mallinfo2 m1 = mallinfo2();
     size_t used = (m1.uordblks + m1.hblkhd) - (m0.uordblks + m0.hblkhd);
-    double per = (double)used / 200000.0;
+    double moving = (double)(used + auth_stores_nonce_table_bytes(s)) / 200000.0;
+    auth_stores_maintain(s, T_NOW); /* the moves under way end */
+    m1 = mallinfo2();
+    used = (m1.uordblks + m1.hblkhd) - (m0.uordblks + m0.hblkhd);
+    double per = (double)(used + auth_stores_nonce_table_bytes(s)) / 200000.0;
     auth_stores_free(s);
 #if defined(__SANITIZE_ADDRESS__)
     (void)per; /* ASan's allocator: mallinfo2 does not see it, and it pads */
+    (void)moving;
 #else
-    print_message("nonce store: %.1f bytes per nonce (budget %d)\n", per, AUTH_NONCE_ENTRY_BYTES);
-    assert_true(per <= AUTH_NONCE_ENTRY_BYTES);
+    print_message("nonce store: %.1f bytes per nonce (%.1f during moves; budget %d)\n", per, moving,
+                  AUTH_NONCE_ENTRY_BYTES);
+    assert_true(moving <= AUTH_NONCE_ENTRY_BYTES);
+    assert_true(moving <= 75);
     /* docs/auth.md: 16-byte slots in tables 3/8 to 3/4 held, so at most
      * ~43 bytes a nonce (just after a table doubled) */
     assert_true(per <= 48);
@@ -666,6 +680,283 @@ static void test_token_cache(void **state)
     auth_stores_free(st);
 }
 
+/* ---- moves of a shard's table (grow, shrink), step by step ---- */
+
+enum { MV_SHARD = 6 };
+
+static void key_in(unsigned char k[AUTH_NONCE_KEY_LEN], long id)
+{
+    key_of(k, id);
+    k[AUTH_NONCE_KEY_LEN - 1] = MV_SHARD;
+}
+
+/* Keys [first, last) of MV_SHARD are all replays at `now`. */
+static void all_seen(auth_stores_t *s, long first, long last, int64_t exp, int64_t now)
+{
+    unsigned char k[AUTH_NONCE_KEY_LEN];
+    for (long j = first; j < last; j++) {
+        key_in(k, j);
+        assert_int_equal(auth_nonce_insert(s, k, exp, now), AUTH_STORE_SEEN);
+    }
+}
+
+/* Both tables of a move count against nonce_memory, and stay within it
+ * (only MV_SHARD has tables). Returns the old lines left to move. */
+static size_t moving_bytes(auth_stores_t *s)
+{
+    size_t old, left;
+    size_t n = auth_nonce_test_lines(s, MV_SHARD, &old, &left);
+    assert_int_equal(auth_stores_nonce_table_bytes(s), (n + old) * 64);
+    assert_true(auth_stores_nonce_table_bytes(s) <=
+                auth_stores_nonce_capacity(s) * AUTH_NONCE_ENTRY_BYTES);
+    return left;
+}
+
+/* A grow and then a shrink of one shard's table, moved one line a step
+ * (inserts pay nothing: only the test moves it): at every step every
+ * nonce inserted before the move or during it is a replay, whichever table
+ * it is in; a key found expired in the old table is new and then a
+ * replay; a full store refuses without touching the move. */
+static void test_nonce_move_step_by_step(void **state)
+{
+    (void)state;
+    auth_stores_t *s = auth_stores_new(4000, 0);
+    unsigned char k[AUTH_NONCE_KEY_LEN];
+    const int64_t expA = T_NOW + 300, expB = T_NOW + 1000;
+    long id = 0;
+    size_t old = 0, left = 0;
+    /* A: expire at T_NOW + 300 (ids from 40); B: 40 that outlive them */
+    for (; id < 40; id++) {
+        key_in(k, id);
+        assert_int_equal(auth_nonce_insert(s, k, expB, T_NOW), AUTH_STORE_NEW);
+    }
+    while (id < 150 || old == 0) {
+        key_in(k, id++);
+        assert_int_equal(auth_nonce_insert(s, k, expA, T_NOW), AUTH_STORE_NEW);
+        (void)auth_nonce_test_lines(s, MV_SHARD, &old, &left);
+    }
+    /* a grow has just started: 64 lines into 128, nothing moved yet */
+    assert_int_equal(auth_nonce_test_lines(s, MV_SHARD, &old, &left), 128);
+    assert_int_equal(old, 64);
+    assert_int_equal(left, 64);
+    auth_nonce_test_set_step(s, 0);
+    long grow_start = id;
+    int steps = 0;
+    while ((left = moving_bytes(s)) > 0) {
+        key_in(k, id++); /* inserted during the move: into the new table */
+        assert_int_equal(auth_nonce_insert(s, k, expA, T_NOW), AUTH_STORE_NEW);
+        all_seen(s, 0, 40, expB, T_NOW + 1);
+        all_seen(s, 40, id, expA, T_NOW + 1);
+        assert_true(auth_nonce_test_step(s, MV_SHARD, 1, T_NOW + 1));
+        size_t o2, l2;
+        (void)auth_nonce_test_lines(s, MV_SHARD, &o2, &l2);
+        assert_true(l2 == left - 1 || (l2 == 0 && o2 == 0)); /* one line a step */
+        steps++;
+    }
+    assert_int_equal(steps, 64);
+    assert_true(id - grow_start == 64);
+    assert_false(auth_nonce_test_step(s, MV_SHARD, 1, T_NOW + 1)); /* over */
+    all_seen(s, 0, 40, expB, T_NOW + 2);
+    all_seen(s, 40, id, expA, T_NOW + 2);
+    assert_int_equal(auth_stores_nonce_table_bytes(s), 128 * 64);
+
+    /* After A's expiry only B is held, 40 of 512 slots: the next insert
+     * starts a shrink (to 32 lines: 3/8 held at most, an eighth at least). */
+    const int64_t later = T_NOW + 400, expC = T_NOW + 900;
+    long c = 100000;
+    key_in(k, c++);
+    assert_int_equal(auth_nonce_insert(s, k, expC, later), AUTH_STORE_NEW);
+    assert_int_equal(auth_nonce_test_lines(s, MV_SHARD, &old, &left), 32);
+    assert_int_equal(old, 128);
+    assert_int_equal(auth_stores_nonce_live(s), 41);
+    steps = 0;
+    while ((left = moving_bytes(s)) > 0) {
+        if (steps % 4 == 0) { /* (under 3/4 of the new 128 slots all along) */
+            key_in(k, c++);
+            assert_int_equal(auth_nonce_insert(s, k, expC, later), AUTH_STORE_NEW);
+        }
+        all_seen(s, 0, 40, expB, later);
+        all_seen(s, 100000, c, expC, later);
+        if (steps % 16 == 5) {
+            /* an expired key of A, found (or not) in the old table: new,
+             * then a replay, then a replay wherever the move puts it */
+            key_in(k, 40 + steps);
+            assert_int_equal(auth_nonce_insert(s, k, expC, later), AUTH_STORE_NEW);
+            assert_int_equal(auth_nonce_insert(s, k, expC, later), AUTH_STORE_SEEN);
+        }
+        if (steps == 40) {
+            /* full: refused at once, the move untouched, replays still told */
+            size_t cap = auth_stores_nonce_capacity(s);
+            auth_stores_set_nonce_capacity(s, auth_stores_nonce_live(s));
+            key_in(k, 999999);
+            assert_int_equal(auth_nonce_insert(s, k, expC, later), AUTH_STORE_FULL);
+            size_t o2, l2;
+            (void)auth_nonce_test_lines(s, MV_SHARD, &o2, &l2);
+            assert_int_equal(l2, left);
+            all_seen(s, 0, 40, expB, later);
+            auth_stores_set_nonce_capacity(s, cap);
+        }
+        assert_true(auth_nonce_test_step(s, MV_SHARD, 1, later));
+        steps++;
+    }
+    assert_int_equal(steps, 128);
+    all_seen(s, 0, 40, expB, later + 1);
+    all_seen(s, 100000, c, expC, later + 1);
+    for (int j = 5; j < 128; j += 16) {
+        key_in(k, 40 + j);
+        assert_int_equal(auth_nonce_insert(s, k, expC, later + 1), AUTH_STORE_SEEN);
+    }
+    assert_int_equal(auth_stores_nonce_live(s), 40 + (size_t)(c - 100000) + 8);
+    auth_stores_free(s);
+}
+
+/* After a peak, once its nonces have expired, the tables shrink back to
+ * their first size through the tick alone (no insert needed), and a
+ * nonce that outlives the peak is still a replay after. */
+static void test_nonce_shrink_after_peak(void **state)
+{
+    (void)state;
+    auth_stores_t *s = auth_stores_new(200000, 0);
+    unsigned char k[AUTH_NONCE_KEY_LEN];
+    assert_int_equal(auth_stores_nonce_table_bytes(s), 0);
+    for (long i = 0; i < 100000; i++) {
+        key_of(k, i);
+        assert_int_equal(auth_nonce_insert(s, k, T_NOW + (i == 7 ? 3000 : 60), T_NOW),
+                         AUTH_STORE_NEW);
+    }
+    size_t peak = auth_stores_nonce_table_bytes(s);
+    assert_true(peak >= 100000 * 16);    /* at least a slot each */
+    auth_stores_maintain(s, T_NOW + 30); /* nothing expired: nothing shrinks */
+    assert_true(auth_stores_nonce_table_bytes(s) >= 100000 * 16);
+    auth_stores_maintain(s, T_NOW + 80); /* all but one expired */
+    assert_int_equal(auth_stores_nonce_live(s), 1);
+    /* every shard back to 8 lines of 64 bytes */
+    assert_int_equal(auth_stores_nonce_table_bytes(s), 16 * 8 * 64);
+    key_of(k, 7);
+    assert_int_equal(auth_nonce_insert(s, k, T_NOW + 3000, T_NOW + 81), AUTH_STORE_SEEN);
+    key_of(k, 8);
+    assert_int_equal(auth_nonce_insert(s, k, T_NOW + 3000, T_NOW + 81), AUTH_STORE_NEW);
+    auth_stores_free(s);
+
+    /* One shard, deterministic: the 1,024-line table moved out by a grow
+     * to 2,048 is left by the insert that ended the move for the tick to
+     * unmap; the 6,145th insert starts the grow to 4,096. One tick frees
+     * the parked table and ends the move: the tables are exactly the new
+     * one; after expiry, 8 lines. */
+    s = auth_stores_new(200000, 0);
+    for (long i = 0; i < 6145; i++) {
+        key_in(k, i);
+        assert_int_equal(auth_nonce_insert(s, k, T_NOW + 60, T_NOW), AUTH_STORE_NEW);
+    }
+    size_t old, left;
+    assert_int_equal(auth_nonce_test_lines(s, MV_SHARD, &old, &left), 4096);
+    assert_int_equal(old, 2048);
+    assert_int_equal(auth_stores_nonce_table_bytes(s), (4096 + 2048 + 1024) * 64);
+    auth_stores_maintain(s, T_NOW + 1);
+    assert_int_equal(auth_nonce_test_lines(s, MV_SHARD, &old, &left), 4096);
+    assert_int_equal(old, 0);
+    assert_int_equal(auth_stores_nonce_table_bytes(s), 4096 * 64);
+    all_seen(s, 0, 6145, T_NOW + 60, T_NOW + 1);
+    auth_stores_maintain(s, T_NOW + 80);
+    assert_int_equal(auth_stores_nonce_table_bytes(s), 8 * 64);
+    auth_stores_free(s);
+}
+
+/* Threads inserting the same keys while tables grow (phase 1) and shrink
+ * (phase 2), the tick running beside them as the gateway's does: every key
+ * is new to exactly one thread, whatever table it was in when the others
+ * looked; afterwards every key of phase 2 is a replay. */
+enum { RACE_THREADS = 4, RACE_KEYS = 60000, RACE_KEYS2 = 3000 };
+
+typedef struct race {
+    auth_stores_t *s;
+    unsigned char (*keys)[AUTH_NONCE_KEY_LEN];
+    long n;
+    int64_t now, exp;
+    _Atomic int *news;
+    _Atomic int done;
+    int t;
+} race_t;
+
+typedef struct race_arg {
+    race_t *r;
+    int t;
+} race_arg_t;
+
+static void *race_insert(void *arg)
+{
+    race_arg_t *a = arg;
+    race_t *r = a->r;
+    for (long i = 0; i < r->n; i++) {
+        long j = (i + a->t * r->n / RACE_THREADS) % r->n; /* each thread its own order */
+        if (auth_nonce_insert(r->s, r->keys[j], r->exp, r->now) == AUTH_STORE_NEW)
+            atomic_fetch_add(&r->news[j], 1);
+    }
+    return NULL;
+}
+
+static void *race_tick(void *arg)
+{
+    race_t *r = arg;
+    while (!atomic_load(&r->done))
+        auth_stores_maintain(r->s, r->now);
+    return NULL;
+}
+
+static void race_run(race_t *r)
+{
+    pthread_t th[RACE_THREADS], tick;
+    race_arg_t args[RACE_THREADS];
+    for (long j = 0; j < r->n; j++)
+        atomic_store(&r->news[j], 0);
+    atomic_store(&r->done, 0);
+    assert_int_equal(pthread_create(&tick, NULL, race_tick, r), 0);
+    for (int t = 0; t < RACE_THREADS; t++) {
+        args[t] = (race_arg_t){r, t};
+        assert_int_equal(pthread_create(&th[t], NULL, race_insert, &args[t]), 0);
+    }
+    for (int t = 0; t < RACE_THREADS; t++)
+        pthread_join(th[t], NULL);
+    atomic_store(&r->done, 1);
+    pthread_join(tick, NULL);
+    long bad = 0;
+    for (long j = 0; j < r->n; j++)
+        bad += atomic_load(&r->news[j]) != 1;
+    assert_int_equal(bad, 0);
+}
+
+static void test_nonce_moves_concurrent(void **state)
+{
+    (void)state;
+    race_t r = {.s = auth_stores_new(400000, 0)};
+    r.keys = malloc(sizeof(*r.keys) * RACE_KEYS);
+    r.news = malloc(sizeof(*r.news) * RACE_KEYS);
+    for (long j = 0; j < RACE_KEYS; j++)
+        key_of(r.keys[j], j);
+    /* phase 1: from empty to 60,000 held, every table growing */
+    r.n = RACE_KEYS;
+    r.now = T_NOW;
+    r.exp = T_NOW + 60;
+    race_run(&r);
+    size_t grown = auth_stores_nonce_table_bytes(r.s);
+    assert_true(grown >= RACE_KEYS * 16);
+    /* phase 2: they have expired; new keys while the tables shrink */
+    for (long j = 0; j < RACE_KEYS2; j++)
+        key_of(r.keys[j], RACE_KEYS + j);
+    r.n = RACE_KEYS2;
+    r.now = T_NOW + 100;
+    r.exp = T_NOW + 400;
+    race_run(&r);
+    auth_stores_maintain(r.s, r.now);
+    assert_true(auth_stores_nonce_table_bytes(r.s) < grown / 8);
+    for (long j = 0; j < RACE_KEYS2; j++)
+        assert_int_equal(auth_nonce_insert(r.s, r.keys[j], r.exp, r.now + 1), AUTH_STORE_SEEN);
+    assert_int_equal(auth_stores_nonce_live(r.s), RACE_KEYS2);
+    free(r.keys);
+    free((void *)r.news);
+    auth_stores_free(r.s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -684,6 +975,9 @@ int main(void)
         cmocka_unit_test(test_nonce_one_shard_to_capacity),
         cmocka_unit_test(test_nonce_slot_grace),
         cmocka_unit_test(test_nonce_clock_back_recount),
+        cmocka_unit_test(test_nonce_move_step_by_step),
+        cmocka_unit_test(test_nonce_shrink_after_peak),
+        cmocka_unit_test(test_nonce_moves_concurrent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
