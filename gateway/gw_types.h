@@ -95,10 +95,9 @@ typedef enum gw_route {
 #define GW_MAX_HOOKS 8
 
 /* A string literal and its length, for (pointer, length) calls, and prefix
- * tests on counted strings: lengths of literals are never counted by hand. */
+ * tests on counted strings: lengths of literals are never counted by hand.
+ * A case-insensitive prefix test is http1.h's GW_HTTP_PREFIX_CI. */
 #define GW_LIT(s)            (s), (sizeof(s) - 1)
 #define GW_PREFIX(p, n, lit) ((n) >= sizeof(lit) - 1 && memcmp((p), (lit), sizeof(lit) - 1) == 0)
-#define GW_PREFIX_CI(p, n, lit)                                                                    \
-    ((n) >= sizeof(lit) - 1 && strncasecmp((p), (lit), sizeof(lit) - 1) == 0)
 
 #endif

@@ -293,6 +293,14 @@ static inline bool gw_http_name_eq(const char *name, const char *lower, size_t n
     return true;
 }
 
+/* p[0, n) starts with lit, a lower-case literal as gw_http_name_eq takes,
+ * ASCII case-insensitive. Not strncasecmp: besides the locale, glibc's
+ * AVX2 version takes a slow path when either string is near the end of a
+ * page, so its cost moved with the binary's layout (40 to 155 instructions
+ * a call for the same content-type check). */
+#define GW_HTTP_PREFIX_CI(p, n, lit)                                                               \
+    ((n) >= sizeof(lit) - 1 && gw_http_name_eq((p), (lit), sizeof(lit) - 1))
+
 /* The id of name[0, len): GW_HN_OTHER for a name not in the enum. */
 gw_http_hn_t gw_http_hn(const char *name, size_t len);
 

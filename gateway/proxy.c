@@ -414,7 +414,7 @@ static void gw_proxy_ping_cb(evutil_socket_t fd, short what, void *arg)
 
 static bool gw_ct_is_sse(const gw_http_header_t *h)
 {
-    return h && GW_PREFIX_CI(h->value, h->value_len, "text/event-stream");
+    return h && GW_HTTP_PREFIX_CI(h->value, h->value_len, "text/event-stream");
 }
 
 /* Our response head, from the upstream's. length: the body's length when
@@ -462,7 +462,7 @@ static void gw_proxy_write_head(gw_req_t *r, const gw_http_msg_t *m, int64_t len
 
 static bool gw_ct_is_json(const gw_http_header_t *h)
 {
-    return h && GW_PREFIX_CI(h->value, h->value_len, "application/json");
+    return h && GW_HTTP_PREFIX_CI(h->value, h->value_len, "application/json");
 }
 
 /* The head's work for an answer that goes on to the client: what its body

@@ -318,6 +318,37 @@ static void test_name_eq(void **state)
     }
 }
 
+/* GW_HTTP_PREFIX_CI (the answer's content-type checks) agrees with
+ * strncasecmp for every byte value at every place of the two literals, and
+ * for values longer and shorter than them. */
+static void test_prefix_ci(void **state)
+{
+    (void)state;
+    static const char *const lits[] = {"application/json", "text/event-stream"};
+    for (size_t li = 0; li < sizeof(lits) / sizeof(lits[0]); li++) {
+        const char *lit = lits[li];
+        size_t n = strlen(lit);
+        char v[64];
+        for (size_t at = 0; at < n; at++) {
+            for (int b = 0; b < 256; b++) {
+                memcpy(v, lit, n);
+                memcpy(v + n, "; charset=utf-8", 16);
+                v[at] = (char)b;
+                bool want = b != 0 && strncasecmp(v, lit, n) == 0;
+                bool got = li == 0 ? GW_HTTP_PREFIX_CI(v, n + 15, "application/json")
+                                   : GW_HTTP_PREFIX_CI(v, n + 15, "text/event-stream");
+                if (got != want)
+                    fail_msg("%s: byte 0x%02x at %zu: want %d", lit, b, at, want);
+                ncompared++;
+            }
+        }
+    }
+    assert_true(GW_HTTP_PREFIX_CI("APPLICATION/JSON", 16, "application/json"));
+    assert_true(GW_HTTP_PREFIX_CI("Text/Event-Stream;x", 19, "text/event-stream"));
+    assert_false(GW_HTTP_PREFIX_CI("application/jso", 15, "application/json"));
+    assert_false(GW_HTTP_PREFIX_CI("application/xjson", 17, "application/json"));
+}
+
 static void test_compared_enough(void **state)
 {
     (void)state;
@@ -328,10 +359,11 @@ static void test_compared_enough(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_value_bytes),  cmocka_unit_test(test_name_bytes),
-        cmocka_unit_test(test_target_bytes), cmocka_unit_test(test_line0_bytes),
-        cmocka_unit_test(test_run_edges),    cmocka_unit_test(test_limits),
-        cmocka_unit_test(test_name_eq),      cmocka_unit_test(test_compared_enough),
+        cmocka_unit_test(test_value_bytes),     cmocka_unit_test(test_name_bytes),
+        cmocka_unit_test(test_target_bytes),    cmocka_unit_test(test_line0_bytes),
+        cmocka_unit_test(test_run_edges),       cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_name_eq),         cmocka_unit_test(test_prefix_ci),
+        cmocka_unit_test(test_compared_enough),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
