@@ -64,14 +64,7 @@ fi
 . "$ROOT/bench/lib.sh"
 ports_free "$UP_PORT" "$PORT" "$ADMIN"
 
-nginx_conf "$WORK/up" "    keepalive_timeout 300s;
-    server {
-        listen 127.0.0.1:$UP_PORT backlog=8192;
-        location / {
-            default_type application/json;
-            return 200 '{\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion\",\"created\":0,\"model\":\"bench-model\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"Hello! How can I help?\"},\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":7,\"total_tokens\":16}}';
-        }
-    }" on 30000
+scale_upstream_conf "$WORK/up" "$UP_PORT"
 spawn "$NGINX_BIN" -p "$WORK/up/" -e "$WORK/up/error.log" -c "$WORK/up/nginx.conf"
 wait_port "$UP_PORT" "$LAST"
 

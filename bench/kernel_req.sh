@@ -46,14 +46,7 @@ WORK=$(mktemp -d /tmp/sluice-kreq.XXXXXX)
 ports_free $(seq $((PORT_BASE + 1)) $((PORT_BASE + 30)))
 
 # The upstream: nginx answering 200 with a fixed chat.completion (scale.sh's).
-nginx_conf "$WORK/up" "    keepalive_timeout 300s;
-    server {
-        listen 127.0.0.1:$UP_PORT backlog=8192;
-        location / {
-            default_type application/json;
-            return 200 '{\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion\",\"created\":0,\"model\":\"bench-model\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"Hello! How can I help?\"},\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":7,\"total_tokens\":16}}';
-        }
-    }" on 30000
+scale_upstream_conf "$WORK/up" "$UP_PORT"
 spawn taskset -c "$LOAD_CPU" "$NGINX_BIN" -p "$WORK/up/" -e "$WORK/up/error.log" -c "$WORK/up/nginx.conf"
 wait_port "$UP_PORT" "$LAST"
 
@@ -76,17 +69,7 @@ for nb in $BINS; do
 done
 if [ "$WITH_NGINX" = 1 ]; then
     # nginx as a proxy, one worker pinned like sluice (scale.sh's)
-    nginx_conf "$WORK/np" "    keepalive_timeout 300s;
-    upstream bench { server 127.0.0.1:$UP_PORT; keepalive 16384; keepalive_requests 1000000; }
-    server {
-        listen 127.0.0.1:$NGINX_PORT backlog=8192;
-        location / {
-            proxy_pass http://bench;
-            proxy_http_version 1.1;
-            proxy_set_header Connection \"\";
-        }
-        location = /nginx_status { stub_status; }
-    }" on 30000
+    scale_proxy_conf "$WORK/np" "$NGINX_PORT" "$UP_PORT"
     spawn taskset -c "$PROXY_CPU" "$NGINX_BIN" -p "$WORK/np/" -e "$WORK/np/error.log" -c "$WORK/np/nginx.conf"
     wait_port "$NGINX_PORT" "$LAST"
     PID[nginx]=$(pgrep -P "$LAST" | head -n1)

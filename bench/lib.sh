@@ -162,19 +162,50 @@ EOF
 # The model server of the policy and cache benches: nginx answering every
 # request with one fixed 265-byte chat.completion on 127.0.0.1:$1, pinned to
 # CPU $2 (uses $WORK and $NGINX_BIN). Returns once it accepts.
+FIXED_ANSWER='{"id":"chatcmpl-bench","object":"chat.completion","created":0,"model":"bench-model","choices":[{"index":0,"message":{"role":"assistant","content":"Hello! How can I help?"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":7,"total_tokens":16}}'
 nginx_fixed_upstream() {
     local port=$1 cpu=$2
-    local answer='{"id":"chatcmpl-bench","object":"chat.completion","created":0,"model":"bench-model","choices":[{"index":0,"message":{"role":"assistant","content":"Hello! How can I help?"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":7,"total_tokens":16}}'
     nginx_conf "$WORK/nginx" "    server {
         listen 127.0.0.1:$port;
         location / {
             default_type application/json;
-            return 200 '$answer';
+            return 200 '$FIXED_ANSWER';
         }
     }"
     spawn taskset -c "$cpu" "$NGINX_BIN" -p "$WORK/nginx/" -e "$WORK/nginx/error.log" \
         -c "$WORK/nginx/nginx.conf"
     wait_port "$port" "$LAST"
+}
+
+# The scale benches' nginx confs (scale.sh, kernel_req.sh, cachegrind_scale.sh),
+# for any number of connections (30,000 a worker, backlog 8192, idle
+# keep-alive 300 s), into directory $1: scale_upstream_conf answers
+# $FIXED_ANSWER on 127.0.0.1:$2; scale_proxy_conf proxies 127.0.0.1:$2 to the
+# upstream on 127.0.0.1:$3 with a keep-alive pool that never closes an idle
+# connection, plus /nginx_status.
+scale_upstream_conf() {
+    nginx_conf "$1" "    keepalive_timeout 300s;
+    server {
+        listen 127.0.0.1:$2 backlog=8192;
+        location / {
+            default_type application/json;
+            return 200 '$FIXED_ANSWER';
+        }
+    }" on 30000
+}
+
+scale_proxy_conf() {
+    nginx_conf "$1" "    keepalive_timeout 300s;
+    upstream bench { server 127.0.0.1:$3; keepalive 16384; keepalive_requests 1000000; }
+    server {
+        listen 127.0.0.1:$2 backlog=8192;
+        location / {
+            proxy_pass http://bench;
+            proxy_http_version 1.1;
+            proxy_set_header Connection \"\";
+        }
+        location = /nginx_status { stub_status; }
+    }" on 30000
 }
 
 # A minimal sluice conf on stdout: one worker, listener 127.0.0.1:$1, upstream

@@ -88,14 +88,7 @@ write_sluice_conf() { # $1 dir, $2 port, $3 admin port, $4 upstream port, $5 ext
 # nginx answering 200 with a fixed chat.completion, for any number of
 # connections (30,000 a worker).
 start_upstream() {
-    nginx_conf "$WORK/up" "    keepalive_timeout 300s;
-    server {
-        listen 127.0.0.1:$UP_PORT backlog=8192;
-        location / {
-            default_type application/json;
-            return 200 '{\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion\",\"created\":0,\"model\":\"bench-model\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"Hello! How can I help?\"},\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":7,\"total_tokens\":16}}';
-        }
-    }" on 30000
+    scale_upstream_conf "$WORK/up" "$UP_PORT"
     spawn taskset -c "$LOAD_CPU" "$NGINX_BIN" -p "$WORK/up/" -e "$WORK/up/error.log" \
         -c "$WORK/up/nginx.conf"
     wait_port "$UP_PORT" "$LAST"
@@ -208,17 +201,7 @@ fi
 # idle connection, one worker pinned like sluice. Its ratio 5,000 / 32 is
 # what the kernel and an event loop cost at that many connections.
 start_proxy_nginx() {
-    nginx_conf "$WORK/np" "    keepalive_timeout 300s;
-    upstream bench { server 127.0.0.1:$UP_PORT; keepalive 16384; keepalive_requests 1000000; }
-    server {
-        listen 127.0.0.1:$NGINX_PORT backlog=8192;
-        location / {
-            proxy_pass http://bench;
-            proxy_http_version 1.1;
-            proxy_set_header Connection \"\";
-        }
-        location = /nginx_status { stub_status; }
-    }" on 30000
+    scale_proxy_conf "$WORK/np" "$NGINX_PORT" "$UP_PORT"
     spawn taskset -c "$PROXY_CPU" "$NGINX_BIN" -p "$WORK/np/" -e "$WORK/np/error.log" \
         -c "$WORK/np/nginx.conf"
     NP_MASTER=$LAST
