@@ -23,6 +23,7 @@
 #include "conf/conf.h"
 #include "filters/flt_internal.h"
 #include "ratelimit/ratelimit.h"
+#include "tests/tools/issue16_rules.h"
 #include "tests/unit/test_auth_util.h"
 
 /* CPU time of this thread: the machine is shared. */
@@ -46,26 +47,8 @@ static const char cb_event[] = "{\"id\":\"chatcmpl-bench\",\"object\":\"chat.com
 
 static flt_ruleset_t *cb_rules(void)
 {
-    char path[] = "/tmp/checks_bench_XXXXXX";
-    int fd = mkstemp(path);
-    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
-    if (!f)
-        exit(1);
-    for (int i = 0; i < 1001; i++)
-        fprintf(f, "forbiddenword%04dx\n", i);
-    fclose(f);
-    flt_conf_t c;
-    flt_conf_defaults(&c);
-    flt_conf_words_t w = {path, FLT_ACTION_MASK, "words"};
-    static const flt_conf_regex_t re[] = {{"phone", "1[3-9]\\d{9}", FLT_ACTION_MASK}};
-    c.words = &w;
-    c.nwords = 1;
-    c.regex = re;
-    c.nregex = 1;
-    c.output = true;
     char err[256];
-    flt_ruleset_t *rs = flt_ruleset_build(&c, err, sizeof err);
-    unlink(path);
+    flt_ruleset_t *rs = issue16_rules(true, err, sizeof err);
     if (!rs) {
         fprintf(stderr, "checks_bench: rules: %s\n", err);
         exit(1);

@@ -36,6 +36,7 @@
 #include "common/sl.h"
 #include "filters/flt_internal.h"
 #include "gateway/gw_flt_resp.h"
+#include "tests/tools/issue16_rules.h"
 
 /* CPU time of this thread: the machine is shared, wall time would measure
  * the neighbours too. */
@@ -425,25 +426,8 @@ static int bench_streams(const char *variant, size_t nstreams)
 /* flt_text_clean on a long ASCII prefix and a late é (see the top). */
 static int bench_clean(size_t len, long calls)
 {
-    char path[] = "/tmp/flt_bench_clean_XXXXXX";
-    int fd = mkstemp(path);
-    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
-    if (!f)
-        return 1;
-    for (int i = 0; i < 1001; i++)
-        fprintf(f, "forbiddenword%04dx\n", i);
-    fclose(f);
-    flt_conf_t c;
-    flt_conf_defaults(&c);
-    flt_conf_words_t w = {path, FLT_ACTION_MASK, "words"};
-    static const flt_conf_regex_t re[] = {{"phone", "1[3-9]\\d{9}", FLT_ACTION_MASK}};
-    c.words = &w;
-    c.nwords = 1;
-    c.regex = re;
-    c.nregex = 1;
     char err[256];
-    flt_ruleset_t *rs = flt_ruleset_build(&c, err, sizeof err);
-    unlink(path);
+    flt_ruleset_t *rs = issue16_rules(false, err, sizeof err);
     static const char prose[] = "Write one sentence about the sea, please, in plain English. ";
     static const char tail[] = "caf\xc3\xa9 by the harbour.";
     char *t = malloc(len + sizeof tail);
