@@ -250,6 +250,9 @@ bool flt_json_strings_clean(const flt_ruleset_t *rs, const char *s, size_t n);
  * and result as feeding it in pieces. */
 flt_chan_rc_t flt_text_filter(const flt_ruleset_t *rs, const char *s, size_t n,
                               sl_buf_t *out) SL_WUR;
+/* flt_text_filter without its flt_text_clean shortcut: the channel alone
+ * (what the shortcut must agree with). */
+flt_chan_rc_t flt_chan_text(const flt_ruleset_t *rs, const char *s, size_t n, sl_buf_t *out) SL_WUR;
 
 /* The end of the ASCII run at s[i..n): the first byte >= 0x80, or n. Eight
  * bytes a step where there are eight. */

@@ -729,6 +729,11 @@ flt_chan_rc_t flt_text_filter(const flt_ruleset_t *rs, const char *s, size_t n, 
 {
     if (flt_text_clean(rs, s, n))
         return sl_buf_add(out, s, n) == 0 ? FLT_CHAN_OK : FLT_CHAN_ERR;
+    return flt_chan_text(rs, s, n, out);
+}
+
+flt_chan_rc_t flt_chan_text(const flt_ruleset_t *rs, const char *s, size_t n, sl_buf_t *out)
+{
     flt_chan_t c;
     if (flt_chan_init(&c, rs) != 0)
         return FLT_CHAN_ERR;

@@ -482,19 +482,6 @@ static void test_text_clean(void **state)
  * channel leaves the text as it is" where folding is the identity, and
  * never true where it is not. A pass that skips or mis-steps a byte >= 0x80
  * shows as a clean text the channel masks or blocks. */
-/* flt_text_filter without its flt_text_clean shortcut: the channel alone */
-static flt_chan_rc_t chan_filter(const flt_ruleset_t *rs, const char *s, size_t n, sl_buf_t *out)
-{
-    flt_chan_t c;
-    assert_int_equal(flt_chan_init(&c, rs), 0);
-    c.unbounded = true;
-    flt_chan_rc_t rc = flt_chan_feed(&c, s, n, out);
-    if (rc == FLT_CHAN_OK)
-        rc = flt_chan_finish(&c, out);
-    flt_chan_fini(&c);
-    return rc;
-}
-
 static void test_text_clean_utf8_as_channel(void **state)
 {
     (void)state;
@@ -527,7 +514,7 @@ static void test_text_clean_utf8_as_channel(void **state)
         }
         bool c = flt_text_clean(rs, text, n);
         out.len = 0;
-        flt_chan_rc_t rc = chan_filter(rs, text, n, &out);
+        flt_chan_rc_t rc = flt_chan_text(rs, text, n, &out);
         bool same = rc == FLT_CHAN_OK && out.len == n && memcmp(out.p ? out.p : "", text, n) == 0;
         if (c && !same)
             fail_msg("clean, but the channel changes it: %.*s", (int)n, text);
@@ -577,7 +564,7 @@ static void test_text_clean_resume(void **state)
                 n += tail * 20;
                 bool c = flt_text_clean(rs, text, n);
                 out.len = 0;
-                assert_int_equal(chan_filter(rs, text, n, &out), FLT_CHAN_OK);
+                assert_int_equal(flt_chan_text(rs, text, n, &out), FLT_CHAN_OK);
                 bool same = out.len == n && memcmp(out.p, text, n) == 0;
                 if (c != !hit || same != !hit)
                     fail_msg("%s at %zu, tail %zu: clean %d, channel same %d", p, o, tail * 20, c,
