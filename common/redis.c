@@ -107,6 +107,8 @@ struct sl_redis {
 
     sl_mseries_t *err[ERR_NKINDS];
     sl_mseries_t *up;
+    void (*on_state)(void *arg);
+    void *state_arg;
 };
 
 static void sl_redis_conn_start(sl_redis_t *r);
@@ -359,8 +361,8 @@ static void sl_redis_schedule_reconnect(sl_redis_t *r)
  * the backoff. Calls still waiting for it end with DOWN. */
 static void sl_redis_conn_down(sl_redis_t *r, const char *why)
 {
-    if (r->state == CONN_READY) {
-        sl_gauge_add(r->up, -1);
+    bool was_ready = r->state == CONN_READY;
+    if (was_ready) {
         sl_warn("redis %s:%d: connection lost (%s)", r->host, r->port, why);
     } else {
         /* Every worker's client retries on its own: one key for them all,
@@ -374,6 +376,11 @@ static void sl_redis_conn_down(sl_redis_t *r, const char *why)
     r->state = CONN_DOWN;
     r->drop_requested = false;
     evtimer_del(r->connect_ev);
+    if (was_ready) { /* the owner's view first: connected 0 means every owner knows */
+        if (r->on_state)
+            r->on_state(r->state_arg);
+        sl_gauge_add(r->up, -1);
+    }
     sl_redis_fail_waiting(r);
     if (!r->reconnect_ev)
         return;
@@ -397,6 +404,8 @@ static void sl_redis_ready(sl_redis_t *r)
     r->backoff_ms = r->reconnect_min_ms;
     r->last_reply_ms = sl_now_ms();
     evtimer_del(r->connect_ev);
+    if (r->on_state)
+        r->on_state(r->state_arg);
     sl_gauge_add(r->up, 1);
     if (!r->was_up)
         sl_info("redis %s:%d: connected", r->host, r->port);
@@ -760,6 +769,8 @@ sl_redis_t *sl_redis_new(struct event_base *base, const sl_redis_opts_t *opts, c
     r->reconnect_max_ms = opts->reconnect_max_ms > 0 ? opts->reconnect_max_ms : 5000;
     r->reconnect_max_ms = SL_MAX(r->reconnect_max_ms, r->reconnect_min_ms);
     r->connect_timeout_ms = opts->connect_timeout_ms > 0 ? opts->connect_timeout_ms : 1000;
+    r->on_state = opts->on_state;
+    r->state_arg = opts->state_arg;
     r->stall_ms = SL_MAX(SL_REDIS_STALL_MIN_MS, 10 * r->timeout_ms);
     /* libevent times events on CLOCK_MONOTONIC_COARSE unless told to be
      * precise: up to one tick behind CLOCK_MONOTONIC; 1 ms more for the

@@ -39,6 +39,12 @@ typedef struct sl_redis_opts {
     int64_t reconnect_min_ms;   /* backoff start, default 100 */
     int64_t reconnect_max_ms;   /* backoff cap, default 5000 */
     int64_t connect_timeout_ms; /* TCP connect + AUTH/SELECT, default 1000 */
+    /* Called when the connection becomes usable and when a usable one is
+     * lost (sl_redis_connected() already tells the new state), from inside
+     * the event loop, possibly from a hiredis callback: it must not free
+     * the client. Optional. */
+    void (*on_state)(void *arg);
+    void *state_arg;
 } sl_redis_opts_t;
 
 typedef enum sl_redis_status {

@@ -148,7 +148,6 @@ struct rl_worker {
     rl_pending_t *queue; /* entries not sent yet, in order */
     rl_batch_t *batches; /* sent, awaiting their reply */
     struct event *flush_ev;
-    struct event *mode_ev;
     struct event *lease_ev; /* gives back units of leases past their time */
     rl_lease_t *leases;     /* by key */
     size_t nleases;
@@ -378,10 +377,10 @@ static void rl_worker_mode(rl_worker_t *w)
     w->mode = mode;
 }
 
-static void rl_mode_cb(evutil_socket_t fd, short what, void *arg)
+/* sl_redis tells each change of its connection: the gauge follows
+ * reconnects and losses at once, with or without traffic. */
+static void rl_redis_state_cb(void *arg)
 {
-    (void)fd;
-    (void)what;
     rl_worker_mode(arg);
 }
 
@@ -398,16 +397,15 @@ rl_worker_t *rl_worker_new(rl_t *rl, struct event_base *base, char *err, size_t 
     w->rl = rl;
     w->mode = -1;
     if (rl->redis_url) {
-        sl_redis_opts_t o = {.url = rl->redis_url, .timeout_ms = rl->redis_timeout_ms};
+        sl_redis_opts_t o = {.url = rl->redis_url,
+                             .timeout_ms = rl->redis_timeout_ms,
+                             .on_state = rl_redis_state_cb,
+                             .state_arg = w};
         w->redis = sl_redis_new(base, &o, err, errlen);
-        /* the mode gauge follows reconnects even without traffic */
-        w->mode_ev = event_new(base, -1, EV_PERSIST, rl_mode_cb, w);
         w->flush_ev = event_new(base, -1, 0, rl_flush_cb, w);
         w->lease_ev = event_new(base, -1, EV_PERSIST, rl_lease_sweep_cb, w);
-        struct timeval tv = {1, 0};
         struct timeval ltv = {0, RL_LEASE_SWEEP_MS * 1000};
-        if (!w->redis || !w->mode_ev || !w->flush_ev || !w->lease_ev ||
-            event_add(w->mode_ev, &tv) != 0 || event_add(w->lease_ev, &ltv) != 0) {
+        if (!w->redis || !w->flush_ev || !w->lease_ev || event_add(w->lease_ev, &ltv) != 0) {
             rl_worker_free(w);
             return NULL;
         }
@@ -450,8 +448,6 @@ void rl_worker_free(rl_worker_t *w)
         HASH_DEL(w->leases, l);
         free(l);
     }
-    if (w->mode_ev)
-        event_free(w->mode_ev);
     if (w->mode >= 0)
         sl_gauge_add(w->rl->mode[w->mode], -1);
     sl_spares_free(&w->spares);
@@ -954,7 +950,6 @@ rl_check_rc_t rl_check(rl_worker_t *w, const rl_request_t *req, rl_decision_t *d
         rl_check_mem(rl, t, tokens, d);
         goto done;
     }
-    rl_worker_mode(w);
     if (t->lim.concurrent > 0)
         snprintf(t->lease, sizeof(t->lease), "%s:%llu", rl->instance,
                  (unsigned long long)atomic_fetch_add(&rl->lease_seq, 1));

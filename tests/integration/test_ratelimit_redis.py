@@ -51,6 +51,10 @@ def _kill(redis_server, s):
     # every client of this sluice has seen its connection go (so each check
     # is decided by on_store_error at once, without a round trip)
     wait_until(lambda: _connected(s) == 0, helpers.bound(3), what="sluice noticing Redis died")
+    # the mode gauge moves before the connection gauge: no worker still shows
+    # "redis" (it did for up to a second when a timer refreshed it, and a
+    # test waiting for "both back on redis" then met a worker still down)
+    assert (_mode(s, "redis"), _mode(s, "degraded")) == (0, 2)
 
 
 def _back_on_redis(redis_server, s, tok):

@@ -397,6 +397,84 @@ static void test_down_and_reconnect(void **state)
     event_base_free(base);
 }
 
+/* The on_state hook: called once per transition (up, lost, up again),
+ * with sl_redis_connected() already telling the new state and before the
+ * sluice_redis_connected gauge moves; never for failed reconnect attempts. */
+typedef struct states {
+    int calls;
+    bool seen[8];
+    double gauge_at_call[8];
+    sl_redis_t *r;
+} states_t;
+
+static double up_gauge(void)
+{
+    sl_metric_t *m =
+        sl_metric_register("sluice_redis_connected", "", SL_METRIC_GAUGE, NULL, NULL, 0);
+    return (double)sl_gauge_value(sl_metric_series0(m));
+}
+
+static void state_cb(void *arg)
+{
+    states_t *st = arg;
+    if (st->calls < 8) {
+        st->seen[st->calls] = sl_redis_connected(st->r);
+        st->gauge_at_call[st->calls] = up_gauge();
+    }
+    st->calls++;
+}
+
+static bool state_calls_2(void *arg)
+{
+    return ((states_t *)arg)->calls >= 2;
+}
+
+static void test_state_hook(void **state)
+{
+    (void)state;
+    struct event_base *base = event_base_new();
+    char url[256], err[256] = "";
+    if (srv.password[0])
+        snprintf(url, sizeof(url), "redis://:%s@127.0.0.1:%d", srv.password, srv.port);
+    else
+        snprintf(url, sizeof(url), "redis://127.0.0.1:%d", srv.port);
+    states_t st = {0};
+    sl_redis_opts_t o = {.url = url,
+                         .timeout_ms = 2000,
+                         .reconnect_max_ms = 200,
+                         .on_state = state_cb,
+                         .state_arg = &st};
+    double g0 = up_gauge();
+    sl_redis_t *r = sl_redis_new(base, &o, err, sizeof(err));
+    assert_non_null(r);
+    st.r = r;
+    assert_int_equal(st.calls, 0); /* never from inside sl_redis_new */
+    assert_true(rs_run_until(base, connected, r, 2000));
+    assert_int_equal(st.calls, 1);
+    assert_true(st.seen[0]);
+    assert_true(st.gauge_at_call[0] == g0); /* the hook runs before the gauge counts it */
+    assert_true(up_gauge() == g0 + 1);
+
+    rs_kill(&srv);
+    assert_true(rs_run_until(base, state_calls_2, &st, 1000));
+    assert_false(st.seen[1]);
+    assert_true(st.gauge_at_call[1] == g0 + 1);
+    assert_true(up_gauge() == g0);
+    uint64_t c0 = errs("connect");
+    rs_run_for(base, 600); /* failed attempts while down: no calls */
+    assert_true(errs("connect") - c0 >= 2);
+    assert_int_equal(st.calls, 2);
+
+    rs_start(&srv);
+    assert_true(rs_run_until(base, connected, r, 2000));
+    assert_int_equal(st.calls, 3);
+    assert_true(st.seen[2]);
+    sl_redis_free(r); /* freeing is not a transition the owner hears of */
+    assert_int_equal(st.calls, 3);
+    assert_true(up_gauge() == g0);
+    event_base_free(base);
+}
+
 static const char *lua_echo = "return {KEYS[1], ARGV[1], redis.call('INCR', KEYS[1])}";
 
 typedef struct sres {
@@ -617,6 +695,7 @@ int main(void)
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_evalsha_noscript),
         cmocka_unit_test(test_down_and_reconnect),
+        cmocka_unit_test(test_state_hook),
         cmocka_unit_test(test_auth),
         cmocka_unit_test(test_stall),
         cmocka_unit_test(test_free_pending),
