@@ -855,7 +855,10 @@ static bool ieq(const char *a, size_t alen, const char *lit)
     return alen == n && strncasecmp(a, lit, n) == 0;
 }
 
-static bool token_listed(const char *v, size_t vn, const char *name, size_t name_len);
+static bool token_listed_at(const char *v, size_t vn, const char *name, size_t name_len, bool lit);
+#define token_listed(v, vn, name, name_len) token_listed_at((v), (vn), (name), (name_len), false)
+/* lit: a lower-case literal, compared by gw_http_name_eq (no strncasecmp) */
+#define token_listed_lit(v, vn, lit, n) token_listed_at((v), (vn), (lit), (n), true)
 
 #define NAME_IS(n, lit) gw_http_name_eq((n), (lit), sizeof(lit) - 1)
 
@@ -1068,8 +1071,9 @@ static int head_check(gw_http_parser_t *p)
             te = h;
         } else if (id == GW_HN_CONNECTION || id == GW_HN_PROXY_CONNECTION) {
             /* for head_done(): read as http-parser reads them */
-            p->conn_close = p->conn_close || token_listed(h->value, h->value_len, "close", 5);
-            p->conn_keep = p->conn_keep || token_listed(h->value, h->value_len, "keep-alive", 10);
+            p->conn_close = p->conn_close || token_listed_lit(h->value, h->value_len, "close", 5);
+            p->conn_keep =
+                p->conn_keep || token_listed_lit(h->value, h->value_len, "keep-alive", 10);
         } else if (!req) {
             continue;
         } else if (id == GW_HN_HOST) {
@@ -2097,7 +2101,7 @@ const gw_http_header_t *gw_http_header_find(const gw_http_msg_t *m, const char *
 }
 
 /* Is `name` one of the comma-separated tokens of value v? */
-static bool token_listed(const char *v, size_t vn, const char *name, size_t name_len)
+static bool token_listed_at(const char *v, size_t vn, const char *name, size_t name_len, bool lit)
 {
     size_t i = 0;
     while (i < vn) {
@@ -2106,7 +2110,9 @@ static bool token_listed(const char *v, size_t vn, const char *name, size_t name
         size_t s = i;
         while (i < vn && v[i] != ',' && v[i] != ' ' && v[i] != '\t')
             i++;
-        if (i > s && i - s == name_len && strncasecmp(v + s, name, name_len) == 0)
+        if (i > s && i - s == name_len &&
+            (lit ? gw_http_name_eq(v + s, name, name_len)
+                 : strncasecmp(v + s, name, name_len) == 0))
             return true;
     }
     return false;

@@ -88,6 +88,46 @@ static void test_good_hs256(void **state)
     free(tok);
 }
 
+/* The Authorization scheme: "Bearer" in any case (RFC 7235), then one or
+ * more spaces; anything else is no bearer token at all. */
+static void test_bearer_scheme(void **state)
+{
+    (void)state;
+    char *tok = t_good_token("alice", "j-scheme");
+    /* the fixture requires signatures: a token taken asks for them next */
+#define ACCEPTED AUTH_R_SIG_MISSING
+    static const struct {
+        const char *scheme;
+        auth_reason_t want;
+    } cases[] = {
+        {"Bearer ", ACCEPTED},
+        {"bearer ", ACCEPTED},
+        {"BEARER ", ACCEPTED},
+        {"bEaReR   ", ACCEPTED},
+        {"Bearer\t", AUTH_R_TOKEN_MISSING},
+        {"Bearer", AUTH_R_TOKEN_MISSING},
+        {"Bearez ", AUTH_R_TOKEN_MISSING},
+        {"Beare ", AUTH_R_TOKEN_MISSING},
+        {"Bearer_", AUTH_R_TOKEN_MISSING},
+        {"Basic ", AUTH_R_TOKEN_MISSING},
+        {"Bearer\x80", AUTH_R_TOKEN_MISSING},
+        {"B\x82"
+         "arer ",
+         AUTH_R_TOKEN_MISSING},
+    };
+    for (size_t i = 0; i < SL_ARRAY_LEN(cases); i++) {
+        treq_t q;
+        memset(&q, 0, sizeof(q));
+        snprintf(q.authz, sizeof(q.authz), "%s%s", cases[i].scheme, tok);
+        auth_request_t r = {.authorization = q.authz, .authorization_len = strlen(q.authz)};
+        auth_reason_t got = t_check(F.a, &r, T_NOW);
+        if (got != cases[i].want)
+            fail_msg("scheme \"%s\": %d, want %d", cases[i].scheme, got, cases[i].want);
+    }
+    free(tok);
+#undef ACCEPTED
+}
+
 static void test_rfc7515_a1(void **state)
 {
     (void)state;
@@ -578,6 +618,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_good_hs256),
+        cmocka_unit_test(test_bearer_scheme),
         cmocka_unit_test(test_rfc7515_a1),
         cmocka_unit_test(test_alg_none),
         cmocka_unit_test(test_hs256_with_rsa_public_key),
