@@ -50,6 +50,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include "auth/auth_internal.h"
 
@@ -62,7 +63,7 @@
 
 #include <openssl/rand.h>
 
-#define NONCE_SHARDS           16
+#define NONCE_SHARDS           AUTH_NONCE_SHARDS
 #define DEFAULT_NONCE_CAP      (AUTH_NONCE_MEMORY_DEFAULT / AUTH_NONCE_ENTRY_BYTES)
 #define DEFAULT_REVOCATION_CAP 65536
 /* Time buckets per shard: enough for the longest life of a nonce (2 x the
@@ -156,11 +157,10 @@ struct auth_stores {
  * do it. A shrink of L lines (under L/2 entries, under 5L of work) into
  * one of at least L/8 lines, 3/8 held at most, has at least 0.19 L
  * inserts: 0.02 L do it. The tick pays NONCE_TICK_WORK a lock hold,
- * NONCE_TICK_HOLDS holds a shard a tick. */
-#define NONCE_MOVE_COST  8
-#define NONCE_STEP_WORK  256
-#define NONCE_TICK_WORK  4096
-#define NONCE_TICK_HOLDS 64
+ * AUTH_NONCE_TICK_HOLDS holds a shard a tick. */
+#define NONCE_MOVE_COST 8
+#define NONCE_STEP_WORK 256
+#define NONCE_TICK_WORK 4096
 
 /* Tables of this many lines (64 KiB) and more are mapped directly: fresh
  * zero pages (no clearing them under the lock; each is touched by the
@@ -839,15 +839,25 @@ out:
     return rc;
 }
 
-/* One bounded step of a shard's upkeep: its passed buckets, then a share
- * of a move, or the start of a shrink. true: more to do. */
-static bool nonce_maintain_step(auth_stores_t *s, nonce_shard_t *sh, long work, int64_t now,
-                                int64_t base)
+/* This thread's CPU time, for auth_nonce_maintain_step's hold_ns. */
+static int64_t nonce_cpu_ns(void)
 {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+bool auth_nonce_maintain_step(auth_stores_t *s, unsigned shard, int64_t now, int64_t *hold_ns)
+{
+    int64_t base = atomic_load_explicit(&s->nonce_base, memory_order_acquire);
+    if (base == INT64_MIN)
+        return false; /* no nonce yet */
+    nonce_shard_t *sh = &s->shards[shard % NONCE_SHARDS];
     uint32_t free_before;
     (void)nonce_rel(now, base, &free_before);
     nonce_dead_t dead = {0};
     pthread_mutex_lock(&sh->mu);
+    int64_t t0 = hold_ns ? nonce_cpu_ns() : 0;
     nonce_expire(s, sh, now);
     dead.t2 = sh->spent; /* parked by a request */
     dead.lines2 = sh->spent_lines;
@@ -858,11 +868,13 @@ static bool nonce_maintain_step(auth_stores_t *s, nonce_shard_t *sh, long work, 
     bool more = false;
     if (sh->old) {
         size_t before = sh->moved;
-        more = !nonce_move(s, sh, work, free_before, base, &dead);
+        more = !nonce_move(s, sh, NONCE_TICK_WORK, free_before, base, &dead);
         more = more && sh->moved != before; /* a stuck move waits for the next tick */
         if (!more && dead.t)
             more = true; /* maybe a further shrink */
     }
+    if (hold_ns)
+        *hold_ns = nonce_cpu_ns() - t0;
     pthread_mutex_unlock(&sh->mu);
     nonce_dead_free(s, &dead);
     return more;
@@ -870,12 +882,9 @@ static bool nonce_maintain_step(auth_stores_t *s, nonce_shard_t *sh, long work, 
 
 void auth_stores_maintain(auth_stores_t *s, int64_t now)
 {
-    int64_t base = atomic_load_explicit(&s->nonce_base, memory_order_acquire);
-    if (base == INT64_MIN)
-        return; /* no nonce yet */
-    for (size_t i = 0; i < NONCE_SHARDS; i++)
-        for (int k = 0; k < NONCE_TICK_HOLDS; k++)
-            if (!nonce_maintain_step(s, &s->shards[i], NONCE_TICK_WORK, now, base))
+    for (unsigned i = 0; i < NONCE_SHARDS; i++)
+        for (int k = 0; k < AUTH_NONCE_TICK_HOLDS; k++)
+            if (!auth_nonce_maintain_step(s, i, now, NULL))
                 break;
 }
 
