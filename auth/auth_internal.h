@@ -227,7 +227,7 @@ size_t auth_nonce_test_lines(auth_stores_t *s, unsigned shard, size_t *old_lines
  * how long the shard's lock was held, in this thread's CPU ns (nonce_bench
  * --hold). */
 #define AUTH_NONCE_SHARDS     16
-#define AUTH_NONCE_TICK_HOLDS 64
+#define AUTH_NONCE_TICK_HOLDS 256
 bool auth_nonce_maintain_step(auth_stores_t *s, unsigned shard, int64_t now, int64_t *hold_ns);
 
 typedef enum auth_rev_kind {

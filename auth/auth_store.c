@@ -105,6 +105,10 @@ typedef struct nonce_shard {
     size_t moved;        /* old's lines below this are empty */
     nonce_line_t *spent; /* a moved-out mapped table the tick unmaps */
     size_t spent_lines;
+    nonce_line_t *warm;     /* lines, once the tick has faulted its pages in */
+    nonce_line_t *pinned;   /* the table the tick is faulting in, unlocked */
+    nonce_line_t *unpinned; /* pinned, but moved out meanwhile: the tick frees it */
+    size_t unpinned_lines;
     size_t live;    /* entries its buckets count */
     int64_t cursor; /* next epoch whose bucket may have expired */
     nonce_bucket_t ring[NONCE_BUCKETS];
@@ -160,7 +164,7 @@ struct auth_stores {
  * AUTH_NONCE_TICK_HOLDS holds a shard a tick. */
 #define NONCE_MOVE_COST 8
 #define NONCE_STEP_WORK 256
-#define NONCE_TICK_WORK 4096
+#define NONCE_TICK_WORK 1024
 
 /* Tables of this many lines (64 KiB) and more are mapped directly: fresh
  * zero pages (no clearing them under the lock; each is touched by the
@@ -226,6 +230,7 @@ void auth_stores_free(auth_stores_t *s)
         nonce_table_free(sh->lines, sh->lines ? (size_t)sh->mask + 1 : 0);
         nonce_table_free(sh->old, sh->old ? (size_t)sh->omask + 1 : 0);
         nonce_table_free(sh->spent, sh->spent_lines);
+        nonce_table_free(sh->unpinned, sh->unpinned_lines);
         pthread_mutex_destroy(&sh->mu);
     }
     rev_ent_t *r, *rtmp;
@@ -477,6 +482,7 @@ static int nonce_resize(auth_stores_t *s, nonce_shard_t *sh, size_t n)
     sh->moved = 0;
     sh->lines = nl;
     sh->mask = (uint32_t)(n - 1);
+    sh->warm = NULL; /* (a new table may reuse a freed one's address) */
     return 0;
 }
 
@@ -502,6 +508,19 @@ __attribute__((noinline)) static void nonce_dead_free(auth_stores_t *s, nonce_de
  * take the first, is freed by that request). Under the shard's lock. */
 static void nonce_park(nonce_shard_t *sh, nonce_dead_t *d)
 {
+    /* The tick is faulting this one in, unlocked: it frees it after. */
+    if (d->t && d->t == sh->pinned) {
+        sh->unpinned = d->t;
+        sh->unpinned_lines = d->lines;
+        d->t = NULL;
+        d->lines = 0;
+    }
+    if (d->t2 && d->t2 == sh->pinned) {
+        sh->unpinned = d->t2;
+        sh->unpinned_lines = d->lines2;
+        d->t2 = NULL;
+        d->lines2 = 0;
+    }
     if (d->t && d->lines >= NONCE_MAP_LINES && !sh->spent) {
         sh->spent = d->t;
         sh->spent_lines = d->lines;
@@ -569,6 +588,7 @@ static int nonce_rebuild(auth_stores_t *s, nonce_shard_t *sh, size_t n, uint32_t
             *dead = (nonce_dead_t){sh->lines, sh->old, cur, old};
             sh->lines = nl;
             sh->mask = m;
+            sh->warm = NULL;
             sh->old = NULL;
             sh->omask = 0;
             sh->moved = 0;
@@ -831,7 +851,7 @@ auth_store_rc_t auth_nonce_insert(auth_stores_t *s, const unsigned char key[AUTH
         nonce_shrink(s, sh);
     }
 out:
-    if (__builtin_expect(dead.t != NULL, 0))
+    if (__builtin_expect(dead.t || dead.t2, 0))
         nonce_park(sh, &dead);
     pthread_mutex_unlock(&sh->mu);
     if (__builtin_expect(dead.t || dead.t2, 0))
@@ -847,6 +867,18 @@ static int64_t nonce_cpu_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* Faults in the pages of a mapped table about to be moved into, outside
+ * the shard's lock: a move places its entries all over a table fresh from
+ * mmap, and each first touch of a page (the kernel zeroing it, ~1 us) is
+ * otherwise paid under the lock, hundreds a hold. MADV_POPULATE_WRITE
+ * (Linux 5.14) only maps pages, never changes what they hold, so inserts
+ * may write the table meanwhile; an older kernel refuses it and the faults
+ * stay where they were. */
+static void nonce_table_warm(nonce_line_t *t, size_t n)
+{
+    (void)madvise(t, n * sizeof(nonce_line_t), MADV_POPULATE_WRITE);
+}
+
 bool auth_nonce_maintain_step(auth_stores_t *s, unsigned shard, int64_t now, int64_t *hold_ns)
 {
     int64_t base = atomic_load_explicit(&s->nonce_base, memory_order_acquire);
@@ -856,6 +888,9 @@ bool auth_nonce_maintain_step(auth_stores_t *s, unsigned shard, int64_t now, int
     uint32_t free_before;
     (void)nonce_rel(now, base, &free_before);
     nonce_dead_t dead = {0};
+    nonce_line_t *cold = NULL;
+    size_t cold_lines = 0;
+    bool more = false;
     pthread_mutex_lock(&sh->mu);
     int64_t t0 = hold_ns ? nonce_cpu_ns() : 0;
     nonce_expire(s, sh, now);
@@ -863,10 +898,18 @@ bool auth_nonce_maintain_step(auth_stores_t *s, unsigned shard, int64_t now, int
     dead.lines2 = sh->spent_lines;
     sh->spent = NULL;
     sh->spent_lines = 0;
-    if (!sh->old)
+    if (!sh->old) {
         nonce_shrink(s, sh);
-    bool more = false;
-    if (sh->old) {
+        more = sh->old != NULL; /* started: warmed before it is moved into */
+    } else if (sh->lines != sh->warm && sh->mask + 1 >= NONCE_MAP_LINES) {
+        /* A move (a request's grow, or a shrink) into a table still cold:
+         * fault it in first, unlocked; pinned, a request that moves it out
+         * meanwhile leaves it to this thread to free. */
+        cold = sh->lines;
+        cold_lines = (size_t)sh->mask + 1;
+        sh->pinned = cold;
+        more = true;
+    } else {
         size_t before = sh->moved;
         more = !nonce_move(s, sh, NONCE_TICK_WORK, free_before, base, &dead);
         more = more && sh->moved != before; /* a stuck move waits for the next tick */
@@ -877,6 +920,20 @@ bool auth_nonce_maintain_step(auth_stores_t *s, unsigned shard, int64_t now, int
         *hold_ns = nonce_cpu_ns() - t0;
     pthread_mutex_unlock(&sh->mu);
     nonce_dead_free(s, &dead);
+    if (cold) {
+        nonce_table_warm(cold, cold_lines);
+        nonce_dead_t gone = {0};
+        pthread_mutex_lock(&sh->mu);
+        if (sh->lines == cold)
+            sh->warm = cold;
+        sh->pinned = NULL;
+        gone.t = sh->unpinned;
+        gone.lines = sh->unpinned_lines;
+        sh->unpinned = NULL;
+        sh->unpinned_lines = 0;
+        pthread_mutex_unlock(&sh->mu);
+        nonce_dead_free(s, &gone);
+    }
     return more;
 }
 
