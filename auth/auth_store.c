@@ -879,6 +879,23 @@ static void nonce_table_warm(nonce_line_t *t, size_t n)
     (void)madvise(t, n * sizeof(nonce_line_t), MADV_POPULATE_WRITE);
 }
 
+/* Ends a pin (see auth_nonce_maintain_step): the table is warm if it is
+ * still the one inserts go to; freed if a request moved it out meanwhile. */
+static void nonce_unpin(auth_stores_t *s, nonce_shard_t *sh, nonce_line_t *warmed)
+{
+    nonce_dead_t gone = {0};
+    pthread_mutex_lock(&sh->mu);
+    if (warmed && sh->lines == warmed)
+        sh->warm = warmed;
+    sh->pinned = NULL;
+    gone.t = sh->unpinned;
+    gone.lines = sh->unpinned_lines;
+    sh->unpinned = NULL;
+    sh->unpinned_lines = 0;
+    pthread_mutex_unlock(&sh->mu);
+    nonce_dead_free(s, &gone);
+}
+
 bool auth_nonce_maintain_step(auth_stores_t *s, unsigned shard, int64_t now, int64_t *hold_ns)
 {
     int64_t base = atomic_load_explicit(&s->nonce_base, memory_order_acquire);
@@ -922,17 +939,7 @@ bool auth_nonce_maintain_step(auth_stores_t *s, unsigned shard, int64_t now, int
     nonce_dead_free(s, &dead);
     if (cold) {
         nonce_table_warm(cold, cold_lines);
-        nonce_dead_t gone = {0};
-        pthread_mutex_lock(&sh->mu);
-        if (sh->lines == cold)
-            sh->warm = cold;
-        sh->pinned = NULL;
-        gone.t = sh->unpinned;
-        gone.lines = sh->unpinned_lines;
-        sh->unpinned = NULL;
-        sh->unpinned_lines = 0;
-        pthread_mutex_unlock(&sh->mu);
-        nonce_dead_free(s, &gone);
+        nonce_unpin(s, sh, cold);
     }
     return more;
 }
@@ -966,6 +973,18 @@ bool auth_nonce_test_step(auth_stores_t *s, unsigned shard, long work, int64_t n
     pthread_mutex_unlock(&sh->mu);
     nonce_dead_free(s, &dead);
     return moving;
+}
+
+void auth_nonce_test_pin(auth_stores_t *s, unsigned shard, bool on)
+{
+    nonce_shard_t *sh = &s->shards[shard % NONCE_SHARDS];
+    if (!on) {
+        nonce_unpin(s, sh, NULL);
+        return;
+    }
+    pthread_mutex_lock(&sh->mu);
+    sh->pinned = sh->old ? sh->old : sh->lines;
+    pthread_mutex_unlock(&sh->mu);
 }
 
 size_t auth_nonce_test_lines(auth_stores_t *s, unsigned shard, size_t *old_lines, size_t *old_left)

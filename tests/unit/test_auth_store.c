@@ -878,6 +878,44 @@ static void test_nonce_shrink_after_peak(void **state)
     auth_stores_free(s);
 }
 
+/* The tick faults a table's pages in without the shard's lock, the table
+ * pinned: a request that moves it out meanwhile must neither unmap it (the
+ * tick is still using it) nor park it for the tick to forget; it is freed
+ * when the pin ends, and counted in nonce_memory until then. One shard, as
+ * above: a 2,048-line table being moved into 4,096 lines while the parked
+ * 1,024-line one waits for the tick (so a request would unmap the 2,048
+ * itself). */
+static void test_nonce_pinned_table(void **state)
+{
+    (void)state;
+    auth_stores_t *s = auth_stores_new(200000, 0);
+    unsigned char k[AUTH_NONCE_KEY_LEN];
+    long id = 0;
+    for (; id < 6145; id++) {
+        key_in(k, id);
+        assert_int_equal(auth_nonce_insert(s, k, T_NOW + 60, T_NOW), AUTH_STORE_NEW);
+    }
+    size_t old, left;
+    assert_int_equal(auth_nonce_test_lines(s, MV_SHARD, &old, &left), 4096);
+    assert_int_equal(old, 2048);
+    auth_nonce_test_pin(s, MV_SHARD, true);
+    while (old) { /* inserts end the move */
+        key_in(k, id++);
+        assert_int_equal(auth_nonce_insert(s, k, T_NOW + 60, T_NOW), AUTH_STORE_NEW);
+        (void)auth_nonce_test_lines(s, MV_SHARD, &old, &left);
+    }
+    assert_true(id < 7000);
+    /* moved out, still held for the tick: the three tables counted */
+    assert_int_equal(auth_stores_nonce_table_bytes(s), (4096 + 2048 + 1024) * 64);
+    all_seen(s, 0, id, T_NOW + 60, T_NOW + 1);
+    auth_nonce_test_pin(s, MV_SHARD, false); /* freed now */
+    assert_int_equal(auth_stores_nonce_table_bytes(s), (4096 + 1024) * 64);
+    auth_stores_maintain(s, T_NOW + 1); /* the parked one */
+    assert_int_equal(auth_stores_nonce_table_bytes(s), 4096 * 64);
+    all_seen(s, 0, id, T_NOW + 60, T_NOW + 1);
+    auth_stores_free(s);
+}
+
 /* Threads inserting the same keys while tables grow (phase 1) and shrink
  * (phase 2), the tick running beside them as the gateway's does: every key
  * is new to exactly one thread, whatever table it was in when the others
@@ -999,6 +1037,7 @@ int main(void)
         cmocka_unit_test(test_nonce_clock_back_recount),
         cmocka_unit_test(test_nonce_move_step_by_step),
         cmocka_unit_test(test_nonce_shrink_after_peak),
+        cmocka_unit_test(test_nonce_pinned_table),
         cmocka_unit_test(test_nonce_moves_concurrent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
