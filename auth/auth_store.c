@@ -26,7 +26,8 @@
  * makes it the one inserts go to, and the old one is moved into it a few
  * lines at a time (nonce_move: each insert pays a bounded share, and the
  * gateway's once-a-second tick, auth_stores_maintain, moves the rest in
- * bounded lock holds), as Redis rehashes a dict. During a move a lookup
+ * bounded lock holds, after faulting a mapped new table's pages in without
+ * the lock), as Redis rehashes a dict. During a move a lookup
  * reads the key's two lines in each table (old lines already moved are
  * empty and skipped), and a key is in one slot of one table. The move
  * ends by unmapping the old table outside the lock. A table grows (x2)
