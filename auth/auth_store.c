@@ -810,12 +810,14 @@ auth_store_rc_t auth_nonce_insert(auth_stores_t *s, const unsigned char key[AUTH
             goto out;
         }
     }
-    /* The same key found expired in the new table keeps its slot; found
-     * (expired) in the old one, it goes to the new one and leaves the old,
-     * which must stay as it is until then (so no move, no grow: a thread
-     * whose clock is a second behind may still need the old entry). */
+    /* The same key found expired keeps its slot, in whichever table: a
+     * thread whose clock is a second behind still finds it there (now with
+     * a later expiry: a replay to it too), and a move carries it over like
+     * any other. (Placing it in the new table instead could find no room
+     * there while a wall clock stepped back has made entries of the old
+     * one live again, and refuse a nonce while the store has room.) */
     nonce_slot_t *e = found    ? found
-                      : ofound ? nonce_place(s, sh, sh->lines, sh->mask, h, free_before, base)
+                      : ofound ? ofound
                                : nonce_take(s, sh, h, free_before, base, &dead);
     if (!e) {
         atomic_fetch_sub(&s->nonce_live, 1);
@@ -824,10 +826,6 @@ auth_store_rc_t auth_nonce_insert(auth_stores_t *s, const unsigned char key[AUTH
     }
     if (e->exp)
         nonce_uncount(s, sh, e, base); /* an expired entry's slot */
-    if (ofound) {
-        nonce_uncount(s, sh, ofound, base);
-        ofound->exp = 0;
-    }
     nonce_bucket_t *b = nonce_bucket(sh, p);
     if (b->epoch != p) { /* an older turn of the ring: over by construction */
         nonce_bucket_kill(s, sh, b);
