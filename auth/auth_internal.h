@@ -219,6 +219,20 @@ auth_store_rc_t auth_nonce_insert(auth_stores_t *s, const unsigned char key[AUTH
 void auth_nonce_test_set_step(auth_stores_t *s, long work);
 bool auth_nonce_test_step(auth_stores_t *s, unsigned shard, long work, int64_t now);
 size_t auth_nonce_test_lines(auth_stores_t *s, unsigned shard, size_t *old_lines, size_t *old_left);
+/* test_pin on: a shard's table (the old one during a move) is pinned as
+ * the tick pins a table it faults in unlocked; off: the pin ends as the
+ * tick ends it (a table moved out meanwhile is freed then). */
+void auth_nonce_test_pin(auth_stores_t *s, unsigned shard, bool on);
+
+/* One lock hold of the tick's upkeep of a shard (auth_stores_maintain
+ * makes up to AUTH_NONCE_TICK_HOLDS of them a shard, stopping at the first
+ * false): its passed time buckets, then a bounded share of a move, or the
+ * start of a shrink. true: more to do. hold_ns (NULL: not measured) gets
+ * how long the shard's lock was held, in this thread's CPU ns (nonce_bench
+ * --hold). */
+#define AUTH_NONCE_SHARDS     16
+#define AUTH_NONCE_TICK_HOLDS 256
+bool auth_nonce_maintain_step(auth_stores_t *s, unsigned shard, int64_t now, int64_t *hold_ns);
 
 typedef enum auth_rev_kind {
     AUTH_REV_JTI = 'j',

@@ -26,7 +26,8 @@
  * makes it the one inserts go to, and the old one is moved into it a few
  * lines at a time (nonce_move: each insert pays a bounded share, and the
  * gateway's once-a-second tick, auth_stores_maintain, moves the rest in
- * bounded lock holds), as Redis rehashes a dict. During a move a lookup
+ * bounded lock holds, after faulting a mapped new table's pages in without
+ * the lock), as Redis rehashes a dict. During a move a lookup
  * reads the key's two lines in each table (old lines already moved are
  * empty and skipped), and a key is in one slot of one table. The move
  * ends by unmapping the old table outside the lock. A table grows (x2)
@@ -50,6 +51,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include "auth/auth_internal.h"
 
@@ -62,7 +64,7 @@
 
 #include <openssl/rand.h>
 
-#define NONCE_SHARDS           16
+#define NONCE_SHARDS           AUTH_NONCE_SHARDS
 #define DEFAULT_NONCE_CAP      (AUTH_NONCE_MEMORY_DEFAULT / AUTH_NONCE_ENTRY_BYTES)
 #define DEFAULT_REVOCATION_CAP 65536
 /* Time buckets per shard: enough for the longest life of a nonce (2 x the
@@ -104,6 +106,10 @@ typedef struct nonce_shard {
     size_t moved;        /* old's lines below this are empty */
     nonce_line_t *spent; /* a moved-out mapped table the tick unmaps */
     size_t spent_lines;
+    nonce_line_t *warm;     /* lines, once the tick has faulted its pages in */
+    nonce_line_t *pinned;   /* the table the tick is faulting in, unlocked */
+    nonce_line_t *unpinned; /* pinned, but moved out meanwhile: the tick frees it */
+    size_t unpinned_lines;
     size_t live;    /* entries its buckets count */
     int64_t cursor; /* next epoch whose bucket may have expired */
     nonce_bucket_t ring[NONCE_BUCKETS];
@@ -156,11 +162,10 @@ struct auth_stores {
  * do it. A shrink of L lines (under L/2 entries, under 5L of work) into
  * one of at least L/8 lines, 3/8 held at most, has at least 0.19 L
  * inserts: 0.02 L do it. The tick pays NONCE_TICK_WORK a lock hold,
- * NONCE_TICK_HOLDS holds a shard a tick. */
-#define NONCE_MOVE_COST  8
-#define NONCE_STEP_WORK  256
-#define NONCE_TICK_WORK  4096
-#define NONCE_TICK_HOLDS 64
+ * AUTH_NONCE_TICK_HOLDS holds a shard a tick. */
+#define NONCE_MOVE_COST 8
+#define NONCE_STEP_WORK 256
+#define NONCE_TICK_WORK 1024
 
 /* Tables of this many lines (64 KiB) and more are mapped directly: fresh
  * zero pages (no clearing them under the lock; each is touched by the
@@ -226,6 +231,7 @@ void auth_stores_free(auth_stores_t *s)
         nonce_table_free(sh->lines, sh->lines ? (size_t)sh->mask + 1 : 0);
         nonce_table_free(sh->old, sh->old ? (size_t)sh->omask + 1 : 0);
         nonce_table_free(sh->spent, sh->spent_lines);
+        nonce_table_free(sh->unpinned, sh->unpinned_lines);
         pthread_mutex_destroy(&sh->mu);
     }
     rev_ent_t *r, *rtmp;
@@ -477,6 +483,7 @@ static int nonce_resize(auth_stores_t *s, nonce_shard_t *sh, size_t n)
     sh->moved = 0;
     sh->lines = nl;
     sh->mask = (uint32_t)(n - 1);
+    sh->warm = NULL; /* (a new table may reuse a freed one's address) */
     return 0;
 }
 
@@ -502,6 +509,19 @@ __attribute__((noinline)) static void nonce_dead_free(auth_stores_t *s, nonce_de
  * take the first, is freed by that request). Under the shard's lock. */
 static void nonce_park(nonce_shard_t *sh, nonce_dead_t *d)
 {
+    /* The tick is faulting this one in, unlocked: it frees it after. */
+    if (d->t && d->t == sh->pinned) {
+        sh->unpinned = d->t;
+        sh->unpinned_lines = d->lines;
+        d->t = NULL;
+        d->lines = 0;
+    }
+    if (d->t2 && d->t2 == sh->pinned) {
+        sh->unpinned = d->t2;
+        sh->unpinned_lines = d->lines2;
+        d->t2 = NULL;
+        d->lines2 = 0;
+    }
     if (d->t && d->lines >= NONCE_MAP_LINES && !sh->spent) {
         sh->spent = d->t;
         sh->spent_lines = d->lines;
@@ -569,6 +589,7 @@ static int nonce_rebuild(auth_stores_t *s, nonce_shard_t *sh, size_t n, uint32_t
             *dead = (nonce_dead_t){sh->lines, sh->old, cur, old};
             sh->lines = nl;
             sh->mask = m;
+            sh->warm = NULL;
             sh->old = NULL;
             sh->omask = 0;
             sh->moved = 0;
@@ -789,12 +810,14 @@ auth_store_rc_t auth_nonce_insert(auth_stores_t *s, const unsigned char key[AUTH
             goto out;
         }
     }
-    /* The same key found expired in the new table keeps its slot; found
-     * (expired) in the old one, it goes to the new one and leaves the old,
-     * which must stay as it is until then (so no move, no grow: a thread
-     * whose clock is a second behind may still need the old entry). */
+    /* The same key found expired keeps its slot, in whichever table: a
+     * thread whose clock is a second behind still finds it there (now with
+     * a later expiry: a replay to it too), and a move carries it over like
+     * any other. (Placing it in the new table instead could find no room
+     * there while a wall clock stepped back has made entries of the old
+     * one live again, and refuse a nonce while the store has room.) */
     nonce_slot_t *e = found    ? found
-                      : ofound ? nonce_place(s, sh, sh->lines, sh->mask, h, free_before, base)
+                      : ofound ? ofound
                                : nonce_take(s, sh, h, free_before, base, &dead);
     if (!e) {
         atomic_fetch_sub(&s->nonce_live, 1);
@@ -803,10 +826,6 @@ auth_store_rc_t auth_nonce_insert(auth_stores_t *s, const unsigned char key[AUTH
     }
     if (e->exp)
         nonce_uncount(s, sh, e, base); /* an expired entry's slot */
-    if (ofound) {
-        nonce_uncount(s, sh, ofound, base);
-        ofound->exp = 0;
-    }
     nonce_bucket_t *b = nonce_bucket(sh, p);
     if (b->epoch != p) { /* an older turn of the ring: over by construction */
         nonce_bucket_kill(s, sh, b);
@@ -831,7 +850,7 @@ auth_store_rc_t auth_nonce_insert(auth_stores_t *s, const unsigned char key[AUTH
         nonce_shrink(s, sh);
     }
 out:
-    if (__builtin_expect(dead.t != NULL, 0))
+    if (__builtin_expect(dead.t || dead.t2, 0))
         nonce_park(sh, &dead);
     pthread_mutex_unlock(&sh->mu);
     if (__builtin_expect(dead.t || dead.t2, 0))
@@ -839,43 +858,96 @@ out:
     return rc;
 }
 
-/* One bounded step of a shard's upkeep: its passed buckets, then a share
- * of a move, or the start of a shrink. true: more to do. */
-static bool nonce_maintain_step(auth_stores_t *s, nonce_shard_t *sh, long work, int64_t now,
-                                int64_t base)
+/* This thread's CPU time, for auth_nonce_maintain_step's hold_ns. */
+static int64_t nonce_cpu_ns(void)
 {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Faults in the pages of a mapped table about to be moved into, outside
+ * the shard's lock: a move places its entries all over a table fresh from
+ * mmap, and each first touch of a page (the kernel zeroing it, ~1 us) is
+ * otherwise paid under the lock, hundreds a hold. MADV_POPULATE_WRITE
+ * (Linux 5.14) only maps pages, never changes what they hold, so inserts
+ * may write the table meanwhile; an older kernel refuses it and the faults
+ * stay where they were. */
+static void nonce_table_warm(nonce_line_t *t, size_t n)
+{
+    (void)madvise(t, n * sizeof(nonce_line_t), MADV_POPULATE_WRITE);
+}
+
+/* Ends a pin (see auth_nonce_maintain_step): the table is warm if it is
+ * still the one inserts go to; freed if a request moved it out meanwhile. */
+static void nonce_unpin(auth_stores_t *s, nonce_shard_t *sh, nonce_line_t *warmed)
+{
+    nonce_dead_t gone = {0};
+    pthread_mutex_lock(&sh->mu);
+    if (warmed && sh->lines == warmed)
+        sh->warm = warmed;
+    sh->pinned = NULL;
+    gone.t = sh->unpinned;
+    gone.lines = sh->unpinned_lines;
+    sh->unpinned = NULL;
+    sh->unpinned_lines = 0;
+    pthread_mutex_unlock(&sh->mu);
+    nonce_dead_free(s, &gone);
+}
+
+bool auth_nonce_maintain_step(auth_stores_t *s, unsigned shard, int64_t now, int64_t *hold_ns)
+{
+    int64_t base = atomic_load_explicit(&s->nonce_base, memory_order_acquire);
+    if (base == INT64_MIN)
+        return false; /* no nonce yet */
+    nonce_shard_t *sh = &s->shards[shard % NONCE_SHARDS];
     uint32_t free_before;
     (void)nonce_rel(now, base, &free_before);
     nonce_dead_t dead = {0};
+    nonce_line_t *cold = NULL;
+    size_t cold_lines = 0;
+    bool more = false;
     pthread_mutex_lock(&sh->mu);
+    int64_t t0 = hold_ns ? nonce_cpu_ns() : 0;
     nonce_expire(s, sh, now);
     dead.t2 = sh->spent; /* parked by a request */
     dead.lines2 = sh->spent_lines;
     sh->spent = NULL;
     sh->spent_lines = 0;
-    if (!sh->old)
+    if (!sh->old) {
         nonce_shrink(s, sh);
-    bool more = false;
-    if (sh->old) {
+        more = sh->old != NULL; /* started: warmed before it is moved into */
+    } else if (sh->lines != sh->warm && sh->mask + 1 >= NONCE_MAP_LINES) {
+        /* A move (a request's grow, or a shrink) into a table still cold:
+         * fault it in first, unlocked; pinned, a request that moves it out
+         * meanwhile leaves it to this thread to free. */
+        cold = sh->lines;
+        cold_lines = (size_t)sh->mask + 1;
+        sh->pinned = cold;
+        more = true;
+    } else {
         size_t before = sh->moved;
-        more = !nonce_move(s, sh, work, free_before, base, &dead);
+        more = !nonce_move(s, sh, NONCE_TICK_WORK, free_before, base, &dead);
         more = more && sh->moved != before; /* a stuck move waits for the next tick */
         if (!more && dead.t)
             more = true; /* maybe a further shrink */
     }
+    if (hold_ns)
+        *hold_ns = nonce_cpu_ns() - t0;
     pthread_mutex_unlock(&sh->mu);
     nonce_dead_free(s, &dead);
+    if (cold) {
+        nonce_table_warm(cold, cold_lines);
+        nonce_unpin(s, sh, cold);
+    }
     return more;
 }
 
 void auth_stores_maintain(auth_stores_t *s, int64_t now)
 {
-    int64_t base = atomic_load_explicit(&s->nonce_base, memory_order_acquire);
-    if (base == INT64_MIN)
-        return; /* no nonce yet */
-    for (size_t i = 0; i < NONCE_SHARDS; i++)
-        for (int k = 0; k < NONCE_TICK_HOLDS; k++)
-            if (!nonce_maintain_step(s, &s->shards[i], NONCE_TICK_WORK, now, base))
+    for (unsigned i = 0; i < NONCE_SHARDS; i++)
+        for (int k = 0; k < AUTH_NONCE_TICK_HOLDS; k++)
+            if (!auth_nonce_maintain_step(s, i, now, NULL))
                 break;
 }
 
@@ -900,6 +972,18 @@ bool auth_nonce_test_step(auth_stores_t *s, unsigned shard, long work, int64_t n
     pthread_mutex_unlock(&sh->mu);
     nonce_dead_free(s, &dead);
     return moving;
+}
+
+void auth_nonce_test_pin(auth_stores_t *s, unsigned shard, bool on)
+{
+    nonce_shard_t *sh = &s->shards[shard % NONCE_SHARDS];
+    if (!on) {
+        nonce_unpin(s, sh, NULL);
+        return;
+    }
+    pthread_mutex_lock(&sh->mu);
+    sh->pinned = sh->old ? sh->old : sh->lines;
+    pthread_mutex_unlock(&sh->mu);
 }
 
 size_t auth_nonce_test_lines(auth_stores_t *s, unsigned shard, size_t *old_lines, size_t *old_left)

@@ -16,8 +16,11 @@
  * store gives memory back), with auth_stores_maintain once a simulated
  * second as the gateway's tick: one thread, so an insert's time bounds
  * its shard lock's hold, measured here and not in the product (a tick
- * holds each shard's lock for steps of it). Also the table bytes at the
- * peak and after every nonce has expired.
+ * holds each shard's lock for steps of it). The tick is made a lock hold
+ * at a time (auth_nonce_maintain_step, as auth_stores_maintain makes it)
+ * and each hold timed inside the store: the longest, and how many took
+ * 100 us or more, while tables grow and while they shrink. Also the table
+ * bytes at the peak and after every nonce has expired.
  *
  * The store is filled first (one window and a bucket of simulated time),
  * then MEASURED inserts are timed (this thread's CPU time: the machine is
@@ -62,6 +65,8 @@ static int64_t cpu_ns(void)
 
 static int64_t tick_worst;        /* --hold: the longest auth_stores_maintain */
 static long over_100us, over_1ms; /* --hold: inserts that took that long */
+static int64_t hold_worst;        /* --hold: the tick's longest single lock hold */
+static long holds, holds_over_100us;
 
 typedef struct feed {
     auth_stores_t *s;
@@ -86,6 +91,23 @@ static void feed_one(feed_t *f)
     }
 }
 
+/* auth_stores_maintain, a hold at a time, each hold timed (the store
+ * reads this thread's CPU clock just inside and just outside its lock). */
+static void tick_timed(auth_stores_t *s, int64_t now)
+{
+    for (unsigned i = 0; i < AUTH_NONCE_SHARDS; i++) {
+        for (int k = 0; k < AUTH_NONCE_TICK_HOLDS; k++) {
+            int64_t h = 0;
+            bool more = auth_nonce_maintain_step(s, i, now, &h);
+            hold_worst = h > hold_worst ? h : hold_worst;
+            holds++;
+            holds_over_100us += h >= 100000;
+            if (!more)
+                break;
+        }
+    }
+}
+
 /* One insert (or tick), timed: this thread's CPU time, so a preemption by
  * another process on the shared machine is not counted as a hold. */
 static int64_t timed_feed(feed_t *f, int64_t *worst)
@@ -99,7 +121,7 @@ static int64_t timed_feed(feed_t *f, int64_t *worst)
     over_1ms += d >= 1000000;
     if (f->now != sec) { /* a simulated second passed: the gateway's tick */
         int64_t t1 = cpu_ns();
-        auth_stores_maintain(f->s, f->now);
+        tick_timed(f->s, f->now);
         int64_t dt = cpu_ns() - t1;
         tick_worst = dt > tick_worst ? dt : tick_worst;
     }
@@ -123,9 +145,11 @@ static int hold_main(long live)
         sum += timed_feed(&f, &worst);
     size_t peak = auth_stores_nonce_table_bytes(s);
     size_t held = auth_stores_nonce_live(s);
-    int64_t fill_tick = tick_worst;
-    long o100 = over_100us, o1 = over_1ms;
+    int64_t fill_tick = tick_worst, fill_hold = hold_worst;
+    long o100 = over_100us, o1 = over_1ms, fill_holds = holds, fill_h100 = holds_over_100us;
     tick_worst = 0;
+    hold_worst = 0;
+    holds = holds_over_100us = 0;
     f.per_s = 1;
     f.in_s = 0;
     int64_t qworst = 0;
@@ -134,9 +158,13 @@ static int hold_main(long live)
     printf("nonce_bench hold live=%zu inserts=%ld max_insert_cpu_ns=%lld mean_insert_cpu_ns=%.1f "
            "over_100us=%ld over_1ms=%ld max_tick_cpu_ns=%lld table_bytes_peak=%zu "
            "table_bytes_after=%zu "
-           "quiet_max_insert_cpu_ns=%lld quiet_max_tick_cpu_ns=%lld\n",
+           "quiet_max_insert_cpu_ns=%lld quiet_max_tick_cpu_ns=%lld "
+           "max_tick_hold_cpu_ns=%lld tick_holds=%ld tick_holds_over_100us=%ld "
+           "quiet_max_tick_hold_cpu_ns=%lld quiet_tick_holds=%ld quiet_tick_holds_over_100us=%ld\n",
            held, n, (long long)worst, (double)sum / (double)n, o100, o1, (long long)fill_tick, peak,
-           auth_stores_nonce_table_bytes(s), (long long)qworst, (long long)tick_worst);
+           auth_stores_nonce_table_bytes(s), (long long)qworst, (long long)tick_worst,
+           (long long)fill_hold, fill_holds, fill_h100, (long long)hold_worst, holds,
+           holds_over_100us);
     auth_stores_free(s);
     return 0;
 }
