@@ -239,6 +239,14 @@ static bool gw_llm_resp_scan(const char *p, size_t n, bool *content)
     return usage;
 }
 
+/* A Responses event's data that holds a usage object: response.usage. */
+static void gw_llm_resp_usage(gw_req_t *r, const char *data, size_t len)
+{
+    sl_resp_ev_t e;
+    if (sl_resp_event_read(data, len, SL_RESP_USAGE, &e) == 0 && e.usage)
+        gw_llm_usage_add(r, e.have_in, e.in, e.have_out, e.out);
+}
+
 /* gw_llm_event for a Responses event's data. */
 static bool gw_llm_resp_event(gw_req_t *r, const char *data, size_t len)
 {
@@ -246,9 +254,8 @@ static bool gw_llm_resp_event(gw_req_t *r, const char *data, size_t len)
     bool usage = gw_llm_resp_scan(data, len, &content);
     if (content)
         gw_llm_token(r);
-    sl_resp_ev_t e;
-    if (usage && sl_resp_event_read(data, len, SL_RESP_USAGE, &e) == 0 && e.usage)
-        gw_llm_usage_add(r, e.have_in, e.in, e.have_out, e.out);
+    if (usage)
+        gw_llm_resp_usage(r, data, len);
     return usage;
 }
 
@@ -346,30 +353,37 @@ bool gw_llm_sse_event(gw_req_t *r, const gw_sse_event_t *ev)
     if (!gw_llm_model_answers(r) || ev->done)
         return true;
     bool content;
-    bool usage = r->route == GW_ROUTE_RESPONSES ? gw_llm_resp_scan(ev->raw, ev->raw_len, &content)
-                                                : gw_llm_event_keys(ev->raw, ev->raw_len, &content);
-    if (usage) {
-        /* the usage chunk (or one that also carries usage): parse it */
-        if (ev->data) { /* one data line: found in place by the splitter */
-            if (ev->data_len)
-                gw_llm_event(r, ev->data, ev->data_len);
-            return true;
-        }
-        char stack[2048], *data = stack;
-        long dl = gw_sse_event_data(ev, stack, sizeof(stack));
-        if (dl < 0) {
-            data = malloc(ev->raw_len + 1);
-            dl = data ? gw_sse_event_data(ev, data, ev->raw_len + 1) : -1;
-        }
-        if (dl > 0)
-            gw_llm_event(r, data, (size_t)dl);
-        if (data != stack)
-            free(data);
+    bool resp = r->route == GW_ROUTE_RESPONSES;
+    bool usage = resp ? gw_llm_resp_scan(ev->raw, ev->raw_len, &content)
+                      : gw_llm_event_keys(ev->raw, ev->raw_len, &content);
+    if (!usage || resp) {
+        if (content)
+            gw_llm_token(r);
+        if (!usage)
+            return false;
+    }
+    /* the usage chunk (or one that also carries usage): parse it (a
+     * Responses event: its response.usage alone, its content told above) */
+    if (ev->data) { /* one data line: found in place by the splitter */
+        if (ev->data_len && resp)
+            gw_llm_resp_usage(r, ev->data, ev->data_len);
+        else if (ev->data_len)
+            gw_llm_event(r, ev->data, ev->data_len);
         return true;
     }
-    if (content)
-        gw_llm_token(r);
-    return false;
+    char stack[2048], *data = stack;
+    long dl = gw_sse_event_data(ev, stack, sizeof(stack));
+    if (dl < 0) {
+        data = malloc(ev->raw_len + 1);
+        dl = data ? gw_sse_event_data(ev, data, ev->raw_len + 1) : -1;
+    }
+    if (dl > 0 && resp)
+        gw_llm_resp_usage(r, data, (size_t)dl);
+    else if (dl > 0)
+        gw_llm_event(r, data, (size_t)dl);
+    if (data != stack)
+        free(data);
+    return true;
 }
 
 void gw_llm_body(gw_req_t *r, const json_t *body)
@@ -618,7 +632,7 @@ static bool gw_llm_usage_kept(const char *obj, size_t n, bool resp, gw_llm_uread
     for (unsigned i = 0; i < GW_LLM_USHAPES; i++) {
         const sl_jshape_t *sh = &c->slot[i].sh;
         const gw_llm_ushape_t *u = c->slot[i].data;
-        if (sl_jshape_empty(sh) || u->resp != resp ||
+        if (sl_jshape_empty(sh) || !u || u->resp != resp ||
             !sl_jshape_match_prefix(sh, obj, n, sp, &used))
             continue;
         out->closed = true;
