@@ -65,6 +65,10 @@ typedef struct gw_llm_uread {
     long long pv, cv;
 } gw_llm_uread_t;
 void gw_llm_usage_read(const char *obj, size_t n, bool kept, gw_llm_uread_t *out);
+/* The same with the Responses API's names: input_tokens into the prompt
+ * count, output_tokens into the completion count (a kept shape serves only
+ * reads of the names it was learnt with). */
+void gw_llm_resp_usage_read(const char *obj, size_t n, bool kept, gw_llm_uread_t *out);
 /* The thread's kept shapes: how often they served (tests, benches), and
  * dropped. */
 typedef struct gw_llm_shape_stats {

@@ -694,6 +694,11 @@ void gw_llm_usage_read(const char *obj, size_t n, bool kept, gw_llm_uread_t *out
     gw_llm_usage_read_as(obj, n, kept, false, out);
 }
 
+void gw_llm_resp_usage_read(const char *obj, size_t n, bool kept, gw_llm_uread_t *out)
+{
+    gw_llm_usage_read_as(obj, n, kept, true, out);
+}
+
 /* obj..end starts with the usage object's '{' (a Responses answer's:
  * input_tokens, output_tokens). */
 static void gw_llm_usage_bytes(gw_req_t *r, const char *obj, size_t n)
