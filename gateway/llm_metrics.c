@@ -122,6 +122,15 @@ static sl_mseries_t *gw_llm_cached(sl_mseries_t **slot, sl_metric_t *m, const ch
 
 #define GW_LLM_CACHED(e, field, m, model, v) gw_llm_cached((e) ? &(e)->field : NULL, m, model, v)
 
+/* A Responses API request that made an answer: POST /v1/responses with
+ * its body (scanned or parsed). GET /v1/responses/{id} (and its
+ * ?stream=true replay) or .../cancel return a stored response, usage and
+ * all: not counted again. */
+static bool gw_llm_resp_made(const gw_req_t *r)
+{
+    return r->scan || r->json;
+}
+
 /* Template and queued answers are not a model's tokens. */
 static bool gw_llm_model_answers(const gw_req_t *r)
 {
@@ -264,7 +273,7 @@ bool gw_llm_event(gw_req_t *r, const char *data, size_t len)
     if (!gw_llm_model_answers(r) || len == 0 || data[0] != '{')
         return true; /* [DONE], or not a JSON chunk */
     if (r->route == GW_ROUTE_RESPONSES)
-        return gw_llm_resp_event(r, data, len);
+        return gw_llm_resp_made(r) ? gw_llm_resp_event(r, data, len) : true;
     bool content;
     if (!gw_llm_scan_keys(data, len, &content)) { /* most events: a scan, no parse */
         if (content)
@@ -354,6 +363,8 @@ bool gw_llm_sse_event(gw_req_t *r, const gw_sse_event_t *ev)
         return true;
     bool content;
     bool resp = r->route == GW_ROUTE_RESPONSES;
+    if (resp && !gw_llm_resp_made(r))
+        return true; /* not looked at */
     bool usage = resp ? gw_llm_resp_scan(ev->raw, ev->raw_len, &content)
                       : gw_llm_event_keys(ev->raw, ev->raw_len, &content);
     if (!usage || resp) {
@@ -397,7 +408,7 @@ void gw_llm_body_bytes(gw_req_t *r, const char *p, size_t n)
 {
     if (!gw_llm_model_answers(r) ||
         (r->route != GW_ROUTE_CHAT && r->route != GW_ROUTE_COMPLETIONS &&
-         r->route != GW_ROUTE_RESPONSES))
+         (r->route != GW_ROUTE_RESPONSES || !gw_llm_resp_made(r))))
         return;
     if (!r->llm.tail && !(r->llm.tail = malloc(GW_LLM_TAIL)))
         return; /* no usage then: the metrics add nothing */
@@ -1038,7 +1049,7 @@ void gw_llm_req_end(gw_req_t *r, int64_t now_ns)
         sl_counter_add(gw_llm_s2(gw_llm_m.tier, name, tier), 1);
     /* A whole JSON answer: its first token reached the client with its end. */
     bool text_route = r->route == GW_ROUTE_CHAT || r->route == GW_ROUTE_COMPLETIONS ||
-                      r->route == GW_ROUTE_RESPONSES;
+                      (r->route == GW_ROUTE_RESPONSES && gw_llm_resp_made(r));
     if (text_route && !r->att.resp_sse && !r->llm.first_token_ns && r->status >= 200 &&
         r->status < 300 && !r->queued_id[0] && gw_llm_model_answers(r)) {
         r->llm.first_token_ns = now_ns;

@@ -218,6 +218,7 @@ def test_tokens_metrics_and_access_log(sluice, mock):
                 {"usage": {"input_tokens": 17, "output_tokens": 5, "total_tokens": 22}})
     r = sluice.request("POST", PATH, body())
     assert r.status == 200 and r.json()["usage"]["input_tokens"] == 31
+    rid = r.json()["id"]
     assert tokens(sluice) == (31, 9)
     with sluice.client(timeout=bound(10)) as c:
         r, evs = c.stream("POST", PATH, body(stream=True))
@@ -228,13 +229,23 @@ def test_tokens_metrics_and_access_log(sluice, mock):
     got = sorted((l["stream"], l["prompt_tokens"], l["completion_tokens"]) for l in lines)
     assert got == [(False, 31, 9), (True, 17, 5)], lines
     assert all(l["ttft"] > 0 for l in lines), lines
+    # a stored response read back (GET /v1/responses/{id}) carries its usage
+    # again: not counted again, no TTFT
+    _, ttft_n, _ = hist(sluice, "sluice_time_to_first_token_seconds", model=MODEL, stream="false")
+    got = sluice.request("GET", PATH + "/" + rid)
+    assert got.status == 200 and got.json()["usage"]["input_tokens"] == 31, got
+    assert tokens(sluice) == (31 + 17, 9 + 5)
+    assert hist(sluice, "sluice_time_to_first_token_seconds", model=MODEL,
+                stream="false")[1] == ttft_n == 1
+    lines = log_lines(sluice, 3)
+    assert "prompt_tokens" not in lines[2] and "ttft" not in lines[2], lines[2]
     # a stream cut before response.completed reports no usage: nothing added
     mock.script({"cut_after": 4})
     with sluice.client(timeout=bound(10)) as c:
         r, evs = c.stream("POST", PATH, body(stream=True))
         list(evs)
-    lines = log_lines(sluice, 3)
-    assert "prompt_tokens" not in lines[2], lines[2]
+    lines = log_lines(sluice, 4)
+    assert "prompt_tokens" not in lines[3], lines[3]
     assert tokens(sluice) == (48, 14)
 
 
