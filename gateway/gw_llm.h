@@ -65,6 +65,10 @@ typedef struct gw_llm_uread {
     long long pv, cv;
 } gw_llm_uread_t;
 void gw_llm_usage_read(const char *obj, size_t n, bool kept, gw_llm_uread_t *out);
+/* The same with the Responses API's names: input_tokens into the prompt
+ * count, output_tokens into the completion count (a kept shape serves only
+ * reads of the names it was learnt with). */
+void gw_llm_resp_usage_read(const char *obj, size_t n, bool kept, gw_llm_uread_t *out);
 /* The thread's kept shapes: how often they served (tests, benches), and
  * dropped. */
 typedef struct gw_llm_shape_stats {
@@ -75,10 +79,6 @@ gw_llm_shape_stats_t gw_llm_shape_stats(void);
 void gw_llm_shapes_clear(void);
 /* Whether an event's data may carry the usage (hook_llm.c's strip test). */
 bool gw_llm_has_usage_key(const char *p, size_t n);
-/* Whether gw_llm_event's parse of a Responses event could read anything:
- * false only when yajl finds valid JSON without a top-level "usage" or
- * "choices" (that API nests its usage in response.usage). */
-bool gw_llm_top_reads(const char *data, size_t len);
 /* A whole JSON answer's usage (an answer made in-process). */
 void gw_llm_body(gw_req_t *r, const json_t *body);
 /* A relayed JSON answer's bytes, in pieces: the last GW_LLM_TAIL bytes are

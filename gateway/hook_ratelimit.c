@@ -239,6 +239,31 @@ static int gw_rl_clamp_responses(gw_req_t *r, int64_t cap, rl_clamp_t *clamp)
     return 0;
 }
 
+/* A Responses request: the clamp, and with budgets its prompt estimate
+ * (instructions, input, tools: from the tree, parsed on demand after the
+ * clamp's splice) and, for a stream, the counter its events feed
+ * (response.completed's usage, else the deltas' text). Nothing is
+ * injected: that API's stream always ends with its usage. -1: answered. */
+static int gw_rl_budget_responses(gw_req_t *r, gw_rl_t *s, int64_t cap, bool budgets)
+{
+    if (gw_rl_clamp_responses(r, cap, &s->clamp) != 0)
+        return -1;
+    s->clamp.stream = r->stream;
+    if (!budgets)
+        return 0;
+    const json_t *j = gw_req_json(r);
+    if (!j) {
+        gw_respond_oom(r);
+        return -1;
+    }
+    s->prompt_est = rl_responses_prompt_tokens(j);
+    if (s->clamp.stream && !(s->stream = rl_stream_new(false))) {
+        gw_respond_oom(r);
+        return -1;
+    }
+    return 0;
+}
+
 /* The clamp over the scanner's facts (body_scan.h): the edits become
  * splices on the client's bytes. -1: answered. */
 static int gw_rl_clamp_scan(gw_req_t *r, gw_rl_t *s, bool budgets)
@@ -385,7 +410,7 @@ static int gw_rl_clamp(gw_req_t *r, gw_rl_t *s)
         }
     }
     if (r->route == GW_ROUTE_RESPONSES && (json_is_object(r->json) || r->scan) &&
-        gw_rl_clamp_responses(r, c->max_tokens, &s->clamp) != 0)
+        gw_rl_budget_responses(r, s, c->max_tokens, budgets) != 0)
         return -1;
     return 0;
 }
@@ -493,10 +518,13 @@ static void gw_rl_on_headers(gw_req_t *r, void *state, gw_sb_t *head)
 static gw_ev_rc_t gw_rl_on_event(gw_req_t *r, void *state, const char *data, size_t len,
                                  gw_payloads_t *out)
 {
-    (void)r;
     gw_rl_t *s = state;
     if (!s->stream)
         return GW_EV_PASS;
+    if (r->route == GW_ROUTE_RESPONSES) {
+        rl_stream_feed_responses(s->stream, data, len);
+        return GW_EV_PASS;
+    }
     char *rw = NULL;
     size_t rwlen = 0;
     switch (rl_stream_feed(s->stream, data, len, &rw, &rwlen)) {

@@ -12,6 +12,7 @@
 #include <yajl/yajl_parse.h>
 
 #include "common/jshape.h"
+#include "common/sl_resp.h"
 #include "common/yheap.h"
 #include "fallback/fallback.h"
 #include "gateway/gw_llm.h"
@@ -121,6 +122,15 @@ static sl_mseries_t *gw_llm_cached(sl_mseries_t **slot, sl_metric_t *m, const ch
 
 #define GW_LLM_CACHED(e, field, m, model, v) gw_llm_cached((e) ? &(e)->field : NULL, m, model, v)
 
+/* A Responses API request that made an answer: POST /v1/responses with
+ * its body (scanned or parsed). GET /v1/responses/{id} (and its
+ * ?stream=true replay) or .../cancel return a stored response, usage and
+ * all: not counted again. */
+static bool gw_llm_resp_made(const gw_req_t *r)
+{
+    return r->scan || r->json;
+}
+
 /* Template and queued answers are not a model's tokens. */
 static bool gw_llm_model_answers(const gw_req_t *r)
 {
@@ -197,73 +207,79 @@ static void gw_llm_token(gw_req_t *r)
 
 static const char *gw_llm_after_key(const char *p, size_t n, const char *key, size_t klen);
 
-/* ---- a Responses API event: its top-level keys --------------------------------
+/* Whether the bytes before the ':' at k end in the key lit (with quotes). */
+#define GW_LLM_KEY_AT(p, k, lit)                                                                   \
+    ((size_t)((k) - (p)) >= sizeof(lit) - 1 &&                                                     \
+     memcmp((k) - (sizeof(lit) - 1), lit, sizeof(lit) - 1) == 0)
+
+/* ---- a Responses API event ------------------------------------------------
  *
- * A Responses event's usage is nested (response.usage, not read yet), but
- * its "usage":{ trips the key scan, and jansson's parse of a whole
- * response.completed cost ~80k instructions to find no top-level "usage"
- * or "choices", the only members gw_llm_event reads. yajl tells first
- * whether either is there. */
+ * That API's events are told by their own keys: a token is a `*.delta`
+ * event's non-empty `"delta":"...`, and the usage is nested in
+ * response.completed (response.usage: input_tokens, output_tokens), read by
+ * common/sl_resp.c with yajl's callbacks and no decoded string (the event
+ * repeats the whole answer), stopping at the usage's end. Their events
+ * differ in a sequence number each, so no shape is kept for them. */
 
-typedef struct gw_llm_top {
-    int depth;
-    bool found;
-} gw_llm_top_t;
-
-static int gw_llm_top_open(void *c)
+/* One pass over a Responses event's bytes: true when a `"usage":` holds an
+ * object (response.completed's); *content when a `"delta":` holds a
+ * non-empty string. */
+static bool gw_llm_resp_scan(const char *p, size_t n, bool *content)
 {
-    ((gw_llm_top_t *)c)->depth++;
-    return 1;
-}
-static int gw_llm_top_close(void *c)
-{
-    ((gw_llm_top_t *)c)->depth--;
-    return 1;
-}
-static int gw_llm_top_key(void *c, const unsigned char *k, size_t n)
-{
-    gw_llm_top_t *t = c;
-    if (t->depth == 1 &&
-        ((n == 5 && memcmp(k, "usage", 5) == 0) || (n == 7 && memcmp(k, "choices", 7) == 0))) {
-        t->found = true;
-        return 0; /* enough: the parse decides */
+    const char *end = p + n, *q = p;
+    bool usage = false;
+    *content = false;
+    while (q < end && (q = memchr(q, ':', (size_t)(end - q))) != NULL) {
+        const char *k = q++;
+        if (k == p || k[-1] != '"')
+            continue;
+        const char *v = q;
+        while (v < end && (*v == ' ' || *v == '\t'))
+            v++;
+        if (v == end)
+            break;
+        if (GW_LLM_KEY_AT(p, k, "\"usage\"")) {
+            usage |= *v == '{';
+        } else if (GW_LLM_KEY_AT(p, k, "\"delta\"")) {
+            if (*v == '"' && v + 1 < end && v[1] != '"')
+                *content = true;
+        }
     }
-    return 1;
+    return usage;
 }
 
-static const yajl_callbacks gw_llm_top_cb = {
-    .yajl_start_map = gw_llm_top_open,
-    .yajl_end_map = gw_llm_top_close,
-    .yajl_start_array = gw_llm_top_open,
-    .yajl_end_array = gw_llm_top_close,
-    .yajl_map_key = gw_llm_top_key,
-};
-
-bool gw_llm_top_reads(const char *data, size_t len)
+/* A Responses event's data that holds a usage object: response.usage. */
+static void gw_llm_resp_usage(gw_req_t *r, const char *data, size_t len)
 {
-    gw_llm_top_t t = {0, false};
-    yajl_handle h = yajl_alloc(&gw_llm_top_cb, NULL, &t);
-    if (!h)
-        return true;
-    yajl_status st = yajl_parse(h, (const unsigned char *)data, len);
-    if (st == yajl_status_ok)
-        st = yajl_complete_parse(h);
-    yajl_free(h);
-    return t.found || st != yajl_status_ok;
+    sl_resp_ev_t e;
+    if (sl_resp_event_read(data, len, SL_RESP_USAGE, &e) == 0 && e.usage)
+        gw_llm_usage_add(r, e.have_in, e.in, e.have_out, e.out);
+}
+
+/* gw_llm_event for a Responses event's data. */
+static bool gw_llm_resp_event(gw_req_t *r, const char *data, size_t len)
+{
+    bool content;
+    bool usage = gw_llm_resp_scan(data, len, &content);
+    if (content)
+        gw_llm_token(r);
+    if (usage)
+        gw_llm_resp_usage(r, data, len);
+    return usage;
 }
 
 bool gw_llm_event(gw_req_t *r, const char *data, size_t len)
 {
     if (!gw_llm_model_answers(r) || len == 0 || data[0] != '{')
         return true; /* [DONE], or not a JSON chunk */
+    if (r->route == GW_ROUTE_RESPONSES)
+        return gw_llm_resp_made(r) ? gw_llm_resp_event(r, data, len) : true;
     bool content;
     if (!gw_llm_scan_keys(data, len, &content)) { /* most events: a scan, no parse */
         if (content)
             gw_llm_token(r);
         return false;
     }
-    if (r->route == GW_ROUTE_RESPONSES && !gw_llm_top_reads(data, len))
-        return true; /* as the parse: nothing there it reads */
     json_t *j = json_loadb(data, len, 0, NULL);
     if (!j)
         return true;
@@ -310,11 +326,6 @@ bool gw_llm_has_usage_key(const char *p, size_t n)
     return false;
 }
 
-/* Whether the bytes before the ':' at k end in the key lit (with quotes). */
-#define GW_LLM_KEY_AT(p, k, lit)                                                                   \
-    ((size_t)((k) - (p)) >= sizeof(lit) - 1 &&                                                     \
-     memcmp((k) - (sizeof(lit) - 1), lit, sizeof(lit) - 1) == 0)
-
 bool gw_llm_scan_keys(const char *p, size_t n, bool *content)
 {
     /* Every `"key":` is found at its ':' (a byte an event has about ten
@@ -351,28 +362,39 @@ bool gw_llm_sse_event(gw_req_t *r, const gw_sse_event_t *ev)
     if (!gw_llm_model_answers(r) || ev->done)
         return true;
     bool content;
-    if (gw_llm_event_keys(ev->raw, ev->raw_len, &content)) {
-        /* the usage chunk (or one that also carries usage): parse it */
-        if (ev->data) { /* one data line: found in place by the splitter */
-            if (ev->data_len)
-                gw_llm_event(r, ev->data, ev->data_len);
-            return true;
-        }
-        char stack[2048], *data = stack;
-        long dl = gw_sse_event_data(ev, stack, sizeof(stack));
-        if (dl < 0) {
-            data = malloc(ev->raw_len + 1);
-            dl = data ? gw_sse_event_data(ev, data, ev->raw_len + 1) : -1;
-        }
-        if (dl > 0)
-            gw_llm_event(r, data, (size_t)dl);
-        if (data != stack)
-            free(data);
+    bool resp = r->route == GW_ROUTE_RESPONSES;
+    if (resp && !gw_llm_resp_made(r))
+        return true; /* not looked at */
+    bool usage = resp ? gw_llm_resp_scan(ev->raw, ev->raw_len, &content)
+                      : gw_llm_event_keys(ev->raw, ev->raw_len, &content);
+    if (!usage || resp) {
+        if (content)
+            gw_llm_token(r);
+        if (!usage)
+            return false;
+    }
+    /* the usage chunk (or one that also carries usage): parse it (a
+     * Responses event: its response.usage alone, its content told above) */
+    if (ev->data) { /* one data line: found in place by the splitter */
+        if (ev->data_len && resp)
+            gw_llm_resp_usage(r, ev->data, ev->data_len);
+        else if (ev->data_len)
+            gw_llm_event(r, ev->data, ev->data_len);
         return true;
     }
-    if (content)
-        gw_llm_token(r);
-    return false;
+    char stack[2048], *data = stack;
+    long dl = gw_sse_event_data(ev, stack, sizeof(stack));
+    if (dl < 0) {
+        data = malloc(ev->raw_len + 1);
+        dl = data ? gw_sse_event_data(ev, data, ev->raw_len + 1) : -1;
+    }
+    if (dl > 0 && resp)
+        gw_llm_resp_usage(r, data, (size_t)dl);
+    else if (dl > 0)
+        gw_llm_event(r, data, (size_t)dl);
+    if (data != stack)
+        free(data);
+    return true;
 }
 
 void gw_llm_body(gw_req_t *r, const json_t *body)
@@ -384,7 +406,9 @@ void gw_llm_body(gw_req_t *r, const json_t *body)
 
 void gw_llm_body_bytes(gw_req_t *r, const char *p, size_t n)
 {
-    if (!gw_llm_model_answers(r) || (r->route != GW_ROUTE_CHAT && r->route != GW_ROUTE_COMPLETIONS))
+    if (!gw_llm_model_answers(r) ||
+        (r->route != GW_ROUTE_CHAT && r->route != GW_ROUTE_COMPLETIONS &&
+         (r->route != GW_ROUTE_RESPONSES || !gw_llm_resp_made(r))))
         return;
     if (!r->llm.tail && !(r->llm.tail = malloc(GW_LLM_TAIL)))
         return; /* no usage then: the metrics add nothing */
@@ -413,6 +437,7 @@ typedef struct gw_llm_uparse {
     const char *base;    /* the text given to yajl */
     int depth;           /* 1: inside the usage object itself */
     int key;             /* the member whose value comes next: 0 other, 1 prompt, 2 completion */
+    bool resp;           /* the Responses API's names: input_tokens, output_tokens */
     bool closed;         /* the usage object ended */
     bool have_p, have_c; /* an integer value was seen */
     long long pv, cv;
@@ -489,9 +514,13 @@ static int gw_llm_up_map_key(void *ctx, const unsigned char *k, size_t n)
 {
     gw_llm_uparse_t *u = ctx;
     u->key = 0;
-    if (u->depth == 1 && n == 13 && memcmp(k, "prompt_tokens", 13) == 0)
+    if (u->depth != 1)
+        return 1;
+    if (u->resp ? n == 12 && memcmp(k, "input_tokens", 12) == 0
+                : n == 13 && memcmp(k, "prompt_tokens", 13) == 0)
         u->key = 1;
-    else if (u->depth == 1 && n == 17 && memcmp(k, "completion_tokens", 17) == 0)
+    else if (u->resp ? n == 13 && memcmp(k, "output_tokens", 13) == 0
+                     : n == 17 && memcmp(k, "completion_tokens", 17) == 0)
         u->key = 2;
     return 1;
 }
@@ -548,6 +577,7 @@ static const yajl_callbacks gw_llm_up_cbs = {
 /* What a usage slot keeps beside its shape. */
 typedef struct gw_llm_ushape {
     int hp, hc; /* the hole of prompt_tokens' / completion_tokens' value, -1 none */
+    bool resp;  /* learnt with the Responses API's names */
 } gw_llm_ushape_t;
 
 /* What an event slot keeps beside its shape sh. */
@@ -605,16 +635,17 @@ static void gw_llm_hole_int(const char *p, const sl_jspan_t *sp, int hole, bool 
 
 /* The usage object through a kept shape: what yajl would read, from the
  * holes (the object's bytes only: yajl stops at its '}'). */
-static bool gw_llm_usage_kept(const char *obj, size_t n, gw_llm_uread_t *out)
+static bool gw_llm_usage_kept(const char *obj, size_t n, bool resp, gw_llm_uread_t *out)
 {
     sl_jshape_cache_t *c = &gw_llm_uc;
     sl_jspan_t sp[SL_JSHAPE_MAX_HOLES];
     size_t used;
     for (unsigned i = 0; i < GW_LLM_USHAPES; i++) {
         const sl_jshape_t *sh = &c->slot[i].sh;
-        if (sl_jshape_empty(sh) || !sl_jshape_match_prefix(sh, obj, n, sp, &used))
-            continue;
         const gw_llm_ushape_t *u = c->slot[i].data;
+        if (sl_jshape_empty(sh) || !u || u->resp != resp ||
+            !sl_jshape_match_prefix(sh, obj, n, sp, &used))
+            continue;
         out->closed = true;
         gw_llm_hole_int(obj, sp, u->hp, &out->have_p, &out->pv);
         gw_llm_hole_int(obj, sp, u->hc, &out->have_c, &out->cv);
@@ -637,19 +668,22 @@ static void gw_llm_usage_learn(const char *obj, const gw_llm_uparse_t *u)
     gw_llm_ushape_t *k = gw_llm_uc.slot[i].data;
     k->hp = u->hp;
     k->hc = u->hc;
+    k->resp = u->resp;
     if (sl_jshape_cache_set(&gw_llm_uc, (unsigned)i, obj, u->end, u->hole, kinds, u->nholes) != 0)
         return; /* empty then */
 }
 
-void gw_llm_usage_read(const char *obj, size_t n, bool kept, gw_llm_uread_t *out)
+/* gw_llm_usage_read with the Responses API's names when resp. */
+static void gw_llm_usage_read_as(const char *obj, size_t n, bool kept, bool resp,
+                                 gw_llm_uread_t *out)
 {
     memset(out, 0, sizeof(*out));
     if (kept) {
-        if (gw_llm_usage_kept(obj, n, out))
+        if (gw_llm_usage_kept(obj, n, resp, out))
             return;
         sl_jshape_cache_miss(&gw_llm_uc);
     }
-    gw_llm_uparse_t u = {.base = obj, .hp = -1, .hc = -1};
+    gw_llm_uparse_t u = {.base = obj, .hp = -1, .hc = -1, .resp = resp};
     sl_yheap_t heap;
     yajl_alloc_funcs af = sl_yheap_funcs(&heap);
     yajl_handle h = yajl_alloc(&gw_llm_up_cbs, &af, &u);
@@ -666,11 +700,22 @@ void gw_llm_usage_read(const char *obj, size_t n, bool kept, gw_llm_uread_t *out
         gw_llm_usage_learn(obj, &u);
 }
 
-/* obj..end starts with the usage object's '{'. */
+void gw_llm_usage_read(const char *obj, size_t n, bool kept, gw_llm_uread_t *out)
+{
+    gw_llm_usage_read_as(obj, n, kept, false, out);
+}
+
+void gw_llm_resp_usage_read(const char *obj, size_t n, bool kept, gw_llm_uread_t *out)
+{
+    gw_llm_usage_read_as(obj, n, kept, true, out);
+}
+
+/* obj..end starts with the usage object's '{' (a Responses answer's:
+ * input_tokens, output_tokens). */
 static void gw_llm_usage_bytes(gw_req_t *r, const char *obj, size_t n)
 {
     gw_llm_uread_t u;
-    gw_llm_usage_read(obj, n, true, &u);
+    gw_llm_usage_read_as(obj, n, true, r->route == GW_ROUTE_RESPONSES, &u);
     if (u.closed)
         gw_llm_usage_add(r, u.have_p, u.pv, u.have_c, u.cv);
 }
@@ -1003,7 +1048,8 @@ void gw_llm_req_end(gw_req_t *r, int64_t now_ns)
     else
         sl_counter_add(gw_llm_s2(gw_llm_m.tier, name, tier), 1);
     /* A whole JSON answer: its first token reached the client with its end. */
-    bool text_route = r->route == GW_ROUTE_CHAT || r->route == GW_ROUTE_COMPLETIONS;
+    bool text_route = r->route == GW_ROUTE_CHAT || r->route == GW_ROUTE_COMPLETIONS ||
+                      (r->route == GW_ROUTE_RESPONSES && gw_llm_resp_made(r));
     if (text_route && !r->att.resp_sse && !r->llm.first_token_ns && r->status >= 200 &&
         r->status < 300 && !r->queued_id[0] && gw_llm_model_answers(r)) {
         r->llm.first_token_ns = now_ns;

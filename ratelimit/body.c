@@ -7,6 +7,8 @@
  */
 #include "ratelimit/rl_internal.h"
 
+#include "common/sl_resp.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +85,71 @@ int64_t rl_body_prompt_tokens(const json_t *body)
             free(t);
         }
     }
+    return n;
+}
+
+/* The compact JSON of v, estimated (what a model sees of a tool or an
+ * item it has no text field for). */
+static int64_t rl_dump_tokens(const json_t *v)
+{
+    char *t = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+    if (!t)
+        return 0;
+    int64_t n = rl_estimate_text_tokens(t, strlen(t));
+    free(t);
+    return n;
+}
+
+/* A Responses API content: a string, or parts ({"type": "input_text",
+ * "text": ...}; an input_image a flat 85 as chat's image_url; any other
+ * part, a file say, its compact JSON). */
+static int64_t rl_resp_content_tokens(const json_t *content)
+{
+    if (json_is_string(content))
+        return rl_json_text_tokens(content);
+    int64_t n = 0;
+    size_t i;
+    json_t *part;
+    json_array_foreach(content, i, part)
+    {
+        const json_t *text = json_object_get(part, "text");
+        const char *type = json_string_value(json_object_get(part, "type"));
+        if (json_is_string(text))
+            n += rl_json_text_tokens(text);
+        else if (type && strcmp(type, "input_image") == 0)
+            n += 85;
+        else
+            n += rl_dump_tokens(part);
+    }
+    return n;
+}
+
+int64_t rl_responses_prompt_tokens(const json_t *body)
+{
+    int64_t n = 3; /* the reply's priming */
+    n += rl_json_text_tokens(json_object_get(body, "instructions"));
+    const json_t *input = json_object_get(body, "input");
+    if (json_is_string(input)) {
+        n += 4 + rl_json_text_tokens(input); /* one user message */
+    } else {
+        size_t i;
+        json_t *item;
+        json_array_foreach(input, i, item)
+        {
+            n += 4; /* role and separators */
+            const json_t *content = json_object_get(item, "content");
+            const json_t *output = json_object_get(item, "output");
+            if (content)
+                n += rl_resp_content_tokens(content);
+            else if (json_is_string(output)) /* function_call_output */
+                n += rl_json_text_tokens(output);
+            else /* function_call (name, arguments), reasoning, ...: as sent */
+                n += rl_dump_tokens(item);
+        }
+    }
+    const json_t *tools = json_object_get(body, "tools");
+    if (tools)
+        n += rl_dump_tokens(tools);
     return n;
 }
 
@@ -274,12 +341,18 @@ int64_t rl_chat_prompt_tokens(const sl_chat_t *chat)
 
 /* ---- usage ------------------------------------------------------------------------ */
 
+/* Chat's names (prompt_tokens, completion_tokens), else the Responses
+ * API's (input_tokens, output_tokens); total_tokens in both. */
 static int rl_usage_parse(const json_t *usage, rl_usage_t *u)
 {
     if (!json_is_object(usage))
         return -1;
     const json_t *p = json_object_get(usage, "prompt_tokens");
     const json_t *c = json_object_get(usage, "completion_tokens");
+    if (!p && !c) {
+        p = json_object_get(usage, "input_tokens");
+        c = json_object_get(usage, "output_tokens");
+    }
     const json_t *t = json_object_get(usage, "total_tokens");
     if (!json_is_integer(c) && !json_is_integer(t))
         return -1;
@@ -406,6 +479,28 @@ rl_chunk_action_t rl_stream_feed(rl_stream_t *s, const char *data, size_t len, c
 rl_chunk_action_t rl_chunk_strip_usage(const char *data, size_t len, char **out, size_t *outlen)
 {
     return rl_chunk_feed(NULL, data, len, out, outlen);
+}
+
+void rl_stream_feed_responses(rl_stream_t *s, const char *data, size_t len)
+{
+    /* Only a delta or a usage is read: the other events (created, item
+     * added, done) are not parsed. */
+    if (!memmem(data, len, "\"delta\"", 7) && !memmem(data, len, "\"usage\"", 7))
+        return;
+    sl_resp_ev_t e;
+    if (sl_resp_event_read(data, len, SL_RESP_USAGE | SL_RESP_TEXT, &e) != 0)
+        return;
+    if (e.delta) {
+        s->ascii += e.ascii;
+        s->other += e.other;
+    }
+    int64_t total = sl_resp_usage_total(&e);
+    if (total >= 0) {
+        s->usage.prompt_tokens = e.have_in ? e.in : 0;
+        s->usage.completion_tokens = e.have_out ? e.out : 0;
+        s->usage.total_tokens = total;
+        s->got_usage = true;
+    }
 }
 
 int rl_stream_usage(const rl_stream_t *s, rl_usage_t *u)

@@ -333,8 +333,17 @@ typedef struct rl_usage {
     int64_t total_tokens; /* prompt + completion when the upstream left it out */
 } rl_usage_t;
 
-/* The "usage" object of a non-streamed response. 0 found, -1 absent/bad. */
+/* The "usage" object of a non-streamed response: chat's prompt_tokens /
+ * completion_tokens, else the Responses API's input_tokens / output_tokens
+ * (into prompt / completion). 0 found, -1 absent/bad. */
 int rl_usage_from_body(const json_t *body, rl_usage_t *u) SL_WUR;
+
+/* Estimated prompt tokens of a Responses API body (POST /v1/responses):
+ * instructions, input (a string: one user message; an array of items:
+ * each item's content string or parts, a function_call_output's output, any
+ * other item's compact JSON) and tools, as rl_body_prompt_tokens counts a
+ * chat body. */
+int64_t rl_responses_prompt_tokens(const json_t *body);
 
 /* Per-stream accounting. */
 typedef struct rl_stream rl_stream_t;
@@ -354,6 +363,11 @@ void rl_stream_free(rl_stream_t *s);
  * malloc'd; the caller frees it. Bad JSON is forwarded untouched. */
 rl_chunk_action_t rl_stream_feed(rl_stream_t *s, const char *data, size_t len, char **out,
                                  size_t *outlen);
+/* A Responses API stream's event data (its own shapes: nothing is dropped
+ * or rewritten): response.completed's response.usage (read without a
+ * tree, common/sl_resp.h) is the usage, and each *.delta event's text is
+ * counted for the estimate. */
+void rl_stream_feed_responses(rl_stream_t *s, const char *data, size_t len);
 /* rl_stream_feed's strip alone, for a caller that keeps no count: what a
  * stream with strip on does with this event (nothing is noted). */
 rl_chunk_action_t rl_chunk_strip_usage(const char *data, size_t len, char **out, size_t *outlen);

@@ -970,7 +970,9 @@ class Conn:
     async def answer_responses(self, req):
         """The Responses API: POST /v1/responses (stream: SSE with `event:`
         lines, ending with response.completed and no [DONE]; behaviours:
-        status, events, text, no_finish = no response.completed), GET and
+        status, events, text, no_finish = no response.completed, cut_after =
+        close after K events, usage = the usage object sent (false: none;
+        default: input words, one output token an event)), GET and
         DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel."""
         st, path, m = self.st, req["path"], req["method"]
         store = st.__dict__.setdefault("responses", {})
@@ -1021,6 +1023,8 @@ class Conn:
                  "total_tokens": len(str(inp).split()) + len(pieces),
                  "input_tokens_details": {"cached_tokens": 0},
                  "output_tokens_details": {"reasoning_tokens": 0}}
+        if "usage" in beh:
+            usage = beh["usage"] if beh["usage"] is not False else None
         msg = {"type": "message", "id": mid, "status": "completed", "role": "assistant",
                "content": [{"type": "output_text", "text": text, "annotations": []}]}
         resp = {"id": rid, "object": "response", "created_at": int(time.time()),
@@ -1054,7 +1058,12 @@ class Conn:
         await self.send_head(200, [("Content-Type", "text/event-stream"),
                                    ("Transfer-Encoding", "chunked")] + extra, False)
         delay = float(beh.get("delay", 0))
+        cut = beh.get("cut_after")
         for i, e in enumerate(events):
+            if cut is not None and i >= int(cut):
+                req["outcome"] = "cut"
+                await self.close(rst=bool(beh.get("cut_rst")), by="mock_cut")
+                return False
             if i and delay:
                 await asyncio.sleep(delay)
             await self.write(chunked(e))

@@ -476,13 +476,46 @@ static void test_usage_hit_and_miss(void **state)
     gw_llm_shapes_clear();
 }
 
+/* The Responses API's names, and a kept shape used only with the names it
+ * was learnt with: an object that has both chat's and that API's counts
+ * reads each set by its own names, kept or not. */
+static void test_usage_responses_names(void **state)
+{
+    (void)state;
+    gw_llm_shapes_clear();
+    gw_llm_uread_t u;
+    static const char both[] = "{\"prompt_tokens\":1,\"input_tokens\":2,\"output_tokens\":3,"
+                               "\"completion_tokens\":4,\"total_tokens\":5}";
+    gw_llm_resp_usage_read(S("{\"input_tokens\":31,\"input_tokens_details\":{\"input_tokens\":7},"
+                             "\"output_tokens\":9,\"total_tokens\":40}"),
+                           true, &u);
+    assert_true(u.closed && u.have_p && u.have_c);
+    assert_int_equal(u.pv, 31);
+    assert_int_equal(u.cv, 9);
+    for (int round = 0; round < 2; round++) { /* the second: both through kept shapes */
+        gw_llm_usage_read(S(both), true, &u);
+        assert_true(u.closed && u.have_p && u.have_c);
+        assert_int_equal(u.pv, 1);
+        assert_int_equal(u.cv, 4);
+        gw_llm_resp_usage_read(S(both), true, &u);
+        assert_true(u.closed && u.have_p && u.have_c);
+        assert_int_equal(u.pv, 2);
+        assert_int_equal(u.cv, 3);
+    }
+    /* chat's names only: nothing for a Responses read */
+    gw_llm_resp_usage_read(S("{\"prompt_tokens\":1,\"completion_tokens\":4}"), false, &u);
+    assert_true(u.closed && !u.have_p && !u.have_c);
+    gw_llm_shapes_clear();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_events_random),      cmocka_unit_test(test_events_streams),
-        cmocka_unit_test(test_events_corpus),      cmocka_unit_test(test_events_hit_and_miss),
-        cmocka_unit_test(test_events_learn_bound), cmocka_unit_test(test_usage_random),
-        cmocka_unit_test(test_usage_hit_and_miss), cmocka_unit_test(test_usage_learn_bound),
+        cmocka_unit_test(test_events_random),         cmocka_unit_test(test_events_streams),
+        cmocka_unit_test(test_events_corpus),         cmocka_unit_test(test_events_hit_and_miss),
+        cmocka_unit_test(test_events_learn_bound),    cmocka_unit_test(test_usage_random),
+        cmocka_unit_test(test_usage_hit_and_miss),    cmocka_unit_test(test_usage_learn_bound),
+        cmocka_unit_test(test_usage_responses_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
