@@ -131,12 +131,14 @@ typedef struct rl_entry_buf {
  * no token reservation in play). */
 typedef struct rl_lease {
     UT_hash_handle hh;
-    int64_t units;            /* taken, not spent yet */
-    int64_t size;             /* what the next check asks for on top of its own unit (0: none) */
-    int64_t granted_ns;       /* when the units came */
-    int64_t remaining;        /* Redis's remaining then (the leased units excluded) */
-    int64_t reset_ms;         /* and its reset */
-    int64_t last_ns;          /* last check of the key: an idle entry is dropped */
+    int64_t units;      /* taken, not spent yet */
+    int64_t size;       /* what the next check asks for on top of its own unit (0: none) */
+    int64_t granted_ns; /* when the units came */
+    int64_t remaining;  /* Redis's remaining then (the leased units excluded) */
+    int64_t reset_ms;   /* and its reset */
+    int64_t last_ns;    /* last check of the key: an idle entry is dropped */
+    int64_t win_ns;     /* checks sent to Redis since then (RL_LEASE_START) */
+    int64_t win_n;
     int inflight;             /* checks of the key queued or waiting for Redis */
     bool asking;              /* one of them asks for a lease */
     int64_t ask_rpm;          /* the limit it asks under: a check under the same one may wait */
@@ -659,7 +661,10 @@ static void rl_lease_refill(rl_worker_t *w, rl_lease_t *l, int64_t now)
 
 /* Before a check of an eligible key goes to Redis: how many units it asks
  * for on top of its own. The size grows while checks of the key queue up
- * behind each other or a lease runs out before its time. */
+ * behind each other, a lease runs out before its time, or more than
+ * RL_LEASE_START checks of the key went to Redis within the lease time
+ * (busy even if they come one at a time: how busy a key is counts, not
+ * how its requests fall against the round trip). */
 static int64_t rl_lease_want(rl_worker_t *w, const rl_ticket_t *t, int64_t now)
 {
     rl_lease_t *l = rl_lease_find(w, t->key, t->klen);
@@ -677,7 +682,12 @@ static int64_t rl_lease_want(rl_worker_t *w, const rl_ticket_t *t, int64_t now)
     int64_t cap = rl_lease_cap(&t->lim);
     bool ran_out =
         l->granted_ns && l->units == 0 && now - l->granted_ns < (int64_t)RL_LEASE_TTL_MS * 1000000;
-    if (l->inflight > 0 || ran_out)
+    if (now - l->win_ns >= (int64_t)RL_LEASE_TTL_MS * 1000000) {
+        l->win_ns = now;
+        l->win_n = 0;
+    }
+    bool busy = ++l->win_n > RL_LEASE_START;
+    if (l->inflight > 0 || ran_out || busy)
         l->size = SL_MIN(SL_MAX(l->size * 2, 1), cap);
     l->size = SL_MIN(l->size, cap);
     l->inflight++;

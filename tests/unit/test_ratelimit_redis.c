@@ -710,7 +710,8 @@ static void test_lease_hot_key(void **state)
 }
 
 /* One request at a time never leases (each is one round trip, exact
- * remaining); nor does a busy key with ratelimit.redis_leases off. */
+ * remaining) until it is busy (more than RL_LEASE_START checks within the
+ * lease time); nor does a busy key with ratelimit.redis_leases off. */
 static void test_lease_not_when_idle(void **state)
 {
     (void)state;
@@ -947,6 +948,46 @@ static void test_lease_calls_bounded_by_requests(void **state)
     inst_free(&a);
 }
 
+/* The same key's requests one at a time, each waiting for its answer (the
+ * most a loaded machine can spread a burst): the old rule leased only when
+ * checks of a key overlapped, so this made one Redis call per request
+ * (200). A key with more than RL_LEASE_START checks within the lease time
+ * leases anyway, and the calls are bounded as above. */
+static void test_lease_one_at_a_time_busy(void **state)
+{
+    (void)state;
+    const int64_t rpm = 64000;
+    conf_ratelimit_t c = conf0();
+    c.per_user.requests_per_minute = rpm;
+    inst_t a;
+    inst_new(&a, &c);
+    frozen_ns = sl_now_ns();
+    rl_set_clock(a.rl, frozen_clock, NULL);
+    assert_true(rs_run_until(base, up, a.w, 2000));
+    reset_stats();
+    uint64_t by_redis = decided("redis"), by_lease = decided("lease");
+    const int n = 200;
+    for (int i = 0; i < n; i++) {
+        rl_decision_t d;
+        assert_true(check(&a, "lease-seq-busy", 0, &d, NULL, NULL));
+        assert_int_equal(d.limit_value, rpm);
+    }
+    long long calls = evalsha_calls();
+    uint64_t dr = decided("redis") - by_redis, dl = decided("lease") - by_lease;
+    int log2cap = 0;
+    while ((1 << log2cap) < RL_LEASE_MAX)
+        log2cap++;
+    long long bound =
+        RL_LEASE_START + 3 + log2cap + (n + RL_LEASE_MAX / 2) / (RL_LEASE_MAX / 2 + 1);
+    printf("lease, one request at a time: %d requests, %llu by Redis, %llu from leases, %lld "
+           "EVALSHA (bound %lld)\n",
+           n, (unsigned long long)dr, (unsigned long long)dl, calls, bound);
+    assert_int_equal(dr + dl, n);
+    assert_true(dr <= RL_LEASE_START + 1);
+    assert_true(calls <= bound);
+    inst_free(&a);
+}
+
 static bool all_but_3(void *arg)
 {
     const many_t *m = arg;
@@ -1049,6 +1090,7 @@ int main(void)
         cmocka_unit_test(test_lease_reload),
         cmocka_unit_test(test_lease_calls_bounded_by_requests),
         cmocka_unit_test(test_lease_waiters_cancel_and_deadline),
+        cmocka_unit_test(test_lease_one_at_a_time_busy),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
