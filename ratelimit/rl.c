@@ -72,6 +72,7 @@ struct rl {
     sl_mseries_t *limited[RL_LIMIT_COUNT];
     sl_mseries_t *store_err[3]; /* by on_store_error action */
     sl_mseries_t *mode[MODE_N];
+    sl_mseries_t *decided[2]; /* request checks of Redis limits: by a script run, by a lease */
 };
 
 typedef enum { RL_BACKEND_NONE = 0, RL_BACKEND_MEM, RL_BACKEND_REDIS } rl_backend_t;
@@ -93,7 +94,7 @@ struct rl_ticket {
 
 /* One entry of a batch: a check (cb set) or a settle (cb NULL). */
 struct rl_pending {
-    rl_pending_t *prev, *next; /* in w->queue until sent */
+    rl_pending_t *prev, *next; /* in w->queue until sent, or a lease's waiters */
     rl_worker_t *w;
     rl_check_cb cb;
     void *arg;
@@ -103,6 +104,7 @@ struct rl_pending {
     int64_t want;        /* check: request units to lease on top; -1: the key has no lease entry */
     char op;             /* 'c' check, 's' settle, 'r' give leased units back */
     bool refill;         /* a check made for a lease, not a request: its unit joins the lease */
+    bool reparked;       /* waited for a second lease ask: the next miss goes to Redis */
     bool cancelled;
 };
 
@@ -135,8 +137,13 @@ typedef struct rl_lease {
     int64_t remaining;  /* Redis's remaining then (the leased units excluded) */
     int64_t reset_ms;   /* and its reset */
     int64_t last_ns;    /* last check of the key: an idle entry is dropped */
-    int inflight;       /* checks of the key queued or waiting for Redis */
-    bool asking;        /* one of them asks for a lease */
+    int64_t win_ns;     /* checks sent to Redis since then (RL_LEASE_START) */
+    int64_t win_n;
+    int inflight;             /* checks of the key queued or waiting for Redis */
+    bool asking;              /* one of them asks for a lease */
+    int64_t ask_rpm;          /* the limit it asks under: a check under the same one may wait */
+    rl_pending_t *ask_queued; /* the ask while it is not sent: a waiter adds to it */
+    rl_pending_t *waiters;    /* checks that found no unit while the ask was out */
     bool ip;
     rl_limits_t lim; /* the limits of the grant: spent only under the same rpm */
     char key[RL_KEY_MAX + 1];
@@ -294,6 +301,12 @@ rl_t *rl_new(const struct conf_ratelimit *c, const struct conf_redis *redis, cha
                            SL_METRIC_GAUGE, "mode", NULL, 0);
     rl->mode[MODE_REDIS] = sl_metric_series1(m, "redis");
     rl->mode[MODE_DEGRADED] = sl_metric_series1(m, "degraded");
+    m = sl_metric_register("sluice_ratelimit_redis_checks_total",
+                           "Requests checked against Redis-backed limits, by what decided them: "
+                           "a script run (redis) or a unit leased ahead (lease).",
+                           SL_METRIC_COUNTER, "by", NULL, 0);
+    rl->decided[0] = sl_metric_series1(m, "redis");
+    rl->decided[1] = sl_metric_series1(m, "lease");
     return rl;
 }
 
@@ -445,6 +458,12 @@ void rl_worker_free(rl_worker_t *w)
     rl_lease_t *l, *ltmp;
     HASH_ITER(hh, w->leases, l, ltmp)
     {
+        DL_FOREACH_SAFE(l->waiters, p, tmp) /* no callbacks, as for the queue */
+        {
+            DL_DELETE(l->waiters, p);
+            free(p->ticket);
+            free(p);
+        }
         HASH_DEL(w->leases, l);
         free(l);
     }
@@ -610,29 +629,42 @@ static bool rl_lease_spend(rl_lease_t *l, const rl_ticket_t *t, int64_t now, rl_
     return true;
 }
 
-/* The lease is half spent: a check of its own (no request behind it) asks
- * for the next one while this one still serves, so that a busy key need
- * not wait a round trip. Spent fast (within a quarter of its time), the
- * lease grows. */
+/* A check of the lease's own (no request behind it) asks for `want` units;
+ * its own unit joins them. Checks that find no unit meanwhile wait for it
+ * (rl_lease_wait). false on OOM. */
+static bool rl_lease_ask(rl_worker_t *w, rl_lease_t *l, int64_t want)
+{
+    rl_pending_t *p = rl_lease_call(w, l, 'c');
+    if (!p)
+        return false;
+    p->refill = true;
+    p->want = want;
+    l->asking = true;
+    l->ask_rpm = l->lim.requests_per_minute;
+    l->ask_queued = p;
+    l->inflight++;
+    rl_enqueue(w, p);
+    return true;
+}
+
+/* The lease is half spent: ask for the next one while this one still
+ * serves, so that a busy key need not wait a round trip. Spent fast
+ * (within a quarter of its time), the lease grows. */
 static void rl_lease_refill(rl_worker_t *w, rl_lease_t *l, int64_t now)
 {
     if (l->asking || l->size == 0 || l->units >= (l->size + 1) / 2)
         return;
     if (now - l->granted_ns < (int64_t)RL_LEASE_TTL_MS * 1000000 / 4)
         l->size = SL_MIN(l->size * 2, rl_lease_cap(&l->lim));
-    rl_pending_t *p = rl_lease_call(w, l, 'c');
-    if (!p)
-        return;
-    p->refill = true;
-    p->want = l->size;
-    l->asking = true;
-    l->inflight++;
-    rl_enqueue(w, p);
+    (void)rl_lease_ask(w, l, l->size);
 }
 
 /* Before a check of an eligible key goes to Redis: how many units it asks
  * for on top of its own. The size grows while checks of the key queue up
- * behind each other or a lease runs out before its time. */
+ * behind each other, a lease runs out before its time, or more than
+ * RL_LEASE_START checks of the key went to Redis within the lease time
+ * (busy even if they come one at a time: how busy a key is counts, not
+ * how its requests fall against the round trip). */
 static int64_t rl_lease_want(rl_worker_t *w, const rl_ticket_t *t, int64_t now)
 {
     rl_lease_t *l = rl_lease_find(w, t->key, t->klen);
@@ -650,20 +682,127 @@ static int64_t rl_lease_want(rl_worker_t *w, const rl_ticket_t *t, int64_t now)
     int64_t cap = rl_lease_cap(&t->lim);
     bool ran_out =
         l->granted_ns && l->units == 0 && now - l->granted_ns < (int64_t)RL_LEASE_TTL_MS * 1000000;
-    if (l->inflight > 0 || ran_out)
+    if (now - l->win_ns >= (int64_t)RL_LEASE_TTL_MS * 1000000) {
+        l->win_ns = now;
+        l->win_n = 0;
+    }
+    bool busy = ++l->win_n > RL_LEASE_START;
+    if (l->inflight > 0 || ran_out || busy)
         l->size = SL_MIN(SL_MAX(l->size * 2, 1), cap);
     l->size = SL_MIN(l->size, cap);
     l->inflight++;
     if (l->asking || l->size == 0)
         return 0; /* one lease request in flight per key */
     l->asking = true;
+    l->ask_rpm = t->lim.requests_per_minute;
     return l->size;
 }
 
-/* A check of an eligible key is over (d NULL: Redis did not answer or it
- * was never sent): the lease entry learns what Redis granted. */
+/* A check that found no unit while the key's lease ask is out waits for
+ * that ask instead of making a Redis call of its own: how many calls a
+ * busy key makes then depends on how many requests it has, not on how
+ * they fall against the round trip (docs/ratelimit.md, "Leases"). Only
+ * under the limit the ask is made under (a reload changes it). */
+static bool rl_lease_wait(const rl_lease_t *l, const rl_ticket_t *t)
+{
+    return l->asking && l->ask_rpm == t->lim.requests_per_minute;
+}
+
+/* Answers a check that is not a Redis entry (a waiter): counts a refusal,
+ * hands the ticket over (or frees it), frees p. */
+static void rl_pending_answer(rl_pending_t *p, const rl_decision_t *d)
+{
+    rl_ticket_t *t = p->ticket;
+    rl_count_refusal(p->w->rl, d);
+    if (!d->allowed) {
+        free(t);
+        t = NULL;
+    }
+    rl_check_cb cb = p->cb;
+    void *cbarg = p->arg;
+    free(p);
+    cb(cbarg, d, t);
+}
+
+/* How the waiters of an ask that is over are answered when the lease
+ * cannot serve them all. */
+typedef enum {
+    RL_WAIT_FAILED, /* Redis did not answer: on_store_error decides, as for the ask */
+    RL_WAIT_SEND,   /* the lease was refused or the ask never sent: each goes to Redis */
+    RL_WAIT_REASK,  /* granted but too small: one ask for all of them */
+} rl_wait_end_t;
+
+/* The key's lease ask is over: its waiters spend the units it brought, in
+ * the order they came. Those left over wait once more, for one ask sized
+ * to cover them (answered in the round trip their own Redis checks would
+ * have taken); after that, or when the lease was refused, they go to
+ * Redis one entry each, in this turn's batch. Callbacks run here: on the
+ * loop, never inside rl_check(). */
+static void rl_lease_serve(rl_worker_t *w, rl_lease_t *l, rl_wait_end_t how)
+{
+    rl_t *rl = w->rl;
+    int64_t now = rl->now_ns(rl->now_arg);
+    rl_pending_t *list = l->waiters, *miss = NULL, *p, *tmp;
+    int64_t nmiss = 0;
+    l->waiters = NULL; /* a callback's new check may wait anew */
+    DL_FOREACH_SAFE(list, p, tmp)
+    {
+        DL_DELETE(list, p);
+        rl_decision_t d;
+        if (p->cancelled) { /* nothing was taken for it */
+            free(p->ticket);
+            free(p);
+        } else if (how != RL_WAIT_FAILED && rl_lease_spend(l, p->ticket, now, &d)) {
+            p->ticket->backend = RL_BACKEND_NONE;
+            sl_counter_add(rl->decided[1], 1);
+            rl_pending_answer(p, &d);
+        } else {
+            DL_APPEND(miss, p);
+            if (!p->reparked)
+                nmiss++;
+        }
+    }
+    if (!miss) {
+        rl_lease_refill(w, l, now);
+        return;
+    }
+    if (how == RL_WAIT_REASK && nmiss > 0 && l->size > 0 && !l->asking) {
+        /* the requests outran the lease: it grows, and this ask covers them */
+        l->size = SL_MIN(l->size * 2, rl_lease_cap(&l->lim));
+        int64_t want = SL_MIN(l->size + nmiss, l->lim.requests_per_minute / RL_LEASE_DIVISOR);
+        if (rl_lease_ask(w, l, want)) {
+            DL_FOREACH_SAFE(miss, p, tmp)
+            {
+                if (!p->reparked && rl_lease_wait(l, p->ticket)) {
+                    DL_DELETE(miss, p);
+                    p->reparked = true;
+                    DL_APPEND(l->waiters, p);
+                }
+            }
+        }
+    }
+    DL_FOREACH_SAFE(miss, p, tmp)
+    {
+        DL_DELETE(miss, p);
+        if (how == RL_WAIT_FAILED) {
+            rl_decision_t d;
+            rl_store_error(rl, p->ticket, p->n, &d);
+            rl_pending_answer(p, &d);
+        } else {
+            p->want = rl_lease_want(w, p->ticket, now);
+            if (p->want > 0)
+                l->ask_queued = p;
+            rl_enqueue(w, p);
+        }
+    }
+}
+
+/* A check of an eligible key is over (d NULL: Redis did not answer, or,
+ * sent false, the check was cancelled before its batch went out): the
+ * lease entry learns what Redis granted, and when the check was the key's
+ * lease ask, the checks waiting for it are answered. */
 static void rl_lease_reply(rl_worker_t *w, const rl_pending_t *p, const rl_decision_t *d,
-                           int64_t leased)
+                           int64_t leased, bool sent)
 {
     const rl_ticket_t *t = p->ticket;
     rl_lease_t *l = rl_lease_find(w, t->key, t->klen);
@@ -671,25 +810,32 @@ static void rl_lease_reply(rl_worker_t *w, const rl_pending_t *p, const rl_decis
         return;
     if (l->inflight > 0)
         l->inflight--;
-    if (p->want > 0)
+    bool ask = p->want > 0;
+    if (ask)
         l->asking = false;
-    if (!d)
-        return;
-    if (!d->allowed) {
+    if (l->ask_queued == p)
+        l->ask_queued = NULL;
+    rl_wait_end_t how = RL_WAIT_SEND;
+    if (!d) {
+        how = sent ? RL_WAIT_FAILED : RL_WAIT_SEND;
+    } else if (!d->allowed) {
         l->size = 0; /* near the limit: every check goes to Redis */
-        return;
+    } else if (leased > 0 || p->refill) {
+        int64_t units = leased + (p->refill ? 1 : 0); /* a refill's own unit joins */
+        if (l->units > 0 && l->lim.requests_per_minute != t->lim.requests_per_minute)
+            rl_lease_give_back(w, l); /* taken under other limits (a reload) */
+        int64_t now = w->rl->now_ns(w->rl->now_arg);
+        l->units += units;
+        l->lim = t->lim;
+        l->ip = t->ip;
+        l->granted_ns = now;
+        l->remaining = d->remaining;
+        l->reset_ms = d->reset_ms;
+        if (leased > 0)
+            how = RL_WAIT_REASK;
     }
-    if (leased <= 0)
-        return;
-    if (l->units > 0 && l->lim.requests_per_minute != t->lim.requests_per_minute)
-        rl_lease_give_back(w, l); /* taken under other limits (a reload) */
-    int64_t now = w->rl->now_ns(w->rl->now_arg);
-    l->units += leased;
-    l->lim = t->lim;
-    l->ip = t->ip;
-    l->granted_ns = now;
-    l->remaining = d->remaining;
-    l->reset_ms = d->reset_ms;
+    if (ask && l->waiters)
+        rl_lease_serve(w, l, how);
 }
 
 static void rl_lease_sweep_cb(evutil_socket_t fd, short what, void *arg)
@@ -706,7 +852,7 @@ static void rl_lease_sweep_cb(evutil_socket_t fd, short what, void *arg)
                 l->size /= 2; /* more than needed: ask for less */
             rl_lease_give_back(w, l);
         }
-        if (l->units == 0 && l->inflight == 0 &&
+        if (l->units == 0 && l->inflight == 0 && !l->waiters &&
             now - l->last_ns >= (int64_t)RL_LEASE_IDLE_MS * 1000000) {
             HASH_DEL(w->leases, l);
             w->nleases--;
@@ -789,13 +935,15 @@ static void rl_entry_end(rl_pending_t *p, const redisReply *e)
     int64_t leased = 0;
     bool ok = e && rl_reply_decision(e, t, &d, &leased) == 0;
     if (p->refill) {
-        rl_lease_reply(w, p, ok ? &d : NULL, leased + (ok && d.allowed ? 1 : 0));
+        rl_lease_reply(w, p, ok ? &d : NULL, leased, true);
         free(t);
         free(p);
         return;
     }
+    if (ok)
+        sl_counter_add(rl->decided[0], 1);
     if (p->want >= 0)
-        rl_lease_reply(w, p, ok ? &d : NULL, leased);
+        rl_lease_reply(w, p, ok ? &d : NULL, leased, true);
     if (e && !ok)
         sl_log_limited(SL_LOG_WARN, "ratelimit redis reply",
                        "ratelimit: unexpected Redis reply (%s)",
@@ -853,10 +1001,15 @@ static void rl_batch_send(rl_worker_t *w)
         DL_DELETE(w->queue, p);
         if (p->op == 'c' && p->cancelled) { /* never sent: nothing to give back */
             if (p->want >= 0)
-                rl_lease_reply(w, p, NULL, 0);
+                rl_lease_reply(w, p, NULL, 0, false);
             free(p->ticket);
             free(p);
             continue;
+        }
+        if (p->op == 'c' && p->want > 0) { /* a lease ask: its size is final now */
+            rl_lease_t *l = rl_lease_find(w, p->ticket->key, p->ticket->klen);
+            if (l && l->ask_queued == p)
+                l->ask_queued = NULL;
         }
         if (b)
             b->p[n] = p;
@@ -964,8 +1117,33 @@ rl_check_rc_t rl_check(rl_worker_t *w, const rl_request_t *req, rl_decision_t *d
         if (l && rl_lease_spend(l, t, now, d)) {
             rl_lease_refill(w, l, now);
             t->backend = RL_BACKEND_NONE; /* a request unit is never given back */
+            sl_counter_add(rl->decided[1], 1);
             *ticket = t;
             return RL_DONE;
+        }
+        if (l && rl_lease_wait(l, t)) {
+            rl_pending_t *p = sl_zalloc(sizeof(*p));
+            if (!p) {
+                free(t);
+                return RL_ERROR;
+            }
+            p->w = w;
+            p->cb = cb;
+            p->arg = arg;
+            p->ticket = t;
+            p->n = tokens;
+            p->op = 'c';
+            l->last_ns = now;
+            /* checks queue up behind each other: the lease grows (as in
+             * rl_lease_want) */
+            l->size = SL_MIN(SL_MAX(l->size * 2, 1), rl_lease_cap(&t->lim));
+            if (l->ask_queued) /* not sent yet: it asks for this one too */
+                l->ask_queued->want =
+                    SL_MIN(l->ask_queued->want + 1, t->lim.requests_per_minute / RL_LEASE_DIVISOR);
+            DL_APPEND(l->waiters, p);
+            if (pending)
+                *pending = p;
+            return RL_PENDING;
         }
     }
     rl_pending_t *p = sl_zalloc(sizeof(*p));
@@ -981,6 +1159,8 @@ rl_check_rc_t rl_check(rl_worker_t *w, const rl_request_t *req, rl_decision_t *d
     p->n = tokens;
     p->op = 'c';
     p->want = want;
+    if (want > 0)
+        rl_lease_find(w, t->key, t->klen)->ask_queued = p;
     rl_enqueue(w, p);
     if (pending)
         *pending = p;

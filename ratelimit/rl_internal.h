@@ -40,8 +40,9 @@
 #define RL_BATCH_MAX 64
 
 /* Leased local quotas (docs/ratelimit.md, "Leases"). A key limited by
- * requests alone that has checks of its own waiting for Redis gets request
- * units ahead of its requests, which the worker spends without a round
+ * requests alone that has checks of its own waiting for Redis (or more
+ * than RL_LEASE_START of them within RL_LEASE_TTL_MS) gets request units
+ * ahead of its requests, which the worker spends without a round
  * trip: a lease doubles each time one is spent before its time, up to
  * RL_LEASE_MAX and 1/RL_LEASE_DIVISOR of the limit (so a limit under
  * RL_LEASE_DIVISOR a minute never leases); Redis grants it only while the
@@ -54,6 +55,10 @@
 #define RL_LEASE_SWEEP_MS 250
 #define RL_LEASE_KEYS     4096
 #define RL_LEASE_IDLE_MS  10000
+/* A key leases, even with its checks one at a time, once more than this
+ * many of them went to Redis within RL_LEASE_TTL_MS (8 a second): a lease
+ * of 1 or 2 units is then spent well before its time. */
+#define RL_LEASE_START 8
 
 typedef struct rl_mem rl_mem_t;
 

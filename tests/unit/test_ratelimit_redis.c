@@ -710,7 +710,8 @@ static void test_lease_hot_key(void **state)
 }
 
 /* One request at a time never leases (each is one round trip, exact
- * remaining); nor does a busy key with ratelimit.redis_leases off. */
+ * remaining) until it is busy (more than RL_LEASE_START checks within the
+ * lease time); nor does a busy key with ratelimit.redis_leases off. */
 static void test_lease_not_when_idle(void **state)
 {
     (void)state;
@@ -842,6 +843,235 @@ static void test_lease_reload(void **state)
     rl_policy_free(p2);
 }
 
+/* The clock of the lease tests that must not see time pass (no unit
+ * expires, every lease is spent "fast"): what is left is arrival order. */
+static int64_t frozen_ns;
+
+static int64_t frozen_clock(void *arg)
+{
+    (void)arg;
+    return frozen_ns;
+}
+
+static uint64_t decided(const char *by)
+{
+    sl_metric_t *m = sl_metric_register("sluice_ratelimit_redis_checks_total", "",
+                                        SL_METRIC_COUNTER, "by", NULL, 0);
+    return sl_counter_value(sl_metric_series1(m, by));
+}
+
+#define TR_ROUNDS 15
+#define TR_EACH   40
+
+/* Answers to checks made one per turn (those not decided at once). */
+typedef struct trickle {
+    answer_t a[2 * RL_LEASE_MAX];
+    int n;
+} trickle_t;
+
+static bool trickle_answered(void *arg)
+{
+    trickle_t *tr = arg;
+    for (int i = 0; i < tr->n; i++)
+        if (tr->a[i].calls == 0)
+            return false;
+    return true;
+}
+
+/* A busy key whose requests come one per loop turn while Redis is stopped
+ * (SIGSTOP: no reply can come between them), then Redis answers; 15 such
+ * rounds of 40. Every request arriving while the lease is empty and its
+ * ask is out used to make a Redis call of its own (one per turn: 600
+ * requests, 177 EVALSHA); it now waits for the ask, so the calls are
+ * bounded by the lease sizes alone (docs/ratelimit.md, "Leases"): at most
+ * 3 + log2(RL_LEASE_MAX) + N / (RL_LEASE_MAX / 2 + 1) for N requests. */
+static void test_lease_calls_bounded_by_requests(void **state)
+{
+    (void)state;
+    const int64_t rpm = 64000; /* leases of 64; 600 never near half the bucket */
+    conf_ratelimit_t c = conf0();
+    c.per_user.requests_per_minute = rpm;
+    inst_t a;
+    inst_new(&a, &c);
+    frozen_ns = sl_now_ns();
+    rl_set_clock(a.rl, frozen_clock, NULL);
+    assert_true(rs_run_until(base, up, a.w, 2000));
+    reset_stats();
+    uint64_t by_redis = decided("redis"), by_lease = decided("lease");
+    int local = 0, allowed = 0;
+    for (int r = 0; r < TR_ROUNDS; r++) {
+        trickle_t tr;
+        memset(&tr, 0, sizeof(tr));
+        assert_int_equal(kill(srv.pid, SIGSTOP), 0);
+        for (int i = 0; i < TR_EACH; i++) {
+            rl_request_t req = {.user = "lease-trickle"};
+            rl_decision_t d;
+            rl_ticket_t *t = NULL;
+            rl_pending_t *p = NULL;
+            rl_check_rc_t rc = rl_check(a.w, &req, &d, &t, answer_cb, &tr.a[tr.n], &p);
+            if (rc == RL_DONE && d.allowed) {
+                rl_ticket_settle(t, 0);
+                local++;
+                allowed++;
+            } else if (rc == RL_PENDING) {
+                tr.n++;
+            }
+            /* the turn ends: this turn's batch, if any, goes out (a reply
+             * Redis wrote before it stopped may come in too) */
+            event_base_loop(base, EVLOOP_NONBLOCK);
+        }
+        assert_int_equal(kill(srv.pid, SIGCONT), 0);
+        assert_true(rs_run_until(base, trickle_answered, &tr, 2000));
+        for (int i = 0; i < tr.n; i++) {
+            assert_int_equal(tr.a[i].calls, 1);
+            assert_true(tr.a[i].d.allowed);
+            assert_false(tr.a[i].d.store_error);
+            assert_int_equal(tr.a[i].d.limit_value, rpm);
+            allowed++;
+            rl_ticket_settle(tr.a[i].t, 0);
+        }
+    }
+    const int n = TR_ROUNDS * TR_EACH;
+    long long calls = evalsha_calls();
+    uint64_t dr = decided("redis") - by_redis, dl = decided("lease") - by_lease;
+    int log2cap = 0;
+    while ((1 << log2cap) < RL_LEASE_MAX)
+        log2cap++;
+    long long bound = 3 + log2cap + (n + RL_LEASE_MAX / 2) / (RL_LEASE_MAX / 2 + 1);
+    printf("lease, one request a turn: %d requests, %d at once from a lease, %llu by Redis, "
+           "%llu from leases, %lld EVALSHA (bound %lld)\n",
+           n, local, (unsigned long long)dr, (unsigned long long)dl, calls, bound);
+    assert_int_equal(allowed, n); /* none refused, none failed, none lost */
+    assert_int_equal(dr + dl, n); /* every request counted once */
+    assert_true(dr <= 2);         /* the first, and the first ask */
+    assert_true(calls <= bound);
+    inst_free(&a);
+}
+
+/* The same key's requests one at a time, each waiting for its answer (the
+ * most a loaded machine can spread a burst): the old rule leased only when
+ * checks of a key overlapped, so this made one Redis call per request
+ * (200). A key with more than RL_LEASE_START checks within the lease time
+ * leases anyway, and the calls are bounded as above. */
+static void test_lease_one_at_a_time_busy(void **state)
+{
+    (void)state;
+    const int64_t rpm = 64000;
+    conf_ratelimit_t c = conf0();
+    c.per_user.requests_per_minute = rpm;
+    inst_t a;
+    inst_new(&a, &c);
+    frozen_ns = sl_now_ns();
+    rl_set_clock(a.rl, frozen_clock, NULL);
+    assert_true(rs_run_until(base, up, a.w, 2000));
+    reset_stats();
+    uint64_t by_redis = decided("redis"), by_lease = decided("lease");
+    const int n = 200;
+    for (int i = 0; i < n; i++) {
+        rl_decision_t d;
+        assert_true(check(&a, "lease-seq-busy", 0, &d, NULL, NULL));
+        assert_int_equal(d.limit_value, rpm);
+    }
+    long long calls = evalsha_calls();
+    uint64_t dr = decided("redis") - by_redis, dl = decided("lease") - by_lease;
+    int log2cap = 0;
+    while ((1 << log2cap) < RL_LEASE_MAX)
+        log2cap++;
+    long long bound =
+        RL_LEASE_START + 3 + log2cap + (n + RL_LEASE_MAX / 2) / (RL_LEASE_MAX / 2 + 1);
+    printf("lease, one request at a time: %d requests, %llu by Redis, %llu from leases, %lld "
+           "EVALSHA (bound %lld)\n",
+           n, (unsigned long long)dr, (unsigned long long)dl, calls, bound);
+    assert_int_equal(dr + dl, n);
+    assert_true(dr <= RL_LEASE_START + 1);
+    assert_true(calls <= bound);
+    inst_free(&a);
+}
+
+static bool all_but_3(void *arg)
+{
+    const many_t *m = arg;
+    for (int i = 0; i < m->n; i++)
+        if (i != 3 && m->a[i].calls == 0)
+            return false;
+    return true;
+}
+
+/* Checks that wait for the lease ask in flight: one cancelled is dropped
+ * when the ask comes back (no callback; its unit stays in the lease); when
+ * the ask's batch misses its deadline, each of the others gets
+ * on_store_error once, as its own Redis check would have. */
+static void test_lease_waiters_cancel_and_deadline(void **state)
+{
+    (void)state;
+    const int64_t rpm = 64000;
+    conf_ratelimit_t c = conf0();
+    c.per_user.requests_per_minute = rpm;
+    inst_t a;
+    inst_new_50(&a, &c);
+    frozen_ns = sl_now_ns();
+    rl_set_clock(a.rl, frozen_clock, NULL);
+    assert_true(rs_run_until(base, up, a.w, 2000));
+    /* six checks in one turn: the second asks for a lease, the last four
+     * wait for it */
+    many_t m;
+    const char *users[6] = {"lease-w", "lease-w", "lease-w", "lease-w", "lease-w", "lease-w"};
+    rl_pending_t *ps[6];
+    uint64_t lease0 = decided("lease");
+    check_many(&a, &m, users, 6, ps);
+    rl_pending_cancel(ps[3]);
+    assert_true(rs_run_until(base, all_but_3, &m, 2000));
+    rs_run_for(base, 20); /* nothing more comes for the cancelled one */
+    for (int i = 0; i < 6; i++) {
+        if (i == 3) {
+            assert_int_equal(m.a[i].calls, 0);
+            continue;
+        }
+        assert_int_equal(m.a[i].calls, 1);
+        assert_true(m.a[i].d.allowed);
+        assert_false(m.a[i].d.store_error);
+        rl_ticket_settle(m.a[i].t, 0);
+    }
+    assert_int_equal(decided("lease") - lease0, 3); /* the three that waited */
+    /* spend what the lease holds, then wait behind an ask Redis cannot
+     * answer in time */
+    uint64_t allow0 = store_errors("allow");
+    uint64_t at_once = 0;
+    int done_ok = 0;
+    trickle_t w;
+    memset(&w, 0, sizeof(w));
+    assert_int_equal(kill(srv.pid, SIGSTOP), 0);
+    for (int i = 0; i < 2 * RL_LEASE_MAX; i++) {
+        rl_request_t req = {.user = "lease-w"};
+        rl_decision_t d;
+        rl_ticket_t *t = NULL;
+        rl_pending_t *p = NULL;
+        rl_check_rc_t rc = rl_check(a.w, &req, &d, &t, answer_cb, &w.a[w.n], &p);
+        if (rc == RL_DONE) {
+            done_ok += d.allowed;
+            at_once += d.store_error; /* the client already gave up on Redis */
+            rl_ticket_settle(t, 0);
+        } else if (rc == RL_PENDING) {
+            w.n++;
+        }
+        event_base_loop(base, EVLOOP_NONBLOCK);
+    }
+    bool all = rs_run_until(base, trickle_answered, &w, 2000);
+    assert_int_equal(kill(srv.pid, SIGCONT), 0);
+    assert_true(all);
+    assert_int_equal(done_ok + w.n, 2 * RL_LEASE_MAX);
+    assert_true(w.n > 1);
+    for (int i = 0; i < w.n; i++) {
+        assert_int_equal(w.a[i].calls, 1);
+        assert_true(w.a[i].d.allowed);
+        assert_true(w.a[i].d.store_error);
+        rl_ticket_settle(w.a[i].t, 0);
+    }
+    assert_int_equal(store_errors("allow") - allow0, (uint64_t)w.n + at_once);
+    assert_true(rs_run_until(base, up, a.w, 3000));
+    inst_free(&a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -858,6 +1088,9 @@ int main(void)
         cmocka_unit_test(test_lease_not_when_idle),
         cmocka_unit_test(test_lease_exact_at_limit),
         cmocka_unit_test(test_lease_reload),
+        cmocka_unit_test(test_lease_calls_bounded_by_requests),
+        cmocka_unit_test(test_lease_waiters_cancel_and_deadline),
+        cmocka_unit_test(test_lease_one_at_a_time_busy),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
