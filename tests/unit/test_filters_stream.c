@@ -1477,6 +1477,49 @@ static void test_responses_unread_events(void **state)
     flt_ruleset_unref(rs);
 }
 
+/* The done events' kept shapes: a later stream of the same form is
+ * answered from them (no parse), byte for byte as the tree path answers;
+ * texts not the text sent, -0, bytes >= 0x80 (invalid UTF-8 among them)
+ * and a changed type miss them. */
+static void test_responses_done_shapes(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_words("badword\n", "evil\n");
+    static const char *const first[] = {RESP_HEAD, RESP_DELTA("The sea "), RESP_DELTA("is calm."),
+                                        RESP_DONES("The sea is calm.")};
+    static const char *const again[] = {RESP_HEAD, RESP_DELTA("A longer "),
+                                        RESP_DELTA("answer, this time."),
+                                        RESP_DONES("A longer answer, this time.")};
+    static const char *const masked[] = {RESP_DELTA("a bad"), RESP_DELTA("word here"),
+                                         RESP_DONES("a badword here")};
+    static const char *const other[] = {RESP_DELTA("one"), RESP_DONES("two")};
+    static const char *const utf8[] = {RESP_DELTA("caf\xc3\xa9"), RESP_DONES("caf\xc3\xa9")};
+    static const char *const odd[] = {
+        RESP_DELTA("abc"),
+        "{\"type\":\"response.output_text.done\",\"sequence_number\":-0,\"item_id\":\"msg_1\","
+        "\"output_index\":0,\"content_index\":0,\"text\":\"abc\",\"logprobs\":[]}",
+        "{\"type\":\"response.content_part.done\",\"sequence_number\":1,\"item_id\":\"msg_\xff\","
+        "\"output_index\":0,\"content_index\":0,\"part\":{\"type\":\"output_text\",\"text\":"
+        "\"abc\",\"annotations\":[]}}",
+        "{\"type\":\"response.content_part.done\",\"sequence_number\":1,\"item_id\":\"msg_1\","
+        "\"output_index\":0,\"content_index\":0,\"part\":{\"type\":\"output_texx\",\"text\":"
+        "\"zzz\",\"annotations\":[]}}"};
+    gw_flt_resp_dshapes_clear();
+    resp_same(rs, first, SL_ARRAY_LEN(first));
+    uint64_t h0 = gw_flt_resp_dshape_hits();
+    resp_same(rs, again, SL_ARRAY_LEN(again));
+    /* the four done events answered from their shapes (a hit: no parse) */
+    assert_int_equal(gw_flt_resp_dshape_hits() - h0, 4);
+    h0 = gw_flt_resp_dshape_hits();
+    resp_same(rs, masked, SL_ARRAY_LEN(masked));
+    resp_same(rs, other, SL_ARRAY_LEN(other));
+    resp_same(rs, utf8, SL_ARRAY_LEN(utf8));
+    resp_same(rs, odd, SL_ARRAY_LEN(odd));
+    assert_int_equal(gw_flt_resp_dshape_hits() - h0, 0);
+    gw_flt_resp_dshapes_clear();
+    flt_ruleset_unref(rs);
+}
+
 /* The finish chunk the byte reader feeds for a text_done is the one the
  * tree path packs. */
 static void test_responses_finish_chunk(void **state)
@@ -1990,6 +2033,7 @@ int main(void)
         cmocka_unit_test(test_response_whole),
         cmocka_unit_test(test_responses_bytes_same_as_tree),
         cmocka_unit_test(test_responses_unread_events),
+        cmocka_unit_test(test_responses_done_shapes),
         cmocka_unit_test(test_responses_finish_chunk),
         cmocka_unit_test(test_responses_request_text),
         cmocka_unit_test(test_responses_body_bytes_same_as_tree),
