@@ -658,7 +658,8 @@ uint64_t gw_flt_resp_shape_hits(void)
  * was. A later event with that shape has the same keys, types and
  * structure, and is canonical (jansson's own writing) when the shape's
  * was, but for what the holes hold: an integer -0 (jansson writes 0) and
- * bytes >= 0x80 (their UTF-8 is yajl's to check) are taken as misses; and
+ * a string not valid UTF-8 (flt_utf8_valid, stricter than yajl's check
+ * the scan relies on) are taken as misses; and
  * the texts the general path would compare must each be the text sent. */
 
 enum { GW_FRD_PASS = 1, GW_FRD_COPY, GW_FRD_TEXT_DONE };
@@ -686,8 +687,11 @@ static bool gw_frp_dholes_ok(const gw_frp_t *p, const sl_jshape_t *sh, const sl_
         if (dtext >> i & 1 && !gw_frp_is_sent(p, b, n))
             return false;
         for (size_t k = 0; k < n; k++)
-            if (b[k] >= 0x80)
-                return false;
+            if (b[k] >= 0x80) {
+                if (!flt_utf8_valid((const char *)b + k, n - k))
+                    return false;
+                break;
+            }
     }
     return true;
 }
