@@ -38,7 +38,9 @@
 #   proxy of realistic.sh, one process, master_process off, under callgrind;
 #   its requests are wrk's count, so the few in flight at the end are missed;
 #   and a "nginx" row to full-sse: nginx relaying the same stream,
-#   proxy_buffering off).
+#   proxy_buffering off; and one to full-resp-sse, nginx-resp-sse: nginx
+#   relaying bench_upstream's Responses stream, POST /v1/responses, the
+#   same conf: the figure to quote is full-resp-sse / nginx-resp-sse).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -77,11 +79,13 @@ realistic_trio "$PORT" "$ADMIN" "$CONFS"
 nginx_proxy_conf "$WORK/ngx-plain" "$UP_PORT" "$PORT" "" "" off
 nginx_proxy_conf "$WORK/ngx-full-sse" "$SSE_UP_PORT" "$PORT" "proxy_buffering off;" "" off
 
-# One nginx run under callgrind: $1 conf (plain or full-sse), $2 wrk seconds;
+# One nginx run under callgrind: $1 conf (plain, full-sse or full-resp-sse:
+# the latter relayed as full-sse is, its body and path), $2 wrk seconds;
 # prints "Ir requests".
 one_nginx() {
     local out=$WORK/cg.nginx.$1.$2 n ir _
     local dir=$WORK/ngx-$1
+    [ "$1" != full-resp-sse ] || dir=$WORK/ngx-full-sse
     realistic_req "$1"
     spawn valgrind --tool=callgrind --callgrind-out-file="$out" "$NGINX_BIN" -p "$dir/" \
         -e "$dir/error.log" -c "$dir/nginx.conf" 2>"$out.log"
@@ -92,7 +96,7 @@ one_nginx() {
         sleep 0.1
     done
     BENCH_BODY_FILE=$REQ_BODY wrk -t1 -c"$CONNS" -d"$2"s --timeout 30s \
-        -s "$ROOT/bench/realistic.lua" "http://127.0.0.1:$PORT/v1/chat/completions" >"$out.wrk"
+        -s "$ROOT/bench/realistic.lua" "http://127.0.0.1:$PORT$REQ_PATH" >"$out.wrk"
     grep -q 'errors=0 non2xx=0' "$out.wrk" || { cat "$out.wrk" >&2; exit 1; }
     n=$(sed -n 's/^BENCH requests=\([0-9]*\).*/\1/p' "$out.wrk")
     kill -QUIT "$pid" 2>/dev/null || true # graceful: callgrind writes its totals
@@ -135,11 +139,13 @@ for c in $CONFS; do
         [[ "$n1 $n2" =~ ^[0-9]+\ [0-9]+$ ]] || { echo "bench: $b $c failed" >&2; exit 1; }
         echo "| $b | $c | $n1 / $n2 | $(((ir2 - ir1) / (n2 - n1))) |"
     done
-    case $c in plain | full-sse)
+    case $c in plain | full-sse | full-resp-sse)
         [ "$CG_NGINX" = 1 ] || continue
         read -r ir1 n1 <<<"$(one_nginx "$c" "$SHORT")"
         read -r ir2 n2 <<<"$(one_nginx "$c" "$LONG")"
-        echo "| nginx | $c (nginx as the proxy) | $n1 / $n2 | $(((ir2 - ir1) / (n2 - n1))) |"
+        label="$c (nginx as the proxy)"
+        [ "$c" != full-resp-sse ] || label="nginx-resp-sse (nginx relaying the Responses stream)"
+        echo "| nginx | $label | $n1 / $n2 | $(((ir2 - ir1) / (n2 - n1))) |"
         ;;
     esac
 done

@@ -164,6 +164,11 @@ flt_ruleset_t *flt_slot_acquire(flt_slot_t *s) SL_WUR;
  * requests holding the old one keep it until they unref. */
 void flt_slot_swap(flt_slot_t *s, flt_ruleset_t *rs);
 
+/* 1 when s[0..n) is valid UTF-8 (no overlongs, no surrogates): stricter
+ * than yajl's check, as strict as jansson's (the gateway's Responses
+ * adapter checks its kept shapes' holes with it). */
+int flt_utf8_valid(const char *s, size_t n);
+
 /* ---- request side ------------------------------------------------------- */
 
 /* Error codes of a rejected request (the OpenAI `error.code`). */

@@ -23,8 +23,7 @@
 
 /* ---- UTF-8 and folding (fold.c) ------------------------------------------ */
 
-/* 1 when s[0..n) is valid UTF-8 (no overlongs, no surrogates). */
-int flt_utf8_valid(const char *s, size_t n);
+/* flt_utf8_valid: filters/filters.h. */
 /* Length of the character starting at s (1..4), assuming valid UTF-8;
  * a stray byte counts as 1. */
 size_t flt_utf8_len(unsigned char lead);

@@ -173,6 +173,15 @@ typedef struct gw_frp {
     bool item_content, resp_output;     /* item.content, response.output there */
     bool bad_part1, bad_item, bad_resp; /* an output_text part there lacks the text sent */
     uint8_t top_text;                   /* the event's own text: as gw_frp_frame_t.text */
+    bool canon_ok;                      /* known canonical (a done shape's match) */
+    /* a done event's holes for its shape (gw_frp_dhole): every string value
+     * but a type's, every integer; dtext: the holes that are texts the
+     * general path would compare (and set) */
+    bool dh_bad;
+    size_t ndh;
+    uint64_t dtext;
+    sl_jspan_t dh[SL_JSHAPE_MAX_HOLES];
+    uint8_t dk[SL_JSHAPE_MAX_HOLES];
     gw_frp_frame_t fr[GW_FRP_DEPTH + 1];
 } gw_frp_t;
 
@@ -294,6 +303,43 @@ static void gw_frp_hole(gw_frp_t *p, bool is_str, const unsigned char *s, size_t
     p->hkind[p->nholes++] = kind;
 }
 
+/* jansson writes an integer that fits int64 as its digits, and a real in
+ * its own way: the bytes stay only for the former. */
+static bool gw_frp_int_canonical(const char *s, size_t n)
+{
+    size_t i = s[0] == '-';
+    if (n - i == 0 || n - i > 18 || (i && n == 2 && s[1] == '0'))
+        return false; /* (19 digits and more: maybe beyond int64; -0 is written 0) */
+    for (; i < n; i++)
+        if (s[i] < '0' || s[i] > '9')
+            return false;
+    return true;
+}
+
+/* A scalar at any depth as a hole of a done event's shape (gw_frp_dshape_*):
+ * strings but a "type"'s (pk the member's key id) and integers; a text the
+ * general path compares (pk 2 in the event or a part) must be one. */
+static void gw_frp_dhole(gw_frp_t *p, bool is_str, uint8_t pk, const unsigned char *s, size_t n)
+{
+    const char *c = (const char *)s;
+    uint8_t role = p->depth >= 1 && p->depth <= GW_FRP_DEPTH ? p->fr[p->depth].role : GW_FRP_OTHER;
+    bool text = is_str && pk == 2 &&
+                (role == GW_FRP_TOP || role == GW_FRP_PART1 || role == GW_FRP_IPART ||
+                 role == GW_FRP_OPART);
+    if (p->dh_bad || !s || (is_str && pk == 1))
+        return;
+    if (c < p->data || c + n > p->data + p->n || p->ndh == SL_JSHAPE_MAX_HOLES) {
+        p->dh_bad |= text || p->ndh == SL_JSHAPE_MAX_HOLES; /* escaped: its bytes stay */
+        return;
+    }
+    if (!is_str && !gw_frp_int_canonical(c, n))
+        return; /* a real: its bytes stay (and the event is not canonical) */
+    if (text)
+        p->dtext |= 1ull << p->ndh;
+    p->dh[p->ndh] = (sl_jspan_t){(uint32_t)(c - p->data), (uint32_t)n};
+    p->dk[p->ndh++] = is_str ? SL_JHOLE_STR : SL_JHOLE_INT;
+}
+
 /* container: 0 a scalar, 1 an object opens, 2 an array opens. */
 static int gw_frp_value(gw_frp_t *p, bool is_str, int container, const unsigned char *s, size_t n)
 {
@@ -338,6 +384,8 @@ static int gw_frp_value(gw_frp_t *p, bool is_str, int container, const unsigned 
         gw_frp_hole(p, is_str, s, n);
     p->key = 0;
     uint8_t pk = p->depth >= 1 && p->depth <= GW_FRP_DEPTH ? p->fr[p->depth].key : 0;
+    if (!container)
+        gw_frp_dhole(p, is_str, pk, s, n);
     gw_frp_member(p, is_str, s, n);
     if (container) {
         p->depth++;
@@ -354,18 +402,6 @@ static int gw_frp_bool(void *c, int v)
 {
     (void)v;
     return gw_frp_value(GW_FRP(c), false, 0, NULL, 0);
-}
-/* jansson writes an integer that fits int64 as its digits, and a real in
- * its own way: the bytes stay only for the former. */
-static bool gw_frp_int_canonical(const char *s, size_t n)
-{
-    size_t i = s[0] == '-';
-    if (n - i == 0 || n - i > 18 || (i && n == 2 && s[1] == '0'))
-        return false; /* (19 digits and more: maybe beyond int64; -0 is written 0) */
-    for (; i < n; i++)
-        if (s[i] < '0' || s[i] > '9')
-            return false;
-    return true;
 }
 static int gw_frp_num(void *c, const char *s, size_t n)
 {
@@ -510,6 +546,9 @@ static bool gw_frp_scan(gw_frp_t *p, const gw_flt_resp_t *x, const char *data, s
     p->canon_bad = p->part1_ot = p->item_content = p->resp_output = false;
     p->bad_part1 = p->bad_item = p->bad_resp = false;
     p->top_text = 0;
+    p->canon_ok = p->dh_bad = false;
+    p->ndh = 0;
+    p->dtext = 0;
     p->closed = false;
     p->nholes = 0;
     p->kd = -1;
@@ -610,12 +649,115 @@ uint64_t gw_flt_resp_shape_hits(void)
     return gw_frp_shapes.st.hits;
 }
 
+/* ---- done events by their shape ---------------------------------------------
+ *
+ * The events that repeat the whole text come once a stream, in the same
+ * form from one server: after gw_frp_scan read one and gw_flt_resp_quick
+ * answered it, its bytes are kept as a shape whose holes are every string
+ * value but a type's and every integer (gw_frp_dhole), with what the answer
+ * was. A later event with that shape has the same keys, types and
+ * structure, and is canonical (jansson's own writing) when the shape's
+ * was, but for what the holes hold: an integer -0 (jansson writes 0) and
+ * a string not valid UTF-8 (flt_utf8_valid, stricter than yajl's check
+ * the scan relies on) are taken as misses; and
+ * the texts the general path would compare must each be the text sent. */
+
+enum { GW_FRD_PASS = 1, GW_FRD_COPY, GW_FRD_TEXT_DONE };
+
+typedef struct gw_frp_dshape {
+    uint8_t answer; /* GW_FRD_*: what gw_flt_resp_quick made of it */
+    uint64_t dtext; /* the holes that are texts (bit i: hole i) */
+} gw_frp_dshape_t;
+
+static _Thread_local sl_jshape_cache_t gw_frp_dshapes =
+    SL_JSHAPE_CACHE_INIT(4, 8, 16, sizeof(gw_frp_dshape_t), NULL);
+
+/* The holes got in data hold what the shape's answer stands for. */
+static bool gw_frp_dholes_ok(const gw_frp_t *p, const sl_jshape_t *sh, const sl_jspan_t *got,
+                             uint64_t dtext)
+{
+    for (size_t i = 0; i < sh->nholes; i++) {
+        const unsigned char *b = (const unsigned char *)p->data + got[i].off;
+        size_t n = got[i].len;
+        if (sh->kind[i] == SL_JHOLE_INT) {
+            if (n == 2 && b[0] == '-' && b[1] == '0')
+                return false;
+            continue;
+        }
+        if (dtext >> i & 1 && !gw_frp_is_sent(p, b, n))
+            return false;
+        for (size_t k = 0; k < n; k++)
+            if (b[k] >= 0x80) {
+                if (!flt_utf8_valid((const char *)b + k, n - k))
+                    return false;
+                break;
+            }
+    }
+    return true;
+}
+
+/* A done event with a kept shape: its answer (GW_FRD_*), p set as
+ * gw_frp_scan would have set what that answer reads; 0 none. */
+static int gw_frp_dshape_find(gw_frp_t *p, const gw_flt_resp_t *x, const char *data, size_t len)
+{
+    sl_jshape_cache_t *c = &gw_frp_dshapes;
+    sl_jspan_t got[SL_JSHAPE_MAX_HOLES];
+    p->data = data;
+    p->n = len;
+    p->x = x;
+    for (unsigned i = 0; i < c->nslots; i++) {
+        const sl_jshape_slot_t *sl = &c->slot[i];
+        const gw_frp_dshape_t *d = sl->data;
+        if (sl_jshape_empty(&sl->sh) || !sl_jshape_match(&sl->sh, data, len, got) ||
+            !gw_frp_dholes_ok(p, &sl->sh, got, d->dtext))
+            continue;
+        sl_jshape_cache_hit(c, i);
+        p->top_text = 1;
+        p->canon_ok = true;
+        p->canon_bad = false;
+        return d->answer;
+    }
+    sl_jshape_cache_miss(c);
+    return 0;
+}
+
+/* A done event gw_frp_scan read and gw_flt_resp_quick answered (answer). */
+static void gw_frp_dshape_learn(const gw_frp_t *p, uint8_t answer)
+{
+    sl_jshape_cache_t *c = &gw_frp_dshapes;
+    if (!answer || p->dh_bad || !sl_jshape_cache_gate(c))
+        return;
+    for (size_t i = 0; i < p->ndh; i++)
+        if (p->dtext >> i & 1 &&
+            !gw_frp_is_sent(p, (const unsigned char *)p->data + p->dh[i].off, p->dh[i].len))
+            return; /* a text another than the one sent: no shape stands for it */
+    int i = sl_jshape_cache_take(c);
+    if (i < 0)
+        return;
+    gw_frp_dshape_t *d = c->slot[i].data;
+    *d = (gw_frp_dshape_t){answer, p->dtext};
+    if (sl_jshape_cache_set(c, (unsigned)i, p->data, p->n, p->dh, p->dk, p->ndh) != 0)
+        return; /* the slot stays empty */
+}
+
+void gw_flt_resp_dshapes_clear(void)
+{
+    sl_jshape_cache_clear(&gw_frp_dshapes);
+}
+
+uint64_t gw_flt_resp_dshape_hits(void)
+{
+    return gw_frp_dshapes.st.hits;
+}
+
 /* The bytes are what jansson's compact dump writes for them: no blank
  * between tokens, and no escape it would write otherwise (\u, \/). With
  * the callbacks' checks (keys once, integers) the event comes out of a
  * json_loadb / json_dumps round as it went in. */
 static bool gw_frp_canonical(const gw_frp_t *p)
 {
+    if (p->canon_ok)
+        return true;
     if (p->canon_bad)
         return false;
     const char *d = p->data;
@@ -858,16 +1000,20 @@ static gw_ev_rc_t gw_flt_resp_text_done(gw_flt_resp_t *x, flt_stream_t *st, cons
 }
 
 /* An event gw_frp_scan read that is not a delta: 0 answered (*rc), -1 the
- * general path decides. */
+ * general path decides. *learn: the answer a shape of it may stand for
+ * (GW_FRD_*), or 0. */
 static int gw_flt_resp_quick(gw_flt_resp_t *x, flt_stream_t *st, const gw_frp_t *p,
-                             gw_payloads_t *out, gw_ev_rc_t *rc)
+                             gw_payloads_t *out, gw_ev_rc_t *rc, uint8_t *learn)
 {
     bool there, bad;
+    *learn = 0;
     switch (gw_frp_kind(p->type)) {
     case GW_FRK_OTHER:
         *rc = GW_EV_PASS; /* the general path passes it too */
         return 0;
     case GW_FRK_TEXT_DONE:
+        if (p->top_text == 1 && gw_frp_canonical(p))
+            *learn = GW_FRD_TEXT_DONE; /* the filter's part runs again on a match */
         *rc = gw_flt_resp_text_done(x, st, p, out);
         return 0;
     case GW_FRK_PART_DONE:
@@ -885,13 +1031,46 @@ static int gw_flt_resp_quick(gw_flt_resp_t *x, flt_stream_t *st, const gw_frp_t 
     if (!gw_frp_canonical(p))
         return -1;
     if (!there) {
+        *learn = GW_FRD_PASS;
         *rc = GW_EV_PASS; /* nothing the general path would set */
         return 0;
     }
     if (bad)
         return -1;
+    *learn = GW_FRD_COPY;
     *rc = gw_payloads_push_copy(out, p->data, p->n) == 0 ? GW_EV_REPLACE : GW_EV_STOP;
     return 0;
+}
+
+/* Events parsed by gw_frp_scan on this thread (tests). */
+static _Thread_local uint64_t gw_frp_scans;
+
+uint64_t gw_flt_resp_scans(void)
+{
+    return gw_frp_scans;
+}
+
+/* true: no type the general path acts on can be read from these bytes, so
+ * it passes the event whatever else it holds (or when jansson refuses it).
+ * Each such type (gw_frp_kind) has ".delta", ".done", ".completed" or
+ * ".incomplete" in it, and without a backslash a decoded string's bytes
+ * are the event's own: an event with none of them after a '.' is passed
+ * without a parse (response.created, *.added, in_progress: a third of a
+ * short stream's bytes). */
+static bool gw_frp_surely_other(const char *data, size_t len)
+{
+    if (memchr(data, '\\', len))
+        return false;
+    const char *end = data + len, *q = data;
+    while ((q = memchr(q, '.', (size_t)(end - q))) != NULL) {
+        size_t rest = (size_t)(end - ++q);
+        if ((rest >= 4 && q[0] == 'd' &&
+             (memcmp(q, "done", 4) == 0 || (rest >= 5 && memcmp(q, "delta", 5) == 0))) ||
+            (rest >= 9 && memcmp(q, "completed", 9) == 0) ||
+            (rest >= 10 && memcmp(q, "incomplete", 10) == 0))
+            return false;
+    }
+    return true;
 }
 
 gw_ev_rc_t gw_flt_resp_event(gw_flt_resp_t *x, flt_stream_t *st, const char *data, size_t len,
@@ -903,12 +1082,27 @@ gw_ev_rc_t gw_flt_resp_event(gw_flt_resp_t *x, flt_stream_t *st, const char *dat
         return gw_flt_resp_fast(x, st, &fp, data, len, out, &rc) == 0
                    ? rc
                    : gw_flt_resp_event_tree(x, st, data, len, out);
+    if (gw_frp_surely_other(data, len))
+        return GW_EV_PASS; /* as gw_frp_kind's GW_FRK_OTHER, or the tree path's no type */
+    switch (gw_frp_dshape_find(&fp, x, data, len)) {
+    case GW_FRD_PASS:
+        return GW_EV_PASS;
+    case GW_FRD_COPY:
+        return gw_payloads_push_copy(out, data, len) == 0 ? GW_EV_REPLACE : GW_EV_STOP;
+    case GW_FRD_TEXT_DONE:
+        return gw_flt_resp_text_done(x, st, &fp, out);
+    default:
+        break;
+    }
+    gw_frp_scans++;
     if (gw_frp_scan(&fp, x, data, len)) {
+        uint8_t learn;
         if (fp.has_delta && strcmp(fp.type, "response.output_text.delta") == 0) {
             gw_frp_shape_learn(&fp);
             if (gw_flt_resp_fast(x, st, &fp, data, len, out, &rc) == 0)
                 return rc;
-        } else if (gw_flt_resp_quick(x, st, &fp, out, &rc) == 0) {
+        } else if (gw_flt_resp_quick(x, st, &fp, out, &rc, &learn) == 0) {
+            gw_frp_dshape_learn(&fp, learn);
             return rc;
         }
     }

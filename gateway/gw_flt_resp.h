@@ -36,6 +36,12 @@ gw_ev_rc_t gw_flt_resp_event_tree(gw_flt_resp_t *x, flt_stream_t *st, const char
  * since the last clear (tests). */
 void gw_flt_resp_shapes_clear(void);
 uint64_t gw_flt_resp_shape_hits(void);
+/* The same for the done events' kept shapes. */
+void gw_flt_resp_dshapes_clear(void);
+uint64_t gw_flt_resp_dshape_hits(void);
+/* Events this thread read with yajl since it started (tests: the events
+ * passed unread are not counted). */
+uint64_t gw_flt_resp_scans(void);
 /* A whole response object: each output_text filtered. 0 ok, -1 OOM. */
 int gw_flt_resp_body(flt_ruleset_t *rs, json_t *body, bool *modified);
 /* The same on the answer's bytes (data[0..len), borrowed): 0 with *out

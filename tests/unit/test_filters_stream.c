@@ -1324,6 +1324,21 @@ static void test_responses_bytes_same_as_tree(void **state)
     /* a masked word: the done events carry the upstream's text, replaced */
     static const char *const masked[] = {RESP_HEAD, RESP_DELTA("a bad"), RESP_DELTA("word here"),
                                          RESP_DONES("a badword here")};
+    /* the same with each done type written with a \\u escape (jansson
+     * reads the type it spells: no event passes unread for its bytes; a
+     * delta's splice is the fast path's own, compared in shaped below) */
+    static const char *const masked_esc[] = {
+        RESP_HEAD,
+        RESP_DELTA("a bad"),
+        RESP_DELTA("word here"),
+        RESP_EV("response.output_text.\\u0064one", "\"text\":\"a badword here\""),
+        RESP_EV("response.content_part.d\\u006fne",
+                "\"part\":{\"type\":\"output_text\",\"text\":\"a badword here\"}"),
+        RESP_EV("response.output_item.don\\u0065", "\"item\":" RESP_ITEM("a badword here")),
+        RESP_EV("response.in\\u0063omplete",
+                "\"response\":{\"output\":[" RESP_ITEM("a badword here") "]}"),
+        RESP_EV("response\\u002ecompleted",
+                "\"response\":{\"output\":[" RESP_ITEM("a badword here") "]}")};
     /* a word held at the end: text_done flushes it first */
     static const char *const held[] = {RESP_DELTA("so bad"), RESP_DONES("so bad")};
     /* the done texts not the text sent (an upstream's own), or missing */
@@ -1410,11 +1425,100 @@ static void test_responses_bytes_same_as_tree(void **state)
     resp_same(rs, esc, SL_ARRAY_LEN(esc));
     resp_same(rs, uesc, SL_ARRAY_LEN(uesc));
     resp_same(rs, masked, SL_ARRAY_LEN(masked));
+    resp_same(rs, masked_esc, SL_ARRAY_LEN(masked_esc));
     resp_same(rs, held, SL_ARRAY_LEN(held));
     resp_same(rs, other, SL_ARRAY_LEN(other));
     resp_same(rs, odd, SL_ARRAY_LEN(odd));
     resp_same(rs, blocked, SL_ARRAY_LEN(blocked));
     resp_same(rs, blocked_done, SL_ARRAY_LEN(blocked_done));
+    flt_ruleset_unref(rs);
+}
+
+/* The events no acting type can be read from go unparsed; every other one
+ * is read (and the byte compare above holds for both). */
+static void test_responses_unread_events(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_words("badword\n", "evil\n");
+    flt_stream_t *st = flt_stream_new(rs);
+    gw_flt_resp_t *x = gw_flt_resp_new();
+    static const struct {
+        const char *ev;
+        unsigned read; /* 1: parsed with yajl */
+    } cases[] = {
+        {RESP_EV("response.created", "\"response\":{\"id\":\"r\",\"model\":\"gpt-4.1\"}"), 0},
+        {RESP_EV("response.in_progress", "\"response\":{\"status\":\"in_progress\"}"), 0},
+        {RESP_EV("response.output_item.added", "\"item\":{\"id\":\"m\",\"content\":[]}"), 0},
+        {RESP_EV("response.content_part.added", "\"part\":{\"type\":\"output_text\"}"), 0},
+        {"{\"type\":\"response.created\",", 0}, /* refused JSON: passed either way */
+        {RESP_EV("response.created", "\"note\":\"x.done\""), 1},
+        {RESP_EV("response.created", "\"note\":\"x\\n\""), 1},
+        {RESP_EV("response.output_text.done", "\"text\":\"\""), 1},
+        {RESP_EV("response.content_part.done", "\"part\":{}"), 1},
+        {RESP_EV("response.output_item.done", "\"item\":{}"), 1},
+        {RESP_EV("response.completed", "\"response\":{}"), 1},
+        {RESP_EV("response.incomplete", "\"response\":{}"), 1},
+        {RESP_EV("response.refusal.delta", "\"delta\":\"no\""), 1},
+    };
+    for (size_t i = 0; i < SL_ARRAY_LEN(cases); i++) {
+        gw_payloads_t out;
+        gw_payloads_init(&out);
+        uint64_t before = gw_flt_resp_scans();
+        gw_ev_rc_t rc = gw_flt_resp_event(x, st, cases[i].ev, strlen(cases[i].ev), &out);
+        if (gw_flt_resp_scans() - before != cases[i].read)
+            fail_msg("event %zu %s: read %u times, want %u", i, cases[i].ev,
+                     (unsigned)(gw_flt_resp_scans() - before), cases[i].read);
+        if (!cases[i].read)
+            assert_int_equal(rc, GW_EV_PASS);
+        gw_payloads_clear(&out);
+    }
+    gw_flt_resp_free(x);
+    flt_stream_free(st);
+    flt_ruleset_unref(rs);
+}
+
+/* The done events' kept shapes: a later stream of the same form is
+ * answered from them (no parse), byte for byte as the tree path answers;
+ * texts not the text sent, -0, invalid UTF-8 and a changed type miss them;
+ * valid UTF-8 hits. */
+static void test_responses_done_shapes(void **state)
+{
+    (void)state;
+    flt_ruleset_t *rs = rs_words("badword\n", "evil\n");
+    static const char *const first[] = {RESP_HEAD, RESP_DELTA("The sea "), RESP_DELTA("is calm."),
+                                        RESP_DONES("The sea is calm.")};
+    static const char *const again[] = {RESP_HEAD, RESP_DELTA("A longer "),
+                                        RESP_DELTA("answer, this time."),
+                                        RESP_DONES("A longer answer, this time.")};
+    static const char *const masked[] = {RESP_DELTA("a bad"), RESP_DELTA("word here"),
+                                         RESP_DONES("a badword here")};
+    static const char *const other[] = {RESP_DELTA("one"), RESP_DONES("two")};
+    static const char *const utf8[] = {RESP_DELTA("caf\xc3\xa9"), RESP_DONES("caf\xc3\xa9")};
+    static const char *const odd[] = {
+        RESP_DELTA("abc"),
+        "{\"type\":\"response.output_text.done\",\"sequence_number\":-0,\"item_id\":\"msg_1\","
+        "\"output_index\":0,\"content_index\":0,\"text\":\"abc\",\"logprobs\":[]}",
+        "{\"type\":\"response.content_part.done\",\"sequence_number\":1,\"item_id\":\"msg_\xff\","
+        "\"output_index\":0,\"content_index\":0,\"part\":{\"type\":\"output_text\",\"text\":"
+        "\"abc\",\"annotations\":[]}}",
+        "{\"type\":\"response.content_part.done\",\"sequence_number\":1,\"item_id\":\"msg_1\","
+        "\"output_index\":0,\"content_index\":0,\"part\":{\"type\":\"output_texx\",\"text\":"
+        "\"zzz\",\"annotations\":[]}}"};
+    gw_flt_resp_dshapes_clear();
+    resp_same(rs, first, SL_ARRAY_LEN(first));
+    uint64_t h0 = gw_flt_resp_dshape_hits();
+    resp_same(rs, again, SL_ARRAY_LEN(again));
+    /* the four done events answered from their shapes (a hit: no parse) */
+    assert_int_equal(gw_flt_resp_dshape_hits() - h0, 4);
+    h0 = gw_flt_resp_dshape_hits();
+    resp_same(rs, masked, SL_ARRAY_LEN(masked));
+    resp_same(rs, other, SL_ARRAY_LEN(other));
+    resp_same(rs, odd, SL_ARRAY_LEN(odd));
+    assert_int_equal(gw_flt_resp_dshape_hits() - h0, 0);
+    /* valid UTF-8 in the holes: hits again */
+    resp_same(rs, utf8, SL_ARRAY_LEN(utf8));
+    assert_int_equal(gw_flt_resp_dshape_hits() - h0, 4);
+    gw_flt_resp_dshapes_clear();
     flt_ruleset_unref(rs);
 }
 
@@ -1930,6 +2034,8 @@ int main(void)
         cmocka_unit_test(test_responses_delta_splice),
         cmocka_unit_test(test_response_whole),
         cmocka_unit_test(test_responses_bytes_same_as_tree),
+        cmocka_unit_test(test_responses_unread_events),
+        cmocka_unit_test(test_responses_done_shapes),
         cmocka_unit_test(test_responses_finish_chunk),
         cmocka_unit_test(test_responses_request_text),
         cmocka_unit_test(test_responses_body_bytes_same_as_tree),
