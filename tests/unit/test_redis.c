@@ -352,8 +352,11 @@ static void test_down_and_reconnect(void **state)
     (void)state;
     struct event_base *base = event_base_new();
     sl_redis_t *r = client(base, 2000, NULL);
-    redisContext *blk = rs_send_nowait(&srv, "DEBUG SLEEP 5");
-    rs_run_for(base, 20);
+    /* a pause answered (held before the PING is sent), not a DEBUG SLEEP
+     * sent without waiting: 20 ms of loop is no promise it got there */
+    redisReply *pause = rs_cmd(&srv, "CLIENT PAUSE 5000");
+    assert_non_null(pause);
+    freeReplyObject(pause);
     res_t res;
     const char *ping[] = {"PING"};
     cmd(r, &res, 1, ping);
@@ -362,7 +365,6 @@ static void test_down_and_reconnect(void **state)
     uint64_t d0 = errs("down");
     int64_t start = sl_now_ms();
     rs_kill(&srv);
-    redisFree(blk);
     assert_true(rs_run_until(base, res_done, &res, 1000));
     assert_int_equal(res.status, SL_REDIS_DOWN);
     /* from the dropped connection, not the 2 s deadline: under half of it
@@ -656,8 +658,9 @@ static void test_free_pending(void **state)
     (void)state;
     struct event_base *base = event_base_new();
     sl_redis_t *r = client(base, 500, NULL);
-    redisContext *blk = rs_send_nowait(&srv, "DEBUG SLEEP 0.2");
-    rs_run_for(base, 20);
+    redisReply *pause = rs_cmd(&srv, "CLIENT PAUSE 200"); /* answered: held */
+    assert_non_null(pause);
+    freeReplyObject(pause);
     res_t res[4];
     const char *ping[] = {"PING"};
     for (int i = 0; i < 4; i++)
@@ -667,7 +670,6 @@ static void test_free_pending(void **state)
     rs_run_for(base, 30);
     for (int i = 0; i < 4; i++)
         assert_int_equal(res[i].calls, 0);
-    redisFree(blk);
     event_base_free(base);
     /* make sure the server is awake for whoever comes next */
     assert_true(rs_ping(&srv));
