@@ -221,6 +221,28 @@ static const char *gw_llm_after_key(const char *p, size_t n, const char *key, si
  * repeats the whole answer), stopping at the usage's end. Their events
  * differ in a sequence number each, so no shape is kept for them. */
 
+/* The next `"key":` of [p, end) from *q on (*q moves past it): its ':',
+ * the key read backwards from there (an unescaped `"key"` ending in a
+ * quote right before ':' is a key, never string content), and *v at its
+ * value. NULL at the end, or when the value is missing. */
+static inline const char *gw_llm_next_key(const char *p, const char *end, const char **q,
+                                          const char **v)
+{
+    while (*q < end && (*q = memchr(*q, ':', (size_t)(end - *q))) != NULL) {
+        const char *k = (*q)++;
+        if (k == p || k[-1] != '"')
+            continue;
+        const char *w = *q;
+        while (w < end && (*w == ' ' || *w == '\t'))
+            w++;
+        if (w == end)
+            return NULL;
+        *v = w;
+        return k;
+    }
+    return NULL;
+}
+
 /* One pass over a Responses event's bytes: true when a `"usage":` holds an
  * object (response.completed's); *content when a `"delta":` holds a
  * non-empty string. */
@@ -229,15 +251,7 @@ static bool gw_llm_resp_scan(const char *p, size_t n, bool *content)
     const char *end = p + n, *q = p;
     bool usage = false;
     *content = false;
-    while (q < end && (q = memchr(q, ':', (size_t)(end - q))) != NULL) {
-        const char *k = q++;
-        if (k == p || k[-1] != '"')
-            continue;
-        const char *v = q;
-        while (v < end && (*v == ' ' || *v == '\t'))
-            v++;
-        if (v == end)
-            break;
+    for (const char *k, *v; (k = gw_llm_next_key(p, end, &q, &v)) != NULL;) {
         if (GW_LLM_KEY_AT(p, k, "\"usage\"")) {
             usage |= *v == '{';
         } else if (GW_LLM_KEY_AT(p, k, "\"delta\"")) {
@@ -329,20 +343,11 @@ bool gw_llm_has_usage_key(const char *p, size_t n)
 bool gw_llm_scan_keys(const char *p, size_t n, bool *content)
 {
     /* Every `"key":` is found at its ':' (a byte an event has about ten
-     * of), and the key read backwards: an unescaped `"key"` ending in a
-     * quote right before ':' is a key, never string content. */
+     * of): gw_llm_next_key. */
     const char *end = p + n, *q = p;
     bool usage = false;
     *content = false;
-    while (q < end && (q = memchr(q, ':', (size_t)(end - q))) != NULL) {
-        const char *k = q++;
-        if (k == p || k[-1] != '"')
-            continue;
-        const char *v = q;
-        while (v < end && (*v == ' ' || *v == '\t'))
-            v++;
-        if (v == end)
-            break;
+    for (const char *k, *v; (k = gw_llm_next_key(p, end, &q, &v)) != NULL;) {
         if (GW_LLM_KEY_AT(p, k, "\"usage\"")) {
             if (*v == '{')
                 usage = true; /* not the "usage":null some servers put in every chunk */

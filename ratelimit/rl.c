@@ -1060,6 +1060,25 @@ static void rl_enqueue(rl_worker_t *w, rl_pending_t *p)
     DL_APPEND(w->queue, p);
 }
 
+/* A check entry of t's for the batch or a lease's waiters, owning t;
+ * NULL (t freed) on OOM. */
+static rl_pending_t *rl_check_entry(rl_worker_t *w, rl_ticket_t *t, int64_t tokens, rl_check_cb cb,
+                                    void *arg)
+{
+    rl_pending_t *p = sl_zalloc(sizeof(*p));
+    if (!p) {
+        free(t);
+        return NULL;
+    }
+    p->w = w;
+    p->cb = cb;
+    p->arg = arg;
+    p->ticket = t;
+    p->n = tokens;
+    p->op = 'c';
+    return p;
+}
+
 rl_check_rc_t rl_check(rl_worker_t *w, const rl_request_t *req, rl_decision_t *d,
                        rl_ticket_t **ticket, rl_check_cb cb, void *arg, rl_pending_t **pending)
 {
@@ -1122,17 +1141,9 @@ rl_check_rc_t rl_check(rl_worker_t *w, const rl_request_t *req, rl_decision_t *d
             return RL_DONE;
         }
         if (l && rl_lease_wait(l, t)) {
-            rl_pending_t *p = sl_zalloc(sizeof(*p));
-            if (!p) {
-                free(t);
+            rl_pending_t *p = rl_check_entry(w, t, tokens, cb, arg);
+            if (!p)
                 return RL_ERROR;
-            }
-            p->w = w;
-            p->cb = cb;
-            p->arg = arg;
-            p->ticket = t;
-            p->n = tokens;
-            p->op = 'c';
             l->last_ns = now;
             /* checks queue up behind each other: the lease grows (as in
              * rl_lease_want) */
@@ -1146,18 +1157,10 @@ rl_check_rc_t rl_check(rl_worker_t *w, const rl_request_t *req, rl_decision_t *d
             return RL_PENDING;
         }
     }
-    rl_pending_t *p = sl_zalloc(sizeof(*p));
-    if (!p) {
-        free(t);
+    rl_pending_t *p = rl_check_entry(w, t, tokens, cb, arg);
+    if (!p)
         return RL_ERROR;
-    }
     int64_t want = leasable ? rl_lease_want(w, t, now) : -1;
-    p->w = w;
-    p->cb = cb;
-    p->arg = arg;
-    p->ticket = t;
-    p->n = tokens;
-    p->op = 'c';
     p->want = want;
     if (want > 0)
         rl_lease_find(w, t->key, t->klen)->ask_queued = p;
