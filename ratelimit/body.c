@@ -58,6 +58,18 @@ static int64_t rl_content_tokens(const json_t *content)
     return n;
 }
 
+/* The compact JSON of v, estimated (what a model sees of a tool or an
+ * item it has no text field for). */
+static int64_t rl_dump_tokens(const json_t *v)
+{
+    char *t = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+    if (!t)
+        return 0;
+    int64_t n = rl_estimate_text_tokens(t, strlen(t));
+    free(t);
+    return n;
+}
+
 int64_t rl_body_prompt_tokens(const json_t *body)
 {
     int64_t n = 3; /* the reply's priming */
@@ -68,35 +80,14 @@ int64_t rl_body_prompt_tokens(const json_t *body)
         n += 4; /* role and separators */
         n += rl_content_tokens(json_object_get(m, "content"));
         n += rl_json_text_tokens(json_object_get(m, "name"));
+        /* an array or object only: a scalar here counts nothing */
         const json_t *calls = json_object_get(m, "tool_calls");
-        if (calls) {
-            char *t = json_dumps(calls, JSON_COMPACT);
-            if (t) {
-                n += rl_estimate_text_tokens(t, strlen(t));
-                free(t);
-            }
-        }
+        if (json_is_array(calls) || json_is_object(calls))
+            n += rl_dump_tokens(calls);
     }
     const json_t *tools = json_object_get(body, "tools");
-    if (tools) {
-        char *t = json_dumps(tools, JSON_COMPACT);
-        if (t) {
-            n += rl_estimate_text_tokens(t, strlen(t));
-            free(t);
-        }
-    }
-    return n;
-}
-
-/* The compact JSON of v, estimated (what a model sees of a tool or an
- * item it has no text field for). */
-static int64_t rl_dump_tokens(const json_t *v)
-{
-    char *t = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
-    if (!t)
-        return 0;
-    int64_t n = rl_estimate_text_tokens(t, strlen(t));
-    free(t);
+    if (json_is_array(tools) || json_is_object(tools))
+        n += rl_dump_tokens(tools);
     return n;
 }
 
