@@ -878,6 +878,17 @@ static bool trickle_answered(void *arg)
     return true;
 }
 
+/* EVALSHA calls n requests of one leased key may make: a few for the
+ * first check and ask, one per doubling up to RL_LEASE_MAX, then one per
+ * half lease. */
+static long long lease_call_bound(int n)
+{
+    int log2cap = 0;
+    while ((1 << log2cap) < RL_LEASE_MAX)
+        log2cap++;
+    return 3 + log2cap + (n + RL_LEASE_MAX / 2) / (RL_LEASE_MAX / 2 + 1);
+}
+
 /* A busy key whose requests come one per loop turn while Redis is stopped
  * (SIGSTOP: no reply can come between them), then Redis answers; 15 such
  * rounds of 40. Every request arriving while the lease is empty and its
@@ -934,10 +945,7 @@ static void test_lease_calls_bounded_by_requests(void **state)
     const int n = TR_ROUNDS * TR_EACH;
     long long calls = evalsha_calls();
     uint64_t dr = decided("redis") - by_redis, dl = decided("lease") - by_lease;
-    int log2cap = 0;
-    while ((1 << log2cap) < RL_LEASE_MAX)
-        log2cap++;
-    long long bound = 3 + log2cap + (n + RL_LEASE_MAX / 2) / (RL_LEASE_MAX / 2 + 1);
+    long long bound = lease_call_bound(n);
     printf("lease, one request a turn: %d requests, %d at once from a lease, %llu by Redis, "
            "%llu from leases, %lld EVALSHA (bound %lld)\n",
            n, local, (unsigned long long)dr, (unsigned long long)dl, calls, bound);
@@ -974,11 +982,7 @@ static void test_lease_one_at_a_time_busy(void **state)
     }
     long long calls = evalsha_calls();
     uint64_t dr = decided("redis") - by_redis, dl = decided("lease") - by_lease;
-    int log2cap = 0;
-    while ((1 << log2cap) < RL_LEASE_MAX)
-        log2cap++;
-    long long bound =
-        RL_LEASE_START + 3 + log2cap + (n + RL_LEASE_MAX / 2) / (RL_LEASE_MAX / 2 + 1);
+    long long bound = RL_LEASE_START + lease_call_bound(n);
     printf("lease, one request at a time: %d requests, %llu by Redis, %llu from leases, %lld "
            "EVALSHA (bound %lld)\n",
            n, (unsigned long long)dr, (unsigned long long)dl, calls, bound);
