@@ -378,11 +378,27 @@ def redis_clients(r):
     return len([l for l in listing.splitlines() if l.strip()]) - 1
 
 
-def redis_wait_clients(r, n, what="every sluice worker reconnected to Redis"):
+def redis_settled_clients(s, r):
+    """The number of Redis clients sluice s holds, once every one of them is
+    connected: sluice's own gauge (sluice_redis_connected, moved when a
+    connection comes up or goes) equals the count Redis sees (s being its
+    only client). A count taken while a worker's client was still in its
+    handshake would make a later redis_wait_clients wait for too few."""
+    def settled():
+        c = (metric(s, "sluice_redis_connected") or 0)
+        return c if c >= 1 and c == redis_clients(r) else 0
+
+    return int(wait_until(settled, bound(5), what="every sluice Redis client connected"))
+
+
+def redis_wait_clients(r, n, what="every sluice worker reconnected to Redis", s=None):
     """Waits until n clients are connected again: each sluice worker holds
     its own connection and reconnects on its own backoff (docs/fallback.md),
-    so one served request does not mean the next worker is back."""
-    wait_until(lambda: redis_clients(r) >= n, bound(10), what=what)
+    so one served request does not mean the next worker is back. With s,
+    also until sluice's own gauge says all n are up (its side of the
+    handshake done, not only Redis's)."""
+    wait_until(lambda: redis_clients(r) >= n and (s is None or (metric(s, "sluice_redis_connected") or 0) == n),
+               bound(10), what=what)
 
 
 # ---- rate-limit setups ------------------------------------------------------------------

@@ -43,7 +43,7 @@ def test_redis_down_denies(sluice_factory, mock, redis_server, nonces, revocatio
     tok = ph.mint("alice")
     assert ph.signed(s, tok).status == 200
     n_up = len(mock.requests())
-    n_clients = ph.redis_clients(redis_server)
+    n_clients = ph.redis_settled_clients(s, redis_server)
 
     ph.redis_kill(redis_server)
     t_kill = time.monotonic()
@@ -62,7 +62,7 @@ def test_redis_down_denies(sluice_factory, mock, redis_server, nonces, revocatio
 
     ph.redis_restart(redis_server)
     _wait_served(s, tok, "service once redis-server is back")
-    ph.redis_wait_clients(redis_server, n_clients)
+    ph.redis_wait_clients(redis_server, n_clients, s=s)
     # and it is Redis that answers again: a replay is caught there
     body = ph.body_bytes(chat_body("after"))
     h = ph.signed_headers(tok, "POST", P, body)

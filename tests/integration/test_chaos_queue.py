@@ -237,7 +237,7 @@ def test_redis_down_on_the_queue_path(sluice_factory, tmp_path, redis_server):
     r = s.chat("before")
     q = r.header("X-Sluice-Request-Id")
     assert fh.is_template(r) and q
-    n_clients = ph.redis_clients(redis_server)
+    n_clients = ph.redis_settled_clients(s, redis_server)
     ph.redis_kill(redis_server)
     m0 = fh.Metrics(s)
     for i in range(3):
@@ -252,7 +252,7 @@ def test_redis_down_on_the_queue_path(sluice_factory, tmp_path, redis_server):
                what="queued again once Redis is back")
     # each worker has its own Redis connection, back within its reconnect
     # backoff (at most 5 s): until then a lookup on another worker may be 503
-    ph.redis_wait_clients(redis_server, n_clients)
+    ph.redis_wait_clients(redis_server, n_clients, s=s)
     helpers.assert_error(s.request("GET", "/v1/requests/" + q), 404, "not_found")
 
 

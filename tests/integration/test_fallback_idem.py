@@ -127,7 +127,7 @@ def test_redis_store_down_and_back(sluice_factory, mock, redis_server):
     assert r.header("Idempotent-Replayed") == "true"
     keys = redis_server.cmd("KEYS", "sluice:idem:*")
     assert len(keys) == 1, keys  # the key lives in Redis (hashed with the user)
-    n_clients = ph.redis_clients(redis_server)
+    n_clients = ph.redis_settled_clients(s, redis_server)
     ph.redis_kill(redis_server)
     m0 = fh.Metrics(s)
     for k in ("k-r1", "k-r2"):
@@ -138,6 +138,6 @@ def test_redis_store_down_and_back(sluice_factory, mock, redis_server):
     ph.redis_restart(redis_server)  # empty: the stored answer is gone with it
     helpers.wait_until(lambda: s.request("POST", fh.CHAT, body, keyed("k-r3")).status == 200,
                        helpers.bound(10), what="keyed requests served again once Redis is back")
-    ph.redis_wait_clients(redis_server, n_clients)
+    ph.redis_wait_clients(redis_server, n_clients, s=s)
     r = s.request("POST", fh.CHAT, body, keyed("k-r3"))
     assert r.header("Idempotent-Replayed") == "true"
