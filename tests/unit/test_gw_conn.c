@@ -16,6 +16,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -215,6 +216,19 @@ static void read_response(fx_t *f, resp_t *r)
     assert_true(blen < sizeof(r->body));
     evbuffer_remove(in, r->body, blen);
     assert_int_equal(sscanf(r->head, "HTTP/1.1 %d", &r->status), 1);
+}
+
+/* The connection starts with its direct writer, on a line of its own
+ * (gw_wio.h, gw_conn.h): what queueing a write and the flush read is one
+ * cache line. A connection allocated the plain way (16-byte aligned) would
+ * spread that over two, and nothing else would show it. */
+static void test_conn_wio_line_aligned(void **state)
+{
+    fx_t *f = *state;
+    assert_int_equal((uintptr_t)f->c % GW_WIO_LINE, 0);
+    assert_ptr_equal((void *)&f->c->wio, (void *)f->c);
+    assert_ptr_equal(f->c->wio.owner, f->c);
+    assert_string_equal(f->c->peer, "127.0.0.1"); /* the cold tail written as before */
 }
 
 static void test_health_keepalive_pipelined(void **state)
@@ -687,6 +701,7 @@ static void test_stream_conn_answers_through_the_output_interface(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_conn_wio_line_aligned, setup, teardown),
         cmocka_unit_test_setup_teardown(test_health_keepalive_pipelined, setup, teardown),
         cmocka_unit_test_setup_teardown(test_route_table_answers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_malformed_head_400_and_close, setup, teardown),
