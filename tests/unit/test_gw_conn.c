@@ -218,17 +218,34 @@ static void read_response(fx_t *f, resp_t *r)
     assert_int_equal(sscanf(r->head, "HTTP/1.1 %d", &r->status), 1);
 }
 
-/* The connection starts with its direct writer, on a line of its own
+/* A connection starts with its direct writer, on a line of its own
  * (gw_wio.h, gw_conn.h): what queueing a write and the flush read is one
- * cache line. A connection allocated the plain way (16-byte aligned) would
- * spread that over two, and nothing else would show it. */
+ * cache line. Connections allocated the plain way (16-byte aligned) would
+ * spread it over two, and nothing else would show it: eight of them, so
+ * that a plain malloc cannot land them all on a line start by chance. */
+#define LINE_CONNS 8
 static void test_conn_wio_line_aligned(void **state)
 {
     fx_t *f = *state;
+    gw_conn_t *c[LINE_CONNS];
+    struct bufferevent *peer[LINE_CONNS];
+    for (int i = 0; i < LINE_CONNS; i++) {
+        struct bufferevent *pair[2];
+        assert_int_equal(bufferevent_pair_new(f->base, 0, pair), 0);
+        c[i] = gw_conn_new_bev(&f->w, pair[0], false, "127.0.0.2");
+        assert_non_null(c[i]);
+        peer[i] = pair[1];
+        assert_int_equal((uintptr_t)c[i] % GW_WIO_LINE, 0);
+        assert_ptr_equal((void *)&c[i]->wio, (void *)c[i]);
+        assert_ptr_equal(c[i]->wio.owner, c[i]);
+        assert_string_equal(c[i]->peer, "127.0.0.2"); /* the cold tail written as before */
+    }
     assert_int_equal((uintptr_t)f->c % GW_WIO_LINE, 0);
-    assert_ptr_equal((void *)&f->c->wio, (void *)f->c);
-    assert_ptr_equal(f->c->wio.owner, f->c);
-    assert_string_equal(f->c->peer, "127.0.0.1"); /* the cold tail written as before */
+    for (int i = 0; i < LINE_CONNS; i++) {
+        gw_conn_close(c[i]);
+        bufferevent_free(peer[i]);
+    }
+    spin_ready(f);
 }
 
 static void test_health_keepalive_pipelined(void **state)
