@@ -24,6 +24,11 @@
 # connection at 5,000, against 0.4-4.8 % in bench/scale.sh's runs at full
 # speed. So the pool keeps its connections CG_UP_KEEPALIVE (300s).
 #
+# CG_NGINX=1 adds nginx as the proxy, measured the same way (scale.sh's
+# nginx proxy conf, one worker and no master under callgrind; its requests
+# counted by stub_status, the two status reads taken off): the baseline in
+# lines, not only in µs. Its new upstream connections are not counted ("-").
+#
 #   SLUICE_BIN (default build/sluice), SLUICE_BASE_BIN (optional: the same
 #   figures for that binary, in the same run, interleaved), CG_CONNS
 #   (default "32 5000"), CG_WARM (s, default 30), CG_WINDOW (s, default 40),
@@ -61,6 +66,7 @@ if [ -n "$SLUICE_BASE_BIN" ]; then
     cp "$SLUICE_BASE_BIN" "$WORK/sluice-base"
     BINS="base this"
 fi
+[ "${CG_NGINX:-0}" = 1 ] && BINS="$BINS nginx"
 . "$ROOT/bench/lib.sh"
 ports_free "$UP_PORT" "$PORT" "$ADMIN"
 
@@ -70,9 +76,15 @@ wait_port "$UP_PORT" "$LAST"
 
 bench_sluice_conf "$PORT" "$UP_PORT" "$ADMIN" "keepalive_timeout: ${CG_UP_KEEPALIVE:-300s}" error \
     >"$WORK/sluice.yaml"
+scale_proxy_conf "$WORK/px" "$PORT" "$UP_PORT" off
 
-# "requests new-upstream-connections" so far
+# "requests new-upstream-connections" so far ($1 nginx: stub_status's
+# requests, this read not counted; no upstream count, "-")
 requests() {
+    if [ "${1:-}" = nginx ]; then
+        curl -sf "http://127.0.0.1:$PORT/nginx_status" | awk 'NR == 3 { printf "%d -", $3 - 1 }'
+        return
+    fi
     curl -sf "http://127.0.0.1:$ADMIN/metrics" |
         awk '/^sluice_requests_total/ { s += $NF }
             /^sluice_upstream_connections_total\{.*reused="false"/ { u += $NF }
@@ -81,26 +93,36 @@ requests() {
 
 # One run: $1 binary name, $2 connections; prints "Ir D1mr D1mw DLmr DLmw requests".
 one() {
-    local out=$WORK/cg.$1.c$2 n1 n2 u1 u2
-    # shellcheck disable=SC2086
-    spawn env ${CG_ENV:-} valgrind --tool=callgrind $SIM --instr-atstart=no --callgrind-out-file="$out" \
-        "$WORK/sluice-$1" -c "$WORK/sluice.yaml" 2>"$out.log"
-    local pid=$LAST
-    wait_admin_slow "$ADMIN" "$pid"
+    local out=$WORK/cg.$1.c$2 n1 n2 u1 u2 pid
+    if [ "$1" = nginx ]; then
+        # shellcheck disable=SC2086
+        spawn valgrind --tool=callgrind $SIM --instr-atstart=no --callgrind-out-file="$out" \
+            "$NGINX_BIN" -p "$WORK/px/" -e "$WORK/px/error.log" -c "$WORK/px/nginx.conf" 2>"$out.log"
+        pid=$LAST
+        wait_port "$PORT" "$pid" 1200
+    else
+        # shellcheck disable=SC2086
+        spawn env ${CG_ENV:-} valgrind --tool=callgrind $SIM --instr-atstart=no --callgrind-out-file="$out" \
+            "$WORK/sluice-$1" -c "$WORK/sluice.yaml" 2>"$out.log"
+        pid=$LAST
+        wait_admin_slow "$ADMIN" "$pid"
+    fi
     wrk -t1 -c"$2" -d"$((WARM + WINDOW + 5))s" --timeout 120s -s "$ROOT/bench/post.lua" \
         "http://127.0.0.1:$PORT/v1/chat/completions" >"$out.wrk" &
     local wrk_pid=$!
     sleep "$WARM"
-    read -r n1 u1 <<<"$(requests)"
+    read -r n1 u1 <<<"$(requests "$1")"
     callgrind_control -i on "$pid" >/dev/null
     sleep "$WINDOW"
     callgrind_control -i off "$pid" >/dev/null
-    read -r n2 u2 <<<"$(requests)"
+    read -r n2 u2 <<<"$(requests "$1")"
     wait "$wrk_pid" || true
     stop "$pid"
     grep -q 'errors=0 non2xx=0' "$out.wrk" || { echo "bench: wrk saw errors ($1, c=$2)" >&2; cat "$out.wrk" >&2; }
     # events: Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw (cache sim) or Ir
-    awk -v n=$((n2 - n1)) -v u=$((u2 - u1)) '
+    local u=-1
+    [ "$u1" = - ] || u=$((u2 - u1))
+    awk -v n=$((n2 - n1)) -v u="$u" '
         /^events:/ { for (i = 2; i <= NF; i++) col[$i] = i - 1 }
         /^totals:/ {
             printf "%d %d %d %d %d %d %d %d\n", n, u, $(col["Ir"] + 1),
@@ -120,8 +142,8 @@ for c in $CONNS; do
         read -r n u ir d1r d1w llr llw i1 <<<"$(one "$b" "$c")"
         [ "$n" -gt 0 ] || { echo "bench: no requests in the window ($b, c=$c)" >&2; exit 1; }
         awk -v b="$b" -v c="$c" -v n="$n" -v ir="$ir" -v d1="$((d1r + d1w))" -v ll="$((llr + llw))" \
-            -v i1="$i1" -v u="$u" 'BEGIN { printf "| %s | %s | %d | %d | %.0f | %.1f | %.2f | %.1f |\n",
-                b, c, n, u, ir / n, d1 / n, ll / n, i1 / n }'
+            -v i1="$i1" -v u="$u" 'BEGIN { printf "| %s | %s | %d | %s | %.0f | %.1f | %.2f | %.1f |\n",
+                b, c, n, u < 0 ? "-" : u, ir / n, d1 / n, ll / n, i1 / n }'
     done
 done
 if [ "${BENCH_KEEP:-0}" = 1 ]; then ls "$WORK"/cg.*.c* | grep -v '\.' || true; fi

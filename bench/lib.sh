@@ -182,7 +182,8 @@ nginx_fixed_upstream() {
 # keep-alive 300 s), into directory $1: scale_upstream_conf answers
 # $FIXED_ANSWER on 127.0.0.1:$2; scale_proxy_conf proxies 127.0.0.1:$2 to the
 # upstream on 127.0.0.1:$3 with a keep-alive pool that never closes an idle
-# connection, plus /nginx_status.
+# connection, plus /nginx_status; $4 master_process (default on; "off"
+# for a run under valgrind).
 scale_upstream_conf() {
     nginx_conf "$1" "    keepalive_timeout 300s;
     server {
@@ -205,7 +206,7 @@ scale_proxy_conf() {
             proxy_set_header Connection \"\";
         }
         location = /nginx_status { stub_status; }
-    }" on 30000
+    }" "${4:-on}" 30000
 }
 
 # A minimal sluice conf on stdout: one worker, listener 127.0.0.1:$1, upstream

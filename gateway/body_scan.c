@@ -1597,7 +1597,8 @@ static void gw_shape_fact_save(gw_jfact_t *f, const sl_jspan_t *hole, size_t nh)
         return;
     f->off = gw_shape_enc(hole, nh, f->off);
     f->end = gw_shape_enc(hole, nh, f->end);
-    f->close = gw_shape_enc(hole, nh, f->close);
+    if (f->kind == SL_J_OBJECT || f->kind == SL_J_ARRAY) /* close shares i and s's bytes */
+        f->close = gw_shape_enc(hole, nh, f->close);
 }
 
 /* A hit: the scan filled, the new body, its holes' spans, which hold an
@@ -1830,7 +1831,8 @@ static inline void gw_shape_fact_load(const gw_shape_map_t *m, gw_jfact_t *f)
         f->i = sl_jshape_int(m->body + h->off, h->len);
     }
     f->end = gw_shape_pos(m, f->end);
-    f->close = gw_shape_pos(m, f->close);
+    if (f->kind == SL_J_OBJECT || f->kind == SL_J_ARRAY) /* close shares i and s's bytes */
+        f->close = gw_shape_pos(m, f->close);
     if (f->kind == SL_J_STRING)
         gw_shape_text_load(m, &f->s);
 }

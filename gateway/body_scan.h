@@ -24,16 +24,21 @@
 
 /* One scalar or container fact: its type, its bytes [off, end) in the
  * body, and its value for integers and strings (decoded; borrowed from the
- * body or the scan's arena). Only kind is reset between scans: the other
- * fields mean something only when kind says the value is there (off, end),
- * and is of their type (i, s, close, members). */
+ * body or the scan's arena). The values share their bytes: read the one
+ * that kind names, nothing else. 40 bytes, not 64: the scanner's ten facts
+ * are reset for every request (gw_body_scan), and at 5,000 connections each
+ * of their lines is an L2 miss. */
 typedef struct gw_jfact {
     sl_jkind_t kind;
     size_t off, end;
-    int64_t i;      /* SL_J_INT */
-    sl_text_t s;    /* SL_J_STRING */
-    size_t close;   /* SL_J_OBJECT: offset of its '}' */
-    size_t members; /* SL_J_OBJECT: how many members it has */
+    union {
+        int64_t i;   /* SL_J_INT (and SL_J_REAL: the scan's own use) */
+        sl_text_t s; /* SL_J_STRING */
+        struct {
+            size_t close;   /* SL_J_OBJECT, SL_J_ARRAY: offset of its '}' or ']' */
+            size_t members; /* SL_J_OBJECT, SL_J_ARRAY: how many members it has */
+        };
+    };
 } gw_jfact_t;
 
 /* Which facts are wanted beyond the top-level scalars. */

@@ -65,39 +65,44 @@ typedef struct gw_out_ops {
     void (*batch)(gw_conn_t *c, gw_req_t *r, bool on);
 } gw_out_ops_t;
 
+/* Hot first: the direct writer's line (gw_wio_t, first: see gw_wio.h),
+ * then what each request reads and writes, then what only a connection's
+ * start and end (or TLS, h2, a lingering close) need. Allocated
+ * line-aligned (gw_conn_alloc, conn.c). */
 struct gw_conn {
-    gw_worker_t *w;
-    const gw_out_ops_t *out; /* the answer's framing (gw_out_h1, or h2.c's for a stream) */
-    void *out_arg;           /* the implementation's (h2.c: the stream) */
-    struct bufferevent *bev;
     gw_wio_t wio;
-    bool tls;
-    bool admin;
-    bool closed; /* freed at the next safe point */
-    char peer[64];
-    gw_conn_phase_t phase;
+    const gw_out_ops_t *out; /* the answer's framing (gw_out_h1, or h2.c's for a stream) */
     gw_http_parser_t *parser;
     gw_req_t *req;
+    gw_conn_phase_t phase;
+    bool closed;      /* freed at the next safe point */
+    bool close_after; /* Connection: close after this response */
+    bool out_watched; /* gw_h1_watch set a write low-watermark: reset at the request's end */
+    bool h2_stream;   /* one stream's request connection (protocol "h2"), see h2 below */
+    gw_worker_t *w;
+    struct bufferevent *bev;
     struct event *timer;
     int64_t deadline_ms; /* the current deadline (monotonic), 0 = none */
     int64_t armed_ms;    /* when the timer is set to fire, 0 = not armed */
     unsigned nrequests;
-    bool close_after; /* Connection: close after this response */
-    bool linger;      /* request bytes may be unread: lingering close (conn.c) */
-    bool lingering;   /* write side shut, draining input until EOF or deadline */
-    bool out_watched; /* gw_h1_watch set a write low-watermark: reset at the request's end */
-    size_t linger_bytes;
+    bool linger;    /* request bytes may be unread: lingering close (conn.c) */
+    bool lingering; /* write side shut, draining input until EOF or deadline */
+    bool tls;
+    bool admin;
     /* HTTP/2 (h2.c): the connection itself, after ALPN or the preface... */
     struct gw_h2 *h2;
-    bool h2c;       /* plain listener with h2c: true: the preface switches to h2 */
-    bool h2_stream; /* ...or one stream's request connection (protocol "h2") */
+    bool h2c;      /* plain listener with h2c: true: the preface switches to h2 */
+    void *out_arg; /* the implementation's (h2.c: the stream) */
+    size_t linger_bytes;
     /* Called once from gw_conn_close, or from gw_conn_req_done for an h2
      * stream's (the stream connection's owner, h2.c). */
     void (*on_close)(void *arg);
     void *on_close_arg;
     TAILQ_ENTRY(gw_conn) link;
+    char peer[64];
 };
 TAILQ_HEAD(gw_conn_list, gw_conn);
+_Static_assert(offsetof(struct gw_conn, wio) == 0, "gw_conn: its gw_wio_t first (gw_wio.h)");
 
 /* conn.c */
 void gw_conn_accept(gw_worker_t *w, int fd, const struct sockaddr *sa, int salen,

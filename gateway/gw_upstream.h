@@ -30,11 +30,14 @@ typedef struct gw_wsrv {
     int rr_current; /* smooth weighted round-robin state */
 } gw_wsrv_t;
 
+/* The direct writer's line first (gw_wio.h), then what a request on it
+ * reads and writes (the idle list's link: taking a kept connection off its
+ * head writes the next one's), then the rest. Allocated line-aligned
+ * (upstream.c). */
 struct gw_upconn {
+    gw_wio_t wio;
     gw_worker_t *w;
     gw_srv_rt_t *srv;
-    gw_wio_t wio;
-    uint64_t generation; /* runtime generation it belongs to */
     struct bufferevent *bev;
     gw_http_parser_t *parser;
     /* Who uses it now (NULL while idle), and where its events go. */
@@ -45,10 +48,13 @@ struct gw_upconn {
     bool reused;
     bool closed;
     unsigned nreq;
-    int connect_errno; /* an immediate connect failure's errno, for the log */
     int64_t idle_since_ms;
     TAILQ_ENTRY(gw_upconn) link;
+    uint64_t generation; /* runtime generation it belongs to */
+    int connect_errno;   /* an immediate connect failure's errno, for the log */
 };
+
+_Static_assert(offsetof(struct gw_upconn, wio) == 0, "gw_upconn: its gw_wio_t first (gw_wio.h)");
 
 /* Picks a server of pool (balancer + circuit breakers), avoiding `avoid`
  * when another is eligible, and takes the breaker's admission (*admit,

@@ -6,6 +6,7 @@
 #define GW_WIO_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <sys/queue.h>
 
 #include <event2/bufferevent.h>
@@ -14,29 +15,42 @@
 
 #include "gateway/gw_types.h"
 
+/* The first 64 bytes are what queueing a write and the flush read
+ * (gw_wio_outcb, gw_wio_flush), so at thousands of connections, where a
+ * connection's lines are cold again by its flush, that is one line: the
+ * owners (gw_conn_t, gw_upconn_t) put it first in a line-aligned struct
+ * (GW_WIO_LINE). The flags are bits to fit it. */
 struct gw_wio {
     gw_worker_t *w;
     struct bufferevent *bev;
-    struct evbuffer_cb_entry *cb;
-    bool direct;                  /* we write; EV_WRITE armed only while the kernel is full */
-    bool armed;                   /* EV_WRITE is armed (libevent writes) */
-    bool queued;                  /* on the worker's flush list */
-    bool kick;                    /* TLS: libevent writes, but in this loop turn */
-    SSL *ssl;                     /* our TLS (gw_wio_tls_own): owned, freed by fini */
-    bool hs;                      /* the TLS handshake is not done yet */
-    bool rd_wants_wr;             /* an SSL_read (or the handshake) waits to write */
-    bool own_read;                /* our read event (gw_wio_read_own, gw_wio_tls_own) */
-    size_t read_high;             /* the read high-watermark (gw_wio_set_read_mark) */
-    size_t lev_high;              /* libevent's read mark as we last set it (0: off) */
-    evutil_socket_t fd;           /* the socket, while own_read */
-    bool early;                   /* gw_wio_write_now wrote everything: drained at the flush */
-    int werr;                     /* gw_wio_write_now's write failed: errno, failed at the flush */
-    void (*drained)(void *owner); /* everything was written */
-    void (*failed)(void *owner, short what); /* a write failed */
     void *owner;
+    void (*drained)(void *owner); /* everything was written */
     TAILQ_ENTRY(gw_wio) link;
+    SSL *ssl;             /* our TLS (gw_wio_tls_own): owned, freed by fini */
+    evutil_socket_t fd;   /* the socket, while own_read */
+    short werr;           /* gw_wio_write_now's write failed: errno, failed at the flush */
+    bool direct : 1;      /* we write; EV_WRITE armed only while the kernel is full */
+    bool armed : 1;       /* EV_WRITE is armed (libevent writes) */
+    bool queued : 1;      /* on the worker's flush list */
+    bool kick : 1;        /* TLS: libevent writes, but in this loop turn */
+    bool early : 1;       /* gw_wio_write_now wrote everything: drained at the flush */
+    bool hs : 1;          /* the TLS handshake is not done yet */
+    bool rd_wants_wr : 1; /* an SSL_read (or the handshake) waits to write */
+    bool own_read : 1;    /* our read event (gw_wio_read_own, gw_wio_tls_own) */
+    /* -- the second line: reads and errors */
+    void (*failed)(void *owner, short what); /* a write failed */
+    size_t read_high;                        /* the read high-watermark (gw_wio_set_read_mark) */
+    size_t lev_high;                         /* libevent's read mark as we last set it (0: off) */
+    struct evbuffer_cb_entry *cb;
 };
 TAILQ_HEAD(gw_wio_list, gw_wio);
+
+/* A struct that starts with its gw_wio_t is allocated line-aligned: its
+ * size rounded up to GW_WIO_LINE, for aligned_alloc. */
+#define GW_WIO_LINE         64
+#define GW_WIO_LINE_SIZE(n) (((n) + GW_WIO_LINE - 1) & ~(size_t)(GW_WIO_LINE - 1))
+_Static_assert(offsetof(struct gw_wio, failed) == GW_WIO_LINE,
+               "gw_wio_t: what the queue and the flush read is its first line");
 
 void gw_wio_init(gw_wio_t *io, gw_worker_t *w, struct bufferevent *bev, bool direct,
                  void (*drained)(void *), void (*failed)(void *, short), void *owner);

@@ -161,20 +161,38 @@ enum {
 };
 
 struct gw_http_parser {
-    http_parser hp;
-    gw_http_kind_t kind;
-    gw_http_limits_t lim;
+    /* The first 64 bytes (the struct is line-aligned): what the accessors
+     * read and the storage fields, which are all that reset writes. The
+     * rest of the parse state is reset at the next feed (parse_restart):
+     * a client connection's parser is reset at the end of a request, long
+     * after its head was parsed, and at 5,000 connections its lines are
+     * cold then and cold again at the next head; written once, they miss
+     * once. */
     gw_http_state_t state; /* what the last feed returned */
     int phase;
     bool head_request;
     bool started;
+    bool stale;     /* reset since the last feed: parse_restart pending */
+    bool one_block; /* arena lies in hdrs' block (block_take) */
+    int err_status;
+    const char *err_reason;
+    uint64_t body_bytes;
+    /* Grown as a head's bytes arrive (head_reserve), cut to what the head
+     * used once it is complete and freed by reset (an idle keep-alive
+     * connection holds none). */
+    gw_http_header_t *hdrs; /* hdrs_cap entries, at most lim.header_lines */
+    size_t hdrs_cap;
+    char *arena; /* names, values, method, target; NUL-terminated */
+    size_t arena_cap;
+
+    http_parser hp;
+    gw_http_kind_t kind;
+    gw_http_limits_t lim;
     bool headers_done; /* on_headers_complete ran for chunk_start's head */
     bool complete;     /* on_message_complete ran (http-parser paused) */
     bool interim;      /* the current head is a 1xx */
     bool skip_body;
     unsigned ninterim;
-    int err_status;
-    const char *err_reason;
 
     /* head_scan */
     int hs;
@@ -195,21 +213,15 @@ struct gw_http_parser {
     uint64_t declared;
     size_t trailer_bytes;
 
-    uint64_t body_bytes;
     gw_http_body_cb cb;
     void *cb_arg;
 
     gw_http_msg_t msg;
-    /* Grown as a head's bytes arrive (head_reserve), cut to what the head
-     * used once it is complete and freed by reset (an idle keep-alive
-     * connection holds none). */
-    gw_http_header_t *hdrs; /* hdrs_cap entries, at most lim.header_lines */
-    size_t hdrs_cap;
-    char *arena; /* names, values, method, target; NUL-terminated */
-    size_t arena_len, arena_cap;
-    bool one_block;             /* arena lies in hdrs' block (block_take) */
+    size_t arena_len;
     bool conn_close, conn_keep; /* Connection tokens, found by head_check() */
 };
+_Static_assert(offsetof(struct gw_http_parser, hp) == 64,
+               "reset's fields: the struct's first line");
 
 static const char ver_tmpl[8] = "HTTP/0.0";
 
@@ -1699,9 +1711,12 @@ gw_http_parser_t *gw_http_parser_new(gw_http_kind_t kind, const gw_http_limits_t
         .header_lines = 100,
         .max_body_bytes = 1 << 20,
     };
-    gw_http_parser_t *p = calloc(1, sizeof(*p));
+    /* line-aligned, so reset's fields are one line (the struct's top) */
+    size_t size = (sizeof(gw_http_parser_t) + 63) & ~(size_t)63;
+    gw_http_parser_t *p = aligned_alloc(64, size);
     if (!p)
         return NULL;
+    memset(p, 0, size);
     p->kind = kind;
     p->lim = limits ? *limits : defaults;
     if (!p->lim.request_line_bytes)
@@ -1723,18 +1738,15 @@ void gw_http_parser_free(gw_http_parser_t *p)
     free(p);
 }
 
-void gw_http_parser_reset(gw_http_parser_t *p)
+/* What reset leaves to the next feed: the rest of the parse state. Every
+ * entry point that parses or loads calls parse_fresh() first; the
+ * accessors read only the top line, which reset writes at once. */
+static void parse_restart(gw_http_parser_t *p)
 {
     http_parser_init(&p->hp, p->kind == GW_HTTP_REQUEST ? HTTP_REQUEST : HTTP_RESPONSE);
     p->hp.data = p;
-    p->state = GW_HTTP_NEED_MORE;
-    p->phase = PH_HEAD;
-    p->head_request = false;
-    p->started = false;
     p->complete = false;
     p->ninterim = 0;
-    p->err_status = 0;
-    p->err_reason = NULL;
     p->cs = CS_SIZE0;
     p->chunk_digits = 0;
     p->chunk_ext = 0;
@@ -1742,11 +1754,44 @@ void gw_http_parser_reset(gw_http_parser_t *p)
     p->chunk_left = 0;
     p->declared = 0;
     p->trailer_bytes = 0;
-    p->body_bytes = 0;
     p->cb = NULL;
     p->cb_arg = NULL;
-    storage_free(p); /* the next head takes its own (head_reserve) */
     head_restart(p);
+    p->stale = false;
+}
+
+static inline void parse_fresh(gw_http_parser_t *p)
+{
+    if (p->stale)
+        parse_restart(p);
+}
+
+void gw_http_parser_reset(gw_http_parser_t *p)
+{
+    p->state = GW_HTTP_NEED_MORE;
+    p->phase = PH_HEAD;
+    p->head_request = false;
+    p->started = false;
+    p->err_status = 0;
+    p->err_reason = NULL;
+    p->body_bytes = 0;
+    /* the next head takes its own (head_reserve); storage_free's write to
+     * msg.headers is parse_restart's too */
+    if (!p->one_block)
+        free(p->arena);
+    free(p->hdrs);
+    p->arena = NULL;
+    p->hdrs = NULL;
+    p->arena_cap = 0;
+    p->hdrs_cap = 0;
+    p->one_block = false;
+    p->stale = true;
+}
+
+void gw_http_parser_reset_now(gw_http_parser_t *p)
+{
+    gw_http_parser_reset(p);
+    parse_restart(p);
 }
 
 size_t gw_http_parser_held(const gw_http_parser_t *p)
@@ -1762,6 +1807,7 @@ void gw_http_parser_set_head_request(gw_http_parser_t *p, bool head)
 gw_http_state_t gw_http_feed(gw_http_parser_t *p, const char *data, size_t n, size_t *consumed,
                              gw_http_body_cb body_cb, void *arg)
 {
+    parse_fresh(p);
     *consumed = 0;
     if (p->state == GW_HTTP_ERROR || p->state == GW_HTTP_DONE)
         return p->state;
@@ -1852,6 +1898,7 @@ gw_http_state_t gw_http_feed_evbuffer(gw_http_parser_t *p, struct evbuffer *in, 
 
 gw_http_state_t gw_http_feed_eof(gw_http_parser_t *p, gw_http_body_cb body_cb, void *arg)
 {
+    parse_fresh(p);
     if (p->state == GW_HTTP_ERROR || p->state == GW_HTTP_DONE)
         return p->state;
     if (p->phase == PH_HEAD) {
@@ -1924,6 +1971,7 @@ static bool all_in(const char *s, size_t n, int cls)
 gw_http_state_t gw_http_load_header(gw_http_parser_t *p, const char *name, size_t name_len,
                                     const char *value, size_t value_len)
 {
+    parse_fresh(p);
     if (p->state == GW_HTTP_ERROR)
         return p->state;
     p->started = true;
@@ -1961,6 +2009,7 @@ gw_http_state_t gw_http_load_header(gw_http_parser_t *p, const char *name, size_
 gw_http_state_t gw_http_load_head(gw_http_parser_t *p, const char *method, const char *path,
                                   const char *authority, bool body_follows)
 {
+    parse_fresh(p);
     if (p->state == GW_HTTP_ERROR)
         return p->state;
     p->started = true;
@@ -2016,6 +2065,7 @@ gw_http_state_t gw_http_load_head(gw_http_parser_t *p, const char *method, const
 
 gw_http_state_t gw_http_load_fail(gw_http_parser_t *p, int status, const char *reason)
 {
+    parse_fresh(p);
     p->started = true;
     fail(p, status, reason);
     return p->state;
@@ -2024,6 +2074,7 @@ gw_http_state_t gw_http_load_fail(gw_http_parser_t *p, int status, const char *r
 gw_http_state_t gw_http_load_body(gw_http_parser_t *p, const char *data, size_t n, bool end,
                                   gw_http_body_cb body_cb, void *arg)
 {
+    parse_fresh(p);
     if (p->state == GW_HTTP_ERROR || p->state == GW_HTTP_DONE || p->phase != PH_BODY)
         return p->state;
     int64_t cl = p->msg.content_length;

@@ -166,8 +166,16 @@ typedef struct gw_http_parser gw_http_parser_t;
 
 gw_http_parser_t *gw_http_parser_new(gw_http_kind_t kind, const gw_http_limits_t *limits);
 void gw_http_parser_free(gw_http_parser_t *p);
-/* Ready for the next message on the same connection (keep-alive). */
+/* Ready for the next message on the same connection (keep-alive): frees
+ * the head storage and makes the accessors read as on a new parser at once,
+ * the rest of the parse state at the next feed or load (one cache line now,
+ * the others when the next message touches them anyway: for a parser whose
+ * last bytes came long ago, e.g. a client's at the end of its request). */
 void gw_http_parser_reset(gw_http_parser_t *p);
+/* The same, all of it now: for a parser used just before (an upstream
+ * connection's, released right after its response), whose lines are warm
+ * now and would be cold at the next message. */
+void gw_http_parser_reset_now(gw_http_parser_t *p);
 /* Bytes of head storage p holds now: a head that arrived whole holds a
  * block sized by its bytes; one fed in pieces grows with them and is cut to
  * what it used once complete; none after reset. */

@@ -286,9 +286,10 @@ gw_upconn_t *gw_upstream_get(gw_worker_t *w, gw_srv_rt_t *srv, bool allow_reuse)
             return u;
         }
     }
-    gw_upconn_t *u = calloc(1, sizeof(*u));
+    gw_upconn_t *u = aligned_alloc(GW_WIO_LINE, GW_WIO_LINE_SIZE(sizeof(*u)));
     if (!u)
         return NULL;
+    memset(u, 0, sizeof(*u));
     u->w = w;
     u->srv = srv;
     u->generation = w->rt->generation;
@@ -381,7 +382,7 @@ void gw_upstream_release(gw_upconn_t *u, bool reusable)
         gw_upstream_close(u);
         return;
     }
-    gw_http_parser_reset(u->parser); /* frees its head storage while idle */
+    gw_http_parser_reset_now(u->parser); /* frees its head storage while idle; warm now */
     u->idle_since_ms = sl_now_ms();
     TAILQ_INSERT_HEAD(&ws->idle, u, link); /* LIFO: the warmest connection first */
     gw_idle_count(ws, srv, 1);

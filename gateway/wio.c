@@ -573,7 +573,7 @@ void gw_wio_write_now(gw_wio_t *io)
     int n = gw_wio_send(out, gw_wio_fd(io));
     evbuffer_freeze(out, 1);
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-        io->werr = errno ? errno : EIO;
+        io->werr = (short)(errno ? errno : EIO); /* errno values fit */
     else if (evbuffer_get_length(out) == 0)
         io->early = true;
 }

@@ -28,7 +28,9 @@ static inline int scan_same_fact(const gw_jfact_t *a, const gw_jfact_t *b)
         return 0;
     if (a->kind == SL_J_ABSENT)
         return 1;
-    return a->off == b->off && a->end == b->end && a->i == b->i &&
+    /* the values share their bytes (gw_jfact_t): the one kind names */
+    return a->off == b->off && a->end == b->end &&
+           ((a->kind != SL_J_INT && a->kind != SL_J_REAL) || a->i == b->i) &&
            (a->kind != SL_J_STRING || scan_same_text(a->s, b->s)) &&
            ((a->kind != SL_J_OBJECT && a->kind != SL_J_ARRAY) ||
             (a->close == b->close && a->members == b->members));

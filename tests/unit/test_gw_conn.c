@@ -16,6 +16,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -215,6 +216,36 @@ static void read_response(fx_t *f, resp_t *r)
     assert_true(blen < sizeof(r->body));
     evbuffer_remove(in, r->body, blen);
     assert_int_equal(sscanf(r->head, "HTTP/1.1 %d", &r->status), 1);
+}
+
+/* A connection starts with its direct writer, on a line of its own
+ * (gw_wio.h, gw_conn.h): what queueing a write and the flush read is one
+ * cache line. Connections allocated the plain way (16-byte aligned) would
+ * spread it over two, and nothing else would show it: eight of them, so
+ * that a plain malloc cannot land them all on a line start by chance. */
+#define LINE_CONNS 8
+static void test_conn_wio_line_aligned(void **state)
+{
+    fx_t *f = *state;
+    gw_conn_t *c[LINE_CONNS];
+    struct bufferevent *peer[LINE_CONNS];
+    for (int i = 0; i < LINE_CONNS; i++) {
+        struct bufferevent *pair[2];
+        assert_int_equal(bufferevent_pair_new(f->base, 0, pair), 0);
+        c[i] = gw_conn_new_bev(&f->w, pair[0], false, "127.0.0.2");
+        assert_non_null(c[i]);
+        peer[i] = pair[1];
+        assert_int_equal((uintptr_t)c[i] % GW_WIO_LINE, 0);
+        assert_ptr_equal((void *)&c[i]->wio, (void *)c[i]);
+        assert_ptr_equal(c[i]->wio.owner, c[i]);
+        assert_string_equal(c[i]->peer, "127.0.0.2"); /* the cold tail written as before */
+    }
+    assert_int_equal((uintptr_t)f->c % GW_WIO_LINE, 0);
+    for (int i = 0; i < LINE_CONNS; i++) {
+        gw_conn_close(c[i]);
+        bufferevent_free(peer[i]);
+    }
+    spin_ready(f);
 }
 
 static void test_health_keepalive_pipelined(void **state)
@@ -687,6 +718,7 @@ static void test_stream_conn_answers_through_the_output_interface(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_conn_wio_line_aligned, setup, teardown),
         cmocka_unit_test_setup_teardown(test_health_keepalive_pipelined, setup, teardown),
         cmocka_unit_test_setup_teardown(test_route_table_answers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_malformed_head_400_and_close, setup, teardown),

@@ -201,13 +201,13 @@ static void test_whole_heads_keep_their_own_strings(void **state)
     gw_http_parser_free(r);
 }
 
-/* What reset promises before the next byte arrives (the promise a lazier
- * reset, one that left part of the parse state to the next feed, must keep
- * too: issue #21 item 4 tried one): a parser reset after an error, or in
- * the middle of a chunked body, reads as new (no error, not started, no
- * message, no body bytes, no storage), a HEAD request marked between the
- * reset and the feed is kept, and the next message parses as on a new
- * parser, whatever state the last one stopped in. */
+/* What reset promises before the next byte arrives (it writes the state the
+ * accessors read at once and leaves the rest of the parse state to the next
+ * feed): a parser reset after an error, or in the middle of a chunked
+ * body, reads as new (no error, not started, no message, no body bytes, no
+ * storage), a HEAD request marked between the reset and the feed is kept,
+ * and the next message parses as on a new parser, whatever state the last
+ * one stopped in. */
 static void test_reset_reads_new_before_the_next_feed(void **state)
 {
     (void)state;
