@@ -86,20 +86,25 @@ static inline int64_t rl_jcount_tokens(rl_jcount_t c)
     return (c.ascii + 3) / 4 + c.other;
 }
 
+/* What each byte of a decoded string costs in jansson's text: ASCII bytes
+ * (its escape: '"', '\\' and the five short controls two, any other
+ * control six, \u00XX), and non-ASCII characters (a UTF-8 lead byte one;
+ * continuation bytes none). One table lookup a byte: the branches were
+ * ~12 instructions a byte of a tools array. */
+static const uint8_t rl_jw_ascii[256] = {
+    [0x00 ... 0x07] = 6, ['\b'] = 2, ['\t'] = 2,          ['\n'] = 2,          [0x0b] = 6,
+    ['\f'] = 2,          ['\r'] = 2, [0x0e ... 0x1f] = 6, [0x20 ... 0x21] = 1, ['"'] = 2,
+    [0x23 ... 0x5b] = 1, ['\\'] = 2, [0x5d ... 0x7f] = 1,
+};
+static const uint8_t rl_jw_lead[256] = {[0xc0 ... 0xff] = 1};
+
 /* A decoded string as jansson writes it, quotes included. */
 static void rl_jw_string(rl_jw_t *w, const unsigned char *p, size_t n)
 {
     int64_t ascii = 2, other = 0;
     for (size_t i = 0; i < n; i++) {
-        unsigned char c = p[i];
-        if (c == '"' || c == '\\' || c == '\b' || c == '\f' || c == '\n' || c == '\r' || c == '\t')
-            ascii += 2;
-        else if (c < 0x20)
-            ascii += 6; /* \u00XX */
-        else if (c < 0x80)
-            ascii++;
-        else if ((c & 0xc0) != 0x80) /* a UTF-8 lead byte */
-            other++;
+        ascii += rl_jw_ascii[p[i]];
+        other += rl_jw_lead[p[i]];
     }
     rl_jw_add(w, ascii, other);
 }
