@@ -562,10 +562,10 @@ static gw_key_t gw_key_top(const char *k, size_t n)
         return GW_KEY_IS("stream") ? GW_K_STREAM : GW_K_NONE;
     case 8:
         return GW_KEY_IS("messages") ? GW_K_MESSAGES : GW_K_NONE;
-    case 12:
-        return GW_KEY_IS("instructions") ? GW_K_INSTRUCTIONS : GW_K_NONE;
     case 10:
         return GW_KEY_IS("max_tokens") ? GW_K_MAXT : GW_K_NONE;
+    case 12:
+        return GW_KEY_IS("instructions") ? GW_K_INSTRUCTIONS : GW_K_NONE;
     case 14:
         return GW_KEY_IS("stream_options") ? GW_K_SO : GW_K_NONE;
     case 17:
