@@ -10,7 +10,10 @@ control escape six bytes. Each case is sent as indented JSON with
 \\uXXXX escapes and "\\/" (what an SDK with ensure_ascii writes), then
 again with longer strings (the same shape: body_scan.c's kept shape
 answers it) and read back through the day budget's X-RateLimit-Remaining;
-a body past the budget is refused before the upstream sees it.
+a body past the budget is refused before the upstream sees it, and a
+stream that never brings its usage settles at that estimate plus its
+text's. Every test here passes on the binary before the tree-less count
+(6d9d6a7) too: the numbers did not move.
 """
 
 import json
@@ -202,3 +205,47 @@ def test_budget_refuses_what_the_json_makes_too_big(sluice_factory, mock, case):
                                             "max_tokens": 4096})
     r = s2.request("POST", path, raw(b), h, timeout=bound(10))
     assert r.status == 200, (r.status, r.body[:300])
+
+
+def _stream(s, path, tok, b):
+    with s.client(timeout=bound(10)) as c:
+        r, evs = c.stream("POST", path, raw(b), {"Authorization": tok.bearer})
+        evs = [e for e in evs if e.data is not None and not e.is_done]
+    text = ""
+    for e in evs:
+        j = e.json()
+        if path == "/v1/responses":
+            if j.get("type") == "response.output_text.delta":
+                text += j["delta"]
+        else:
+            for ch in j.get("choices") or []:
+                text += (ch.get("delta") or {}).get("content") or ""
+    return r, evs, text
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_stream_without_usage_settles_on_the_estimate(sluice_factory, mock, case):
+    """A stream that never brings its usage (chat: an upstream that ignores
+    include_usage; Responses: cut before response.completed) settles at the
+    prompt estimate + the streamed text's: each reading is the previous one
+    minus exactly that, so the scan's estimate is what settles too."""
+    path, make, estimate = CASES[case]
+    s = ph.rl_start(sluice_factory, mock, {"per_user": {"tokens_per_day": DAY}, "max_tokens": 4096})
+    alice = ph.mint("alice")
+    if path == "/v1/responses":
+        mock.set_default({"text": "a long answer of many words " * 10, "events": 4, "cut_after": 6})
+    else:
+        mock.set_default({"usage": False})
+    b = make("some words to send")
+    b["stream"] = True
+    rems = []
+    for _ in range(3):
+        r, evs, text = _stream(s, path, alice, b)
+        assert r.status == 200 and text, (r.status, evs[:3])
+        assert not any("usage" in e.json() and e.json()["usage"] for e in evs
+                       if path != "/v1/responses")
+        rems.append(remaining(r))
+    assert DAY - rems[0] == estimate(b) + MAX_OUT, (rems, estimate(b))
+    used = estimate(b) + est_text(text)
+    for a, b_ in zip(rems, rems[1:]):
+        assert used - 1 <= a - b_ <= used, (rems, used)
