@@ -8,7 +8,10 @@
  *                            trusted_proxies), for endpoints without a user;
  *   2. rl_body_clamp()       clamps max_tokens in the JSON body, injects
  *                            stream_options.include_usage for streams;
- *      rl_body_prompt_tokens() + the clamped max_tokens = the reservation;
+ *      rl_body_prompt_tokens() + the clamped max_tokens = the reservation
+ *      (over the gateway's scan, no tree: rl_chat_prompt_tokens(),
+ *      rl_chat_prompt_tokens_json() with tools, rl_responses_prompt_tokens_in();
+ *      prompt_json.c counts their compact JSON over the client's bytes);
  *   3. rl_check()            takes one request, a concurrency slot and the
  *                            reservation, or refuses with the limit hit:
  *                            answer rl_decision_status(), rl_format_headers()
