@@ -29,6 +29,13 @@
 #   /v1/responses, bench/lib.sh's realistic_resp_body: the upstream answers
 #   that API, a response object or bench_upstream's stream of 15 events, 8 of
 #   them text deltas; sluice relays that API, it does not translate it),
+#   full-budget / full-resp-budget for full / full-resp with a token budget
+#   on (ratelimit.per_user.tokens_per_minute 1e9, never refusing: the
+#   prompt estimate, the reservation and its settlement on every request;
+#   full-budget - full and full-resp-budget - full-resp are their cost),
+#   full-tools / full-tools-budget for full's conf, without and with that
+#   budget, sending issue #16's body with a "tools" array of two functions
+#   (nested parameter schemas: bench/lib.sh's realistic_tools_body),
 #   CG_SHORT / CG_LONG (wrk seconds, default 3 / 12), CG_CONNS (default 32),
 #   BENCH_BODY_VARY=key (realistic.lua: every request's body a JSON shape of
 #   its own, body_scan.c's kept shapes missing; with CG_NGINX=0),

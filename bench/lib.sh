@@ -329,6 +329,38 @@ realistic_parts_body() {
     printf '%s' '{"model":"chat-model","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":[{"type":"text","text":"Write one sentence about the sea, please,"},{"type":"text","text":" in plain English."},{"type":"image_url","image_url":{"url":"https://example.com/images/sea-0042.jpg"}}]}],"max_tokens":64}' >"$1"
 }
 
+# issue #16's body with a realistic tools array of two functions (nested
+# parameter schemas: an enum, an array of objects), as an agent SDK sends
+# it (confs full-tools and full-tools-budget), into $1.
+realistic_tools_body() {
+    python3 - "$1" <<'EOF'
+import json, sys
+tools = [
+    {"type": "function", "function": {
+        "name": "get_weather",
+        "description": "Get the current weather at a place on the coast.",
+        "parameters": {"type": "object", "properties": {
+            "location": {"type": "string", "description": "City and country, e.g. Brest, France"},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+            "required": ["location"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "search_tides",
+        "description": "Search the tide tables of a harbour for a day.",
+        "parameters": {"type": "object", "properties": {
+            "harbour": {"type": "string"},
+            "date": {"type": "string", "description": "ISO 8601 date"},
+            "filters": {"type": "array", "items": {"type": "object", "properties": {
+                "kind": {"type": "string", "enum": ["high", "low"]},
+                "min_height_m": {"type": "number"}}}}},
+            "required": ["harbour", "date"]}}}]
+b = {"model": "chat-model", "messages": [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "Write one sentence about the sea, please, in plain English."}],
+    "max_tokens": 64, "tools": tools}
+open(sys.argv[1], "wb").write(json.dumps(b, separators=(",", ":")).encode())
+EOF
+}
+
 # issue #16's three confs (plain, full, full-sse) in $WORK on one port pair
 # ($1 listen, $2 admin): realistic_upstream on $UP_PORT and, when $3 (the
 # confs to be run) names full-sse or full-resp-sse, $SSE_UP_BIN's 8 events
@@ -364,6 +396,18 @@ realistic_trio() {
     realistic_resp_body "$WORK/body-resp.json"
     cp "$WORK/full-sse.yaml" "$WORK/full-resp-sse.yaml"
     realistic_resp_body "$WORK/body-resp-sse.json" stream
+    # full-budget / full-resp-budget / full-tools-budget: full with a token
+    # budget a minute no bench ever spends (the prompt estimated, the
+    # reservation taken and settled with the answer's usage on every
+    # request); full-tools: full sending realistic_tools_body's body
+    sed 's/concurrent: 1000 }/concurrent: 1000, tokens_per_minute: 1000000000 }/' \
+        "$WORK/full.yaml" >"$WORK/full-budget.yaml"
+    grep -q 'tokens_per_minute: 1000000000 }' "$WORK/full-budget.yaml" ||
+        { echo "bench: full-budget conf" >&2; exit 1; }
+    cp "$WORK/full-budget.yaml" "$WORK/full-resp-budget.yaml"
+    cp "$WORK/full-budget.yaml" "$WORK/full-tools-budget.yaml"
+    cp "$WORK/full.yaml" "$WORK/full-tools.yaml"
+    realistic_tools_body "$WORK/body-tools.json"
     # full-sig: full with every request signed (auth.signing.required),
     # nonces in the in-process store; the same token as full
     sed 's/signing: { required: false,/signing: { required: true,/' "$WORK/full.yaml" >"$WORK/full-sig.yaml"
@@ -386,6 +430,8 @@ realistic_req() {
     case $1 in full-resp | full-resp-sse)
         REQ_BODY=$WORK/body-${1#full-}.json REQ_PATH=/v1/responses
         ;;
+    full-resp-budget) REQ_BODY=$WORK/body-resp.json REQ_PATH=/v1/responses ;;
+    full-tools | full-tools-budget) REQ_BODY=$WORK/body-tools.json ;;
     esac
 }
 

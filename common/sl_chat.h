@@ -55,6 +55,8 @@ typedef struct sl_chat_msg {
     sl_jkind_t name_kind; /* "name" */
     sl_text_t name;
     sl_jkind_t tool_calls_kind; /* "tool_calls" */
+    sl_text_t tool_calls;       /* its JSON text as sent (a span of the body), when an
+                                 * array or object; NULL when not recorded */
 } sl_chat_msg_t;
 
 typedef struct sl_chat {
@@ -63,6 +65,8 @@ typedef struct sl_chat {
     size_t nmsgs;
     const sl_chat_part_t *parts;
     sl_jkind_t tools_kind; /* "tools" */
+    sl_text_t tools;       /* its JSON text as sent, when there (NULL: not recorded) */
+    bool bigint;           /* an integer beyond int64 somewhere in the body */
 } sl_chat_t;
 
 /* strcmp()'s answer on a JSON string as jansson hands it out (it stops at

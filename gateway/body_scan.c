@@ -71,6 +71,7 @@ typedef enum gw_key {
     GW_K_MAXOT,
     GW_K_N,
     GW_K_INPUT,
+    GW_K_INSTRUCTIONS,
     GW_K_MESSAGES,
     GW_K_TOOLS,
     GW_K_IU,
@@ -97,6 +98,7 @@ typedef struct gw_frame {
     size_t idx;    /* GW_R_MSG: message index; GW_R_PART: part index */
     size_t count;  /* members or elements so far */
     gw_jfact_t *f; /* the fact this container is, if any */
+    bool tc;       /* a message's tool_calls (idx: the message): its span recorded */
     gw_kent_t *hash;
 } gw_frame_t;
 
@@ -234,6 +236,8 @@ void gw_body_scan_reset(gw_body_scan_t *s)
     s->max_output_tokens.kind = SL_J_ABSENT;
     s->n.kind = SL_J_ABSENT;
     s->input.kind = SL_J_ABSENT;
+    s->instructions.kind = SL_J_ABSENT;
+    s->tools.kind = SL_J_ABSENT;
     s->bigint = false;
     s->has_msgs = false;
     s->elided = 0;
@@ -560,6 +564,8 @@ static gw_key_t gw_key_top(const char *k, size_t n)
         return GW_KEY_IS("messages") ? GW_K_MESSAGES : GW_K_NONE;
     case 10:
         return GW_KEY_IS("max_tokens") ? GW_K_MAXT : GW_K_NONE;
+    case 12:
+        return GW_KEY_IS("instructions") ? GW_K_INSTRUCTIONS : GW_K_NONE;
     case 14:
         return GW_KEY_IS("stream_options") ? GW_K_SO : GW_K_NONE;
     case 17:
@@ -602,6 +608,7 @@ typedef struct gw_slot {
     sl_jkind_t *kind;
     sl_text_t *text;
     gw_role_t child; /* the role a container value takes */
+    bool tc;         /* a message's tool_calls (the frame's message) */
 } gw_slot_t;
 
 static int gw_scan_msg_new(gw_scan_ctx_t *c, size_t *idx)
@@ -674,6 +681,9 @@ static inline __attribute__((always_inline)) int gw_scan_slot(gw_scan_ctx_t *c, 
         case GW_K_INPUT:
             slot->f = &s->input;
             break;
+        case GW_K_INSTRUCTIONS:
+            slot->f = &s->instructions;
+            break;
         case GW_K_MESSAGES:
             if (c->flags & GW_SCAN_MSGS) {
                 slot->kind = &s->chat.messages_kind;
@@ -682,6 +692,7 @@ static inline __attribute__((always_inline)) int gw_scan_slot(gw_scan_ctx_t *c, 
             break;
         case GW_K_TOOLS:
             slot->kind = &s->chat.tools_kind;
+            slot->f = &s->tools; /* its span: the estimate counts its JSON */
             break;
         default:
             break;
@@ -717,6 +728,7 @@ static inline __attribute__((always_inline)) int gw_scan_slot(gw_scan_ctx_t *c, 
             break;
         case GW_K_TOOL_CALLS:
             slot->kind = &m->tool_calls_kind;
+            slot->tc = true;
             break;
         default:
             break;
@@ -1210,7 +1222,12 @@ static inline __attribute__((always_inline)) int gw_scan_push(gw_scan_ctx_t *c, 
     fr->f = slot.f;
     if (slot.f)
         slot.f->off = gw_scan_at(c, gw_scan_pos(c) - 1);
-    if (slot.child == GW_R_MSG) {
+    if (slot.tc) {
+        /* the span's start; its length at the close (gw_scan_pop) */
+        fr->tc = true;
+        fr->idx = c->st[c->depth - 1].idx;
+        s->msgs[fr->idx].tool_calls.p = s->body + gw_scan_at(c, gw_scan_pos(c) - 1);
+    } else if (slot.child == GW_R_MSG) {
         fr->idx = s->chat.nmsgs - 1;
     } else if (slot.child == GW_R_PART) {
         fr->idx = s->nparts - 1;
@@ -1240,6 +1257,10 @@ static inline __attribute__((always_inline)) int gw_scan_pop(gw_scan_ctx_t *c)
         fr->f->end = gw_scan_end(c, gw_scan_pos(c));
         fr->f->close = fr->f->end - 1;
         fr->f->members = fr->count;
+    }
+    if (fr->tc) {
+        sl_text_t *t = &c->s->msgs[fr->idx].tool_calls;
+        t->len = gw_scan_end(c, gw_scan_pos(c)) - (size_t)(t->p - c->s->body);
     }
     c->nkeys = fr->keys0;
     gw_scan_hash_free(fr);
@@ -1497,6 +1518,8 @@ static const size_t gw_shape_facts[] = {
     offsetof(gw_body_scan_t, max_output_tokens),
     offsetof(gw_body_scan_t, n),
     offsetof(gw_body_scan_t, input),
+    offsetof(gw_body_scan_t, instructions),
+    offsetof(gw_body_scan_t, tools),
 };
 #define GW_SHAPE_NFACTS     (sizeof(gw_shape_facts) / sizeof(gw_shape_facts[0]))
 #define GW_SHAPE_FACT(s, i) ((gw_jfact_t *)(void *)((char *)(s) + gw_shape_facts[i]))
@@ -1589,6 +1612,17 @@ static int gw_shape_text_save(sl_text_t *t, const char *body, size_t len, const 
         return -1;
     t->p = (const char *)(uintptr_t)gw_shape_enc(hole, nh, o);
     return 0;
+}
+
+/* A JSON text's span (a message's tool_calls): both ends encoded (p the
+ * start's, len the end's), as a fact's; holes inside it move its end. */
+static void gw_shape_span_save(sl_text_t *t, const char *body, const sl_jspan_t *hole, size_t nh)
+{
+    if (!t->p)
+        return;
+    size_t off = (size_t)(t->p - body);
+    t->p = (const char *)(uintptr_t)gw_shape_enc(hole, nh, off);
+    t->len = gw_shape_enc(hole, nh, off + t->len);
 }
 
 static void gw_shape_fact_save(gw_jfact_t *f, const sl_jspan_t *hole, size_t nh)
@@ -1820,6 +1854,15 @@ static inline void gw_shape_text_load(const gw_shape_map_t *m, sl_text_t *t)
         t->len = m->nw[GW_SHAPE_IDX(e)].len;
 }
 
+static inline void gw_shape_span_load(const gw_shape_map_t *m, sl_text_t *t)
+{
+    if (!t->p)
+        return;
+    size_t off = gw_shape_pos(m, (uintptr_t)t->p);
+    t->len = gw_shape_pos(m, t->len) - off;
+    t->p = m->body + off;
+}
+
 static inline void gw_shape_fact_load(const gw_shape_map_t *m, gw_jfact_t *f)
 {
     if (f->kind == SL_J_ABSENT)
@@ -1875,6 +1918,7 @@ static int gw_shape_load(gw_body_scan_t *s, const sl_jshape_t *sh, const gw_shap
         gw_shape_text_load(&m, &s->msgs[i].role);
         gw_shape_text_load(&m, &s->msgs[i].content);
         gw_shape_text_load(&m, &s->msgs[i].name);
+        gw_shape_span_load(&m, &s->msgs[i].tool_calls);
     }
     if (e->nparts)
         memcpy(s->parts, e->parts, e->nparts * sizeof(*s->parts));
@@ -1972,6 +2016,7 @@ static void gw_shape_keep(const gw_body_scan_t *s, unsigned key, const gw_shape_
         bad |= gw_shape_text_save(&e->msgs[i].role, s->body, s->len, hole, nh, rec);
         bad |= gw_shape_text_save(&e->msgs[i].content, s->body, s->len, hole, nh, rec);
         bad |= gw_shape_text_save(&e->msgs[i].name, s->body, s->len, hole, nh, rec);
+        gw_shape_span_save(&e->msgs[i].tool_calls, s->body, hole, nh);
     }
     for (size_t i = 0; i < e->nparts; i++) {
         e->parts[i] = s->parts[i];
@@ -2038,6 +2083,12 @@ gw_scan_rc_t gw_body_scan(gw_body_scan_t *s, const char *body, size_t len, unsig
             s->elided = k.gone;
         if (rc == GW_SCAN_OK && rec)
             gw_shape_keep(s, flags & GW_SCAN_MSGS, rec);
+    }
+    if (rc == GW_SCAN_OK) {
+        /* the estimate's view of tools (body.c counts only these kinds) */
+        if (s->tools.kind != SL_J_ABSENT)
+            s->chat.tools = (sl_text_t){body + s->tools.off, s->tools.end - s->tools.off};
+        s->chat.bigint = s->bigint;
     }
     if (k.cuts != k.cuts0)
         free(k.cuts);

@@ -80,6 +80,9 @@ typedef struct gw_body_scan {
     gw_jfact_t top; /* the document (an object) */
     gw_jfact_t model, stream, stream_options, include_usage;
     gw_jfact_t max_tokens, max_completion_tokens, max_output_tokens, n;
+    /* the Responses API's instructions, and tools (chat's too: the
+     * estimate walks its span) */
+    gw_jfact_t instructions, tools;
     gw_jfact_t input; /* the Responses API's (its text when a string) */
     bool bigint;      /* an integer beyond int64 somewhere (jansson: a real) */
     bool has_msgs;    /* chat below was filled (GW_SCAN_MSGS) */

@@ -239,9 +239,32 @@ static int gw_rl_clamp_responses(gw_req_t *r, int64_t cap, rl_clamp_t *clamp)
     return 0;
 }
 
+/* The Responses prompt estimate from the scanner's facts (no tree): the
+ * texts decoded, the input's items and the tools walked over the client's
+ * bytes. -1: not to be had that way (the caller counts from the tree). */
+static int gw_rl_resp_scan_tokens(const gw_body_scan_t *b, int64_t *out)
+{
+    rl_resp_in_t in = {
+        .instructions_kind = b->instructions.kind,
+        .input_kind = b->input.kind,
+        .tools_kind = b->tools.kind,
+        .bigint = b->bigint,
+    };
+    if (b->instructions.kind == SL_J_STRING)
+        in.instructions = b->instructions.s;
+    if (b->input.kind == SL_J_STRING)
+        in.input = b->input.s;
+    else if (b->input.kind == SL_J_ARRAY)
+        in.input_json = (sl_text_t){b->body + b->input.off, b->input.end - b->input.off};
+    if (b->tools.kind != SL_J_ABSENT)
+        in.tools_json = (sl_text_t){b->body + b->tools.off, b->tools.end - b->tools.off};
+    return rl_responses_prompt_tokens_in(&in, out);
+}
+
 /* A Responses request: the clamp, and with budgets its prompt estimate
- * (instructions, input, tools: from the tree, parsed on demand after the
- * clamp's splice) and, for a stream, the counter its events feed
+ * (instructions, input, tools: from the scan's facts, or from the tree
+ * when there is one — the filters edited the body — or the scan's way
+ * fails) and, for a stream, the counter its events feed
  * (response.completed's usage, else the deltas' text). Nothing is
  * injected: that API's stream always ends with its usage. -1: answered. */
 static int gw_rl_budget_responses(gw_req_t *r, gw_rl_t *s, int64_t cap, bool budgets)
@@ -251,12 +274,14 @@ static int gw_rl_budget_responses(gw_req_t *r, gw_rl_t *s, int64_t cap, bool bud
     s->clamp.stream = r->stream;
     if (!budgets)
         return 0;
-    const json_t *j = gw_req_json(r);
-    if (!j) {
-        gw_respond_oom(r);
-        return -1;
+    if (r->json || !r->scan || gw_rl_resp_scan_tokens(r->scan, &s->prompt_est) != 0) {
+        const json_t *j = gw_req_json(r);
+        if (!j) {
+            gw_respond_oom(r);
+            return -1;
+        }
+        s->prompt_est = rl_responses_prompt_tokens(j);
     }
-    s->prompt_est = rl_responses_prompt_tokens(j);
     if (s->clamp.stream && !(s->stream = rl_stream_new(false))) {
         gw_respond_oom(r);
         return -1;
@@ -300,9 +325,10 @@ static int gw_rl_clamp_scan(gw_req_t *r, gw_rl_t *s, bool budgets)
                     chat->msgs[i].tool_calls_kind == SL_J_OBJECT;
         if (!tools && b->has_msgs && !r->json) {
             s->prompt_est = rl_chat_prompt_tokens(chat);
-        } else {
-            /* tools are counted from their compact JSON, and a prompt the
-             * filters edited is in the tree: count from the tree */
+        } else if (!b->has_msgs || r->json ||
+                   rl_chat_prompt_tokens_json(chat, &s->prompt_est) != 0) {
+            /* a prompt the filters edited is in the tree, and tools the
+             * scan's way cannot count (prompt_json.c): count from the tree */
             const json_t *j = gw_req_json(r);
             if (!j) {
                 gw_respond_oom(r);

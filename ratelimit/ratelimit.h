@@ -8,7 +8,10 @@
  *                            trusted_proxies), for endpoints without a user;
  *   2. rl_body_clamp()       clamps max_tokens in the JSON body, injects
  *                            stream_options.include_usage for streams;
- *      rl_body_prompt_tokens() + the clamped max_tokens = the reservation;
+ *      rl_body_prompt_tokens() + the clamped max_tokens = the reservation
+ *      (over the gateway's scan, no tree: rl_chat_prompt_tokens(),
+ *      rl_chat_prompt_tokens_json() with tools, rl_responses_prompt_tokens_in();
+ *      prompt_json.c counts their compact JSON over the client's bytes);
  *   3. rl_check()            takes one request, a concurrency slot and the
  *                            reservation, or refuses with the limit hit:
  *                            answer rl_decision_status(), rl_format_headers()
@@ -316,10 +319,23 @@ typedef struct rl_clamp_edits {
 
 int rl_clamp_plan(const rl_clamp_in_t *in, int64_t policy_max, bool want_usage, rl_clamp_t *out,
                   rl_clamp_edits_t *edits, char *err, size_t errlen) SL_WUR;
-/* rl_body_prompt_tokens() over the scanned messages. Tool calls and tools
- * are counted from their compact JSON, which the scan does not hold: the
- * caller uses rl_body_prompt_tokens() when chat says they are there. */
+/* rl_body_prompt_tokens() over the scanned messages, without tool calls
+ * and tools (rl_chat_prompt_tokens_json counts those). */
 int64_t rl_chat_prompt_tokens(const sl_chat_t *chat);
+
+/* rl_body_prompt_tokens() over the scanned messages, tool calls and tools
+ * included: their compact JSON counted over the client's bytes
+ * (chat->tools, each message's tool_calls), equal to json_dumps' count
+ * (prompt_json.c says why). 0, or -1 when it cannot be had that way (a span
+ * not recorded, chat->bigint, a real too long to read, yajl out of memory):
+ * the caller counts from the tree. */
+int rl_chat_prompt_tokens_json(const sl_chat_t *chat, int64_t *out) SL_WUR;
+
+/* The compact JSON of the value whose text is p[0..n), estimated as
+ * rl_estimate_text_tokens() over json_dumps(JSON_COMPACT | JSON_ENCODE_ANY)
+ * of jansson's parse of it (in a body without integers beyond int64). -1:
+ * not one JSON value, or out of memory. */
+int rl_json_dump_tokens(const char *p, size_t n, int64_t *out) SL_WUR;
 
 /* A conservative token estimate for text whose real count never came:
  * ceil(ASCII bytes / 4) + one token per non-ASCII character. English runs
@@ -344,6 +360,22 @@ int rl_usage_from_body(const json_t *body, rl_usage_t *u) SL_WUR;
  * other item's compact JSON) and tools, as rl_body_prompt_tokens counts a
  * chat body. */
 int64_t rl_responses_prompt_tokens(const json_t *body);
+
+/* The same without a tree, from the scanner's facts: texts decoded, JSON
+ * texts as the client sent them (spans of the body, no integer beyond
+ * int64 in it). */
+typedef struct rl_resp_in {
+    sl_jkind_t instructions_kind; /* SL_J_ABSENT when not there */
+    sl_text_t instructions;       /* decoded, when a string */
+    sl_jkind_t input_kind;
+    sl_text_t input;      /* decoded, when a string */
+    sl_text_t input_json; /* its JSON text, when an array */
+    sl_jkind_t tools_kind;
+    sl_text_t tools_json; /* its JSON text, when there */
+    bool bigint;          /* an integer beyond int64 in the body: -1 */
+} rl_resp_in_t;
+/* 0, or -1 (a JSON text missing or not walked: count from the tree). */
+int rl_responses_prompt_tokens_in(const rl_resp_in_t *in, int64_t *out) SL_WUR;
 
 /* Per-stream accounting. */
 typedef struct rl_stream rl_stream_t;

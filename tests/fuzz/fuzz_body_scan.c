@@ -187,6 +187,27 @@ static void check_ratelimit(const gw_body_scan_t *s, const json_t *orig)
                 s->chat.msgs[i].tool_calls_kind == SL_J_OBJECT;
     if (!tools && rl_chat_prompt_tokens(&s->chat) != rl_body_prompt_tokens(orig))
         abort();
+    /* tools and tool calls too, from their spans (big integers: the tree) */
+    int64_t est;
+    int rc = rl_chat_prompt_tokens_json(&s->chat, &est);
+    if (rc != 0 ? !s->bigint && s->has_msgs : est != rl_body_prompt_tokens(orig))
+        abort();
+    /* the body as a Responses request, from the facts */
+    rl_resp_in_t in = {.instructions_kind = s->instructions.kind,
+                       .input_kind = s->input.kind,
+                       .tools_kind = s->tools.kind,
+                       .bigint = s->bigint};
+    if (s->instructions.kind == SL_J_STRING)
+        in.instructions = s->instructions.s;
+    if (s->input.kind == SL_J_STRING)
+        in.input = s->input.s;
+    else if (s->input.kind == SL_J_ARRAY)
+        in.input_json = (sl_text_t){s->body + s->input.off, s->input.end - s->input.off};
+    if (s->tools.kind != SL_J_ABSENT)
+        in.tools_json = (sl_text_t){s->body + s->tools.off, s->tools.end - s->tools.off};
+    rc = rl_responses_prompt_tokens_in(&in, &est);
+    if (rc != 0 ? !s->bigint : est != rl_responses_prompt_tokens(orig))
+        abort();
 }
 
 /* A ruleset without word files: a regex that masks, one that blocks, and
@@ -270,6 +291,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         same_fact(json_object_get(j, "max_output_tokens"), &s->max_output_tokens, size);
         same_fact(json_object_get(j, "n"), &s->n, size);
         same_fact(json_object_get(j, "input"), &s->input, size);
+        same_fact(json_object_get(j, "instructions"), &s->instructions, size);
+        same_fact(json_object_get(j, "tools"), &s->tools, size);
         if (s->top.members != json_object_size(j))
             abort();
         same_chat(j, &s->chat);
