@@ -218,8 +218,9 @@ static const char *gw_llm_after_key(const char *p, size_t n, const char *key, si
  * event's non-empty `"delta":"...`, and the usage is nested in
  * response.completed (response.usage: input_tokens, output_tokens), read by
  * common/sl_resp.c with yajl's callbacks and no decoded string (the event
- * repeats the whole answer), stopping at the usage's end. Their events
- * differ in a sequence number each, so no shape is kept for them. */
+ * repeats the whole answer), stopping at the usage's end; a server's later
+ * usage events from a shape of its first one kept there
+ * (sl_resp_usage_read: the same counts, no yajl pass). */
 
 /* The next `"key":` of [p, end) from *q on (*q moves past it): its ':',
  * the key read backwards from there (an unescaped `"key"` ending in a
@@ -266,7 +267,7 @@ static bool gw_llm_resp_scan(const char *p, size_t n, bool *content)
 static void gw_llm_resp_usage(gw_req_t *r, const char *data, size_t len)
 {
     sl_resp_ev_t e;
-    if (sl_resp_event_read(data, len, SL_RESP_USAGE, &e) == 0 && e.usage)
+    if (sl_resp_usage_read(data, len, &e) == 0 && e.usage)
         gw_llm_usage_add(r, e.have_in, e.in, e.have_out, e.out);
 }
 
