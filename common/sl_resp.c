@@ -368,7 +368,9 @@ static const yajl_callbacks sl_rrec_cbs = {
 static void sl_rshape_learn(const char *data, size_t end)
 {
     sl_jshape_cache_t *c = &sl_rshapes;
-    if (!sl_jshape_cache_gate(c))
+    /* a prefix no shape can hold (a long answer's repeated text) neither
+     * asks the gate nor takes a slot: the shapes kept stay */
+    if (end > SL_JSHAPE_MAX_BYTES || !sl_jshape_cache_gate(c))
         return;
     sl_rrec_t *r = calloc(1, sizeof(*r));
     if (!r)

@@ -332,12 +332,64 @@ static void test_usage_shapes_same(void **state)
     sl_resp_shapes_clear();
 }
 
+/* A usage event too long for a shape (a long answer's repeated text) is
+ * read by yajl and takes no slot: the shape kept from a short one stays. */
+static void test_usage_shape_kept_past_long(void **state)
+{
+    (void)state;
+    sl_resp_shapes_clear();
+    /* not the short events' form (a shape learnt from a short event serves
+     * long ones of its form: the bound is on the learning) */
+    static const char pre[] =
+        "{\"type\":\"response.completed\",\"response\":{\"big\":1,\"output\":[{\"text\":\"";
+    static const char post[] = "\"}],\"usage\":{\"input_tokens\":3,\"output_tokens\":4}}}";
+    size_t tl = 9000, n = sizeof(pre) - 1 + tl + sizeof(post) - 1;
+    char *big = malloc(n + 1);
+    assert_non_null(big);
+    memcpy(big, pre, sizeof(pre) - 1);
+    memset(big + sizeof(pre) - 1, 'a', tl);
+    memcpy(big + sizeof(pre) - 1 + tl, post, sizeof(post));
+    sl_resp_ev_t e;
+    assert_int_equal(
+        sl_resp_usage_read(S("{\"type\":\"response.completed\",\"response\":{\"output\":"
+                             "[{\"text\":\"hi\"}],\"usage\":{\"input_tokens\":1,"
+                             "\"output_tokens\":2}}}"),
+                           &e),
+        0);
+    /* a second form: both slots full */
+    assert_int_equal(sl_resp_usage_read(S("{\"response\":{\"usage\":{\"total_tokens\":5}}}"), &e),
+                     0);
+    for (int i = 0; i < 64; i++) {
+        assert_int_equal(sl_resp_usage_read(big, n, &e), 0);
+        assert_true(e.usage && e.in == 3 && e.out == 4);
+    }
+    uint64_t h = sl_resp_shape_hits();
+    assert_int_equal(
+        sl_resp_usage_read(S("{\"type\":\"response.completed\",\"response\":{\"output\":"
+                             "[{\"text\":\"hello\"}],\"usage\":{\"input_tokens\":15,"
+                             "\"output_tokens\":26}}}"),
+                           &e),
+        0);
+    assert_int_equal(sl_resp_shape_hits(), h + 1);
+    assert_true(e.usage && e.in == 15 && e.out == 26);
+    assert_int_equal(sl_resp_usage_read(S("{\"response\":{\"usage\":{\"total_tokens\":7}}}"), &e),
+                     0);
+    assert_int_equal(sl_resp_shape_hits(), h + 2);
+    assert_true(e.usage && e.total == 7);
+    free(big);
+    sl_resp_shapes_clear();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_completed_usage), cmocka_unit_test(test_not_the_usage),
-        cmocka_unit_test(test_delta_text),      cmocka_unit_test(test_rl_stream),
-        cmocka_unit_test(test_prompt_estimate), cmocka_unit_test(test_usage_shapes_same),
+        cmocka_unit_test(test_completed_usage),
+        cmocka_unit_test(test_not_the_usage),
+        cmocka_unit_test(test_delta_text),
+        cmocka_unit_test(test_rl_stream),
+        cmocka_unit_test(test_prompt_estimate),
+        cmocka_unit_test(test_usage_shapes_same),
+        cmocka_unit_test(test_usage_shape_kept_past_long),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
