@@ -5,6 +5,7 @@
  * time with SSE2), and only a '"' ends it well; an escaped-string hole goes
  * on past each escape it allows, out of line (most strings have none).
  */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -179,6 +180,29 @@ void sl_jshape_clear(sl_jshape_t *sh)
     sh->nholes = 0;
 }
 
+/* a[0..n) == b[0..n): a shape's literals between holes are mostly a key
+ * or two (under 17 bytes), compared here with two loads each side, not a
+ * memcmp call (~100 a stream); longer ones, memcmp. */
+static inline bool jshape_eq(const char *a, const char *b, size_t n)
+{
+    uint64_t x, y, z, w;
+    if (n > 16)
+        return memcmp(a, b, n) == 0;
+    if (n >= 8) {
+        memcpy(&x, a, 8), memcpy(&y, b, 8), memcpy(&z, a + n - 8, 8), memcpy(&w, b + n - 8, 8);
+        return x == y && z == w;
+    }
+    if (n >= 4) {
+        uint32_t x4, y4, z4, w4;
+        memcpy(&x4, a, 4), memcpy(&y4, b, 4), memcpy(&z4, a + n - 4, 4), memcpy(&w4, b + n - 4, 4);
+        return x4 == y4 && z4 == w4;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (a[i] != b[i])
+            return false;
+    return true;
+}
+
 /* p against sh: all of p, or (used != NULL) p's first *used bytes; *escm
  * gets a bit per hole with an escape in it. */
 static bool jshape_match_in(const sl_jshape_t *sh, const char *p, size_t n, sl_jspan_t *out,
@@ -190,7 +214,7 @@ static bool jshape_match_in(const sl_jshape_t *sh, const char *p, size_t n, sl_j
     size_t tp = 0, dp = 0; /* in the shape, in p */
     for (size_t i = 0; i < sh->nholes; i++) {
         size_t lit = sh->hole[i].off - tp;
-        if (n - dp < lit || memcmp(p + dp, sh->bytes + tp, lit) != 0)
+        if (n - dp < lit || !jshape_eq(p + dp, sh->bytes + tp, lit))
             return false;
         dp += lit;
         tp = (size_t)sh->hole[i].off + sh->hole[i].len;
@@ -213,13 +237,13 @@ static bool jshape_match_in(const sl_jshape_t *sh, const char *p, size_t n, sl_j
     }
     size_t lit = sh->len - tp;
     if (used) { /* the shape must end in its own byte: an integer could go on */
-        if (lit == 0 || n - dp < lit || memcmp(p + dp, sh->bytes + tp, lit) != 0)
+        if (lit == 0 || n - dp < lit || !jshape_eq(p + dp, sh->bytes + tp, lit))
             return false;
         *used = dp + lit;
         *escm = m;
         return true;
     }
-    if (n - dp != lit || memcmp(p + dp, sh->bytes + tp, lit) != 0)
+    if (n - dp != lit || !jshape_eq(p + dp, sh->bytes + tp, lit))
         return false;
     *escm = m;
     return true;

@@ -40,6 +40,17 @@ typedef struct sl_resp_ev {
  * to there (*out then holds nothing). */
 int sl_resp_event_read(const char *data, size_t len, unsigned what, sl_resp_ev_t *out);
 
+/* sl_resp_event_read(data, len, SL_RESP_USAGE, out): the same result for
+ * every input, most events of one server answered from this thread's kept
+ * shapes of the usage events it read before (common/jshape.h; sl_resp.c
+ * says why the result is the same) instead of yajl's pass. */
+int sl_resp_usage_read(const char *data, size_t len, sl_resp_ev_t *out);
+
+/* Forgets this thread's kept usage shapes; the reads they answered since
+ * (tests). */
+void sl_resp_shapes_clear(void);
+uint64_t sl_resp_shape_hits(void);
+
 /* The tokens a usage charges: total_tokens when it is there, else
  * input + output; -1 when e holds no usage. */
 int64_t sl_resp_usage_total(const sl_resp_ev_t *e);

@@ -423,6 +423,11 @@ static flt_ans_rc_t ans_rules(flt_ruleset_t *rs, flt_anp_t *p, const sl_buf_t *d
     return ret;
 }
 
+bool flt_answer_bytes_clean(const flt_ruleset_t *rs, const char *data, size_t n)
+{
+    return !flt_ruleset_filters_output(rs) || flt_json_strings_clean(rs, data, n);
+}
+
 flt_ans_rc_t flt_response_filter_bytes(flt_ruleset_t *rs, const char *data, size_t n, char **out,
                                        size_t *outlen)
 {

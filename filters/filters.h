@@ -323,4 +323,12 @@ typedef enum flt_ans_rc {
 flt_ans_rc_t flt_response_filter_bytes(flt_ruleset_t *rs, const char *data, size_t n, char **out,
                                        size_t *outlen) SL_WUR;
 
+/* true when no string of the answer data[0..n) (JSON or not) can hold what
+ * the output rules change or count, seen from its bytes alone (no parse):
+ * output not filtered, or no backslash, ASCII, no word and no regex start
+ * inside a string. Then any reader of any API's answer finds every text
+ * clean, and the answer goes as it came (FLT_ANS_SAME's first check, for
+ * the gateway's other answer shapes). false: maybe. */
+bool flt_answer_bytes_clean(const flt_ruleset_t *rs, const char *data, size_t n);
+
 #endif

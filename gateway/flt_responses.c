@@ -1442,6 +1442,12 @@ int gw_flt_resp_body_bytes(flt_ruleset_t *rs, const char *data, size_t len, char
 {
     *out = NULL;
     *outlen = 0;
+    /* Most answers hold no candidate in any string: every text the reader
+     * below (or the tree path) would feed to the chat filter is clean, so
+     * nothing changes and the answer goes as it came, whatever its form
+     * (the chat answer's first check too: filters/answer.c). */
+    if (flt_answer_bytes_clean(rs, data, len))
+        return 0;
     if (memmem(data, len, "\\u", 2))
         return 1;
     gw_frb_t p;

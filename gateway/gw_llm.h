@@ -53,6 +53,9 @@ bool gw_llm_sse_event(gw_req_t *r, const gw_sse_event_t *ev);
  * `"text":` holds a non-empty string or `"tool_calls":` a non-empty array
  * (what gw_llm_has_content tells on the tree). */
 bool gw_llm_scan_keys(const char *p, size_t n, bool *content);
+/* The same for a Responses API event: true when a `"usage":` holds an
+ * object, *content when a `"delta":` holds a non-empty string. */
+bool gw_llm_resp_scan(const char *p, size_t n, bool *content);
 /* gw_llm_scan_keys' answer on an event's raw bytes through the thread's
  * kept event shapes (the scan on a miss, which may keep the event's shape:
  * docs/metrics.md, "Kept shapes"). */

@@ -9,6 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include <yajl/yajl_parse.h>
 
 #include "common/jshape.h"
@@ -218,46 +222,77 @@ static const char *gw_llm_after_key(const char *p, size_t n, const char *key, si
  * event's non-empty `"delta":"...`, and the usage is nested in
  * response.completed (response.usage: input_tokens, output_tokens), read by
  * common/sl_resp.c with yajl's callbacks and no decoded string (the event
- * repeats the whole answer), stopping at the usage's end. Their events
- * differ in a sequence number each, so no shape is kept for them. */
+ * repeats the whole answer), stopping at the usage's end; a server's later
+ * usage events from a shape of its first one kept there
+ * (sl_resp_usage_read: the same counts, no yajl pass). */
+
+/* The ':' of the first `":` pair whose quote is in [q, end), or NULL: two
+ * loads 16 bytes at a time (SSE2), the quote bits and the next bytes'
+ * colon bits ANDed; the last bytes one by one. A colon after anything but
+ * a quote (a URL's, a time's) is never stopped at. */
+static inline const char *gw_llm_quote_colon(const char *q, const char *end)
+{
+#if defined(__SSE2__)
+    const __m128i quote = _mm_set1_epi8('"'), colon = _mm_set1_epi8(':');
+    for (; end - q > 16; q += 16) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(const void *)q);
+        __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(q + 1));
+        unsigned m = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(a, quote)) &
+                     (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(b, colon));
+        if (m)
+            return q + __builtin_ctz(m) + 1;
+    }
+#endif
+    for (; end - q > 1; q++)
+        if (q[0] == '"' && q[1] == ':')
+            return q + 1;
+    return NULL;
+}
 
 /* The next `"key":` of [p, end) from *q on (*q moves past it): its ':',
  * the key read backwards from there (an unescaped `"key"` ending in a
- * quote right before ':' is a key, never string content), and *v at its
- * value. NULL at the end, or when the value is missing. */
-static inline const char *gw_llm_next_key(const char *p, const char *end, const char **q,
-                                          const char **v)
+ * quote right before ':' is a key, never string content). Only a ':'
+ * right after a quote can end a key: gw_llm_quote_colon finds those alone
+ * (the byte before *q is p's first or a colon already passed, never a
+ * quote, so the pairs from *q on are the colons from *q on with a quote
+ * before). */
+static inline const char *gw_llm_next_key(const char *end, const char **q)
 {
-    while (*q < end && (*q = memchr(*q, ':', (size_t)(end - *q))) != NULL) {
-        const char *k = (*q)++;
-        if (k == p || k[-1] != '"')
-            continue;
-        const char *w = *q;
-        while (w < end && (*w == ' ' || *w == '\t'))
-            w++;
-        if (w == end)
-            return NULL;
-        *v = w;
-        return k;
-    }
-    return NULL;
+    if (*q >= end || (*q = gw_llm_quote_colon(*q, end)) == NULL)
+        return NULL;
+    return (*q)++;
+}
+
+/* The value after the key whose ':' is at k, past blanks; NULL when only
+ * blanks follow (then no key follows either: a caller stops). Asked only
+ * for the keys a scan looks at. */
+static inline const char *gw_llm_value(const char *k, const char *end)
+{
+    const char *w = k + 1;
+    while (w < end && (*w == ' ' || *w == '\t'))
+        w++;
+    return w == end ? NULL : w;
 }
 
 /* One pass over a Responses event's bytes: true when a `"usage":` holds an
  * object (response.completed's); *content when a `"delta":` holds a
  * non-empty string. */
-static bool gw_llm_resp_scan(const char *p, size_t n, bool *content)
+bool gw_llm_resp_scan(const char *p, size_t n, bool *content)
 {
     const char *end = p + n, *q = p;
     bool usage = false;
     *content = false;
-    for (const char *k, *v; (k = gw_llm_next_key(p, end, &q, &v)) != NULL;) {
-        if (GW_LLM_KEY_AT(p, k, "\"usage\"")) {
+    for (const char *k; (k = gw_llm_next_key(end, &q)) != NULL;) {
+        bool u = GW_LLM_KEY_AT(p, k, "\"usage\"");
+        if (!u && !GW_LLM_KEY_AT(p, k, "\"delta\""))
+            continue;
+        const char *v = gw_llm_value(k, end);
+        if (!v)
+            break;
+        if (u)
             usage |= *v == '{';
-        } else if (GW_LLM_KEY_AT(p, k, "\"delta\"")) {
-            if (*v == '"' && v + 1 < end && v[1] != '"')
-                *content = true;
-        }
+        else if (*v == '"' && v + 1 < end && v[1] != '"')
+            *content = true;
     }
     return usage;
 }
@@ -266,7 +301,7 @@ static bool gw_llm_resp_scan(const char *p, size_t n, bool *content)
 static void gw_llm_resp_usage(gw_req_t *r, const char *data, size_t len)
 {
     sl_resp_ev_t e;
-    if (sl_resp_event_read(data, len, SL_RESP_USAGE, &e) == 0 && e.usage)
+    if (sl_resp_usage_read(data, len, &e) == 0 && e.usage)
         gw_llm_usage_add(r, e.have_in, e.in, e.have_out, e.out);
 }
 
@@ -347,16 +382,24 @@ bool gw_llm_scan_keys(const char *p, size_t n, bool *content)
     const char *end = p + n, *q = p;
     bool usage = false;
     *content = false;
-    for (const char *k, *v; (k = gw_llm_next_key(p, end, &q, &v)) != NULL;) {
-        if (GW_LLM_KEY_AT(p, k, "\"usage\"")) {
+    for (const char *k; (k = gw_llm_next_key(end, &q)) != NULL;) {
+        int kind = GW_LLM_KEY_AT(p, k, "\"usage\"")                                        ? 1
+                   : GW_LLM_KEY_AT(p, k, "\"content\"") || GW_LLM_KEY_AT(p, k, "\"text\"") ? 2
+                   : GW_LLM_KEY_AT(p, k, "\"tool_calls\"")                                 ? 3
+                                                                                           : 0;
+        if (!kind)
+            continue;
+        const char *v = gw_llm_value(k, end);
+        if (!v)
+            break;
+        if (kind == 1) {
             if (*v == '{')
                 usage = true; /* not the "usage":null some servers put in every chunk */
-        } else if (GW_LLM_KEY_AT(p, k, "\"content\"") || GW_LLM_KEY_AT(p, k, "\"text\"")) {
+        } else if (kind == 2) {
             if (*v == '"' && v + 1 < end && v[1] != '"')
                 *content = true;
-        } else if (GW_LLM_KEY_AT(p, k, "\"tool_calls\"")) {
-            if (*v == '[' && v + 1 < end && v[1] != ']')
-                *content = true;
+        } else if (*v == '[' && v + 1 < end && v[1] != ']') {
+            *content = true;
         }
     }
     return usage;

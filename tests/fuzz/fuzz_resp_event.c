@@ -10,7 +10,9 @@
  *     reports a delta exactly when the top-level type ends in ".delta"
  *     (not response.audio.delta) and delta is a string, with the string's
  *     ASCII and other characters counted;
- *   - SL_RESP_USAGE alone reports the same usage and no delta.
+ *   - SL_RESP_USAGE alone reports the same usage and no delta;
+ *   - sl_resp_usage_read (a shape kept from an earlier input) reports what
+ *     SL_RESP_USAGE does, for any input.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -51,6 +53,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (rc != rcu || u.delta || u.usage != e.usage || u.in != e.in || u.out != e.out ||
         u.total != e.total)
         abort();
+    /* the kept shapes' reader: yajl's read, learnt from (the first call)
+     * and answered by a shape (the second, and later inputs of one form) */
+    for (int k = 0; k < 2; k++) {
+        sl_resp_ev_t s;
+        int rcs = sl_resp_usage_read(p, size, &s);
+        if (rcs != rcu || s.delta || s.usage != u.usage || s.have_in != u.have_in ||
+            s.have_out != u.have_out || s.have_total != u.have_total || s.in != u.in ||
+            s.out != u.out || s.total != u.total)
+            abort();
+    }
     /* A raw NUL is never valid JSON text, yet jansson and yajl disagree
      * on input holding one (found by this target): no oracle for it. */
     if (memchr(p, '\0', size))

@@ -1637,16 +1637,26 @@ static void test_responses_body_bytes_same_as_tree(void **state)
     static const char *const tree[] = {
         RESP_BODY(RESP_MSG(RESP_PART("caf\\u00e9 badword"))),
         RESP_BODY(RESP_MSG(RESP_PART("a\\u0000"))),
-        "{\"output\":[],\"n\":123456789012345678901}",
-        "{\"output\":[],\"n\":1e999}",
+        "{\"output\":[],\"n\":123456789012345678901,\"t\":\"badword\"}",
+        "{\"output\":[],\"n\":1e999,\"t\":\"badword\"}",
         "{\"output\":[{\"content\":[{\"text\":\"ok\",\"text\":\"badword\"}]}]}",
         "{\"output\":[{\"content\":[],\"content\":[{\"text\":\"badword\"}]}]}",
         "{\"output\":[],\"output\":[{\"content\":[{\"text\":\"badword\"}]}]}",
         "{\"output\":[{\"content\":[{\"text\":\"badword\"}]}]",
-        "not json",
+        "not json \"badword\"",
         "{\"output\":[]}{\"output\":[{\"content\":[{\"text\":\"badword\"}]}]}",
-        "{\"output\":[]} x",
+        "{\"output\":[]} x \"badword\"",
         "\"badword\"",
+    };
+    /* no string with a candidate (flt_answer_bytes_clean): as they came
+     * (0, nothing written), whatever jansson or yajl would make of them */
+    static const char *const clean[] = {
+        RESP_BODY(RESP_MSG(RESP_PART("The sea is calm."))),
+        "{\"output\":[],\"n\":123456789012345678901}",
+        "{\"output\":[],\"n\":1e999}",
+        "{\"output\":[{\"content\":[{\"text\":\"ok\",\"text\":\"fine\"}]}]}",
+        "{\"output\":[]} x",
+        "not json",
     };
     for (size_t i = 0; i < SL_ARRAY_LEN(bytes); i++)
         if (resp_body_same(rs, bytes[i]) != 0)
@@ -1654,8 +1664,15 @@ static void test_responses_body_bytes_same_as_tree(void **state)
     for (size_t i = 0; i < SL_ARRAY_LEN(tree); i++)
         if (resp_body_same(rs, tree[i]) != 1)
             fail_msg("answer %zu read as bytes: %s", i, tree[i]);
+    for (size_t i = 0; i < SL_ARRAY_LEN(clean); i++) {
+        char *o = NULL;
+        size_t on = 0;
+        assert_int_equal(gw_flt_resp_body_bytes(rs, clean[i], strlen(clean[i]), &o, &on), 0);
+        assert_null(o);
+        assert_int_equal(resp_body_same(rs, clean[i]), 0);
+    }
     /* a deep answer is jansson's to refuse */
-    char deep[400] = "{\"output\":";
+    char deep[400] = "{\"t\":\"badword\",\"output\":";
     for (int i = 0; i < 70; i++)
         strcat(deep, "[");
     for (int i = 0; i < 70; i++)

@@ -68,6 +68,21 @@ static bool ref_content(const char *p, size_t n)
     return false;
 }
 
+/* A Responses event's content: a `"delta":` holding a non-empty string. */
+static bool ref_delta(const char *p, size_t n)
+{
+    const char *end = p + n, *q = p;
+    while (q < end) {
+        const char *v = ref_after_key(q, (size_t)(end - q), "\"delta\":");
+        if (!v)
+            return false;
+        if (*v == '"' && v + 1 < end && v[1] != '"')
+            return true;
+        q = v;
+    }
+    return false;
+}
+
 static void check(const char *p, size_t n)
 {
     bool content = true;
@@ -75,6 +90,11 @@ static void check(const char *p, size_t n)
     if (usage != ref_usage(p, n) || content != ref_content(p, n))
         fail_msg("scan %d/%d, reference %d/%d on [%.*s]", usage, content, ref_usage(p, n),
                  ref_content(p, n), (int)n, p);
+    content = true;
+    usage = gw_llm_resp_scan(p, n, &content);
+    if (usage != ref_usage(p, n) || content != ref_delta(p, n))
+        fail_msg("Responses scan %d/%d, reference %d/%d on [%.*s]", usage, content, ref_usage(p, n),
+                 ref_delta(p, n), (int)n, p);
 }
 
 static void test_chunks(void **state)
@@ -90,6 +110,13 @@ static void test_chunks(void **state)
         "data: {\"choices\":[{\"delta\":{\"tool_calls\": [{\"id\":\"t\"}]}}]}\n\n",
         "data: {\"a\":\"say \\\"usage\\\":{ and \\\"content\\\":\\\"x\\\"\"}\n\n",
         "data: {\"id\":\"a\",\r\ndata: \"usage\":\t{\"p\":1}}\r\n\r\n",
+        "{\"type\":\"response.output_text.delta\",\"sequence_number\":5,\"item_id\":\"msg_1\","
+        "\"output_index\":0,\"content_index\":0,\"delta\":\"tok \",\"logprobs\":[]}",
+        "{\"type\":\"response.completed\",\"response\":{\"output\":[{\"text\":\"a\\\"delta\\\":"
+        "\\\"x\"}],"
+        "\"usage\":{\"input_tokens\":9}}}",
+        "{\"delta\":  \"\", \"delta\": \"x\"}",
+        "{\"delta\":   ",
         "{\"content\":",
         "{\"content\": \"",
         "\"usage\":",
@@ -110,11 +137,12 @@ static void test_chunks(void **state)
 static void test_random(void **state)
 {
     (void)state;
-    static const char *const pieces[] = {"\"usage\"", "\"content\"", "\"text\"", "\"tool_calls\"",
-                                         ":",         " ",           "\t",       "{",
-                                         "[",         "]",           "\"",       "\\",
-                                         "x",         "null",        "\"\"",     "age\"",
-                                         "t\"",       "ls\""};
+    static const char *const pieces[] = {"\"usage\"", "\"content\"", "\"text\"",  "\"tool_calls\"",
+                                         "\"delta\"", "lta\"",       "https://x", ":",
+                                         " ",         "\t",          "{",         "[",
+                                         "]",         "\"",          "\\",        "x",
+                                         "null",      "\"\"",        "age\"",     "t\"",
+                                         "ls\""};
     char buf[160];
     uint32_t x = 7;
     for (int it = 0; it < 200000; it++) {

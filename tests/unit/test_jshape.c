@@ -427,6 +427,56 @@ static void test_against_jansson(void **state)
     sl_jshape_clear(&sh);
 }
 
+/* Every literal length from 0 to 40 between two holes, and past the last
+ * hole: the text as kept matches, and one byte changed anywhere in a
+ * literal (first, middle, last: each of jshape_eq's loads) never does. */
+static void test_literal_bytes(void **state)
+{
+    (void)state;
+    for (size_t lit = 0; lit <= 40; lit++) {
+        char t[128];
+        size_t n = 0;
+        t[n++] = '[';
+        t[n++] = '"';
+        size_t h0 = n;
+        memcpy(t + n, "ab", 2), n += 2;
+        t[n++] = '"';
+        t[n++] = ',';
+        size_t l0 = n; /* a string of lit bytes, its quotes: the literal between holes */
+        t[n++] = '"';
+        for (size_t i = 0; i < lit; i++)
+            t[n++] = (char)('c' + i % 20);
+        t[n++] = '"';
+        t[n++] = ',';
+        size_t l1 = n;
+        size_t h1 = n;
+        memcpy(t + n, "12", 2), n += 2;
+        size_t l2 = n; /* the tail: lit bytes of a string, then ']' */
+        t[n++] = ',';
+        t[n++] = '"';
+        for (size_t i = 0; i < lit; i++)
+            t[n++] = (char)('C' + i % 20);
+        t[n++] = '"';
+        t[n++] = ']';
+        sl_jspan_t holes[2] = {{(uint32_t)h0, 2}, {(uint32_t)h1, 2}};
+        uint8_t kinds[2] = {SL_JHOLE_STR, SL_JHOLE_INT};
+        sl_jshape_t sh = {0};
+        assert_int_equal(sl_jshape_set(&sh, t, n, holes, kinds, 2), 0);
+        sl_jspan_t got[2];
+        assert_true(sl_jshape_match(&sh, t, n, got));
+        for (size_t at = l0; at < n; at++) {
+            if ((at >= l1 && at < l2) || t[at] == '"' || t[at] == ',' || t[at] == ']')
+                continue; /* the hole, and bytes whose change breaks the JSON */
+            char u[128];
+            memcpy(u, t, n);
+            u[at] = u[at] == 'x' ? 'y' : 'x';
+            if (sl_jshape_match(&sh, u, n, got))
+                fail_msg("literal %zu: byte %zu changed, still a match: %.*s", lit, at, (int)n, u);
+        }
+        sl_jshape_clear(&sh);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -438,6 +488,7 @@ int main(void)
         cmocka_unit_test(test_against_jansson),
         cmocka_unit_test(test_prefix),
         cmocka_unit_test(test_escaped),
+        cmocka_unit_test(test_literal_bytes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
