@@ -345,8 +345,8 @@ static void gw_frp_dhole(gw_frp_t *p, bool is_str, uint8_t pk, const unsigned ch
 /* container: 0 a scalar, 1 an object opens, 2 an array opens. */
 static int gw_frp_value(gw_frp_t *p, bool is_str, int container, const unsigned char *s, size_t n)
 {
-    if (p->depth == 0 && p->closed) {
-        p->odd = true; /* a second value after the event's */
+    if (p->depth == 0 && (p->closed || container != 1)) {
+        p->odd = true; /* a second value after the event's, or one before it */
         return 0;
     }
     if (p->depth == 1 && p->key == 1) {
