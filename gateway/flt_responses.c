@@ -610,6 +610,10 @@ static bool gw_frp_scan(gw_frp_t *p, const gw_flt_resp_t *x, const char *data, s
     p->closed = false;
     p->nholes = 0;
     p->kd = -1;
+    /* yajl takes \v and \f for blanks, jansson refuses them (in a string
+     * both refuse a control byte): the tree path decides */
+    if (memchr(data, '\v', len) || memchr(data, '\f', len))
+        return false;
     p->h = sl_ykeep_take(&gw_frp_keep, &gw_frp_cb, true);
     if (!p->h)
         return false;
