@@ -667,13 +667,17 @@ static bool gw_frp_holes_utf8(const sl_jshape_t *sh, const char *data, const sl_
     for (size_t i = 0; i < sh->nholes; i++) {
         if (sh->kind[i] != SL_JHOLE_STR || (int)i == kd)
             continue;
-        const unsigned char *b = (const unsigned char *)data + got[i].off;
-        for (size_t k = 0; k < got[i].len; k++)
-            if (b[k] >= 0x80) {
-                if (!flt_utf8_valid((const char *)b + k, got[i].len - k))
-                    return false;
-                break;
-            }
+        const char *b = data + got[i].off;
+        size_t n = got[i].len, k = 0;
+        uint64_t w, hi = 0;
+        for (; k + 8 <= n; k += 8) { /* (ids are ASCII: a word at a time) */
+            memcpy(&w, b + k, 8);
+            hi |= w;
+        }
+        for (; k < n; k++)
+            hi |= (uint8_t)b[k];
+        if (hi & 0x8080808080808080ull && !flt_utf8_valid(b, n))
+            return false;
     }
     return true;
 }
