@@ -158,7 +158,7 @@ typedef struct gw_frp {
     size_t key_end; /* offset just past that key */
     char type[40];
     bool has_type, has_delta, has_lp, lp_open, odd;
-    bool esc_other; /* a string or key but the delta's decoded by yajl: look for \u */
+    bool esc_other; /* a string or key yajl decoded (escapes): look for \u */
     size_t ds, de;  /* the delta string, quotes included */
     size_t ls, le;  /* the logprobs value */
     /* the other events */
