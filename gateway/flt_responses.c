@@ -10,6 +10,7 @@
  * full texts are replaced by the text actually sent, so a masked or
  * blocked word does not come back at the end.
  */
+#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -157,8 +158,9 @@ typedef struct gw_frp {
     size_t key_end; /* offset just past that key */
     char type[40];
     bool has_type, has_delta, has_lp, lp_open, odd;
-    size_t ds, de; /* the delta string, quotes included */
-    size_t ls, le; /* the logprobs value */
+    bool esc_other; /* a string or key yajl decoded (escapes): look for \u */
+    size_t ds, de;  /* the delta string, quotes included */
+    size_t ls, le;  /* the logprobs value */
     /* the other events */
     /* a delta's holes for its shape: its top-level integers and strings
      * but its type (gw_frp_hole) */
@@ -343,8 +345,8 @@ static void gw_frp_dhole(gw_frp_t *p, bool is_str, uint8_t pk, const unsigned ch
 /* container: 0 a scalar, 1 an object opens, 2 an array opens. */
 static int gw_frp_value(gw_frp_t *p, bool is_str, int container, const unsigned char *s, size_t n)
 {
-    if (p->depth == 0 && p->closed) {
-        p->odd = true; /* a second value after the event's */
+    if (p->depth == 0 && (p->closed || container != 1)) {
+        p->odd = true; /* a second value after the event's, or one before it */
         return 0;
     }
     if (p->depth == 1 && p->key == 1) {
@@ -394,6 +396,48 @@ static int gw_frp_value(gw_frp_t *p, bool is_str, int container, const unsigned 
     return 1;
 }
 
+/* jansson reads the number token s: an integer within int64, a real
+ * within a double (it refuses the event otherwise). */
+static bool gw_frp_num_loads(const char *s, size_t n)
+{
+    char buf[64];
+    if (!memchr(s, '.', n) && !memchr(s, 'e', n) && !memchr(s, 'E', n)) {
+        if (n - (s[0] == '-') <= 18)
+            return true;
+        if (n >= sizeof(buf))
+            return false;
+        memcpy(buf, s, n);
+        buf[n] = '\0';
+        errno = 0;
+        (void)strtoll(buf, NULL, 10);
+        return errno == 0;
+    }
+    if (n >= sizeof(buf))
+        return false; /* (a real that long: the tree path decides) */
+    memcpy(buf, s, n);
+    buf[n] = '\0';
+    double v = strtod(buf, NULL);
+    return v - v == 0; /* not inf */
+}
+
+/* jansson reads the string (or key) s as yajl gave it: yajl's UTF-8 check
+ * lets through what jansson's refuses (overlong forms, surrogates), so a
+ * string of the event's own bytes is checked as the filters check text;
+ * one yajl decoded (an escape) may hold a \u jansson refuses (\u0000, a
+ * lone surrogate half, which yajl writes as '?'): noted for gw_frp_scan. */
+static bool gw_frp_str_loads(gw_frp_t *p, const unsigned char *s, size_t n)
+{
+    const char *c = (const char *)s;
+    if (c < p->data || c + n > p->data + p->n) {
+        p->esc_other = true;
+        return true;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (s[i] >= 0x80)
+            return flt_utf8_valid(c + i, n - i);
+    return true;
+}
+
 static int gw_frp_null(void *c)
 {
     return gw_frp_value(GW_FRP(c), false, 0, NULL, 0);
@@ -406,13 +450,23 @@ static int gw_frp_bool(void *c, int v)
 static int gw_frp_num(void *c, const char *s, size_t n)
 {
     gw_frp_t *p = GW_FRP(c);
-    if (!gw_frp_int_canonical(s, n))
+    if (!gw_frp_int_canonical(s, n)) {
         p->canon_bad = true;
+        if (!gw_frp_num_loads(s, n)) {
+            p->odd = true; /* jansson refuses the event: the tree path decides */
+            return 0;
+        }
+    }
     return gw_frp_value(p, false, 0, (const unsigned char *)s, n);
 }
 static int gw_frp_str(void *c, const unsigned char *s, size_t n)
 {
-    return gw_frp_value(GW_FRP(c), true, 0, s, n);
+    gw_frp_t *p = GW_FRP(c);
+    if (!gw_frp_str_loads(p, s, n)) {
+        p->odd = true;
+        return 0;
+    }
+    return gw_frp_value(p, true, 0, s, n);
 }
 static int gw_frp_open_map(void *c)
 {
@@ -484,6 +538,10 @@ static int gw_frp_key(void *c, const unsigned char *k, size_t n)
 {
     gw_frp_t *p = GW_FRP(c);
     p->key = 0;
+    if (!gw_frp_str_loads(p, k, n)) {
+        p->odd = true;
+        return 0;
+    }
     gw_frp_key_note(p, k, n);
     if (p->depth != 1)
         return 1;
@@ -542,7 +600,7 @@ static bool gw_frp_scan(gw_frp_t *p, const gw_flt_resp_t *x, const char *data, s
     p->x = x;
     p->depth = 0;
     p->key = 0;
-    p->has_type = p->has_delta = p->has_lp = p->lp_open = p->odd = false;
+    p->has_type = p->has_delta = p->has_lp = p->lp_open = p->odd = p->esc_other = false;
     p->canon_bad = p->part1_ot = p->item_content = p->resp_output = false;
     p->bad_part1 = p->bad_item = p->bad_resp = false;
     p->top_text = 0;
@@ -552,6 +610,10 @@ static bool gw_frp_scan(gw_frp_t *p, const gw_flt_resp_t *x, const char *data, s
     p->closed = false;
     p->nholes = 0;
     p->kd = -1;
+    /* yajl takes \v and \f for blanks, jansson refuses them (in a string
+     * both refuse a control byte): the tree path decides */
+    if (memchr(data, '\v', len) || memchr(data, '\f', len))
+        return false;
     p->h = sl_ykeep_take(&gw_frp_keep, &gw_frp_cb, true);
     if (!p->h)
         return false;
@@ -565,6 +627,8 @@ static bool gw_frp_scan(gw_frp_t *p, const gw_flt_resp_t *x, const char *data, s
         if (data[i] != ' ' && data[i] != '\t' && data[i] != '\n' && data[i] != '\r')
             whole = false;
     sl_ykeep_put(&gw_frp_keep, p->h, whole);
+    if (whole && p->esc_other && memmem(data, len, "\\u", 2))
+        return false; /* maybe a \u jansson refuses: the tree path decides */
     return whole && !p->odd && p->has_type;
 }
 
@@ -595,6 +659,29 @@ static size_t gw_frp_shift(const sl_jshape_t *sh, const sl_jspan_t *got, size_t 
     return o;
 }
 
+/* Each string hole of sh but the delta's (kd: the filter checks that one)
+ * is UTF-8 as jansson takes it (gw_frp_str_loads). */
+static bool gw_frp_holes_utf8(const sl_jshape_t *sh, const char *data, const sl_jspan_t *got,
+                              int kd)
+{
+    for (size_t i = 0; i < sh->nholes; i++) {
+        if (sh->kind[i] != SL_JHOLE_STR || (int)i == kd)
+            continue;
+        const char *b = data + got[i].off;
+        size_t n = got[i].len, k = 0;
+        uint64_t w, hi = 0;
+        for (; k + 8 <= n; k += 8) { /* (ids are ASCII: a word at a time) */
+            memcpy(&w, b + k, 8);
+            hi |= w;
+        }
+        for (; k < n; k++)
+            hi |= (uint8_t)b[k];
+        if (hi & 0x8080808080808080ull && !flt_utf8_valid(b, n))
+            return false;
+    }
+    return true;
+}
+
 /* true: data is a delta with a kept shape; p holds what gw_frp_scan would
  * have found for gw_flt_resp_fast (the spans). */
 static bool gw_frp_shape_find(gw_frp_t *p, const char *data, size_t len)
@@ -607,6 +694,8 @@ static bool gw_frp_shape_find(gw_frp_t *p, const char *data, size_t len)
         if (sl_jshape_empty(&sl->sh) || !sl_jshape_match_esc(&sl->sh, data, len, got, &esc))
             continue;
         const gw_frp_shape_t *d = sl->data;
+        if (!gw_frp_holes_utf8(&sl->sh, data, got, d->kd))
+            continue;
         sl_jshape_cache_hit(c, i);
         p->data = data;
         p->n = len;
@@ -829,6 +918,8 @@ static int gw_flt_resp_splice(gw_flt_resp_t *x, const gw_frp_t *p, const char *d
     return gw_payloads_push(out, o, total);
 }
 
+static bool gw_frp_surely_other(const char *data, size_t len);
+
 static void gw_flt_resp_blocked(gw_payloads_t *out)
 {
     json_t *e = json_pack("{s:s, s:s, s:s, s:n}", "type", "error", "code", "content_filter",
@@ -857,6 +948,9 @@ static int gw_flt_resp_fast(gw_flt_resp_t *x, flt_stream_t *st, const gw_frp_t *
     const char *rel;
     size_t rlen;
     flt_ev_verdict_t v = flt_stream_text(st, 0, t, tn, &rel, &rlen);
+    if (v == FLT_EV_REPLACE && rlen == 0 && !flt_utf8_valid(t, tn))
+        v = FLT_EV_ERROR; /* dropped unread (its item finished): as the tree path, which
+                             cannot read it, not dropped */
     if (v == FLT_EV_PASS) {
         gw_flt_resp_add(x, t, tn);
         *rc = GW_EV_PASS;
@@ -927,6 +1021,14 @@ gw_ev_rc_t gw_flt_resp_event_tree(gw_flt_resp_t *x, flt_stream_t *st, const char
                                   gw_payloads_t *out)
 {
     json_t *j = json_loadb(data, len, 0, NULL);
+    if (!j && !gw_frp_surely_other(data, len)) {
+        /* Text we cannot read is text we cannot check (as the chat filter):
+         * a client's parser may take what jansson refuses (an integer beyond
+         * int64, \u0000, a surrogate in UTF-8, a second value) and show a
+         * delta or a done text no rule saw. */
+        gw_flt_resp_blocked(out);
+        return GW_EV_STOP;
+    }
     const char *type = json_string_value(json_object_get(j, "type"));
     if (!type) {
         json_decref(j);
