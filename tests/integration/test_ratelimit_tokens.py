@@ -279,6 +279,8 @@ _ODD_ANSWERS = [
     ('{"c":"\\ud83d\\ude00","usage":{"prompt_tokens":2,"completion_tokens":8}}', 10),
     ('{"c":"\\ud83d","usage":{"prompt_tokens":2,"completion_tokens":8}}', "res"),
     ('{"usage":{"prompt_tokens":2,"completion_tokens":8}} trailing', "res"),
+    ('{"c":"\xc0\xaf","usage":{"prompt_tokens":2,"completion_tokens":8}}', "res"),
+    ('{"c":"\xc3\xa9","usage":{"prompt_tokens":2,"completion_tokens":8}}', 10),
     ('not json at all', "res"),
 ]
 
@@ -286,15 +288,17 @@ _ODD_ANSWERS = [
 @pytest.mark.parametrize("answer,used", _ODD_ANSWERS,
                          ids=["dup_key", "nested", "responses_names", "negative", "neg_total",
                               "real", "usage_null_last", "usage_null_first", "nul_escape",
-                              "surrogate_pair", "lone_surrogate", "trailing", "not_json"])
+                              "surrogate_pair", "lone_surrogate", "trailing", "overlong_utf8",
+                              "utf8", "not_json"])
 def test_odd_answer_settles_as_the_tree_reads_it(sluice_factory, mock, answer, used):
     """A non-streamed answer's usage is read from its bytes (rl_usage_from_json):
     the tokens settled are what jansson's tree of the answer says (duplicate
     keys: the last; a nested usage: not the answer's; the Responses names;
     negatives as 0; bytes jansson refuses: no usage, the reservation kept),
-    read back from the next request's Remaining."""
+    read back from the next request's Remaining. The answers are bytes
+    (latin-1 strings: bytes C0 AF are an overlong '/', jansson refuses it)."""
     s, alice = _budget_setup(sluice_factory, mock)
-    raw = answer.encode()
+    raw = answer.encode("latin-1")
     mock.script({"raw_response": "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                                  "Content-Length: %d\r\nConnection: close\r\n\r\n" % len(raw)
                                  + answer})
