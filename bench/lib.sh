@@ -370,7 +370,7 @@ EOF
 # and SIGNING_KEY, its signing key.
 realistic_trio() {
     realistic_upstream "$UP_PORT"
-    case " $3 " in *" full-sse "* | *" full-resp-sse "*)
+    case " $3 " in *" full-sse "* | *" full-sse-budget "* | *" full-resp-sse "*)
         [ -x "$SSE_UP_BIN" ] || { echo "bench: $SSE_UP_BIN not built" >&2; exit 1; }
         spawn "$SSE_UP_BIN" -l "127.0.0.1:$SSE_UP_PORT" -n 8
         wait_port "$SSE_UP_PORT" "$LAST"
