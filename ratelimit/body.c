@@ -349,8 +349,11 @@ static int rl_usage_parse(const json_t *usage, rl_usage_t *u)
         return -1;
     u->prompt_tokens = json_is_integer(p) ? SL_MAX(json_integer_value(p), 0) : 0;
     u->completion_tokens = json_is_integer(c) ? SL_MAX(json_integer_value(c), 0) : 0;
-    u->total_tokens = json_is_integer(t) ? SL_MAX(json_integer_value(t), 0)
-                                         : u->prompt_tokens + u->completion_tokens;
+    /* both at least 0: a sum beyond int64 (a huge usage) saturates */
+    if (json_is_integer(t))
+        u->total_tokens = SL_MAX(json_integer_value(t), 0);
+    else if (__builtin_add_overflow(u->prompt_tokens, u->completion_tokens, &u->total_tokens))
+        u->total_tokens = INT64_MAX;
     return 0;
 }
 

@@ -226,7 +226,10 @@ static int rl_uj_figures(const rl_uj_t *s, rl_usage_t *u)
         return -1;
     u->prompt_tokens = p->integer ? SL_MAX(p->v, 0) : 0;
     u->completion_tokens = c->integer ? SL_MAX(c->v, 0) : 0;
-    u->total_tokens = t->integer ? SL_MAX(t->v, 0) : u->prompt_tokens + u->completion_tokens;
+    if (t->integer)
+        u->total_tokens = SL_MAX(t->v, 0);
+    else if (__builtin_add_overflow(u->prompt_tokens, u->completion_tokens, &u->total_tokens))
+        u->total_tokens = INT64_MAX; /* as rl_usage_parse: a huge sum saturates */
     return 0;
 }
 

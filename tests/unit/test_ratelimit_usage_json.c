@@ -111,6 +111,12 @@ static void test_usage_json_fixed(void **state)
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         same_s(cases[i]);
+    /* a sum beyond int64 saturates in both reads (it overflowed: UBSan) */
+    rl_usage_t u;
+    static const char huge[] = "{\"usage\":{\"prompt_tokens\":2,"
+                               "\"completion_tokens\":9223372036854775807}}";
+    assert_int_equal(rl_usage_from_json(huge, sizeof(huge) - 1, &u), 0);
+    assert_int_equal(u.total_tokens, INT64_MAX);
     /* a NUL byte inside the bytes (jansson stops at it as bad input) */
     static const char nul[] = "{\"usage\":{\"completion_tokens\":4}}\0";
     same(nul, sizeof(nul) - 1);
