@@ -263,3 +263,338 @@ int rl_usage_from_json(const char *data, size_t len, rl_usage_t *u)
         return rl_usage_json_tree(data, len, u);
     return rl_uj_figures(&s, u);
 }
+
+/* ---- a chat stream's chunk ---------------------------------------------------
+ *
+ * What rl_stream_feed() reads from jansson's tree of one chunk, read the
+ * same way: the text of choices[*] (delta, else message: content,
+ * reasoning_content, tool_calls[*].function name and arguments; the
+ * choice's text) and the top-level usage. The last of a duplicated key
+ * wins at every level, as in the tree. The chunk whose usage must be cut
+ * out of a chunk with choices (a rewrite) goes to the tree. */
+
+enum {
+    RL_SJ_NONE,
+    RL_SJ_TOP,
+    RL_SJ_CHOICES,
+    RL_SJ_CHOICE,
+    RL_SJ_DM,
+    RL_SJ_TCS,
+    RL_SJ_TC,
+    RL_SJ_FN,
+    RL_SJ_USAGE
+};
+
+/* The key whose value comes next, in its container's role. */
+enum { RL_SK_OTHER, RL_SK_CONTENT, RL_SK_REASONING, RL_SK_TEXT, RL_SK_NAME, RL_SK_ARGS };
+
+typedef struct rl_cnt {
+    int64_t a, o; /* ASCII bytes, other characters (UTF-8 lead bytes) */
+} rl_cnt_t;
+
+typedef struct rl_dm {
+    rl_cnt_t content, reasoning, tools;
+} rl_dm_t;
+
+#define RL_SJ_ROLES 8
+
+typedef struct rl_sj {
+    rl_uj_t u; /* the usage, as for an answer (its depth unused) */
+    int depth; /* 1: the chunk object */
+    int next;  /* the role of the container the pending key's value opens */
+    int skey;  /* RL_SK_* of the pending key's string value */
+    uint8_t role[RL_SJ_ROLES + 1];
+    bool choices_array;
+    int64_t choices_n;
+    rl_cnt_t total; /* the last "choices"' committed choices */
+    bool has_delta;
+    rl_dm_t d, m; /* the current choice's delta and message */
+    rl_cnt_t text;
+    bool in_delta; /* the RL_SJ_DM being read is the delta (else the message) */
+    rl_cnt_t fname, fargs;
+} rl_sj_t;
+
+static rl_sj_t *rl_sj_of(void *ctx)
+{
+    return ((sl_ykeep_t *)ctx)->cur;
+}
+
+static int rl_sj_role(const rl_sj_t *s)
+{
+    return s->depth >= 1 && s->depth <= RL_SJ_ROLES ? s->role[s->depth] : RL_SJ_NONE;
+}
+
+static rl_dm_t *rl_sj_dm(rl_sj_t *s)
+{
+    return s->in_delta ? &s->d : &s->m;
+}
+
+static void rl_cnt_add(rl_cnt_t *c, const rl_cnt_t *x)
+{
+    c->a += x->a;
+    c->o += x->o;
+}
+
+static int rl_sj_value(rl_sj_t *s)
+{
+    if (rl_sj_role(s) == RL_SJ_CHOICES)
+        s->choices_n++;
+    if (s->depth == 1) /* the usage member's value is not an object */
+        s->u.usage_next = false;
+    s->u.member = -1;
+    s->next = RL_SJ_NONE;
+    s->skey = RL_SK_OTHER;
+    return 1;
+}
+
+static int rl_sj_scalar(void *ctx)
+{
+    return rl_sj_value(rl_sj_of(ctx));
+}
+
+static int rl_sj_bool(void *ctx, int v)
+{
+    (void)v;
+    return rl_sj_scalar(ctx);
+}
+
+static int rl_sj_double(void *ctx, double v)
+{
+    (void)v;
+    return rl_sj_scalar(ctx);
+}
+
+static int rl_sj_integer(void *ctx, long long v)
+{
+    rl_sj_t *s = rl_sj_of(ctx);
+    if (s->u.member >= 0) {
+        s->u.m[s->u.member].integer = true;
+        s->u.m[s->u.member].v = v;
+    }
+    return rl_sj_value(s);
+}
+
+static int rl_sj_string(void *ctx, const unsigned char *t, size_t n)
+{
+    rl_sj_t *s = rl_sj_of(ctx);
+    rl_cnt_t c = {0, 0};
+    for (size_t i = 0; i < n; i++) {
+        if (t[i] < 0x80)
+            c.a++;
+        else if ((t[i] & 0xc0) != 0x80)
+            c.o++;
+    }
+    switch (s->skey) {
+    case RL_SK_CONTENT:
+        rl_sj_dm(s)->content = c;
+        break;
+    case RL_SK_REASONING:
+        rl_sj_dm(s)->reasoning = c;
+        break;
+    case RL_SK_TEXT:
+        s->text = c;
+        break;
+    case RL_SK_NAME:
+        s->fname = c;
+        break;
+    case RL_SK_ARGS:
+        s->fargs = c;
+        break;
+    default:
+        break;
+    }
+    return rl_sj_value(s);
+}
+
+static int rl_sj_key(void *ctx, const unsigned char *k, size_t n)
+{
+    rl_sj_t *s = rl_sj_of(ctx);
+    s->next = RL_SJ_NONE;
+    s->skey = RL_SK_OTHER;
+    s->u.member = -1;
+#define RL_SJ_IS(lit) (n == sizeof(lit) - 1 && memcmp(k, lit, n) == 0)
+    switch (rl_sj_role(s)) {
+    case RL_SJ_TOP:
+        s->u.usage_next = RL_SJ_IS("usage");
+        if (s->u.usage_next) {
+            s->u.usage_object = false;
+            memset(s->u.m, 0, sizeof(s->u.m));
+            s->next = RL_SJ_USAGE;
+        } else if (RL_SJ_IS("choices")) {
+            s->total = (rl_cnt_t){0, 0};
+            s->choices_array = false;
+            s->choices_n = 0;
+            s->next = RL_SJ_CHOICES;
+        }
+        break;
+    case RL_SJ_USAGE:
+        s->u.member = rl_uj_member_of(k, n);
+        if (s->u.member >= 0)
+            s->u.m[s->u.member] = (rl_uj_member_t){.present = true};
+        break;
+    case RL_SJ_CHOICE:
+        if (RL_SJ_IS("delta")) {
+            s->has_delta = true;
+            s->in_delta = true;
+            s->d = (rl_dm_t){0};
+            s->next = RL_SJ_DM;
+        } else if (RL_SJ_IS("message")) {
+            s->in_delta = false;
+            s->m = (rl_dm_t){0};
+            s->next = RL_SJ_DM;
+        } else if (RL_SJ_IS("text")) {
+            s->text = (rl_cnt_t){0, 0};
+            s->skey = RL_SK_TEXT;
+        }
+        break;
+    case RL_SJ_DM:
+        if (RL_SJ_IS("content")) {
+            rl_sj_dm(s)->content = (rl_cnt_t){0, 0};
+            s->skey = RL_SK_CONTENT;
+        } else if (RL_SJ_IS("reasoning_content")) {
+            rl_sj_dm(s)->reasoning = (rl_cnt_t){0, 0};
+            s->skey = RL_SK_REASONING;
+        } else if (RL_SJ_IS("tool_calls")) {
+            rl_sj_dm(s)->tools = (rl_cnt_t){0, 0};
+            s->next = RL_SJ_TCS;
+        }
+        break;
+    case RL_SJ_TC:
+        if (RL_SJ_IS("function")) {
+            s->fname = s->fargs = (rl_cnt_t){0, 0};
+            s->next = RL_SJ_FN;
+        }
+        break;
+    case RL_SJ_FN:
+        if (RL_SJ_IS("name")) {
+            s->fname = (rl_cnt_t){0, 0};
+            s->skey = RL_SK_NAME;
+        } else if (RL_SJ_IS("arguments")) {
+            s->fargs = (rl_cnt_t){0, 0};
+            s->skey = RL_SK_ARGS;
+        }
+        break;
+    default:
+        break;
+    }
+#undef RL_SJ_IS
+    return 1;
+}
+
+static int rl_sj_open(void *ctx, bool map)
+{
+    rl_sj_t *s = rl_sj_of(ctx);
+    int parent = rl_sj_role(s), next = s->next, role = RL_SJ_NONE;
+    if (++s->depth > RL_UJ_DEPTH) {
+        s->u.too_deep = true;
+        return 0;
+    }
+    if (s->depth == 1) {
+        role = map ? RL_SJ_TOP : RL_SJ_NONE;
+        s->u.top_object = map;
+    } else if (parent == RL_SJ_CHOICES) {
+        s->choices_n++;
+        if (map) {
+            role = RL_SJ_CHOICE;
+            s->has_delta = false;
+            s->d = s->m = (rl_dm_t){0};
+            s->text = (rl_cnt_t){0, 0};
+        }
+    } else if (parent == RL_SJ_TCS) {
+        if (map) {
+            role = RL_SJ_TC;
+            s->fname = s->fargs = (rl_cnt_t){0, 0};
+        }
+    } else if (next == RL_SJ_CHOICES && !map) {
+        role = RL_SJ_CHOICES;
+        s->choices_array = true;
+    } else if (next == RL_SJ_TCS && !map) {
+        role = RL_SJ_TCS;
+    } else if (next == RL_SJ_USAGE && map) {
+        role = RL_SJ_USAGE;
+        s->u.usage_object = true;
+    } else if ((next == RL_SJ_DM || next == RL_SJ_FN) && map) {
+        role = next;
+    }
+    if (s->depth <= RL_SJ_ROLES)
+        s->role[s->depth] = (uint8_t)role;
+    s->u.usage_next = false;
+    s->u.member = -1;
+    s->next = RL_SJ_NONE;
+    s->skey = RL_SK_OTHER;
+    return 1;
+}
+
+static int rl_sj_start_map(void *ctx)
+{
+    return rl_sj_open(ctx, true);
+}
+
+static int rl_sj_start_array(void *ctx)
+{
+    return rl_sj_open(ctx, false);
+}
+
+static int rl_sj_close(void *ctx)
+{
+    rl_sj_t *s = rl_sj_of(ctx);
+    int role = rl_sj_role(s);
+    if (role == RL_SJ_CHOICE) {
+        const rl_dm_t *dm = s->has_delta ? &s->d : &s->m;
+        rl_cnt_add(&s->total, &dm->content);
+        rl_cnt_add(&s->total, &dm->reasoning);
+        rl_cnt_add(&s->total, &s->text);
+        rl_cnt_add(&s->total, &dm->tools);
+    } else if (role == RL_SJ_TC) {
+        rl_dm_t *dm = rl_sj_dm(s);
+        rl_cnt_add(&dm->tools, &s->fname);
+        rl_cnt_add(&dm->tools, &s->fargs);
+    }
+    if (--s->depth == 0 && !s->u.end)
+        s->u.end = yajl_get_bytes_consumed(s->u.h);
+    s->next = RL_SJ_NONE;
+    s->skey = RL_SK_OTHER;
+    return 1;
+}
+
+static const yajl_callbacks rl_sj_cbs = {
+    .yajl_null = rl_sj_scalar,
+    .yajl_boolean = rl_sj_bool,
+    .yajl_integer = rl_sj_integer,
+    .yajl_double = rl_sj_double,
+    .yajl_string = rl_sj_string,
+    .yajl_start_map = rl_sj_start_map,
+    .yajl_map_key = rl_sj_key,
+    .yajl_end_map = rl_sj_close,
+    .yajl_start_array = rl_sj_start_array,
+    .yajl_end_array = rl_sj_close,
+};
+
+static _Thread_local sl_ykeep_t rl_sj_keep;
+
+int rl_chunk_read_json(const char *data, size_t len, rl_chunk_read_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (u8_check((const uint8_t *)data, len) != NULL || rl_uj_odd_escape(data, len))
+        return -1;
+    rl_sj_t s = {.u = {.member = -1}};
+    s.u.h = sl_ykeep_take(&rl_sj_keep, &rl_sj_cbs, false);
+    if (!s.u.h)
+        return -1;
+    rl_sj_keep.cur = &s;
+    yajl_status st = yajl_parse(s.u.h, (const unsigned char *)data, len);
+    if (st == yajl_status_ok && !s.u.end)
+        st = yajl_complete_parse(s.u.h);
+    rl_sj_keep.cur = NULL;
+    bool whole = st == yajl_status_ok && s.u.end > 0;
+    for (size_t k = s.u.end; whole && k < len; k++)
+        whole = data[k] == ' ' || data[k] == '\t' || data[k] == '\n' || data[k] == '\r';
+    sl_ykeep_put(&rl_sj_keep, s.u.h, whole);
+    if (!whole || s.u.too_deep)
+        return -1;
+    out->ascii = s.total.a;
+    out->other = s.total.o;
+    out->got_usage = rl_uj_figures(&s.u, &out->usage) == 0;
+    out->choices_empty = s.choices_array && s.choices_n == 0;
+    return 0;
+}

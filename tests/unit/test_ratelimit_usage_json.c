@@ -331,12 +331,228 @@ static void test_usage_json_generated(void **state)
     assert_true(nnone > 5000);
 }
 
+/* ---- a chat stream's chunk: rl_chunk_read_json vs the tree ------------------ */
+
+static void ref_count(const json_t *v, rl_chunk_read_t *r)
+{
+    if (!json_is_string(v))
+        return;
+    const unsigned char *t = (const unsigned char *)json_string_value(v);
+    size_t n = json_string_length(v);
+    for (size_t i = 0; i < n; i++) {
+        if (t[i] < 0x80)
+            r->ascii++;
+        else if ((t[i] & 0xc0) != 0x80)
+            r->other++;
+    }
+}
+
+/* The tree's reading (ratelimit/body.c before the read without a tree). */
+static int ref_chunk(const char *d, size_t n, rl_chunk_read_t *r)
+{
+    memset(r, 0, sizeof(*r));
+    json_t *j = json_loadb(d, n, 0, NULL);
+    if (!j)
+        return -1;
+    const json_t *choices = json_object_get(j, "choices");
+    size_t i, k;
+    json_t *ch, *tc;
+    json_array_foreach(choices, i, ch)
+    {
+        const json_t *delta = json_object_get(ch, "delta");
+        if (!delta)
+            delta = json_object_get(ch, "message");
+        ref_count(json_object_get(delta, "content"), r);
+        ref_count(json_object_get(delta, "reasoning_content"), r);
+        ref_count(json_object_get(ch, "text"), r);
+        json_array_foreach(json_object_get(delta, "tool_calls"), k, tc)
+        {
+            const json_t *fn = json_object_get(tc, "function");
+            ref_count(json_object_get(fn, "name"), r);
+            ref_count(json_object_get(fn, "arguments"), r);
+        }
+    }
+    r->got_usage = rl_usage_from_body(j, &r->usage) == 0;
+    r->choices_empty = json_is_array(choices) && json_array_size(choices) == 0;
+    json_decref(j);
+    return 0;
+}
+
+static int nchunk_fast, nchunk_slow;
+
+static void same_chunk(const char *d, size_t n)
+{
+    rl_chunk_read_t a, b;
+    int ra = ref_chunk(d, n, &a);
+    int rb = rl_chunk_read_json(d, n, &b);
+    if (rb != 0) {
+        nchunk_slow++;
+        return; /* the tree reads it */
+    }
+    nchunk_fast++;
+    if (ra != 0 || a.ascii != b.ascii || a.other != b.other || a.got_usage != b.got_usage ||
+        a.choices_empty != b.choices_empty ||
+        (a.got_usage && (a.usage.prompt_tokens != b.usage.prompt_tokens ||
+                         a.usage.completion_tokens != b.usage.completion_tokens ||
+                         a.usage.total_tokens != b.usage.total_tokens)))
+        fail_msg("tree %d (%lld %lld u%d %lld e%d) vs bytes (%lld %lld u%d %lld e%d) on: %.*s", ra,
+                 (long long)a.ascii, (long long)a.other, a.got_usage,
+                 (long long)a.usage.total_tokens, a.choices_empty, (long long)b.ascii,
+                 (long long)b.other, b.got_usage, (long long)b.usage.total_tokens, b.choices_empty,
+                 (int)(n > 400 ? 400 : n), d);
+}
+
+static void gen_text_value(buf_t *b)
+{
+    if (rnd(5) == 0)
+        value(b, 3);
+    else
+        gen_string(b);
+}
+
+static void gen_dm(buf_t *b)
+{
+    static const char *keys[] = {
+        "\"content\":", "\"reasoning_content\":", "\"role\":", "\"tool_calls\":"};
+    put(b, "{");
+    unsigned n = rnd(4);
+    for (unsigned i = 0; i < n; i++) {
+        if (i)
+            put(b, ",");
+        unsigned k = rnd(4);
+        put(b, keys[k]);
+        if (k == 3 && rnd(5)) {
+            put(b, "[");
+            unsigned m = rnd(3);
+            for (unsigned t = 0; t < m; t++) {
+                if (t)
+                    put(b, ",");
+                if (rnd(6) == 0) {
+                    value(b, 4);
+                    continue;
+                }
+                put(b, "{\"index\":0,\"function\":");
+                if (rnd(6) == 0) {
+                    value(b, 4);
+                } else {
+                    put(b, "{\"name\":");
+                    gen_text_value(b);
+                    put(b, ",\"arguments\":");
+                    gen_text_value(b);
+                    if (rnd(4) == 0) {
+                        put(b, ",\"name\":");
+                        gen_text_value(b);
+                    }
+                    put(b, "}");
+                }
+                if (rnd(5) == 0)
+                    put(b, ",\"function\":{\"arguments\":\"{}\"}");
+                put(b, "}");
+            }
+            put(b, "]");
+        } else {
+            gen_text_value(b);
+        }
+    }
+    put(b, "}");
+}
+
+static void gen_choices(buf_t *b)
+{
+    put(b, "[");
+    unsigned n = rnd(3);
+    for (unsigned i = 0; i < n; i++) {
+        if (i)
+            put(b, ",");
+        if (rnd(8) == 0) {
+            value(b, 3);
+            continue;
+        }
+        put(b, "{\"index\":0");
+        unsigned m = 1 + rnd(3);
+        for (unsigned k = 0; k < m; k++) {
+            unsigned w = rnd(6);
+            put(b, w < 3    ? ",\"delta\":"
+                   : w == 3 ? ",\"message\":"
+                   : w == 4 ? ",\"text\":"
+                            : ",\"x\":");
+            if (w < 4 && rnd(6))
+                gen_dm(b);
+            else
+                gen_text_value(b);
+        }
+        put(b, "}");
+    }
+    put(b, "]");
+}
+
+static void gen_chunk(buf_t *b)
+{
+    b->n = 0;
+    put(b, "{\"id\":\"c\"");
+    unsigned n = 1 + rnd(4);
+    for (unsigned i = 0; i < n; i++) {
+        unsigned k = rnd(8);
+        if (k < 4) {
+            put(b, ",\"choices\":");
+            if (rnd(8) == 0)
+                value(b, 2);
+            else
+                gen_choices(b);
+        } else if (k < 6) {
+            put(b, ",\"usage\":");
+            if (rnd(5))
+                gen_usage_obj(b);
+            else
+                value(b, 2);
+        } else {
+            put(b, ",\"object\":");
+            value(b, 2);
+        }
+    }
+    put(b, "}");
+    if (rnd(20) == 0)
+        put(b, " x");
+    else if (rnd(20) == 0 && b->n > 2)
+        b->n = rnd((unsigned)b->n);
+}
+
+static void test_chunk_json_generated(void **state)
+{
+    (void)state;
+    static const char *fixed[] = {
+        "{\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}",
+        "{\"choices\":[{\"delta\":{\"content\":\"h\xc3\xa9llo\"}}]}",
+        "{\"choices\":[{\"delta\":null,\"message\":{\"content\":\"x\"}}]}",
+        "{\"choices\":[{\"message\":{\"content\":\"x\"},\"text\":\"yy\"}]}",
+        "{\"choices\":[{\"delta\":{\"content\":\"a\",\"content\":\"bcd\"}}],\"choices\":[{\"d"
+        "elta\":{\"content\":\"zz\"}}]}",
+        "{\"choices\":[{\"delta\":{\"tool_calls\":[{\"function\":{\"name\":\"f\",\"arguments\":"
+        "\"{\\\"a\\\":1}\"}},7,{\"function\":[]}]}}]}",
+        "{\"choices\":[{\"delta\":{\"content\":\"\\ud83d\\ude00\"}}]}",
+        "{\"choices\":[{\"delta\":{\"content\":\"\\u00e9\\n\"}}]}",
+        "{\"choices\":[1,null,{}]}",
+        "{\"choices\":{}}",
+    };
+    for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
+        same_chunk(fixed[i], strlen(fixed[i]));
+    buf_t b;
+    for (int i = 0; i < 50000; i++) {
+        gen_chunk(&b);
+        same_chunk(b.b, b.n);
+    }
+    /* most go without a tree; some (odd bytes) to it */
+    assert_true(nchunk_fast > 25000);
+    assert_true(nchunk_slow > 500);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_usage_json_fixed),
         cmocka_unit_test(test_usage_json_deep),
         cmocka_unit_test(test_usage_json_generated),
+        cmocka_unit_test(test_chunk_json_generated),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
