@@ -13,7 +13,8 @@
  * also fails on every error yajl reports, but integer LLONG_MIN, which only
  * jansson reads, is among them), UTF-8 libunistring's u8_check refuses
  * (jansson wants it strict: no overlongs, surrogates, nothing beyond
- * U+10FFFF; yajl's check is looser), a \u0000 (jansson refuses it without
+ * U+10FFFF; yajl's check is looser), a raw form feed or vertical tab
+ * (blanks to yajl only), a \u0000 (jansson refuses it without
  * JSON_ALLOW_NUL) or a \uD800-\uDFFF escape (jansson checks the surrogate
  * pairing, yajl decodes what it gets), and nesting deeper than
  * RL_UJ_DEPTH (jansson stops at 2048). Such answers are rare; each costs
@@ -199,6 +200,16 @@ static bool rl_uj_odd_escape(const char *p, size_t n)
     return false;
 }
 
+/* Bytes the two parsers might read differently: UTF-8 jansson refuses
+ * (u8_check is as strict), an escape it may refuse, and a form feed or
+ * vertical tab, which yajl takes as blanks between tokens and jansson
+ * refuses (inside a string both refuse them raw). */
+static bool rl_uj_odd_bytes(const char *p, size_t n)
+{
+    return memchr(p, '\f', n) || memchr(p, '\v', n) || u8_check((const uint8_t *)p, n) != NULL ||
+           rl_uj_odd_escape(p, n);
+}
+
 /* The tree's answer, for bytes where the two parsers might disagree. */
 static int rl_usage_json_tree(const char *data, size_t len, rl_usage_t *u)
 {
@@ -241,7 +252,7 @@ int rl_usage_from_json(const char *data, size_t len, rl_usage_t *u)
         i++;
     if (i == len || data[i] != '{')
         return -1; /* the tree: not JSON, or not an object (no member) */
-    if (u8_check((const uint8_t *)data, len) != NULL || rl_uj_odd_escape(data, len))
+    if (rl_uj_odd_bytes(data, len))
         return rl_usage_json_tree(data, len, u);
     rl_uj_t s = {.member = -1};
     s.h = sl_ykeep_take(&rl_uj_keep, &rl_uj_cbs, false);
@@ -575,8 +586,11 @@ static _Thread_local sl_ykeep_t rl_sj_keep;
 int rl_chunk_read_json(const char *data, size_t len, rl_chunk_read_t *out)
 {
     memset(out, 0, sizeof(*out));
-    if (u8_check((const uint8_t *)data, len) != NULL || rl_uj_odd_escape(data, len))
-        return -1;
+    size_t i = 0;
+    while (i < len && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r'))
+        i++;
+    if (i == len || data[i] != '{' || rl_uj_odd_bytes(data, len))
+        return -1; /* the first value must be the object (yajl reads several) */
     rl_sj_t s = {.u = {.member = -1}};
     s.u.h = sl_ykeep_take(&rl_sj_keep, &rl_sj_cbs, false);
     if (!s.u.h)
@@ -590,8 +604,8 @@ int rl_chunk_read_json(const char *data, size_t len, rl_chunk_read_t *out)
     for (size_t k = s.u.end; whole && k < len; k++)
         whole = data[k] == ' ' || data[k] == '\t' || data[k] == '\n' || data[k] == '\r';
     sl_ykeep_put(&rl_sj_keep, s.u.h, whole);
-    if (!whole || s.u.too_deep)
-        return -1;
+    if (!whole || s.u.too_deep || !s.u.top_object)
+        return -1; /* not a chunk object: the tree says what it is */
     out->ascii = s.total.a;
     out->other = s.total.o;
     out->got_usage = rl_uj_figures(&s.u, &out->usage) == 0;
