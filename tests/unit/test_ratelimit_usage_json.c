@@ -100,6 +100,8 @@ static void test_usage_json_fixed(void **state)
         "{\"usage\":{\"completion_tokens\":4},}",
         "{\"us\\u0061ge\":{\"completion_tokens\":4}}",
         "{\"usage\":{\"completion_\\u0074okens\":4}}",
+        "{\"usage\":{\"completion_tokens\":\f4}}",
+        "{\"usage\":{\"completion_tokens\":4}}\v",
         "{\"usage\":{}}",
         "{}",
         "",
