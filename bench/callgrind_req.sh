@@ -32,7 +32,8 @@
 #   full-budget / full-resp-budget for full / full-resp with a token budget
 #   on (ratelimit.per_user.tokens_per_minute 1e9, never refusing: the
 #   prompt estimate, the reservation and its settlement on every request;
-#   full-budget - full and full-resp-budget - full-resp are their cost),
+#   full-budget - full and full-resp-budget - full-resp are their cost;
+#   full-sse-budget: full-sse with that budget, the stream's accounting),
 #   full-tools / full-tools-budget for full's conf, without and with that
 #   budget, sending issue #16's body with a "tools" array of two functions
 #   (nested parameter schemas: bench/lib.sh's realistic_tools_body),

@@ -370,7 +370,7 @@ EOF
 # and SIGNING_KEY, its signing key.
 realistic_trio() {
     realistic_upstream "$UP_PORT"
-    case " $3 " in *" full-sse "* | *" full-resp-sse "*)
+    case " $3 " in *" full-sse "* | *" full-sse-budget "* | *" full-resp-sse "*)
         [ -x "$SSE_UP_BIN" ] || { echo "bench: $SSE_UP_BIN not built" >&2; exit 1; }
         spawn "$SSE_UP_BIN" -l "127.0.0.1:$SSE_UP_PORT" -n 8
         wait_port "$SSE_UP_PORT" "$LAST"
@@ -405,6 +405,12 @@ realistic_trio() {
     grep -q 'tokens_per_minute: 1000000000 }' "$WORK/full-budget.yaml" ||
         { echo "bench: full-budget conf" >&2; exit 1; }
     cp "$WORK/full-budget.yaml" "$WORK/full-resp-budget.yaml"
+    # full-sse-budget: full-sse with that budget (every chunk goes through
+    # the budget's stream accounting, the usage chunk settles it)
+    sed 's/concurrent: 1000 }/concurrent: 1000, tokens_per_minute: 1000000000 }/' \
+        "$WORK/full-sse.yaml" >"$WORK/full-sse-budget.yaml"
+    grep -q 'tokens_per_minute: 1000000000 }' "$WORK/full-sse-budget.yaml" ||
+        { echo "bench: full-sse-budget conf" >&2; exit 1; }
     cp "$WORK/full-budget.yaml" "$WORK/full-tools-budget.yaml"
     cp "$WORK/full.yaml" "$WORK/full-tools.yaml"
     realistic_tools_body "$WORK/body-tools.json"
@@ -424,7 +430,7 @@ realistic_req() {
     REQ_TOKEN="" REQ_BODY="" REQ_SIGNING_KEY="" REQ_PATH=/v1/chat/completions
     case $1 in full*) REQ_TOKEN=$TOKEN ;; esac
     [ "$1" != full-sig ] || REQ_SIGNING_KEY=$SIGNING_KEY
-    [ "$1" != full-sse ] || REQ_BODY=$WORK/body-sse.json
+    case $1 in full-sse | full-sse-budget) REQ_BODY=$WORK/body-sse.json ;; esac
     case $1 in *-esc) REQ_BODY=$WORK/body-esc.json ;; esac
     case $1 in *-parts) REQ_BODY=$WORK/body-parts.json ;; esac
     case $1 in full-resp | full-resp-sse)

@@ -582,6 +582,20 @@ static int gw_rl_on_body(gw_req_t *r, void *state, json_t *body, bool *modified)
     return 0;
 }
 
+/* The answer's bytes, when no hook reading it needs a tree: the usage read
+ * without one (rl_usage_from_json: the tree's figures, at a fraction of its
+ * cost). Never asks for the tree, never edits. */
+static int gw_rl_on_body_raw(gw_req_t *r, void *state, const char *data, size_t len, char **out,
+                             size_t *outlen)
+{
+    (void)r;
+    (void)out;
+    (void)outlen;
+    gw_rl_t *s = state;
+    s->have_usage = rl_usage_from_json(data, len, &s->usage) == 0;
+    return 0;
+}
+
 static bool gw_rl_wants_body(const gw_req_t *r, void *state)
 {
     (void)r;
@@ -710,6 +724,7 @@ const gw_hook_t gw_hook_ratelimit = {
     .on_event = gw_rl_on_event,
     .wants_events = gw_rl_wants_events,
     .on_body = gw_rl_on_body,
+    .on_body_raw = gw_rl_on_body_raw,
     .wants_body = gw_rl_wants_body,
     .on_end = gw_rl_on_end,
 };

@@ -349,8 +349,11 @@ static int rl_usage_parse(const json_t *usage, rl_usage_t *u)
         return -1;
     u->prompt_tokens = json_is_integer(p) ? SL_MAX(json_integer_value(p), 0) : 0;
     u->completion_tokens = json_is_integer(c) ? SL_MAX(json_integer_value(c), 0) : 0;
-    u->total_tokens = json_is_integer(t) ? SL_MAX(json_integer_value(t), 0)
-                                         : u->prompt_tokens + u->completion_tokens;
+    /* both at least 0: a sum beyond int64 (a huge usage) saturates */
+    if (json_is_integer(t))
+        u->total_tokens = SL_MAX(json_integer_value(t), 0);
+    else if (__builtin_add_overflow(u->prompt_tokens, u->completion_tokens, &u->total_tokens))
+        u->total_tokens = INT64_MAX;
     return 0;
 }
 
@@ -430,6 +433,21 @@ static rl_chunk_action_t rl_chunk_feed(rl_stream_t *s, const char *data, size_t 
     }
     if (len == 0 || *data != '{')
         return RL_CHUNK_FORWARD; /* "[DONE]", or not ours to judge */
+    /* Without a tree unless the usage must be cut out of a chunk with
+     * choices (a rewrite) or the bytes are odd (usage_json.c). */
+    rl_chunk_read_t rd;
+    if (rl_chunk_read_json(data, len, &rd) == 0 &&
+        (!rd.got_usage || rd.choices_empty || (s && !s->strip))) {
+        if (s) {
+            s->ascii += rd.ascii;
+            s->other += rd.other;
+            if (rd.got_usage) {
+                s->usage = rd.usage;
+                s->got_usage = true;
+            }
+        }
+        return rd.got_usage && (!s || s->strip) ? RL_CHUNK_DROP : RL_CHUNK_FORWARD;
+    }
     json_t *j = json_loadb(data, len, 0, NULL);
     if (!j)
         return RL_CHUNK_FORWARD;

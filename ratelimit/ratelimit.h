@@ -353,6 +353,23 @@ typedef struct rl_usage {
  * completion_tokens, else the Responses API's input_tokens / output_tokens
  * (into prompt / completion). 0 found, -1 absent/bad. */
 int rl_usage_from_body(const json_t *body, rl_usage_t *u) SL_WUR;
+/* The same from a JSON answer's bytes data[0..len) (borrowed), without a
+ * tree: for every input exactly what rl_usage_from_body() reads from
+ * json_loadb(data, len, 0)'s tree (-1 when that fails), the tree built only
+ * for bytes where yajl and jansson might disagree (ratelimit/usage_json.c). */
+int rl_usage_from_json(const char *data, size_t len, rl_usage_t *u) SL_WUR;
+
+/* What rl_stream_feed() reads from jansson's tree of one chat chunk (a JSON
+ * object), read from its bytes: the characters of its choices' text
+ * (rl_estimate_text_tokens' two counts), its top-level usage, whether its
+ * choices is an empty array. -1: bytes the tree may read otherwise (not
+ * whole JSON, odd escapes or UTF-8, deep): ask the tree. */
+typedef struct rl_chunk_read {
+    int64_t ascii, other;
+    bool got_usage, choices_empty;
+    rl_usage_t usage;
+} rl_chunk_read_t;
+int rl_chunk_read_json(const char *data, size_t len, rl_chunk_read_t *out) SL_WUR;
 
 /* Estimated prompt tokens of a Responses API body (POST /v1/responses):
  * instructions, input (a string: one user message; an array of items:

@@ -260,3 +260,53 @@ def test_usage_chunk_shown_when_the_client_asked(sluice_factory, mock):
     assert len(usage) == 1 and chunks[-1] is usage[0], [json.dumps(c)[:80] for c in chunks]
     assert usage[0]["usage"]["total_tokens"] == MOCK_USAGE
     assert _content(evs) == REPLY
+
+
+# ---- the answer's usage, read without a tree -------------------------------------------
+
+_ODD_ANSWERS = [
+    # (answer bytes, tokens settled: an int, or "res" for the reservation kept)
+    ('{"usage":{"prompt_tokens":3,"completion_tokens":5,"prompt_tokens":9}}', 14),
+    ('{"choices":[{"usage":{"completion_tokens":50}}],'
+     '"usage":{"completion_tokens":7,"total_tokens":20}}', 20),
+    ('{"usage":{"input_tokens":4,"output_tokens":6}}', 10),
+    ('{"usage":{"prompt_tokens":-4,"completion_tokens":6}}', 6),
+    ('{"usage":{"prompt_tokens":4,"completion_tokens":6,"total_tokens":-1}}', 0),
+    ('{"usage":{"prompt_tokens":4,"completion_tokens":6.0}}', "res"),
+    ('{"usage":{"completion_tokens":8},"usage":null}', "res"),
+    ('{"usage":null,"usage":{"prompt_tokens":1,"completion_tokens":8}}', 9),
+    ('{"c":"\\u0000","usage":{"prompt_tokens":1,"completion_tokens":8}}', "res"),
+    ('{"c":"\\ud83d\\ude00","usage":{"prompt_tokens":2,"completion_tokens":8}}', 10),
+    ('{"c":"\\ud83d","usage":{"prompt_tokens":2,"completion_tokens":8}}', "res"),
+    ('{"usage":{"prompt_tokens":2,"completion_tokens":8}} trailing', "res"),
+    ('{"c":"\xc0\xaf","usage":{"prompt_tokens":2,"completion_tokens":8}}', "res"),
+    ('{"c":"\xc3\xa9","usage":{"prompt_tokens":2,"completion_tokens":8}}', 10),
+    ('not json at all', "res"),
+]
+
+
+@pytest.mark.parametrize("answer,used", _ODD_ANSWERS,
+                         ids=["dup_key", "nested", "responses_names", "negative", "neg_total",
+                              "real", "usage_null_last", "usage_null_first", "nul_escape",
+                              "surrogate_pair", "lone_surrogate", "trailing", "overlong_utf8",
+                              "utf8", "not_json"])
+def test_odd_answer_settles_as_the_tree_reads_it(sluice_factory, mock, answer, used):
+    """A non-streamed answer's usage is read from its bytes (rl_usage_from_json):
+    the tokens settled are what jansson's tree of the answer says (duplicate
+    keys: the last; a nested usage: not the answer's; the Responses names;
+    negatives as 0; bytes jansson refuses: no usage, the reservation kept),
+    read back from the next request's Remaining. The answers are bytes
+    (latin-1 strings: bytes C0 AF are an overlong '/', jansson refuses it)."""
+    s, alice = _budget_setup(sluice_factory, mock)
+    raw = answer.encode("latin-1")
+    mock.script({"raw_response": "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                 "Content-Length: %d\r\nConnection: close\r\n\r\n" % len(raw)
+                                 + answer})
+    body = chat_body(PROMPT, max_tokens=100)
+    r = ph.as_user(s, alice, body)
+    assert r.status == 200 and r.body == raw, r  # relayed as it came
+    r0 = _remaining(r)
+    r1 = _remaining(ph.as_user(s, alice, body))
+    res, _ = _reservation(r0, 100)
+    want = res if used == "res" else used
+    assert want - 1 <= r0 - r1 <= want, (r0, r1, want, res)
