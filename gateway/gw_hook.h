@@ -254,6 +254,11 @@ void gw_rl_client_ip(gw_req_t *r);
 void gw_rl_respond_refusal(gw_req_t *r, const struct rl_decision *d);
 /* Does the ratelimit hook estimate prompts (a token budget is configured)? */
 bool gw_rl_budgets_on(const gw_req_t *r);
+/* hook_ratelimit.c: a Responses body's prompt estimate from the scanner's
+ * facts, without a tree (rl_responses_prompt_tokens_in); 0 and *out, or -1
+ * when the body needs the tree (the caller counts from it). */
+struct gw_body_scan;
+int gw_rl_resp_scan_tokens(const struct gw_body_scan *b, int64_t *out);
 /* hook_ratelimit.c: a duration the way OpenAI's x-ratelimit-reset-* write
  * it (Go's time.Duration: "20ms", "1.5s", "6m0s", "1h0m0s"). Returns buf. */
 const char *gw_rl_duration(int64_t ms, char *buf, size_t n);

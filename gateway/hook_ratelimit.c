@@ -242,7 +242,7 @@ static int gw_rl_clamp_responses(gw_req_t *r, int64_t cap, rl_clamp_t *clamp)
 /* The Responses prompt estimate from the scanner's facts (no tree): the
  * texts decoded, the input's items and the tools walked over the client's
  * bytes. -1: not to be had that way (the caller counts from the tree). */
-static int gw_rl_resp_scan_tokens(const gw_body_scan_t *b, int64_t *out)
+int gw_rl_resp_scan_tokens(const gw_body_scan_t *b, int64_t *out)
 {
     rl_resp_in_t in = {
         .instructions_kind = b->instructions.kind,

@@ -18,6 +18,7 @@
 #include <cmocka.h>
 
 #include "gateway/body_scan.h"
+#include "gateway/gw_hook.h"
 #include "gateway/json_intake.h"
 #include "ratelimit/ratelimit.h"
 
@@ -392,24 +393,11 @@ static void chat_body(gen_t *g)
 
 /* ---- the comparisons -------------------------------------------------------- */
 
+/* The product's own conversion of the scanner's facts (hook_ratelimit.c). */
 static int64_t resp_scan(const gw_body_scan_t *b, bool *ok)
 {
-    rl_resp_in_t in = {
-        .instructions_kind = b->instructions.kind,
-        .input_kind = b->input.kind,
-        .tools_kind = b->tools.kind,
-        .bigint = b->bigint,
-    };
-    if (b->instructions.kind == SL_J_STRING)
-        in.instructions = b->instructions.s;
-    if (b->input.kind == SL_J_STRING)
-        in.input = b->input.s;
-    else if (b->input.kind == SL_J_ARRAY)
-        in.input_json = (sl_text_t){b->body + b->input.off, b->input.end - b->input.off};
-    if (b->tools.kind != SL_J_ABSENT)
-        in.tools_json = (sl_text_t){b->body + b->tools.off, b->tools.end - b->tools.off};
     int64_t n = -1;
-    *ok = rl_responses_prompt_tokens_in(&in, &n) == 0;
+    *ok = gw_rl_resp_scan_tokens(b, &n) == 0;
     return n;
 }
 
