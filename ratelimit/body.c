@@ -385,7 +385,7 @@ void rl_stream_free(rl_stream_t *s)
     free(s);
 }
 
-static void rl_stream_count(rl_stream_t *s, const json_t *v)
+static void rl_chunk_count(rl_chunk_read_t *r, const json_t *v)
 {
     if (!json_is_string(v))
         return;
@@ -394,31 +394,35 @@ static void rl_stream_count(rl_stream_t *s, const json_t *v)
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)t[i];
         if (c < 0x80)
-            s->ascii++;
+            r->ascii++;
         else if ((c & 0xc0) != 0x80)
-            s->other++;
+            r->other++;
     }
 }
 
-static void rl_stream_count_choices(rl_stream_t *s, const json_t *choices)
+void rl_chunk_read_tree(const json_t *j, rl_chunk_read_t *r)
 {
-    size_t i, j;
+    memset(r, 0, sizeof(*r));
+    const json_t *choices = json_object_get(j, "choices");
+    size_t i, k;
     json_t *ch, *tc;
     json_array_foreach(choices, i, ch)
     {
         const json_t *delta = json_object_get(ch, "delta");
         if (!delta)
             delta = json_object_get(ch, "message");
-        rl_stream_count(s, json_object_get(delta, "content"));
-        rl_stream_count(s, json_object_get(delta, "reasoning_content"));
-        rl_stream_count(s, json_object_get(ch, "text")); /* legacy completions */
-        json_array_foreach(json_object_get(delta, "tool_calls"), j, tc)
+        rl_chunk_count(r, json_object_get(delta, "content"));
+        rl_chunk_count(r, json_object_get(delta, "reasoning_content"));
+        rl_chunk_count(r, json_object_get(ch, "text")); /* legacy completions */
+        json_array_foreach(json_object_get(delta, "tool_calls"), k, tc)
         {
             const json_t *fn = json_object_get(tc, "function");
-            rl_stream_count(s, json_object_get(fn, "name"));
-            rl_stream_count(s, json_object_get(fn, "arguments"));
+            rl_chunk_count(r, json_object_get(fn, "name"));
+            rl_chunk_count(r, json_object_get(fn, "arguments"));
         }
     }
+    r->got_usage = rl_usage_from_body(j, &r->usage) == 0;
+    r->choices_empty = json_is_array(choices) && json_array_size(choices) == 0;
 }
 
 /* s NULL: strip, count nothing (rl_chunk_strip_usage). */
@@ -452,18 +456,18 @@ static rl_chunk_action_t rl_chunk_feed(rl_stream_t *s, const char *data, size_t 
     if (!j)
         return RL_CHUNK_FORWARD;
     rl_chunk_action_t act = RL_CHUNK_FORWARD;
-    const json_t *choices = json_object_get(j, "choices");
-    if (s)
-        rl_stream_count_choices(s, choices);
-    json_t *usage = json_object_get(j, "usage");
-    rl_usage_t u;
-    if (usage && rl_usage_parse(usage, &u) == 0) {
+    rl_chunk_read_tree(j, &rd);
+    if (s) {
+        s->ascii += rd.ascii;
+        s->other += rd.other;
+    }
+    if (rd.got_usage) {
         if (s) {
-            s->usage = u; /* the last one wins: some servers send running totals */
+            s->usage = rd.usage; /* the last one wins: some servers send running totals */
             s->got_usage = true;
         }
         if (!s || s->strip) {
-            if (json_is_array(choices) && json_array_size(choices) == 0) {
+            if (rd.choices_empty) {
                 act = RL_CHUNK_DROP;
             } else if (json_object_del(j, "usage") == 0) {
                 char *t = json_dumps(j, JSON_COMPACT);

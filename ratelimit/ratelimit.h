@@ -370,6 +370,10 @@ typedef struct rl_chunk_read {
     rl_usage_t usage;
 } rl_chunk_read_t;
 int rl_chunk_read_json(const char *data, size_t len, rl_chunk_read_t *out) SL_WUR;
+/* The same read from jansson's tree of the chunk: what rl_stream_feed()
+ * uses when rl_chunk_read_json() asks for the tree, and what that read is
+ * held to (tests/unit/test_ratelimit_usage_json.c, fuzz_usage_json). */
+void rl_chunk_read_tree(const json_t *j, rl_chunk_read_t *out);
 
 /* Estimated prompt tokens of a Responses API body (POST /v1/responses):
  * instructions, input (a string: one user message; an array of items:

@@ -19,44 +19,6 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static void fz_count(const json_t *v, rl_chunk_read_t *r)
-{
-    if (!json_is_string(v))
-        return;
-    const unsigned char *t = (const unsigned char *)json_string_value(v);
-    size_t n = json_string_length(v);
-    for (size_t i = 0; i < n; i++) {
-        if (t[i] < 0x80)
-            r->ascii++;
-        else if ((t[i] & 0xc0) != 0x80)
-            r->other++;
-    }
-}
-
-static void fz_chunk(const json_t *j, rl_chunk_read_t *r)
-{
-    const json_t *choices = json_object_get(j, "choices");
-    size_t i, k;
-    json_t *ch, *tc;
-    json_array_foreach(choices, i, ch)
-    {
-        const json_t *delta = json_object_get(ch, "delta");
-        if (!delta)
-            delta = json_object_get(ch, "message");
-        fz_count(json_object_get(delta, "content"), r);
-        fz_count(json_object_get(delta, "reasoning_content"), r);
-        fz_count(json_object_get(ch, "text"), r);
-        json_array_foreach(json_object_get(delta, "tool_calls"), k, tc)
-        {
-            const json_t *fn = json_object_get(tc, "function");
-            fz_count(json_object_get(fn, "name"), r);
-            fz_count(json_object_get(fn, "arguments"), r);
-        }
-    }
-    r->got_usage = rl_usage_from_body(j, &r->usage) == 0;
-    r->choices_empty = json_is_array(choices) && json_array_size(choices) == 0;
-}
-
 static bool fz_same_usage(const rl_usage_t *a, const rl_usage_t *b)
 {
     return a->prompt_tokens == b->prompt_tokens && a->completion_tokens == b->completion_tokens &&
@@ -76,7 +38,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (rl_chunk_read_json(p, size, &cb) == 0) {
         if (!j || !json_is_object(j))
             abort(); /* only a chunk object reaches it, but what it reads is JSON */
-        fz_chunk(j, &ct);
+        rl_chunk_read_tree(j, &ct);
         if (ct.ascii != cb.ascii || ct.other != cb.other || ct.got_usage != cb.got_usage ||
             ct.choices_empty != cb.choices_empty ||
             (ct.got_usage && !fz_same_usage(&ct.usage, &cb.usage)))

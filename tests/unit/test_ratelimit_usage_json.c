@@ -335,47 +335,15 @@ static void test_usage_json_generated(void **state)
 
 /* ---- a chat stream's chunk: rl_chunk_read_json vs the tree ------------------ */
 
-static void ref_count(const json_t *v, rl_chunk_read_t *r)
-{
-    if (!json_is_string(v))
-        return;
-    const unsigned char *t = (const unsigned char *)json_string_value(v);
-    size_t n = json_string_length(v);
-    for (size_t i = 0; i < n; i++) {
-        if (t[i] < 0x80)
-            r->ascii++;
-        else if ((t[i] & 0xc0) != 0x80)
-            r->other++;
-    }
-}
-
-/* The tree's reading (ratelimit/body.c before the read without a tree). */
+/* The tree's reading (rl_chunk_read_tree: the stream accounting's path when
+ * the read without a tree asks for it, and what it was before). */
 static int ref_chunk(const char *d, size_t n, rl_chunk_read_t *r)
 {
     memset(r, 0, sizeof(*r));
     json_t *j = json_loadb(d, n, 0, NULL);
     if (!j)
         return -1;
-    const json_t *choices = json_object_get(j, "choices");
-    size_t i, k;
-    json_t *ch, *tc;
-    json_array_foreach(choices, i, ch)
-    {
-        const json_t *delta = json_object_get(ch, "delta");
-        if (!delta)
-            delta = json_object_get(ch, "message");
-        ref_count(json_object_get(delta, "content"), r);
-        ref_count(json_object_get(delta, "reasoning_content"), r);
-        ref_count(json_object_get(ch, "text"), r);
-        json_array_foreach(json_object_get(delta, "tool_calls"), k, tc)
-        {
-            const json_t *fn = json_object_get(tc, "function");
-            ref_count(json_object_get(fn, "name"), r);
-            ref_count(json_object_get(fn, "arguments"), r);
-        }
-    }
-    r->got_usage = rl_usage_from_body(j, &r->usage) == 0;
-    r->choices_empty = json_is_array(choices) && json_array_size(choices) == 0;
+    rl_chunk_read_tree(j, r);
     json_decref(j);
     return 0;
 }
