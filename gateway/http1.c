@@ -1223,7 +1223,7 @@ static int arena_move(gw_http_parser_t *p, size_t cap)
  * copied or moved after the scan, nothing held before a head's first byte
  * or after reset. A head cut across feeds grows its storage instead
  * (storage_reserve). */
-static void storage_free(gw_http_parser_t *p)
+static void storage_drop(gw_http_parser_t *p)
 {
     if (!p->one_block)
         free(p->arena);
@@ -1233,6 +1233,11 @@ static void storage_free(gw_http_parser_t *p)
     p->arena_cap = 0;
     p->hdrs_cap = 0;
     p->one_block = false;
+}
+
+static void storage_free(gw_http_parser_t *p)
+{
+    storage_drop(p);
     p->msg.headers = NULL;
 }
 
@@ -1777,14 +1782,7 @@ void gw_http_parser_reset(gw_http_parser_t *p)
     p->body_bytes = 0;
     /* the next head takes its own (head_reserve); storage_free's write to
      * msg.headers is parse_restart's too */
-    if (!p->one_block)
-        free(p->arena);
-    free(p->hdrs);
-    p->arena = NULL;
-    p->hdrs = NULL;
-    p->arena_cap = 0;
-    p->hdrs_cap = 0;
-    p->one_block = false;
+    storage_drop(p);
     p->stale = true;
 }
 
