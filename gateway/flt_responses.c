@@ -432,10 +432,7 @@ static bool gw_frp_str_loads(gw_frp_t *p, const unsigned char *s, size_t n)
         p->esc_other = true;
         return true;
     }
-    for (size_t i = 0; i < n; i++)
-        if (s[i] >= 0x80)
-            return flt_utf8_valid(c + i, n - i);
-    return true;
+    return flt_utf8_valid(c, n);
 }
 
 static int gw_frp_null(void *c)
@@ -667,16 +664,7 @@ static bool gw_frp_holes_utf8(const sl_jshape_t *sh, const char *data, const sl_
     for (size_t i = 0; i < sh->nholes; i++) {
         if (sh->kind[i] != SL_JHOLE_STR || (int)i == kd)
             continue;
-        const char *b = data + got[i].off;
-        size_t n = got[i].len, k = 0;
-        uint64_t w, hi = 0;
-        for (; k + 8 <= n; k += 8) { /* (ids are ASCII: a word at a time) */
-            memcpy(&w, b + k, 8);
-            hi |= w;
-        }
-        for (; k < n; k++)
-            hi |= (uint8_t)b[k];
-        if (hi & 0x8080808080808080ull && !flt_utf8_valid(b, n))
+        if (!flt_utf8_valid(data + got[i].off, got[i].len)) /* (skips ASCII a word at a time) */
             return false;
     }
     return true;
@@ -775,12 +763,8 @@ static bool gw_frp_dholes_ok(const gw_frp_t *p, const sl_jshape_t *sh, const sl_
         }
         if (dtext >> i & 1 && !gw_frp_is_sent(p, b, n))
             return false;
-        for (size_t k = 0; k < n; k++)
-            if (b[k] >= 0x80) {
-                if (!flt_utf8_valid((const char *)b + k, n - k))
-                    return false;
-                break;
-            }
+        if (!flt_utf8_valid((const char *)b, n))
+            return false;
     }
     return true;
 }
