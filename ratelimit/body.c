@@ -18,13 +18,7 @@
 int64_t rl_estimate_text_tokens(const char *s, size_t n)
 {
     int64_t ascii = 0, other = 0;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c < 0x80)
-            ascii++;
-        else if ((c & 0xc0) != 0x80) /* a UTF-8 lead byte: one character */
-            other++;
-    }
+    rl_text_chars(s, n, &ascii, &other);
     return (ascii + 3) / 4 + other;
 }
 
@@ -387,17 +381,8 @@ void rl_stream_free(rl_stream_t *s)
 
 static void rl_chunk_count(rl_chunk_read_t *r, const json_t *v)
 {
-    if (!json_is_string(v))
-        return;
-    const char *t = json_string_value(v);
-    size_t n = json_string_length(v);
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)t[i];
-        if (c < 0x80)
-            r->ascii++;
-        else if ((c & 0xc0) != 0x80)
-            r->other++;
-    }
+    if (json_is_string(v))
+        rl_text_chars(json_string_value(v), json_string_length(v), &r->ascii, &r->other);
 }
 
 void rl_chunk_read_tree(const json_t *j, rl_chunk_read_t *r)

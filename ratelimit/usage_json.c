@@ -27,7 +27,7 @@
 #include <yajl/yajl_parse.h>
 
 #include "common/yheap.h"
-#include "ratelimit/ratelimit.h"
+#include "ratelimit/rl_internal.h"
 
 #define RL_UJ_DEPTH 1024 /* deeper: the tree decides (jansson's limit is 2048) */
 
@@ -389,12 +389,7 @@ static int rl_sj_string(void *ctx, const unsigned char *t, size_t n)
 {
     rl_sj_t *s = rl_sj_of(ctx);
     rl_cnt_t c = {0, 0};
-    for (size_t i = 0; i < n; i++) {
-        if (t[i] < 0x80)
-            c.a++;
-        else if ((t[i] & 0xc0) != 0x80)
-            c.o++;
-    }
+    rl_text_chars((const char *)t, n, &c.a, &c.o);
     switch (s->skey) {
     case RL_SK_CONTENT:
         rl_sj_dm(s)->content = c;
