@@ -19,6 +19,10 @@
  * pairing, yajl decodes what it gets), and nesting deeper than
  * RL_UJ_DEPTH (jansson stops at 2048). Such answers are rare; each costs
  * one tree, as every answer did before.
+ *
+ * A stream's chunk is read the same way (rl_chunk_read_json), or, when it
+ * has the shape of a chunk read so before on the thread, from that kept
+ * shape without a parse ("kept shapes" below).
  */
 #include <string.h>
 

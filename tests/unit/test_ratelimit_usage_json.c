@@ -5,7 +5,10 @@
  * figures for fixed odd answers and for generated ones (usage members in
  * any order, duplicated, negative, huge, real, strings, null; "usage"
  * nested elsewhere, twice at the top, not an object; escapes and UTF-8
- * jansson refuses; deep nesting; trailing bytes; cut answers).
+ * jansson refuses; deep nesting; trailing bytes; cut answers). A chat
+ * chunk's read (rl_chunk_read_json) likewise against the tree's, and read
+ * from the thread's kept shapes against the full read, over generated
+ * streams.
  */
 #include <setjmp.h>
 #include <stdarg.h>
