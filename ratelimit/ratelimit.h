@@ -363,7 +363,9 @@ int rl_usage_from_json(const char *data, size_t len, rl_usage_t *u) SL_WUR;
  * object), read from its bytes: the characters of its choices' text
  * (rl_estimate_text_tokens' two counts), its top-level usage, whether its
  * choices is an empty array. -1: bytes the tree may read otherwise (not
- * whole JSON, odd escapes or UTF-8, deep): ask the tree. */
+ * whole JSON, odd escapes or UTF-8, deep): ask the tree. A chunk with the
+ * shape of one read before on this thread (no usage) is read from that
+ * shape, without a parse (usage_json.c, "kept shapes"): the same figures. */
 typedef struct rl_chunk_read {
     int64_t ascii, other;
     bool got_usage, choices_empty;
@@ -374,6 +376,12 @@ int rl_chunk_read_json(const char *data, size_t len, rl_chunk_read_t *out) SL_WU
  * uses when rl_chunk_read_json() asks for the tree, and what that read is
  * held to (tests/unit/test_ratelimit_usage_json.c, fuzz_usage_json). */
 void rl_chunk_read_tree(const json_t *j, rl_chunk_read_t *out);
+/* This thread's kept chunk shapes: forgotten (tests); off (on at start):
+ * rl_chunk_read_json() reads every chunk the full way and keeps none
+ * (tests compare the two ways); chunks read from a shape so far. */
+void rl_chunk_shapes_clear(void);
+void rl_chunk_shapes_enable(bool on);
+uint64_t rl_chunk_shape_hits(void);
 
 /* Estimated prompt tokens of a Responses API body (POST /v1/responses):
  * instructions, input (a string: one user message; an array of items:

@@ -19,6 +19,10 @@
  * pairing, yajl decodes what it gets), and nesting deeper than
  * RL_UJ_DEPTH (jansson stops at 2048). Such answers are rare; each costs
  * one tree, as every answer did before.
+ *
+ * A stream's chunk is read the same way (rl_chunk_read_json), or, when it
+ * has the shape of a chunk read so before on the thread, from that kept
+ * shape without a parse ("kept shapes" below).
  */
 #include <string.h>
 
@@ -26,6 +30,7 @@
 #include <unistr.h>
 #include <yajl/yajl_parse.h>
 
+#include "common/jshape.h"
 #include "common/yheap.h"
 #include "ratelimit/rl_internal.h"
 
@@ -301,6 +306,7 @@ enum { RL_SK_OTHER, RL_SK_CONTENT, RL_SK_REASONING, RL_SK_TEXT, RL_SK_NAME, RL_S
 
 typedef struct rl_cnt {
     int64_t a, o; /* ASCII bytes, other characters (UTF-8 lead bytes) */
+    uint64_t m;   /* learning a shape: the holes (bit i: hole i) counted here */
 } rl_cnt_t;
 
 typedef struct rl_dm {
@@ -308,6 +314,15 @@ typedef struct rl_dm {
 } rl_dm_t;
 
 #define RL_SJ_ROLES 8
+
+/* A learning read's record of the chunk's holes (below, "kept shapes"). */
+typedef struct rl_cs_rec {
+    const char *data;
+    size_t nh;
+    bool bad; /* beyond the bounds, or a hole counted twice: not kept */
+    sl_jspan_t hole[SL_JSHAPE_MAX_HOLES];
+    uint8_t kind[SL_JSHAPE_MAX_HOLES];
+} rl_cs_rec_t;
 
 typedef struct rl_sj {
     rl_uj_t u; /* the usage, as for an answer (its depth unused) */
@@ -323,6 +338,7 @@ typedef struct rl_sj {
     rl_cnt_t text;
     bool in_delta; /* the RL_SJ_DM being read is the delta (else the message) */
     rl_cnt_t fname, fargs;
+    rl_cs_rec_t *rec; /* learning: the holes recorded, else NULL */
 } rl_sj_t;
 
 static rl_sj_t *rl_sj_of(void *ctx)
@@ -340,10 +356,70 @@ static rl_dm_t *rl_sj_dm(rl_sj_t *s)
     return s->in_delta ? &s->d : &s->m;
 }
 
-static void rl_cnt_add(rl_cnt_t *c, const rl_cnt_t *x)
+static void rl_sj_add(rl_sj_t *s, rl_cnt_t *c, const rl_cnt_t *x)
 {
     c->a += x->a;
     c->o += x->o;
+    if (c->m & x->m) /* a hole twice in a sum: no mask stands for it */
+        s->rec->bad = true;
+    c->m |= x->m;
+}
+
+/* ---- learning a shape: the holes, as yajl reads them --------------------------
+ *
+ * Every string value is a hole (SL_JHOLE_JSTR) and every integer that fits
+ * one (SL_JHOLE_INT): values of another stream (id, created, model) and the
+ * text alike. Where a value ends is where yajl stopped (its callback comes
+ * with the token read); an integer's start is after the digits and '-'
+ * before that, a string's is after the '"' before it that no odd run of
+ * '\\' escapes. sl_jshape_set checks each span again. */
+
+static int rl_cs_rec_hole(rl_cs_rec_t *r, size_t off, size_t len, uint8_t kind)
+{
+    if (r->nh == SL_JSHAPE_MAX_HOLES || off + len > UINT32_MAX) {
+        r->bad = true;
+        return -1;
+    }
+    r->hole[r->nh] = (sl_jspan_t){(uint32_t)off, (uint32_t)len};
+    r->kind[r->nh] = kind;
+    return (int)r->nh++;
+}
+
+/* The string value yajl just read: its hole's index, or -1. */
+static int rl_cs_rec_str(rl_cs_rec_t *r, yajl_handle h)
+{
+    size_t e = yajl_get_bytes_consumed(h);
+    if (e == 0 || r->data[e - 1] != '"') {
+        r->bad = true;
+        return -1;
+    }
+    size_t close = e - 1, q = close;
+    for (;;) {
+        const char *f = q ? memrchr(r->data, '"', q) : NULL;
+        if (!f) {
+            r->bad = true;
+            return -1;
+        }
+        q = (size_t)(f - r->data);
+        size_t bs = 0;
+        while (bs < q && r->data[q - 1 - bs] == '\\')
+            bs++;
+        if (bs % 2 == 0)
+            break;
+    }
+    return rl_cs_rec_hole(r, q + 1, close - q - 1, SL_JHOLE_JSTR);
+}
+
+/* The integer yajl just read (it stopped after its last digit): a hole
+ * when it fits one, else the shape's own bytes. */
+static void rl_cs_rec_int(rl_cs_rec_t *r, yajl_handle h)
+{
+    size_t e = yajl_get_bytes_consumed(h), b = e;
+    while (b > 0 && ((r->data[b - 1] >= '0' && r->data[b - 1] <= '9') || r->data[b - 1] == '-'))
+        b--;
+    size_t digits = e - b - (e > b && r->data[b] == '-');
+    if (digits > 0 && digits <= SL_JSHAPE_INT_DIGITS)
+        (void)rl_cs_rec_hole(r, b, e - b, SL_JHOLE_INT);
 }
 
 static int rl_sj_value(rl_sj_t *s)
@@ -378,6 +454,8 @@ static int rl_sj_double(void *ctx, double v)
 static int rl_sj_integer(void *ctx, long long v)
 {
     rl_sj_t *s = rl_sj_of(ctx);
+    if (s->rec)
+        rl_cs_rec_int(s->rec, s->u.h);
     if (s->u.member >= 0) {
         s->u.m[s->u.member].integer = true;
         s->u.m[s->u.member].v = v;
@@ -388,8 +466,13 @@ static int rl_sj_integer(void *ctx, long long v)
 static int rl_sj_string(void *ctx, const unsigned char *t, size_t n)
 {
     rl_sj_t *s = rl_sj_of(ctx);
-    rl_cnt_t c = {0, 0};
+    rl_cnt_t c = {0, 0, 0};
     rl_text_chars((const char *)t, n, &c.a, &c.o);
+    if (s->rec) {
+        int hole = rl_cs_rec_str(s->rec, s->u.h);
+        if (hole >= 0)
+            c.m = (uint64_t)1 << hole;
+    }
     switch (s->skey) {
     case RL_SK_CONTENT:
         rl_sj_dm(s)->content = c;
@@ -427,7 +510,7 @@ static int rl_sj_key(void *ctx, const unsigned char *k, size_t n)
             memset(s->u.m, 0, sizeof(s->u.m));
             s->next = RL_SJ_USAGE;
         } else if (RL_SJ_IS("choices")) {
-            s->total = (rl_cnt_t){0, 0};
+            s->total = (rl_cnt_t){0, 0, 0};
             s->choices_array = false;
             s->choices_n = 0;
             s->next = RL_SJ_CHOICES;
@@ -449,34 +532,34 @@ static int rl_sj_key(void *ctx, const unsigned char *k, size_t n)
             s->m = (rl_dm_t){0};
             s->next = RL_SJ_DM;
         } else if (RL_SJ_IS("text")) {
-            s->text = (rl_cnt_t){0, 0};
+            s->text = (rl_cnt_t){0, 0, 0};
             s->skey = RL_SK_TEXT;
         }
         break;
     case RL_SJ_DM:
         if (RL_SJ_IS("content")) {
-            rl_sj_dm(s)->content = (rl_cnt_t){0, 0};
+            rl_sj_dm(s)->content = (rl_cnt_t){0, 0, 0};
             s->skey = RL_SK_CONTENT;
         } else if (RL_SJ_IS("reasoning_content")) {
-            rl_sj_dm(s)->reasoning = (rl_cnt_t){0, 0};
+            rl_sj_dm(s)->reasoning = (rl_cnt_t){0, 0, 0};
             s->skey = RL_SK_REASONING;
         } else if (RL_SJ_IS("tool_calls")) {
-            rl_sj_dm(s)->tools = (rl_cnt_t){0, 0};
+            rl_sj_dm(s)->tools = (rl_cnt_t){0, 0, 0};
             s->next = RL_SJ_TCS;
         }
         break;
     case RL_SJ_TC:
         if (RL_SJ_IS("function")) {
-            s->fname = s->fargs = (rl_cnt_t){0, 0};
+            s->fname = s->fargs = (rl_cnt_t){0, 0, 0};
             s->next = RL_SJ_FN;
         }
         break;
     case RL_SJ_FN:
         if (RL_SJ_IS("name")) {
-            s->fname = (rl_cnt_t){0, 0};
+            s->fname = (rl_cnt_t){0, 0, 0};
             s->skey = RL_SK_NAME;
         } else if (RL_SJ_IS("arguments")) {
-            s->fargs = (rl_cnt_t){0, 0};
+            s->fargs = (rl_cnt_t){0, 0, 0};
             s->skey = RL_SK_ARGS;
         }
         break;
@@ -504,12 +587,12 @@ static int rl_sj_open(void *ctx, bool map)
             role = RL_SJ_CHOICE;
             s->has_delta = false;
             s->d = s->m = (rl_dm_t){0};
-            s->text = (rl_cnt_t){0, 0};
+            s->text = (rl_cnt_t){0, 0, 0};
         }
     } else if (parent == RL_SJ_TCS) {
         if (map) {
             role = RL_SJ_TC;
-            s->fname = s->fargs = (rl_cnt_t){0, 0};
+            s->fname = s->fargs = (rl_cnt_t){0, 0, 0};
         }
     } else if (next == RL_SJ_CHOICES && !map) {
         role = RL_SJ_CHOICES;
@@ -547,14 +630,14 @@ static int rl_sj_close(void *ctx)
     int role = rl_sj_role(s);
     if (role == RL_SJ_CHOICE) {
         const rl_dm_t *dm = s->has_delta ? &s->d : &s->m;
-        rl_cnt_add(&s->total, &dm->content);
-        rl_cnt_add(&s->total, &dm->reasoning);
-        rl_cnt_add(&s->total, &s->text);
-        rl_cnt_add(&s->total, &dm->tools);
+        rl_sj_add(s, &s->total, &dm->content);
+        rl_sj_add(s, &s->total, &dm->reasoning);
+        rl_sj_add(s, &s->total, &s->text);
+        rl_sj_add(s, &s->total, &dm->tools);
     } else if (role == RL_SJ_TC) {
         rl_dm_t *dm = rl_sj_dm(s);
-        rl_cnt_add(&dm->tools, &s->fname);
-        rl_cnt_add(&dm->tools, &s->fargs);
+        rl_sj_add(s, &dm->tools, &s->fname);
+        rl_sj_add(s, &dm->tools, &s->fargs);
     }
     if (--s->depth == 0 && !s->u.end)
         s->u.end = yajl_get_bytes_consumed(s->u.h);
@@ -578,7 +661,9 @@ static const yajl_callbacks rl_sj_cbs = {
 
 static _Thread_local sl_ykeep_t rl_sj_keep;
 
-int rl_chunk_read_json(const char *data, size_t len, rl_chunk_read_t *out)
+/* The yajl read of a chunk; rec, when set, records its holes. */
+static int rl_chunk_read_yajl(const char *data, size_t len, rl_chunk_read_t *out, rl_cs_rec_t *rec,
+                              uint64_t *counted)
 {
     memset(out, 0, sizeof(*out));
     size_t i = 0;
@@ -586,7 +671,7 @@ int rl_chunk_read_json(const char *data, size_t len, rl_chunk_read_t *out)
         i++;
     if (i == len || data[i] != '{' || rl_uj_odd_bytes(data, len))
         return -1; /* the first value must be the object (yajl reads several) */
-    rl_sj_t s = {.u = {.member = -1}};
+    rl_sj_t s = {.u = {.member = -1}, .rec = rec};
     s.u.h = sl_ykeep_take(&rl_sj_keep, &rl_sj_cbs, false);
     if (!s.u.h)
         return -1;
@@ -605,5 +690,182 @@ int rl_chunk_read_json(const char *data, size_t len, rl_chunk_read_t *out)
     out->other = s.total.o;
     out->got_usage = rl_uj_figures(&s.u, &out->usage) == 0;
     out->choices_empty = s.choices_array && s.choices_n == 0;
+    *counted = s.total.m;
     return 0;
+}
+
+/* ---- kept shapes ------------------------------------------------------------
+ *
+ * A stream's chunks differ from each other (and from another stream's of
+ * the same server) only in their values: after the read above took a chunk
+ * without a usage, the thread keeps its bytes as a shape (common/jshape.h)
+ * whose holes are its string values and integers, with which holes its
+ * count sums (a mask: the text's strings) and whether its choices is an
+ * empty array. A later chunk with that shape is that chunk's JSON with
+ * other values: the same keys, structure and value types (jshape.h says
+ * why), so the read above would walk it the same way: the same strings
+ * counted, no usage (that depends on the keys and the types alone), the
+ * same choices. What the odd-bytes rules would see differs only in the
+ * holes: control bytes are no hole's; the UTF-8 check is u8_check on the
+ * string holes (UTF-8 is whole between ASCII quotes, so the shape's own
+ * bytes stay as they passed); an escape a hole may hold is one both
+ * parsers decode alike (jshape's JSTR: no \u0000, surrogates in pairs
+ * only), so where the full read would ask the tree for it (a pair, or a
+ * "\\u" it takes for one), the tree's counts are the decoded ones here. A
+ * counted string with escapes is decoded as it is counted (rl_cs_count).
+ * A chunk with a usage, or bytes the rules refuse, or no kept shape, is
+ * read the full way. */
+
+#define RL_CS_SLOTS 8
+#define RL_CS_RUN   8
+#define RL_CS_EVERY 16
+
+typedef struct rl_cshape {
+    uint64_t counted; /* holes whose text is counted */
+    bool choices_empty;
+} rl_cshape_t;
+
+static _Thread_local sl_jshape_cache_t rl_cs =
+    SL_JSHAPE_CACHE_INIT(RL_CS_SLOTS, RL_CS_RUN, RL_CS_EVERY, sizeof(rl_cshape_t), NULL);
+static _Thread_local bool rl_cs_off;
+
+void rl_chunk_shapes_clear(void)
+{
+    sl_jshape_cache_clear(&rl_cs);
+}
+
+void rl_chunk_shapes_enable(bool on)
+{
+    rl_cs_off = !on;
+}
+
+uint64_t rl_chunk_shape_hits(void)
+{
+    return rl_cs.st.hits;
+}
+
+/* Whether p[0..n) is all ASCII (8 bytes at a time). */
+static bool rl_cs_ascii(const char *p, size_t n)
+{
+    uint64_t acc = 0, w;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        memcpy(&w, p + i, 8);
+        acc |= w;
+    }
+    for (; i < n; i++)
+        acc |= (unsigned char)p[i];
+    return (acc & 0x8080808080808080ull) == 0;
+}
+
+/* The two counts of a string's interior p[0..n) whose escapes jshape
+ * vouched for (JSTR), decoded: one ASCII byte for each escape of one and
+ * for \u0001-\u007f, one other character for any other \u (BMP) and for a
+ * surrogate pair (one character beyond it). */
+static void rl_cs_count_esc(const char *p, size_t n, int64_t *a, int64_t *o)
+{
+    size_t i = 0;
+    while (i < n) {
+        const char *b = memchr(p + i, '\\', n - i);
+        size_t run = b ? (size_t)(b - p) - i : n - i;
+        rl_text_chars(p + i, run, a, o);
+        i += run;
+        if (i == n)
+            break;
+        if (p[i + 1] != 'u') {
+            (*a)++;
+            i += 2;
+            continue;
+        }
+        const char *h = p + i + 2;
+        if (h[0] == '0' && h[1] == '0' && h[2] >= '0' && h[2] <= '7')
+            (*a)++;
+        else
+            (*o)++;
+        i += (h[0] | 0x20) == 'd' && memchr("89abAB", h[1], 6) ? 12 : 6;
+    }
+}
+
+/* Whether data ends with the shape's bytes after its last hole: a cheap
+ * first test for a shape of another chunk. */
+static bool rl_cs_tail(const sl_jshape_t *sh, const char *data, size_t n)
+{
+    size_t t = sh->nholes ? sh->len - (sh->hole[sh->nholes - 1].off + sh->hole[sh->nholes - 1].len)
+                          : sh->len;
+    return t <= n && memcmp(data + n - t, sh->bytes + sh->len - t, t) == 0;
+}
+
+/* Whether every string hole got in data is UTF-8 as u8_check takes it. */
+static bool rl_cs_utf8(const sl_jshape_t *sh, const char *data, const sl_jspan_t *got)
+{
+    for (size_t i = 0; i < sh->nholes; i++) {
+        const char *p = data + got[i].off;
+        if (sh->kind[i] != SL_JHOLE_INT && !rl_cs_ascii(p, got[i].len) &&
+            u8_check((const uint8_t *)p, got[i].len) != NULL)
+            return false;
+    }
+    return true;
+}
+
+/* true: data has a kept shape, *out what the full read gives. The slot
+ * of the last hit first: a stream's chunks repeat one shape. */
+static bool rl_cs_find(const char *data, size_t len, rl_chunk_read_t *out)
+{
+    sl_jshape_cache_t *c = &rl_cs;
+    sl_jspan_t got[SL_JSHAPE_MAX_HOLES];
+    uint64_t esc;
+    for (unsigned k = 0, i = c->last; k < c->nslots; k++, i = (i + 1) % c->nslots) {
+        const sl_jshape_slot_t *sl = &c->slot[i];
+        if (sl_jshape_empty(&sl->sh) || !rl_cs_tail(&sl->sh, data, len) ||
+            !sl_jshape_match_esc(&sl->sh, data, len, got, &esc))
+            continue;
+        if (!rl_cs_utf8(&sl->sh, data, got))
+            break; /* the full read's rules decide */
+        const rl_cshape_t *d = sl->data;
+        memset(out, 0, sizeof(*out));
+        for (uint64_t m = d->counted; m; m &= m - 1) {
+            unsigned h = (unsigned)__builtin_ctzll(m);
+            if (esc >> h & 1)
+                rl_cs_count_esc(data + got[h].off, got[h].len, &out->ascii, &out->other);
+            else
+                rl_text_chars(data + got[h].off, got[h].len, &out->ascii, &out->other);
+        }
+        out->choices_empty = d->choices_empty;
+        sl_jshape_cache_hit(c, i);
+        return true;
+    }
+    sl_jshape_cache_miss(c);
+    return false;
+}
+
+/* A chunk the full read took (no usage): its shape kept. */
+static void rl_cs_learn(const char *data, size_t len, const rl_cs_rec_t *r,
+                        const rl_chunk_read_t *rd, uint64_t counted)
+{
+    sl_jshape_cache_t *c = &rl_cs;
+    if (r->bad || rd->got_usage || len > SL_JSHAPE_MAX_BYTES)
+        return;
+    int i = sl_jshape_cache_take(c);
+    if (i < 0)
+        return;
+    *(rl_cshape_t *)c->slot[i].data = (rl_cshape_t){counted, rd->choices_empty};
+    if (sl_jshape_cache_set(c, (unsigned)i, data, len, r->hole, r->kind, r->nh) != 0)
+        return; /* the slot stays empty: it matches nothing */
+}
+
+int rl_chunk_read_json(const char *data, size_t len, rl_chunk_read_t *out)
+{
+    uint64_t counted = 0;
+    if (rl_cs_off)
+        return rl_chunk_read_yajl(data, len, out, NULL, &counted);
+    if (rl_cs_find(data, len, out))
+        return 0;
+    /* a text no shape can hold neither asks the gate nor records */
+    if (len > SL_JSHAPE_MAX_BYTES || !sl_jshape_cache_gate(&rl_cs))
+        return rl_chunk_read_yajl(data, len, out, NULL, &counted);
+    rl_cs_rec_t rec = {.data = data};
+    int rc = rl_chunk_read_yajl(data, len, out, &rec, &counted);
+    if (rc == 0)
+        rl_cs_learn(data, len, &rec, out, counted);
+    return rc;
 }

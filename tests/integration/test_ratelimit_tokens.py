@@ -163,6 +163,58 @@ def test_stream_without_upstream_usage_settles_on_the_text(sluice_factory, mock)
         assert used - 1 <= a - b <= used, (rems, used, prompt_est)
 
 
+# A stream's texts as JSON source: (text, counted). jansson refuses a lone
+# surrogate and \u0000 (the chunk counts nothing); the others count what
+# they decode to (ASCII characters, other characters).
+_STREAM_TEXTS = [
+    ("Hello there", True),
+    ("h\\u00e9llo\\n", True),
+    ("\\ud83d\\ude00!", True),
+    ('\\"q\\" \\\\ \\/', True),
+    ("\\ud800x", False),
+    ("\\u0000", False),
+    ("caf\u00e9 \u4e2d\u6587", True),
+    ("\\\\ud800", True),
+]
+
+
+def _text_chunk(stream, text):
+    return ('data: {"id":"chatcmpl-%d","object":"chat.completion.chunk","created":%d,'
+            '"model":"m","choices":[{"index":0,"delta":{"content":"%s"},'
+            '"finish_reason":null}]}\n\n' % (stream, 1700000000 + stream, text))
+
+
+def test_stream_chunks_count_as_the_tree_reads_them(sluice_factory, mock):
+    """Streams without usage settle on their text's estimate; each chunk's
+    text is what jansson's tree of it holds (escapes decoded, a surrogate
+    pair one character, a chunk jansson refuses nothing), though after a
+    stream's first chunks they are read from the worker's kept shape of
+    them (ratelimit/usage_json.c), not parsed."""
+    s, alice = _budget_setup(sluice_factory, mock)
+    ascii = other = 0
+    for text, counted in _STREAM_TEXTS:
+        if counted:
+            t = json.loads('"%s"' % text)
+            ascii += sum(1 for ch in t if ord(ch) < 0x80)
+            other += sum(1 for ch in t if ord(ch) >= 0x80)
+    assert (ascii, other) == (34, 5)
+    estimate = (ascii + 3) // 4 + other
+    rems = []
+    for k in range(4):
+        role = ('data: {"id":"chatcmpl-%d","object":"chat.completion.chunk","created":%d,'
+                '"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},'
+                '"finish_reason":null}]}\n\n' % (k, 1700000000 + k))
+        mock.script({"raw": [role] + [_text_chunk(k, t) for t, _ in _STREAM_TEXTS]
+                     + ["data: [DONE]\n\n"]})
+        r, evs = _stream(s, alice, chat_body(PROMPT, stream=True, max_tokens=100))
+        assert r.status == 200 and len(evs) == len(_STREAM_TEXTS) + 2, evs
+        rems.append(_remaining(r))
+    _, prompt_est = _reservation(rems[0], 100)
+    used = prompt_est + estimate
+    for a, b in zip(rems, rems[1:]):
+        assert used - 1 <= a - b <= used, (rems, used, prompt_est)
+
+
 def test_events_a_filter_replaced_still_reach_the_budget(sluice_factory, mock, tmp_path):
     """The hook chain hands an event a hook before replaced on to the hooks
     after it (gw_hooks_event_rest): the filters' masked events are counted

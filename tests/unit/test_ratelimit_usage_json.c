@@ -5,7 +5,10 @@
  * figures for fixed odd answers and for generated ones (usage members in
  * any order, duplicated, negative, huge, real, strings, null; "usage"
  * nested elsewhere, twice at the top, not an object; escapes and UTF-8
- * jansson refuses; deep nesting; trailing bytes; cut answers).
+ * jansson refuses; deep nesting; trailing bytes; cut answers). A chat
+ * chunk's read (rl_chunk_read_json) likewise against the tree's, and read
+ * from the thread's kept shapes against the full read, over generated
+ * streams.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -516,13 +519,431 @@ static void test_chunk_json_generated(void **state)
     assert_true(nchunk_slow > 500);
 }
 
+/* ---- a chat stream's chunks read from kept shapes ---------------------------
+ *
+ * Generated streams (several servers' styles interleaved, each stream its
+ * own id and created) whose chunks vary their text (ASCII, raw UTF-8,
+ * escapes, surrogate pairs, lone surrogates, \u0000, invalid UTF-8, a raw
+ * control byte), carry a usage now and then, and change shape (whitespace,
+ * keys, types, duplicates). Each chunk goes through rl_stream_feed twice:
+ * shapes on (read from a kept shape when one fits) and off (the full read:
+ * yajl, else the tree); the actions, the rewritten bytes and the stream's
+ * estimate and usage must be the same, as must each chunk's read (either
+ * way: rl_chunk_read_json, or the tree when it asks for it). The shape path
+ * must have read the chunks with escapes, pairs and UTF-8 text many times. */
+
+enum { TX_ESC = 1, TX_PAIR = 2, TX_UTF8 = 4, TX_BAD = 8 };
+
+typedef struct {
+    char b[2048];
+    size_t n;
+    unsigned tags;
+} sbuf_t;
+
+static void sput(sbuf_t *b, const char *s)
+{
+    size_t k = strlen(s);
+    if (b->n + k < sizeof(b->b)) {
+        memcpy(b->b + b->n, s, k);
+        b->n += k;
+    }
+}
+
+/* A string's interior: pieces of ASCII words, UTF-8, escapes and odd ones. */
+static void gen_text(sbuf_t *b)
+{
+    static const char *words[] = {"tok ", "Hello", " world", "", "a", ".", "1234", "x y z "};
+    static const struct {
+        const char *s;
+        unsigned tag;
+    } odd[] = {
+        {"h\xc3\xa9llo", TX_UTF8},
+        {"\xe4\xb8\xad\xe6\x96\x87", TX_UTF8},
+        {"\xf0\x9f\x98\x80", TX_UTF8},
+        {"\\n", TX_ESC},
+        {"\\\"", TX_ESC},
+        {"\\\\", TX_ESC},
+        {"\\/", TX_ESC},
+        {"\\t\\r\\b\\f", TX_ESC},
+        {"\\u00e9", TX_ESC},
+        {"\\u0041", TX_ESC},
+        {"\\u007f", TX_ESC},
+        {"\\u0080", TX_ESC},
+        {"\\u4E2d", TX_ESC},
+        {"\\u0001", TX_ESC},
+        {"\\\\u0000", TX_ESC},
+        {"\\\\ud800", TX_ESC},
+        {"\\ud83d\\ude00", TX_PAIR},
+        {"\\uD83D\\uDE00", TX_PAIR},
+        {"\\udbff\\udfff", TX_PAIR},
+        {"\\ud800", TX_BAD},
+        {"\\udc00", TX_BAD},
+        {"\\ud800\\u0041", TX_BAD},
+        {"\\u0000", TX_BAD},
+        {"\\x", TX_BAD},
+        {"\\u12", TX_BAD},
+        {"\xc0\xaf", TX_BAD},
+        {"\xed\xa0\x80", TX_BAD},
+        {"\xff", TX_BAD},
+        {"\xc3", TX_BAD},
+        {"\xf4\x90\x80\x80", TX_BAD},
+        {"\x01", TX_BAD},
+        {"\x7f", 0},
+        {"\xef\xbf\xbf", TX_UTF8},
+    };
+    unsigned n = rnd(4);
+    for (unsigned i = 0; i < n; i++) {
+        if (rnd(3)) {
+            sput(b, words[rnd(sizeof(words) / sizeof(words[0]))]);
+        } else {
+            unsigned k = rnd(sizeof(odd) / sizeof(odd[0]));
+            sput(b, odd[k].s);
+            b->tags |= odd[k].tag;
+        }
+    }
+}
+
+/* A server's way of writing its chunks. */
+typedef struct {
+    const char *sep;   /* between members: "," or ", " */
+    const char *colon; /* ":" or ": " */
+    bool fp, usage_null, logprobs;
+} style_t;
+
+static const style_t styles[] = {
+    {",", ":", false, false, true},
+    {",", ":", true, true, true},
+    {", ", ": ", false, false, false},
+    {",", ":", false, true, false},
+};
+
+/* "key":value with the style's colon. */
+static void skv(sbuf_t *b, const style_t *st, const char *k, const char *v)
+{
+    sput(b, "\"");
+    sput(b, k);
+    sput(b, "\"");
+    sput(b, st->colon);
+    sput(b, v);
+}
+
+/* "key":"TEXT" */
+static void stext(sbuf_t *b, const style_t *st, const char *k)
+{
+    skv(b, st, k, "\"");
+    gen_text(b);
+    sput(b, "\"");
+}
+
+static void gen_choice(sbuf_t *b, const style_t *st, unsigned kind, unsigned index)
+{
+    char idx[16];
+    snprintf(idx, sizeof(idx), "%u", index);
+    sput(b, "{");
+    skv(b, st, "index", idx);
+    sput(b, st->sep);
+    switch (kind) {
+    case 0: /* the role chunk */
+        skv(b, st, "delta", "{");
+        skv(b, st, "role", "\"assistant\"");
+        sput(b, st->sep);
+        stext(b, st, "content");
+        sput(b, "}");
+        break;
+    case 1:
+    case 2:
+    case 3:
+        skv(b, st, "delta", "{");
+        stext(b, st, "content");
+        sput(b, "}");
+        break;
+    case 4:
+        skv(b, st, "delta", "{");
+        stext(b, st, "reasoning_content");
+        sput(b, "}");
+        break;
+    case 5: /* a tool call's start, then its arguments */
+        skv(b, st, "delta",
+            "{\"tool_calls\":[{\"index\":0,\"id\":\"call_1\",\"type\":\"function\","
+            "\"function\":{");
+        stext(b, st, "name");
+        sput(b, st->sep);
+        stext(b, st, "arguments");
+        sput(b, "}}]}");
+        break;
+    case 6:
+        skv(b, st, "delta", "{\"tool_calls\":[{\"index\":0,\"function\":{");
+        stext(b, st, "arguments");
+        sput(b, "}}]}");
+        break;
+    case 7: /* legacy completions */
+        stext(b, st, "text");
+        break;
+    case 8: /* the finish */
+        skv(b, st, "delta", "{}");
+        sput(b, st->sep);
+        skv(b, st, "finish_reason", "\"stop\"");
+        break;
+    case 9: /* a duplicate: the last one counts */
+        skv(b, st, "delta", "{");
+        stext(b, st, "content");
+        sput(b, st->sep);
+        stext(b, st, "content");
+        sput(b, "}");
+        break;
+    case 10: /* another type */
+        skv(b, st, "delta", "{\"content\":null}");
+        break;
+    case 11: /* message, then a delta null */
+        skv(b, st, "message", "{");
+        stext(b, st, "content");
+        sput(b, "}");
+        sput(b, st->sep);
+        skv(b, st, "delta", rnd(2) ? "null" : "{}");
+        break;
+    default: /* a tool call with an integer argument-ish and a nested object */
+        skv(b, st, "delta", "{\"content\":\"\",\"x\":{\"y\":[1,-2,0,3.5,true]}}");
+        break;
+    }
+    if (kind != 8) {
+        sput(b, st->sep);
+        skv(b, st, "finish_reason", "null");
+    }
+    if (st->logprobs) {
+        sput(b, st->sep);
+        skv(b, st, "logprobs", "null");
+    }
+    sput(b, "}");
+}
+
+/* One chunk of stream (id, created) in style st. */
+static void gen_stream_chunk(sbuf_t *b, const style_t *st, unsigned id, long long created)
+{
+    char v[64];
+    b->n = 0;
+    b->tags = 0;
+    sput(b, "{");
+    snprintf(v, sizeof(v), "\"chatcmpl-%u\"", id);
+    skv(b, st, "id", v);
+    sput(b, st->sep);
+    skv(b, st, "object", "\"chat.completion.chunk\"");
+    sput(b, st->sep);
+    snprintf(v, sizeof(v), "%lld", created);
+    skv(b, st, "created", v);
+    sput(b, st->sep);
+    skv(b, st, "model", rnd(8) ? "\"m-1\"" : "\"m\\u002d1\"");
+    if (st->fp) {
+        sput(b, st->sep);
+        skv(b, st, "system_fingerprint", "\"fp_44709d6fcb\"");
+    }
+    sput(b, st->sep);
+    unsigned k = rnd(40);
+    bool usage = k >= 36;
+    if (k == 36 || k == 37) {
+        skv(b, st, "choices", "[]");
+    } else {
+        skv(b, st, "choices", "[");
+        gen_choice(b, st, usage ? 1 : k % 13, 0);
+        if (rnd(16) == 0) {
+            sput(b, ",");
+            gen_choice(b, st, 1 + rnd(4), 1);
+        }
+        sput(b, "]");
+    }
+    if (usage) {
+        snprintf(v, sizeof(v),
+                 "{\"prompt_tokens\":%u,\"completion_tokens\":%u,\"total_tokens\":%u}", rnd(50),
+                 rnd(300), rnd(400));
+        sput(b, st->sep);
+        skv(b, st, "usage", k == 39 ? "{\"prompt_tokens\":3}" : v);
+    } else if (st->usage_null) {
+        sput(b, st->sep);
+        skv(b, st, "usage", "null");
+    }
+    sput(b, "}");
+    if (rnd(64) == 0)
+        sput(b, rnd(2) ? " " : "\n");
+    if (rnd(200) == 0 && b->n > 2)
+        b->n = rnd((unsigned)b->n); /* cut */
+}
+
+/* The read as rl_chunk_feed takes it: rl_chunk_read_json, else the tree
+ * (-1: the tree does not load). */
+static int eff_read(const char *d, size_t n, rl_chunk_read_t *r)
+{
+    if (rl_chunk_read_json(d, n, r) == 0)
+        return 0;
+    return ref_chunk(d, n, r);
+}
+
+static void same_read(const rl_chunk_read_t *a, const rl_chunk_read_t *b, int ra, int rb,
+                      const char *d, size_t n)
+{
+    if (ra != rb ||
+        (ra == 0 && (a->ascii != b->ascii || a->other != b->other || a->got_usage != b->got_usage ||
+                     a->choices_empty != b->choices_empty ||
+                     (a->got_usage && (a->usage.prompt_tokens != b->usage.prompt_tokens ||
+                                       a->usage.completion_tokens != b->usage.completion_tokens ||
+                                       a->usage.total_tokens != b->usage.total_tokens)))))
+        fail_msg("shape %d (%lld %lld u%d e%d) vs full %d (%lld %lld u%d e%d) on: %.*s", ra,
+                 (long long)a->ascii, (long long)a->other, a->got_usage, a->choices_empty, rb,
+                 (long long)b->ascii, (long long)b->other, b->got_usage, b->choices_empty,
+                 (int)(n > 600 ? 600 : n), d);
+}
+
+/* One chunk both ways: its read, and the two streams' feeds. */
+static void both_ways(rl_stream_t *on, rl_stream_t *off, const char *d, size_t n)
+{
+    rl_chunk_read_t a, b;
+    rl_chunk_shapes_enable(true);
+    int ra = eff_read(d, n, &a);
+    rl_chunk_shapes_enable(false);
+    int rb = eff_read(d, n, &b);
+    same_read(&a, &b, ra, rb, d, n);
+    char *o1, *o2;
+    size_t l1, l2;
+    rl_chunk_shapes_enable(true);
+    rl_chunk_action_t x1 = rl_stream_feed(on, d, n, &o1, &l1);
+    rl_chunk_shapes_enable(false);
+    rl_chunk_action_t x2 = rl_stream_feed(off, d, n, &o2, &l2);
+    rl_chunk_shapes_enable(true);
+    if (x1 != x2 || l1 != l2 || (l1 && memcmp(o1, o2, l1) != 0))
+        fail_msg("shape action %d vs full %d on: %.*s", x1, x2, (int)(n > 600 ? 600 : n), d);
+    free(o1);
+    free(o2);
+    assert_int_equal(rl_stream_estimate(on), rl_stream_estimate(off));
+    rl_usage_t u1, u2;
+    int r1 = rl_stream_usage(on, &u1), r2 = rl_stream_usage(off, &u2);
+    assert_int_equal(r1, r2);
+    if (r1 == 0) {
+        assert_int_equal(u1.total_tokens, u2.total_tokens);
+        assert_int_equal(u1.completion_tokens, u2.completion_tokens);
+    }
+}
+
+static void test_chunk_shapes_streams(void **state)
+{
+    (void)state;
+    rl_chunk_shapes_clear();
+    rl_chunk_shapes_enable(true);
+    enum { NS = 3 };
+    struct {
+        rl_stream_t *on, *off;
+        const style_t *st;
+        unsigned id, left;
+        long long created;
+    } sv[NS] = {{0}};
+    unsigned next_id = 1;
+    unsigned hits_tag[16] = {0}, nbad = 0, nchunks = 0;
+    sbuf_t b;
+    for (int i = 0; i < 60000; i++) {
+        unsigned w = rnd(NS);
+        if (sv[w].left == 0) { /* a new stream on this slot */
+            rl_stream_free(sv[w].on);
+            rl_stream_free(sv[w].off);
+            bool strip = rnd(2);
+            sv[w].on = rl_stream_new(strip);
+            sv[w].off = rl_stream_new(strip);
+            assert_non_null(sv[w].on);
+            assert_non_null(sv[w].off);
+            sv[w].st = &styles[rnd(sizeof(styles) / sizeof(styles[0]))];
+            sv[w].id = next_id++;
+            sv[w].created = 1700000000LL + rnd(1000000) * (rnd(50) ? 1 : 100000000000LL);
+            sv[w].left = 1 + rnd(40);
+        }
+        sv[w].left--;
+        gen_stream_chunk(&b, sv[w].st, sv[w].id, sv[w].created);
+        uint64_t h0 = rl_chunk_shape_hits();
+        both_ways(sv[w].on, sv[w].off, b.b, b.n);
+        nchunks++;
+        if (rl_chunk_shape_hits() > h0) {
+            for (unsigned t = 0; t < 4; t++)
+                if (b.tags >> t & 1)
+                    hits_tag[t]++;
+            if (b.tags & TX_BAD)
+                nbad++;
+        }
+    }
+    for (unsigned w = 0; w < NS; w++) {
+        rl_stream_free(sv[w].on);
+        rl_stream_free(sv[w].off);
+    }
+    /* the shape path read most chunks, those with escapes, pairs and UTF-8
+     * among them, and some with text the rules refuse elsewhere (a "\\u"
+     * escaped, a lone surrogate in no counted hole...) went the full way */
+    uint64_t hits = rl_chunk_shape_hits();
+    print_message("chunks %u, shape hits %llu (esc %u pair %u utf8 %u bad %u)\n", nchunks,
+                  (unsigned long long)hits, hits_tag[0], hits_tag[1], hits_tag[2], nbad);
+    assert_true(hits > nchunks / 2);
+    assert_true(hits_tag[0] > 1000);
+    assert_true(hits_tag[1] > 200);
+    assert_true(hits_tag[2] > 1000);
+    rl_chunk_shapes_clear();
+}
+
+/* Fixed sequences: a shape learned, then the same shape with a text the
+ * shape path must decode or refuse exactly as the full read. */
+static void test_chunk_shapes_fixed(void **state)
+{
+    (void)state;
+    static const char *texts[] = {
+        "abc",
+        "h\xc3\xa9",
+        "\\u00e9\\n",
+        "\\ud83d\\ude00x",
+        "\\ud800",
+        "\\udc00\\u0041",
+        "\\u0000",
+        "\\\\ud800",
+        "\xc0\xaf",
+        "\xed\xa0\x80",
+        "\\u007f\\u0080",
+        "\\\"\\\\\\/",
+        "\xf0\x9f\x98\x80",
+        "\\u0041\\u00411",
+        "",
+    };
+    static const char *fmt[] = {
+        "{\"id\":\"c1\",\"created\":17,\"choices\":[{\"index\":0,\"delta\":{\"content\":\"%s\"},"
+        "\"finish_reason\":null}]}",
+        "{\"choices\":[{\"delta\":{\"tool_calls\":[{\"function\":{\"name\":\"%s\",\"arguments\":"
+        "\"x%sy\"}}]}}]}",
+        "{\"choices\":[{\"text\":\"%s\",\"delta\":{\"content\":\"%s\",\"reasoning_content\":"
+        "\"%s\"}}],\"usage\":null}",
+        "{\"choices\":[],\"x\":\"%s\"}",
+    };
+    rl_stream_t *on = rl_stream_new(true), *off = rl_stream_new(true);
+    assert_non_null(on);
+    assert_non_null(off);
+    for (size_t f = 0; f < sizeof(fmt) / sizeof(fmt[0]); f++) {
+        rl_chunk_shapes_clear();
+        uint64_t h0 = rl_chunk_shape_hits();
+        for (size_t t = 0; t < sizeof(texts) / sizeof(texts[0]); t++) {
+            char d[512];
+            int n = snprintf(d, sizeof(d), fmt[f], texts[t], texts[t], texts[t]);
+            both_ways(on, off, d, (size_t)n);
+        }
+        /* the first text taught the shape; most later ones had it */
+        assert_true(rl_chunk_shape_hits() - h0 >= 8);
+    }
+    /* a usage chunk is never read from a shape: one with the same bytes
+     * but the usage's taught nothing */
+    rl_chunk_shapes_clear();
+    static const char u[] =
+        "{\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}";
+    both_ways(on, off, u, sizeof(u) - 1);
+    both_ways(on, off, u, sizeof(u) - 1);
+    assert_int_equal(rl_chunk_shape_hits(), 0);
+    rl_stream_free(on);
+    rl_stream_free(off);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_usage_json_fixed),
-        cmocka_unit_test(test_usage_json_deep),
-        cmocka_unit_test(test_usage_json_generated),
-        cmocka_unit_test(test_chunk_json_generated),
+        cmocka_unit_test(test_usage_json_fixed),     cmocka_unit_test(test_usage_json_deep),
+        cmocka_unit_test(test_usage_json_generated), cmocka_unit_test(test_chunk_json_generated),
+        cmocka_unit_test(test_chunk_shapes_fixed),   cmocka_unit_test(test_chunk_shapes_streams),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
