@@ -340,6 +340,19 @@ int32_t mdl_sampler_draw(mdl_sampler_t *s, int c, float maxl, float temp)
     return s->cand[c - 1].id;
 }
 
+int mdl_sampler_collect(mdl_sampler_t *s, const float *logits, float maxl, float temp)
+{
+    /* Logits within 30 temperatures of the best carry all but e^-30 of the
+     * mass each; dropping the rest changes no probability by more than
+     * n * 1e-13 and saves sorting the whole vocabulary. */
+    float floor = maxl - 30.0f * temp;
+    int c = 0;
+    for (int i = 0; i < s->n_valid; i++)
+        if (logits[i] >= floor)
+            s->cand[c++] = (mdl_cand_t){logits[i], i};
+    return c;
+}
+
 int32_t mdl_sampler_sample(mdl_sampler_t *s, float *logits, const int32_t *hist, int n_hist)
 {
     int n = s->n_valid;
@@ -348,14 +361,8 @@ int32_t mdl_sampler_sample(mdl_sampler_t *s, float *logits, const int32_t *hist,
     float temp = s->p.temperature;
     if (!(temp > 0.0f))
         return best;
-    /* Candidates: logits within 30 temperatures of the best carry all but
-     * e^-30 of the mass each; dropping the rest changes no probability by
-     * more than n * 1e-13 and saves sorting the whole vocabulary. */
-    float maxl = logits[best], floor = maxl - 30.0f * temp;
-    int c = 0;
-    for (int i = 0; i < n; i++)
-        if (logits[i] >= floor)
-            s->cand[c++] = (mdl_cand_t){logits[i], i};
+    float maxl = logits[best];
+    int c = mdl_sampler_collect(s, logits, maxl, temp);
     if (c == 0)
         return best; /* NaN logits (a broken model): nothing to sample from */
     if (s->p.top_k > 0 && c > s->p.top_k) {

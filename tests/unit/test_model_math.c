@@ -172,8 +172,8 @@ static void test_sampler_greedy_and_penalty(void **state)
 /* The sampler as it was before mdl_argmax and the top-k heap (serial
  * argmax, a qsort of every candidate, then the first top_k), kept here as
  * the reference its outputs must match for the same seed and parameters.
- * The penalty and the draw from the sorted candidates never changed: it
- * calls the product's. */
+ * The penalty, the candidates' collection and the draw from the sorted
+ * candidates never changed: it calls the product's. */
 static int32_t ref_sample(mdl_sampler_t *s, float *logits, const int32_t *hist, int n_hist)
 {
     int n = s->n_valid;
@@ -185,11 +185,8 @@ static int32_t ref_sample(mdl_sampler_t *s, float *logits, const int32_t *hist, 
     float temp = s->p.temperature;
     if (!(temp > 0.0f))
         return best;
-    float maxl = logits[best], floor = maxl - 30.0f * temp;
-    int c = 0;
-    for (int i = 0; i < n; i++)
-        if (logits[i] >= floor)
-            s->cand[c++] = (mdl_cand_t){logits[i], i};
+    float maxl = logits[best];
+    int c = mdl_sampler_collect(s, logits, maxl, temp);
     if (c == 0)
         return best;
     qsort(s->cand, (size_t)c, sizeof(mdl_cand_t), mdl_cand_cmp);
