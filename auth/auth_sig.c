@@ -72,17 +72,13 @@ static int sig_mac(unsigned hint, uint64_t key_id, const char *signing_key, size
     /* built in place, the body's hash written as hex straight into it */
     char canon[SIG_CANON_MAX + 1];
     char *p = canon;
-    memcpy(p, method, method_len);
-    p += method_len;
+    p = mempcpy(p, method, method_len);
     *p++ = '\n';
-    memcpy(p, path, path_len);
-    p += path_len;
+    p = mempcpy(p, path, path_len);
     *p++ = '\n';
-    memcpy(p, ts, ts_len);
-    p += ts_len;
+    p = mempcpy(p, ts, ts_len);
     *p++ = '\n';
-    memcpy(p, nonce, nonce_len);
-    p += nonce_len;
+    p = mempcpy(p, nonce, nonce_len);
     *p++ = '\n';
     sl_hex(body_sha256, 32, p); /* 64 characters and a NUL, which the +1 holds */
     const void *one[] = {canon};

@@ -64,16 +64,11 @@ char *cache_entry_encode(const cache_entry_t *e, size_t *len)
         out = malloc(total + 1);
         if (out) {
             char *p = out;
-            memcpy(p, hdr, (size_t)hl);
-            p += hl;
-            memcpy(p, ej, el);
-            p += el;
-            memcpy(p, body, bl);
-            p += bl;
-            memcpy(p, sse, sl);
-            p += sl;
-            memcpy(p, sseu, sul);
-            p += sul;
+            p = mempcpy(p, hdr, (size_t)hl);
+            p = mempcpy(p, ej, el);
+            p = mempcpy(p, body, bl);
+            p = mempcpy(p, sse, sl);
+            p = mempcpy(p, sseu, sul);
             *p = '\0';
             if (len)
                 *len = total;

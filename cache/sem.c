@@ -461,12 +461,9 @@ char *cache_sem_encode(const unsigned char part[CACHE_KEY_LEN], const float *vec
         return NULL;
     }
     unsigned char *p = b;
-    memcpy(p, CACHE_SEM_MAGIC, 3);
-    p += 3;
-    memcpy(p, part, CACHE_KEY_LEN);
-    p += CACHE_KEY_LEN;
-    memcpy(p, key, CACHE_KEY_LEN);
-    p += CACHE_KEY_LEN;
+    p = mempcpy(p, CACHE_SEM_MAGIC, 3);
+    p = mempcpy(p, part, CACHE_KEY_LEN);
+    p = mempcpy(p, key, CACHE_KEY_LEN);
     cache_put_le(p, (uint64_t)expires_ms, 8);
     p += 8;
     cache_put_le(p, (uint64_t)dim, 4);

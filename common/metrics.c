@@ -149,6 +149,16 @@ sl_mseries_t *sl_metric_series0(sl_metric_t *m)
     return sl_metric_series(m, NULL);
 }
 
+sl_mseries_t *sl_metric_counter0(const char *name, const char *help)
+{
+    return sl_metric_series0(sl_metric_register(name, help, SL_METRIC_COUNTER, NULL, NULL, 0));
+}
+
+sl_mseries_t *sl_metric_gauge0(const char *name, const char *help)
+{
+    return sl_metric_series0(sl_metric_register(name, help, SL_METRIC_GAUGE, NULL, NULL, 0));
+}
+
 sl_mseries_t *sl_metric_series1(sl_metric_t *m, const char *value)
 {
     const char *v[1] = {value};

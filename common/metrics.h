@@ -60,6 +60,9 @@ sl_mseries_t *sl_metric_series(sl_metric_t *m, const char *const *values);
 /* Shorthands for metrics without labels or with one label. */
 sl_mseries_t *sl_metric_series0(sl_metric_t *m);
 sl_mseries_t *sl_metric_series1(sl_metric_t *m, const char *value);
+/* A counter or gauge without labels, registered, and its one series. */
+sl_mseries_t *sl_metric_counter0(const char *name, const char *help);
+sl_mseries_t *sl_metric_gauge0(const char *name, const char *help);
 
 void sl_counter_add(sl_mseries_t *s, uint64_t n);
 void sl_gauge_add(sl_mseries_t *s, int64_t delta);

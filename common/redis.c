@@ -798,9 +798,8 @@ sl_redis_t *sl_redis_new(struct event_base *base, const sl_redis_opts_t *opts, c
                            SL_METRIC_COUNTER, "kind", NULL, 0);
     for (int k = 0; k < ERR_NKINDS; k++)
         r->err[k] = sl_metric_series1(m, sl_redis_err_names[k]);
-    r->up = sl_metric_series0(sl_metric_register(
-        "sluice_redis_connected", "Redis client connections that are up (one per worker).",
-        SL_METRIC_GAUGE, NULL, NULL, 0));
+    r->up = sl_metric_gauge0("sluice_redis_connected",
+                             "Redis client connections that are up (one per worker).");
 
     sl_redis_conn_start(r);
     return r;

@@ -821,28 +821,40 @@ static size_t conf_segs_count(conf_ctx_t *ctx, conf_seg_t *segs, size_t nsegs,
     return total;
 }
 
-static int conf_walk_list(conf_ctx_t *ctx, const conf_key_t *k, void *obj, conf_seg_t *segs,
-                          size_t nsegs)
+/* A list or map walk's start: the count over the pieces, its bounds, and a
+ * zeroed array of k->sub hung on obj with the count up front, so a failure
+ * half way leaves something conf_tree_free() can release. */
+static int conf_segs_alloc(conf_ctx_t *ctx, const conf_key_t *k, void *obj, conf_seg_t *segs,
+                           size_t nsegs, yaml_node_type_t type, char **arr, size_t *count)
 {
     size_t errs0 = ctx->nerrors;
-    size_t count = conf_segs_count(ctx, segs, nsegs, YAML_SEQUENCE_NODE);
+    size_t n = conf_segs_count(ctx, segs, nsegs, type);
     conf_src_t *prev = conf_src_enter(ctx, segs[0].src);
-    int brc = conf_count_bounds(ctx, k, count, segs[0].kline);
+    int brc = conf_count_bounds(ctx, k, n, segs[0].kline);
     conf_src_enter(ctx, prev);
     if (brc != 0 || ctx->nerrors != errs0)
         return -1;
+    *arr = n ? sl_xcalloc(n, k->sub->size) : NULL;
+    *count = n;
+    *(void **)conf_field(obj, k->off) = *arr;
+    *(size_t *)conf_field(obj, k->count_off) = n;
+    return 0;
+}
+
+static int conf_walk_list(conf_ctx_t *ctx, const conf_key_t *k, void *obj, conf_seg_t *segs,
+                          size_t nsegs)
+{
+    size_t errs0 = ctx->nerrors, count;
+    char *arr;
+    if (conf_segs_alloc(ctx, k, obj, segs, nsegs, YAML_SEQUENCE_NODE, &arr, &count) != 0)
+        return -1;
     const conf_table_t *sub = k->sub;
-    /* Zeroed elements and the count set up front, so a failure half way
-     * leaves something conf_tree_free() can release. */
-    char *arr = count ? sl_xcalloc(count, sub->size) : NULL;
-    *(void **)conf_field(obj, k->off) = arr;
-    *(size_t *)conf_field(obj, k->count_off) = count;
     size_t j = 0;
     for (size_t s = 0; s < nsegs; s++) {
         yaml_node_t *n = segs[s].node;
         if (!n || n->type != YAML_SEQUENCE_NODE)
             continue;
-        prev = conf_src_enter(ctx, segs[s].src);
+        conf_src_t *prev = conf_src_enter(ctx, segs[s].src);
         size_t c = (size_t)(n->data.sequence.items.top - n->data.sequence.items.start);
         for (size_t i = 0; i < c && j < count; i++, j++) {
             void *elem = arr + j * sub->size;
@@ -874,29 +886,23 @@ typedef struct conf_name {
 static int conf_walk_map(conf_ctx_t *ctx, const conf_key_t *k, void *obj, conf_seg_t *segs,
                          size_t nsegs)
 {
-    size_t errs0 = ctx->nerrors;
-    size_t count = conf_segs_count(ctx, segs, nsegs, YAML_MAPPING_NODE);
-    conf_src_t *prev = conf_src_enter(ctx, segs[0].src);
-    int brc = conf_count_bounds(ctx, k, count, segs[0].kline);
-    conf_src_enter(ctx, prev);
-    if (brc != 0 || ctx->nerrors != errs0)
+    size_t errs0 = ctx->nerrors, count;
+    char *arr;
+    if (conf_segs_alloc(ctx, k, obj, segs, nsegs, YAML_MAPPING_NODE, &arr, &count) != 0)
         return -1;
     const conf_table_t *sub = k->sub;
-    char *arr = count ? sl_xcalloc(count, sub->size) : NULL;
     /* Per element: the file and line it came from, for duplicate messages. */
     conf_src_t **from = count ? sl_xcalloc(count, sizeof(*from)) : NULL;
     int *lines = count ? sl_xcalloc(count, sizeof(*lines)) : NULL;
     /* Names seen so far, hashed: a map may have 100000 entries
      * (ratelimit.overrides), too many to compare each with every other. */
     conf_name_t *names = count ? sl_xcalloc(count, sizeof(*names)) : NULL, *seen = NULL;
-    *(void **)conf_field(obj, k->off) = arr;
-    *(size_t *)conf_field(obj, k->count_off) = count;
     size_t j = 0;
     for (size_t s = 0; s < nsegs; s++) {
         yaml_node_t *n = segs[s].node;
         if (!n || n->type != YAML_MAPPING_NODE)
             continue;
-        prev = conf_src_enter(ctx, segs[s].src);
+        conf_src_t *prev = conf_src_enter(ctx, segs[s].src);
         size_t c = (size_t)(n->data.mapping.pairs.top - n->data.mapping.pairs.start);
         for (size_t i = 0; i < c && j < count; i++, j++) {
             void *elem = arr + j * sub->size;

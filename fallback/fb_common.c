@@ -80,16 +80,6 @@ const char *fb_tier_name(fb_tier_t t)
     return (unsigned)t < FB_TIER_COUNT ? fb_tier_names[t] : "unknown";
 }
 
-static sl_mseries_t *fb_counter0(const char *name, const char *help)
-{
-    return sl_metric_series0(sl_metric_register(name, help, SL_METRIC_COUNTER, NULL, NULL, 0));
-}
-
-static sl_mseries_t *fb_gauge0(const char *name, const char *help)
-{
-    return sl_metric_series0(sl_metric_register(name, help, SL_METRIC_GAUGE, NULL, NULL, 0));
-}
-
 static void fb_metrics_register(void)
 {
     fb_m.fallback = sl_metric_register("sluice_fallback_total",
@@ -110,18 +100,19 @@ static void fb_metrics_register(void)
     fb_m.circuit_opened =
         sl_metric_register("sluice_circuit_opened_total", "Times a server's circuit opened.",
                            SL_METRIC_COUNTER, "upstream,server", NULL, 0);
-    fb_m.q_depth = fb_gauge0("sluice_queue_depth", "Queued requests waiting for delivery.");
-    fb_m.q_oldest = fb_gauge0("sluice_queue_oldest_pending_seconds",
-                              "Age of the oldest queued request not yet delivered.");
-    fb_m.q_accepted = fb_counter0("sluice_queue_accepted_total", "Requests stored in the queue.");
-    fb_m.q_delivered =
-        fb_counter0("sluice_queue_delivered_total", "Queued requests delivered (answer stored).");
-    fb_m.q_dead = fb_counter0("sluice_queue_dead_letters_total",
-                              "Queued requests dead-lettered (attempts, age or rejected).");
-    fb_m.q_full = fb_counter0("sluice_queue_full_total",
-                              "Requests not queued because max_pending were waiting.");
-    fb_m.q_store_errors = fb_counter0("sluice_queue_store_errors_total",
-                                      "Queue operations that failed in the store.");
+    fb_m.q_depth = sl_metric_gauge0("sluice_queue_depth", "Queued requests waiting for delivery.");
+    fb_m.q_oldest = sl_metric_gauge0("sluice_queue_oldest_pending_seconds",
+                                     "Age of the oldest queued request not yet delivered.");
+    fb_m.q_accepted =
+        sl_metric_counter0("sluice_queue_accepted_total", "Requests stored in the queue.");
+    fb_m.q_delivered = sl_metric_counter0("sluice_queue_delivered_total",
+                                          "Queued requests delivered (answer stored).");
+    fb_m.q_dead = sl_metric_counter0("sluice_queue_dead_letters_total",
+                                     "Queued requests dead-lettered (attempts, age or rejected).");
+    fb_m.q_full = sl_metric_counter0("sluice_queue_full_total",
+                                     "Requests not queued because max_pending were waiting.");
+    fb_m.q_store_errors = sl_metric_counter0("sluice_queue_store_errors_total",
+                                             "Queue operations that failed in the store.");
     sl_metric_t *late = sl_metric_register(
         "sluice_queue_late_total",
         "Redis queue accepts answered as not stored (deadline passed), by what the take-back "
@@ -131,25 +122,28 @@ static void fb_metrics_register(void)
     fb_m.q_late_refused = sl_metric_series1(late, "refused");
     fb_m.q_late_undone = sl_metric_series1(late, "undone");
     fb_m.q_late_kept = sl_metric_series1(late, "kept");
-    fb_m.q_store_late =
-        fb_gauge0("sluice_queue_store_late",
-                  "Accepts the Redis queue's script refused as past their "
-                  "deadline or taken back, every instance sharing it (sluice:q:stats late).");
-    fb_m.q_takeback_waiting =
-        fb_gauge0("sluice_queue_takebacks_waiting",
-                  "Take-backs of accepts answered as not stored that Redis has not answered yet "
-                  "(the connection was down or dropped): sent again every 100 ms.");
-    fb_m.q_fsync = fb_counter0("sluice_queue_fsyncs_total", "fdatasync calls of the journal.");
-    fb_m.idem_replays = fb_counter0("sluice_idempotent_replays_total",
-                                    "Answers replayed for a repeated Idempotency-Key.");
-    fb_m.idem_in_flight = fb_counter0("sluice_idempotency_in_flight_total",
-                                      "Requests refused (409) while the same key was in flight.");
-    fb_m.idem_mismatch = fb_counter0("sluice_idempotency_mismatch_total",
-                                     "Requests refused (422): the key was used with another body.");
-    fb_m.idem_evicted = fb_counter0("sluice_idempotency_evicted_total",
-                                    "Keys dropped early because the store was full.");
-    fb_m.idem_store_errors = fb_counter0("sluice_idempotency_store_errors_total",
-                                         "Idempotency checks that failed in the store.");
+    fb_m.q_store_late = sl_metric_gauge0(
+        "sluice_queue_store_late",
+        "Accepts the Redis queue's script refused as past their "
+        "deadline or taken back, every instance sharing it (sluice:q:stats late).");
+    fb_m.q_takeback_waiting = sl_metric_gauge0(
+        "sluice_queue_takebacks_waiting",
+        "Take-backs of accepts answered as not stored that Redis has not answered yet "
+        "(the connection was down or dropped): sent again every 100 ms.");
+    fb_m.q_fsync =
+        sl_metric_counter0("sluice_queue_fsyncs_total", "fdatasync calls of the journal.");
+    fb_m.idem_replays = sl_metric_counter0("sluice_idempotent_replays_total",
+                                           "Answers replayed for a repeated Idempotency-Key.");
+    fb_m.idem_in_flight =
+        sl_metric_counter0("sluice_idempotency_in_flight_total",
+                           "Requests refused (409) while the same key was in flight.");
+    fb_m.idem_mismatch =
+        sl_metric_counter0("sluice_idempotency_mismatch_total",
+                           "Requests refused (422): the key was used with another body.");
+    fb_m.idem_evicted = sl_metric_counter0("sluice_idempotency_evicted_total",
+                                           "Keys dropped early because the store was full.");
+    fb_m.idem_store_errors = sl_metric_counter0("sluice_idempotency_store_errors_total",
+                                                "Idempotency checks that failed in the store.");
     fb_m.faults = sl_metric_register("sluice_faults_injected_total",
                                      "Faults injected (kind abort|delay, source conf|header).",
                                      SL_METRIC_COUNTER, "kind,source", NULL, 0);

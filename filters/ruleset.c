@@ -375,10 +375,9 @@ flt_ruleset_t *flt_ruleset_build(const flt_conf_t *conf, char *err, size_t errle
     rs->event_seconds = sl_metric_series0(sl_metric_register(
         "sluice_filter_event_seconds", "Time the content filter adds per SSE event.",
         SL_METRIC_HISTOGRAM, NULL, ev_buckets, SL_ARRAY_LEN(ev_buckets)));
-    rs->holdback_forced = sl_metric_series0(
-        sl_metric_register("sluice_filter_holdback_forced_total",
-                           "Answer text released because holdback_max was reached.",
-                           SL_METRIC_COUNTER, NULL, NULL, 0));
+    rs->holdback_forced =
+        sl_metric_counter0("sluice_filter_holdback_forced_total",
+                           "Answer text released because holdback_max was reached.");
 
     word_vec_t wv = {0};
     char where[96];

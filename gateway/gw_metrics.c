@@ -43,10 +43,8 @@ void gw_metrics_init(const char *(*route_name)(gw_route_t r))
         }
         gw_m.duration[r] = sl_metric_series1(dur, route_name((gw_route_t)r));
     }
-    gw_m.conns_active = sl_metric_series0(sl_metric_register(
-        "sluice_connections_active", "Open client connections.", SL_METRIC_GAUGE, NULL, NULL, 0));
-    gw_m.streams_active = sl_metric_series0(sl_metric_register(
-        "sluice_streams_active", "SSE streams being relayed.", SL_METRIC_GAUGE, NULL, NULL, 0));
+    gw_m.conns_active = sl_metric_gauge0("sluice_connections_active", "Open client connections.");
+    gw_m.streams_active = sl_metric_gauge0("sluice_streams_active", "SSE streams being relayed.");
     sl_metric_t *bytes = sl_metric_register("sluice_bytes_total", "Bytes moved, by direction.",
                                             SL_METRIC_COUNTER, "direction", NULL, 0);
     gw_m.bytes_client_in = sl_metric_series1(bytes, "client_in");
@@ -69,52 +67,42 @@ void gw_metrics_init(const char *(*route_name)(gw_route_t r))
         "Idle keep-alive upstream connections closed after keepalive_timeout (the pool "
         "shrinking to the recent need).",
         SL_METRIC_COUNTER, "upstream", NULL, 0);
-    gw_m.req_structs_new = sl_metric_series0(sl_metric_register(
+    gw_m.req_structs_new = sl_metric_counter0(
         "sluice_request_structs_allocated_total",
-        "Request structs allocated anew, not taken from the worker's cache of them.",
-        SL_METRIC_COUNTER, NULL, NULL, 0));
-    gw_m.req_cached = sl_metric_series0(sl_metric_register(
+        "Request structs allocated anew, not taken from the worker's cache of them.");
+    gw_m.req_cached = sl_metric_gauge0(
         "sluice_request_structs_cached",
-        "Request structs the workers keep for reuse (as of each worker's last tick).",
-        SL_METRIC_GAUGE, NULL, NULL, 0));
-    gw_m.flt_streams_cached = sl_metric_series0(sl_metric_register(
+        "Request structs the workers keep for reuse (as of each worker's last tick).");
+    gw_m.flt_streams_cached = sl_metric_gauge0(
         "sluice_filter_streams_cached",
         "Streamed requests' answer-filter state the workers keep for reuse (as of each worker's "
-        "last tick).",
-        SL_METRIC_GAUGE, NULL, NULL, 0));
-    gw_m.req_structs_freed = sl_metric_series0(sl_metric_register(
+        "last tick).");
+    gw_m.req_structs_freed = sl_metric_counter0(
         "sluice_request_structs_freed_total",
         "Request structs the workers' ticks freed from their caches (unused for a whole tick, "
-        "or all of them after a peak).",
-        SL_METRIC_COUNTER, NULL, NULL, 0));
-    gw_m.h2_mem_cached = sl_metric_series0(sl_metric_register(
+        "or all of them after a peak).");
+    gw_m.h2_mem_cached = sl_metric_gauge0(
         "sluice_http2_mem_cached_bytes",
         "Bytes of free blocks the workers keep for nghttp2's sessions (as of each worker's last "
-        "tick).",
-        SL_METRIC_GAUGE, NULL, NULL, 0));
-    gw_m.h2_mem_in_use = sl_metric_series0(sl_metric_register(
+        "tick).");
+    gw_m.h2_mem_in_use = sl_metric_gauge0(
         "sluice_http2_mem_blocks_in_use",
         "Blocks nghttp2's sessions hold from the workers' allocator (as of each worker's last "
-        "tick): 0 once every HTTP/2 connection has closed.",
-        SL_METRIC_GAUGE, NULL, NULL, 0));
-    gw_m.scan_shape_hits = sl_metric_series0(sl_metric_register(
+        "tick): 0 once every HTTP/2 connection has closed.");
+    gw_m.scan_shape_hits = sl_metric_counter0(
         "sluice_body_shape_hits_total",
         "Request bodies read from a kept JSON shape instead of parsed (body scan; as of each "
-        "worker's last tick).",
-        SL_METRIC_COUNTER, NULL, NULL, 0));
-    gw_m.scan_shape_misses = sl_metric_series0(sl_metric_register(
+        "worker's last tick).");
+    gw_m.scan_shape_misses = sl_metric_counter0(
         "sluice_body_shape_misses_total",
         "Small request bodies that matched no kept JSON shape and were parsed (as of each "
-        "worker's last tick).",
-        SL_METRIC_COUNTER, NULL, NULL, 0));
-    gw_m.malloc_trims = sl_metric_series0(sl_metric_register(
+        "worker's last tick).");
+    gw_m.malloc_trims = sl_metric_counter0(
         "sluice_malloc_trims_total",
-        "malloc_trim(0) calls: after the connection count fell from a peak, and after reloads.",
-        SL_METRIC_COUNTER, NULL, NULL, 0));
-    gw_m.malloc_trim_bytes = sl_metric_series0(sl_metric_register(
+        "malloc_trim(0) calls: after the connection count fell from a peak, and after reloads.");
+    gw_m.malloc_trim_bytes = sl_metric_counter0(
         "sluice_malloc_trim_released_bytes_total",
-        "Resident memory given back to the system by malloc_trim(0) (RSS before - after).",
-        SL_METRIC_COUNTER, NULL, NULL, 0));
+        "Resident memory given back to the system by malloc_trim(0) (RSS before - after).");
     gw_m.up_ttfb = sl_metric_register(
         "sluice_upstream_ttfb_seconds",
         "Time from sending a request upstream to the first byte of its response headers (not "
@@ -129,11 +117,10 @@ void gw_metrics_init(const char *(*route_name)(gw_route_t r))
                                          SL_METRIC_COUNTER, "target", NULL, 0);
     gw_m.route_local = sl_metric_series1(rt, "local");
     gw_m.route_main = sl_metric_series1(rt, "main");
-    gw_m.done_added = sl_metric_series0(sl_metric_register(
+    gw_m.done_added = sl_metric_counter0(
         "sluice_stream_done_added_total",
         "Streams the upstream closed without data: [DONE] after every choice had its "
-        "finish_reason: complete, so sluice ended them with [DONE].",
-        SL_METRIC_COUNTER, NULL, NULL, 0));
+        "finish_reason: complete, so sluice ended them with [DONE].");
     gw_m.reloads =
         sl_metric_register("sluice_config_reloads_total", "Configuration reloads by result.",
                            SL_METRIC_COUNTER, "result", NULL, 0);
@@ -147,14 +134,11 @@ void gw_metrics_init(const char *(*route_name)(gw_route_t r))
                                                      SL_METRIC_GAUGE, "version,commit", NULL, 0),
                                   bv),
                  1);
-    gw_m.reload_ok = sl_metric_series0(
-        sl_metric_register("sluice_config_last_reload_successful",
-                           "1 if the last reload (or the start) succeeded, 0 if it failed.",
-                           SL_METRIC_GAUGE, NULL, NULL, 0));
-    gw_m.reload_ts = sl_metric_series0(
-        sl_metric_register("sluice_config_last_reload_success_timestamp_seconds",
-                           "Unix time of the last successful load (the start counts).",
-                           SL_METRIC_GAUGE, NULL, NULL, 0));
+    gw_m.reload_ok =
+        sl_metric_gauge0("sluice_config_last_reload_successful",
+                         "1 if the last reload (or the start) succeeded, 0 if it failed.");
+    gw_m.reload_ts = sl_metric_gauge0("sluice_config_last_reload_success_timestamp_seconds",
+                                      "Unix time of the last successful load (the start counts).");
     gw_llm_metrics_init();
     sl_procstat_register(); /* process_* at every scrape */
     gw_body_store_register();

@@ -66,10 +66,11 @@ bool gw_upstream_other_eligible(const gw_pool_rt_t *pool, const gw_srv_rt_t *exc
                                 int64_t now_ms);
 /* A server of pool is eligible now. */
 bool gw_upstream_any_eligible(const gw_pool_rt_t *pool, int64_t now_ms);
-/* An idle connection to srv (when allow_reuse), or a new one (connecting).
- * NULL on error. */
+/* An idle connection to srv (when allow_reuse), or a new one (connecting),
+ * counted in srv->active until gw_upstream_release. NULL on error. */
 gw_upconn_t *gw_upstream_get(gw_worker_t *w, gw_srv_rt_t *srv, bool allow_reuse);
-/* Done with u: back to the idle pool when reusable, else closed. */
+/* Done with u (no longer in srv->active): back to the idle pool when
+ * reusable, else closed. */
 void gw_upstream_release(gw_upconn_t *u, bool reusable);
 /* Start reading (and writing, while connecting) for a request. */
 void gw_upstream_arm(gw_upconn_t *u);

@@ -161,7 +161,6 @@ static void gw_cache_embed_end(gw_cache_req_t *s, int outcome, bool reusable)
     if (s->up) {
         gw_upconn_t *u = s->up;
         s->up = NULL;
-        atomic_fetch_sub_explicit(&s->srv->active, 1, memory_order_relaxed);
         gw_upstream_release(u, reusable);
     }
 }
@@ -299,7 +298,6 @@ static bool gw_cache_embed_start(gw_cache_req_t *s)
         free(body);
         return false;
     }
-    atomic_fetch_add_explicit(&s->srv->active, 1, memory_order_relaxed);
     s->up->owner = s;
     s->up->on_read = gw_cache_embed_on_read;
     s->up->on_event = gw_cache_embed_on_event;

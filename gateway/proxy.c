@@ -176,7 +176,6 @@ static void gw_proxy_finish(gw_req_t *r, bool reusable, int outcome)
     if (r->att.up) {
         gw_upconn_t *u = r->att.up;
         r->att.up = NULL;
-        atomic_fetch_sub_explicit(&r->att.server->active, 1, memory_order_relaxed);
         gw_upstream_release(u, reusable);
     }
 }
@@ -339,7 +338,6 @@ static void gw_proxy_attempt(gw_req_t *r, bool allow_reuse)
     u->on_read = gw_proxy_on_up_read;
     u->on_event = gw_proxy_on_up_event;
     r->attempts++;
-    atomic_fetch_add_explicit(&srv->active, 1, memory_order_relaxed);
     if (!r->att.up_timer)
         r->att.up_timer = evtimer_new(w->base, gw_proxy_timer_cb, r);
     gw_proxy_write_request(r, u);

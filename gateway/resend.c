@@ -57,10 +57,8 @@ static void gw_resend_free(gw_resend_t *j)
         if (j->next)
             j->next->pprev = j->pprev;
     }
-    if (j->up) {
-        atomic_fetch_sub_explicit(&j->srv->active, 1, memory_order_relaxed);
+    if (j->up)
         gw_upstream_release(j->up, false);
-    }
     if (j->call)
         fb_call_cancel(j->call);
     if (j->timer)
@@ -105,7 +103,6 @@ static void gw_resend_end(gw_resend_t *j, fb_qoutcome_t o, bool server_ok, bool 
     if (j->up) {
         gw_upconn_t *u = j->up;
         j->up = NULL;
-        atomic_fetch_sub_explicit(&j->srv->active, 1, memory_order_relaxed);
         gw_upstream_release(u, reusable);
     }
     size_t len = j->answer ? evbuffer_get_length(j->answer) : 0;
@@ -218,7 +215,6 @@ static void gw_resend_start(gw_resender_t *rs, fb_qitem_t *item)
         gw_resend_end(j, FB_QO_RETRY, true, false);
         return;
     }
-    atomic_fetch_add_explicit(&j->srv->active, 1, memory_order_relaxed);
     j->up->owner = j;
     j->up->on_read = gw_resend_on_read;
     j->up->on_event = gw_resend_on_event;

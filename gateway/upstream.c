@@ -283,6 +283,7 @@ gw_upconn_t *gw_upstream_get(gw_worker_t *w, gw_srv_rt_t *srv, bool allow_reuse)
             u->reused = true;
             u->nreq++;
             sl_counter_add(srv->m_conn_reused, 1);
+            atomic_fetch_add_explicit(&srv->active, 1, memory_order_relaxed);
             return u;
         }
     }
@@ -344,6 +345,7 @@ gw_upconn_t *gw_upstream_get(gw_worker_t *w, gw_srv_rt_t *srv, bool allow_reuse)
     gw_wio_set_read_mark(&u->wio, 64 * 1024);
     bufferevent_enable(u->bev, EV_READ | EV_WRITE);
     sl_counter_add(srv->m_conn_new, 1);
+    atomic_fetch_add_explicit(&srv->active, 1, memory_order_relaxed);
     return u;
 }
 
@@ -370,6 +372,7 @@ void gw_upstream_release(gw_upconn_t *u, bool reusable)
     gw_worker_t *w = u->w;
     u->owner = NULL;
     gw_srv_rt_t *srv = u->srv;
+    atomic_fetch_sub_explicit(&srv->active, 1, memory_order_relaxed);
     gw_wsrv_t *ws = gw_wsrv_of(w, srv);
     /* Pooled only when the request went out whole and the answer was read
      * whole (nginx's rule): a server that answered before reading all of

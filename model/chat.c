@@ -211,7 +211,7 @@ void mdl_sampler_free(mdl_sampler_t *s)
     free(s);
 }
 
-static int cand_cmp(const void *a, const void *b)
+int mdl_cand_cmp(const void *a, const void *b)
 {
     const mdl_cand_t *x = a, *y = b;
     if (x->l != y->l)
@@ -220,14 +220,14 @@ static int cand_cmp(const void *a, const void *b)
 }
 
 /* Restores the heap order below h[i] in h[0..k): every entry worse (later
- * in cand_cmp's order) than or equal to its children, the worst on top. */
+ * in mdl_cand_cmp's order) than or equal to its children, the worst on top. */
 static void cand_sift(mdl_cand_t *h, int k, int i)
 {
     for (;;) {
         int w = i, l = 2 * i + 1, r = l + 1;
-        if (l < k && cand_cmp(&h[l], &h[w]) > 0)
+        if (l < k && mdl_cand_cmp(&h[l], &h[w]) > 0)
             w = l;
-        if (r < k && cand_cmp(&h[r], &h[w]) > 0)
+        if (r < k && mdl_cand_cmp(&h[r], &h[w]) > 0)
             w = r;
         if (w == i)
             return;
@@ -238,8 +238,8 @@ static void cand_sift(mdl_cand_t *h, int k, int i)
     }
 }
 
-/* Moves the k first of c[0..n) in cand_cmp's order into c[0..k) (in no
- * order): a heap of the best k so far. cand_cmp is a total order (ties go
+/* Moves the k first of c[0..n) in mdl_cand_cmp's order into c[0..k) (in no
+ * order): a heap of the best k so far. mdl_cand_cmp is a total order (ties go
  * by id), so sorting these k gives exactly the first k of a full sort; with
  * flat logits (tens of thousands of candidates) the full qsort was ~15% of
  * a step of 8 sampled sequences. */
@@ -248,7 +248,7 @@ static void cand_top_k(mdl_cand_t *c, int n, int k)
     for (int i = k / 2 - 1; i >= 0; i--)
         cand_sift(c, k, i);
     for (int i = k; i < n; i++)
-        if (cand_cmp(&c[i], &c[0]) < 0) {
+        if (mdl_cand_cmp(&c[i], &c[0]) < 0) {
             c[0] = c[i];
             cand_sift(c, k, 0);
         }
@@ -290,7 +290,7 @@ int32_t mdl_argmax(const float *x, int n)
     return 0; /* mx is NaN: x[0] was */
 }
 
-int32_t mdl_sampler_sample(mdl_sampler_t *s, float *logits, const int32_t *hist, int n_hist)
+void mdl_sampler_penalize(const mdl_sampler_t *s, float *logits, const int32_t *hist, int n_hist)
 {
     int n = s->n_valid;
     float rp = s->p.repetition_penalty;
@@ -306,25 +306,10 @@ int32_t mdl_sampler_sample(mdl_sampler_t *s, float *logits, const int32_t *hist,
             logits[t] = logits[t] > 0.0f ? logits[t] / rp : logits[t] * rp;
         }
     }
-    int32_t best = mdl_argmax(logits, n);
-    float temp = s->p.temperature;
-    if (!(temp > 0.0f))
-        return best;
-    /* Candidates: logits within 30 temperatures of the best carry all but
-     * e^-30 of the mass each; dropping the rest changes no probability by
-     * more than n * 1e-13 and saves sorting the whole vocabulary. */
-    float maxl = logits[best], floor = maxl - 30.0f * temp;
-    int c = 0;
-    for (int i = 0; i < n; i++)
-        if (logits[i] >= floor)
-            s->cand[c++] = (mdl_cand_t){logits[i], i};
-    if (c == 0)
-        return best; /* NaN logits (a broken model): nothing to sample from */
-    if (s->p.top_k > 0 && c > s->p.top_k) {
-        cand_top_k(s->cand, c, s->p.top_k);
-        c = s->p.top_k;
-    }
-    qsort(s->cand, (size_t)c, sizeof(mdl_cand_t), cand_cmp);
+}
+
+int32_t mdl_sampler_draw(mdl_sampler_t *s, int c, float maxl, float temp)
+{
     double total = 0.0;
     for (int i = 0; i < c; i++) {
         double pr = exp((double)(s->cand[i].l - maxl) / temp);
@@ -353,4 +338,37 @@ int32_t mdl_sampler_sample(mdl_sampler_t *s, float *logits, const int32_t *hist,
             return s->cand[i].id;
     }
     return s->cand[c - 1].id;
+}
+
+int mdl_sampler_collect(mdl_sampler_t *s, const float *logits, float maxl, float temp)
+{
+    /* Logits within 30 temperatures of the best carry all but e^-30 of the
+     * mass each; dropping the rest changes no probability by more than
+     * n * 1e-13 and saves sorting the whole vocabulary. */
+    float floor = maxl - 30.0f * temp;
+    int c = 0;
+    for (int i = 0; i < s->n_valid; i++)
+        if (logits[i] >= floor)
+            s->cand[c++] = (mdl_cand_t){logits[i], i};
+    return c;
+}
+
+int32_t mdl_sampler_sample(mdl_sampler_t *s, float *logits, const int32_t *hist, int n_hist)
+{
+    int n = s->n_valid;
+    mdl_sampler_penalize(s, logits, hist, n_hist);
+    int32_t best = mdl_argmax(logits, n);
+    float temp = s->p.temperature;
+    if (!(temp > 0.0f))
+        return best;
+    float maxl = logits[best];
+    int c = mdl_sampler_collect(s, logits, maxl, temp);
+    if (c == 0)
+        return best; /* NaN logits (a broken model): nothing to sample from */
+    if (s->p.top_k > 0 && c > s->p.top_k) {
+        cand_top_k(s->cand, c, s->p.top_k);
+        c = s->p.top_k;
+    }
+    qsort(s->cand, (size_t)c, sizeof(mdl_cand_t), mdl_cand_cmp);
+    return mdl_sampler_draw(s, c, maxl, temp);
 }

@@ -74,6 +74,18 @@ void mdl_sampler_free(mdl_sampler_t *s);
  * tokens of the context (prompt and output), oldest first. Greedy when
  * temperature <= 0. */
 int32_t mdl_sampler_sample(mdl_sampler_t *s, float *logits, const int32_t *hist, int n_hist);
+/* The pieces of mdl_sampler_sample, for tests that check it against a
+ * reference: the repetition penalty (logits modified in place) ... */
+void mdl_sampler_penalize(const mdl_sampler_t *s, float *logits, const int32_t *hist, int n_hist);
+/* ... the candidates (into s->cand, their count returned): the logits
+ * within 30 temperatures of maxl, the best one, in id order ... */
+int mdl_sampler_collect(mdl_sampler_t *s, const float *logits, float maxl, float temp);
+/* ... and the draw from s->cand[0..c) (c >= 1, sorted by mdl_cand_cmp,
+ * top-k already applied): softmax at temp around maxl, top-p, one RNG
+ * draw. */
+int32_t mdl_sampler_draw(mdl_sampler_t *s, int c, float maxl, float temp);
+/* qsort order of candidates: larger logit first, ties by smaller id */
+int mdl_cand_cmp(const void *a, const void *b);
 /* first index of the largest value; NaNs never win, 0 if x[0] is NaN */
 int32_t mdl_argmax(const float *x, int n);
 

@@ -1386,6 +1386,24 @@ out:
 
 /* ---- entry ------------------------------------------------------------------------ */
 
+/* The commands that take the common options (parse_opts), by name. */
+static const struct {
+    const char *name;
+    int (*run)(const cli_opts_t *o);
+} cli_cmds[] = {
+    {"generate", cmd_generate},
+    {"logits", cmd_logits},
+    {"tokenize", cmd_tokenize},
+    {"detokenize", cmd_detokenize},
+    {"chat-tokens", cmd_chat_tokens},
+    {"bench", cmd_bench},
+    {"membw", cmd_membw},
+    {"serve", cmd_serve},
+    {"gemm", cmd_gemm},
+    {"followup", cmd_followup},
+    {"batch-check", cmd_batch_check},
+};
+
 int mdl_cli_main(int argc, char **argv)
 {
     if (argc < 2 || !strcmp(argv[1], "help") || !strcmp(argv[1], "--help")) {
@@ -1405,33 +1423,14 @@ int mdl_cli_main(int argc, char **argv)
         free(o.messages);
         return 2;
     }
-    int rc;
-    if (!strcmp(cmd, "generate"))
-        rc = cmd_generate(&o);
-    else if (!strcmp(cmd, "logits"))
-        rc = cmd_logits(&o);
-    else if (!strcmp(cmd, "tokenize"))
-        rc = cmd_tokenize(&o);
-    else if (!strcmp(cmd, "detokenize"))
-        rc = cmd_detokenize(&o);
-    else if (!strcmp(cmd, "chat-tokens"))
-        rc = cmd_chat_tokens(&o);
-    else if (!strcmp(cmd, "bench"))
-        rc = cmd_bench(&o);
-    else if (!strcmp(cmd, "membw"))
-        rc = cmd_membw(&o);
-    else if (!strcmp(cmd, "serve"))
-        rc = cmd_serve(&o);
-    else if (!strcmp(cmd, "gemm"))
-        rc = cmd_gemm(&o);
-    else if (!strcmp(cmd, "followup"))
-        rc = cmd_followup(&o);
-    else if (!strcmp(cmd, "batch-check"))
-        rc = cmd_batch_check(&o);
-    else {
+    int rc = 2;
+    size_t i = 0;
+    while (i < SL_ARRAY_LEN(cli_cmds) && strcmp(cmd, cli_cmds[i].name) != 0)
+        i++;
+    if (i < SL_ARRAY_LEN(cli_cmds))
+        rc = cli_cmds[i].run(&o);
+    else
         fprintf(stderr, "model: unknown command %s\n%s", cmd, usage_text);
-        rc = 2;
-    }
     free(o.messages);
     return rc;
 }

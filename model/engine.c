@@ -34,7 +34,6 @@
 #include "common/log.h"
 
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -120,17 +119,6 @@ struct mdl_engine {
     double decode_tps; /* generated tokens per second, smoothed over steps */
     uint64_t step_no;
 };
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...) SL_PRINTF(3, 4);
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 const char *mdl_finish_name(mdl_finish_t f)
 {
@@ -805,13 +793,13 @@ mdl_engine_t *mdl_engine_new(const char *path, const mdl_engine_opts_t *opts, ch
         o.prefix_cache_mb = 256;
     int klevel = parse_kernels(o.kernels);
     if (o.threads > 256 || klevel < 0) {
-        set_err(err, errlen, "bad engine options (threads %d, kernels %s)", o.threads,
-                o.kernels ? o.kernels : "auto");
+        mdl_set_err(err, errlen, "bad engine options (threads %d, kernels %s)", o.threads,
+                    o.kernels ? o.kernels : "auto");
         return NULL;
     }
     mdl_engine_t *e = calloc(1, sizeof(*e));
     if (!e) {
-        set_err(err, errlen, "out of memory");
+        mdl_set_err(err, errlen, "out of memory");
         return NULL;
     }
     pthread_mutex_init(&e->mu, NULL);
@@ -825,12 +813,12 @@ mdl_engine_t *mdl_engine_new(const char *path, const mdl_engine_opts_t *opts, ch
     if (!e->tok)
         goto fail;
     if (mdl_tok_im_start(e->tok) < 0 || mdl_tok_im_end(e->tok) < 0) {
-        set_err(err, errlen, "the vocabulary has no <|im_start|>/<|im_end|>: not a chat model");
+        mdl_set_err(err, errlen, "the vocabulary has no <|im_start|>/<|im_end|>: not a chat model");
         goto fail;
     }
     e->pool = mdl_pool_new(o.threads);
     if (!e->pool) {
-        set_err(err, errlen, "cannot start %d compute threads", o.threads);
+        mdl_set_err(err, errlen, "cannot start %d compute threads", o.threads);
         goto fail;
     }
     int n_ctx = SL_MIN(o.context, e->model->n_ctx_train);
@@ -854,7 +842,7 @@ mdl_engine_t *mdl_engine_new(const char *path, const mdl_engine_opts_t *opts, ch
     e->steps = calloc((size_t)e->n_slots, sizeof(*e->steps));
     e->step_slot = calloc((size_t)e->n_slots, sizeof(int));
     if (!e->slots || !e->steps || !e->step_slot) {
-        set_err(err, errlen, "out of memory");
+        mdl_set_err(err, errlen, "out of memory");
         goto fail;
     }
     mdl_state_opts_t seq_o = so;
@@ -866,18 +854,18 @@ mdl_engine_t *mdl_engine_new(const char *path, const mdl_engine_opts_t *opts, ch
             goto fail;
         sl->logits = malloc(sizeof(float) * (size_t)e->model->n_vocab);
         if (!sl->logits) {
-            set_err(err, errlen, "out of memory");
+            mdl_set_err(err, errlen, "out of memory");
             goto fail;
         }
     }
     const char *sys = o.system_prompt ? o.system_prompt : mdl_qwen_default_system;
     e->system_prompt = sys[0] ? strdup(sys) : NULL;
     if (sys[0] && !e->system_prompt) {
-        set_err(err, errlen, "out of memory");
+        mdl_set_err(err, errlen, "out of memory");
         goto fail;
     }
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
-        set_err(err, errlen, "cannot start the generation thread");
+        mdl_set_err(err, errlen, "cannot start the generation thread");
         goto fail;
     }
     e->thread_started = 1;

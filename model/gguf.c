@@ -341,8 +341,7 @@ static int cmp_tensor_off(const void *a, const void *b)
     return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...) SL_PRINTF(3, 4);
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
+void mdl_set_err(char *err, size_t errlen, const char *fmt, ...)
 {
     if (!err || errlen == 0)
         return;
@@ -358,24 +357,24 @@ static int check_tensors(mdl_gguf_t *g, char *err, size_t errlen)
     uint64_t data_len = g->len - g->data_off;
     const mdl_gguf_tensor_t **order = malloc(sizeof(*order) * (g->n_tensors ? g->n_tensors : 1));
     if (!order) {
-        set_err(err, errlen, "out of memory");
+        mdl_set_err(err, errlen, "out of memory");
         return -1;
     }
     for (size_t i = 0; i < g->n_tensors; i++) {
         mdl_gguf_tensor_t *t = &g->tensors[i].t;
         uint64_t end;
         if (t->offset % g->alignment != 0) {
-            set_err(err, errlen, "tensor '%.*s': offset %llu is not aligned to %llu",
-                    (int)t->name.len, t->name.ptr, (unsigned long long)t->offset,
-                    (unsigned long long)g->alignment);
+            mdl_set_err(err, errlen, "tensor '%.*s': offset %llu is not aligned to %llu",
+                        (int)t->name.len, t->name.ptr, (unsigned long long)t->offset,
+                        (unsigned long long)g->alignment);
             free(order);
             return -1;
         }
         if (__builtin_add_overflow(t->offset, t->nbytes, &end) || end > data_len) {
-            set_err(err, errlen,
-                    "tensor '%.*s': data [%llu, +%llu) lies outside the %llu-byte data section",
-                    (int)t->name.len, t->name.ptr, (unsigned long long)t->offset,
-                    (unsigned long long)t->nbytes, (unsigned long long)data_len);
+            mdl_set_err(err, errlen,
+                        "tensor '%.*s': data [%llu, +%llu) lies outside the %llu-byte data section",
+                        (int)t->name.len, t->name.ptr, (unsigned long long)t->offset,
+                        (unsigned long long)t->nbytes, (unsigned long long)data_len);
             free(order);
             return -1;
         }
@@ -385,8 +384,9 @@ static int check_tensors(mdl_gguf_t *g, char *err, size_t errlen)
     qsort(order, g->n_tensors, sizeof(*order), cmp_tensor_off);
     for (size_t i = 1; i < g->n_tensors; i++) {
         if (order[i - 1]->offset + order[i - 1]->nbytes > order[i]->offset) {
-            set_err(err, errlen, "tensors '%.*s' and '%.*s' overlap", (int)order[i - 1]->name.len,
-                    order[i - 1]->name.ptr, (int)order[i]->name.len, order[i]->name.ptr);
+            mdl_set_err(err, errlen, "tensors '%.*s' and '%.*s' overlap",
+                        (int)order[i - 1]->name.len, order[i - 1]->name.ptr,
+                        (int)order[i]->name.len, order[i]->name.ptr);
             free(order);
             return -1;
         }
@@ -400,29 +400,29 @@ static int parse_all(mdl_gguf_t *g, char *err, size_t errlen)
     cur_t c = {g->base, g->len, 0, err, errlen};
     uint32_t magic;
     if (g->len < 4) {
-        set_err(err, errlen, "file too short (%zu bytes) to be GGUF", g->len);
+        mdl_set_err(err, errlen, "file too short (%zu bytes) to be GGUF", g->len);
         return -1;
     }
     if (cur_u32(&c, &magic, "magic") != 0)
         return -1;
     if (magic != GGUF_MAGIC) {
-        set_err(err, errlen, "not a GGUF file (bad magic)");
+        mdl_set_err(err, errlen, "not a GGUF file (bad magic)");
         return -1;
     }
     if (cur_u32(&c, &g->version, "version") != 0)
         return -1;
     if (g->version == 1) {
-        set_err(err, errlen, "GGUF version 1 is not supported (re-convert the model)");
+        mdl_set_err(err, errlen, "GGUF version 1 is not supported (re-convert the model)");
         return -1;
     }
     if (g->version != 2 && g->version != 3) {
         if ((g->version & 0xffff) == 0)
-            set_err(err, errlen,
-                    "GGUF version 0x%x looks byte-swapped (big-endian files are "
-                    "not supported)",
-                    g->version);
+            mdl_set_err(err, errlen,
+                        "GGUF version 0x%x looks byte-swapped (big-endian files are "
+                        "not supported)",
+                        g->version);
         else
-            set_err(err, errlen, "unsupported GGUF version %u", g->version);
+            mdl_set_err(err, errlen, "unsupported GGUF version %u", g->version);
         return -1;
     }
     uint64_t n_tensors, n_kv;
@@ -442,7 +442,7 @@ static int parse_all(mdl_gguf_t *g, char *err, size_t errlen)
     g->kvs = calloc(n_kv ? n_kv : 1, sizeof(*g->kvs));
     g->tensors = calloc(n_tensors ? n_tensors : 1, sizeof(*g->tensors));
     if (!g->kvs || !g->tensors) {
-        set_err(err, errlen, "out of memory");
+        mdl_set_err(err, errlen, "out of memory");
         return -1;
     }
     g->alignment = GGUF_DEFAULT_ALIGN;
@@ -463,8 +463,8 @@ static int parse_all(mdl_gguf_t *g, char *err, size_t errlen)
         if (mdl_str_eq(e->kv.key, "general.alignment")) {
             uint32_t a = e->kv.type == MDL_GV_U32 ? le32(e->kv.data) : 0;
             if (a == 0 || (a & (a - 1)) != 0 || a > GGUF_MAX_ALIGN) {
-                set_err(err, errlen, "general.alignment must be a u32 power of two <= %u",
-                        GGUF_MAX_ALIGN);
+                mdl_set_err(err, errlen, "general.alignment must be a u32 power of two <= %u",
+                            GGUF_MAX_ALIGN);
                 return -1;
             }
             g->alignment = a;
@@ -487,8 +487,8 @@ static int parse_all(mdl_gguf_t *g, char *err, size_t errlen)
     uint64_t data_off = (c.off + g->alignment - 1) / g->alignment * g->alignment;
     if (data_off > g->len) {
         if (g->n_tensors > 0) {
-            set_err(err, errlen, "file ends (%zu bytes) before the data section at %llu", g->len,
-                    (unsigned long long)data_off);
+            mdl_set_err(err, errlen, "file ends (%zu bytes) before the data section at %llu",
+                        g->len, (unsigned long long)data_off);
             return -1;
         }
         data_off = g->len;
@@ -510,7 +510,7 @@ mdl_gguf_t *mdl_gguf_open_mem(const void *buf, size_t len, char *err, size_t err
 {
     mdl_gguf_t *g = calloc(1, sizeof(*g));
     if (!g) {
-        set_err(err, errlen, "out of memory");
+        mdl_set_err(err, errlen, "out of memory");
         return NULL;
     }
     g->base = buf;
@@ -522,18 +522,18 @@ static int open_file(const char *path, int *fd, size_t *size, char *err, size_t 
 {
     *fd = open(path, O_RDONLY | O_CLOEXEC);
     if (*fd < 0) {
-        set_err(err, errlen, "%s: %s", path, strerror(errno));
+        mdl_set_err(err, errlen, "%s: %s", path, strerror(errno));
         return -1;
     }
     struct stat st;
     if (fstat(*fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        set_err(err, errlen, "%s: not a regular file", path);
+        mdl_set_err(err, errlen, "%s: not a regular file", path);
         close(*fd);
         return -1;
     }
     if (st.st_size < 4) {
-        set_err(err, errlen, "%s: file too short (%lld bytes) to be GGUF", path,
-                (long long)st.st_size);
+        mdl_set_err(err, errlen, "%s: file too short (%lld bytes) to be GGUF", path,
+                    (long long)st.st_size);
         close(*fd);
         return -1;
     }
@@ -547,7 +547,7 @@ static mdl_gguf_t *wrap_mapping(void *map, size_t map_len, const uint8_t *base, 
     mdl_gguf_t *g = calloc(1, sizeof(*g));
     if (!g) {
         munmap(map, map_len);
-        set_err(err, errlen, "out of memory");
+        mdl_set_err(err, errlen, "out of memory");
         return NULL;
     }
     g->base = base;
@@ -567,7 +567,7 @@ mdl_gguf_t *mdl_gguf_open(const char *path, char *err, size_t errlen)
     void *m = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (m == MAP_FAILED) {
-        set_err(err, errlen, "%s: mmap: %s", path, strerror(errno));
+        mdl_set_err(err, errlen, "%s: mmap: %s", path, strerror(errno));
         return NULL;
     }
     return wrap_mapping(m, size, m, size, err, errlen);
@@ -584,7 +584,7 @@ mdl_gguf_t *mdl_gguf_open_copy(const char *path, char *err, size_t errlen)
     size_t map_len = (size + huge - 1) / huge * huge + huge;
     void *m = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) {
-        set_err(err, errlen, "%s: cannot allocate %zu bytes: %s", path, size, strerror(errno));
+        mdl_set_err(err, errlen, "%s: cannot allocate %zu bytes: %s", path, size, strerror(errno));
         close(fd);
         return NULL;
     }
@@ -595,7 +595,7 @@ mdl_gguf_t *mdl_gguf_open_copy(const char *path, char *err, size_t errlen)
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0) {
-            set_err(err, errlen, "%s: read: %s", path, n < 0 ? strerror(errno) : "file shrank");
+            mdl_set_err(err, errlen, "%s: read: %s", path, n < 0 ? strerror(errno) : "file shrank");
             close(fd);
             munmap(m, map_len);
             return NULL;

@@ -21,6 +21,10 @@
 
 #include <stdint.h>
 
+/* Formats a message into the caller's err[errlen] (nothing when err is
+ * NULL or errlen is 0): the error out-parameter of every model/ loader. */
+void mdl_set_err(char *err, size_t errlen, const char *fmt, ...) SL_PRINTF(3, 4);
+
 /* GGUF metadata value types (the numbers are the file format's). */
 typedef enum {
     MDL_GV_U8 = 0,

@@ -11,22 +11,10 @@
 #include "model/qwen2_internal.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...) SL_PRINTF(3, 4);
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* ---- loading ------------------------------------------------------- */
 
@@ -46,13 +34,13 @@ static int get_dim(const mdl_gguf_t *g, const char *key, int64_t def, int64_t lo
     if (rc == MDL_GGUF_MISSING && def >= 0) {
         v = def;
     } else if (rc != MDL_GGUF_OK) {
-        set_err(err, errlen, "metadata %s: %s", key,
-                rc == MDL_GGUF_MISSING ? "missing" : "not an integer");
+        mdl_set_err(err, errlen, "metadata %s: %s", key,
+                    rc == MDL_GGUF_MISSING ? "missing" : "not an integer");
         return -1;
     }
     if (v < lo || v > hi) {
-        set_err(err, errlen, "metadata %s = %lld out of range [%lld, %lld]", key, (long long)v,
-                (long long)lo, (long long)hi);
+        mdl_set_err(err, errlen, "metadata %s = %lld out of range [%lld, %lld]", key, (long long)v,
+                    (long long)lo, (long long)hi);
         return -1;
     }
     *out = (int)v;
@@ -64,21 +52,21 @@ static int bind_weight(const mdl_gguf_t *g, const char *name, int n_in, int n_ou
 {
     const mdl_gguf_tensor_t *t = mdl_gguf_tensor_find(g, name);
     if (!t) {
-        set_err(err, errlen, "tensor %s is missing", name);
+        mdl_set_err(err, errlen, "tensor %s is missing", name);
         return -1;
     }
     if (!mdl_ttype_supported(t->type)) {
-        set_err(err, errlen,
-                "tensor %s: type %s is not supported (F32, F16, Q8_0, Q4_0, Q5_0, "
-                "Q4_K, Q6_K are)",
-                name, mdl_ttype_name(t->type));
+        mdl_set_err(err, errlen,
+                    "tensor %s: type %s is not supported (F32, F16, Q8_0, Q4_0, Q5_0, "
+                    "Q4_K, Q6_K are)",
+                    name, mdl_ttype_name(t->type));
         return -1;
     }
     if (t->ne[0] != (uint64_t)n_in || (n_out > 0 && t->ne[1] != (uint64_t)n_out) || t->ne[2] != 1 ||
         t->ne[3] != 1 || (n_out <= 0 && t->ne[1] > MAX_VOCAB)) {
-        set_err(err, errlen, "tensor %s: shape [%llu, %llu, %llu, %llu], expected [%d, %d]", name,
-                (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
-                (unsigned long long)t->ne[2], (unsigned long long)t->ne[3], n_in, n_out);
+        mdl_set_err(err, errlen, "tensor %s: shape [%llu, %llu, %llu, %llu], expected [%d, %d]",
+                    name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
+                    (unsigned long long)t->ne[2], (unsigned long long)t->ne[3], n_in, n_out);
         return -1;
     }
     w->type = t->type;
@@ -99,22 +87,22 @@ static int load_vec(const mdl_gguf_t *g, const char *name, int n, int optional, 
     if (!t) {
         if (optional)
             return 0;
-        set_err(err, errlen, "tensor %s is missing", name);
+        mdl_set_err(err, errlen, "tensor %s is missing", name);
         return -1;
     }
     if (t->type != MDL_T_F32 && t->type != MDL_T_F16) {
-        set_err(err, errlen, "tensor %s: type %s, expected F32 or F16", name,
-                mdl_ttype_name(t->type));
+        mdl_set_err(err, errlen, "tensor %s: type %s, expected F32 or F16", name,
+                    mdl_ttype_name(t->type));
         return -1;
     }
     if (t->ne[0] != (uint64_t)n || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1) {
-        set_err(err, errlen, "tensor %s: shape [%llu, %llu], expected [%d]", name,
-                (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], n);
+        mdl_set_err(err, errlen, "tensor %s: shape [%llu, %llu], expected [%d]", name,
+                    (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], n);
         return -1;
     }
     *out = malloc(sizeof(float) * (size_t)n);
     if (!*out || mdl_dequant_row(t->type, t->data, *out, n) != 0) {
-        set_err(err, errlen, "out of memory");
+        mdl_set_err(err, errlen, "out of memory");
         return -1;
     }
     return 0;
@@ -155,12 +143,12 @@ static int load_hparams(mdl_model_t *m, char *err, size_t errlen)
     const mdl_gguf_t *g = m->gguf;
     mdl_str_t arch;
     if (mdl_gguf_get_str(g, "general.architecture", &arch) != MDL_GGUF_OK) {
-        set_err(err, errlen, "metadata general.architecture is missing");
+        mdl_set_err(err, errlen, "metadata general.architecture is missing");
         return -1;
     }
     if (!mdl_str_eq(arch, "qwen2")) {
-        set_err(err, errlen, "architecture '%.*s' is not supported (only qwen2)",
-                (int)SL_MIN(arch.len, 64), arch.ptr);
+        mdl_set_err(err, errlen, "architecture '%.*s' is not supported (only qwen2)",
+                    (int)SL_MIN(arch.len, 64), arch.ptr);
         return -1;
     }
     mdl_str_t name;
@@ -177,8 +165,8 @@ static int load_hparams(mdl_model_t *m, char *err, size_t errlen)
         get_dim(g, "qwen2.context_length", 32768, 1, 1 << 24, &m->n_ctx_train, err, errlen))
         return -1;
     if (m->n_head % m->n_kv != 0) {
-        set_err(err, errlen, "head_count %d is not a multiple of head_count_kv %d", m->n_head,
-                m->n_kv);
+        mdl_set_err(err, errlen, "head_count %d is not a multiple of head_count_kv %d", m->n_head,
+                    m->n_kv);
         return -1;
     }
     int def_hd = m->n_embd % m->n_head == 0 ? m->n_embd / m->n_head : -1;
@@ -189,20 +177,21 @@ static int load_hparams(mdl_model_t *m, char *err, size_t errlen)
                 errlen))
         return -1;
     if (m->head_dim % 2 != 0) {
-        set_err(err, errlen, "head dimension %d is odd", m->head_dim);
+        mdl_set_err(err, errlen, "head dimension %d is odd", m->head_dim);
         return -1;
     }
     double v;
     int rc = mdl_gguf_get_float(g, "qwen2.rope.freq_base", &v);
     m->rope_base = rc == MDL_GGUF_OK ? v : 10000.0; /* the GGUF convention's default */
     if (rc == MDL_GGUF_BADTYPE || !(m->rope_base > 1.0 && m->rope_base < 1e12)) {
-        set_err(err, errlen, "metadata qwen2.rope.freq_base is not a number > 1");
+        mdl_set_err(err, errlen, "metadata qwen2.rope.freq_base is not a number > 1");
         return -1;
     }
     rc = mdl_gguf_get_float(g, "qwen2.attention.layer_norm_rms_epsilon", &v);
     m->eps = rc == MDL_GGUF_OK ? (float)v : 1e-6f;
     if (rc == MDL_GGUF_BADTYPE || !(m->eps > 0.0f && m->eps < 1.0f)) {
-        set_err(err, errlen, "metadata qwen2.attention.layer_norm_rms_epsilon is not in (0, 1)");
+        mdl_set_err(err, errlen,
+                    "metadata qwen2.attention.layer_norm_rms_epsilon is not in (0, 1)");
         return -1;
     }
     /* Context extension (YaRN and friends) changes RoPE for every position;
@@ -212,8 +201,8 @@ static int load_hparams(mdl_model_t *m, char *err, size_t errlen)
         !mdl_str_eq(st, "none")) {
         double f = 1.0;
         if (mdl_gguf_get_float(g, "qwen2.rope.scaling.factor", &f) != MDL_GGUF_OK || f != 1.0) {
-            set_err(err, errlen, "RoPE scaling '%.*s' is not supported", (int)SL_MIN(st.len, 32),
-                    st.ptr);
+            mdl_set_err(err, errlen, "RoPE scaling '%.*s' is not supported",
+                        (int)SL_MIN(st.len, 32), st.ptr);
             return -1;
         }
     }
@@ -278,7 +267,7 @@ mdl_model_t *mdl_model_from_gguf(mdl_gguf_t *g, char *err, size_t errlen)
     mdl_model_t *m = calloc(1, sizeof(*m));
     if (!m) {
         mdl_gguf_free(g);
-        set_err(err, errlen, "out of memory");
+        mdl_set_err(err, errlen, "out of memory");
         return NULL;
     }
     m->gguf = g;
@@ -299,7 +288,7 @@ mdl_model_t *mdl_model_from_gguf(mdl_gguf_t *g, char *err, size_t errlen)
         goto fail;
     m->layers = calloc((size_t)m->n_layer, sizeof(*m->layers));
     if (!m->layers) {
-        set_err(err, errlen, "out of memory");
+        mdl_set_err(err, errlen, "out of memory");
         goto fail;
     }
     m->bytes_per_token = m->output.row_bytes * (uint64_t)m->n_vocab;
@@ -534,7 +523,7 @@ mdl_state_t *mdl_state_new(const mdl_model_t *m, const mdl_state_opts_t *o, mdl_
 {
     mdl_state_t *s = calloc(1, sizeof(*s));
     if (!s) {
-        set_err(err, errlen, "out of memory");
+        mdl_set_err(err, errlen, "out of memory");
         return NULL;
     }
     s->m = m;
@@ -546,7 +535,7 @@ mdl_state_t *mdl_state_new(const mdl_model_t *m, const mdl_state_opts_t *o, mdl_
     s->n_ctx = o && o->n_ctx > 0 ? o->n_ctx : SL_MIN(4096, m->n_ctx_train);
     s->batch = o && o->batch > 0 ? SL_MIN(o->batch, 512) : 32;
     if (s->n_ctx > (1 << 20)) {
-        set_err(err, errlen, "context %d too large", s->n_ctx);
+        mdl_set_err(err, errlen, "context %d too large", s->n_ctx);
         free(s);
         return NULL;
     }
@@ -582,7 +571,7 @@ mdl_state_t *mdl_state_new(const mdl_model_t *m, const mdl_state_opts_t *o, mdl_
                        : NULL;
     if (!ok || !s->aq || !s->as || !s->ail || !s->acts || (s->k->prep && !s->ax) || !s->row_seq ||
         !s->row_pos || !s->lg_rows || !s->lg_out || !s->step_tok) {
-        set_err(err, errlen, "out of memory for a %d-token context", s->n_ctx);
+        mdl_set_err(err, errlen, "out of memory for a %d-token context", s->n_ctx);
         mdl_state_free(s);
         return NULL;
     }

@@ -10,7 +10,6 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,17 +63,6 @@ struct mdl_tok {
     pcre2_code *re;
     int32_t eos, eot, im_start, im_end, endoftext;
 };
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...) SL_PRINTF(3, 4);
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 int mdl_ids_push(mdl_ids_t *ids, int32_t id)
 {
@@ -163,17 +151,17 @@ static int load_tokens(mdl_tok_t *t, const mdl_gguf_t *g, int n_vocab_model, cha
 {
     const mdl_gguf_kv_t *toks, *types = NULL;
     if (mdl_gguf_get_arr(g, "tokenizer.ggml.tokens", MDL_GV_STRING, &toks) != MDL_GGUF_OK) {
-        set_err(err, errlen, "tokenizer.ggml.tokens is missing or not a string array");
+        mdl_set_err(err, errlen, "tokenizer.ggml.tokens is missing or not a string array");
         return -1;
     }
     if (toks->arr_count == 0 || toks->arr_count > (uint64_t)n_vocab_model) {
-        set_err(err, errlen, "tokenizer has %llu tokens for %d embedding rows",
-                (unsigned long long)toks->arr_count, n_vocab_model);
+        mdl_set_err(err, errlen, "tokenizer has %llu tokens for %d embedding rows",
+                    (unsigned long long)toks->arr_count, n_vocab_model);
         return -1;
     }
     int rc = mdl_gguf_get_arr(g, "tokenizer.ggml.token_type", MDL_GV_I64, &types);
     if (rc == MDL_GGUF_BADTYPE || (rc == MDL_GGUF_OK && types->arr_count != toks->arr_count)) {
-        set_err(err, errlen, "tokenizer.ggml.token_type does not match the tokens");
+        mdl_set_err(err, errlen, "tokenizer.ggml.token_type does not match the tokens");
         return -1;
     }
     t->n = (int)toks->arr_count;
@@ -184,7 +172,7 @@ static int load_tokens(mdl_tok_t *t, const mdl_gguf_t *g, int n_vocab_model, cha
     t->bytes = malloc(toks->data_len + 1);
     t->ents = calloc((size_t)t->n, sizeof(*t->ents));
     if (!t->info || !t->text || !t->bytes || !t->ents) {
-        set_err(err, errlen, "out of memory");
+        mdl_set_err(err, errlen, "out of memory");
         return -1;
     }
     int16_t rev[512];
@@ -197,7 +185,7 @@ static int load_tokens(mdl_tok_t *t, const mdl_gguf_t *g, int n_vocab_model, cha
     for (int i = 0; i < t->n; i++) {
         mdl_str_t s;
         if (mdl_gguf_arr_next_str(toks, &pos, &s) != 0) {
-            set_err(err, errlen, "tokenizer.ggml.tokens is truncated");
+            mdl_set_err(err, errlen, "tokenizer.ggml.tokens is truncated");
             return -1;
         }
         tok_info_t *ti = &t->info[i];
@@ -244,17 +232,17 @@ static int load_merges(mdl_tok_t *t, const mdl_gguf_t *g, char *err, size_t errl
     if (rc == MDL_GGUF_MISSING)
         return 0; /* a vocabulary without merges: bytes only */
     if (rc != MDL_GGUF_OK) {
-        set_err(err, errlen, "tokenizer.ggml.merges is not a string array");
+        mdl_set_err(err, errlen, "tokenizer.ggml.merges is not a string array");
         return -1;
     }
     t->merges = calloc(mk->arr_count ? mk->arr_count : 1, sizeof(*t->merges));
     if (!t->merges) {
-        set_err(err, errlen, "out of memory");
+        mdl_set_err(err, errlen, "out of memory");
         return -1;
     }
     char *buf = malloc(1024);
     if (!buf) {
-        set_err(err, errlen, "out of memory");
+        mdl_set_err(err, errlen, "out of memory");
         return -1;
     }
     uint64_t pos = 0;
@@ -294,13 +282,13 @@ mdl_tok_t *mdl_tok_from_gguf(const mdl_gguf_t *g, int n_vocab_model, char *err, 
 {
     mdl_tok_t *t = calloc(1, sizeof(*t));
     if (!t) {
-        set_err(err, errlen, "out of memory");
+        mdl_set_err(err, errlen, "out of memory");
         return NULL;
     }
     mdl_str_t model;
     if (mdl_gguf_get_str(g, "tokenizer.ggml.model", &model) != MDL_GGUF_OK ||
         !mdl_str_eq(model, "gpt2")) {
-        set_err(err, errlen, "tokenizer.ggml.model must be \"gpt2\" (byte-level BPE)");
+        mdl_set_err(err, errlen, "tokenizer.ggml.model must be \"gpt2\" (byte-level BPE)");
         goto fail;
     }
     if (load_tokens(t, g, n_vocab_model, err, errlen) != 0 || load_merges(t, g, err, errlen) != 0)
@@ -312,7 +300,7 @@ mdl_tok_t *mdl_tok_from_gguf(const mdl_gguf_t *g, int n_vocab_model, char *err, 
     }
     t->specials = malloc(sizeof(int32_t) * (size_t)t->n);
     if (!t->specials) {
-        set_err(err, errlen, "out of memory");
+        mdl_set_err(err, errlen, "out of memory");
         goto fail;
     }
     for (int i = 0; i < t->n; i++) {
@@ -335,7 +323,7 @@ mdl_tok_t *mdl_tok_from_gguf(const mdl_gguf_t *g, int n_vocab_model, char *err, 
     if (!t->re) {
         char msg[128];
         pcre2_get_error_message(ecode, (PCRE2_UCHAR *)msg, sizeof(msg));
-        set_err(err, errlen, "pre-tokenizer regex: %s at %zu", msg, (size_t)eoff);
+        mdl_set_err(err, errlen, "pre-tokenizer regex: %s at %zu", msg, (size_t)eoff);
         goto fail;
     }
     (void)pcre2_jit_compile(t->re, PCRE2_JIT_COMPLETE); /* interpreter if JIT is absent */

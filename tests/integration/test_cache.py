@@ -359,6 +359,14 @@ def semantic_cache(**sem):
     return global_cache(semantic=c)
 
 
+def active_conns(s):
+    """connections.active of every upstream server in /admin/state: the
+    connections handed out (gw_upstream_get) and not yet given back."""
+    r = s.admin("GET", "/admin/state")
+    assert r.status == 200, r
+    return [sv["connections"]["active"] for p in r.json()["pools"] for sv in p.get("servers", [])]
+
+
 def unit(cos):
     """An 8-dim unit vector at cosine `cos` from e1."""
     return [cos, (1 - cos * cos) ** 0.5, 0, 0, 0, 0, 0, 0]
@@ -388,6 +396,9 @@ def test_semantic_hits_and_misses_around_the_threshold(sluice_factory, mock):
     # an exact repeat never needs the embeddings call
     assert ask(s, "how do I reset my password?").header("X-Sluice-Cache") == "hit"
     assert len(mock.requests()) == 5
+    # the three embeddings calls and two chats gave their connections back
+    act = active_conns(s)
+    assert act and all(a == 0 for a in act), act
 
 
 def test_semantic_embedding_past_its_deadline_goes_upstream(sluice_factory, mock):
@@ -400,6 +411,9 @@ def test_semantic_embedding_past_its_deadline_goes_upstream(sluice_factory, mock
     emb = [q for q in mock.requests() if q["path"] == "/v1/embeddings"][0]
     # the chat request left ~50 ms after the embeddings call, not after its 2 s stall
     assert chat["t"] - emb["t"] < bound(1.0)
+    # the abandoned embeddings call's connection is no longer counted as in use
+    act = active_conns(s)
+    assert act and all(a == 0 for a in act), act
 
 
 def test_conf_check_names_a_missing_embed_model(sluice_factory, sluice_bin):

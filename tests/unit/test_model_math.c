@@ -169,32 +169,15 @@ static void test_sampler_greedy_and_penalty(void **state)
     mdl_sampler_free(NULL);
 }
 
-/* The sampler as it was before mdl_argmax (serial argmax), kept here as
- * the reference its outputs must match for the same seed and parameters. */
-static int ref_cand_cmp(const void *a, const void *b)
-{
-    const mdl_cand_t *x = a, *y = b;
-    if (x->l != y->l)
-        return x->l > y->l ? -1 : 1;
-    return (x->id > y->id) - (x->id < y->id);
-}
-
+/* The sampler as it was before mdl_argmax and the top-k heap (serial
+ * argmax, a qsort of every candidate, then the first top_k), kept here as
+ * the reference its outputs must match for the same seed and parameters.
+ * The penalty, the candidates' collection and the draw from the sorted
+ * candidates never changed: it calls the product's. */
 static int32_t ref_sample(mdl_sampler_t *s, float *logits, const int32_t *hist, int n_hist)
 {
     int n = s->n_valid;
-    float rp = s->p.repetition_penalty;
-    if (rp > 0.0f && rp != 1.0f) {
-        int from = n_hist > MDL_REPEAT_LAST_N ? n_hist - MDL_REPEAT_LAST_N : 0;
-        for (int i = from; i < n_hist; i++) {
-            int32_t t = hist[i];
-            int seen = 0;
-            for (int j = from; j < i && !seen; j++)
-                seen = hist[j] == t;
-            if (seen || t < 0 || t >= n)
-                continue;
-            logits[t] = logits[t] > 0.0f ? logits[t] / rp : logits[t] * rp;
-        }
-    }
+    mdl_sampler_penalize(s, logits, hist, n_hist);
     int32_t best = 0;
     for (int i = 1; i < n; i++)
         if (logits[i] > logits[best])
@@ -202,44 +185,14 @@ static int32_t ref_sample(mdl_sampler_t *s, float *logits, const int32_t *hist, 
     float temp = s->p.temperature;
     if (!(temp > 0.0f))
         return best;
-    float maxl = logits[best], floor = maxl - 30.0f * temp;
-    int c = 0;
-    for (int i = 0; i < n; i++)
-        if (logits[i] >= floor)
-            s->cand[c++] = (mdl_cand_t){logits[i], i};
+    float maxl = logits[best];
+    int c = mdl_sampler_collect(s, logits, maxl, temp);
     if (c == 0)
         return best;
-    qsort(s->cand, (size_t)c, sizeof(mdl_cand_t), ref_cand_cmp);
+    qsort(s->cand, (size_t)c, sizeof(mdl_cand_t), mdl_cand_cmp);
     if (s->p.top_k > 0 && c > s->p.top_k)
         c = s->p.top_k;
-    double total = 0.0;
-    for (int i = 0; i < c; i++) {
-        double pr = exp((double)(s->cand[i].l - maxl) / temp);
-        s->cand[i].l = (float)pr;
-        total += pr;
-    }
-    if (s->p.top_p > 0.0f && s->p.top_p < 1.0f) {
-        double cum = 0.0;
-        int keep = c;
-        for (int i = 0; i < c; i++) {
-            cum += s->cand[i].l / total;
-            if (cum >= s->p.top_p) {
-                keep = i + 1;
-                break;
-            }
-        }
-        c = keep;
-        total = 0.0;
-        for (int i = 0; i < c; i++)
-            total += s->cand[i].l;
-    }
-    double u = mdl_rng_uniform(&s->rng) * total, acc = 0.0;
-    for (int i = 0; i < c; i++) {
-        acc += s->cand[i].l;
-        if (u < acc)
-            return s->cand[i].id;
-    }
-    return s->cand[c - 1].id;
+    return mdl_sampler_draw(s, c, maxl, temp);
 }
 
 static int32_t serial_argmax(const float *x, int n)
