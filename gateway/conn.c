@@ -464,17 +464,24 @@ void gw_conn_drain(gw_conn_t *c)
         c->close_after = true;
 }
 
-/* A reused struct's texts (gw_req.h): each one's first byte only. */
+/* A reused struct's texts (gw_req.h): each one's first byte only; those
+ * of r->tx are "" by the memset of tx_set, their lines untouched. */
 static void gw_req_texts_clear(gw_req_t *r)
 {
     r->id[0] = '\0';
     r->trace_id[0] = '\0';
     r->traceparent[0] = '\0';
-    r->client_id[0] = '\0';
-    r->client_ip[0] = '\0';
-    r->retry_after[0] = '\0';
-    r->queued_id[0] = '\0';
-    r->user[0] = '\0';
+}
+
+/* A new struct, line-aligned: the cleared part (up to id) then spans 9
+ * lines, not 9 or 10 by where malloc put it. */
+static gw_req_t *gw_req_alloc(void)
+{
+    size_t n = (sizeof(gw_req_t) + 63) & ~(size_t)63;
+    gw_req_t *r = aligned_alloc(64, n);
+    if (r)
+        memset(r, 0, sizeof(*r));
+    return r;
 }
 
 static gw_req_t *gw_req_new(gw_conn_t *c)
@@ -499,7 +506,7 @@ static gw_req_t *gw_req_new(gw_conn_t *c)
         r->llm.tail = tail;
         r->scan_kept = scan_kept;
     } else {
-        r = calloc(1, sizeof(*r));
+        r = gw_req_alloc();
         if (!r)
             return NULL;
         sl_counter_add(gw_m.req_structs_new, 1);

@@ -104,8 +104,12 @@ int gw_wio_tls_own(gw_wio_t *io, SSL *ssl);
  * libevent call, once; false where it does not (ASan). gw_wio_mem_tick runs
  * on the calling thread's worker tick: frees half of what its stack did not
  * use since the tick before, or all of it (all); returns how many. The rest
- * is for tests: gw_wio_mem_prepare sets up without installing. */
-#define GW_WIO_CHAINS_MAX 1024 /* a thread's stack: 1 MiB at most */
+ * is for tests: gw_wio_mem_prepare sets up without installing. The
+ * HTTP/1 parsers take their head blocks of up to GW_WIO_CHAIN_BYTES from
+ * the same stack (http1.c, block_take) and give them back with
+ * gw_wio_mem_free: one stack, so the block handed out is the warmest. */
+#define GW_WIO_CHAINS_MAX  1024 /* a thread's stack: 1 MiB at most */
+#define GW_WIO_CHAIN_BYTES 1024 /* libevent's smallest chain with its header */
 bool gw_wio_mem_init(void);
 void gw_wio_mem_prepare(void);
 void *gw_wio_mem_malloc(size_t size);

@@ -722,8 +722,6 @@ int gw_wio_read_own(gw_wio_t *io)
  * back half of what its thread's stack did not use since the tick before
  * (gw_wio_mem_tick), and all of it when the worker trims after a peak.
  * Not installed under ASan (its own allocator checks the chains). */
-#define GW_WIO_CHAIN_BYTES 1024
-
 #if defined(__SANITIZE_ADDRESS__)
 #define GW_WIO_ASAN 1
 #elif defined(__has_feature)

@@ -4,6 +4,8 @@
  * the 16 KiB the limits allow), strings stay right when it moves (fed in
  * one piece or byte by byte), it is cut to the head's size once the head is
  * complete and freed by reset (an idle keep-alive connection holds none).
+ * A whole head of up to 1 KiB takes the thread's last freed 1 KiB block
+ * (wio.c's stack) and gives it back at reset.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,6 +17,7 @@
 
 #include <cmocka.h>
 
+#include "gateway/gw_wio.h"
 #include "gateway/http1.h"
 
 static const gw_http_limits_t lim = {
@@ -269,6 +272,78 @@ static void test_reset_reads_new_before_the_next_feed(void **state)
     gw_http_parser_free(p);
 }
 
+/* A whole head of up to 1 KiB is the thread's last freed 1 KiB block, given
+ * back at reset and at free (a cold exact-size malloc from glibc's bins at
+ * thousands of connections, bench/RESULTS.md "coldreq"); a bigger head and
+ * one fed in pieces leave the stack alone; the stack stays bounded. */
+static void test_small_head_block_from_thread_stack(void **state)
+{
+    (void)state;
+    gw_wio_mem_prepare();
+    (void)gw_wio_mem_tick(true);
+    void *warm = gw_wio_mem_malloc(GW_WIO_CHAIN_BYTES);
+    assert_non_null(warm);
+    gw_wio_mem_free(warm);
+    assert_int_equal(gw_wio_mem_cached(), 1);
+
+    gw_http_parser_t *p = gw_http_parser_new(GW_HTTP_REQUEST, &lim);
+    assert_non_null(p);
+    size_t len;
+    char *in = make_request(3, 10, 0, &len);
+    size_t used = 0, body = 0;
+    assert_int_equal(gw_http_feed(p, in, len, &used, sink, &body), GW_HTTP_HEAD);
+    assert_int_equal(gw_wio_mem_cached(), 0);
+    assert_ptr_equal(gw_http_msg(p)->headers, warm); /* the warm block itself */
+    assert_string_equal(gw_http_msg(p)->headers[1].name, "X-H0");
+    gw_http_parser_reset(p);
+    assert_int_equal(gw_wio_mem_cached(), 1); /* back on the stack */
+    assert_int_equal(gw_http_parser_held(p), 0);
+
+    /* again, then freed with the parser: back too */
+    used = 0;
+    assert_int_equal(gw_http_feed(p, in, len, &used, sink, &body), GW_HTTP_HEAD);
+    assert_int_equal(gw_wio_mem_cached(), 0);
+    gw_http_parser_free(p);
+    assert_int_equal(gw_wio_mem_cached(), 1);
+    free(in);
+
+    /* over 1 KiB with its table: its own block, the stack untouched */
+    p = gw_http_parser_new(GW_HTTP_REQUEST, &lim);
+    assert_non_null(p);
+    in = make_request(20, 40, 0, &len);
+    assert_true(len > GW_WIO_CHAIN_BYTES);
+    feed_and_check(p, in, len, len, 20, 40);
+    assert_int_equal(gw_wio_mem_cached(), 1);
+    gw_http_parser_reset(p);
+    assert_int_equal(gw_wio_mem_cached(), 1);
+    free(in);
+
+    /* a small head fed in pieces grows its own storage */
+    in = make_request(3, 10, 0, &len);
+    feed_and_check(p, in, len, 7, 3, 10);
+    assert_int_equal(gw_wio_mem_cached(), 1);
+    gw_http_parser_reset(p);
+    assert_int_equal(gw_wio_mem_cached(), 1);
+
+    /* the stack full: a head's block is freed, not pushed past the bound */
+    void **fill = calloc(GW_WIO_CHAINS_MAX, sizeof(*fill));
+    assert_non_null(fill);
+    for (size_t i = 0; i < GW_WIO_CHAINS_MAX; i++)
+        fill[i] = malloc(GW_WIO_CHAIN_BYTES);
+    used = 0;
+    assert_int_equal(gw_http_feed(p, in, len, &used, sink, &body), GW_HTTP_HEAD);
+    assert_int_equal(gw_wio_mem_cached(), 0);
+    for (size_t i = 0; i < GW_WIO_CHAINS_MAX; i++)
+        gw_wio_mem_free(fill[i]);
+    assert_int_equal(gw_wio_mem_cached(), GW_WIO_CHAINS_MAX);
+    gw_http_parser_reset(p);
+    assert_int_equal(gw_wio_mem_cached(), GW_WIO_CHAINS_MAX);
+    free(fill);
+    free(in);
+    gw_http_parser_free(p);
+    assert_int_equal(gw_wio_mem_tick(true), GW_WIO_CHAINS_MAX);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -276,6 +351,7 @@ int main(void)
         cmocka_unit_test(test_storage_moves_keep_strings),
         cmocka_unit_test(test_whole_heads_keep_their_own_strings),
         cmocka_unit_test(test_reset_reads_new_before_the_next_feed),
+        cmocka_unit_test(test_small_head_block_from_thread_stack),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
