@@ -473,17 +473,6 @@ static void gw_req_texts_clear(gw_req_t *r)
     r->traceparent[0] = '\0';
 }
 
-/* A new struct, line-aligned: the cleared part (up to id) then spans 9
- * lines, not 9 or 10 by where malloc put it. */
-static gw_req_t *gw_req_alloc(void)
-{
-    size_t n = (sizeof(gw_req_t) + 63) & ~(size_t)63;
-    gw_req_t *r = aligned_alloc(64, n);
-    if (r)
-        memset(r, 0, sizeof(*r));
-    return r;
-}
-
 static gw_req_t *gw_req_new(gw_conn_t *c)
 {
     gw_worker_t *w = c->w;
@@ -506,7 +495,7 @@ static gw_req_t *gw_req_new(gw_conn_t *c)
         r->llm.tail = tail;
         r->scan_kept = scan_kept;
     } else {
-        r = gw_req_alloc();
+        r = calloc(1, sizeof(*r));
         if (!r)
             return NULL;
         sl_counter_add(gw_m.req_structs_new, 1);

@@ -104,10 +104,7 @@ int gw_wio_tls_own(gw_wio_t *io, SSL *ssl);
  * libevent call, once; false where it does not (ASan). gw_wio_mem_tick runs
  * on the calling thread's worker tick: frees half of what its stack did not
  * use since the tick before, or all of it (all); returns how many. The rest
- * is for tests: gw_wio_mem_prepare sets up without installing. The
- * HTTP/1 parsers take their head blocks of up to GW_WIO_CHAIN_BYTES from
- * the same stack (http1.c, block_take) and give them back with
- * gw_wio_mem_free: one stack, so the block handed out is the warmest. */
+ * is for tests: gw_wio_mem_prepare sets up without installing. */
 #define GW_WIO_CHAINS_MAX  1024 /* a thread's stack: 1 MiB at most */
 #define GW_WIO_CHAIN_BYTES 1024 /* libevent's smallest chain with its header */
 bool gw_wio_mem_init(void);
@@ -117,5 +114,18 @@ void *gw_wio_mem_realloc(void *p, size_t size);
 void gw_wio_mem_free(void *p);
 size_t gw_wio_mem_tick(bool all);
 size_t gw_wio_mem_cached(void);
+
+/* The HTTP/1 parsers' head blocks (http1.c, block_take): a whole head of
+ * up to GW_WIO_HEAD_BYTES with its header table. A thread keeps those given
+ * back on a stack of its own (at most GW_WIO_CHAINS_MAX, 1 MiB), the last
+ * given back the next taken, instead of an exact-size malloc from glibc's
+ * bins, cold at thousands of connections (bench/RESULTS.md, "coldreq");
+ * gw_wio_mem_tick trims it with the chains'. take: a block of
+ * GW_WIO_HEAD_BYTES or NULL (OOM); give: NULL-safe, frees the block where
+ * the stacks are off (ASan) or full. */
+#define GW_WIO_HEAD_BYTES 1024
+void *gw_wio_head_take(void);
+void gw_wio_head_give(void *p);
+size_t gw_wio_head_cached(void);
 
 #endif

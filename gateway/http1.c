@@ -1227,8 +1227,11 @@ static int arena_move(gw_http_parser_t *p, size_t cap)
  * (storage_reserve). */
 static void storage_drop(gw_http_parser_t *p)
 {
-    if (p->one_block) {
-        gw_wio_mem_free(p->hdrs); /* a 1 KiB one back on the thread's stack (block_take) */
+    if (p->one_block) { /* block_take's, from the thread's stack when it fit */
+        if (p->hdrs_cap * sizeof(*p->hdrs) + p->arena_cap <= GW_WIO_HEAD_BYTES)
+            gw_wio_head_give(p->hdrs);
+        else
+            free(p->hdrs);
     } else {
         free(p->arena);
         free(p->hdrs);
@@ -1258,13 +1261,9 @@ static int block_take(gw_http_parser_t *p, size_t len, size_t ncr)
     size_t acap = SL_MIN(len, full);
     size_t lines = SL_MAX(SL_MIN(ncr - 2, p->lim.header_lines), (size_t)1);
     size_t need = lines * sizeof(gw_http_header_t) + acap;
-    /* Most heads fit 1 KiB: such a block is the thread's last freed chain
-     * (wio.c's stack: warm, no glibc bins walked; libevent takes it back as
-     * a chain once freed), an exact-size malloc of a few hundred bytes came
-     * from glibc's bins, cold at thousands of connections (bench/RESULTS.md,
-     * "coldreq"). */
-    gw_http_header_t *h =
-        need <= GW_WIO_CHAIN_BYTES ? gw_wio_mem_malloc(GW_WIO_CHAIN_BYTES) : malloc(need);
+    /* Most heads fit 1 KiB: such a block comes from the thread's stack of
+     * head blocks and goes back to it (gw_wio.h says why) */
+    gw_http_header_t *h = need <= GW_WIO_HEAD_BYTES ? gw_wio_head_take() : malloc(need);
     if (!h)
         return -1;
     p->hdrs = h;

@@ -730,23 +730,40 @@ int gw_wio_read_own(gw_wio_t *io)
 #endif
 #endif
 
-struct gw_wio_chains {
+struct gw_wio_stack {
     void *blk[GW_WIO_CHAINS_MAX];
     size_t n;
     size_t low; /* fewest held since the last tick */
 };
-static __thread struct gw_wio_chains gw_wio_chains;
+static __thread struct gw_wio_stack gw_wio_chains;
+/* The HTTP/1 parsers' head blocks (gw_wio_head_take): their own stack, so
+ * that no free has to ask malloc a block's size, and a head takes the last
+ * head block given back (the upstream's answer's, given back at release). */
+static __thread struct gw_wio_stack gw_wio_heads;
 
-static size_t gw_wio_chain_usable; /* malloc_usable_size of a 1 KiB block */
+static size_t gw_wio_chain_usable; /* malloc_usable_size of a 1 KiB block; 0: stacks off */
+
+static void *gw_wio_stack_pop(struct gw_wio_stack *st)
+{
+    void *p = st->blk[--st->n];
+    if (st->n < st->low)
+        st->low = st->n;
+    return p;
+}
+
+static size_t gw_wio_stack_trim(struct gw_wio_stack *st, bool all)
+{
+    size_t n = all ? st->n : (SL_MIN(st->low, st->n) + 1) / 2;
+    for (size_t i = 0; i < n; i++)
+        free(st->blk[--st->n]);
+    st->low = st->n;
+    return n;
+}
 
 void *gw_wio_mem_malloc(size_t size)
 {
-    if (size == GW_WIO_CHAIN_BYTES && gw_wio_chains.n > 0) {
-        void *p = gw_wio_chains.blk[--gw_wio_chains.n];
-        if (gw_wio_chains.n < gw_wio_chains.low)
-            gw_wio_chains.low = gw_wio_chains.n;
-        return p;
-    }
+    if (size == GW_WIO_CHAIN_BYTES && gw_wio_chains.n > 0)
+        return gw_wio_stack_pop(&gw_wio_chains);
     return malloc(size);
 }
 
@@ -771,11 +788,28 @@ size_t gw_wio_mem_cached(void)
 
 size_t gw_wio_mem_tick(bool all)
 {
-    size_t n = all ? gw_wio_chains.n : (SL_MIN(gw_wio_chains.low, gw_wio_chains.n) + 1) / 2;
-    for (size_t i = 0; i < n; i++)
-        free(gw_wio_chains.blk[--gw_wio_chains.n]);
-    gw_wio_chains.low = gw_wio_chains.n;
-    return n;
+    return gw_wio_stack_trim(&gw_wio_chains, all) + gw_wio_stack_trim(&gw_wio_heads, all);
+}
+
+void *gw_wio_head_take(void)
+{
+    if (gw_wio_heads.n > 0)
+        return gw_wio_stack_pop(&gw_wio_heads);
+    return malloc(GW_WIO_HEAD_BYTES);
+}
+
+void gw_wio_head_give(void *p)
+{
+    if (p && gw_wio_chain_usable && gw_wio_heads.n < GW_WIO_CHAINS_MAX) {
+        gw_wio_heads.blk[gw_wio_heads.n++] = p;
+        return;
+    }
+    free(p);
+}
+
+size_t gw_wio_head_cached(void)
+{
+    return gw_wio_heads.n;
 }
 
 void gw_wio_mem_prepare(void)
