@@ -117,15 +117,17 @@ size_t gw_wio_mem_cached(void);
 
 /* The HTTP/1 parsers' head blocks (http1.c, block_take): a whole head of
  * up to GW_WIO_HEAD_BYTES with its header table. A thread keeps those given
- * back on a stack of its own (at most GW_WIO_CHAINS_MAX, 1 MiB), the last
+ * back on two stacks of its own, requests' and answers' (answer), at most
+ * GW_WIO_CHAINS_MAX and GW_WIO_HEADS_ANSWER_MAX blocks (1.25 MiB), the last
  * given back the next taken, instead of an exact-size malloc from glibc's
  * bins, cold at thousands of connections (bench/RESULTS.md, "coldreq");
- * gw_wio_mem_tick trims it with the chains'. take: a block of
+ * gw_wio_mem_tick trims them with the chains'. take: a block of
  * GW_WIO_HEAD_BYTES or NULL (OOM); give: NULL-safe, frees the block where
  * the stacks are off (ASan) or full. */
-#define GW_WIO_HEAD_BYTES 1024
-void *gw_wio_head_take(void);
-void gw_wio_head_give(void *p);
-size_t gw_wio_head_cached(void);
+#define GW_WIO_HEAD_BYTES       1024
+#define GW_WIO_HEADS_ANSWER_MAX 256 /* an answer's head is given back at release */
+void *gw_wio_head_take(bool answer);
+void gw_wio_head_give(void *p, bool answer);
+size_t gw_wio_head_cached(bool answer);
 
 #endif

@@ -1229,7 +1229,7 @@ static void storage_drop(gw_http_parser_t *p)
 {
     if (p->one_block) { /* block_take's, from the thread's stack when it fit */
         if (p->hdrs_cap * sizeof(*p->hdrs) + p->arena_cap <= GW_WIO_HEAD_BYTES)
-            gw_wio_head_give(p->hdrs);
+            gw_wio_head_give(p->hdrs, p->kind == GW_HTTP_RESPONSE);
         else
             free(p->hdrs);
     } else {
@@ -1263,7 +1263,8 @@ static int block_take(gw_http_parser_t *p, size_t len, size_t ncr)
     size_t need = lines * sizeof(gw_http_header_t) + acap;
     /* Most heads fit 1 KiB: such a block comes from the thread's stack of
      * head blocks and goes back to it (gw_wio.h says why) */
-    gw_http_header_t *h = need <= GW_WIO_HEAD_BYTES ? gw_wio_head_take() : malloc(need);
+    gw_http_header_t *h =
+        need <= GW_WIO_HEAD_BYTES ? gw_wio_head_take(p->kind == GW_HTTP_RESPONSE) : malloc(need);
     if (!h)
         return -1;
     p->hdrs = h;

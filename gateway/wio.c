@@ -736,10 +736,13 @@ struct gw_wio_stack {
     size_t low; /* fewest held since the last tick */
 };
 static __thread struct gw_wio_stack gw_wio_chains;
-/* The HTTP/1 parsers' head blocks (gw_wio_head_take): their own stack, so
- * that no free has to ask malloc a block's size, and a head takes the last
- * head block given back (the upstream's answer's, given back at release). */
-static __thread struct gw_wio_stack gw_wio_heads;
+/* The HTTP/1 parsers' head blocks (gw_wio_head_take): stacks of their own,
+ * so that no free has to ask malloc a block's size, one per kind of head: an
+ * answer's block, given back at the upstream's release right after its head
+ * was read, is still in cache for the next answer, which a request's block
+ * given back at the request's end (its head read long before) would have
+ * been taken instead of (the next answer then wrote a cold block). */
+static __thread struct gw_wio_stack gw_wio_heads[2];
 
 static size_t gw_wio_chain_usable; /* malloc_usable_size of a 1 KiB block; 0: stacks off */
 
@@ -788,28 +791,32 @@ size_t gw_wio_mem_cached(void)
 
 size_t gw_wio_mem_tick(bool all)
 {
-    return gw_wio_stack_trim(&gw_wio_chains, all) + gw_wio_stack_trim(&gw_wio_heads, all);
+    return gw_wio_stack_trim(&gw_wio_chains, all) + gw_wio_stack_trim(&gw_wio_heads[0], all) +
+           gw_wio_stack_trim(&gw_wio_heads[1], all);
 }
 
-void *gw_wio_head_take(void)
+void *gw_wio_head_take(bool answer)
 {
-    if (gw_wio_heads.n > 0)
-        return gw_wio_stack_pop(&gw_wio_heads);
+    struct gw_wio_stack *st = &gw_wio_heads[answer];
+    if (st->n > 0)
+        return gw_wio_stack_pop(st);
     return malloc(GW_WIO_HEAD_BYTES);
 }
 
-void gw_wio_head_give(void *p)
+void gw_wio_head_give(void *p, bool answer)
 {
-    if (p && gw_wio_chain_usable && gw_wio_heads.n < GW_WIO_CHAINS_MAX) {
-        gw_wio_heads.blk[gw_wio_heads.n++] = p;
+    struct gw_wio_stack *st = &gw_wio_heads[answer];
+    if (p && gw_wio_chain_usable &&
+        st->n < (answer ? GW_WIO_HEADS_ANSWER_MAX : GW_WIO_CHAINS_MAX)) {
+        st->blk[st->n++] = p;
         return;
     }
     free(p);
 }
 
-size_t gw_wio_head_cached(void)
+size_t gw_wio_head_cached(bool answer)
 {
-    return gw_wio_heads.n;
+    return gw_wio_heads[answer].n;
 }
 
 void gw_wio_mem_prepare(void)
