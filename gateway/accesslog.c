@@ -70,17 +70,18 @@ static void gw_accesslog_key_init(void)
 static void gw_accesslog_user(json_t *o, const gw_req_t *r)
 {
     int mode = r->rt->conf->log.user;
-    if (!r->user[0] || mode == CONF_LOG_USER_OFF)
+    const char *user = gw_req_user(r);
+    if (!user[0] || mode == CONF_LOG_USER_OFF)
         return;
     if (mode == CONF_LOG_USER_PLAIN) {
-        json_object_set_new(o, "user", json_string(r->user));
+        json_object_set_new(o, "user", json_string(user));
         return;
     }
     pthread_once(&gw_accesslog_key_once, gw_accesslog_key_init);
     unsigned char mac[EVP_MAX_MD_SIZE];
     unsigned int len = 0;
     if (!HMAC(EVP_sha256(), gw_accesslog_user_key, sizeof(gw_accesslog_user_key),
-              (const unsigned char *)r->user, strlen(r->user), mac, &len) ||
+              (const unsigned char *)user, strlen(user), mac, &len) ||
         len < 8)
         return;
     char hex[17];

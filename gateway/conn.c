@@ -464,17 +464,13 @@ void gw_conn_drain(gw_conn_t *c)
         c->close_after = true;
 }
 
-/* A reused struct's texts (gw_req.h): each one's first byte only. */
+/* A reused struct's texts (gw_req.h): each one's first byte only; those
+ * of r->tx are "" by the memset of tx_set, their lines untouched. */
 static void gw_req_texts_clear(gw_req_t *r)
 {
     r->id[0] = '\0';
     r->trace_id[0] = '\0';
     r->traceparent[0] = '\0';
-    r->client_id[0] = '\0';
-    r->client_ip[0] = '\0';
-    r->retry_after[0] = '\0';
-    r->queued_id[0] = '\0';
-    r->user[0] = '\0';
 }
 
 static gw_req_t *gw_req_new(gw_conn_t *c)

@@ -25,7 +25,7 @@
 
 static const char *gw_fb_user(const gw_req_t *r)
 {
-    return r->user;
+    return gw_req_user(r);
 }
 
 /* ---- the chain after a failed attempt ------------------------------------- */
@@ -83,9 +83,9 @@ static void gw_fb_template_respond(gw_req_t *r)
             int64_t s = (r->rt->conf->fallback.retry.backoff_max_ms + 999) / 1000;
             n = snprintf(extra, sizeof(extra), "Retry-After: %lld\r\n", (long long)(s > 0 ? s : 1));
         }
-        if (r->queued_id[0] && n >= 0 && (size_t)n < sizeof(extra))
+        if (gw_req_queued_id(r)[0] && n >= 0 && (size_t)n < sizeof(extra))
             snprintf(extra + n, sizeof(extra) - (size_t)n, "X-Sluice-Request-Id: %s\r\n",
-                     r->queued_id);
+                     gw_req_queued_id(r));
         gw_respond_error_h(r, 503, "server_error", "upstream_unavailable",
                            "No model server is available to call the required tools; retry later.",
                            extra);
@@ -103,8 +103,9 @@ static void gw_fb_template_respond(gw_req_t *r)
     char extra[200];
     int n = snprintf(extra, sizeof(extra), "X-Sluice-Fallback: template\r\n%s",
                      q.stream ? "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n" : "");
-    if (r->queued_id[0])
-        snprintf(extra + n, sizeof(extra) - (size_t)n, "X-Sluice-Request-Id: %s\r\n", r->queued_id);
+    if (gw_req_queued_id(r)[0])
+        snprintf(extra + n, sizeof(extra) - (size_t)n, "X-Sluice-Request-Id: %s\r\n",
+                 gw_req_queued_id(r));
     r->fallback = "template";
     gw_respond_body(r, 200, fb_reply_content_type(&q), body, len, extra);
     free(body);
@@ -120,10 +121,12 @@ static void gw_fb_queued(void *arg, fb_qres_t *res)
 {
     gw_req_t *r = arg;
     gw_req_wait_done(r);
-    if (res->status == FB_Q_OK)
-        snprintf(r->queued_id, sizeof(r->queued_id), "%s", res->id);
-    else
+    if (res->status == FB_Q_OK) {
+        snprintf(r->tx.queued_id, sizeof(r->tx.queued_id), "%s", res->id);
+        gw_req_tx_mark(r, GW_REQ_TX_QUEUED_ID, true);
+    } else {
         sl_warn("queue: request %s not stored: %s", r->id, fb_qstatus_name(res->status));
+    }
     fb_qres_clear(res);
     gw_fb_template_respond(r);
 }
@@ -199,7 +202,7 @@ int gw_fb_decide(gw_req_t *r, int failure, int status, int64_t *delay_ms)
             .status = status,
             .client_started = r->head_sent,
             .retries_done = r->retries,
-            .retry_after = r->retry_after[0] ? r->retry_after : NULL,
+            .retry_after = gw_req_retry_after(r)[0] ? gw_req_retry_after(r) : NULL,
             .other_server = gw_upstream_other_eligible(r->att.pool, r->att.server, now),
             .deadline_ms = r->att.deadline_total_ms,
         };
@@ -236,7 +239,7 @@ static void gw_fb_switch_pool(gw_req_t *r, gw_pool_rt_t *pool)
 
 void gw_fb_apply(gw_req_t *r, int action, int64_t delay_ms)
 {
-    r->retry_after[0] = '\0';
+    gw_req_tx_mark(r, GW_REQ_TX_RETRY_AFTER, false);
     switch (action) {
     case GW_FB_RETRY:
     case GW_FB_RETRY_ELSEWHERE:
@@ -268,7 +271,7 @@ bool gw_fb_after_failure(gw_req_t *r, int failure, int status)
     int64_t delay = 0;
     int action = gw_fb_decide(r, failure, status, &delay);
     if (action == GW_FB_NONE) {
-        r->retry_after[0] = '\0';
+        gw_req_tx_mark(r, GW_REQ_TX_RETRY_AFTER, false);
         return false;
     }
     gw_fb_apply(r, action, delay);

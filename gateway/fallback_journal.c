@@ -62,7 +62,7 @@ static gw_qjob_t *gw_qjob_new(gw_req_t *r, const char *key, char *body)
     j->w = r->c->w;
     j->r = r;
     j->body = body;
-    j->user = strdup(r->user);
+    j->user = strdup(gw_req_user(r));
     j->key = key[0] ? strdup(key) : NULL;
     j->route = strdup(r->model->name);
     if (!j->user || !j->route || (key[0] && !j->key)) {

@@ -71,6 +71,7 @@ struct gw_req {
     uint64_t sse_finished; /* bit k: choice k of the stream has its finish_reason */
     bool gzip_ok;          /* the client accepts gzip and conf gzip is on (gzip.c) */
     bool gzip_out;         /* this answer's body is gzip (Content-Encoding) */
+    uint8_t tx_set;        /* GW_REQ_TX_* bits: which of tx's texts this request wrote */
     struct evbuffer *resp_body;
 
     /* the fallback chain */
@@ -95,18 +96,70 @@ struct gw_req {
 
     /* Texts, NUL-terminated: last, because a reused struct clears only their
      * first bytes (gw_req_new, conn.c), so the lines of an unused text's tail
-     * (most of user[] without auth) stay untouched: at thousands of
-     * connections every line a request writes is a cache miss. The ones every
-     * request writes come first. */
+     * stay untouched: at thousands of connections every line a request
+     * writes is a cache miss. These three every request writes. */
     char id[40];
     char trace_id[33];    /* W3C trace id (32 hex), "" when none */
     char traceparent[56]; /* the traceparent sent upstream */
-    char client_id[64];   /* the token's client, "" when unknown */
-    char client_ip[48];   /* the client's address (X-Forwarded-For from trusted proxies) */
-    char retry_after[40]; /* the failed answer's Retry-After */
-    char queued_id[40];   /* X-Sluice-Request-Id */
-    char user[256];       /* the token's sub, "" without auth */
+    /* Texts only some requests write (auth, a rate limit, the fallback
+     * queue, a failed attempt): each is "" unless its GW_REQ_TX_* bit is set
+     * in tx_set, which the struct's clear zeroes. So a request whose hooks
+     * write none of them neither clears nor reads their lines (three, that
+     * were first bytes cleared and read per request). Read them through
+     * gw_req_user() and its siblings; a writer fills the text, then sets
+     * its bit (gw_req_tx_mark). */
+    struct {
+        char client_id[64];   /* the token's client */
+        char client_ip[48];   /* the client's address (X-Forwarded-For from trusted proxies) */
+        char retry_after[40]; /* the failed answer's Retry-After */
+        char queued_id[40];   /* X-Sluice-Request-Id */
+        char user[256];       /* the token's sub */
+    } tx;
 };
+
+#define GW_REQ_TX_CLIENT_ID   (1u << 0)
+#define GW_REQ_TX_CLIENT_IP   (1u << 1)
+#define GW_REQ_TX_RETRY_AFTER (1u << 2)
+#define GW_REQ_TX_QUEUED_ID   (1u << 3)
+#define GW_REQ_TX_USER        (1u << 4)
+
+/* The text r->tx holds at bit, or "" when this request did not write it. */
+static inline const char *gw_req_tx(const gw_req_t *r, unsigned bit, const char *text)
+{
+    return r->tx_set & bit ? text : "";
+}
+
+/* A writer filled a text of r->tx (set) or emptied it (clear). */
+static inline void gw_req_tx_mark(gw_req_t *r, unsigned bit, bool set)
+{
+    r->tx_set = (uint8_t)(set ? r->tx_set | bit : r->tx_set & ~bit);
+}
+
+static inline const char *gw_req_client_id(const gw_req_t *r)
+{
+    return gw_req_tx(r, GW_REQ_TX_CLIENT_ID, r->tx.client_id);
+}
+
+static inline const char *gw_req_client_ip(const gw_req_t *r)
+{
+    return gw_req_tx(r, GW_REQ_TX_CLIENT_IP, r->tx.client_ip);
+}
+
+static inline const char *gw_req_retry_after(const gw_req_t *r)
+{
+    return gw_req_tx(r, GW_REQ_TX_RETRY_AFTER, r->tx.retry_after);
+}
+
+static inline const char *gw_req_queued_id(const gw_req_t *r)
+{
+    return gw_req_tx(r, GW_REQ_TX_QUEUED_ID, r->tx.queued_id);
+}
+
+/* The token's sub, "" without auth. */
+static inline const char *gw_req_user(const gw_req_t *r)
+{
+    return gw_req_tx(r, GW_REQ_TX_USER, r->tx.user);
+}
 
 /* respond.c: local answers */
 /* Would an answer of len bytes be gzipped for this client (conf gzip on,

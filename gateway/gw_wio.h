@@ -105,7 +105,8 @@ int gw_wio_tls_own(gw_wio_t *io, SSL *ssl);
  * on the calling thread's worker tick: frees half of what its stack did not
  * use since the tick before, or all of it (all); returns how many. The rest
  * is for tests: gw_wio_mem_prepare sets up without installing. */
-#define GW_WIO_CHAINS_MAX 1024 /* a thread's stack: 1 MiB at most */
+#define GW_WIO_CHAINS_MAX  1024 /* a thread's stack: 1 MiB at most */
+#define GW_WIO_CHAIN_BYTES 1024 /* libevent's smallest chain with its header */
 bool gw_wio_mem_init(void);
 void gw_wio_mem_prepare(void);
 void *gw_wio_mem_malloc(size_t size);
@@ -113,5 +114,20 @@ void *gw_wio_mem_realloc(void *p, size_t size);
 void gw_wio_mem_free(void *p);
 size_t gw_wio_mem_tick(bool all);
 size_t gw_wio_mem_cached(void);
+
+/* The HTTP/1 parsers' head blocks (http1.c, block_take): a whole head of
+ * up to GW_WIO_HEAD_BYTES with its header table. A thread keeps those given
+ * back on two stacks of its own, requests' and answers' (answer), at most
+ * GW_WIO_CHAINS_MAX and GW_WIO_HEADS_ANSWER_MAX blocks (1.25 MiB), the last
+ * given back the next taken, instead of an exact-size malloc from glibc's
+ * bins, cold at thousands of connections (bench/RESULTS.md, "coldreq");
+ * gw_wio_mem_tick trims them with the chains'. take: a block of
+ * GW_WIO_HEAD_BYTES or NULL (OOM); give: NULL-safe, frees the block where
+ * the stacks are off (ASan) or full. */
+#define GW_WIO_HEAD_BYTES       1024
+#define GW_WIO_HEADS_ANSWER_MAX 256 /* an answer's head is given back at release */
+void *gw_wio_head_take(bool answer);
+void gw_wio_head_give(void *p, bool answer);
+size_t gw_wio_head_cached(bool answer);
 
 #endif

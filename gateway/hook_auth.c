@@ -62,9 +62,10 @@ static bool gw_auth_result(gw_req_t *r, const auth_result_t *res)
     }
     if (res->authenticated) { /* every request: no format pass */
         size_t n = strnlen(res->claims.sub, sizeof(res->claims.sub));
-        n = SL_MIN(n, sizeof(r->user) - 1);
-        memcpy(r->user, res->claims.sub, n);
-        r->user[n] = '\0';
+        n = SL_MIN(n, sizeof(r->tx.user) - 1);
+        memcpy(r->tx.user, res->claims.sub, n);
+        r->tx.user[n] = '\0';
+        gw_req_tx_mark(r, GW_REQ_TX_USER, true);
     }
     return true;
 }
@@ -300,7 +301,7 @@ void gw_auth_token_route(gw_req_t *r)
     }
     gw_rl_client_ip(r);
     rl_request_t q = {
-        .policy = gw_rl_policy(r->rt), .user = NULL, .client = NULL, .ip = r->client_ip};
+        .policy = gw_rl_policy(r->rt), .user = NULL, .client = NULL, .ip = gw_req_client_ip(r)};
     rl_decision_t d;
     rl_ticket_t *ticket = NULL;
     rl_pending_t *pending = NULL;

@@ -372,7 +372,7 @@ static gw_hook_rc_t gw_cache_on_request(gw_req_t *r, void **state)
         .body = gw_req_json(r),
         .model = r->model->name,
         .key_model = key_model,
-        .sub = r->user[0] ? r->user : NULL,
+        .sub = gw_req_user(r)[0] ? gw_req_user(r) : NULL,
         .cache_control = cc ? ccv : NULL,
     };
     cache_req_t *q = cache_req_new(gw_cache, &in);

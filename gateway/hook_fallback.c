@@ -55,7 +55,7 @@ typedef struct gw_fbh {
 
 static const char *gw_fb_user(const gw_req_t *r)
 {
-    return r->user;
+    return gw_req_user(r);
 }
 
 static void gw_fbh_delay_cb(evutil_socket_t fd, short what, void *arg)
@@ -268,7 +268,7 @@ static bool gw_fbh_keep(const gw_req_t *r, gw_end_t how)
     if (how != GW_END_DONE || r->status >= 500 || r->status == 0)
         return false;
     if (r->fallback && strcmp(r->fallback, "template") == 0)
-        return r->queued_id[0] != '\0';
+        return gw_req_queued_id(r)[0] != '\0';
     if (r->error_kind && strcmp(r->error_kind, "idempotent_replay") != 0)
         return r->att.upstatus >= 400 && r->att.upstatus < 500; /* the upstream's own 4xx */
     return true;
@@ -293,7 +293,7 @@ static void gw_fbh_on_end(gw_req_t *r, void *state, gw_end_t how)
             size_t len = evbuffer_get_length(r->capture);
             char ctype[128];
             snprintf(ctype, sizeof(ctype), "%s%s%s", r->ctype ? r->ctype : "application/json",
-                     r->queued_id[0] ? GW_FB_QID_PARAM : "", r->queued_id);
+                     gw_req_queued_id(r)[0] ? GW_FB_QID_PARAM : "", gw_req_queued_id(r));
             fb_idem_complete(r->c->w->iw, gw_fb_user(r), s->key, s->token, r->status, ctype,
                              len ? evbuffer_pullup(r->capture, -1) : (const void *)"", len);
         } else {

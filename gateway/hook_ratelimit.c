@@ -388,8 +388,9 @@ void gw_rl_client_ip(gw_req_t *r)
     char xff[1024];
     const gw_http_msg_t *m = gw_http_msg(r->c->parser);
     if (rl_client_ip(rl_policy_trusted_proxies(gw_rl_policy(r->rt)), r->c->peer,
-                     gw_rl_xff(m, xff, sizeof(xff)), r->client_ip, sizeof(r->client_ip)) != 0)
-        snprintf(r->client_ip, sizeof(r->client_ip), "%.47s", r->c->peer);
+                     gw_rl_xff(m, xff, sizeof(xff)), r->tx.client_ip, sizeof(r->tx.client_ip)) != 0)
+        snprintf(r->tx.client_ip, sizeof(r->tx.client_ip), "%.47s", r->c->peer);
+    gw_req_tx_mark(r, GW_REQ_TX_CLIENT_IP, true);
 }
 
 bool gw_rl_budgets_on(const gw_req_t *r)
@@ -496,13 +497,15 @@ static gw_hook_rc_t gw_rl_on_request(gw_req_t *r, void **state)
     *state = s;
     if (gw_rl_clamp(r, s) != 0)
         return GW_HOOK_DONE;
-    if (!r->user[0])
+    const char *user = gw_req_user(r);
+    const char *client = gw_req_client_id(r);
+    if (!user[0])
         gw_rl_client_ip(r); /* the limiter keys by address only without a user */
     rl_request_t q = {
         .policy = gw_rl_policy(r->rt),
-        .user = r->user[0] ? r->user : NULL,
-        .client = r->client_id[0] ? r->client_id : NULL,
-        .ip = r->client_ip,
+        .user = user[0] ? user : NULL,
+        .client = client[0] ? client : NULL,
+        .ip = gw_req_client_ip(r),
         .tokens = s->prompt_est + s->clamp.max_tokens,
     };
     switch (rl_check(w->rlw, &q, &s->d, &s->ticket, gw_rl_checked, s, &s->pending)) {

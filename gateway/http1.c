@@ -49,6 +49,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+
+#include "gateway/gw_wio.h"
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #define GW_HTTP_SSE2 1
@@ -1225,9 +1227,15 @@ static int arena_move(gw_http_parser_t *p, size_t cap)
  * (storage_reserve). */
 static void storage_drop(gw_http_parser_t *p)
 {
-    if (!p->one_block)
+    if (p->one_block) { /* block_take's, from the thread's stack when it fit */
+        if (p->hdrs_cap * sizeof(*p->hdrs) + p->arena_cap <= GW_WIO_HEAD_BYTES)
+            gw_wio_head_give(p->hdrs, p->kind == GW_HTTP_RESPONSE);
+        else
+            free(p->hdrs);
+    } else {
         free(p->arena);
-    free(p->hdrs);
+        free(p->hdrs);
+    }
     p->arena = NULL;
     p->hdrs = NULL;
     p->arena_cap = 0;
@@ -1252,7 +1260,11 @@ static int block_take(gw_http_parser_t *p, size_t len, size_t ncr)
     size_t full = p->lim.header_bytes + 2 * p->lim.header_lines + 2;
     size_t acap = SL_MIN(len, full);
     size_t lines = SL_MAX(SL_MIN(ncr - 2, p->lim.header_lines), (size_t)1);
-    gw_http_header_t *h = malloc(lines * sizeof(*h) + acap);
+    size_t need = lines * sizeof(gw_http_header_t) + acap;
+    /* Most heads fit 1 KiB: such a block comes from the thread's stack of
+     * head blocks and goes back to it (gw_wio.h says why) */
+    gw_http_header_t *h =
+        need <= GW_WIO_HEAD_BYTES ? gw_wio_head_take(p->kind == GW_HTTP_RESPONSE) : malloc(need);
     if (!h)
         return -1;
     p->hdrs = h;

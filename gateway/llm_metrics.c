@@ -1053,7 +1053,7 @@ const char *gw_llm_tier(const gw_req_t *r)
 {
     if (r->status < 200 || r->status >= 400)
         return "error";
-    if (r->queued_id[0])
+    if (gw_req_queued_id(r)[0])
         return "queue";
     if (r->fallback && strcmp(r->fallback, "template") == 0)
         return "template";
@@ -1099,7 +1099,7 @@ void gw_llm_req_end(gw_req_t *r, int64_t now_ns)
     bool text_route = r->route == GW_ROUTE_CHAT || r->route == GW_ROUTE_COMPLETIONS ||
                       (r->route == GW_ROUTE_RESPONSES && gw_llm_resp_made(r));
     if (text_route && !r->att.resp_sse && !r->llm.first_token_ns && r->status >= 200 &&
-        r->status < 300 && !r->queued_id[0] && gw_llm_model_answers(r)) {
+        r->status < 300 && !gw_req_queued_id(r)[0] && gw_llm_model_answers(r)) {
         r->llm.first_token_ns = now_ns;
         r->llm.ttft = (double)(r->llm.first_token_ns - r->start_ns) / 1e9;
         sl_histogram_observe(GW_LLM_CACHED(e, ttft_json, gw_llm_m.ttft, name, "false"),

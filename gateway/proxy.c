@@ -515,7 +515,8 @@ static bool gw_proxy_on_head(gw_req_t *r)
     r->status = m->status;
     if (m->status >= 500) {
         const gw_http_header_t *ra = gw_http_header_get(m, GW_HN_RETRY_AFTER);
-        snprintf(r->retry_after, sizeof(r->retry_after), "%s", ra ? ra->value : "");
+        snprintf(r->tx.retry_after, sizeof(r->tx.retry_after), "%s", ra ? ra->value : "");
+        gw_req_tx_mark(r, GW_REQ_TX_RETRY_AFTER, true);
         gw_metrics_upstream_error(r->att.pool, gw_upfails[GW_UPFAIL_STATUS_5XX].label);
         gw_upstream_log(r->att.server, "status_5xx", "answered HTTP %d", m->status);
         int64_t delay = 0;
@@ -529,7 +530,7 @@ static bool gw_proxy_on_head(gw_req_t *r)
             gw_fb_apply(r, action, delay);
             return false;
         }
-        r->retry_after[0] = '\0';
+        gw_req_tx_mark(r, GW_REQ_TX_RETRY_AFTER, false);
     }
     gw_proxy_head_setup(r, m);
     return true;

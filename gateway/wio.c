@@ -722,8 +722,6 @@ int gw_wio_read_own(gw_wio_t *io)
  * back half of what its thread's stack did not use since the tick before
  * (gw_wio_mem_tick), and all of it when the worker trims after a peak.
  * Not installed under ASan (its own allocator checks the chains). */
-#define GW_WIO_CHAIN_BYTES 1024
-
 #if defined(__SANITIZE_ADDRESS__)
 #define GW_WIO_ASAN 1
 #elif defined(__has_feature)
@@ -732,23 +730,43 @@ int gw_wio_read_own(gw_wio_t *io)
 #endif
 #endif
 
-struct gw_wio_chains {
+struct gw_wio_stack {
     void *blk[GW_WIO_CHAINS_MAX];
     size_t n;
     size_t low; /* fewest held since the last tick */
 };
-static __thread struct gw_wio_chains gw_wio_chains;
+static __thread struct gw_wio_stack gw_wio_chains;
+/* The HTTP/1 parsers' head blocks (gw_wio_head_take): stacks of their own,
+ * so that no free has to ask malloc a block's size, one per kind of head: an
+ * answer's block, given back at the upstream's release right after its head
+ * was read, is still in cache for the next answer, which a request's block
+ * given back at the request's end (its head read long before) would have
+ * been taken instead of (the next answer then wrote a cold block). */
+static __thread struct gw_wio_stack gw_wio_heads[2];
 
-static size_t gw_wio_chain_usable; /* malloc_usable_size of a 1 KiB block */
+static size_t gw_wio_chain_usable; /* malloc_usable_size of a 1 KiB block; 0: stacks off */
+
+static void *gw_wio_stack_pop(struct gw_wio_stack *st)
+{
+    void *p = st->blk[--st->n];
+    if (st->n < st->low)
+        st->low = st->n;
+    return p;
+}
+
+static size_t gw_wio_stack_trim(struct gw_wio_stack *st, bool all)
+{
+    size_t n = all ? st->n : (SL_MIN(st->low, st->n) + 1) / 2;
+    for (size_t i = 0; i < n; i++)
+        free(st->blk[--st->n]);
+    st->low = st->n;
+    return n;
+}
 
 void *gw_wio_mem_malloc(size_t size)
 {
-    if (size == GW_WIO_CHAIN_BYTES && gw_wio_chains.n > 0) {
-        void *p = gw_wio_chains.blk[--gw_wio_chains.n];
-        if (gw_wio_chains.n < gw_wio_chains.low)
-            gw_wio_chains.low = gw_wio_chains.n;
-        return p;
-    }
+    if (size == GW_WIO_CHAIN_BYTES && gw_wio_chains.n > 0)
+        return gw_wio_stack_pop(&gw_wio_chains);
     return malloc(size);
 }
 
@@ -773,11 +791,32 @@ size_t gw_wio_mem_cached(void)
 
 size_t gw_wio_mem_tick(bool all)
 {
-    size_t n = all ? gw_wio_chains.n : (SL_MIN(gw_wio_chains.low, gw_wio_chains.n) + 1) / 2;
-    for (size_t i = 0; i < n; i++)
-        free(gw_wio_chains.blk[--gw_wio_chains.n]);
-    gw_wio_chains.low = gw_wio_chains.n;
-    return n;
+    return gw_wio_stack_trim(&gw_wio_chains, all) + gw_wio_stack_trim(&gw_wio_heads[0], all) +
+           gw_wio_stack_trim(&gw_wio_heads[1], all);
+}
+
+void *gw_wio_head_take(bool answer)
+{
+    struct gw_wio_stack *st = &gw_wio_heads[answer];
+    if (st->n > 0)
+        return gw_wio_stack_pop(st);
+    return malloc(GW_WIO_HEAD_BYTES);
+}
+
+void gw_wio_head_give(void *p, bool answer)
+{
+    struct gw_wio_stack *st = &gw_wio_heads[answer];
+    if (p && gw_wio_chain_usable &&
+        st->n < (answer ? GW_WIO_HEADS_ANSWER_MAX : GW_WIO_CHAINS_MAX)) {
+        st->blk[st->n++] = p;
+        return;
+    }
+    free(p);
+}
+
+size_t gw_wio_head_cached(bool answer)
+{
+    return gw_wio_heads[answer].n;
 }
 
 void gw_wio_mem_prepare(void)

@@ -405,17 +405,19 @@ static void fill_texts(gw_req_t *r)
     FILL(r->id);
     FILL(r->trace_id);
     FILL(r->traceparent);
-    FILL(r->client_id);
-    FILL(r->client_ip);
-    FILL(r->retry_after);
-    FILL(r->queued_id);
-    FILL(r->user);
+    FILL(r->tx.client_id);
+    FILL(r->tx.client_ip);
+    FILL(r->tx.retry_after);
+    FILL(r->tx.queued_id);
+    FILL(r->tx.user);
 #undef FILL
+    r->tx_set = 0xff; /* each of them written */
 }
 
-/* A reused request struct clears only its texts' first bytes (gw_req.h):
- * one left out would hand the last request's user, queued id or
- * Retry-After to the next request on the worker. */
+/* A reused request struct clears only its texts' first bytes and the bits
+ * of the rarely written ones (gw_req.h): one left out would hand the last
+ * request's user, queued id or Retry-After to the next request on the
+ * worker. */
 static void test_reused_struct_texts_cleared(void **state)
 {
     fx_t *f = *state;
@@ -437,11 +439,16 @@ static void test_reused_struct_texts_cleared(void **state)
     assert_true(spin(f, waiting_on_backoff)); /* routed, tried, refused: still live */
     gw_req_t *q = f->c->req;
     assert_ptr_equal(q, old); /* the cached struct, reused */
-    assert_string_equal(q->user, "");
-    assert_string_equal(q->client_id, "");
-    assert_string_equal(q->queued_id, "");
-    assert_string_equal(q->retry_after, "");
-    assert_null(strchr(q->client_ip, 'S'));
+    assert_string_equal(gw_req_user(q), "");
+    assert_string_equal(gw_req_client_id(q), "");
+    assert_string_equal(gw_req_queued_id(q), "");
+    assert_string_equal(gw_req_retry_after(q), "");
+    assert_null(strchr(gw_req_client_ip(q), 'S'));
+    /* ... without a write to their lines: the last request's bytes are
+     * still there, only their bits are clear */
+    assert_int_equal(q->tx.user[0], 'S');
+    assert_int_equal(q->tx.queued_id[0], 'S');
+    assert_int_equal(q->tx_set, 0);
     /* written by this request: its own values, none of the last one's */
     assert_int_equal(strlen(q->id), 16);
     assert_int_equal(strlen(q->trace_id), 32);

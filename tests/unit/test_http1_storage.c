@@ -4,6 +4,8 @@
  * the 16 KiB the limits allow), strings stay right when it moves (fed in
  * one piece or byte by byte), it is cut to the head's size once the head is
  * complete and freed by reset (an idle keep-alive connection holds none).
+ * A whole head of up to 1 KiB takes the thread's last freed 1 KiB block
+ * (wio.c's stack) and gives it back at reset.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,6 +17,7 @@
 
 #include <cmocka.h>
 
+#include "gateway/gw_wio.h"
 #include "gateway/http1.h"
 
 static const gw_http_limits_t lim = {
@@ -269,6 +272,126 @@ static void test_reset_reads_new_before_the_next_feed(void **state)
     gw_http_parser_free(p);
 }
 
+/* A whole head of up to 1 KiB (with its table) is a block from the
+ * thread's stack of head blocks, the last given back, and goes back at reset
+ * and at free (an exact-size malloc came from glibc's bins, cold at
+ * thousands of connections: bench/RESULTS.md "coldreq"); a bigger head and
+ * one fed in pieces leave the stack alone; the stack stays bounded. */
+static void test_small_head_block_from_thread_stack(void **state)
+{
+    (void)state;
+    gw_wio_mem_prepare();
+    (void)gw_wio_mem_tick(true);
+    void *warm = gw_wio_head_take(false);
+    assert_non_null(warm);
+    gw_wio_head_give(warm, false);
+    assert_int_equal(gw_wio_head_cached(false), 1);
+
+    gw_http_parser_t *p = gw_http_parser_new(GW_HTTP_REQUEST, &lim);
+    assert_non_null(p);
+    size_t len;
+    char *in = make_request(3, 10, 0, &len);
+    size_t used = 0, body = 0;
+    assert_int_equal(gw_http_feed(p, in, len, &used, sink, &body), GW_HTTP_HEAD);
+    assert_int_equal(gw_wio_head_cached(false), 0);
+    assert_ptr_equal(gw_http_msg(p)->headers, warm); /* the last one given back */
+    assert_string_equal(gw_http_msg(p)->headers[1].name, "X-H0");
+    gw_http_parser_reset(p);
+    assert_int_equal(gw_wio_head_cached(false), 1); /* back on the stack */
+    assert_int_equal(gw_http_parser_held(p), 0);
+
+    /* again, then freed with the parser: back too */
+    used = 0;
+    assert_int_equal(gw_http_feed(p, in, len, &used, sink, &body), GW_HTTP_HEAD);
+    assert_int_equal(gw_wio_head_cached(false), 0);
+    gw_http_parser_free(p);
+    assert_int_equal(gw_wio_head_cached(false), 1);
+    free(in);
+
+    /* over 1 KiB with its table: its own block, never put on the stack */
+    p = gw_http_parser_new(GW_HTTP_REQUEST, &lim);
+    assert_non_null(p);
+    in = make_request(20, 40, 0, &len);
+    assert_true(len > GW_WIO_HEAD_BYTES);
+    feed_and_check(p, in, len, len, 20, 40);
+    assert_int_equal(gw_wio_head_cached(false), 1);
+    gw_http_parser_reset(p);
+    assert_int_equal(gw_wio_head_cached(false), 1);
+    free(in);
+
+    /* a small head fed in pieces grows its own storage */
+    in = make_request(3, 10, 0, &len);
+    feed_and_check(p, in, len, 7, 3, 10);
+    assert_int_equal(gw_wio_head_cached(false), 1);
+    gw_http_parser_reset(p);
+    assert_int_equal(gw_wio_head_cached(false), 1);
+
+    /* the stack full: a head's block is freed, not pushed past the bound */
+    void **fill = calloc(GW_WIO_CHAINS_MAX, sizeof(*fill));
+    assert_non_null(fill);
+    for (size_t i = 0; i < GW_WIO_CHAINS_MAX; i++)
+        fill[i] = malloc(GW_WIO_HEAD_BYTES);
+    used = 0;
+    assert_int_equal(gw_http_feed(p, in, len, &used, sink, &body), GW_HTTP_HEAD);
+    assert_int_equal(gw_wio_head_cached(false), 0);
+    for (size_t i = 0; i < GW_WIO_CHAINS_MAX; i++)
+        gw_wio_head_give(fill[i], false);
+    assert_int_equal(gw_wio_head_cached(false), GW_WIO_CHAINS_MAX);
+    gw_http_parser_reset(p);
+    assert_int_equal(gw_wio_head_cached(false), GW_WIO_CHAINS_MAX);
+    free(fill);
+    free(in);
+    gw_http_parser_free(p);
+    /* the worker's tick gives them back with the chains: half of what went
+     * unused from one tick to the next */
+    assert_int_equal(gw_wio_mem_cached(), 0);
+    assert_int_equal(gw_wio_mem_tick(false), 0); /* all were taken since the last */
+    assert_int_equal(gw_wio_mem_tick(false), GW_WIO_CHAINS_MAX / 2);
+    assert_int_equal(gw_wio_head_cached(false), GW_WIO_CHAINS_MAX / 2);
+    assert_int_equal(gw_wio_mem_tick(true), GW_WIO_CHAINS_MAX / 2);
+    assert_int_equal(gw_wio_head_cached(false), 0);
+}
+
+/* An answer's head block is kept apart from requests': given back at the
+ * upstream's release, the next answer takes that same (warm) block even when
+ * requests gave theirs back in between; the answers' stack is bounded by
+ * GW_WIO_HEADS_ANSWER_MAX. */
+static void test_answer_head_block_apart(void **state)
+{
+    (void)state;
+    gw_wio_mem_prepare();
+    (void)gw_wio_mem_tick(true);
+    static const char ans[] = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+    gw_http_parser_t *up = gw_http_parser_new(GW_HTTP_RESPONSE, &lim);
+    gw_http_parser_t *rq = gw_http_parser_new(GW_HTTP_REQUEST, &lim);
+    assert_non_null(up);
+    assert_non_null(rq);
+    size_t len, used = 0, body = 0;
+    char *in = make_request(3, 10, 0, &len);
+    assert_int_equal(gw_http_feed(rq, in, len, &used, sink, &body), GW_HTTP_HEAD);
+    used = 0;
+    assert_int_equal(gw_http_feed(up, ans, sizeof(ans) - 1, &used, sink, &body), GW_HTTP_HEAD);
+    const void *first = gw_http_msg(up)->headers;
+    gw_http_parser_reset(up); /* the release */
+    assert_int_equal(gw_wio_head_cached(true), 1);
+    gw_http_parser_reset(rq); /* the request's end */
+    assert_int_equal(gw_wio_head_cached(false), 1);
+    used = 0;
+    assert_int_equal(gw_http_feed(up, ans, sizeof(ans) - 1, &used, sink, &body), GW_HTTP_HEAD);
+    assert_ptr_equal(gw_http_msg(up)->headers, first); /* the answer's own, not the request's */
+    assert_int_equal(gw_wio_head_cached(true), 0);
+    assert_int_equal(gw_wio_head_cached(false), 1);
+    gw_http_parser_free(up);
+    gw_http_parser_free(rq);
+    free(in);
+    for (size_t i = 0; i < GW_WIO_HEADS_ANSWER_MAX + 5; i++)
+        gw_wio_head_give(malloc(GW_WIO_HEAD_BYTES), true);
+    assert_int_equal(gw_wio_head_cached(true), GW_WIO_HEADS_ANSWER_MAX);
+    (void)gw_wio_mem_tick(true);
+    assert_int_equal(gw_wio_head_cached(true), 0);
+    assert_int_equal(gw_wio_head_cached(false), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -276,6 +399,8 @@ int main(void)
         cmocka_unit_test(test_storage_moves_keep_strings),
         cmocka_unit_test(test_whole_heads_keep_their_own_strings),
         cmocka_unit_test(test_reset_reads_new_before_the_next_feed),
+        cmocka_unit_test(test_small_head_block_from_thread_stack),
+        cmocka_unit_test(test_answer_head_block_apart),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
