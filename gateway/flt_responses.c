@@ -160,7 +160,12 @@ typedef struct gw_frp {
     bool has_type, has_delta, has_lp, lp_open, odd;
     bool esc_other; /* a string or key yajl decoded (escapes): look for \u */
     size_t ds, de;  /* the delta string, quotes included */
-    size_t ls, le;  /* the logprobs value */
+    size_t ls, le;  /* the logprobs value (lsh NULL; else see gw_frp_lp_span) */
+    /* a delta a kept shape matched: that shape and its logprobs' span in
+     * the shape's text; the matched holes in hole[] (the span moved only
+     * when a splice needs it: most deltas pass) */
+    const sl_jshape_t *lsh;
+    size_t lsh_ls, lsh_le;
     /* the other events */
     /* a delta's holes for its shape: its top-level integers and strings
      * but its type (gw_frp_hole) */
@@ -607,6 +612,7 @@ static bool gw_frp_scan(gw_frp_t *p, const gw_flt_resp_t *x, const char *data, s
     p->closed = false;
     p->nholes = 0;
     p->kd = -1;
+    p->lsh = NULL;
     /* yajl takes \v and \f for blanks, jansson refuses them (in a string
      * both refuse a control byte): the tree path decides */
     if (memchr(data, '\v', len) || memchr(data, '\f', len))
@@ -670,12 +676,26 @@ static bool gw_frp_holes_utf8(const sl_jshape_t *sh, const char *data, const sl_
     return true;
 }
 
+/* The logprobs value's span in p's event: a kept shape's moved by the
+ * holes matched before it (gw_frp_shape_find), else the scan's. */
+static void gw_frp_lp_span(const gw_frp_t *p, size_t *ls, size_t *le)
+{
+    if (!p->lsh) {
+        *ls = p->ls;
+        *le = p->le;
+        return;
+    }
+    *ls = gw_frp_shift(p->lsh, p->hole, p->lsh_ls);
+    *le = gw_frp_shift(p->lsh, p->hole, p->lsh_le);
+}
+
 /* true: data is a delta with a kept shape; p holds what gw_frp_scan would
- * have found for gw_flt_resp_fast (the spans). */
+ * have found for gw_flt_resp_fast (the spans; logprobs' through
+ * gw_frp_lp_span). */
 static bool gw_frp_shape_find(gw_frp_t *p, const char *data, size_t len)
 {
     sl_jshape_cache_t *c = &gw_frp_shapes;
-    sl_jspan_t got[GW_FRP_HOLES];
+    sl_jspan_t *got = p->hole; /* a delta's shape has at most GW_FRP_HOLES holes */
     uint64_t esc;
     for (unsigned i = 0; i < c->nslots; i++) {
         const sl_jshape_slot_t *sl = &c->slot[i];
@@ -690,10 +710,9 @@ static bool gw_frp_shape_find(gw_frp_t *p, const char *data, size_t len)
         p->ds = got[d->kd].off - 1;
         p->de = got[d->kd].off + got[d->kd].len + 1;
         p->has_lp = d->has_lp;
-        if (d->has_lp) {
-            p->ls = gw_frp_shift(&sl->sh, got, d->ls);
-            p->le = gw_frp_shift(&sl->sh, got, d->le);
-        }
+        p->lsh = &sl->sh; /* valid until a shape is learnt: not in this event */
+        p->lsh_ls = d->ls;
+        p->lsh_le = d->le;
         return true;
     }
     sl_jshape_cache_miss(c);
@@ -867,12 +886,14 @@ static int gw_flt_resp_splice(gw_flt_resp_t *x, const gw_frp_t *p, const char *d
     json_decref(js);
     if (!enc)
         return -1;
-    size_t el = strlen(enc);
+    size_t el = strlen(enc), ls = 0, le = 0;
+    if (p->has_lp)
+        gw_frp_lp_span(p, &ls, &le);
     struct gw_frp_edit {
         size_t s, e;
         const char *r;
         size_t rl;
-    } ed[2] = {{p->ds, p->de, enc, el}, {p->ls, p->le, "[]", 2}};
+    } ed[2] = {{p->ds, p->de, enc, el}, {ls, le, "[]", 2}};
     size_t ned = p->has_lp ? 2 : 1;
     if (ned == 2 && ed[1].s < ed[0].s) {
         struct gw_frp_edit tmp = ed[0];

@@ -56,6 +56,9 @@ bool gw_llm_scan_keys(const char *p, size_t n, bool *content);
 /* The same for a Responses API event: true when a `"usage":` holds an
  * object, *content when a `"delta":` holds a non-empty string. */
 bool gw_llm_resp_scan(const char *p, size_t n, bool *content);
+/* Tests: false holds gw_llm_resp_scan to its SSE2 pass (default: AVX2
+ * where the CPU has it). Not thread-safe: set before any request. */
+void gw_llm_resp_avx2_set(bool on);
 /* gw_llm_scan_keys' answer on an event's raw bytes through the thread's
  * kept event shapes (the scan on a miss, which may keep the event's shape:
  * docs/metrics.md, "Kept shapes"). */

@@ -24,6 +24,15 @@
  *       bench/lib.sh's full rules (1,001 words, 1[3-9]\d{9}). Meant for
  *       callgrind, run with two call counts: the difference of the totals
  *       over the difference of the counts is the instructions per call.
+ *   build/tools/flt_bench respstream FILE [streams]
+ *       the Responses stream in FILE (an SSE capture: `event:` and `data:`
+ *       lines, events apart by a blank line; bench_upstream's) as many
+ *       times, each a stream of its own (gw_flt_resp_t and filter state
+ *       new) with issue16_rules: every event's data through
+ *       gw_flt_resp_event and its raw bytes through the metrics' scan
+ *       (gw_llm_resp_scan), as the relay does. Meant for callgrind, run
+ *       with two stream counts: per-function instructions a stream are the
+ *       difference of the two runs over the difference of the counts.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +45,7 @@
 #include "common/sl.h"
 #include "filters/flt_internal.h"
 #include "gateway/gw_flt_resp.h"
+#include "gateway/gw_llm.h"
 #include "tests/tools/issue16_rules.h"
 
 /* CPU time of this thread: the machine is shared, wall time would measure
@@ -447,8 +457,63 @@ static int bench_clean(size_t len, long calls)
     return clean == calls ? 0 : 1;
 }
 
+/* A Responses stream's events from an SSE capture: see the usage at the
+ * top. */
+static int bench_respstream(const char *file, size_t nstreams)
+{
+    FILE *f = fopen(file, "rb");
+    if (!f)
+        return 2;
+    static char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *raw[64], *data[64];
+    size_t rawlen[64], datalen[64], nev = 0;
+    for (const char *p = buf, *e; nev < 64 && (e = strstr(p, "\n\n")) != NULL; p = e + 2) {
+        const char *d = strstr(p, "data: ");
+        if (!d || d > e)
+            continue;
+        raw[nev] = p;
+        rawlen[nev] = (size_t)(e + 2 - p);
+        data[nev] = d + 6;
+        datalen[nev] = (size_t)(e - d - 6);
+        nev++;
+    }
+    char err[256];
+    flt_ruleset_t *rs = issue16_rules(true, err, sizeof err);
+    if (!rs) {
+        fprintf(stderr, "flt_bench: %s\n", err);
+        return 1;
+    }
+    gw_payloads_t out;
+    memset(&out, 0, sizeof out);
+    size_t pass = 0, repl = 0, tokens = 0, usage = 0;
+    for (size_t s = 0; s < nstreams; s++) {
+        gw_flt_resp_t *x = gw_flt_resp_new();
+        flt_stream_t *st = flt_stream_new(rs);
+        for (size_t i = 0; i < nev; i++) {
+            bool content;
+            usage += gw_llm_resp_scan(raw[i], rawlen[i], &content);
+            tokens += content;
+            gw_ev_rc_t rc = gw_flt_resp_event(x, st, data[i], datalen[i], &out);
+            pass += rc == GW_EV_PASS;
+            repl += rc == GW_EV_REPLACE;
+            gw_payloads_clear(&out);
+        }
+        gw_flt_resp_free(x);
+        flt_stream_free(st);
+    }
+    printf("%zu streams of %zu events: %zu passed, %zu replaced, %zu tokens, %zu usage\n", nstreams,
+           nev, pass, repl, tokens, usage);
+    flt_ruleset_unref(rs);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 2 && strcmp(argv[1], "respstream") == 0)
+        return bench_respstream(argv[2], argc > 3 ? (size_t)atol(argv[3]) : 1000);
     if (argc > 2 && strcmp(argv[1], "clean") == 0)
         return bench_clean((size_t)atol(argv[2]), argc > 3 ? atol(argv[3]) : 1000);
     if (argc > 2 && strcmp(argv[1], "streams") == 0)

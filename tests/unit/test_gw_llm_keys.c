@@ -83,6 +83,21 @@ static bool ref_delta(const char *p, size_t n)
     return false;
 }
 
+/* The Responses scan alone, with its AVX2 pass (where the CPU has one)
+ * and with its SSE2 pass. */
+static void check_resp(const char *p, size_t n)
+{
+    for (int avx2 = 1; avx2 >= 0; avx2--) {
+        gw_llm_resp_avx2_set(avx2);
+        bool content = true;
+        bool usage = gw_llm_resp_scan(p, n, &content);
+        if (usage != ref_usage(p, n) || content != ref_delta(p, n))
+            fail_msg("Responses scan (avx2 %d) %d/%d, reference %d/%d on [%.*s]", avx2, usage,
+                     content, ref_usage(p, n), ref_delta(p, n), (int)n, p);
+    }
+    gw_llm_resp_avx2_set(true);
+}
+
 static void check(const char *p, size_t n)
 {
     bool content = true;
@@ -90,11 +105,7 @@ static void check(const char *p, size_t n)
     if (usage != ref_usage(p, n) || content != ref_content(p, n))
         fail_msg("scan %d/%d, reference %d/%d on [%.*s]", usage, content, ref_usage(p, n),
                  ref_content(p, n), (int)n, p);
-    content = true;
-    usage = gw_llm_resp_scan(p, n, &content);
-    if (usage != ref_usage(p, n) || content != ref_delta(p, n))
-        fail_msg("Responses scan %d/%d, reference %d/%d on [%.*s]", usage, content, ref_usage(p, n),
-                 ref_delta(p, n), (int)n, p);
+    check_resp(p, n);
 }
 
 static void test_chunks(void **state)
@@ -162,6 +173,71 @@ static void test_random(void **state)
     }
 }
 
+/* The Responses scan stops only at `ta":` / `ge":` (gw_llm_resp_next), a
+ * block of 16 or 32 bytes at a time, the last block overlapping the one
+ * before: each key at every offset from an event's start and end (the
+ * blocks' edges, the overlap, the bytes before the first block), in a
+ * buffer of exactly the event's bytes (ASan: no read outside it), beside
+ * keys the pass must not stop at. */
+static void test_resp_offsets(void **state)
+{
+    (void)state;
+    static const char *const keys[] = {
+        "\"delta\":\"x\"", "\"usage\":{\"a\":1}", "\"delta\":\"\"",   "\"usage\":null",
+        "\"beta\":\"x\"",  "\"sage\":{}",         "\"delta\" :\"x\"", "\"delta\":",
+    };
+    size_t hits = 0;
+    for (size_t k = 0; k < sizeof(keys) / sizeof(keys[0]); k++) {
+        size_t kl = strlen(keys[k]);
+        for (size_t pre = 0; pre <= 70; pre++) {
+            for (size_t post = 0; post <= 70; post++) {
+                size_t n = pre + kl + post;
+                char *b = malloc(n ? n : 1);
+                assert_non_null(b);
+                for (size_t i = 0; i < pre; i++)
+                    b[i] = "{\"ty\":\"t\",x"[i % 12];
+                memcpy(b + pre, keys[k], kl);
+                for (size_t i = 0; i < post; i++)
+                    b[pre + kl + i] = ",\"n\":1 ]}"[i % 10];
+                check_resp(b, n);
+                bool content;
+                hits += gw_llm_resp_scan(b, n, &content) || content;
+                free(b);
+            }
+        }
+    }
+    /* "delta":"x" and "usage":{..} count at every offset but where the
+     * (7 bytes before the colon: always, the key has them) */
+    assert_int_equal(hits, 2 * 71 * 71);
+}
+
+/* Longer random events than test_random's (up to 400 bytes: many blocks of
+ * either width), the Responses scan alone. */
+static void test_resp_random(void **state)
+{
+    (void)state;
+    static const char *const pieces[] = {
+        "\"usage\"", "\"delta\"", "ta\"",     "ge\"", "\":", ":", "\"",  " ",
+        "{",         "\"x\"",     "abcdefgh", "\\",   "t",   "g", "\"\""};
+    char buf[400];
+    uint32_t x = 11;
+    for (int it = 0; it < 100000; it++) {
+        size_t n = 0;
+        x = x * 1103515245u + 12345u;
+        size_t parts = (x >> 16) % 90;
+        for (size_t k = 0; k < parts; k++) {
+            x = x * 1103515245u + 12345u;
+            const char *s = pieces[(x >> 16) % (sizeof(pieces) / sizeof(pieces[0]))];
+            size_t l = strlen(s);
+            if (n + l > sizeof(buf))
+                break;
+            memcpy(buf + n, s, l);
+            n += l;
+        }
+        check_resp(buf, n);
+    }
+}
+
 /* A Responses event is parsed only when it may carry what gw_llm_event
  * reads: a top-level usage or choices, or JSON yajl refuses (then jansson
  * decides, as before). */
@@ -170,6 +246,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chunks),
         cmocka_unit_test(test_random),
+        cmocka_unit_test(test_resp_offsets),
+        cmocka_unit_test(test_resp_random),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
