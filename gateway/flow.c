@@ -406,7 +406,7 @@ void gw_proxy_route(gw_req_t *r)
         char q[256];
         size_t qn;
         if (r->scan &&
-            gw_json_quote(r->model->served, strlen(r->model->served), q, sizeof(q), &qn) == 0) {
+            gw_json_quote(r->model->served, r->model->served_len, q, sizeof(q), &qn) == 0) {
             if (gw_body_set(r->scan, "model", &r->scan->model, q, qn) != 0) {
                 gw_respond_oom(r);
                 return;

@@ -149,6 +149,11 @@ typedef struct gw_http_msg {
     bool keep_alive;      /* http_should_keep_alive() after the head */
     bool expect_continue; /* requests */
     const char *host;     /* requests: the Host value (NULL for HTTP/1.0 without one) */
+    /* GW_HN_BIT()s of the ids among headers, set with them when the head
+     * is checked: gw_http_header_get answers an absent name without a
+     * walk (most of its asks on a request: the fault, idempotency, request
+     * id, encoding headers) */
+    uint64_t present;
 } gw_http_msg_t;
 
 typedef enum gw_http_state {

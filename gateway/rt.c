@@ -253,6 +253,9 @@ gw_rt_t *gw_rt_new(conf_t *c, gw_shared_t *sh, char *err, size_t errlen)
         m->conf = cm;
         m->served = cm->served ? cm->served : cm->name;
         m->alias = strcmp(m->served, m->name) != 0;
+        m->name_len = strlen(m->name);
+        m->served_len = strlen(m->served);
+        m->gen = rt->generation;
         for (size_t k = 0; k < rt->npools; k++)
             if (strcmp(rt->pools[k].name, cm->upstream) == 0)
                 m->pool = &rt->pools[k];
@@ -326,7 +329,7 @@ const char *gw_rt_v1_rest(const char *target, size_t len)
 const gw_model_rt_t *gw_rt_model(const gw_rt_t *rt, const char *name, size_t len)
 {
     for (size_t i = 0; i < rt->nmodels; i++)
-        if (strlen(rt->models[i].name) == len && memcmp(rt->models[i].name, name, len) == 0)
+        if (rt->models[i].name_len == len && memcmp(rt->models[i].name, name, len) == 0)
             return &rt->models[i];
     return NULL;
 }
