@@ -298,6 +298,16 @@ static inline bool gw_http_name_eq(const char *name, const char *lower, size_t n
         memcpy(&l, lower + n - 8, 8);
         return (a | (l & b40) >> 1) == l;
     }
+    if (n >= 4) { /* the first 4 and the last 4, overlapping */
+        uint32_t a4, l4;
+        memcpy(&a4, name, 4);
+        memcpy(&l4, lower, 4);
+        if ((a4 | (l4 & (uint32_t)b40) >> 1) != l4)
+            return false;
+        memcpy(&a4, name + n - 4, 4);
+        memcpy(&l4, lower + n - 4, 4);
+        return (a4 | (l4 & (uint32_t)b40) >> 1) == l4;
+    }
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)name[i], lc = (unsigned char)lower[i];
         if ((c | (lc & 0x40) >> 1) != lc)
