@@ -12,7 +12,10 @@
 
 /* The roles a message may have, with their lengths (chat_shape's compare
  * of a scanned role). */
-#define FLT_ROLE(lit) {lit, sizeof(lit) - 1}
+#define FLT_ROLE(lit)                                                                              \
+    {                                                                                              \
+        lit, sizeof(lit) - 1                                                                       \
+    }
 static const struct {
     const char *name;
     size_t len;

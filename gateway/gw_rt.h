@@ -61,11 +61,11 @@ struct gw_pool_rt {
 };
 
 struct gw_model_rt {
-    const char *name;   /* client-facing */
-    const char *served; /* upstream's name */
+    const char *name;            /* client-facing */
+    const char *served;          /* upstream's name */
     size_t name_len, served_len; /* their strlen: asked on every request */
-    uint64_t gen; /* its rt's generation: with its address, unique to this model */
-    bool alias;         /* served differs from name: the body is rewritten */
+    uint64_t gen;                /* its rt's generation: with its address, unique to this model */
+    bool alias;                  /* served differs from name: the body is rewritten */
     gw_pool_rt_t *pool;
     const conf_model_t *conf; /* fault:, queue: */
 };

@@ -869,7 +869,6 @@ static bool ieq(const char *a, size_t alen, const char *lit)
     return alen == n && strncasecmp(a, lit, n) == 0;
 }
 
-
 #define NAME_IS(n, lit) gw_http_name_eq((n), (lit), sizeof(lit) - 1)
 
 /* The names of gw_http_hn_t by a switch on the length and a compare or
