@@ -33,6 +33,7 @@ struct gw_srv_rt {
     char *host;        /* for SNI, certificate checks */
     char *host_header; /* "host" or "host:port" */
     char *base_path;   /* the URL's path, "/v1" when it has none (conf_server_t) */
+    size_t host_header_len, base_path_len; /* their strlen: every request's head */
     int port;
     bool https;
     struct sockaddr_storage addr;

@@ -721,6 +721,7 @@ static size_t head_scan(gw_http_parser_t *p, const char *d, size_t n, bool *end)
                         break;
                     }
                     p->hp.method = (unsigned)mi;
+                    p->msg.method_len = al - p->method_off;
                     ar[al++] = '\0';
                     p->target_off = al;
                     hs = HS_TARGET;
@@ -2052,6 +2053,7 @@ gw_http_state_t gw_http_load_head(gw_http_parser_t *p, const char *method, const
         return p->state;
     p->method_off = mo;
     p->target_off = to;
+    p->msg.method_len = ml;
     p->msg.target_len = pl;
     p->hp.http_major = 1; /* what head_check() asks of an HTTP/1.1 head */
     p->hp.http_minor = 1;

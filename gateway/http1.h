@@ -135,6 +135,7 @@ typedef struct gw_http_header {
 typedef struct gw_http_msg {
     /* request */
     const char *method; /* "GET", "POST", ... */
+    size_t method_len;
     const char *target; /* origin-form, "/v1/chat/completions?x=1" */
     size_t target_len;
     size_t path_len; /* length of target up to '?' */

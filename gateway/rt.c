@@ -62,6 +62,8 @@ static int gw_srv_build(gw_srv_rt_t *s, const conf_server_t *cs, const char *pat
         snprintf(s->host_header, n, v6 ? "[%s]" : "%s", s->host);
     else
         snprintf(s->host_header, n, v6 ? "[%s]:%d" : "%s:%d", s->host, s->port);
+    s->host_header_len = strlen(s->host_header);
+    s->base_path_len = strlen(s->base_path);
     return 0;
 }
 

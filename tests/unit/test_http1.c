@@ -1080,6 +1080,35 @@ static void test_header_get_by_id(void **state)
     gw_http_parser_free(p);
 }
 
+/* The method's length beside it (the router and the upstream head take it
+ * instead of a strlen or strcmp): parsed, cut anywhere, and loaded. */
+static void test_method_len(void **state)
+{
+    (void)state;
+    static const char *const meths[] = {"GET", "POST", "DELETE", "OPTIONS", "HEAD", "M-SEARCH"};
+    for (size_t i = 0; i < SL_ARRAY_LEN(meths); i++) {
+        char in[128];
+        snprintf(in, sizeof in, "%s /v1/x?y=1 HTTP/1.1\r\nHost: a\r\n\r\n", meths[i]);
+        for (size_t cut = 1; cut < strlen(in); cut++) {
+            gw_http_parser_t *p = gw_http_parser_new(GW_HTTP_REQUEST, NULL);
+            size_t used, u2;
+            gw_http_state_t st = gw_http_feed(p, in, cut, &used, NULL, NULL);
+            assert_int_equal(st, GW_HTTP_NEED_MORE);
+            st = gw_http_feed(p, in + used, strlen(in) - used, &u2, NULL, NULL);
+            assert_int_equal(st, GW_HTTP_HEAD);
+            const gw_http_msg_t *m = gw_http_msg(p);
+            assert_string_equal(m->method, meths[i]);
+            assert_int_equal(m->method_len, strlen(meths[i]));
+            gw_http_parser_free(p);
+        }
+        gw_http_parser_t *p = gw_http_parser_new(GW_HTTP_REQUEST, NULL);
+        assert_int_equal(gw_http_load_head(p, meths[i], "/v1/x", "h", false), GW_HTTP_DONE);
+        assert_string_equal(gw_http_msg(p)->method, meths[i]);
+        assert_int_equal(gw_http_msg(p)->method_len, strlen(meths[i]));
+        gw_http_parser_free(p);
+    }
+}
+
 static void test_status_text(void **state)
 {
     (void)state;
@@ -1161,6 +1190,7 @@ int main(void)
         cmocka_unit_test(test_bad_responses),
         cmocka_unit_test(test_hop_by_hop),
         cmocka_unit_test(test_header_get_by_id),
+        cmocka_unit_test(test_method_len),
         cmocka_unit_test(test_status_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
