@@ -113,5 +113,10 @@ void *gw_wio_mem_realloc(void *p, size_t size);
 void gw_wio_mem_free(void *p);
 size_t gw_wio_mem_tick(bool all);
 size_t gw_wio_mem_cached(void);
+/* A block of at least size bytes for a short-lived use on this thread (a
+ * head's storage: http1.c's block_take): one of the thread's kept 1 KiB
+ * blocks when size fits one, else malloc's; given back by gw_wio_mem_free
+ * (which keeps a block of that size, whoever took it). NULL on OOM. */
+void *gw_wio_mem_block(size_t size);
 
 #endif

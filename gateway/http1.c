@@ -43,6 +43,7 @@
  * stay with the caller.
  */
 #include "gateway/http1.h"
+#include "gateway/gw_wio.h"
 
 #include <event2/buffer.h>
 #include <http_parser.h>
@@ -1236,15 +1237,19 @@ static int arena_move(gw_http_parser_t *p, size_t cap)
  * request, an upstream's answer) gets one block of the size its bytes
  * bound, taken before the scan: the header table (an entry per CR of the
  * head at most: every header line follows a CRLF of its own) and behind it
- * the arena (a byte per head byte at most). One malloc per head, nothing
- * copied or moved after the scan, nothing held before a head's first byte
- * or after reset. A head cut across feeds grows its storage instead
+ * the arena (a byte per head byte at most). One allocation per head (one
+ * of the thread's kept 1 KiB blocks when it fits: gw_wio_mem_block, given
+ * back there at reset), nothing copied or moved after the scan, nothing
+ * held before a head's first byte or after reset. A head cut across feeds grows its storage instead
  * (storage_reserve). */
 static void storage_drop(gw_http_parser_t *p)
 {
-    if (!p->one_block)
+    if (p->one_block) {
+        gw_wio_mem_free(p->hdrs); /* block_take's: kept for the next head */
+    } else {
         free(p->arena);
-    free(p->hdrs);
+        free(p->hdrs);
+    }
     p->arena = NULL;
     p->hdrs = NULL;
     p->arena_cap = 0;
@@ -1269,7 +1274,7 @@ static int block_take(gw_http_parser_t *p, size_t len, size_t ncr)
     size_t full = p->lim.header_bytes + 2 * p->lim.header_lines + 2;
     size_t acap = SL_MIN(len, full);
     size_t lines = SL_MAX(SL_MIN(ncr - 2, p->lim.header_lines), (size_t)1);
-    gw_http_header_t *h = malloc(lines * sizeof(*h) + acap);
+    gw_http_header_t *h = gw_wio_mem_block(lines * sizeof(*h) + acap);
     if (!h)
         return -1;
     p->hdrs = h;
