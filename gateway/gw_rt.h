@@ -66,7 +66,10 @@ struct gw_model_rt {
     const char *served;          /* upstream's name */
     size_t name_len, served_len; /* their strlen: asked on every request */
     uint64_t gen;                /* its rt's generation: with its address, unique to this model */
-    bool alias;                  /* served differs from name: the body is rewritten */
+    char *served_json; /* served as a JSON string, quotes and all, for the body's "model" splice
+                        * (NULL: too long for one; the tree rewrites it) */
+    size_t served_json_len;
+    bool alias; /* served differs from name: the body is rewritten */
     gw_pool_rt_t *pool;
     const conf_model_t *conf; /* fault:, queue: */
 };

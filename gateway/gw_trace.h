@@ -32,4 +32,8 @@ void gw_trace_random(uint64_t *out, size_t n);
 /* A trace id from two random words (never all zero). */
 void gw_trace_new_id(char trace_id[33], uint64_t hi, uint64_t lo);
 
+/* v as 16 lowercase hex digits at out (no NUL), a word at a time: a
+ * request id (conn.c) as well as the ids here. */
+void gw_trace_put_hex16(char *out, uint64_t v);
+
 #endif

@@ -17,6 +17,7 @@
 #include "auth/auth.h"
 #include "common/log.h"
 #include "fallback/fallback.h"
+#include "gateway/body_scan.h"
 #include "gateway/gw_hook.h"
 #include "gateway/gw_metrics.h"
 #include "gateway/gw_rt.h"
@@ -224,6 +225,8 @@ static void gw_rt_destroy(gw_rt_t *rt)
     free(rt->admin_key);
     free(rt->pools);
     free(rt->servers);
+    for (size_t i = 0; rt->models && i < rt->nmodels; i++)
+        free(rt->models[i].served_json);
     free(rt->models);
     free(rt->models_json);
     conf_free(rt->conf);
@@ -258,6 +261,13 @@ gw_rt_t *gw_rt_new(conf_t *c, gw_shared_t *sh, char *err, size_t errlen)
         m->name_len = strlen(m->name);
         m->served_len = strlen(m->served);
         m->gen = rt->generation;
+        char q[256];
+        size_t qn;
+        if (gw_json_quote(m->served, m->served_len, q, sizeof(q), &qn) == 0) {
+            m->served_json = sl_xmalloc(qn);
+            memcpy(m->served_json, q, qn);
+            m->served_json_len = qn;
+        }
         for (size_t k = 0; k < rt->npools; k++)
             if (strcmp(rt->pools[k].name, cm->upstream) == 0)
                 m->pool = &rt->pools[k];

@@ -81,8 +81,7 @@ static void gw_trace_put_hex8(char *out, uint64_t v)
     memcpy(out, &x, 8);
 }
 
-/* v as 16 lowercase hex digits. */
-static void gw_trace_put_hex16(char *out, uint64_t v)
+void gw_trace_put_hex16(char *out, uint64_t v)
 {
     gw_trace_put_hex8(out, v >> 32);
     gw_trace_put_hex8(out + 8, v);
