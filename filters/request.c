@@ -519,6 +519,8 @@ flt_req_verdict_t flt_request_check_chat(const flt_ruleset_t *rs, const sl_chat_
         const sl_chat_msg_t *m = &chat->msgs[i];
         if (!chat_is_user(m))
             continue;
+        if (m->content_kind == SL_J_STRING && m->content.len <= max)
+            continue; /* no more characters than bytes: none to count (~130 a prompt) */
         size_t n = chat_chars(chat, m);
         if (n <= max)
             continue;
