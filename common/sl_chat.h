@@ -71,10 +71,16 @@ typedef struct sl_chat {
 
 /* strcmp()'s answer on a JSON string as jansson hands it out (it stops at
  * an embedded NUL): does t read as the C string lit? */
+static inline bool sl_text_is_n(sl_text_t t, const char *lit, size_t n)
+{
+    return t.p && t.len >= n && memcmp(t.p, lit, n) == 0 && (t.len == n || t.p[n] == '\0');
+}
+
+/* The same for a literal; sl_text_is_n for a string of a table, with its
+ * length kept beside it (a strlen a call otherwise). */
 static inline bool sl_text_is(sl_text_t t, const char *lit)
 {
-    size_t n = strlen(lit);
-    return t.p && t.len >= n && memcmp(t.p, lit, n) == 0 && (t.len == n || t.p[n] == '\0');
+    return sl_text_is_n(t, lit, strlen(lit));
 }
 
 #endif

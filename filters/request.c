@@ -10,8 +10,17 @@
 
 #include "filters/flt_internal.h"
 
-static const char *const flt_roles[] = {"system",    "developer", "user",
-                                        "assistant", "tool",      "function"};
+/* The roles a message may have, with their lengths (chat_shape's compare
+ * of a scanned role). */
+#define FLT_ROLE(lit)                                                                              \
+    {                                                                                              \
+        lit, sizeof(lit) - 1                                                                       \
+    }
+static const struct {
+    const char *name;
+    size_t len;
+} flt_roles[] = {FLT_ROLE("system"),    FLT_ROLE("developer"), FLT_ROLE("user"),
+                 FLT_ROLE("assistant"), FLT_ROLE("tool"),      FLT_ROLE("function")};
 
 static flt_req_verdict_t reject(flt_req_result_t *res, const char *code, const char *param,
                                 const char *fmt, ...) SL_PRINTF(4, 5) SL_COLD;
@@ -97,7 +106,7 @@ static flt_req_verdict_t check_shape(json_t *body, flt_req_result_t *res)
         const char *role = role_of(m);
         bool known = false;
         for (size_t r = 0; role && r < SL_ARRAY_LEN(flt_roles); r++)
-            known = known || strcmp(role, flt_roles[r]) == 0;
+            known = known || strcmp(role, flt_roles[r].name) == 0;
         snprintf(p, sizeof p, "messages[%zu].role", i);
         if (!known)
             return reject(res, FLT_CODE_INVALID_MESSAGE, p,
@@ -356,7 +365,7 @@ static flt_req_verdict_t chat_shape(const sl_chat_t *chat, flt_req_result_t *res
         bool known = false;
         for (size_t r = 0; m->role_kind == SL_J_STRING && r < SL_ARRAY_LEN(flt_roles) && !known;
              r++)
-            known = sl_text_is(m->role, flt_roles[r]);
+            known = sl_text_is_n(m->role, flt_roles[r].name, flt_roles[r].len);
         if (!known) {
             snprintf(p, sizeof p, "messages[%zu].role", i);
             return reject(res, FLT_CODE_INVALID_MESSAGE, p,
@@ -510,6 +519,8 @@ flt_req_verdict_t flt_request_check_chat(const flt_ruleset_t *rs, const sl_chat_
         const sl_chat_msg_t *m = &chat->msgs[i];
         if (!chat_is_user(m))
             continue;
+        if (m->content_kind == SL_J_STRING && m->content.len <= max)
+            continue; /* no more characters than bytes: none to count (~130 a prompt) */
         size_t n = chat_chars(chat, m);
         if (n <= max)
             continue;

@@ -27,6 +27,7 @@
 #include "gateway/gw_req.h"
 #include "gateway/gw_route.h"
 #include "gateway/gw_rt.h"
+#include "gateway/gw_trace.h"
 #include "gateway/gw_types.h"
 #include "gateway/gw_wio.h"
 #include "gateway/gw_worker.h"
@@ -524,10 +525,7 @@ static void gw_req_set_id(gw_req_t *r)
         memcpy(r->id, h->value, h->value_len + 1);
         return;
     }
-    static const char hex[] = "0123456789abcdef";
-    uint64_t v = gw_worker_rand(r->c->w);
-    for (int i = 15; i >= 0; i--, v >>= 4)
-        r->id[i] = hex[v & 15];
+    gw_trace_put_hex16(r->id, gw_worker_rand(r->c->w)); /* was a loop a digit: ~130 */
     r->id[16] = '\0';
 }
 

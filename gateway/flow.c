@@ -403,11 +403,9 @@ void gw_proxy_route(gw_req_t *r)
         r->tried_local = true;
     sl_counter_add(r->att.pool == r->rt->local ? gw_m.route_local : gw_m.route_main, 1);
     if (asked_auto || r->model->alias) {
-        char q[256];
-        size_t qn;
-        if (r->scan &&
-            gw_json_quote(r->model->served, strlen(r->model->served), q, sizeof(q), &qn) == 0) {
-            if (gw_body_set(r->scan, "model", &r->scan->model, q, qn) != 0) {
+        if (r->scan && r->model->served_json) { /* quoted once, when the rt was built */
+            if (gw_body_set(r->scan, "model", &r->scan->model, r->model->served_json,
+                            r->model->served_json_len) != 0) {
                 gw_respond_oom(r);
                 return;
             }

@@ -33,6 +33,7 @@ struct gw_srv_rt {
     char *host;        /* for SNI, certificate checks */
     char *host_header; /* "host" or "host:port" */
     char *base_path;   /* the URL's path, "/v1" when it has none (conf_server_t) */
+    size_t host_header_len, base_path_len; /* their strlen: every request's head */
     int port;
     bool https;
     struct sockaddr_storage addr;
@@ -61,9 +62,14 @@ struct gw_pool_rt {
 };
 
 struct gw_model_rt {
-    const char *name;   /* client-facing */
-    const char *served; /* upstream's name */
-    bool alias;         /* served differs from name: the body is rewritten */
+    const char *name;            /* client-facing */
+    const char *served;          /* upstream's name */
+    size_t name_len, served_len; /* their strlen: asked on every request */
+    uint64_t gen;                /* its rt's generation: with its address, unique to this model */
+    char *served_json; /* served as a JSON string, quotes and all, for the body's "model" splice
+                        * (NULL: too long for one; the tree rewrites it) */
+    size_t served_json_len;
+    bool alias; /* served differs from name: the body is rewritten */
     gw_pool_rt_t *pool;
     const conf_model_t *conf; /* fault:, queue: */
 };

@@ -114,7 +114,7 @@ static gw_hook_rc_t gw_auth_on_request(gw_req_t *r, void **state)
     gw_auth_hdr(m, GW_HN_X_SLUICE_NONCE, &q.nonce, &q.nonce_len);
     gw_auth_hdr(m, GW_HN_X_SLUICE_SIGNATURE, &q.signature, &q.signature_len);
     q.method = m->method;
-    q.method_len = strlen(m->method);
+    q.method_len = m->method_len;
     q.path = m->target;
     q.path_len = m->target_len;
     q.body_len = evbuffer_get_length(r->body);

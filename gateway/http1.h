@@ -135,6 +135,7 @@ typedef struct gw_http_header {
 typedef struct gw_http_msg {
     /* request */
     const char *method; /* "GET", "POST", ... */
+    size_t method_len;
     const char *target; /* origin-form, "/v1/chat/completions?x=1" */
     size_t target_len;
     size_t path_len; /* length of target up to '?' */
@@ -149,6 +150,11 @@ typedef struct gw_http_msg {
     bool keep_alive;      /* http_should_keep_alive() after the head */
     bool expect_continue; /* requests */
     const char *host;     /* requests: the Host value (NULL for HTTP/1.0 without one) */
+    /* GW_HN_BIT()s of the ids among headers, set with them when the head
+     * is checked: gw_http_header_get answers an absent name without a
+     * walk (most of its asks on a request: the fault, idempotency, request
+     * id, encoding headers) */
+    uint64_t present;
 } gw_http_msg_t;
 
 typedef enum gw_http_state {
@@ -292,6 +298,16 @@ static inline bool gw_http_name_eq(const char *name, const char *lower, size_t n
         memcpy(&a, name + n - 8, 8); /* the last 8, overlapping */
         memcpy(&l, lower + n - 8, 8);
         return (a | (l & b40) >> 1) == l;
+    }
+    if (n >= 4) { /* the first 4 and the last 4, overlapping */
+        uint32_t a4, l4;
+        memcpy(&a4, name, 4);
+        memcpy(&l4, lower, 4);
+        if ((a4 | (l4 & (uint32_t)b40) >> 1) != l4)
+            return false;
+        memcpy(&a4, name + n - 4, 4);
+        memcpy(&l4, lower + n - 4, 4);
+        return (a4 | (l4 & (uint32_t)b40) >> 1) == l4;
     }
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)name[i], lc = (unsigned char)lower[i];

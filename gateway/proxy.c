@@ -229,13 +229,14 @@ static void gw_proxy_write_request(gw_req_t *r, gw_upconn_t *u)
     gw_sb_t b;
     gw_sb_init(&b, stack, sizeof(stack));
     const char *rest = gw_rt_v1_rest(m->target, m->target_len); /* non-NULL: gw_proxy_send */
-    gw_sb_str(&b, m->method); /* POST but for /v1/responses/{id}: GET, DELETE */
+    gw_sb_add(&b, m->method, m->method_len); /* POST but for /v1/responses/{id}: GET, DELETE */
     gw_sb_lit(&b, " ");
-    gw_sb_str(&b, r->att.server->base_path); /* /v1/REST -> BASE/REST */
+    gw_sb_add(&b, r->att.server->base_path,
+              r->att.server->base_path_len); /* /v1/REST -> BASE/REST */
     if (rest)
         gw_sb_add(&b, rest, m->target_len - (size_t)(rest - m->target));
     gw_sb_lit(&b, " HTTP/1.1\r\nHost: ");
-    gw_sb_str(&b, r->att.server->host_header);
+    gw_sb_add(&b, r->att.server->host_header, r->att.server->host_header_len);
     const gw_http_header_t *cct =
         r->route == GW_ROUTE_PASSTHROUGH ? gw_http_header_get(m, GW_HN_CONTENT_TYPE) : NULL;
     if (cct) { /* a passthrough body is the client's: multipart, audio, JSON */

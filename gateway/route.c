@@ -36,10 +36,10 @@ const char *gw_route_name(gw_route_t r)
     return gw_route_names[r];
 }
 
-static bool gw_method_is(const gw_http_msg_t *m, const char *meth)
-{
-    return strcmp(m->method, meth) == 0;
-}
+/* By length, then a compare the compiler inlines (a strcmp call was ~30
+ * instructions a request). */
+#define gw_method_is(m, lit)                                                                       \
+    ((m)->method_len == sizeof(lit) - 1 && memcmp((m)->method, (lit), sizeof(lit) - 1) == 0)
 
 static bool gw_method_get(const gw_http_msg_t *m)
 {

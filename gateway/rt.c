@@ -17,6 +17,7 @@
 #include "auth/auth.h"
 #include "common/log.h"
 #include "fallback/fallback.h"
+#include "gateway/body_scan.h"
 #include "gateway/gw_hook.h"
 #include "gateway/gw_metrics.h"
 #include "gateway/gw_rt.h"
@@ -62,6 +63,8 @@ static int gw_srv_build(gw_srv_rt_t *s, const conf_server_t *cs, const char *pat
         snprintf(s->host_header, n, v6 ? "[%s]" : "%s", s->host);
     else
         snprintf(s->host_header, n, v6 ? "[%s]:%d" : "%s:%d", s->host, s->port);
+    s->host_header_len = strlen(s->host_header);
+    s->base_path_len = strlen(s->base_path);
     return 0;
 }
 
@@ -222,6 +225,8 @@ static void gw_rt_destroy(gw_rt_t *rt)
     free(rt->admin_key);
     free(rt->pools);
     free(rt->servers);
+    for (size_t i = 0; rt->models && i < rt->nmodels; i++)
+        free(rt->models[i].served_json);
     free(rt->models);
     free(rt->models_json);
     conf_free(rt->conf);
@@ -253,6 +258,16 @@ gw_rt_t *gw_rt_new(conf_t *c, gw_shared_t *sh, char *err, size_t errlen)
         m->conf = cm;
         m->served = cm->served ? cm->served : cm->name;
         m->alias = strcmp(m->served, m->name) != 0;
+        m->name_len = strlen(m->name);
+        m->served_len = strlen(m->served);
+        m->gen = rt->generation;
+        char q[256];
+        size_t qn;
+        if (gw_json_quote(m->served, m->served_len, q, sizeof(q), &qn) == 0) {
+            m->served_json = sl_xmalloc(qn);
+            memcpy(m->served_json, q, qn);
+            m->served_json_len = qn;
+        }
         for (size_t k = 0; k < rt->npools; k++)
             if (strcmp(rt->pools[k].name, cm->upstream) == 0)
                 m->pool = &rt->pools[k];
@@ -326,7 +341,7 @@ const char *gw_rt_v1_rest(const char *target, size_t len)
 const gw_model_rt_t *gw_rt_model(const gw_rt_t *rt, const char *name, size_t len)
 {
     for (size_t i = 0; i < rt->nmodels; i++)
-        if (strlen(rt->models[i].name) == len && memcmp(rt->models[i].name, name, len) == 0)
+        if (rt->models[i].name_len == len && memcmp(rt->models[i].name, name, len) == 0)
             return &rt->models[i];
     return NULL;
 }

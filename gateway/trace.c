@@ -65,29 +65,6 @@ static void gw_trace_put_hex(char *out, uint64_t v, size_t digits)
         out[i] = hex[v & 15];
 }
 
-/* The low 32 bits of v as 8 lowercase hex digits: the nibbles spread one a
- * byte (most significant in the lowest byte after the swap), then each
- * byte + '0', + 39 more where the nibble is 10 or above (nibble + 6 carries
- * into bit 4). Per request this wrote 48 digits a table load each. */
-static void gw_trace_put_hex8(char *out, uint64_t v)
-{
-    const uint64_t ones = 0x0101010101010101ull;
-    uint64_t x = v & 0xFFFFFFFFull;
-    x = (x | x << 16) & 0x0000FFFF0000FFFFull;
-    x = (x | x << 8) & 0x00FF00FF00FF00FFull;
-    x = (x | x << 4) & 0x0F0F0F0F0F0F0F0Full;
-    x = __builtin_bswap64(x);
-    x += 0x30 * ones + (((x + 6 * ones) >> 4) & ones) * 39;
-    memcpy(out, &x, 8);
-}
-
-/* v as 16 lowercase hex digits. */
-static void gw_trace_put_hex16(char *out, uint64_t v)
-{
-    gw_trace_put_hex8(out, v >> 32);
-    gw_trace_put_hex8(out + 8, v);
-}
-
 /* Written by hand, not with snprintf: this runs for every request before
  * its upstream request goes out (the first event waits on it). */
 void gw_trace_format(char *out, size_t cap, const char *trace_id, uint64_t span, uint8_t flags)

@@ -34,6 +34,26 @@ def test_escaped_model_name_is_routed_and_rewritten(sluice, mock):
     assert got == raw.replace(b'"chat-\\u006dodel"', b'"Qwen2.5-7B-Instruct"'), got
 
 
+def test_served_names_quoted_once_per_conf(sluice_factory, mock):
+    """The served name's JSON text is made when the conf is built: plain,
+    with a quote, a backslash, a control byte and a non-ASCII letter (the
+    quoting's escape path), and one too long for the splice (the tree
+    rewrites it, the other values survive). Each reaches the upstream as
+    exactly that name, the plain one spliced into the client's bytes."""
+    names = {"m-plain": "served-model", "m-esc": 'we"ird\\na\tm\u00e9', "m-long": "L" * 300}
+    s = sluice_factory({"models": {k: {"upstream": "main", "name": v} for k, v in names.items()}})
+    raw = '{"model":"%s","max_tokens":7,"messages":[{"role":"user","content":"x \\"y\\""}]}'
+    for i, (k, v) in enumerate(names.items()):
+        r = s.request("POST", "/v1/chat/completions", (raw % k).encode(),
+                      {"Content-Type": "application/json"})
+        assert r.status == 200, r.body
+        body = json.loads(mock.requests()[i]["body"])
+        assert body["model"] == v, (k, body["model"])
+        assert body["messages"] == [{"role": "user", "content": 'x "y"'}] and body["max_tokens"] == 7
+    plain = mock.requests()[0]["body"].encode()
+    assert plain == (raw % "m-plain").replace('"m-plain"', '"served-model"').encode(), plain
+
+
 def test_clamp_and_usage_are_spliced(sluice_factory, mock):
     s = sluice_factory({"ratelimit": {"max_tokens": 100, "per_user": {"tokens_per_minute": 1000000}}})
     # max_tokens above the cap: replaced in place; stream_options with

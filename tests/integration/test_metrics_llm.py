@@ -188,6 +188,30 @@ def test_reload_gauges_and_state(sluice):
 
 
 @pytest.mark.timeout(60)
+def test_model_series_follow_renames_on_reload(sluice_factory, mock):
+    """Each reload builds a one-model table while the last one still
+    serves, so malloc tends to hand out two addresses in turn; the names
+    go one, two, two, one, so a name lands where the other one was. The
+    worker's series cache is keyed by the model's address and its conf
+    generation: a key by address alone counted a request of the new name
+    in the old name's series (shown failing so)."""
+    sluice = sluice_factory(overrides={"workers": 1})
+    assert sluice.chat("first").status == 200
+    names = ["m-one", "m-two", "m-two", "m-one", "m-one", "m-two"]
+    for gen, name in enumerate(names, start=2):
+        conf = dict(sluice.conf)
+        conf["models"] = {name: {"upstream": "main"}}
+        sluice.reload(conf)
+        wait_until(lambda: sluice.admin("GET", "/admin/state").json()["reload"]["generation"] == gen,
+                   bound(5), what="generation %d" % gen)
+        assert sluice.chat("x", model=name).status == 200
+    s = sluice.metrics()
+    for name, n in ((MODEL, 1), ("m-one", 3), ("m-two", 3)):
+        assert s.value("sluice_model_requests_total", model=name, code="200") == n, name
+        assert s.value("sluice_answer_tier_total", model=name, tier="upstream") == n, name
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("mode", ["hash", "plain", "off"])
 def test_access_log_user(sluice_factory, mock, mode):
     s = ph.start(sluice_factory, mock, overrides={"log": {"user": mode}})

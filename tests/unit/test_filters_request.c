@@ -111,6 +111,60 @@ static void test_shape_errors(void **state)
     assert_false(r.modified);
 }
 
+/* max_chars on scanned messages (flt_request_check_chat): a string of no
+ * more bytes than the limit is not counted (it cannot have more
+ * characters), one with more bytes is, so multi-byte text within the limit
+ * passes and one character over it does not; truncate edits instead. */
+static void test_max_chars_scanned(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *text;
+        flt_req_verdict_t reject, truncate;
+    } cases[] = {
+        {"abcde", FLT_REQ_OK, FLT_REQ_OK},
+        {"abcdef", FLT_REQ_REJECT, FLT_REQ_EDIT},
+        {"", FLT_REQ_OK, FLT_REQ_OK},
+        {"\xe4\xb8\x80\xe4\xba\x8c\xe4\xb8\x89\xe5\x9b\x9b\xe4\xba\x94", FLT_REQ_OK, FLT_REQ_OK},
+        {"\xe4\xb8\x80\xe4\xba\x8c\xe4\xb8\x89\xe5\x9b\x9b\xe4\xba\x94\xe5\x85\xad", FLT_REQ_REJECT,
+         FLT_REQ_EDIT},
+        {"ab\xf0\x9f\x98\x80"
+         "de",
+         FLT_REQ_OK, FLT_REQ_OK},
+        {"ab\xf0\x9f\x98\x80"
+         "def",
+         FLT_REQ_REJECT, FLT_REQ_EDIT},
+    };
+    flt_ruleset_t *rej = rs_with(5, FLT_OVERFLOW_REJECT, 0, NULL, 0);
+    flt_ruleset_t *cut = rs_with(5, FLT_OVERFLOW_TRUNCATE, 0, NULL, 0);
+    for (size_t i = 0; i < SL_ARRAY_LEN(cases); i++) {
+        sl_chat_msg_t m[2] = {
+            {.kind = SL_J_OBJECT,
+             .role_kind = SL_J_STRING,
+             .role = {"system", 6},
+             .content_kind = SL_J_STRING,
+             .content = {"a system text far over five", 27}},
+            {.kind = SL_J_OBJECT,
+             .role_kind = SL_J_STRING,
+             .role = {"user", 4},
+             .content_kind = SL_J_STRING,
+             .content = {cases[i].text, strlen(cases[i].text)}},
+        };
+        sl_chat_t chat = {.messages_kind = SL_J_ARRAY, .msgs = m, .nmsgs = 2};
+        flt_req_result_t r;
+        if (flt_request_check_chat(rej, &chat, &r) != cases[i].reject)
+            fail_msg("case %zu: reject mode", i);
+        if (cases[i].reject == FLT_REQ_REJECT) {
+            assert_string_equal(r.code, FLT_CODE_PROMPT_TOO_LONG);
+            assert_string_equal(r.param, "messages[1].content");
+        }
+        if (flt_request_check_chat(cut, &chat, &r) != cases[i].truncate)
+            fail_msg("case %zu: truncate mode", i);
+    }
+    flt_ruleset_unref(rej);
+    flt_ruleset_unref(cut);
+}
+
 static void test_max_chars_edges(void **state)
 {
     (void)state;
@@ -536,13 +590,10 @@ static void test_parts_clean_as_channel(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_shape_errors),
-        cmocka_unit_test(test_max_chars_edges),
-        cmocka_unit_test(test_keep_turns),
-        cmocka_unit_test(test_system_prompt),
-        cmocka_unit_test(test_rules_on_decoded_text),
-        cmocka_unit_test(test_config_errors),
-        cmocka_unit_test(test_slot_swap),
+        cmocka_unit_test(test_shape_errors),           cmocka_unit_test(test_max_chars_edges),
+        cmocka_unit_test(test_max_chars_scanned),      cmocka_unit_test(test_keep_turns),
+        cmocka_unit_test(test_system_prompt),          cmocka_unit_test(test_rules_on_decoded_text),
+        cmocka_unit_test(test_config_errors),          cmocka_unit_test(test_slot_swap),
         cmocka_unit_test(test_parts_clean_as_channel),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

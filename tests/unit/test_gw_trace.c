@@ -92,6 +92,13 @@ static void test_hex_against_printf(void **state)
         gw_trace_format(out, sizeof(out), tid, lo | 1, 0x5a);
         snprintf(want, sizeof(want), "00-%s-%016llx-5a", tid, (unsigned long long)(lo | 1));
         assert_string_equal(out, want);
+        /* the request id's 16 digits (conn.c), zero included */
+        char id[17];
+        uint64_t v = i == 16 ? 0 : x;
+        gw_trace_put_hex16(id, v);
+        id[16] = '\0';
+        snprintf(want, sizeof(want), "%016llx", (unsigned long long)v);
+        assert_string_equal(id, want);
     }
 }
 

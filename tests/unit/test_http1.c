@@ -655,6 +655,16 @@ static void test_keep_alive(void **state)
         {"GET / HTTP/1.1\r\nHost: a\r\nConnection: keep-alive\r\nConnection: close\r\n\r\n", false},
         {"GET / HTTP/1.1\r\nHost: a\r\nConnection: closed\r\n\r\n", true},
         {"GET / HTTP/1.0\r\nConnection: keep-alives\r\n\r\n", false},
+        /* one walk finds both tokens, either order, any case, between
+         * commas, spaces and tabs */
+        {"GET / HTTP/1.1\r\nHost: a\r\nConnection: keep-alive, close\r\n\r\n", false},
+        {"GET / HTTP/1.0\r\nConnection: close, keep-alive\r\n\r\n", true}, /* as http-parser */
+        {"GET / HTTP/1.0\r\nConnection: te,\tKEEP-ALIVE\r\n\r\n", true},
+        {"GET / HTTP/1.0\r\nConnection: ,, keep-alive ,\r\n\r\n", true},
+        {"GET / HTTP/1.1\r\nHost: a\r\nConnection: te ,,Close\r\n\r\n", false},
+        {"GET / HTTP/1.1\r\nHost: a\r\nConnection: keep-alive clos\r\n\r\n", true},
+        {"GET / HTTP/1.1\r\nHost: a\r\nConnection: keep-alivE close\r\n\r\n", false},
+        {"GET / HTTP/1.0\r\nConnection: xkeep-alive\r\n\r\n", false},
     };
     for (size_t i = 0; i < SL_ARRAY_LEN(cases); i++) {
         gw_http_parser_t *p = gw_http_parser_new(GW_HTTP_REQUEST, NULL);
@@ -1012,6 +1022,93 @@ static void test_hop_by_hop(void **state)
     gw_http_parser_free(p);
 }
 
+/* gw_http_header_get by id, against the message's mask of ids: a name
+ * present is found (any case), an absent one is NULL, and neither a
+ * previous message on the same parser, an interim answer's headers nor a
+ * loaded head leaves a bit behind (a stale bit would find a header the
+ * message does not have; a missing one would lose a header it has). */
+static void test_header_get_by_id(void **state)
+{
+    (void)state;
+    gw_http_parser_t *p = gw_http_parser_new(GW_HTTP_REQUEST, NULL);
+    const char *a = "POST /v1 HTTP/1.1\r\nHost: a\r\nx-request-id: r1\r\nIDEMPOTENCY-KEY: k\r\n"
+                    "X-Other: o\r\nContent-Type: a/b\r\nContent-Length: 0\r\n\r\n";
+    size_t used;
+    assert_int_equal(gw_http_feed(p, a, strlen(a), &used, NULL, NULL), GW_HTTP_HEAD);
+    const gw_http_msg_t *m = gw_http_msg(p);
+    assert_string_equal(gw_http_header_get(m, GW_HN_X_REQUEST_ID)->value, "r1");
+    assert_string_equal(gw_http_header_get(m, GW_HN_IDEMPOTENCY_KEY)->value, "k");
+    assert_string_equal(gw_http_header_get(m, GW_HN_CONTENT_TYPE)->value, "a/b");
+    assert_string_equal(gw_http_header_get(m, GW_HN_HOST)->value, "a");
+    assert_null(gw_http_header_get(m, GW_HN_AUTHORIZATION));
+    assert_null(gw_http_header_get(m, GW_HN_X_SLUICE_FAULT));
+    assert_null(gw_http_header_get(m, GW_HN_OTHER));
+    assert_string_equal(gw_http_header_find(m, "X-OTHER")->value, "o");
+    assert_string_equal(gw_http_header_find(m, "Idempotency-Key")->value, "k");
+    assert_int_equal(gw_http_feed(p, NULL, 0, &used, NULL, NULL), GW_HTTP_DONE);
+
+    gw_http_parser_reset(p);
+    const char *b = "GET / HTTP/1.1\r\nHost: b\r\nAuthorization: Bearer t\r\n\r\n";
+    assert_int_equal(gw_http_feed(p, b, strlen(b), &used, NULL, NULL), GW_HTTP_HEAD);
+    m = gw_http_msg(p);
+    assert_null(gw_http_header_get(m, GW_HN_X_REQUEST_ID));
+    assert_null(gw_http_header_get(m, GW_HN_IDEMPOTENCY_KEY));
+    assert_null(gw_http_header_get(m, GW_HN_CONTENT_TYPE));
+    assert_null(gw_http_header_find(m, "x-request-id"));
+    assert_string_equal(gw_http_header_get(m, GW_HN_AUTHORIZATION)->value, "Bearer t");
+    assert_string_equal(gw_http_header_get(m, GW_HN_HOST)->value, "b");
+    gw_http_parser_free(p);
+
+    p = gw_http_parser_new(GW_HTTP_RESPONSE, NULL);
+    const char *c = "HTTP/1.1 100 Continue\r\nContent-Encoding: gzip\r\n\r\n"
+                    "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nRetry-After: 3\r\n\r\n";
+    assert_int_equal(gw_http_feed(p, c, strlen(c), &used, NULL, NULL), GW_HTTP_HEAD);
+    m = gw_http_msg(p);
+    assert_int_equal(m->status, 200);
+    assert_null(gw_http_header_get(m, GW_HN_CONTENT_ENCODING));
+    assert_string_equal(gw_http_header_get(m, GW_HN_RETRY_AFTER)->value, "3");
+    assert_string_equal(gw_http_header_get(m, GW_HN_CONTENT_LENGTH)->value, "0");
+    gw_http_parser_free(p);
+
+    p = gw_http_parser_new(GW_HTTP_REQUEST, NULL);
+    assert_int_equal(gw_http_load_header(p, "x-sluice-fault", 14, "503", 3), GW_HTTP_NEED_MORE);
+    assert_int_equal(gw_http_load_head(p, "POST", "/v1", "h", true), GW_HTTP_HEAD);
+    m = gw_http_msg(p);
+    assert_string_equal(gw_http_header_get(m, GW_HN_X_SLUICE_FAULT)->value, "503");
+    assert_string_equal(gw_http_header_get(m, GW_HN_HOST)->value, "h");
+    assert_null(gw_http_header_get(m, GW_HN_X_REQUEST_ID));
+    gw_http_parser_free(p);
+}
+
+/* The method's length beside it (the router and the upstream head take it
+ * instead of a strlen or strcmp): parsed, cut anywhere, and loaded. */
+static void test_method_len(void **state)
+{
+    (void)state;
+    static const char *const meths[] = {"GET", "POST", "DELETE", "OPTIONS", "HEAD", "M-SEARCH"};
+    for (size_t i = 0; i < SL_ARRAY_LEN(meths); i++) {
+        char in[128];
+        snprintf(in, sizeof in, "%s /v1/x?y=1 HTTP/1.1\r\nHost: a\r\n\r\n", meths[i]);
+        for (size_t cut = 1; cut < strlen(in); cut++) {
+            gw_http_parser_t *p = gw_http_parser_new(GW_HTTP_REQUEST, NULL);
+            size_t used, u2;
+            gw_http_state_t st = gw_http_feed(p, in, cut, &used, NULL, NULL);
+            assert_int_equal(st, GW_HTTP_NEED_MORE);
+            st = gw_http_feed(p, in + used, strlen(in) - used, &u2, NULL, NULL);
+            assert_int_equal(st, GW_HTTP_HEAD);
+            const gw_http_msg_t *m = gw_http_msg(p);
+            assert_string_equal(m->method, meths[i]);
+            assert_int_equal(m->method_len, strlen(meths[i]));
+            gw_http_parser_free(p);
+        }
+        gw_http_parser_t *p = gw_http_parser_new(GW_HTTP_REQUEST, NULL);
+        assert_int_equal(gw_http_load_head(p, meths[i], "/v1/x", "h", false), GW_HTTP_DONE);
+        assert_string_equal(gw_http_msg(p)->method, meths[i]);
+        assert_int_equal(gw_http_msg(p)->method_len, strlen(meths[i]));
+        gw_http_parser_free(p);
+    }
+}
+
 static void test_status_text(void **state)
 {
     (void)state;
@@ -1092,6 +1189,8 @@ int main(void)
         cmocka_unit_test(test_response_interim_skipped),
         cmocka_unit_test(test_bad_responses),
         cmocka_unit_test(test_hop_by_hop),
+        cmocka_unit_test(test_header_get_by_id),
+        cmocka_unit_test(test_method_len),
         cmocka_unit_test(test_status_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
