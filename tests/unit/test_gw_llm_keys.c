@@ -145,6 +145,26 @@ static void test_chunks(void **state)
     assert_false(content);
 }
 
+/* A random text into buf (cap bytes): up to maxparts - 1 of the pieces, drawn
+ * with the LCG state *x; its length. */
+static size_t random_text(char *buf, size_t cap, const char *const *pieces, size_t npieces,
+                          size_t maxparts, uint32_t *x)
+{
+    size_t n = 0;
+    *x = *x * 1103515245u + 12345u;
+    size_t parts = (*x >> 16) % maxparts;
+    for (size_t k = 0; k < parts; k++) {
+        *x = *x * 1103515245u + 12345u;
+        const char *s = pieces[(*x >> 16) % npieces];
+        size_t l = strlen(s);
+        if (n + l > cap)
+            break;
+        memcpy(buf + n, s, l);
+        n += l;
+    }
+    return n;
+}
+
 static void test_random(void **state)
 {
     (void)state;
@@ -157,18 +177,8 @@ static void test_random(void **state)
     char buf[160];
     uint32_t x = 7;
     for (int it = 0; it < 200000; it++) {
-        size_t n = 0;
-        x = x * 1103515245u + 12345u;
-        size_t parts = (x >> 16) % 14;
-        for (size_t k = 0; k < parts; k++) {
-            x = x * 1103515245u + 12345u;
-            const char *s = pieces[(x >> 16) % (sizeof(pieces) / sizeof(pieces[0]))];
-            size_t l = strlen(s);
-            if (n + l > sizeof(buf))
-                break;
-            memcpy(buf + n, s, l);
-            n += l;
-        }
+        size_t n =
+            random_text(buf, sizeof(buf), pieces, sizeof(pieces) / sizeof(pieces[0]), 14, &x);
         check(buf, n);
     }
 }
@@ -222,18 +232,8 @@ static void test_resp_random(void **state)
     char buf[400];
     uint32_t x = 11;
     for (int it = 0; it < 100000; it++) {
-        size_t n = 0;
-        x = x * 1103515245u + 12345u;
-        size_t parts = (x >> 16) % 90;
-        for (size_t k = 0; k < parts; k++) {
-            x = x * 1103515245u + 12345u;
-            const char *s = pieces[(x >> 16) % (sizeof(pieces) / sizeof(pieces[0]))];
-            size_t l = strlen(s);
-            if (n + l > sizeof(buf))
-                break;
-            memcpy(buf + n, s, l);
-            n += l;
-        }
+        size_t n =
+            random_text(buf, sizeof(buf), pieces, sizeof(pieces) / sizeof(pieces[0]), 90, &x);
         check_resp(buf, n);
     }
 }
