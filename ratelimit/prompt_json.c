@@ -355,7 +355,7 @@ int rl_json_dump_tokens(const char *p, size_t n, int64_t *out)
  * An SDK sends the same tools array, byte for byte, with every turn of a
  * conversation, and an application the same one in all its conversations,
  * while walking it is most of a budgeted request's estimate (~38,000
- * instructions a request for issue #16's body with a 1.1 KB array of two
+ * instructions a request for issue #16's body with a 783-byte array of two
  * functions). So the thread keeps the count of the last few arrays it
  * walked beside their exact bytes (common/jshape.h's cache, each slot a
  * shape without holes and its data the count). A hit is the same length,
