@@ -139,6 +139,23 @@ static bool jshape_hole_ok(const char *p, size_t n, sl_jspan_t h, uint8_t kind)
     return false;
 }
 
+/* p's n bytes into sh's storage (grown when short); -1: out of memory,
+ * sh emptied. */
+static int jshape_store(sl_jshape_t *sh, const char *p, size_t n)
+{
+    if (n > sh->cap) {
+        char *b = realloc(sh->bytes, n);
+        if (!b) {
+            sl_jshape_clear(sh);
+            return -1;
+        }
+        sh->bytes = b;
+        sh->cap = n;
+    }
+    memcpy(sh->bytes, p, n);
+    return 0;
+}
+
 int sl_jshape_set(sl_jshape_t *sh, const char *p, size_t n, const sl_jspan_t *holes,
                   const uint8_t *kinds, size_t nholes)
 {
@@ -155,19 +172,23 @@ int sl_jshape_set(sl_jshape_t *sh, const char *p, size_t n, const sl_jspan_t *ho
         if (i + 1 < nholes && holes[i + 1].off == prev)
             return 1;
     }
-    if (n > sh->cap) {
-        char *b = realloc(sh->bytes, n);
-        if (!b) {
-            sl_jshape_clear(sh);
-            return -1;
-        }
-        sh->bytes = b;
-        sh->cap = n;
-    }
-    memcpy(sh->bytes, p, n);
+    if (jshape_store(sh, p, n) != 0)
+        return -1;
     memcpy(sh->hole, holes, nholes * sizeof(*holes));
     memcpy(sh->kind, kinds, nholes);
     sh->nholes = nholes;
+    sh->len = n;
+    return 0;
+}
+
+int sl_jshape_set_text(sl_jshape_t *sh, const char *p, size_t n)
+{
+    sh->len = 0;
+    sh->nholes = 0;
+    if (n == 0 || n > SL_JSHAPE_MAX_TEXT)
+        return 1;
+    if (jshape_store(sh, p, n) != 0)
+        return -1;
     sh->len = n;
     return 0;
 }
@@ -325,6 +346,14 @@ int sl_jshape_cache_set(sl_jshape_cache_t *c, unsigned i, const char *p, size_t 
                         const sl_jspan_t *holes, const uint8_t *kinds, size_t nholes)
 {
     int rc = sl_jshape_set(&c->slot[i].sh, p, n, holes, kinds, nholes);
+    if (rc == 0)
+        c->st.learns++;
+    return rc;
+}
+
+int sl_jshape_cache_set_text(sl_jshape_cache_t *c, unsigned i, const char *p, size_t n)
+{
+    int rc = sl_jshape_set_text(&c->slot[i].sh, p, n);
     if (rc == 0)
         c->st.learns++;
     return rc;

@@ -43,6 +43,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "common/sl.h"
 
@@ -53,6 +54,9 @@
 /* Most holes and bytes a shape keeps. */
 #define SL_JSHAPE_MAX_HOLES 64
 #define SL_JSHAPE_MAX_BYTES 8192
+/* Most bytes of a shape without holes (sl_jshape_set_text): an exact text,
+ * matched by its length and one memcmp, so it may be longer. */
+#define SL_JSHAPE_MAX_TEXT 16384
 
 typedef enum sl_jhole_kind {
     SL_JHOLE_STR = 1,  /* a string's interior, without its quotes */
@@ -80,12 +84,23 @@ typedef struct sl_jshape {
  * empty); -1 out of memory (empty too). sh's storage is kept for the next. */
 int sl_jshape_set(sl_jshape_t *sh, const char *p, size_t n, const sl_jspan_t *holes,
                   const uint8_t *kinds, size_t nholes) SL_WUR;
+/* Keeps text p (n bytes) as sh's shape without holes: only the same bytes
+ * have it (sl_jshape_is_text). 0; 1 when n is 0 or over SL_JSHAPE_MAX_TEXT
+ * (sh is then empty); -1 out of memory (empty too). */
+int sl_jshape_set_text(sl_jshape_t *sh, const char *p, size_t n) SL_WUR;
 /* Empties sh (no text matches it) and frees its storage. */
 void sl_jshape_clear(sl_jshape_t *sh);
 
 static inline bool sl_jshape_empty(const sl_jshape_t *sh)
 {
     return sh->len == 0;
+}
+
+/* Whether text p (n bytes) is sh's text, sh a shape without holes: the
+ * same length, then the same bytes. */
+static inline bool sl_jshape_is_text(const sl_jshape_t *sh, const char *p, size_t n)
+{
+    return sh->nholes == 0 && sh->len == n && n > 0 && memcmp(sh->bytes, p, n) == 0;
 }
 
 /* Whether text p (n bytes) has sh's shape (see above); when it has, out
@@ -215,6 +230,9 @@ int sl_jshape_cache_take(sl_jshape_cache_t *c) SL_WUR;
 /* sl_jshape_set on slot i's shape (a learn when 0). */
 int sl_jshape_cache_set(sl_jshape_cache_t *c, unsigned i, const char *p, size_t n,
                         const sl_jspan_t *holes, const uint8_t *kinds, size_t nholes) SL_WUR;
+
+/* sl_jshape_set_text on slot i's shape (a learn when 0). */
+int sl_jshape_cache_set_text(sl_jshape_cache_t *c, unsigned i, const char *p, size_t n) SL_WUR;
 
 /* Frees every slot (drop, then the data) and starts the cache over:
  * the gate, the tick and the counters (tests; the thread's exit). */

@@ -26,6 +26,7 @@
  */
 #include "ratelimit/rl_internal.h"
 
+#include "common/jshape.h"
 #include "common/yheap.h"
 
 #include <stdlib.h>
@@ -349,6 +350,74 @@ int rl_json_dump_tokens(const char *p, size_t n, int64_t *out)
     return 0;
 }
 
+/* ---- a thread's kept counts of tools arrays ----------------------------------
+ *
+ * An SDK sends the same tools array, byte for byte, with every turn of a
+ * conversation, and an application the same one in all its conversations,
+ * while walking it is most of a budgeted request's estimate (~38,000
+ * instructions a request for issue #16's body with a 783-byte array of two
+ * functions). So the thread keeps the count of the last few arrays it
+ * walked beside their exact bytes (common/jshape.h's cache, each slot a
+ * shape without holes and its data the count). A hit is the same length,
+ * then the same bytes (memcmp): the walk depends on the bytes alone (the
+ * mode is DUMP's; a body with a big integer never gets here), so the kept
+ * count is the one the walk gives. Only counts are kept, never a failure:
+ * a walk that fails is walked again. A message's tool_calls are not kept:
+ * each conversation has its own, resent in ever longer runs, which a few
+ * LRU slots would cycle through (a miss each) while pushing out the shared
+ * tools array. */
+#define RL_JC_SLOTS 4 /* arrays a thread keeps */
+#define RL_JC_RUN   4 /* misses after a hit that may all be kept */
+#define RL_JC_EVERY 8 /* then one in this many */
+
+static _Thread_local sl_jshape_cache_t rl_jc =
+    SL_JSHAPE_CACHE_INIT(RL_JC_SLOTS, RL_JC_RUN, RL_JC_EVERY, sizeof(int64_t), NULL);
+static _Thread_local bool rl_jc_off;
+
+void rl_tools_counts_clear(void)
+{
+    sl_jshape_cache_clear(&rl_jc);
+}
+
+void rl_tools_counts_enable(bool on)
+{
+    rl_jc_off = !on;
+}
+
+uint64_t rl_tools_count_hits(void)
+{
+    return rl_jc.st.hits;
+}
+
+/* rl_json_dump_tokens for a tools array: a kept count when the thread
+ * walked the same bytes before, else the walk (then kept, gate willing). */
+static int rl_tools_dump_tokens(const char *p, size_t n, int64_t *out)
+{
+    sl_jshape_cache_t *c = &rl_jc;
+    if (rl_jc_off || !p || n == 0 || n > SL_JSHAPE_MAX_TEXT)
+        return rl_json_dump_tokens(p, n, out);
+    for (unsigned k = 0, i = c->last; k < c->nslots; k++, i = (i + 1) % c->nslots) {
+        const sl_jshape_slot_t *s = &c->slot[i];
+        if (sl_jshape_is_text(&s->sh, p, n)) {
+            *out = *(const int64_t *)s->data;
+            sl_jshape_cache_hit(c, i);
+            return 0;
+        }
+    }
+    sl_jshape_cache_miss(c);
+    if (rl_json_dump_tokens(p, n, out) != 0)
+        return -1;
+    if (!sl_jshape_cache_gate(c))
+        return 0;
+    int i = sl_jshape_cache_take(c); /* its shape empty: it matches nothing until set */
+    if (i >= 0) {
+        *(int64_t *)c->slot[i].data = *out;
+        if (sl_jshape_cache_set_text(c, (unsigned)i, p, n) != 0)
+            return 0; /* out of memory: the slot stays empty */
+    }
+    return 0;
+}
+
 int rl_chat_prompt_tokens_json(const sl_chat_t *chat, int64_t *out)
 {
     if (chat->bigint)
@@ -363,7 +432,7 @@ int rl_chat_prompt_tokens_json(const sl_chat_t *chat, int64_t *out)
         n += t;
     }
     if (chat->tools_kind == SL_J_ARRAY || chat->tools_kind == SL_J_OBJECT) {
-        if (rl_json_dump_tokens(chat->tools.p, chat->tools.len, &t) != 0)
+        if (rl_tools_dump_tokens(chat->tools.p, chat->tools.len, &t) != 0)
             return -1;
         n += t;
     }
@@ -388,7 +457,7 @@ int rl_responses_prompt_tokens_in(const rl_resp_in_t *in, int64_t *out)
     }
     if (in->tools_kind != SL_J_ABSENT) {
         int64_t t;
-        if (rl_json_dump_tokens(in->tools_json.p, in->tools_json.len, &t) != 0)
+        if (rl_tools_dump_tokens(in->tools_json.p, in->tools_json.len, &t) != 0)
             return -1;
         n += t;
     }

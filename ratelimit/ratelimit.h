@@ -337,6 +337,15 @@ int rl_chat_prompt_tokens_json(const sl_chat_t *chat, int64_t *out) SL_WUR;
  * not one JSON value, or out of memory. */
 int rl_json_dump_tokens(const char *p, size_t n, int64_t *out) SL_WUR;
 
+/* This thread's kept counts of tools arrays (prompt_json.c: the count of
+ * a chat or Responses request's tools kept beside its exact bytes, for the
+ * same array sent again): forgotten (tests); off (on at start): every
+ * array walked, none kept (tests compare the two ways); counts taken from
+ * a kept one so far. */
+void rl_tools_counts_clear(void);
+void rl_tools_counts_enable(bool on);
+uint64_t rl_tools_count_hits(void);
+
 /* A conservative token estimate for text whose real count never came:
  * ceil(ASCII bytes / 4) + one token per non-ASCII character. English runs
  * about 4 characters a token; CJK about one or more a character; so this

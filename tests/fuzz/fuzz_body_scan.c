@@ -192,6 +192,10 @@ static void check_ratelimit(const gw_body_scan_t *s, const json_t *orig)
     int rc = rl_chat_prompt_tokens_json(&s->chat, &est);
     if (rc != 0 ? !s->bigint && s->has_msgs : est != rl_body_prompt_tokens(orig))
         abort();
+    /* again: the tools' count the thread kept (when it kept it), the same */
+    int64_t est2 = -1;
+    if (rl_chat_prompt_tokens_json(&s->chat, &est2) != rc || (rc == 0 && est2 != est))
+        abort();
     /* the body as a Responses request, from the facts */
     rl_resp_in_t in = {.instructions_kind = s->instructions.kind,
                        .input_kind = s->input.kind,
@@ -207,6 +211,9 @@ static void check_ratelimit(const gw_body_scan_t *s, const json_t *orig)
         in.tools_json = (sl_text_t){s->body + s->tools.off, s->tools.end - s->tools.off};
     rc = rl_responses_prompt_tokens_in(&in, &est);
     if (rc != 0 ? !s->bigint : est != rl_responses_prompt_tokens(orig))
+        abort();
+    est2 = -1;
+    if (rl_responses_prompt_tokens_in(&in, &est2) != rc || (rc == 0 && est2 != est))
         abort();
 }
 

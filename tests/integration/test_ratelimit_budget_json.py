@@ -249,3 +249,35 @@ def test_stream_without_usage_settles_on_the_estimate(sluice_factory, mock, case
     used = estimate(b) + est_text(text)
     for a, b_ in zip(rems, rems[1:]):
         assert used - 1 <= a - b_ <= used, (rems, used)
+
+
+def test_tools_sent_again_reserve_their_own_count(sluice_factory, mock):
+    """A worker keeps the count of a tools array it walked beside the
+    array's exact bytes (prompt_json.c) and counts the same bytes sent again
+    from it. Two arrays of the same length whose counts differ (sixteen
+    "\\u00e9" against ninety-six "z": 16 tokens against 24), sent in turn to
+    one worker, each reserve their own estimate to the token, again and
+    again. A kept count found by length alone, or read from the wrong slot,
+    reserves the other's (8 tokens off)."""
+    s = ph.rl_start(sluice_factory, mock, {"per_user": {"tokens_per_day": DAY},
+                                           "max_tokens": 4096}, extra={"workers": 1})
+    alice = ph.mint("alice")
+    mock.set_default({"usage": False})
+    h = {"Authorization": alice.bearer, "Content-Type": "application/json"}
+
+    def make(word):
+        b = chat_body("the same words")
+        b["tools"][0]["function"]["description"] = "Weather at " + word
+        return b
+
+    e, z = make("\u00e9" * 16), make("z" * 96)
+    re_, rz = raw(e), raw(z)
+    assert len(re_) == len(rz) and re_ != rz
+    want = {re_: chat_estimate(e) + MAX_OUT, rz: chat_estimate(z) + MAX_OUT}
+    assert want[rz] - want[re_] == 8, want
+    order = [re_, rz, re_, re_, rz, rz, re_, rz]
+    rems = [remaining(s.request("POST", ph.CHAT_PATH, b, h, timeout=bound(10))) for b in order]
+    assert DAY - rems[0] == want[order[0]], (rems, want)
+    for i in range(1, len(order)):
+        w = want[order[i]]
+        assert w - 1 <= rems[i - 1] - rems[i] <= w, (i, rems, want)

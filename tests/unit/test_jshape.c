@@ -477,6 +477,43 @@ static void test_literal_bytes(void **state)
     }
 }
 
+/* A shape without holes: an exact text, any byte of it (blanks, a string's
+ * interior, an integer) telling it apart, at lengths up to
+ * SL_JSHAPE_MAX_TEXT (twice a shape with holes'), none beyond. */
+static void test_text(void **state)
+{
+    (void)state;
+    static char t[SL_JSHAPE_MAX_TEXT + 1];
+    memset(t, ' ', sizeof(t));
+    memcpy(t, T1, strlen(T1));
+    sl_jshape_t sh = {0};
+    for (size_t n = strlen(T1); n <= SL_JSHAPE_MAX_TEXT; n += n < 100 ? 1 : 4093) {
+        assert_int_equal(sl_jshape_set_text(&sh, t, n), 0);
+        assert_true(sl_jshape_is_text(&sh, t, n));
+        sl_jspan_t o[1];
+        assert_true(sl_jshape_match(&sh, t, n, o));
+        assert_false(sl_jshape_is_text(&sh, t, n - 1));
+        assert_false(sl_jshape_is_text(&sh, t, n + 1));
+        for (size_t i = 0; i < n; i += i < 80 ? 1 : 997) { /* each byte of T1, some blanks */
+            char keep = t[i];
+            t[i] = (char)(keep ^ 1);
+            if (sl_jshape_is_text(&sh, t, n))
+                fail_msg("length %zu: byte %zu changed, still the text", n, i);
+            t[i] = keep;
+        }
+        assert_true(sl_jshape_is_text(&sh, t, n));
+    }
+    assert_int_equal(sl_jshape_set_text(&sh, t, SL_JSHAPE_MAX_TEXT + 1), 1);
+    assert_true(sl_jshape_empty(&sh));
+    assert_false(sl_jshape_is_text(&sh, t, SL_JSHAPE_MAX_TEXT + 1));
+    assert_int_equal(sl_jshape_set_text(&sh, t, 0), 1);
+    assert_false(sl_jshape_is_text(&sh, t, 0));
+    /* a shape with holes is not a text, even over the same bytes */
+    set_t1(&sh);
+    assert_false(sl_jshape_is_text(&sh, T1, strlen(T1)));
+    sl_jshape_clear(&sh);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -489,6 +526,7 @@ int main(void)
         cmocka_unit_test(test_prefix),
         cmocka_unit_test(test_escaped),
         cmocka_unit_test(test_literal_bytes),
+        cmocka_unit_test(test_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -19,6 +19,7 @@
 
 #include "gateway/body_scan.h"
 #include "gateway/gw_hook.h"
+#include "common/jshape.h"
 #include "gateway/json_intake.h"
 #include "ratelimit/ratelimit.h"
 
@@ -629,6 +630,190 @@ static void test_chat_no_span(void **state)
     assert_int_equal(rl_chat_prompt_tokens_json(&c, &n), -1);
 }
 
+/* ---- the thread's kept counts of tools arrays ------------------------------- */
+
+/* The estimate of a chat request with no messages and tools t[0..n): with
+ * the thread's kept counts (kept) or walked (the reference). *rc the call's. */
+static int64_t chat_tools(const char *t, size_t n, bool kept, int *rc)
+{
+    sl_chat_t c = {.messages_kind = SL_J_ARRAY, .tools_kind = SL_J_ARRAY, .tools = {t, n}};
+    int64_t v = -1;
+    rl_tools_counts_enable(kept);
+    *rc = rl_chat_prompt_tokens_json(&c, &v);
+    rl_tools_counts_enable(true);
+    return *rc == 0 ? v : -1;
+}
+
+/* t counted both ways: the same answer (a count or a refusal). */
+static int64_t same(const char *t, size_t n)
+{
+    int rc_walk, rc_kept;
+    int64_t want = chat_tools(t, n, false, &rc_walk);
+    int64_t got = chat_tools(t, n, true, &rc_kept);
+    if (rc_walk != rc_kept || got != want)
+        fail_msg("tools of %zu bytes: kept %d/%lld, walked %d/%lld: %.*s", n, rc_kept,
+                 (long long)got, rc_walk, (long long)want, (int)(n > 300 ? 300 : n), t);
+    return want;
+}
+
+static const char TOOLS[] =
+    "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"Get the "
+    "weather at a place.\",\"parameters\":{\"type\":\"object\",\"properties\":{\"location\":{"
+    "\"type\":\"string\"},\"n\":{\"type\":\"number\",\"minimum\":0.1}},\"required\":["
+    "\"location\"]}}}]";
+
+/* TOOLS with the bytes at the first "0.1" made r (three bytes). */
+static char *tools_with(const char *r)
+{
+    char *t = strdup(TOOLS);
+    assert_non_null(t);
+    memcpy(strstr(t, "0.1"), r, 3);
+    return t;
+}
+
+/* The same array again, and arrays one byte apart (at the start, inside,
+ * at the end) or of the same length with other bytes: each the walk's
+ * count, and the repeats counted from the kept one. */
+static void test_tools_counts_fixed(void **state)
+{
+    (void)state;
+    rl_tools_counts_clear();
+    size_t n = strlen(TOOLS);
+    int64_t base = same(TOOLS, n);
+    uint64_t h0 = rl_tools_count_hits();
+    for (int i = 0; i < 10; i++)
+        assert_int_equal(same(TOOLS, n), base);
+    assert_int_equal(rl_tools_count_hits(), h0 + 10);
+
+    /* one byte apart, the same length: 0.1 is "0.10000000000000001", 0.5
+     * "0.5", 100 "100" */
+    char *b = tools_with("0.5"), *c = tools_with("100");
+    int64_t vb = same(b, n), vc = same(c, n);
+    assert_true(vb != base && vc != base); /* else this could not fail */
+    assert_int_equal(same(TOOLS, n), base);
+    assert_int_equal(same(b, n), vb);
+    assert_int_equal(same(c, n), vc);
+
+    /* the byte apart first, then last: "[0.1]" against "[0.5]", then an
+     * array whose last byte makes it no JSON (refused both ways) */
+    /* [0.10000000000000001,"x"]: 25 bytes, 7 tokens; [0.5,"x"]: 9, 3 */
+    assert_int_equal(same("[0.1,\"x\"]", 9), same("[0.5,\"x\"]", 9) + 4);
+    assert_int_equal(same("[0.5,\"x\"]", 9), 3 + 3);
+    char *e = strdup(TOOLS);
+    assert_non_null(e);
+    e[n - 1] = '}';
+    assert_int_equal(same(TOOLS, n), base); /* kept now, whatever was pushed out */
+    int rc;
+    assert_int_equal(chat_tools(e, n, true, &rc), -1);
+    assert_int_equal(rc, -1);
+    assert_int_equal(same(e, n), -1);
+    assert_int_equal(same(TOOLS, n), base);
+    /* its prefix, one byte short: no JSON either */
+    assert_int_equal(same(TOOLS, n - 1), -1);
+    /* a blank after it: longer, the same count */
+    char *sp = malloc(n + 2);
+    assert_non_null(sp);
+    memcpy(sp, TOOLS, n);
+    memcpy(sp + n, " ", 2);
+    assert_int_equal(same(sp, n + 1), base);
+
+    /* the Responses API's tools: the same array (b, counted again for
+     * chat: five arrays since pushed it out), the same count */
+    assert_int_equal(same(b, n), vb);
+    rl_resp_in_t in = {.tools_kind = SL_J_ARRAY, .tools_json = {b, n}};
+    int64_t r0, r1;
+    uint64_t h1 = rl_tools_count_hits();
+    assert_int_equal(rl_responses_prompt_tokens_in(&in, &r0), 0);
+    rl_tools_counts_enable(false);
+    assert_int_equal(rl_responses_prompt_tokens_in(&in, &r1), 0);
+    rl_tools_counts_enable(true);
+    assert_int_equal(r0, r1);
+    assert_int_equal(rl_tools_count_hits(), h1 + 1);
+
+    /* longer than a kept text: walked every time, never kept */
+    size_t bn = SL_JSHAPE_MAX_TEXT + 100;
+    char *big = malloc(bn + 1);
+    assert_non_null(big);
+    memset(big, ' ', bn);
+    memcpy(big, TOOLS, n);
+    big[bn] = '\0';
+    uint64_t h2 = rl_tools_count_hits();
+    assert_int_equal(same(big, bn), base);
+    assert_int_equal(same(big, bn), base);
+    assert_int_equal(rl_tools_count_hits(), h2);
+    free(big);
+    free(sp);
+    free(e);
+    free(b);
+    free(c);
+    rl_tools_counts_clear();
+}
+
+/* Three arrays in turn fit the slots: after each is walked once, every
+ * later one is a hit. */
+static void test_tools_counts_hits(void **state)
+{
+    (void)state;
+    rl_tools_counts_clear();
+    char *t[3] = {tools_with("0.5"), tools_with("100"), tools_with("1e5")};
+    size_t n = strlen(TOOLS);
+    for (int i = 0; i < 300; i++)
+        same(t[i % 3], n);
+    assert_int_equal(rl_tools_count_hits(), 300 - 3);
+    for (int i = 0; i < 3; i++)
+        free(t[i]);
+    rl_tools_counts_clear();
+}
+
+/* Many distinct arrays, far more than the slots (evictions all the way):
+ * 625 of the same length from TOOLS with four numbers each one of five
+ * three-byte tokens of different counts, and generated arrays of every
+ * kind, drawn at random and in runs; each time the walk's count. */
+static void test_tools_counts_many(void **state)
+{
+    (void)state;
+    static const char *nums[] = {"0.1", "0.5", "100", "1e5", "-17"};
+    rl_tools_counts_clear();
+    gen_t g = {.rnd = 0x5851f42d4c957f2du};
+    enum { NGEN = 60 };
+    char *gen[NGEN];
+    size_t glen[NGEN];
+    for (int i = 0; i < NGEN; i++) {
+        g.n = 0;
+        tools(&g);
+        gen[i] = strdup(g.p);
+        assert_non_null(gen[i]);
+        glen[i] = g.n;
+    }
+    char quad[512];
+    int k = snprintf(quad, sizeof(quad), "[{\"a\":%s,\"b\":[%s,{\"c\":%s}],\"d\":%s}]", "0.1",
+                     "0.1", "0.1", "0.1");
+    assert_true(k > 0 && (size_t)k < sizeof(quad));
+    size_t counted = 0;
+    for (int i = 0; i < 20000; i++) {
+        unsigned pick = rnd(&g, 4);
+        if (pick == 0) { /* a generated array */
+            unsigned j =
+                rnd(&g, 8) ? rnd(&g, 6) : rnd(&g, NGEN); /* a few often, all now and then */
+            counted += same(gen[j], glen[j]) >= 0;
+        } else { /* one of the 625 of one length */
+            char t[512];
+            snprintf(t, sizeof(t), "[{\"a\":%s,\"b\":[%s,{\"c\":%s}],\"d\":%s}]", nums[rnd(&g, 5)],
+                     nums[pick == 1 ? 0 : rnd(&g, 5)], nums[rnd(&g, 5)], nums[rnd(&g, 5)]);
+            assert_int_equal(strlen(t), (size_t)k);
+            counted += same(t, (size_t)k) >= 0;
+        }
+    }
+    print_message("%zu of 20000 counted, %llu from a kept count\n", counted,
+                  (unsigned long long)rl_tools_count_hits());
+    assert_true(counted > 15000);
+    assert_true(rl_tools_count_hits() > 300); /* and evictions: far more misses */
+    for (int i = 0; i < NGEN; i++)
+        free(gen[i]);
+    free(g.p);
+    rl_tools_counts_clear();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -637,6 +822,9 @@ int main(void)
         cmocka_unit_test(test_responses_cases),
         cmocka_unit_test(test_responses_differential),
         cmocka_unit_test(test_chat_tools_differential),
+        cmocka_unit_test(test_tools_counts_fixed),
+        cmocka_unit_test(test_tools_counts_hits),
+        cmocka_unit_test(test_tools_counts_many),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
