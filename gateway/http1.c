@@ -460,22 +460,29 @@ void gw_http_vector_set(bool on)
 
 #ifdef GW_HTTP_SSE2
 
-/* Past the bytes of d[i, end) that are field-value bytes but HTAB (the
- * byte loop takes it): none below 0x20, none 0x7f, 16 a step; stops at
- * the first other byte, or at the last whole 16 before end. */
-static size_t val_run16(const char *d, size_t i, size_t end)
+/* The 16-byte runs below look at d[i, end) but may load any of d[0, avail)
+ * (avail >= end: the bytes fed, which a limit may cut short of), so a
+ * short name or value is one load and one ctz, not a byte loop over its
+ * last 15 bytes; a stop past end is end. Each stops at the first byte
+ * that is not one of its class, or at end, or where fewer than 16 bytes
+ * are left to load: the byte loop takes it from there. */
+
+/* Past the field-value bytes but HTAB (the byte loop takes it): none below
+ * 0x20, none 0x7f. */
+static inline __attribute__((always_inline)) size_t val_run16(const char *d, size_t i, size_t end,
+                                                              size_t avail)
 {
     const __m128i c1f = _mm_set1_epi8(0x1f), del = _mm_set1_epi8(0x7f);
-    while (end - i >= 16) {
+    while (i < end && avail - i >= 16) {
         __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(d + i));
         /* unsigned b <= 0x1f: min(b, 0x1f) == b */
         __m128i bad = _mm_or_si128(_mm_cmpeq_epi8(_mm_min_epu8(b, c1f), b), _mm_cmpeq_epi8(b, del));
         unsigned m = (unsigned)_mm_movemask_epi8(bad);
         if (m)
-            return i + (size_t)__builtin_ctz(m);
+            return SL_MIN(i + (size_t)__builtin_ctz(m), end);
         i += 16;
     }
-    return i;
+    return SL_MIN(i, end);
 }
 
 /* Unsigned lo <= b <= lo + span, per byte. */
@@ -485,15 +492,14 @@ static inline __m128i in_range16(__m128i b, char lo, char span)
     return _mm_cmpeq_epi8(_mm_min_epu8(t, _mm_set1_epi8(span)), t);
 }
 
-/* Past the token bytes (tchar, RFC 9110 5.6.2) of d[i, end), 16 a step:
- * stops at the first byte that is not one (a header name's ':'), or at the
- * last whole 16 before end. Not a tchar: CTLs and SP (<= 0x20), DEL and
+/* Past the token bytes (tchar, RFC 9110 5.6.2) of d[i, end), 16 a step
+ * (a header name's ':' stops it). Not a tchar: CTLs and SP (<= 0x20), DEL and
  * above (>= 0x7f), and the delimiters "(),/:;<=>?@[\]{} as ranges. The
  * byte loop cost ~6 instructions a name byte. */
-static size_t name_run16(const char *d, size_t i, size_t end)
+static size_t name_run16(const char *d, size_t i, size_t end, size_t avail)
 {
     const __m128i c20 = _mm_set1_epi8(0x20), c7f = _mm_set1_epi8(0x7f);
-    while (end - i >= 16) {
+    while (i < end && avail - i >= 16) {
         __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(d + i));
         __m128i bad = _mm_or_si128(_mm_cmpeq_epi8(_mm_min_epu8(b, c20), b),
                                    _mm_cmpeq_epi8(_mm_max_epu8(b, c7f), b));
@@ -507,17 +513,17 @@ static size_t name_run16(const char *d, size_t i, size_t end)
         bad = _mm_or_si128(bad, _mm_cmpeq_epi8(b, _mm_set1_epi8('}')));
         unsigned m = (unsigned)_mm_movemask_epi8(bad);
         if (m)
-            return i + (size_t)__builtin_ctz(m);
+            return SL_MIN(i + (size_t)__builtin_ctz(m), end);
         i += 16;
     }
-    return i;
+    return SL_MIN(i, end);
 }
 
 /* Past the request-target bytes of d[i, end) (VCHAR but '#'), 16 a step. */
-static size_t tgt_run16(const char *d, size_t i, size_t end)
+static size_t tgt_run16(const char *d, size_t i, size_t end, size_t avail)
 {
     const __m128i c20 = _mm_set1_epi8(0x20), c7f = _mm_set1_epi8(0x7f), hash = _mm_set1_epi8('#');
-    while (end - i >= 16) {
+    while (i < end && avail - i >= 16) {
         __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(d + i));
         /* unsigned b <= 0x20 or b >= 0x7f, or '#' */
         __m128i bad = _mm_or_si128(
@@ -525,18 +531,24 @@ static size_t tgt_run16(const char *d, size_t i, size_t end)
             _mm_or_si128(_mm_cmpeq_epi8(_mm_max_epu8(b, c7f), b), _mm_cmpeq_epi8(b, hash)));
         unsigned m = (unsigned)_mm_movemask_epi8(bad);
         if (m)
-            return i + (size_t)__builtin_ctz(m);
+            return SL_MIN(i + (size_t)__builtin_ctz(m), end);
         i += 16;
     }
-    return i;
+    return SL_MIN(i, end);
 }
 #endif
 
-/* Past the field-value bytes of d[i, end), HTAB and SP included. */
-static size_t val_run(const char *d, size_t i, size_t end)
+/* Past the field-value bytes of d[i, end), HTAB and SP included; d[0,
+ * avail) may be loaded (val_run16). */
+static inline __attribute__((always_inline)) size_t val_run(const char *d, size_t i, size_t end,
+                                                            size_t avail)
 {
 #ifdef GW_HTTP_SSE2
-    i = val_run16(d, i, end);
+    i = val_run16(d, i, end, avail);
+    if (i < end && !IS(d[i], C_VAL)) /* its stop: the value's CR, mostly */
+        return i;
+#else
+    (void)avail;
 #endif
     i = val_run8(d, i, end);
     while (i < end && IS(d[i], C_VAL))
@@ -585,7 +597,7 @@ static size_t head_scan(gw_http_parser_t *p, const char *d, size_t n, bool *end)
                    IS(d[i + 11], C_DIGIT)) {
             size_t lim = i + SL_MIN(n - i, hmax - SL_MIN(hb, hmax)), k = i + 12;
             if (k < lim && d[k] == ' ')
-                k = val_run(d, k + 1, lim);
+                k = val_run(d, k + 1, lim, n);
             if (k + 2 <= lim && d[k] == '\r' && d[k + 1] == '\n') {
                 memcpy(p->ver, d + i, 8);
                 p->status = (unsigned)(d[i + 9] - '0') * 100 + (unsigned)(d[i + 10] - '0') * 10 +
@@ -606,7 +618,7 @@ static size_t head_scan(gw_http_parser_t *p, const char *d, size_t n, bool *end)
             size_t lim = i + SL_MIN(n - i, hmax - SL_MIN(hb, hmax)); /* bytes we may take */
             size_t j = i;
 #ifdef GW_HTTP_SSE2
-            j = name_run16(d, i, lim);
+            j = name_run16(d, i, lim, n);
 #endif
             while (j < lim && IS(d[j], C_TCHAR))
                 j++;
@@ -615,7 +627,7 @@ static size_t head_scan(gw_http_parser_t *p, const char *d, size_t n, bool *end)
             size_t vs = j + 1;
             while (vs < lim && (d[vs] == ' ' || d[vs] == '\t'))
                 vs++;
-            size_t k = val_run(d, vs, lim);
+            size_t k = val_run(d, vs, lim, n);
             if (k + 2 > lim || d[k] != '\r' || d[k + 1] != '\n')
                 break;
             size_t ve = k;
@@ -650,9 +662,9 @@ static size_t head_scan(gw_http_parser_t *p, const char *d, size_t n, bool *end)
             size_t j = i;
 #ifdef GW_HTTP_SSE2
             if (vec && hs == HS_VALUE)
-                j = val_run16(d, i, lim + i);
+                j = val_run16(d, i, lim + i, n);
             else if (vec && hs == HS_TARGET)
-                j = tgt_run16(d, i, lim + i);
+                j = tgt_run16(d, i, lim + i, n);
 #endif
             if (hs == HS_VALUE) /* long values (a bearer token): 8 bytes a step */
                 j = val_run8(d, j, lim + i);
@@ -1316,6 +1328,14 @@ static int storage_reserve(gw_http_parser_t *p, size_t n, size_t lines);
  * memchr per line finds it: glibc's memmem takes ~3-5 instructions per
  * byte for a 4-byte needle (callgrind: ~1,000 per head), memchr a few per
  * 32 bytes. */
+/* CR LF CR LF at c (4 bytes there): a memcmp of a constant 4 bytes is one
+ * 4-byte compare (gcc inlines it); every line's CR has its LF after it, so
+ * the three byte compares it replaces mostly all ran. */
+static inline bool crlfcrlf(const char *c)
+{
+    return memcmp(c, "\r\n\r\n", 4) == 0;
+}
+
 static const char *head_end_find(const char *d, size_t n, size_t *ncr)
 {
     const char *end = d + n;
@@ -1332,7 +1352,7 @@ static const char *head_end_find(const char *d, size_t n, size_t *ncr)
             for (; m; m &= m - 1) {
                 const char *c = d + __builtin_ctz(m);
                 k++;
-                if (c[1] == '\n' && c[2] == '\r' && c[3] == '\n') {
+                if (crlfcrlf(c)) {
                     *ncr = k + 1;
                     return c;
                 }

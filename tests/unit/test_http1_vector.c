@@ -4,7 +4,8 @@
  * target) against the byte loop alone (gw_http_vector_set(false)), on
  * generated heads: every byte value in names, values and the target, at
  * every offset mod 32 of a run, and CR, LF, NUL, HTAB, SP and obs-fold at
- * the edges of 8- and 16-byte runs. Each head is fed whole and cut at
+ * the edges of 8- and 16-byte runs, values and targets across the
+ * limits. Each head is fed whole and cut at
  * every place; the two paths must agree on the state, status, reason,
  * bytes consumed and every parsed string. A vector path that took a byte
  * the byte loop refuses fails here.
@@ -250,6 +251,15 @@ static void test_limits(void **state)
         assert_string_equal(v.reason, s.reason);
         assert_int_equal(v.used, s.used);
         assert_string_equal(v.head, s.head);
+    }
+    /* a target across request_line_bytes with more target bytes after
+     * it: the 16-byte run may load past the limit but not take it */
+    for (size_t tlen = 8170; tlen <= 8200; tlen += 3) {
+        size_t n = (size_t)sprintf(in, "GET /");
+        memset(in + n, 't', tlen);
+        n += tlen;
+        n += (size_t)sprintf(in + n, " HTTP/1.1\r\nHost: a\r\n\r\n");
+        same(GW_HTTP_REQUEST, in, n, "target limit", 't', tlen);
     }
 }
 
