@@ -198,6 +198,16 @@ static char *gw_arena_alloc(gw_body_scan_t *s, size_t n)
     return p;
 }
 
+const gw_jfact_t gw_jfact_absent = {.kind = SL_J_ABSENT};
+
+/* A fact the scan is about to write (its kind at least): from now on
+ * gw_body_fact reads it. */
+static inline gw_jfact_t *gw_fact_w(gw_body_scan_t *s, gw_fact_id_t id)
+{
+    s->facts_set |= (uint16_t)(1u << id);
+    return &s->fact[id];
+}
+
 gw_body_scan_t *gw_body_scan_new(void)
 {
     return calloc(1, sizeof(gw_body_scan_t));
@@ -226,18 +236,7 @@ void gw_body_scan_reset(gw_body_scan_t *s)
      * part_new), the inline arrays rewritten before they are read. */
     s->body = NULL;
     s->len = 0;
-    s->top.kind = SL_J_ABSENT;
-    s->model.kind = SL_J_ABSENT;
-    s->stream.kind = SL_J_ABSENT;
-    s->stream_options.kind = SL_J_ABSENT;
-    s->include_usage.kind = SL_J_ABSENT;
-    s->max_tokens.kind = SL_J_ABSENT;
-    s->max_completion_tokens.kind = SL_J_ABSENT;
-    s->max_output_tokens.kind = SL_J_ABSENT;
-    s->n.kind = SL_J_ABSENT;
-    s->input.kind = SL_J_ABSENT;
-    s->instructions.kind = SL_J_ABSENT;
-    s->tools.kind = SL_J_ABSENT;
+    s->facts_set = 0; /* every fact absent, none of their lines written */
     s->bigint = false;
     s->has_msgs = false;
     s->elided = 0;
@@ -644,9 +643,9 @@ static inline __attribute__((always_inline)) int gw_scan_slot(gw_scan_ctx_t *c, 
     if (c->depth == 0) {
         /* yajl parses a stream of values (gw_scan_keep): a second one
          * after the body's is trailing garbage to jansson */
-        if (s->top.kind != SL_J_ABSENT)
+        if (s->facts_set & (1u << GW_F_TOP))
             return 1;
-        slot->f = &s->top;
+        slot->f = gw_fact_w(s, GW_F_TOP);
         slot->f->kind = kind;
         slot->child = kind == SL_J_OBJECT ? GW_R_TOP : GW_R_OTHER;
         return 0;
@@ -657,32 +656,32 @@ static inline __attribute__((always_inline)) int gw_scan_slot(gw_scan_ctx_t *c, 
     case GW_R_TOP:
         switch ((gw_key_t)fr->key) {
         case GW_K_MODEL:
-            slot->f = &s->model;
+            slot->f = gw_fact_w(s, GW_F_MODEL);
             break;
         case GW_K_STREAM:
-            slot->f = &s->stream;
+            slot->f = gw_fact_w(s, GW_F_STREAM);
             break;
         case GW_K_SO:
-            slot->f = &s->stream_options;
+            slot->f = gw_fact_w(s, GW_F_STREAM_OPTIONS);
             slot->child = GW_R_SO;
             break;
         case GW_K_MAXT:
-            slot->f = &s->max_tokens;
+            slot->f = gw_fact_w(s, GW_F_MAX_TOKENS);
             break;
         case GW_K_MAXCT:
-            slot->f = &s->max_completion_tokens;
+            slot->f = gw_fact_w(s, GW_F_MAX_COMPLETION_TOKENS);
             break;
         case GW_K_MAXOT:
-            slot->f = &s->max_output_tokens;
+            slot->f = gw_fact_w(s, GW_F_MAX_OUTPUT_TOKENS);
             break;
         case GW_K_N:
-            slot->f = &s->n;
+            slot->f = gw_fact_w(s, GW_F_N);
             break;
         case GW_K_INPUT:
-            slot->f = &s->input;
+            slot->f = gw_fact_w(s, GW_F_INPUT);
             break;
         case GW_K_INSTRUCTIONS:
-            slot->f = &s->instructions;
+            slot->f = gw_fact_w(s, GW_F_INSTRUCTIONS);
             break;
         case GW_K_MESSAGES:
             if (c->flags & GW_SCAN_MSGS) {
@@ -692,7 +691,7 @@ static inline __attribute__((always_inline)) int gw_scan_slot(gw_scan_ctx_t *c, 
             break;
         case GW_K_TOOLS:
             slot->kind = &s->chat.tools_kind;
-            slot->f = &s->tools; /* its span: the estimate counts its JSON */
+            slot->f = gw_fact_w(s, GW_F_TOOLS); /* its span: the estimate counts its JSON */
             break;
         default:
             break;
@@ -700,7 +699,7 @@ static inline __attribute__((always_inline)) int gw_scan_slot(gw_scan_ctx_t *c, 
         break;
     case GW_R_SO:
         if (fr->key == GW_K_IU)
-            slot->f = &s->include_usage;
+            slot->f = gw_fact_w(s, GW_F_INCLUDE_USAGE);
         break;
     case GW_R_MSGS: {
         size_t i;
@@ -1431,7 +1430,8 @@ static gw_scan_rc_t gw_body_scan_run(gw_body_scan_t *s, const char *base, size_t
     /* The document closed (its '}' reported at depth 0): yajl is between
      * values, and the tail check below judges what follows. Open: yajl
      * says what is missing. */
-    if (st == yajl_status_ok && !(c.depth == 0 && s->top.kind == SL_J_OBJECT && s->top.end))
+    if (st == yajl_status_ok && !(c.depth == 0 && gw_body_fact(s, GW_F_TOP)->kind == SL_J_OBJECT &&
+                                  gw_body_fact(s, GW_F_TOP)->end))
         st = yajl_complete_parse(c.h);
     gw_scan_keep.cur = NULL;
     while (c.depth > 0) /* a parse stopped inside containers */
@@ -1440,8 +1440,8 @@ static gw_scan_rc_t gw_body_scan_run(gw_body_scan_t *s, const char *base, size_t
         free(c.keys);
     /* yajl leaves an unfinished token after the document (`{} "x`) to
      * more input that never comes: only whitespace may follow. */
-    bool tail_ok = st == yajl_status_ok && s->top.kind == SL_J_OBJECT;
-    for (size_t i = s->top.end; tail_ok && i < len; i++)
+    bool tail_ok = st == yajl_status_ok && gw_body_fact(s, GW_F_TOP)->kind == SL_J_OBJECT;
+    for (size_t i = gw_body_fact(s, GW_F_TOP)->end; tail_ok && i < len; i++)
         tail_ok = body[i] == ' ' || body[i] == '\t' || body[i] == '\n' || body[i] == '\r';
     sl_ykeep_put(&gw_scan_keep, c.h, tail_ok);
     if (st != yajl_status_ok) {
@@ -1454,16 +1454,17 @@ static gw_scan_rc_t gw_body_scan_run(gw_body_scan_t *s, const char *base, size_t
         return GW_SCAN_SLOW;
     }
     if (s->bigint) {
-        gw_jfact_t *nums[] = {&s->stream,
-                              &s->max_tokens,
-                              &s->max_completion_tokens,
-                              &s->max_output_tokens,
-                              &s->n,
-                              &s->include_usage,
-                              &s->model,
-                              &s->input};
+        static const gw_fact_id_t nums[] = {GW_F_STREAM,
+                                            GW_F_MAX_TOKENS,
+                                            GW_F_MAX_COMPLETION_TOKENS,
+                                            GW_F_MAX_OUTPUT_TOKENS,
+                                            GW_F_N,
+                                            GW_F_INCLUDE_USAGE,
+                                            GW_F_MODEL,
+                                            GW_F_INPUT};
         for (size_t i = 0; i < SL_ARRAY_LEN(nums); i++)
-            gw_scan_bigint_fact(nums[i], body);
+            if (s->facts_set & (1u << nums[i]))
+                gw_scan_bigint_fact(&s->fact[nums[i]], body);
     }
     if (flags & GW_SCAN_MSGS) {
         s->has_msgs = true;
@@ -1507,22 +1508,8 @@ static gw_scan_rc_t gw_body_scan_run(gw_body_scan_t *s, const char *base, size_t
 #define GW_SHAPE_PARTS   32
 
 /* The facts of gw_body_scan_t, each moved the same way. */
-static const size_t gw_shape_facts[] = {
-    offsetof(gw_body_scan_t, top),
-    offsetof(gw_body_scan_t, model),
-    offsetof(gw_body_scan_t, stream),
-    offsetof(gw_body_scan_t, stream_options),
-    offsetof(gw_body_scan_t, include_usage),
-    offsetof(gw_body_scan_t, max_tokens),
-    offsetof(gw_body_scan_t, max_completion_tokens),
-    offsetof(gw_body_scan_t, max_output_tokens),
-    offsetof(gw_body_scan_t, n),
-    offsetof(gw_body_scan_t, input),
-    offsetof(gw_body_scan_t, instructions),
-    offsetof(gw_body_scan_t, tools),
-};
-#define GW_SHAPE_NFACTS     (sizeof(gw_shape_facts) / sizeof(gw_shape_facts[0]))
-#define GW_SHAPE_FACT(s, i) ((gw_jfact_t *)(void *)((char *)(s) + gw_shape_facts[i]))
+#define GW_SHAPE_NFACTS     GW_F_COUNT
+#define GW_SHAPE_FACT(s, i) (&(s)->fact[i])
 
 /* A slot's data beside its shape (sl_jshape_cache_t). */
 typedef struct gw_shape {
@@ -1530,7 +1517,8 @@ typedef struct gw_shape {
     /* the result over the shape's text, offsets and text pointers encoded
      * (GW_SHAPE_X) */
     gw_jfact_t fact[GW_SHAPE_NFACTS];
-    uint8_t present[GW_SHAPE_NFACTS]; /* the facts not absent (the reset zeroed the others) */
+    uint8_t
+        present[GW_SHAPE_NFACTS]; /* the facts not absent (the reset cleared the others' bits) */
     size_t npresent;
     sl_jkind_t messages_kind, tools_kind;
     bool has_msgs;
@@ -1904,7 +1892,7 @@ static int gw_shape_load(gw_body_scan_t *s, const sl_jshape_t *sh, const gw_shap
             (ptrdiff_t)(nw[k].off + nw[k].len) - (ptrdiff_t)(sh->hole[k].off + sh->hole[k].len);
     for (size_t j = 0; j < e->npresent; j++) {
         size_t i = e->present[j];
-        gw_jfact_t *f = GW_SHAPE_FACT(s, i);
+        gw_jfact_t *f = gw_fact_w(s, (gw_fact_id_t)i);
         *f = e->fact[i];
         gw_shape_fact_load(&m, f);
     }
@@ -1999,7 +1987,7 @@ static void gw_shape_keep(const gw_body_scan_t *s, unsigned key, const gw_shape_
     int bad = 0;
     e->npresent = 0;
     for (size_t i = 0; i < GW_SHAPE_NFACTS; i++) {
-        e->fact[i] = *GW_SHAPE_FACT(s, i);
+        e->fact[i] = *gw_body_fact(s, (gw_fact_id_t)i);
         if (e->fact[i].kind != SL_J_ABSENT)
             e->present[e->npresent++] = (uint8_t)i;
         gw_shape_fact_save(&e->fact[i], hole, nh);
@@ -2086,8 +2074,10 @@ gw_scan_rc_t gw_body_scan(gw_body_scan_t *s, const char *body, size_t len, unsig
     }
     if (rc == GW_SCAN_OK) {
         /* the estimate's view of tools (body.c counts only these kinds) */
-        if (s->tools.kind != SL_J_ABSENT)
-            s->chat.tools = (sl_text_t){body + s->tools.off, s->tools.end - s->tools.off};
+        if (gw_body_fact(s, GW_F_TOOLS)->kind != SL_J_ABSENT)
+            s->chat.tools =
+                (sl_text_t){body + gw_body_fact(s, GW_F_TOOLS)->off,
+                            gw_body_fact(s, GW_F_TOOLS)->end - gw_body_fact(s, GW_F_TOOLS)->off};
         s->chat.bigint = s->bigint;
     }
     if (k.cuts != k.cuts0)
@@ -2099,13 +2089,13 @@ gw_scan_rc_t gw_body_scan(gw_body_scan_t *s, const char *body, size_t len, unsig
 void gw_body_scan_clamp_in(const gw_body_scan_t *s, rl_clamp_in_t *in)
 {
     *in = (rl_clamp_in_t){
-        .max_tokens_kind = s->max_tokens.kind,
-        .max_tokens = s->max_tokens.i,
-        .max_completion_tokens_kind = s->max_completion_tokens.kind,
-        .max_completion_tokens = s->max_completion_tokens.i,
-        .stream_kind = s->stream.kind,
-        .stream_options_kind = s->stream_options.kind,
-        .include_usage = s->include_usage.kind == SL_J_TRUE,
+        .max_tokens_kind = gw_body_fact(s, GW_F_MAX_TOKENS)->kind,
+        .max_tokens = gw_body_fact(s, GW_F_MAX_TOKENS)->i,
+        .max_completion_tokens_kind = gw_body_fact(s, GW_F_MAX_COMPLETION_TOKENS)->kind,
+        .max_completion_tokens = gw_body_fact(s, GW_F_MAX_COMPLETION_TOKENS)->i,
+        .stream_kind = gw_body_fact(s, GW_F_STREAM)->kind,
+        .stream_options_kind = gw_body_fact(s, GW_F_STREAM_OPTIONS)->kind,
+        .include_usage = gw_body_fact(s, GW_F_INCLUDE_USAGE)->kind == SL_J_TRUE,
     };
 }
 
@@ -2216,18 +2206,20 @@ int gw_body_set(gw_body_scan_t *s, const char *key, const gw_jfact_t *f, const c
         sp->del = f->end - f->off;
         return gw_splice_text(s, sp, val, vlen, "", 0);
     }
-    sp->off = s->top.close;
+    sp->off = gw_body_fact(s, GW_F_TOP)->close;
     sp->del = 0;
-    sp->comma = s->top.members + gw_splice_added(s, s->top.close) - 1 > 0;
+    sp->comma = gw_body_fact(s, GW_F_TOP)->members +
+                    gw_splice_added(s, gw_body_fact(s, GW_F_TOP)->close) - 1 >
+                0;
     return gw_splice_member(s, sp, key, val, vlen);
 }
 
 int gw_body_set_include_usage(gw_body_scan_t *s)
 {
     static const char key[] = "stream_options";
-    const gw_jfact_t *so = &s->stream_options;
+    const gw_jfact_t *so = gw_body_fact(s, GW_F_STREAM_OPTIONS);
     if (so->kind == SL_J_OBJECT) {
-        const gw_jfact_t *iu = &s->include_usage;
+        const gw_jfact_t *iu = gw_body_fact(s, GW_F_INCLUDE_USAGE);
         if (iu->kind == SL_J_TRUE)
             return 0;
         gw_splice_t *sp = gw_splice_add(s, NULL);
@@ -2244,13 +2236,14 @@ int gw_body_set_include_usage(gw_body_scan_t *s)
             if (gw_splice_text(s, sp, GW_LIT_S("\"include_usage\":true"), "", 0) != 0)
                 return -1;
         }
-        s->include_usage.kind = SL_J_TRUE; /* what the body says now (a second call: no-op) */
+        gw_fact_w(s, GW_F_INCLUDE_USAGE)->kind =
+            SL_J_TRUE; /* what the body says now (a second call: no-op) */
         return 0;
     }
     if (gw_body_set(s, key, so, GW_LIT_S("{\"include_usage\":true}")) != 0)
         return -1;
-    s->include_usage.kind = SL_J_TRUE;
-    s->stream_options.kind = SL_J_OBJECT;
+    gw_fact_w(s, GW_F_INCLUDE_USAGE)->kind = SL_J_TRUE;
+    gw_fact_w(s, GW_F_STREAM_OPTIONS)->kind = SL_J_OBJECT;
     return 0;
 }
 

@@ -25,9 +25,9 @@
 /* One scalar or container fact: its type, its bytes [off, end) in the
  * body, and its value for integers and strings (decoded; borrowed from the
  * body or the scan's arena). The values share their bytes: read the one
- * that kind names, nothing else. 40 bytes, not 64: the scanner's ten facts
- * are reset for every request (gw_body_scan), and at 5,000 connections each
- * of their lines is an L2 miss. */
+ * that kind names, nothing else. 40 bytes, not 64: at 5,000 connections
+ * each line of the scanner's facts that a request touches is an L2 miss
+ * (and the reset touches none of them: gw_body_scan_t's facts_set). */
 typedef struct gw_jfact {
     sl_jkind_t kind;
     size_t off, end;
@@ -74,19 +74,37 @@ typedef struct gw_splice {
 #define GW_SCAN_INLINE_SPLICES 4
 #define GW_SCAN_INLINE_TEXT    512
 
+/* The top-level facts a scan records, by index into gw_body_scan_t's fact
+ * (read them with gw_body_fact). */
+typedef enum gw_fact_id {
+    GW_F_TOP = 0, /* the document (an object) */
+    GW_F_MODEL,
+    GW_F_STREAM,
+    GW_F_STREAM_OPTIONS,
+    GW_F_INCLUDE_USAGE, /* stream_options.include_usage */
+    GW_F_MAX_TOKENS,
+    GW_F_MAX_COMPLETION_TOKENS,
+    GW_F_MAX_OUTPUT_TOKENS,
+    GW_F_N,
+    GW_F_INPUT,        /* the Responses API's (its text when a string) */
+    GW_F_INSTRUCTIONS, /* the Responses API's */
+    GW_F_TOOLS,        /* chat's and the Responses API's: the estimate walks its span */
+    GW_F_COUNT
+} gw_fact_id_t;
+
 typedef struct gw_body_scan {
     const char *body; /* borrowed: the bytes scanned (stable until the scan is reset) */
     size_t len;
-    gw_jfact_t top; /* the document (an object) */
-    gw_jfact_t model, stream, stream_options, include_usage;
-    gw_jfact_t max_tokens, max_completion_tokens, max_output_tokens, n;
-    /* the Responses API's instructions, and tools (chat's too: the
-     * estimate walks its span) */
-    gw_jfact_t instructions, tools;
-    gw_jfact_t input; /* the Responses API's (its text when a string) */
-    bool bigint;      /* an integer beyond int64 somewhere (jansson: a real) */
-    bool has_msgs;    /* chat below was filled (GW_SCAN_MSGS) */
-    size_t elided;    /* body bytes yajl did not read (string interiors cut) */
+    /* Bit i: fact[i] was written by this scan; every other fact is absent
+     * and its bytes are a former scan's. The reset clears these bits only,
+     * not the facts' kinds: at 5,000 connections a scanner is cold when its
+     * request starts, and the facts' eight lines that a body without
+     * max_tokens, tools, input... never writes were eight L2 misses. */
+    uint16_t facts_set;
+    gw_jfact_t fact[GW_F_COUNT]; /* read through gw_body_fact, never directly */
+    bool bigint;                 /* an integer beyond int64 somewhere (jansson: a real) */
+    bool has_msgs;               /* chat below was filled (GW_SCAN_MSGS) */
+    size_t elided;               /* body bytes yajl did not read (string interiors cut) */
     sl_chat_t chat;
 
     /* internals: storage for messages, parts, decoded strings, splices */
@@ -103,6 +121,14 @@ typedef struct gw_body_scan {
     gw_splice_t splices0[GW_SCAN_INLINE_SPLICES];
     char text0[GW_SCAN_INLINE_TEXT];
 } gw_body_scan_t;
+
+/* The fact id of s's last scan: its own when the scan wrote it, else a
+ * shared absent fact (kind SL_J_ABSENT, the rest zero). */
+extern const gw_jfact_t gw_jfact_absent;
+static inline const gw_jfact_t *gw_body_fact(const gw_body_scan_t *s, gw_fact_id_t id)
+{
+    return (s->facts_set >> id) & 1u ? &s->fact[id] : &gw_jfact_absent;
+}
 
 gw_body_scan_t *gw_body_scan_new(void) SL_WUR;
 /* Frees s and what it holds; NULL is fine. */

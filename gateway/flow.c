@@ -59,11 +59,12 @@ int gw_req_set_int(gw_req_t *r, const char *key, int64_t v)
         r->body_dirty = true;
         return 0;
     }
-    const gw_jfact_t *f = strcmp(key, "max_tokens") == 0 ? &r->scan->max_tokens
+    const gw_jfact_t *f = strcmp(key, "max_tokens") == 0 ? gw_body_fact(r->scan, GW_F_MAX_TOKENS)
                           : strcmp(key, "max_completion_tokens") == 0
-                              ? &r->scan->max_completion_tokens
-                          : strcmp(key, "max_output_tokens") == 0 ? &r->scan->max_output_tokens
-                                                                  : NULL;
+                              ? gw_body_fact(r->scan, GW_F_MAX_COMPLETION_TOKENS)
+                          : strcmp(key, "max_output_tokens") == 0
+                              ? gw_body_fact(r->scan, GW_F_MAX_OUTPUT_TOKENS)
+                              : NULL;
     char digits[24];
     size_t n = sl_i64toa(v, digits);
     return gw_body_set(r->scan, key, f, digits, n);
@@ -358,8 +359,9 @@ void gw_proxy_route(gw_req_t *r)
     }
     sl_text_t mname = {NULL, 0};
     if (r->scan) {
-        if (r->scan->model.kind == SL_J_STRING)
-            mname = r->scan->model.s;
+        const gw_jfact_t *model = gw_body_fact(r->scan, GW_F_MODEL);
+        if (model->kind == SL_J_STRING)
+            mname = model->s;
     } else {
         json_t *jm = json_object_get(r->json, "model");
         if (json_is_string(jm))
@@ -385,8 +387,8 @@ void gw_proxy_route(gw_req_t *r)
         return;
     }
     if (r->scan) {
-        r->stream = r->scan->stream.kind == SL_J_TRUE;
-        r->client_usage = r->scan->include_usage.kind == SL_J_TRUE;
+        r->stream = gw_body_fact(r->scan, GW_F_STREAM)->kind == SL_J_TRUE;
+        r->client_usage = gw_body_fact(r->scan, GW_F_INCLUDE_USAGE)->kind == SL_J_TRUE;
     } else {
         r->stream = json_is_true(json_object_get(r->json, "stream"));
         r->client_usage = json_is_true(
@@ -404,8 +406,8 @@ void gw_proxy_route(gw_req_t *r)
     sl_counter_add(r->att.pool == r->rt->local ? gw_m.route_local : gw_m.route_main, 1);
     if (asked_auto || r->model->alias) {
         if (r->scan && r->model->served_json) { /* quoted once, when the rt was built */
-            if (gw_body_set(r->scan, "model", &r->scan->model, r->model->served_json,
-                            r->model->served_json_len) != 0) {
+            if (gw_body_set(r->scan, "model", gw_body_fact(r->scan, GW_F_MODEL),
+                            r->model->served_json, r->model->served_json_len) != 0) {
                 gw_respond_oom(r);
                 return;
             }

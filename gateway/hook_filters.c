@@ -125,10 +125,10 @@ static gw_hook_rc_t gw_flt_on_request(gw_req_t *r, void **state)
         return GW_HOOK_NEXT;
     flt_req_result_t res;
     flt_req_verdict_t v;
-    if (resp && !r->json)
-        v = gw_flt_resp_request_text(
-            rs, r->scan->input.kind == SL_J_STRING ? &r->scan->input.s : NULL, &res);
-    else if (resp)
+    if (resp && !r->json) {
+        const gw_jfact_t *input = gw_body_fact(r->scan, GW_F_INPUT);
+        v = gw_flt_resp_request_text(rs, input->kind == SL_J_STRING ? &input->s : NULL, &res);
+    } else if (resp)
         v = gw_flt_resp_request(rs, r->json, &res);
     else if (r->scan && r->scan->has_msgs)
         v = flt_request_check_chat(rs, &r->scan->chat, &res);

@@ -33,9 +33,9 @@ static gw_hook_rc_t gw_llm_on_request(gw_req_t *r, void **state)
      * reads the events itself (gw_llm_sse_event). */
     if (r->scan) {
         /* the scan's facts: the ratelimit hook's injection updated them */
-        if (r->scan->include_usage.kind == SL_J_TRUE)
+        if (gw_body_fact(r->scan, GW_F_INCLUDE_USAGE)->kind == SL_J_TRUE)
             return GW_HOOK_NEXT; /* the client, or the ratelimit hook, asked */
-        sl_jkind_t so = r->scan->stream_options.kind;
+        sl_jkind_t so = gw_body_fact(r->scan, GW_F_STREAM_OPTIONS)->kind;
         if (so != SL_J_ABSENT && so != SL_J_OBJECT)
             return GW_HOOK_NEXT; /* the upstream will say what is wrong with it */
     } else {

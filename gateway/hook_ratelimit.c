@@ -213,8 +213,9 @@ static int gw_rl_clamp_responses(gw_req_t *r, int64_t cap, rl_clamp_t *clamp)
                                     : SL_J_OBJECT; /* any other: refused below */
         have = json_is_integer(v) ? json_integer_value(v) : 0;
     } else {
-        kind = r->scan->max_output_tokens.kind;
-        have = kind == SL_J_INT ? r->scan->max_output_tokens.i : 0;
+        const gw_jfact_t *mot = gw_body_fact(r->scan, GW_F_MAX_OUTPUT_TOKENS);
+        kind = mot->kind;
+        have = kind == SL_J_INT ? mot->i : 0;
     }
     int64_t dmt = r->model ? r->model->conf->default_max_tokens : 0;
     int64_t want;
@@ -245,19 +246,22 @@ static int gw_rl_clamp_responses(gw_req_t *r, int64_t cap, rl_clamp_t *clamp)
 int gw_rl_resp_scan_tokens(const gw_body_scan_t *b, int64_t *out)
 {
     rl_resp_in_t in = {
-        .instructions_kind = b->instructions.kind,
-        .input_kind = b->input.kind,
-        .tools_kind = b->tools.kind,
+        .instructions_kind = gw_body_fact(b, GW_F_INSTRUCTIONS)->kind,
+        .input_kind = gw_body_fact(b, GW_F_INPUT)->kind,
+        .tools_kind = gw_body_fact(b, GW_F_TOOLS)->kind,
         .bigint = b->bigint,
     };
-    if (b->instructions.kind == SL_J_STRING)
-        in.instructions = b->instructions.s;
-    if (b->input.kind == SL_J_STRING)
-        in.input = b->input.s;
-    else if (b->input.kind == SL_J_ARRAY)
-        in.input_json = (sl_text_t){b->body + b->input.off, b->input.end - b->input.off};
-    if (b->tools.kind != SL_J_ABSENT)
-        in.tools_json = (sl_text_t){b->body + b->tools.off, b->tools.end - b->tools.off};
+    const gw_jfact_t *ins = gw_body_fact(b, GW_F_INSTRUCTIONS);
+    const gw_jfact_t *input = gw_body_fact(b, GW_F_INPUT);
+    const gw_jfact_t *tools = gw_body_fact(b, GW_F_TOOLS);
+    if (ins->kind == SL_J_STRING)
+        in.instructions = ins->s;
+    if (input->kind == SL_J_STRING)
+        in.input = input->s;
+    else if (input->kind == SL_J_ARRAY)
+        in.input_json = (sl_text_t){b->body + input->off, input->end - input->off};
+    if (tools->kind != SL_J_ABSENT)
+        in.tools_json = (sl_text_t){b->body + tools->off, tools->end - tools->off};
     return rl_responses_prompt_tokens_in(&in, out);
 }
 

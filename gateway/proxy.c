@@ -871,8 +871,10 @@ static int gw_proxy_flush_buffered(gw_req_t *r)
 /* The choices a streamed answer has: the client's n (1 when absent). */
 static int64_t gw_proxy_choices(const gw_req_t *r)
 {
-    if (r->scan)
-        return r->scan->n.kind == SL_J_INT ? r->scan->n.i : 1;
+    if (r->scan) {
+        const gw_jfact_t *n = gw_body_fact(r->scan, GW_F_N);
+        return n->kind == SL_J_INT ? n->i : 1;
+    }
     json_t *n = json_object_get(r->json, "n");
     return json_is_integer(n) ? (int64_t)json_integer_value(n) : 1;
 }

@@ -129,9 +129,9 @@ static void same_chat(const json_t *j, const sl_chat_t *c)
  * stream_options.include_usage true, and nothing else changed. */
 static void check_splices(gw_body_scan_t *s, const json_t *orig)
 {
-    if (gw_body_set(s, "model", &s->model, "\"m-x\"", 5) != 0 ||
-        gw_body_set(s, "max_tokens", &s->max_tokens, "9", 1) != 0 ||
-        gw_body_set(s, "max_tokens", &s->max_tokens, "7", 1) != 0 ||
+    if (gw_body_set(s, "model", gw_body_fact(s, GW_F_MODEL), "\"m-x\"", 5) != 0 ||
+        gw_body_set(s, "max_tokens", gw_body_fact(s, GW_F_MAX_TOKENS), "9", 1) != 0 ||
+        gw_body_set(s, "max_tokens", gw_body_fact(s, GW_F_MAX_TOKENS), "7", 1) != 0 ||
         gw_body_set_include_usage(s) != 0 || gw_body_set_include_usage(s) != 0)
         return; /* out of memory */
     char *out;
@@ -197,18 +197,22 @@ static void check_ratelimit(const gw_body_scan_t *s, const json_t *orig)
     if (rl_chat_prompt_tokens_json(&s->chat, &est2) != rc || (rc == 0 && est2 != est))
         abort();
     /* the body as a Responses request, from the facts */
-    rl_resp_in_t in = {.instructions_kind = s->instructions.kind,
-                       .input_kind = s->input.kind,
-                       .tools_kind = s->tools.kind,
+    rl_resp_in_t in = {.instructions_kind = gw_body_fact(s, GW_F_INSTRUCTIONS)->kind,
+                       .input_kind = gw_body_fact(s, GW_F_INPUT)->kind,
+                       .tools_kind = gw_body_fact(s, GW_F_TOOLS)->kind,
                        .bigint = s->bigint};
-    if (s->instructions.kind == SL_J_STRING)
-        in.instructions = s->instructions.s;
-    if (s->input.kind == SL_J_STRING)
-        in.input = s->input.s;
-    else if (s->input.kind == SL_J_ARRAY)
-        in.input_json = (sl_text_t){s->body + s->input.off, s->input.end - s->input.off};
-    if (s->tools.kind != SL_J_ABSENT)
-        in.tools_json = (sl_text_t){s->body + s->tools.off, s->tools.end - s->tools.off};
+    if (gw_body_fact(s, GW_F_INSTRUCTIONS)->kind == SL_J_STRING)
+        in.instructions = gw_body_fact(s, GW_F_INSTRUCTIONS)->s;
+    if (gw_body_fact(s, GW_F_INPUT)->kind == SL_J_STRING)
+        in.input = gw_body_fact(s, GW_F_INPUT)->s;
+    else if (gw_body_fact(s, GW_F_INPUT)->kind == SL_J_ARRAY)
+        in.input_json =
+            (sl_text_t){s->body + gw_body_fact(s, GW_F_INPUT)->off,
+                        gw_body_fact(s, GW_F_INPUT)->end - gw_body_fact(s, GW_F_INPUT)->off};
+    if (gw_body_fact(s, GW_F_TOOLS)->kind != SL_J_ABSENT)
+        in.tools_json =
+            (sl_text_t){s->body + gw_body_fact(s, GW_F_TOOLS)->off,
+                        gw_body_fact(s, GW_F_TOOLS)->end - gw_body_fact(s, GW_F_TOOLS)->off};
     rc = rl_responses_prompt_tokens_in(&in, &est);
     if (rc != 0 ? !s->bigint : est != rl_responses_prompt_tokens(orig))
         abort();
@@ -287,20 +291,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort(); /* the scanner accepted what jansson refuses */
         if (inexact != s->bigint)
             abort();
-        same_fact(json_object_get(j, "model"), &s->model, size);
-        same_fact(json_object_get(j, "stream"), &s->stream, size);
-        same_fact(json_object_get(j, "stream_options"), &s->stream_options, size);
+        same_fact(json_object_get(j, "model"), gw_body_fact(s, GW_F_MODEL), size);
+        same_fact(json_object_get(j, "stream"), gw_body_fact(s, GW_F_STREAM), size);
+        same_fact(json_object_get(j, "stream_options"), gw_body_fact(s, GW_F_STREAM_OPTIONS), size);
         const json_t *so = json_object_get(j, "stream_options");
         if (json_is_object(so))
-            same_fact(json_object_get(so, "include_usage"), &s->include_usage, size);
-        same_fact(json_object_get(j, "max_tokens"), &s->max_tokens, size);
-        same_fact(json_object_get(j, "max_completion_tokens"), &s->max_completion_tokens, size);
-        same_fact(json_object_get(j, "max_output_tokens"), &s->max_output_tokens, size);
-        same_fact(json_object_get(j, "n"), &s->n, size);
-        same_fact(json_object_get(j, "input"), &s->input, size);
-        same_fact(json_object_get(j, "instructions"), &s->instructions, size);
-        same_fact(json_object_get(j, "tools"), &s->tools, size);
-        if (s->top.members != json_object_size(j))
+            same_fact(json_object_get(so, "include_usage"), gw_body_fact(s, GW_F_INCLUDE_USAGE),
+                      size);
+        same_fact(json_object_get(j, "max_tokens"), gw_body_fact(s, GW_F_MAX_TOKENS), size);
+        same_fact(json_object_get(j, "max_completion_tokens"),
+                  gw_body_fact(s, GW_F_MAX_COMPLETION_TOKENS), size);
+        same_fact(json_object_get(j, "max_output_tokens"), gw_body_fact(s, GW_F_MAX_OUTPUT_TOKENS),
+                  size);
+        same_fact(json_object_get(j, "n"), gw_body_fact(s, GW_F_N), size);
+        same_fact(json_object_get(j, "input"), gw_body_fact(s, GW_F_INPUT), size);
+        same_fact(json_object_get(j, "instructions"), gw_body_fact(s, GW_F_INSTRUCTIONS), size);
+        same_fact(json_object_get(j, "tools"), gw_body_fact(s, GW_F_TOOLS), size);
+        if (gw_body_fact(s, GW_F_TOP)->members != json_object_size(j))
             abort();
         same_chat(j, &s->chat);
         check_ratelimit(s, j);

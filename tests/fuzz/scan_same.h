@@ -42,8 +42,8 @@ static inline int scan_same_spliced(gw_body_scan_t *a, gw_body_scan_t *b)
     char *out[2] = {NULL, NULL};
     size_t n[2] = {0, 0};
     for (int i = 0; i < 2; i++) {
-        if (gw_body_set(s[i], "model", &s[i]->model, "\"m-x\"", 5) != 0 ||
-            gw_body_set(s[i], "max_tokens", &s[i]->max_tokens, "7", 1) != 0 ||
+        if (gw_body_set(s[i], "model", gw_body_fact(s[i], GW_F_MODEL), "\"m-x\"", 5) != 0 ||
+            gw_body_set(s[i], "max_tokens", gw_body_fact(s[i], GW_F_MAX_TOKENS), "7", 1) != 0 ||
             gw_body_set_include_usage(s[i]) != 0 || gw_body_splice_apply(s[i], &out[i], &n[i]) != 0)
             goto oom;
     }
@@ -62,23 +62,27 @@ oom:
 static inline const char *scan_same_cmp(gw_body_scan_t *a, gw_body_scan_t *b)
 {
     const char *why = NULL;
-    if (!scan_same_fact(&a->top, &b->top))
+    if (!scan_same_fact(gw_body_fact(a, GW_F_TOP), gw_body_fact(b, GW_F_TOP)))
         why = "top";
-    else if (!scan_same_fact(&a->model, &b->model))
+    else if (!scan_same_fact(gw_body_fact(a, GW_F_MODEL), gw_body_fact(b, GW_F_MODEL)))
         why = "model";
-    else if (!scan_same_fact(&a->stream, &b->stream))
+    else if (!scan_same_fact(gw_body_fact(a, GW_F_STREAM), gw_body_fact(b, GW_F_STREAM)))
         why = "stream";
-    else if (!scan_same_fact(&a->stream_options, &b->stream_options))
+    else if (!scan_same_fact(gw_body_fact(a, GW_F_STREAM_OPTIONS),
+                             gw_body_fact(b, GW_F_STREAM_OPTIONS)))
         why = "stream_options";
-    else if (!scan_same_fact(&a->include_usage, &b->include_usage))
+    else if (!scan_same_fact(gw_body_fact(a, GW_F_INCLUDE_USAGE),
+                             gw_body_fact(b, GW_F_INCLUDE_USAGE)))
         why = "include_usage";
-    else if (!scan_same_fact(&a->max_tokens, &b->max_tokens))
+    else if (!scan_same_fact(gw_body_fact(a, GW_F_MAX_TOKENS), gw_body_fact(b, GW_F_MAX_TOKENS)))
         why = "max_tokens";
-    else if (!scan_same_fact(&a->max_completion_tokens, &b->max_completion_tokens))
+    else if (!scan_same_fact(gw_body_fact(a, GW_F_MAX_COMPLETION_TOKENS),
+                             gw_body_fact(b, GW_F_MAX_COMPLETION_TOKENS)))
         why = "max_completion_tokens";
-    else if (!scan_same_fact(&a->max_output_tokens, &b->max_output_tokens))
+    else if (!scan_same_fact(gw_body_fact(a, GW_F_MAX_OUTPUT_TOKENS),
+                             gw_body_fact(b, GW_F_MAX_OUTPUT_TOKENS)))
         why = "max_output_tokens";
-    else if (!scan_same_fact(&a->n, &b->n))
+    else if (!scan_same_fact(gw_body_fact(a, GW_F_N), gw_body_fact(b, GW_F_N)))
         why = "n";
     else if (a->bigint != b->bigint || a->has_msgs != b->has_msgs)
         why = "flags";

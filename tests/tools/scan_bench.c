@@ -55,7 +55,7 @@ int main(int argc, char **argv)
         int64_t t0 = sb_cpu_ns();
         for (long i = 0; i < iters; i++) {
             if (gw_body_scan(s, req, n, flags) != GW_SCAN_OK || s->chat.nmsgs != 2 ||
-                s->max_tokens.i != 64) {
+                gw_body_fact(s, GW_F_MAX_TOKENS)->i != 64) {
                 fprintf(stderr, "scan failed\n");
                 return 1;
             }

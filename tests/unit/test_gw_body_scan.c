@@ -174,7 +174,7 @@ static void test_byte_pass_short_tails(void **state)
         memset(body + 6, 'x', str_end - 6);
         memcpy(body + str_end, "\"}", 2);
         assert_int_equal(gw_body_scan(s, body, n, GW_SCAN_MSGS), GW_SCAN_OK);
-        assert_int_equal(s->top.end, str_end + 2);
+        assert_int_equal(gw_body_fact(s, GW_F_TOP)->end, str_end + 2);
         for (size_t at = 6; at + 1 < str_end; at++) {
             static const unsigned char hi[3][2] = {{0xc3, 0xa9}, {0xc0, 0x80}, {0xff, 'x'}};
             for (int k = 0; k < 3; k++) {
@@ -242,11 +242,11 @@ static void test_handle_reuse(void **state)
             if (!seq[i].ok)
                 continue;
             const char *mt = strstr(b, "\"max_tokens\":");
-            assert_int_equal(s->max_tokens.kind, mt ? SL_J_INT : SL_J_ABSENT);
+            assert_int_equal(gw_body_fact(s, GW_F_MAX_TOKENS)->kind, mt ? SL_J_INT : SL_J_ABSENT);
             if (mt)
-                assert_int_equal(s->max_tokens.i, atoi(mt + 13));
-            assert_int_equal(b[s->top.close], '}');
-            assert_int_equal(s->top.off, 0);
+                assert_int_equal(gw_body_fact(s, GW_F_MAX_TOKENS)->i, atoi(mt + 13));
+            assert_int_equal(b[gw_body_fact(s, GW_F_TOP)->close], '}');
+            assert_int_equal(gw_body_fact(s, GW_F_TOP)->off, 0);
         }
     }
     gw_body_scan_free(s);
@@ -266,7 +266,7 @@ static void test_many_keys_and_depth(void **state)
     assert_non_null(s);
     strcpy(b + n, "}");
     assert_int_equal(gw_body_scan(s, b, n + 1, 0), GW_SCAN_OK);
-    assert_int_equal(s->top.members, 501);
+    assert_int_equal(gw_body_fact(s, GW_F_TOP)->members, 501);
     strcpy(b + n, ",\"k377\":1}");
     assert_int_equal(gw_body_scan(s, b, strlen(b), 0), GW_SCAN_SLOW);
     /* deep: 300 arrays (jansson takes up to 2048) */
@@ -304,25 +304,25 @@ static void test_facts(void **state)
     gw_body_scan_t *s = gw_body_scan_new();
     assert_non_null(s);
     assert_int_equal(gw_body_scan(s, b, strlen(b), GW_SCAN_MSGS), GW_SCAN_OK);
-    assert_int_equal(s->model.kind, SL_J_STRING);
-    assert_int_equal(s->model.s.len, 10);
-    assert_memory_equal(s->model.s.p, "chat-model", 10);
-    assert_span(b, &s->model, "\"chat-\\u006dodel\"");
-    assert_int_equal(s->stream.kind, SL_J_TRUE);
-    assert_span(b, &s->stream, "true");
-    assert_int_equal(s->stream_options.kind, SL_J_OBJECT);
-    assert_span(b, &s->stream_options, "{ \"include_usage\" : false }");
-    assert_int_equal(s->stream_options.members, 1);
-    assert_int_equal(b[s->stream_options.close], '}');
-    assert_int_equal(s->include_usage.kind, SL_J_FALSE);
-    assert_span(b, &s->include_usage, "false");
-    assert_int_equal(s->max_tokens.kind, SL_J_INT);
-    assert_int_equal(s->max_tokens.i, 64);
-    assert_span(b, &s->max_tokens, "64");
-    assert_int_equal(s->max_completion_tokens.kind, SL_J_ABSENT);
-    assert_int_equal(s->n.i, 2);
-    assert_int_equal(s->top.members, 7);
-    assert_int_equal(b[s->top.close], '}');
+    assert_int_equal(gw_body_fact(s, GW_F_MODEL)->kind, SL_J_STRING);
+    assert_int_equal(gw_body_fact(s, GW_F_MODEL)->s.len, 10);
+    assert_memory_equal(gw_body_fact(s, GW_F_MODEL)->s.p, "chat-model", 10);
+    assert_span(b, gw_body_fact(s, GW_F_MODEL), "\"chat-\\u006dodel\"");
+    assert_int_equal(gw_body_fact(s, GW_F_STREAM)->kind, SL_J_TRUE);
+    assert_span(b, gw_body_fact(s, GW_F_STREAM), "true");
+    assert_int_equal(gw_body_fact(s, GW_F_STREAM_OPTIONS)->kind, SL_J_OBJECT);
+    assert_span(b, gw_body_fact(s, GW_F_STREAM_OPTIONS), "{ \"include_usage\" : false }");
+    assert_int_equal(gw_body_fact(s, GW_F_STREAM_OPTIONS)->members, 1);
+    assert_int_equal(b[gw_body_fact(s, GW_F_STREAM_OPTIONS)->close], '}');
+    assert_int_equal(gw_body_fact(s, GW_F_INCLUDE_USAGE)->kind, SL_J_FALSE);
+    assert_span(b, gw_body_fact(s, GW_F_INCLUDE_USAGE), "false");
+    assert_int_equal(gw_body_fact(s, GW_F_MAX_TOKENS)->kind, SL_J_INT);
+    assert_int_equal(gw_body_fact(s, GW_F_MAX_TOKENS)->i, 64);
+    assert_span(b, gw_body_fact(s, GW_F_MAX_TOKENS), "64");
+    assert_int_equal(gw_body_fact(s, GW_F_MAX_COMPLETION_TOKENS)->kind, SL_J_ABSENT);
+    assert_int_equal(gw_body_fact(s, GW_F_N)->i, 2);
+    assert_int_equal(gw_body_fact(s, GW_F_TOP)->members, 7);
+    assert_int_equal(b[gw_body_fact(s, GW_F_TOP)->close], '}');
     const sl_chat_t *c = &s->chat;
     assert_int_equal(c->messages_kind, SL_J_ARRAY);
     assert_int_equal(c->tools_kind, SL_J_ARRAY);
@@ -365,24 +365,24 @@ static void test_reset_forgets(void **state)
     assert_non_null(s);
     assert_int_equal(gw_body_scan(s, rich, strlen(rich), GW_SCAN_MSGS), GW_SCAN_OK);
     assert_true(s->bigint);
-    assert_int_equal(gw_body_set(s, "model", &s->model, "\"q\"", 3), 0);
+    assert_int_equal(gw_body_set(s, "model", gw_body_fact(s, GW_F_MODEL), "\"q\"", 3), 0);
     assert_int_equal(s->nsplices, 1);
     const char *e = "{}";
     assert_int_equal(gw_body_scan(s, e, 2, GW_SCAN_MSGS), GW_SCAN_OK);
-    const gw_jfact_t *absent[] = {&s->model,
-                                  &s->stream,
-                                  &s->stream_options,
-                                  &s->include_usage,
-                                  &s->max_tokens,
-                                  &s->max_completion_tokens,
-                                  &s->max_output_tokens,
-                                  &s->n,
-                                  &s->input};
+    const gw_jfact_t *absent[] = {gw_body_fact(s, GW_F_MODEL),
+                                  gw_body_fact(s, GW_F_STREAM),
+                                  gw_body_fact(s, GW_F_STREAM_OPTIONS),
+                                  gw_body_fact(s, GW_F_INCLUDE_USAGE),
+                                  gw_body_fact(s, GW_F_MAX_TOKENS),
+                                  gw_body_fact(s, GW_F_MAX_COMPLETION_TOKENS),
+                                  gw_body_fact(s, GW_F_MAX_OUTPUT_TOKENS),
+                                  gw_body_fact(s, GW_F_N),
+                                  gw_body_fact(s, GW_F_INPUT)};
     for (size_t i = 0; i < sizeof(absent) / sizeof(absent[0]); i++)
         if (absent[i]->kind != SL_J_ABSENT)
             fail_msg("fact %zu kept kind %d", i, (int)absent[i]->kind);
-    assert_int_equal(s->top.kind, SL_J_OBJECT);
-    assert_int_equal(s->top.members, 0);
+    assert_int_equal(gw_body_fact(s, GW_F_TOP)->kind, SL_J_OBJECT);
+    assert_int_equal(gw_body_fact(s, GW_F_TOP)->members, 0);
     assert_false(s->bigint);
     assert_true(s->has_msgs);
     assert_int_equal(s->elided, 0);
@@ -391,7 +391,7 @@ static void test_reset_forgets(void **state)
     assert_int_equal(s->chat.tools_kind, SL_J_ABSENT);
     assert_int_equal(s->chat.nmsgs, 0);
     /* the added member goes in without a comma: top's members are this scan's */
-    assert_int_equal(gw_body_set(s, "model", &s->model, "\"q\"", 3), 0);
+    assert_int_equal(gw_body_set(s, "model", gw_body_fact(s, GW_F_MODEL), "\"q\"", 3), 0);
     char *out = NULL;
     size_t n = 0;
     assert_int_equal(gw_body_splice_apply(s, &out, &n), 0);
@@ -412,6 +412,53 @@ static void test_reset_forgets(void **state)
     gw_body_scan_free(s);
 }
 
+/* The reset clears the facts' bits, not their lines (gw_body_scan_t's
+ * facts_set): a plain body after a rich one reads every fact it lacks as
+ * absent through gw_body_fact, while the rich scan's kinds are still in
+ * the bytes (the reset wrote none of those lines), by the yajl path and by
+ * a kept shape alike. Fails if the reset writes the kinds again (the bytes
+ * check), if it leaves a bit set (a stale fact read), or if a scan or a
+ * shape load writes a fact without its bit (the present facts' checks). */
+static void test_reset_leaves_fact_lines(void **state)
+{
+    (void)state;
+    const char *rich =
+        "{\"model\":\"r\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream\":true,"
+        "\"stream_options\":{\"include_usage\":true},\"max_tokens\":5,\"max_completion_tokens\":6,"
+        "\"max_output_tokens\":7,\"n\":2,\"input\":\"i\",\"instructions\":\"s\",\"tools\":[1]}";
+    const char *plain =
+        "{\"model\":\"bench-model\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}]}";
+    const unsigned ways[] = {GW_SCAN_MSGS | GW_SCAN_NO_SHAPE, GW_SCAN_MSGS | GW_SCAN_SHAPE_TEST};
+    gw_body_scan_t *s = gw_body_scan_new();
+    assert_non_null(s);
+    for (size_t w = 0; w < sizeof(ways) / sizeof(ways[0]); w++) {
+        /* twice each: with SHAPE_TEST the second scan of a body is a kept shape's load */
+        for (int round = 0; round < 2; round++) {
+            assert_int_equal(gw_body_scan(s, rich, strlen(rich), ways[w]), GW_SCAN_OK);
+            assert_int_equal(s->facts_set, (1u << GW_F_COUNT) - 1);
+            assert_int_equal(gw_body_fact(s, GW_F_TOOLS)->kind, SL_J_ARRAY);
+            assert_int_equal(gw_body_fact(s, GW_F_N)->i, 2);
+            assert_int_equal(gw_body_scan(s, plain, strlen(plain), ways[w]), GW_SCAN_OK);
+            assert_int_equal(s->facts_set, (1u << GW_F_TOP) | (1u << GW_F_MODEL));
+            assert_int_equal(gw_body_fact(s, GW_F_TOP)->kind, SL_J_OBJECT);
+            assert_int_equal(gw_body_fact(s, GW_F_TOP)->members, 2);
+            assert_true(sl_text_is(gw_body_fact(s, GW_F_MODEL)->s, "bench-model"));
+            for (int i = GW_F_STREAM; i < GW_F_COUNT; i++) {
+                if (gw_body_fact(s, (gw_fact_id_t)i)->kind != SL_J_ABSENT)
+                    fail_msg("way %zu round %d: fact %d reads kind %d", w, round, i,
+                             (int)gw_body_fact(s, (gw_fact_id_t)i)->kind);
+                if (s->fact[i].kind == SL_J_ABSENT) /* the rich scan's, unwritten since */
+                    fail_msg("way %zu round %d: fact %d's line was written by the reset", w, round,
+                             i);
+            }
+            assert_int_equal(gw_body_fact(s, GW_F_N)->i, 0);
+            assert_int_equal(s->fact[GW_F_N].i, 2);
+            assert_int_equal(s->fact[GW_F_TOOLS].kind, SL_J_ARRAY);
+        }
+    }
+    gw_body_scan_free(s);
+}
+
 /* Integers beyond int64 make jansson read the body again with reals: the
  * facts follow (64.0 is then the integer 64, 2^53+1 a real), and a spliced
  * body keeps the big integer's digits as sent. */
@@ -424,14 +471,14 @@ static void test_bigint(void **state)
     assert_non_null(s);
     assert_int_equal(gw_body_scan(s, b, strlen(b), 0), GW_SCAN_OK);
     assert_true(s->bigint);
-    assert_int_equal(s->max_tokens.kind, SL_J_INT);
-    assert_int_equal(s->max_tokens.i, 64);
-    assert_int_equal(s->n.kind, SL_J_REAL);
+    assert_int_equal(gw_body_fact(s, GW_F_MAX_TOKENS)->kind, SL_J_INT);
+    assert_int_equal(gw_body_fact(s, GW_F_MAX_TOKENS)->i, 64);
+    assert_int_equal(gw_body_fact(s, GW_F_N)->kind, SL_J_REAL);
     json_t *j = intake(b, strlen(b));
     assert_true(json_is_integer(json_object_get(j, "max_tokens")));
     assert_true(json_is_real(json_object_get(j, "n")));
     json_decref(j);
-    assert_int_equal(gw_body_set(s, "model", &s->model, "\"x\"", 3), 0);
+    assert_int_equal(gw_body_set(s, "model", gw_body_fact(s, GW_F_MODEL), "\"x\"", 3), 0);
     char *out;
     size_t n;
     assert_int_equal(gw_body_splice_apply(s, &out, &n), 0);
@@ -453,7 +500,8 @@ static void test_splice_apply_buf(void **state)
     gw_body_scan_t *s = gw_body_scan_new();
     assert_non_null(s);
     assert_int_equal(gw_body_scan(s, b, strlen(b), 0), GW_SCAN_OK);
-    assert_int_equal(gw_body_set(s, "model", &s->model, "\"served-model\"", 14), 0);
+    assert_int_equal(gw_body_set(s, "model", gw_body_fact(s, GW_F_MODEL), "\"served-model\"", 14),
+                     0);
     char buf[64], *out;
     size_t n;
     memset(buf, 'z', sizeof(buf));
@@ -489,11 +537,11 @@ static void test_key_forms(void **state)
     gw_body_scan_t *s = gw_body_scan_new();
     assert_non_null(s);
     assert_int_equal(gw_body_scan(s, b, strlen(b), GW_SCAN_MSGS), GW_SCAN_OK);
-    assert_int_equal(s->model.kind, SL_J_STRING);
-    assert_true(sl_text_is(s->model.s, "m"));
-    assert_span(b, &s->model, "\"m\"");
-    assert_int_equal(s->max_tokens.i, 4);
-    assert_int_equal(s->top.members, 8);
+    assert_int_equal(gw_body_fact(s, GW_F_MODEL)->kind, SL_J_STRING);
+    assert_true(sl_text_is(gw_body_fact(s, GW_F_MODEL)->s, "m"));
+    assert_span(b, gw_body_fact(s, GW_F_MODEL), "\"m\"");
+    assert_int_equal(gw_body_fact(s, GW_F_MAX_TOKENS)->i, 4);
+    assert_int_equal(gw_body_fact(s, GW_F_TOP)->members, 8);
     assert_int_equal(s->chat.nmsgs, 1);
     assert_true(sl_text_is(s->chat.msgs[0].role, "user"));
     assert_true(sl_text_is(s->chat.msgs[0].content, "hi"));
@@ -543,11 +591,11 @@ static void test_integer_bounds(void **state)
             assert_true(json_is_real(mt));
         } else {
             assert_false(s->bigint);
-            assert_int_equal(s->max_tokens.kind, SL_J_INT);
-            assert_true(s->max_tokens.i == cases[i].v);
+            assert_int_equal(gw_body_fact(s, GW_F_MAX_TOKENS)->kind, SL_J_INT);
+            assert_true(gw_body_fact(s, GW_F_MAX_TOKENS)->i == cases[i].v);
             assert_true(json_integer_value(mt) == cases[i].v);
         }
-        assert_span(b, &s->max_tokens, cases[i].num);
+        assert_span(b, gw_body_fact(s, GW_F_MAX_TOKENS), cases[i].num);
         json_decref(j);
     }
     gw_body_scan_free(s);
@@ -605,14 +653,17 @@ static void check_edits(const char *body)
     assert_non_null(s);
     if (gw_body_scan(s, body, strlen(body), 0) != GW_SCAN_OK)
         fail_msg("not scanned: %s", body);
-    size_t first = s->model.off;
-    if (s->max_tokens.kind != SL_J_ABSENT && s->max_tokens.off < first)
-        first = s->max_tokens.off;
-    if (s->stream_options.kind != SL_J_ABSENT && s->stream_options.off < first)
-        first = s->stream_options.off;
-    assert_int_equal(gw_body_set(s, "model", &s->model, "\"served\"", 8), 0);
-    assert_int_equal(gw_body_set(s, "max_tokens", &s->max_tokens, "100", 3), 0);
-    assert_int_equal(gw_body_set(s, "max_tokens", &s->max_tokens, "7", 1), 0); /* set again */
+    size_t first = gw_body_fact(s, GW_F_MODEL)->off;
+    if (gw_body_fact(s, GW_F_MAX_TOKENS)->kind != SL_J_ABSENT &&
+        gw_body_fact(s, GW_F_MAX_TOKENS)->off < first)
+        first = gw_body_fact(s, GW_F_MAX_TOKENS)->off;
+    if (gw_body_fact(s, GW_F_STREAM_OPTIONS)->kind != SL_J_ABSENT &&
+        gw_body_fact(s, GW_F_STREAM_OPTIONS)->off < first)
+        first = gw_body_fact(s, GW_F_STREAM_OPTIONS)->off;
+    assert_int_equal(gw_body_set(s, "model", gw_body_fact(s, GW_F_MODEL), "\"served\"", 8), 0);
+    assert_int_equal(gw_body_set(s, "max_tokens", gw_body_fact(s, GW_F_MAX_TOKENS), "100", 3), 0);
+    assert_int_equal(gw_body_set(s, "max_tokens", gw_body_fact(s, GW_F_MAX_TOKENS), "7", 1),
+                     0); /* set again */
     assert_int_equal(gw_body_set_include_usage(s), 0);
     assert_int_equal(gw_body_set_include_usage(s), 0); /* a second time: nothing more */
     char *out;
@@ -681,8 +732,8 @@ static void test_splice_bytes(void **state)
     char q[64];
     size_t qn;
     assert_int_equal(gw_json_quote("served-model", 12, q, sizeof(q), &qn), 0);
-    assert_int_equal(gw_body_set(s, "model", &s->model, q, qn), 0);
-    assert_int_equal(gw_body_set(s, "max_tokens", &s->max_tokens, "2048", 4), 0);
+    assert_int_equal(gw_body_set(s, "model", gw_body_fact(s, GW_F_MODEL), q, qn), 0);
+    assert_int_equal(gw_body_set(s, "max_tokens", gw_body_fact(s, GW_F_MAX_TOKENS), "2048", 4), 0);
     assert_int_equal(gw_body_set(s, "max_completion_tokens", NULL, "5", 1), 0);
     assert_true(gw_body_edited(s));
     char *out;
@@ -1019,8 +1070,8 @@ static void test_skeleton_same(void **state)
     assert_true(s->elided > 40 * 250);
     assert_int_equal(s->chat.msgs[1].content.len, 300 + 1 + 1);
     assert_int_equal(s->chat.msgs[1].content.p[300], '\n');
-    assert_int_equal(s->max_tokens.i, 5);
-    assert_memory_equal(b + s->max_tokens.off, "5", 1);
+    assert_int_equal(gw_body_fact(s, GW_F_MAX_TOKENS)->i, 5);
+    assert_memory_equal(b + gw_body_fact(s, GW_F_MAX_TOKENS)->off, "5", 1);
     gw_body_scan_free(s);
     free(b);
     assert_true(checked > 10000);
@@ -1069,16 +1120,16 @@ static void test_shapes(void **state)
     st = gw_body_scan_shape_stats();
     assert_int_equal(st.hits - st0.hits, 1);
     assert_ptr_equal(s->body, b2);
-    shape_check_text(s->model.s, "m2");
-    assert_memory_equal(b2 + s->model.off, "\"m2\"", 4);
-    assert_int_equal(s->model.end, s->model.off + 4);
-    assert_int_equal(s->max_tokens.kind, SL_J_INT);
-    assert_true(s->max_tokens.i == -123456789012345678LL);
-    assert_memory_equal(b2 + s->max_tokens.off, "-123456789012345678}", 20);
-    assert_int_equal(s->max_tokens.end, n2 - 1);
-    assert_int_equal(s->top.end, n2);
-    assert_int_equal(s->top.close, n2 - 1);
-    assert_int_equal(s->top.members, 3);
+    shape_check_text(gw_body_fact(s, GW_F_MODEL)->s, "m2");
+    assert_memory_equal(b2 + gw_body_fact(s, GW_F_MODEL)->off, "\"m2\"", 4);
+    assert_int_equal(gw_body_fact(s, GW_F_MODEL)->end, gw_body_fact(s, GW_F_MODEL)->off + 4);
+    assert_int_equal(gw_body_fact(s, GW_F_MAX_TOKENS)->kind, SL_J_INT);
+    assert_true(gw_body_fact(s, GW_F_MAX_TOKENS)->i == -123456789012345678LL);
+    assert_memory_equal(b2 + gw_body_fact(s, GW_F_MAX_TOKENS)->off, "-123456789012345678}", 20);
+    assert_int_equal(gw_body_fact(s, GW_F_MAX_TOKENS)->end, n2 - 1);
+    assert_int_equal(gw_body_fact(s, GW_F_TOP)->end, n2);
+    assert_int_equal(gw_body_fact(s, GW_F_TOP)->close, n2 - 1);
+    assert_int_equal(gw_body_fact(s, GW_F_TOP)->members, 3);
     assert_int_equal(s->chat.nmsgs, 2);
     shape_check_text(s->chat.msgs[0].role, "system");
     shape_check_text(s->chat.msgs[0].content, "");
@@ -1086,8 +1137,8 @@ static void test_shapes(void **state)
     shape_check_text(s->chat.msgs[1].content, "caf\xc3\xa9 sea, longer than before by far");
     assert_ptr_equal(s->chat.msgs[1].content.p, strstr(b2, "caf"));
     /* the splices land on the new body's bytes */
-    assert_int_equal(gw_body_set(s, "model", &s->model, "\"x\"", 3), 0);
-    assert_int_equal(gw_body_set(s, "max_tokens", &s->max_tokens, "9", 1), 0);
+    assert_int_equal(gw_body_set(s, "model", gw_body_fact(s, GW_F_MODEL), "\"x\"", 3), 0);
+    assert_int_equal(gw_body_set(s, "max_tokens", gw_body_fact(s, GW_F_MAX_TOKENS), "9", 1), 0);
     char *out;
     size_t olen;
     assert_int_equal(gw_body_splice_apply(s, &out, &olen), 0);
@@ -1140,7 +1191,7 @@ static void test_shapes(void **state)
     memcpy(strstr(b4, "\"max_tokens\""), "\"max_tokenz\"", 12);
     assert_int_equal(gw_body_scan(s, b4, n1, GW_SCAN_MSGS), GW_SCAN_OK);
     assert_int_equal(gw_body_scan_shape_stats().hits, a.hits);
-    assert_int_equal(s->max_tokens.kind, SL_J_ABSENT);
+    assert_int_equal(gw_body_fact(s, GW_F_MAX_TOKENS)->kind, SL_J_ABSENT);
 
     /* the thread keeps a few: 4 shapes in turn all hit, 5 all miss (LRU) */
     for (int k = 4; k <= 5; k++) {
@@ -1153,8 +1204,10 @@ static void test_shapes(void **state)
                 size_t n = (size_t)snprintf(b3, sizeof(b3), "{\"model\":\"m%d\",%s\"n\":%d}", round,
                                             pad, j);
                 assert_int_equal(gw_body_scan(s, b3, n, 0), GW_SCAN_OK);
-                assert_int_equal(s->n.i, j);
-                shape_check_text(s->model.s, round == 0 ? "m0" : round == 1 ? "m1" : "m2");
+                assert_int_equal(gw_body_fact(s, GW_F_N)->i, j);
+                shape_check_text(gw_body_fact(s, GW_F_MODEL)->s, round == 0   ? "m0"
+                                                                 : round == 1 ? "m1"
+                                                                              : "m2");
             }
         gw_shape_stats_t z = gw_body_scan_shape_stats();
         assert_int_equal(z.hits - a.hits, k == 4 ? 8 : 0);
@@ -1215,11 +1268,11 @@ static void test_shapes_escaped(void **state)
         n = shape_body(b, sizeof(b), hits[i].model, hits[i].sys, hits[i].user, "7");
         shape_esc_case(s, b, n, true, GW_SCAN_OK);
         assert_int_equal(gw_body_scan(s, b, n, GW_SCAN_MSGS), GW_SCAN_OK);
-        shape_check_text(s->model.s, hits[i].want_model);
+        shape_check_text(gw_body_fact(s, GW_F_MODEL)->s, hits[i].want_model);
         shape_check_text(s->chat.msgs[0].content, hits[i].want_sys);
         shape_check_text(s->chat.msgs[1].content, hits[i].want_user);
-        assert_int_equal(s->max_tokens.i, 7);
-        assert_memory_equal(b + s->max_tokens.off, "7}", 2);
+        assert_int_equal(gw_body_fact(s, GW_F_MAX_TOKENS)->i, 7);
+        assert_memory_equal(b + gw_body_fact(s, GW_F_MAX_TOKENS)->off, "7}", 2);
         /* a text without escapes is the body's bytes, one with a copy */
         const sl_text_t *u = &s->chat.msgs[1].content;
         bool in_body = u->p >= b && u->p < b + n;
@@ -1304,7 +1357,7 @@ static void test_shapes_backoff(void **state)
     for (int i = 0; i < 60; i++) {
         size_t n = (size_t)snprintf(b, sizeof(b), "{\"model\":\"m%d\",\"n\":%d}", i, i);
         assert_int_equal(gw_body_scan(s, b, n, 0), GW_SCAN_OK);
-        assert_int_equal(s->n.i, i); /* tried or not, the right answer */
+        assert_int_equal(gw_body_fact(s, GW_F_N)->i, i); /* tried or not, the right answer */
         gw_shape_stats_t z = gw_body_scan_shape_stats();
         if (first < 0 && z.hits > a.hits)
             first = i;
@@ -1349,6 +1402,7 @@ int main(void)
         cmocka_unit_test(test_byte_pass_every_offset),
         cmocka_unit_test(test_byte_pass_short_tails),
         cmocka_unit_test(test_handle_reuse),
+        cmocka_unit_test(test_reset_leaves_fact_lines),
         cmocka_unit_test(test_many_keys_and_depth),
         cmocka_unit_test(test_facts),
         cmocka_unit_test(test_reset_forgets),
