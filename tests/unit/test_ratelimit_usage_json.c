@@ -165,13 +165,20 @@ typedef struct {
     size_t n;
 } buf_t;
 
-static void put(buf_t *b, const char *s)
+/* Appends s to the cap bytes at b (n used) when it fits, a byte kept for a
+ * terminator; else leaves them as they are. */
+static void append(char *b, size_t cap, size_t *n, const char *s)
 {
     size_t k = strlen(s);
-    if (b->n + k < sizeof(b->b)) {
-        memcpy(b->b + b->n, s, k);
-        b->n += k;
+    if (*n + k < cap) {
+        memcpy(b + *n, s, k);
+        *n += k;
     }
+}
+
+static void put(buf_t *b, const char *s)
+{
+    append(b->b, sizeof(b->b), &b->n, s);
 }
 
 static const char *ws(void)
@@ -542,11 +549,7 @@ typedef struct {
 
 static void sput(sbuf_t *b, const char *s)
 {
-    size_t k = strlen(s);
-    if (b->n + k < sizeof(b->b)) {
-        memcpy(b->b + b->n, s, k);
-        b->n += k;
-    }
+    append(b->b, sizeof(b->b), &b->n, s);
 }
 
 /* A string's interior: pieces of ASCII words, UTF-8, escapes and odd ones. */
