@@ -146,7 +146,7 @@ $(BUILD)/tests/%: tests/unit/%.c $(UNIT_HELP) $(LIB)
 
 # Corpus replay: the fuzz target linked with a plain main() that feeds it every
 # file of its corpus. Works with gcc; `make fuzz` builds the libFuzzer versions.
-$(BUILD)/fuzz/%: tests/fuzz/%.c tests/fuzz/replay_main.c $(LIB)
+$(BUILD)/fuzz/%: tests/fuzz/%.c tests/fuzz/replay_main.c $(wildcard tests/fuzz/*.h) $(LIB)
 	@mkdir -p $(dir $@)
 	@[ -n "$(Q)" ] && echo "  FUZZ  $@" || true
 	$(Q)$(CC) $(CFLAGS) $(NO_LTO) $(LDFLAGS) -o $@ $< tests/fuzz/replay_main.c $(LIB) $(LDLIBS)

@@ -14,16 +14,9 @@
 #include <unistd.h>
 
 #include "filters/flt_internal.h"
+#include "tests/fuzz/fuzz_util.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define FZ_ASSERT(c)                                                                               \
-    do {                                                                                           \
-        if (!(c)) {                                                                                \
-            fprintf(stderr, "%s:%d: failed: %s\n", __FILE__, __LINE__, #c);                        \
-            abort();                                                                               \
-        }                                                                                          \
-    } while (0)
 
 static flt_ruleset_t *fz_rs;
 
@@ -34,13 +27,8 @@ static flt_ruleset_t *fz_build(void)
         {"start", "^hi", FLT_ACTION_MASK},
         {"evil", "ev+il", FLT_ACTION_BLOCK},
     };
-    char tmpl[] = "/tmp/fuzz_ans_XXXXXX";
-    int fd = mkstemp(tmpl);
-    const char *words = "bad\nab\n敏感\nＸＹ\n";
-    if (fd < 0 || write(fd, words, strlen(words)) != (ssize_t)strlen(words))
-        abort();
-    close(fd);
-    flt_conf_words_t w[1] = {{tmpl, FLT_ACTION_MASK, "fz_mask"}};
+    char *path = fz_file("bad\nab\n敏感\nＸＹ\n");
+    flt_conf_words_t w[1] = {{path, FLT_ACTION_MASK, "fz_mask"}};
     flt_conf_t c;
     flt_conf_defaults(&c);
     c.words = w;
@@ -49,7 +37,8 @@ static flt_ruleset_t *fz_build(void)
     c.nregex = SL_ARRAY_LEN(re);
     char err[256];
     flt_ruleset_t *rs = flt_ruleset_build(&c, err, sizeof err);
-    unlink(tmpl);
+    unlink(path);
+    free(path);
     if (!rs) {
         fprintf(stderr, "fuzz ruleset: %s\n", err);
         abort();

@@ -41,6 +41,7 @@
 
 #include "filters/filters.h"
 #include "gateway/gw_flt_resp.h"
+#include "tests/fuzz/fuzz_util.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -48,28 +49,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 #define FZ_MAX_LINE 1024
 #define FZ_MAX_P    8
 
-#define FZ_ASSERT(c)                                                                               \
-    do {                                                                                           \
-        if (!(c)) {                                                                                \
-            fprintf(stderr, "%s:%d: failed: %s\n", __FILE__, __LINE__, #c);                        \
-            abort();                                                                               \
-        }                                                                                          \
-    } while (0)
-
 /* ---- the rules --------------------------------------------------------- */
 
 static const char *fz_mask_words = "badword\nab\nx y\n敏感\n";
 static const char *fz_block_words = "evil\nzq\n";
-
-static char *fz_file(const char *content)
-{
-    char tmpl[] = "/tmp/fuzz_resp_XXXXXX";
-    int fd = mkstemp(tmpl);
-    FZ_ASSERT(fd >= 0);
-    FZ_ASSERT(write(fd, content, strlen(content)) == (ssize_t)strlen(content));
-    close(fd);
-    return strdup(tmpl);
-}
 
 /* 0 mask words; 1 mask and block words; 2 mask words and regexes; 3 all */
 static flt_ruleset_t *fz_build(int with_regex, int with_block)

@@ -22,18 +22,11 @@
 #include <unistd.h>
 
 #include "filters/flt_internal.h"
+#include "tests/fuzz/fuzz_util.h"
 
 #define FZ_MAX_TEXT 4096
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define FZ_ASSERT(c)                                                                               \
-    do {                                                                                           \
-        if (!(c)) {                                                                                \
-            fprintf(stderr, "%s:%d: failed: %s\n", __FILE__, __LINE__, #c);                        \
-            abort();                                                                               \
-        }                                                                                          \
-    } while (0)
 
 static const char *fz_mask_words = "ab\nabc\nbcd\n敏感\n感词\nＸＹ\na b\nhe\nshe\nhers\n";
 static const char *fz_log_words = "zz\n";
@@ -43,18 +36,6 @@ static const char *fz_naive_words[] = {"ab", "abc", "bcd", "敏感", "感词",
 #define FZ_LONGEST_WORD 6 /* bytes: 敏感 */
 
 static flt_ruleset_t *fz_rs_mask, *fz_rs_words, *fz_rs_block;
-
-static char *fz_file(const char *content)
-{
-    char tmpl[] = "/tmp/fuzz_flt_XXXXXX";
-    int fd = mkstemp(tmpl);
-    if (fd < 0)
-        abort();
-    if (write(fd, content, strlen(content)) != (ssize_t)strlen(content))
-        abort();
-    close(fd);
-    return strdup(tmpl);
-}
 
 static flt_ruleset_t *fz_build(int with_regex, int with_block)
 {
