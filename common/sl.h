@@ -14,6 +14,7 @@
 #ifndef SL_H
 #define SL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -64,6 +65,51 @@ static inline SL_WUR void *sl_zalloc(size_t n)
     if (p)
         memset(p, 0, n);
     return p;
+}
+
+/* The end of the ASCII run at s[i..n): the first byte >= 0x80, or n.
+ * Eight bytes a step where there are eight. */
+static inline size_t sl_ascii_end(const void *s, size_t i, size_t n)
+{
+    const unsigned char *u = s;
+    uint64_t x;
+    while (i + 8 <= n && (memcpy(&x, u + i, 8), !(x & 0x8080808080808080ull)))
+        i += 8;
+    while (i < n && u[i] < 0x80)
+        i++;
+    return i;
+}
+
+/* Whether s[0..n) is all ASCII: no byte >= 0x80 (every byte read, eight
+ * a step, no branch per word: for short runs that are mostly ASCII). */
+static inline bool sl_ascii_all(const void *s, size_t n)
+{
+    const unsigned char *u = s;
+    uint64_t acc = 0, w;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        memcpy(&w, u + i, 8);
+        acc |= w;
+    }
+    for (; i < n; i++)
+        acc |= u[i];
+    return (acc & 0x8080808080808080ull) == 0;
+}
+
+/* The two counts of UTF-8 text s[0..n) that a token estimate weighs:
+ * ASCII bytes added to *ascii, other characters (lead bytes) to *other. */
+static inline void sl_text_chars(const char *s, size_t n, int64_t *ascii, int64_t *other)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    int64_t a = 0, o = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (u[i] < 0x80)
+            a++;
+        else if ((u[i] & 0xc0) != 0x80)
+            o++;
+    }
+    *ascii += a;
+    *other += o;
 }
 
 /* Constant-time comparison of two byte strings of possibly different length;

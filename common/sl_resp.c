@@ -123,12 +123,7 @@ static int sl_r_string(void *ctx, const unsigned char *s, size_t n)
     } else if (key == SL_RK_DELTA) {
         /* the last delta member counts, as a tree would keep it */
         int64_t ascii = 0, other = 0;
-        for (size_t i = 0; i < n; i++) {
-            if (s[i] < 0x80)
-                ascii++;
-            else if ((s[i] & 0xc0) != 0x80)
-                other++;
-        }
+        sl_text_chars((const char *)s, n, &ascii, &other);
         p->got_delta = true;
         p->out->ascii = ascii;
         p->out->other = other;
@@ -396,12 +391,7 @@ static void sl_rshape_learn(const char *data, size_t end)
  * 10xxxxxx as it says; no overlong or surrogate test). */
 static bool sl_resp_yajl_utf8(const unsigned char *s, size_t n)
 {
-    size_t i = 0;
-    for (uint64_t w; i + 8 <= n; i += 8) { /* ASCII, 8 bytes at a time */
-        memcpy(&w, s + i, 8);
-        if (w & 0x8080808080808080u)
-            break;
-    }
+    size_t i = sl_ascii_end(s, 0, n);
     while (i < n) {
         unsigned char c = s[i++];
         size_t more = c < 0x80           ? 0

@@ -306,7 +306,7 @@ bool flt_ac_clean_from(const flt_ac_t *ac, uint32_t st, const unsigned char *s, 
 {
     size_t i = 0;
     while (i < n) {
-        size_t j = flt_ascii_end(s, i, n);
+        size_t j = sl_ascii_end(s, i, n);
         if (!flt_ac_ascii_run(ac, &st, s + i, j - i))
             return false;
         /* ac_step lowers the byte, as the dense rows do: the same states

@@ -18,6 +18,7 @@
 #include <yajl/yajl_parse.h>
 
 #include "common/metrics.h"
+#include "common/sl.h"
 #include "common/yheap.h"
 #include "filters/filters.h"
 
@@ -252,18 +253,6 @@ flt_chan_rc_t flt_text_filter(const flt_ruleset_t *rs, const char *s, size_t n,
 /* flt_text_filter without its flt_text_clean shortcut: the channel alone
  * (what the shortcut must agree with). */
 flt_chan_rc_t flt_chan_text(const flt_ruleset_t *rs, const char *s, size_t n, sl_buf_t *out) SL_WUR;
-
-/* The end of the ASCII run at s[i..n): the first byte >= 0x80, or n. Eight
- * bytes a step where there are eight. */
-static inline size_t flt_ascii_end(const unsigned char *s, size_t i, size_t n)
-{
-    uint64_t x;
-    while (i + 8 <= n && (memcpy(&x, s + i, 8), !(x & 0x8080808080808080ull)))
-        i += 8;
-    while (i < n && s[i] < 0x80)
-        i++;
-    return i;
-}
 
 /* Appends text (valid UTF-8) as a JSON string, quotes included: only the
  * quote, the backslash and control characters are escaped (stream.c). */

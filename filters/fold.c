@@ -39,7 +39,7 @@ int flt_utf8_valid(const char *str, size_t n)
     while (i < n) {
         unsigned char c = s[i];
         if (c < 0x80) {
-            i = flt_ascii_end(s, i, n);
+            i = sl_ascii_end(s, i, n);
             continue;
         }
         size_t len;

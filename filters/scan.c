@@ -633,7 +633,7 @@ static size_t re_next(const flt_ruleset_t *rs, const unsigned char *u, size_t i,
 
 static bool scan_ascii(const unsigned char *u, size_t n)
 {
-    return flt_ascii_end(u, 0, n) == n;
+    return sl_ascii_end(u, 0, n) == n;
 }
 
 bool flt_text_clean(const flt_ruleset_t *rs, const char *s, size_t n)
@@ -658,7 +658,7 @@ bool flt_text_clean(const flt_ruleset_t *rs, const char *s, size_t n)
         if (r == FLT_AC_RUN_CLEAN)
             at = n;
     } else {
-        at = flt_ascii_end(u, 0, n);
+        at = sl_ascii_end(u, 0, n);
     }
     if (at < n) {
         if (!flt_utf8_valid(s + at, n - at) || !flt_fold_same(s + at, n - at))

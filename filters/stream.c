@@ -759,16 +759,7 @@ static bool tpl_plain_string(const char *s, size_t n)
          * below 16 the call and the second pass cost more than they save */
         if (sl_jshape_str_end(s, 0, n) != n)
             return false;
-        uint64_t hi = 0;
-        size_t i = 0;
-        for (; i + 8 <= n; i += 8) {
-            uint64_t w;
-            memcpy(&w, s + i, 8);
-            hi |= w;
-        }
-        for (; i < n; i++)
-            hi |= u[i];
-        ascii = !(hi & 0x8080808080808080u);
+        ascii = sl_ascii_all(s, n);
     } else {
         for (size_t i = 0; i < n; i++) {
             if (u[i] < 0x20 || u[i] == '"' || u[i] == '\\')

@@ -18,7 +18,7 @@
 int64_t rl_estimate_text_tokens(const char *s, size_t n)
 {
     int64_t ascii = 0, other = 0;
-    rl_text_chars(s, n, &ascii, &other);
+    sl_text_chars(s, n, &ascii, &other);
     return (ascii + 3) / 4 + other;
 }
 
@@ -382,7 +382,7 @@ void rl_stream_free(rl_stream_t *s)
 static void rl_chunk_count(rl_chunk_read_t *r, const json_t *v)
 {
     if (json_is_string(v))
-        rl_text_chars(json_string_value(v), json_string_length(v), &r->ascii, &r->other);
+        sl_text_chars(json_string_value(v), json_string_length(v), &r->ascii, &r->other);
 }
 
 void rl_chunk_read_tree(const json_t *j, rl_chunk_read_t *r)

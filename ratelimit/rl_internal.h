@@ -6,6 +6,7 @@
 #ifndef SL_RL_INTERNAL_H
 #define SL_RL_INTERNAL_H
 
+#include "common/sl.h"
 #include "ratelimit/ratelimit.h"
 
 /* Longest key kept as is ("u:" + sub, "i:" + address); longer ones are
@@ -91,22 +92,5 @@ unsigned rl_mem_hash(const char *key, size_t klen);
 /* Builds "u:<user>" / "i:<ip>" (or the hashed form) into out[RL_KEY_MAX+1];
  * returns its length. */
 size_t rl_key_make(char prefix, const char *s, char *out);
-
-/* The two counts rl_estimate_text_tokens() weighs, of s[0..n): ASCII
- * bytes added to *ascii, other characters (UTF-8 lead bytes) to *other.
- * The estimate, the stream's chunk reads (tree and bytes) all count so. */
-static inline void rl_text_chars(const char *s, size_t n, int64_t *ascii, int64_t *other)
-{
-    const unsigned char *u = (const unsigned char *)s;
-    int64_t a = 0, o = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (u[i] < 0x80)
-            a++;
-        else if ((u[i] & 0xc0) != 0x80)
-            o++;
-    }
-    *ascii += a;
-    *other += o;
-}
 
 #endif

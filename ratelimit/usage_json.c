@@ -467,7 +467,7 @@ static int rl_sj_string(void *ctx, const unsigned char *t, size_t n)
 {
     rl_sj_t *s = rl_sj_of(ctx);
     rl_cnt_t c = {0, 0, 0};
-    rl_text_chars((const char *)t, n, &c.a, &c.o);
+    sl_text_chars((const char *)t, n, &c.a, &c.o);
     if (s->rec) {
         int hole = rl_cs_rec_str(s->rec, s->u.h);
         if (hole >= 0)
@@ -745,19 +745,6 @@ uint64_t rl_chunk_shape_hits(void)
 }
 
 /* Whether p[0..n) is all ASCII (8 bytes at a time). */
-static bool rl_cs_ascii(const char *p, size_t n)
-{
-    uint64_t acc = 0, w;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        memcpy(&w, p + i, 8);
-        acc |= w;
-    }
-    for (; i < n; i++)
-        acc |= (unsigned char)p[i];
-    return (acc & 0x8080808080808080ull) == 0;
-}
-
 /* The two counts of a string's interior p[0..n) whose escapes jshape
  * vouched for (JSTR), decoded: one ASCII byte for each escape of one and
  * for \u0001-\u007f, one other character for any other \u (BMP) and for a
@@ -768,7 +755,7 @@ static void rl_cs_count_esc(const char *p, size_t n, int64_t *a, int64_t *o)
     while (i < n) {
         const char *b = memchr(p + i, '\\', n - i);
         size_t run = b ? (size_t)(b - p) - i : n - i;
-        rl_text_chars(p + i, run, a, o);
+        sl_text_chars(p + i, run, a, o);
         i += run;
         if (i == n)
             break;
@@ -800,7 +787,7 @@ static bool rl_cs_utf8(const sl_jshape_t *sh, const char *data, const sl_jspan_t
 {
     for (size_t i = 0; i < sh->nholes; i++) {
         const char *p = data + got[i].off;
-        if (sh->kind[i] != SL_JHOLE_INT && !rl_cs_ascii(p, got[i].len) &&
+        if (sh->kind[i] != SL_JHOLE_INT && !sl_ascii_all(p, got[i].len) &&
             u8_check((const uint8_t *)p, got[i].len) != NULL)
             return false;
     }
@@ -828,7 +815,7 @@ static bool rl_cs_find(const char *data, size_t len, rl_chunk_read_t *out)
             if (esc >> h & 1)
                 rl_cs_count_esc(data + got[h].off, got[h].len, &out->ascii, &out->other);
             else
-                rl_text_chars(data + got[h].off, got[h].len, &out->ascii, &out->other);
+                sl_text_chars(data + got[h].off, got[h].len, &out->ascii, &out->other);
         }
         out->choices_empty = d->choices_empty;
         sl_jshape_cache_hit(c, i);
