@@ -19,6 +19,11 @@
 #             8 events (build/tools/bench_upstream -n 8), the output filter on
 #             every event; against nginx-sse (proxy_buffering off) in the
 #             same rounds (BENCH_SSE=0 skips them)
+#   floor     build/tools/floor_relay: every client connection relayed
+#             byte for byte to its own upstream connection, unread — the
+#             kernel work any proxy pays per request and next to no user
+#             space: the lowest CPU per request a proxy can reach here
+#             (BENCH_FLOOR=0 leaves it out)
 #   goals: plain <= 0.8 x nginx, full <= 1.0 x nginx, full-sse <= 1.0 x nginx-sse
 # With SLUICE_BASE_BIN (e.g. a build of main) plain and full also run on that
 # binary (plain@base, full@base): before and after in the same run.
@@ -52,11 +57,13 @@ SIZES=${BENCH_SIZES-"1 16 256 1024"}
 SIZES_ONLY=${BENCH_SIZES_ONLY:-0}
 SIZE_CONNS=${BENCH_SIZE_CONNS:-4}
 SSE=${BENCH_SSE:-1}
+FLOOR=${BENCH_FLOOR:-1}
 
 UP_PORT=$((PORT_BASE + 1))
 NGX_PORT=$((PORT_BASE + 2))
 SSE_UP_PORT=$((PORT_BASE + 3))
 NGX_SSE_PORT=$((PORT_BASE + 4))
+FLOOR_PORT=$((PORT_BASE + 5))
 
 for c in wrk taskset python3 "$NGINX_BIN" "$SLUICE_BIN"; do
     command -v "$c" >/dev/null || { echo "bench: $c not found" >&2; exit 1; }
@@ -74,6 +81,7 @@ fi
 . "$ROOT/bench/lib.sh"
 
 CONFIGS="nginx plain full"
+[ "$FLOOR" = 1 ] && CONFIGS="nginx floor plain full"
 [ -n "$SLUICE_BASE_BIN" ] && CONFIGS="$CONFIGS plain@base full@base"
 if [ "$SSE" = 1 ]; then
     CONFIGS="$CONFIGS nginx-sse full-sse"
@@ -88,6 +96,7 @@ port_of() { # one sluice per binary and conf; the size runs share "plain"'s
     case $1 in
     nginx | ngxsize*) echo "$NGX_PORT" ;;
     nginx-sse) echo "$NGX_SSE_PORT" ;;
+    floor) echo "$FLOOR_PORT" ;;
     full-sse) echo $((PORT_BASE + 16)) ;;
     full-sse@base) echo $((PORT_BASE + 17)) ;;
     plain) echo $((PORT_BASE + 10)) ;;
@@ -99,7 +108,7 @@ port_of() { # one sluice per binary and conf; the size runs share "plain"'s
     esac
 }
 
-ports_free "$UP_PORT" "$NGX_PORT" "$SSE_UP_PORT" "$NGX_SSE_PORT" $(seq $((PORT_BASE + 10)) $((PORT_BASE + 17)))
+ports_free "$UP_PORT" "$NGX_PORT" "$SSE_UP_PORT" "$NGX_SSE_PORT" "$FLOOR_PORT" $(seq $((PORT_BASE + 10)) $((PORT_BASE + 17)))
 
 # ---- the upstream: nginx answering every request with a 282-byte chat.completion
 [ ${#REALISTIC_ANSWER} = 282 ] || { echo "bench: the answer is ${#REALISTIC_ANSWER} bytes" >&2; exit 1; }
@@ -116,6 +125,14 @@ NGX_PID=$LAST
 wait_port "$NGX_PORT" "$LAST"
 # nginx's worker is the child doing the work; count the master too (idle).
 NGX_PIDS="$NGX_PID $(pgrep -P "$NGX_PID" | tr '\n' ' ')"
+
+# ---- the floor: a relay that reads nothing (tests/tools/floor_relay.c)
+if [ "$FLOOR" = 1 ]; then
+    spawn taskset -c "$PROXY_CPU" "$ROOT/build/tools/floor_relay" -l "127.0.0.1:$FLOOR_PORT" \
+        -u "127.0.0.1:$UP_PORT"
+    FLOOR_PID=$LAST
+    wait_port "$FLOOR_PORT" "$LAST"
+fi
 
 # ---- the SSE workload: an upstream streaming 8 events, nginx relaying it
 if [ "$SSE" = 1 ]; then
@@ -186,6 +203,7 @@ run() { # $1 config, $2 round ("warm" = not recorded)
     case $c in
     nginx | ngxsize*) pids=$NGX_PIDS ;;
     nginx-sse) pids=$NGX_SSE_PIDS ;;
+    floor) pids=$FLOOR_PID ;;
     size*@base) pids=${SPID[size@base]} ;;
     size*) pids=${SPID[size]} ;;
     *) pids=${SPID[$c]} ;;
@@ -247,15 +265,29 @@ for c in rows:
 if "nginx" in rows:
     print("\n| CPU per request / nginx's (same round) | median | min–max | goal |")
     print("| --- | --- | --- | --- |")
-    goals = {"plain": "≤ 0.8", "full": "≤ 1.0", "plain@base": "", "full@base": "",
+    goals = {"floor": "(no proxy does less)", "plain": "≤ 0.8", "full": "≤ 1.0", "plain@base": "", "full@base": "",
              "full-sse": "≤ 1.0 (÷ nginx-sse)", "full-sse@base": "(÷ nginx-sse)"}
-    for c in ("plain", "full", "plain@base", "full@base", "full-sse", "full-sse@base"):
+    for c in ("floor", "plain", "full", "plain@base", "full@base", "full-sse", "full-sse@base"):
         if c not in rows:
             continue
         ref = "nginx-sse" if "-sse" in c else "nginx"
         rs = [x["cpu_us"] / y["cpu_us"] for x, y in zip(rows[c], rows[ref])]
         print("| %s | %.2f | %.2f–%.2f | %s |" % (c, statistics.median(rs), min(rs), max(rs),
                                                 goals[c]))
+if "floor" in rows and "nginx" in rows:
+    # What a goal as a ratio to nginx leaves above the floor: the CPU any
+    # proxy's HTTP work (parse, route, rewrite, policy) may cost per request.
+    def above(c):
+        return [x["cpu_us"] - f["cpu_us"] for x, f in zip(rows[c], rows["floor"])]
+    def span(v):
+        return "%.2f (%.2f–%.2f)" % (statistics.median(v), min(v), max(v))
+    print("\n| above the floor, µs per request (same round) | median (min–max) |")
+    print("| --- | --- |")
+    for c in ("nginx", "plain", "full"):
+        if c in rows:
+            print("| %s | %s |" % (c, span(above(c))))
+    room = [0.8 * n["cpu_us"] - f["cpu_us"] for n, f in zip(rows["nginx"], rows["floor"])]
+    print("| what plain's goal (≤ 0.8 × nginx) leaves above the floor | %s |" % span(room))
 sizes = sorted(int(c[4:]) for c in rows if c.startswith("size") and "@" not in c)
 if len(sizes) >= 2 and sizes[0] == 1:
     # µs per KiB beyond the first, for each proxy: (cpu(k) - cpu(1)) / (k - 1)

@@ -26,6 +26,11 @@
 # SCALE_ROUNDS (1: rounds of part 2, all binaries and nginx interleaved in
 # each; with more than one, a summary of medians and ranges follows),
 # SCALE_NGINX (1: nginx as a proxy in part 2's rows, 0 to leave it out),
+# SCALE_FLOOR (1: build/tools/floor_relay in part 2's rows, a relay that
+# reads nothing — each client connection byte for byte to its own upstream
+# connection — the least CPU per request any proxy pays here, and its own
+# ratio from the first to the last concurrency; "run" figures only, it
+# counts no requests; 0 to leave it out),
 # SCALE_PERF (0; 1: `perf stat -p` on each measured run, its counts per
 # request: syscalls by kind, context switches, page faults; the list is
 # SCALE_PERF_EVENTS), SCALE_PERF_DIR (a folder: `perf record` of each
@@ -49,6 +54,7 @@ BINS=${SCALE_BINS:-sluice=$ROOT/build/sluice}
 PHASES=${SCALE_PHASES:-1 2 4}
 ROUNDS=${SCALE_ROUNDS:-1}
 WITH_NGINX=${SCALE_NGINX:-1}
+WITH_FLOOR=${SCALE_FLOOR:-1}
 SCALE_PERF=${SCALE_PERF:-0}
 PERF_DIR=${SCALE_PERF_DIR:-}
 PERF_EVENTS=${SCALE_PERF_EVENTS:-raw_syscalls:sys_enter,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_epoll_ctl,syscalls:sys_enter_accept4,syscalls:sys_enter_close,syscalls:sys_enter_connect,syscalls:sys_enter_readv,syscalls:sys_enter_read,syscalls:sys_enter_writev,syscalls:sys_enter_write,syscalls:sys_enter_setsockopt,context-switches,page-faults}
@@ -57,6 +63,7 @@ phase() { [[ " $PHASES " == *" $1 "* ]]; }
 UP_PORT=$((PORT_BASE + 1))   # nginx `return 200`
 HOLD_PORT=$((PORT_BASE + 3)) # bench_upstream -H: holds streams open
 NGINX_PORT=$((PORT_BASE + 10))
+FLOOR_PORT=$((PORT_BASE + 11))
 
 for c in wrk taskset curl python3 "$NGINX_BIN" "$TOOLS/bench_upstream" "$TOOLS/bench_ttfe"; do
     command -v "$c" >/dev/null || { echo "scale: $c missing" >&2; exit 1; }
@@ -218,7 +225,9 @@ cpu_split() {
 # series), nginx's stub_status.
 # Empty when it could not be read (then the steady figure is "n/a").
 served() {
-    if [ "$1" = nginx ]; then
+    if [ "$1" = floor ]; then
+        return 0
+    elif [ "$1" = nginx ]; then
         { curl -s --max-time 5 "http://127.0.0.1:$NGINX_PORT/nginx_status" || true; } |
             awk 'NR == 3 { print $3 }'
     else
@@ -251,6 +260,15 @@ if phase 2; then
         PORT[nginx]=$NGINX_PORT
         PID[nginx]=$NP_WORKER
     fi
+    if [ "$WITH_FLOOR" = 1 ]; then
+        spawn taskset -c "$PROXY_CPU" "$TOOLS/floor_relay" -l "127.0.0.1:$FLOOR_PORT" \
+            -u "127.0.0.1:$UP_PORT"
+        FLOOR_PID=$LAST
+        wait_port "$FLOOR_PORT" "$FLOOR_PID"
+        targets+=(floor)
+        PORT[floor]=$FLOOR_PORT
+        PID[floor]=$FLOOR_PID
+    fi
     for n in "${targets[@]}"; do
         taskset -c "$LOAD_CPU" wrk -t1 -c1 -d1s -s "$ROOT/bench/post.lua" \
             "http://127.0.0.1:${PORT[$n]}/v1/chat/completions" >/dev/null
@@ -274,7 +292,7 @@ if phase 2; then
                     >/dev/null 2>&1 || true
                 read -r u0 s0 < <(cpu_split "$pid")
                 o0=0
-                [ "$n" = nginx ] || o0=$(metric "${APORT[$n]}" "$NEWS")
+                [ "$n" = nginx ] || [ "$n" = floor ] || o0=$(metric "${APORT[$n]}" "$NEWS")
                 # The measured run lasts 2 x SCALE_DURATION. "run" is all of
                 # it: wrk's $c connects at its start and closes at its end
                 # included (at 5,000 connections a connection carries only a
@@ -322,7 +340,7 @@ if phase 2; then
                 fi
                 read -r u1 s1 < <(cpu_split "$pid")
                 o1=0
-                [ "$n" = nginx ] || o1=$(metric "${APORT[$n]}" "$NEWS")
+                [ "$n" = nginx ] || [ "$n" = floor ] || o1=$(metric "${APORT[$n]}" "$NEWS")
                 if [ -n "$pp" ]; then
                     wait "$pp" || true
                     # "name per request" for each counted event (steady
@@ -359,7 +377,7 @@ if phase 2; then
                 fi
                 rps=$(awk -v r="$reqs" -v d="$durus" 'BEGIN { printf "%.0f", d ? r * 1e6 / d : 0 }')
                 echo "$n $c $us $uus $sus $ratio $st $sut $sst $sratio" >>"$WORK/rows"
-                if [ "$n" = nginx ]; then
+                if [ "$n" = nginx ] || [ "$n" = floor ]; then
                     news="-"
                 else
                     news="$((o1 - o0)) = $(awk -v o=$((o1 - o0)) -v r="$reqs" \
@@ -409,6 +427,7 @@ if phase 2; then
                 sh(g(ru0, ru1), g(rs0, rs1)) }'
     done
     if [ "$WITH_NGINX" = 1 ]; then stop "$NP_MASTER"; fi
+    if [ "$WITH_FLOOR" = 1 ]; then stop "$FLOOR_PID"; fi
     if [ "$SETTLE" -ge 0 ]; then
         echo "3. RSS over the peak (${CONNS##* } connections):"
         for n in "${names[@]}"; do
