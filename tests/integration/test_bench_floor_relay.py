@@ -7,12 +7,13 @@ would make the floor look cheaper than it is."""
 import os
 import socket
 import threading
+from pathlib import Path
 
 import pytest
 
 import helpers
 
-RELAY = helpers.ROOT / "build" / "tools" / "floor_relay"
+RELAY = Path(os.environ.get("SLUICE_BUILD") or helpers.ROOT / "build") / "tools" / "floor_relay"
 
 
 class EchoUpstream:
