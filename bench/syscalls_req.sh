@@ -24,6 +24,8 @@
 # ≤ 0.01 per request). Compare columns of the same run.
 #
 #   SLUICE_BIN (default build/sluice), SLUICE_BASE_BIN (optional),
+#   SC_FLOOR (default 1: build/tools/floor_relay as a target, the relay
+#   that reads nothing: the calls and kernel work any proxy pays),
 #   SC_PROFILE (a frequency: also `perf record -g` of a third run, kept in
 #   $WORK/TARGET.data with BENCH_KEEP=1), SC_CONFS (default "plain full"), SC_SECONDS (default 4), SC_CONNS
 #   (default 32), SC_NGINX (default 1), SC_STRACE (default 1),
@@ -42,6 +44,7 @@ PROXY_CPU=${BENCH_PROXY_CPU:-1}
 LOAD_CPU=${BENCH_LOAD_CPU:-0}
 UP_PORT=$((PORT_BASE + 1))
 NGX_PORT=$((PORT_BASE + 3))
+FLOOR_PORT=$((PORT_BASE + 5))
 
 for c in wrk perf strace taskset "$NGINX_BIN" "$SLUICE_BIN"; do
     command -v "$c" >/dev/null || { echo "bench: $c not found" >&2; exit 1; }
@@ -51,7 +54,7 @@ WORK=$(mktemp -d /tmp/sluice-syscalls.XXXXXX)
 cp "$SLUICE_BIN" "$WORK/sluice"
 [ -z "$SLUICE_BASE_BIN" ] || cp "$SLUICE_BASE_BIN" "$WORK/sluice-base"
 . "$ROOT/bench/lib.sh"
-ports_free "$UP_PORT" "$NGX_PORT" $(seq $((PORT_BASE + 11)) 2 $((PORT_BASE + 17))) \
+ports_free "$UP_PORT" "$NGX_PORT" "$FLOOR_PORT" $(seq $((PORT_BASE + 11)) 2 $((PORT_BASE + 17))) \
     $(seq $((PORT_BASE + 21)) 2 $((PORT_BASE + 27)))
 
 realistic_upstream "$UP_PORT" "$LOAD_CPU"
@@ -96,6 +99,13 @@ start() {
             -c "$WORK/ngx/nginx.conf"
         PID[$1]=$LAST PORT[$1]=$NGX_PORT
         wait_port "$NGX_PORT" "$LAST"
+        return
+    fi
+    if [ "$1" = floor ]; then
+        spawn taskset -c "$PROXY_CPU" "$ROOT/build/tools/floor_relay" -l "127.0.0.1:$FLOOR_PORT" \
+            -u "127.0.0.1:$UP_PORT"
+        PID[$1]=$LAST PORT[$1]=$FLOOR_PORT
+        wait_port "$FLOOR_PORT" "$LAST"
         return
     fi
     [ "${1#*@}" = base ] && bin=$WORK/sluice-base
@@ -143,6 +153,7 @@ one() {
 
 TARGETS=""
 [ "${SC_NGINX:-1}" = 0 ] || TARGETS="nginx"
+[ "${SC_FLOOR:-1}" = 0 ] || TARGETS="$TARGETS floor"
 for c in $CONFS; do
     TARGETS="$TARGETS $c"
     [ -z "$SLUICE_BASE_BIN" ] || TARGETS="$TARGETS $c@base"
