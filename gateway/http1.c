@@ -1477,6 +1477,17 @@ typedef struct head_fast {
         ctl |= (uint64_t)(unsigned)_mm_movemask_epi8(x_) << (16 * (k));                            \
     } while (0)
 
+/* The bits set in x, a few (a head's CRs in 64 bytes): a step each.
+ * __builtin_popcountll is a libgcc call without -mpopcnt (~15
+ * instructions and the call). */
+static inline size_t fast_bits(uint64_t x)
+{
+    size_t k = 0;
+    for (; x; x &= x - 1)
+        k++;
+    return k;
+}
+
 /* Marks d[0, n) 64 bytes a step until the head's end: the CR of its empty
  * line, returned (*ncr: the CRs up to and including it), or 0 when it is
  * not there or a marked byte is not a CR or the byte after one. */
@@ -1511,12 +1522,12 @@ static size_t fast_mark(head_fast_t *f, const char *d, size_t n, size_t *ncr)
             uint64_t upto = b >= 62 ? ~(uint64_t)0 : ((uint64_t)1 << (b + 2)) - 1;
             if (odd & upto)
                 return 0;
-            *ncr = crs + (size_t)__builtin_popcountll(cr & (~(uint64_t)0 >> (63 - b)));
+            *ncr = crs + fast_bits(cr & (~(uint64_t)0 >> (63 - b)));
             return at + b;
         }
         if (odd)
             return 0;
-        crs += (size_t)__builtin_popcountll(cr);
+        crs += fast_bits(cr);
         prev = cr;
     }
     return 0;
@@ -1603,11 +1614,13 @@ static bool fast_lines(gw_http_parser_t *p, const head_fast_t *f, const char *d,
         /* a name of the enum matched case-insensitively is a token */
         if (id == GW_HN_OTHER && (k == s || !fast_all(d, s, k, n, C_TCHAR)))
             return false;
+        /* OWS is SP (an HTAB was marked); d[e] is the CR, d[vs] not a SP */
         size_t vs = k + 1, ve = e;
-        while (vs < e && d[vs] == ' ') /* an HTAB was marked: not here */
+        while (d[vs] == ' ')
             vs++;
-        while (ve > vs && d[ve - 1] == ' ')
-            ve--;
+        if (vs < e)
+            while (d[ve - 1] == ' ')
+                ve--;
         h->name = ar + s;
         h->name_len = k - s;
         h->value = ar + vs;
@@ -2060,8 +2073,10 @@ void gw_http_parser_free(gw_http_parser_t *p)
  * accessors read only the top line, which reset writes at once. */
 static void parse_restart(gw_http_parser_t *p)
 {
-    http_parser_init(&p->hp, p->kind == GW_HTTP_REQUEST ? HTTP_REQUEST : HTTP_RESPONSE);
-    p->hp.data = p;
+    /* http-parser itself is not reset here: it sees no head, and the
+     * fields of it that head_check() reads (method, version, status) are
+     * set by the scan or the load of every head before it runs; the
+     * reference path of a chunked body starts it afresh (chunk_start). */
     p->complete = false;
     p->ninterim = 0;
     p->cs = CS_SIZE0;
