@@ -891,8 +891,8 @@ static bool ieq(const char *a, size_t alen, const char *lit)
 
 /* The names of gw_http_hn_t by a switch on the length and a compare or
  * three: a walk over name lists cost a strlen and a strncasecmp per entry
- * and header. */
-gw_http_hn_t gw_http_hn(const char *n, size_t len)
+ * and header. Inline in head_fast's line walk, its one hot caller. */
+static inline __attribute__((always_inline)) gw_http_hn_t hn_find(const char *n, size_t len)
 {
     switch (len) {
     case 2:
@@ -1001,6 +1001,11 @@ gw_http_hn_t gw_http_hn(const char *n, size_t len)
     return GW_HN_OTHER;
 }
 
+gw_http_hn_t gw_http_hn(const char *n, size_t len)
+{
+    return hn_find(n, len);
+}
+
 /* Transfer-Encoding: 0 = exactly "chunked"; otherwise fails. A list with
  * codings we do not implement is 501; a malformed one (chunked not last,
  * twice, empty elements, parameters) is 400. */
@@ -1105,14 +1110,19 @@ static int head_check(gw_http_parser_t *p)
         }
     }
     uint64_t seen = 0; /* GW_HN_BIT of the names that may appear once, met */
+    uint64_t present = 0;
+    /* the names a rule below looks at: the others are only present */
+    const uint64_t watch =
+        GW_HN_BIT(GW_HN_CONTENT_LENGTH) | GW_HN_BIT(GW_HN_TRANSFER_ENCODING) |
+        GW_HN_BIT(GW_HN_CONNECTION) | GW_HN_BIT(GW_HN_PROXY_CONNECTION) |
+        (req ? GW_HN_BIT(GW_HN_HOST) | GW_HN_SINGLE | GW_HN_BIT(GW_HN_EXPECT) : 0);
     p->conn_close = p->conn_keep = false;
-    m->present = 0;
     for (size_t i = 0; i < m->nheaders; i++) {
         const gw_http_header_t *h = &p->hdrs[i];
         gw_http_hn_t id = h->id; /* set by the scan (or the load) with the name */
-        if (id == GW_HN_OTHER)
+        present |= GW_HN_BIT(id);
+        if (!(GW_HN_BIT(id) & watch))
             continue;
-        m->present |= GW_HN_BIT(id);
         if (id == GW_HN_CONTENT_LENGTH) {
             if (cl) {
                 fail(p, 400, "duplicate_content_length");
@@ -1153,6 +1163,7 @@ static int head_check(gw_http_parser_t *p)
             m->expect_continue = hp->http_minor == 1;
         }
     }
+    m->present = present & ~GW_HN_BIT(GW_HN_OTHER);
     if (cl && te) {
         fail(p, 400, "cl_and_te");
         return -1;
@@ -1610,7 +1621,7 @@ static bool fast_lines(gw_http_parser_t *p, const head_fast_t *f, const char *d,
         size_t k = fast_next(f->col, s, q >> 6);
         if (d[e + 1] != '\n' || k >= e)
             return false;
-        gw_http_hn_t id = gw_http_hn(d + s, k - s);
+        gw_http_hn_t id = hn_find(d + s, k - s);
         /* a name of the enum matched case-insensitively is a token */
         if (id == GW_HN_OTHER && (k == s || !fast_all(d, s, k, n, C_TCHAR)))
             return false;
