@@ -19,6 +19,10 @@
  *     complete. Reset frees either, so idle connections hold none. Plain
  *     header lines are taken whole and runs 16 bytes a step (SSE2); the
  *     byte loop does the rest (test_http1_vector.c compares the two).
+ *   - A fresh head that is all in one feed and plain is parsed in one
+ *     step instead (head_fast(): SSE2 bitmaps of its CRs, ':' and
+ *     non-VCHAR bytes, the lines walked on them, one copy of the head);
+ *     anything else goes to head_scan() from the head's first byte.
  *   - The head is parsed once, by head_scan(): http-parser never sees it
  *     (it used to get the same bytes, ~3 % of a proxied request's CPU for
  *     nothing head_scan() had not checked already). head_check() applies
@@ -644,6 +648,7 @@ static size_t head_scan(gw_http_parser_t *p, const char *d, size_t n, bool *end)
             ar[al + (j - i)] = '\0';
             h->value = ar + al + (vs - i);
             h->value_len = ve - vs;
+            h->id = gw_http_hn(h->name, h->name_len);
             ar[al + (ve - i)] = '\0';
             al += ve - i + 1;
             hb += k + 2 - i;
@@ -832,6 +837,7 @@ static size_t head_scan(gw_http_parser_t *p, const char *d, size_t n, bool *end)
             if (c == ':') {
                 gw_http_header_t *h = &p->hdrs[p->nlines - 1];
                 h->name_len = (size_t)(ar + al - h->name);
+                h->id = gw_http_hn(h->name, h->name_len);
                 ar[al++] = '\0';
                 p->value_start = p->value_end = al;
                 hs = HS_OWS;
@@ -889,8 +895,8 @@ static bool ieq(const char *a, size_t alen, const char *lit)
 
 /* The names of gw_http_hn_t by a switch on the length and a compare or
  * three: a walk over name lists cost a strlen and a strncasecmp per entry
- * and header. */
-gw_http_hn_t gw_http_hn(const char *n, size_t len)
+ * and header. Inline in head_fast's line walk, its one hot caller. */
+static inline __attribute__((always_inline)) gw_http_hn_t hn_find(const char *n, size_t len)
 {
     switch (len) {
     case 2:
@@ -999,6 +1005,11 @@ gw_http_hn_t gw_http_hn(const char *n, size_t len)
     return GW_HN_OTHER;
 }
 
+gw_http_hn_t gw_http_hn(const char *n, size_t len)
+{
+    return hn_find(n, len);
+}
+
 /* Transfer-Encoding: 0 = exactly "chunked"; otherwise fails. A list with
  * codings we do not implement is 501; a malformed one (chunked not last,
  * twice, empty elements, parameters) is 400. */
@@ -1103,15 +1114,19 @@ static int head_check(gw_http_parser_t *p)
         }
     }
     uint64_t seen = 0; /* GW_HN_BIT of the names that may appear once, met */
+    uint64_t present = 0;
+    /* the names a rule below looks at: the others are only present */
+    const uint64_t watch =
+        GW_HN_BIT(GW_HN_CONTENT_LENGTH) | GW_HN_BIT(GW_HN_TRANSFER_ENCODING) |
+        GW_HN_BIT(GW_HN_CONNECTION) | GW_HN_BIT(GW_HN_PROXY_CONNECTION) |
+        (req ? GW_HN_BIT(GW_HN_HOST) | GW_HN_SINGLE | GW_HN_BIT(GW_HN_EXPECT) : 0);
     p->conn_close = p->conn_keep = false;
-    m->present = 0;
     for (size_t i = 0; i < m->nheaders; i++) {
-        gw_http_header_t *h = &p->hdrs[i];
-        gw_http_hn_t id = gw_http_hn(h->name, h->name_len);
-        h->id = id; /* for the proxy's drop masks */
-        if (id == GW_HN_OTHER)
+        const gw_http_header_t *h = &p->hdrs[i];
+        gw_http_hn_t id = h->id; /* set by the scan (or the load) with the name */
+        present |= GW_HN_BIT(id);
+        if (!(GW_HN_BIT(id) & watch))
             continue;
-        m->present |= GW_HN_BIT(id);
         if (id == GW_HN_CONTENT_LENGTH) {
             if (cl) {
                 fail(p, 400, "duplicate_content_length");
@@ -1152,6 +1167,7 @@ static int head_check(gw_http_parser_t *p)
             m->expect_continue = hp->http_minor == 1;
         }
     }
+    m->present = present & ~GW_HN_BIT(GW_HN_OTHER);
     if (cl && te) {
         fail(p, 400, "cl_and_te");
         return -1;
@@ -1437,6 +1453,264 @@ static void head_shrink(gw_http_parser_t *p)
     p->msg.headers = p->hdrs;
 }
 
+#ifdef GW_HTTP_SSE2
+
+/* ---- a whole head in one step ---- */
+
+/* A head that is all in one feed, up to GW_HTTP_FAST_BYTES, is parsed
+ * without the byte loop (head_fast). One SSE2 pass, 64 bytes a step and
+ * only as far as the head goes, marks its CRs, its ':' and the bytes that
+ * are not VCHAR or SP (controls, DEL and, for the pass's cheapness,
+ * obs-text) in three bitmaps, and finds the end (a CR two bytes after a CR)
+ * and the CRs before it (the lines, for block_take). The head is then
+ * walked line by line on the bitmaps, straight into its block, and taken
+ * only when every marked byte is a line end's CR or the byte after it,
+ * every CR has its LF, every name is a token, the request or status line
+ * is of the plain shape and the limits hold. Anything else (a bare CR or
+ * LF, HTAB, NUL, obs-text, obs-fold, a bad name, a limit, a head cut by
+ * the feed, ...) leaves the parser as it was and head_scan() parses the
+ * head from its first byte, so every error, its reason and the bytes taken
+ * are the byte loop's (test_http1_vector.c compares the two). The head is
+ * copied into its block whole, one memcpy; the ':' after each name, the
+ * end of each value and the request line's two SPs become the strings'
+ * NULs. */
+#define GW_HTTP_FAST_BYTES 8192 /* 2 KiB of bitmaps on the stack */
+
+typedef struct head_fast {
+    uint64_t cr[GW_HTTP_FAST_BYTES / 64];
+    uint64_t col[GW_HTTP_FAST_BYTES / 64];
+} head_fast_t;
+
+/* The masks of 16 bytes at s, or'ed in at bit 16 * k. */
+#define FAST_MASK16(s, k)                                                                          \
+    do {                                                                                           \
+        __m128i b_ = _mm_loadu_si128((const __m128i *)(const void *)((s) + 16 * (k)));             \
+        /* b + 1 < 0x21, signed: 0x00-0x1f, 0x7f and 0x80-0xff */                                  \
+        __m128i x_ = _mm_cmplt_epi8(_mm_add_epi8(b_, one), c21);                                   \
+        cr |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(b_, crv)) << (16 * (k));        \
+        col |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(b_, colv)) << (16 * (k));      \
+        ctl |= (uint64_t)(unsigned)_mm_movemask_epi8(x_) << (16 * (k));                            \
+    } while (0)
+
+/* The bits set in x, a few (a head's CRs in 64 bytes): a step each.
+ * __builtin_popcountll is a libgcc call without -mpopcnt (~15
+ * instructions and the call). */
+static inline size_t fast_bits(uint64_t x)
+{
+    size_t k = 0;
+    for (; x; x &= x - 1)
+        k++;
+    return k;
+}
+
+/* Marks d[0, n) 64 bytes a step until the head's end: the CR of its empty
+ * line, returned (*ncr: the CRs up to and including it), or 0 when it is
+ * not there or a marked byte is not a CR or the byte after one. */
+static size_t fast_mark(head_fast_t *f, const char *d, size_t n, size_t *ncr)
+{
+    const __m128i crv = _mm_set1_epi8('\r'), colv = _mm_set1_epi8(':'), one = _mm_set1_epi8(1),
+                  c21 = _mm_set1_epi8(0x21);
+    uint64_t prev = 0; /* the last chunk's CRs */
+    size_t crs = 0;
+    for (size_t at = 0, c = 0; at < n; at += 64, c++) {
+        const char *s = d + at;
+        char pad[64];
+        if (n - at < 64) { /* past n: 'a', no mark */
+            memset(pad, 'a', sizeof(pad));
+            memcpy(pad, s, n - at);
+            s = pad;
+        }
+        uint64_t cr = 0, col = 0, ctl = 0;
+        FAST_MASK16(s, 0);
+        FAST_MASK16(s, 1);
+        FAST_MASK16(s, 2);
+        FAST_MASK16(s, 3);
+        f->cr[c] = cr;
+        f->col[c] = col;
+        /* marked bytes that are neither a CR nor right after one */
+        uint64_t odd = ctl ^ (cr | cr << 1 | prev >> 63);
+        uint64_t end = cr & (cr << 2 | prev >> 62);
+        if (end) {
+            unsigned b = (unsigned)__builtin_ctzll(end);
+            /* through the LF after it (bit 0 of the next chunk when b is
+             * 63: the walk reads that byte) */
+            uint64_t upto = b >= 62 ? ~(uint64_t)0 : ((uint64_t)1 << (b + 2)) - 1;
+            if (odd & upto)
+                return 0;
+            *ncr = crs + fast_bits(cr & (~(uint64_t)0 >> (63 - b)));
+            return at + b;
+        }
+        if (odd)
+            return 0;
+        crs += fast_bits(cr);
+        prev = cr;
+    }
+    return 0;
+}
+
+/* The first bit of w at or after pos, looking no further than word
+ * last (marked); SIZE_MAX when there is none. */
+static inline size_t fast_next(const uint64_t *w, size_t pos, size_t last)
+{
+    size_t c = pos >> 6;
+    uint64_t x = w[c] & (~(uint64_t)0 << (pos & 63));
+    while (!x) {
+        if (++c > last)
+            return SIZE_MAX;
+        x = w[c];
+    }
+    return c * 64 + (size_t)__builtin_ctzll(x);
+}
+
+/* d[s, e) all of class k: the 16-byte run, then the byte loop. */
+static inline bool fast_all(const char *d, size_t s, size_t e, size_t n, int k)
+{
+    s = k == C_TCHAR ? name_run16(d, s, e, n) : tgt_run16(d, s, e, n);
+    while (s < e && IS(d[s], k))
+        s++;
+    return s == e;
+}
+
+/* The request line d[0, e): method SP target SP HTTP/d.d, within the
+ * line limit; the method's length (its index in *method), or 0 when the
+ * line is not of that shape. */
+static size_t fast_request_line(const gw_http_parser_t *p, const char *d, size_t e, size_t n,
+                                int *method)
+{
+    size_t ms;
+    int mi;
+    if (e < 14 || e > p->lim.request_line_bytes) /* "GET / HTTP/1.1" */
+        return 0;
+    if (memcmp(d, "POST ", 5) == 0) {
+        ms = 4;
+        mi = HTTP_POST;
+    } else if (memcmp(d, "GET ", 4) == 0) {
+        ms = 3;
+        mi = HTTP_GET;
+    } else {
+        for (ms = 0; ms < e && IS(d[ms], C_TCHAR); ms++)
+            ;
+        if (ms == 0 || d[ms] != ' ' || (mi = method_find(d, ms)) < 0)
+            return 0;
+    }
+    size_t te = e - 9; /* the SP before the version */
+    if (te <= ms + 1 || d[te] != ' ' || !ver_plain(d + te + 1) ||
+        !fast_all(d, ms + 1, te, n, C_TGT))
+        return 0;
+    *method = mi;
+    return ms;
+}
+
+/* The status line d[0, e): HTTP/d.d SP 3DIGIT [SP reason] (the reason's
+ * bytes were checked by fast_mark); false when not of that shape. */
+static bool fast_status_line(const char *d, size_t e, unsigned *status)
+{
+    if (e < 12 || !ver_plain(d) || d[8] != ' ' || !IS(d[9], C_DIGIT) || !IS(d[10], C_DIGIT) ||
+        !IS(d[11], C_DIGIT) || (e > 12 && d[12] != ' '))
+        return false;
+    *status = (unsigned)(d[9] - '0') * 100 + (unsigned)(d[10] - '0') * 10 + (unsigned)(d[11] - '0');
+    return true;
+}
+
+/* The header lines d[s, q) (q: the end's CR) into p's block, whose arena
+ * holds a copy of d; false when a line is not name ':' value CRLF with a
+ * token name. */
+static bool fast_lines(gw_http_parser_t *p, const head_fast_t *f, const char *d, size_t s, size_t q,
+                       size_t n)
+{
+    char *ar = p->arena;
+    gw_http_header_t *h = p->hdrs;
+    while (s < q) {
+        size_t e = fast_next(f->cr, s, q >> 6); /* q's at the latest */
+        size_t k = fast_next(f->col, s, q >> 6);
+        if (d[e + 1] != '\n' || k >= e)
+            return false;
+        gw_http_hn_t id = hn_find(d + s, k - s);
+        /* a name of the enum matched case-insensitively is a token */
+        if (id == GW_HN_OTHER && (k == s || !fast_all(d, s, k, n, C_TCHAR)))
+            return false;
+        /* OWS is SP (an HTAB was marked); d[e] is the CR, d[vs] not a SP */
+        size_t vs = k + 1, ve = e;
+        while (d[vs] == ' ')
+            vs++;
+        if (vs < e)
+            while (d[ve - 1] == ' ')
+                ve--;
+        h->name = ar + s;
+        h->name_len = k - s;
+        h->value = ar + vs;
+        h->value_len = ve - vs;
+        h->id = id;
+        ar[k] = '\0';
+        ar[ve] = '\0';
+        h++;
+        s = e + 2;
+    }
+    return true;
+}
+
+/* Parses the head at d[0, n) in one step when it is all there and plain
+ * (above). Returns its length through the final LF, or 0 when it was not
+ * taken (the parser as it was; 503 set on OOM). */
+static size_t head_fast(gw_http_parser_t *p, const char *d, size_t n)
+{
+    head_fast_t f;
+    bool req = p->kind == GW_HTTP_REQUEST;
+    size_t lim = SL_MIN(SL_MIN(n, (size_t)GW_HTTP_FAST_BYTES), p->lim.header_bytes);
+    size_t ncr = 0;
+    if (lim == 0 || d[0] == '\r' || d[0] == '\n') /* empty lines before a request line */
+        return 0;
+    size_t q = fast_mark(&f, d, lim, &ncr);
+    /* the end's LF within the limit; no more lines than it allows */
+    if (q == 0 || q + 1 >= lim || d[q + 1] != '\n' || ncr - 2 > p->lim.header_lines)
+        return 0;
+    size_t e0 = fast_next(f.cr, 0, q >> 6);
+    size_t ms = 0;
+    int mi = 0;
+    unsigned st = 0;
+    if (d[e0 + 1] != '\n' ||
+        (req ? (ms = fast_request_line(p, d, e0, n, &mi)) == 0 : !fast_status_line(d, e0, &st)))
+        return 0;
+    if (block_take(p, q + 2, ncr) != 0) {
+        fail(p, 503, "out_of_memory");
+        return 0;
+    }
+    memcpy(p->arena, d, q); /* all but the empty line */
+    if (!fast_lines(p, &f, d, e0 + 2, q, n)) {
+        storage_drop(p); /* the byte loop's turn, from the first byte */
+        p->msg.headers = NULL;
+        return 0;
+    }
+    if (req) {
+        size_t te = e0 - 9;
+        p->method_off = 0;
+        p->msg.method_len = ms;
+        p->arena[ms] = '\0';
+        p->target_off = ms + 1;
+        p->msg.target_len = te - ms - 1;
+        p->arena[te] = '\0';
+        memcpy(p->ver, d + te + 1, 8);
+        p->hp.method = (unsigned)mi;
+    } else {
+        memcpy(p->ver, d, 8);
+        p->status = st;
+    }
+    p->ver_len = 8;
+    p->nlines = ncr - 2;
+    p->arena_len = q;
+    p->head_bytes = q + 2;
+    p->line0_len = e0;
+    p->hs = HS_LINE_START;
+    return q + 2;
+}
+#else
+static size_t head_fast(gw_http_parser_t *p, const char *d, size_t n)
+{
+    (void)p, (void)d, (void)n;
+    return 0;
+}
+#endif
+
 /* The version and status of a head head_scan() found whole, where
  * head_check() looks for them. */
 static void head_line(gw_http_parser_t *p)
@@ -1496,13 +1770,19 @@ static gw_http_state_t feed_heads(gw_http_parser_t *p, const char *d, size_t n, 
 {
     size_t off = 0;
     for (;;) {
-        bool end;
-        if (head_reserve(p, d + off, n - off) != 0) {
-            fail(p, 503, "out_of_memory");
-            *used = off;
-            return GW_HTTP_ERROR;
+        bool end = true;
+        /* a head all here, fresh: in one step when plain (head_fast) */
+        size_t v = gw_http_vector && p->head_bytes == 0 && !p->hdrs && !p->arena
+                       ? head_fast(p, d + off, n - off)
+                       : 0;
+        if (v == 0 && !p->err_reason) {
+            if (head_reserve(p, d + off, n - off) != 0) {
+                fail(p, 503, "out_of_memory");
+                *used = off;
+                return GW_HTTP_ERROR;
+            }
+            v = head_scan(p, d + off, n - off, &end);
         }
-        size_t v = head_scan(p, d + off, n - off, &end);
         if (p->err_reason) {
             *used = off + v; /* up to the offending byte */
             return GW_HTTP_ERROR;
@@ -1808,8 +2088,10 @@ void gw_http_parser_free(gw_http_parser_t *p)
  * accessors read only the top line, which reset writes at once. */
 static void parse_restart(gw_http_parser_t *p)
 {
-    http_parser_init(&p->hp, p->kind == GW_HTTP_REQUEST ? HTTP_REQUEST : HTTP_RESPONSE);
-    p->hp.data = p;
+    /* http-parser itself is not reset here: it sees no head, and the
+     * fields of it that head_check() reads (method, version, status) are
+     * set by the scan or the load of every head before it runs; the
+     * reference path of a chunked body starts it afresh (chunk_start). */
     p->complete = false;
     p->ninterim = 0;
     p->cs = CS_SIZE0;
@@ -2041,7 +2323,8 @@ gw_http_state_t gw_http_load_header(gw_http_parser_t *p, const char *name, size_
         fail(p, 400, "bad_header");
         return p->state;
     }
-    if (GW_HN_BIT(gw_http_hn(name, name_len)) & GW_HN_CONN_SPECIFIC) {
+    gw_http_hn_t id = gw_http_hn(name, name_len);
+    if (GW_HN_BIT(id) & GW_HN_CONN_SPECIFIC) {
         fail(p, 400, "connection_header");
         return p->state;
     }
@@ -2061,6 +2344,7 @@ gw_http_state_t gw_http_load_header(gw_http_parser_t *p, const char *name, size_
     h->name_len = name_len;
     h->value = p->arena + vo;
     h->value_len = value_len;
+    h->id = id;
     return p->state;
 }
 

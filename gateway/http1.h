@@ -341,9 +341,10 @@ const gw_http_header_t *gw_http_header_find(const gw_http_msg_t *m, const char *
  * header named in the message's Connection header. */
 bool gw_http_header_is_hop(const gw_http_msg_t *m, const char *name, size_t name_len);
 
-/* Tests only: the head scan's vector paths (whole lines in one step,
- * 16-byte runs) on (the default) or off (the byte loop alone), for
- * test_http1_vector.c to compare the two. Process-wide. */
+/* Tests only: the head scan's vector paths (a whole head in one step,
+ * whole lines in one step, 16-byte runs) on (the default) or off (the
+ * byte loop alone), for test_http1_vector.c and the HTTP fuzz targets to
+ * compare the two. Process-wide. */
 void gw_http_vector_set(bool on);
 
 /* Tests only: chunked bodies de-chunked by the framing scan alone (on, the

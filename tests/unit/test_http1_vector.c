@@ -31,7 +31,8 @@ typedef struct outcome {
     char head[1024]; /* method, target, name=[value] lines, as parsed */
 } outcome_t;
 
-static const gw_http_limits_t lim = {
+/* test_fast_limits narrows it for a while */
+static gw_http_limits_t lim = {
     .request_line_bytes = 8192,
     .header_bytes = 16384,
     .header_lines = 100,
@@ -48,7 +49,8 @@ static void describe(const gw_http_msg_t *m, gw_http_kind_t kind, char *out, siz
         k += (size_t)snprintf(out + k, cap - k, "%d", m->status);
     for (size_t i = 0; i < m->nheaders && k < cap; i++) {
         const gw_http_header_t *h = &m->headers[i];
-        k += (size_t)snprintf(out + k, cap - k, "\n%zu:", h->name_len);
+        /* the id too: each path sets it with the name */
+        k += (size_t)snprintf(out + k, cap - k, "\n#%d %zu:", (int)h->id, h->name_len);
         for (size_t j = 0; j < h->name_len && k + 4 < cap; j++)
             k += (size_t)snprintf(out + k, cap - k, "%02x", (unsigned char)h->name[j]);
         k += (size_t)snprintf(out + k, cap - k, "=%zu:", h->value_len);
@@ -359,6 +361,182 @@ static void test_prefix_ci(void **state)
     assert_false(GW_HTTP_PREFIX_CI("application/xjson", 17, "application/json"));
 }
 
+/* ---- the one-step parse of a whole head (head_fast) ---- */
+
+/* The one-step parse copies the head whole, so the second header's name
+ * lies two bytes (the first line's CR LF) after the first's value;
+ * head_scan() stores the strings packed, one NUL between them: which of
+ * the two parsed a head is so seen from outside (the first value must
+ * have no trailing OWS). */
+static bool taken_whole(gw_http_kind_t kind, const char *in, size_t n)
+{
+    gw_http_parser_t *p = gw_http_parser_new(kind, &lim);
+    size_t used = 0;
+    gw_http_state_t st = gw_http_feed(p, in, n, &used, NULL, NULL);
+    bool whole = false;
+    const gw_http_msg_t *m = gw_http_msg(p);
+    if ((st == GW_HTTP_HEAD || st == GW_HTTP_DONE) && m->nheaders >= 2)
+        whole = m->headers[1].name == m->headers[0].value + m->headers[0].value_len + 2;
+    gw_http_parser_free(p);
+    return whole;
+}
+
+/* A request and a response whose lines cross the 64-byte steps of the
+ * marking pass, with a body after them; at every place of the head, one
+ * of the bytes the pass marks or that end a name or a value (CR, LF,
+ * CRLF, a bare CR before CRLF, NUL, HTAB, DEL, obs-text, ':', SP, an
+ * early end): the one-step parse (whole feeds) and the byte loop agree,
+ * whole and cut. */
+static size_t fast_head(gw_http_kind_t kind, char *in, size_t pad)
+{
+    size_t n;
+    if (kind == GW_HTTP_REQUEST)
+        n = (size_t)sprintf(in,
+                            "POST /v1/chat/completions?x=%.*s HTTP/1.1\r\nHost: 127.0.0.1:24610\r\n"
+                            "Content-Type: application/json\r\nX-Long-Name-Of-A-Header: ",
+                            (int)pad,
+                            "qqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqq");
+    else
+        n = (size_t)sprintf(in,
+                            "HTTP/1.1 200 OK%.*s\r\nServer: nginx/1.22.1\r\nDate: Sat, 05 Dec 2026 "
+                            "12:45:00 GMT\r\nContent-Type: application/json\r\nX-Long: ",
+                            (int)pad,
+                            "                                                                ");
+    memset(in + n, 'v', 70);
+    n += 70;
+    n += (size_t)sprintf(in + n, "\r\nContent-Length: 4\r\nConnection: keep-alive\r\n\r\n\r\n");
+    memcpy(in + n, "\0\tx", 3); /* the body's last bytes, then one more */
+    return n + 3;
+}
+
+static void test_fast_bytes(void **state)
+{
+    (void)state;
+    static const char *const inserts[] = {
+        "\r", "\n", "\r\n", "\r\r\n", "\0", "\t", "\x7f", "\x80", ":", " ", "\r\n\r\n",
+    };
+    char in[512], out[600];
+    for (int kind = 0; kind < 2; kind++) {
+        gw_http_kind_t k = kind ? GW_HTTP_RESPONSE : GW_HTTP_REQUEST;
+        for (size_t pad = 0; pad < 64; pad += 38) { /* 0 38 */
+            size_t n = fast_head(k, in, pad);
+            assert_true(taken_whole(k, in, n)); /* the plain head itself */
+            for (size_t ins = 0; ins < sizeof(inserts) / sizeof(inserts[0]); ins++) {
+                const char *s = inserts[ins];
+                size_t sl = strlen(s) ? strlen(s) : 1;
+                for (size_t at = 0; at + 7 < n; at++) {
+                    memcpy(out, in, at);
+                    memcpy(out + at, s, sl);
+                    memcpy(out + at + sl, in + at, n - at);
+                    same(k, out, n + sl, "fast", (unsigned char)s[0], at);
+                }
+            }
+        }
+    }
+}
+
+/* The head's end (CR LF CR LF) at every offset of a 64-byte step, the
+ * feed ending right after it or going on with bytes the pass marks; no
+ * header, one, many. */
+static void test_fast_end(void **state)
+{
+    (void)state;
+    static const char *const tails[] = {"", "\r", "\n", "\r\n", "\0\0", "xyz\r\n\r\n"};
+    char in[1024];
+    for (size_t pad = 0; pad < 200; pad++) {
+        for (size_t t = 0; t < sizeof(tails) / sizeof(tails[0]); t++) {
+            size_t tl = t == 4 ? 2 : strlen(tails[t]);
+            size_t n =
+                (size_t)sprintf(in, "GET /%.*s HTTP/1.1\r\nHost: a\r\n\r\n", (int)pad,
+                                "/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+                                "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+                                "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+                                "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa");
+            memcpy(in + n, tails[t], tl);
+            same(GW_HTTP_REQUEST, in, n + tl, "end", (unsigned)t, pad);
+            n = (size_t)sprintf(in, "HTTP/1.1 204 %.*s\r\n\r\n", (int)pad,
+                                "rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr"
+                                "rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr"
+                                "rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr"
+                                "rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr");
+            memcpy(in + n, tails[t], tl);
+            same(GW_HTTP_RESPONSE, in, n + tl, "end", (unsigned)t, pad);
+            n = (size_t)sprintf(in, "POST /x HTTP/1.1\r\nHost: a\r\n");
+            for (size_t i = 0; i < pad % 23; i++)
+                n += (size_t)sprintf(in + n, "X-%zu:%s%zu \r\n", i, i & 1 ? "" : "  ", pad);
+            n += (size_t)sprintf(in + n, "Content-Length: 3\r\n\r\n");
+            memcpy(in + n, tails[t], tl);
+            same(GW_HTTP_REQUEST, in, n + tl, "lines", (unsigned)t, pad);
+        }
+    }
+}
+
+/* Heads at and past the limits (header_bytes, request_line_bytes,
+ * header_lines) taken whole: the one-step parse declines them and the
+ * byte loop answers, with its status and reason. */
+static void test_fast_limits(void **state)
+{
+    (void)state;
+    static char in[9000];
+    gw_http_limits_t saved = lim;
+    size_t n = (size_t)sprintf(in, "POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\n");
+    for (int i = 0; i < 8; i++)
+        n += (size_t)sprintf(in + n, "X-%d: value %d\r\n", i, i);
+    n += (size_t)sprintf(in + n, "\r\n");
+    for (size_t hb = n - 3; hb <= n + 1; hb++) {
+        lim.header_bytes = hb;
+        same(GW_HTTP_REQUEST, in, n, "header_bytes", 0, hb);
+    }
+    lim = saved;
+    for (size_t rl = 32; rl <= 36; rl++) {
+        lim.request_line_bytes = rl;
+        same(GW_HTTP_REQUEST, in, n, "request_line_bytes", 0, rl);
+    }
+    lim = saved;
+    for (size_t hl = 7; hl <= 10; hl++) {
+        lim.header_lines = hl;
+        same(GW_HTTP_REQUEST, in, n, "header_lines", 0, hl);
+    }
+    lim = saved;
+    /* a head over the one-step parse's 8 KiB: the byte loop takes it all */
+    n = (size_t)sprintf(in, "GET / HTTP/1.1\r\nHost: a\r\nX: ");
+    memset(in + n, 'v', 8300);
+    n += 8300;
+    n += (size_t)sprintf(in + n, "\r\n\r\n");
+    same(GW_HTTP_REQUEST, in, n, "8 KiB", 0, n);
+    assert_false(taken_whole(GW_HTTP_REQUEST, in, n));
+}
+
+/* Two heads in one feed: an interim 100 and its final answer, two
+ * pipelined requests; a request after empty lines (the byte loop's). */
+static void test_fast_more(void **state)
+{
+    (void)state;
+    static const char interim[] =
+        "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n"
+        "\r\nok";
+    static const char two[] =
+        "GET /a HTTP/1.1\r\nHost: a\r\nX: 1\r\n\r\nGET /b HTTP/1.1\r\nHost: b\r\n"
+        "X: 2\r\n\r\n";
+    static const char lead[] = "\r\n\r\nGET /a HTTP/1.1\r\nHost: a\r\nX: 1\r\n\r\n";
+    same(GW_HTTP_RESPONSE, interim, sizeof(interim) - 1, "interim", 0, 0);
+    same(GW_HTTP_REQUEST, two, sizeof(two) - 1, "pipelined", 0, 0);
+    same(GW_HTTP_REQUEST, lead, sizeof(lead) - 1, "lead", 0, 0);
+    gw_http_parser_t *p = gw_http_parser_new(GW_HTTP_REQUEST, &lim);
+    size_t used = 0;
+    assert_int_equal(gw_http_feed(p, two, sizeof(two) - 1, &used, NULL, NULL), GW_HTTP_HEAD);
+    assert_int_equal(used, 34);
+    assert_int_equal(gw_http_feed(p, two + used, 0, &used, NULL, NULL), GW_HTTP_DONE);
+    gw_http_parser_reset(p);
+    assert_int_equal(gw_http_feed(p, two + 34, sizeof(two) - 35, &used, NULL, NULL), GW_HTTP_HEAD);
+    assert_string_equal(gw_http_msg(p)->target, "/b");
+    assert_string_equal(gw_http_msg(p)->host, "b");
+    assert_int_equal(gw_http_msg(p)->headers[0].id, GW_HN_HOST);
+    gw_http_parser_free(p);
+    assert_true(taken_whole(GW_HTTP_REQUEST, two, sizeof(two) - 1));
+    assert_false(taken_whole(GW_HTTP_REQUEST, lead, sizeof(lead) - 1));
+}
+
 static void test_compared_enough(void **state)
 {
     (void)state;
@@ -373,6 +551,8 @@ int main(void)
         cmocka_unit_test(test_target_bytes),    cmocka_unit_test(test_line0_bytes),
         cmocka_unit_test(test_run_edges),       cmocka_unit_test(test_limits),
         cmocka_unit_test(test_name_eq),         cmocka_unit_test(test_prefix_ci),
+        cmocka_unit_test(test_fast_bytes),      cmocka_unit_test(test_fast_end),
+        cmocka_unit_test(test_fast_limits),     cmocka_unit_test(test_fast_more),
         cmocka_unit_test(test_compared_enough),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
