@@ -25,6 +25,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -105,6 +106,22 @@ def free_port():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def accept_each(ls, handle):
+    """Serves listening socket `ls` from a daemon thread: each accepted
+    connection goes to handle(conn) in a daemon thread of its own, until
+    `ls` is closed."""
+
+    def loop():
+        while True:
+            try:
+                c, _ = ls.accept()
+            except OSError:
+                return
+            threading.Thread(target=handle, args=(c,), daemon=True).start()
+
+    threading.Thread(target=loop, daemon=True).start()
 
 
 def wait_until(pred, timeout=5.0, interval=0.02, what="condition"):

@@ -29,19 +29,11 @@ class EchoUpstream:
         self.closed = 0
         self.lock = threading.Lock()
         self.closed_ev = threading.Condition(self.lock)
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                c, _ = self.ls.accept()
-            except OSError:
-                return
-            with self.lock:
-                self.accepted += 1
-            threading.Thread(target=self._echo, args=(c,), daemon=True).start()
+        helpers.accept_each(self.ls, self._echo)
 
     def _echo(self, c):
+        with self.lock:
+            self.accepted += 1
         with c:
             while True:
                 try:

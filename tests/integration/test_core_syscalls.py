@@ -17,8 +17,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import threading
-from pathlib import Path
 
 import pytest
 
@@ -66,18 +64,7 @@ class OneSendUpstream:
         self.ls.bind(("127.0.0.1", helpers.free_port()))
         self.ls.listen(8)
         self.url = "http://127.0.0.1:%d" % self.ls.getsockname()[1]
-        self.threads = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                c, _ = self.ls.accept()
-            except OSError:
-                return
-            t = threading.Thread(target=self._serve, args=(c,), daemon=True)
-            t.start()
-            self.threads.append(t)
+        helpers.accept_each(self.ls, self._serve)
 
     def _serve(self, c):
         buf = b""

@@ -442,23 +442,17 @@ static void test_fast_end(void **state)
 {
     (void)state;
     static const char *const tails[] = {"", "\r", "\n", "\r\n", "\0\0", "xyz\r\n\r\n"};
-    char in[1024];
+    char in[1024], path[256], reason[256];
+    path[0] = '/'; /* "GET //aaa...": a path of pad bytes after the first '/' */
+    memset(path + 1, 'a', sizeof(path) - 1);
+    memset(reason, 'r', sizeof(reason));
     for (size_t pad = 0; pad < 200; pad++) {
         for (size_t t = 0; t < sizeof(tails) / sizeof(tails[0]); t++) {
             size_t tl = t == 4 ? 2 : strlen(tails[t]);
-            size_t n =
-                (size_t)sprintf(in, "GET /%.*s HTTP/1.1\r\nHost: a\r\n\r\n", (int)pad,
-                                "/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
-                                "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
-                                "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
-                                "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa");
+            size_t n = (size_t)sprintf(in, "GET /%.*s HTTP/1.1\r\nHost: a\r\n\r\n", (int)pad, path);
             memcpy(in + n, tails[t], tl);
             same(GW_HTTP_REQUEST, in, n + tl, "end", (unsigned)t, pad);
-            n = (size_t)sprintf(in, "HTTP/1.1 204 %.*s\r\n\r\n", (int)pad,
-                                "rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr"
-                                "rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr"
-                                "rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr"
-                                "rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr");
+            n = (size_t)sprintf(in, "HTTP/1.1 204 %.*s\r\n\r\n", (int)pad, reason);
             memcpy(in + n, tails[t], tl);
             same(GW_HTTP_RESPONSE, in, n + tl, "end", (unsigned)t, pad);
             n = (size_t)sprintf(in, "POST /x HTTP/1.1\r\nHost: a\r\n");
