@@ -120,7 +120,7 @@ static void gw_proxy_write_buffer(gw_req_t *r, struct evbuffer *buf)
     size_t n = evbuffer_get_length(buf);
     if (n && gw_proxy_capturing(r)) /* a pullup only for the capture */
         gw_proxy_capture(r, evbuffer_pullup(buf, -1), n);
-    gw_out_data_buffer(r, buf);
+    gw_out_data_buffer(r, buf, n);
 }
 
 static void gw_proxy_write_end(gw_req_t *r)
@@ -285,6 +285,7 @@ static void gw_proxy_write_request(gw_req_t *r, gw_upconn_t *u)
             blen = 0; /* OOM: the short request fails upstream, as a copy would */
         sent += blen;
     }
+    gw_wio_added(&u->wio); /* before gw_wio_write_now, which writes what is queued */
     sl_counter_add(gw_m.bytes_up_out, sent);
 }
 
