@@ -261,8 +261,8 @@ static void gw_req_cache_put(gw_worker_t *w, gw_req_t *r)
     size_t held = r->resp_body ? evbuffer_get_length(r->resp_body) : 0;
     if (held)
         evbuffer_drain(r->resp_body, held);
-    if (r->att.up_timer)
-        evtimer_del(r->att.up_timer);
+    /* r->att.up_timer stays as it is: pending or not, it finds nothing due
+     * (proxy.c, gw_proxy_arm_at) */
     /* The body scanner stays too (2.6 KiB and its string arena: two blocks
      * over glibc's tcache size, cold in its large bins with thousands of
      * connections). Only after a small body: what it keeps (its arena, grown
@@ -485,6 +485,7 @@ static gw_req_t *gw_req_new(gw_conn_t *c)
         body = r->body;
         struct evbuffer *resp_body = r->resp_body;
         struct event *up_timer = r->att.up_timer;
+        int64_t up_armed_ms = r->att.up_armed_ms;
         char *tail = r->llm.tail;
         struct gw_body_scan *scan_kept = r->scan_kept;
         struct gw_sse *sse_kept = r->sse_kept;
@@ -493,6 +494,7 @@ static gw_req_t *gw_req_new(gw_conn_t *c)
         r->sse_kept = sse_kept;
         r->resp_body = resp_body;
         r->att.up_timer = up_timer;
+        r->att.up_armed_ms = up_armed_ms;
         r->llm.tail = tail;
         r->scan_kept = scan_kept;
     } else {
