@@ -563,6 +563,10 @@ static void gw_wio_flush(gw_wio_t *io)
     }
     if (!io->direct || io->armed || io->hs)
         return;
+    if (early && evbuffer_get_length(out) == 0) { /* gw_wio_write_now wrote it all */
+        io->drained(io->owner);
+        return;
+    }
     int n = 0;
     bool empty;
     if (io->ssl) {
@@ -584,7 +588,7 @@ static void gw_wio_flush(gw_wio_t *io)
         bufferevent_enable(io->bev, EV_WRITE);
         return;
     }
-    if (n > 0 || early) /* written now, or all of it by gw_wio_write_now */
+    if (n > 0 || early) /* written now (and by gw_wio_write_now before) */
         io->drained(io->owner);
 }
 
