@@ -261,8 +261,8 @@ static void gw_req_cache_put(gw_worker_t *w, gw_req_t *r)
     size_t held = r->resp_body ? evbuffer_get_length(r->resp_body) : 0;
     if (held)
         evbuffer_drain(r->resp_body, held);
-    if (r->att.up_timer)
-        evtimer_del(r->att.up_timer);
+    /* r->att.up_timer stays as it is: pending or not, it finds nothing due
+     * (proxy.c, gw_proxy_arm_at) */
     /* The body scanner stays too (2.6 KiB and its string arena: two blocks
      * over glibc's tcache size, cold in its large bins with thousands of
      * connections). Only after a small body: what it keeps (its arena, grown
@@ -485,6 +485,7 @@ static gw_req_t *gw_req_new(gw_conn_t *c)
         body = r->body;
         struct evbuffer *resp_body = r->resp_body;
         struct event *up_timer = r->att.up_timer;
+        int64_t up_armed_ms = r->att.up_armed_ms;
         char *tail = r->llm.tail;
         struct gw_body_scan *scan_kept = r->scan_kept;
         struct gw_sse *sse_kept = r->sse_kept;
@@ -493,6 +494,7 @@ static gw_req_t *gw_req_new(gw_conn_t *c)
         r->sse_kept = sse_kept;
         r->resp_body = resp_body;
         r->att.up_timer = up_timer;
+        r->att.up_armed_ms = up_armed_ms;
         r->llm.tail = tail;
         r->scan_kept = scan_kept;
     } else {
@@ -694,6 +696,7 @@ static int gw_conn_head(void *arg)
     }
     if (m->expect_continue && (m->chunked || m->content_length > 0)) {
         bufferevent_write(c->bev, GW_LIT("HTTP/1.1 100 Continue\r\n\r\n"));
+        gw_wio_added(&c->wio);
         return 1;
     }
     return 0;
@@ -1022,14 +1025,13 @@ void gw_out_data(gw_req_t *r, const void *p, size_t n)
     r->bytes_out += r->c->out->data(r->c, r, p, n);
 }
 
-void gw_out_data_buffer(gw_req_t *r, struct evbuffer *buf)
+void gw_out_data_buffer(gw_req_t *r, struct evbuffer *buf, size_t len)
 {
-    ssize_t n = r->c->out->data_buffer ? r->c->out->data_buffer(r->c, r, buf) : -1;
+    ssize_t n = r->c->out->data_buffer ? r->c->out->data_buffer(r->c, r, buf, len) : -1;
     if (n >= 0) {
         r->bytes_out += (size_t)n;
         return;
     }
-    size_t len = evbuffer_get_length(buf);
     if (len)
         gw_out_data(r, evbuffer_pullup(buf, -1), len);
     evbuffer_drain(buf, len);
@@ -1092,6 +1094,7 @@ static void gw_h1_batch_flush(gw_conn_t *c)
     size_t head = (size_t)(b->buf + GW_H1_BATCH_HEAD - start);
     size_t n = head + b->len + 2;
     evbuffer_add(bufferevent_get_output(c->bev), start, n);
+    gw_wio_added(&c->wio);
     sl_counter_add(gw_m.bytes_client_out, n);
     b->r->bytes_out += head + 2; /* the body bytes were counted by data() */
     b->len = 0;
@@ -1156,6 +1159,7 @@ static size_t gw_h1_head_end(gw_conn_t *c, gw_req_t *r, gw_sb_t *b, int64_t leng
     gw_sb_add(b, date, dl);
     gw_sb_lit(b, "\r\n");
     size_t n = gw_sb_flush(b, bufferevent_get_output(c->bev));
+    gw_wio_added(&c->wio);
     sl_counter_add(gw_m.bytes_client_out, n);
     return n;
 }
@@ -1186,18 +1190,19 @@ static size_t gw_h1_data(gw_conn_t *c, gw_req_t *r, const void *p, size_t n)
     } else {
         evbuffer_add(out, p, n);
     }
+    gw_wio_added(&c->wio);
     sl_counter_add(gw_m.bytes_client_out, n);
     return n;
 }
 
 /* A body of known length: buf's chains become the output's (one
  * evbuffer_add_buffer, no copy, no drain of buf). */
-static ssize_t gw_h1_data_buffer(gw_conn_t *c, gw_req_t *r, struct evbuffer *buf)
+static ssize_t gw_h1_data_buffer(gw_conn_t *c, gw_req_t *r, struct evbuffer *buf, size_t n)
 {
     gw_h1_batch_flush(c);
-    size_t n = evbuffer_get_length(buf);
     if (r->chunked_out || evbuffer_add_buffer(bufferevent_get_output(c->bev), buf) != 0)
         return -1;
+    gw_wio_added(&c->wio);
     sl_counter_add(gw_m.bytes_client_out, n);
     return (ssize_t)n;
 }
@@ -1208,6 +1213,7 @@ static size_t gw_h1_end(gw_conn_t *c, gw_req_t *r)
     if (!r->chunked_out)
         return 0;
     evbuffer_add(bufferevent_get_output(c->bev), GW_LIT("0\r\n\r\n"));
+    gw_wio_added(&c->wio);
     sl_counter_add(gw_m.bytes_client_out, 5);
     return 5;
 }

@@ -56,9 +56,9 @@ typedef struct gw_out_ops {
     /* Optional: data() of all of buf's bytes, moved (buf is left empty):
      * HTTP/1.1 with a known length hands buf's chains to the socket's
      * buffer (evbuffer_add_buffer) instead of copying them and draining
-     * buf. -1: not taken (buf untouched), the caller copies. Else as
-     * data(). */
-    ssize_t (*data_buffer)(gw_conn_t *c, gw_req_t *r, struct evbuffer *buf);
+     * buf. n is buf's length (the caller's: asked once). -1: not taken
+     * (buf untouched), the caller copies. Else as data(). */
+    ssize_t (*data_buffer)(gw_conn_t *c, gw_req_t *r, struct evbuffer *buf, size_t n);
     /* Optional: on, data() calls may be gathered (HTTP/1.1: into one
      * chunk, one add to the socket's buffer) until off, which queues them;
      * every other op queues what was gathered first. */
@@ -149,9 +149,9 @@ void gw_conn_out_drained(gw_conn_t *c);
 void gw_out_head_begin(gw_req_t *r, int status, gw_sb_t *b);
 void gw_out_head_end(gw_req_t *r, gw_sb_t *b, int64_t length);
 void gw_out_data(gw_req_t *r, const void *p, size_t n);
-/* gw_out_data of all of buf's bytes; buf is left empty (moved where the
- * framing allows, else copied and drained). */
-void gw_out_data_buffer(gw_req_t *r, struct evbuffer *buf);
+/* gw_out_data of all of buf's len bytes (len: its length); buf is left empty
+ * (moved where the framing allows, else copied and drained). */
+void gw_out_data_buffer(gw_req_t *r, struct evbuffer *buf, size_t len);
 void gw_out_end(gw_req_t *r);
 void gw_out_abort(gw_req_t *r);
 size_t gw_out_pending(const gw_req_t *r);

@@ -47,6 +47,9 @@ struct gw_attempt {
     gw_upconn_t *up;     /* its connection, NULL when none */
     int admit;           /* fb_admit_t: the breaker's admission taken */
     struct event *up_timer;
+    int64_t up_due_ms;   /* the attempt's deadline; 0: none (proxy.c, gw_proxy_arm_at) */
+    int64_t up_armed_ms; /* what up_timer is set for; 0: not pending. Kept with the
+                          * timer across the requests of a cached struct (conn.c) */
     int64_t t_sent_ns, t_first_byte_ns;
     int64_t deadline_total_ms;
     int upstatus;  /* the upstream's status */

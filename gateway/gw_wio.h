@@ -16,7 +16,7 @@
 #include "gateway/gw_types.h"
 
 /* The first 64 bytes are what queueing a write and the flush read
- * (gw_wio_outcb, gw_wio_flush), so at thousands of connections, where a
+ * (gw_wio_added, gw_wio_flush), so at thousands of connections, where a
  * connection's lines are cold again by its flush, that is one line: the
  * owners (gw_conn_t, gw_upconn_t) put it first in a line-aligned struct
  * (GW_WIO_LINE). The flags are bits to fit it. */
@@ -41,7 +41,6 @@ struct gw_wio {
     void (*failed)(void *owner, short what); /* a write failed */
     size_t read_high;                        /* the read high-watermark (gw_wio_set_read_mark) */
     size_t lev_high;                         /* libevent's read mark as we last set it (0: off) */
-    struct evbuffer_cb_entry *cb;
 };
 TAILQ_HEAD(gw_wio_list, gw_wio);
 
@@ -54,7 +53,21 @@ _Static_assert(offsetof(struct gw_wio, failed) == GW_WIO_LINE,
 
 void gw_wio_init(gw_wio_t *io, gw_worker_t *w, struct bufferevent *bev, bool direct,
                  void (*drained)(void *), void (*failed)(void *, short), void *owner);
+/* direct = true: a plain-socket bufferevent (bufferevent_socket_new) only,
+ * connected; from then on its output has no callback at all (wio.c, "No
+ * output callback"), so every writer calls gw_wio_added. */
 void gw_wio_set_direct(gw_wio_t *io, bool direct);
+void gw_wio_queue(gw_wio_t *io);
+/* Bytes were added to io's output: every writer of a client's or an
+ * upstream's output calls this after its adds (before gw_wio_write_now),
+ * or they wait there until something else is written (wio.c, "No output
+ * callback"). Queues the flush when we write (direct and not waiting for
+ * EV_WRITE) or kick (TLS); otherwise libevent's bufferevent writes. */
+static inline void gw_wio_added(gw_wio_t *io)
+{
+    if (!io->queued && (io->kick || (io->direct && !io->armed)))
+        gw_wio_queue(io);
+}
 /* TLS: new output is written at the end of the current callbacks by
  * running the bufferevent's own write event at once (wio.c). */
 void gw_wio_set_kick(gw_wio_t *io, bool kick);

@@ -750,6 +750,7 @@ static void gw_h2_flush(gw_h2_t *h)
         return;
     struct evbuffer *out = bufferevent_get_output(h->c->bev);
     size_t queued = evbuffer_get_length(out), held = 0;
+    const size_t queued0 = queued;
     h->in_cb++;
     /* nghttp2 hands out one frame (or part) per call, in its own buffer:
      * the small ones are gathered in the thread's scratch and go to the
@@ -780,6 +781,8 @@ static void gw_h2_flush(gw_h2_t *h)
     }
     if (held)
         evbuffer_add(out, gw_h2_gather, held);
+    if (queued + held > queued0)
+        gw_wio_added(&h->c->wio);
     h->in_cb--;
     if (h->drained) { /* backpressure off for streams whose output fell to the mark */
         h->drained = false;
@@ -1007,7 +1010,10 @@ static int gw_h2_send_settings(gw_h2_t *h, gw_conn_t *c, uint32_t streams)
         }
     }
     sl_counter_add(gw_m.bytes_client_out, (uint64_t)n);
-    return evbuffer_add(bufferevent_get_output(c->bev), buf, (size_t)n);
+    if (evbuffer_add(bufferevent_get_output(c->bev), buf, (size_t)n) != 0)
+        return -1;
+    gw_wio_added(&c->wio);
+    return 0;
 }
 
 int gw_h2_start(gw_conn_t *c)

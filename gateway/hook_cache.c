@@ -311,6 +311,7 @@ static bool gw_cache_embed_start(gw_cache_req_t *s)
         evbuffer_add(out, m->pool->auth_header, m->pool->auth_header_len);
     evbuffer_add(out, GW_LIT("\r\n"));
     evbuffer_add(out, body, blen);
+    gw_wio_added(&s->up->wio);
     free(body);
     int64_t ms = cache_req_embed_deadline_ms(s->q);
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};

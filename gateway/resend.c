@@ -231,6 +231,7 @@ static void gw_resend_start(gw_resender_t *rs, fb_qitem_t *item)
         evbuffer_add_printf(out, "Idempotency-Key: %s\r\n", item->idem_key);
     evbuffer_add(out, GW_LIT("\r\n"));
     evbuffer_add(out, item->body, item->body_len);
+    gw_wio_added(&j->up->wio);
     int64_t ms = m->pool->conf->total_timeout_ms;
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
     evtimer_add(j->timer, &tv);

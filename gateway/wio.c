@@ -4,13 +4,38 @@
  * A bufferevent arms EV_WRITE (an epoll_ctl) whenever bytes are added to its
  * output and disarms it (another) once they are written, and the write
  * waits for the next loop turn. For a proxy that is four extra syscalls and
- * a loop turn per request. Here the output buffer has a callback that puts
- * the connection on its worker's flush list; the flush runs once the
- * current callbacks are done (an activated event, no syscall) and writes
- * with one sendmsg (gw_wio_send). Only when the kernel does not take
- * everything is EV_WRITE armed, and libevent finishes the job (with the
- * send timeout running); when the buffer is empty again EV_WRITE is
- * disarmed.
+ * a loop turn per request. Here every writer of the output calls
+ * gw_wio_added after its adds, which puts the connection on its worker's
+ * flush list; the flush runs once the current callbacks are done (an
+ * activated event, no syscall) and writes with one sendmsg (gw_wio_send).
+ * Only when the kernel does not take everything is EV_WRITE armed, and
+ * libevent finishes the job (with the send timeout running); when the
+ * buffer is empty again EV_WRITE is disarmed.
+ *
+ * No output callback: a direct output has no evbuffer callback at all.
+ * Every evbuffer_add, evbuffer_add_buffer and evbuffer_drain walks the
+ * buffer's callback list and calls each entry (~70 instructions a call
+ * with two entries; five calls a plain request) and at thousands of
+ * connections touches their cold lines. Ours (which queued the flush) is
+ * replaced by the writers' gw_wio_added: conn.c's HTTP/1 output and 100
+ * Continue, h2.c's frames, the upstream request of proxy.c, resend.c and
+ * hook_cache.c. The bufferevent's own (bufferevent_socket's outbuf
+ * callback) only adds the write event when bytes are added while EV_WRITE
+ * is enabled and not pending; a direct writer enables EV_WRITE only while
+ * armed, with the event pending until the output is empty, when its write
+ * callback disarms it (gw_wio_written) before anything else runs. So
+ * gw_wio_set_direct removes it too (evbuffer_setcb(NULL): the only call
+ * that can, the entry being libevent's), and a direct output's adds and
+ * drains find an empty list. A connection still connecting (not direct)
+ * keeps it: libevent writes what was queued once connected.
+ *
+ * Freezes: a bufferevent freezes the front of its output and the end of
+ * its input (only it drains the one and fills the other), and its own
+ * write and read thaw them around each call. The reads of our read event
+ * and the direct writes are the only ones there are, so the input's end is
+ * thawed once when we take the read event, and the output's front whenever
+ * the connection is direct and not armed (libevent's write, while armed,
+ * freezes it again as it returns): no freeze and thaw per read and write.
  *
  * TLS bufferevents cannot be written around (the SSL object and its record
  * state belong to libevent's bufferevent), so they "kick" instead: the same
@@ -83,6 +108,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <event2/buffer.h>
+#include <event2/buffer_compat.h> /* evbuffer_setcb: see the top */
 #include <event2/bufferevent.h>
 #include <event2/bufferevent_struct.h>
 #include <openssl/err.h>
@@ -103,7 +129,7 @@ static _Thread_local char gw_wio_scratch[GW_WIO_READ];
 /* Plaintext bytes one SSL_write takes: one TLS record. */
 #define GW_WIO_RECORD (16 * 1024)
 
-static void gw_wio_queue(gw_wio_t *io)
+void gw_wio_queue(gw_wio_t *io)
 {
     /* A list that holds something has its flush active or running (the
      * flush empties it before it returns): only the first one activates. */
@@ -112,15 +138,6 @@ static void gw_wio_queue(gw_wio_t *io)
     TAILQ_INSERT_TAIL(&io->w->flushq, io, link);
     if (first)
         event_active(io->w->flush_ev, EV_TIMEOUT, 0);
-}
-
-static void gw_wio_outcb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
-{
-    (void)buf;
-    gw_wio_t *io = arg;
-    if (info->n_added == 0 || io->queued || (!io->kick && (!io->direct || io->armed)))
-        return;
-    gw_wio_queue(io);
 }
 
 /* ---- the read mark (see the top) ---------------------------------------------- */
@@ -184,7 +201,6 @@ void gw_wio_init(gw_wio_t *io, gw_worker_t *w, struct bufferevent *bev, bool dir
     io->drained = drained;
     io->failed = failed;
     io->owner = owner;
-    io->cb = evbuffer_add_cb(bufferevent_get_output(bev), gw_wio_outcb, io);
     gw_wio_set_direct(io, direct);
 }
 
@@ -193,9 +209,12 @@ void gw_wio_set_direct(gw_wio_t *io, bool direct)
     io->direct = direct;
     if (!direct)
         return;
-    if (evbuffer_get_length(bufferevent_get_output(io->bev)) == 0) {
+    struct evbuffer *out = bufferevent_get_output(io->bev);
+    evbuffer_setcb(out, NULL, NULL); /* libevent's outbuf callback (see the top) */
+    if (evbuffer_get_length(out) == 0) {
         bufferevent_disable(io->bev, EV_WRITE);
         io->armed = false;
+        evbuffer_unfreeze(out, 1); /* we drain it (see the top) */
     } else {
         io->armed = true; /* libevent is writing; back to direct when drained */
         bufferevent_enable(io->bev, EV_WRITE);
@@ -220,9 +239,6 @@ void gw_wio_fini(gw_wio_t *io)
         TAILQ_REMOVE(&io->w->flushq, io, link);
         io->queued = false;
     }
-    if (io->cb && io->bev)
-        evbuffer_remove_cb_entry(bufferevent_get_output(io->bev), io->cb);
-    io->cb = NULL;
     if (io->ssl && io->bev) {
         /* libevent finalizes a freed bufferevent's events with their
          * argument taken as the bufferevent: give it back (deleted first,
@@ -257,9 +273,11 @@ void gw_wio_fini(gw_wio_t *io)
 /* libevent wrote (EV_WRITE was armed): once empty, direct again. */
 void gw_wio_written(gw_wio_t *io)
 {
-    if (io->direct && io->armed && evbuffer_get_length(bufferevent_get_output(io->bev)) == 0) {
+    struct evbuffer *out = bufferevent_get_output(io->bev);
+    if (io->direct && io->armed && evbuffer_get_length(out) == 0) {
         bufferevent_disable(io->bev, EV_WRITE);
         io->armed = false;
+        evbuffer_unfreeze(out, 1); /* libevent's write froze it again */
     }
 }
 
@@ -295,7 +313,6 @@ static int gw_wio_tls_push(gw_wio_t *io)
     struct evbuffer *out = bufferevent_get_output(io->bev);
     size_t len;
     int total = 0;
-    evbuffer_unfreeze(out, 1);
     while ((len = evbuffer_get_length(out)) > 0) {
         size_t n = SL_MIN(len, (size_t)GW_WIO_RECORD);
         /* contiguous for SSL_write; a copy only when frames straddle
@@ -326,7 +343,6 @@ static int gw_wio_tls_push(gw_wio_t *io)
             total = -1;
         break;
     }
-    evbuffer_freeze(out, 1);
     return total;
 }
 
@@ -363,7 +379,6 @@ static void gw_wio_tls_readcb(evutil_socket_t fd, short what, void *arg)
     size_t len0 = evbuffer_get_length(in);
     if (gw_wio_read_room(io, len0) == 0)
         goto done; /* at the mark (OpenSSL holds nothing: see the top): suspended */
-    evbuffer_unfreeze(in, 0);
     for (;;) {
         /* Into the scratch, then copied: a request of a few hundred bytes
          * takes a 1 KiB chain (wio.c's kept ones), not a 16 KiB block
@@ -384,7 +399,6 @@ static void gw_wio_tls_readcb(evutil_socket_t fd, short what, void *arg)
         if (!SSL_has_pending(io->ssl))
             break;
     }
-    evbuffer_freeze(in, 0);
     if (got > 0)
         gw_wio_read_done(io, len0 + got);
 done:
@@ -469,6 +483,9 @@ int gw_wio_tls_own(gw_wio_t *io, SSL *ssl)
                  io);
     event_assign(&bev->ev_write, base, fd, EV_WRITE | EV_PERSIST | EV_FINALIZE, gw_wio_tls_writecb,
                  io);
+    /* only we fill the input and drain the output (see the top) */
+    evbuffer_unfreeze(bufferevent_get_input(bev), 0);
+    evbuffer_unfreeze(bufferevent_get_output(bev), 1);
     gw_wio_mark_sync(io); /* the mark moves from libevent's to ours */
     if (on)
         bufferevent_enable(bev, on);
@@ -485,29 +502,42 @@ static evutil_socket_t gw_wio_fd(const gw_wio_t *io)
  * (libevent's NUM_WRITE_IOVEC); the rest goes in the next call. */
 #define GW_WIO_IOV 128
 
-/* One sendmsg of the front of out (thawed by the caller), drained by what
- * the kernel took: bytes sent, or -1 with errno. evbuffer_write would do a
+/* One sendmsg of the front of out (thawed: see the top), drained by what
+ * the kernel took: bytes sent, or -1 with errno; *empty: out is empty now
+ * (all of it was sent, or there was nothing), known from the peek, so no
+ * caller asks for the length. evbuffer_write would do a
  * writev, which reaches the same sock_sendmsg through the VFS first
  * (rw_verify_area, the file's LSM and fsnotify hooks, a kiocb), as
  * read(2) does (bench/RESULTS.md "plainsys"). MSG_NOSIGNAL: a peer gone
  * is EPIPE, as with SIGPIPE ignored. */
-static int gw_wio_send(struct evbuffer *out, evutil_socket_t fd)
+static int gw_wio_send(struct evbuffer *out, evutil_socket_t fd, bool *empty)
 {
     struct evbuffer_iovec v[GW_WIO_IOV];
     struct iovec iov[GW_WIO_IOV];
     int n = evbuffer_peek(out, -1, NULL, v, GW_WIO_IOV);
-    if (n <= 0)
+    size_t total = 0;
+    *empty = false;
+    if (n <= 0) {
+        *empty = true;
         return 0;
-    n = SL_MIN(n, GW_WIO_IOV);
-    for (int i = 0; i < n; i++) {
+    }
+    int k = SL_MIN(n, GW_WIO_IOV);
+    for (int i = 0; i < k; i++) {
         iov[i].iov_base = v[i].iov_base;
         iov[i].iov_len = v[i].iov_len;
+        total += v[i].iov_len;
     }
-    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n};
-    ssize_t sent = sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)k};
+    ssize_t sent = total ? sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) : 0;
     if (sent < 0)
         return -1;
-    evbuffer_drain(out, (size_t)sent);
+    if (evbuffer_drain(out, (size_t)sent) != 0) { /* frozen: a bug, never bytes sent twice */
+        errno = EINVAL;
+        return -1;
+    }
+    /* a full vector may have left chains unpeeked (evbuffer_peek stops
+     * there): only then is the length asked */
+    *empty = (size_t)sent == total && (n < GW_WIO_IOV || evbuffer_get_length(out) == 0);
     return (int)sent;
 }
 
@@ -533,32 +563,33 @@ static void gw_wio_flush(gw_wio_t *io)
     }
     if (!io->direct || io->armed || io->hs)
         return;
-    if (evbuffer_get_length(out) == 0) {
-        if (early) /* gw_wio_write_now wrote it all */
-            io->drained(io->owner);
+    if (early && evbuffer_get_length(out) == 0) { /* gw_wio_write_now wrote it all */
+        io->drained(io->owner);
         return;
     }
     int n = 0;
+    bool empty;
     if (io->ssl) {
-        n = gw_wio_tls_push(io);
+        empty = evbuffer_get_length(out) == 0;
+        if (!empty) {
+            n = gw_wio_tls_push(io);
+            empty = evbuffer_get_length(out) == 0;
+        }
     } else {
-        /* A bufferevent keeps the front of its output frozen (only it
-         * drains it); thaw it for our write, as it does for its own. */
-        evbuffer_unfreeze(out, 1);
-        n = gw_wio_send(out, gw_wio_fd(io));
-        evbuffer_freeze(out, 1);
+        n = gw_wio_send(out, gw_wio_fd(io), &empty);
     }
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
         io->failed(io->owner, BEV_EVENT_ERROR | BEV_EVENT_WRITING);
         return;
     }
-    if (evbuffer_get_length(out) > 0) {
+    if (!empty) {
         /* The kernel is full: let libevent finish (send timeout armed). */
         io->armed = true;
         bufferevent_enable(io->bev, EV_WRITE);
         return;
     }
-    io->drained(io->owner);
+    if (n > 0 || early) /* written now (and by gw_wio_write_now before) */
+        io->drained(io->owner);
 }
 
 /* The write of the flush, ahead of it; the flush (io stays queued) runs
@@ -568,13 +599,11 @@ void gw_wio_write_now(gw_wio_t *io)
 {
     if (!io->queued || io->kick || io->ssl || !io->direct || io->armed || io->hs || io->werr)
         return;
-    struct evbuffer *out = bufferevent_get_output(io->bev);
-    evbuffer_unfreeze(out, 1);
-    int n = gw_wio_send(out, gw_wio_fd(io));
-    evbuffer_freeze(out, 1);
+    bool empty;
+    int n = gw_wio_send(bufferevent_get_output(io->bev), gw_wio_fd(io), &empty);
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
         io->werr = (short)(errno ? errno : EIO); /* errno values fit */
-    else if (evbuffer_get_length(out) == 0)
+    else if (empty)
         io->early = true;
 }
 
@@ -618,9 +647,6 @@ static ssize_t gw_wio_read_once(gw_wio_t *io, evutil_socket_t fd, int *err)
     if (want == 0)
         return -2; /* at the mark: suspended until the input drains */
     want = SL_MIN(want, (size_t)GW_WIO_READ);
-    /* The bufferevent keeps the end of its input frozen (only it adds);
-     * thaw it for our read, as it does for its own. */
-    evbuffer_unfreeze(in, 0);
     /* recv, not read: a read(2) of a socket goes through the VFS first
      * (rw_verify_area, the LSM's file hook, a kiocb) before the same
      * sock_recvmsg; ~0.04-0.06 µs a call in the kernel (sampled,
@@ -639,7 +665,6 @@ static ssize_t gw_wio_read_once(gw_wio_t *io, evutil_socket_t fd, int *err)
             n = -1;
         }
     }
-    evbuffer_freeze(in, 0);
     if (n > 0)
         gw_wio_read_done(io, len0 + (size_t)n);
     return n;
@@ -697,6 +722,8 @@ int gw_wio_read_own(gw_wio_t *io)
                  gw_wio_readcb, io);
     io->own_read = true;
     io->fd = fd;
+    /* only we add to the input now: its end stays thawed (see the top) */
+    evbuffer_unfreeze(bufferevent_get_input(bev), 0);
     gw_wio_mark_sync(io); /* the mark moves from libevent's to ours */
     if (on)
         bufferevent_enable(bev, EV_READ);

@@ -43,6 +43,28 @@ def test_first_byte_timeout_504(sluice_factory, mock, stream):
     assert s.metrics().value("sluice_upstream_errors_total", upstream="main") >= 1
 
 
+def test_first_byte_timeout_after_quick_requests(sluice_factory, mock):
+    # A cached request struct keeps its upstream timer set for an earlier
+    # request's deadline (proxy.c, gw_proxy_arm_at): it fires early, finds
+    # a later deadline due and re-arms for the rest. One worker, so the
+    # stalled request takes a struct the quick ones used; it starts 300 ms
+    # after them (not a synchronisation: that puts the stale deadline inside
+    # its wait). Its 504 comes at its own first-byte deadline: not at the
+    # stale one (too early), not never (no re-arm).
+    s = sluice_factory({"workers": 1, "upstreams": {"main": {"timeouts": {"first_byte": "600ms"}}}}, upstream=mock)
+    for _ in range(4):
+        assert s.chat().status == 200
+    time.sleep(0.3)
+    mock.script({"stall_first_byte": True})
+    t0 = time.monotonic()
+    r = s.chat()
+    took = time.monotonic() - t0
+    assert_error(r, 504, "upstream_timeout", "server_error")
+    assert 0.55 <= took <= bound(3), took
+    # and a quick one after it is not cut by the timer the 504 left behind
+    assert s.chat().status == 200
+
+
 def test_answer_after_a_slow_first_byte_within_the_limit(sluice_factory, mock):
     s = sluice_factory({"upstreams": {"main": {"timeouts": {"first_byte": "2s"}}}}, upstream=mock)
     mock.script({"stall_first_byte": 0.5})

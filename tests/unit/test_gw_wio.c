@@ -421,6 +421,7 @@ static void test_write_now(void **state)
     char got[16];
     gw_wio_init(&io, w, f->bev, true, wn_drained, wn_failed, &n);
     evbuffer_add(bufferevent_get_output(f->bev), "request", 7);
+    gw_wio_added(&io);
     assert_true(io.queued);
     assert_int_equal(recv(f->peer, got, sizeof(got), MSG_DONTWAIT), -1); /* not yet */
     gw_wio_write_now(&io);
@@ -434,8 +435,10 @@ static void test_write_now(void **state)
     assert_false(io.queued);
     /* bytes added after the early write go out with the flush */
     evbuffer_add(bufferevent_get_output(f->bev), "ab", 2);
+    gw_wio_added(&io);
     gw_wio_write_now(&io);
     evbuffer_add(bufferevent_get_output(f->bev), "cd", 2);
+    gw_wio_added(&io);
     turn(f);
     assert_int_equal(recv(f->peer, got, sizeof(got), MSG_DONTWAIT), 4);
     assert_memory_equal(got, "abcd", 4);
@@ -459,6 +462,7 @@ static void test_write_now_reset(void **state)
     f->peer = -1;
     gw_wio_init(&io, w, f->bev, true, wn_drained, wn_failed, &n);
     evbuffer_add(bufferevent_get_output(f->bev), "request", 7);
+    gw_wio_added(&io);
     gw_wio_write_now(&io);
     assert_int_equal(n.failed, 0);
     assert_int_not_equal(io.werr, 0);
@@ -478,15 +482,22 @@ static void test_write_now_reset(void **state)
  * to another connection) too. */
 typedef struct two {
     wn_t n;
-    struct bufferevent *write_to; /* drained adds "more" here, once */
+    gw_wio_t *write_to; /* drained adds "more" here, once */
 } two_t;
+
+/* A writer: its bytes, then gw_wio_added (the output has no callback). */
+static void out_add(gw_wio_t *io, const char *s, size_t n)
+{
+    evbuffer_add(bufferevent_get_output(io->bev), s, n);
+    gw_wio_added(io);
+}
 
 static void two_drained(void *arg)
 {
     two_t *t = arg;
     t->n.drained++;
     if (t->write_to) {
-        evbuffer_add(bufferevent_get_output(t->write_to), "more", 4);
+        out_add(t->write_to, "more", 4);
         t->write_to = NULL;
     }
 }
@@ -505,8 +516,8 @@ static void test_flush_two(void **state)
     char got[16];
     gw_wio_init(&a, w, f->bev, true, two_drained, wn_failed, &ta);
     gw_wio_init(&b, w, bev2, true, two_drained, wn_failed, &tb);
-    evbuffer_add(bufferevent_get_output(f->bev), "one", 3);
-    evbuffer_add(bufferevent_get_output(bev2), "two", 3);
+    out_add(&a, "one", 3);
+    out_add(&b, "two", 3);
     assert_true(a.queued);
     assert_true(b.queued);
     turn(f);
@@ -517,13 +528,13 @@ static void test_flush_two(void **state)
     assert_int_equal(recv(fds[1], got, sizeof(got), MSG_DONTWAIT), 3);
     assert_memory_equal(got, "two", 3);
     /* the second alone, on the emptied list */
-    evbuffer_add(bufferevent_get_output(bev2), "2", 1);
+    out_add(&b, "2", 1);
     turn(f);
     assert_int_equal(tb.n.drained, 2);
     assert_int_equal(recv(fds[1], got, sizeof(got), MSG_DONTWAIT), 1);
     /* queued while the flush runs: written in the same turn */
-    ta.write_to = bev2;
-    evbuffer_add(bufferevent_get_output(f->bev), "x", 1);
+    ta.write_to = &b;
+    out_add(&a, "x", 1);
     turn(f);
     assert_int_equal(ta.n.drained, 2);
     assert_int_equal(tb.n.drained, 3);
@@ -576,6 +587,7 @@ static void test_write_many_chains(void **state)
     for (size_t i = 0; i < PIECES; i++) /* a chain each */
         evbuffer_add_reference(out, src + i * PIECE, PIECE, NULL, NULL);
     evbuffer_add_reference(out, src + PIECES * PIECE, BIG, NULL, NULL);
+    gw_wio_added(&io);
     gw_wio_write_now(&io);
     assert_true(evbuffer_get_length(out) > 0); /* 128 chains at most */
     size_t have = 0;
@@ -598,6 +610,98 @@ static void test_write_many_chains(void **state)
     free(got);
 }
 
+/* No output callback (wio.c): bytes a writer adds while libevent writes
+ * (armed) go out with its writes, nothing queued for them; once libevent
+ * has emptied the output and disarmed, the next writer's bytes are written
+ * directly again in the turn, exactly once (the output's front is thawed
+ * again after libevent's write froze it: a drain that failed would leave
+ * them to be sent twice), and the drained callback runs. */
+static void test_write_while_armed(void **state)
+{
+    fx_t *f = *state;
+    gw_worker_t *w = wn_worker(f->base);
+    gw_wio_t io;
+    wn_t n = {0};
+    enum { BIG = 4 << 20, MID = 64 << 10, TOTAL = BIG + MID };
+    unsigned char *src = malloc(TOTAL), *got = malloc(TOTAL + 16);
+    char tail[16];
+    assert_non_null(src);
+    assert_non_null(got);
+    for (size_t i = 0; i < TOTAL; i++)
+        src[i] = (unsigned char)(i * 13 + i / 509);
+    gw_wio_init(&io, w, f->bev, true, wn_drained, wn_failed, &n);
+    mc_io = &io;
+    mc_written = 0;
+    bufferevent_setcb(f->bev, fx_readcb, mc_writecb, fx_eventcb, f);
+    struct evbuffer *out = bufferevent_get_output(f->bev);
+    evbuffer_add_reference(out, src, BIG, NULL, NULL);
+    gw_wio_added(&io);
+    assert_true(io.queued);
+    turn(f); /* the flush: more than the kernel takes */
+    assert_true(io.armed);
+    assert_int_equal(n.drained, 0);
+    evbuffer_add(out, src + BIG, MID);
+    gw_wio_added(&io);
+    assert_false(io.queued); /* libevent's to write */
+    size_t have = 0;
+    for (int i = 0; i < 100000 && (have < TOTAL || io.armed); i++) {
+        turn(f);
+        ssize_t k = recv(f->peer, got + have, TOTAL + 16 - have, MSG_DONTWAIT);
+        if (k > 0)
+            have += (size_t)k;
+    }
+    assert_int_equal(have, TOTAL);
+    assert_memory_equal(got, src, TOTAL);
+    assert_true(mc_written >= 1);
+    assert_false(io.armed);
+    int drained = n.drained;
+    out_add(&io, "tail", 4);
+    assert_true(io.queued); /* direct again */
+    turn(f);
+    assert_int_equal(evbuffer_get_length(out), 0);
+    assert_int_equal(recv(f->peer, tail, sizeof(tail), MSG_DONTWAIT), 4);
+    assert_memory_equal(tail, "tail", 4);
+    assert_int_equal(n.drained, drained + 1);
+    out_add(&io, "more", 4);
+    turn(f);
+    assert_int_equal(recv(f->peer, tail, sizeof(tail), MSG_DONTWAIT), 4);
+    assert_memory_equal(tail, "more", 4);
+    assert_int_equal(n.failed, 0);
+    gw_wio_fini(&io);
+    event_free(w->flush_ev);
+    free(w);
+    free(src);
+    free(got);
+}
+
+/* A writer that does not call gw_wio_added leaves its bytes in the output
+ * (no callback queues them): nothing is written in the turn; the call
+ * queues them. What every writer of the gateway must do (wio.c). */
+static void test_added_queues(void **state)
+{
+    fx_t *f = *state;
+    gw_worker_t *w = wn_worker(f->base);
+    gw_wio_t io;
+    wn_t n = {0};
+    char got[16];
+    gw_wio_init(&io, w, f->bev, true, wn_drained, wn_failed, &n);
+    evbuffer_add(bufferevent_get_output(f->bev), "answer", 6);
+    assert_false(io.queued);
+    turn(f);
+    assert_int_equal(recv(f->peer, got, sizeof(got), MSG_DONTWAIT), -1);
+    assert_int_equal(n.drained, 0);
+    gw_wio_added(&io);
+    assert_true(io.queued);
+    gw_wio_added(&io); /* once on the list */
+    turn(f);
+    assert_int_equal(recv(f->peer, got, sizeof(got), MSG_DONTWAIT), 6);
+    assert_memory_equal(got, "answer", 6);
+    assert_int_equal(n.drained, 1);
+    gw_wio_fini(&io);
+    event_free(w->flush_ev);
+    free(w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -614,6 +718,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_write_now_reset, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_flush_two, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_write_many_chains, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_write_while_armed, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_added_queues, fx_setup, fx_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
