@@ -137,3 +137,39 @@ def test_retry_resends_the_same_small_spliced_body(sluice_factory, mock):
         want = raw.replace(b'"chat-model"', b'"Qwen2.5-7B-Instruct"')
         for q in reqs:
             assert q["body"].encode() == want, "attempt %d sent other bytes" % q["id"]
+
+
+def answer_of(n):
+    """A chat.completion of exactly n bytes (compact JSON)."""
+    base = {"id": "chatcmpl-held", "object": "chat.completion", "created": 1, "model": "m",
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": ""}}]}
+    empty = len(json.dumps(base, separators=(",", ":")))
+    base["choices"][0]["message"]["content"] = "".join(chr(97 + i % 26) for i in range(n - empty))
+    b = json.dumps(base, separators=(",", ":")).encode()
+    assert len(b) == n
+    return b
+
+
+def test_held_answer_goes_out_whole_at_every_size(sluice, mock):
+    """A non-streamed answer is held until whole: up to 16 KiB in the
+    request's own block, sent with its head in one add; past it in an
+    evbuffer (gateway/proxy.c, gw_proxy_hold). Around the block's sizes and
+    its limit, framed by Content-Length or as chunks of 1000 bytes, the
+    client gets exactly the upstream's bytes with their length."""
+    for n in (300, 1023, 1024, 1025, 4096, 16383, 16384, 16385, 40000):
+        body = answer_of(n)
+        for chunked in (False, True):
+            if chunked:
+                frames = b"".join(b"%x\r\n%s\r\n" % (len(body[i:i + 1000]), body[i:i + 1000])
+                                  for i in range(0, n, 1000)) + b"0\r\n\r\n"
+                head = b"Transfer-Encoding: chunked\r\n"
+            else:
+                frames, head = body, b"Content-Length: %d\r\n" % n
+            mock.reset()
+            mock.script({"raw_response": (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                          + head + b"\r\n" + frames).decode("latin-1")})
+            r = sluice.chat("held %d" % n)
+            assert r.status == 200, (n, chunked, r.body[:200])
+            assert r.body == body, (n, chunked, len(r.body))
+            assert r.header("content-length") == str(n), (n, chunked)
