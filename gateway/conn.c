@@ -237,6 +237,7 @@ static void gw_req_kept_free(gw_req_t *r)
         evbuffer_free(r->body);
     if (r->resp_body)
         evbuffer_free(r->resp_body);
+    free(r->held);
     if (r->att.up_timer)
         event_free(r->att.up_timer);
     gw_body_scan_free(r->scan);
@@ -245,6 +246,9 @@ static void gw_req_kept_free(gw_req_t *r)
     gw_llm_req_free(r);
     free(r);
 }
+
+/* The largest block for a held answer (r->held) a cached struct keeps. */
+#define GW_REQ_HELD_KEEP 4096
 
 /* The largest body whose scanner a cached request struct keeps. */
 #define GW_REQ_SCAN_KEEP_MAX (16 * 1024)
@@ -261,6 +265,11 @@ static void gw_req_cache_put(gw_worker_t *w, gw_req_t *r)
     size_t held = r->resp_body ? evbuffer_get_length(r->resp_body) : 0;
     if (held)
         evbuffer_drain(r->resp_body, held);
+    if (r->held_cap > GW_REQ_HELD_KEEP) { /* a cached struct stays small */
+        free(r->held);
+        r->held = NULL;
+        r->held_cap = 0;
+    }
     /* r->att.up_timer stays as it is: pending or not, it finds nothing due
      * (proxy.c, gw_proxy_arm_at) */
     /* The body scanner stays too (2.6 KiB and its string arena: two blocks
@@ -484,6 +493,8 @@ static gw_req_t *gw_req_new(gw_conn_t *c)
     if (r) {
         body = r->body;
         struct evbuffer *resp_body = r->resp_body;
+        char *held = r->held;
+        size_t held_cap = r->held_cap;
         struct event *up_timer = r->att.up_timer;
         int64_t up_armed_ms = r->att.up_armed_ms;
         char *tail = r->llm.tail;
@@ -493,6 +504,8 @@ static gw_req_t *gw_req_new(gw_conn_t *c)
         gw_req_texts_clear(r);
         r->sse_kept = sse_kept;
         r->resp_body = resp_body;
+        r->held = held;
+        r->held_cap = held_cap;
         r->att.up_timer = up_timer;
         r->att.up_armed_ms = up_armed_ms;
         r->llm.tail = tail;
@@ -1020,6 +1033,19 @@ void gw_out_head_end(gw_req_t *r, gw_sb_t *b, int64_t length)
     r->head_sent = true;
 }
 
+void gw_out_head_end_body(gw_req_t *r, gw_sb_t *b, const void *p, size_t n)
+{
+    const gw_out_ops_t *o = r->c->out;
+    if (o->head_end_body) {
+        r->bytes_out += o->head_end_body(r->c, r, b, p, n);
+        r->head_sent = true;
+        return;
+    }
+    gw_out_head_end(r, b, (int64_t)n);
+    if (n)
+        gw_out_data(r, p, n);
+}
+
 void gw_out_data(gw_req_t *r, const void *p, size_t n)
 {
     r->bytes_out += r->c->out->data(r->c, r, p, n);
@@ -1133,8 +1159,11 @@ static void gw_h1_head_begin(gw_conn_t *c, gw_req_t *r, int status, gw_sb_t *b)
     gw_sb_lit(b, "\r\n");
 }
 
-/* The status line, the caller's lines and these in one evbuffer_add. */
-static size_t gw_h1_head_end(gw_conn_t *c, gw_req_t *r, gw_sb_t *b, int64_t length)
+/* The status line, the caller's lines and these in one evbuffer_add; with
+ * a body p (Content-Length n) that fits b's stack, the body too: a held
+ * answer's head and body in one add, not an add and a chain move. */
+static size_t gw_h1_head_finish(gw_conn_t *c, gw_req_t *r, gw_sb_t *b, int64_t length,
+                                const void *p, size_t n)
 {
     gw_h1_batch_flush(c);
     if (c->w->draining)
@@ -1158,10 +1187,26 @@ static size_t gw_h1_head_end(gw_conn_t *c, gw_req_t *r, gw_sb_t *b, int64_t leng
     const char *date = gw_date_header(&dl);
     gw_sb_add(b, date, dl);
     gw_sb_lit(b, "\r\n");
-    size_t n = gw_sb_flush(b, bufferevent_get_output(c->bev));
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    bool inline_body = n && !b->heap && b->n + n <= b->cap;
+    if (inline_body)
+        gw_sb_add(b, p, n);
+    size_t sent = gw_sb_flush(b, out);
+    if (n && !inline_body && sent && evbuffer_add(out, p, n) == 0)
+        sent += n;
     gw_wio_added(&c->wio);
-    sl_counter_add(gw_m.bytes_client_out, n);
-    return n;
+    sl_counter_add(gw_m.bytes_client_out, sent);
+    return sent;
+}
+
+static size_t gw_h1_head_end(gw_conn_t *c, gw_req_t *r, gw_sb_t *b, int64_t length)
+{
+    return gw_h1_head_finish(c, r, b, length, NULL, 0);
+}
+
+static size_t gw_h1_head_end_body(gw_conn_t *c, gw_req_t *r, gw_sb_t *b, const void *p, size_t n)
+{
+    return gw_h1_head_finish(c, r, b, (int64_t)n, p, n);
 }
 
 static size_t gw_h1_data(gw_conn_t *c, gw_req_t *r, const void *p, size_t n)
@@ -1245,6 +1290,7 @@ static void gw_h1_write_now(gw_conn_t *c)
 static const gw_out_ops_t gw_out_h1 = {
     .head_begin = gw_h1_head_begin,
     .head_end = gw_h1_head_end,
+    .head_end_body = gw_h1_head_end_body,
     .data = gw_h1_data,
     .end = gw_h1_end,
     .abort = gw_h1_abort,

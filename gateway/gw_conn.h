@@ -36,6 +36,9 @@ typedef struct gw_out_ops {
      * rewrite them: h2 lower-cases the names) and empties b. Returns the
      * bytes queued. */
     size_t (*head_end)(gw_conn_t *c, gw_req_t *r, gw_sb_t *b, int64_t length);
+    /* Optional: head_end with Content-Length n and the whole body p, in
+     * the same add when they fit b's stack. Returns the bytes queued. */
+    size_t (*head_end_body)(gw_conn_t *c, gw_req_t *r, gw_sb_t *b, const void *p, size_t n);
     /* Body bytes, sent as soon as the client takes them (an SSE event is
      * flushed in the loop turn of the read that completed it; within a
      * batch its framing comes when the batch is queued). Returns the bytes
@@ -148,6 +151,9 @@ void gw_conn_out_drained(gw_conn_t *c);
 /* The output interface, for the request's writers (respond.c, proxy.c). */
 void gw_out_head_begin(gw_req_t *r, int status, gw_sb_t *b);
 void gw_out_head_end(gw_req_t *r, gw_sb_t *b, int64_t length);
+/* gw_out_head_end with Content-Length n, then the whole body p (borrowed,
+ * copied before the call returns). */
+void gw_out_head_end_body(gw_req_t *r, gw_sb_t *b, const void *p, size_t n);
 void gw_out_data(gw_req_t *r, const void *p, size_t n);
 /* gw_out_data of all of buf's len bytes (len: its length); buf is left empty
  * (moved where the framing allows, else copied and drained). */

@@ -74,6 +74,12 @@ struct gw_req {
     uint8_t tx_set;        /* GW_REQ_TX_* bits: which of tx's texts this request wrote */
     struct evbuffer *resp_body;
 
+    /* a held answer's bytes while they fit GW_PROXY_HELD_MAX (proxy.c): plain
+     * copies, no evbuffer call a read; kept by the cache up to GW_REQ_HELD_KEEP */
+    char *held;
+    size_t held_len, held_cap;
+    bool held_ev; /* the held bytes are in resp_body instead */
+
     /* the fallback chain */
     int retries;              /* retries made on the current pool */
     int fault_status;         /* injected abort: the model's pool "answers" this */

@@ -439,7 +439,18 @@ static bool gw_ct_is_sse(const gw_http_header_t *h)
 /* Our response head, from the upstream's. length: the body's length when
  * known (Content-Length), -1 for a body of unknown length (chunked, or
  * close-delimited for HTTP/1.0), -2 for no body at all. */
+static void gw_proxy_write_head_body(gw_req_t *r, const gw_http_msg_t *m, int64_t length,
+                                     const void *body);
+
 static void gw_proxy_write_head(gw_req_t *r, const gw_http_msg_t *m, int64_t length)
+{
+    gw_proxy_write_head_body(r, m, length, NULL);
+}
+
+/* body non-NULL: the whole answer, length bytes, goes with the head (in
+ * the same add to an HTTP/1.1 client when it fits the head's buffer). */
+static void gw_proxy_write_head_body(gw_req_t *r, const gw_http_msg_t *m, int64_t length,
+                                     const void *body)
 {
     /* m NULL: an answer made in-process (the engine's stream), 200 SSE. */
     static const gw_http_header_t sse_ct = {
@@ -475,9 +486,17 @@ static void gw_proxy_write_head(gw_req_t *r, const gw_http_msg_t *m, int64_t len
         gw_sb_header(&b, h->name, h->name_len, h->value, h->value_len);
     }
     gw_hooks_headers(r, &b);
-    gw_out_head_end(r, &b, length); /* the whole head in one add (HTTP/1.1) */
+    if (body) {
+        if (length && gw_proxy_capturing(r))
+            gw_proxy_capture(r, body, (size_t)length);
+        gw_out_head_end_body(r, &b, body, (size_t)length);
+    } else {
+        gw_out_head_end(r, &b, length); /* the whole head in one add (HTTP/1.1) */
+    }
     r->ctype = r->att.resp_sse ? "text/event-stream" : "application/json";
 }
+
+static void gw_proxy_held_clear(gw_req_t *r);
 
 static bool gw_ct_is_json(const gw_http_header_t *h)
 {
@@ -500,11 +519,8 @@ static void gw_proxy_head_setup(gw_req_t *r, const gw_http_msg_t *m)
          * framed (and through the on_body hooks when they want it): until
          * then a cut, a reset or bad framing is an ordinary failure with
          * nothing sent, so retry, the next tier or a clean 502 can answer. */
-        if (!r->resp_body)
-            r->resp_body = evbuffer_new();
-        else
-            evbuffer_drain(r->resp_body, evbuffer_get_length(r->resp_body));
-        r->buffer_body = r->resp_body != NULL;
+        gw_proxy_held_clear(r);
+        r->buffer_body = true;
     }
     if (!r->buffer_body) {
         bool length_known = !r->att.resp_sse && !m->chunked && m->content_length >= 0;
@@ -798,6 +814,54 @@ void gw_proxy_local_answer(gw_req_t *r, const char *ctype, const char *body, siz
  * that can only cut it). docs/gateway.md, "When an answer is committed". */
 #define GW_PROXY_HOLD_BYTES (2u << 20)
 
+/* A held answer up to this size is gathered in r->held with plain copies
+ * (the usual JSON answer: one read, one memcpy) and goes out with its head
+ * in one add; past it the bytes move to the resp_body buffer. */
+#define GW_PROXY_HELD_MAX (16u * 1024)
+
+/* Nothing held (the held block and resp_body keep their memory). */
+static void gw_proxy_held_clear(gw_req_t *r)
+{
+    if (r->held_ev)
+        evbuffer_drain(r->resp_body, evbuffer_get_length(r->resp_body));
+    r->held_ev = false;
+    r->held_len = 0;
+}
+
+static size_t gw_proxy_held_len(const gw_req_t *r)
+{
+    return r->held_ev ? evbuffer_get_length(r->resp_body) : r->held_len;
+}
+
+/* n more bytes of a held answer. -1: out of memory. */
+static int gw_proxy_hold(gw_req_t *r, const char *p, size_t n)
+{
+    if (!r->held_ev && r->held_len + n <= GW_PROXY_HELD_MAX) {
+        if (r->held_len + n > r->held_cap) {
+            size_t cap = r->held_cap ? r->held_cap : 1024;
+            while (cap < r->held_len + n)
+                cap *= 2;
+            char *h = realloc(r->held, cap);
+            if (!h)
+                return -1;
+            r->held = h;
+            r->held_cap = cap;
+        }
+        memcpy(r->held + r->held_len, p, n);
+        r->held_len += n;
+        return 0;
+    }
+    if (!r->held_ev) { /* past the block: what it has, then the rest, in resp_body */
+        if (!r->resp_body && !(r->resp_body = evbuffer_new()))
+            return -1;
+        if (r->held_len && evbuffer_add(r->resp_body, r->held, r->held_len) != 0)
+            return -1;
+        r->held_len = 0;
+        r->held_ev = true;
+    }
+    return evbuffer_add(r->resp_body, p, n);
+}
+
 /* Commits a held answer too large to hold: its head and what came so far
  * go out, the rest is relayed as it arrives. */
 static void gw_proxy_commit_held(gw_req_t *r)
@@ -806,14 +870,17 @@ static void gw_proxy_commit_held(gw_req_t *r)
     bool length_known = !m->chunked && m->content_length >= 0;
     r->buffer_body = false;
     gw_proxy_write_head(r, m, length_known ? m->content_length : -1);
-    gw_proxy_write_buffer(r, r->resp_body);
+    if (r->held_ev)
+        gw_proxy_write_buffer(r, r->resp_body);
+    else if (r->held_len)
+        gw_proxy_write(r, r->held, r->held_len);
+    gw_proxy_held_clear(r);
 }
 
 /* A held answer failed before it was committed: nothing of it is kept. */
 static void gw_proxy_drop_held(gw_req_t *r)
 {
-    if (r->resp_body)
-        evbuffer_drain(r->resp_body, evbuffer_get_length(r->resp_body));
+    gw_proxy_held_clear(r);
     r->buffer_body = false;
     r->body_hooks = false;
 }
@@ -825,11 +892,11 @@ static int gw_proxy_body_cb(void *arg, const char *p, size_t n)
         return gw_sse_feed(r->att.sse, p, n, gw_proxy_event_cb, r);
     gw_llm_body_bytes(r, p, n); /* its tail, for the usage (no buffering) */
     if (r->buffer_body) {
-        size_t have = evbuffer_get_length(r->resp_body);
+        size_t have = gw_proxy_held_len(r);
         if (r->body_hooks && have + n > GW_PROXY_MAX_BUFFERED)
             return -1;
         if (r->body_hooks || have + n <= GW_PROXY_HOLD_BYTES)
-            return evbuffer_add(r->resp_body, p, n);
+            return gw_proxy_hold(r, p, n);
         gw_proxy_commit_held(r);
     }
     gw_proxy_write(r, p, n);
@@ -841,11 +908,13 @@ static int gw_proxy_body_cb(void *arg, const char *p, size_t n)
 static int gw_proxy_flush_buffered(gw_req_t *r)
 {
     const gw_http_msg_t *m = gw_http_msg(r->att.up->parser);
-    size_t len = evbuffer_get_length(r->resp_body);
+    size_t len = gw_proxy_held_len(r);
+    const char *held = r->held_ev    ? (len ? (const char *)evbuffer_pullup(r->resp_body, -1) : "")
+                       : r->held_len ? r->held
+                                     : "";
     char *edited = NULL;
     size_t elen = 0;
-    if (r->body_hooks && gw_hooks_body_bytes(r, (const char *)evbuffer_pullup(r->resp_body, -1),
-                                             len, &edited, &elen) != 0)
+    if (r->body_hooks && gw_hooks_body_bytes(r, held, len, &edited, &elen) != 0)
         return -1;
     r->buffer_body = false;
     r->body_hooks = false;
@@ -857,9 +926,7 @@ static int gw_proxy_flush_buffered(gw_req_t *r)
                   gw_ct_is_json(gw_http_header_get(m, GW_HN_CONTENT_TYPE));
     size_t flen = edited ? elen : len;
     bool gz_want = gz_fit && gw_respond_gzip_ok(r, flen);
-    const void *final = edited    ? (const void *)edited
-                        : gz_want ? evbuffer_pullup(r->resp_body, -1)
-                                  : NULL;
+    const void *final = edited ? (const void *)edited : gz_want ? (const void *)held : NULL;
     size_t gzlen = 0;
     unsigned char *gz = gz_want ? gw_gzip(final, flen, (int)r->rt->conf->gzip.level, &gzlen) : NULL;
     if (gz) {
@@ -874,16 +941,20 @@ static int gw_proxy_flush_buffered(gw_req_t *r)
         r->capture = cap;
         free(gz);
         free(edited);
+        gw_proxy_held_clear(r);
         return 0;
     }
     if (edited) {
-        gw_proxy_write_head(r, m, (int64_t)elen);
-        gw_proxy_write(r, edited, elen);
+        gw_proxy_write_head_body(r, m, (int64_t)elen, edited);
         free(edited);
-        evbuffer_drain(r->resp_body, len);
-    } else {
+        gw_proxy_held_clear(r);
+    } else if (r->held_ev) {
         gw_proxy_write_head(r, m, (int64_t)len);
         gw_proxy_write_buffer(r, r->resp_body); /* moved: left empty */
+        r->held_ev = false;
+    } else {
+        gw_proxy_write_head_body(r, m, (int64_t)len, held);
+        r->held_len = 0;
     }
     return 0;
 }

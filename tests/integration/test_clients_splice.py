@@ -9,7 +9,8 @@ whitespace, deep nesting) get jansson's verdict, as before.
 
 import json
 
-from helpers import assert_error
+import fallback_helpers as fh
+from helpers import assert_error, raw_exchange
 
 BIG = 18446744073709551617  # 2^64 + 1: jansson alone would round it
 
@@ -92,3 +93,83 @@ def test_deep_body_takes_the_slow_path_and_still_goes(sluice, mock):
            '"messages":[{"role":"user","content":"deep"}]}' % deep).encode()
     got = forward(sluice, mock, raw)
     assert got == raw
+
+
+def test_spliced_body_split_at_every_offset_arrives_whole(sluice, mock):
+    """A usual body is spliced into a chain of the worker's spare buffer,
+    which then trades places with the request's (gateway/flow.c): the
+    client's request, sent as two writes split at every offset of head and
+    body, reaches the upstream edited and whole, byte for byte. Each body
+    is another length and text, so a spare still holding the previous
+    request's bytes, or a splice read from a freed buffer, shows."""
+    for k in range(1, 260):
+        raw = ('{"model":"chat-model","max_tokens":7,"messages":[{"role":"user",'
+               '"content":"split %d %s"}]}' % (k, "w" * (k % 37))).encode()
+        head = ("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(raw)).encode()
+        req = head + raw
+        if k >= len(req):
+            break
+        mock.reset()
+        got = raw_exchange(sluice.host, sluice.port, None, pieces=[(req[:k], 0.002), (req[k:], 0)])
+        assert got.data.startswith(b"HTTP/1.1 200 "), (k, got.data[:200])
+        (up,) = mock.requests()
+        assert up["body"].encode() == raw.replace(b'"chat-model"', b'"Qwen2.5-7B-Instruct"'), k
+
+
+def test_retry_resends_the_same_small_spliced_body(sluice_factory, mock):
+    """A retry and the tier after it send the spliced body again: the
+    buffer that took the spare's place is the request's until it ends, so
+    every attempt gets the same bytes, and the next request on the same
+    worker (the old buffer now the spare) gets its own."""
+    over = fh.chain(retry={"attempts": 2, "backoff": "10ms", "budget_percent": 100,
+                           "budget_min": 100}, template=False)
+    s = sluice_factory(overrides=over, upstream=mock)
+    for text in ("first", "a second, longer prompt " * 9):
+        mock.reset()
+        mock.script({"status": 503}, {"status": 502})
+        raw = ('{ "model" : "chat-model", "max_tokens":7, "messages":[{"role":"user",'
+               '"content":"%s"}] }' % text).encode()
+        r = s.request("POST", "/v1/chat/completions", raw, {"Content-Type": "application/json"})
+        assert r.status == 200, r.body
+        reqs = mock.requests()
+        assert [q["status"] for q in reqs] == [503, 502, 200]
+        want = raw.replace(b'"chat-model"', b'"Qwen2.5-7B-Instruct"')
+        for q in reqs:
+            assert q["body"].encode() == want, "attempt %d sent other bytes" % q["id"]
+
+
+def answer_of(n):
+    """A chat.completion of exactly n bytes (compact JSON)."""
+    base = {"id": "chatcmpl-held", "object": "chat.completion", "created": 1, "model": "m",
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": ""}}]}
+    empty = len(json.dumps(base, separators=(",", ":")))
+    base["choices"][0]["message"]["content"] = "".join(chr(97 + i % 26) for i in range(n - empty))
+    b = json.dumps(base, separators=(",", ":")).encode()
+    assert len(b) == n
+    return b
+
+
+def test_held_answer_goes_out_whole_at_every_size(sluice, mock):
+    """A non-streamed answer is held until whole: up to 16 KiB in the
+    request's own block, sent with its head in one add; past it in an
+    evbuffer (gateway/proxy.c, gw_proxy_hold). Around the block's sizes and
+    its limit, framed by Content-Length or as chunks of 1000 bytes, the
+    client gets exactly the upstream's bytes with their length."""
+    for n in (300, 1023, 1024, 1025, 4096, 16383, 16384, 16385, 40000):
+        body = answer_of(n)
+        for chunked in (False, True):
+            if chunked:
+                frames = b"".join(b"%x\r\n%s\r\n" % (len(body[i:i + 1000]), body[i:i + 1000])
+                                  for i in range(0, n, 1000)) + b"0\r\n\r\n"
+                head = b"Transfer-Encoding: chunked\r\n"
+            else:
+                frames, head = body, b"Content-Length: %d\r\n" % n
+            mock.reset()
+            mock.script({"raw_response": (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                          + head + b"\r\n" + frames).decode("latin-1")})
+            r = sluice.chat("held %d" % n)
+            assert r.status == 200, (n, chunked, r.body[:200])
+            assert r.body == body, (n, chunked, len(r.body))
+            assert r.header("content-length") == str(n), (n, chunked)
