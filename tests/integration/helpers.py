@@ -124,6 +124,37 @@ def accept_each(ls, handle):
     threading.Thread(target=loop, daemon=True).start()
 
 
+def _recv_loop(s, done, timeout):
+    """Reads socket s until done(bytes so far) is true (checked before the
+    first read too), the peer closes or resets, or `timeout` seconds pass:
+    (bytes, how), how one of "done", "timeout", "closed", "reset"."""
+    got = b""
+    deadline = time.monotonic() + timeout
+    while not done(got):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return got, "timeout"
+        s.settimeout(left)
+        try:
+            b = s.recv(65536)
+        except (socket.timeout, TimeoutError):
+            return got, "timeout"
+        except ConnectionResetError:
+            return got, "reset"
+        except ssl.SSLError:
+            return got, "closed"
+        if not b:
+            return got, "closed"
+        got += b
+    return got, "done"
+
+
+def recv_until(s, done, timeout):
+    """Bytes read from socket s until done(bytes so far) is true, the peer
+    closes, or `timeout` seconds pass."""
+    return _recv_loop(s, done, timeout)[0]
+
+
 def wait_until(pred, timeout=5.0, interval=0.02, what="condition"):
     """Polls pred() until it returns a truthy value (returned) or the
     deadline passes (AssertionError naming `what`)."""
@@ -1195,26 +1226,8 @@ def raw_exchange(host, port, data, timeout=5.0, tls=None, server_hostname=None, 
         except (BrokenPipeError, ConnectionResetError):
             pass
         t_sent = time.monotonic()
-        deadline = t_sent + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            s.settimeout(left)
-            try:
-                b = s.recv(65536)
-            except (socket.timeout, TimeoutError):
-                break
-            except ConnectionResetError:
-                closed = reset = True
-                break
-            except ssl.SSLError:
-                closed = True
-                break
-            if not b:
-                closed = True
-                break
-            got += b
+        got, how = _recv_loop(s, lambda _: False, timeout)
+        closed, reset = how in ("closed", "reset"), how == "reset"
     finally:
         s.close()
     return RawResult(got, closed, t_sent, time.monotonic() if closed else None, reset)

@@ -19,7 +19,6 @@ its answer in the other suites: a lost queue call there fails them.
 import json
 import socket
 import struct
-import time
 
 import helpers
 from h2raw import PREFACE, SETTINGS, ACK, frame
@@ -30,21 +29,19 @@ BODY = json.dumps({"model": "chat-model", "messages": [{"role": "user", "content
 
 def _read_until(s, marker, timeout):
     """Bytes read until marker is in them (or the peer closed, or timeout)."""
-    got = b""
-    deadline = time.monotonic() + timeout
-    while marker not in got:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        s.settimeout(left)
-        try:
-            b = s.recv(65536)
-        except (socket.timeout, TimeoutError):
-            break
-        if not b:
-            break
-        got += b
-    return got
+    return helpers.recv_until(s, lambda got: marker in got, timeout)
+
+
+def _settings_acked(buf):
+    """Whether the whole frames in buf include a SETTINGS ACK."""
+    while len(buf) >= 9:
+        m = struct.unpack(">I", b"\x00" + buf[:3])[0]
+        if len(buf) < 9 + m:
+            return False
+        if buf[3] == SETTINGS and buf[4] & ACK:
+            return True
+        buf = buf[9 + m :]
+    return False
 
 
 def test_100_continue_comes_before_the_body(sluice, mock):
@@ -76,17 +73,7 @@ def test_h2c_server_settings_without_the_clients(sluice_factory, mock):
     c = socket.create_connection((s.host, s.port), timeout=bound(5))
     try:
         c.sendall(PREFACE)  # no SETTINGS of ours: nothing for the server to ACK
-        got = b""
-        deadline = time.monotonic() + bound(3)
-        while len(got) < 9 and time.monotonic() < deadline:
-            c.settimeout(max(0.01, deadline - time.monotonic()))
-            try:
-                b = c.recv(65536)
-            except (socket.timeout, TimeoutError):
-                break
-            if not b:
-                break
-            got += b
+        got = helpers.recv_until(c, lambda g: len(g) >= 9, bound(3))
         assert len(got) >= 9, "no frame from the server: %r" % got
         n = struct.unpack(">I", b"\x00" + got[:3])[0]
         ftype, flags = got[3], got[4]
@@ -95,26 +82,8 @@ def test_h2c_server_settings_without_the_clients(sluice_factory, mock):
         # the connection goes on: our SETTINGS is ACKed
         c.sendall(frame(SETTINGS, 0, 0))
         more = got[9 + n :]
-        deadline = time.monotonic() + bound(3)
-        acked = False
-        while not acked and time.monotonic() < deadline:
-            while len(more) >= 9:
-                m = struct.unpack(">I", b"\x00" + more[:3])[0]
-                if len(more) < 9 + m:
-                    break
-                if more[3] == SETTINGS and more[4] & ACK:
-                    acked = True
-                more = more[9 + m :]
-            if acked:
-                break
-            c.settimeout(max(0.01, deadline - time.monotonic()))
-            try:
-                b = c.recv(65536)
-            except (socket.timeout, TimeoutError):
-                break
-            if not b:
-                break
-            more += b
+        more += helpers.recv_until(c, lambda g: _settings_acked(more + g), bound(3))
+        acked = _settings_acked(more)
         assert acked
     finally:
         c.close()

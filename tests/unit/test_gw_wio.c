@@ -412,6 +412,14 @@ static gw_worker_t *wn_worker(struct event_base *base)
     return w;
 }
 
+/* A test's io and the worker wn_worker made, freed. */
+static void wn_end(gw_wio_t *io, gw_worker_t *w)
+{
+    gw_wio_fini(io);
+    event_free(w->flush_ev);
+    free(w);
+}
+
 static void test_write_now(void **state)
 {
     fx_t *f = *state;
@@ -443,9 +451,7 @@ static void test_write_now(void **state)
     assert_int_equal(recv(f->peer, got, sizeof(got), MSG_DONTWAIT), 4);
     assert_memory_equal(got, "abcd", 4);
     assert_int_equal(n.drained, 2);
-    gw_wio_fini(&io);
-    event_free(w->flush_ev);
-    free(w);
+    wn_end(&io, w);
 }
 
 /* The peer reset: the early write fails, failed runs from the flush. */
@@ -471,9 +477,7 @@ static void test_write_now_reset(void **state)
     assert_true(n.what & BEV_EVENT_ERROR);
     assert_true(n.what & BEV_EVENT_WRITING);
     assert_int_equal(n.drained, 0);
-    gw_wio_fini(&io);
-    event_free(w->flush_ev);
-    free(w);
+    wn_end(&io, w);
 }
 
 /* Connections queued for the flush: the first one on an empty list
@@ -561,6 +565,40 @@ static void mc_writecb(struct bufferevent *bev, void *arg)
     gw_wio_written(mc_io);
 }
 
+/* n bytes whose value changes with the place: a lost, misplaced or
+ * repeated piece shows. */
+static unsigned char *pattern(size_t n, unsigned mul, unsigned div)
+{
+    unsigned char *p = malloc(n);
+    assert_non_null(p);
+    for (size_t i = 0; i < n; i++)
+        p[i] = (unsigned char)(i * mul + i / div);
+    return p;
+}
+
+/* io on f's bufferevent, with conn.c's write callback (mc_writecb). */
+static void mc_init(fx_t *f, gw_worker_t *w, gw_wio_t *io, wn_t *n)
+{
+    gw_wio_init(io, w, f->bev, true, wn_drained, wn_failed, n);
+    mc_io = io;
+    mc_written = 0;
+    bufferevent_setcb(f->bev, fx_readcb, mc_writecb, fx_eventcb, f);
+}
+
+/* Turns the loop, the peer reading into got (room bytes), until `want`
+ * bytes arrived and libevent's write is disarmed (bounded); the bytes read. */
+static size_t mc_peer_read(fx_t *f, gw_wio_t *io, unsigned char *got, size_t want, size_t room)
+{
+    size_t have = 0;
+    for (int i = 0; i < 100000 && (have < want || io->armed); i++) {
+        turn(f);
+        ssize_t k = recv(f->peer, got + have, room - have, MSG_DONTWAIT);
+        if (k > 0)
+            have += (size_t)k;
+    }
+    return have;
+}
+
 /* The direct write (gw_wio_send: one sendmsg of at most 128 chains) with
  * more chains than one call takes and more bytes than the kernel holds:
  * the peer, reading only after the first write, gets every byte in order
@@ -574,15 +612,9 @@ static void test_write_many_chains(void **state)
     gw_wio_t io;
     wn_t n = {0};
     enum { PIECES = 300, PIECE = 16, BIG = 2 << 20, TOTAL = PIECES * PIECE + BIG };
-    unsigned char *src = malloc(TOTAL), *got = malloc(TOTAL);
-    assert_non_null(src);
+    unsigned char *src = pattern(TOTAL, 7, 251), *got = malloc(TOTAL);
     assert_non_null(got);
-    for (size_t i = 0; i < TOTAL; i++)
-        src[i] = (unsigned char)(i * 7 + i / 251);
-    gw_wio_init(&io, w, f->bev, true, wn_drained, wn_failed, &n);
-    mc_io = &io;
-    mc_written = 0;
-    bufferevent_setcb(f->bev, fx_readcb, mc_writecb, fx_eventcb, f);
+    mc_init(f, w, &io, &n);
     struct evbuffer *out = bufferevent_get_output(f->bev);
     for (size_t i = 0; i < PIECES; i++) /* a chain each */
         evbuffer_add_reference(out, src + i * PIECE, PIECE, NULL, NULL);
@@ -590,22 +622,13 @@ static void test_write_many_chains(void **state)
     gw_wio_added(&io);
     gw_wio_write_now(&io);
     assert_true(evbuffer_get_length(out) > 0); /* 128 chains at most */
-    size_t have = 0;
-    for (int i = 0; i < 100000 && (have < TOTAL || io.armed); i++) {
-        turn(f);
-        ssize_t k = recv(f->peer, got + have, TOTAL - have, MSG_DONTWAIT);
-        if (k > 0)
-            have += (size_t)k;
-    }
-    assert_int_equal(have, TOTAL);
+    assert_int_equal(mc_peer_read(f, &io, got, TOTAL, TOTAL), TOTAL);
     assert_memory_equal(got, src, TOTAL);
     assert_true(mc_written >= 1); /* the kernel filled: libevent finished */
     assert_false(io.armed);
     assert_int_equal(n.failed, 0);
     assert_int_equal(evbuffer_get_length(out), 0);
-    gw_wio_fini(&io);
-    event_free(w->flush_ev);
-    free(w);
+    wn_end(&io, w);
     free(src);
     free(got);
 }
@@ -623,16 +646,10 @@ static void test_write_while_armed(void **state)
     gw_wio_t io;
     wn_t n = {0};
     enum { BIG = 4 << 20, MID = 64 << 10, TOTAL = BIG + MID };
-    unsigned char *src = malloc(TOTAL), *got = malloc(TOTAL + 16);
+    unsigned char *src = pattern(TOTAL, 13, 509), *got = malloc(TOTAL + 16);
     char tail[16];
-    assert_non_null(src);
     assert_non_null(got);
-    for (size_t i = 0; i < TOTAL; i++)
-        src[i] = (unsigned char)(i * 13 + i / 509);
-    gw_wio_init(&io, w, f->bev, true, wn_drained, wn_failed, &n);
-    mc_io = &io;
-    mc_written = 0;
-    bufferevent_setcb(f->bev, fx_readcb, mc_writecb, fx_eventcb, f);
+    mc_init(f, w, &io, &n);
     struct evbuffer *out = bufferevent_get_output(f->bev);
     evbuffer_add_reference(out, src, BIG, NULL, NULL);
     gw_wio_added(&io);
@@ -643,14 +660,7 @@ static void test_write_while_armed(void **state)
     evbuffer_add(out, src + BIG, MID);
     gw_wio_added(&io);
     assert_false(io.queued); /* libevent's to write */
-    size_t have = 0;
-    for (int i = 0; i < 100000 && (have < TOTAL || io.armed); i++) {
-        turn(f);
-        ssize_t k = recv(f->peer, got + have, TOTAL + 16 - have, MSG_DONTWAIT);
-        if (k > 0)
-            have += (size_t)k;
-    }
-    assert_int_equal(have, TOTAL);
+    assert_int_equal(mc_peer_read(f, &io, got, TOTAL, TOTAL + 16), TOTAL);
     assert_memory_equal(got, src, TOTAL);
     assert_true(mc_written >= 1);
     assert_false(io.armed);
@@ -667,9 +677,7 @@ static void test_write_while_armed(void **state)
     assert_int_equal(recv(f->peer, tail, sizeof(tail), MSG_DONTWAIT), 4);
     assert_memory_equal(tail, "more", 4);
     assert_int_equal(n.failed, 0);
-    gw_wio_fini(&io);
-    event_free(w->flush_ev);
-    free(w);
+    wn_end(&io, w);
     free(src);
     free(got);
 }
@@ -697,9 +705,7 @@ static void test_added_queues(void **state)
     assert_int_equal(recv(f->peer, got, sizeof(got), MSG_DONTWAIT), 6);
     assert_memory_equal(got, "answer", 6);
     assert_int_equal(n.drained, 1);
-    gw_wio_fini(&io);
-    event_free(w->flush_ev);
-    free(w);
+    wn_end(&io, w);
 }
 
 int main(void)
