@@ -909,9 +909,9 @@ static int gw_proxy_flush_buffered(gw_req_t *r)
 {
     const gw_http_msg_t *m = gw_http_msg(r->att.up->parser);
     size_t len = gw_proxy_held_len(r);
-    const char *held = r->held_ev    ? (len ? (const char *)evbuffer_pullup(r->resp_body, -1) : "")
-                       : r->held_len ? r->held
-                                     : "";
+    const char *held = len == 0     ? ""
+                       : r->held_ev ? (const char *)evbuffer_pullup(r->resp_body, -1)
+                                    : r->held;
     char *edited = NULL;
     size_t elen = 0;
     if (r->body_hooks && gw_hooks_body_bytes(r, held, len, &edited, &elen) != 0)
@@ -947,15 +947,13 @@ static int gw_proxy_flush_buffered(gw_req_t *r)
     if (edited) {
         gw_proxy_write_head_body(r, m, (int64_t)elen, edited);
         free(edited);
-        gw_proxy_held_clear(r);
     } else if (r->held_ev) {
         gw_proxy_write_head(r, m, (int64_t)len);
         gw_proxy_write_buffer(r, r->resp_body); /* moved: left empty */
-        r->held_ev = false;
     } else {
         gw_proxy_write_head_body(r, m, (int64_t)len, held);
-        r->held_len = 0;
     }
+    gw_proxy_held_clear(r);
     return 0;
 }
 
