@@ -237,7 +237,7 @@ static void gw_req_kept_free(gw_req_t *r)
         evbuffer_free(r->body);
     if (r->resp_body)
         evbuffer_free(r->resp_body);
-    free(r->held);
+    sl_buf_free(&r->held);
     if (r->att.up_timer)
         event_free(r->att.up_timer);
     gw_body_scan_free(r->scan);
@@ -265,11 +265,8 @@ static void gw_req_cache_put(gw_worker_t *w, gw_req_t *r)
     size_t held = r->resp_body ? evbuffer_get_length(r->resp_body) : 0;
     if (held)
         evbuffer_drain(r->resp_body, held);
-    if (r->held_cap > GW_REQ_HELD_KEEP) { /* a cached struct stays small */
-        free(r->held);
-        r->held = NULL;
-        r->held_cap = 0;
-    }
+    if (r->held.cap > GW_REQ_HELD_KEEP) /* a cached struct stays small */
+        sl_buf_free(&r->held);
     /* r->att.up_timer stays as it is: pending or not, it finds nothing due
      * (proxy.c, gw_proxy_arm_at) */
     /* The body scanner stays too (2.6 KiB and its string arena: two blocks
@@ -493,8 +490,7 @@ static gw_req_t *gw_req_new(gw_conn_t *c)
     if (r) {
         body = r->body;
         struct evbuffer *resp_body = r->resp_body;
-        char *held = r->held;
-        size_t held_cap = r->held_cap;
+        sl_buf_t held = {.p = r->held.p, .cap = r->held.cap}; /* empty, its block kept */
         struct event *up_timer = r->att.up_timer;
         int64_t up_armed_ms = r->att.up_armed_ms;
         char *tail = r->llm.tail;
@@ -505,7 +501,6 @@ static gw_req_t *gw_req_new(gw_conn_t *c)
         r->sse_kept = sse_kept;
         r->resp_body = resp_body;
         r->held = held;
-        r->held_cap = held_cap;
         r->att.up_timer = up_timer;
         r->att.up_armed_ms = up_armed_ms;
         r->llm.tail = tail;

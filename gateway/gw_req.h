@@ -15,6 +15,7 @@
 #include <event2/event.h>
 #include <jansson.h>
 
+#include "common/sl.h"
 #include "gateway/gw_hook.h"
 #include "gateway/gw_llm.h"
 #include "gateway/gw_proxy.h"
@@ -76,8 +77,7 @@ struct gw_req {
 
     /* a held answer's bytes while they fit GW_PROXY_HELD_MAX (proxy.c): plain
      * copies, no evbuffer call a read; kept by the cache up to GW_REQ_HELD_KEEP */
-    char *held;
-    size_t held_len, held_cap;
+    sl_buf_t held;
     bool held_ev; /* the held bytes are in resp_body instead */
 
     /* the fallback chain */

@@ -825,38 +825,25 @@ static void gw_proxy_held_clear(gw_req_t *r)
     if (r->held_ev)
         evbuffer_drain(r->resp_body, evbuffer_get_length(r->resp_body));
     r->held_ev = false;
-    r->held_len = 0;
+    r->held.len = 0;
 }
 
 static size_t gw_proxy_held_len(const gw_req_t *r)
 {
-    return r->held_ev ? evbuffer_get_length(r->resp_body) : r->held_len;
+    return r->held_ev ? evbuffer_get_length(r->resp_body) : r->held.len;
 }
 
 /* n more bytes of a held answer. -1: out of memory. */
 static int gw_proxy_hold(gw_req_t *r, const char *p, size_t n)
 {
-    if (!r->held_ev && r->held_len + n <= GW_PROXY_HELD_MAX) {
-        if (r->held_len + n > r->held_cap) {
-            size_t cap = r->held_cap ? r->held_cap : 1024;
-            while (cap < r->held_len + n)
-                cap *= 2;
-            char *h = realloc(r->held, cap);
-            if (!h)
-                return -1;
-            r->held = h;
-            r->held_cap = cap;
-        }
-        memcpy(r->held + r->held_len, p, n);
-        r->held_len += n;
-        return 0;
-    }
+    if (!r->held_ev && r->held.len + n <= GW_PROXY_HELD_MAX)
+        return sl_buf_add(&r->held, p, n);
     if (!r->held_ev) { /* past the block: what it has, then the rest, in resp_body */
         if (!r->resp_body && !(r->resp_body = evbuffer_new()))
             return -1;
-        if (r->held_len && evbuffer_add(r->resp_body, r->held, r->held_len) != 0)
+        if (r->held.len && evbuffer_add(r->resp_body, r->held.p, r->held.len) != 0)
             return -1;
-        r->held_len = 0;
+        r->held.len = 0;
         r->held_ev = true;
     }
     return evbuffer_add(r->resp_body, p, n);
@@ -872,8 +859,8 @@ static void gw_proxy_commit_held(gw_req_t *r)
     gw_proxy_write_head(r, m, length_known ? m->content_length : -1);
     if (r->held_ev)
         gw_proxy_write_buffer(r, r->resp_body);
-    else if (r->held_len)
-        gw_proxy_write(r, r->held, r->held_len);
+    else if (r->held.len)
+        gw_proxy_write(r, r->held.p, r->held.len);
     gw_proxy_held_clear(r);
 }
 
@@ -911,7 +898,7 @@ static int gw_proxy_flush_buffered(gw_req_t *r)
     size_t len = gw_proxy_held_len(r);
     const char *held = len == 0     ? ""
                        : r->held_ev ? (const char *)evbuffer_pullup(r->resp_body, -1)
-                                    : r->held;
+                                    : r->held.p;
     char *edited = NULL;
     size_t elen = 0;
     if (r->body_hooks && gw_hooks_body_bytes(r, held, len, &edited, &elen) != 0)
