@@ -245,15 +245,15 @@ static int gw_rl_clamp_responses(gw_req_t *r, int64_t cap, rl_clamp_t *clamp)
  * bytes. -1: not to be had that way (the caller counts from the tree). */
 int gw_rl_resp_scan_tokens(const gw_body_scan_t *b, int64_t *out)
 {
-    rl_resp_in_t in = {
-        .instructions_kind = gw_body_fact(b, GW_F_INSTRUCTIONS)->kind,
-        .input_kind = gw_body_fact(b, GW_F_INPUT)->kind,
-        .tools_kind = gw_body_fact(b, GW_F_TOOLS)->kind,
-        .bigint = b->bigint,
-    };
     const gw_jfact_t *ins = gw_body_fact(b, GW_F_INSTRUCTIONS);
     const gw_jfact_t *input = gw_body_fact(b, GW_F_INPUT);
     const gw_jfact_t *tools = gw_body_fact(b, GW_F_TOOLS);
+    rl_resp_in_t in = {
+        .instructions_kind = ins->kind,
+        .input_kind = input->kind,
+        .tools_kind = tools->kind,
+        .bigint = b->bigint,
+    };
     if (ins->kind == SL_J_STRING)
         in.instructions = ins->s;
     if (input->kind == SL_J_STRING)
